@@ -1,0 +1,222 @@
+"""The policy file: YAML -> validated pydantic models -> the values every component is built from.
+
+Errors name the file, the key path, what was expected and what was found; unknown keys get a
+did-you-mean. Sizes are resolved to bytes once, here (percentages need the physical memory size,
+passed in by the caller so nothing deep inside reads the machine).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from .errors import PolicyError
+from .sizes import parse_size
+
+DEFAULT_POLICY_PATH = Path("/etc/sparkd/policy.yaml")
+_SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h)?\s*$")
+_DURATION_SECONDS = {"ms": 0.001, "s": 1, None: 1, "min": 60, "m": 60, "h": 3600}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from 30, 2.5, '30s', '500ms', '2min'."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 30, 30s or 500ms, found {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative, found {value}")
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError(f"expected a duration such as 30, 30s or 500ms, found {value!r}")
+    return float(m.group(1)) * _DURATION_SECONDS[m.group(2)]
+
+
+def _size(value: Any, info: ValidationInfo) -> int:
+    total = (info.context or {}).get("total_memory_bytes")
+    return parse_size(value, total_bytes=total)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DaemonPolicy(_Strict):
+    placement: Literal["auto", "systemd", "cgroupfs"] = "auto"
+    slice: str = "sparkd.slice"
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    state_dir: Path = Path("/var/lib/sparkd")
+    control_socket: Path = Path("/run/sparkd/control.sock")
+    socket_group: str | None = None
+    metrics_listen: str = "127.0.0.1:9464"
+    # Engines outlive sparkd by default: a supervisor restart must never cost a loaded model.
+    stop_services_on_exit: bool = False
+
+    @field_validator("slice")
+    @classmethod
+    def _slice_name(cls, v: str) -> str:
+        if not v.endswith(".slice") or "/" in v:
+            raise ValueError(f"expected a systemd slice name ending in .slice, found {v!r}")
+        return v
+
+
+class EmbeddedEngine(_Strict):
+    model: Path
+    listen: str = "127.0.0.1:7777"
+    ctx: int | None = Field(default=None, gt=0)
+    alias: str | None = None
+    extra_args: list[str] = []
+
+
+class EngineSpec(_Strict):
+    embedded: EmbeddedEngine | None = None
+    command: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "EngineSpec":
+        if (self.embedded is None) == (self.command is None):
+            raise ValueError("expected exactly one of 'embedded' or 'command'")
+        if self.command is not None and (not self.command or not self.command[0]):
+            raise ValueError("expected 'command' to be a non-empty argv list")
+        return self
+
+
+class ServicePolicy(_Strict):
+    engine: EngineSpec
+    memory_max: int
+    swap_max: int = 0
+    oom_policy: Literal["stop", "continue", "kill"] = "stop"
+    restart: Literal["no", "on-failure", "always"] = "no"
+    cpu_weight: int | None = Field(default=None, ge=1, le=10000)
+    environment: dict[str, str] = {}
+    working_directory: Path | None = None
+    user: str | None = None
+    autostart: bool = False
+    stop_timeout: float = 30.0
+
+    _sizes = field_validator("memory_max", "swap_max", mode="before")(_size)
+    _durations = field_validator("stop_timeout", mode="before")(lambda v: parse_duration(v))
+
+    @field_validator("memory_max")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError("memory_max must be larger than 0")
+        return v
+
+
+class Competitor(_Strict):
+    unit: str | None = None
+    process: str | None = None
+    action: Literal["stop_and_disable", "stop", "terminate", "refuse", "ignore"] = "stop_and_disable"
+    # SIGTERM first, always; SIGKILL only when the policy asks (a killed ollama runner keeps its
+    # GPU memory, so the default is to refuse rather than kill).
+    term_timeout: float = 10.0
+    kill_after_timeout: bool = False
+
+    _durations = field_validator("term_timeout", mode="before")(lambda v: parse_duration(v))
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Competitor":
+        if (self.unit is None) == (self.process is None):
+            raise ValueError("expected exactly one of 'unit' or 'process'")
+        if self.process is not None and self.action == "stop_and_disable":
+            raise ValueError("action 'stop_and_disable' needs a 'unit'; use 'terminate' for a process")
+        return self
+
+
+class GuardsPolicy(_Strict):
+    gpu_busy_mib: int = Field(default=1024, ge=0)
+    gpu_ignore: list[str] = []
+    reserve: int = 16 << 30
+    competitors: list[Competitor] = [Competitor(unit="ollama.service", action="stop_and_disable")]
+
+    _sizes = field_validator("reserve", mode="before")(_size)
+
+
+class Policy(_Strict):
+    daemon: DaemonPolicy = DaemonPolicy()
+    services: dict[str, ServicePolicy] = {}
+    guards: GuardsPolicy = GuardsPolicy()
+
+    @field_validator("services")
+    @classmethod
+    def _names(cls, v: dict[str, ServicePolicy]) -> dict[str, ServicePolicy]:
+        for name in v:
+            if not _SERVICE_NAME.match(name):
+                raise ValueError(
+                    f"service name {name!r} must be letters, digits, '_', '.', '-' (it becomes the unit sparkd-{name}.service)"
+                )
+        return v
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model class whose fields are valid at key path loc (for did-you-mean)."""
+    model: Any = Policy
+    for part in loc:
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            field = model.model_fields.get(str(part))
+            if field is None:
+                return model
+            ann = field.annotation
+            args = getattr(ann, "__args__", ())
+            candidates = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
+            if candidates:
+                model = candidates[0]
+            elif args and isinstance(args[-1], type) and issubclass(args[-1], BaseModel):
+                model = args[-1]  # dict[str, Model] / list[Model]
+            else:
+                model = None
+        # dict keys and list indexes keep the current element model
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _describe(err: dict) -> str:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    found = err.get("input")
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        hint = ""
+        if parent is not None:
+            close = difflib.get_close_matches(str(loc[-1]), list(parent.model_fields), n=1)
+            known = ", ".join(parent.model_fields)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {known})"
+        return f"{path}: unknown key{hint}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{path}: {msg}; found {found!r}" if "found" not in msg else f"{path}: {msg}"
+
+
+def parse_policy(data: Any, *, source: str, total_memory_bytes: int) -> Policy:
+    """Validate already-parsed YAML. source names the file in errors."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"could not load policy {source}: expected a mapping at the top level, found {type(data).__name__}")
+    try:
+        return Policy.model_validate(data, context={"total_memory_bytes": total_memory_bytes})
+    except ValidationError as exc:
+        lines = "\n".join(f"  {_describe(e)}" for e in exc.errors())
+        raise PolicyError(f"could not load policy {source}: {exc.error_count()} error(s)\n{lines}") from None
+
+
+def load_policy(path: Path, *, total_memory_bytes: int) -> Policy:
+    """Read and validate a policy file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PolicyError(f"could not read policy {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PolicyError(f"could not parse policy {path}{where}: {problem}") from None
+    return parse_policy(data, source=str(path), total_memory_bytes=total_memory_bytes)

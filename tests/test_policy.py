@@ -1,0 +1,63 @@
+from pathlib import Path
+
+import pytest
+
+from sparkd.errors import PolicyError
+from sparkd.policy import load_policy
+
+GiB = 1 << 30
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "policy.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_from_empty_file(tmp_path):
+    pol = load_policy(write(tmp_path, ""), total_memory_bytes=64 * GiB)
+    assert pol.daemon.placement == "auto"
+    assert pol.guards.reserve == 16 * GiB
+    assert [(c.unit, c.action) for c in pol.guards.competitors] == [("ollama.service", "stop_and_disable")]
+
+
+def test_sizes_and_percentages(tmp_path):
+    pol = load_policy(
+        write(tmp_path, "services:\n  a:\n    engine: {command: [sleep, '1']}\n    memory_max: 50%\n    swap_max: 512M\n"),
+        total_memory_bytes=64 * GiB,
+    )
+    assert pol.services["a"].memory_max == 32 * GiB
+    assert pol.services["a"].swap_max == 512 << 20
+
+
+def test_unknown_keys_get_did_you_mean_and_name_file(tmp_path):
+    p = write(tmp_path, "daemon:\n  placment: systemd\nservices:\n  a:\n    engine: {command: [x]}\n    memory_max: 1G\n    stop_timout: 3\n")
+    with pytest.raises(PolicyError) as ei:
+        load_policy(p, total_memory_bytes=64 * GiB)
+    msg = str(ei.value)
+    assert str(p) in msg
+    assert "daemon.placment: unknown key (did you mean 'placement'?)" in msg
+    assert "services.a.stop_timout: unknown key (did you mean 'stop_timeout'?)" in msg
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("services:\n  a:\n    engine: {command: [x]}\n    memory_max: 12Q\n", "services.a.memory_max: expected a size"),
+        ("services:\n  a:\n    engine: {}\n    memory_max: 1G\n", "exactly one of 'embedded' or 'command'"),
+        ("daemon:\n  placement: docker\n", "daemon.placement"),
+        ("services:\n  'bad name':\n    engine: {command: [x]}\n    memory_max: 1G\n", "must be letters"),
+        ("services: [1, 2]\n", "services"),
+        ("- just\n- a list\n", "expected a mapping at the top level"),
+        ("daemon: {placement: [unclosed\n", "could not parse policy"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path, text, expected):
+    with pytest.raises(PolicyError, match="could not") as ei:
+        load_policy(write(tmp_path, text), total_memory_bytes=64 * GiB)
+    assert expected in str(ei.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(PolicyError, match="could not read policy .*No such file"):
+        load_policy(tmp_path / "nope.yaml", total_memory_bytes=GiB)
