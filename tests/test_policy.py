@@ -61,3 +61,18 @@ def test_bad_input_is_a_clear_error(tmp_path, text, expected):
 def test_missing_file(tmp_path):
     with pytest.raises(PolicyError, match="could not read policy .*No such file"):
         load_policy(tmp_path / "nope.yaml", total_memory_bytes=GiB)
+
+
+@pytest.mark.parametrize("name", ["dgx-spark.yaml", "generic.yaml"])
+def test_shipped_policies_validate(name):
+    path = Path(__file__).resolve().parent.parent / "policies" / name
+    pol = load_policy(path, total_memory_bytes=121 * GiB)
+    for svc in pol.services.values():
+        assert (svc.swap_max, svc.oom_policy, svc.restart) == (0, "stop", "no")
+
+
+def test_dgx_spark_is_the_field_setup():
+    path = Path(__file__).resolve().parent.parent / "policies" / "dgx-spark.yaml"
+    pol = load_policy(path, total_memory_bytes=121 * GiB)
+    assert pol.services["kimi"].memory_max == 92 * GiB
+    assert pol.guards.competitors[0].unit == "ollama.service"
