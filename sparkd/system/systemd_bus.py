@@ -237,6 +237,11 @@ class SystemdBus:
             raise
         return await self._properties_at(name, path)
 
+    async def load_unit_properties(self, name: str) -> dict | None:
+        """Like unit_properties, but loads the unit from its unit file first (LoadUnit)."""
+        path = await self.call(f"load unit {name}", "LoadUnit", "s", [name])
+        return await self._properties_at(name, path)
+
     async def _properties_at(self, name: str, path: str) -> dict | None:
         interfaces = ["org.freedesktop.systemd1.Unit"]
         kind = _TYPE_INTERFACES.get(name.rsplit(".", 1)[-1])
