@@ -43,7 +43,7 @@ def _engine_ran(props: dict | None) -> bool:
     """False when systemd's exec helper failed (status 200..243: EXIT_CHDIR, EXIT_EXEC, ...)."""
     if not props or not props.get("ExecMainCode"):
         return False
-    return not (props.get("ExecMainCode") == CLD_EXITED and SETUP_FAILURE_STATUS.start <= props["ExecMainStatus"] < SETUP_FAILURE_STATUS.stop)
+    return props["ExecMainCode"] != CLD_EXITED or props["ExecMainStatus"] not in SETUP_FAILURE_STATUS
 
 
 def default_cgroup_root() -> Path:

@@ -64,7 +64,8 @@ async def start_foreign(bus: SystemdBus, unit: str, argv: list[str], slice_name:
 
 
 async def test_start_sets_limits_and_stop_removes_the_unit(placement, bus, systemd_box):
-    status = await placement.start(spec("limits", ["sleep", "300"], memory_max_bytes=300 * MiB))
+    extras = dict(environment={"SPARKD_X": "1"}, cpu_weight=50, working_directory=str(systemd_box.share_dir))
+    status = await placement.start(spec("limits", ["sleep", "300"], memory_max_bytes=300 * MiB, **extras))
     assert (status.active_state, status.sub_state, status.unit) == ("active", "running", "sparkd-limits.service")
 
     props = await bus.unit_properties("sparkd-limits.service")
@@ -74,6 +75,8 @@ async def test_start_sets_limits_and_stop_removes_the_unit(placement, bus, syste
     assert props["Slice"] == "sparkd.slice"
     assert (props["Restart"], props["KillMode"], props["Type"]) == ("no", "control-group", "exec")
     assert props["TimeoutStopUSec"] == 30_000_000
+    assert (props["Environment"], props["CPUWeight"]) == (["SPARKD_X=1"], 50)
+    assert props["WorkingDirectory"] == str(systemd_box.share_dir)
     host_cgroup = systemd_box.host_cgroup_path(props["ControlGroup"])
     assert status.cgroup == str(host_cgroup)
     assert (host_cgroup / "cgroup.procs").read_text().split(), "the engine runs inside the unit's cgroup"
@@ -224,6 +227,21 @@ async def test_missing_binary_is_a_clear_error_and_leaves_no_unit(placement, bus
         await placement.start(spec("nopath", ["no-such-engine-x"]))
     assert await bus.unit_properties("sparkd-nopath.service") is None
     assert await bus.list_units(["sparkd-no*"]) == []
+
+
+async def test_missing_working_directory_is_a_clear_error(placement, bus):
+    with pytest.raises(PlacementError, match=r"sparkd-nodir.service: start job failed: .*working directory.*200/CHDIR"):
+        await placement.start(spec("nodir", ["sleep", "300"], working_directory="/nonexistent/dir"))
+    assert await bus.unit_properties("sparkd-nodir.service") is None
+
+
+async def test_stop_kills_an_engine_that_ignores_sigterm_after_the_timeout(placement, bus, systemd_box):
+    # an ignored signal stays ignored across exec, so sleep ignores SIGTERM as well
+    status = await placement.start(spec("stubborn", ["sh", "-c", "trap '' TERM; sleep 300"]))
+    cgroup = Path(status.cgroup)
+    stopped = await placement.stop("stubborn", timeout_seconds=1)
+    assert (stopped.active_state, stopped.result, stopped.exec_main_status) == ("failed", "signal", 9)
+    assert not cgroup.exists()
 
 
 async def test_invalid_property_is_refused_and_leaves_no_unit(placement, bus):
