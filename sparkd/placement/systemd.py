@@ -99,6 +99,9 @@ class SystemdPlacement(Placement):
             "systemd accepts MemoryMax and MemorySwapMax but the kernel will not enforce them"
         )
 
+    def _why_not_for(self, cgroup: Path | None) -> str:
+        return self.why_not_enforced or f"the memory controller is not enabled in {cgroup}/cgroup.controllers"
+
     def _host_cgroup(self, control_group: str) -> Path | None:
         return self.cgroup_root / control_group.lstrip("/") if control_group else None
 
@@ -171,7 +174,7 @@ class SystemdPlacement(Placement):
             main_pid=pid,
             memory_enforced=enforced,
             memory_max_bytes=None if memory_max in (None, UINT64_MAX) else memory_max,
-            message="" if enforced else f"memory limit not enforced: {self.why_not_enforced}",
+            message="" if enforced else f"memory limit not enforced: {self._why_not_for(cgroup)}",
         )
 
     def _gone_status(self, unit: str) -> ServiceStatus:
