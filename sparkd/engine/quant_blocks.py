@@ -31,9 +31,10 @@ def u32(blocks: torch.Tensor, at: int, count: int) -> torch.Tensor:
 
 
 def unpack(x: torch.Tensor, shifts: list[int], mask: int) -> torch.Tensor:
-    """[..., k] -> [..., len(shifts), k]: field i is (x >> shifts[i]) & mask, as int32."""
-    s = torch.tensor(shifts, dtype=torch.int32).reshape(-1, 1)
-    return (x.to(torch.int32).unsqueeze(-2) >> s) & mask
+    """[..., k] -> [..., len(shifts), k]: field i is (x >> shifts[i]) & mask, in x's dtype
+    (uint8 stays uint8 to keep memory traffic low: widen before shifting results left)."""
+    s = torch.tensor(shifts, dtype=x.dtype, device=x.device).reshape(-1, 1)
+    return (x.unsqueeze(-2) >> s) & mask
 
 
 def nibbles(x: torch.Tensor) -> torch.Tensor:
@@ -42,15 +43,15 @@ def nibbles(x: torch.Tensor) -> torch.Tensor:
 
 
 def bits(x: torch.Tensor, count: int) -> torch.Tensor:
-    """[..., k] -> [..., k, count]: bit j of every element (LSB first), as int32."""
-    s = torch.arange(count, dtype=torch.int32)
-    return (x.to(torch.int32).unsqueeze(-1) >> s) & 1
+    """[..., k] -> [..., k, count]: bit j of every element (LSB first), in x's dtype."""
+    s = torch.arange(count, dtype=x.dtype, device=x.device)
+    return (x.unsqueeze(-1) >> s) & 1
 
 
 # --- legacy 32-value blocks ------------------------------------------------------------------
 def q4_0(b: torch.Tensor) -> torch.Tensor:
     # d f16 | qs[16]
-    return f16(b, 0) * (nibbles(b[:, 2:18]) - 8).to(torch.float32)
+    return f16(b, 0) * (nibbles(b[:, 2:18]).to(torch.float32) - 8)
 
 
 def q4_1(b: torch.Tensor) -> torch.Tensor:
@@ -65,7 +66,7 @@ def _q5(b: torch.Tensor, qh_at: int) -> torch.Tensor:
 
 def q5_0(b: torch.Tensor) -> torch.Tensor:
     # d f16 | qh u32 | qs[16]
-    return f16(b, 0) * (_q5(b, 2) - 16).to(torch.float32)
+    return f16(b, 0) * (_q5(b, 2).to(torch.float32) - 16)
 
 
 def q5_1(b: torch.Tensor) -> torch.Tensor:
@@ -82,7 +83,7 @@ def q8_0(b: torch.Tensor) -> torch.Tensor:
 def q2_k(b: torch.Tensor) -> torch.Tensor:
     # scales[16] (4-bit scale | 4-bit min) | qs[64] | d f16 | dmin f16
     n = b.shape[0]
-    sc = b[:, :16].to(torch.int32)
+    sc = b[:, :16]
     dl = (f16(b, 80) * (sc & 0xF).to(torch.float32)).reshape(n, 16, 1)
     ml = (f16(b, 82) * (sc >> 4).to(torch.float32)).reshape(n, 16, 1)
     q = unpack(b[:, 16:80].reshape(n, 2, 1, 32), [0, 2, 4, 6], 3).reshape(n, 16, 16)
@@ -94,16 +95,16 @@ def q3_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     low = unpack(b[:, 96:104], [0, 4], 0xF).reshape(n, 16)
     high = unpack(b[:, 104:108], [0, 2, 4, 6], 3).reshape(n, 16)
-    dl = (f16(b, 108) * ((low | (high << 4)) - 32).to(torch.float32)).reshape(n, 16, 1)
+    dl = (f16(b, 108) * ((low | (high << 4)).to(torch.float32) - 32)).reshape(n, 16, 1)
     ql = unpack(b[:, 32:96].reshape(n, 2, 1, 32), [0, 2, 4, 6], 3).reshape(n, 16, 16)
     qh = unpack(b[:, :32].reshape(n, 1, 32), list(range(8)), 1).reshape(n, 16, 16)
-    q = ql - ((qh ^ 1) << 2)  # a clear hmask bit subtracts 4
+    q = ql.to(torch.int16) - ((qh ^ 1) << 2)  # a clear hmask bit subtracts 4
     return (dl * q.to(torch.float32)).reshape(n, 256)
 
 
 def _k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """12 bytes -> 8 six-bit scales and 8 six-bit mins (get_scale_min_k4), as float32 [N, 8]."""
-    s = scales.to(torch.int32).reshape(-1, 3, 4)
+    s = scales.reshape(-1, 3, 4)
     d, m, md = s[:, 0], s[:, 1], s[:, 2]
     sc = torch.cat([d & 0x3F, (md & 0xF) | ((d >> 2) & 0x30)], dim=-1)
     mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
@@ -138,8 +139,8 @@ def q6_k(b: torch.Tensor) -> torch.Tensor:
     d = (f16(b, 208) * b[:, 192:208].view(torch.int8).to(torch.float32)).reshape(n, 16, 1)
     ql = unpack(b[:, :128].reshape(n, 2, 64), [0, 4], 0xF).reshape(n, 8, 32)
     qh = unpack(b[:, 128:192].reshape(n, 2, 32), [0, 2, 4, 6], 3).reshape(n, 8, 32)
-    q = ((ql | (qh << 4)) - 32).reshape(n, 16, 16)
-    return (d * q.to(torch.float32)).reshape(n, 256)
+    q = ((ql | (qh << 4)).to(torch.float32) - 32).reshape(n, 16, 16)
+    return (d * q).reshape(n, 256)
 
 
 # --- ternary ----------------------------------------------------------------------------------
@@ -148,22 +149,22 @@ _POW3 = [1, 3, 9, 27, 81]
 
 def _trits(x: torch.Tensor, powers: list[int]) -> torch.Tensor:
     """Base-3 digits packed as fixed-point fractions of a byte: [N, k] -> [N, len(powers) * k]."""
-    p = torch.tensor(powers, dtype=torch.int32).reshape(-1, 1)
-    q = (x.to(torch.int32).unsqueeze(-2) * p) & 0xFF  # uint8 multiply, wrapping
+    p = torch.tensor(powers, dtype=torch.uint8, device=x.device).reshape(-1, 1)
+    q = (x.unsqueeze(-2) * p).to(torch.int32)  # the uint8 multiply wraps, as in ggml
     return ((q * 3) >> 8).reshape(x.shape[0], -1)
 
 
 def tq1_0(b: torch.Tensor) -> torch.Tensor:
     # qs[48] (5 trits/byte) | qh[4] (4 trits/byte) | d f16
     q = torch.cat([_trits(b[:, :32], _POW3), _trits(b[:, 32:48], _POW3), _trits(b[:, 48:52], _POW3[:4])], -1)
-    return f16(b, 52) * (q - 1).to(torch.float32)
+    return f16(b, 52) * (q.to(torch.float32) - 1)
 
 
 def tq2_0(b: torch.Tensor) -> torch.Tensor:
     # qs[64] (4 x 2-bit) | d f16
     n = b.shape[0]
     q = unpack(b[:, :64].reshape(n, 2, 32), [0, 2, 4, 6], 3).reshape(n, 256)
-    return f16(b, 64) * (q - 1).to(torch.float32)
+    return f16(b, 64) * (q.to(torch.float32) - 1)
 
 
 # --- 4-bit floats (e2m1 values doubled, as ggml's kvalues_mxfp4) -------------------------------
@@ -174,7 +175,7 @@ def mxfp4(b: torch.Tensor) -> torch.Tensor:
     # e e8m0 | qs[16]; scale is 2^(e-127) halved (ggml_e8m0_to_fp32_half) to undo the doubling
     e = b[:, :1].to(torch.int32)
     scale_bits = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23)
-    return scale_bits.view(torch.float32) * _E2M1_DOUBLED[nibbles(b[:, 1:17]).long()]
+    return scale_bits.view(torch.float32) * _E2M1_DOUBLED.to(b.device)[nibbles(b[:, 1:17]).long()]
 
 
 def _ue4m3_half_table() -> torch.Tensor:
@@ -193,6 +194,6 @@ _UE4M3_HALF = _ue4m3_half_table()
 def nvfp4(b: torch.Tensor) -> torch.Tensor:
     # d ue4m3[4] (one per 16 values) | qs[32]
     n = b.shape[0]
-    d = _UE4M3_HALF[b[:, :4].long()].reshape(n, 4, 1)
+    d = _UE4M3_HALF.to(b.device)[b[:, :4].long()].reshape(n, 4, 1)
     q = unpack(b[:, 4:36].reshape(n, 4, 8), [0, 4], 0xF).reshape(n, 4, 16)
-    return (d * _E2M1_DOUBLED[q.long()]).reshape(n, 64)
+    return (d * _E2M1_DOUBLED.to(b.device)[q.long()]).reshape(n, 64)

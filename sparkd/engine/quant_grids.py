@@ -17,18 +17,18 @@ from sparkd.engine.quant_blocks import bits, f16, nibbles, u16, u32, unpack
 
 
 @functools.cache
-def _grid(family: str) -> torch.Tensor:
+def _grid(family: str, device: torch.device) -> torch.Tensor:
     """The family's codebook as float32 [entries, values per entry]."""
     cls = getattr(gq, family)
     cls.init_grid()
-    return torch.from_numpy(cls.grid.reshape(cls.grid_shape).copy())
+    return torch.from_numpy(cls.grid.reshape(cls.grid_shape).copy()).to(device)
 
 
 @functools.cache
-def _sign_table() -> torch.Tensor:
+def _sign_table(device: torch.device) -> torch.Tensor:
     """ksigns: 7 stored sign bits + even-parity 8th -> [128, 8] of +1/-1."""
-    ksigns = torch.tensor(list(gq.IQ2_XXS.ksigns), dtype=torch.int32)
-    return torch.where(bits(ksigns, 8) == 0, 1.0, -1.0).to(torch.float32)
+    ksigns = torch.tensor(list(gq.IQ2_XXS.ksigns), dtype=torch.uint8, device=device)
+    return _signs_from_bits(ksigns)
 
 
 def _signs_from_bits(x: torch.Tensor) -> torch.Tensor:
@@ -39,7 +39,7 @@ def _signs_from_bits(x: torch.Tensor) -> torch.Tensor:
 def _xxs_signs(aux: torch.Tensor) -> torch.Tensor:
     """Four 7-bit sign indices in the low 28 bits of aux [N, G] -> signs [N, G, 4, 8]."""
     idx = unpack(aux, [0, 7, 14, 21], 0x7F).transpose(-1, -2)  # [N, G, 4]
-    return _sign_table()[idx.long()]
+    return _sign_table(aux.device)[idx.long()]
 
 
 def iq2_xxs(b: torch.Tensor) -> torch.Tensor:
@@ -48,7 +48,7 @@ def iq2_xxs(b: torch.Tensor) -> torch.Tensor:
     aux = u32(b, 2, 16).reshape(n, 8, 2)[..., 1]
     db = (f16(b, 0) * (0.5 + (aux >> 28).to(torch.float32)) * 0.25).reshape(n, 8, 1, 1)
     idx = b[:, 2:66].reshape(n, 8, 8)[..., :4]
-    grid = _grid("IQ2_XXS")[idx.long()]  # [N, 8, 4, 8]
+    grid = _grid("IQ2_XXS", b.device)[idx.long()]  # [N, 8, 4, 8]
     return (db * grid * _xxs_signs(aux)).reshape(n, 256)
 
 
@@ -62,8 +62,8 @@ def iq2_xs(b: torch.Tensor) -> torch.Tensor:
     # d f16 | qs u16[32] (9-bit grid index, 7-bit sign index) | scales[8]
     n = b.shape[0]
     qs = u16(b, 2, 32)
-    signs = _sign_table()[(qs >> 9).long()].reshape(n, 16, 2, 8)
-    grid = _grid("IQ2_XS")[(qs & 511).long()].reshape(n, 16, 2, 8)
+    signs = _sign_table(b.device)[(qs >> 9).long()].reshape(n, 16, 2, 8)
+    grid = _grid("IQ2_XS", b.device)[(qs & 511).long()].reshape(n, 16, 2, 8)
     return (_iq2_scales(f16(b, 0), b[:, 66:74]) * grid * signs).reshape(n, 256)
 
 
@@ -71,8 +71,8 @@ def iq2_s(b: torch.Tensor) -> torch.Tensor:
     # d f16 | qs[32] | signs[32] | qh[8] (2 high index bits each) | scales[8]
     n = b.shape[0]
     high = unpack(b[:, 66:74].reshape(n, 8, 1), [0, 2, 4, 6], 3).reshape(n, 32)
-    idx = b[:, 2:34].to(torch.int32) | (high << 8)
-    grid = _grid("IQ2_S")[idx.long()].reshape(n, 16, 2, 8)
+    idx = b[:, 2:34].to(torch.int32) | (high.to(torch.int32) << 8)
+    grid = _grid("IQ2_S", b.device)[idx.long()].reshape(n, 16, 2, 8)
     signs = _signs_from_bits(b[:, 34:66]).reshape(n, 16, 2, 8)
     return (_iq2_scales(f16(b, 0), b[:, 74:82]) * grid * signs).reshape(n, 256)
 
@@ -82,7 +82,7 @@ def iq3_xxs(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     aux = u32(b, 66, 8)
     db = (f16(b, 0) * (0.5 + (aux >> 28).to(torch.float32)) * 0.5).reshape(n, 8, 1, 1)
-    grid = _grid("IQ3_XXS")[b[:, 2:66].long()].reshape(n, 8, 4, 8)
+    grid = _grid("IQ3_XXS", b.device)[b[:, 2:66].long()].reshape(n, 8, 4, 8)
     return (db * grid * _xxs_signs(aux)).reshape(n, 256)
 
 
@@ -91,8 +91,8 @@ def iq3_s(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     sc = unpack(b[:, 106:110].reshape(n, 4, 1), [0, 4], 0xF).reshape(n, 8)
     db = (f16(b, 0) * (1 + 2 * sc).to(torch.float32)).reshape(n, 8, 1, 1)
-    idx = b[:, 2:66].to(torch.int32) | (bits(b[:, 66:74], 8).reshape(n, 64) << 8)
-    grid = _grid("IQ3_S")[idx.long()].reshape(n, 8, 4, 8)
+    idx = b[:, 2:66].to(torch.int32) | (bits(b[:, 66:74], 8).reshape(n, 64).to(torch.int32) << 8)
+    grid = _grid("IQ3_S", b.device)[idx.long()].reshape(n, 8, 4, 8)
     signs = _signs_from_bits(b[:, 74:106]).reshape(n, 8, 4, 8)
     return (db * grid * signs).reshape(n, 256)
 
@@ -108,7 +108,7 @@ def iq1_s(b: torch.Tensor) -> torch.Tensor:
     delta = torch.where((qh & 0x8000) == 0, _IQ1_DELTA, -_IQ1_DELTA).reshape(n, 8, 1, 1)
     high = unpack(qh, [0, 3, 6, 9], 7).transpose(-1, -2)  # [N, 8, 4]
     idx = b[:, 2:34].to(torch.int32).reshape(n, 8, 4) | (high << 8)
-    grid = _grid("IQ1_S")[idx.long()]  # [N, 8, 4, 8]
+    grid = _grid("IQ1_S", b.device)[idx.long()]  # [N, 8, 4, 8]
     return (dl * (grid + delta.to(torch.float32))).reshape(n, 256)
 
 
@@ -117,27 +117,27 @@ def iq1_m(b: torch.Tensor) -> torch.Tensor:
     # the f16 super-block scale is spread over their top nibbles)
     n = b.shape[0]
     sc = u16(b, 48, 4)
-    d_bits = (sc & 0xF000) >> torch.tensor([12, 8, 4, 0], dtype=torch.int32)
+    d_bits = (sc & 0xF000) >> torch.tensor([12, 8, 4, 0], dtype=torch.int32, device=b.device)
     d_bits = d_bits[:, 0] | d_bits[:, 1] | d_bits[:, 2] | d_bits[:, 3]
     d_bytes = torch.stack([d_bits & 0xFF, d_bits >> 8], dim=-1).to(torch.uint8)
     d = d_bytes.view(torch.float16).to(torch.float32)  # [N, 1]
     s = unpack(sc, [0, 3, 6, 9], 7).transpose(-1, -2).reshape(n, 16)
     dl = (d * (2 * s + 1).to(torch.float32)).reshape(n, 8, 2, 1, 1)
-    qh = unpack(b[:, 32:48].reshape(n, 16, 1), [0, 4], 0xF).reshape(n, 32)
+    qh = unpack(b[:, 32:48].reshape(n, 16, 1), [0, 4], 0xF).reshape(n, 32).to(torch.int32)
     idx = b[:, :32].to(torch.int32) | ((qh & 7) << 8)
     delta = torch.where((qh & 8) == 0, _IQ1_DELTA, -_IQ1_DELTA).to(torch.float32).reshape(n, 8, 2, 2, 1)
-    grid = _grid("IQ1_M")[idx.long()].reshape(n, 8, 2, 2, 8)
+    grid = _grid("IQ1_M", b.device)[idx.long()].reshape(n, 8, 2, 2, 8)
     return (dl * (grid + delta)).reshape(n, 256)
 
 
 @functools.cache
-def _iq4_values() -> torch.Tensor:
-    return torch.tensor(gq.IQ4_NL.kvalues, dtype=torch.float32)
+def _iq4_values(device: torch.device) -> torch.Tensor:
+    return torch.tensor(gq.IQ4_NL.kvalues, dtype=torch.float32, device=device)
 
 
 def iq4_nl(b: torch.Tensor) -> torch.Tensor:
     # d f16 | qs[16] (4-bit indices into a non-linear table); 32 values
-    return f16(b, 0) * _iq4_values()[nibbles(b[:, 2:18]).long()]
+    return f16(b, 0) * _iq4_values(b.device)[nibbles(b[:, 2:18]).long()]
 
 
 def iq4_xs(b: torch.Tensor) -> torch.Tensor:
@@ -145,6 +145,6 @@ def iq4_xs(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     low = unpack(b[:, 4:8].reshape(n, 4, 1), [0, 4], 0xF).reshape(n, 8)
     high = unpack(u16(b, 2, 1), list(range(0, 16, 2)), 3).reshape(n, 8)
-    dl = (f16(b, 0) * ((low | (high << 4)) - 32).to(torch.float32)).reshape(n, 8, 1)
+    dl = (f16(b, 0) * ((low | (high << 4)).to(torch.float32) - 32)).reshape(n, 8, 1)
     q = unpack(b[:, 8:136].reshape(n, 8, 16), [0, 4], 0xF).reshape(n, 8, 32)
-    return (dl * _iq4_values()[q.long()]).reshape(n, 256)
+    return (dl * _iq4_values(b.device)[q.long()]).reshape(n, 256)
