@@ -43,6 +43,15 @@ class TensorInfo:
             n *= dim
         return n
 
+    def leading_slice(self, index: int) -> tuple[int, int]:
+        """(absolute offset, nbytes) of slice `index` along the first torch dimension, e.g. one
+        expert of a stacked [experts, rows, cols] tensor: rows of blocks are contiguous."""
+        count = self.shape[0] if self.shape else 1
+        if not 0 <= index < count:
+            raise IndexError(f"slice {index} out of range for tensor {self.name!r} of shape {list(self.shape)}")
+        per_slice = self.nbytes // count
+        return self.offset + index * per_slice, per_slice
+
 
 @dataclass(frozen=True)
 class Shard:

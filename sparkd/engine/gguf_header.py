@@ -23,6 +23,7 @@ SUPPORTED_VERSIONS = (2, 3)  # v1 used 32-bit lengths and is long obsolete
 MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses tensors with more dimensions
 # A vocabulary of 150k tokens is a few MiB of header; 1 MiB preads keep syscalls few.
 _CHUNK_BYTES = 1 << 20
+_U64 = struct.Struct("<Q")
 
 # GGUF scalar value types: struct format (little-endian) and numpy dtype for arrays.
 _SCALARS: dict[GGUFValueType, tuple[str, str]] = {
@@ -101,6 +102,26 @@ class _Cursor:
                 f"({exc.reason})", path=self.path, offset=at) from exc
 
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """`count` strings; a vocabulary has 150k of them, so the common case (whole string
+        inside the buffer) is parsed in place and only the rest goes through string()."""
+        out: list[str] = []
+        for _ in range(count):
+            rel, buf = self.pos - self._buf_start, self._buf
+            if 0 <= rel and rel + 8 <= len(buf):
+                (length,) = _U64.unpack_from(buf, rel)
+                end = rel + 8 + length
+                if end <= len(buf):
+                    try:
+                        out.append(buf[rel + 8:end].decode("utf-8"))
+                        self.pos += 8 + length
+                        continue
+                    except UnicodeDecodeError:
+                        pass  # string() reports it with the offset
+            out.append(self.string(what))
+        return out
+
+
 def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
     at = cur.pos
     raw = cur.scalar("<I", f"value type of {what}")
@@ -122,6 +143,8 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:
             dtype = np.dtype(_SCALARS[item_type][1])
             raw = cur.take(count * dtype.itemsize, f"array data of {key!r}")
             return np.frombuffer(raw, dtype=dtype).tolist()
+        if item_type == GGUFValueType.STRING:
+            return cur.strings(count, f"string in array {key!r}")
         return [_read_value(cur, item_type, key) for _ in range(count)]
     return cur.scalar(_SCALARS[vtype][0], f"value of {key!r}")
 

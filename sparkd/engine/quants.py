@@ -106,7 +106,7 @@ def dequantize(raw: torch.Tensor, ggml_type: T, shape: tuple[int, ...] | list[in
             f"{expected_bytes} uint8 bytes in rows that are multiples of {fmt.block_size}, got "
             f"{raw.numel()} {raw.dtype} values")
     blocks = raw.reshape(-1, fmt.type_size)
-    out = torch.empty(blocks.shape[0], fmt.block_size, dtype=torch.float32)
+    out = torch.empty(blocks.shape[0], fmt.block_size, dtype=torch.float32, device=raw.device)
     step_blocks = max(1, _STEP_VALUES // fmt.block_size)
     for start in range(0, blocks.shape[0], step_blocks):
         out[start:start + step_blocks] = fmt.dequantize_blocks(blocks[start:start + step_blocks])

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as T
 from sparkd.engine.errors import (GGUFFormatError, MissingKeyError, MissingShardError, MissingTensorError,
                                   ModelError, ShapeMismatchError, TensorPastEndError, TruncatedFileError,
                                   UnsupportedArchitectureError, UnsupportedTypeError)
+from sparkd.engine import gguf_header
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.tensors import load_tensor, raw_tensor
 
@@ -255,3 +256,35 @@ def test_truncated_after_open(model_path):
         os.truncate(model_path, model.tensors["blk.0.ffn_up.weight"].offset + 8)
         with pytest.raises(TruncatedFileError, match="truncated after the model was opened"):
             load_tensor(model, "blk.0.ffn_up.weight")
+
+
+def test_header_parsed_across_small_chunks(model_path, monkeypatch):
+    """Every field straddling a read-chunk boundary still parses (the fast path falls back)."""
+    with GGUFModel.open(model_path) as model:
+        expected = (model.metadata, model.tensors)
+    monkeypatch.setattr(gguf_header, "_CHUNK_BYTES", 7)
+    with GGUFModel.open(model_path) as model:
+        assert (model.metadata, model.tensors) == expected
+
+
+def test_invalid_utf8_in_string_array(model_path):
+    data = model_path.read_bytes()
+    at = data.index("ü".encode())
+    _edit(model_path, at, b"\xff\xfe")
+    with pytest.raises(GGUFFormatError, match=f"'tokenizer.ggml.tokens' at offset {at - 8} is not UTF-8"):
+        GGUFModel.open(model_path)
+
+
+def test_expert_slices(tmp_path):
+    src = tensors_fixture()
+    path = write_model(tmp_path / "e.gguf", src, quant={"blk.0.ffn_up.weight": T.Q8_0})
+    with GGUFModel.open(path) as model:
+        info = model.tensors["blk.0.ffn_up.weight"]  # [4 experts, 2, 64] as Q8_0
+        raw = model.read_bytes(info)
+        per_expert = info.nbytes // 4
+        for e in range(4):
+            offset, nbytes = info.leading_slice(e)
+            assert (offset, nbytes) == (info.offset + e * per_expert, per_expert)
+        with pytest.raises(IndexError):
+            info.leading_slice(4)
+        assert raw.size == 4 * per_expert

@@ -140,3 +140,16 @@ def test_load_tensor_every_type_from_a_file(tmp_path):
         assert qtype == T.Q8_K and shape == (2, 256) and raw.numel() == 2 * 292
         with pytest.raises(UnsupportedTypeError, match="could not load tensor 't.Q8_K' from .*Q8_K"):
             load_tensor(model, "t.Q8_K")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", REFERENCE_TYPES, ids=lambda t: t.name)
+def test_cuda_equals_cpu(qtype):
+    """The same torch code on CUDA tensors gives the CPU reference's bits."""
+    block_size, _ = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = 512 if block_size > 1 else 512 * 32
+    raw = torch.from_numpy(random_blocks(qtype, n_blocks, seed=5))
+    shape = (n_blocks * block_size,)
+    cpu = quants.dequantize(raw, qtype, shape)
+    cuda = quants.dequantize(raw.cuda(), qtype, shape)
+    assert cuda.device.type == "cuda" and torch.equal(cuda.cpu(), cpu)
