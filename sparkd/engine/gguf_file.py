@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -244,6 +245,8 @@ def _open_shard(path: Path, shards: list[Shard]) -> ShardHeader:
         raise ModelError(f"could not open model file {path}: {exc.strerror}", path=path) from exc
     st = os.fstat(fd)
     shards.append(Shard(path, fd, st.st_size, 0, st.st_dev, st.st_ino))
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelError(f"could not open model file {path}: not a regular file", path=path)
     header = read_shard_header(fd, path)
     shards[-1] = Shard(path, fd, st.st_size, header.version, st.st_dev, st.st_ino)
     return header

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType, Keys
 
-from sparkd.engine.errors import GGUFFormatError, TruncatedFileError
+from sparkd.engine.errors import GGUFFormatError, ModelError, TruncatedFileError
 
 SUPPORTED_VERSIONS = (2, 3)  # v1 used 32-bit lengths and is long obsolete
 MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses tensors with more dimensions
@@ -76,7 +76,11 @@ class _Cursor:
                 f"{n} bytes but the file ends at byte {self.size_bytes}; the file is truncated "
                 f"or not a complete GGUF", path=self.path, offset=self.pos)
         if self.pos < self._buf_start or end > self._buf_start + len(self._buf):
-            self._buf = os.pread(self.fd, max(n, _CHUNK_BYTES), self.pos)
+            try:
+                self._buf = os.pread(self.fd, max(n, _CHUNK_BYTES), self.pos)
+            except OSError as exc:
+                raise ModelError(f"could not read GGUF header of {self.path} at offset {self.pos}: "
+                                 f"{exc.strerror}", path=self.path, offset=self.pos) from exc
             self._buf_start = self.pos
             if len(self._buf) < n:
                 raise TruncatedFileError(

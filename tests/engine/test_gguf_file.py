@@ -288,3 +288,16 @@ def test_expert_slices(tmp_path):
         with pytest.raises(IndexError):
             info.leading_slice(4)
         assert raw.size == 4 * per_expert
+
+
+def test_directory_is_not_a_model(tmp_path):
+    before = _open_fds()
+    with pytest.raises(ModelError, match="not a regular file"):
+        GGUFModel.open(tmp_path)
+    assert _open_fds() == before
+
+
+def test_big_endian_refused(model_path):
+    _edit(model_path, 4, struct.pack(">I", 3))
+    with pytest.raises(GGUFFormatError, match="big-endian"):
+        GGUFModel.open(model_path)
