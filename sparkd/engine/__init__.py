@@ -1,0 +1,1 @@
+"""sparkd-engine: the embedded GGUF MoE engine. Never imports the supervisor (sparkd.*)."""
