@@ -279,9 +279,17 @@ class Tokenizer:
         table = _char_to_byte()
         return bytes(table[c] for c in text if c in table)
 
+    def piece(self, tid: int, first: bool, special: bool = False) -> bytes:
+        """token_bytes, less the space encode() put in front of the text (add_space_prefix)."""
+        data = self.token_bytes(tid, special)
+        if first and self.add_space_prefix and data.startswith(b" "):
+            return data[1:]
+        return data
+
     def decode(self, ids: Iterable[int], special: bool = False) -> str:
         """Text of ids; bytes that do not form UTF-8 become U+FFFD."""
-        return b"".join(self.token_bytes(t, special) for t in ids).decode("utf-8", errors="replace")
+        data = b"".join(self.piece(t, k == 0, special) for k, t in enumerate(ids))
+        return data.decode("utf-8", errors="replace")
 
     def stream(self, special: bool = False) -> "StreamDecoder":
         return StreamDecoder(self, special)
@@ -298,9 +306,12 @@ class StreamDecoder:
         self._tok = tokenizer
         self._special = special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._first = True
 
     def push(self, tid: int) -> str:
-        return self._utf8.decode(self._tok.token_bytes(tid, self._special))
+        data = self._tok.piece(tid, self._first, self._special)
+        self._first = False
+        return self._utf8.decode(data)
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
