@@ -291,8 +291,8 @@ class Tokenizer:
         data = b"".join(self.piece(t, k == 0, special) for k, t in enumerate(ids))
         return data.decode("utf-8", errors="replace")
 
-    def stream(self, special: bool = False) -> "StreamDecoder":
-        return StreamDecoder(self, special)
+    def stream(self, special: bool = False, whole_text: bool = False) -> "StreamDecoder":
+        return StreamDecoder(self, special, whole_text)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -300,13 +300,14 @@ class Tokenizer:
 
 class StreamDecoder:
     """Decodes tokens one at a time; a UTF-8 character split across tokens is held back until
-    it is complete, so concatenated outputs equal decode() of all tokens."""
+    it is complete. whole_text: the tokens start a text (not continue a prompt), so the
+    SentencePiece prefix space is dropped and the outputs joined equal decode()."""
 
-    def __init__(self, tokenizer: Tokenizer, special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, special: bool = False, whole_text: bool = False):
         self._tok = tokenizer
         self._special = special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._first = True
+        self._first = whole_text
 
     def push(self, tid: int) -> str:
         data = self._tok.piece(tid, self._first, self._special)

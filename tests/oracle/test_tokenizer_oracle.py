@@ -83,5 +83,5 @@ def test_gemma3_round_trip_and_streaming():
     for text in CORPUS:
         ids = tok.encode(text, add_special=False)
         assert tok.decode(ids, special=True) == text
-        stream = tok.stream(special=True)
+        stream = tok.stream(special=True, whole_text=True)
         assert "".join(stream.push(t) for t in ids) + stream.flush() == text
