@@ -1,0 +1,6 @@
+"""Oracle tests import their sparkd-independent helpers from this folder."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
