@@ -70,3 +70,10 @@ def test_invisible_pid_has_no_name_and_unknown_memory():
     snap = GpuReader(FakeNvml([FakeGpu("NVIDIA GB10", None, compute=[(pid, None)])])).read()
     (proc,) = snap.processes
     assert (proc.name, proc.used_mib, proc.mib_source) == (None, None, "unknown")
+
+
+def test_unified_memory_with_unreadable_meminfo_is_recorded(tmp_path):
+    snap = GpuReader(FakeNvml([FakeGpu("NVIDIA GB10", None)]), meminfo_path=tmp_path / "nope").read()
+    (dev,) = snap.devices
+    assert (dev.total_bytes, dev.memory_source) == (None, "unknown")
+    assert dev.errors == (f"NVML memory info not supported and could not read {tmp_path / 'nope'}: No such file or directory",)
