@@ -100,6 +100,14 @@ async def test_units_come_from_the_lookup_and_own_unit_is_freed_by_restart(holde
     assert f"pid {pid}) belongs to sparkd-svc.service" in gpu.message
     assert not any(c.pid == pid for c in gpu.culprits)
 
+    async def ollama(p):
+        return "ollama.service"
+
+    report = await preflight(make_policy(gpu_busy_mib=1024), "svc", context(tmp_path, nvml, unit_of=ollama))
+    gpu = next(c for c in report.checks if c.name == "gpu")
+    assert gpu.status == "refused" and next(c for c in gpu.culprits if c.pid == pid).unit == "ollama.service"
+    assert f"pid {pid} {name} unit ollama.service" in report.render()
+
     async def broken(p):
         raise ConnectionError("bus gone")
 

@@ -6,7 +6,8 @@ import pytest
 
 from sparkd.errors import GuardRefusal, SparkdError
 from sparkd.guards import GuardContext, preflight
-from sparkd.guards.cgroup import check_cgroup, find_cgroup2_mount, read_controllers
+from sparkd.guards.cgroup import check_cgroup
+from sparkd.system.cgroups import controllers as read_controllers, find_cgroup2_mount
 from sparkd.guards.headroom import check_headroom, check_swap
 from sparkd.policy import parse_policy
 from sparkd.system.meminfo import MemInfo
