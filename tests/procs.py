@@ -55,7 +55,8 @@ def spawn_named(tmp_path: Path, name: str, *, ignore_sigterm: bool = False) -> N
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     shell = subprocess.Popen(["sh", "-c", f'"{exe}" 600; echo $? > "{status}"'],
-                             preexec_fn=ignore_term if ignore_sigterm else None)
+                             preexec_fn=ignore_term if ignore_sigterm else None,
+                             stderr=subprocess.DEVNULL)  # sh would print "Terminated" for each eviction
     return Named(_wait_for_exec(shell, str(exe)), shell, status)
 
 
