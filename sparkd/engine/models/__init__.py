@@ -15,6 +15,10 @@ from sparkd.engine.models.weights import Weights
 # GGUF architecture name → module under sparkd.engine.models
 ARCHITECTURES = {
     "qwen3moe": "qwen3moe",
+    "deepseek2": "deepseek2",
+    "glm4moe": "glm4moe",
+    "gpt-oss": "gpt_oss",
+    "llama": "llama",
 }
 
 
