@@ -1,8 +1,9 @@
-"""Dequantize GGUF blocks in torch: one table of block layouts, one function per family.
+"""Dequantize GGUF tensors in torch: one table of block layouts, one function per family
+(quant_blocks: scale/offset, K, ternary, fp4 families; quant_grids: codebook i-quants).
 
 Each family function takes blocks [N, type_size] uint8 and returns [N, block_size] float32,
 with the same float32 operation order as gguf-py's numpy reference so results are bit-exact.
-Layouts follow llama.cpp's ggml-common.h block structs (offsets noted per function).
+This is the CPU reference the Triton kernels are tested against.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Callable
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
+from sparkd.engine import quant_blocks as blk, quant_grids as grd
 from sparkd.engine.errors import ShapeMismatchError, UnsupportedTypeError
 
 # Dequantize this many output values per step: bounds the temporaries (a few x 64 MiB)
@@ -27,33 +29,53 @@ class BlockFormat:
     dequantize_blocks: Callable[[torch.Tensor], torch.Tensor]
 
 
-# --- helpers: little-endian fields out of [N, type_size] uint8 blocks ---------------------------
-def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:
-    """The f16 at byte `at` of each block, as float32 [N, 1]."""
-    return blocks[:, at:at + 2].contiguous().view(torch.float16).to(torch.float32)
-
-
 def _plain(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     def dequantize_blocks(blocks: torch.Tensor) -> torch.Tensor:
         return blocks.contiguous().view(dtype).to(torch.float32)
     return dequantize_blocks
 
 
-def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    # d f16 | qs int8[32]
-    return blocks[:, 2:].view(torch.int8).to(torch.float32) * _f16(blocks, 0)
+# The one table: values per block, bytes per block, family function. Plain float/int types
+# are one-value "blocks". Q8_1 and Q8_K are ggml's matmul intermediates, never in files, and
+# gguf-py cannot dequantize them either.
+_TABLE: list[tuple[str, int, int, Callable[[torch.Tensor], torch.Tensor]]] = [
+    ("F32", 1, 4, _plain(torch.float32)),
+    ("F16", 1, 2, _plain(torch.float16)),
+    ("BF16", 1, 2, _plain(torch.bfloat16)),
+    ("F64", 1, 8, _plain(torch.float64)),
+    ("I8", 1, 1, _plain(torch.int8)),
+    ("I16", 1, 2, _plain(torch.int16)),
+    ("I32", 1, 4, _plain(torch.int32)),
+    ("I64", 1, 8, _plain(torch.int64)),
+    ("Q4_0", 32, 18, blk.q4_0),
+    ("Q4_1", 32, 20, blk.q4_1),
+    ("Q5_0", 32, 22, blk.q5_0),
+    ("Q5_1", 32, 24, blk.q5_1),
+    ("Q8_0", 32, 34, blk.q8_0),
+    ("Q2_K", 256, 84, blk.q2_k),
+    ("Q3_K", 256, 110, blk.q3_k),
+    ("Q4_K", 256, 144, blk.q4_k),
+    ("Q5_K", 256, 176, blk.q5_k),
+    ("Q6_K", 256, 210, blk.q6_k),
+    ("TQ1_0", 256, 54, blk.tq1_0),
+    ("TQ2_0", 256, 66, blk.tq2_0),
+    ("MXFP4", 32, 17, blk.mxfp4),
+    ("NVFP4", 64, 36, blk.nvfp4),
+    ("IQ1_S", 256, 50, grd.iq1_s),
+    ("IQ1_M", 256, 56, grd.iq1_m),
+    ("IQ2_XXS", 256, 66, grd.iq2_xxs),
+    ("IQ2_XS", 256, 74, grd.iq2_xs),
+    ("IQ2_S", 256, 82, grd.iq2_s),
+    ("IQ3_XXS", 256, 98, grd.iq3_xxs),
+    ("IQ3_S", 256, 110, grd.iq3_s),
+    ("IQ4_NL", 32, 18, grd.iq4_nl),
+    ("IQ4_XS", 256, 136, grd.iq4_xs),
+]
 
-
+# Types this gguf package version does not know (e.g. NVFP4 before 0.19) are left out.
 FORMATS: dict[T, BlockFormat] = {
-    T.F32: BlockFormat(1, 4, _plain(torch.float32)),
-    T.F16: BlockFormat(1, 2, _plain(torch.float16)),
-    T.BF16: BlockFormat(1, 2, _plain(torch.bfloat16)),
-    T.F64: BlockFormat(1, 8, _plain(torch.float64)),
-    T.I8: BlockFormat(1, 1, _plain(torch.int8)),
-    T.I16: BlockFormat(1, 2, _plain(torch.int16)),
-    T.I32: BlockFormat(1, 4, _plain(torch.int32)),
-    T.I64: BlockFormat(1, 8, _plain(torch.int64)),
-    T.Q8_0: BlockFormat(32, 34, _q8_0),
+    T[name]: BlockFormat(block_size, type_size, fn)
+    for name, block_size, type_size, fn in _TABLE if name in T.__members__
 }
 
 for _t, _fmt in FORMATS.items():  # the table is ours; the gguf package is the cross-check
