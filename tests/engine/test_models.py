@@ -35,7 +35,7 @@ def test_incremental_equals_full_recompute(models, arch):
     assert err < 1e-5, f"{arch}: incremental vs full relative error {err}"
 
 
-@pytest.mark.parametrize("quant", ["Q8_0", "F16", "BF16"])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "Q2_K", "F16", "BF16"])
 def test_quantized_model_close_to_its_own_dequantized_weights(tmp_path, quant):
     # the quantized file runs; its logits are finite and differ from a different seed's
     path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], quant), seed=4)[0]
