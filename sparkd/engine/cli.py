@@ -75,13 +75,20 @@ def cmd_inspect(a) -> int:
     return 0
 
 
-def _tokens(a) -> list[int]:
+def _tokens(a, tokenizer=None, metadata=None) -> list[int]:
     if a.tokens is not None:
         try:
             return [int(t) for t in a.tokens.replace(",", " ").split()]
         except ValueError:
             raise EngineError(f"could not parse --tokens {a.tokens!r}: give integer ids, e.g. 1,2,3") from None
-    raise EngineError("could not tokenize --text: the tokenizer is not part of this build yet; use --tokens")
+    if a.text is None:
+        raise EngineError("could not run the model: give a prompt with -p/--text or ids with --tokens")
+    if getattr(a, "chat", False):
+        from sparkd.engine.chat import ChatTemplate
+        text = ChatTemplate.from_metadata(metadata, tokenizer).render(
+            [{"role": "user", "content": a.text}], add_generation_prompt=True)
+        return tokenizer.encode(text, add_special=False, parse_special=True)
+    return tokenizer.encode(a.text)
 
 
 def cmd_logits(a) -> int:
@@ -90,9 +97,9 @@ def cmd_logits(a) -> int:
 
     from sparkd.engine.models import load_model
 
-    ids = _tokens(a)
     m = load_model(a.model)
     try:
+        ids = _tokens(a, _tokenizer(m) if a.tokens is None else None, m.gguf.metadata)
         bad = [t for t in ids if not 0 <= t < m.cfg.n_vocab]
         if bad:
             raise EngineError(f"could not run token ids {bad[:5]}: the vocabulary has {m.cfg.n_vocab} tokens")
@@ -109,26 +116,39 @@ def cmd_generate(a) -> int:
 
     from sparkd.engine.models import load_model
 
-    ids = _tokens(a)
+    from sparkd.engine.sampler import Sampler, SamplingParams
+
     m = load_model(a.model)
     try:
+        tok = _tokenizer(m)
+        ids = _tokens(a, tok, m.gguf.metadata)
+        sample = Sampler(SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
+                                        min_p=a.min_p, seed=a.seed))
         cache = m.net.new_cache(len(ids) + a.n)
         t0 = time.perf_counter()
         logits = m.net(torch.tensor(ids), cache)
         t1 = time.perf_counter()
         out: list[int] = []
-        for _ in range(a.n):
-            nxt = int(logits[-1].argmax())  # greedy until the sampler lands
+        while len(out) < a.n:
+            nxt = sample(logits[-1], ids + out)
             out.append(nxt)
+            if nxt in tok.eog_ids:
+                break
             logits = m.net(torch.tensor([nxt]), cache)
         t2 = time.perf_counter()
     finally:
         m.close()
-    res = {"tokens": out, "prompt_tokens": len(ids), "prompt_tok_s": len(ids) / (t1 - t0),
-           "decode_tok_s": len(out) / (t2 - t1) if out else 0.0}
+    res = {"text": tok.decode(out), "tokens": out, "prompt_tokens": len(ids),
+           "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0}
     print(json.dumps(res) if a.json else
-          f"{out}\nprompt {res['prompt_tok_s']:.1f} tok/s, decode {res['decode_tok_s']:.1f} tok/s")
+          f"{res['text']}\nprompt {res['prompt_tok_s']:.1f} tok/s, decode {res['decode_tok_s']:.1f} tok/s")
     return 0
+
+
+def _tokenizer(m):
+    from sparkd.engine.tokenizer import Tokenizer
+
+    return Tokenizer(m.gguf.metadata, str(m.gguf.path))
 
 
 def cmd_make_model(a) -> int:
@@ -202,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             s.add_argument("-n", type=int, default=32)
             s.add_argument("--json", action="store_true")
+            s.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+            s.add_argument("--temp", type=float, default=0.0)
+            s.add_argument("--top-k", type=int, default=0)
+            s.add_argument("--top-p", type=float, default=1.0)
+            s.add_argument("--min-p", type=float, default=0.0)
+            s.add_argument("--seed", type=int)
     s = sub.add_parser("make-model", help="write a random-weight GGUF")
     s.add_argument("out")
     s.add_argument("--arch")

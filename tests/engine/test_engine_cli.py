@@ -76,3 +76,12 @@ def test_unsupported_architecture_names_the_supported(tmp_path):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_ti_data_to_file(); w.close()
     r = run("inspect", str(path))
     assert r.returncode == 2 and "'mamba' is not supported" in r.stderr and "qwen3moe" in r.stderr
+
+
+def test_generate_text_with_chat_template_and_seeded_sampling(model):
+    args = ("generate", str(model), "-p", "Hello", "--chat", "-n", "6", "--temp", "0.9", "--seed", "3", "--json")
+    a, b = run(*args), run(*args)
+    assert a.returncode == 0, a.stderr
+    ra, rb = json.loads(a.stdout), json.loads(b.stdout)
+    assert ra["tokens"] == rb["tokens"] and ra["prompt_tokens"] > 3
+    assert isinstance(ra["text"], str) and ra["decode_tok_s"] > 0
