@@ -97,9 +97,10 @@ def cmd_logits(a) -> int:
 
     from sparkd.engine.models import load_model
 
+    ids = _tokens(a) if a.tokens is not None else None  # bad ids fail before any loading
     m = load_model(a.model)
     try:
-        ids = _tokens(a, _tokenizer(m) if a.tokens is None else None, m.gguf.metadata)
+        ids = ids or _tokens(a, _tokenizer(m), m.gguf.metadata)
         bad = [t for t in ids if not 0 <= t < m.cfg.n_vocab]
         if bad:
             raise EngineError(f"could not run token ids {bad[:5]}: the vocabulary has {m.cfg.n_vocab} tokens")
