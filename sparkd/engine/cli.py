@@ -1,0 +1,258 @@
+"""sparkd-engine: inspect, logits, generate and make-model on GGUF files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from sparkd.engine.errors import EngineError
+
+_EXPERT_TENSOR = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"could not parse size {text!r}: use e.g. 512M, 2G, 1.5T")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
+
+
+def _group(name: str) -> str:
+    if _EXPERT_TENSOR.match(name):
+        return "routed_experts"
+    parts = name.split(".")
+    return parts[2] if parts[0] == "blk" else parts[0]
+
+
+def inspect_model(path: str) -> dict:
+    from sparkd.engine.gguf_file import GGUFModel
+    from sparkd.engine.models import config_of
+
+    with GGUFModel.open(path) as g:
+        cfg = config_of(g)
+        types: dict[str, set] = defaultdict(set)
+        routed = trunk = 0
+        for name, info in g.tensors.items():
+            types[_group(name)].add(info.ggml_type.name)
+            if _EXPERT_TENSOR.match(name):
+                routed += info.nbytes
+            else:
+                trunk += info.nbytes
+        n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
+        return {
+            "path": str(path), "arch": cfg.arch, "layers": cfg.n_layer, "moe_layers": n_moe,
+            "experts": cfg.n_expert, "top_k": cfg.n_expert_used, "shared_experts": cfg.n_expert_shared,
+            "context": cfg.n_ctx_train, "hidden": cfg.n_embd, "vocab": cfg.n_vocab,
+            "quant_types": {k: sorted(v) for k, v in sorted(types.items())},
+            "trunk_bytes": trunk, "routed_expert_bytes": routed,
+            "per_expert_bytes": routed // (n_moe * cfg.n_expert) if n_moe and cfg.n_expert else 0,
+            "shards": len(g.shards),
+        }
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def cmd_inspect(a) -> int:
+    info = inspect_model(a.model)
+    if a.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{info['path']}: {info['arch']}, {info['layers']} layers ({info['moe_layers']} MoE), "
+          f"{info['experts']} experts x top-{info['top_k']}, {info['shared_experts']} shared, "
+          f"context {info['context']}, hidden {info['hidden']}, vocab {info['vocab']}")
+    print(f"trunk {_gib(info['trunk_bytes'])}, routed experts {_gib(info['routed_expert_bytes'])}, "
+          f"per expert {_gib(info['per_expert_bytes'])}")
+    for group, ts in info["quant_types"].items():
+        print(f"  {group:24s} {', '.join(ts)}")
+    return 0
+
+
+def _tokens(a, tokenizer=None, metadata=None) -> list[int]:
+    if a.tokens is not None:
+        try:
+            return [int(t) for t in a.tokens.replace(",", " ").split()]
+        except ValueError:
+            raise EngineError(f"could not parse --tokens {a.tokens!r}: give integer ids, e.g. 1,2,3") from None
+    if a.text is None:
+        raise EngineError("could not run the model: give a prompt with -p/--text or ids with --tokens")
+    if getattr(a, "chat", False):
+        from sparkd.engine.chat import ChatTemplate
+        text = ChatTemplate.from_metadata(metadata, tokenizer).render(
+            [{"role": "user", "content": a.text}], add_generation_prompt=True)
+        return tokenizer.encode(text, add_special=False, parse_special=True)
+    return tokenizer.encode(a.text)
+
+
+def cmd_logits(a) -> int:
+    import numpy as np
+    import torch
+
+    from sparkd.engine.models import load_model
+
+    ids = _tokens(a) if a.tokens is not None else None  # bad ids fail before any loading
+    m = load_model(a.model)
+    try:
+        ids = ids or _tokens(a, _tokenizer(m), m.gguf.metadata)
+        bad = [t for t in ids if not 0 <= t < m.cfg.n_vocab]
+        if bad:
+            raise EngineError(f"could not run token ids {bad[:5]}: the vocabulary has {m.cfg.n_vocab} tokens")
+        logits = m.net(torch.tensor(ids), m.net.new_cache(len(ids)))
+    finally:
+        m.close()
+    np.save(a.out, logits.numpy())
+    print(f"wrote {a.out}: logits [{len(ids)}, {logits.shape[1]}]")
+    return 0
+
+
+def cmd_generate(a) -> int:
+    import torch
+
+    from sparkd.engine.models import load_model
+
+    from sparkd.engine.sampler import Sampler, SamplingParams
+
+    m = load_model(a.model)
+    try:
+        tok = _tokenizer(m)
+        ids = _tokens(a, tok, m.gguf.metadata)
+        sample = Sampler(SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
+                                        min_p=a.min_p, seed=a.seed))
+        cache = m.net.new_cache(len(ids) + a.n)
+        t0 = time.perf_counter()
+        logits = m.net(torch.tensor(ids), cache)
+        t1 = time.perf_counter()
+        out: list[int] = []
+        while len(out) < a.n:
+            nxt = sample(logits[-1], ids + out)
+            out.append(nxt)
+            if nxt in tok.eog_ids:
+                break
+            logits = m.net(torch.tensor([nxt]), cache)
+        t2 = time.perf_counter()
+    finally:
+        m.close()
+    res = {"text": tok.decode(out), "tokens": out, "prompt_tokens": len(ids),
+           "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0}
+    print(json.dumps(res) if a.json else
+          f"{res['text']}\nprompt {res['prompt_tok_s']:.1f} tok/s, decode {res['decode_tok_s']:.1f} tok/s")
+    return 0
+
+
+def _tokenizer(m):
+    from sparkd.engine.tokenizer import Tokenizer
+
+    return Tokenizer(m.gguf.metadata, str(m.gguf.path))
+
+
+def cmd_make_model(a) -> int:
+    from sparkd.engine import make_model as mm
+    from sparkd.engine.modelgen.specs import PRESETS, TINY
+
+    if a.preset:
+        if a.preset not in PRESETS:
+            raise EngineError(f"could not find preset {a.preset!r}: choose one of {', '.join(PRESETS)}")
+        shape = PRESETS[a.preset]
+        if a.arch and a.arch != shape.arch:
+            raise EngineError(f"could not combine --arch {a.arch} with preset {a.preset} ({shape.arch})")
+    elif a.arch in TINY:
+        shape = TINY[a.arch]
+    else:
+        raise EngineError(f"could not make a model for --arch {a.arch!r}: choose one of {', '.join(TINY)}"
+                          " or a --preset")
+    shape = shape.replace(n_layer=a.layers, n_expert=a.experts, n_expert_used=a.top_k,
+                          n_expert_shared=a.shared, n_embd=a.hidden, n_ff_exp=a.ffn, n_head=a.heads,
+                          n_vocab=a.vocab, n_ctx=a.ctx)
+    try:
+        if a.size:
+            shape = shape.replace(n_layer=mm.layers_for_size(shape, a.quant, a.size))
+        plan = mm.plan(shape, a.quant)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from None
+    out = Path(a.out)
+    if out.exists() and not a.force:
+        raise EngineError(f"could not write {out}: the file exists (use --force to replace it)")
+    bar = _progress_bar(plan.nbytes, quiet=a.quiet)
+    paths = mm.write_model(out, plan, seed=a.seed, split_max_bytes=a.split_max_size or 0, progress=bar)
+    bar(None, None)
+    print(f"wrote {', '.join(map(str, paths))}: {shape.arch}, {shape.n_layer} layers, {a.quant}, "
+          f"{_gib(plan.nbytes)}")
+    return 0
+
+
+def _progress_bar(total: int, quiet: bool):
+    if quiet or not sys.stderr.isatty():
+        return lambda done, tot: None
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    prog = Progress("writing", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
+    task = prog.add_task("write", total=total)
+    prog.start()
+
+    def update(done, tot):
+        if done is None:
+            prog.stop()
+        else:
+            prog.update(task, completed=done)
+    return update
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sparkd-engine", description="GGUF MoE engine")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("inspect", help="summarise a GGUF model")
+    s.add_argument("model")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_inspect)
+    for name, func, help_ in (("logits", cmd_logits, "per-position logits to .npy"),
+                              ("generate", cmd_generate, "decode tokens")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("model")
+        s.add_argument("--tokens", help="comma/space separated token ids")
+        s.add_argument("--text", "-p", dest="text")
+        s.set_defaults(func=func)
+        if name == "logits":
+            s.add_argument("--out", required=True)
+        else:
+            s.add_argument("-n", type=int, default=32)
+            s.add_argument("--json", action="store_true")
+            s.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+            s.add_argument("--temp", type=float, default=0.0)
+            s.add_argument("--top-k", type=int, default=0)
+            s.add_argument("--top-p", type=float, default=1.0)
+            s.add_argument("--min-p", type=float, default=0.0)
+            s.add_argument("--seed", type=int)
+    s = sub.add_parser("make-model", help="write a random-weight GGUF")
+    s.add_argument("out")
+    s.add_argument("--arch")
+    s.add_argument("--preset")
+    for opt in ("layers", "experts", "top-k", "shared", "hidden", "ffn", "heads", "vocab", "ctx"):
+        s.add_argument(f"--{opt}", type=int)
+    s.add_argument("--quant", default="Q8_0")
+    s.add_argument("--size", type=parse_size, help="scale the layer count to about this file size")
+    s.add_argument("--split-max-size", type=parse_size)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--force", action="store_true")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=cmd_make_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.func(a)
+    except EngineError as exc:
+        print(f"sparkd-engine: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

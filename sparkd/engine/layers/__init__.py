@@ -1,0 +1,1 @@
+"""Building blocks shared by the architectures: norms, rope, attention, FFN, MoE."""

@@ -1,0 +1,74 @@
+"""Scaled dot-product attention with llama.cpp's options, and the GQA attention block.
+
+Options: grouped KV heads, q/k RMS norms, partial rotary, sliding window (standard: a key is
+visible when pos_q - pos_k < window), attention sinks (one extra logit per head in the softmax
+denominator), biases on q/k/v/o.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.norm import RMSNorm
+from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
+from sparkd.engine.models.config import RopeConfig
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
+           window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [T, H, Dk], k: [S, Hkv, Dk], v: [S, Hkv, Dv] with S = start + T → [T, H, Dv]."""
+    T, H, _ = q.shape
+    S, Hkv, _ = k.shape
+    group = H // Hkv  # query head h reads kv head h // group, as ggml broadcasts
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("thd,shd->hts", q, k) * scale  # [H, T, S]
+    pos_q = torch.arange(start, start + T)[:, None]
+    pos_k = torch.arange(S)[None, :]
+    masked = pos_k > pos_q
+    if window:
+        masked |= (pos_q - pos_k) >= window
+    scores = scores.masked_fill(masked, float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(scores.dtype)[:, None, None].expand(H, T, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :S]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hts,shd->thd", probs, v)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped KV heads and a KV cache."""
+
+    def __init__(self, il: int, n_head: int, n_head_kv: int, head_dim: int, rope: RopeConfig,
+                 wq: Linear, wk: Linear, wv: Linear, wo: Linear,
+                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None,
+                 scale: float | None = None, window: int = 0, sinks: torch.Tensor | None = None):
+        super().__init__()
+        self.il, self.n_head, self.n_head_kv, self.head_dim = il, n_head, n_head_kv, head_dim
+        self.rope, self.window = rope, window
+        self.scale = scale if scale else head_dim ** -0.5
+        self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.sinks = None if sinks is None else nn.Parameter(sinks, requires_grad=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        # x: [T, D]; pos: [T] absolute positions
+        T = x.shape[0]
+        q = self.wq(x).view(T, self.n_head, self.head_dim)
+        k = self.wk(x).view(T, self.n_head_kv, self.head_dim)
+        v = self.wv(x).view(T, self.n_head_kv, -1)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        cos, sin = rope_cos_sin(self.rope, pos)
+        q = apply_rope(q, cos, sin, self.rope.neox)
+        k = apply_rope(k, cos, sin, self.rope.neox)
+        start = int(pos[0])
+        k_all, v_all = cache.update(self.il, start, k, v)
+        o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
+        return self.wo(o.reshape(T, -1))

@@ -1,0 +1,67 @@
+"""Where routed-expert weights come from: the ExpertStore interface and its resident version.
+
+The MoE block asks `store.get(layer, expert_ids)` for the experts a batch selected and never
+touches model tensors itself, so a streaming store (O_DIRECT reads into a cache arena) or one that
+hands back quantized blocks for a GPU kernel replaces ResidentExperts without changing the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+# tensor names of one layer's stacked experts, and their optional biases
+GATE, UP, DOWN = "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"
+
+
+@dataclass
+class ExpertWeights:
+    """Weights of the selected experts, stacked in the order of the requested ids.
+
+    A experts, F expert width, D model width: gate/up [A, F, D], down [A, D, F];
+    biases (gpt-oss) gate_b/up_b [A, F], down_b [A, D].
+    """
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    gate_b: torch.Tensor | None = None
+    up_b: torch.Tensor | None = None
+    down_b: torch.Tensor | None = None
+
+
+class ExpertStore(Protocol):
+    def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights: ...
+
+
+TensorLoader = Callable[[str], torch.Tensor]
+
+
+class ResidentExperts:
+    """Every routed expert dequantized in memory, loaded one layer at a time on first use."""
+
+    def __init__(self, load: TensorLoader, has: Callable[[str], bool]):
+        self._load, self._has = load, has
+        self._layers: dict[int, ExpertWeights] = {}
+
+    def _layer(self, il: int) -> ExpertWeights:
+        if il not in self._layers:
+            def opt(name: str) -> torch.Tensor | None:
+                full = f"blk.{il}.{name}.bias"
+                return self._load(full) if self._has(full) else None
+            self._layers[il] = ExpertWeights(
+                gate=self._load(f"blk.{il}.{GATE}.weight"), up=self._load(f"blk.{il}.{UP}.weight"),
+                down=self._load(f"blk.{il}.{DOWN}.weight"),
+                gate_b=opt(GATE), up_b=opt(UP), down_b=opt(DOWN))
+        return self._layers[il]
+
+    def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
+        w = self._layer(layer)
+        idx = torch.as_tensor(list(expert_ids), dtype=torch.long)
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.index_select(0, idx)
+        return ExpertWeights(pick(w.gate), pick(w.up), pick(w.down),
+                             pick(w.gate_b), pick(w.up_b), pick(w.down_b))

@@ -1,0 +1,40 @@
+"""Dense gated feed-forward blocks and the activations llama.cpp uses for them."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparkd.engine.layers.linear import Linear
+
+# gpt-oss's clamped swiglu (ggml_swiglu_oai): constants fixed in llama.cpp's graph builder
+OAI_ALPHA = 1.702
+OAI_LIMIT = 7.0
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    x = gate.clamp(max=OAI_LIMIT)
+    y = up.clamp(-OAI_LIMIT, OAI_LIMIT)
+    return x * torch.sigmoid(OAI_ALPHA * x) * (y + 1.0)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.gelu(gate, approximate="tanh") * up
+
+
+ACTIVATIONS = {"silu": swiglu, "swiglu_oai": swiglu_oai, "gelu": geglu}
+
+
+class GatedFFN(nn.Module):
+    def __init__(self, gate: Linear, up: Linear, down: Linear, act: str = "silu"):
+        super().__init__()
+        self.gate, self.up, self.down = gate, up, down
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.gate(x), self.up(x)))

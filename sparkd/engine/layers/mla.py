@@ -1,0 +1,62 @@
+"""Multi-head latent attention (DeepSeek V2/V3, Kimi K2) with the compressed latent KV cache.
+
+Only the normalised KV latent (rank R) and the shared rope key (P dims) are cached per position.
+Queries are absorbed into latent space through wk_b, attention runs as MQA over the latent, and
+wv_b expands the result per head — llama.cpp's MLA path, so the cache is R + P floats per token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from sparkd.engine.layers.attention import attend
+from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.norm import RMSNorm
+from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
+from sparkd.engine.models.config import RopeConfig
+
+
+def mla_scale(rope: RopeConfig, head_dim_k: int, yarn_log_mul: float) -> float:
+    """llama.cpp's pre-scaled kq_scale: yarn's magnitude correction folded into the softmax scale."""
+    inv = 1.0 / rope.freq_scale
+    attn_factor_org = rope.attn_factor * (1.0 + 0.1 * math.log(inv))
+    mscale = attn_factor_org * (1.0 + 0.1 * yarn_log_mul * math.log(inv))
+    return mscale * mscale / math.sqrt(head_dim_k)
+
+
+class MLAttention(nn.Module):
+    def __init__(self, il: int, n_head: int, qk_nope: int, qk_rope: int, kv_rank: int,
+                 rope: RopeConfig, scale: float, wq_a: Linear | None, q_a_norm: RMSNorm | None,
+                 wq_b: Linear, wkv_a: Linear, kv_a_norm: RMSNorm, wk_b: torch.Tensor,
+                 wv_b: torch.Tensor, wo: Linear):
+        super().__init__()
+        self.il, self.n_head, self.qk_nope, self.qk_rope, self.kv_rank = il, n_head, qk_nope, qk_rope, kv_rank
+        self.rope, self.scale = rope, scale
+        self.wq_a, self.q_a_norm, self.wq_b = wq_a, q_a_norm, wq_b  # wq_b is attn_q when no q_lora
+        self.wkv_a, self.kv_a_norm, self.wo = wkv_a, kv_a_norm, wo
+        self.wk_b = nn.Parameter(wk_b, requires_grad=False)  # [H, R, Dn]
+        self.wv_b = nn.Parameter(wv_b, requires_grad=False)  # [H, Dv, R]
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        # T tokens, H heads, R latent rank, Dn/P nope/rope dims, Dv value dims
+        T = x.shape[0]
+        q = x if self.wq_a is None else self.q_a_norm(self.wq_a(x))
+        q = self.wq_b(q).view(T, self.n_head, self.qk_nope + self.qk_rope)
+        q_nope, q_pe = q[..., : self.qk_nope], q[..., self.qk_nope:]  # [T, H, Dn], [T, H, P]
+        kv = self.wkv_a(x)  # [T, R + P]
+        latent = self.kv_a_norm(kv[:, : self.kv_rank])  # [T, R]
+        cos, sin = rope_cos_sin(self.rope, pos)
+        k_pe = apply_rope(kv[:, None, self.kv_rank:], cos, sin, self.rope.neox)  # [T, 1, P]
+        q_pe = apply_rope(q_pe, cos, sin, self.rope.neox)
+        q_lat = torch.einsum("thd,hrd->thr", q_nope, self.wk_b)  # [T, H, R]
+        q_all = torch.cat([q_lat, q_pe], dim=-1)  # [T, H, R + P]
+        k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
+        start = int(pos[0])
+        k_all, _ = cache.update(self.il, start, k_new, None)
+        o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start)  # [T, H, R]
+        o = torch.einsum("thr,hvr->thv", o, self.wv_b)  # [T, H, Dv]
+        return self.wo(o.reshape(T, -1))

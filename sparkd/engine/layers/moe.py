@@ -1,0 +1,92 @@
+"""MoE router (llama.cpp's build_moe_ffn selection) and the routed-expert block."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sparkd.engine.layers.experts import ExpertStore
+from sparkd.engine.layers.ffn import ACTIVATIONS
+from sparkd.engine.layers.linear import Linear
+from sparkd.engine.models.config import GATING_SIGMOID, GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT
+
+# llama.cpp clamps the sum of routing weights to the smallest normal f16 before dividing
+_MIN_WEIGHT_SUM = 6.103515625e-5
+
+
+class Router(nn.Module):
+    """Scores experts and picks top-k per token.
+
+    Selection may add a bias (DeepSeek V3's e_score_correction) and restrict to the best groups
+    (a group's score is the sum of its two best experts); the weights come from the unbiased
+    probabilities, optionally renormalised over the selected experts and scaled.
+    """
+
+    def __init__(self, gate: Linear, top_k: int, gating: str = GATING_SOFTMAX,
+                 norm_w: bool = False, scale: float = 0.0, sel_bias: torch.Tensor | None = None,
+                 n_groups: int = 0, n_group_used: int = 0):
+        super().__init__()
+        self.gate, self.top_k, self.gating = gate, top_k, gating
+        self.norm_w, self.scale = norm_w, scale
+        self.sel_bias = None if sel_bias is None else nn.Parameter(sel_bias, requires_grad=False)
+        self.n_groups, self.n_group_used = n_groups, n_group_used
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [T, D] → weights [T, A], ids [T, A]
+        logits = self.gate(x)  # [T, E]
+        if self.gating == GATING_SOFTMAX:
+            probs = torch.softmax(logits, dim=-1)
+        elif self.gating == GATING_SIGMOID:
+            probs = torch.sigmoid(logits)
+        else:
+            probs = logits
+        sel = probs if self.sel_bias is None else probs + self.sel_bias
+        if self.n_groups > 1:
+            sel = self._mask_groups(sel)
+        ids = torch.topk(sel, self.top_k, dim=-1).indices  # [T, A]
+        w = probs.gather(-1, ids)
+        if self.gating == GATING_SOFTMAX_WEIGHT:
+            w = torch.softmax(w, dim=-1)
+        if self.norm_w:
+            w = w / w.sum(-1, keepdim=True).clamp(min=_MIN_WEIGHT_SUM)
+        if self.scale not in (0.0, 1.0):
+            w = w * self.scale
+        return w, ids
+
+    def _mask_groups(self, sel: torch.Tensor) -> torch.Tensor:
+        T, E = sel.shape
+        groups = sel.view(T, self.n_groups, E // self.n_groups)  # [T, G, E/G]
+        group_score = groups.topk(2, dim=-1).values.sum(-1)  # [T, G]
+        keep = group_score.topk(self.n_group_used, dim=-1).indices  # [T, Gu]
+        mask = torch.ones(T, self.n_groups, dtype=torch.bool).scatter_(1, keep, False)
+        return groups.masked_fill(mask[..., None], float("-inf")).view(T, E)
+
+
+class MoE(nn.Module):
+    """Routed experts (from an ExpertStore) plus optional always-on shared experts."""
+
+    def __init__(self, il: int, router: Router, store: ExpertStore, act: str = "silu",
+                 shared: nn.Module | None = None):
+        super().__init__()
+        self.il, self.router, self.store, self.shared = il, router, store, shared
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # T tokens, D model width, A experts per token, U distinct experts in the batch
+        w, ids = self.router(x)  # [T, A], [T, A]
+        uniq = torch.unique(ids)  # [U]
+        ew = self.store.get(self.il, uniq.tolist())
+        out = torch.zeros_like(x)
+        for j, e in enumerate(uniq.tolist()):
+            tok, slot = (ids == e).nonzero(as_tuple=True)
+            h = x.index_select(0, tok)  # [t, D]
+            g, u = h @ ew.gate[j].T, h @ ew.up[j].T  # [t, F]
+            if ew.gate_b is not None:
+                g, u = g + ew.gate_b[j], u + ew.up_b[j]
+            y = self.act(g, u) @ ew.down[j].T  # [t, D]
+            if ew.down_b is not None:
+                y = y + ew.down_b[j]
+            out.index_add_(0, tok, y * w[tok, slot, None])
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out

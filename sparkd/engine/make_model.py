@@ -1,0 +1,147 @@
+"""Generate a random-weight GGUF that llama.cpp loads: `sparkd-engine make-model`.
+
+Tensors are written in the order they are declared, block by block from a seeded generator, so a
+model of tens of GB streams to disk with bounded memory. Norms, biases and routers stay F32 (as
+llama.cpp's converters keep them); a tensor whose rows do not fill the quant's blocks falls back to
+F16 (as llama-quantize does). K-quant blocks are generated directly; `requantize` is the hook for
+running llama.cpp's llama-quantize on an F16/F32 result instead (imatrix types, exact quantizers).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q, GGUFValueType as V, GGUFWriter
+
+from sparkd.engine.modelgen import blocks, specs
+from sparkd.engine.modelgen.specs import Shape
+from sparkd.engine.modelgen.tokenizer import CHAT_TEMPLATE, make_tokenizer
+
+QUANTS = {t.name: t for t in blocks.FLOAT_TYPES + blocks.QUANT_TYPES}
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass
+class Plan:
+    shape: Shape
+    qtype: Q
+    tensors: list[tuple[str, tuple[int, ...], Q, float, float]]  # name, shape, type, std, mean
+
+    @property
+    def nbytes(self) -> int:
+        return sum(blocks.tensor_nbytes(q, math.prod(sh)) for _, sh, q, _, _ in self.tensors)
+
+
+def tensor_type(qtype: Q, shape: tuple[int, ...], kind: str) -> Q:
+    if kind != "w":
+        return Q.F32
+    if shape[-1] % blocks.block_size(qtype):
+        return Q.F16
+    return qtype
+
+
+def plan(shape: Shape, quant: str) -> Plan:
+    if quant not in QUANTS:
+        raise ValueError(f"could not make a model with --quant {quant}: supported are "
+                         f"{', '.join(QUANTS)} (others through llama-quantize, see requantize())")
+    specs.check(shape)
+    qtype = QUANTS[quant]
+    out = []
+    for name, sh, kind in specs.tensors(shape):
+        std = 1.0 if name == "token_embd.weight" else (0.1 if kind != "w" and kind != "f32" else sh[-1] ** -0.5)
+        mean = 1.0 if kind == "norm" else 0.0
+        out.append((name, sh, tensor_type(qtype, sh, kind), std, mean))
+    return Plan(shape, qtype, out)
+
+
+def layers_for_size(shape: Shape, quant: str, size_bytes: int) -> int:
+    """The layer count whose file is closest to size_bytes without exceeding it (at least 1)."""
+    one = plan(shape.replace(n_layer=shape.n_layer_dense_lead + 1), quant).nbytes
+    two = plan(shape.replace(n_layer=shape.n_layer_dense_lead + 2), quant).nbytes
+    per_layer, fixed = two - one, one - (two - one)
+    return max(shape.n_layer_dense_lead + 1, (size_bytes - fixed) // per_layer)
+
+
+def _add_metadata(w: GGUFWriter, p: Plan, name: str) -> None:
+    w.add_name(name)
+    w.add_file_type(int(p.qtype))
+    for key, value, vtype in specs.metadata(p.shape):
+        w.add_key_value(key, value, vtype)
+    tok = make_tokenizer(p.shape.n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tok.tokens)
+    w.add_token_types(tok.types)
+    w.add_token_merges(tok.merges)
+    w.add_eos_token_id(tok.eos_id)
+    w.add_bos_token_id(tok.bos_id)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
+class _Chunked:
+    """What GGUFWriter.write_tensor_data needs (nbytes, tofile) over generated chunks."""
+
+    def __init__(self, chunks, nbytes: int, progress: Callable[[int], None]):
+        self.chunks, self.nbytes, self.progress = chunks, nbytes, progress
+
+    def tofile(self, f) -> None:
+        for c in self.chunks:
+            c.tofile(f)
+            self.progress(c.nbytes)
+
+
+def write_model(out: str | os.PathLike, p: Plan, seed: int = 0, split_max_bytes: int = 0,
+                progress: Progress | None = None, name: str = "sparkd-random") -> list[Path]:
+    """Write the plan's GGUF (or shards when split_max_bytes is set); returns the written paths."""
+    out = Path(out)
+    w = GGUFWriter(out, p.shape.arch, split_max_size=split_max_bytes)
+    _add_metadata(w, p, name)
+    for tname, sh, q, _, _ in p.tensors:
+        w.add_tensor_info(tname, _ggml_byte_shape(sh, q), np.dtype(np.uint8),
+                          blocks.tensor_nbytes(q, math.prod(sh)), raw_dtype=q)
+    paths = [Path(x) for x in w.format_shard_names(out)]
+    rng = np.random.default_rng(seed)
+    total, done = p.nbytes, 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress:
+            progress(done, total)
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for tname, sh, q, std, mean in p.tensors:
+            n = math.prod(sh)
+            w.write_tensor_data(_Chunked(blocks.random_chunks(rng, q, n, std, mean),
+                                         blocks.tensor_nbytes(q, n), tick))
+        w.close()
+    except BaseException:
+        w.close()
+        for path in paths:
+            path.unlink(missing_ok=True)  # never leave a half-written model behind
+        raise
+    return paths
+
+
+def _ggml_byte_shape(shape: tuple[int, ...], q: Q) -> tuple[int, ...]:
+    """GGUFWriter wants uint8 data shapes in bytes per row (it converts back to elements)."""
+    bs, ts = blocks.GGML_QUANT_SIZES[q]
+    return (*shape[:-1], shape[-1] // bs * ts)
+
+
+def requantize(llama_quantize: str | os.PathLike, src: Path, dst: Path, qtype: str) -> None:
+    """Hook: produce types we do not generate (IQ*, exact K-quants) with llama.cpp's tool."""
+    res = subprocess.run([str(llama_quantize), str(src), str(dst), qtype], capture_output=True, text=True)
+    if res.returncode != 0:
+        dst.unlink(missing_ok=True)
+        raise RuntimeError(f"could not quantize {src} to {qtype} with {llama_quantize}: "
+                           f"{res.stderr.strip()[-500:]}")

@@ -1,0 +1,235 @@
+"""What a generated model contains: hyperparameters (Shape), presets, and per architecture the
+metadata keys and tensors (names and torch-order shapes) llama.cpp's loader asks for."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from gguf import GGUFValueType as V
+
+SUPPORTED_ARCHS = ("qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama")
+
+
+@dataclass
+class Shape:
+    arch: str
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_vocab: int = 512
+    n_ctx: int = 256
+    n_ff: int = 128  # dense FFN width (dense-lead layers)
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_expert_shared: int = 0
+    n_layer_dense_lead: int = 0
+    rope_base: float = 10000.0
+    n_rot: int = 0  # 0 → head_dim
+    rms_eps: float = 1e-6
+    # deepseek2 MLA and routing
+    q_lora_rank: int = 32
+    kv_lora_rank: int = 32
+    qk_rope: int = 8
+    qk_nope: int = 16
+    v_head: int = 16
+    n_groups: int = 0
+    n_group_used: int = 0
+    routed_scale: float = 1.0
+    # gpt-oss
+    n_swa: int = 0
+    yarn_factor: float = 0.0
+    yarn_orig_ctx: int = 0
+
+    def replace(self, **kw: Any) -> "Shape":
+        return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+# Shapes of real models; make-model scales them by layer count (--layers or --size).
+PRESETS: dict[str, Shape] = {
+    "qwen3-30b-a3b": Shape("qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,
+                           n_vocab=151936, n_ctx=40960, n_expert=128, n_expert_used=8, n_ff_exp=768,
+                           n_ff=6144, rope_base=1e6),
+    "deepseek-v3": Shape("deepseek2", n_layer=61, n_embd=7168, n_head=128, n_head_kv=1, n_vocab=129280,
+                         n_ctx=163840, n_ff=18432, n_expert=256, n_expert_used=8, n_ff_exp=2048,
+                         n_expert_shared=1, n_layer_dense_lead=3, q_lora_rank=1536, kv_lora_rank=512,
+                         qk_rope=64, qk_nope=128, v_head=128, n_groups=8, n_group_used=4,
+                         routed_scale=2.5, yarn_factor=40.0, yarn_orig_ctx=4096),
+    "glm-4.5-air": Shape("glm4moe", n_layer=46, n_embd=4096, n_head=96, n_head_kv=8, head_dim=128,
+                         n_vocab=151552, n_ctx=131072, n_ff=10944, n_expert=128, n_expert_used=8,
+                         n_ff_exp=1408, n_expert_shared=1, n_layer_dense_lead=1, rope_base=1e6,
+                         n_rot=64, rms_eps=1e-5),
+    "gpt-oss-20b": Shape("gpt-oss", n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64,
+                         n_vocab=201088, n_ctx=131072, n_expert=32, n_expert_used=4, n_ff_exp=2880,
+                         rope_base=150000.0, n_swa=128, yarn_factor=32.0, yarn_orig_ctx=4096,
+                         rms_eps=1e-5),
+    "mixtral-8x7b": Shape("llama", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
+                          n_vocab=32000, n_ctx=32768, n_expert=8, n_expert_used=2, n_ff_exp=14336,
+                          rope_base=1e6, rms_eps=1e-5),
+}
+
+# Tiny defaults per architecture (tests, oracle runs)
+TINY: dict[str, Shape] = {
+    "qwen3moe": Shape("qwen3moe"),
+    "deepseek2": Shape("deepseek2", n_layer=3, n_head_kv=1, n_expert_shared=1, n_layer_dense_lead=1,
+                       n_groups=4, n_group_used=2, routed_scale=2.5),
+    "glm4moe": Shape("glm4moe", n_layer=3, n_expert_shared=1, n_layer_dense_lead=1, n_rot=8),
+    "gpt-oss": Shape("gpt-oss", n_layer=4, n_swa=4, yarn_factor=4.0, yarn_orig_ctx=64),
+    "llama": Shape("llama", n_ff_exp=64),
+}
+
+Meta = list[tuple[str, Any, V]]
+Tensor = tuple[str, tuple[int, ...], str]  # name, torch-order shape, kind: w | norm | bias | f32
+
+
+def metadata(s: Shape) -> Meta:
+    a = s.arch
+    m: Meta = [
+        (f"{a}.context_length", s.n_ctx, V.UINT32), (f"{a}.embedding_length", s.n_embd, V.UINT32),
+        (f"{a}.block_count", s.n_layer, V.UINT32), (f"{a}.attention.head_count", s.n_head, V.UINT32),
+        (f"{a}.attention.head_count_kv", s.n_head_kv, V.UINT32),
+        (f"{a}.rope.freq_base", s.rope_base, V.FLOAT32),
+        (f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps, V.FLOAT32),
+        (f"{a}.expert_count", s.n_expert, V.UINT32), (f"{a}.expert_used_count", s.n_expert_used, V.UINT32),
+        (f"{a}.vocab_size", s.n_vocab, V.UINT32),
+    ]
+    if a == "llama":
+        return m + [(f"{a}.feed_forward_length", s.n_ff_exp, V.UINT32),
+                    (f"{a}.rope.dimension_count", s.head_dim, V.UINT32)]
+    m += [(f"{a}.feed_forward_length", s.n_ff, V.UINT32),
+          (f"{a}.expert_feed_forward_length", s.n_ff_exp, V.UINT32)]
+    if a == "deepseek2":
+        return m + _deepseek2_meta(s)
+    m += [(f"{a}.attention.key_length", s.head_dim, V.UINT32),
+          (f"{a}.attention.value_length", s.head_dim, V.UINT32),
+          (f"{a}.rope.dimension_count", s.n_rot or s.head_dim, V.UINT32)]
+    if a == "glm4moe":
+        m += [(f"{a}.expert_shared_count", s.n_expert_shared, V.UINT32),
+              (f"{a}.leading_dense_block_count", s.n_layer_dense_lead, V.UINT32),
+              (f"{a}.expert_weights_scale", s.routed_scale, V.FLOAT32),
+              (f"{a}.expert_weights_norm", True, V.BOOL), (f"{a}.expert_gating_func", 2, V.UINT32)]
+    if a == "gpt-oss":
+        m += [(f"{a}.attention.sliding_window", s.n_swa, V.UINT32)] + _yarn_meta(s)
+    return m
+
+
+def _yarn_meta(s: Shape) -> Meta:
+    if not s.yarn_factor:
+        return []
+    a = s.arch
+    return [(f"{a}.rope.scaling.type", "yarn", V.STRING), (f"{a}.rope.scaling.factor", s.yarn_factor, V.FLOAT32),
+            (f"{a}.rope.scaling.original_context_length", s.yarn_orig_ctx, V.UINT32)]
+
+
+def _deepseek2_meta(s: Shape) -> Meta:
+    a = s.arch
+    m: Meta = [
+        (f"{a}.leading_dense_block_count", s.n_layer_dense_lead, V.UINT32),
+        (f"{a}.attention.q_lora_rank", s.q_lora_rank, V.UINT32),
+        (f"{a}.attention.kv_lora_rank", s.kv_lora_rank, V.UINT32),
+        # the compressed-latent (MLA) layout: cached key = latent + rope part, value = latent
+        (f"{a}.attention.key_length", s.kv_lora_rank + s.qk_rope, V.UINT32),
+        (f"{a}.attention.value_length", s.kv_lora_rank, V.UINT32),
+        (f"{a}.attention.key_length_mla", s.qk_nope + s.qk_rope, V.UINT32),
+        (f"{a}.attention.value_length_mla", s.v_head, V.UINT32),
+        (f"{a}.rope.dimension_count", s.qk_rope, V.UINT32),
+        (f"{a}.expert_shared_count", s.n_expert_shared, V.UINT32),
+        (f"{a}.expert_weights_scale", s.routed_scale, V.FLOAT32),
+        (f"{a}.expert_weights_norm", True, V.BOOL), (f"{a}.expert_gating_func", 2, V.UINT32),
+    ]
+    if s.n_groups > 1:
+        m += [(f"{a}.expert_group_count", s.n_groups, V.UINT32),
+              (f"{a}.expert_group_used_count", s.n_group_used, V.UINT32)]
+    if s.yarn_factor:
+        m += _yarn_meta(s) + [(f"{a}.rope.scaling.yarn_log_multiplier", 0.1, V.FLOAT32)]
+    return m
+
+
+def tensors(s: Shape) -> list[Tensor]:
+    D, V_ = s.n_embd, s.n_vocab
+    out: list[Tensor] = [("token_embd.weight", (V_, D), "w")]
+    for il in range(s.n_layer):
+        out += _layer(s, il)
+    return out + [("output_norm.weight", (D,), "norm"), ("output.weight", (V_, D), "w")]
+
+
+def _layer(s: Shape, il: int) -> list[Tensor]:
+    p, D = f"blk.{il}", s.n_embd
+    t: list[Tensor] = [(f"{p}.attn_norm.weight", (D,), "norm")]
+    t += _mla(s, p) if s.arch == "deepseek2" else _gqa(s, p)
+    norm = "post_attention_norm" if s.arch in ("glm4moe", "gpt-oss") else "ffn_norm"
+    t.append((f"{p}.{norm}.weight", (D,), "norm"))
+    if il < s.n_layer_dense_lead:
+        return t + [(f"{p}.ffn_gate.weight", (s.n_ff, D), "w"), (f"{p}.ffn_up.weight", (s.n_ff, D), "w"),
+                    (f"{p}.ffn_down.weight", (D, s.n_ff), "w")]
+    return t + _moe(s, p)
+
+
+def _gqa(s: Shape, p: str) -> list[Tensor]:
+    D, H, Hkv, Dh = s.n_embd, s.n_head, s.n_head_kv, s.head_dim
+    t: list[Tensor] = [(f"{p}.attn_q.weight", (H * Dh, D), "w"), (f"{p}.attn_k.weight", (Hkv * Dh, D), "w"),
+                       (f"{p}.attn_v.weight", (Hkv * Dh, D), "w"), (f"{p}.attn_output.weight", (D, H * Dh), "w")]
+    if s.arch == "qwen3moe":
+        t += [(f"{p}.attn_q_norm.weight", (Dh,), "norm"), (f"{p}.attn_k_norm.weight", (Dh,), "norm")]
+    if s.arch in ("glm4moe", "gpt-oss"):
+        t += [(f"{p}.attn_q.bias", (H * Dh,), "bias"), (f"{p}.attn_k.bias", (Hkv * Dh,), "bias"),
+              (f"{p}.attn_v.bias", (Hkv * Dh,), "bias")]
+    if s.arch == "gpt-oss":
+        t += [(f"{p}.attn_output.bias", (D,), "bias"), (f"{p}.attn_sinks.weight", (H,), "bias")]
+    return t
+
+
+def _mla(s: Shape, p: str) -> list[Tensor]:
+    D, H, R = s.n_embd, s.n_head, s.kv_lora_rank
+    return [
+        (f"{p}.attn_q_a_norm.weight", (s.q_lora_rank,), "norm"), (f"{p}.attn_kv_a_norm.weight", (R,), "norm"),
+        (f"{p}.attn_q_a.weight", (s.q_lora_rank, D), "w"),
+        (f"{p}.attn_q_b.weight", (H * (s.qk_nope + s.qk_rope), s.q_lora_rank), "w"),
+        (f"{p}.attn_kv_a_mqa.weight", (R + s.qk_rope, D), "w"),
+        (f"{p}.attn_k_b.weight", (H, R, s.qk_nope), "w"), (f"{p}.attn_v_b.weight", (H, s.v_head, R), "w"),
+        (f"{p}.attn_output.weight", (D, H * s.v_head), "w"),
+    ]
+
+
+def _moe(s: Shape, p: str) -> list[Tensor]:
+    D, E, F = s.n_embd, s.n_expert, s.n_ff_exp
+    t: list[Tensor] = [(f"{p}.ffn_gate_inp.weight", (E, D), "f32"),
+                       (f"{p}.ffn_gate_exps.weight", (E, F, D), "w"), (f"{p}.ffn_up_exps.weight", (E, F, D), "w"),
+                       (f"{p}.ffn_down_exps.weight", (E, D, F), "w")]
+    if s.arch in ("deepseek2", "glm4moe"):
+        t.append((f"{p}.exp_probs_b.bias", (E,), "bias"))
+    if s.arch == "gpt-oss":
+        t += [(f"{p}.ffn_gate_inp.bias", (E,), "bias"), (f"{p}.ffn_gate_exps.bias", (E, F), "bias"),
+              (f"{p}.ffn_up_exps.bias", (E, F), "bias"), (f"{p}.ffn_down_exps.bias", (E, D), "bias")]
+    if s.n_expert_shared:
+        Fs = F * s.n_expert_shared
+        t += [(f"{p}.ffn_gate_shexp.weight", (Fs, D), "w"), (f"{p}.ffn_up_shexp.weight", (Fs, D), "w"),
+              (f"{p}.ffn_down_shexp.weight", (D, Fs), "w")]
+    return t
+
+
+def check(s: Shape) -> None:
+    """Reject shapes llama.cpp's loader would refuse, naming the option to change."""
+    def bad(opt: str, why: str) -> None:
+        raise ValueError(f"could not make a {s.arch} model: {opt} {why}")
+    if s.arch not in SUPPORTED_ARCHS:
+        bad("--arch", f"{s.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    for opt, v in (("--layers", s.n_layer), ("--hidden", s.n_embd), ("--heads", s.n_head),
+                   ("--vocab", s.n_vocab), ("--ctx", s.n_ctx), ("--experts", s.n_expert),
+                   ("--top-k", s.n_expert_used), ("--ffn", s.n_ff_exp)):
+        if v <= 0:
+            bad(opt, f"must be positive, got {v}")
+    if s.n_expert_used > s.n_expert:
+        bad("--top-k", f"{s.n_expert_used} exceeds --experts {s.n_expert}")
+    if s.n_head % s.n_head_kv:
+        bad("--heads", f"{s.n_head} is not a multiple of the {s.n_head_kv} KV heads")
+    if s.n_layer_dense_lead >= s.n_layer:
+        bad("--layers", f"{s.n_layer} leaves no MoE layer after {s.n_layer_dense_lead} dense ones")
+    if s.arch == "deepseek2" and s.n_layer in (26, 27):
+        bad("--layers", f"{s.n_layer} makes llama.cpp treat the model as DeepSeek-V2-Lite (no q_lora); pick another")
+    if s.n_groups > 1 and (s.n_expert % s.n_groups or s.n_group_used >= s.n_groups):
+        bad("--experts", f"{s.n_expert} must split into {s.n_groups} groups with fewer than that used")

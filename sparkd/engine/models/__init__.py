@@ -1,0 +1,58 @@
+"""Architectures: a module per GGUF `general.architecture`, each with config() and build()."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers.experts import ExpertStore, ResidentExperts
+from sparkd.engine.models.config import ModelConfig
+from sparkd.engine.models.decoder import Decoder
+from sparkd.engine.models.weights import Weights
+
+# GGUF architecture name → module under sparkd.engine.models
+ARCHITECTURES = {
+    "qwen3moe": "qwen3moe",
+    "deepseek2": "deepseek2",
+    "glm4moe": "glm4moe",
+    "gpt-oss": "gpt_oss",
+    "llama": "llama",
+}
+
+
+def arch_module(name: str):
+    return importlib.import_module(f"sparkd.engine.models.{ARCHITECTURES[name]}")
+
+
+@dataclass
+class LoadedModel:
+    gguf: GGUFModel
+    cfg: ModelConfig
+    net: Decoder
+
+    def close(self) -> None:
+        self.gguf.close()
+
+
+def config_of(gguf: GGUFModel) -> ModelConfig:
+    arch = gguf.require_architecture(ARCHITECTURES)
+    return arch_module(arch).config(gguf.metadata, str(gguf.path))
+
+
+def load_model(path: str | Path, store: ExpertStore | None = None) -> LoadedModel:
+    """Open a GGUF (first shard = all shards), configure and build its network.
+
+    Routed experts come from `store`; the default keeps them resident in memory.
+    """
+    gguf = GGUFModel.open(path)
+    try:
+        cfg = config_of(gguf)
+        w = Weights(gguf)
+        store = store or ResidentExperts(w.get, w.has)
+        net = arch_module(cfg.arch).build(cfg, w, store)
+        return LoadedModel(gguf, cfg, net)
+    except BaseException:
+        gguf.close()
+        raise

@@ -1,0 +1,106 @@
+"""The decoder stack every architecture here shares, and the builder helpers they use.
+
+A block is: x += post_attn_norm?(attn(attn_norm(x))); x += post_ffn_norm?(ffn(ffn_norm(x))).
+Architectures differ in the attention module (GQA or MLA), the FFN (dense, MoE, shared experts)
+and small options, so each arch module is mostly a mapping from GGUF names to these parts.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sparkd.engine.layers.attention import Attention
+from sparkd.engine.layers.experts import ExpertStore
+from sparkd.engine.layers.ffn import GatedFFN
+from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.moe import MoE, Router
+from sparkd.engine.models.config import ModelConfig, RopeConfig
+from sparkd.engine.models.weights import Weights
+
+
+class Block(nn.Module):
+    def __init__(self, attn_norm: nn.Module, attn: nn.Module, ffn_norm: nn.Module, ffn: nn.Module,
+                 post_attn_norm: nn.Module | None = None, post_ffn_norm: nn.Module | None = None):
+        super().__init__()
+        self.attn_norm, self.attn, self.ffn_norm, self.ffn = attn_norm, attn, ffn_norm, ffn
+        self.post_attn_norm, self.post_ffn_norm = post_attn_norm, post_ffn_norm
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        h = self.attn(self.attn_norm(x), pos, cache)
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h)
+        x = x + h
+        h = self.ffn(self.ffn_norm(x))
+        if self.post_ffn_norm is not None:
+            h = self.post_ffn_norm(h)
+        return x + h
+
+
+class Decoder(nn.Module):
+    """tokens → logits for one sequence, with an incremental KV cache."""
+
+    def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor, blocks: list[Block],
+                 output_norm: nn.Module, output: torch.Tensor, embd_scale: float = 1.0,
+                 kv_shapes: list[tuple[int, int, int]] | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embd = nn.Parameter(tok_embd, requires_grad=False)  # [V, D]
+        self.blocks = nn.ModuleList(blocks)
+        self.output_norm = output_norm
+        self.output = nn.Parameter(output, requires_grad=False)  # [V, D]; may alias tok_embd
+        self.embd_scale = embd_scale
+        self.kv_shapes = kv_shapes or [(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v)] * cfg.n_layer
+
+    def new_cache(self, max_ctx: int | None = None) -> KVCache:
+        return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """tokens: [T] ids following the cache's n_past positions → logits [T, V]."""
+        pos = torch.arange(cache.n_past, cache.n_past + tokens.shape[0])
+        x = self.tok_embd[tokens]  # [T, D]
+        if self.embd_scale != 1.0:
+            x = x * self.embd_scale
+        for block in self.blocks:
+            x = block(x, pos, cache)
+        cache.n_past += tokens.shape[0]
+        return self.output_norm(x) @ self.output.T
+
+
+def gqa_attention(w: Weights, cfg: ModelConfig, il: int, rope: RopeConfig | None = None,
+                  window: int = 0, qk_norm: bool = True, sinks: bool = False) -> Attention:
+    p = f"blk.{il}"
+    return Attention(
+        il, cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, rope or cfg.rope,
+        w.linear(f"{p}.attn_q", (cfg.n_head * cfg.head_dim_k, cfg.n_embd)),
+        w.linear(f"{p}.attn_k", (cfg.n_head_kv * cfg.head_dim_k, cfg.n_embd)),
+        w.linear(f"{p}.attn_v", (cfg.n_head_kv * cfg.head_dim_v, cfg.n_embd)),
+        w.linear(f"{p}.attn_output", (cfg.n_embd, cfg.n_head * cfg.head_dim_v)),
+        q_norm=w.maybe_norm(f"{p}.attn_q_norm", cfg.rms_eps) if qk_norm else None,
+        k_norm=w.maybe_norm(f"{p}.attn_k_norm", cfg.rms_eps) if qk_norm else None,
+        scale=cfg.attn_scale or None, window=window,
+        sinks=w.get(f"{p}.attn_sinks.weight") if sinks else None)
+
+
+def dense_ffn(w: Weights, prefix: str, act: str = "silu", suffix: str = "") -> GatedFFN:
+    return GatedFFN(w.linear(f"{prefix}.ffn_gate{suffix}"), w.linear(f"{prefix}.ffn_up{suffix}"),
+                    w.linear(f"{prefix}.ffn_down{suffix}"), act)
+
+
+def moe_ffn(w: Weights, cfg: ModelConfig, il: int, store: ExpertStore, act: str = "silu") -> MoE:
+    p = f"blk.{il}"
+    router = Router(
+        w.linear(f"{p}.ffn_gate_inp", (cfg.n_expert, cfg.n_embd)), cfg.n_expert_used, cfg.gating,
+        norm_w=cfg.expert_weights_norm, scale=cfg.expert_weights_scale,
+        sel_bias=w.maybe(f"{p}.exp_probs_b.bias"),
+        n_groups=cfg.n_expert_groups, n_group_used=cfg.n_group_used)
+    shared = dense_ffn(w, p, suffix="_shexp") if w.has(f"{p}.ffn_gate_shexp.weight") else None
+    return MoE(il, router, store, act, shared)
+
+
+def head(w: Weights) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token embedding, output projection); the output falls back to the tied embedding."""
+    emb = w.get("token_embd.weight")
+    out = w.get("output.weight") if w.has("output.weight") else emb
+    return emb, out

@@ -1,0 +1,60 @@
+"""DeepSeek V2/V3 and Kimi K2 (llama.cpp `deepseek2`): MLA with the latent KV cache, leading dense
+layers, sigmoid (V3) or softmax (V2) routing with a selection bias, group-limited top-k, routed
+scaling factor, shared experts."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from sparkd.engine.errors import ModelError
+from sparkd.engine.layers.experts import ExpertStore
+from sparkd.engine.layers.mla import MLAttention, mla_scale
+from sparkd.engine.models.config import GATING_SOFTMAX, ModelConfig, base_config, gating_name
+from sparkd.engine.models.decoder import Block, Decoder, dense_ffn, head, moe_ffn
+from sparkd.engine.models.weights import Weights
+
+ARCH = "deepseek2"
+
+
+def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
+    m, kw = base_config(metadata, ARCH, neox=False, path=path)
+    if not m.has("{arch}.attention.key_length_mla"):
+        raise ModelError(f"could not configure {ARCH} model {path}: only the MLA layout "
+                         f"(attention.key_length_mla, split attn_k_b/attn_v_b) is supported; "
+                         "re-convert with a current convert_hf_to_gguf.py", path=path)
+    log_mul = m.float_("{arch}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1
+    kw.update(
+        gating=gating_name(m, GATING_SOFTMAX),
+        q_lora_rank=m.int_("{arch}.attention.q_lora_rank", 0),
+        kv_lora_rank=m.int_("{arch}.attention.kv_lora_rank"),
+        head_dim_k_mla=m.int_("{arch}.attention.key_length_mla"),
+        head_dim_v_mla=m.int_("{arch}.attention.value_length_mla"),
+        yarn_log_mul=log_mul)
+    return ModelConfig(**kw)
+
+
+def _attention(w: Weights, cfg: ModelConfig, il: int) -> MLAttention:
+    p = f"blk.{il}"
+    qk_rope = cfg.rope.n_rot
+    has_q_lora = w.has(f"{p}.attn_q_a.weight")
+    return MLAttention(
+        il, cfg.n_head, cfg.head_dim_k_mla - qk_rope, qk_rope, cfg.kv_lora_rank, cfg.rope,
+        mla_scale(cfg.rope, cfg.head_dim_k_mla, cfg.yarn_log_mul),
+        wq_a=w.linear(f"{p}.attn_q_a") if has_q_lora else None,
+        q_a_norm=w.norm(f"{p}.attn_q_a_norm", cfg.rms_eps) if has_q_lora else None,
+        wq_b=w.linear(f"{p}.attn_q_b" if has_q_lora else f"{p}.attn_q"),
+        wkv_a=w.linear(f"{p}.attn_kv_a_mqa"), kv_a_norm=w.norm(f"{p}.attn_kv_a_norm", cfg.rms_eps),
+        wk_b=w.get(f"{p}.attn_k_b.weight"), wv_b=w.get(f"{p}.attn_v_b.weight"),
+        wo=w.linear(f"{p}.attn_output"))
+
+
+def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
+    blocks = []
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}"
+        ffn = moe_ffn(w, cfg, il, store) if cfg.is_moe_layer(il) else dense_ffn(w, p)
+        blocks.append(Block(w.norm(f"{p}.attn_norm", cfg.rms_eps), _attention(w, cfg, il),
+                            w.norm(f"{p}.ffn_norm", cfg.rms_eps), ffn))
+    emb, out = head(w)
+    kv = [(1, cfg.kv_lora_rank + cfg.rope.n_rot, 0)] * cfg.n_layer  # latent + rope key, no values
+    return Decoder(cfg, emb, blocks, w.norm("output_norm", cfg.rms_eps), out, kv_shapes=kv)

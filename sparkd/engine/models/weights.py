@@ -1,0 +1,37 @@
+"""Named access to a GGUF model's resident tensors for the architecture builders."""
+
+from __future__ import annotations
+
+import torch
+
+from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.norm import RMSNorm
+from sparkd.engine.tensors import load_tensor
+
+
+class Weights:
+    def __init__(self, model: GGUFModel):
+        self.model = model
+
+    def has(self, name: str) -> bool:
+        return name in self.model.tensors
+
+    def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        return load_tensor(self.model, name, expect_shape=shape)
+
+    def maybe(self, name: str) -> torch.Tensor | None:
+        return self.get(name) if self.has(name) else None
+
+    def linear(self, prefix: str, shape: tuple[int, int] | None = None) -> Linear:
+        """`prefix.weight` [out, in] and `prefix.bias` if the file has one."""
+        return Linear(self.get(f"{prefix}.weight", shape), self.maybe(f"{prefix}.bias"))
+
+    def maybe_linear(self, prefix: str) -> Linear | None:
+        return self.linear(prefix) if self.has(f"{prefix}.weight") else None
+
+    def norm(self, name: str, eps: float) -> RMSNorm:
+        return RMSNorm(self.get(f"{name}.weight"), eps)
+
+    def maybe_norm(self, name: str, eps: float) -> RMSNorm | None:
+        return self.norm(name, eps) if self.has(f"{name}.weight") else None

@@ -1,0 +1,87 @@
+"""sparkd-engine as a real subprocess: make-model, inspect, logits, and clear errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+
+def run(*args):
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True,
+                          text=True, env=env)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "m.gguf"
+    r = run("make-model", "--arch", "qwen3moe", "--quant", "Q8_0", "--layers", "3", "--seed", "1", str(path))
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+def test_inspect_json(model):
+    r = run("inspect", str(model), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert (info["arch"], info["layers"], info["experts"], info["top_k"]) == ("qwen3moe", 3, 8, 2)
+    assert info["quant_types"]["routed_experts"] == ["Q8_0"]
+    assert info["quant_types"]["attn_norm"] == ["F32"]
+    assert info["per_expert_bytes"] * 8 * 3 == info["routed_expert_bytes"]
+    assert info["trunk_bytes"] > 0
+
+
+def test_logits_writes_npy(model, tmp_path):
+    out = tmp_path / "l.npy"
+    r = run("logits", str(model), "--tokens", "1,2,3,4", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    a = np.load(out)
+    assert a.shape == (4, 512) and np.isfinite(a).all()
+
+
+def test_generate_json(model):
+    r = run("generate", str(model), "--tokens", "1 2 3", "-n", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 4
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["make-model", "--arch", "nope", "X.gguf"], "could not make a model for --arch 'nope'"),
+    (["make-model", "--arch", "qwen3moe", "--top-k", "20", "X.gguf"], "--top-k 20 exceeds --experts 8"),
+    (["make-model", "--preset", "nope", "X.gguf"], "could not find preset 'nope'"),
+    (["make-model", "--arch", "qwen3moe", "--quant", "IQ1_S", "X.gguf"], "--quant IQ1_S"),
+    (["logits", "M", "--tokens", "a,b", "--out", "o.npy"], "could not parse --tokens"),
+])
+def test_bad_inputs_fail_clearly_and_write_nothing(tmp_path, args, msg):
+    args = [str(tmp_path / a) if a in ("X.gguf", "M") else a for a in args]
+    r = run(*args)
+    assert r.returncode == 2 and msg in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_is_not_overwritten(model):
+    before = model.read_bytes()
+    r = run("make-model", "--arch", "qwen3moe", str(model))
+    assert r.returncode == 2 and "the file exists" in r.stderr
+    assert model.read_bytes() == before
+
+
+def test_unsupported_architecture_names_the_supported(tmp_path):
+    from gguf import GGUFWriter
+    path = tmp_path / "x.gguf"
+    w = GGUFWriter(path, "mamba")
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_ti_data_to_file(); w.close()
+    r = run("inspect", str(path))
+    assert r.returncode == 2 and "'mamba' is not supported" in r.stderr and "qwen3moe" in r.stderr
+
+
+def test_generate_text_with_chat_template_and_seeded_sampling(model):
+    args = ("generate", str(model), "-p", "Hello", "--chat", "-n", "6", "--temp", "0.9", "--seed", "3", "--json")
+    a, b = run(*args), run(*args)
+    assert a.returncode == 0, a.stderr
+    ra, rb = json.loads(a.stdout), json.loads(b.stdout)
+    assert ra["tokens"] == rb["tokens"] and ra["prompt_tokens"] > 3
+    assert isinstance(ra["text"], str) and ra["decode_tok_s"] > 0
