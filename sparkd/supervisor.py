@@ -6,7 +6,6 @@ service a previous sparkd started.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -14,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import GuardRefusal, SparkdError
+from .errors import SparkdError
 from .logfmt import log_event
 from .placement.base import Placement, ServiceStatus
 from .policy import Policy
@@ -34,20 +33,8 @@ class UnknownService(SparkdError):
 
 
 def report_dict(report: Any) -> dict:
-    """A guard report as JSON-ready data, whatever its class offers."""
-    if hasattr(report, "to_dict"):
-        data = report.to_dict()
-    elif dataclasses.is_dataclass(report):
-        data = dataclasses.asdict(report)
-    else:
-        data = dict(vars(report))
-    data["refused"] = bool(report.refused)
-    return data
-
-
-def refusal_message(name: str, report: Any) -> str:
-    text = getattr(report, "message", None) or str(report)
-    return f"could not start {name}: refused by the start guards\n{text}"
+    """A guard report (sparkd.guards PreflightReport) as JSON-ready data, with its human text."""
+    return {**report.to_dict(), "text": report.render()}
 
 
 class Supervisor:
@@ -186,10 +173,10 @@ class Supervisor:
                 return {"service": name, "started": False, "message": f"{name} is already running",
                         "status": current.to_dict(), "warnings": self._enforcement_warnings(service)}
             report = await self.run_preflight(name)
-            if report.refused:
-                culprits = self._last_preflight[name].get("culprits", [])
-                log_event(log, "start_refused", logging.WARNING, service=name, culprits=len(culprits))
-                raise GuardRefusal(refusal_message(name, report), culprits)
+            refusal = report.refusal()
+            if refusal is not None:
+                log_event(log, "start_refused", logging.WARNING, service=name, culprits=len(refusal.culprits))
+                raise refusal
             spec = build_spec(name, service, self._engine_executable)
             log_event(log, "starting", service=name, backend=self.placement.name, argv=" ".join(spec.argv),
                       memory_max_bytes=spec.memory_max_bytes, memory_enforced=self.placement.memory_enforced)

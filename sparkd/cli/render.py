@@ -61,30 +61,14 @@ def render_action(console: Console, body: dict) -> None:
         console.print(f"[yellow]warning: {escape(warning)}[/]")
 
 
-def _culprits(console: Console, culprits: list[dict]) -> None:
-    if not culprits:
-        return
-    keys = list(dict.fromkeys(k for c in culprits for k in c))
-    table = Table(box=None, pad_edge=False)
-    for key in keys:
-        table.add_column(key.upper())
-    for c in culprits:
-        table.add_row(*(escape(str(c.get(k, "-"))) for k in keys))
-    console.print(table)
-
-
 def render_refusal(console: Console, error: dict) -> None:
+    # A guard refusal's message already lists every culprit and the deciding policy key.
     console.print(f"[red]{escape(error['message'])}[/]")
-    _culprits(console, error.get("culprits", []))
 
 
 def render_preflight(console: Console, body: dict) -> None:
     if not body["services"]:
         console.print("no services in the policy")
     for name, report in body["services"].items():
-        verdict = "[red]REFUSED[/]" if report["refused"] else "[green]ok[/]"
-        console.print(f"{escape(name)}: {verdict}")
-        text = report.get("message") or report.get("summary")
-        if text:
-            console.print(escape(str(text)))
-        _culprits(console, report.get("culprits", []))
+        style = "red" if report["refused"] else "green"
+        console.print(f"[{style}]{escape(report.get('text') or name)}[/]")
