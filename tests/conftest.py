@@ -27,3 +27,20 @@ def pytest_collection_modifyitems(config, items):
         for mark, why in reasons.items():
             if mark in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="module")
+def systemd_box(tmp_path_factory):
+    """A real systemd booted in throwaway namespaces for one test module (marker `systemd`).
+
+    box.share_dir is a host folder visible at the same path inside the box: put scripts,
+    models and policies the box must see there. The box is torn down even when tests fail.
+    """
+    from sdbox import SystemdBox
+
+    box = SystemdBox(tmp_path_factory.mktemp("sdbox-state"), tmp_path_factory.mktemp("sdbox-share"))
+    box.start()
+    try:
+        yield box
+    finally:
+        box.stop()
