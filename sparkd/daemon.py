@@ -5,11 +5,13 @@ systemd (sd_notify), and on SIGTERM/SIGINT leave engines running unless the poli
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from pathlib import Path
 
 from .control import ControlServer
+from .guard_wiring import guard_context
 from .logfmt import log_event
 from .notify import Notifier
 from .placement import PID1_COMM, select_placement
@@ -59,7 +61,8 @@ async def run_daemon(
     log_event(log, "placement", backend=placement.name, reason=reason, memory_enforced=placement.memory_enforced,
               why_not_enforced=placement.why_not_enforced or None)
     try:
-        supervisor = Supervisor(policy, placement, preflight, StateStore(policy.daemon.state_dir), placement_reason=reason)
+        guarded = functools.partial(preflight, ctx=guard_context(placement))
+        supervisor = Supervisor(policy, placement, guarded, StateStore(policy.daemon.state_dir), placement_reason=reason)
         await supervisor.open()
         control = ControlServer(supervisor, policy.daemon.control_socket, policy.daemon.socket_group)
         await control.start()

@@ -24,7 +24,9 @@ from .usage import find_cgroup2_mount, read_usage, resolve_cgroup_dir
 
 log = logging.getLogger("sparkd.supervisor")
 
-PreflightFn = Callable[[Policy, str], Awaitable[Any]]
+# preflight(policy, service_name, dry_run=...) -> sparkd.guards.PreflightReport; dry_run only
+# reports what evicting a competitor would do (sparkctl preflight), a start really evicts.
+PreflightFn = Callable[..., Awaitable[Any]]
 _RUNNING = ("active", "activating", "reloading", "deactivating")
 
 
@@ -147,20 +149,20 @@ class Supervisor:
         why = self.placement.why_not_enforced or "the memory controller is not available"
         return [f"memory_max {format_size(service.memory_max)} is NOT enforced: {why}"]
 
-    async def run_preflight(self, name: str) -> Any:
+    async def run_preflight(self, name: str, *, dry_run: bool) -> Any:
         self._service(name)
-        report = await self._preflight(self.policy, name)
+        report = await self._preflight(self.policy, name, dry_run=dry_run)
         data = report_dict(report)
         data["checked_at"] = self._clock()
         self._last_preflight[name] = data
-        log_event(log, "preflight", service=name, refused=data["refused"])
+        log_event(log, "preflight", service=name, refused=data["refused"], dry_run=dry_run)
         return report
 
     async def preflight(self, name: str | None = None) -> dict:
         names = [name] if name is not None else sorted(self.policy.services)
         reports = {}
         for n in names:
-            await self.run_preflight(n)
+            await self.run_preflight(n, dry_run=True)
             reports[n] = self._last_preflight[n]
         return {"refused": any(r["refused"] for r in reports.values()), "services": reports}
 
@@ -172,7 +174,7 @@ class Supervisor:
                 log_event(log, "start_skipped", service=name, reason="already running", main_pid=current.main_pid)
                 return {"service": name, "started": False, "message": f"{name} is already running",
                         "status": current.to_dict(), "warnings": self._enforcement_warnings(service)}
-            report = await self.run_preflight(name)
+            report = await self.run_preflight(name, dry_run=False)
             refusal = report.refusal()
             if refusal is not None:
                 log_event(log, "start_refused", logging.WARNING, service=name, culprits=len(refusal.culprits))

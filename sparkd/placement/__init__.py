@@ -25,7 +25,14 @@ def pid1_is_systemd(comm_path: Path = PID1_COMM) -> tuple[bool, str]:
 async def _open_systemd(policy: DaemonPolicy, on_change: StatusCallback | None, bus_address: str | None) -> Placement:
     from .systemd import SystemdPlacement
 
-    return await SystemdPlacement.connect(slice_name=policy.slice, on_change=on_change, bus_address=bus_address)
+    placement = SystemdPlacement(slice_name=policy.slice, bus_address=bus_address, on_change=on_change)
+    try:
+        # Listing our units is the proof that systemd answers on this bus (it also connects).
+        await placement.adopt()
+    except PlacementError:
+        await placement.close()
+        raise
+    return placement
 
 
 def _open_cgroupfs(policy: DaemonPolicy, on_change: StatusCallback | None) -> Placement:
