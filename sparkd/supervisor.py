@@ -85,10 +85,11 @@ class Supervisor:
         for status in adopted:
             seen.add(status.name)
             known = status.name in self.state.services
-            self.state.update(
-                status.name, backend=status.backend, unit=status.unit, cgroup=status.cgroup,
-                running=status.active_state in _RUNNING,
-            )
+            running = status.active_state in _RUNNING
+            changes: dict[str, Any] = {"backend": status.backend, "unit": status.unit, "cgroup": status.cgroup, "running": running}
+            if not running:  # ended while sparkd was away, and the backend kept its result
+                changes.update(last_result=status.result, last_exit_status=status.exec_main_status)
+            self.state.update(status.name, **changes)
             log_event(
                 log, "adopted", service=status.name, backend=status.backend, unit=status.unit,
                 state=status.active_state, main_pid=status.main_pid, cgroup=status.cgroup,

@@ -38,7 +38,8 @@ async def _open_systemd(policy: DaemonPolicy, on_change: StatusCallback | None, 
 def _open_cgroupfs(policy: DaemonPolicy, on_change: StatusCallback | None) -> Placement:
     from .cgroupfs import CgroupfsPlacement
 
-    return CgroupfsPlacement(cgroup_root=policy.cgroup_root, slice_name=policy.slice, on_change=on_change)
+    return CgroupfsPlacement(cgroup_root=str(policy.cgroup_root), slice=policy.slice,
+                             state_dir=str(policy.state_dir), on_change=on_change)
 
 
 async def select_placement(
