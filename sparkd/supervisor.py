@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import SparkdError
+from .errors import PlacementError, SparkdError
 from .logfmt import log_event
 from .placement.base import Placement, ServiceStatus
 from .policy import Policy
@@ -157,6 +157,11 @@ class Supervisor:
         data["checked_at"] = self._clock()
         self._last_preflight[name] = data
         log_event(log, "preflight", service=name, refused=data["refused"], dry_run=dry_run)
+        for check in data.get("checks", []):
+            # What the guards did or found (an eviction, a skipped GPU guard) is logged, not hidden.
+            if check["status"] != "ok" or check["name"].startswith("competitor"):
+                log_event(log, "guard", service=name, check=check["name"], status=check["status"],
+                          message=check["message"], policy_key=check.get("policy_key"))
         return report
 
     async def preflight(self, name: str | None = None) -> dict:
@@ -186,10 +191,21 @@ class Supervisor:
             status = await self.placement.start(spec)
             self.state.update(name, backend=status.backend, unit=status.unit, cgroup=status.cgroup,
                               started_at=self._clock(), running=status.active_state in _RUNNING)
+            if status.active_state not in _RUNNING:
+                raise self._ended_at_once(status)
             log_event(log, "started", service=name, unit=status.unit, main_pid=status.main_pid,
                       cgroup=status.cgroup, state=status.active_state)
             return {"service": name, "started": True, "message": f"{name} started ({status.unit})",
                     "status": status.to_dict(), "warnings": self._enforcement_warnings(service)}
+
+    def _ended_at_once(self, status: ServiceStatus) -> PlacementError:
+        self.state.update(status.name, last_result=status.result, last_exit_status=status.exec_main_status,
+                          stopped_at=self._clock())
+        log_event(log, "start_failed", logging.ERROR, service=status.name, result=status.result,
+                  exit_status=status.exec_main_status)
+        detail = f"result {status.result}, exit status {status.exec_main_status}"
+        more = f"; {status.message}" if status.message else ""
+        return PlacementError(f"could not start {status.name}: it ended at once ({detail}){more}; not restarted (Restart=no)")
 
     async def stop(self, name: str) -> dict:
         record = self.state.services.get(name)

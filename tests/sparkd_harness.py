@@ -48,8 +48,17 @@ class Sparkd:
             f.seek(self._offset)
             return f.read().decode(errors="replace")
 
+    def pid(self) -> int:
+        """sparkd's own pid: with a prefix (nsenter forks), the prefix process's child."""
+        if not self.prefix:
+            return self.proc.pid
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        assert children, f"sparkd is not running under {self.prefix[0]} (pid {self.proc.pid})"
+        return int(children[0])
+
     def signal(self, sig: int) -> int:
-        self.proc.send_signal(sig)
+        """Signal sparkd itself and return its exit status (nsenter passes it on)."""
+        os.kill(self.pid(), sig)
         return self.proc.wait(timeout=READY_TIMEOUT_SECONDS)
 
     def kill9(self) -> None:
