@@ -31,8 +31,11 @@ class ServiceRecord:
     cgroup: str | None = None
     started_at: float | None = None  # unix time of the last start by sparkd
     stopped_at: float | None = None
-    last_result: str | None = None  # systemd Result vocabulary: success, exit-code, oom-kill ...
+    # systemd's Result vocabulary (success, exit-code, signal, oom-kill ...), or start-failed when
+    # the backend refused the start itself (then last_message says why).
+    last_result: str | None = None
     last_exit_status: int | None = None
+    last_message: str | None = None
     running: bool = False
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import PlacementError, SparkdError
 from .logfmt import log_event
-from .placement.base import Placement, ServiceStatus
+from .placement.base import Placement, ServiceStatus, unit_name
 from .policy import Policy
 from .sizes import format_size
 from .specs import ENGINE_EXECUTABLE, build_spec
@@ -88,7 +88,7 @@ class Supervisor:
             running = status.active_state in _RUNNING
             changes: dict[str, Any] = {"backend": status.backend, "unit": status.unit, "cgroup": status.cgroup, "running": running}
             if not running:  # ended while sparkd was away, and the backend kept its result
-                changes.update(last_result=status.result, last_exit_status=status.exec_main_status)
+                changes.update(last_result=status.result, last_exit_status=status.exec_main_status, last_message=status.message)
             self.state.update(status.name, **changes)
             log_event(
                 log, "adopted", service=status.name, backend=status.backend, unit=status.unit,
@@ -125,7 +125,8 @@ class Supervisor:
         if status.cgroup:
             changes["cgroup"] = status.cgroup
         if not running:
-            changes.update(last_result=status.result, last_exit_status=status.exec_main_status, stopped_at=self._clock())
+            changes.update(last_result=status.result, last_exit_status=status.exec_main_status,
+                           last_message=status.message, stopped_at=self._clock())
         self.state.update(status.name, **changes)
         level = logging.WARNING if (not running and status.result != "success") else logging.INFO
         log_event(log, "state_changed", level, service=status.name, state=status.active_state,
@@ -188,7 +189,14 @@ class Supervisor:
             spec = build_spec(name, service, self._engine_executable)
             log_event(log, "starting", service=name, backend=self.placement.name, argv=" ".join(spec.argv),
                       memory_max_bytes=spec.memory_max_bytes, memory_enforced=self.placement.memory_enforced)
-            status = await self.placement.start(spec)
+            try:
+                status = await self.placement.start(spec)
+            except PlacementError as exc:
+                self.state.update(name, backend=self.placement.name, unit=unit_name(name), running=False,
+                                  last_result="start-failed", last_exit_status=None, last_message=str(exc),
+                                  stopped_at=self._clock())
+                log_event(log, "start_failed", logging.ERROR, service=name, error=exc)
+                raise
             self.state.update(name, backend=status.backend, unit=status.unit, cgroup=status.cgroup,
                               started_at=self._clock(), running=status.active_state in _RUNNING)
             if status.active_state not in _RUNNING:
@@ -200,7 +208,7 @@ class Supervisor:
 
     def _ended_at_once(self, status: ServiceStatus) -> PlacementError:
         self.state.update(status.name, last_result=status.result, last_exit_status=status.exec_main_status,
-                          stopped_at=self._clock())
+                          last_message=status.message, stopped_at=self._clock())
         log_event(log, "start_failed", logging.ERROR, service=status.name, result=status.result,
                   exit_status=status.exec_main_status)
         detail = f"result {status.result}, exit status {status.exec_main_status}"
@@ -253,6 +261,7 @@ class Supervisor:
             "stopped_at": record.stopped_at if record else None,
             "last_result": record.last_result if record else None,
             "last_exit_status": record.last_exit_status if record else None,
+            "last_message": record.last_message if record else None,
             "message": current.message if current else "",
             "guards": self._last_preflight.get(name),
         }

@@ -53,6 +53,8 @@ def render_status(console: Console, body: dict) -> None:
     for svc in body["services"]:
         if svc.get("cgroup") and svc["state"] != "inactive":
             console.print(f"  {escape(svc['name'])}: cgroup {escape(svc['cgroup'])}")
+        if svc.get("last_result") not in (None, "success") and svc.get("last_message"):
+            console.print(f"  {escape(svc['name'])}: last run: {escape(svc['last_message'])}")
 
 
 def render_action(console: Console, body: dict) -> None:
