@@ -191,3 +191,66 @@ def test_missing_socket_group_fails_startup_cleanly(world):
     assert out.returncode == 1
     assert "group 'no-such-group-sparkd' (daemon.socket_group) does not exist" in out.stderr
     assert not (world["run"] / "sock" / "control.sock").exists()
+
+
+def test_service_that_ended_while_sparkd_was_away_is_reported_not_restarted(world):
+    policy = _policy(world)
+    sock = world["run"] / "sock" / "control.sock"
+    d = _sparkd(world, policy)
+    assert sparkctl(sock, "start", "sleeper").returncode == 0
+    cgroup = service(status_json(sock), "sleeper")["cgroup"]
+    [pid] = _sleep_pids(cgroup)
+    d.kill9()
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    _sparkd(world, policy)
+    st = service(status_json(sock), "sleeper")
+    assert st["state"] in ("inactive", "failed")
+    assert st["last_result"] in ("signal", "unknown"), st
+    assert not Path(cgroup).exists() or _sleep_pids(cgroup) == []
+
+
+def test_sd_notify_ready_and_stopping(world):
+    import socket as pysocket
+
+    policy = _policy(world)
+    notify_path = world["tmp"] / "notify.sock"
+    rx = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_DGRAM)
+    rx.bind(str(notify_path))
+    rx.settimeout(60)
+    d = Sparkd(policy, world["run"] / "sock" / "control.sock", world["tmp"] / "sparkd.log")
+    world["daemons"].append(d)
+    os.environ["NOTIFY_SOCKET"] = str(notify_path)
+    try:
+        d.start()
+    finally:
+        del os.environ["NOTIFY_SOCKET"]
+    with rx:
+        ready = rx.recv(4096).decode()
+        assert "READY=1" in ready.splitlines()
+        assert "STATUS=0 service(s) running; placement cgroupfs; memory limits NOT enforced" in ready.splitlines()
+        assert d.signal(signal.SIGTERM) == 0
+        assert "STOPPING=1" in rx.recv(4096).decode().splitlines()
+
+
+def test_corrupt_state_file_fails_startup_with_the_path(world):
+    policy = _policy(world)
+    state = world["tmp"] / "state"
+    state.mkdir()
+    (state / "state.json").write_text("{half a file")
+    out = subprocess.run([sys.executable, "-m", "sparkd.cli.daemon", "--policy", str(policy)], env=python_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert f"could not parse state {state / 'state.json'}" in out.stderr and "move it aside" in out.stderr
+    assert not (world["run"] / "sock" / "control.sock").exists()
+
+
+def test_bad_policy_fails_startup(world):
+    bad = world["tmp"] / "bad.yaml"
+    bad.write_text("daemon: {placement: docker}\n")
+    out = subprocess.run([sys.executable, "-m", "sparkd.cli.daemon", "--policy", str(bad)], env=python_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and f"could not load policy {bad}" in out.stderr and "daemon.placement" in out.stderr
