@@ -20,7 +20,8 @@ from .policy import Policy
 from .sizes import format_size
 from .specs import ENGINE_EXECUTABLE, build_spec
 from .state import StateStore
-from .usage import find_cgroup2_mount, read_usage, resolve_cgroup_dir
+from .system.gpu import GpuReader, GpuSnapshot
+from .usage import cgroup_pids, find_cgroup2_mount, read_usage, resolve_cgroup_dir
 
 log = logging.getLogger("sparkd.supervisor")
 
@@ -50,6 +51,7 @@ class Supervisor:
         placement_reason: str = "",
         cgroup2_mount: Path | None = None,
         engine_executable: str = ENGINE_EXECUTABLE,
+        gpu_reader: GpuReader | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.policy = policy
@@ -59,6 +61,7 @@ class Supervisor:
         self.placement_reason = placement_reason
         self._cgroup2_mount = cgroup2_mount if cgroup2_mount is not None else find_cgroup2_mount()
         self._engine_executable = engine_executable
+        self._gpu_reader = gpu_reader if gpu_reader is not None else GpuReader()
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_preflight: dict[str, dict] = {}
@@ -237,13 +240,18 @@ class Supervisor:
 
     # --- status -------------------------------------------------------------------------------
 
-    async def _service_status(self, name: str) -> dict:
+    async def _service_status(self, name: str, gpu: GpuSnapshot) -> dict:
         service = self.policy.services.get(name)
         record = self.state.services.get(name)
         current = await self.placement.status(name)
         cgroup = (current.cgroup if current else None) or (record.cgroup if record else None)
         running = current is not None and current.active_state in _RUNNING
-        usage = read_usage(resolve_cgroup_dir(cgroup, self._cgroup2_mount) if running else None)
+        cgroup_dir = resolve_cgroup_dir(cgroup, self._cgroup2_mount) if running else None
+        usage = read_usage(cgroup_dir)
+        gpu_mib = None
+        if gpu.available and cgroup_dir is not None:
+            pids = cgroup_pids(cgroup_dir)
+            gpu_mib = sum(p.used_mib or 0 for p in gpu.processes if p.pid in pids)
         return {
             "name": name,
             "in_policy": service is not None,
@@ -257,6 +265,7 @@ class Supervisor:
             "memory_max_policy_bytes": service.memory_max if service else None,
             "memory_enforced": bool(current.memory_enforced) if current else self.placement.memory_enforced,
             **usage.to_dict(),
+            "gpu_mib": gpu_mib,
             "started_at": record.started_at if record else None,
             "stopped_at": record.stopped_at if record else None,
             "last_result": record.last_result if record else None,
@@ -268,7 +277,8 @@ class Supervisor:
 
     async def status(self) -> dict:
         names = sorted(set(self.policy.services) | set(self.state.services))
-        services = [await self._service_status(n) for n in names]
+        gpu = await asyncio.to_thread(self._gpu_reader.read)
+        services = [await self._service_status(n, gpu) for n in names]
         return {
             "daemon": {
                 "pid": os.getpid(),
@@ -277,6 +287,8 @@ class Supervisor:
                 "placement_reason": self.placement_reason,
                 "memory_enforced": self.placement.memory_enforced,
                 "why_not_enforced": self.placement.why_not_enforced,
+                "gpu_available": gpu.available,
+                "gpu_reason": gpu.reason,
             },
             "services": services,
             "guards": {

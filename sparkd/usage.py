@@ -86,3 +86,14 @@ def read_usage(cgroup_dir: Path | None) -> CgroupUsage:
     usage.psi_some_avg10 = _avg10(pressure, "some")
     usage.psi_full_avg10 = _avg10(pressure, "full")
     return usage
+
+
+def cgroup_pids(cgroup_dir: Path | None) -> set[int]:
+    """Every pid in a cgroup and its children (to match GPU processes to a service)."""
+    pids: set[int] = set()
+    if cgroup_dir is None:
+        return pids
+    for procs in Path(cgroup_dir).rglob("cgroup.procs"):
+        text = _read(procs)
+        pids.update(int(p) for p in (text or "").split())
+    return pids

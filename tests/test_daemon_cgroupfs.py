@@ -104,6 +104,8 @@ def test_start_status_kill9_readopt_stop(world):
     assert st["psi_some_avg10"] is not None  # memory.pressure exists even without the controller
     human = sparkctl(sock, "status")
     assert human.returncode == 0 and "sleeper" in human.stdout and "not enforced" in human.stdout
+    if not status_json(sock)["daemon"]["gpu_available"]:
+        assert "GPU use not shown: no NVIDIA driver" in human.stdout
 
     d.kill9()
     assert pid_alive(pid)

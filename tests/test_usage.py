@@ -25,3 +25,13 @@ def test_mounts_and_relative_cgroup(tmp_path):
     assert resolve_cgroup_dir("/sparkd.slice/a.service", tmp_path) == tmp_path / "sparkd.slice" / "a.service"
     assert resolve_cgroup_dir(str(tmp_path / "sparkd.slice" / "a.service"), tmp_path) == tmp_path / "sparkd.slice" / "a.service"
     assert resolve_cgroup_dir("/gone", tmp_path) is None
+
+
+def test_cgroup_pids_include_children(tmp_path):
+    (tmp_path / "child").mkdir()
+    (tmp_path / "cgroup.procs").write_text("10\n11\n")
+    (tmp_path / "child" / "cgroup.procs").write_text("12\n")
+    from sparkd.usage import cgroup_pids
+
+    assert cgroup_pids(tmp_path) == {10, 11, 12}
+    assert cgroup_pids(None) == set()

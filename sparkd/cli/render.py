@@ -39,8 +39,10 @@ def render_status(console: Console, body: dict) -> None:
     console.print(f"sparkd pid {daemon['pid']}, placement [bold]{escape(daemon['placement'])}[/]: {escape(daemon['placement_reason'])}")
     if not daemon["memory_enforced"]:
         console.print(f"[yellow]memory limits are NOT enforced: {escape(daemon['why_not_enforced'] or 'no memory controller')}[/]")
+    if not daemon.get("gpu_available"):
+        console.print(f"GPU use not shown: {escape(daemon.get('gpu_reason') or 'NVML unavailable')}")
     table = Table(box=None, pad_edge=False)
-    for column in ("SERVICE", "STATE", "UNIT", "PID", "MEMORY cur/max", "PSI avg10", "LAST RESULT", "GUARDS"):
+    for column in ("SERVICE", "STATE", "UNIT", "PID", "MEMORY cur/max", "GPU", "PSI avg10", "LAST RESULT", "GUARDS"):
         table.add_column(column)
     for svc in body["services"]:
         state = svc["state"] if svc["state"] == svc["sub_state"] else f"{svc['state']} ({svc['sub_state']})"
@@ -48,7 +50,7 @@ def render_status(console: Console, body: dict) -> None:
         guard_text = "-" if guards is None else ("[red]refused[/]" if guards["refused"] else "ok")
         name = svc["name"] if svc["in_policy"] else f"{svc['name']} (not in policy)"
         table.add_row(escape(name), escape(state), escape(svc.get("unit") or "-"), str(svc.get("main_pid") or "-"),
-                      _memory(svc), _psi(svc), escape(_result(svc)), guard_text)
+                      _memory(svc), "-" if svc.get("gpu_mib") is None else f"{svc['gpu_mib']} MiB", _psi(svc), escape(_result(svc)), guard_text)
     console.print(table)
     for svc in body["services"]:
         if svc.get("cgroup") and svc["state"] != "inactive":
