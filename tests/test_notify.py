@@ -2,8 +2,6 @@ import asyncio
 import os
 import socket
 
-import pytest
-
 from sparkd.notify import Notifier
 
 

@@ -36,7 +36,8 @@ def _result(svc: dict) -> str:
 
 def render_status(console: Console, body: dict) -> None:
     daemon = body["daemon"]
-    console.print(f"sparkd pid {daemon['pid']}, placement [bold]{escape(daemon['placement'])}[/]: {escape(daemon['placement_reason'])}")
+    # placement_reason starts with the backend's name: "cgroupfs: daemon.placement is auto and ..."
+    console.print(f"sparkd pid {daemon['pid']}, placement {escape(daemon['placement_reason'] or daemon['placement'])}")
     if not daemon["memory_enforced"]:
         console.print(f"[yellow]memory limits are NOT enforced: {escape(daemon['why_not_enforced'] or 'no memory controller')}[/]")
     if not daemon.get("gpu_available"):
