@@ -395,6 +395,10 @@ async def test_a_second_instance_does_not_duplicate_a_running_service(placement,
     with pytest.raises(PlacementError, match="already has processes"):
         await other.start(_spec())
     assert cgroups.procs(status.cgroup) and _alive(status.main_pid)
+    # the refused start did not touch the running service's saved state either
+    seen = await other.adopt()
+    assert [(s.main_pid, s.memory_max_bytes) for s in seen] == [(status.main_pid, 256 << 20)]
+    await other.close()
     await placement.stop("svc", 30)
 
 
