@@ -217,11 +217,12 @@ class CgroupfsPlacement(Placement):
             notes.append(self.why_not_enforced)
         else:
             oom_group = "0" if spec.oom_policy == "continue" else "1"
-            writes += [
-                ("memory.max", str(spec.memory_max_bytes)),
-                ("memory.swap.max", str(spec.swap_max_bytes)),
-                ("memory.oom.group", oom_group),
-            ]
+            writes += [("memory.max", str(spec.memory_max_bytes)), ("memory.oom.group", oom_group)]
+            if os.path.exists(os.path.join(cgroup, "memory.swap.max")):
+                writes.append(("memory.swap.max", str(spec.swap_max_bytes)))
+            else:  # the kernel runs without swap accounting (swapaccount=0)
+                notes.append(f"swap_max {spec.swap_max_bytes} is not applied: no memory.swap.max "
+                             "(swap accounting is off in this kernel)")
         if spec.cpu_weight is not None:
             if "cpu" in missing:
                 notes.append(f"cpu_weight {spec.cpu_weight} is not applied: no cpu controller")
@@ -314,6 +315,8 @@ class CgroupfsPlacement(Placement):
         if svc.oom_kill_seen or not events or events.get("oom_kill", 0) == 0:
             return
         svc.oom_kill_seen = True
+        counters = ", ".join(f"{k} {events.get(k, 0)}" for k in ("oom", "oom_kill", "oom_group_kill"))
+        svc.notes.append(f"memory.events at the OOM kill: {counters}")
         log.warning("%s: oom_kill %d in %s/memory.events (oom_policy %s)",
                     svc.name, events["oom_kill"], svc.cgroup, svc.oom_policy)
         if svc.oom_policy == "continue":

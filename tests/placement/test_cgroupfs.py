@@ -378,6 +378,15 @@ async def test_adopt_after_restart_then_notice_the_exit(placement, root, state_d
     assert not os.path.exists(first["cgroup"])
 
 
+async def test_an_adopted_service_stops_like_its_own(placement, state_dir):
+    first = _first_sparkd(placement.cgroup_root, state_dir, ["sleep", "1000"])
+    [adopted] = await placement.adopt()
+    assert adopted.main_pid == first["main_pid"]
+    final = await placement.stop("svc", 30)
+    assert (final.active_state, final.result, final.exec_main_status) == ("inactive", "success", signal.SIGTERM)
+    assert not _alive(first["main_pid"]) and not os.path.exists(first["cgroup"])
+
+
 async def test_adopt_a_service_that_ended_while_sparkd_was_away(placement, state_dir):
     go = Path(state_dir) / "go"
     first = _first_sparkd(placement.cgroup_root, state_dir,
@@ -417,4 +426,5 @@ async def test_oom_kill_stops_the_service_and_is_not_restarted(placement, mount)
     assert (final.active_state, final.result) == ("failed", "oom-kill"), final.message
     assert not os.path.exists(status.cgroup)
     assert [e.active_state for e in placement.events].count("active") == 1  # never restarted
+    assert "memory.events at the OOM kill: oom " in final.message
     print(f"OOM result: {final.to_dict()}")
