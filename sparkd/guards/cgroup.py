@@ -9,29 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..system.cgroups import DEFAULT_MOUNTINFO, controllers as read_controllers, find_cgroup2_mount
 from .report import Check
 
-DEFAULT_MOUNTINFO_PATH = Path("/proc/self/mountinfo")
-
-
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
-    return field.encode().decode("unicode_escape") if "\\" in field else field
-
-
-def find_cgroup2_mount(mountinfo_path: Path = DEFAULT_MOUNTINFO_PATH) -> Path | None:
-    """The first cgroup2 mount point in a mountinfo file, or None."""
-    for line in Path(mountinfo_path).read_text().splitlines():
-        left, sep, right = line.partition(" - ")
-        fields = left.split()
-        if sep and len(fields) >= 5 and right.split(" ", 1)[0] == "cgroup2":
-            return Path(_unescape(fields[4]))
-    return None
-
-
-def read_controllers(cgroup_dir: Path) -> set[str]:
-    """Controllers available in a cgroup v2 directory (its cgroup.controllers)."""
-    return set((Path(cgroup_dir) / "cgroup.controllers").read_text().split())
+DEFAULT_MOUNTINFO_PATH = Path(DEFAULT_MOUNTINFO)
 
 
 def check_cgroup(mountinfo_path: Path = DEFAULT_MOUNTINFO_PATH, service_name: str | None = None) -> Check:

@@ -101,7 +101,8 @@ async def handle_process(index: int, comp: Competitor, dry_run: bool, gpu_mib_by
         return Check(name, "ok", f"no process named {comp.process}", (), key)
 
     def culprits(detail: str, only=None) -> tuple[Culprit, ...]:
-        return tuple(Culprit(p.pid, comp.process, None, gpu_mib_by_pid.get(p.pid), detail) for p in (only or procs))
+        chosen = procs if only is None else only
+        return tuple(Culprit(p.pid, comp.process, None, gpu_mib_by_pid.get(p.pid), detail) for p in chosen)
 
     pids = ", ".join(str(p.pid) for p in procs)
     if comp.action == "ignore":

@@ -28,12 +28,22 @@ START_JOB_TIMEOUT_SECONDS = 120.0
 KILL_GRACE_SECONDS = 10.0
 # systemd's "infinity" for MemoryMax and friends.
 UINT64_MAX = (1 << 64) - 1
+CLD_EXITED = 1  # ExecMainCode: exited (2, 3: killed by a signal, dumped core)
+# Exit statuses systemd's exec helper uses when it could not set the process up (systemd.exec(5)).
+SETUP_FAILURE_STATUS = range(200, 244)
 # ExecMainStatus values systemd's exec helper uses when it could not run the command.
 EXEC_FAILURES = {
     200: "could not change to the working directory (200/CHDIR)",
     203: "could not execute the command: missing or not executable (203/EXEC)",
     217: "could not switch to the user (217/USER)",
 }
+
+
+def _engine_ran(props: dict | None) -> bool:
+    """False when systemd's exec helper failed (status 200..243: EXIT_CHDIR, EXIT_EXEC, ...)."""
+    if not props or not props.get("ExecMainCode"):
+        return False
+    return props["ExecMainCode"] != CLD_EXITED or props["ExecMainStatus"] not in SETUP_FAILURE_STATUS
 
 
 def default_cgroup_root() -> Path:
@@ -88,6 +98,9 @@ class SystemdPlacement(Placement):
             f"(has: {' '.join(controllers) or 'none'}; memory is probably on cgroup v1, a hybrid host): "
             "systemd accepts MemoryMax and MemorySwapMax but the kernel will not enforce them"
         )
+
+    def _why_not_for(self, cgroup: Path | None) -> str:
+        return self.why_not_enforced or f"the memory controller is not enabled in {cgroup}/cgroup.controllers"
 
     def _host_cgroup(self, control_group: str) -> Path | None:
         return self.cgroup_root / control_group.lstrip("/") if control_group else None
@@ -161,7 +174,7 @@ class SystemdPlacement(Placement):
             main_pid=pid,
             memory_enforced=enforced,
             memory_max_bytes=None if memory_max in (None, UINT64_MAX) else memory_max,
-            message="" if enforced else f"memory limit not enforced: {self.why_not_enforced}",
+            message="" if enforced else f"memory limit not enforced: {self._why_not_for(cgroup)}",
         )
 
     def _gone_status(self, unit: str) -> ServiceStatus:
@@ -247,7 +260,7 @@ class SystemdPlacement(Placement):
         origin = props.get("FragmentPath") or ("a transient unit" if props.get("Transient") else "unknown origin")
         return (
             f"could not start {unit}: a unit of that name exists that sparkd did not start "
-            f"({origin}, slice {props.get('Slice') or '-'}, {props.get('ActiveState')}); "
+            f"({origin}, slice {props.get('Slice') or '-'}, {props.get('ActiveState') or 'not loaded'}); "
             "rename the service in the policy or remove that unit"
         )
 
@@ -260,22 +273,27 @@ class SystemdPlacement(Placement):
             job = await bus.start_transient_unit(unit, self._unit_properties(spec, argv))
         except BusCallError as exc:
             if exc.dbus_name == "org.freedesktop.systemd1.UnitExists":
-                props = await bus.unit_properties(unit) or {"FragmentPath": "a unit file"}
+                props = await bus.load_unit_properties(unit) or {"FragmentPath": "a unit file"}
                 raise PlacementError(self._clash_message(unit, props)) from exc
             raise
         self._tracked.add(unit)  # before the job ends: an engine may fail right after exec
         result = await bus.wait_for_job(job, START_JOB_TIMEOUT_SECONDS)
-        if result != "done":
-            self._tracked.discard(unit)
-            raise PlacementError(await self._clean_failed_start(unit, argv, result))
         props = await bus.unit_properties(unit)
+        if result != "done" and not _engine_ran(props):
+            self._tracked.discard(unit)
+            raise PlacementError(await self._clean_failed_start(unit, argv, result, props))
+        # An engine that ran and exited at once fails the job or not, depending on who wins the
+        # race; either way it is reported as a failed service, like one that fails later.
         return self._status_from(unit, props) if props else self._gone_status(unit)
 
-    async def _clean_failed_start(self, unit: str, argv: list[str], job_result: str) -> str:
+    async def _clean_failed_start(self, unit: str, argv: list[str], job_result: str, props: dict | None) -> str:
         """Explain a failed start job and remove what it left; returns the error message."""
-        props = await self.bus.unit_properties(unit) or {}
+        props = props or {}
         code = props.get("ExecMainStatus")
-        detail = EXEC_FAILURES.get(code, f"Result {props.get('Result', 'unknown')}, exit status {code}")
+        detail = EXEC_FAILURES.get(code) or (
+            f"systemd could not set up the process (status {code}, see 'Process Exit Codes' in systemd.exec(5))"
+            if props else "the unit is gone"
+        )
         if props.get("ActiveState") not in (None, "inactive", "failed"):
             await self.bus.wait_for_job(await self.bus.stop_unit(unit), START_JOB_TIMEOUT_SECONDS)
         if props:

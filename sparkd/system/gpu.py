@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import SparkdError
 from .meminfo import DEFAULT_MEMINFO_PATH, read_meminfo
 from .procinfo import DEFAULT_PROC_ROOT, process_name, rss_bytes
 
@@ -131,7 +132,11 @@ class GpuReader:
                 errors.append(f"could not read GPU memory info: {exc}")
                 return None, None, "unknown"
         # Unified memory (GB10): the GPU allocates from system memory.
-        mem = read_meminfo(self._meminfo_path)
+        try:
+            mem = read_meminfo(self._meminfo_path)
+        except SparkdError as exc:
+            errors.append(f"NVML memory info not supported and {exc}")
+            return None, None, "unknown"
         return mem.total_bytes, mem.total_bytes - mem.available_bytes, "meminfo"
 
     def _processes(self, nvml: Any, handle: Any, index: int, errors: list[str]) -> list[GpuProcess]:

@@ -125,11 +125,11 @@ class SystemdBus:
         self._job_waiters.clear()
 
     async def call(self, verb: str, member: str, signature: str = "", body: list | None = None,
-                   path: str = MANAGER_PATH, interface: str = MANAGER):  # fmt: skip
-        """One method call to systemd; `verb` completes "could not <verb>: <cause>"."""
+                   path: str = MANAGER_PATH, interface: str = MANAGER, destination: str = SYSTEMD):  # fmt: skip
+        """One method call (to systemd unless told); `verb` completes "could not <verb>: <cause>"."""
         if self._bus is None:
             raise PlacementError(f"could not {verb}: not connected to the system bus at {self.address}")
-        msg = Message(destination=SYSTEMD, path=path, interface=interface, member=member,
+        msg = Message(destination=destination, path=path, interface=interface, member=member,
                       signature=signature, body=body or [])  # fmt: skip
         try:
             reply = await self._bus.call(msg)
@@ -154,20 +154,14 @@ class SystemdBus:
             f"path_namespace='{UNIT_PATH_PREFIX.rstrip('/')}'",
         ]
         for rule in rules:
-            await self._dbus_call("subscribe to systemd signals", "AddMatch", "s", [rule])
+            await self.call("subscribe to systemd signals", "AddMatch", "s", [rule], path="/org/freedesktop/DBus",
+                            interface="org.freedesktop.DBus", destination="org.freedesktop.DBus")  # fmt: skip
         await self.call("subscribe to systemd signals", "Subscribe")
         self._subscribed = True
 
     def unsubscribe(self, callback: SignalCallback) -> None:
         if callback in self._listeners:
             self._listeners.remove(callback)
-
-    async def _dbus_call(self, verb: str, member: str, signature: str, body: list):
-        msg = Message(destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-                      interface="org.freedesktop.DBus", member=member, signature=signature, body=body)  # fmt: skip
-        reply = await self._bus.call(msg)
-        if reply.message_type == MessageType.ERROR:
-            raise BusCallError(f"could not {verb}: {reply.body[0] if reply.body else ''}", reply.error_name or "")
 
     def _on_message(self, msg: Message) -> None:
         if msg.message_type != MessageType.SIGNAL:
@@ -237,6 +231,11 @@ class SystemdBus:
             raise
         return await self._properties_at(name, path)
 
+    async def load_unit_properties(self, name: str) -> dict | None:
+        """Like unit_properties, but loads the unit from its unit file first (LoadUnit)."""
+        path = await self.call(f"load unit {name}", "LoadUnit", "s", [name])
+        return await self._properties_at(name, path)
+
     async def _properties_at(self, name: str, path: str) -> dict | None:
         interfaces = ["org.freedesktop.systemd1.Unit"]
         kind = _TYPE_INTERFACES.get(name.rsplit(".", 1)[-1])
@@ -271,8 +270,11 @@ class SystemdBus:
         return [dict(zip(keys, row[:7])) for row in rows]
 
     async def stop_and_disable(self, unit: str, timeout_seconds: float = 90.0) -> dict:
-        """Stop a unit (its own stop logic: SIGTERM first; sparkd never sends SIGKILL itself) and
-        disable its unit files so it does not come back at boot.
+        """Stop a unit and disable its unit files so it does not come back at boot.
+
+        The unit's own stop logic runs (its KillSignal, SIGTERM by default; a SIGKILL only after
+        its TimeoutStopSec): a killed ollama runner keeps its GPU memory, so sparkd never sends
+        SIGKILL to a competitor itself.
 
         Returns {"unit", "stop_result", "disabled": [paths removed], "note"}. A transient unit
         has no unit files: disabling is a no-op, reported in "note".
