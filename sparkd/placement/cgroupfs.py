@@ -407,9 +407,12 @@ class CgroupfsPlacement(Placement):
             raise PlacementError(f"could not list {self.slice_path}: {exc.strerror}") from exc
         adopted = []
         for entry in entries:
-            name = entry.removeprefix("sparkd-").removesuffix(".service")
-            if not (entry.startswith("sparkd-") and entry.endswith(".service")) or name in self._services:
+            if not (entry.startswith("sparkd-") and entry.endswith(".service")):
                 continue
+            name = entry.removeprefix("sparkd-").removesuffix(".service")
+            known = self._services.get(name)
+            if known is not None and not known.done.done():
+                continue  # watched already: adopting twice would duplicate it
             svc = self._revive(name, os.path.join(self.slice_path, entry))
             populated = cgroups.is_populated(svc.cgroup)
             self._track(svc, watch=populated)
