@@ -50,7 +50,9 @@ class _Strict(BaseModel):
 class DaemonPolicy(_Strict):
     placement: Literal["auto", "systemd", "cgroupfs"] = "auto"
     slice: str = "sparkd.slice"
-    cgroup_root: Path = Path("/sys/fs/cgroup")
+    # None: the cgroup2 mount found in /proc/self/mountinfo (/sys/fs/cgroup, or
+    # /sys/fs/cgroup/unified on hybrid v1/v2 hosts).
+    cgroup_root: Path | None = None
     state_dir: Path = Path("/var/lib/sparkd")
     control_socket: Path = Path("/run/sparkd/control.sock")
     socket_group: str | None = None
