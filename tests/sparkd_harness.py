@@ -16,7 +16,9 @@ READY_TIMEOUT_SECONDS = 60.0
 
 
 def python_env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+    # Keep an existing PYTHONPATH (the GPU box carries dependencies as wheels in one).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 class Sparkd:

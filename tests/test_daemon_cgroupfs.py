@@ -256,3 +256,71 @@ def test_bad_policy_fails_startup(world):
     out = subprocess.run([sys.executable, "-m", "sparkd.cli.daemon", "--policy", str(bad)], env=python_env(),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and f"could not load policy {bad}" in out.stderr and "daemon.placement" in out.stderr
+
+
+def _has_memory_controller() -> bool:
+    return "memory" in (CGROUP2 / "cgroup.controllers").read_text().split()
+
+
+def _wait_for(predicate, timeout_seconds: float = 30.0):
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"condition not met within {timeout_seconds} s")
+
+
+HOG = "import time; b = bytearray(512 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(600)"
+
+
+def test_oom_kill_is_reported_and_not_restarted(world):
+    # Runs where the memory controller exists (the GPU box: pure cgroup v2); here it cannot.
+    if not _has_memory_controller():
+        pytest.skip(f"no memory controller in {CGROUP2}/cgroup.controllers (hybrid host); runs on the GPU box")
+    policy = _policy(world)
+    import yaml
+
+    data = yaml.safe_load(policy.read_text())
+    data["services"]["hog"] = {"engine": {"command": [sys.executable, "-c", HOG]}, "memory_max": "256M"}
+    policy.write_text(yaml.safe_dump(data))
+    sock = world["run"] / "sock" / "control.sock"
+    _sparkd(world, policy)
+    out = sparkctl(sock, "start", "hog")
+    print(out.stdout, out.stderr)
+    st = _wait_for(lambda: (s := service(status_json(sock), "hog"))["last_result"] == "oom-kill" and s)
+    print("status after the OOM kill:", st)
+    assert st["state"] in ("inactive", "failed") and st["memory_enforced"] is True
+    time.sleep(3)  # Restart=no: nothing comes back
+    st = service(status_json(sock), "hog")
+    assert st["state"] in ("inactive", "failed") and st["last_result"] == "oom-kill"
+    cg = world["cgroup_root"] / "sparkd.slice" / "sparkd-hog.service"
+    assert not cg.exists() or not (cg / "cgroup.procs").read_text().split()
+    human = sparkctl(sock, "status")
+    print(human.stdout)
+    assert "oom-kill" in human.stdout
+
+
+CUDA_HOLDER = (
+    "import sys, time, torch; x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda'); x.fill_(1); "
+    "torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"
+)
+
+
+@pytest.mark.gpu
+def test_gpu_guard_refuses_a_real_cuda_process(world):
+    policy = _policy(world)
+    sock = world["run"] / "sock" / "control.sock"
+    holder = subprocess.Popen([sys.executable, "-c", CUDA_HOLDER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        _sparkd(world, policy)
+        out = sparkctl(sock, "start", "sleeper")
+        print(out.stdout, out.stderr)
+        assert out.returncode == 1
+        assert "guards.gpu_busy_mib" in out.stdout and f"pid {holder.pid}" in out.stdout
+        assert not (world["cgroup_root"] / "sparkd.slice" / "sparkd-sleeper.service").exists()
+    finally:
+        holder.kill()
+        holder.wait()
