@@ -330,7 +330,7 @@ asyncio.run(main())
 def _first_sparkd(root, state_dir, argv):
     """Start a service from another process that then exits: a sparkd that went away."""
     out = subprocess.run([sys.executable, "-c", START_AND_LEAVE, root, state_dir, json.dumps(argv)],
-                         env={"PYTHONPATH": REPO}, capture_output=True, text=True, timeout=120)
+                         env={"PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
