@@ -21,7 +21,7 @@ import httpx
 from rich.console import Console
 
 from ..errors import ControlError
-from ..ops import plan_cli
+from ..ops import diskbench_cli, plan_cli
 from .common import check_policy
 from .render import render_action, render_preflight, render_refusal, render_status
 
@@ -60,12 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-_LOCAL_OPS = {"plan": plan_cli.run}
+_LOCAL_OPS = {"plan": plan_cli.run, "disk-bench": diskbench_cli.run}
 
 
 def _add_ops(sub) -> None:
     plan_cli.add_arguments(sub.add_parser(
         "plan", help="size a farm of boxes for N users (the seed's Tables 8-9)", description=plan_cli.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+    diskbench_cli.add_arguments(sub.add_parser(
+        "disk-bench", help="O_DIRECT read bandwidth by block size x queue depth", description=diskbench_cli.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
