@@ -21,7 +21,7 @@ import httpx
 from rich.console import Console
 
 from ..errors import ControlError
-from ..ops import diskbench_cli, plan_cli
+from ..ops import diskbench_cli, plan_cli, top
 from .common import check_policy
 from .render import render_action, render_preflight, render_refusal, render_status
 
@@ -70,6 +70,19 @@ def _add_ops(sub) -> None:
     diskbench_cli.add_arguments(sub.add_parser(
         "disk-bench", help="O_DIRECT read bandwidth by block size x queue depth", description=diskbench_cli.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter))
+    top.add_arguments(sub.add_parser("top", help="live view of services, memory, pressure (q quits)", description=top.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter))
+
+
+def _status_fetcher(socket_path: Path):
+    client = Client(socket_path)
+
+    def fetch() -> dict:
+        code, body = client.call("GET", "/v1/status", _TIMEOUT_SECONDS["status"])
+        if code >= 400:
+            raise ControlError(f"could not get sparkd's status: {body.get('error', {}).get('message', f'HTTP {code}')}")
+        return body
+    return fetch
 
 
 def _os_cause(exc: BaseException) -> str:
@@ -132,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_policy(args.file, as_json=args.json)
     if args.command in _LOCAL_OPS:
         return _LOCAL_OPS[args.command](args)
+    if args.command == "top":
+        return top.run(args, _status_fetcher(args.socket))
     console = Console(highlight=False)
     try:
         code, body = _request(Client(args.socket), args)
