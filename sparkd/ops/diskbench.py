@@ -190,6 +190,8 @@ def file_size(path: Path) -> int:
 
 def check_free_space(directory: Path, size_bytes: int) -> None:
     vfs = os.statvfs(directory)
+    if vfs.f_blocks == 0:  # ramfs and the like report no capacity at all: nothing to check against
+        return
     free = vfs.f_bavail * vfs.f_frsize
     if free < size_bytes + FREE_SPACE_MARGIN_BYTES:
         raise DiskBenchError(
