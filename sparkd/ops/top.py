@@ -61,9 +61,10 @@ def _header(status: dict, now: float) -> list[Text]:
         lines.append(_line(f"MemAvailable {NA} ({why})"))
     else:
         available, reserve = mem["mem_available_bytes"], mem["reserve_bytes"]
-        style = "bold red" if available < reserve else ""
+        below = available < reserve
+        margin = f"BELOW reserve by {_size(reserve - available)}" if below else f"above reserve {_size(available - reserve)}"
         lines.append(_line(f"MemAvailable {_size(available)} of {_size(mem['mem_total_bytes'])} · reserve {_size(reserve)}"
-                           f" · above reserve {_size(available - reserve)}", style))
+                           f" · {margin}", "bold red" if below else ""))
     if not d["memory_enforced"]:
         lines.append(_line(f"memory limits NOT enforced: {d.get('why_not_enforced') or 'no memory controller'}", "yellow"))
     if not d.get("gpu_available"):
