@@ -21,6 +21,7 @@ from .sizes import format_size
 from .specs import ENGINE_EXECUTABLE, build_spec
 from .state import StateStore
 from .system.gpu import GpuReader, GpuSnapshot
+from .system.meminfo import DEFAULT_MEMINFO_PATH, read_meminfo
 from .usage import cgroup_pids, find_cgroup2_mount, read_usage, resolve_cgroup_dir
 
 log = logging.getLogger("sparkd.supervisor")
@@ -53,6 +54,7 @@ class Supervisor:
         engine_executable: str = ENGINE_EXECUTABLE,
         gpu_reader: GpuReader | None = None,
         clock: Callable[[], float] = time.time,
+        meminfo_path: Path = DEFAULT_MEMINFO_PATH,
     ):
         self.policy = policy
         self.placement = placement
@@ -63,6 +65,7 @@ class Supervisor:
         self._engine_executable = engine_executable
         self._gpu_reader = gpu_reader if gpu_reader is not None else GpuReader()
         self._clock = clock
+        self._meminfo_path = meminfo_path
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_preflight: dict[str, dict] = {}
         self.started_at = clock()
@@ -275,6 +278,18 @@ class Supervisor:
             "guards": self._last_preflight.get(name),
         }
 
+    def _system_memory(self) -> dict:
+        """MemAvailable against the guards' reserve (what sparkctl top shows for the whole box)."""
+        memory = {"mem_total_bytes": None, "mem_available_bytes": None,
+                  "reserve_bytes": self.policy.guards.reserve, "reason": None}
+        try:
+            info = read_meminfo(self._meminfo_path)
+        except SparkdError as exc:
+            memory["reason"] = str(exc)
+            return memory
+        memory.update(mem_total_bytes=info.total_bytes, mem_available_bytes=info.available_bytes)
+        return memory
+
     async def status(self) -> dict:
         names = sorted(set(self.policy.services) | set(self.state.services))
         gpu = await asyncio.to_thread(self._gpu_reader.read)
@@ -291,6 +306,7 @@ class Supervisor:
                 "gpu_reason": gpu.reason,
             },
             "services": services,
+            "system": self._system_memory(),
             "guards": {
                 "refused": sorted(n for n, r in self._last_preflight.items() if r["refused"]),
                 "checked": sorted(self._last_preflight),

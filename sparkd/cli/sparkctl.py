@@ -5,6 +5,9 @@
   sparkctl [--socket PATH] stop NAME
   sparkctl [--socket PATH] preflight [NAME] [--json]
   sparkctl check-policy FILE [--json]          (local; needs no sparkd)
+  sparkctl plan --users N --tok-s X --profile NAME=REQxTOKENS ...   (local)
+  sparkctl disk-bench PATH [--size 4G] [--json] ...                 (local)
+  sparkctl [--socket PATH] top [--once] [--interval S]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import httpx
 from rich.console import Console
 
 from ..errors import ControlError
+from ..ops import diskbench_cli, plan_cli, top
 from .common import check_policy
 from .render import render_action, render_preflight, render_refusal, render_status
 
@@ -38,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sparkctl", description="Control sparkd over its unix socket.",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--socket", type=Path, default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{status,start,stop,preflight,check-policy}")
+    sub = p.add_subparsers(dest="command", required=True,
+                           metavar="{status,start,stop,preflight,check-policy,plan,disk-bench,top}")
     status = sub.add_parser("status", help="services, memory, pressure, guards")
     status.add_argument("--json", action="store_true")
     for verb in ("start", "stop"):
@@ -51,7 +56,33 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-policy", help="validate a policy file and print it resolved")
     check.add_argument("file", type=Path)
     check.add_argument("--json", action="store_true")
+    _add_ops(sub)
     return p
+
+
+_LOCAL_OPS = {"plan": plan_cli.run, "disk-bench": diskbench_cli.run}
+
+
+def _add_ops(sub) -> None:
+    plan_cli.add_arguments(sub.add_parser(
+        "plan", help="size a farm of boxes for N users (the seed's Tables 8-9)", description=plan_cli.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+    diskbench_cli.add_arguments(sub.add_parser(
+        "disk-bench", help="O_DIRECT read bandwidth by block size x queue depth", description=diskbench_cli.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+    top.add_arguments(sub.add_parser("top", help="live view of services, memory, pressure (q quits)", description=top.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter))
+
+
+def _status_fetcher(socket_path: Path):
+    client = Client(socket_path)
+
+    def fetch() -> dict:
+        code, body = client.call("GET", "/v1/status", _TIMEOUT_SECONDS["status"])
+        if code >= 400:
+            raise ControlError(f"could not get sparkd's status: {body.get('error', {}).get('message', f'HTTP {code}')}")
+        return body
+    return fetch
 
 
 def _os_cause(exc: BaseException) -> str:
@@ -112,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-policy":
         return check_policy(args.file, as_json=args.json)
+    if args.command in _LOCAL_OPS:
+        return _LOCAL_OPS[args.command](args)
+    if args.command == "top":
+        return top.run(args, _status_fetcher(args.socket))
     console = Console(highlight=False)
     try:
         code, body = _request(Client(args.socket), args)
