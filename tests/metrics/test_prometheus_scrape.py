@@ -164,3 +164,18 @@ def test_prometheus_scrapes_sparkd_and_runs_the_rules(sparkd, prometheus):
     wait_for(prometheus, 'sparkd_service_exits_total{service="sleeper", result="success"}', 1)
     health = httpx.get(f"{prometheus}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
     assert [t["health"] for t in health] == ["up"], health
+
+
+def test_every_dashboard_query_parses_on_a_real_prometheus(prometheus):
+    import json
+
+    dash = json.loads((ROOT / "packaging/grafana/sparkd.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    exprs += [a["expr"] for a in dash["annotations"]["list"] if "expr" in a]
+    bad = []
+    for expr in exprs:
+        concrete = expr.replace("$__rate_interval", "1m").replace("$instance", ".*").replace("$service", ".*")
+        body = httpx.get(f"{prometheus}/api/v1/query", params={"query": concrete}, timeout=10).json()
+        if body["status"] != "success":
+            bad.append(f"{expr}: {body.get('error')}")
+    assert bad == []
