@@ -179,3 +179,45 @@ def test_every_dashboard_query_parses_on_a_real_prometheus(prometheus):
         if body["status"] != "success":
             bad.append(f"{expr}: {body.get('error')}")
     assert bad == []
+
+
+def _policy_file(tmp_path: Path, cgroup_root: Path, run_dir: Path, listen: str) -> Path:
+    policy = {"daemon": {"placement": "cgroupfs", "cgroup_root": str(cgroup_root), "state_dir": str(tmp_path / "state"),
+                         "control_socket": str(run_dir / "control.sock"), "metrics_listen": listen},
+              "guards": {"reserve": "64M", "competitors": []},
+              "services": {"sleeper": {"engine": {"command": ["sleep", "10000"]}, "memory_max": "256M", "autostart": True}}}
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    return path
+
+
+def test_malformed_metrics_listen_fails_start_up_before_placing_anything(tmp_path):
+    from sparkd_harness import python_env
+    import sys
+
+    cgroup_root = CGROUP2 / f"sparkd-test-metrics-{os.getpid()}-{time.monotonic_ns()}"
+    policy = _policy_file(tmp_path, cgroup_root, tmp_path, "localhost:9464")
+    out = subprocess.run([sys.executable, "-m", "sparkd.cli.daemon", "--policy", str(policy)], env=python_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "could not parse daemon.metrics_listen 'localhost:9464': 'localhost' is not an IP address" in out.stderr
+    assert not cgroup_root.exists() and not (tmp_path / "control.sock").exists()
+
+
+def test_busy_metrics_port_leaves_sparkd_supervising(tmp_path):
+    cgroup_root = CGROUP2 / f"sparkd-test-metrics-{os.getpid()}-{time.monotonic_ns()}"
+    cgroup_root.mkdir()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    d = Sparkd(_policy_file(tmp_path, cgroup_root, tmp_path, f"127.0.0.1:{port}"), tmp_path / "control.sock",
+               tmp_path / "sparkd.log")
+    try:
+        d.start()
+        assert f"event=metrics_off error=\"could not listen for metrics on 127.0.0.1:{port}" in d.log_text()
+        assert "sleeper" in sparkctl(d.socket, "status").stdout
+    finally:
+        holder.close()
+        d.ensure_dead()
+        _remove_tree(cgroup_root)
