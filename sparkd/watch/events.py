@@ -45,8 +45,18 @@ class EventLog:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
             self.last_seq = self._last_seq_on_disk()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            self._end_torn_line()
         except OSError as exc:
             raise EventLogError(f"could not open event log {self.path}: {exc.strerror}") from exc
+
+    def _end_torn_line(self) -> None:
+        """A crash mid-write leaves a line without its newline: end it so the next event starts clean."""
+        size = os.fstat(self._fd).st_size
+        if size:
+            with open(self.path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    os.write(self._fd, b"\n")
 
     def close(self) -> None:
         if self._fd is not None:
