@@ -220,7 +220,7 @@ class WatchManager:
                     except Exception as exc:  # an action failing must not take the watchers down
                         result = f"failed: {type(exc).__name__}: {exc}"
                     level = "error" if result.startswith("failed") else "warning"
-                    self._event("action", level=level, service=target, detector=detector, rule=rule.name,
+                    self._event("reverted" if revert else "action", level=level, service=target, detector=detector, rule=rule.name,
                                 action=name, dry_run=rule.dry_run, result=result)
 
     # --- detectors -> rules -------------------------------------------------------------------
