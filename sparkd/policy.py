@@ -143,7 +143,7 @@ class GuardsPolicy(_Strict):
 # --- watchers (sparkd/watch): detectors -> rules -> actions -----------------------------------
 
 WatchAction = Literal["warn", "shrink_cache", "stop", "refuse_starts", "evict_competitors"]
-_DURATION_FIELDS = ("stall", "window", "duration", "clear_below", "clear_for", "cooldown")
+_DURATION_FIELDS = ("stall", "window", "duration", "clear_below", "clear_for")
 
 
 def _action_list(value: Any) -> Any:
@@ -161,6 +161,7 @@ class _WatchRule(_Strict):
     budget: int | None = None  # shrink_cache: the expert cache budget to ask the engine for
 
     _actions = field_validator("action", mode="before")(_action_list)
+    _cooldown = field_validator("cooldown", mode="before")(lambda v: parse_duration(v))
     _budget = field_validator("budget", mode="before")(lambda v, info: None if v is None else _size(v, info))
 
     @field_validator("action")

@@ -257,3 +257,19 @@ def test_bad_rules_are_named(rule, message):
     with pytest.raises(PolicyError, match="could not load policy test") as err:
         parse_policy({"pressure": {"rules": [rule]}}, source="test", total_memory_bytes=GIB)
     assert message in str(err.value)
+
+
+def test_shipped_dgx_spark_policy_is_valid_and_has_the_issue_defaults():
+    from pathlib import Path
+
+    from sparkd.policy import load_policy
+
+    p = load_policy(Path(__file__).resolve().parents[2] / "policies" / "dgx-spark.yaml", total_memory_bytes=128 * GIB)
+    rules = {r.name: r for r in p.pressure.rules}
+    warn, shrink, stop = rules["warn-some-pressure"], rules["shrink-on-full-pressure"], rules["stop-on-sustained-full-pressure"]
+    assert (warn.kind, warn.stall, warn.window, warn.action) == ("some", 0.15, 1.0, ["warn"])
+    assert (shrink.kind, shrink.stall, shrink.window, shrink.duration, shrink.action) == ("full", 0.1, 1.0, 5.0, ["shrink_cache"])
+    assert (stop.kind, stop.stall, stop.duration) == ("full", 0.5, 10.0) and "stop" in stop.action
+    kl = {r.match: r.action for r in p.kernel_log.rules}
+    assert "stop" in kl["no_memory"] and "stop" in kl["xid_node"]
+    assert all(r.cooldown > 0 for r in [*p.pressure.rules, *p.kernel_log.rules])
