@@ -20,6 +20,7 @@ from .placement.base import ServiceStatus
 from .policy import Policy
 from .state import StateStore
 from .supervisor import PreflightFn, Supervisor
+from .watch import EventLog, Holds, SupervisorControl, WatchManager
 
 log = logging.getLogger("sparkd")
 
@@ -57,6 +58,12 @@ async def _start_metrics(supervisor: Supervisor, listen: str) -> MetricsServer |
     return server
 
 
+def build_watchers(policy: Policy, supervisor: Supervisor, guard_ctx) -> WatchManager:
+    state_dir = policy.daemon.state_dir
+    events = EventLog(state_dir, max_bytes=policy.events.max_bytes, keep=policy.events.keep)
+    return WatchManager(policy, SupervisorControl(supervisor, guard_ctx), events, Holds(state_dir), state_dir=state_dir)
+
+
 async def run_daemon(
     policy: Policy,
     *,
@@ -79,8 +86,11 @@ async def run_daemon(
     log_event(log, "placement", backend=placement.name, reason=reason, memory_enforced=placement.memory_enforced,
               why_not_enforced=placement.why_not_enforced or None)
     try:
-        guarded = functools.partial(preflight, ctx=guard_context(placement))
+        ctx = guard_context(placement)
+        guarded = functools.partial(preflight, ctx=ctx)
         supervisor = Supervisor(policy, placement, guarded, StateStore(policy.daemon.state_dir), placement_reason=reason)
+        supervisor.watchers = build_watchers(policy, supervisor, ctx)
+        await supervisor.watchers.start()
         await supervisor.open()
         control = ControlServer(supervisor, policy.daemon.control_socket, policy.daemon.socket_group)
         await control.start()
@@ -99,5 +109,7 @@ async def run_daemon(
                 await metrics.close()
             await control.close()
     finally:
+        if supervisor is not None and supervisor.watchers is not None:
+            await supervisor.watchers.close()
         await placement.close()
     log_event(log, "exited")

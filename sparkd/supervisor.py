@@ -72,6 +72,13 @@ class Supervisor:
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_preflight: dict[str, dict] = {}
         self.started_at = clock()
+        # sparkd.watch.WatchManager, set by the daemon: its start holds refuse starts, it follows
+        # services as they start and stop, and its health is part of the status.
+        self.watchers: Any = None
+
+    def _watchers_sync(self) -> None:
+        if self.watchers is not None:
+            self.watchers.sync_services()
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -81,6 +88,7 @@ class Supervisor:
         adopted = await self.placement.adopt()
         self._reconcile(adopted)
         running = {s.name for s in adopted if s.active_state in _RUNNING}
+        self._watchers_sync()
         for name, service in self.policy.services.items():
             if service.autostart and name not in running:
                 try:
@@ -142,6 +150,7 @@ class Supervisor:
         log_event(log, "state_changed", level, service=status.name, state=status.active_state,
                   sub_state=status.sub_state, result=status.result, exit_status=status.exec_main_status,
                   main_pid=status.main_pid, message=status.message or None)
+        self._watchers_sync()
 
     def _count_end(self, name: str, running: bool, result: str) -> None:
         """Count a run's end once, whichever of on_change and stop() records it first."""
@@ -199,6 +208,8 @@ class Supervisor:
                 log_event(log, "start_skipped", service=name, reason="already running", main_pid=current.main_pid)
                 return {"service": name, "started": False, "message": f"{name} is already running",
                         "status": current.to_dict(), "warnings": self._enforcement_warnings(service)}
+            if self.watchers is not None:
+                self.watchers.holds.check(name)  # raises GuardRefusal until `sparkctl clear`
             report = await self.run_preflight(name, dry_run=False)
             refusal = report.refusal()
             if refusal is not None:
@@ -223,6 +234,7 @@ class Supervisor:
                 raise self._ended_at_once(status)
             log_event(log, "started", service=name, unit=status.unit, main_pid=status.main_pid,
                       cgroup=status.cgroup, state=status.active_state)
+            self._watchers_sync()
             return {"service": name, "started": True, "message": f"{name} started ({status.unit})",
                     "status": status.to_dict(), "warnings": self._enforcement_warnings(service)}
 
@@ -255,6 +267,7 @@ class Supervisor:
                               last_result=final.result, last_exit_status=final.exec_main_status,
                               stopped_at=self._clock())
             log_event(log, "stopped", service=name, result=final.result, exit_status=final.exec_main_status)
+            self._watchers_sync()
             return {"service": name, "stopped": True, "message": f"{name} stopped (result {final.result})",
                     "status": final.to_dict()}
 
@@ -328,4 +341,5 @@ class Supervisor:
                 "refused": sorted(n for n, r in self._last_preflight.items() if r["refused"]),
                 "checked": sorted(self._last_preflight),
             },
+            "watchers": self.watchers.health() if self.watchers is not None else None,
         }

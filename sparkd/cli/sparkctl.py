@@ -4,6 +4,8 @@
   sparkctl [--socket PATH] start NAME
   sparkctl [--socket PATH] stop NAME
   sparkctl [--socket PATH] preflight [NAME] [--json]
+  sparkctl [--socket PATH] events [--follow] [--since WHEN] [--json]
+  sparkctl [--socket PATH] clear [NAME]
   sparkctl check-policy FILE [--json]          (local; needs no sparkd)
   sparkctl plan --users N --tok-s X --profile NAME=REQxTOKENS ...   (local)
   sparkctl disk-bench PATH [--size 4G] [--json] ...                 (local)
@@ -23,6 +25,7 @@ from rich.console import Console
 from ..errors import ControlError
 from ..ops import diskbench_cli, plan_cli, top
 from .common import check_policy
+from .events import parse_since, show_events
 from .render import render_action, render_preflight, render_refusal, render_status
 
 DEFAULT_SOCKET = Path("/run/sparkd/control.sock")
@@ -43,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--socket", type=Path, default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{status,start,stop,preflight,check-policy,plan,disk-bench,top}")
+                           metavar="{status,start,stop,preflight,events,clear,check-policy,plan,disk-bench,top}")
     status = sub.add_parser("status", help="services, memory, pressure, guards")
     status.add_argument("--json", action="store_true")
     for verb in ("start", "stop"):
@@ -53,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("preflight", help="run the start guards without starting (all services if no NAME)")
     pre.add_argument("name", nargs="?")
     pre.add_argument("--json", action="store_true")
+    events = sub.add_parser("events", help="what the watchers detected and did (oldest first)")
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events (survives a sparkd restart)")
+    events.add_argument("--since", type=parse_since, help="unix time, ISO time (2026-12-01T10:00) or an age (10m, 2h)")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    clear = sub.add_parser("clear", help="lift the watchers' start holds (of NAME, or all)")
+    clear.add_argument("name", nargs="?")
+    clear.add_argument("--json", action="store_true")
     check = sub.add_parser("check-policy", help="validate a policy file and print it resolved")
     check.add_argument("file", type=Path)
     check.add_argument("--json", action="store_true")
@@ -115,6 +125,9 @@ class Client:
 
 
 def _request(client: Client, args) -> tuple[int, dict]:
+    if args.command == "clear":
+        params = {"service": args.name} if args.name else None
+        return client.call("POST", "/v1/clear", _TIMEOUT_SECONDS["status"], params)
     if args.command == "status":
         return client.call("GET", "/v1/status", _TIMEOUT_SECONDS["status"])
     if args.command == "preflight":
@@ -147,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return _LOCAL_OPS[args.command](args)
     if args.command == "top":
         return top.run(args, _status_fetcher(args.socket))
+    if args.command == "events":
+        return show_events(Client(args.socket), args)
     console = Console(highlight=False)
     try:
         code, body = _request(Client(args.socket), args)
