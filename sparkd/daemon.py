@@ -1,0 +1,82 @@
+"""The sparkd main loop: pick a backend, adopt and autostart, serve the control socket, tell
+systemd (sd_notify), and on SIGTERM/SIGINT leave engines running unless the policy says otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import signal
+from pathlib import Path
+
+from .control import ControlServer
+from .guard_wiring import guard_context
+from .logfmt import log_event
+from .notify import Notifier
+from .placement import PID1_COMM, select_placement
+from .placement.base import ServiceStatus
+from .policy import Policy
+from .state import StateStore
+from .supervisor import PreflightFn, Supervisor
+
+log = logging.getLogger("sparkd")
+
+
+def _ready_status(supervisor: Supervisor) -> str:
+    running = sum(1 for r in supervisor.state.services.values() if r.running)
+    enforced = "enforced" if supervisor.placement.memory_enforced else "NOT enforced"
+    return f"{running} service(s) running; placement {supervisor.placement.name}; memory limits {enforced}"
+
+
+async def _wait_for_signal() -> int:
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[int] = loop.create_future()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda s=sig: received.done() or received.set_result(s))
+    try:
+        return await received
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def run_daemon(
+    policy: Policy,
+    *,
+    preflight: PreflightFn,
+    notifier: Notifier,
+    pid1_comm_path: Path = PID1_COMM,
+    bus_address: str | None = None,
+) -> None:
+    supervisor: Supervisor | None = None
+
+    def relay(status: ServiceStatus) -> None:
+        if supervisor is not None:
+            supervisor.on_change(status)
+
+    placement, reason = await select_placement(
+        policy.daemon, on_change=relay, pid1_comm_path=pid1_comm_path, bus_address=bus_address
+    )
+    log_event(log, "placement", backend=placement.name, reason=reason, memory_enforced=placement.memory_enforced,
+              why_not_enforced=placement.why_not_enforced or None)
+    try:
+        guarded = functools.partial(preflight, ctx=guard_context(placement))
+        supervisor = Supervisor(policy, placement, guarded, StateStore(policy.daemon.state_dir), placement_reason=reason)
+        await supervisor.open()
+        control = ControlServer(supervisor, policy.daemon.control_socket, policy.daemon.socket_group)
+        await control.start()
+        try:
+            notifier.ready(_ready_status(supervisor))
+            log_event(log, "ready", status=_ready_status(supervisor))
+            watchdog = asyncio.create_task(notifier.watchdog_loop())
+            sig = await _wait_for_signal()
+            log_event(log, "signal", signal=signal.Signals(sig).name)
+            notifier.stopping()
+            watchdog.cancel()
+            await supervisor.shutdown()
+        finally:
+            await control.close()
+    finally:
+        await placement.close()
+    log_event(log, "exited")
