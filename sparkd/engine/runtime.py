@@ -92,7 +92,8 @@ class Engine:
     """One model, one decode slot: callers serialise generate() (the server's slot does)."""
 
     def __init__(self, model_path: str | Path, *, ctx: int | None = None, budget_bytes: int | None = None,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, threads: int | None = None):
+        self.threads = threads
         self.model_path = Path(model_path)
         self.requested_ctx = ctx
         self.budget_bytes = budget_bytes
@@ -112,6 +113,8 @@ class Engine:
         from sparkd.engine.models.weights import Weights
         from sparkd.engine.tokenizer import Tokenizer
 
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)  # process-wide: the engine owns this process
         gguf = GGUFModel.open(self.model_path)
         try:
             self.cfg = config_of(gguf)

@@ -185,7 +185,11 @@ class EngineServer:
         return await self._respond(request, self._build_job("completion", body, ids, False), body.stream)
 
     async def _respond(self, request: Request, job: Job, stream: bool) -> Response:
-        self.slot.admit()
+        try:
+            self.slot.admit()
+        except p.ApiError:
+            self.metrics.rejected.inc()
+            raise
         if stream:
             return StreamingResponse(self._sse(job), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})

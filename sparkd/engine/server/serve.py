@@ -24,6 +24,7 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     key.add_argument("--api-key-file", type=Path, help="read the API key from this file")
     s.add_argument("--reasoning-budget", type=int, help="reasoning tokens before the thinking part is closed")
     s.add_argument("--max-queue", type=int, default=16, help="requests waiting for the slot before 429")
+    s.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     s.add_argument("--chat-template-file", type=Path, help="Jinja chat template replacing the model's")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -45,6 +46,8 @@ def _read_text(path: Path, what: str) -> str:
 def _check(a) -> None:
     if a.ctx is not None and a.ctx <= 0:
         raise EngineError(f"could not use --ctx {a.ctx}: it must be at least 1")
+    if a.threads is not None and a.threads < 1:
+        raise EngineError(f"could not use --threads {a.threads}: it must be at least 1")
     if a.max_queue < 0:
         raise EngineError(f"could not use --max-queue {a.max_queue}: it must be 0 or more")
     if a.reasoning_budget is not None and a.reasoning_budget < 0:
@@ -65,7 +68,8 @@ def cmd_serve(a) -> int:
     if a.api_key_file and not api_key:
         raise EngineError(f"could not use --api-key-file {a.api_key_file}: the file is empty")
     template = _read_text(a.chat_template_file, "--chat-template-file") if a.chat_template_file else None
-    engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template)
+    engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template,
+                    threads=a.threads)
     name = a.alias or Path(a.model).name.removesuffix(".gguf")
     server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue))
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")
