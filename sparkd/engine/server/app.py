@@ -28,7 +28,7 @@ from sparkd.engine.server import protocol as p
 from sparkd.engine.server.generation import Done, Job, chunk, final_body, run_job
 from sparkd.engine.server.metrics import EngineMetrics
 from sparkd.engine.server.reply import Delta
-from sparkd.engine.server.slot import DecodeSlot
+from sparkd.engine.server.slot import DecodeSlot, Ticket
 
 VERSION = "0.1.0"
 # While loading, clients are told to come back after this long.
@@ -186,17 +186,16 @@ class EngineServer:
 
     async def _respond(self, request: Request, job: Job, stream: bool) -> Response:
         try:
-            self.slot.admit()
+            ticket = self.slot.admit()
         except p.ApiError:
             self.metrics.rejected.inc()
             raise
         if stream:
-            return StreamingResponse(self._sse(job), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return _EventStream(self._sse(ticket, job), lambda: self.slot.abandon(ticket))
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job.cancel))
         text, done = Delta(), None
         try:
-            async with contextlib.aclosing(self._events(job)) as events:
+            async with contextlib.aclosing(self._events(ticket, job)) as events:
                 async for event in events:
                     if isinstance(event, Done):
                         done = event
@@ -206,13 +205,13 @@ class EngineServer:
             watcher.cancel()
         return JSONResponse(final_body(job, text, done))
 
-    def _events(self, job: Job) -> AsyncIterator[Any]:
-        return self.slot.run(lambda emit: run_job(self.engine, self.metrics, job, emit), job.cancel)
+    def _events(self, ticket: Ticket, job: Job) -> AsyncIterator[Any]:
+        return self.slot.run(ticket, lambda emit: run_job(self.engine, self.metrics, job, emit), job.cancel)
 
-    async def _sse(self, job: Job) -> AsyncIterator[str]:
+    async def _sse(self, ticket: Ticket, job: Job) -> AsyncIterator[str]:
         yield _sse(chunk(job, first=True))
         try:
-            async with contextlib.aclosing(self._events(job)) as events:
+            async with contextlib.aclosing(self._events(ticket, job)) as events:
                 async for event in events:
                     if isinstance(event, Done):
                         yield _sse(chunk(job, finish_reason=event.finish_reason))
@@ -272,6 +271,20 @@ class EngineServer:
         handlers = {p.ApiError: _api_error, HTTPException: _http_error, EngineError: _engine_error,
                     Exception: _internal_error}
         return Starlette(routes=routes, exception_handlers=handlers)
+
+
+class _EventStream(StreamingResponse):
+    """SSE response that gives its queue place back if the client left before it started."""
+
+    def __init__(self, body: AsyncIterator[str], abandon) -> None:
+        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._abandon = abandon
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._abandon()
 
 
 async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> None:

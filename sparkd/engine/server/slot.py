@@ -24,6 +24,13 @@ _END = object()
 _RECENT_REQUESTS = 8
 
 
+class Ticket:
+    """A reserved place in the queue; entered once its request reached run()."""
+
+    def __init__(self) -> None:
+        self.entered = False
+
+
 class DecodeSlot:
     def __init__(self, max_queue: int, on_change: Callable[[int, int], None] = lambda running, queued: None):
         self.max_queue = max_queue
@@ -37,7 +44,7 @@ class DecodeSlot:
     def _changed(self) -> None:
         self._on_change(self.running, self.queued)
 
-    def admit(self) -> None:
+    def admit(self) -> "Ticket":
         """Reserve a place in the queue now (synchronously, so concurrent requests count), or
         refuse with 429 and a Retry-After estimate."""
         if self._lock.locked() and self.queued >= self.max_queue:
@@ -47,14 +54,24 @@ class DecodeSlot:
                            headers={"Retry-After": str(self.retry_after_seconds())})
         self.queued += 1
         self._changed()
+        return Ticket()
+
+    def abandon(self, ticket: "Ticket") -> None:
+        """Give back a place whose request never reached run() (a stream whose client left
+        before the response started)."""
+        if not ticket.entered:
+            ticket.entered = True
+            self.queued -= 1
+            self._changed()
 
     def retry_after_seconds(self) -> int:
         mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
         return max(1, math.ceil(mean * (self.queued + 1)))
 
-    async def run(self, work: Work, cancel: threading.Event) -> AsyncIterator[Any]:
+    async def run(self, ticket: "Ticket", work: Work, cancel: threading.Event) -> AsyncIterator[Any]:
         """Wait for the slot (after admit()), run work(emit) in the worker thread and yield what it
         emits. Leaving early (client gone) sets cancel; the slot frees when the thread ends."""
+        ticket.entered = True
         try:
             await self._lock.acquire()
         finally:
