@@ -88,7 +88,8 @@ async def run_daemon(
     try:
         ctx = guard_context(placement)
         guarded = functools.partial(preflight, ctx=ctx)
-        supervisor = Supervisor(policy, placement, guarded, StateStore(policy.daemon.state_dir), placement_reason=reason)
+        supervisor = Supervisor(policy, placement, guarded, StateStore(policy.daemon.state_dir), placement_reason=reason,
+                                engine_executable=policy.daemon.engine_executable)
         supervisor.watchers = build_watchers(policy, supervisor, ctx)
         await supervisor.watchers.start()
         await supervisor.open()
