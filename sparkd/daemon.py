@@ -61,7 +61,8 @@ async def _start_metrics(supervisor: Supervisor, listen: str) -> MetricsServer |
 def build_watchers(policy: Policy, supervisor: Supervisor, guard_ctx) -> WatchManager:
     state_dir = policy.daemon.state_dir
     events = EventLog(state_dir, max_bytes=policy.events.max_bytes, keep=policy.events.keep)
-    return WatchManager(policy, SupervisorControl(supervisor, guard_ctx), events, Holds(state_dir), state_dir=state_dir)
+    return WatchManager(policy, SupervisorControl(supervisor, guard_ctx), events, Holds(state_dir), state_dir=state_dir,
+                        counters=supervisor.counters)
 
 
 async def run_daemon(

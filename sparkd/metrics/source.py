@@ -51,6 +51,17 @@ class SupervisorSource:
         names = sorted(set(sup.policy.services) | set(sup.state.services))
         statuses = await asyncio.gather(*(sup.placement.status(n) for n in names))
         self._views = [self._view(n, s) for n, s in zip(names, statuses)]
+        self._publish_watcher_health()
+
+    def _publish_watcher_health(self) -> None:
+        """Each detector's state as sparkd_watcher_up; keys are 'detector' or 'detector@service'."""
+        watchers = getattr(self._supervisor, "watchers", None)
+        if watchers is None:
+            return
+        for key, health in watchers.health()["detectors"].items():
+            watcher, _, service = key.partition("@")
+            mode = health.get("mode") or health["state"]
+            self._supervisor.counters.watcher_health(watcher, health["state"] == "running", str(mode), service)
 
     def _view(self, name: str, current: Any) -> ServiceView:
         sup = self._supervisor

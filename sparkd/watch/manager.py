@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..metrics.counters import SparkdCounters
 from ..policy import KernelLogRule, Policy, PressureRule
 from ..sizes import format_size
 from ..system.meminfo import DEFAULT_MEMINFO_PATH
@@ -50,12 +51,29 @@ class _LevelRule:
         self.condition = LevelCondition(rule.duration, clear_for, rule.cooldown)
 
 
+def _outcome(result: str, dry_run: bool) -> str:
+    """An action's result sentence as a bounded metric label."""
+    if result.startswith("failed"):
+        return "failed"
+    if dry_run:
+        return "dry_run"
+    return "skipped" if result.startswith("skipped") else "done"
+
+
+def _nvrm_bucket(finding: NvrmFinding) -> str:
+    if finding.kind == "no_memory":
+        return "out_of_memory"
+    return finding.xid_class if finding.xid_class in ("application", "node") else "other"
+
+
 class WatchManager:
     def __init__(self, policy: Policy, control: ServiceControl, events: EventLog, holds: Holds, *,
                  state_dir: Path, proc_pressure_path: str = SYSTEM_PRESSURE_PATH,
                  meminfo_path: Path = DEFAULT_MEMINFO_PATH, boot_id_path: Path = DEFAULT_BOOT_ID_PATH,
-                 nvml: Any = None, clock: Callable[[], float] = time.monotonic):
+                 nvml: Any = None, clock: Callable[[], float] = time.monotonic,
+                 counters: SparkdCounters | None = None):
         self.policy = policy
+        self.counters = counters if counters is not None else SparkdCounters()
         self.control = control
         self.events = events
         self.holds = holds
@@ -184,6 +202,9 @@ class WatchManager:
         elif isinstance(exc, (EventsUnavailable, NvmlUnavailable)):
             handle.state = "unavailable"
         level = "error" if handle.state == "failed" else "info"
+        if handle.state == "failed":
+            watcher, _, service = handle.key.partition("@")
+            self.counters.watcher_error(watcher, service)
         self._event("detector_" + handle.state, level=level, detector=handle.key, result=handle.error)
 
     # --- events and actions -------------------------------------------------------------------
@@ -220,6 +241,7 @@ class WatchManager:
                     except Exception as exc:  # an action failing must not take the watchers down
                         result = f"failed: {type(exc).__name__}: {exc}"
                     level = "error" if result.startswith("failed") else "warning"
+                    self.counters.action(rule.name, name, _outcome(result, rule.dry_run))
                     self._event("reverted" if revert else "action", level=level, service=target, detector=detector, rule=rule.name,
                                 action=name, dry_run=rule.dry_run, result=result)
 
@@ -300,6 +322,7 @@ class WatchManager:
         if finding.xid_class == "application" and finding.pid is not None:
             service = self.control.service_of_pid(finding.pid)
         self._event("detected", level="warning", service=service, detector=detector, values=values)
+        self.counters.nvrm_event(finding.xid, _nvrm_bucket(finding))
         for rule in self.policy.kernel_log.rules:
             if matches(finding, rule.match, rule.xids):
                 what = f"Xid {finding.xid} ({finding.xid_class})" if finding.kind == "xid" else "NVRM out of memory"

@@ -6,13 +6,14 @@ are still seen; watcher health (PSI trigger modes) is in the status."""
 from __future__ import annotations
 
 import json
-import os
+import socket as pysocket
 import time
 import uuid
 
+import httpx
 import pytest
 import yaml
-
+from prometheus_client.parser import text_string_to_metric_families
 from sparkd_harness import Sparkd, pid_alive, service, sparkctl, status_json
 from test_daemon_cgroupfs import world  # noqa: F401  (fixture: test cgroup root, run dir, cleanup)
 from test_kmsg import write_kmsg
@@ -24,7 +25,7 @@ WAIT_SECONDS = 30.0
 
 def _policy(world) -> object:
     policy = {
-        "daemon": {"placement": "cgroupfs", "cgroup_root": str(world["cgroup_root"]),
+        "daemon": {"placement": "cgroupfs", "cgroup_root": str(world["cgroup_root"]), "metrics_listen": f"127.0.0.1:{world['metrics_port']}",
                    "state_dir": str(world["tmp"] / "state"), "control_socket": str(world["run"] / "sock" / "control.sock")},
         "guards": {"reserve": "64M", "competitors": []},
         "services": {"sleeper": {"engine": {"command": ["sleep", "10000"]}, "memory_max": "256M", "stop_timeout": "5s"}},
@@ -56,7 +57,21 @@ def _wait_for(socket, predicate) -> list[dict]:
     raise AssertionError(f"events never matched: {json.dumps(_events(socket), indent=1)}")
 
 
+def _free_port() -> int:
+    with pysocket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _samples(port: int) -> dict[tuple, float]:
+    """sparkd's /metrics as {(name, sorted labels): value}."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def test_nvrm_line_stops_the_service_and_holds_starts_until_clear(world):  # noqa: F811
+    world["metrics_port"] = _free_port()
     socket = world["run"] / "sock" / "control.sock"
     d = Sparkd(_policy(world), socket, world["tmp"] / "sparkd.log")
     world["daemons"].append(d)
@@ -97,6 +112,15 @@ def test_nvrm_line_stops_the_service_and_holds_starts_until_clear(world):  # noq
     events = _wait_for(socket, lambda ev: any(e.get("rule") == "node-xid" and e["type"] == "action" for e in ev))
     assert next(e for e in events if e.get("rule") == "node-xid" and e["type"] == "action")["result"].startswith("would have")
     assert service(status_json(socket), "sleeper")["state"] == "active"
+
+    # the same decisions as Prometheus counters (the real kernel log may hold other NVRM lines: >=)
+    samples = _samples(world["metrics_port"])
+    assert samples[("sparkd_nvrm_events_total", (("bucket", "out_of_memory"), ("xid", "none")))] >= 1
+    assert samples[("sparkd_nvrm_events_total", (("bucket", "node"), ("xid", "79")))] >= 1
+    assert samples[("sparkd_actions_total", (("action", "stop"), ("outcome", "done"), ("rule", "nvrm-oom")))] == 1
+    assert samples[("sparkd_actions_total", (("action", "warn"), ("outcome", "dry_run"), ("rule", "node-xid")))] == 1
+    kmsg_up = [v for (name, labels), v in samples.items() if name == "sparkd_watcher_up" and ("watcher", "kmsg") in labels]
+    assert kmsg_up == [1.0]
 
     # restart: a line logged while sparkd is down is still seen, and sequence numbers go on
     last_seq = events[-1]["seq"]
