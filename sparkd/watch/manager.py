@@ -51,6 +51,9 @@ class _LevelRule:
         self.condition = LevelCondition(rule.duration, clear_for, rule.cooldown)
 
 
+OOM_COUNTERS = frozenset({"oom", "oom_kill", "oom_group_kill"})
+
+
 def _outcome(result: str, dry_run: bool) -> str:
     """An action's result sentence as a bounded metric label."""
     if result.startswith("failed"):
@@ -292,7 +295,8 @@ class WatchManager:
 
     def _on_increment(self, service: str, inc: CounterIncrement) -> None:
         values = {"counter": inc.counter, "before": inc.before, "after": inc.after, "path": inc.path}
-        self._event("detected", service=service, detector="memory_events", values=values)
+        if inc.counter in OOM_COUNTERS:  # max/high rise constantly under pressure: only rules record those
+            self._event("detected", service=service, detector="memory_events", values=values)
         for rule in self._rules("memory_events"):
             if rule.counter == inc.counter:
                 self._edge(rule, service, "memory_events", inc.time, values,
@@ -302,7 +306,7 @@ class WatchManager:
         cooldown = self._cooldowns.setdefault((rule.name, service), Cooldown(rule.cooldown))
         if cooldown.allow(now):
             self._decide(rule, service, detector, values, reason)
-        else:
+        elif cooldown.first_refusal():
             self._event("cooldown", service=service, detector=detector, values=values, rule=rule.name,
                         action=rule.action, result=f"not acting: within cooldown {rule.cooldown:g} s of the last action")
 

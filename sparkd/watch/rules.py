@@ -67,12 +67,21 @@ class Cooldown:
     def __init__(self, cooldown_seconds: float):
         self.cooldown_seconds = cooldown_seconds
         self._last: float | None = None
+        self._refused_since_last = False
 
     def allow(self, now: float) -> bool:
         if self._last is not None and now - self._last < self.cooldown_seconds:
             return False
         self._last = now
+        self._refused_since_last = False
         return True
+
+    def first_refusal(self) -> bool:
+        """True once per cooldown: what to record when allow() said no. Under memory pressure
+        memory.events `max` rises hundreds of times a second; one notice per cooldown is enough."""
+        first = not self._refused_since_last
+        self._refused_since_last = True
+        return first
 
 
 class StallWindow:

@@ -46,6 +46,14 @@ def test_edge_cooldown():
     assert [cd.allow(t) for t in (0, 5, 9.9, 10, 15, 21)] == [True, False, False, True, False, True]
 
 
+def test_edge_cooldown_notes_one_refusal_per_cooldown():
+    cd = Cooldown(10)
+    notes = []
+    for t in (0, 1, 2, 3, 10, 11, 12):
+        notes.append("act" if cd.allow(t) else ("note" if cd.first_refusal() else "quiet"))
+    assert notes == ["act", "note", "quiet", "quiet", "act", "note", "quiet"]
+
+
 def test_stall_window_from_totals():
     w = StallWindow(window_seconds=1.0)
     assert w.add(0.0, 0) is None
