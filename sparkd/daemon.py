@@ -13,6 +13,7 @@ from pathlib import Path
 from .control import ControlServer
 from .guard_wiring import guard_context
 from .logfmt import log_event
+from .metrics.server import MetricsError, MetricsServer, parse_listen, supervisor_metrics
 from .notify import Notifier
 from .placement import PID1_COMM, select_placement
 from .placement.base import ServiceStatus
@@ -41,6 +42,21 @@ async def _wait_for_signal() -> int:
             loop.remove_signal_handler(sig)
 
 
+async def _start_metrics(supervisor: Supervisor, listen: str) -> MetricsServer | None:
+    """The /metrics endpoint; an empty daemon.metrics_listen turns it off. A busy port is logged and
+    metrics stay off: guarding the engines matters more than exporting numbers about them."""
+    if not listen:
+        log_event(log, "metrics_off", reason="daemon.metrics_listen is empty")
+        return None
+    server = supervisor_metrics(supervisor, listen)
+    try:
+        await server.start()
+    except MetricsError as exc:
+        log_event(log, "metrics_off", logging.ERROR, error=exc)
+        return None
+    return server
+
+
 async def run_daemon(
     policy: Policy,
     *,
@@ -50,6 +66,8 @@ async def run_daemon(
     bus_address: str | None = None,
 ) -> None:
     supervisor: Supervisor | None = None
+    if policy.daemon.metrics_listen:
+        parse_listen(policy.daemon.metrics_listen)  # a malformed value is a policy error: fail before placing anything
 
     def relay(status: ServiceStatus) -> None:
         if supervisor is not None:
@@ -66,6 +84,7 @@ async def run_daemon(
         await supervisor.open()
         control = ControlServer(supervisor, policy.daemon.control_socket, policy.daemon.socket_group)
         await control.start()
+        metrics = await _start_metrics(supervisor, policy.daemon.metrics_listen)
         try:
             notifier.ready(_ready_status(supervisor))
             log_event(log, "ready", status=_ready_status(supervisor))
@@ -76,6 +95,8 @@ async def run_daemon(
             watchdog.cancel()
             await supervisor.shutdown()
         finally:
+            if metrics is not None:
+                await metrics.close()
             await control.close()
     finally:
         await placement.close()

@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import PlacementError, SparkdError
 from .logfmt import log_event
+from .metrics.counters import SparkdCounters
 from .placement.base import Placement, ServiceStatus, unit_name
 from .policy import Policy
 from .sizes import format_size
@@ -53,6 +54,7 @@ class Supervisor:
         engine_executable: str = ENGINE_EXECUTABLE,
         gpu_reader: GpuReader | None = None,
         clock: Callable[[], float] = time.time,
+        counters: SparkdCounters | None = None,
     ):
         self.policy = policy
         self.placement = placement
@@ -63,6 +65,7 @@ class Supervisor:
         self._engine_executable = engine_executable
         self._gpu_reader = gpu_reader if gpu_reader is not None else GpuReader()
         self._clock = clock
+        self.counters = counters if counters is not None else SparkdCounters()  # read by sparkd.metrics
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_preflight: dict[str, dict] = {}
         self.started_at = clock()
@@ -125,6 +128,7 @@ class Supervisor:
         """Backend callback: record how a run ended. Never restarts."""
         running = status.active_state in _RUNNING
         changes: dict[str, Any] = {"backend": status.backend, "unit": status.unit, "running": running}
+        self._count_end(status.name, running, status.result)
         if status.cgroup:
             changes["cgroup"] = status.cgroup
         if not running:
@@ -135,6 +139,12 @@ class Supervisor:
         log_event(log, "state_changed", level, service=status.name, state=status.active_state,
                   sub_state=status.sub_state, result=status.result, exit_status=status.exec_main_status,
                   main_pid=status.main_pid, message=status.message or None)
+
+    def _count_end(self, name: str, running: bool, result: str) -> None:
+        """Count a run's end once, whichever of on_change and stop() records it first."""
+        record = self.state.services.get(name)
+        if record is not None and record.running and not running:
+            self.counters.service_ended(name, result)
 
     # --- commands -----------------------------------------------------------------------------
 
@@ -160,6 +170,8 @@ class Supervisor:
         data = report_dict(report)
         data["checked_at"] = self._clock()
         self._last_preflight[name] = data
+        if not dry_run:
+            self.counters.observe_preflight(data)
         log_event(log, "preflight", service=name, refused=data["refused"], dry_run=dry_run)
         for check in data.get("checks", []):
             # What the guards did or found (an eviction, a skipped GPU guard) is logged, not hidden.
@@ -199,9 +211,11 @@ class Supervisor:
                                   last_result="start-failed", last_exit_status=None, last_message=str(exc),
                                   stopped_at=self._clock())
                 log_event(log, "start_failed", logging.ERROR, service=name, error=exc)
+                self.counters.service_ended(name, "start-failed")
                 raise
             self.state.update(name, backend=status.backend, unit=status.unit, cgroup=status.cgroup,
                               started_at=self._clock(), running=status.active_state in _RUNNING)
+            self.counters.service_started(name)
             if status.active_state not in _RUNNING:
                 raise self._ended_at_once(status)
             log_event(log, "started", service=name, unit=status.unit, main_pid=status.main_pid,
@@ -214,6 +228,7 @@ class Supervisor:
                           last_message=status.message, stopped_at=self._clock())
         log_event(log, "start_failed", logging.ERROR, service=status.name, result=status.result,
                   exit_status=status.exec_main_status)
+        self.counters.service_ended(status.name, status.result)
         detail = f"result {status.result}, exit status {status.exec_main_status}"
         more = f"; {status.message}" if status.message else ""
         return PlacementError(f"could not start {status.name}: it ended at once ({detail}){more}; not restarted (Restart=no)")
@@ -231,6 +246,8 @@ class Supervisor:
                         "status": current.to_dict() if current else None}
             log_event(log, "stopping", service=name, unit=current.unit, timeout_seconds=timeout_seconds)
             final = await self.placement.stop(name, timeout_seconds)
+            self.counters.service_stopped(name)
+            self._count_end(name, False, final.result)
             self.state.update(name, backend=final.backend, unit=final.unit, running=False,
                               last_result=final.result, last_exit_status=final.exec_main_status,
                               stopped_at=self._clock())
