@@ -80,7 +80,8 @@ async def run_daemon(
               why_not_enforced=placement.why_not_enforced or None)
     try:
         guarded = functools.partial(preflight, ctx=guard_context(placement))
-        supervisor = Supervisor(policy, placement, guarded, StateStore(policy.daemon.state_dir), placement_reason=reason)
+        supervisor = Supervisor(policy, placement, guarded, StateStore(policy.daemon.state_dir), placement_reason=reason,
+                                engine_executable=policy.daemon.engine_executable)
         await supervisor.open()
         control = ControlServer(supervisor, policy.daemon.control_socket, policy.daemon.socket_group)
         await control.start()

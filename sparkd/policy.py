@@ -57,6 +57,8 @@ class DaemonPolicy(_Strict):
     control_socket: Path = Path("/run/sparkd/control.sock")
     socket_group: str | None = None
     metrics_listen: str = "127.0.0.1:9464"
+    # What `engine: embedded` runs: the installed console script, or a path (tests, venvs).
+    engine_executable: str = "sparkd-engine"
     # Engines outlive sparkd by default: a supervisor restart must never cost a loaded model.
     stop_services_on_exit: bool = False
 

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from .engine_probe import probe_engine
 from .errors import PlacementError, SparkdError
 from .logfmt import log_event
 from .metrics.counters import SparkdCounters
@@ -290,7 +291,14 @@ class Supervisor:
             "last_message": record.last_message if record else None,
             "message": current.message if current else "",
             "guards": self._last_preflight.get(name),
+            "engine": await self._engine(service, running),
         }
+
+    async def _engine(self, service, running: bool) -> dict | None:
+        """An embedded engine's health and decode speed, from its own HTTP endpoints."""
+        if service is None or service.engine.embedded is None or not running:
+            return None
+        return await probe_engine(service.engine.embedded.listen)
 
     async def status(self) -> dict:
         names = sorted(set(self.policy.services) | set(self.state.services))
