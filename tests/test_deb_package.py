@@ -103,6 +103,9 @@ def test_deb_lifecycle(box, deb):
     assert box.sh("getent", "group", "sparkd").stdout.startswith("sparkd:")
     assert box.sh("dpkg-query", "-W", "-f=${Conffiles}", "sparkd").stdout.split()[0] == "/etc/sparkd/policy.yaml"
     box.sh("/opt/sparkd/venv/bin/python", "-c", "import pydantic, dbus_fast, pynvml, gguf, sparkd.daemon")
+    for shipped in ("grafana/sparkd.json", "prometheus/alerts.yml"):
+        if (ROOT / "packaging" / shipped).exists():
+            box.sh("test", "-s", f"/usr/share/sparkd/{shipped}")
     verify = box.sh("systemd-analyze", "verify", "sparkd.service", "sparkd.slice", "sparkd-engine@demo.service", check=False)
     assert verify.returncode == 0 and "sparkd" not in verify.stderr, verify.stderr
 
@@ -128,6 +131,8 @@ def test_deb_lifecycle(box, deb):
     port = _free_port()
     policy = yaml.safe_load(box.sh("cat", "/etc/sparkd/policy.yaml").stdout)
     policy["guards"]["reserve"] = "64M"
+    metrics_port = _free_port()
+    policy["daemon"]["metrics_listen"] = f"127.0.0.1:{metrics_port}"
     policy["services"] = {
         "demo": {
             "engine": {"command": ["/usr/bin/python3", "-m", "http.server", "--bind", "127.0.0.1", str(port), "--directory", "/usr/share/sparkd"]},
@@ -140,6 +145,7 @@ def test_deb_lifecycle(box, deb):
     box.sh("systemctl", "restart", "sparkd")
     box.sh("sparkctl", "start", "demo", user=MEMBER)
     assert "dgx-spark.yaml" in _wait_http(box, f"http://127.0.0.1:{port}/policies/")
+    assert 'sparkd_service_info{backend="systemd",service="demo",unit="sparkd-demo.service"} 1.0' in _wait_http(box, f"http://127.0.0.1:{metrics_port}/metrics")
     engine = _show(box, "sparkd-demo.service", "ActiveState", "MainPID", "Slice", "MemoryMax", "OOMPolicy")
     assert (engine["ActiveState"], engine["Slice"], engine["MemoryMax"], engine["OOMPolicy"]) == (
         "active", "sparkd.slice", str(256 << 20), "stop")
