@@ -81,3 +81,11 @@ def offsets_tensor(offsets: Sequence[int] | torch.Tensor, span_bytes: int, weigh
                                   f"even and leave {span_bytes} bytes inside the {weight.numel()}-byte "
                                   f"weight buffer")
     return host.to(device)
+
+
+def check_out(out: torch.Tensor | None, shape: tuple[int, ...], device: torch.device, what: str) -> None:
+    if out is None:
+        return
+    if out.dtype != torch.float32 or tuple(out.shape) != shape or out.device != device or not out.is_contiguous():
+        raise KernelArgumentError(f"could not run {what}: out must be contiguous float32 {list(shape)} on "
+                                  f"{device}, got {out.dtype} {list(out.shape)} on {out.device}")

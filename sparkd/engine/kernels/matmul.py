@@ -70,7 +70,8 @@ def _gemm_kernel(w_ptr, x_ptr, y_ptr, N, K, T, row_bytes, stride_xt, stride_yt,
 def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
          out: torch.Tensor | None = None, block_n: int = GEMV_BLOCK_N, num_warps: int = GEMV_WARPS
          ) -> torch.Tensor:
-    """y = W @ x for one token. weight: raw GGUF bytes of W [rows, cols]; x float32 [cols]."""
+    """y = W @ x for one token. weight: raw GGUF bytes of W [rows, cols]; x float32 [cols];
+    out (optional) float32 [rows] on x's device."""
     what = f"the {qtype.name} GEMV"
     fam = dispatch.family(qtype)
     rows, cols = shape
@@ -82,6 +83,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
         raise dispatch.KernelArgumentError(
             f"could not run {what}: need x [{cols}] and {rows * row_bytes} weight bytes for "
             f"[{rows}, {cols}], got x {list(x.shape)} and {weight.numel()} bytes")
+    dispatch.check_out(out, (rows,), x.device, what)
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     _gemv_kernel[(triton.cdiv(rows, block_n),)](
         weight, x, y, rows, cols, row_bytes, DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
@@ -90,11 +92,14 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
 
 
 def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
-         precision: str = "tf32") -> torch.Tensor:
+         precision: str = "tf32", out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W.T for a few tokens. weight: raw GGUF bytes of W [rows, cols]; x float32 [T, cols].
 
     precision is tl.dot's input_precision: "tf32" (fast, ~1e-3 relative) or "ieee" (float32)."""
     what = f"the {qtype.name} GEMM"
+    if precision not in ("tf32", "ieee"):
+        raise dispatch.KernelArgumentError(f"could not run {what}: precision {precision!r} is not "
+                                           f"'tf32' or 'ieee'")
     fam = dispatch.family(qtype)
     rows, cols = shape
     row_bytes = dispatch.check_cols(fam, cols, what)
@@ -106,7 +111,8 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
             f"could not run {what}: need x [T, {cols}] and {rows * row_bytes} weight bytes for "
             f"[{rows}, {cols}], got x {list(x.shape)} and {weight.numel()} bytes")
     n_tok = x.shape[0]
-    y = torch.empty(n_tok, rows, dtype=torch.float32, device=x.device)
+    dispatch.check_out(out, (n_tok, rows), x.device, what)
+    y = torch.empty(n_tok, rows, dtype=torch.float32, device=x.device) if out is None else out
     if n_tok == 0:
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
