@@ -57,10 +57,12 @@ def reference(raw: torch.Tensor, qtype: T, shape: tuple[int, int]) -> torch.Tens
     return quants.dequantize(raw.cpu(), qtype, shape).double()
 
 
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_err(got: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
+    """||got - ref|| / ||scale||, scale defaulting to ref. A single row's dot product can cancel to
+    near zero, so GEMV/GEMM checks pass scale = |W| @ |x|, the size rounding errors scale with."""
     got = got.cpu().double()
     assert torch.isfinite(got).all(), "an output element was not written (still NaN) or is not finite"
-    return float((got - ref).norm() / ref.norm())
+    return float((got - ref).norm() / (ref if scale is None else scale).norm())
 
 
 def cols_for(qtype: T, big: bool) -> list[int]:
@@ -83,7 +85,8 @@ def test_gemv_matches_reference(backend, qtype):
         x = torch.randn(cols)
         out = torch.full((rows,), float("nan"), device=backend)
         gemv(raw.to(backend), qtype, (rows, cols), x.to(backend), out=out)
-        err = rel_err(out, reference(raw, qtype, (rows, cols)) @ x.double())
+        W = reference(raw, qtype, (rows, cols))
+        err = rel_err(out, W @ x.double(), W.abs() @ x.double().abs())
         assert err < BOUNDS["fp32"], f"{qtype.name} [{rows}, {cols}]: relative error {err:.2e}"
 
 
@@ -96,7 +99,8 @@ def test_gemm_matches_reference(backend, qtype):
         x = torch.randn(n_tok, cols)
         out = torch.full((n_tok, rows), float("nan"), device=backend)
         gemm(raw.to(backend), qtype, (rows, cols), x.to(backend), precision, out=out)
-        err = rel_err(out, x.double() @ reference(raw, qtype, (rows, cols)).T)
+        W = reference(raw, qtype, (rows, cols))
+        err = rel_err(out, x.double() @ W.T, x.double().abs() @ W.abs().T)
         bound = BOUNDS["fp32" if precision == "ieee" or backend == "cpu" else "tf32"]
         assert err < bound, f"{qtype.name} {precision} [{rows}, {cols}] x {n_tok}: relative error {err:.2e}"
 
@@ -129,25 +133,29 @@ def moe_reference(x, w, gates, ups, downs, act):
                for i in range(len(gates)))
 
 
-MOE_TYPES = [(T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0), (T.Q5_K, T.Q3_K), (T.Q2_K, T.Q4_K)]
+# (gate/up type, down type, activation): every family in some position, both activations
+MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
+             (T.Q2_K, T.Q4_K, "swiglu_oai")]
 
 
-@pytest.mark.parametrize("types", MOE_TYPES, ids=lambda t: f"{t[0].name}-{t[1].name}")
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("gu_type,d_type,act", MOE_TYPES, ids=lambda v: getattr(v, "name", v))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_moe_decode_matches_reference(backend, types):
+def test_moe_decode_matches_reference(backend, gu_type, d_type, act):
     dim, width, n = (2048, 768, 8) if backend == "cuda" else (256, 256, 3)
-    for act in ("silu", "swiglu_oai"):
-        table, gates, ups, downs = arena_table(*types, dim, width, n, backend)
+    for _ in range(2 if backend == "cuda" else 1):
+        table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
         x, w = torch.randn(dim), torch.rand(n)
         out = torch.full((dim,), float("nan"), device=backend)
-        moe_decode(table, x.to(backend), w.to(backend), act, out=out)
+        # the interpreter runs programs one by one: few, wide tiles keep it fast
+        moe_decode(table, x.to(backend), w.to(backend), act, out=out, block_n=8 if backend == "cuda" else 64)
         err = rel_err(out, moe_reference(x, w, gates, ups, downs, act))
-        assert err < BOUNDS["fp32"], f"{types} {act}: relative error {err:.2e}"
+        assert err < BOUNDS["fp32"], f"{gu_type.name}/{d_type.name} {act}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_moe_prefill_groups_tokens_by_expert(backend):
-    dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (256, 256, 3, 5, 2)
+    dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (256, 256, 3, 3, 2)
     table, gates, ups, downs = arena_table(T.Q4_K, T.Q6_K, dim, width, n, backend)
     x = torch.randn(n_tok, dim)
     slots = torch.stack([torch.randperm(n)[:top_k] for _ in range(n_tok)])
