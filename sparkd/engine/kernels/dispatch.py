@@ -12,6 +12,8 @@ from sparkd.engine.errors import EngineError, UnsupportedTypeError
 from sparkd.engine.kernels import q2_k, q3_k, q4_k, q5_k, q6_k, q8_0
 from sparkd.engine.kernels.family import Family
 
+__all__ = ["FAMILIES", "REMAINING", "Family", "KernelArgumentError", "family"]
+
 FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k, q5_k, q2_k, q3_k)}
 
 # Still dequantized by torch before a plain matmul, in the order they are to be written.

@@ -89,27 +89,46 @@ class ExpertTable:
         return len(self.gate_offsets)
 
 
-def _checked(table: ExpertTable, x: torch.Tensor, what: str):
-    """(gate/up family, down family, device offsets g/u/d, row bytes g/u and d) after all checks."""
+@dataclass(frozen=True)
+class PreparedTable:
+    """An ExpertTable checked against one device, its offsets copied there: build it once per
+    layer (outside a CUDA graph capture) and pass it to moe_decode as often as needed."""
+
+    table: ExpertTable
+    device: torch.device
+    gate_up: dispatch.Family
+    down: dispatch.Family
+    gate_off: torch.Tensor  # int64 [n] on device
+    up_off: torch.Tensor
+    down_off: torch.Tensor
+    gate_up_row_bytes: int
+    down_row_bytes: int
+
+
+def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE kernels") -> PreparedTable:
+    """Check the table (types, buffers, every expert's bytes inside its buffer) for `device`."""
+    device = torch.device(device)
     fgu, fd = dispatch.family(table.gate_up_type), dispatch.family(table.down_type)
     gu_bytes = dispatch.check_cols(fgu, table.dim, what)
     d_bytes = dispatch.check_cols(fd, table.width, what)
-    dispatch.check_activations(x, table.dim, what)
+    probe = torch.empty(0, device=device)
     for buf in (table.gate, table.up, table.down):
         dispatch.check_weight(buf, what)
-        dispatch.device_of(buf, x, what)
+        dispatch.device_of(buf, probe, what)
     n = len(table)
     if not len(table.up_offsets) == len(table.down_offsets) == n:
         raise dispatch.KernelArgumentError(
             f"could not run {what}: offset tables differ in length (gate {n}, up "
             f"{len(table.up_offsets)}, down {len(table.down_offsets)})")
-    offs = (dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, x.device, what),
-            dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, x.device, what),
-            dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, x.device, what))
-    return fgu, fd, offs, gu_bytes, d_bytes
+    return PreparedTable(
+        table, device, fgu, fd,
+        dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, device, what),
+        dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, device, what),
+        dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, device, what),
+        gu_bytes, d_bytes)
 
 
-def moe_decode(table: ExpertTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
+def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
                out: torch.Tensor | None = None, block_n: int = GEMV_BLOCK_N,
                num_warps: int = GEMV_WARPS) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
@@ -120,8 +139,12 @@ def moe_decode(table: ExpertTable, x: torch.Tensor, route_weights: torch.Tensor,
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
                                            f"{sorted(ACT_CODES)}")
-    fgu, fd, (og, ou, od), gu_bytes, d_bytes = _checked(table, x, what)
-    n, D, F = len(table), table.dim, table.width
+    p = table if isinstance(table, PreparedTable) else prepare(table, x.device, what)
+    if p.device != x.device:
+        raise dispatch.KernelArgumentError(f"could not run {what}: the table was prepared for "
+                                           f"{p.device}, activations are on {x.device}")
+    dispatch.check_activations(x, p.table.dim, what)
+    n, D, F = len(p.table), p.table.dim, p.table.width
     if x.dim() != 1 or route_weights.shape != (n,) or route_weights.dtype != torch.float32 \
             or route_weights.device != x.device:
         raise dispatch.KernelArgumentError(
@@ -130,13 +153,14 @@ def moe_decode(table: ExpertTable, x: torch.Tensor, route_weights: torch.Tensor,
             f"{route_weights.device}")
     dispatch.check_out(out, (D,), x.device, what)
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
+    fgu, fd = p.gate_up, p.down
     _gate_up_kernel[(triton.cdiv(F, block_n), n)](
-        table.gate, table.up, og, ou, x, route_weights.contiguous(), h, F, D, gu_bytes,
-        DEQ=fgu.dequant, NSUB=fgu.nsub, SUBLEN=fgu.sublen, BLOCK_N=block_n, ACT=ACT_CODES[act],
-        num_warps=num_warps)
+        p.table.gate, p.table.up, p.gate_off, p.up_off, x, route_weights.contiguous(), h, F, D,
+        p.gate_up_row_bytes, DEQ=fgu.dequant, NSUB=fgu.nsub, SUBLEN=fgu.sublen, BLOCK_N=block_n,
+        ACT=ACT_CODES[act], num_warps=num_warps)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     _down_kernel[(triton.cdiv(D, block_n),)](
-        table.down, od, h, y, n, D, F, d_bytes, DEQ=fd.dequant, NSUB=fd.nsub, SUBLEN=fd.sublen,
+        p.table.down, p.down_off, h, y, n, D, F, p.down_row_bytes, DEQ=fd.dequant, NSUB=fd.nsub, SUBLEN=fd.sublen,
         BLOCK_N=block_n, num_warps=num_warps)
     return y
 
@@ -156,7 +180,8 @@ def moe_prefill(table: ExpertTable, x: torch.Tensor, slots: torch.Tensor, route_
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
                                            f"{sorted(ACT_CODES)}")
-    _checked(table, x, what)
+    prepare(table, x.device, what)
+    dispatch.check_activations(x, table.dim, what)
     if x.dim() != 2 or slots.shape != route_weights.shape or slots.dim() != 2 or slots.shape[0] != x.shape[0]:
         raise dispatch.KernelArgumentError(
             f"could not run {what}: need x [T, {table.dim}], slots and route weights [T, A], got x "
