@@ -20,7 +20,6 @@ from typing import Any
 
 from gguf.constants import GGMLQuantizationType
 
-GROUP_VALUES = 256  # values per group: a K-quant super-block, or eight Q8_0 blocks
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels import dispatch
-from sparkd.engine.kernels.family import GROUP_VALUES
 
 # Rows per program and warps: a GEMV program reads BLOCK_N rows of one group at a time.
 GEMV_BLOCK_N, GEMV_WARPS = 8, 4
