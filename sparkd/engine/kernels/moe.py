@@ -107,11 +107,11 @@ class PreparedTable:
 
 def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE kernels") -> PreparedTable:
     """Check the table (types, buffers, every expert's bytes inside its buffer) for `device`."""
-    device = torch.device(device)
+    probe = torch.empty(0, device=device)  # "cuda" -> "cuda:0", as tensors report it
+    device = probe.device
     fgu, fd = dispatch.family(table.gate_up_type), dispatch.family(table.down_type)
     gu_bytes = dispatch.check_cols(fgu, table.dim, what)
     d_bytes = dispatch.check_cols(fd, table.width, what)
-    probe = torch.empty(0, device=device)
     for buf in (table.gate, table.up, table.down):
         dispatch.check_weight(buf, what)
         dispatch.device_of(buf, probe, what)
