@@ -1,7 +1,9 @@
 """The control socket: HTTP/JSON on a unix socket (mode 0660, root and daemon.socket_group).
 
 Endpoints: GET /v1/status, POST /v1/services/{name}/start, POST /v1/services/{name}/stop,
-GET /v1/preflight[?service=NAME]. Errors are {"error": {"type", "message", ...}} with an HTTP
+GET /v1/preflight[?service=NAME], GET /v1/events[?after=SEQ&since=UNIXTIME&limit=N&wait=SECONDS]
+(wait: long-poll until an event newer than after exists), POST /v1/clear[?service=NAME] (lift the
+start holds of the watchers). Errors are {"error": {"type", "message", ...}} with an HTTP
 status: 404 unknown service, 409 refused by the guards, 500 failed.
 """
 
@@ -28,6 +30,8 @@ from .supervisor import Supervisor, UnknownService
 
 log = logging.getLogger("sparkd.control")
 SOCKET_MODE = 0o660
+# A long-poll for events answers at least this often, so a client notices a dead sparkd.
+MAX_EVENTS_WAIT_SECONDS = 30.0
 
 
 def _error(exc: SparkdError) -> JSONResponse:
@@ -40,6 +44,11 @@ def _error(exc: SparkdError) -> JSONResponse:
     else:
         code = 500
     return JSONResponse({"error": body}, status_code=code)
+
+
+def _no_watchers() -> JSONResponse:
+    body = {"type": "ControlError", "message": "could not answer: this sparkd runs without watchers"}
+    return JSONResponse({"error": body}, status_code=503)
 
 
 def create_app(supervisor: Supervisor) -> Starlette:
@@ -62,6 +71,33 @@ def create_app(supervisor: Supervisor) -> Starlette:
     async def preflight(request: Request) -> JSONResponse:
         return await call(request, supervisor.preflight, request.query_params.get("service"))
 
+    async def events(request: Request) -> JSONResponse:
+        try:
+            q = request.query_params
+            after = int(q.get("after", 0))
+            since = float(q["since"]) if "since" in q else None
+            limit = int(q.get("limit", 1000))
+            wait_seconds = min(float(q.get("wait", 0)), MAX_EVENTS_WAIT_SECONDS)
+        except ValueError as exc:
+            body = {"type": "ControlError", "message": f"could not read the events query: {exc}"}
+            return JSONResponse({"error": body}, status_code=400)
+        if supervisor.watchers is None:
+            return _no_watchers()
+        log_ = supervisor.watchers.events
+        if wait_seconds > 0:
+            await log_.wait(after, wait_seconds)
+        found = await asyncio.to_thread(log_.read, since=since, after_seq=after, limit=limit)
+        return JSONResponse({"events": found, "last_seq": log_.last_seq})
+
+    async def clear(request: Request) -> JSONResponse:
+        if supervisor.watchers is None:
+            return _no_watchers()
+        service = request.query_params.get("service")
+        removed = supervisor.watchers.holds.clear(service)
+        supervisor.watchers.events.append("warning", type="cleared_holds", service=service,
+                                          result=f"start holds lifted: {', '.join(removed) or 'none'}")
+        return JSONResponse({"cleared": removed, "message": f"start holds lifted: {', '.join(removed) or 'none were set'}"})
+
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log_event(log, "request_crashed", logging.ERROR, path=request.url.path, error=repr(exc))
         body = {"type": "InternalError", "message": f"could not handle {request.url.path}: {exc!r}; see the sparkd log"}
@@ -72,6 +108,8 @@ def create_app(supervisor: Supervisor) -> Starlette:
         Route("/v1/services/{name}/start", start, methods=["POST"]),
         Route("/v1/services/{name}/stop", stop, methods=["POST"]),
         Route("/v1/preflight", preflight, methods=["GET"]),
+        Route("/v1/events", events, methods=["GET"]),
+        Route("/v1/clear", clear, methods=["POST"]),
     ]
     return Starlette(routes=routes, exception_handlers={Exception: unexpected})
 

@@ -13,12 +13,14 @@ from pathlib import Path
 from .control import ControlServer
 from .guard_wiring import guard_context
 from .logfmt import log_event
+from .metrics.server import MetricsError, MetricsServer, parse_listen, supervisor_metrics
 from .notify import Notifier
 from .placement import PID1_COMM, select_placement
 from .placement.base import ServiceStatus
 from .policy import Policy
 from .state import StateStore
 from .supervisor import PreflightFn, Supervisor
+from .watch import EventLog, Holds, SupervisorControl, WatchManager
 
 log = logging.getLogger("sparkd")
 
@@ -41,6 +43,28 @@ async def _wait_for_signal() -> int:
             loop.remove_signal_handler(sig)
 
 
+async def _start_metrics(supervisor: Supervisor, listen: str) -> MetricsServer | None:
+    """The /metrics endpoint; an empty daemon.metrics_listen turns it off. A busy port is logged and
+    metrics stay off: guarding the engines matters more than exporting numbers about them."""
+    if not listen:
+        log_event(log, "metrics_off", reason="daemon.metrics_listen is empty")
+        return None
+    server = supervisor_metrics(supervisor, listen)
+    try:
+        await server.start()
+    except MetricsError as exc:
+        log_event(log, "metrics_off", logging.ERROR, error=exc)
+        return None
+    return server
+
+
+def build_watchers(policy: Policy, supervisor: Supervisor, guard_ctx) -> WatchManager:
+    state_dir = policy.daemon.state_dir
+    events = EventLog(state_dir, max_bytes=policy.events.max_bytes, keep=policy.events.keep)
+    return WatchManager(policy, SupervisorControl(supervisor, guard_ctx), events, Holds(state_dir), state_dir=state_dir,
+                        counters=supervisor.counters)
+
+
 async def run_daemon(
     policy: Policy,
     *,
@@ -50,6 +74,8 @@ async def run_daemon(
     bus_address: str | None = None,
 ) -> None:
     supervisor: Supervisor | None = None
+    if policy.daemon.metrics_listen:
+        parse_listen(policy.daemon.metrics_listen)  # a malformed value is a policy error: fail before placing anything
 
     def relay(status: ServiceStatus) -> None:
         if supervisor is not None:
@@ -61,11 +87,16 @@ async def run_daemon(
     log_event(log, "placement", backend=placement.name, reason=reason, memory_enforced=placement.memory_enforced,
               why_not_enforced=placement.why_not_enforced or None)
     try:
-        guarded = functools.partial(preflight, ctx=guard_context(placement))
-        supervisor = Supervisor(policy, placement, guarded, StateStore(policy.daemon.state_dir), placement_reason=reason)
+        ctx = guard_context(placement)
+        guarded = functools.partial(preflight, ctx=ctx)
+        supervisor = Supervisor(policy, placement, guarded, StateStore(policy.daemon.state_dir), placement_reason=reason,
+                                engine_executable=policy.daemon.engine_executable)
+        supervisor.watchers = build_watchers(policy, supervisor, ctx)
+        await supervisor.watchers.start()
         await supervisor.open()
         control = ControlServer(supervisor, policy.daemon.control_socket, policy.daemon.socket_group)
         await control.start()
+        metrics = await _start_metrics(supervisor, policy.daemon.metrics_listen)
         try:
             notifier.ready(_ready_status(supervisor))
             log_event(log, "ready", status=_ready_status(supervisor))
@@ -76,7 +107,11 @@ async def run_daemon(
             watchdog.cancel()
             await supervisor.shutdown()
         finally:
+            if metrics is not None:
+                await metrics.close()
             await control.close()
     finally:
+        if supervisor is not None and supervisor.watchers is not None:
+            await supervisor.watchers.close()
         await placement.close()
     log_event(log, "exited")

@@ -13,14 +13,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from .engine_probe import probe_engine
 from .errors import PlacementError, SparkdError
 from .logfmt import log_event
+from .metrics.counters import SparkdCounters
 from .placement.base import Placement, ServiceStatus, unit_name
 from .policy import Policy
 from .sizes import format_size
 from .specs import ENGINE_EXECUTABLE, build_spec
 from .state import StateStore
 from .system.gpu import GpuReader, GpuSnapshot
+from .system.meminfo import DEFAULT_MEMINFO_PATH, read_meminfo
 from .usage import cgroup_pids, find_cgroup2_mount, read_usage, resolve_cgroup_dir
 
 log = logging.getLogger("sparkd.supervisor")
@@ -53,6 +56,8 @@ class Supervisor:
         engine_executable: str = ENGINE_EXECUTABLE,
         gpu_reader: GpuReader | None = None,
         clock: Callable[[], float] = time.time,
+        meminfo_path: Path = DEFAULT_MEMINFO_PATH,
+        counters: SparkdCounters | None = None,
     ):
         self.policy = policy
         self.placement = placement
@@ -63,9 +68,18 @@ class Supervisor:
         self._engine_executable = engine_executable
         self._gpu_reader = gpu_reader if gpu_reader is not None else GpuReader()
         self._clock = clock
+        self._meminfo_path = meminfo_path
+        self.counters = counters if counters is not None else SparkdCounters()  # read by sparkd.metrics
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_preflight: dict[str, dict] = {}
         self.started_at = clock()
+        # sparkd.watch.WatchManager, set by the daemon: its start holds refuse starts, it follows
+        # services as they start and stop, and its health is part of the status.
+        self.watchers: Any = None
+
+    def _watchers_sync(self) -> None:
+        if self.watchers is not None:
+            self.watchers.sync_services()
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -75,6 +89,7 @@ class Supervisor:
         adopted = await self.placement.adopt()
         self._reconcile(adopted)
         running = {s.name for s in adopted if s.active_state in _RUNNING}
+        self._watchers_sync()
         for name, service in self.policy.services.items():
             if service.autostart and name not in running:
                 try:
@@ -125,6 +140,7 @@ class Supervisor:
         """Backend callback: record how a run ended. Never restarts."""
         running = status.active_state in _RUNNING
         changes: dict[str, Any] = {"backend": status.backend, "unit": status.unit, "running": running}
+        self._count_end(status.name, running, status.result)
         if status.cgroup:
             changes["cgroup"] = status.cgroup
         if not running:
@@ -135,6 +151,13 @@ class Supervisor:
         log_event(log, "state_changed", level, service=status.name, state=status.active_state,
                   sub_state=status.sub_state, result=status.result, exit_status=status.exec_main_status,
                   main_pid=status.main_pid, message=status.message or None)
+        self._watchers_sync()
+
+    def _count_end(self, name: str, running: bool, result: str) -> None:
+        """Count a run's end once, whichever of on_change and stop() records it first."""
+        record = self.state.services.get(name)
+        if record is not None and record.running and not running:
+            self.counters.service_ended(name, result)
 
     # --- commands -----------------------------------------------------------------------------
 
@@ -160,6 +183,8 @@ class Supervisor:
         data = report_dict(report)
         data["checked_at"] = self._clock()
         self._last_preflight[name] = data
+        if not dry_run:
+            self.counters.observe_preflight(data)
         log_event(log, "preflight", service=name, refused=data["refused"], dry_run=dry_run)
         for check in data.get("checks", []):
             # What the guards did or found (an eviction, a skipped GPU guard) is logged, not hidden.
@@ -184,6 +209,8 @@ class Supervisor:
                 log_event(log, "start_skipped", service=name, reason="already running", main_pid=current.main_pid)
                 return {"service": name, "started": False, "message": f"{name} is already running",
                         "status": current.to_dict(), "warnings": self._enforcement_warnings(service)}
+            if self.watchers is not None:
+                self.watchers.holds.check(name)  # raises GuardRefusal until `sparkctl clear`
             report = await self.run_preflight(name, dry_run=False)
             refusal = report.refusal()
             if refusal is not None:
@@ -199,13 +226,16 @@ class Supervisor:
                                   last_result="start-failed", last_exit_status=None, last_message=str(exc),
                                   stopped_at=self._clock())
                 log_event(log, "start_failed", logging.ERROR, service=name, error=exc)
+                self.counters.service_ended(name, "start-failed")
                 raise
             self.state.update(name, backend=status.backend, unit=status.unit, cgroup=status.cgroup,
                               started_at=self._clock(), running=status.active_state in _RUNNING)
+            self.counters.service_started(name)
             if status.active_state not in _RUNNING:
                 raise self._ended_at_once(status)
             log_event(log, "started", service=name, unit=status.unit, main_pid=status.main_pid,
                       cgroup=status.cgroup, state=status.active_state)
+            self._watchers_sync()
             return {"service": name, "started": True, "message": f"{name} started ({status.unit})",
                     "status": status.to_dict(), "warnings": self._enforcement_warnings(service)}
 
@@ -214,6 +244,7 @@ class Supervisor:
                           last_message=status.message, stopped_at=self._clock())
         log_event(log, "start_failed", logging.ERROR, service=status.name, result=status.result,
                   exit_status=status.exec_main_status)
+        self.counters.service_ended(status.name, status.result)
         detail = f"result {status.result}, exit status {status.exec_main_status}"
         more = f"; {status.message}" if status.message else ""
         return PlacementError(f"could not start {status.name}: it ended at once ({detail}){more}; not restarted (Restart=no)")
@@ -231,10 +262,13 @@ class Supervisor:
                         "status": current.to_dict() if current else None}
             log_event(log, "stopping", service=name, unit=current.unit, timeout_seconds=timeout_seconds)
             final = await self.placement.stop(name, timeout_seconds)
+            self.counters.service_stopped(name)
+            self._count_end(name, False, final.result)
             self.state.update(name, backend=final.backend, unit=final.unit, running=False,
                               last_result=final.result, last_exit_status=final.exec_main_status,
                               stopped_at=self._clock())
             log_event(log, "stopped", service=name, result=final.result, exit_status=final.exec_main_status)
+            self._watchers_sync()
             return {"service": name, "stopped": True, "message": f"{name} stopped (result {final.result})",
                     "status": final.to_dict()}
 
@@ -273,7 +307,26 @@ class Supervisor:
             "last_message": record.last_message if record else None,
             "message": current.message if current else "",
             "guards": self._last_preflight.get(name),
+            "engine": await self._engine(service, running),
         }
+
+    def _system_memory(self) -> dict:
+        """MemAvailable against the guards' reserve (what sparkctl top shows for the whole box)."""
+        memory = {"mem_total_bytes": None, "mem_available_bytes": None,
+                  "reserve_bytes": self.policy.guards.reserve, "reason": None}
+        try:
+            info = read_meminfo(self._meminfo_path)
+        except SparkdError as exc:
+            memory["reason"] = str(exc)
+            return memory
+        memory.update(mem_total_bytes=info.total_bytes, mem_available_bytes=info.available_bytes)
+        return memory
+
+    async def _engine(self, service, running: bool) -> dict | None:
+        """An embedded engine's health and decode speed, from its own HTTP endpoints."""
+        if service is None or service.engine.embedded is None or not running:
+            return None
+        return await probe_engine(service.engine.embedded.listen)
 
     async def status(self) -> dict:
         names = sorted(set(self.policy.services) | set(self.state.services))
@@ -291,8 +344,10 @@ class Supervisor:
                 "gpu_reason": gpu.reason,
             },
             "services": services,
+            "system": self._system_memory(),
             "guards": {
                 "refused": sorted(n for n, r in self._last_preflight.items() if r["refused"]),
                 "checked": sorted(self._last_preflight),
             },
+            "watchers": self.watchers.health() if self.watchers is not None else None,
         }

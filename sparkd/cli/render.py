@@ -34,6 +34,17 @@ def _result(svc: dict) -> str:
     return result if status is None else f"{result} (status {status})"
 
 
+def _engine(engine: dict) -> str:
+    health = engine["health"]
+    if health == "loading" and engine.get("progress") is not None:
+        return f"loading {engine['progress']:.0%} ({engine['url']})"
+    if health == "ready":
+        rate = engine.get("decode_tok_s")
+        speed = "no request yet" if not engine.get("generated_tokens") else f"{rate or 0:.1f} tok/s"
+        return f"ready, {speed} ({engine['url']})"
+    return f"{health}: {engine.get('error') or '-'} ({engine['url']})"
+
+
 def render_status(console: Console, body: dict) -> None:
     daemon = body["daemon"]
     # placement_reason starts with the backend's name: "cgroupfs: daemon.placement is auto and ..."
@@ -56,6 +67,8 @@ def render_status(console: Console, body: dict) -> None:
     for svc in body["services"]:
         if svc.get("cgroup") and svc["state"] != "inactive":
             console.print(f"  {escape(svc['name'])}: cgroup {escape(svc['cgroup'])}")
+        if svc.get("engine"):
+            console.print(f"  {escape(svc['name'])}: engine {escape(_engine(svc['engine']))}")
         if svc.get("last_result") not in (None, "success") and svc.get("last_message"):
             console.print(f"  {escape(svc['name'])}: last run: {escape(svc['last_message'])}")
 
