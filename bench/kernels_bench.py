@@ -1,0 +1,199 @@
+"""Achieved bandwidth of the Triton GGUF kernels at decode shapes on the GPU, as a fraction of the
+device-to-device copy bandwidth measured in the same run, with torch's dequantize-then-matmul as
+the baseline; plus a zero-copy correctness check (--unified on) reading pinned host memory.
+
+Usage: PYTHONPATH=. python bench/kernels_bench.py [--types Q8_0,Q4_K] [--unified on|off] [--json F]
+
+Every timed kernel is first checked against the float64 reference on fresh random blocks.
+Working sets rotate over >= ROTATE_BYTES so repeated runs cannot be served from the 50 MB L2;
+each measurement is one CUDA graph replaying a pass over all rotated inputs, median of REPEATS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+from gguf import GGMLQuantizationType as T
+
+from sparkd.engine import quants
+from sparkd.engine.kernels import dispatch
+from sparkd.engine.kernels.matmul import gemv
+from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
+
+ROTATE_BYTES = 768 << 20
+REPEATS = 15
+F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108]}
+DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projections
+MOE = (2048, 768, 8)  # qwen3-30b-a3b: model width, expert width, experts per token
+SWEEP = [(4, 2), (8, 4), (16, 4), (16, 8)]  # (rows per program, warps) tried for Q8_0 and Q4_K
+
+
+def random_blocks(qtype: T, n_bytes: int, device: str = "cuda") -> torch.Tensor:
+    fam = dispatch.FAMILIES[qtype]
+    b = torch.randint(0, 256, (n_bytes // fam.block_bytes, fam.block_bytes), dtype=torch.uint8, device=device)
+    for at in F16_FIELDS[qtype]:
+        d = (torch.rand(b.shape[0], device=device) * 0.099 + 1e-3) * (torch.randint(0, 2, (b.shape[0],), device=device) * 2 - 1)
+        b[:, at:at + 2] = d.half().view(torch.uint8).reshape(-1, 2)
+    return b.reshape(-1)
+
+
+def graph_seconds(fn, n_calls: int) -> float:
+    """Median seconds per call of a CUDA graph holding n_calls calls of fn(i)."""
+    for i in range(n_calls):  # warm-up: compile, allocate
+        fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(n_calls):
+            fn(i)
+    return events_seconds(g.replay) / n_calls
+
+
+def events_seconds(fn) -> float:
+    fn()
+    times = []
+    for _ in range(REPEATS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    src = torch.randint(0, 256, (1 << 31,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / events_seconds(lambda: dst.copy_(src))  # bytes read + written
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got.double() - ref).norm() / ref.norm())
+
+
+def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
+    fam = dispatch.FAMILIES[qtype]
+    nbytes = rows * fam.row_bytes(cols)
+    n = max(2, -(-ROTATE_BYTES // nbytes))
+    buf = random_blocks(qtype, n * nbytes)
+    ws = [buf[i * nbytes:(i + 1) * nbytes] for i in range(n)]
+    x = torch.randn(cols, device="cuda")
+    ref = quants.dequantize(ws[0], qtype, (rows, cols)).double() @ x.double()
+    out, y = [], torch.empty(rows, device="cuda")
+    for block_n, warps in (SWEEP if qtype in (T.Q8_0, T.Q4_K) else [(8, 4)]):
+        y.fill_(float("nan"))
+        err = rel_err(gemv(ws[0], qtype, (rows, cols), x, out=y, block_n=block_n, num_warps=warps), ref)
+        sec = graph_seconds(lambda i: gemv(ws[i % n], qtype, (rows, cols), x, out=y, block_n=block_n,
+                                           num_warps=warps), n)
+        out.append(dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config=f"{block_n}r/{warps}w",
+                        us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err))
+    sec = events_seconds(lambda: [quants.dequantize(ws[i], qtype, (rows, cols)) @ x for i in range(n)]) / n
+    out.append(dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config="torch deq+mm", us=sec * 1e6,
+                    bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=0.0))
+    return out
+
+
+def moe_table(qtype: T, n_experts: int, device: str = "cuda") -> tuple[ExpertTable, int]:
+    """n experts of one type in consecutive 4 KiB-aligned slots of one arena (gate | up | down)."""
+    D, F, _ = MOE
+    part = F * dispatch.FAMILIES[qtype].row_bytes(D)  # gate, up and down are the same size
+    slot = -(-3 * part // 4096) * 4096
+    arena = random_blocks(qtype, n_experts * slot)
+    arena = arena if device == "cuda" else arena.cpu().pin_memory()
+    offs = [[e * slot + k * part for e in range(n_experts)] for k in range(3)]
+    return ExpertTable(arena, arena, arena, *offs, qtype, qtype, D, F), 3 * part
+
+
+def moe_torch(table: ExpertTable, x: torch.Tensor, w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """torch's way: dequantize each selected expert, then matmuls (float64 for the reference)."""
+    D, F = table.dim, table.width
+    y = torch.zeros(D, dtype=dtype, device="cuda")
+
+    def deq(buf, o, qtype, shape):
+        raw = buf[o:o + shape[0] * dispatch.FAMILIES[qtype].row_bytes(shape[1])]
+        return quants.dequantize(raw.cuda(), qtype, shape).to(dtype)
+    for i in range(len(table)):
+        g = deq(table.gate, table.gate_offsets[i], table.gate_up_type, (F, D)) @ x.to(dtype)
+        u = deq(table.up, table.up_offsets[i], table.gate_up_type, (F, D)) @ x.to(dtype)
+        h = torch.nn.functional.silu(g) * u
+        y += w[i].to(dtype) * deq(table.down, table.down_offsets[i], table.down_type, (D, F)) @ h
+    return y
+
+
+def subset(table: ExpertTable, ids: list[int]) -> ExpertTable:
+    def pick(offs):
+        return [offs[i] for i in ids]
+    return ExpertTable(table.gate, table.up, table.down, pick(table.gate_offsets), pick(table.up_offsets),
+                       pick(table.down_offsets), table.gate_up_type, table.down_type, table.dim, table.width)
+
+
+def moe_rows(qtype: T, copy_bw: float) -> list[dict]:
+    D, F, A = MOE
+    expert_bytes = 3 * F * dispatch.FAMILIES[qtype].row_bytes(D)
+    n_sets = max(2, -(-ROTATE_BYTES // (A * expert_bytes)))
+    full, _ = moe_table(qtype, n_sets * A)
+    # each set's experts in descending slot order: the table, not the layout, decides
+    sets = [prepare(subset(full, list(range(s * A, (s + 1) * A))[::-1]), "cuda") for s in range(n_sets)]
+    x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
+    ref = moe_torch(sets[0].table, x, w, torch.float64)
+    out, y, nbytes = [], torch.empty(D, device="cuda"), A * expert_bytes
+    for block_n, warps in (SWEEP if qtype in (T.Q8_0, T.Q4_K) else [(8, 4)]):
+        y.fill_(float("nan"))
+        err = rel_err(moe_decode(sets[0], x, w, out=y, block_n=block_n, num_warps=warps), ref)
+        sec = graph_seconds(lambda i: moe_decode(sets[i % n_sets], x, w, out=y, block_n=block_n,
+                                                 num_warps=warps), n_sets)
+        out.append(dict(kernel=f"moe {D}x{F} top{A}", type=qtype.name, config=f"{block_n}r/{warps}w",
+                        us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err))
+    sec = events_seconds(lambda: [moe_torch(sets[i].table, x, w) for i in range(n_sets)]) / n_sets
+    out.append(dict(kernel=f"moe {D}x{F} top{A}", type=qtype.name, config="torch deq+mm", us=sec * 1e6,
+                    bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=0.0))
+    return out
+
+
+def unified_rows(qtype: T) -> list[dict]:
+    """Zero-copy: the same kernels reading expert blocks straight from pinned host memory."""
+    D, F, A = MOE
+    table, expert_bytes = moe_table(qtype, A, device="cpu")
+    x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
+    y = torch.full((D,), float("nan"), device="cuda")
+    err = rel_err(moe_decode(table, x, w, out=y), moe_torch(table, x, w, torch.float64))
+    p = prepare(table, "cuda")
+    sec = events_seconds(lambda: moe_decode(p, x, w, out=y))
+    return [dict(kernel=f"moe {D}x{F} top{A} pinned host", type=qtype.name, config="8r/4w", us=sec * 1e6,
+                 bw=A * expert_bytes / sec, frac=float("nan"), err=err)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default=",".join(t.name for t in dispatch.FAMILIES))
+    ap.add_argument("--unified", choices=["on", "off"], default="on")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    types = [T[name] for name in args.types.split(",")]
+    copy_bw = copy_bandwidth()
+    rows = []
+    for qt in types:
+        for r, c in DENSE:
+            rows += dense_rows(qt, r, c, copy_bw)
+        rows += moe_rows(qt, copy_bw)
+        if args.unified == "on":
+            rows += unified_rows(qt)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw, rows=rows), f, indent=1)
+    print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)")
+    print(f"{'kernel':34} {'type':5} {'config':13} {'us':>9} {'GB/s':>7} {'frac':>5} {'rel err':>8}")
+    for r in rows:
+        print(f"{r['kernel']:34} {r['type']:5} {r['config']:13} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
+              f"{r['frac']:5.2f} {r['err']:8.1e}")
+
+
+if __name__ == "__main__":
+    main()

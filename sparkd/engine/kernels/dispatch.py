@@ -1,0 +1,93 @@
+"""The one table of quant families with a Triton dequantize-and-multiply, and argument checks
+shared by the kernel wrappers (shapes, strides, dtypes, devices, byte bounds)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from gguf.constants import GGMLQuantizationType as T
+
+from sparkd.engine.errors import EngineError, UnsupportedTypeError
+from sparkd.engine.kernels import q2_k, q3_k, q4_k, q5_k, q6_k, q8_0
+from sparkd.engine.kernels.family import Family
+
+__all__ = ["FAMILIES", "REMAINING", "Family", "KernelArgumentError", "family"]
+
+FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k, q5_k, q2_k, q3_k)}
+
+# Still dequantized by torch before a plain matmul, in the order they are to be written.
+REMAINING = (T.Q4_0, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)
+
+
+class KernelArgumentError(EngineError, ValueError):
+    """A kernel wrapper was handed tensors that do not fit together."""
+
+
+def family(qtype: T) -> Family:
+    try:
+        return FAMILIES[qtype]
+    except KeyError:
+        have = ", ".join(t.name for t in FAMILIES)
+        raise UnsupportedTypeError(f"could not multiply {qtype.name} blocks on the GPU: no Triton kernel "
+                                   f"for this type (have {have}); dequantize it with "
+                                   f"sparkd.engine.quants instead") from None
+
+
+def device_of(weight: torch.Tensor, x: torch.Tensor, what: str) -> None:
+    """x decides the device; the weight is on it, or (zero-copy) pinned host memory it can read."""
+    if weight.device == x.device:
+        return
+    if weight.device.type == "cpu" and x.device.type == "cuda" and weight.is_pinned():
+        return
+    raise KernelArgumentError(f"could not run {what}: weight on {weight.device} (pinned="
+                              f"{weight.device.type == 'cpu' and weight.is_pinned()}) cannot be read "
+                              f"from activations on {x.device}; move it or pin it")
+
+
+def check_weight(weight: torch.Tensor, what: str) -> None:
+    if weight.dtype != torch.uint8 or weight.dim() != 1 or weight.stride(0) != 1:
+        raise KernelArgumentError(f"could not run {what}: weight must be contiguous 1-D uint8 GGUF "
+                                  f"blocks, got {weight.dtype} of shape {list(weight.shape)} "
+                                  f"strides {list(weight.stride())}")
+    if weight.data_ptr() % 2:
+        raise KernelArgumentError(f"could not run {what}: weight blocks start at an odd address "
+                                  f"({weight.data_ptr():#x}); f16 scales need 2-byte alignment")
+
+
+def check_cols(fam: Family, cols: int, what: str) -> int:
+    """Bytes per row; the row must be whole blocks."""
+    if cols <= 0 or cols % fam.block_values:
+        raise KernelArgumentError(f"could not run {what}: {cols} columns is not a positive multiple "
+                                  f"of the {fam.qtype.name} block of {fam.block_values} values")
+    return fam.row_bytes(cols)
+
+
+def check_activations(x: torch.Tensor, cols: int, what: str) -> None:
+    if x.dtype != torch.float32:
+        raise KernelArgumentError(f"could not run {what}: activations must be float32, got {x.dtype}")
+    if x.shape[-1] != cols or x.stride(-1) != 1:
+        raise KernelArgumentError(f"could not run {what}: activations of shape {list(x.shape)} strides "
+                                  f"{list(x.stride())} need a contiguous last dimension of {cols}")
+
+
+def offsets_tensor(offsets: Sequence[int] | torch.Tensor, span_bytes: int, weight: torch.Tensor,
+                   device: torch.device, what: str) -> torch.Tensor:
+    """Per-expert byte offsets, each checked to leave `span_bytes` inside weight, as int64 on device."""
+    host = torch.as_tensor(offsets, dtype=torch.int64, device="cpu").reshape(-1)
+    if host.numel() == 0:
+        raise KernelArgumentError(f"could not run {what}: no experts in the offset table")
+    low, high = int(host.min()), int(host.max())
+    if low < 0 or high + span_bytes > weight.numel() or bool((host % 2).any()):
+        raise KernelArgumentError(f"could not run {what}: expert byte offsets {host.tolist()} must be "
+                                  f"even and leave {span_bytes} bytes inside the {weight.numel()}-byte "
+                                  f"weight buffer")
+    return host.to(device)
+
+
+def check_out(out: torch.Tensor | None, shape: tuple[int, ...], device: torch.device, what: str) -> None:
+    if out is None:
+        return
+    if out.dtype != torch.float32 or tuple(out.shape) != shape or out.device != device or not out.is_contiguous():
+        raise KernelArgumentError(f"could not run {what}: out must be contiguous float32 {list(shape)} on "
+                                  f"{device}, got {out.dtype} {list(out.shape)} on {out.device}")

@@ -1,0 +1,203 @@
+"""Routed experts straight from raw GGUF blocks.
+
+Decode (one token, A selected experts): two launches per layer. The first runs over all A
+experts at once (grid axis 1), computing gate and up rows, the activation and the routing
+weight: h[a] = w[a] * act(gate_a @ x, up_a @ x). The second computes down rows summed over the
+experts inside each program (no atomics, so the sum's order is fixed): y = sum_a down_a @ h[a].
+Experts are found through a pointer/offset table, a base buffer per projection (one arena slab
+may serve all three) plus a byte offset per expert, so experts in scattered cache slots need no
+gathering copy.
+
+Prefill (many tokens): tokens are grouped by expert and each expert runs the small GEMM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType
+
+from sparkd.engine.kernels import dispatch
+from sparkd.engine.kernels.matmul import GEMV_BLOCK_N, GEMV_WARPS, gemm, row_dot
+
+# gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
+OAI_ALPHA = 1.702
+OAI_LIMIT = 7.0
+ACT_CODES = {"silu": 0, "swiglu_oai": 1}
+
+
+@triton.jit
+def _activate(g, u, ACT: tl.constexpr):
+    if ACT == 0:
+        h = g * tl.sigmoid(g) * u
+    else:
+        xg = tl.minimum(g, 7.0)
+        yu = tl.minimum(tl.maximum(u, -7.0), 7.0)
+        h = xg * tl.sigmoid(1.702 * xg) * (yu + 1.0)
+    return h
+
+
+@triton.jit
+def _gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, x_ptr, rw_ptr, h_ptr, F, D, row_bytes,
+                    DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ACT: tl.constexpr):
+    a = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < F
+    rb = rows.to(tl.int64) * row_bytes
+    g = row_dot(gate_ptr, (tl.load(gate_off + a) + rb)[:, None, None], rmask, x_ptr, D, DEQ, NSUB, SUBLEN)
+    u = row_dot(up_ptr, (tl.load(up_off + a) + rb)[:, None, None], rmask, x_ptr, D, DEQ, NSUB, SUBLEN)
+    h = _activate(g, u, ACT) * tl.load(rw_ptr + a)
+    tl.store(h_ptr + a * F + rows, h, mask=rmask)
+
+
+@triton.jit
+def _down_kernel(down_ptr, down_off, h_ptr, y_ptr, A, D, F, row_bytes, DEQ: tl.constexpr,
+                 NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < D
+    rb = rows.to(tl.int64) * row_bytes
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for a in range(0, A):
+        off = (tl.load(down_off + a) + rb)[:, None, None]
+        acc += row_dot(down_ptr, off, rmask, h_ptr + a * F, F, DEQ, NSUB, SUBLEN)
+    tl.store(y_ptr + rows, acc, mask=rmask)
+
+
+@dataclass(frozen=True)
+class ExpertTable:
+    """Where n experts' raw GGUF blocks are. dim D (model width), width F (expert width):
+    gate/up are [F, D] and down [D, F] in torch order; expert i's gate starts at byte
+    gate_offsets[i] of `gate`, and so on. The three buffers may be one and the same arena."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    gate_offsets: Sequence[int]
+    up_offsets: Sequence[int]
+    down_offsets: Sequence[int]
+    gate_up_type: GGMLQuantizationType
+    down_type: GGMLQuantizationType
+    dim: int
+    width: int
+
+    def __len__(self) -> int:
+        return len(self.gate_offsets)
+
+
+@dataclass(frozen=True)
+class PreparedTable:
+    """An ExpertTable checked against one device, its offsets copied there: build it once per
+    layer (outside a CUDA graph capture) and pass it to moe_decode as often as needed."""
+
+    table: ExpertTable
+    device: torch.device
+    gate_up: dispatch.Family
+    down: dispatch.Family
+    gate_off: torch.Tensor  # int64 [n] on device
+    up_off: torch.Tensor
+    down_off: torch.Tensor
+    gate_up_row_bytes: int
+    down_row_bytes: int
+
+
+def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE kernels") -> PreparedTable:
+    """Check the table (types, buffers, every expert's bytes inside its buffer) for `device`."""
+    probe = torch.empty(0, device=device)  # "cuda" -> "cuda:0", as tensors report it
+    device = probe.device
+    fgu, fd = dispatch.family(table.gate_up_type), dispatch.family(table.down_type)
+    gu_bytes = dispatch.check_cols(fgu, table.dim, what)
+    d_bytes = dispatch.check_cols(fd, table.width, what)
+    for buf in (table.gate, table.up, table.down):
+        dispatch.check_weight(buf, what)
+        dispatch.device_of(buf, probe, what)
+    n = len(table)
+    if not len(table.up_offsets) == len(table.down_offsets) == n:
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: offset tables differ in length (gate {n}, up "
+            f"{len(table.up_offsets)}, down {len(table.down_offsets)})")
+    return PreparedTable(
+        table, device, fgu, fd,
+        dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, device, what),
+        dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, device, what),
+        dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, device, what),
+        gu_bytes, d_bytes)
+
+
+def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
+               out: torch.Tensor | None = None, block_n: int = GEMV_BLOCK_N,
+               num_warps: int = GEMV_WARPS) -> torch.Tensor:
+    """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
+
+    x float32 [D]; route_weights float32 [n] (one per table entry, on x's device) -> y [D]
+    (written into `out` if given: float32 [D] on x's device)."""
+    what = "the MoE decode kernels"
+    if act not in ACT_CODES:
+        raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
+                                           f"{sorted(ACT_CODES)}")
+    p = table if isinstance(table, PreparedTable) else prepare(table, x.device, what)
+    if p.device != x.device:
+        raise dispatch.KernelArgumentError(f"could not run {what}: the table was prepared for "
+                                           f"{p.device}, activations are on {x.device}")
+    dispatch.check_activations(x, p.table.dim, what)
+    n, D, F = len(p.table), p.table.dim, p.table.width
+    if x.dim() != 1 or route_weights.shape != (n,) or route_weights.dtype != torch.float32 \
+            or route_weights.device != x.device:
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: need x [{D}] and float32 route weights [{n}] on {x.device}, got "
+            f"x {list(x.shape)}, weights {list(route_weights.shape)} {route_weights.dtype} on "
+            f"{route_weights.device}")
+    dispatch.check_out(out, (D,), x.device, what)
+    h = torch.empty(n, F, dtype=torch.float32, device=x.device)
+    fgu, fd = p.gate_up, p.down
+    _gate_up_kernel[(triton.cdiv(F, block_n), n)](
+        p.table.gate, p.table.up, p.gate_off, p.up_off, x, route_weights.contiguous(), h, F, D,
+        p.gate_up_row_bytes, DEQ=fgu.dequant, NSUB=fgu.nsub, SUBLEN=fgu.sublen, BLOCK_N=block_n,
+        ACT=ACT_CODES[act], num_warps=num_warps)
+    y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
+    _down_kernel[(triton.cdiv(D, block_n),)](
+        p.table.down, p.down_off, h, y, n, D, F, p.down_row_bytes, DEQ=fd.dequant, NSUB=fd.nsub, SUBLEN=fd.sublen,
+        BLOCK_N=block_n, num_warps=num_warps)
+    return y
+
+
+def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
+    if act == "silu":
+        return torch.nn.functional.silu(g) * u
+    xg, yu = g.clamp(max=OAI_LIMIT), u.clamp(-OAI_LIMIT, OAI_LIMIT)
+    return xg * torch.sigmoid(OAI_ALPHA * xg) * (yu + 1.0)
+
+
+def moe_prefill(table: ExpertTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
+                act: str = "silu", precision: str = "tf32") -> torch.Tensor:
+    """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts; route_weights
+    float32 [T, A] -> y [T, D]. Tokens are grouped by expert and each expert runs the GEMM once."""
+    what = "the MoE prefill kernels"
+    if act not in ACT_CODES:
+        raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
+                                           f"{sorted(ACT_CODES)}")
+    prepare(table, x.device, what)
+    dispatch.check_activations(x, table.dim, what)
+    if x.dim() != 2 or slots.shape != route_weights.shape or slots.dim() != 2 or slots.shape[0] != x.shape[0]:
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: need x [T, {table.dim}], slots and route weights [T, A], got x "
+            f"{list(x.shape)}, slots {list(slots.shape)}, weights {list(route_weights.shape)}")
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= len(table)):
+        raise dispatch.KernelArgumentError(f"could not run {what}: slots must lie in [0, {len(table)})")
+    fgu, fd = dispatch.family(table.gate_up_type), dispatch.family(table.down_type)
+    D, F = table.dim, table.width
+    gu_span, d_span = F * fgu.row_bytes(D), D * fd.row_bytes(F)
+    y = torch.zeros_like(x)
+    for j in torch.unique(slots).tolist():
+        tok, k = (slots == j).nonzero(as_tuple=True)
+        h = x.index_select(0, tok)  # [t, D]
+        go, uo, do = (int(o[j]) for o in (table.gate_offsets, table.up_offsets, table.down_offsets))
+        g = gemm(table.gate[go:go + gu_span], fgu.qtype, (F, D), h, precision)
+        u = gemm(table.up[uo:uo + gu_span], fgu.qtype, (F, D), h, precision)
+        out = gemm(table.down[do:do + d_span], fd.qtype, (D, F), _act_torch(g, u, act).contiguous(), precision)
+        y.index_add_(0, tok, out * route_weights[tok, k, None])
+    return y
