@@ -54,3 +54,13 @@ def greedy(net, prompt: list[int], n_new: int) -> list[int]:
         out.append(int(torch.argmax(logits[-1])))
         logits = net(torch.tensor(out[-1:]), cache)
     return out
+
+
+def first_divergence(path, prompt: list[int], ours: list[int], theirs: list[int], logits_fn):
+    """(index, margin) where two greedy continuations first differ; margin is llama.cpp's own
+    logit of its pick minus that of ours at that point (small for a near-tie). None if equal."""
+    if ours == theirs:
+        return None
+    i = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    row = logits_fn(path, prompt + theirs[:i])[-1]
+    return i, float(row[theirs[i]] - row[ours[i]])
