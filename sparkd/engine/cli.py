@@ -154,7 +154,7 @@ def _tokenizer(m):
 
 def cmd_make_model(a) -> int:
     from sparkd.engine import make_model as mm
-    from sparkd.engine.modelgen.specs import PRESETS, TINY
+    from sparkd.engine.modelgen.specs import DENSE_ARCHS, PRESETS, TINY
 
     if a.preset:
         if a.preset not in PRESETS:
@@ -167,9 +167,10 @@ def cmd_make_model(a) -> int:
     else:
         raise EngineError(f"could not make a model for --arch {a.arch!r}: choose one of {', '.join(TINY)}"
                           " or a --preset")
+    ffn_field = "n_ff" if shape.arch in DENSE_ARCHS else "n_ff_exp"  # --ffn: the FFN that dominates
     shape = shape.replace(n_layer=a.layers, n_expert=a.experts, n_expert_used=a.top_k,
-                          n_expert_shared=a.shared, n_embd=a.hidden, n_ff_exp=a.ffn, n_head=a.heads,
-                          n_vocab=a.vocab, n_ctx=a.ctx)
+                          n_expert_shared=a.shared, n_embd=a.hidden, n_head=a.heads,
+                          n_vocab=a.vocab, n_ctx=a.ctx, **{ffn_field: a.ffn})
     try:
         if a.size:
             shape = shape.replace(n_layer=mm.layers_for_size(shape, a.quant, a.size))

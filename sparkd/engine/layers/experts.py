@@ -30,6 +30,10 @@ class ExpertWeights:
     gate_b: torch.Tensor | None = None
     up_b: torch.Tensor | None = None
     down_b: torch.Tensor | None = None
+    # how llama.cpp rounds the activations each projection multiplies (see act_round)
+    act_gate: str | None = None
+    act_up: str | None = None
+    act_down: str | None = None
 
 
 class ExpertStore(Protocol):
@@ -37,13 +41,16 @@ class ExpertStore(Protocol):
 
 
 TensorLoader = Callable[[str], torch.Tensor]
+ActFormat = Callable[[str], "str | None"]
 
 
 class ResidentExperts:
     """Every routed expert dequantized in memory, loaded one layer at a time on first use."""
 
-    def __init__(self, load: TensorLoader, has: Callable[[str], bool]):
+    def __init__(self, load: TensorLoader, has: Callable[[str], bool],
+                 act_format: ActFormat | None = None):
         self._load, self._has = load, has
+        self._act = act_format or (lambda name: None)
         self._layers: dict[int, ExpertWeights] = {}
 
     def _layer(self, il: int) -> ExpertWeights:
@@ -54,7 +61,9 @@ class ResidentExperts:
             self._layers[il] = ExpertWeights(
                 gate=self._load(f"blk.{il}.{GATE}.weight"), up=self._load(f"blk.{il}.{UP}.weight"),
                 down=self._load(f"blk.{il}.{DOWN}.weight"),
-                gate_b=opt(GATE), up_b=opt(UP), down_b=opt(DOWN))
+                gate_b=opt(GATE), up_b=opt(UP), down_b=opt(DOWN),
+                act_gate=self._act(f"blk.{il}.{GATE}.weight"), act_up=self._act(f"blk.{il}.{UP}.weight"),
+                act_down=self._act(f"blk.{il}.{DOWN}.weight"))
         return self._layers[il]
 
     def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
@@ -64,4 +73,5 @@ class ResidentExperts:
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.index_select(0, idx)
         return ExpertWeights(pick(w.gate), pick(w.up), pick(w.down),
-                             pick(w.gate_b), pick(w.up_b), pick(w.down_b))
+                             pick(w.gate_b), pick(w.up_b), pick(w.down_b),
+                             w.act_gate, w.act_up, w.act_down)

@@ -23,8 +23,16 @@ def swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(OAI_ALPHA * x) * (y + 1.0)
 
 
+# ggml's CPU gelu reads a table indexed by the f16 bits of x (outside ±10 it is 0 or x), so
+# both the input and the result are rounded to f16; without that, gemma's logits move by ~1e-3.
+GELU_TABLE_LIMIT = 10.0
+
+
 def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.gelu(gate, approximate="tanh") * up
+    g = F.gelu(gate.half().float(), approximate="tanh").half().to(gate.dtype)
+    g = torch.where(gate >= GELU_TABLE_LIMIT, gate, g)
+    g = torch.where(gate <= -GELU_TABLE_LIMIT, torch.zeros_like(g), g)
+    return g * up
 
 
 ACTIVATIONS = {"silu": swiglu, "swiglu_oai": swiglu_oai, "gelu": geglu}

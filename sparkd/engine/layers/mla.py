@@ -12,6 +12,7 @@ import math
 import torch
 from torch import nn
 
+from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.attention import attend
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
@@ -32,7 +33,8 @@ class MLAttention(nn.Module):
     def __init__(self, il: int, n_head: int, qk_nope: int, qk_rope: int, kv_rank: int,
                  rope: RopeConfig, scale: float, wq_a: Linear | None, q_a_norm: RMSNorm | None,
                  wq_b: Linear, wkv_a: Linear, kv_a_norm: RMSNorm, wk_b: torch.Tensor,
-                 wv_b: torch.Tensor, wo: Linear):
+                 wv_b: torch.Tensor, wo: Linear, act_k_b: str | None = None,
+                 act_v_b: str | None = None):
         super().__init__()
         self.il, self.n_head, self.qk_nope, self.qk_rope, self.kv_rank = il, n_head, qk_nope, qk_rope, kv_rank
         self.rope, self.scale = rope, scale
@@ -40,6 +42,7 @@ class MLAttention(nn.Module):
         self.wkv_a, self.kv_a_norm, self.wo = wkv_a, kv_a_norm, wo
         self.wk_b = nn.Parameter(wk_b, requires_grad=False)  # [H, R, Dn]
         self.wv_b = nn.Parameter(wv_b, requires_grad=False)  # [H, Dv, R]
+        self.act_k_b, self.act_v_b = act_k_b, act_v_b  # see act_round
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         # T tokens, H heads, R latent rank, Dn/P nope/rope dims, Dv value dims
@@ -52,11 +55,11 @@ class MLAttention(nn.Module):
         cos, sin = rope_cos_sin(self.rope, pos)
         k_pe = apply_rope(kv[:, None, self.kv_rank:], cos, sin, self.rope.neox)  # [T, 1, P]
         q_pe = apply_rope(q_pe, cos, sin, self.rope.neox)
-        q_lat = torch.einsum("thd,hrd->thr", q_nope, self.wk_b)  # [T, H, R]
+        q_lat = torch.einsum("thd,hrd->thr", round_activations(q_nope, self.act_k_b), self.wk_b)  # [T, H, R]
         q_all = torch.cat([q_lat, q_pe], dim=-1)  # [T, H, R + P]
         k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
         start = int(pos[0])
         k_all, _ = cache.update(self.il, start, k_new, None)
         o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start)  # [T, H, R]
-        o = torch.einsum("thr,hvr->thv", o, self.wv_b)  # [T, H, Dv]
+        o = torch.einsum("thr,hvr->thv", round_activations(o, self.act_v_b), self.wv_b)  # [T, H, Dv]
         return self.wo(o.reshape(T, -1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.ffn import ACTIVATIONS
 from sparkd.engine.layers.linear import Linear
@@ -80,10 +81,11 @@ class MoE(nn.Module):
         for j, e in enumerate(uniq.tolist()):
             tok, slot = (ids == e).nonzero(as_tuple=True)
             h = x.index_select(0, tok)  # [t, D]
-            g, u = h @ ew.gate[j].T, h @ ew.up[j].T  # [t, F]
+            g = round_activations(h, ew.act_gate) @ ew.gate[j].T  # [t, F]
+            u = round_activations(h, ew.act_up) @ ew.up[j].T
             if ew.gate_b is not None:
                 g, u = g + ew.gate_b[j], u + ew.up_b[j]
-            y = self.act(g, u) @ ew.down[j].T  # [t, D]
+            y = round_activations(self.act(g, u), ew.act_down) @ ew.down[j].T  # [t, D]
             if ew.down_b is not None:
                 y = y + ew.down_b[j]
             out.index_add_(0, tok, y * w[tok, slot, None])

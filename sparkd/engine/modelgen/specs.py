@@ -9,7 +9,8 @@ from typing import Any
 
 from gguf import GGUFValueType as V
 
-SUPPORTED_ARCHS = ("qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama")
+SUPPORTED_ARCHS = ("qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3")
+DENSE_ARCHS = ("gemma3",)
 
 
 @dataclass
@@ -44,6 +45,9 @@ class Shape:
     n_swa: int = 0
     yarn_factor: float = 0.0
     yarn_orig_ctx: int = 0
+    # gemma3 (n_swa is shared with gpt-oss): every swa_pattern-th layer global, 0 = arch default
+    swa_pattern: int = 0
+    logit_softcap: float = 0.0
 
     def replace(self, **kw: Any) -> "Shape":
         return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
@@ -70,6 +74,9 @@ PRESETS: dict[str, Shape] = {
     "mixtral-8x7b": Shape("llama", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
                           n_vocab=32000, n_ctx=32768, n_expert=8, n_expert_used=2, n_ff_exp=14336,
                           rope_base=1e6, rms_eps=1e-5),
+    "gemma-3-270m": Shape("gemma3", n_layer=18, n_embd=640, n_head=4, n_head_kv=1, head_dim=256,
+                          n_vocab=262144, n_ctx=32768, n_ff=2048, n_expert=0, n_expert_used=0,
+                          rope_base=1e6, n_swa=512),
 }
 
 # Tiny defaults per architecture (tests, oracle runs)
@@ -80,6 +87,8 @@ TINY: dict[str, Shape] = {
     "glm4moe": Shape("glm4moe", n_layer=3, n_expert_shared=1, n_layer_dense_lead=1, n_rot=8),
     "gpt-oss": Shape("gpt-oss", n_layer=4, n_swa=4, yarn_factor=4.0, yarn_orig_ctx=64),
     "llama": Shape("llama", n_ff_exp=64),
+    "gemma3": Shape("gemma3", n_layer=3, n_head_kv=1, n_expert=0, n_expert_used=0, n_ff=96,
+                    rope_base=1e6, n_swa=8, swa_pattern=3, logit_softcap=30.0),
 }
 
 Meta = list[tuple[str, Any, V]]
@@ -94,9 +103,11 @@ def metadata(s: Shape) -> Meta:
         (f"{a}.attention.head_count_kv", s.n_head_kv, V.UINT32),
         (f"{a}.rope.freq_base", s.rope_base, V.FLOAT32),
         (f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps, V.FLOAT32),
-        (f"{a}.expert_count", s.n_expert, V.UINT32), (f"{a}.expert_used_count", s.n_expert_used, V.UINT32),
         (f"{a}.vocab_size", s.n_vocab, V.UINT32),
     ]
+    if a == "gemma3":
+        return m + _gemma3_meta(s)
+    m += [(f"{a}.expert_count", s.n_expert, V.UINT32), (f"{a}.expert_used_count", s.n_expert_used, V.UINT32)]
     if a == "llama":
         return m + [(f"{a}.feed_forward_length", s.n_ff_exp, V.UINT32),
                     (f"{a}.rope.dimension_count", s.head_dim, V.UINT32)]
@@ -123,6 +134,19 @@ def _yarn_meta(s: Shape) -> Meta:
     a = s.arch
     return [(f"{a}.rope.scaling.type", "yarn", V.STRING), (f"{a}.rope.scaling.factor", s.yarn_factor, V.FLOAT32),
             (f"{a}.rope.scaling.original_context_length", s.yarn_orig_ctx, V.UINT32)]
+
+
+def _gemma3_meta(s: Shape) -> Meta:
+    a = s.arch
+    m: Meta = [(f"{a}.feed_forward_length", s.n_ff, V.UINT32),
+               (f"{a}.attention.key_length", s.head_dim, V.UINT32),
+               (f"{a}.attention.value_length", s.head_dim, V.UINT32),
+               (f"{a}.attention.sliding_window", s.n_swa, V.UINT32)]
+    if s.swa_pattern:
+        m.append((f"{a}.attention.sliding_window_pattern", s.swa_pattern, V.UINT32))
+    if s.logit_softcap:
+        m.append((f"{a}.final_logit_softcapping", s.logit_softcap, V.FLOAT32))
+    return m
 
 
 def _deepseek2_meta(s: Shape) -> Meta:
@@ -153,8 +177,19 @@ def tensors(s: Shape) -> list[Tensor]:
     D, V_ = s.n_embd, s.n_vocab
     out: list[Tensor] = [("token_embd.weight", (V_, D), "w")]
     for il in range(s.n_layer):
-        out += _layer(s, il)
-    return out + [("output_norm.weight", (D,), "norm"), ("output.weight", (V_, D), "w")]
+        out += _gemma3_layer(s, il) if s.arch == "gemma3" else _layer(s, il)
+    out.append(("output_norm.weight", (D,), "norm"))
+    if s.arch == "gemma3":
+        return out  # the output projection is tied to the token embedding, as in real Gemma 3
+    return out + [("output.weight", (V_, D), "w")]
+
+
+def _gemma3_layer(s: Shape, il: int) -> list[Tensor]:
+    p, D, Dh = f"blk.{il}", s.n_embd, s.head_dim
+    return [(f"{p}.attn_norm.weight", (D,), "norm"), *_gqa(s, p),
+            (f"{p}.post_attention_norm.weight", (D,), "norm"), (f"{p}.ffn_norm.weight", (D,), "norm"),
+            (f"{p}.ffn_gate.weight", (s.n_ff, D), "w"), (f"{p}.ffn_up.weight", (s.n_ff, D), "w"),
+            (f"{p}.ffn_down.weight", (D, s.n_ff), "w"), (f"{p}.post_ffw_norm.weight", (D,), "norm")]
 
 
 def _layer(s: Shape, il: int) -> list[Tensor]:
@@ -173,7 +208,7 @@ def _gqa(s: Shape, p: str) -> list[Tensor]:
     D, H, Hkv, Dh = s.n_embd, s.n_head, s.n_head_kv, s.head_dim
     t: list[Tensor] = [(f"{p}.attn_q.weight", (H * Dh, D), "w"), (f"{p}.attn_k.weight", (Hkv * Dh, D), "w"),
                        (f"{p}.attn_v.weight", (Hkv * Dh, D), "w"), (f"{p}.attn_output.weight", (D, H * Dh), "w")]
-    if s.arch == "qwen3moe":
+    if s.arch in ("qwen3moe", "gemma3"):
         t += [(f"{p}.attn_q_norm.weight", (Dh,), "norm"), (f"{p}.attn_k_norm.weight", (Dh,), "norm")]
     if s.arch in ("glm4moe", "gpt-oss"):
         t += [(f"{p}.attn_q.bias", (H * Dh,), "bias"), (f"{p}.attn_k.bias", (Hkv * Dh,), "bias"),
@@ -218,9 +253,11 @@ def check(s: Shape) -> None:
         raise ValueError(f"could not make a {s.arch} model: {opt} {why}")
     if s.arch not in SUPPORTED_ARCHS:
         bad("--arch", f"{s.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
-    for opt, v in (("--layers", s.n_layer), ("--hidden", s.n_embd), ("--heads", s.n_head),
-                   ("--vocab", s.n_vocab), ("--ctx", s.n_ctx), ("--experts", s.n_expert),
-                   ("--top-k", s.n_expert_used), ("--ffn", s.n_ff_exp)):
+    sizes = [("--layers", s.n_layer), ("--hidden", s.n_embd), ("--heads", s.n_head),
+             ("--vocab", s.n_vocab), ("--ctx", s.n_ctx)]
+    if s.arch not in DENSE_ARCHS:
+        sizes += [("--experts", s.n_expert), ("--top-k", s.n_expert_used), ("--ffn", s.n_ff_exp)]
+    for opt, v in sizes:
         if v <= 0:
             bad(opt, f"must be positive, got {v}")
     if s.n_expert_used > s.n_expert:

@@ -19,6 +19,7 @@ ARCHITECTURES = {
     "glm4moe": "glm4moe",
     "gpt-oss": "gpt_oss",
     "llama": "llama",
+    "gemma3": "gemma3",
 }
 
 
@@ -50,7 +51,7 @@ def load_model(path: str | Path, store: ExpertStore | None = None) -> LoadedMode
     try:
         cfg = config_of(gguf)
         w = Weights(gguf)
-        store = store or ResidentExperts(w.get, w.has)
+        store = store or ResidentExperts(w.get, w.has, w.act_format)
         net = arch_module(cfg.arch).build(cfg, w, store)
         return LoadedModel(gguf, cfg, net)
     except BaseException:

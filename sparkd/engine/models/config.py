@@ -67,6 +67,7 @@ class ModelConfig:
     swa_layers: tuple[bool, ...] = ()
     rope_swa: RopeConfig | None = None
     attn_scale: float = 0.0  # 0 → 1/sqrt(head_dim_k)
+    logit_softcap: float = 0.0  # gemma: cap * tanh(logits / cap) when non-zero
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -190,3 +191,16 @@ def base_config(metadata: Mapping[str, Any], arch: str, neox: bool,
 def gating_name(meta: Meta, default: str) -> str:
     gid = int(meta.get("{arch}.expert_gating_func", 0))
     return _GATING_IDS.get(gid, default)
+
+
+def swa_layers(meta: Meta, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window, as llama.cpp's load_swa_pattern decides.
+
+    `{arch}.attention.sliding_window_pattern` is a per-layer bool array or a period n: layer il
+    is windowed when il % n < n - 1 (every n-th layer global; n = 0 means all windowed).
+    """
+    pattern = meta.get("{arch}.attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, (list, tuple)):
+        return tuple(bool(x) for x in pattern)
+    n = int(pattern)
+    return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))

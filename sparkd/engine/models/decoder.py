@@ -14,6 +14,7 @@ from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.moe import MoE, Router
 from sparkd.engine.models.config import ModelConfig, RopeConfig
 from sparkd.engine.models.weights import Weights
@@ -41,14 +42,14 @@ class Decoder(nn.Module):
     """tokens → logits for one sequence, with an incremental KV cache."""
 
     def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor, blocks: list[Block],
-                 output_norm: nn.Module, output: torch.Tensor, embd_scale: float = 1.0,
+                 output_norm: nn.Module, output: Linear, embd_scale: float = 1.0,
                  kv_shapes: list[tuple[int, int, int]] | None = None):
         super().__init__()
         self.cfg = cfg
         self.tok_embd = nn.Parameter(tok_embd, requires_grad=False)  # [V, D]
         self.blocks = nn.ModuleList(blocks)
         self.output_norm = output_norm
-        self.output = nn.Parameter(output, requires_grad=False)  # [V, D]; may alias tok_embd
+        self.output = output  # [V, D]; may share its weight with tok_embd
         self.embd_scale = embd_scale
         self.kv_shapes = kv_shapes or [(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v)] * cfg.n_layer
 
@@ -65,7 +66,10 @@ class Decoder(nn.Module):
         for block in self.blocks:
             x = block(x, pos, cache)
         cache.n_past += tokens.shape[0]
-        return self.output_norm(x) @ self.output.T
+        logits = self.output(self.output_norm(x))  # [T, V]
+        if cap := self.cfg.logit_softcap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
 
 def gqa_attention(w: Weights, cfg: ModelConfig, il: int, rope: RopeConfig | None = None,
@@ -99,8 +103,9 @@ def moe_ffn(w: Weights, cfg: ModelConfig, il: int, store: ExpertStore, act: str 
     return MoE(il, router, store, act, shared)
 
 
-def head(w: Weights) -> tuple[torch.Tensor, torch.Tensor]:
+def head(w: Weights) -> tuple[torch.Tensor, Linear]:
     """(token embedding, output projection); the output falls back to the tied embedding."""
     emb = w.get("token_embd.weight")
-    out = w.get("output.weight") if w.has("output.weight") else emb
-    return emb, out
+    if w.has("output.weight"):
+        return emb, w.linear("output")
+    return emb, Linear(emb, act_fmt=w.act_format("token_embd.weight"))

@@ -45,7 +45,8 @@ def _attention(w: Weights, cfg: ModelConfig, il: int) -> MLAttention:
         wq_b=w.linear(f"{p}.attn_q_b" if has_q_lora else f"{p}.attn_q"),
         wkv_a=w.linear(f"{p}.attn_kv_a_mqa"), kv_a_norm=w.norm(f"{p}.attn_kv_a_norm", cfg.rms_eps),
         wk_b=w.get(f"{p}.attn_k_b.weight"), wv_b=w.get(f"{p}.attn_v_b.weight"),
-        wo=w.linear(f"{p}.attn_output"))
+        wo=w.linear(f"{p}.attn_output"), act_k_b=w.act_format(f"{p}.attn_k_b.weight"),
+        act_v_b=w.act_format(f"{p}.attn_v_b.weight"))
 
 
 def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:

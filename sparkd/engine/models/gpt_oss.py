@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from sparkd.engine.layers.experts import ExpertStore
-from sparkd.engine.models.config import GATING_SOFTMAX_WEIGHT, ModelConfig, base_config
+from sparkd.engine.models.config import (GATING_SOFTMAX_WEIGHT, ModelConfig, base_config,
+                                          swa_layers)
 from sparkd.engine.models.decoder import Block, Decoder, gqa_attention, head, moe_ffn
 from sparkd.engine.models.weights import Weights
 
@@ -17,13 +18,8 @@ SWA_PATTERN = 2  # llama.cpp's default for this arch: layer il is windowed when 
 
 def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
     m, kw = base_config(metadata, ARCH, neox=True, path=path, gating=GATING_SOFTMAX_WEIGHT)
-    n_layer = kw["n_layer"]
-    pattern = m.get("{arch}.attention.sliding_window_pattern", SWA_PATTERN)
-    if isinstance(pattern, (list, tuple)):
-        swa = tuple(bool(x) for x in pattern)
-    else:
-        swa = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer))
-    kw.update(n_swa=m.int_("{arch}.attention.sliding_window"), swa_layers=swa)
+    kw.update(n_swa=m.int_("{arch}.attention.sliding_window"),
+              swa_layers=swa_layers(m, kw["n_layer"], SWA_PATTERN))
     return ModelConfig(**kw)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.tensors import load_tensor
@@ -25,7 +26,12 @@ class Weights:
 
     def linear(self, prefix: str, shape: tuple[int, int] | None = None) -> Linear:
         """`prefix.weight` [out, in] and `prefix.bias` if the file has one."""
-        return Linear(self.get(f"{prefix}.weight", shape), self.maybe(f"{prefix}.bias"))
+        return Linear(self.get(f"{prefix}.weight", shape), self.maybe(f"{prefix}.bias"),
+                      self.act_format(f"{prefix}.weight"))
+
+    def act_format(self, name: str) -> str | None:
+        """How llama.cpp rounds the activations multiplied by this weight (see act_round)."""
+        return vec_dot_format(self.model.tensor(name).ggml_type)
 
     def maybe_linear(self, prefix: str) -> Linear | None:
         return self.linear(prefix) if self.has(f"{prefix}.weight") else None

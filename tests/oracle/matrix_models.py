@@ -1,0 +1,34 @@
+"""The tiny generated models of the oracle matrix: one per architecture x dtype, seeded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sparkd.engine.make_model import plan, write_model
+from sparkd.engine.modelgen.specs import TINY, Shape
+
+ARCHS = ["qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3"]
+DTYPES = ["F32", "F16", "Q8_0", "Q4_K", "Q6_K", "Q2_K"]
+TOKENS = [int(t) for t in np.random.default_rng(5).integers(0, 256, 48)]
+SEED = 11
+K_ROW = 256  # K-quant super-block: rows shorter than this would be written as F16 instead
+
+
+def matrix_shape(arch: str, dtype: str) -> Shape:
+    """The tiny shape, widened for K-quants so every weight row is a multiple of 256."""
+    shape = TINY[arch]
+    if not dtype.endswith("_K"):
+        return shape
+    wide = shape.replace(n_embd=K_ROW, n_ff=K_ROW, n_ff_exp=K_ROW)
+    if arch == "deepseek2":  # q_b/kv_a read the lora ranks; wv_b reads the rank; wk_b reads qk_nope
+        return wide.replace(q_lora_rank=K_ROW, kv_lora_rank=K_ROW)
+    return wide.replace(head_dim=K_ROW // shape.n_head)
+
+
+def matrix_model(directory: Path, arch: str, dtype: str) -> Path:
+    path = directory / f"{arch}-{dtype}.gguf"
+    if not path.exists():
+        write_model(path, plan(matrix_shape(arch, dtype), dtype), seed=SEED)
+    return path
