@@ -30,6 +30,9 @@ class ExpertWeights:
     gate_b: torch.Tensor | None = None
     up_b: torch.Tensor | None = None
     down_b: torch.Tensor | None = None
+    # the order to compute experts in (e.g. cached ones while the others' reads land); the MoE
+    # block still sums their outputs in id order, so the result does not depend on it
+    order: Sequence[int] | None = None
 
 
 class ExpertStore(Protocol):
