@@ -155,12 +155,15 @@ class S3FIFO:
             self._where[key] = "small"
 
     def evict(self, pinned: Container[Key] = ()) -> Key:
-        # each pass moves or ages at least one key; pinned keys rotate, bounded by 4 x entries
-        for _ in range(4 * len(self._where) + 4):
-            victim = (self._evict_small(pinned) if len(self._small) >= self._small_target or not self._main
-                      else self._evict_main(pinned))
-            if victim is not None:
-                return victim
+        # each step promotes, ages or rotates one key (frequencies are at most 3), so this ends
+        for _ in range(8 * len(self._where) + 8):
+            small_first = len(self._small) >= self._small_target or not self._main
+            for evict_from in ((self._evict_small, self._evict_main) if small_first
+                               else (self._evict_main, self._evict_small)):
+                queue = self._small if evict_from == self._evict_small else self._main
+                victim = evict_from(pinned) if queue else None
+                if victim is not None:
+                    return victim
         raise RuntimeError("could not evict from S3-FIFO: every entry is pinned")
 
     def _evict_small(self, pinned: Container[Key]) -> Key | None:

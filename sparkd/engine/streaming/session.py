@@ -3,6 +3,7 @@ large is allocated before the plan says it fits. The server's runtime and the CL
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
@@ -40,6 +41,13 @@ def plan_for(g: GGUFModel, opts: StreamOptions) -> tuple[Budget, MemoryPlan]:
     return budget, make_plan(g, cfg, budget, ctx, opts.prefetch_slots, opts.batch_tokens)
 
 
+def _drop_page_cache(g: GGUFModel) -> None:
+    """The trunk and header were read buffered; do not leave them in the page cache, where a
+    cgroup would be charged for them on top of the plan."""
+    for shard in g.shards:
+        os.posix_fadvise(shard.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 @dataclass
 class StreamingModel:
     model: LoadedModel
@@ -73,6 +81,7 @@ def open_streaming(path: str | Path, opts: StreamOptions,
             first = next(il for il in range(config_of(g).n_layer) if f"blk.{il}.ffn_gate_exps.weight" in g.tensors)
             trace.write(trace_header(plan.slot_bytes, store.expert_bytes(first)))
         m = load_model(g, store)
+        _drop_page_cache(g)
         hooks = attach_prefetch(m.net, store) if opts.prefetch_slots else []
         if opts.census_path:
             store.warm_start(read_census(opts.census_path))
