@@ -26,6 +26,10 @@ ALIGN_BYTES = 4096  # O_DIRECT offset/length/buffer alignment (logical block ≤
 HEADROOM_FRACTION = 0.05
 HEADROOM_MIN_BYTES = 256 << 20
 F32_BYTES = 4
+# Memory no term models: reader thread stacks, allocator fragmentation, modules imported after the
+# plan (tokenizer, sampler). Measured ~15 MiB on a 206 MiB test model (docs/performance.md).
+SLACK_FRACTION = 0.02
+SLACK_MIN_BYTES = 32 << 20
 
 
 class PlanError(EngineError):
@@ -44,6 +48,7 @@ class MemoryPlan:
     budget_bytes: int
     budget_source: str
     runtime_bytes: int  # this process before the model: interpreter, torch, libraries
+    slack_bytes: int  # threads, allocator fragmentation, late imports
     trunk_bytes: int  # resident tensors after dequantization to f32
     kv_bytes: int
     workspace_bytes: int
@@ -65,7 +70,7 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return (self.runtime_bytes + self.trunk_bytes + self.kv_bytes + self.workspace_bytes
+        return (self.runtime_bytes + self.slack_bytes + self.trunk_bytes + self.kv_bytes + self.workspace_bytes
                 + self.expert_cache_bytes + self.prefetch_bytes)
 
     def as_dict(self) -> dict:
@@ -77,6 +82,7 @@ class MemoryPlan:
     def describe(self) -> str:
         rows = [("budget", self.budget_bytes, self.budget_source),
                 ("runtime", self.runtime_bytes, "interpreter and libraries"),
+                ("slack", self.slack_bytes, "threads, allocator, late imports"),
                 ("trunk", self.trunk_bytes, "resident weights, dequantized"),
                 ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
                 ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens"),
@@ -209,6 +215,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     total_experts = n_moe * cfg.n_expert
     slot = expert_slot_bytes(g)
     terms = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
+                 slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
                  trunk_bytes=trunk_bytes(g), kv_bytes=kv_bytes(cfg, ctx),
                  workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens))
     fixed = sum(terms.values()) + prefetch_slots * slot

@@ -231,7 +231,7 @@ class ExpertReader:
 
     def close(self) -> None:
         for _ in getattr(self, "_workers", ()):
-            self._queue.put((-1, -1, None, None))
+            self._queue.put((-1, next(self._seq), None, None))
         for t in getattr(self, "_workers", ()):
             t.join()
         for fd in self._fds.values():

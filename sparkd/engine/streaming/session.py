@@ -3,6 +3,7 @@ large is allocated before the plan says it fits. The server's runtime and the CL
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,22 @@ def plan_for(g: GGUFModel, opts: StreamOptions) -> tuple[Budget, MemoryPlan]:
     return budget, make_plan(g, cfg, budget, ctx, opts.prefetch_slots, opts.batch_tokens)
 
 
+# glibc mallopt parameters: a fixed mmap threshold (else it rises to 32 MiB after the first large
+# free, and freed tensors then stay in the heap as RSS the plan never counted) and few arenas
+# (every reader thread would otherwise get its own 64 MiB arena).
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
+
+
+def limit_allocator_slack(mmap_threshold_bytes: int = 1 << 20, arenas: int = 2) -> bool:
+    """Make freed tensor memory go back to the kernel; False where libc is not glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold_bytes)
+                    and libc.mallopt(_M_ARENA_MAX, arenas))
+    except (OSError, AttributeError):
+        return False
+
+
 def _drop_page_cache(g: GGUFModel) -> None:
     """The trunk and header were read buffered; do not leave them in the page cache, where a
     cgroup would be charged for them on top of the plan."""
@@ -69,6 +86,7 @@ class StreamingModel:
 def open_streaming(path: str | Path, opts: StreamOptions,
                    on_plan: Callable[[Budget, MemoryPlan], None] | None = None,
                    warn: Callable[[str], None] | None = None) -> StreamingModel:
+    limit_allocator_slack()
     g = GGUFModel.open(path)
     trace = store = None
     try:

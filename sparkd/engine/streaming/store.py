@@ -38,6 +38,7 @@ class CacheStats:
     misses: int = 0  # includes experts a prefetch had already read: their bytes were read too
     evictions: int = 0
     bytes_read: int = 0
+    payload_bytes: int = 0  # the experts' own bytes among bytes_read; the rest is 4 KiB bracketing
     read_seconds: float = 0.0  # wall time with demand reads outstanding
     wait_seconds: float = 0.0  # time compute blocked on reads
     tokens: int = 0
@@ -186,6 +187,7 @@ class StreamingExperts:
                 if key in self._slot_of or key in self._prefetched or not self._pf_free:
                     continue
                 slot = self._pf_free.pop()
+                self.stats.payload_bytes += sum(p.nbytes for p in self.parts(layer, int(e)))
                 self._prefetched[key] = self.reader.submit(layer, int(e), slot, self.parts(layer, int(e)),
                                                            PREFETCH)
                 self.stats.prefetch_predicted += 1
@@ -302,17 +304,22 @@ class _Batch:
                 hits.append(j)  # already landing: compute it before fresh misses
             else:
                 pending.append(j)
+        self.first_miss = pending[0] if pending else None
         self.deferred = [j for j in pending if not self._issue(j)]
         self.order = hits + pending
 
     def _issue(self, j: int) -> bool:
         key = (self.layer, self.ids[j])
+        parts = self.store.parts(*key)
+        if j == self.first_miss:  # one stat() per layer with misses: was the file replaced?
+            for p in {p.path: p for p in parts}.values():
+                self.store.reader.check_unchanged(p.path, self.layer, self.ids[j], p.offset)
         slot = self.store.claim(key)
         if slot is None:
             return False
         self.slots[j] = slot
-        self.reads[j] = self.store.reader.submit(self.layer, self.ids[j], slot,
-                                                 self.store.parts(*key), DEMAND)
+        self.store.stats.payload_bytes += sum(p.nbytes for p in parts)
+        self.reads[j] = self.store.reader.submit(self.layer, self.ids[j], slot, parts, DEMAND)
         return True
 
     def weights(self, j: int) -> list[torch.Tensor | None]:

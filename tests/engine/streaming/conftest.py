@@ -13,7 +13,7 @@ from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.make_model import plan as model_plan, write_model
 from sparkd.engine.models import config_of, load_model
 from sparkd.engine.modelgen.specs import TINY
-from sparkd.engine.streaming.plan import Budget, make_plan
+from sparkd.engine.streaming.plan import SLACK_MIN_BYTES, Budget, make_plan
 from sparkd.engine.streaming.store import StreamingExperts
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,7 +57,8 @@ def open_stream(path, slots: int, prefetch: int = 0, policy: str = "lru", direct
     g = GGUFModel.open(path)
     cfg = config_of(g)
     probe = make_plan(g, cfg, Budget(1 << 50, "test"), 64, prefetch, runtime_bytes=0)
-    fixed = probe.trunk_bytes + probe.kv_bytes + probe.workspace_bytes + prefetch * probe.slot_bytes
+    fixed = (probe.trunk_bytes + probe.kv_bytes + probe.workspace_bytes + prefetch * probe.slot_bytes
+             + SLACK_MIN_BYTES)
     plan = make_plan(g, cfg, Budget(fixed + slots * probe.slot_bytes, "test"), 64, prefetch, runtime_bytes=0)
     assert plan.cache_slots == min(slots, plan.n_experts_total)
     store = StreamingExperts(g, plan, policy, threads=4, direct=direct, warn=warn, trace=trace)
