@@ -155,22 +155,29 @@ class S3FIFO:
             self._where[key] = "small"
 
     def evict(self, pinned: Container[Key] = ()) -> Key:
-        # each step promotes, ages or rotates one key (frequencies are at most 3), so this ends
+        # every step promotes, ages or rotates one key (frequencies are at most 3), so this ends;
+        # a queue whose every key is pinned (rotated a full lap in a row) gives way to the other
+        rotated = {"small": 0, "main": 0}
         for _ in range(8 * len(self._where) + 8):
-            small_first = len(self._small) >= self._small_target or not self._main
-            for evict_from in ((self._evict_small, self._evict_main) if small_first
-                               else (self._evict_main, self._evict_small)):
-                queue = self._small if evict_from == self._evict_small else self._main
-                victim = evict_from(pinned) if queue else None
-                if victim is not None:
-                    return victim
+            use_small = len(self._small) >= self._small_target or not self._main
+            if use_small and (not self._small or rotated["small"] >= len(self._small)):
+                use_small = False
+            elif not use_small and rotated["main"] >= len(self._main):
+                use_small = True
+            name, queue = ("small", self._small) if use_small else ("main", self._main)
+            key = queue[0]
+            if key in pinned:
+                queue.rotate(-1)
+                rotated[name] += 1
+                continue
+            rotated = {"small": 0, "main": 0}
+            victim = self._evict_small() if use_small else self._evict_main()
+            if victim is not None:
+                return victim
         raise RuntimeError("could not evict from S3-FIFO: every entry is pinned")
 
-    def _evict_small(self, pinned: Container[Key]) -> Key | None:
+    def _evict_small(self) -> Key | None:
         key = self._small.popleft()
-        if key in pinned:
-            self._small.append(key)
-            return None
         if self._freq[key] > 0:  # reused while on probation: promote
             self._main.append(key)
             self._where[key], self._freq[key] = "main", 0
@@ -181,11 +188,10 @@ class S3FIFO:
             self._ghost.popitem(last=False)
         return key
 
-    def _evict_main(self, pinned: Container[Key]) -> Key | None:
+    def _evict_main(self) -> Key | None:
         key = self._main.popleft()
-        if key in pinned or self._freq[key] > 0:
-            if key not in pinned:
-                self._freq[key] -= 1
+        if self._freq[key] > 0:
+            self._freq[key] -= 1
             self._main.append(key)
             return None
         self._drop(key)
