@@ -50,11 +50,15 @@ class _Strict(BaseModel):
 class DaemonPolicy(_Strict):
     placement: Literal["auto", "systemd", "cgroupfs"] = "auto"
     slice: str = "sparkd.slice"
-    cgroup_root: Path = Path("/sys/fs/cgroup")
+    # None: the cgroup2 mount found in /proc/self/mountinfo (/sys/fs/cgroup, or
+    # /sys/fs/cgroup/unified on hybrid v1/v2 hosts).
+    cgroup_root: Path | None = None
     state_dir: Path = Path("/var/lib/sparkd")
     control_socket: Path = Path("/run/sparkd/control.sock")
     socket_group: str | None = None
     metrics_listen: str = "127.0.0.1:9464"
+    # What `engine: embedded` runs: the installed console script, or a path (tests, venvs).
+    engine_executable: str = "sparkd-engine"
     # Engines outlive sparkd by default: a supervisor restart must never cost a loaded model.
     stop_services_on_exit: bool = False
 
@@ -140,10 +144,119 @@ class GuardsPolicy(_Strict):
     _sizes = field_validator("reserve", mode="before")(_size)
 
 
+# --- watchers (sparkd/watch): detectors -> rules -> actions -----------------------------------
+
+WatchAction = Literal["warn", "shrink_cache", "stop", "refuse_starts", "evict_competitors"]
+_DURATION_FIELDS = ("stall", "window", "duration", "clear_below", "clear_for")
+
+
+def _action_list(value: Any) -> Any:
+    """`action: stop` or `action: [stop, refuse_starts]`."""
+    return [value] if isinstance(value, str) else value
+
+
+class _WatchRule(_Strict):
+    name: str
+    action: list[WatchAction]
+    dry_run: bool = False  # log "would have ..." instead of acting
+    # No action of this rule again for this long after one: the system needs time to react
+    # (systemd-oomd's post-action delay).
+    cooldown: float = 30.0
+    budget: int | None = None  # shrink_cache: the expert cache budget to ask the engine for
+
+    _actions = field_validator("action", mode="before")(_action_list)
+    _cooldown = field_validator("cooldown", mode="before")(lambda v: parse_duration(v))
+    _budget = field_validator("budget", mode="before")(lambda v, info: None if v is None else _size(v, info))
+
+    @field_validator("action")
+    @classmethod
+    def _non_empty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("expected at least one action (warn, shrink_cache, stop, refuse_starts, evict_competitors)")
+        return v
+
+    @model_validator(mode="after")
+    def _budget_for_shrink(self):
+        if "shrink_cache" in self.action and not self.budget:
+            raise ValueError("action shrink_cache needs 'budget' (the smaller expert cache size, e.g. 8G)")
+        return self
+
+
+class PressureRule(_WatchRule):
+    """psi: the service cgroup's memory.pressure; psi_system: /proc/pressure/memory;
+    memory_events: an increment of a memory.events counter; mem_available: MemAvailable below
+    `below` (default guards.reserve)."""
+
+    detector: Literal["psi", "psi_system", "memory_events", "mem_available"] = "psi"
+    kind: Literal["some", "full"] = "some"
+    stall: float | None = None  # psi: stalled time within window that counts as pressure
+    window: float = 1.0
+    duration: float = 0.0  # the condition must hold this long before the action
+    clear_below: float | None = None  # psi: stall within window under which pressure has cleared (default stall/2)
+    clear_for: float | None = None  # how long it must stay clear (default: window)
+    counter: Literal["oom", "oom_kill", "max", "high"] | None = None
+    below: int | None = None
+
+    _durations = field_validator(*_DURATION_FIELDS, mode="before")(lambda v: None if v is None else parse_duration(v))
+    _below = field_validator("below", mode="before")(lambda v, info: None if v is None else _size(v, info))
+
+    @model_validator(mode="after")
+    def _fields_for_detector(self) -> "PressureRule":
+        if self.detector in ("psi", "psi_system"):
+            if self.stall is None:
+                raise ValueError(f"detector {self.detector} needs 'stall' (e.g. 150ms)")
+            if not 0 < self.stall <= self.window:
+                raise ValueError(f"'stall' must be above 0 and at most 'window' ({self.window:g} s), found {self.stall:g} s")
+            if not 0.5 <= self.window <= 10:
+                raise ValueError(f"'window' must be between 500ms and 10s (the kernel's PSI limits), found {self.window:g} s")
+        elif self.detector == "memory_events" and self.counter is None:
+            raise ValueError("detector memory_events needs 'counter' (oom, oom_kill, max or high)")
+        return self
+
+
+class PressurePolicy(_Strict):
+    # Detectors read their files at least this often (PSI totals, MemAvailable, memory.events
+    # where the kernel cannot notify): one second matches the shortest PSI window sparkd uses.
+    sample_interval: float = 1.0
+    rules: list[PressureRule] = []
+
+    _durations = field_validator("sample_interval", mode="before")(lambda v: parse_duration(v))
+
+
+class KernelLogRule(_WatchRule):
+    """no_memory: an NVRM line with NV_ERR_NO_MEMORY or "Out of memory"; xid_node / xid_application:
+    an Xid of that class (from /dev/kmsg or NVML); xid: any Xid, or those listed in `xids`."""
+
+    match: Literal["no_memory", "xid_node", "xid_application", "xid"]
+    xids: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _xids_only_for_xid(self) -> "KernelLogRule":
+        if self.xids is not None and self.match != "xid":
+            raise ValueError(f"'xids' only goes with match: xid, found match: {self.match}")
+        return self
+
+
+class KernelLogPolicy(_Strict):
+    kmsg_path: Path = Path("/dev/kmsg")
+    nvml_xid: bool = True  # also take Xid events from NVML where it exists
+    rules: list[KernelLogRule] = []
+
+
+class EventLogPolicy(_Strict):
+    max_bytes: int = 8 << 20  # rotate events.jsonl at this size
+    keep: int = Field(default=4, ge=1)  # rotated files kept (events.jsonl.1 ... .keep)
+
+    _sizes = field_validator("max_bytes", mode="before")(_size)
+
+
 class Policy(_Strict):
     daemon: DaemonPolicy = DaemonPolicy()
     services: dict[str, ServicePolicy] = {}
     guards: GuardsPolicy = GuardsPolicy()
+    pressure: PressurePolicy = PressurePolicy()
+    kernel_log: KernelLogPolicy = KernelLogPolicy()
+    events: EventLogPolicy = EventLogPolicy()
 
     @field_validator("services")
     @classmethod

@@ -278,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_make_model)
+    from sparkd.engine.server.serve import add_arguments, cmd_serve
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_arguments(s, parse_size)
+    s.set_defaults(func=cmd_serve)
     return p
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q, GGUFValueType as V, GGUFWriter
+from gguf import GGMLQuantizationType as Q, GGUFWriter
 
 from sparkd.engine.modelgen import blocks, specs
 from sparkd.engine.modelgen.specs import Shape

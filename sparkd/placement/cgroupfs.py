@@ -15,23 +15,19 @@ import asyncio
 import json
 import logging
 import os
-import pwd
-import shutil
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 
 from sparkd.errors import PlacementError
-from sparkd.placement import cgroupfs_launcher
 from sparkd.placement.base import Placement, ServiceSpec, ServiceStatus, StatusCallback, unit_name
 from sparkd.placement.cgroupfs_result import final_result
+from sparkd.placement.cgroupfs_spawn import check_spec, kill_launcher, launch
 from sparkd.system import cgroups
 
 log = logging.getLogger(__name__)
 
-# What a systemd service gets when the unit sets no PATH.
-DEFAULT_SERVICE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Launching is a fork and an exec; 10 s only trips on a wedged machine, never on a slow one.
 LAUNCH_TIMEOUT_SECONDS = 10.0
 # After cgroup.kill the kernel needs a moment to tear processes down (large RSS frees slowly).
@@ -122,19 +118,27 @@ class CgroupfsPlacement(Placement):
     # -- start ----------------------------------------------------------------------------------
 
     async def start(self, spec: ServiceSpec) -> ServiceStatus:
-        self._check_spec(spec)
+        check_spec(spec)
         current = self._services.get(spec.name)
         if current is not None and not current.done.done():
             raise PlacementError(
                 f"could not start {spec.name}: it is already running in {current.cgroup}; stop it first"
             )
         cgroup = os.path.join(self.slice_path, unit_name(spec.name))
+        if os.path.isdir(cgroup) and cgroups.is_populated(cgroup):
+            raise PlacementError(
+                f"could not start {spec.name}: {cgroup} already has processes "
+                "(a service sparkd has not adopted); adopt or stop it first"
+            )
         self._prepare_state_dir(spec.name)
         created_slice = self._create_cgroup(spec.name, cgroup)
         launcher = None
         try:
             memory_enforced, notes = self._write_limits(spec, cgroup)
-            launcher, main_pid = await self._launch(spec, cgroup)
+            launcher, main_pid = await launch(
+                spec, cgroup, python=self._python, exit_record=self._exit_record(spec.name),
+                log_path=self.log_path(spec.name), timeout_seconds=self._launch_timeout_seconds,
+            )
             status = ServiceStatus(
                 name=spec.name, backend=self.name, unit=unit_name(spec.name), cgroup=cgroup,
                 active_state="active", sub_state="running", main_pid=main_pid,
@@ -145,36 +149,11 @@ class CgroupfsPlacement(Placement):
             self._save_state(svc, launcher.pid)
         except BaseException:
             if launcher is not None:
-                self._kill_launcher(launcher, cgroup)
+                kill_launcher(launcher, cgroup)
             self._discard_cgroup(cgroup, created_slice)
             raise
         self._track(svc, watch=True)
         return replace(status)
-
-    def _check_spec(self, spec: ServiceSpec) -> None:
-        """Everything that can be checked before anything is created."""
-        if spec.restart != "no":
-            raise PlacementError(
-                f"could not start {spec.name}: the cgroupfs backend never restarts services "
-                f"(restart: {spec.restart!r}); set services.{spec.name}.restart: no"
-            )
-        if not spec.argv:
-            raise PlacementError(f"could not start {spec.name}: the command is empty")
-        path = {"PATH": DEFAULT_SERVICE_PATH, **spec.environment}["PATH"]
-        if shutil.which(spec.argv[0], path=path) is None:
-            raise PlacementError(
-                f"could not start {spec.name}: {spec.argv[0]} is not an executable file "
-                f"(searched PATH={path}); install it or give its absolute path"
-            )
-        if spec.working_directory and not os.path.isdir(spec.working_directory):
-            raise PlacementError(
-                f"could not start {spec.name}: working directory {spec.working_directory} does not exist"
-            )
-        if spec.user:
-            try:
-                pwd.getpwuid(int(spec.user)) if spec.user.isdigit() else pwd.getpwnam(spec.user)
-            except KeyError:
-                raise PlacementError(f"could not start {spec.name}: no such user {spec.user!r}") from None
 
     def _prepare_state_dir(self, name: str) -> None:
         try:
@@ -200,12 +179,7 @@ class CgroupfsPlacement(Placement):
                 os.mkdir(self.slice_path)
                 created_slice = True
             if os.path.isdir(cgroup):
-                if cgroups.is_populated(cgroup):
-                    raise PlacementError(
-                        f"could not start {name}: {cgroup} already has processes "
-                        "(a service sparkd has not adopted); adopt or stop it first"
-                    )
-                cgroups.remove_cgroup(cgroup)  # an empty leftover
+                cgroups.remove_cgroup(cgroup)  # an empty leftover of an earlier run
             os.mkdir(cgroup)
         except OSError as exc:
             self._discard_cgroup(cgroup, created_slice)
@@ -243,11 +217,12 @@ class CgroupfsPlacement(Placement):
             notes.append(self.why_not_enforced)
         else:
             oom_group = "0" if spec.oom_policy == "continue" else "1"
-            writes += [
-                ("memory.max", str(spec.memory_max_bytes)),
-                ("memory.swap.max", str(spec.swap_max_bytes)),
-                ("memory.oom.group", oom_group),
-            ]
+            writes += [("memory.max", str(spec.memory_max_bytes)), ("memory.oom.group", oom_group)]
+            if os.path.exists(os.path.join(cgroup, "memory.swap.max")):
+                writes.append(("memory.swap.max", str(spec.swap_max_bytes)))
+            else:  # the kernel runs without swap accounting (swapaccount=0)
+                notes.append(f"swap_max {spec.swap_max_bytes} is not applied: no memory.swap.max "
+                             "(swap accounting is off in this kernel)")
         if spec.cpu_weight is not None:
             if "cpu" in missing:
                 notes.append(f"cpu_weight {spec.cpu_weight} is not applied: no cpu controller")
@@ -261,70 +236,6 @@ class CgroupfsPlacement(Placement):
                     f"could not write {value} to {os.path.join(cgroup, filename)}: {exc.strerror}"
                 ) from exc
         return "memory" not in missing, notes
-
-    async def _launch(self, spec: ServiceSpec, cgroup: str) -> tuple[subprocess.Popen, int]:
-        launch = {
-            "argv": list(spec.argv),
-            "env": {"PATH": DEFAULT_SERVICE_PATH, **spec.environment},
-            "cwd": spec.working_directory,
-            "user": spec.user,
-            "cgroup": cgroup,
-            "exit_record": self._exit_record(spec.name),
-            "log": self.log_path(spec.name),
-        }
-        try:
-            log = open(self.log_path(spec.name), "ab")
-        except OSError as exc:
-            raise PlacementError(f"could not open service log {exc.filename}: {exc.strerror}") from exc
-        with log:
-            try:
-                launcher = subprocess.Popen(
-                    [self._python, "-I", "-S", cgroupfs_launcher.__file__, unit_name(spec.name)],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                    env={}, cwd="/", start_new_session=True,
-                )
-            except OSError as exc:
-                raise PlacementError(f"could not run the launcher {self._python}: {exc.strerror}") from exc
-        try:
-            reply = await self._launch_reply(launcher, launch)
-        except BaseException:
-            self._kill_launcher(launcher, cgroup)
-            raise
-        if "started" not in reply:
-            self._kill_launcher(launcher, cgroup)
-            raise PlacementError(f"could not start {spec.name}: {reply.get('error', reply)}")
-        return launcher, int(reply["started"])
-
-    async def _launch_reply(self, launcher: subprocess.Popen, launch: dict) -> dict:
-        def talk() -> bytes:
-            try:
-                launcher.stdin.write(json.dumps(launch).encode())
-                launcher.stdin.close()
-            except BrokenPipeError:
-                pass  # the launcher died; its stdout says nothing and we report that
-            line = launcher.stdout.readline()
-            launcher.stdout.close()
-            return line
-
-        try:
-            line = await asyncio.wait_for(asyncio.to_thread(talk), self._launch_timeout_seconds)
-        except TimeoutError:
-            raise PlacementError(
-                f"could not start the service: the launcher did not answer in "
-                f"{self._launch_timeout_seconds} s"
-            ) from None
-        if not line:
-            raise PlacementError(
-                f"could not start the service: the launcher exited without a word "
-                f"(see {launch['log']})"
-            )
-        return json.loads(line)
-
-    def _kill_launcher(self, launcher: subprocess.Popen, cgroup: str) -> None:
-        launcher.kill()  # it may still be outside the cgroup when it failed early
-        if os.path.isdir(cgroup):
-            cgroups.kill_cgroup(cgroup)
-        launcher.wait()
 
     # -- state files ----------------------------------------------------------------------------
 
@@ -404,6 +315,8 @@ class CgroupfsPlacement(Placement):
         if svc.oom_kill_seen or not events or events.get("oom_kill", 0) == 0:
             return
         svc.oom_kill_seen = True
+        counters = ", ".join(f"{k} {events.get(k, 0)}" for k in ("oom", "oom_kill", "oom_group_kill"))
+        svc.notes.append(f"memory.events at the OOM kill: {counters}")
         log.warning("%s: oom_kill %d in %s/memory.events (oom_policy %s)",
                     svc.name, events["oom_kill"], svc.cgroup, svc.oom_policy)
         if svc.oom_policy == "continue":
@@ -494,9 +407,12 @@ class CgroupfsPlacement(Placement):
             raise PlacementError(f"could not list {self.slice_path}: {exc.strerror}") from exc
         adopted = []
         for entry in entries:
-            name = entry.removeprefix("sparkd-").removesuffix(".service")
-            if not (entry.startswith("sparkd-") and entry.endswith(".service")) or name in self._services:
+            if not (entry.startswith("sparkd-") and entry.endswith(".service")):
                 continue
+            name = entry.removeprefix("sparkd-").removesuffix(".service")
+            known = self._services.get(name)
+            if known is not None and not known.done.done():
+                continue  # watched already: adopting twice would duplicate it
             svc = self._revive(name, os.path.join(self.slice_path, entry))
             populated = cgroups.is_populated(svc.cgroup)
             self._track(svc, watch=populated)

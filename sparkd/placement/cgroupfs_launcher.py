@@ -67,6 +67,24 @@ def _resolve_user(spec):
     return entry.pw_uid, entry.pw_gid, entry.pw_name, env
 
 
+def _execvpe(file, argv, env):
+    """os.execvpe without its lazy `import warnings`, which fails once the child switched to a
+    user that cannot read this Python's standard library. Like execvp(3), a permission error
+    beats "not found" in the report."""
+    if "/" in file:
+        os.execve(file, argv, env)
+    error = None
+    for directory in env.get("PATH", os.defpath).split(":"):
+        try:
+            os.execve(os.path.join(directory or ".", file), argv, env)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            error = error or exc
+        except OSError as exc:
+            if error is None or isinstance(error, (FileNotFoundError, NotADirectoryError)):
+                error = exc
+    raise error or FileNotFoundError(2, "No such file or directory", file)
+
+
 def _exec_child(spec, user, log_fd, err_w):
     """In the forked child: never returns."""
     step = "prepare the service"
@@ -89,7 +107,7 @@ def _exec_child(spec, user, log_fd, err_w):
             os.setgid(gid)
             os.setuid(uid)
         step = f"execute {spec['argv'][0]}"
-        os.execvpe(spec["argv"][0], spec["argv"], env)
+        _execvpe(spec["argv"][0], spec["argv"], env)
     except OSError as exc:
         os.write(err_w, f"could not {step}: {exc.strerror}".encode())
     except BaseException as exc:  # anything else still must not run sparkd code in the child

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sparkd.errors import PlacementError
 from sparkd.placement.base import Placement, ServiceSpec, ServiceStatus, StatusCallback, unit_name
+from sparkd.system.cgroups import find_cgroup2_mount
 from sparkd.system.systemd_bus import BusCallError, SystemdBus, UnitSignal
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,7 @@ def _engine_ran(props: dict | None) -> bool:
 
 def default_cgroup_root() -> Path:
     """The cgroup2 mount: /sys/fs/cgroup on pure v2 hosts, /sys/fs/cgroup/unified on hybrid ones."""
-    pure = Path("/sys/fs/cgroup")
-    return pure if (pure / "cgroup.controllers").exists() else pure / "unified"
+    return Path(find_cgroup2_mount() or "/sys/fs/cgroup")
 
 
 class SystemdPlacement(Placement):

@@ -1,0 +1,1 @@
+"""`sparkd-engine serve`: the OpenAI-compatible HTTP server around sparkd.engine.runtime.Engine."""

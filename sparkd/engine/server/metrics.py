@@ -1,0 +1,73 @@
+"""Prometheus metrics of one engine (`sparkd_engine_` prefix, base units), in a registry of
+its own. Request counters are updated by the server; cache and memory-plan families are built
+fresh on each scrape from the engine (client_python's custom-collector pattern).
+The list with meanings is docs/metrics-engine.md; the Grafana dashboard uses these names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+P = "sparkd_engine_"
+# Latency buckets from 5 ms (a resident tiny model) to 2 min (a streamed 600 GB model cold start).
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class EngineMetrics:
+    def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict]):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prompt_tokens = Counter(f"{P}prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generated_tokens = Counter(f"{P}generated_tokens", "Tokens generated", registry=r)
+        self.prompt_seconds = Counter(f"{P}prompt_seconds", "Time spent on prompt processing", registry=r)
+        self.decode_seconds = Counter(f"{P}decode_seconds", "Time spent decoding", registry=r)
+        self.ttft = Histogram(f"{P}time_to_first_token_seconds", "Request arrival to first token",
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(f"{P}inter_token_latency_seconds", "Time between generated tokens",
+                             buckets=_ITL_BUCKETS, registry=r)
+        self.requests = Counter(f"{P}requests", "Finished requests by finish reason",
+                                ["finish_reason"], registry=r)
+        self.running = Gauge(f"{P}requests_running", "Requests holding the decode slot", registry=r)
+        self.queued = Gauge(f"{P}requests_queued", "Requests waiting for the decode slot", registry=r)
+        self.rejected = Counter(f"{P}requests_rejected", "Requests refused because the queue was full",
+                                registry=r)
+        self.decode_rate = Gauge(f"{P}decode_tokens_per_second", "Decode speed of the last finished request",
+                                 registry=r)
+        self.load_progress = Gauge(f"{P}load_progress_ratio", "Model load progress, 0 to 1", registry=r)
+        self.ready = Gauge(f"{P}ready", "1 when the model is loaded and serving", registry=r)
+        r.register(_CacheCollector(cache_stats, memory_plan))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _CacheCollector:
+    def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict]):
+        self._stats, self._plan = cache_stats, memory_plan
+
+    def describe(self) -> list:
+        return []  # families depend on the engine's state; describing none keeps registration lazy
+
+    def collect(self) -> Any:
+        plan = GaugeMetricFamily(f"{P}memory_plan_bytes", "Memory plan terms (trunk, kv, experts_resident, "
+                                 "expert_cache, budget)", labels=["term"])
+        for term, value in sorted(self._plan().items()):
+            plan.add_metric([term], value)
+        yield plan
+        stats = self._stats()
+        if stats is None:
+            return  # experts resident: there is no expert cache to report
+        for key, help_ in (("requests", "Expert lookups"), ("hits", "Expert lookups served from the cache"),
+                           ("evictions", "Experts evicted from the cache")):
+            yield CounterMetricFamily(f"{P}expert_cache_{key}", help_, value=stats[key])
+        yield CounterMetricFamily(f"{P}expert_bytes_read", "Expert bytes read from disk", value=stats["bytes_read"])
+        retention = 1.0 - stats["evictions"] / stats["requests"] if stats["requests"] else 1.0
+        yield GaugeMetricFamily(f"{P}expert_cache_retention_ratio", "1 - evictions/requests", value=retention)
+        rate = stats["bytes_read"] / stats["read_seconds"] if stats.get("read_seconds") else 0.0
+        yield GaugeMetricFamily(f"{P}expert_read_bandwidth_bytes_per_second",
+                                "Expert bytes read per second of read time", value=rate)
+        yield GaugeMetricFamily(f"{P}expert_cache_budget_bytes", "Expert cache size", value=stats["budget_bytes"])

@@ -1,0 +1,113 @@
+"""`sparkd-engine serve MODEL`: bind first (so /health answers "loading" with progress), load
+the model in a thread with a progress bar on a terminal, then serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from pathlib import Path
+
+from sparkd.engine.errors import EngineError
+
+DEFAULT_LISTEN = "127.0.0.1:7777"
+
+
+def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
+    s.add_argument("model", help="GGUF file (first shard of a split model)")
+    s.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN}, loopback)")
+    s.add_argument("--budget", type=parse_size, help="memory budget for the engine, e.g. 90G")
+    s.add_argument("--ctx", type=int, help="context positions (default: min(4096, training context))")
+    s.add_argument("--alias", help="model name clients use (default: the file name without .gguf)")
+    key = s.add_mutually_exclusive_group()
+    key.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 and /admin")
+    key.add_argument("--api-key-file", type=Path, help="read the API key from this file")
+    s.add_argument("--reasoning-budget", type=int, help="reasoning tokens before the thinking part is closed")
+    s.add_argument("--max-queue", type=int, default=16, help="requests waiting for the slot before 429")
+    s.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    s.add_argument("--chat-template-file", type=Path, help="Jinja chat template replacing the model's")
+    s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise EngineError(f"could not use --listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise EngineError(f"could not read {what} {path}: {exc.strerror}") from None
+
+
+def _check(a) -> None:
+    if a.ctx is not None and a.ctx <= 0:
+        raise EngineError(f"could not use --ctx {a.ctx}: it must be at least 1")
+    if a.threads is not None and a.threads < 1:
+        raise EngineError(f"could not use --threads {a.threads}: it must be at least 1")
+    if a.max_queue < 0:
+        raise EngineError(f"could not use --max-queue {a.max_queue}: it must be 0 or more")
+    if a.reasoning_budget is not None and a.reasoning_budget < 0:
+        raise EngineError(f"could not use --reasoning-budget {a.reasoning_budget}: it must be 0 or more")
+    if not Path(a.model).is_file():
+        raise EngineError(f"could not open model {a.model}: no such file")
+
+
+def cmd_serve(a) -> int:
+    import uvicorn
+
+    from sparkd.engine.runtime import Engine
+    from sparkd.engine.server.app import EngineServer, ServerConfig
+
+    _check(a)
+    host, port = parse_listen(a.listen)
+    api_key = _read_text(a.api_key_file, "--api-key-file").strip() if a.api_key_file else a.api_key
+    if a.api_key_file and not api_key:
+        raise EngineError(f"could not use --api-key-file {a.api_key_file}: the file is empty")
+    template = _read_text(a.chat_template_file, "--chat-template-file") if a.chat_template_file else None
+    engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template,
+                    threads=a.threads)
+    name = a.alias or Path(a.model).name.removesuffix(".gguf")
+    server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue))
+    config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")
+    web = uvicorn.Server(config)
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        bar = _progress_bar(Path(a.model).name)
+        try:
+            server.load(bar)
+            print(f"sparkd-engine: serving {name} on http://{host}:{port} (context {engine.n_ctx})",
+                  file=sys.stderr, flush=True)
+        except Exception as exc:  # /health reports it; the process exits so the supervisor sees it
+            failed.append(exc)
+            web.should_exit = True
+        finally:
+            bar(None, None)
+    threading.Thread(target=load, name="sparkd-load", daemon=True).start()
+    web.run()
+    server.slot.close()
+    engine.close()
+    if failed:
+        raise EngineError(str(failed[0])) if not isinstance(failed[0], EngineError) else failed[0]
+    return 0
+
+
+def _progress_bar(label: str):
+    if not sys.stderr.isatty():
+        return lambda done, total: None
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    prog = Progress(f"loading {label}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
+    task = prog.add_task("load", total=None)
+    prog.start()
+
+    def update(done, total):
+        if done is None:
+            prog.stop()
+        else:
+            prog.update(task, completed=done, total=total)
+    return update

@@ -1,0 +1,85 @@
+"""shrink_cache: ask the service's embedded engine to shrink its expert cache (POST /admin/cache
+{"budget": BYTES}), and to grow it back to what it had when the pressure clears.
+
+The budget before shrinking is read from the engine (GET /admin/cache) so the grow-back restores
+the engine's own setting, not a guess.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from ...sizes import format_size
+from .base import Action
+
+# The engine answers from its event loop; a slow answer means it is itself stalled on memory.
+HTTP_TIMEOUT_SECONDS = 5.0
+
+
+class CacheClient:
+    def __init__(self, listen: str, timeout_seconds: float = HTTP_TIMEOUT_SECONDS,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.url = f"http://{listen}/admin/cache"
+        self._timeout_seconds = timeout_seconds
+        self._transport = transport
+
+    async def _call(self, method: str, body: dict | None = None) -> dict:
+        try:
+            async with httpx.AsyncClient(timeout=self._timeout_seconds, transport=self._transport) as client:
+                response = await client.request(method, self.url, json=body)
+                response.raise_for_status()
+                return response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise RuntimeError(f"could not {method} {self.url}: {exc or type(exc).__name__}") from exc
+
+    async def budget(self) -> int | None:
+        value = (await self._call("GET")).get("budget")
+        return int(value) if isinstance(value, int) else None
+
+    async def set_budget(self, budget_bytes: int) -> dict:
+        return await self._call("POST", {"budget": budget_bytes})
+
+
+class ShrinkCache(Action):
+    name = "shrink_cache"
+
+    def __init__(self, ctx, transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__(ctx)
+        self._transport = transport
+        self._previous: dict[str, int | None] = {}  # service -> budget before the shrink
+
+    def _client(self, service: str) -> CacheClient | None:
+        listen = self.ctx.engine_listen(service)
+        return CacheClient(listen, transport=self._transport) if listen else None
+
+    async def apply(self, service, rule, reason, dry_run):
+        client = self._client(service) if service else None
+        if client is None:
+            return f"skipped: {service or 'system-wide rule'} has no embedded engine with /admin/cache"
+        target = format_size(rule.budget)
+        if dry_run:
+            self._previous[service] = None
+            return f"would have asked {client.url} to shrink the expert cache to {target}"
+        try:
+            before = await client.budget()
+            await client.set_budget(rule.budget)
+        except RuntimeError as exc:
+            return f"failed: {exc}"
+        self._previous[service] = before
+        was = format_size(before) if before is not None else "unknown"
+        return f"expert cache shrunk to {target} (was {was})"
+
+    async def revert(self, service, rule, dry_run):
+        if service not in self._previous:
+            return None
+        before = self._previous.pop(service)
+        client = self._client(service)
+        if dry_run:
+            return f"would have asked {client.url} to grow the expert cache back to its budget before the shrink"
+        if before is None:
+            return "not grown back: the engine did not say its budget before the shrink"
+        try:
+            await client.set_budget(before)
+        except RuntimeError as exc:
+            return f"failed to grow back: {exc}"
+        return f"expert cache grown back to {format_size(before)}"

@@ -1,0 +1,275 @@
+"""Rules through the WatchManager with samples injected where the kernel cannot produce them on
+demand (PSI stall levels, memory.events increments, MemAvailable), the actions' real effects on a
+recording service control, and shrink_cache against a real HTTP server standing in for the
+engine's /admin/cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sparkd.policy import parse_policy
+from sparkd.watch.events import EventLog
+from sparkd.watch.holds import Holds
+from sparkd.watch.manager import WatchManager
+from sparkd.watch.memory_events import CounterIncrement
+from sparkd.watch.mem_available import AvailableSample
+from sparkd.watch.nvrm import classify
+from sparkd.watch.psi import PsiSample
+
+GIB = 1 << 30
+
+
+class CacheEngine:
+    """A tiny real HTTP server with the engine's /admin/cache contract: GET -> {"budget": N},
+    POST {"budget": N} -> sets it."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.posts: list[int] = []
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._answer(200, {"budget": engine.budget}) if self.path == "/admin/cache" else self._answer(404, {})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                engine.budget = body["budget"]
+                engine.posts.append(body["budget"])
+                self._answer(200, {"budget": engine.budget})
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.listen = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class RecordingControl:
+    def __init__(self, listen: str | None = None):
+        self.listen = listen
+        self.stopped: list[str] = []
+        self.held: list[tuple] = []
+        self.running = {"llm": None}
+
+    def running_services(self):
+        return self.running
+
+    def service_of_pid(self, pid):
+        return "llm" if pid == 4242 else None
+
+    async def stop_service(self, name):
+        self.stopped.append(name)
+        return f"{name} stopped (result success)"
+
+    def hold_starts(self, name, rule, reason):
+        self.held.append((name, rule))
+
+    def engine_listen(self, name):
+        return self.listen
+
+    async def evict_competitors(self):
+        return []
+
+
+POLICY = {
+    "guards": {"reserve": "4G", "competitors": []},
+    "pressure": {"rules": [
+        {"name": "warn", "detector": "psi", "kind": "some", "stall": "150ms", "window": "1s", "action": "warn"},
+        {"name": "shrink", "detector": "psi", "kind": "full", "stall": "100ms", "window": "1s", "duration": "5s",
+         "clear_for": "3s", "action": "shrink_cache", "budget": "1G", "cooldown": "60s"},
+        {"name": "stop", "detector": "psi", "kind": "full", "stall": "500ms", "window": "1s", "duration": "10s",
+         "action": ["stop", "refuse_starts"], "dry_run": True},
+        {"name": "oom", "detector": "memory_events", "counter": "oom_kill", "action": "warn", "cooldown": "10s"},
+        {"name": "floor", "detector": "mem_available", "duration": "2s", "action": "warn"},
+    ]},
+    "kernel_log": {"rules": [
+        {"name": "nvrm-oom", "match": "no_memory", "action": ["stop", "refuse_starts"]},
+        {"name": "app-xid", "match": "xid_application", "action": "warn"},
+    ]},
+}
+
+
+def make(tmp_path, control, policy=POLICY):
+    p = parse_policy(policy, source="test", total_memory_bytes=64 * GIB)
+    return WatchManager(p, control, EventLog(tmp_path), Holds(tmp_path), state_dir=tmp_path)
+
+
+def feed_psi(manager, service, series):
+    """series: (time, some_total_us, full_total_us)."""
+    for t, some, full in series:
+        manager._on_psi(service, PsiSample(t, "/x/memory.pressure", {"some": some, "full": full}, {"some": 0.0, "full": 0.0}))
+
+
+async def settle(manager):
+    while manager._tasks:
+        await asyncio.gather(*list(manager._tasks))
+
+
+def kinds(manager, *types):
+    return [(e["type"], e.get("rule"), e.get("action"), e.get("result")) for e in manager.events.read()
+            if e["type"] in types]
+
+
+def test_duration_hysteresis_grow_back_and_dry_run(tmp_path):
+    engine = CacheEngine(budget=8 * GIB)
+    control = RecordingControl(engine.listen)
+    manager = make(tmp_path, control)
+
+    async def scenario():
+        manager.events.open()
+        # full stall 600 ms per second for t=0..12 (some = full), then no stall for 6 s
+        series = [(float(t), 600_000 * t, 600_000 * t) for t in range(0, 13)]
+        series += [(float(t), 600_000 * 12, 600_000 * 12) for t in range(13, 19)]
+        feed_psi(manager, "llm", series)
+        await settle(manager)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.close()
+    fired = [(e["rule"], e["time"]) for e in manager.events.read() if e["type"] == "fired"]
+    assert [r for r, _ in fired] == ["warn", "shrink", "stop"]
+    actions = {(e["rule"], e["action"]): e["result"] for e in manager.events.read() if e["type"] == "action"}
+    assert actions[("shrink", "shrink_cache")] == "expert cache shrunk to 1.0G (was 8.0G)"
+    assert actions[("stop", "stop")] == "would have stopped llm"
+    assert actions[("stop", "refuse_starts")] == "would have refused starts of llm until `sparkctl clear`"
+    assert control.stopped == [] and control.held == [], "dry run did something"
+    # pressure cleared: shrink grew the cache back to what the engine had
+    assert engine.posts == [1 * GIB, 8 * GIB] and engine.budget == 8 * GIB
+    cleared = [e["rule"] for e in manager.events.read() if e["type"] == "cleared"]
+    assert set(cleared) == {"warn", "shrink", "stop"}
+    # the crossing of each threshold is an event before its decision
+    crossed = [e["rule"] for e in manager.events.read() if e["type"] == "crossed"]
+    assert crossed[:3] == ["warn", "shrink", "stop"]
+
+
+def test_duration_is_not_reached_when_pressure_breaks_off(tmp_path):
+    manager = make(tmp_path, RecordingControl())
+
+    async def scenario():
+        manager.events.open()
+        total, series = 0, []
+        for t in range(0, 20):
+            total += 0 if t % 4 == 0 else 600_000  # every 4th second without stall: never 5 s in a row
+            series.append((float(t), total, total))
+        feed_psi(manager, "llm", series)
+        await settle(manager)
+
+    asyncio.run(scenario())
+    fired = [e["rule"] for e in manager.events.read() if e["type"] == "fired"]
+    assert "shrink" not in fired and "stop" not in fired
+
+
+def test_cooldown_on_counter_increments(tmp_path):
+    manager = make(tmp_path, RecordingControl())
+
+    async def scenario():
+        manager.events.open()
+        for t, n in [(0.0, 1), (3.0, 2), (11.0, 3)]:
+            manager._on_increment("llm", CounterIncrement(t, "/x/memory.events", "oom_kill", n - 1, n))
+        manager._on_increment("llm", CounterIncrement(12.0, "/x/memory.events", "high", 0, 5))  # no rule
+        await settle(manager)
+
+    asyncio.run(scenario())
+    assert [t for t, *_ in kinds(manager, "fired", "cooldown")] == ["fired", "cooldown", "fired"]
+    assert len([e for e in manager.events.read() if e["type"] == "detected"]) == 4
+
+
+def test_available_floor_defaults_to_guards_reserve(tmp_path):
+    manager = make(tmp_path, RecordingControl())
+
+    async def scenario():
+        manager.events.open()
+        for t, avail in [(0, 5), (1, 3), (2, 3), (3, 3), (4, 4.2), (5, 4.5), (6, 4.5)]:
+            manager._on_available(AvailableSample(float(t), int(avail * GIB), 64 * GIB))
+        await settle(manager)
+
+    asyncio.run(scenario())
+    got = [(e["type"], e["time"] if False else e.get("values", {}).get("available_bytes")) for e in manager.events.read()
+           if e["type"] in ("fired", "cleared")]
+    # below 4G from t=1, fires after 2 s (t=3); 4.2G is above the floor but not 10 % above: still active
+    assert got == [("fired", 3 * GIB), ("cleared", int(4.5 * GIB))]
+
+
+def test_kernel_log_findings_act_on_the_owner_or_every_service(tmp_path):
+    control = RecordingControl()
+    manager = make(tmp_path, control)
+
+    async def scenario():
+        manager.events.open()
+        manager.holds.load()
+        manager._on_finding(classify("NVRM: Xid (PCI:0000:01:00): 13, pid=4242, name=sparkd-engine, Graphics Exception"), "kmsg")
+        manager._on_finding(classify("NVRM: Out of memory [NV_ERR_NO_MEMORY] kgrctxAllocMainCtxBuffer"), "kmsg")
+        await settle(manager)
+
+    asyncio.run(scenario())
+    detected = [e for e in manager.events.read() if e["type"] == "detected"]
+    assert detected[0]["service"] == "llm" and detected[0]["values"]["xid"] == 13
+    assert control.stopped == ["llm"] and control.held == [("llm", "nvrm-oom")]
+    assert [e["rule"] for e in manager.events.read() if e["type"] == "fired"] == ["app-xid", "nvrm-oom"]
+
+
+def test_shrink_cache_failure_is_an_event_not_a_crash(tmp_path):
+    control = RecordingControl("127.0.0.1:9")  # nothing listens on the discard port
+    policy = {"pressure": {"rules": [{"name": "s", "stall": "100ms", "action": "shrink_cache", "budget": "1G"}]}}
+    manager = make(tmp_path, control, policy)
+
+    async def scenario():
+        manager.events.open()
+        feed_psi(manager, "llm", [(0.0, 0, 0), (1.0, 500_000, 0)])
+        await settle(manager)
+
+    asyncio.run(scenario())
+    (result,) = [e["result"] for e in manager.events.read() if e["type"] == "action"]
+    assert result.startswith("failed: could not GET http://127.0.0.1:9/admin/cache")
+
+
+@pytest.mark.parametrize("rule, message", [
+    ({"name": "x", "detector": "psi", "action": "warn"}, "detector psi needs 'stall'"),
+    ({"name": "x", "detector": "psi", "stall": "150ms", "window": "20s", "action": "warn"}, "'window' must be between 500ms and 10s"),
+    ({"name": "x", "detector": "memory_events", "action": "warn"}, "needs 'counter'"),
+    ({"name": "x", "stall": "150ms", "action": "reboot"}, "pressure.rules.0.action.0"),
+    ({"name": "x", "stall": "150ms", "action": "shrink_cache"}, "needs 'budget'"),
+    ({"name": "x", "stall": "150ms", "action": "warn", "for": "5s"}, "unknown key"),
+])
+def test_bad_rules_are_named(rule, message):
+    from sparkd.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="could not load policy test") as err:
+        parse_policy({"pressure": {"rules": [rule]}}, source="test", total_memory_bytes=GIB)
+    assert message in str(err.value)
+
+
+def test_shipped_dgx_spark_policy_is_valid_and_has_the_issue_defaults():
+    from pathlib import Path
+
+    from sparkd.policy import load_policy
+
+    p = load_policy(Path(__file__).resolve().parents[2] / "policies" / "dgx-spark.yaml", total_memory_bytes=128 * GIB)
+    rules = {r.name: r for r in p.pressure.rules}
+    warn, shrink, stop = rules["warn-some-pressure"], rules["shrink-on-full-pressure"], rules["stop-on-sustained-full-pressure"]
+    assert (warn.kind, warn.stall, warn.window, warn.action) == ("some", 0.15, 1.0, ["warn"])
+    assert (shrink.kind, shrink.stall, shrink.window, shrink.duration, shrink.action) == ("full", 0.1, 1.0, 5.0, ["shrink_cache"])
+    assert (stop.kind, stop.stall, stop.duration) == ("full", 0.5, 10.0) and "stop" in stop.action
+    kl = {r.match: r.action for r in p.kernel_log.rules}
+    assert "stop" in kl["no_memory"] and "stop" in kl["xid_node"]
+    assert all(r.cooldown > 0 for r in [*p.pressure.rules, *p.kernel_log.rules])
