@@ -194,14 +194,14 @@ def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
 
 def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int) -> int:
     """Peak transient tensors of one forward pass over batch_tokens (f32), with 50 % slack."""
-    T, D = batch_tokens, cfg.n_embd
-    F = max(cfg.n_ff_exp, cfg.n_ff)
+    T, D, A = batch_tokens, cfg.n_embd, max(1, cfg.n_expert_used)
     heads = cfg.n_head * max(cfg.head_dim_k, cfg.head_dim_k_mla, 1)
+    dense = 3 * T * cfg.n_ff if cfg.n_layer_dense_lead or not cfg.is_moe else 0  # gate, up, activation
+    moe = 3 * T * cfg.n_ff_exp + T * A * D + 3 * cfg.n_ff_exp * D  # one expert's g/u/act, outputs, weights
     values = (T * cfg.n_vocab  # logits
               + 8 * T * D + 4 * T * heads  # residual, norms, q/k/v/o
               + 3 * cfg.n_head * T * ctx  # scores, mask, probabilities
-              + 4 * T * F * max(1, cfg.n_expert_used)  # gate, up, activation per selected expert
-              + 3 * F * D)  # one expert dequantized for compute
+              + max(dense, moe))
     return int(values * F32_BYTES * 1.5)
 
 
