@@ -13,10 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/streaming-out}; mkdir -p "$OUT"
 WORK=${WORK:-/var/tmp/sparkd-stream}; mkdir -p "$WORK"   # a real disk, not tmpfs
-MODEL_SIZE=${MODEL_SIZE:-40G}; BUDGET=${BUDGET:-10G}; TOKENS=${TOKENS:-16}
+MODEL_SIZE=${MODEL_SIZE:-40G}; BUDGET=${BUDGET:-10G}; TOKENS=${TOKENS:-16}; PREFETCHES=${PREFETCHES:-0 8}
+BLOCKS=${BLOCKS:-256K,1M,4M,16M}; DEPTHS=${DEPTHS:-1,4,16,64}
 SDIST=${SDIST:-.cache/llama_cpp_python-0.3.36.tar.gz}
 CG=/sys/fs/cgroup/sparkd-stream-bench
-export PYTHONPATH=$PWD
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # keep carried wheels
 PY=${PY:-python3}
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
 cleanup() { [ -d "$CG" ] && { echo 1 > "$CG/cgroup.kill" 2>/dev/null || true; sleep 1; rmdir "$CG" 2>/dev/null || true; }; }
@@ -30,7 +31,7 @@ fi
 ls -l "$MODEL" | tee -a "$OUT/log.txt"
 
 log "disk-bench"
-$PY -m sparkd.cli.sparkctl disk-bench "$MODEL" --block-sizes 256K,1M,4M,16M --queue-depths 1,4,16,64 \
+$PY -m sparkd.cli.sparkctl disk-bench "$MODEL" --block-sizes $BLOCKS --queue-depths $DEPTHS \
   --seconds 2 --json --no-save > "$OUT/disk.json"
 
 log "cgroup $CG memory.max=$BUDGET"
@@ -45,7 +46,7 @@ sample_file_bytes() { while sleep 1; do echo "$(date +%s) $(awk '$1=="file"{prin
 
 log "sparkd-engine plan (budget from memory.max)"
 in_cg $PY -m sparkd.engine.cli plan "$MODEL" --ctx 4096 --json > "$OUT/plan.json"
-for PREFETCH in 0 8; do
+for PREFETCH in $PREFETCHES; do
   log "sparkd-engine generate prefetch=$PREFETCH"
   sample_file_bytes > "$OUT/memory_stat_file_prefetch$PREFETCH.txt" & SAMPLER=$!
   in_cg $PY -m sparkd.engine.cli generate "$MODEL" --tokens 1,2,3,4 -n "$TOKENS" --ctx 4096 --json \
@@ -60,11 +61,11 @@ done
 
 log "llama.cpp CPU build from $SDIST"
 if [ -f "$SDIST" ]; then
-  SRC=$WORK/llama-src; mkdir -p "$SRC"; tar -xzf "$SDIST" -C "$SRC" --strip-components=1
+  SRC=$WORK/llama-src; mkdir -p "$SRC"; tar -xf "$SDIST" -C "$SRC" --strip-components=1
   LC=$SRC/vendor/llama.cpp; B=$WORK/llama-build
   FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   cmake -S "$LC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_CXX_FLAGS="$FLAGS" \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_CXX_FLAGS="$FLAGS" \
     > "$OUT/llama_cmake.txt" 2>&1
   cmake --build "$B" -j"$(nproc)" --target llama-bench > "$OUT/llama_build.txt" 2>&1
   sync; echo 3 > /proc/sys/vm/drop_caches || true
