@@ -20,7 +20,7 @@ CG=/sys/fs/cgroup/sparkd-stream-bench
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # keep carried wheels
 PY=${PY:-python3}
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
-cleanup() { [ -d "$CG" ] && { echo 1 > "$CG/cgroup.kill" 2>/dev/null || true; sleep 1; rmdir "$CG" 2>/dev/null || true; }; }
+cleanup() { if [ -d "$CG" ]; then echo 1 > "$CG/cgroup.kill" 2>/dev/null || true; sleep 1; rmdir "$CG" 2>/dev/null || true; fi; }
 trap cleanup EXIT
 
 MODEL=$WORK/qwen3moe-$MODEL_SIZE.gguf
