@@ -37,7 +37,7 @@ $PY -m sparkd.cli.sparkctl disk-bench "$MODEL" --block-sizes $BLOCKS --queue-dep
 log "cgroup $CG memory.max=$BUDGET"
 cleanup; mkdir "$CG"
 echo "+memory" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
-$PY -c "import sys; from sparkd.engine.cli import parse_size; print(parse_size(sys.argv[1]))" "$BUDGET" > "$CG/memory.max"
+LIMIT=$(numfmt --from=iec "$BUDGET"); echo "$LIMIT" > "$CG/memory.max"; log "memory.max = $(cat $CG/memory.max)"
 echo 0 > "$CG/memory.swap.max"
 sync; echo 3 > /proc/sys/vm/drop_caches || true
 
