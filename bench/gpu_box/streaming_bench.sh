@@ -71,7 +71,7 @@ if [ -f "$SDIST" ]; then
   sync; echo 3 > /proc/sys/vm/drop_caches || true
   log "llama-bench mmap in the same cgroup"
   sample_file_bytes > "$OUT/memory_stat_file_llama.txt" & SAMPLER=$!
-  timeout 900 bash -c "echo \$\$ > $CG/cgroup.procs; exec $B/bin/llama-bench -m $MODEL -p 0 -n $TOKENS -t 16 -mmp 1 -o json" \
+  timeout 900 bash -c "echo \$\$ > $CG/cgroup.procs; exec $B/bin/llama-bench -m $MODEL -p 0 -n $TOKENS -t 16 -o json" \
     > "$OUT/llama_bench.json" 2> "$OUT/llama_bench.err" || log "llama-bench failed or timed out"
   kill $SAMPLER; wait $SAMPLER 2>/dev/null || true
 else
