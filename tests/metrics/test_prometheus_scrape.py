@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -77,11 +78,16 @@ def sparkd(tmp_path):
 @pytest.fixture
 def prometheus(tmp_path, sparkd):
     _, sparkd_port = sparkd
+    yield from _prometheus(tmp_path, {"sparkd": f"127.0.0.1:{sparkd_port}"})
+
+
+def _prometheus(tmp_path, targets: dict[str, str]):
+    """A Prometheus on a free loopback port scraping {job: host:port} every second, with our rules."""
     port = _free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(ROOT / "packaging/prometheus/recording.yml"), str(ROOT / "packaging/prometheus/alerts.yml")],
-        "scrape_configs": [{"job_name": "sparkd", "static_configs": [{"targets": [f"127.0.0.1:{sparkd_port}"]}]}],
+        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [t]}]} for job, t in targets.items()],
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     log = open(tmp_path / "prometheus.log", "wb")
@@ -164,6 +170,29 @@ def test_prometheus_scrapes_sparkd_and_runs_the_rules(sparkd, prometheus):
     wait_for(prometheus, 'sparkd_service_exits_total{service="sleeper", result="success"}', 1)
     health = httpx.get(f"{prometheus}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
     assert [t["health"] for t in health] == ["up"], health
+
+
+def test_prometheus_scrapes_an_engine(tmp_path):
+    # The engine's own /metrics (sparkd_engine_ names, docs/metrics-engine.md) through a real scrape.
+    sys.path.insert(0, str(ROOT / "tests" / "engine" / "server"))
+    from engine_server import EngineProcess, make_tiny_model
+
+    engine = EngineProcess(make_tiny_model(tmp_path / "tiny.gguf"), log=tmp_path / "engine.log").start()
+    try:
+        scraper = _prometheus(tmp_path, {"engine": f"127.0.0.1:{engine.port}"})
+        base = next(scraper)
+        try:
+            labels = wait_for(base, "sparkd_engine_ready", 1)
+            assert (labels["job"], labels["instance"]) == ("engine", f"127.0.0.1:{engine.port}")
+            reply = engine.client().completions.create(model="tiny", prompt="hello", max_tokens=5, temperature=0)
+            generated = reply.usage.completion_tokens
+            assert generated > 0
+            wait_for(base, "sparkd_engine_generated_tokens_total", generated)
+            assert query(base, "sparkd_engine_time_to_first_token_seconds_count")
+        finally:
+            scraper.close()
+    finally:
+        engine.stop()
 
 
 def test_every_dashboard_query_parses_on_a_real_prometheus(prometheus):
