@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from sparkd.engine.errors import EngineError
+from sparkd.engine.streaming.commands import add_commands, add_stream_options
 
 _EXPERT_TENSOR = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.I)
@@ -116,19 +117,26 @@ def cmd_generate(a) -> int:
     import torch
 
     from sparkd.engine.models import load_model
-
     from sparkd.engine.sampler import Sampler, SamplingParams
+    from sparkd.engine.streaming.commands import print_plan, stream_options
+    from sparkd.engine.streaming.profile import StageProfile
+    from sparkd.engine.streaming.session import open_streaming
 
-    m = load_model(a.model)
+    sm = None if a.resident else open_streaming(a.model, stream_options(a), on_plan=print_plan)
+    m = load_model(a.model) if a.resident else sm.model
     try:
         tok = _tokenizer(m)
         ids = _tokens(a, tok, m.gguf.metadata)
         sample = Sampler(SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                                         min_p=a.min_p, seed=a.seed))
         cache = m.net.new_cache(len(ids) + a.n)
+        batch = sm.plan.batch_tokens if sm else len(ids)
         t0 = time.perf_counter()
-        logits = m.net(torch.tensor(ids), cache)
+        for i in range(0, len(ids), batch):  # a long prompt in chunks the plan's workspace holds
+            logits = m.net(torch.tensor(ids[i:i + batch]), cache)
         t1 = time.perf_counter()
+        before = sm.store.snapshot() if sm else {}
+        prof = StageProfile(m.net) if sm else None
         out: list[int] = []
         while len(out) < a.n:
             nxt = sample(logits[-1], ids + out)
@@ -136,14 +144,39 @@ def cmd_generate(a) -> int:
             if nxt in tok.eog_ids:
                 break
             logits = m.net(torch.tensor([nxt]), cache)
+            if sm:
+                sm.store.note_tokens(1)
         t2 = time.perf_counter()
+        res = {"text": tok.decode(out), "tokens": out, "prompt_tokens": len(ids),
+               "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0}
+        if sm:
+            res["stream"] = _decode_stats(before, sm.store.snapshot(), prof.report(
+                sm.store.stats.wait_seconds - before["wait_seconds"]), sm.plan)
+            prof.remove()
     finally:
-        m.close()
-    res = {"text": tok.decode(out), "tokens": out, "prompt_tokens": len(ids),
-           "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0}
+        (sm or m).close()
     print(json.dumps(res) if a.json else
           f"{res['text']}\nprompt {res['prompt_tok_s']:.1f} tok/s, decode {res['decode_tok_s']:.1f} tok/s")
+    if sm and not a.json:
+        st = res["stream"]
+        print(f"decode: {st['bytes_per_token'] / 2**20:.2f} MiB/token read, hit rate {st['hit_rate']:.3f}, "
+              f"retention {st['retention']:.3f}, {st['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s while "
+              f"reads were outstanding", file=sys.stderr)
     return 0
+
+
+def _decode_stats(before: dict, after: dict, profile: dict, plan) -> dict:
+    """Cache statistics of the decode phase alone (the prompt's reads subtracted)."""
+    keys = ("requests", "hits", "misses", "evictions", "bytes_read", "read_seconds", "wait_seconds",
+            "tokens", "prefetch_predicted", "prefetch_useful", "prefetch_wasted")
+    d = {k: after[k] - before[k] for k in keys}
+    d["retention"] = 1.0 - d["evictions"] / d["requests"] if d["requests"] else 1.0
+    d["hit_rate"] = d["hits"] / d["requests"] if d["requests"] else 0.0
+    d["bytes_per_token"] = d["bytes_read"] / d["tokens"] if d["tokens"] else 0.0
+    d["bandwidth_bytes_per_second"] = d["bytes_read"] / d["read_seconds"] if d["read_seconds"] else 0.0
+    d.update(profile=profile, policy=after["policy"], direct_io=after["direct_io"],
+             cache_slots=plan.cache_slots, slot_bytes=plan.slot_bytes)
+    return d
 
 
 def _tokenizer(m):
@@ -230,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--top-p", type=float, default=1.0)
             s.add_argument("--min-p", type=float, default=0.0)
             s.add_argument("--seed", type=int)
+            s.add_argument("--resident", action="store_true", help="all experts in memory, no streaming")
+            add_stream_options(s, parse_size)
+    add_commands(sub, parse_size)
     s = sub.add_parser("make-model", help="write a random-weight GGUF")
     s.add_argument("out")
     s.add_argument("--arch")

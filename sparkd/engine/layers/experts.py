@@ -34,6 +34,9 @@ class ExpertWeights:
     act_gate: str | None = None
     act_up: str | None = None
     act_down: str | None = None
+    # the order to compute experts in (e.g. cached ones while the others' reads land); the MoE
+    # block still sums their outputs in id order, so the result does not depend on it
+    order: Sequence[int] | None = None
 
 
 class ExpertStore(Protocol):

@@ -77,9 +77,9 @@ class MoE(nn.Module):
         w, ids = self.router(x)  # [T, A], [T, A]
         uniq = torch.unique(ids)  # [U]
         ew = self.store.get(self.il, uniq.tolist())
-        out = torch.zeros_like(x)
-        for j, e in enumerate(uniq.tolist()):
-            tok, slot = (ids == e).nonzero(as_tuple=True)
+        parts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(uniq)
+        for j in (range(len(uniq)) if ew.order is None else ew.order):
+            tok, slot = (ids == uniq[j]).nonzero(as_tuple=True)
             h = x.index_select(0, tok)  # [t, D]
             g = round_activations(h, ew.act_gate) @ ew.gate[j].T  # [t, F]
             u = round_activations(h, ew.act_up) @ ew.up[j].T
@@ -88,7 +88,10 @@ class MoE(nn.Module):
             y = round_activations(self.act(g, u), ew.act_down) @ ew.down[j].T  # [t, D]
             if ew.down_b is not None:
                 y = y + ew.down_b[j]
-            out.index_add_(0, tok, y * w[tok, slot, None])
+            parts[j] = (tok, y * w[tok, slot, None])
+        out = torch.zeros_like(x)
+        for tok, y in parts:  # id order, whatever the compute order was
+            out.index_add_(0, tok, y)
         if self.shared is not None:
             out = out + self.shared(x)
         return out

@@ -42,12 +42,14 @@ def config_of(gguf: GGUFModel) -> ModelConfig:
     return arch_module(arch).config(gguf.metadata, str(gguf.path))
 
 
-def load_model(path: str | Path, store: ExpertStore | None = None) -> LoadedModel:
+def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None) -> LoadedModel:
     """Open a GGUF (first shard = all shards), configure and build its network.
 
-    Routed experts come from `store`; the default keeps them resident in memory.
+    Routed experts come from `store`; the default keeps them resident in memory. An already
+    open GGUFModel may be passed instead of a path (the streaming store shares it); the
+    LoadedModel then owns it.
     """
-    gguf = GGUFModel.open(path)
+    gguf = path if isinstance(path, GGUFModel) else GGUFModel.open(path)
     try:
         cfg = config_of(gguf)
         w = Weights(gguf)

@@ -1,0 +1,53 @@
+"""One allocation for every expert slot, made once from the plan: page-aligned (O_DIRECT reads land
+in it directly) and pinned when CUDA is used, so a GPU kernel can read a slot without a copy.
+Nothing else in the streaming store allocates memory that grows with the model."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import torch
+
+from sparkd.engine.errors import EngineError
+from sparkd.engine.streaming.plan import ALIGN_BYTES
+
+
+class Arena:
+    def __init__(self, n_slots: int, slot_bytes: int, pin: bool = False):
+        if slot_bytes % ALIGN_BYTES:
+            raise EngineError(f"could not allocate the expert arena: slot size {slot_bytes} is not a "
+                              f"multiple of {ALIGN_BYTES}")
+        self.n_slots, self.slot_bytes, self.pinned = n_slots, slot_bytes, pin
+        size = max(1, n_slots * slot_bytes)
+        try:
+            if pin:  # cudaHostAlloc memory is page-aligned
+                self.tensor = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            else:  # an anonymous mapping: page-aligned, and untouched pages cost nothing yet
+                self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+        except (RuntimeError, OSError) as exc:
+            raise EngineError(f"could not allocate the expert arena of {size} bytes "
+                              f"({n_slots} slots, pinned={pin}): {exc}") from exc
+        self._array = self.tensor.numpy()
+        if self._array.ctypes.data % ALIGN_BYTES:
+            raise EngineError("could not allocate the expert arena: memory is not page-aligned")
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_slots * self.slot_bytes
+
+    def buffer(self, slot: int, start: int, nbytes: int) -> memoryview:
+        """Writable bytes [start, start+nbytes) of a slot, for a read to land in."""
+        base = slot * self.slot_bytes + start
+        return memoryview(self._array[base:base + nbytes])
+
+    def view(self, slot: int, start: int, nbytes: int) -> torch.Tensor:
+        """The same bytes as a uint8 tensor (no copy)."""
+        base = slot * self.slot_bytes + start
+        return self.tensor[base:base + nbytes]
+
+    def release(self) -> None:
+        """Drop the memory (the store was closed); views taken before must not be used after."""
+        self.tensor = torch.empty(0, dtype=torch.uint8)
+        self._array = np.empty(0, dtype=np.uint8)

@@ -1,0 +1,237 @@
+"""The memory plan: what the engine will hold, decided before any large allocation.
+
+budget = --budget, else this process's cgroup memory limit minus headroom, else MemAvailable
+(with a warning). The plan splits it into runtime (the interpreter and libraries already
+loaded), the resident trunk (after dequantization), the KV cache for --ctx, a compute workspace,
+prefetch slots and the expert cache (the rest, in whole slots). Too small for one layer's top-k
+plus the prefetch slots → PlanError listing every term in bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from sparkd.engine.errors import EngineError
+from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.models.config import ModelConfig
+
+# A routed-expert weight tensor; its biases (gpt-oss) are small and stay resident with the trunk.
+EXPERT_WEIGHT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+ALIGN_BYTES = 4096  # O_DIRECT offset/length/buffer alignment (logical block ≤ page on NVMe)
+# Headroom under a cgroup limit: the kernel charges some memory we cannot see ahead of time
+# (socket buffers, page tables, slab); 5 % but at least 256 MiB keeps the OOM killer away.
+HEADROOM_FRACTION = 0.05
+HEADROOM_MIN_BYTES = 256 << 20
+F32_BYTES = 4
+# Memory no term models: reader thread stacks, allocator fragmentation, modules imported after the
+# plan (tokenizer, sampler). Measured ~15 MiB on a 206 MiB test model (docs/performance.md).
+SLACK_FRACTION = 0.02
+SLACK_MIN_BYTES = 32 << 20
+
+
+class PlanError(EngineError):
+    """The budget cannot hold the model's minimum; the message lists each term in bytes."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    bytes: int
+    source: str  # "--budget", "cgroup <path>" or "MemAvailable"
+    warning: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    budget_bytes: int
+    budget_source: str
+    runtime_bytes: int  # this process before the model: interpreter, torch, libraries
+    slack_bytes: int  # threads, allocator fragmentation, late imports
+    trunk_bytes: int  # resident tensors after dequantization to f32
+    kv_bytes: int
+    workspace_bytes: int
+    slot_bytes: int  # one expert's gate+up+down, each 4 KiB-bracketed
+    cache_slots: int
+    prefetch_slots: int
+    min_slots: int  # top-k of one layer
+    n_experts_total: int  # routed experts in the model (layers x experts)
+    ctx: int
+    batch_tokens: int
+
+    @property
+    def expert_cache_bytes(self) -> int:
+        return self.cache_slots * self.slot_bytes
+
+    @property
+    def prefetch_bytes(self) -> int:
+        return self.prefetch_slots * self.slot_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.runtime_bytes + self.slack_bytes + self.trunk_bytes + self.kv_bytes + self.workspace_bytes
+                + self.expert_cache_bytes + self.prefetch_bytes)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(expert_cache_bytes=self.expert_cache_bytes, prefetch_bytes=self.prefetch_bytes,
+                 total_bytes=self.total_bytes)
+        return d
+
+    def describe(self) -> str:
+        rows = [("budget", self.budget_bytes, self.budget_source),
+                ("runtime", self.runtime_bytes, "interpreter and libraries"),
+                ("slack", self.slack_bytes, "threads, allocator, late imports"),
+                ("trunk", self.trunk_bytes, "resident weights, dequantized"),
+                ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
+                ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens"),
+                ("prefetch", self.prefetch_bytes, f"{self.prefetch_slots} slots"),
+                ("expert cache", self.expert_cache_bytes,
+                 f"{self.cache_slots} slots of {self.slot_bytes} bytes "
+                 f"({self.cache_slots / max(1, self.n_experts_total):.1%} of {self.n_experts_total} experts)"),
+                ("total", self.total_bytes, "")]
+        return "\n".join(f"  {name:13s} {n:>16,d} bytes  {_human(n):>10s}  {why}" for name, n, why in rows)
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+# --- the budget ----------------------------------------------------------------------------------
+def cgroup_limit_bytes(proc_self_cgroup: str | Path = "/proc/self/cgroup",
+                       cgroup2_root: str | Path = "/sys/fs/cgroup") -> tuple[int, Path] | None:
+    """The tightest memory.max on this process's cgroup v2 path (its own or an ancestor's)."""
+    try:
+        lines = Path(proc_self_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    rel = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+    if rel is None:
+        return None
+    best: tuple[int, Path] | None = None
+    d = Path(cgroup2_root) / rel.lstrip("/")
+    root = Path(cgroup2_root)
+    while True:
+        f = d / "memory.max"
+        try:
+            text = f.read_text().strip()
+        except OSError:
+            text = "max"
+        if text != "max" and text.isdigit() and (best is None or int(text) < best[0]):
+            best = (int(text), f)
+        if d == root or root not in d.parents:
+            return best
+        d = d.parent
+
+
+def mem_available_bytes(meminfo: str | Path = "/proc/meminfo") -> int:
+    for line in Path(meminfo).read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise EngineError(f"could not read MemAvailable from {meminfo}: the line is missing")
+
+
+def resolve_budget(explicit_bytes: int | None, proc_self_cgroup: str | Path = "/proc/self/cgroup",
+                   cgroup2_root: str | Path = "/sys/fs/cgroup",
+                   meminfo: str | Path = "/proc/meminfo") -> Budget:
+    if explicit_bytes is not None:
+        return Budget(explicit_bytes, "--budget")
+    limit = cgroup_limit_bytes(proc_self_cgroup, cgroup2_root)
+    if limit is not None:
+        n, path = limit
+        headroom = max(HEADROOM_MIN_BYTES, int(n * HEADROOM_FRACTION))
+        return Budget(max(0, n - headroom), f"cgroup {path} = {n} minus {headroom} headroom")
+    avail = mem_available_bytes(meminfo)
+    return Budget(avail, "MemAvailable", warning=(
+        f"no --budget and no cgroup memory.max above this process: using MemAvailable "
+        f"({avail} bytes), which other processes share; pass --budget or run under sparkd"))
+
+
+def runtime_rss_bytes(status: str | Path = "/proc/self/status") -> int:
+    for line in Path(status).read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# --- the terms ---------------------------------------------------------------------------------
+def bracket_bytes(offset: int, nbytes: int) -> tuple[int, int]:
+    """(aligned start, aligned length) covering [offset, offset + nbytes) in ALIGN_BYTES units."""
+    start = offset - offset % ALIGN_BYTES
+    end = -(-(offset + nbytes) // ALIGN_BYTES) * ALIGN_BYTES
+    return start, end - start
+
+
+def expert_slot_bytes(g: GGUFModel) -> int:
+    """Bytes one slot needs for the worst expert of any layer: gate+up+down, each bracketed."""
+    per_layer: dict[int, int] = {}
+    for name, info in g.tensors.items():
+        m = EXPERT_WEIGHT.match(name)
+        if m:
+            per_slice = info.nbytes // info.shape[0]
+            worst = max(bracket_bytes(info.offset + e * per_slice, per_slice)[1]
+                        for e in range(info.shape[0]))
+            per_layer[int(m[1])] = per_layer.get(int(m[1]), 0) + worst
+    return max(per_layer.values(), default=0)
+
+
+def trunk_bytes(g: GGUFModel) -> int:
+    return sum(info.n_elements * F32_BYTES for name, info in g.tensors.items()
+               if not EXPERT_WEIGHT.match(name))
+
+
+def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
+    if cfg.arch == "deepseek2":  # MLA caches the latent plus the rope key, no values
+        per_pos = cfg.kv_lora_rank + cfg.rope.n_rot
+    else:
+        per_pos = cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v)
+    return cfg.n_layer * ctx * per_pos * F32_BYTES
+
+
+def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int) -> int:
+    """Peak transient tensors of one forward pass over batch_tokens (f32), with 50 % slack."""
+    T, D, A = batch_tokens, cfg.n_embd, max(1, cfg.n_expert_used)
+    heads = cfg.n_head * max(cfg.head_dim_k, cfg.head_dim_k_mla, 1)
+    dense = 3 * T * cfg.n_ff if cfg.n_layer_dense_lead or not cfg.is_moe else 0  # gate, up, activation
+    moe = 3 * T * cfg.n_ff_exp + T * A * D + 3 * cfg.n_ff_exp * D  # one expert's g/u/act, outputs, weights
+    values = (T * cfg.n_vocab  # logits
+              + 8 * T * D + 4 * T * heads  # residual, norms, q/k/v/o
+              + 3 * cfg.n_head * T * ctx  # scores, mask, probabilities
+              + max(dense, moe))
+    return int(values * F32_BYTES * 1.5)
+
+
+def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch_slots: int = 0,
+              batch_tokens: int = 0, runtime_bytes: int | None = None,
+              rss: Callable[[], int] = runtime_rss_bytes) -> MemoryPlan:
+    """Split the budget; raise PlanError if it cannot hold top-k experts plus prefetch slots."""
+    ctx = ctx or cfg.n_ctx_train
+    batch_tokens = batch_tokens or min(ctx, 512)
+    n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
+    total_experts = n_moe * cfg.n_expert
+    slot = expert_slot_bytes(g)
+    terms = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
+                 slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
+                 trunk_bytes=trunk_bytes(g), kv_bytes=kv_bytes(cfg, ctx),
+                 workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens))
+    fixed = sum(terms.values()) + prefetch_slots * slot
+    min_slots = cfg.n_expert_used if total_experts else 0
+    slots = min(total_experts, (budget.bytes - fixed) // slot) if slot else 0
+    plan = MemoryPlan(budget.bytes, budget.source, slot_bytes=slot, cache_slots=max(0, slots),
+                      prefetch_slots=prefetch_slots, min_slots=min_slots,
+                      n_experts_total=total_experts, ctx=ctx, batch_tokens=batch_tokens, **terms)
+    if slots < min_slots:
+        need = fixed + min_slots * slot
+        raise PlanError(
+            f"could not fit the model in a budget of {budget.bytes} bytes ({budget.source}): it needs "
+            f"at least {need} bytes for one layer's top-{min_slots} experts plus "
+            f"{prefetch_slots} prefetch slots:\n"
+            + "\n".join(f"  {k[:-6]:10s} {v:>16,d} bytes" for k, v in terms.items())
+            + f"\n  prefetch   {prefetch_slots * slot:>16,d} bytes ({prefetch_slots} x {slot})"
+            + f"\n  experts    {min_slots * slot:>16,d} bytes (top-{min_slots} x {slot})"
+            + "\nraise --budget, lower --ctx, or use fewer --prefetch slots")
+    return plan
