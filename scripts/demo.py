@@ -37,6 +37,9 @@ MOE_SHAPE = ["--arch", "qwen3moe", "--layers", "8", "--experts", "96", "--top-k"
 MOE_FILE = "demo-qwen3moe-1.3g-q4_k.gguf"
 # name -> (memory_max, ctx); the engine's budget is memory_max less an eighth (sparkd/specs.py)
 SERVICES = {"gemma": ("2G", 512), "moe": ("512M", 256)}
+# This GGUF is the base (pretrained) model and carries no chat template: the demo's template passes
+# the user's text through, so the answer is the model's continuation of it.
+GEMMA_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 
 
 def step(text: str) -> None:
@@ -79,10 +82,12 @@ def models(cache: Path, skip_gemma: bool) -> dict[str, Path]:
 
 
 def write_policy(work: Path, paths: dict[str, Path], ports: dict[str, int]) -> Path:
+    (work / "gemma.jinja").write_text(GEMMA_TEMPLATE)
+    extra = {"gemma": f", extra_args: [--chat-template-file, {work}/gemma.jinja]"}
     services = "".join(f"""\
   {name}:
     engine:
-      embedded: {{model: {paths[name]}, listen: "127.0.0.1:{ports[name]}", ctx: {SERVICES[name][1]}, alias: {name}}}
+      embedded: {{model: {paths[name]}, listen: "127.0.0.1:{ports[name]}", ctx: {SERVICES[name][1]}, alias: {name}{extra.get(name, "")}}}
     memory_max: {SERVICES[name][0]}
     swap_max: 0
     oom_policy: stop
@@ -182,7 +187,7 @@ def demo(work: Path, paths: dict[str, Path], max_tokens: int) -> None:
     try:
         wait_ready(sock, daemon, log)
         print("".join(line for line in log.read_text().splitlines(True) if "placement" in line or "enforce" in line))
-        prompts = {"gemma": "In one sentence, why does a GPU server need memory limits?", "moe": "Hello!"}
+        prompts = {"gemma": "A GPU server shared by several services needs memory limits because", "moe": "Hello!"}
         for name in paths:
             step(f"start {name} (guards, then its own cgroup) and send it a chat completion")
             sparkctl(sock, "start", name)
@@ -190,8 +195,12 @@ def demo(work: Path, paths: dict[str, Path], max_tokens: int) -> None:
             if name == "moe":
                 print("(random weights: the text is noise; what matters is the expert cache below)")
             chat(name, ports[name], prompts[name], max_tokens)
-        step("memory plans")
-        run(str(engine_executable(work)), "plan", str(paths["moe"]), "--budget", "448M", "--ctx", "256")
+        step("memory plans (the streamed engine's own, from its log; the resident ones are in the metrics)")
+        engine_log = work / "state" / "cgroupfs" / "moe.log"  # under systemd the plan is in the journal
+        if engine_log.exists():
+            print("".join(engine_log.read_text().partition("memory plan:")[1:]).split("sparkd-engine:")[0])
+        else:
+            run(str(engine_executable(work)), "plan", str(paths["moe"]), "--budget", "448M", "--ctx", "256")
         step("metrics (each engine's /metrics)")
         for name in paths:
             summarise(name, metrics(ports[name]))
