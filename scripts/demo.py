@@ -225,6 +225,8 @@ def main() -> int:
     a = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("the demo places services in cgroups and needs root: run it with sudo")
+    # a kill runs the same cleanup as Ctrl-C (sparkd is in its own session, so Ctrl-C reaches only us)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="sparkd-demo-"))
     step(f"models (cached in {a.cache})")
     paths = models(a.cache, a.skip_gemma)
