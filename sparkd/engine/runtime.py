@@ -103,6 +103,8 @@ class Engine:
         self.think: ThinkTags | None = None
         self._cache = None
         self._plan: dict[str, int] = {}
+        self._stream = None  # StreamingModel when the experts do not fit the budget
+        self._prompt_chunk_tokens = 0  # 0: the whole prompt in one pass
 
     # --- loading ------------------------------------------------------------------------------
 
@@ -120,6 +122,9 @@ class Engine:
             self.cfg = config_of(gguf)
             self.n_ctx = self._context(self.cfg.n_ctx_train)
             self._plan = self._memory_plan(gguf)
+            if self._needs_streaming():
+                gguf.close()
+                return self._load_streaming(progress)
             self.tokenizer = Tokenizer(gguf.metadata, str(self.model_path))
             self.template = self._chat_template(gguf.metadata)
             self.think = self._think_tags()
@@ -153,12 +158,42 @@ class Engine:
         if self.budget_bytes is not None:
             plan["budget"] = self.budget_bytes
             need = trunk + kv + experts
-            if need > self.budget_bytes:
+            # Routed experts that do not fit are streamed (see load); only the rest must fit.
+            if trunk + kv > self.budget_bytes or (need > self.budget_bytes and not experts):
                 raise MemoryPlanError(
                     f"could not plan memory for {self.model_path}: trunk {_mib(trunk)} + KV {_mib(kv)} "
                     f"({self.n_ctx} positions) + resident experts {_mib(experts)} = {_mib(need)} exceeds "
                     f"--budget {_mib(self.budget_bytes)}; lower --ctx or raise the budget")
         return plan
+
+    def _needs_streaming(self) -> bool:
+        p = self._plan
+        return "budget" in p and p["trunk"] + p["kv"] + p["experts_resident"] > p["budget"]
+
+    def _load_streaming(self, progress: Progress | None) -> None:
+        """Routed experts streamed from disk through a cache sized by the streaming plan
+        (printed on stderr, like `sparkd-engine plan`)."""
+        from sparkd.engine.streaming.commands import print_plan
+        from sparkd.engine.streaming.session import StreamOptions, open_streaming
+        from sparkd.engine.tokenizer import Tokenizer
+
+        sm = open_streaming(self.model_path, StreamOptions(budget_bytes=self.budget_bytes, ctx=self.n_ctx),
+                            on_plan=print_plan)
+        try:
+            plan, meta = sm.plan, sm.model.gguf.metadata
+            self._plan = {"trunk": plan.trunk_bytes, "kv": plan.kv_bytes, "experts_resident": 0,
+                          "expert_cache": plan.expert_cache_bytes, "budget": plan.budget_bytes}
+            self._prompt_chunk_tokens = plan.batch_tokens
+            self.tokenizer = Tokenizer(meta, str(self.model_path))
+            self.template = self._chat_template(meta)
+            self.think = self._think_tags()
+            self._cache = sm.model.net.new_cache(self.n_ctx)
+        except BaseException:
+            sm.close()
+            raise
+        self._stream, self.gguf, self.net = sm, sm.model.gguf, sm.model.net
+        if progress:
+            progress(1, 1)
 
     def _kv_bytes_per_position(self) -> int:
         c = self.cfg
@@ -204,7 +239,11 @@ class Engine:
     def cache_stats(self) -> dict[str, float] | None:
         """Expert cache counters (requests, hits, evictions, bytes_read, read_seconds,
         budget_bytes), or None while experts are resident (no cache)."""
-        return None
+        if self._stream is None:
+            return None
+        stats = self._stream.store.snapshot()
+        stats["budget_bytes"] = self._stream.plan.expert_cache_bytes
+        return stats
 
     def resize_cache(self, budget_bytes: int) -> dict[str, int]:
         """Shrink or grow the expert cache at run time; returns the new memory plan."""
@@ -234,7 +273,9 @@ class Engine:
         bias = _bias_vector(req.logit_bias, self.cfg.n_vocab)
         cache = self._cache
         cache.n_past = 0
-        logits = self.net(torch.tensor(req.prompt_ids), cache)[-1]
+        ids, chunk = req.prompt_ids, self._prompt_chunk_tokens or len(req.prompt_ids)
+        for i in range(0, len(ids), chunk):  # chunks the streaming plan's workspace holds
+            logits = self.net(torch.tensor(ids[i:i + chunk]), cache)[-1]
         history = list(req.prompt_ids)
         inside, thought = req.starts_in_reasoning, 0
         for _ in range(req.max_tokens):
@@ -258,9 +299,13 @@ class Engine:
             if cache.n_past >= cache.max_ctx:
                 return
             logits = self.net(torch.tensor([token]), cache)[-1]
+            if self._stream is not None:
+                self._stream.store.note_tokens(1)
 
     def close(self) -> None:
-        if self.gguf is not None:
+        if self._stream is not None:
+            self._stream.close()
+        elif self.gguf is not None:
             self.gguf.close()
 
 
