@@ -99,6 +99,21 @@ def _status_fetcher(socket_path: Path):
     return fetch
 
 
+def _top_fetcher(socket_path: Path):
+    """Status plus the last events (GET /v1/events?limit=N answers the newest N)."""
+    fetch_status, client = _status_fetcher(socket_path), Client(socket_path)
+
+    def fetch() -> dict:
+        status = fetch_status()
+        code, body = client.call("GET", "/v1/events", _TIMEOUT_SECONDS["status"], {"limit": top.EVENTS_SHOWN})
+        if code >= 400:
+            status["events_reason"] = body.get("error", {}).get("message", f"HTTP {code}")
+        else:
+            status["events"] = body["events"]
+        return status
+    return fetch
+
+
 def _os_cause(exc: BaseException) -> str:
     seen = exc
     while seen is not None:
@@ -163,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in _LOCAL_OPS:
         return _LOCAL_OPS[args.command](args)
     if args.command == "top":
-        return top.run(args, _status_fetcher(args.socket))
+        return top.run(args, _top_fetcher(args.socket))
     if args.command == "bench":
         return bench_cli.run(args, _status_fetcher(args.socket))
     if args.command == "events":
