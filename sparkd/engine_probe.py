@@ -11,6 +11,10 @@ import httpx
 PROBE_TIMEOUT_SECONDS = 1.0
 _DECODE_RATE = "sparkd_engine_decode_tokens_per_second"
 _GENERATED = "sparkd_engine_generated_tokens_total"
+# What sparkctl top shows beside decode speed; the cache families exist only with expert streaming.
+_QUEUED = "sparkd_engine_requests_queued"
+_RETENTION = "sparkd_engine_expert_cache_retention_ratio"
+_DISK_RATE = "sparkd_engine_expert_read_bandwidth_bytes_per_second"
 
 
 def _base_url(listen: str) -> str:
@@ -34,10 +38,12 @@ def _sample(text: str, name: str) -> float | None:
 
 async def probe_engine(listen: str, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> dict[str, Any]:
     """{"url", "health": loading|ready|error|unreachable, "progress", "error", "decode_tok_s",
-    "generated_tokens"}; never raises."""
+    "generated_tokens", "requests_queued", "cache_retention", "disk_read_bytes_per_second"}; a
+    figure the engine does not report is None; never raises."""
     url = _base_url(listen)
     out: dict[str, Any] = {"url": url, "health": "unreachable", "progress": None, "error": None,
-                           "decode_tok_s": None, "generated_tokens": None}
+                           "decode_tok_s": None, "generated_tokens": None, "requests_queued": None,
+                           "cache_retention": None, "disk_read_bytes_per_second": None}
     async with httpx.AsyncClient(timeout=timeout_seconds) as client:
         try:
             body = (await client.get(url + "/health")).json()
@@ -48,7 +54,10 @@ async def probe_engine(listen: str, timeout_seconds: float = PROBE_TIMEOUT_SECON
             return out
         try:
             text = (await client.get(url + "/metrics")).text
-            out.update(decode_tok_s=_sample(text, _DECODE_RATE), generated_tokens=_sample(text, _GENERATED))
+            queued = _sample(text, _QUEUED)
+            out.update(decode_tok_s=_sample(text, _DECODE_RATE), generated_tokens=_sample(text, _GENERATED),
+                       requests_queued=None if queued is None else int(queued),
+                       cache_retention=_sample(text, _RETENTION), disk_read_bytes_per_second=_sample(text, _DISK_RATE))
         except httpx.HTTPError as exc:
             out["error"] = f"could not read {url}/metrics: {exc or type(exc).__name__}"
     return out

@@ -342,6 +342,7 @@ class Supervisor:
                 "why_not_enforced": self.placement.why_not_enforced,
                 "gpu_available": gpu.available,
                 "gpu_reason": gpu.reason,
+                "state_dir": str(self.policy.daemon.state_dir),  # where sparkctl bench keeps its history
             },
             "services": services,
             "system": self._system_memory(),

@@ -10,6 +10,7 @@
   sparkctl plan --users N --tok-s X --profile NAME=REQxTOKENS ...   (local)
   sparkctl disk-bench PATH [--size 4G] [--json] ...                 (local)
   sparkctl [--socket PATH] top [--once] [--interval S]
+  sparkctl [--socket PATH] bench SERVICE [--prompt-tokens N] [--gen-tokens N] [--runs N] [--json] ...
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import httpx
 from rich.console import Console
 
 from ..errors import ControlError
-from ..ops import diskbench_cli, plan_cli, top
+from ..ops import bench_cli, diskbench_cli, plan_cli, top
 from .common import check_policy
 from .events import parse_since, show_events
 from .render import render_action, render_preflight, render_refusal, render_status
@@ -46,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--socket", type=Path, default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{status,start,stop,preflight,events,clear,check-policy,plan,disk-bench,top}")
+                           metavar="{status,start,stop,preflight,events,clear,check-policy,plan,disk-bench,top,bench}")
     status = sub.add_parser("status", help="services, memory, pressure, guards")
     status.add_argument("--json", action="store_true")
     for verb in ("start", "stop"):
@@ -82,6 +83,9 @@ def _add_ops(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter))
     top.add_arguments(sub.add_parser("top", help="live view of services, memory, pressure (q quits)", description=top.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter))
+    bench_cli.add_arguments(sub.add_parser(
+        "bench", help="prompt + decode benchmark of a running embedded engine (OpenAI API)",
+        description=bench_cli.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
 def _status_fetcher(socket_path: Path):
@@ -92,6 +96,21 @@ def _status_fetcher(socket_path: Path):
         if code >= 400:
             raise ControlError(f"could not get sparkd's status: {body.get('error', {}).get('message', f'HTTP {code}')}")
         return body
+    return fetch
+
+
+def _top_fetcher(socket_path: Path):
+    """Status plus the last events (GET /v1/events?limit=N answers the newest N)."""
+    fetch_status, client = _status_fetcher(socket_path), Client(socket_path)
+
+    def fetch() -> dict:
+        status = fetch_status()
+        code, body = client.call("GET", "/v1/events", _TIMEOUT_SECONDS["status"], {"limit": top.EVENTS_SHOWN})
+        if code >= 400:
+            status["events_reason"] = body.get("error", {}).get("message", f"HTTP {code}")
+        else:
+            status["events"] = body["events"]
+        return status
     return fetch
 
 
@@ -159,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in _LOCAL_OPS:
         return _LOCAL_OPS[args.command](args)
     if args.command == "top":
-        return top.run(args, _status_fetcher(args.socket))
+        return top.run(args, _top_fetcher(args.socket))
+    if args.command == "bench":
+        return bench_cli.run(args, _status_fetcher(args.socket))
     if args.command == "events":
         return show_events(Client(args.socket), args)
     console = Console(highlight=False)

@@ -1,12 +1,11 @@
 """`sparkctl top`: a live view of sparkd's status that fits an 80x24 terminal over SSH.
 
 It draws what GET /v1/status returns: per service state, memory.current vs max, PSI avg10, GPU
-memory; the box's MemAvailable vs the guards' reserve; the last events. Engine figures (tok/s,
-queue, cache retention, disk MB/s) come from a per-service "engine" object once the engine's
-metrics reach the status; until then, and for any figure missing, the cell shows '–'.
-Expected keys of svc["engine"]: decode_tokens_per_second, requests_queued, cache_retention
-(0..1), disk_read_bytes_per_second. Expected items of status["events"]: {time, service, event,
-message}.
+memory, and for an embedded engine what sparkd's probe read from its /metrics (svc["engine"]:
+decode_tok_s, requests_queued, cache_retention 0..1, disk_read_bytes_per_second; the cache and
+disk figures exist only with expert streaming); the box's MemAvailable vs the guards' reserve;
+the last events of GET /v1/events (status["events"], added by the fetcher). Any figure missing
+shows '–'.
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ def _pct(value: float | None) -> str:
 
 
 def _engine_cells(engine: dict) -> list[str]:
-    tok_s = engine.get("decode_tokens_per_second")
+    tok_s = engine.get("decode_tok_s")
     queued = engine.get("requests_queued")
     retention = engine.get("cache_retention")
     disk = engine.get("disk_read_bytes_per_second")
@@ -113,14 +112,21 @@ def _services(status: dict, max_rows: int) -> Table:
     return table
 
 
+def _event_line(e: dict) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(e.get("time", 0)))
+    what = e.get("result") or e.get("detector") or ""
+    return f"{stamp} {e.get('service') or '-'} {e.get('type', '?')}" + (f": {what}" if what else "")
+
+
 def _events(status: dict) -> list[Text]:
     events = status.get("events")
     if events is None:
-        return [_line(f"events {NA} (this sparkd does not report events yet)", "dim")]
+        why = status.get("events_reason") or "this sparkd does not report events"
+        return [_line(f"events {NA} ({why})", "dim")]
     lines = [_line("last events", "bold")]
-    for e in events[-EVENTS_SHOWN:]:
-        stamp = time.strftime("%H:%M:%S", time.localtime(e.get("time", 0)))
-        lines.append(_line(f"{stamp} {e.get('service') or '-'} {e.get('event', '?')}: {e.get('message', '')}"))
+    lines += [_line(_event_line(e)) for e in events[-EVENTS_SHOWN:]]
+    if not events:
+        lines.append(_line("(none)", "dim"))
     return lines
 
 

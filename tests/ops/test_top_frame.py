@@ -32,9 +32,11 @@ def draw(body: dict | None, error: str | None = None, height: int = 24) -> list[
 
 
 def test_engine_figures_and_events_when_reported():
-    engine = {"decode_tokens_per_second": 0.37, "requests_queued": 3, "cache_retention": 0.914,
-              "disk_read_bytes_per_second": 11.1e9}
-    events = [{"time": 0, "service": "kimi", "event": f"pressure_{i}", "message": "full avg10 53"} for i in range(6)]
+    engine = {"url": "http://127.0.0.1:7777", "health": "ready", "decode_tok_s": 0.37, "requests_queued": 3,
+              "cache_retention": 0.914, "disk_read_bytes_per_second": 11.1e9}
+    # the shape of sparkd's event log (GET /v1/events)
+    events = [{"seq": i, "time": 0, "level": "warning", "type": f"pressure_{i}", "service": "kimi",
+               "detector": "psi", "result": "full avg10 53"} for i in range(6)]
     lines = draw(status([svc("kimi", engine=engine)], events=events))
     row = next(line for line in lines if line.startswith("kimi"))
     assert row.split()[1:] == ["active", "80.0G/92.0G", "53.0/12.5", "2048M", "0.37", "3", "91%", "11100"]
@@ -42,6 +44,13 @@ def test_engine_figures_and_events_when_reported():
     assert "last events" in lines
     shown = [line for line in lines if " kimi pressure_" in line]
     assert [line.split()[2] for line in shown] == ["pressure_2:", "pressure_3:", "pressure_4:", "pressure_5:"]
+    assert shown[-1].endswith("kimi pressure_5: full avg10 53")
+
+
+def test_no_events_and_no_watchers_are_said():
+    assert "(none)" in draw(status([svc("kimi")], events=[]))
+    lines = draw(status([svc("kimi")], events_reason="could not answer: this sparkd runs without watchers"))
+    assert "events – (could not answer: this sparkd runs without watchers)" in lines
 
 
 def test_missing_figures_show_a_dash():
