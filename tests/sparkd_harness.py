@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The host's cgroup2 tree: pure v2, or the unified part of a hybrid v1/v2 host (CI).
+CGROUP2 = Path("/sys/fs/cgroup") if Path("/sys/fs/cgroup/cgroup.controllers").exists() else Path("/sys/fs/cgroup/unified")
 # Start-up is a policy load, an adopt and a socket bind; a minute only trips on a wedged machine.
 READY_TIMEOUT_SECONDS = 60.0
 
@@ -96,3 +99,24 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def remove_cgroup_tree(root: Path, timeout_seconds: float = 10.0) -> None:
+    """Kill everything under a test cgroup root and remove its directories, deepest first."""
+    if not root.exists():
+        return
+    (root / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + timeout_seconds
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [root]:
+        while d.exists():
+            try:
+                d.rmdir()
+            except OSError:
+                assert time.monotonic() < deadline, f"could not remove {d}"
+                time.sleep(0.05)

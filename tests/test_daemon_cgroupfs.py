@@ -16,29 +16,20 @@ import time
 from pathlib import Path
 
 import pytest
-
-from sparkd_harness import Sparkd, pid_alive, python_env, service, sparkctl, status_json
+from sparkd_harness import (
+    CGROUP2,
+    Sparkd,
+    pid_alive,
+    python_env,
+    remove_cgroup_tree,
+    service,
+    sparkctl,
+    status_json,
+)
 
 pytestmark = pytest.mark.root
-CGROUP2 = Path("/sys/fs/cgroup/unified") if not Path("/sys/fs/cgroup/cgroup.controllers").exists() else Path("/sys/fs/cgroup")
 
 
-def _kill_tree(root: Path) -> None:
-    if not root.exists():
-        return
-    (root / "cgroup.kill").write_text("1")
-    deadline = time.monotonic() + 10
-    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [root]:
-        while True:
-            try:
-                d.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
 
 
 @pytest.fixture
@@ -52,7 +43,7 @@ def world(tmp_path):
     yield {"tmp": tmp_path, "cgroup_root": cgroup_root, "run": run_dir, "daemons": daemons}
     for d in daemons:
         d.ensure_dead()
-    _kill_tree(cgroup_root)
+    remove_cgroup_tree(cgroup_root)
     shutil.rmtree(run_dir, ignore_errors=True)
 
 

@@ -11,13 +11,13 @@ later runs build offline.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from sparkd_harness import free_port
 
 pytestmark = [pytest.mark.systemd, pytest.mark.root, pytest.mark.slow]
 
@@ -32,11 +32,6 @@ ANSWER_TIMEOUT_SECONDS = 30.0
 MEMBER, OUTSIDER = "sparkd-member", "sparkd-outsider"
 
 
-def _free_port() -> int:
-    # The box shares the host's network namespace: ask the host for a free port.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +123,10 @@ def test_deb_lifecycle(box, deb):
     assert "permission denied" in refused.stderr, refused.stderr
 
     # An engine placed by sparkd (a command engine: the embedded one needs torch).
-    port = _free_port()
+    port = free_port()
     policy = yaml.safe_load(box.sh("cat", "/etc/sparkd/policy.yaml").stdout)
     policy["guards"]["reserve"] = "64M"
-    metrics_port = _free_port()
+    metrics_port = free_port()
     policy["daemon"]["metrics_listen"] = f"127.0.0.1:{metrics_port}"
     policy["services"] = {
         "demo": {

@@ -18,35 +18,17 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from sparkd_harness import Sparkd, sparkctl
+from sparkd_harness import CGROUP2, Sparkd, free_port, remove_cgroup_tree, sparkctl
 
 ROOT = Path(__file__).resolve().parents[2]
-CGROUP2 = Path("/sys/fs/cgroup/unified") if not Path("/sys/fs/cgroup/cgroup.controllers").exists() else Path("/sys/fs/cgroup")
 # Bounds on a wedged machine, never expected to be reached: server start, a scrape plus a rule run.
 PROMETHEUS_READY_SECONDS = 60.0
 SERIES_WAIT_SECONDS = 30.0
 pytestmark = [pytest.mark.root, pytest.mark.skipif(not shutil.which("prometheus"), reason="needs prometheus (apt-get install prometheus)")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def _remove_tree(root: Path) -> None:
-    if not root.exists():
-        return
-    (root / "cgroup.kill").write_text("1")
-    deadline = time.monotonic() + 10
-    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [root]:
-        while d.exists():
-            try:
-                d.rmdir()
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
 
 
 @pytest.fixture
@@ -71,7 +53,7 @@ def sparkd(tmp_path):
         yield d, port
     finally:
         d.ensure_dead()
-        _remove_tree(cgroup_root)
+        remove_cgroup_tree(cgroup_root)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -83,7 +65,7 @@ def prometheus(tmp_path, sparkd):
 
 def _prometheus(tmp_path, targets: dict[str, str]):
     """A Prometheus on a free loopback port scraping {job: host:port} every second, with our rules."""
-    port = _free_port()
+    port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(ROOT / "packaging/prometheus/recording.yml"), str(ROOT / "packaging/prometheus/alerts.yml")],
@@ -221,8 +203,9 @@ def _policy_file(tmp_path: Path, cgroup_root: Path, run_dir: Path, listen: str) 
 
 
 def test_malformed_metrics_listen_fails_start_up_before_placing_anything(tmp_path):
-    from sparkd_harness import python_env
     import sys
+
+    from sparkd_harness import python_env
 
     cgroup_root = CGROUP2 / f"sparkd-test-metrics-{os.getpid()}-{time.monotonic_ns()}"
     policy = _policy_file(tmp_path, cgroup_root, tmp_path, "localhost:9464")
@@ -249,4 +232,4 @@ def test_busy_metrics_port_leaves_sparkd_supervising(tmp_path):
     finally:
         holder.close()
         d.ensure_dead()
-        _remove_tree(cgroup_root)
+        remove_cgroup_tree(cgroup_root)

@@ -19,28 +19,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from sparkd_harness import Sparkd, python_env, sparkctl
+from sparkd_harness import CGROUP2, Sparkd, python_env, remove_cgroup_tree, sparkctl
 
 pytestmark = pytest.mark.root
-CGROUP2 = Path("/sys/fs/cgroup/unified") if not Path("/sys/fs/cgroup/cgroup.controllers").exists() else Path("/sys/fs/cgroup")
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 # Waiting for the terminal to show something: a wedged machine fails, a slow one does not.
 SCREEN_TIMEOUT_SECONDS = 60
 
 
-def _remove_tree(root: Path) -> None:
-    if not root.exists():
-        return
-    (root / "cgroup.kill").write_text("1")
-    deadline = time.monotonic() + 10
-    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [root]:
-        while d.exists():
-            try:
-                d.rmdir()
-            except OSError:
-                assert time.monotonic() < deadline, f"could not remove {d}"
-                time.sleep(0.05)
 
 
 @pytest.fixture
@@ -66,7 +52,7 @@ def live(tmp_path):
         yield sock
     finally:
         daemon.ensure_dead()
-        _remove_tree(cgroup_root)
+        remove_cgroup_tree(cgroup_root)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

@@ -6,7 +6,6 @@ are still seen; watcher health (PSI trigger modes) is in the status."""
 from __future__ import annotations
 
 import json
-import socket as pysocket
 import time
 import uuid
 
@@ -14,7 +13,7 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from sparkd_harness import Sparkd, pid_alive, service, sparkctl, status_json
+from sparkd_harness import Sparkd, free_port, pid_alive, service, sparkctl, status_json
 from test_daemon_cgroupfs import world  # noqa: F401  (fixture: test cgroup root, run dir, cleanup)
 from test_kmsg import write_kmsg
 
@@ -57,10 +56,6 @@ def _wait_for(socket, predicate) -> list[dict]:
     raise AssertionError(f"events never matched: {json.dumps(_events(socket), indent=1)}")
 
 
-def _free_port() -> int:
-    with pysocket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _samples(port: int) -> dict[tuple, float]:
@@ -71,7 +66,7 @@ def _samples(port: int) -> dict[tuple, float]:
 
 
 def test_nvrm_line_stops_the_service_and_holds_starts_until_clear(world):  # noqa: F811
-    world["metrics_port"] = _free_port()
+    world["metrics_port"] = free_port()
     socket = world["run"] / "sock" / "control.sock"
     d = Sparkd(_policy(world), socket, world["tmp"] / "sparkd.log")
     world["daemons"].append(d)
