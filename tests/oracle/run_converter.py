@@ -1,0 +1,34 @@
+"""Run llama.cpp's convert_hf_to_gguf.py, accepting a BPE pre-tokenizer it does not know.
+
+    PYTHONPATH=<llama.cpp>:<llama.cpp>/gguf-py python run_converter.py CONVERT_SCRIPT ARGS...
+
+The converter identifies a BPE pre-tokenizer by hashing how the tokenizer splits a fixed text,
+and refuses unknown hashes. The tiny test tokenizer is unknown by construction; its
+pre-tokenizer is then recorded as "qwen2" (a plain byte-level regex split). Nothing else in
+the conversion changes, and the logits tests never tokenize text.
+"""
+
+import functools
+import runpy
+import sys
+
+import conversion.base as base
+
+FALLBACK_PRE_TOKENIZER = "qwen2"
+
+
+def _with_fallback(detect):
+    @functools.wraps(detect)
+    def wrapper(self, tokenizer):
+        try:
+            return detect(self, tokenizer)
+        except NotImplementedError:
+            return FALLBACK_PRE_TOKENIZER
+    return wrapper
+
+
+if __name__ == "__main__":
+    base.TextModel.get_vocab_base_pre = _with_fallback(base.TextModel.get_vocab_base_pre)
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    runpy.run_path(script, run_name="__main__")
