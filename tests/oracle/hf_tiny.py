@@ -83,8 +83,11 @@ def write_tokenizer(model_dir: Path) -> None:
     fast.save_pretrained(model_dir)
 
 
-def build_hf_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
-    """Save a seeded random transformers model of TINY[arch] (F32 safetensors) under out_dir/arch."""
+def build_hf_model(arch: str, out_dir: Path, seed: int = 0, hub_keys: bool = True) -> Path:
+    """Save a seeded random transformers model of TINY[arch] (F32 safetensors) under out_dir.
+
+    hub_keys=False leaves out EXTRA_CONFIG_JSON, as a plain transformers 5.x save_pretrained does.
+    """
     tf = _transformers()
     import torch
     cfg_name, model_name, kw = TINY[arch]
@@ -93,27 +96,27 @@ def build_hf_model(arch: str, out_dir: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = getattr(tf, model_name)(cfg).to(torch.float32).eval()
     _perturb(model, seed)
-    model_dir = out_dir / arch
+    model_dir = out_dir / (arch if hub_keys else f"{arch}-no-hub-keys")
     model.save_pretrained(model_dir, safe_serialization=True)
-    if extra := EXTRA_CONFIG_JSON.get(arch):
+    if hub_keys and (extra := EXTRA_CONFIG_JSON.get(arch)):
         path = model_dir / "config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), **extra}, indent=2))
     write_tokenizer(model_dir)
     return model_dir
 
 
-def convert(model_dir: Path, gguf_path: Path, llama_src: Path, outtype: str = "f32") -> Path:
-    """Run the vendored convert_hf_to_gguf.py (with its own gguf-py) in a child interpreter."""
+def convert(jobs: list[tuple[Path, Path]], llama_src: Path, outtype: str = "f32") -> None:
+    """Run the vendored convert_hf_to_gguf.py (with its own gguf-py) on each (model_dir, gguf)
+    pair, all in one child interpreter: importing the converter costs more than converting."""
     env = dict(os.environ, HF_HUB_OFFLINE="1",
                PYTHONPATH=os.pathsep.join([str(llama_src), str(llama_src / "gguf-py")]))
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "run_converter.py"), str(llama_src / "convert_hf_to_gguf.py"),
-         str(model_dir), "--outtype", outtype, "--outfile", str(gguf_path)],
-        env=env, capture_output=True, text=True)
+    paths = [str(p) for job in jobs for p in job]
+    proc = subprocess.run([sys.executable, str(HERE / "run_converter.py"),
+                           str(llama_src / "convert_hf_to_gguf.py"), outtype, *paths],
+                          env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"could not convert {model_dir} with convert_hf_to_gguf.py "
+        raise RuntimeError(f"could not convert {[str(d) for d, _ in jobs]} with convert_hf_to_gguf.py "
                            f"(exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return gguf_path
 
 
 def hf_logits(model_dir: Path, tokens: list[int], dtype: str = "float64") -> np.ndarray:

@@ -1,6 +1,7 @@
-"""Run llama.cpp's convert_hf_to_gguf.py, accepting a BPE pre-tokenizer it does not know.
+"""Run llama.cpp's convert_hf_to_gguf.py on several models, accepting an unknown BPE pre-tokenizer.
 
-    PYTHONPATH=<llama.cpp>:<llama.cpp>/gguf-py python run_converter.py CONVERT_SCRIPT ARGS...
+    PYTHONPATH=<llama.cpp>:<llama.cpp>/gguf-py \
+        python run_converter.py CONVERT_SCRIPT OUTTYPE MODEL_DIR OUTFILE [MODEL_DIR OUTFILE ...]
 
 The converter identifies a BPE pre-tokenizer by hashing how the tokenizer splits a fixed text,
 and refuses unknown hashes. The tiny test tokenizer is unknown by construction; its
@@ -28,7 +29,11 @@ def _with_fallback(detect):
 
 
 if __name__ == "__main__":
+    script, outtype, *pairs = sys.argv[1:]
+    if not pairs or len(pairs) % 2:
+        sys.exit("usage: run_converter.py CONVERT_SCRIPT OUTTYPE MODEL_DIR OUTFILE [...]")
     base.TextModel.get_vocab_base_pre = _with_fallback(base.TextModel.get_vocab_base_pre)
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    runpy.run_path(script, run_name="__main__")
+    converter = runpy.run_path(script, run_name="convert_hf_to_gguf")  # defines main(), runs nothing
+    for model_dir, outfile in zip(pairs[::2], pairs[1::2]):
+        sys.argv = [script, model_dir, "--outtype", outtype, "--outfile", outfile]
+        converter["main"]()
