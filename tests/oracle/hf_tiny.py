@@ -22,27 +22,31 @@ VOCAB = 512
 N_BYTE_TOKENS = 256
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids right after the BPE vocab
 
-_COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, max_position_embeddings=512,
-               initializer_range=0.1, tie_word_embeddings=False, rms_norm_eps=1e-6)
+_COMMON = {"vocab_size": VOCAB, "hidden_size": 64, "num_attention_heads": 4,
+           "max_position_embeddings": 512, "initializer_range": 0.1, "tie_word_embeddings": False,
+           "rms_norm_eps": 1e-6}
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 # keyword arguments of each transformers config class; small but with every feature the
 # converter has to carry: qk-norm, GQA, MoE top-k with normalisation, MLA with q-LoRA, grouped
 # sigmoid routing with a score-correction bias, shared experts and a leading dense layer
 TINY = {
-    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
-        num_hidden_layers=2, num_key_value_heads=2, head_dim=16, intermediate_size=96,
-        moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
-    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
-        num_hidden_layers=3, num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=32,
-        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
-        first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=48,
-        kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_mtp_layers=0,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+        "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+        "norm_topk_prob": True, "rope_parameters": _ROPE}),
+    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "intermediate_size": 96,
+        "moe_intermediate_size": 32, "n_routed_experts": 8, "n_shared_experts": 1,
+        "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5, "norm_topk_prob": True, "q_lora_rank": 48, "kv_lora_rank": 32,
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "num_mtp_layers": 0,
+        "rope_parameters": _ROPE}),
 }
 
 # Keys real hub configs carry that transformers 5.x no longer serialises. Without scoring_func
-# the converter silently writes softmax gating for DeepSeek-V3 (DESIGN.md, oracle section).
+# the converter omits the gating key and readers fall back to softmax gating for DeepSeek-V3
+# (DESIGN.md, oracle section).
 EXTRA_CONFIG_JSON = {"deepseek-v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}}
 
 
@@ -79,7 +83,8 @@ def write_tokenizer(model_dir: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[0])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIALS[0],
+                                   pad_token=SPECIALS[0])
     fast.save_pretrained(model_dir)
 
 
@@ -113,9 +118,10 @@ def convert(jobs: list[tuple[Path, Path]], llama_src: Path, outtype: str = "f32"
     paths = [str(p) for job in jobs for p in job]
     proc = subprocess.run([sys.executable, str(HERE / "run_converter.py"),
                            str(llama_src / "convert_hf_to_gguf.py"), outtype, *paths],
-                          env=env, capture_output=True, text=True)
+                          env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"could not convert {[str(d) for d, _ in jobs]} with convert_hf_to_gguf.py "
+        names = ", ".join(str(d) for d, _ in jobs)
+        raise RuntimeError(f"could not convert {names} with {llama_src}/convert_hf_to_gguf.py "
                            f"(exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 

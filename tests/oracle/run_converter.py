@@ -13,7 +13,7 @@ import functools
 import runpy
 import sys
 
-import conversion.base as base
+from conversion import base
 
 FALLBACK_PRE_TOKENIZER = "qwen2"
 
@@ -33,7 +33,7 @@ if __name__ == "__main__":
     if not pairs or len(pairs) % 2:
         sys.exit("usage: run_converter.py CONVERT_SCRIPT OUTTYPE MODEL_DIR OUTFILE [...]")
     base.TextModel.get_vocab_base_pre = _with_fallback(base.TextModel.get_vocab_base_pre)
-    converter = runpy.run_path(script, run_name="convert_hf_to_gguf")  # defines main(), runs nothing
+    converter = runpy.run_path(script, run_name="convert_hf_to_gguf")  # defines main() only
     for model_dir, outfile in zip(pairs[::2], pairs[1::2]):
         sys.argv = [script, model_dir, "--outtype", outtype, "--outfile", outfile]
         converter["main"]()

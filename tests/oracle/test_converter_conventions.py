@@ -1,4 +1,4 @@
-"""Real converter conventions: transformers model → llama.cpp's convert_hf_to_gguf.py → our engine.
+"""Real converter conventions: transformers → llama.cpp's convert_hf_to_gguf.py → our engine.
 
 The matrix models come from our own GGUF writer; these come from transformers through the
 official converter (the llama.cpp vendored in llama-cpp-python 0.3.36, with its own gguf-py),
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from compare import agreement, full_logits
 from hf_tiny import TINY, build_hf_model, convert, hf_logits
 from llama_oracle import llama_source_dir
+
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.models import load_model
 from sparkd.engine.models.config import GATING_SOFTMAX
