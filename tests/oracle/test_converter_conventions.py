@@ -28,7 +28,8 @@ F32_REL_ERR = 1e-4
 TOKENS = np.random.default_rng(7).integers(0, 256, 24).tolist()  # byte tokens; no text needed
 GATING_KEY = "deepseek2.expert_gating_func"
 GATING_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
-# The softmax-gated GGUF of a sigmoid-routed model must be clearly wrong, not float noise.
+# The softmax-gated GGUF of a sigmoid-routed model must be clearly wrong, not float noise
+# (measured 2026-11-30: relative error 0.78, top-1 0.58).
 TRAP_MIN_REL_ERR = 1e-2
 
 
