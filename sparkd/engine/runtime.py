@@ -8,7 +8,7 @@ streaming expert store (and its cache resize) slots in here without changing the
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -17,6 +17,9 @@ import torch
 from sparkd.engine.chat import THINK_TAGS, ChatTemplate
 from sparkd.engine.errors import EngineError
 from sparkd.engine.sampler import Sampler, SamplingParams
+from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, kv_bytes
+from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
+from sparkd.engine.tokenizer import Tokenizer
 
 # Without --ctx the KV cache covers this many positions (or the model's training context if
 # smaller): a model's full training context (40k-160k) would cost GBs of f32 KV it rarely uses.
@@ -53,91 +56,79 @@ class GenerationRequest:
     reasoning_budget: int | None = None  # reasoning tokens before </think> is forced; None: unlimited
 
 
-class _CountingWeights:
-    """Wraps Weights.get so loading reports bytes read against the file's tensor bytes."""
-
-    def __init__(self, weights: Any, progress: Progress, total_bytes: int):
-        self._w, self._progress, self._total = weights, progress, total_bytes
-        self.done_bytes = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._w, name)
-
-    def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        t = self._w.get(name, shape)
-        self.done_bytes += self._w.model.tensor(name).nbytes
-        self._progress(self.done_bytes, self._total)
-        return t
-
-    # Weights' helpers call self.get; route them through the counting get.
-    def linear(self, prefix, shape=None):
-        from sparkd.engine.layers.linear import Linear
-        return Linear(self.get(f"{prefix}.weight", shape), self.maybe(f"{prefix}.bias"))
-
-    def maybe(self, name):
-        return self.get(name) if self._w.has(name) else None
-
-    def maybe_linear(self, prefix):
-        return self.linear(prefix) if self._w.has(f"{prefix}.weight") else None
-
-    def norm(self, name, eps):
-        from sparkd.engine.layers.norm import RMSNorm
-        return RMSNorm(self.get(f"{name}.weight"), eps)
-
-    def maybe_norm(self, name, eps):
-        return self.norm(name, eps) if self._w.has(f"{name}.weight") else None
-
-
 class Engine:
     """One model, one decode slot: callers serialise generate() (the server's slot does)."""
 
     def __init__(self, model_path: str | Path, *, ctx: int | None = None, budget_bytes: int | None = None,
-                 chat_template: str | None = None, threads: int | None = None):
+                 chat_template: str | None = None, threads: int | None = None, resident: bool = False,
+                 stream: StreamOptions | None = None, log: Callable[[str], None] | None = None):
         self.threads = threads
         self.model_path = Path(model_path)
         self.requested_ctx = ctx
         self.budget_bytes = budget_bytes
+        self.resident = resident  # every expert in memory, no plan beyond --budget (measurement)
+        self._stream = stream or StreamOptions()
+        self._log = log or (lambda line: None)
         self._template_source = chat_template
         self.n_ctx = 0
         self.gguf = self.cfg = self.net = self.tokenizer = self.template = None
         self.think: ThinkTags | None = None
+        self.streaming: StreamingModel | None = None
         self._cache = None
         self._plan: dict[str, int] = {}
-        self._stream = None  # StreamingModel when the experts do not fit the budget
-        self._prompt_chunk_tokens = 0  # 0: the whole prompt in one pass
 
     # --- loading ------------------------------------------------------------------------------
 
     def load(self, progress: Progress | None = None) -> None:
+        """Routed experts stream under the memory plan (open_streaming, like `generate`) unless
+        the engine is resident or the model is dense; either way the plan is checked first."""
         from sparkd.engine.gguf_file import GGUFModel
-        from sparkd.engine.layers.experts import ResidentExperts
-        from sparkd.engine.models import arch_module, config_of
-        from sparkd.engine.models.weights import Weights
-        from sparkd.engine.tokenizer import Tokenizer
+        from sparkd.engine.models import config_of, load_model
 
         if self.threads is not None:
             torch.set_num_threads(self.threads)  # process-wide: the engine owns this process
-        gguf = GGUFModel.open(self.model_path)
+        peek = GGUFModel.open(self.model_path)
         try:
-            self.cfg = config_of(gguf)
-            self.n_ctx = self._context(self.cfg.n_ctx_train)
-            self._plan = self._memory_plan(gguf)
-            if self._needs_streaming():
-                gguf.close()
-                return self._load_streaming(progress)
-            self.tokenizer = Tokenizer(gguf.metadata, str(self.model_path))
-            self.template = self._chat_template(gguf.metadata)
-            self.think = self._think_tags()
-            total = sum(t.nbytes for t in gguf.tensors.values())
-            w = _CountingWeights(Weights(gguf), progress or (lambda done, tot: None), total)
-            store = ResidentExperts(w.get, w.has)
-            self.net = arch_module(self.cfg.arch).build(self.cfg, w, store)
-            self._warm_experts(store)
-            self._cache = self.net.new_cache(self.n_ctx)
+            cfg = config_of(peek)
+            self.n_ctx = self._context(cfg.n_ctx_train)
+            stream = not self.resident and any(EXPERT_WEIGHT.match(n) for n in peek.tensors)
+            if not stream:
+                self._plan = self._resident_plan(peek, cfg)
         except BaseException:
-            gguf.close()
+            peek.close()
             raise
-        self.gguf = gguf
+        if stream:
+            peek.close()
+            self.streaming = open_streaming(self.model_path, replace(self._stream, budget_bytes=self.budget_bytes,
+                                                                     ctx=self.n_ctx),
+                                            on_plan=self._on_plan, warn=self._log, progress=progress)
+            model = self.streaming.model
+        else:
+            model = load_model(peek, progress=progress)
+        try:
+            self._finish_load(model)
+        except BaseException:
+            (self.streaming or model).close()
+            self.streaming = None
+            raise
+
+    def _on_plan(self, budget: Budget, plan: MemoryPlan) -> None:
+        if budget.warning:
+            self._log(f"WARNING: {budget.warning}")
+        self._log(f"memory plan:\n{plan.describe()}")
+        self._plan = {"budget": plan.budget_bytes, "runtime": plan.runtime_bytes, "slack": plan.slack_bytes,
+                      "trunk": plan.trunk_bytes, "kv": plan.kv_bytes, "workspace": plan.workspace_bytes,
+                      "prefetch": plan.prefetch_bytes, "expert_cache": plan.expert_cache_bytes}
+
+    def _finish_load(self, model: Any) -> None:
+        self.cfg = model.cfg
+        self.tokenizer = Tokenizer(model.gguf.metadata, str(self.model_path))
+        self.template = self._chat_template(model.gguf.metadata)
+        self.think = self._think_tags()
+        if self.streaming is None:
+            self._warm_experts(model.net)
+        self._cache = model.net.new_cache(self.n_ctx)
+        self.gguf, self.net = model.gguf, model.net
 
     def _context(self, n_ctx_train: int) -> int:
         if self.requested_ctx is None:
@@ -147,59 +138,21 @@ class Engine:
                               f"{n_ctx_train} positions")
         return self.requested_ctx
 
-    def _memory_plan(self, gguf: Any) -> dict[str, int]:
-        """Resident plan: every tensor dequantized to f32, plus the f32 KV cache."""
-        from sparkd.engine.cli import _EXPERT_TENSOR
-
-        experts = sum(4 * t.n_elements for n, t in gguf.tensors.items() if _EXPERT_TENSOR.match(n))
-        trunk = sum(4 * t.n_elements for n, t in gguf.tensors.items() if not _EXPERT_TENSOR.match(n))
-        kv = self._kv_bytes_per_position() * self.n_ctx
+    def _resident_plan(self, gguf: Any, cfg: Any) -> dict[str, int]:
+        """Every tensor dequantized to f32 plus the f32 KV cache (dense models, --resident)."""
+        experts = sum(4 * t.n_elements for n, t in gguf.tensors.items() if EXPERT_WEIGHT.match(n))
+        trunk = sum(4 * t.n_elements for n, t in gguf.tensors.items() if not EXPERT_WEIGHT.match(n))
+        kv = kv_bytes(cfg, self.n_ctx)
         plan = {"trunk": trunk, "kv": kv, "experts_resident": experts, "expert_cache": 0}
         if self.budget_bytes is not None:
             plan["budget"] = self.budget_bytes
             need = trunk + kv + experts
-            # Routed experts that do not fit are streamed (see load); only the rest must fit.
-            if trunk + kv > self.budget_bytes or (need > self.budget_bytes and not experts):
+            if need > self.budget_bytes:
                 raise MemoryPlanError(
                     f"could not plan memory for {self.model_path}: trunk {_mib(trunk)} + KV {_mib(kv)} "
                     f"({self.n_ctx} positions) + resident experts {_mib(experts)} = {_mib(need)} exceeds "
                     f"--budget {_mib(self.budget_bytes)}; lower --ctx or raise the budget")
         return plan
-
-    def _needs_streaming(self) -> bool:
-        p = self._plan
-        return "budget" in p and p["trunk"] + p["kv"] + p["experts_resident"] > p["budget"]
-
-    def _load_streaming(self, progress: Progress | None) -> None:
-        """Routed experts streamed from disk through a cache sized by the streaming plan
-        (printed on stderr, like `sparkd-engine plan`)."""
-        from sparkd.engine.streaming.commands import print_plan
-        from sparkd.engine.streaming.session import StreamOptions, open_streaming
-        from sparkd.engine.tokenizer import Tokenizer
-
-        sm = open_streaming(self.model_path, StreamOptions(budget_bytes=self.budget_bytes, ctx=self.n_ctx),
-                            on_plan=print_plan)
-        try:
-            plan, meta = sm.plan, sm.model.gguf.metadata
-            self._plan = {"trunk": plan.trunk_bytes, "kv": plan.kv_bytes, "experts_resident": 0,
-                          "expert_cache": plan.expert_cache_bytes, "budget": plan.budget_bytes}
-            self._prompt_chunk_tokens = plan.batch_tokens
-            self.tokenizer = Tokenizer(meta, str(self.model_path))
-            self.template = self._chat_template(meta)
-            self.think = self._think_tags()
-            self._cache = sm.model.net.new_cache(self.n_ctx)
-        except BaseException:
-            sm.close()
-            raise
-        self._stream, self.gguf, self.net = sm, sm.model.gguf, sm.model.net
-        if progress:
-            progress(1, 1)
-
-    def _kv_bytes_per_position(self) -> int:
-        c = self.cfg
-        if c.kv_lora_rank:  # MLA caches one latent row plus the rope key part per layer
-            return 4 * c.n_layer * (c.kv_lora_rank + c.rope.n_rot)
-        return 4 * c.n_layer * c.n_head_kv * (c.head_dim_k + c.head_dim_v)
 
     def _chat_template(self, metadata: Mapping[str, Any]) -> ChatTemplate | None:
         if self._template_source is not None:
@@ -220,11 +173,11 @@ class Engine:
                 return ThinkTags(ids[open_text], ids[close_text], open_text, close_text)
         return None
 
-    def _warm_experts(self, store: Any) -> None:
+    def _warm_experts(self, net: Any) -> None:
         """Read every resident expert now, so the first request does not pay for it."""
-        for il in range(self.cfg.n_layer):
-            if self.cfg.is_moe_layer(il):
-                store.get(il, [0])
+        for block in net.blocks:
+            if hasattr(block.ffn, "store"):  # a MoE block
+                block.ffn.store.get(block.ffn.il, [0])
 
     # --- what the server asks -----------------------------------------------------------------
 
@@ -233,24 +186,28 @@ class Engine:
         return self.net is not None
 
     def memory_plan(self) -> dict[str, int]:
-        """Bytes per plan term (trunk, kv, experts_resident, expert_cache, budget if set)."""
+        """Bytes per plan term: streaming: budget, runtime, slack, trunk, kv, workspace, prefetch,
+        expert_cache (as allocated); resident: trunk, kv, experts_resident, expert_cache, budget if set."""
         return dict(self._plan)
 
-    def cache_stats(self) -> dict[str, float] | None:
-        """Expert cache counters (requests, hits, evictions, bytes_read, read_seconds,
-        budget_bytes), or None while experts are resident (no cache)."""
-        if self._stream is None:
+    def cache_stats(self) -> dict[str, Any] | None:
+        """The expert store's counters (store.snapshot(): requests, hits, evictions, bytes_read,
+        read_seconds, ...) plus cache_bytes, its size now; None while experts are resident."""
+        if self.streaming is None:
             return None
-        stats = self._stream.store.snapshot()
-        stats["budget_bytes"] = self._stream.plan.expert_cache_bytes
-        return stats
+        store = self.streaming.store
+        return store.snapshot() | {"cache_bytes": store.capacity * self.streaming.plan.slot_bytes}
 
     def resize_cache(self, budget_bytes: int) -> dict[str, int]:
-        """Shrink or grow the expert cache at run time; returns the new memory plan."""
-        raise NoExpertCache(
-            f"could not resize the expert cache to {_mib(budget_bytes)}: this engine keeps every routed "
-            f"expert resident ({_mib(self._plan.get('experts_resident', 0))}), so there is no expert cache; "
-            "expert streaming (a --budget below the model size) provides one")
+        """Shrink the expert cache, or grow it back up to what the plan allocated; returns
+        {cache_bytes: the size now, allocated_bytes: the plan's}. EngineError beyond those bounds."""
+        if self.streaming is None:
+            raise NoExpertCache(
+                f"could not resize the expert cache to {_mib(budget_bytes)}: this engine keeps every routed "
+                f"expert resident ({_mib(self._plan.get('experts_resident', 0))}), so there is no expert "
+                "cache; serve without --resident to stream experts")
+        size = self.streaming.store.resize(budget_bytes)
+        return {"cache_bytes": size, "allocated_bytes": self.streaming.plan.expert_cache_bytes}
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], bool]:
         """(prompt ids, whether the prompt ends inside an opened reasoning block)."""
@@ -273,9 +230,10 @@ class Engine:
         bias = _bias_vector(req.logit_bias, self.cfg.n_vocab)
         cache = self._cache
         cache.n_past = 0
-        ids, chunk = req.prompt_ids, self._prompt_chunk_tokens or len(req.prompt_ids)
-        for i in range(0, len(ids), chunk):  # chunks the streaming plan's workspace holds
-            logits = self.net(torch.tensor(ids[i:i + chunk]), cache)[-1]
+        ids = req.prompt_ids
+        batch = self.streaming.plan.batch_tokens if self.streaming else len(ids)
+        for i in range(0, len(ids), batch):  # chunks the plan's workspace holds
+            logits = self.net(torch.tensor(ids[i:i + batch]), cache)[-1]
         history = list(req.prompt_ids)
         inside, thought = req.starts_in_reasoning, 0
         for _ in range(req.max_tokens):
@@ -299,12 +257,12 @@ class Engine:
             if cache.n_past >= cache.max_ctx:
                 return
             logits = self.net(torch.tensor([token]), cache)[-1]
-            if self._stream is not None:
-                self._stream.store.note_tokens(1)
+            if self.streaming is not None:
+                self.streaming.store.note_tokens(1)
 
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
+        if self.streaming is not None:
+            self.streaming.close()
         elif self.gguf is not None:
             self.gguf.close()
 

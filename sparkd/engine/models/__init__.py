@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.experts import ExpertStore, ResidentExperts
@@ -42,20 +43,37 @@ def config_of(gguf: GGUFModel) -> ModelConfig:
     return arch_module(arch).config(gguf.metadata, str(gguf.path))
 
 
-def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None) -> LoadedModel:
+Progress = Callable[[int, int], None]  # (bytes loaded, bytes total)
+
+
+def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
+               progress: Progress | None = None) -> LoadedModel:
     """Open a GGUF (first shard = all shards), configure and build its network.
 
     Routed experts come from `store`; the default keeps them resident in memory. An already
     open GGUFModel may be passed instead of a path (the streaming store shares it); the
-    LoadedModel then owns it.
+    LoadedModel then owns it. `progress` hears bytes read against the bytes the load will read
+    (the routed experts' too when they are resident, loaded on first use).
     """
     gguf = path if isinstance(path, GGUFModel) else GGUFModel.open(path)
     try:
         cfg = config_of(gguf)
-        w = Weights(gguf)
+        w = Weights(gguf, _counter(gguf, progress, resident=store is None) if progress else None)
         store = store or ResidentExperts(w.get, w.has, w.act_format)
         net = arch_module(cfg.arch).build(cfg, w, store)
         return LoadedModel(gguf, cfg, net)
     except BaseException:
         gguf.close()
         raise
+
+
+def _counter(gguf: GGUFModel, progress: Progress, resident: bool) -> Callable[[int], None]:
+    from sparkd.engine.streaming.plan import EXPERT_WEIGHT
+
+    total = sum(t.nbytes for n, t in gguf.tensors.items() if resident or not EXPERT_WEIGHT.match(n))
+    done = [0]
+
+    def on_read(nbytes: int) -> None:
+        done[0] += nbytes
+        progress(min(done[0], total), total)
+    return on_read

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from sparkd.engine.gguf_file import GGUFModel
@@ -12,14 +14,18 @@ from sparkd.engine.tensors import load_tensor
 
 
 class Weights:
-    def __init__(self, model: GGUFModel):
+    def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None):
         self.model = model
+        self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
 
     def has(self, name: str) -> bool:
         return name in self.model.tensors
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        return load_tensor(self.model, name, expect_shape=shape)
+        t = load_tensor(self.model, name, expect_shape=shape)
+        if self._on_read is not None:
+            self._on_read(self.model.tensor(name).nbytes)
+        return t
 
     def maybe(self, name: str) -> torch.Tensor | None:
         return self.get(name) if self.has(name) else None

@@ -250,10 +250,23 @@ class EngineServer:
         budget = _size_bytes(body.budget)
         self._require_ready()
         try:
-            plan = await asyncio.to_thread(self.engine.resize_cache, budget)
+            done = await asyncio.to_thread(self.engine.resize_cache, budget)
         except NoExpertCache as exc:
             raise p.ApiError(409, str(exc), type_="conflict_error", code="no_expert_cache") from None
-        return JSONResponse({"budget_bytes": budget, "memory_plan": plan})
+        except EngineError as exc:  # below top-k or above what the plan allocated
+            raise p.ApiError(400, str(exc), param="budget", code="invalid_budget") from None
+        return JSONResponse({"budget": done["cache_bytes"], **done})
+
+    async def admin_cache_get(self, request: Request) -> Response:
+        """The cache size now, so sparkd's shrink_cache action can grow it back afterwards."""
+        self._authorize(request)
+        self._require_ready()
+        stats = self.engine.cache_stats()
+        if stats is None:
+            raise p.ApiError(409, "could not read the expert cache: this engine keeps every routed expert "
+                             "resident, so there is no expert cache", type_="conflict_error", code="no_expert_cache")
+        return JSONResponse({"budget": stats["cache_bytes"], "cache_bytes": stats["cache_bytes"],
+                             "allocated_bytes": self.engine.memory_plan()["expert_cache"]})
 
     async def openapi_endpoint(self, request: Request) -> Response:
         return JSONResponse(self.openapi)
@@ -266,6 +279,7 @@ class EngineServer:
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
             Route("/admin/cache", self.admin_cache, methods=["POST"]),
+            Route("/admin/cache", self.admin_cache_get, methods=["GET"]),
             Route("/openapi.json", self.openapi_endpoint, methods=["GET"]),
         ]
         handlers = {p.ApiError: _api_error, HTTPException: _http_error, EngineError: _engine_error,

@@ -53,21 +53,25 @@ class _CacheCollector:
         return []  # families depend on the engine's state; describing none keeps registration lazy
 
     def collect(self) -> Any:
-        plan = GaugeMetricFamily(f"{P}memory_plan_bytes", "Memory plan terms (trunk, kv, experts_resident, "
-                                 "expert_cache, budget)", labels=["term"])
+        plan = GaugeMetricFamily(f"{P}memory_plan_bytes", "Memory plan terms (budget, runtime, slack, trunk, "
+                                 "kv, workspace, prefetch, expert_cache; experts_resident when resident)",
+                                 labels=["term"])
         for term, value in sorted(self._plan().items()):
             plan.add_metric([term], value)
         yield plan
         stats = self._stats()
         if stats is None:
             return  # experts resident: there is no expert cache to report
-        for key, help_ in (("requests", "Expert lookups"), ("hits", "Expert lookups served from the cache"),
+        for key, help_ in (("requests", "Expert lookups for demand"),
+                           ("hits", "Demand lookups served from the cache"),
                            ("evictions", "Experts evicted from the cache")):
-            yield CounterMetricFamily(f"{P}expert_cache_{key}", help_, value=stats[key])
-        yield CounterMetricFamily(f"{P}expert_bytes_read", "Expert bytes read from disk", value=stats["bytes_read"])
-        retention = 1.0 - stats["evictions"] / stats["requests"] if stats["requests"] else 1.0
-        yield GaugeMetricFamily(f"{P}expert_cache_retention_ratio", "1 - evictions/requests", value=retention)
-        rate = stats["bytes_read"] / stats["read_seconds"] if stats.get("read_seconds") else 0.0
-        yield GaugeMetricFamily(f"{P}expert_read_bandwidth_bytes_per_second",
-                                "Expert bytes read per second of read time", value=rate)
-        yield GaugeMetricFamily(f"{P}expert_cache_budget_bytes", "Expert cache size", value=stats["budget_bytes"])
+            yield CounterMetricFamily(f"{P}cache_{key}", help_, value=stats[key])
+        yield GaugeMetricFamily(f"{P}cache_retention_ratio", "1 - evictions/requests since start",
+                                value=stats["retention"])
+        yield GaugeMetricFamily(f"{P}cache_bytes", "Expert cache size now", value=stats["cache_bytes"])
+        yield CounterMetricFamily(f"{P}read_bytes", "Expert bytes read from disk", value=stats["bytes_read"])
+        yield CounterMetricFamily(f"{P}read_busy_seconds", "Wall time with demand expert reads in flight",
+                                  value=stats["read_seconds"])
+        yield GaugeMetricFamily(f"{P}read_bandwidth_bytes_per_second",
+                                "Expert bytes read per second of read time since start",
+                                value=stats["bandwidth_bytes_per_second"])

@@ -158,6 +158,9 @@ def openapi_schema(title: str, version: str) -> dict[str, Any]:
         components[model.__name__] = schema
     cache = _post("resize the expert cache", CacheRequest, stream=False)
     cache["post"]["responses"]["409"] = _json_response("no expert cache", {"$ref": "#/components/schemas/Error"})
+    cache["get"] = {"summary": "the expert cache size now", "security": [{"bearer": []}, {}],
+                    "responses": {"200": _json_response("cache size"), "401": _ERRORS["401"],
+                                  "409": cache["post"]["responses"]["409"], "503": _ERRORS["503"]}}
     plain = {"200": {"description": "ok", "content": {"text/plain": {"schema": {"type": "string"}}}}}
     return {
         "openapi": "3.1.0",

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from sparkd.engine.errors import EngineError
+from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
 DEFAULT_LISTEN = "127.0.0.1:7777"
 
@@ -25,6 +26,11 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     s.add_argument("--reasoning-budget", type=int, help="reasoning tokens before the thinking part is closed")
     s.add_argument("--max-queue", type=int, default=16, help="requests waiting for the slot before 429")
     s.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    s.add_argument("--resident", action="store_true", help="every expert in memory, no streaming (measurement)")
+    s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
+    s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="expert prefetch slots (0: off)")
+    s.add_argument("--read-threads", type=int, default=8, help="expert read threads")
+    s.add_argument("--buffered", action="store_true", help="read experts without O_DIRECT")
     s.add_argument("--chat-template-file", type=Path, help="Jinja chat template replacing the model's")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -48,6 +54,9 @@ def _check(a) -> None:
         raise EngineError(f"could not use --ctx {a.ctx}: it must be at least 1")
     if a.threads is not None and a.threads < 1:
         raise EngineError(f"could not use --threads {a.threads}: it must be at least 1")
+    if a.prefetch < 0 or a.read_threads < 1:
+        raise EngineError(f"could not use --prefetch {a.prefetch} --read-threads {a.read_threads}: "
+                          "prefetch must be 0 or more and read threads at least 1")
     if a.max_queue < 0:
         raise EngineError(f"could not use --max-queue {a.max_queue}: it must be 0 or more")
     if a.reasoning_budget is not None and a.reasoning_budget < 0:
@@ -61,6 +70,7 @@ def cmd_serve(a) -> int:
 
     from sparkd.engine.runtime import Engine
     from sparkd.engine.server.app import EngineServer, ServerConfig
+    from sparkd.engine.streaming.session import StreamOptions
 
     _check(a)
     host, port = parse_listen(a.listen)
@@ -68,8 +78,10 @@ def cmd_serve(a) -> int:
     if a.api_key_file and not api_key:
         raise EngineError(f"could not use --api-key-file {a.api_key_file}: the file is empty")
     template = _read_text(a.chat_template_file, "--chat-template-file") if a.chat_template_file else None
-    engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template,
-                    threads=a.threads)
+    stream = StreamOptions(policy=a.policy, prefetch_slots=a.prefetch, threads=a.read_threads,
+                           direct=not a.buffered)
+    engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template, threads=a.threads,
+                    resident=a.resident, stream=stream, log=_log)
     name = a.alias or Path(a.model).name.removesuffix(".gguf")
     server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue))
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")
@@ -94,6 +106,10 @@ def cmd_serve(a) -> int:
     if failed:
         raise EngineError(str(failed[0])) if not isinstance(failed[0], EngineError) else failed[0]
     return 0
+
+
+def _log(text: str) -> None:
+    print(f"sparkd-engine: {text}", file=sys.stderr, flush=True)
 
 
 def _progress_bar(label: str):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from sparkd.engine.gguf_file import GGUFModel
-from sparkd.engine.models import LoadedModel, config_of, load_model
+from sparkd.engine.models import LoadedModel, Progress, config_of, load_model
 from sparkd.engine.streaming.plan import Budget, MemoryPlan, make_plan, resolve_budget
 from sparkd.engine.streaming.policies import DEFAULT_POLICY
 from sparkd.engine.streaming.prefetch import attach_prefetch
@@ -85,7 +85,8 @@ class StreamingModel:
 
 def open_streaming(path: str | Path, opts: StreamOptions,
                    on_plan: Callable[[Budget, MemoryPlan], None] | None = None,
-                   warn: Callable[[str], None] | None = None) -> StreamingModel:
+                   warn: Callable[[str], None] | None = None,
+                   progress: Progress | None = None) -> StreamingModel:
     limit_allocator_slack()
     g = GGUFModel.open(path)
     trace = store = None
@@ -98,7 +99,7 @@ def open_streaming(path: str | Path, opts: StreamOptions,
         if trace is not None:
             first = next(il for il in range(config_of(g).n_layer) if f"blk.{il}.ffn_gate_exps.weight" in g.tensors)
             trace.write(trace_header(plan.slot_bytes, store.expert_bytes(first)))
-        m = load_model(g, store)
+        m = load_model(g, store, progress)
         _drop_page_cache(g)
         hooks = attach_prefetch(m.net, store) if opts.prefetch_slots else []
         if opts.census_path:

@@ -34,4 +34,4 @@ def test_no_server_errors_on_generated_inputs(server, tmp_path):
             "--generation-database", "none"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
-    assert "6 selected / 6 total" in out.stdout and " passed" in out.stdout
+    assert "7 selected / 7 total" in out.stdout and " passed" in out.stdout

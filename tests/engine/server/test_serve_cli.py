@@ -32,7 +32,8 @@ def _serve(*args: str) -> subprocess.CompletedProcess:
     (["/nonexistent/x.gguf"], "could not open model /nonexistent/x.gguf: no such file"),
     (["{model}", "--api-key-file", "/nonexistent/key"], "could not read --api-key-file /nonexistent/key"),
     (["{model}", "--ctx", "100000"], "could not use --ctx 100000: the model was trained for 256 positions"),
-    (["{model}", "--budget", "64K"], "could not plan memory for"),
+    (["{model}", "--budget", "64K"], "could not fit the model in a budget of 65536 bytes"),
+    (["{model}", "--budget", "64K", "--resident"], "could not plan memory for"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_line(model, args, words):
     port = free_port()
@@ -44,8 +45,8 @@ def test_bad_arguments_exit_2_with_a_clear_line(model, args, words):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
 
 
-def test_budget_refusal_names_the_terms(model):
-    out = _serve(str(model), "--budget", "64K", "--listen", f"127.0.0.1:{free_port()}")
+def test_resident_budget_refusal_names_the_terms(model):
+    out = _serve(str(model), "--budget", "64K", "--resident", "--listen", f"127.0.0.1:{free_port()}")
     assert "trunk" in out.stderr and "KV" in out.stderr and "exceeds --budget 0.1 MiB" in out.stderr
 
 
