@@ -161,16 +161,15 @@ def metrics(port: int) -> dict[str, float]:
 def summarise(name: str, m: dict[str, float]) -> None:
     mib = lambda key: f"{m.get(key, 0) / 2**20:.0f} MiB"  # noqa: E731
     print(f"{name}: plan trunk {mib('sparkd_engine_memory_plan_bytes[trunk]')}, KV {mib('sparkd_engine_memory_plan_bytes[kv]')}, "
-          f"resident experts {mib('sparkd_engine_memory_plan_bytes[experts_resident]')}, "
           f"expert cache {mib('sparkd_engine_memory_plan_bytes[expert_cache]')} of budget {mib('sparkd_engine_memory_plan_bytes[budget]')}")
     print(f"  tokens: {m.get('sparkd_engine_prompt_tokens_total', 0):.0f} prompt, "
           f"{m.get('sparkd_engine_generated_tokens_total', 0):.0f} generated, "
           f"decode {m.get('sparkd_engine_decode_tokens_per_second', 0):.2f} tok/s")
-    if "sparkd_engine_expert_cache_requests_total" in m:
-        req, hits = m["sparkd_engine_expert_cache_requests_total"], m["sparkd_engine_expert_cache_hits_total"]
+    if "sparkd_engine_cache_requests_total" in m:
+        req, hits = m["sparkd_engine_cache_requests_total"], m["sparkd_engine_cache_hits_total"]
         print(f"  expert cache: {hits:.0f}/{req:.0f} hits ({hits / max(req, 1):.1%}), retention "
-              f"{m['sparkd_engine_expert_cache_retention_ratio']:.1%}, {mib('sparkd_engine_expert_bytes_read_total')} "
-              f"read from disk at {m['sparkd_engine_expert_read_bandwidth_bytes_per_second'] / 1e6:.0f} MB/s")
+              f"{m['sparkd_engine_cache_retention_ratio']:.1%}, {mib('sparkd_engine_read_bytes_total')} "
+              f"read from disk at {m['sparkd_engine_read_bandwidth_bytes_per_second'] / 1e6:.0f} MB/s")
 
 
 def demo(work: Path, paths: dict[str, Path], max_tokens: int) -> None:
