@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkd_harness import ROOT, Sparkd, python_env, service, sparkctl, status_json
-from test_top import CGROUP2, _remove_tree, top_once
+from sparkd_harness import CGROUP2, ROOT, Sparkd, remove_cgroup_tree, service, sparkctl, status_json
+from test_top import top_once
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 # The engine imports torch and loads the model; a minute only trips on a wedged box.
@@ -71,7 +71,7 @@ def live(tmp_path_factory):
         yield {"sock": sock, "state": tmp / "state", "tmp": tmp}
     finally:
         daemon.ensure_dead()
-        _remove_tree(cgroup_root)
+        remove_cgroup_tree(cgroup_root)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

@@ -185,7 +185,7 @@ def tensors(s: Shape) -> list[Tensor]:
 
 
 def _gemma3_layer(s: Shape, il: int) -> list[Tensor]:
-    p, D, Dh = f"blk.{il}", s.n_embd, s.head_dim
+    p, D = f"blk.{il}", s.n_embd
     return [(f"{p}.attn_norm.weight", (D,), "norm"), *_gqa(s, p),
             (f"{p}.post_attention_norm.weight", (D,), "norm"), (f"{p}.ffn_norm.weight", (D,), "norm"),
             (f"{p}.ffn_gate.weight", (s.n_ff, D), "w"), (f"{p}.ffn_up.weight", (s.n_ff, D), "w"),

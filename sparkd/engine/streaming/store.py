@@ -13,7 +13,7 @@ from __future__ import annotations
 import mmap
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence, TextIO
 
 import torch

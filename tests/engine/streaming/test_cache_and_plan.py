@@ -9,10 +9,9 @@ import sys
 import pytest
 import torch
 
-from sparkd.engine.errors import EngineError
 from sparkd.engine.streaming.plan import Budget, PlanError, make_plan, resolve_budget
 from sparkd.engine.streaming.policies import LFUAging, LRU, S3FIFO
-from sparkd.engine.streaming.simulate import belady, simulate, simulate_all
+from sparkd.engine.streaming.simulate import simulate, simulate_all
 from sparkd.engine.streaming.trace import Trace, census, read_trace
 
 from conftest import REPO, open_stream
