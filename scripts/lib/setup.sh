@@ -6,6 +6,9 @@ sparkd_setup_system() {
   command -v unshare >/dev/null || need+=(util-linux)
   [ -x /lib/systemd/systemd ] || need+=(systemd)
   command -v dbus-daemon >/dev/null || need+=(dbus)
+  # the .deb's postinst builds /opt/sparkd/venv with Debian's python3 (tests/test_deb_package.py)
+  dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
+  command -v pgrep >/dev/null || need+=(procps)
   # promtool and a Prometheus server for the metrics tests (packaging/prometheus, tests/metrics);
   # without its recommends (node-exporter), and never left running.
   local bare=()
