@@ -11,6 +11,7 @@ on success, failure and Ctrl-C. `--skip-gemma` leaves out the real model (quicke
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -31,12 +32,13 @@ from sparkd.engine.bundled import DEFAULT_CACHE, assemble_gemma3  # noqa: E402
 READY_TIMEOUT_SECONDS = 60
 LOAD_TIMEOUT_SECONDS = 600
 SLICE = "sparkd-demo.slice"
-# ~1.3 GiB of Q4_K experts (8 layers x 96 experts, top-4): three times the 448M budget below
-MOE_SHAPE = ["--arch", "qwen3moe", "--layers", "8", "--experts", "96", "--top-k", "4", "--hidden", "1024",
+# ~1.7 GiB of Q4_K experts (8 layers x 128 experts, top-4): three times the 560M budget below
+MOE_SHAPE = ["--arch", "qwen3moe", "--layers", "8", "--experts", "128", "--top-k", "4", "--hidden", "1024",
              "--ffn", "1024", "--vocab", "8192", "--heads", "8", "--ctx", "1024", "--quant", "Q4_K"]
-MOE_FILE = "demo-qwen3moe-1.3g-q4_k.gguf"
+MOE_FILE = "demo-qwen3moe-1.7g-q4_k.gguf"
 # name -> (memory_max, ctx); the engine's budget is memory_max less an eighth (sparkd/specs.py)
-SERVICES = {"gemma": ("2G", 512), "moe": ("512M", 256)}
+# The budget's fixed part is mostly the interpreter and torch (~250-320 MiB of RSS, measured).
+SERVICES = {"gemma": ("2G", 512), "moe": ("640M", 256)}
 # This GGUF is the base (pretrained) model and carries no chat template: the demo's template passes
 # the user's text through, so the answer is the model's continuation of it.
 GEMMA_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -75,6 +77,7 @@ def engine_executable(work: Path) -> str:
 
 def models(cache: Path, skip_gemma: bool) -> dict[str, Path]:
     found = {} if skip_gemma else {"gemma": assemble_gemma3(cache)}
+    cache.mkdir(parents=True, exist_ok=True)
     moe = cache / MOE_FILE
     if not moe.exists():
         run(sys.executable, "-m", "sparkd.engine.cli", "make-model", str(moe), *MOE_SHAPE, "--seed", "1")
@@ -124,9 +127,21 @@ def wait_ready(sock: Path, daemon: subprocess.Popen, log: Path) -> None:
     raise SystemExit(f"sparkd did not answer within {READY_TIMEOUT_SECONDS} s:\n{log.read_text()}")
 
 
-def wait_engine(name: str, port: int) -> None:
+def service_state(sock: Path, name: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "sparkd.cli.sparkctl", "--socket", str(sock), "status", "--json"],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    services = json.loads(out.stdout)["services"] if out.returncode == 0 else []
+    return next((s for s in services if s["name"] == name), {})
+
+
+def wait_engine(name: str, port: int, sock: Path, work: Path) -> None:
     deadline, last = time.monotonic() + LOAD_TIMEOUT_SECONDS, ""
     while time.monotonic() < deadline:
+        state = service_state(sock, name)
+        if state.get("state") in ("failed", "inactive"):  # the engine exited: say why, do not wait
+            engine_log = work / "state" / "cgroupfs" / f"{name}.log"
+            tail = engine_log.read_text()[-2000:] if engine_log.exists() else "(see the journal)"
+            raise SystemExit(f"{name} ended before it was ready ({state.get('last_result')}):\n{tail}")
         try:
             body = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
             if body["status"] == "ready":
@@ -190,7 +205,7 @@ def demo(work: Path, paths: dict[str, Path], max_tokens: int) -> None:
         for name in paths:
             step(f"start {name} (guards, then its own cgroup) and send it a chat completion")
             sparkctl(sock, "start", name)
-            wait_engine(name, ports[name])
+            wait_engine(name, ports[name], sock, work)
             if name == "moe":
                 print("(random weights: the text is noise; what matters is the expert cache below)")
             chat(name, ports[name], prompts[name], max_tokens)
@@ -199,7 +214,7 @@ def demo(work: Path, paths: dict[str, Path], max_tokens: int) -> None:
         if engine_log.exists():
             print("".join(engine_log.read_text().partition("memory plan:")[1:]).split("sparkd-engine:")[0])
         else:
-            run(str(engine_executable(work)), "plan", str(paths["moe"]), "--budget", "448M", "--ctx", "256")
+            run(str(engine_executable(work)), "plan", str(paths["moe"]), "--budget", "560M", "--ctx", "256")
         step("metrics (each engine's /metrics)")
         for name in paths:
             summarise(name, metrics(ports[name]))

@@ -23,12 +23,13 @@ CGROUP_PREFIX = "sparkd-sdbox-"
 BOOT_TIMEOUT_SECONDS = 30.0
 # After cgroup.kill the kernel needs a moment to empty the cgroups before they can be removed.
 KILL_WAIT_SECONDS = 10.0
+CHECKOUT = Path(__file__).resolve().parents[1]
 _PR_SET_PDEATHSIG = 1
 
-# Runs inside the new namespaces: $1 state dir, $2 share dir, $3 systemd binary.
+# Runs inside the new namespaces: $1 state dir, $2 share dir, $3 systemd binary, $4 checkout.
 _INNER_SCRIPT = r"""
 set -eu
-S="$1"; SHARE="$2"; SYSTEMD="$3"
+S="$1"; SHARE="$2"; SYSTEMD="$3"; CHECKOUT="$4"
 mount -t tmpfs -o size=1g,mode=755 sdbox /mnt
 mkdir -p /mnt/upper /mnt/work /mnt/root
 mount -t overlay overlay -o lowerdir=/,upperdir=/mnt/upper,workdir=/mnt/work /mnt/root
@@ -42,6 +43,9 @@ mount -t tmpfs -o mode=755 tmpfs "$R/run"
 mount -t tmpfs tmpfs "$R/tmp"
 mkdir -p "$R/run/dbus" && mount --bind "$S/dbus" "$R/run/dbus"
 if [ -n "$SHARE" ]; then mkdir -p "$R$SHARE" && mount --bind "$SHARE" "$R$SHARE"; fi
+# the checkout (and its .venv) at the same path: a clone under /tmp or /run would otherwise be
+# hidden by the box's own /tmp and /run
+mkdir -p "$R$CHECKOUT" && mount --bind "$CHECKOUT" "$R$CHECKOUT"
 cat > "$R/etc/systemd/system/sdbox.target" <<UNIT
 [Unit]
 Description=sdbox minimal target
@@ -119,7 +123,7 @@ class SystemdBox:
             "unshare", "--pid", "--mount", "--cgroup", "--fork", "--kill-child=SIGKILL",
             "--propagation", "private",
             "bash", "-c", _INNER_SCRIPT, "sdbox",
-            str(self.state_dir), str(self.share_dir or ""), self.systemd_path,
+            str(self.state_dir), str(self.share_dir or ""), self.systemd_path, str(CHECKOUT),
         ]  # fmt: skip
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
