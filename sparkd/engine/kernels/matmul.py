@@ -66,22 +66,29 @@ def _gemm_kernel(w_ptr, x_ptr, y_ptr, N, K, T, row_bytes, stride_xt, stride_yt,
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
 
-def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
-         out: torch.Tensor | None = None, block_n: int = GEMV_BLOCK_N, num_warps: int = GEMV_WARPS
-         ) -> torch.Tensor:
-    """y = W @ x for one token. weight: raw GGUF bytes of W [rows, cols]; x float32 [cols];
-    out (optional) float32 [rows] on x's device."""
-    what = f"the {qtype.name} GEMV"
+def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor, x_dims: int, what: str):
+    """The checks GEMV and GEMM share; returns (family, rows, cols, bytes per row)."""
     fam = dispatch.family(qtype)
     rows, cols = shape
     row_bytes = dispatch.check_cols(fam, cols, what)
     dispatch.check_weight(weight, what)
     dispatch.check_activations(x, cols, what)
     dispatch.device_of(weight, x, what)
-    if x.dim() != 1 or weight.numel() != rows * row_bytes:
+    if x.dim() != x_dims or weight.numel() != rows * row_bytes:
+        x_shape = f"[{cols}]" if x_dims == 1 else f"[T, {cols}]"
         raise dispatch.KernelArgumentError(
-            f"could not run {what}: need x [{cols}] and {rows * row_bytes} weight bytes for "
+            f"could not run {what}: need x {x_shape} and {rows * row_bytes} weight bytes for "
             f"[{rows}, {cols}], got x {list(x.shape)} and {weight.numel()} bytes")
+    return fam, rows, cols, row_bytes
+
+
+def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
+         out: torch.Tensor | None = None, block_n: int = GEMV_BLOCK_N, num_warps: int = GEMV_WARPS
+         ) -> torch.Tensor:
+    """y = W @ x for one token. weight: raw GGUF bytes of W [rows, cols]; x float32 [cols];
+    out (optional) float32 [rows] on x's device."""
+    what = f"the {qtype.name} GEMV"
+    fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     _gemv_kernel[(triton.cdiv(rows, block_n),)](
@@ -99,16 +106,7 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if precision not in ("tf32", "ieee"):
         raise dispatch.KernelArgumentError(f"could not run {what}: precision {precision!r} is not "
                                            f"'tf32' or 'ieee'")
-    fam = dispatch.family(qtype)
-    rows, cols = shape
-    row_bytes = dispatch.check_cols(fam, cols, what)
-    dispatch.check_weight(weight, what)
-    dispatch.check_activations(x, cols, what)
-    dispatch.device_of(weight, x, what)
-    if x.dim() != 2 or weight.numel() != rows * row_bytes:
-        raise dispatch.KernelArgumentError(
-            f"could not run {what}: need x [T, {cols}] and {rows * row_bytes} weight bytes for "
-            f"[{rows}, {cols}], got x {list(x.shape)} and {weight.numel()} bytes")
+    fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 2, what)
     n_tok = x.shape[0]
     dispatch.check_out(out, (n_tok, rows), x.device, what)
     y = torch.empty(n_tok, rows, dtype=torch.float32, device=x.device) if out is None else out
