@@ -2,8 +2,11 @@
 
 import os
 import shutil
+import uuid
 
 import pytest
+
+from sparkd.system import cgroups
 
 
 def _has_cuda() -> bool:
@@ -47,3 +50,28 @@ def systemd_box(tmp_path_factory):
         yield box
     finally:
         box.stop()
+
+
+# -- the real cgroup2 tree, for tests that place processes in cgroups ---------------------------
+
+
+@pytest.fixture
+def mount():
+    found = cgroups.find_cgroup2_mount()
+    if found is None:
+        pytest.skip("no cgroup2 mount on this machine")
+    return found
+
+
+@pytest.fixture
+def test_cgroup(mount):
+    path = os.path.join(mount, f"sparkd-test-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    yield path
+    leftover = cgroups.procs(path, recursive=True)
+    cgroups.kill_cgroup(path)
+    cgroups.wait_until_empty(path, 10)
+    cgroups.remove_cgroup(path)
+    assert not os.path.exists(path)
+    assert leftover == [], f"test left processes behind: {leftover}"
+

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
@@ -30,24 +29,10 @@ HANG_GUARD_SECONDS = 60  # only to turn a hang into a failure; nothing here asse
 
 
 @pytest.fixture
-def mount():
-    found = cgroups.find_cgroup2_mount()
-    if found is None:
-        pytest.skip("no cgroup2 mount on this machine")
-    return found
-
-
-@pytest.fixture
-def root(mount):
-    path = os.path.join(mount, f"sparkd-test-{uuid.uuid4().hex[:8]}")
-    os.mkdir(path)
-    yield path
-    leftover = cgroups.procs(path, recursive=True)
-    services = [d for d in _subdirs(os.path.join(path, "sparkd.slice"))]
-    cgroups.kill_cgroup(path)
-    cgroups.wait_until_empty(path, 10)
-    cgroups.remove_cgroup(path)
-    assert leftover == [], f"processes left behind: {leftover}"
+def root(test_cgroup):
+    """A test cgroup root (tests/conftest.py) that must also end with no service cgroups."""
+    yield test_cgroup
+    services = _subdirs(os.path.join(test_cgroup, "sparkd.slice"))
     assert services == [], f"service cgroups left behind: {services}"
 
 

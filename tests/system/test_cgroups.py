@@ -79,28 +79,7 @@ def test_readers_of_a_fake_cgroup(tmp_path):
         cgroups.read_memory_events(str(tmp_path / "gone"))
 
 
-# -- the real cgroup2 tree ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def mount():
-    found = cgroups.find_cgroup2_mount()
-    if found is None:
-        pytest.skip("no cgroup2 mount on this machine")
-    return found
-
-
-@pytest.fixture
-def test_cgroup(mount):
-    path = os.path.join(mount, f"sparkd-test-{uuid.uuid4().hex[:8]}")
-    os.mkdir(path)
-    yield path
-    leftover = cgroups.procs(path, recursive=True)
-    cgroups.kill_cgroup(path)
-    cgroups.wait_until_empty(path, 10)
-    cgroups.remove_cgroup(path)
-    assert not os.path.exists(path)
-    assert leftover == [], f"test left processes behind: {leftover}"
+# -- the real cgroup2 tree (fixtures `mount` and `test_cgroup` in tests/conftest.py) ----------
 
 
 def _spawn_stubborn(cgroup: str, tmp_path) -> subprocess.Popen:
