@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from sparkd.engine.errors import EngineError
+from sparkd.engine.progress import byte_progress
 from sparkd.engine.streaming.commands import add_commands, add_stream_options
 
 _EXPERT_TENSOR = re.compile(r"^blk\.\d+\.ffn_(gate|up|down|gate_up)_exps\.")
@@ -213,29 +214,12 @@ def cmd_make_model(a) -> int:
     out = Path(a.out)
     if out.exists() and not a.force:
         raise EngineError(f"could not write {out}: the file exists (use --force to replace it)")
-    bar = _progress_bar(plan.nbytes, quiet=a.quiet)
+    bar = byte_progress("writing", plan.nbytes, quiet=a.quiet)
     paths = mm.write_model(out, plan, seed=a.seed, split_max_bytes=a.split_max_size or 0, progress=bar)
     bar(None, None)
     print(f"wrote {', '.join(map(str, paths))}: {shape.arch}, {shape.n_layer} layers, {a.quant}, "
           f"{_gib(plan.nbytes)}")
     return 0
-
-
-def _progress_bar(total: int, quiet: bool):
-    if quiet or not sys.stderr.isatty():
-        return lambda done, tot: None
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-    prog = Progress("writing", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
-    task = prog.add_task("write", total=total)
-    prog.start()
-
-    def update(done, tot):
-        if done is None:
-            prog.stop()
-        else:
-            prog.update(task, completed=done)
-    return update
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from sparkd.engine.errors import EngineError
+from sparkd.engine.progress import byte_progress
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
 DEFAULT_LISTEN = "127.0.0.1:7777"
@@ -89,7 +90,7 @@ def cmd_serve(a) -> int:
     failed: list[BaseException] = []
 
     def load() -> None:
-        bar = _progress_bar(Path(a.model).name)
+        bar = byte_progress(f"loading {Path(a.model).name}")
         try:
             server.load(bar)
             print(f"sparkd-engine: serving {name} on http://{host}:{port} (context {engine.n_ctx})",
@@ -110,20 +111,3 @@ def cmd_serve(a) -> int:
 
 def _log(text: str) -> None:
     print(f"sparkd-engine: {text}", file=sys.stderr, flush=True)
-
-
-def _progress_bar(label: str):
-    if not sys.stderr.isatty():
-        return lambda done, total: None
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-    prog = Progress(f"loading {label}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
-    task = prog.add_task("load", total=None)
-    prog.start()
-
-    def update(done, total):
-        if done is None:
-            prog.stop()
-        else:
-            prog.update(task, completed=done, total=total)
-    return update
