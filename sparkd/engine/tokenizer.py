@@ -34,7 +34,7 @@ _ALWAYS_RENDERED = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|cons
 
 
 @functools.cache
-def _byte_to_char() -> tuple[str, ...]:
+def byte_to_char() -> tuple[str, ...]:
     """GPT-2's reversible byte -> printable character table: printable Latin-1 bytes stand for
     themselves, the others take code points from 256 upward in byte order."""
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
@@ -50,7 +50,7 @@ def _byte_to_char() -> tuple[str, ...]:
 
 @functools.cache
 def _char_to_byte() -> dict[str, int]:
-    return {c: b for b, c in enumerate(_byte_to_char())}
+    return {c: b for b, c in enumerate(byte_to_char())}
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
@@ -156,7 +156,7 @@ class Tokenizer:
                 prev_special = True
             elif self.model == "gpt2":
                 for word in pretokenize.split(frag, self.pre):
-                    out.extend(self._bpe_word("".join(_byte_to_char()[b] for b in word.encode())))
+                    out.extend(self._bpe_word("".join(byte_to_char()[b] for b in word.encode())))
             else:
                 if self.add_space_prefix and prev_special:
                     frag = " " + frag

@@ -16,9 +16,11 @@ SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
 
 
 def _byte_chars() -> list[str]:
-    from sparkd.engine.tokenizer import _byte_to_char  # the same table the vocab is written in
+    from sparkd.engine.tokenizer import (
+        byte_to_char,  # the same table the vocab is written in
+    )
 
-    return list(_byte_to_char())
+    return list(byte_to_char())
 
 
 def write_tiny_bpe(path: Path, source: Mapping[str, Any], n_merges: int = 600) -> Path:

@@ -11,6 +11,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from sparkd.engine.tokenizer import byte_to_char
+
 # llama.cpp token types (gguf.TokenType)
 NORMAL, CONTROL, UNUSED = 1, 3, 5
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
@@ -26,18 +28,6 @@ reads 11 GB/s. import torch\nimport numpy as np\nclass Engine:\n    def __init__
 _PRETOKENIZE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+""")
 
 
-def byte_to_unicode() -> dict[int, str]:
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 @dataclass
 class TokenizerSpec:
     tokens: list[str]
@@ -48,7 +38,7 @@ class TokenizerSpec:
 
 
 def _learn_merges(n_merges: int) -> list[tuple[str, str]]:
-    b2u = byte_to_unicode()
+    b2u = byte_to_char()
     words = Counter(tuple(b2u[b] for b in w.encode()) for w in _PRETOKENIZE.findall(_CORPUS))
     merges: list[tuple[str, str]] = []
     while len(merges) < n_merges:
@@ -82,7 +72,7 @@ def make_tokenizer(n_vocab: int) -> TokenizerSpec:
     if n_vocab < minimum:
         raise ValueError(f"could not make a tokenizer of {n_vocab} tokens: byte-level BPE needs at "
                          f"least {minimum} (256 bytes + {len(SPECIALS)} control tokens)")
-    b2u = byte_to_unicode()
+    b2u = byte_to_char()
     tokens = [b2u[b] for b in range(256)]
     merges = _learn_merges(min(n_vocab - minimum, 400))
     seen = set(tokens)
