@@ -185,7 +185,7 @@ def test_shard_replaced_while_running_exits_non_zero(medium, tmp_path):
     path.write_bytes(medium.read_bytes())
     env = ENV
     p = subprocess.Popen([sys.executable, "-m", "sparkd.engine.cli", "generate", str(path), "--tokens", "1,2",
-                          "-n", "100000", "--ctx", "128", "--budget", "400M"], env=env,
+                          "-n", "100000", "--ctx", "128", "--budget", str(_budget_for_a_few_slots(medium, 12))], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "memory plan" in p.stderr.readline()
