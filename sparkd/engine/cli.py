@@ -214,6 +214,8 @@ def cmd_make_model(a) -> int:
     out = Path(a.out)
     if out.exists() and not a.force:
         raise EngineError(f"could not write {out}: the file exists (use --force to replace it)")
+    if not out.parent.is_dir():
+        raise EngineError(f"could not write {out}: the folder {out.parent} does not exist (create it first)")
     bar = byte_progress("writing", plan.nbytes, quiet=a.quiet)
     paths = mm.write_model(out, plan, seed=a.seed, split_max_bytes=a.split_max_size or 0, progress=bar)
     bar(None, None)

@@ -54,9 +54,10 @@ def test_generate_json(model):
     (["make-model", "--preset", "nope", "X.gguf"], "could not find preset 'nope'"),
     (["make-model", "--arch", "qwen3moe", "--quant", "IQ1_S", "X.gguf"], "--quant IQ1_S"),
     (["logits", "M", "--tokens", "a,b", "--out", "o.npy"], "could not parse --tokens"),
+    (["make-model", "--arch", "qwen3moe", "no-such-dir/X.gguf"], "does not exist (create it first)"),
 ])
 def test_bad_inputs_fail_clearly_and_write_nothing(tmp_path, args, msg):
-    args = [str(tmp_path / a) if a in ("X.gguf", "M") else a for a in args]
+    args = [str(tmp_path / a) if a in ("X.gguf", "M", "no-such-dir/X.gguf") else a for a in args]
     r = run(*args)
     assert r.returncode == 2 and msg in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
