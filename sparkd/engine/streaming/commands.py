@@ -14,9 +14,10 @@ def add_stream_options(s: argparse.ArgumentParser, size) -> None:
     s.add_argument("--budget", type=size, help="memory budget (default: cgroup memory.max - headroom)")
     s.add_argument("--ctx", type=int, default=4096, help="context to plan the KV cache for")
     s.add_argument("--batch-tokens", type=int, default=0, help="prompt chunk size (default min(ctx, 512))")
-    s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES))
+    s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="prefetch slots (0: off)")
-    s.add_argument("--threads", type=int, default=8, help="read threads")
+    # --read-threads, as on serve, where --threads is torch's CPU threads
+    s.add_argument("--read-threads", type=int, default=8, help="threads issuing expert reads")
     s.add_argument("--buffered", action="store_true", help="do not use O_DIRECT")
     s.add_argument("--trace", help="record routing to this file")
     s.add_argument("--census", help="warm-start census file")
@@ -26,7 +27,7 @@ def stream_options(a):
     from sparkd.engine.streaming.session import StreamOptions
 
     return StreamOptions(budget_bytes=a.budget, ctx=a.ctx, batch_tokens=a.batch_tokens, policy=a.policy,
-                         prefetch_slots=a.prefetch, threads=a.threads, direct=not a.buffered,
+                         prefetch_slots=a.prefetch, threads=a.read_threads, direct=not a.buffered,
                          trace_path=getattr(a, "trace", None), census_path=getattr(a, "census", None))
 
 
