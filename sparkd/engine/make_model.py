@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q, GGUFWriter
 
 from sparkd.engine.modelgen import blocks, specs
-from sparkd.engine.modelgen.specs import Shape
+from sparkd.engine.modelgen.shape import Shape
 from sparkd.engine.modelgen.tokenizer import CHAT_TEMPLATE, make_tokenizer
 
 QUANTS = {t.name: t for t in blocks.FLOAT_TYPES + blocks.QUANT_TYPES}

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from sparkd.engine.make_model import plan, write_model
-from sparkd.engine.modelgen.specs import TINY, Shape
+from sparkd.engine.modelgen.shape import Shape
+from sparkd.engine.modelgen.specs import TINY
 
 ARCHS = ["qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3"]
 DTYPES = ["F32", "F16", "Q8_0", "Q4_K", "Q6_K", "Q2_K"]

@@ -3,54 +3,19 @@ metadata keys and tensors (names and torch-order shapes) llama.cpp's loader asks
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any
+import importlib
+from types import ModuleType
 
 from gguf import GGUFValueType as V
 
-SUPPORTED_ARCHS = ("qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3")
+from sparkd.engine.modelgen.shape import Meta, Shape, Tensor, base_metadata
+
+# Architectures whose generator lives in a module of its own, sparkd/engine/modelgen/<module>.py,
+# defining TINY and PRESETS (dicts of Shape, or of a Shape subclass adding its own fields),
+# metadata(s), tensors(s) and check(s); merged into the tables below.
+ARCH_MODULES: dict[str, str] = {}
+SUPPORTED_ARCHS = ("qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3", *ARCH_MODULES)
 DENSE_ARCHS = ("gemma3",)
-
-
-@dataclass
-class Shape:
-    arch: str
-    n_layer: int = 2
-    n_embd: int = 64
-    n_head: int = 4
-    n_head_kv: int = 2
-    head_dim: int = 16
-    n_vocab: int = 512
-    n_ctx: int = 256
-    n_ff: int = 128  # dense FFN width (dense-lead layers)
-    n_expert: int = 8
-    n_expert_used: int = 2
-    n_ff_exp: int = 32
-    n_expert_shared: int = 0
-    n_layer_dense_lead: int = 0
-    rope_base: float = 10000.0
-    n_rot: int = 0  # 0 → head_dim
-    rms_eps: float = 1e-6
-    # deepseek2 MLA and routing
-    q_lora_rank: int = 32
-    kv_lora_rank: int = 32
-    qk_rope: int = 8
-    qk_nope: int = 16
-    v_head: int = 16
-    n_groups: int = 0
-    n_group_used: int = 0
-    routed_scale: float = 1.0
-    # gpt-oss
-    n_swa: int = 0
-    yarn_factor: float = 0.0
-    yarn_orig_ctx: int = 0
-    # gemma3 (n_swa is shared with gpt-oss): every swa_pattern-th layer global, 0 = arch default
-    swa_pattern: int = 0
-    logit_softcap: float = 0.0
-
-    def replace(self, **kw: Any) -> "Shape":
-        return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
 # Shapes of real models; make-model scales them by layer count (--layers or --size).
@@ -91,20 +56,22 @@ TINY: dict[str, Shape] = {
                     rope_base=1e6, n_swa=8, swa_pattern=3, logit_softcap=30.0),
 }
 
-Meta = list[tuple[str, Any, V]]
-Tensor = tuple[str, tuple[int, ...], str]  # name, torch-order shape, kind: w | norm | bias | f32
+
+
+def _own_module(arch: str) -> ModuleType:
+    return importlib.import_module(f"sparkd.engine.modelgen.{ARCH_MODULES[arch]}")
+
+
+for _arch in ARCH_MODULES:
+    PRESETS.update(_own_module(_arch).PRESETS)
+    TINY.update(_own_module(_arch).TINY)
 
 
 def metadata(s: Shape) -> Meta:
     a = s.arch
-    m: Meta = [
-        (f"{a}.context_length", s.n_ctx, V.UINT32), (f"{a}.embedding_length", s.n_embd, V.UINT32),
-        (f"{a}.block_count", s.n_layer, V.UINT32), (f"{a}.attention.head_count", s.n_head, V.UINT32),
-        (f"{a}.attention.head_count_kv", s.n_head_kv, V.UINT32),
-        (f"{a}.rope.freq_base", s.rope_base, V.FLOAT32),
-        (f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps, V.FLOAT32),
-        (f"{a}.vocab_size", s.n_vocab, V.UINT32),
-    ]
+    if a in ARCH_MODULES:
+        return _own_module(a).metadata(s)
+    m = base_metadata(s)
     if a == "gemma3":
         return m + _gemma3_meta(s)
     m += [(f"{a}.expert_count", s.n_expert, V.UINT32), (f"{a}.expert_used_count", s.n_expert_used, V.UINT32)]
@@ -174,6 +141,8 @@ def _deepseek2_meta(s: Shape) -> Meta:
 
 
 def tensors(s: Shape) -> list[Tensor]:
+    if s.arch in ARCH_MODULES:
+        return _own_module(s.arch).tensors(s)
     D, V_ = s.n_embd, s.n_vocab
     out: list[Tensor] = [("token_embd.weight", (V_, D), "w")]
     for il in range(s.n_layer):
@@ -270,3 +239,5 @@ def check(s: Shape) -> None:
         bad("--layers", f"{s.n_layer} makes llama.cpp treat the model as DeepSeek-V2-Lite (no q_lora); pick another")
     if s.n_groups > 1 and (s.n_expert % s.n_groups or s.n_group_used >= s.n_groups):
         bad("--experts", f"{s.n_expert} must split into {s.n_groups} groups with fewer than that used")
+    if s.arch in ARCH_MODULES:
+        _own_module(s.arch).check(s)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sparkd.engine.make_model import plan as model_plan, write_model
-from sparkd.engine.modelgen.specs import Shape
+from sparkd.engine.modelgen.shape import Shape
 from sparkd.engine.streaming.plan import ALIGN_BYTES
 
 from conftest import REPO, drop_page_cache, open_stream, resident_pages
