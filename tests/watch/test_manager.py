@@ -86,6 +86,9 @@ class RecordingControl:
     def engine_listen(self, name):
         return self.listen
 
+    def engine_api_key(self, name):
+        return None
+
     async def evict_competitors(self):
         return []
 
