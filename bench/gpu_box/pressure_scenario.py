@@ -266,7 +266,7 @@ def cleanup(d: subprocess.Popen | None, sock: Path, cgroup_root: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--storm-seconds", type=float, default=120, help="give up on the stop rule after this long")
+    ap.add_argument("--storm-seconds", type=float, default=100, help="give up on the stop rule after this long")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     mount = find_cgroup2_mount()

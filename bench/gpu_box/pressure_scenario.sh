@@ -12,5 +12,5 @@ if [ -d .whl ] && ! python3 -c 'import pydantic, starlette, uvicorn' 2>/dev/null
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-timeout 280 "$PY" bench/gpu_box/pressure_scenario.py --out "$OUT" "$@" 2>&1 | tee "$OUT/pressure_scenario.log"
+timeout "${SCENARIO_TIMEOUT:-220}" "$PY" bench/gpu_box/pressure_scenario.py --out "$OUT" "$@" 2>&1 | tee "$OUT/pressure_scenario.log"
 exit "${PIPESTATUS[0]}"
