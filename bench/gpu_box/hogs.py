@@ -44,8 +44,9 @@ def leak(path: str, step_mib: int, interval_seconds: float, max_mib: int) -> Non
 
 def main() -> None:
     if sys.argv[1] == "oom":
-        held = touched(int(sys.argv[2]))  # noqa: F841 -- kept alive until the OOM killer comes
-        time.sleep(3600)
+        held = touched(int(sys.argv[2]))
+        while held:  # kept alive until the OOM killer comes
+            time.sleep(3600)
     else:
         leak(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
 
