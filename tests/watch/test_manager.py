@@ -278,3 +278,19 @@ def test_shipped_dgx_spark_policy_is_valid_and_has_the_issue_defaults():
     kl = {r.match: r.action for r in p.kernel_log.rules}
     assert "stop" in kl["no_memory"] and "stop" in kl["xid_node"]
     assert all(r.cooldown > 0 for r in [*p.pressure.rules, *p.kernel_log.rules])
+
+
+def test_shrink_cache_timeout_is_named(tmp_path):
+    """What the GPU box showed: an engine stalled in its own throttled cgroup does not answer; the
+    event must say it timed out (httpx's timeout text is empty)."""
+    import socket
+
+    from sparkd.watch.actions.shrink_cache import CacheClient
+
+    with socket.socket() as silent:  # accepts connections (kernel backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        client = CacheClient(f"127.0.0.1:{silent.getsockname()[1]}", timeout_seconds=0.3)
+        with pytest.raises(RuntimeError) as err:
+            asyncio.run(client.budget())
+    assert str(err.value) == f"could not GET {client.url}: ReadTimeout"

@@ -28,8 +28,8 @@ class CacheClient:
         try:
             async with httpx.AsyncClient(timeout=self._timeout_seconds, transport=self._transport) as client:
                 response = await client.request(method, self.url, json=body, headers=self._headers)
-        except httpx.HTTPError as exc:
-            raise RuntimeError(f"could not {method} {self.url}: {exc or type(exc).__name__}") from exc
+        except httpx.HTTPError as exc:  # a timeout's text is empty: its class names it
+            raise RuntimeError(f"could not {method} {self.url}: {type(exc).__name__} {exc}".rstrip()) from exc
         if response.is_error:
             hint = " (check the service's engine.embedded.api_key_file)" if response.status_code == 401 else ""
             raise RuntimeError(f"could not {method} {self.url}: HTTP {response.status_code} "
