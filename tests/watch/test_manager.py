@@ -26,7 +26,7 @@ GIB = 1 << 30
 
 class CacheEngine:
     """A tiny real HTTP server with the engine's /admin/cache contract: GET -> {"budget": N},
-    POST {"budget": N} -> sets it."""
+    POST {"budget": N} -> sets it and answers the budget before as previous_bytes."""
 
     def __init__(self, budget: int):
         self.budget = budget
@@ -47,9 +47,9 @@ class CacheEngine:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                engine.budget = body["budget"]
+                previous, engine.budget = engine.budget, body["budget"]
                 engine.posts.append(body["budget"])
-                self._answer(200, {"budget": engine.budget})
+                self._answer(200, {"budget": engine.budget, "previous_bytes": previous})
 
             def log_message(self, *args):
                 pass
@@ -245,7 +245,7 @@ def test_shrink_cache_failure_is_an_event_not_a_crash(tmp_path):
 
     asyncio.run(scenario())
     (result,) = [e["result"] for e in manager.events.read() if e["type"] == "action"]
-    assert result.startswith("failed: could not GET http://127.0.0.1:9/admin/cache")
+    assert result.startswith("failed: could not POST http://127.0.0.1:9/admin/cache")
 
 
 @pytest.mark.parametrize("rule, message", [
@@ -292,5 +292,5 @@ def test_shrink_cache_timeout_is_named(tmp_path):
         silent.listen(4)
         client = CacheClient(f"127.0.0.1:{silent.getsockname()[1]}", timeout_seconds=0.3)
         with pytest.raises(RuntimeError) as err:
-            asyncio.run(client.budget())
-    assert str(err.value) == f"could not GET {client.url}: ReadTimeout"
+            asyncio.run(client.set_budget(1 << 20))
+    assert str(err.value) == f"could not POST {client.url}: ReadTimeout"

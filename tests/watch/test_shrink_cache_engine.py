@@ -29,17 +29,24 @@ def _cache_bytes(engine: EngineProcess) -> float:
     raise AssertionError("sparkd_engine_cache_bytes missing from the engine's /metrics")
 
 
+def _budget(engine: EngineProcess, key: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(engine.base + "/admin/cache", headers=headers, timeout=10).json()["budget"]
+
+
 def test_shrink_and_grow_back_a_real_engine_cache(tmp_path):
     engine = EngineProcess(make_tiny_model(tmp_path / "tiny.gguf"), "--budget", "2G",
                            log=tmp_path / "engine.log").start()
     try:
         client = CacheClient(f"127.0.0.1:{engine.port}")
-        before = asyncio.run(client.budget())
-        assert before is not None and before > 0 and _cache_bytes(engine) == before
-        asyncio.run(client.set_budget(before // 2))
-        assert asyncio.run(client.budget()) <= before // 2 and _cache_bytes(engine) <= before // 2
-        asyncio.run(client.set_budget(before))
-        assert asyncio.run(client.budget()) == before
+        before = _budget(engine)
+        assert before > 0 and _cache_bytes(engine) == before
+        # one request: the answer carries the budget before, what the grow-back restores
+        assert asyncio.run(client.set_budget(before // 2)) == before
+        shrunk = _budget(engine)
+        assert shrunk <= before // 2 and _cache_bytes(engine) == shrunk
+        assert asyncio.run(client.set_budget(before)) == shrunk
+        assert _budget(engine) == before
         # a budget the engine refuses is an error the action reports, not a silent no-op
         try:
             asyncio.run(client.set_budget(1))
@@ -93,7 +100,7 @@ def test_shrink_cache_sends_the_api_key_from_api_key_file(tmp_path):
     engine.start()
     try:
         assert b"s3cret" not in Path(f"/proc/{engine.proc.pid}/cmdline").read_bytes()
-        before = asyncio.run(CacheClient(f"127.0.0.1:{engine.port}", api_key="s3cret-key-77").budget())
+        before = _budget(engine, key="s3cret-key-77")
         results = [(e["type"], e["result"]) for e in _run_shrink_rule(tmp_path / "right", policy)]
         assert results == [("action", f"expert cache shrunk to 192.0K (was {format_size(before)})"),
                            ("reverted", f"expert cache grown back to {format_size(before)}")]
@@ -101,7 +108,7 @@ def test_shrink_cache_sends_the_api_key_from_api_key_file(tmp_path):
         # a key that is not the engine's (the file rotated, the engine not restarted): 401, said
         key_file.write_text("wrong-key\n")
         (action,) = _run_shrink_rule(tmp_path / "wrong", policy)
-        assert action["result"].startswith("failed: could not GET") and "HTTP 401" in action["result"]
+        assert action["result"].startswith("failed: could not POST") and "HTTP 401" in action["result"]
         assert "api_key_file" in action["result"] and _cache_bytes(engine) == before
     finally:
         engine.stop()

@@ -1,8 +1,9 @@
 """shrink_cache: ask the service's embedded engine to shrink its expert cache (POST /admin/cache
 {"budget": BYTES}), and to grow it back to what it had when the pressure clears.
 
-The budget before shrinking is read from the engine (GET /admin/cache) so the grow-back restores
-the engine's own setting, not a guess.
+The engine answers the POST with the budget it had before (previous_bytes), so the grow-back
+restores the engine's own setting, not a guess, and a shrink is one request: under pressure the
+engine shares its cgroup's stalls, and every round trip may wait on them.
 """
 
 from __future__ import annotations
@@ -39,12 +40,10 @@ class CacheClient:
         except ValueError as exc:
             raise RuntimeError(f"could not {method} {self.url}: the answer is not JSON ({exc})") from exc
 
-    async def budget(self) -> int | None:
-        value = (await self._call("GET")).get("budget")
+    async def set_budget(self, budget_bytes: int) -> int | None:
+        """Set the budget; returns the budget before, None from an engine that does not say it."""
+        value = (await self._call("POST", {"budget": budget_bytes})).get("previous_bytes")
         return int(value) if isinstance(value, int) else None
-
-    async def set_budget(self, budget_bytes: int) -> dict:
-        return await self._call("POST", {"budget": budget_bytes})
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -83,8 +82,7 @@ class ShrinkCache(Action):
             self._previous[service] = None
             return f"would have asked {client.url} to shrink the expert cache to {target}"
         try:
-            before = await client.budget()
-            await client.set_budget(rule.budget)
+            before = await client.set_budget(rule.budget)
         except RuntimeError as exc:
             return f"failed: {exc}"
         self._previous[service] = before
