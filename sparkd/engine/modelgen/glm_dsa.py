@@ -41,7 +41,7 @@ PRESETS: dict[str, Shape] = {
 # 3 trunk layers (dense, MoE, MoE) with the last one "shared"; top-4 of up to 48 positions
 TINY: dict[str, Shape] = {
     ARCH: DsaShape(ARCH, n_layer=3, n_head_kv=1, n_expert_shared=1, n_layer_dense_lead=1,
-                   routed_scale=2.5, idx_lead=2, idx_period=2),
+                   routed_scale=2.5, idx_lead=1, idx_period=2),
 }
 
 

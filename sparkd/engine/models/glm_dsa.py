@@ -59,7 +59,9 @@ def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
         kv_lora_rank=m.int_("{arch}.attention.kv_lora_rank"),
         head_dim_k_mla=m.int_("{arch}.attention.key_length_mla"),
         head_dim_v_mla=m.int_("{arch}.attention.value_length_mla"),
-        extra={"indexer": _indexer_config(m, n_layer, kw["n_ctx_train"], path)})
+        yarn_log_mul=0.0)  # llama.cpp's glm-dsa loader does not read the yarn log multiplier
+    ix = _indexer_config(m, n_layer, kw["n_ctx_train"], path)
+    kw["extra"] = {"indexer": ix, "side_cache_floats_per_pos": ix.side_floats_per_pos()}
     return ModelConfig(**kw)
 
 
