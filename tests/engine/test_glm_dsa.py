@@ -141,3 +141,20 @@ def test_greedy_decode_identical_to_llama_cpp(tmp_path, quant):
     finally:
         m.close()
     assert ours == llama_generate(path, prompt, 16, stop_at_eog=False)
+
+
+@pytest.mark.oracle
+def test_glm_chat_template_reasoning_goes_to_reasoning_content():
+    # llama.cpp vendors no GLM-5 template; GLM-5 uses GLM-4.7's format (<|assistant|><think>)
+    from sparkd.engine.chat import ChatTemplate, split_reasoning
+    from tests.oracle.llama_oracle import llama_source_dir
+    t = ChatTemplate((llama_source_dir() / "models" / "templates" / "GLM-4.7-Flash.jinja").read_text())
+    chat = [{"role": "user", "content": "2+2?"}]
+    prompt = t.render(chat)
+    assert prompt.endswith("<|user|>2+2?<|assistant|><think>")
+    reply = split_reasoning("Add them.</think>4", in_reasoning=prompt.endswith("<think>"))
+    assert (reply.reasoning_content, reply.content) == ("Add them.", "4")
+    assert t.render(chat, enable_thinking=False).endswith("<|assistant|></think>")
+    turn = chat + [{"role": "assistant", "content": "4", "reasoning_content": "Add them."},
+                   {"role": "user", "content": "3+3?"}]
+    assert "<|assistant|></think>4<|user|>3+3?<|assistant|><think>" in t.render(turn)
