@@ -48,7 +48,7 @@ class LightningIndexer(nn.Module):
         self.wq_b, self.wk, self.k_norm, self.weights_proj = wq_b, wk, k_norm, weights_proj
 
     def forward(self, x: torch.Tensor, q_lat: torch.Tensor, pos: torch.Tensor,
-                cache: KVCache) -> torch.Tensor:
+                cache: KVCache) -> torch.Tensor | None:
         # x: [T, D] block input (normed), q_lat: [T, Rq] query latent → kept positions [T, S]
         T = x.shape[0]
         q = self.wq_b(q_lat).view(T, self.n_head, self.head_dim)
@@ -58,10 +58,11 @@ class LightningIndexer(nn.Module):
         k = apply_rope(k, cos, sin, neox=False)
         start = int(pos[0])
         k_all = cache.update_side(SIDE_KEYS, self.il, start, k[:, 0])  # [S, Dh]
-        w = self.weights_proj(x) * (self.head_dim * self.n_head) ** -0.5  # [T, H]
-        per_head = torch.einsum("thd,sd->ths", q, k_all).relu()  # [T, H, S]
-        scores = torch.einsum("ths,th->ts", per_head, w)
-        keep = select_top_k(scores, start, self.top_k)
+        keep = None  # up to top_k positions every visible one is kept: the causal mask alone
+        if k_all.shape[0] > self.top_k:
+            w = self.weights_proj(x) * (self.head_dim * self.n_head) ** -0.5  # [T, H]
+            per_head = torch.einsum("thd,sd->ths", q, k_all).relu()  # [T, H, S]
+            keep = select_top_k(torch.einsum("ths,th->ts", per_head, w), start, self.top_k)
         cache.scratch[_SELECTION] = keep
         return keep
 
@@ -70,5 +71,5 @@ class SharedSelection(nn.Module):
     """A GLM-5.2 "shared" layer: the selection of the previous full indexer layer."""
 
     def forward(self, x: torch.Tensor, q_lat: torch.Tensor, pos: torch.Tensor,
-                cache: KVCache) -> torch.Tensor:
+                cache: KVCache) -> torch.Tensor | None:
         return cache.scratch[_SELECTION]
