@@ -94,7 +94,8 @@ def test_glm_5_2_preset_and_default_indexer_types():
     s = PRESETS["glm-5.2"]
     assert (s.n_layer, s.n_expert, s.n_expert_used, s.idx_top_k) == (78, 256, 8, 2048)
     assert tuple(s.full_layers()) == glm_dsa.glm_5_2_full_layers(78)
-    assert glm_dsa.glm_5_2_full_layers(10) == (True, True, True, False, False, False, True, False, False, False)
+    assert glm_dsa.glm_5_2_full_layers(10) == (True, True, True, False, False, False,
+                                                True, False, False, False)
 
 
 def _metadata(**changes):
@@ -114,7 +115,7 @@ def test_indexer_types_key_absent_follows_the_trained_context():
 
 @pytest.mark.parametrize("types", [[True, False], [False, True, True]])
 def test_bad_indexer_types_are_a_clear_error(types):
-    with pytest.raises(ModelError, match=r"glm-dsa.attention.indexer.types must give 3 layers starting with a full"):
+    with pytest.raises(ModelError, match=r"indexer.types must give 3 layers starting with a full"):
         glm_dsa.config(_metadata(**{f"{ARCH}.attention.indexer.types": types}))
 
 

@@ -20,7 +20,7 @@ class KVCache:
         self.k = [torch.zeros(max_ctx, h, dk, dtype=dtype) for h, dk, _ in shapes]
         self.v = [torch.zeros(max_ctx, h, dv, dtype=dtype) if dv else None for h, _, dv in shapes]
         self.side = {key: torch.zeros(max_ctx, *row, dtype=dtype) for key, row in (side or {}).items()}
-        self.scratch: dict[str, torch.Tensor] = {}  # handed from layer to layer within one forward pass
+        self.scratch: dict[str, torch.Tensor | None] = {}  # handed from layer to layer in one forward pass
         self.n_past = 0  # positions filled; advanced by the model after all layers ran
 
     @property

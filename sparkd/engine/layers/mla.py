@@ -43,7 +43,7 @@ class MLAttention(nn.Module):
         self.wk_b = nn.Parameter(wk_b, requires_grad=False)  # [H, R, Dn]
         self.wv_b = nn.Parameter(wv_b, requires_grad=False)  # [H, Dv, R]
         self.act_k_b, self.act_v_b = act_k_b, act_v_b  # see act_round
-        # sparse attention: selector(x, q latent, pos, cache) → [T, S] keys each query may read
+        # sparse attention: selector(x, q latent, pos, cache) → [T, S] keys each query may read (None: all)
         self.selector = selector
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -121,7 +121,7 @@ def check(s: Shape) -> None:
     def bad(field: str, why: str) -> None:
         raise ValueError(f"could not make a {ARCH} model: {field} {why}")
     if not isinstance(s, DsaShape):
-        bad("shape", f"must be a {DsaShape.__name__} (use the glm-5.2 preset or TINY), got {type(s).__name__}")
+        bad("shape", f"must be a {DsaShape.__name__} (the glm-5.2 preset or TINY), got {type(s).__name__}")
     if s.idx_head_dim % 64 or s.idx_head_dim < s.qk_rope:
         bad("idx_head_dim", f"{s.idx_head_dim} must be a multiple of 64 (llama.cpp's Hadamard rotation) "
             f"and hold the {s.qk_rope} rope dims")
