@@ -24,7 +24,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
 from sparkd.engine.kernels import dispatch  # noqa: E402
-from sparkd.engine.kernels.matmul import gemm, gemv  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, moe_prefill  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
 
@@ -78,14 +78,19 @@ def shapes(backend: str, qtype: T) -> list[tuple[int, int]]:
     return [(r, c) for r in rows for c in cols_for(qtype, big)]
 
 
+# the default tiles, and split-K with an unroll that overruns each range (masked tail groups)
+GEMV_CONFIGS = [None, GemvConfig(block_n=2, num_warps=1, unroll=3, split=2)]
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_gemv_matches_reference(backend, qtype):
+@pytest.mark.parametrize("config", GEMV_CONFIGS, ids=["default", "split"])
+def test_gemv_matches_reference(backend, qtype, config):
     for rows, cols in shapes(backend, qtype):
         raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
         x = torch.randn(cols)
         out = torch.full((rows,), float("nan"), device=backend)
-        gemv(raw.to(backend), qtype, (rows, cols), x.to(backend), out=out)
+        gemv(raw.to(backend), qtype, (rows, cols), x.to(backend), out=out, config=config)
         W = reference(raw, qtype, (rows, cols))
         err = rel_err(out, W @ x.double(), W.abs() @ x.double().abs())
         assert err < BOUNDS["fp32"], f"{qtype.name} [{rows}, {cols}]: relative error {err:.2e}"
@@ -118,7 +123,7 @@ def arena_table(gu_type: T, d_type: T, dim: int, width: int, n: int, device: str
         at = slot * slot_bytes
         for k, (qt, nbytes, shape) in enumerate(((gu_type, gu_bytes, (width, dim)), (gu_type, gu_bytes, (width, dim)),
                                                   (d_type, d_bytes, (dim, width)))):
-            at += 2 * int(_rng.integers(1, 256))
+            at += 4 * int(_rng.integers(1, 128))  # Q4_K/Q5_K rows need 4-byte alignment
             blocks = random_blocks(qt, nbytes // dispatch.FAMILIES[qt].block_bytes)
             arena[at:at + nbytes] = blocks
             offsets[k].append(at)
@@ -134,6 +139,9 @@ def moe_reference(x, w, gates, ups, downs, act):
                for i in range(len(gates)))
 
 
+# the interpreter runs programs one by one: few, wide tiles keep it fast
+TILES = {"cuda": {}, "cpu": dict(gate_up=GemvConfig(block_n=64, num_warps=1, unroll=1),
+                                 down=GemvConfig(block_n=64, num_warps=1, unroll=2))}
 # (gate/up type, down type, activation): every family in some position, both activations
 MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
              (T.Q2_K, T.Q4_K, "swiglu_oai")]
@@ -148,8 +156,7 @@ def test_moe_decode_matches_reference(backend, gu_type, d_type, act):
         table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
         x, w = torch.randn(dim), torch.rand(n)
         out = torch.full((dim,), float("nan"), device=backend)
-        # the interpreter runs programs one by one: few, wide tiles keep it fast
-        moe_decode(table, x.to(backend), w.to(backend), act, out=out, block_n=8 if backend == "cuda" else 64)
+        moe_decode(table, x.to(backend), w.to(backend), act, out=out, **TILES[backend])
         err = rel_err(out, moe_reference(x, w, gates, ups, downs, act))
         assert err < BOUNDS["fp32"], f"{gu_type.name}/{d_type.name} {act}: relative error {err:.2e}"
 
