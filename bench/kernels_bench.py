@@ -33,16 +33,19 @@ DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projection
 MOES = [(2048, 768, 8), (4096, 1536, 8)]
 MOE = MOES[0]
 # GEMV tiles tried for Q8_0 and Q4_K: (rows per program, warps, groups per step, split; 0 = auto)
-SWEEP = [GemvConfig(*c) for c in ((1, 1, 2, 0), (2, 1, 2, 0), (2, 1, 4, 0), (4, 2, 2, 0), (4, 2, 4, 0),
-                                   (4, 1, 2, 0), (8, 2, 2, 0), (8, 4, 2, 0), (16, 4, 2, 0), (4, 2, 2, 1))]
+SWEEP = [GemvConfig(*c) for c in (
+    (4, 1, 2, 0, True), (4, 1, 2, 0, False), (2, 1, 2, 0, True), (8, 1, 2, 0, True), (4, 1, 4, 0, True),
+    (8, 1, 1, 0, True), (8, 2, 2, 0, True), (16, 2, 2, 0, True), (4, 2, 2, 0, True), (4, 1, 2, 1, True),
+    (16, 4, 1, 0, True))]
 # MoE (gate/up tile, down tile) pairs tried for Q8_0 and Q4_K; the first is the default
 MOE_SWEEP = [(GATE_UP_CONFIG, DOWN_CONFIG)] + [(GemvConfig(*a), GemvConfig(*b)) for a, b in (
-    ((1, 1, 2), (4, 2, 1)), ((4, 2, 2), (4, 2, 1)), ((2, 1, 4), (2, 1, 1)), ((2, 1, 2), (8, 4, 1)),
-    ((2, 1, 2), (1, 1, 1)), ((1, 1, 4), (2, 1, 2)))]
+    ((2, 1, 2, 0, False), (4, 1, 1, 0, False)), ((4, 1, 2, 0, True), (4, 1, 1, 0, True)),
+    ((2, 1, 4, 0, True), (2, 1, 1, 0, True)), ((1, 1, 2, 0, True), (8, 1, 1, 0, True)),
+    ((4, 2, 2, 0, True), (8, 2, 1, 0, True)), ((8, 1, 1, 0, True), (4, 1, 1, 0, True)))]
 
 
 def tag(cfg: GemvConfig) -> str:
-    return f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s"
+    return f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
 
 
 def random_blocks(qtype: T, n_bytes: int, device: str = "cuda") -> torch.Tensor:

@@ -79,7 +79,7 @@ def shapes(backend: str, qtype: T) -> list[tuple[int, int]]:
 
 
 # the default tiles, and split-K with an unroll that overruns each range (masked tail groups)
-GEMV_CONFIGS = [None, GemvConfig(block_n=2, num_warps=1, unroll=3, split=2)]
+GEMV_CONFIGS = [None, GemvConfig(block_n=2, num_warps=1, unroll=3, split=2, elementwise=False)]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

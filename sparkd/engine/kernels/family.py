@@ -14,9 +14,13 @@ dequant(w_ptr, row_off, g, smask) contract:
   smask   bool [BN, NSUB, 1]: which (row, sub-block) pairs exist (row past the end, or a Q8_0
           row that ends inside the group); masked values must come back as 0.
 
-dot(w_ptr, row_off, rmask, x_ptr, g, K) contract: row_off int64 [BN], rmask bool [BN] (False
-rows contribute 0 and are not read), x float32 [K]; returns sum_k W[row, k] * x[k] over group
-g's columns as float32 [BN]. Families without one get dequant followed by a multiply.
+dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW) contract: row_off int64 [BN], rmask bool [BN]
+(False rows contribute 0 and are not read), x float32 [K]; adds group g's share of
+sum_k W[row, k] * x[k] to acc and returns it. EW (compile-time) picks the accumulator: True, an
+elementwise float32 tile in the family's own shape, summed once after the loop (no cross-thread
+reduction per group); False, float32 [BN] (each group reduced at once). acc0(rmask, EW) makes the
+zero accumulator and total(acc, EW) reduces it to [BN]. Families without a dot get dequant
+followed by a multiply.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class Family:
     sublen: int  # values per sub-block
     dequant: Any  # triton.JITFunction
     dot: Any = None  # triton.JITFunction, or None: dequant then multiply
+    acc0: Any = None  # triton.JITFunction, with dot
+    total: Any = None  # triton.JITFunction, with dot
     align: int = 2  # byte alignment the kernels' loads need of every row start (f16 scales: 2)
 
     def row_bytes(self, cols: int) -> int:

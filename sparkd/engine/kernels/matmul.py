@@ -29,9 +29,10 @@ TARGET_PROGRAMS = 2048
 @dataclass(frozen=True)
 class GemvConfig:
     block_n: int = 4  # rows per program
-    num_warps: int = 2
+    num_warps: int = 1  # one warp: every reduction stays inside it (H200 sweep, docs/performance.md)
     unroll: int = 2  # groups issued per loop step
     split: int = 0  # ranges along the row (split-K); 0: chosen from the shape
+    elementwise: bool = True  # accumulate a tile, reduce once at the end (False: every group)
 
 
 def split_for(cfg: GemvConfig, rows: int, groups: int) -> int:
@@ -56,14 +57,19 @@ def dot_from_dequant(w_ptr, row_off, rmask, x_ptr, g, K, DEQ: tl.constexpr, NSUB
 
 
 @triton.jit
-def row_dot(w_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.constexpr, DEQ: tl.constexpr,
-            USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr, UNROLL: tl.constexpr):
-    """sum_k W[row, k] * x[k] over range `part` of `n_parts` of the row's groups: float32 [BN]."""
+def row_dot(w_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.constexpr, ACC0: tl.constexpr,
+            TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
+            SUBLEN: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr):
+    """sum_k W[row, k] * x[k] over range `part` of `n_parts` of the row's groups: float32 [BN].
+    The family's code (family_args): its DOT/ACC0/TOTAL, or DEQ when it has no dot (USE_DEQ)."""
     n_groups = tl.cdiv(K, NSUB * SUBLEN)
     per = tl.cdiv(n_groups, n_parts)
     start = part * per
     end = tl.minimum(start + per, n_groups)
-    acc = tl.zeros(rmask.shape, tl.float32)
+    if USE_DEQ:
+        acc = tl.zeros(rmask.shape, tl.float32)
+    else:
+        acc = ACC0(rmask, EW)
     for g0 in range(start, end, UNROLL):
         for u in tl.static_range(UNROLL):
             g = g0 + u
@@ -72,19 +78,22 @@ def row_dot(w_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.constexpr, D
             if USE_DEQ:
                 acc += dot_from_dequant(w_ptr, row_off, m, x_ptr, gc, K, DEQ, NSUB, SUBLEN)
             else:
-                acc += DOT(w_ptr, row_off, m, x_ptr, gc, K)
+                acc = DOT(w_ptr, row_off, m, x_ptr, gc, K, acc, EW)
+    if not USE_DEQ:
+        acc = TOTAL(acc, EW)
     return acc
 
 
 @triton.jit
-def _gemv_kernel(w_ptr, x_ptr, y_ptr, N, K, row_bytes, DOT: tl.constexpr, DEQ: tl.constexpr,
-                 USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
-                 BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr):
+def _gemv_kernel(w_ptr, x_ptr, y_ptr, N, K, row_bytes, DOT: tl.constexpr, ACC0: tl.constexpr,
+                 TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
+                 SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
+                 SPLIT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     row_off = rows.to(tl.int64) * row_bytes
-    acc = row_dot(w_ptr, row_off, rmask, x_ptr, K, tl.program_id(1), SPLIT, DOT, DEQ, USE_DEQ,
-                  NSUB, SUBLEN, UNROLL)
+    acc = row_dot(w_ptr, row_off, rmask, x_ptr, K, tl.program_id(1), SPLIT, DOT, ACC0, TOTAL, DEQ,
+                  USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
     if SPLIT == 1:
         tl.store(y_ptr + rows, acc, mask=rmask)
     else:
@@ -93,8 +102,10 @@ def _gemv_kernel(w_ptr, x_ptr, y_ptr, N, K, row_bytes, DOT: tl.constexpr, DEQ: t
 
 def family_args(fam: dispatch.Family) -> dict:
     """The compile-time arguments that pick a family's code in row_dot's kernels."""
-    return dict(DOT=fam.dot or fam.dequant, DEQ=fam.dequant, USE_DEQ=fam.dot is None, NSUB=fam.nsub,
-                SUBLEN=fam.sublen)
+    own = fam.dot is not None  # else the dequant stands in for the unused slots
+    return dict(DOT=fam.dot if own else fam.dequant, ACC0=fam.acc0 if own else fam.dequant,
+                TOTAL=fam.total if own else fam.dequant, DEQ=fam.dequant, USE_DEQ=not own,
+                NSUB=fam.nsub, SUBLEN=fam.sublen)
 
 
 @triton.jit
@@ -149,7 +160,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
         y.zero_()
     _gemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
         weight, x, y, rows, cols, row_bytes, **family_args(fam), BLOCK_N=cfg.block_n,
-        UNROLL=cfg.unroll, SPLIT=split, num_warps=cfg.num_warps)
+        UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, num_warps=cfg.num_warps)
     return y
 
 

@@ -44,31 +44,33 @@ def _activate(g, u, ACT: tl.constexpr):
 
 @triton.jit
 def _gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, x_ptr, rw_ptr, h_ptr, F, D, row_bytes,
-                    DOT: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
-                    SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, ACT: tl.constexpr):
+                    DOT: tl.constexpr, ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr,
+                    USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
+                    BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, ACT: tl.constexpr):
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
-    g = row_dot(gate_ptr, tl.load(gate_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, DEQ, USE_DEQ,
-                NSUB, SUBLEN, UNROLL)
-    u = row_dot(up_ptr, tl.load(up_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, DEQ, USE_DEQ,
-                NSUB, SUBLEN, UNROLL)
+    g = row_dot(gate_ptr, tl.load(gate_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL, DEQ,
+                USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
+    u = row_dot(up_ptr, tl.load(up_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL, DEQ,
+                USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
     h = _activate(g, u, ACT) * tl.load(rw_ptr + a)
     tl.store(h_ptr + a * F + rows, h, mask=rmask)
 
 
 @triton.jit
 def _down_kernel(down_ptr, down_off, h_ptr, y_ptr, D, F, row_bytes, DOT: tl.constexpr,
-                 DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
-                 BLOCK_N: tl.constexpr, UNROLL: tl.constexpr):
+                 ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
+                 NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
+                 UNROLL: tl.constexpr, EW: tl.constexpr):
     """One (row tile, expert) per program; experts meet in y (zeroed first) by atomic adds."""
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     off = tl.load(down_off + a) + rows.to(tl.int64) * row_bytes
-    acc = row_dot(down_ptr, off, rmask, h_ptr + a * F, F, 0, 1, DOT, DEQ, USE_DEQ, NSUB, SUBLEN,
-                  UNROLL)
+    acc = row_dot(down_ptr, off, rmask, h_ptr + a * F, F, 0, 1, DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB,
+                  SUBLEN, UNROLL, EW)
     tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
 
 
@@ -134,7 +136,7 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
 
 # decode tiles: gate/up rows are few (expert width) and experts many, down rows many
 GATE_UP_CONFIG = GemvConfig(block_n=2, num_warps=1, unroll=2)
-DOWN_CONFIG = GemvConfig(block_n=4, num_warps=2, unroll=1)
+DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
 
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
@@ -166,12 +168,12 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     _gate_up_kernel[(triton.cdiv(F, gate_up.block_n), n)](
         p.table.gate, p.table.up, p.gate_off, p.up_off, x, route_weights.contiguous(), h, F, D,
         p.gate_up_row_bytes, **family_args(p.gate_up), BLOCK_N=gate_up.block_n, UNROLL=gate_up.unroll,
-        ACT=ACT_CODES[act], num_warps=gate_up.num_warps)
+        EW=gate_up.elementwise, ACT=ACT_CODES[act], num_warps=gate_up.num_warps)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     y.zero_()
     _down_kernel[(triton.cdiv(D, down.block_n), n)](
         p.table.down, p.down_off, h, y, D, F, p.down_row_bytes, **family_args(p.down),
-        BLOCK_N=down.block_n, UNROLL=down.unroll, num_warps=down.num_warps)
+        BLOCK_N=down.block_n, UNROLL=down.unroll, EW=down.elementwise, num_warps=down.num_warps)
     return y
 
 

@@ -48,24 +48,47 @@ def dequant(w_ptr, row_off, g, smask):
 
 
 @triton.jit
-def dot(w_ptr, row_off, rmask, x_ptr, g, K):
+def acc0(rmask, EW: tl.constexpr):
+    if EW:
+        acc = tl.zeros((rmask.shape[0], 4, 8, 2, 4), tl.float32)
+    else:
+        acc = tl.zeros(rmask.shape, tl.float32)
+    return acc
+
+
+@triton.jit
+def total(acc, EW: tl.constexpr):
+    if EW:
+        acc = tl.sum(tl.sum(tl.sum(tl.sum(acc, 4), 3), 2), 1)
+    return acc
+
+
+@triton.jit
+def dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     j = tl.arange(0, 4)[None, :, None, None, None]  # 32-byte chunk of qs: sub-blocks 2j, 2j+1
     w = tl.arange(0, 8)[None, None, :, None, None]  # word in the chunk
     h = tl.arange(0, 2)[None, None, None, :, None]  # low nibble: sub-block 2j, high: 2j+1
     b = tl.arange(0, 4)[None, None, None, None, :]  # byte in the word
-    blk = w_ptr + row_off[:, None, None] + g * 144  # [BN, 1, 1]
-    m3 = rmask[:, None, None]
-    qs = (blk[:, :, :, None, None] + 16).to(tl.pointer_type(tl.int32)) + j * 8 + w
-    words = tl.load(qs, mask=m3[:, :, :, None, None], other=0)  # [BN, 4, 8, 1, 1]
+    blk = w_ptr + row_off[:, None, None, None, None] + g * 144  # [BN, 1, 1, 1, 1]
+    m = rmask[:, None, None, None, None]
+    words = tl.load((blk + 16).to(tl.pointer_type(tl.int32)) + j * 8 + w, mask=m, other=0)
     q = (((words >> (b * 8 + h * 4)) & 0xF) | _TWO23_BITS).to(tl.float32, bitcast=True) - _TWO23
     x = tl.load(x_ptr + g * 256 + (2 * j + h) * 32 + w * 4 + b)  # [1, 4, 8, 2, 4]
-    qx = tl.sum(tl.sum(q * x, 4), 2)  # [BN, 4, 2]: sum of q*x per sub-block 2j+h
-    xs = tl.sum(tl.sum(x, 4), 2)  # [1, 4, 2]
-    s = 2 * tl.arange(0, 4)[None, :, None] + tl.arange(0, 2)[None, None, :]  # [1, 4, 2]
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m3, other=0.0).to(tl.float32)
-    dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=m3, other=0.0).to(tl.float32)
-    sc, mn = scale_min(blk + 4, s, m3)  # [BN, 4, 2]
-    return tl.sum(tl.sum((d * sc) * qx - (dmin * mn) * xs, 2), 1)
+    if EW:
+        d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+        dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+        sc, mn = scale_min(blk + 4, 2 * j + h, m)  # [BN, 4, 1, 2, 1]
+        acc += (q * (d * sc) - dmin * mn) * x
+    else:  # scale and min once per sub-block sum
+        qx = tl.sum(tl.sum(q * x, 4), 2)  # [BN, 4, 2]: sum of q*x per sub-block 2j+h
+        xs = tl.sum(tl.sum(x, 4), 2)  # [1, 4, 2]
+        blk3, m3 = w_ptr + row_off[:, None, None] + g * 144, rmask[:, None, None]
+        d = tl.load(blk3.to(tl.pointer_type(tl.float16)), mask=m3, other=0.0).to(tl.float32)
+        dmin = tl.load((blk3 + 2).to(tl.pointer_type(tl.float16)), mask=m3, other=0.0).to(tl.float32)
+        s = 2 * tl.arange(0, 4)[None, :, None] + tl.arange(0, 2)[None, None, :]  # [1, 4, 2]
+        sc, mn = scale_min(blk3 + 4, s, m3)
+        acc += tl.sum(tl.sum((d * sc) * qx - (dmin * mn) * xs, 2), 1)
+    return acc
 
 
-FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, align=4)
+FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4)

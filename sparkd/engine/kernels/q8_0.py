@@ -31,21 +31,39 @@ def dequant(w_ptr, row_off, g, smask):
 
 
 @triton.jit
-def dot(w_ptr, row_off, rmask, x_ptr, g, K):
-    s = tl.arange(0, 8)[None, :, None]  # block in the group
-    j = tl.arange(0, 16)[None, None, :]  # 16-bit pair in the block
-    kb = (g * 8 + s) * 32  # [1, 8, 1] first column of each block
+def acc0(rmask, EW: tl.constexpr):
+    if EW:
+        acc = tl.zeros((rmask.shape[0], 8, 16, 2), tl.float32)
+    else:
+        acc = tl.zeros(rmask.shape, tl.float32)
+    return acc
+
+
+@triton.jit
+def total(acc, EW: tl.constexpr):
+    if EW:
+        acc = tl.sum(tl.sum(tl.sum(acc, 3), 2), 1)
+    return acc
+
+
+@triton.jit
+def dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
+    s = tl.arange(0, 8)[None, :, None, None]  # block in the group
+    j = tl.arange(0, 16)[None, None, :, None]  # 16-bit pair in the block
+    t = tl.arange(0, 2)[None, None, None, :]  # byte in the pair
+    kb = (g * 8 + s) * 32  # first column of each block
     kmask = kb < K
-    smask = rmask[:, None, None] & kmask
-    blk = w_ptr + row_off[:, None, None] + (g * 8 + s) * 34
+    smask = rmask[:, None, None, None] & kmask
+    blk = w_ptr + row_off[:, None, None, None] + (g * 8 + s) * 34  # [BN, 8, 1, 1]
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
     h = tl.load((blk + 2).to(tl.pointer_type(tl.int16)) + j, mask=smask, other=0).to(tl.int32)
-    lo = ((h & 0xFF) ^ _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC
-    hi = (((h >> 8) & 0xFF) ^ _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC
-    xl = tl.load(x_ptr + kb + 2 * j, mask=kmask, other=0.0)
-    xh = tl.load(x_ptr + kb + 2 * j + 1, mask=kmask, other=0.0)
-    per_block = tl.sum(lo * xl + hi * xh, 2)  # [BN, 8]; masked blocks have d = 0
-    return tl.sum(per_block * tl.sum(d, 2), 1)
+    q = (((h >> (t * 8)) & 0xFF) ^ _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC
+    x = tl.load(x_ptr + kb + 2 * j + t, mask=kmask, other=0.0)  # [1, 8, 16, 2], contiguous
+    if EW:  # masked blocks have d = 0
+        acc += (q * x) * d
+    else:
+        acc += tl.sum(tl.sum(tl.sum(q * x, 3), 2) * tl.sum(tl.sum(d, 3), 2), 1)
+    return acc
 
 
-FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot)
+FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot, acc0, total)
