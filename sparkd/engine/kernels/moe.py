@@ -15,7 +15,7 @@ Prefill (many tokens): tokens are grouped by expert and each expert runs the sma
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import triton
@@ -141,12 +141,15 @@ DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
                out: torch.Tensor | None = None, gate_up: GemvConfig = GATE_UP_CONFIG,
-               down: GemvConfig = DOWN_CONFIG) -> torch.Tensor:
+               down: GemvConfig = DOWN_CONFIG, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None
+               ) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
     x float32 [D]; route_weights float32 [n] (one per table entry, on x's device) -> y [D]
     (written into `out` if given: float32 [D] on x's device). gate_up/down: tile shapes (their
-    split is ignored: the activation needs whole sums, and down splits over experts)."""
+    split is ignored: the activation needs whole sums, and down splits over experts). round_h, if
+    given, rounds the activations [n, F] before the down projection as llama.cpp does (then the
+    routing weight is applied after the rounding, in torch, between the two launches)."""
     what = "the MoE decode kernels"
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
@@ -156,7 +159,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
         raise dispatch.KernelArgumentError(f"could not run {what}: the table was prepared for "
                                            f"{p.device}, activations are on {x.device}")
     dispatch.check_activations(x, p.table.dim, what)
-    n, D, F = len(p.table), p.table.dim, p.table.width
+    n, D, F = p.gate_off.numel(), p.table.dim, p.table.width  # a selection may hold fewer than the table
     if x.dim() != 1 or route_weights.shape != (n,) or route_weights.dtype != torch.float32 \
             or route_weights.device != x.device:
         raise dispatch.KernelArgumentError(
@@ -165,10 +168,13 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
             f"{route_weights.device}")
     dispatch.check_out(out, (D,), x.device, what)
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
+    rw = route_weights.contiguous() if round_h is None else torch.ones_like(route_weights)
     _gate_up_kernel[(triton.cdiv(F, gate_up.block_n), n)](
-        p.table.gate, p.table.up, p.gate_off, p.up_off, x, route_weights.contiguous(), h, F, D,
+        p.table.gate, p.table.up, p.gate_off, p.up_off, x, rw, h, F, D,
         p.gate_up_row_bytes, **family_args(p.gate_up), BLOCK_N=gate_up.block_n, UNROLL=gate_up.unroll,
         EW=gate_up.elementwise, ACT=ACT_CODES[act], num_warps=gate_up.num_warps)
+    if round_h is not None:
+        h = (round_h(h) * route_weights[:, None]).contiguous()
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     y.zero_()
     _down_kernel[(triton.cdiv(D, down.block_n), n)](
@@ -185,9 +191,11 @@ def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
 
 
 def moe_prefill(table: ExpertTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
-                act: str = "silu", precision: str = "tf32") -> torch.Tensor:
+                act: str = "silu", precision: str = "tf32",
+                round_h: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts; route_weights
-    float32 [T, A] -> y [T, D]. Tokens are grouped by expert and each expert runs the GEMM once."""
+    float32 [T, A] -> y [T, D]. Tokens are grouped by expert and each expert runs the GEMM once;
+    round_h as in moe_decode."""
     what = "the MoE prefill kernels"
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
@@ -210,6 +218,8 @@ def moe_prefill(table: ExpertTable, x: torch.Tensor, slots: torch.Tensor, route_
         go, uo, do = (int(o[j]) for o in (table.gate_offsets, table.up_offsets, table.down_offsets))
         g = gemm(table.gate[go:go + gu_span], fgu.qtype, (F, D), h, precision)
         u = gemm(table.up[uo:uo + gu_span], fgu.qtype, (F, D), h, precision)
-        out = gemm(table.down[do:do + d_span], fd.qtype, (D, F), _act_torch(g, u, act).contiguous(), precision)
+        h = _act_torch(g, u, act)
+        h = h if round_h is None else round_h(h)
+        out = gemm(table.down[do:do + d_span], fd.qtype, (D, F), h.contiguous(), precision)
         y.index_add_(0, tok, out * route_weights[tok, k, None])
     return y

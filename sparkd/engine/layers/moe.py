@@ -59,22 +59,52 @@ class Router(nn.Module):
         groups = sel.view(T, self.n_groups, E // self.n_groups)  # [T, G, E/G]
         group_score = groups.topk(2, dim=-1).values.sum(-1)  # [T, G]
         keep = group_score.topk(self.n_group_used, dim=-1).indices  # [T, Gu]
-        mask = torch.ones(T, self.n_groups, dtype=torch.bool).scatter_(1, keep, False)
+        mask = torch.ones(T, self.n_groups, dtype=torch.bool, device=sel.device).scatter_(1, keep, False)
         return groups.masked_fill(mask[..., None], float("-inf")).view(T, E)
 
 
 class MoE(nn.Module):
-    """Routed experts (from an ExpertStore) plus optional always-on shared experts."""
+    """Routed experts (from an ExpertStore) plus optional always-on shared experts.
+
+    A store with `kernel_layer` (KernelExperts) runs the layer through the Triton MoE kernels
+    straight from raw blocks: one token by the fused decode kernels, several grouped by expert."""
 
     def __init__(self, il: int, router: Router, store: ExpertStore, act: str = "silu",
                  shared: nn.Module | None = None):
         super().__init__()
         self.il, self.router, self.store, self.shared = il, router, store, shared
-        self.act = ACTIVATIONS[act]
+        self.act, self.act_name = ACTIVATIONS[act], act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # T tokens, D model width, A experts per token, U distinct experts in the batch
         w, ids = self.router(x)  # [T, A], [T, A]
+        layer = getattr(self.store, "kernel_layer", None)
+        layer = layer(self.il) if layer is not None else None
+        if layer is not None and self.act_name in ("silu", "swiglu_oai"):
+            out = self._kernels(layer, x, w, ids)
+        else:
+            out = self._generic(x, w, ids)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out
+
+    def _kernels(self, layer, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        from sparkd.engine.kernels.matmul import GemvConfig
+        from sparkd.engine.kernels.moe import moe_decode, moe_prefill
+
+        h = round_activations(x, layer.act_gate).float().contiguous()
+        w = w.float().contiguous()
+
+        def round_h(a: torch.Tensor) -> torch.Tensor:
+            return round_activations(a, layer.act_down)
+        rh = round_h if layer.act_down else None
+        if x.shape[0] > 1:
+            return moe_prefill(layer.prepared.table, h, ids, w, self.act_name, "ieee", rh)
+        # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
+        tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64)}
+        return moe_decode(layer.select(ids[0]), h[0], w[0], self.act_name, round_h=rh, **tiles)[None]
+
+    def _generic(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        # T tokens, D model width, A experts per token, U distinct experts in the batch
         uniq = torch.unique(ids)  # [U]
         ew = self.store.get(self.il, uniq.tolist())
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(uniq)
@@ -92,6 +122,4 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         for tok, y in parts:  # id order, whatever the compute order was
             out.index_add_(0, tok, y)
-        if self.shared is not None:
-            out = out + self.shared(x)
         return out
