@@ -100,7 +100,7 @@ def cmd_logits(a) -> int:
     from sparkd.engine.models import load_model
 
     ids = _tokens(a) if a.tokens is not None else None  # bad ids fail before any loading
-    m = load_model(a.model)
+    m = load_model(a.model, device=a.device)
     try:
         ids = ids or _tokens(a, _tokenizer(m), m.gguf.metadata)
         bad = [t for t in ids if not 0 <= t < m.cfg.n_vocab]
@@ -123,8 +123,11 @@ def cmd_generate(a) -> int:
     from sparkd.engine.streaming.profile import StageProfile
     from sparkd.engine.streaming.session import open_streaming
 
+    if a.device != "cpu" and not a.resident:
+        raise EngineError(f"could not generate on --device {a.device}: experts stream to the CPU path "
+                          f"only so far; pass --resident (the model must fit in GPU memory)")
     sm = None if a.resident else open_streaming(a.model, stream_options(a), on_plan=print_plan)
-    m = load_model(a.model) if a.resident else sm.model
+    m = load_model(a.model, device=a.device) if a.resident else sm.model
     try:
         tok = _tokenizer(m)
         ids = _tokens(a, tok, m.gguf.metadata)
@@ -251,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--seed", type=int)
             s.add_argument("--resident", action="store_true", help="all experts in memory, no streaming")
             add_stream_options(s, parse_size)
+        s.add_argument("--device", default="cpu", help="cpu, or cuda: weights stay GGUF blocks in GPU "
+                                                      "memory, multiplied by the Triton kernels")
     add_commands(sub, parse_size)
     s = sub.add_parser("make-model", help="write a random-weight GGUF")
     s.add_argument("out")

@@ -61,8 +61,10 @@ class Engine:
 
     def __init__(self, model_path: str | Path, *, ctx: int | None = None, budget_bytes: int | None = None,
                  chat_template: str | None = None, threads: int | None = None, resident: bool = False,
-                 stream: StreamOptions | None = None, log: Callable[[str], None] | None = None):
+                 stream: StreamOptions | None = None, log: Callable[[str], None] | None = None,
+                 device: str = "cpu"):
         self.threads = threads
+        self.device = device  # "cuda": resident only (experts do not stream to the GPU yet)
         self.model_path = Path(model_path)
         self.requested_ctx = ctx
         self.budget_bytes = budget_bytes
@@ -92,6 +94,9 @@ class Engine:
             cfg = config_of(peek)
             self.n_ctx = self._context(cfg.n_ctx_train)
             stream = not self.resident and any(EXPERT_WEIGHT.match(n) for n in peek.tensors)
+            if stream and self.device != "cpu":
+                raise EngineError(f"could not serve on device {self.device}: experts stream to the CPU "
+                                  f"path only so far; pass --resident (the model must fit in GPU memory)")
             if not stream:
                 self._plan = self._resident_plan(peek, cfg)
         except BaseException:
@@ -104,7 +109,7 @@ class Engine:
                                             on_plan=self._on_plan, warn=self._log, progress=progress)
             model = self.streaming.model
         else:
-            model = load_model(peek, progress=progress)
+            model = load_model(peek, progress=progress, device=self.device)
         try:
             self._finish_load(model)
         except BaseException:

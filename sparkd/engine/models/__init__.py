@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.experts import ExpertStore, ResidentExperts
 from sparkd.engine.layers.quant_experts import KernelExperts
@@ -61,7 +62,7 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
     Triton kernel stay raw GGUF blocks (QuantLinear, KernelExperts), the rest is float32. quantized
     defaults to device != "cpu" (True on the CPU runs the kernels under TRITON_INTERPRET=1).
     """
-    device = device or "cpu"
+    device = check_device(device or "cpu")
     quantized = device != "cpu" if quantized is None else quantized
     gguf = path if isinstance(path, GGUFModel) else GGUFModel.open(path)
     try:
@@ -75,6 +76,17 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
     except BaseException:
         gguf.close()
         raise
+
+
+def check_device(device: str) -> str:
+    """The device, if torch can run on it: "cpu" or "cuda[:N]" with a CUDA device present."""
+    import torch
+
+    if device != "cpu" and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
+        raise EngineError(f"could not use device {device!r}: torch {torch.__version__} sees "
+                          f"{torch.cuda.device_count()} CUDA device(s); use --device cpu, or a "
+                          f"CUDA build of torch on a machine with an NVIDIA GPU")
+    return device
 
 
 def _counter(gguf: GGUFModel, progress: Progress, resident: bool) -> Callable[[int], None]:
