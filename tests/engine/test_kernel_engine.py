@@ -82,8 +82,10 @@ def test_unknown_device_is_a_clear_error(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
+    # keep the caller's PYTHONPATH too: on the GPU box gguf and friends come from a --target dir
+    path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+                          env=dict(os.environ, PYTHONPATH=path))
 
 
 def test_generate_on_cuda_without_resident_is_refused(tmp_path):
