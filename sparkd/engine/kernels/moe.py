@@ -134,8 +134,8 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
         gu_bytes, d_bytes)
 
 
-# decode tiles: gate/up rows are few (expert width) and experts many, down rows many
-GATE_UP_CONFIG = GemvConfig(block_n=2, num_warps=1, unroll=2)
+# decode tiles, the best pair for Q8_0 and Q4_K together in the H200 sweep (docs/performance.md)
+GATE_UP_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=2)
 DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
 
 
