@@ -40,7 +40,8 @@ BACKENDS = [
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
 TYPES = list(dispatch.FAMILIES)
-F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108]}
+F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
+              T.Q4_0: [0], T.IQ4_XS: [0]}
 _rng = np.random.default_rng()
 
 
@@ -67,7 +68,7 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = N
 
 
 def cols_for(qtype: T, big: bool) -> list[int]:
-    if qtype == T.Q8_0:  # rows ending inside a 256-value group, and a single block
+    if dispatch.FAMILIES[qtype].block_values == 32:  # rows ending inside a 256-value group, a single block
         return [2080, 96] if big else [288, 32]
     return [2048, 768] if big else [512]
 
@@ -144,7 +145,7 @@ TILES = {"cuda": {}, "cpu": dict(gate_up=GemvConfig(block_n=64, num_warps=1, unr
                                  down=GemvConfig(block_n=64, num_warps=1, unroll=2))}
 # (gate/up type, down type, activation): every family in some position, both activations
 MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
-             (T.Q2_K, T.Q4_K, "swiglu_oai")]
+             (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.IQ4_XS, T.Q4_0, "silu")]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
@@ -191,10 +192,10 @@ def _dev() -> str:
 
 
 def test_unsupported_type_names_the_remaining_work():
-    raw = torch.zeros(18, dtype=torch.uint8)
-    with pytest.raises(UnsupportedTypeError, match="could not multiply Q4_0 blocks on the GPU.*Q8_0"):
-        gemv(raw, T.Q4_0, (1, 32), torch.randn(32))
-    assert T.Q4_0 in dispatch.REMAINING and not set(dispatch.REMAINING) & set(dispatch.FAMILIES)
+    raw = torch.zeros(66, dtype=torch.uint8)
+    with pytest.raises(UnsupportedTypeError, match="could not multiply IQ2_XXS blocks on the GPU.*Q8_0"):
+        gemv(raw, T.IQ2_XXS, (1, 256), torch.randn(256))
+    assert T.IQ2_XXS in dispatch.REMAINING and not set(dispatch.REMAINING) & set(dispatch.FAMILIES)
 
 
 @pytest.mark.parametrize("case", ["cols", "dtype", "bytes", "x_dtype", "out_shape", "odd_address"])

@@ -9,15 +9,15 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.errors import EngineError, UnsupportedTypeError
-from sparkd.engine.kernels import q2_k, q3_k, q4_k, q5_k, q6_k, q8_0
+from sparkd.engine.kernels import iq4_xs, q2_k, q3_k, q4_0, q4_k, q5_k, q6_k, q8_0
 from sparkd.engine.kernels.family import Family
 
 __all__ = ["FAMILIES", "REMAINING", "Family", "KernelArgumentError", "family"]
 
-FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k, q5_k, q2_k, q3_k)}
+FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k, q5_k, q2_k, q3_k, q4_0, iq4_xs)}
 
 # Still dequantized by torch before a plain matmul, in the order they are to be written.
-REMAINING = (T.Q4_0, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)
+REMAINING = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)
 
 
 class KernelArgumentError(EngineError, ValueError):
