@@ -123,9 +123,10 @@ def cmd_generate(a) -> int:
     from sparkd.engine.streaming.profile import StageProfile
     from sparkd.engine.streaming.session import open_streaming
 
-    if a.device != "cpu" and not a.resident:
-        raise EngineError(f"could not generate on --device {a.device}: experts stream to the CPU path "
-                          f"only so far; pass --resident (the model must fit in GPU memory)")
+    if a.device != "cpu" and not a.resident and a.unified == "off":
+        raise EngineError(f"could not stream experts to --device {a.device} with --unified off: the VRAM "
+                          f"expert cache is not built yet; use --unified on (the kernels read the pinned "
+                          f"host arena in place) or --resident")
     sm = None if a.resident else open_streaming(a.model, stream_options(a), on_plan=print_plan)
     m = load_model(a.model, device=a.device) if a.resident else sm.model
     try:
@@ -253,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--min-p", type=float, default=0.0)
             s.add_argument("--seed", type=int)
             s.add_argument("--resident", action="store_true", help="all experts in memory, no streaming")
+            s.add_argument("--unified", choices=["auto", "on", "off"], default="auto",
+                           help="with --device cuda and streaming: on (auto, for now) = the kernels read "
+                                "experts in place from the pinned host arena; off = a VRAM expert cache "
+                                "(not built yet)")
             add_stream_options(s, parse_size)
         s.add_argument("--device", default="cpu", help="cpu, or cuda: weights stay GGUF blocks in GPU "
                                                       "memory, multiplied by the Triton kernels")

@@ -64,7 +64,7 @@ class Engine:
                  stream: StreamOptions | None = None, log: Callable[[str], None] | None = None,
                  device: str = "cpu"):
         self.threads = threads
-        self.device = device  # "cuda": resident only (experts do not stream to the GPU yet)
+        self.device = device  # "cuda": trunk on the GPU; streamed experts read in place (zero-copy)
         self.model_path = Path(model_path)
         self.requested_ctx = ctx
         self.budget_bytes = budget_bytes
@@ -94,9 +94,6 @@ class Engine:
             cfg = config_of(peek)
             self.n_ctx = self._context(cfg.n_ctx_train)
             stream = not self.resident and any(EXPERT_WEIGHT.match(n) for n in peek.tensors)
-            if stream and self.device != "cpu":
-                raise EngineError(f"could not serve on device {self.device}: experts stream to the CPU "
-                                  f"path only so far; pass --resident (the model must fit in GPU memory)")
             if not stream:
                 self._plan = self._resident_plan(peek, cfg)
         except BaseException:
@@ -105,7 +102,7 @@ class Engine:
         if stream:
             peek.close()
             self.streaming = open_streaming(self.model_path, replace(self._stream, budget_bytes=self.budget_bytes,
-                                                                     ctx=self.n_ctx),
+                                                                     ctx=self.n_ctx, device=self.device),
                                             on_plan=self._on_plan, warn=self._log, progress=progress)
             model = self.streaming.model
         else:

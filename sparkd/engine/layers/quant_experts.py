@@ -20,6 +20,16 @@ from sparkd.engine.tensors import raw_tensor
 
 
 @dataclass
+class KernelSelection:
+    """Selected experts as the MoE decode kernels take them: a prepared table (one entry per
+    selected expert, in selection order) and how llama.cpp rounds the gate/up and down inputs."""
+
+    prepared: object  # sparkd.engine.kernels.moe.PreparedTable
+    act_gate: str | None
+    act_down: str | None
+
+
+@dataclass
 class KernelLayer:
     """One layer's experts for the kernels: the prepared table of all experts and how llama.cpp
     rounds each projection's activations (act_round formats)."""
@@ -35,7 +45,7 @@ class KernelLayer:
 
 
 class KernelExperts:
-    """Every routed expert's raw blocks resident on `device`; `kernel_layer` serves the MoE
+    """Every routed expert's raw blocks resident on `device`; `kernel_select`/`kernel_table` serve the MoE
     kernels, `get` (dequantized, for layers the kernels cannot run: expert biases, a type without
     a kernel) serves the generic path."""
 
@@ -69,8 +79,14 @@ class KernelExperts:
         return KernelLayer(prepare(table, self.device), self._act(f"blk.{il}.{GATE}.weight"),
                            self._act(f"blk.{il}.{DOWN}.weight"))
 
-    def kernel_layer(self, il: int) -> KernelLayer | None:
+    def kernel_table(self, il: int) -> KernelLayer | None:
+        """All of the layer's experts (prefill groups tokens by expert over this table)."""
         return self._layer(il)[1]
+
+    def kernel_select(self, il: int, ids: torch.Tensor) -> KernelSelection | None:
+        """The experts `ids` (int64 [A] on the device) of one token; None: not kernel-able."""
+        layer = self._layer(il)[1]
+        return None if layer is None else KernelSelection(layer.select(ids), layer.act_gate, layer.act_down)
 
     def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
         parts, _ = self._layer(layer)

@@ -28,8 +28,8 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     s.add_argument("--max-queue", type=int, default=16, help="requests waiting for the slot before 429")
     s.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     s.add_argument("--resident", action="store_true", help="every expert in memory, no streaming (measurement)")
-    s.add_argument("--device", default="cpu", help="cpu, or cuda (with --resident): the Triton kernels "
-                                                  "on GGUF blocks in GPU memory")
+    s.add_argument("--device", default="cpu", help="cpu, or cuda: the Triton kernels on GGUF blocks in GPU "
+                                                  "memory (streamed experts read in place from pinned host memory)")
     s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="expert prefetch slots (0: off)")
     s.add_argument("--read-threads", type=int, default=8, help="expert read threads")
