@@ -70,7 +70,7 @@ class KernelExperts:
     def _table(self, il: int, parts: dict) -> KernelLayer | None:
         from sparkd.engine.kernels.moe import ExpertTable, prepare
 
-        (g, gt, gs), (u, ut, _), (d, dt, ds) = parts[GATE], parts[UP], parts[DOWN]
+        (g, gt, gs), (u, ut, _), (d, dt, _) = parts[GATE], parts[UP], parts[DOWN]
         if gt != ut or gt not in self._families or dt not in self._families:
             return None
         n, width, dim = gs
