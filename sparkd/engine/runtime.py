@@ -129,6 +129,10 @@ class Engine:
         self.think = self._think_tags()
         if self.streaming is None:
             self._warm_experts(model.net)
+        if self.device != "cpu":  # JIT-compile the kernels now, not in the first request
+            scratch = model.net.new_cache(3)
+            model.net(torch.tensor([0, 0]), scratch)
+            model.net(torch.tensor([0]), scratch)
         self._cache = model.net.new_cache(self.n_ctx)
         self.gguf, self.net = model.gguf, model.net
 
