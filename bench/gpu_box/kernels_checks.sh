@@ -18,3 +18,7 @@ for q in ${ENGINE_QUANTS:-Q8_0 Q4_K}; do
   timeout 60 python3 -m sparkd.engine.cli generate "/tmp/q30-$q.gguf" --tokens 1,2,3,4,5,6,7,8 -n 64 \
     --resident --device cuda --json 2>&1 | tail -1 | sed "s/^/engine $q: /" | tee -a "$OUT/engine-cuda.log"
 done
+# streamed experts read in place from the pinned arena by the kernels (--unified on)
+timeout 90 python3 -m sparkd.engine.cli generate /tmp/q30-Q8_0.gguf --tokens 1,2,3,4,5,6,7,8 -n 32 \
+  --device cuda --unified on --budget "${STREAM_BUDGET:-4G}" --json 2>&1 | tail -2 | sed "s/^/engine stream Q8_0: /" \
+  | tee -a "$OUT/engine-cuda.log"
