@@ -3,6 +3,7 @@ device-to-device copy bandwidth measured in the same run, with torch's dequantiz
 the baseline; plus a zero-copy correctness check (--unified on) reading pinned host memory.
 
 Usage: PYTHONPATH=. python bench/kernels_bench.py [--types Q8_0,Q4_K] [--unified on|off] [--json F]
+       [--torch-baseline]
 
 Every timed kernel is first checked against the float64 reference on fresh random blocks.
 Working sets rotate over >= ROTATE_BYTES so repeated runs cannot be served from the 50 MB L2;
@@ -20,15 +21,32 @@ from gguf import GGMLQuantizationType as T
 
 from sparkd.engine import quants
 from sparkd.engine.kernels import dispatch
-from sparkd.engine.kernels.matmul import gemv
-from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
+from sparkd.engine.kernels.matmul import GemvConfig, gemv
+from sparkd.engine.kernels.moe import DOWN_CONFIG, GATE_UP_CONFIG, ExpertTable, moe_decode, prepare
 
 ROTATE_BYTES = 768 << 20
 REPEATS = 15
-F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108]}
+BASELINE = False  # --torch-baseline: also time torch's dequantize-then-matmul (slow)
+F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
+              T.Q4_0: [0], T.IQ4_XS: [0]}
 DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projections
-MOE = (2048, 768, 8)  # qwen3-30b-a3b: model width, expert width, experts per token
-SWEEP = [(4, 2), (8, 4), (16, 4), (16, 8)]  # (rows per program, warps) tried for Q8_0 and Q4_K
+# model width, expert width, experts per token: qwen3-30b-a3b, and qwen3-235b-a22b
+MOES = [(2048, 768, 8), (4096, 1536, 8)]
+MOE = MOES[0]
+# GEMV tiles tried for Q8_0 and Q4_K: (rows per program, warps, groups per step, split; 0 = auto)
+SWEEP = [GemvConfig(*c) for c in (
+    (4, 1, 2, 0, True), (4, 1, 2, 0, False), (2, 1, 2, 0, True), (8, 1, 2, 0, True), (4, 1, 4, 0, True),
+    (8, 1, 1, 0, True), (8, 2, 2, 0, True), (16, 2, 2, 0, True), (4, 2, 2, 0, True), (4, 1, 2, 1, True),
+    (16, 4, 1, 0, True))]
+# MoE (gate/up tile, down tile) pairs tried for Q8_0 and Q4_K; the first is the default
+MOE_SWEEP = [(GATE_UP_CONFIG, DOWN_CONFIG)] + [(GemvConfig(*a), GemvConfig(*b)) for a, b in (
+    ((2, 1, 2, 0, False), (4, 1, 1, 0, False)), ((4, 1, 2, 0, True), (4, 1, 1, 0, True)),
+    ((2, 1, 4, 0, True), (2, 1, 1, 0, True)), ((1, 1, 2, 0, True), (8, 1, 1, 0, True)),
+    ((4, 2, 2, 0, True), (8, 2, 1, 0, True)), ((8, 1, 1, 0, True), (4, 1, 1, 0, True)))]
+
+
+def tag(cfg: GemvConfig) -> str:
+    return f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
 
 
 def random_blocks(qtype: T, n_bytes: int, device: str = "cuda") -> torch.Tensor:
@@ -86,22 +104,23 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
     x = torch.randn(cols, device="cuda")
     ref = quants.dequantize(ws[0], qtype, (rows, cols)).double() @ x.double()
     out, y = [], torch.empty(rows, device="cuda")
-    for block_n, warps in (SWEEP if qtype in (T.Q8_0, T.Q4_K) else [(8, 4)]):
+    for cfg in (SWEEP if qtype in (T.Q8_0, T.Q4_K) else [GemvConfig()]):
         y.fill_(float("nan"))
-        err = rel_err(gemv(ws[0], qtype, (rows, cols), x, out=y, block_n=block_n, num_warps=warps), ref)
-        sec = graph_seconds(lambda i: gemv(ws[i % n], qtype, (rows, cols), x, out=y, block_n=block_n,
-                                           num_warps=warps), n)
-        out.append(dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config=f"{block_n}r/{warps}w",
+        err = rel_err(gemv(ws[0], qtype, (rows, cols), x, out=y, config=cfg), ref)
+        sec = graph_seconds(lambda i: gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg), n)
+        out.append(dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config=tag(cfg),
                         us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err))
+    if not BASELINE:
+        return out
     sec = events_seconds(lambda: [quants.dequantize(ws[i], qtype, (rows, cols)) @ x for i in range(n)]) / n
     out.append(dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config="torch deq+mm", us=sec * 1e6,
                     bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=0.0))
     return out
 
 
-def moe_table(qtype: T, n_experts: int, device: str = "cuda") -> tuple[ExpertTable, int]:
+def moe_table(qtype: T, n_experts: int, device: str = "cuda", shape=MOE) -> tuple[ExpertTable, int]:
     """n experts of one type in consecutive 4 KiB-aligned slots of one arena (gate | up | down)."""
-    D, F, _ = MOE
+    D, F, _ = shape
     part = F * dispatch.FAMILIES[qtype].row_bytes(D)  # gate, up and down are the same size
     slot = -(-3 * part // 4096) * 4096
     arena = random_blocks(qtype, n_experts * slot)
@@ -133,23 +152,24 @@ def subset(table: ExpertTable, ids: list[int]) -> ExpertTable:
                        pick(table.down_offsets), table.gate_up_type, table.down_type, table.dim, table.width)
 
 
-def moe_rows(qtype: T, copy_bw: float) -> list[dict]:
-    D, F, A = MOE
+def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
+    D, F, A = shape
     expert_bytes = 3 * F * dispatch.FAMILIES[qtype].row_bytes(D)
     n_sets = max(2, -(-ROTATE_BYTES // (A * expert_bytes)))
-    full, _ = moe_table(qtype, n_sets * A)
+    full, _ = moe_table(qtype, n_sets * A, shape=shape)
     # each set's experts in descending slot order: the table, not the layout, decides
     sets = [prepare(subset(full, list(range(s * A, (s + 1) * A))[::-1]), "cuda") for s in range(n_sets)]
     x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
     ref = moe_torch(sets[0].table, x, w, torch.float64)
     out, y, nbytes = [], torch.empty(D, device="cuda"), A * expert_bytes
-    for block_n, warps in (SWEEP if qtype in (T.Q8_0, T.Q4_K) else [(8, 4)]):
+    for gu, dn in (MOE_SWEEP if qtype in (T.Q8_0, T.Q4_K) else MOE_SWEEP[:1]):
         y.fill_(float("nan"))
-        err = rel_err(moe_decode(sets[0], x, w, out=y, block_n=block_n, num_warps=warps), ref)
-        sec = graph_seconds(lambda i: moe_decode(sets[i % n_sets], x, w, out=y, block_n=block_n,
-                                                 num_warps=warps), n_sets)
-        out.append(dict(kernel=f"moe {D}x{F} top{A}", type=qtype.name, config=f"{block_n}r/{warps}w",
+        err = rel_err(moe_decode(sets[0], x, w, out=y, gate_up=gu, down=dn), ref)
+        sec = graph_seconds(lambda i: moe_decode(sets[i % n_sets], x, w, out=y, gate_up=gu, down=dn), n_sets)
+        out.append(dict(kernel=f"moe {D}x{F} top{A}", type=qtype.name, config=f"{tag(gu)}/{tag(dn)}",
                         us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err))
+    if not BASELINE:
+        return out
     sec = events_seconds(lambda: [moe_torch(sets[i].table, x, w) for i in range(n_sets)]) / n_sets
     out.append(dict(kernel=f"moe {D}x{F} top{A}", type=qtype.name, config="torch deq+mm", us=sec * 1e6,
                     bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=0.0))
@@ -165,7 +185,7 @@ def unified_rows(qtype: T) -> list[dict]:
     err = rel_err(moe_decode(table, x, w, out=y), moe_torch(table, x, w, torch.float64))
     p = prepare(table, "cuda")
     sec = events_seconds(lambda: moe_decode(p, x, w, out=y))
-    return [dict(kernel=f"moe {D}x{F} top{A} pinned host", type=qtype.name, config="8r/4w", us=sec * 1e6,
+    return [dict(kernel=f"moe {D}x{F} top{A} pinned host", type=qtype.name, config="default", us=sec * 1e6,
                  bw=A * expert_bytes / sec, frac=float("nan"), err=err)]
 
 
@@ -174,14 +194,18 @@ def main() -> None:
     ap.add_argument("--types", default=",".join(t.name for t in dispatch.FAMILIES))
     ap.add_argument("--unified", choices=["on", "off"], default="on")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--torch-baseline", action="store_true")
     args = ap.parse_args()
+    global BASELINE
+    BASELINE = args.torch_baseline
     types = [T[name] for name in args.types.split(",")]
     copy_bw = copy_bandwidth()
     rows = []
     for qt in types:
         for r, c in DENSE:
             rows += dense_rows(qt, r, c, copy_bw)
-        rows += moe_rows(qt, copy_bw)
+        for shape in MOES:
+            rows += moe_rows(qt, copy_bw, shape)
         if args.unified == "on":
             rows += unified_rows(qt)
         torch.cuda.empty_cache()
@@ -189,9 +213,9 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw, rows=rows), f, indent=1)
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)")
-    print(f"{'kernel':34} {'type':5} {'config':13} {'us':>9} {'GB/s':>7} {'frac':>5} {'rel err':>8}")
+    print(f"{'kernel':34} {'type':5} {'config':19} {'us':>9} {'GB/s':>7} {'frac':>5} {'rel err':>8}")
     for r in rows:
-        print(f"{r['kernel']:34} {r['type']:5} {r['config']:13} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
+        print(f"{r['kernel']:34} {r['type']:5} {r['config']:19} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
               f"{r['frac']:5.2f} {r['err']:8.1e}")
 
 

@@ -103,7 +103,7 @@ def cmd_logits(a) -> int:
     from sparkd.engine.models import load_model
 
     ids = _tokens(a) if a.tokens is not None else None  # bad ids fail before any loading
-    m = load_model(a.model)
+    m = load_model(a.model, device=a.device)
     try:
         ids = ids or _tokens(a, _tokenizer(m), m.gguf.metadata)
         bad = [t for t in ids if not 0 <= t < m.cfg.n_vocab]
@@ -126,13 +126,21 @@ def cmd_generate(a) -> int:
     from sparkd.engine.streaming.profile import StageProfile
     from sparkd.engine.streaming.session import open_streaming
 
+    if a.device != "cpu" and not a.resident and a.unified == "off":
+        raise EngineError(f"could not stream experts to --device {a.device} with --unified off: the VRAM "
+                          f"expert cache is not built yet; use --unified on (the kernels read the pinned "
+                          f"host arena in place) or --resident")
     sm = None if a.resident else open_streaming(a.model, stream_options(a), on_plan=print_plan)
-    m = load_model(a.model) if a.resident else sm.model
+    m = load_model(a.model, device=a.device) if a.resident else sm.model
     try:
         tok = _tokenizer(m)
         ids = _tokens(a, tok, m.gguf.metadata)
         sample = Sampler(SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                                         min_p=a.min_p, seed=a.seed))
+        if a.device != "cpu":  # JIT-compile the kernels (GEMM, GEMV, MoE) outside the timed region
+            scratch = m.net.new_cache(3)
+            m.net(torch.tensor(ids[:1] * 2), scratch)
+            m.net(torch.tensor(ids[:1]), scratch)
         cache = m.net.new_cache(len(ids) + a.n)
         batch = sm.plan.batch_tokens if sm else len(ids)
         t0 = time.perf_counter()
@@ -253,7 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--min-p", type=float, default=0.0)
             s.add_argument("--seed", type=int)
             s.add_argument("--resident", action="store_true", help="all experts in memory, no streaming")
+            s.add_argument("--unified", choices=["auto", "on", "off"], default="auto",
+                           help="with --device cuda and streaming: on (auto, for now) = the kernels read "
+                                "experts in place from the pinned host arena; off = a VRAM expert cache "
+                                "(not built yet)")
             add_stream_options(s, parse_size)
+        s.add_argument("--device", default="cpu", help="cpu, or cuda: weights stay GGUF blocks in GPU "
+                                                      "memory, multiplied by the Triton kernels")
     add_commands(sub, parse_size)
     s = sub.add_parser("make-model", help="write a random-weight GGUF")
     s.add_argument("out")

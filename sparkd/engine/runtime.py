@@ -61,8 +61,10 @@ class Engine:
 
     def __init__(self, model_path: str | Path, *, ctx: int | None = None, budget_bytes: int | None = None,
                  chat_template: str | None = None, threads: int | None = None, resident: bool = False,
-                 stream: StreamOptions | None = None, log: Callable[[str], None] | None = None):
+                 stream: StreamOptions | None = None, log: Callable[[str], None] | None = None,
+                 device: str = "cpu"):
         self.threads = threads
+        self.device = device  # "cuda": trunk on the GPU; streamed experts read in place (zero-copy)
         self.model_path = Path(model_path)
         self.requested_ctx = ctx
         self.budget_bytes = budget_bytes
@@ -100,11 +102,11 @@ class Engine:
         if stream:
             peek.close()
             self.streaming = open_streaming(self.model_path, replace(self._stream, budget_bytes=self.budget_bytes,
-                                                                     ctx=self.n_ctx),
+                                                                     ctx=self.n_ctx, device=self.device),
                                             on_plan=self._on_plan, warn=self._log, progress=progress)
             model = self.streaming.model
         else:
-            model = load_model(peek, progress=progress)
+            model = load_model(peek, progress=progress, device=self.device)
         try:
             self._finish_load(model)
         except BaseException:
@@ -127,6 +129,10 @@ class Engine:
         self.think = self._think_tags()
         if self.streaming is None:
             self._warm_experts(model.net)
+        if self.device != "cpu":  # JIT-compile the kernels now, not in the first request
+            scratch = model.net.new_cache(3)
+            model.net(torch.tensor([0, 0]), scratch)
+            model.net(torch.tensor([0]), scratch)
         self._cache = model.net.new_cache(self.n_ctx)
         self.gguf, self.net = model.gguf, model.net
 

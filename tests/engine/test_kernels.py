@@ -24,7 +24,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
 from sparkd.engine.kernels import dispatch  # noqa: E402
-from sparkd.engine.kernels.matmul import gemm, gemv  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, moe_prefill  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
 
@@ -40,7 +40,8 @@ BACKENDS = [
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
 TYPES = list(dispatch.FAMILIES)
-F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108]}
+F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
+              T.Q4_0: [0], T.IQ4_XS: [0]}
 _rng = np.random.default_rng()
 
 
@@ -67,7 +68,7 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = N
 
 
 def cols_for(qtype: T, big: bool) -> list[int]:
-    if qtype == T.Q8_0:  # rows ending inside a 256-value group, and a single block
+    if dispatch.FAMILIES[qtype].block_values == 32:  # rows ending inside a 256-value group, a single block
         return [2080, 96] if big else [288, 32]
     return [2048, 768] if big else [512]
 
@@ -78,14 +79,19 @@ def shapes(backend: str, qtype: T) -> list[tuple[int, int]]:
     return [(r, c) for r in rows for c in cols_for(qtype, big)]
 
 
+# the default tiles, and split-K with an unroll that overruns each range (masked tail groups)
+GEMV_CONFIGS = [None, GemvConfig(block_n=2, num_warps=1, unroll=3, split=2, elementwise=False)]
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_gemv_matches_reference(backend, qtype):
+@pytest.mark.parametrize("config", GEMV_CONFIGS, ids=["default", "split"])
+def test_gemv_matches_reference(backend, qtype, config):
     for rows, cols in shapes(backend, qtype):
         raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
         x = torch.randn(cols)
         out = torch.full((rows,), float("nan"), device=backend)
-        gemv(raw.to(backend), qtype, (rows, cols), x.to(backend), out=out)
+        gemv(raw.to(backend), qtype, (rows, cols), x.to(backend), out=out, config=config)
         W = reference(raw, qtype, (rows, cols))
         err = rel_err(out, W @ x.double(), W.abs() @ x.double().abs())
         assert err < BOUNDS["fp32"], f"{qtype.name} [{rows}, {cols}]: relative error {err:.2e}"
@@ -118,7 +124,7 @@ def arena_table(gu_type: T, d_type: T, dim: int, width: int, n: int, device: str
         at = slot * slot_bytes
         for k, (qt, nbytes, shape) in enumerate(((gu_type, gu_bytes, (width, dim)), (gu_type, gu_bytes, (width, dim)),
                                                   (d_type, d_bytes, (dim, width)))):
-            at += 2 * int(_rng.integers(1, 256))
+            at += 4 * int(_rng.integers(1, 128))  # Q4_K/Q5_K rows need 4-byte alignment
             blocks = random_blocks(qt, nbytes // dispatch.FAMILIES[qt].block_bytes)
             arena[at:at + nbytes] = blocks
             offsets[k].append(at)
@@ -134,9 +140,12 @@ def moe_reference(x, w, gates, ups, downs, act):
                for i in range(len(gates)))
 
 
+# the interpreter runs programs one by one: few, wide tiles keep it fast
+TILES = {"cuda": {}, "cpu": dict(gate_up=GemvConfig(block_n=64, num_warps=1, unroll=1),
+                                 down=GemvConfig(block_n=64, num_warps=1, unroll=2))}
 # (gate/up type, down type, activation): every family in some position, both activations
 MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
-             (T.Q2_K, T.Q4_K, "swiglu_oai")]
+             (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.IQ4_XS, T.Q4_0, "silu")]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
@@ -148,8 +157,7 @@ def test_moe_decode_matches_reference(backend, gu_type, d_type, act):
         table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
         x, w = torch.randn(dim), torch.rand(n)
         out = torch.full((dim,), float("nan"), device=backend)
-        # the interpreter runs programs one by one: few, wide tiles keep it fast
-        moe_decode(table, x.to(backend), w.to(backend), act, out=out, block_n=8 if backend == "cuda" else 64)
+        moe_decode(table, x.to(backend), w.to(backend), act, out=out, **TILES[backend])
         err = rel_err(out, moe_reference(x, w, gates, ups, downs, act))
         assert err < BOUNDS["fp32"], f"{gu_type.name}/{d_type.name} {act}: relative error {err:.2e}"
 
@@ -184,10 +192,10 @@ def _dev() -> str:
 
 
 def test_unsupported_type_names_the_remaining_work():
-    raw = torch.zeros(18, dtype=torch.uint8)
-    with pytest.raises(UnsupportedTypeError, match="could not multiply Q4_0 blocks on the GPU.*Q8_0"):
-        gemv(raw, T.Q4_0, (1, 32), torch.randn(32))
-    assert T.Q4_0 in dispatch.REMAINING and not set(dispatch.REMAINING) & set(dispatch.FAMILIES)
+    raw = torch.zeros(66, dtype=torch.uint8)
+    with pytest.raises(UnsupportedTypeError, match="could not multiply IQ2_XXS blocks on the GPU.*Q8_0"):
+        gemv(raw, T.IQ2_XXS, (1, 256), torch.randn(256))
+    assert T.IQ2_XXS in dispatch.REMAINING and not set(dispatch.REMAINING) & set(dispatch.FAMILIES)
 
 
 @pytest.mark.parametrize("case", ["cols", "dtype", "bytes", "x_dtype", "out_shape", "odd_address"])

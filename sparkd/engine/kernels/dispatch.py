@@ -9,15 +9,15 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.errors import EngineError, UnsupportedTypeError
-from sparkd.engine.kernels import q2_k, q3_k, q4_k, q5_k, q6_k, q8_0
+from sparkd.engine.kernels import iq4_xs, q2_k, q3_k, q4_0, q4_k, q5_k, q6_k, q8_0
 from sparkd.engine.kernels.family import Family
 
 __all__ = ["FAMILIES", "REMAINING", "Family", "KernelArgumentError", "family"]
 
-FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k, q5_k, q2_k, q3_k)}
+FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k, q5_k, q2_k, q3_k, q4_0, iq4_xs)}
 
 # Still dequantized by torch before a plain matmul, in the order they are to be written.
-REMAINING = (T.Q4_0, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)
+REMAINING = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)
 
 
 class KernelArgumentError(EngineError, ValueError):
@@ -45,14 +45,14 @@ def device_of(weight: torch.Tensor, x: torch.Tensor, what: str) -> None:
                               f"from activations on {x.device}; move it or pin it")
 
 
-def check_weight(weight: torch.Tensor, what: str) -> None:
+def check_weight(weight: torch.Tensor, what: str, align: int = 2) -> None:
     if weight.dtype != torch.uint8 or weight.dim() != 1 or weight.stride(0) != 1:
         raise KernelArgumentError(f"could not run {what}: weight must be contiguous 1-D uint8 GGUF "
                                   f"blocks, got {weight.dtype} of shape {list(weight.shape)} "
                                   f"strides {list(weight.stride())}")
-    if weight.data_ptr() % 2:
-        raise KernelArgumentError(f"could not run {what}: weight blocks start at an odd address "
-                                  f"({weight.data_ptr():#x}); f16 scales need 2-byte alignment")
+    if weight.data_ptr() % align:
+        raise KernelArgumentError(f"could not run {what}: weight blocks start at {weight.data_ptr():#x}, "
+                                  f"not a multiple of {align} bytes as this type's loads need")
 
 
 def check_cols(fam: Family, cols: int, what: str) -> int:
@@ -72,15 +72,16 @@ def check_activations(x: torch.Tensor, cols: int, what: str) -> None:
 
 
 def offsets_tensor(offsets: Sequence[int] | torch.Tensor, span_bytes: int, weight: torch.Tensor,
-                   device: torch.device, what: str) -> torch.Tensor:
-    """Per-expert byte offsets, each checked to leave `span_bytes` inside weight, as int64 on device."""
+                   device: torch.device, what: str, align: int = 2) -> torch.Tensor:
+    """Per-expert byte offsets, each checked to leave `span_bytes` inside weight and to be a
+    multiple of `align`, as int64 on device."""
     host = torch.as_tensor(offsets, dtype=torch.int64, device="cpu").reshape(-1)
     if host.numel() == 0:
         raise KernelArgumentError(f"could not run {what}: no experts in the offset table")
     low, high = int(host.min()), int(host.max())
-    if low < 0 or high + span_bytes > weight.numel() or bool((host % 2).any()):
+    if low < 0 or high + span_bytes > weight.numel() or bool((host % align).any()):
         raise KernelArgumentError(f"could not run {what}: expert byte offsets {host.tolist()} must be "
-                                  f"even and leave {span_bytes} bytes inside the {weight.numel()}-byte "
+                                  f"multiples of {align} and leave {span_bytes} bytes inside the {weight.numel()}-byte "
                                   f"weight buffer")
     return host.to(device)
 

@@ -1,5 +1,7 @@
-"""What a quant family's Triton code tells the generic kernels: its block layout and one jitted
-`dequant` that turns one 256-value group of a tile of rows into float32 values.
+"""What a quant family's Triton code tells the generic kernels: its block layout, one jitted
+`dequant` that turns one 256-value group of a tile of rows into float32 values (the GEMM's tile),
+and optionally a jitted `dot` that multiplies one group straight into per-row sums (the GEMV's
+inner step, written per family so it can load packed words and skip the float conversion unit).
 
 Every family dequantizes a group as [BN rows, NSUB sub-blocks, SUBLEN values] (the sub-block is
 the unit that carries one scale), so the generic kernels load the activations in the same shape
@@ -11,6 +13,14 @@ dequant(w_ptr, row_off, g, smask) contract:
   g       group index along the row (values g*256 ... g*256+255)
   smask   bool [BN, NSUB, 1]: which (row, sub-block) pairs exist (row past the end, or a Q8_0
           row that ends inside the group); masked values must come back as 0.
+
+dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW) contract: row_off int64 [BN], rmask bool [BN]
+(False rows contribute 0 and are not read), x float32 [K]; adds group g's share of
+sum_k W[row, k] * x[k] to acc and returns it. EW (compile-time) picks the accumulator: True, an
+elementwise float32 tile in the family's own shape, summed once after the loop (no cross-thread
+reduction per group); False, float32 [BN] (each group reduced at once). acc0(rmask, EW) makes the
+zero accumulator and total(acc, EW) reduces it to [BN]. Families without a dot get dequant
+followed by a multiply.
 """
 
 from __future__ import annotations
@@ -21,7 +31,6 @@ from typing import Any
 from gguf.constants import GGMLQuantizationType
 
 
-
 @dataclass(frozen=True)
 class Family:
     qtype: GGMLQuantizationType
@@ -30,6 +39,10 @@ class Family:
     nsub: int  # sub-blocks per 256-value group
     sublen: int  # values per sub-block
     dequant: Any  # triton.JITFunction
+    dot: Any = None  # triton.JITFunction, or None: dequant then multiply
+    acc0: Any = None  # triton.JITFunction, with dot
+    total: Any = None  # triton.JITFunction, with dot
+    align: int = 2  # byte alignment the kernels' loads need of every row start (f16 scales: 2)
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

@@ -2,10 +2,18 @@
 
 Weights stay raw GGUF bytes ([rows, cols] in torch order, rows one after another); each program
 dequantizes a tile of rows one 256-value group at a time in registers, so no dequantized copy
-of a weight ever exists in memory. The quant family is a compile-time argument (its `dequant`).
+of a weight ever exists in memory. The quant family is a compile-time argument (its `dot` for
+the GEMV, its `dequant` for the GEMM).
+
+GEMV work split: a program owns BLOCK_N rows and one of SPLIT contiguous ranges of groups along
+the row (split-K; the partial sums meet in the output through atomic adds, so SPLIT > 1 makes the
+last bits of y depend on arrival order); UNROLL groups are issued per loop step so more loads are
+in flight before the first is used.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -13,35 +21,91 @@ import triton.language as tl
 
 from sparkd.engine.kernels import dispatch
 
-# Rows per program and warps: a GEMV program reads BLOCK_N rows of one group at a time.
-GEMV_BLOCK_N, GEMV_WARPS = 8, 4
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
+# enough programs to keep every SM of a large GPU busy with a few resident programs each
+TARGET_PROGRAMS = 2048
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 4  # rows per program
+    num_warps: int = 1  # one warp: every reduction stays inside it (H200 sweep, docs/performance.md)
+    unroll: int = 2  # groups issued per loop step
+    split: int = 0  # ranges along the row (split-K); 0: chosen from the shape
+    elementwise: bool = True  # accumulate a tile, reduce once at the end (False: every group)
+
+
+def split_for(cfg: GemvConfig, rows: int, groups: int) -> int:
+    """The configured split, or enough to reach TARGET_PROGRAMS with >= 2 groups per range."""
+    if cfg.split:
+        return max(1, min(cfg.split, groups))
+    tiles = triton.cdiv(rows, cfg.block_n)
+    return max(1, min(TARGET_PROGRAMS // tiles, groups // 2))
 
 
 @triton.jit
-def row_dot(w_ptr, row_off, rmask, x_ptr, K, DEQ: tl.constexpr, NSUB: tl.constexpr,
-            SUBLEN: tl.constexpr):
-    """sum_k W[row, k] * x[k] for a tile of rows: float32 [BN]."""
+def dot_from_dequant(w_ptr, row_off, rmask, x_ptr, g, K, DEQ: tl.constexpr, NSUB: tl.constexpr,
+                     SUBLEN: tl.constexpr):
+    """A family's dot through its dequant: float32 [BN] for group g."""
     s = tl.arange(0, NSUB)[None, :, None]
     i = tl.arange(0, SUBLEN)[None, None, :]
-    acc = tl.zeros(rmask.shape, tl.float32)
-    for g in range(0, tl.cdiv(K, NSUB * SUBLEN)):
-        k0 = g * (NSUB * SUBLEN) + s * SUBLEN  # [1, NSUB, 1] first column of each sub-block
-        kmask = k0 < K
-        w = DEQ(w_ptr, row_off, g, rmask[:, None, None] & kmask)
-        x = tl.load(x_ptr + k0 + i, mask=kmask & (i < SUBLEN), other=0.0)
-        acc += tl.sum(tl.sum(w * x, 2), 1)
+    k0 = g * (NSUB * SUBLEN) + s * SUBLEN  # [1, NSUB, 1] first column of each sub-block
+    kmask = k0 < K
+    w = DEQ(w_ptr, row_off[:, None, None], g, rmask[:, None, None] & kmask)
+    x = tl.load(x_ptr + k0 + i, mask=kmask & (i < SUBLEN), other=0.0)
+    return tl.sum(tl.sum(w * x, 2), 1)
+
+
+@triton.jit
+def row_dot(w_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.constexpr, ACC0: tl.constexpr,
+            TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
+            SUBLEN: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr):
+    """sum_k W[row, k] * x[k] over range `part` of `n_parts` of the row's groups: float32 [BN].
+    The family's code (family_args): its DOT/ACC0/TOTAL, or DEQ when it has no dot (USE_DEQ)."""
+    n_groups = tl.cdiv(K, NSUB * SUBLEN)
+    per = tl.cdiv(n_groups, n_parts)
+    start = part * per
+    end = tl.minimum(start + per, n_groups)
+    if USE_DEQ:
+        acc = tl.zeros(rmask.shape, tl.float32)
+    else:
+        acc = ACC0(rmask, EW)
+    for g0 in range(start, end, UNROLL):
+        for u in tl.static_range(UNROLL):
+            g = g0 + u
+            gc = tl.minimum(g, end - 1)  # past the end: read a valid group, masked out
+            m = rmask & (tl.zeros(rmask.shape, tl.int32) + g < end)  # (a scalar mask breaks the interpreter)
+            if USE_DEQ:
+                acc += dot_from_dequant(w_ptr, row_off, m, x_ptr, gc, K, DEQ, NSUB, SUBLEN)
+            else:
+                acc = DOT(w_ptr, row_off, m, x_ptr, gc, K, acc, EW)
+    if not USE_DEQ:
+        acc = TOTAL(acc, EW)
     return acc
 
 
 @triton.jit
-def _gemv_kernel(w_ptr, x_ptr, y_ptr, N, K, row_bytes, DEQ: tl.constexpr, NSUB: tl.constexpr,
-                 SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr):
+def _gemv_kernel(w_ptr, x_ptr, y_ptr, N, K, row_bytes, DOT: tl.constexpr, ACC0: tl.constexpr,
+                 TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
+                 SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
+                 SPLIT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    row_off = (rows.to(tl.int64) * row_bytes)[:, None, None]
-    acc = row_dot(w_ptr, row_off, rmask, x_ptr, K, DEQ, NSUB, SUBLEN)
-    tl.store(y_ptr + rows, acc, mask=rmask)
+    row_off = rows.to(tl.int64) * row_bytes
+    acc = row_dot(w_ptr, row_off, rmask, x_ptr, K, tl.program_id(1), SPLIT, DOT, ACC0, TOTAL, DEQ,
+                  USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
+    if SPLIT == 1:
+        tl.store(y_ptr + rows, acc, mask=rmask)
+    else:
+        tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
+
+
+def family_args(fam: dispatch.Family) -> dict:
+    """The compile-time arguments that pick a family's code in row_dot's kernels."""
+    own = fam.dot is not None  # else the dequant stands in for the unused slots
+    return dict(DOT=fam.dot if own else fam.dequant, ACC0=fam.acc0 if own else fam.dequant,
+                TOTAL=fam.total if own else fam.dequant, DEQ=fam.dequant, USE_DEQ=not own,
+                NSUB=fam.nsub, SUBLEN=fam.sublen)
 
 
 @triton.jit
@@ -71,7 +135,7 @@ def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tenso
     fam = dispatch.family(qtype)
     rows, cols = shape
     row_bytes = dispatch.check_cols(fam, cols, what)
-    dispatch.check_weight(weight, what)
+    dispatch.check_weight(weight, what, fam.align)
     dispatch.check_activations(x, cols, what)
     dispatch.device_of(weight, x, what)
     if x.dim() != x_dims or weight.numel() != rows * row_bytes:
@@ -83,17 +147,20 @@ def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tenso
 
 
 def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
-         out: torch.Tensor | None = None, block_n: int = GEMV_BLOCK_N, num_warps: int = GEMV_WARPS
-         ) -> torch.Tensor:
+         out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
     """y = W @ x for one token. weight: raw GGUF bytes of W [rows, cols]; x float32 [cols];
     out (optional) float32 [rows] on x's device."""
     what = f"the {qtype.name} GEMV"
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
+    cfg = config or GemvConfig()
+    split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
-    _gemv_kernel[(triton.cdiv(rows, block_n),)](
-        weight, x, y, rows, cols, row_bytes, DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
-        BLOCK_N=block_n, num_warps=num_warps)
+    if split > 1:
+        y.zero_()
+    _gemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
+        weight, x, y, rows, cols, row_bytes, **family_args(fam), BLOCK_N=cfg.block_n,
+        UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, num_warps=cfg.num_warps)
     return y
 
 

@@ -1,9 +1,10 @@
 """Routed experts straight from raw GGUF blocks.
 
-Decode (one token, A selected experts): two launches per layer. The first runs over all A
-experts at once (grid axis 1), computing gate and up rows, the activation and the routing
-weight: h[a] = w[a] * act(gate_a @ x, up_a @ x). The second computes down rows summed over the
-experts inside each program (no atomics, so the sum's order is fixed): y = sum_a down_a @ h[a].
+Decode (one token, A selected experts): two launches per layer (and a zeroing of y). The first
+runs over all A experts at once (grid axis 1), computing gate and up rows, the activation and the
+routing weight: h[a] = w[a] * act(gate_a @ x, up_a @ x). The second runs one program per (row
+tile, expert) and sums into y by atomic adds: y = sum_a down_a @ h[a] (the order of the A adds
+varies, so y's last bits may differ run to run).
 Experts are found through a pointer/offset table, a base buffer per projection (one arena slab
 may serve all three) plus a byte offset per expert, so experts in scattered cache slots need no
 gathering copy.
@@ -14,7 +15,7 @@ Prefill (many tokens): tokens are grouped by expert and each expert runs the sma
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import triton
@@ -22,7 +23,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine.kernels import dispatch
-from sparkd.engine.kernels.matmul import GEMV_BLOCK_N, GEMV_WARPS, gemm, row_dot
+from sparkd.engine.kernels.matmul import GemvConfig, family_args, gemm, row_dot
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
 OAI_ALPHA = 1.702
@@ -43,29 +44,34 @@ def _activate(g, u, ACT: tl.constexpr):
 
 @triton.jit
 def _gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, x_ptr, rw_ptr, h_ptr, F, D, row_bytes,
-                    DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
-                    BLOCK_N: tl.constexpr, ACT: tl.constexpr):
+                    DOT: tl.constexpr, ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr,
+                    USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
+                    BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, ACT: tl.constexpr):
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
-    g = row_dot(gate_ptr, (tl.load(gate_off + a) + rb)[:, None, None], rmask, x_ptr, D, DEQ, NSUB, SUBLEN)
-    u = row_dot(up_ptr, (tl.load(up_off + a) + rb)[:, None, None], rmask, x_ptr, D, DEQ, NSUB, SUBLEN)
+    g = row_dot(gate_ptr, tl.load(gate_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL, DEQ,
+                USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
+    u = row_dot(up_ptr, tl.load(up_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL, DEQ,
+                USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
     h = _activate(g, u, ACT) * tl.load(rw_ptr + a)
     tl.store(h_ptr + a * F + rows, h, mask=rmask)
 
 
 @triton.jit
-def _down_kernel(down_ptr, down_off, h_ptr, y_ptr, A, D, F, row_bytes, DEQ: tl.constexpr,
-                 NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr):
+def _down_kernel(down_ptr, down_off, h_ptr, y_ptr, D, F, row_bytes, DOT: tl.constexpr,
+                 ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
+                 NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
+                 UNROLL: tl.constexpr, EW: tl.constexpr):
+    """One (row tile, expert) per program; experts meet in y (zeroed first) by atomic adds."""
+    a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
-    rb = rows.to(tl.int64) * row_bytes
-    acc = tl.zeros((BLOCK_N,), tl.float32)
-    for a in range(0, A):
-        off = (tl.load(down_off + a) + rb)[:, None, None]
-        acc += row_dot(down_ptr, off, rmask, h_ptr + a * F, F, DEQ, NSUB, SUBLEN)
-    tl.store(y_ptr + rows, acc, mask=rmask)
+    off = tl.load(down_off + a) + rows.to(tl.int64) * row_bytes
+    acc = row_dot(down_ptr, off, rmask, h_ptr + a * F, F, 0, 1, DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB,
+                  SUBLEN, UNROLL, EW)
+    tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
 
 
 @dataclass(frozen=True)
@@ -112,8 +118,8 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
     fgu, fd = dispatch.family(table.gate_up_type), dispatch.family(table.down_type)
     gu_bytes = dispatch.check_cols(fgu, table.dim, what)
     d_bytes = dispatch.check_cols(fd, table.width, what)
-    for buf in (table.gate, table.up, table.down):
-        dispatch.check_weight(buf, what)
+    for buf, fam in ((table.gate, fgu), (table.up, fgu), (table.down, fd)):
+        dispatch.check_weight(buf, what, fam.align)
         dispatch.device_of(buf, probe, what)
     n = len(table)
     if not len(table.up_offsets) == len(table.down_offsets) == n:
@@ -122,19 +128,28 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
             f"{len(table.up_offsets)}, down {len(table.down_offsets)})")
     return PreparedTable(
         table, device, fgu, fd,
-        dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, device, what),
-        dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, device, what),
-        dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, device, what),
+        dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, device, what, fgu.align),
+        dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, device, what, fgu.align),
+        dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, device, what, fd.align),
         gu_bytes, d_bytes)
 
 
+# decode tiles, the best pair for Q8_0 and Q4_K together in the H200 sweep (docs/performance.md)
+GATE_UP_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=2)
+DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
+
+
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
-               out: torch.Tensor | None = None, block_n: int = GEMV_BLOCK_N,
-               num_warps: int = GEMV_WARPS) -> torch.Tensor:
+               out: torch.Tensor | None = None, gate_up: GemvConfig = GATE_UP_CONFIG,
+               down: GemvConfig = DOWN_CONFIG, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None
+               ) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
     x float32 [D]; route_weights float32 [n] (one per table entry, on x's device) -> y [D]
-    (written into `out` if given: float32 [D] on x's device)."""
+    (written into `out` if given: float32 [D] on x's device). gate_up/down: tile shapes (their
+    split is ignored: the activation needs whole sums, and down splits over experts). round_h, if
+    given, rounds the activations [n, F] before the down projection as llama.cpp does (then the
+    routing weight is applied after the rounding, in torch, between the two launches)."""
     what = "the MoE decode kernels"
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
@@ -144,7 +159,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
         raise dispatch.KernelArgumentError(f"could not run {what}: the table was prepared for "
                                            f"{p.device}, activations are on {x.device}")
     dispatch.check_activations(x, p.table.dim, what)
-    n, D, F = len(p.table), p.table.dim, p.table.width
+    n, D, F = p.gate_off.numel(), p.table.dim, p.table.width  # a selection may hold fewer than the table
     if x.dim() != 1 or route_weights.shape != (n,) or route_weights.dtype != torch.float32 \
             or route_weights.device != x.device:
         raise dispatch.KernelArgumentError(
@@ -153,15 +168,18 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
             f"{route_weights.device}")
     dispatch.check_out(out, (D,), x.device, what)
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
-    fgu, fd = p.gate_up, p.down
-    _gate_up_kernel[(triton.cdiv(F, block_n), n)](
-        p.table.gate, p.table.up, p.gate_off, p.up_off, x, route_weights.contiguous(), h, F, D,
-        p.gate_up_row_bytes, DEQ=fgu.dequant, NSUB=fgu.nsub, SUBLEN=fgu.sublen, BLOCK_N=block_n,
-        ACT=ACT_CODES[act], num_warps=num_warps)
+    rw = route_weights.contiguous() if round_h is None else torch.ones_like(route_weights)
+    _gate_up_kernel[(triton.cdiv(F, gate_up.block_n), n)](
+        p.table.gate, p.table.up, p.gate_off, p.up_off, x, rw, h, F, D,
+        p.gate_up_row_bytes, **family_args(p.gate_up), BLOCK_N=gate_up.block_n, UNROLL=gate_up.unroll,
+        EW=gate_up.elementwise, ACT=ACT_CODES[act], num_warps=gate_up.num_warps)
+    if round_h is not None:
+        h = (round_h(h) * route_weights[:, None]).contiguous()
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    _down_kernel[(triton.cdiv(D, block_n),)](
-        p.table.down, p.down_off, h, y, n, D, F, p.down_row_bytes, DEQ=fd.dequant, NSUB=fd.nsub, SUBLEN=fd.sublen,
-        BLOCK_N=block_n, num_warps=num_warps)
+    y.zero_()
+    _down_kernel[(triton.cdiv(D, down.block_n), n)](
+        p.table.down, p.down_off, h, y, D, F, p.down_row_bytes, **family_args(p.down),
+        BLOCK_N=down.block_n, UNROLL=down.unroll, EW=down.elementwise, num_warps=down.num_warps)
     return y
 
 
@@ -173,9 +191,11 @@ def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
 
 
 def moe_prefill(table: ExpertTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
-                act: str = "silu", precision: str = "tf32") -> torch.Tensor:
+                act: str = "silu", precision: str = "tf32",
+                round_h: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts; route_weights
-    float32 [T, A] -> y [T, D]. Tokens are grouped by expert and each expert runs the GEMM once."""
+    float32 [T, A] -> y [T, D]. Tokens are grouped by expert and each expert runs the GEMM once;
+    round_h as in moe_decode."""
     what = "the MoE prefill kernels"
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
@@ -198,6 +218,8 @@ def moe_prefill(table: ExpertTable, x: torch.Tensor, slots: torch.Tensor, route_
         go, uo, do = (int(o[j]) for o in (table.gate_offsets, table.up_offsets, table.down_offsets))
         g = gemm(table.gate[go:go + gu_span], fgu.qtype, (F, D), h, precision)
         u = gemm(table.up[uo:uo + gu_span], fgu.qtype, (F, D), h, precision)
-        out = gemm(table.down[do:do + d_span], fd.qtype, (D, F), _act_torch(g, u, act).contiguous(), precision)
+        h = _act_torch(g, u, act)
+        h = h if round_h is None else round_h(h)
+        out = gemm(table.down[do:do + d_span], fd.qtype, (D, F), h.contiguous(), precision)
         y.index_add_(0, tok, out * route_weights[tok, k, None])
     return y

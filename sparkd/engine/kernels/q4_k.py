@@ -3,6 +3,11 @@
 Eight sub-blocks of 32 values, each with a 6-bit scale and a 6-bit min packed in the 12 bytes;
 value = d*scale*q - dmin*min, with q a nibble (sub-block 2j in the low nibbles of qs[32j:32j+32],
 2j+1 in the high ones).
+
+The GEMV step loads qs and the scales as 32-bit words (blocks are 16-byte aligned in a file and
+rows start 4-byte aligned in the kernels' buffers), turns nibbles into floats through the
+mantissa of 2^23 (no conversion unit), and applies each sub-block's scale and min once to its
+sums: sum_i v_i x_i = d*scale*sum_i q_i x_i - dmin*min*sum_i x_i.
 """
 
 import triton
@@ -11,15 +16,18 @@ from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.kernels.family import Family
 
+_TWO23_BITS = tl.constexpr(0x4B000000)
+_TWO23 = tl.constexpr(8388608.0)
+
 
 @triton.jit
-def scale_min(sb, smask):
-    """The 6-bit (scale, min) of sub-block s (int32 [1, 8, 1]) from the 12 bytes at sb."""
-    s = tl.arange(0, 8)[None, :, None]
-    j = s % 4
-    a = tl.load(sb + j, mask=smask, other=0).to(tl.int32)
-    b = tl.load(sb + j + 4, mask=smask, other=0).to(tl.int32)
-    c = tl.load(sb + j + 8, mask=smask, other=0).to(tl.int32)
+def scale_min(sb, s, mask):
+    """The 6-bit (scale, min) of sub-blocks s (any int shape) from the 12 bytes at sb (4-aligned)."""
+    p = sb.to(tl.pointer_type(tl.int32))
+    sh = (s % 4) * 8
+    a = (tl.load(p, mask=mask, other=0) >> sh) & 0xFF
+    b = (tl.load(p + 1, mask=mask, other=0) >> sh) & 0xFF
+    c = (tl.load(p + 2, mask=mask, other=0) >> sh) & 0xFF
     low = s < 4
     sc = tl.where(low, a & 63, (c & 0xF) | ((a >> 2) & 0x30))
     mn = tl.where(low, b & 63, (c >> 4) | ((b >> 2) & 0x30))
@@ -33,10 +41,54 @@ def dequant(w_ptr, row_off, g, smask):
     blk = w_ptr + row_off + g * 144  # [BN, 1, 1]
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
     dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
-    sc, mn = scale_min(blk + 4, smask)
+    sc, mn = scale_min(blk + 4, s, smask)
     qs = tl.load(blk + 16 + (s // 2) * 32 + i, mask=smask, other=0).to(tl.int32)
     q = (qs >> ((s % 2) * 4)) & 0xF
     return (d * sc) * q.to(tl.float32) - dmin * mn
 
 
-FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant)
+@triton.jit
+def acc0(rmask, EW: tl.constexpr):
+    if EW:
+        acc = tl.zeros((rmask.shape[0], 4, 8, 2, 4), tl.float32)
+    else:
+        acc = tl.zeros(rmask.shape, tl.float32)
+    return acc
+
+
+@triton.jit
+def total(acc, EW: tl.constexpr):
+    if EW:
+        acc = tl.sum(tl.sum(tl.sum(tl.sum(acc, 4), 3), 2), 1)
+    return acc
+
+
+@triton.jit
+def dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
+    j = tl.arange(0, 4)[None, :, None, None, None]  # 32-byte chunk of qs: sub-blocks 2j, 2j+1
+    w = tl.arange(0, 8)[None, None, :, None, None]  # word in the chunk
+    h = tl.arange(0, 2)[None, None, None, :, None]  # low nibble: sub-block 2j, high: 2j+1
+    b = tl.arange(0, 4)[None, None, None, None, :]  # byte in the word
+    blk = w_ptr + row_off[:, None, None, None, None] + g * 144  # [BN, 1, 1, 1, 1]
+    m = rmask[:, None, None, None, None]
+    words = tl.load((blk + 16).to(tl.pointer_type(tl.int32)) + j * 8 + w, mask=m, other=0)
+    q = (((words >> (b * 8 + h * 4)) & 0xF) | _TWO23_BITS).to(tl.float32, bitcast=True) - _TWO23
+    x = tl.load(x_ptr + g * 256 + (2 * j + h) * 32 + w * 4 + b)  # [1, 4, 8, 2, 4]
+    if EW:
+        d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+        dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+        sc, mn = scale_min(blk + 4, 2 * j + h, m)  # [BN, 4, 1, 2, 1]
+        acc += (q * (d * sc) - dmin * mn) * x
+    else:  # scale and min once per sub-block sum
+        qx = tl.sum(tl.sum(q * x, 4), 2)  # [BN, 4, 2]: sum of q*x per sub-block 2j+h
+        xs = tl.sum(tl.sum(x, 4), 2)  # [1, 4, 2]
+        blk3, m3 = w_ptr + row_off[:, None, None] + g * 144, rmask[:, None, None]
+        d = tl.load(blk3.to(tl.pointer_type(tl.float16)), mask=m3, other=0.0).to(tl.float32)
+        dmin = tl.load((blk3 + 2).to(tl.pointer_type(tl.float16)), mask=m3, other=0.0).to(tl.float32)
+        s = 2 * tl.arange(0, 4)[None, :, None] + tl.arange(0, 2)[None, None, :]  # [1, 4, 2]
+        sc, mn = scale_min(blk3 + 4, s, m3)
+        acc += tl.sum(tl.sum((d * sc) * qx - (dmin * mn) * xs, 2), 1)
+    return acc
+
+
+FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4)

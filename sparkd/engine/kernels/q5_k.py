@@ -19,11 +19,11 @@ def dequant(w_ptr, row_off, g, smask):
     blk = w_ptr + row_off + g * 176
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
     dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
-    sc, mn = scale_min(blk + 4, smask)
+    sc, mn = scale_min(blk + 4, s, smask)
     qh = tl.load(blk + 16 + i, mask=smask, other=0).to(tl.int32)
     qs = tl.load(blk + 48 + (s // 2) * 32 + i, mask=smask, other=0).to(tl.int32)
     q = ((qs >> ((s % 2) * 4)) & 0xF) | (((qh >> s) & 1) << 4)
     return (d * sc) * q.to(tl.float32) - dmin * mn
 
 
-FAMILY = Family(T.Q5_K, 256, 176, 8, 32, dequant)
+FAMILY = Family(T.Q5_K, 256, 176, 8, 32, dequant, align=4)

@@ -2,6 +2,11 @@
 
 Rows need only be a multiple of 32 values, so the last group of a row may be partial: smask
 drops the blocks past its end.
+
+The GEMV step loads the quants as 16-bit pairs (blocks are only 2-byte aligned) and turns each
+byte into a float by OR-ing it into the mantissa of 2^23 (one integer op and one add instead of
+the conversion unit, which runs at an eighth of the FMA rate on Hopper); the block's scale is
+applied once to its 32-value sum.
 """
 
 import triton
@@ -9,6 +14,10 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.kernels.family import Family
+
+# 2^23 + 128: (byte ^ 0x80) | bits(2^23) read as float is 2^23 + 128 + the int8 value
+_MAGIC_BITS = tl.constexpr(0x4B000080)
+_MAGIC = tl.constexpr(8388736.0)
 
 
 @triton.jit
@@ -21,4 +30,40 @@ def dequant(w_ptr, row_off, g, smask):
     return q.to(tl.float32) * d
 
 
-FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant)
+@triton.jit
+def acc0(rmask, EW: tl.constexpr):
+    if EW:
+        acc = tl.zeros((rmask.shape[0], 8, 16, 2), tl.float32)
+    else:
+        acc = tl.zeros(rmask.shape, tl.float32)
+    return acc
+
+
+@triton.jit
+def total(acc, EW: tl.constexpr):
+    if EW:
+        acc = tl.sum(tl.sum(tl.sum(acc, 3), 2), 1)
+    return acc
+
+
+@triton.jit
+def dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
+    s = tl.arange(0, 8)[None, :, None, None]  # block in the group
+    j = tl.arange(0, 16)[None, None, :, None]  # 16-bit pair in the block
+    t = tl.arange(0, 2)[None, None, None, :]  # byte in the pair
+    kb = (g * 8 + s) * 32  # first column of each block
+    kmask = kb < K
+    smask = rmask[:, None, None, None] & kmask
+    blk = w_ptr + row_off[:, None, None, None] + (g * 8 + s) * 34  # [BN, 8, 1, 1]
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    h = tl.load((blk + 2).to(tl.pointer_type(tl.int16)) + j, mask=smask, other=0).to(tl.int32)
+    q = (((h >> (t * 8)) & 0xFF) ^ _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC
+    x = tl.load(x_ptr + kb + 2 * j + t, mask=kmask, other=0.0)  # [1, 8, 16, 2], contiguous
+    if EW:  # masked blocks have d = 0
+        acc += (q * x) * d
+    else:
+        acc += tl.sum(tl.sum(tl.sum(q * x, 3), 2) * tl.sum(tl.sum(d, 3), 2), 1)
+    return acc
+
+
+FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot, acc0, total)

@@ -30,8 +30,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("thd,shd->hts", q, k) * scale  # [H, T, S]
-    pos_q = torch.arange(start, start + T)[:, None]
-    pos_k = torch.arange(S)[None, :]
+    pos_q = torch.arange(start, start + T, device=q.device)[:, None]
+    pos_k = torch.arange(S, device=q.device)[None, :]
     masked = pos_k > pos_q
     if window:
         masked |= (pos_q - pos_k) >= window

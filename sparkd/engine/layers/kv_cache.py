@@ -14,12 +14,12 @@ from sparkd.engine.errors import EngineError
 
 class KVCache:
     def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], dtype=torch.float32,
-                 side: dict[tuple[str, int], tuple[int, ...]] | None = None):
+                 side: dict[tuple[str, int], tuple[int, ...]] | None = None, device: torch.device | str = "cpu"):
         # shapes[il] = (n_kv_heads, k_dim, v_dim)
         self.max_ctx = max_ctx
-        self.k = [torch.zeros(max_ctx, h, dk, dtype=dtype) for h, dk, _ in shapes]
-        self.v = [torch.zeros(max_ctx, h, dv, dtype=dtype) if dv else None for h, _, dv in shapes]
-        self.side = {key: torch.zeros(max_ctx, *row, dtype=dtype) for key, row in (side or {}).items()}
+        self.k = [torch.zeros(max_ctx, h, dk, dtype=dtype, device=device) for h, dk, _ in shapes]
+        self.v = [torch.zeros(max_ctx, h, dv, dtype=dtype, device=device) if dv else None for h, _, dv in shapes]
+        self.side = {key: torch.zeros(max_ctx, *row, dtype=dtype, device=device) for key, row in (side or {}).items()}
         self.scratch: dict[str, torch.Tensor | None] = {}  # handed from layer to layer in one forward pass
         self.n_past = 0  # positions filled; advanced by the model after all layers ran
 

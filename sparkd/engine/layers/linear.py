@@ -1,4 +1,5 @@
-"""Linear projection over a resident weight; the place a quantized kernel will slot in later."""
+"""Linear projections: over a resident float weight (Linear), or straight from raw GGUF blocks
+through the Triton kernels (QuantLinear, the GPU path)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,37 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(round_activations(x, self.act_fmt), self.weight, self.bias)
+
+
+class QuantLinear(nn.Module):
+    """y = round(x) @ W.T + b with W kept as its raw GGUF blocks and multiplied by the Triton
+    kernels (sparkd.engine.kernels): the GEMV for one token, the GEMM (float32, "ieee") for
+    several. The blocks live where the module is moved (a CUDA device; on the CPU only under
+    TRITON_INTERPRET=1, for tests)."""
+
+    def __init__(self, raw: torch.Tensor, qtype, shape: tuple[int, int], bias: torch.Tensor | None = None,
+                 act_fmt: str | None = None):
+        super().__init__()
+        self.register_buffer("raw", raw)  # uint8 GGUF blocks of W [out, in]
+        self.qtype, self.shape = qtype, tuple(shape)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.act_fmt = act_fmt
+
+    @property
+    def out_features(self) -> int:
+        return self.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv
+
+        lead = x.shape[:-1]
+        h = round_activations(x, self.act_fmt).reshape(-1, self.shape[1]).float().contiguous()
+        if h.shape[0] == 1:
+            # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
+            cfg = None if h.is_cuda else GemvConfig(block_n=64)
+            y = gemv(self.raw, self.qtype, self.shape, h[0], config=cfg)[None]
+        else:
+            y = gemm(self.raw, self.qtype, self.shape, h, precision="ieee")
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.shape[0])

@@ -59,39 +59,84 @@ class Router(nn.Module):
         groups = sel.view(T, self.n_groups, E // self.n_groups)  # [T, G, E/G]
         group_score = groups.topk(2, dim=-1).values.sum(-1)  # [T, G]
         keep = group_score.topk(self.n_group_used, dim=-1).indices  # [T, Gu]
-        mask = torch.ones(T, self.n_groups, dtype=torch.bool).scatter_(1, keep, False)
+        mask = torch.ones(T, self.n_groups, dtype=torch.bool, device=sel.device).scatter_(1, keep, False)
         return groups.masked_fill(mask[..., None], float("-inf")).view(T, E)
 
 
 class MoE(nn.Module):
-    """Routed experts (from an ExpertStore) plus optional always-on shared experts."""
+    """Routed experts (from an ExpertStore) plus optional always-on shared experts.
+
+    A store with `kernel_select` (KernelExperts; StreamingExperts zero-copy from its pinned arena)
+    runs the layer through the Triton MoE kernels straight from raw blocks: a token at a time by
+    the fused decode kernels, or tokens grouped by expert where the store has `kernel_table`."""
 
     def __init__(self, il: int, router: Router, store: ExpertStore, act: str = "silu",
                  shared: nn.Module | None = None):
         super().__init__()
         self.il, self.router, self.store, self.shared = il, router, store, shared
-        self.act = ACTIVATIONS[act]
+        self.act, self.act_name = ACTIVATIONS[act], act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # T tokens, D model width, A experts per token, U distinct experts in the batch
         w, ids = self.router(x)  # [T, A], [T, A]
+        out = None
+        if self.act_name in ("silu", "swiglu_oai") and hasattr(self.store, "kernel_select"):
+            out = self._kernels(x, w.float().contiguous(), ids)
+        if out is None:
+            out = self._generic(x, w, ids)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out
+
+    def _kernels(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
+        """The layer through the Triton MoE kernels; None where the store cannot serve them."""
+        from sparkd.engine.kernels.moe import moe_prefill
+
+        table = getattr(self.store, "kernel_table", None)
+        layer = table(self.il) if table is not None and x.shape[0] > 1 else None
+        if layer is not None:  # many tokens, every expert at hand: group tokens by expert
+            h = round_activations(x, layer.act_gate).float().contiguous()
+            return moe_prefill(layer.prepared.table, h, ids, w, self.act_name, "ieee",
+                               _rounder(layer.act_down))
+        rows = []
+        for t in range(x.shape[0]):  # one token at a time through the fused decode kernels
+            sel = self.store.kernel_select(self.il, ids[t])
+            if sel is None:
+                return None
+            rows.append(self._decode(sel, x[t], w[t]))
+        return torch.stack(rows)
+
+    def _decode(self, sel, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        from sparkd.engine.kernels.matmul import GemvConfig
+        from sparkd.engine.kernels.moe import moe_decode
+
+        h = round_activations(x[None], sel.act_gate)[0].float().contiguous()
+        # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
+        tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64)}
+        return moe_decode(sel.prepared, h, w, self.act_name, round_h=_rounder(sel.act_down), **tiles)
+
+    def _generic(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        # T tokens, D model width, A experts per token, U distinct experts in the batch
         uniq = torch.unique(ids)  # [U]
         ew = self.store.get(self.il, uniq.tolist())
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(uniq)
         for j in (range(len(uniq)) if ew.order is None else ew.order):
             tok, slot = (ids == uniq[j]).nonzero(as_tuple=True)
             h = x.index_select(0, tok)  # [t, D]
-            g = round_activations(h, ew.act_gate) @ ew.gate[j].T  # [t, F]
-            u = round_activations(h, ew.act_up) @ ew.up[j].T
+            # experts on the host while x is on a GPU (a store without kernels): bring them over
+            g = round_activations(h, ew.act_gate) @ ew.gate[j].to(x.device).T  # [t, F]
+            u = round_activations(h, ew.act_up) @ ew.up[j].to(x.device).T
             if ew.gate_b is not None:
-                g, u = g + ew.gate_b[j], u + ew.up_b[j]
-            y = round_activations(self.act(g, u), ew.act_down) @ ew.down[j].T  # [t, D]
+                g, u = g + ew.gate_b[j].to(x.device), u + ew.up_b[j].to(x.device)
+            y = round_activations(self.act(g, u), ew.act_down) @ ew.down[j].to(x.device).T  # [t, D]
             if ew.down_b is not None:
-                y = y + ew.down_b[j]
+                y = y + ew.down_b[j].to(x.device)
             parts[j] = (tok, y * w[tok, slot, None])
         out = torch.zeros_like(x)
         for tok, y in parts:  # id order, whatever the compute order was
             out.index_add_(0, tok, y)
-        if self.shared is not None:
-            out = out + self.shared(x)
         return out
+
+
+def _rounder(fmt: str | None):
+    """The down input's rounding (llama.cpp rounds after the activation), or None."""
+    return None if fmt is None else (lambda h: round_activations(h, fmt))

@@ -45,7 +45,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool
     """x: [T, H, Dh] with the rotated part in the first n_rot dims; cos/sin: [T, n_rot/2]."""
     n_rot = cos.shape[-1] * 2
     rot, rest = x[..., :n_rot], x[..., n_rot:]
-    c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)  # [T, 1, n_rot/2]
+    c, s = cos[:, None, :].to(x.device, x.dtype), sin[:, None, :].to(x.device, x.dtype)  # [T, 1, n_rot/2]
     if neox:
         a, b = rot[..., : n_rot // 2], rot[..., n_rot // 2:]
         out = torch.cat([a * c - b * s, a * s + b * c], dim=-1)

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.experts import ExpertStore, ResidentExperts
+from sparkd.engine.layers.quant_experts import KernelExperts
 from sparkd.engine.models.config import ModelConfig
 from sparkd.engine.models.decoder import Decoder
 from sparkd.engine.models.weights import Weights
@@ -48,24 +50,44 @@ Progress = Callable[[int, int], None]  # (bytes loaded, bytes total)
 
 
 def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
-               progress: Progress | None = None) -> LoadedModel:
+               progress: Progress | None = None, device: str | None = None,
+               quantized: bool | None = None) -> LoadedModel:
     """Open a GGUF (first shard = all shards), configure and build its network.
 
     Routed experts come from `store`; the default keeps them resident in memory. An already
     open GGUFModel may be passed instead of a path (the streaming store shares it); the
     LoadedModel then owns it. `progress` hears bytes read against the bytes the load will read
     (the routed experts' too when they are resident, loaded on first use).
+
+    device "cuda": the network moves there; projections and routed experts whose type has a
+    Triton kernel stay raw GGUF blocks (QuantLinear, KernelExperts), the rest is float32. quantized
+    defaults to device != "cpu" (True on the CPU runs the kernels under TRITON_INTERPRET=1).
     """
+    device = check_device(device or "cpu")
+    quantized = device != "cpu" if quantized is None else quantized
     gguf = path if isinstance(path, GGUFModel) else GGUFModel.open(path)
     try:
         cfg = config_of(gguf)
-        w = Weights(gguf, _counter(gguf, progress, resident=store is None) if progress else None)
+        w = Weights(gguf, _counter(gguf, progress, resident=store is None) if progress else None, quantized)
+        if store is None and quantized:
+            store = KernelExperts(gguf, device, w.get, w.act_format)
         store = store or ResidentExperts(w.get, w.has, w.act_format)
-        net = arch_module(cfg.arch).build(cfg, w, store)
+        net = arch_module(cfg.arch).build(cfg, w, store).to(device)
         return LoadedModel(gguf, cfg, net)
     except BaseException:
         gguf.close()
         raise
+
+
+def check_device(device: str) -> str:
+    """The device, if torch can run on it: "cpu" or "cuda[:N]" with a CUDA device present."""
+    import torch
+
+    if device != "cpu" and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
+        raise EngineError(f"could not use device {device!r}: torch {torch.__version__} sees "
+                          f"{torch.cuda.device_count()} CUDA device(s); use --device cpu, or a "
+                          f"CUDA build of torch on a machine with an NVIDIA GPU")
+    return device
 
 
 def _counter(gguf: GGUFModel, progress: Progress, resident: bool) -> Callable[[int], None]:

@@ -56,13 +56,15 @@ class Decoder(nn.Module):
         self.side_shapes = side_shapes  # per-position state beyond K/V (see KVCache)
 
     def new_cache(self, max_ctx: int | None = None) -> KVCache:
-        return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, side=self.side_shapes)
+        return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, side=self.side_shapes,
+                       device=self.tok_embd.device)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """tokens: [T] ids following the cache's n_past positions → logits [T, V]."""
+        """tokens: [T] ids following the cache's n_past positions → logits [T, V] on the CPU
+        (where sampling runs), wherever the network is."""
         pos = torch.arange(cache.n_past, cache.n_past + tokens.shape[0])
-        x = self.tok_embd[tokens]  # [T, D]
+        x = self.tok_embd[tokens.to(self.tok_embd.device)]  # [T, D]
         if self.embd_scale != 1.0:
             x = x * self.embd_scale
         for block in self.blocks:
@@ -71,7 +73,7 @@ class Decoder(nn.Module):
         logits = self.output(self.output_norm(x))  # [T, V]
         if cap := self.cfg.logit_softcap:
             logits = torch.tanh(logits / cap) * cap
-        return logits
+        return logits.cpu()
 
 
 def gqa_attention(w: Weights, cfg: ModelConfig, il: int, rope: RopeConfig | None = None,

@@ -8,15 +8,18 @@ import torch
 
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.act_round import vec_dot_format
-from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.linear import Linear, QuantLinear
 from sparkd.engine.layers.norm import RMSNorm
-from sparkd.engine.tensors import load_tensor
+from sparkd.engine.tensors import load_tensor, raw_tensor
 
 
 class Weights:
-    def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None):
+    def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None,
+                 quantized: bool = False):
         self.model = model
         self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
+        # projections whose type has a Triton kernel stay raw blocks (QuantLinear, the GPU path)
+        self._kernel_types = _kernel_types() if quantized else frozenset()
 
     def has(self, name: str) -> bool:
         return name in self.model.tensors
@@ -30,10 +33,15 @@ class Weights:
     def maybe(self, name: str) -> torch.Tensor | None:
         return self.get(name) if self.has(name) else None
 
-    def linear(self, prefix: str, shape: tuple[int, int] | None = None) -> Linear:
+    def linear(self, prefix: str, shape: tuple[int, int] | None = None) -> Linear | QuantLinear:
         """`prefix.weight` [out, in] and `prefix.bias` if the file has one."""
-        return Linear(self.get(f"{prefix}.weight", shape), self.maybe(f"{prefix}.bias"),
-                      self.act_format(f"{prefix}.weight"))
+        name = f"{prefix}.weight"
+        if self.has(name) and self.model.tensor(name).ggml_type in self._kernel_types:
+            raw, qtype, full = raw_tensor(self.model, name, shape)
+            if self._on_read is not None:
+                self._on_read(raw.numel())
+            return QuantLinear(raw, qtype, full, self.maybe(f"{prefix}.bias"), self.act_format(name))
+        return Linear(self.get(name, shape), self.maybe(f"{prefix}.bias"), self.act_format(name))
 
     def act_format(self, name: str) -> str | None:
         """How llama.cpp rounds the activations multiplied by this weight (see act_round)."""
@@ -47,3 +55,9 @@ class Weights:
 
     def maybe_norm(self, name: str, eps: float) -> RMSNorm | None:
         return self.norm(name, eps) if self.has(f"{name}.weight") else None
+
+
+def _kernel_types() -> frozenset:
+    from sparkd.engine.kernels.dispatch import FAMILIES  # imports triton: only on the kernel path
+
+    return frozenset(FAMILIES)

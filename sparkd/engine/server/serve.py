@@ -28,6 +28,8 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     s.add_argument("--max-queue", type=int, default=16, help="requests waiting for the slot before 429")
     s.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     s.add_argument("--resident", action="store_true", help="every expert in memory, no streaming (measurement)")
+    s.add_argument("--device", default="cpu", help="cpu, or cuda: the Triton kernels on GGUF blocks in GPU "
+                                                  "memory (streamed experts read in place from pinned host memory)")
     s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="expert prefetch slots (0: off)")
     s.add_argument("--read-threads", type=int, default=8, help="expert read threads")
@@ -82,7 +84,7 @@ def cmd_serve(a) -> int:
     stream = StreamOptions(policy=a.policy, prefetch_slots=a.prefetch, threads=a.read_threads,
                            direct=not a.buffered)
     engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template, threads=a.threads,
-                    resident=a.resident, stream=stream, log=_log)
+                    resident=a.resident, stream=stream, log=_log, device=a.device)
     name = a.alias or Path(a.model).name.removesuffix(".gguf")
     server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue))
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")

@@ -28,7 +28,8 @@ def stream_options(a):
 
     return StreamOptions(budget_bytes=a.budget, ctx=a.ctx, batch_tokens=a.batch_tokens, policy=a.policy,
                          prefetch_slots=a.prefetch, threads=a.read_threads, direct=not a.buffered,
-                         trace_path=getattr(a, "trace", None), census_path=getattr(a, "census", None))
+                         trace_path=getattr(a, "trace", None), census_path=getattr(a, "census", None),
+                         device=getattr(a, "device", "cpu"))
 
 
 def print_plan(budget, plan, out=sys.stderr) -> None:

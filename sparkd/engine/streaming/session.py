@@ -28,6 +28,7 @@ class StreamOptions:
     threads: int = 8
     direct: bool = True
     pin: bool = False  # pinned host memory for the arena (CUDA)
+    device: str = "cpu"  # "cuda": trunk on the GPU, experts read in place from the pinned arena
     trace_path: str | None = None
     census_path: str | None = None
     proc_self_cgroup: str = "/proc/self/cgroup"
@@ -95,11 +96,13 @@ def open_streaming(path: str | Path, opts: StreamOptions,
         if on_plan:
             on_plan(budget, plan)
         trace = open(opts.trace_path, "w") if opts.trace_path else None
-        store = StreamingExperts(g, plan, opts.policy, opts.threads, opts.direct, opts.pin, trace, warn)
+        gpu = opts.device != "cpu"
+        store = StreamingExperts(g, plan, opts.policy, opts.threads, opts.direct, opts.pin or gpu, trace, warn)
+        store.kernel_device = opts.device if gpu else None
         if trace is not None:
             first = next(il for il in range(config_of(g).n_layer) if f"blk.{il}.ffn_gate_exps.weight" in g.tensors)
             trace.write(trace_header(plan.slot_bytes, store.expert_bytes(first)))
-        m = load_model(g, store, progress)
+        m = load_model(g, store, progress, device=opts.device)
         _drop_page_cache(g)
         hooks = attach_prefetch(m.net, store) if opts.prefetch_slots else []
         if opts.census_path:

@@ -82,6 +82,7 @@ class StreamingExperts:
         self._layers: dict[int, _Layer] = {}
         self._lock = threading.RLock()
         self._trace, self._step, self._last_layer = trace, 0, -1
+        self.kernel_device: str | None = None  # set: decode reads slots in place (zero_copy.py)
 
     # --- layout ----------------------------------------------------------------------------------
     def _layer(self, il: int) -> _Layer:
@@ -118,6 +119,16 @@ class StreamingExperts:
         act_gate, act_up, act_down = (vec_dot_format(info.ggml_type) for info in lay.infos)
         return ExpertWeights(_Lazy(batch, 0), _Lazy(batch, 1), _Lazy(batch, 2), gb, ub, db,
                              act_gate, act_up, act_down, order=batch.order)
+
+    def kernel_select(self, layer: int, expert_ids):
+        """Zero-copy kernel table of one token's experts (see zero_copy.py), or None: no kernel
+        device set, or a layer the kernels cannot run."""
+        if self.kernel_device is None:
+            return None
+        from sparkd.engine.streaming.zero_copy import kernel_select
+
+        ids = expert_ids.tolist() if hasattr(expert_ids, "tolist") else expert_ids
+        return kernel_select(self, layer, ids, self.kernel_device)
 
     def _record(self, layer: int, ids: list[int]) -> None:
         if layer <= self._last_layer:
