@@ -21,6 +21,7 @@ ARCHITECTURES = {
     "gpt-oss": "gpt_oss",
     "llama": "llama",
     "gemma3": "gemma3",
+    "deepseek4": "deepseek4",
 }
 
 
