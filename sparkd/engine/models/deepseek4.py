@@ -180,6 +180,25 @@ class DSV4Decoder(Decoder):
         return self.output(self.output_norm(self.hc_head(x)))
 
 
+def cache_bytes(cfg: ModelConfig, ctx: int) -> int:
+    """What DSV4Cache holds for ctx positions (f32): every layer's raw key rows, and per
+    compressed layer the compressor rings and entries (CSA twice: attention and indexer)."""
+    x, f32 = cfg.extra, 4
+
+    def comp(ratio: int, dim: int) -> int:
+        overlap = ratio == CSA_RATIO
+        width = 2 * dim if overlap else dim
+        ring = (2 * ratio if overlap else ratio) * width * 2  # values and scores
+        return (ring + (ctx // ratio + 1) * dim) * f32
+    total = cfg.n_layer * ctx * cfg.head_dim_k * f32
+    for r in x["ratios"]:
+        if r:
+            total += comp(r, cfg.head_dim_k)
+        if r == CSA_RATIO:
+            total += comp(r, x["idx_dim"])
+    return total
+
+
 def _hc(w: Weights, cfg: ModelConfig, prefix: str) -> HyperConnection:
     x = cfg.extra
     return HyperConnection(w.get(f"{prefix}_fn.weight"), w.get(f"{prefix}_base.weight"),
