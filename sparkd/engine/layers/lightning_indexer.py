@@ -4,7 +4,8 @@ query, the top-k compressed entries a CSA layer attends to.
 score[t, c] = Σ_h relu(q[t, h] · k[c]) * w[t, h], w = proj(x) / sqrt(heads · head_dim), with the
 indexer query projected from the normalised low-rank query and roped like the compressed keys;
 entries not yet complete at t's position never count. (llama.cpp multiplies q and k by the same
-orthonormal Hadamard matrix first; dot products do not change.)
+orthonormal Hadamard matrix first; dot products do not change. Exact ties, e.g. two entries
+whose relu terms are all 0, break by sort order, which differs from ggml's partial_sort.)
 """
 
 from __future__ import annotations

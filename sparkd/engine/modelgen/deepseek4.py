@@ -49,20 +49,23 @@ TINY: dict[str, Shape] = {
     # head_dim 32 with 8 rotary dims, 4 query heads in 2 output groups; window 6 < the tests'
     # sequences so the window is exercised; hash routing on layer 0; one layer of each
     # compression (llama.cpp needs a CSA layer; its indexer keys must be a multiple of 64 wide).
+    # 16 indexer heads: with 4, whole rows of relu scores are 0 and top-k ties break by sort order.
     ARCH: DeepSeek4Shape(ARCH, n_layer=3, n_embd=64, n_head=4, n_head_kv=1, head_dim=32, n_rot=8,
                          n_expert=8, n_expert_used=2, n_ff_exp=32, n_expert_shared=1,
                          q_lora_rank=32, n_swa=6, routed_scale=1.5, n_hash_layers=1,
-                         compress_ratios=(0, 4, 128), indexer_head_dim=64, indexer_top_k=3),
+                         compress_ratios=(0, 4, 128), indexer_heads=16, indexer_head_dim=64,
+                         indexer_top_k=3),
 }
 
-# Shapes from DeepSeek-V4-Flash's config.json (43 layers; make-model scales by layer count).
+# DeepSeek-V4-Flash's shapes (43 layers; make-model scales by layer count). The per-layer
+# compression list is taken as alternating CSA/HCA; a real file carries its own list.
 PRESETS: dict[str, Shape] = {
     "deepseek-v4-flash": DeepSeek4Shape(
         ARCH, n_layer=43, n_embd=4096, n_head=64, n_head_kv=1, head_dim=512, n_rot=64,
         n_vocab=129280, n_ctx=1048576, n_expert=256, n_expert_used=6, n_ff_exp=2048,
         n_expert_shared=1, q_lora_rank=1024, n_swa=128, routed_scale=1.5, rope_base=10000.0,
         o_groups=8, o_lora_rank=1024, n_hash_layers=3, swiglu_limit=10.0,
-        compress_ratios=(0, 0, 4, 128), indexer_heads=64, indexer_head_dim=128, indexer_top_k=512),
+        compress_ratios=(4, 128), indexer_heads=64, indexer_head_dim=128, indexer_top_k=512),
 }
 
 
@@ -177,5 +180,9 @@ def check(s: Shape) -> None:
         bad("n_swa", f"must be positive (every layer uses the sliding window), got {s.n_swa}")
     if any(r not in COMPRESS_RATIOS for r in s.ratios()):
         bad("compress_ratios", f"{list(s.compress_ratios)} may only hold {COMPRESS_RATIOS}")
+    if 4 not in s.ratios():
+        bad("compress_ratios", "need a ratio-4 (CSA) layer: llama.cpp's cache crashes without one")
+    if s.indexer_head_dim % 64:
+        bad("indexer_head_dim", f"{s.indexer_head_dim} must be a multiple of 64 (llama.cpp's Hadamard rotation)")
     if s.head_dim == s.indexer_head_dim:
         bad("indexer_head_dim", "must differ from head_dim (llama.cpp then rotates every key cache)")
