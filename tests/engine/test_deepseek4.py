@@ -81,3 +81,32 @@ def test_preset_has_the_real_expert_shape():
     assert names["blk.1.ffn_gate_exps.weight"] == (256, 2048, 4096)
     assert names["blk.0.ffn_gate_tid2eid.weight"] == (129280, 6)
     assert "blk.0.indexer.proj.weight" in names and "blk.1.attn_compressor_ape.weight" in names
+
+
+def _v4_template():
+    from tests.oracle.llama_oracle import llama_source_dir
+    from sparkd.engine.chat import ChatTemplate
+    src = (llama_source_dir() / "models" / "templates" / "deepseek-ai-DeepSeek-V4.jinja").read_text()
+    return ChatTemplate(src, "<｜begin▁of▁sentence｜>")
+
+
+def test_v4_template_thinking_prompt_opens_the_reasoning_block():
+    from sparkd.engine.chat import split_reasoning
+    t = _v4_template()
+    user = [{"role": "user", "content": "hi"}]
+    assert t.render(user, thinking=True) == "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜><think>"
+    assert t.render(user).endswith("<｜Assistant｜></think>")  # thinking off by default
+    reply = split_reasoning("step by step</think>The answer.", in_reasoning=True)
+    assert (reply.reasoning_content, reply.content) == ("step by step", "The answer.")
+
+
+def test_v4_template_renders_openai_tool_calls_with_string_arguments():
+    # OpenAI clients send arguments as a JSON string; the template parses it with from_json
+    t = _v4_template()
+    call = {"type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": "x"}'}}
+    text = t.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "content": "3"}])
+    assert '<｜DSML｜invoke name="add">' in text
+    assert '<｜DSML｜parameter name="a" string="false">1</｜DSML｜parameter>' in text
+    assert '<｜DSML｜parameter name="b" string="true">x</｜DSML｜parameter>' in text
+    assert text.endswith("<tool_result>3</tool_result><｜Assistant｜></think>")
