@@ -110,3 +110,10 @@ def test_v4_template_renders_openai_tool_calls_with_string_arguments():
     assert '<｜DSML｜parameter name="a" string="false">1</｜DSML｜parameter>' in text
     assert '<｜DSML｜parameter name="b" string="true">x</｜DSML｜parameter>' in text
     assert text.endswith("<tool_result>3</tool_result><｜Assistant｜></think>")
+
+
+def test_mtp_layers_are_refused(path):
+    md = _metadata(path)
+    md["deepseek4.nextn_predict_layers"] = 1
+    with pytest.raises(ModelError, match="multi-token-prediction"):
+        deepseek4.config(md, str(path))

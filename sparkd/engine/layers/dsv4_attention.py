@@ -17,13 +17,8 @@ from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.kv_compressor import Compressor, rope_tail
 from sparkd.engine.layers.lightning_indexer import LightningIndexer
 from sparkd.engine.layers.linear import Linear
-from sparkd.engine.layers.norm import RMSNorm
+from sparkd.engine.layers.norm import RMSNorm, rms_normalize
 from sparkd.engine.models.config import RopeConfig
-
-
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    ms = x.double().pow(2).mean(-1, keepdim=True)
-    return x * torch.rsqrt(ms + eps).to(x.dtype)
 
 
 def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int, window: int, sinks: torch.Tensor,
@@ -63,7 +58,7 @@ class DSV4Attention(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         T, H, Dh = x.shape[0], self.n_head, self.head_dim
         qr = self.q_a_norm(self.wq_a(x))
-        q = rope_tail(_rms(self.wq_b(qr).view(T, H, Dh), self.eps), self.rope, pos)
+        q = rope_tail(rms_normalize(self.wq_b(qr).view(T, H, Dh), self.eps), self.rope, pos)
         kv = rope_tail(self.kv_norm(self.wkv(x))[:, None, :], self.rope, pos)  # [T, 1, Dh]
         start = int(pos[0])
         k_all, _ = cache.update(self.il, start, kv, None)

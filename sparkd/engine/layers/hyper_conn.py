@@ -11,10 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    ms = x.double().pow(2).mean(-1, keepdim=True)
-    return x * torch.rsqrt(ms + eps).to(x.dtype)
+from sparkd.engine.layers.norm import rms_normalize
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -53,7 +50,7 @@ class HyperConnection(nn.Module):
     def pre(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, hc, D] → (sublayer input [T, D], post [T, hc], comb [T, src, dst])."""
         T, hc, _ = x.shape
-        mixes = _rms(x.reshape(T, -1), self.rms_eps) @ self.fn.T  # [T, (2 + hc) * hc]
+        mixes = rms_normalize(x.reshape(T, -1), self.rms_eps) @ self.fn.T  # [T, (2 + hc) * hc]
         s, b = self.scale, self.base
         pre = torch.sigmoid(mixes[:, :hc] * s[0] + b[:hc]) + self.hc_eps
         post = torch.sigmoid(mixes[:, hc:2 * hc] * s[1] + b[hc:2 * hc]) * 2.0
@@ -85,6 +82,6 @@ class HyperHead(nn.Module):
         self.hc_eps, self.rms_eps = hc_eps, rms_eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mixes = _rms(x.reshape(x.shape[0], -1), self.rms_eps) @ self.fn.T  # [T, hc]
+        mixes = rms_normalize(x.reshape(x.shape[0], -1), self.rms_eps) @ self.fn.T  # [T, hc]
         pre = torch.sigmoid(mixes * self.scale[0] + self.base) + self.hc_eps
         return mix_copies(x, pre)

@@ -40,6 +40,9 @@ def _per_layer(v: Any, n: int, what: str, path: str | None) -> tuple[float, ...]
 def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
     m, kw = base_config(metadata, ARCH, neox=False, path=path)
     n = kw["n_layer"]
+    if m.int_("{arch}.nextn_predict_layers", 0):
+        raise ModelError(f"could not configure {ARCH} model {path}: it has multi-token-prediction "
+                         "(next-n) layers, which are not supported; use the main model's GGUF", path=path)
     gating = gating_name(m, GATING_SQRT_SOFTPLUS)
     if gating != GATING_SQRT_SOFTPLUS:
         raise ModelError(f"could not configure {ARCH} model {path}: {ARCH}.expert_gating_func is "
