@@ -6,27 +6,17 @@ Thresholds: F32 as test_oracle_logits (relative error <= 1e-4, greedy identical)
 top-1 >= 0.9 and mean KL < 5e-2 as there, greedy may only diverge at a near-tie.
 """
 
-import numpy as np
 import pytest
 
 from compare import agreement, first_divergence, full_logits, greedy
+from deepseek4_table import ARCH, LONG, SEED, SHORT, shape
 from llama_oracle import llama_generate, llama_logits
 from sparkd.engine.make_model import plan, write_model
-from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 
 pytestmark = pytest.mark.oracle
 
-ARCH = "deepseek4"
-LONG = [int(t) for t in np.random.default_rng(7).integers(0, 256, 140)]
-SHORT = LONG[:48]
 NEAR_TIE_LOGITS = 0.05
-
-
-def shape(dtype: str):
-    s = TINY[ARCH]
-    # K-quant rows must be multiples of 256 or they are written as F16
-    return s.replace(n_embd=256, n_ff_exp=256, q_lora_rank=256) if dtype.endswith("_K") else s
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +26,7 @@ def model(tmp_path_factory):
 
     def get(dtype: str):
         if dtype not in cache:
-            path = write_model(d / f"{dtype}.gguf", plan(shape(dtype), dtype), seed=11)[0]
+            path = write_model(d / f"{dtype}.gguf", plan(shape(dtype), dtype), seed=SEED)[0]
             cache[dtype] = path, load_model(path)
         return cache[dtype]
     yield get
