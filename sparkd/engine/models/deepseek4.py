@@ -130,7 +130,7 @@ class DSV4Block(nn.Module):
         super().__init__()
         self.hc_attn, self.attn_norm, self.attn = hc_attn, attn_norm, attn
         self.hc_ffn, self.ffn_norm, self.ffn = hc_ffn, ffn_norm, ffn
-        self.hash_table = hash_table
+        self.register_buffer("hash_table", hash_table, persistent=False)  # [V, A] expert ids or None
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
         # x: [T, hc, D]
