@@ -15,7 +15,7 @@ from torch import nn
 from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.kv_compressor import Compressor, rope_tail
-from sparkd.engine.layers.lightning_indexer import LightningIndexer
+from sparkd.engine.layers.dsv4_indexer import CompressedIndexer
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm, rms_normalize
 from sparkd.engine.models.config import RopeConfig
@@ -45,7 +45,7 @@ class DSV4Attention(nn.Module):
                  rope: RopeConfig, wq_a: Linear, q_a_norm: RMSNorm, wq_b: Linear, wkv: Linear,
                  kv_norm: RMSNorm, sinks: torch.Tensor, wo_a: torch.Tensor, act_wo_a: str | None,
                  wo_b: Linear, compressor: Compressor | None = None,
-                 indexer: LightningIndexer | None = None):
+                 indexer: CompressedIndexer | None = None):
         super().__init__()
         self.il, self.n_head, self.head_dim, self.eps, self.window = il, n_head, head_dim, rms_eps, window
         self.rope = rope

@@ -19,7 +19,7 @@ from sparkd.engine.layers.ffn import GatedFFN, swiglu_limited
 from sparkd.engine.layers.hyper_conn import HyperConnection, HyperHead
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.kv_compressor import Compressor, CompressorState
-from sparkd.engine.layers.lightning_indexer import LightningIndexer
+from sparkd.engine.layers.dsv4_indexer import CompressedIndexer
 from sparkd.engine.layers.moe import MoE, Router
 from sparkd.engine.models.config import GATING_SQRT_SOFTPLUS, ModelConfig, RopeConfig, base_config, gating_name
 from sparkd.engine.models.decoder import Decoder, head
@@ -97,7 +97,7 @@ def _attention(w: Weights, cfg: ModelConfig, il: int) -> DSV4Attention:
     comp = _compressor(w, cfg, f"{p}.attn_compressor", ratio, cfg.head_dim_k, comp_rope) if ratio else None
     indexer = None
     if ratio == CSA_RATIO:
-        indexer = LightningIndexer(
+        indexer = CompressedIndexer(
             x["idx_heads"], x["idx_dim"], x["idx_top_k"], w.linear(f"{p}.indexer.attn_q_b"),
             w.linear(f"{p}.indexer.proj"),
             _compressor(w, cfg, f"{p}.indexer_compressor", ratio, x["idx_dim"], comp_rope), comp_rope)

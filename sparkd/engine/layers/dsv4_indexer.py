@@ -1,4 +1,4 @@
-"""DeepSeek's lightning indexer as DeepSeek V4 uses it (llama.cpp build_lid_top_k): picks, per
+"""DeepSeek V4's lightning indexer over compressed entries (llama.cpp build_lid_top_k): picks, per
 query, the top-k compressed entries a CSA layer attends to.
 
 score[t, c] = Σ_h relu(q[t, h] · k[c]) * w[t, h], w = proj(x) / sqrt(heads · head_dim), with the
@@ -18,7 +18,7 @@ from sparkd.engine.layers.linear import Linear
 from sparkd.engine.models.config import RopeConfig
 
 
-class LightningIndexer(nn.Module):
+class CompressedIndexer(nn.Module):
     def __init__(self, n_head: int, head_dim: int, top_k: int, wq_b: Linear, proj: Linear,
                  compressor: Compressor, rope: RopeConfig):
         super().__init__()
