@@ -75,7 +75,34 @@ class EmbeddedEngine(_Strict):
     listen: str = "127.0.0.1:7777"
     ctx: int | None = Field(default=None, gt=0)
     alias: str | None = None
+    # The engine's API key, read from this file by the engine (--api-key-file: never on argv,
+    # where ps shows it) and by sparkd's watchers (shrink_cache's Authorization header).
+    api_key_file: Path | None = None
     extra_args: list[str] = []
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _key_readable(cls, v: Path | None) -> Path | None:
+        if v is None:
+            return v
+        try:
+            key = v.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"could not read API key file {v}: {exc.strerror or exc}; create it (readable by sparkd "
+                             "and the engine) or remove the key") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"could not read API key file {v}: not UTF-8 text") from None
+        if not key:
+            raise ValueError(f"could not use API key file {v}: the file is empty") from None
+        return v
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> "EmbeddedEngine":
+        given = [a for a in self.extra_args if a.split("=", 1)[0] in ("--api-key", "--api-key-file")]
+        if self.api_key_file is not None and given:
+            raise ValueError(f"api_key_file and {given[0].split('=', 1)[0]} in extra_args both set the API key; "
+                             "keep api_key_file (the watchers need it)")
+        return self
 
 
 class EngineSpec(_Strict):

@@ -31,6 +31,8 @@ def engine_argv(service: ServicePolicy, engine_executable: str = ENGINE_EXECUTAB
         argv += ["--ctx", str(emb.ctx)]
     if emb.alias is not None:
         argv += ["--alias", emb.alias]
+    if emb.api_key_file is not None:
+        argv += ["--api-key-file", str(emb.api_key_file)]
     return argv + list(emb.extra_args)
 
 

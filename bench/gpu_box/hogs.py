@@ -1,41 +1,54 @@
-"""The scenario's workload, run as a sparkd service: an anonymous hog that grows to `anon_max_mib`
-(16 MiB a second, every page touched) beside readers that stream a file larger than memory.max
-and re-read a small hot file through the page cache. `oom` mode: allocate past the limit at once."""
+"""The scenario's workload (stdlib only), run inside a service cgroup.
 
-import os
+leak FILE STEP_MIB INTERVAL_SECONDS MAX_MIB: wait for a line on stdin (the scenario moves this
+process into the service's cgroup first), then re-read FILE through the page cache in a loop
+(a working set that refaults once the cache is squeezed) while an anonymous hog grows by STEP_MIB
+every INTERVAL_SECONDS, every page touched, up to MAX_MIB (a safety cap: the cgroup's memory.high
+is meant to throttle it long before). Prints one line per step: "anon_mib=N".
+oom MIB: allocate MIB at once (past memory.max: the kernel's OOM killer ends it).
+"""
+
 import sys
 import threading
 import time
 
-CHUNK = 16 << 20
+PAGE = 4096
+READ_CHUNK = 1 << 20
 
 
-def reader(path: str) -> None:
+def reread(path: str) -> None:
     while True:
         with open(path, "rb", buffering=0) as f:
-            while f.read(1 << 20):
+            while f.read(READ_CHUNK):
                 pass
 
 
-def main() -> None:
-    mode = sys.argv[1]
-    held = []
-    if mode == "oom":
-        for _ in range(int(sys.argv[2]) // 16):
-            held.append(bytearray(os.urandom(1 << 10)) * (CHUNK >> 10))
-        time.sleep(3600)
-    anon_start_mib, anon_max_mib, big, hot = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-    for path in (big, big, hot, hot):
-        threading.Thread(target=reader, args=(path,), daemon=True).start()
-    size = 0
+def touched(mib: int) -> bytearray:
+    block = bytearray(mib << 20)  # calloc'd: charged to the cgroup only when touched
+    for i in range(0, len(block), PAGE):
+        block[i] = 1
+    return block
+
+
+def leak(path: str, step_mib: int, interval_seconds: float, max_mib: int) -> None:
+    sys.stdin.readline()
+    threading.Thread(target=reread, args=(path,), daemon=True).start()
+    held, anon_mib = [], 0
     while True:
-        if size < anon_max_mib << 20:
-            step = CHUNK if size >= anon_start_mib << 20 else anon_start_mib << 20
-            held.append(bytearray(step))
-            for i in range(0, step, 4096):
-                held[-1][i] = 1
-            size += step
-        time.sleep(1)
+        if anon_mib + step_mib <= max_mib:
+            held.append(touched(step_mib))
+            anon_mib += step_mib
+            print(f"{time.time():.3f} anon_mib={anon_mib}", flush=True)
+        time.sleep(interval_seconds)
+
+
+def main() -> None:
+    if sys.argv[1] == "oom":
+        held = touched(int(sys.argv[2]))
+        while held:  # kept alive until the OOM killer comes
+            time.sleep(3600)
+    else:
+        leak(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
 
 
 main()

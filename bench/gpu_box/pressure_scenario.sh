@@ -1,8 +1,9 @@
 #!/bin/bash
-# GPU box (pure cgroup v2, memory controller): sparkd's watchers against real memory pressure and
-# a real OOM kill. Run from the repository root through the device tool, carrying .whl:
+# sparkd's watchers against real memory pressure (memory.high throttling) and a real OOM kill, on a
+# pure cgroup v2 host with the memory controller (the GPU box); elsewhere a smoke run that says why.
+# From the repository root (the GPU box: through the device tool, carrying .whl):
 #   bash bench/gpu_box/pressure_scenario.sh
-# Writes $OUT/pressure_scenario.log (the timeline), events.jsonl, pressure.tsv, sparkd.log, status.json.
+# Writes $OUT/pressure_scenario.log (the timeline), events.jsonl, pressure.tsv, sparkd.log, hog.log, status.json.
 set -u
 OUT=${OUT:-/tmp/pressure-out}; mkdir -p "$OUT"
 if [ -d .whl ] && ! python3 -c 'import pydantic, starlette, uvicorn' 2>/dev/null; then
@@ -10,4 +11,6 @@ if [ -d .whl ] && ! python3 -c 'import pydantic, starlette, uvicorn' 2>/dev/null
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-python3 bench/gpu_box/pressure_scenario.py --out "$OUT" 2>&1 | tee "$OUT/pressure_scenario.log"
+PY=${PYTHON:-python3}
+timeout "${SCENARIO_TIMEOUT:-220}" "$PY" bench/gpu_box/pressure_scenario.py --out "$OUT" "$@" 2>&1 | tee "$OUT/pressure_scenario.log"
+exit "${PIPESTATUS[0]}"

@@ -39,10 +39,13 @@ def inspect_model(path: str) -> dict:
     with GGUFModel.open(path) as g:
         cfg = config_of(g)
         types: dict[str, set] = defaultdict(set)
-        routed = trunk = 0
+        routed = trunk = unused = 0
         for name, info in g.tensors.items():
             types[_group(name)].add(info.ggml_type.name)
-            if _EXPERT_TENSOR.match(name):
+            layer = re.match(r"blk\.(\d+)\.", name)
+            if layer and int(layer[1]) >= cfg.n_layer:  # NextN/MTP draft blocks: never loaded
+                unused += info.nbytes
+            elif _EXPERT_TENSOR.match(name):
                 routed += info.nbytes
             else:
                 trunk += info.nbytes
@@ -52,7 +55,7 @@ def inspect_model(path: str) -> dict:
             "experts": cfg.n_expert, "top_k": cfg.n_expert_used, "shared_experts": cfg.n_expert_shared,
             "context": cfg.n_ctx_train, "hidden": cfg.n_embd, "vocab": cfg.n_vocab,
             "quant_types": {k: sorted(v) for k, v in sorted(types.items())},
-            "trunk_bytes": trunk, "routed_expert_bytes": routed,
+            "trunk_bytes": trunk, "routed_expert_bytes": routed, "unused_mtp_bytes": unused,
             "per_expert_bytes": routed // (n_moe * cfg.n_expert) if n_moe and cfg.n_expert else 0,
             "shards": len(g.shards),
         }

@@ -200,14 +200,16 @@ class Engine:
 
     def resize_cache(self, budget_bytes: int) -> dict[str, int]:
         """Shrink the expert cache, or grow it back up to what the plan allocated; returns
-        {cache_bytes: the size now, allocated_bytes: the plan's}. EngineError beyond those bounds."""
+        {cache_bytes: the size now, previous_bytes: the size before, allocated_bytes: the plan's}.
+        EngineError beyond those bounds."""
         if self.streaming is None:
             raise NoExpertCache(
                 f"could not resize the expert cache to {_mib(budget_bytes)}: this engine keeps every routed "
                 f"expert resident ({_mib(self._plan.get('experts_resident', 0))}), so there is no expert "
                 "cache; serve without --resident to stream experts")
+        previous = self.streaming.store.capacity * self.streaming.plan.slot_bytes
         size = self.streaming.store.resize(budget_bytes)
-        return {"cache_bytes": size, "allocated_bytes": self.streaming.plan.expert_cache_bytes}
+        return {"cache_bytes": size, "previous_bytes": previous, "allocated_bytes": self.streaming.plan.expert_cache_bytes}
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], bool]:
         """(prompt ids, whether the prompt ends inside an opened reasoning block)."""

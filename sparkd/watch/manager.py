@@ -91,7 +91,9 @@ class WatchManager:
         self._actions = {name: cls(control) for name, cls in ACTIONS.items()}
         self._levels: dict[tuple[str, str | None], _LevelRule] = {}
         self._cooldowns: dict[tuple[str, str | None], Cooldown] = {}
-        self._action_lock = asyncio.Lock()
+        # per rule: a rule's grow-back waits for its shrink, but a stop never waits behind a
+        # shrink stuck on an engine stalled by the very pressure being handled
+        self._action_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task] = set()
         self._reconciler: asyncio.Task | None = None
         self._kmsg: KmsgReader | None = None
@@ -230,7 +232,7 @@ class WatchManager:
         task.add_done_callback(self._tasks.discard)
 
     async def _run_actions(self, rule, service, detector, reason, revert) -> None:
-        async with self._action_lock:
+        async with self._action_locks.setdefault(rule.name, asyncio.Lock()):
             for target in self._targets(service):
                 for name in rule.action:
                     action = self._actions[name]

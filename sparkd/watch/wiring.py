@@ -37,10 +37,24 @@ class SupervisorControl:
     def hold_starts(self, name: str | None, rule: str, reason: str) -> None:
         self._supervisor.watchers.holds.add(name, rule, reason, self._clock())
 
-    def engine_listen(self, name: str) -> str | None:
+    def _embedded(self, name: str) -> Any:
         service = self._supervisor.policy.services.get(name)
-        embedded = service.engine.embedded if service is not None else None
+        return service.engine.embedded if service is not None else None
+
+    def engine_listen(self, name: str) -> str | None:
+        embedded = self._embedded(name)
         return embedded.listen if embedded is not None else None
+
+    def engine_api_key(self, name: str) -> str | None:
+        embedded = self._embedded(name)
+        path = embedded.api_key_file if embedded is not None else None
+        if path is None:
+            return None
+        try:
+            return path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RuntimeError(f"could not read API key file {path} (services.{name}.engine.embedded.api_key_file): "
+                               f"{getattr(exc, 'strerror', None) or exc}") from exc
 
     async def evict_competitors(self) -> list[Any]:
         ctx = self._guard_ctx

@@ -23,7 +23,7 @@ def matrix_shape(arch: str, dtype: str) -> Shape:
     if not dtype.endswith("_K"):
         return shape
     wide = shape.replace(n_embd=K_ROW, n_ff=K_ROW, n_ff_exp=K_ROW)
-    if arch == "deepseek2":  # q_b/kv_a read the lora ranks; wv_b reads the rank; wk_b reads qk_nope
+    if arch in ("deepseek2", "glm-dsa"):  # q_b/kv_a read the lora ranks; wv_b reads the rank; wk_b reads qk_nope
         return wide.replace(q_lora_rank=K_ROW, kv_lora_rank=K_ROW)
     return wide.replace(head_dim=K_ROW // shape.n_head)
 

@@ -1,7 +1,8 @@
 """Print docs/engine-numerics.md's table: our logits vs llama.cpp's per architecture x dtype.
 
-Run from the repository root: PYTHONPATH=$PWD python tests/oracle/numerics_table.py
-(builds the llama.cpp oracle on first use; about 2 minutes on 2 cores after that).
+Run from the repository root: PYTHONPATH=$PWD python tests/oracle/numerics_table.py [ARCH ...]
+(builds the llama.cpp oracle on first use; about 2 minutes on 2 cores after that). Without
+arguments the matrix's architectures; any TINY architecture may be named (e.g. glm-dsa).
 """
 
 import sys
@@ -16,11 +17,11 @@ from matrix_models import ARCHS, DTYPES, TOKENS, matrix_model  # noqa: E402
 from sparkd.engine.models import load_model  # noqa: E402
 
 
-def main() -> None:
+def main(archs: list[str]) -> None:
     print("| arch | dtype | max rel. error | top-1 | mean KL (nats) | ours: incremental vs full |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for arch in ARCHS:
+        for arch in archs:
             for dtype in DTYPES:
                 path = matrix_model(Path(tmp), arch, dtype)
                 m = load_model(path)
@@ -36,4 +37,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or ARCHS)

@@ -26,7 +26,7 @@ GIB = 1 << 30
 
 class CacheEngine:
     """A tiny real HTTP server with the engine's /admin/cache contract: GET -> {"budget": N},
-    POST {"budget": N} -> sets it."""
+    POST {"budget": N} -> sets it and answers the budget before as previous_bytes."""
 
     def __init__(self, budget: int):
         self.budget = budget
@@ -47,9 +47,9 @@ class CacheEngine:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                engine.budget = body["budget"]
+                previous, engine.budget = engine.budget, body["budget"]
                 engine.posts.append(body["budget"])
-                self._answer(200, {"budget": engine.budget})
+                self._answer(200, {"budget": engine.budget, "previous_bytes": previous})
 
             def log_message(self, *args):
                 pass
@@ -85,6 +85,9 @@ class RecordingControl:
 
     def engine_listen(self, name):
         return self.listen
+
+    def engine_api_key(self, name):
+        return None
 
     async def evict_competitors(self):
         return []
@@ -242,7 +245,7 @@ def test_shrink_cache_failure_is_an_event_not_a_crash(tmp_path):
 
     asyncio.run(scenario())
     (result,) = [e["result"] for e in manager.events.read() if e["type"] == "action"]
-    assert result.startswith("failed: could not GET http://127.0.0.1:9/admin/cache")
+    assert result.startswith("failed: could not POST http://127.0.0.1:9/admin/cache")
 
 
 @pytest.mark.parametrize("rule, message", [
@@ -275,3 +278,19 @@ def test_shipped_dgx_spark_policy_is_valid_and_has_the_issue_defaults():
     kl = {r.match: r.action for r in p.kernel_log.rules}
     assert "stop" in kl["no_memory"] and "stop" in kl["xid_node"]
     assert all(r.cooldown > 0 for r in [*p.pressure.rules, *p.kernel_log.rules])
+
+
+def test_shrink_cache_timeout_is_named(tmp_path):
+    """What the GPU box showed: an engine stalled in its own throttled cgroup does not answer; the
+    event must say it timed out (httpx's timeout text is empty)."""
+    import socket
+
+    from sparkd.watch.actions.shrink_cache import CacheClient
+
+    with socket.socket() as silent:  # accepts connections (kernel backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        client = CacheClient(f"127.0.0.1:{silent.getsockname()[1]}", timeout_seconds=0.3)
+        with pytest.raises(RuntimeError) as err:
+            asyncio.run(client.set_budget(1 << 20))
+    assert str(err.value) == f"could not POST {client.url}: ReadTimeout"

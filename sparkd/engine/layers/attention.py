@@ -18,8 +18,12 @@ from sparkd.engine.models.config import RopeConfig
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
-           window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """q: [T, H, Dk], k: [S, Hkv, Dk], v: [S, Hkv, Dv] with S = start + T → [T, H, Dv]."""
+           window: int = 0, sinks: torch.Tensor | None = None,
+           keep: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [T, H, Dk], k: [S, Hkv, Dk], v: [S, Hkv, Dv] with S = start + T → [T, H, Dv].
+
+    keep: [T, S] bool, the only keys each query may read besides the causal mask (sparse attention).
+    """
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
     group = H // Hkv  # query head h reads kv head h // group, as ggml broadcasts
@@ -31,6 +35,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     masked = pos_k > pos_q
     if window:
         masked |= (pos_q - pos_k) >= window
+    if keep is not None:
+        masked = masked | ~keep
     scores = scores.masked_fill(masked, float("-inf"))
     if sinks is not None:
         sink = sinks.to(scores.dtype)[:, None, None].expand(H, T, 1)

@@ -1,7 +1,8 @@
 """Per-layer key/value cache, preallocated for max_ctx positions of one sequence.
 
 A layer's value part may be empty (v_dim 0): MLA caches only the compressed latent (plus the rope
-key part) and reads its values from the same rows.
+key part) and reads its values from the same rows. Side rows are per-position state beyond K/V that
+some layers keep (glm-dsa's indexer keys), named (name, layer) with a row shape.
 """
 
 from __future__ import annotations
@@ -12,25 +13,40 @@ from sparkd.engine.errors import EngineError
 
 
 class KVCache:
-    def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], dtype=torch.float32):
+    def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], dtype=torch.float32,
+                 side: dict[tuple[str, int], tuple[int, ...]] | None = None):
         # shapes[il] = (n_kv_heads, k_dim, v_dim)
         self.max_ctx = max_ctx
         self.k = [torch.zeros(max_ctx, h, dk, dtype=dtype) for h, dk, _ in shapes]
         self.v = [torch.zeros(max_ctx, h, dv, dtype=dtype) if dv else None for h, _, dv in shapes]
+        self.side = {key: torch.zeros(max_ctx, *row, dtype=dtype) for key, row in (side or {}).items()}
+        self.scratch: dict[str, torch.Tensor | None] = {}  # handed from layer to layer in one forward pass
         self.n_past = 0  # positions filled; advanced by the model after all layers ran
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+        tensors = self.k + self.v + list(self.side.values())
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def update(self, il: int, start: int, k: torch.Tensor, v: torch.Tensor | None):
         """Write rows [start, start+T) and return views of rows [0, start+T)."""
-        end = start + k.shape[0]
-        if end > self.max_ctx:
-            raise EngineError(f"could not extend the KV cache to {end} positions: "
-                              f"context is {self.max_ctx} (raise --ctx)")
+        end = self._end(start, k.shape[0])
         self.k[il][start:end] = k
         if v is not None:
             self.v[il][start:end] = v
         v_all = None if self.v[il] is None else self.v[il][:end]
         return self.k[il][:end], v_all
+
+    def update_side(self, name: str, il: int, start: int, rows: torch.Tensor) -> torch.Tensor:
+        """Write side rows [start, start+T) of (name, il) and return a view of rows [0, start+T)."""
+        end = self._end(start, rows.shape[0])
+        buf = self.side[name, il]
+        buf[start:end] = rows
+        return buf[:end]
+
+    def _end(self, start: int, n: int) -> int:
+        end = start + n
+        if end > self.max_ctx:
+            raise EngineError(f"could not extend the KV cache to {end} positions: "
+                              f"context is {self.max_ctx} (raise --ctx)")
+        return end

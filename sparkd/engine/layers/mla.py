@@ -34,7 +34,7 @@ class MLAttention(nn.Module):
                  rope: RopeConfig, scale: float, wq_a: Linear | None, q_a_norm: RMSNorm | None,
                  wq_b: Linear, wkv_a: Linear, kv_a_norm: RMSNorm, wk_b: torch.Tensor,
                  wv_b: torch.Tensor, wo: Linear, act_k_b: str | None = None,
-                 act_v_b: str | None = None):
+                 act_v_b: str | None = None, selector: nn.Module | None = None):
         super().__init__()
         self.il, self.n_head, self.qk_nope, self.qk_rope, self.kv_rank = il, n_head, qk_nope, qk_rope, kv_rank
         self.rope, self.scale = rope, scale
@@ -43,12 +43,15 @@ class MLAttention(nn.Module):
         self.wk_b = nn.Parameter(wk_b, requires_grad=False)  # [H, R, Dn]
         self.wv_b = nn.Parameter(wv_b, requires_grad=False)  # [H, Dv, R]
         self.act_k_b, self.act_v_b = act_k_b, act_v_b  # see act_round
+        # sparse attention: selector(x, q latent, pos, cache) → [T, S] keys each query may read (None: all)
+        self.selector = selector
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         # T tokens, H heads, R latent rank, Dn/P nope/rope dims, Dv value dims
         T = x.shape[0]
-        q = x if self.wq_a is None else self.q_a_norm(self.wq_a(x))
-        q = self.wq_b(q).view(T, self.n_head, self.qk_nope + self.qk_rope)
+        q_lat_in = x if self.wq_a is None else self.q_a_norm(self.wq_a(x))
+        keep = None if self.selector is None else self.selector(x, q_lat_in, pos, cache)
+        q = self.wq_b(q_lat_in).view(T, self.n_head, self.qk_nope + self.qk_rope)
         q_nope, q_pe = q[..., : self.qk_nope], q[..., self.qk_nope:]  # [T, H, Dn], [T, H, P]
         kv = self.wkv_a(x)  # [T, R + P]
         latent = self.kv_a_norm(kv[:, : self.kv_rank])  # [T, R]
@@ -60,6 +63,6 @@ class MLAttention(nn.Module):
         k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
         start = int(pos[0])
         k_all, _ = cache.update(self.il, start, k_new, None)
-        o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start)  # [T, H, R]
+        o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep)  # [T, H, R]
         o = torch.einsum("thr,hvr->thv", round_activations(o, self.act_v_b), self.wv_b)  # [T, H, Dv]
         return self.wo(o.reshape(T, -1))

@@ -1,4 +1,4 @@
-"""RMSNorm as ggml computes it: mean of squares over the last dim, then scale by the weight."""
+"""RMSNorm and LayerNorm as ggml computes them (double accumulators), then the weight (and bias)."""
 
 from __future__ import annotations
 
@@ -21,3 +21,19 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., D]; normalise in float64 like ggml's double accumulator, then back.
         return rms_normalize(x, self.eps) * self.weight
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm as ggml_norm computes it (mean and variance over the last dim), then w, b."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        centred = x - x.double().mean(-1, keepdim=True).to(x.dtype)
+        var = centred.double().pow(2).mean(-1, keepdim=True)
+        y = centred * torch.rsqrt(var + self.eps).to(x.dtype) * self.weight
+        return y if self.bias is None else y + self.bias

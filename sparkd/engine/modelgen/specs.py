@@ -14,6 +14,7 @@ from sparkd.engine.modelgen.shape import Meta, Shape, Tensor, base_metadata
 # defining TINY and PRESETS (dicts of Shape, or of a Shape subclass adding its own fields),
 # metadata(s), tensors(s) and check(s); merged into the tables below.
 ARCH_MODULES: dict[str, str] = {
+    "glm-dsa": "glm_dsa",
     "deepseek4": "deepseek4",
 }
 SUPPORTED_ARCHS = ("qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3", *ARCH_MODULES)

@@ -21,6 +21,7 @@ ARCHITECTURES = {
     "gpt-oss": "gpt_oss",
     "llama": "llama",
     "gemma3": "gemma3",
+    "glm-dsa": "glm_dsa",
     "deepseek4": "deepseek4",
 }
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from torch import nn
+
 from sparkd.engine.errors import ModelError
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.mla import MLAttention, mla_scale
@@ -33,7 +35,7 @@ def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
     return ModelConfig(**kw)
 
 
-def _attention(w: Weights, cfg: ModelConfig, il: int) -> MLAttention:
+def mla_attention(w: Weights, cfg: ModelConfig, il: int, selector: nn.Module | None = None) -> MLAttention:
     p = f"blk.{il}"
     qk_rope = cfg.rope.n_rot
     has_q_lora = w.has(f"{p}.attn_q_a.weight")
@@ -46,7 +48,7 @@ def _attention(w: Weights, cfg: ModelConfig, il: int) -> MLAttention:
         wkv_a=w.linear(f"{p}.attn_kv_a_mqa"), kv_a_norm=w.norm(f"{p}.attn_kv_a_norm", cfg.rms_eps),
         wk_b=w.get(f"{p}.attn_k_b.weight"), wv_b=w.get(f"{p}.attn_v_b.weight"),
         wo=w.linear(f"{p}.attn_output"), act_k_b=w.act_format(f"{p}.attn_k_b.weight"),
-        act_v_b=w.act_format(f"{p}.attn_v_b.weight"))
+        act_v_b=w.act_format(f"{p}.attn_v_b.weight"), selector=selector)
 
 
 def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
@@ -54,7 +56,7 @@ def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
     for il in range(cfg.n_layer):
         p = f"blk.{il}"
         ffn = moe_ffn(w, cfg, il, store) if cfg.is_moe_layer(il) else dense_ffn(w, p)
-        blocks.append(Block(w.norm(f"{p}.attn_norm", cfg.rms_eps), _attention(w, cfg, il),
+        blocks.append(Block(w.norm(f"{p}.attn_norm", cfg.rms_eps), mla_attention(w, cfg, il),
                             w.norm(f"{p}.ffn_norm", cfg.rms_eps), ffn))
     emb, out = head(w)
     kv = [(1, cfg.kv_lora_rank + cfg.rope.n_rot, 0)] * cfg.n_layer  # latent + rope key, no values

@@ -20,6 +20,7 @@ from sparkd.engine.models.config import ModelConfig
 
 # A routed-expert weight tensor; its biases (gpt-oss) are small and stay resident with the trunk.
 EXPERT_WEIGHT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+_LAYER = re.compile(r"^blk\.(\d+)\.")
 ALIGN_BYTES = 4096  # O_DIRECT offset/length/buffer alignment (logical block ≤ page on NVMe)
 # Headroom under a cgroup limit: the kernel charges some memory we cannot see ahead of time
 # (socket buffers, page tables, slab); 5 % but at least 256 MiB keeps the OOM killer away.
@@ -179,20 +180,26 @@ def expert_slot_bytes(g: GGUFModel) -> int:
     return max(per_layer.values(), default=0)
 
 
-def trunk_bytes(g: GGUFModel) -> int:
+def trunk_bytes(g: GGUFModel, n_layer: int | None = None) -> int:
+    """Resident (dequantized) bytes of everything but routed experts; blocks past n_layer (NextN/MTP
+    draft heads, never loaded) do not count."""
+    def loaded(name: str) -> bool:
+        m = _LAYER.match(name)
+        return n_layer is None or m is None or int(m[1]) < n_layer
     return sum(info.n_elements * F32_BYTES for name, info in g.tensors.items()
-               if not EXPERT_WEIGHT.match(name))
+               if not EXPERT_WEIGHT.match(name) and loaded(name))
 
 
 def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
     if cfg.arch == "deepseek4":  # one shared key/value row per layer plus compressor state
         from sparkd.engine.models.deepseek4 import cache_bytes
         return cache_bytes(cfg, ctx)
-    if cfg.arch == "deepseek2":  # MLA caches the latent plus the rope key, no values
+    if cfg.kv_lora_rank:  # MLA caches the latent plus the rope key, no values
         per_pos = cfg.kv_lora_rank + cfg.rope.n_rot
     else:
         per_pos = cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v)
-    return cfg.n_layer * ctx * per_pos * F32_BYTES
+    side = cfg.extra.get("side_cache_floats_per_pos", 0)  # e.g. glm-dsa's indexer keys, all layers
+    return (cfg.n_layer * per_pos + side) * ctx * F32_BYTES
 
 
 def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int) -> int:
@@ -219,7 +226,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     slot = expert_slot_bytes(g)
     terms = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
                  slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
-                 trunk_bytes=trunk_bytes(g), kv_bytes=kv_bytes(cfg, ctx),
+                 trunk_bytes=trunk_bytes(g, cfg.n_layer), kv_bytes=kv_bytes(cfg, ctx),
                  workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens))
     fixed = sum(terms.values()) + prefetch_slots * slot
     min_slots = cfg.n_expert_used if total_experts else 0

@@ -13,6 +13,10 @@ class ActionContext(Protocol):
     def engine_listen(self, name: str) -> str | None:
         """host:port of the service's embedded engine; None for a `command` engine."""
 
+    def engine_api_key(self, name: str) -> str | None:
+        """The embedded engine's API key (read from its api_key_file now, so a rotated key is
+        used); None when it has none. RuntimeError when the file cannot be read."""
+
     async def evict_competitors(self) -> list[Any]: ...
 
 

@@ -1,8 +1,9 @@
 """shrink_cache: ask the service's embedded engine to shrink its expert cache (POST /admin/cache
 {"budget": BYTES}), and to grow it back to what it had when the pressure clears.
 
-The budget before shrinking is read from the engine (GET /admin/cache) so the grow-back restores
-the engine's own setting, not a guess.
+The engine answers the POST with the budget it had before (previous_bytes), so the grow-back
+restores the engine's own setting, not a guess, and a shrink is one request: under pressure the
+engine shares its cgroup's stalls, and every round trip may wait on them.
 """
 
 from __future__ import annotations
@@ -18,26 +19,40 @@ HTTP_TIMEOUT_SECONDS = 5.0
 
 class CacheClient:
     def __init__(self, listen: str, timeout_seconds: float = HTTP_TIMEOUT_SECONDS,
-                 transport: httpx.AsyncBaseTransport | None = None):
+                 transport: httpx.AsyncBaseTransport | None = None, api_key: str | None = None):
         self.url = f"http://{listen}/admin/cache"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout_seconds = timeout_seconds
         self._transport = transport
 
     async def _call(self, method: str, body: dict | None = None) -> dict:
         try:
             async with httpx.AsyncClient(timeout=self._timeout_seconds, transport=self._transport) as client:
-                response = await client.request(method, self.url, json=body)
-                response.raise_for_status()
-                return response.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise RuntimeError(f"could not {method} {self.url}: {exc or type(exc).__name__}") from exc
+                response = await client.request(method, self.url, json=body, headers=self._headers)
+        except httpx.HTTPError as exc:  # a timeout's text is empty: its class names it
+            raise RuntimeError(f"could not {method} {self.url}: {type(exc).__name__} {exc}".rstrip()) from exc
+        if response.is_error:
+            hint = " (check the service's engine.embedded.api_key_file)" if response.status_code == 401 else ""
+            raise RuntimeError(f"could not {method} {self.url}: HTTP {response.status_code} "
+                               f"{_error_message(response)}{hint}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise RuntimeError(f"could not {method} {self.url}: the answer is not JSON ({exc})") from exc
 
-    async def budget(self) -> int | None:
-        value = (await self._call("GET")).get("budget")
+    async def set_budget(self, budget_bytes: int) -> int | None:
+        """Set the budget; returns the budget before, None from an engine that does not say it."""
+        value = (await self._call("POST", {"budget": budget_bytes})).get("previous_bytes")
         return int(value) if isinstance(value, int) else None
 
-    async def set_budget(self, budget_bytes: int) -> dict:
-        return await self._call("POST", {"budget": budget_bytes})
+
+def _error_message(response: httpx.Response) -> str:
+    """The engine's own error text (OpenAI-style {"error": {"message": ...}}), else the reason."""
+    try:
+        error = response.json().get("error")
+        return str(error.get("message")) if isinstance(error, dict) else response.reason_phrase
+    except (ValueError, AttributeError):
+        return response.reason_phrase
 
 
 class ShrinkCache(Action):
@@ -49,11 +64,17 @@ class ShrinkCache(Action):
         self._previous: dict[str, int | None] = {}  # service -> budget before the shrink
 
     def _client(self, service: str) -> CacheClient | None:
+        """None without an embedded engine; RuntimeError when its API key file cannot be read."""
         listen = self.ctx.engine_listen(service)
-        return CacheClient(listen, transport=self._transport) if listen else None
+        if not listen:
+            return None
+        return CacheClient(listen, transport=self._transport, api_key=self.ctx.engine_api_key(service))
 
     async def apply(self, service, rule, reason, dry_run):
-        client = self._client(service) if service else None
+        try:
+            client = self._client(service) if service else None
+        except RuntimeError as exc:
+            return f"failed: {exc}"
         if client is None:
             return f"skipped: {service or 'system-wide rule'} has no embedded engine with /admin/cache"
         target = format_size(rule.budget)
@@ -61,8 +82,7 @@ class ShrinkCache(Action):
             self._previous[service] = None
             return f"would have asked {client.url} to shrink the expert cache to {target}"
         try:
-            before = await client.budget()
-            await client.set_budget(rule.budget)
+            before = await client.set_budget(rule.budget)
         except RuntimeError as exc:
             return f"failed: {exc}"
         self._previous[service] = before
@@ -73,7 +93,10 @@ class ShrinkCache(Action):
         if service not in self._previous:
             return None
         before = self._previous.pop(service)
-        client = self._client(service)
+        try:
+            client = self._client(service)
+        except RuntimeError as exc:
+            return f"failed to grow back: {exc}"
         if dry_run:
             return f"would have asked {client.url} to grow the expert cache back to its budget before the shrink"
         if before is None:

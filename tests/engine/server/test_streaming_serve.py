@@ -87,7 +87,7 @@ def test_admin_cache_shrinks_then_grows_back_to_the_plan(streamed):
     assert httpx.get(streamed.base + "/admin/cache", headers=AUTH, timeout=10).json()["budget"] == 2 * SLOT_BYTES
     r = _cache(streamed, ALL_SLOTS * SLOT_BYTES)
     assert r.json() == {"budget": ALL_SLOTS * SLOT_BYTES, "cache_bytes": ALL_SLOTS * SLOT_BYTES,
-                        "allocated_bytes": ALL_SLOTS * SLOT_BYTES}
+                        "previous_bytes": 2 * SLOT_BYTES, "allocated_bytes": ALL_SLOTS * SLOT_BYTES}
 
 
 @pytest.mark.parametrize("budget, words", [
