@@ -54,7 +54,7 @@ TINY: dict[str, Shape] = {
                          n_expert=8, n_expert_used=2, n_ff_exp=32, n_expert_shared=1,
                          q_lora_rank=32, n_swa=6, routed_scale=1.5, n_hash_layers=1,
                          compress_ratios=(0, 4, 128), indexer_heads=16, indexer_head_dim=64,
-                         indexer_top_k=3),
+                         indexer_top_k=3, yarn_factor=4.0, yarn_orig_ctx=64),
 }
 
 # DeepSeek-V4-Flash's shapes (43 layers; make-model scales by layer count). The per-layer
@@ -64,7 +64,7 @@ PRESETS: dict[str, Shape] = {
         ARCH, n_layer=43, n_embd=4096, n_head=64, n_head_kv=1, head_dim=512, n_rot=64,
         n_vocab=129280, n_ctx=1048576, n_expert=256, n_expert_used=6, n_ff_exp=2048,
         n_expert_shared=1, q_lora_rank=1024, n_swa=128, routed_scale=1.5, rope_base=10000.0,
-        o_groups=8, o_lora_rank=1024, n_hash_layers=3, swiglu_limit=10.0,
+        yarn_factor=16.0, yarn_orig_ctx=65536, o_groups=8, o_lora_rank=1024, n_hash_layers=3, swiglu_limit=10.0,
         compress_ratios=(4, 128), indexer_heads=64, indexer_head_dim=128, indexer_top_k=512),
 }
 
@@ -98,7 +98,16 @@ def metadata(s: Shape) -> Meta:
         (f"{a}.hyper_connection.epsilon", s.hc_eps, V.FLOAT32),
         (f"{a}.hash_layer_count", s.n_hash_layers, V.UINT32),
         (f"{a}.embedding_length_out", s.n_embd * s.hc_mult, V.UINT32),
-    ]
+    ] + _yarn(s)
+
+
+def _yarn(s: DeepSeek4Shape) -> Meta:
+    # YaRN applies to the compressed layers' rope only (window-only layers use plain rope)
+    if not s.yarn_factor:
+        return []
+    a = s.arch
+    return [(f"{a}.rope.scaling.type", "yarn", V.STRING), (f"{a}.rope.scaling.factor", s.yarn_factor, V.FLOAT32),
+            (f"{a}.rope.scaling.original_context_length", s.yarn_orig_ctx, V.UINT32)]
 
 
 def tensors(s: Shape) -> list[Tensor]:
