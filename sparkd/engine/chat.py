@@ -48,6 +48,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
+    env.filters["from_json"] = json.loads  # DeepSeek V4 parses string tool-call arguments
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env

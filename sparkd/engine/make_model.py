@@ -39,6 +39,8 @@ class Plan:
 
 
 def tensor_type(qtype: Q, shape: tuple[int, ...], kind: str) -> Q:
+    if kind == "ids":  # a routing table of expert ids (DeepSeek V4's hash layers)
+        return Q.I32
     if kind != "w":
         return Q.F32
     if shape[-1] % blocks.block_size(qtype):
@@ -121,8 +123,9 @@ def write_model(out: str | os.PathLike, p: Plan, seed: int = 0, split_max_bytes:
         w.write_ti_data_to_file()
         for tname, sh, q, std, mean in p.tensors:
             n = math.prod(sh)
-            w.write_tensor_data(_Chunked(blocks.random_chunks(rng, q, n, std, mean),
-                                         blocks.tensor_nbytes(q, n), tick))
+            chunks = (blocks.random_ids(rng, sh, p.shape.n_expert) if q == Q.I32
+                      else blocks.random_chunks(rng, q, n, std, mean))
+            w.write_tensor_data(_Chunked(chunks, blocks.tensor_nbytes(q, n), tick))
         w.close()
     except BaseException:
         w.close()

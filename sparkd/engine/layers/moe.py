@@ -7,9 +7,10 @@ from torch import nn
 
 from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.experts import ExpertStore
-from sparkd.engine.layers.ffn import ACTIVATIONS
+from sparkd.engine.layers.ffn import ACTIVATIONS, Activation
 from sparkd.engine.layers.linear import Linear
-from sparkd.engine.models.config import GATING_SIGMOID, GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT
+from sparkd.engine.models.config import (GATING_SIGMOID, GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT,
+                                         GATING_SQRT_SOFTPLUS)
 
 # llama.cpp clamps the sum of routing weights to the smallest normal f16 before dividing
 _MIN_WEIGHT_SUM = 6.103515625e-5
@@ -32,19 +33,23 @@ class Router(nn.Module):
         self.sel_bias = None if sel_bias is None else nn.Parameter(sel_bias, requires_grad=False)
         self.n_groups, self.n_group_used = n_groups, n_group_used
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # x: [T, D] → weights [T, A], ids [T, A]
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [T, D] → weights [T, A], ids [T, A]; given ids (hash routing) skip the selection
         logits = self.gate(x)  # [T, E]
         if self.gating == GATING_SOFTMAX:
             probs = torch.softmax(logits, dim=-1)
         elif self.gating == GATING_SIGMOID:
             probs = torch.sigmoid(logits)
+        elif self.gating == GATING_SQRT_SOFTPLUS:
+            probs = torch.sqrt(torch.nn.functional.softplus(logits))
         else:
             probs = logits
         sel = probs if self.sel_bias is None else probs + self.sel_bias
         if self.n_groups > 1:
             sel = self._mask_groups(sel)
-        ids = torch.topk(sel, self.top_k, dim=-1).indices  # [T, A]
+        if ids is None:
+            ids = torch.topk(sel, self.top_k, dim=-1).indices  # [T, A]
         w = probs.gather(-1, ids)
         if self.gating == GATING_SOFTMAX_WEIGHT:
             w = torch.softmax(w, dim=-1)
@@ -70,14 +75,15 @@ class MoE(nn.Module):
     runs the layer through the Triton MoE kernels straight from raw blocks: a token at a time by
     the fused decode kernels, or tokens grouped by expert where the store has `kernel_table`."""
 
-    def __init__(self, il: int, router: Router, store: ExpertStore, act: str = "silu",
+    def __init__(self, il: int, router: Router, store: ExpertStore, act: str | Activation = "silu",
                  shared: nn.Module | None = None):
         super().__init__()
         self.il, self.router, self.store, self.shared = il, router, store, shared
-        self.act, self.act_name = ACTIVATIONS[act], act
+        self.act = ACTIVATIONS[act] if isinstance(act, str) else act
+        self.act_name = act if isinstance(act, str) else None  # the kernels know activations by name
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, ids = self.router(x)  # [T, A], [T, A]
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        w, ids = self.router(x, ids)  # [T, A], [T, A]; ids given: fixed (hash) routing
         out = None
         if self.act_name in ("silu", "swiglu_oai") and hasattr(self.store, "kernel_select"):
             out = self._kernels(x, w.float().contiguous(), ids)

@@ -6,6 +6,12 @@ import torch
 from torch import nn
 
 
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) over the last dim, without a weight (ggml_rms_norm)."""
+    ms = x.double().pow(2).mean(-1, keepdim=True)
+    return x * torch.rsqrt(ms + eps).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()
@@ -14,8 +20,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., D]; normalise in float64 like ggml's double accumulator, then back.
-        ms = x.double().pow(2).mean(-1, keepdim=True)
-        return (x * torch.rsqrt(ms + self.eps).to(x.dtype)) * self.weight
+        return rms_normalize(x, self.eps) * self.weight
 
 
 class LayerNorm(nn.Module):

@@ -8,6 +8,7 @@ never quantized, which keeps tens of GB fast (the bytes come from the generator 
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -92,6 +93,15 @@ def random_chunks(rng: np.random.Generator, qtype: Q, n_elements: int, std: floa
         blocks = np.frombuffer(rng.bytes(n * ts), np.uint8).reshape(n, ts).copy()
         _fill_scales(blocks, qtype, d, m)
         yield blocks
+
+
+def random_ids(rng: np.random.Generator, shape: tuple[int, ...], upper: int):
+    """Yield an int32 [rows, k] table in chunks: each row k distinct ids below `upper`."""
+    rows, k = math.prod(shape[:-1]), shape[-1]
+    step = max(1, _CHUNK_BYTES // (8 * upper))
+    for start in range(0, rows, step):
+        n = min(step, rows - start)
+        yield rng.random((n, upper), dtype=np.float32).argsort(axis=1)[:, :k].astype(np.int32)
 
 
 def _float_bytes(x: np.ndarray, qtype: Q) -> np.ndarray:

@@ -24,6 +24,7 @@ ARCHITECTURES = {
     "llama": "llama",
     "gemma3": "gemma3",
     "glm-dsa": "glm_dsa",
+    "deepseek4": "deepseek4",
 }
 
 

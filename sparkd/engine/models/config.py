@@ -16,7 +16,8 @@ from sparkd.engine.errors import MissingKeyError, ModelError
 GATING_SOFTMAX = "softmax"
 GATING_SIGMOID = "sigmoid"
 GATING_SOFTMAX_WEIGHT = "softmax_weight"  # gpt-oss: softmax over the selected logits only
-_GATING_IDS = {1: GATING_SOFTMAX, 2: GATING_SIGMOID, 3: GATING_SOFTMAX_WEIGHT}
+GATING_SQRT_SOFTPLUS = "sqrt_softplus"  # DeepSeek V4: sqrt(softplus(logits))
+_GATING_IDS = {1: GATING_SOFTMAX, 2: GATING_SIGMOID, 3: GATING_SOFTMAX_WEIGHT, 4: GATING_SQRT_SOFTPLUS}
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,9 @@ def trunk_bytes(g: GGUFModel, n_layer: int | None = None) -> int:
 
 
 def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
+    if cfg.arch == "deepseek4":  # one shared key/value row per layer plus compressor state
+        from sparkd.engine.models.deepseek4 import cache_bytes
+        return cache_bytes(cfg, ctx)
     if cfg.kv_lora_rank:  # MLA caches the latent plus the rope key, no values
         per_pos = cfg.kv_lora_rank + cfg.rope.n_rot
     else:

@@ -1,0 +1,41 @@
+"""DeepSeek V4's lightning indexer over compressed entries (llama.cpp build_lid_top_k): picks, per
+query, the top-k compressed entries a CSA layer attends to.
+
+score[t, c] = Σ_h relu(q[t, h] · k[c]) * w[t, h], w = proj(x) / sqrt(heads · head_dim), with the
+indexer query projected from the normalised low-rank query and roped like the compressed keys;
+entries not yet complete at t's position never count. (llama.cpp multiplies q and k by the same
+orthonormal Hadamard matrix first; dot products do not change. Exact ties, e.g. two entries
+whose relu terms are all 0, break by sort order, which differs from ggml's partial_sort.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sparkd.engine.layers.kv_compressor import Compressor, CompressorState, rope_tail
+from sparkd.engine.layers.linear import Linear
+from sparkd.engine.models.config import RopeConfig
+
+
+class CompressedIndexer(nn.Module):
+    def __init__(self, n_head: int, head_dim: int, top_k: int, wq_b: Linear, proj: Linear,
+                 compressor: Compressor, rope: RopeConfig):
+        super().__init__()
+        self.n_head, self.head_dim, self.top_k = n_head, head_dim, top_k
+        self.wq_b, self.proj, self.compressor, self.rope = wq_b, proj, compressor, rope
+
+    def forward(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor, st: CompressorState,
+                visible: torch.Tensor) -> torch.Tensor:
+        """Boolean [T, C]: entry c selected for query t (C = entries so far, visible [T, C])."""
+        keys = self.compressor(x, pos, st)  # [C, Di]
+        T = x.shape[0]
+        q = rope_tail(self.wq_b(qr).view(T, self.n_head, self.head_dim), self.rope, pos)
+        w = self.proj(x) * (self.head_dim * self.n_head) ** -0.5  # [T, Hi]
+        kq = torch.relu(torch.einsum("thd,cd->thc", q, keys))
+        score = (kq * w[..., None]).sum(1).masked_fill(~visible, float("-inf"))  # [T, C]
+        k = min(self.top_k, score.shape[1])
+        chosen = torch.zeros_like(visible)
+        if k:
+            chosen.scatter_(1, score.topk(k, dim=1).indices, True)
+        return chosen & visible

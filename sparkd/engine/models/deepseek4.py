@@ -1,0 +1,222 @@
+"""DeepSeek V4 Flash (llama.cpp `deepseek4`): hyper-connection residual streams, single-KV-head
+attention with a sliding window and sinks, per-layer KV compression (0: window only, 4: CSA with
+the lightning indexer's top-k, 128: HCA), sqrt-softplus routed experts with hash routing on the
+first layers, one shared expert, clamped SwiGLU. The MTP (next-n) layers are not run."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from sparkd.engine.errors import ModelError
+from sparkd.engine.layers.dsv4_attention import DSV4Attention
+from sparkd.engine.layers.experts import ExpertStore
+from sparkd.engine.layers.ffn import GatedFFN, swiglu_limited
+from sparkd.engine.layers.hyper_conn import HyperConnection, HyperHead
+from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.kv_compressor import Compressor, CompressorState
+from sparkd.engine.layers.dsv4_indexer import CompressedIndexer
+from sparkd.engine.layers.moe import MoE, Router
+from sparkd.engine.models.config import GATING_SQRT_SOFTPLUS, ModelConfig, RopeConfig, base_config, gating_name
+from sparkd.engine.models.decoder import Decoder, head
+from sparkd.engine.models.weights import Weights
+
+ARCH = "deepseek4"
+CSA_RATIO, HCA_RATIO = 4, 128
+
+
+def _per_layer(v: Any, n: int, what: str, path: str | None) -> tuple[float, ...]:
+    vals = tuple(v) if isinstance(v, (list, tuple)) else (v,) * n
+    if len(vals) < n:
+        raise ModelError(f"could not configure {ARCH} model {path}: {what} has {len(vals)} entries "
+                         f"for {n} layers", path=path)
+    return vals[:n]
+
+
+def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
+    m, kw = base_config(metadata, ARCH, neox=False, path=path)
+    n = kw["n_layer"]
+    if m.int_("{arch}.nextn_predict_layers", 0):
+        raise ModelError(f"could not configure {ARCH} model {path}: it has multi-token-prediction "
+                         "(next-n) layers, which are not supported; use the main model's GGUF", path=path)
+    gating = gating_name(m, GATING_SQRT_SOFTPLUS)
+    if gating != GATING_SQRT_SOFTPLUS:
+        raise ModelError(f"could not configure {ARCH} model {path}: {ARCH}.expert_gating_func is "
+                         f"{gating}, only sqrt-softplus (4) is defined for DeepSeek V4", path=path)
+    ratios = tuple(int(r) for r in _per_layer(m.get("{arch}.attention.compress_ratios", required=True),
+                                               n, "attention.compress_ratios", path))
+    if bad := sorted({r for r in ratios if r not in (0, CSA_RATIO, HCA_RATIO)}):
+        raise ModelError(f"could not configure {ARCH} model {path}: compression ratios {bad} are not "
+                         f"supported (only 0, {CSA_RATIO} and {HCA_RATIO}, as in llama.cpp)", path=path)
+    clamp = _per_layer(m.get("{arch}.swiglu_clamp_exp", 0.0), n, "swiglu_clamp_exp", path)
+    hc = m.int_("{arch}.hyper_connection.count")
+    if hc != 4:
+        raise ModelError(f"could not configure {ARCH} model {path}: hyper_connection.count is {hc}; "
+                         "llama.cpp's DeepSeek V4 graph requires 4", path=path)
+    kw.update(
+        gating=gating, q_lora_rank=m.int_("{arch}.attention.q_lora_rank"),
+        n_swa=m.int_("{arch}.attention.sliding_window"),
+        extra=dict(
+            ratios=ratios, clamp_exp=clamp,
+            clamp_shexp=_per_layer(m.get("{arch}.swiglu_clamp_shexp", clamp), n, "swiglu_clamp_shexp", path),
+            hc=hc, hc_iters=m.int_("{arch}.hyper_connection.sinkhorn_iterations"),
+            hc_eps=m.float_("{arch}.hyper_connection.epsilon"),
+            n_hash=m.int_("{arch}.hash_layer_count", 0),
+            o_groups=m.int_("{arch}.attention.output_group_count"),
+            o_lora_rank=m.int_("{arch}.attention.output_lora_rank"),
+            compress_base=m.float_("{arch}.attention.compress_rope_freq_base"),
+            idx_heads=m.int_("{arch}.attention.indexer.head_count"),
+            idx_dim=m.int_("{arch}.attention.indexer.key_length"),
+            idx_top_k=m.int_("{arch}.attention.indexer.top_k")))
+    return ModelConfig(**kw)
+
+
+def _ropes(cfg: ModelConfig) -> tuple[RopeConfig, RopeConfig]:
+    """(window-only layers: plain rope at freq_base; compressed layers and the indexer: the
+    compress base with the model's yarn settings, magnitude scale cancelled as the reference does)."""
+    r = cfg.rope
+    plain = RopeConfig(n_rot=r.n_rot, base=r.base, neox=False)
+    attn = 1.0 if r.ext_factor == 0.0 else 1.0 / (1.0 + 0.1 * math.log(1.0 / r.freq_scale))
+    comp = dataclasses.replace(r, base=cfg.extra["compress_base"], attn_factor=attn)
+    return plain, comp
+
+
+def _compressor(w: Weights, cfg: ModelConfig, prefix: str, ratio: int, dim: int, rope: RopeConfig) -> Compressor:
+    return Compressor(ratio, dim, ratio == CSA_RATIO, w.linear(f"{prefix}_kv"), w.linear(f"{prefix}_gate"),
+                      w.get(f"{prefix}_ape.weight"), w.norm(f"{prefix}_norm", cfg.rms_eps), rope)
+
+
+def _attention(w: Weights, cfg: ModelConfig, il: int) -> DSV4Attention:
+    p, x = f"blk.{il}", cfg.extra
+    ratio = x["ratios"][il]
+    plain, comp_rope = _ropes(cfg)
+    comp = _compressor(w, cfg, f"{p}.attn_compressor", ratio, cfg.head_dim_k, comp_rope) if ratio else None
+    indexer = None
+    if ratio == CSA_RATIO:
+        indexer = CompressedIndexer(
+            x["idx_heads"], x["idx_dim"], x["idx_top_k"], w.linear(f"{p}.indexer.attn_q_b"),
+            w.linear(f"{p}.indexer.proj"),
+            _compressor(w, cfg, f"{p}.indexer_compressor", ratio, x["idx_dim"], comp_rope), comp_rope)
+    G, H, Dh = x["o_groups"], cfg.n_head, cfg.head_dim_k
+    wo_a = w.get(f"{p}.attn_output_a.weight").view(G, x["o_lora_rank"], H * Dh // G)
+    return DSV4Attention(
+        il, H, Dh, cfg.rms_eps, cfg.n_swa, comp_rope if ratio else plain,
+        w.linear(f"{p}.attn_q_a"), w.norm(f"{p}.attn_q_a_norm", cfg.rms_eps), w.linear(f"{p}.attn_q_b"),
+        w.linear(f"{p}.attn_kv"), w.norm(f"{p}.attn_kv_a_norm", cfg.rms_eps), w.get(f"{p}.attn_sinks.weight"),
+        wo_a, w.act_format(f"{p}.attn_output_a.weight"), w.linear(f"{p}.attn_output_b"), comp, indexer)
+
+
+def _ffn(w: Weights, cfg: ModelConfig, il: int, store: ExpertStore) -> tuple[MoE, torch.Tensor | None]:
+    p, x = f"blk.{il}", cfg.extra
+    hashed = il < x["n_hash"]
+    router = Router(w.linear(f"{p}.ffn_gate_inp", (cfg.n_expert, cfg.n_embd)), cfg.n_expert_used, cfg.gating,
+                    norm_w=cfg.expert_weights_norm, scale=cfg.expert_weights_scale,
+                    sel_bias=None if hashed else w.get(f"{p}.exp_probs_b.bias"))
+    act_sh = swiglu_limited(x["clamp_shexp"][il]) if x["clamp_shexp"][il] > 1e-6 else "silu"
+    shared = GatedFFN(w.linear(f"{p}.ffn_gate_shexp"), w.linear(f"{p}.ffn_up_shexp"),
+                      w.linear(f"{p}.ffn_down_shexp"), act_sh)
+    act = swiglu_limited(x["clamp_exp"][il]) if x["clamp_exp"][il] > 1e-6 else "silu"
+    table = w.get(f"{p}.ffn_gate_tid2eid.weight").long() if hashed else None  # [V, A]
+    return MoE(il, router, store, act, shared), table
+
+
+class DSV4Block(nn.Module):
+    def __init__(self, hc_attn: HyperConnection, attn_norm: nn.Module, attn: DSV4Attention,
+                 hc_ffn: HyperConnection, ffn_norm: nn.Module, ffn: MoE, hash_table: torch.Tensor | None):
+        super().__init__()
+        self.hc_attn, self.attn_norm, self.attn = hc_attn, attn_norm, attn
+        self.hc_ffn, self.ffn_norm, self.ffn = hc_ffn, ffn_norm, ffn
+        self.register_buffer("hash_table", hash_table, persistent=False)  # [V, A] expert ids or None
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        # x: [T, hc, D]
+        h, post, comb = self.hc_attn.pre(x)
+        x = HyperConnection.post(self.attn(self.attn_norm(h), pos, cache), x, post, comb)
+        h, post, comb = self.hc_ffn.pre(x)
+        ids = None if self.hash_table is None else self.hash_table[tokens]
+        return HyperConnection.post(self.ffn(self.ffn_norm(h), ids), x, post, comb)
+
+
+class DSV4Cache(KVCache):
+    """The raw key rows of every layer plus each compressed layer's compressor states."""
+
+    def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], compressors: dict):
+        super().__init__(max_ctx, shapes)
+        self.states: dict[tuple[int, str], CompressorState] = {
+            key: c.new_state(max_ctx) for key, c in compressors.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + sum(s.nbytes for s in self.states.values())
+
+    def compressor_state(self, il: int, kind: str) -> CompressorState:
+        return self.states[il, kind]
+
+
+class DSV4Decoder(Decoder):
+    def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor, blocks: list[DSV4Block],
+                 hc_head: HyperHead, output_norm: nn.Module, output):
+        super().__init__(cfg, tok_embd, blocks, output_norm, output,
+                         kv_shapes=[(1, cfg.head_dim_k, 0)] * cfg.n_layer)
+        self.hc_head = hc_head
+
+    def new_cache(self, max_ctx: int | None = None) -> DSV4Cache:
+        comps = {}
+        for b in self.blocks:
+            if b.attn.compressor is not None:
+                comps[b.attn.il, "attn"] = b.attn.compressor
+            if b.attn.indexer is not None:
+                comps[b.attn.il, "indexer"] = b.attn.indexer.compressor
+        return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, comps)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        pos = torch.arange(cache.n_past, cache.n_past + tokens.shape[0])
+        x = self.tok_embd[tokens][:, None, :].expand(-1, self.cfg.extra["hc"], -1)  # [T, hc, D]
+        for block in self.blocks:
+            x = block(x, pos, cache, tokens)
+        cache.n_past += tokens.shape[0]
+        return self.output(self.output_norm(self.hc_head(x)))
+
+
+def cache_bytes(cfg: ModelConfig, ctx: int) -> int:
+    """What DSV4Cache holds for ctx positions (f32): every layer's raw key rows, and per
+    compressed layer the compressor rings and entries (CSA twice: attention and indexer)."""
+    x, f32 = cfg.extra, 4
+
+    def comp(ratio: int, dim: int) -> int:
+        overlap = ratio == CSA_RATIO
+        width = 2 * dim if overlap else dim
+        ring = (2 * ratio if overlap else ratio) * width * 2  # values and scores
+        return (ring + (ctx // ratio + 1) * dim) * f32
+    total = cfg.n_layer * ctx * cfg.head_dim_k * f32
+    for r in x["ratios"]:
+        if r:
+            total += comp(r, cfg.head_dim_k)
+        if r == CSA_RATIO:
+            total += comp(r, x["idx_dim"])
+    return total
+
+
+def _hc(w: Weights, cfg: ModelConfig, prefix: str) -> HyperConnection:
+    x = cfg.extra
+    return HyperConnection(w.get(f"{prefix}_fn.weight"), w.get(f"{prefix}_base.weight"),
+                           w.get(f"{prefix}_scale.weight"), x["hc"], x["hc_iters"], x["hc_eps"], cfg.rms_eps)
+
+
+def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
+    blocks = []
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}"
+        ffn, table = _ffn(w, cfg, il, store)
+        blocks.append(DSV4Block(_hc(w, cfg, f"{p}.hc_attn"), w.norm(f"{p}.attn_norm", cfg.rms_eps),
+                                _attention(w, cfg, il), _hc(w, cfg, f"{p}.hc_ffn"),
+                                w.norm(f"{p}.ffn_norm", cfg.rms_eps), ffn, table))
+    emb, out = head(w)
+    hc_head = HyperHead(w.get("output_hc_fn.weight"), w.get("output_hc_base.weight"),
+                        w.get("output_hc_scale.weight"), cfg.extra["hc_eps"], cfg.rms_eps)
+    return DSV4Decoder(cfg, emb, blocks, hc_head, w.norm("output_norm", cfg.rms_eps), out)

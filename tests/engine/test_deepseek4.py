@@ -1,0 +1,119 @@
+"""DeepSeek V4 (deepseek4) specifics on the generated tiny model: incremental decode across
+compressed blocks (CSA every 4, HCA every 128 positions), the memory plan's cache size, and the
+clear errors for metadata and shapes the reference does not define."""
+
+import pytest
+import torch
+
+from sparkd.engine.errors import ModelError
+from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.make_model import plan, write_model
+from sparkd.engine.modelgen import specs
+from sparkd.engine.modelgen.specs import TINY
+from sparkd.engine.models import deepseek4, load_model
+from sparkd.engine.streaming.plan import kv_bytes
+
+ARCH = "deepseek4"
+TOKENS = torch.randint(0, 256, (134,), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("dsv4") / "t.gguf", plan(TINY[ARCH], "F32"), seed=3)[0]
+
+
+def test_incremental_equals_full_across_an_hca_block(path):
+    m = load_model(path)
+    try:
+        full = m.net(TOKENS, m.net.new_cache(len(TOKENS)))
+        cache = m.net.new_cache(len(TOKENS))
+        steps = [m.net(TOKENS[:125], cache)] + [m.net(TOKENS[i:i + 1], cache) for i in range(125, len(TOKENS))]
+        hca = cache.compressor_state(2, "attn")
+    finally:
+        m.close()
+    assert hca.n_entries == 1  # position 127 completed the first 128-block
+    err = ((full - torch.cat(steps)).abs().max() / full.abs().max()).item()
+    assert err < 1e-5, err
+
+
+def test_memory_plan_counts_the_whole_cache(path):
+    m = load_model(path)
+    try:
+        assert kv_bytes(m.cfg, 100) == m.net.new_cache(100).nbytes
+    finally:
+        m.close()
+
+
+def _metadata(path) -> dict:
+    with GGUFModel.open(path) as g:
+        return dict(g.metadata)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("deepseek4.attention.compress_ratios", [0, 8, 128], r"compression ratios \[8\] are not supported"),
+    ("deepseek4.attention.compress_ratios", [0, 4], "compress_ratios has 2 entries for 3 layers"),
+    ("deepseek4.expert_gating_func", 2, "only sqrt-softplus"),
+    ("deepseek4.hyper_connection.count", 2, "requires 4"),
+])
+def test_unsupported_metadata_is_a_clear_error(path, key, value, message):
+    md = _metadata(path)
+    md[key] = value
+    with pytest.raises(ModelError, match=message):
+        deepseek4.config(md, str(path))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(hc_mult=2), "hc_mult must be 4"),
+    (dict(compress_ratios=(0, 128, 0)), "need a ratio-4"),
+    (dict(compress_ratios=(0, 4, 16)), "may only hold"),
+    (dict(indexer_head_dim=48), "multiple of 64"),
+    (dict(o_groups=3), "not a multiple of the 3 output groups"),
+])
+def test_generator_refuses_shapes_llama_cpp_cannot_run(tmp_path, change, message):
+    with pytest.raises(ValueError, match=message):
+        plan(TINY[ARCH].replace(**change), "F32")
+    assert not list(tmp_path.iterdir())
+
+
+def test_preset_has_the_real_expert_shape():
+    s = specs.PRESETS["deepseek-v4-flash"]
+    names = {n: sh for n, sh, _ in specs.tensors(s.replace(n_layer=2))}
+    assert names["blk.1.ffn_gate_exps.weight"] == (256, 2048, 4096)
+    assert names["blk.0.ffn_gate_tid2eid.weight"] == (129280, 6)
+    assert "blk.0.indexer.proj.weight" in names and "blk.1.attn_compressor_ape.weight" in names
+
+
+def _v4_template():
+    from tests.oracle.llama_oracle import llama_source_dir
+    from sparkd.engine.chat import ChatTemplate
+    src = (llama_source_dir() / "models" / "templates" / "deepseek-ai-DeepSeek-V4.jinja").read_text()
+    return ChatTemplate(src, "<｜begin▁of▁sentence｜>")
+
+
+def test_v4_template_thinking_prompt_opens_the_reasoning_block():
+    from sparkd.engine.chat import split_reasoning
+    t = _v4_template()
+    user = [{"role": "user", "content": "hi"}]
+    assert t.render(user, thinking=True) == "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜><think>"
+    assert t.render(user).endswith("<｜Assistant｜></think>")  # thinking off by default
+    reply = split_reasoning("step by step</think>The answer.", in_reasoning=True)
+    assert (reply.reasoning_content, reply.content) == ("step by step", "The answer.")
+
+
+def test_v4_template_renders_openai_tool_calls_with_string_arguments():
+    # OpenAI clients send arguments as a JSON string; the template parses it with from_json
+    t = _v4_template()
+    call = {"type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": "x"}'}}
+    text = t.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "content": "3"}])
+    assert '<｜DSML｜invoke name="add">' in text
+    assert '<｜DSML｜parameter name="a" string="false">1</｜DSML｜parameter>' in text
+    assert '<｜DSML｜parameter name="b" string="true">x</｜DSML｜parameter>' in text
+    assert text.endswith("<tool_result>3</tool_result><｜Assistant｜></think>")
+
+
+def test_mtp_layers_are_refused(path):
+    md = _metadata(path)
+    md["deepseek4.nextn_predict_layers"] = 1
+    with pytest.raises(ModelError, match="multi-token-prediction"):
+        deepseek4.config(md, str(path))
