@@ -147,6 +147,12 @@ def test_deb_lifecycle(box, deb):
     # ~45 s of CPU on the shared CI machine and tests nothing of ours (imports compile what they
     # use). Then a tiny model made by the installed package.
     wheels = deb.parent.parent / "engine-wheels"
+    refused = box.sh("sparkd-install-engine", user=MEMBER, check=False)
+    assert refused.returncode == 1 and "must run as root" in refused.stderr, refused.stderr
+    missing = box.sh("env", "PIP_CONFIG_FILE=/dev/null", "sparkd-install-engine", "--no-index", "--find-links",
+                     "/usr/share/sparkd/policies", check=False)  # a folder without torch: pip's error, nothing installed
+    assert missing.returncode != 0 and "No matching distribution found for torch" in missing.stderr, missing.stderr
+    assert box.sh("/opt/sparkd/venv/bin/python", "-c", "import torch", check=False).returncode == 1
     installed = box.sh("env", "PIP_CONFIG_FILE=/dev/null", "sparkd-install-engine", "--no-index", "--find-links", str(wheels),
                     "--no-cache-dir", "--no-compile", "--quiet", timeout=INSTALL_TIMEOUT_SECONDS)
     assert "sparkd-install-engine: torch 2." in installed.stdout, installed.stdout
