@@ -156,6 +156,7 @@ def test_deb_lifecycle(box, deb):
     installed = box.sh("env", "PIP_CONFIG_FILE=/dev/null", "sparkd-install-engine", "--no-index", "--find-links", str(wheels),
                     "--no-cache-dir", "--no-compile", "--quiet", timeout=INSTALL_TIMEOUT_SECONDS)
     assert "sparkd-install-engine: torch 2." in installed.stdout, installed.stdout
+    print("overlay after torch:", box.sh("df", "--output=used,size", "-h", "/").stdout.split()[-2:])  # vs SDBOX_OVERLAY_SIZE
     box.sh("sparkd-engine", "make-model", "--arch", "qwen3moe", "--quant", "Q8_0", "--quiet", "/var/lib/sparkd/tiny.gguf")
 
     # An embedded engine placed by sparkd: `sparkd-engine serve` in sparkd.slice, budget from memory_max.
