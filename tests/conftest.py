@@ -36,15 +36,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="module")
-def systemd_box(tmp_path_factory):
+def systemd_box(request, tmp_path_factory):
     """A real systemd booted in throwaway namespaces for one test module (marker `systemd`).
 
     box.share_dir is a host folder visible at the same path inside the box: put scripts,
     models and policies the box must see there. The box is torn down even when tests fail.
+    A module that writes much inside the box sets SDBOX_OVERLAY_SIZE (e.g. "3g").
     """
-    from sdbox import SystemdBox
+    from sdbox import OVERLAY_SIZE, SystemdBox
 
-    box = SystemdBox(tmp_path_factory.mktemp("sdbox-state"), tmp_path_factory.mktemp("sdbox-share"))
+    box = SystemdBox(tmp_path_factory.mktemp("sdbox-state"), tmp_path_factory.mktemp("sdbox-share"),
+                     overlay_size=getattr(request.module, "SDBOX_OVERLAY_SIZE", OVERLAY_SIZE))
     box.start()
     try:
         yield box

@@ -26,11 +26,16 @@ KILL_WAIT_SECONDS = 10.0
 CHECKOUT = Path(__file__).resolve().parents[1]
 _PR_SET_PDEATHSIG = 1
 
-# Runs inside the new namespaces: $1 state dir, $2 share dir, $3 systemd binary, $4 checkout.
+# What the box may write over / (tmpfs: memory, used only as written). Enough for units, journals
+# and a small package; a test installing torch into the box asks for more.
+OVERLAY_SIZE = "1g"
+
+# Runs inside the new namespaces: $1 state dir, $2 share dir, $3 systemd binary, $4 checkout,
+# $5 overlay size.
 _INNER_SCRIPT = r"""
 set -eu
-S="$1"; SHARE="$2"; SYSTEMD="$3"; CHECKOUT="$4"
-mount -t tmpfs -o size=1g,mode=755 sdbox /mnt
+S="$1"; SHARE="$2"; SYSTEMD="$3"; CHECKOUT="$4"; SIZE="$5"
+mount -t tmpfs -o "size=$SIZE,mode=755" sdbox /mnt
 mkdir -p /mnt/upper /mnt/work /mnt/root
 mount -t overlay overlay -o lowerdir=/,upperdir=/mnt/upper,workdir=/mnt/work /mnt/root
 R=/mnt/root
@@ -77,12 +82,14 @@ class SystemdBox:
         cgroup_root: str | os.PathLike | None = None,
         systemd_path: str = SYSTEMD_PATH,
         boot_timeout_seconds: float = BOOT_TIMEOUT_SECONDS,
+        overlay_size: str = OVERLAY_SIZE,
     ):
         self.state_dir = Path(state_dir).resolve()
         self.share_dir = Path(share_dir).resolve() if share_dir else None
         self.cgroup_root = Path(cgroup_root) if cgroup_root else default_cgroup_root()
         self.systemd_path = systemd_path
         self.boot_timeout_seconds = boot_timeout_seconds
+        self.overlay_size = overlay_size
         self.cgroup: Path | None = None  # host path of the box's root cgroup
         self.boot_seconds: float | None = None
         self._proc: subprocess.Popen | None = None
@@ -124,6 +131,7 @@ class SystemdBox:
             "--propagation", "private",
             "bash", "-c", _INNER_SCRIPT, "sdbox",
             str(self.state_dir), str(self.share_dir or ""), self.systemd_path, str(CHECKOUT),
+            self.overlay_size,
         ]  # fmt: skip
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
@@ -198,14 +206,20 @@ def _cgroup_pids(cgroup: Path) -> list[str]:
 
 
 def kill_cgroup_tree(cgroup: Path) -> None:
-    """cgroup.kill the whole subtree, wait until empty, remove directories bottom-up."""
+    """cgroup.kill the whole subtree, wait until empty, remove directories bottom-up. A cgroup
+    whose last task just died can stay busy a moment after cgroup.procs reads empty (seen with
+    sparkd.service killed mid-test), so removal is retried until the deadline."""
     (cgroup / "cgroup.kill").write_text("1")
     deadline = time.monotonic() + KILL_WAIT_SECONDS
     while _cgroup_pids(cgroup) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for directory in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        _rmdir_quiet(directory)
-    _rmdir_quiet(cgroup)
+    while True:
+        for directory in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            _rmdir_quiet(directory)
+        _rmdir_quiet(cgroup)
+        if not cgroup.exists() or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def _rmdir_quiet(directory: Path) -> None:

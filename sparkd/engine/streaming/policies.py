@@ -155,10 +155,17 @@ class S3FIFO:
             self._where[key] = "small"
 
     def evict(self, pinned: Container[Key] = ()) -> Key:
-        # every step promotes, ages or rotates one key (frequencies are at most 3), so this ends;
-        # a queue whose every key is pinned (rotated a full lap in a row) gives way to the other
+        # A queue whose every key is pinned (rotated a full lap in a row) gives way to the other.
+        # Every step that is not a rotation promotes (a small key, once), ages (a main key, at most
+        # 3 times) or evicts, so with n keys there are at most 4n + 1 of them, and at most n
+        # rotations between two: the bound below ends the loop only when every key is pinned.
+        # (8n + 8 steps was too few: pinned keys in small are rotated again after each aging in
+        # main, which refused a prefill with "every entry is pinned" while main had victims.)
+        if all(key in pinned for key in self._where):
+            raise RuntimeError("could not evict from S3-FIFO: every entry is pinned")
+        n = len(self._where)
         rotated = {"small": 0, "main": 0}
-        for _ in range(8 * len(self._where) + 8):
+        for _ in range((4 * n + 1) * (n + 1)):
             use_small = len(self._small) >= self._small_target or not self._main
             if use_small and (not self._small or rotated["small"] >= len(self._small)):
                 use_small = False

@@ -69,6 +69,25 @@ def _trace(seq):
     return Trace([(i, 0, ids) for i, ids in enumerate(seq)], slot_bytes=4096, expert_bytes=4000)
 
 
+def test_s3fifo_finds_a_victim_in_main_behind_a_pinned_small_queue():
+    """A prefill pins many new experts (small queue) while warm ones in main carry frequency 3:
+    each aging step in main is followed by a lap over the pinned small keys. Found by README's
+    demo: the second request to a warm 86-slot cache failed with "every entry is pinned"."""
+    p = S3FIFO(86)
+    warm = [(0, i) for i in range(30)]
+    for key in warm:
+        p._ghost[key] = None  # re-admitted keys go straight to main
+        p.insert(key)
+        for _ in range(3):
+            p.hit(key)
+    fresh = [(1, i) for i in range(56)]
+    for key in fresh:
+        p.insert(key)
+    assert p.evict(pinned=set(fresh)) in warm
+    with pytest.raises(RuntimeError, match="every entry is pinned"):
+        p.evict(pinned=set(fresh) | set(warm))
+
+
 def test_belady_is_never_worse_than_any_policy():
     import random
     rng = random.Random(1)
