@@ -156,7 +156,9 @@ def wait_engine(name: str, port: int, sock: Path, work: Path) -> None:
 
 
 def chat(name: str, port: int, prompt: str, max_tokens: int) -> None:
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+    # no retries: a retry restarts the generation from zero, and a slow (loaded) machine is not a
+    # failure; half an hour is the limit for a streamed model on a busy CI box
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=1800)
     t0 = time.monotonic()
     reply = client.chat.completions.create(model=name, max_tokens=max_tokens, temperature=0,
                                            messages=[{"role": "user", "content": prompt}])
