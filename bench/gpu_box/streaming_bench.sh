@@ -15,13 +15,14 @@
 # script says so, passes --budget instead and still runs everything (a dry run with a small model).
 # Expects python3 with torch, numpy and gguf; cmake and a C++ compiler; the sdist at $SDIST.
 # Usage (lead, device tool with carry [".cache"]): bash bench/gpu_box/streaming_bench.sh
-# Knobs: MODEL_SIZE=14G BUDGETS="4G 6G 8G" TOKENS=8 LLAMA_TOKENS=8 CTX=1024 OUT=... WORK=...
+# Knobs: MODEL_SIZE=14G BUDGETS="4G 8G" PREFETCH=16 (an extra run at the first budget; 0: none)
+#        TOKENS=8 LLAMA_TOKENS=8 CTX=1024 OUT=... WORK=...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/streaming-out}; mkdir -p "$OUT"
 WORK=${WORK:-/var/tmp/sparkd-stream}; mkdir -p "$WORK"   # a real disk, not tmpfs
-MODEL_SIZE=${MODEL_SIZE:-14G}; BUDGETS=${BUDGETS:-4G 6G 8G}; TOKENS=${TOKENS:-8}; CTX=${CTX:-1024}
-LLAMA_TOKENS=${LLAMA_TOKENS:-8}; LLAMA_TIMEOUT=${LLAMA_TIMEOUT:-180}; GEN_TIMEOUT=${GEN_TIMEOUT:-240}
+MODEL_SIZE=${MODEL_SIZE:-14G}; BUDGETS=${BUDGETS:-4G 8G}; TOKENS=${TOKENS:-8}; CTX=${CTX:-1024}
+PREFETCH=${PREFETCH:-16}; LLAMA_TOKENS=${LLAMA_TOKENS:-8}; LLAMA_TIMEOUT=${LLAMA_TIMEOUT:-180}; GEN_TIMEOUT=${GEN_TIMEOUT:-240}
 BLOCKS=${BLOCKS:-1M,4M}; DEPTHS=${DEPTHS:-16,64}; DISK_SECONDS=${DISK_SECONDS:-2}
 JOBS=${JOBS:-$(nproc)}; THREADS=${THREADS:-$(nproc)}
 SDIST=${SDIST:-.cache/llama_cpp_python-0.3.36.tar.gz}
@@ -100,22 +101,24 @@ step disk_bench $(( $(date +%s) - t0 ))
 
 # --- 4. sparkd-engine per budget ----------------------------------------------------------------
 FIRST=${BUDGETS%% *}
-for B in $BUDGETS; do
+RUNS=$BUDGETS; [ "$PREFETCH" -gt 0 ] && RUNS="$FIRST $FIRST-pf$PREFETCH ${BUDGETS#"$FIRST"}"
+for RUN in $RUNS; do  # a run is a budget, or BUDGET-pfN: the same with N prefetch slots
+  B=${RUN%-pf*}; PF=0; [ "$RUN" != "$B" ] && PF=${RUN##*-pf}
   t0=$(date +%s)
   cg_new "$B"; drop_caches
-  log "sparkd-engine generate, memory.max=$B"
-  in_cg $PY -m sparkd.engine.cli plan "$MODEL" --ctx "$CTX" $(budget_flag "$B") > "$OUT/plan_$B.txt" 2>&1 || true
-  TRACE=(); [ "$B" = "$FIRST" ] && TRACE=(--trace "$OUT/trace.txt")
-  sample_file_bytes > "$OUT/memory_stat_file_$B.txt" & SAMPLER=$!
+  log "sparkd-engine generate, memory.max=$B, prefetch $PF"
+  in_cg $PY -m sparkd.engine.cli plan "$MODEL" --ctx "$CTX" --prefetch "$PF" $(budget_flag "$B") > "$OUT/plan_$RUN.txt" 2>&1 || true
+  TRACE=(); [ "$RUN" = "$FIRST" ] && TRACE=(--trace "$OUT/trace.txt")
+  sample_file_bytes > "$OUT/memory_stat_file_$RUN.txt" & SAMPLER=$!
   rb0=$(io_rbytes)
   OMP_NUM_THREADS=$THREADS in_cg_timeout "$GEN_TIMEOUT" \
     $PY -m sparkd.engine.cli generate "$MODEL" --tokens 1,2,3,4 -n "$TOKENS" --ctx "$CTX" --json \
-    $(budget_flag "$B") "${TRACE[@]}" > "$OUT/generate_$B.json" 2> "$OUT/generate_$B.err" \
-    || log "generate at $B failed: $(tail -3 "$OUT/generate_$B.err")"
-  echo "$(( $(io_rbytes) - rb0 ))" > "$OUT/io_rbytes_$B.txt"
+    --prefetch "$PF" $(budget_flag "$B") "${TRACE[@]}" > "$OUT/generate_$RUN.json" 2> "$OUT/generate_$RUN.err" \
+    || log "generate $RUN failed: $(tail -3 "$OUT/generate_$RUN.err")"
+  echo "$(( $(io_rbytes) - rb0 ))" > "$OUT/io_rbytes_$RUN.txt"
   kill $SAMPLER; wait $SAMPLER 2>/dev/null || true
-  cg_read memory.peak > "$OUT/memory_peak_$B.txt"; cg_read memory.max > "$OUT/memory_max_$B.txt"
-  step "sparkd_$B" $(( $(date +%s) - t0 ))
+  cg_read memory.peak > "$OUT/memory_peak_$RUN.txt"; cg_read memory.max > "$OUT/memory_max_$RUN.txt"
+  step "sparkd_$RUN" $(( $(date +%s) - t0 ))
 done
 $PY -m sparkd.engine.cli simulate-cache --trace "$OUT/trace.txt" --budget "$FIRST" > "$OUT/simulate.txt" 2>&1 || true
 
@@ -141,5 +144,5 @@ fi
 cg_remove
 
 # --- 6. the table ---------------------------------------------------------------------------------
-$PY bench/gpu_box/streaming_summary.py "$OUT" "$LLAMA_TOKENS" $BUDGETS | tee "$OUT/summary.md"
+$PY bench/gpu_box/streaming_summary.py "$OUT" "$LLAMA_TOKENS" $RUNS | tee "$OUT/summary.md"
 log "total $(( $(date +%s) - T_START )) s"

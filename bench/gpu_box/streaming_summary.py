@@ -59,7 +59,8 @@ def sparkd_row(out: Path, budget: str, bound: float) -> tuple[str, str] | None:
            f"{_gb(_int(_read(out / f'memory_peak_{budget}.txt')))} | "
            f"{_gb(file_growth_bytes(out / f'memory_stat_file_{budget}.txt'))} |")
     prof = (f"| {budget} | {p['total_seconds']:.2f} | {p['router_seconds']:.2f} | {p['expert_compute_seconds']:.2f} "
-            f"| {p['read_wait_seconds']:.2f} | {p['other_seconds']:.2f} | {s['read_seconds']:.2f} | {hidden:.2f} |")
+            f"| {p['read_wait_seconds']:.2f} | {p.get('attention_seconds', 0.0):.2f} | {p['other_seconds']:.2f} | {s['read_seconds']:.2f} | {hidden:.2f} "
+            f"| {s['prefetch_predicted']}/{s['prefetch_useful']}/{s['prefetch_wasted']} |")
     return row, prof
 
 
@@ -101,8 +102,9 @@ def main() -> None:
     if llama_ts and first_ts:
         print(f"\nsparkd / llama.cpp mmap at memory.max {budgets[0]}: {first_ts / llama_ts:.2f}x")
     print("\nPer-stage profile of the decode steps (seconds; hidden = share of demand-read time not waited on):\n")
-    print("| budget | total | router | expert compute | read wait | other (attention, head) | reads outstanding | hidden |")
-    print("|" + "---|" * 8)
+    print("| run | total | router | expert compute | read wait | attention | other (head, norms, prefetch) "
+          "| reads outstanding | hidden | prefetch predicted/useful/wasted |")
+    print("|" + "---|" * 10)
     print("\n".join(profiles))
     print("\nSteps (wall seconds):")
     print(_read(out / "steps.txt"))

@@ -76,7 +76,8 @@ class MoE(nn.Module):
         # T tokens, D model width, A experts per token, U distinct experts in the batch
         w, ids = self.router(x)  # [T, A], [T, A]
         uniq = torch.unique(ids)  # [U]
-        ew = self.store.get(self.il, uniq.tolist())
+        ew = self.store.get(self.il, uniq.tolist())  # a streaming store issues its misses' reads here
+        shared = None if self.shared is None else self.shared(x)  # computed while those reads land
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(uniq)
         # rounding is per token row, so round x once per layer, not once per expert
         xg = round_activations(x, ew.act_gate)
@@ -96,6 +97,6 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         for tok, y in parts:  # id order, whatever the compute order was
             out.index_add_(0, tok, y)
-        if self.shared is not None:
-            out = out + self.shared(x)
+        if shared is not None:
+            out = out + shared
         return out
