@@ -88,7 +88,9 @@ MODEL=$WORK/qwen3moe-$MODEL_SIZE.gguf
 t0=$(date +%s)
 if [ ! -f "$MODEL" ]; then
   log "writing $MODEL"
-  $PY -m sparkd.engine.cli make-model "$MODEL" --preset qwen3-30b-a3b --size "$MODEL_SIZE" --quant Q8_0 --quiet
+  rm -f "$MODEL.part"
+  $PY -m sparkd.engine.cli make-model "$MODEL.part" --preset qwen3-30b-a3b --size "$MODEL_SIZE" --quant Q8_0 --quiet
+  sync; mv "$MODEL.part" "$MODEL"  # flushed here, not in the first run's drop_caches
 fi
 $PY -m sparkd.engine.cli inspect "$MODEL" | tee -a "$OUT/log.txt"
 step make_model $(( $(date +%s) - t0 ))
