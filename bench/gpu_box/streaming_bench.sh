@@ -51,7 +51,9 @@ cg_remove() { if [ -d "$CG" ]; then echo 1 > "$CG/cgroup.kill" 2>/dev/null || tr
 in_cg() { bash -c 'if [ -d "$0" ]; then echo $$ > "$0/cgroup.procs"; fi; exec "$@"' "$CG" "$@"; }
 in_cg_timeout() { local t=$1; shift; timeout "$t" bash -c 'if [ -d "$0" ]; then echo $$ > "$0/cgroup.procs"; fi; exec "$@"' "$CG" "$@"; }
 cg_read() { cat "$CG/$1" 2>/dev/null || echo "n/a"; }
-io_rbytes() { awk '{for(i=2;i<=NF;i++) if($i ~ /^rbytes=/){split($i,a,"="); s+=a[2]}} END{print s+0}' "$CG/io.stat" 2>/dev/null || echo 0; }
+# bytes the cgroup read from disk (io controller), or n/a
+io_rbytes() { if [ -r "$CG/io.stat" ]; then awk '{for(i=2;i<=NF;i++) if($i ~ /^rbytes=/){split($i,a,"="); s+=a[2]}} END{print s+0}' "$CG/io.stat"; else echo n/a; fi; }
+io_delta() { local now; now=$(io_rbytes); if [ "$1" = n/a ] || [ "$now" = n/a ]; then echo n/a; else echo $(( now - $1 )); fi; }
 sample_file_bytes() { while sleep 1; do echo "$(date +%s) $(awk '$1=="file"{print $2}' "$CG/memory.stat" 2>/dev/null)"; done; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || log "could not drop the page cache (not root?)"; }
 # the budget the engine would derive from memory.max, passed explicitly where it is not enforced
@@ -117,7 +119,7 @@ for RUN in $RUNS; do  # a run is a budget, or BUDGET-pfN: the same with N prefet
     $PY -m sparkd.engine.cli generate "$MODEL" --tokens 1,2,3,4 -n "$TOKENS" --ctx "$CTX" --json \
     --prefetch "$PF" $(budget_flag "$B") "${TRACE[@]}" > "$OUT/generate_$RUN.json" 2> "$OUT/generate_$RUN.err" \
     || log "generate $RUN failed: $(tail -3 "$OUT/generate_$RUN.err")"
-  echo "$(( $(io_rbytes) - rb0 ))" > "$OUT/io_rbytes_$RUN.txt"
+  io_delta "$rb0" > "$OUT/io_rbytes_$RUN.txt"
   kill $SAMPLER; wait $SAMPLER 2>/dev/null || true
   cg_read memory.peak > "$OUT/memory_peak_$RUN.txt"; cg_read memory.max > "$OUT/memory_max_$RUN.txt"
   step "sparkd_$RUN" $(( $(date +%s) - t0 ))
@@ -138,7 +140,7 @@ if [ -n "$LLAMA_BENCH" ] && [ -x "$LLAMA_BENCH" ]; then
   in_cg_timeout "$LLAMA_TIMEOUT" \
     "$LLAMA_BENCH" -m "$MODEL" -p 0 -n "$LLAMA_TOKENS" -t "$THREADS" -r 1 -lm mmap --repack 0 -o json \
     > "$OUT/llama_bench.json" 2> "$OUT/llama_bench.err" || log "llama-bench failed or timed out ($LLAMA_TIMEOUT s): $(tail -3 "$OUT/llama_bench.err")"
-  echo "$(( $(io_rbytes) - rb0 ))" > "$OUT/io_rbytes_llama.txt"
+  io_delta "$rb0" > "$OUT/io_rbytes_llama.txt"
   kill $SAMPLER; wait $SAMPLER 2>/dev/null || true
   cg_read memory.peak > "$OUT/memory_peak_llama.txt"
   step llama_bench $(( $(date +%s) - t0 ))
