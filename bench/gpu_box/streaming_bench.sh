@@ -16,7 +16,7 @@
 # Expects python3 with torch, numpy and gguf; cmake and a C++ compiler; the sdist at $SDIST.
 # Usage (lead, device tool with carry [".cache"]): bash bench/gpu_box/streaming_bench.sh
 # Knobs: MODEL_SIZE=14G BUDGETS="4G 8G" PREFETCH=16 (an extra run at the first budget; 0: none)
-#        TOKENS=8 LLAMA_TOKENS=8 CTX=1024 OUT=... WORK=...
+#        TOKENS=8 LLAMA_TOKENS=8 CTX=1024 READ_THREADS=32 THREADS=$(nproc) OUT=... WORK=...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/streaming-out}; mkdir -p "$OUT"
@@ -25,6 +25,7 @@ MODEL_SIZE=${MODEL_SIZE:-14G}; BUDGETS=${BUDGETS:-4G 8G}; TOKENS=${TOKENS:-8}; C
 PREFETCH=${PREFETCH:-16}; LLAMA_TOKENS=${LLAMA_TOKENS:-8}; LLAMA_TIMEOUT=${LLAMA_TIMEOUT:-180}; GEN_TIMEOUT=${GEN_TIMEOUT:-240}
 BLOCKS=${BLOCKS:-1M,4M}; DEPTHS=${DEPTHS:-16,64}; DISK_SECONDS=${DISK_SECONDS:-2}
 JOBS=${JOBS:-$(nproc)}; THREADS=${THREADS:-$(nproc)}
+READ_THREADS=${READ_THREADS:-32}  # reads in flight: the bound is measured at queue depth 16-64
 SDIST=${SDIST:-.cache/llama_cpp_python-0.3.36.tar.gz}
 LLAMA_BENCH=${LLAMA_BENCH:-}  # an already built llama-bench skips the build
 PY=${PY:-python3}
@@ -64,7 +65,7 @@ cleanup() { cg_remove; [ -n "$BUILD_PID" ] && kill "$BUILD_PID" 2>/dev/null || t
 trap cleanup EXIT
 : > "$OUT/steps.txt"
 { echo "host $(hostname) $(nproc) cores, $(awk '/MemTotal/{print $2/1048576 " GiB"}' /proc/meminfo), kernel $(uname -r)"
-  echo "model $MODEL_SIZE, budgets $BUDGETS, tokens $TOKENS, ctx $CTX, threads $THREADS, memory.max enforced: $ENFORCED"; } > "$OUT/machine.txt"
+  echo "model $MODEL_SIZE, budgets $BUDGETS, tokens $TOKENS, ctx $CTX, threads $THREADS, read threads $READ_THREADS, memory.max enforced: $ENFORCED"; } > "$OUT/machine.txt"
 
 # --- 1. llama.cpp build, in the background while the model is written --------------------------
 build_llama() {
@@ -117,7 +118,7 @@ for RUN in $RUNS; do  # a run is a budget, or BUDGET-pfN: the same with N prefet
   rb0=$(io_rbytes)
   OMP_NUM_THREADS=$THREADS in_cg_timeout "$GEN_TIMEOUT" \
     $PY -m sparkd.engine.cli generate "$MODEL" --tokens 1,2,3,4 -n "$TOKENS" --ctx "$CTX" --json \
-    --prefetch "$PF" $(budget_flag "$B") "${TRACE[@]}" > "$OUT/generate_$RUN.json" 2> "$OUT/generate_$RUN.err" \
+    --prefetch "$PF" --read-threads "$READ_THREADS" $(budget_flag "$B") "${TRACE[@]}" > "$OUT/generate_$RUN.json" 2> "$OUT/generate_$RUN.err" \
     || log "generate $RUN failed: $(tail -3 "$OUT/generate_$RUN.err")"
   io_delta "$rb0" > "$OUT/io_rbytes_$RUN.txt"
   kill $SAMPLER; wait $SAMPLER 2>/dev/null || true
