@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Expert streaming vs llama.cpp mmap on the GPU box, in ONE call of under 8 minutes (16 cores, NVMe;
 # the box is bare at every start and has no internet):
-#   1. in the background: llama.cpp CPU build (llama-bench only, -j$(nproc)) from the vendored
-#      llama-cpp-python 0.3.36 sdist carried as .cache/ (the same source as the numeric oracle);
+#   1. in the background while the model is written: llama.cpp CPU build (llama-bench only,
+#      -j$(nproc)) from the vendored llama-cpp-python 0.3.36 sdist carried as .cache/ (the same
+#      source as the numeric oracle); waited for before anything is measured;
 #   2. a Qwen3-30B-A3B-shaped qwen3moe Q8_0 GGUF of MODEL_SIZE, generated (make-model);
 #   3. sparkctl disk-bench on it: the O_DIRECT bound;
 #   4. sparkd-engine generate in a cgroup v2 per budget of BUDGETS (memory.max = budget; the engine
@@ -98,6 +99,14 @@ fi
 $PY -m sparkd.engine.cli inspect "$MODEL" | tee -a "$OUT/log.txt"
 step make_model $(( $(date +%s) - t0 ))
 
+# the build's 16 compile jobs would slow the measurements below: wait for it first (it overlaps the
+# model write, which is mostly kernel I/O time)
+if [ -n "$BUILD_PID" ]; then
+  t0=$(date +%s); log "waiting for the llama.cpp build"
+  wait "$BUILD_PID" || log "llama.cpp build failed: $(tail -5 "$OUT/llama_build.txt")"
+  BUILD_PID=""; step llama_build_wait $(( $(date +%s) - t0 ))
+fi
+
 # --- 3. the bound ---------------------------------------------------------------------------------
 t0=$(date +%s)
 $PY -m sparkd.cli.sparkctl disk-bench "$MODEL" --block-sizes "$BLOCKS" --queue-depths "$DEPTHS" \
@@ -128,10 +137,6 @@ done
 $PY -m sparkd.engine.cli simulate-cache --trace "$OUT/trace.txt" --budget "$FIRST" > "$OUT/simulate.txt" 2>&1 || true
 
 # --- 5. llama.cpp mmap in the same memory.max -----------------------------------------------------
-if [ -n "$BUILD_PID" ]; then
-  log "waiting for the llama.cpp build"; wait "$BUILD_PID" || log "llama.cpp build failed: $(tail -5 "$OUT/llama_build.txt")"
-  BUILD_PID=""
-fi
 if [ -n "$LLAMA_BENCH" ] && [ -x "$LLAMA_BENCH" ]; then
   t0=$(date +%s)
   cg_new "$FIRST"; drop_caches
