@@ -73,7 +73,8 @@ def llama_row(out: Path, budget: str, tokens: int) -> tuple[str, float | None]:
         return f"| llama.cpp mmap {budget} | failed: {why[0][:80]} | | | | | | | |", None
     ts = tg[0]["avg_ts"]
     per_token = io / (tokens + 1) if io else None  # +1: llama-bench's warm-up token
-    return (f"| llama.cpp mmap {budget} | {ts:.3f} | {per_token / 2**20 if per_token else 0:.0f} (io.stat) | | | | "
+    per_token_mib = f"{per_token / 2**20:.0f} (io.stat, incl. load)" if per_token else "n/a"
+    return (f"| llama.cpp mmap {budget} | {ts:.3f} | {per_token_mib} | | | | "
             f"{_gb(io)} | {_gb(_int(_read(out / 'memory_peak_llama.txt')))} | "
             f"{_gb(file_growth_bytes(out / 'memory_stat_file_llama.txt'))} |"), ts
 
