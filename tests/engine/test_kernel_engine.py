@@ -1,5 +1,5 @@
 """The engine's kernel path — projections and routed experts kept as raw GGUF blocks and multiplied
-by the Triton kernels (QuantLinear, KernelExperts) — against the CPU reference engine on tiny
+by the Triton kernels (KernelLinear, KernelExperts) — against the CPU reference engine on tiny
 generated models: same prompt logits within a bound, same greedy tokens.
 
 On the GPU box it runs on CUDA (marker gpu); elsewhere the same path runs on the CPU under
@@ -20,7 +20,7 @@ if not ON_GPU:
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
 from sparkd.engine.errors import EngineError  # noqa: E402
-from sparkd.engine.layers.linear import QuantLinear  # noqa: E402
+from sparkd.engine.layers.linear import KernelLinear  # noqa: E402
 from sparkd.engine.layers.quant_experts import KernelExperts  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
@@ -59,9 +59,9 @@ def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant):
         pytest.skip("the interpreter runs the 64-wide Q8_0 model only (CI time)")
     path = write_model(tmp_path / "m.gguf", plan(SHAPES[quant], quant), seed=5)[0]
     n = 8 if backend == "cuda" else 2
-    ref, k = load_model(path), load_model(path, device=backend, quantized=True)
+    ref, k = load_model(path), load_model(path, device=backend, kernels=True)
     try:
-        assert any(isinstance(m, QuantLinear) for m in k.net.modules())
+        assert any(isinstance(m, KernelLinear) for m in k.net.modules())
         assert isinstance(k.net.blocks[0].ffn.store, KernelExperts)
         assert k.net.blocks[0].ffn.store.kernel_table(0) is not None
         want_logits, want = greedy(ref.net, PROMPT, n)

@@ -1,5 +1,5 @@
 """Linear projections: over a resident float weight (Linear), or straight from raw GGUF blocks
-through the Triton kernels (QuantLinear, the GPU path)."""
+through the Triton kernels (KernelLinear, the GPU path)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Linear(nn.Module):
         return F.linear(round_activations(x, self.act_fmt), self.weight, self.bias)
 
 
-class QuantLinear(nn.Module):
+class KernelLinear(nn.Module):
     """y = round(x) @ W.T + b with W kept as its raw GGUF blocks and multiplied by the Triton
     kernels (sparkd.engine.kernels): the GEMV for one token, the GEMM (float32, "ieee") for
     several. The blocks live where the module is moved (a CUDA device; on the CPU only under

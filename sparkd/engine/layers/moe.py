@@ -84,14 +84,11 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         w, ids = self.router(x, ids)  # [T, A], [T, A]; ids given: fixed (hash) routing
-        out = None
         if self.act_name in ("silu", "swiglu_oai") and hasattr(self.store, "kernel_select"):
             out = self._kernels(x, w.float().contiguous(), ids)
-        if out is None:
-            out = self._generic(x, w, ids)
-        if self.shared is not None:
-            out = out + self.shared(x)
-        return out
+            if out is not None:
+                return out if self.shared is None else out + self.shared(x)
+        return self._generic(x, w, ids)
 
     def _kernels(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
         """The layer through the Triton MoE kernels; None where the store cannot serve them."""
@@ -123,14 +120,19 @@ class MoE(nn.Module):
     def _generic(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         # T tokens, D model width, A experts per token, U distinct experts in the batch
         uniq = torch.unique(ids)  # [U]
-        ew = self.store.get(self.il, uniq.tolist())
+        ew = self.store.get(self.il, uniq.tolist())  # a streaming store issues its misses' reads here
+        shared = None if self.shared is None else self.shared(x)  # computed while those reads land
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(uniq)
+        # rounding is per token row, so round x once per layer, not once per expert
+        xg = round_activations(x, ew.act_gate)
+        xu = xg if ew.act_up == ew.act_gate else round_activations(x, ew.act_up)
+        every = x.shape[0] == 1  # decode: every expert sees the one token
         for j in (range(len(uniq)) if ew.order is None else ew.order):
             tok, slot = (ids == uniq[j]).nonzero(as_tuple=True)
-            h = x.index_select(0, tok)  # [t, D]
+            hg, hu = (xg, xu) if every else (xg.index_select(0, tok), xu.index_select(0, tok))  # [t, D]
             # experts on the host while x is on a GPU (a store without kernels): bring them over
-            g = round_activations(h, ew.act_gate) @ ew.gate[j].to(x.device).T  # [t, F]
-            u = round_activations(h, ew.act_up) @ ew.up[j].to(x.device).T
+            g = hg @ ew.gate[j].to(x.device).T  # [t, F]
+            u = hu @ ew.up[j].to(x.device).T
             if ew.gate_b is not None:
                 g, u = g + ew.gate_b[j].to(x.device), u + ew.up_b[j].to(x.device)
             y = round_activations(self.act(g, u), ew.act_down) @ ew.down[j].to(x.device).T  # [t, D]
@@ -140,6 +142,8 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         for tok, y in parts:  # id order, whatever the compute order was
             out.index_add_(0, tok, y)
+        if shared is not None:
+            out = out + shared
         return out
 
 

@@ -52,7 +52,7 @@ Progress = Callable[[int, int], None]  # (bytes loaded, bytes total)
 
 def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
                progress: Progress | None = None, device: str | None = None,
-               quantized: bool | None = None) -> LoadedModel:
+               kernels: bool | None = None) -> LoadedModel:
     """Open a GGUF (first shard = all shards), configure and build its network.
 
     Routed experts come from `store`; the default keeps them resident in memory. An already
@@ -61,16 +61,18 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
     (the routed experts' too when they are resident, loaded on first use).
 
     device "cuda": the network moves there; projections and routed experts whose type has a
-    Triton kernel stay raw GGUF blocks (QuantLinear, KernelExperts), the rest is float32. quantized
+    Triton kernel stay raw GGUF blocks (KernelLinear, KernelExperts), the rest is float32. kernels
     defaults to device != "cpu" (True on the CPU runs the kernels under TRITON_INTERPRET=1).
     """
     device = check_device(device or "cpu")
-    quantized = device != "cpu" if quantized is None else quantized
+    kernels = device != "cpu" if kernels is None else kernels
     gguf = path if isinstance(path, GGUFModel) else GGUFModel.open(path)
     try:
         cfg = config_of(gguf)
-        w = Weights(gguf, _counter(gguf, progress, resident=store is None) if progress else None, quantized)
-        if store is None and quantized:
+        # a model streamed on the CPU keeps its trunk quantized: the budget is for experts
+        w = Weights(gguf, _counter(gguf, progress, resident=store is None) if progress else None,
+                    kernels=kernels, quantized=store is not None)
+        if store is None and kernels:
             store = KernelExperts(gguf, device, w.get, w.act_format)
         store = store or ResidentExperts(w.get, w.has, w.act_format)
         net = arch_module(cfg.arch).build(cfg, w, store).to(device)

@@ -5,21 +5,31 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.act_round import vec_dot_format
-from sparkd.engine.layers.linear import Linear, QuantLinear
+from sparkd.engine.layers.linear import KernelLinear, Linear
 from sparkd.engine.layers.norm import RMSNorm
+from sparkd.engine.layers.qlinear import QuantLinear, QuantRows, Scratch
 from sparkd.engine.tensors import load_tensor, raw_tensor
+
+_FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F64}
 
 
 class Weights:
+    """kernels: projections whose type has a Triton kernel stay raw blocks multiplied by it
+    (KernelLinear, the GPU path). quantized: keep projection matrices and the token embedding as
+    the file's blocks dequantized per use (QuantLinear, QuantRows) instead of f32; a model
+    streamed on the CPU does, so its budget goes to experts."""
+
     def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None,
-                 quantized: bool = False):
+                 kernels: bool = False, quantized: bool = False):
         self.model = model
         self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
-        # projections whose type has a Triton kernel stay raw blocks (QuantLinear, the GPU path)
-        self._kernel_types = _kernel_types() if quantized else frozenset()
+        # projections whose type has a Triton kernel stay raw blocks (KernelLinear, the GPU path)
+        self._kernel_types = _kernel_types() if kernels else frozenset()
+        self.scratch = Scratch() if quantized and not kernels else None
 
     def has(self, name: str) -> bool:
         return name in self.model.tensors
@@ -33,15 +43,28 @@ class Weights:
     def maybe(self, name: str) -> torch.Tensor | None:
         return self.get(name) if self.has(name) else None
 
-    def linear(self, prefix: str, shape: tuple[int, int] | None = None) -> Linear | QuantLinear:
+    def linear(self, prefix: str, shape: tuple[int, int] | None = None) -> Linear | QuantLinear | KernelLinear:
         """`prefix.weight` [out, in] and `prefix.bias` if the file has one."""
         name = f"{prefix}.weight"
         if self.has(name) and self.model.tensor(name).ggml_type in self._kernel_types:
             raw, qtype, full = raw_tensor(self.model, name, shape)
             if self._on_read is not None:
                 self._on_read(raw.numel())
-            return QuantLinear(raw, qtype, full, self.maybe(f"{prefix}.bias"), self.act_format(name))
-        return Linear(self.get(name, shape), self.maybe(f"{prefix}.bias"), self.act_format(name))
+            return KernelLinear(raw, qtype, full, self.maybe(f"{prefix}.bias"), self.act_format(name))
+        rows = self.rows(name, shape)
+        if isinstance(rows, QuantRows):
+            return QuantLinear(rows, self.maybe(f"{prefix}.bias"), self.act_format(name))
+        return Linear(rows, self.maybe(f"{prefix}.bias"), self.act_format(name))
+
+    def rows(self, name: str, shape: tuple[int, int] | None = None) -> torch.Tensor | QuantRows:
+        """A 2-D weight: f32, or QuantRows when this loader keeps weights quantized."""
+        info = self.model.tensor(name)
+        if self.scratch is None or info.ggml_type in _FLOAT_TYPES or len(info.shape) != 2:
+            return self.get(name, shape)
+        raw, ggml_type, full_shape = raw_tensor(self.model, name, shape)
+        if self._on_read is not None:
+            self._on_read(info.nbytes)
+        return QuantRows(raw, ggml_type, full_shape, self.scratch)
 
     def act_format(self, name: str) -> str | None:
         """How llama.cpp rounds the activations multiplied by this weight (see act_round)."""
