@@ -64,6 +64,10 @@ class QuantRows:
     def shape(self) -> tuple[int, int]:
         return self.rows, self.cols
 
+    @property
+    def device(self) -> torch.device:
+        return (self.q8 if self.raw is None else self.raw).device
+
     def dequantize(self, r0: int, r1: int) -> torch.Tensor:
         """Rows [r0, r1) as f32, in the shared buffer: valid until the next call on the scratch."""
         out = self.scratch.take((r1 - r0) * self.cols)
