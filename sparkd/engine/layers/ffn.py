@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,14 +37,15 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return g * up
 
 
-ACTIVATIONS = {"silu": swiglu, "swiglu_oai": swiglu_oai, "gelu": geglu}
+Activation = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (gate, up) → hidden
+ACTIVATIONS: dict[str, Activation] = {"silu": swiglu, "swiglu_oai": swiglu_oai, "gelu": geglu}
 
 
 class GatedFFN(nn.Module):
-    def __init__(self, gate: Linear, up: Linear, down: Linear, act: str = "silu"):
+    def __init__(self, gate: Linear, up: Linear, down: Linear, act: str | Activation = "silu"):
         super().__init__()
         self.gate, self.up, self.down = gate, up, down
-        self.act = ACTIVATIONS[act]
+        self.act = ACTIVATIONS[act] if isinstance(act, str) else act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.act(self.gate(x), self.up(x)))

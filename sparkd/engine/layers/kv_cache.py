@@ -1,7 +1,9 @@
 """Per-layer key/value cache, preallocated for max_ctx positions of one sequence.
 
 A layer's value part may be empty (v_dim 0): MLA caches only the compressed latent (plus the rope
-key part) and reads its values from the same rows.
+key part) and reads its values from the same rows. Recurrent layers (linear attention) keep a
+fixed-size state per sequence instead: `state[il]`, a list of zero-initialised tensors, so a new
+cache is a new sequence.
 """
 
 from __future__ import annotations
@@ -12,16 +14,20 @@ from sparkd.engine.errors import EngineError
 
 
 class KVCache:
-    def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], dtype=torch.float32):
-        # shapes[il] = (n_kv_heads, k_dim, v_dim)
+    def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], dtype=torch.float32,
+                 state_shapes: dict[int, list[tuple[int, ...]]] | None = None):
+        # shapes[il] = (n_kv_heads, k_dim, v_dim); state_shapes[il] = shapes of a recurrent layer's state
         self.max_ctx = max_ctx
         self.k = [torch.zeros(max_ctx, h, dk, dtype=dtype) for h, dk, _ in shapes]
         self.v = [torch.zeros(max_ctx, h, dv, dtype=dtype) if dv else None for h, _, dv in shapes]
+        self.state = {il: [torch.zeros(sh, dtype=dtype) for sh in shs]
+                      for il, shs in (state_shapes or {}).items()}
         self.n_past = 0  # positions filled; advanced by the model after all layers ran
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+        states = [t for ts in self.state.values() for t in ts]
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + states if t is not None)
 
     def update(self, il: int, start: int, k: torch.Tensor, v: torch.Tensor | None):
         """Write rows [start, start+T) and return views of rows [0, start+T)."""

@@ -7,7 +7,7 @@ from torch import nn
 
 from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.experts import ExpertStore
-from sparkd.engine.layers.ffn import ACTIVATIONS
+from sparkd.engine.layers.ffn import ACTIVATIONS, Activation
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.models.config import GATING_SIGMOID, GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT
 
@@ -66,15 +66,23 @@ class Router(nn.Module):
 class MoE(nn.Module):
     """Routed experts (from an ExpertStore) plus optional always-on shared experts."""
 
-    def __init__(self, il: int, router: Router, store: ExpertStore, act: str = "silu",
+    def __init__(self, il: int, router: Router, store: ExpertStore, act: str | Activation = "silu",
                  shared: nn.Module | None = None):
         super().__init__()
         self.il, self.router, self.store, self.shared = il, router, store, shared
-        self.act = ACTIVATIONS[act]
+        self.act = ACTIVATIONS[act] if isinstance(act, str) else act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # T tokens, D model width, A experts per token, U distinct experts in the batch
         w, ids = self.router(x)  # [T, A], [T, A]
+        out = self.routed(x, w, ids)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out
+
+    def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Sum over each token's selected experts of weight * expert(x); x may be narrower than the
+        router's input (a latent MoE routes on the full width and runs experts at a latent one)."""
+        # T tokens, D expert input width, A experts per token, U distinct experts in the batch
         uniq = torch.unique(ids)  # [U]
         ew = self.store.get(self.il, uniq.tolist())
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(uniq)
@@ -92,6 +100,4 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         for tok, y in parts:  # id order, whatever the compute order was
             out.index_add_(0, tok, y)
-        if self.shared is not None:
-            out = out + self.shared(x)
         return out

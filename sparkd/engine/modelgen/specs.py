@@ -13,7 +13,9 @@ from sparkd.engine.modelgen.shape import Meta, Shape, Tensor, base_metadata
 # Architectures whose generator lives in a module of its own, sparkd/engine/modelgen/<module>.py,
 # defining TINY and PRESETS (dicts of Shape, or of a Shape subclass adding its own fields),
 # metadata(s), tensors(s) and check(s); merged into the tables below.
-ARCH_MODULES: dict[str, str] = {}
+ARCH_MODULES: dict[str, str] = {
+    "kimi-k3": "kimi_k3",
+}
 SUPPORTED_ARCHS = ("qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3", *ARCH_MODULES)
 DENSE_ARCHS = ("gemma3",)
 

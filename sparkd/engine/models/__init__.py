@@ -21,6 +21,7 @@ ARCHITECTURES = {
     "gpt-oss": "gpt_oss",
     "llama": "llama",
     "gemma3": "gemma3",
+    "kimi-k3": "kimi_k3",
 }
 
 

@@ -43,7 +43,8 @@ class Decoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor, blocks: list[Block],
                  output_norm: nn.Module, output: Linear, embd_scale: float = 1.0,
-                 kv_shapes: list[tuple[int, int, int]] | None = None):
+                 kv_shapes: list[tuple[int, int, int]] | None = None,
+                 state_shapes: dict[int, list[tuple[int, ...]]] | None = None):
         super().__init__()
         self.cfg = cfg
         self.tok_embd = nn.Parameter(tok_embd, requires_grad=False)  # [V, D]
@@ -52,9 +53,10 @@ class Decoder(nn.Module):
         self.output = output  # [V, D]; may share its weight with tok_embd
         self.embd_scale = embd_scale
         self.kv_shapes = kv_shapes or [(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v)] * cfg.n_layer
+        self.state_shapes = state_shapes  # recurrent layers' per-sequence state (see KVCache)
 
     def new_cache(self, max_ctx: int | None = None) -> KVCache:
-        return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes)
+        return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, state_shapes=self.state_shapes)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
