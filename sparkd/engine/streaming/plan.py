@@ -185,6 +185,13 @@ def trunk_bytes(g: GGUFModel) -> int:
 
 
 def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
+    """One sequence's cache: per-position K/V, plus recurrent state where an architecture module
+    says so through cache_bytes(cfg, ctx) (Kimi K3: MLA latent + KDA conv and delta-rule state)."""
+    from sparkd.engine.models import arch_module  # here: models imports this module's regex
+
+    own = getattr(arch_module(cfg.arch), "cache_bytes", None)
+    if own is not None:
+        return own(cfg, ctx)
     if cfg.arch == "deepseek2":  # MLA caches the latent plus the rope key, no values
         per_pos = cfg.kv_lora_rank + cfg.rope.n_rot
     else:
