@@ -86,11 +86,15 @@ class MoE(nn.Module):
         uniq = torch.unique(ids)  # [U]
         ew = self.store.get(self.il, uniq.tolist())
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(uniq)
+        # rounding is per token row, so round x once per layer, not once per expert
+        xg = round_activations(x, ew.act_gate)
+        xu = xg if ew.act_up == ew.act_gate else round_activations(x, ew.act_up)
+        every = x.shape[0] == 1  # decode: every expert sees the one token
         for j in (range(len(uniq)) if ew.order is None else ew.order):
             tok, slot = (ids == uniq[j]).nonzero(as_tuple=True)
-            h = x.index_select(0, tok)  # [t, D]
-            g = round_activations(h, ew.act_gate) @ ew.gate[j].T  # [t, F]
-            u = round_activations(h, ew.act_up) @ ew.up[j].T
+            hg, hu = (xg, xu) if every else (xg.index_select(0, tok), xu.index_select(0, tok))  # [t, D]
+            g = hg @ ew.gate[j].T  # [t, F]
+            u = hu @ ew.up[j].T
             if ew.gate_b is not None:
                 g, u = g + ew.gate_b[j], u + ew.up_b[j]
             y = round_activations(self.act(g, u), ew.act_down) @ ew.down[j].T  # [t, D]

@@ -59,7 +59,9 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
     gguf = path if isinstance(path, GGUFModel) else GGUFModel.open(path)
     try:
         cfg = config_of(gguf)
-        w = Weights(gguf, _counter(gguf, progress, resident=store is None) if progress else None)
+        # a streamed model (a store given) keeps its trunk quantized: the budget is for experts
+        w = Weights(gguf, _counter(gguf, progress, resident=store is None) if progress else None,
+                    quantized=store is not None)
         store = store or ResidentExperts(w.get, w.has, w.act_format)
         net = arch_module(cfg.arch).build(cfg, w, store)
         return LoadedModel(gguf, cfg, net)

@@ -16,6 +16,7 @@ from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.moe import MoE, Router
+from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
 from sparkd.engine.models.config import ModelConfig, RopeConfig
 from sparkd.engine.models.weights import Weights
 
@@ -41,13 +42,14 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """tokens → logits for one sequence, with an incremental KV cache."""
 
-    def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor, blocks: list[Block],
+    def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor | QuantRows, blocks: list[Block],
                  output_norm: nn.Module, output: Linear, embd_scale: float = 1.0,
                  kv_shapes: list[tuple[int, int, int]] | None = None,
                  state_shapes: dict[int, list[tuple[int, ...]]] | None = None):
         super().__init__()
         self.cfg = cfg
-        self.tok_embd = nn.Parameter(tok_embd, requires_grad=False)  # [V, D]
+        # [V, D]; QuantRows when the trunk stays quantized (indexing dequantizes the rows)
+        self.tok_embd = tok_embd if isinstance(tok_embd, QuantRows) else nn.Parameter(tok_embd, requires_grad=False)
         self.blocks = nn.ModuleList(blocks)
         self.output_norm = output_norm
         self.output = output  # [V, D]; may share its weight with tok_embd
@@ -105,9 +107,10 @@ def moe_ffn(w: Weights, cfg: ModelConfig, il: int, store: ExpertStore, act: str 
     return MoE(il, router, store, act, shared)
 
 
-def head(w: Weights) -> tuple[torch.Tensor, Linear]:
+def head(w: Weights) -> tuple[torch.Tensor | QuantRows, Linear | QuantLinear]:
     """(token embedding, output projection); the output falls back to the tied embedding."""
-    emb = w.get("token_embd.weight")
+    emb = w.rows("token_embd.weight")
     if w.has("output.weight"):
         return emb, w.linear("output")
-    return emb, Linear(emb, act_fmt=w.act_format("token_embd.weight"))
+    fmt = w.act_format("token_embd.weight")
+    return emb, QuantLinear(emb, act_fmt=fmt) if isinstance(emb, QuantRows) else Linear(emb, act_fmt=fmt)

@@ -14,8 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from gguf.constants import GGMLQuantizationType as Q
+
 from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers.qlinear import CHUNK_VALUES
 from sparkd.engine.models.config import ModelConfig
 
 # A routed-expert weight tensor; its biases (gpt-oss) are small and stay resident with the trunk.
@@ -30,6 +33,7 @@ F32_BYTES = 4
 # plan (tokenizer, sampler). Measured ~15 MiB on a 206 MiB test model (docs/performance.md).
 SLACK_FRACTION = 0.02
 SLACK_MIN_BYTES = 32 << 20
+WORKSPACE_SHARE = 1 / 32  # of the budget, when --batch-tokens is not given
 
 
 class PlanError(EngineError):
@@ -49,7 +53,7 @@ class MemoryPlan:
     budget_source: str
     runtime_bytes: int  # this process before the model: interpreter, torch, libraries
     slack_bytes: int  # threads, allocator fragmentation, late imports
-    trunk_bytes: int  # resident tensors after dequantization to f32
+    trunk_bytes: int  # resident tensors: quantized matrices as in the file, the rest f32
     kv_bytes: int
     workspace_bytes: int
     slot_bytes: int  # one expert's gate+up+down, each 4 KiB-bracketed
@@ -83,7 +87,7 @@ class MemoryPlan:
         rows = [("budget", self.budget_bytes, self.budget_source),
                 ("runtime", self.runtime_bytes, "interpreter and libraries"),
                 ("slack", self.slack_bytes, "threads, allocator, late imports"),
-                ("trunk", self.trunk_bytes, "resident weights, dequantized"),
+                ("trunk", self.trunk_bytes, "resident weights, matrices kept quantized"),
                 ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
                 ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens"),
                 ("prefetch", self.prefetch_bytes, f"{self.prefetch_slots} slots"),
@@ -180,8 +184,15 @@ def expert_slot_bytes(g: GGUFModel) -> int:
 
 
 def trunk_bytes(g: GGUFModel) -> int:
-    return sum(info.n_elements * F32_BYTES for name, info in g.tensors.items()
-               if not EXPERT_WEIGHT.match(name))
+    """Resident non-expert tensors as a streamed model holds them: 2-D quantized weights as their
+    file bytes (QuantLinear), everything else f32, plus the buffer they dequantize into."""
+    total = CHUNK_VALUES * F32_BYTES
+    for name, info in g.tensors.items():
+        if EXPERT_WEIGHT.match(name):
+            continue
+        quantized = len(info.shape) == 2 and info.ggml_type not in (Q.F32, Q.F64)
+        total += info.nbytes if quantized else info.n_elements * F32_BYTES
+    return total
 
 
 def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
@@ -212,12 +223,22 @@ def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int) -> int:
     return int(values * F32_BYTES * 1.5)
 
 
+def default_batch_tokens(cfg: ModelConfig, ctx: int, budget_bytes: int) -> int:
+    """The largest prompt chunk (512 down to 16 tokens, at most ctx) whose workspace takes at most
+    WORKSPACE_SHARE of the budget: decode needs one token, and a 512-token workspace (1.7 GiB on
+    the GPU box's 8 GiB budget) would starve the expert cache; prefill then runs in chunks."""
+    tokens = min(ctx, 512)
+    while tokens > 16 and workspace_bytes(cfg, ctx, tokens) > budget_bytes * WORKSPACE_SHARE:
+        tokens //= 2
+    return tokens
+
+
 def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch_slots: int = 0,
               batch_tokens: int = 0, runtime_bytes: int | None = None,
               rss: Callable[[], int] = runtime_rss_bytes) -> MemoryPlan:
     """Split the budget; raise PlanError if it cannot hold top-k experts plus prefetch slots."""
     ctx = ctx or cfg.n_ctx_train
-    batch_tokens = batch_tokens or min(ctx, 512)
+    batch_tokens = batch_tokens or default_batch_tokens(cfg, ctx, budget.bytes)
     n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
     total_experts = n_moe * cfg.n_expert
     slot = expert_slot_bytes(g)

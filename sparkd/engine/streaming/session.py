@@ -22,7 +22,7 @@ from sparkd.engine.streaming.trace import read_census, trace_header
 class StreamOptions:
     budget_bytes: int | None = None  # None: cgroup memory.max minus headroom, else MemAvailable
     ctx: int = 4096
-    batch_tokens: int = 0  # 0: min(ctx, 512)
+    batch_tokens: int = 0  # 0: plan.default_batch_tokens
     policy: str = DEFAULT_POLICY
     prefetch_slots: int = 0
     threads: int = 8

@@ -82,6 +82,14 @@ class StreamingExperts:
         self._layers: dict[int, _Layer] = {}
         self._lock = threading.RLock()
         self._trace, self._step, self._last_layer = trace, 0, -1
+        self._scratch: list[torch.Tensor] = [torch.empty(0)] * 3  # f32 gate, up, down of one expert
+
+    def scratch(self, part: int, n_values: int) -> torch.Tensor:
+        """The reused f32 buffer an expert's gate, up or down is dequantized into: one per part,
+        so no allocation (and no fresh zeroed pages) per expert; the plan's workspace counts it."""
+        if self._scratch[part].numel() < n_values:
+            self._scratch[part] = torch.empty(n_values, dtype=torch.float32)
+        return self._scratch[part]
 
     # --- layout ----------------------------------------------------------------------------------
     def _layer(self, il: int) -> _Layer:
@@ -362,12 +370,14 @@ class _Batch:
         del self.reads[j]
 
     def tensor(self, j: int, part: int) -> torch.Tensor:
+        """Expert j's weight, valid until another expert's same part is asked for (one buffer)."""
         ws = self.weights(j)
         if ws[part] is None:
             info = self.store._layer(self.layer).infos[part]
             p = self.store.parts(self.layer, self.ids[j])[part]
             raw = self.store.arena.view(self.slots[j], p.data_offset, p.nbytes)
-            ws[part] = dequantize(raw, info.ggml_type, info.shape[1:])
+            shape = info.shape[1:]
+            ws[part] = dequantize(raw, info.ggml_type, shape, out=self.store.scratch(part, shape[0] * shape[1]))
         return ws[part]
 
 
