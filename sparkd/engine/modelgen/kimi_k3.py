@@ -146,7 +146,5 @@ def check(s: K3Shape) -> None:
         raise ValueError(f"could not make a {s.arch} model: {opt} {why}")
     if not isinstance(s, K3Shape):
         bad("--arch", "needs the kimi-k3 shape fields (use --arch kimi-k3 or --preset kimi-k3)")
-    if not any(s.is_mla(il) for il in range(s.n_layer)):
-        bad("--layers", f"{s.n_layer} has no MLA layer (every {s.mla_every}th layer is MLA)")
     if s.d_conv < 2:
         bad("d_conv", f"must be at least 2, got {s.d_conv}")

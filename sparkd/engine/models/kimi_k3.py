@@ -20,7 +20,7 @@ from sparkd.engine.layers.mla import MLAttention
 from sparkd.engine.layers.moe import Router
 from sparkd.engine.layers.situ import situ
 from sparkd.engine.models.config import GATING_SIGMOID, ModelConfig, base_config, gating_name
-from sparkd.engine.models.decoder import Decoder, dense_ffn
+from sparkd.engine.models.decoder import Decoder, dense_ffn, head
 from sparkd.engine.models.weights import Weights
 
 ARCH = "kimi-k3"
@@ -172,5 +172,6 @@ def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
         blocks.append(K3Block(il, bool(bs) and il % bs == 0, mix(f"{p}.attn_res_score"),
                               w.norm(f"{p}.attn_norm", cfg.rms_eps), attn, mix(f"{p}.ffn_res_score"),
                               w.norm(f"{p}.ffn_norm", cfg.rms_eps), _ffn(w, cfg, il, store)))
-    return K3Decoder(cfg, w.get("token_embd.weight"), blocks, w.norm("output_norm", cfg.rms_eps),
-                     w.linear("output"), kv_shapes=kv, state_shapes=states, out_mix=mix("output_res_score"))
+    emb, out = head(w)
+    return K3Decoder(cfg, emb, blocks, w.norm("output_norm", cfg.rms_eps), out, kv_shapes=kv,
+                     state_shapes=states, out_mix=mix("output_res_score"))
