@@ -99,3 +99,16 @@ def test_situ_matches_its_formula_and_refuses_a_zero_beta():
     assert torch.allclose(situ(4.0, 0.0)(gate, up), 4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate) * up)
     with pytest.raises(ValueError, match="situ_beta must be positive, got 0.0"):
         situ(0.0, 1.0)
+
+
+def test_kda_tensors_as_q8_0_load(tmp_path):
+    # the field report's loader failure: ssm_f_b arrives as Q8_0, not F16; any type dequantizes here
+    path = write_model(tmp_path / "q8.gguf", plan(TINY["kimi-k3"], "Q8_0"), seed=4)[0]
+    with GGUFModel.open(path) as g:
+        assert g.tensors["blk.0.ssm_f_b.weight"].ggml_type.name == "Q8_0"
+    m = load_model(path)
+    try:
+        out = m.net(TOKENS, m.net.new_cache(16))
+    finally:
+        m.close()
+    assert torch.isfinite(out).all() and out.std() > 0.1

@@ -42,10 +42,11 @@ PRESETS: dict[str, Shape] = {
                        kda_head_dim=128, expert_latent=3584, attn_res_block_size=8, mla_every=4),
 }
 
-# 3 layers: 0 dense-lead KDA, 1 MoE KDA, 2 MoE MLA; AttnRes banks at layers 0 and 2
+# 3 layers: 0 dense-lead KDA, 1 MoE KDA, 2 MoE MLA; AttnRes banks at layers 0 and 2. KDA heads of
+# 32 so ssm_f_b's rows fill Q8_0 blocks: unsloth ships it as Q8_0 (a loader expecting F16 failed)
 TINY: dict[str, Shape] = {
     "kimi-k3": K3Shape("kimi-k3", n_layer=3, n_head_kv=1, n_expert_shared=1, n_layer_dense_lead=1,
-                       routed_scale=2.5),
+                       routed_scale=2.5, kda_head_dim=32),
 }
 
 
