@@ -77,15 +77,15 @@ def main() -> None:
     for m in disk["results"]:
         print(f"| {m['block_bytes'] >> 10} KiB | {m['queue_depth']} | {m['mb_per_second']:.0f} |")
     print("\n| budget | cache slots | hit rate | retention | MiB/token | read GB/s (vs bound) | tok/s | "
-          "I/O-bound tok/s | ratio | router s | expert compute s | read wait s | other s |")
-    print("|" + "---|" * 13)
+          "I/O-bound tok/s | ratio | router s | expert compute s | read wait s | attention s | other s |")
+    print("|" + "---|" * 14)
     for r in rows:
         p = r["profile"]
         print(f"| {r['budget']} | {r['cache_slots']} | {r['hit_rate']:.3f} | {r['retention']:.3f} | "
               f"{r['bytes_per_token'] / 2**20:.1f} | {r['bandwidth_bytes_per_second'] / 1e9:.2f} "
               f"({r['bandwidth_vs_bound']:.2f}) | {r['decode_tok_s']:.3f} | {r['io_bound_tok_s']:.2f} | "
               f"{r['ratio_to_io_bound']:.2f} | {p['router_seconds']:.2f} | {p['expert_compute_seconds']:.2f} | "
-              f"{p['read_wait_seconds']:.2f} | {p['other_seconds']:.2f} |")
+              f"{p['read_wait_seconds']:.2f} | {p.get('attention_seconds', 0.0):.2f} | {p['other_seconds']:.2f} |")
 
 
 if __name__ == "__main__":

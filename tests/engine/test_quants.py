@@ -153,3 +153,16 @@ def test_cuda_equals_cpu(qtype):
     cpu = quants.dequantize(raw, qtype, shape)
     cuda = quants.dequantize(raw.cuda(), qtype, shape)
     assert cuda.device.type == "cuda" and torch.equal(cuda.cpu(), cpu)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.F16, T.IQ2_XS], ids=lambda t: t.name)
+def test_dequantize_into_a_buffer_equals_a_fresh_tensor(qtype):
+    """out= (the streaming store's reused buffer, Q8_0's in-place path) gives the same bits, and
+    leaves the buffer's tail alone."""
+    block_size, _ = gguf.GGML_QUANT_SIZES[qtype]
+    raw = torch.from_numpy(random_blocks(qtype, 64, seed=11))
+    shape = (8, 8 * block_size)
+    buf = torch.full((64 * block_size + 5,), 7.0)
+    got = quants.dequantize(raw, qtype, shape, out=buf)
+    assert torch.equal(got, quants.dequantize(raw, qtype, shape))
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(buf[-5:], torch.full((5,), 7.0))

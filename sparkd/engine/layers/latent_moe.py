@@ -22,11 +22,9 @@ class LatentMoE(MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, ids = self.router(x)  # routing reads the full width
-        out = self.routed(x if self.down is None else self.down(x), w, ids)  # [T, L]
+        out, shared = self.routed(x if self.down is None else self.down(x), w, ids, x)  # [T, L], [T, D]
         if self.latent_norm is not None:
             out = self.latent_norm(out)
         if self.up is not None:
             out = self.up(out)
-        if self.shared is not None:
-            out = out + self.shared(x)
-        return out
+        return out if shared is None else out + shared

@@ -74,17 +74,19 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, ids = self.router(x)  # [T, A], [T, A]
-        out = self.routed(x, w, ids)
-        if self.shared is not None:
-            out = out + self.shared(x)
-        return out
+        out, shared = self.routed(x, w, ids, x)
+        return out if shared is None else out + shared
 
-    def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's selected experts of weight * expert(x); x may be narrower than the
-        router's input (a latent MoE routes on the full width and runs experts at a latent one)."""
+    def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
+               shared_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(sum over each token's selected experts of weight * expert(x), shared experts on
+        shared_in). x may be narrower than the router's input (a latent MoE routes on the full
+        width and runs experts at a latent one); the shared experts keep the full width."""
         # T tokens, D expert input width, A experts per token, U distinct experts in the batch
         uniq = torch.unique(ids)  # [U]
-        ew = self.store.get(self.il, uniq.tolist())
+        ew = self.store.get(self.il, uniq.tolist())  # a streaming store issues its misses' reads here
+        # computed while those reads land
+        shared = None if self.shared is None or shared_in is None else self.shared(shared_in)
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(uniq)
         # rounding is per token row, so round x once per layer, not once per expert
         xg = round_activations(x, ew.act_gate)
@@ -104,4 +106,4 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         for tok, y in parts:  # id order, whatever the compute order was
             out.index_add_(0, tok, y)
-        return out
+        return out, shared

@@ -185,13 +185,18 @@ def expert_slot_bytes(g: GGUFModel) -> int:
 
 def trunk_bytes(g: GGUFModel) -> int:
     """Resident non-expert tensors as a streamed model holds them: 2-D quantized weights as their
-    file bytes (QuantLinear), everything else f32, plus the buffer they dequantize into."""
+    file bytes (QuantLinear; Q8_0 with f32 scales), everything else f32, plus the buffer they
+    dequantize into."""
     total = CHUNK_VALUES * F32_BYTES
     for name, info in g.tensors.items():
         if EXPERT_WEIGHT.match(name):
             continue
-        quantized = len(info.shape) == 2 and info.ggml_type not in (Q.F32, Q.F64)
-        total += info.nbytes if quantized else info.n_elements * F32_BYTES
+        if len(info.shape) != 2 or info.ggml_type in (Q.F32, Q.F64):
+            total += info.n_elements * F32_BYTES
+        elif info.ggml_type == Q.Q8_0:  # int8 quants and f32 scales held apart (QuantRows)
+            total += info.n_elements + info.n_elements // 32 * F32_BYTES
+        else:
+            total += info.nbytes
     return total
 
 

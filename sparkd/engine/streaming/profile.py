@@ -1,5 +1,5 @@
-"""Where decode time goes: router, routed-expert compute (including waits on reads), prefetch
-guesses and everything else, from forward hooks (a perf_counter pair per module call)."""
+"""Where decode time goes: router, routed-expert compute, waits on reads, attention and everything
+else (norms, output head, prefetch guesses), from forward hooks (a perf_counter pair per call)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class StageProfile:
         self._t0: dict[int, float] = {}
         self._handles = []
         for block in net.blocks:
+            self._time(block.attn, "attention")
             if isinstance(block.ffn, MoE):
                 self._time(block.ffn.router, "router")
                 self._time(block.ffn, "moe")
@@ -34,8 +35,8 @@ class StageProfile:
         s = self.seconds
         experts = s["moe"] - s["router"]  # the MoE module's time includes its router
         return {"router_seconds": s["router"], "expert_compute_seconds": max(0.0, experts - wait_seconds),
-                "read_wait_seconds": wait_seconds,
-                "other_seconds": max(0.0, s["total"] - s["moe"]), "total_seconds": s["total"]}
+                "read_wait_seconds": wait_seconds, "attention_seconds": s["attention"],
+                "other_seconds": max(0.0, s["total"] - s["moe"] - s["attention"]), "total_seconds": s["total"]}
 
     def reset(self) -> None:
         self.seconds.clear()

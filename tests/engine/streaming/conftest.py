@@ -56,10 +56,11 @@ def open_stream(path, slots: int, prefetch: int = 0, policy: str = "lru", direct
     """(LoadedModel, store) with exactly `slots` cache slots."""
     g = GGUFModel.open(path)
     cfg = config_of(g)
-    probe = make_plan(g, cfg, Budget(1 << 50, "test"), 64, prefetch, runtime_bytes=0)
+    probe = make_plan(g, cfg, Budget(1 << 50, "test"), 64, prefetch, batch_tokens=64, runtime_bytes=0)
     fixed = (probe.trunk_bytes + probe.kv_bytes + probe.workspace_bytes + prefetch * probe.slot_bytes
              + SLACK_MIN_BYTES)
-    plan = make_plan(g, cfg, Budget(fixed + slots * probe.slot_bytes, "test"), 64, prefetch, runtime_bytes=0)
+    plan = make_plan(g, cfg, Budget(fixed + slots * probe.slot_bytes, "test"), 64, prefetch, batch_tokens=64,
+                     runtime_bytes=0)
     assert plan.cache_slots == min(slots, plan.n_experts_total)
     store = StreamingExperts(g, plan, policy, threads=4, direct=direct, warn=warn, trace=trace)
     return load_model(g, store), store
