@@ -23,6 +23,12 @@ THINK_TAGS: tuple[tuple[str, str], ...] = (
     ("<think>", "</think>"),
     ("<seed:think>", "</seed:think>"),
     ("◁think▷", "◁/think▷"),
+    ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),  # Kimi K3's XTML sections
+)
+# (open, close) of an answer section a family wraps its reply in (Kimi K3: after the think section,
+# ended by <|close|>message<|sep|>); the content is what lies inside.
+ANSWER_TAGS: tuple[tuple[str, str], ...] = (
+    ("<|open|>response<|sep|>", "<|close|>response<|sep|>"),
 )
 
 
@@ -110,11 +116,10 @@ def split_reasoning(text: str, in_reasoning: bool = False) -> Reply:
     in_reasoning: the prompt already opened the block (templates that end with "<think>"), so
     the reply starts inside it and only a closing tag may appear. An unclosed block is all
     reasoning (the generation stopped while thinking)."""
-    for pair in THINK_TAGS:
-        open_tag, close_tag = pair
+    # inside the block: the family whose closing tag appears (else the first, all reasoning)
+    pairs = [next((p for p in THINK_TAGS if p[1] in text), THINK_TAGS[0])] if in_reasoning else THINK_TAGS
+    for open_tag, close_tag in pairs:
         if in_reasoning:
-            if close_tag not in text and pair != THINK_TAGS[0]:
-                continue
             before, body = "", text.removeprefix(open_tag)
         else:
             start = text.find(open_tag)
@@ -122,9 +127,18 @@ def split_reasoning(text: str, in_reasoning: bool = False) -> Reply:
                 continue
             before, body = text[:start], text[start + len(open_tag):]
         reasoning, closed, after = body.partition(close_tag)
-        return Reply(content=(before + after).strip() if closed else before.strip(),
+        return Reply(content=_answer((before + after).strip() if closed else before.strip()),
                      reasoning_content=reasoning.strip())
-    return Reply(content=text, reasoning_content=None)
+    return Reply(content=_answer(text), reasoning_content=None)
+
+
+def _answer(text: str) -> str:
+    """The inside of an answer section; the prompt may have opened it, so the opener is optional."""
+    for open_tag, close_tag in ANSWER_TAGS:
+        if open_tag in text or close_tag in text:
+            return text.partition(open_tag)[2].partition(close_tag)[0].strip() if open_tag in text \
+                else text.partition(close_tag)[0].strip()
+    return text
 
 
 def stop_token_ids(tokenizer: Any) -> frozenset[int]:

@@ -216,10 +216,11 @@ def cmd_make_model(a) -> int:
     shape = shape.replace(n_layer=a.layers, n_expert=a.experts, n_expert_used=a.top_k,
                           n_expert_shared=a.shared, n_embd=a.hidden, n_head=a.heads,
                           n_vocab=a.vocab, n_ctx=a.ctx, **{ffn_field: a.ffn})
+    types = [_tensor_type(t) for t in a.tensor_type or []]
     try:
         if a.size:
-            shape = shape.replace(n_layer=mm.layers_for_size(shape, a.quant, a.size))
-        plan = mm.plan(shape, a.quant)
+            shape = shape.replace(n_layer=mm.layers_for_size(shape, a.quant, a.size, types, a.sparse))
+        plan = mm.plan(shape, a.quant, types, a.sparse)
     except ValueError as exc:
         raise EngineError(str(exc)) from None
     out = Path(a.out)
@@ -228,11 +229,19 @@ def cmd_make_model(a) -> int:
     if not out.parent.is_dir():
         raise EngineError(f"could not write {out}: the folder {out.parent} does not exist (create it first)")
     bar = byte_progress("writing", plan.nbytes, quiet=a.quiet)
-    paths = mm.write_model(out, plan, seed=a.seed, split_max_bytes=a.split_max_size or 0, progress=bar)
+    paths = mm.write_model(out, plan, seed=a.seed, split_max_bytes=a.split_max_size or 0, progress=bar,
+                           sparse=a.sparse)
     bar(None, None)
     print(f"wrote {', '.join(map(str, paths))}: {shape.arch}, {shape.n_layer} layers, {a.quant}, "
-          f"{_gib(plan.nbytes)}")
+          f"{_gib(plan.nbytes)}{' (sparse: header only, data are holes)' if a.sparse else ''}")
     return 0
+
+
+def _tensor_type(text: str) -> tuple[str, str]:
+    pattern, sep, qtype = text.rpartition("=")
+    if not sep or not pattern or not qtype:
+        raise EngineError(f"could not read --tensor-type {text!r}: expected REGEX=TYPE, e.g. 'ffn_down_exps=Q4_K'")
+    return pattern, qtype.upper()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--force", action="store_true")
     s.add_argument("--quiet", action="store_true")
+    s.add_argument("--tensor-type", action="append", metavar="REGEX=TYPE",
+                   help="type for the weights whose name matches REGEX (first match wins; repeatable)")
+    s.add_argument("--sparse", action="store_true",
+                   help="header and tensor table only, data left as holes: for plan/inspect of huge shapes")
     s.set_defaults(func=cmd_make_model)
     from sparkd.engine.server.serve import add_arguments, cmd_serve
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")

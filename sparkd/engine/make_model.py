@@ -5,25 +5,32 @@ model of tens of GB streams to disk with bounded memory. Norms, biases and route
 llama.cpp's converters keep them); a tensor whose rows do not fill the quant's blocks falls back to
 F16 (as llama-quantize does). K-quant blocks are generated directly; `requantize` is the hook for
 running llama.cpp's llama-quantize on an F16/F32 result instead (imatrix types, exact quantizers).
+
+A sparse model (`--sparse`) has the real header, metadata and tensor table but no data: each
+tensor's bytes are a hole (seek + truncate), so the file has its full size and takes almost no
+disk. The memory plan and `inspect` read only the header, so a 634 GB model can be planned from a
+file of a few MB; any ggml type can be declared there, since no block is generated.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFWriter
 
 from sparkd.engine.modelgen import blocks, specs
 from sparkd.engine.modelgen.shape import Shape
 from sparkd.engine.modelgen.tokenizer import CHAT_TEMPLATE, make_tokenizer
 
 QUANTS = {t.name: t for t in blocks.FLOAT_TYPES + blocks.QUANT_TYPES}
+ANY_TYPE = {t.name: t for t in GGML_QUANT_SIZES}  # declarable in a sparse model (no data written)
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
@@ -48,24 +55,36 @@ def tensor_type(qtype: Q, shape: tuple[int, ...], kind: str) -> Q:
     return qtype
 
 
-def plan(shape: Shape, quant: str) -> Plan:
-    if quant not in QUANTS:
-        raise ValueError(f"could not make a model with --quant {quant}: supported are "
-                         f"{', '.join(QUANTS)} (others through llama-quantize, see requantize())")
+def plan(shape: Shape, quant: str, tensor_types: list[tuple[str, str]] | None = None,
+         sparse: bool = False) -> Plan:
+    """tensor_types: (regex, type) pairs; a weight whose name matches one (first wins) gets that
+    type instead of `quant` (as llama-quantize's --tensor-type). Sparse plans accept any type."""
+    known = ANY_TYPE if sparse else QUANTS
+    overrides = [(re.compile(pattern), _qtype(name, known, f"--tensor-type {pattern}={name}"))
+                 for pattern, name in tensor_types or []]
+    qtype = _qtype(quant, known, f"--quant {quant}")
     specs.check(shape)
-    qtype = QUANTS[quant]
     out = []
     for name, sh, kind in specs.tensors(shape):
         std = 1.0 if name == "token_embd.weight" else (0.1 if kind != "w" and kind != "f32" else sh[-1] ** -0.5)
         mean = 1.0 if kind == "norm" else 0.0
-        out.append((name, sh, tensor_type(qtype, sh, kind), std, mean))
+        q = next((t for rx, t in overrides if rx.search(name)), qtype)
+        out.append((name, sh, tensor_type(q, sh, kind), std, mean))
     return Plan(shape, qtype, out)
 
 
-def layers_for_size(shape: Shape, quant: str, size_bytes: int) -> int:
+def _qtype(name: str, known: dict[str, Q], option: str) -> Q:
+    if name not in known:
+        more = "" if known is ANY_TYPE else " (any ggml type with --sparse; others through llama-quantize)"
+        raise ValueError(f"could not make a model with {option}: supported types are {', '.join(known)}{more}")
+    return known[name]
+
+
+def layers_for_size(shape: Shape, quant: str, size_bytes: int, tensor_types: list[tuple[str, str]] | None = None,
+                    sparse: bool = False) -> int:
     """The layer count whose file is closest to size_bytes without exceeding it (at least 1)."""
-    one = plan(shape.replace(n_layer=shape.n_layer_dense_lead + 1), quant).nbytes
-    two = plan(shape.replace(n_layer=shape.n_layer_dense_lead + 2), quant).nbytes
+    one = plan(shape.replace(n_layer=shape.n_layer_dense_lead + 1), quant, tensor_types, sparse).nbytes
+    two = plan(shape.replace(n_layer=shape.n_layer_dense_lead + 2), quant, tensor_types, sparse).nbytes
     per_layer, fixed = two - one, one - (two - one)
     return max(shape.n_layer_dense_lead + 1, (size_bytes - fixed) // per_layer)
 
@@ -99,9 +118,23 @@ class _Chunked:
             self.progress(c.nbytes)
 
 
+class _Hole:
+    """A tensor's bytes left unwritten: the file grows past them without allocating disk."""
+
+    def __init__(self, nbytes: int, progress: Callable[[int], None]):
+        self.nbytes, self.progress = nbytes, progress
+
+    def tofile(self, f) -> None:
+        f.seek(self.nbytes, os.SEEK_CUR)
+        f.truncate()  # extend to here: a hole, read back as zeros
+        self.progress(self.nbytes)
+
+
 def write_model(out: str | os.PathLike, p: Plan, seed: int = 0, split_max_bytes: int = 0,
-                progress: Progress | None = None, name: str = "sparkd-random") -> list[Path]:
-    """Write the plan's GGUF (or shards when split_max_bytes is set); returns the written paths."""
+                progress: Progress | None = None, name: str = "sparkd-random",
+                sparse: bool = False) -> list[Path]:
+    """Write the plan's GGUF (or shards when split_max_bytes is set); returns the written paths.
+    sparse: header and tensor table only, every tensor's data a hole (see the module doc)."""
     out = Path(out)
     w = GGUFWriter(out, p.shape.arch, split_max_size=split_max_bytes)
     _add_metadata(w, p, name)
@@ -123,9 +156,13 @@ def write_model(out: str | os.PathLike, p: Plan, seed: int = 0, split_max_bytes:
         w.write_ti_data_to_file()
         for tname, sh, q, std, mean in p.tensors:
             n = math.prod(sh)
+            nbytes = blocks.tensor_nbytes(q, n)
+            if sparse:
+                w.write_tensor_data(_Hole(nbytes, tick))
+                continue
             chunks = (blocks.random_ids(rng, sh, p.shape.n_expert) if q == Q.I32
                       else blocks.random_chunks(rng, q, n, std, mean))
-            w.write_tensor_data(_Chunked(chunks, blocks.tensor_nbytes(q, n), tick))
+            w.write_tensor_data(_Chunked(chunks, nbytes, tick))
         w.close()
     except BaseException:
         w.close()

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkd.engine.chat import ChatTemplate, ChatTemplateError, split_reasoning, stop_token_ids
+from sparkd.engine.chat import ChatTemplate, ChatTemplateError, Reply, split_reasoning, stop_token_ids
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -92,3 +92,37 @@ def test_split_reasoning_when_prompt_opened_the_block():
 
 def test_stop_token_ids_are_the_tokenizer_eog_set():
     assert stop_token_ids(SimpleNamespace(eog_ids=frozenset({1, 106}))) == {1, 106}
+
+
+# Kimi K3's template as llama.cpp ships it (models/templates/Kimi-K3.jinja in the vendored source)
+def _k3_template() -> ChatTemplate:
+    from tests.oracle.llama_oracle import llama_source_dir
+
+    path = llama_source_dir() / "models" / "templates" / "Kimi-K3.jinja"
+    if not path.exists():
+        pytest.skip(f"the vendored llama.cpp source has no {path}")
+    return ChatTemplate(path.read_text())
+
+
+K3_MSGS = [{"role": "user", "content": "Hi"},
+           {"role": "assistant", "content": "Hello!", "reasoning_content": "greet back"},
+           {"role": "user", "content": "2+2?"}]
+
+
+def test_kimi_k3_template_opens_the_think_section_and_replays_reasoning():
+    out = _k3_template().render(K3_MSGS)
+    assert ('<|open|>message role="assistant"<|sep|><|open|>think<|sep|>greet back<|close|>think<|sep|>'
+            '<|open|>response<|sep|>Hello!<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>') in out
+    assert out.endswith('<|open|>message role="assistant"<|sep|><|open|>think<|sep|>')
+    assert _k3_template().render(K3_MSGS, thinking=False).endswith("<|open|>response<|sep|>")
+
+
+def test_kimi_k3_reply_goes_to_reasoning_content_and_content():
+    reply = ("The sum is 4.<|close|>think<|sep|><|open|>response<|sep|>4<|close|>response<|sep|>"
+             "<|close|>message<|sep|>")
+    assert split_reasoning(reply, in_reasoning=True) == Reply("4", "The sum is 4.")
+    # the think opener generated rather than prompted; and thinking off (the prompt opened the answer)
+    assert split_reasoning("<|open|>think<|sep|>" + reply) == Reply("4", "The sum is 4.")
+    assert split_reasoning("4<|close|>response<|sep|><|close|>message<|sep|>") == Reply("4", None)
+    # cut off while thinking: all reasoning
+    assert split_reasoning("The sum", in_reasoning=True) == Reply("", "The sum")

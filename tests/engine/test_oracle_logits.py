@@ -51,7 +51,7 @@ def test_f32_logits_equal_llama_cpp(tmp_path, arch):
     assert err <= 1e-4, f"{arch}: relative error {err:.3e}"
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2", "glm-dsa"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2", "glm-dsa", "kimi-k3"])
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
 def test_quantized_logits_agree_with_llama_cpp(tmp_path, arch, quant):
     shape = TINY[arch].replace(n_embd=256, n_ff_exp=256, n_ff=256) if quant.endswith("_K") else TINY[arch]

@@ -10,7 +10,7 @@ from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.shape import Shape
 from sparkd.engine.modelgen.specs import TINY
 
-ARCHS = ["qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3"]
+ARCHS = ["qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3", "kimi-k3"]
 DTYPES = ["F32", "F16", "Q8_0", "Q4_K", "Q6_K", "Q2_K"]
 TOKENS = [int(t) for t in np.random.default_rng(5).integers(0, 256, 48)]
 SEED = 11
@@ -25,6 +25,8 @@ def matrix_shape(arch: str, dtype: str) -> Shape:
     wide = shape.replace(n_embd=K_ROW, n_ff=K_ROW, n_ff_exp=K_ROW)
     if arch in ("deepseek2", "glm-dsa"):  # q_b/kv_a read the lora ranks; wv_b reads the rank; wk_b reads qk_nope
         return wide.replace(q_lora_rank=K_ROW, kv_lora_rank=K_ROW)
+    if arch == "kimi-k3":  # as deepseek2, plus the experts' latent width
+        return wide.replace(q_lora_rank=K_ROW, kv_lora_rank=K_ROW, expert_latent=K_ROW)
     return wide.replace(head_dim=K_ROW // shape.n_head)
 
 

@@ -44,7 +44,7 @@ def swiglu_limited(limit: float) -> Callable[[torch.Tensor, torch.Tensor], torch
     return act
 
 
-Activation = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Activation = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (gate, up) → hidden
 ACTIVATIONS: dict[str, Activation] = {"silu": swiglu, "swiglu_oai": swiglu_oai, "gelu": geglu}
 
 

@@ -2,7 +2,9 @@
 
 A layer's value part may be empty (v_dim 0): MLA caches only the compressed latent (plus the rope
 key part) and reads its values from the same rows. Side rows are per-position state beyond K/V that
-some layers keep (glm-dsa's indexer keys), named (name, layer) with a row shape.
+some layers keep (glm-dsa's indexer keys), named (name, layer) with a row shape. Recurrent layers
+(linear attention) keep a fixed-size state per sequence instead: `state[il]`, a list of
+zero-initialised tensors, so a new cache is a new sequence.
 """
 
 from __future__ import annotations
@@ -14,18 +16,22 @@ from sparkd.engine.errors import EngineError
 
 class KVCache:
     def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], dtype=torch.float32,
-                 side: dict[tuple[str, int], tuple[int, ...]] | None = None, device: torch.device | str = "cpu"):
-        # shapes[il] = (n_kv_heads, k_dim, v_dim)
+                 side: dict[tuple[str, int], tuple[int, ...]] | None = None, device: torch.device | str = "cpu",
+                 state_shapes: dict[int, list[tuple[int, ...]]] | None = None):
+        # shapes[il] = (n_kv_heads, k_dim, v_dim); state_shapes[il] = shapes of a recurrent layer's state
         self.max_ctx = max_ctx
         self.k = [torch.zeros(max_ctx, h, dk, dtype=dtype, device=device) for h, dk, _ in shapes]
         self.v = [torch.zeros(max_ctx, h, dv, dtype=dtype, device=device) if dv else None for h, _, dv in shapes]
         self.side = {key: torch.zeros(max_ctx, *row, dtype=dtype, device=device) for key, row in (side or {}).items()}
         self.scratch: dict[str, torch.Tensor | None] = {}  # handed from layer to layer in one forward pass
+        self.state = {il: [torch.zeros(sh, dtype=dtype, device=device) for sh in shs]
+                      for il, shs in (state_shapes or {}).items()}
         self.n_past = 0  # positions filled; advanced by the model after all layers ran
 
     @property
     def nbytes(self) -> int:
-        tensors = self.k + self.v + list(self.side.values())
+        states = [t for ts in self.state.values() for t in ts]
+        tensors = self.k + self.v + list(self.side.values()) + states
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def update(self, il: int, start: int, k: torch.Tensor, v: torch.Tensor | None):

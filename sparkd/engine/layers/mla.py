@@ -31,10 +31,11 @@ def mla_scale(rope: RopeConfig, head_dim_k: int, yarn_log_mul: float) -> float:
 
 class MLAttention(nn.Module):
     def __init__(self, il: int, n_head: int, qk_nope: int, qk_rope: int, kv_rank: int,
-                 rope: RopeConfig, scale: float, wq_a: Linear | None, q_a_norm: RMSNorm | None,
+                 rope: RopeConfig | None, scale: float, wq_a: Linear | None, q_a_norm: RMSNorm | None,
                  wq_b: Linear, wkv_a: Linear, kv_a_norm: RMSNorm, wk_b: torch.Tensor,
                  wv_b: torch.Tensor, wo: Linear, act_k_b: str | None = None,
-                 act_v_b: str | None = None, selector: nn.Module | None = None):
+                 act_v_b: str | None = None, selector: nn.Module | None = None,
+                 out_gate: Linear | None = None):
         super().__init__()
         self.il, self.n_head, self.qk_nope, self.qk_rope, self.kv_rank = il, n_head, qk_nope, qk_rope, kv_rank
         self.rope, self.scale = rope, scale
@@ -45,6 +46,7 @@ class MLAttention(nn.Module):
         self.act_k_b, self.act_v_b = act_k_b, act_v_b  # see act_round
         # sparse attention: selector(x, q latent, pos, cache) → [T, S] keys each query may read (None: all)
         self.selector = selector
+        self.out_gate = out_gate  # Kimi K3: heads' output *= sigmoid(out_gate(x)) before wo
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         # T tokens, H heads, R latent rank, Dn/P nope/rope dims, Dv value dims
@@ -55,9 +57,11 @@ class MLAttention(nn.Module):
         q_nope, q_pe = q[..., : self.qk_nope], q[..., self.qk_nope:]  # [T, H, Dn], [T, H, P]
         kv = self.wkv_a(x)  # [T, R + P]
         latent = self.kv_a_norm(kv[:, : self.kv_rank])  # [T, R]
-        cos, sin = rope_cos_sin(self.rope, pos)
-        k_pe = apply_rope(kv[:, None, self.kv_rank:], cos, sin, self.rope.neox)  # [T, 1, P]
-        q_pe = apply_rope(q_pe, cos, sin, self.rope.neox)
+        k_pe = kv[:, None, self.kv_rank:]  # [T, 1, P]
+        if self.rope is not None:  # None: nope-only MLA (Kimi K3), the P dims stay unrotated
+            cos, sin = rope_cos_sin(self.rope, pos)
+            k_pe = apply_rope(k_pe, cos, sin, self.rope.neox)
+            q_pe = apply_rope(q_pe, cos, sin, self.rope.neox)
         q_lat = torch.einsum("thd,hrd->thr", round_activations(q_nope, self.act_k_b), self.wk_b)  # [T, H, R]
         q_all = torch.cat([q_lat, q_pe], dim=-1)  # [T, H, R + P]
         k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
@@ -65,4 +69,7 @@ class MLAttention(nn.Module):
         k_all, _ = cache.update(self.il, start, k_new, None)
         o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep)  # [T, H, R]
         o = torch.einsum("thr,hvr->thv", round_activations(o, self.act_v_b), self.wv_b)  # [T, H, Dv]
-        return self.wo(o.reshape(T, -1))
+        o = o.reshape(T, -1)
+        if self.out_gate is not None:
+            o = o * torch.sigmoid(self.out_gate(x))
+        return self.wo(o)

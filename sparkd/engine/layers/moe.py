@@ -88,7 +88,8 @@ class MoE(nn.Module):
             out = self._kernels(x, w.float().contiguous(), ids)
             if out is not None:
                 return out if self.shared is None else out + self.shared(x)
-        return self._generic(x, w, ids)
+        out, shared = self.routed(x, w, ids, x)
+        return out if shared is None else out + shared
 
     def _kernels(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
         """The layer through the Triton MoE kernels; None where the store cannot serve them."""
@@ -117,11 +118,17 @@ class MoE(nn.Module):
         tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64)}
         return moe_decode(sel.prepared, h, w, self.act_name, round_h=_rounder(sel.act_down), **tiles)
 
-    def _generic(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        # T tokens, D model width, A experts per token, U distinct experts in the batch
+    def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
+               shared_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(sum over each token's selected experts of weight * expert(x), shared experts on
+        shared_in), in torch from the store's dequantized experts. x may be narrower than the
+        router's input (a latent MoE routes on the full width and runs experts at a latent one);
+        the shared experts keep the full width."""
+        # T tokens, D expert input width, A experts per token, U distinct experts in the batch
         uniq = torch.unique(ids)  # [U]
         ew = self.store.get(self.il, uniq.tolist())  # a streaming store issues its misses' reads here
-        shared = None if self.shared is None else self.shared(x)  # computed while those reads land
+        # computed while those reads land
+        shared = None if self.shared is None or shared_in is None else self.shared(shared_in)
         parts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(uniq)
         # rounding is per token row, so round x once per layer, not once per expert
         xg = round_activations(x, ew.act_gate)
@@ -142,9 +149,7 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         for tok, y in parts:  # id order, whatever the compute order was
             out.index_add_(0, tok, y)
-        if shared is not None:
-            out = out + shared
-        return out
+        return out, shared
 
 
 def _rounder(fmt: str | None):

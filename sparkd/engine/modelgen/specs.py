@@ -16,6 +16,7 @@ from sparkd.engine.modelgen.shape import Meta, Shape, Tensor, base_metadata
 ARCH_MODULES: dict[str, str] = {
     "glm-dsa": "glm_dsa",
     "deepseek4": "deepseek4",
+    "kimi-k3": "kimi_k3",
 }
 SUPPORTED_ARCHS = ("qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "gemma3", *ARCH_MODULES)
 DENSE_ARCHS = ("gemma3",)

@@ -25,6 +25,7 @@ ARCHITECTURES = {
     "gemma3": "gemma3",
     "glm-dsa": "glm_dsa",
     "deepseek4": "deepseek4",
+    "kimi-k3": "kimi_k3",
 }
 
 

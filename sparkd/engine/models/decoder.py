@@ -45,7 +45,8 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor | QuantRows, blocks: list[Block],
                  output_norm: nn.Module, output: Linear, embd_scale: float = 1.0,
                  kv_shapes: list[tuple[int, int, int]] | None = None,
-                 side_shapes: dict[tuple[str, int], tuple[int, ...]] | None = None):
+                 side_shapes: dict[tuple[str, int], tuple[int, ...]] | None = None,
+                 state_shapes: dict[int, list[tuple[int, ...]]] | None = None):
         super().__init__()
         self.cfg = cfg
         # [V, D]; QuantRows when the trunk stays quantized (indexing dequantizes the rows)
@@ -56,10 +57,11 @@ class Decoder(nn.Module):
         self.embd_scale = embd_scale
         self.kv_shapes = kv_shapes or [(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v)] * cfg.n_layer
         self.side_shapes = side_shapes  # per-position state beyond K/V (see KVCache)
+        self.state_shapes = state_shapes  # recurrent layers' per-sequence state (see KVCache)
 
     def new_cache(self, max_ctx: int | None = None) -> KVCache:
         return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, side=self.side_shapes,
-                       device=self.tok_embd.device)
+                       device=self.tok_embd.device, state_shapes=self.state_shapes)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:

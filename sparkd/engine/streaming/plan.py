@@ -203,9 +203,14 @@ def trunk_bytes(g: GGUFModel, n_layer: int | None = None) -> int:
 
 
 def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
-    if cfg.arch == "deepseek4":  # one shared key/value row per layer plus compressor state
-        from sparkd.engine.models.deepseek4 import cache_bytes
-        return cache_bytes(cfg, ctx)
+    """One sequence's cache: per-position K/V, plus recurrent state where an architecture module
+    says so through cache_bytes(cfg, ctx) (Kimi K3: MLA latent + KDA conv and delta-rule state;
+    DeepSeek V4: shared rows plus compressor state)."""
+    from sparkd.engine.models import arch_module  # here: models imports this module's regex
+
+    own = getattr(arch_module(cfg.arch), "cache_bytes", None)
+    if own is not None:
+        return own(cfg, ctx)
     if cfg.kv_lora_rank:  # MLA caches the latent plus the rope key, no values
         per_pos = cfg.kv_lora_rank + cfg.rope.n_rot
     else:

@@ -1,0 +1,99 @@
+"""Kimi Delta Attention (KDA): linear attention with a per-channel gated delta rule, as Kimi
+Linear and Kimi K3 use it, with its per-sequence recurrent state.
+
+Per token and head (Dk = Dv = head_dim): q, k, v come from a projection, a causal depthwise conv
+(kernel d_conv, silu) and, for q and k, an L2 norm. The state S [Dk, Dv] decays per key channel,
+S *= exp(g), then takes the delta-rule update S += k ⊗ beta·(v - Sᵀk), and the output is
+Sᵀq / sqrt(Dk). The output is RMS-normed per head, gated by sigmoid(ssm_g x) and projected.
+
+The cache holds, per KDA layer, the last d_conv-1 inputs of each conv (q, k, v) and S; decoding
+one token at a time gives what one pass over the whole sequence gives.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.norm import RMSNorm
+
+
+def kda_state_shapes(n_head: int, head_dim: int, d_conv: int) -> list[tuple[int, ...]]:
+    """The cache tensors of one KDA layer: conv tails of q, k, v and the delta-rule state."""
+    return [(3, d_conv - 1, n_head * head_dim), (n_head, head_dim, head_dim)]
+
+
+def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    # llama.cpp: rms_norm(x, eps/n) / sqrt(n) = x / sqrt(sum(x²) + eps)
+    return x * torch.rsqrt(x.double().pow(2).sum(-1, keepdim=True) + eps).to(x.dtype)
+
+
+def causal_conv(x: torch.Tensor, tail: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv of x [T, C] after the previous tail [K-1, C]; w [C, K].
+
+    Returns (silu(conv) [T, C], new tail [K-1, C])."""
+    K = w.shape[1]
+    xc = torch.cat([tail, x])  # [K-1+T, C]
+    windows = xc.unfold(0, K, 1)  # [T, C, K]
+    out = (windows * w).sum(-1)
+    return F.silu(out), xc[xc.shape[0] - (K - 1):]
+
+
+def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated delta rule over T tokens. q, k, v, g: [T, H, D]; beta [T, H]; state [H, Dk, Dv].
+
+    Returns (outputs [T, H, Dv], new state)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = state.clone()
+    outs = []
+    for t in range(q.shape[0]):
+        s = s * torch.exp(g[t])[..., None]  # decay each key channel (row i of S)
+        kv = torch.einsum("hij,hi->hj", s, k[t])  # [H, Dv]
+        delta = (v[t] - kv) * beta[t][:, None]
+        s = s + k[t][..., None] * delta[:, None, :]
+        outs.append(torch.einsum("hij,hi->hj", s, q[t]) * scale)
+    return torch.stack(outs), s
+
+
+class KDAttention(nn.Module):
+    def __init__(self, il: int, n_head: int, head_dim: int, eps: float, wq: Linear, wk: Linear,
+                 wv: Linear, conv_q: torch.Tensor, conv_k: torch.Tensor, conv_v: torch.Tensor,
+                 f_a: Linear, f_b: Linear, dt_bias: torch.Tensor, a: torch.Tensor, beta: Linear,
+                 gate: Linear, out_norm: RMSNorm, wo: Linear, gate_lower_bound: float | None):
+        super().__init__()
+        self.il, self.n_head, self.head_dim, self.eps = il, n_head, head_dim, eps
+        self.wq, self.wk, self.wv = wq, wk, wv
+        self.conv = nn.ParameterList([nn.Parameter(c, requires_grad=False) for c in (conv_q, conv_k, conv_v)])
+        self.f_a, self.f_b, self.beta, self.gate, self.out_norm, self.wo = f_a, f_b, beta, gate, out_norm, wo
+        self.dt_bias = nn.Parameter(dt_bias, requires_grad=False)  # [H*D]
+        self.a = nn.Parameter(a, requires_grad=False)  # [H], holds -exp(A_log)
+        self.lower_bound = gate_lower_bound
+
+    def _decay(self, x: torch.Tensor) -> torch.Tensor:
+        """Log decay g [T, H, D] (<= 0)."""
+        f = (self.f_b(self.f_a(x)) + self.dt_bias).view(x.shape[0], self.n_head, self.head_dim)
+        a = self.a[:, None]
+        if self.lower_bound is not None:  # K3: lb·sigmoid(exp(A_log)·f)
+            return self.lower_bound * torch.sigmoid(-(f * a))
+        return F.softplus(f) * a  # Kimi Linear: -exp(A_log)·softplus(f)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        # T tokens, H heads, D head_dim; x is the normed layer input [T, n_embd]
+        T, H, D = x.shape[0], self.n_head, self.head_dim
+        tails, state = cache.state[self.il]
+        qkv = []
+        for j, proj in enumerate((self.wq, self.wk, self.wv)):
+            y, tail = causal_conv(proj(x), tails[j], self.conv[j])
+            tails[j] = tail
+            qkv.append(y.view(T, H, D))
+        q, k, v = l2_normalize(qkv[0], self.eps), l2_normalize(qkv[1], self.eps), qkv[2]
+        beta = torch.sigmoid(self.beta(x))  # [T, H]
+        o, state[:] = delta_rule(q, k, v, self._decay(x), beta, state)
+        o = self.out_norm(o) * torch.sigmoid(self.gate(x).view(T, H, D))
+        return self.wo(o.reshape(T, H * D))

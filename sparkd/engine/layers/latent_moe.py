@@ -1,0 +1,30 @@
+"""Latent MoE (Kimi K3): the router scores the full-width input, the routed experts run at a
+narrower latent width between a down and an up projection (with an optional RMSNorm on the
+latent result), and the shared experts stay at full width on the un-projected input."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sparkd.engine.layers.experts import ExpertStore
+from sparkd.engine.layers.ffn import Activation
+from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.moe import MoE, Router
+
+
+class LatentMoE(MoE):
+    def __init__(self, il: int, router: Router, store: ExpertStore, act: str | Activation,
+                 down: Linear | None, up: Linear | None, latent_norm: nn.Module | None = None,
+                 shared: nn.Module | None = None):
+        super().__init__(il, router, store, act, shared)
+        self.down, self.up, self.latent_norm = down, up, latent_norm  # [L, D], [D, L]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, ids = self.router(x)  # routing reads the full width
+        out, shared = self.routed(x if self.down is None else self.down(x), w, ids, x)  # [T, L], [T, D]
+        if self.latent_norm is not None:
+            out = self.latent_norm(out)
+        if self.up is not None:
+            out = self.up(out)
+        return out if shared is None else out + shared

@@ -1,0 +1,177 @@
+"""Kimi K3 (llama.cpp `kimi-k3`): hybrid KDA linear attention (recurrent, n_head_kv = 0 marks a
+KDA layer) and nope-only MLA with a sigmoid output gate, cross-layer residual attention (AttnRes),
+latent MoE with sigmoid routing and a selection bias, shared experts and SiTU everywhere."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from sparkd.engine.errors import ModelError
+from sparkd.engine.layers.attn_res import ResidualMix
+from sparkd.engine.layers.experts import ExpertStore
+from sparkd.engine.layers.kda import KDAttention, kda_state_shapes
+from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.latent_moe import LatentMoE
+from sparkd.engine.layers.mla import MLAttention
+from sparkd.engine.layers.moe import Router
+from sparkd.engine.layers.situ import situ
+from sparkd.engine.models.config import GATING_SIGMOID, ModelConfig, base_config, gating_name
+from sparkd.engine.models.decoder import Decoder, dense_ffn, head
+from sparkd.engine.models.weights import Weights
+
+ARCH = "kimi-k3"
+F32_BYTES = 4
+
+
+def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
+    key = f"{ARCH}.attention.head_count_kv"
+    per_layer = metadata.get(key)
+    if not isinstance(per_layer, (list, tuple)):
+        raise ModelError(f"could not configure {ARCH} model {path}: {key} must be a per-layer array "
+                         f"(0 marks a KDA layer), got {per_layer!r}", path=path)
+    md = dict(metadata)
+    md[key] = max(per_layer)  # MLA is served as MQA over the latent: one KV head
+    m, kw = base_config(md, ARCH, neox=False, path=path)
+    if len(per_layer) != kw["n_layer"]:
+        raise ModelError(f"could not configure {ARCH} model {path}: {key} has {len(per_layer)} entries "
+                         f"for {kw['n_layer']} layers", path=path)
+    lb = m.get("{arch}.kda.gate_lower_bound")
+    kw.update(
+        gating=gating_name(m, GATING_SIGMOID),
+        q_lora_rank=m.int_("{arch}.attention.q_lora_rank", 0),
+        kv_lora_rank=m.int_("{arch}.attention.kv_lora_rank"),
+        head_dim_k_mla=m.int_("{arch}.attention.key_length_mla"),
+        head_dim_v_mla=m.int_("{arch}.attention.value_length_mla"),
+        extra=dict(
+            kda_layers=tuple(n == 0 for n in per_layer),
+            kda_head_dim=m.int_("{arch}.kda.head_dim"),
+            d_conv=m.int_("{arch}.ssm.conv_kernel"),
+            gate_lower_bound=None if lb is None else float(lb),
+            expert_latent=m.int_("{arch}.expert_latent_length", 0),
+            attn_res_block_size=m.int_("{arch}.attn_res.block_size"),
+            situ_beta=m.float_("{arch}.activation.situ_beta"),
+            situ_linear_beta=m.float_("{arch}.activation.situ_linear_beta")))
+    return ModelConfig(**kw)
+
+
+def is_kda(cfg: ModelConfig, il: int) -> bool:
+    return cfg.extra["kda_layers"][il]
+
+
+def cache_bytes(cfg: ModelConfig, ctx: int) -> int:
+    """What one sequence's cache holds: MLA latent + rope key per position, fixed KDA state."""
+    per_pos = cfg.kv_lora_rank + cfg.rope.n_rot
+    state = sum(math.prod(sh) for sh in kda_state_shapes(cfg.n_head, cfg.extra["kda_head_dim"],
+                                                           cfg.extra["d_conv"]))
+    n_kda = sum(cfg.extra["kda_layers"])
+    return ((cfg.n_layer - n_kda) * ctx * per_pos + n_kda * state) * F32_BYTES
+
+
+class K3Block(nn.Module):
+    """One layer: [mix] → norm → attention → [mix] → norm → FFN, with the AttnRes banking."""
+
+    def __init__(self, il: int, bank: bool, attn_mix: ResidualMix | None, attn_norm: nn.Module,
+                 attn: nn.Module, ffn_mix: ResidualMix | None, ffn_norm: nn.Module, ffn: nn.Module):
+        super().__init__()
+        self.il, self.bank = il, bank
+        self.attn_mix, self.attn_norm, self.attn = attn_mix, attn_norm, attn
+        self.ffn_mix, self.ffn_norm, self.ffn = ffn_mix, ffn_norm, ffn
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                stack: list[torch.Tensor]) -> torch.Tensor:
+        cur = x if self.attn_mix is None else self.attn_mix(stack, x)
+        if self.bank:
+            stack.append(x)  # the raw layer input, then the stream restarts from attention
+        h = self.attn(self.attn_norm(cur), pos, cache)
+        x = h if self.bank else x + h
+        cur = x if self.ffn_mix is None else self.ffn_mix(stack, x)
+        return x + self.ffn(self.ffn_norm(cur))
+
+
+class K3Decoder(Decoder):
+    def __init__(self, *args: Any, out_mix: ResidualMix | None = None, **kw: Any):
+        super().__init__(*args, **kw)
+        self.out_mix = out_mix
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        pos = torch.arange(cache.n_past, cache.n_past + tokens.shape[0])
+        x = self.tok_embd[tokens]  # [T, D]
+        stack: list[torch.Tensor] = []  # AttnRes checkpoints of this forward call's tokens
+        for block in self.blocks:
+            x = block(x, pos, cache, stack)
+        cache.n_past += tokens.shape[0]
+        if self.out_mix is not None:
+            x = self.out_mix(stack, x)
+        return self.output(self.output_norm(x))
+
+
+def _kda(w: Weights, cfg: ModelConfig, il: int) -> KDAttention:
+    p, H, D = f"blk.{il}", cfg.n_head, cfg.extra["kda_head_dim"]
+
+    def conv(name: str) -> torch.Tensor:
+        t = w.get(f"{p}.{name}.weight")
+        return t.reshape(H * D, cfg.extra["d_conv"])  # ggml ne [d_conv, 1, d_inner(, 1)]
+    return KDAttention(
+        il, H, D, cfg.rms_eps, w.linear(f"{p}.attn_q"), w.linear(f"{p}.attn_k"), w.linear(f"{p}.attn_v"),
+        conv("ssm_conv1d_q"), conv("ssm_conv1d_k"), conv("ssm_conv1d_v"),
+        w.linear(f"{p}.ssm_f_a", (D, cfg.n_embd)), w.linear(f"{p}.ssm_f_b", (H * D, D)),
+        w.get(f"{p}.ssm_dt.bias", (H * D,)), w.get(f"{p}.ssm_a", (H,)), w.linear(f"{p}.ssm_beta", (H, cfg.n_embd)),
+        w.linear(f"{p}.ssm_g", (H * D, cfg.n_embd)), w.norm(f"{p}.ssm_norm", cfg.rms_eps),
+        w.linear(f"{p}.attn_output"), cfg.extra["gate_lower_bound"])
+
+
+def _mla(w: Weights, cfg: ModelConfig, il: int) -> MLAttention:
+    p = f"blk.{il}"
+    has_q_lora = w.has(f"{p}.attn_q_a.weight")
+    return MLAttention(
+        il, cfg.n_head, cfg.head_dim_k_mla - cfg.rope.n_rot, cfg.rope.n_rot, cfg.kv_lora_rank,
+        None, 1.0 / math.sqrt(cfg.head_dim_k_mla),  # nope-only: no rope, plain softmax scale
+        wq_a=w.linear(f"{p}.attn_q_a") if has_q_lora else None,
+        q_a_norm=w.norm(f"{p}.attn_q_a_norm", cfg.rms_eps) if has_q_lora else None,
+        wq_b=w.linear(f"{p}.attn_q_b" if has_q_lora else f"{p}.attn_q"),
+        wkv_a=w.linear(f"{p}.attn_kv_a_mqa"), kv_a_norm=w.norm(f"{p}.attn_kv_a_norm", cfg.rms_eps),
+        wk_b=w.get(f"{p}.attn_k_b.weight"), wv_b=w.get(f"{p}.attn_v_b.weight"),
+        wo=w.linear(f"{p}.attn_output"), act_k_b=w.act_format(f"{p}.attn_k_b.weight"),
+        act_v_b=w.act_format(f"{p}.attn_v_b.weight"), out_gate=w.maybe_linear(f"{p}.attn_gate"))
+
+
+def _ffn(w: Weights, cfg: ModelConfig, il: int, store: ExpertStore) -> nn.Module:
+    p = f"blk.{il}"
+    act = situ(cfg.extra["situ_beta"], cfg.extra["situ_linear_beta"])
+    if not cfg.is_moe_layer(il):
+        return dense_ffn(w, p, act)
+    router = Router(w.linear(f"{p}.ffn_gate_inp", (cfg.n_expert, cfg.n_embd)), cfg.n_expert_used, cfg.gating,
+                    norm_w=cfg.expert_weights_norm, scale=cfg.expert_weights_scale,
+                    sel_bias=w.get(f"{p}.exp_probs_b.bias", (cfg.n_expert,)))
+    shared = dense_ffn(w, p, act, suffix="_shexp") if w.has(f"{p}.ffn_gate_shexp.weight") else None
+    return LatentMoE(il, router, store, act, w.maybe_linear(f"{p}.ffn_routed_down"),
+                     w.maybe_linear(f"{p}.ffn_routed_up"), w.maybe_norm(f"{p}.ffn_routed_norm", cfg.rms_eps),
+                     shared)
+
+
+def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
+    bs = cfg.extra["attn_res_block_size"]
+
+    def mix(name: str) -> ResidualMix | None:
+        return ResidualMix(w.get(f"{name}.weight", (cfg.n_embd,)), cfg.rms_eps) if bs else None
+    blocks, kv, states = [], [], {}
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}"
+        if is_kda(cfg, il):
+            attn: nn.Module = _kda(w, cfg, il)
+            kv.append((0, 0, 0))
+            states[il] = kda_state_shapes(cfg.n_head, cfg.extra["kda_head_dim"], cfg.extra["d_conv"])
+        else:
+            attn = _mla(w, cfg, il)
+            kv.append((1, cfg.kv_lora_rank + cfg.rope.n_rot, 0))  # latent + unrotated key part
+        blocks.append(K3Block(il, bool(bs) and il % bs == 0, mix(f"{p}.attn_res_score"),
+                              w.norm(f"{p}.attn_norm", cfg.rms_eps), attn, mix(f"{p}.ffn_res_score"),
+                              w.norm(f"{p}.ffn_norm", cfg.rms_eps), _ffn(w, cfg, il, store)))
+    emb, out = head(w)
+    return K3Decoder(cfg, emb, blocks, w.norm("output_norm", cfg.rms_eps), out, kv_shapes=kv,
+                     state_shapes=states, out_mix=mix("output_res_score"))

@@ -1,0 +1,114 @@
+"""Kimi K3 parts on their own: the router at K3's real expert count, the KDA recurrent state
+(per sequence, reset by a new cache, counted by the memory plan), and clear configuration errors."""
+
+import pytest
+import torch
+
+import sparkd.engine.models  # noqa: F401  first: layers.moe and models import each other
+from sparkd.engine.errors import ModelError
+from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.moe import Router
+from sparkd.engine.layers.situ import situ
+from sparkd.engine.make_model import plan, write_model
+from sparkd.engine.modelgen.specs import TINY
+from sparkd.engine.models import config_of, load_model
+from sparkd.engine.models.config import GATING_SIGMOID
+from sparkd.engine.models.kimi_k3 import config
+from sparkd.engine.streaming.plan import kv_bytes
+
+TOKENS = torch.tensor([1, 5, 9, 300, 22, 17, 40, 41])
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("k3") / "k3.gguf", plan(TINY["kimi-k3"], "F32"), seed=3)[0]
+
+
+def _reference_route(x, gate_w, bias, k, scale):
+    # plain torch, written from llama.cpp's build_moe_ffn: sigmoid, biased selection, unbiased
+    # weights renormalised over the selection, then scaled
+    probs = torch.sigmoid(x @ gate_w.T)
+    ids = torch.argsort(probs + bias, dim=-1, descending=True)[:, :k]
+    w = torch.gather(probs, 1, ids)
+    return w / w.sum(-1, keepdim=True) * scale, ids
+
+
+def test_router_picks_top16_of_896_experts_like_a_plain_reference():
+    g = torch.Generator().manual_seed(0)
+    x, gate_w = torch.randn(5, 64, generator=g), torch.randn(896, 64, generator=g) * 0.2
+    bias = torch.randn(896, generator=g) * 0.1
+    router = Router(Linear(gate_w), 16, GATING_SIGMOID, norm_w=True, scale=2.5, sel_bias=bias)
+    w, ids = router(x)
+    ref_w, ref_ids = _reference_route(x, gate_w, bias, 16, 2.5)
+    assert ids.shape == (5, 16) and int(ids.max()) >= 512  # experts past 512 are reachable
+    assert torch.equal(ids.sort(-1).values, ref_ids.sort(-1).values)
+    got = torch.zeros(5, 896).scatter(1, ids, w)
+    want = torch.zeros(5, 896).scatter(1, ref_ids, ref_w)
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_a_new_cache_is_a_new_sequence(tiny):
+    m = load_model(tiny)
+    try:
+        first = m.net(TOKENS, m.net.new_cache(16))
+        used = m.net.new_cache(16)
+        m.net(TOKENS[:3], used)
+        assert any(s.abs().sum() > 0 for ts in used.state.values() for s in ts)  # KDA state was written
+        again = m.net(TOKENS, m.net.new_cache(16))
+    finally:
+        m.close()
+    assert torch.equal(first, again)
+
+
+def test_plan_counts_the_kda_state_and_mla_latent(tiny):
+    g = GGUFModel.open(tiny)
+    m = load_model(tiny)
+    try:
+        cfg = config_of(g)
+        for ctx in (16, 100):
+            assert kv_bytes(cfg, ctx) == m.net.new_cache(ctx).nbytes
+        cache = m.net.new_cache(16)
+        s = TINY["kimi-k3"]
+        assert cache.k[2].shape == (16, 1, s.kv_lora_rank + s.qk_rope)  # MLA: latent + key part
+        assert cache.k[0].numel() == 0 and set(cache.state) == {0, 1}  # KDA layers: state only
+    finally:
+        m.close()
+        g.close()
+
+
+def test_head_count_kv_must_mark_the_layers(tiny):
+    g = GGUFModel.open(tiny)
+    try:
+        md = dict(g.metadata)
+    finally:
+        g.close()
+    md["kimi-k3.attention.head_count_kv"] = 1
+    with pytest.raises(ModelError, match="could not configure kimi-k3 model .*head_count_kv must be a per-layer"):
+        config(md, "x.gguf")
+    md["kimi-k3.attention.head_count_kv"] = [0, 1]
+    with pytest.raises(ModelError, match="has 2 entries for 3 layers"):
+        config(md, "x.gguf")
+
+
+def test_situ_matches_its_formula_and_refuses_a_zero_beta():
+    gate, up = torch.linspace(-30, 30, 61), torch.linspace(40, -40, 61)
+    got = situ(4.0, 16.0)(gate, up)
+    want = 4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate) * 16.0 * torch.tanh(up / 16.0)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(situ(4.0, 0.0)(gate, up), 4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate) * up)
+    with pytest.raises(ValueError, match="situ_beta must be positive, got 0.0"):
+        situ(0.0, 1.0)
+
+
+def test_kda_tensors_as_q8_0_load(tmp_path):
+    # the field report's loader failure: ssm_f_b arrives as Q8_0, not F16; any type dequantizes here
+    path = write_model(tmp_path / "q8.gguf", plan(TINY["kimi-k3"], "Q8_0"), seed=4)[0]
+    with GGUFModel.open(path) as g:
+        assert g.tensors["blk.0.ssm_f_b.weight"].ggml_type.name == "Q8_0"
+    m = load_model(path)
+    try:
+        out = m.net(TOKENS, m.net.new_cache(16))
+    finally:
+        m.close()
+    assert torch.isfinite(out).all() and out.std() > 0.1
