@@ -14,7 +14,7 @@ from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
-from sparkd.engine.models.config import RopeConfig
+from sparkd.engine.layers.rope import RopeConfig
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,

@@ -18,7 +18,7 @@ from sparkd.engine.layers.kv_compressor import Compressor, rope_tail
 from sparkd.engine.layers.dsv4_indexer import CompressedIndexer
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm, rms_normalize
-from sparkd.engine.models.config import RopeConfig
+from sparkd.engine.layers.rope import RopeConfig
 
 
 def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int, window: int, sinks: torch.Tensor,

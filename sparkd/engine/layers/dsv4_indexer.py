@@ -15,7 +15,7 @@ from torch import nn
 
 from sparkd.engine.layers.kv_compressor import Compressor, CompressorState, rope_tail
 from sparkd.engine.layers.linear import Linear
-from sparkd.engine.models.config import RopeConfig
+from sparkd.engine.layers.rope import RopeConfig
 
 
 class CompressedIndexer(nn.Module):

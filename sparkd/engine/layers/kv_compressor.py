@@ -20,7 +20,7 @@ from torch import nn
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
-from sparkd.engine.models.config import RopeConfig
+from sparkd.engine.layers.rope import RopeConfig
 
 
 def rope_tail(x: torch.Tensor, rope: RopeConfig, pos: torch.Tensor, inverse: bool = False) -> torch.Tensor:

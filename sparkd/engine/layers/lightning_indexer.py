@@ -24,7 +24,7 @@ from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import LayerNorm
 from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
-from sparkd.engine.models.config import RopeConfig
+from sparkd.engine.layers.rope import RopeConfig
 
 SIDE_KEYS = "dsa_keys"
 _SELECTION = "dsa_keep"

@@ -9,8 +9,12 @@ from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.ffn import ACTIVATIONS, Activation
 from sparkd.engine.layers.linear import Linear
-from sparkd.engine.models.config import (GATING_SIGMOID, GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT,
-                                         GATING_SQRT_SOFTPLUS)
+
+# llama.cpp's gating function ids (gguf.ExpertGatingFuncType has 1 and 2; 3 is internal to llama.cpp).
+GATING_SOFTMAX = "softmax"
+GATING_SIGMOID = "sigmoid"
+GATING_SOFTMAX_WEIGHT = "softmax_weight"  # gpt-oss: softmax over the selected logits only
+GATING_SQRT_SOFTPLUS = "sqrt_softplus"  # DeepSeek V4: sqrt(softplus(logits))
 
 # llama.cpp clamps the sum of routing weights to the smallest normal f16 before dividing
 _MIN_WEIGHT_SUM = 6.103515625e-5

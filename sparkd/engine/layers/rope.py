@@ -7,11 +7,24 @@ base^(-2/n_rot) once per pair in float32, so positions far from 0 round the same
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from sparkd.engine.models.config import RopeConfig
+
+@dataclass(frozen=True)
+class RopeConfig:
+    n_rot: int
+    base: float
+    neox: bool  # pairs (i, i + n_rot/2) instead of (2i, 2i+1)
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0  # yarn ramp mix; 1.0 when yarn is on
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0
+
 
 
 def _corr_dim(n_rot: int, n_ctx_orig: int, beta: float, base: float) -> float:

@@ -11,26 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from sparkd.engine.errors import MissingKeyError, ModelError
+from sparkd.engine.layers.moe import (  # noqa: F401 (architectures import the gating names from here)
+    GATING_SIGMOID, GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT, GATING_SQRT_SOFTPLUS)
+from sparkd.engine.layers.rope import RopeConfig
 
 # llama.cpp's gating function ids (gguf.ExpertGatingFuncType has 1 and 2; 3 is internal to llama.cpp).
-GATING_SOFTMAX = "softmax"
-GATING_SIGMOID = "sigmoid"
-GATING_SOFTMAX_WEIGHT = "softmax_weight"  # gpt-oss: softmax over the selected logits only
-GATING_SQRT_SOFTPLUS = "sqrt_softplus"  # DeepSeek V4: sqrt(softplus(logits))
 _GATING_IDS = {1: GATING_SOFTMAX, 2: GATING_SIGMOID, 3: GATING_SOFTMAX_WEIGHT, 4: GATING_SQRT_SOFTPLUS}
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    n_rot: int
-    base: float
-    neox: bool  # pairs (i, i + n_rot/2) instead of (2i, 2i+1)
-    freq_scale: float = 1.0
-    ext_factor: float = 0.0  # yarn ramp mix; 1.0 when yarn is on
-    attn_factor: float = 1.0
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    n_ctx_orig: int = 0
 
 
 @dataclass(frozen=True)

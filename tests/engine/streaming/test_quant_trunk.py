@@ -1,6 +1,5 @@
 """A streamed model's trunk stays quantized (layers/qlinear.py) and the plan counts it so."""
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
