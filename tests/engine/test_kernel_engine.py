@@ -79,10 +79,12 @@ def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant):
 def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend):
     """--unified on: the MoE kernels read the selected experts in place from the streaming
     arena's slots (pinned host memory on CUDA), with misses read from disk first."""
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
     from sparkd.engine.streaming.session import StreamOptions, open_streaming
 
     path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q8_0"], "Q8_0"), seed=7)[0]
-    opts = StreamOptions(budget_bytes=1 << 30, ctx=64, direct=False, device=backend)
+    # the plan counts this process's RSS (1.8 GB in a pytest process that set up CUDA): room above it
+    opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False, device=backend)
     ref, sm = load_model(path), open_streaming(path, opts)
     try:
         if backend == "cpu":  # the interpreter: experts through the kernels, trunk as the reference
