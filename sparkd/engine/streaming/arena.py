@@ -21,8 +21,10 @@ class Arena:
         self.n_slots, self.slot_bytes, self.pinned = n_slots, slot_bytes, pin
         size = max(1, n_slots * slot_bytes)
         try:
-            if pin:  # cudaHostAlloc memory is page-aligned
-                self.tensor = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            if pin:  # torch's pinned host allocator does not promise page alignment: align inside
+                self._pinned = torch.empty(size + ALIGN_BYTES, dtype=torch.uint8, pin_memory=True)
+                offset = -self._pinned.data_ptr() % ALIGN_BYTES
+                self.tensor = self._pinned[offset:offset + size]
             else:  # an anonymous mapping: page-aligned, and untouched pages cost nothing yet
                 self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
                 self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
@@ -50,4 +52,5 @@ class Arena:
     def release(self) -> None:
         """Drop the memory (the store was closed); views taken before must not be used after."""
         self.tensor = torch.empty(0, dtype=torch.uint8)
+        self._pinned = None
         self._array = np.empty(0, dtype=np.uint8)
