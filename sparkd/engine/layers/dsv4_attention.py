@@ -27,8 +27,8 @@ def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int, window: int, sink
     """q [T, H, D]; k [S, D] raw rows (also the values); extra [C, D] compressed entries with
     extra_ok [T, C] saying which each query sees. One softmax over both and the sink."""
     T, H, _ = q.shape
-    pos_q = torch.arange(start, start + T)[:, None]
-    pos_k = torch.arange(k.shape[0])[None, :]
+    pos_q = torch.arange(start, start + T, device=q.device)[:, None]
+    pos_k = torch.arange(k.shape[0], device=q.device)[None, :]
     masked = (pos_k > pos_q) | ((pos_q - pos_k) >= window)
     scores = torch.einsum("thd,sd->hts", q, k).mul(scale).masked_fill(masked, float("-inf"))
     values = k
@@ -74,7 +74,8 @@ class DSV4Attention(nn.Module):
         if self.compressor is None:
             return None, None
         entries = self.compressor(x, pos, cache.compressor_state(self.il, "attn"))
-        visible = torch.arange(entries.shape[0])[None, :] < ((pos + 1) // self.compressor.ratio)[:, None]
+        complete = ((pos + 1) // self.compressor.ratio).to(entries.device)  # entries each query sees
+        visible = torch.arange(entries.shape[0], device=entries.device)[None, :] < complete[:, None]
         if self.indexer is None:
             return entries, visible
         chosen = self.indexer(x, qr, pos, cache.compressor_state(self.il, "indexer"), visible)

@@ -35,11 +35,12 @@ def rope_tail(x: torch.Tensor, rope: RopeConfig, pos: torch.Tensor, inverse: boo
 class CompressorState:
     """One layer's compressor memory for one sequence: the ring of recent rows and the entries."""
 
-    def __init__(self, ratio: int, width: int, dim: int, overlap: bool, max_ctx: int):
+    def __init__(self, ratio: int, width: int, dim: int, overlap: bool, max_ctx: int,
+                 device: torch.device | str = "cpu"):
         self.ring_rows = 2 * ratio if overlap else ratio
-        self.kv = torch.zeros(self.ring_rows, width)
-        self.score = torch.full((self.ring_rows, width), float("-inf"))
-        self.entries = torch.zeros(max_ctx // ratio + 1, dim)
+        self.kv = torch.zeros(self.ring_rows, width, device=device)
+        self.score = torch.full((self.ring_rows, width), float("-inf"), device=device)
+        self.entries = torch.zeros(max_ctx // ratio + 1, dim, device=device)
         self.n_entries = 0
 
     @property
@@ -59,19 +60,20 @@ class Compressor(nn.Module):
     def width(self) -> int:
         return self.wkv.out_features
 
-    def new_state(self, max_ctx: int) -> CompressorState:
-        return CompressorState(self.ratio, self.width, self.dim, self.overlap, max_ctx)
+    def new_state(self, max_ctx: int, device: torch.device | str = "cpu") -> CompressorState:
+        return CompressorState(self.ratio, self.width, self.dim, self.overlap, max_ctx, device)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, st: CompressorState) -> torch.Tensor:
-        """Append the entries x's positions complete; returns all entries so far [n, dim]."""
+        """Append the entries x's positions complete; returns all entries so far [n, dim].
+        pos [T] is on the host (rope runs there); x and st on the network's device."""
         start, T, r = int(pos[0]), x.shape[0], self.ratio
         kv = self.wkv(x)  # [T, width]
-        score = self.wgate(x) + self.ape[pos % r]
+        score = self.wgate(x) + self.ape[(pos % r).to(x.device)]
         ends = [p for p in range(start, start + T) if (p + 1) % r == 0]
         if ends:
-            src_kv = torch.cat([st.kv, kv, torch.zeros(1, self.width)])
-            src_score = torch.cat([st.score, score, torch.full((1, self.width), float("-inf"))])
-            block_starts = torch.tensor(ends) + 1 - r
+            src_kv = torch.cat([st.kv, kv, kv.new_zeros(1, self.width)])
+            src_score = torch.cat([st.score, score, score.new_full((1, self.width), float("-inf"))])
+            block_starts = torch.tensor(ends, device="cpu") + 1 - r
             comp = self._compress(src_kv, src_score, block_starts, start, st.ring_rows)
             b0 = ends[0] // r
             st.entries[b0:b0 + len(ends)] = comp
@@ -82,17 +84,17 @@ class Compressor(nn.Module):
         return st.entries[:st.n_entries]
 
     def _rows(self, first: torch.Tensor, start: int, ring: int, n_new: int) -> torch.Tensor:
-        """Indices into [ring | new rows | zero row] of positions first + j, j < ratio."""
-        p = first[:, None] + torch.arange(self.ratio)[None, :]  # [B, ratio]
+        """Indices into [ring | new rows | zero row] of positions first + j, j < ratio (host)."""
+        p = first[:, None] + torch.arange(self.ratio, device=first.device)[None, :]  # [B, ratio]
         idx = torch.where(p >= start, ring + (p - start), p % ring)
         return torch.where(p < 0, torch.full_like(p, ring + n_new), idx)
 
     def _compress(self, src_kv: torch.Tensor, src_score: torch.Tensor, first: torch.Tensor,
                   start: int, ring: int) -> torch.Tensor:
         n_new, d = src_kv.shape[0] - ring - 1, self.dim
-        cur = self._rows(first, start, ring, n_new)
+        cur = self._rows(first, start, ring, n_new).to(src_kv.device)
         if self.overlap:
-            prev = self._rows(first - self.ratio, start, ring, n_new)
+            prev = self._rows(first - self.ratio, start, ring, n_new).to(src_kv.device)
             kv = torch.cat([src_kv[prev][..., :d], src_kv[cur][..., d:]], dim=1)  # [B, 2r, d]
             sc = torch.cat([src_score[prev][..., :d], src_score[cur][..., d:]], dim=1)
         else:

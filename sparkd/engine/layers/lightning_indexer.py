@@ -33,9 +33,10 @@ _SELECTION = "dsa_keep"
 def select_top_k(scores: torch.Tensor, start: int, top_k: int) -> torch.Tensor:
     """scores: [T, S] for queries at positions start.. → [T, S] bool, the kept positions."""
     T, S = scores.shape
-    visible = torch.arange(S)[None, :] <= torch.arange(start, start + T)[:, None]
+    dev = scores.device
+    visible = torch.arange(S, device=dev)[None, :] <= torch.arange(start, start + T, device=dev)[:, None]
     ids = scores.masked_fill(~visible, float("-inf")).topk(min(top_k, S), dim=-1).indices
-    chosen = torch.zeros(T, S, dtype=torch.bool).scatter_(1, ids, True)
+    chosen = torch.zeros(T, S, dtype=torch.bool, device=dev).scatter_(1, ids, True)
     return chosen & visible  # picks among -inf (fewer visible than top_k) stay causally masked
 
 

@@ -67,17 +67,32 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """tokens: [T] ids following the cache's n_past positions → logits [T, V] on the CPU
         (where sampling runs), wherever the network is."""
-        pos = torch.arange(cache.n_past, cache.n_past + tokens.shape[0])
-        x = self.tok_embd[tokens.to(self.tok_embd.device)]  # [T, D]
+        pos = positions(tokens, cache)
+        x = self.embed(tokens)  # [T, D]
         if self.embd_scale != 1.0:
             x = x * self.embd_scale
         for block in self.blocks:
             x = block(x, pos, cache)
         cache.n_past += tokens.shape[0]
-        logits = self.output(self.output_norm(x))  # [T, V]
+        return self.logits(x)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The token rows [T, D] on the network's device (tokens may be on the host)."""
+        return self.tok_embd[tokens.to(self.tok_embd.device)]
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The last hidden state [T, D] → logits [T, V] on the CPU, where sampling runs."""
+        logits = self.output(self.output_norm(x))
         if cap := self.cfg.logit_softcap:
             logits = torch.tanh(logits / cap) * cap
         return logits.cpu()
+
+
+def positions(tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """The positions [T] of tokens that follow the cache's n_past, on the host: rope angles are
+    computed there (rope_cos_sin) and layers read the start with int(); device masks build their
+    own aranges."""
+    return torch.arange(cache.n_past, cache.n_past + tokens.shape[0], device="cpu")
 
 
 def gqa_attention(w: Weights, cfg: ModelConfig, il: int, rope: RopeConfig | None = None,

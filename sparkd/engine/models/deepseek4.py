@@ -22,7 +22,7 @@ from sparkd.engine.layers.kv_compressor import Compressor, CompressorState
 from sparkd.engine.layers.dsv4_indexer import CompressedIndexer
 from sparkd.engine.layers.moe import MoE, Router
 from sparkd.engine.models.config import GATING_SQRT_SOFTPLUS, ModelConfig, RopeConfig, base_config, gating_name
-from sparkd.engine.models.decoder import Decoder, head
+from sparkd.engine.models.decoder import Decoder, head, positions
 from sparkd.engine.models.weights import Weights
 
 ARCH = "deepseek4"
@@ -144,10 +144,11 @@ class DSV4Block(nn.Module):
 class DSV4Cache(KVCache):
     """The raw key rows of every layer plus each compressed layer's compressor states."""
 
-    def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], compressors: dict):
-        super().__init__(max_ctx, shapes)
+    def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], compressors: dict,
+                 device: torch.device | str = "cpu"):
+        super().__init__(max_ctx, shapes, device=device)
         self.states: dict[tuple[int, str], CompressorState] = {
-            key: c.new_state(max_ctx) for key, c in compressors.items()}
+            key: c.new_state(max_ctx, device) for key, c in compressors.items()}
 
     @property
     def nbytes(self) -> int:
@@ -171,16 +172,17 @@ class DSV4Decoder(Decoder):
                 comps[b.attn.il, "attn"] = b.attn.compressor
             if b.attn.indexer is not None:
                 comps[b.attn.il, "indexer"] = b.attn.indexer.compressor
-        return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, comps)
+        return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, comps, device=self.tok_embd.device)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        pos = torch.arange(cache.n_past, cache.n_past + tokens.shape[0])
-        x = self.tok_embd[tokens][:, None, :].expand(-1, self.cfg.extra["hc"], -1)  # [T, hc, D]
+        pos = positions(tokens, cache)
+        tokens = tokens.to(self.tok_embd.device)  # the hash layers index their tables with them
+        x = self.embed(tokens)[:, None, :].expand(-1, self.cfg.extra["hc"], -1)  # [T, hc, D]
         for block in self.blocks:
             x = block(x, pos, cache, tokens)
         cache.n_past += tokens.shape[0]
-        return self.output(self.output_norm(self.hc_head(x)))
+        return self.logits(self.hc_head(x))
 
 
 def cache_bytes(cfg: ModelConfig, ctx: int) -> int:

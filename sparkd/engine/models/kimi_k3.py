@@ -20,7 +20,7 @@ from sparkd.engine.layers.mla import MLAttention
 from sparkd.engine.layers.moe import Router
 from sparkd.engine.layers.situ import situ
 from sparkd.engine.models.config import GATING_SIGMOID, ModelConfig, base_config, gating_name
-from sparkd.engine.models.decoder import Decoder, dense_ffn, head
+from sparkd.engine.models.decoder import Decoder, dense_ffn, head, positions
 from sparkd.engine.models.weights import Weights
 
 ARCH = "kimi-k3"
@@ -99,15 +99,15 @@ class K3Decoder(Decoder):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        pos = torch.arange(cache.n_past, cache.n_past + tokens.shape[0])
-        x = self.tok_embd[tokens]  # [T, D]
+        pos = positions(tokens, cache)
+        x = self.embed(tokens)  # [T, D]
         stack: list[torch.Tensor] = []  # AttnRes checkpoints of this forward call's tokens
         for block in self.blocks:
             x = block(x, pos, cache, stack)
         cache.n_past += tokens.shape[0]
         if self.out_mix is not None:
             x = self.out_mix(stack, x)
-        return self.output(self.output_norm(x))
+        return self.logits(x)
 
 
 def _kda(w: Weights, cfg: ModelConfig, il: int) -> KDAttention:
