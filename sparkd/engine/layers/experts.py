@@ -71,7 +71,7 @@ class ResidentExperts:
 
     def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
         w = self._layer(layer)
-        idx = torch.as_tensor(list(expert_ids), dtype=torch.long)
+        idx = torch.as_tensor(list(expert_ids), dtype=torch.long, device=w.gate.device)  # where the experts are
 
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.index_select(0, idx)
