@@ -121,7 +121,7 @@ class StreamingExperts:
             self._record(layer, ids)
             batch = _Batch(self, layer, ids)
         lay = self._layer(layer)
-        idx = torch.as_tensor(ids, dtype=torch.long)
+        idx = torch.as_tensor(ids, dtype=torch.long, device="cpu")  # the biases live with the arena, on the host
         gb, ub, db = (None if b is None else b.index_select(0, idx) for b in lay.biases)
         # activations rounded as llama.cpp's matmul against each weight type does (see act_round)
         act_gate, act_up, act_down = (vec_dot_format(info.ggml_type) for info in lay.infos)
