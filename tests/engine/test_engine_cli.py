@@ -48,6 +48,18 @@ def test_generate_json(model):
     assert len(json.loads(r.stdout)["tokens"]) == 4
 
 
+@pytest.mark.parametrize("mode", [["--resident"], ["--budget", "2G"]], ids=["resident", "streamed"])
+def test_cpu_engine_runs_without_triton(model, mode):
+    """The CPU engine must not need Triton (the .deb's engine venv has torch only): block its import."""
+    code = ("import sys, runpy; sys.modules['triton'] = None; "
+            "sys.argv = ['sparkd-engine', *sys.argv[1:]]; runpy.run_module('sparkd.engine.cli', run_name='__main__')")
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    r = subprocess.run([sys.executable, "-c", code, "generate", str(model), "--tokens", "1 2 3", "-n", "3",
+                        "--json", *mode], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 3
+
+
 @pytest.mark.parametrize("args,msg", [
     (["make-model", "--arch", "nope", "X.gguf"], "could not make a model for --arch 'nope'"),
     (["make-model", "--arch", "qwen3moe", "--top-k", "20", "X.gguf"], "--top-k 20 exceeds --experts 8"),

@@ -96,12 +96,13 @@ class MoE(nn.Module):
         return out if shared is None else out + shared
 
     def _kernels(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
-        """The layer through the Triton MoE kernels; None where the store cannot serve them."""
-        from sparkd.engine.kernels.moe import moe_prefill
-
+        """The layer through the Triton MoE kernels; None where the store cannot serve them.
+        Triton is imported only once a store serves kernels: the CPU engine runs without it."""
         table = getattr(self.store, "kernel_table", None)
         layer = table(self.il) if table is not None and x.shape[0] > 1 else None
         if layer is not None:  # many tokens, every expert at hand: group tokens by expert
+            from sparkd.engine.kernels.moe import moe_prefill
+
             h = round_activations(x, layer.act_gate).float().contiguous()
             return moe_prefill(layer.prepared.table, h, ids, w, self.act_name, "ieee",
                                _rounder(layer.act_down))
