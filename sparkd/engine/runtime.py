@@ -19,6 +19,7 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, kv_bytes
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
+from sparkd.engine.think import CLOSE, OPEN, TagMatcher, ThinkTags, find_think_tags
 from sparkd.engine.tokenizer import Tokenizer
 
 # Without --ctx the KV cache covers this many positions (or the model's training context if
@@ -33,16 +34,6 @@ class NoExpertCache(EngineError):
 
 class MemoryPlanError(EngineError):
     """The model does not fit in the memory budget."""
-
-
-@dataclass(frozen=True)
-class ThinkTags:
-    """Token ids that open and close a reasoning block, when both are single tokens."""
-
-    open_id: int
-    close_id: int
-    open_text: str
-    close_text: str
 
 
 @dataclass
@@ -173,11 +164,7 @@ class Engine:
                 t.tokens[t.eos_id] if t.eos_id is not None else "")
 
     def _think_tags(self) -> ThinkTags | None:
-        ids = self.tokenizer.ids
-        for open_text, close_text in THINK_TAGS:
-            if open_text in ids and close_text in ids:
-                return ThinkTags(ids[open_text], ids[close_text], open_text, close_text)
-        return None
+        return find_think_tags(self.tokenizer, THINK_TAGS)
 
     def _warm_experts(self, net: Any) -> None:
         """Read every resident expert now, so the first request does not pay for it."""
@@ -243,24 +230,17 @@ class Engine:
         for i in range(0, len(ids), batch):  # chunks the plan's workspace holds
             logits = self.net(torch.tensor(ids[i:i + batch]), cache)[-1]
         history = list(req.prompt_ids)
-        inside, thought = req.starts_in_reasoning, 0
+        budget = _ReasoningBudget(req)
         for _ in range(req.max_tokens):
             if cancel.is_set():
                 return
-            if inside and req.reasoning_budget is not None and thought >= req.reasoning_budget:
-                token = req.think.close_id
-            else:
+            token = budget.forced()
+            if token is None:
                 token = sample(logits if bias is None else logits + bias, history)
             yield token
             if token in self.tokenizer.eog_ids:
                 return
-            if req.think is not None:
-                if token == req.think.open_id:
-                    inside = True
-                elif token == req.think.close_id:
-                    inside = False
-                elif inside:
-                    thought += 1
+            budget.push(token)
             history.append(token)
             if cache.n_past >= cache.max_ctx:
                 return
@@ -273,6 +253,34 @@ class Engine:
             self.streaming.close()
         elif self.gguf is not None:
             self.gguf.close()
+
+
+class _ReasoningBudget:
+    """Counts reasoning tokens; once the budget is spent, forces the close tag one token a step
+    (only what completes it, when the model already began writing it)."""
+
+    def __init__(self, req: GenerationRequest):
+        self._tags = TagMatcher(req.think) if req.think is not None else None
+        self._limit = req.reasoning_budget
+        self.inside, self.thought = req.starts_in_reasoning, 0
+        self._forcing: list[int] = []
+
+    def forced(self) -> int | None:
+        if self._tags is None or self._limit is None or not self.inside:
+            return None
+        if not self._forcing and self.thought >= self._limit:
+            self._forcing = self._tags.rest_of(CLOSE)
+        return self._forcing.pop(0) if self._forcing else None
+
+    def push(self, token: int) -> None:
+        if self._tags is None:
+            return
+        for item in self._tags.push(token):
+            if item in (OPEN, CLOSE):
+                self.inside = item == OPEN
+                self._forcing = []
+            elif self.inside:
+                self.thought += 1
 
 
 def _bias_vector(bias: Mapping[int, float], n_vocab: int) -> torch.Tensor | None:

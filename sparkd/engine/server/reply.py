@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sparkd.engine.runtime import ThinkTags
+from sparkd.engine.think import CLOSE, OPEN, TagMatcher, ThinkTags
 
 
 @dataclass
@@ -69,7 +69,7 @@ class ReplyBuilder:
     def __init__(self, tokenizer: Any, stop: Sequence[str] = (), think: ThinkTags | None = None,
                  starts_in_reasoning: bool = False):
         self._eog = tokenizer.eog_ids
-        self._think = think
+        self._tags = TagMatcher(think) if think is not None else None
         self._content = _Channel(tokenizer, stop)
         self._reasoning = _Channel(tokenizer, stop) if think is not None else None
         self.in_reasoning = starts_in_reasoning and think is not None
@@ -88,13 +88,23 @@ class ReplyBuilder:
         if token in self._eog:
             self.finish_reason = "stop"
             return self.flush()
-        if self._think is not None and token in (self._think.open_id, self._think.close_id):
-            return self._switch(token == self._think.open_id)
-        channel = self._reasoning if self.in_reasoning else self._content
-        text, stopped = channel.push(token)
-        if stopped:
-            self.finish_reason = "stop"
-        return Delta(reasoning=text) if self.in_reasoning else Delta(content=text)
+        items = self._tags.push(token) if self._tags is not None else [token]
+        return self._take(items)
+
+    def _take(self, items: list[int | str]) -> Delta:
+        """Plain tokens to the current channel, OPEN/CLOSE switch it; stops at a stop string."""
+        out = Delta()
+        for item in items:
+            if item in (OPEN, CLOSE):
+                out += self._switch(item == OPEN)
+                continue
+            channel = self._reasoning if self.in_reasoning else self._content
+            text, stopped = channel.push(item)
+            out += Delta(reasoning=text) if self.in_reasoning else Delta(content=text)
+            if stopped:
+                self.finish_reason = "stop"
+                break
+        return out
 
     def _switch(self, to_reasoning: bool) -> Delta:
         if to_reasoning == self.in_reasoning:
@@ -105,9 +115,11 @@ class ReplyBuilder:
         return out
 
     def flush(self) -> Delta:
-        out = Delta(content=self._content.flush())
+        """Everything held back: tokens of a tag that never completed, text of a partial stop."""
+        out = self._take(self._tags.flush()) if self._tags is not None else Delta()
+        out.content += self._content.flush()
         if self._reasoning is not None:
-            out.reasoning = self._reasoning.flush()
+            out.reasoning += self._reasoning.flush()
         return out
 
     def finish(self, cancelled: bool = False) -> Delta:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sparkd.engine.modelgen.tokenizer import make_tokenizer
-from sparkd.engine.runtime import ThinkTags
+from sparkd.engine.chat import THINK_TAGS
 from sparkd.engine.server.reply import Delta, ReplyBuilder
+from sparkd.engine.think import ThinkTags, find_think_tags
 from sparkd.engine.tokenizer import Tokenizer
 
 
@@ -62,15 +63,16 @@ def test_length_when_tokens_run_out(tok):
 
 
 def test_reasoning_then_content(tok):
-    think = ThinkTags(tok.ids["<think>"], tok.ids["</think>"], "<think>", "</think>")
-    ids = [think.open_id] + _bytes(tok, "plan") + [think.close_id] + _bytes(tok, "answer")
+    think = find_think_tags(tok, THINK_TAGS)
+    assert think == ThinkTags((tok.ids["<think>"],), (tok.ids["</think>"],), "<think>", "</think>")
+    ids = [*think.open_ids] + _bytes(tok, "plan") + [*think.close_ids] + _bytes(tok, "answer")
     b = ReplyBuilder(tok, think=think)
     out = _run(b, ids)
     assert (out.reasoning, out.content, b.saw_reasoning) == ("plan", "answer", True)
 
 
 def test_starting_inside_reasoning_and_cut_off(tok):
-    think = ThinkTags(tok.ids["<think>"], tok.ids["</think>"], "<think>", "</think>")
+    think = find_think_tags(tok, THINK_TAGS)
     b = ReplyBuilder(tok, think=think, starts_in_reasoning=True)
     out = _run(b, _bytes(tok, "still thinking"))
     assert (out.reasoning, out.content, b.finish_reason) == ("still thinking", "", "length")
@@ -80,3 +82,98 @@ def test_without_think_tags_the_tags_are_plain_tokens(tok):
     b = ReplyBuilder(tok)
     out = _run(b, [tok.ids["<think>"]] + _bytes(tok, "x"))
     assert (out.reasoning, out.content) == ("", "x")  # control tokens decode to nothing
+
+
+# --- Kimi K3: tags of several tokens (<|open|> think <|sep|> ... <|close|> think <|sep|>) ----------
+
+def k3_tokenizer_metadata(n_vocab: int = 512) -> dict:
+    """The generated tokenizer with K3's section markers in place of <think>/</think>."""
+    spec = make_tokenizer(n_vocab)
+    rename = {"<think>": "<|open|>", "</think>": "<|close|>", "[PAD0]": "<|sep|>"}
+    tokens = [rename.get(t, t) for t in spec.tokens]
+    types = list(spec.types)
+    types[tokens.index("<|sep|>")] = types[tokens.index("<|open|>")]  # control, like the others
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": spec.merges,
+            "tokenizer.ggml.eos_token_id": spec.eos_id, "tokenizer.ggml.bos_token_id": spec.bos_id}
+
+
+@pytest.fixture(scope="module")
+def k3():
+    tok = Tokenizer(k3_tokenizer_metadata())
+    return tok, find_think_tags(tok, THINK_TAGS)
+
+
+def _k3_ids(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special=False, parse_special=True)
+
+
+def test_k3_tags_are_found_as_token_sequences(k3):
+    tok, think = k3
+    assert (think.open_text, think.close_text) == ("<|open|>think<|sep|>", "<|close|>think<|sep|>")
+    assert think.open_ids[0] == tok.ids["<|open|>"] and think.close_ids[-1] == tok.ids["<|sep|>"]
+    assert len(think.open_ids) > 1 and tok.decode(think.close_ids, special=True) == think.close_text
+
+
+def test_vocabulary_without_tags_has_none(k3):
+    tok, _ = k3
+    assert find_think_tags(tok, [("<think>", "</think>")]) is None  # plain bytes, no control token
+
+
+@pytest.mark.parametrize("starts_in_reasoning", [False, True])
+def test_k3_reasoning_then_content(k3, starts_in_reasoning):
+    tok, think = k3
+    opener = "" if starts_in_reasoning else "<|open|>think<|sep|>"
+    b = ReplyBuilder(tok, think=think, starts_in_reasoning=starts_in_reasoning)
+    out = _run(b, _k3_ids(tok, opener + "plan it<|close|>think<|sep|>the answer"))
+    assert (out.reasoning, out.content, b.saw_reasoning) == ("plan it", "the answer", True)
+
+
+def test_k3_tag_tokens_send_no_text_until_the_tag_is_decided(k3):
+    tok, think = k3
+    b = ReplyBuilder(tok, think=think, starts_in_reasoning=True)
+    sent = [b.push(t) for t in _k3_ids(tok, "ok<|close|>think<|sep|>")]
+    assert [d.reasoning for d in sent[-len(think.close_ids):]] == [""] * len(think.close_ids)
+    assert not b.in_reasoning and b.push(_k3_ids(tok, "y")[0]).content == "y"
+
+
+def test_k3_false_start_is_released_to_the_current_channel(k3):
+    tok, think = k3
+    b = ReplyBuilder(tok, think=think, starts_in_reasoning=True)
+    # <|open|> then "response": not the think tag, so those tokens are reasoning text
+    # (<|open|> is a control token and decodes to nothing) and reasoning continues
+    out = _run(b, _k3_ids(tok, "a<|open|>response<|sep|>b<|close|>think<|sep|>c"))
+    assert (out.reasoning, out.content) == ("aresponseb", "c")
+
+
+def test_k3_released_tail_that_starts_a_new_tag(k3):
+    tok, think = k3
+    b = ReplyBuilder(tok, think=think)
+    # "<|close|>" then the whole opener: the first token is released, the rest is the tag
+    out = _run(b, _k3_ids(tok, "x<|close|><|open|>think<|sep|>why<|close|>think<|sep|>y"))
+    assert (out.reasoning, out.content) == ("why", "xy")
+    # a half opener broken by the start of a whole one
+    out = _run(ReplyBuilder(tok, think=think), _k3_ids(tok, "<|open|>th<|open|>think<|sep|>r"))
+    assert (out.reasoning, out.content) == ("r", "th")
+
+
+def test_k3_tag_cut_by_the_end_of_generation_is_released(k3):
+    tok, think = k3
+    b = ReplyBuilder(tok, think=think, starts_in_reasoning=True)
+    ids = _k3_ids(tok, "deep<|close|>think")  # the generation ran out inside the close tag
+    out = _run(b, ids)
+    assert (out.reasoning, out.content, b.finish_reason) == ("deepthink", "", "length")
+    b = ReplyBuilder(tok, think=think, starts_in_reasoning=True)
+    out = _run(b, ids + [tok.ids["<|im_end|>"]])
+    assert (out.reasoning, b.finish_reason, b.completion_tokens) == ("deepthink", "stop", len(ids) + 1)
+
+
+def test_k3_stop_string_inside_reasoning(k3):
+    tok, think = k3
+    b = ReplyBuilder(tok, stop=["lan"], think=think)
+    out = _run(b, _k3_ids(tok, "<|open|>think<|sep|>plan<|close|>think<|sep|>answer"))
+    assert (out.reasoning, out.content, b.finish_reason) == ("p", "", "stop")
+    # a stop string that the released tokens of a false start complete
+    b = ReplyBuilder(tok, stop=["xthink"], think=think, starts_in_reasoning=True)
+    out = _run(b, _k3_ids(tok, "x<|close|>thinking"))
+    assert (out.reasoning, b.finish_reason) == ("", "stop")
