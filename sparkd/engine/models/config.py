@@ -175,6 +175,19 @@ def base_config(metadata: Mapping[str, Any], arch: str, neox: bool,
     return m, kw
 
 
+def mla_config(m: Meta, arch: str, path: str | None) -> dict[str, int]:
+    """ModelConfig's MLA (compressed-latent attention) sizes, for the layout llama.cpp loads today:
+    key_length_mla present, attn_k_b/attn_v_b split."""
+    if not m.has("{arch}.attention.key_length_mla"):
+        raise ModelError(f"could not configure {arch} model {path}: metadata key {arch}.attention.key_length_mla "
+                         "is missing: only the MLA layout (split attn_k_b/attn_v_b) is supported; "
+                         "re-convert with a current convert_hf_to_gguf.py", path=path)
+    return dict(q_lora_rank=m.int_("{arch}.attention.q_lora_rank", 0),
+                kv_lora_rank=m.int_("{arch}.attention.kv_lora_rank"),
+                head_dim_k_mla=m.int_("{arch}.attention.key_length_mla"),
+                head_dim_v_mla=m.int_("{arch}.attention.value_length_mla"))
+
+
 def gating_name(meta: Meta, default: str) -> str:
     gid = int(meta.get("{arch}.expert_gating_func", 0))
     return _GATING_IDS.get(gid, default)

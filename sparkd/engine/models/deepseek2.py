@@ -8,10 +8,9 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from sparkd.engine.errors import ModelError
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.mla import MLAttention, mla_scale
-from sparkd.engine.models.config import GATING_SOFTMAX, ModelConfig, base_config, gating_name
+from sparkd.engine.models.config import GATING_SOFTMAX, ModelConfig, base_config, gating_name, mla_config
 from sparkd.engine.models.decoder import Block, Decoder, dense_ffn, head, moe_ffn
 from sparkd.engine.models.weights import Weights
 
@@ -20,18 +19,9 @@ ARCH = "deepseek2"
 
 def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
     m, kw = base_config(metadata, ARCH, neox=False, path=path)
-    if not m.has("{arch}.attention.key_length_mla"):
-        raise ModelError(f"could not configure {ARCH} model {path}: only the MLA layout "
-                         f"(attention.key_length_mla, split attn_k_b/attn_v_b) is supported; "
-                         "re-convert with a current convert_hf_to_gguf.py", path=path)
     log_mul = m.float_("{arch}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1
     kw.update(
-        gating=gating_name(m, GATING_SOFTMAX),
-        q_lora_rank=m.int_("{arch}.attention.q_lora_rank", 0),
-        kv_lora_rank=m.int_("{arch}.attention.kv_lora_rank"),
-        head_dim_k_mla=m.int_("{arch}.attention.key_length_mla"),
-        head_dim_v_mla=m.int_("{arch}.attention.value_length_mla"),
-        yarn_log_mul=log_mul)
+        gating=gating_name(m, GATING_SOFTMAX), yarn_log_mul=log_mul, **mla_config(m, ARCH, path))
     return ModelConfig(**kw)
 
 

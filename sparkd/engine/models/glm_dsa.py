@@ -18,7 +18,7 @@ from sparkd.engine.errors import ModelError
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.lightning_indexer import SIDE_KEYS, LightningIndexer, SharedSelection
 from sparkd.engine.layers.norm import LayerNorm
-from sparkd.engine.models.config import GATING_SIGMOID, Meta, ModelConfig, base_config, gating_name
+from sparkd.engine.models.config import GATING_SIGMOID, Meta, ModelConfig, base_config, gating_name, mla_config
 from sparkd.engine.models.decoder import Block, Decoder, dense_ffn, head, moe_ffn
 from sparkd.engine.models.deepseek2 import mla_attention
 from sparkd.engine.models.weights import Weights
@@ -47,19 +47,12 @@ def glm_5_2_full_layers(n_layer: int) -> tuple[bool, ...]:
 
 def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
     m, kw = base_config(metadata, ARCH, neox=False, path=path)
-    if not m.has("{arch}.attention.key_length_mla"):
-        raise ModelError(f"could not configure {ARCH} model {path}: metadata key "
-                         f"{ARCH}.attention.key_length_mla is missing (the architecture requires MLA); "
-                         "re-convert with a current convert_hf_to_gguf.py", path=path)
     n_layer = kw["n_layer"] - m.int_("{arch}.nextn_predict_layers", 0)
     kw.update(
         n_layer=n_layer,
         gating=gating_name(m, GATING_SIGMOID),
-        q_lora_rank=m.int_("{arch}.attention.q_lora_rank"),
-        kv_lora_rank=m.int_("{arch}.attention.kv_lora_rank"),
-        head_dim_k_mla=m.int_("{arch}.attention.key_length_mla"),
-        head_dim_v_mla=m.int_("{arch}.attention.value_length_mla"),
-        yarn_log_mul=0.0)  # llama.cpp's glm-dsa loader does not read the yarn log multiplier
+        yarn_log_mul=0.0,  # llama.cpp's glm-dsa loader does not read the yarn log multiplier
+        **mla_config(m, ARCH, path))
     ix = _indexer_config(m, n_layer, kw["n_ctx_train"], path)
     kw["extra"] = {"indexer": ix, "side_cache_floats_per_pos": ix.side_floats_per_pos()}
     return ModelConfig(**kw)

@@ -19,7 +19,7 @@ from sparkd.engine.layers.latent_moe import LatentMoE
 from sparkd.engine.layers.mla import MLAttention
 from sparkd.engine.layers.moe import Router
 from sparkd.engine.layers.situ import situ
-from sparkd.engine.models.config import GATING_SIGMOID, ModelConfig, base_config, gating_name
+from sparkd.engine.models.config import GATING_SIGMOID, ModelConfig, base_config, gating_name, mla_config
 from sparkd.engine.models.decoder import Decoder, dense_ffn, head, positions
 from sparkd.engine.models.weights import Weights
 
@@ -41,11 +41,7 @@ def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
                          f"for {kw['n_layer']} layers", path=path)
     lb = m.get("{arch}.kda.gate_lower_bound")
     kw.update(
-        gating=gating_name(m, GATING_SIGMOID),
-        q_lora_rank=m.int_("{arch}.attention.q_lora_rank", 0),
-        kv_lora_rank=m.int_("{arch}.attention.kv_lora_rank"),
-        head_dim_k_mla=m.int_("{arch}.attention.key_length_mla"),
-        head_dim_v_mla=m.int_("{arch}.attention.value_length_mla"),
+        gating=gating_name(m, GATING_SIGMOID), **mla_config(m, ARCH, path),
         extra=dict(
             kda_layers=tuple(n == 0 for n in per_layer),
             kda_head_dim=m.int_("{arch}.kda.head_dim"),
