@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gguf import GGUFValueType as V
 
-from sparkd.engine.modelgen.shape import Meta, Shape, Tensor, base_metadata
+from sparkd.engine.modelgen.shape import Meta, Shape, Tensor, base_metadata, shared_expert_tensors, yarn_metadata
 
 ARCH = "deepseek4"
 GATING_SQRT_SOFTPLUS = 4  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS
@@ -98,16 +98,7 @@ def metadata(s: Shape) -> Meta:
         (f"{a}.hyper_connection.epsilon", s.hc_eps, V.FLOAT32),
         (f"{a}.hash_layer_count", s.n_hash_layers, V.UINT32),
         (f"{a}.embedding_length_out", s.n_embd * s.hc_mult, V.UINT32),
-    ] + _yarn(s)
-
-
-def _yarn(s: DeepSeek4Shape) -> Meta:
-    # YaRN applies to the compressed layers' rope only (window-only layers use plain rope)
-    if not s.yarn_factor:
-        return []
-    a = s.arch
-    return [(f"{a}.rope.scaling.type", "yarn", V.STRING), (f"{a}.rope.scaling.factor", s.yarn_factor, V.FLOAT32),
-            (f"{a}.rope.scaling.original_context_length", s.yarn_orig_ctx, V.UINT32)]
+    ] + yarn_metadata(s)  # YaRN applies to the compressed layers' rope only (window-only layers: plain)
 
 
 def tensors(s: Shape) -> list[Tensor]:
@@ -143,13 +134,10 @@ def _layer(s: DeepSeek4Shape, il: int, ratio: int) -> list[Tensor]:
         t.append((f"{p}.ffn_gate_tid2eid.weight", (s.n_vocab, s.n_expert_used), "ids"))
     else:
         t.append((f"{p}.exp_probs_b.bias", (E,), "bias"))
-    Fs = F * s.n_expert_shared
     return t + [
         (f"{p}.ffn_norm.weight", (D,), "norm"),
         (f"{p}.ffn_gate_exps.weight", (E, F, D), "w"), (f"{p}.ffn_up_exps.weight", (E, F, D), "w"),
-        (f"{p}.ffn_down_exps.weight", (E, D, F), "w"),
-        (f"{p}.ffn_gate_shexp.weight", (Fs, D), "w"), (f"{p}.ffn_up_shexp.weight", (Fs, D), "w"),
-        (f"{p}.ffn_down_shexp.weight", (D, Fs), "w"),
+        (f"{p}.ffn_down_exps.weight", (E, D, F), "w"), *shared_expert_tensors(s, p),
     ]
 
 

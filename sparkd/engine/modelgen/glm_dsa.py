@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from gguf import GGUFValueType as V
 
-from sparkd.engine.modelgen.shape import Meta, Shape, Tensor, base_metadata
+from sparkd.engine.modelgen.shape import (Meta, Shape, Tensor, base_metadata, dense_ffn_tensors, mla_metadata,
+                                          shared_expert_tensors, sigmoid_routing_metadata)
 
 ARCH = "glm-dsa"
 
@@ -55,16 +56,7 @@ def metadata(s: DsaShape) -> Meta:
         (f"{a}.feed_forward_length", s.n_ff, V.UINT32),
         (f"{a}.expert_feed_forward_length", s.n_ff_exp, V.UINT32),
         (f"{a}.leading_dense_block_count", s.n_layer_dense_lead, V.UINT32),
-        (f"{a}.attention.q_lora_rank", s.q_lora_rank, V.UINT32),
-        (f"{a}.attention.kv_lora_rank", s.kv_lora_rank, V.UINT32),
-        (f"{a}.attention.key_length", s.kv_lora_rank + s.qk_rope, V.UINT32),
-        (f"{a}.attention.value_length", s.kv_lora_rank, V.UINT32),
-        (f"{a}.attention.key_length_mla", s.qk_nope + s.qk_rope, V.UINT32),
-        (f"{a}.attention.value_length_mla", s.v_head, V.UINT32),
-        (f"{a}.rope.dimension_count", s.qk_rope, V.UINT32),
-        (f"{a}.expert_shared_count", s.n_expert_shared, V.UINT32),
-        (f"{a}.expert_weights_scale", s.routed_scale, V.FLOAT32),
-        (f"{a}.expert_weights_norm", True, V.BOOL), (f"{a}.expert_gating_func", 2, V.UINT32),
+        *mla_metadata(s), *sigmoid_routing_metadata(s),
         (f"{a}.attention.indexer.head_count", s.idx_heads, V.UINT32),
         (f"{a}.attention.indexer.key_length", s.idx_head_dim, V.UINT32),
         (f"{a}.attention.indexer.top_k", s.idx_top_k, V.UINT32),
@@ -101,14 +93,11 @@ def _layer(s: DsaShape, il: int, indexer: bool) -> list[Tensor]:
               (f"{p}.indexer.proj.weight", (Hi, D), "w"), (f"{p}.indexer.attn_k.weight", (Di, D), "w"),
               (f"{p}.indexer.attn_q_b.weight", (Hi * Di, s.q_lora_rank), "w")]
     if il < s.n_layer_dense_lead:
-        return t + [(f"{p}.ffn_gate.weight", (s.n_ff, D), "w"), (f"{p}.ffn_up.weight", (s.n_ff, D), "w"),
-                    (f"{p}.ffn_down.weight", (D, s.n_ff), "w")]
-    E, F, Fs = s.n_expert, s.n_ff_exp, s.n_ff_exp * s.n_expert_shared
+        return t + dense_ffn_tensors(p, D, s.n_ff)
+    E, F = s.n_expert, s.n_ff_exp
     return t + [(f"{p}.ffn_gate_inp.weight", (E, D), "f32"), (f"{p}.exp_probs_b.bias", (E,), "bias"),
                 (f"{p}.ffn_gate_exps.weight", (E, F, D), "w"), (f"{p}.ffn_up_exps.weight", (E, F, D), "w"),
-                (f"{p}.ffn_down_exps.weight", (E, D, F), "w"),
-                (f"{p}.ffn_gate_shexp.weight", (Fs, D), "w"), (f"{p}.ffn_up_shexp.weight", (Fs, D), "w"),
-                (f"{p}.ffn_down_shexp.weight", (D, Fs), "w")]
+                (f"{p}.ffn_down_exps.weight", (E, D, F), "w"), *shared_expert_tensors(s, p)]
 
 
 def _nextn(s: DsaShape, il: int) -> list[Tensor]:

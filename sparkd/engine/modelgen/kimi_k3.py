@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from gguf import GGUFValueType as V
 
-from sparkd.engine.modelgen.shape import Meta, Shape, Tensor, base_metadata
+from sparkd.engine.modelgen.shape import (Meta, Shape, Tensor, base_metadata, dense_ffn_tensors, mla_metadata,
+                                          shared_expert_tensors, sigmoid_routing_metadata)
 
 
 @dataclass
@@ -58,18 +59,10 @@ def metadata(s: K3Shape) -> Meta:
         (f"{a}.expert_count", s.n_expert, V.UINT32), (f"{a}.expert_used_count", s.n_expert_used, V.UINT32),
         (f"{a}.feed_forward_length", s.n_ff, V.UINT32),
         (f"{a}.expert_feed_forward_length", s.n_ff_exp, V.UINT32),
-        (f"{a}.expert_shared_count", s.n_expert_shared, V.UINT32),
         (f"{a}.leading_dense_block_count", s.n_layer_dense_lead, V.UINT32),
-        (f"{a}.expert_weights_scale", s.routed_scale, V.FLOAT32),
-        (f"{a}.expert_weights_norm", True, V.BOOL), (f"{a}.expert_gating_func", 2, V.UINT32),
+        *sigmoid_routing_metadata(s),
         (f"{a}.expert_latent_length", s.expert_latent, V.UINT32),
-        (f"{a}.attention.q_lora_rank", s.q_lora_rank, V.UINT32),
-        (f"{a}.attention.kv_lora_rank", s.kv_lora_rank, V.UINT32),
-        (f"{a}.attention.key_length", s.kv_lora_rank + s.qk_rope, V.UINT32),
-        (f"{a}.attention.value_length", s.kv_lora_rank, V.UINT32),
-        (f"{a}.attention.key_length_mla", s.qk_nope + s.qk_rope, V.UINT32),
-        (f"{a}.attention.value_length_mla", s.v_head, V.UINT32),
-        (f"{a}.rope.dimension_count", s.qk_rope, V.UINT32),
+        *mla_metadata(s),
         (f"{a}.ssm.conv_kernel", s.d_conv, V.UINT32), (f"{a}.kda.head_dim", s.kda_head_dim, V.UINT32),
         (f"{a}.kda.gate_lower_bound", s.gate_lower_bound, V.FLOAT32),
         (f"{a}.attn_res.block_size", s.attn_res_block_size, V.UINT32),
@@ -87,7 +80,7 @@ def tensors(s: K3Shape) -> list[Tensor]:
         if s.attn_res_block_size:
             out += [(f"{p}.attn_res_score.weight", (D,), "f32"), (f"{p}.ffn_res_score.weight", (D,), "f32")]
         out += _mla(s, p) if s.is_mla(il) else _kda(s, p)
-        out += _dense(s, p) if il < s.n_layer_dense_lead else _latent_moe(s, p)
+        out += dense_ffn_tensors(p, s.n_embd, s.n_ff) if il < s.n_layer_dense_lead else _latent_moe(s, p)
     out += [("output_norm.weight", (D,), "norm"), ("output.weight", (V_, D), "w")]
     if s.attn_res_block_size:
         out.append(("output_res_score.weight", (D,), "f32"))
@@ -120,12 +113,6 @@ def _mla(s: K3Shape, p: str) -> list[Tensor]:
     ]
 
 
-def _dense(s: K3Shape, p: str) -> list[Tensor]:
-    D, F = s.n_embd, s.n_ff
-    return [(f"{p}.ffn_gate.weight", (F, D), "w"), (f"{p}.ffn_up.weight", (F, D), "w"),
-            (f"{p}.ffn_down.weight", (D, F), "w")]
-
-
 def _latent_moe(s: K3Shape, p: str) -> list[Tensor]:
     D, E, F = s.n_embd, s.n_expert, s.n_ff_exp
     L = s.expert_latent or D
@@ -136,9 +123,7 @@ def _latent_moe(s: K3Shape, p: str) -> list[Tensor]:
         t += [(f"{p}.ffn_routed_down.weight", (L, D), "w"), (f"{p}.ffn_routed_up.weight", (D, L), "w"),
               (f"{p}.ffn_routed_norm.weight", (L,), "norm")]
     if s.n_expert_shared:
-        Fs = F * s.n_expert_shared
-        t += [(f"{p}.ffn_gate_shexp.weight", (Fs, D), "w"), (f"{p}.ffn_up_shexp.weight", (Fs, D), "w"),
-              (f"{p}.ffn_down_shexp.weight", (D, Fs), "w")]
+        t += shared_expert_tensors(s, p)
     return t
 
 

@@ -1,5 +1,5 @@
-"""The hyperparameters of a generated model (Shape) and the metadata/tensor list types every
-architecture's generator returns."""
+"""The hyperparameters of a generated model (Shape), the metadata/tensor list types every
+architecture's generator returns, and the pieces several architectures' generators share."""
 
 from __future__ import annotations
 
@@ -65,3 +65,45 @@ def base_metadata(s: Shape) -> Meta:
         (f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps, V.FLOAT32),
         (f"{a}.vocab_size", s.n_vocab, V.UINT32),
     ]
+
+
+def mla_metadata(s: Shape) -> Meta:
+    """The compressed-latent (MLA) layout: cached key = latent + rope part, value = latent."""
+    a, V = s.arch, GGUFValueType
+    return [
+        (f"{a}.attention.q_lora_rank", s.q_lora_rank, V.UINT32),
+        (f"{a}.attention.kv_lora_rank", s.kv_lora_rank, V.UINT32),
+        (f"{a}.attention.key_length", s.kv_lora_rank + s.qk_rope, V.UINT32),
+        (f"{a}.attention.value_length", s.kv_lora_rank, V.UINT32),
+        (f"{a}.attention.key_length_mla", s.qk_nope + s.qk_rope, V.UINT32),
+        (f"{a}.attention.value_length_mla", s.v_head, V.UINT32),
+        (f"{a}.rope.dimension_count", s.qk_rope, V.UINT32),
+    ]
+
+
+def sigmoid_routing_metadata(s: Shape) -> Meta:
+    """Shared experts plus DeepSeek-V3-style routing: sigmoid scores, normalised, scaled."""
+    a, V = s.arch, GGUFValueType
+    return [(f"{a}.expert_shared_count", s.n_expert_shared, V.UINT32),
+            (f"{a}.expert_weights_scale", s.routed_scale, V.FLOAT32),
+            (f"{a}.expert_weights_norm", True, V.BOOL), (f"{a}.expert_gating_func", 2, V.UINT32)]
+
+
+def yarn_metadata(s: Shape) -> Meta:
+    if not s.yarn_factor:
+        return []
+    a, V = s.arch, GGUFValueType
+    return [(f"{a}.rope.scaling.type", "yarn", V.STRING), (f"{a}.rope.scaling.factor", s.yarn_factor, V.FLOAT32),
+            (f"{a}.rope.scaling.original_context_length", s.yarn_orig_ctx, V.UINT32)]
+
+
+def dense_ffn_tensors(p: str, n_embd: int, n_ff: int) -> list[Tensor]:
+    return [(f"{p}.ffn_gate.weight", (n_ff, n_embd), "w"), (f"{p}.ffn_up.weight", (n_ff, n_embd), "w"),
+            (f"{p}.ffn_down.weight", (n_embd, n_ff), "w")]
+
+
+def shared_expert_tensors(s: Shape, p: str) -> list[Tensor]:
+    """The always-on shared experts, fused into one FFN of n_expert_shared x the expert width."""
+    D, Fs = s.n_embd, s.n_ff_exp * s.n_expert_shared
+    return [(f"{p}.ffn_gate_shexp.weight", (Fs, D), "w"), (f"{p}.ffn_up_shexp.weight", (Fs, D), "w"),
+            (f"{p}.ffn_down_shexp.weight", (D, Fs), "w")]

@@ -8,7 +8,8 @@ from types import ModuleType
 
 from gguf import GGUFValueType as V
 
-from sparkd.engine.modelgen.shape import Meta, Shape, Tensor, base_metadata
+from sparkd.engine.modelgen.shape import (Meta, Shape, Tensor, base_metadata, dense_ffn_tensors, mla_metadata,
+                                          shared_expert_tensors, sigmoid_routing_metadata, yarn_metadata)
 
 # Architectures whose generator lives in a module of its own, sparkd/engine/modelgen/<module>.py,
 # defining TINY and PRESETS (dicts of Shape, or of a Shape subclass adding its own fields),
@@ -90,21 +91,10 @@ def metadata(s: Shape) -> Meta:
           (f"{a}.attention.value_length", s.head_dim, V.UINT32),
           (f"{a}.rope.dimension_count", s.n_rot or s.head_dim, V.UINT32)]
     if a == "glm4moe":
-        m += [(f"{a}.expert_shared_count", s.n_expert_shared, V.UINT32),
-              (f"{a}.leading_dense_block_count", s.n_layer_dense_lead, V.UINT32),
-              (f"{a}.expert_weights_scale", s.routed_scale, V.FLOAT32),
-              (f"{a}.expert_weights_norm", True, V.BOOL), (f"{a}.expert_gating_func", 2, V.UINT32)]
+        m += [(f"{a}.leading_dense_block_count", s.n_layer_dense_lead, V.UINT32), *sigmoid_routing_metadata(s)]
     if a == "gpt-oss":
-        m += [(f"{a}.attention.sliding_window", s.n_swa, V.UINT32)] + _yarn_meta(s)
+        m += [(f"{a}.attention.sliding_window", s.n_swa, V.UINT32)] + yarn_metadata(s)
     return m
-
-
-def _yarn_meta(s: Shape) -> Meta:
-    if not s.yarn_factor:
-        return []
-    a = s.arch
-    return [(f"{a}.rope.scaling.type", "yarn", V.STRING), (f"{a}.rope.scaling.factor", s.yarn_factor, V.FLOAT32),
-            (f"{a}.rope.scaling.original_context_length", s.yarn_orig_ctx, V.UINT32)]
 
 
 def _gemma3_meta(s: Shape) -> Meta:
@@ -122,25 +112,13 @@ def _gemma3_meta(s: Shape) -> Meta:
 
 def _deepseek2_meta(s: Shape) -> Meta:
     a = s.arch
-    m: Meta = [
-        (f"{a}.leading_dense_block_count", s.n_layer_dense_lead, V.UINT32),
-        (f"{a}.attention.q_lora_rank", s.q_lora_rank, V.UINT32),
-        (f"{a}.attention.kv_lora_rank", s.kv_lora_rank, V.UINT32),
-        # the compressed-latent (MLA) layout: cached key = latent + rope part, value = latent
-        (f"{a}.attention.key_length", s.kv_lora_rank + s.qk_rope, V.UINT32),
-        (f"{a}.attention.value_length", s.kv_lora_rank, V.UINT32),
-        (f"{a}.attention.key_length_mla", s.qk_nope + s.qk_rope, V.UINT32),
-        (f"{a}.attention.value_length_mla", s.v_head, V.UINT32),
-        (f"{a}.rope.dimension_count", s.qk_rope, V.UINT32),
-        (f"{a}.expert_shared_count", s.n_expert_shared, V.UINT32),
-        (f"{a}.expert_weights_scale", s.routed_scale, V.FLOAT32),
-        (f"{a}.expert_weights_norm", True, V.BOOL), (f"{a}.expert_gating_func", 2, V.UINT32),
-    ]
+    m: Meta = [(f"{a}.leading_dense_block_count", s.n_layer_dense_lead, V.UINT32),
+               *mla_metadata(s), *sigmoid_routing_metadata(s)]
     if s.n_groups > 1:
         m += [(f"{a}.expert_group_count", s.n_groups, V.UINT32),
               (f"{a}.expert_group_used_count", s.n_group_used, V.UINT32)]
     if s.yarn_factor:
-        m += _yarn_meta(s) + [(f"{a}.rope.scaling.yarn_log_multiplier", 0.1, V.FLOAT32)]
+        m += yarn_metadata(s) + [(f"{a}.rope.scaling.yarn_log_multiplier", 0.1, V.FLOAT32)]
     return m
 
 
@@ -161,8 +139,7 @@ def _gemma3_layer(s: Shape, il: int) -> list[Tensor]:
     p, D = f"blk.{il}", s.n_embd
     return [(f"{p}.attn_norm.weight", (D,), "norm"), *_gqa(s, p),
             (f"{p}.post_attention_norm.weight", (D,), "norm"), (f"{p}.ffn_norm.weight", (D,), "norm"),
-            (f"{p}.ffn_gate.weight", (s.n_ff, D), "w"), (f"{p}.ffn_up.weight", (s.n_ff, D), "w"),
-            (f"{p}.ffn_down.weight", (D, s.n_ff), "w"), (f"{p}.post_ffw_norm.weight", (D,), "norm")]
+            *dense_ffn_tensors(p, D, s.n_ff), (f"{p}.post_ffw_norm.weight", (D,), "norm")]
 
 
 def _layer(s: Shape, il: int) -> list[Tensor]:
@@ -172,8 +149,7 @@ def _layer(s: Shape, il: int) -> list[Tensor]:
     norm = "post_attention_norm" if s.arch in ("glm4moe", "gpt-oss") else "ffn_norm"
     t.append((f"{p}.{norm}.weight", (D,), "norm"))
     if il < s.n_layer_dense_lead:
-        return t + [(f"{p}.ffn_gate.weight", (s.n_ff, D), "w"), (f"{p}.ffn_up.weight", (s.n_ff, D), "w"),
-                    (f"{p}.ffn_down.weight", (D, s.n_ff), "w")]
+        return t + dense_ffn_tensors(p, D, s.n_ff)
     return t + _moe(s, p)
 
 
@@ -214,9 +190,7 @@ def _moe(s: Shape, p: str) -> list[Tensor]:
         t += [(f"{p}.ffn_gate_inp.bias", (E,), "bias"), (f"{p}.ffn_gate_exps.bias", (E, F), "bias"),
               (f"{p}.ffn_up_exps.bias", (E, F), "bias"), (f"{p}.ffn_down_exps.bias", (E, D), "bias")]
     if s.n_expert_shared:
-        Fs = F * s.n_expert_shared
-        t += [(f"{p}.ffn_gate_shexp.weight", (Fs, D), "w"), (f"{p}.ffn_up_shexp.weight", (Fs, D), "w"),
-              (f"{p}.ffn_down_shexp.weight", (D, Fs), "w")]
+        t += shared_expert_tensors(s, p)
     return t
 
 
