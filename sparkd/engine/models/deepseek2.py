@@ -4,6 +4,8 @@ scaling factor, shared experts."""
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Mapping
 
 from torch import nn
@@ -25,20 +27,26 @@ def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
     return ModelConfig(**kw)
 
 
-def mla_attention(w: Weights, cfg: ModelConfig, il: int, selector: nn.Module | None = None) -> MLAttention:
+def mla_attention(w: Weights, cfg: ModelConfig, il: int, selector: nn.Module | None = None,
+                  nope_only: bool = False) -> MLAttention:
+    """MLA from GGUF names, shared by deepseek2, glm-dsa (with its token selector) and kimi-k3
+    (nope_only: the rope part is not rotated and the softmax scale is plain; an attn_gate if present)."""
     p = f"blk.{il}"
     qk_rope = cfg.rope.n_rot
     has_q_lora = w.has(f"{p}.attn_q_a.weight")
+    scale = (1.0 / math.sqrt(cfg.head_dim_k_mla) if nope_only
+             else mla_scale(cfg.rope, cfg.head_dim_k_mla, cfg.yarn_log_mul))
     return MLAttention(
-        il, cfg.n_head, cfg.head_dim_k_mla - qk_rope, qk_rope, cfg.kv_lora_rank, cfg.rope,
-        mla_scale(cfg.rope, cfg.head_dim_k_mla, cfg.yarn_log_mul),
+        il, cfg.n_head, cfg.head_dim_k_mla - qk_rope, qk_rope, cfg.kv_lora_rank, None if nope_only else cfg.rope,
+        scale,
         wq_a=w.linear(f"{p}.attn_q_a") if has_q_lora else None,
         q_a_norm=w.norm(f"{p}.attn_q_a_norm", cfg.rms_eps) if has_q_lora else None,
         wq_b=w.linear(f"{p}.attn_q_b" if has_q_lora else f"{p}.attn_q"),
         wkv_a=w.linear(f"{p}.attn_kv_a_mqa"), kv_a_norm=w.norm(f"{p}.attn_kv_a_norm", cfg.rms_eps),
         wk_b=w.get(f"{p}.attn_k_b.weight"), wv_b=w.get(f"{p}.attn_v_b.weight"),
         wo=w.linear(f"{p}.attn_output"), act_k_b=w.act_format(f"{p}.attn_k_b.weight"),
-        act_v_b=w.act_format(f"{p}.attn_v_b.weight"), selector=selector)
+        act_v_b=w.act_format(f"{p}.attn_v_b.weight"), selector=selector,
+        out_gate=w.maybe_linear(f"{p}.attn_gate"))
 
 
 def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:

@@ -16,11 +16,11 @@ from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.kda import KDAttention, kda_state_shapes
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.latent_moe import LatentMoE
-from sparkd.engine.layers.mla import MLAttention
 from sparkd.engine.layers.moe import Router
 from sparkd.engine.layers.situ import situ
 from sparkd.engine.models.config import GATING_SIGMOID, ModelConfig, base_config, gating_name, mla_config
 from sparkd.engine.models.decoder import Decoder, dense_ffn, head, positions
+from sparkd.engine.models.deepseek2 import mla_attention
 from sparkd.engine.models.weights import Weights
 
 ARCH = "kimi-k3"
@@ -121,21 +121,6 @@ def _kda(w: Weights, cfg: ModelConfig, il: int) -> KDAttention:
         w.linear(f"{p}.attn_output"), cfg.extra["gate_lower_bound"])
 
 
-def _mla(w: Weights, cfg: ModelConfig, il: int) -> MLAttention:
-    p = f"blk.{il}"
-    has_q_lora = w.has(f"{p}.attn_q_a.weight")
-    return MLAttention(
-        il, cfg.n_head, cfg.head_dim_k_mla - cfg.rope.n_rot, cfg.rope.n_rot, cfg.kv_lora_rank,
-        None, 1.0 / math.sqrt(cfg.head_dim_k_mla),  # nope-only: no rope, plain softmax scale
-        wq_a=w.linear(f"{p}.attn_q_a") if has_q_lora else None,
-        q_a_norm=w.norm(f"{p}.attn_q_a_norm", cfg.rms_eps) if has_q_lora else None,
-        wq_b=w.linear(f"{p}.attn_q_b" if has_q_lora else f"{p}.attn_q"),
-        wkv_a=w.linear(f"{p}.attn_kv_a_mqa"), kv_a_norm=w.norm(f"{p}.attn_kv_a_norm", cfg.rms_eps),
-        wk_b=w.get(f"{p}.attn_k_b.weight"), wv_b=w.get(f"{p}.attn_v_b.weight"),
-        wo=w.linear(f"{p}.attn_output"), act_k_b=w.act_format(f"{p}.attn_k_b.weight"),
-        act_v_b=w.act_format(f"{p}.attn_v_b.weight"), out_gate=w.maybe_linear(f"{p}.attn_gate"))
-
-
 def _ffn(w: Weights, cfg: ModelConfig, il: int, store: ExpertStore) -> nn.Module:
     p = f"blk.{il}"
     act = situ(cfg.extra["situ_beta"], cfg.extra["situ_linear_beta"])
@@ -163,7 +148,7 @@ def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
             kv.append((0, 0, 0))
             states[il] = kda_state_shapes(cfg.n_head, cfg.extra["kda_head_dim"], cfg.extra["d_conv"])
         else:
-            attn = _mla(w, cfg, il)
+            attn = mla_attention(w, cfg, il, nope_only=True)
             kv.append((1, cfg.kv_lora_rank + cfg.rope.n_rot, 0))  # latent + unrotated key part
         blocks.append(K3Block(il, bool(bs) and il % bs == 0, mix(f"{p}.attn_res_score"),
                               w.norm(f"{p}.attn_norm", cfg.rms_eps), attn, mix(f"{p}.ffn_res_score"),
