@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from gguf import GGUFValueType as V
 
-from sparkd.engine.modelgen.shape import (Meta, Shape, Tensor, base_metadata, dense_ffn_tensors, mla_metadata,
+from sparkd.engine.modelgen.shape import (Meta, Shape, Tensor, base_metadata, dense_ffn_tensors, mla_metadata, mla_tensors,
                                           shared_expert_tensors, sigmoid_routing_metadata)
 
 ARCH = "glm-dsa"
@@ -76,17 +76,9 @@ def tensors(s: DsaShape) -> list[Tensor]:
 
 
 def _layer(s: DsaShape, il: int, indexer: bool) -> list[Tensor]:
-    p, D, H, R = f"blk.{il}", s.n_embd, s.n_head, s.kv_lora_rank
+    p, D = f"blk.{il}", s.n_embd
     t: list[Tensor] = [
-        (f"{p}.attn_norm.weight", (D,), "norm"),
-        (f"{p}.attn_q_a_norm.weight", (s.q_lora_rank,), "norm"), (f"{p}.attn_kv_a_norm.weight", (R,), "norm"),
-        (f"{p}.attn_q_a.weight", (s.q_lora_rank, D), "w"),
-        (f"{p}.attn_q_b.weight", (H * (s.qk_nope + s.qk_rope), s.q_lora_rank), "w"),
-        (f"{p}.attn_kv_a_mqa.weight", (R + s.qk_rope, D), "w"),
-        (f"{p}.attn_k_b.weight", (H, R, s.qk_nope), "w"), (f"{p}.attn_v_b.weight", (H, s.v_head, R), "w"),
-        (f"{p}.attn_output.weight", (D, H * s.v_head), "w"),
-        (f"{p}.ffn_norm.weight", (D,), "norm"),
-    ]
+        (f"{p}.attn_norm.weight", (D,), "norm"), *mla_tensors(s, p), (f"{p}.ffn_norm.weight", (D,), "norm")]
     if indexer:
         Di, Hi = s.idx_head_dim, s.idx_heads
         t += [(f"{p}.indexer.k_norm.weight", (Di,), "norm"), (f"{p}.indexer.k_norm.bias", (Di,), "bias"),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gguf import GGUFValueType as V
 
-from sparkd.engine.modelgen.shape import (Meta, Shape, Tensor, base_metadata, dense_ffn_tensors, mla_metadata,
+from sparkd.engine.modelgen.shape import (Meta, Shape, Tensor, base_metadata, dense_ffn_tensors, mla_metadata, mla_tensors,
                                           shared_expert_tensors, sigmoid_routing_metadata)
 
 
@@ -101,16 +101,8 @@ def _kda(s: K3Shape, p: str) -> list[Tensor]:
     ]
 
 
-def _mla(s: K3Shape, p: str) -> list[Tensor]:
-    D, H, R = s.n_embd, s.n_head, s.kv_lora_rank
-    return [
-        (f"{p}.attn_q_a_norm.weight", (s.q_lora_rank,), "norm"), (f"{p}.attn_kv_a_norm.weight", (R,), "norm"),
-        (f"{p}.attn_q_a.weight", (s.q_lora_rank, D), "w"),
-        (f"{p}.attn_q_b.weight", (H * (s.qk_nope + s.qk_rope), s.q_lora_rank), "w"),
-        (f"{p}.attn_kv_a_mqa.weight", (R + s.qk_rope, D), "w"),
-        (f"{p}.attn_k_b.weight", (H, R, s.qk_nope), "w"), (f"{p}.attn_v_b.weight", (H, s.v_head, R), "w"),
-        (f"{p}.attn_gate.weight", (H * s.v_head, D), "w"), (f"{p}.attn_output.weight", (D, H * s.v_head), "w"),
-    ]
+def _mla(s: K3Shape, p: str) -> list[Tensor]:  # with K3's output gate
+    return mla_tensors(s, p) + [(f"{p}.attn_gate.weight", (s.n_head * s.v_head, s.n_embd), "w")]
 
 
 def _latent_moe(s: K3Shape, p: str) -> list[Tensor]:

@@ -107,3 +107,16 @@ def shared_expert_tensors(s: Shape, p: str) -> list[Tensor]:
     D, Fs = s.n_embd, s.n_ff_exp * s.n_expert_shared
     return [(f"{p}.ffn_gate_shexp.weight", (Fs, D), "w"), (f"{p}.ffn_up_shexp.weight", (Fs, D), "w"),
             (f"{p}.ffn_down_shexp.weight", (D, Fs), "w")]
+
+
+def mla_tensors(s: Shape, p: str) -> list[Tensor]:
+    """MLA with a q LoRA and the split attn_k_b/attn_v_b layout llama.cpp loads today."""
+    D, H, R = s.n_embd, s.n_head, s.kv_lora_rank
+    return [
+        (f"{p}.attn_q_a_norm.weight", (s.q_lora_rank,), "norm"), (f"{p}.attn_kv_a_norm.weight", (R,), "norm"),
+        (f"{p}.attn_q_a.weight", (s.q_lora_rank, D), "w"),
+        (f"{p}.attn_q_b.weight", (H * (s.qk_nope + s.qk_rope), s.q_lora_rank), "w"),
+        (f"{p}.attn_kv_a_mqa.weight", (R + s.qk_rope, D), "w"),
+        (f"{p}.attn_k_b.weight", (H, R, s.qk_nope), "w"), (f"{p}.attn_v_b.weight", (H, s.v_head, R), "w"),
+        (f"{p}.attn_output.weight", (D, H * s.v_head), "w"),
+    ]

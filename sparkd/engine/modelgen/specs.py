@@ -8,7 +8,7 @@ from types import ModuleType
 
 from gguf import GGUFValueType as V
 
-from sparkd.engine.modelgen.shape import (Meta, Shape, Tensor, base_metadata, dense_ffn_tensors, mla_metadata,
+from sparkd.engine.modelgen.shape import (Meta, Shape, Tensor, base_metadata, dense_ffn_tensors, mla_metadata, mla_tensors,
                                           shared_expert_tensors, sigmoid_routing_metadata, yarn_metadata)
 
 # Architectures whose generator lives in a module of its own, sparkd/engine/modelgen/<module>.py,
@@ -145,7 +145,7 @@ def _gemma3_layer(s: Shape, il: int) -> list[Tensor]:
 def _layer(s: Shape, il: int) -> list[Tensor]:
     p, D = f"blk.{il}", s.n_embd
     t: list[Tensor] = [(f"{p}.attn_norm.weight", (D,), "norm")]
-    t += _mla(s, p) if s.arch == "deepseek2" else _gqa(s, p)
+    t += mla_tensors(s, p) if s.arch == "deepseek2" else _gqa(s, p)
     norm = "post_attention_norm" if s.arch in ("glm4moe", "gpt-oss") else "ffn_norm"
     t.append((f"{p}.{norm}.weight", (D,), "norm"))
     if il < s.n_layer_dense_lead:
@@ -165,18 +165,6 @@ def _gqa(s: Shape, p: str) -> list[Tensor]:
     if s.arch == "gpt-oss":
         t += [(f"{p}.attn_output.bias", (D,), "bias"), (f"{p}.attn_sinks.weight", (H,), "bias")]
     return t
-
-
-def _mla(s: Shape, p: str) -> list[Tensor]:
-    D, H, R = s.n_embd, s.n_head, s.kv_lora_rank
-    return [
-        (f"{p}.attn_q_a_norm.weight", (s.q_lora_rank,), "norm"), (f"{p}.attn_kv_a_norm.weight", (R,), "norm"),
-        (f"{p}.attn_q_a.weight", (s.q_lora_rank, D), "w"),
-        (f"{p}.attn_q_b.weight", (H * (s.qk_nope + s.qk_rope), s.q_lora_rank), "w"),
-        (f"{p}.attn_kv_a_mqa.weight", (R + s.qk_rope, D), "w"),
-        (f"{p}.attn_k_b.weight", (H, R, s.qk_nope), "w"), (f"{p}.attn_v_b.weight", (H, s.v_head, R), "w"),
-        (f"{p}.attn_output.weight", (D, H * s.v_head), "w"),
-    ]
 
 
 def _moe(s: Shape, p: str) -> list[Tensor]:
