@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# sparkd-engine on CUDA vs llama.cpp built with CUDA from the same vendored source, side by side in
+# ONE device call (H200 box: 16 cores, nvcc 13, cmake, ninja; no internet):
+#   1. llama-bench with CUDA (GGML_CUDA=ON, CMAKE_CUDA_ARCHITECTURES=90, static ggml, FlashAttention
+#      kernels off), built from the vendored llama-cpp-python sdist in the background while the
+#      models are written (182 s on the box; the binary, 27 MB packed, is too big to come back);
+#   2. Qwen3-30B-A3B-shaped qwen3moe GGUFs (full 151936 vocabulary, LAYERS layers) in Q8_0 and Q4_K;
+#   3. resident decode: `sparkd-engine generate --device cuda --resident` (each CUDA_GRAPHS mode the
+#      engine knows) against `llama-bench -ngl 99` on the same file, same number of decode tokens;
+#   4. streaming decode (STREAM_SIZE model, memory.max = STREAM_BUDGET, 3-4x smaller): sparkd on
+#      CUDA (--unified auto) against llama.cpp with experts mapped from the file in host memory
+#      (-ngl 99 --n-cpu-moe 99 --no-host 1 -lm mmap), each in its own cgroup;
+#   5. summary.md: one table of tok/s and ratios.
+# Usage (device tool, carry [".whl", ".cache"]): bash bench/gpu_box/cuda_side_by_side.sh
+# Knobs: LAYERS=12 QUANTS="Q8_0 Q4_K" TOKENS=128 STREAM_SIZE=10G STREAM_BUDGET=3G STREAM_TOKENS=16
+#        CUDA_GRAPHS="off on" (modes passed as --cuda-graphs; "" for an engine without the flag)
+#        BUILD_ONLY=1 (build llama-bench, nothing else) STREAM=0 (no streaming runs)
+#        OUT=... WORK=...
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/cuda-sbs}; mkdir -p "$OUT"
+WORK=${WORK:-/var/tmp/sparkd-cuda}; mkdir -p "$WORK"
+LAYERS=${LAYERS:-12}; QUANTS=${QUANTS:-Q8_0 Q4_K}; TOKENS=${TOKENS:-128}
+STREAM_SIZE=${STREAM_SIZE:-10G}; STREAM_BUDGET=${STREAM_BUDGET:-3G}; STREAM_TOKENS=${STREAM_TOKENS:-16}
+CUDA_GRAPHS=${CUDA_GRAPHS-off on}; BUILD_ONLY=${BUILD_ONLY:-0}; STREAM=${STREAM:-1}
+SDIST=${SDIST:-.cache/llama_cpp_python-0.3.36.tar.gz}
+PY=${PY:-python3}
+[ -d /usr/local/cuda/bin ] && export PATH=$PATH:/usr/local/cuda/bin
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+T_START=$(date +%s)
+log() { echo "[$(date +%T) +$(( $(date +%s) - T_START ))s] $*" | tee -a "$OUT/log.txt"; }
+
+# --- 1. llama-bench with CUDA ---------------------------------------------------------------------
+LLAMA_BENCH=$WORK/llama-cuda/llama-bench
+build_llama() {
+  local t0 src=$WORK/llama-src b=$WORK/llama-build
+  t0=$(date +%s)
+  rm -rf "$src"; mkdir -p "$src"; tar -xf "$SDIST" -C "$src" --strip-components=1
+  # FlashAttention kernels off: they are most of the build time; llama-bench then runs -fa 0
+  local gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
+  cmake -S "$src/vendor/llama.cpp" -B "$b" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$OUT/llama_cmake.txt" 2>&1
+  cmake --build "$b" -j"$(nproc)" --target llama-bench > "$OUT/llama_build.txt" 2>&1
+  mkdir -p "$(dirname "$LLAMA_BENCH")"; cp "$b/bin/llama-bench" "$LLAMA_BENCH"
+  echo "llama_build_seconds $(( $(date +%s) - t0 ))" >> "$OUT/steps.txt"
+}
+build_llama & BUILD_PID=$!; log "building llama-bench with CUDA in the background (pid $BUILD_PID)"
+wait_build() {
+  [ -z "$BUILD_PID" ] && return 0
+  log "waiting for the llama.cpp CUDA build"
+  wait "$BUILD_PID" || log "llama.cpp build failed: $(tail -20 "$OUT/llama_build.txt")"
+  BUILD_PID=""; log "build done: $(cat "$OUT/steps.txt" 2>/dev/null)"
+}
+if [ "$BUILD_ONLY" = 1 ]; then wait_build; exit 0; fi
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1 || true
+
+# --- 2. models --------------------------------------------------------------------------------------
+make_model() {  # out quant [extra make-model args...]
+  local out=$1 q=$2; shift 2
+  [ -f "$out" ] && return 0
+  $PY -m sparkd.engine.cli make-model "$out.part" --preset qwen3-30b-a3b --quant "$q" --quiet "$@"
+  mv "$out.part" "$out"
+}
+for Q in $QUANTS; do make_model "$WORK/q3-$LAYERS-$Q.gguf" "$Q" --layers "$LAYERS"; done
+log "resident models written"
+
+# --- 3. resident decode -------------------------------------------------------------------------------
+wait_build
+RUN=()  # a prefix for the measured commands (in_cg for the streaming runs)
+engine_gen() {  # model mode tag [extra...]
+  local m=$1 mode=$2 tag=$3; shift 3
+  local flag=(); [ -n "$mode" ] && flag=(--cuda-graphs "$mode")
+  "${RUN[@]}" timeout 300 $PY -m sparkd.engine.cli generate "$m" --tokens 1,2,3,4,5,6,7,8 -n "$TOKENS" --device cuda \
+    --json "${flag[@]}" "$@" > "$OUT/engine_$tag.json" 2> "$OUT/engine_$tag.err" \
+    || log "engine $tag failed: $(tail -3 "$OUT/engine_$tag.err")"
+  log "engine $tag: $(grep -o '"decode_tok_s": [0-9.]*' "$OUT/engine_$tag.json" || true)"
+}
+llama() {  # tag args...
+  local tag=$1; shift
+  [ -x "$LLAMA_BENCH" ] || { log "no llama-bench: $tag skipped"; return 0; }
+  "${RUN[@]}" timeout 300 "$LLAMA_BENCH" -o json "$@" > "$OUT/llama_$tag.json" 2> "$OUT/llama_$tag.err" \
+    || log "llama-bench $tag failed: $(tail -3 "$OUT/llama_$tag.err")"
+  log "llama $tag: $(grep -o '"avg_ts": [0-9.e+]*' "$OUT/llama_$tag.json" || true)"
+}
+for Q in $QUANTS; do
+  M=$WORK/q3-$LAYERS-$Q.gguf
+  for mode in ${CUDA_GRAPHS:-""}; do engine_gen "$M" "$mode" "resident_${Q}_graphs-${mode:-none}" --resident; done
+  llama "resident_$Q" -m "$M" -ngl 99 -p 0 -n "$TOKENS" -r 3
+done
+
+# --- 4. streaming decode under memory.max ----------------------------------------------------------------
+if [ "$STREAM" = 1 ]; then
+  CG_ROOT=/sys/fs/cgroup; [ -f $CG_ROOT/cgroup.controllers ] || CG_ROOT=/sys/fs/cgroup/unified
+  CG=$CG_ROOT/sparkd-cuda-bench
+  echo "+memory" > "$CG_ROOT/cgroup.subtree_control" 2>/dev/null || true
+  cg_remove() { if [ -d "$CG" ]; then echo 1 > "$CG/cgroup.kill" 2>/dev/null || true; sleep 0.5; rmdir "$CG" 2>/dev/null || true; fi; }
+  cg_new() {  # a fresh cgroup limited to $1, page cache dropped first
+    cg_remove; sync; echo 3 > /proc/sys/vm/drop_caches
+    mkdir "$CG"; numfmt --from=iec "$1" > "$CG/memory.max"; echo 0 > "$CG/memory.swap.max" 2>/dev/null || true
+  }
+  in_cg() { bash -c 'echo $$ > "$0/cgroup.procs"; exec "$@"' "$CG" "$@"; }
+  trap cg_remove EXIT
+  SM=$WORK/q3-stream-$STREAM_SIZE.gguf
+  make_model "$SM" Q8_0 --size "$STREAM_SIZE"
+  RUN=(in_cg); TOKENS=$STREAM_TOKENS
+  cg_new "$STREAM_BUDGET"
+  engine_gen "$SM" "" stream_Q8_0 --unified auto
+  cat "$CG/memory.peak" > "$OUT/memory_peak_engine_stream.txt" 2>/dev/null || true
+  cg_new "$STREAM_BUDGET"
+  llama stream_Q8_0 -m "$SM" -ngl 99 --n-cpu-moe 99 --no-host 1 -lm mmap -p 0 -n "$STREAM_TOKENS" -r 1
+  cat "$CG/memory.peak" > "$OUT/memory_peak_llama_stream.txt" 2>/dev/null || true
+  cg_remove; RUN=()
+fi
+
+# --- 5. summary -----------------------------------------------------------------------------------
+$PY - "$OUT" <<'EOF' | tee "$OUT/summary.md"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def engine(tag):
+    try:
+        return json.loads((out / f"engine_{tag}.json").read_text())["decode_tok_s"]
+    except Exception:
+        return None
+def llama(tag):
+    try:  # llama-bench's JSON array, whatever the CUDA backend printed before it
+        text = (out / f"llama_{tag}.json").read_text()
+        return json.JSONDecoder().raw_decode(text[text.index("["):])[0][0]["avg_ts"]
+    except Exception:
+        return None
+print("| run | sparkd tok/s | llama.cpp tok/s | sparkd / llama.cpp |\n|---|---|---|---|")
+for f in sorted(out.glob("engine_*.json")):
+    tag = f.stem[len("engine_"):]
+    kind, q = tag.split("_")[0], tag.split("_")[1]
+    ref = llama(f"{kind}_{q}")
+    ours = engine(tag)
+    ratio = f"{ours / ref:.2f}" if ours and ref else "n/a"
+    print(f"| {tag} | {ours if ours is None else round(ours, 2)} | {ref if ref is None else round(ref, 2)} | {ratio} |")
+EOF
+# at most 8 files come back from a device call: the raw logs travel as one archive
+tar -czf "$OUT/raw.tgz" -C "$OUT" --exclude raw.tgz --exclude summary.md --exclude log.txt \
+  . && find "$OUT" -maxdepth 1 -type f ! -name raw.tgz ! -name summary.md ! -name log.txt -delete
+log "done"
