@@ -31,27 +31,35 @@ T_START=$(date +%s)
 log() { echo "[$(date +%T) +$(( $(date +%s) - T_START ))s] $*" | tee -a "$OUT/log.txt"; }
 
 # --- 1. llama-bench with CUDA ---------------------------------------------------------------------
-LLAMA_BENCH=$WORK/llama-cuda/llama-bench
+# The build logs stay in $WORK so that a BUILD_ONLY=1 run started in the background (while the GPU
+# tests run, say) and the measuring run share one build: the later run waits for $BUILDING.
+LLAMA_BENCH=$WORK/llama-cuda/llama-bench; BUILDING=$WORK/llama-building
 build_llama() {
-  local t0 src=$WORK/llama-src b=$WORK/llama-build
-  t0=$(date +%s)
-  rm -rf "$src"; mkdir -p "$src"; tar -xf "$SDIST" -C "$src" --strip-components=1
+  local t0 src=$WORK/llama-src b=$WORK/llama-build gen=()
+  set +e; t0=$(date +%s); touch "$BUILDING"  # a failed step must still clear $BUILDING
+  command -v ninja > /dev/null && gen=(-G Ninja)
   # FlashAttention kernels off: they are most of the build time; llama-bench then runs -fa 0
-  local gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
-  cmake -S "$src/vendor/llama.cpp" -B "$b" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$OUT/llama_cmake.txt" 2>&1
-  cmake --build "$b" -j"$(nproc)" --target llama-bench > "$OUT/llama_build.txt" 2>&1
-  mkdir -p "$(dirname "$LLAMA_BENCH")"; cp "$b/bin/llama-bench" "$LLAMA_BENCH"
-  echo "llama_build_seconds $(( $(date +%s) - t0 ))" >> "$OUT/steps.txt"
+  { rm -rf "$src" && mkdir -p "$src" && tar -xf "$SDIST" -C "$src" --strip-components=1 \
+    && cmake -S "$src/vendor/llama.cpp" -B "$b" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=OFF \
+      -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    && cmake --build "$b" -j"$(nproc)" --target llama-bench \
+    && mkdir -p "$(dirname "$LLAMA_BENCH")" && cp "$b/bin/llama-bench" "$LLAMA_BENCH"; } > "$WORK/llama_build.txt" 2>&1
+  echo "llama_build_seconds $(( $(date +%s) - t0 ))" > "$WORK/llama_build_seconds.txt"
+  rm -f "$BUILDING"
 }
-build_llama & BUILD_PID=$!; log "building llama-bench with CUDA in the background (pid $BUILD_PID)"
+BUILD_PID=""
+if [ ! -x "$LLAMA_BENCH" ] && [ ! -f "$BUILDING" ]; then
+  build_llama & BUILD_PID=$!; log "building llama-bench with CUDA in the background (pid $BUILD_PID)"
+fi
 wait_build() {
-  [ -z "$BUILD_PID" ] && return 0
   log "waiting for the llama.cpp CUDA build"
-  wait "$BUILD_PID" || log "llama.cpp build failed: $(tail -20 "$OUT/llama_build.txt")"
-  BUILD_PID=""; log "build done: $(cat "$OUT/steps.txt" 2>/dev/null)"
+  [ -n "$BUILD_PID" ] && { wait "$BUILD_PID" || true; }
+  while [ -f "$BUILDING" ]; do sleep 2; done
+  BUILD_PID=""; cp "$WORK"/llama_*.txt "$OUT/" 2>/dev/null || true
+  if [ -x "$LLAMA_BENCH" ]; then log "llama-bench ready: $(cat "$WORK/llama_build_seconds.txt" 2>/dev/null)"
+  else log "llama.cpp build failed: $(tail -20 "$WORK/llama_build.txt" 2>/dev/null)"; fi
 }
 if [ "$BUILD_ONLY" = 1 ]; then wait_build; exit 0; fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1 || true
