@@ -43,6 +43,21 @@ def _size(value: Any, info: ValidationInfo) -> int:
     return parse_size(value, total_bytes=total)
 
 
+def read_api_key(path: Path) -> str:
+    """The key in an api_key_file, stripped: read at policy load, by the watchers when they act
+    and by sparkctl bench, with one error for all three."""
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise PolicyError(f"could not read API key file {path}: {exc.strerror or exc}; create it (readable by "
+                          "sparkd and the engine) or remove the key") from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"could not read API key file {path}: not UTF-8 text") from None
+    if not key:
+        raise PolicyError(f"could not use API key file {path}: the file is empty")
+    return key
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -83,17 +98,11 @@ class EmbeddedEngine(_Strict):
     @field_validator("api_key_file")
     @classmethod
     def _key_readable(cls, v: Path | None) -> Path | None:
-        if v is None:
-            return v
-        try:
-            key = v.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"could not read API key file {v}: {exc.strerror or exc}; create it (readable by sparkd "
-                             "and the engine) or remove the key") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"could not read API key file {v}: not UTF-8 text") from None
-        if not key:
-            raise ValueError(f"could not use API key file {v}: the file is empty") from None
+        if v is not None:
+            try:
+                read_api_key(v)
+            except PolicyError as exc:
+                raise ValueError(str(exc)) from None
         return v
 
     @model_validator(mode="after")
