@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import PolicyError
-from .sizes import parse_size
+from .sizes import format_size, parse_size
 
 DEFAULT_POLICY_PATH = Path("/etc/sparkd/policy.yaml")
 _SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -130,6 +130,9 @@ class EngineSpec(_Strict):
 class ServicePolicy(_Strict):
     engine: EngineSpec
     memory_max: int
+    # Where the kernel starts throttling (reclaim, then stalls) before memory_max kills: the room
+    # between the two is where the pressure watchers see trouble and can shrink the engine's cache.
+    memory_high: int | None = None
     swap_max: int = 0
     oom_policy: Literal["stop", "continue", "kill"] = "stop"
     restart: Literal["no", "on-failure", "always"] = "no"
@@ -140,7 +143,7 @@ class ServicePolicy(_Strict):
     autostart: bool = False
     stop_timeout: float = 30.0
 
-    _sizes = field_validator("memory_max", "swap_max", mode="before")(_size)
+    _sizes = field_validator("memory_max", "memory_high", "swap_max", mode="before")(_size)
     _durations = field_validator("stop_timeout", mode="before")(lambda v: parse_duration(v))
 
     @field_validator("memory_max")
@@ -148,6 +151,20 @@ class ServicePolicy(_Strict):
     def _positive(cls, v: int) -> int:
         if v <= 0:
             raise ValueError("memory_max must be larger than 0")
+        return v
+
+    @field_validator("memory_high")
+    @classmethod
+    def _high_within_max(cls, v: int | None, info: ValidationInfo) -> int | None:
+        limit = info.data.get("memory_max")  # absent when memory_max itself was invalid
+        if v is None or limit is None:
+            return v
+        if v <= 0:
+            raise ValueError("memory_high must be larger than 0")
+        if v > limit:
+            raise ValueError(f"memory_high {format_size(v)} ({v} B) is above memory_max {format_size(limit)} "
+                             f"({limit} B): the kernel throttles at memory_high before memory_max kills, so it "
+                             "must not be larger; lower memory_high or raise memory_max")
         return v
 
 

@@ -304,6 +304,7 @@ class Supervisor:
             "cgroup": cgroup,
             "main_pid": current.main_pid if current else None,
             "memory_max_policy_bytes": service.memory_max if service else None,
+            "memory_high_policy_bytes": service.memory_high if service else None,
             "api_key_file": _api_key_file(service),
             "memory_enforced": bool(current.memory_enforced) if current else self.placement.memory_enforced,
             **usage.to_dict(),

@@ -176,6 +176,8 @@ def wait_for_event(sock: Path, pred, timeout_seconds: float) -> list[dict]:
 
 
 def set_memory_high(cgroup: Path) -> str:
+    """By hand, not through the policy's memory_high: the threshold is relative to what the engine
+    uses once ready, which is not known when the policy is written."""
     current = int((cgroup / "memory.current").read_text())
     high = current + HIGH_ABOVE_ENGINE_MIB * MIB
     (cgroup / "memory.high").write_text(str(high))
