@@ -237,8 +237,9 @@ class _WatchRule(_Strict):
 
 class PressureRule(_WatchRule):
     """psi: the service cgroup's memory.pressure; psi_system: /proc/pressure/memory;
-    memory_events: an increment of a memory.events counter; mem_available: MemAvailable below
-    `below` (default guards.reserve)."""
+    memory_events: an increment of a memory.events counter, or with `rate` the counter rising at
+    least `rate` times a second over `window` (a level rule: duration, clear_for, grow-back);
+    mem_available: MemAvailable below `below` (default guards.reserve)."""
 
     detector: Literal["psi", "psi_system", "memory_events", "mem_available"] = "psi"
     kind: Literal["some", "full"] = "some"
@@ -248,6 +249,8 @@ class PressureRule(_WatchRule):
     clear_below: float | None = None  # psi: stall within window under which pressure has cleared (default stall/2)
     clear_for: float | None = None  # how long it must stay clear (default: window)
     counter: Literal["oom", "oom_kill", "max", "high"] | None = None
+    # memory_events: increments per second over `window` that count as exceeded; clears below half
+    rate: float | None = Field(default=None, gt=0)
     below: int | None = None
 
     _durations = field_validator(*_DURATION_FIELDS, mode="before")(lambda v: None if v is None else parse_duration(v))
@@ -264,7 +267,17 @@ class PressureRule(_WatchRule):
                 raise ValueError(f"'window' must be between 500ms and 10s (the kernel's PSI limits), found {self.window:g} s")
         elif self.detector == "memory_events" and self.counter is None:
             raise ValueError("detector memory_events needs 'counter' (oom, oom_kill, max or high)")
+        if self.rate is not None:
+            self._check_rate()
         return self
+
+    def _check_rate(self) -> None:
+        if self.detector != "memory_events":
+            raise ValueError(f"'rate' only goes with detector memory_events, found detector {self.detector}")
+        if not 0.5 <= self.window <= 60:
+            raise ValueError(f"'window' of a rate rule must be between 500ms and 60s, found {self.window:g} s")
+        if self.clear_below is not None:
+            raise ValueError("'clear_below' is a PSI stall; a rate rule clears below half its 'rate'")
 
 
 class PressurePolicy(_Strict):
