@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import PolicyError
-from .sizes import parse_size
+from .sizes import format_size, parse_size
 
 DEFAULT_POLICY_PATH = Path("/etc/sparkd/policy.yaml")
 _SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -41,6 +41,21 @@ def parse_duration(value: Any) -> float:
 def _size(value: Any, info: ValidationInfo) -> int:
     total = (info.context or {}).get("total_memory_bytes")
     return parse_size(value, total_bytes=total)
+
+
+def read_api_key(path: Path) -> str:
+    """The key in an api_key_file, stripped: read at policy load, by the watchers when they act
+    and by sparkctl bench, with one error for all three."""
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise PolicyError(f"could not read API key file {path}: {exc.strerror or exc}; create it (readable by "
+                          "sparkd and the engine) or remove the key") from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"could not read API key file {path}: not UTF-8 text") from None
+    if not key:
+        raise PolicyError(f"could not use API key file {path}: the file is empty")
+    return key
 
 
 class _Strict(BaseModel):
@@ -83,17 +98,11 @@ class EmbeddedEngine(_Strict):
     @field_validator("api_key_file")
     @classmethod
     def _key_readable(cls, v: Path | None) -> Path | None:
-        if v is None:
-            return v
-        try:
-            key = v.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"could not read API key file {v}: {exc.strerror or exc}; create it (readable by sparkd "
-                             "and the engine) or remove the key") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"could not read API key file {v}: not UTF-8 text") from None
-        if not key:
-            raise ValueError(f"could not use API key file {v}: the file is empty") from None
+        if v is not None:
+            try:
+                read_api_key(v)
+            except PolicyError as exc:
+                raise ValueError(str(exc)) from None
         return v
 
     @model_validator(mode="after")
@@ -121,6 +130,9 @@ class EngineSpec(_Strict):
 class ServicePolicy(_Strict):
     engine: EngineSpec
     memory_max: int
+    # Where the kernel starts throttling (reclaim, then stalls) before memory_max kills: the room
+    # between the two is where the pressure watchers see trouble and can shrink the engine's cache.
+    memory_high: int | None = None
     swap_max: int = 0
     oom_policy: Literal["stop", "continue", "kill"] = "stop"
     restart: Literal["no", "on-failure", "always"] = "no"
@@ -131,7 +143,7 @@ class ServicePolicy(_Strict):
     autostart: bool = False
     stop_timeout: float = 30.0
 
-    _sizes = field_validator("memory_max", "swap_max", mode="before")(_size)
+    _sizes = field_validator("memory_max", "memory_high", "swap_max", mode="before")(_size)
     _durations = field_validator("stop_timeout", mode="before")(lambda v: parse_duration(v))
 
     @field_validator("memory_max")
@@ -139,6 +151,20 @@ class ServicePolicy(_Strict):
     def _positive(cls, v: int) -> int:
         if v <= 0:
             raise ValueError("memory_max must be larger than 0")
+        return v
+
+    @field_validator("memory_high")
+    @classmethod
+    def _high_within_max(cls, v: int | None, info: ValidationInfo) -> int | None:
+        limit = info.data.get("memory_max")  # absent when memory_max itself was invalid
+        if v is None or limit is None:
+            return v
+        if v <= 0:
+            raise ValueError("memory_high must be larger than 0")
+        if v > limit:
+            raise ValueError(f"memory_high {format_size(v)} ({v} B) is above memory_max {format_size(limit)} "
+                             f"({limit} B): the kernel throttles at memory_high before memory_max kills, so it "
+                             "must not be larger; lower memory_high or raise memory_max")
         return v
 
 
@@ -211,8 +237,9 @@ class _WatchRule(_Strict):
 
 class PressureRule(_WatchRule):
     """psi: the service cgroup's memory.pressure; psi_system: /proc/pressure/memory;
-    memory_events: an increment of a memory.events counter; mem_available: MemAvailable below
-    `below` (default guards.reserve)."""
+    memory_events: an increment of a memory.events counter, or with `rate` the counter rising at
+    least `rate` times a second over `window` (a level rule: duration, clear_for, grow-back);
+    mem_available: MemAvailable below `below` (default guards.reserve)."""
 
     detector: Literal["psi", "psi_system", "memory_events", "mem_available"] = "psi"
     kind: Literal["some", "full"] = "some"
@@ -222,6 +249,8 @@ class PressureRule(_WatchRule):
     clear_below: float | None = None  # psi: stall within window under which pressure has cleared (default stall/2)
     clear_for: float | None = None  # how long it must stay clear (default: window)
     counter: Literal["oom", "oom_kill", "max", "high"] | None = None
+    # memory_events: increments per second over `window` that count as exceeded; clears below half
+    rate: float | None = Field(default=None, gt=0)
     below: int | None = None
 
     _durations = field_validator(*_DURATION_FIELDS, mode="before")(lambda v: None if v is None else parse_duration(v))
@@ -238,7 +267,17 @@ class PressureRule(_WatchRule):
                 raise ValueError(f"'window' must be between 500ms and 10s (the kernel's PSI limits), found {self.window:g} s")
         elif self.detector == "memory_events" and self.counter is None:
             raise ValueError("detector memory_events needs 'counter' (oom, oom_kill, max or high)")
+        if self.rate is not None:
+            self._check_rate()
         return self
+
+    def _check_rate(self) -> None:
+        if self.detector != "memory_events":
+            raise ValueError(f"'rate' only goes with detector memory_events, found detector {self.detector}")
+        if not 0.5 <= self.window <= 60:
+            raise ValueError(f"'window' of a rate rule must be between 500ms and 60s, found {self.window:g} s")
+        if self.clear_below is not None:
+            raise ValueError("'clear_below' is a PSI stall; a rate rule clears below half its 'rate'")
 
 
 class PressurePolicy(_Strict):

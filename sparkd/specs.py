@@ -42,6 +42,7 @@ def build_spec(name: str, service: ServicePolicy, engine_executable: str = ENGIN
         name=name,
         argv=engine_argv(service, engine_executable),
         memory_max_bytes=service.memory_max,
+        memory_high_bytes=service.memory_high,
         swap_max_bytes=service.swap_max,
         oom_policy=service.oom_policy,
         restart=service.restart,

@@ -43,6 +43,13 @@ def report_dict(report: Any) -> dict:
     return {**report.to_dict(), "text": report.render()}
 
 
+def _api_key_file(service: Any) -> str | None:
+    """The path (never the key) of an embedded engine's api_key_file: sparkctl bench reads it."""
+    embedded = service.engine.embedded if service is not None else None
+    path = embedded.api_key_file if embedded is not None else None
+    return str(path) if path is not None else None
+
+
 class Supervisor:
     def __init__(
         self,
@@ -297,6 +304,8 @@ class Supervisor:
             "cgroup": cgroup,
             "main_pid": current.main_pid if current else None,
             "memory_max_policy_bytes": service.memory_max if service else None,
+            "memory_high_policy_bytes": service.memory_high if service else None,
+            "api_key_file": _api_key_file(service),
             "memory_enforced": bool(current.memory_enforced) if current else self.placement.memory_enforced,
             **usage.to_dict(),
             "gpu_mib": gpu_mib,

@@ -17,6 +17,7 @@ class CgroupUsage:
     memory_current_bytes: int | None = None
     memory_max_bytes: int | None = None  # None: file missing or 'max'
     memory_max_unlimited: bool = False
+    memory_high_bytes: int | None = None  # None: file missing or 'max' (no throttling threshold)
     psi_some_avg10: float | None = None
     psi_full_avg10: float | None = None
 
@@ -82,6 +83,9 @@ def read_usage(cgroup_dir: Path | None) -> CgroupUsage:
         usage.memory_max_unlimited = True
     elif limit is not None and limit.isdigit():
         usage.memory_max_bytes = int(limit)
+    high = _read(cgroup_dir / "memory.high")
+    if high is not None and high.isdigit():
+        usage.memory_high_bytes = int(high)
     pressure = _read(cgroup_dir / "memory.pressure")
     usage.psi_some_avg10 = _avg10(pressure, "some")
     usage.psi_full_avg10 = _avg10(pressure, "full")

@@ -56,7 +56,8 @@ def _policy(world, **daemon_extra) -> Path:
         "daemon": daemon,
         "guards": {"reserve": "64M", "competitors": []},
         "services": {
-            "sleeper": {"engine": {"command": ["sleep", "10000"]}, "memory_max": "256M", "stop_timeout": "5s"},
+            "sleeper": {"engine": {"command": ["sleep", "10000"]}, "memory_max": "256M", "memory_high": "192M",
+                        "stop_timeout": "5s"},
             "huge": {"engine": {"command": ["sleep", "10000"]}, "memory_max": "64T"},
         },
     }
@@ -93,9 +94,11 @@ def test_start_status_kill9_readopt_stop(world):
     assert st["cgroup"] == str(world["cgroup_root"] / "sparkd.slice" / "sparkd-sleeper.service")
     [pid] = _sleep_pids(st["cgroup"])
     assert st["memory_enforced"] is _has_memory_controller()
+    assert st["memory_high_policy_bytes"] == 192 << 20
+    assert st["memory_high_bytes"] == (192 << 20 if _has_memory_controller() else None)  # the cgroup's memory.high
     assert st["psi_some_avg10"] is not None  # memory.pressure exists even without the controller
     human = sparkctl(sock, "status")
-    assert human.returncode == 0 and "sleeper" in human.stdout
+    assert human.returncode == 0 and "sleeper" in human.stdout and "(high 192.0M)" in human.stdout
     assert ("not enforced" in human.stdout) is not _has_memory_controller()
     if not status_json(sock)["daemon"]["gpu_available"]:
         assert "GPU use not shown: no NVIDIA driver" in human.stdout

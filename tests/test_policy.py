@@ -23,11 +23,13 @@ def test_defaults_from_empty_file(tmp_path):
 
 def test_sizes_and_percentages(tmp_path):
     pol = load_policy(
-        write(tmp_path, "services:\n  a:\n    engine: {command: [sleep, '1']}\n    memory_max: 50%\n    swap_max: 512M\n"),
+        write(tmp_path, "services:\n  a:\n    engine: {command: [sleep, '1']}\n    memory_max: 50%\n    swap_max: 512M\n"
+                        "    memory_high: 30G\n  b:\n    engine: {command: [x]}\n    memory_max: 1G\n    memory_high: 1G\n"),
         total_memory_bytes=64 * GiB,
     )
     assert pol.services["a"].memory_max == 32 * GiB
     assert pol.services["a"].swap_max == 512 << 20
+    assert (pol.services["a"].memory_high, pol.services["b"].memory_high) == (30 * GiB, GiB)  # equal is allowed
 
 
 def test_unknown_keys_get_did_you_mean_and_name_file(tmp_path):
@@ -45,6 +47,14 @@ def test_unknown_keys_get_did_you_mean_and_name_file(tmp_path):
     [
         ("services:\n  a:\n    engine: {command: [x]}\n    memory_max: 12Q\n", "services.a.memory_max: expected a size"),
         ("services:\n  a:\n    engine: {}\n    memory_max: 1G\n", "exactly one of 'embedded' or 'command'"),
+        ("services:\n  llm:\n    engine: {command: [x]}\n    memory_max: 2G\n    memory_high: 50%\n",
+         "services.llm.memory_high: memory_high 32.0G (34359738368 B) is above memory_max 2.0G (2147483648 B): "
+         "the kernel throttles at memory_high before memory_max kills, so it must not be larger; lower "
+         "memory_high or raise memory_max; found '50%'"),
+        ("services:\n  a:\n    engine: {command: [x]}\n    memory_max: 1G\n    memory_high: 0\n",
+         "services.a.memory_high: memory_high must be larger than 0"),
+        ("services:\n  a:\n    engine: {command: [x]}\n    memory_max: 1G\n    memory_high: lots\n",
+         "services.a.memory_high: expected a size"),
         ("daemon:\n  placement: docker\n", "daemon.placement"),
         ("services:\n  'bad name':\n    engine: {command: [x]}\n    memory_max: 1G\n", "must be letters"),
         ("services: [1, 2]\n", "services"),

@@ -13,7 +13,7 @@ def test_embedded_engine_argv_with_budget_below_memory_max():
     spec = build_spec("llm", p.services["llm"])
     assert spec.argv == ["sparkd-engine", "serve", "/m/k3.gguf", "--listen", "127.0.0.1:8000", "--budget", "92160M",
                          "--ctx", "4096", "--threads", "8"]
-    assert spec.memory_max_bytes == 92 << 30
+    assert (spec.memory_max_bytes, spec.memory_high_bytes) == (92 << 30, None)
     assert (spec.swap_max_bytes, spec.oom_policy, spec.restart) == (0, "stop", "no")
 
 
@@ -24,8 +24,9 @@ def test_budget_leaves_room_for_the_process():
 
 def test_command_engine_and_options_pass_through():
     p = _policy({"ext": {"engine": {"command": ["/usr/bin/llama-server", "-m", "x.gguf"]}, "memory_max": "50%",
+                         "memory_high": "30G",
                          "environment": {"A": "1"}, "working_directory": "/srv", "stop_timeout": "5s", "cpu_weight": 50}})
     spec = build_spec("ext", p.services["ext"])
     assert spec.argv == ["/usr/bin/llama-server", "-m", "x.gguf"]
-    assert spec.memory_max_bytes == 32 << 30
+    assert (spec.memory_max_bytes, spec.memory_high_bytes) == (32 << 30, 30 << 30)
     assert (spec.environment, spec.working_directory, spec.stop_timeout_seconds, spec.cpu_weight) == ({"A": "1"}, "/srv", 5.0, 50)

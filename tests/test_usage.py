@@ -4,10 +4,14 @@ from sparkd.usage import find_cgroup2_mount, read_usage, resolve_cgroup_dir
 def test_reads_memory_and_pressure(tmp_path):
     (tmp_path / "memory.current").write_text("1048576\n")
     (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.high").write_text("786432\n")
     (tmp_path / "memory.pressure").write_text(
         "some avg10=12.50 avg60=1.00 avg300=0.00 total=10\nfull avg10=3.25 avg60=0.00 avg300=0.00 total=5\n")
     u = read_usage(tmp_path)
     assert (u.memory_current_bytes, u.memory_max_bytes, u.memory_max_unlimited) == (1048576, None, True)
+    assert u.memory_high_bytes == 786432
+    (tmp_path / "memory.high").write_text("max\n")
+    assert read_usage(tmp_path).memory_high_bytes is None
     assert (u.psi_some_avg10, u.psi_full_avg10) == (12.5, 3.25)
 
 

@@ -16,6 +16,8 @@ def _size(n: int | None) -> str:
 def _memory(svc: dict) -> str:
     limit = svc.get("memory_max_bytes") or svc.get("memory_max_policy_bytes")
     text = f"{_size(svc.get('memory_current_bytes'))} / {_size(limit)}"
+    high = svc.get("memory_high_bytes") or svc.get("memory_high_policy_bytes")
+    text += f" (high {_size(high)})" if high else ""
     return text if svc.get("memory_enforced") else f"{text} [yellow](not enforced)[/]"
 
 

@@ -15,6 +15,8 @@ from sparkd.engine.tokenizer import CONTROL, USER_DEFINED
 # the longest token sequence accepted as a tag; longer encodings are ordinary text, not markers
 MAX_TAG_TOKENS = 8
 OPEN, CLOSE = "open", "close"
+# an answer section's tags (Kimi K3's <|open|>response<|sep|> ... <|close|>response<|sep|>)
+ANSWER_OPEN, ANSWER_CLOSE = "answer_open", "answer_close"
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,14 @@ def _tag_ids(tokenizer: Any, text: str) -> tuple[int, ...] | None:
 
 
 class TagMatcher:
-    """Follows generated tokens: holds back a proper prefix of either tag, reports a whole tag as
-    OPEN or CLOSE, and releases tokens that can no longer become a tag, in order."""
+    """Follows generated tokens: holds back a proper prefix of any tag, reports a whole tag as
+    OPEN or CLOSE (ANSWER_OPEN or ANSWER_CLOSE for the answer tags, when given), and releases
+    tokens that can no longer become a tag, in order."""
 
-    def __init__(self, tags: ThinkTags):
+    def __init__(self, tags: ThinkTags, answer: ThinkTags | None = None):
         self._tags = {tags.open_ids: OPEN, tags.close_ids: CLOSE}
+        if answer is not None:
+            self._tags.update({answer.open_ids: ANSWER_OPEN, answer.close_ids: ANSWER_CLOSE})
         self._held: list[int] = []
 
     @property

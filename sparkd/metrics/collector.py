@@ -95,6 +95,8 @@ class SparkdCollector(Collector):
                        ("service", "state"))
         info = _gauge("sparkd_service_info", "Where the service is placed (always 1)", ("service", "backend", "unit"))
         max_bytes = _gauge("sparkd_service_memory_max_bytes", "memory_max asked for by the policy", ("service",))
+        high_bytes = _gauge("sparkd_service_memory_high_bytes", "memory_high asked for by the policy (throttling "
+                            "threshold; absent when not set)", ("service",))
         enforced = _gauge("sparkd_service_memory_max_enforced",
                           "1 when the kernel enforces memory_max (memory controller present, limit set)", ("service",))
         last = InfoMetricFamily("sparkd_service_last_result", "How the service's last run ended (systemd Result)",
@@ -105,12 +107,14 @@ class SparkdCollector(Collector):
             info.add_metric([v.name, v.backend, v.unit], 1.0)
             if v.memory_max_policy_bytes is not None:
                 max_bytes.add_metric([v.name], v.memory_max_policy_bytes)
+            if v.memory_high_policy_bytes is not None:
+                high_bytes.add_metric([v.name], v.memory_high_policy_bytes)
             sample = samples.get(v.name)
             is_enforced = v.memory_enforced if sample is None else sample.memory_max_bytes is not None
             enforced.add_metric([v.name], 1.0 if is_enforced else 0.0)
             if v.last_result:
                 last.add_metric([v.name], {"result": v.last_result})
-        yield from (state, info, max_bytes, enforced, last)
+        yield from (state, info, max_bytes, high_bytes, enforced, last)
         yield from self._cgroup_families(samples)
 
     def _cgroup_families(self, samples: dict[str, CgroupSample | None]) -> Iterator[Metric]:

@@ -28,6 +28,7 @@ class ServiceView:
     memory_max_policy_bytes: int | None  # None: not in the policy (adopted leftover)
     memory_enforced: bool  # what the backend says about the kernel enforcing memory.max
     last_result: str | None = None
+    memory_high_policy_bytes: int | None = None  # None: no memory_high in the policy
 
 
 def state_without_backend(last_result: str | None) -> str:
@@ -83,4 +84,5 @@ class SupervisorSource:
             memory_max_policy_bytes=service.memory_max if service else None,
             memory_enforced=bool(current.memory_enforced) if current else sup.placement.memory_enforced,
             last_result=last_result,
+            memory_high_policy_bytes=service.memory_high if service else None,
         )

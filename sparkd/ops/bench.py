@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 
 from .. import __version__
-from ..errors import SparkdError
+from ..errors import PolicyError, SparkdError
+from ..policy import read_api_key
 
 HISTORY_FILE = "bench-history.jsonl"
 # Ids 100..399: ordinary tokens in every vocabulary of 512 or more (special tokens sit at the low
@@ -47,6 +48,7 @@ class Target:
     service: str
     url: str
     memory_max_bytes: int | None
+    api_key_file: Path | None = None  # the policy's engine.embedded.api_key_file (sparkctl reads it)
 
 
 def find_target(status: dict, name: str) -> Target:
@@ -70,7 +72,19 @@ def find_target(status: dict, name: str) -> Target:
         raise BenchError(f"could not benchmark {name!r}: its engine at {engine['url']} is {engine.get('health')}"
                          + (f" ({detail})" if detail else "") + "; wait until sparkctl status shows it ready")
     limit = svc.get("memory_max_bytes") or svc.get("memory_max_policy_bytes")
-    return Target(name, engine["url"], limit)
+    key_file = svc.get("api_key_file")
+    return Target(name, engine["url"], limit, Path(key_file) if key_file else None)
+
+
+def api_key(target: Target, given: str | None) -> str | None:
+    """--api-key when given, else the key in the service's api_key_file (as sparkd reads it)."""
+    if given or target.api_key_file is None:
+        return given
+    try:
+        return read_api_key(target.api_key_file)
+    except PolicyError as exc:
+        raise BenchError(f"could not benchmark {target.service!r}: {exc} (services.{target.service}.engine."
+                         "embedded.api_key_file); or pass --api-key") from None
 
 
 def prompt_ids(count: int) -> list[int]:
@@ -83,7 +97,7 @@ def _api_error(response: httpx.Response, url: str) -> BenchError:
         message = response.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = response.text[:200] or f"HTTP {response.status_code}"
-    hint = "; pass --api-key" if response.status_code == 401 else ""
+    hint = "; pass --api-key, or check the service's engine.embedded.api_key_file" if response.status_code == 401 else ""
     return BenchError(f"could not run the benchmark request at {url}: HTTP {response.status_code}: {message}{hint}")
 
 

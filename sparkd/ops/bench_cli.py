@@ -44,7 +44,7 @@ def add_arguments(p) -> None:
                    help=f"tokens to generate per run (default {DEFAULTS['gen_tokens']})")
     p.add_argument("--runs", type=positive_int, default=DEFAULTS["runs"], metavar="N",
                    help=f"requests, one after another (default {DEFAULTS['runs']})")
-    p.add_argument("--api-key", metavar="KEY", help="bearer key, when the engine was started with --api-key")
+    p.add_argument("--api-key", metavar="KEY", help="bearer key (default: the key in the service's engine.embedded.api_key_file, when set)")
     p.add_argument("--state-dir", type=Path, metavar="DIR",
                    help="where the history is appended (default: sparkd's daemon.state_dir)")
     p.add_argument("--no-save", action="store_true", help="do not append to the history")
@@ -52,7 +52,8 @@ def add_arguments(p) -> None:
 
 
 def _measure(args, target: bench.Target) -> dict:
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    key = bench.api_key(target, args.api_key)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         with httpx.Client(headers=headers) as http:
             model = bench.served_model(http, target.url)

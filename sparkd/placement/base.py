@@ -24,6 +24,7 @@ class ServiceSpec:
     name: str
     argv: list[str]
     memory_max_bytes: int
+    memory_high_bytes: int | None = None  # None: no throttling threshold (memory.high stays max)
     swap_max_bytes: int = 0
     oom_policy: str = "stop"  # stop | continue | kill (systemd's OOMPolicy=)
     restart: str = "no"
@@ -54,6 +55,7 @@ class ServiceStatus:
     main_pid: int | None = None
     memory_enforced: bool = False
     memory_max_bytes: int | None = None
+    memory_high_bytes: int | None = None
     message: str = ""
 
     def to_dict(self) -> dict:

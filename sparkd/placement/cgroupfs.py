@@ -143,6 +143,7 @@ class CgroupfsPlacement(Placement):
                 name=spec.name, backend=self.name, unit=unit_name(spec.name), cgroup=cgroup,
                 active_state="active", sub_state="running", main_pid=main_pid,
                 memory_enforced=memory_enforced, memory_max_bytes=spec.memory_max_bytes,
+                memory_high_bytes=spec.memory_high_bytes,
                 message="; ".join(notes),
             )
             svc = _Service(spec.name, cgroup, status, spec.oom_policy, launcher, notes=notes)
@@ -218,6 +219,8 @@ class CgroupfsPlacement(Placement):
         else:
             oom_group = "0" if spec.oom_policy == "continue" else "1"
             writes += [("memory.max", str(spec.memory_max_bytes)), ("memory.oom.group", oom_group)]
+            if spec.memory_high_bytes is not None:
+                writes.append(("memory.high", str(spec.memory_high_bytes)))
             if os.path.exists(os.path.join(cgroup, "memory.swap.max")):
                 writes.append(("memory.swap.max", str(spec.swap_max_bytes)))
             else:  # the kernel runs without swap accounting (swapaccount=0)
@@ -429,6 +432,7 @@ class CgroupfsPlacement(Placement):
             active_state="active", sub_state="running", main_pid=saved.get("main_pid"),
             memory_enforced=saved.get("memory_enforced", False),
             memory_max_bytes=saved.get("memory_max_bytes"),
+            memory_high_bytes=saved.get("memory_high_bytes"),
             message=saved.get("message", "adopted without saved state: limits unknown"),
         )
         return _Service(name, cgroup, status, state.get("oom_policy", "stop"),

@@ -160,7 +160,7 @@ class SystemdPlacement(Placement):
     def _status_from(self, unit: str, props: dict) -> ServiceStatus:
         cgroup = self._host_cgroup(props.get("ControlGroup", ""))
         enforced = "memory" in (self._controllers(cgroup) or []) if cgroup else self.memory_enforced
-        memory_max = props.get("MemoryMax")
+        memory_max, memory_high = props.get("MemoryMax"), props.get("MemoryHigh")
         pid = props.get("MainPID") or None
         return ServiceStatus(
             name=self._service_name(unit),
@@ -174,6 +174,7 @@ class SystemdPlacement(Placement):
             main_pid=pid,
             memory_enforced=enforced,
             memory_max_bytes=None if memory_max in (None, UINT64_MAX) else memory_max,
+            memory_high_bytes=None if memory_high in (None, UINT64_MAX) else memory_high,
             message="" if enforced else f"memory limit not enforced: {self._why_not_for(cgroup)}",
         )
 
@@ -219,6 +220,8 @@ class SystemdPlacement(Placement):
             ("TimeoutStopUSec", "t", int(spec.stop_timeout_seconds * 1_000_000)),
             ("Restart", "s", spec.restart),
         ]
+        if spec.memory_high_bytes is not None:
+            props.append(("MemoryHigh", "t", spec.memory_high_bytes))
         if spec.cpu_weight is not None:
             props.append(("CPUWeight", "t", spec.cpu_weight))
         if spec.working_directory:

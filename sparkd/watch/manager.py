@@ -30,7 +30,7 @@ from .memory_events import CounterIncrement, EventsUnavailable, MemoryEventsDete
 from .nvml_xid import NvmlUnavailable, NvmlXidDetector
 from .nvrm import NvrmFinding, classify, matches
 from .psi import SYSTEM_PRESSURE_PATH, PressureGone, PsiDetector, PsiSample, TriggerSpec
-from .rules import CLEAR, COOLDOWN, FIRE, Cooldown, LevelCondition, StallWindow
+from .rules import CLEAR, COOLDOWN, FIRE, Cooldown, CounterRate, LevelCondition, StallWindow
 
 KMSG_CURSOR_FILE = "kmsg.cursor"
 # MemAvailable must climb this much above the floor before the floor rule clears (hysteresis).
@@ -46,7 +46,7 @@ class ServiceControl(ActionContext, Protocol):
 
 class _LevelRule:
     def __init__(self, rule: PressureRule):
-        self.window = StallWindow(rule.window)
+        self.window = CounterRate(rule.window) if rule.rate is not None else StallWindow(rule.window)
         clear_for = rule.clear_for if rule.clear_for is not None else rule.window
         self.condition = LevelCondition(rule.duration, clear_for, rule.cooldown)
 
@@ -180,6 +180,7 @@ class WatchManager:
                 self.detectors.start(f"psi:{name}", det, det.run)
             if self._rules("memory_events") and self.detectors.due_for_retry(f"memory_events:{name}"):
                 det = MemoryEventsDetector(str(cgroup / "memory.events"), lambda i, n=name: self._on_increment(n, i),
+                                           on_sample=lambda t, c, n=name: self._on_events_sample(n, t, c),
                                            interval_seconds=self._interval, clock=self._clock)
                 self.detectors.start(f"memory_events:{name}", det, det.run)
         for key in list(self.detectors.handles):
@@ -300,9 +301,23 @@ class WatchManager:
         if inc.counter in OOM_COUNTERS:  # max/high rise constantly under pressure: only rules record those
             self._event("detected", service=service, detector="memory_events", values=values)
         for rule in self._rules("memory_events"):
-            if rule.counter == inc.counter:
+            if rule.counter == inc.counter and rule.rate is None:
                 self._edge(rule, service, "memory_events", inc.time, values,
                            f"memory.events {inc.counter} {inc.before} -> {inc.after}")
+
+    def _on_events_sample(self, service: str, now: float, counters: dict[str, int]) -> None:
+        """Rate rules: a memory.events counter rising `rate` times a second (memory.events `high`
+        counts the throttling the kernel starts at memory.high, before PSI shows a stall)."""
+        for rule in self._rules("memory_events"):
+            if rule.rate is None:
+                continue
+            rate = self._level(rule, service).window.add(now, counters.get(rule.counter, 0))
+            values = {"counter": rule.counter, "per_second": round(rate, 2) if rate is not None else None,
+                      "window_seconds": rule.window, "threshold_per_second": rule.rate}
+            reason = (f"memory.events {rule.counter} {values['per_second']}/s over {rule.window:g} s "
+                      f"(threshold {rule.rate:g}/s) for {rule.duration:g} s")
+            self._apply_level(rule, service, "memory_events", now, rate is not None and rate >= rule.rate,
+                              rate is not None and rate < rule.rate / 2, values, reason)
 
     def _edge(self, rule, service, detector, now, values, reason) -> None:
         cooldown = self._cooldowns.setdefault((rule.name, service), Cooldown(rule.cooldown))

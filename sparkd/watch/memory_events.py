@@ -49,15 +49,19 @@ class MemoryEventsDetector:
     name = "memory_events"
 
     def __init__(self, path: str, on_increment: Callable[[CounterIncrement], None], *,
+                 on_sample: Callable[[float, dict[str, int]], None] | None = None,
                  interval_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self.path = str(path)
         self._on_increment = on_increment
+        # every read, increments or not: rate rules need the quiet samples to see a rate fall
+        self._on_sample = on_sample or (lambda now, counters: None)
         self._interval_seconds = interval_seconds
         self._clock = clock
         self.mode = "starting"
 
     async def run(self) -> None:
         last = read_counters(self.path)  # counts before sparkd watched are history, not news
+        self._on_sample(self._clock(), last)
         waiter = PriWaiter()
         fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -70,8 +74,10 @@ class MemoryEventsDetector:
                 await waiter.wait(self._interval_seconds)
                 os.pread(fd, 4096, 0)  # re-arms kernfs notification
                 now = read_counters(self.path)
-                for inc in increments(last, now, self.path, self._clock()):
+                when = self._clock()
+                for inc in increments(last, now, self.path, when):
                     self._on_increment(inc)
+                self._on_sample(when, now)
                 last = now
         finally:
             waiter.unregister(fd)

@@ -84,24 +84,32 @@ class Cooldown:
         return first
 
 
-class StallWindow:
-    """Stall time within the last `window_seconds`, from PSI's cumulative `total` (microseconds).
+class CounterRate:
+    """Per-second rate of a cumulative counter (memory.events `high`) over the last `window_seconds`.
 
     The rate between the newest sample and the newest one at least a window older (or the oldest
-    kept, when history is shorter) is scaled to the window; None until two samples exist.
+    kept, when history is shorter); None until two samples exist; a counter that went backwards
+    (a new cgroup) gives 0, never a negative rate.
     """
 
     def __init__(self, window_seconds: float):
         self.window_seconds = window_seconds
         self._samples: deque[tuple[float, int]] = deque()
 
-    def add(self, now: float, total_us: int) -> float | None:
-        self._samples.append((now, total_us))
+    def add(self, now: float, total: int) -> float | None:
+        self._samples.append((now, total))
         # Keep one sample older than the window as the rate's start.
         while len(self._samples) > 2 and self._samples[1][0] <= now - self.window_seconds:
             self._samples.popleft()
         start_time, start_total = self._samples[0]
         if now <= start_time:
             return None
-        rate = (total_us - start_total) / 1e6 / (now - start_time)
-        return max(rate, 0.0) * self.window_seconds
+        return max((total - start_total) / (now - start_time), 0.0)
+
+
+class StallWindow(CounterRate):
+    """Stall time within the last `window_seconds`, from PSI's cumulative `total` (microseconds)."""
+
+    def add(self, now: float, total_us: int) -> float | None:
+        rate_us = super().add(now, total_us)
+        return None if rate_us is None else rate_us / 1e6 * self.window_seconds

@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import PolicyError
 from ..guards.competitors import check_competitors
+from ..policy import read_api_key
 from ..usage import cgroup_pids, find_cgroup2_mount, resolve_cgroup_dir
 
 
@@ -51,10 +53,9 @@ class SupervisorControl:
         if path is None:
             return None
         try:
-            return path.read_text().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RuntimeError(f"could not read API key file {path} (services.{name}.engine.embedded.api_key_file): "
-                               f"{getattr(exc, 'strerror', None) or exc}") from exc
+            return read_api_key(path)
+        except PolicyError as exc:
+            raise RuntimeError(f"{exc} (services.{name}.engine.embedded.api_key_file)") from exc
 
     async def evict_competitors(self) -> list[Any]:
         ctx = self._guard_ctx

@@ -5,6 +5,7 @@ reply splits into reasoning and content, and the reasoning budget forces the who
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import gguf
 import pytest
@@ -13,7 +14,9 @@ from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.runtime import Engine, GenerationRequest, _ReasoningBudget
 from sparkd.engine.sampler import SamplingParams
-from sparkd.engine.server.reply import ReplyBuilder
+from sparkd.engine.server.generation import Done, Job, run_job
+from sparkd.engine.server.metrics import EngineMetrics
+from sparkd.engine.server.reply import Delta, ReplyBuilder
 from sparkd.engine.think import CLOSE, TagMatcher
 from sparkd.engine.tokenizer import NORMAL
 from tests.engine.server.test_reply import k3_tokenizer_metadata
@@ -105,3 +108,25 @@ def test_matcher_rest_of_a_tag(engine):
     assert m.rest_of(CLOSE) == list(think.close_ids[1:])
     assert m.push(think.open_ids[0]) == [think.close_ids[0]]  # released: a new opener begins
     assert m.rest_of(CLOSE) == list(think.close_ids) and m.flush() == [think.open_ids[0]]
+
+
+def test_server_generation_strips_the_answer_wrapper_for_chat_only(engine):
+    """run_job (the server's decode-thread work, streamed and summed for a whole reply) with the
+    real K3 tokenizer and think tags. The tokens are scripted: the tiny random model cannot be
+    steered into a tag sequence; everything after the token source is the server's own code."""
+    tok = engine.tokenizer
+    text = "plan<|close|>think<|sep|><|open|>response<|sep|>the answer<|close|>response<|sep|>"
+    ids = tok.encode(text, add_special=False, parse_special=True)
+    scripted = SimpleNamespace(tokenizer=tok, generate=lambda req, cancel: (t for t in ids))
+    replies = {}
+    for kind in ("chat", "completion"):
+        req = GenerationRequest([1], max_tokens=len(ids), sampling=SamplingParams(), think=engine.think,
+                                starts_in_reasoning=True)
+        events = []
+        run_job(scripted, EngineMetrics(lambda: None, dict), Job(kind, "k3", req, [], False), events.append)
+        deltas = [e for e in events if isinstance(e, Delta)]
+        replies[kind] = ("".join(d.reasoning for d in deltas), "".join(d.content for d in deltas))
+        assert isinstance(events[-1], Done) and events[-1].completion_tokens == len(ids)
+    assert replies["chat"] == ("plan", "the answer")
+    assert replies["completion"] == ("", tok.decode(ids))  # raw text: no reasoning split, no stripping
+    assert "response" in replies["completion"][1]

@@ -62,7 +62,8 @@ def full_collector(tmp: Path, counters: SparkdCounters | None = None) -> SparkdC
     cg = write_cgroup(tmp / "sparkd-llm.service")
     meminfo, pressure = write_system(tmp)
     views = [
-        ServiceView("llm", "active", "cgroupfs", "sparkd-llm.service", cg, 2 << 30, True, "success"),
+        ServiceView("llm", "active", "cgroupfs", "sparkd-llm.service", cg, 2 << 30, True, "success",
+                    memory_high_policy_bytes=3 << 29),
         ServiceView("idle", "failed", "cgroupfs", "sparkd-idle.service", None, 1 << 30, False, "oom-kill"),
     ]
     nvml = FakeNvml([FakeGpu("NVIDIA H200", 141 << 30, 3 << 30, compute=[(4242, 2048 * MiB), (9999, 512 * MiB)],

@@ -19,6 +19,7 @@ def test_service_figures_from_cgroup_files(tmp_path):
     text = scrape(full_collector(tmp_path))
     assert value(text, "sparkd_service_memory_current_bytes", service="llm") == GiB
     assert value(text, "sparkd_service_memory_max_bytes", service="llm") == 2 * GiB
+    assert value(text, "sparkd_service_memory_high_bytes", service="llm") == 1.5 * GiB
     assert value(text, "sparkd_service_memory_max_enforced", service="llm") == 1
     assert value(text, "sparkd_service_memory_peak_bytes", service="llm") == 1.5 * GiB
     assert value(text, "sparkd_service_memory_anon_bytes", service="llm") == 768 << 20
@@ -41,6 +42,7 @@ def test_state_backend_result_and_stopped_service(tmp_path):
     # A stopped service has its policy limit and enforcement but no cgroup figures.
     assert value(text, "sparkd_service_memory_max_bytes", service="idle") == GiB
     assert value(text, "sparkd_service_memory_max_enforced", service="idle") == 0
+    assert ("sparkd_service_memory_high_bytes", frozenset({("service", "idle")})) not in samples(text)  # not set
     assert not [k for k in samples(text) if k[0].startswith("sparkd_service_memory_current") and ("service", "idle") in k[1]]
 
 

@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 # The engine imports torch and loads the model; a minute only trips on a wedged box.
 READY_TIMEOUT_SECONDS = 60.0
 SMALL = ["--prompt-tokens", "8", "--gen-tokens", "4", "--runs", "2"]
+API_KEY = "bench-key-1"  # tiny is served with --api-key-file: every bench below authenticates
 
 
 def _engine_script(where: Path) -> Path:
@@ -45,13 +46,16 @@ def live(tmp_path_factory):
     run_dir = Path(tempfile.mkdtemp(prefix="sparkd-bench-", dir="/tmp"))
     sock = run_dir / "control.sock"
     model = make_tiny_model(tmp / "tiny.gguf")
+    key_file = tmp / "api-key"
+    key_file.write_text(API_KEY + "\n")
     embedded = {"model": str(model), "alias": "tiny", "ctx": 64, "extra_args": ["--threads", "1"]}
     policy = {
         "daemon": {"placement": "cgroupfs", "cgroup_root": str(cgroup_root), "state_dir": str(tmp / "state"),
                    "control_socket": str(sock), "engine_executable": str(_engine_script(tmp))},
         "guards": {"reserve": "64M", "competitors": []},
         "services": {
-            "tiny": {"engine": {"embedded": {**embedded, "listen": f"127.0.0.1:{free_port()}"}},
+            "tiny": {"engine": {"embedded": {**embedded, "listen": f"127.0.0.1:{free_port()}",
+                                             "api_key_file": str(key_file)}},
                      "memory_max": "1G", "stop_timeout": "10s"},
             "cold": {"engine": {"embedded": {**embedded, "listen": f"127.0.0.1:{free_port()}"}}, "memory_max": "1G"},
             "sleeper": {"engine": {"command": ["sleep", "10000"]}, "memory_max": "256M", "stop_timeout": "5s"}},
@@ -68,7 +72,7 @@ def live(tmp_path_factory):
             assert engine["health"] in ("loading", "unreachable"), engine
             assert time.monotonic() < deadline, (engine, daemon.log_text())
             time.sleep(0.2)
-        yield {"sock": sock, "state": tmp / "state", "tmp": tmp}
+        yield {"sock": sock, "state": tmp / "state", "tmp": tmp, "key_file": key_file}
     finally:
         daemon.ensure_dead()
         remove_cgroup_tree(cgroup_root)
@@ -135,6 +139,32 @@ def test_bench_refuses_what_it_cannot_measure(live, name, message):
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.startswith(f"sparkctl bench: {message}"), out.stderr
     assert _history(live["state"]) == before
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"rotated-key\n", "HTTP 401: could not authenticate: wrong API key; pass --api-key, or check the service's "
+                       "engine.embedded.api_key_file"),
+    (b"\xff\xfe", "could not benchmark 'tiny': could not read API key file {key}: not UTF-8 text "
+                  "(services.tiny.engine.embedded.api_key_file); or pass --api-key"),
+    (None, "could not benchmark 'tiny': could not read API key file {key}: No such file or directory; create it"),
+])
+def test_bench_reads_the_api_key_file_and_names_it_when_it_cannot(live, content, message):
+    """The engine read the key at start; bench reads the file now: a rotated, garbled or missing
+    file is named, and --api-key still wins over the file."""
+    before = _history(live["state"])
+    key = live["key_file"]
+    key.unlink()
+    if content is not None:
+        key.write_bytes(content)
+    try:
+        out = sparkctl(live["sock"], "bench", "tiny", *SMALL)
+        assert out.returncode == 1 and out.stdout == ""
+        assert message.format(key=key) in out.stderr, out.stderr
+        assert _history(live["state"]) == before
+        given = sparkctl(live["sock"], "bench", "tiny", *SMALL, "--no-save", "--api-key", API_KEY)
+        assert given.returncode == 0, given.stderr
+    finally:
+        key.write_text(API_KEY + "\n")
 
 
 def test_bench_reports_the_engine_refusing_a_prompt_too_long(live):

@@ -123,11 +123,12 @@ async def test_children_are_in_the_cgroup_and_reported(placement, mount, state_d
 
 
 async def test_memory_limit_enforcement_is_reported_never_silent(placement, mount):
-    status = await placement.start(_spec())
+    status = await placement.start(_spec(memory_high_bytes=192 << 20))
     try:
         if "memory" in cgroups.controllers(mount):
             assert placement.memory_enforced and status.memory_enforced
             assert cgroups.read_text(status.cgroup, "memory.max").strip() == str(256 << 20)
+            assert cgroups.read_text(status.cgroup, "memory.high").strip() == str(192 << 20)
             assert cgroups.read_text(status.cgroup, "memory.swap.max").strip() == "0"
             assert cgroups.read_text(status.cgroup, "memory.oom.group").strip() == "1"
         else:
@@ -135,7 +136,8 @@ async def test_memory_limit_enforcement_is_reported_never_silent(placement, moun
             assert "memory controller is not available" in placement.why_not_enforced
             assert "NOT enforced" in status.message
             assert not os.path.exists(os.path.join(status.cgroup, "memory.max"))
-        assert status.memory_max_bytes == 256 << 20
+            assert not os.path.exists(os.path.join(status.cgroup, "memory.high"))
+        assert (status.memory_max_bytes, status.memory_high_bytes) == (256 << 20, 192 << 20)
     finally:
         final = await placement.stop("svc", 30)
     assert placement.memory_enforced or "NOT enforced" in final.message
@@ -304,7 +306,7 @@ from sparkd.placement.base import ServiceSpec
 from sparkd.placement.cgroupfs import CgroupfsPlacement
 async def main():
     backend = CgroupfsPlacement(cgroup_root=sys.argv[1], state_dir=sys.argv[2])
-    spec = ServiceSpec(name="svc", argv=json.loads(sys.argv[3]), memory_max_bytes=1 << 28)
+    spec = ServiceSpec(name="svc", argv=json.loads(sys.argv[3]), memory_max_bytes=1 << 28, memory_high_bytes=1 << 27)
     status = await backend.start(spec)
     await backend.close()  # sparkd goes away; the service must not
     print(json.dumps(status.to_dict()))
@@ -326,7 +328,8 @@ async def test_adopt_after_restart_then_notice_the_exit(placement, root, state_d
     assert _alive(first["main_pid"])
     adopted = await placement.adopt()
     assert [(s.name, s.active_state, s.main_pid) for s in adopted] == [("svc", "active", first["main_pid"])]
-    assert adopted[0].cgroup == first["cgroup"] and adopted[0].memory_max_bytes == 1 << 28
+    assert adopted[0].cgroup == first["cgroup"]
+    assert (adopted[0].memory_max_bytes, adopted[0].memory_high_bytes) == (1 << 28, 1 << 27)  # from the saved state
     assert await placement.adopt() == []  # known now: never adopted twice
     with pytest.raises(PlacementError, match="already running"):
         await placement.start(_spec())

@@ -7,7 +7,7 @@ import pytest
 
 from sparkd.errors import PlacementError
 from sparkd.placement.base import ServiceSpec
-from sparkd.placement.systemd import SystemdPlacement
+from sparkd.placement.systemd import UINT64_MAX, SystemdPlacement
 from sparkd.system.systemd_bus import (
     STANDARD_SYSTEM_BUS_ADDRESS,
     SystemdBus,
@@ -65,11 +65,13 @@ async def start_foreign(bus: SystemdBus, unit: str, argv: list[str], slice_name:
 
 async def test_start_sets_limits_and_stop_removes_the_unit(placement, bus, systemd_box):
     extras = dict(environment={"SPARKD_X": "1"}, cpu_weight=50, working_directory=str(systemd_box.share_dir))
-    status = await placement.start(spec("limits", ["sleep", "300"], memory_max_bytes=300 * MiB, **extras))
+    status = await placement.start(spec("limits", ["sleep", "300"], memory_max_bytes=300 * MiB,
+                                        memory_high_bytes=200 * MiB, **extras))
     assert (status.active_state, status.sub_state, status.unit) == ("active", "running", "sparkd-limits.service")
 
     props = await bus.unit_properties("sparkd-limits.service")
-    assert props["MemoryMax"] == 300 * MiB
+    assert (props["MemoryMax"], props["MemoryHigh"]) == (300 * MiB, 200 * MiB)
+    assert (status.memory_max_bytes, status.memory_high_bytes) == (300 * MiB, 200 * MiB)
     assert props["MemorySwapMax"] == 0
     assert props["OOMPolicy"] == "stop"
     assert props["Slice"] == "sparkd.slice"
@@ -96,7 +98,8 @@ async def test_memory_limit_accepted_and_enforcement_reported_honestly(placement
     status = await placement.start(spec("enforce", ["sleep", "300"]))
     cgroup = Path(status.cgroup)
     has_memory = "memory" in (cgroup / "cgroup.controllers").read_text().split()
-    assert status.memory_max_bytes == 256 * MiB
+    assert (status.memory_max_bytes, status.memory_high_bytes) == (256 * MiB, None)  # no memory_high: not set
+    assert (await bus.unit_properties("sparkd-enforce.service"))["MemoryHigh"] == UINT64_MAX
     assert status.memory_enforced is has_memory
     assert placement.memory_enforced is ("memory" in (systemd_box.cgroup / "cgroup.controllers").read_text().split())
     if has_memory:

@@ -66,5 +66,5 @@ def test_key_file_gone_when_acting_is_a_failed_action(tmp_path):
     key.unlink()
     rule = SimpleNamespace(budget=GIB)
     result = asyncio.run(ShrinkCache(SupervisorControl(SimpleNamespace(policy=policy))).apply("llm", rule, "", False))
-    assert result == (f"failed: could not read API key file {key} (services.llm.engine.embedded.api_key_file): "
-                      "No such file or directory")
+    assert result == (f"failed: could not read API key file {key}: No such file or directory; create it (readable "
+                      "by sparkd and the engine) or remove the key (services.llm.engine.embedded.api_key_file)")

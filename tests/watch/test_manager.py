@@ -16,7 +16,7 @@ from sparkd.policy import parse_policy
 from sparkd.watch.events import EventLog
 from sparkd.watch.holds import Holds
 from sparkd.watch.manager import WatchManager
-from sparkd.watch.memory_events import CounterIncrement
+from sparkd.watch.memory_events import CounterIncrement, MemoryEventsDetector, read_counters
 from sparkd.watch.mem_available import AvailableSample
 from sparkd.watch.nvrm import classify
 from sparkd.watch.psi import PsiSample
@@ -255,6 +255,12 @@ def test_shrink_cache_failure_is_an_event_not_a_crash(tmp_path):
     ({"name": "x", "stall": "150ms", "action": "reboot"}, "pressure.rules.0.action.0"),
     ({"name": "x", "stall": "150ms", "action": "shrink_cache"}, "needs 'budget'"),
     ({"name": "x", "stall": "150ms", "action": "warn", "for": "5s"}, "unknown key"),
+    ({"name": "x", "stall": "150ms", "rate": 50, "action": "warn"}, "'rate' only goes with detector memory_events, found detector psi"),
+    ({"name": "x", "detector": "memory_events", "counter": "high", "rate": 0, "action": "warn"}, "greater than 0"),
+    ({"name": "x", "detector": "memory_events", "counter": "high", "rate": 50, "window": "2min", "action": "warn"},
+     "'window' of a rate rule must be between 500ms and 60s, found 120 s"),
+    ({"name": "x", "detector": "memory_events", "counter": "high", "rate": 50, "clear_below": 10, "action": "warn"},
+     "'clear_below' is a PSI stall; a rate rule clears below half its 'rate'"),
 ])
 def test_bad_rules_are_named(rule, message):
     from sparkd.errors import PolicyError
@@ -275,6 +281,9 @@ def test_shipped_dgx_spark_policy_is_valid_and_has_the_issue_defaults():
     assert (warn.kind, warn.stall, warn.window, warn.action) == ("some", 0.15, 1.0, ["warn"])
     assert (shrink.kind, shrink.stall, shrink.window, shrink.duration, shrink.action) == ("full", 0.1, 1.0, 5.0, ["shrink_cache"])
     assert (stop.kind, stop.stall, stop.duration) == ("full", 0.5, 10.0) and "stop" in stop.action
+    early = rules["shrink-on-throttling"]
+    assert (early.detector, early.counter, early.rate, early.window, early.duration) == ("memory_events", "high", 50, 2, 2)
+    assert early.action == ["shrink_cache"] and early.budget == shrink.budget
     kl = {r.match: r.action for r in p.kernel_log.rules}
     assert "stop" in kl["no_memory"] and "stop" in kl["xid_node"]
     assert all(r.cooldown > 0 for r in [*p.pressure.rules, *p.kernel_log.rules])
@@ -294,3 +303,72 @@ def test_shrink_cache_timeout_is_named(tmp_path):
         with pytest.raises(RuntimeError) as err:
             asyncio.run(client.set_budget(1 << 20))
     assert str(err.value) == f"could not POST {client.url}: ReadTimeout"
+
+
+THROTTLE_POLICY = {"pressure": {"rules": [
+    {"name": "throttle", "detector": "memory_events", "counter": "high", "rate": 50, "window": "2s", "duration": "2s",
+     "clear_for": "3s", "action": "shrink_cache", "budget": "2G"},
+    {"name": "full", "detector": "psi", "kind": "full", "stall": "100ms", "window": "1s", "duration": "5s",
+     "clear_for": "3s", "action": "shrink_cache", "budget": "1G"},
+]}}
+
+
+def test_throttling_rate_shrinks_first_and_the_last_rule_to_clear_grows_back(tmp_path):
+    """memory.events `high` (a file written as the kernel writes it) rises 100/s from t=0 to 10;
+    full stall 600 ms/s from t=3 to 12. The rate rule shrinks at t=3, long before the stall rule
+    (t=9); the cache is grown back, to the budget before the first shrink, only when both cleared."""
+    engine = CacheEngine(budget=8 * GIB)
+    manager = make(tmp_path, RecordingControl(engine.listen), THROTTLE_POLICY)
+    events_file = tmp_path / "memory.events"
+
+    async def scenario():
+        manager.events.open()
+        for t in range(20):
+            high = 100 * min(t, 10)
+            events_file.write_text(f"low 0\nhigh {high}\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+            manager._on_events_sample("llm", float(t), read_counters(str(events_file)))
+            full = 600_000 * max(0, min(t, 12) - 3)
+            feed_psi(manager, "llm", [(float(t), full, full)])
+        await settle(manager)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.close()
+    rates = [(e["type"], e["values"]["per_second"]) for e in manager.events.read()
+             if e["type"] in ("fired", "cleared") and e["rule"] == "throttle"]
+    assert rates == [("fired", 100.0), ("cleared", 0.0)]
+    order = [(e["type"], e["rule"]) for e in manager.events.read() if e["type"] in ("fired", "cleared")]
+    assert order == [("fired", "throttle"), ("fired", "full"), ("cleared", "throttle"), ("cleared", "full")]
+    results = [(e["rule"], e["result"]) for e in manager.events.read() if e["type"] in ("action", "reverted")]
+    assert results == [("throttle", "expert cache shrunk to 2.0G (was 8.0G)"),
+                       ("full", "expert cache shrunk to 1.0G (was 2.0G)"),
+                       ("throttle", "not grown back yet: still shrunk for rule(s) full"),
+                       ("full", "expert cache grown back to 8.0G")]
+    assert engine.posts == [2 * GIB, 1 * GIB, 8 * GIB]
+
+
+def test_memory_events_detector_reports_quiet_samples_too(tmp_path):
+    """A rate must be able to fall: the detector hands every read to on_sample, increments or not
+    (a plain file cannot be polled, so it reads every interval)."""
+    path = tmp_path / "memory.events"
+    path.write_text("low 0\nhigh 5\nmax 0\noom 0\noom_kill 0\n")
+    samples, incs = [], []
+
+    async def scenario():
+        det = MemoryEventsDetector(str(path), incs.append, on_sample=lambda t, c: samples.append(c["high"]),
+                                   interval_seconds=0.01)
+        task = asyncio.create_task(det.run())
+        while samples.count(5) < 3:
+            await asyncio.sleep(0.01)
+        path.write_text("low 0\nhigh 9\nmax 0\noom 0\noom_kill 0\n")
+        while samples.count(9) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return det.mode
+
+    mode = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert mode.startswith("poll")
+    assert samples[0] == 5 and samples[-1] == 9 and set(samples) == {5, 9}
+    assert [(i.counter, i.before, i.after) for i in incs] == [("high", 5, 9)]

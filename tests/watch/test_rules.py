@@ -1,6 +1,6 @@
 """Pure rule logic with literal samples: duration, hysteresis, cooldown, stall from PSI totals."""
 
-from sparkd.watch.rules import CLEAR, COOLDOWN, FIRE, Cooldown, LevelCondition, StallWindow
+from sparkd.watch.rules import CLEAR, COOLDOWN, FIRE, Cooldown, CounterRate, LevelCondition, StallWindow
 
 
 def run(cond, samples):
@@ -65,3 +65,13 @@ def test_stall_window_from_totals():
     assert abs(w.add(2.0, 400_000) - 0.1) < 1e-9
     # totals never go backwards in the kernel; a reset (new cgroup) does not give a negative stall
     assert w.add(3.0, 0) == 0.0
+
+
+def test_counter_rate_per_second_over_the_window():
+    r = CounterRate(window_seconds=2.0)
+    assert r.add(0.0, 10) is None
+    assert r.add(1.0, 110) == 100.0  # history shorter than the window: the rate since the first sample
+    assert r.add(2.0, 160) == 75.0  # (160 - 10) / 2
+    assert r.add(3.0, 160) == 25.0  # over [1, 3]: (160 - 110) / 2
+    assert r.add(5.0, 160) == 0.0
+    assert r.add(6.0, 3) == 0.0  # a new cgroup starts from 0: never a negative rate

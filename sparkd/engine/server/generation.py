@@ -9,10 +9,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkd.engine.chat import ANSWER_TAGS
 from sparkd.engine.runtime import Engine, GenerationRequest
 from sparkd.engine.server.metrics import EngineMetrics
 from sparkd.engine.server.reply import Delta, ReplyBuilder
 from sparkd.engine.server.slot import Emit
+from sparkd.engine.think import find_think_tags
 
 
 @dataclass
@@ -47,8 +49,11 @@ class Job:
 def run_job(engine: Engine, metrics: EngineMetrics, job: Job, emit: Emit) -> None:
     """In the decode thread: emit Delta objects, then one Done."""
     req = job.request
-    builder = ReplyBuilder(engine.tokenizer, job.stop, req.think if job.split_reasoning else None,
-                           req.starts_in_reasoning and job.split_reasoning)
+    split = job.split_reasoning and req.think is not None
+    # a tiny lookup (a few short encodes) per request: the engine keeps only the think tags
+    answer = find_think_tags(engine.tokenizer, ANSWER_TAGS) if split else None
+    builder = ReplyBuilder(engine.tokenizer, job.stop, req.think if split else None,
+                           req.starts_in_reasoning and split, answer)
     started = time.perf_counter()
     first = last = None
     tokens = engine.generate(req, job.cancel)

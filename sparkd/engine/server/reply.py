@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sparkd.engine.think import CLOSE, OPEN, TagMatcher, ThinkTags
+from sparkd.engine.think import ANSWER_CLOSE, ANSWER_OPEN, CLOSE, OPEN, TagMatcher, ThinkTags
 
 
 @dataclass
@@ -64,12 +64,18 @@ class _Channel:
 
 
 class ReplyBuilder:
-    """Feed tokens with push(); read finish_reason and completion_tokens at the end."""
+    """Feed tokens with push(); read finish_reason and completion_tokens at the end.
+
+    answer: the tags of an answer section (Kimi K3 wraps its reply in <|open|>response<|sep|> …
+    <|close|>response<|sep|>): the tags are never content, and what follows the close tag (K3's
+    tool sections, the message close) is outside the answer and dropped — as chat.split_reasoning
+    does on whole texts."""
 
     def __init__(self, tokenizer: Any, stop: Sequence[str] = (), think: ThinkTags | None = None,
-                 starts_in_reasoning: bool = False):
+                 starts_in_reasoning: bool = False, answer: ThinkTags | None = None):
         self._eog = tokenizer.eog_ids
-        self._tags = TagMatcher(think) if think is not None else None
+        self._tags = TagMatcher(think, answer) if think is not None else None
+        self._past_answer = False
         self._content = _Channel(tokenizer, stop)
         self._reasoning = _Channel(tokenizer, stop) if think is not None else None
         self.in_reasoning = starts_in_reasoning and think is not None
@@ -98,6 +104,11 @@ class ReplyBuilder:
             if item in (OPEN, CLOSE):
                 out += self._switch(item == OPEN)
                 continue
+            if item in (ANSWER_OPEN, ANSWER_CLOSE):
+                out += self._answer_tag(item == ANSWER_OPEN)
+                continue
+            if self._past_answer and not self.in_reasoning:
+                continue
             channel = self._reasoning if self.in_reasoning else self._content
             text, stopped = channel.push(item)
             out += Delta(reasoning=text) if self.in_reasoning else Delta(content=text)
@@ -112,6 +123,14 @@ class ReplyBuilder:
         out = Delta(reasoning=self._reasoning.flush()) if self.in_reasoning else Delta(content=self._content.flush())
         self.in_reasoning = to_reasoning
         self.saw_reasoning = self.saw_reasoning or to_reasoning
+        return out
+
+    def _answer_tag(self, opens: bool) -> Delta:
+        """An answer section starts (it also ends reasoning) or ends (the rest is not content)."""
+        out = self._switch(False)
+        if not opens:
+            out.content += self._content.flush()
+        self._past_answer = not opens
         return out
 
     def flush(self) -> Delta:

@@ -8,13 +8,18 @@ engine shares its cgroup's stalls, and every round trip may wait on them.
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 from ...sizes import format_size
 from .base import Action
 
 # The engine answers from its event loop; a slow answer means it is itself stalled on memory.
-HTTP_TIMEOUT_SECONDS = 5.0
+# Under memory.high throttling the GPU box's engine took 4.5 s (docs/watchers.md, run 3): 5 s was
+# too tight for the very case the shrink is for. Each rule has its own action lock, so a slow
+# shrink delays no stop; only this rule's grow-back waits behind it.
+HTTP_TIMEOUT_SECONDS = 20.0
 
 
 class CacheClient:
@@ -61,7 +66,13 @@ class ShrinkCache(Action):
     def __init__(self, ctx, transport: httpx.AsyncBaseTransport | None = None):
         super().__init__(ctx)
         self._transport = transport
-        self._previous: dict[str, int | None] = {}  # service -> budget before the shrink
+        # Several rules may shrink one engine (throttling rate, full stall, MemAvailable floor):
+        # the budget before the first shrink is kept, and restored once the last of them clears.
+        self._before: dict[str, int | None] = {}  # service -> budget before the first shrink
+        self._holders: dict[str, set[str]] = {}  # service -> rules that hold its cache shrunk
+        self._dry: set[tuple[str, str]] = set()  # (service, rule) dry-run shrinks
+        # one request at a time per engine, so the budget before the first shrink is the one kept
+        self._locks: dict[str, asyncio.Lock] = {}
 
     def _client(self, service: str) -> CacheClient | None:
         """None without an embedded engine; RuntimeError when its API key file cannot be read."""
@@ -79,26 +90,40 @@ class ShrinkCache(Action):
             return f"skipped: {service or 'system-wide rule'} has no embedded engine with /admin/cache"
         target = format_size(rule.budget)
         if dry_run:
-            self._previous[service] = None
+            self._dry.add((service, rule.name))
             return f"would have asked {client.url} to shrink the expert cache to {target}"
-        try:
-            before = await client.set_budget(rule.budget)
-        except RuntimeError as exc:
-            return f"failed: {exc}"
-        self._previous[service] = before
+        async with self._locks.setdefault(service, asyncio.Lock()):
+            try:
+                before = await client.set_budget(rule.budget)
+            except RuntimeError as exc:
+                return f"failed: {exc}"
+            holders = self._holders.setdefault(service, set())
+            if not holders:
+                self._before[service] = before
+            holders.add(rule.name)
         was = format_size(before) if before is not None else "unknown"
         return f"expert cache shrunk to {target} (was {was})"
 
     async def revert(self, service, rule, dry_run):
-        if service not in self._previous:
+        if (service, rule.name) in self._dry:
+            self._dry.discard((service, rule.name))
+            return f"would have asked the engine of {service} to grow the expert cache back to its budget before the shrink"
+        async with self._locks.setdefault(service, asyncio.Lock()):
+            return await self._grow_back(service, rule)
+
+    async def _grow_back(self, service, rule) -> str | None:
+        holders = self._holders.get(service, set())
+        if rule.name not in holders:
             return None
-        before = self._previous.pop(service)
+        holders.discard(rule.name)
+        if holders:
+            return f"not grown back yet: still shrunk for rule(s) {', '.join(sorted(holders))}"
+        del self._holders[service]
+        before = self._before.pop(service)
         try:
             client = self._client(service)
         except RuntimeError as exc:
             return f"failed to grow back: {exc}"
-        if dry_run:
-            return f"would have asked {client.url} to grow the expert cache back to its budget before the shrink"
         if before is None:
             return "not grown back: the engine did not say its budget before the shrink"
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sparkd.engine.modelgen.tokenizer import make_tokenizer
-from sparkd.engine.chat import THINK_TAGS
+from sparkd.engine.chat import ANSWER_TAGS, THINK_TAGS, split_reasoning
 from sparkd.engine.server.reply import Delta, ReplyBuilder
 from sparkd.engine.think import ThinkTags, find_think_tags
 from sparkd.engine.tokenizer import Tokenizer
@@ -177,3 +177,43 @@ def test_k3_stop_string_inside_reasoning(k3):
     b = ReplyBuilder(tok, stop=["xthink"], think=think, starts_in_reasoning=True)
     out = _run(b, _k3_ids(tok, "x<|close|>thinking"))
     assert (out.reasoning, b.finish_reason) == ("", "stop")
+
+
+@pytest.fixture(scope="module")
+def k3_answer(k3):
+    tok, think = k3
+    return tok, think, find_think_tags(tok, ANSWER_TAGS)
+
+
+@pytest.mark.parametrize("text, starts_in_reasoning, reasoning, content", [
+    ("<|open|>think<|sep|>plan<|close|>think<|sep|><|open|>response<|sep|>the answer<|close|>response<|sep|>",
+     False, "plan", "the answer"),
+    ("plan<|close|>think<|sep|><|open|>response<|sep|>the answer<|close|>response<|sep|>after", True, "plan",
+     "the answer"),
+    ("the answer<|close|>response<|sep|><|open|>tools<|sep|>x", False, "", "the answer"),  # the prompt opened it
+])
+def test_k3_answer_wrapper_is_stripped_streamed_and_whole(k3_answer, text, starts_in_reasoning, reasoning, content):
+    """Token by token (what a stream sends) and summed (the non-streamed reply): never a tag's
+    text, nothing after the answer's close — the same as chat.split_reasoning on the whole text."""
+    tok, think, answer = k3_answer
+    b = ReplyBuilder(tok, think=think, starts_in_reasoning=starts_in_reasoning, answer=answer)
+    deltas = [b.push(t) for t in _k3_ids(tok, text)] + [b.finish()]
+    assert "".join(d.reasoning for d in deltas) == reasoning
+    assert "".join(d.content for d in deltas) == content
+    assert not any(word in d.content + d.reasoning for d in deltas for word in ("response", "tools"))
+    whole = split_reasoning(tok.decode(_k3_ids(tok, text), special=True), in_reasoning=starts_in_reasoning)
+    assert (whole.reasoning_content or "", whole.content) == (reasoning, content)
+
+
+def test_k3_answer_tags_found_and_plain_without_them(k3_answer):
+    tok, think, answer = k3_answer
+    assert (answer.open_text, answer.close_text) == ANSWER_TAGS[0]
+    assert answer.open_ids[0] == tok.ids["<|open|>"] and answer.close_ids[0] == tok.ids["<|close|>"]
+    # an answer opener inside an unclosed think block ends the reasoning: a stream cannot wait for a
+    # close that may never come (the whole-text split keeps such a block all reasoning)
+    out = _run(ReplyBuilder(tok, think=think, starts_in_reasoning=True, answer=answer),
+               _k3_ids(tok, "plan<|open|>response<|sep|>the answer"))
+    assert (out.reasoning, out.content) == ("plan", "the answer")
+    # without the answer tags (other families) the same tokens stay text, as before
+    out = _run(ReplyBuilder(tok, think=think), _k3_ids(tok, "a<|open|>response<|sep|>b"))
+    assert out.content == "aresponseb"
