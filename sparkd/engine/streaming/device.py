@@ -48,11 +48,25 @@ def probe_device(device: str) -> DeviceInfo:
         dev = torch.empty(0, device=device).device
         if dev.type != "cuda":
             return DeviceInfo(str(dev), "integrated")  # no VRAM of its own that torch reports
+        _set_up(dev)
         free, total = torch.cuda.mem_get_info(dev)
         integrated = bool(getattr(torch.cuda.get_device_properties(dev), "is_integrated", False))
     except (RuntimeError, AssertionError) as exc:
         raise EngineError(f"could not use device {device!r}: {exc}") from exc
     return DeviceInfo(str(dev), "integrated" if integrated else "discrete", total, free)
+
+
+def _set_up(dev) -> None:
+    """Load what the engine will load anyway (context, cuBLAS, Triton), so the host memory it
+    takes shows up in this process's RSS before the plan is made, not after."""
+    import torch
+
+    a = torch.ones(16, 16, device=dev)
+    (a @ a).sum().item()
+    try:
+        import triton  # noqa: F401  (LLVM and the driver stubs: tens of MiB)
+    except ImportError:
+        pass
 
 
 def wants_vram_cache(device: DeviceInfo, unified: str) -> bool:

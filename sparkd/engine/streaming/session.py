@@ -17,7 +17,7 @@ from sparkd.engine.streaming.policies import DEFAULT_POLICY
 from sparkd.engine.streaming.prefetch import attach_prefetch
 from sparkd.engine.streaming.store import StreamingExperts
 from sparkd.engine.streaming.trace import read_census, trace_header
-from sparkd.engine.streaming.vram import VramExperts
+from sparkd.engine.streaming.vram import DEFAULT_MAX_PENDING, VramExperts
 
 
 @dataclass
@@ -114,7 +114,9 @@ def open_streaming(path: str | Path, opts: StreamOptions,
         m = load_model(g, store, progress, device=opts.device)
         _drop_page_cache(g)
         if plan.vram_slots:  # after the trunk: it is the one that must fit
-            store.vram = VramExperts(plan.vram_slots, plan.slot_bytes, opts.device)
+            # each copy in flight pins its source arena slot: leave top-k slots unpinned
+            store.vram = VramExperts(plan.vram_slots, plan.slot_bytes, opts.device,
+                                     max_pending=min(DEFAULT_MAX_PENDING, plan.cache_slots - plan.min_slots))
         hooks = attach_prefetch(m.net, store) if opts.prefetch_slots else []
         if opts.census_path:
             store.warm_start(read_census(opts.census_path))

@@ -118,7 +118,7 @@ class StreamingExperts:
     def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
         ids = [int(e) for e in expert_ids]
         with self._lock:
-            self._pinned.clear()  # the previous layer is done with its experts
+            self.start_layer()
             self._record(layer, ids)
             batch = _Batch(self, layer, ids)
         lay = self._layer(layer)
@@ -138,6 +138,13 @@ class StreamingExperts:
 
         ids = expert_ids.tolist() if hasattr(expert_ids, "tolist") else expert_ids
         return kernel_select(self, layer, ids, self.kernel_device)
+
+    def start_layer(self) -> None:
+        """Unpin the previous layer's experts, which it is done with, but not the arena slots that
+        copies to the VRAM cache still read."""
+        self._pinned.clear()
+        if self.vram is not None:
+            self._pinned.update(self.vram.pending_keys())
 
     def _record(self, layer: int, ids: list[int]) -> None:
         if layer <= self._last_layer:

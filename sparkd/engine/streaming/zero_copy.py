@@ -39,10 +39,9 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> Kerne
     ids = [int(e) for e in expert_ids]
     vram = store.vram
     with store._lock:
-        store._pinned.clear()  # the previous layer is done with its experts
+        store.start_layer()
         store._record(layer, ids)
         if vram is not None:
-            store._pinned.update(vram.pending_keys())  # their copies still read these arena slots
             vram.note_step(store._step)
             in_vram = vram.use([(layer, e) for e in ids])
         else:

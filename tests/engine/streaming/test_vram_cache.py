@@ -227,11 +227,11 @@ def test_streamed_with_vram_cache_equals_resident(model, backend):
     finally:
         ref.close()
         sm.close()
-    print(f"vram {backend}: {json.dumps({k: v for k, v in stats.items() if k.startswith('vram')})}")
+    err = float((got_logits - want_logits).norm() / want_logits.norm())
+    print(f"vram {backend}: logits relative error {err:.2e}, bit-equal {torch.equal(got_logits, want_logits)}, "
+          f"{json.dumps({k: v for k, v in stats.items() if k.startswith('vram')})}")
     assert stats["vram_hits"] > 0 and stats["vram_admissions"] > 0 and stats["misses"] > 0
     assert got == want
-    if backend == "cuda":  # the same kernels on the same blocks: only the atomic-add order may differ
-        err = float((got_logits - want_logits).norm() / want_logits.norm())
-        assert err < 1e-5, err
-    else:
-        assert float((got_logits - want_logits).norm() / want_logits.norm()) < 1e-3
+    # cuda: the resident kernel path on the same blocks, only the atomic-add order may differ;
+    # the interpreter: against the CPU reference (the bound of test_kernel_engine.py)
+    assert err < (1e-5 if backend == "cuda" else 1e-3), err
