@@ -7,8 +7,8 @@ prefetch slots and the expert cache (the rest, in whole slots). Too small for on
 plus the prefetch slots → PlanError listing every term in bytes.
 
 On a discrete GPU (streaming/device.py) trunk, KV cache and workspace are device terms and leave
-the host budget; the host then holds the CUDA runtime, a staging buffer for loading the largest
-trunk tensor, and the pinned arena; the device holds a VRAM expert cache as well.
+the host budget; the host then holds the CUDA runtime, the trunk's host copies while it loads
+(staging), and the pinned arena; the device holds a VRAM expert cache as well.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ F32_BYTES = 4
 SLACK_FRACTION = 0.02
 SLACK_MIN_BYTES = 32 << 20
 WORKSPACE_SHARE = 1 / 32  # of the budget, when --batch-tokens is not given
+# Loading a trunk onto a discrete GPU peaked at 1.65-2.05x the trunk's bytes in host memory above
+# the steady state (H200, 0.75 GB trunk, anon memory sampled every 0.5 s: docs/performance.md).
+STAGING_TRUNK_FACTOR = 2
 
 
 class PlanError(EngineError):
@@ -72,7 +75,7 @@ class MemoryPlan:
     device_name: str = "cpu"
     device_kind: str = "cpu"  # "cpu", "discrete" or "integrated"
     cuda_runtime_bytes: int = 0  # host memory CUDA took when set up (in the host budget)
-    staging_bytes: int = 0  # host copy of the largest trunk tensor on its way to a discrete GPU
+    staging_bytes: int = 0  # host memory the trunk takes while it loads onto a discrete GPU
     device_free_bytes: int = 0  # free device memory before the trunk was loaded
     vram_margin_bytes: int = 0
     vram_slots: int = 0  # VRAM expert cache, slots of slot_bytes
@@ -128,7 +131,7 @@ class MemoryPlan:
                 ("runtime", self.runtime_bytes, "interpreter and libraries"),
                 ("cuda runtime", self.cuda_runtime_bytes, "host memory of the CUDA runtime"),
                 ("slack", self.slack_bytes, "threads, allocator, late imports"),
-                ("staging", self.staging_bytes, "largest trunk tensor on its way to the GPU")]
+                ("staging", self.staging_bytes, f"trunk load: {STAGING_TRUNK_FACTOR} x the trunk, on the host")]
         host += [] if self.trunk_on_device else model
         host += [("prefetch", self.prefetch_bytes, f"{self.prefetch_slots} slots"),
                  ("expert cache", self.expert_cache_bytes,
@@ -242,22 +245,18 @@ def trunk_bytes(g: GGUFModel, n_layer: int | None = None) -> int:
     """Resident non-expert tensors as a streamed model holds them: 2-D quantized weights as their
     file bytes (QuantLinear; Q8_0 with f32 scales), everything else f32, plus the buffer they
     dequantize into. Blocks past n_layer (NextN/MTP draft heads, never loaded) do not count."""
-    return CHUNK_VALUES * F32_BYTES + sum(_trunk_tensor_bytes(g, n_layer))
-
-
-def _trunk_tensor_bytes(g: GGUFModel, n_layer: int | None) -> list[int]:
-    out = []
+    total = CHUNK_VALUES * F32_BYTES
     for name, info in g.tensors.items():
         layer = _LAYER.match(name)
         if EXPERT_WEIGHT.match(name) or (n_layer is not None and layer is not None and int(layer[1]) >= n_layer):
             continue
         if len(info.shape) != 2 or info.ggml_type in (Q.F32, Q.F64):
-            out.append(info.n_elements * F32_BYTES)
+            total += info.n_elements * F32_BYTES
         elif info.ggml_type == Q.Q8_0:  # int8 quants and f32 scales held apart (QuantRows)
-            out.append(info.n_elements + info.n_elements // 32 * F32_BYTES)
+            total += info.n_elements + info.n_elements // 32 * F32_BYTES
         else:
-            out.append(info.nbytes)
-    return out
+            total += info.nbytes
+    return total
 
 
 def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
@@ -318,7 +317,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
                 cuda_runtime_bytes=cuda_runtime_bytes,
                 slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
-                staging_bytes=max(_trunk_tensor_bytes(g, cfg.n_layer), default=0) if device.discrete else 0)
+                staging_bytes=STAGING_TRUNK_FACTOR * model["trunk_bytes"] if device.discrete else 0)
     terms = host | ({} if device.discrete else model)
     fixed = sum(terms.values()) + prefetch_slots * slot
     min_slots = cfg.n_expert_used if total_experts else 0
