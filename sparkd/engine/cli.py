@@ -126,10 +126,6 @@ def cmd_generate(a) -> int:
     from sparkd.engine.streaming.profile import StageProfile
     from sparkd.engine.streaming.session import open_streaming
 
-    if a.device != "cpu" and not a.resident and a.unified == "off":
-        raise EngineError(f"could not stream experts to --device {a.device} with --unified off: the VRAM "
-                          f"expert cache is not built yet; use --unified on (the kernels read the pinned "
-                          f"host arena in place) or --resident")
     sm = None if a.resident else open_streaming(a.model, stream_options(a), on_plan=print_plan)
     m = load_model(a.model, device=a.device) if a.resident else sm.model
     try:
@@ -174,6 +170,10 @@ def cmd_generate(a) -> int:
         print(f"decode: {st['bytes_per_token'] / 2**20:.2f} MiB/token read, hit rate {st['hit_rate']:.3f}, "
               f"retention {st['retention']:.3f}, {st['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s while "
               f"reads were outstanding", file=sys.stderr)
+        if "vram_hits" in st:
+            print(f"vram: hit rate {st['vram_hit_rate']:.3f} ({st['vram_hits']} of {st['vram_requests']}), "
+                  f"{st['vram_admissions']} admitted, {st['vram_copies_overlapped']} copies overlapped, "
+                  f"{st['vram_bytes_copied'] / 2**20:.1f} MiB copied", file=sys.stderr)
     return 0
 
 
@@ -188,6 +188,11 @@ def _decode_stats(before: dict, after: dict, profile: dict, plan) -> dict:
     d["bandwidth_bytes_per_second"] = d["bytes_read"] / d["read_seconds"] if d["read_seconds"] else 0.0
     d.update(profile=profile, policy=after["policy"], direct_io=after["direct_io"],
              cache_slots=plan.cache_slots, slot_bytes=plan.slot_bytes)
+    vram = [k for k in after if k.startswith("vram_") and k not in ("vram_hit_rate", "vram_slots", "vram_cached")]
+    if vram:  # the VRAM expert cache's counters over the decode phase
+        d.update({k: after[k] - before[k] for k in vram}, vram_slots=after["vram_slots"],
+                 vram_cached=after["vram_cached"])
+        d["vram_hit_rate"] = d["vram_hits"] / d["vram_requests"] if d["vram_requests"] else 0.0
     return d
 
 
@@ -270,10 +275,6 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--min-p", type=float, default=0.0)
             s.add_argument("--seed", type=int)
             s.add_argument("--resident", action="store_true", help="all experts in memory, no streaming")
-            s.add_argument("--unified", choices=["auto", "on", "off"], default="auto",
-                           help="with --device cuda and streaming: on (auto, for now) = the kernels read "
-                                "experts in place from the pinned host arena; off = a VRAM expert cache "
-                                "(not built yet)")
             add_stream_options(s, parse_size)
         s.add_argument("--device", default="cpu", help="cpu, or cuda: weights stay GGUF blocks in GPU "
                                                       "memory, multiplied by the Triton kernels")

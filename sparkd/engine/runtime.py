@@ -111,7 +111,9 @@ class Engine:
         self._log(f"memory plan:\n{plan.describe()}")
         self._plan = {"budget": plan.budget_bytes, "runtime": plan.runtime_bytes, "slack": plan.slack_bytes,
                       "trunk": plan.trunk_bytes, "kv": plan.kv_bytes, "workspace": plan.workspace_bytes,
-                      "prefetch": plan.prefetch_bytes, "expert_cache": plan.expert_cache_bytes}
+                      "prefetch": plan.prefetch_bytes, "expert_cache": plan.expert_cache_bytes,
+                      "cuda_runtime": plan.cuda_runtime_bytes, "staging": plan.staging_bytes,
+                      "vram_expert_cache": plan.vram_cache_bytes, "device_total": plan.device_total_bytes}
 
     def _finish_load(self, model: Any) -> None:
         self.cfg = model.cfg

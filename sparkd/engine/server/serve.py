@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sparkd.engine.errors import EngineError
 from sparkd.engine.progress import byte_progress
+from sparkd.engine.streaming.device import UNIFIED_CHOICES
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
 DEFAULT_LISTEN = "127.0.0.1:7777"
@@ -34,6 +35,11 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="expert prefetch slots (0: off)")
     s.add_argument("--read-threads", type=int, default=8, help="expert read threads")
     s.add_argument("--buffered", action="store_true", help="read experts without O_DIRECT")
+    s.add_argument("--unified", choices=UNIFIED_CHOICES, default="auto",
+                   help="with --device cuda: on = streamed experts read in place (zero-copy); off = plus a "
+                        "VRAM expert cache; auto = off on a discrete GPU, on on an integrated one")
+    s.add_argument("--vram-budget", type=parse_size, metavar="SIZE",
+                   help="VRAM expert cache size (default: free device memory after trunk, KV, workspace, margin)")
     s.add_argument("--chat-template-file", type=Path, help="Jinja chat template replacing the model's")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -82,7 +88,7 @@ def cmd_serve(a) -> int:
         raise EngineError(f"could not use --api-key-file {a.api_key_file}: the file is empty")
     template = _read_text(a.chat_template_file, "--chat-template-file") if a.chat_template_file else None
     stream = StreamOptions(policy=a.policy, prefetch_slots=a.prefetch, threads=a.read_threads,
-                           direct=not a.buffered)
+                           direct=not a.buffered, unified=a.unified, vram_budget_bytes=a.vram_budget)
     engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template, threads=a.threads,
                     resident=a.resident, stream=stream, log=_log, device=a.device)
     name = a.alias or Path(a.model).name.removesuffix(".gguf")

@@ -7,6 +7,7 @@ import json
 import sys
 
 from sparkd.engine.errors import EngineError
+from sparkd.engine.streaming.device import UNIFIED_CHOICES
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
 
@@ -21,6 +22,13 @@ def add_stream_options(s: argparse.ArgumentParser, size) -> None:
     s.add_argument("--buffered", action="store_true", help="do not use O_DIRECT")
     s.add_argument("--trace", help="record routing to this file")
     s.add_argument("--census", help="warm-start census file")
+    s.add_argument("--unified", choices=UNIFIED_CHOICES, default="auto",
+                   help="with --device cuda: on = the kernels read streamed experts in place from the pinned "
+                        "host arena (zero-copy); off = hot experts also in a VRAM expert cache; auto = off on "
+                        "a discrete GPU, on on an integrated one (GB10)")
+    s.add_argument("--vram-budget", type=size, metavar="SIZE",
+                   help="VRAM expert cache size on a discrete GPU (default: free device memory after trunk, "
+                        "KV cache and workspace, minus a margin)")
 
 
 def stream_options(a):
@@ -29,7 +37,7 @@ def stream_options(a):
     return StreamOptions(budget_bytes=a.budget, ctx=a.ctx, batch_tokens=a.batch_tokens, policy=a.policy,
                          prefetch_slots=a.prefetch, threads=a.read_threads, direct=not a.buffered,
                          trace_path=getattr(a, "trace", None), census_path=getattr(a, "census", None),
-                         device=getattr(a, "device", "cpu"))
+                         device=getattr(a, "device", "cpu"), unified=a.unified, vram_budget_bytes=a.vram_budget)
 
 
 def print_plan(budget, plan, out=sys.stderr) -> None:
@@ -89,6 +97,7 @@ def add_commands(sub, size) -> None:
     s = sub.add_parser("plan", help="print the memory plan for a model and budget")
     s.add_argument("model")
     add_stream_options(s, size)
+    s.add_argument("--device", default="cpu", help="cpu, or cuda: plan the device side too")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_plan)
     s = sub.add_parser("simulate-cache", help="replay a routing trace through every cache policy")
@@ -96,6 +105,13 @@ def add_commands(sub, size) -> None:
     s.add_argument("--budget", type=size, required=True, help="expert cache size")
     s.add_argument("--slot-bytes", type=int, default=0)
     s.add_argument("--census", help="warm-start census file")
+    s.add_argument("--unified", choices=UNIFIED_CHOICES, default="auto",
+                   help="with --device cuda: on = the kernels read streamed experts in place from the pinned "
+                        "host arena (zero-copy); off = hot experts also in a VRAM expert cache; auto = off on "
+                        "a discrete GPU, on on an integrated one (GB10)")
+    s.add_argument("--vram-budget", type=size, metavar="SIZE",
+                   help="VRAM expert cache size on a discrete GPU (default: free device memory after trunk, "
+                        "KV cache and workspace, minus a margin)")
     s.add_argument("--write-census", help="write the trace's census here")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_simulate)

@@ -5,6 +5,10 @@ budget = --budget, else this process's cgroup memory limit minus headroom, else 
 loaded), the resident trunk (after dequantization), the KV cache for --ctx, a compute workspace,
 prefetch slots and the expert cache (the rest, in whole slots). Too small for one layer's top-k
 plus the prefetch slots → PlanError listing every term in bytes.
+
+On a discrete GPU (streaming/device.py) trunk, KV cache and workspace are device terms and leave
+the host budget; the host then holds the CUDA runtime, the trunk's host copies while it loads
+(staging), and the pinned arena; the device holds a VRAM expert cache as well.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.qlinear import CHUNK_VALUES
 from sparkd.engine.models.config import ModelConfig
+from sparkd.engine.streaming.device import CPU, DeviceInfo, split_vram, wants_vram_cache
 
 # A routed-expert weight tensor; its biases (gpt-oss) are small and stay resident with the trunk.
 EXPERT_WEIGHT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
@@ -35,6 +40,9 @@ F32_BYTES = 4
 SLACK_FRACTION = 0.02
 SLACK_MIN_BYTES = 32 << 20
 WORKSPACE_SHARE = 1 / 32  # of the budget, when --batch-tokens is not given
+# Loading a trunk onto a discrete GPU peaked at 1.65-2.05x the trunk's bytes in host memory above
+# the steady state (H200, 0.75 GB trunk, anon memory sampled every 0.5 s: docs/performance.md).
+STAGING_TRUNK_FACTOR = 2
 
 
 class PlanError(EngineError):
@@ -64,6 +72,19 @@ class MemoryPlan:
     n_experts_total: int  # routed experts in the model (layers x experts)
     ctx: int
     batch_tokens: int
+    device_name: str = "cpu"
+    device_kind: str = "cpu"  # "cpu", "discrete" or "integrated"
+    cuda_runtime_bytes: int = 0  # host memory CUDA took when set up (in the host budget)
+    staging_bytes: int = 0  # host memory the trunk takes while it loads onto a discrete GPU
+    device_free_bytes: int = 0  # free device memory before the trunk was loaded
+    vram_margin_bytes: int = 0
+    vram_slots: int = 0  # VRAM expert cache, slots of slot_bytes
+    vram_budget_source: str = ""
+
+    @property
+    def trunk_on_device(self) -> bool:
+        """A discrete GPU holds trunk, KV cache and workspace: they leave the host budget."""
+        return self.device_kind == "discrete"
 
     @property
     def expert_cache_bytes(self) -> int:
@@ -74,29 +95,65 @@ class MemoryPlan:
         return self.prefetch_slots * self.slot_bytes
 
     @property
+    def vram_cache_bytes(self) -> int:
+        return self.vram_slots * self.slot_bytes
+
+    @property
+    def host_model_bytes(self) -> int:
+        """Trunk, KV cache and workspace as far as they are host memory."""
+        return 0 if self.trunk_on_device else self.trunk_bytes + self.kv_bytes + self.workspace_bytes
+
+    @property
     def total_bytes(self) -> int:
-        return (self.runtime_bytes + self.slack_bytes + self.trunk_bytes + self.kv_bytes + self.workspace_bytes
-                + self.expert_cache_bytes + self.prefetch_bytes)
+        """Host memory: what the budget must hold."""
+        return (self.runtime_bytes + self.cuda_runtime_bytes + self.slack_bytes + self.staging_bytes
+                + self.host_model_bytes + self.expert_cache_bytes + self.prefetch_bytes)
+
+    @property
+    def device_total_bytes(self) -> int:
+        if not self.trunk_on_device:
+            return 0
+        return self.trunk_bytes + self.kv_bytes + self.workspace_bytes + self.vram_cache_bytes
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d.update(expert_cache_bytes=self.expert_cache_bytes, prefetch_bytes=self.prefetch_bytes,
-                 total_bytes=self.total_bytes)
+                 total_bytes=self.total_bytes, vram_cache_bytes=self.vram_cache_bytes,
+                 device_total_bytes=self.device_total_bytes, trunk_on_device=self.trunk_on_device)
         return d
 
     def describe(self) -> str:
-        rows = [("budget", self.budget_bytes, self.budget_source),
+        share = f"of {self.n_experts_total} experts"
+        model = [("trunk", self.trunk_bytes, "resident weights, matrices kept quantized"),
+                 ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
+                 ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens")]
+        host = [("budget", self.budget_bytes, self.budget_source),
                 ("runtime", self.runtime_bytes, "interpreter and libraries"),
+                ("cuda runtime", self.cuda_runtime_bytes, "host memory of the CUDA runtime"),
                 ("slack", self.slack_bytes, "threads, allocator, late imports"),
-                ("trunk", self.trunk_bytes, "resident weights, matrices kept quantized"),
-                ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
-                ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens"),
-                ("prefetch", self.prefetch_bytes, f"{self.prefetch_slots} slots"),
-                ("expert cache", self.expert_cache_bytes,
-                 f"{self.cache_slots} slots of {self.slot_bytes} bytes "
-                 f"({self.cache_slots / max(1, self.n_experts_total):.1%} of {self.n_experts_total} experts)"),
-                ("total", self.total_bytes, "")]
-        return "\n".join(f"  {name:13s} {n:>16,d} bytes  {_human(n):>10s}  {why}" for name, n, why in rows)
+                ("staging", self.staging_bytes, f"trunk load: {STAGING_TRUNK_FACTOR} x the trunk, on the host")]
+        host += [] if self.trunk_on_device else model
+        host += [("prefetch", self.prefetch_bytes, f"{self.prefetch_slots} slots"),
+                 ("expert cache", self.expert_cache_bytes,
+                  f"{self.cache_slots} slots of {self.slot_bytes} bytes "
+                  f"({self.cache_slots / max(1, self.n_experts_total):.1%} {share}), "
+                  + ("pinned arena" if self.device_kind != "cpu" else "arena")),
+                 ("total", self.total_bytes, "")]
+        host = [r for r in host if r[1] or r[0] in ("budget", "total", "expert cache")]
+        text = f"  host ({self.device_name if self.device_kind == 'cpu' else 'CPU memory'}):\n" + _rows(host)
+        if not self.trunk_on_device:
+            return text
+        device = [("free", self.device_free_bytes, "before the trunk was loaded"), *model,
+                  ("margin", self.vram_margin_bytes, "allocator, compiled kernels, cuBLAS"),
+                  ("vram experts", self.vram_cache_bytes,
+                   f"{self.vram_slots} slots ({self.vram_slots / max(1, self.n_experts_total):.1%} {share}): "
+                   f"{self.vram_budget_source}"),
+                  ("total", self.device_total_bytes, "")]
+        return text + f"\n  device ({self.device_name}, discrete):\n" + _rows(device)
+
+
+def _rows(rows: list[tuple[str, int, str]]) -> str:
+    return "\n".join(f"    {name:13s} {n:>16,d} bytes  {_human(n):>10s}  {why}" for name, n, why in rows)
 
 
 def _human(n: int) -> str:
@@ -244,23 +301,32 @@ def default_batch_tokens(cfg: ModelConfig, ctx: int, budget_bytes: int) -> int:
 
 def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch_slots: int = 0,
               batch_tokens: int = 0, runtime_bytes: int | None = None,
-              rss: Callable[[], int] = runtime_rss_bytes) -> MemoryPlan:
-    """Split the budget; raise PlanError if it cannot hold top-k experts plus prefetch slots."""
+              rss: Callable[[], int] = runtime_rss_bytes, device: DeviceInfo = CPU, unified: str = "auto",
+              vram_budget_bytes: int | None = None, cuda_runtime_bytes: int = 0) -> MemoryPlan:
+    """Split the budget (and a discrete GPU's memory); raise PlanError if the host budget cannot
+    hold top-k experts plus prefetch slots, EngineError for a VRAM budget that cannot be used."""
     ctx = ctx or cfg.n_ctx_train
     batch_tokens = batch_tokens or default_batch_tokens(cfg, ctx, budget.bytes)
     n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
     total_experts = n_moe * cfg.n_expert
     slot = expert_slot_bytes(g)
-    terms = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
-                 slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
-                 trunk_bytes=trunk_bytes(g, cfg.n_layer), kv_bytes=kv_bytes(cfg, ctx),
+    model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer), kv_bytes=kv_bytes(cfg, ctx),
                  workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens))
+    vram = split_vram(device, wants_vram_cache(device, unified), sum(model.values()), slot, total_experts,
+                      vram_budget_bytes)
+    host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
+                cuda_runtime_bytes=cuda_runtime_bytes,
+                slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
+                staging_bytes=STAGING_TRUNK_FACTOR * model["trunk_bytes"] if device.discrete else 0)
+    terms = host | ({} if device.discrete else model)
     fixed = sum(terms.values()) + prefetch_slots * slot
     min_slots = cfg.n_expert_used if total_experts else 0
     slots = min(total_experts, (budget.bytes - fixed) // slot) if slot else 0
     plan = MemoryPlan(budget.bytes, budget.source, slot_bytes=slot, cache_slots=max(0, slots),
                       prefetch_slots=prefetch_slots, min_slots=min_slots,
-                      n_experts_total=total_experts, ctx=ctx, batch_tokens=batch_tokens, **terms)
+                      n_experts_total=total_experts, ctx=ctx, batch_tokens=batch_tokens, **host, **model,
+                      device_name=device.name, device_kind=device.kind, device_free_bytes=device.free_bytes,
+                      vram_margin_bytes=vram.margin_bytes, vram_slots=vram.slots, vram_budget_source=vram.source)
     if slots < min_slots:
         need = fixed + min_slots * slot
         raise PlanError(

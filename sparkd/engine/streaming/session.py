@@ -11,11 +11,13 @@ from typing import Callable, TextIO
 
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.models import LoadedModel, Progress, config_of, load_model
-from sparkd.engine.streaming.plan import Budget, MemoryPlan, make_plan, resolve_budget
+from sparkd.engine.streaming.device import probe_device
+from sparkd.engine.streaming.plan import Budget, MemoryPlan, make_plan, resolve_budget, runtime_rss_bytes
 from sparkd.engine.streaming.policies import DEFAULT_POLICY
 from sparkd.engine.streaming.prefetch import attach_prefetch
 from sparkd.engine.streaming.store import StreamingExperts
 from sparkd.engine.streaming.trace import read_census, trace_header
+from sparkd.engine.streaming.vram import DEFAULT_MAX_PENDING, VramExperts
 
 
 @dataclass
@@ -28,7 +30,9 @@ class StreamOptions:
     threads: int = 8
     direct: bool = True
     pin: bool = False  # pinned host memory for the arena (CUDA)
-    device: str = "cpu"  # "cuda": trunk on the GPU, experts read in place from the pinned arena
+    device: str = "cpu"  # "cuda": trunk on the GPU, experts from VRAM slots or the pinned arena
+    unified: str = "auto"  # on: zero-copy only; off: a VRAM expert cache; auto: off on a discrete GPU
+    vram_budget_bytes: int | None = None  # the VRAM expert cache (None: free device memory - margin)
     trace_path: str | None = None
     census_path: str | None = None
     proc_self_cgroup: str = "/proc/self/cgroup"
@@ -40,7 +44,12 @@ def plan_for(g: GGUFModel, opts: StreamOptions) -> tuple[Budget, MemoryPlan]:
     budget = resolve_budget(opts.budget_bytes, opts.proc_self_cgroup, opts.cgroup2_root, opts.meminfo)
     cfg = config_of(g)
     ctx = min(opts.ctx or cfg.n_ctx_train, cfg.n_ctx_train)
-    return budget, make_plan(g, cfg, budget, ctx, opts.prefetch_slots, opts.batch_tokens)
+    before = runtime_rss_bytes()
+    device = probe_device(opts.device)  # sets CUDA up: its host memory is a term of its own
+    after = runtime_rss_bytes()
+    return budget, make_plan(g, cfg, budget, ctx, opts.prefetch_slots, opts.batch_tokens, runtime_bytes=before,
+                             device=device, unified=opts.unified, vram_budget_bytes=opts.vram_budget_bytes,
+                             cuda_runtime_bytes=max(0, after - before))
 
 
 # glibc mallopt parameters: a fixed mmap threshold (else it rises to 32 MiB after the first large
@@ -104,6 +113,10 @@ def open_streaming(path: str | Path, opts: StreamOptions,
             trace.write(trace_header(plan.slot_bytes, store.expert_bytes(first)))
         m = load_model(g, store, progress, device=opts.device)
         _drop_page_cache(g)
+        if plan.vram_slots:  # after the trunk: it is the one that must fit
+            # each copy in flight pins its source arena slot: leave top-k slots unpinned
+            store.vram = VramExperts(plan.vram_slots, plan.slot_bytes, opts.device,
+                                     max_pending=min(DEFAULT_MAX_PENDING, plan.cache_slots - plan.min_slots))
         hooks = attach_prefetch(m.net, store) if opts.prefetch_slots else []
         if opts.census_path:
             store.warm_start(read_census(opts.census_path))

@@ -83,6 +83,7 @@ class StreamingExperts:
         self._lock = threading.RLock()
         self._trace, self._step, self._last_layer = trace, 0, -1
         self.kernel_device: str | None = None  # set: decode reads slots in place (zero_copy.py)
+        self.vram = None  # a VramExperts on a discrete GPU: hot experts served from device memory
         self._scratch: list[torch.Tensor] = [torch.empty(0)] * 3  # f32 gate, up, down of one expert
 
     def scratch(self, part: int, n_values: int) -> torch.Tensor:
@@ -117,7 +118,7 @@ class StreamingExperts:
     def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
         ids = [int(e) for e in expert_ids]
         with self._lock:
-            self._pinned.clear()  # the previous layer is done with its experts
+            self.start_layer()
             self._record(layer, ids)
             batch = _Batch(self, layer, ids)
         lay = self._layer(layer)
@@ -129,14 +130,21 @@ class StreamingExperts:
                              act_gate, act_up, act_down, order=batch.order)
 
     def kernel_select(self, layer: int, expert_ids):
-        """Zero-copy kernel table of one token's experts (see zero_copy.py), or None: no kernel
-        device set, or a layer the kernels cannot run."""
+        """Kernel table of one token's experts, from VRAM slots and arena slots (see zero_copy.py),
+        or None: no kernel device set, or a layer the kernels cannot run."""
         if self.kernel_device is None:
             return None
         from sparkd.engine.streaming.zero_copy import kernel_select
 
         ids = expert_ids.tolist() if hasattr(expert_ids, "tolist") else expert_ids
         return kernel_select(self, layer, ids, self.kernel_device)
+
+    def start_layer(self) -> None:
+        """Unpin the previous layer's experts, which it is done with, but not the arena slots that
+        copies to the VRAM cache still read."""
+        self._pinned.clear()
+        if self.vram is not None:
+            self._pinned.update(self.vram.pending_keys())
 
     def _record(self, layer: int, ids: list[int]) -> None:
         if layer <= self._last_layer:
@@ -287,11 +295,15 @@ class StreamingExperts:
         d["bytes_per_token"] = self.reader.bytes_read / self.stats.tokens if self.stats.tokens else 0.0
         d.update(policy=self.policy.name, capacity_slots=self.capacity, cached=len(self._slot_of),
                  direct_io=self.reader.direct, pinned_memory=self.arena.pinned)
+        if self.vram is not None:
+            d.update(self.vram.stats.as_dict(), vram_slots=self.vram.n_slots, vram_cached=len(self.vram.admission))
         return d
 
     def close(self) -> None:
         for read in list(self._prefetched.values()) + self._draining:
             read._done.wait()
+        if self.vram is not None:
+            self.vram.close()  # its copies read the arena: done before the arena goes
         self.reader.close()
         self.arena.release()
 

@@ -1,0 +1,237 @@
+"""The VRAM expert cache of a discrete GPU (streaming/vram.py) and the plan's host/device split
+(streaming/device.py, plan.py): the admission policy on plain objects; the cache's bookkeeping
+and the mixed VRAM/arena kernel table with the CPU standing in for the device (the kernels under
+TRITON_INTERPRET=1); on the GPU box the same on CUDA (marker gpu)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+
+from sparkd.engine.errors import EngineError  # noqa: E402
+from sparkd.engine.gguf_file import GGUFModel  # noqa: E402
+from sparkd.engine.make_model import plan as model_plan, write_model  # noqa: E402
+from sparkd.engine.models import config_of, load_model  # noqa: E402
+from sparkd.engine.modelgen.specs import TINY  # noqa: E402
+from sparkd.engine.streaming.device import DeviceInfo, split_vram, wants_vram_cache  # noqa: E402
+from sparkd.engine.streaming.plan import Budget, make_plan  # noqa: E402
+from sparkd.engine.streaming.vram import Admission, Heat, VramExperts  # noqa: E402
+
+GIB = 1 << 30
+H200 = DeviceInfo("cuda:0", "discrete", total_bytes=140 * GIB, free_bytes=139 * GIB)
+GB10 = DeviceInfo("cuda:0", "integrated", total_bytes=120 * GIB, free_bytes=100 * GIB)
+
+
+# --- admission ------------------------------------------------------------------------------------
+def test_heat_halves_every_half_life_and_keeps_order_through_rescaling():
+    h = Heat(half_life_steps=2)
+    h.use("a")
+    for _ in range(4):
+        h.step()
+    assert h.decayed("a") == pytest.approx(0.25)
+    h.use("b")
+    assert h["b"] > h["a"]  # one use now outweighs one use four steps ago
+    tiny = Heat(half_life_steps=1e-3)  # the gain overflows the rescaling threshold every step
+    tiny.use("old")
+    tiny.use("old")
+    tiny.step()
+    tiny.use("new")
+    assert tiny["new"] > tiny["old"] > 0
+
+
+def test_admits_into_free_slots_then_only_hotter_than_the_coldest():
+    adm = Admission(2, half_life_steps=1e9)  # no decay: plain counts
+    for key, uses in (("a", 3), ("b", 1), ("c", 1)):
+        for _ in range(uses):
+            adm.use(key)
+    assert adm.offer("a") == (0, None) and adm.offer("b") == (1, None)
+    assert adm.offer("c") is None  # as hot as the coldest resident (b): not hotter
+    adm.use("c")
+    assert adm.offer("c") == (1, "b")  # now hotter: takes b's slot
+    assert "b" not in adm and adm.slot_of == {"a": 0, "c": 1}
+    assert adm.offer("a") is None  # resident keys are not offered again
+
+
+def test_busy_residents_are_never_victims():
+    adm = Admission(1, half_life_steps=1e9)
+    adm.use("a")
+    adm.offer("a")
+    for _ in range(5):
+        adm.use("b")
+    assert adm.offer("b", busy={"a"}) is None
+    assert adm.offer("b") == (0, "a")
+
+
+def test_decay_lets_a_new_hot_expert_replace_a_formerly_hot_one():
+    adm = Admission(1, half_life_steps=1)
+    for _ in range(4):
+        adm.use("old")
+    adm.offer("old")
+    for _ in range(6):
+        adm.step()  # 4 uses six half-lives ago weigh 1/16
+    adm.use("new")
+    assert adm.offer("new") == (0, "old")
+
+
+def test_vram_cache_copies_gate_up_down_together_and_serves_hits():
+    slot_bytes = 3 * 4096
+    vram = VramExperts(2, slot_bytes, "cpu", half_life_steps=1e9)
+    src = torch.arange(slot_bytes, dtype=torch.int32).to(torch.uint8)  # gate, up, down of one expert
+    assert vram.use([(0, 7)]) == {}  # first use: not resident yet
+    assert vram.offer((0, 7), src)
+    assert vram.use([(0, 7), (0, 8)]) == {(0, 7): 0}
+    assert torch.equal(vram.buffer[:slot_bytes], src)
+    s = vram.stats
+    assert (s.requests, s.hits, s.admissions, s.bytes_copied) == (3, 1, 1, slot_bytes)
+    with pytest.raises(EngineError, match="exceed the slot"):
+        vram.offer((0, 9), torch.zeros(slot_bytes + 1, dtype=torch.uint8))
+
+
+# --- the plan's host/device split --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = write_model(tmp_path_factory.mktemp("vram") / "m.gguf", model_plan(TINY["qwen3moe"], "Q8_0"), seed=5)[0]
+    g = GGUFModel.open(path)
+    yield path, g, config_of(g)
+    g.close()
+
+
+def _plan(g, cfg, device, budget=1 << 30, **kw):
+    return make_plan(g, cfg, Budget(budget, "test"), 64, batch_tokens=16, runtime_bytes=100 << 20,
+                     device=device, cuda_runtime_bytes=50 << 20, **kw)
+
+
+def test_a_discrete_gpus_trunk_leaves_the_host_budget(model):
+    _, g, cfg = model
+    cpu, gpu = _plan(g, cfg, DeviceInfo("cpu", "cpu")), _plan(g, cfg, H200)
+    moved = gpu.trunk_bytes + gpu.kv_bytes + gpu.workspace_bytes
+    assert gpu.trunk_on_device and not cpu.trunk_on_device
+    assert gpu.device_total_bytes == moved + gpu.vram_cache_bytes
+    # the host keeps the CUDA runtime and the trunk's host copies while it loads instead
+    assert gpu.staging_bytes == 2 * gpu.trunk_bytes and gpu.cuda_runtime_bytes == 50 << 20
+    assert gpu.total_bytes <= gpu.budget_bytes
+    # everything fits in 139 GiB: every expert gets a VRAM slot
+    assert gpu.vram_slots == gpu.n_experts_total and "free device memory" in gpu.vram_budget_source
+    text = gpu.describe()
+    assert "device (cuda:0, discrete)" in text and "vram experts" in text and "cuda runtime" in text
+
+
+def test_integrated_gpu_keeps_the_trunk_in_host_memory_and_no_vram_cache(model):
+    _, g, cfg = model
+    p = _plan(g, cfg, GB10)
+    assert not p.trunk_on_device and p.vram_slots == 0 and p.device_total_bytes == 0
+    assert p.total_bytes >= p.trunk_bytes + p.kv_bytes
+    with pytest.raises(EngineError, match="integrated GPU"):
+        _plan(g, cfg, GB10, unified="off")
+
+
+def test_unified_on_is_zero_copy_only(model):
+    _, g, cfg = model
+    p = _plan(g, cfg, H200, unified="on")
+    assert p.trunk_on_device and p.vram_slots == 0 and "zero-copy" in p.vram_budget_source
+    assert wants_vram_cache(H200, "auto") and not wants_vram_cache(H200, "on")
+
+
+def test_explicit_vram_budget_in_whole_slots(model):
+    _, g, cfg = model
+    slot = _plan(g, cfg, H200).slot_bytes
+    p = _plan(g, cfg, H200, vram_budget_bytes=3 * slot + 1)
+    assert p.vram_slots == 3 and p.vram_cache_bytes == 3 * slot and p.vram_budget_source == "--vram-budget"
+
+
+@pytest.mark.parametrize("device, unified, size, message", [
+    (H200, "auto", 100, "smaller than one expert slot"),
+    (H200, "auto", 200 * GIB, "has .* bytes free"),
+    (H200, "on", GIB, "with --unified on"),
+    (DeviceInfo("cpu", "cpu"), "auto", GIB, "exists only on a discrete GPU"),
+    (GB10, "auto", GIB, "exists only on a discrete GPU"),
+])
+def test_bad_vram_budgets_are_clear_errors(model, device, unified, size, message):
+    _, g, cfg = model
+    with pytest.raises(EngineError, match=f"could not .*{message}"):
+        _plan(g, cfg, device, unified=unified, vram_budget_bytes=size)
+
+
+def test_a_trunk_larger_than_the_device_is_refused():
+    small = DeviceInfo("cuda:0", "discrete", total_bytes=2 * GIB, free_bytes=GIB)
+    with pytest.raises(EngineError, match="could not fit the trunk, KV cache and workspace"):
+        split_vram(small, True, 10 << 20, 4096, 10, None)  # 1 GiB margin leaves nothing
+
+
+def _cli(*args):
+    path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+    return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=path), timeout=120)
+
+
+def test_cli_rejects_an_unparsable_vram_budget_and_plan_json_has_both_sides(model):
+    path, _, _ = model
+    r = _cli("generate", str(path), "--tokens", "1", "--vram-budget", "lots")
+    assert r.returncode == 2 and "could not parse size 'lots'" in r.stderr
+    r = _cli("plan", str(path), "--budget", "1G", "--ctx", "64", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["device_kind"] == "cpu" and d["vram_slots"] == 0 and d["device_total_bytes"] == 0
+    r = _cli("plan", str(path), "--budget", "1G", "--ctx", "64", "--vram-budget", "1G")
+    assert r.returncode == 2 and "could not use --vram-budget on cpu" in r.stderr
+
+
+# --- streamed through the kernels with the VRAM cache ---------------------------------------------
+BACKENDS = [
+    pytest.param("cpu", id="interpret", marks=pytest.mark.skipif(
+        ON_GPU, reason="this process compiles the kernels for the GPU; the interpreter variant runs where "
+                       "there is no GPU")),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
+]
+
+
+def _greedy(net, prompt, n):
+    cache = net.new_cache(len(prompt) + n)
+    rows = [net(torch.tensor(prompt), cache)]
+    out = []
+    for _ in range(n):
+        out.append(int(rows[-1][-1].argmax()))
+        rows.append(net(torch.tensor(out[-1:]), cache))
+    return torch.cat(rows), out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_streamed_with_vram_cache_equals_resident(model, backend):
+    """A 3-slot VRAM cache (smaller than the 8 experts a layer uses, so both kinds of slots meet in
+    one kernel table) and a host cache of top-k: hits come from VRAM, the rest from the arena."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+
+    path, g, cfg = model
+    n = 6 if backend == "cuda" else 2
+    slot = _plan(g, cfg, H200).slot_bytes
+    opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False, device=backend)
+    ref, sm = load_model(path, device=backend, kernels=backend == "cuda"), open_streaming(path, opts)
+    try:
+        store = sm.store
+        if backend == "cpu":  # the interpreter: experts through the kernels, a CPU tensor as "VRAM"
+            store.kernel_device = "cpu"
+            store.vram = VramExperts(3, slot, "cpu")
+        assert store.vram is not None and store.vram.n_slots >= 3
+        want_logits, want = _greedy(ref.net, [1, 5, 9, 33, 2], n)
+        got_logits, got = _greedy(sm.model.net, [1, 5, 9, 33, 2], n)
+        stats = store.snapshot()
+    finally:
+        ref.close()
+        sm.close()
+    err = float((got_logits - want_logits).norm() / want_logits.norm())
+    print(f"vram {backend}: logits relative error {err:.2e}, bit-equal {torch.equal(got_logits, want_logits)}, "
+          f"{json.dumps({k: v for k, v in stats.items() if k.startswith('vram')})}")
+    assert stats["vram_hits"] > 0 and stats["vram_admissions"] > 0 and stats["misses"] > 0
+    assert got == want
+    # cuda: the resident kernel path on the same blocks, only the atomic-add order may differ;
+    # the interpreter: against the CPU reference (the bound of test_kernel_engine.py)
+    assert err < (1e-5 if backend == "cuda" else 1e-3), err
