@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine.kernels.family import KernelArgumentError
+
 Q8_0, Q8_K = "q8_0", "q8_k"  # act_round's format names
 BLOCKS = {Q8_0: 32, Q8_K: 256}
 SUM_LEN = 32  # Q8_K carries the sum of every 32 quants
@@ -97,7 +99,13 @@ def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, n_blocks, BLOCK: tl.constexpr, 
 def quantize(x: torch.Tensor, fmt: str) -> QuantX:
     """x float32 [R, K] (contiguous, K a multiple of the block) -> QuantX on x's device. No host
     sync and no value-dependent branching: usable inside a CUDA graph capture."""
+    what = f"the {fmt} quantization of activations"
+    if fmt not in BLOCKS:
+        raise KernelArgumentError(f"could not run {what}: format {fmt!r} is not one of {sorted(BLOCKS)}")
     block = BLOCKS[fmt]
+    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or x.shape[1] % block:
+        raise KernelArgumentError(f"could not run {what}: need contiguous float32 [rows, K] with K a "
+                                  f"multiple of {block}, got {x.dtype} {list(x.shape)}")
     rows, cols = x.shape
     n_blocks = cols // block
     q = torch.empty(rows, cols, dtype=torch.int8, device=x.device)

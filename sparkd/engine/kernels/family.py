@@ -36,6 +36,12 @@ from typing import Any
 
 from gguf.constants import GGMLQuantizationType
 
+from sparkd.engine.errors import EngineError
+
+
+class KernelArgumentError(EngineError, ValueError):
+    """A kernel wrapper was handed tensors that do not fit together."""
+
 
 @dataclass(frozen=True)
 class Family:
