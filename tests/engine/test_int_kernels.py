@@ -17,11 +17,12 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
+from test_kernels import BACKENDS, arena_table, random_blocks  # noqa: E402
+
 from sparkd.engine.kernels import act_quant, dispatch  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
-from test_kernels import BACKENDS, arena_table, random_blocks  # noqa: E402
 
 DEV = "cuda" if ON_GPU else "cpu"
 

@@ -27,7 +27,14 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine.kernels import act_quant, dispatch
-from sparkd.engine.kernels.matmul import GemvConfig, emulate, family_args, gemm, row_dot, row_idot
+from sparkd.engine.kernels.matmul import (
+    GemvConfig,
+    emulate,
+    family_args,
+    gemm,
+    row_dot,
+    row_idot,
+)
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
 OAI_ALPHA = 1.702
