@@ -29,8 +29,6 @@ from sparkd.engine import quants
 from sparkd.engine.kernels import dispatch
 from sparkd.engine.kernels.matmul import GemvConfig, gemv
 from sparkd.engine.kernels.moe import (
-    DOWN_CONFIG,
-    GATE_UP_CONFIG,
     ExpertTable,
     moe_decode,
     prepare,
@@ -55,7 +53,7 @@ SWEEP = [GemvConfig(*c) for c in (
 FLOAT_BEST = GemvConfig(4, 2, 2, 0, True)  # the float path's best tiles in the session-2 sweep
 FLOAT_MOE = (GemvConfig(8, 1, 1, 0, True), GemvConfig(4, 1, 1, 0, True))
 # MoE (gate/up tile, down tile) pairs tried for the integer path; the first is the default
-MOE_SWEEP = [(GATE_UP_CONFIG, DOWN_CONFIG)] + [(GemvConfig(*a), GemvConfig(*b)) for a, b in (
+MOE_SWEEP = [(None, None)] + [(GemvConfig(*a), GemvConfig(*b)) for a, b in (
     ((4, 1, 1, 0), (4, 1, 1, 0)), ((8, 1, 1, 0), (8, 1, 1, 0)), ((16, 2, 1, 0), (8, 2, 1, 0)),
     ((16, 4, 1, 0), (16, 4, 1, 0)), ((32, 4, 1, 0), (16, 4, 1, 0)))]
 
@@ -71,7 +69,9 @@ def float_path(qtype: T):
         dispatch.FAMILIES[qtype] = fam
 
 
-def tag(cfg: GemvConfig) -> str:
+def tag(cfg: GemvConfig | None) -> str:
+    if cfg is None:
+        return "default"
     return f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
 
 
@@ -137,7 +137,7 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
     W = quants.dequantize(ws[0], qtype, (rows, cols)).double()
     out, y = [], torch.empty(rows, device="cuda")
 
-    def time(cfg: GemvConfig, label: str) -> dict:
+    def time(cfg: GemvConfig | None, label: str) -> dict:
         y.fill_(float("nan"))
         err = rel_err(gemv(ws[0], qtype, (rows, cols), x, out=y, config=cfg), W @ x_in(qtype, x).double())
         sec = graph_seconds(lambda i: gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg), n)
@@ -146,7 +146,7 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
     if qtype in INT_TYPES:
         with float_path(qtype):
             out.append(time(FLOAT_BEST, f"float {tag(FLOAT_BEST)}"))
-    for cfg in (SWEEP if SWEEP_ON and qtype in INT_TYPES else [GemvConfig()]):
+    for cfg in (SWEEP if SWEEP_ON and qtype in INT_TYPES else [None]):
         out.append(time(cfg, tag(cfg)))
     if not BASELINE:
         return out
@@ -201,7 +201,7 @@ def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
     x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
     out, y, nbytes = [], torch.empty(D, device="cuda"), A * expert_bytes
 
-    def time(gu: GemvConfig, dn: GemvConfig, label: str) -> dict:
+    def time(gu: GemvConfig | None, dn: GemvConfig | None, label: str) -> dict:
         ps = [prepare(p.table, "cuda") for p in sets]  # the family as it is now (float_path)
         y.fill_(float("nan"))
         err = rel_err(moe_decode(ps[0], x, w, out=y, gate_up=gu, down=dn), moe_torch(ps[0].table, x, w, torch.float64))

@@ -93,4 +93,5 @@ def test_integer_kernels_replay_in_a_cuda_graph(qtype):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y_lin, gemv(raw, qtype, (rows, dim), x, config=cfg))
-    assert torch.allclose(y_moe, moe_decode(table, x, w), rtol=1e-5, atol=1e-6)  # atomic add order
+    again = moe_decode(table, x, w)  # the experts' atomic adds may land in another order
+    assert float((y_moe - again).norm() / again.norm()) < 1e-6

@@ -41,6 +41,15 @@ class GemvConfig:
     dp4a: bool = True  # integer families: the dp4a instruction (False: emulate it, as the interpreter does)
 
 
+# tiles where a family's best differs from GemvConfig(): the session-3 H200 sweep of the integer
+# path (bench/results/kernels_h200_s3.log; Q8_0 is best at the default 4 rows, 1 warp)
+GEMV_TILES = {"Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1)}
+
+
+def default_config(fam: dispatch.Family) -> GemvConfig:
+    return GEMV_TILES.get(fam.qtype.name, GemvConfig())
+
+
 def emulate(cfg: GemvConfig, x: torch.Tensor) -> bool:
     """Whether the integer kernels emulate dp4a: always off CUDA (the interpreter has no PTX)."""
     return not (cfg.dp4a and x.is_cuda)
@@ -197,7 +206,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     what = f"the {qtype.name} GEMV"
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
-    cfg = config or GemvConfig()
+    cfg = config or default_config(fam)
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if split > 1:

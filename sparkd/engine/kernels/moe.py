@@ -177,21 +177,29 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
         gu_bytes, d_bytes)
 
 
-# decode tiles, the best pair for Q8_0 and Q4_K together in the H200 sweep (docs/performance.md)
+# decode tiles (gate/up, down): the H200 sweeps (docs/performance.md); per family where its best
+# differs (session 3, integer path: Q4_K 16 rows over 4 warps in both launches)
 GATE_UP_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=2)
 DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
+DECODE_TILES = {"Q4_K": (GemvConfig(block_n=16, num_warps=4, unroll=1), GemvConfig(block_n=16, num_warps=4, unroll=1))}
+
+
+def decode_tiles(p: PreparedTable) -> tuple[GemvConfig, GemvConfig]:
+    """The default (gate/up, down) tiles for the table's families."""
+    return (DECODE_TILES.get(p.gate_up.qtype.name, (GATE_UP_CONFIG, DOWN_CONFIG))[0],
+            DECODE_TILES.get(p.down.qtype.name, (GATE_UP_CONFIG, DOWN_CONFIG))[1])
 
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
-               out: torch.Tensor | None = None, gate_up: GemvConfig = GATE_UP_CONFIG,
-               down: GemvConfig = DOWN_CONFIG, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
+               out: torch.Tensor | None = None, gate_up: GemvConfig | None = None,
+               down: GemvConfig | None = None, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
                round_x: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
     x float32 [D]; route_weights float32 [n] (one per table entry, on x's device) -> y [D]
     (written into `out` if given: float32 [D] on x's device). gate_up/down: tile shapes (their
-    split is ignored: the activation needs whole sums, and down splits over experts).
-    A projection whose family has an integer step quantizes its input itself as llama.cpp does
+    split is ignored: the activation needs whole sums, and down splits over experts); None: the
+    families' defaults (decode_tiles). A projection whose family has an integer step quantizes its input itself as llama.cpp does
     (x before gate/up, the activations [n, F] before down). For the others, round_x and round_h
     (if given) round x and the activations in torch first (the routing weight then applies after
     the rounding, between the two launches). No host sync: usable in a CUDA graph capture."""
@@ -213,6 +221,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
             f"{route_weights.device}")
     dispatch.check_out(out, (D,), x.device, what)
     rw = route_weights.contiguous()
+    tiles = decode_tiles(p)
+    gate_up, down = gate_up or tiles[0], down or tiles[1]
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
     h = _gate_up(p, x, torch.ones_like(rw) if late_rw else rw, act, gate_up, round_x)
