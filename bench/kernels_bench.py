@@ -46,16 +46,19 @@ MOES = [(2048, 768, 8), (4096, 1536, 8)]
 MOE = MOES[0]
 INT_TYPES = (T.Q8_0, T.Q4_K)  # families with an integer step
 SWEEP_ON = False  # --sweep
-# GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split; 0 = auto)
+# GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split (0 = auto),
+# elementwise tile); the session-3 run had the per-group reduction only (elementwise False)
 SWEEP = [GemvConfig(*c) for c in (
-    (4, 1, 1, 0), (4, 1, 2, 0), (8, 1, 1, 0), (8, 2, 1, 0), (16, 2, 1, 0), (16, 4, 1, 0), (32, 4, 1, 0),
-    (8, 1, 2, 0), (64, 4, 1, 0))]
+    (4, 1, 1, 0, False), (4, 1, 2, 0, False), (8, 1, 1, 0, False), (8, 2, 1, 0, False), (16, 2, 1, 0, False),
+    (16, 4, 1, 0, False), (32, 4, 1, 0, False), (64, 4, 1, 0, False), (4, 1, 2, 0, True), (8, 1, 1, 0, True),
+    (16, 2, 1, 0, True), (64, 4, 1, 0, True))]
 FLOAT_BEST = GemvConfig(4, 2, 2, 0, True)  # the float path's best tiles in the session-2 sweep
 FLOAT_MOE = (GemvConfig(8, 1, 1, 0, True), GemvConfig(4, 1, 1, 0, True))
 # MoE (gate/up tile, down tile) pairs tried for the integer path; the first is the default
 MOE_SWEEP = [(None, None)] + [(GemvConfig(*a), GemvConfig(*b)) for a, b in (
-    ((4, 1, 1, 0), (4, 1, 1, 0)), ((8, 1, 1, 0), (8, 1, 1, 0)), ((16, 2, 1, 0), (8, 2, 1, 0)),
-    ((16, 4, 1, 0), (16, 4, 1, 0)), ((32, 4, 1, 0), (16, 4, 1, 0)))]
+    ((4, 1, 1, 0, False), (4, 1, 1, 0, False)), ((8, 1, 1, 0, False), (8, 1, 1, 0, False)),
+    ((16, 2, 1, 0, False), (8, 2, 1, 0, False)), ((16, 4, 1, 0, False), (16, 4, 1, 0, False)),
+    ((4, 1, 2, 0, True), (4, 1, 1, 0, True)), ((16, 4, 1, 0, True), (16, 4, 1, 0, True)))]
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from sparkd.engine.kernels.matmul import (
     emulate,
     family_args,
     gemm,
+    int_args,
     row_dot,
     row_idot,
 )
@@ -87,25 +88,25 @@ def _down_kernel(down_ptr, down_off, h_ptr, y_ptr, D, F, row_bytes, DOT: tl.cons
 
 @triton.jit
 def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, F, D,
-                     row_bytes, IDOT: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                     EMU: tl.constexpr, ACT: tl.constexpr):
+                     row_bytes, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
+                     UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr):
     """_gate_up_kernel's integer variant, x quantized."""
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
     g = row_idot(gate_ptr, tl.load(gate_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
-                 UNROLL, EMU)
+                 A1, A2, UNROLL, EW, EMU)
     u = row_idot(up_ptr, tl.load(up_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
-                 UNROLL, EMU)
+                 A1, A2, UNROLL, EW, EMU)
     h = _activate(g, u, ACT) * tl.load(rw_ptr + a)
     tl.store(h_ptr + a * F + rows, h, mask=rmask)
 
 
 @triton.jit
 def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, F, row_bytes,
-                  IDOT: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr,
-                  XBLOCK: tl.constexpr):
+                  IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
+                  UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight."""
     a = tl.program_id(1)
@@ -113,7 +114,7 @@ def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, 
     rmask = rows < D
     off = tl.load(down_off + a) + rows.to(tl.int64) * row_bytes
     acc = row_idot(down_ptr, off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                   hs_ptr + a * (F // 32), F, 0, 1, IDOT, UNROLL, EMU)
+                   hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU)
     tl.atomic_add(y_ptr + rows, acc * tl.load(rw_ptr + a), mask=rmask, sem="relaxed")
 
 
@@ -177,11 +178,16 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
         gu_bytes, d_bytes)
 
 
-# decode tiles (gate/up, down): the H200 sweeps (docs/performance.md); per family where its best
-# differs (session 3, integer path: Q4_K 16 rows over 4 warps in both launches)
+# decode tiles (gate/up, down): the H200 sweeps (docs/performance.md); the integer families' from
+# the session-3 sweep (bench/results/kernels_h200_s3.log, per-group reduction: elementwise=False)
 GATE_UP_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=2)
 DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
-DECODE_TILES = {"Q4_K": (GemvConfig(block_n=16, num_warps=4, unroll=1), GemvConfig(block_n=16, num_warps=4, unroll=1))}
+DECODE_TILES = {
+    "Q8_0": (GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=False),
+             GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False)),
+    "Q4_K": (GemvConfig(block_n=16, num_warps=4, unroll=1, elementwise=False),
+             GemvConfig(block_n=16, num_warps=4, unroll=1, elementwise=False)),
+}
 
 
 def decode_tiles(p: PreparedTable) -> tuple[GemvConfig, GemvConfig]:
@@ -241,8 +247,8 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, act: str, cfg:
     if p.gate_up.idot is not None:
         q = act_quant.quantize(x[None], p.gate_up.act_fmt)
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, q.words, q.scales, q.sums,
-                               rw, h, F, D, p.gate_up_row_bytes, IDOT=p.gate_up.idot, BLOCK_N=cfg.block_n,
-                               UNROLL=cfg.unroll, EMU=emulate(cfg, x), ACT=ACT_CODES[act],
+                               rw, h, F, D, p.gate_up_row_bytes, **int_args(p.gate_up), BLOCK_N=cfg.block_n,
+                               UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x), ACT=ACT_CODES[act],
                                num_warps=cfg.num_warps)
         return h
     x = x if round_x is None else round_x(x).contiguous()
@@ -260,8 +266,8 @@ def _down(p: PreparedTable, h: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, 
     if p.down.idot is not None:
         q = act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, q.words, q.scales, q.sums, rw, y, D, F,
-                            p.down_row_bytes, IDOT=p.down.idot, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
-                            EMU=emulate(cfg, h), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
+                            p.down_row_bytes, **int_args(p.down), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
+                            EW=cfg.elementwise, EMU=emulate(cfg, h), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             num_warps=cfg.num_warps)
         return
     if round_h is not None:
