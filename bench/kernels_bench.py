@@ -51,7 +51,7 @@ SWEEP_ON = False  # --sweep
 SWEEP = [GemvConfig(*c) for c in (
     (4, 1, 1, 0, False), (4, 1, 2, 0, False), (8, 1, 1, 0, False), (8, 2, 1, 0, False), (16, 2, 1, 0, False),
     (16, 4, 1, 0, False), (32, 4, 1, 0, False), (64, 4, 1, 0, False), (4, 1, 2, 0, True), (8, 1, 1, 0, True),
-    (16, 2, 1, 0, True), (64, 4, 1, 0, True))]
+    (16, 2, 1, 0, True), (64, 4, 1, 0, True), (16, 4, 2, 0, True), (64, 4, 2, 0, True))]
 FLOAT_BEST = GemvConfig(4, 2, 2, 0, True)  # the float path's best tiles in the session-2 sweep
 FLOAT_MOE = (GemvConfig(8, 1, 1, 0, True), GemvConfig(4, 1, 1, 0, True))
 # MoE (gate/up tile, down tile) pairs tried for the integer path; the first is the default
