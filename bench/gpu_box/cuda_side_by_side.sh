@@ -13,7 +13,7 @@
 #   5. summary.md: one table of tok/s and ratios.
 # Usage (device tool, carry [".whl", ".cache"]): bash bench/gpu_box/cuda_side_by_side.sh
 # Knobs: LAYERS=12 QUANTS="Q8_0 Q4_K" TOKENS=128 STREAM_SIZE=10G STREAM_BUDGET=3G STREAM_TOKENS=16
-#        CUDA_GRAPHS="off on" (modes passed as --cuda-graphs; "" for an engine without the flag)
+#        STREAM_TIMEOUT=120 (per streaming command) CUDA_GRAPHS="off on" (modes passed as --cuda-graphs; "" for an engine without the flag)
 #        BUILD_ONLY=1 (build llama-bench, nothing else) STREAM=0 (no streaming runs)
 #        OUT=... WORK=...
 set -euo pipefail
@@ -22,6 +22,7 @@ OUT=${OUT:-/tmp/cuda-sbs}; mkdir -p "$OUT"
 WORK=${WORK:-/var/tmp/sparkd-cuda}; mkdir -p "$WORK"
 LAYERS=${LAYERS:-12}; QUANTS=${QUANTS:-Q8_0 Q4_K}; TOKENS=${TOKENS:-128}
 STREAM_SIZE=${STREAM_SIZE:-10G}; STREAM_BUDGET=${STREAM_BUDGET:-3G}; STREAM_TOKENS=${STREAM_TOKENS:-16}
+STREAM_TIMEOUT=${STREAM_TIMEOUT:-120}; TIMEOUT=300  # seconds per measured command (resident, streaming)
 CUDA_GRAPHS=${CUDA_GRAPHS-off on}; BUILD_ONLY=${BUILD_ONLY:-0}; STREAM=${STREAM:-1}
 SDIST=${SDIST:-.cache/llama_cpp_python-0.3.36.tar.gz}
 PY=${PY:-python3}
@@ -80,7 +81,7 @@ RUN=()  # a prefix for the measured commands (in_cg for the streaming runs)
 engine_gen() {  # model mode tag [extra...]
   local m=$1 mode=$2 tag=$3; shift 3
   local flag=(); [ -n "$mode" ] && flag=(--cuda-graphs "$mode")
-  "${RUN[@]}" timeout 300 $PY -m sparkd.engine.cli generate "$m" --tokens 1,2,3,4,5,6,7,8 -n "$TOKENS" --device cuda \
+  "${RUN[@]}" timeout "$TIMEOUT" $PY -m sparkd.engine.cli generate "$m" --tokens 1,2,3,4,5,6,7,8 -n "$TOKENS" --device cuda \
     --json "${flag[@]}" "$@" > "$OUT/engine_$tag.json" 2> "$OUT/engine_$tag.err" \
     || log "engine $tag failed: $(tail -3 "$OUT/engine_$tag.err")"
   log "engine $tag: $(grep -o '"decode_tok_s": [0-9.]*' "$OUT/engine_$tag.json" || true)"
@@ -88,7 +89,7 @@ engine_gen() {  # model mode tag [extra...]
 llama() {  # tag args...
   local tag=$1; shift
   [ -x "$LLAMA_BENCH" ] || { log "no llama-bench: $tag skipped"; return 0; }
-  "${RUN[@]}" timeout 300 "$LLAMA_BENCH" -o json "$@" > "$OUT/llama_$tag.json" 2> "$OUT/llama_$tag.err" \
+  "${RUN[@]}" timeout "$TIMEOUT" "$LLAMA_BENCH" -o json "$@" > "$OUT/llama_$tag.json" 2> "$OUT/llama_$tag.err" \
     || log "llama-bench $tag failed: $(tail -3 "$OUT/llama_$tag.err")"
   log "llama $tag: $(grep -o '"avg_ts": [0-9.e+]*' "$OUT/llama_$tag.json" || true)"
 }
@@ -112,7 +113,7 @@ if [ "$STREAM" = 1 ]; then
   trap cg_remove EXIT
   SM=$WORK/q3-stream-$STREAM_SIZE.gguf
   make_model "$SM" Q8_0 --size "$STREAM_SIZE"
-  RUN=(in_cg); TOKENS=$STREAM_TOKENS
+  RUN=(in_cg); TOKENS=$STREAM_TOKENS; TIMEOUT=$STREAM_TIMEOUT
   cg_new "$STREAM_BUDGET"
   engine_gen "$SM" "" stream_Q8_0 --unified auto
   cat "$CG/memory.peak" > "$OUT/memory_peak_engine_stream.txt" 2>/dev/null || true
