@@ -196,6 +196,8 @@ def table(res: dict) -> str:
              f"{'stage (eager, profiled)':36s} {'host ms/tok':>11s} {'GPU ms/tok':>10s} {'calls/tok':>9s}"]
     for stage, r in sorted(p["stages"].items(), key=lambda kv: -kv[1]["host_ms"]):
         lines.append(f"{stage:36s} {r['host_ms']:11.3f} {r['gpu_ms']:10.3f} {r['calls']:9.1f}")
+    staged = sum(r["host_ms"] for r in p["stages"].values())
+    lines.append(f"{'other (between stages, logits copy)':36s} {p['wall_ms'] - staged:11.3f}")
     lines.append(f"{'step wall (profiled eager)':36s} {p['wall_ms']:11.3f} {p['kernel_ms']:10.3f}")
     lines.append(f"kernel launches/token {p['launches_per_token']:.0f}; host sync calls/token "
                  f"{json.dumps(p['host_sync_calls_per_token'])}")

@@ -6,10 +6,11 @@ runs the step with fixed shapes: the token id and its position sit in device buf
 attention reads the cache's rows up to a bucket length (256, 512, ... up to the context), masked
 by position (KVCache.span). So one step captured per bucket replays for every position in it.
 
-Capture needs every layer to stay on the device between the token and the logits: GQA attention,
-dense FFNs, and routed experts through the Triton MoE kernels (KernelExperts). Streamed experts
-(read from disk per token), MLA and linear-attention layers, and decoders with their own forward
-keep the eager step; graph_blocker names the layer and the reason.
+Capture needs every layer to stay on the device between the token and the logits: GQA attention
+or MLA, dense FFNs, and routed experts through the Triton MoE kernels (KernelExperts). Streamed
+experts (read from disk per token), sparse-attention selectors (glm-dsa), and decoders with their
+own forward and per-sequence state (deepseek4, kimi-k3's linear attention) keep the eager step;
+graph_blocker names the layer and the reason.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.mla import MLAttention
 from sparkd.engine.layers.moe import MoE
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
 from sparkd.engine.models.decoder import Block, Decoder
@@ -63,9 +65,12 @@ def graph_blocker(net: Decoder, streaming: bool = False) -> str | None:
 def _block_blocker(block: torch.nn.Module) -> str | None:
     if type(block) is not Block:
         return f"its block ({type(block).__name__}) is not the shared decoder block"
-    if type(block.attn) is not Attention:
-        return (f"{type(block.attn).__name__} reads positions on the host (only the GQA Attention "
-                "has a static-shape step)")
+    attn = block.attn
+    if type(attn) is MLAttention and attn.selector is not None:
+        return f"its sparse-attention selector ({type(attn.selector).__name__}) reads positions on the host"
+    if type(attn) not in (Attention, MLAttention):
+        return (f"{type(attn).__name__} reads positions on the host (GQA Attention and MLA have a "
+                "static-shape step)")
     ffn = block.ffn
     if isinstance(ffn, MoE):
         table = getattr(ffn.store, "kernel_table", None)

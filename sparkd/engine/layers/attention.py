@@ -13,7 +13,7 @@ from torch import nn
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
-from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
+from sparkd.engine.layers.rope import apply_rope
 from sparkd.engine.layers.rope import RopeConfig
 
 
@@ -76,15 +76,9 @@ class Attention(nn.Module):
             q = self.q_norm(q)
         if self.k_norm is not None:
             k = self.k_norm(k)
-        static = cache.span is not None  # positions on the device, fixed shapes (KVCache)
-        cos, sin = cache.rope_rows(self.rope, pos) if static else rope_cos_sin(self.rope, pos)
+        cos, sin = cache.rope(self.rope, pos)
         q = apply_rope(q, cos, sin, self.rope.neox)
         k = apply_rope(k, cos, sin, self.rope.neox)
-        if static:
-            k_all, v_all = cache.write_at(self.il, pos, k, v)
-            start = pos
-        else:
-            start = int(pos[0])
-            k_all, v_all = cache.update(self.il, start, k, v)
+        k_all, v_all, start = cache.append(self.il, pos, k, v)  # start: host int, or positions (static)
         o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
         return self.wo(o.reshape(T, -1))

@@ -7,8 +7,8 @@ some layers keep (glm-dsa's indexer keys), named (name, layer) with a row shape.
 zero-initialised tensors, so a new cache is a new sequence.
 
 Static decode (a CUDA graph's fixed shapes, sparkd/engine/cuda_graphs.py): with `span` set, a layer
-writes its rows at device positions (`write_at`) and attends over rows [0, span) masked by
-position, and rope angles come from a table of every position (`rope_rows`): no host value per
+writes its rows at device positions and attends over rows [0, span) masked by position
+(`append`), and rope angles come from a table of every position (`rope`): no host value per
 token, so one captured step replays for every position below span.
 """
 
@@ -52,18 +52,25 @@ class KVCache:
         v_all = None if self.v[il] is None else self.v[il][:end]
         return self.k[il][:end], v_all
 
-    def write_at(self, il: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None):
-        """Static decode: write rows at positions pos [T] (on the cache's device) and return views
-        of rows [0, span); rows at or past a query's position are masked by attention."""
+    def append(self, il: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None):
+        """Write a step's rows at positions pos [T] → (keys, values, start) for attend: rows
+        [0, start + T) and start = pos[0] (a host int); in static decode rows [0, span), written
+        by index, and start = pos itself (the device positions attend masks by)."""
+        if self.span is None:
+            start = int(pos[0])
+            return *self.update(il, start, k, v), start
         self.k[il].index_copy_(0, pos, k)
         if v is not None:
             self.v[il].index_copy_(0, pos, v)
         v_all = None if self.v[il] is None else self.v[il][:self.span]
-        return self.k[il][:self.span], v_all
+        return self.k[il][:self.span], v_all, pos
 
-    def rope_rows(self, cfg: RopeConfig, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, n_rot/2] at device positions pos, from a table of all max_ctx positions
-        computed once by rope_cos_sin (the same per-position arithmetic as the eager path)."""
+    def rope(self, cfg: RopeConfig, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, n_rot/2] at positions pos: rope_cos_sin on the host, or in static decode
+        rows of a table of all max_ctx positions made once by it (the same arithmetic per position)
+        and picked on the device."""
+        if self.span is None:
+            return rope_cos_sin(cfg, pos)
         if cfg not in self._rope:
             cos, sin = rope_cos_sin(cfg, torch.arange(self.max_ctx))
             self._rope[cfg] = (cos.to(self.device), sin.to(self.device))
