@@ -66,15 +66,19 @@ class KVCache:
         return self.k[il][:self.span], v_all, pos
 
     def rope(self, cfg: RopeConfig, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, n_rot/2] at positions pos: rope_cos_sin on the host, or in static decode
-        rows of a table of all max_ctx positions made once by it (the same arithmetic per position)
-        and picked on the device."""
-        if self.span is None:
-            return rope_cos_sin(cfg, pos)
+        """cos, sin [T, n_rot/2] at positions pos, rows of a table of all max_ctx positions made
+        once by rope_cos_sin on the host and kept on the cache's device: the same bits as calling
+        it per step (each position's angles are computed alone), without a host loop and two
+        host-to-device copies per layer and token. Eager positions are a host range (sliced);
+        static decode's are on the device (picked there)."""
         if cfg not in self._rope:
-            cos, sin = rope_cos_sin(cfg, torch.arange(self.max_ctx))
+            cos, sin = rope_cos_sin(cfg, torch.arange(self.max_ctx, device="cpu"))  # host arithmetic
             self._rope[cfg] = (cos.to(self.device), sin.to(self.device))
         cos, sin = self._rope[cfg]
+        if self.span is None:
+            start = int(pos[0])
+            end = self._end(start, pos.shape[0])  # past the context: the clear error, not a short slice
+            return cos[start:end], sin[start:end]
         return cos.index_select(0, pos), sin.index_select(0, pos)
 
     def update_side(self, name: str, il: int, start: int, rows: torch.Tensor) -> torch.Tensor:
