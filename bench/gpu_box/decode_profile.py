@@ -7,7 +7,10 @@ Makes a qwen3-30b-a3b-shaped GGUF (make-model; --layers at the real widths), loa
      range per stage set by module hooks): host (CPU) ms and GPU kernel ms per token per stage,
      and the host synchronisations per token;
   3. CUDA graphs (StaticDecode, one graph per bucket): tok/s, GPU kernel ms per replayed step,
-     and whether its greedy tokens equal the eager ones.
+     and whether its greedy tokens equal the eager ones (and eager's its own rerun: the MoE and
+     split-K kernels add by atomics, so the last bits vary run to run and near-tied greedy picks
+     of a random-weight model may flip);
+  4. teacher-forced logits (both fed eager's tokens): graphs vs eager and eager vs eager.
 Prints a table and writes JSON. Run on the GPU box from the checkout root:
     python3 bench/gpu_box/decode_profile.py --quant Q8_0 --layers 2 --json out.json
 """
@@ -124,6 +127,20 @@ def decode(step_of, net, n: int, ctx: int):
     return out, time.perf_counter() - t0
 
 
+def forced(step_of, net, ids: list[int], ctx: int) -> torch.Tensor:
+    """Logits [n, V] of each step fed the given tokens (teacher forcing: paths cannot diverge)."""
+    cache = net.new_cache(ctx)
+    net(torch.tensor(PROMPT), cache)
+    step = step_of(net, cache)
+    return torch.cat([step(t)[-1:] for t in ids])
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """Worst per-step relative error and the share of steps whose argmax agrees."""
+    err = ((a - b).norm(dim=-1) / a.norm(dim=-1)).max()
+    return {"max_rel_err": float(err), "argmax_agree": float((a.argmax(-1) == b.argmax(-1)).float().mean())}
+
+
 def graphed(n_total: int):
     def make(net, cache):
         s = StaticDecode(net, cache, graphs=True)
@@ -192,7 +209,9 @@ def table(res: dict) -> str:
     p = res["profile_eager"]
     lines = [f"model {res['model']}: {res['layers']} layers {res['quant']}",
              f"eager {res['eager_tok_s']:.1f} tok/s, graphs {res['graphs_tok_s']:.1f} tok/s, "
-             f"greedy equal: {res['greedy_equal']}",
+             f"greedy equal: {res['greedy_equal']} (eager rerun: {res['eager_rerun_greedy_equal']})",
+             f"teacher-forced logits: graphs vs eager {res['forced_graphs_vs_eager']}, eager vs eager "
+             f"{res['forced_eager_vs_eager']}",
              f"{'stage (eager, profiled)':36s} {'host ms/tok':>11s} {'GPU ms/tok':>10s} {'calls/tok':>9s}"]
     for stage, r in sorted(p["stages"].items(), key=lambda kv: -kv[1]["host_ms"]):
         lines.append(f"{stage:36s} {r['host_ms']:11.3f} {r['gpu_ms']:10.3f} {r['calls']:9.1f}")
@@ -231,8 +250,12 @@ def main() -> int:
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "eager_tok_s": a.tokens / eager_s, "graphs_tok_s": a.tokens / graph_s,
                "greedy_equal": eager_ids == graph_ids, "eager_ids": eager_ids, "graph_ids": graph_ids,
+               "eager_rerun_greedy_equal": decode(lambda n, c: eager_step(n, c), net, a.tokens, ctx)[0] == eager_ids,
                "profile_eager": profile_eager(net, a.profile_tokens, ctx),
                "profile_graphs": profile_graphs(net, a.profile_tokens, ctx)}
+        eager = forced(lambda n, c: eager_step(n, c), net, eager_ids, ctx)
+        res["forced_graphs_vs_eager"] = agreement(eager, forced(graphed(ctx), net, eager_ids, ctx))
+        res["forced_eager_vs_eager"] = agreement(eager, forced(lambda n, c: eager_step(n, c), net, eager_ids, ctx))
     finally:
         m.close()
     print(table(res), flush=True)
