@@ -100,9 +100,8 @@ def cmd_logits(a) -> int:
     import numpy as np
     import torch
 
-    from sparkd.engine.models import load_model
-
     from sparkd.engine.cuda_graphs import use_graphs
+    from sparkd.engine.models import load_model
 
     ids = _tokens(a) if a.tokens is not None else None  # bad ids fail before any loading
     m = load_model(a.model, device=a.device)

@@ -131,6 +131,8 @@ class Engine:
             model.net(torch.tensor([0]), scratch)
         self._cache = model.net.new_cache(self.n_ctx)
         self._step = StaticDecode(model.net, self._cache, graphs=True) if graphs else None
+        if self._step is not None:  # the first bucket's capture now, not in the first request
+            self._step.prepare(1)
         self.gguf, self.net = model.gguf, model.net
 
     def _context(self, n_ctx_train: int) -> int:
