@@ -208,10 +208,10 @@ def make(path: Path, quant: str, layers: int) -> None:
 def table(res: dict) -> str:
     p = res["profile_eager"]
     lines = [f"model {res['model']}: {res['layers']} layers {res['quant']}",
-             f"eager {res['eager_tok_s']:.1f} tok/s, graphs {res['graphs_tok_s']:.1f} tok/s, "
-             f"greedy equal: {res['greedy_equal']} (eager rerun: {res['eager_rerun_greedy_equal']})",
-             f"teacher-forced logits: graphs vs eager {res['forced_graphs_vs_eager']}, eager vs eager "
-             f"{res['forced_eager_vs_eager']}",
+             (f"eager {res['eager_tok_s']:.1f} tok/s, graphs {res['graphs_tok_s']:.1f} tok/s, "
+              f"greedy equal: {res['greedy_equal']} (eager rerun: {res['eager_rerun_greedy_equal']})"),
+             (f"teacher-forced logits: graphs vs eager {res['forced_graphs_vs_eager']}, eager vs eager "
+              f"{res['forced_eager_vs_eager']}"),
              f"{'stage (eager, profiled)':36s} {'host ms/tok':>11s} {'GPU ms/tok':>10s} {'calls/tok':>9s}"]
     for stage, r in sorted(p["stages"].items(), key=lambda kv: -kv[1]["host_ms"]):
         lines.append(f"{stage:36s} {r['host_ms']:11.3f} {r['gpu_ms']:10.3f} {r['calls']:9.1f}")

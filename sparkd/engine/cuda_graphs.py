@@ -15,7 +15,7 @@ graph_blocker names the layer and the reason.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
