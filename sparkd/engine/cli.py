@@ -100,11 +100,14 @@ def cmd_logits(a) -> int:
     import numpy as np
     import torch
 
+    from sparkd.engine.cuda_graphs import use_graphs
     from sparkd.engine.models import load_model
 
     ids = _tokens(a) if a.tokens is not None else None  # bad ids fail before any loading
     m = load_model(a.model, device=a.device)
     try:
+        # the prompt runs as one batch: graphs serve decode steps, so this only checks the model
+        use_graphs(a.cuda_graphs, m.net, a.device, log=_log)
         ids = ids or _tokens(a, _tokenizer(m), m.gguf.metadata)
         bad = [t for t in ids if not 0 <= t < m.cfg.n_vocab]
         if bad:
@@ -120,6 +123,7 @@ def cmd_logits(a) -> int:
 def cmd_generate(a) -> int:
     import torch
 
+    from sparkd.engine.cuda_graphs import StaticDecode, use_graphs
     from sparkd.engine.models import load_model
     from sparkd.engine.sampler import Sampler, SamplingParams
     from sparkd.engine.streaming.commands import print_plan, stream_options
@@ -129,6 +133,7 @@ def cmd_generate(a) -> int:
     sm = None if a.resident else open_streaming(a.model, stream_options(a), on_plan=print_plan)
     m = load_model(a.model, device=a.device) if a.resident else sm.model
     try:
+        graphs = use_graphs(a.cuda_graphs, m.net, a.device, streaming=sm is not None, log=_log)
         tok = _tokenizer(m)
         ids = _tokens(a, tok, m.gguf.metadata)
         sample = Sampler(SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
@@ -138,6 +143,9 @@ def cmd_generate(a) -> int:
             m.net(torch.tensor(ids[:1] * 2), scratch)
             m.net(torch.tensor(ids[:1]), scratch)
         cache = m.net.new_cache(len(ids) + a.n)
+        step = StaticDecode(m.net, cache, graphs=True) if graphs else None
+        if step:  # capture outside the timed region too
+            step.prepare(len(ids) + a.n)
         batch = sm.plan.batch_tokens if sm else len(ids)
         t0 = time.perf_counter()
         for i in range(0, len(ids), batch):  # a long prompt in chunks the plan's workspace holds
@@ -151,7 +159,7 @@ def cmd_generate(a) -> int:
             out.append(nxt)
             if nxt in tok.eog_ids:
                 break
-            logits = m.net(torch.tensor([nxt]), cache)
+            logits = step(nxt) if step else m.net(torch.tensor([nxt]), cache)
             if sm:
                 sm.store.note_tokens(1)
         t2 = time.perf_counter()
@@ -249,6 +257,17 @@ def _tensor_type(text: str) -> tuple[str, str]:
     return pattern, qtype.upper()
 
 
+def add_graphs_option(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto",
+                   help="capture the decode step as CUDA graphs: auto = with --device cuda when every layer "
+                        "can be captured and experts are resident (else eager, reason logged); on = refuse "
+                        "a model that cannot; off = eager")
+
+
+def _log(text: str) -> None:
+    print(f"sparkd-engine: {text}", file=sys.stderr, flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sparkd-engine", description="GGUF MoE engine")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -278,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
             add_stream_options(s, parse_size)
         s.add_argument("--device", default="cpu", help="cpu, or cuda: weights stay GGUF blocks in GPU "
                                                       "memory, multiplied by the Triton kernels")
+        add_graphs_option(s)
     add_commands(sub, parse_size)
     s = sub.add_parser("make-model", help="write a random-weight GGUF")
     s.add_argument("out")

@@ -53,8 +53,9 @@ class Engine:
     def __init__(self, model_path: str | Path, *, ctx: int | None = None, budget_bytes: int | None = None,
                  chat_template: str | None = None, threads: int | None = None, resident: bool = False,
                  stream: StreamOptions | None = None, log: Callable[[str], None] | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", cuda_graphs: str = "auto"):
         self.threads = threads
+        self.cuda_graphs = cuda_graphs  # auto|on|off: the decode step as CUDA graphs (cuda_graphs.py)
         self.device = device  # "cuda": trunk on the GPU; streamed experts read in place (zero-copy)
         self.model_path = Path(model_path)
         self.requested_ctx = ctx
@@ -68,6 +69,7 @@ class Engine:
         self.think: ThinkTags | None = None
         self.streaming: StreamingModel | None = None
         self._cache = None
+        self._step = None  # StaticDecode over _cache when graphs are on
         self._plan: dict[str, int] = {}
 
     # --- loading ------------------------------------------------------------------------------
@@ -116,6 +118,9 @@ class Engine:
                       "vram_expert_cache": plan.vram_cache_bytes, "device_total": plan.device_total_bytes}
 
     def _finish_load(self, model: Any) -> None:
+        from sparkd.engine.cuda_graphs import StaticDecode, use_graphs
+
+        graphs = use_graphs(self.cuda_graphs, model.net, self.device, self.streaming is not None, self._log)
         self.cfg = model.cfg
         self.tokenizer = Tokenizer(model.gguf.metadata, str(self.model_path))
         self.template = self._chat_template(model.gguf.metadata)
@@ -127,6 +132,9 @@ class Engine:
             model.net(torch.tensor([0, 0]), scratch)
             model.net(torch.tensor([0]), scratch)
         self._cache = model.net.new_cache(self.n_ctx)
+        self._step = StaticDecode(model.net, self._cache, graphs=True) if graphs else None
+        if self._step is not None:  # the first bucket's capture now, not in the first request
+            self._step.prepare(1)
         self.gguf, self.net = model.gguf, model.net
 
     def _context(self, n_ctx_train: int) -> int:
@@ -246,7 +254,7 @@ class Engine:
             history.append(token)
             if cache.n_past >= cache.max_ctx:
                 return
-            logits = self.net(torch.tensor([token]), cache)[-1]
+            logits = (self._step(token) if self._step else self.net(torch.tensor([token]), cache))[-1]
             if self.streaming is not None:
                 self.streaming.store.note_tokens(1)
 

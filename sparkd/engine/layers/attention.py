@@ -13,14 +13,16 @@ from torch import nn
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
-from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
+from sparkd.engine.layers.rope import apply_rope
 from sparkd.engine.layers.rope import RopeConfig
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor,
            window: int = 0, sinks: torch.Tensor | None = None,
            keep: torch.Tensor | None = None) -> torch.Tensor:
     """q: [T, H, Dk], k: [S, Hkv, Dk], v: [S, Hkv, Dv] with S = start + T → [T, H, Dv].
+    start may instead be the queries' positions [T] on the device (static decode: S is a fixed
+    span and keys past a query's position are masked like future ones).
 
     keep: [T, S] bool, the only keys each query may read besides the causal mask (sparse attention).
     """
@@ -30,7 +32,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("thd,shd->hts", q, k) * scale  # [H, T, S]
-    pos_q = torch.arange(start, start + T, device=q.device)[:, None]
+    if isinstance(start, torch.Tensor):
+        pos_q = start[:, None]
+    else:
+        pos_q = torch.arange(start, start + T, device=q.device)[:, None]
     pos_k = torch.arange(S, device=q.device)[None, :]
     masked = pos_k > pos_q
     if window:
@@ -71,10 +76,9 @@ class Attention(nn.Module):
             q = self.q_norm(q)
         if self.k_norm is not None:
             k = self.k_norm(k)
-        cos, sin = rope_cos_sin(self.rope, pos)
+        cos, sin = cache.rope(self.rope, pos)
         q = apply_rope(q, cos, sin, self.rope.neox)
         k = apply_rope(k, cos, sin, self.rope.neox)
-        start = int(pos[0])
-        k_all, v_all = cache.update(self.il, start, k, v)
+        k_all, v_all, start = cache.append(self.il, pos, k, v)  # start: host int, or positions (static)
         o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
         return self.wo(o.reshape(T, -1))

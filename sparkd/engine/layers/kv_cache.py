@@ -5,6 +5,11 @@ key part) and reads its values from the same rows. Side rows are per-position st
 some layers keep (glm-dsa's indexer keys), named (name, layer) with a row shape. Recurrent layers
 (linear attention) keep a fixed-size state per sequence instead: `state[il]`, a list of
 zero-initialised tensors, so a new cache is a new sequence.
+
+Static decode (a CUDA graph's fixed shapes, sparkd/engine/cuda_graphs.py): with `span` set, a layer
+writes its rows at device positions and attends over rows [0, span) masked by position
+(`append`), and rope angles come from a table of every position (`rope`): no host value per
+token, so one captured step replays for every position below span.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from sparkd.engine.errors import EngineError
+from sparkd.engine.layers.rope import RopeConfig, rope_cos_sin
 
 
 class KVCache:
@@ -20,6 +26,7 @@ class KVCache:
                  state_shapes: dict[int, list[tuple[int, ...]]] | None = None):
         # shapes[il] = (n_kv_heads, k_dim, v_dim); state_shapes[il] = shapes of a recurrent layer's state
         self.max_ctx = max_ctx
+        self.device = torch.device(device)
         self.k = [torch.zeros(max_ctx, h, dk, dtype=dtype, device=device) for h, dk, _ in shapes]
         self.v = [torch.zeros(max_ctx, h, dv, dtype=dtype, device=device) if dv else None for h, _, dv in shapes]
         self.side = {key: torch.zeros(max_ctx, *row, dtype=dtype, device=device) for key, row in (side or {}).items()}
@@ -27,6 +34,8 @@ class KVCache:
         self.state = {il: [torch.zeros(sh, dtype=dtype, device=device) for sh in shs]
                       for il, shs in (state_shapes or {}).items()}
         self.n_past = 0  # positions filled; advanced by the model after all layers ran
+        self.span: int | None = None  # static decode: rows attention reads; None: [0, n_past + T)
+        self._rope: dict[RopeConfig, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -42,6 +51,35 @@ class KVCache:
             self.v[il][start:end] = v
         v_all = None if self.v[il] is None else self.v[il][:end]
         return self.k[il][:end], v_all
+
+    def append(self, il: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None):
+        """Write a step's rows at positions pos [T] → (keys, values, start) for attend: rows
+        [0, start + T) and start = pos[0] (a host int); in static decode rows [0, span), written
+        by index, and start = pos itself (the device positions attend masks by)."""
+        if self.span is None:
+            start = int(pos[0])
+            return *self.update(il, start, k, v), start
+        self.k[il].index_copy_(0, pos, k)
+        if v is not None:
+            self.v[il].index_copy_(0, pos, v)
+        v_all = None if self.v[il] is None else self.v[il][:self.span]
+        return self.k[il][:self.span], v_all, pos
+
+    def rope(self, cfg: RopeConfig, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, n_rot/2] at positions pos, rows of a table of all max_ctx positions made
+        once by rope_cos_sin on the host and kept on the cache's device: the same bits as calling
+        it per step (each position's angles are computed alone), without a host loop and two
+        host-to-device copies per layer and token. Eager positions are a host range (sliced);
+        static decode's are on the device (picked there)."""
+        if cfg not in self._rope:
+            cos, sin = rope_cos_sin(cfg, torch.arange(self.max_ctx, device="cpu"))  # host arithmetic
+            self._rope[cfg] = (cos.to(self.device), sin.to(self.device))
+        cos, sin = self._rope[cfg]
+        if self.span is None:
+            start = int(pos[0])
+            end = self._end(start, pos.shape[0])  # past the context: the clear error, not a short slice
+            return cos[start:end], sin[start:end]
+        return cos.index_select(0, pos), sin.index_select(0, pos)
 
     def update_side(self, name: str, il: int, start: int, rows: torch.Tensor) -> torch.Tensor:
         """Write side rows [start, start+T) of (name, il) and return a view of rows [0, start+T)."""

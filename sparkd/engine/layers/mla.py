@@ -17,7 +17,7 @@ from sparkd.engine.layers.attention import attend
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
-from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
+from sparkd.engine.layers.rope import apply_rope
 from sparkd.engine.layers.rope import RopeConfig
 
 
@@ -59,14 +59,13 @@ class MLAttention(nn.Module):
         latent = self.kv_a_norm(kv[:, : self.kv_rank])  # [T, R]
         k_pe = kv[:, None, self.kv_rank:]  # [T, 1, P]
         if self.rope is not None:  # None: nope-only MLA (Kimi K3), the P dims stay unrotated
-            cos, sin = rope_cos_sin(self.rope, pos)
+            cos, sin = cache.rope(self.rope, pos)
             k_pe = apply_rope(k_pe, cos, sin, self.rope.neox)
             q_pe = apply_rope(q_pe, cos, sin, self.rope.neox)
         q_lat = torch.einsum("thd,hrd->thr", round_activations(q_nope, self.act_k_b), self.wk_b)  # [T, H, R]
         q_all = torch.cat([q_lat, q_pe], dim=-1)  # [T, H, R + P]
         k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
-        start = int(pos[0])
-        k_all, _ = cache.update(self.il, start, k_new, None)
+        k_all, _, start = cache.append(self.il, pos, k_new, None)
         o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep)  # [T, H, R]
         o = torch.einsum("thr,hvr->thv", round_activations(o, self.act_v_b), self.wv_b)  # [T, H, Dv]
         o = o.reshape(T, -1)

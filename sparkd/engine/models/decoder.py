@@ -67,14 +67,19 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """tokens: [T] ids following the cache's n_past positions → logits [T, V] on the CPU
         (where sampling runs), wherever the network is."""
-        pos = positions(tokens, cache)
+        logits = self.run(tokens, positions(tokens, cache), cache)
+        cache.n_past += tokens.shape[0]
+        return logits.cpu()
+
+    def run(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """tokens [T] at positions pos [T] → logits [T, V] where the network is; the cache's
+        n_past is the caller's to advance (a static decode step passes device positions)."""
         x = self.embed(tokens)  # [T, D]
         if self.embd_scale != 1.0:
             x = x * self.embd_scale
         for block in self.blocks:
             x = block(x, pos, cache)
-        cache.n_past += tokens.shape[0]
-        return self.logits(x)
+        return self.head(x)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The token rows [T, D] on the network's device (tokens may be on the host)."""
@@ -82,10 +87,14 @@ class Decoder(nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The last hidden state [T, D] → logits [T, V] on the CPU, where sampling runs."""
+        return self.head(x).cpu()
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The last hidden state [T, D] → logits [T, V] on the network's device."""
         logits = self.output(self.output_norm(x))
         if cap := self.cfg.logit_softcap:
             logits = torch.tanh(logits / cap) * cap
-        return logits.cpu()
+        return logits
 
 
 def positions(tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -17,6 +17,8 @@ DEFAULT_LISTEN = "127.0.0.1:7777"
 
 
 def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
+    from sparkd.engine.cli import add_graphs_option
+
     s.add_argument("model", help="GGUF file (first shard of a split model)")
     s.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN}, loopback)")
     s.add_argument("--budget", type=parse_size, help="memory budget for the engine, e.g. 90G")
@@ -31,6 +33,7 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     s.add_argument("--resident", action="store_true", help="every expert in memory, no streaming (measurement)")
     s.add_argument("--device", default="cpu", help="cpu, or cuda: the Triton kernels on GGUF blocks in GPU "
                                                   "memory (streamed experts read in place from pinned host memory)")
+    add_graphs_option(s)
     s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="expert prefetch slots (0: off)")
     s.add_argument("--read-threads", type=int, default=8, help="expert read threads")
@@ -90,7 +93,8 @@ def cmd_serve(a) -> int:
     stream = StreamOptions(policy=a.policy, prefetch_slots=a.prefetch, threads=a.read_threads,
                            direct=not a.buffered, unified=a.unified, vram_budget_bytes=a.vram_budget)
     engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template, threads=a.threads,
-                    resident=a.resident, stream=stream, log=_log, device=a.device)
+                    resident=a.resident, stream=stream, log=_log, device=a.device,
+                    cuda_graphs=a.cuda_graphs)
     name = a.alias or Path(a.model).name.removesuffix(".gguf")
     server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue))
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")

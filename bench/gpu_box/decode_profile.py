@@ -1,0 +1,268 @@
+"""Where one resident CUDA decode step goes, eager vs CUDA graphs, on a generated model.
+
+Makes a qwen3-30b-a3b-shaped GGUF (make-model; --layers at the real widths), loads it with
+--device cuda semantics (experts resident as raw blocks), then:
+  1. eager decode: tok/s over --tokens steps;
+  2. a per-stage profile of --profile-tokens eager steps (torch.profiler, one record_function
+     range per stage set by module hooks): host (CPU) ms and GPU kernel ms per token per stage,
+     and the host synchronisations per token;
+  3. CUDA graphs (StaticDecode, one graph per bucket): tok/s, GPU kernel ms per replayed step,
+     and whether its greedy tokens equal the eager ones (and eager's its own rerun: the MoE and
+     split-K kernels add by atomics, so the last bits vary run to run and near-tied greedy picks
+     of a random-weight model may flip);
+  4. teacher-forced logits (both fed eager's tokens): graphs vs eager and eager vs eager.
+Prints a table and writes JSON. Run on the GPU box from the checkout root:
+    python3 bench/gpu_box/decode_profile.py --quant Q8_0 --layers 2 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from sparkd.engine.cuda_graphs import StaticDecode, graph_blocker
+from sparkd.engine.layers.moe import MoE
+from sparkd.engine.models import load_model
+
+PROMPT = [1, 7, 42, 3, 99, 5, 17, 8]
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaMemcpyAsync",
+              "cuStreamSynchronize", "cudaEventSynchronize")
+
+
+def stage_of(name: str, module: torch.nn.Module) -> str | None:
+    """The profile stage of a module by its place in the network (None: not a stage)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in ("q_norm", "k_norm"):  # inside attention: a stage of its own, so attention's self time is right
+        return "attention q/k norms"
+    if "norm" in leaf:
+        return "norms"
+    if leaf in ("wq", "wk", "wv", "wo"):
+        return "attention projections"
+    if leaf == "attn":
+        return "rope + KV write + attention math"
+    if leaf == "router":
+        return "router"
+    if leaf == "shared":
+        return "shared experts"
+    if leaf == "ffn":
+        return "routed experts (MoE kernels)" if isinstance(module, MoE) else "dense FFN"
+    if name == "output":
+        return "output head"
+    return None
+
+
+class Stages:
+    """record_function ranges around each stage module; a module's range holds its children's,
+    so a stage's own time is its total minus its staged children (see report)."""
+
+    def __init__(self, net: torch.nn.Module):
+        self.handles, self.open = [], {}
+        self.children: dict[str, set[str]] = defaultdict(set)  # stage → stages nested in it
+        modules = dict(net.named_modules())
+        for name, mod in modules.items():
+            stage = stage_of(name, mod)
+            if stage is None:
+                continue
+            self.handles.append(mod.register_forward_pre_hook(self._enter(name, stage)))
+            self.handles.append(mod.register_forward_hook(self._exit(name)))
+            parent = name.rpartition(".")[0]
+            if parent and (outer := stage_of(parent, modules[parent])):
+                self.children[outer].add(stage)
+        orig_embed = net.embed
+
+        def embed(tokens):
+            with record_function("stage:embedding"):
+                return orig_embed(tokens)
+        net.embed = embed
+
+    def _enter(self, name, stage):
+        def hook(mod, args):
+            rf = record_function(f"stage:{stage}")
+            rf.__enter__()
+            self.open[name] = rf
+        return hook
+
+    def _exit(self, name):
+        def hook(mod, args, out):
+            self.open.pop(name).__exit__(None, None, None)
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def kernel_us(events) -> float:
+    """GPU time of the kernels, copies and memsets among profiler events (not annotations)."""
+    return sum(e.time_range.elapsed_us() for e in events
+               if e.device_type.name == "CUDA" and not e.name.startswith("stage:"))
+
+
+def host_events(events, prefix: str):
+    return [e for e in events if e.device_type.name == "CPU" and e.name.startswith(prefix)]
+
+
+def eager_step(net, cache):
+    return lambda t: net(torch.tensor([t]), cache)
+
+
+def decode(step_of, net, n: int, ctx: int):
+    """Greedy: (tokens, seconds for the n decode steps, logits rows)."""
+    cache = net.new_cache(ctx)
+    logits = net(torch.tensor(PROMPT), cache)
+    step = step_of(net, cache)
+    out = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out.append(int(logits[-1].argmax()))
+        logits = step(out[-1])
+    return out, time.perf_counter() - t0
+
+
+def forced(step_of, net, ids: list[int], ctx: int) -> torch.Tensor:
+    """Logits [n, V] of each step fed the given tokens (teacher forcing: paths cannot diverge)."""
+    cache = net.new_cache(ctx)
+    net(torch.tensor(PROMPT), cache)
+    step = step_of(net, cache)
+    return torch.cat([step(t)[-1:] for t in ids])
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """Worst per-step relative error and the share of steps whose argmax agrees."""
+    err = ((a - b).norm(dim=-1) / a.norm(dim=-1)).max()
+    return {"max_rel_err": float(err), "argmax_agree": float((a.argmax(-1) == b.argmax(-1)).float().mean())}
+
+
+def graphed(n_total: int):
+    def make(net, cache):
+        s = StaticDecode(net, cache, graphs=True)
+        s.prepare(n_total)  # capture outside the timed loop
+        return s
+    return make
+
+
+def profile_eager(net, n: int, ctx: int) -> dict:
+    stages = Stages(net)
+    cache = net.new_cache(ctx)
+    logits = net(torch.tensor(PROMPT), cache)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tok = int(logits[-1].argmax())
+            logits = net(torch.tensor([tok]), cache)
+        wall = time.perf_counter() - t0
+    stages.remove()
+    del net.embed
+    events = prof.events()
+    total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # stage → [cpu us, device us, calls]
+    for e in host_events(events, "stage:"):
+        t = total[e.name[6:]]
+        t[0] += e.cpu_time_total
+        t[1] += e.device_time_total
+        t[2] += 1
+    rows = {}
+    for stage, (cpu, dev, count) in total.items():
+        for child in stages.children.get(stage, ()):
+            if child in total:
+                cpu -= total[child][0]
+                dev -= total[child][1]
+        rows[stage] = {"host_ms": cpu / 1e3 / n, "gpu_ms": dev / 1e3 / n, "calls": count / n}
+    calls = defaultdict(int)
+    for e in events:
+        if e.device_type.name == "CPU":
+            calls[e.name] += 1
+    launches = sum(calls[k] for k in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
+    return {"wall_ms": wall * 1e3 / n, "kernel_ms": kernel_us(events) / 1e3 / n, "stages": rows,
+            "host_sync_calls_per_token": {k: calls[k] / n for k in SYNC_CALLS if calls[k]},
+            "launches_per_token": launches / n}
+
+
+def profile_graphs(net, n: int, ctx: int) -> dict:
+    cache = net.new_cache(ctx)
+    logits = net(torch.tensor(PROMPT), cache)
+    step = StaticDecode(net, cache, graphs=True)
+    step.prepare(len(PROMPT) + n)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            logits = step(int(logits[-1].argmax()))
+        wall = time.perf_counter() - t0
+    return {"wall_ms": wall * 1e3 / n, "kernel_ms": kernel_us(prof.events()) / 1e3 / n}
+
+
+def make(path: Path, quant: str, layers: int) -> None:
+    if path.exists():
+        return
+    subprocess.run([sys.executable, "-m", "sparkd.engine.cli", "make-model", str(path), "--preset",
+                    "qwen3-30b-a3b", "--layers", str(layers), "--quant", quant, "--quiet"], check=True)
+
+
+def table(res: dict) -> str:
+    p = res["profile_eager"]
+    lines = [f"model {res['model']}: {res['layers']} layers {res['quant']}",
+             (f"eager {res['eager_tok_s']:.1f} tok/s, graphs {res['graphs_tok_s']:.1f} tok/s, "
+              f"greedy equal: {res['greedy_equal']} (eager rerun: {res['eager_rerun_greedy_equal']})"),
+             (f"teacher-forced logits: graphs vs eager {res['forced_graphs_vs_eager']}, eager vs eager "
+              f"{res['forced_eager_vs_eager']}"),
+             f"{'stage (eager, profiled)':36s} {'host ms/tok':>11s} {'GPU ms/tok':>10s} {'calls/tok':>9s}"]
+    for stage, r in sorted(p["stages"].items(), key=lambda kv: -kv[1]["host_ms"]):
+        lines.append(f"{stage:36s} {r['host_ms']:11.3f} {r['gpu_ms']:10.3f} {r['calls']:9.1f}")
+    staged = sum(r["host_ms"] for r in p["stages"].values())
+    lines.append(f"{'other (between stages, logits copy)':36s} {p['wall_ms'] - staged:11.3f}")
+    lines.append(f"{'step wall (profiled eager)':36s} {p['wall_ms']:11.3f} {p['kernel_ms']:10.3f}")
+    lines.append(f"kernel launches/token {p['launches_per_token']:.0f}; host sync calls/token "
+                 f"{json.dumps(p['host_sync_calls_per_token'])}")
+    g = res["profile_graphs"]
+    lines.append(f"{'step wall (CUDA graph replay)':36s} {g['wall_ms']:11.3f} {g['kernel_ms']:10.3f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quant", default="Q8_0")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--profile-tokens", type=int, default=8)
+    ap.add_argument("--ctx", type=int, default=1024, help="KV cache positions (graphs attend over a bucket of them)")
+    ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    path = Path(a.dir) / f"q30-{a.layers}l-{a.quant}.gguf"
+    make(path, a.quant, a.layers)
+    m = load_model(path, device="cuda")
+    try:
+        net, ctx = m.net, max(a.ctx, len(PROMPT) + a.tokens + 1)
+        if why := graph_blocker(net):
+            print(f"not graph-safe: {why}")
+            return 1
+        decode(lambda n, c: eager_step(n, c), net, 4, ctx)  # JIT-compile the kernels first
+        eager_ids, eager_s = decode(lambda n, c: eager_step(n, c), net, a.tokens, ctx)
+        graph_ids, graph_s = decode(graphed(ctx), net, a.tokens, ctx)
+        res = {"model": str(path), "layers": a.layers, "quant": a.quant, "tokens": a.tokens,
+               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "eager_tok_s": a.tokens / eager_s, "graphs_tok_s": a.tokens / graph_s,
+               "greedy_equal": eager_ids == graph_ids, "eager_ids": eager_ids, "graph_ids": graph_ids,
+               "eager_rerun_greedy_equal": decode(lambda n, c: eager_step(n, c), net, a.tokens, ctx)[0] == eager_ids,
+               "profile_eager": profile_eager(net, a.profile_tokens, ctx),
+               "profile_graphs": profile_graphs(net, a.profile_tokens, ctx)}
+        eager = forced(lambda n, c: eager_step(n, c), net, eager_ids, ctx)
+        res["forced_graphs_vs_eager"] = agreement(eager, forced(graphed(ctx), net, eager_ids, ctx))
+        res["forced_eager_vs_eager"] = agreement(eager, forced(lambda n, c: eager_step(n, c), net, eager_ids, ctx))
+    finally:
+        m.close()
+    print(table(res), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""CUDA graphs for the resident decode step.
+
+A decode step launches a few hundred small kernels (norms, rounding, GEMVs, rope, attention, the
+MoE kernels); on a fast GPU Python and the launches, not the kernels, set the time. StaticDecode
+runs the step with fixed shapes: the token id and its position sit in device buffers, and
+attention reads the cache's rows up to a bucket length (256, 512, ... up to the context), masked
+by position (KVCache.span). So one step captured per bucket replays for every position in it.
+
+Capture needs every layer to stay on the device between the token and the logits: GQA attention
+or MLA, dense FFNs, and routed experts through the Triton MoE kernels (KernelExperts). Streamed
+experts (read from disk per token), sparse-attention selectors (glm-dsa), and decoders with their
+own forward and per-sequence state (deepseek4, kimi-k3's linear attention) keep the eager step;
+graph_blocker names the layer and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from sparkd.engine.errors import EngineError
+from sparkd.engine.layers.attention import Attention
+from sparkd.engine.layers.ffn import GatedFFN
+from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.mla import MLAttention
+from sparkd.engine.layers.moe import MoE
+from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
+from sparkd.engine.models.decoder import Block, Decoder
+
+MODES = ("auto", "on", "off")
+# The first bucket: a 256-row attention costs about what a 1-row one does on a GPU, and short
+# chats then need one capture; each further bucket doubles, so a context of C needs log2(C/256)+1.
+FIRST_BUCKET = 256
+_MOE_KERNEL_ACTS = ("silu", "swiglu_oai")  # the activations the MoE decode kernels fuse
+
+
+def buckets(max_ctx: int, first: int = FIRST_BUCKET) -> list[int]:
+    """Attention spans: first, 2*first, ... and max_ctx itself as the last."""
+    spans, span = [], first
+    while span < max_ctx:
+        spans.append(span)
+        span *= 2
+    return spans + [max_ctx]
+
+
+def graph_blocker(net: Decoder, streaming: bool = False) -> str | None:
+    """Why the network's decode step cannot be captured as a CUDA graph (naming the layer), or
+    None when it can."""
+    if streaming:
+        return "routed experts are streamed (the expert store reads from disk per token on the host)"
+    if type(net) is not Decoder:
+        return f"{net.cfg.arch}'s decoder ({type(net).__name__}) runs its own forward with per-sequence state"
+    if isinstance(net.tok_embd, QuantRows):
+        return "the token embedding is dequantized on the host (QuantRows)"
+    for il, block in enumerate(net.blocks):
+        if why := _block_blocker(block):
+            return f"layer {il}: {why}"
+    for name, module in net.named_modules():
+        if isinstance(module, QuantLinear):
+            return f"{name} is dequantized on the host per call (QuantLinear)"
+    return None
+
+
+def _block_blocker(block: torch.nn.Module) -> str | None:
+    if type(block) is not Block:
+        return f"its block ({type(block).__name__}) is not the shared decoder block"
+    attn = block.attn
+    if type(attn) is MLAttention and attn.selector is not None:
+        return f"its sparse-attention selector ({type(attn.selector).__name__}) reads positions on the host"
+    if type(attn) not in (Attention, MLAttention):
+        return (f"{type(attn).__name__} reads positions on the host (GQA Attention and MLA have a "
+                "static-shape step)")
+    ffn = block.ffn
+    if isinstance(ffn, MoE):
+        table = getattr(ffn.store, "kernel_table", None)
+        if ffn.act_name not in _MOE_KERNEL_ACTS or table is None or table(ffn.il) is None:
+            return ("its routed experts run the torch path (host lists of experts): experts with "
+                    "biases, an activation or a type without a Triton MoE kernel, or experts not on the GPU")
+    elif not isinstance(ffn, GatedFFN):
+        return f"its FFN ({type(ffn).__name__}) has no static-shape step"
+    return None
+
+
+def use_graphs(mode: str, net: Decoder, device: str, streaming: bool = False,
+               log: Callable[[str], None] = lambda line: None) -> bool:
+    """--cuda-graphs: auto captures when the device is CUDA and every layer can be captured
+    (logging the reason once when not); on refuses a model that cannot; off never captures."""
+    if mode not in MODES:
+        raise EngineError(f"could not use --cuda-graphs {mode!r}: choose one of {', '.join(MODES)}")
+    if mode == "off":
+        return False
+    why = "the device is the CPU (use --device cuda)" if not device.startswith("cuda") \
+        else graph_blocker(net, streaming)
+    if why is None:
+        return True
+    if mode == "on":
+        raise EngineError(f"could not use --cuda-graphs on: {why}; use --cuda-graphs auto or off")
+    if device.startswith("cuda"):
+        log(f"CUDA graphs off, decoding eagerly: {why}")
+    return False
+
+
+class StaticDecode:
+    """Decode steps with fixed shapes over one cache; with graphs=True each bucket's step is
+    captured on first use and replayed (on the CPU, tests run it without graphs).
+
+    step(token) → logits [1, V] on the CPU for `token` at the cache's next position, n_past
+    advanced, like net(torch.tensor([token]), cache)."""
+
+    def __init__(self, net: Decoder, cache: KVCache, graphs: bool, first_bucket: int = FIRST_BUCKET):
+        self.net, self.cache, self.graphs = net, cache, graphs
+        self.buckets = buckets(cache.max_ctx, first_bucket)
+        self.token = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static inputs
+        self.pos = torch.zeros(1, dtype=torch.long, device=cache.device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None  # one memory pool for every bucket's graph (they never run at once)
+
+    def __call__(self, token: int) -> torch.Tensor:
+        cache = self.cache
+        span = self._span(cache.n_past + 1)
+        self.token.fill_(token)
+        self.pos.fill_(cache.n_past)
+        logits = self._replay(span) if self.graphs else self._step(span)
+        cache.n_past += 1
+        return logits.cpu()
+
+    def prepare(self, n_positions: int) -> None:
+        """Capture the graphs of every bucket up to n_positions now rather than on first use.
+        Each capture writes the rows at the cache's next position, which the real step rewrites."""
+        self.pos.fill_(self.cache.n_past)
+        for span in self.buckets:
+            if self.graphs and span not in self._graphs:
+                self._graphs[span] = self._capture(span)
+            if span >= n_positions:
+                return
+
+    def _span(self, n: int) -> int:
+        for span in self.buckets:
+            if n <= span:
+                return span
+        raise EngineError(f"could not extend the KV cache to {n} positions: context is "
+                          f"{self.cache.max_ctx} (raise --ctx)")
+
+    @torch.inference_mode()
+    def _step(self, span: int) -> torch.Tensor:
+        self.cache.span = span
+        try:
+            return self.net.run(self.token, self.pos, self.cache)  # [1, V] on the device
+        finally:
+            self.cache.span = None
+
+    def _replay(self, span: int) -> torch.Tensor:
+        if span not in self._graphs:
+            self._graphs[span] = self._capture(span)
+        graph, logits = self._graphs[span]
+        graph.replay()
+        return logits
+
+    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # one eager run first, on a side stream as capture wants: Triton compiles, the rope table
+        # and the expert tables are made; it writes this token's K/V rows, as the replay will
+        side = torch.cuda.Stream(self.cache.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._step(span)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self._step(span)
+        self._pool = graph.pool()
+        return graph, logits

@@ -1,0 +1,182 @@
+"""The static-shape decode step (the one CUDA graphs capture) against the eager step, and the
+--cuda-graphs choice. On the CPU the static step runs without capture: same shapes and device
+positions, so what the graph replays is checked here; the replay itself runs on the GPU box.
+
+Not bit-equal: the static step attends over the whole bucket (keys past the position masked to
+-inf, weight exactly 0), and a longer softmax sum or matmul reduction may add in another order:
+within 1e-6 relative (measured: 1.0e-7 to 3.7e-7 over 12 steps)."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from sparkd.engine.cuda_graphs import StaticDecode, buckets, graph_blocker, use_graphs
+from sparkd.engine.errors import EngineError
+from sparkd.engine.make_model import plan, write_model
+from sparkd.engine.modelgen.specs import TINY
+from sparkd.engine.models import load_model
+from sparkd.engine.runtime import Engine, GenerationRequest
+from sparkd.engine.sampler import SamplingParams
+
+ARCHS = ["qwen3moe", "glm4moe", "gpt-oss", "llama", "gemma3", "deepseek2"]  # GQA, and MLA
+PROMPT = [1, 7, 42, 3, 99]
+STEPS = 12  # positions 5..16: crosses the 8 and 16 buckets of first_bucket=4
+BOUND = 1e-6
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    archs = ARCHS + ["glm-dsa", "kimi-k3"]
+    return {a: write_model(d / f"{a}.gguf", plan(TINY[a], "F32"), seed=3)[0] for a in archs}
+
+
+def decode(net, step, n: int, ctx: int) -> tuple[torch.Tensor, list[int]]:
+    """Greedy decode after PROMPT; step(cache) gives the per-token function."""
+    cache = net.new_cache(ctx)
+    logits = net(torch.tensor(PROMPT), cache)[-1:]
+    one, rows, out = step(cache), [], []
+    for _ in range(n):
+        out.append(int(logits[-1].argmax()))
+        logits = one(out[-1])
+        rows.append(logits[-1])
+    return torch.stack(rows), out
+
+
+def test_buckets_double_up_to_the_context():
+    assert buckets(1000, 256) == [256, 512, 1000]
+    assert buckets(256, 256) == [256]
+    assert buckets(100, 256) == [100]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_step_equals_eager_step(models, arch):
+    m = load_model(models[arch])
+    try:
+        want, want_ids = decode(m.net, lambda c: lambda t: m.net(torch.tensor([t]), c), STEPS, 32)
+        got, got_ids = decode(m.net, lambda c: StaticDecode(m.net, c, graphs=False, first_bucket=4), STEPS, 32)
+    finally:
+        m.close()
+    assert got_ids == want_ids
+    err = float((got - want).norm() / want.norm())
+    assert err < BOUND, f"{arch}: static vs eager decode logits relative error {err:.2e}"
+
+
+def test_static_step_refuses_past_the_context(models):
+    m = load_model(models["gemma3"])
+    try:
+        cache = m.net.new_cache(6)
+        m.net(torch.tensor(PROMPT), cache)
+        step = StaticDecode(m.net, cache, graphs=False, first_bucket=4)
+        step(1)
+        with pytest.raises(EngineError, match=r"could not extend the KV cache to 7 positions: context is 6"):
+            step(2)
+        assert cache.n_past == 6 and cache.span is None
+    finally:
+        m.close()
+
+
+def test_graph_blocker_names_the_layer(models):
+    loaded = {a: load_model(models[a]) for a in ("gemma3", "glm-dsa", "kimi-k3", "qwen3moe", "deepseek2")}
+    try:
+        assert graph_blocker(loaded["gemma3"].net) is None
+        assert graph_blocker(loaded["gemma3"].net, streaming=True).startswith("routed experts are streamed")
+        assert graph_blocker(loaded["glm-dsa"].net).startswith(
+            "layer 0: its sparse-attention selector (LightningIndexer) reads positions on the host")
+        assert graph_blocker(loaded["kimi-k3"].net).startswith("kimi-k3's decoder (K3Decoder) runs its own forward")
+        # experts dequantized by torch (the CPU store) are not the MoE kernels; deepseek2's layer 0 is dense
+        assert graph_blocker(loaded["qwen3moe"].net).startswith("layer 0: its routed experts run the torch path")
+        assert graph_blocker(loaded["deepseek2"].net).startswith("layer 1: its routed experts run the torch path")
+        with pytest.raises(EngineError, match=r"could not use --cuda-graphs on: layer 0: its sparse-attention"):
+            use_graphs("on", loaded["glm-dsa"].net, "cuda")
+        logged = []
+        assert not use_graphs("auto", loaded["glm-dsa"].net, "cuda", log=logged.append)
+        assert logged == [f"CUDA graphs off, decoding eagerly: {graph_blocker(loaded['glm-dsa'].net)}"]
+        assert use_graphs("auto", loaded["gemma3"].net, "cuda")
+        assert not use_graphs("auto", loaded["gemma3"].net, "cpu")
+        assert not use_graphs("off", loaded["gemma3"].net, "cuda")
+        with pytest.raises(EngineError, match=r"could not use --cuda-graphs on: the device is the CPU"):
+            use_graphs("on", loaded["gemma3"].net, "cpu")
+        with pytest.raises(EngineError, match=r"could not use --cuda-graphs 'yes': choose one of auto, on, off"):
+            use_graphs("yes", loaded["gemma3"].net, "cuda")
+    finally:
+        for m in loaded.values():
+            m.close()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("cmd", ["generate", "logits"])
+def test_cli_flag_errors(models, tmp_path, cmd):
+    extra = ["--out", str(tmp_path / "l.npy")] if cmd == "logits" else ["-n", "2"]
+    bad = run_cli(cmd, str(models["gemma3"]), "--tokens", "1,2", "--cuda-graphs", "maybe", *extra)
+    assert bad.returncode == 2 and "argument --cuda-graphs: invalid choice: 'maybe'" in bad.stderr
+    on = run_cli(cmd, str(models["gemma3"]), "--tokens", "1,2", "--cuda-graphs", "on", *extra)
+    assert on.returncode == 2
+    assert "could not use --cuda-graphs on: the device is the CPU (use --device cuda)" in on.stderr
+    assert not (tmp_path / "l.npy").exists()
+
+
+def test_serve_flag(models):
+    bad = run_cli("serve", str(models["gemma3"]), "--cuda-graphs", "always")
+    assert bad.returncode == 2 and "argument --cuda-graphs: invalid choice: 'always'" in bad.stderr
+    engine = Engine(models["gemma3"], ctx=16, cuda_graphs="on")
+    with pytest.raises(EngineError, match=r"could not use --cuda-graphs on: the device is the CPU"):
+        engine.load()
+    assert not engine.loaded
+
+
+@pytest.mark.gpu
+def test_generate_cli_tokens_equal_with_and_without_graphs(tmp_path):
+    path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    runs = {mode: run_cli("generate", str(path), "--tokens", "1,7,42", "-n", "12", "--device", "cuda",
+                          "--resident", "--json", "--cuda-graphs", mode) for mode in ("on", "off")}
+    for mode, r in runs.items():
+        assert r.returncode == 0, f"--cuda-graphs {mode}: {r.stderr[-2000:]}"
+    tokens = {mode: json.loads(r.stdout.strip().splitlines()[-1])["tokens"] for mode, r in runs.items()}
+    assert tokens["on"] == tokens["off"] and tokens["on"]
+
+
+@pytest.mark.gpu
+def test_engine_generate_equal_with_and_without_graphs(tmp_path):
+    path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    tokens = {}
+    for mode in ("on", "off"):
+        engine = Engine(path, ctx=64, device="cuda", resident=True, cuda_graphs=mode)
+        engine.load()
+        try:
+            req = GenerationRequest([1, 7, 42], 12, SamplingParams(temperature=0.0))
+            tokens[mode] = list(engine.generate(req, threading.Event()))
+        finally:
+            engine.close()
+    assert tokens["on"] == tokens["off"] and tokens["on"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
+def test_graph_replay_equals_eager_on_cuda(tmp_path, quant):
+    """Greedy tokens through the captured graphs equal the eager CUDA step's over a run that
+    crosses bucket boundaries (first_bucket=4: spans 8, 16, 32)."""
+    shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
+    path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
+    m = load_model(path, device="cuda")
+    try:
+        assert use_graphs("on", m.net, "cuda")
+        want, want_ids = decode(m.net, lambda c: lambda t: m.net(torch.tensor([t]), c), 24, 32)
+        graphed = []
+        got, got_ids = decode(m.net, lambda c: graphed.append(StaticDecode(m.net, c, True, 4)) or graphed[0], 24, 32)
+    finally:
+        m.close()
+    assert sorted(graphed[0]._graphs) == [8, 16, 32]
+    assert got_ids == want_ids
+    err = float((got - want).norm() / want.norm())
+    assert err < 1e-5, f"graph replay vs eager relative error {err:.2e}"
