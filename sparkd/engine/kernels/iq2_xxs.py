@@ -1,0 +1,32 @@
+"""IQ2_XXS: 256-value super-blocks (66 bytes): d f16 | 8 x (4 grid indices u8 | u32 aux).
+
+Eight sub-blocks of 32 values; sub-block s's aux word holds four 7-bit sign indices (bits 7l..)
+and a 4-bit scale (bits 28..31). Value i of sub-block s is
+d * (0.5 + scale) / 4 * grid[index i//8][i%8] * (-1 if bit i%8 of ksigns[sign index i//8]),
+grid being ggml's 256 x 8 iq2xxs codebook (grids.grid_table).
+"""
+
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType as T
+
+from sparkd.engine.kernels.family import Family
+from sparkd.engine.kernels.grids import load_u32, sign_bit
+
+
+@triton.jit
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
+    s = tl.arange(0, 8)[None, :, None]
+    i = tl.arange(0, 32)[None, None, :]
+    blk = w_ptr + row_off + g * 66
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    sub = blk + 2 + 8 * s  # [BN, 8, 1]
+    aux = load_u32(sub + 4, smask)
+    db = d * (0.5 + ((aux >> 28) & 0xF).to(tl.float32)) * 0.25
+    idx = tl.load(sub + i // 8, mask=smask, other=0).to(tl.int32)
+    grid = tl.load(aux_ptr + idx * 8 + i % 8).to(tl.float32)
+    neg = sign_bit((aux >> (7 * (i // 8))) & 0x7F, i % 8)
+    return (db * grid) * (1 - 2 * neg).to(tl.float32)
+
+
+FAMILY = Family(T.IQ2_XXS, 256, 66, 8, 32, dequant, grid="IQ2_XXS")

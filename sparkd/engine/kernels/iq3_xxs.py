@@ -1,0 +1,31 @@
+"""IQ3_XXS: 256-value super-blocks (98 bytes): d f16 | qs[64] grid indices | 8 x u32 aux.
+
+Eight sub-blocks of 32 values; sub-block s's aux word (bytes 66 + 4s) holds four 7-bit sign
+indices and a 4-bit scale (bits 28..31), its grid indices are qs[8s:8s+8] into ggml's 256 x 4
+iq3xxs codebook. Value i: d * (0.5 + scale) / 2 * grid[qs[8s + i//4]][i%4], negated when bit i%8
+of ksigns[sign index i//8] is set.
+"""
+
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType as T
+
+from sparkd.engine.kernels.family import Family
+from sparkd.engine.kernels.grids import load_u32, sign_bit
+
+
+@triton.jit
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
+    s = tl.arange(0, 8)[None, :, None]
+    i = tl.arange(0, 32)[None, None, :]
+    blk = w_ptr + row_off + g * 98
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    aux = load_u32(blk + 66 + 4 * s, smask)
+    db = d * (0.5 + ((aux >> 28) & 0xF).to(tl.float32)) * 0.5
+    idx = tl.load(blk + 2 + 8 * s + i // 4, mask=smask, other=0).to(tl.int32)
+    grid = tl.load(aux_ptr + idx * 4 + i % 4).to(tl.float32)
+    neg = sign_bit((aux >> (7 * (i // 8))) & 0x7F, i % 8)
+    return (db * grid) * (1 - 2 * neg).to(tl.float32)
+
+
+FAMILY = Family(T.IQ3_XXS, 256, 98, 8, 32, dequant, grid="IQ3_XXS")
