@@ -3,7 +3,11 @@ device-to-device copy bandwidth measured in the same run, with torch's dequantiz
 the baseline; plus a zero-copy correctness check (--unified on) reading pinned host memory.
 
 Usage: PYTHONPATH=. python bench/kernels_bench.py [--types Q8_0,Q4_K] [--unified on|off] [--json F]
-       [--torch-baseline]
+       [--torch-baseline] [--sweep]
+
+Q8_0 and Q4_K run their integer path (x quantized on the device, dp4a); the float path they had
+before (the family without its integer step) is timed in the same run as "float" rows, the
+"before" of docs/performance.md. --sweep tries every tile in SWEEP / MOE_SWEEP, else the defaults.
 
 Every timed kernel is first checked against the float64 reference on fresh random blocks.
 Working sets rotate over >= ROTATE_BYTES so repeated runs cannot be served from the 50 MB L2;
@@ -13,6 +17,8 @@ each measurement is one CUDA graph replaying a pass over all rotated inputs, med
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import statistics
 
@@ -22,7 +28,14 @@ from gguf import GGMLQuantizationType as T
 from sparkd.engine import quants
 from sparkd.engine.kernels import dispatch
 from sparkd.engine.kernels.matmul import GemvConfig, gemv
-from sparkd.engine.kernels.moe import DOWN_CONFIG, GATE_UP_CONFIG, ExpertTable, moe_decode, prepare
+from sparkd.engine.kernels.moe import (
+    DOWN_CONFIG,
+    GATE_UP_CONFIG,
+    ExpertTable,
+    moe_decode,
+    prepare,
+)
+from sparkd.engine.layers.act_round import round_activations
 
 ROTATE_BYTES = 768 << 20
 REPEATS = 15
@@ -33,20 +46,39 @@ DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projection
 # model width, expert width, experts per token: qwen3-30b-a3b, and qwen3-235b-a22b
 MOES = [(2048, 768, 8), (4096, 1536, 8)]
 MOE = MOES[0]
-# GEMV tiles tried for Q8_0 and Q4_K: (rows per program, warps, groups per step, split; 0 = auto)
+INT_TYPES = (T.Q8_0, T.Q4_K)  # families with an integer step
+SWEEP_ON = False  # --sweep
+# GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split; 0 = auto)
 SWEEP = [GemvConfig(*c) for c in (
-    (4, 1, 2, 0, True), (4, 1, 2, 0, False), (2, 1, 2, 0, True), (8, 1, 2, 0, True), (4, 1, 4, 0, True),
-    (8, 1, 1, 0, True), (8, 2, 2, 0, True), (16, 2, 2, 0, True), (4, 2, 2, 0, True), (4, 1, 2, 1, True),
-    (16, 4, 1, 0, True))]
-# MoE (gate/up tile, down tile) pairs tried for Q8_0 and Q4_K; the first is the default
+    (4, 1, 1, 0), (4, 1, 2, 0), (8, 1, 1, 0), (8, 2, 1, 0), (16, 2, 1, 0), (16, 4, 1, 0), (32, 4, 1, 0),
+    (8, 1, 2, 0), (64, 4, 1, 0))]
+FLOAT_BEST = GemvConfig(4, 2, 2, 0, True)  # the float path's best tiles in the session-2 sweep
+FLOAT_MOE = (GemvConfig(8, 1, 1, 0, True), GemvConfig(4, 1, 1, 0, True))
+# MoE (gate/up tile, down tile) pairs tried for the integer path; the first is the default
 MOE_SWEEP = [(GATE_UP_CONFIG, DOWN_CONFIG)] + [(GemvConfig(*a), GemvConfig(*b)) for a, b in (
-    ((2, 1, 2, 0, False), (4, 1, 1, 0, False)), ((4, 1, 2, 0, True), (4, 1, 1, 0, True)),
-    ((2, 1, 4, 0, True), (2, 1, 1, 0, True)), ((1, 1, 2, 0, True), (8, 1, 1, 0, True)),
-    ((4, 2, 2, 0, True), (8, 2, 1, 0, True)), ((8, 1, 1, 0, True), (4, 1, 1, 0, True)))]
+    ((4, 1, 1, 0), (4, 1, 1, 0)), ((8, 1, 1, 0), (8, 1, 1, 0)), ((16, 2, 1, 0), (8, 2, 1, 0)),
+    ((16, 4, 1, 0), (16, 4, 1, 0)), ((32, 4, 1, 0), (16, 4, 1, 0)))]
+
+
+@contextlib.contextmanager
+def float_path(qtype: T):
+    """The family without its integer step: the float kernels these types ran before."""
+    fam = dispatch.FAMILIES[qtype]
+    dispatch.FAMILIES[qtype] = dataclasses.replace(fam, idot=None, act_fmt=None)
+    try:
+        yield
+    finally:
+        dispatch.FAMILIES[qtype] = fam
 
 
 def tag(cfg: GemvConfig) -> str:
     return f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
+
+
+def x_in(qtype: T, x: torch.Tensor) -> torch.Tensor:
+    """What the kernels multiply: llama.cpp's rounding of x for the integer families."""
+    fmt = dispatch.FAMILIES[qtype].act_fmt
+    return x if fmt is None else round_activations(x[None], fmt)[0]
 
 
 def random_blocks(qtype: T, n_bytes: int, device: str = "cuda") -> torch.Tensor:
@@ -102,14 +134,20 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
     buf = random_blocks(qtype, n * nbytes)
     ws = [buf[i * nbytes:(i + 1) * nbytes] for i in range(n)]
     x = torch.randn(cols, device="cuda")
-    ref = quants.dequantize(ws[0], qtype, (rows, cols)).double() @ x.double()
+    W = quants.dequantize(ws[0], qtype, (rows, cols)).double()
     out, y = [], torch.empty(rows, device="cuda")
-    for cfg in (SWEEP if qtype in (T.Q8_0, T.Q4_K) else [GemvConfig()]):
+
+    def time(cfg: GemvConfig, label: str) -> dict:
         y.fill_(float("nan"))
-        err = rel_err(gemv(ws[0], qtype, (rows, cols), x, out=y, config=cfg), ref)
+        err = rel_err(gemv(ws[0], qtype, (rows, cols), x, out=y, config=cfg), W @ x_in(qtype, x).double())
         sec = graph_seconds(lambda i: gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg), n)
-        out.append(dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config=tag(cfg),
-                        us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err))
+        return dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config=label,
+                    us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err)
+    if qtype in INT_TYPES:
+        with float_path(qtype):
+            out.append(time(FLOAT_BEST, f"float {tag(FLOAT_BEST)}"))
+    for cfg in (SWEEP if SWEEP_ON and qtype in INT_TYPES else [GemvConfig()]):
+        out.append(time(cfg, tag(cfg)))
     if not BASELINE:
         return out
     sec = events_seconds(lambda: [quants.dequantize(ws[i], qtype, (rows, cols)) @ x for i in range(n)]) / n
@@ -137,10 +175,11 @@ def moe_torch(table: ExpertTable, x: torch.Tensor, w: torch.Tensor, dtype=torch.
     def deq(buf, o, qtype, shape):
         raw = buf[o:o + shape[0] * dispatch.FAMILIES[qtype].row_bytes(shape[1])]
         return quants.dequantize(raw.cuda(), qtype, shape).to(dtype)
+    x = x_in(table.gate_up_type, x).to(dtype)
     for i in range(len(table)):
-        g = deq(table.gate, table.gate_offsets[i], table.gate_up_type, (F, D)) @ x.to(dtype)
-        u = deq(table.up, table.up_offsets[i], table.gate_up_type, (F, D)) @ x.to(dtype)
-        h = torch.nn.functional.silu(g) * u
+        g = deq(table.gate, table.gate_offsets[i], table.gate_up_type, (F, D)) @ x
+        u = deq(table.up, table.up_offsets[i], table.gate_up_type, (F, D)) @ x
+        h = x_in(table.down_type, (torch.nn.functional.silu(g) * u).float()).to(dtype)
         y += w[i].to(dtype) * deq(table.down, table.down_offsets[i], table.down_type, (D, F)) @ h
     return y
 
@@ -160,14 +199,20 @@ def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
     # each set's experts in descending slot order: the table, not the layout, decides
     sets = [prepare(subset(full, list(range(s * A, (s + 1) * A))[::-1]), "cuda") for s in range(n_sets)]
     x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
-    ref = moe_torch(sets[0].table, x, w, torch.float64)
     out, y, nbytes = [], torch.empty(D, device="cuda"), A * expert_bytes
-    for gu, dn in (MOE_SWEEP if qtype in (T.Q8_0, T.Q4_K) else MOE_SWEEP[:1]):
+
+    def time(gu: GemvConfig, dn: GemvConfig, label: str) -> dict:
+        ps = [prepare(p.table, "cuda") for p in sets]  # the family as it is now (float_path)
         y.fill_(float("nan"))
-        err = rel_err(moe_decode(sets[0], x, w, out=y, gate_up=gu, down=dn), ref)
-        sec = graph_seconds(lambda i: moe_decode(sets[i % n_sets], x, w, out=y, gate_up=gu, down=dn), n_sets)
-        out.append(dict(kernel=f"moe {D}x{F} top{A}", type=qtype.name, config=f"{tag(gu)}/{tag(dn)}",
-                        us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err))
+        err = rel_err(moe_decode(ps[0], x, w, out=y, gate_up=gu, down=dn), moe_torch(ps[0].table, x, w, torch.float64))
+        sec = graph_seconds(lambda i: moe_decode(ps[i % n_sets], x, w, out=y, gate_up=gu, down=dn), n_sets)
+        return dict(kernel=f"moe {D}x{F} top{A}", type=qtype.name, config=label,
+                    us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err)
+    if qtype in INT_TYPES:
+        with float_path(qtype):
+            out.append(time(*FLOAT_MOE, f"float {tag(FLOAT_MOE[0])}/{tag(FLOAT_MOE[1])}"))
+    for gu, dn in (MOE_SWEEP if SWEEP_ON and qtype in INT_TYPES else MOE_SWEEP[:1]):
+        out.append(time(gu, dn, f"{tag(gu)}/{tag(dn)}"))
     if not BASELINE:
         return out
     sec = events_seconds(lambda: [moe_torch(sets[i].table, x, w) for i in range(n_sets)]) / n_sets
@@ -195,9 +240,10 @@ def main() -> None:
     ap.add_argument("--unified", choices=["on", "off"], default="on")
     ap.add_argument("--json", default=None)
     ap.add_argument("--torch-baseline", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
     args = ap.parse_args()
-    global BASELINE
-    BASELINE = args.torch_baseline
+    global BASELINE, SWEEP_ON
+    BASELINE, SWEEP_ON = args.torch_baseline, args.sweep
     types = [T[name] for name in args.types.split(",")]
     copy_bw = copy_bandwidth()
     rows = []
@@ -213,9 +259,9 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw, rows=rows), f, indent=1)
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)")
-    print(f"{'kernel':34} {'type':5} {'config':19} {'us':>9} {'GB/s':>7} {'frac':>5} {'rel err':>8}")
+    print(f"{'kernel':34} {'type':5} {'config':25} {'us':>9} {'GB/s':>7} {'frac':>5} {'rel err':>8}")
     for r in rows:
-        print(f"{r['kernel']:34} {r['type']:5} {r['config']:19} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
+        print(f"{r['kernel']:34} {r['type']:5} {r['config']:25} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
               f"{r['frac']:5.2f} {r['err']:8.1e}")
 
 

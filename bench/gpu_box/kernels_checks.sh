@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-timeout 150 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/engine/test_kernels.py \
+timeout 150 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/engine/test_kernels.py tests/engine/test_int_kernels.py \
   tests/engine/test_kernel_engine.py 2>&1 | tee "$OUT/kernels-tests.log" | grep -E "error|passed|failed|FAIL|Error" | tail -30
 timeout 150 python3 bench/kernels_bench.py --json "$OUT/kernels_h200.json" "$@" 2>&1 | tee "$OUT/kernels-bench.log"
 for q in ${ENGINE_QUANTS:-Q8_0 Q4_K}; do

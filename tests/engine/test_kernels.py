@@ -26,6 +26,7 @@ from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
 from sparkd.engine.kernels import dispatch  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, moe_prefill  # noqa: E402
+from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
 
 # Measured worst relative errors (docs/performance.md): float32 kernels <= 2.2e-7 on the H200 and
@@ -57,6 +58,13 @@ def random_blocks(qtype: T, n_blocks: int) -> torch.Tensor:
 
 def reference(raw: torch.Tensor, qtype: T, shape: tuple[int, int]) -> torch.Tensor:
     return quants.dequantize(raw.cpu(), qtype, shape).double()
+
+
+def act_in(qtype: T | None, x: torch.Tensor) -> torch.Tensor:
+    """What a kernel multiplies x [..., K] by: llama.cpp's int8 blocks for a family with an
+    integer step (it quantizes x itself), x as given for the others (float64)."""
+    fmt = None if qtype is None else dispatch.FAMILIES[qtype].act_fmt
+    return x.double() if fmt is None else round_activations(x.float(), fmt).double()
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
@@ -92,8 +100,8 @@ def test_gemv_matches_reference(backend, qtype, config):
         x = torch.randn(cols)
         out = torch.full((rows,), float("nan"), device=backend)
         gemv(raw.to(backend), qtype, (rows, cols), x.to(backend), out=out, config=config)
-        W = reference(raw, qtype, (rows, cols))
-        err = rel_err(out, W @ x.double(), W.abs() @ x.double().abs())
+        W, xr = reference(raw, qtype, (rows, cols)), act_in(qtype, x)
+        err = rel_err(out, W @ xr, W.abs() @ xr.abs())
         assert err < BOUNDS["fp32"], f"{qtype.name} [{rows}, {cols}]: relative error {err:.2e}"
 
 
@@ -135,8 +143,10 @@ def arena_table(gu_type: T, d_type: T, dim: int, width: int, n: int, device: str
     return table, parts[0::3], parts[1::3], parts[2::3]
 
 
-def moe_reference(x, w, gates, ups, downs, act):
-    return sum(w[i].double() * downs[i] @ ACTIVATIONS[act](gates[i] @ x.double(), ups[i] @ x.double())
+def moe_reference(x, w, gates, ups, downs, act, gu_type=None, d_type=None):
+    """Integer families' inputs rounded as the kernels (and llama.cpp) round them."""
+    xr = act_in(gu_type, x)
+    return sum(w[i].double() * downs[i] @ act_in(d_type, ACTIVATIONS[act](gates[i] @ xr, ups[i] @ xr))
                for i in range(len(gates)))
 
 
@@ -158,7 +168,7 @@ def test_moe_decode_matches_reference(backend, gu_type, d_type, act):
         x, w = torch.randn(dim), torch.rand(n)
         out = torch.full((dim,), float("nan"), device=backend)
         moe_decode(table, x.to(backend), w.to(backend), act, out=out, **TILES[backend])
-        err = rel_err(out, moe_reference(x, w, gates, ups, downs, act))
+        err = rel_err(out, moe_reference(x, w, gates, ups, downs, act, gu_type, d_type))
         assert err < BOUNDS["fp32"], f"{gu_type.name}/{d_type.name} {act}: relative error {err:.2e}"
 
 
@@ -183,7 +193,7 @@ def test_zero_copy_from_pinned_host_arena():
     assert table.gate.device.type == "cpu" and table.gate.is_pinned()
     x, w = torch.randn(2048), torch.rand(8)
     y = moe_decode(table, x.cuda(), w.cuda())
-    assert rel_err(y, moe_reference(x, w, gates, ups, downs, "silu")) < BOUNDS["fp32"]
+    assert rel_err(y, moe_reference(x, w, gates, ups, downs, "silu", T.Q4_K, T.Q6_K)) < BOUNDS["fp32"]
 
 
 # --- bad inputs: a clear error, and the output left as it was ------------------------------------

@@ -8,9 +8,9 @@ from typing import Sequence
 import torch
 from gguf.constants import GGMLQuantizationType as T
 
-from sparkd.engine.errors import EngineError, UnsupportedTypeError
+from sparkd.engine.errors import UnsupportedTypeError
 from sparkd.engine.kernels import iq4_xs, q2_k, q3_k, q4_0, q4_k, q5_k, q6_k, q8_0
-from sparkd.engine.kernels.family import Family
+from sparkd.engine.kernels.family import Family, KernelArgumentError
 
 __all__ = ["FAMILIES", "REMAINING", "Family", "KernelArgumentError", "family"]
 
@@ -18,10 +18,6 @@ FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k
 
 # Still dequantized by torch before a plain matmul, in the order they are to be written.
 REMAINING = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)
-
-
-class KernelArgumentError(EngineError, ValueError):
-    """A kernel wrapper was handed tensors that do not fit together."""
 
 
 def family(qtype: T) -> Family:

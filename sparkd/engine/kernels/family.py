@@ -23,6 +23,12 @@ elementwise float32 tile in the family's own shape, summed once after the loop (
 reduction per group); False, float32 [BN] (each group reduced at once). acc0(rmask, EW) makes the
 zero accumulator and total(acc, EW) reduces it to [BN]. Families without a dot get dequant
 followed by a multiply.
+
+idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU) contract (families whose
+activations llama.cpp rounds to int8 blocks, act_fmt "q8_0" or "q8_k"): x comes quantized
+(act_quant.QuantX: int32 words of 4 quants at xw_ptr, float32 block scales at xd_ptr, int32
+per-32 quant sums at xs_ptr for q8_k); adds group g's share of the row dot products, computed
+per block in integers with dp4a, to acc float32 [BN]. EMU: emulate dp4a (interpreter).
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gguf.constants import GGMLQuantizationType
+
+from sparkd.engine.errors import EngineError
+
+
+class KernelArgumentError(EngineError, ValueError):
+    """A kernel wrapper was handed tensors that do not fit together."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,8 @@ class Family:
     acc0: Any = None  # triton.JITFunction, with dot
     total: Any = None  # triton.JITFunction, with dot
     align: int = 2  # byte alignment the kernels' loads need of every row start (f16 scales: 2)
+    idot: Any = None  # triton.JITFunction, or None: no integer path
+    act_fmt: str | None = None  # with idot: how x is quantized (act_quant.Q8_0 / Q8_K)
     grid: str | None = None  # the gguf class whose codebook the kernels get as aux_ptr (i-quants)
 
     def row_bytes(self, cols: int) -> int:

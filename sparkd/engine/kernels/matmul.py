@@ -9,17 +9,22 @@ GEMV work split: a program owns BLOCK_N rows and one of SPLIT contiguous ranges 
 the row (split-K; the partial sums meet in the output through atomic adds, so SPLIT > 1 makes the
 last bits of y depend on arrival order); UNROLL groups are issued per loop step so more loads are
 in flight before the first is used.
+
+Families with an integer step (Family.idot: Q8_0, Q4_K) take x quantized once per call on the
+GPU (act_quant) to the int8 blocks llama.cpp multiplies in, and run row_idot: dp4a on 32-bit
+words, a float step per block. Others multiply floats (x rounded by the caller's round_x).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from sparkd.engine.kernels import dispatch
+from sparkd.engine.kernels import act_quant, dispatch
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
 # enough programs to keep every SM of a large GPU busy with a few resident programs each
@@ -33,6 +38,12 @@ class GemvConfig:
     unroll: int = 2  # groups issued per loop step
     split: int = 0  # ranges along the row (split-K); 0: chosen from the shape
     elementwise: bool = True  # accumulate a tile, reduce once at the end (False: every group)
+    dp4a: bool = True  # integer families: the dp4a instruction (False: emulate it, as the interpreter does)
+
+
+def emulate(cfg: GemvConfig, x: torch.Tensor) -> bool:
+    """Whether the integer kernels emulate dp4a: always off CUDA (the interpreter has no PTX)."""
+    return not (cfg.dp4a and x.is_cuda)
 
 
 def split_for(cfg: GemvConfig, rows: int, groups: int) -> int:
@@ -82,6 +93,37 @@ def row_dot(w_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.constexpr, A
     if not USE_DEQ:
         acc = TOTAL(acc, EW)
     return acc
+
+
+@triton.jit
+def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, IDOT: tl.constexpr,
+             UNROLL: tl.constexpr, EMU: tl.constexpr):
+    """row_dot for a family's integer step on quantized x (act_quant.QuantX): float32 [BN]."""
+    n_groups = tl.cdiv(K, 256)
+    per = tl.cdiv(n_groups, n_parts)
+    start = part * per
+    end = tl.minimum(start + per, n_groups)
+    acc = tl.zeros(rmask.shape, tl.float32)
+    for g0 in range(start, end, UNROLL):
+        for u in tl.static_range(UNROLL):
+            g = g0 + u
+            gc = tl.minimum(g, end - 1)  # past the end: read a valid group, masked out
+            m = rmask & (tl.zeros(rmask.shape, tl.int32) + g < end)
+            acc = IDOT(w_ptr, row_off, m, xw_ptr, xd_ptr, xs_ptr, gc, K, acc, EMU)
+    return acc
+
+
+@triton.jit
+def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, IDOT: tl.constexpr,
+                  BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr, EMU: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
+                   tl.program_id(1), SPLIT, IDOT, UNROLL, EMU)
+    if SPLIT == 1:
+        tl.store(y_ptr + rows, acc, mask=rmask)
+    else:
+        tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
 
 
 @triton.jit
@@ -147,9 +189,11 @@ def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tenso
 
 
 def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
-         out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+         out: torch.Tensor | None = None, config: GemvConfig | None = None,
+         round_x: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """y = W @ x for one token. weight: raw GGUF bytes of W [rows, cols]; x float32 [cols];
-    out (optional) float32 [rows] on x's device."""
+    out (optional) float32 [rows] on x's device. A family with an integer step quantizes x
+    itself, as llama.cpp does (Family.act_fmt); for the others round_x (if given) rounds x first."""
     what = f"the {qtype.name} GEMV"
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
@@ -158,6 +202,13 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if split > 1:
         y.zero_()
+    if fam.idot is not None:
+        q = act_quant.quantize(x[None], fam.act_fmt)
+        _igemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
+            weight, q.words, q.scales, q.sums, y, rows, cols, row_bytes, IDOT=fam.idot,
+            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EMU=emulate(cfg, x), num_warps=cfg.num_warps)
+        return y
+    x = x if round_x is None else round_x(x).contiguous()
     _gemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
         weight, x, y, rows, cols, row_bytes, **family_args(fam), BLOCK_N=cfg.block_n,
         UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, num_warps=cfg.num_warps)

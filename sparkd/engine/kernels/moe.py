@@ -9,6 +9,10 @@ Experts are found through a pointer/offset table, a base buffer per projection (
 may serve all three) plus a byte offset per expert, so experts in scattered cache slots need no
 gathering copy.
 
+Families with an integer step (Q8_0, Q4_K) run the integer variants of both launches: x is
+quantized once per call (act_quant) and h once per call after the activation, both as llama.cpp
+does, and the routing weight multiplies each expert's down sums before the atomic add.
+
 Prefill (many tokens): tokens are grouped by expert and each expert runs the small GEMM.
 """
 
@@ -22,8 +26,15 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from sparkd.engine.kernels import dispatch
-from sparkd.engine.kernels.matmul import GemvConfig, family_args, gemm, row_dot
+from sparkd.engine.kernels import act_quant, dispatch
+from sparkd.engine.kernels.matmul import (
+    GemvConfig,
+    emulate,
+    family_args,
+    gemm,
+    row_dot,
+    row_idot,
+)
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
 OAI_ALPHA = 1.702
@@ -72,6 +83,38 @@ def _down_kernel(down_ptr, down_off, h_ptr, y_ptr, D, F, row_bytes, DOT: tl.cons
     acc = row_dot(down_ptr, off, rmask, h_ptr + a * F, F, 0, 1, DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB,
                   SUBLEN, UNROLL, EW)
     tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
+
+
+@triton.jit
+def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, F, D,
+                     row_bytes, IDOT: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
+                     EMU: tl.constexpr, ACT: tl.constexpr):
+    """_gate_up_kernel's integer variant, x quantized."""
+    a = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < F
+    rb = rows.to(tl.int64) * row_bytes
+    g = row_idot(gate_ptr, tl.load(gate_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
+                 UNROLL, EMU)
+    u = row_idot(up_ptr, tl.load(up_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
+                 UNROLL, EMU)
+    h = _activate(g, u, ACT) * tl.load(rw_ptr + a)
+    tl.store(h_ptr + a * F + rows, h, mask=rmask)
+
+
+@triton.jit
+def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, F, row_bytes,
+                  IDOT: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr,
+                  XBLOCK: tl.constexpr):
+    """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
+    QuantX), each expert's sums times its routing weight."""
+    a = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < D
+    off = tl.load(down_off + a) + rows.to(tl.int64) * row_bytes
+    acc = row_idot(down_ptr, off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                   hs_ptr + a * (F // 32), F, 0, 1, IDOT, UNROLL, EMU)
+    tl.atomic_add(y_ptr + rows, acc * tl.load(rw_ptr + a), mask=rmask, sem="relaxed")
 
 
 @dataclass(frozen=True)
@@ -141,15 +184,17 @@ DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
                out: torch.Tensor | None = None, gate_up: GemvConfig = GATE_UP_CONFIG,
-               down: GemvConfig = DOWN_CONFIG, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None
-               ) -> torch.Tensor:
+               down: GemvConfig = DOWN_CONFIG, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
+               round_x: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
     x float32 [D]; route_weights float32 [n] (one per table entry, on x's device) -> y [D]
     (written into `out` if given: float32 [D] on x's device). gate_up/down: tile shapes (their
-    split is ignored: the activation needs whole sums, and down splits over experts). round_h, if
-    given, rounds the activations [n, F] before the down projection as llama.cpp does (then the
-    routing weight is applied after the rounding, in torch, between the two launches)."""
+    split is ignored: the activation needs whole sums, and down splits over experts).
+    A projection whose family has an integer step quantizes its input itself as llama.cpp does
+    (x before gate/up, the activations [n, F] before down). For the others, round_x and round_h
+    (if given) round x and the activations in torch first (the routing weight then applies after
+    the rounding, between the two launches). No host sync: usable in a CUDA graph capture."""
     what = "the MoE decode kernels"
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
@@ -159,7 +204,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
         raise dispatch.KernelArgumentError(f"could not run {what}: the table was prepared for "
                                            f"{p.device}, activations are on {x.device}")
     dispatch.check_activations(x, p.table.dim, what)
-    n, D, F = p.gate_off.numel(), p.table.dim, p.table.width  # a selection may hold fewer than the table
+    n, D = p.gate_off.numel(), p.table.dim  # a selection may hold fewer than the table
     if x.dim() != 1 or route_weights.shape != (n,) or route_weights.dtype != torch.float32 \
             or route_weights.device != x.device:
         raise dispatch.KernelArgumentError(
@@ -167,20 +212,52 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
             f"x {list(x.shape)}, weights {list(route_weights.shape)} {route_weights.dtype} on "
             f"{route_weights.device}")
     dispatch.check_out(out, (D,), x.device, what)
-    h = torch.empty(n, F, dtype=torch.float32, device=x.device)
-    rw = route_weights.contiguous() if round_h is None else torch.ones_like(route_weights)
-    _gate_up_kernel[(triton.cdiv(F, gate_up.block_n), n)](
-        p.table.gate, p.table.up, p.gate_off, p.up_off, x, rw, h, F, D,
-        p.gate_up_row_bytes, **family_args(p.gate_up), BLOCK_N=gate_up.block_n, UNROLL=gate_up.unroll,
-        EW=gate_up.elementwise, ACT=ACT_CODES[act], num_warps=gate_up.num_warps)
-    if round_h is not None:
-        h = (round_h(h) * route_weights[:, None]).contiguous()
+    rw = route_weights.contiguous()
+    # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
+    late_rw = p.down.idot is not None or round_h is not None
+    h = _gate_up(p, x, torch.ones_like(rw) if late_rw else rw, act, gate_up, round_x)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     y.zero_()
-    _down_kernel[(triton.cdiv(D, down.block_n), n)](
-        p.table.down, p.down_off, h, y, D, F, p.down_row_bytes, **family_args(p.down),
-        BLOCK_N=down.block_n, UNROLL=down.unroll, EW=down.elementwise, num_warps=down.num_warps)
+    _down(p, h, rw, y, down, round_h)
     return y
+
+
+def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, act: str, cfg: GemvConfig,
+             round_x: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    """h [n, F] = rw * act(gate x, up x), one launch over all n experts."""
+    n, D, F = p.gate_off.numel(), p.table.dim, p.table.width
+    h = torch.empty(n, F, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(F, cfg.block_n), n)
+    if p.gate_up.idot is not None:
+        q = act_quant.quantize(x[None], p.gate_up.act_fmt)
+        _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, q.words, q.scales, q.sums,
+                               rw, h, F, D, p.gate_up_row_bytes, IDOT=p.gate_up.idot, BLOCK_N=cfg.block_n,
+                               UNROLL=cfg.unroll, EMU=emulate(cfg, x), ACT=ACT_CODES[act],
+                               num_warps=cfg.num_warps)
+        return h
+    x = x if round_x is None else round_x(x).contiguous()
+    _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, x, rw, h, F, D,
+                          p.gate_up_row_bytes, **family_args(p.gate_up), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
+                          EW=cfg.elementwise, ACT=ACT_CODES[act], num_warps=cfg.num_warps)
+    return h
+
+
+def _down(p: PreparedTable, h: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
+          round_h: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+    """y (zeroed) += sum_a down_a @ h[a], the routing weight applied here unless already in h."""
+    n, D, F = p.down_off.numel(), p.table.dim, p.table.width
+    grid = (triton.cdiv(D, cfg.block_n), n)
+    if p.down.idot is not None:
+        q = act_quant.quantize(h, p.down.act_fmt)
+        _idown_kernel[grid](p.table.down, p.down_off, q.words, q.scales, q.sums, rw, y, D, F,
+                            p.down_row_bytes, IDOT=p.down.idot, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
+                            EMU=emulate(cfg, h), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
+                            num_warps=cfg.num_warps)
+        return
+    if round_h is not None:
+        h = (round_h(h) * rw[:, None]).contiguous()
+    _down_kernel[grid](p.table.down, p.down_off, h, y, D, F, p.down_row_bytes, **family_args(p.down),
+                       BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, num_warps=cfg.num_warps)
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:

@@ -8,12 +8,18 @@ The GEMV step loads qs and the scales as 32-bit words (blocks are 16-byte aligne
 rows start 4-byte aligned in the kernels' buffers), turns nibbles into floats through the
 mantissa of 2^23 (no conversion unit), and applies each sub-block's scale and min once to its
 sums: sum_i v_i x_i = d*scale*sum_i q_i x_i - dmin*min*sum_i x_i.
+
+The integer step (idot) takes x as Q8_K (int8 quants, one f32 scale per 256, per-32 quant sums)
+and does llama.cpp's arithmetic: dp4a of masked nibble words with x words per sub-block, the
+6-bit scales and mins applied in integers, one float step per super-block:
+d_x * (d * sum_s sc_s * isum_s - dmin * sum_s mn_s * xsum_s).
 """
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from sparkd.engine.kernels.act_quant import Q8_K, dp4a
 from sparkd.engine.kernels.family import Family
 
 _TWO23_BITS = tl.constexpr(0x4B000000)
@@ -22,7 +28,15 @@ _TWO23 = tl.constexpr(8388608.0)
 
 @triton.jit
 def scale_min(sb, s, mask):
-    """The 6-bit (scale, min) of sub-blocks s (any int shape) from the 12 bytes at sb (4-aligned)."""
+    """The 6-bit (scale, min) of sub-blocks s (any int shape) from the 12 bytes at sb (4-aligned),
+    as float32."""
+    sc, mn = scale_min_int(sb, s, mask)
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def scale_min_int(sb, s, mask):
+    """scale_min as int32."""
     p = sb.to(tl.pointer_type(tl.int32))
     sh = (s % 4) * 8
     a = (tl.load(p, mask=mask, other=0) >> sh) & 0xFF
@@ -31,7 +45,7 @@ def scale_min(sb, s, mask):
     low = s < 4
     sc = tl.where(low, a & 63, (c & 0xF) | ((a >> 2) & 0x30))
     mn = tl.where(low, b & 63, (c >> 4) | ((b >> 2) & 0x30))
-    return sc.to(tl.float32), mn.to(tl.float32)
+    return sc, mn
 
 
 @triton.jit
@@ -91,4 +105,25 @@ def dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     return acc
 
 
-FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4)
+@triton.jit
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.constexpr):
+    j = tl.arange(0, 4)[None, :, None]  # 32-byte chunk of qs: sub-blocks 2j (low), 2j+1 (high)
+    w = tl.arange(0, 8)[None, None, :]  # word in the chunk
+    blk = w_ptr + row_off + g * 144  # [BN]
+    m = rmask[:, None, None]
+    words = tl.load((blk[:, None, None] + 16).to(tl.pointer_type(tl.int32)) + j * 8 + w, mask=m, other=0)
+    xw = xw_ptr + g * 64 + j * 16 + w  # x words of sub-block 2j; 2j+1 follows 8 words later
+    lo = tl.sum(dp4a(words & 0x0F0F0F0F, tl.load(xw), EMU), 2)  # [BN, 4]
+    hi = tl.sum(dp4a((words >> 4) & 0x0F0F0F0F, tl.load(xw + 8), EMU), 2)
+    s = 2 * tl.arange(0, 4)[None, :]  # [1, 4]
+    sc_lo, mn_lo = scale_min_int(blk[:, None] + 4, s, rmask[:, None])
+    sc_hi, mn_hi = scale_min_int(blk[:, None] + 4, s + 1, rmask[:, None])
+    xs = xs_ptr + g * 8 + s
+    qsum = tl.sum(sc_lo * lo + sc_hi * hi, 1)  # [BN], int32
+    msum = tl.sum(mn_lo * tl.load(xs) + mn_hi * tl.load(xs + 1), 1)
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    return acc + tl.load(xd_ptr + g) * (d * qsum.to(tl.float32) - dmin * msum.to(tl.float32))
+
+
+FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4, idot=idot, act_fmt=Q8_K)

@@ -7,12 +7,16 @@ The GEMV step loads the quants as 16-bit pairs (blocks are only 2-byte aligned) 
 byte into a float by OR-ing it into the mantissa of 2^23 (one integer op and one add instead of
 the conversion unit, which runs at an eighth of the FMA rate on Hopper); the block's scale is
 applied once to its 32-value sum.
+
+The integer step (idot) takes x as Q8_0 blocks too and multiplies 4 quants at a time with dp4a
+on 32-bit words built from two 16-bit loads; one float step per block: d_w * d_x * sum.
 """
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from sparkd.engine.kernels.act_quant import Q8_0, dp4a
 from sparkd.engine.kernels.family import Family
 
 # 2^23 + 128: (byte ^ 0x80) | bits(2^23) read as float is 2^23 + 128 + the int8 value
@@ -66,4 +70,21 @@ def dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     return acc
 
 
-FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot, acc0, total)
+@triton.jit
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.constexpr):
+    b = g * 8 + tl.arange(0, 8)[None, :, None]  # block index along the row [1, 8, 1]
+    w = tl.arange(0, 8)[None, None, :]  # 32-bit word in the block
+    bmask = b * 32 < K
+    m = rmask[:, None, None] & bmask
+    blk = w_ptr + row_off[:, None, None] + b * 34  # [BN, 8, 1]
+    half = (blk + 2).to(tl.pointer_type(tl.int16)) + 2 * w
+    lo = tl.load(half, mask=m, other=0).to(tl.int32) & 0xFFFF
+    hi = tl.load(half + 1, mask=m, other=0).to(tl.int32)
+    xw = tl.load(xw_ptr + b * 8 + w, mask=bmask, other=0)  # [1, 8, 8]
+    isum = tl.sum(dp4a(lo | (hi << 16), xw, EMU), 2)  # [BN, 8]
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+    dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)
+    return acc + tl.sum(isum.to(tl.float32) * tl.sum(d * dx, 2), 1)
+
+
+FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot, acc0, total, idot=idot, act_fmt=Q8_0)

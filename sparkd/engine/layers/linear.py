@@ -47,17 +47,21 @@ class KernelLinear(nn.Module):
     def out_features(self) -> int:
         return self.shape[0]
 
+    def _round(self, x: torch.Tensor) -> torch.Tensor:
+        return round_activations(x, self.act_fmt)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv
 
         lead = x.shape[:-1]
-        h = round_activations(x, self.act_fmt).reshape(-1, self.shape[1]).float().contiguous()
+        h = x.reshape(-1, self.shape[1]).float().contiguous()
         if h.shape[0] == 1:
             # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
             cfg = None if h.is_cuda else GemvConfig(block_n=64)
-            y = gemv(self.raw, self.qtype, self.shape, h[0], config=cfg)[None]
+            # integer kernels (Q8_0, Q4_K) quantize x themselves, as round_x would
+            y = gemv(self.raw, self.qtype, self.shape, h[0], config=cfg, round_x=self._round)[None]
         else:
-            y = gemm(self.raw, self.qtype, self.shape, h, precision="ieee")
+            y = gemm(self.raw, self.qtype, self.shape, self._round(h).contiguous(), precision="ieee")
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.shape[0])

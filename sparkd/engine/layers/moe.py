@@ -118,10 +118,11 @@ class MoE(nn.Module):
         from sparkd.engine.kernels.matmul import GemvConfig
         from sparkd.engine.kernels.moe import moe_decode
 
-        h = round_activations(x[None], sel.act_gate)[0].float().contiguous()
         # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
         tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64)}
-        return moe_decode(sel.prepared, h, w, self.act_name, round_h=_rounder(sel.act_down), **tiles)
+        # integer kernels (Q8_0, Q4_K) quantize x and h themselves, as round_x/round_h would
+        return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
+                          round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), **tiles)
 
     def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
                shared_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

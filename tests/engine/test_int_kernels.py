@@ -1,0 +1,96 @@
+"""The integer path of the Q8_0 and Q4_K kernels: activations quantized on the device exactly as
+act_round (and llama.cpp) rounds them, dp4a against its emulation, and the kernels inside a CUDA
+graph capture. The kernels' results against the float64 reference are in test_kernels.py (its
+references round x as these kernels do).
+
+Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
+"""
+
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from test_kernels import BACKENDS, arena_table, random_blocks  # noqa: E402
+
+from sparkd.engine.kernels import act_quant, dispatch  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
+from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
+from sparkd.engine.layers.act_round import round_activations  # noqa: E402
+
+DEV = "cuda" if ON_GPU else "cpu"
+
+
+def awkward_x(rows: int, cols: int) -> torch.Tensor:
+    """Random rows at mixed magnitudes, plus the edge cases of the scale: a zero block, the
+    largest magnitude held by a negative value, and a tie between +max and -max."""
+    x = torch.randn(rows, cols) * 10.0 ** torch.empty(rows, 1).uniform_(-3, 2)
+    x[0, :256] = 0.0
+    x[-1, 7] = -x[-1].abs().max() * 1.5
+    x[-1, 300] = -x[-1, 7]
+    return x
+
+
+@pytest.mark.parametrize("fmt", [act_quant.Q8_0, act_quant.Q8_K])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quantized_x_equals_act_round_bit_for_bit(backend, fmt):
+    x = awkward_x(3, 1024 if backend == "cuda" else 512)
+    q = act_quant.quantize(x.to(backend), fmt)
+    assert torch.equal(q.dequantize().cpu(), round_activations(x, fmt))
+    if fmt == act_quant.Q8_K:  # the per-32 sums the min term uses
+        quants = q.words.view(torch.int8).cpu().int()
+        assert torch.equal(quants.reshape(3, -1, 32).sum(-1), q.sums.cpu())
+
+
+@pytest.mark.parametrize("case", ["dtype", "cols", "fmt", "dims"])
+def test_quantize_rejects_bad_arguments(case):
+    x = torch.randn(2, 256, device=DEV)
+    arg, fmt = {"dtype": (x.double(), "q8_0"), "cols": (x[:, :48].contiguous(), "q8_0"),
+                "fmt": (x, "q4_0"), "dims": (x[0], "q8_k")}[case]
+    with pytest.raises(dispatch.KernelArgumentError, match="could not run the q[48]_[0k] quantization"):
+        act_quant.quantize(arg, fmt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_dp4a_matches_its_emulation(qtype):
+    """The PTX dp4a and the shift-and-multiply emulation the interpreter runs give the same sums
+    (bitwise, no split-K: the float steps happen in the same order)."""
+    rows, cols = 1031, 4096
+    raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values).cuda()
+    x = torch.randn(cols, device="cuda")
+    got = [gemv(raw, qtype, (rows, cols), x, config=GemvConfig(split=1, dp4a=asm)) for asm in (True, False)]
+    assert torch.equal(*got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_integer_kernels_replay_in_a_cuda_graph(qtype):
+    """Quantizing x, the GEMV and the MoE decode capture into one graph; a replay with new inputs
+    gives what a direct call gives (no host sync, nothing decided on device values)."""
+    rows, dim, width, n = 515, 2048, 768, 8
+    raw = random_blocks(qtype, rows * dim // dispatch.FAMILIES[qtype].block_values).cuda()
+    table = prepare(arena_table(qtype, qtype, dim, width, n, "cuda")[0], "cuda")  # offsets copied before
+    x, w = torch.randn(dim, device="cuda"), torch.rand(n, device="cuda")
+    y_lin, y_moe = torch.empty(rows, device="cuda"), torch.empty(dim, device="cuda")
+    cfg = GemvConfig(split=1)
+
+    def step():
+        gemv(raw, qtype, (rows, dim), x, out=y_lin, config=cfg)
+        moe_decode(table, x, w, out=y_moe)
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    x.copy_(torch.randn(dim, device="cuda"))
+    w.copy_(torch.rand(n, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_lin, gemv(raw, qtype, (rows, dim), x, config=cfg))
+    assert torch.allclose(y_moe, moe_decode(table, x, w), rtol=1e-5, atol=1e-6)  # atomic add order
