@@ -16,9 +16,9 @@ dequant(w_ptr, aux_ptr, row_off, g, smask) contract:
   smask   bool [BN, NSUB, 1]: which (row, sub-block) pairs exist (row past the end, or a Q8_0
           row that ends inside the group); masked values must come back as 0.
 
-dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW) contract: aux_ptr as above, row_off int64 [BN], rmask bool [BN]
-(False rows contribute 0 and are not read), x float32 [K]; adds group g's share of
-sum_k W[row, k] * x[k] to acc and returns it. EW (compile-time) picks the accumulator: True, an
+dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW) contract: aux_ptr as above, row_off
+int64 [BN], rmask bool [BN] (False rows contribute 0 and are not read), x float32 [K]; adds group
+g's share of sum_k W[row, k] * x[k] to acc and returns it. EW (compile-time) picks the accumulator: True, an
 elementwise float32 tile in the family's own shape, summed once after the loop (no cross-thread
 reduction per group); False, float32 [BN] (each group reduced at once). acc0(rmask, EW) makes the
 zero accumulator and total(acc, EW) reduces it to [BN]. Families without a dot get dequant
