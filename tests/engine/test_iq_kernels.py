@@ -1,6 +1,8 @@
 """The i-quant families' Triton dequant (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S) value by value against
 the torch CPU reference (quants.dequantize, itself checked against gguf-py and llama.cpp), through
-a small harness kernel that calls a family's dequant on a tile of rows and stores the values.
+a small harness kernel that calls a family's dequant on a tile of rows and stores the values; and
+the MoE decode kernels on the Kimi K3 expert mix at its real shapes (GPU). The GEMV, GEMM and tiny
+MoE checks for these families run with every other family's in test_kernels.py.
 
 Random bytes are valid blocks for these layouts (every index fits its grid, every sign index its
 table) once the f16 scale is made finite, so the blocks are random bytes with a random scale.
@@ -23,6 +25,8 @@ import triton.language as tl  # noqa: E402
 
 from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.kernels import grids, iq1_s, iq2_xs, iq2_xxs, iq3_xxs  # noqa: E402
+from sparkd.engine.kernels.moe import ExpertTable, moe_decode  # noqa: E402
+from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
 
 FAMILIES = {m.FAMILY.qtype: m.FAMILY for m in (iq2_xxs, iq2_xs, iq3_xxs, iq1_s)}
 BACKENDS = [
@@ -124,3 +128,34 @@ def test_grid_tables_are_the_gguf_codebooks():
         assert table.dtype == torch.int8 and torch.equal(table.float(), torch.from_numpy(cls.grid.reshape(-1)))
         assert grids.grid_table(fam.grid, "cpu") is table  # made once per device
     assert grids.grid_table(None, "cpu").numel() == 1
+
+
+# the kimi-k3 preset's experts: latent width 3584 in, 3072 wide, top-16; gate/up IQ1_S, down
+# IQ2_XXS (IQ2_XS in MoE layers 1-11), as unsloth's UD-IQ1_S file (tests/engine/test_sparse_model.py)
+K3_DIM, K3_WIDTH, K3_TOP = 3584, 3072, 16
+BOUND = 5e-6  # float32 kernels, as test_kernels.BOUNDS["fp32"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("down_type", [T.IQ2_XXS, T.IQ2_XS], ids=lambda t: t.name)
+@pytest.mark.parametrize("pinned", [False, True], ids=["resident", "zero_copy"])
+def test_moe_decode_kimi_k3_expert_mix(down_type, pinned):
+    """16 experts at the real shapes, one buffer per projection (as KernelExperts holds them), or
+    pinned host memory read in place (--unified on); reference dequantized by quants on the GPU."""
+    n, D, F = K3_TOP, K3_DIM, K3_WIDTH
+    bufs = [iq_blocks(T.IQ1_S, n * F * D // 256), iq_blocks(T.IQ1_S, n * F * D // 256),
+            iq_blocks(down_type, n * D * F // 256)]
+    want = [quants.dequantize(bufs[0].cuda(), T.IQ1_S, (n, F, D)).double(),
+            quants.dequantize(bufs[1].cuda(), T.IQ1_S, (n, F, D)).double(),
+            quants.dequantize(bufs[2].cuda(), down_type, (n, D, F)).double()]
+    bufs = [b.pin_memory() if pinned else b.cuda() for b in bufs]
+    offs = [[e * b.numel() // n for e in range(n)] for b in bufs]
+    table = ExpertTable(*bufs, *offs, T.IQ1_S, down_type, D, F)
+    x, w = torch.randn(D, device="cuda"), torch.rand(n, device="cuda")
+    out = torch.full((D,), float("nan"), device="cuda")
+    moe_decode(table, x, w, "silu", out=out)
+    g, u = want[0] @ x.double(), want[1] @ x.double()  # [n, F]
+    ref = (w.double()[:, None] * (want[2] @ ACTIVATIONS["silu"](g, u)[:, :, None])[..., 0]).sum(0)
+    assert torch.isfinite(out).all(), "an output element was not written"
+    err = float((out.double() - ref).norm() / ref.norm())
+    assert err < BOUND, f"IQ1_S/{down_type.name} at [{F}, {D}] x {n}: relative error {err:.2e}"
