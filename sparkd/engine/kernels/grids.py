@@ -21,10 +21,13 @@ _PLACEHOLDER = "none"
 
 
 def grid_table(name: str | None, device: torch.device | str) -> torch.Tensor:
-    """The named family's codebook (int8, flat) on `device`, made on first use; for None a
-    one-byte placeholder, so every kernel gets a valid pointer."""
-    probe = torch.empty(0, device=device)  # "cuda" -> "cuda:0", one cache entry per real device
-    return _table(name or _PLACEHOLDER, probe.device)
+    """The named family's codebook (int8, flat) on `device`, made on first use (make it before a
+    CUDA graph capture: prepare() does); for None a one-byte placeholder, so every kernel gets a
+    valid pointer. A cache lookup per call: the kernel wrappers call it on every launch."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # one cache entry per real device
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _table(name or _PLACEHOLDER, device)
 
 
 @functools.cache
