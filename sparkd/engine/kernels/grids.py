@@ -4,7 +4,7 @@ from the gguf package's grids (the same data the CPU reference, quant_grids, dec
 Each is int8, entry e's values at [e * width, e * width + width): every grid value is a small
 integer (IQ1_S -1/0/1, IQ2 8/25/43, IQ3_XXS 4..62), so a byte holds it exactly and the tables stay
 in L1/L2 (IQ1_S, the largest, is 16 KiB). The sign table (ksigns) needs no memory: entry i is i
-with an even-parity eighth bit, which the kernels compute (sign_bit).
+with an even-parity eighth bit, which the kernels compute (iq_common.ksigns).
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
 from gguf import quants as gq
 
 # family.Family.grid names one of these gguf classes; the placeholder serves families without one
@@ -42,19 +40,3 @@ def _table(name: str, device: torch.device) -> torch.Tensor:
                          f"or fractions (gguf changed its tables)")
     return values.to(torch.int8).to(device)
 
-
-@triton.jit
-def sign_bit(idx, j):
-    """Bit j (0..7) of ksigns[idx] for 7-bit idx: bits 0..6 are idx, bit 7 its parity."""
-    p = idx ^ (idx >> 4)
-    p = p ^ (p >> 2)
-    p = p ^ (p >> 1)
-    return ((idx | ((p & 1) << 7)) >> j) & 1
-
-
-@triton.jit
-def load_u32(ptr, mask):
-    """A little-endian uint32 at a 2-aligned byte address, as int32 (two 16-bit loads)."""
-    lo = tl.load(ptr.to(tl.pointer_type(tl.uint16)), mask=mask, other=0).to(tl.int32)
-    hi = tl.load((ptr + 2).to(tl.pointer_type(tl.uint16)), mask=mask, other=0).to(tl.int32)
-    return lo | (hi << 16)

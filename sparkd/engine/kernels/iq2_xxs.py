@@ -4,6 +4,9 @@ Eight sub-blocks of 32 values; sub-block s's aux word holds four 7-bit sign indi
 and a 4-bit scale (bits 28..31). Value i of sub-block s is
 d * (0.5 + scale) / 4 * grid[index i//8][i%8] * (-1 if bit i%8 of ksigns[sign index i//8]),
 grid being ggml's 256 x 8 iq2xxs codebook (grids.grid_table).
+
+The GEMV step works per grid entry (iq_common's [BN, 8, 4, 2, 4] layout): one index byte, one
+sign byte and two 32-bit table words per 8 values; bytes become floats through the mantissa.
 """
 
 import triton
@@ -11,7 +14,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.grids import load_u32, sign_bit
+from sparkd.engine.kernels.iq_common import acc0, accumulate, grid_values, ksigns, load_u32, sign_bit, total
 
 
 @triton.jit
@@ -29,4 +32,24 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     return (db * grid) * (1 - 2 * neg).to(tl.float32)
 
 
-FAMILY = Family(T.IQ2_XXS, 256, 66, 8, 32, dequant, grid="IQ2_XXS")
+@triton.jit
+def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
+    a = tl.arange(0, 8)[None, :, None, None, None]  # sub-block
+    l = tl.arange(0, 4)[None, None, :, None, None]  # grid entry
+    h = tl.arange(0, 2)[None, None, None, :, None]  # table word of the entry
+    b = tl.arange(0, 4)[None, None, None, None, :]  # byte of the word
+    m = rmask[:, None, None, None, None]
+    blk = w_ptr + row_off[:, None, None, None, None] + g * 66  # [BN, 1, 1, 1, 1]
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+    sub = blk + 2 + 8 * a  # [BN, 8, 1, 1, 1]
+    aux = load_u32(sub + 4, m)
+    db = d * (0.5 + ((aux >> 28) & 0xF).to(tl.float32)) * 0.25
+    idx = tl.load(sub + l, mask=m, other=0).to(tl.int32)  # [BN, 8, 4, 1, 1]
+    words = tl.load(aux_ptr.to(tl.pointer_type(tl.int32)) + idx * 2 + h)  # [BN, 8, 4, 2, 1]
+    signs = ksigns((aux >> (7 * l)) & 0x7F)
+    q = grid_values(words, b, (signs >> (4 * h + b)) & 1)
+    x = tl.load(x_ptr + g * 256 + 32 * a + 8 * l + 4 * h + b)  # [1, 8, 4, 2, 4]
+    return accumulate(acc, q, x, db, EW)
+
+
+FAMILY = Family(T.IQ2_XXS, 256, 66, 8, 32, dequant, dot, acc0, total, grid="IQ2_XXS")

@@ -1,0 +1,73 @@
+"""Steps the i-quant families (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S) share: the ksigns sign table
+computed instead of looked up, unaligned 32-bit loads, grid bytes to floats, and the GEMV `dot`
+accumulator.
+
+Their dots all lay a 256-value group out as [BN, 8, 4, 2, 4]: value v = 32a + 8l + 4h + b, i.e.
+32-value sub-block a, 8-value grid entry (or sign group) l, 32-bit half h of the entry, byte b.
+Per-entry work (index, sign byte, table word) then happens once per [BN, 8, 4, ...] element, not
+once per value, and x is read as contiguous runs of 4.
+"""
+
+import triton
+import triton.language as tl
+
+# byte ^ 0x4B000080 read as float is 2^23 + 128 + the byte as int8 (no conversion unit)
+_MAGIC_BITS = tl.constexpr(0x4B000080)
+_MAGIC = tl.constexpr(8388736.0)
+
+
+@triton.jit
+def ksigns(idx):
+    """ksigns[idx] for 7-bit idx (int32): bits 0..6 are idx, bit 7 makes the parity even."""
+    p = idx ^ (idx >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return idx | ((p & 1) << 7)
+
+
+@triton.jit
+def sign_bit(idx, j):
+    """Bit j (0..7) of ksigns[idx]: 1 where the value is negated."""
+    return (ksigns(idx) >> j) & 1
+
+
+@triton.jit
+def load_u32(ptr, mask):
+    """A little-endian uint32 at a 2-aligned byte address, as int32 (two 16-bit loads)."""
+    lo = tl.load(ptr.to(tl.pointer_type(tl.uint16)), mask=mask, other=0).to(tl.int32)
+    hi = tl.load((ptr + 2).to(tl.pointer_type(tl.uint16)), mask=mask, other=0).to(tl.int32)
+    return lo | (hi << 16)
+
+
+@triton.jit
+def grid_values(word, b, neg):
+    """Byte b of the int32 grid words as float32 (an int8 grid value), negated where neg is 1."""
+    f = (((word >> (8 * b)) & 0xFF) ^ _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC
+    return (f.to(tl.int32, bitcast=True) ^ (neg << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def acc0(rmask, EW: tl.constexpr):
+    if EW:
+        acc = tl.zeros((rmask.shape[0], 8, 4, 2, 4), tl.float32)
+    else:
+        acc = tl.zeros(rmask.shape, tl.float32)
+    return acc
+
+
+@triton.jit
+def total(acc, EW: tl.constexpr):
+    if EW:
+        acc = tl.sum(tl.sum(tl.sum(tl.sum(acc, 4), 3), 2), 1)
+    return acc
+
+
+@triton.jit
+def accumulate(acc, q, x, scale, EW: tl.constexpr):
+    """acc += sum of q * x * scale, q and x [BN, 8, 4, 2, 4], scale [BN, 8, 1 or 4, 1, 1] (one
+    per sub-block or per entry): elementwise (EW) or with the scale applied to entry sums."""
+    if EW:  # masked rows have scale 0
+        acc += (q * x) * scale
+    else:
+        acc += tl.sum(tl.sum(tl.sum(tl.sum(q * x, 4), 3) * tl.sum(tl.sum(scale, 4), 3), 2), 1)
+    return acc
