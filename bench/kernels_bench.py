@@ -29,8 +29,6 @@ from sparkd.engine import quants
 from sparkd.engine.kernels import dispatch
 from sparkd.engine.kernels.matmul import GemvConfig, gemv
 from sparkd.engine.kernels.moe import (
-    DOWN_CONFIG,
-    GATE_UP_CONFIG,
     ExpertTable,
     moe_decode,
     prepare,
@@ -50,16 +48,19 @@ INT_TYPES = (T.Q8_0, T.Q4_K)  # families with an integer step
 IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)  # GEMV dot timed next to dequant-then-multiply
 NO_DOT = dict(dot=None, acc0=None, total=None)
 SWEEP_ON = False  # --sweep
-# GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split; 0 = auto)
+# GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split (0 = auto),
+# elementwise tile); the session-3 run had the per-group reduction only (elementwise False)
 SWEEP = [GemvConfig(*c) for c in (
-    (4, 1, 1, 0), (4, 1, 2, 0), (8, 1, 1, 0), (8, 2, 1, 0), (16, 2, 1, 0), (16, 4, 1, 0), (32, 4, 1, 0),
-    (8, 1, 2, 0), (64, 4, 1, 0))]
+    (4, 1, 1, 0, False), (4, 1, 2, 0, False), (8, 1, 1, 0, False), (8, 2, 1, 0, False), (16, 2, 1, 0, False),
+    (16, 4, 1, 0, False), (32, 4, 1, 0, False), (64, 4, 1, 0, False), (4, 1, 2, 0, True), (8, 1, 1, 0, True),
+    (16, 2, 1, 0, True), (64, 4, 1, 0, True), (16, 4, 2, 0, True), (64, 4, 2, 0, True))]
 FLOAT_BEST = GemvConfig(4, 2, 2, 0, True)  # the float path's best tiles in the session-2 sweep
 FLOAT_MOE = (GemvConfig(8, 1, 1, 0, True), GemvConfig(4, 1, 1, 0, True))
 # MoE (gate/up tile, down tile) pairs tried for the integer path; the first is the default
-MOE_SWEEP = [(GATE_UP_CONFIG, DOWN_CONFIG)] + [(GemvConfig(*a), GemvConfig(*b)) for a, b in (
-    ((4, 1, 1, 0), (4, 1, 1, 0)), ((8, 1, 1, 0), (8, 1, 1, 0)), ((16, 2, 1, 0), (8, 2, 1, 0)),
-    ((16, 4, 1, 0), (16, 4, 1, 0)), ((32, 4, 1, 0), (16, 4, 1, 0)))]
+MOE_SWEEP = [(None, None)] + [(GemvConfig(*a), GemvConfig(*b)) for a, b in (
+    ((4, 1, 1, 0, False), (4, 1, 1, 0, False)), ((8, 1, 1, 0, False), (8, 1, 1, 0, False)),
+    ((16, 2, 1, 0, False), (8, 2, 1, 0, False)), ((16, 4, 1, 0, False), (16, 4, 1, 0, False)),
+    ((4, 1, 2, 0, True), (4, 1, 1, 0, True)), ((16, 4, 1, 0, True), (16, 4, 1, 0, True)))]
 
 
 @contextlib.contextmanager
@@ -74,7 +75,9 @@ def float_path(qtype: T, **without):
         dispatch.FAMILIES[qtype] = fam
 
 
-def tag(cfg: GemvConfig) -> str:
+def tag(cfg: GemvConfig | None) -> str:
+    if cfg is None:
+        return "default"
     return f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
 
 
@@ -140,7 +143,7 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
     W = quants.dequantize(ws[0], qtype, (rows, cols)).double()
     out, y = [], torch.empty(rows, device="cuda")
 
-    def time(cfg: GemvConfig, label: str) -> dict:
+    def time(cfg: GemvConfig | None, label: str) -> dict:
         y.fill_(float("nan"))
         err = rel_err(gemv(ws[0], qtype, (rows, cols), x, out=y, config=cfg), W @ x_in(qtype, x).double())
         sec = graph_seconds(lambda i: gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg), n)
@@ -151,8 +154,8 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
             out.append(time(FLOAT_BEST, f"float {tag(FLOAT_BEST)}"))
     if qtype in IQ_TYPES:
         with float_path(qtype, **NO_DOT):
-            out.append(time(GemvConfig(), f"dequant {tag(GemvConfig())}"))
-    for cfg in (SWEEP if SWEEP_ON and qtype in INT_TYPES else [GemvConfig()]):
+            out.append(time(None, "dequant default"))
+    for cfg in (SWEEP if SWEEP_ON and qtype in INT_TYPES else [None]):
         out.append(time(cfg, tag(cfg)))
     if not BASELINE:
         return out
@@ -207,7 +210,7 @@ def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
     x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
     out, y, nbytes = [], torch.empty(D, device="cuda"), A * expert_bytes
 
-    def time(gu: GemvConfig, dn: GemvConfig, label: str) -> dict:
+    def time(gu: GemvConfig | None, dn: GemvConfig | None, label: str) -> dict:
         ps = [prepare(p.table, "cuda") for p in sets]  # the family as it is now (float_path)
         y.fill_(float("nan"))
         err = rel_err(moe_decode(ps[0], x, w, out=y, gate_up=gu, down=dn), moe_torch(ps[0].table, x, w, torch.float64))
@@ -219,7 +222,7 @@ def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
             out.append(time(*FLOAT_MOE, f"float {tag(FLOAT_MOE[0])}/{tag(FLOAT_MOE[1])}"))
     if qtype in IQ_TYPES:
         with float_path(qtype, **NO_DOT):
-            out.append(time(*MOE_SWEEP[0], f"dequant {tag(MOE_SWEEP[0][0])}/{tag(MOE_SWEEP[0][1])}"))
+            out.append(time(None, None, "dequant default"))
     for gu, dn in (MOE_SWEEP if SWEEP_ON and qtype in INT_TYPES else MOE_SWEEP[:1]):
         out.append(time(gu, dn, f"{tag(gu)}/{tag(dn)}"))
     if not BASELINE:

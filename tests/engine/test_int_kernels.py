@@ -42,7 +42,8 @@ def awkward_x(rows: int, cols: int) -> torch.Tensor:
 def test_quantized_x_equals_act_round_bit_for_bit(backend, fmt):
     x = awkward_x(3, 1024 if backend == "cuda" else 512)
     q = act_quant.quantize(x.to(backend), fmt)
-    assert torch.equal(q.dequantize().cpu(), round_activations(x, fmt))
+    # + 0.0: a zero quant times a negative scale is -0.0 here, +0.0 in torch's rounding
+    assert torch.equal(q.dequantize().cpu() + 0.0, round_activations(x, fmt) + 0.0)
     if fmt == act_quant.Q8_K:  # the per-32 sums the min term uses
         quants = q.words.view(torch.int8).cpu().int()
         assert torch.equal(quants.reshape(3, -1, 32).sum(-1), q.sums.cpu())
@@ -93,4 +94,5 @@ def test_integer_kernels_replay_in_a_cuda_graph(qtype):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y_lin, gemv(raw, qtype, (rows, dim), x, config=cfg))
-    assert torch.allclose(y_moe, moe_decode(table, x, w), rtol=1e-5, atol=1e-6)  # atomic add order
+    again = moe_decode(table, x, w)  # the experts' atomic adds may land in another order
+    assert float((y_moe - again).norm() / again.norm()) < 1e-6

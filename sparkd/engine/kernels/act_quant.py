@@ -5,8 +5,8 @@ llama.cpp converts x to the weight's vec_dot type before a matmul (layers/act_ro
 torch version the CPU reference uses): Q8_0 blocks of 32 (scale amax/127 rounded to f16) for
 Q8_0 weights, Q8_K blocks of 256 (f32 scale, the value of largest magnitude maps to -127, plus
 per-32 sums of the quants for the K-quants' min term) for the K-quants. The kernel below does
-the same arithmetic in the same order (IEEE divisions, no fused multiply-add, round half to
-even), so q * d equals act_round's output bit for bit and the integer kernels compute exactly
+the same arithmetic in the same order (IEEE divisions and reciprocals as torch does them, no fused
+multiply-add, round half to even), so q * d equals act_round's output bit for bit and the integer kernels compute exactly
 llama.cpp's per-block integer sums.
 
 dp4a is PTX inline assembly, which the interpreter cannot run: the wrappers pass EMU=True there
@@ -68,6 +68,13 @@ def _rne(v):
 
 
 @triton.jit
+def _rcp(v):
+    """1 / v, IEEE-rounded. act_round's `c / t` is torch's t.reciprocal() * c (two roundings), and
+    the kernel repeats exactly that (llama.cpp divides once: the scales may differ in the last bit)."""
+    return tl.math.div_rn(tl.full(v.shape, 1.0, tl.float32), v)
+
+
+@triton.jit
 def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, n_blocks, BLOCK: tl.constexpr, PER: tl.constexpr,
                   K8: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
@@ -79,10 +86,10 @@ def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, n_blocks, BLOCK: tl.constexpr, 
         idx = tl.argmax(tl.abs(x), 1, tie_break_left=True)
         mx = tl.sum(tl.where(i == idx[:, None], x, 0.0), 1)  # the signed value of largest magnitude
         nz = mx != 0.0
-        iscale = tl.math.div_rn(tl.full(mx.shape, -127.0, tl.float32), tl.where(nz, mx, 1.0))
+        iscale = _rcp(tl.where(nz, mx, 1.0)) * -127.0
         q = tl.minimum(_rne(iscale[:, None] * x), 127)
         q = tl.where(nz[:, None], q, 0)
-        d = tl.where(nz, tl.math.div_rn(tl.full(mx.shape, 1.0, tl.float32), iscale), 0.0)
+        d = tl.where(nz, _rcp(iscale), 0.0)
         sums = tl.sum(tl.reshape(q, (PER, BLOCK // 32, 32)), 2)  # [PER, BLOCK/32]
         j = tl.arange(0, BLOCK // 32)[None, :]
         tl.store(s_ptr + r * (K // 32) + b * (BLOCK // 32) + j, sums, mask=m)
@@ -90,7 +97,7 @@ def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, n_blocks, BLOCK: tl.constexpr, 
         amax = tl.max(tl.abs(x), 1)
         pos = amax > 0.0
         d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float16).to(tl.float32)
-        inv = tl.where(pos, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(pos, amax, 1.0)), 0.0)
+        inv = tl.where(pos, _rcp(tl.where(pos, amax, 1.0)) * 127.0, 0.0)
         q = _rne(x * inv[:, None])
     tl.store(q_ptr + r * K + b * BLOCK + i, q.to(tl.int8), mask=m)
     tl.store(d_ptr + r * n_blocks + tl.reshape(b, (PER,)), d, mask=tl.reshape(m, (PER,)))

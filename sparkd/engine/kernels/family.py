@@ -24,11 +24,13 @@ reduction per group); False, float32 [BN] (each group reduced at once). acc0(rma
 zero accumulator and total(acc, EW) reduces it to [BN]. Families without a dot get dequant
 followed by a multiply.
 
-idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU) contract (families whose
+idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU) contract (families whose
 activations llama.cpp rounds to int8 blocks, act_fmt "q8_0" or "q8_k"): x comes quantized
 (act_quant.QuantX: int32 words of 4 quants at xw_ptr, float32 block scales at xd_ptr, int32
 per-32 quant sums at xs_ptr for q8_k); adds group g's share of the row dot products, computed
-per block in integers with dp4a, to acc float32 [BN]. EMU: emulate dp4a (interpreter).
+per block in integers with dp4a, to acc: EW False, float32 [BN] (reduced every group, the
+H200-measured default); True, the elementwise tile float32 [BN, *iacc], summed once after the
+loop. EMU: emulate dp4a (interpreter).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Family:
     align: int = 2  # byte alignment the kernels' loads need of every row start (f16 scales: 2)
     idot: Any = None  # triton.JITFunction, or None: no integer path
     act_fmt: str | None = None  # with idot: how x is quantized (act_quant.Q8_0 / Q8_K)
+    iacc: tuple[int, int] = (1, 1)  # with idot: its accumulator tile per row, reduced after the loop
     grid: str | None = None  # the gguf class whose codebook the kernels get as aux_ptr (i-quants)
 
     def row_bytes(self, cols: int) -> int:

@@ -41,6 +41,16 @@ class GemvConfig:
     dp4a: bool = True  # integer families: the dp4a instruction (False: emulate it, as the interpreter does)
 
 
+# the integer families' tiles: the best of the session-3 H200 sweep (bench/results/kernels_h200_s3.log,
+# which ran the per-group reduction, elementwise=False)
+GEMV_TILES = {"Q8_0": GemvConfig(elementwise=False),
+              "Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1, elementwise=False)}
+
+
+def default_config(fam: dispatch.Family) -> GemvConfig:
+    return GEMV_TILES.get(fam.qtype.name, GemvConfig())
+
+
 def emulate(cfg: GemvConfig, x: torch.Tensor) -> bool:
     """Whether the integer kernels emulate dp4a: always off CUDA (the interpreter has no PTX)."""
     return not (cfg.dp4a and x.is_cuda)
@@ -98,29 +108,35 @@ def row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.con
 
 @triton.jit
 def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, IDOT: tl.constexpr,
-             UNROLL: tl.constexpr, EMU: tl.constexpr):
+             A1: tl.constexpr, A2: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr):
     """row_dot for a family's integer step on quantized x (act_quant.QuantX): float32 [BN]."""
     n_groups = tl.cdiv(K, 256)
     per = tl.cdiv(n_groups, n_parts)
     start = part * per
     end = tl.minimum(start + per, n_groups)
-    acc = tl.zeros(rmask.shape, tl.float32)
+    if EW:
+        acc = tl.zeros((rmask.shape[0], A1, A2), tl.float32)  # the family's tile (Family.iacc)
+    else:
+        acc = tl.zeros(rmask.shape, tl.float32)
     for g0 in range(start, end, UNROLL):
         for u in tl.static_range(UNROLL):
             g = g0 + u
             gc = tl.minimum(g, end - 1)  # past the end: read a valid group, masked out
             m = rmask & (tl.zeros(rmask.shape, tl.int32) + g < end)
-            acc = IDOT(w_ptr, row_off, m, xw_ptr, xd_ptr, xs_ptr, gc, K, acc, EMU)
+            acc = IDOT(w_ptr, row_off, m, xw_ptr, xd_ptr, xs_ptr, gc, K, acc, EW, EMU)
+    if EW:
+        acc = tl.sum(tl.sum(acc, 2), 1)
     return acc
 
 
 @triton.jit
 def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, IDOT: tl.constexpr,
-                  BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr, EMU: tl.constexpr):
+                  A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
+                  SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
-                   tl.program_id(1), SPLIT, IDOT, UNROLL, EMU)
+                   tl.program_id(1), SPLIT, IDOT, A1, A2, UNROLL, EW, EMU)
     if SPLIT == 1:
         tl.store(y_ptr + rows, acc, mask=rmask)
     else:
@@ -141,6 +157,11 @@ def _gemv_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, N, K, row_bytes, DOT: tl.constexp
         tl.store(y_ptr + rows, acc, mask=rmask)
     else:
         tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
+
+
+def int_args(fam: dispatch.Family) -> dict:
+    """The compile-time arguments that pick a family's integer step in row_idot's kernels."""
+    return dict(IDOT=fam.idot, A1=fam.iacc[0], A2=fam.iacc[1])
 
 
 def family_args(fam: dispatch.Family) -> dict:
@@ -199,7 +220,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     what = f"the {qtype.name} GEMV"
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
-    cfg = config or GemvConfig()
+    cfg = config or default_config(fam)
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if split > 1:
@@ -207,8 +228,9 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if fam.idot is not None:
         q = act_quant.quantize(x[None], fam.act_fmt)
         _igemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
-            weight, q.words, q.scales, q.sums, y, rows, cols, row_bytes, IDOT=fam.idot,
-            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EMU=emulate(cfg, x), num_warps=cfg.num_warps)
+            weight, q.words, q.scales, q.sums, y, rows, cols, row_bytes, **int_args(fam),
+            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EW=cfg.elementwise,
+            EMU=emulate(cfg, x), num_warps=cfg.num_warps)
         return y
     x = x if round_x is None else round_x(x).contiguous()
     _gemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](

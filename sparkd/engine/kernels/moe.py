@@ -32,6 +32,7 @@ from sparkd.engine.kernels.matmul import (
     emulate,
     family_args,
     gemm,
+    int_args,
     row_dot,
     row_idot,
 )
@@ -87,25 +88,25 @@ def _down_kernel(down_ptr, aux_ptr, down_off, h_ptr, y_ptr, D, F, row_bytes, DOT
 
 @triton.jit
 def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, F, D,
-                     row_bytes, IDOT: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                     EMU: tl.constexpr, ACT: tl.constexpr):
+                     row_bytes, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
+                     UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr):
     """_gate_up_kernel's integer variant, x quantized."""
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
     g = row_idot(gate_ptr, tl.load(gate_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
-                 UNROLL, EMU)
+                 A1, A2, UNROLL, EW, EMU)
     u = row_idot(up_ptr, tl.load(up_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
-                 UNROLL, EMU)
+                 A1, A2, UNROLL, EW, EMU)
     h = _activate(g, u, ACT) * tl.load(rw_ptr + a)
     tl.store(h_ptr + a * F + rows, h, mask=rmask)
 
 
 @triton.jit
 def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, F, row_bytes,
-                  IDOT: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr,
-                  XBLOCK: tl.constexpr):
+                  IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
+                  UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight."""
     a = tl.program_id(1)
@@ -113,7 +114,7 @@ def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, 
     rmask = rows < D
     off = tl.load(down_off + a) + rows.to(tl.int64) * row_bytes
     acc = row_idot(down_ptr, off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                   hs_ptr + a * (F // 32), F, 0, 1, IDOT, UNROLL, EMU)
+                   hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU)
     tl.atomic_add(y_ptr + rows, acc * tl.load(rw_ptr + a), mask=rmask, sem="relaxed")
 
 
@@ -179,21 +180,34 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
         gu_bytes, d_bytes, grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device))
 
 
-# decode tiles, the best pair for Q8_0 and Q4_K together in the H200 sweep (docs/performance.md)
+# decode tiles (gate/up, down): the H200 sweeps (docs/performance.md); the integer families' from
+# the session-3 sweep (bench/results/kernels_h200_s3.log, per-group reduction: elementwise=False)
 GATE_UP_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=2)
 DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
+DECODE_TILES = {
+    "Q8_0": (GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=False),
+             GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False)),
+    "Q4_K": (GemvConfig(block_n=16, num_warps=4, unroll=1, elementwise=False),
+             GemvConfig(block_n=16, num_warps=4, unroll=1, elementwise=False)),
+}
+
+
+def decode_tiles(p: PreparedTable) -> tuple[GemvConfig, GemvConfig]:
+    """The default (gate/up, down) tiles for the table's families."""
+    return (DECODE_TILES.get(p.gate_up.qtype.name, (GATE_UP_CONFIG, DOWN_CONFIG))[0],
+            DECODE_TILES.get(p.down.qtype.name, (GATE_UP_CONFIG, DOWN_CONFIG))[1])
 
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
-               out: torch.Tensor | None = None, gate_up: GemvConfig = GATE_UP_CONFIG,
-               down: GemvConfig = DOWN_CONFIG, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
+               out: torch.Tensor | None = None, gate_up: GemvConfig | None = None,
+               down: GemvConfig | None = None, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
                round_x: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
     x float32 [D]; route_weights float32 [n] (one per table entry, on x's device) -> y [D]
     (written into `out` if given: float32 [D] on x's device). gate_up/down: tile shapes (their
-    split is ignored: the activation needs whole sums, and down splits over experts).
-    A projection whose family has an integer step quantizes its input itself as llama.cpp does
+    split is ignored: the activation needs whole sums, and down splits over experts); None: the
+    families' defaults (decode_tiles). A projection whose family has an integer step quantizes its input itself as llama.cpp does
     (x before gate/up, the activations [n, F] before down). For the others, round_x and round_h
     (if given) round x and the activations in torch first (the routing weight then applies after
     the rounding, between the two launches). No host sync: usable in a CUDA graph capture."""
@@ -215,6 +229,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
             f"{route_weights.device}")
     dispatch.check_out(out, (D,), x.device, what)
     rw = route_weights.contiguous()
+    tiles = decode_tiles(p)
+    gate_up, down = gate_up or tiles[0], down or tiles[1]
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
     h = _gate_up(p, x, torch.ones_like(rw) if late_rw else rw, act, gate_up, round_x)
@@ -233,8 +249,8 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, act: str, cfg:
     if p.gate_up.idot is not None:
         q = act_quant.quantize(x[None], p.gate_up.act_fmt)
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, q.words, q.scales, q.sums,
-                               rw, h, F, D, p.gate_up_row_bytes, IDOT=p.gate_up.idot, BLOCK_N=cfg.block_n,
-                               UNROLL=cfg.unroll, EMU=emulate(cfg, x), ACT=ACT_CODES[act],
+                               rw, h, F, D, p.gate_up_row_bytes, **int_args(p.gate_up), BLOCK_N=cfg.block_n,
+                               UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x), ACT=ACT_CODES[act],
                                num_warps=cfg.num_warps)
         return h
     x = x if round_x is None else round_x(x).contiguous()
@@ -252,8 +268,8 @@ def _down(p: PreparedTable, h: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, 
     if p.down.idot is not None:
         q = act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, q.words, q.scales, q.sums, rw, y, D, F,
-                            p.down_row_bytes, IDOT=p.down.idot, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
-                            EMU=emulate(cfg, h), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
+                            p.down_row_bytes, **int_args(p.down), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
+                            EW=cfg.elementwise, EMU=emulate(cfg, h), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             num_warps=cfg.num_warps)
         return
     if round_h is not None:

@@ -106,7 +106,8 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.constexpr):
+def _idot_rows(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.constexpr):
+    """idot reducing each super-block to one float per row (acc [BN])."""
     j = tl.arange(0, 4)[None, :, None]  # 32-byte chunk of qs: sub-blocks 2j (low), 2j+1 (high)
     w = tl.arange(0, 8)[None, None, :]  # word in the chunk
     blk = w_ptr + row_off + g * 144  # [BN]
@@ -126,4 +127,36 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.const
     return acc + tl.load(xd_ptr + g) * (d * qsum.to(tl.float32) - dmin * msum.to(tl.float32))
 
 
-FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4, idot=idot, act_fmt=Q8_K)
+@triton.jit
+def _idot_tile(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.constexpr):
+    """idot into the elementwise tile acc [BN, 4, 8] (no cross-thread reduction per group)."""
+    j = tl.arange(0, 4)[None, :, None]  # 32-byte chunk of qs: sub-blocks 2j (low), 2j+1 (high)
+    w = tl.arange(0, 8)[None, None, :]  # word in the chunk
+    blk = w_ptr + row_off[:, None, None] + g * 144  # [BN, 1, 1]
+    m = rmask[:, None, None]
+    words = tl.load((blk + 16).to(tl.pointer_type(tl.int32)) + j * 8 + w, mask=m, other=0)  # [BN, 4, 8]
+    xw = xw_ptr + g * 64 + j * 16 + w  # x words of sub-block 2j; 2j+1 follows 8 words later
+    sc_lo, mn_lo = scale_min_int(blk + 4, 2 * j, m)  # [BN, 4, 1]
+    sc_hi, mn_hi = scale_min_int(blk + 4, 2 * j + 1, m)
+    isum = sc_lo * dp4a(words & 0x0F0F0F0F, tl.load(xw), EMU) \
+        + sc_hi * dp4a((words >> 4) & 0x0F0F0F0F, tl.load(xw + 8), EMU)  # [BN, 4, 8]
+    xs = xs_ptr + g * 8 + 2 * j
+    msum = mn_lo * tl.load(xs) + mn_hi * tl.load(xs + 1)  # [BN, 4, 1]
+    dx = tl.load(xd_ptr + g)
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32) * dx
+    dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32) * dx
+    # the min term once per sub-block: an eighth of it on each of its 8 words
+    return acc + (d * isum.to(tl.float32) - (dmin * 0.125) * msum.to(tl.float32))
+
+
+@triton.jit
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    if EW:
+        acc = _idot_tile(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU)
+    else:
+        acc = _idot_rows(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU)
+    return acc
+
+
+FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4, idot=idot,
+                act_fmt=Q8_K, iacc=(4, 8))

@@ -71,7 +71,7 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.constexpr):
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     b = g * 8 + tl.arange(0, 8)[None, :, None]  # block index along the row [1, 8, 1]
     w = tl.arange(0, 8)[None, None, :]  # 32-bit word in the block
     bmask = b * 32 < K
@@ -81,10 +81,14 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.const
     lo = tl.load(half, mask=m, other=0).to(tl.int32) & 0xFFFF
     hi = tl.load(half + 1, mask=m, other=0).to(tl.int32)
     xw = tl.load(xw_ptr + b * 8 + w, mask=bmask, other=0)  # [1, 8, 8]
-    isum = tl.sum(dp4a(lo | (hi << 16), xw, EMU), 2)  # [BN, 8]
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
     dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)
-    return acc + tl.sum(isum.to(tl.float32) * tl.sum(d * dx, 2), 1)
+    if EW:  # into the elementwise tile acc [BN, 8, 8]
+        acc += dp4a(lo | (hi << 16), xw, EMU).to(tl.float32) * (d * dx)
+    else:  # a float per block, then one per row: acc [BN]
+        isum = tl.sum(dp4a(lo | (hi << 16), xw, EMU), 2)  # [BN, 8]
+        acc += tl.sum(isum.to(tl.float32) * tl.sum(d * dx, 2), 1)
+    return acc
 
 
-FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot, acc0, total, idot=idot, act_fmt=Q8_0)
+FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot, acc0, total, idot=idot, act_fmt=Q8_0, iacc=(8, 8))

@@ -1,0 +1,65 @@
+"""The instruction mix of the integer GEMV's main loop, compiled offline for sm_90 (no GPU needed:
+the triton wheel carries ptxas), to see what bounds a kernel before spending device time.
+
+Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K]
+
+For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
+ceiling is that times 4 warp instructions/clock/SM), and the counts that matter (loads, dp4a,
+shuffles and shared-memory traffic from layout conversions, barriers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from gguf.constants import GGMLQuantizationType
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from triton.tools.disasm import get_sass
+
+from sparkd.engine.kernels import dispatch, matmul
+
+SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
+             "N": "i32", "K": "i32", "row_bytes": "i32"}
+ALIGNED = ("w_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "y_ptr", "K", "row_bytes")  # as the launches specialize them
+TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True), (16, 4, 1, 0, False),
+                                          (16, 4, 1, 0, True), (64, 4, 1, 0, False), (64, 4, 1, 0, True))]
+WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA")
+
+
+def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
+    kern = matmul._igemv_kernel
+    consts = dict(**matmul.int_args(fam), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
+                  EW=cfg.elementwise, EMU=False)
+    sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
+    src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
+                    attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
+    return get_sass(compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps}).asm["cubin"])
+
+
+def loop_ops(text: str) -> list[str]:
+    """Opcodes of the body of the last backward-branching loop."""
+    lines = text.splitlines()
+    back = max(i for i, line in enumerate(lines) if "@P" in line and re.search(r"BRA LBB\w+", line))
+    label = re.search(r"BRA (LBB\w+)", lines[back]).group(1)
+    start = next(i for i, line in enumerate(lines) if line.startswith(label + ":"))
+    body = [line.split("\t", 1)[-1] for line in lines[start + 1:back + 1]]
+    return [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0] for op in body]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="Q8_0,Q4_K")
+    for name in ap.parse_args().types.split(","):
+        fam = dispatch.FAMILIES[GGMLQuantizationType[name]]
+        for cfg in TILES:
+            ops = loop_ops(sass(fam, cfg))
+            values = cfg.block_n * 256 * cfg.unroll
+            counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH)
+            print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'}: "
+                  f"{len(ops)} warp-instr/iteration, {values / (len(ops) * cfg.num_warps):.1f} values/warp-instr  {counts}")
+
+
+if __name__ == "__main__":
+    main()
