@@ -9,7 +9,7 @@ and never need a per-family layout conversion.
 
 dequant(w_ptr, aux_ptr, row_off, g, smask) contract:
   w_ptr   uint8 pointer (a weight tensor, an arena, or mapped host memory)
-  aux_ptr int8 pointer to the family's codebook in device memory (grids.grid_table(Family.grid,
+  aux_ptr float32 pointer to the family's codebook in device memory (grids.grid_table(Family.grid,
           device)); families without one get a placeholder and ignore it
   row_off int64 [BN, 1, 1] byte offset of each row's first block
   g       group index along the row (values g*256 ... g*256+255)

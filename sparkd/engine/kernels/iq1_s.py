@@ -14,7 +14,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, grid_values, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, total
 
 _DELTA = tl.constexpr(0.125)
 
@@ -30,7 +30,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     delta = tl.where((qh & 0x8000) == 0, _DELTA, -_DELTA)
     low = tl.load(blk + 2 + 4 * s + i // 8, mask=smask, other=0).to(tl.int32)
     idx = low | (((qh >> (3 * (i // 8))) & 7) << 8)
-    grid = tl.load(aux_ptr + idx * 8 + i % 8).to(tl.float32)
+    grid = tl.load(aux_ptr + idx * 8 + i % 8)
     return dl * (grid + delta)
 @triton.jit
 def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
@@ -46,8 +46,7 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     delta = tl.where((qh & 0x8000) == 0, _DELTA, -_DELTA)
     low = tl.load(blk + 2 + 4 * a + l, mask=m, other=0).to(tl.int32)  # [BN, 8, 4, 1, 1]
     idx = low | (((qh >> (3 * l)) & 7) << 8)
-    words = tl.load(aux_ptr.to(tl.pointer_type(tl.int32)) + idx * 2 + h)  # [BN, 8, 4, 2, 1]
-    q = grid_values(words, b, 0) + delta
+    q = tl.load(aux_ptr + idx * 8 + 4 * h + b) + delta  # [BN, 8, 4, 2, 4]
     x = tl.load(x_ptr + g * 256 + 32 * a + 8 * l + 4 * h + b)  # [1, 8, 4, 2, 4]
     return accumulate(acc, q, x, dl, EW)
 

@@ -14,7 +14,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, grid_values, ksigns, sign_bit, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, negate, ksigns, sign_bit, total
 
 
 @triton.jit
@@ -26,7 +26,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     sc = tl.load(blk + 66 + s // 2, mask=smask, other=0).to(tl.int32)
     db = d * (0.5 + ((sc >> ((s % 2) * 4)) & 0xF).to(tl.float32)) * 0.25
     q = tl.load((blk + 2).to(tl.pointer_type(tl.uint16)) + 2 * s + i // 8, mask=smask, other=0).to(tl.int32)
-    grid = tl.load(aux_ptr + (q & 511) * 8 + i % 8).to(tl.float32)
+    grid = tl.load(aux_ptr + (q & 511) * 8 + i % 8)
     neg = sign_bit(q >> 9, i % 8)
     return (db * grid) * (1 - 2 * neg).to(tl.float32)
 
@@ -43,8 +43,8 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     sc = tl.load(blk + 66 + a, mask=m, other=0).to(tl.int32)  # [BN, 8, 1, 1, 1]
     db = d * (0.5 + ((sc >> ((l // 2) * 4)) & 0xF).to(tl.float32)) * 0.25  # [BN, 8, 4, 1, 1]
     qs = tl.load((blk + 2).to(tl.pointer_type(tl.uint16)) + 4 * a + l, mask=m, other=0).to(tl.int32)
-    words = tl.load(aux_ptr.to(tl.pointer_type(tl.int32)) + (qs & 511) * 2 + h)  # [BN, 8, 4, 2, 1]
-    q = grid_values(words, b, (ksigns(qs >> 9) >> (4 * h + b)) & 1)
+    grid = tl.load(aux_ptr + (qs & 511) * 8 + 4 * h + b)  # [BN, 8, 4, 2, 4]
+    q = negate(grid, ksigns(qs >> 9), 4 * h + b)
     x = tl.load(x_ptr + g * 256 + 32 * a + 8 * l + 4 * h + b)  # [1, 8, 4, 2, 4]
     return accumulate(acc, q, x, db, EW)
 

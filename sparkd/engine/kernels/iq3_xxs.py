@@ -14,7 +14,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, grid_values, ksigns, load_u32, sign_bit, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, negate, ksigns, load_u32, sign_bit, total
 
 
 @triton.jit
@@ -26,7 +26,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     aux = load_u32(blk + 66 + 4 * s, smask)
     db = d * (0.5 + ((aux >> 28) & 0xF).to(tl.float32)) * 0.5
     idx = tl.load(blk + 2 + 8 * s + i // 4, mask=smask, other=0).to(tl.int32)
-    grid = tl.load(aux_ptr + idx * 4 + i % 4).to(tl.float32)
+    grid = tl.load(aux_ptr + idx * 4 + i % 4)
     neg = sign_bit((aux >> (7 * (i // 8))) & 0x7F, i % 8)
     return (db * grid) * (1 - 2 * neg).to(tl.float32)
 
@@ -43,9 +43,9 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     aux = load_u32(blk + 66 + 4 * a, m)  # [BN, 8, 1, 1, 1]
     db = d * (0.5 + ((aux >> 28) & 0xF).to(tl.float32)) * 0.5
     idx = tl.load(blk + 2 + 8 * a + 2 * l + h, mask=m, other=0).to(tl.int32)  # [BN, 8, 4, 2, 1]
-    words = tl.load(aux_ptr.to(tl.pointer_type(tl.int32)) + idx)
+    grid = tl.load(aux_ptr + idx * 4 + b)  # [BN, 8, 4, 2, 4]
     signs = ksigns((aux >> (7 * l)) & 0x7F)  # [BN, 8, 4, 1, 1]
-    q = grid_values(words, b, (signs >> (4 * h + b)) & 1)
+    q = negate(grid, signs, 4 * h + b)
     x = tl.load(x_ptr + g * 256 + 32 * a + 8 * l + 4 * h + b)  # [1, 8, 4, 2, 4]
     return accumulate(acc, q, x, db, EW)
 
