@@ -7,10 +7,10 @@ Their dots all lay a 256-value group out as [BN, 8, 4, 2, 4]: value v = 32a + 8l
 work (index, scale, sign byte) then happens once per [BN, 8, 4, ...] element, not once per value,
 and both the grid values and x are read in contiguous runs of 4 (vector loads).
 
-Offline sm_90 SASS of the GEMV loop (4 rows, 1 warp, elementwise), warp instructions per 1024
-values, dot vs dequant-then-multiply: IQ2_XXS 327 vs 584, IQ2_XS 367 vs 569, IQ3_XXS 322 vs 586,
-IQ1_S 272 vs 375; with byte tables and the 2^23 mantissa trick instead of float tables, IQ2_XXS's
-dot took 466.
+Offline sm_90 SASS of the GEMV loop (4 rows, 1 warp, elementwise; bench/kernels_sass_iq.py), warp
+instructions per 1024 values, dot vs dequant-then-multiply under triton 3.6: IQ2_XXS 292 vs 651,
+IQ2_XS 311 vs 632, IQ3_XXS 331 vs 653, IQ1_S 252 vs 449; with byte tables and the 2^23 mantissa
+trick instead of float tables, IQ2_XXS's dot took 466 (triton 3.9).
 """
 
 import triton
