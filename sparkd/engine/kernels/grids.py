@@ -36,4 +36,3 @@ def _table(name: str, device: torch.device) -> torch.Tensor:
     cls = getattr(gq, name)
     cls.init_grid()
     return torch.from_numpy(cls.grid.reshape(-1).astype("float32")).to(device)
-

@@ -5,8 +5,8 @@ Eight sub-blocks of 32 values; qh[s] holds four 3-bit high index bits (bits 3l..
 d * (2 * scale + 1) * (grid[qs[4s + i//8] | high bits << 8][i%8] +- 1/8), grid being ggml's
 2048 x 8 iq1s codebook of -1/0/1.
 
-The GEMV step works per grid entry (iq_common's [BN, 8, 4, 2, 4] layout): one index and two
-32-bit table words per 8 values; bytes become floats through the mantissa.
+The GEMV step works per grid entry (iq_common's [BN, 8, 4, 2, 4] layout): one index per 8
+values, grid values loaded as floats 4 at a time.
 """
 
 import triton
@@ -36,8 +36,8 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     a = tl.arange(0, 8)[None, :, None, None, None]  # sub-block
     l = tl.arange(0, 4)[None, None, :, None, None]  # grid entry
-    h = tl.arange(0, 2)[None, None, None, :, None]  # table word of the entry
-    b = tl.arange(0, 4)[None, None, None, None, :]  # byte of the word
+    h = tl.arange(0, 2)[None, None, None, :, None]  # half of the entry
+    b = tl.arange(0, 4)[None, None, None, None, :]  # value in the half
     m = rmask[:, None, None, None, None]
     blk = w_ptr + row_off[:, None, None, None, None] + g * 50  # [BN, 1, 1, 1, 1]
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)

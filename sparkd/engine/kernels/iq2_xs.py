@@ -6,7 +6,7 @@ Value i of sub-block s comes from word 2s + i//8: d * (0.5 + scale) / 4 * grid[i
 when bit i%8 of ksigns[sign index] is set.
 
 The GEMV step works per qs word (iq_common's [BN, 8, 4, 2, 4] layout, word 4a + l, scale
-nibble l//2 of scales[a]); bytes become floats through the mantissa.
+nibble l//2 of scales[a]): grid values loaded as floats 4 at a time, signs flipped as a bit.
 """
 
 import triton
@@ -14,7 +14,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, negate, ksigns, sign_bit, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, ksigns, negate, total
 
 
 @triton.jit
@@ -27,16 +27,15 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     db = d * (0.5 + ((sc >> ((s % 2) * 4)) & 0xF).to(tl.float32)) * 0.25
     q = tl.load((blk + 2).to(tl.pointer_type(tl.uint16)) + 2 * s + i // 8, mask=smask, other=0).to(tl.int32)
     grid = tl.load(aux_ptr + (q & 511) * 8 + i % 8)
-    neg = sign_bit(q >> 9, i % 8)
-    return (db * grid) * (1 - 2 * neg).to(tl.float32)
+    return db * negate(grid, ksigns(q >> 9), i % 8)
 
 
 @triton.jit
 def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     a = tl.arange(0, 8)[None, :, None, None, None]  # pair of 16-value sub-blocks
     l = tl.arange(0, 4)[None, None, :, None, None]  # qs word in the pair (sub-block 2a + l//2)
-    h = tl.arange(0, 2)[None, None, None, :, None]  # table word of the entry
-    b = tl.arange(0, 4)[None, None, None, None, :]  # byte of the word
+    h = tl.arange(0, 2)[None, None, None, :, None]  # half of the entry
+    b = tl.arange(0, 4)[None, None, None, None, :]  # value in the half
     m = rmask[:, None, None, None, None]
     blk = w_ptr + row_off[:, None, None, None, None] + g * 74  # [BN, 1, 1, 1, 1]
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)

@@ -6,7 +6,8 @@ iq3xxs codebook. Value i: d * (0.5 + scale) / 2 * grid[qs[8s + i//4]][i%4], nega
 of ksigns[sign index i//8] is set.
 
 The GEMV step works per sign group of 8 values (iq_common's [BN, 8, 4, 2, 4] layout: entry
-qs[8a + 2l + h] is one 32-bit table word); bytes become floats through the mantissa.
+qs[8a + 2l + h] holds values 4h..4h+3 of group l), grid values loaded as floats 4 at a time, signs
+flipped as a bit.
 """
 
 import triton
@@ -14,7 +15,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, negate, ksigns, load_u32, sign_bit, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, ksigns, load_u32, negate, total
 
 
 @triton.jit
@@ -27,8 +28,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     db = d * (0.5 + ((aux >> 28) & 0xF).to(tl.float32)) * 0.5
     idx = tl.load(blk + 2 + 8 * s + i // 4, mask=smask, other=0).to(tl.int32)
     grid = tl.load(aux_ptr + idx * 4 + i % 4)
-    neg = sign_bit((aux >> (7 * (i // 8))) & 0x7F, i % 8)
-    return (db * grid) * (1 - 2 * neg).to(tl.float32)
+    return db * negate(grid, ksigns((aux >> (7 * (i // 8))) & 0x7F), i % 8)
 
 
 @triton.jit

@@ -18,6 +18,7 @@ import triton.language as tl
 
 _SIGN_BIT = tl.constexpr(-2147483648)  # 0x80000000 as int32
 
+
 @triton.jit
 def ksigns(idx):
     """ksigns[idx] for 7-bit idx (int32): bits 0..6 are idx, bit 7 makes the parity even."""
@@ -25,12 +26,6 @@ def ksigns(idx):
     p = p ^ (p >> 2)
     p = p ^ (p >> 1)
     return idx | ((p & 1) << 7)
-
-
-@triton.jit
-def sign_bit(idx, j):
-    """Bit j (0..7) of ksigns[idx]: 1 where the value is negated."""
-    return (ksigns(idx) >> j) & 1
 
 
 @triton.jit
