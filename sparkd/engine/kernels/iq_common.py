@@ -8,9 +8,9 @@ work (index, scale, sign byte) then happens once per [BN, 8, 4, ...] element, no
 and both the grid values and x are read in contiguous runs of 4 (vector loads).
 
 Offline sm_90 SASS of the GEMV loop (4 rows, 1 warp, elementwise; bench/kernels_sass_iq.py), warp
-instructions per 1024 values, dot vs dequant-then-multiply under triton 3.6: IQ2_XXS 292 vs 651,
-IQ2_XS 311 vs 632, IQ3_XXS 331 vs 653, IQ1_S 252 vs 449; with byte tables and the 2^23 mantissa
-trick instead of float tables, IQ2_XXS's dot took 466 (triton 3.9).
+instructions per 1024 values, dot vs dequant-then-multiply under triton 3.6: IQ2_XXS 292 vs 523,
+IQ2_XS 311 vs 506, IQ3_XXS 331 vs 525, IQ1_S 252 vs 449; with byte tables and the 2^23 mantissa
+trick instead of float tables, IQ2_XXS's dot took 466 (triton 3.9; now 327 there).
 """
 
 import triton
