@@ -116,7 +116,7 @@ def test_every_grid_entry_and_sign(qtype):
         raw[:, 34:50] = torch.from_numpy(qh.astype("<u2").view(np.uint8).reshape(-1, 16))
     raw = raw.reshape(-1).contiguous()
     rows = raw.numel() // fam.block_bytes
-    got = dequant_rows(raw, qtype, rows, 256, block_n=2)
+    got = dequant_rows(raw.to("cuda" if ON_GPU else "cpu"), qtype, rows, 256, block_n=2)
     assert torch.equal(got[:rows], quants.dequantize(raw, qtype, (rows, 256)))
 
 
