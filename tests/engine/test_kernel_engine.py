@@ -90,8 +90,9 @@ def test_iq_experts_through_the_kernels_match_cpu_reference(tmp_path, backend):
         for il, down in ((0, "IQ2_XXS"), (1, "IQ2_XS")):
             sel = store.kernel_table(il)
             assert sel is not None and (sel.prepared.gate_up.qtype.name, sel.prepared.down.qtype.name) == ("IQ1_S", down)
-        # the interpreter: a 2-token prompt (prefill, a GEMM per expert, is what it is slowest at)
-        prompt, n = (PROMPT, 8) if backend == "cuda" else (PROMPT[:2], 2)
+        # the interpreter: decode steps only (prefill's GEMM per expert is its slowest part; the
+        # GEMM is checked on its own in test_kernels)
+        prompt, n = (PROMPT, 8) if backend == "cuda" else (PROMPT[:1], 3)
         want_logits, want = greedy(ref.net, prompt, n)
         got_logits, got = greedy(k.net, prompt, n)
     finally:
