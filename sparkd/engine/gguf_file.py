@@ -203,24 +203,32 @@ class GGUFModel:
     def read_bytes(self, info: TensorInfo) -> np.ndarray:
         """The tensor's raw bytes as a fresh uint8 array, read with pread (no mapping, no cache)."""
         out = np.empty(info.nbytes, dtype=np.uint8)
-        view = memoryview(out)
+        self.read_into(info, 0, memoryview(out))
+        return out
+
+    def read_into(self, info: TensorInfo, start: int, out: memoryview) -> None:
+        """Bytes [start, start + len(out)) of the tensor's data into out (a chunk of it)."""
         fd = self._fds[info.path]
-        done = 0
-        while done < info.nbytes:
+        done, want = 0, len(out)
+        while done < want:
+            at = info.offset + start + done
             try:
-                n = os.preadv(fd, [view[done:]], info.offset + done)
+                n = os.preadv(fd, [out[done:]], at)
             except OSError as exc:
                 raise ModelError(f"could not read tensor {info.name!r} from {info.path} at offset "
-                                 f"{info.offset + done}: {exc.strerror}", path=info.path,
-                                 tensor=info.name, offset=info.offset + done) from exc
+                                 f"{at}: {exc.strerror}", path=info.path, tensor=info.name, offset=at) from exc
             if n == 0:
                 raise TruncatedFileError(
                     f"could not read tensor {info.name!r} from {info.path} at offset "
-                    f"{info.offset + done}: the file ends there ({info.nbytes - done} bytes short); "
+                    f"{at}: the file ends there ({want - done} bytes short); "
                     f"it was truncated after the model was opened", path=info.path,
-                    tensor=info.name, offset=info.offset + done)
+                    tensor=info.name, offset=at)
             done += n
-        return out
+
+    def drop_cached(self, info: TensorInfo, start: int, nbytes: int) -> None:
+        """Drop the page cache over bytes [start, start + nbytes) of the tensor's data: a cgroup is
+        charged for those pages until the kernel reclaims them."""
+        os.posix_fadvise(self._fds[info.path], info.offset + start, nbytes, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
         for shard in self.shards:
