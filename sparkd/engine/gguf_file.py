@@ -121,6 +121,9 @@ def _check_no_overlap(path: Path, infos: list[TensorInfo]) -> None:
                 path=path, tensor=this.name, offset=this.offset)
 
 
+_PAGE_BYTES = 4096  # the page cache's unit (x86-64, arm64 4K kernels)
+
+
 class GGUFModel:
     """Metadata and tensor index of a model; reads tensor bytes with pread. Close when done."""
 
@@ -226,9 +229,23 @@ class GGUFModel:
             done += n
 
     def drop_cached(self, info: TensorInfo, start: int, nbytes: int) -> None:
-        """Drop the page cache over bytes [start, start + nbytes) of the tensor's data: a cgroup is
-        charged for those pages until the kernel reclaims them."""
-        os.posix_fadvise(self._fds[info.path], info.offset + start, nbytes, os.POSIX_FADV_DONTNEED)
+        """Drop the page cache over bytes [start, start + nbytes) of the tensor's data, pages it
+        shares with a neighbour too (the kernel keeps partial pages): a cgroup is charged for
+        cached pages until the kernel reclaims them."""
+        first = (info.offset + start) // _PAGE_BYTES * _PAGE_BYTES
+        end = -(-(info.offset + start + nbytes) // _PAGE_BYTES) * _PAGE_BYTES
+        os.posix_fadvise(self._fds[info.path], first, end - first, os.POSIX_FADV_DONTNEED)
+
+    def drop_page_cache(self) -> None:
+        """Drop every shard's cached pages (after a buffered load; see drop_cached)."""
+        for fd in self._fds.values():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def read_ahead(self, on: bool) -> None:
+        """Let the kernel read ahead of this model's reads (the default), or not: a reader that
+        drops what it read would leave the read-ahead pages behind, charged to its cgroup."""
+        for fd in self._fds.values():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL if on else os.POSIX_FADV_RANDOM)
 
     def close(self) -> None:
         for shard in self.shards:

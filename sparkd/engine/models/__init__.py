@@ -75,7 +75,7 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
     try:
         cfg = config_of(gguf)
         # a model streamed on the CPU keeps its trunk quantized: the budget is for experts
-        stager = None if device == "cpu" else DeviceStager(gguf, device, largest_trunk_tensor_bytes(gguf))
+        stager = None if device == "cpu" else DeviceStager(gguf, device, _largest_trunk_tensor(gguf))
         w = Weights(gguf, _counter(gguf, progress, resident=store is None) if progress else None,
                     kernels=kernels, quantized=store is not None, stager=stager)
         if store is None and kernels:
@@ -105,12 +105,10 @@ def check_device(device: str) -> str:
     return device
 
 
-def largest_trunk_tensor_bytes(gguf: GGUFModel) -> int:
-    """File bytes of the largest tensor that is not a routed-expert weight (the staging buffer's
-    upper bound)."""
-    from sparkd.engine.streaming.plan import EXPERT_WEIGHT
+def _largest_trunk_tensor(gguf: GGUFModel) -> int:
+    from sparkd.engine.streaming.plan import largest_trunk_tensor_bytes  # plan imports this package
 
-    return max((t.nbytes for n, t in gguf.tensors.items() if not EXPERT_WEIGHT.match(n)), default=0)
+    return largest_trunk_tensor_bytes(gguf)
 
 
 def _counter(gguf: GGUFModel, progress: Progress, resident: bool) -> Callable[[int], None]:

@@ -22,9 +22,13 @@ STAGING_CHUNK_BYTES = 16 << 20
 _PAGE_BYTES = 4096
 
 
-def staging_chunk_bytes(largest_tensor_bytes: int) -> int:
-    """One half of the buffer: STAGING_CHUNK_BYTES, or the largest tensor in whole pages if smaller."""
-    return min(STAGING_CHUNK_BYTES, max(_PAGE_BYTES, -(-largest_tensor_bytes // _PAGE_BYTES) * _PAGE_BYTES))
+def staging_chunk_bytes(largest_tensor_bytes: int, chunk_bytes: int = STAGING_CHUNK_BYTES) -> int:
+    """One half of the buffer: chunk_bytes, or the largest tensor if smaller, in whole pages."""
+    return min(_pages(chunk_bytes), _pages(largest_tensor_bytes))
+
+
+def _pages(nbytes: int) -> int:
+    return max(_PAGE_BYTES, -(-nbytes // _PAGE_BYTES) * _PAGE_BYTES)
 
 
 def staging_buffer_bytes(largest_tensor_bytes: int) -> int:
@@ -35,15 +39,22 @@ def staging_buffer_bytes(largest_tensor_bytes: int) -> int:
 class DeviceStager:
     """Reads tensors of `model` straight into `device` memory. Close it after the load."""
 
-    def __init__(self, model: GGUFModel, device: str | torch.device, largest_tensor_bytes: int):
+    def __init__(self, model: GGUFModel, device: str | torch.device, largest_tensor_bytes: int,
+                 chunk_bytes: int = STAGING_CHUNK_BYTES):
         from sparkd.engine.streaming.arena import Arena  # streaming imports models: not at import time
 
         self.model, self.device = model, torch.device(device)
         self._cuda = self.device.type == "cuda"
-        self.chunk_bytes = staging_chunk_bytes(largest_tensor_bytes)
+        self.chunk_bytes = staging_chunk_bytes(largest_tensor_bytes, chunk_bytes)
         # an exact-size anonymous mapping, registered with CUDA when pinned (see Arena)
         self._buffer = Arena(2, self.chunk_bytes, pin=self._cuda)
         self._copied: list[torch.cuda.Event | None] = [None, None]  # each half's last copy out
+        model.read_ahead(False)  # read-ahead pages would outlive the per-chunk drop below
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Host bytes the stager holds: the buffer's, 0 once closed."""
+        return 0 if self._buffer is None else self._buffer.nbytes
 
     def raw(self, info: TensorInfo) -> torch.Tensor:
         """The tensor's file bytes as a uint8 tensor on the device."""
@@ -66,5 +77,8 @@ class DeviceStager:
                 event.synchronize()
         self._copied = [None, None]
         if self._buffer is not None:
+            # a read-ahead still in flight when its chunk was dropped lands after the drop
+            self.model.drop_page_cache()
+            self.model.read_ahead(True)
             self._buffer.release()
             self._buffer = None  # the mapping goes back to the kernel with the Arena
