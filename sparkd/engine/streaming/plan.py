@@ -122,7 +122,9 @@ class MemoryPlan:
 
     def describe(self) -> str:
         share = f"of {self.n_experts_total} experts"
-        model = [("trunk", self.trunk_bytes, "resident weights, matrices kept quantized"),
+        trunk = ("resident weights, matrices kept quantized" if self.device_kind == "cpu"
+                 else "kernel projections as quant blocks, the rest f32")
+        model = [("trunk", self.trunk_bytes, trunk),
                  ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
                  ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens")]
         host = [("budget", self.budget_bytes, self.budget_source),
@@ -239,16 +241,24 @@ def expert_slot_bytes(g: GGUFModel) -> int:
     return max(per_layer.values(), default=0)
 
 
-def trunk_bytes(g: GGUFModel, n_layer: int | None = None) -> int:
-    """Resident non-expert tensors as a streamed model holds them: 2-D quantized weights as their
-    file bytes (QuantLinear; Q8_0 with f32 scales), everything else f32, plus the buffer they
-    dequantize into. Blocks past n_layer (NextN/MTP draft heads, never loaded) do not count."""
-    total = CHUNK_VALUES * F32_BYTES
+def trunk_bytes(g: GGUFModel, n_layer: int | None = None, kernel_types: frozenset | None = None) -> int:
+    """Resident non-expert tensors as the loader holds them. Blocks past n_layer (NextN/MTP draft
+    heads, never loaded) do not count.
+
+    On the CPU (kernel_types None) a streamed model keeps 2-D quantized weights as their file
+    bytes (QuantLinear; Q8_0 with f32 scales), everything else f32, plus the buffer they dequantize
+    into. On a GPU (kernel_types: the types with a Triton kernel) 2-D weights of those types stay
+    raw file bytes (KernelLinear) and everything else is f32, the token embedding too: its rows
+    are indexed, not multiplied (a 151936 x 2048 vocabulary: 1.2 GiB, not its 0.33 GiB of Q8_0)."""
+    total = 0 if kernel_types is not None else CHUNK_VALUES * F32_BYTES
     for name, info in g.tensors.items():
         layer = _LAYER.match(name)
         if EXPERT_WEIGHT.match(name) or (n_layer is not None and layer is not None and int(layer[1]) >= n_layer):
             continue
-        if len(info.shape) != 2 or info.ggml_type in (Q.F32, Q.F64):
+        if kernel_types is not None:
+            raw = len(info.shape) == 2 and info.ggml_type in kernel_types and name != "token_embd.weight"
+            total += info.nbytes if raw else info.n_elements * F32_BYTES
+        elif len(info.shape) != 2 or info.ggml_type in (Q.F32, Q.F64):
             total += info.n_elements * F32_BYTES
         elif info.ggml_type == Q.Q8_0:  # int8 quants and f32 scales held apart (QuantRows)
             total += info.n_elements + info.n_elements // 32 * F32_BYTES
@@ -324,7 +334,8 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
     total_experts = n_moe * cfg.n_expert
     slot = expert_slot_bytes(g)
-    model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer), kv_bytes=kv_bytes(cfg, ctx),
+    kernels = None if device.kind == "cpu" else _kernel_types()
+    model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx),
                  workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens))
     vram = split_vram(device, wants_vram_cache(device, unified), sum(model.values()), slot, total_experts,
                       vram_budget_bytes)
@@ -352,3 +363,9 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
             + f"\n  experts    {min_slots * slot:>16,d} bytes (top-{min_slots} x {slot})"
             + "\nraise --budget, lower --ctx, or use fewer --prefetch slots")
     return plan
+
+
+def _kernel_types() -> frozenset:
+    from sparkd.engine.kernels.dispatch import FAMILIES  # imports triton: only for a GPU's plan
+
+    return frozenset(FAMILIES)

@@ -126,6 +126,20 @@ def test_a_discrete_gpus_trunk_leaves_the_host_budget(model):
     assert "device (cuda:0, discrete)" in text and "vram experts" in text and "cuda runtime" in text
 
 
+def test_a_gpus_trunk_term_is_what_the_device_load_holds(model):
+    """On a GPU the trunk is kernel-type projections as raw blocks and the rest f32, the token
+    embedding included; the network built on the meta device holds exactly that many bytes."""
+    path, g, cfg = model
+    m = load_model(path, device="meta")
+    try:
+        held = sum(t.numel() * t.element_size() for t in [*m.net.parameters(), *m.net.buffers()])
+    finally:
+        m.close()
+    gpu, cpu = _plan(g, cfg, H200), _plan(g, cfg, DeviceInfo("cpu", "cpu"))
+    assert gpu.trunk_bytes == held and cpu.trunk_bytes != held
+    assert gpu.trunk_bytes >= 4 * g.tensor("token_embd.weight").n_elements
+
+
 def test_integrated_gpu_keeps_the_trunk_in_host_memory_and_no_vram_cache(model):
     _, g, cfg = model
     p = _plan(g, cfg, GB10)
