@@ -25,7 +25,8 @@ from sparkd.engine.tensors import load_tensor
 
 from conftest import REPO, drop_page_cache, resident_pages
 
-ENV = dict(os.environ, PYTHONPATH=str(REPO))
+# the repo first, then what the caller had (the GPU box installs wheels on PYTHONPATH)
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
 # Anonymous memory a load may hold above the buffer: Python objects, the allocator's rounding.
 SLACK_BYTES = 16 << 20
 
@@ -115,10 +116,12 @@ def test_a_file_truncated_under_a_device_load_is_a_clear_error(wide, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quant", ["F16", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("quant", ["F16", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"])
 def test_cuda_load_equals_the_host_built_weights(disk_dir, quant):
-    """Dequantized on the GPU from staged bytes = dequantized on the CPU and moved, bit for bit."""
-    path = write_model(disk_dir / f"stage-cuda-{quant}.gguf", model_plan(TINY["qwen3moe"], quant), seed=4)[0]
+    """Dequantized on the GPU from staged bytes (the token embedding, norms) = dequantized on the
+    CPU and moved, bit for bit; raw blocks byte for byte. Rows of 256: K-quants stay K-quants."""
+    shape = Shape("qwen3moe", n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff_exp=256)
+    path = write_model(disk_dir / f"stage-cuda-{quant}.gguf", model_plan(shape, quant), seed=4)[0]
     host, dev = load_model(path, device="cpu", kernels=True), load_model(path, device="cuda")
     try:
         want, got = host.net.state_dict(), dev.net.state_dict()
