@@ -43,7 +43,7 @@ class PeakSampler:
             self.peak_bytes = max(self.peak_bytes, anon_bytes())
             time.sleep(self.interval_seconds)
 
-    def start(self) -> "PeakSampler":
+    def start(self) -> PeakSampler:
         self.peak_bytes = anon_bytes()
         self._thread.start()
         return self

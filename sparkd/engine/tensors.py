@@ -5,7 +5,7 @@ happen here)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from gguf.constants import GGMLQuantizationType

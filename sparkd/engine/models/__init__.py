@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
@@ -106,7 +106,8 @@ def check_device(device: str) -> str:
 
 
 def _largest_trunk_tensor(gguf: GGUFModel) -> int:
-    from sparkd.engine.streaming.plan import largest_trunk_tensor_bytes  # plan imports this package
+    # here, not at the top: plan imports this package
+    from sparkd.engine.streaming.plan import largest_trunk_tensor_bytes
 
     return largest_trunk_tensor_bytes(gguf)
 

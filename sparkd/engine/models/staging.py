@@ -41,7 +41,8 @@ class DeviceStager:
 
     def __init__(self, model: GGUFModel, device: str | torch.device, largest_tensor_bytes: int,
                  chunk_bytes: int = STAGING_CHUNK_BYTES):
-        from sparkd.engine.streaming.arena import Arena  # streaming imports models: not at import time
+        # here, not at the top: streaming imports models
+        from sparkd.engine.streaming.arena import Arena
 
         self.model, self.device = model, torch.device(device)
         self._cuda = self.device.type == "cuda"

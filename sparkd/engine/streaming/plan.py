@@ -14,9 +14,9 @@ the host budget; the host then holds the CUDA runtime, the buffer the trunk load
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from gguf.constants import GGMLQuantizationType as Q
 
@@ -366,6 +366,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
 
 
 def _kernel_types() -> frozenset:
-    from sparkd.engine.kernels.dispatch import FAMILIES  # imports triton: only for a GPU's plan
+    # imports triton: only for a GPU's plan
+    from sparkd.engine.kernels.dispatch import FAMILIES
 
     return frozenset(FAMILIES)
