@@ -6,11 +6,13 @@
 # anon/file sampled every 0.1 s, memory.peak and oom kills, compared with the plan's host total
 # (memory_summary.py, one JSON line per run). The trunk load alone: bench/load_memory.py (anon
 # RSS sampled every 2 ms around load_model on cuda, the staging buffer against the built network).
-# The GPU tests of the staged load and the VRAM cache run first.
-# Knobs: LIMITS="4G 3G" TOKENS=32 OUT=/tmp/out WORK=/var/tmp/sparkd-vram
+# The GPU tests of the staged load and the VRAM cache run first. 4G is the earlier measurement's
+# limit (load peaked at 3.27 GB anon, 1.0-1.5 GB over the steady state); 2560M is below that peak,
+# and the old plan (staging = 2 x the trunk) refused to start there.
+# Knobs: LIMITS="4G 2560M" TOKENS=32 OUT=/tmp/out WORK=/var/tmp/sparkd-vram
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; WORK=${WORK:-/var/tmp/sparkd-vram}; mkdir -p "$WORK"
-LIMITS=${LIMITS:-4G 3G}; TOKENS=${TOKENS:-32}
+LIMITS=${LIMITS:-4G 2560M}; TOKENS=${TOKENS:-32}
 export PYTHONUNBUFFERED=1
 timeout 150 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/engine/streaming/test_device_staging.py \
   tests/engine/streaming/test_vram_cache.py tests/engine/test_kernel_engine.py -k "vram or zero_copy or staging or cuda_load" \
