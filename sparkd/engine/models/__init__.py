@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.experts import ExpertStore, ResidentExperts
@@ -53,7 +55,7 @@ Progress = Callable[[int, int], None]  # (bytes loaded, bytes total)
 
 
 def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
-               progress: Progress | None = None, device: str | None = None,
+               progress: Progress | None = None, device: str | torch.device | None = None,
                kernels: bool | None = None) -> LoadedModel:
     """Open a GGUF (first shard = all shards), configure and build its network.
 
@@ -66,10 +68,11 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
     buffer into device memory and dequantized there (models/staging.py: the host never holds the
     trunk); projections and routed experts whose type has a Triton kernel stay raw GGUF blocks
     (KernelLinear, KernelExperts), the rest is float32. kernels defaults to device != "cpu" (True
-    on the CPU runs the kernels under TRITON_INTERPRET=1). "meta" builds the device path without
-    data (tests).
+    on the CPU runs the kernels under TRITON_INTERPRET=1). torch.device("meta") (the object: a
+    device name from the command line is checked, and meta is not one) builds the device path
+    without data, for tests of where tensors go and what the host holds.
     """
-    device = check_device(device or "cpu")
+    device = "meta" if _is_meta(device) else check_device(device or "cpu")
     kernels = device != "cpu" if kernels is None else kernels
     gguf = path if isinstance(path, GGUFModel) else GGUFModel.open(path)
     try:
@@ -94,15 +97,16 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
 
 
 def check_device(device: str) -> str:
-    """The device, if torch can run on it: "cpu", "cuda[:N]" with a CUDA device present, or
-    "meta" (shapes without data: tests of where tensors go, without a GPU)."""
-    import torch
-
-    if device not in ("cpu", "meta") and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
+    """The device, if torch can run on it: "cpu" or "cuda[:N]" with a CUDA device present."""
+    if device != "cpu" and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
         raise EngineError(f"could not use device {device!r}: torch {torch.__version__} sees "
                           f"{torch.cuda.device_count()} CUDA device(s); use --device cpu, or a "
                           f"CUDA build of torch on a machine with an NVIDIA GPU")
     return device
+
+
+def _is_meta(device: str | torch.device | None) -> bool:
+    return isinstance(device, torch.device) and device.type == "meta"
 
 
 def _largest_trunk_tensor(gguf: GGUFModel) -> int:

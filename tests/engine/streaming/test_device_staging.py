@@ -1,6 +1,6 @@
 """The trunk goes to a device tensor by tensor through one bounded host buffer (models/staging.py).
 
-Without a GPU, torch's "meta" device stands in for it: load_model(device="meta") runs the device
+Without a GPU, torch's "meta" device stands in for it: load_model(device=META) runs the device
 path (the staging buffer is real host memory, the device tensors take none), so the host memory
 a child process holds during that load is what the loader holds. The same measurement on CUDA
 runs on the GPU box (marked gpu), with the loaded weights compared bit for bit to the CPU's."""
@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import REPO, drop_page_cache, resident_pages
 
+from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel, TruncatedFileError
 from sparkd.engine.make_model import plan as model_plan
 from sparkd.engine.make_model import write_model
@@ -27,6 +28,7 @@ from sparkd.engine.tensors import load_tensor
 
 # the repo first, then what the caller had (the GPU box installs wheels on PYTHONPATH)
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+META = torch.device("meta")  # the object: load_model refuses the name, as the command line's --device
 # Anonymous memory a load may hold above the buffer: Python objects, the allocator's rounding.
 SLACK_BYTES = 16 << 20
 
@@ -68,7 +70,7 @@ def test_a_device_load_holds_the_staging_buffer_not_the_trunk(wide):
 
 def test_the_staged_trunk_leaves_no_page_cache_behind(wide):
     drop_page_cache(wide)
-    m = load_model(wide, device="meta")
+    m = load_model(wide, device=META)
     m.close()
     trunk_pages = sum(-(-t.nbytes // 4096) for n, t in GGUFModel.open(wide).tensors.items() if "_exps." not in n)
     # what stays: the header and readahead past the last chunk of a tensor, not the trunk
@@ -95,7 +97,7 @@ def test_every_architecture_builds_its_trunk_on_the_device(disk_dir):
     tensors do not mix), as it would on CUDA."""
     for arch in sorted(TINY):
         path = write_model(disk_dir / f"stage-{arch}.gguf", model_plan(TINY[arch], "Q8_0"), seed=3)[0]
-        m = load_model(path, device="meta")
+        m = load_model(path, device=META)
         try:
             tensors = list(m.net.parameters()) + list(m.net.buffers())
         finally:
@@ -109,10 +111,15 @@ def test_a_file_truncated_under_a_device_load_is_a_clear_error(wide, tmp_path):
     g = GGUFModel.open(path)
     os.truncate(path, g.tensor("token_embd.weight").offset + 4096)
     with pytest.raises(TruncatedFileError) as err:
-        load_model(g, device="meta")
+        load_model(g, device=META)
     msg = str(err.value)
     assert "could not read tensor" in msg and str(path) in msg and "truncated" in msg
     assert g.shards == []  # the loader closed the model it was given
+
+
+def test_meta_is_not_a_device_name_the_command_line_can_give(wide):
+    with pytest.raises(EngineError, match="could not use device 'meta'"):
+        load_model(wide, device="meta")
 
 
 @pytest.mark.gpu

@@ -130,7 +130,7 @@ def test_a_gpus_trunk_term_is_what_the_device_load_holds(model):
     """On a GPU the trunk is kernel-type projections as raw blocks and the rest f32, the token
     embedding included; the network built on the meta device holds exactly that many bytes."""
     path, g, cfg = model
-    m = load_model(path, device="meta")
+    m = load_model(path, device=torch.device("meta"))
     try:
         held = sum(t.numel() * t.element_size() for t in [*m.net.parameters(), *m.net.buffers()])
     finally:
