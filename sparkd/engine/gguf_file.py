@@ -121,6 +121,9 @@ def _check_no_overlap(path: Path, infos: list[TensorInfo]) -> None:
                 path=path, tensor=this.name, offset=this.offset)
 
 
+_PAGE_BYTES = 4096  # the page cache's unit (x86-64, arm64 4K kernels)
+
+
 class GGUFModel:
     """Metadata and tensor index of a model; reads tensor bytes with pread. Close when done."""
 
@@ -203,24 +206,46 @@ class GGUFModel:
     def read_bytes(self, info: TensorInfo) -> np.ndarray:
         """The tensor's raw bytes as a fresh uint8 array, read with pread (no mapping, no cache)."""
         out = np.empty(info.nbytes, dtype=np.uint8)
-        view = memoryview(out)
+        self.read_into(info, 0, memoryview(out))
+        return out
+
+    def read_into(self, info: TensorInfo, start: int, out: memoryview) -> None:
+        """Bytes [start, start + len(out)) of the tensor's data into out (a chunk of it)."""
         fd = self._fds[info.path]
-        done = 0
-        while done < info.nbytes:
+        done, want = 0, len(out)
+        while done < want:
+            at = info.offset + start + done
             try:
-                n = os.preadv(fd, [view[done:]], info.offset + done)
+                n = os.preadv(fd, [out[done:]], at)
             except OSError as exc:
                 raise ModelError(f"could not read tensor {info.name!r} from {info.path} at offset "
-                                 f"{info.offset + done}: {exc.strerror}", path=info.path,
-                                 tensor=info.name, offset=info.offset + done) from exc
+                                 f"{at}: {exc.strerror}", path=info.path, tensor=info.name, offset=at) from exc
             if n == 0:
                 raise TruncatedFileError(
                     f"could not read tensor {info.name!r} from {info.path} at offset "
-                    f"{info.offset + done}: the file ends there ({info.nbytes - done} bytes short); "
+                    f"{at}: the file ends there ({want - done} bytes short); "
                     f"it was truncated after the model was opened", path=info.path,
-                    tensor=info.name, offset=info.offset + done)
+                    tensor=info.name, offset=at)
             done += n
-        return out
+
+    def drop_cached(self, info: TensorInfo, start: int, nbytes: int) -> None:
+        """Drop the page cache over bytes [start, start + nbytes) of the tensor's data, pages it
+        shares with a neighbour too (the kernel keeps partial pages): a cgroup is charged for
+        cached pages until the kernel reclaims them."""
+        first = (info.offset + start) // _PAGE_BYTES * _PAGE_BYTES
+        end = -(-(info.offset + start + nbytes) // _PAGE_BYTES) * _PAGE_BYTES
+        os.posix_fadvise(self._fds[info.path], first, end - first, os.POSIX_FADV_DONTNEED)
+
+    def drop_page_cache(self) -> None:
+        """Drop every shard's cached pages (after a buffered load; see drop_cached)."""
+        for fd in self._fds.values():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def read_ahead(self, on: bool) -> None:
+        """Let the kernel read ahead of this model's reads (the default), or not: a reader that
+        drops what it read would leave the read-ahead pages behind, charged to its cgroup."""
+        for fd in self._fds.values():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL if on else os.POSIX_FADV_RANDOM)
 
     def close(self) -> None:
         for shard in self.shards:

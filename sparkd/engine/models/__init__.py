@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+
+import torch
 
 from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
@@ -13,6 +15,7 @@ from sparkd.engine.layers.experts import ExpertStore, ResidentExperts
 from sparkd.engine.layers.quant_experts import KernelExperts
 from sparkd.engine.models.config import ModelConfig
 from sparkd.engine.models.decoder import Decoder
+from sparkd.engine.models.staging import DeviceStager
 from sparkd.engine.models.weights import Weights
 
 # GGUF architecture name → module under sparkd.engine.models
@@ -52,7 +55,7 @@ Progress = Callable[[int, int], None]  # (bytes loaded, bytes total)
 
 
 def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
-               progress: Progress | None = None, device: str | None = None,
+               progress: Progress | None = None, device: str | torch.device | None = None,
                kernels: bool | None = None) -> LoadedModel:
     """Open a GGUF (first shard = all shards), configure and build its network.
 
@@ -61,23 +64,33 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
     LoadedModel then owns it. `progress` hears bytes read against the bytes the load will read
     (the routed experts' too when they are resident, loaded on first use).
 
-    device "cuda": the network moves there; projections and routed experts whose type has a
-    Triton kernel stay raw GGUF blocks (KernelLinear, KernelExperts), the rest is float32. kernels
-    defaults to device != "cpu" (True on the CPU runs the kernels under TRITON_INTERPRET=1).
+    device "cuda": the network is built there, each trunk tensor read through a bounded host
+    buffer into device memory and dequantized there (models/staging.py: the host never holds the
+    trunk); projections and routed experts whose type has a Triton kernel stay raw GGUF blocks
+    (KernelLinear, KernelExperts), the rest is float32. kernels defaults to device != "cpu" (True
+    on the CPU runs the kernels under TRITON_INTERPRET=1). torch.device("meta") (the object: a
+    device name from the command line is checked, and meta is not one) builds the device path
+    without data, for tests of where tensors go and what the host holds.
     """
-    device = check_device(device or "cpu")
+    device = "meta" if _is_meta(device) else check_device(device or "cpu")
     kernels = device != "cpu" if kernels is None else kernels
     gguf = path if isinstance(path, GGUFModel) else GGUFModel.open(path)
     try:
         cfg = config_of(gguf)
         # a model streamed on the CPU keeps its trunk quantized: the budget is for experts
+        stager = None if device == "cpu" else DeviceStager(gguf, device, _largest_trunk_tensor(gguf))
         w = Weights(gguf, _counter(gguf, progress, resident=store is None) if progress else None,
-                    kernels=kernels, quantized=store is not None)
+                    kernels=kernels, quantized=store is not None, stager=stager)
         if store is None and kernels:
             store = KernelExperts(gguf, device, w.get, w.act_format)
         store = store or ResidentExperts(w.get, w.has, w.act_format)
-        net = arch_module(cfg.arch).build(cfg, w, store).to(device)
-        return LoadedModel(gguf, cfg, net)
+        try:
+            net = arch_module(cfg.arch).build(cfg, w, store)
+        finally:
+            if stager is not None:  # later reads (expert biases on first use) go through the host
+                w.stager = None
+                stager.close()
+        return LoadedModel(gguf, cfg, net.to(device))
     except BaseException:
         gguf.close()
         raise
@@ -85,13 +98,22 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
 
 def check_device(device: str) -> str:
     """The device, if torch can run on it: "cpu" or "cuda[:N]" with a CUDA device present."""
-    import torch
-
     if device != "cpu" and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
         raise EngineError(f"could not use device {device!r}: torch {torch.__version__} sees "
                           f"{torch.cuda.device_count()} CUDA device(s); use --device cpu, or a "
                           f"CUDA build of torch on a machine with an NVIDIA GPU")
     return device
+
+
+def _is_meta(device: str | torch.device | None) -> bool:
+    return isinstance(device, torch.device) and device.type == "meta"
+
+
+def _largest_trunk_tensor(gguf: GGUFModel) -> int:
+    # here, not at the top: plan imports this package
+    from sparkd.engine.streaming.plan import largest_trunk_tensor_bytes
+
+    return largest_trunk_tensor_bytes(gguf)
 
 
 def _counter(gguf: GGUFModel, progress: Progress, resident: bool) -> Callable[[int], None]:

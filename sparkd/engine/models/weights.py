@@ -12,6 +12,7 @@ from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.linear import KernelLinear, Linear
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows, Scratch
+from sparkd.engine.models.staging import DeviceStager
 from sparkd.engine.tensors import load_tensor, raw_tensor
 
 _FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F64}
@@ -21,11 +22,15 @@ class Weights:
     """kernels: projections whose type has a Triton kernel stay raw blocks multiplied by it
     (KernelLinear, the GPU path). quantized: keep projection matrices and the token embedding as
     the file's blocks dequantized per use (QuantLinear, QuantRows) instead of f32; a model
-    streamed on the CPU does, so its budget goes to experts."""
+    streamed on the CPU does, so its budget goes to experts.
+
+    stager: while set, get() and kernel projections read straight into its device and dequantize
+    there (no host copy of the tensor); the loader clears it once the network is built."""
 
     def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None,
-                 kernels: bool = False, quantized: bool = False):
+                 kernels: bool = False, quantized: bool = False, stager: DeviceStager | None = None):
         self.model = model
+        self.stager = stager
         self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
         # projections whose type has a Triton kernel stay raw blocks (KernelLinear, the GPU path)
         self._kernel_types = _kernel_types() if kernels else frozenset()
@@ -35,7 +40,7 @@ class Weights:
         return name in self.model.tensors
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        t = load_tensor(self.model, name, expect_shape=shape)
+        t = load_tensor(self.model, name, expect_shape=shape, read=self._device_read())
         if self._on_read is not None:
             self._on_read(self.model.tensor(name).nbytes)
         return t
@@ -47,7 +52,7 @@ class Weights:
         """`prefix.weight` [out, in] and `prefix.bias` if the file has one."""
         name = f"{prefix}.weight"
         if self.has(name) and self.model.tensor(name).ggml_type in self._kernel_types:
-            raw, qtype, full = raw_tensor(self.model, name, shape)
+            raw, qtype, full = raw_tensor(self.model, name, shape, read=self._device_read())
             if self._on_read is not None:
                 self._on_read(raw.numel())
             return KernelLinear(raw, qtype, full, self.maybe(f"{prefix}.bias"), self.act_format(name))
@@ -65,6 +70,9 @@ class Weights:
         if self._on_read is not None:
             self._on_read(info.nbytes)
         return QuantRows(raw, ggml_type, full_shape, self.scratch)
+
+    def _device_read(self):
+        return None if self.stager is None else self.stager.raw
 
     def act_format(self, name: str) -> str | None:
         """How llama.cpp rounds the activations multiplied by this weight (see act_round)."""

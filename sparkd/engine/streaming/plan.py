@@ -7,16 +7,16 @@ prefetch slots and the expert cache (the rest, in whole slots). Too small for on
 plus the prefetch slots → PlanError listing every term in bytes.
 
 On a discrete GPU (streaming/device.py) trunk, KV cache and workspace are device terms and leave
-the host budget; the host then holds the CUDA runtime, the trunk's host copies while it loads
+the host budget; the host then holds the CUDA runtime, the buffer the trunk loads through
 (staging), and the pinned arena; the device holds a VRAM expert cache as well.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from gguf.constants import GGMLQuantizationType as Q
 
@@ -24,6 +24,7 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.qlinear import CHUNK_VALUES
 from sparkd.engine.models.config import ModelConfig
+from sparkd.engine.models.staging import staging_buffer_bytes
 from sparkd.engine.streaming.device import CPU, DeviceInfo, split_vram, wants_vram_cache
 
 # A routed-expert weight tensor; its biases (gpt-oss) are small and stay resident with the trunk.
@@ -40,9 +41,6 @@ F32_BYTES = 4
 SLACK_FRACTION = 0.02
 SLACK_MIN_BYTES = 32 << 20
 WORKSPACE_SHARE = 1 / 32  # of the budget, when --batch-tokens is not given
-# Loading a trunk onto a discrete GPU peaked at 1.65-2.05x the trunk's bytes in host memory above
-# the steady state (H200, 0.75 GB trunk, anon memory sampled every 0.5 s: docs/performance.md).
-STAGING_TRUNK_FACTOR = 2
 
 
 class PlanError(EngineError):
@@ -75,7 +73,7 @@ class MemoryPlan:
     device_name: str = "cpu"
     device_kind: str = "cpu"  # "cpu", "discrete" or "integrated"
     cuda_runtime_bytes: int = 0  # host memory CUDA took when set up (in the host budget)
-    staging_bytes: int = 0  # host memory the trunk takes while it loads onto a discrete GPU
+    staging_bytes: int = 0  # host buffer the trunk loads through onto a GPU (models/staging.py)
     device_free_bytes: int = 0  # free device memory before the trunk was loaded
     vram_margin_bytes: int = 0
     vram_slots: int = 0  # VRAM expert cache, slots of slot_bytes
@@ -124,14 +122,16 @@ class MemoryPlan:
 
     def describe(self) -> str:
         share = f"of {self.n_experts_total} experts"
-        model = [("trunk", self.trunk_bytes, "resident weights, matrices kept quantized"),
+        trunk = ("resident weights, matrices kept quantized" if self.device_kind == "cpu"
+                 else "kernel projections as quant blocks, the rest f32")
+        model = [("trunk", self.trunk_bytes, trunk),
                  ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
                  ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens")]
         host = [("budget", self.budget_bytes, self.budget_source),
                 ("runtime", self.runtime_bytes, "interpreter and libraries"),
                 ("cuda runtime", self.cuda_runtime_bytes, "host memory of the CUDA runtime"),
                 ("slack", self.slack_bytes, "threads, allocator, late imports"),
-                ("staging", self.staging_bytes, f"trunk load: {STAGING_TRUNK_FACTOR} x the trunk, on the host")]
+                ("staging", self.staging_bytes, "host buffer the trunk loads through, freed after")]
         host += [] if self.trunk_on_device else model
         host += [("prefetch", self.prefetch_bytes, f"{self.prefetch_slots} slots"),
                  ("expert cache", self.expert_cache_bytes,
@@ -241,22 +241,46 @@ def expert_slot_bytes(g: GGUFModel) -> int:
     return max(per_layer.values(), default=0)
 
 
-def trunk_bytes(g: GGUFModel, n_layer: int | None = None) -> int:
-    """Resident non-expert tensors as a streamed model holds them: 2-D quantized weights as their
-    file bytes (QuantLinear; Q8_0 with f32 scales), everything else f32, plus the buffer they
-    dequantize into. Blocks past n_layer (NextN/MTP draft heads, never loaded) do not count."""
-    total = CHUNK_VALUES * F32_BYTES
+def trunk_bytes(g: GGUFModel, n_layer: int | None = None, kernel_types: frozenset | None = None) -> int:
+    """Resident non-expert tensors as the loader holds them. Blocks past n_layer (NextN/MTP draft
+    heads, never loaded) do not count.
+
+    On the CPU (kernel_types None) a streamed model keeps 2-D quantized weights as their file
+    bytes (QuantLinear; Q8_0 with f32 scales), everything else f32, plus the buffer they dequantize
+    into. On a GPU (kernel_types: the types with a Triton kernel) 2-D weights of those types stay
+    raw file bytes (KernelLinear) and everything else is f32, the token embedding too: its rows
+    are indexed, not multiplied (a 151936 x 2048 vocabulary: 1.2 GiB, not its 0.33 GiB of Q8_0)."""
+    total = 0 if kernel_types is not None else CHUNK_VALUES * F32_BYTES
     for name, info in g.tensors.items():
         layer = _LAYER.match(name)
         if EXPERT_WEIGHT.match(name) or (n_layer is not None and layer is not None and int(layer[1]) >= n_layer):
             continue
-        if len(info.shape) != 2 or info.ggml_type in (Q.F32, Q.F64):
+        if kernel_types is not None:
+            raw = len(info.shape) == 2 and info.ggml_type in kernel_types and name != "token_embd.weight"
+            total += info.nbytes if raw else info.n_elements * F32_BYTES
+        elif len(info.shape) != 2 or info.ggml_type in (Q.F32, Q.F64):
             total += info.n_elements * F32_BYTES
         elif info.ggml_type == Q.Q8_0:  # int8 quants and f32 scales held apart (QuantRows)
             total += info.n_elements + info.n_elements // 32 * F32_BYTES
         else:
             total += info.nbytes
     return total
+
+
+def largest_trunk_tensor_bytes(g: GGUFModel) -> int:
+    """File bytes of the largest tensor that is not a routed-expert weight: what one read of the
+    loader can need (its staging buffer is never larger)."""
+    return max((t.nbytes for n, t in g.tensors.items() if not EXPERT_WEIGHT.match(n)), default=0)
+
+
+def staging_term_bytes(g: GGUFModel, device: DeviceInfo) -> int:
+    """Host memory the trunk load holds beyond the plan's other terms. On the CPU none: tensors
+    are built where they stay. On a GPU the loader reads each trunk tensor chunk by chunk through
+    one two-half buffer (min(16 MiB, the largest trunk tensor) a half) straight into device memory
+    and dequantizes it there; nothing else of the trunk is on the host at once, so the buffer is
+    the term. (Building on the host and moving the network after held the whole trunk, f32 where
+    dequantized: 1.2-1.5 GB over the steady state for a 0.75 GB trunk on the H200.)"""
+    return 0 if device.kind == "cpu" else staging_buffer_bytes(largest_trunk_tensor_bytes(g))
 
 
 def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
@@ -310,14 +334,15 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
     total_experts = n_moe * cfg.n_expert
     slot = expert_slot_bytes(g)
-    model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer), kv_bytes=kv_bytes(cfg, ctx),
+    kernels = None if device.kind == "cpu" else _kernel_types()
+    model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx),
                  workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens))
     vram = split_vram(device, wants_vram_cache(device, unified), sum(model.values()), slot, total_experts,
                       vram_budget_bytes)
     host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
                 cuda_runtime_bytes=cuda_runtime_bytes,
                 slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
-                staging_bytes=STAGING_TRUNK_FACTOR * model["trunk_bytes"] if device.discrete else 0)
+                staging_bytes=staging_term_bytes(g, device))
     terms = host | ({} if device.discrete else model)
     fixed = sum(terms.values()) + prefetch_slots * slot
     min_slots = cfg.n_expert_used if total_experts else 0
@@ -338,3 +363,10 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
             + f"\n  experts    {min_slots * slot:>16,d} bytes (top-{min_slots} x {slot})"
             + "\nraise --budget, lower --ctx, or use fewer --prefetch slots")
     return plan
+
+
+def _kernel_types() -> frozenset:
+    # imports triton: only for a GPU's plan
+    from sparkd.engine.kernels.dispatch import FAMILIES
+
+    return frozenset(FAMILIES)

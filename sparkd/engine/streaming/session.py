@@ -4,7 +4,6 @@ large is allocated before the plan says it fits. The server's runtime and the CL
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
@@ -68,13 +67,6 @@ def limit_allocator_slack(mmap_threshold_bytes: int = 1 << 20, arenas: int = 2) 
         return False
 
 
-def _drop_page_cache(g: GGUFModel) -> None:
-    """The trunk and header were read buffered; do not leave them in the page cache, where a
-    cgroup would be charged for them on top of the plan."""
-    for shard in g.shards:
-        os.posix_fadvise(shard.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-
-
 @dataclass
 class StreamingModel:
     model: LoadedModel
@@ -112,7 +104,7 @@ def open_streaming(path: str | Path, opts: StreamOptions,
             first = next(il for il in range(config_of(g).n_layer) if f"blk.{il}.ffn_gate_exps.weight" in g.tensors)
             trace.write(trace_header(plan.slot_bytes, store.expert_bytes(first)))
         m = load_model(g, store, progress, device=opts.device)
-        _drop_page_cache(g)
+        g.drop_page_cache()  # header and trunk were read buffered: not on top of the plan in a cgroup
         if plan.vram_slots:  # after the trunk: it is the one that must fit
             # each copy in flight pins its source arena slot: leave top-k slots unpinned
             store.vram = VramExperts(plan.vram_slots, plan.slot_bytes, opts.device,

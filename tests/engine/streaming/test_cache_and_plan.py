@@ -198,3 +198,28 @@ def test_plan_cli_json(tiny_models):
     p = json.loads(r.stdout)
     assert p["budget_bytes"] == 2 << 30 and p["budget_source"] == "--budget" and p["ctx"] == 128
     assert p["total_bytes"] <= p["budget_bytes"] and p["slot_bytes"] % 4096 == 0
+
+
+def test_staging_term_is_the_buffer_the_loader_allocates(tiny_models):
+    """On a GPU the plan's staging term is the trunk loader's two-half buffer (not a multiple of the
+    trunk): each half min(16 MiB, the largest trunk tensor), in whole pages; none on the CPU."""
+    from sparkd.engine.gguf_file import GGUFModel
+    from sparkd.engine.models import config_of
+    from sparkd.engine.models.staging import DeviceStager, staging_buffer_bytes
+    from sparkd.engine.streaming.device import CPU, DeviceInfo
+    from sparkd.engine.streaming.plan import largest_trunk_tensor_bytes, staging_term_bytes
+
+    assert staging_buffer_bytes(1) == 2 * 4096 and staging_buffer_bytes(4097) == 4 * 4096
+    assert staging_buffer_bytes(100 << 20) == staging_buffer_bytes(16 << 20) == 32 << 20
+    gpu = DeviceInfo("cuda:0", "discrete", 1 << 40, 1 << 40)
+    with GGUFModel.open(tiny_models["qwen3moe", "Q8_0"]) as g:
+        largest = largest_trunk_tensor_bytes(g)
+        assert largest == max(t.nbytes for n, t in g.tensors.items() if "_exps.weight" not in n)
+        stager = DeviceStager(g, "meta", largest)
+        allocated = stager.buffer_bytes
+        stager.close()
+        assert stager.buffer_bytes == 0
+        assert staging_term_bytes(g, gpu) == allocated == staging_buffer_bytes(largest)
+        assert staging_term_bytes(g, CPU) == 0
+        plan = make_plan(g, config_of(g), Budget(1 << 30, "t"), 64, runtime_bytes=0, device=gpu)
+        assert plan.staging_bytes == allocated and "trunk loads through" in plan.describe()
