@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine.kernels import fused
+
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x²) + eps) over the last dim, without a weight (ggml_rms_norm)."""
@@ -20,6 +22,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., D]; normalise in float64 like ggml's double accumulator, then back.
+        if fused.active("rms_norm", x) and x.dtype == torch.float32:
+            from sparkd.engine.kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)  # one launch instead of six
         return rms_normalize(x, self.eps) * self.weight
 
 
