@@ -85,15 +85,21 @@ def count_cpu(step: Callable[[], object]) -> dict:
             "ops": dict(counter.ops.most_common()) | {f"triton:{k}": v for k, v in triton_launches.items()}}
 
 
+def count_kernels(events) -> dict:
+    """Device activities among profiler events: {"kernels": n, "copies": n, "names": {name: n}}
+    (record_function ranges, which also show on the device timeline, are left out)."""
+    names = Counter(e.name for e in events if e.device_type.name == "CUDA" and not e.name.startswith("stage:"))
+    copies = sum(n for k, n in names.items() if k.startswith(COPY_NAMES))
+    return {"kernels": sum(names.values()) - copies, "copies": copies, "names": dict(names.most_common())}
+
+
 def count_cuda(step: Callable[[], object]) -> dict:
-    """Device activities of step() on CUDA: {"kernels": n, "copies": n, "names": {name: n}}."""
+    """count_kernels of one step() on CUDA."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    names = Counter(e.name for e in prof.events() if e.device_type.name == "CUDA")
-    copies = sum(n for k, n in names.items() if k.startswith(COPY_NAMES))
-    return {"kernels": sum(names.values()) - copies, "copies": copies, "names": dict(names.most_common())}
+    return count_kernels(prof.events())
 
 
 def tiny_model(arch: str, folder: Path) -> Path:

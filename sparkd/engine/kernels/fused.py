@@ -41,9 +41,14 @@ def configure(spec: str, on_cpu: bool = False) -> str:
     """Switch the fused kernels (see parse); on_cpu runs them on CPU tensors too, which only the
     Triton interpreter can (tests). Returns the previous choice as a spec (on_cpu off)."""
     global _on, _on_cpu
-    before = ",".join(k for k in KERNELS if k in _on) or "none"
+    before = current()
     _on, _on_cpu = parse(spec), on_cpu
     return before
+
+
+def current() -> str:
+    """The kernels switched on, as a spec configure() takes."""
+    return ",".join(k for k in KERNELS if k in _on) or "none"
 
 
 def active(name: str, t: torch.Tensor) -> bool:

@@ -22,7 +22,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., D]; normalise in float64 like ggml's double accumulator, then back.
-        if fused.active("rms_norm", x) and x.dtype == torch.float32:
+        if fused.active("rms_norm", x) and x.dtype == self.weight.dtype == torch.float32:
             from sparkd.engine.kernels.rms_norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps)  # one launch instead of six
