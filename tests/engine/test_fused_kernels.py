@@ -11,7 +11,9 @@ the ids equal, static step logits <= 4.5e-7 over six archs. The bounds leave ~10
 the GPU, whose exp is approximate and whose compiler may fuse multiply-adds.
 """
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +24,7 @@ if not ON_GPU:
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton: 3.9.0 "
                                               "runs the interpreter next to the CPU torch)")
 
-from sparkd.engine.cuda_graphs import StaticDecode  # noqa: E402
+from sparkd.engine.cuda_graphs import StaticDecode, graph_blocker  # noqa: E402
 from sparkd.engine.errors import EngineError  # noqa: E402
 from sparkd.engine.kernels import fused  # noqa: E402
 from sparkd.engine.kernels.decode_attention import decode_attention  # noqa: E402
@@ -231,8 +233,76 @@ def test_fused_static_step_equals_torch_step(models, backend, arch):
     m = load_model(models[arch], device=backend)
     try:
         want, want_ids = static_decode(m.net, "none", backend, graphs=False)
-        got, got_ids = static_decode(m.net, "all", backend, graphs=backend == "cuda")
+        # on CUDA the fused step is captured and replayed where the model allows it
+        graphs = backend == "cuda" and graph_blocker(m.net) is None
+        got, got_ids = static_decode(m.net, "all", backend, graphs=graphs)
     finally:
         m.close()
     assert got_ids == want_ids
     assert rel_err(got, want) < BOUND["step"], f"{arch}: fused vs torch static step"
+
+
+def load_launch_count():
+    path = Path(__file__).parents[2] / "bench" / "gpu_box" / "launch_count.py"
+    spec = importlib.util.spec_from_file_location("launch_count", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(ON_GPU, reason="counts the CPU dispatch of the interpreted step; the GPU box "
+                                   "counts a graph replay in decode_profile.py")
+def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models):
+    counts = load_launch_count()
+    m = load_model(models["qwen3moe"])
+    try:
+        n_layer = len(m.net.blocks)
+        none, every = (counts.static_step_counts(m.net, spec, on_cpu=True) for spec in ("none", "all"))
+    finally:
+        m.close()
+    triton_ops = {k: v for k, v in every["ops"].items() if k.startswith("triton:")}
+    # per layer: attn, q, k and ffn norms, rope + KV write, attention, router; plus the output norm
+    assert triton_ops == {"triton:_rms_norm_rows": 4 * n_layer + 1, "triton:_rope_kv": n_layer,
+                          "triton:_decode_attention": n_layer, "triton:_router_topk": n_layer}
+    gone = ("pow", "rsqrt", "_softmax", "topk", "index_copy_", "repeat_interleave", "masked_fill")
+    assert all(none["ops"].get(op) for op in ("pow", "rsqrt", "_softmax", "topk", "index_copy_"))
+    assert not [op for op in every["ops"] if op in gone]
+    assert every["total"] < none["total"] / 2
+
+
+@pytest.mark.gpu
+def test_fused_graph_replay_equals_torch_eager_on_cuda(tmp_path):
+    """The captured step with every fused kernel against the eager CUDA step with none, on a Q8_0
+    model whose experts run the MoE kernels (graph-safe), over buckets 8, 16 and 32. Within 1e-5
+    as test_cuda_graphs' replay test: the MoE kernels add by atomics."""
+    path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    m = load_model(path, device="cuda")
+    try:
+        assert graph_blocker(m.net) is None
+        before = fused.configure("none")
+        try:
+            cache = m.net.new_cache(32)
+            logits = m.net(torch.tensor(PROMPT), cache)[-1:]
+            want, want_ids = [], []
+            for _ in range(24):
+                want_ids.append(int(logits[-1].argmax()))
+                logits = m.net(torch.tensor([want_ids[-1]]), cache)
+                want.append(logits[-1])
+        finally:
+            fused.configure(before)
+        fused.configure("all")
+        try:
+            cache = m.net.new_cache(32)
+            logits = m.net(torch.tensor(PROMPT), cache)[-1:]
+            step, got, got_ids = StaticDecode(m.net, cache, graphs=True, first_bucket=4), [], []
+            for _ in range(24):
+                got_ids.append(int(logits[-1].argmax()))
+                logits = step(got_ids[-1])
+                got.append(logits[-1])
+        finally:
+            fused.configure(before)
+    finally:
+        m.close()
+    assert sorted(step._graphs) == [8, 16, 32]
+    assert got_ids == want_ids
+    assert rel_err(torch.stack(got), torch.stack(want)) < 1e-5
