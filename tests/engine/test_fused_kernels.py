@@ -212,19 +212,25 @@ def models(tmp_path_factory):
     return {a: write_model(d / f"{a}.gguf", plan(TINY[a], "F32"), seed=3)[0] for a in ARCHS}
 
 
-def static_decode(net, spec: str, device: str, graphs: bool) -> tuple[torch.Tensor, list[int]]:
+def greedy(net, spec: str, device: str, make_step, steps: int = STEPS):
+    """(logits rows, token ids, the step) of greedy decoding after PROMPT with fused kernels
+    `spec`; make_step(cache) gives the per-token function."""
     before = fused.configure(spec, on_cpu=device == "cpu")
     try:
         cache = net.new_cache(32)
         logits = net(torch.tensor(PROMPT), cache)[-1:]
-        step, rows, ids = StaticDecode(net, cache, graphs=graphs, first_bucket=4), [], []
-        for _ in range(STEPS):
+        step, rows, ids = make_step(cache), [], []
+        for _ in range(steps):
             ids.append(int(logits[-1].argmax()))
             logits = step(ids[-1])
             rows.append(logits[-1])
-        return torch.stack(rows), ids
+        return torch.stack(rows), ids, step
     finally:
         fused.configure(before)
+
+
+def static(net, graphs: bool):
+    return lambda cache: StaticDecode(net, cache, graphs=graphs, first_bucket=4)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -232,10 +238,10 @@ def static_decode(net, spec: str, device: str, graphs: bool) -> tuple[torch.Tens
 def test_fused_static_step_equals_torch_step(models, backend, arch):
     m = load_model(models[arch], device=backend)
     try:
-        want, want_ids = static_decode(m.net, "none", backend, graphs=False)
+        want, want_ids, _ = greedy(m.net, "none", backend, static(m.net, graphs=False))
         # on CUDA the fused step is captured and replayed where the model allows it
         graphs = backend == "cuda" and graph_blocker(m.net) is None
-        got, got_ids = static_decode(m.net, "all", backend, graphs=graphs)
+        got, got_ids, _ = greedy(m.net, "all", backend, static(m.net, graphs))
     finally:
         m.close()
     assert got_ids == want_ids
@@ -279,30 +285,10 @@ def test_fused_graph_replay_equals_torch_eager_on_cuda(tmp_path):
     m = load_model(path, device="cuda")
     try:
         assert graph_blocker(m.net) is None
-        before = fused.configure("none")
-        try:
-            cache = m.net.new_cache(32)
-            logits = m.net(torch.tensor(PROMPT), cache)[-1:]
-            want, want_ids = [], []
-            for _ in range(24):
-                want_ids.append(int(logits[-1].argmax()))
-                logits = m.net(torch.tensor([want_ids[-1]]), cache)
-                want.append(logits[-1])
-        finally:
-            fused.configure(before)
-        fused.configure("all")
-        try:
-            cache = m.net.new_cache(32)
-            logits = m.net(torch.tensor(PROMPT), cache)[-1:]
-            step, got, got_ids = StaticDecode(m.net, cache, graphs=True, first_bucket=4), [], []
-            for _ in range(24):
-                got_ids.append(int(logits[-1].argmax()))
-                logits = step(got_ids[-1])
-                got.append(logits[-1])
-        finally:
-            fused.configure(before)
+        want, want_ids, _ = greedy(m.net, "none", "cuda", lambda c: lambda t: m.net(torch.tensor([t]), c), 24)
+        got, got_ids, step = greedy(m.net, "all", "cuda", static(m.net, graphs=True), 24)
     finally:
         m.close()
     assert sorted(step._graphs) == [8, 16, 32]
     assert got_ids == want_ids
-    assert rel_err(torch.stack(got), torch.stack(want)) < 1e-5
+    assert rel_err(got, want) < 1e-5
