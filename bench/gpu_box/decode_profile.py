@@ -26,9 +26,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from launch_count import count_kernels
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from launch_count import count_kernels
 from sparkd.engine.cuda_graphs import StaticDecode, graph_blocker
 from sparkd.engine.kernels import fused
 from sparkd.engine.layers.moe import MoE

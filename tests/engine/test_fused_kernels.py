@@ -24,22 +24,22 @@ if not ON_GPU:
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton: 3.9.0 "
                                               "runs the interpreter next to the CPU torch)")
 
-from sparkd.engine.cuda_graphs import StaticDecode, graph_blocker  # noqa: E402
-from sparkd.engine.errors import EngineError  # noqa: E402
-from sparkd.engine.kernels import fused  # noqa: E402
-from sparkd.engine.kernels.decode_attention import decode_attention  # noqa: E402
-from sparkd.engine.kernels.family import KernelArgumentError  # noqa: E402
-from sparkd.engine.kernels.rms_norm import rms_norm  # noqa: E402
-from sparkd.engine.kernels.rope_kv import rope_kv  # noqa: E402
-from sparkd.engine.kernels.router_topk import router_topk  # noqa: E402
-from sparkd.engine.layers.attention import attend  # noqa: E402
-from sparkd.engine.layers.linear import Linear  # noqa: E402
-from sparkd.engine.layers.moe import Router  # noqa: E402
-from sparkd.engine.layers.norm import rms_normalize  # noqa: E402
-from sparkd.engine.layers.rope import RopeConfig, apply_rope, rope_cos_sin  # noqa: E402
-from sparkd.engine.make_model import plan, write_model  # noqa: E402
-from sparkd.engine.modelgen.specs import TINY  # noqa: E402
-from sparkd.engine.models import load_model  # noqa: E402
+from sparkd.engine.cuda_graphs import StaticDecode, graph_blocker
+from sparkd.engine.errors import EngineError
+from sparkd.engine.kernels import fused
+from sparkd.engine.kernels.decode_attention import decode_attention
+from sparkd.engine.kernels.family import KernelArgumentError
+from sparkd.engine.kernels.rms_norm import rms_norm
+from sparkd.engine.kernels.rope_kv import rope_kv
+from sparkd.engine.kernels.router_topk import router_topk
+from sparkd.engine.layers.attention import attend
+from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.moe import Router
+from sparkd.engine.layers.norm import rms_normalize
+from sparkd.engine.layers.rope import RopeConfig, apply_rope, rope_cos_sin
+from sparkd.engine.make_model import plan, write_model
+from sparkd.engine.modelgen.specs import TINY
+from sparkd.engine.models import load_model
 
 BOUND = {"rms_norm": 1e-6, "rope_kv": 1e-6, "attention": 4e-6, "router": 1e-6, "step": 5e-6}
 BACKENDS = [
@@ -100,7 +100,7 @@ def test_rope_kv_matches_torch(backend, neox, H, Hkv, Dk, Dv, n_rot, pos):
     v = torch.randn(1, Hkv, Dv) if Dv else None
     k_cache = torch.full((C, Hkv, Dk), float("nan"))  # rows other than pos must stay as they were
     v_cache = torch.full((C, Hkv, Dv), float("nan")) if Dv else None
-    want_q, want_k, want_v = rope_reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox)
+    want_q, want_k, _ = rope_reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox)
     dev = [None if t is None else t.to(backend) for t in (q, k, v, cos, sin, k_cache, v_cache)]
     got_q = rope_kv(*dev[:5], torch.tensor([pos], device=backend), dev[5], dev[6], neox)
     assert rel_err(got_q, want_q) < BOUND["rope_kv"]
