@@ -228,7 +228,9 @@ def table(res: dict) -> str:
     g = res["profile_graphs"]
     lines.append(f"{'step wall (CUDA graph replay)':36s} {g['wall_ms']:11.3f} {g['kernel_ms']:10.3f}")
     lines.append(f"graph replay: {g['kernels_per_token']:.0f} kernels + {g['copies_per_token']:.0f} "
-                 f"copies/token (fused kernels: {res['fused']})")
+                 f"copies/token (fused kernels: {res['fused']}); the most launched:")
+    for name, n in list(g["top_kernels_per_token"].items())[:12]:
+        lines.append(f"  {n:6.1f}  {name[:100]}")
     return "\n".join(lines)
 
 
