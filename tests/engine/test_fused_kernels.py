@@ -80,7 +80,9 @@ def test_rms_norm_refuses_bad_arguments():
         rms_norm(torch.randn(2, 8), torch.randn(7), 1e-6)
 
 
-def rope_reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox):
+def rope_reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox, norms=None):
+    if norms is not None:
+        q, k = (rms_normalize(t, norms[2]) * w for t, w in zip((q, k), norms[:2]))
     c, s = cos[pos:pos + 1], sin[pos:pos + 1]
     k_cache, v_cache = k_cache.clone(), None if v_cache is None else v_cache.clone()
     k_cache[pos] = apply_rope(k, c, s, neox)[0]
@@ -90,19 +92,21 @@ def rope_reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("neox, H, Hkv, Dk, Dv, n_rot, pos", [
-    (True, 4, 2, 16, 16, 16, 0), (False, 6, 3, 12, 10, 8, 9), (True, 5, 1, 20, 24, 12, 11),
-    (False, 2, 2, 8, 0, 8, 5)])  # Dv 0: no value rows (MLA's cache)
-def test_rope_kv_matches_torch(backend, neox, H, Hkv, Dk, Dv, n_rot, pos):
+@pytest.mark.parametrize("neox, H, Hkv, Dk, Dv, n_rot, pos, norm", [
+    (True, 4, 2, 16, 16, 16, 0, False), (False, 6, 3, 12, 10, 8, 9, True), (True, 5, 1, 20, 24, 12, 11, True),
+    (False, 2, 2, 8, 0, 8, 5, False)])  # Dv 0: no value rows (MLA's cache)
+def test_rope_kv_matches_torch(backend, neox, H, Hkv, Dk, Dv, n_rot, pos, norm):
     C = 12
     cos, sin = rope_cos_sin(RopeConfig(n_rot=n_rot, base=10000.0, neox=neox), torch.arange(C))
-    q, k = torch.randn(1, H, Dk), torch.randn(1, Hkv, Dk)
+    q, k = torch.randn(1, H, Dk) * 3, torch.randn(1, Hkv, Dk)
     v = torch.randn(1, Hkv, Dv) if Dv else None
+    norms = (torch.randn(Dk), torch.randn(Dk), 1e-6) if norm else None  # qwen3's per-head q/k norms
     k_cache = torch.full((C, Hkv, Dk), float("nan"))  # rows other than pos must stay as they were
     v_cache = torch.full((C, Hkv, Dv), float("nan")) if Dv else None
-    want_q, want_k, _ = rope_reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox)
+    want_q, want_k, _ = rope_reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox, norms)
     dev = [None if t is None else t.to(backend) for t in (q, k, v, cos, sin, k_cache, v_cache)]
-    got_q = rope_kv(*dev[:5], torch.tensor([pos], device=backend), dev[5], dev[6], neox)
+    dev_norms = None if norms is None else (norms[0].to(backend), norms[1].to(backend), norms[2])
+    got_q = rope_kv(*dev[:5], torch.tensor([pos], device=backend), dev[5], dev[6], neox, dev_norms)
     assert rel_err(got_q, want_q) < BOUND["rope_kv"]
     assert rel_err(dev[5][pos], want_k[pos]) < BOUND["rope_kv"]
     assert dev[5].cpu().isnan().sum() == (C - 1) * Hkv * Dk
@@ -259,6 +263,7 @@ def load_launch_count():
 @pytest.mark.skipif(ON_GPU, reason="counts the CPU dispatch of the interpreted step; the GPU box "
                                    "counts a graph replay in decode_profile.py")
 def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models):
+    """qwen3moe: q/k norms fold into rope_kv; no torch norm, rope, softmax or top-k is left."""
     counts = load_launch_count()
     m = load_model(models["qwen3moe"])
     try:
@@ -267,8 +272,8 @@ def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models):
     finally:
         m.close()
     triton_ops = {k: v for k, v in every["ops"].items() if k.startswith("triton:")}
-    # per layer: attn, q, k and ffn norms, rope + KV write, attention, router; plus the output norm
-    assert triton_ops == {"triton:_rms_norm_rows": 4 * n_layer + 1, "triton:_rope_kv": n_layer,
+    # per layer: attn and ffn norms, q/k norms + rope + KV write, attention, router; plus the output norm
+    assert triton_ops == {"triton:_rms_norm_rows": 2 * n_layer + 1, "triton:_rope_kv": n_layer,
                           "triton:_decode_attention": n_layer, "triton:_router_topk": n_layer}
     gone = ("pow", "rsqrt", "_softmax", "topk", "index_copy_", "repeat_interleave", "masked_fill")
     assert all(none["ops"].get(op) for op in ("pow", "rsqrt", "_softmax", "topk", "index_copy_"))
