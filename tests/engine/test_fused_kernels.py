@@ -29,7 +29,7 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.kernels import fused
 from sparkd.engine.kernels.decode_attention import decode_attention
 from sparkd.engine.kernels.family import KernelArgumentError
-from sparkd.engine.kernels.rms_norm import rms_norm
+from sparkd.engine.kernels.rms_norm import add_rms_norm, rms_norm
 from sparkd.engine.kernels.rope_kv import rope_kv
 from sparkd.engine.kernels.router_topk import router_topk
 from sparkd.engine.layers.attention import attend
@@ -66,6 +66,15 @@ def test_rms_norm_matches_torch(backend, shape):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(1, 7), (3, 100)])
+def test_add_rms_norm_returns_the_sum_and_its_norm(backend, shape):
+    x, h, w = torch.randn(shape), torch.randn(shape), torch.randn(shape[-1])
+    total, normed = add_rms_norm(x.to(backend), h.to(backend), w.to(backend), 1e-6)
+    assert torch.equal(total.cpu(), x + h)
+    assert rel_err(normed, rms_normalize(x + h, 1e-6) * w) < BOUND["rms_norm"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_rms_norm_reads_strided_rows(backend):
     kv = torch.randn(3, 40)  # MLA normalises the latent part of each row: a strided view
     w = torch.randn(32)
@@ -78,6 +87,8 @@ def test_rms_norm_refuses_bad_arguments():
         rms_norm(torch.randn(2, 8, dtype=torch.float64), torch.randn(8), 1e-6)
     with pytest.raises(KernelArgumentError, match=r"weight as long as x's last dim"):
         rms_norm(torch.randn(2, 8), torch.randn(7), 1e-6)
+    with pytest.raises(KernelArgumentError, match=r"could not run add_rms_norm: .* must match"):
+        add_rms_norm(torch.randn(2, 8), torch.randn(1, 8), torch.randn(8), 1e-6)
 
 
 def rope_reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox, norms=None):
