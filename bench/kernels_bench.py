@@ -39,12 +39,14 @@ ROTATE_BYTES = 768 << 20
 REPEATS = 15
 BASELINE = False  # --torch-baseline: also time torch's dequantize-then-matmul (slow)
 F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
-              T.Q4_0: [0], T.IQ4_XS: [0]}
+              T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0]}
 DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projections
 # model width, expert width, experts per token: qwen3-30b-a3b, and qwen3-235b-a22b
 MOES = [(2048, 768, 8), (4096, 1536, 8)]
 MOE = MOES[0]
 INT_TYPES = (T.Q8_0, T.Q4_K)  # families with an integer step
+IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)  # GEMV dot timed next to dequant-then-multiply
+NO_DOT = dict(dot=None, acc0=None, total=None)
 SWEEP_ON = False  # --sweep
 # GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split (0 = auto),
 # elementwise tile); the session-3 run had the per-group reduction only (elementwise False)
@@ -62,10 +64,11 @@ MOE_SWEEP = [(None, None)] + [(GemvConfig(*a), GemvConfig(*b)) for a, b in (
 
 
 @contextlib.contextmanager
-def float_path(qtype: T):
-    """The family without its integer step: the float kernels these types ran before."""
+def float_path(qtype: T, **without):
+    """The family without its integer step: the float kernels these types ran before (or without
+    the given fields: NO_DOT, an i-quant's dequant-then-multiply)."""
     fam = dispatch.FAMILIES[qtype]
-    dispatch.FAMILIES[qtype] = dataclasses.replace(fam, idot=None, act_fmt=None)
+    dispatch.FAMILIES[qtype] = dataclasses.replace(fam, **(without or dict(idot=None, act_fmt=None)))
     try:
         yield
     finally:
@@ -149,6 +152,9 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
     if qtype in INT_TYPES:
         with float_path(qtype):
             out.append(time(FLOAT_BEST, f"float {tag(FLOAT_BEST)}"))
+    if qtype in IQ_TYPES:
+        with float_path(qtype, **NO_DOT):
+            out.append(time(None, "dequant default"))
     for cfg in (SWEEP if SWEEP_ON and qtype in INT_TYPES else [None]):
         out.append(time(cfg, tag(cfg)))
     if not BASELINE:
@@ -214,6 +220,9 @@ def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
     if qtype in INT_TYPES:
         with float_path(qtype):
             out.append(time(*FLOAT_MOE, f"float {tag(FLOAT_MOE[0])}/{tag(FLOAT_MOE[1])}"))
+    if qtype in IQ_TYPES:
+        with float_path(qtype, **NO_DOT):
+            out.append(time(None, None, "dequant default"))
     for gu, dn in (MOE_SWEEP if SWEEP_ON and qtype in INT_TYPES else MOE_SWEEP[:1]):
         out.append(time(gu, dn, f"{tag(gu)}/{tag(dn)}"))
     if not BASELINE:

@@ -141,13 +141,14 @@ def llama(tag):
 print("| run | sparkd tok/s | llama.cpp tok/s | sparkd / llama.cpp |\n|---|---|---|---|")
 for f in sorted(out.glob("engine_*.json")):
     tag = f.stem[len("engine_"):]
-    kind, q = tag.split("_")[0], tag.split("_")[1]
+    kind, rest = tag.split("_", 1)  # resident_Q8_0_graphs-on, stream_Q8_0
+    q = rest.split("_graphs")[0]
     ref = llama(f"{kind}_{q}")
     ours = engine(tag)
     ratio = f"{ours / ref:.2f}" if ours and ref else "n/a"
     print(f"| {tag} | {ours if ours is None else round(ours, 2)} | {ref if ref is None else round(ref, 2)} | {ratio} |")
 EOF
 # at most 8 files come back from a device call: the raw logs travel as one archive
-tar -czf "$OUT/raw.tgz" -C "$OUT" --exclude raw.tgz --exclude summary.md --exclude log.txt \
-  . && find "$OUT" -maxdepth 1 -type f ! -name raw.tgz ! -name summary.md ! -name log.txt -delete
+tar -czf "$WORK/raw.tgz" -C "$OUT" --exclude summary.md --exclude log.txt . && mv "$WORK/raw.tgz" "$OUT/" \
+  && find "$OUT" -maxdepth 1 -type f ! -name raw.tgz ! -name summary.md ! -name log.txt -delete
 log "done"

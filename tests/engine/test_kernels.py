@@ -42,7 +42,7 @@ BACKENDS = [
 ]
 TYPES = list(dispatch.FAMILIES)
 F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
-              T.Q4_0: [0], T.IQ4_XS: [0]}
+              T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0]}
 _rng = np.random.default_rng()
 
 
@@ -155,7 +155,8 @@ TILES = {"cuda": {}, "cpu": dict(gate_up=GemvConfig(block_n=64, num_warps=1, unr
                                  down=GemvConfig(block_n=64, num_warps=1, unroll=2))}
 # (gate/up type, down type, activation): every family in some position, both activations
 MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
-             (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.IQ4_XS, T.Q4_0, "silu")]
+             (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.IQ4_XS, T.Q4_0, "silu"), (T.IQ1_S, T.IQ2_XXS, "silu"),
+             (T.IQ2_XS, T.IQ3_XXS, "swiglu_oai")]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
@@ -201,11 +202,11 @@ def _dev() -> str:
     return "cuda" if ON_GPU else "cpu"
 
 
-def test_unsupported_type_names_the_remaining_work():
-    raw = torch.zeros(66, dtype=torch.uint8)
-    with pytest.raises(UnsupportedTypeError, match="could not multiply IQ2_XXS blocks on the GPU.*Q8_0"):
-        gemv(raw, T.IQ2_XXS, (1, 256), torch.randn(256))
-    assert T.IQ2_XXS in dispatch.REMAINING and not set(dispatch.REMAINING) & set(dispatch.FAMILIES)
+def test_type_without_a_kernel_is_a_clear_error():
+    raw = torch.zeros(110, dtype=torch.uint8)
+    with pytest.raises(UnsupportedTypeError, match="could not multiply IQ3_S blocks on the GPU.*IQ1_S"):
+        gemv(raw, T.IQ3_S, (1, 256), torch.randn(256))
+    assert dispatch.REMAINING == () and {T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S} <= set(dispatch.FAMILIES)
 
 
 @pytest.mark.parametrize("case", ["cols", "dtype", "bytes", "x_dtype", "out_shape", "odd_address"])

@@ -7,16 +7,18 @@ Every family dequantizes a group as [BN rows, NSUB sub-blocks, SUBLEN values] (t
 the unit that carries one scale), so the generic kernels load the activations in the same shape
 and never need a per-family layout conversion.
 
-dequant(w_ptr, row_off, g, smask) contract:
+dequant(w_ptr, aux_ptr, row_off, g, smask) contract:
   w_ptr   uint8 pointer (a weight tensor, an arena, or mapped host memory)
+  aux_ptr float32 pointer to the family's codebook in device memory (grids.grid_table(Family.grid,
+          device)); families without one get a placeholder and ignore it
   row_off int64 [BN, 1, 1] byte offset of each row's first block
   g       group index along the row (values g*256 ... g*256+255)
   smask   bool [BN, NSUB, 1]: which (row, sub-block) pairs exist (row past the end, or a Q8_0
           row that ends inside the group); masked values must come back as 0.
 
-dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW) contract: row_off int64 [BN], rmask bool [BN]
-(False rows contribute 0 and are not read), x float32 [K]; adds group g's share of
-sum_k W[row, k] * x[k] to acc and returns it. EW (compile-time) picks the accumulator: True, an
+dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW) contract: aux_ptr as above, row_off
+int64 [BN], rmask bool [BN] (False rows contribute 0 and are not read), x float32 [K]; adds group
+g's share of sum_k W[row, k] * x[k] to acc and returns it. EW (compile-time) picks the accumulator: True, an
 elementwise float32 tile in the family's own shape, summed once after the loop (no cross-thread
 reduction per group); False, float32 [BN] (each group reduced at once). acc0(rmask, EW) makes the
 zero accumulator and total(acc, EW) reduces it to [BN]. Families without a dot get dequant
@@ -60,6 +62,7 @@ class Family:
     idot: Any = None  # triton.JITFunction, or None: no integer path
     act_fmt: str | None = None  # with idot: how x is quantized (act_quant.Q8_0 / Q8_K)
     iacc: tuple[int, int] = (1, 1)  # with idot: its accumulator tile per row, reduced after the loop
+    grid: str | None = None  # the gguf class whose codebook the kernels get as aux_ptr (i-quants)
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

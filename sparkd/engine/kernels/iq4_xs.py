@@ -20,7 +20,7 @@ _KV_HI = tl.constexpr(0x7159453526190D01)
 
 
 @triton.jit
-def dequant(w_ptr, row_off, g, smask):
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
     s = tl.arange(0, 8)[None, :, None]
     i = tl.arange(0, 32)[None, None, :]
     blk = w_ptr + row_off + g * 136  # [BN, 1, 1]

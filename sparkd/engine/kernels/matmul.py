@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sparkd.engine.kernels import act_quant, dispatch
+from sparkd.engine.kernels import act_quant, dispatch, grids
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
 # enough programs to keep every SM of a large GPU busy with a few resident programs each
@@ -65,24 +65,25 @@ def split_for(cfg: GemvConfig, rows: int, groups: int) -> int:
 
 
 @triton.jit
-def dot_from_dequant(w_ptr, row_off, rmask, x_ptr, g, K, DEQ: tl.constexpr, NSUB: tl.constexpr,
+def dot_from_dequant(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, DEQ: tl.constexpr, NSUB: tl.constexpr,
                      SUBLEN: tl.constexpr):
     """A family's dot through its dequant: float32 [BN] for group g."""
     s = tl.arange(0, NSUB)[None, :, None]
     i = tl.arange(0, SUBLEN)[None, None, :]
     k0 = g * (NSUB * SUBLEN) + s * SUBLEN  # [1, NSUB, 1] first column of each sub-block
     kmask = k0 < K
-    w = DEQ(w_ptr, row_off[:, None, None], g, rmask[:, None, None] & kmask)
+    w = DEQ(w_ptr, aux_ptr, row_off[:, None, None], g, rmask[:, None, None] & kmask)
     x = tl.load(x_ptr + k0 + i, mask=kmask & (i < SUBLEN), other=0.0)
     return tl.sum(tl.sum(w * x, 2), 1)
 
 
 @triton.jit
-def row_dot(w_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.constexpr, ACC0: tl.constexpr,
+def row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.constexpr, ACC0: tl.constexpr,
             TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
             SUBLEN: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr):
     """sum_k W[row, k] * x[k] over range `part` of `n_parts` of the row's groups: float32 [BN].
-    The family's code (family_args): its DOT/ACC0/TOTAL, or DEQ when it has no dot (USE_DEQ)."""
+    The family's code (family_args): its DOT/ACC0/TOTAL, or DEQ when it has no dot (USE_DEQ);
+    aux_ptr its codebook (grids.grid_table)."""
     n_groups = tl.cdiv(K, NSUB * SUBLEN)
     per = tl.cdiv(n_groups, n_parts)
     start = part * per
@@ -97,9 +98,9 @@ def row_dot(w_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.constexpr, A
             gc = tl.minimum(g, end - 1)  # past the end: read a valid group, masked out
             m = rmask & (tl.zeros(rmask.shape, tl.int32) + g < end)  # (a scalar mask breaks the interpreter)
             if USE_DEQ:
-                acc += dot_from_dequant(w_ptr, row_off, m, x_ptr, gc, K, DEQ, NSUB, SUBLEN)
+                acc += dot_from_dequant(w_ptr, aux_ptr, row_off, m, x_ptr, gc, K, DEQ, NSUB, SUBLEN)
             else:
-                acc = DOT(w_ptr, row_off, m, x_ptr, gc, K, acc, EW)
+                acc = DOT(w_ptr, aux_ptr, row_off, m, x_ptr, gc, K, acc, EW)
     if not USE_DEQ:
         acc = TOTAL(acc, EW)
     return acc
@@ -143,15 +144,15 @@ def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, IDOT: t
 
 
 @triton.jit
-def _gemv_kernel(w_ptr, x_ptr, y_ptr, N, K, row_bytes, DOT: tl.constexpr, ACC0: tl.constexpr,
+def _gemv_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, N, K, row_bytes, DOT: tl.constexpr, ACC0: tl.constexpr,
                  TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
                  SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
                  SPLIT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     row_off = rows.to(tl.int64) * row_bytes
-    acc = row_dot(w_ptr, row_off, rmask, x_ptr, K, tl.program_id(1), SPLIT, DOT, ACC0, TOTAL, DEQ,
-                  USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
+    acc = row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, tl.program_id(1), SPLIT, DOT, ACC0, TOTAL,
+                  DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
     if SPLIT == 1:
         tl.store(y_ptr + rows, acc, mask=rmask)
     else:
@@ -172,7 +173,7 @@ def family_args(fam: dispatch.Family) -> dict:
 
 
 @triton.jit
-def _gemm_kernel(w_ptr, x_ptr, y_ptr, N, K, T, row_bytes, stride_xt, stride_yt,
+def _gemm_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, N, K, T, row_bytes, stride_xt, stride_yt,
                  DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_T: tl.constexpr, PRECISION: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -184,7 +185,8 @@ def _gemm_kernel(w_ptr, x_ptr, y_ptr, N, K, T, row_bytes, stride_xt, stride_yt,
     acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     for g in range(0, tl.cdiv(K, NSUB * SUBLEN)):
         kmask = g * (NSUB * SUBLEN) + s * SUBLEN < K
-        w = tl.reshape(DEQ(w_ptr, row_off, g, rmask[:, None, None] & kmask), (BLOCK_N, NSUB * SUBLEN))
+        w = DEQ(w_ptr, aux_ptr, row_off, g, rmask[:, None, None] & kmask)
+        w = tl.reshape(w, (BLOCK_N, NSUB * SUBLEN))
         cols = g * (NSUB * SUBLEN) + kk
         x = tl.load(x_ptr + toks[:, None].to(tl.int64) * stride_xt + cols,
                     mask=tmask[:, None] & (cols < K), other=0.0)
@@ -232,8 +234,8 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
         return y
     x = x if round_x is None else round_x(x).contiguous()
     _gemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
-        weight, x, y, rows, cols, row_bytes, **family_args(fam), BLOCK_N=cfg.block_n,
-        UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, num_warps=cfg.num_warps)
+        weight, grids.grid_table(fam.grid, x.device), x, y, rows, cols, row_bytes, **family_args(fam),
+        BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, num_warps=cfg.num_warps)
     return y
 
 
@@ -253,7 +255,7 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if n_tok == 0:
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
-    _gemm_kernel[grid](weight, x, y, rows, cols, n_tok, row_bytes, x.stride(0), y.stride(0),
-                       DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen, BLOCK_N=GEMM_BLOCK_N,
-                       BLOCK_T=GEMM_BLOCK_T, PRECISION=precision, num_warps=GEMM_WARPS)
+    _gemm_kernel[grid](weight, grids.grid_table(fam.grid, x.device), x, y, rows, cols, n_tok, row_bytes,
+                       x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
+                       BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=precision, num_warps=GEMM_WARPS)
     return y

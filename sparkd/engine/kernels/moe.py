@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from sparkd.engine.kernels import act_quant, dispatch
+from sparkd.engine.kernels import act_quant, dispatch, grids
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
     emulate,
@@ -55,7 +55,7 @@ def _activate(g, u, ACT: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, x_ptr, rw_ptr, h_ptr, F, D, row_bytes,
+def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, x_ptr, rw_ptr, h_ptr, F, D, row_bytes,
                     DOT: tl.constexpr, ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr,
                     USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
                     BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, ACT: tl.constexpr):
@@ -63,16 +63,16 @@ def _gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, x_ptr, rw_ptr, h_ptr, F,
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
-    g = row_dot(gate_ptr, tl.load(gate_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL, DEQ,
-                USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
-    u = row_dot(up_ptr, tl.load(up_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL, DEQ,
-                USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
+    g = row_dot(gate_ptr, aux_ptr, tl.load(gate_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
+                DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
+    u = row_dot(up_ptr, aux_ptr, tl.load(up_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
+                DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
     h = _activate(g, u, ACT) * tl.load(rw_ptr + a)
     tl.store(h_ptr + a * F + rows, h, mask=rmask)
 
 
 @triton.jit
-def _down_kernel(down_ptr, down_off, h_ptr, y_ptr, D, F, row_bytes, DOT: tl.constexpr,
+def _down_kernel(down_ptr, aux_ptr, down_off, h_ptr, y_ptr, D, F, row_bytes, DOT: tl.constexpr,
                  ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
                  NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
                  UNROLL: tl.constexpr, EW: tl.constexpr):
@@ -81,7 +81,7 @@ def _down_kernel(down_ptr, down_off, h_ptr, y_ptr, D, F, row_bytes, DOT: tl.cons
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     off = tl.load(down_off + a) + rows.to(tl.int64) * row_bytes
-    acc = row_dot(down_ptr, off, rmask, h_ptr + a * F, F, 0, 1, DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB,
+    acc = row_dot(down_ptr, aux_ptr, off, rmask, h_ptr + a * F, F, 0, 1, DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB,
                   SUBLEN, UNROLL, EW)
     tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
 
@@ -153,6 +153,8 @@ class PreparedTable:
     down_off: torch.Tensor
     gate_up_row_bytes: int
     down_row_bytes: int
+    gate_up_aux: torch.Tensor  # the families' codebooks on device (grids.grid_table)
+    down_aux: torch.Tensor
 
 
 def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE kernels") -> PreparedTable:
@@ -175,7 +177,7 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
         dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, device, what, fgu.align),
         dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, device, what, fgu.align),
         dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, device, what, fd.align),
-        gu_bytes, d_bytes)
+        gu_bytes, d_bytes, grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device))
 
 
 # decode tiles (gate/up, down): the H200 sweeps (docs/performance.md); the integer families' from
@@ -252,7 +254,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, act: str, cfg:
                                num_warps=cfg.num_warps)
         return h
     x = x if round_x is None else round_x(x).contiguous()
-    _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, x, rw, h, F, D,
+    _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x, rw, h, F, D,
                           p.gate_up_row_bytes, **family_args(p.gate_up), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
                           EW=cfg.elementwise, ACT=ACT_CODES[act], num_warps=cfg.num_warps)
     return h
@@ -272,7 +274,7 @@ def _down(p: PreparedTable, h: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, 
         return
     if round_h is not None:
         h = (round_h(h) * rw[:, None]).contiguous()
-    _down_kernel[grid](p.table.down, p.down_off, h, y, D, F, p.down_row_bytes, **family_args(p.down),
+    _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h, y, D, F, p.down_row_bytes, **family_args(p.down),
                        BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, num_warps=cfg.num_warps)
 
 

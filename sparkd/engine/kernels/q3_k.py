@@ -13,7 +13,7 @@ from sparkd.engine.kernels.family import Family
 
 
 @triton.jit
-def dequant(w_ptr, row_off, g, smask):
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
     s = tl.arange(0, 16)[None, :, None]
     t = tl.arange(0, 16)[None, None, :]
     v = s * 16 + t

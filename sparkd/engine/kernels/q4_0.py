@@ -11,7 +11,7 @@ from sparkd.engine.kernels.family import Family
 
 
 @triton.jit
-def dequant(w_ptr, row_off, g, smask):
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
     s = tl.arange(0, 8)[None, :, None]
     i = tl.arange(0, 32)[None, None, :]
     blk = w_ptr + row_off + (g * 8 + s) * 18  # [BN, 8, 1] block starts

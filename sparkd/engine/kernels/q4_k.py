@@ -49,7 +49,7 @@ def scale_min_int(sb, s, mask):
 
 
 @triton.jit
-def dequant(w_ptr, row_off, g, smask):
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
     s = tl.arange(0, 8)[None, :, None]
     i = tl.arange(0, 32)[None, None, :]
     blk = w_ptr + row_off + g * 144  # [BN, 1, 1]
@@ -78,7 +78,7 @@ def total(acc, EW: tl.constexpr):
 
 
 @triton.jit
-def dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
+def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     j = tl.arange(0, 4)[None, :, None, None, None]  # 32-byte chunk of qs: sub-blocks 2j, 2j+1
     w = tl.arange(0, 8)[None, None, :, None, None]  # word in the chunk
     h = tl.arange(0, 2)[None, None, None, :, None]  # low nibble: sub-block 2j, high: 2j+1

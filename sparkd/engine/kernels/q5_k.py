@@ -13,7 +13,7 @@ from sparkd.engine.kernels.q4_k import scale_min
 
 
 @triton.jit
-def dequant(w_ptr, row_off, g, smask):
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
     s = tl.arange(0, 8)[None, :, None]
     i = tl.arange(0, 32)[None, None, :]
     blk = w_ptr + row_off + g * 176

@@ -25,7 +25,7 @@ _MAGIC = tl.constexpr(8388736.0)
 
 
 @triton.jit
-def dequant(w_ptr, row_off, g, smask):
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
     s = tl.arange(0, 8)[None, :, None]
     i = tl.arange(0, 32)[None, None, :]
     blk = w_ptr + row_off + (g * 8 + s) * 34  # [BN, 8, 1] block starts
@@ -51,7 +51,7 @@ def total(acc, EW: tl.constexpr):
 
 
 @triton.jit
-def dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
+def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     s = tl.arange(0, 8)[None, :, None, None]  # block in the group
     j = tl.arange(0, 16)[None, None, :, None]  # 16-bit pair in the block
     t = tl.arange(0, 2)[None, None, None, :]  # byte in the pair

@@ -21,6 +21,8 @@ _SCALE_FIELDS: dict[Q, tuple[tuple[int, ...], tuple[int, ...]]] = {
     Q.Q4_1: ((0,), (2,)), Q.Q5_1: ((0,), (2,)),
     Q.Q2_K: ((80,), (82,)), Q.Q3_K: ((108,), ()), Q.Q4_K: ((0,), (2,)),
     Q.Q5_K: ((0,), (2,)), Q.Q6_K: ((208,), ()),
+    # i-quants whose every index fits its grid (not IQ2_S/IQ3_S/IQ1_M: other fields to fill)
+    Q.IQ2_XXS: ((0,), ()), Q.IQ2_XS: ((0,), ()), Q.IQ3_XXS: ((0,), ()), Q.IQ1_S: ((0,), ()),
 }
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 QUANT_TYPES = tuple(_SCALE_FIELDS)

@@ -105,13 +105,6 @@ def add_commands(sub, size) -> None:
     s.add_argument("--budget", type=size, required=True, help="expert cache size")
     s.add_argument("--slot-bytes", type=int, default=0)
     s.add_argument("--census", help="warm-start census file")
-    s.add_argument("--unified", choices=UNIFIED_CHOICES, default="auto",
-                   help="with --device cuda: on = the kernels read streamed experts in place from the pinned "
-                        "host arena (zero-copy); off = hot experts also in a VRAM expert cache; auto = off on "
-                        "a discrete GPU, on on an integrated one (GB10)")
-    s.add_argument("--vram-budget", type=size, metavar="SIZE",
-                   help="VRAM expert cache size on a discrete GPU (default: free device memory after trunk, "
-                        "KV cache and workspace, minus a margin)")
     s.add_argument("--write-census", help="write the trace's census here")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_simulate)

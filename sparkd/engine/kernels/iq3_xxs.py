@@ -1,0 +1,53 @@
+"""IQ3_XXS: 256-value super-blocks (98 bytes): d f16 | qs[64] grid indices | 8 x u32 aux.
+
+Eight sub-blocks of 32 values; sub-block s's aux word (bytes 66 + 4s) holds four 7-bit sign
+indices and a 4-bit scale (bits 28..31), its grid indices are qs[8s:8s+8] into ggml's 256 x 4
+iq3xxs codebook. Value i: d * (0.5 + scale) / 2 * grid[qs[8s + i//4]][i%4], negated when bit i%8
+of ksigns[sign index i//8] is set.
+
+The GEMV step works per sign group of 8 values (iq_common's [BN, 8, 4, 2, 4] layout: entry
+qs[8a + 2l + h] holds values 4h..4h+3 of group l), grid values loaded as floats 4 at a time, signs
+flipped as a bit.
+"""
+
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType as T
+
+from sparkd.engine.kernels.family import Family
+from sparkd.engine.kernels.iq_common import acc0, accumulate, ksigns, load_u32, negate, total
+
+
+@triton.jit
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
+    s = tl.arange(0, 8)[None, :, None]
+    i = tl.arange(0, 32)[None, None, :]
+    blk = w_ptr + row_off + g * 98
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    aux = load_u32(blk + 66 + 4 * s, smask)
+    db = d * (0.5 + ((aux >> 28) & 0xF).to(tl.float32)) * 0.5
+    idx = tl.load(blk + 2 + 8 * s + i // 4, mask=smask, other=0).to(tl.int32)
+    grid = tl.load(aux_ptr + idx * 4 + i % 4)
+    return db * negate(grid, ksigns((aux >> (7 * (i // 8))) & 0x7F), i % 8)
+
+
+@triton.jit
+def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
+    a = tl.arange(0, 8)[None, :, None, None, None]  # sub-block
+    l = tl.arange(0, 4)[None, None, :, None, None]  # sign group of 8 values
+    h = tl.arange(0, 2)[None, None, None, :, None]  # grid entry (4 values) in the group
+    b = tl.arange(0, 4)[None, None, None, None, :]  # value in the entry
+    m = rmask[:, None, None, None, None]
+    blk = w_ptr + row_off[:, None, None, None, None] + g * 98  # [BN, 1, 1, 1, 1]
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+    aux = load_u32(blk + 66 + 4 * a, m)  # [BN, 8, 1, 1, 1]
+    db = d * (0.5 + ((aux >> 28) & 0xF).to(tl.float32)) * 0.5
+    idx = tl.load(blk + 2 + 8 * a + 2 * l + h, mask=m, other=0).to(tl.int32)  # [BN, 8, 4, 2, 1]
+    grid = tl.load(aux_ptr + idx * 4 + b)  # [BN, 8, 4, 2, 4]
+    signs = ksigns((aux >> (7 * l)) & 0x7F)  # [BN, 8, 4, 1, 1]
+    q = negate(grid, signs, 4 * h + b)
+    x = tl.load(x_ptr + g * 256 + 32 * a + 8 * l + 4 * h + b)  # [1, 8, 4, 2, 4]
+    return accumulate(acc, q, x, db, EW)
+
+
+FAMILY = Family(T.IQ3_XXS, 256, 98, 8, 32, dequant, dot, acc0, total, grid="IQ3_XXS")
