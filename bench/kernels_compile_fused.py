@@ -31,7 +31,7 @@ VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
     (rope_kv._rope_kv, {"NEOX": True, "NORM": True, "HAS_V": True, **ROPE_BASE}, 1),
     (rope_kv._rope_kv, {"NEOX": False, "NORM": False, "HAS_V": False, **ROPE_BASE, "BLOCK_REST": 32}, 1),
     *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
-                                  "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, 4) for g in range(4)],
+                                  "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, 1) for g in range(4)],
 ]
 
 

@@ -77,10 +77,11 @@ def router_topk(logits: torch.Tensor, top_k: int, gating: str, norm_w: bool, sca
                                   f"{', '.join(GATINGS)} and a float32 [E] bias")
     w = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
-    if T:
+    block_e = triton.next_power_of_2(E)
+    if T:  # one warp holds up to 256 logits: the top_k argmax rounds then need no shared memory
         _router_topk[(T,)](logits, logits if sel_bias is None else sel_bias, w, ids, E, logits.stride(0),
                            scale, min_sum, GATING=GATINGS[gating], HAS_BIAS=sel_bias is not None,
                            NORM=norm_w, SCALE=scale not in (0.0, 1.0), TOP_K=top_k,
-                           BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
-                           num_warps=4)
+                           BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
+                           num_warps=1 if block_e <= 256 else 4)
     return w, ids
