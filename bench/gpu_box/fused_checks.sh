@@ -16,6 +16,8 @@ timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_fu
   tests/engine/test_cuda_graphs.py tests/engine/test_kernel_engine.py 2>&1 | tee "$OUT/fused-tests.log" | tail -25
 # every architecture's tiny model on CUDA (eager: fused norms, residual add, router) vs the CPU reference
 timeout 60 python3 bench/gpu_box/archs_on_cuda.py 2>&1 | tee "$OUT/archs_on_cuda.log" | tail -12
+# kernels of one static step of the tiny qwen3moe, fused none vs all (CUDA profiler)
+timeout 60 python3 bench/gpu_box/launch_count.py --arch qwen3moe --json "$OUT/launch_count_tiny.json" 2>&1 | tail -2
 for fused in all none; do
   timeout 170 python3 bench/gpu_box/decode_profile.py --layers "$LAYERS" --quant "$QUANT" --tokens "${TOKENS:-64}" \
     --fused "$fused" --dir /tmp --json "$OUT/decode_profile_${LAYERS}l_${QUANT}_fused-$fused.json" 2>&1 \
