@@ -26,9 +26,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from launch_count import count_kernels
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from sparkd.engine.cuda_graphs import StaticDecode, graph_blocker
+from sparkd.engine.kernels import fused
 from sparkd.engine.layers.moe import MoE
 from sparkd.engine.models import load_model
 
@@ -195,7 +197,10 @@ def profile_graphs(net, n: int, ctx: int) -> dict:
         for _ in range(n):
             logits = step(int(logits[-1].argmax()))
         wall = time.perf_counter() - t0
-    return {"wall_ms": wall * 1e3 / n, "kernel_ms": kernel_us(prof.events()) / 1e3 / n}
+    kernels = count_kernels(prof.events())
+    return {"wall_ms": wall * 1e3 / n, "kernel_ms": kernel_us(prof.events()) / 1e3 / n,
+            "kernels_per_token": kernels["kernels"] / n, "copies_per_token": kernels["copies"] / n,
+            "top_kernels_per_token": {k: v / n for k, v in list(kernels["names"].items())[:25]}}
 
 
 def make(path: Path, quant: str, layers: int) -> None:
@@ -222,6 +227,10 @@ def table(res: dict) -> str:
                  f"{json.dumps(p['host_sync_calls_per_token'])}")
     g = res["profile_graphs"]
     lines.append(f"{'step wall (CUDA graph replay)':36s} {g['wall_ms']:11.3f} {g['kernel_ms']:10.3f}")
+    lines.append(f"graph replay: {g['kernels_per_token']:.0f} kernels + {g['copies_per_token']:.0f} "
+                 f"copies/token (fused kernels: {res['fused']}); the most launched:")
+    for name, n in list(g["top_kernels_per_token"].items())[:12]:
+        lines.append(f"  {n:6.1f}  {name[:100]}")
     return "\n".join(lines)
 
 
@@ -234,7 +243,11 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=1024, help="KV cache positions (graphs attend over a bucket of them)")
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--json")
+    ap.add_argument("--fused", default=None, help="fused decode kernels: all, none or names "
+                    f"({', '.join(fused.KERNELS)}); default: ${fused.ENV} or all")
     a = ap.parse_args()
+    if a.fused is not None:
+        fused.configure(a.fused)
     path = Path(a.dir) / f"q30-{a.layers}l-{a.quant}.gguf"
     make(path, a.quant, a.layers)
     m = load_model(path, device="cuda")
@@ -247,6 +260,7 @@ def main() -> int:
         eager_ids, eager_s = decode(lambda n, c: eager_step(n, c), net, a.tokens, ctx)
         graph_ids, graph_s = decode(graphed(ctx), net, a.tokens, ctx)
         res = {"model": str(path), "layers": a.layers, "quant": a.quant, "tokens": a.tokens,
+               "fused": fused.current(),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "eager_tok_s": a.tokens / eager_s, "graphs_tok_s": a.tokens / graph_s,
                "greedy_equal": eager_ids == graph_ids, "eager_ids": eager_ids, "graph_ids": graph_ids,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine.kernels import fused
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
@@ -72,13 +73,44 @@ class Attention(nn.Module):
         q = self.wq(x).view(T, self.n_head, self.head_dim)
         k = self.wk(x).view(T, self.n_head_kv, self.head_dim)
         v = self.wv(x).view(T, self.n_head_kv, -1)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
-        cos, sin = cache.rope(self.rope, pos)
-        q = apply_rope(q, cos, sin, self.rope.neox)
-        k = apply_rope(k, cos, sin, self.rope.neox)
-        k_all, v_all, start = cache.append(self.il, pos, k, v)  # start: host int, or positions (static)
-        o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
+        static = cache.span is not None and T == 1  # the CUDA graph's step: fused kernels may serve it
+        if static and fused.active("rope_kv", x) and self._rope_kv_fits(q, k, v):
+            q, k_all, v_all, start = self._rope_kv(q, k, v, pos, cache)
+        else:
+            q, k = self._qk_norms(q, k)
+            cos, sin = cache.rope(self.rope, pos)
+            q = apply_rope(q, cos, sin, self.rope.neox)
+            k = apply_rope(k, cos, sin, self.rope.neox)
+            k_all, v_all, start = cache.append(self.il, pos, k, v)  # start: host int, or positions (static)
+        if static and fused.active("attention", x) and v_all is not None and q.dtype == torch.float32:
+            from sparkd.engine.kernels.decode_attention import decode_attention
+
+            o = decode_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
+        else:
+            o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
         return self.wo(o.reshape(T, -1))
+
+    def _rope_kv_fits(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        return (all(t.dtype == torch.float32 and t.stride(-1) == 1 for t in (q, k, v))
+                and self.rope.n_rot <= self.head_dim)
+
+    def _qk_norms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = q if self.q_norm is None else self.q_norm(q)
+        return q, k if self.k_norm is None else self.k_norm(k)
+
+    def _rope_kv(self, q, k, v, pos, cache):
+        """q/k norms (where both exist), rope on q and k and the k/v rows written at pos, in one
+        launch (see kernels/rope_kv)."""
+        from sparkd.engine.kernels.rope_kv import rope_kv
+
+        qn, kn = self.q_norm, self.k_norm
+        fold = (isinstance(qn, RMSNorm) and isinstance(kn, RMSNorm) and qn.eps == kn.eps
+                and qn.weight.dtype == kn.weight.dtype == torch.float32
+                and qn.weight.shape == kn.weight.shape == (self.head_dim,))
+        norms = (qn.weight, kn.weight, qn.eps) if fold else None
+        if not fold:
+            q, k = self._qk_norms(q, k)
+        cos, sin = cache.rope_table(self.rope)
+        k_cache, v_cache = cache.k[self.il], cache.v[self.il]
+        q = rope_kv(q, k, v, cos, sin, pos, k_cache, v_cache, self.rope.neox, norms)
+        return q, k_cache[:cache.span], v_cache[:cache.span], pos

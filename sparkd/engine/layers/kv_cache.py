@@ -71,15 +71,19 @@ class KVCache:
         it per step (each position's angles are computed alone), without a host loop and two
         host-to-device copies per layer and token. Eager positions are a host range (sliced);
         static decode's are on the device (picked there)."""
-        if cfg not in self._rope:
-            cos, sin = rope_cos_sin(cfg, torch.arange(self.max_ctx, device="cpu"))  # host arithmetic
-            self._rope[cfg] = (cos.to(self.device), sin.to(self.device))
-        cos, sin = self._rope[cfg]
+        cos, sin = self.rope_table(cfg)
         if self.span is None:
             start = int(pos[0])
             end = self._end(start, pos.shape[0])  # past the context: the clear error, not a short slice
             return cos[start:end], sin[start:end]
         return cos.index_select(0, pos), sin.index_select(0, pos)
+
+    def rope_table(self, cfg: RopeConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [max_ctx, n_rot/2] of every position (see rope), made on first use."""
+        if cfg not in self._rope:
+            cos, sin = rope_cos_sin(cfg, torch.arange(self.max_ctx, device="cpu"))  # host arithmetic
+            self._rope[cfg] = (cos.to(self.device), sin.to(self.device))
+        return self._rope[cfg]
 
     def update_side(self, name: str, il: int, start: int, rows: torch.Tensor) -> torch.Tensor:
         """Write side rows [start, start+T) of (name, il) and return a view of rows [0, start+T)."""

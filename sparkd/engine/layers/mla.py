@@ -12,6 +12,7 @@ import math
 import torch
 from torch import nn
 
+from sparkd.engine.kernels import fused
 from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.attention import attend
 from sparkd.engine.layers.kv_cache import KVCache
@@ -66,7 +67,13 @@ class MLAttention(nn.Module):
         q_all = torch.cat([q_lat, q_pe], dim=-1)  # [T, H, R + P]
         k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
         k_all, _, start = cache.append(self.il, pos, k_new, None)
-        o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep)  # [T, H, R]
+        if (keep is None and cache.span is not None and T == 1 and fused.active("attention", x)
+                and q_all.dtype == k_all.dtype == torch.float32):
+            from sparkd.engine.kernels.decode_attention import decode_attention
+
+            o = decode_attention(q_all, k_all, k_all[..., : self.kv_rank], pos, self.scale)  # static step
+        else:
+            o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep)  # [T, H, R]
         o = torch.einsum("thr,hvr->thv", round_activations(o, self.act_v_b), self.wv_b)  # [T, H, Dv]
         o = o.reshape(T, -1)
         if self.out_gate is not None:

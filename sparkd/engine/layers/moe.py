@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine.kernels import fused
 from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.ffn import ACTIVATIONS, Activation
@@ -41,6 +42,11 @@ class Router(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         # x: [T, D] → weights [T, A], ids [T, A]; given ids (hash routing) skip the selection
         logits = self.gate(x)  # [T, E]
+        if ids is None and self._fits_kernel(logits):
+            from sparkd.engine.kernels.router_topk import router_topk
+
+            return router_topk(logits, self.top_k, self.gating, self.norm_w, self.scale,
+                               _MIN_WEIGHT_SUM, self.sel_bias)
         if self.gating == GATING_SOFTMAX:
             probs = torch.softmax(logits, dim=-1)
         elif self.gating == GATING_SIGMOID:
@@ -62,6 +68,18 @@ class Router(nn.Module):
         if self.scale not in (0.0, 1.0):
             w = w * self.scale
         return w, ids
+
+    def _fits_kernel(self, logits: torch.Tensor) -> bool:
+        """Whether router_topk does this selection (one launch for ~10 torch kernels): no group
+        limit, top-k <= 16, float32 logits, and the switch on."""
+        if not fused.active("router", logits):
+            return False  # before the import: the CPU engine runs without Triton
+        from sparkd.engine.kernels.router_topk import GATINGS, MAX_EXPERTS, MAX_TOP_K
+
+        E = logits.shape[-1]
+        return (self.n_groups <= 1 and self.top_k <= min(E, MAX_TOP_K) and E <= MAX_EXPERTS
+                and logits.dtype == torch.float32 and self.gating in GATINGS
+                and (self.sel_bias is None or self.sel_bias.dtype == torch.float32))
 
     def _mask_groups(self, sel: torch.Tensor) -> torch.Tensor:
         T, E = sel.shape

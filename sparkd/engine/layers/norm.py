@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine.kernels import fused
+
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x²) + eps) over the last dim, without a weight (ggml_rms_norm)."""
@@ -20,7 +22,26 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., D]; normalise in float64 like ggml's double accumulator, then back.
+        if self.fused_on(x):
+            from sparkd.engine.kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)  # one launch instead of eight
         return rms_normalize(x, self.eps) * self.weight
+
+    def fused_on(self, x: torch.Tensor) -> bool:
+        """Whether this norm of x runs as the fused kernel (kernels/fused.py)."""
+        return fused.active("rms_norm", x) and x.dtype == self.weight.dtype == torch.float32
+
+
+def add_norm(x: torch.Tensor, h: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, norm(x + h)): a residual add and the norm after it, one launch for an RMSNorm where
+    the fused kernels run."""
+    if isinstance(norm, RMSNorm) and norm.fused_on(x) and h.shape == x.shape and h.dtype == x.dtype:
+        from sparkd.engine.kernels.rms_norm import add_rms_norm
+
+        return add_rms_norm(x, h, norm.weight, norm.eps)
+    x = x + h
+    return x, norm(x)
 
 
 class LayerNorm(nn.Module):

@@ -16,6 +16,7 @@ from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.moe import MoE, Router
+from sparkd.engine.layers.norm import add_norm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
 from sparkd.engine.models.config import ModelConfig, RopeConfig
 from sparkd.engine.models.weights import Weights
@@ -32,8 +33,8 @@ class Block(nn.Module):
         h = self.attn(self.attn_norm(x), pos, cache)
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h)
-        x = x + h
-        h = self.ffn(self.ffn_norm(x))
+        x, normed = add_norm(x, h, self.ffn_norm)  # x += h, then the norm (one kernel when fused)
+        h = self.ffn(normed)
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h)
         return x + h

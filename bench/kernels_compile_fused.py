@@ -1,0 +1,65 @@
+"""The fused decode kernels compiled offline for sm_90, without a GPU: catches what only the
+compiler rejects (loop-carried types, runtime loop bounds, constexpr branches) before a device
+run, for the Triton installed (the box has 3.6: `pip install --target DIR triton==3.6.0` and put
+DIR first on PYTHONPATH). Prints one line per variant; exits 1 on the first that fails.
+
+Usage (not under TRITON_INTERPRET): PYTHONPATH=. python bench/kernels_compile_fused.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+
+from sparkd.engine.kernels import decode_attention, rms_norm, rope_kv, router_topk
+
+INT64_POINTERS = ("pos_ptr", "ids_ptr")
+FLOATS = ("eps", "scale", "min_sum")
+ROPE_BASE = {"BLOCK_D": 128, "BLOCK_HALF": 64, "BLOCK_REST": 1, "BLOCK_DV": 128}
+VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
+    (rms_norm._rms_norm_rows, {"HAS_RES": False, "BLOCK": 2048}, 8),
+    (rms_norm._rms_norm_rows, {"HAS_RES": True, "BLOCK": 128}, 4),
+    (decode_attention._decode_attention,
+     {"GROUP": 8, "HAS_SINKS": False, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128}, 4),
+    (decode_attention._decode_attention,
+     {"GROUP": 8, "HAS_SINKS": True, "BLOCK_S": 64, "BLOCK_DK": 64, "BLOCK_DV": 64}, 4),
+    (decode_attention._decode_attention,  # MLA: 576-wide keys, 512-wide values
+     {"GROUP": 1, "HAS_SINKS": False, "BLOCK_S": 16, "BLOCK_DK": 1024, "BLOCK_DV": 512}, 4),
+    (rope_kv._rope_kv, {"NEOX": True, "NORM": True, "HAS_V": True, **ROPE_BASE}, 1),
+    (rope_kv._rope_kv, {"NEOX": False, "NORM": False, "HAS_V": False, **ROPE_BASE, "BLOCK_REST": 32}, 1),
+    *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
+                                  "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, 1) for g in range(4)],
+]
+
+
+def arg_type(name: str) -> str:
+    """The launch's argument type by name: float32 or int64 pointers, float scalars, else int32."""
+    if name.endswith("_ptr"):
+        return "*i64" if name in INT64_POINTERS else "*fp32"
+    return "fp32" if name in FLOATS else "i32"
+
+
+def build(kern, consts: dict, warps: int) -> int:
+    """Compile one variant for sm_90; the PTX's length."""
+    sig = {name: "constexpr" if name in consts else arg_type(name) for name in kern.arg_names}
+    src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
+    return len(compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"])
+
+
+def main() -> int:
+    print(f"triton {triton.__version__}, target sm_90")
+    for kern, consts, warps in VARIANTS:
+        try:
+            size = build(kern, consts, warps)
+        except Exception as exc:  # noqa: BLE001 - name the variant, then stop
+            print(f"FAILED {kern.__name__} {consts}: {exc}")
+            return 1
+        print(f"ok {kern.__name__} {consts}: {size} bytes of PTX")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

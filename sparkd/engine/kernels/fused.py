@@ -1,0 +1,56 @@
+"""The one switch for the fused decode kernels (RMSNorm, rope + KV write, decode attention, router
+top-k): which of them the layers use on CUDA tensors instead of their torch code.
+
+The torch code stays the CPU path and the reference; a fused kernel runs only where it is
+switched on and the tensor is on a GPU (or, for tests, on the CPU under TRITON_INTERPRET=1 after
+configure(..., on_cpu=True)). The environment variable SPARKD_FUSED_KERNELS sets the starting
+choice, read once here so a GPU run can fall back without a code change: "all" (the default),
+"none", or a comma-separated list of names from KERNELS. This module imports no Triton: the CPU
+engine runs without it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sparkd.engine.errors import EngineError
+
+KERNELS = ("rms_norm", "rope_kv", "attention", "router")
+ENV = "SPARKD_FUSED_KERNELS"
+
+
+def parse(spec: str) -> frozenset[str]:
+    """"all", "none"/"" or names separated by commas → the set of kernels switched on."""
+    spec = spec.strip().lower()
+    if spec == "all":
+        return frozenset(KERNELS)
+    names = {n.strip() for n in spec.split(",") if n.strip() and n.strip() != "none"}
+    if unknown := sorted(names - set(KERNELS)):
+        raise EngineError(f"could not switch fused kernels {spec!r}: unknown {', '.join(unknown)} "
+                          f"(choose all, none or some of {', '.join(KERNELS)}; ${ENV})")
+    return frozenset(names)
+
+
+_on: frozenset[str] = parse(os.environ.get(ENV, "all"))
+_on_cpu = False
+
+
+def configure(spec: str, on_cpu: bool = False) -> str:
+    """Switch the fused kernels (see parse); on_cpu runs them on CPU tensors too, which only the
+    Triton interpreter can (tests). Returns the previous choice as a spec (on_cpu off)."""
+    global _on, _on_cpu
+    before = current()
+    _on, _on_cpu = parse(spec), on_cpu
+    return before
+
+
+def current() -> str:
+    """The kernels switched on, as a spec configure() takes."""
+    return ",".join(k for k in KERNELS if k in _on) or "none"
+
+
+def active(name: str, t: torch.Tensor) -> bool:
+    """Whether the layer computing on t uses the fused kernel `name`."""
+    return name in _on and (t.is_cuda or _on_cpu)

@@ -1,0 +1,87 @@
+"""The MoE router after its gate GEMV in one kernel: gating (softmax, sigmoid, sqrt-softplus or
+none), an optional selection bias, top-k by repeated argmax, the weights gathered from the
+unbiased probabilities, then softmax over the selected (gpt-oss), renormalisation (clamped as
+llama.cpp does) and scaling. layers/moe.py's Router is the reference; group-limited routing and
+given (hash) ids stay there.
+
+A program per token holds the token's E logits in registers (E <= 1024); top_k <= 16 rounds of
+argmax pick the experts in descending order, as torch.topk returns them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sparkd.engine.kernels.family import KernelArgumentError
+
+MAX_TOP_K = 16
+MAX_EXPERTS = 1024
+GATINGS = {"softmax": 0, "sigmoid": 1, "sqrt_softplus": 2, "softmax_weight": 3}  # 3: probs = logits
+
+
+@triton.jit
+def _router_topk(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, logits_row_stride, scale, min_sum,
+                 GATING: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+                 SCALE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    live = e < E
+    x = tl.load(logits_ptr + t * logits_row_stride + e, mask=live, other=float("-inf"))
+    if GATING == 0:
+        p = tl.exp(x - tl.max(x, axis=0))
+        probs = p / tl.sum(p, axis=0)
+    elif GATING == 1:
+        probs = 1.0 / (1.0 + tl.exp(-x))
+    elif GATING == 2:  # torch's softplus: log1p(exp(x)), x itself above 20
+        probs = tl.sqrt(tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0)))))
+    else:
+        probs = x
+    sel = probs
+    if HAS_BIAS:
+        sel = probs + tl.load(bias_ptr + e, mask=live, other=0.0)
+    sel = tl.where(live, sel, float("-inf"))
+    kk = tl.arange(0, BLOCK_K)
+    w = tl.zeros([BLOCK_K], tl.float32)
+    ids = tl.zeros([BLOCK_K], tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.argmax(sel, axis=0)
+        w = tl.where(kk == j, tl.sum(tl.where(e == best, probs, 0.0), axis=0), w)
+        ids = tl.where(kk == j, best.to(tl.int64), ids)
+        sel = tl.where(e == best, float("-inf"), sel)
+    chosen = kk < TOP_K
+    if GATING == 3:
+        w = tl.where(chosen, w, float("-inf"))
+        w = tl.exp(w - tl.max(w, axis=0))
+        w = w / tl.sum(w, axis=0)
+    if NORM:
+        w = w / tl.maximum(tl.sum(tl.where(chosen, w, 0.0), axis=0), min_sum)
+    if SCALE:
+        w = w * scale
+    tl.store(w_ptr + t * TOP_K + kk, w, mask=chosen)
+    tl.store(ids_ptr + t * TOP_K + kk, ids, mask=chosen)
+
+
+def router_topk(logits: torch.Tensor, top_k: int, gating: str, norm_w: bool, scale: float,
+                min_sum: float, sel_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] float32 → (weights [T, top_k] float32, ids [T, top_k] int64) as Router."""
+    T, E = logits.shape
+    if (logits.dtype != torch.float32 or logits.stride(-1) != 1 or not 0 < top_k <= min(E, MAX_TOP_K)
+            or E > MAX_EXPERTS or gating not in GATINGS
+            or (sel_bias is not None and (sel_bias.shape != (E,) or sel_bias.dtype != torch.float32))):
+        raise KernelArgumentError(f"could not run router_topk on logits {logits.dtype} {list(logits.shape)}, "
+                                  f"top_k {top_k}, gating {gating!r}: needs float32 rows of <= "
+                                  f"{MAX_EXPERTS} experts, top_k <= {MAX_TOP_K}, gating one of "
+                                  f"{', '.join(GATINGS)} and a float32 [E] bias")
+    w = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
+    block_e = triton.next_power_of_2(E)
+    if T:  # one warp holds up to 256 logits: the top_k argmax rounds then need no shared memory
+        _router_topk[(T,)](logits, logits if sel_bias is None else sel_bias, w, ids, E, logits.stride(0),
+                           scale, min_sum, GATING=GATINGS[gating], HAS_BIAS=sel_bias is not None,
+                           NORM=norm_w, SCALE=scale not in (0.0, 1.0), TOP_K=top_k,
+                           BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
+                           num_warps=1 if block_e <= 256 else 4)
+    return w, ids
