@@ -13,7 +13,7 @@
 #   5. summary.md: one table of tok/s and ratios.
 # Usage (device tool, carry [".whl", ".cache"]): bash bench/gpu_box/cuda_side_by_side.sh
 # Knobs: LAYERS=12 QUANTS="Q8_0 Q4_K" TOKENS=128 STREAM_SIZE=10G STREAM_BUDGET=3G STREAM_TOKENS=16
-#        STREAM_TIMEOUT=120 (per streaming command) CUDA_GRAPHS="off on" (modes passed as --cuda-graphs; "" for an engine without the flag)
+#        STREAM_TIMEOUT=120 (per streaming command) LLAMA_WAIT=900 (longest wait for the build) CUDA_GRAPHS="off on" (modes passed as --cuda-graphs; "" for an engine without the flag)
 #        BUILD_ONLY=1 (build llama-bench, nothing else) STREAM=0 (no streaming runs)
 #        OUT=... WORK=...
 set -euo pipefail
@@ -22,7 +22,7 @@ OUT=${OUT:-/tmp/cuda-sbs}; mkdir -p "$OUT"
 WORK=${WORK:-/var/tmp/sparkd-cuda}; mkdir -p "$WORK"
 LAYERS=${LAYERS:-12}; QUANTS=${QUANTS:-Q8_0 Q4_K}; TOKENS=${TOKENS:-128}
 STREAM_SIZE=${STREAM_SIZE:-10G}; STREAM_BUDGET=${STREAM_BUDGET:-3G}; STREAM_TOKENS=${STREAM_TOKENS:-16}
-STREAM_TIMEOUT=${STREAM_TIMEOUT:-120}; TIMEOUT=300  # seconds per measured command (resident, streaming)
+STREAM_TIMEOUT=${STREAM_TIMEOUT:-120}; TIMEOUT=300; LLAMA_WAIT=${LLAMA_WAIT:-900}  # seconds per measured command (resident, streaming)
 CUDA_GRAPHS=${CUDA_GRAPHS-off on}; BUILD_ONLY=${BUILD_ONLY:-0}; STREAM=${STREAM:-1}
 SDIST=${SDIST:-.cache/llama_cpp_python-0.3.36.tar.gz}
 PY=${PY:-python3}
@@ -57,9 +57,11 @@ fi
 wait_build() {
   log "waiting for the llama.cpp CUDA build"
   [ -n "$BUILD_PID" ] && { wait "$BUILD_PID" || true; }
-  while [ -f "$BUILDING" ]; do sleep 2; done
+  local waited=0
+  while [ -f "$BUILDING" ] && [ $waited -lt "$LLAMA_WAIT" ]; do sleep 2; waited=$(( waited + 2 )); done
   BUILD_PID=""; cp "$WORK"/llama_*.txt "$OUT/" 2>/dev/null || true
   if [ -x "$LLAMA_BENCH" ]; then log "llama-bench ready: $(cat "$WORK/llama_build_seconds.txt" 2>/dev/null)"
+  elif [ -f "$BUILDING" ]; then log "llama.cpp build still running after ${LLAMA_WAIT}s: llama.cpp runs skipped"
   else log "llama.cpp build failed: $(tail -20 "$WORK/llama_build.txt" 2>/dev/null)"; fi
 }
 if [ "$BUILD_ONLY" = 1 ]; then wait_build; exit 0; fi
