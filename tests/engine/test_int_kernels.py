@@ -80,7 +80,7 @@ def test_integer_kernels_replay_in_a_cuda_graph(qtype):
     table = prepare(arena_table(qtype, qtype, dim, width, n, "cuda")[0], "cuda")  # offsets copied before
     x, w = torch.randn(dim, device="cuda"), torch.rand(n, device="cuda")
     y_lin, y_moe = torch.empty(rows, device="cuda"), torch.empty(dim, device="cuda")
-    cfg = GemvConfig(split=1)
+    cfg = GemvConfig(split=3)  # the ordered split-K reduction captures too
 
     def step():
         gemv(raw, qtype, (rows, dim), x, out=y_lin, config=cfg)
@@ -94,5 +94,4 @@ def test_integer_kernels_replay_in_a_cuda_graph(qtype):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y_lin, gemv(raw, qtype, (rows, dim), x, config=cfg))
-    again = moe_decode(table, x, w)  # the experts' atomic adds may land in another order
-    assert float((y_moe - again).norm() / again.norm()) < 1e-6
+    assert torch.equal(y_moe, moe_decode(table, x, w))  # experts summed in table order, no atomics
