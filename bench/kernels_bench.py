@@ -3,11 +3,13 @@ device-to-device copy bandwidth measured in the same run, with torch's dequantiz
 the baseline; plus a zero-copy correctness check (--unified on) reading pinned host memory.
 
 Usage: PYTHONPATH=. python bench/kernels_bench.py [--types Q8_0,Q4_K] [--unified on|off] [--json F]
-       [--torch-baseline] [--sweep]
+       [--torch-baseline] [--sweep] [--compare]
 
 Q8_0 and Q4_K run their integer path (x quantized on the device, dp4a); the float path they had
 before (the family without its integer step) is timed in the same run as "float" rows, the
 "before" of docs/performance.md. --sweep tries every tile in SWEEP / MOE_SWEEP, else the defaults.
+--compare also times the integer defaults changed by each of VARIANTS (old vs new switches side by
+side: atomic = the pre-session-4 atomic reduction, stages = Triton's pipeliner, ew = elementwise tile).
 
 Every timed kernel is first checked against the float64 reference on fresh random blocks.
 Working sets rotate over >= ROTATE_BYTES so repeated runs cannot be served from the 50 MB L2;
@@ -27,9 +29,10 @@ from gguf import GGMLQuantizationType as T
 
 from sparkd.engine import quants
 from sparkd.engine.kernels import dispatch
-from sparkd.engine.kernels.matmul import GemvConfig, gemv
+from sparkd.engine.kernels.matmul import GemvConfig, default_config, gemv
 from sparkd.engine.kernels.moe import (
     ExpertTable,
+    decode_tiles,
     moe_decode,
     prepare,
 )
@@ -48,6 +51,10 @@ INT_TYPES = (T.Q8_0, T.Q4_K)  # families with an integer step
 IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)  # GEMV dot timed next to dequant-then-multiply
 NO_DOT = dict(dot=None, acc0=None, total=None)
 SWEEP_ON = False  # --sweep
+COMPARE = False  # --compare
+# the switches timed against the defaults with --compare (GemvConfig fields)
+VARIANTS = {"atomic": dict(atomic=True), "stages2": dict(stages=2), "stages3": dict(stages=3),
+            "ew": dict(elementwise=True), "ew+stages3": dict(elementwise=True, stages=3)}
 # GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split (0 = auto),
 # elementwise tile); the session-3 run had the per-group reduction only (elementwise False)
 SWEEP = [GemvConfig(*c) for c in (
@@ -78,7 +85,8 @@ def float_path(qtype: T, **without):
 def tag(cfg: GemvConfig | None) -> str:
     if cfg is None:
         return "default"
-    return f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
+    return (f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
+            f"{'A' if cfg.atomic else ''}{f'p{cfg.stages}' if cfg.stages else ''}")
 
 
 def x_in(qtype: T, x: torch.Tensor) -> torch.Tensor:
@@ -157,6 +165,9 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
             out.append(time(None, "dequant default"))
     for cfg in (SWEEP if SWEEP_ON and qtype in INT_TYPES else [None]):
         out.append(time(cfg, tag(cfg)))
+    for name, change in (VARIANTS.items() if COMPARE and qtype in INT_TYPES else ()):
+        cfg = dataclasses.replace(default_config(fam), **change)
+        out.append(time(cfg, f"{name} {tag(cfg)}"))
     if not BASELINE:
         return out
     sec = events_seconds(lambda: [quants.dequantize(ws[i], qtype, (rows, cols)) @ x for i in range(n)]) / n
@@ -225,6 +236,9 @@ def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
             out.append(time(None, None, "dequant default"))
     for gu, dn in (MOE_SWEEP if SWEEP_ON and qtype in INT_TYPES else MOE_SWEEP[:1]):
         out.append(time(gu, dn, f"{tag(gu)}/{tag(dn)}"))
+    for name, change in (VARIANTS.items() if COMPARE and qtype in INT_TYPES else ()):
+        gu, dn = (dataclasses.replace(c, **change) for c in decode_tiles(sets[0]))
+        out.append(time(gu, dn, f"{name} {tag(gu)}/{tag(dn)}"))
     if not BASELINE:
         return out
     sec = events_seconds(lambda: [moe_torch(sets[i].table, x, w) for i in range(n_sets)]) / n_sets
@@ -253,9 +267,10 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--torch-baseline", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--compare", action="store_true")
     args = ap.parse_args()
-    global BASELINE, SWEEP_ON
-    BASELINE, SWEEP_ON = args.torch_baseline, args.sweep
+    global BASELINE, SWEEP_ON, COMPARE
+    BASELINE, SWEEP_ON, COMPARE = args.torch_baseline, args.sweep, args.compare
     types = [T[name] for name in args.types.split(",")]
     copy_bw = copy_bandwidth()
     rows = []

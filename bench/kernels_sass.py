@@ -31,7 +31,7 @@ WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA")
 def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
     kern = matmul._igemv_kernel
     consts = dict(**matmul.int_args(fam), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
-                  EW=cfg.elementwise, EMU=False)
+                  EW=cfg.elementwise, EMU=False, ATOMIC=False, STAGES=matmul.stages_arg(cfg))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})

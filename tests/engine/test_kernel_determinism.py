@@ -8,6 +8,7 @@ ordered fold of the parts computed separately. On the GPU, where arrival order r
 repeated runs must be bit-identical too (marker gpu).
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -85,3 +86,24 @@ def test_repeated_runs_are_bit_identical(backend, gu_type, d_type):
     lin = [gemv(raw, d_type, (rows, dim), x, config=GemvConfig(split=4)) for _ in range(runs)]
     assert all(torch.equal(ys[0], y) for y in ys[1:])
     assert all(torch.equal(lin[0], y) for y in lin[1:])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("gu_type,d_type", MOE_PAIRS, ids=lambda t: t.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_timing_switches_compute_the_same_sums(backend, gu_type, d_type):
+    """atomic (the old reduction, kept to time against) and stages (the pipeliner) change how, not
+    what: within the float32 bound of the ordered default."""
+    dim, width, n = (2048, 768, 8) if backend == "cuda" else (256, 256, 3)
+    table, *_ = arena_table(gu_type, d_type, dim, width, n, backend)
+    x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
+    rows = 515 if backend == "cuda" else 19
+    raw = random_blocks(d_type, rows * dim // dispatch.FAMILIES[d_type].block_values).to(backend)
+    want_moe = moe_decode(table, x, w, **TILES[backend])
+    want_lin = gemv(raw, d_type, (rows, dim), x, config=SPLIT)
+    for change in (dict(atomic=True), dict(stages=3)):
+        tiles = {k: dataclasses.replace(c, **change) for k, c in TILES["cpu"].items()}
+        got_moe = moe_decode(table, x, w, **tiles)
+        got_lin = gemv(raw, d_type, (rows, dim), x, config=dataclasses.replace(SPLIT, **change))
+        assert float((got_moe - want_moe).norm() / want_moe.norm()) < 1e-6, change
+        assert float((got_lin - want_lin).norm() / want_lin.norm()) < 1e-6, change
