@@ -1,16 +1,18 @@
 """The instruction mix of the integer GEMV's main loop, compiled offline for sm_90 (no GPU needed:
 the triton wheel carries ptxas), to see what bounds a kernel before spending device time.
 
-Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K]
+Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K] [--stages 0,3]
 
 For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
 ceiling is that times 4 warp instructions/clock/SM), and the counts that matter (loads, dp4a,
-shuffles and shared-memory traffic from layout conversions, barriers).
+shuffles and shared-memory traffic from layout conversions, barriers, and with --stages > 0 the
+pipeliner's asynchronous copies LDGSTS and their waits DEPBAR).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 
 from gguf.constants import GGMLQuantizationType
@@ -25,7 +27,7 @@ SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i3
 ALIGNED = ("w_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "y_ptr", "K", "row_bytes")  # as the launches specialize them
 TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True), (16, 4, 1, 0, False),
                                           (16, 4, 1, 0, True), (64, 4, 1, 0, False), (64, 4, 1, 0, True))]
-WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA")
+WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDGSTS", "DEPBAR")
 
 
 def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
@@ -51,13 +53,16 @@ def loop_ops(text: str) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q8_0,Q4_K")
-    for name in ap.parse_args().types.split(","):
+    ap.add_argument("--stages", default="0", help="GemvConfig.stages values to compile each tile with")
+    args = ap.parse_args()
+    for name in args.types.split(","):
         fam = dispatch.FAMILIES[GGMLQuantizationType[name]]
-        for cfg in TILES:
+        for cfg in (dataclasses.replace(t, stages=int(n)) for t in TILES for n in args.stages.split(",")):
             ops = loop_ops(sass(fam, cfg))
             values = cfg.block_n * 256 * cfg.unroll
             counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH)
-            print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'}: "
+            print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'} "
+                  f"{cfg.stages} stages: "
                   f"{len(ops)} warp-instr/iteration, {values / (len(ops) * cfg.num_warps):.1f} values/warp-instr  {counts}")
 
 
