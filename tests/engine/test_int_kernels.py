@@ -6,6 +6,7 @@ references round x as these kernels do).
 Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -17,7 +18,7 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
-from test_kernels import BACKENDS, arena_table, random_blocks  # noqa: E402
+from test_kernels import BACKENDS, BOUNDS, TILES, arena_table, moe_reference, random_blocks, rel_err  # noqa: E402
 
 from sparkd.engine.kernels import act_quant, dispatch  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
@@ -95,3 +96,36 @@ def test_integer_kernels_replay_in_a_cuda_graph(qtype):
     torch.cuda.synchronize()
     assert torch.equal(y_lin, gemv(raw, qtype, (rows, dim), x, config=cfg))
     assert torch.equal(y_moe, moe_decode(table, x, w))  # experts summed in table order, no atomics
+
+
+# (gate/up type, down type, gate/up tile rows holding whole blocks of the down's activation format)
+FUSED = [(T.Q8_0, T.Q8_0, 32), (T.Q4_K, T.Q4_K, 256)]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("gu_type,d_type,rows", FUSED, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_h_quantization_matches_the_separate_launch(backend, gu_type, d_type, rows):
+    """fuse_quant: gate/up quantizes h itself (one launch fewer). The interpreter has no FMA
+    contraction: the same bits as the separate quantization; the GPU: the reference's bound."""
+    dim, width, n = (2048, 768, 8) if backend == "cuda" else (256, 256, 3)
+    table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
+    x, w = torch.randn(dim), torch.rand(n)
+    tile = GemvConfig(block_n=rows, num_warps=4 if backend == "cuda" else 1, unroll=1)
+    down = TILES[backend].get("down")
+    fused = moe_decode(table, x.to(backend), w.to(backend), gate_up=dataclasses.replace(tile, fuse_quant=True),
+                       down=down)
+    if backend == "cpu":
+        assert torch.equal(fused, moe_decode(table, x, w, gate_up=tile, down=down))
+    err = rel_err(fused, moe_reference(x, w, gates, ups, downs, "silu", gu_type, d_type))
+    assert err < BOUNDS["fp32"], err
+
+
+@pytest.mark.parametrize("d_type,rows", [(T.Q8_0, 16), (T.Q6_K, 256)], ids=["partial-block", "float-down"])
+def test_fuse_quant_needs_whole_blocks_and_an_integer_down(d_type, rows):
+    table, *_ = arena_table(T.Q8_0, d_type, 256, 256, 2, DEV)
+    out = torch.full((256,), float("nan"), device=DEV)
+    with pytest.raises(dispatch.KernelArgumentError, match="could not run the MoE decode kernels: fuse_quant needs"):
+        moe_decode(table, torch.randn(256, device=DEV), torch.rand(2, device=DEV), out=out,
+                   gate_up=GemvConfig(block_n=rows, fuse_quant=True))
+    assert torch.isnan(out).all()

@@ -42,6 +42,7 @@ class GemvConfig:
     dp4a: bool = True  # integer families: the dp4a instruction (False: emulate it, as the interpreter does)
     atomic: bool = False  # partial sums (split-K, MoE experts) meet by atomic adds: last bits vary run to run
     stages: int = 0  # software-pipelining stages of the group loop (tl.range num_stages); 0: Triton's default
+    fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
 
 
 # the integer families' tiles: the best of the session-3 H200 sweep (bench/results/kernels_h200_s3.log,

@@ -116,11 +116,14 @@ def _store_y(y_ptr, rows, rmask, acc, ATOMIC: tl.constexpr):
 
 
 @triton.jit
-def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, F, D,
-                     row_bytes, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
-                     UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr,
-                     RW: tl.constexpr, STAGES: tl.constexpr):
-    """_gate_up_kernel's integer variant, x quantized."""
+def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
+                     F, D, row_bytes, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr,
+                     BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
+                     ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
+                     H8K: tl.constexpr):
+    """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
+    down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
+    hs_ptr its QuantX buffers), the tile holding whole blocks."""
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
@@ -132,7 +135,13 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr,
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
-    tl.store(h_ptr + a * F + rows, h, mask=rmask)
+    if HBLOCK:
+        P: tl.constexpr = BLOCK_N // HBLOCK
+        b = tl.program_id(0) * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
+        act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32),
+                               tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
+    else:
+        tl.store(h_ptr + a * F + rows, h, mask=rmask)
 
 
 @triton.jit
@@ -271,7 +280,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     gate_up, down = gate_up or tiles[0], down or tiles[1]
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
-    h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x)
+    h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     if down.atomic:
         y.zero_()
@@ -280,18 +289,25 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
 
 
 def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, act: str, cfg: GemvConfig,
-             round_x: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
-    """h [n, F] = act(gate x, up x), times rw if use_rw, one launch over all n experts."""
+             round_x: Callable[[torch.Tensor], torch.Tensor] | None, what: str) -> torch.Tensor | act_quant.QuantX:
+    """h [n, F] = act(gate x, up x), times rw if use_rw, one launch over all n experts; quantized
+    for the down projection already (act_quant.QuantX) if cfg.fuse_quant."""
     n, D, F = p.gate_off.numel(), p.table.dim, p.table.width
-    h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(F, cfg.block_n), n)
     if p.gate_up.idot is not None:
+        hq = _fused_h(p, cfg, x.device, what)
+        h = torch.empty(n, F, dtype=torch.float32, device=x.device) if hq is None else hq.words
+        hd, hs = (h, h) if hq is None else (hq.scales, hq.sums)
+        hblock = 0 if hq is None else act_quant.BLOCKS[p.down.act_fmt]
         q = act_quant.quantize(x[None], p.gate_up.act_fmt)
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, q.words, q.scales, q.sums,
-                               rw, h, F, D, p.gate_up_row_bytes, **int_args(p.gate_up), BLOCK_N=cfg.block_n,
-                               UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x), ACT=ACT_CODES[act],
-                               RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
-        return h
+                               rw, h, hd, hs, F, D, p.gate_up_row_bytes, **int_args(p.gate_up),
+                               BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
+                               ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
+                               H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
+                               enable_fp_fusion=hq is None)  # act_quant's exact rounding needs it off
+        return h if hq is None else hq
+    h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
     _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x, rw, h, F, D,
                           p.gate_up_row_bytes, **family_args(p.gate_up), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
@@ -300,7 +316,20 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
     return h
 
 
-def _down(p: PreparedTable, h: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
+def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str) -> act_quant.QuantX | None:
+    """The buffers gate/up quantizes h into (cfg.fuse_quant), or None: h stays float32."""
+    if not cfg.fuse_quant:
+        return None
+    block = act_quant.BLOCKS.get(p.down.act_fmt or "", 0)
+    if not block or cfg.block_n % block:
+        need = f"a multiple of {block} rows" if block else "a down type with an integer step"
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: fuse_quant needs {need} (gate/up tile of {cfg.block_n} rows, down "
+            f"{p.down.qtype.name}); turn fuse_quant off or change the tile")
+    return act_quant.empty(p.gate_off.numel(), p.table.width, p.down.act_fmt, device)
+
+
+def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
           round_h: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
     """y = sum_a down_a @ h[a] (y zeroed first if cfg.atomic), the routing weight applied here
     unless already in h."""
@@ -309,9 +338,9 @@ def _down(p: PreparedTable, h: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, 
     common = dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ATOMIC=cfg.atomic,
                   STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
     if p.down.idot is not None:
-        q = act_quant.quantize(h, p.down.act_fmt)
+        q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, q.words, q.scales, q.sums, rw, y, D, F, n,
-                            p.down_row_bytes, **int_args(p.down), EMU=emulate(cfg, h),
+                            p.down_row_bytes, **int_args(p.down), EMU=emulate(cfg, y),
                             XBLOCK=act_quant.BLOCKS[p.down.act_fmt], **common)
         return
     if round_h is not None:
