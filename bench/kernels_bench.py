@@ -53,8 +53,16 @@ NO_DOT = dict(dot=None, acc0=None, total=None)
 SWEEP_ON = False  # --sweep
 COMPARE = False  # --compare
 # the switches timed against the defaults with --compare (GemvConfig fields)
-VARIANTS = {"atomic": dict(atomic=True), "stages2": dict(stages=2), "stages3": dict(stages=3),
-            "ew": dict(elementwise=True), "ew+stages3": dict(elementwise=True, stages=3)}
+VARIANTS = {"atomic": dict(atomic=True), "stages3": dict(stages=3), "ew": dict(elementwise=True),
+            "ew+stages3": dict(elementwise=True, stages=3)}
+# MoE only, with --compare: one projection's tile changed, the other at its default. gate/up:
+# h quantized in the gate/up launch (fuse_quant, tiles of whole activation blocks); down: smaller
+# row tiles (a down program now sums all A experts, so there are A times fewer programs than before)
+GATE_UP_VARIANTS = {T.Q8_0: {"gu 32r": dict(block_n=32), "gu 32r fuseq": dict(block_n=32, fuse_quant=True)},
+                    T.Q4_K: {"gu 256r fuseq": dict(block_n=256, fuse_quant=True)}}
+DOWN_VARIANTS = {T.Q8_0: {"dn 2r": dict(block_n=2), "dn 1r": dict(block_n=1), "dn 2r ew": dict(block_n=2, elementwise=True)},
+                 T.Q4_K: {"dn 4r1w": dict(block_n=4, num_warps=1), "dn 8r2w": dict(block_n=8, num_warps=2),
+                          "dn 4r1w ew": dict(block_n=4, num_warps=1, elementwise=True)}}
 # GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split (0 = auto),
 # elementwise tile); the session-3 run had the per-group reduction only (elementwise False)
 SWEEP = [GemvConfig(*c) for c in (
@@ -86,7 +94,7 @@ def tag(cfg: GemvConfig | None) -> str:
     if cfg is None:
         return "default"
     return (f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
-            f"{'A' if cfg.atomic else ''}{f'p{cfg.stages}' if cfg.stages else ''}")
+            f"{'A' if cfg.atomic else ''}{f'p{cfg.stages}' if cfg.stages else ''}{'Q' if cfg.fuse_quant else ''}")
 
 
 def x_in(qtype: T, x: torch.Tensor) -> torch.Tensor:
@@ -236,9 +244,16 @@ def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
             out.append(time(None, None, "dequant default"))
     for gu, dn in (MOE_SWEEP if SWEEP_ON and qtype in INT_TYPES else MOE_SWEEP[:1]):
         out.append(time(gu, dn, f"{tag(gu)}/{tag(dn)}"))
-    for name, change in (VARIANTS.items() if COMPARE and qtype in INT_TYPES else ()):
-        gu, dn = (dataclasses.replace(c, **change) for c in decode_tiles(sets[0]))
-        out.append(time(gu, dn, f"{name} {tag(gu)}/{tag(dn)}"))
+    if COMPARE and qtype in INT_TYPES:
+        base = decode_tiles(sets[0])
+        for name, change in VARIANTS.items():
+            gu, dn = (dataclasses.replace(c, **change) for c in base)
+            out.append(time(gu, dn, f"{name} {tag(gu)}/{tag(dn)}"))
+        for k, table in ((0, GATE_UP_VARIANTS), (1, DOWN_VARIANTS)):
+            for name, change in table[qtype].items():
+                tiles = list(base)
+                tiles[k] = dataclasses.replace(tiles[k], **change)
+                out.append(time(*tiles, f"{name} {tag(tiles[0])}/{tag(tiles[1])}"))
     if not BASELINE:
         return out
     sec = events_seconds(lambda: [moe_torch(sets[i].table, x, w) for i in range(n_sets)]) / n_sets
