@@ -28,7 +28,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from sparkd.engine import quants
-from sparkd.engine.kernels import dispatch
+from sparkd.engine.kernels import dispatch, q8_0_packed
 from sparkd.engine.kernels.matmul import GemvConfig, default_config, gemv
 from sparkd.engine.kernels.moe import (
     ExpertTable,
@@ -60,6 +60,10 @@ VARIANTS = {"atomic": dict(atomic=True), "stages3": dict(stages=3), "ew": dict(e
 # row tiles (a down program now sums all A experts, so there are A times fewer programs than before)
 GATE_UP_VARIANTS = {T.Q8_0: {"gu 32r": dict(block_n=32), "gu 32r fuseq": dict(block_n=32, fuse_quant=True)},
                     T.Q4_K: {"gu 256r fuseq": dict(block_n=256, fuse_quant=True)}}
+# Q8_0 repacked for resident tensors (q8_0_packed): the GEMV default tile, then wider row tiles,
+# which the aligned 128-bit loads make cheaper per value (bench/kernels_sass.py --types Q8_0P)
+PACKED_TILES = [None, GemvConfig(16, 4, 1, 0, False), GemvConfig(64, 4, 1, 0, False), GemvConfig(4, 1, 2, 0, True),
+                GemvConfig(16, 4, 1, 0, True)]
 DOWN_VARIANTS = {T.Q8_0: {"dn 2r": dict(block_n=2), "dn 1r": dict(block_n=1), "dn 2r ew": dict(block_n=2, elementwise=True)},
                  T.Q4_K: {"dn 4r1w": dict(block_n=4, num_warps=1), "dn 8r2w": dict(block_n=8, num_warps=2),
                           "dn 4r1w ew": dict(block_n=4, num_warps=1, elementwise=True)}}
@@ -176,11 +180,27 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
     for name, change in (VARIANTS.items() if COMPARE and qtype in INT_TYPES else ()):
         cfg = dataclasses.replace(default_config(fam), **change)
         out.append(time(cfg, f"{name} {tag(cfg)}"))
+    if COMPARE and qtype == T.Q8_0:
+        out += packed_rows(ws, (rows, cols), x, W @ x_in(qtype, x).double(), copy_bw)
     if not BASELINE:
         return out
     sec = events_seconds(lambda: [quants.dequantize(ws[i], qtype, (rows, cols)) @ x for i in range(n)]) / n
     out.append(dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config="torch deq+mm", us=sec * 1e6,
                     bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=0.0))
+    return out
+
+
+def packed_rows(ws: list[torch.Tensor], shape: tuple[int, int], x: torch.Tensor, ref: torch.Tensor,
+                copy_bw: float) -> list[dict]:
+    """--compare: the Q8_0 GEMV on the repacked resident layout (q8_0_packed), same weights."""
+    ps = [q8_0_packed.pack(w, shape) for w in ws]
+    y, out, nbytes = torch.empty(shape[0], device="cuda"), [], ws[0].numel()
+    for cfg in PACKED_TILES:
+        y.fill_(float("nan"))
+        err = rel_err(q8_0_packed.gemv(ps[0], x, out=y, config=cfg), ref)
+        sec = graph_seconds(lambda i: q8_0_packed.gemv(ps[i % len(ps)], x, out=y, config=cfg), len(ps))
+        out.append(dict(kernel=f"gemv {shape[0]}x{shape[1]}", type="Q8_0", config=f"packed {tag(cfg)}",
+                        us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err))
     return out
 
 

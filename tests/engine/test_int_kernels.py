@@ -129,3 +129,36 @@ def test_fuse_quant_needs_whole_blocks_and_an_integer_down(d_type, rows):
         moe_decode(table, torch.randn(256, device=DEV), torch.rand(2, device=DEV), out=out,
                    gate_up=GemvConfig(block_n=rows, fuse_quant=True))
     assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("config", [None, GemvConfig(block_n=8, num_warps=1, unroll=1, split=2),
+                                    GemvConfig(block_n=8, num_warps=1, unroll=2, elementwise=False)],
+                         ids=["default", "split-tile", "rows"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_packed_q8_0_gives_the_gguf_layouts_sums(backend, config):
+    """Repacked (quants | scales, rows 16-aligned) the GEMV computes the same sums as on the GGUF
+    blocks; rows ending inside a 256-value group included."""
+    from sparkd.engine.kernels import q8_0_packed
+    rows, cols = (1031, 2080) if backend == "cuda" else (21, 288)
+    raw = random_blocks(T.Q8_0, rows * cols // 32).to(backend)
+    x = torch.randn(cols, device=backend)
+    packed = q8_0_packed.pack(raw, (rows, cols))
+    assert packed.data.numel() == rows * q8_0_packed.row_bytes(cols) and q8_0_packed.row_bytes(cols) % 16 == 0
+    got = q8_0_packed.gemv(packed, x, config=config)
+    want = gemv(raw, T.Q8_0, (rows, cols), x, config=config)
+    if backend == "cpu":  # the same steps in the same order
+        assert torch.equal(got, want)
+    else:  # the compiler may lay the tile out (and so reduce it) differently
+        assert float((got - want).norm() / want.norm()) < 1e-6
+
+
+def test_packed_q8_0_rejects_bad_arguments():
+    from sparkd.engine.kernels import q8_0_packed
+    raw = random_blocks(T.Q8_0, 8).to(DEV)
+    with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q8_0 repacking: need 340 bytes"):
+        q8_0_packed.pack(raw, (5, 64))
+    packed = q8_0_packed.pack(raw, (4, 64))
+    out = torch.full((4,), float("nan"), device=DEV)
+    with pytest.raises(dispatch.KernelArgumentError, match="could not run the packed Q8_0 GEMV"):
+        q8_0_packed.gemv(packed, torch.randn(32, device=DEV), out=out)
+    assert torch.isnan(out).all()

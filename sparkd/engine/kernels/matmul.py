@@ -238,23 +238,48 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
     cfg = config or default_config(fam)
-    split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
-    # split-K: the ranges' partial sums, folded into y in range order after the launch
-    part = y if split == 1 else torch.empty(split, rows, dtype=torch.float32, device=x.device)
-    if split > 1 and cfg.atomic:
-        part = y.zero_()
-    grid = (triton.cdiv(rows, cfg.block_n), split)
-    common = dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EW=cfg.elementwise, ATOMIC=cfg.atomic,
-                  STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
     if fam.idot is not None:
-        q = act_quant.quantize(x[None], fam.act_fmt)
-        _igemv_kernel[grid](weight, q.words, q.scales, q.sums, part, rows, cols, row_bytes, **int_args(fam),
-                            EMU=emulate(cfg, x), **common)
-    else:
-        x = x if round_x is None else round_x(x).contiguous()
-        _gemv_kernel[grid](weight, grids.grid_table(fam.grid, x.device), x, part, rows, cols, row_bytes,
-                           **family_args(fam), **common)
+        return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg)
+    split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
+    part = _partials(y, split, cfg)
+    x = x if round_x is None else round_x(x).contiguous()
+    _gemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
+        weight, grids.grid_table(fam.grid, x.device), x, part, rows, cols, row_bytes, **family_args(fam),
+        **_launch_args(cfg, split))
+    return _fold(part, y)
+
+
+def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
+          row_bytes: int, x: torch.Tensor, y: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+    """gemv's integer path, for any byte layout an idot step reads (rows row_bytes apart): x
+    quantized to act_fmt, y [rows] written. Arguments checked by the caller."""
+    rows, cols = shape
+    split = split_for(cfg, rows, triton.cdiv(cols, 256))
+    part = _partials(y, split, cfg)
+    q = act_quant.quantize(x[None], act_fmt)
+    _igemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
+        weight, q.words, q.scales, q.sums, part, rows, cols, row_bytes, IDOT=idot, A1=iacc[0], A2=iacc[1],
+        EMU=emulate(cfg, x), **_launch_args(cfg, split))
+    return _fold(part, y)
+
+
+def _launch_args(cfg: GemvConfig, split: int) -> dict:
+    return dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EW=cfg.elementwise, ATOMIC=cfg.atomic,
+                STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
+
+
+def _partials(y: torch.Tensor, split: int, cfg: GemvConfig) -> torch.Tensor:
+    """Where the kernel writes: y itself (no split, or atomic adds into it zeroed), else a
+    [split, rows] buffer of the ranges' partial sums."""
+    if split == 1:
+        return y
+    if cfg.atomic:
+        return y.zero_()
+    return torch.empty(split, y.numel(), dtype=torch.float32, device=y.device)
+
+
+def _fold(part: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if part is not y:
         torch.sum(part, 0, out=y)  # a fixed-order reduction: the same bits on every run
     return y
