@@ -3,7 +3,7 @@ device-to-device copy bandwidth measured in the same run, with torch's dequantiz
 the baseline; plus a zero-copy correctness check (--unified on) reading pinned host memory.
 
 Usage: PYTHONPATH=. python bench/kernels_bench.py [--types Q8_0,Q4_K] [--unified on|off] [--json F]
-       [--torch-baseline] [--sweep] [--compare]
+       [--torch-baseline] [--sweep] [--compare] [--shapes dense1,moe0,moe1]
 
 Q8_0 and Q4_K run their integer path (x quantized on the device, dp4a); the float path they had
 before (the family without its integer step) is timed in the same run as "float" rows, the
@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import re
 import statistics
 
 import torch
@@ -60,13 +61,13 @@ VARIANTS = {"atomic": dict(atomic=True), "stages3": dict(stages=3), "ew": dict(e
 # row tiles (a down program now sums all A experts, so there are A times fewer programs than before)
 GATE_UP_VARIANTS = {T.Q8_0: {"gu 32r": dict(block_n=32), "gu 32r fuseq": dict(block_n=32, fuse_quant=True)},
                     T.Q4_K: {"gu 256r fuseq": dict(block_n=256, fuse_quant=True)}}
+DOWN_VARIANTS = {T.Q8_0: {"dn 2r": dict(block_n=2), "dn 1r": dict(block_n=1), "dn 2r ew": dict(block_n=2, elementwise=True)},
+                 T.Q4_K: {"dn 4r1w": dict(block_n=4, num_warps=1), "dn 8r2w": dict(block_n=8, num_warps=2),
+                          "dn 4r1w ew": dict(block_n=4, num_warps=1, elementwise=True)}}
 # Q8_0 repacked for resident tensors (q8_0_packed): the GEMV default tile, then wider row tiles,
 # which the aligned 128-bit loads make cheaper per value (bench/kernels_sass.py --types Q8_0P)
 PACKED_TILES = [None, GemvConfig(16, 4, 1, 0, False), GemvConfig(64, 4, 1, 0, False), GemvConfig(4, 1, 2, 0, True),
                 GemvConfig(16, 4, 1, 0, True)]
-DOWN_VARIANTS = {T.Q8_0: {"dn 2r": dict(block_n=2), "dn 1r": dict(block_n=1), "dn 2r ew": dict(block_n=2, elementwise=True)},
-                 T.Q4_K: {"dn 4r1w": dict(block_n=4, num_warps=1), "dn 8r2w": dict(block_n=8, num_warps=2),
-                          "dn 4r1w ew": dict(block_n=4, num_warps=1, elementwise=True)}}
 # GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split (0 = auto),
 # elementwise tile); the session-3 run had the per-group reduction only (elementwise False)
 SWEEP = [GemvConfig(*c) for c in (
@@ -295,6 +296,12 @@ def unified_rows(qtype: T) -> list[dict]:
                  bw=A * expert_bytes / sec, frac=float("nan"), err=err)]
 
 
+def print_rows(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['kernel']:34} {r['type']:5} {r['config']:32} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
+              f"{r['frac']:5.2f} {r['err']:8.1e}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default=",".join(t.name for t in dispatch.FAMILIES))
@@ -303,28 +310,31 @@ def main() -> None:
     ap.add_argument("--torch-baseline", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--shapes", default=None,
+                    help="which shapes, e.g. dense1,moe0 (index into DENSE / MOES); default: all")
     args = ap.parse_args()
     global BASELINE, SWEEP_ON, COMPARE
     BASELINE, SWEEP_ON, COMPARE = args.torch_baseline, args.sweep, args.compare
     types = [T[name] for name in args.types.split(",")]
+    names = args.shapes.split(",") if args.shapes else [f"dense{i}" for i in range(len(DENSE))] + \
+        [f"moe{i}" for i in range(len(MOES))]
     copy_bw = copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)")
+    print(f"{'kernel':34} {'type':5} {'config':32} {'us':>9} {'GB/s':>7} {'frac':>5} {'rel err':>8}", flush=True)
     rows = []
     for qt in types:
-        for r, c in DENSE:
-            rows += dense_rows(qt, r, c, copy_bw)
-        for shape in MOES:
-            rows += moe_rows(qt, copy_bw, shape)
+        for name in names:  # each shape's rows printed as soon as they are measured
+            kind, i = re.fullmatch(r"(dense|moe)(\d+)", name).groups()
+            got = dense_rows(qt, *DENSE[int(i)], copy_bw) if kind == "dense" else moe_rows(qt, copy_bw, MOES[int(i)])
+            print_rows(got)
+            rows += got
         if args.unified == "on":
             rows += unified_rows(qt)
+            print_rows(rows[-1:])
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw, rows=rows), f, indent=1)
-    print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)")
-    print(f"{'kernel':34} {'type':5} {'config':25} {'us':>9} {'GB/s':>7} {'frac':>5} {'rel err':>8}")
-    for r in rows:
-        print(f"{r['kernel']:34} {r['type']:5} {r['config']:25} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
-              f"{r['frac']:5.2f} {r['err']:8.1e}")
 
 
 if __name__ == "__main__":
