@@ -54,20 +54,20 @@ NO_DOT = dict(dot=None, acc0=None, total=None)
 SWEEP_ON = False  # --sweep
 COMPARE = False  # --compare
 # the switches timed against the defaults with --compare (GemvConfig fields)
-VARIANTS = {"atomic": dict(atomic=True), "stages3": dict(stages=3), "ew": dict(elementwise=True),
-            "ew+stages3": dict(elementwise=True, stages=3)}
+VARIANTS = {"atomic": dict(atomic=True), "stages3": dict(stages=3), "ew": dict(elementwise=True)}
 # MoE only, with --compare: one projection's tile changed, the other at its default. gate/up:
-# h quantized in the gate/up launch (fuse_quant, tiles of whole activation blocks); down: smaller
-# row tiles (a down program now sums all A experts, so there are A times fewer programs than before)
+# h quantized in the gate/up launch (fuse_quant, tiles of whole activation blocks); down: a down
+# program now sums all A experts (A times fewer programs than before), so smaller row tiles or
+# split (ranges of experts in parallel, then one ordered sum: a launch more)
 GATE_UP_VARIANTS = {T.Q8_0: {"gu 32r": dict(block_n=32), "gu 32r fuseq": dict(block_n=32, fuse_quant=True)},
                     T.Q4_K: {"gu 256r fuseq": dict(block_n=256, fuse_quant=True)}}
-DOWN_VARIANTS = {T.Q8_0: {"dn 2r": dict(block_n=2), "dn 1r": dict(block_n=1), "dn 2r ew": dict(block_n=2, elementwise=True)},
+DOWN_VARIANTS = {T.Q8_0: {"dn 2r": dict(block_n=2), "dn 1r": dict(block_n=1), "dn split2": dict(split=2),
+                          "dn split8": dict(split=8)},
                  T.Q4_K: {"dn 4r1w": dict(block_n=4, num_warps=1), "dn 8r2w": dict(block_n=8, num_warps=2),
-                          "dn 4r1w ew": dict(block_n=4, num_warps=1, elementwise=True)}}
+                          "dn split2": dict(split=2), "dn split8": dict(split=8)}}
 # Q8_0 repacked for resident tensors (q8_0_packed): the GEMV default tile, then wider row tiles,
 # which the aligned 128-bit loads make cheaper per value (bench/kernels_sass.py --types Q8_0P)
-PACKED_TILES = [None, GemvConfig(16, 4, 1, 0, False), GemvConfig(64, 4, 1, 0, False), GemvConfig(4, 1, 2, 0, True),
-                GemvConfig(16, 4, 1, 0, True)]
+PACKED_TILES = [None, GemvConfig(16, 4, 1, 0, False), GemvConfig(64, 4, 1, 0, False), GemvConfig(4, 1, 2, 0, True)]
 # GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split (0 = auto),
 # elementwise tile); the session-3 run had the per-group reduction only (elementwise False)
 SWEEP = [GemvConfig(*c) for c in (

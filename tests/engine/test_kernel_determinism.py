@@ -76,15 +76,19 @@ def test_moe_decode_adds_its_experts_in_table_order(gu_type, d_type):
 @pytest.mark.parametrize("gu_type,d_type", MOE_PAIRS, ids=lambda t: t.name)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_repeated_runs_are_bit_identical(backend, gu_type, d_type):
-    """The default tiles (the GPU's) and a split GEMV, several runs: one set of bits."""
+    """The default tiles (the GPU's), a split MoE down and a split GEMV, several runs: one set of
+    bits each."""
     dim, width, n, runs = (2048, 768, 8, 20) if backend == "cuda" else (256, 256, 3, 2)
     table, *_ = arena_table(gu_type, d_type, dim, width, n, backend)
     x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
     rows = 4099 if backend == "cuda" else 19
     raw = random_blocks(d_type, rows * dim // dispatch.FAMILIES[d_type].block_values).to(backend)
     ys = [moe_decode(table, x, w, **TILES[backend]) for _ in range(runs)]
+    split = dataclasses.replace(TILES["cpu"]["down"] if backend == "cpu" else GemvConfig(), split=2)
+    ys_split = [moe_decode(table, x, w, down=split, gate_up=TILES[backend].get("gate_up")) for _ in range(runs)]
     lin = [gemv(raw, d_type, (rows, dim), x, config=GemvConfig(split=4)) for _ in range(runs)]
     assert all(torch.equal(ys[0], y) for y in ys[1:])
+    assert all(torch.equal(ys_split[0], y) for y in ys_split[1:])
     assert all(torch.equal(lin[0], y) for y in lin[1:])
 
 
@@ -107,3 +111,16 @@ def test_timing_switches_compute_the_same_sums(backend, gu_type, d_type):
         got_lin = gemv(raw, d_type, (rows, dim), x, config=dataclasses.replace(SPLIT, **change))
         assert float((got_moe - want_moe).norm() / want_moe.norm()) < 1e-6, change
         assert float((got_lin - want_lin).norm() / want_lin.norm()) < 1e-6, change
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("gu_type,d_type", MOE_PAIRS, ids=lambda t: t.name)
+@pytest.mark.skipif(ON_GPU, reason="as test_moe_decode_adds_its_experts_in_table_order")
+def test_split_down_folds_its_expert_ranges_in_order(gu_type, d_type):
+    """down split 2 over 3 experts: programs sum experts {0, 1} and {2}, then one ordered sum."""
+    table, *_ = arena_table(gu_type, d_type, 256, 256, 3, "cpu")
+    x, w = torch.randn(256), torch.rand(3)
+    down = dataclasses.replace(TILES["cpu"]["down"], split=2)
+    y = moe_decode(table, x, w, gate_up=TILES["cpu"]["gate_up"], down=down)
+    e = [moe_decode(one_expert(table, i), x, w[i:i + 1].contiguous(), **TILES["cpu"]) for i in range(3)]
+    assert torch.equal(y, torch.sum(torch.stack([torch.zeros(256) + e[0] + e[1], torch.zeros(256) + e[2]]), 0))

@@ -242,12 +242,12 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if fam.idot is not None:
         return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg)
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
-    part = _partials(y, split, cfg)
+    part = partials_for(y, split, cfg)
     x = x if round_x is None else round_x(x).contiguous()
     _gemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
         weight, grids.grid_table(fam.grid, x.device), x, part, rows, cols, row_bytes, **family_args(fam),
         **_launch_args(cfg, split))
-    return _fold(part, y)
+    return fold_partials(part, y)
 
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
@@ -256,12 +256,12 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     quantized to act_fmt, y [rows] written. Arguments checked by the caller."""
     rows, cols = shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256))
-    part = _partials(y, split, cfg)
+    part = partials_for(y, split, cfg)
     q = act_quant.quantize(x[None], act_fmt)
     _igemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
         weight, q.words, q.scales, q.sums, part, rows, cols, row_bytes, IDOT=idot, A1=iacc[0], A2=iacc[1],
         EMU=emulate(cfg, x), **_launch_args(cfg, split))
-    return _fold(part, y)
+    return fold_partials(part, y)
 
 
 def _launch_args(cfg: GemvConfig, split: int) -> dict:
@@ -269,7 +269,7 @@ def _launch_args(cfg: GemvConfig, split: int) -> dict:
                 STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
 
 
-def _partials(y: torch.Tensor, split: int, cfg: GemvConfig) -> torch.Tensor:
+def partials_for(y: torch.Tensor, split: int, cfg: GemvConfig) -> torch.Tensor:
     """Where the kernel writes: y itself (no split, or atomic adds into it zeroed), else a
     [split, rows] buffer of the ranges' partial sums."""
     if split == 1:
@@ -279,7 +279,7 @@ def _partials(y: torch.Tensor, split: int, cfg: GemvConfig) -> torch.Tensor:
     return torch.empty(split, y.numel(), dtype=torch.float32, device=y.device)
 
 
-def _fold(part: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def fold_partials(part: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if part is not y:
         torch.sum(part, 0, out=y)  # a fixed-order reduction: the same bits on every run
     return y

@@ -4,8 +4,10 @@ Decode (one token, A selected experts): two launches per layer. The first runs o
 experts at once (grid axis 1), computing gate and up rows, the activation and the routing weight:
 h[a] = w[a] * act(gate_a @ x, up_a @ x). The second runs one program per row tile, which sums
 its rows over the A experts itself in table order: y = sum_a down_a @ h[a], the same bits on
-every run and in a CUDA graph as eagerly (GemvConfig.atomic on the down tile: one program per
-(row tile, expert) meeting in a zeroed y by atomic adds, the pre-session-4 way, kept to time).
+every run and in a CUDA graph as eagerly. The down tile's split runs that many ranges of experts
+as separate programs, their partial sums folded in range order by one more launch (more
+parallelism, still deterministic); its atomic: one program per (row tile, expert) meeting in a
+zeroed y by atomic adds, the pre-session-4 way, kept to time against.
 Experts are found through a pointer/offset table, a base buffer per projection (one arena slab
 may serve all three) plus a byte offset per expert, so experts in scattered cache slots need no
 gathering copy.
@@ -32,11 +34,14 @@ from sparkd.engine.kernels.matmul import (
     GemvConfig,
     emulate,
     family_args,
+    fold_partials,
     gemm,
     int_args,
+    partials_for,
     row_dot,
     row_idot,
     stages_arg,
+    store_part,
 )
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -81,38 +86,27 @@ def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, x_ptr, rw_ptr, 
 def _down_kernel(down_ptr, aux_ptr, down_off, h_ptr, y_ptr, D, F, n, row_bytes, DOT: tl.constexpr,
                  ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
                  NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
-                 UNROLL: tl.constexpr, EW: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr):
-    """y = sum_a down_a @ h[a]: a row tile per program, its experts in table order (ATOMIC: one
-    expert per program, meeting in y, zeroed first, by atomic adds in arrival order)."""
+                 UNROLL: tl.constexpr, EW: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
+                 STAGES: tl.constexpr):
+    """y = sum_a down_a @ h[a]: a row tile per program, the experts of its range in table order
+    (_experts; the ranges meet as matmul.store_part has them meet)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
-    first, last = _experts(n, ATOMIC)
+    first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
         acc += row_dot(down_ptr, aux_ptr, tl.load(down_off + a) + rb, rmask, h_ptr + a * F, F, 0, 1, DOT, ACC0,
                        TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
-    _store_y(y_ptr, rows, rmask, acc, ATOMIC)
+    store_part(y_ptr, rows, rmask, acc, D, SPLIT, ATOMIC)
 
 
 @triton.jit
-def _experts(n, ATOMIC: tl.constexpr):
-    """The experts a down program sums: all n in order, or (ATOMIC) expert program_id(1) alone."""
-    if ATOMIC:
-        first = tl.program_id(1)
-        last = first + 1
-    else:
-        first = 0
-        last = n
-    return first, last
-
-
-@triton.jit
-def _store_y(y_ptr, rows, rmask, acc, ATOMIC: tl.constexpr):
-    if ATOMIC:
-        tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
-    else:
-        tl.store(y_ptr + rows, acc, mask=rmask)
+def _experts(n, SPLIT: tl.constexpr):
+    """The experts a down program sums: range program_id(1) of SPLIT contiguous ranges of the n."""
+    per = tl.cdiv(n, SPLIT)
+    first = tl.program_id(1) * per
+    return first, tl.minimum(first + per, n)
 
 
 @triton.jit
@@ -148,20 +142,20 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr,
 def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, F, n, row_bytes,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
-                  ATOMIC: tl.constexpr, STAGES: tl.constexpr):
+                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
-    first, last = _experts(n, ATOMIC)
+    first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
         part = row_idot(down_ptr, tl.load(down_off + a) + rb, rmask, hw_ptr + a * (F // 4),
                         hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
                         EW, EMU, STAGES)
         acc += part * tl.load(rw_ptr + a)
-    _store_y(y_ptr, rows, rmask, acc, ATOMIC)
+    store_part(y_ptr, rows, rmask, acc, D, SPLIT, ATOMIC)
 
 
 @dataclass(frozen=True)
@@ -252,9 +246,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
 
     x float32 [D]; route_weights float32 [n] (one per table entry, on x's device) -> y [D]
     (written into `out` if given: float32 [D] on x's device). gate_up/down: tile shapes (their
-    split is ignored: the activation needs whole sums, and down sums over experts; atomic on the down
-    tile: its experts meet by atomic adds, last bits varying run to run); None: the
-    families' defaults (decode_tiles). A projection whose family has an integer step quantizes its input itself as llama.cpp does
+    split is ignored for gate/up, whose activation needs whole sums; down's split and atomic are
+    explained in the module docstring); None: the families' defaults (decode_tiles). A projection whose family has an integer step quantizes its input itself as llama.cpp does
     (x before gate/up, the activations [n, F] before down). For the others, round_x and round_h
     (if given) round x and the activations in torch first (the routing weight then applies after
     the rounding, between the two launches). No host sync: usable in a CUDA graph capture."""
@@ -282,8 +275,6 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     late_rw = p.down.idot is not None or round_h is not None
     h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    if down.atomic:
-        y.zero_()
     _down(p, h, rw, y, down, round_h)
     return y
 
@@ -331,22 +322,26 @@ def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str)
 
 def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
           round_h: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
-    """y = sum_a down_a @ h[a] (y zeroed first if cfg.atomic), the routing weight applied here
-    unless already in h."""
+    """y = sum_a down_a @ h[a], the routing weight applied here unless already in h. cfg.split
+    ranges of experts run in parallel and meet in an ordered sum (cfg.atomic: one expert per
+    program, atomic adds into y zeroed first, the pre-session-4 way)."""
     n, D, F = p.down_off.numel(), p.table.dim, p.table.width
-    grid = (triton.cdiv(D, cfg.block_n), n if cfg.atomic else 1)
-    common = dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ATOMIC=cfg.atomic,
+    split = n if cfg.atomic else max(1, min(cfg.split, n))
+    part = partials_for(y, split, cfg)
+    grid = (triton.cdiv(D, cfg.block_n), split)
+    common = dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic,
                   STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
-        _idown_kernel[grid](p.table.down, p.down_off, q.words, q.scales, q.sums, rw, y, D, F, n,
+        _idown_kernel[grid](p.table.down, p.down_off, q.words, q.scales, q.sums, rw, part, D, F, n,
                             p.down_row_bytes, **int_args(p.down), EMU=emulate(cfg, y),
                             XBLOCK=act_quant.BLOCKS[p.down.act_fmt], **common)
-        return
-    if round_h is not None:
-        h = (round_h(h) * rw[:, None]).contiguous()
-    _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h, y, D, F, n, p.down_row_bytes,
-                       **family_args(p.down), **common)
+    else:
+        if round_h is not None:
+            h = (round_h(h) * rw[:, None]).contiguous()
+        _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h, part, D, F, n, p.down_row_bytes,
+                           **family_args(p.down), **common)
+    fold_partials(part, y)
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
