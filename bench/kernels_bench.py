@@ -3,11 +3,13 @@ device-to-device copy bandwidth measured in the same run, with torch's dequantiz
 the baseline; plus a zero-copy correctness check (--unified on) reading pinned host memory.
 
 Usage: PYTHONPATH=. python bench/kernels_bench.py [--types Q8_0,Q4_K] [--unified on|off] [--json F]
-       [--torch-baseline] [--sweep]
+       [--torch-baseline] [--sweep] [--compare] [--shapes dense1,moe0,moe1]
 
 Q8_0 and Q4_K run their integer path (x quantized on the device, dp4a); the float path they had
 before (the family without its integer step) is timed in the same run as "float" rows, the
 "before" of docs/performance.md. --sweep tries every tile in SWEEP / MOE_SWEEP, else the defaults.
+--compare also times the integer defaults changed by each of VARIANTS (old vs new switches side by
+side: atomic = the pre-session-4 atomic reduction, stages = Triton's pipeliner, ew = elementwise tile).
 
 Every timed kernel is first checked against the float64 reference on fresh random blocks.
 Working sets rotate over >= ROTATE_BYTES so repeated runs cannot be served from the 50 MB L2;
@@ -20,16 +22,18 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import re
 import statistics
 
 import torch
 from gguf import GGMLQuantizationType as T
 
 from sparkd.engine import quants
-from sparkd.engine.kernels import dispatch
-from sparkd.engine.kernels.matmul import GemvConfig, gemv
+from sparkd.engine.kernels import dispatch, q8_0_packed
+from sparkd.engine.kernels.matmul import GemvConfig, default_config, gemv
 from sparkd.engine.kernels.moe import (
     ExpertTable,
+    decode_tiles,
     moe_decode,
     prepare,
 )
@@ -48,6 +52,22 @@ INT_TYPES = (T.Q8_0, T.Q4_K)  # families with an integer step
 IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)  # GEMV dot timed next to dequant-then-multiply
 NO_DOT = dict(dot=None, acc0=None, total=None)
 SWEEP_ON = False  # --sweep
+COMPARE = False  # --compare
+# the switches timed against the defaults with --compare (GemvConfig fields)
+VARIANTS = {"atomic": dict(atomic=True), "stages3": dict(stages=3), "ew": dict(elementwise=True)}
+# MoE only, with --compare: one projection's tile changed, the other at its default. gate/up:
+# h quantized in the gate/up launch (fuse_quant, tiles of whole activation blocks); down: a down
+# program now sums all A experts (A times fewer programs than before), so smaller row tiles or
+# split (ranges of experts in parallel, then one ordered sum: a launch more)
+GATE_UP_VARIANTS = {T.Q8_0: {"gu 32r": dict(block_n=32), "gu 32r fuseq": dict(block_n=32, fuse_quant=True)},
+                    T.Q4_K: {"gu 256r fuseq": dict(block_n=256, fuse_quant=True)}}
+DOWN_VARIANTS = {T.Q8_0: {"dn 2r": dict(block_n=2), "dn 1r": dict(block_n=1), "dn split2": dict(split=2),
+                          "dn split8": dict(split=8)},
+                 T.Q4_K: {"dn 4r1w": dict(block_n=4, num_warps=1), "dn 8r2w": dict(block_n=8, num_warps=2),
+                          "dn split2": dict(split=2), "dn split8": dict(split=8)}}
+# Q8_0 repacked for resident tensors (q8_0_packed): the GEMV default tile, then wider row tiles,
+# which the aligned 128-bit loads make cheaper per value (bench/kernels_sass.py --types Q8_0P)
+PACKED_TILES = [None, GemvConfig(16, 4, 1, 0, False), GemvConfig(64, 4, 1, 0, False), GemvConfig(4, 1, 2, 0, True)]
 # GEMV tiles tried for the integer path: (rows per program, warps, groups per step, split (0 = auto),
 # elementwise tile); the session-3 run had the per-group reduction only (elementwise False)
 SWEEP = [GemvConfig(*c) for c in (
@@ -78,7 +98,8 @@ def float_path(qtype: T, **without):
 def tag(cfg: GemvConfig | None) -> str:
     if cfg is None:
         return "default"
-    return f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
+    return (f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
+            f"{'A' if cfg.atomic else ''}{f'p{cfg.stages}' if cfg.stages else ''}{'Q' if cfg.fuse_quant else ''}")
 
 
 def x_in(qtype: T, x: torch.Tensor) -> torch.Tensor:
@@ -157,11 +178,30 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
             out.append(time(None, "dequant default"))
     for cfg in (SWEEP if SWEEP_ON and qtype in INT_TYPES else [None]):
         out.append(time(cfg, tag(cfg)))
+    for name, change in (VARIANTS.items() if COMPARE and qtype in INT_TYPES else ()):
+        cfg = dataclasses.replace(default_config(fam), **change)
+        out.append(time(cfg, f"{name} {tag(cfg)}"))
+    if COMPARE and qtype == T.Q8_0:
+        out += packed_rows(ws, (rows, cols), x, W @ x_in(qtype, x).double(), copy_bw)
     if not BASELINE:
         return out
     sec = events_seconds(lambda: [quants.dequantize(ws[i], qtype, (rows, cols)) @ x for i in range(n)]) / n
     out.append(dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config="torch deq+mm", us=sec * 1e6,
                     bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=0.0))
+    return out
+
+
+def packed_rows(ws: list[torch.Tensor], shape: tuple[int, int], x: torch.Tensor, ref: torch.Tensor,
+                copy_bw: float) -> list[dict]:
+    """--compare: the Q8_0 GEMV on the repacked resident layout (q8_0_packed), same weights."""
+    ps = [q8_0_packed.pack(w, shape) for w in ws]
+    y, out, nbytes = torch.empty(shape[0], device="cuda"), [], ws[0].numel()
+    for cfg in PACKED_TILES:
+        y.fill_(float("nan"))
+        err = rel_err(q8_0_packed.gemv(ps[0], x, out=y, config=cfg), ref)
+        sec = graph_seconds(lambda i: q8_0_packed.gemv(ps[i % len(ps)], x, out=y, config=cfg), len(ps))
+        out.append(dict(kernel=f"gemv {shape[0]}x{shape[1]}", type="Q8_0", config=f"packed {tag(cfg)}",
+                        us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err))
     return out
 
 
@@ -225,6 +265,16 @@ def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
             out.append(time(None, None, "dequant default"))
     for gu, dn in (MOE_SWEEP if SWEEP_ON and qtype in INT_TYPES else MOE_SWEEP[:1]):
         out.append(time(gu, dn, f"{tag(gu)}/{tag(dn)}"))
+    if COMPARE and qtype in INT_TYPES:
+        base = decode_tiles(sets[0])
+        for name, change in VARIANTS.items():
+            gu, dn = (dataclasses.replace(c, **change) for c in base)
+            out.append(time(gu, dn, f"{name} {tag(gu)}/{tag(dn)}"))
+        for k, table in ((0, GATE_UP_VARIANTS), (1, DOWN_VARIANTS)):
+            for name, change in table[qtype].items():
+                tiles = list(base)
+                tiles[k] = dataclasses.replace(tiles[k], **change)
+                out.append(time(*tiles, f"{name} {tag(tiles[0])}/{tag(tiles[1])}"))
     if not BASELINE:
         return out
     sec = events_seconds(lambda: [moe_torch(sets[i].table, x, w) for i in range(n_sets)]) / n_sets
@@ -246,6 +296,12 @@ def unified_rows(qtype: T) -> list[dict]:
                  bw=A * expert_bytes / sec, frac=float("nan"), err=err)]
 
 
+def print_rows(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['kernel']:34} {r['type']:5} {r['config']:32} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
+              f"{r['frac']:5.2f} {r['err']:8.1e}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default=",".join(t.name for t in dispatch.FAMILIES))
@@ -253,28 +309,32 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--torch-baseline", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--shapes", default=None,
+                    help="which shapes, e.g. dense1,moe0 (index into DENSE / MOES); default: all")
     args = ap.parse_args()
-    global BASELINE, SWEEP_ON
-    BASELINE, SWEEP_ON = args.torch_baseline, args.sweep
+    global BASELINE, SWEEP_ON, COMPARE
+    BASELINE, SWEEP_ON, COMPARE = args.torch_baseline, args.sweep, args.compare
     types = [T[name] for name in args.types.split(",")]
+    names = args.shapes.split(",") if args.shapes else [f"dense{i}" for i in range(len(DENSE))] + \
+        [f"moe{i}" for i in range(len(MOES))]
     copy_bw = copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)")
+    print(f"{'kernel':34} {'type':5} {'config':32} {'us':>9} {'GB/s':>7} {'frac':>5} {'rel err':>8}", flush=True)
     rows = []
     for qt in types:
-        for r, c in DENSE:
-            rows += dense_rows(qt, r, c, copy_bw)
-        for shape in MOES:
-            rows += moe_rows(qt, copy_bw, shape)
+        for name in names:  # each shape's rows printed as soon as they are measured
+            kind, i = re.fullmatch(r"(dense|moe)(\d+)", name).groups()
+            got = dense_rows(qt, *DENSE[int(i)], copy_bw) if kind == "dense" else moe_rows(qt, copy_bw, MOES[int(i)])
+            print_rows(got)
+            rows += got
         if args.unified == "on":
             rows += unified_rows(qt)
+            print_rows(rows[-1:])
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw, rows=rows), f, indent=1)
-    print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)")
-    print(f"{'kernel':34} {'type':5} {'config':25} {'us':>9} {'GB/s':>7} {'frac':>5} {'rel err':>8}")
-    for r in rows:
-        print(f"{r['kernel']:34} {r['type']:5} {r['config']:25} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
-              f"{r['frac']:5.2f} {r['err']:8.1e}")
 
 
 if __name__ == "__main__":

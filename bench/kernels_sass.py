@@ -1,16 +1,19 @@
 """The instruction mix of the integer GEMV's main loop, compiled offline for sm_90 (no GPU needed:
 the triton wheel carries ptxas), to see what bounds a kernel before spending device time.
 
-Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K]
+Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P] [--stages 0,3]
+(Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed)
 
 For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
 ceiling is that times 4 warp instructions/clock/SM), and the counts that matter (loads, dp4a,
-shuffles and shared-memory traffic from layout conversions, barriers).
+shuffles and shared-memory traffic from layout conversions, barriers, and with --stages > 0 the
+pipeliner's asynchronous copies LDGSTS and their waits DEPBAR).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 
 from gguf.constants import GGMLQuantizationType
@@ -18,20 +21,22 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import dispatch, matmul
+from sparkd.engine.kernels import dispatch, matmul, q8_0_packed
 
 SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
              "N": "i32", "K": "i32", "row_bytes": "i32"}
 ALIGNED = ("w_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "y_ptr", "K", "row_bytes")  # as the launches specialize them
 TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True), (16, 4, 1, 0, False),
                                           (16, 4, 1, 0, True), (64, 4, 1, 0, False), (64, 4, 1, 0, True))]
-WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA")
+WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDGSTS", "DEPBAR")
 
 
-def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
+def sass(fam: dispatch.Family, cfg: matmul.GemvConfig, idot=None) -> str:
+    """idot: another integer step than the family's (q8_0_packed.idot)."""
     kern = matmul._igemv_kernel
-    consts = dict(**matmul.int_args(fam), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
-                  EW=cfg.elementwise, EMU=False)
+    args = matmul.int_args(fam) if idot is None else dict(IDOT=idot, A1=fam.iacc[0], A2=fam.iacc[1])
+    consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
+                  EW=cfg.elementwise, EMU=False, ATOMIC=False, STAGES=matmul.stages_arg(cfg))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
@@ -51,13 +56,17 @@ def loop_ops(text: str) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q8_0,Q4_K")
-    for name in ap.parse_args().types.split(","):
-        fam = dispatch.FAMILIES[GGMLQuantizationType[name]]
-        for cfg in TILES:
-            ops = loop_ops(sass(fam, cfg))
+    ap.add_argument("--stages", default="0", help="GemvConfig.stages values to compile each tile with")
+    args = ap.parse_args()
+    for name in args.types.split(","):
+        packed = name == "Q8_0P"  # the repacked resident layout (q8_0_packed)
+        fam = dispatch.FAMILIES[GGMLQuantizationType["Q8_0" if packed else name]]
+        for cfg in (dataclasses.replace(t, stages=int(n)) for t in TILES for n in args.stages.split(",")):
+            ops = loop_ops(sass(fam, cfg, q8_0_packed.idot if packed else None))
             values = cfg.block_n * 256 * cfg.unroll
             counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH)
-            print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'}: "
+            print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'} "
+                  f"{cfg.stages} stages: "
                   f"{len(ops)} warp-instr/iteration, {values / (len(ops) * cfg.num_warps):.1f} values/warp-instr  {counts}")
 
 

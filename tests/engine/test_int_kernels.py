@@ -6,6 +6,7 @@ references round x as these kernels do).
 Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -17,7 +18,7 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
-from test_kernels import BACKENDS, arena_table, random_blocks  # noqa: E402
+from test_kernels import BACKENDS, BOUNDS, TILES, arena_table, moe_reference, random_blocks, rel_err  # noqa: E402
 
 from sparkd.engine.kernels import act_quant, dispatch  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
@@ -80,7 +81,7 @@ def test_integer_kernels_replay_in_a_cuda_graph(qtype):
     table = prepare(arena_table(qtype, qtype, dim, width, n, "cuda")[0], "cuda")  # offsets copied before
     x, w = torch.randn(dim, device="cuda"), torch.rand(n, device="cuda")
     y_lin, y_moe = torch.empty(rows, device="cuda"), torch.empty(dim, device="cuda")
-    cfg = GemvConfig(split=1)
+    cfg = GemvConfig(split=3)  # the ordered split-K reduction captures too
 
     def step():
         gemv(raw, qtype, (rows, dim), x, out=y_lin, config=cfg)
@@ -94,5 +95,70 @@ def test_integer_kernels_replay_in_a_cuda_graph(qtype):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y_lin, gemv(raw, qtype, (rows, dim), x, config=cfg))
-    again = moe_decode(table, x, w)  # the experts' atomic adds may land in another order
-    assert float((y_moe - again).norm() / again.norm()) < 1e-6
+    assert torch.equal(y_moe, moe_decode(table, x, w))  # experts summed in table order, no atomics
+
+
+# (gate/up type, down type, gate/up tile rows holding whole blocks of the down's activation format)
+FUSED = [(T.Q8_0, T.Q8_0, 32), (T.Q4_K, T.Q4_K, 256)]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("gu_type,d_type,rows", FUSED, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_h_quantization_matches_the_separate_launch(backend, gu_type, d_type, rows):
+    """fuse_quant: gate/up quantizes h itself (one launch fewer). The interpreter has no FMA
+    contraction: the same bits as the separate quantization; the GPU: the reference's bound."""
+    dim, width, n = (2048, 768, 8) if backend == "cuda" else (256, 256, 3)
+    table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
+    x, w = torch.randn(dim), torch.rand(n)
+    tile = GemvConfig(block_n=rows, num_warps=4 if backend == "cuda" else 1, unroll=1)
+    down = TILES[backend].get("down")
+    fused = moe_decode(table, x.to(backend), w.to(backend), gate_up=dataclasses.replace(tile, fuse_quant=True),
+                       down=down)
+    if backend == "cpu":
+        assert torch.equal(fused, moe_decode(table, x, w, gate_up=tile, down=down))
+    err = rel_err(fused, moe_reference(x, w, gates, ups, downs, "silu", gu_type, d_type))
+    assert err < BOUNDS["fp32"], err
+
+
+@pytest.mark.parametrize("d_type,rows", [(T.Q8_0, 16), (T.Q6_K, 256)], ids=["partial-block", "float-down"])
+def test_fuse_quant_needs_whole_blocks_and_an_integer_down(d_type, rows):
+    table, *_ = arena_table(T.Q8_0, d_type, 256, 256, 2, DEV)
+    out = torch.full((256,), float("nan"), device=DEV)
+    with pytest.raises(dispatch.KernelArgumentError, match="could not run the MoE decode kernels: fuse_quant needs"):
+        moe_decode(table, torch.randn(256, device=DEV), torch.rand(2, device=DEV), out=out,
+                   gate_up=GemvConfig(block_n=rows, fuse_quant=True))
+    assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("config", [None, GemvConfig(block_n=8, num_warps=1, unroll=1, split=2),
+                                    GemvConfig(block_n=8, num_warps=1, unroll=2, elementwise=False)],
+                         ids=["default", "split-tile", "rows"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_packed_q8_0_gives_the_gguf_layouts_sums(backend, config):
+    """Repacked (quants | scales, rows 16-aligned) the GEMV computes the same sums as on the GGUF
+    blocks; rows ending inside a 256-value group included."""
+    from sparkd.engine.kernels import q8_0_packed
+    rows, cols = (1031, 2080) if backend == "cuda" else (21, 288)
+    raw = random_blocks(T.Q8_0, rows * cols // 32).to(backend)
+    x = torch.randn(cols, device=backend)
+    packed = q8_0_packed.pack(raw, (rows, cols))
+    assert packed.data.numel() == rows * q8_0_packed.row_bytes(cols) and q8_0_packed.row_bytes(cols) % 16 == 0
+    got = q8_0_packed.gemv(packed, x, config=config)
+    want = gemv(raw, T.Q8_0, (rows, cols), x, config=config)
+    if backend == "cpu":  # the same steps in the same order
+        assert torch.equal(got, want)
+    else:  # the compiler may lay the tile out (and so reduce it) differently
+        assert float((got - want).norm() / want.norm()) < 1e-6
+
+
+def test_packed_q8_0_rejects_bad_arguments():
+    from sparkd.engine.kernels import q8_0_packed
+    raw = random_blocks(T.Q8_0, 8).to(DEV)
+    with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q8_0 repacking: need 340 bytes"):
+        q8_0_packed.pack(raw, (5, 64))
+    packed = q8_0_packed.pack(raw, (4, 64))
+    out = torch.full((4,), float("nan"), device=DEV)
+    with pytest.raises(dispatch.KernelArgumentError, match="could not run the packed Q8_0 GEMV"):
+        q8_0_packed.gemv(packed, torch.randn(32, device=DEV), out=out)
+    assert torch.isnan(out).all()

@@ -75,14 +75,11 @@ def _rcp(v):
 
 
 @triton.jit
-def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, n_blocks, BLOCK: tl.constexpr, PER: tl.constexpr,
-                  K8: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1) * PER + tl.arange(0, PER)[:, None]  # [PER, 1] block index in the row
-    i = tl.arange(0, BLOCK)[None, :]
-    m = b < n_blocks
-    x = tl.load(x_ptr + r * K + b * BLOCK + i, mask=m, other=0.0)  # [PER, BLOCK]
+def quant_blocks(x, K8: tl.constexpr):
+    """x float32 [P, BLOCK] -> (quants int32 [P, BLOCK], scales float32 [P]) as act_round rounds
+    them: Q8_K (K8) or Q8_0 blocks. Needs the launch's enable_fp_fusion=False."""
     if K8:  # quantize_row_q8_K_ref
+        i = tl.arange(0, x.shape[1])[None, :]
         idx = tl.argmax(tl.abs(x), 1, tie_break_left=True)
         mx = tl.sum(tl.where(i == idx[:, None], x, 0.0), 1)  # the signed value of largest magnitude
         nz = mx != 0.0
@@ -90,17 +87,47 @@ def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, n_blocks, BLOCK: tl.constexpr, 
         q = tl.minimum(_rne(iscale[:, None] * x), 127)
         q = tl.where(nz[:, None], q, 0)
         d = tl.where(nz, _rcp(iscale), 0.0)
-        sums = tl.sum(tl.reshape(q, (PER, BLOCK // 32, 32)), 2)  # [PER, BLOCK/32]
-        j = tl.arange(0, BLOCK // 32)[None, :]
-        tl.store(s_ptr + r * (K // 32) + b * (BLOCK // 32) + j, sums, mask=m)
     else:  # quantize_row_q8_0
         amax = tl.max(tl.abs(x), 1)
         pos = amax > 0.0
         d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float16).to(tl.float32)
         inv = tl.where(pos, _rcp(tl.where(pos, amax, 1.0)) * 127.0, 0.0)
         q = _rne(x * inv[:, None])
-    tl.store(q_ptr + r * K + b * BLOCK + i, q.to(tl.int8), mask=m)
-    tl.store(d_ptr + r * n_blocks + tl.reshape(b, (PER,)), d, mask=tl.reshape(m, (PER,)))
+    return q, d
+
+
+@triton.jit
+def store_blocks(q_ptr, d_ptr, s_ptr, x, b, m, K8: tl.constexpr):
+    """Quantize x [P, BLOCK] (blocks b [P, 1] of a row, m [P, 1] the ones that exist) and store
+    them in that row of QuantX's buffers: quants at q_ptr (its words), scales at d_ptr, sums at s_ptr."""
+    P: tl.constexpr = x.shape[0]
+    BLOCK: tl.constexpr = x.shape[1]
+    q, d = quant_blocks(x, K8)
+    if K8:
+        sums = tl.sum(tl.reshape(q, (P, BLOCK // 32, 32)), 2)  # [P, BLOCK/32]
+        j = tl.arange(0, BLOCK // 32)[None, :]
+        tl.store(s_ptr + b * (BLOCK // 32) + j, sums, mask=m)
+    q_bytes = q_ptr.to(tl.pointer_type(tl.int8))  # the words' buffer, byte by byte
+    tl.store(q_bytes + b * BLOCK + tl.arange(0, BLOCK)[None, :], q.to(tl.int8), mask=m)
+    tl.store(d_ptr + tl.reshape(b, (P,)), d, mask=tl.reshape(m, (P,)))
+
+
+@triton.jit
+def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, n_blocks, BLOCK: tl.constexpr, PER: tl.constexpr,
+                  K8: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1) * PER + tl.arange(0, PER)[:, None]  # [PER, 1] block index in the row
+    m = b < n_blocks
+    x = tl.load(x_ptr + r * K + b * BLOCK + tl.arange(0, BLOCK)[None, :], mask=m, other=0.0)  # [PER, BLOCK]
+    store_blocks(q_ptr + r * (K // 4), d_ptr + r * n_blocks, s_ptr + r * (K // 32), x, b, m, K8)
+
+
+def empty(rows: int, cols: int, fmt: str, device: torch.device) -> QuantX:
+    """Uninitialised QuantX buffers for [rows, cols] in format fmt."""
+    s_shape = (rows, cols // SUM_LEN) if fmt == Q8_K else (1, 1)
+    return QuantX(torch.empty(rows, cols // 4, dtype=torch.int32, device=device),
+                  torch.empty(rows, cols // BLOCKS[fmt], dtype=torch.float32, device=device),
+                  torch.empty(s_shape, dtype=torch.int32, device=device))
 
 
 def quantize(x: torch.Tensor, fmt: str) -> QuantX:
@@ -115,11 +142,9 @@ def quantize(x: torch.Tensor, fmt: str) -> QuantX:
                                   f"multiple of {block}, got {x.dtype} {list(x.shape)}")
     rows, cols = x.shape
     n_blocks = cols // block
-    q = torch.empty(rows, cols, dtype=torch.int8, device=x.device)
-    d = torch.empty(rows, n_blocks, dtype=torch.float32, device=x.device)
-    s = torch.empty((rows, cols // SUM_LEN) if fmt == Q8_K else (1, 1), dtype=torch.int32, device=x.device)
+    q = empty(rows, cols, fmt, x.device)
     per = 256 // block if x.is_cuda else min(64, triton.next_power_of_2(n_blocks))  # the interpreter: few programs
     _quant_kernel[(rows, triton.cdiv(n_blocks, per))](
-        x, q, d, s, cols, n_blocks, BLOCK=block, PER=per, K8=fmt == Q8_K,
+        x, q.words, q.scales, q.sums, cols, n_blocks, BLOCK=block, PER=per, K8=fmt == Q8_K,
         enable_fp_fusion=False, num_warps=1)
-    return QuantX(q.view(torch.int32), d, s)
+    return q

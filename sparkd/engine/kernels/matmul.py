@@ -6,9 +6,10 @@ of a weight ever exists in memory. The quant family is a compile-time argument (
 the GEMV, its `dequant` for the GEMM).
 
 GEMV work split: a program owns BLOCK_N rows and one of SPLIT contiguous ranges of groups along
-the row (split-K; the partial sums meet in the output through atomic adds, so SPLIT > 1 makes the
-last bits of y depend on arrival order); UNROLL groups are issued per loop step so more loads are
-in flight before the first is used.
+the row (split-K). The SPLIT partial sums go to a [SPLIT, rows] buffer that one ordered sum folds
+into y, so y is the same bits on every run (GemvConfig.atomic: adds in arrival order instead, the
+pre-session-4 way, kept to time against). UNROLL groups are issued per loop step so more loads
+are in flight before the first is used; STAGES asks Triton's pipeliner for that many stages.
 
 Families with an integer step (Family.idot: Q8_0, Q4_K) take x quantized once per call on the
 GPU (act_quant) to the int8 blocks llama.cpp multiplies in, and run row_idot: dp4a on 32-bit
@@ -39,6 +40,9 @@ class GemvConfig:
     split: int = 0  # ranges along the row (split-K); 0: chosen from the shape
     elementwise: bool = True  # accumulate a tile, reduce once at the end (False: every group)
     dp4a: bool = True  # integer families: the dp4a instruction (False: emulate it, as the interpreter does)
+    atomic: bool = False  # partial sums (split-K, MoE experts) meet by atomic adds: last bits vary run to run
+    stages: int = 0  # software-pipelining stages of the group loop (tl.range num_stages); 0: Triton's default
+    fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
 
 
 # the integer families' tiles: the best of the session-3 H200 sweep (bench/results/kernels_h200_s3.log,
@@ -54,6 +58,11 @@ def default_config(fam: dispatch.Family) -> GemvConfig:
 def emulate(cfg: GemvConfig, x: torch.Tensor) -> bool:
     """Whether the integer kernels emulate dp4a: always off CUDA (the interpreter has no PTX)."""
     return not (cfg.dp4a and x.is_cuda)
+
+
+def stages_arg(cfg: GemvConfig) -> int | None:
+    """The group loop's num_stages: None leaves it to Triton."""
+    return cfg.stages or None
 
 
 def split_for(cfg: GemvConfig, rows: int, groups: int) -> int:
@@ -80,7 +89,7 @@ def dot_from_dequant(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, DEQ: tl.conste
 @triton.jit
 def row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.constexpr, ACC0: tl.constexpr,
             TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
-            SUBLEN: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr):
+            SUBLEN: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, STAGES: tl.constexpr):
     """sum_k W[row, k] * x[k] over range `part` of `n_parts` of the row's groups: float32 [BN].
     The family's code (family_args): its DOT/ACC0/TOTAL, or DEQ when it has no dot (USE_DEQ);
     aux_ptr its codebook (grids.grid_table)."""
@@ -92,7 +101,7 @@ def row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.con
         acc = tl.zeros(rmask.shape, tl.float32)
     else:
         acc = ACC0(rmask, EW)
-    for g0 in range(start, end, UNROLL):
+    for g0 in tl.range(start, end, UNROLL, num_stages=STAGES):
         for u in tl.static_range(UNROLL):
             g = g0 + u
             gc = tl.minimum(g, end - 1)  # past the end: read a valid group, masked out
@@ -108,7 +117,8 @@ def row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.con
 
 @triton.jit
 def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, IDOT: tl.constexpr,
-             A1: tl.constexpr, A2: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr):
+             A1: tl.constexpr, A2: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
+             STAGES: tl.constexpr):
     """row_dot for a family's integer step on quantized x (act_quant.QuantX): float32 [BN]."""
     n_groups = tl.cdiv(K, 256)
     per = tl.cdiv(n_groups, n_parts)
@@ -118,7 +128,7 @@ def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, ID
         acc = tl.zeros((rmask.shape[0], A1, A2), tl.float32)  # the family's tile (Family.iacc)
     else:
         acc = tl.zeros(rmask.shape, tl.float32)
-    for g0 in range(start, end, UNROLL):
+    for g0 in tl.range(start, end, UNROLL, num_stages=STAGES):
         for u in tl.static_range(UNROLL):
             g = g0 + u
             gc = tl.minimum(g, end - 1)  # past the end: read a valid group, masked out
@@ -130,33 +140,40 @@ def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, ID
 
 
 @triton.jit
+def store_part(y_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr, ATOMIC: tl.constexpr):
+    """A program's sums for its rows: straight into y (SPLIT 1), added to y in arrival order
+    (ATOMIC), or into row part of the [SPLIT, N] partials buffer y_ptr (summed in order later)."""
+    if SPLIT == 1:
+        tl.store(y_ptr + rows, acc, mask=rmask)
+    elif ATOMIC:
+        tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
+    else:
+        tl.store(y_ptr + tl.program_id(1) * N + rows, acc, mask=rmask)
+
+
+@triton.jit
 def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, IDOT: tl.constexpr,
                   A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                  SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr):
+                  SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, ATOMIC: tl.constexpr,
+                  STAGES: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
-                   tl.program_id(1), SPLIT, IDOT, A1, A2, UNROLL, EW, EMU)
-    if SPLIT == 1:
-        tl.store(y_ptr + rows, acc, mask=rmask)
-    else:
-        tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
+                   tl.program_id(1), SPLIT, IDOT, A1, A2, UNROLL, EW, EMU, STAGES)
+    store_part(y_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
 
 
 @triton.jit
 def _gemv_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, N, K, row_bytes, DOT: tl.constexpr, ACC0: tl.constexpr,
                  TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
                  SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
-                 SPLIT: tl.constexpr):
+                 SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     row_off = rows.to(tl.int64) * row_bytes
     acc = row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, tl.program_id(1), SPLIT, DOT, ACC0, TOTAL,
-                  DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
-    if SPLIT == 1:
-        tl.store(y_ptr + rows, acc, mask=rmask)
-    else:
-        tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
+                  DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
+    store_part(y_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
 
 
 def int_args(fam: dispatch.Family) -> dict:
@@ -221,21 +238,50 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
     cfg = config or default_config(fam)
-    split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
-    if split > 1:
-        y.zero_()
     if fam.idot is not None:
-        q = act_quant.quantize(x[None], fam.act_fmt)
-        _igemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
-            weight, q.words, q.scales, q.sums, y, rows, cols, row_bytes, **int_args(fam),
-            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EW=cfg.elementwise,
-            EMU=emulate(cfg, x), num_warps=cfg.num_warps)
-        return y
+        return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg)
+    split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
+    part = partials_for(y, split, cfg)
     x = x if round_x is None else round_x(x).contiguous()
     _gemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
-        weight, grids.grid_table(fam.grid, x.device), x, y, rows, cols, row_bytes, **family_args(fam),
-        BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, num_warps=cfg.num_warps)
+        weight, grids.grid_table(fam.grid, x.device), x, part, rows, cols, row_bytes, **family_args(fam),
+        **_launch_args(cfg, split))
+    return fold_partials(part, y)
+
+
+def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
+          row_bytes: int, x: torch.Tensor, y: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+    """gemv's integer path, for any byte layout an idot step reads (rows row_bytes apart): x
+    quantized to act_fmt, y [rows] written. Arguments checked by the caller."""
+    rows, cols = shape
+    split = split_for(cfg, rows, triton.cdiv(cols, 256))
+    part = partials_for(y, split, cfg)
+    q = act_quant.quantize(x[None], act_fmt)
+    _igemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
+        weight, q.words, q.scales, q.sums, part, rows, cols, row_bytes, IDOT=idot, A1=iacc[0], A2=iacc[1],
+        EMU=emulate(cfg, x), **_launch_args(cfg, split))
+    return fold_partials(part, y)
+
+
+def _launch_args(cfg: GemvConfig, split: int) -> dict:
+    return dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EW=cfg.elementwise, ATOMIC=cfg.atomic,
+                STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
+
+
+def partials_for(y: torch.Tensor, split: int, cfg: GemvConfig) -> torch.Tensor:
+    """Where the kernel writes: y itself (no split, or atomic adds into it zeroed), else a
+    [split, rows] buffer of the ranges' partial sums."""
+    if split == 1:
+        return y
+    if cfg.atomic:
+        return y.zero_()
+    return torch.empty(split, y.numel(), dtype=torch.float32, device=y.device)
+
+
+def fold_partials(part: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if part is not y:
+        torch.sum(part, 0, out=y)  # a fixed-order reduction: the same bits on every run
     return y
 
 

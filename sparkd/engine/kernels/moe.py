@@ -1,17 +1,20 @@
 """Routed experts straight from raw GGUF blocks.
 
-Decode (one token, A selected experts): two launches per layer (and a zeroing of y). The first
-runs over all A experts at once (grid axis 1), computing gate and up rows, the activation and the
-routing weight: h[a] = w[a] * act(gate_a @ x, up_a @ x). The second runs one program per (row
-tile, expert) and sums into y by atomic adds: y = sum_a down_a @ h[a] (the order of the A adds
-varies, so y's last bits may differ run to run).
+Decode (one token, A selected experts): two launches per layer. The first runs over all A
+experts at once (grid axis 1), computing gate and up rows, the activation and the routing weight:
+h[a] = w[a] * act(gate_a @ x, up_a @ x). The second runs one program per row tile, which sums
+its rows over the A experts itself in table order: y = sum_a down_a @ h[a], the same bits on
+every run and in a CUDA graph as eagerly. The down tile's split runs that many ranges of experts
+as separate programs, their partial sums folded in range order by one more launch (more
+parallelism, still deterministic); its atomic: one program per (row tile, expert) meeting in a
+zeroed y by atomic adds, the pre-session-4 way, kept to time against.
 Experts are found through a pointer/offset table, a base buffer per projection (one arena slab
 may serve all three) plus a byte offset per expert, so experts in scattered cache slots need no
 gathering copy.
 
 Families with an integer step (Q8_0, Q4_K) run the integer variants of both launches: x is
 quantized once per call (act_quant) and h once per call after the activation, both as llama.cpp
-does, and the routing weight multiplies each expert's down sums before the atomic add.
+does, and the routing weight multiplies each expert's down sums as they are added.
 
 Prefill (many tokens): tokens are grouped by expert and each expert runs the small GEMM.
 """
@@ -31,10 +34,14 @@ from sparkd.engine.kernels.matmul import (
     GemvConfig,
     emulate,
     family_args,
+    fold_partials,
     gemm,
     int_args,
+    partials_for,
     row_dot,
     row_idot,
+    stages_arg,
+    store_part,
 )
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -58,64 +65,97 @@ def _activate(g, u, ACT: tl.constexpr):
 def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, x_ptr, rw_ptr, h_ptr, F, D, row_bytes,
                     DOT: tl.constexpr, ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr,
                     USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
-                    BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, ACT: tl.constexpr):
+                    BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, ACT: tl.constexpr,
+                    RW: tl.constexpr, STAGES: tl.constexpr):
+    """h[a] = act(gate_a x, up_a x), times the routing weight if RW, for expert program_id(1)."""
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
     g = row_dot(gate_ptr, aux_ptr, tl.load(gate_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
-                DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
+                DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
     u = row_dot(up_ptr, aux_ptr, tl.load(up_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
-                DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW)
-    h = _activate(g, u, ACT) * tl.load(rw_ptr + a)
+                DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
+    h = _activate(g, u, ACT)
+    if RW:
+        h = h * tl.load(rw_ptr + a)
     tl.store(h_ptr + a * F + rows, h, mask=rmask)
 
 
 @triton.jit
-def _down_kernel(down_ptr, aux_ptr, down_off, h_ptr, y_ptr, D, F, row_bytes, DOT: tl.constexpr,
+def _down_kernel(down_ptr, aux_ptr, down_off, h_ptr, y_ptr, D, F, n, row_bytes, DOT: tl.constexpr,
                  ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
                  NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
-                 UNROLL: tl.constexpr, EW: tl.constexpr):
-    """One (row tile, expert) per program; experts meet in y (zeroed first) by atomic adds."""
-    a = tl.program_id(1)
+                 UNROLL: tl.constexpr, EW: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
+                 STAGES: tl.constexpr):
+    """y = sum_a down_a @ h[a]: a row tile per program, the experts of its range in table order
+    (_experts; the ranges meet as matmul.store_part has them meet)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
-    off = tl.load(down_off + a) + rows.to(tl.int64) * row_bytes
-    acc = row_dot(down_ptr, aux_ptr, off, rmask, h_ptr + a * F, F, 0, 1, DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB,
-                  SUBLEN, UNROLL, EW)
-    tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
+    rb = rows.to(tl.int64) * row_bytes
+    first, last = _experts(n, SPLIT)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for a in range(first, last):
+        acc += row_dot(down_ptr, aux_ptr, tl.load(down_off + a) + rb, rmask, h_ptr + a * F, F, 0, 1, DOT, ACC0,
+                       TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
+    store_part(y_ptr, rows, rmask, acc, D, SPLIT, ATOMIC)
 
 
 @triton.jit
-def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, F, D,
-                     row_bytes, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
-                     UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr):
-    """_gate_up_kernel's integer variant, x quantized."""
+def _experts(n, SPLIT: tl.constexpr):
+    """The experts a down program sums: range program_id(1) of SPLIT contiguous ranges of the n."""
+    per = tl.cdiv(n, SPLIT)
+    first = tl.program_id(1) * per
+    return first, tl.minimum(first + per, n)
+
+
+@triton.jit
+def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
+                     F, D, row_bytes, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr,
+                     BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
+                     ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
+                     H8K: tl.constexpr):
+    """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
+    down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
+    hs_ptr its QuantX buffers), the tile holding whole blocks."""
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
     g = row_idot(gate_ptr, tl.load(gate_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
-                 A1, A2, UNROLL, EW, EMU)
+                 A1, A2, UNROLL, EW, EMU, STAGES)
     u = row_idot(up_ptr, tl.load(up_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
-                 A1, A2, UNROLL, EW, EMU)
-    h = _activate(g, u, ACT) * tl.load(rw_ptr + a)
-    tl.store(h_ptr + a * F + rows, h, mask=rmask)
+                 A1, A2, UNROLL, EW, EMU, STAGES)
+    h = _activate(g, u, ACT)
+    if RW:
+        h = h * tl.load(rw_ptr + a)
+    if HBLOCK:
+        P: tl.constexpr = BLOCK_N // HBLOCK
+        b = tl.program_id(0) * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
+        act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32),
+                               tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
+    else:
+        tl.store(h_ptr + a * F + rows, h, mask=rmask)
 
 
 @triton.jit
-def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, F, row_bytes,
+def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, F, n, row_bytes,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
-                  UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr):
+                  UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
+                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight."""
-    a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
-    off = tl.load(down_off + a) + rows.to(tl.int64) * row_bytes
-    acc = row_idot(down_ptr, off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                   hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU)
-    tl.atomic_add(y_ptr + rows, acc * tl.load(rw_ptr + a), mask=rmask, sem="relaxed")
+    rb = rows.to(tl.int64) * row_bytes
+    first, last = _experts(n, SPLIT)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for a in range(first, last):
+        part = row_idot(down_ptr, tl.load(down_off + a) + rb, rmask, hw_ptr + a * (F // 4),
+                        hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
+                        EW, EMU, STAGES)
+        acc += part * tl.load(rw_ptr + a)
+    store_part(y_ptr, rows, rmask, acc, D, SPLIT, ATOMIC)
 
 
 @dataclass(frozen=True)
@@ -206,8 +246,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
 
     x float32 [D]; route_weights float32 [n] (one per table entry, on x's device) -> y [D]
     (written into `out` if given: float32 [D] on x's device). gate_up/down: tile shapes (their
-    split is ignored: the activation needs whole sums, and down splits over experts); None: the
-    families' defaults (decode_tiles). A projection whose family has an integer step quantizes its input itself as llama.cpp does
+    split is ignored for gate/up, whose activation needs whole sums; down's split and atomic are
+    explained in the module docstring); None: the families' defaults (decode_tiles). A projection whose family has an integer step quantizes its input itself as llama.cpp does
     (x before gate/up, the activations [n, F] before down). For the others, round_x and round_h
     (if given) round x and the activations in torch first (the routing weight then applies after
     the rounding, between the two launches). No host sync: usable in a CUDA graph capture."""
@@ -233,49 +273,75 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     gate_up, down = gate_up or tiles[0], down or tiles[1]
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
-    h = _gate_up(p, x, torch.ones_like(rw) if late_rw else rw, act, gate_up, round_x)
+    h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    y.zero_()
     _down(p, h, rw, y, down, round_h)
     return y
 
 
-def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, act: str, cfg: GemvConfig,
-             round_x: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
-    """h [n, F] = rw * act(gate x, up x), one launch over all n experts."""
+def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, act: str, cfg: GemvConfig,
+             round_x: Callable[[torch.Tensor], torch.Tensor] | None, what: str) -> torch.Tensor | act_quant.QuantX:
+    """h [n, F] = act(gate x, up x), times rw if use_rw, one launch over all n experts; quantized
+    for the down projection already (act_quant.QuantX) if cfg.fuse_quant."""
     n, D, F = p.gate_off.numel(), p.table.dim, p.table.width
-    h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(F, cfg.block_n), n)
     if p.gate_up.idot is not None:
+        hq = _fused_h(p, cfg, x.device, what)
+        h = torch.empty(n, F, dtype=torch.float32, device=x.device) if hq is None else hq.words
+        hd, hs = (h, h) if hq is None else (hq.scales, hq.sums)
+        hblock = 0 if hq is None else act_quant.BLOCKS[p.down.act_fmt]
         q = act_quant.quantize(x[None], p.gate_up.act_fmt)
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, q.words, q.scales, q.sums,
-                               rw, h, F, D, p.gate_up_row_bytes, **int_args(p.gate_up), BLOCK_N=cfg.block_n,
-                               UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x), ACT=ACT_CODES[act],
-                               num_warps=cfg.num_warps)
-        return h
+                               rw, h, hd, hs, F, D, p.gate_up_row_bytes, **int_args(p.gate_up),
+                               BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
+                               ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
+                               H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
+                               enable_fp_fusion=hq is None)  # act_quant's exact rounding needs it off
+        return h if hq is None else hq
+    h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
     _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x, rw, h, F, D,
                           p.gate_up_row_bytes, **family_args(p.gate_up), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
-                          EW=cfg.elementwise, ACT=ACT_CODES[act], num_warps=cfg.num_warps)
+                          EW=cfg.elementwise, ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg),
+                          num_warps=cfg.num_warps)
     return h
 
 
-def _down(p: PreparedTable, h: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
+def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str) -> act_quant.QuantX | None:
+    """The buffers gate/up quantizes h into (cfg.fuse_quant), or None: h stays float32."""
+    if not cfg.fuse_quant:
+        return None
+    block = act_quant.BLOCKS.get(p.down.act_fmt or "", 0)
+    if not block or cfg.block_n % block:
+        need = f"a multiple of {block} rows" if block else "a down type with an integer step"
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: fuse_quant needs {need} (gate/up tile of {cfg.block_n} rows, down "
+            f"{p.down.qtype.name}); turn fuse_quant off or change the tile")
+    return act_quant.empty(p.gate_off.numel(), p.table.width, p.down.act_fmt, device)
+
+
+def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
           round_h: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
-    """y (zeroed) += sum_a down_a @ h[a], the routing weight applied here unless already in h."""
+    """y = sum_a down_a @ h[a], the routing weight applied here unless already in h. cfg.split
+    ranges of experts run in parallel and meet in an ordered sum (cfg.atomic: one expert per
+    program, atomic adds into y zeroed first, the pre-session-4 way)."""
     n, D, F = p.down_off.numel(), p.table.dim, p.table.width
-    grid = (triton.cdiv(D, cfg.block_n), n)
+    split = n if cfg.atomic else max(1, min(cfg.split, n))
+    part = partials_for(y, split, cfg)
+    grid = (triton.cdiv(D, cfg.block_n), split)
+    common = dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic,
+                  STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
     if p.down.idot is not None:
-        q = act_quant.quantize(h, p.down.act_fmt)
-        _idown_kernel[grid](p.table.down, p.down_off, q.words, q.scales, q.sums, rw, y, D, F,
-                            p.down_row_bytes, **int_args(p.down), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
-                            EW=cfg.elementwise, EMU=emulate(cfg, h), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
-                            num_warps=cfg.num_warps)
-        return
-    if round_h is not None:
-        h = (round_h(h) * rw[:, None]).contiguous()
-    _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h, y, D, F, p.down_row_bytes, **family_args(p.down),
-                       BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, num_warps=cfg.num_warps)
+        q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
+        _idown_kernel[grid](p.table.down, p.down_off, q.words, q.scales, q.sums, rw, part, D, F, n,
+                            p.down_row_bytes, **int_args(p.down), EMU=emulate(cfg, y),
+                            XBLOCK=act_quant.BLOCKS[p.down.act_fmt], **common)
+    else:
+        if round_h is not None:
+            h = (round_h(h) * rw[:, None]).contiguous()
+        _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h, part, D, F, n, p.down_row_bytes,
+                           **family_args(p.down), **common)
+    fold_partials(part, y)
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:

@@ -80,12 +80,18 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     half = (blk + 2).to(tl.pointer_type(tl.int16)) + 2 * w
     lo = tl.load(half, mask=m, other=0).to(tl.int32) & 0xFFFF
     hi = tl.load(half + 1, mask=m, other=0).to(tl.int32)
-    xw = tl.load(xw_ptr + b * 8 + w, mask=bmask, other=0)  # [1, 8, 8]
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
     dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)
     if EW:  # into the elementwise tile acc [BN, 8, 8]
+        # x's words and the block scales loaded in the weight words' [BN, 8, 8] shape (repeats
+        # served by the cache): all operands get one register layout, so the loop has no
+        # layout conversion through shared memory and no barrier (bench/kernels_sass.py)
+        full = tl.zeros(half.shape, tl.int32)
+        xw = tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0)
+        d = tl.load(blk.to(tl.pointer_type(tl.float16)) + full, mask=m, other=0.0).to(tl.float32)
         acc += dp4a(lo | (hi << 16), xw, EMU).to(tl.float32) * (d * dx)
     else:  # a float per block, then one per row: acc [BN]
+        xw = tl.load(xw_ptr + b * 8 + w, mask=bmask, other=0)  # [1, 8, 8]
+        d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
         isum = tl.sum(dp4a(lo | (hi << 16), xw, EMU), 2)  # [BN, 8]
         acc += tl.sum(isum.to(tl.float32) * tl.sum(d * dx, 2), 1)
     return acc
