@@ -7,9 +7,9 @@ Makes a qwen3-30b-a3b-shaped GGUF (make-model; --layers at the real widths), loa
      range per stage set by module hooks): host (CPU) ms and GPU kernel ms per token per stage,
      and the host synchronisations per token;
   3. CUDA graphs (StaticDecode, one graph per bucket): tok/s, GPU kernel ms per replayed step,
-     and whether its greedy tokens equal the eager ones (and eager's its own rerun: the MoE and
-     split-K kernels add by atomics, so the last bits vary run to run and near-tied greedy picks
-     of a random-weight model may flip);
+     and whether its greedy tokens equal the eager ones (and eager's its own rerun: the sums are
+     ordered since session 3's kern4, so both should match; before, atomics made the last bits
+     vary run to run and near-tied greedy picks of a random-weight model flipped);
   4. teacher-forced logits (both fed eager's tokens): graphs vs eager and eager vs eager.
 Prints a table and writes JSON. Run on the GPU box from the checkout root:
     python3 bench/gpu_box/decode_profile.py --quant Q8_0 --layers 2 --json out.json
