@@ -9,7 +9,7 @@ Q8_0 and Q4_K run their integer path (x quantized on the device, dp4a); the floa
 before (the family without its integer step) is timed in the same run as "float" rows, the
 "before" of docs/performance.md. --sweep tries every tile in SWEEP / MOE_SWEEP, else the defaults.
 --compare also times the integer defaults changed by each of VARIANTS (old vs new switches side by
-side: atomic = the pre-session-4 atomic reduction, stages = Triton's pipeliner, ew = elementwise tile).
+side: atomic = the atomic reduction used before session 3 ordered the sums, stages = Triton's pipeliner, ew = elementwise tile).
 
 Every timed kernel is first checked against the float64 reference on fresh random blocks.
 Working sets rotate over >= ROTATE_BYTES so repeated runs cannot be served from the 50 MB L2;

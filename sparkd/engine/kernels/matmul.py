@@ -8,8 +8,8 @@ the GEMV, its `dequant` for the GEMM).
 GEMV work split: a program owns BLOCK_N rows and one of SPLIT contiguous ranges of groups along
 the row (split-K). The SPLIT partial sums go to a [SPLIT, rows] buffer that one ordered sum folds
 into y, so y is the same bits on every run (GemvConfig.atomic: adds in arrival order instead, the
-pre-session-4 way, kept to time against). UNROLL groups are issued per loop step so more loads
-are in flight before the first is used; STAGES asks Triton's pipeliner for that many stages.
+way before session 3 made the sums ordered, kept to time against). UNROLL groups are issued per
+loop step so more loads are in flight before the first is used; STAGES asks Triton's pipeliner for that many stages.
 
 Families with an integer step (Family.idot: Q8_0, Q4_K) take x quantized once per call on the
 GPU (act_quant) to the int8 blocks llama.cpp multiplies in, and run row_idot: dp4a on 32-bit

@@ -7,7 +7,7 @@ its rows over the A experts itself in table order: y = sum_a down_a @ h[a], the 
 every run and in a CUDA graph as eagerly. The down tile's split runs that many ranges of experts
 as separate programs, their partial sums folded in range order by one more launch (more
 parallelism, still deterministic); its atomic: one program per (row tile, expert) meeting in a
-zeroed y by atomic adds, the pre-session-4 way, kept to time against.
+zeroed y by atomic adds, the way before session 3 made the sums ordered, kept to time against.
 Experts are found through a pointer/offset table, a base buffer per projection (one arena slab
 may serve all three) plus a byte offset per expert, so experts in scattered cache slots need no
 gathering copy.
@@ -327,7 +327,7 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
           round_h: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
     """y = sum_a down_a @ h[a], the routing weight applied here unless already in h. cfg.split
     ranges of experts run in parallel and meet in an ordered sum (cfg.atomic: one expert per
-    program, atomic adds into y zeroed first, the pre-session-4 way)."""
+    program, atomic adds into y zeroed first, the way before session 3 made the sums ordered)."""
     n, D, F = p.down_off.numel(), p.table.dim, p.table.width
     split = n if cfg.atomic else max(1, min(cfg.split, n))
     part = partials_for(y, split, cfg)
