@@ -7,9 +7,7 @@ Not bit-equal: the static step attends over the whole bucket (keys past the posi
 within 1e-6 relative (measured: 1.0e-7 to 3.7e-7 over 12 steps)."""
 
 import json
-import os
 import subprocess
-import sys
 import threading
 
 import pytest
@@ -22,6 +20,7 @@ from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 from sparkd.engine.runtime import Engine, GenerationRequest
 from sparkd.engine.sampler import SamplingParams
+from engine_cli import run_engine
 
 ARCHS = ["qwen3moe", "glm4moe", "gpt-oss", "llama", "gemma3", "deepseek2"]  # GQA, and MLA
 PROMPT = [1, 7, 42, 3, 99]
@@ -110,9 +109,7 @@ def test_graph_blocker_names_the_layer(models):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=120, check=False)
+    return run_engine(*args, timeout=120)
 
 
 @pytest.mark.parametrize("cmd", ["generate", "logits"])

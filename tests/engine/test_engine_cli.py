@@ -7,12 +7,10 @@ import sys
 
 import numpy as np
 import pytest
+from engine_cli import run_engine
 
 
-def run(*args):
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
-    return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True,
-                          text=True, env=env)
+run = run_engine
 
 
 @pytest.fixture(scope="module")

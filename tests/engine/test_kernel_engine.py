@@ -8,8 +8,6 @@ TRITON_INTERPRET=1 (fewer tokens: the interpreter runs programs one by one).
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,6 +23,7 @@ from sparkd.engine.layers.quant_experts import KernelExperts  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.models import load_model  # noqa: E402
+from engine_cli import run_engine  # noqa: E402
 
 # Measured: 1.2e-7 (interpreter, Q8_0). The bound leaves room for what the paths may do
 # differently: both round activations to 8 bits per block, and a sum differing in its last bit
@@ -136,11 +135,7 @@ def test_unknown_device_is_a_clear_error(tmp_path):
         load_model(path, device="tpu")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    # keep the caller's PYTHONPATH too: on the GPU box gguf and friends come from a --target dir
-    path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=path))
+_cli = run_engine
 
 
 @pytest.mark.skipif(ON_GPU, reason="needs a machine without CUDA")

@@ -2,13 +2,11 @@
 file of holes; `inspect` and `plan` work from its header alone, and the plan fits in 92 GiB."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from sparkd.engine.gguf_file import GGUFModel
+from engine_cli import run_engine
 
 # unsloth's Kimi-K3 UD-IQ1_S is 634.6 GB; this mix lands there with the kimi-k3 preset's shapes:
 # gate/up experts IQ1_S, down experts IQ2_XXS (IQ2_XS in MoE layers 1-11), all else Q8_0 / F32
@@ -17,10 +15,7 @@ UD_IQ1_S = ["--quant", "Q8_0", "--tensor-type", r"blk\.([1-9]|1[01])\.ffn_down_e
 MAX_ALLOCATED_BYTES = 64 << 20  # header + tokenizer + per-tensor padding blocks
 
 
-def run(*args):
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
-    return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True,
-                          text=True, env=env)
+run = run_engine
 
 
 @pytest.fixture(scope="module")

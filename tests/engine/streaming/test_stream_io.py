@@ -15,6 +15,7 @@ from sparkd.engine.modelgen.shape import Shape
 from sparkd.engine.streaming.plan import ALIGN_BYTES
 
 from conftest import REPO, drop_page_cache, open_stream, resident_pages
+from engine_cli import run_engine
 
 # experts dominate: 8 layers x 32 experts x ~0.8 MiB (Q8_0) ≈ 214 MB of routed experts
 MEDIUM = Shape("qwen3moe", n_layer=8, n_embd=512, n_head=8, n_head_kv=2, head_dim=64, n_expert=32,
@@ -33,9 +34,7 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")  # OpenMP spin
 
 
 def cli(*args, timeout=120, **kw):
-    env = ENV
-    return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=timeout, **kw)
+    return run_engine(*args, timeout=timeout, extra_env={"OMP_NUM_THREADS": "1"}, **kw)
 
 
 def test_page_cache_does_not_grow_while_decoding(medium):

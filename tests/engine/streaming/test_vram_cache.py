@@ -5,8 +5,6 @@ TRITON_INTERPRET=1); on the GPU box the same on CUDA (marker gpu)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,6 +21,7 @@ from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.streaming.device import DeviceInfo, split_vram, wants_vram_cache  # noqa: E402
 from sparkd.engine.streaming.plan import Budget, make_plan  # noqa: E402
 from sparkd.engine.streaming.vram import Admission, Heat, VramExperts  # noqa: E402
+from engine_cli import run_engine  # noqa: E402
 
 GIB = 1 << 30
 H200 = DeviceInfo("cuda:0", "discrete", total_bytes=140 * GIB, free_bytes=139 * GIB)
@@ -183,9 +182,7 @@ def test_a_trunk_larger_than_the_device_is_refused():
 
 
 def _cli(*args):
-    path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=path), timeout=120)
+    return run_engine(*args, timeout=120)
 
 
 def test_cli_rejects_an_unparsable_vram_budget_and_plan_json_has_both_sides(model):
