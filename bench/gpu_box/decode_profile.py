@@ -200,7 +200,18 @@ def profile_graphs(net, n: int, ctx: int) -> dict:
     kernels = count_kernels(prof.events())
     return {"wall_ms": wall * 1e3 / n, "kernel_ms": kernel_us(prof.events()) / 1e3 / n,
             "kernels_per_token": kernels["kernels"] / n, "copies_per_token": kernels["copies"] / n,
-            "top_kernels_per_token": {k: v / n for k, v in list(kernels["names"].items())[:25]}}
+            "top_kernels_per_token": {k: v / n for k, v in list(kernels["names"].items())[:25]},
+            "kernel_us_per_token": kernel_time_by_name(prof.events(), n)}
+
+
+def kernel_time_by_name(events, n: int) -> dict:
+    """{kernel name: [launches per token, GPU us per token]}, the most time first: where a step goes."""
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for e in events:
+        if e.device_type.name == "CUDA" and not e.name.startswith("stage:"):
+            by_name[e.name][0] += 1 / n
+            by_name[e.name][1] += e.time_range.elapsed_us() / n
+    return dict(sorted(by_name.items(), key=lambda kv: -kv[1][1]))
 
 
 def make(path: Path, quant: str, layers: int) -> None:
@@ -231,6 +242,9 @@ def table(res: dict) -> str:
                  f"copies/token (fused kernels: {res['fused']}); the most launched:")
     for name, n in list(g["top_kernels_per_token"].items())[:12]:
         lines.append(f"  {n:6.1f}  {name[:100]}")
+    lines.append("graph replay, GPU time per token by kernel (launches, us):")
+    for name, (n, us) in list(g["kernel_us_per_token"].items())[:20]:
+        lines.append(f"  {n:6.1f} {us:9.1f}  {name[:100]}")
     return "\n".join(lines)
 
 
