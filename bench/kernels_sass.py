@@ -1,7 +1,7 @@
 """The instruction mix of the integer GEMV's main loop, compiled offline for sm_90 (no GPU needed:
 the triton wheel carries ptxas), to see what bounds a kernel before spending device time.
 
-Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P] [--stages 0,3]
+Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P] [--stages 0,3] [--tiles 16/4/2/e,...]
 (Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed)
 
 For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
@@ -53,15 +53,24 @@ def loop_ops(text: str) -> list[str]:
     return [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0] for op in body]
 
 
+def parse_tile(text: str) -> matmul.GemvConfig:
+    """rows/warps/unroll/e|g (e: elementwise tile, g: reduced every group) as a GemvConfig."""
+    rows, warps, unroll, mode = text.split("/")
+    return matmul.GemvConfig(int(rows), int(warps), int(unroll), 0, mode == "e")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q8_0,Q4_K")
     ap.add_argument("--stages", default="0", help="GemvConfig.stages values to compile each tile with")
+    ap.add_argument("--tiles", default=None, help="tiles instead of TILES: rows/warps/unroll/e|g, comma-separated, "
+                    "e.g. 16/4/2/e,8/2/1/g")
     args = ap.parse_args()
+    tiles = TILES if args.tiles is None else [parse_tile(t) for t in args.tiles.split(",")]
     for name in args.types.split(","):
         packed = name == "Q8_0P"  # the repacked resident layout (q8_0_packed)
         fam = dispatch.FAMILIES[GGMLQuantizationType["Q8_0" if packed else name]]
-        for cfg in (dataclasses.replace(t, stages=int(n)) for t in TILES for n in args.stages.split(",")):
+        for cfg in (dataclasses.replace(t, stages=int(n)) for t in tiles for n in args.stages.split(",")):
             ops = loop_ops(sass(fam, cfg, q8_0_packed.idot if packed else None))
             values = cfg.block_n * 256 * cfg.unroll
             counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH)

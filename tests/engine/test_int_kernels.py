@@ -132,8 +132,9 @@ def test_fuse_quant_needs_whole_blocks_and_an_integer_down(d_type, rows):
 
 
 @pytest.mark.parametrize("config", [None, GemvConfig(block_n=8, num_warps=1, unroll=1, split=2),
-                                    GemvConfig(block_n=8, num_warps=1, unroll=2, elementwise=False)],
-                         ids=["default", "split-tile", "rows"])
+                                    GemvConfig(block_n=8, num_warps=1, unroll=2, elementwise=False),
+                                    GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True)],
+                         ids=["default", "split-tile", "rows", "tile-u4"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_packed_q8_0_gives_the_gguf_layouts_sums(backend, config):
     """Repacked (quants | scales, rows 16-aligned) the GEMV computes the same sums as on the GGUF

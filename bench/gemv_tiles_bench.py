@@ -1,0 +1,124 @@
+"""The integer GEMV's tiles at the engine's decode shapes (Qwen3-30B-A3B: output head, q/o, fused
+qkv, MoE experts), old default next to the candidates, Q8_0 on the GGUF blocks and repacked
+(kernels/q8_0_packed.py), Q4_K; the copy bandwidth measured in the same run.
+
+Usage: PYTHONPATH=. python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K] [--moe]
+
+Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
+timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from gguf import GGMLQuantizationType as T
+
+import kernels_bench as kb
+from sparkd.engine import quants
+from sparkd.engine.kernels import dispatch, q8_0_packed
+from sparkd.engine.kernels.matmul import GEMV_TILES, GemvConfig, gemv
+
+SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
+OLD = {"Q8_0": GemvConfig(4, 1, 2, 0, False), "Q4_K": GemvConfig(64, 4, 1, 0, False)}  # session-3 defaults
+
+
+def tile(text: str) -> GemvConfig:
+    rows, warps, unroll, mode = text.split("/")
+    return GemvConfig(int(rows), int(warps), int(unroll), 0, mode == "e")
+
+
+CANDIDATES = {
+    "Q8_0": ["4/1/2/e", "2/1/4/e", "4/1/4/e"],
+    "Q8_0P": ["4/1/2/e", "2/1/4/e", "4/1/4/e", "8/1/2/e", "16/4/1/e"],
+    "Q4_K": ["16/4/1/e", "16/4/2/e", "8/2/2/e", "4/1/2/e", "32/4/1/e"],
+}
+MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
+    T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],
+    T.Q4_K: [("16/4/1/e", "16/4/1/e"), ("8/2/2/e", "8/2/2/e")],
+}
+
+
+def base_name(name: str) -> str:
+    return "Q8_0" if name == "Q8_0P" else name
+
+
+def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
+    qtype = T.Q4_K if name == "Q4_K" else T.Q8_0
+    nbytes = rows * dispatch.FAMILIES[qtype].row_bytes(cols)
+    n = max(2, -(-kb.ROTATE_BYTES // nbytes))
+    buf = kb.random_blocks(qtype, n * nbytes)
+    ws = [buf[i * nbytes:(i + 1) * nbytes] for i in range(n)]
+    x = torch.randn(cols, device="cuda")
+    ref = quants.dequantize(ws[0], qtype, (rows, cols)).double() @ kb.x_in(qtype, x).double()
+    y = torch.empty(rows, device="cuda")
+    if name == "Q8_0P":
+        ps = [q8_0_packed.pack(w, (rows, cols)) for w in ws]
+        del buf, ws
+
+        def run(cfg, i):
+            return q8_0_packed.gemv(ps[i % n], x, out=y, config=cfg)
+    else:
+        def run(cfg, i):
+            return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
+    out = []
+    base = OLD[base_name(name)]
+    extra = [] if GEMV_TILES[base_name(name)] == base else [("default", None)]
+    for label, cfg in [("old default", base)] + extra + [(t, tile(t)) for t in CANDIDATES[name]]:
+        y.fill_(float("nan"))
+        err = kb.rel_err(run(cfg, 0), ref)
+        sec = kb.graph_seconds(lambda i: run(cfg, i), n)
+        out.append(dict(kernel=f"gemv {rows}x{cols}", type=name, config=label, us=sec * 1e6, bw=nbytes / sec,
+                        frac=nbytes / sec / copy_bw, err=err))
+    kb.print_rows(out)
+    torch.cuda.empty_cache()
+    return out
+
+
+def moe(qtype: T, copy_bw: float) -> list[dict]:
+    saved = kb.MOE_SWEEP
+    kb.MOE_SWEEP = [(None, None)] + [(tile(a), tile(b)) for a, b in MOE_PAIRS[qtype]]
+    kb.SWEEP_ON = True
+    try:  # (the float path's row comes along: the session-2 kernels)
+        rows = kb.moe_rows(qtype, copy_bw)
+    finally:
+        kb.MOE_SWEEP = saved
+    kb.print_rows(rows)
+    return rows
+
+
+def guarded(fn, *args) -> list[dict]:
+    """One shape's rows; a failure is printed and the run goes on to the next shape."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - one device call measures everything it can
+        print(f"FAILED {fn.__name__}{args[:-1]}: {type(e).__name__}: {e}", flush=True)
+        return []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="Q8_0P,Q8_0,Q4_K")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--moe", action="store_true", help="also the MoE 2048x768 top-8 decode tiles")
+    args = ap.parse_args()
+    copy_bw = kb.copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
+          f"defaults {GEMV_TILES}", flush=True)
+    rows = []
+    for name in args.types.split(","):
+        for shape in SHAPES:
+            rows += guarded(dense, name, *shape, copy_bw)
+    if args.moe:
+        for qtype in (T.Q8_0, T.Q4_K):
+            rows += guarded(moe, qtype, copy_bw)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
