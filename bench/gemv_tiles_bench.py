@@ -6,7 +6,7 @@ Usage: PYTHONPATH=. python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
-Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group).
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split].
 """
 
 from __future__ import annotations
@@ -27,18 +27,20 @@ OLD = {"Q8_0": GemvConfig(4, 1, 2, 0, False), "Q4_K": GemvConfig(64, 4, 1, 0, Fa
 
 
 def tile(text: str) -> GemvConfig:
-    rows, warps, unroll, mode = text.split("/")
-    return GemvConfig(int(rows), int(warps), int(unroll), 0, mode == "e")
+    """rows/warps/unroll/e|g[/split] as a GemvConfig (split 0 or left out: chosen from the shape)."""
+    rows, warps, unroll, mode, *split = text.split("/")
+    return GemvConfig(int(rows), int(warps), int(unroll), int(split[0]) if split else 0, mode == "e")
 
 
-CANDIDATES = {
+CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, plus the session-3 shapes
     "Q8_0": ["4/1/2/e", "2/1/4/e", "4/1/4/e"],
-    "Q8_0P": ["4/1/2/e", "2/1/4/e", "4/1/4/e", "8/1/2/e", "16/4/1/e"],
-    "Q4_K": ["16/4/1/e", "16/4/2/e", "8/2/2/e", "4/1/2/e", "32/4/1/e"],
+    "Q8_0P": ["4/1/2/e", "2/1/4/e", "2/1/8/e", "4/2/4/e", "8/4/2/e", "8/4/4/e", "1/1/8/e", "2/1/4/e/1",
+              "4/2/4/e/1"],
+    "Q4_K": ["16/4/1/e", "16/4/2/e", "8/2/2/e", "16/4/4/e", "32/4/1/e", "8/2/1/e", "16/4/2/e/1"],
 }
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
     T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],
-    T.Q4_K: [("16/4/1/e", "16/4/1/e"), ("8/2/2/e", "8/2/2/e")],
+    T.Q4_K: [("16/4/1/e", "16/4/1/e"), ("8/2/2/e", "8/2/2/e"), ("16/4/2/e", "16/4/2/e")],
 }
 
 

@@ -46,7 +46,7 @@ def sass(fam: dispatch.Family, cfg: matmul.GemvConfig, idot=None) -> str:
 def loop_ops(text: str) -> list[str]:
     """Opcodes of the body of the last backward-branching loop."""
     lines = text.splitlines()
-    back = max(i for i, line in enumerate(lines) if "@P" in line and re.search(r"BRA LBB\w+", line))
+    back = max(i for i, line in enumerate(lines) if re.search(r"@!?P\w+\s+BRA LBB\w+", line))
     label = re.search(r"BRA (LBB\w+)", lines[back]).group(1)
     start = next(i for i, line in enumerate(lines) if line.startswith(label + ":"))
     body = [line.split("\t", 1)[-1] for line in lines[start + 1:back + 1]]

@@ -65,16 +65,14 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     row = w_ptr + row_off[:, None, None]  # [BN, 1, 1], 16-byte aligned
     words = tl.load(row.to(tl.pointer_type(tl.int32)) + b * 8 + w, mask=m, other=0)  # [BN, 8, 8]
     scales = (row + K).to(tl.pointer_type(tl.float16)) + b
+    dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)
     if EW:  # x and the scales in the words' shape: one register layout, no conversion in the loop
         full = tl.zeros(words.shape, tl.int32)
-        mw = m & (full == 0)
-        xw = tl.load(xw_ptr + b * 8 + w + full, mask=mw, other=0)
-        d = tl.load(scales + full, mask=mw, other=0.0).to(tl.float32)
-        dx = tl.load(xd_ptr + b + full, mask=mw, other=0.0)
+        xw = tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0)
+        d = tl.load(scales, mask=m, other=0.0).to(tl.float32)
         acc += dp4a(words, xw, EMU).to(tl.float32) * (d * dx)
     else:
         xw = tl.load(xw_ptr + b * 8 + w, mask=bmask, other=0)  # [1, 8, 8]
-        dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)
         d = tl.load(scales, mask=m, other=0.0).to(tl.float32)  # [BN, 8, 1]
         isum = tl.sum(dp4a(words, xw, EMU), 2)
         acc += tl.sum(isum.to(tl.float32) * tl.sum(d * dx, 2), 1)
