@@ -31,10 +31,9 @@ TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True)
 WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDGSTS", "DEPBAR")
 
 
-def sass(fam: dispatch.Family, cfg: matmul.GemvConfig, idot=None) -> str:
-    """idot: another integer step than the family's (q8_0_packed.idot)."""
+def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
     kern = matmul._igemv_kernel
-    args = matmul.int_args(fam) if idot is None else dict(IDOT=idot, A1=fam.iacc[0], A2=fam.iacc[1])
+    args = matmul.int_args(fam)
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
                   EW=cfg.elementwise, EMU=False, ATOMIC=False, STAGES=matmul.stages_arg(cfg))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
@@ -68,10 +67,10 @@ def main() -> None:
     args = ap.parse_args()
     tiles = TILES if args.tiles is None else [parse_tile(t) for t in args.tiles.split(",")]
     for name in args.types.split(","):
-        packed = name == "Q8_0P"  # the repacked resident layout (q8_0_packed)
-        fam = dispatch.FAMILIES[GGMLQuantizationType["Q8_0" if packed else name]]
+        # Q8_0P: the repacked resident layout (q8_0_packed), a family of its own
+        fam = q8_0_packed.FAMILY if name == "Q8_0P" else dispatch.FAMILIES[GGMLQuantizationType[name]]
         for cfg in (dataclasses.replace(t, stages=int(n)) for t in tiles for n in args.stages.split(",")):
-            ops = loop_ops(sass(fam, cfg, q8_0_packed.idot if packed else None))
+            ops = loop_ops(sass(fam, cfg))
             values = cfg.block_n * 256 * cfg.unroll
             counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH)
             print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'} "

@@ -21,7 +21,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import BACKENDS, BOUNDS, TILES, arena_table, moe_reference, random_blocks, rel_err  # noqa: E402
 
 from sparkd.engine.kernels import act_quant, dispatch  # noqa: E402
-from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, default_config, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 
@@ -137,20 +137,40 @@ def test_fuse_quant_needs_whole_blocks_and_an_integer_down(d_type, rows):
                          ids=["default", "split-tile", "rows", "tile-u4"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_packed_q8_0_gives_the_gguf_layouts_sums(backend, config):
-    """Repacked (quants | scales, rows 16-aligned) the GEMV computes the same sums as on the GGUF
-    blocks; rows ending inside a 256-value group included."""
+    """Repacked (272-byte groups: quants, then scales) the GEMV computes the same sums as on the
+    GGUF blocks, and the GEMM the same products; rows ending inside a 256-value group included."""
     from sparkd.engine.kernels import q8_0_packed
+    from sparkd.engine.kernels.matmul import gemm
     rows, cols = (1031, 2080) if backend == "cuda" else (21, 288)
     raw = random_blocks(T.Q8_0, rows * cols // 32).to(backend)
     x = torch.randn(cols, device=backend)
     packed = q8_0_packed.pack(raw, (rows, cols))
     assert packed.data.numel() == rows * q8_0_packed.row_bytes(cols) and q8_0_packed.row_bytes(cols) % 16 == 0
+    ref_config = config or default_config(dispatch.family(q8_0_packed.PACKED))  # the same tile on both
     got = q8_0_packed.gemv(packed, x, config=config)
-    want = gemv(raw, T.Q8_0, (rows, cols), x, config=config)
+    want = gemv(raw, T.Q8_0, (rows, cols), x, config=ref_config)
+    xs = torch.randn(3, cols, device=backend)
+    got_mm = gemm(packed.data, q8_0_packed.PACKED, (rows, cols), xs, precision="ieee")
+    want_mm = gemm(raw, T.Q8_0, (rows, cols), xs, precision="ieee")
     if backend == "cpu":  # the same steps in the same order
-        assert torch.equal(got, want)
+        assert torch.equal(got, want) and torch.equal(got_mm, want_mm)
     else:  # the compiler may lay the tile out (and so reduce it) differently
         assert float((got - want).norm() / want.norm()) < 1e-6
+        assert float((got_mm - want_mm).norm() / want_mm.norm()) < 1e-6
+
+
+def test_packed_q8_0_layout_is_groups_of_quants_then_scales():
+    """Byte for byte: each row's groups hold the 256 quants, then the 8 scales; a partial last
+    group is zero past the row's end (checked on the host: no kernel)."""
+    from sparkd.engine.kernels import q8_0_packed
+    rows, cols = 3, 288  # one whole group and one block of the next
+    raw = random_blocks(T.Q8_0, rows * cols // 32)
+    data = q8_0_packed.pack_raw(raw, (rows, cols)).view(rows, 2, 272)
+    blocks = raw.view(rows, 9, 34)
+    assert torch.equal(data[:, 0, :256], blocks[:, :8, 2:].reshape(rows, 256))
+    assert torch.equal(data[:, 0, 256:], blocks[:, :8, :2].reshape(rows, 16))
+    assert torch.equal(data[:, 1, :32], blocks[:, 8, 2:]) and torch.equal(data[:, 1, 256:258], blocks[:, 8, :2])
+    assert not data[:, 1, 32:256].any() and not data[:, 1, 258:].any()
 
 
 def test_packed_q8_0_rejects_bad_arguments():
@@ -158,8 +178,10 @@ def test_packed_q8_0_rejects_bad_arguments():
     raw = random_blocks(T.Q8_0, 8).to(DEV)
     with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q8_0 repacking: need 340 bytes"):
         q8_0_packed.pack(raw, (5, 64))
+    with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q8_0 repacking: 48 columns"):
+        q8_0_packed.pack(raw, (2, 48))
     packed = q8_0_packed.pack(raw, (4, 64))
     out = torch.full((4,), float("nan"), device=DEV)
-    with pytest.raises(dispatch.KernelArgumentError, match="could not run the packed Q8_0 GEMV"):
+    with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q8_0_PACKED GEMV"):
         q8_0_packed.gemv(packed, torch.randn(32, device=DEV), out=out)
     assert torch.isnan(out).all()

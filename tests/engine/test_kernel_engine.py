@@ -129,6 +129,38 @@ def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend):
     assert misses > 0 and err < BOUND and got == want
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resident_q8_0_layouts_give_the_same_logits(tmp_path, monkeypatch, backend):
+    """Resident Q8_0 projections are repacked by default (q8_0_packed) and kept as GGUF blocks
+    with $SPARKD_Q8_0_LAYOUT=gguf: the same logits either way (bit for bit in the interpreter,
+    where both run the same steps; on the GPU their tiles differ)."""
+    from gguf import GGMLQuantizationType as T
+
+    from sparkd.engine.kernels.q8_0_packed import PACKED
+    from sparkd.engine.models.weights import Q8_0_LAYOUT_ENV
+    path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q8_0"], "Q8_0"), seed=5)[0]
+    got = {}
+    for layout, qtype in (("packed", PACKED), ("gguf", T.Q8_0)):
+        monkeypatch.setenv(Q8_0_LAYOUT_ENV, layout)
+        k = load_model(path, device=backend, kernels=True)
+        try:
+            assert {m.qtype for m in k.net.modules() if isinstance(m, KernelLinear)} == {qtype}
+            got[layout] = greedy(k.net, PROMPT, 1)
+        finally:
+            k.close()
+    (a, tok_a), (b, tok_b) = got["packed"], got["gguf"]
+    assert tok_a == tok_b
+    assert torch.equal(a, b) if backend == "cpu" else float((a - b).norm() / b.norm()) < 1e-5
+
+
+def test_unknown_q8_0_layout_is_a_clear_error(tmp_path, monkeypatch):
+    from sparkd.engine.models.weights import Q8_0_LAYOUT_ENV
+    path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=5)[0]
+    monkeypatch.setenv(Q8_0_LAYOUT_ENV, "tiled")
+    with pytest.raises(EngineError, match="could not choose the resident Q8_0 layout 'tiled': use one of packed, gguf"):
+        load_model(path, device="cuda" if ON_GPU else "cpu", kernels=True)
+
+
 def test_unknown_device_is_a_clear_error(tmp_path):
     path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=5)[0]
     with pytest.raises(EngineError, match="could not use device 'tpu'"):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
 from gguf.constants import GGMLQuantizationType
 
+from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.linear import KernelLinear, Linear
@@ -16,6 +18,10 @@ from sparkd.engine.models.staging import DeviceStager
 from sparkd.engine.tensors import load_tensor, raw_tensor
 
 _FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F64}
+# how a resident Q8_0 projection is kept for the kernels: "packed" (kernels/q8_0_packed.py, 128-bit
+# loads; the default) or "gguf" (the file's 34-byte blocks, the way before session 4)
+Q8_0_LAYOUT_ENV = "SPARKD_Q8_0_LAYOUT"
+Q8_0_LAYOUTS = ("packed", "gguf")
 
 
 class Weights:
@@ -25,16 +31,21 @@ class Weights:
     streamed on the CPU does, so its budget goes to experts.
 
     stager: while set, get() and kernel projections read straight into its device and dequantize
-    there (no host copy of the tensor); the loader clears it once the network is built."""
+    there (no host copy of the tensor); the loader clears it once the network is built.
+
+    q8_0_layout: with kernels, the layout of Q8_0 projections, one of Q8_0_LAYOUTS (None: the
+    environment's $SPARKD_Q8_0_LAYOUT, else "packed")."""
 
     def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None,
-                 kernels: bool = False, quantized: bool = False, stager: DeviceStager | None = None):
+                 kernels: bool = False, quantized: bool = False, stager: DeviceStager | None = None,
+                 q8_0_layout: str | None = None):
         self.model = model
         self.stager = stager
         self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
         # projections whose type has a Triton kernel stay raw blocks (KernelLinear, the GPU path)
         self._kernel_types = _kernel_types() if kernels else frozenset()
         self.scratch = Scratch() if quantized and not kernels else None
+        self._q8_0_layout = q8_0_layout
 
     def has(self, name: str) -> bool:
         return name in self.model.tensors
@@ -55,6 +66,9 @@ class Weights:
             raw, qtype, full = raw_tensor(self.model, name, shape, read=self._device_read())
             if self._on_read is not None:
                 self._on_read(raw.numel())
+            # (the choice checked here, inside the build, whose failure closes the stager and file)
+            if qtype == GGMLQuantizationType.Q8_0 and resident_q8_0_layout(self._q8_0_layout) == "packed":
+                raw, qtype = _packed_q8_0(raw, full)
             return KernelLinear(raw, qtype, full, self.maybe(f"{prefix}.bias"), self.act_format(name))
         rows = self.rows(name, shape)
         if isinstance(rows, QuantRows):
@@ -86,6 +100,22 @@ class Weights:
 
     def maybe_norm(self, name: str, eps: float) -> RMSNorm | None:
         return self.norm(name, eps) if self.has(f"{name}.weight") else None
+
+
+def resident_q8_0_layout(choice: str | None = None) -> str:
+    """The Q8_0 layout of kernel projections: choice, else $SPARKD_Q8_0_LAYOUT, else "packed"."""
+    layout = (choice if choice is not None else os.environ.get(Q8_0_LAYOUT_ENV, "packed")).strip().lower()
+    if layout not in Q8_0_LAYOUTS:
+        raise EngineError(f"could not choose the resident Q8_0 layout {layout!r}: use one of "
+                          f"{', '.join(Q8_0_LAYOUTS)} (${Q8_0_LAYOUT_ENV})")
+    return layout
+
+
+def _packed_q8_0(raw: torch.Tensor, shape: tuple[int, int]):
+    """A Q8_0 projection's blocks in the packed layout, and its qtype for the kernels."""
+    from sparkd.engine.kernels import q8_0_packed  # imports triton: only on the kernel path
+
+    return q8_0_packed.pack_raw(raw, shape), q8_0_packed.PACKED
 
 
 def _kernel_types() -> frozenset:
