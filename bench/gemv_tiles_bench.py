@@ -1,8 +1,10 @@
 """The integer GEMV's tiles at the engine's decode shapes (Qwen3-30B-A3B: output head, q/o, fused
 qkv, MoE experts), old default next to the candidates, Q8_0 on the GGUF blocks and repacked
-(kernels/q8_0_packed.py), Q4_K; the copy bandwidth measured in the same run.
+(kernels/q8_0_packed.py, type name Q8_0P), Q4_K; the copy bandwidth measured in the same run.
+old default: matmul.OLD_GEMV_TILES (session 3's tiles), default: GEMV_TILES.
 
-Usage: PYTHONPATH=. python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K] [--moe]
+Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K] [--moe]
+       [--defaults-only]
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
@@ -20,10 +22,10 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 from sparkd.engine import quants
 from sparkd.engine.kernels import dispatch, q8_0_packed
-from sparkd.engine.kernels.matmul import GEMV_TILES, GemvConfig, gemv
+from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv
 
 SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
-OLD = {"Q8_0": GemvConfig(4, 1, 2, 0, False), "Q4_K": GemvConfig(64, 4, 1, 0, False)}  # session-3 defaults
+CANDIDATES_ON = True  # --defaults-only: only the old and the new default tiles
 
 
 def tile(text: str) -> GemvConfig:
@@ -44,8 +46,9 @@ MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
 }
 
 
-def base_name(name: str) -> str:
-    return "Q8_0" if name == "Q8_0P" else name
+def tiles_name(name: str) -> str:
+    """GEMV_TILES' key for a bench type name."""
+    return "Q8_0_PACKED" if name == "Q8_0P" else name
 
 
 def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
@@ -67,9 +70,10 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
         def run(cfg, i):
             return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
     out = []
-    base = OLD[base_name(name)]
-    extra = [] if GEMV_TILES[base_name(name)] == base else [("default", None)]
-    for label, cfg in [("old default", base)] + extra + [(t, tile(t)) for t in CANDIDATES[name]]:
+    base = OLD_GEMV_TILES[tiles_name(name)]
+    extra = [] if GEMV_TILES[tiles_name(name)] == base else [("default", None)]
+    tried = [(t, tile(t)) for t in CANDIDATES[name]] if CANDIDATES_ON else []
+    for label, cfg in [("old default", base)] + extra + tried:
         y.fill_(float("nan"))
         err = kb.rel_err(run(cfg, 0), ref)
         sec = kb.graph_seconds(lambda i: run(cfg, i), n)
@@ -106,7 +110,10 @@ def main() -> None:
     ap.add_argument("--types", default="Q8_0P,Q8_0,Q4_K")
     ap.add_argument("--json", default=None)
     ap.add_argument("--moe", action="store_true", help="also the MoE 2048x768 top-8 decode tiles")
+    ap.add_argument("--defaults-only", action="store_true", help="only the old and the new default tiles")
     args = ap.parse_args()
+    global CANDIDATES_ON
+    CANDIDATES_ON = not args.defaults_only
     copy_bw = kb.copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"defaults {GEMV_TILES}", flush=True)
