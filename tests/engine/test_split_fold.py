@@ -10,6 +10,8 @@ programs really race.
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -74,8 +76,19 @@ def test_repeated_calls_reset_their_tickets(backend):
         assert torch.equal(first.setdefault((rows, split), y), y)
 
 
-def test_unknown_fold_is_a_clear_error():
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+def test_unknown_fold_is_a_clear_error_before_any_launch(qtype):
     x = torch.randn(512, device="cuda" if ON_GPU else "cpu")
-    raw = random_blocks(T.Q8_0, 4 * 512 // 32).to(x.device)
+    raw = random_blocks(qtype, 4 * 512 // dispatch.FAMILIES[qtype].block_values).to(x.device)
+    out = torch.full((4,), float("nan"), device=x.device)
     with pytest.raises(dispatch.KernelArgumentError, match="could not run the GEMV: fold 'atomics'"):
-        gemv(raw, T.Q8_0, (4, 512), x, config=GemvConfig(split=2, fold="atomics"))
+        gemv(raw, qtype, (4, 512), x, out=out, config=GemvConfig(split=2, fold="atomics"))
+    assert bool(out.isnan().all())  # nothing written
+
+
+def test_environment_picks_the_torch_fold():
+    """SPARKD_GEMV_FOLD=torch (read when matmul is imported) brings the torch.sum fold back."""
+    code = "from sparkd.engine.kernels.matmul import GemvConfig; print(GemvConfig().fold)"
+    env = dict(os.environ, **{matmul.FOLD_ENV: "torch"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "torch"

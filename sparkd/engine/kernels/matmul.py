@@ -20,6 +20,7 @@ words, a float step per block. Others multiply floats (x rounded by the caller's
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,6 +33,8 @@ from sparkd.engine.kernels import act_quant, dispatch, grids
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
 # enough programs to keep every SM of a large GPU busy with a few resident programs each
 TARGET_PROGRAMS = 2048
+FOLDS = ("kernel", "torch")
+FOLD_ENV = "SPARKD_GEMV_FOLD"  # GemvConfig.fold's default, read once: "torch" falls back without a code change
 RANGE_GROUPS = 4  # groups (256 values each) per split-K range: 1024 values of a row per program
 
 
@@ -46,7 +49,8 @@ class GemvConfig:
     atomic: bool = False  # partial sums (split-K, MoE experts) meet by atomic adds: last bits vary run to run
     stages: int = 0  # software-pipelining stages of the group loop (tl.range num_stages); 0: Triton's default
     fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
-    fold: str = "kernel"  # split-K partials summed by the last program of a row tile; "torch": a torch.sum launch
+    # split-K partials summed by the last program of a row tile (fold_part); "torch": a torch.sum launch
+    fold: str = os.environ.get(FOLD_ENV, "kernel")
 
 
 # the integer families' tiles: the best of the session-3 H200 sweep (bench/results/kernels_h200_s3.log,
@@ -282,13 +286,14 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if fam.idot is not None:
         return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg)
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
+    in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
     x = x if round_x is None else round_x(x).contiguous()
     tiles = triton.cdiv(rows, cfg.block_n)
     _gemv_kernel[(tiles, split)](
         weight, grids.grid_table(fam.grid, x.device), x, y, part, tickets(tiles, x.device), rows, cols, row_bytes,
         **family_args(fam), **_launch_args(cfg, split))
-    return y if kernel_folds(cfg, split) else fold_partials(part, y)
+    return y if in_kernel else fold_partials(part, y)
 
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
@@ -297,28 +302,30 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     quantized to act_fmt, y [rows] written. Arguments checked by the caller."""
     rows, cols = shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256))
+    in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
     q = act_quant.quantize(x[None], act_fmt)
     tiles = triton.cdiv(rows, cfg.block_n)
     _igemv_kernel[(tiles, split)](
         weight, q.words, q.scales, q.sums, y, part, tickets(tiles, x.device), rows, cols, row_bytes, IDOT=idot,
         A1=iacc[0], A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
-    return y if kernel_folds(cfg, split) else fold_partials(part, y)
+    return y if in_kernel else fold_partials(part, y)
 
 
 def _launch_args(cfg: GemvConfig, split: int) -> dict:
     return dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EW=cfg.elementwise, ATOMIC=cfg.atomic,
-                KFOLD=cfg.fold == "kernel", STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
+                KFOLD=kernel_folds(cfg, split), STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
 
 
 def kernel_folds(cfg: GemvConfig, split: int) -> bool:
-    """Whether the launch itself leaves the summed y (fold_part): split-K, ordered, fold "kernel"."""
+    """Whether the launch itself leaves the summed y (fold_part): split-K, ordered, fold "kernel".
+    Raises for an unknown cfg.fold."""
     if cfg.fold not in FOLDS:
-        raise dispatch.KernelArgumentError(f"could not run the GEMV: fold {cfg.fold!r} is not one of {FOLDS}")
+        raise dispatch.KernelArgumentError(f"could not run the GEMV: fold {cfg.fold!r} is not one of {FOLDS} "
+                                           f"(GemvConfig.fold, default from ${FOLD_ENV})")
     return split > 1 and not cfg.atomic and cfg.fold == "kernel"
 
 
-FOLDS = ("kernel", "torch")
 # fold_part's tickets: one zeroed int32 per row tile, per device, kept (every launch leaves them
 # zero again; launches on one stream run one after another, so they never share a ticket)
 _TICKETS: dict[torch.device, torch.Tensor] = {}
