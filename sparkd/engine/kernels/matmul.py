@@ -178,8 +178,8 @@ def fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPL
     if ticket == SPLIT - 1:
         total = tl.zeros(acc.shape, tl.float32)
         for s in tl.static_range(SPLIT):
-            # .cg and volatile: read the other programs' stores from L2, not a stale L1 line
-            total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg", volatile=True)
+            # .cg: the other programs' stores from L2, never an L1 line (ptxas refuses .cg with volatile)
+            total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
         tl.store(y_ptr + rows, total, mask=rmask)
         tl.store(tickets_ptr + tile, 0)
 
