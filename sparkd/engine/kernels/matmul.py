@@ -77,7 +77,7 @@ def split_for(cfg: GemvConfig, rows: int, groups: int) -> int:
     """The configured split, else: none when the matrix alone has TARGET_PROGRAMS row tiles (the
     output head), else ranges of RANGE_GROUPS groups. The split depends on the row count only
     through that threshold, so a matrix of stacked rows (fused QKV) sums every row as the parts
-    alone do when all are on one side of it (FusedRows checks). For the decode shapes it is the
+    alone do when all are on one side of it (KernelLinear checks). On the Q8_0 tile it is the
     split of the session-3 rule (TARGET_PROGRAMS // tiles, capped at groups // 2) for q and o of a
     Qwen3-30B-A3B (2 and 4); k and v get 2 instead of 4."""
     if cfg.split:
@@ -290,8 +290,9 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     part = partials_for(y, split, cfg)
     x = x if round_x is None else round_x(x).contiguous()
     tiles = triton.cdiv(rows, cfg.block_n)
+    ticket = _tickets_arg(in_kernel, tiles, part)
     _gemv_kernel[(tiles, split)](
-        weight, grids.grid_table(fam.grid, x.device), x, y, part, tickets(tiles, x.device), rows, cols, row_bytes,
+        weight, grids.grid_table(fam.grid, x.device), x, y, part, ticket, rows, cols, row_bytes,
         **family_args(fam), **_launch_args(cfg, split))
     return y if in_kernel else fold_partials(part, y)
 
@@ -306,9 +307,10 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     part = partials_for(y, split, cfg)
     q = act_quant.quantize(x[None], act_fmt)
     tiles = triton.cdiv(rows, cfg.block_n)
+    ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
-        weight, q.words, q.scales, q.sums, y, part, tickets(tiles, x.device), rows, cols, row_bytes, IDOT=idot,
-        A1=iacc[0], A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
+        weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
+        A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
     return y if in_kernel else fold_partials(part, y)
 
 
@@ -330,6 +332,11 @@ def kernel_folds(cfg: GemvConfig, split: int) -> bool:
 # zero again; launches on one stream run one after another, so they never share a ticket)
 _TICKETS: dict[torch.device, torch.Tensor] = {}
 MIN_TICKETS = 1 << 14
+
+
+def _tickets_arg(in_kernel: bool, tiles: int, part: torch.Tensor) -> torch.Tensor:
+    """The launch's tickets, or (no fold in the kernel: never read) any int32-sized buffer."""
+    return tickets(tiles, part.device) if in_kernel else part
 
 
 def tickets(tiles: int, device: torch.device) -> torch.Tensor:
