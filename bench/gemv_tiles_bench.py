@@ -4,7 +4,7 @@ qkv, MoE experts), old default next to the candidates, Q8_0 on the GGUF blocks a
 old default: matmul.OLD_GEMV_TILES (session 3's tiles), default: GEMV_TILES.
 
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K] [--moe]
-       [--defaults-only]
+       [--moe-types Q8_0,Q4_K] [--defaults-only]
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 from sparkd.engine import quants
-from sparkd.engine.kernels import dispatch, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, q8_0_packed
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv
 
 SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
@@ -38,12 +38,22 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     "Q8_0": ["4/1/2/e", "2/1/4/e", "4/1/4/e"],
     "Q8_0P": ["4/1/2/e", "2/1/4/e", "2/1/8/e", "4/2/4/e", "8/4/2/e", "8/4/4/e", "1/1/8/e", "2/1/4/e/1",
               "4/2/4/e/1"],
-    "Q4_K": ["16/4/1/e", "16/4/2/e", "8/2/2/e", "16/4/4/e", "32/4/1/e", "8/2/1/e", "16/4/2/e/1"],
+    # Q4_K (kern6): 1-warp tiles of 4-8 rows, the whole row's groups in one or two loop steps, with
+    # and without split-K, next to session 4's best elementwise shapes
+    "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
 }
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
     T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],
-    T.Q4_K: [("16/4/1/e", "16/4/1/e"), ("8/2/2/e", "8/2/2/e"), ("16/4/2/e", "16/4/2/e")],
+    T.Q4_K: [("4/1/4/e", "4/1/3/e/8"), ("4/1/8/e", "4/1/3/e/8"), ("8/2/4/e", "8/2/3/e/8"),
+             ("8/1/4/e", "8/1/3/e/8"), ("4/1/4/e", "16/4/1/g/8"), ("16/4/1/g", "4/1/3/e/8")],
 }
+
+
+def quant_row(fmt: str, cols: int) -> dict:
+    """act_quant alone (the first of a GEMV call's two launches): the floor under the GEMV rows."""
+    x = torch.randn(1, cols, device="cuda")
+    sec = kb.graph_seconds(lambda i: act_quant.quantize(x, fmt), 2)
+    return dict(kernel=f"act_quant 1x{cols}", type=fmt, config="", us=sec * 1e6, bw=0.0, frac=0.0, err=0.0)
 
 
 def tiles_name(name: str) -> str:
@@ -111,6 +121,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--moe", action="store_true", help="also the MoE 2048x768 top-8 decode tiles")
     ap.add_argument("--defaults-only", action="store_true", help="only the old and the new default tiles")
+    ap.add_argument("--moe-types", default="Q8_0,Q4_K", help="the types --moe times")
     args = ap.parse_args()
     global CANDIDATES_ON
     CANDIDATES_ON = not args.defaults_only
@@ -121,8 +132,11 @@ def main() -> None:
     for name in args.types.split(","):
         for shape in SHAPES:
             rows += guarded(dense, name, *shape, copy_bw)
+    quants_rows = [quant_row(fmt, cols) for fmt in (act_quant.Q8_0, act_quant.Q8_K) for cols in (2048, 4096)]
+    kb.print_rows(quants_rows)
+    rows += quants_rows
     if args.moe:
-        for qtype in (T.Q8_0, T.Q4_K):
+        for qtype in (T[name] for name in args.moe_types.split(",")):
             rows += guarded(moe, qtype, copy_bw)
     if args.json:
         with open(args.json, "w") as f:

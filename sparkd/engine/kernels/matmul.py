@@ -57,11 +57,12 @@ class GemvConfig:
 # (bench/gemv_tiles_bench.py, bench/results/gemv_tiles_h200_s4.log): 2 rows per 1-warp program,
 # 4 groups issued per loop step into the elementwise tile (no barrier or shuffle in the loop, 16
 # words in flight per thread); the packed Q8_0 layout without split-K (no fold at these shapes).
-# Q4_K keeps session 3's tile (its elementwise tiles were slower at the output head).
+# Q4_K (kern6): 4 rows per 1-warp program, one 128-bit word of qs per thread and group, x loaded
+# in the words' shape (no layout conversion through shared memory; bench/kernels_sass.py).
 # OLD_GEMV_TILES: session 3's, to time against or fall back to (config=OLD_GEMV_TILES[name]).
 GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
-              "Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1, elementwise=False)}
+              "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True)}
 OLD_GEMV_TILES = {"Q8_0": GemvConfig(elementwise=False), "Q8_0_PACKED": GemvConfig(elementwise=False),
                   "Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1, elementwise=False)}
 

@@ -135,7 +135,10 @@ def _idot_tile(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl
     blk = w_ptr + row_off[:, None, None] + g * 144  # [BN, 1, 1]
     m = rmask[:, None, None]
     words = tl.load((blk + 16).to(tl.pointer_type(tl.int32)) + j * 8 + w, mask=m, other=0)  # [BN, 4, 8]
-    xw = xw_ptr + g * 64 + j * 16 + w  # x words of sub-block 2j; 2j+1 follows 8 words later
+    # x words of sub-block 2j (2j+1 follows 8 words later), loaded in the words' own shape: each
+    # thread reads the x words it multiplies (a broadcast [1, 4, 8] load costs a layout conversion
+    # through shared memory with one warp)
+    xw = xw_ptr + g * 64 + j * 16 + w + tl.zeros(words.shape, tl.int32)
     sc_lo, mn_lo = scale_min_int(blk + 4, 2 * j, m)  # [BN, 4, 1]
     sc_hi, mn_hi = scale_min_int(blk + 4, 2 * j + 1, m)
     isum = sc_lo * dp4a(words & 0x0F0F0F0F, tl.load(xw), EMU) \
