@@ -159,6 +159,28 @@ def test_packed_q8_0_gives_the_gguf_layouts_sums(backend, config):
         assert float((got_mm - want_mm).norm() / want_mm.norm()) < 1e-6
 
 
+@pytest.mark.parametrize("config", [GemvConfig(block_n=4, num_warps=1, unroll=3, split=2, elementwise=True),
+                                    GemvConfig(block_n=2, num_warps=1, unroll=8, split=1, elementwise=True)],
+                         ids=["tile-split-tail", "tile-u8"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q4_k_tiles_give_the_old_tiles_sums(backend, config):
+    """The Q4_K elementwise tiles (the default since kern6; x loaded in the words' shape) against
+    session 3's rows tile: the same integer sums per block, only the float order of the last
+    reduction differs; rows past the end of a tile and groups past the end of a range masked."""
+    from test_kernels import act_in, reference
+    from sparkd.engine.kernels.matmul import OLD_GEMV_TILES
+    rows, cols = (4099, 2816) if backend == "cuda" else (11, 768)
+    raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
+    x = torch.randn(cols, device=backend)
+    old = gemv(raw, T.Q4_K, (rows, cols), x, config=OLD_GEMV_TILES["Q4_K"])
+    W, xr = reference(raw, T.Q4_K, (rows, cols)), act_in(T.Q4_K, x.cpu())
+    scale = W.abs() @ xr.abs()
+    for cfg in (config, None):  # None: the default tile
+        got = gemv(raw, T.Q4_K, (rows, cols), x, config=cfg)
+        assert rel_err(got, old.cpu().double(), scale) < 1e-6
+        assert rel_err(got, W @ xr, scale) < BOUNDS["fp32"]
+
+
 def test_packed_q8_0_layout_is_groups_of_quants_then_scales():
     """Byte for byte: each row's groups hold the 256 quants, then the 8 scales; a partial last
     group is zero past the row's end (checked on the host: no kernel)."""

@@ -28,9 +28,9 @@ idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU) contract
 activations llama.cpp rounds to int8 blocks, act_fmt "q8_0" or "q8_k"): x comes quantized
 (act_quant.QuantX: int32 words of 4 quants at xw_ptr, float32 block scales at xd_ptr, int32
 per-32 quant sums at xs_ptr for q8_k); adds group g's share of the row dot products, computed
-per block in integers with dp4a, to acc: EW False, float32 [BN] (reduced every group, the
-H200-measured default); True, the elementwise tile float32 [BN, *iacc], summed once after the
-loop. EMU: emulate dp4a (interpreter).
+per block in integers with dp4a, to acc: EW False, float32 [BN] (reduced every group); True,
+the elementwise tile float32 [BN, *iacc], summed once after the loop (the H200-measured default
+tiles of both families, matmul.GEMV_TILES). EMU: emulate dp4a (interpreter).
 """
 
 from __future__ import annotations
