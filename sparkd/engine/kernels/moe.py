@@ -276,12 +276,18 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
         raise dispatch.KernelArgumentError(
             f"could not run {what}: offset tables differ in length (gate {n}, up "
             f"{len(table.up_offsets)}, down {len(table.down_offsets)})")
-    return PreparedTable(
-        table, device, fgu, fd,
-        dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, device, what, fgu.align),
-        dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, device, what, fgu.align),
-        dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, device, what, fd.align),
-        gu_bytes, d_bytes, grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device))
+    # checked on the host, then one copy for the three (a streaming store prepares a table per token)
+    host = [dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, "cpu", what, fgu.align),
+            dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, "cpu", what, fgu.align),
+            dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, "cpu", what, fd.align)]
+    return PreparedTable(table, device, fgu, fd, *offsets_on(host, device), gu_bytes, d_bytes,
+                         grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device))
+
+
+def offsets_on(tables: Sequence[Sequence[int] | torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Equally long offset tables (gate, up, down) as int64 on device in one host-to-device copy."""
+    packed = torch.stack([torch.as_tensor(t, dtype=torch.int64).reshape(-1) for t in tables])
+    return packed.to(device, non_blocking=True).unbind(0)
 
 
 # decode tiles (gate/up, down): the H200 sweeps (docs/performance.md); the integer families' from

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -19,6 +21,27 @@ GATING_SQRT_SOFTPLUS = "sqrt_softplus"  # DeepSeek V4: sqrt(softplus(logits))
 
 # llama.cpp clamps the sum of routing weights to the smallest normal f16 before dividing
 _MIN_WEIGHT_SUM = 6.103515625e-5
+
+# What the fused MoE decode does in its two launches instead of torch around them, each switchable
+# back (SPARKD_MOE_DECODE: "all", the default, "none" or some of these, read once): "ids" the
+# kernels read offsets[ids] (else a gathering launch per offset table), "fold" a split down's
+# ranges meet in the down launch (else a torch.sum launch), "residual" the block's residual add
+# in the down launch (else a torch add).
+DECODE_PARTS = ("ids", "fold", "residual")
+DECODE_ENV = "SPARKD_MOE_DECODE"
+
+
+def decode_parts(spec: str) -> frozenset[str]:
+    """"all", "none"/"" or names of DECODE_PARTS separated by commas → the parts switched on."""
+    names = set(DECODE_PARTS) if spec.strip().lower() == "all" else \
+        {n.strip() for n in spec.lower().split(",") if n.strip() not in ("", "none")}
+    if unknown := sorted(names - set(DECODE_PARTS)):
+        raise ValueError(f"could not switch the MoE decode parts {spec!r}: unknown {', '.join(unknown)} "
+                         f"(choose all, none or some of {', '.join(DECODE_PARTS)}; ${DECODE_ENV})")
+    return frozenset(names)
+
+
+DECODE_ON: frozenset[str] = decode_parts(os.environ.get(DECODE_ENV, "all"))
 
 
 class Router(nn.Module):
@@ -104,16 +127,29 @@ class MoE(nn.Module):
         self.act = ACTIVATIONS[act] if isinstance(act, str) else act
         self.act_name = act if isinstance(act, str) else None  # the kernels know activations by name
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def takes_residual(self) -> bool:
+        """Whether forward may be handed the block's residual (nothing between the routed sum and
+        the add: no shared experts) and the switch is on."""
+        return self.shared is None and "residual" in DECODE_ON
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output [T, D]; given residual [T, D] (takes_residual), residual + it, the
+        same bits, added inside the fused decode's down launch where that runs."""
+        if residual is not None and self.shared is not None:
+            raise ValueError("could not add the residual inside the MoE: it has shared experts")
         w, ids = self.router(x, ids)  # [T, A], [T, A]; ids given: fixed (hash) routing
         if self.act_name in ("silu", "swiglu_oai") and hasattr(self.store, "kernel_select"):
-            out = self._kernels(x, w.float().contiguous(), ids)
+            out = self._kernels(x, w.float().contiguous(), ids, residual)
             if out is not None:
                 return out if self.shared is None else out + self.shared(x)
         out, shared = self.routed(x, w, ids, x)
-        return out if shared is None else out + shared
+        out = out if shared is None else out + shared
+        return out if residual is None else residual + out
 
-    def _kernels(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
+    def _kernels(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
+                 residual: torch.Tensor | None = None) -> torch.Tensor | None:
         """The layer through the Triton MoE kernels; None where the store cannot serve them.
         Triton is imported only once a store serves kernels: the CPU engine runs without it."""
         table = getattr(self.store, "kernel_table", None)
@@ -122,17 +158,18 @@ class MoE(nn.Module):
             from sparkd.engine.kernels.moe import moe_prefill
 
             h = round_activations(x, layer.act_gate).float().contiguous()
-            return moe_prefill(layer.prepared.table, h, ids, w, self.act_name, "ieee",
-                               _rounder(layer.act_down))
+            out = moe_prefill(layer.prepared.table, h, ids, w, self.act_name, "ieee", _rounder(layer.act_down))
+            return out if residual is None else residual + out
         rows = []
         for t in range(x.shape[0]):  # one token at a time through the fused decode kernels
             sel = self.store.kernel_select(self.il, ids[t])
             if sel is None:
                 return None
-            rows.append(self._decode(sel, x[t], w[t]))
-        return torch.stack(rows)
+            res = None if residual is None else residual[t].float().contiguous()
+            rows.append(self._decode(sel, x[t], w[t], res))
+        return rows[0][None] if len(rows) == 1 else torch.stack(rows)  # decode: no copy
 
-    def _decode(self, sel, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _decode(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import GemvConfig
         from sparkd.engine.kernels.moe import moe_decode
 
@@ -140,7 +177,8 @@ class MoE(nn.Module):
         tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64)}
         # integer kernels (Q8_0, Q4_K) quantize x and h themselves, as round_x/round_h would
         return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
-                          round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), **tiles)
+                          round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,
+                          fold="kernel" if "fold" in DECODE_ON else "torch", **tiles)
 
     def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
                shared_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
