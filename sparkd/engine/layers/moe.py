@@ -174,7 +174,7 @@ class MoE(nn.Module):
         from sparkd.engine.kernels.moe import moe_decode
 
         # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
-        tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64)}
+        tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64, split=2)}
         # integer kernels (Q8_0, Q4_K) quantize x and h themselves, as round_x/round_h would
         return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
                           round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,

@@ -1,0 +1,162 @@
+"""The fused MoE decode's work folded into its two launches, each against the torch code it
+replaces (layers/moe.DECODE_PARTS, switchable back): the kernels read offsets[ids] themselves
+instead of a gathering launch per table, a split down's ranges meet in the down launch (the
+last program of each row tile adds them in order) instead of a torch.sum launch, and the
+block's residual add happens in the down launch.
+
+Under the interpreter each is bit-equal to the old path, in the kernels and in the engine's
+decode step, and the step launches that many kernels fewer. On the GPU (marker gpu) the same
+checks run compiled; the in-launch fold adds in range order where torch's sum may not, so
+there it is held to the float32 bound instead.
+"""
+
+import dataclasses
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from test_kernels import BACKENDS, TILES, arena_table  # noqa: E402
+
+from sparkd.engine.kernels import dispatch, fused  # noqa: E402
+from sparkd.engine.kernels import moe as moe_kernels  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
+from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
+from sparkd.engine.layers import moe  # noqa: E402
+from sparkd.engine.make_model import plan, write_model  # noqa: E402
+from sparkd.engine.modelgen.specs import TINY  # noqa: E402
+from sparkd.engine.models import load_model  # noqa: E402
+
+# integer down (routing weight in the down kernel) and float down (routing weight in h)
+PAIRS = [(T.Q8_0, T.Q8_0), (T.Q4_K, T.Q6_K)]
+IDS = [3, 0, 4]  # out of table order: the kernels must follow the selection's order
+
+
+def downs(backend: str) -> list[GemvConfig]:
+    """Down tiles: unsplit, split 2 (ranges {0, 1}, {2}) and split 3 (an expert each)."""
+    base = TILES["cpu"]["down"] if backend == "cpu" else GemvConfig()
+    return [dataclasses.replace(base, split=s) for s in (1, 2, 3)]
+
+
+def selection(gu_type, d_type, backend):
+    table, *_ = arena_table(gu_type, d_type, 256, 256, 5, backend)
+    sel = prepare(table, backend).select(torch.tensor(IDS, device=backend))
+    return sel, torch.randn(256, device=backend), torch.rand(len(IDS), device=backend)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("gu_type,d_type", PAIRS, ids=lambda t: t.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernels_read_the_selection_as_the_gathered_offsets(backend, gu_type, d_type):
+    sel, x, w = selection(gu_type, d_type, backend)
+    gathered = sel.gathered()
+    assert gathered.ids is None and gathered.gate_off.tolist() == [sel.gate_off[i].item() for i in IDS]
+    for down in downs(backend):
+        got = moe_decode(sel, x, w, down=down, gate_up=TILES[backend].get("gate_up"))
+        want = moe_decode(gathered, x, w, down=down, gate_up=TILES[backend].get("gate_up"))
+        assert torch.equal(got, want), down.split
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("gu_type,d_type", PAIRS, ids=lambda t: t.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fold_in_the_down_launch_equals_the_torch_fold(backend, gu_type, d_type):
+    """Bit-equal under the interpreter (torch's CPU sum of few rows is the sequential one); on
+    the GPU within the float32 bound and the same bits run to run."""
+    sel, x, w = selection(gu_type, d_type, backend)
+    for down in downs(backend)[1:]:
+        kw = dict(down=down, gate_up=TILES[backend].get("gate_up"))
+        got = [moe_decode(sel, x, w, fold="kernel", **kw) for _ in range(2)]
+        want = moe_decode(sel, x, w, fold="torch", **kw)
+        assert all(torch.equal(got[0], g) for g in got[1:])
+        if backend == "cpu":
+            assert torch.equal(got[0], want), down.split
+        else:
+            assert float((got[0] - want).norm() / want.norm()) < 1e-6
+        tiles = -(-256 // down.block_n)
+        assert not moe_kernels._TICKETS[got[0].device][:tiles].any()  # reset for the next launch
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("gu_type,d_type", PAIRS, ids=lambda t: t.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_residual_in_the_down_launch_is_the_same_add(backend, gu_type, d_type):
+    """residual + the sum, whether the launch adds it (unsplit, in-launch fold) or torch after
+    it (torch fold, atomic adds)."""
+    sel, x, w = selection(gu_type, d_type, backend)
+    r = torch.randn(256, device=backend)
+    for down in downs(backend) + [dataclasses.replace(downs(backend)[0], atomic=True)]:
+        for fold in moe_kernels.FOLDS:
+            kw = dict(down=down, gate_up=TILES[backend].get("gate_up"), fold=fold)
+            if down.atomic and backend == "cuda":
+                continue  # arrival-order adds: two calls need not agree
+            assert torch.equal(moe_decode(sel, x, w, residual=r, **kw), r + moe_decode(sel, x, w, **kw)), (down, fold)
+
+
+def test_bad_selections_and_switches_are_refused():
+    dev = "cuda" if ON_GPU else "cpu"
+    table, *_ = arena_table(T.Q8_0, T.Q8_0, 256, 256, 4, dev)
+    p = prepare(table, dev)
+    bad = [torch.tensor([[0, 1]], device=dev), torch.tensor([0.0, 1.0], device=dev),
+           torch.tensor([0, 9, 1, 9], device=dev)[::2]]
+    for ids in bad:
+        with pytest.raises(dispatch.KernelArgumentError, match="need expert ids int32/int64 \\[A\\] contiguous"):
+            p.select(ids)
+    out = torch.full((256,), float("nan"), device=dev)
+    with pytest.raises(dispatch.KernelArgumentError, match="fold 'late' is not one of"):
+        moe_decode(p, torch.randn(256, device=dev), torch.rand(4, device=dev), out=out, fold="late")
+    with pytest.raises(dispatch.KernelArgumentError, match="residual"):
+        moe_decode(p, torch.randn(256, device=dev), torch.rand(4, device=dev), out=out,
+                   residual=torch.randn(255, device=dev))
+    assert torch.isnan(out).all()
+    assert moe.decode_parts("all") == frozenset(moe.DECODE_PARTS) and moe.decode_parts("none") == frozenset()
+    assert moe.decode_parts(" ids , fold") == {"ids", "fold"}
+    with pytest.raises(ValueError, match="unknown gather .*SPARKD_MOE_DECODE"):
+        moe.decode_parts("ids,gather")
+
+
+def _launch_count():
+    path = Path(__file__).parents[2] / "bench" / "gpu_box" / "launch_count.py"
+    spec = importlib.util.spec_from_file_location("launch_count", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(ON_GPU, reason="counts the CPU dispatch of the interpreted step; the GPU box "
+                                   "counts a graph replay in decode_profile.py")
+def test_decode_step_is_bit_equal_with_fewer_launches(tmp_path, monkeypatch):
+    """qwen3moe with Q8_0 experts through the MoE kernels: the static decode step with every
+    part on against every part off, same logits bits, and per layer 3 index launches, the
+    fold's sum and the residual add fewer."""
+    path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    m = load_model(path, device="cpu", kernels=True)
+    counts, logits = {}, {}
+    try:
+        for spec in ("none", "all"):
+            monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts(spec))
+            counts[spec] = _launch_count().static_step_counts(m.net, "all", on_cpu=True)
+            before = fused.configure("all", on_cpu=True)
+            try:
+                cache = m.net.new_cache(16)
+                m.net(torch.tensor([1, 7, 42]), cache)
+                logits[spec] = m.net(torch.tensor([5]), cache)
+            finally:
+                fused.configure(before)
+        n_layer = len(m.net.blocks)
+    finally:
+        m.close()
+    assert torch.equal(logits["all"], logits["none"])
+    none, every = counts["none"]["ops"], counts["all"]["ops"]
+    assert none["triton:_idown_kernel"] == every["triton:_idown_kernel"] == n_layer  # the kernels ran
+    for op, fewer in (("index", 3 * n_layer), ("sum", n_layer), ("add", n_layer)):
+        assert none.get(op, 0) - every.get(op, 0) == fewer, op
+    assert counts["none"]["total"] - counts["all"]["total"] == 5 * n_layer
