@@ -10,8 +10,9 @@ Counting:
     not counted). count_cpu(). An approximation of the CUDA count (a CUDA op may take two kernels,
     and the tiny model's experts run the torch path, not the MoE kernels), exact in what the
     fused kernels remove.
-Usage (CPU, a tiny generated model, a few seconds):
-    TRITON_INTERPRET=1 python3 bench/gpu_box/launch_count.py --arch qwen3moe
+Usage (CPU, a tiny generated model, a few seconds; --quant Q8_0: the experts through the MoE
+kernels, --moe-decode none: their fused parts switched back):
+    TRITON_INTERPRET=1 python3 bench/gpu_box/launch_count.py --arch qwen3moe [--quant Q8_0]
 decode_profile.py reports the CUDA count of a graph replay on the real-width models.
 """
 
@@ -102,13 +103,13 @@ def count_cuda(step: Callable[[], object]) -> dict:
     return count_kernels(prof.events())
 
 
-def tiny_model(arch: str, folder: Path) -> Path:
+def tiny_model(arch: str, folder: Path, quant: str = "F32") -> Path:
     from sparkd.engine.make_model import plan, write_model
     from sparkd.engine.modelgen.specs import TINY
 
-    path = folder / f"{arch}.gguf"
+    path = folder / f"{arch}-{quant}.gguf"
     if not path.exists():
-        write_model(path, plan(TINY[arch], "F32"), seed=3)
+        write_model(path, plan(TINY[arch], quant), seed=3)
     return path
 
 
@@ -134,6 +135,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="qwen3moe")
     ap.add_argument("--dir", default=None, help="where the tiny model is written (default: a temp dir)")
+    ap.add_argument("--quant", default="F32", help="tensor type of the tiny model; Q8_0 runs the projections "
+                    "and experts through the quantized kernels (on the CPU too)")
+    ap.add_argument("--moe-decode", default=None, help="the MoE decode parts switched on "
+                    "(layers/moe.DECODE_PARTS: all, none, or some; default: $SPARKD_MOE_DECODE)")
     ap.add_argument("--json")
     a = ap.parse_args()
     from sparkd.engine.models import load_model
@@ -142,8 +147,13 @@ def main() -> int:
     if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
         print("no GPU: run with TRITON_INTERPRET=1 so the fused kernels can run on the CPU", file=sys.stderr)
         return 2
+    if a.moe_decode is not None:
+        from sparkd.engine.layers import moe
+
+        moe.DECODE_ON = moe.decode_parts(a.moe_decode)
     with tempfile.TemporaryDirectory() as tmp:
-        m = load_model(tiny_model(a.arch, Path(a.dir or tmp)), device="cpu" if on_cpu else "cuda")
+        m = load_model(tiny_model(a.arch, Path(a.dir or tmp), a.quant), device="cpu" if on_cpu else "cuda",
+                       kernels=True if a.quant != "F32" else None)
         try:
             res = {spec: static_step_counts(m.net, spec, on_cpu) for spec in ("none", "all")}
             n_layer = len(m.net.blocks)
