@@ -30,6 +30,7 @@ from sparkd.engine.kernels import dispatch, fused  # noqa: E402
 from sparkd.engine.kernels import moe as moe_kernels  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
+from sparkd.engine.kernels.tickets import tickets  # noqa: E402
 from sparkd.engine.layers import moe  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
@@ -82,7 +83,7 @@ def test_fold_in_the_down_launch_equals_the_torch_fold(backend, gu_type, d_type)
         else:
             assert float((got[0] - want).norm() / want.norm()) < 1e-6
         tiles = -(-256 // down.block_n)
-        assert not moe_kernels._TICKETS[got[0].device][:tiles].any()  # reset for the next launch
+        assert not tickets(got[0].device, tiles, "the MoE down kernel")[:tiles].any()  # reset for the next launch
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
@@ -134,14 +135,15 @@ def _launch_count():
 @pytest.mark.skipif(ON_GPU, reason="counts the CPU dispatch of the interpreted step; the GPU box "
                                    "counts a graph replay in decode_profile.py")
 def test_decode_step_is_bit_equal_with_fewer_launches(tmp_path, monkeypatch):
-    """qwen3moe with Q8_0 experts through the MoE kernels: the static decode step with every
-    part on against every part off, same logits bits, and per layer 3 index launches, the
-    fold's sum and the residual add fewer."""
+    """qwen3moe with Q8_0 experts through the MoE kernels, static decode step: the parts that keep
+    the bits (ids, fold, residual) on against every part off, same logits bits and per layer 3
+    index launches, the fold's sum and the residual add fewer; the router part on too, the gate's
+    matmul gone and the logits within the step bound."""
     path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
     m = load_model(path, device="cpu", kernels=True)
     counts, logits = {}, {}
     try:
-        for spec in ("none", "all"):
+        for spec in ("none", "ids,fold,residual", "all"):
             monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts(spec))
             counts[spec] = _launch_count().static_step_counts(m.net, "all", on_cpu=True)
             before = fused.configure("all", on_cpu=True)
@@ -154,9 +156,70 @@ def test_decode_step_is_bit_equal_with_fewer_launches(tmp_path, monkeypatch):
         n_layer = len(m.net.blocks)
     finally:
         m.close()
-    assert torch.equal(logits["all"], logits["none"])
-    none, every = counts["none"]["ops"], counts["all"]["ops"]
-    assert none["triton:_idown_kernel"] == every["triton:_idown_kernel"] == n_layer  # the kernels ran
+    assert torch.equal(logits["ids,fold,residual"], logits["none"])
+    assert float((logits["all"] - logits["none"]).norm() / logits["none"].norm()) < 5e-6
+    none, kept, every = (counts[s]["ops"] for s in ("none", "ids,fold,residual", "all"))
+    assert none["triton:_idown_kernel"] == kept["triton:_idown_kernel"] == n_layer  # the kernels ran
     for op, fewer in (("index", 3 * n_layer), ("sum", n_layer), ("add", n_layer)):
-        assert none.get(op, 0) - every.get(op, 0) == fewer, op
-    assert counts["none"]["total"] - counts["all"]["total"] == 5 * n_layer
+        assert none.get(op, 0) - kept.get(op, 0) == fewer, op
+    assert counts["none"]["total"] - counts["ids,fold,residual"]["total"] == 5 * n_layer
+    assert kept["mm"] - every.get("mm", 0) == n_layer  # the router gates' matmuls
+    assert every["triton:_gate_topk"] == n_layer and "triton:_router_topk" not in every
+    assert counts["ids,fold,residual"]["total"] - counts["all"]["total"] == n_layer
+
+
+# (E, D, top_k, gating, norm_w, scale, bias): row tails (E not a multiple of 4), column tails and
+# splits (D over tiles of 32 columns), every gating
+GATES = [(37, 100, 4, "softmax", True, 0.0, False), (8, 64, 2, "sigmoid", False, 2.5, True),
+         (20, 300, 16, "sqrt_softplus", True, 1.5, False), (7, 32, 7, "softmax_weight", False, 0.0, False)]
+
+
+@pytest.mark.parametrize("E, D, top_k, gating, norm_w, scale, bias", GATES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_router_gate_gemv_in_the_topk_launch(backend, E, D, top_k, gating, norm_w, scale, bias):
+    """gate_topk against Router's torch code (matmul, then the selection): the same experts, the
+    weights within the router bound (the logits are summed in another order than torch's), the
+    same bits on every run, and the ticket back at zero."""
+    from sparkd.engine.kernels.router_topk import gate_topk
+    from sparkd.engine.layers.linear import Linear
+
+    weight, x = torch.randn(E, D), torch.randn(1, D)
+    sel_bias = torch.rand(E) if bias else None
+    router = moe.Router(Linear(weight), top_k, gating, norm_w, scale, sel_bias)
+    before = fused.configure("none")
+    try:
+        want_w, want_ids = router(x)
+    finally:
+        fused.configure(before)
+    runs = [gate_topk(weight.to(backend), x.to(backend), top_k, gating, norm_w, scale, 6.103515625e-5,
+                      None if sel_bias is None else sel_bias.to(backend), cols=32) for _ in range(2)]
+    (got_w, got_ids), (again_w, again_ids) = runs
+    assert torch.equal(got_w, again_w) and torch.equal(got_ids, again_ids)
+    assert torch.equal(got_ids.cpu(), want_ids)
+    assert float((got_w.cpu() - want_w).norm() / want_w.norm()) < 1e-6
+    assert not tickets(got_w.device, 1, "the router gate GEMV")[0]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter variant; the GPU box runs the step tests")
+def test_router_takes_the_gate_kernel_only_where_it_fits(monkeypatch):
+    """One float32 token with the switches on: gate_topk (one launch); several tokens, the
+    "router" part off, or a rounded gate: the matmul, then router_topk."""
+    from sparkd.engine.layers.linear import Linear
+
+    launched = []
+    import sparkd.engine.kernels.router_topk as rt
+    for name in ("gate_topk", "router_topk"):
+        real = getattr(rt, name)
+        monkeypatch.setattr(rt, name, lambda *a, _real=real, _name=name, **k: launched.append(_name) or _real(*a, **k))
+    before = fused.configure("all", on_cpu=True)
+    try:
+        router = moe.Router(Linear(torch.randn(16, 64)), 2)
+        router(torch.randn(1, 64))
+        router(torch.randn(3, 64))
+        monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts("ids,fold,residual"))
+        router(torch.randn(1, 64))
+        monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts("all"))
+        moe.Router(Linear(torch.randn(16, 64), act_fmt="q8_0"), 2)(torch.randn(1, 64))
+    finally:
+        fused.configure(before)
+    assert launched == ["gate_topk", "router_topk", "router_topk", "router_topk"]

@@ -43,6 +43,7 @@ from sparkd.engine.kernels.matmul import (
     stages_arg,
     store_part,
 )
+from sparkd.engine.kernels.tickets import tickets
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
 OAI_ALPHA = 1.702
@@ -423,7 +424,7 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     res = residual is not None and (split == 1 or fold)  # the residual added in the launch
     grid = (triton.cdiv(D, cfg.block_n), split)
     common = dict(y_ptr=y, part_ptr=part, res_ptr=residual if res else y,
-                  tickets_ptr=_tickets(y.device, grid[0]) if fold else y, D=D, F=F, n=n,
+                  tickets_ptr=tickets(y.device, grid[0], "the MoE down kernel") if fold else y, D=D, F=F, n=n,
                   row_bytes=p.down_row_bytes, RES=res, FOLD=fold, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
                   EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic, STAGES=stages_arg(cfg),
                   num_warps=cfg.num_warps, **_ids(p))
@@ -440,23 +441,6 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         fold_partials(part, y)
     if residual is not None and not res:
         y.add_(residual)  # the same bits as residual + y
-
-
-_TICKETS: dict[torch.device, torch.Tensor] = {}
-
-
-def _tickets(device: torch.device, tiles: int) -> torch.Tensor:
-    """The down launches' int32 tickets, one per row tile, zero between launches (the folding
-    program resets its tile's): one buffer per device, kept, so a graph replays without zeroing.
-    Launches on one stream only (the engine's MoE layers run one after another)."""
-    t = _TICKETS.get(device)
-    if t is None or t.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise dispatch.KernelArgumentError(
-                f"could not run the MoE decode kernels: their {tiles} fold tickets on {device} are first "
-                f"needed inside a CUDA graph capture; run the step once before capturing")
-        t = _TICKETS[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-    return t
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:

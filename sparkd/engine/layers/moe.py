@@ -26,8 +26,9 @@ _MIN_WEIGHT_SUM = 6.103515625e-5
 # back (SPARKD_MOE_DECODE: "all", the default, "none" or some of these, read once): "ids" the
 # kernels read offsets[ids] (else a gathering launch per offset table), "fold" a split down's
 # ranges meet in the down launch (else a torch.sum launch), "residual" the block's residual add
-# in the down launch (else a torch add).
-DECODE_PARTS = ("ids", "fold", "residual")
+# in the down launch (else a torch add), "router" the router's gate GEMV in its top-k launch (one
+# token, float32 gate; else a torch matmul before it; its logits' bits differ from torch's).
+DECODE_PARTS = ("ids", "fold", "residual", "router")
 DECODE_ENV = "SPARKD_MOE_DECODE"
 
 
@@ -64,6 +65,11 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         # x: [T, D] → weights [T, A], ids [T, A]; given ids (hash routing) skip the selection
+        if ids is None and self._fits_gate_kernel(x):
+            from sparkd.engine.kernels.router_topk import gate_topk
+
+            return gate_topk(self.gate.weight, x, self.top_k, self.gating, self.norm_w, self.scale,
+                             _MIN_WEIGHT_SUM, self.sel_bias)
         logits = self.gate(x)  # [T, E]
         if ids is None and self._fits_kernel(logits):
             from sparkd.engine.kernels.router_topk import router_topk
@@ -92,17 +98,30 @@ class Router(nn.Module):
             w = w * self.scale
         return w, ids
 
-    def _fits_kernel(self, logits: torch.Tensor) -> bool:
+    def _fits_kernel(self, logits: torch.Tensor, E: int | None = None) -> bool:
         """Whether router_topk does this selection (one launch for ~10 torch kernels): no group
-        limit, top-k <= 16, float32 logits, and the switch on."""
+        limit, top-k <= 16, float32 logits (or E of them computed on this tensor's device), and
+        the switch on."""
         if not fused.active("router", logits):
             return False  # before the import: the CPU engine runs without Triton
         from sparkd.engine.kernels.router_topk import GATINGS, MAX_EXPERTS, MAX_TOP_K
 
-        E = logits.shape[-1]
+        E = logits.shape[-1] if E is None else E
         return (self.n_groups <= 1 and self.top_k <= min(E, MAX_TOP_K) and E <= MAX_EXPERTS
                 and logits.dtype == torch.float32 and self.gating in GATINGS
                 and (self.sel_bias is None or self.sel_bias.dtype == torch.float32))
+
+    def _fits_gate_kernel(self, x: torch.Tensor) -> bool:
+        """Whether gate_topk runs the gate GEMV and the selection in one launch: one token, a
+        float32 gate without bias or activation rounding, where router_topk would select, and
+        the "router" part of DECODE_ON on."""
+        g = self.gate
+        if "router" not in DECODE_ON or x.dim() != 2 or x.shape[0] != 1 or type(g) is not Linear:
+            return False
+        w = g.weight
+        return (g.bias is None and g.act_fmt is None and w.dtype == x.dtype == torch.float32 and w.dim() == 2
+                and w.is_contiguous() and x.stride(-1) == 1 and w.device == x.device
+                and self._fits_kernel(x, w.shape[0]))
 
     def _mask_groups(self, sel: torch.Tensor) -> torch.Tensor:
         T, E = sel.shape
