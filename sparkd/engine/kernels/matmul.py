@@ -6,9 +6,11 @@ of a weight ever exists in memory. The quant family is a compile-time argument (
 the GEMV, its `dequant` for the GEMM).
 
 GEMV work split: a program owns BLOCK_N rows and one of SPLIT contiguous ranges of groups along
-the row (split-K). The SPLIT partial sums go to a [SPLIT, rows] buffer that one ordered sum folds
-into y, so y is the same bits on every run (GemvConfig.atomic: adds in arrival order instead, the
-way before session 3 made the sums ordered, kept to time against). UNROLL groups are issued per
+the row (split-K). The SPLIT partial sums go to a [SPLIT, rows] buffer; the program of a row tile
+that finishes last (a ticket per tile, fold_part) adds them in range order into y, in the same
+launch, so y is the same bits on every run (GemvConfig.fold="torch": one torch.sum launch after
+the kernel instead, the way of session 3; GemvConfig.atomic: adds in arrival order, the way before
+session 3, kept to time against). UNROLL groups are issued per
 loop step so more loads are in flight before the first is used; STAGES asks Triton's pipeliner for that many stages.
 
 Families with an integer step (Family.idot: Q8_0, Q4_K) take x quantized once per call on the
@@ -30,6 +32,7 @@ from sparkd.engine.kernels import act_quant, dispatch, grids
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
 # enough programs to keep every SM of a large GPU busy with a few resident programs each
 TARGET_PROGRAMS = 2048
+RANGE_GROUPS = 4  # groups (256 values each) per split-K range: 1024 values of a row per program
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class GemvConfig:
     atomic: bool = False  # partial sums (split-K, MoE experts) meet by atomic adds: last bits vary run to run
     stages: int = 0  # software-pipelining stages of the group loop (tl.range num_stages); 0: Triton's default
     fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
+    fold: str = "kernel"  # split-K partials summed by the last program of a row tile; "torch": a torch.sum launch
 
 
 # the integer families' tiles: the best of the session-3 H200 sweep (bench/results/kernels_h200_s3.log,
@@ -66,11 +70,17 @@ def stages_arg(cfg: GemvConfig) -> int | None:
 
 
 def split_for(cfg: GemvConfig, rows: int, groups: int) -> int:
-    """The configured split, or enough to reach TARGET_PROGRAMS with >= 2 groups per range."""
+    """The configured split, else: none when the matrix alone has TARGET_PROGRAMS row tiles (the
+    output head), else ranges of RANGE_GROUPS groups. The split depends on the row count only
+    through that threshold, so a matrix of stacked rows (fused QKV) sums every row as the parts
+    alone do when all are on one side of it (FusedRows checks). For the decode shapes it is the
+    split of the session-3 rule (TARGET_PROGRAMS // tiles, capped at groups // 2) for q and o of a
+    Qwen3-30B-A3B (2 and 4); k and v get 2 instead of 4."""
     if cfg.split:
         return max(1, min(cfg.split, groups))
-    tiles = triton.cdiv(rows, cfg.block_n)
-    return max(1, min(TARGET_PROGRAMS // tiles, groups // 2))
+    if triton.cdiv(rows, cfg.block_n) >= TARGET_PROGRAMS:
+        return 1
+    return triton.cdiv(groups, RANGE_GROUPS)
 
 
 @triton.jit
@@ -152,28 +162,58 @@ def store_part(y_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr, ATOMIC: tl.const
 
 
 @triton.jit
-def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, IDOT: tl.constexpr,
-                  A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                  SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, ATOMIC: tl.constexpr,
-                  STAGES: tl.constexpr):
+def fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPLIT: tl.constexpr):
+    """Split-K without a fold launch: store this program's sums as row `part` of the [SPLIT, N]
+    partials; the program of row tile `tile` that finishes last (tickets_ptr[tile], int32, zero
+    before the launch) adds the SPLIT rows in order 0..SPLIT-1 (from 0.0, as torch.sum does for
+    SPLIT <= 4) into y and sets the ticket back to 0 for the next launch. The same bits whatever
+    the arrival order; no sum is atomic, only the ticket."""
+    tl.store(part_ptr + part * N + rows, acc, mask=rmask)
+    tl.debug_barrier()  # every thread's stores are issued before the ticket (acq_rel) publishes them
+    ticket = tl.atomic_add(tickets_ptr + tile, 1, sem="acq_rel")
+    if ticket == SPLIT - 1:
+        total = tl.zeros(acc.shape, tl.float32)
+        for s in tl.static_range(SPLIT):
+            # .cg and volatile: read the other programs' stores from L2, not a stale L1 line
+            total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg", volatile=True)
+        tl.store(y_ptr + rows, total, mask=rmask)
+        tl.store(tickets_ptr + tile, 0)
+
+
+@triton.jit
+def finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
+                KFOLD: tl.constexpr):
+    """store_part, or fold_part (KFOLD) for a grid of (row tiles, SPLIT) programs."""
+    if KFOLD and SPLIT > 1 and not ATOMIC:
+        fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT)
+    else:
+        store_part(part_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
+
+
+@triton.jit
+def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes,
+                  IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
+                  UNROLL: tl.constexpr, SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
+                  ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
                    tl.program_id(1), SPLIT, IDOT, A1, A2, UNROLL, EW, EMU, STAGES)
-    store_part(y_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
+    finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT, ATOMIC, KFOLD)
 
 
 @triton.jit
-def _gemv_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, N, K, row_bytes, DOT: tl.constexpr, ACC0: tl.constexpr,
-                 TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr, NSUB: tl.constexpr,
-                 SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
-                 SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr):
+def _gemv_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes, DOT: tl.constexpr,
+                 ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
+                 NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
+                 EW: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr, KFOLD: tl.constexpr,
+                 STAGES: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     row_off = rows.to(tl.int64) * row_bytes
     acc = row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, tl.program_id(1), SPLIT, DOT, ACC0, TOTAL,
                   DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
-    store_part(y_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
+    finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT, ATOMIC, KFOLD)
 
 
 def int_args(fam: dispatch.Family) -> dict:
@@ -244,10 +284,11 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
     part = partials_for(y, split, cfg)
     x = x if round_x is None else round_x(x).contiguous()
-    _gemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
-        weight, grids.grid_table(fam.grid, x.device), x, part, rows, cols, row_bytes, **family_args(fam),
-        **_launch_args(cfg, split))
-    return fold_partials(part, y)
+    tiles = triton.cdiv(rows, cfg.block_n)
+    _gemv_kernel[(tiles, split)](
+        weight, grids.grid_table(fam.grid, x.device), x, y, part, tickets(tiles, x.device), rows, cols, row_bytes,
+        **family_args(fam), **_launch_args(cfg, split))
+    return y if kernel_folds(cfg, split) else fold_partials(part, y)
 
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
@@ -258,15 +299,42 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256))
     part = partials_for(y, split, cfg)
     q = act_quant.quantize(x[None], act_fmt)
-    _igemv_kernel[(triton.cdiv(rows, cfg.block_n), split)](
-        weight, q.words, q.scales, q.sums, part, rows, cols, row_bytes, IDOT=idot, A1=iacc[0], A2=iacc[1],
-        EMU=emulate(cfg, x), **_launch_args(cfg, split))
-    return fold_partials(part, y)
+    tiles = triton.cdiv(rows, cfg.block_n)
+    _igemv_kernel[(tiles, split)](
+        weight, q.words, q.scales, q.sums, y, part, tickets(tiles, x.device), rows, cols, row_bytes, IDOT=idot,
+        A1=iacc[0], A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
+    return y if kernel_folds(cfg, split) else fold_partials(part, y)
 
 
 def _launch_args(cfg: GemvConfig, split: int) -> dict:
     return dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EW=cfg.elementwise, ATOMIC=cfg.atomic,
-                STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
+                KFOLD=cfg.fold == "kernel", STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
+
+
+def kernel_folds(cfg: GemvConfig, split: int) -> bool:
+    """Whether the launch itself leaves the summed y (fold_part): split-K, ordered, fold "kernel"."""
+    if cfg.fold not in FOLDS:
+        raise dispatch.KernelArgumentError(f"could not run the GEMV: fold {cfg.fold!r} is not one of {FOLDS}")
+    return split > 1 and not cfg.atomic and cfg.fold == "kernel"
+
+
+FOLDS = ("kernel", "torch")
+# fold_part's tickets: one zeroed int32 per row tile, per device, kept (every launch leaves them
+# zero again; launches on one stream run one after another, so they never share a ticket)
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+MIN_TICKETS = 1 << 14
+
+
+def tickets(tiles: int, device: torch.device) -> torch.Tensor:
+    """At least `tiles` zeroed int32 tickets on device (fold_part), allocated once per device and
+    grown (never during a graph capture: MIN_TICKETS covers the decode shapes) when a launch has more."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # one buffer per real device
+        device = torch.device("cuda", torch.cuda.current_device())
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < tiles:
+        t = _TICKETS[device] = torch.zeros(max(tiles, MIN_TICKETS), dtype=torch.int32, device=device)
+    return t
 
 
 def partials_for(y: torch.Tensor, split: int, cfg: GemvConfig) -> torch.Tensor:

@@ -3,16 +3,23 @@
 Options: grouped KV heads, q/k RMS norms, partial rotary, sliding window (standard: a key is
 visible when pos_q - pos_k < window), attention sinks (one extra logit per head in the softmax
 denominator), biases on q/k/v/o.
+
+On the kernel path (q, k, v all KernelLinear of one type) the three projections become one stack
+of their rows (KernelLinear.stack): x is quantized once and multiplied in one launch, the same
+bits as three. The environment variable SPARKD_FUSED_QKV=0 (read when a layer is built) or
+Attention(fuse_qkv=False) keeps three.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
 
 from sparkd.engine.kernels import fused
 from sparkd.engine.layers.kv_cache import KVCache
-from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.linear import KernelLinear, Linear
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.rope import apply_rope
 from sparkd.engine.layers.rope import RopeConfig
@@ -52,17 +59,33 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     return torch.einsum("hts,shd->thd", probs, v)
 
 
+FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
+
+
+def fuse_qkv_default() -> bool:
+    """$SPARKD_FUSED_QKV: "0" builds q, k and v as three projections; anything else (or unset) stacks them."""
+    return os.environ.get(FUSE_QKV_ENV, "1").strip() != "0"
+
+
 class Attention(nn.Module):
-    """Multi-head attention with grouped KV heads and a KV cache."""
+    """Multi-head attention with grouped KV heads and a KV cache.
+
+    fuse_qkv (None: fuse_qkv_default()): stack wq, wk, wv into one wqkv where KernelLinear.stack
+    can; then wq, wk and wv are None."""
 
     def __init__(self, il: int, n_head: int, n_head_kv: int, head_dim: int, rope: RopeConfig,
                  wq: Linear, wk: Linear, wv: Linear, wo: Linear,
                  q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None,
-                 scale: float | None = None, window: int = 0, sinks: torch.Tensor | None = None):
+                 scale: float | None = None, window: int = 0, sinks: torch.Tensor | None = None,
+                 fuse_qkv: bool | None = None):
         super().__init__()
         self.il, self.n_head, self.n_head_kv, self.head_dim = il, n_head, n_head_kv, head_dim
         self.rope, self.window = rope, window
         self.scale = scale if scale else head_dim ** -0.5
+        fuse = fuse_qkv_default() if fuse_qkv is None else fuse_qkv
+        self.wqkv = KernelLinear.stack([wq, wk, wv]) if fuse else None
+        if self.wqkv is not None:
+            wq = wk = wv = None  # their rows live in wqkv now
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.q_norm, self.k_norm = q_norm, k_norm
         self.sinks = None if sinks is None else nn.Parameter(sinks, requires_grad=False)
@@ -70,9 +93,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         # x: [T, D]; pos: [T] absolute positions
         T = x.shape[0]
-        q = self.wq(x).view(T, self.n_head, self.head_dim)
-        k = self.wk(x).view(T, self.n_head_kv, self.head_dim)
-        v = self.wv(x).view(T, self.n_head_kv, -1)
+        q, k, v = self._qkv(x)
+        q = q.view(T, self.n_head, self.head_dim)
+        k = k.view(T, self.n_head_kv, self.head_dim)
+        v = v.view(T, self.n_head_kv, -1)
         static = cache.span is not None and T == 1  # the CUDA graph's step: fused kernels may serve it
         if static and fused.active("rope_kv", x) and self._rope_kv_fits(q, k, v):
             q, k_all, v_all, start = self._rope_kv(q, k, v, pos, cache)
@@ -89,6 +113,11 @@ class Attention(nn.Module):
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
         return self.wo(o.reshape(T, -1))
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.wqkv is None:
+            return self.wq(x), self.wk(x), self.wv(x)
+        return self.wqkv(x).split(self.wqkv.parts, dim=-1)  # views of one [T, q+k+v] result
 
     def _rope_kv_fits(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return (all(t.dtype == torch.float32 and t.stride(-1) == 1 for t in (q, k, v))

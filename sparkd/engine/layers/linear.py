@@ -1,7 +1,10 @@
 """Linear projections: over a resident float weight (Linear), or straight from raw GGUF blocks
-through the Triton kernels (KernelLinear, the GPU path)."""
+through the Triton kernels (KernelLinear, the GPU path). KernelLinear.stack puts projections of
+one input (q, k, v) in one matrix of their rows: one x quantization and one GEMV launch."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -33,15 +36,37 @@ class KernelLinear(nn.Module):
     """y = round(x) @ W.T + b with W kept as its raw GGUF blocks and multiplied by the Triton
     kernels (sparkd.engine.kernels): the GEMV for one token, the GEMM (float32, "ieee") for
     several. The blocks live where the module is moved (a CUDA device; on the CPU only under
-    TRITON_INTERPRET=1, for tests)."""
+    TRITON_INTERPRET=1, for tests).
+
+    parts: for a stack (KernelLinear.stack), the row counts of the stacked projections; their
+    GEMV then runs with the split-K split each part alone gets (matmul.split_for), so every row
+    is summed as the part alone sums it (the same bits)."""
 
     def __init__(self, raw: torch.Tensor, qtype, shape: tuple[int, int], bias: torch.Tensor | None = None,
-                 act_fmt: str | None = None):
+                 act_fmt: str | None = None, parts: tuple[int, ...] | None = None):
         super().__init__()
         self.register_buffer("raw", raw)  # uint8 GGUF blocks of W [out, in]
         self.qtype, self.shape = qtype, tuple(shape)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.act_fmt = act_fmt
+        self.parts = tuple(parts) if parts else (self.shape[0],)
+
+    @classmethod
+    def stack(cls, layers: list[nn.Module]) -> KernelLinear | None:
+        """One KernelLinear over the rows of `layers` one after another (a row's bytes do not
+        depend on its neighbours: the stack is exact), or None when they cannot share one: not all
+        KernelLinear, or different types, input widths, activation rounding, devices, or some
+        with a bias and some without."""
+        if not all(type(m) is KernelLinear and len(m.parts) == 1 for m in layers):
+            return None
+        first = layers[0]
+        same = {(m.qtype, m.shape[1], m.act_fmt, m.raw.device, m.bias is None) for m in layers}
+        if len(same) != 1:
+            return None
+        bias = None if first.bias is None else torch.cat([m.bias for m in layers])
+        rows = tuple(m.shape[0] for m in layers)
+        return cls(torch.cat([m.raw.reshape(-1) for m in layers]), first.qtype, (sum(rows), first.shape[1]),
+                   bias, first.act_fmt, rows)
 
     @property
     def out_features(self) -> int:
@@ -51,17 +76,41 @@ class KernelLinear(nn.Module):
         return round_activations(x, self.act_fmt)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv
-
         lead = x.shape[:-1]
         h = x.reshape(-1, self.shape[1]).float().contiguous()
         if h.shape[0] == 1:
-            # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
-            cfg = None if h.is_cuda else GemvConfig(block_n=64)
-            # integer kernels (Q8_0, Q4_K) quantize x themselves, as round_x would
-            y = gemv(self.raw, self.qtype, self.shape, h[0], config=cfg, round_x=self._round)[None]
-        else:
-            y = gemm(self.raw, self.qtype, self.shape, self._round(h).contiguous(), precision="ieee")
+            y = self._gemv(h[0])[None]
+        else:  # a stack's parts one by one: a GEMM tile's arithmetic may depend on a row's place in it
+            hr = self._round(h).contiguous()
+            y = torch.cat([self._gemm(hr, i) for i in range(len(self.parts))], dim=1)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.shape[0])
+
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        from sparkd.engine.kernels import dispatch
+        from sparkd.engine.kernels.matmul import GemvConfig, default_config, gemv, split_for
+
+        # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
+        fam = dispatch.family(self.qtype)
+        cfg = default_config(fam) if x.is_cuda else GemvConfig(block_n=64)
+        groups = -(-self.shape[1] // (fam.nsub * fam.sublen))  # as gemv counts them
+        splits = {split_for(cfg, rows, groups) for rows in self.parts}
+        if len(splits) == 1:  # integer kernels (Q8_0, Q4_K) quantize x themselves, as round_x would
+            cfg = dataclasses.replace(cfg, split=splits.pop())
+            return gemv(self.raw, self.qtype, self.shape, x, config=cfg, round_x=self._round)
+        # parts on both sides of split_for's threshold: one launch would change some rows' sums
+        return torch.cat([gemv(*self._part(i), x, config=cfg, round_x=self._round) for i in range(len(self.parts))])
+
+    def _gemm(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        from sparkd.engine.kernels.matmul import gemm
+
+        return gemm(*self._part(i), h, precision="ieee")
+
+    def _part(self, i: int) -> tuple[torch.Tensor, object, tuple[int, int]]:
+        """(raw bytes, qtype, shape) of stacked part i (the whole matrix when not a stack)."""
+        if len(self.parts) == 1:
+            return self.raw, self.qtype, self.shape
+        rows, row_bytes = self.parts[i], self.raw.numel() // self.shape[0]
+        start = sum(self.parts[:i]) * row_bytes
+        return self.raw[start:start + rows * row_bytes], self.qtype, (rows, self.shape[1])
