@@ -27,10 +27,8 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import BACKENDS, TILES, arena_table  # noqa: E402
 
 from sparkd.engine.kernels import dispatch, fused  # noqa: E402
-from sparkd.engine.kernels import moe as moe_kernels  # noqa: E402
-from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, tickets  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
-from sparkd.engine.kernels.tickets import tickets  # noqa: E402
 from sparkd.engine.layers import moe  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
@@ -74,16 +72,16 @@ def test_fold_in_the_down_launch_equals_the_torch_fold(backend, gu_type, d_type)
     the GPU within the float32 bound and the same bits run to run."""
     sel, x, w = selection(gu_type, d_type, backend)
     for down in downs(backend)[1:]:
-        kw = dict(down=down, gate_up=TILES[backend].get("gate_up"))
-        got = [moe_decode(sel, x, w, fold="kernel", **kw) for _ in range(2)]
-        want = moe_decode(sel, x, w, fold="torch", **kw)
+        gate_up = TILES[backend].get("gate_up")
+        got = [moe_decode(sel, x, w, down=down, gate_up=gate_up) for _ in range(2)]
+        want = moe_decode(sel, x, w, down=dataclasses.replace(down, fold="torch"), gate_up=gate_up)
         assert all(torch.equal(got[0], g) for g in got[1:])
         if backend == "cpu":
             assert torch.equal(got[0], want), down.split
         else:
             assert float((got[0] - want).norm() / want.norm()) < 1e-6
         tiles = -(-256 // down.block_n)
-        assert not tickets(got[0].device, tiles, "the MoE down kernel")[:tiles].any()  # reset for the next launch
+        assert not tickets(tiles, got[0].device)[:tiles].any()  # reset for the next launch
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
@@ -95,8 +93,8 @@ def test_residual_in_the_down_launch_is_the_same_add(backend, gu_type, d_type):
     sel, x, w = selection(gu_type, d_type, backend)
     r = torch.randn(256, device=backend)
     for down in downs(backend) + [dataclasses.replace(downs(backend)[0], atomic=True)]:
-        for fold in moe_kernels.FOLDS:
-            kw = dict(down=down, gate_up=TILES[backend].get("gate_up"), fold=fold)
+        for fold in ("kernel", "torch"):
+            kw = dict(down=dataclasses.replace(down, fold=fold), gate_up=TILES[backend].get("gate_up"))
             if down.atomic and backend == "cuda":
                 continue  # arrival-order adds: two calls need not agree
             assert torch.equal(moe_decode(sel, x, w, residual=r, **kw), r + moe_decode(sel, x, w, **kw)), (down, fold)
@@ -113,7 +111,8 @@ def test_bad_selections_and_switches_are_refused():
             p.select(ids)
     out = torch.full((256,), float("nan"), device=dev)
     with pytest.raises(dispatch.KernelArgumentError, match="fold 'late' is not one of"):
-        moe_decode(p, torch.randn(256, device=dev), torch.rand(4, device=dev), out=out, fold="late")
+        moe_decode(p, torch.randn(256, device=dev), torch.rand(4, device=dev), out=out,
+                   down=GemvConfig(split=2, fold="late"))
     with pytest.raises(dispatch.KernelArgumentError, match="residual"):
         moe_decode(p, torch.randn(256, device=dev), torch.rand(4, device=dev), out=out,
                    residual=torch.randn(255, device=dev))
@@ -197,7 +196,7 @@ def test_router_gate_gemv_in_the_topk_launch(backend, E, D, top_k, gating, norm_
     assert torch.equal(got_w, again_w) and torch.equal(got_ids, again_ids)
     assert torch.equal(got_ids.cpu(), want_ids)
     assert float((got_w.cpu() - want_w).norm() / want_w.norm()) < 1e-6
-    assert not tickets(got_w.device, 1, "the router gate GEMV")[0]
+    assert not tickets(1, got_w.device)[0]
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter variant; the GPU box runs the step tests")

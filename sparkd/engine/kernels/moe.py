@@ -34,16 +34,18 @@ from sparkd.engine.kernels.matmul import (
     GemvConfig,
     emulate,
     family_args,
+    fold_part,
     fold_partials,
     gemm,
     int_args,
+    kernel_folds,
     partials_for,
     row_dot,
     row_idot,
     stages_arg,
     store_part,
+    tickets,
 )
-from sparkd.engine.kernels.tickets import tickets
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
 OAI_ALPHA = 1.702
@@ -73,28 +75,25 @@ def _offset(off_ptr, ids_ptr, a, IDS: tl.constexpr):
 @triton.jit
 def _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr,
             ATOMIC: tl.constexpr, FOLD: tl.constexpr, RES: tl.constexpr):
-    """A down program's sums for its rows. SPLIT 1: y = acc (+ residual). FOLD (SPLIT > 1): the
-    partial goes to row program_id(1) of the [SPLIT, N] part buffer, and the tile's last program
-    to finish (a ticket per row tile, counted by an acq_rel atomic) adds the SPLIT partials in
-    range order, then the residual, and resets the ticket for the next launch or graph replay:
-    the same order every run, one launch. Else matmul.store_part (a torch fold or atomics after)."""
+    """A down program's sums for its rows. SPLIT 1: y = acc (+ the residual if RES). FOLD (SPLIT
+    > 1): matmul.fold_part's last-program fold in the launch, the residual then added by the
+    folding program after the ordered sum (fold_part has no residual). Else matmul.store_part (a
+    torch fold or atomics after the launch)."""
     if SPLIT == 1:
         if RES:
             acc = acc + tl.load(res_ptr + rows, mask=rmask)
         tl.store(y_ptr + rows, acc, mask=rmask)
-    elif FOLD:
+    elif FOLD and not RES:
+        fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT)
+    elif FOLD:  # fold_part's steps, plus the residual
         tl.store(part_ptr + tl.program_id(1) * N + rows, acc, mask=rmask)
         tl.debug_barrier()  # every thread's partial stored before the ticket releases them
-        ticket = tl.atomic_add(tickets_ptr + tl.program_id(0), 1, sem="acq_rel")
-        if ticket == SPLIT - 1:
-            tl.debug_barrier()
-            s = tl.load(part_ptr + rows, mask=rmask, cache_modifier=".cg")  # L2: the other SMs' stores
-            for j in tl.static_range(1, SPLIT):
-                s += tl.load(part_ptr + j * N + rows, mask=rmask, cache_modifier=".cg")
-            if RES:
-                s = s + tl.load(res_ptr + rows, mask=rmask)
-            tl.store(y_ptr + rows, s, mask=rmask)
-            tl.atomic_xchg(tickets_ptr + tl.program_id(0), 0, sem="relaxed")
+        if tl.atomic_add(tickets_ptr + tl.program_id(0), 1, sem="acq_rel") == SPLIT - 1:
+            total = tl.zeros(acc.shape, tl.float32)
+            for s in tl.static_range(SPLIT):
+                total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg", volatile=True)
+            tl.store(y_ptr + rows, total + tl.load(res_ptr + rows, mask=rmask), mask=rmask)
+            tl.store(tickets_ptr + tl.program_id(0), 0)
     else:
         store_part(part_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
 
@@ -312,14 +311,11 @@ def decode_tiles(p: PreparedTable) -> tuple[GemvConfig, GemvConfig]:
             DECODE_TILES.get(p.down.qtype.name, (GATE_UP_CONFIG, DOWN_CONFIG))[1])
 
 
-FOLDS = ("kernel", "torch")
-
-
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
                out: torch.Tensor | None = None, gate_up: GemvConfig | None = None,
                down: GemvConfig | None = None, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
                round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
-               residual: torch.Tensor | None = None, fold: str = "kernel") -> torch.Tensor:
+               residual: torch.Tensor | None = None) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
     x float32 [D]; route_weights float32 [n] (one per table entry, or per selected expert of a
@@ -327,16 +323,16 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     x's device). residual (float32 [D]): y = that sum + residual, the same bits as adding it
     after, in the down launch where it can. gate_up/down: tile shapes (their split is ignored for
     gate/up, whose activation needs whole sums; down's split and atomic are explained in the
-    module docstring); None: the families' defaults (decode_tiles). fold: where a split down's
-    ranges meet, "kernel" (its last program per row tile, _finish) or "torch" (one more launch).
+    module docstring, its fold where the ranges meet: "kernel", by the last program of each row
+    tile, or "torch", one more launch); None: the families' defaults (decode_tiles).
     A projection whose family has an integer step quantizes its input itself as llama.cpp does
     (x before gate/up, the activations [n, F] before down). For the others, round_x and round_h
     (if given) round x and the activations in torch first (the routing weight then applies after
     the rounding, between the two launches). No host sync: usable in a CUDA graph capture."""
     what = "the MoE decode kernels"
-    if act not in ACT_CODES or fold not in FOLDS:
-        raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} / fold {fold!r} is not "
-                                           f"one of {sorted(ACT_CODES)} / {list(FOLDS)}")
+    if act not in ACT_CODES:
+        raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
+                                           f"{sorted(ACT_CODES)}")
     p = table if isinstance(table, PreparedTable) else prepare(table, x.device, what)
     if p.device != x.device:
         raise dispatch.KernelArgumentError(f"could not run {what}: the table was prepared for "
@@ -359,7 +355,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     late_rw = p.down.idot is not None or round_h is not None
     h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    _down(p, h, rw, y, down, round_h, residual, fold == "kernel")
+    _down(p, h, rw, y, down, round_h, residual)
     return y
 
 
@@ -411,20 +407,19 @@ def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str)
 
 
 def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
-          round_h: Callable[[torch.Tensor], torch.Tensor] | None, residual: torch.Tensor | None,
-          kernel_fold: bool) -> None:
+          round_h: Callable[[torch.Tensor], torch.Tensor] | None, residual: torch.Tensor | None) -> None:
     """y = sum_a down_a @ h[a] (+ residual), the routing weight applied here unless already in h.
     cfg.split ranges of experts run in parallel and meet in an ordered sum: in the launch
-    (kernel_fold) or by torch after it (cfg.atomic: one expert per program, atomic adds into y
+    (cfg.fold "kernel") or by torch after it (cfg.atomic: one expert per program, atomic adds into y
     zeroed first, the way before session 3 made the sums ordered)."""
     n, D, F = p.count, p.table.dim, p.table.width
     split = n if cfg.atomic else max(1, min(cfg.split, n))
-    fold = kernel_fold and split > 1 and not cfg.atomic
+    fold = kernel_folds(cfg, split)
     part = torch.empty(split, D, dtype=torch.float32, device=y.device) if fold else partials_for(y, split, cfg)
     res = residual is not None and (split == 1 or fold)  # the residual added in the launch
     grid = (triton.cdiv(D, cfg.block_n), split)
     common = dict(y_ptr=y, part_ptr=part, res_ptr=residual if res else y,
-                  tickets_ptr=tickets(y.device, grid[0], "the MoE down kernel") if fold else y, D=D, F=F, n=n,
+                  tickets_ptr=tickets(grid[0], y.device) if fold else y, D=D, F=F, n=n,
                   row_bytes=p.down_row_bytes, RES=res, FOLD=fold, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
                   EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic, STAGES=stages_arg(cfg),
                   num_warps=cfg.num_warps, **_ids(p))

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels.family import KernelArgumentError
-from sparkd.engine.kernels.tickets import tickets
+from sparkd.engine.kernels.matmul import tickets
 
 MAX_TOP_K = 16
 MAX_EXPERTS = 1024
@@ -154,7 +154,7 @@ def gate_topk(weight: torch.Tensor, x: torch.Tensor, top_k: int, gating: str, no
     split = max(1, min(max_split, triton.cdiv(D, cols)))
     grid = (triton.cdiv(E, rows), split)
     part = torch.empty(split, E, dtype=torch.float32, device=x.device)
-    _gate_topk[grid](weight, x, part, tickets(x.device, 1, "the router gate GEMV"),
+    _gate_topk[grid](weight, x, part, tickets(1, x.device),
                      weight if sel_bias is None else sel_bias, w, ids, E, D, scale, min_sum,
                      GATING=GATINGS[gating], HAS_BIAS=sel_bias is not None, NORM=norm_w,
                      SCALE=scale not in (0.0, 1.0), TOP_K=top_k, BLOCK_E=block_e,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -190,14 +191,17 @@ class MoE(nn.Module):
 
     def _decode(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import GemvConfig
-        from sparkd.engine.kernels.moe import moe_decode
+        from sparkd.engine.kernels.moe import decode_tiles, moe_decode
 
         # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
         tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64, split=2)}
+        if "fold" not in DECODE_ON:  # the split down's ranges summed by a torch launch after it
+            down = tiles.get("down") or decode_tiles(sel.prepared)[1]
+            tiles = tiles | {"down": dataclasses.replace(down, fold="torch")}
         # integer kernels (Q8_0, Q4_K) quantize x and h themselves, as round_x/round_h would
         return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
                           round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,
-                          fold="kernel" if "fold" in DECODE_ON else "torch", **tiles)
+                          **tiles)
 
     def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
                shared_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
