@@ -135,14 +135,14 @@ def _launch_count():
                                    "counts a graph replay in decode_profile.py")
 def test_decode_step_is_bit_equal_with_fewer_launches(tmp_path, monkeypatch):
     """qwen3moe with Q8_0 experts through the MoE kernels, static decode step: the parts that keep
-    the bits (ids, fold, residual) on against every part off, same logits bits and per layer 3
-    index launches, the fold's sum and the residual add fewer; the router part on too, the gate's
-    matmul gone and the logits within the step bound."""
+    the bits (ids, fold, residual, quant_h) on against every part off, same logits bits and per
+    layer 3 index launches, the fold's sum, the residual add and h's quantization fewer; the
+    router part on too, the gate's matmul gone and the logits within the step bound."""
     path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
     m = load_model(path, device="cpu", kernels=True)
     counts, logits = {}, {}
     try:
-        for spec in ("none", "ids,fold,residual", "all"):
+        for spec in ("none", "ids,fold,residual,quant_h", "all"):
             monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts(spec))
             counts[spec] = _launch_count().static_step_counts(m.net, "all", on_cpu=True)
             before = fused.configure("all", on_cpu=True)
@@ -155,16 +155,16 @@ def test_decode_step_is_bit_equal_with_fewer_launches(tmp_path, monkeypatch):
         n_layer = len(m.net.blocks)
     finally:
         m.close()
-    assert torch.equal(logits["ids,fold,residual"], logits["none"])
+    assert torch.equal(logits["ids,fold,residual,quant_h"], logits["none"])
     assert float((logits["all"] - logits["none"]).norm() / logits["none"].norm()) < 5e-6
-    none, kept, every = (counts[s]["ops"] for s in ("none", "ids,fold,residual", "all"))
+    none, kept, every = (counts[s]["ops"] for s in ("none", "ids,fold,residual,quant_h", "all"))
     assert none["triton:_idown_kernel"] == kept["triton:_idown_kernel"] == n_layer  # the kernels ran
-    for op, fewer in (("index", 3 * n_layer), ("sum", n_layer), ("add", n_layer)):
+    for op, fewer in (("index", 3 * n_layer), ("sum", n_layer), ("add", n_layer), ("triton:_quant_kernel", n_layer)):
         assert none.get(op, 0) - kept.get(op, 0) == fewer, op
-    assert counts["none"]["total"] - counts["ids,fold,residual"]["total"] == 5 * n_layer
+    assert counts["none"]["total"] - counts["ids,fold,residual,quant_h"]["total"] == 6 * n_layer
     assert kept["mm"] - every.get("mm", 0) == n_layer  # the router gates' matmuls
     assert every["triton:_gate_topk"] == n_layer and "triton:_router_topk" not in every
-    assert counts["ids,fold,residual"]["total"] - counts["all"]["total"] == n_layer
+    assert counts["ids,fold,residual,quant_h"]["total"] - counts["all"]["total"] == n_layer
 
 
 # (E, D, top_k, gating, norm_w, scale, bias): row tails (E not a multiple of 4), column tails and
@@ -215,7 +215,7 @@ def test_router_takes_the_gate_kernel_only_where_it_fits(monkeypatch):
         router = moe.Router(Linear(torch.randn(16, 64)), 2)
         router(torch.randn(1, 64))
         router(torch.randn(3, 64))
-        monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts("ids,fold,residual"))
+        monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts("ids,fold,residual,quant_h"))
         router(torch.randn(1, 64))
         monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts("all"))
         moe.Router(Linear(torch.randn(16, 64), act_fmt="q8_0"), 2)(torch.randn(1, 64))

@@ -14,7 +14,9 @@ gathering copy.
 
 Families with an integer step (Q8_0, Q4_K) run the integer variants of both launches: x is
 quantized once per call (act_quant) and h once per call after the activation, both as llama.cpp
-does, and the routing weight multiplies each expert's down sums as they are added.
+does (h inside the gate/up launch with GemvConfig.fuse_quant: by the tile itself when it holds
+whole blocks, else by the last program of each block), and the routing weight multiplies each
+expert's down sums as they are added.
 
 Prefill (many tokens): tokens are grouped by expert and each expert runs the small GEMM.
 """
@@ -149,13 +151,15 @@ def _experts(n, SPLIT: tl.constexpr):
 
 @triton.jit
 def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
-                     F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
+                     hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
                      A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
-    hs_ptr its QuantX buffers), the tile holding whole blocks."""
+    hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
+    (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs
+    to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket."""
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
@@ -167,13 +171,25 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
-    if HBLOCK:
+    if HBLOCK == 0:
+        tl.store(h_ptr + a * F + rows, h, mask=rmask)
+    elif BLOCK_N >= HBLOCK:
         P: tl.constexpr = BLOCK_N // HBLOCK
         b = tl.program_id(0) * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
         act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32),
                                tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
     else:
-        tl.store(h_ptr + a * F + rows, h, mask=rmask)
+        tl.store(hf_ptr + a * F + rows, h, mask=rmask)
+        tl.debug_barrier()  # every thread's h stored before the ticket releases them
+        blk = tl.program_id(0) // (HBLOCK // BLOCK_N)
+        ticket = tickets_ptr + a * (F // HBLOCK) + blk
+        if tl.atomic_add(ticket, 1, sem="acq_rel") == HBLOCK // BLOCK_N - 1:
+            v = tl.load(hf_ptr + a * F + blk * HBLOCK + tl.arange(0, HBLOCK)[None, :], cache_modifier=".cg",
+                        volatile=True)
+            b = blk + tl.zeros((1, 1), tl.int32)
+            act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32), v, b,
+                                   b * HBLOCK < F, H8K)
+            tl.store(ticket, 0)
 
 
 @triton.jit
@@ -375,9 +391,12 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
         h = torch.empty(n, F, dtype=torch.float32, device=x.device) if hq is None else hq.words
         hd, hs = (h, h) if hq is None else (hq.scales, hq.sums)
         hblock = 0 if hq is None else act_quant.BLOCKS[p.down.act_fmt]
+        late = 0 < cfg.block_n < hblock  # blocks quantized by their last program: float h first
+        hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
         q = act_quant.quantize(x[None], p.gate_up.act_fmt)
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
-                               xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, F=F, D=D,
+                               xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
+                               tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
                                row_bytes=p.gate_up_row_bytes, **_ids(p), **int_args(p.gate_up),
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
@@ -398,8 +417,8 @@ def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str)
     if not cfg.fuse_quant:
         return None
     block = act_quant.BLOCKS.get(p.down.act_fmt or "", 0)
-    if not block or cfg.block_n % block:
-        need = f"a multiple of {block} rows" if block else "a down type with an integer step"
+    if not block or (cfg.block_n % block and block % cfg.block_n):
+        need = f"a multiple or divisor of {block} rows" if block else "a down type with an integer step"
         raise dispatch.KernelArgumentError(
             f"could not run {what}: fuse_quant needs {need} (gate/up tile of {cfg.block_n} rows, down "
             f"{p.down.qtype.name}); turn fuse_quant off or change the tile")

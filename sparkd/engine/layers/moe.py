@@ -27,9 +27,10 @@ _MIN_WEIGHT_SUM = 6.103515625e-5
 # back (SPARKD_MOE_DECODE: "all", the default, "none" or some of these, read once): "ids" the
 # kernels read offsets[ids] (else a gathering launch per offset table), "fold" a split down's
 # ranges meet in the down launch (else a torch.sum launch), "residual" the block's residual add
-# in the down launch (else a torch add), "router" the router's gate GEMV in its top-k launch (one
-# token, float32 gate; else a torch matmul before it; its logits' bits differ from torch's).
-DECODE_PARTS = ("ids", "fold", "residual", "router")
+# in the down launch (else a torch add), "quant_h" integer families' h quantized in the gate/up
+# launch (GemvConfig.fuse_quant; else its own launch), "router" the router's gate GEMV in its
+# top-k launch (one token, float32 gate; else a torch matmul before it; the logits' bits differ).
+DECODE_PARTS = ("ids", "fold", "residual", "quant_h", "router")
 DECODE_ENV = "SPARKD_MOE_DECODE"
 
 
@@ -195,9 +196,12 @@ class MoE(nn.Module):
 
         # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
         tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64, split=2)}
+        p = sel.prepared
         if "fold" not in DECODE_ON:  # the split down's ranges summed by a torch launch after it
-            down = tiles.get("down") or decode_tiles(sel.prepared)[1]
-            tiles = tiles | {"down": dataclasses.replace(down, fold="torch")}
+            tiles = tiles | {"down": dataclasses.replace(tiles.get("down") or decode_tiles(p)[1], fold="torch")}
+        if "quant_h" in DECODE_ON and p.gate_up.idot is not None and p.down.idot is not None:
+            tiles = tiles | {"gate_up": dataclasses.replace(tiles.get("gate_up") or decode_tiles(p)[0],
+                                                            fuse_quant=True)}
         # integer kernels (Q8_0, Q4_K) quantize x and h themselves, as round_x/round_h would
         return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
                           round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,
