@@ -5,12 +5,15 @@ experts at once (grid axis 1), computing gate and up rows, the activation and th
 h[a] = w[a] * act(gate_a @ x, up_a @ x). The second runs one program per row tile, which sums
 its rows over the A experts itself in table order: y = sum_a down_a @ h[a], the same bits on
 every run and in a CUDA graph as eagerly. The down tile's split runs that many ranges of experts
-as separate programs, their partial sums folded in range order by one more launch (more
-parallelism, still deterministic); its atomic: one program per (row tile, expert) meeting in a
-zeroed y by atomic adds, the way before session 3 made the sums ordered, kept to time against.
+as separate programs, their partial sums added in range order by the last program of each row
+tile to finish, in the same launch (matmul.fold_part; GemvConfig.fold "torch": one more launch);
+its atomic: one program per (row tile, expert) meeting in a zeroed y by atomic adds, the way
+before session 3 made the sums ordered, kept to time against. The down launch may add the
+block's residual too (y = residual + the sum, the bits of adding it after).
 Experts are found through a pointer/offset table, a base buffer per projection (one arena slab
 may serve all three) plus a byte offset per expert, so experts in scattered cache slots need no
-gathering copy.
+gathering copy; a selection of a resident table (PreparedTable.select) passes the ids, and the
+kernels read offsets[ids[a]] themselves.
 
 Families with an integer step (Q8_0, Q4_K) run the integer variants of both launches: x is
 quantized once per call (act_quant) and h once per call after the activation, both as llama.cpp
