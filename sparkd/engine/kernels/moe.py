@@ -370,6 +370,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     rw = route_weights.contiguous()
     tiles = decode_tiles(p)
     gate_up, down = gate_up or tiles[0], down or tiles[1]
+    kernel_folds(down, 1)  # a bad fold name refused before any launch
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
     h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what)
