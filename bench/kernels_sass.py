@@ -24,7 +24,7 @@ from triton.tools.disasm import get_sass
 from sparkd.engine.kernels import dispatch, matmul, q8_0_packed
 
 SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
-             "N": "i32", "K": "i32", "row_bytes": "i32"}
+             "part_ptr": "*fp32", "tickets_ptr": "*i32", "N": "i32", "K": "i32", "row_bytes": "i32"}
 ALIGNED = ("w_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "y_ptr", "K", "row_bytes")  # as the launches specialize them
 TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True), (16, 4, 1, 0, False),
                                           (16, 4, 1, 0, True), (64, 4, 1, 0, False), (64, 4, 1, 0, True))]
@@ -36,7 +36,7 @@ def sass(fam: dispatch.Family, cfg: matmul.GemvConfig, idot=None) -> str:
     kern = matmul._igemv_kernel
     args = matmul.int_args(fam) if idot is None else dict(IDOT=idot, A1=fam.iacc[0], A2=fam.iacc[1])
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
-                  EW=cfg.elementwise, EMU=False, ATOMIC=False, STAGES=matmul.stages_arg(cfg))
+                  EW=cfg.elementwise, EMU=False, ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})

@@ -17,8 +17,8 @@ from triton.tools.disasm import get_sass
 
 from sparkd.engine.kernels import dispatch, matmul
 
-SIGNATURE = {"w_ptr": "*u8", "aux_ptr": "*fp32", "x_ptr": "*fp32", "y_ptr": "*fp32", "N": "i32", "K": "i32",
-             "row_bytes": "i32"}
+SIGNATURE = {"w_ptr": "*u8", "aux_ptr": "*fp32", "x_ptr": "*fp32", "y_ptr": "*fp32", "part_ptr": "*fp32",
+             "tickets_ptr": "*i32", "N": "i32", "K": "i32", "row_bytes": "i32"}
 ALIGNED = ("aux_ptr", "x_ptr", "y_ptr", "K")  # as the launches specialize them (w_ptr: 2-byte rows)
 TILES = [matmul.GemvConfig(4, 1, 1, 0, True), matmul.GemvConfig(4, 1, 1, 0, False), matmul.GemvConfig(8, 2, 1, 0, True)]
 WATCH = ("LDG", "SHFL", "BAR", "LDS", "I2FP", "I2F", "FFMA", "FMUL", "FADD", "LOP3", "SHF", "IMAD")
@@ -27,7 +27,7 @@ WATCH = ("LDG", "SHFL", "BAR", "LDS", "I2FP", "I2F", "FFMA", "FMUL", "FADD", "LO
 def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
     kern = matmul._gemv_kernel
     consts = dict(**matmul.family_args(fam), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=1,
-                  ATOMIC=False, STAGES=matmul.stages_arg(cfg))
+                  ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})

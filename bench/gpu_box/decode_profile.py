@@ -46,7 +46,7 @@ def stage_of(name: str, module: torch.nn.Module) -> str | None:
         return "attention q/k norms"
     if "norm" in leaf:
         return "norms"
-    if leaf in ("wq", "wk", "wv", "wo"):
+    if leaf in ("wq", "wk", "wv", "wqkv", "wqk", "wo"):
         return "attention projections"
     if leaf == "attn":
         return "rope + KV write + attention math"

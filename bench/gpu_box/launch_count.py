@@ -10,9 +10,11 @@ Counting:
     not counted). count_cpu(). An approximation of the CUDA count (a CUDA op may take two kernels,
     and the tiny model's experts run the torch path, not the MoE kernels), exact in what the
     fused kernels remove.
-Usage (CPU, a tiny generated model, a few seconds; --quant Q8_0: the experts through the MoE
-kernels, --moe-decode none: their fused parts switched back):
-    TRITON_INTERPRET=1 python3 bench/gpu_box/launch_count.py --arch qwen3moe [--quant Q8_0]
+Usage (CPU, a tiny generated model, a few seconds):
+    TRITON_INTERPRET=1 python3 bench/gpu_box/launch_count.py --arch qwen3moe
+--quant Q8_0 writes the model quantized and runs its projections through the GEMV kernels
+(KernelLinear) on the CPU too; --n-embd 2048 widens it enough for split-K GEMVs (~2 minutes).
+--moe-decode none switches the MoE decode's fused parts back (layers/moe.DECODE_PARTS).
 decode_profile.py reports the CUDA count of a graph replay on the real-width models.
 """
 
@@ -103,13 +105,16 @@ def count_cuda(step: Callable[[], object]) -> dict:
     return count_kernels(prof.events())
 
 
-def tiny_model(arch: str, folder: Path, quant: str = "F32") -> Path:
+def tiny_model(arch: str, folder: Path, quant: str = "F32", n_embd: int = 0) -> Path:
+    import dataclasses
+
     from sparkd.engine.make_model import plan, write_model
     from sparkd.engine.modelgen.specs import TINY
 
-    path = folder / f"{arch}-{quant}.gguf"
+    shape = dataclasses.replace(TINY[arch], n_embd=n_embd) if n_embd else TINY[arch]
+    path = folder / f"{arch}-{quant}-{shape.n_embd}.gguf"
     if not path.exists():
-        write_model(path, plan(TINY[arch], quant), seed=3)
+        write_model(path, plan(shape, quant), seed=3)
     return path
 
 
@@ -135,8 +140,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="qwen3moe")
     ap.add_argument("--dir", default=None, help="where the tiny model is written (default: a temp dir)")
-    ap.add_argument("--quant", default="F32", help="tensor type of the tiny model; Q8_0 runs the projections "
-                    "and experts through the quantized kernels (on the CPU too)")
+    ap.add_argument("--quant", default="F32", help="the model's type; a kernel type (Q8_0) runs KernelLinear")
+    ap.add_argument("--n-embd", type=int, default=0, help="hidden width (default: the tiny preset's)")
     ap.add_argument("--moe-decode", default=None, help="the MoE decode parts switched on "
                     "(layers/moe.DECODE_PARTS: all, none, or some; default: $SPARKD_MOE_DECODE)")
     ap.add_argument("--json")
@@ -152,7 +157,7 @@ def main() -> int:
 
         moe.DECODE_ON = moe.decode_parts(a.moe_decode)
     with tempfile.TemporaryDirectory() as tmp:
-        m = load_model(tiny_model(a.arch, Path(a.dir or tmp), a.quant), device="cpu" if on_cpu else "cuda",
+        m = load_model(tiny_model(a.arch, Path(a.dir or tmp), a.quant, a.n_embd), device="cpu" if on_cpu else "cuda",
                        kernels=True if a.quant != "F32" else None)
         try:
             res = {spec: static_step_counts(m.net, spec, on_cpu) for spec in ("none", "all")}

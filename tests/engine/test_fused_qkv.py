@@ -73,14 +73,17 @@ def attention(backend: str, fuse: bool, parts) -> Attention:
     return Attention(0, 4, 2, 16, RopeConfig(n_rot=16, base=10000.0, neox=True), q, k, v, o, fuse_qkv=fuse)
 
 
+@pytest.mark.parametrize("v_type", [T.Q8_0, T.Q6_K], ids=["qkv", "qk+v"])  # Q4_K_M files: attn_v often Q6_K
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_attention_with_stacked_qkv_gives_the_same_bits(backend, monkeypatch):
+def test_attention_with_stacked_projections_gives_the_same_bits(backend, v_type, monkeypatch):
     """Prefill 3 tokens then decode 1, with and without the stack; the switch off keeps three."""
-    parts = [kernel_linear(T.Q8_0, rows, backend) for rows in (64, 32, 32)]
+    parts = [kernel_linear(T.Q8_0, 64, backend), kernel_linear(T.Q8_0, 32, backend), kernel_linear(v_type, 32, backend)]
     parts.append(KernelLinear(random_blocks(T.Q8_0, COLS * 64 // 32).to(backend), T.Q8_0, (COLS, 64),
                               act_fmt="q8_0"))
     fused, apart = attention(backend, True, parts), attention(backend, False, parts)
-    assert fused.wq is None and fused.wqkv is not None and apart.wqkv is None
+    stacked = fused.wqkv if v_type == T.Q8_0 else fused.wqk
+    assert stacked is not None and fused.wq is None and (fused.wv is None) == (v_type == T.Q8_0)
+    assert apart.wqkv is None and apart.wqk is None
     outs = []
     for layer in (fused, apart):
         cache = KVCache(16, [(2, 16, 16)], device=backend)

@@ -10,6 +10,8 @@ programs really race.
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -26,8 +28,8 @@ from test_kernels import BACKENDS, random_blocks  # noqa: E402
 from sparkd.engine.kernels import dispatch, matmul  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 
-ROWS, GROUPS = 19, 8  # 19 rows: the last tile of 8 is partly masked
-TILE = GemvConfig(block_n=8, num_warps=1, unroll=1)
+ROWS, GROUPS = 19, 8  # 19 rows: the second tile of 16 is partly masked
+TILE = GemvConfig(block_n=16, num_warps=1, unroll=1)
 
 
 def ordered_parts(raw, qtype, x, split, backend):
@@ -74,8 +76,30 @@ def test_repeated_calls_reset_their_tickets(backend):
         assert torch.equal(first.setdefault((rows, split), y), y)
 
 
-def test_unknown_fold_is_a_clear_error():
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+def test_unknown_fold_is_a_clear_error_before_any_launch(qtype):
     x = torch.randn(512, device="cuda" if ON_GPU else "cpu")
-    raw = random_blocks(T.Q8_0, 4 * 512 // 32).to(x.device)
+    raw = random_blocks(qtype, 4 * 512 // dispatch.FAMILIES[qtype].block_values).to(x.device)
+    out = torch.full((4,), float("nan"), device=x.device)
     with pytest.raises(dispatch.KernelArgumentError, match="could not run the GEMV: fold 'atomics'"):
-        gemv(raw, T.Q8_0, (4, 512), x, config=GemvConfig(split=2, fold="atomics"))
+        gemv(raw, qtype, (4, 512), x, out=out, config=GemvConfig(split=2, fold="atomics"))
+    assert bool(out.isnan().all())  # nothing written
+
+
+def test_environment_picks_the_torch_fold():
+    """SPARKD_GEMV_FOLD=torch (read when matmul is imported) brings the torch.sum fold back."""
+    code = "from sparkd.engine.kernels.matmul import GemvConfig; print(GemvConfig().fold)"
+    env = dict(os.environ, **{matmul.FOLD_ENV: "torch"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "torch"
+
+
+def test_fold_compiles_for_the_gpu_with_one_atomic():
+    """The interpreter runs no PTX: compile the split GEMVs for sm_90 offline (fold_compile.py);
+    the ticket is the kernels' one atomic (the sums are plain loads and adds)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = os.path.join(os.path.dirname(__file__), "fold_compile.py")
+    out = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split()
+    assert lines.count("atomics=1") == 3, out.stdout

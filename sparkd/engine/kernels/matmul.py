@@ -20,6 +20,7 @@ words, a float step per block. Others multiply floats (x rounded by the caller's
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,6 +33,8 @@ from sparkd.engine.kernels import act_quant, dispatch, grids
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
 # enough programs to keep every SM of a large GPU busy with a few resident programs each
 TARGET_PROGRAMS = 2048
+FOLDS = ("kernel", "torch")
+FOLD_ENV = "SPARKD_GEMV_FOLD"  # GemvConfig.fold's default, read once: "torch" falls back without a code change
 RANGE_GROUPS = 4  # groups (256 values each) per split-K range: 1024 values of a row per program
 
 
@@ -46,7 +49,8 @@ class GemvConfig:
     atomic: bool = False  # partial sums (split-K, MoE experts) meet by atomic adds: last bits vary run to run
     stages: int = 0  # software-pipelining stages of the group loop (tl.range num_stages); 0: Triton's default
     fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
-    fold: str = "kernel"  # split-K partials summed by the last program of a row tile; "torch": a torch.sum launch
+    # split-K partials summed by the last program of a row tile (fold_part); "torch": a torch.sum launch
+    fold: str = os.environ.get(FOLD_ENV, "kernel")
 
 
 # the integer families' tiles: the best of the session-3 H200 sweep (bench/results/kernels_h200_s3.log,
@@ -73,7 +77,7 @@ def split_for(cfg: GemvConfig, rows: int, groups: int) -> int:
     """The configured split, else: none when the matrix alone has TARGET_PROGRAMS row tiles (the
     output head), else ranges of RANGE_GROUPS groups. The split depends on the row count only
     through that threshold, so a matrix of stacked rows (fused QKV) sums every row as the parts
-    alone do when all are on one side of it (FusedRows checks). For the decode shapes it is the
+    alone do when all are on one side of it (KernelLinear checks). On the Q8_0 tile it is the
     split of the session-3 rule (TARGET_PROGRAMS // tiles, capped at groups // 2) for q and o of a
     Qwen3-30B-A3B (2 and 4); k and v get 2 instead of 4."""
     if cfg.split:
@@ -174,8 +178,8 @@ def fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPL
     if ticket == SPLIT - 1:
         total = tl.zeros(acc.shape, tl.float32)
         for s in tl.static_range(SPLIT):
-            # .cg and volatile: read the other programs' stores from L2, not a stale L1 line
-            total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg", volatile=True)
+            # .cg: the other programs' stores from L2, never an L1 line (ptxas refuses .cg with volatile)
+            total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
         tl.store(y_ptr + rows, total, mask=rmask)
         tl.store(tickets_ptr + tile, 0)
 
@@ -282,13 +286,15 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if fam.idot is not None:
         return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg)
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
+    in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
     x = x if round_x is None else round_x(x).contiguous()
     tiles = triton.cdiv(rows, cfg.block_n)
+    ticket = _tickets_arg(in_kernel, tiles, part)
     _gemv_kernel[(tiles, split)](
-        weight, grids.grid_table(fam.grid, x.device), x, y, part, tickets(tiles, x.device), rows, cols, row_bytes,
+        weight, grids.grid_table(fam.grid, x.device), x, y, part, ticket, rows, cols, row_bytes,
         **family_args(fam), **_launch_args(cfg, split))
-    return y if kernel_folds(cfg, split) else fold_partials(part, y)
+    return y if in_kernel else fold_partials(part, y)
 
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
@@ -297,32 +303,40 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     quantized to act_fmt, y [rows] written. Arguments checked by the caller."""
     rows, cols = shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256))
+    in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
     q = act_quant.quantize(x[None], act_fmt)
     tiles = triton.cdiv(rows, cfg.block_n)
+    ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
-        weight, q.words, q.scales, q.sums, y, part, tickets(tiles, x.device), rows, cols, row_bytes, IDOT=idot,
-        A1=iacc[0], A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
-    return y if kernel_folds(cfg, split) else fold_partials(part, y)
+        weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
+        A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
+    return y if in_kernel else fold_partials(part, y)
 
 
 def _launch_args(cfg: GemvConfig, split: int) -> dict:
     return dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EW=cfg.elementwise, ATOMIC=cfg.atomic,
-                KFOLD=cfg.fold == "kernel", STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
+                KFOLD=kernel_folds(cfg, split), STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
 
 
 def kernel_folds(cfg: GemvConfig, split: int) -> bool:
-    """Whether the launch itself leaves the summed y (fold_part): split-K, ordered, fold "kernel"."""
+    """Whether the launch itself leaves the summed y (fold_part): split-K, ordered, fold "kernel".
+    Raises for an unknown cfg.fold."""
     if cfg.fold not in FOLDS:
-        raise dispatch.KernelArgumentError(f"could not run the GEMV: fold {cfg.fold!r} is not one of {FOLDS}")
+        raise dispatch.KernelArgumentError(f"could not run the GEMV: fold {cfg.fold!r} is not one of {FOLDS} "
+                                           f"(GemvConfig.fold, default from ${FOLD_ENV})")
     return split > 1 and not cfg.atomic and cfg.fold == "kernel"
 
 
-FOLDS = ("kernel", "torch")
 # fold_part's tickets: one zeroed int32 per row tile, per device, kept (every launch leaves them
 # zero again; launches on one stream run one after another, so they never share a ticket)
 _TICKETS: dict[torch.device, torch.Tensor] = {}
 MIN_TICKETS = 1 << 14
+
+
+def _tickets_arg(in_kernel: bool, tiles: int, part: torch.Tensor) -> torch.Tensor:
+    """The launch's tickets, or (no fold in the kernel: never read) any int32-sized buffer."""
+    return tickets(tiles, part.device) if in_kernel else part
 
 
 def tickets(tiles: int, device: torch.device) -> torch.Tensor:

@@ -71,7 +71,7 @@ class Attention(nn.Module):
     """Multi-head attention with grouped KV heads and a KV cache.
 
     fuse_qkv (None: fuse_qkv_default()): stack wq, wk, wv into one wqkv where KernelLinear.stack
-    can; then wq, wk and wv are None."""
+    can, else wq and wk into wqk (a Q4_K_M file's attn_v is often Q6_K); the stacked ones are None."""
 
     def __init__(self, il: int, n_head: int, n_head_kv: int, head_dim: int, rope: RopeConfig,
                  wq: Linear, wk: Linear, wv: Linear, wo: Linear,
@@ -84,8 +84,11 @@ class Attention(nn.Module):
         self.scale = scale if scale else head_dim ** -0.5
         fuse = fuse_qkv_default() if fuse_qkv is None else fuse_qkv
         self.wqkv = KernelLinear.stack([wq, wk, wv]) if fuse else None
+        self.wqk = KernelLinear.stack([wq, wk]) if fuse and self.wqkv is None else None
+        if self.wqkv is not None or self.wqk is not None:
+            wq = wk = None  # their rows live in the stack now
         if self.wqkv is not None:
-            wq = wk = wv = None  # their rows live in wqkv now
+            wv = None
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.q_norm, self.k_norm = q_norm, k_norm
         self.sinks = None if sinks is None else nn.Parameter(sinks, requires_grad=False)
@@ -115,9 +118,11 @@ class Attention(nn.Module):
         return self.wo(o.reshape(T, -1))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.wqkv is None:
-            return self.wq(x), self.wk(x), self.wv(x)
-        return self.wqkv(x).split(self.wqkv.parts, dim=-1)  # views of one [T, q+k+v] result
+        if self.wqkv is not None:
+            return self.wqkv(x).split(self.wqkv.parts, dim=-1)  # views of one [T, q+k+v] result
+        if self.wqk is not None:
+            return *self.wqk(x).split(self.wqk.parts, dim=-1), self.wv(x)
+        return self.wq(x), self.wk(x), self.wv(x)
 
     def _rope_kv_fits(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return (all(t.dtype == torch.float32 and t.stride(-1) == 1 for t in (q, k, v))
