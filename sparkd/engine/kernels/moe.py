@@ -6,7 +6,7 @@ h[a] = w[a] * act(gate_a @ x, up_a @ x). The second runs one program per row til
 its rows over the A experts itself in table order: y = sum_a down_a @ h[a], the same bits on
 every run and in a CUDA graph as eagerly. The down tile's split runs that many ranges of experts
 as separate programs, their partial sums added in range order by the last program of each row
-tile to finish, in the same launch (_finish; GemvConfig.fold "torch": one more launch);
+tile to finish, in the same launch (matmul.fold_part; GemvConfig.fold "torch": one more launch);
 its atomic: one program per (row tile, expert) meeting in a zeroed y by atomic adds, the way
 before session 3 made the sums ordered, kept to time against. The down launch may add the
 block's residual too (y = residual + the sum, the bits of adding it after).
@@ -39,6 +39,7 @@ from sparkd.engine.kernels.matmul import (
     GemvConfig,
     emulate,
     family_args,
+    fold_part,
     fold_partials,
     gemm,
     int_args,
@@ -80,23 +81,23 @@ def _offset(off_ptr, ids_ptr, a, IDS: tl.constexpr):
 def _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr,
             ATOMIC: tl.constexpr, FOLD: tl.constexpr, RES: tl.constexpr):
     """A down program's sums for its rows. SPLIT 1: y = acc (+ the residual if RES). FOLD (SPLIT
-    > 1): matmul.fold_part's last-program fold written out here, with the residual added after
-    the ordered sum (fold_part has no residual, and its loads ask for .cg and volatile at once,
-    which ptxas refuses for sm_90). Else matmul.store_part (a torch fold or atomics after it)."""
+    > 1): matmul.fold_part's last-program fold in the launch; with RES its steps written out here
+    with the residual added after the ordered sum (fold_part has none). Else matmul.store_part
+    (a torch fold or atomics after the launch)."""
     if SPLIT == 1:
         if RES:
             acc = acc + tl.load(res_ptr + rows, mask=rmask)
         tl.store(y_ptr + rows, acc, mask=rmask)
+    elif FOLD and not RES:
+        fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT)
     elif FOLD:
         tl.store(part_ptr + tl.program_id(1) * N + rows, acc, mask=rmask)
         tl.debug_barrier()  # every thread's partial stored before the ticket releases them
         if tl.atomic_add(tickets_ptr + tl.program_id(0), 1, sem="acq_rel") == SPLIT - 1:
             total = tl.zeros(acc.shape, tl.float32)
-            for s in tl.static_range(SPLIT):  # from L2: the other programs' stores
+            for s in tl.static_range(SPLIT):  # .cg: the other programs' stores from L2
                 total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-            if RES:
-                total = total + tl.load(res_ptr + rows, mask=rmask)
-            tl.store(y_ptr + rows, total, mask=rmask)
+            tl.store(y_ptr + rows, total + tl.load(res_ptr + rows, mask=rmask), mask=rmask)
             tl.store(tickets_ptr + tl.program_id(0), 0)
     else:
         store_part(part_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)

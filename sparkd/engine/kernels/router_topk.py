@@ -103,7 +103,7 @@ def _gate_topk(gate_ptr, x_ptr, part_ptr, ticket_ptr, bias_ptr, w_ptr, ids_ptr, 
             logits += tl.load(part_ptr + s * E + e, mask=live, other=0.0, cache_modifier=".cg")
         _select(tl.where(live, logits, float("-inf")), e, live, bias_ptr, w_ptr, ids_ptr, scale, min_sum,
                 GATING, HAS_BIAS, NORM, SCALE, TOP_K, BLOCK_K)
-        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed")
+        tl.store(ticket_ptr, 0)
 
 
 def _check(E: int, top_k: int, gating: str, sel_bias: torch.Tensor | None) -> None:
