@@ -14,6 +14,7 @@ Usage (CPU, a tiny generated model, a few seconds):
     TRITON_INTERPRET=1 python3 bench/gpu_box/launch_count.py --arch qwen3moe
 --quant Q8_0 writes the model quantized and runs its projections through the GEMV kernels
 (KernelLinear) on the CPU too; --n-embd 2048 widens it enough for split-K GEMVs (~2 minutes).
+--moe-decode none switches the MoE decode's fused parts back (layers/moe.DECODE_PARTS).
 decode_profile.py reports the CUDA count of a graph replay on the real-width models.
 """
 
@@ -141,6 +142,8 @@ def main() -> int:
     ap.add_argument("--dir", default=None, help="where the tiny model is written (default: a temp dir)")
     ap.add_argument("--quant", default="F32", help="the model's type; a kernel type (Q8_0) runs KernelLinear")
     ap.add_argument("--n-embd", type=int, default=0, help="hidden width (default: the tiny preset's)")
+    ap.add_argument("--moe-decode", default=None, help="the MoE decode parts switched on "
+                    "(layers/moe.DECODE_PARTS: all, none, or some; default: $SPARKD_MOE_DECODE)")
     ap.add_argument("--json")
     a = ap.parse_args()
     from sparkd.engine.models import load_model
@@ -149,6 +152,10 @@ def main() -> int:
     if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
         print("no GPU: run with TRITON_INTERPRET=1 so the fused kernels can run on the CPU", file=sys.stderr)
         return 2
+    if a.moe_decode is not None:
+        from sparkd.engine.layers import moe
+
+        moe.DECODE_ON = moe.decode_parts(a.moe_decode)
     with tempfile.TemporaryDirectory() as tmp:
         m = load_model(tiny_model(a.arch, Path(a.dir or tmp), a.quant, a.n_embd), device="cpu" if on_cpu else "cuda",
                        kernels=True if a.quant != "F32" else None)

@@ -295,9 +295,10 @@ def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models):
     finally:
         m.close()
     triton_ops = {k: v for k, v in every["ops"].items() if k.startswith("triton:")}
-    # per layer: attn and ffn norms, q/k norms + rope + KV write, attention, router; plus the output norm
+    # per layer: attn and ffn norms, q/k norms + rope + KV write, attention, router (its gate GEMV
+    # included: layers/moe.DECODE_PARTS "router"); plus the output norm
     assert triton_ops == {"triton:_rms_norm_rows": 2 * n_layer + 1, "triton:_rope_kv": n_layer,
-                          "triton:_decode_attention": n_layer, "triton:_router_topk": n_layer}
+                          "triton:_decode_attention": n_layer, "triton:_gate_topk": n_layer}
     gone = ("pow", "rsqrt", "_softmax", "topk", "index_copy_", "repeat_interleave", "masked_fill")
     assert all(none["ops"].get(op) for op in ("pow", "rsqrt", "_softmax", "topk", "index_copy_"))
     assert not [op for op in every["ops"] if op in gone]

@@ -5,23 +5,28 @@ experts at once (grid axis 1), computing gate and up rows, the activation and th
 h[a] = w[a] * act(gate_a @ x, up_a @ x). The second runs one program per row tile, which sums
 its rows over the A experts itself in table order: y = sum_a down_a @ h[a], the same bits on
 every run and in a CUDA graph as eagerly. The down tile's split runs that many ranges of experts
-as separate programs, their partial sums folded in range order by one more launch (more
-parallelism, still deterministic); its atomic: one program per (row tile, expert) meeting in a
-zeroed y by atomic adds, the way before session 3 made the sums ordered, kept to time against.
+as separate programs, their partial sums added in range order by the last program of each row
+tile to finish, in the same launch (matmul.fold_part; GemvConfig.fold "torch": one more launch);
+its atomic: one program per (row tile, expert) meeting in a zeroed y by atomic adds, the way
+before session 3 made the sums ordered, kept to time against. The down launch may add the
+block's residual too (y = residual + the sum, the bits of adding it after).
 Experts are found through a pointer/offset table, a base buffer per projection (one arena slab
 may serve all three) plus a byte offset per expert, so experts in scattered cache slots need no
-gathering copy.
+gathering copy; a selection of a resident table (PreparedTable.select) passes the ids, and the
+kernels read offsets[ids[a]] themselves.
 
 Families with an integer step (Q8_0, Q4_K) run the integer variants of both launches: x is
 quantized once per call (act_quant) and h once per call after the activation, both as llama.cpp
-does, and the routing weight multiplies each expert's down sums as they are added.
+does (h inside the gate/up launch with GemvConfig.fuse_quant: by the tile itself when it holds
+whole blocks, else by the last program of each block), and the routing weight multiplies each
+expert's down sums as they are added.
 
 Prefill (many tokens): tokens are grouped by expert and each expert runs the small GEMM.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -34,14 +39,17 @@ from sparkd.engine.kernels.matmul import (
     GemvConfig,
     emulate,
     family_args,
+    fold_part,
     fold_partials,
     gemm,
     int_args,
+    kernel_folds,
     partials_for,
     row_dot,
     row_idot,
     stages_arg,
     store_part,
+    tickets,
 )
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -62,8 +70,42 @@ def _activate(g, u, ACT: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, x_ptr, rw_ptr, h_ptr, F, D, row_bytes,
-                    DOT: tl.constexpr, ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr,
+def _offset(off_ptr, ids_ptr, a, IDS: tl.constexpr):
+    """Byte offset of selected expert a: offsets[ids[a]] from the full table (IDS), else offsets[a]."""
+    if IDS:
+        return tl.load(off_ptr + tl.load(ids_ptr + a))
+    return tl.load(off_ptr + a)
+
+
+@triton.jit
+def _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr,
+            ATOMIC: tl.constexpr, FOLD: tl.constexpr, RES: tl.constexpr):
+    """A down program's sums for its rows. SPLIT 1: y = acc (+ the residual if RES). FOLD (SPLIT
+    > 1): matmul.fold_part's last-program fold in the launch; with RES its steps written out here
+    with the residual added after the ordered sum (fold_part has none). Else matmul.store_part
+    (a torch fold or atomics after the launch)."""
+    if SPLIT == 1:
+        if RES:
+            acc = acc + tl.load(res_ptr + rows, mask=rmask)
+        tl.store(y_ptr + rows, acc, mask=rmask)
+    elif FOLD and not RES:
+        fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT)
+    elif FOLD:
+        tl.store(part_ptr + tl.program_id(1) * N + rows, acc, mask=rmask)
+        tl.debug_barrier()  # every thread's partial stored before the ticket releases them
+        if tl.atomic_add(tickets_ptr + tl.program_id(0), 1, sem="acq_rel") == SPLIT - 1:
+            total = tl.zeros(acc.shape, tl.float32)
+            for s in tl.static_range(SPLIT):  # .cg: the other programs' stores from L2
+                total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + rows, total + tl.load(res_ptr + rows, mask=rmask), mask=rmask)
+            tl.store(tickets_ptr + tl.program_id(0), 0)
+    else:
+        store_part(part_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
+
+
+@triton.jit
+def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, x_ptr, rw_ptr, h_ptr, F, D,
+                    row_bytes, IDS: tl.constexpr, DOT: tl.constexpr, ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr,
                     USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
                     BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, ACT: tl.constexpr,
                     RW: tl.constexpr, STAGES: tl.constexpr):
@@ -72,9 +114,9 @@ def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, x_ptr, rw_ptr, 
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
-    g = row_dot(gate_ptr, aux_ptr, tl.load(gate_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
-                DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
-    u = row_dot(up_ptr, aux_ptr, tl.load(up_off + a) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
+    g = row_dot(gate_ptr, aux_ptr, _offset(gate_off, ids_ptr, a, IDS) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0,
+                TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
+    u = row_dot(up_ptr, aux_ptr, _offset(up_off, ids_ptr, a, IDS) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
                 DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
     h = _activate(g, u, ACT)
     if RW:
@@ -83,22 +125,23 @@ def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, x_ptr, rw_ptr, 
 
 
 @triton.jit
-def _down_kernel(down_ptr, aux_ptr, down_off, h_ptr, y_ptr, D, F, n, row_bytes, DOT: tl.constexpr,
+def _down_kernel(down_ptr, aux_ptr, down_off, ids_ptr, h_ptr, y_ptr, part_ptr, res_ptr, tickets_ptr, D, F, n,
+                 row_bytes, IDS: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr, DOT: tl.constexpr,
                  ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
                  NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
                  UNROLL: tl.constexpr, EW: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
                  STAGES: tl.constexpr):
-    """y = sum_a down_a @ h[a]: a row tile per program, the experts of its range in table order
-    (_experts; the ranges meet as matmul.store_part has them meet)."""
+    """y = sum_a down_a @ h[a] (+ the residual if RES): a row tile per program, the experts of its
+    range in table order (_experts; the ranges meet as _finish has them meet)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
     first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
-        acc += row_dot(down_ptr, aux_ptr, tl.load(down_off + a) + rb, rmask, h_ptr + a * F, F, 0, 1, DOT, ACC0,
-                       TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
-    store_part(y_ptr, rows, rmask, acc, D, SPLIT, ATOMIC)
+        acc += row_dot(down_ptr, aux_ptr, _offset(down_off, ids_ptr, a, IDS) + rb, rmask, h_ptr + a * F, F, 0, 1,
+                       DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
+    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
 @triton.jit
@@ -110,36 +153,50 @@ def _experts(n, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
-                     F, D, row_bytes, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr,
-                     BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
+def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
+                     hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
+                     A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
-    hs_ptr its QuantX buffers), the tile holding whole blocks."""
+    hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
+    (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs
+    to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket."""
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
-    g = row_idot(gate_ptr, tl.load(gate_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
+    g = row_idot(gate_ptr, _offset(gate_off, ids_ptr, a, IDS) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
                  A1, A2, UNROLL, EW, EMU, STAGES)
-    u = row_idot(up_ptr, tl.load(up_off + a) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
+    u = row_idot(up_ptr, _offset(up_off, ids_ptr, a, IDS) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
                  A1, A2, UNROLL, EW, EMU, STAGES)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
-    if HBLOCK:
+    if HBLOCK == 0:
+        tl.store(h_ptr + a * F + rows, h, mask=rmask)
+    elif BLOCK_N >= HBLOCK:
         P: tl.constexpr = BLOCK_N // HBLOCK
         b = tl.program_id(0) * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
         act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32),
                                tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
     else:
-        tl.store(h_ptr + a * F + rows, h, mask=rmask)
+        tl.store(hf_ptr + a * F + rows, h, mask=rmask)
+        tl.debug_barrier()  # every thread's h stored before the ticket releases them
+        blk = tl.program_id(0) // (HBLOCK // BLOCK_N)
+        ticket = tickets_ptr + a * (F // HBLOCK) + blk
+        if tl.atomic_add(ticket, 1, sem="acq_rel") == HBLOCK // BLOCK_N - 1:
+            v = tl.load(hf_ptr + a * F + blk * HBLOCK + tl.arange(0, HBLOCK)[None, :], cache_modifier=".cg")
+            b = blk + tl.zeros((1, 1), tl.int32)
+            act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32), v, b,
+                                   b * HBLOCK < F, H8K)
+            tl.store(ticket, 0)
 
 
 @triton.jit
-def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, F, n, row_bytes,
+def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, part_ptr, res_ptr,
+                  tickets_ptr, D, F, n, row_bytes, IDS: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr):
@@ -151,11 +208,11 @@ def _idown_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, D, 
     first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
-        part = row_idot(down_ptr, tl.load(down_off + a) + rb, rmask, hw_ptr + a * (F // 4),
+        part = row_idot(down_ptr, _offset(down_off, ids_ptr, a, IDS) + rb, rmask, hw_ptr + a * (F // 4),
                         hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
                         EW, EMU, STAGES)
         acc += part * tl.load(rw_ptr + a)
-    store_part(y_ptr, rows, rmask, acc, D, SPLIT, ATOMIC)
+    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
 @dataclass(frozen=True)
@@ -195,6 +252,31 @@ class PreparedTable:
     down_row_bytes: int
     gate_up_aux: torch.Tensor  # the families' codebooks on device (grids.grid_table)
     down_aux: torch.Tensor
+    # a selection of the table (select()): the kernels read offsets[ids[a]] themselves
+    ids: torch.Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        """How many experts a decode call runs: the selection's, else every entry's."""
+        return self.gate_off.numel() if self.ids is None else self.ids.numel()
+
+    def select(self, ids: torch.Tensor, what: str = "the MoE kernels") -> PreparedTable:
+        """The table restricted to `ids` (integer [A] on the table's device), in that order,
+        without a gathering launch; ids must index the table (no check: it would sync)."""
+        if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64) or ids.device != self.device \
+                or ids.stride(0) != 1:
+            raise dispatch.KernelArgumentError(
+                f"could not run {what}: need expert ids int32/int64 [A] contiguous on {self.device}, got "
+                f"{ids.dtype} {list(ids.shape)} strides {list(ids.stride())} on {ids.device}")
+        return replace(self, ids=ids)
+
+    def gathered(self) -> PreparedTable:
+        """select()'s table as offsets gathered in torch (offsets[ids], a launch per table): the
+        layout before the kernels read ids themselves, kept to compare against."""
+        if self.ids is None:
+            return self
+        i = self.ids
+        return replace(self, gate_off=self.gate_off[i], up_off=self.up_off[i], down_off=self.down_off[i], ids=None)
 
 
 def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE kernels") -> PreparedTable:
@@ -212,12 +294,18 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
         raise dispatch.KernelArgumentError(
             f"could not run {what}: offset tables differ in length (gate {n}, up "
             f"{len(table.up_offsets)}, down {len(table.down_offsets)})")
-    return PreparedTable(
-        table, device, fgu, fd,
-        dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, device, what, fgu.align),
-        dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, device, what, fgu.align),
-        dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, device, what, fd.align),
-        gu_bytes, d_bytes, grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device))
+    # checked on the host, then one copy for the three (a streaming store prepares a table per token)
+    host = [dispatch.offsets_tensor(table.gate_offsets, table.width * gu_bytes, table.gate, "cpu", what, fgu.align),
+            dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, "cpu", what, fgu.align),
+            dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, "cpu", what, fd.align)]
+    return PreparedTable(table, device, fgu, fd, *offsets_on(host, device), gu_bytes, d_bytes,
+                         grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device))
+
+
+def offsets_on(tables: Sequence[Sequence[int] | torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Equally long offset tables (gate, up, down) as int64 on device in one host-to-device copy."""
+    packed = torch.stack([torch.as_tensor(t, dtype=torch.int64).reshape(-1) for t in tables])
+    return packed.to(device, non_blocking=True).unbind(0)
 
 
 # decode tiles (gate/up, down): the H200 sweeps (docs/performance.md); the integer families' from
@@ -244,13 +332,18 @@ def decode_tiles(p: PreparedTable) -> tuple[GemvConfig, GemvConfig]:
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
                out: torch.Tensor | None = None, gate_up: GemvConfig | None = None,
                down: GemvConfig | None = None, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
-               round_x: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+               round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
-    x float32 [D]; route_weights float32 [n] (one per table entry, on x's device) -> y [D]
-    (written into `out` if given: float32 [D] on x's device). gate_up/down: tile shapes (their
-    split is ignored for gate/up, whose activation needs whole sums; down's split and atomic are
-    explained in the module docstring); None: the families' defaults (decode_tiles). A projection whose family has an integer step quantizes its input itself as llama.cpp does
+    x float32 [D]; route_weights float32 [n] (one per table entry, or per selected expert of a
+    PreparedTable.select, on x's device) -> y [D] (written into `out` if given: float32 [D] on
+    x's device). residual (float32 [D]): y = that sum + residual, the same bits as adding it
+    after, in the down launch where it can. gate_up/down: tile shapes (their split is ignored for
+    gate/up, whose activation needs whole sums; down's split and atomic are explained in the
+    module docstring, its fold where the ranges meet: "kernel", by the last program of each row
+    tile, or "torch", one more launch); None: the families' defaults (decode_tiles).
+    A projection whose family has an integer step quantizes its input itself as llama.cpp does
     (x before gate/up, the activations [n, F] before down). For the others, round_x and round_h
     (if given) round x and the activations in torch first (the routing weight then applies after
     the rounding, between the two launches). No host sync: usable in a CUDA graph capture."""
@@ -263,7 +356,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
         raise dispatch.KernelArgumentError(f"could not run {what}: the table was prepared for "
                                            f"{p.device}, activations are on {x.device}")
     dispatch.check_activations(x, p.table.dim, what)
-    n, D = p.gate_off.numel(), p.table.dim  # a selection may hold fewer than the table
+    n, D = p.count, p.table.dim  # a selection may hold fewer than the table
     if x.dim() != 1 or route_weights.shape != (n,) or route_weights.dtype != torch.float32 \
             or route_weights.device != x.device:
         raise dispatch.KernelArgumentError(
@@ -271,31 +364,43 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
             f"x {list(x.shape)}, weights {list(route_weights.shape)} {route_weights.dtype} on "
             f"{route_weights.device}")
     dispatch.check_out(out, (D,), x.device, what)
+    if residual is not None:
+        dispatch.check_out(residual, (D,), x.device, f"{what} (residual)")
     rw = route_weights.contiguous()
     tiles = decode_tiles(p)
     gate_up, down = gate_up or tiles[0], down or tiles[1]
+    kernel_folds(down, 1)  # a bad fold name refused before any launch
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
     h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    _down(p, h, rw, y, down, round_h)
+    _down(p, h, rw, y, down, round_h, residual)
     return y
+
+
+def _ids(p: PreparedTable) -> dict:
+    """The kernels' ids arguments: the selection, or (none) any pointer, never read."""
+    return dict(ids_ptr=p.gate_off if p.ids is None else p.ids, IDS=p.ids is not None)
 
 
 def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, act: str, cfg: GemvConfig,
              round_x: Callable[[torch.Tensor], torch.Tensor] | None, what: str) -> torch.Tensor | act_quant.QuantX:
     """h [n, F] = act(gate x, up x), times rw if use_rw, one launch over all n experts; quantized
     for the down projection already (act_quant.QuantX) if cfg.fuse_quant."""
-    n, D, F = p.gate_off.numel(), p.table.dim, p.table.width
+    n, D, F = p.count, p.table.dim, p.table.width
     grid = (triton.cdiv(F, cfg.block_n), n)
     if p.gate_up.idot is not None:
         hq = _fused_h(p, cfg, x.device, what)
         h = torch.empty(n, F, dtype=torch.float32, device=x.device) if hq is None else hq.words
         hd, hs = (h, h) if hq is None else (hq.scales, hq.sums)
         hblock = 0 if hq is None else act_quant.BLOCKS[p.down.act_fmt]
+        late = 0 < cfg.block_n < hblock  # blocks quantized by their last program: float h first
+        hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
         q = act_quant.quantize(x[None], p.gate_up.act_fmt)
-        _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, q.words, q.scales, q.sums,
-                               rw, h, hd, hs, F, D, p.gate_up_row_bytes, **int_args(p.gate_up),
+        _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
+                               xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
+                               tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
+                               row_bytes=p.gate_up_row_bytes, **_ids(p), **int_args(p.gate_up),
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
@@ -303,10 +408,10 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
         return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
-    _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x, rw, h, F, D,
-                          p.gate_up_row_bytes, **family_args(p.gate_up), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
-                          EW=cfg.elementwise, ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg),
-                          num_warps=cfg.num_warps)
+    _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x_ptr=x, rw_ptr=rw,
+                          h_ptr=h, F=F, D=D, row_bytes=p.gate_up_row_bytes, **_ids(p), **family_args(p.gate_up),
+                          BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
+                          RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
     return h
 
 
@@ -315,36 +420,44 @@ def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str)
     if not cfg.fuse_quant:
         return None
     block = act_quant.BLOCKS.get(p.down.act_fmt or "", 0)
-    if not block or cfg.block_n % block:
-        need = f"a multiple of {block} rows" if block else "a down type with an integer step"
+    if not block or (cfg.block_n % block and block % cfg.block_n):
+        need = f"a multiple or divisor of {block} rows" if block else "a down type with an integer step"
         raise dispatch.KernelArgumentError(
             f"could not run {what}: fuse_quant needs {need} (gate/up tile of {cfg.block_n} rows, down "
             f"{p.down.qtype.name}); turn fuse_quant off or change the tile")
-    return act_quant.empty(p.gate_off.numel(), p.table.width, p.down.act_fmt, device)
+    return act_quant.empty(p.count, p.table.width, p.down.act_fmt, device)
 
 
 def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
-          round_h: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
-    """y = sum_a down_a @ h[a], the routing weight applied here unless already in h. cfg.split
-    ranges of experts run in parallel and meet in an ordered sum (cfg.atomic: one expert per
-    program, atomic adds into y zeroed first, the way before session 3 made the sums ordered)."""
-    n, D, F = p.down_off.numel(), p.table.dim, p.table.width
+          round_h: Callable[[torch.Tensor], torch.Tensor] | None, residual: torch.Tensor | None) -> None:
+    """y = sum_a down_a @ h[a] (+ residual), the routing weight applied here unless already in h.
+    cfg.split ranges of experts run in parallel and meet in an ordered sum: in the launch
+    (cfg.fold "kernel") or by torch after it (cfg.atomic: one expert per program, atomic adds into y
+    zeroed first, the way before session 3 made the sums ordered)."""
+    n, D, F = p.count, p.table.dim, p.table.width
     split = n if cfg.atomic else max(1, min(cfg.split, n))
-    part = partials_for(y, split, cfg)
+    fold = kernel_folds(cfg, split)
+    part = torch.empty(split, D, dtype=torch.float32, device=y.device) if fold else partials_for(y, split, cfg)
+    res = residual is not None and (split == 1 or fold)  # the residual added in the launch
     grid = (triton.cdiv(D, cfg.block_n), split)
-    common = dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic,
-                  STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
+    common = dict(y_ptr=y, part_ptr=part, res_ptr=residual if res else y,
+                  tickets_ptr=tickets(grid[0], y.device) if fold else y, D=D, F=F, n=n,
+                  row_bytes=p.down_row_bytes, RES=res, FOLD=fold, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
+                  EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic, STAGES=stages_arg(cfg),
+                  num_warps=cfg.num_warps, **_ids(p))
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
-        _idown_kernel[grid](p.table.down, p.down_off, q.words, q.scales, q.sums, rw, part, D, F, n,
-                            p.down_row_bytes, **int_args(p.down), EMU=emulate(cfg, y),
-                            XBLOCK=act_quant.BLOCKS[p.down.act_fmt], **common)
+        _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
+                            **int_args(p.down), EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
+                            **common)
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()
-        _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h, part, D, F, n, p.down_row_bytes,
-                           **family_args(p.down), **common)
-    fold_partials(part, y)
+        _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h_ptr=h, **family_args(p.down), **common)
+    if not fold:
+        fold_partials(part, y)
+    if residual is not None and not res:
+        y.add_(residual)  # the same bits as residual + y
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels.family import KernelArgumentError
+from sparkd.engine.kernels.matmul import tickets
 
 MAX_TOP_K = 16
 MAX_EXPERTS = 1024
@@ -30,6 +31,16 @@ def _router_topk(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, logits_row_stride, sca
     e = tl.arange(0, BLOCK_E)
     live = e < E
     x = tl.load(logits_ptr + t * logits_row_stride + e, mask=live, other=float("-inf"))
+    _select(x, e, live, bias_ptr, w_ptr + t * TOP_K, ids_ptr + t * TOP_K, scale, min_sum, GATING, HAS_BIAS,
+            NORM, SCALE, TOP_K, BLOCK_K)
+
+
+@triton.jit
+def _select(x, e, live, bias_ptr, w_ptr, ids_ptr, scale, min_sum, GATING: tl.constexpr,
+            HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, TOP_K: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+    """One token's selection from its logits x [BLOCK_E] (-inf where not live): TOP_K weights
+    and ids stored at w_ptr / ids_ptr."""
     if GATING == 0:
         p = tl.exp(x - tl.max(x, axis=0))
         probs = p / tl.sum(p, axis=0)
@@ -60,21 +71,57 @@ def _router_topk(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, logits_row_stride, sca
         w = w / tl.maximum(tl.sum(tl.where(chosen, w, 0.0), axis=0), min_sum)
     if SCALE:
         w = w * scale
-    tl.store(w_ptr + t * TOP_K + kk, w, mask=chosen)
-    tl.store(ids_ptr + t * TOP_K + kk, ids, mask=chosen)
+    tl.store(w_ptr + kk, w, mask=chosen)
+    tl.store(ids_ptr + kk, ids, mask=chosen)
+
+
+@triton.jit
+def _gate_topk(gate_ptr, x_ptr, part_ptr, ticket_ptr, bias_ptr, w_ptr, ids_ptr, E, D, scale, min_sum,
+               GATING: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr,
+               TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+               COLS: tl.constexpr, SPLIT: tl.constexpr):
+    """One token's gate GEMV (float32 W [E, D] @ x) and selection in one launch: program (i, s)
+    sums rows tile i over column range s into part[s]; the last program to finish (a ticket
+    counted by an acq_rel atomic) adds the SPLIT ranges in order, selects, and resets the ticket."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    per = tl.cdiv(tl.cdiv(D, COLS), SPLIT) * COLS
+    acc = tl.zeros((ROWS, COLS), tl.float32)
+    for k0 in range(tl.program_id(1) * per, tl.minimum((tl.program_id(1) + 1) * per, D), COLS):
+        k = k0 + tl.arange(0, COLS)
+        m = (rows[:, None] < E) & (k[None, :] < D)
+        w = tl.load(gate_ptr + rows[:, None].to(tl.int64) * D + k[None, :], mask=m, other=0.0)
+        acc += w * tl.load(x_ptr + k, mask=k < D, other=0.0)[None, :]
+    tl.store(part_ptr + tl.program_id(1) * E + rows, tl.sum(acc, axis=1), mask=rows < E)
+    tl.debug_barrier()  # every thread's sums stored before the ticket releases them
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if ticket == tl.num_programs(0) * tl.num_programs(1) - 1:
+        tl.debug_barrier()
+        e = tl.arange(0, BLOCK_E)
+        live = e < E
+        logits = tl.load(part_ptr + e, mask=live, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT):
+            logits += tl.load(part_ptr + s * E + e, mask=live, other=0.0, cache_modifier=".cg")
+        _select(tl.where(live, logits, float("-inf")), e, live, bias_ptr, w_ptr, ids_ptr, scale, min_sum,
+                GATING, HAS_BIAS, NORM, SCALE, TOP_K, BLOCK_K)
+        tl.store(ticket_ptr, 0)
+
+
+def _check(E: int, top_k: int, gating: str, sel_bias: torch.Tensor | None) -> None:
+    if (not 0 < top_k <= min(E, MAX_TOP_K) or E > MAX_EXPERTS or gating not in GATINGS
+            or (sel_bias is not None and (sel_bias.shape != (E,) or sel_bias.dtype != torch.float32))):
+        raise KernelArgumentError(f"could not run router_topk on {E} experts, top_k {top_k}, gating {gating!r}: "
+                                  f"needs <= {MAX_EXPERTS} experts, top_k <= {MAX_TOP_K}, gating one of "
+                                  f"{', '.join(GATINGS)} and a float32 [E] bias")
 
 
 def router_topk(logits: torch.Tensor, top_k: int, gating: str, norm_w: bool, scale: float,
                 min_sum: float, sel_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] float32 → (weights [T, top_k] float32, ids [T, top_k] int64) as Router."""
     T, E = logits.shape
-    if (logits.dtype != torch.float32 or logits.stride(-1) != 1 or not 0 < top_k <= min(E, MAX_TOP_K)
-            or E > MAX_EXPERTS or gating not in GATINGS
-            or (sel_bias is not None and (sel_bias.shape != (E,) or sel_bias.dtype != torch.float32))):
-        raise KernelArgumentError(f"could not run router_topk on logits {logits.dtype} {list(logits.shape)}, "
-                                  f"top_k {top_k}, gating {gating!r}: needs float32 rows of <= "
-                                  f"{MAX_EXPERTS} experts, top_k <= {MAX_TOP_K}, gating one of "
-                                  f"{', '.join(GATINGS)} and a float32 [E] bias")
+    if logits.dtype != torch.float32 or logits.stride(-1) != 1:
+        raise KernelArgumentError(f"could not run router_topk on logits {logits.dtype} {list(logits.shape)}: "
+                                  f"needs float32 rows")
+    _check(E, top_k, gating, sel_bias)
     w = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
     block_e = triton.next_power_of_2(E)
@@ -84,4 +131,33 @@ def router_topk(logits: torch.Tensor, top_k: int, gating: str, norm_w: bool, sca
                            NORM=norm_w, SCALE=scale not in (0.0, 1.0), TOP_K=top_k,
                            BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
                            num_warps=1 if block_e <= 256 else 4)
+    return w, ids
+
+
+def gate_topk(weight: torch.Tensor, x: torch.Tensor, top_k: int, gating: str, norm_w: bool, scale: float,
+              min_sum: float, sel_bias: torch.Tensor | None = None, cols: int = 256,
+              max_split: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token's router, gate GEMV included: float32 weight [E, D] and x [1, D] → (weights
+    [1, top_k], ids [1, top_k]) as router_topk(x @ weight.T, ...) in one launch. The logits are
+    summed per tile of `cols` columns, up to max_split ranges added in order: not the bits of
+    torch's matmul, the same bits on every run."""
+    E, D = weight.shape
+    if (weight.dtype != torch.float32 or not weight.is_contiguous() or x.shape != (1, D)
+            or x.dtype != torch.float32 or x.stride(-1) != 1 or weight.device != x.device):
+        raise KernelArgumentError(f"could not run the router gate GEMV: needs a contiguous float32 weight [E, D] "
+                                  f"and x float32 [1, D] on its device, got {weight.dtype} {list(weight.shape)} "
+                                  f"on {weight.device} and x {x.dtype} {list(x.shape)} on {x.device}")
+    _check(E, top_k, gating, sel_bias)
+    w = torch.empty(1, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(1, top_k, dtype=torch.int64, device=x.device)
+    block_e, rows = triton.next_power_of_2(E), 4
+    split = max(1, min(max_split, triton.cdiv(D, cols)))
+    grid = (triton.cdiv(E, rows), split)
+    part = torch.empty(split, E, dtype=torch.float32, device=x.device)
+    _gate_topk[grid](weight, x, part, tickets(1, x.device),
+                     weight if sel_bias is None else sel_bias, w, ids, E, D, scale, min_sum,
+                     GATING=GATINGS[gating], HAS_BIAS=sel_bias is not None, NORM=norm_w,
+                     SCALE=scale not in (0.0, 1.0), TOP_K=top_k, BLOCK_E=block_e,
+                     BLOCK_K=triton.next_power_of_2(top_k), ROWS=rows, COLS=cols, SPLIT=split,
+                     num_warps=1 if block_e <= 256 else 4)
     return w, ids

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import torch
 from torch import nn
 
@@ -19,6 +22,29 @@ GATING_SQRT_SOFTPLUS = "sqrt_softplus"  # DeepSeek V4: sqrt(softplus(logits))
 
 # llama.cpp clamps the sum of routing weights to the smallest normal f16 before dividing
 _MIN_WEIGHT_SUM = 6.103515625e-5
+
+# What the fused MoE decode does in its two launches instead of torch around them, each switchable
+# back (SPARKD_MOE_DECODE: "all", the default, "none" or some of these, read once): "ids" the
+# kernels read offsets[ids] (else a gathering launch per offset table), "fold" a split down's
+# ranges meet in the down launch (else a torch.sum launch), "residual" the block's residual add
+# in the down launch (else a torch add), "quant_h" integer families' h quantized in the gate/up
+# launch (GemvConfig.fuse_quant; else its own launch), "router" the router's gate GEMV in its
+# top-k launch (one token, float32 gate; else a torch matmul before it; the logits' bits differ).
+DECODE_PARTS = ("ids", "fold", "residual", "quant_h", "router")
+DECODE_ENV = "SPARKD_MOE_DECODE"
+
+
+def decode_parts(spec: str) -> frozenset[str]:
+    """"all", "none"/"" or names of DECODE_PARTS separated by commas → the parts switched on."""
+    names = set(DECODE_PARTS) if spec.strip().lower() == "all" else \
+        {n.strip() for n in spec.lower().split(",") if n.strip() not in ("", "none")}
+    if unknown := sorted(names - set(DECODE_PARTS)):
+        raise ValueError(f"could not switch the MoE decode parts {spec!r}: unknown {', '.join(unknown)} "
+                         f"(choose all, none or some of {', '.join(DECODE_PARTS)}; ${DECODE_ENV})")
+    return frozenset(names)
+
+
+DECODE_ON: frozenset[str] = decode_parts(os.environ.get(DECODE_ENV, "all"))
 
 
 class Router(nn.Module):
@@ -41,6 +67,11 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         # x: [T, D] → weights [T, A], ids [T, A]; given ids (hash routing) skip the selection
+        if ids is None and self._fits_gate_kernel(x):
+            from sparkd.engine.kernels.router_topk import gate_topk
+
+            return gate_topk(self.gate.weight, x, self.top_k, self.gating, self.norm_w, self.scale,
+                             _MIN_WEIGHT_SUM, self.sel_bias)
         logits = self.gate(x)  # [T, E]
         if ids is None and self._fits_kernel(logits):
             from sparkd.engine.kernels.router_topk import router_topk
@@ -69,17 +100,30 @@ class Router(nn.Module):
             w = w * self.scale
         return w, ids
 
-    def _fits_kernel(self, logits: torch.Tensor) -> bool:
+    def _fits_kernel(self, logits: torch.Tensor, E: int | None = None) -> bool:
         """Whether router_topk does this selection (one launch for ~10 torch kernels): no group
-        limit, top-k <= 16, float32 logits, and the switch on."""
+        limit, top-k <= 16, float32 logits (or E of them computed on this tensor's device), and
+        the switch on."""
         if not fused.active("router", logits):
             return False  # before the import: the CPU engine runs without Triton
         from sparkd.engine.kernels.router_topk import GATINGS, MAX_EXPERTS, MAX_TOP_K
 
-        E = logits.shape[-1]
+        E = logits.shape[-1] if E is None else E
         return (self.n_groups <= 1 and self.top_k <= min(E, MAX_TOP_K) and E <= MAX_EXPERTS
                 and logits.dtype == torch.float32 and self.gating in GATINGS
                 and (self.sel_bias is None or self.sel_bias.dtype == torch.float32))
+
+    def _fits_gate_kernel(self, x: torch.Tensor) -> bool:
+        """Whether gate_topk runs the gate GEMV and the selection in one launch: one token, a
+        float32 gate without bias or activation rounding, where router_topk would select, and
+        the "router" part of DECODE_ON on."""
+        g = self.gate
+        if "router" not in DECODE_ON or x.dim() != 2 or x.shape[0] != 1 or type(g) is not Linear:
+            return False
+        w = g.weight
+        return (g.bias is None and g.act_fmt is None and w.dtype == x.dtype == torch.float32 and w.dim() == 2
+                and w.is_contiguous() and x.stride(-1) == 1 and w.device == x.device
+                and self._fits_kernel(x, w.shape[0]))
 
     def _mask_groups(self, sel: torch.Tensor) -> torch.Tensor:
         T, E = sel.shape
@@ -104,16 +148,29 @@ class MoE(nn.Module):
         self.act = ACTIVATIONS[act] if isinstance(act, str) else act
         self.act_name = act if isinstance(act, str) else None  # the kernels know activations by name
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def takes_residual(self) -> bool:
+        """Whether forward may be handed the block's residual (nothing between the routed sum and
+        the add: no shared experts) and the switch is on."""
+        return self.shared is None and "residual" in DECODE_ON
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output [T, D]; given residual [T, D] (takes_residual), residual + it, the
+        same bits, added inside the fused decode's down launch where that runs."""
+        if residual is not None and self.shared is not None:
+            raise ValueError("could not add the residual inside the MoE: it has shared experts")
         w, ids = self.router(x, ids)  # [T, A], [T, A]; ids given: fixed (hash) routing
         if self.act_name in ("silu", "swiglu_oai") and hasattr(self.store, "kernel_select"):
-            out = self._kernels(x, w.float().contiguous(), ids)
+            out = self._kernels(x, w.float().contiguous(), ids, residual)
             if out is not None:
                 return out if self.shared is None else out + self.shared(x)
         out, shared = self.routed(x, w, ids, x)
-        return out if shared is None else out + shared
+        out = out if shared is None else out + shared
+        return out if residual is None else residual + out
 
-    def _kernels(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
+    def _kernels(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
+                 residual: torch.Tensor | None = None) -> torch.Tensor | None:
         """The layer through the Triton MoE kernels; None where the store cannot serve them.
         Triton is imported only once a store serves kernels: the CPU engine runs without it."""
         table = getattr(self.store, "kernel_table", None)
@@ -122,25 +179,33 @@ class MoE(nn.Module):
             from sparkd.engine.kernels.moe import moe_prefill
 
             h = round_activations(x, layer.act_gate).float().contiguous()
-            return moe_prefill(layer.prepared.table, h, ids, w, self.act_name, "ieee",
-                               _rounder(layer.act_down))
+            out = moe_prefill(layer.prepared.table, h, ids, w, self.act_name, "ieee", _rounder(layer.act_down))
+            return out if residual is None else residual + out
         rows = []
         for t in range(x.shape[0]):  # one token at a time through the fused decode kernels
             sel = self.store.kernel_select(self.il, ids[t])
             if sel is None:
                 return None
-            rows.append(self._decode(sel, x[t], w[t]))
-        return torch.stack(rows)
+            res = None if residual is None else residual[t].float().contiguous()
+            rows.append(self._decode(sel, x[t], w[t], res))
+        return rows[0][None] if len(rows) == 1 else torch.stack(rows)  # decode: no copy
 
-    def _decode(self, sel, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _decode(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import GemvConfig
-        from sparkd.engine.kernels.moe import moe_decode
+        from sparkd.engine.kernels.moe import decode_tiles, moe_decode
 
         # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
-        tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64)}
+        tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64, split=2)}
+        p = sel.prepared
+        if "fold" not in DECODE_ON:  # the split down's ranges summed by a torch launch after it
+            tiles = tiles | {"down": dataclasses.replace(tiles.get("down") or decode_tiles(p)[1], fold="torch")}
+        if "quant_h" in DECODE_ON and p.gate_up.idot is not None and p.down.idot is not None:
+            tiles = tiles | {"gate_up": dataclasses.replace(tiles.get("gate_up") or decode_tiles(p)[0],
+                                                            fuse_quant=True)}
         # integer kernels (Q8_0, Q4_K) quantize x and h themselves, as round_x/round_h would
         return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
-                          round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), **tiles)
+                          round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,
+                          **tiles)
 
     def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
                shared_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

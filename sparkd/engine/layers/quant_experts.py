@@ -3,13 +3,14 @@ kernels: the GPU path's expert store for a model whose experts fit.
 
 Each layer's stacked gate/up/down tensors ([E, F, D] / [E, D, F] in torch order) are one buffer
 each; expert e starts at e * (its bytes). The offset tables of all E experts are checked and
-copied to the device once per layer, and a token's selection picks its rows on the device
-(offsets[ids]), so decode needs no host round trip between the router and the experts.
+copied to the device once per layer, and the kernels read a token's selection's rows there
+(offsets[ids[a]]), so decode needs no host round trip between the router and the experts and
+no gathering launch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -39,9 +40,13 @@ class KernelLayer:
     act_down: str | None
 
     def select(self, ids: torch.Tensor):
-        """The prepared table restricted to `ids` (int64 [A] on the device), in that order."""
-        p = self.prepared
-        return replace(p, gate_off=p.gate_off[ids], up_off=p.up_off[ids], down_off=p.down_off[ids])
+        """The prepared table restricted to `ids` (int64 [A] on the device), in that order: the
+        kernels read offsets[ids] themselves, or (switch "ids" off, layers/moe.DECODE_ON) from
+        offsets gathered by torch."""
+        from sparkd.engine.layers.moe import DECODE_ON
+
+        sel = self.prepared.select(ids)
+        return sel if "ids" in DECODE_ON else sel.gathered()
 
 
 class KernelExperts:

@@ -34,6 +34,8 @@ class Block(nn.Module):
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h)
         x, normed = add_norm(x, h, self.ffn_norm)  # x += h, then the norm (one kernel when fused)
+        if self.post_ffn_norm is None and getattr(self.ffn, "takes_residual", False):
+            return self.ffn(normed, residual=x)  # x + ffn, the add inside the MoE's last launch
         h = self.ffn(normed)
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h)

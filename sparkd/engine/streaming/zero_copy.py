@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-import torch
-
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.quant_experts import KernelSelection
@@ -70,7 +68,7 @@ def _admit(store, layer: int, host_ids: list[int], host_slot: dict[int, int], in
 
 
 def _table(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device):
-    from sparkd.engine.kernels.moe import ExpertTable, prepare
+    from sparkd.engine.kernels.moe import ExpertTable, offsets_on, prepare
 
     gate, _, down = store._layer(layer).infos
     arena = store.arena.tensor
@@ -91,7 +89,6 @@ def _table(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int
         first = [[p.data_offset] for p in store.parts(layer, ids[0])]
         prepared = prepare(ExpertTable(base, base, base, *first, gate.ggml_type, down.ggml_type, dim, width),
                            device)
-        on = prepared.device
-        prepared = replace(prepared, **{name: torch.tensor(o, dtype=torch.int64).to(on, non_blocking=True)
-                                        for name, o in zip(("gate_off", "up_off", "down_off"), offsets)})
+        gate_off, up_off, down_off = offsets_on(offsets, prepared.device)
+        prepared = replace(prepared, gate_off=gate_off, up_off=up_off, down_off=down_off)
     return KernelSelection(prepared, vec_dot_format(gate.ggml_type), vec_dot_format(down.ggml_type))

@@ -1,0 +1,48 @@
+"""Compile the MoE decode and router kernels' last-program paths for sm_90 offline (the triton
+wheel carries ptxas; no GPU needed) and print each kernel's SASS atomics: the interpreter runs
+none of the PTX. Run without TRITON_INTERPRET; test_moe_decode_fusion.py runs it."""
+
+from gguf.constants import GGMLQuantizationType as T
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from triton.tools.disasm import get_sass
+
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, router_topk
+
+I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
+SCALARS = {"F": "i32", "D": "i32", "n": "i32", "E": "i32", "row_bytes": "i32", "scale": "fp32", "min_sum": "fp32"}
+
+
+def atomics(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool = True) -> int:
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, SCALARS.get(n)) for n in kern.arg_names}
+    src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
+    cubin = compile(src, target=GPUTarget("cuda", 90, 32),
+                    options={"num_warps": num_warps, "enable_fp_fusion": fp_fusion}).asm["cubin"]
+    return sum("ATOMG" in line for line in get_sass(cubin).splitlines())
+
+
+def main() -> None:
+    down = dict(down_ptr=U8, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_ptr=I32, rw_ptr=F32, y_ptr=F32,
+                part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
+    gate_up = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32,
+                   xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
+    for qtype, (gu_cfg, d_cfg) in moe.DECODE_TILES.items():
+        fam = dispatch.FAMILIES[T[qtype]]
+        tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True, **matmul.int_args(fam))
+        for res in (False, True):
+            n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=d_cfg.block_n, SPLIT=d_cfg.split,
+                                                      ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),
+                        d_cfg.num_warps)
+            print(f"idown {qtype} residual={res} atomics={n}")
+        n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
+                                                        HBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),
+                    gu_cfg.num_warps, fp_fusion=False)
+        print(f"igate_up {qtype} late-quant atomics={n}")
+    gate = dict(gate_ptr=F32, x_ptr=F32, part_ptr=F32, ticket_ptr=I32, bias_ptr=F32, w_ptr=F32, ids_ptr=I64)
+    n = atomics(router_topk._gate_topk, gate, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8,
+                                                   BLOCK_E=128, BLOCK_K=8, ROWS=4, COLS=256, SPLIT=8), 1)
+    print(f"gate_topk atomics={n}")
+
+
+if __name__ == "__main__":
+    main()

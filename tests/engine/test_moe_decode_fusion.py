@@ -1,0 +1,240 @@
+"""The fused MoE decode's work folded into its two launches, each against the torch code it
+replaces (layers/moe.DECODE_PARTS, switchable back): the kernels read offsets[ids] themselves
+instead of a gathering launch per table, a split down's ranges meet in the down launch (the
+last program of each row tile adds them in order) instead of a torch.sum launch, and the
+block's residual add happens in the down launch.
+
+Under the interpreter each is bit-equal to the old path, in the kernels and in the engine's
+decode step, and the step launches that many kernels fewer. On the GPU (marker gpu) the same
+checks run compiled; the in-launch fold adds in range order where torch's sum may not, so
+there it is held to the float32 bound instead.
+"""
+
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from test_kernels import BACKENDS, TILES, arena_table  # noqa: E402
+
+from sparkd.engine.kernels import dispatch, fused  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, tickets  # noqa: E402
+from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
+from sparkd.engine.layers import moe  # noqa: E402
+from sparkd.engine.make_model import plan, write_model  # noqa: E402
+from sparkd.engine.modelgen.specs import TINY  # noqa: E402
+from sparkd.engine.models import load_model  # noqa: E402
+
+# integer down (routing weight in the down kernel) and float down (routing weight in h)
+PAIRS = [(T.Q8_0, T.Q8_0), (T.Q4_K, T.Q6_K)]
+IDS = [3, 0, 4]  # out of table order: the kernels must follow the selection's order
+
+
+def downs(backend: str) -> list[GemvConfig]:
+    """Down tiles: unsplit, split 2 (ranges {0, 1}, {2}) and split 3 (an expert each)."""
+    base = TILES["cpu"]["down"] if backend == "cpu" else GemvConfig()
+    return [dataclasses.replace(base, split=s) for s in (1, 2, 3)]
+
+
+def selection(gu_type, d_type, backend):
+    table, *_ = arena_table(gu_type, d_type, 256, 256, 5, backend)
+    sel = prepare(table, backend).select(torch.tensor(IDS, device=backend))
+    return sel, torch.randn(256, device=backend), torch.rand(len(IDS), device=backend)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("gu_type,d_type", PAIRS, ids=lambda t: t.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernels_read_the_selection_as_the_gathered_offsets(backend, gu_type, d_type):
+    sel, x, w = selection(gu_type, d_type, backend)
+    gathered = sel.gathered()
+    assert gathered.ids is None and gathered.gate_off.tolist() == [sel.gate_off[i].item() for i in IDS]
+    for down in downs(backend):
+        got = moe_decode(sel, x, w, down=down, gate_up=TILES[backend].get("gate_up"))
+        want = moe_decode(gathered, x, w, down=down, gate_up=TILES[backend].get("gate_up"))
+        assert torch.equal(got, want), down.split
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("gu_type,d_type", PAIRS, ids=lambda t: t.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fold_in_the_down_launch_equals_the_torch_fold(backend, gu_type, d_type):
+    """Bit-equal under the interpreter (torch's CPU sum of few rows is the sequential one); on
+    the GPU within the float32 bound and the same bits run to run."""
+    sel, x, w = selection(gu_type, d_type, backend)
+    for down in downs(backend)[1:]:
+        gate_up = TILES[backend].get("gate_up")
+        got = [moe_decode(sel, x, w, down=down, gate_up=gate_up) for _ in range(2)]
+        want = moe_decode(sel, x, w, down=dataclasses.replace(down, fold="torch"), gate_up=gate_up)
+        assert all(torch.equal(got[0], g) for g in got[1:])
+        if backend == "cpu":
+            assert torch.equal(got[0], want), down.split
+        else:
+            assert float((got[0] - want).norm() / want.norm()) < 1e-6
+        tiles = -(-256 // down.block_n)
+        assert not tickets(tiles, got[0].device)[:tiles].any()  # reset for the next launch
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("gu_type,d_type", PAIRS, ids=lambda t: t.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_residual_in_the_down_launch_is_the_same_add(backend, gu_type, d_type):
+    """residual + the sum, whether the launch adds it (unsplit, in-launch fold) or torch after
+    it (torch fold, atomic adds): unsplit, split 2 and atomic."""
+    sel, x, w = selection(gu_type, d_type, backend)
+    r = torch.randn(256, device=backend)
+    one, two = downs(backend)[:2]
+    cases = [one, two, dataclasses.replace(two, fold="torch")]
+    if backend == "cpu":  # arrival-order adds on the GPU: two calls need not agree
+        cases.append(dataclasses.replace(one, atomic=True))
+    for down in cases:
+        kw = {"down": down, "gate_up": TILES[backend].get("gate_up")}
+        assert torch.equal(moe_decode(sel, x, w, residual=r, **kw), r + moe_decode(sel, x, w, **kw)), down
+
+
+def test_bad_selections_and_switches_are_refused():
+    dev = "cuda" if ON_GPU else "cpu"
+    table, *_ = arena_table(T.Q8_0, T.Q8_0, 256, 256, 4, dev)
+    p = prepare(table, dev)
+    bad = [torch.tensor([[0, 1]], device=dev), torch.tensor([0.0, 1.0], device=dev),
+           torch.tensor([0, 9, 1, 9], device=dev)[::2]]
+    for ids in bad:
+        with pytest.raises(dispatch.KernelArgumentError, match="need expert ids int32/int64 \\[A\\] contiguous"):
+            p.select(ids)
+    out = torch.full((256,), float("nan"), device=dev)
+    with pytest.raises(dispatch.KernelArgumentError, match="fold 'late' is not one of"):
+        moe_decode(p, torch.randn(256, device=dev), torch.rand(4, device=dev), out=out,
+                   down=GemvConfig(split=2, fold="late"))
+    with pytest.raises(dispatch.KernelArgumentError, match="residual"):
+        moe_decode(p, torch.randn(256, device=dev), torch.rand(4, device=dev), out=out,
+                   residual=torch.randn(255, device=dev))
+    assert torch.isnan(out).all()
+    assert moe.decode_parts("all") == frozenset(moe.DECODE_PARTS) and moe.decode_parts("none") == frozenset()
+    assert moe.decode_parts(" ids , fold") == {"ids", "fold"}
+    with pytest.raises(ValueError, match="unknown gather .*SPARKD_MOE_DECODE"):
+        moe.decode_parts("ids,gather")
+
+
+def _launch_count():
+    path = Path(__file__).parents[2] / "bench" / "gpu_box" / "launch_count.py"
+    spec = importlib.util.spec_from_file_location("launch_count", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(ON_GPU, reason="counts the CPU dispatch of the interpreted step; the GPU box "
+                                   "counts a graph replay in decode_profile.py")
+def test_decode_step_is_bit_equal_with_fewer_launches(tmp_path, monkeypatch):
+    """qwen3moe with Q8_0 experts through the MoE kernels, static decode step: the parts that keep
+    the bits (ids, fold, residual, quant_h) on against every part off, same logits bits and per
+    layer 3 index launches, the fold's sum, the residual add and h's quantization fewer; the
+    router part on too, the gate's matmul gone and the logits within the step bound."""
+    path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    m = load_model(path, device="cpu", kernels=True)
+    counts, logits = {}, {}
+    try:
+        for spec in ("none", "ids,fold,residual,quant_h", "all"):
+            monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts(spec))
+            counts[spec] = _launch_count().static_step_counts(m.net, "all", on_cpu=True)
+            before = fused.configure("all", on_cpu=True)
+            try:
+                cache = m.net.new_cache(16)
+                m.net(torch.tensor([1, 7, 42]), cache)
+                logits[spec] = m.net(torch.tensor([5]), cache)
+            finally:
+                fused.configure(before)
+        n_layer = len(m.net.blocks)
+    finally:
+        m.close()
+    assert torch.equal(logits["ids,fold,residual,quant_h"], logits["none"])
+    assert float((logits["all"] - logits["none"]).norm() / logits["none"].norm()) < 5e-6
+    none, kept, every = (counts[s]["ops"] for s in ("none", "ids,fold,residual,quant_h", "all"))
+    assert none["triton:_idown_kernel"] == kept["triton:_idown_kernel"] == n_layer  # the kernels ran
+    for op, fewer in (("index", 3 * n_layer), ("sum", n_layer), ("add", n_layer), ("triton:_quant_kernel", n_layer)):
+        assert none.get(op, 0) - kept.get(op, 0) == fewer, op
+    assert counts["none"]["total"] - counts["ids,fold,residual,quant_h"]["total"] == 6 * n_layer
+    assert kept["mm"] - every.get("mm", 0) == n_layer  # the router gates' matmuls
+    assert every["triton:_gate_topk"] == n_layer and "triton:_router_topk" not in every
+    assert counts["ids,fold,residual,quant_h"]["total"] - counts["all"]["total"] == n_layer
+
+
+# (E, D, top_k, gating, norm_w, scale, bias): row tails (E not a multiple of 4), column tails and
+# splits (D over tiles of 32 columns), every gating
+GATES = [(37, 100, 4, "softmax", True, 0.0, False), (8, 64, 2, "sigmoid", False, 2.5, True),
+         (20, 300, 16, "sqrt_softplus", True, 1.5, False), (7, 32, 7, "softmax_weight", False, 0.0, False)]
+
+
+@pytest.mark.parametrize("E, D, top_k, gating, norm_w, scale, bias", GATES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_router_gate_gemv_in_the_topk_launch(backend, E, D, top_k, gating, norm_w, scale, bias):
+    """gate_topk against Router's torch code (matmul, then the selection): the same experts, the
+    weights within the router bound (the logits are summed in another order than torch's), the
+    same bits on every run, and the ticket back at zero."""
+    from sparkd.engine.kernels.router_topk import gate_topk
+    from sparkd.engine.layers.linear import Linear
+
+    # logits of std 4, as test_fused_kernels' router test: router_topk's softplus, log(1 + exp(x)),
+    # is 0 below about -17 where torch's log1p is not, and ties of 0 may come in either order
+    weight, x = torch.randn(E, D) * (4 / D ** 0.5), torch.randn(1, D)
+    sel_bias = torch.rand(E) if bias else None
+    router = moe.Router(Linear(weight), top_k, gating, norm_w, scale, sel_bias)
+    before = fused.configure("none")
+    try:
+        want_w, want_ids = router(x)
+    finally:
+        fused.configure(before)
+    runs = [gate_topk(weight.to(backend), x.to(backend), top_k, gating, norm_w, scale, 6.103515625e-5,
+                      None if sel_bias is None else sel_bias.to(backend), cols=32) for _ in range(2)]
+    (got_w, got_ids), (again_w, again_ids) = runs
+    assert torch.equal(got_w, again_w) and torch.equal(got_ids, again_ids)
+    assert torch.equal(got_ids.cpu(), want_ids)
+    assert float((got_w.cpu() - want_w).norm() / want_w.norm()) < 1e-6
+    assert not tickets(1, got_w.device)[0]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter variant; the GPU box runs the step tests")
+def test_router_takes_the_gate_kernel_only_where_it_fits(monkeypatch):
+    """One float32 token with the switches on: gate_topk (one launch); several tokens, the
+    "router" part off, or a rounded gate: the matmul, then router_topk."""
+    from sparkd.engine.layers.linear import Linear
+
+    launched = []
+    import sparkd.engine.kernels.router_topk as rt
+    for name in ("gate_topk", "router_topk"):
+        real = getattr(rt, name)
+        monkeypatch.setattr(rt, name, lambda *a, _real=real, _name=name, **k: launched.append(_name) or _real(*a, **k))
+    before = fused.configure("all", on_cpu=True)
+    try:
+        router = moe.Router(Linear(torch.randn(16, 64)), 2)
+        router(torch.randn(1, 64))
+        router(torch.randn(3, 64))
+        monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts("ids,fold,residual,quant_h"))
+        router(torch.randn(1, 64))
+        monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts("all"))
+        moe.Router(Linear(torch.randn(16, 64), act_fmt="q8_0"), 2)(torch.randn(1, 64))
+    finally:
+        fused.configure(before)
+    assert launched == ["gate_topk", "router_topk", "router_topk", "router_topk"]
+
+
+def test_last_program_paths_compile_for_the_gpu_with_one_atomic():
+    """The interpreter runs no PTX: compile the down folds (with and without the residual), the
+    late h quantization and the router's gate GEMV for sm_90 offline (moe_compile.py); the
+    ticket is each kernel's one atomic (the sums are plain loads and adds)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = os.path.join(os.path.dirname(__file__), "moe_compile.py")
+    out = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split().count("atomics=1") == 7, out.stdout
