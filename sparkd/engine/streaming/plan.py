@@ -25,6 +25,7 @@ from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.qlinear import CHUNK_VALUES
 from sparkd.engine.models.config import ModelConfig
 from sparkd.engine.models.staging import staging_buffer_bytes
+from sparkd.engine.models.weights import resident_q8_0_layout
 from sparkd.engine.streaming.device import CPU, DeviceInfo, split_vram, wants_vram_cache
 
 # A routed-expert weight tensor; its biases (gpt-oss) are small and stay resident with the trunk.
@@ -257,7 +258,7 @@ def trunk_bytes(g: GGUFModel, n_layer: int | None = None, kernel_types: frozense
             continue
         if kernel_types is not None:
             raw = len(info.shape) == 2 and info.ggml_type in kernel_types and name != "token_embd.weight"
-            total += info.nbytes if raw else info.n_elements * F32_BYTES
+            total += _device_raw_bytes(info) if raw else info.n_elements * F32_BYTES
         elif len(info.shape) != 2 or info.ggml_type in (Q.F32, Q.F64):
             total += info.n_elements * F32_BYTES
         elif info.ggml_type == Q.Q8_0:  # int8 quants and f32 scales held apart (QuantRows)
@@ -265,6 +266,17 @@ def trunk_bytes(g: GGUFModel, n_layer: int | None = None, kernel_types: frozense
         else:
             total += info.nbytes
     return total
+
+
+def _device_raw_bytes(info) -> int:
+    """A kernel projection's bytes on the device: its file bytes, or whole 272-byte groups per
+    row in the packed Q8_0 layout (Weights.linear repacks resident Q8_0 projections)."""
+    if info.ggml_type != Q.Q8_0 or resident_q8_0_layout() != "packed":
+        return info.nbytes
+    from sparkd.engine.kernels.q8_0_packed import row_bytes  # imports triton: a GPU's plan only
+
+    rows, cols = info.shape
+    return rows * row_bytes(cols)
 
 
 def largest_trunk_tensor_bytes(g: GGUFModel) -> int:
