@@ -161,19 +161,24 @@ def test_engine_generate_equal_with_and_without_graphs(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
 def test_graph_replay_equals_eager_on_cuda(tmp_path, quant):
-    """Greedy tokens through the captured graphs equal the eager CUDA step's over a run that
-    crosses bucket boundaries (first_bucket=4: spans 8, 16, 32)."""
+    """The captured graphs give the same bits as the same static step run eagerly, over a run that
+    crosses bucket boundaries (first_bucket=4: spans 8, 16, 32); and the greedy tokens of the
+    plain eager decode. Its logits only within 1e-2: eager T=1 attends in torch, the static step
+    through the fused decode_attention kernel (another summation order), and one Q8_K rounding of
+    an activation flipped by that last bit moves the logits ~2e-3 (Q4_K, seen on the H200)."""
     shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
     path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
     m = load_model(path, device="cuda")
     try:
         assert use_graphs("on", m.net, "cuda")
         want, want_ids = decode(m.net, lambda c: lambda t: m.net(torch.tensor([t]), c), 24, 32)
+        static, static_ids = decode(m.net, lambda c: StaticDecode(m.net, c, False, 4), 24, 32)
         graphed = []
         got, got_ids = decode(m.net, lambda c: graphed.append(StaticDecode(m.net, c, True, 4)) or graphed[0], 24, 32)
     finally:
         m.close()
     assert sorted(graphed[0]._graphs) == [8, 16, 32]
-    assert got_ids == want_ids
+    assert got_ids == static_ids == want_ids
+    assert torch.equal(got, static), "graph replay differs from the same static step run eagerly"
     err = float((got - want).norm() / want.norm())
-    assert err < 1e-5, f"graph replay vs eager relative error {err:.2e}"
+    assert err < 1e-2, f"graph replay vs eager relative error {err:.2e}"
