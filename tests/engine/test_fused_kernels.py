@@ -11,13 +11,12 @@ the ids equal, static step logits <= 4.5e-7 over six archs. The bounds leave ~10
 the GPU, whose exp is approximate and whose compiler may fuse multiply-adds.
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from bench_script import load_bench_script
 import torch
 
 ON_GPU = torch.cuda.is_available()
@@ -275,19 +274,11 @@ def test_fused_static_step_equals_torch_step(models, backend, arch):
     assert rel_err(got, want) < BOUND["step"], f"{arch}: fused vs torch static step"
 
 
-def load_launch_count():
-    path = Path(__file__).parents[2] / "bench" / "gpu_box" / "launch_count.py"
-    spec = importlib.util.spec_from_file_location("launch_count", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.skipif(ON_GPU, reason="counts the CPU dispatch of the interpreted step; the GPU box "
                                    "counts a graph replay in decode_profile.py")
 def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models):
     """qwen3moe: q/k norms fold into rope_kv; no torch norm, rope, softmax or top-k is left."""
-    counts = load_launch_count()
+    counts = load_bench_script("gpu_box/launch_count.py")
     m = load_model(models["qwen3moe"])
     try:
         n_layer = len(m.net.blocks)

@@ -11,13 +11,12 @@ there it is held to the float32 bound instead.
 """
 
 import dataclasses
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from bench_script import load_bench_script
 import torch
 from gguf import GGMLQuantizationType as T
 
@@ -126,14 +125,6 @@ def test_bad_selections_and_switches_are_refused():
         moe.decode_parts("ids,gather")
 
 
-def _launch_count():
-    path = Path(__file__).parents[2] / "bench" / "gpu_box" / "launch_count.py"
-    spec = importlib.util.spec_from_file_location("launch_count", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.skipif(ON_GPU, reason="counts the CPU dispatch of the interpreted step; the GPU box "
                                    "counts a graph replay in decode_profile.py")
 def test_decode_step_is_bit_equal_with_fewer_launches(tmp_path, monkeypatch):
@@ -147,7 +138,7 @@ def test_decode_step_is_bit_equal_with_fewer_launches(tmp_path, monkeypatch):
     try:
         for spec in ("none", "ids,fold,residual,quant_h", "all"):
             monkeypatch.setattr(moe, "DECODE_ON", moe.decode_parts(spec))
-            counts[spec] = _launch_count().static_step_counts(m.net, "all", on_cpu=True)
+            counts[spec] = load_bench_script("gpu_box/launch_count.py").static_step_counts(m.net, "all", on_cpu=True)
             before = fused.configure("all", on_cpu=True)
             try:
                 cache = m.net.new_cache(16)
