@@ -8,12 +8,16 @@ Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
-Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split].
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split];
+"w:" before a Q4_K tile: kern6's [BN, 4, 8] float tile (q4_k.TILES["words"]) instead of the default.
+--shapes 151936x2048,14336x4096 replaces SHAPES.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 
 import torch
@@ -21,7 +25,7 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, q4_k, q8_0_packed
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv
 
 SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
@@ -40,7 +44,9 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
               "4/2/4/e/1"],
     # Q4_K (kern6): 1-warp tiles of 4-8 rows, the whole row's groups in one or two loop steps, with
     # and without split-K, next to session 4's best elementwise shapes
-    "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
+    # Q4_K (kern7): the chunks tile (q4_k._idot_chunks, words summed in integers per thread) next to
+    # kern6's words tile ("w:"); 4/1/2/e and 8/1/2/e fit 64 registers (32 one-warp programs per SM)
+    "Q4_K": ["w:4/1/4/e", "4/1/2/e", "8/1/2/e", "8/1/4/e"],
 }
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
     T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],
@@ -54,6 +60,19 @@ def quant_row(fmt: str, cols: int) -> dict:
     x = torch.randn(1, cols, device="cuda")
     sec = kb.graph_seconds(lambda i: act_quant.quantize(x, fmt), 2)
     return dict(kernel=f"act_quant 1x{cols}", type=fmt, config="", us=sec * 1e6, bw=0.0, frac=0.0, err=0.0)
+
+
+@contextlib.contextmanager
+def q4_k_tile(label: str):
+    """The Q4_K family with kern6's words tile while a "w:" label runs."""
+    saved = dispatch.FAMILIES[T.Q4_K]
+    if label.startswith("w:"):
+        idot, iacc = q4_k.TILES["words"]
+        dispatch.FAMILIES[T.Q4_K] = dataclasses.replace(saved, idot=idot, iacc=iacc)
+    try:
+        yield
+    finally:
+        dispatch.FAMILIES[T.Q4_K] = saved
 
 
 def tiles_name(name: str) -> str:
@@ -82,11 +101,12 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     out = []
     base = OLD_GEMV_TILES[tiles_name(name)]
     extra = [] if GEMV_TILES[tiles_name(name)] == base else [("default", None)]
-    tried = [(t, tile(t)) for t in CANDIDATES[name]] if CANDIDATES_ON else []
+    tried = [(t, tile(t.removeprefix("w:"))) for t in CANDIDATES[name]] if CANDIDATES_ON else []
     for label, cfg in [("old default", base)] + extra + tried:
         y.fill_(float("nan"))
-        err = kb.rel_err(run(cfg, 0), ref)
-        sec = kb.graph_seconds(lambda i: run(cfg, i), n)
+        with q4_k_tile(label):
+            err = kb.rel_err(run(cfg, 0), ref)
+            sec = kb.graph_seconds(lambda i: run(cfg, i), n)
         out.append(dict(kernel=f"gemv {rows}x{cols}", type=name, config=label, us=sec * 1e6, bw=nbytes / sec,
                         frac=nbytes / sec / copy_bw, err=err))
     kb.print_rows(out)
@@ -122,6 +142,8 @@ def main() -> None:
     ap.add_argument("--moe", action="store_true", help="also the MoE 2048x768 top-8 decode tiles")
     ap.add_argument("--defaults-only", action="store_true", help="only the old and the new default tiles")
     ap.add_argument("--moe-types", default="Q8_0,Q4_K", help="the types --moe times")
+    ap.add_argument("--shapes", default=None, help="rowsxcols,... instead of SHAPES")
+    ap.add_argument("--no-act-quant", action="store_true", help="leave out act_quant's rows")
     args = ap.parse_args()
     global CANDIDATES_ON
     CANDIDATES_ON = not args.defaults_only
@@ -129,10 +151,12 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"defaults {GEMV_TILES}", flush=True)
     rows = []
+    shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     for name in args.types.split(","):
-        for shape in SHAPES:
+        for shape in shapes:
             rows += guarded(dense, name, *shape, copy_bw)
-    quants_rows = [quant_row(fmt, cols) for fmt in (act_quant.Q8_0, act_quant.Q8_K) for cols in (2048, 4096)]
+    quants_rows = [] if args.no_act_quant else [quant_row(fmt, cols) for fmt in (act_quant.Q8_0, act_quant.Q8_K)
+                                                  for cols in (2048, 4096)]
     kb.print_rows(quants_rows)
     rows += quants_rows
     if args.moe:
