@@ -9,15 +9,12 @@ Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
 Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split];
-"w:" before a Q4_K tile: kern6's [BN, 4, 8] float tile (q4_k.TILES["words"]) instead of the default.
 --shapes 151936x2048,14336x4096 replaces SHAPES.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
 
 import torch
@@ -25,7 +22,7 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, q4_k, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, q8_0_packed
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv
 
 SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
@@ -44,9 +41,7 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
               "4/2/4/e/1"],
     # Q4_K (kern6): 1-warp tiles of 4-8 rows, the whole row's groups in one or two loop steps, with
     # and without split-K, next to session 4's best elementwise shapes
-    # Q4_K (kern7): the chunks tile (q4_k._idot_chunks, words summed in integers per thread) next to
-    # kern6's words tile ("w:"); 4/1/2/e and 8/1/2/e fit 64 registers (32 one-warp programs per SM)
-    "Q4_K": ["w:4/1/4/e", "4/1/2/e", "8/1/2/e", "8/1/4/e"],
+    "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
 }
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
     T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],
@@ -60,19 +55,6 @@ def quant_row(fmt: str, cols: int) -> dict:
     x = torch.randn(1, cols, device="cuda")
     sec = kb.graph_seconds(lambda i: act_quant.quantize(x, fmt), 2)
     return dict(kernel=f"act_quant 1x{cols}", type=fmt, config="", us=sec * 1e6, bw=0.0, frac=0.0, err=0.0)
-
-
-@contextlib.contextmanager
-def q4_k_tile(label: str):
-    """The Q4_K family with kern6's words tile while a "w:" label runs."""
-    saved = dispatch.FAMILIES[T.Q4_K]
-    if label.startswith("w:"):
-        idot, iacc = q4_k.TILES["words"]
-        dispatch.FAMILIES[T.Q4_K] = dataclasses.replace(saved, idot=idot, iacc=iacc)
-    try:
-        yield
-    finally:
-        dispatch.FAMILIES[T.Q4_K] = saved
 
 
 def tiles_name(name: str) -> str:
@@ -101,12 +83,11 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     out = []
     base = OLD_GEMV_TILES[tiles_name(name)]
     extra = [] if GEMV_TILES[tiles_name(name)] == base else [("default", None)]
-    tried = [(t, tile(t.removeprefix("w:"))) for t in CANDIDATES[name]] if CANDIDATES_ON else []
+    tried = [(t, tile(t)) for t in CANDIDATES[name]] if CANDIDATES_ON else []
     for label, cfg in [("old default", base)] + extra + tried:
         y.fill_(float("nan"))
-        with q4_k_tile(label):
-            err = kb.rel_err(run(cfg, 0), ref)
-            sec = kb.graph_seconds(lambda i: run(cfg, i), n)
+        err = kb.rel_err(run(cfg, 0), ref)
+        sec = kb.graph_seconds(lambda i: run(cfg, i), n)
         out.append(dict(kernel=f"gemv {rows}x{cols}", type=name, config=label, us=sec * 1e6, bw=nbytes / sec,
                         frac=nbytes / sec / copy_bw, err=err))
     kb.print_rows(out)

@@ -15,8 +15,6 @@ and does llama.cpp's arithmetic: dp4a of masked nibble words with x words per su
 d_x * (d * sum_s sc_s * isum_s - dmin * sum_s mn_s * xsum_s).
 """
 
-import os
-
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
@@ -155,32 +153,6 @@ def _idot_tile(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl
 
 
 @triton.jit
-def _idot_chunks(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.constexpr):
-    """idot into the tile acc [BN, 4, 2]: each thread's four qs words (one 128-bit load, half a
-    32-byte chunk) summed in integers before the float step, so the float work and the scale
-    multiply are once per 32 values instead of once per 8 (the same integer sums as _idot_tile)."""
-    j = tl.arange(0, 4)[None, :, None, None]  # 32-byte chunk of qs: sub-blocks 2j (low), 2j+1 (high)
-    h = tl.arange(0, 2)[None, None, :, None]  # half of the chunk
-    w = tl.arange(0, 4)[None, None, None, :]  # word in the half: all four in one thread
-    blk = w_ptr + row_off[:, None, None, None] + g * 144  # [BN, 1, 1, 1]
-    m = rmask[:, None, None, None]
-    words = tl.load((blk + 16).to(tl.pointer_type(tl.int32)) + j * 8 + h * 4 + w, mask=m, other=0)
-    xw = xw_ptr + g * 64 + j * 16 + h * 4 + w + tl.zeros(words.shape, tl.int32)  # the words' shape (_idot_tile)
-    sc_lo, mn_lo = scale_min_int(blk + 4, 2 * j, m)  # [BN, 4, 1, 1]
-    sc_hi, mn_hi = scale_min_int(blk + 4, 2 * j + 1, m)
-    # keep_dims: every value stays in the words' layout (no conversion through shared memory)
-    isum = tl.sum(sc_lo * dp4a(words & 0x0F0F0F0F, tl.load(xw), EMU)
-                  + sc_hi * dp4a((words >> 4) & 0x0F0F0F0F, tl.load(xw + 8), EMU), 3, keep_dims=True)
-    xs = xs_ptr + g * 8 + 2 * j
-    msum = mn_lo * tl.load(xs) + mn_hi * tl.load(xs + 1)  # [BN, 4, 1, 1]
-    dx = tl.load(xd_ptr + g)
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32) * dx
-    dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32) * dx
-    # the min term once per sub-block: half of it on each half chunk
-    return acc + tl.sum(d * isum.to(tl.float32) - (dmin * 0.5) * msum.to(tl.float32), 3)
-
-
-@triton.jit
 def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     if EW:
         acc = _idot_tile(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU)
@@ -189,20 +161,5 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     return acc
 
 
-@triton.jit
-def idot_chunks(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """idot with _idot_chunks as its elementwise tile."""
-    if EW:
-        acc = _idot_chunks(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU)
-    else:
-        acc = _idot_rows(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU)
-    return acc
-
-
-# the elementwise tile, read once: "chunks" (kern7, the default: words summed in integers per
-# thread), "words" (kern6's [BN, 4, 8] float tile) to fall back without a code change
-TILE_ENV = "SPARKD_Q4_K_TILE"
-TILES = {"chunks": (idot_chunks, (4, 2)), "words": (idot, (4, 8))}
-_IDOT, _IACC = TILES[os.environ.get(TILE_ENV, "chunks")]
-FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4, idot=_IDOT,
-                act_fmt=Q8_K, iacc=_IACC)
+FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4, idot=idot,
+                act_fmt=Q8_K, iacc=(4, 8))
