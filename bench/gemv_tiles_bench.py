@@ -8,7 +8,8 @@ Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
-Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split].
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split];
+--shapes 151936x2048,14336x4096 replaces SHAPES.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def main() -> None:
     ap.add_argument("--moe", action="store_true", help="also the MoE 2048x768 top-8 decode tiles")
     ap.add_argument("--defaults-only", action="store_true", help="only the old and the new default tiles")
     ap.add_argument("--moe-types", default="Q8_0,Q4_K", help="the types --moe times")
+    ap.add_argument("--shapes", default=None, help="rowsxcols,... instead of SHAPES")
+    ap.add_argument("--no-act-quant", action="store_true", help="leave out act_quant's rows")
     args = ap.parse_args()
     global CANDIDATES_ON
     CANDIDATES_ON = not args.defaults_only
@@ -129,10 +132,12 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"defaults {GEMV_TILES}", flush=True)
     rows = []
+    shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     for name in args.types.split(","):
-        for shape in SHAPES:
+        for shape in shapes:
             rows += guarded(dense, name, *shape, copy_bw)
-    quants_rows = [quant_row(fmt, cols) for fmt in (act_quant.Q8_0, act_quant.Q8_K) for cols in (2048, 4096)]
+    quants_rows = [] if args.no_act_quant else [quant_row(fmt, cols) for fmt in (act_quant.Q8_0, act_quant.Q8_K)
+                                                  for cols in (2048, 4096)]
     kb.print_rows(quants_rows)
     rows += quants_rows
     if args.moe:
