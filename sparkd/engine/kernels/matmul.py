@@ -174,12 +174,13 @@ def store_part(y_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr, ATOMIC: tl.const
 
 
 @triton.jit
-def fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPLIT: tl.constexpr):
+def fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPLIT: tl.constexpr,
+              res_ptr=None, RES: tl.constexpr = False):
     """Split-K without a fold launch: store this program's sums as row `part` of the [SPLIT, N]
     partials; the program of row tile `tile` that finishes last (tickets_ptr[tile], int32, zero
     before the launch) adds the SPLIT rows in order 0..SPLIT-1 (from 0.0, as torch.sum does for
-    SPLIT <= 4) into y and sets the ticket back to 0 for the next launch. The same bits whatever
-    the arrival order; no sum is atomic, only the ticket."""
+    SPLIT <= 4) into y, then the residual res_ptr[rows] if RES, and sets the ticket back to 0 for
+    the next launch. The same bits whatever the arrival order; no sum is atomic, only the ticket."""
     tl.store(part_ptr + part * N + rows, acc, mask=rmask)
     tl.debug_barrier()  # every thread's stores are issued before the ticket (acq_rel) publishes them
     ticket = tl.atomic_add(tickets_ptr + tile, 1, sem="acq_rel")
@@ -188,6 +189,8 @@ def fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPL
         for s in tl.static_range(SPLIT):
             # .cg: the other programs' stores from L2, never an L1 line (ptxas refuses .cg with volatile)
             total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+        if RES:
+            total = total + tl.load(res_ptr + rows, mask=rmask)
         tl.store(y_ptr + rows, total, mask=rmask)
         tl.store(tickets_ptr + tile, 0)
 

@@ -81,24 +81,15 @@ def _offset(off_ptr, ids_ptr, a, IDS: tl.constexpr):
 def _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr,
             ATOMIC: tl.constexpr, FOLD: tl.constexpr, RES: tl.constexpr):
     """A down program's sums for its rows. SPLIT 1: y = acc (+ the residual if RES). FOLD (SPLIT
-    > 1): matmul.fold_part's last-program fold in the launch; with RES its steps written out here
-    with the residual added after the ordered sum (fold_part has none). Else matmul.store_part
-    (a torch fold or atomics after the launch)."""
+    > 1): matmul.fold_part's last-program fold in the launch, the residual added after the
+    ordered sum. Else matmul.store_part (a torch fold or atomics after the launch)."""
     if SPLIT == 1:
         if RES:
             acc = acc + tl.load(res_ptr + rows, mask=rmask)
         tl.store(y_ptr + rows, acc, mask=rmask)
-    elif FOLD and not RES:
-        fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT)
     elif FOLD:
-        tl.store(part_ptr + tl.program_id(1) * N + rows, acc, mask=rmask)
-        tl.debug_barrier()  # every thread's partial stored before the ticket releases them
-        if tl.atomic_add(tickets_ptr + tl.program_id(0), 1, sem="acq_rel") == SPLIT - 1:
-            total = tl.zeros(acc.shape, tl.float32)
-            for s in tl.static_range(SPLIT):  # .cg: the other programs' stores from L2
-                total += tl.load(part_ptr + s * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + rows, total + tl.load(res_ptr + rows, mask=rmask), mask=rmask)
-            tl.store(tickets_ptr + tl.program_id(0), 0)
+        fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT,
+                  res_ptr, RES)
     else:
         store_part(part_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
 
