@@ -62,8 +62,10 @@ def measure(model: str, device: str) -> dict:
     from sparkd.engine.streaming.session import limit_allocator_slack
 
     limit_allocator_slack()  # as open_streaming does: freed tensors go back to the kernel
-    # torch's one-time set-up of a broadcasting op (33 MiB on meta here) is runtime, not load
+    # torch's one-time set-up of a broadcasting op (33 MiB on meta here) and of cat (37 MiB on
+    # meta: its Python meta kernel; the load's fused QKV stack is a cat) is runtime, not load
     torch.ones(2, 2, device=device).mul_(torch.ones(2, 1, device=device))
+    torch.cat([torch.ones(2, dtype=torch.uint8, device=device)] * 2)
     baseline = anon_bytes()
     sampler = PeakSampler().start()
     m = load_model(model, device=torch.device("meta") if device == "meta" else device)
