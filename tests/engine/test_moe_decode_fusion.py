@@ -195,6 +195,34 @@ def test_router_gate_gemv_in_the_topk_launch(backend, E, D, top_k, gating, norm_
     assert not tickets(1, got_w.device)[0]
 
 
+def test_router_gate_gemv_refuses_bad_arguments():
+    """A gate that is not float32 [E, D], x that is not [1, D], or a selection router_topk cannot
+    make: the clear error, and no launch (the ticket stays zero)."""
+    from sparkd.engine.kernels.router_topk import gate_topk
+
+    weight, x = torch.randn(16, 64), torch.randn(1, 64)
+    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the router gate GEMV: .*float16 \[16, 64\]"):
+        gate_topk(weight.half(), x, 2, "softmax", True, 0.0, 6e-5)
+    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the router gate GEMV: .* x .* \[2, 64\]"):
+        gate_topk(weight, torch.randn(2, 64), 2, "softmax", True, 0.0, 6e-5)
+    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run router_topk on 16 experts, top_k 17"):
+        gate_topk(weight, x, 17, "softmax", True, 0.0, 6e-5)
+    assert not tickets(1, x.device)[0]
+
+
+def test_a_moe_with_shared_experts_refuses_the_residual():
+    """Block hands the residual only to a MoE that takes it; handed one anyway, a MoE with shared
+    experts says so before routing anything."""
+    from sparkd.engine.layers.ffn import GatedFFN
+    from sparkd.engine.layers.linear import Linear
+
+    shared = GatedFFN(Linear(torch.randn(8, 16)), Linear(torch.randn(8, 16)), Linear(torch.randn(16, 8)), "silu")
+    layer = moe.MoE(3, moe.Router(Linear(torch.randn(4, 16)), 2), store=None, shared=shared)
+    assert not layer.takes_residual
+    with pytest.raises(ValueError, match="could not add the residual inside MoE layer 3: it has shared experts"):
+        layer(torch.randn(1, 16), residual=torch.randn(1, 16))
+
+
 @pytest.mark.skipif(ON_GPU, reason="the interpreter variant; the GPU box runs the step tests")
 def test_router_takes_the_gate_kernel_only_where_it_fits(monkeypatch):
     """One float32 token with the switches on: gate_topk (one launch); several tokens, the

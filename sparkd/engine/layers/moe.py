@@ -159,7 +159,8 @@ class MoE(nn.Module):
         """The layer's output [T, D]; given residual [T, D] (takes_residual), residual + it, the
         same bits, added inside the fused decode's down launch where that runs."""
         if residual is not None and self.shared is not None:
-            raise ValueError("could not add the residual inside the MoE: it has shared experts")
+            raise ValueError(f"could not add the residual inside MoE layer {self.il}: it has shared experts "
+                             f"(pass residual only where takes_residual is true; add it after the layer)")
         w, ids = self.router(x, ids)  # [T, A], [T, A]; ids given: fixed (hash) routing
         if self.act_name in ("silu", "swiglu_oai") and hasattr(self.store, "kernel_select"):
             out = self._kernels(x, w.float().contiguous(), ids, residual)
