@@ -50,6 +50,7 @@ class KernelLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.act_fmt = act_fmt
         self.parts = tuple(parts) if parts else (self.shape[0],)
+        self._gemv_configs: dict[bool, tuple] = {}  # _gemv_config's, per device kind
 
     @classmethod
     def stack(cls, layers: list[nn.Module]) -> KernelLinear | None:
@@ -88,19 +89,30 @@ class KernelLinear(nn.Module):
         return y.reshape(*lead, self.shape[0])
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
-        from sparkd.engine.kernels import dispatch
-        from sparkd.engine.kernels.matmul import GemvConfig, default_config, gemv, split_for
+        from sparkd.engine.kernels.matmul import gemv
 
-        # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
-        fam = dispatch.family(self.qtype)
-        cfg = default_config(fam) if x.is_cuda else GemvConfig(block_n=64)
-        groups = -(-self.shape[1] // (fam.nsub * fam.sublen))  # as gemv counts them
-        splits = {split_for(cfg, rows, groups) for rows in self.parts}
-        if len(splits) == 1:  # integer kernels (Q8_0, Q4_K) quantize x themselves, as round_x would
-            cfg = dataclasses.replace(cfg, split=splits.pop())
+        cfg, one_launch = self._gemv_config(x.is_cuda)
+        if one_launch:  # integer kernels (Q8_0, Q4_K) quantize x themselves, as round_x would
             return gemv(self.raw, self.qtype, self.shape, x, config=cfg, round_x=self._round)
         # parts on both sides of split_for's threshold: one launch would change some rows' sums
         return torch.cat([gemv(*self._part(i), x, config=cfg, round_x=self._round) for i in range(len(self.parts))])
+
+    def _gemv_config(self, on_cuda: bool) -> tuple:
+        """(tile, whether the parts share one launch), worked out on a device's first call: the
+        decode path calls every projection once per token."""
+        if on_cuda not in self._gemv_configs:
+            from sparkd.engine.kernels import dispatch
+            from sparkd.engine.kernels.matmul import GemvConfig, default_config, split_for
+
+            # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
+            fam = dispatch.family(self.qtype)
+            cfg = default_config(fam) if on_cuda else GemvConfig(block_n=64)
+            groups = -(-self.shape[1] // (fam.nsub * fam.sublen))  # as gemv counts them
+            splits = {split_for(cfg, rows, groups) for rows in self.parts}
+            one_launch = len(splits) == 1
+            self._gemv_configs[on_cuda] = (dataclasses.replace(cfg, split=splits.pop()) if one_launch else cfg,
+                                           one_launch)
+        return self._gemv_configs[on_cuda]
 
     def _gemm(self, h: torch.Tensor, i: int) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import gemm
