@@ -195,6 +195,23 @@ def test_router_topk_matches_router(backend, E, top_k, gating, norm_w, scale, bi
     assert rel_err(got_w.gather(-1, order[0]), want_w.gather(-1, order[1])) < BOUND["router"]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_router_topk_softplus_of_very_negative_logits(backend):
+    """sqrt-softplus far below 0, where log(1 + exp(x)) rounds to 0 and torch's log1p does not:
+    every weight within the router bound of torch's, none of them 0."""
+    logits = -torch.linspace(5.0, 60.0, 24).reshape(2, 12)
+    router = Router(Linear(torch.eye(12)), 4, "sqrt_softplus", False, 0.0, None)
+    before = fused.configure("none")
+    try:
+        want_w, want_ids = router(logits)
+    finally:
+        fused.configure(before)
+    got_w, got_ids = router_topk(logits.to(backend), 4, "sqrt_softplus", False, 0.0, 6.103515625e-5)
+    assert torch.equal(got_ids.cpu(), want_ids)
+    assert bool((got_w.cpu() > 0).all())
+    assert float(((got_w.cpu() - want_w) / want_w).abs().max()) < BOUND["router"]
+
+
 def test_router_topk_refuses_bad_arguments():
     with pytest.raises(KernelArgumentError, match=r"could not run router_topk .* top_k 17"):
         router_topk(torch.randn(1, 32), 17, "softmax", False, 0.0, 6e-5)

@@ -36,6 +36,14 @@ def _router_topk(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, logits_row_stride, sca
 
 
 @triton.jit
+def _log1p(e):
+    """log(1 + e) accurate for small e (log(1 + e) alone is 0 once 1 + e rounds to 1, below
+    e ~ 6e-8): log(u) * e / (u - 1) with u = 1 + e cancels u's rounding error (Goldberg, 1991)."""
+    u = 1.0 + e
+    return tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))
+
+
+@triton.jit
 def _select(x, e, live, bias_ptr, w_ptr, ids_ptr, scale, min_sum, GATING: tl.constexpr,
             HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr, TOP_K: tl.constexpr,
             BLOCK_K: tl.constexpr):
@@ -47,7 +55,7 @@ def _select(x, e, live, bias_ptr, w_ptr, ids_ptr, scale, min_sum, GATING: tl.con
     elif GATING == 1:
         probs = 1.0 / (1.0 + tl.exp(-x))
     elif GATING == 2:  # torch's softplus: log1p(exp(x)), x itself above 20
-        probs = tl.sqrt(tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0)))))
+        probs = tl.sqrt(tl.where(x > 20.0, x, _log1p(tl.exp(tl.minimum(x, 20.0)))))
     else:
         probs = x
     sel = probs
