@@ -201,6 +201,7 @@ def main() -> None:
     for name in args.types.split(","):
         for shape in shapes:
             rows += guarded(dense, name, *shape, copy_bw)
+            save(args.json, copy_bw, rows)  # what is measured survives a timeout
     quants_rows = [] if args.no_act_quant else [quant_row(fmt, cols) for fmt in (act_quant.Q8_0, act_quant.Q8_K)
                                                   for cols in (2048, 4096)]
     kb.print_rows(quants_rows)
@@ -210,8 +211,12 @@ def main() -> None:
             rows += guarded(moe, qtype, copy_bw)
     if args.moe_q6k:
         rows += guarded(moe_q6k, copy_bw)
-    if args.json:
-        with open(args.json, "w") as f:
+    save(args.json, copy_bw, rows)
+
+
+def save(path: str | None, copy_bw: float, rows: list[dict]) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw, rows=rows), f, indent=1)
 
 

@@ -7,7 +7,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-PYTHONPATH=$PYTHONPATH:bench timeout "${BENCH_S:-38}" python3 bench/gemv_tiles_bench.py --types Q6_K \
+PYTHONPATH=$PYTHONPATH:bench timeout "${BENCH_S:-40}" python3 bench/gemv_tiles_bench.py --types Q6_K \
   --shapes 151936x2048,4096x2048,2048x768 --no-act-quant --moe-q6k --json "$OUT/q6k_h200_s5.json" 2>&1 \
   | tee "$OUT/q6k_h200_s5.log"
 timeout "${TESTS_S:-28}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_q6_k_int.py \
