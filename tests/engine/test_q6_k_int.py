@@ -48,13 +48,13 @@ def unpack(raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndar
     return (q - 32).reshape(rows, cols), scales.reshape(rows, -1), d
 
 
-def integer_result(raw: torch.Tensor, rows: int, cols: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def integer_result(raw: torch.Tensor, rows: int, cols: int, x: torch.Tensor, backend: str) -> tuple[torch.Tensor, ...]:
     """(ROWS_TILE's result recomputed in float32, float64 of the exact sums, the sum of their
     terms' magnitudes): per super-block the exact sum_s sc_s * sum_i (q_i - 32) * xq_i, then
     acc += float32(isum) * (d * d_x) in order."""
-    qx = act_quant.quantize(x.cpu()[None], act_quant.Q8_K)  # the kernel's own x (act_quant tests: exact)
-    xq = qx.words.view(torch.int8).numpy().astype(np.int64)[0]
-    dx = qx.scales.numpy()[0]
+    qx = act_quant.quantize(x.to(backend)[None], act_quant.Q8_K)  # the kernel's own x (act_quant tests: exact)
+    xq = qx.words.cpu().view(torch.int8).numpy().astype(np.int64)[0]
+    dx = qx.scales.cpu().numpy()[0]
     q, sc, d = unpack(raw, rows, cols)
     isum = ((q * xq).reshape(rows, -1, 16).sum(-1) * sc).reshape(rows, cols // 256, 16).sum(-1)  # exact
     assert np.abs(isum).max() < 2 ** 31
@@ -73,11 +73,12 @@ def test_integer_sums_are_llama_cpps(backend):
     raw = random_blocks(T.Q6_K, rows * cols // 256)
     x = act_quant_awkward(cols)
     y = gemv(raw.to(backend), T.Q6_K, (rows, cols), x.to(backend), config=ROWS_TILE).cpu()
-    acc, exact, size = integer_result(raw, rows, cols, x)
+    acc, exact, size = integer_result(raw, rows, cols, x, backend)
     if backend == "cpu":
         assert torch.equal(y, acc)
-    err = ((y.double() - exact).abs() / size).max().item()  # float32 steps on exact integer sums
-    assert err < 1e-6, err
+    # float32 steps on exact integer sums: <= 3 roundings per super-block (11 here) plus the adds
+    err = ((y.double() - exact).abs() / size).max().item()
+    assert err < 2e-6, err
 
 
 def act_quant_awkward(cols: int) -> torch.Tensor:
