@@ -1,10 +1,13 @@
 """The integer GEMV's tiles at the engine's decode shapes (Qwen3-30B-A3B: output head, q/o, fused
 qkv, MoE experts), old default next to the candidates, Q8_0 on the GGUF blocks and repacked
-(kernels/q8_0_packed.py, type name Q8_0P), Q4_K; the copy bandwidth measured in the same run.
-old default: matmul.OLD_GEMV_TILES (session 3's tiles), default: GEMV_TILES.
+(kernels/q8_0_packed.py, type name Q8_0P), Q4_K, Q6_K; the copy bandwidth measured in the same run.
+old default: matmul.OLD_GEMV_TILES (session 3's tiles), default: GEMV_TILES. Q6_K's old default is
+its float path (q6_k.FLOAT_FAMILY, what SPARKD_Q6_K_INT=0 runs) at its session-4 tile
+GemvConfig(); "float default" is that path at GEMV_TILES' Q6_K tile. --moe-q6k: the MoE 2048x768
+top-8 with Q4_K gate/up and a Q6_K down (a Q4_K_M file's experts), float down vs integer down.
 
-Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K] [--moe]
-       [--moe-types Q8_0,Q4_K] [--defaults-only]
+Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q6_K] [--moe]
+       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k]
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
@@ -24,6 +27,8 @@ import kernels_bench as kb
 from sparkd.engine import quants
 from sparkd.engine.kernels import act_quant, dispatch, q8_0_packed
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv
+from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
+from sparkd.engine.layers.act_round import round_activations
 
 SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
 CANDIDATES_ON = True  # --defaults-only: only the old and the new default tiles
@@ -42,7 +47,9 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     # Q4_K (kern6): 1-warp tiles of 4-8 rows, the whole row's groups in one or two loop steps, with
     # and without split-K, next to session 4's best elementwise shapes
     "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
+    "Q6_K": ["4/1/4/e", "4/1/2/e", "8/2/2/e", "4/1/2/g"],  # q6k8: the integer step's first tiles
 }
+Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "8/2/2/e/8"]  # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG)
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
     T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],
     T.Q4_K: [("4/1/4/e", "4/1/3/e/8"), ("4/1/8/e", "4/1/3/e/8"), ("8/2/4/e", "8/2/3/e/8"),
@@ -63,7 +70,7 @@ def tiles_name(name: str) -> str:
 
 
 def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
-    qtype = T.Q4_K if name == "Q4_K" else T.Q8_0
+    qtype = T.Q8_0 if name == "Q8_0P" else T[name]
     nbytes = rows * dispatch.FAMILIES[qtype].row_bytes(cols)
     n = max(2, -(-kb.ROTATE_BYTES // nbytes))
     buf = kb.random_blocks(qtype, n * nbytes)
@@ -78,13 +85,15 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
         def run(cfg, i):
             return q8_0_packed.gemv(ps[i % n], x, out=y, config=cfg)
     else:
-        def run(cfg, i):
-            return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
-    out = []
-    base = OLD_GEMV_TILES[tiles_name(name)]
-    extra = [] if GEMV_TILES[tiles_name(name)] == base else [("default", None)]
+        def run(cfg, i, round_x=False):  # round_x: x rounded to Q8_K first (a K-quant's float path)
+            rx = (lambda v: round_activations(v, act_quant.Q8_K)) if round_x else None
+            return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, round_x=rx)
+    out = [] if qtype != T.Q6_K else q6_k_float_rows(qtype, run, ref, nbytes, n, rows, cols, copy_bw)
+    base = OLD_GEMV_TILES.get(tiles_name(name))  # None: a new integer step (Q6_K), no old tile
+    firsts = [("default", None)] if base is None else [("old default", base)]
+    firsts += [] if base is None or GEMV_TILES[tiles_name(name)] == base else [("default", None)]
     tried = [(t, tile(t)) for t in CANDIDATES[name]] if CANDIDATES_ON else []
-    for label, cfg in [("old default", base)] + extra + tried:
+    for label, cfg in firsts + tried:
         y.fill_(float("nan"))
         err = kb.rel_err(run(cfg, 0), ref)
         sec = kb.graph_seconds(lambda i: run(cfg, i), n)
@@ -92,6 +101,19 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
                         frac=nbytes / sec / copy_bw, err=err))
     kb.print_rows(out)
     torch.cuda.empty_cache()
+    return out
+
+
+def q6_k_float_rows(qtype, run, ref, nbytes, n, rows, cols, copy_bw) -> list[dict]:
+    """Q6_K's float path (the family without its integer step, x rounded by the caller as the
+    engine rounds it), at its session-4 tile and at the new default tile."""
+    out = []
+    with kb.float_path(qtype):
+        for label, cfg in (("float old default", GemvConfig()), ("float default", None)):
+            err = kb.rel_err(run(cfg, 0, True), ref)
+            sec = kb.graph_seconds(lambda i: run(cfg, i, True), n)
+            out.append(dict(kernel=f"gemv {rows}x{cols}", type="Q6_K", config=label, us=sec * 1e6, bw=nbytes / sec,
+                            frac=nbytes / sec / copy_bw, err=err))
     return out
 
 
@@ -105,6 +127,48 @@ def moe(qtype: T, copy_bw: float) -> list[dict]:
         kb.MOE_SWEEP = saved
     kb.print_rows(rows)
     return rows
+
+
+def mixed_bytes(shape=kb.MOE) -> tuple[int, int]:
+    """(gate or up, down) bytes of one expert with Q4_K gate/up and a Q6_K down."""
+    D, F, _ = shape
+    return F * dispatch.FAMILIES[T.Q4_K].row_bytes(D), D * dispatch.FAMILIES[T.Q6_K].row_bytes(F)
+
+
+def mixed_table(n_experts: int, shape=kb.MOE) -> ExpertTable:
+    """n such experts in consecutive 4 KiB-aligned slots of two arenas (gate | up, down)."""
+    D, F, _ = shape
+    gu, dn = mixed_bytes(shape)
+    gu_slot, dn_slot = -(-2 * gu // 4096) * 4096, -(-dn // 4096) * 4096
+    a, b = kb.random_blocks(T.Q4_K, n_experts * gu_slot), kb.random_blocks(T.Q6_K, n_experts * dn_slot)
+    offs = ([e * gu_slot for e in range(n_experts)], [e * gu_slot + gu for e in range(n_experts)],
+            [e * dn_slot for e in range(n_experts)])
+    return ExpertTable(a, a, b, *offs, T.Q4_K, T.Q6_K, D, F)
+
+
+def moe_q6k(copy_bw: float) -> list[dict]:
+    """MoE decode, Q4_K gate/up + Q6_K down: the down's float path, then its integer tiles."""
+    D, F, A = kb.MOE
+    gu, dn = mixed_bytes()
+    expert_bytes = 2 * gu + dn
+    n_sets = max(2, -(-kb.ROTATE_BYTES // (A * expert_bytes)))
+    full = mixed_table(n_sets * A)
+    x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
+    y, nbytes, out = torch.empty(D, device="cuda"), A * expert_bytes, []
+
+    def time(dn: GemvConfig | None, label: str) -> dict:
+        ps = [prepare(kb.subset(full, list(range(s * A, (s + 1) * A))), "cuda") for s in range(n_sets)]
+        y.fill_(float("nan"))
+        err = kb.rel_err(moe_decode(ps[0], x, w, out=y, down=dn), kb.moe_torch(ps[0].table, x, w, torch.float64))
+        sec = kb.graph_seconds(lambda i: moe_decode(ps[i % n_sets], x, w, out=y, down=dn), n_sets)
+        return dict(kernel=f"moe {D}x{F} top{A} Q4_K/Q6_K", type="Q6_K", config=label, us=sec * 1e6,
+                    bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err)
+    with kb.float_path(T.Q6_K):  # h unrounded here and in the reference (moe_decode without round_h)
+        out.append(time(None, "float down default"))
+    for t in Q6K_DOWN:
+        out.append(time(None if t is None else tile(t), f"int down {t or 'default'}"))
+    kb.print_rows(out)
+    return out
 
 
 def guarded(fn, *args) -> list[dict]:
@@ -125,6 +189,7 @@ def main() -> None:
     ap.add_argument("--moe-types", default="Q8_0,Q4_K", help="the types --moe times")
     ap.add_argument("--shapes", default=None, help="rowsxcols,... instead of SHAPES")
     ap.add_argument("--no-act-quant", action="store_true", help="leave out act_quant's rows")
+    ap.add_argument("--moe-q6k", action="store_true", help="the MoE with Q4_K gate/up and a Q6_K down")
     args = ap.parse_args()
     global CANDIDATES_ON
     CANDIDATES_ON = not args.defaults_only
@@ -136,6 +201,7 @@ def main() -> None:
     for name in args.types.split(","):
         for shape in shapes:
             rows += guarded(dense, name, *shape, copy_bw)
+            save(args.json, copy_bw, rows)  # what is measured survives a timeout
     quants_rows = [] if args.no_act_quant else [quant_row(fmt, cols) for fmt in (act_quant.Q8_0, act_quant.Q8_K)
                                                   for cols in (2048, 4096)]
     kb.print_rows(quants_rows)
@@ -143,8 +209,14 @@ def main() -> None:
     if args.moe:
         for qtype in (T[name] for name in args.moe_types.split(",")):
             rows += guarded(moe, qtype, copy_bw)
-    if args.json:
-        with open(args.json, "w") as f:
+    if args.moe_q6k:
+        rows += guarded(moe_q6k, copy_bw)
+    save(args.json, copy_bw, rows)
+
+
+def save(path: str | None, copy_bw: float, rows: list[dict]) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw, rows=rows), f, indent=1)
 
 

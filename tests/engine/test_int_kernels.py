@@ -1,4 +1,4 @@
-"""The integer path of the Q8_0 and Q4_K kernels: activations quantized on the device exactly as
+"""The integer path of the Q8_0, Q4_K and Q6_K kernels: activations quantized on the device exactly as
 act_round (and llama.cpp) rounds them, dp4a against its emulation, and the kernels inside a CUDA
 graph capture. The kernels' results against the float64 reference are in test_kernels.py (its
 references round x as these kernels do).
@@ -72,7 +72,7 @@ def test_dp4a_matches_its_emulation(qtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_integer_kernels_replay_in_a_cuda_graph(qtype):
     """Quantizing x, the GEMV and the MoE decode capture into one graph; a replay with new inputs
     gives what a direct call gives (no host sync, nothing decided on device values)."""
@@ -100,7 +100,8 @@ def test_integer_kernels_replay_in_a_cuda_graph(qtype):
 
 # (gate/up type, down type, gate/up tile rows holding whole blocks of the down's activation format)
 # (tiles of part of a block: the block's last program quantizes it)
-FUSED = [(T.Q8_0, T.Q8_0, 32), (T.Q4_K, T.Q4_K, 256), (T.Q8_0, T.Q8_0, 8), (T.Q4_K, T.Q4_K, 64)]
+FUSED = [(T.Q8_0, T.Q8_0, 32), (T.Q4_K, T.Q4_K, 256), (T.Q8_0, T.Q8_0, 8), (T.Q4_K, T.Q4_K, 64),
+         (T.Q4_K, T.Q6_K, 64)]  # Q4_K_M's experts: Q6_K down
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
@@ -122,7 +123,7 @@ def test_fused_h_quantization_matches_the_separate_launch(backend, gu_type, d_ty
     assert err < BOUNDS["fp32"], err
 
 
-@pytest.mark.parametrize("d_type,rows", [(T.Q6_K, 256)], ids=["float-down"])
+@pytest.mark.parametrize("d_type,rows", [(T.Q5_K, 256)], ids=["float-down"])
 def test_fuse_quant_needs_an_integer_down(d_type, rows):
     table, *_ = arena_table(T.Q8_0, d_type, 256, 256, 2, DEV)
     out = torch.full((256,), float("nan"), device=DEV)
