@@ -83,6 +83,16 @@ class Sampler:
         else:
             self.generator.seed()
 
+    @property
+    def plain_argmax(self) -> bool:
+        """Whether every pick is torch.argmax of the raw logits (greedy, no repetition penalty):
+        then the device may pick the token itself (StaticDecode.next_token) and only it comes
+        back. Temperature draws stay here: top-p and min-p weigh the whole vocabulary, and the
+        draw (torch.multinomial on this host generator) consumes one number per vocabulary
+        entry, so an identical pick needs the whole row on the host."""
+        p = self.params
+        return p.temperature == 0 and (p.repetition_penalty == 1.0 or p.repetition_window == 0)
+
     def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
         if logits.dim() != 1:
             raise SamplingError(f"could not sample: logits must be one row [vocab], got shape {tuple(logits.shape)}")
