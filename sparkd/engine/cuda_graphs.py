@@ -36,6 +36,7 @@ from sparkd.engine.layers.moe import MoE
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
 from sparkd.engine.models.decoder import Block, Decoder
+from sparkd.engine.sampler import greedy_pick
 
 MODES = ("auto", "on", "off")
 # The first bucket: a 256-row attention costs about what a 1-row one does on a GPU, and short
@@ -165,7 +166,7 @@ class StaticDecode:
         """Step `token` and return the greedy pick for the next position: torch.argmax of the
         logits row (the lowest id among ties; a NaN wins, as on the host)."""
         logits, picked = self._advance(token)
-        return int(picked) if picked is not None else int(torch.argmax(logits[-1].cpu()))
+        return int(picked if picked is not None else greedy_pick(logits[-1].cpu()))
 
     def _advance(self, token: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         cache = self.cache
@@ -201,7 +202,7 @@ class StaticDecode:
             logits = self.net.run(self.token, self.pos, self.cache)
         finally:
             self.cache.span = None
-        return logits, torch.argmax(logits[-1]) if self.device_argmax else None
+        return logits, greedy_pick(logits[-1]) if self.device_argmax else None
 
     def _replay(self, span: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         if span not in self._graphs:

@@ -72,6 +72,13 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
     return out
 
 
+def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
+    """The greedy token of one row of logits as a 0-dim long tensor on the logits' device (no
+    host sync): torch.argmax, the lowest id among ties, a NaN wins over any number (CPU and CUDA
+    alike). The one op both the host sampler and the CUDA graph's device pick use."""
+    return torch.argmax(logits)
+
+
 class Sampler:
     """Picks the next token from one row of logits."""
 
@@ -101,7 +108,7 @@ class Sampler:
         if p.repetition_window:
             logits = apply_repetition_penalty(logits, history[-p.repetition_window:], p.repetition_penalty)
         if p.temperature == 0:
-            return int(torch.argmax(logits))
+            return int(greedy_pick(logits))
         logits = filter_logits(logits, p.top_k, p.top_p, p.min_p)
         probs = torch.softmax(logits.double() / p.temperature, dim=0)
         return int(torch.multinomial(probs, 1, generator=self.generator))
