@@ -63,7 +63,7 @@ def link_norm_quant(net: Decoder) -> int:
             continue
         attn, ffn = block.attn, block.ffn
         if type(attn) is Attention:
-            pairs.append((block.attn_norm, next(m for m in (attn.wqkv, attn.wqk, attn.wq) if m is not None)))
+            pairs.append((block.attn_norm, next((m for m in (attn.wqkv, attn.wqk, attn.wq) if m is not None), None)))
         if isinstance(ffn, GatedFFN):
             pairs.append((block.ffn_norm, ffn.gate))
     linked = 0
