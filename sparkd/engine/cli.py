@@ -154,12 +154,17 @@ def cmd_generate(a) -> int:
         before = sm.store.snapshot() if sm else {}
         prof = StageProfile(m.net) if sm else None
         out: list[int] = []
+        on_device = step is not None and step.device_argmax and sample.plain_argmax  # one int back per step
+        picked = None
         while len(out) < a.n:
-            nxt = sample(logits[-1], ids + out)
+            nxt = picked if picked is not None else sample(logits[-1], ids + out)
             out.append(nxt)
             if nxt in tok.eog_ids:
                 break
-            logits = step(nxt) if step else m.net(torch.tensor([nxt]), cache)
+            if on_device:
+                picked = step.next_token(nxt)
+            else:
+                logits = step(nxt) if step else m.net(torch.tensor([nxt]), cache)
             if sm:
                 sm.store.note_tokens(1)
         t2 = time.perf_counter()

@@ -11,10 +11,17 @@ or MLA, dense FFNs, and routed experts through the Triton MoE kernels (KernelExp
 experts (read from disk per token), sparse-attention selectors (glm-dsa), and decoders with their
 own forward and per-sequence state (deepseek4, kimi-k3's linear attention) keep the eager step;
 graph_blocker names the layer and the reason.
+
+Two further cuts of the step (each with a switch back, docs/engine.md): the norms that feed an
+integer GEMV write x's int8 blocks themselves (link_norm_quant; SPARKD_FUSED_KERNELS's
+norm_quant), and a greedy request's token is picked on the GPU inside the graph (next_token:
+torch.argmax, the host sampler's own op, so ties and NaN resolve the same way) so one int comes
+back instead of the logits row ($SPARKD_DEVICE_ARGMAX=0 copies the logits back as before).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -23,16 +30,47 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.linear import KernelLinear
 from sparkd.engine.layers.mla import MLAttention
 from sparkd.engine.layers.moe import MoE
+from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
 from sparkd.engine.models.decoder import Block, Decoder
+from sparkd.engine.sampler import greedy_pick
 
 MODES = ("auto", "on", "off")
 # The first bucket: a 256-row attention costs about what a 1-row one does on a GPU, and short
 # chats then need one capture; each further bucket doubles, so a context of C needs log2(C/256)+1.
 FIRST_BUCKET = 256
 _MOE_KERNEL_ACTS = ("silu", "swiglu_oai")  # the activations the MoE decode kernels fuse
+DEVICE_ARGMAX_ENV = "SPARKD_DEVICE_ARGMAX"
+
+
+def device_argmax_default() -> bool:
+    """$SPARKD_DEVICE_ARGMAX: "0" or "off" brings every step's logits back for the host sampler;
+    anything else (or unset) lets a greedy request take its token from the GPU."""
+    return os.environ.get(DEVICE_ARGMAX_ENV, "1").strip().lower() not in ("0", "off")
+
+
+def link_norm_quant(net: Decoder) -> int:
+    """Give each RMSNorm whose output an integer GEMV reads next (the attention's first
+    projection, a dense FFN's gate, the output head) that GEMV's x format, so the norm writes x's
+    int8 blocks for it (RMSNorm.quant_fmt); returns how many norms were linked. Other readers of
+    the same output are unaffected: they get the same float tensor."""
+    pairs = [(net.output_norm, net.output)]
+    for block in net.blocks:
+        if type(block) is not Block:
+            continue
+        attn, ffn = block.attn, block.ffn
+        if type(attn) is Attention:
+            pairs.append((block.attn_norm, next((m for m in (attn.wqkv, attn.wqk, attn.wq) if m is not None), None)))
+        if isinstance(ffn, GatedFFN):
+            pairs.append((block.ffn_norm, ffn.gate))
+    linked = 0
+    for norm, reader in pairs:
+        if isinstance(norm, RMSNorm) and type(reader) is KernelLinear and (fmt := reader.x_format()):
+            norm.quant_fmt, linked = fmt, linked + 1
+    return linked
 
 
 def buckets(max_ctx: int, first: int = FIRST_BUCKET) -> list[int]:
@@ -106,24 +144,38 @@ class StaticDecode:
     captured on first use and replayed (on the CPU, tests run it without graphs).
 
     step(token) → logits [1, V] on the CPU for `token` at the cache's next position, n_past
-    advanced, like net(torch.tensor([token]), cache)."""
+    advanced, like net(torch.tensor([token]), cache); next_token(token) → the argmax of those
+    logits as the host's torch.argmax picks it, with only that int leaving the device
+    (device_argmax; else the logits come back and the host picks)."""
 
-    def __init__(self, net: Decoder, cache: KVCache, graphs: bool, first_bucket: int = FIRST_BUCKET):
+    def __init__(self, net: Decoder, cache: KVCache, graphs: bool, first_bucket: int = FIRST_BUCKET,
+                 device_argmax: bool | None = None):
         self.net, self.cache, self.graphs = net, cache, graphs
+        self.device_argmax = device_argmax_default() if device_argmax is None else device_argmax
         self.buckets = buckets(cache.max_ctx, first_bucket)
         self.token = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static inputs
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.device)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
         self._pool = None  # one memory pool for every bucket's graph (they never run at once)
+        link_norm_quant(net)
 
     def __call__(self, token: int) -> torch.Tensor:
+        return self._advance(token)[0].cpu()
+
+    def next_token(self, token: int) -> int:
+        """Step `token` and return the greedy pick for the next position: torch.argmax of the
+        logits row (the lowest id among ties; a NaN wins, as on the host)."""
+        logits, picked = self._advance(token)
+        return int(picked if picked is not None else greedy_pick(logits[-1].cpu()))
+
+    def _advance(self, token: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         cache = self.cache
         span = self._span(cache.n_past + 1)
         self.token.fill_(token)
         self.pos.fill_(cache.n_past)
-        logits = self._replay(span) if self.graphs else self._step(span)
+        out = self._replay(span) if self.graphs else self._step(span)
         cache.n_past += 1
-        return logits.cpu()
+        return out
 
     def prepare(self, n_positions: int) -> None:
         """Capture the graphs of every bucket up to n_positions now rather than on first use.
@@ -143,21 +195,23 @@ class StaticDecode:
                           f"{self.cache.max_ctx} (raise --ctx)")
 
     @torch.inference_mode()
-    def _step(self, span: int) -> torch.Tensor:
+    def _step(self, span: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [1, V] on the device, their argmax [] there if device_argmax)."""
         self.cache.span = span
         try:
-            return self.net.run(self.token, self.pos, self.cache)  # [1, V] on the device
+            logits = self.net.run(self.token, self.pos, self.cache)
         finally:
             self.cache.span = None
+        return logits, greedy_pick(logits[-1]) if self.device_argmax else None
 
-    def _replay(self, span: int) -> torch.Tensor:
+    def _replay(self, span: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         if span not in self._graphs:
             self._graphs[span] = self._capture(span)
-        graph, logits = self._graphs[span]
+        graph, *out = self._graphs[span]
         graph.replay()
-        return logits
+        return tuple(out)
 
-    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
         # one eager run first, on a side stream as capture wants: Triton compiles, the rope table
         # and the expert tables are made; it writes this token's K/V rows, as the replay will
         side = torch.cuda.Stream(self.cache.device)
@@ -167,6 +221,6 @@ class StaticDecode:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._step(span)
+            out = self._step(span)
         self._pool = graph.pool()
-        return graph, logits
+        return graph, *out

@@ -241,12 +241,15 @@ class Engine:
             logits = self.net(torch.tensor(ids[i:i + batch]), cache)[-1]
         history = list(req.prompt_ids)
         budget = _ReasoningBudget(req)
+        # greedy on a graph-captured step: the GPU picks, one int comes back instead of the logits
+        on_device = self._step is not None and self._step.device_argmax and bias is None and sample.plain_argmax
+        picked = None
         for _ in range(req.max_tokens):
             if cancel.is_set():
                 return
             token = budget.forced()
             if token is None:
-                token = sample(logits if bias is None else logits + bias, history)
+                token = picked if picked is not None else sample(logits if bias is None else logits + bias, history)
             yield token
             if token in self.tokenizer.eog_ids:
                 return
@@ -254,7 +257,10 @@ class Engine:
             history.append(token)
             if cache.n_past >= cache.max_ctx:
                 return
-            logits = (self._step(token) if self._step else self.net(torch.tensor([token]), cache))[-1]
+            if on_device:
+                picked = self._step.next_token(token)
+            else:
+                logits = (self._step(token) if self._step else self.net(torch.tensor([token]), cache))[-1]
             if self.streaming is not None:
                 self.streaming.store.note_tokens(1)
 

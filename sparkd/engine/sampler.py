@@ -72,6 +72,13 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
     return out
 
 
+def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
+    """The greedy token of one row of logits as a 0-dim long tensor on the logits' device (no
+    host sync): torch.argmax, the lowest id among ties, a NaN wins over any number (CPU and CUDA
+    alike). The one op both the host sampler and the CUDA graph's device pick use."""
+    return torch.argmax(logits)
+
+
 class Sampler:
     """Picks the next token from one row of logits."""
 
@@ -83,6 +90,16 @@ class Sampler:
         else:
             self.generator.seed()
 
+    @property
+    def plain_argmax(self) -> bool:
+        """Whether every pick is torch.argmax of the raw logits (greedy, no repetition penalty):
+        then the device may pick the token itself (StaticDecode.next_token) and only it comes
+        back. Temperature draws stay here: top-p and min-p weigh the whole vocabulary, and the
+        draw (torch.multinomial on this host generator) consumes one number per vocabulary
+        entry, so an identical pick needs the whole row on the host."""
+        p = self.params
+        return p.temperature == 0 and (p.repetition_penalty == 1.0 or p.repetition_window == 0)
+
     def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
         if logits.dim() != 1:
             raise SamplingError(f"could not sample: logits must be one row [vocab], got shape {tuple(logits.shape)}")
@@ -91,7 +108,7 @@ class Sampler:
         if p.repetition_window:
             logits = apply_repetition_penalty(logits, history[-p.repetition_window:], p.repetition_penalty)
         if p.temperature == 0:
-            return int(torch.argmax(logits))
+            return int(greedy_pick(logits))
         logits = filter_logits(logits, p.top_k, p.top_p, p.min_p)
         probs = torch.softmax(logits.double() / p.temperature, dim=0)
         return int(torch.multinomial(probs, 1, generator=self.generator))

@@ -122,6 +122,23 @@ def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, n_blocks, BLOCK: tl.constexpr, 
     store_blocks(q_ptr + r * (K // 4), d_ptr + r * n_blocks, s_ptr + r * (K // 32), x, b, m, K8)
 
 
+# The attribute a norm's output tensor carries its QuantX in (attach), for the GEMV that reads
+# that very tensor next (attached): a plain attribute, so any new tensor made from it has none.
+_ATTACHED = "_sparkd_quant_x"
+
+
+def attach(x: torch.Tensor, q: QuantX, fmt: str) -> torch.Tensor:
+    """x, marked as quantized to fmt by q (x's rows, not to be changed in place afterwards)."""
+    setattr(x, _ATTACHED, (fmt, q))
+    return x
+
+
+def attached(x: torch.Tensor, fmt: str | None) -> QuantX | None:
+    """The QuantX attach() put on x if it is in format fmt, else None."""
+    fmt_q = getattr(x, _ATTACHED, None)
+    return fmt_q[1] if fmt_q is not None and fmt is not None and fmt_q[0] == fmt else None
+
+
 def empty(rows: int, cols: int, fmt: str, device: torch.device) -> QuantX:
     """Uninitialised QuantX buffers for [rows, cols] in format fmt."""
     s_shape = (rows, cols // SUM_LEN) if fmt == Q8_K else (1, 1)

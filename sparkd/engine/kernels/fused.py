@@ -1,5 +1,7 @@
 """The one switch for the fused decode kernels (RMSNorm, rope + KV write, decode attention, router
-top-k): which of them the layers use on CUDA tensors instead of their torch code.
+top-k, and norm_quant: the RMSNorm also writing x's int8 blocks for the integer GEMV after it, so
+that GEMV skips its own quantization launch; it needs rms_norm on): which of them the layers use
+on CUDA tensors instead of their torch code.
 
 The torch code stays the CPU path and the reference; a fused kernel runs only where it is
 switched on and the tensor is on a GPU (or, for tests, on the CPU under TRITON_INTERPRET=1 after
@@ -17,7 +19,7 @@ import torch
 
 from sparkd.engine.errors import EngineError
 
-KERNELS = ("rms_norm", "rope_kv", "attention", "router")
+KERNELS = ("rms_norm", "rope_kv", "attention", "router", "norm_quant")
 ENV = "SPARKD_FUSED_KERNELS"
 
 

@@ -286,17 +286,20 @@ def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tenso
 
 def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
          out: torch.Tensor | None = None, config: GemvConfig | None = None,
-         round_x: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+         round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
+         qx: act_quant.QuantX | None = None) -> torch.Tensor:
     """y = W @ x for one token. weight: raw GGUF bytes of W [rows, cols]; x float32 [cols];
     out (optional) float32 [rows] on x's device. A family with an integer step quantizes x
-    itself, as llama.cpp does (Family.act_fmt); for the others round_x (if given) rounds x first."""
+    itself, as llama.cpp does (Family.act_fmt), unless qx brings x already quantized to that
+    format (one row, e.g. from rms_norm_quant); for the others round_x (if given) rounds x first."""
     what = f"the {qtype.name} GEMV"
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
+    _check_qx(qx, fam, cols, what)
     cfg = config or default_config(fam)
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
-        return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg)
+        return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx)
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
@@ -310,20 +313,34 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
 
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
-          row_bytes: int, x: torch.Tensor, y: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+          row_bytes: int, x: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
+          qx: act_quant.QuantX | None = None) -> torch.Tensor:
     """gemv's integer path, for any byte layout an idot step reads (rows row_bytes apart): x
-    quantized to act_fmt, y [rows] written. Arguments checked by the caller."""
+    quantized to act_fmt (or qx, x quantized so already), y [rows] written. Arguments checked by
+    the caller."""
     rows, cols = shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256))
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
-    q = act_quant.quantize(x[None], act_fmt)
+    q = act_quant.quantize(x[None], act_fmt) if qx is None else qx
     tiles = triton.cdiv(rows, cfg.block_n)
     ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
         weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
         A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
     return y if in_kernel else fold_partials(part, y)
+
+
+def _check_qx(qx: act_quant.QuantX | None, fam: dispatch.Family, cols: int, what: str) -> None:
+    """A pre-quantized x must be one row of cols values in the family's activation format."""
+    if qx is None:
+        return
+    block = act_quant.BLOCKS.get(fam.act_fmt or "", 0)
+    if fam.idot is None or qx.words.shape != (1, cols // 4) or qx.scales.shape != (1, cols // block):
+        raise dispatch.KernelArgumentError(
+            f"could not run {what} on a pre-quantized x: need one row of {cols} values in "
+            f"{fam.act_fmt or 'an integer family'}'s blocks, got words {list(qx.words.shape)} and "
+            f"scales {list(qx.scales.shape)}; pass x alone")
 
 
 def _launch_args(cfg: GemvConfig, split: int) -> dict:

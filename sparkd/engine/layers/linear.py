@@ -76,11 +76,19 @@ class KernelLinear(nn.Module):
     def _round(self, x: torch.Tensor) -> torch.Tensor:
         return round_activations(x, self.act_fmt)
 
+    def x_format(self) -> str | None:
+        """The int8 block format the GEMV quantizes x to (act_quant.Q8_0 / Q8_K), None for a
+        family without an integer step: what a norm feeding this projection may write for it."""
+        from sparkd.engine.kernels import dispatch
+
+        fam = dispatch.family(self.qtype)
+        return fam.act_fmt if fam.idot is not None else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         h = x.reshape(-1, self.shape[1]).float().contiguous()
         if h.shape[0] == 1:
-            y = self._gemv(h[0])[None]
+            y = self._gemv(h[0], self._quantized(x))[None]
         else:  # a stack's parts one by one: a GEMM tile's arithmetic may depend on a row's place in it
             hr = self._round(h).contiguous()
             y = torch.cat([self._gemm(hr, i) for i in range(len(self.parts))], dim=1)
@@ -88,14 +96,23 @@ class KernelLinear(nn.Module):
             y = y + self.bias
         return y.reshape(*lead, self.shape[0])
 
-    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+    def _quantized(self, x: torch.Tensor):
+        """x's QuantX in this GEMV's format if the norm that made x wrote one (act_quant.attach)."""
+        if x.dtype != torch.float32 or x.numel() != self.shape[1]:
+            return None
+        from sparkd.engine.kernels import act_quant
+
+        return act_quant.attached(x, self.x_format())
+
+    def _gemv(self, x: torch.Tensor, qx=None) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import gemv
 
         cfg, one_launch = self._gemv_config(x.is_cuda)
-        if one_launch:  # integer kernels (Q8_0, Q4_K) quantize x themselves, as round_x would
-            return gemv(self.raw, self.qtype, self.shape, x, config=cfg, round_x=self._round)
+        if one_launch:  # integer kernels (Q8_0, Q4_K) quantize x themselves (or take qx), as round_x would
+            return gemv(self.raw, self.qtype, self.shape, x, config=cfg, round_x=self._round, qx=qx)
         # parts on both sides of split_for's threshold: one launch would change some rows' sums
-        return torch.cat([gemv(*self._part(i), x, config=cfg, round_x=self._round) for i in range(len(self.parts))])
+        return torch.cat([gemv(*self._part(i), x, config=cfg, round_x=self._round, qx=qx)
+                          for i in range(len(self.parts))])
 
     def _gemv_config(self, on_cuda: bool) -> tuple:
         """(tile, whether the parts share one launch), worked out on a device's first call: the

@@ -15,13 +15,23 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
+    """quant_fmt: the int8 block format (act_quant's) of the integer GEMV that reads this norm's
+    output next (set by link_norm_quant); where the fused norm_quant kernel runs, a one-row
+    output then carries its QuantX for that GEMV (act_quant.attach)."""
+
     def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
+        self.quant_fmt: str | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., D]; normalise in float64 like ggml's double accumulator, then back.
+        if self.quant_on(x):
+            from sparkd.engine.kernels import act_quant
+            from sparkd.engine.kernels.rms_norm import rms_norm_quant
+
+            return act_quant.attach(*rms_norm_quant(x, self.weight, self.eps, self.quant_fmt), self.quant_fmt)
         if self.fused_on(x):
             from sparkd.engine.kernels.rms_norm import rms_norm
 
@@ -32,11 +42,27 @@ class RMSNorm(nn.Module):
         """Whether this norm of x runs as the fused kernel (kernels/fused.py)."""
         return fused.active("rms_norm", x) and x.dtype == self.weight.dtype == torch.float32
 
+    def quant_on(self, x: torch.Tensor) -> bool:
+        """Whether this norm of x also writes x's int8 blocks: one row (a decode step) of a width
+        the format's blocks divide, with rms_norm and norm_quant switched on."""
+        if self.quant_fmt is None or not fused.active("norm_quant", x) or not self.fused_on(x):
+            return False
+        from sparkd.engine.kernels.act_quant import BLOCKS  # triton: only where a kernel runs
+
+        D = x.shape[-1]
+        return x.numel() == D and D % BLOCKS[self.quant_fmt] == 0
+
 
 def add_norm(x: torch.Tensor, h: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, norm(x + h)): a residual add and the norm after it, one launch for an RMSNorm where
     the fused kernels run."""
     if isinstance(norm, RMSNorm) and norm.fused_on(x) and h.shape == x.shape and h.dtype == x.dtype:
+        if norm.quant_on(x):
+            from sparkd.engine.kernels import act_quant
+            from sparkd.engine.kernels.rms_norm import add_rms_norm_quant
+
+            total, normed, q = add_rms_norm_quant(x, h, norm.weight, norm.eps, norm.quant_fmt)
+            return total, act_quant.attach(normed, q, norm.quant_fmt)
         from sparkd.engine.kernels.rms_norm import add_rms_norm
 
         return add_rms_norm(x, h, norm.weight, norm.eps)
