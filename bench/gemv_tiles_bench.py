@@ -1,14 +1,21 @@
 """The integer GEMV's tiles at the engine's decode shapes (Qwen3-30B-A3B: output head, q/o, fused
 qkv, MoE experts), old default next to the candidates, Q8_0 on the GGUF blocks and repacked
-(kernels/q8_0_packed.py, type name Q8_0P), Q4_K; the copy bandwidth measured in the same run.
-old default: matmul.OLD_GEMV_TILES (session 3's tiles), default: GEMV_TILES.
+(kernels/q8_0_packed.py, type name Q8_0P), Q4_K, Q4_K read by the chunked tile (kernels/q4_k_chunked.py,
+type name Q4C: the same bytes; its "old default" row is q4_k's GEMV_TILES tile); the copy
+bandwidth measured in the same run. old default: matmul.OLD_GEMV_TILES (session 3's tiles),
+default: GEMV_TILES.
+
+frac: the kernel's bytes per second over the 2 GiB copy's (read + written); frac_same: over a
+copy of the same bytes (half the weight's bytes read, half written, rotated past the L2 as the
+weights are, timed the same way): the small shapes cannot reach the large copy's bandwidth, a
+launch and its drain take microseconds whatever the size.
 
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K] [--moe]
        [--moe-types Q8_0,Q4_K] [--defaults-only]
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
-Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split];
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split[/stages]];
 --shapes 151936x2048,14336x4096 replaces SHAPES.
 """
 
@@ -22,7 +29,7 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, q4_k_chunked, q8_0_packed
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv
 
 SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
@@ -30,9 +37,11 @@ CANDIDATES_ON = True  # --defaults-only: only the old and the new default tiles
 
 
 def tile(text: str) -> GemvConfig:
-    """rows/warps/unroll/e|g[/split] as a GemvConfig (split 0 or left out: chosen from the shape)."""
-    rows, warps, unroll, mode, *split = text.split("/")
-    return GemvConfig(int(rows), int(warps), int(unroll), int(split[0]) if split else 0, mode == "e")
+    """rows/warps/unroll/e|g[/split[/stages]] as a GemvConfig (split 0 or left out: chosen from the
+    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages)."""
+    rows, warps, unroll, mode, *rest = text.split("/")
+    split, stages = (list(map(int, rest)) + [0, 0])[:2]
+    return GemvConfig(int(rows), int(warps), int(unroll), split, mode == "e", stages=stages)
 
 
 CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, plus the session-3 shapes
@@ -42,6 +51,10 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     # Q4_K (kern6): 1-warp tiles of 4-8 rows, the whole row's groups in one or two loop steps, with
     # and without split-K, next to session 4's best elementwise shapes
     "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
+    # chunked (session 5): a (row, chunk) per thread; 8 rows fill one warp; 16 rows: two rows per
+    # thread (x words shared) or 2 warps; the pipeliner's cp.async stages; no split-K
+    "Q4C": ["8/1/1/e", "8/1/2/e", "8/1/4/e", "16/1/1/e", "16/1/2/e", "16/2/2/e", "16/2/4/e", "8/1/2/e/1",
+            "8/1/1/e/0/3", "8/1/2/e/0/3", "8/1/2/e/0/2"],
 }
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
     T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],
@@ -59,11 +72,28 @@ def quant_row(fmt: str, cols: int) -> dict:
 
 def tiles_name(name: str) -> str:
     """GEMV_TILES' key for a bench type name."""
-    return "Q8_0_PACKED" if name == "Q8_0P" else name
+    return {"Q8_0P": "Q8_0_PACKED", "Q4C": "Q4_K_CHUNKED"}.get(name, name)
+
+
+def same_copy_seconds(nbytes: int) -> float:
+    """Seconds of a device-to-device copy whose bytes read + written are nbytes, rotated past the
+    L2 over as many bytes as the weights rotate over, one graph of n copies (graph_seconds)."""
+    half = nbytes // 2
+    n = max(2, -(-kb.ROTATE_BYTES // nbytes))
+    src = torch.randint(0, 256, (n * half,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return kb.graph_seconds(lambda i: dst[i * half:(i + 1) * half].copy_(src[i * half:(i + 1) * half]), n)
+
+
+def print_rows(rows: list[dict]) -> None:
+    """kernels_bench's columns and frac_same."""
+    for r in rows:
+        print(f"{r['kernel']:34} {r['type']:5} {r['config']:32} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
+              f"{r['frac']:5.2f} {r.get('frac_same', 0.0):5.2f} {r['err']:8.1e}", flush=True)
 
 
 def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
-    qtype = T.Q4_K if name == "Q4_K" else T.Q8_0
+    qtype = T.Q4_K if name in ("Q4_K", "Q4C") else T.Q8_0
     nbytes = rows * dispatch.FAMILIES[qtype].row_bytes(cols)
     n = max(2, -(-kb.ROTATE_BYTES // nbytes))
     buf = kb.random_blocks(qtype, n * nbytes)
@@ -79,9 +109,12 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
             return q8_0_packed.gemv(ps[i % n], x, out=y, config=cfg)
     else:
         def run(cfg, i):
+            if name == "Q4C" and cfg is not base:  # the chunked tile on the same bytes
+                return gemv(ws[i % n], q4_k_chunked.CHUNKED, (rows, cols), x, out=y, config=cfg)
             return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
     out = []
-    base = OLD_GEMV_TILES[tiles_name(name)]
+    same_sec = same_copy_seconds(nbytes)
+    base = GEMV_TILES["Q4_K"] if name == "Q4C" else OLD_GEMV_TILES[tiles_name(name)]
     extra = [] if GEMV_TILES[tiles_name(name)] == base else [("default", None)]
     tried = [(t, tile(t)) for t in CANDIDATES[name]] if CANDIDATES_ON else []
     for label, cfg in [("old default", base)] + extra + tried:
@@ -89,8 +122,10 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
         err = kb.rel_err(run(cfg, 0), ref)
         sec = kb.graph_seconds(lambda i: run(cfg, i), n)
         out.append(dict(kernel=f"gemv {rows}x{cols}", type=name, config=label, us=sec * 1e6, bw=nbytes / sec,
-                        frac=nbytes / sec / copy_bw, err=err))
-    kb.print_rows(out)
+                        frac=nbytes / sec / copy_bw, frac_same=same_sec / sec, err=err))
+    print(f"gemv {rows}x{cols} same-bytes copy {same_sec * 1e6:.1f} us ({nbytes / same_sec / 1e9:.0f} GB/s, "
+          f"{nbytes / same_sec / copy_bw:.2f} of the 2 GiB copy)", flush=True)
+    print_rows(out)
     torch.cuda.empty_cache()
     return out
 
@@ -118,7 +153,7 @@ def guarded(fn, *args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--types", default="Q8_0P,Q8_0,Q4_K")
+    ap.add_argument("--types", default="Q8_0P,Q8_0,Q4_K,Q4C")
     ap.add_argument("--json", default=None)
     ap.add_argument("--moe", action="store_true", help="also the MoE 2048x768 top-8 decode tiles")
     ap.add_argument("--defaults-only", action="store_true", help="only the old and the new default tiles")
@@ -131,6 +166,7 @@ def main() -> None:
     copy_bw = kb.copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"defaults {GEMV_TILES}", flush=True)
+    print("kernel / type / tile / us / GB/s / frac (2 GiB copy) / frac_same (same-bytes copy) / err", flush=True)
     rows = []
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     for name in args.types.split(","):

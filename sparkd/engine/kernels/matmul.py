@@ -62,7 +62,8 @@ class GemvConfig:
 # OLD_GEMV_TILES: session 3's, to time against or fall back to (config=OLD_GEMV_TILES[name]).
 GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
-              "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True)}
+              "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
+              "Q4_K_CHUNKED": GemvConfig(block_n=8, num_warps=1, unroll=2, elementwise=True)}
 OLD_GEMV_TILES = {"Q8_0": GemvConfig(elementwise=False), "Q8_0_PACKED": GemvConfig(elementwise=False),
                   "Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1, elementwise=False)}
 
