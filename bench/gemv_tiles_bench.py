@@ -53,8 +53,8 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
     # chunked (session 5): a (row, chunk) per thread; 8 rows fill one warp; 16 rows: two rows per
     # thread (x words shared) or 2 warps; the pipeliner's cp.async stages; no split-K
-    "Q4C": ["8/1/1/e", "8/1/2/e", "8/1/4/e", "16/1/1/e", "16/1/2/e", "16/2/2/e", "16/2/4/e", "8/1/2/e/1",
-            "8/1/1/e/0/3", "8/1/2/e/0/3", "8/1/2/e/0/2"],
+    "Q4C": ["8/1/1/e", "8/1/4/e", "16/1/2/e", "16/2/1/e", "16/2/2/e", "8/1/2/e/1", "8/1/1/e/0/3",
+            "16/2/1/e/0/3"],
 }
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
     T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],

@@ -25,10 +25,11 @@ from sparkd.engine.kernels import dispatch, q4_k_chunked  # noqa: E402
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv  # noqa: E402
 
 CHUNKED = q4_k_chunked.CHUNKED
-# tiles of the chunked family: the default, a 16-row tile (two rows per thread), 2 warps, no
-# split-K in 2 ranges with 3 groups per step (masked tail groups), the interpreter's wide tile
+# tiles of the chunked family: the default, 16 rows on one warp (two rows per thread) and on two,
+# split-K in 2 ranges with 3 groups per step (masked tail groups), the pipeliner's 3 stages, the
+# interpreter's wide tile
 TILES = [None, GemvConfig(block_n=16, unroll=2), GemvConfig(block_n=16, num_warps=2, unroll=1),
-         GemvConfig(block_n=8, unroll=3, split=2), GemvConfig(block_n=64)]
+         GemvConfig(block_n=8, unroll=3, split=2), GemvConfig(block_n=8, unroll=1, stages=3), GemvConfig(block_n=64)]
 
 
 def exact_case(rows: int, cols: int, seed: int = 0):
@@ -46,7 +47,7 @@ def exact_case(rows: int, cols: int, seed: int = 0):
 
 
 @pytest.mark.parametrize("config", TILES, ids=lambda c: "default" if c is None else
-                         f"{c.block_n}/{c.num_warps}/{c.unroll}/{c.split}")
+                         f"{c.block_n}/{c.num_warps}/{c.unroll}/{c.split}/{c.stages}")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_chunked_gives_q4_k_sums_bit_for_bit(backend, config):
     rows, cols = (4099, 4096) if backend == "cuda" else (13, 768)  # rows not a multiple of any tile
