@@ -1,7 +1,7 @@
 """The integer GEMV's tiles at the engine's decode shapes (Qwen3-30B-A3B: output head, q/o, fused
 qkv, MoE experts), old default next to the candidates, Q8_0 on the GGUF blocks and repacked
-(kernels/q8_0_packed.py, type name Q8_0P), Q4_K, Q4_K read by the chunked tile (kernels/q4_k_chunked.py,
-type name Q4C: the same bytes; its "old default" row is q4_k's GEMV_TILES tile); the copy
+(kernels/q8_0_packed.py, type name Q8_0P), Q4_K, Q4_K repacked in tiles of 4 rows (kernels/q4_k_tiled.py,
+type name Q4T; its "old default" row is the GGUF blocks with q4_k's GEMV_TILES tile); the copy
 bandwidth measured in the same run. old default: matmul.OLD_GEMV_TILES (session 3's tiles),
 default: GEMV_TILES.
 
@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, q4_k_chunked, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q8_0_packed
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv
 
 SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
@@ -51,10 +51,8 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     # Q4_K (kern6): 1-warp tiles of 4-8 rows, the whole row's groups in one or two loop steps, with
     # and without split-K, next to session 4's best elementwise shapes
     "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
-    # chunked (session 5): a (row, chunk) per thread; 8 rows fill one warp; 16 rows: two rows per
-    # thread (x words shared) or 2 warps; the pipeliner's cp.async stages; no split-K
-    "Q4C": ["8/1/1/e", "8/1/4/e", "16/1/2/e", "16/2/1/e", "16/2/2/e", "8/1/2/e/1", "8/1/1/e/0/3",
-            "16/2/1/e/0/3"],
+    # tiled (session 5): the default 4/1/4/e (kern6's tile), and tiles the offline SASS keeps at 64 registers
+    "Q4T": ["4/1/2/e"],
 }
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
     T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],
@@ -72,7 +70,7 @@ def quant_row(fmt: str, cols: int) -> dict:
 
 def tiles_name(name: str) -> str:
     """GEMV_TILES' key for a bench type name."""
-    return {"Q8_0P": "Q8_0_PACKED", "Q4C": "Q4_K_CHUNKED"}.get(name, name)
+    return {"Q8_0P": "Q8_0_PACKED", "Q4T": "Q4_K_TILED"}.get(name, name)
 
 
 def same_copy_seconds(nbytes: int) -> float:
@@ -93,7 +91,7 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
-    qtype = T.Q4_K if name in ("Q4_K", "Q4C") else T.Q8_0
+    qtype = T.Q4_K if name in ("Q4_K", "Q4T") else T.Q8_0
     nbytes = rows * dispatch.FAMILIES[qtype].row_bytes(cols)
     n = max(2, -(-kb.ROTATE_BYTES // nbytes))
     buf = kb.random_blocks(qtype, n * nbytes)
@@ -107,15 +105,20 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
 
         def run(cfg, i):
             return q8_0_packed.gemv(ps[i % n], x, out=y, config=cfg)
+    elif name == "Q4T":  # the old default row on the GGUF blocks, the others on the tiled copies
+        ts = [q4_k_tiled.pack(w, (rows, cols)) for w in ws]
+
+        def run(cfg, i):
+            if cfg is base:
+                return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
+            return q4_k_tiled.gemv(ts[i % n], x, out=y, config=cfg)
     else:
         def run(cfg, i):
-            if name == "Q4C" and cfg is not base:  # the chunked tile on the same bytes
-                return gemv(ws[i % n], q4_k_chunked.CHUNKED, (rows, cols), x, out=y, config=cfg)
             return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
     out = []
     same_sec = same_copy_seconds(nbytes)
-    base = GEMV_TILES["Q4_K"] if name == "Q4C" else OLD_GEMV_TILES[tiles_name(name)]
-    extra = [] if GEMV_TILES[tiles_name(name)] == base else [("default", None)]
+    base = GEMV_TILES["Q4_K"] if name == "Q4T" else OLD_GEMV_TILES[tiles_name(name)]
+    extra = [("default", None)] if name == "Q4T" or GEMV_TILES[tiles_name(name)] != base else []
     tried = [(t, tile(t)) for t in CANDIDATES[name]] if CANDIDATES_ON else []
     for label, cfg in [("old default", base)] + extra + tried:
         y.fill_(float("nan"))
@@ -153,7 +156,7 @@ def guarded(fn, *args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--types", default="Q8_0P,Q8_0,Q4_K,Q4C")
+    ap.add_argument("--types", default="Q8_0P,Q8_0,Q4_K,Q4T")
     ap.add_argument("--json", default=None)
     ap.add_argument("--moe", action="store_true", help="also the MoE 2048x768 top-8 decode tiles")
     ap.add_argument("--defaults-only", action="store_true", help="only the old and the new default tiles")

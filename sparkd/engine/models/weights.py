@@ -22,11 +22,11 @@ _FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F64}
 # loads; the default) or "gguf" (the file's 34-byte blocks, the way before session 4)
 Q8_0_LAYOUT_ENV = "SPARKD_Q8_0_LAYOUT"
 Q8_0_LAYOUTS = ("packed", "gguf")
-# how a resident Q4_K projection is read: "chunked" (kernels/q4_k_chunked.py: the file's bytes, a
-# GEMV tile of a (row, 32-byte chunk) per thread; the default) or "gguf" (q4_k's tiles, the way
-# before session 5). Streamed and MoE experts keep q4_k's tiles either way.
+# how a resident Q4_K projection is kept: "tiled" (kernels/q4_k_tiled.py: the same bytes regrouped
+# by tiles of 4 rows, qs then headers; matrices whose row count is a multiple of 4; the default)
+# or "gguf" (the file's 144-byte blocks, the way before session 5). Experts keep GGUF blocks.
 Q4_K_LAYOUT_ENV = "SPARKD_Q4_K_LAYOUT"
-Q4_K_LAYOUTS = ("chunked", "gguf")
+Q4_K_LAYOUTS = ("tiled", "gguf")
 
 
 class Weights:
@@ -40,7 +40,7 @@ class Weights:
 
     q8_0_layout: with kernels, the layout of Q8_0 projections, one of Q8_0_LAYOUTS (None: the
     environment's $SPARKD_Q8_0_LAYOUT, else "packed"); q4_k_layout the same for Q4_K
-    (Q4_K_LAYOUTS, $SPARKD_Q4_K_LAYOUT, else "chunked")."""
+    (Q4_K_LAYOUTS, $SPARKD_Q4_K_LAYOUT, else "tiled")."""
 
     def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None,
                  kernels: bool = False, quantized: bool = False, stager: DeviceStager | None = None,
@@ -76,8 +76,8 @@ class Weights:
             # (the choice checked here, inside the build, whose failure closes the stager and file)
             if qtype == GGMLQuantizationType.Q8_0 and resident_q8_0_layout(self._q8_0_layout) == "packed":
                 raw, qtype = _packed_q8_0(raw, full)
-            if qtype == GGMLQuantizationType.Q4_K and resident_q4_k_layout(self._q4_k_layout) == "chunked":
-                qtype = _chunked_q4_k()  # the same bytes, read by its own tile
+            if qtype == GGMLQuantizationType.Q4_K and resident_q4_k_layout(self._q4_k_layout) == "tiled":
+                raw, qtype = _tiled_q4_k(raw, full)
             return KernelLinear(raw, qtype, full, self.maybe(f"{prefix}.bias"), self.act_format(name))
         rows = self.rows(name, shape)
         if isinstance(rows, QuantRows):
@@ -117,7 +117,7 @@ def resident_q8_0_layout(choice: str | None = None) -> str:
 
 
 def resident_q4_k_layout(choice: str | None = None) -> str:
-    """The Q4_K layout of kernel projections: choice, else $SPARKD_Q4_K_LAYOUT, else "chunked"."""
+    """The Q4_K layout of kernel projections: choice, else $SPARKD_Q4_K_LAYOUT, else "tiled"."""
     return _layout("Q4_K", choice, Q4_K_LAYOUT_ENV, Q4_K_LAYOUTS)
 
 
@@ -130,10 +130,14 @@ def _layout(what: str, choice: str | None, env: str, layouts: tuple[str, ...]) -
     return layout
 
 
-def _chunked_q4_k():
-    from sparkd.engine.kernels import q4_k_chunked  # imports triton: only on the kernel path
+def _tiled_q4_k(raw: torch.Tensor, shape: tuple[int, int]):
+    """A Q4_K projection's blocks in the tiled layout and its qtype, or as they are when its row
+    count is not whole tiles (the same bytes either way)."""
+    from sparkd.engine.kernels import q4_k_tiled  # imports triton: only on the kernel path
 
-    return q4_k_chunked.CHUNKED
+    if not q4_k_tiled.packable(shape):
+        return raw, GGMLQuantizationType.Q4_K
+    return q4_k_tiled.pack_raw(raw, shape), q4_k_tiled.TILED
 
 
 def _packed_q8_0(raw: torch.Tensor, shape: tuple[int, int]):
