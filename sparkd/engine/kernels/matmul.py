@@ -59,6 +59,8 @@ class GemvConfig:
 # words in flight per thread); the packed Q8_0 layout without split-K (no fold at these shapes).
 # Q4_K (kern6): 4 rows per 1-warp program, one 128-bit word of qs per thread and group, x loaded
 # in the words' shape (no layout conversion through shared memory; bench/kernels_sass.py).
+# Q4_K_TILED (session 5, q4k8): kern6's tile on the tiled layout (kernels/q4_k_tiled.py; H200:
+# head 0.63 -> 0.68 of copy bandwidth, bench/results/gemv_tiles_h200_s5_q4k.log).
 # OLD_GEMV_TILES: session 3's, to time against or fall back to (config=OLD_GEMV_TILES[name]).
 GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),

@@ -6,7 +6,7 @@ mins) and 128 bytes of nibbles. q4_k's 4-row tile (4 rows x 128 qs bytes per war
 load) then touches 8 lines per load, the qs being 16 bytes off every line, and each header load
 touches 4 lines (one per row). Repacked, every TILE_ROWS rows are a tile: first the qs of every
 group, the tile's rows one after another (group g's at g * 512, 128-byte aligned when the tile
-is), then the headers of every group the same way (group g's 64 bytes at 512 * G + 64 * g, one
+is: tiles are 576 * G bytes, so an even group count G keeps every tile aligned), then the headers of every group the same way (group g's 64 bytes at 512 * G + 64 * g, one
 line). The same bytes as the file, nothing padded: only matrices whose row count is a multiple of
 TILE_ROWS are repacked (models/weights.py keeps the others, and stacks of them, as GGUF blocks).
 Only for tensors that stay resident; streamed experts and the MoE keep the GGUF layout.
