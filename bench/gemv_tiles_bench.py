@@ -1,17 +1,24 @@
 """The integer GEMV's tiles at the engine's decode shapes (Qwen3-30B-A3B: output head, q/o, fused
 qkv, MoE experts), old default next to the candidates, Q8_0 on the GGUF blocks and repacked
-(kernels/q8_0_packed.py, type name Q8_0P), Q4_K, Q6_K; the copy bandwidth measured in the same run.
-old default: matmul.OLD_GEMV_TILES (session 3's tiles), default: GEMV_TILES. Q6_K's old default is
-its float path (q6_k.FLOAT_FAMILY, what SPARKD_Q6_K_INT=0 runs) at its session-4 tile
-GemvConfig(); "float default" is that path at GEMV_TILES' Q6_K tile. --moe-q6k: the MoE 2048x768
-top-8 with Q4_K gate/up and a Q6_K down (a Q4_K_M file's experts), float down vs integer down.
+(kernels/q8_0_packed.py, type name Q8_0P), Q4_K, Q4_K repacked in tiles of 4 rows (kernels/q4_k_tiled.py,
+type name Q4T; its "old default" row is the GGUF blocks with q4_k's GEMV_TILES tile), Q6_K; the copy
+bandwidth measured in the same run. old default: matmul.OLD_GEMV_TILES (session 3's tiles),
+default: GEMV_TILES. Q6_K's old default is its float path (q6_k.FLOAT_FAMILY, what
+SPARKD_Q6_K_INT=0 runs) at its session-4 tile GemvConfig(); "float default" is that path at
+GEMV_TILES' Q6_K tile. --moe-q6k: the MoE 2048x768 top-8 with Q4_K gate/up and a Q6_K down (a
+Q4_K_M file's experts), float down vs integer down.
 
-Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q6_K] [--moe]
+frac: the kernel's bytes per second over the 2 GiB copy's (read + written); frac_same: over a
+copy of the same bytes (half the weight's bytes read, half written, rotated past the L2 as the
+weights are, timed the same way): the small shapes cannot reach the large copy's bandwidth, a
+launch and its drain take microseconds whatever the size.
+
+Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q4T,Q6_K] [--moe]
        [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k]
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
-Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split];
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split[/stages]];
 --shapes 151936x2048,14336x4096 replaces SHAPES.
 """
 
@@ -25,7 +32,7 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q8_0_packed
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 from sparkd.engine.layers.act_round import round_activations
@@ -35,9 +42,11 @@ CANDIDATES_ON = True  # --defaults-only: only the old and the new default tiles
 
 
 def tile(text: str) -> GemvConfig:
-    """rows/warps/unroll/e|g[/split] as a GemvConfig (split 0 or left out: chosen from the shape)."""
-    rows, warps, unroll, mode, *split = text.split("/")
-    return GemvConfig(int(rows), int(warps), int(unroll), int(split[0]) if split else 0, mode == "e")
+    """rows/warps/unroll/e|g[/split[/stages]] as a GemvConfig (split 0 or left out: chosen from the
+    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages)."""
+    rows, warps, unroll, mode, *rest = text.split("/")
+    split, stages = (list(map(int, rest)) + [0, 0])[:2]
+    return GemvConfig(int(rows), int(warps), int(unroll), split, mode == "e", stages=stages)
 
 
 CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, plus the session-3 shapes
@@ -48,6 +57,8 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     # and without split-K, next to session 4's best elementwise shapes
     "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
     "Q6_K": ["4/1/4/e", "4/1/2/e", "8/2/2/e", "4/1/2/g"],  # q6k8: the integer step's first tiles
+    # tiled (session 5): the default 4/1/4/e (kern6's tile), and tiles the offline SASS keeps at 64 registers
+    "Q4T": ["4/1/2/e"],
 }
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "8/2/2/e/8"]  # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG)
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
@@ -66,11 +77,28 @@ def quant_row(fmt: str, cols: int) -> dict:
 
 def tiles_name(name: str) -> str:
     """GEMV_TILES' key for a bench type name."""
-    return "Q8_0_PACKED" if name == "Q8_0P" else name
+    return {"Q8_0P": "Q8_0_PACKED", "Q4T": "Q4_K_TILED"}.get(name, name)
+
+
+def same_copy_seconds(nbytes: int) -> float:
+    """Seconds of a device-to-device copy whose bytes read + written are nbytes, rotated past the
+    L2 over as many bytes as the weights rotate over, one graph of n copies (graph_seconds)."""
+    half = nbytes // 2
+    n = max(2, -(-kb.ROTATE_BYTES // nbytes))
+    src = torch.randint(0, 256, (n * half,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return kb.graph_seconds(lambda i: dst[i * half:(i + 1) * half].copy_(src[i * half:(i + 1) * half]), n)
+
+
+def print_rows(rows: list[dict]) -> None:
+    """kernels_bench's columns and frac_same."""
+    for r in rows:
+        print(f"{r['kernel']:34} {r['type']:5} {r['config']:32} {r['us']:9.1f} {r['bw'] / 1e9:7.0f} "
+              f"{r['frac']:5.2f} {r.get('frac_same', 0.0):5.2f} {r['err']:8.1e}", flush=True)
 
 
 def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
-    qtype = T.Q8_0 if name == "Q8_0P" else T[name]
+    qtype = {"Q8_0P": T.Q8_0, "Q4T": T.Q4_K}.get(name) or T[name]
     nbytes = rows * dispatch.FAMILIES[qtype].row_bytes(cols)
     n = max(2, -(-kb.ROTATE_BYTES // nbytes))
     buf = kb.random_blocks(qtype, n * nbytes)
@@ -84,22 +112,33 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
 
         def run(cfg, i):
             return q8_0_packed.gemv(ps[i % n], x, out=y, config=cfg)
+    elif name == "Q4T":  # the old default row on the GGUF blocks, the others on the tiled copies
+        ts = [q4_k_tiled.pack(w, (rows, cols)) for w in ws]
+
+        def run(cfg, i):
+            if cfg is base:
+                return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
+            return q4_k_tiled.gemv(ts[i % n], x, out=y, config=cfg)
     else:
         def run(cfg, i, round_x=False):  # round_x: x rounded to Q8_K first (a K-quant's float path)
             rx = (lambda v: round_activations(v, act_quant.Q8_K)) if round_x else None
             return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, round_x=rx)
-    out = [] if qtype != T.Q6_K else q6_k_float_rows(qtype, run, ref, nbytes, n, rows, cols, copy_bw)
-    base = OLD_GEMV_TILES.get(tiles_name(name))  # None: a new integer step (Q6_K), no old tile
+    out = [] if name != "Q6_K" else q6_k_float_rows(qtype, run, ref, nbytes, n, rows, cols, copy_bw)
+    same_sec = same_copy_seconds(nbytes)
+    # None: a new integer step (Q6_K), no old tile; Q4T's old default is the GGUF blocks' tile
+    base = GEMV_TILES["Q4_K"] if name == "Q4T" else OLD_GEMV_TILES.get(tiles_name(name))
     firsts = [("default", None)] if base is None else [("old default", base)]
-    firsts += [] if base is None or GEMV_TILES[tiles_name(name)] == base else [("default", None)]
+    firsts += [("default", None)] if name == "Q4T" or (base is not None and GEMV_TILES[tiles_name(name)] != base) else []
     tried = [(t, tile(t)) for t in CANDIDATES[name]] if CANDIDATES_ON else []
     for label, cfg in firsts + tried:
         y.fill_(float("nan"))
         err = kb.rel_err(run(cfg, 0), ref)
         sec = kb.graph_seconds(lambda i: run(cfg, i), n)
         out.append(dict(kernel=f"gemv {rows}x{cols}", type=name, config=label, us=sec * 1e6, bw=nbytes / sec,
-                        frac=nbytes / sec / copy_bw, err=err))
-    kb.print_rows(out)
+                        frac=nbytes / sec / copy_bw, frac_same=same_sec / sec, err=err))
+    print(f"gemv {rows}x{cols} same-bytes copy {same_sec * 1e6:.1f} us ({nbytes / same_sec / 1e9:.0f} GB/s, "
+          f"{nbytes / same_sec / copy_bw:.2f} of the 2 GiB copy)", flush=True)
+    print_rows(out)
     torch.cuda.empty_cache()
     return out
 
@@ -182,7 +221,7 @@ def guarded(fn, *args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--types", default="Q8_0P,Q8_0,Q4_K")
+    ap.add_argument("--types", default="Q8_0P,Q8_0,Q4_K,Q4T")
     ap.add_argument("--json", default=None)
     ap.add_argument("--moe", action="store_true", help="also the MoE 2048x768 top-8 decode tiles")
     ap.add_argument("--defaults-only", action="store_true", help="only the old and the new default tiles")
@@ -196,6 +235,7 @@ def main() -> None:
     copy_bw = kb.copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"defaults {GEMV_TILES}", flush=True)
+    print("kernel / type / tile / us / GB/s / frac (2 GiB copy) / frac_same (same-bytes copy) / err", flush=True)
     rows = []
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     for name in args.types.split(","):

@@ -1,27 +1,35 @@
 """The instruction mix of the integer GEMV's main loop, compiled offline for sm_90 (no GPU needed:
 the triton wheel carries ptxas), to see what bounds a kernel before spending device time.
 
-Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P] [--stages 0,3] [--tiles 16/4/2/e,...]
-(Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed)
+Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P,Q4T] [--stages 0,3] [--tiles 16/4/2/e,...]
+(Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed; Q4T: Q4_K in the tiled one, q4_k_tiled)
 
 For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
 ceiling is that times 4 warp instructions/clock/SM), and the counts that matter (loads, dp4a,
 shuffles and shared-memory traffic from layout conversions, barriers, and with --stages > 0 the
-pipeliner's asynchronous copies LDGSTS and their waits DEPBAR).
+pipeliner's asynchronous copies LDGSTS and their waits DEPBAR), and the registers per thread
+(cuobjdump -res-usage; what bounds the resident one-warp programs per SM: 65536 / (32 * regs)).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
+import subprocess
+import tempfile
 
 from gguf.constants import GGMLQuantizationType
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import dispatch, matmul, q8_0_packed
+from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q8_0_packed
+
+LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY}  # --types names of the repacked layouts
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
              "part_ptr": "*fp32", "tickets_ptr": "*i32", "N": "i32", "K": "i32", "row_bytes": "i32"}
@@ -31,7 +39,7 @@ TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True)
 WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDGSTS", "DEPBAR")
 
 
-def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
+def cubin(fam: dispatch.Family, cfg: matmul.GemvConfig) -> bytes:
     kern = matmul._igemv_kernel
     args = matmul.int_args(fam)
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
@@ -39,7 +47,20 @@ def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
-    return get_sass(compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps}).asm["cubin"])
+    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps}).asm["cubin"]
+
+
+def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
+    return get_sass(cubin(fam, cfg))
+
+
+def registers(binary: bytes) -> int:
+    """Registers per thread of a compiled kernel (cuobjdump -res-usage)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(binary)
+        f.flush()
+        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"REG:(\d+)", out).group(1))
 
 
 def loop_ops(text: str) -> list[str]:
@@ -67,15 +88,16 @@ def main() -> None:
     args = ap.parse_args()
     tiles = TILES if args.tiles is None else [parse_tile(t) for t in args.tiles.split(",")]
     for name in args.types.split(","):
-        # Q8_0P: the repacked resident layout (q8_0_packed), a family of its own
-        fam = q8_0_packed.FAMILY if name == "Q8_0P" else dispatch.FAMILIES[GGMLQuantizationType[name]]
+        fam = LAYOUTS[name] if name in LAYOUTS else dispatch.FAMILIES[GGMLQuantizationType[name]]
         for cfg in (dataclasses.replace(t, stages=int(n)) for t in tiles for n in args.stages.split(",")):
-            ops = loop_ops(sass(fam, cfg))
+            binary = cubin(fam, cfg)
+            ops = loop_ops(get_sass(binary))
             values = cfg.block_n * 256 * cfg.unroll
             counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH)
             print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'} "
                   f"{cfg.stages} stages: "
-                  f"{len(ops)} warp-instr/iteration, {values / (len(ops) * cfg.num_warps):.1f} values/warp-instr  {counts}")
+                  f"{len(ops)} warp-instr/iteration, {values / (len(ops) * cfg.num_warps):.1f} values/warp-instr  {counts}"
+                  f"  regs={registers(binary)}")
 
 
 if __name__ == "__main__":

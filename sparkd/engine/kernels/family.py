@@ -63,6 +63,9 @@ class Family:
     act_fmt: str | None = None  # with idot: how x is quantized (act_quant.Q8_0 / Q8_K)
     iacc: tuple[int, int] = (1, 1)  # with idot: its accumulator tile per row, reduced after the loop
     grid: str | None = None  # the gguf class whose codebook the kernels get as aux_ptr (i-quants)
+    # rows come in tiles of this many (a repacked layout, q4_k_tiled): the matrix has whole tiles,
+    # and its dequant gets the row width as aux_ptr (int32 [1]) to find a row's place in its tile
+    row_tile: int = 1
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

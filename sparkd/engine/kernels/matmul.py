@@ -59,10 +59,13 @@ class GemvConfig:
 # words in flight per thread); the packed Q8_0 layout without split-K (no fold at these shapes).
 # Q4_K (kern6): 4 rows per 1-warp program, one 128-bit word of qs per thread and group, x loaded
 # in the words' shape (no layout conversion through shared memory; bench/kernels_sass.py).
+# Q4_K_TILED (session 5, q4k8): kern6's tile on the tiled layout (kernels/q4_k_tiled.py; H200:
+# head 0.63 -> 0.68 of copy bandwidth, bench/results/gemv_tiles_h200_s5_q4k.log).
 # OLD_GEMV_TILES: session 3's, to time against or fall back to (config=OLD_GEMV_TILES[name]).
 GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
               "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
+              "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
               "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)}  # best of 5 (q6k_h200_s5)
 OLD_GEMV_TILES = {"Q8_0": GemvConfig(elementwise=False), "Q8_0_PACKED": GemvConfig(elementwise=False),
                   "Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1, elementwise=False)}
@@ -276,6 +279,9 @@ def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tenso
     dispatch.check_weight(weight, what, fam.align)
     dispatch.check_activations(x, cols, what)
     dispatch.device_of(weight, x, what)
+    if rows % fam.row_tile:
+        raise dispatch.KernelArgumentError(f"could not run {what}: {rows} rows is not a multiple of the layout's "
+                                           f"tile of {fam.row_tile} rows")
     if x.dim() != x_dims or weight.numel() != rows * row_bytes:
         x_shape = f"[{cols}]" if x_dims == 1 else f"[T, {cols}]"
         raise dispatch.KernelArgumentError(
@@ -412,7 +418,9 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if n_tok == 0:
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
-    _gemm_kernel[grid](weight, grids.grid_table(fam.grid, x.device), x, y, rows, cols, n_tok, row_bytes,
+    aux = grids.grid_table(fam.grid, x.device) if fam.row_tile == 1 else \
+        torch.tensor([cols], dtype=torch.int32, device=x.device)  # a tiled layout's row width
+    _gemm_kernel[grid](weight, aux, x, y, rows, cols, n_tok, row_bytes,
                        x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
                        BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=precision, num_warps=GEMM_WARPS)
     return y

@@ -50,14 +50,21 @@ def scale_min_int(sb, s, mask):
 
 @triton.jit
 def dequant(w_ptr, aux_ptr, row_off, g, smask):
+    blk = w_ptr + row_off + g * 144  # [BN, 1, 1]: the file's blocks, header then qs
+    return dequant_at(blk + 16, blk, smask)
+
+
+@triton.jit
+def dequant_at(qs, hdr, smask):
+    """Group g of each row as floats [BN, 8, 32], its 128 qs bytes at qs and its 16 header bytes at
+    hdr (uint8 pointers [BN, 1, 1])."""
     s = tl.arange(0, 8)[None, :, None]
     i = tl.arange(0, 32)[None, None, :]
-    blk = w_ptr + row_off + g * 144  # [BN, 1, 1]
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
-    dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
-    sc, mn = scale_min(blk + 4, s, smask)
-    qs = tl.load(blk + 16 + (s // 2) * 32 + i, mask=smask, other=0).to(tl.int32)
-    q = (qs >> ((s % 2) * 4)) & 0xF
+    d = tl.load(hdr.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    dmin = tl.load((hdr + 2).to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    sc, mn = scale_min(hdr + 4, s, smask)
+    q = tl.load(qs + (s // 2) * 32 + i, mask=smask, other=0).to(tl.int32)
+    q = (q >> ((s % 2) * 4)) & 0xF
     return (d * sc) * q.to(tl.float32) - dmin * mn
 
 
@@ -106,58 +113,59 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
 
 
 @triton.jit
-def _idot_rows(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.constexpr):
-    """idot reducing each super-block to one float per row (acc [BN])."""
+def idot_rows_at(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.constexpr):
+    """idot reducing each super-block to one float per row (acc [BN]): group g of each row, its
+    128 qs bytes at qs and its 16 header bytes (d, dmin, scales) at hdr (uint8 pointers [BN])."""
     j = tl.arange(0, 4)[None, :, None]  # 32-byte chunk of qs: sub-blocks 2j (low), 2j+1 (high)
     w = tl.arange(0, 8)[None, None, :]  # word in the chunk
-    blk = w_ptr + row_off + g * 144  # [BN]
     m = rmask[:, None, None]
-    words = tl.load((blk[:, None, None] + 16).to(tl.pointer_type(tl.int32)) + j * 8 + w, mask=m, other=0)
+    words = tl.load(qs[:, None, None].to(tl.pointer_type(tl.int32)) + j * 8 + w, mask=m, other=0)
     xw = xw_ptr + g * 64 + j * 16 + w  # x words of sub-block 2j; 2j+1 follows 8 words later
     lo = tl.sum(dp4a(words & 0x0F0F0F0F, tl.load(xw), EMU), 2)  # [BN, 4]
     hi = tl.sum(dp4a((words >> 4) & 0x0F0F0F0F, tl.load(xw + 8), EMU), 2)
     s = 2 * tl.arange(0, 4)[None, :]  # [1, 4]
-    sc_lo, mn_lo = scale_min_int(blk[:, None] + 4, s, rmask[:, None])
-    sc_hi, mn_hi = scale_min_int(blk[:, None] + 4, s + 1, rmask[:, None])
+    sc_lo, mn_lo = scale_min_int(hdr[:, None] + 4, s, rmask[:, None])
+    sc_hi, mn_hi = scale_min_int(hdr[:, None] + 4, s + 1, rmask[:, None])
     xs = xs_ptr + g * 8 + s
     qsum = tl.sum(sc_lo * lo + sc_hi * hi, 1)  # [BN], int32
     msum = tl.sum(mn_lo * tl.load(xs) + mn_hi * tl.load(xs + 1), 1)
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
-    dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    d = tl.load(hdr.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    dmin = tl.load((hdr + 2).to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
     return acc + tl.load(xd_ptr + g) * (d * qsum.to(tl.float32) - dmin * msum.to(tl.float32))
 
 
 @triton.jit
-def _idot_tile(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU: tl.constexpr):
-    """idot into the elementwise tile acc [BN, 4, 8] (no cross-thread reduction per group)."""
+def idot_tile_at(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.constexpr):
+    """idot_rows_at into the elementwise tile acc [BN, 4, 8] (no cross-thread reduction per group)."""
     j = tl.arange(0, 4)[None, :, None]  # 32-byte chunk of qs: sub-blocks 2j (low), 2j+1 (high)
     w = tl.arange(0, 8)[None, None, :]  # word in the chunk
-    blk = w_ptr + row_off[:, None, None] + g * 144  # [BN, 1, 1]
+    hdr = hdr[:, None, None]  # [BN, 1, 1]
     m = rmask[:, None, None]
-    words = tl.load((blk + 16).to(tl.pointer_type(tl.int32)) + j * 8 + w, mask=m, other=0)  # [BN, 4, 8]
+    words = tl.load(qs[:, None, None].to(tl.pointer_type(tl.int32)) + j * 8 + w, mask=m, other=0)  # [BN, 4, 8]
     # x words of sub-block 2j (2j+1 follows 8 words later), loaded in the words' own shape: each
     # thread reads the x words it multiplies (a broadcast [1, 4, 8] load costs a layout conversion
     # through shared memory with one warp)
     xw = xw_ptr + g * 64 + j * 16 + w + tl.zeros(words.shape, tl.int32)
-    sc_lo, mn_lo = scale_min_int(blk + 4, 2 * j, m)  # [BN, 4, 1]
-    sc_hi, mn_hi = scale_min_int(blk + 4, 2 * j + 1, m)
+    sc_lo, mn_lo = scale_min_int(hdr + 4, 2 * j, m)  # [BN, 4, 1]
+    sc_hi, mn_hi = scale_min_int(hdr + 4, 2 * j + 1, m)
     isum = sc_lo * dp4a(words & 0x0F0F0F0F, tl.load(xw), EMU) \
         + sc_hi * dp4a((words >> 4) & 0x0F0F0F0F, tl.load(xw + 8), EMU)  # [BN, 4, 8]
     xs = xs_ptr + g * 8 + 2 * j
     msum = mn_lo * tl.load(xs) + mn_hi * tl.load(xs + 1)  # [BN, 4, 1]
     dx = tl.load(xd_ptr + g)
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32) * dx
-    dmin = tl.load((blk + 2).to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32) * dx
+    d = tl.load(hdr.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32) * dx
+    dmin = tl.load((hdr + 2).to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32) * dx
     # the min term once per sub-block: an eighth of it on each of its 8 words
     return acc + (d * isum.to(tl.float32) - (dmin * 0.125) * msum.to(tl.float32))
 
 
 @triton.jit
 def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    blk = w_ptr + row_off + g * 144  # the file's blocks: header, then qs
     if EW:
-        acc = _idot_tile(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU)
+        acc = idot_tile_at(blk + 16, blk, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
     else:
-        acc = _idot_rows(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EMU)
+        acc = idot_rows_at(blk + 16, blk, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
     return acc
 
 

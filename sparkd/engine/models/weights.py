@@ -22,6 +22,11 @@ _FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F64}
 # loads; the default) or "gguf" (the file's 34-byte blocks, the way before session 4)
 Q8_0_LAYOUT_ENV = "SPARKD_Q8_0_LAYOUT"
 Q8_0_LAYOUTS = ("packed", "gguf")
+# how a resident Q4_K projection is kept: "tiled" (kernels/q4_k_tiled.py: the same bytes regrouped
+# by tiles of 4 rows, qs then headers; matrices whose row count is a multiple of 4; the default)
+# or "gguf" (the file's 144-byte blocks, the way before session 5). Experts keep GGUF blocks.
+Q4_K_LAYOUT_ENV = "SPARKD_Q4_K_LAYOUT"
+Q4_K_LAYOUTS = ("tiled", "gguf")
 
 
 class Weights:
@@ -34,11 +39,12 @@ class Weights:
     there (no host copy of the tensor); the loader clears it once the network is built.
 
     q8_0_layout: with kernels, the layout of Q8_0 projections, one of Q8_0_LAYOUTS (None: the
-    environment's $SPARKD_Q8_0_LAYOUT, else "packed")."""
+    environment's $SPARKD_Q8_0_LAYOUT, else "packed"); q4_k_layout the same for Q4_K
+    (Q4_K_LAYOUTS, $SPARKD_Q4_K_LAYOUT, else "tiled")."""
 
     def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None,
                  kernels: bool = False, quantized: bool = False, stager: DeviceStager | None = None,
-                 q8_0_layout: str | None = None):
+                 q8_0_layout: str | None = None, q4_k_layout: str | None = None):
         self.model = model
         self.stager = stager
         self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
@@ -46,6 +52,7 @@ class Weights:
         self._kernel_types = _kernel_types() if kernels else frozenset()
         self.scratch = Scratch() if quantized and not kernels else None
         self._q8_0_layout = q8_0_layout
+        self._q4_k_layout = q4_k_layout
 
     def has(self, name: str) -> bool:
         return name in self.model.tensors
@@ -69,6 +76,8 @@ class Weights:
             # (the choice checked here, inside the build, whose failure closes the stager and file)
             if qtype == GGMLQuantizationType.Q8_0 and resident_q8_0_layout(self._q8_0_layout) == "packed":
                 raw, qtype = _packed_q8_0(raw, full)
+            if qtype == GGMLQuantizationType.Q4_K and resident_q4_k_layout(self._q4_k_layout) == "tiled":
+                raw, qtype = _tiled_q4_k(raw, full)
             return KernelLinear(raw, qtype, full, self.maybe(f"{prefix}.bias"), self.act_format(name))
         rows = self.rows(name, shape)
         if isinstance(rows, QuantRows):
@@ -104,11 +113,31 @@ class Weights:
 
 def resident_q8_0_layout(choice: str | None = None) -> str:
     """The Q8_0 layout of kernel projections: choice, else $SPARKD_Q8_0_LAYOUT, else "packed"."""
-    layout = (choice if choice is not None else os.environ.get(Q8_0_LAYOUT_ENV, "packed")).strip().lower()
-    if layout not in Q8_0_LAYOUTS:
-        raise EngineError(f"could not choose the resident Q8_0 layout {layout!r}: use one of "
-                          f"{', '.join(Q8_0_LAYOUTS)} (${Q8_0_LAYOUT_ENV})")
+    return _layout("Q8_0", choice, Q8_0_LAYOUT_ENV, Q8_0_LAYOUTS)
+
+
+def resident_q4_k_layout(choice: str | None = None) -> str:
+    """The Q4_K layout of kernel projections: choice, else $SPARKD_Q4_K_LAYOUT, else "tiled"."""
+    return _layout("Q4_K", choice, Q4_K_LAYOUT_ENV, Q4_K_LAYOUTS)
+
+
+def _layout(what: str, choice: str | None, env: str, layouts: tuple[str, ...]) -> str:
+    """choice, else $env, else layouts[0] (the default), checked against layouts."""
+    layout = (choice if choice is not None else os.environ.get(env, layouts[0])).strip().lower()
+    if layout not in layouts:
+        raise EngineError(f"could not choose the resident {what} layout {layout!r}: use one of "
+                          f"{', '.join(layouts)} (${env})")
     return layout
+
+
+def _tiled_q4_k(raw: torch.Tensor, shape: tuple[int, int]):
+    """A Q4_K projection's blocks in the tiled layout and its qtype, or as they are when its row
+    count is not whole tiles (the same bytes either way)."""
+    from sparkd.engine.kernels import q4_k_tiled  # imports triton: only on the kernel path
+
+    if not q4_k_tiled.packable(shape):
+        return raw, GGMLQuantizationType.Q4_K
+    return q4_k_tiled.pack_raw(raw, shape), q4_k_tiled.TILED
 
 
 def _packed_q8_0(raw: torch.Tensor, shape: tuple[int, int]):
