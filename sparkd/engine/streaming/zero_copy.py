@@ -14,6 +14,7 @@ stream; this token's kernel still reads them from the arena.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Sequence
 
@@ -52,9 +53,14 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> Kerne
     for j, read in list(batch.reads.items()):
         batch._wait(j, read)
     host_slot = {e: batch.slots[j] for j, e in enumerate(host_ids)}
+    t0 = time.perf_counter()
     if vram is not None:
         _admit(store, layer, host_ids, host_slot, in_vram)
-    return _table(store, layer, ids, in_vram, host_slot, device)
+    t1 = time.perf_counter()
+    table = _table(store, layer, ids, in_vram, host_slot, device)
+    store.stats.vram_admit_seconds += t1 - t0
+    store.stats.table_seconds += time.perf_counter() - t1
+    return table
 
 
 def _admit(store, layer: int, host_ids: list[int], host_slot: dict[int, int], in_vram: dict) -> None:

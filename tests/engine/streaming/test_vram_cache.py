@@ -249,3 +249,34 @@ def test_streamed_with_vram_cache_equals_resident(model, backend):
     # cuda: the resident kernel path on the same blocks (tiles may split the sums differently);
     # the interpreter: against the CPU reference (the bound of test_kernel_engine.py)
     assert err < (1e-5 if backend == "cuda" else 1e-3), err
+
+
+def test_stage_profile_splits_the_kernel_paths_moe_host_time(model):
+    """The streamed kernel path (the interpreter standing in for the GPU) reports its MoE layer's
+    host parts: the routing ids' sync, VRAM admission and the kernel table, each counted."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    if ON_GPU:
+        pytest.skip("the interpreter variant runs where there is no GPU")
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.profile import StageProfile
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+
+    path, g, cfg = model
+    opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False)
+    sm = open_streaming(path, opts)
+    try:
+        sm.store.kernel_device = "cpu"
+        sm.store.vram = VramExperts(3, _plan(g, cfg, H200).slot_bytes, "cpu")
+        net = sm.model.net
+        cache = net.new_cache(4)
+        net(torch.tensor([1, 5]), cache)
+        prof = StageProfile(net)
+        net(torch.tensor([9]), cache)
+        rep = prof.report(0.0)
+        prof.remove()
+        assert sm.store.on_kernel_select is None  # removed with the hooks
+    finally:
+        sm.close()
+    assert rep["host_sync_seconds"] > 0 and rep["table_seconds"] > 0 and rep["vram_admit_seconds"] > 0
+    assert rep["expert_compute_seconds"] >= rep["host_sync_seconds"] + rep["table_seconds"] - 1e-3
+    assert "expert_kernels_gpu_seconds" not in rep and "attention_gpu_seconds" not in rep  # no CUDA events
