@@ -28,7 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/cuda-sbs}; mkdir -p "$OUT"
 WORK=${WORK:-/var/tmp/sparkd-cuda}; mkdir -p "$WORK"
-LAYERS=${LAYERS:-12}; QUANTS=${QUANTS:-Q8_0 Q4_K}; TOKENS=${TOKENS:-128}
+LAYERS=${LAYERS:-12}; QUANTS=${QUANTS-Q8_0 Q4_K}; TOKENS=${TOKENS:-128}
 STREAM_SIZE=${STREAM_SIZE:-10G}; STREAM_BUDGET=${STREAM_BUDGET:-3G}; STREAM_TOKENS=${STREAM_TOKENS:-16}
 STREAM_TIMEOUT=${STREAM_TIMEOUT:-120}; TIMEOUT=300; LLAMA_WAIT=${LLAMA_WAIT:-900}  # seconds per measured command (resident, streaming)
 CUDA_GRAPHS=${CUDA_GRAPHS-off on}; BUILD_ONLY=${BUILD_ONLY:-0}; STREAM=${STREAM:-1}; LLAMA=${LLAMA:-1}

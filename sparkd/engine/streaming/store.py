@@ -90,6 +90,8 @@ class StreamingExperts:
         self.kernel_device: str | None = None  # set: decode reads slots in place (zero_copy.py)
         self.vram = None  # a VramExperts on a discrete GPU: hot experts served from device memory
         self.on_kernel_select: Callable[[], None] | None = None  # profile.py: the expert kernels start
+        self.table_mode = "cached"  # zero_copy.py: kernel tables from a checked template, or "checked"
+        self.tables: dict = {}  # zero_copy.py's checked templates (they hold the arena / VRAM buffer)
         self._scratch: list[torch.Tensor] = [torch.empty(0)] * 3  # f32 gate, up, down of one expert
 
     def scratch(self, part: int, n_values: int) -> torch.Tensor:
@@ -313,6 +315,7 @@ class StreamingExperts:
     def close(self) -> None:
         for read in list(self._prefetched.values()) + self._draining:
             read._done.wait()
+        self.tables.clear()  # they hold the VRAM buffer and the arena
         if self.vram is not None:
             self.vram.close()  # its copies read the arena: done before the arena goes
         self.reader.close()

@@ -280,3 +280,55 @@ def test_stage_profile_splits_the_kernel_paths_moe_host_time(model):
     assert rep["host_sync_seconds"] > 0 and rep["table_seconds"] > 0 and rep["vram_admit_seconds"] > 0
     assert rep["expert_compute_seconds"] >= rep["host_sync_seconds"] + rep["table_seconds"] - 1e-3
     assert "expert_kernels_gpu_seconds" not in rep and "attention_gpu_seconds" not in rep  # no CUDA events
+
+
+def _streamed_logits(path, g, cfg, mode, n=2):
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+
+    sm = open_streaming(path, StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False))
+    try:
+        sm.store.kernel_device, sm.store.table_mode = "cpu", mode
+        sm.store.vram = VramExperts(3, _plan(g, cfg, H200).slot_bytes, "cpu")
+        logits, _ = _greedy(sm.model.net, [1, 5, 9, 33, 2], n)
+        return logits, len(sm.store.tables), sm.store.snapshot()
+    finally:
+        sm.close()
+
+
+def test_cached_kernel_tables_give_the_checked_tables_bits(model):
+    """SPARKD_STREAM_TABLE=cached (one prepare() per layer shape, offsets checked in Python) and
+    =checked (prepare() per call) run the same kernels on the same offsets: equal logits, bit for bit,
+    over mixed VRAM / arena tables."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    if ON_GPU:
+        pytest.skip("the interpreter variant runs where there is no GPU")
+    path, g, cfg = model
+    cached, n_tables, stats = _streamed_logits(path, g, cfg, "cached")
+    checked, n_checked, _ = _streamed_logits(path, g, cfg, "checked")
+    assert stats["vram_hits"] > 0 and stats["misses"] > 0  # both kinds of slot in the tables
+    assert n_tables == 1 and n_checked == 0  # every layer has one shape: one checked template
+    assert torch.equal(cached, checked)
+
+
+def test_a_kernel_table_offset_outside_its_buffer_is_a_clear_error(model):
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+    from sparkd.engine.streaming.zero_copy import _table_cached
+
+    path, _, _ = model
+    sm = open_streaming(path, StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False))
+    try:
+        past_the_end = sm.store.arena.n_slots  # one slot beyond the arena
+        with pytest.raises(EngineError, match="could not build the kernel table of layer 0: expert 3's part 0"):
+            _table_cached(sm.store, 0, [3], {}, {3: past_the_end}, "cpu")
+    finally:
+        sm.close()
+
+
+def test_an_unknown_table_mode_is_a_clear_error():
+    from sparkd.engine.streaming.zero_copy import table_mode
+
+    assert table_mode({}) == "cached" and table_mode({"SPARKD_STREAM_TABLE": "checked"}) == "checked"
+    with pytest.raises(EngineError, match="could not use SPARKD_STREAM_TABLE='fast': choose one of cached, checked"):
+        table_mode({"SPARKD_STREAM_TABLE": "fast"})
