@@ -21,7 +21,7 @@
 # Knobs: LAYERS=12 QUANTS="Q8_0 Q4_K" ("": no resident runs) TOKENS=128 STREAM_SIZE=10G STREAM_BUDGET=3G
 #        STREAM_TOKENS=16 LLAMA_STREAM_TOKENS=$STREAM_TOKENS STREAM_VRAM_BUDGETS="auto 0 1G 2G" STREAM_ARGS="" (more generate flags for
 #        every streaming run, e.g. "--prefetch 16") DISK_BLOCKS=1M,4M DISK_DEPTHS=8,64 DISK_SECONDS=1.5
-#        STREAM_TIMEOUT=120 (per streaming command) LLAMA_WAIT=900 (longest wait for the build) CUDA_GRAPHS="off on" (modes passed as --cuda-graphs; "" for an engine without the flag)
+#        STREAM_TIMEOUT=120 (per engine streaming run) LLAMA_STREAM_TIMEOUT=$STREAM_TIMEOUT DEVICE=cuda (cpu: dry run) LLAMA_WAIT=900 (longest wait for the build) CUDA_GRAPHS="off on" (modes passed as --cuda-graphs; "" for an engine without the flag)
 #        BUILD_ONLY=1 (build llama-bench, nothing else) LLAMA=0 (no llama.cpp build or runs) STREAM=0 (no streaming runs)
 #        OUT=... WORK=...
 set -euo pipefail
@@ -32,7 +32,8 @@ LAYERS=${LAYERS:-12}; QUANTS=${QUANTS-Q8_0 Q4_K}; TOKENS=${TOKENS:-128}
 STREAM_SIZE=${STREAM_SIZE:-10G}; STREAM_BUDGET=${STREAM_BUDGET:-3G}; STREAM_TOKENS=${STREAM_TOKENS:-16}
 STREAM_TIMEOUT=${STREAM_TIMEOUT:-120}; TIMEOUT=300; LLAMA_WAIT=${LLAMA_WAIT:-900}  # seconds per measured command (resident, streaming)
 CUDA_GRAPHS=${CUDA_GRAPHS-off on}; BUILD_ONLY=${BUILD_ONLY:-0}; STREAM=${STREAM:-1}; LLAMA=${LLAMA:-1}
-LLAMA_STREAM_TOKENS=${LLAMA_STREAM_TOKENS:-$STREAM_TOKENS}
+LLAMA_STREAM_TOKENS=${LLAMA_STREAM_TOKENS:-$STREAM_TOKENS}; LLAMA_STREAM_TIMEOUT=${LLAMA_STREAM_TIMEOUT:-$STREAM_TIMEOUT}
+DEVICE=${DEVICE:-cuda}  # cpu: a dry run of the script's steps on a machine without a GPU
 STREAM_VRAM_BUDGETS=${STREAM_VRAM_BUDGETS-auto 0 1G 2G}; STREAM_ARGS=${STREAM_ARGS:-}
 DISK_BLOCKS=${DISK_BLOCKS:-1M,4M}; DISK_DEPTHS=${DISK_DEPTHS:-8,64}; DISK_SECONDS=${DISK_SECONDS:-1.5}
 SDIST=${SDIST:-.cache/llama_cpp_python-0.3.36.tar.gz}
@@ -95,7 +96,7 @@ RUN=()  # a prefix for the measured commands (in_cg for the streaming runs)
 engine_gen() {  # model mode tag [extra...]
   local m=$1 mode=$2 tag=$3; shift 3
   local flag=(); [ -n "$mode" ] && flag=(--cuda-graphs "$mode")
-  "${RUN[@]}" timeout "$TIMEOUT" $PY -m sparkd.engine.cli generate "$m" --tokens 1,2,3,4,5,6,7,8 -n "$TOKENS" --device cuda \
+  "${RUN[@]}" timeout "$TIMEOUT" $PY -m sparkd.engine.cli generate "$m" --tokens 1,2,3,4,5,6,7,8 -n "$TOKENS" --device "$DEVICE" \
     --json "${flag[@]}" "$@" > "$OUT/engine_$tag.json" 2> "$OUT/engine_$tag.err" \
     || log "engine $tag failed: $(tail -3 "$OUT/engine_$tag.err")"
   log "engine $tag: $(grep -o '"decode_tok_s": [0-9.]*' "$OUT/engine_$tag.json" || true)"
@@ -118,10 +119,18 @@ if [ "$STREAM" = 1 ]; then
   CG_ROOT=/sys/fs/cgroup; [ -f $CG_ROOT/cgroup.controllers ] || CG_ROOT=/sys/fs/cgroup/unified
   CG=$CG_ROOT/sparkd-cuda-bench
   echo "+memory" > "$CG_ROOT/cgroup.subtree_control" 2>/dev/null || true
+  ENFORCED=0; grep -qw memory "$CG_ROOT/cgroup.subtree_control" 2>/dev/null && ENFORCED=1
+  BUDGET_FLAG=()  # without a memory controller (a dry run elsewhere): the budget memory.max would give
+  if [ $ENFORCED = 0 ]; then
+    n=$(numfmt --from=iec "$STREAM_BUDGET"); h=$(( n / 20 )); [ $h -lt 268435456 ] && h=268435456
+    BUDGET_FLAG=(--budget $(( n - h )))
+    log "WARNING: no memory controller under $CG_ROOT: memory.max is NOT enforced; passing ${BUDGET_FLAG[*]}"
+  fi
   cg_remove() { if [ -d "$CG" ]; then echo 1 > "$CG/cgroup.kill" 2>/dev/null || true; sleep 0.5; rmdir "$CG" 2>/dev/null || true; fi; }
   cg_new() {  # a fresh cgroup limited to $1, page cache dropped first
     cg_remove; sync; echo 3 > /proc/sys/vm/drop_caches
-    mkdir "$CG"; numfmt --from=iec "$1" > "$CG/memory.max"; echo 0 > "$CG/memory.swap.max" 2>/dev/null || true
+    mkdir "$CG"
+    if [ $ENFORCED = 1 ]; then numfmt --from=iec "$1" > "$CG/memory.max"; echo 0 > "$CG/memory.swap.max" 2>/dev/null || true; fi
   }
   in_cg() { bash -c 'echo $$ > "$0/cgroup.procs"; exec "$@"' "$CG" "$@"; }
   trap cg_remove EXIT
@@ -137,11 +146,11 @@ if [ "$STREAM" = 1 ]; then
     case $VB in auto) vflag=(--unified auto) ;; 0) vflag=(--unified on) ;; *) vflag=(--unified auto --vram-budget "$VB") ;; esac
     cg_new "$STREAM_BUDGET"
     # shellcheck disable=SC2086  # STREAM_ARGS is a list of flags
-    engine_gen "$SM" "" "stream_Q8_0_vram-$VB" "${vflag[@]}" $STREAM_ARGS
+    engine_gen "$SM" "" "stream_Q8_0_vram-$VB" "${vflag[@]}" "${BUDGET_FLAG[@]}" $STREAM_ARGS
     cat "$CG/memory.peak" > "$OUT/memory_peak_engine_stream_vram-$VB.txt" 2>/dev/null || true
   done
   if [ "$LLAMA" = 1 ]; then
-    cg_new "$STREAM_BUDGET"
+    cg_new "$STREAM_BUDGET"; TIMEOUT=$LLAMA_STREAM_TIMEOUT
     llama stream_Q8_0 -m "$SM" -ngl 99 --n-cpu-moe 99 --no-host 1 -lm mmap -p 0 -n "$LLAMA_STREAM_TOKENS" -r 1
     cat "$CG/memory.peak" > "$OUT/memory_peak_llama_stream.txt" 2>/dev/null || true
   fi

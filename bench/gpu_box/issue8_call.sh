@@ -8,7 +8,8 @@
 # Usage: TESTS="tests/engine/test_x.py ..." bash bench/gpu_box/issue8_call.sh
 # Knobs: TESTS (pytest -m gpu files; none: no tests), TEST_TIMEOUT=200, PROFILE=1, SBS=1,
 #        STREAM_TOKENS=64, STREAM_VRAM_BUDGETS="auto 0 1G 2G" (auto: the default VRAM cache; 0: none,
-#        zero-copy), LLAMA_STREAM_TOKENS=16 (llama.cpp mmap makes ~0.3 tok/s), STREAM_TIMEOUT=120;
+#        zero-copy), LLAMA_STREAM_TOKENS=16 (llama.cpp mmap makes ~0.3 tok/s), STREAM_TIMEOUT=90 (per engine
+#        run), LLAMA_STREAM_TIMEOUT=150;
 #        results under $OUT (8 files at most come back).
 set -u
 export PYTHONUNBUFFERED=1
@@ -34,8 +35,9 @@ if [ "${PROFILE:-1}" = 1 ]; then
   log "profile rc $?: $(grep -E 'graphs [0-9.]+ tok/s|graph replay:' $OUT/profile_q8.txt | tr '\n' ' ')"
 fi
 wait $M1 $M2 $M3; log "models: $(tail -qn1 /tmp/make?.log | tr '\n' ' ')"
-[ "${SBS:-1}" = 1 ] && OUT=$OUT/sbs CUDA_GRAPHS=on TOKENS=128 STREAM_TOKENS=${STREAM_TOKENS:-64} STREAM_TIMEOUT=${STREAM_TIMEOUT:-120} \
-  STREAM_VRAM_BUDGETS=${STREAM_VRAM_BUDGETS-auto 0 1G 2G} LLAMA_STREAM_TOKENS=${LLAMA_STREAM_TOKENS:-16} bash bench/gpu_box/cuda_side_by_side.sh > $OUT/sbs.log 2>&1
+[ "${SBS:-1}" = 1 ] && OUT=$OUT/sbs CUDA_GRAPHS=on TOKENS=128 STREAM_TOKENS=${STREAM_TOKENS:-64} STREAM_TIMEOUT=${STREAM_TIMEOUT:-90} \
+  STREAM_VRAM_BUDGETS=${STREAM_VRAM_BUDGETS-auto 0 1G 2G} LLAMA_STREAM_TOKENS=${LLAMA_STREAM_TOKENS:-16} \
+  LLAMA_STREAM_TIMEOUT=${LLAMA_STREAM_TIMEOUT:-150} bash bench/gpu_box/cuda_side_by_side.sh > $OUT/sbs.log 2>&1
 log "sbs rc $?"
 cp /tmp/profile_q8.json $OUT/ 2>/dev/null
 log done

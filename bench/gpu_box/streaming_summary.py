@@ -99,7 +99,7 @@ def cuda_row(tag: str, g: dict, bound: float, llama_ts, peak) -> tuple[str, str]
            f"{f'{ts * bpt / bound:.2f}' if bound else 'n/a'} | {bw / 1e9:.2f} ({f'{bw / bound:.2f}' if bound else 'n/a'}) | "
            f"{vram} | {s['hit_rate']:.3f} ({s['cache_slots']} slots) | {_gb(peak)} |")
     n = max(1, s["tokens"])
-    cols = ("total_seconds", "router_seconds", "host_sync_seconds", "read_wait_seconds", "vram_admit_seconds",
+    cols = ("total_seconds", "router_seconds", "host_sync_seconds", "read_wait_seconds", "admission_seconds",
             "table_seconds", "expert_compute_seconds", "attention_seconds", "other_seconds",
             "expert_kernels_gpu_seconds", "attention_gpu_seconds", "vram_copy_gpu_seconds")
     prof = f"| {tag} | " + " | ".join(f"{1e3 * p[c] / n:.2f}" if c in p else "" for c in cols) + \

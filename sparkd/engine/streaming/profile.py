@@ -21,7 +21,7 @@ from torch import nn
 from sparkd.engine.layers.moe import MoE
 
 # store counters reported as seconds of the decode (differences from when profiling started)
-_STORE_SECONDS = ("host_sync_seconds", "vram_admit_seconds", "table_seconds")
+_STORE_SECONDS = ("host_sync_seconds", "admission_seconds", "table_seconds")
 
 
 class StageProfile:

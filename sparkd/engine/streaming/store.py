@@ -46,7 +46,7 @@ class CacheStats:
     # the GPU path's host side per layer (zero_copy.py): waiting for the routing ids (the one
     # device-to-host sync of a layer), offering experts to the VRAM cache, building the kernel table
     host_sync_seconds: float = 0.0
-    vram_admit_seconds: float = 0.0
+    admission_seconds: float = 0.0
     table_seconds: float = 0.0
     prefetch_predicted: int = 0
     prefetch_useful: int = 0

@@ -76,7 +76,7 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> Kerne
     t1 = time.perf_counter()
     build = _table_cached if store.table_mode == "cached" else _table
     table = build(store, layer, ids, in_vram, host_slot, device)
-    store.stats.vram_admit_seconds += t1 - t0
+    store.stats.admission_seconds += t1 - t0
     store.stats.table_seconds += time.perf_counter() - t1
     return table
 
