@@ -88,7 +88,9 @@ make_model() {  # out quant [extra make-model args...]
   mv "$out.part" "$out"
 }
 for Q in $QUANTS; do make_model "$WORK/q3-$LAYERS-$Q.gguf" "$Q" --layers "$LAYERS"; done
-log "resident models written"
+SM=$WORK/q3-stream-$STREAM_SIZE.gguf  # written here too, while llama.cpp builds
+[ "$STREAM" = 1 ] && make_model "$SM" Q8_0 --size "$STREAM_SIZE"
+log "models written"
 
 # --- 3. resident decode -------------------------------------------------------------------------------
 wait_build
@@ -134,9 +136,6 @@ if [ "$STREAM" = 1 ]; then
   }
   in_cg() { bash -c 'echo $$ > "$0/cgroup.procs"; exec "$@"' "$CG" "$@"; }
   trap cg_remove EXIT
-  SM=$WORK/q3-stream-$STREAM_SIZE.gguf
-  make_model "$SM" Q8_0 --size "$STREAM_SIZE"
-  log "streaming model written"
   sync; echo 3 > /proc/sys/vm/drop_caches
   $PY -m sparkd.cli.sparkctl disk-bench "$SM" --block-sizes "$DISK_BLOCKS" --queue-depths "$DISK_DEPTHS" \
     --seconds "$DISK_SECONDS" --json --no-save > "$OUT/disk.json" 2> "$OUT/disk.err" || log "disk-bench failed: $(tail -3 "$OUT/disk.err")"

@@ -134,7 +134,7 @@ def cuda_main(out: Path) -> None:
     print("\nPer-stage profile, ms per decode token (host wall unless GPU; expert compute = the MoE layer's "
           "host time minus router and read wait, so it holds host sync, VRAM admission and the table; GPU "
           "columns are CUDA event spans):\n")
-    print("| run | total | router | host sync | read wait | VRAM admit | kernel table | expert compute (host) "
+    print("| run | total | router | host sync | read wait | VRAM admission | kernel table | expert compute (host) "
           "| attention (host) | other | expert kernels GPU | attention GPU | VRAM copies GPU | reads outstanding |")
     print("|" + "---|" * 14)
     print("\n".join(profiles))
