@@ -7,6 +7,7 @@
 # expert cache size of STREAM_VRAM_BUDGETS, llama.cpp mmap once).
 # Usage: TESTS="tests/engine/test_x.py ..." bash bench/gpu_box/issue8_call.sh
 # Knobs: TESTS (pytest -m gpu files; none: no tests), TEST_TIMEOUT=200, PROFILE=1, SBS=1,
+#        KSB=1 (bench/gpu_box/kernel_select_bench.py --device cuda: streaming's per-layer table cost),
 #        STREAM_TOKENS=64, STREAM_VRAM_BUDGETS="auto 0 1G 2G" (auto: the default VRAM cache; 0: none,
 #        zero-copy), LLAMA_STREAM_TOKENS=16 (llama.cpp mmap makes ~0.3 tok/s), STREAM_TIMEOUT=90 (per engine
 #        run), LLAMA_STREAM_TIMEOUT=150;
@@ -33,6 +34,10 @@ if [ "${PROFILE:-1}" = 1 ]; then
   ln -sf $W/q3-12-Q8_0.gguf /tmp/q30-12l-Q8_0.gguf
   timeout 120 python3 bench/gpu_box/decode_profile.py --quant Q8_0 --layers 12 --tokens 32 --profile-tokens 8 --json /tmp/profile_q8.json > $OUT/profile_q8.txt 2>&1
   log "profile rc $?: $(grep -E 'graphs [0-9.]+ tok/s|graph replay:' $OUT/profile_q8.txt | tr '\n' ' ')"
+fi
+if [ "${KSB:-1}" = 1 ]; then  # host time of the streaming kernel table per layer, by SPARKD_STREAM_TABLE mode
+  timeout 90 python3 bench/gpu_box/kernel_select_bench.py --device cuda > /tmp/ksb.txt 2>&1  # 8 files come back: into log.txt
+  log "kernel_select bench rc $?: $(grep -o "vram_slots=.*per kernel_select" /tmp/ksb.txt | tr "\n" " ") $(tail -1 /tmp/ksb.txt)"
 fi
 wait $M1 $M2 $M3; log "models: $(tail -qn1 /tmp/make?.log | tr '\n' ' ')"
 [ "${SBS:-1}" = 1 ] && OUT=$OUT/sbs CUDA_GRAPHS=on TOKENS=128 STREAM_TOKENS=${STREAM_TOKENS:-64} STREAM_TIMEOUT=${STREAM_TIMEOUT:-90} \

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Container, Hashable, Iterable
+from typing import Callable, Container, Hashable, Iterable
 
 import torch
 
@@ -210,8 +210,9 @@ class VramExperts:
         self._reap()
         return list(self._pending)
 
-    def offer(self, key: Key, source: torch.Tensor, busy: Container[Key] = ()) -> bool:
-        """Admit key if it earns a slot and copy `source` (its arena slot's bytes) there."""
+    def offer(self, key: Key, source: torch.Tensor | Callable[[], torch.Tensor], busy: Container[Key] = ()) -> bool:
+        """Admit key if it earns a slot and copy `source` (its arena slot's bytes, or a function
+        making that view: most offers are refused, and then it is never made) there."""
         if len(self._pending) >= self.max_pending:
             self.stats.skipped_busy += 1
             return False
@@ -222,7 +223,7 @@ class VramExperts:
         slot, victim = got
         self.stats.admissions += 1
         self.stats.evictions += victim is not None
-        self._copy(key, slot, source)
+        self._copy(key, slot, source() if callable(source) else source)
         return True
 
     def _copy(self, key: Key, slot: int, source: torch.Tensor) -> None:

@@ -85,10 +85,16 @@ def _admit(store, layer: int, host_ids: list[int], host_slot: dict[int, int], in
     """Offer the experts just served from the arena to the VRAM cache (copies start now)."""
     busy = set(in_vram)  # this token's VRAM experts: not victims
     for e in host_ids:
-        used = max(p.slot_offset + p.read_len for p in store.parts(layer, e))
-        source = store.arena.view(host_slot[e], 0, used)
-        if store.vram.offer((layer, e), source, busy):
+        if store.vram.offer((layer, e), _source(store, layer, e, host_slot[e]), busy):
             store._pinned.add((layer, e))
+
+
+def _source(store, layer: int, expert: int, slot: int):
+    """The bytes a VRAM copy of the expert takes from its arena slot, made only if admitted."""
+    def view():
+        used = max(p.slot_offset + p.read_len for p in store.parts(layer, expert))
+        return store.arena.view(slot, 0, used)
+    return view
 
 
 def _table(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device):
