@@ -332,3 +332,34 @@ def test_an_unknown_table_mode_is_a_clear_error():
     assert table_mode({}) == "cached" and table_mode({"SPARKD_STREAM_TABLE": "checked"}) == "checked"
     with pytest.raises(EngineError, match="could not use SPARKD_STREAM_TABLE='fast': choose one of cached, checked"):
         table_mode({"SPARKD_STREAM_TABLE": "fast"})
+
+
+@pytest.mark.gpu
+def test_stage_profile_on_cuda_has_gpu_spans_and_equal_tables(model):
+    """On the GPU: the profile's CUDA event spans (attention, expert kernels) and the VRAM copies'
+    GPU time are there, and both kernel-table modes give the same logits bit for bit."""
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.profile import StageProfile
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+
+    path, _, _ = model
+    runs = {}
+    for mode in ("cached", "checked"):
+        opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False, device="cuda",
+                             vram_budget_bytes=3 * _plan(*model[1:], H200).slot_bytes)
+        sm = open_streaming(path, opts)
+        try:
+            sm.store.table_mode = mode
+            net = sm.model.net
+            cache = net.new_cache(8)
+            net(torch.tensor([1, 5, 9]), cache)
+            prof = StageProfile(net)
+            logits = torch.cat([net(torch.tensor([t]), cache) for t in (33, 2, 7)])
+            runs[mode] = (logits.cpu(), prof.report(0.0))
+            prof.remove()
+        finally:
+            sm.close()
+    rep = runs["cached"][1]
+    assert rep["expert_kernels_gpu_seconds"] > 0 and rep["attention_gpu_seconds"] > 0
+    assert rep["host_sync_seconds"] > 0 and rep["table_seconds"] > 0 and "vram_copy_gpu_seconds" in rep
+    assert torch.equal(runs["cached"][0], runs["checked"][0])
