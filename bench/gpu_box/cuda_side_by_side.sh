@@ -146,7 +146,7 @@ if [ "$STREAM" = 1 ]; then
     cg_new "$STREAM_BUDGET"
     # shellcheck disable=SC2086  # STREAM_ARGS is a list of flags
     engine_gen "$SM" "" "stream_Q8_0_vram-$VB" "${vflag[@]}" "${BUDGET_FLAG[@]}" $STREAM_ARGS
-    cat "$CG/memory.peak" > "$OUT/memory_peak_engine_stream_vram-$VB.txt" 2>/dev/null || true
+    cat "$CG/memory.peak" > "$OUT/memory_peak_engine_stream_Q8_0_vram-$VB.txt" 2>/dev/null || true
   done
   if [ "$LLAMA" = 1 ]; then
     cg_new "$STREAM_BUDGET"; TIMEOUT=$LLAMA_STREAM_TIMEOUT
