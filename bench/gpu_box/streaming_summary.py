@@ -1,6 +1,7 @@
 """The side-by-side table of bench/gpu_box/streaming_bench.sh, from the files it wrote to OUT.
 
     python bench/gpu_box/streaming_summary.py OUT LLAMA_TOKENS BUDGET [BUDGET ...]
+    python bench/gpu_box/streaming_summary.py --cuda OUT   # cuda_side_by_side.sh's streaming runs
 
 Bound = the best O_DIRECT cell of disk-bench. Per budget: decode tok/s, bytes read per token,
 read bandwidth while demand reads were outstanding (and / bound), the end-to-end ratio to the
@@ -79,7 +80,70 @@ def llama_row(out: Path, budget: str, tokens: int) -> tuple[str, float | None]:
             f"{_gb(file_growth_bytes(out / 'memory_stat_file_llama.txt'))} |"), ts
 
 
+def _llama_ts(path: Path):
+    """avg_ts of llama-bench's JSON array, whatever the CUDA backend printed before it."""
+    text = _read(path)
+    try:
+        return json.JSONDecoder().raw_decode(text[text.index("["):])[0][0]["avg_ts"]
+    except (ValueError, IndexError, KeyError):
+        return None
+
+
+def cuda_row(tag: str, g: dict, bound: float, llama_ts, peak) -> tuple[str, str]:
+    """(table row, profile row) of one streaming run of cuda_side_by_side.sh."""
+    s, p = g["stream"], g["stream"]["profile"]
+    ts, bpt = g["decode_tok_s"], s["bytes_per_token"]
+    bw = s["bandwidth_bytes_per_second"]
+    vram = f"{s['vram_hit_rate']:.3f} ({s['vram_slots']} slots)" if "vram_hit_rate" in s else "none"
+    row = (f"| {tag} | {ts:.2f} | {f'{ts / llama_ts:.1f}x' if llama_ts else 'n/a'} | {bpt / 2**20:.1f} | "
+           f"{f'{ts * bpt / bound:.2f}' if bound else 'n/a'} | {bw / 1e9:.2f} ({f'{bw / bound:.2f}' if bound else 'n/a'}) | "
+           f"{vram} | {s['hit_rate']:.3f} ({s['cache_slots']} slots) | {_gb(peak)} |")
+    n = max(1, s["tokens"])
+    cols = ("total_seconds", "router_seconds", "host_sync_seconds", "read_wait_seconds", "admission_seconds",
+            "table_seconds", "expert_compute_seconds", "attention_seconds", "other_seconds",
+            "expert_kernels_gpu_seconds", "attention_gpu_seconds", "vram_copy_gpu_seconds")
+    prof = f"| {tag} | " + " | ".join(f"{1e3 * p[c] / n:.2f}" if c in p else "" for c in cols) + \
+        f" | {s['read_seconds'] * 1e3 / n:.2f} |"
+    return row, prof
+
+
+def cuda_main(out: Path) -> None:
+    disk = _json(out / "disk.json") or {"best": {"bytes_per_second": 0.0, "block_bytes": 0, "queue_depth": 0}}
+    best = disk["best"]
+    bound = best["bytes_per_second"]
+    print(f"\nO_DIRECT bound (sparkctl disk-bench on the model file, best cell {best['block_bytes'] >> 10} KiB x "
+          f"QD {best['queue_depth']}): {bound / 1e9:.2f} GB/s\n")
+    llama_ts = _llama_ts(out / "llama_stream_Q8_0.json")
+    print(f"llama.cpp mmap (-ngl 99 --n-cpu-moe 99 --no-host 1 -lm mmap), same memory.max: "
+          f"{f'{llama_ts:.3f} tok/s' if llama_ts else 'not run'}, memory.peak "
+          f"{_gb(_int(_read(out / 'memory_peak_llama_stream.txt')))} GB\n")
+    print("| run | decode tok/s | / llama.cpp | MiB read/token | ratio to cache-adjusted I/O bound "
+          "| read GB/s while misses outstanding (/ bound) | VRAM hit rate | host-cache hit rate | memory.peak GB |")
+    print("|" + "---|" * 9)
+    profiles = []
+    for f in sorted(out.glob("engine_stream_*.json")):
+        tag = f.stem[len("engine_"):]
+        g = _json(f)
+        if not g or "stream" not in g:
+            print(f"| {tag} | failed: {(_read(out / f'engine_{tag}.err').splitlines() or ['no output'])[-1][:80]} |")
+            continue
+        peak = _int(_read(out / f"memory_peak_engine_{tag}.txt"))
+        row, prof = cuda_row(tag, g, bound, llama_ts, peak)
+        print(row)
+        profiles.append(prof)
+    print("\nPer-stage profile, ms per decode token (host wall unless GPU; expert compute = the MoE layer's "
+          "host time minus router and read wait, so it holds host sync, VRAM admission and the table; GPU "
+          "columns are CUDA event spans):\n")
+    print("| run | total | router | host sync | read wait | VRAM admission | kernel table | expert compute (host) "
+          "| attention (host) | other | expert kernels GPU | attention GPU | VRAM copies GPU | reads outstanding |")
+    print("|" + "---|" * 14)
+    print("\n".join(profiles))
+
+
 def main() -> None:
+    if sys.argv[1] == "--cuda":
+        cuda_main(Path(sys.argv[2]))
+        return
     out, llama_tokens, budgets = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
     print(_read(out / "machine.txt"))
     disk = _json(out / "disk.json") or {"best": {"bytes_per_second": 0.0}, "mode": "n/a"}

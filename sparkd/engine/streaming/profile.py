@@ -1,14 +1,27 @@
 """Where decode time goes: router, routed-expert compute, waits on reads, attention and everything
-else (norms, output head, prefetch guesses), from forward hooks (a perf_counter pair per call)."""
+else (norms, output head, prefetch guesses), from forward hooks (a perf_counter pair per call).
+
+On a GPU the hooks' host times are launch times (kernels run asynchronously); the time the device
+spends is then seen where the host waits for it, the routing ids' copy once per layer (host sync).
+So a streamed model on CUDA also reports the MoE layer's host parts from the store's counters (host
+sync, read wait, VRAM admission, kernel table) and GPU time spans from CUDA events: attention
+(pre to post hook) and the expert kernels (kernel table ready to the MoE's post hook), plus the
+VRAM cache's copies (their own events on the side stream). A span is the device timeline between
+two events, so it includes gaps where the device waited for launches.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
 
+import torch
 from torch import nn
 
 from sparkd.engine.layers.moe import MoE
+
+# store counters reported as seconds of the decode (differences from when profiling started)
+_STORE_SECONDS = ("host_sync_seconds", "admission_seconds", "table_seconds")
 
 
 class StageProfile:
@@ -16,12 +29,26 @@ class StageProfile:
         self.seconds: dict[str, float] = defaultdict(float)
         self._t0: dict[int, float] = {}
         self._handles = []
+        self._spans: dict[str, list] = defaultdict(list)  # stage -> [(start event, end event)]
+        self._open: dict[str, object] = {}
+        moes = [b.ffn for b in net.blocks if isinstance(b.ffn, MoE)]
+        self._store = next((m.store for m in moes if hasattr(m.store, "on_kernel_select")), None)
+        param = next(net.parameters(), None)
+        self._cuda = param is not None and param.is_cuda
         for block in net.blocks:
             self._time(block.attn, "attention")
             if isinstance(block.ffn, MoE):
                 self._time(block.ffn.router, "router")
                 self._time(block.ffn, "moe")
         self._time(net, "total")
+        if self._cuda:
+            for block in net.blocks:
+                self._span(block.attn, "attention")
+            for m in moes:
+                self._handles.append(m.register_forward_hook(lambda *_: self._close("expert_kernels")))
+            if self._store is not None:
+                self._store.on_kernel_select = lambda: self._start("expert_kernels")
+        self._base = self._store_counters()
 
     def _time(self, mod: nn.Module, stage: str) -> None:
         def pre(m, args):
@@ -31,16 +58,60 @@ class StageProfile:
             self.seconds[stage] += time.perf_counter() - self._t0.pop(id(m))
         self._handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
 
+    def _span(self, mod: nn.Module, stage: str) -> None:
+        self._handles += [mod.register_forward_pre_hook(lambda *_: self._start(stage)),
+                          mod.register_forward_hook(lambda *_: self._close(stage))]
+
+    def _start(self, stage: str) -> None:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self._open[stage] = ev
+
+    def _close(self, stage: str) -> None:
+        start = self._open.pop(stage, None)
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._spans[stage].append((start, end))
+
+    def _store_counters(self) -> dict[str, float]:
+        if self._store is None:
+            return {}
+        d = {k: getattr(self._store.stats, k) for k in _STORE_SECONDS}
+        vram = getattr(self._store, "vram", None)
+        if vram is not None:
+            d["vram_copy_gpu_seconds"] = vram.stats.copy_seconds
+        return d
+
+    def gpu_seconds(self) -> dict[str, float]:
+        """Summed CUDA event spans per stage (waits for the device once)."""
+        if not self._spans:
+            return {}
+        torch.cuda.synchronize()
+        return {f"{stage}_gpu_seconds": sum(a.elapsed_time(b) for a, b in spans) / 1e3
+                for stage, spans in self._spans.items()}
+
     def report(self, wait_seconds: float) -> dict[str, float]:
         s = self.seconds
         experts = s["moe"] - s["router"]  # the MoE module's time includes its router
-        return {"router_seconds": s["router"], "expert_compute_seconds": max(0.0, experts - wait_seconds),
-                "read_wait_seconds": wait_seconds, "attention_seconds": s["attention"],
-                "other_seconds": max(0.0, s["total"] - s["moe"] - s["attention"]), "total_seconds": s["total"]}
+        out = {"router_seconds": s["router"], "expert_compute_seconds": max(0.0, experts - wait_seconds),
+               "read_wait_seconds": wait_seconds, "attention_seconds": s["attention"],
+               "other_seconds": max(0.0, s["total"] - s["moe"] - s["attention"]), "total_seconds": s["total"]}
+        if self._store is not None and self._store.kernel_device is not None:  # the kernel path's parts
+            if self._store.vram is not None:
+                self._store.vram.finish_copies()  # copies still in flight: count their time too
+            now = self._store_counters()
+            out.update({k: now[k] - self._base.get(k, 0.0) for k in now})
+        out.update(self.gpu_seconds())
+        return out
 
     def reset(self) -> None:
         self.seconds.clear()
+        self._spans.clear()
+        self._base = self._store_counters()
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
+        if self._store is not None:
+            self._store.on_kernel_select = None

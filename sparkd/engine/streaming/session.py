@@ -17,6 +17,7 @@ from sparkd.engine.streaming.prefetch import attach_prefetch
 from sparkd.engine.streaming.store import StreamingExperts
 from sparkd.engine.streaming.trace import read_census, trace_header
 from sparkd.engine.streaming.vram import DEFAULT_MAX_PENDING, VramExperts
+from sparkd.engine.streaming.zero_copy import table_mode
 
 
 @dataclass
@@ -100,6 +101,7 @@ def open_streaming(path: str | Path, opts: StreamOptions,
         gpu = opts.device != "cpu"
         store = StreamingExperts(g, plan, opts.policy, opts.threads, opts.direct, opts.pin or gpu, trace, warn)
         store.kernel_device = opts.device if gpu else None
+        store.table_mode = table_mode()
         if trace is not None:
             first = next(il for il in range(config_of(g).n_layer) if f"blk.{il}.ffn_gate_exps.weight" in g.tensors)
             trace.write(trace_header(plan.slot_bytes, store.expert_bytes(first)))

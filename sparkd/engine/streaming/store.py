@@ -43,6 +43,11 @@ class CacheStats:
     read_seconds: float = 0.0  # wall time with demand reads outstanding
     wait_seconds: float = 0.0  # time compute blocked on reads
     tokens: int = 0
+    # the GPU path's host side per layer (zero_copy.py): waiting for the routing ids (the one
+    # device-to-host sync of a layer), offering experts to the VRAM cache, building the kernel table
+    host_sync_seconds: float = 0.0
+    admission_seconds: float = 0.0
+    table_seconds: float = 0.0
     prefetch_predicted: int = 0
     prefetch_useful: int = 0
     prefetch_wasted: int = 0
@@ -84,6 +89,9 @@ class StreamingExperts:
         self._trace, self._step, self._last_layer = trace, 0, -1
         self.kernel_device: str | None = None  # set: decode reads slots in place (zero_copy.py)
         self.vram = None  # a VramExperts on a discrete GPU: hot experts served from device memory
+        self.on_kernel_select: Callable[[], None] | None = None  # profile.py: the expert kernels start
+        self.table_mode = "cached"  # zero_copy.py: kernel tables from a checked template, or "checked"
+        self.tables: dict = {}  # zero_copy.py's checked templates (they hold the arena / VRAM buffer)
         self._scratch: list[torch.Tensor] = [torch.empty(0)] * 3  # f32 gate, up, down of one expert
 
     def scratch(self, part: int, n_values: int) -> torch.Tensor:
@@ -136,8 +144,13 @@ class StreamingExperts:
             return None
         from sparkd.engine.streaming.zero_copy import kernel_select
 
-        ids = expert_ids.tolist() if hasattr(expert_ids, "tolist") else expert_ids
-        return kernel_select(self, layer, ids, self.kernel_device)
+        t0 = time.perf_counter()
+        ids = expert_ids.tolist() if hasattr(expert_ids, "tolist") else expert_ids  # waits for the router
+        self.stats.host_sync_seconds += time.perf_counter() - t0
+        sel = kernel_select(self, layer, ids, self.kernel_device)
+        if self.on_kernel_select is not None:
+            self.on_kernel_select()
+        return sel
 
     def start_layer(self) -> None:
         """Unpin the previous layer's experts, which it is done with, but not the arena slots that
@@ -302,6 +315,7 @@ class StreamingExperts:
     def close(self) -> None:
         for read in list(self._prefetched.values()) + self._draining:
             read._done.wait()
+        self.tables.clear()  # they hold the VRAM buffer and the arena
         if self.vram is not None:
             self.vram.close()  # its copies read the arena: done before the arena goes
         self.reader.close()

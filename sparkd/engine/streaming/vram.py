@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Container, Hashable, Iterable
+from typing import Callable, Container, Hashable, Iterable
 
 import torch
 
@@ -154,6 +154,7 @@ class VramStats:
     skipped_busy: int = 0  # not offered: max_pending copies already in flight
     copies_overlapped: int = 0  # copies on the side stream seen complete, none of them waited for
     bytes_copied: int = 0
+    copy_seconds: float = 0.0  # GPU time of the copies seen complete (their events on the side stream)
 
     def as_dict(self) -> dict:
         d = {f"vram_{k}": v for k, v in self.__dict__.items()}
@@ -176,7 +177,7 @@ class VramExperts:
                               f"({n_slots} slots) on {self.device}: {exc}; lower --vram-budget") from exc
         self.admission = Admission(n_slots, half_life_steps)
         self.stats = VramStats()
-        self._pending: dict[Key, object] = {}  # key -> CUDA event of its copy, until seen complete
+        self._pending: dict[Key, tuple] = {}  # key -> CUDA (start, end) events of its copy, until seen complete
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._step = -1
 
@@ -209,8 +210,9 @@ class VramExperts:
         self._reap()
         return list(self._pending)
 
-    def offer(self, key: Key, source: torch.Tensor, busy: Container[Key] = ()) -> bool:
-        """Admit key if it earns a slot and copy `source` (its arena slot's bytes) there."""
+    def offer(self, key: Key, source: torch.Tensor | Callable[[], torch.Tensor], busy: Container[Key] = ()) -> bool:
+        """Admit key if it earns a slot and copy `source` (its arena slot's bytes, or a function
+        making that view: most offers are refused, and then it is never made) there."""
         if len(self._pending) >= self.max_pending:
             self.stats.skipped_busy += 1
             return False
@@ -221,7 +223,7 @@ class VramExperts:
         slot, victim = got
         self.stats.admissions += 1
         self.stats.evictions += victim is not None
-        self._copy(key, slot, source)
+        self._copy(key, slot, source() if callable(source) else source)
         return True
 
     def _copy(self, key: Key, slot: int, source: torch.Tensor) -> None:
@@ -235,16 +237,24 @@ class VramExperts:
             # a kernel queued before now may still read the victim's bytes: copy after it
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(self._stream)
                 dst.copy_(source, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            self._pending[key] = event
+                end.record(self._stream)
+            self._pending[key] = (start, end)
         self.stats.bytes_copied += n
 
     def _reap(self) -> None:
-        for key in [k for k, ev in self._pending.items() if ev.query()]:
-            del self._pending[key]
+        for key in [k for k, (_, end) in self._pending.items() if end.query()]:
+            start, end = self._pending.pop(key)
+            self.stats.copy_seconds += start.elapsed_time(end) / 1e3
             self.stats.copies_overlapped += 1
+
+    def finish_copies(self) -> None:
+        """Wait for the copies in flight and count them (a profile's end)."""
+        if self._stream is not None:
+            self._stream.synchronize()
+        self._reap()
 
     def slot_offset(self, slot: int) -> int:
         return slot * self.slot_bytes

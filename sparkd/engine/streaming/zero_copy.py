@@ -10,16 +10,34 @@ offset is its address minus the VRAM buffer's (CUDA's unified virtual addressing
 memory and device memory in one 64-bit address space; the interpreter reads raw addresses too).
 Experts admitted to VRAM are copied from their arena slot after their read, on the cache's side
 stream; this token's kernel still reads them from the arena.
+
+The table is built for every layer of every token, so its host cost is part of each decode step:
+by default (SPARKD_STREAM_TABLE=cached) the layer's types, buffers and one expert's offsets are
+checked once through the kernels' prepare() and kept; per call only the offsets are made, checked
+in Python (alignment, inside the slot's buffer) and copied to the device in one copy.
+SPARKD_STREAM_TABLE=checked goes back to a full prepare() per call.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import replace
 from typing import Sequence
 
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.quant_experts import KernelSelection
+
+TABLE_ENV = "SPARKD_STREAM_TABLE"
+TABLE_MODES = ("cached", "checked")
+
+
+def table_mode(env: dict | None = None) -> str:
+    mode = (os.environ if env is None else env).get(TABLE_ENV, "cached")
+    if mode not in TABLE_MODES:
+        raise EngineError(f"could not use {TABLE_ENV}={mode!r}: choose one of {', '.join(TABLE_MODES)}")
+    return mode
 
 
 def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> KernelSelection | None:
@@ -52,19 +70,31 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> Kerne
     for j, read in list(batch.reads.items()):
         batch._wait(j, read)
     host_slot = {e: batch.slots[j] for j, e in enumerate(host_ids)}
+    t0 = time.perf_counter()
     if vram is not None:
         _admit(store, layer, host_ids, host_slot, in_vram)
-    return _table(store, layer, ids, in_vram, host_slot, device)
+    t1 = time.perf_counter()
+    build = _table_cached if store.table_mode == "cached" else _table
+    table = build(store, layer, ids, in_vram, host_slot, device)
+    store.stats.admission_seconds += t1 - t0
+    store.stats.table_seconds += time.perf_counter() - t1
+    return table
 
 
 def _admit(store, layer: int, host_ids: list[int], host_slot: dict[int, int], in_vram: dict) -> None:
     """Offer the experts just served from the arena to the VRAM cache (copies start now)."""
     busy = set(in_vram)  # this token's VRAM experts: not victims
     for e in host_ids:
-        used = max(p.slot_offset + p.read_len for p in store.parts(layer, e))
-        source = store.arena.view(host_slot[e], 0, used)
-        if store.vram.offer((layer, e), source, busy):
+        if store.vram.offer((layer, e), _source(store, layer, e, host_slot[e]), busy):
             store._pinned.add((layer, e))
+
+
+def _source(store, layer: int, expert: int, slot: int):
+    """The bytes a VRAM copy of the expert takes from its arena slot, made only if admitted."""
+    def view():
+        used = max(p.slot_offset + p.read_len for p in store.parts(layer, expert))
+        return store.arena.view(slot, 0, used)
+    return view
 
 
 def _table(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device):
@@ -92,3 +122,52 @@ def _table(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int
         gate_off, up_off, down_off = offsets_on(offsets, prepared.device)
         prepared = replace(prepared, gate_off=gate_off, up_off=up_off, down_off=down_off)
     return KernelSelection(prepared, vec_dot_format(gate.ggml_type), vec_dot_format(down.ggml_type))
+
+
+def _table_cached(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device):
+    """_table's result with the layer's checks done once (see the module doc)."""
+    import torch
+
+    gate, _, down = store._layer(layer).infos
+    arena = store.arena.tensor
+    vram = store.vram
+    base = arena if vram is None else vram.buffer
+    arena_at = arena.data_ptr() - base.data_ptr()  # 0 without a VRAM cache
+    tpl = _template(store, layer, ids[0], base, device)
+    spans = (tpl.gate_up_row_bytes * tpl.table.width,) * 2 + (tpl.down_row_bytes * tpl.table.dim,)
+    aligns = (tpl.gate_up.align,) * 2 + (tpl.down.align,)
+    offsets: tuple[list[int], ...] = ([], [], [])
+    for e in ids:
+        slot = in_vram.get((layer, e))
+        if slot is not None:
+            start, low, high = vram.slot_offset(slot), 0, vram.buffer.numel()
+        else:
+            start, low, high = arena_at + host_slot[e] * store.arena.slot_bytes, arena_at, arena_at + arena.numel()
+        for k, part in enumerate(store.parts(layer, e)):
+            at = start + part.data_offset
+            if at < low or at + spans[k] > high or at % aligns[k]:
+                raise EngineError(f"could not build the kernel table of layer {layer}: expert {e}'s part {k} at "
+                                  f"byte {at - low} of its {high - low}-byte buffer does not leave {spans[k]} bytes "
+                                  f"or is not a multiple of {aligns[k]}")
+            offsets[k].append(at)
+    n = len(ids)
+    on_device = torch.tensor(offsets[0] + offsets[1] + offsets[2], dtype=torch.int64).to(
+        tpl.device, non_blocking=True)
+    prepared = replace(tpl, gate_off=on_device[:n], up_off=on_device[n:2 * n], down_off=on_device[2 * n:])
+    return KernelSelection(prepared, vec_dot_format(gate.ggml_type), vec_dot_format(down.ggml_type))
+
+
+def _template(store, layer: int, expert: int, base, device):
+    """A table of the layer's types and shape over `base`, checked by prepare() on one expert at
+    slot 0; kept per (types, shape, buffer, device), so once for all layers of one shape."""
+    from sparkd.engine.kernels.moe import ExpertTable, prepare
+
+    gate, _, down = store._layer(layer).infos
+    _, width, dim = gate.shape  # [E, F, D] in torch order
+    key = (gate.ggml_type, down.ggml_type, dim, width, base.data_ptr(), base.numel(), str(device))
+    tpl = store.tables.get(key)
+    if tpl is None:
+        first = [[p.data_offset] for p in store.parts(layer, expert)]
+        tpl = prepare(ExpertTable(base, base, base, *first, gate.ggml_type, down.ggml_type, dim, width), device)
+        store.tables[key] = tpl
+    return tpl

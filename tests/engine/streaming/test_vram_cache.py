@@ -249,3 +249,117 @@ def test_streamed_with_vram_cache_equals_resident(model, backend):
     # cuda: the resident kernel path on the same blocks (tiles may split the sums differently);
     # the interpreter: against the CPU reference (the bound of test_kernel_engine.py)
     assert err < (1e-5 if backend == "cuda" else 1e-3), err
+
+
+def test_stage_profile_splits_the_kernel_paths_moe_host_time(model):
+    """The streamed kernel path (the interpreter standing in for the GPU) reports its MoE layer's
+    host parts: the routing ids' sync, VRAM admission and the kernel table, each counted."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    if ON_GPU:
+        pytest.skip("the interpreter variant runs where there is no GPU")
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.profile import StageProfile
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+
+    path, g, cfg = model
+    opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False)
+    sm = open_streaming(path, opts)
+    try:
+        sm.store.kernel_device = "cpu"
+        sm.store.vram = VramExperts(3, _plan(g, cfg, H200).slot_bytes, "cpu")
+        net = sm.model.net
+        cache = net.new_cache(4)
+        net(torch.tensor([1, 5]), cache)
+        prof = StageProfile(net)
+        net(torch.tensor([9]), cache)
+        rep = prof.report(0.0)
+        prof.remove()
+        assert sm.store.on_kernel_select is None  # removed with the hooks
+    finally:
+        sm.close()
+    assert rep["host_sync_seconds"] > 0 and rep["table_seconds"] > 0 and rep["admission_seconds"] > 0
+    assert rep["expert_compute_seconds"] >= rep["host_sync_seconds"] + rep["table_seconds"] - 1e-3
+    assert "expert_kernels_gpu_seconds" not in rep and "attention_gpu_seconds" not in rep  # no CUDA events
+
+
+def _streamed_logits(path, g, cfg, mode, n=2):
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+
+    sm = open_streaming(path, StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False))
+    try:
+        sm.store.kernel_device, sm.store.table_mode = "cpu", mode
+        sm.store.vram = VramExperts(3, _plan(g, cfg, H200).slot_bytes, "cpu")
+        logits, _ = _greedy(sm.model.net, [1, 5, 9, 33, 2], n)
+        return logits, len(sm.store.tables), sm.store.snapshot()
+    finally:
+        sm.close()
+
+
+def test_cached_kernel_tables_give_the_checked_tables_bits(model):
+    """SPARKD_STREAM_TABLE=cached (one prepare() per layer shape, offsets checked in Python) and
+    =checked (prepare() per call) run the same kernels on the same offsets: equal logits, bit for bit,
+    over mixed VRAM / arena tables."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    if ON_GPU:
+        pytest.skip("the interpreter variant runs where there is no GPU")
+    path, g, cfg = model
+    cached, n_tables, stats = _streamed_logits(path, g, cfg, "cached")
+    checked, n_checked, _ = _streamed_logits(path, g, cfg, "checked")
+    assert stats["vram_hits"] > 0 and stats["misses"] > 0  # both kinds of slot in the tables
+    assert n_tables == 1 and n_checked == 0  # every layer has one shape: one checked template
+    assert torch.equal(cached, checked)
+
+
+def test_a_kernel_table_offset_outside_its_buffer_is_a_clear_error(model):
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+    from sparkd.engine.streaming.zero_copy import _table_cached
+
+    path, _, _ = model
+    sm = open_streaming(path, StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False))
+    try:
+        past_the_end = sm.store.arena.n_slots  # one slot beyond the arena
+        with pytest.raises(EngineError, match="could not build the kernel table of layer 0: expert 3's part 0"):
+            _table_cached(sm.store, 0, [3], {}, {3: past_the_end}, "cpu")
+    finally:
+        sm.close()
+
+
+def test_an_unknown_table_mode_is_a_clear_error():
+    from sparkd.engine.streaming.zero_copy import table_mode
+
+    assert table_mode({}) == "cached" and table_mode({"SPARKD_STREAM_TABLE": "checked"}) == "checked"
+    with pytest.raises(EngineError, match="could not use SPARKD_STREAM_TABLE='fast': choose one of cached, checked"):
+        table_mode({"SPARKD_STREAM_TABLE": "fast"})
+
+
+@pytest.mark.gpu
+def test_stage_profile_on_cuda_has_gpu_spans_and_equal_tables(model):
+    """On the GPU: the profile's CUDA event spans (attention, expert kernels) and the VRAM copies'
+    GPU time are there, and both kernel-table modes give the same logits bit for bit."""
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.profile import StageProfile
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+
+    path, _, _ = model
+    runs = {}
+    for mode in ("cached", "checked"):
+        opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False, device="cuda",
+                             vram_budget_bytes=3 * _plan(*model[1:], H200).slot_bytes)
+        sm = open_streaming(path, opts)
+        try:
+            sm.store.table_mode = mode
+            net = sm.model.net
+            cache = net.new_cache(8)
+            net(torch.tensor([1, 5, 9]), cache)
+            prof = StageProfile(net)
+            logits = torch.cat([net(torch.tensor([t]), cache) for t in (33, 2, 7)])
+            runs[mode] = (logits.cpu(), prof.report(0.0))
+            prof.remove()
+        finally:
+            sm.close()
+    rep = runs["cached"][1]
+    assert rep["expert_kernels_gpu_seconds"] > 0 and rep["attention_gpu_seconds"] > 0
+    assert rep["host_sync_seconds"] > 0 and rep["table_seconds"] > 0 and "vram_copy_gpu_seconds" in rep
+    assert torch.equal(runs["cached"][0], runs["checked"][0])
