@@ -315,6 +315,10 @@ DECODE_TILES = {
 }
 
 
+# the tiles before the shape rule, to time against or fall back to
+OLD_DECODE_TILES = dict(DECODE_TILES)
+
+
 def decode_tiles(p: PreparedTable) -> tuple[GemvConfig, GemvConfig]:
     """The default (gate/up, down) tiles for the table's families."""
     return (DECODE_TILES.get(p.gate_up.qtype.name, (GATE_UP_CONFIG, DOWN_CONFIG))[0],
