@@ -30,18 +30,24 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
-from gemv_tiles_bench import tile
+import gemv_tiles_bench
 from sparkd.engine.kernels import dispatch, moe
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
-# candidates (the old and default tiles are timed anyway): one-warp tiles at <= 72 registers (32 or
-# 28 programs per SM, offline SASS), and splits of the down from 8 ranges of experts down to none
-GATE_UP = {"Q8_0": ["2/1/4/e", "4/1/2/e", "2/1/2/e", "1/1/8/e", "8/2/2/e"],
-           "Q4_K": ["4/1/2/e", "2/1/4/e", "8/2/4/e", "8/1/2/e", "16/4/2/e"]}
-DOWN = {"Q8_0": ["2/1/4/e/8", "2/1/4/e/2", "2/1/4/e/1", "4/1/2/e/2", "4/1/1/g/2"],
-        "Q4_K": ["4/1/4/e/4", "4/1/4/e/2", "4/1/8/e/1", "4/1/2/e/2", "8/2/4/e/2"]}
+# candidates (the old and default tiles are timed anyway) around call 1's best (one-warp tiles at
+# <= 72 registers: 28-32 programs per SM, offline SASS); "+p3": Triton's pipeliner, 3 stages (cp.async)
+GATE_UP = {"Q8_0": ["2/1/2/e+p3", "1/1/4/e", "2/1/1/e", "1/1/8/e", "2/1/4/e+p3"],
+           "Q4_K": ["4/1/2/e+p3", "4/1/1/e", "2/1/2/e", "8/2/2/e", "4/1/4/e+p3"]}
+DOWN = {"Q8_0": ["2/1/2/e/8", "2/1/4/e/4", "2/1/4/e/8+p3", "1/1/8/e/8", "4/1/1/g/8+p3"],
+        "Q4_K": ["4/1/2/e/4", "4/1/1/e/2", "2/1/2/e/2", "4/1/2/e/2+p3", "4/1/3/e/8+p3"]}
 DEVICE = "cuda"
+
+
+def tile(text: str) -> GemvConfig:
+    """gemv_tiles_bench.tile's rows/warps/unroll/e|g[/split], then +pN for N pipeliner stages."""
+    text, _, stages = text.partition("+p")
+    return dataclasses.replace(gemv_tiles_bench.tile(text), stages=int(stages or 0))
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None) -> tuple[GemvConfig, GemvConfig]:
@@ -133,13 +139,14 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
                  s.down(label + " " + kb.tag(tiles[1]), *tiles, copy_bw)]
     kb.print_rows(rows)
     gus, dns = candidates(qtype, args)
-    for t in gus:
-        gu = dataclasses.replace(tile(t), fuse_quant=True)
-        rows.append(s.gate_up(t, gu, new[1], copy_bw))
-        kb.print_rows(rows[-1:])
-    for t in dns:
-        rows.append(s.down(t, new[0], tile(t), copy_bw))
-        kb.print_rows(rows[-1:])
+    timed = [(t, s.gate_up, dataclasses.replace(tile(t), fuse_quant=True), new[1]) for t in gus] + \
+        [(t, s.down, new[0], tile(t)) for t in dns]
+    for t, part, gu, dn in timed:
+        try:
+            rows.append(part(t, gu, dn, copy_bw))
+            kb.print_rows(rows[-1:])
+        except Exception as e:  # noqa: BLE001 - a tile that fails to build leaves the others
+            print(f"FAILED {qtype.name} {shape} {t}: {type(e).__name__}: {e}", flush=True)
     del s
     torch.cuda.empty_cache()
     return rows
@@ -154,11 +161,15 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
     old = moe.OLD_DECODE_TILES[name]
     pairs = [base, (dataclasses.replace(old[0], fuse_quant=True), old[1])]
     pairs += [(dataclasses.replace(tile(t), fuse_quant=True), base[1]) for t in gus]
-    pairs += [(base[0], tile(t)) for t in dns]
+    pairs += [(base[0], tile(t)) for t in dns] + [(base[0], moe.LARGE_DOWN_TILES[name][1])]
+    failed = []
     for gu, dn in pairs:
-        s.call(0, gu, dn)
+        try:
+            s.call(0, gu, dn)
+        except Exception as e:  # noqa: BLE001 - the timed run reports it again
+            failed.append(f"{kb.tag(gu)}/{kb.tag(dn)}: {type(e).__name__}")
     torch.cuda.synchronize()
-    return f"{name} {len(pairs)} tile pairs"
+    return f"{name} {len(pairs)} tile pairs {' '.join(failed)}"
 
 
 def precompile(types: list[T], shape: tuple[int, int, int], args) -> None:
