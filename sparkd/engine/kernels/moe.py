@@ -316,15 +316,15 @@ OLD_DECODE_TILES = {
 }
 # session 5 (moe8, H200, bench/moe_tiles_bench.py, bench/results/moe_tiles_h200_s5*): gate/up in
 # two-group steps into the elementwise tile at every shape (<= 64 registers: 32 one-warp programs
-# per SM; Q8_0 2048x768 top-8 20.3 -> 17.4 us, 7168x2048 120 -> 112 us; Q4_K 7168x2048 79 -> 56 us);
+# per SM; Q8_0 2048x768 top-8 20.5 -> 17.5 us, 7168x2048 122 -> 112 us; Q4_K 7168x2048 80 -> 57 us);
 # the down as before up to LARGE_DOWN_TILES' model width, its tile from there
 DECODE_TILES = {
     "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q8_0"][1]),
     "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q4_K"][1]),
 }
-# (model width from which, down tile): Q8_0 7168x2048 top-8 down 79 -> 65 us (at 4096 the old tile
-# stays faster: 30 vs 34 us); Q4_K two ranges of 4 experts, 4096x1536 17.7 -> 16.8 us, 7168x2048
-# 40.7 -> 32.8 us (at 2048 the old 8 ranges: 7.5 vs 9.7 us for two ranges of 2-group steps)
+# (model width from which, down tile): Q8_0 7168x2048 top-8 down 79.6 -> 66.2 us (at 4096 the old
+# tile stays faster: 30.2 vs 34.4 us); Q4_K two ranges of 4 experts, 4096x1536 17.8 -> 16.6 us,
+# 7168x2048 41.2 -> 33.0 us (at 2048 the old 8 ranges: 7.5 vs 9.7 us for two ranges)
 LARGE_DOWN_TILES = {
     "Q8_0": (6144, GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True, split=8)),
     "Q4_K": (4096, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=2)),
