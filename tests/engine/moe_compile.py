@@ -29,11 +29,12 @@ def main() -> None:
     for qtype, (gu_cfg, d_cfg) in moe.DECODE_TILES.items():
         fam = dispatch.FAMILIES[T[qtype]]
         tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True, **matmul.int_args(fam))
-        for res in (False, True):
-            n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=d_cfg.block_n, SPLIT=d_cfg.split,
+        large = moe.LARGE_DOWN_TILES[qtype][1]  # its split too, from the rule's model width
+        for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
+            n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
                                                       ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),
-                        d_cfg.num_warps)
-            print(f"idown {qtype} residual={res} atomics={n}")
+                        cfg.num_warps)
+            print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
                                                         HBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),
                     gu_cfg.num_warps, fp_fusion=False)

@@ -26,6 +26,7 @@ Prefill (many tokens): tokens are grouped by expert and each expert runs the sma
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -305,20 +306,45 @@ GATE_UP_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=2)
 DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
 # the down tile splits the A experts into 8 ranges folded in order: deterministic, and on the H200
 # (moe 2048x768 top-8, session 3 --compare run) 32.8 us vs 38.3 unsplit for Q8_0, 30.7 vs 43.4 for
-# Q4_K; the old atomic sum took 29.3 / 29.0
-DECODE_TILES = {
+# Q4_K; the old atomic sum took 29.3 / 29.0. Session 4 (kern6, H200): Q4_K 23.4 us per 2048x768
+# top-8 layer vs 30.7 for 16 rows / 4 warps. OLD_DECODE_TILES: these, at every shape.
+OLD_DECODE_TILES = {
     "Q8_0": (GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=False),
              GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False, split=8)),
-    # session 4 (kern6, H200): 23.4 us per 2048x768 top-8 layer vs 30.7 for 16 rows / 4 warps
     "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
              GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=8)),
 }
+# session 5 (moe8, H200, bench/moe_tiles_bench.py, bench/results/moe_tiles_h200_s5*): gate/up in
+# two-group steps into the elementwise tile at every shape (<= 64 registers: 32 one-warp programs
+# per SM; Q8_0 2048x768 top-8 20.5 -> 17.5 us, 7168x2048 122 -> 112 us; Q4_K 7168x2048 80 -> 57 us);
+# the down as before up to LARGE_DOWN_TILES' model width, its tile from there
+DECODE_TILES = {
+    "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q8_0"][1]),
+    "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q4_K"][1]),
+}
+# (model width from which, down tile): Q8_0 7168x2048 top-8 down 79.6 -> 66.2 us (at 4096 the old
+# tile stays faster: 30.2 vs 34.4 us); Q4_K two ranges of 4 experts, 4096x1536 17.8 -> 16.6 us,
+# 7168x2048 41.2 -> 33.0 us (at 2048 the old 8 ranges: 7.5 vs 9.7 us for two ranges)
+LARGE_DOWN_TILES = {
+    "Q8_0": (6144, GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True, split=8)),
+    "Q4_K": (4096, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=2)),
+}
+TILES_ENV = "SPARKD_MOE_TILES"  # "old": OLD_DECODE_TILES at every shape (read once)
+OLD_TILES = os.environ.get(TILES_ENV, "") == "old"
 
 
-def decode_tiles(p: PreparedTable) -> tuple[GemvConfig, GemvConfig]:
-    """The default (gate/up, down) tiles for the table's families."""
-    return (DECODE_TILES.get(p.gate_up.qtype.name, (GATE_UP_CONFIG, DOWN_CONFIG))[0],
-            DECODE_TILES.get(p.down.qtype.name, (GATE_UP_CONFIG, DOWN_CONFIG))[1])
+def decode_tiles(p: PreparedTable, old: bool | None = None) -> tuple[GemvConfig, GemvConfig]:
+    """The default (gate/up, down) tiles for the table's families and shape (old: the session-4
+    tiles, default from $SPARKD_MOE_TILES)."""
+    fallback = (GATE_UP_CONFIG, DOWN_CONFIG)
+    if OLD_TILES if old is None else old:
+        return (OLD_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0],
+                OLD_DECODE_TILES.get(p.down.qtype.name, fallback)[1])
+    down = DECODE_TILES.get(p.down.qtype.name, fallback)[1]
+    large = LARGE_DOWN_TILES.get(p.down.qtype.name)
+    if large is not None and p.table.dim >= large[0]:
+        down = large[1]
+    return DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
 
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",

@@ -1,0 +1,100 @@
+"""The MoE decode kernels compiled offline for sm_90 (no GPU: the triton wheel carries ptxas and
+cuobjdump): registers per thread, so one-warp programs per SM (at most 32 on Hopper), and the
+largest loop's instruction mix, as bench/kernels_sass.py gives them for the GEMV.
+
+Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up 4/1/2/g,2/1/2/e
+       [--down 4/1/1/g/8,2/1/4/e/8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from gguf.constants import GGMLQuantizationType as T
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from triton.tools.disasm import get_sass
+
+from kernels_sass import WATCH
+from moe_tiles_bench import tile
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe
+
+I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
+SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
+# 16-byte aligned as the launches specialize them (torch allocations, widths multiples of 16)
+ALIGNED = ("gate_ptr", "up_ptr", "down_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "hw_ptr", "hd_ptr", "hs_ptr", "h_ptr",
+           "hf_ptr", "y_ptr", "part_ptr", "F", "D", "row_bytes")
+DOWN = dict(down_ptr=U8, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_ptr=I32, rw_ptr=F32, y_ptr=F32,
+            part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
+GATE_UP = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32, xs_ptr=I32,
+               rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool) -> bytes:
+    names = kern.arg_names
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, SCALARS.get(n)) for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED if n in names and n not in consts}
+    src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    return compile(src, target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": num_warps, "enable_fp_fusion": fp_fusion}).asm["cubin"]
+
+
+def registers(binary: bytes) -> int:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(binary)
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def largest_loop(text: str) -> list[str]:
+    """Opcodes of the longest backward-branching loop body (the group loop of one projection)."""
+    lines, best = text.splitlines(), []
+    for back, line in enumerate(lines):
+        jump = re.search(r"\bBRA (?:`\()?\.?(L\w+)", line)
+        starts = [i for i, lab in enumerate(lines[:back]) if jump and lab.lstrip(".").startswith(jump.group(1) + ":")]
+        if starts:
+            body = [op.split("\t", 1)[-1] for op in lines[starts[0] + 1:back + 1] if op.strip()]
+            ops = [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0] for op in body]
+            best = ops if len(ops) > len(best) else best
+    return best
+
+
+def report(qtype: T, kind: str, text: str) -> str:
+    cfg, fam = tile(text), dispatch.FAMILIES[qtype]
+    common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
+                  **matmul.int_args(fam))
+    if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
+        consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
+                      HBLOCK=act_quant.BLOCKS[fam.act_fmt], **common)
+        binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
+    else:  # the residual added and the ranges folded in the launch
+        split = cfg.split or 1
+        consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
+                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], **common)
+        binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
+    regs, ops = registers(binary), largest_loop(get_sass(binary))
+    programs = min(32, 65536 // (regs * 32 * cfg.num_warps))  # Hopper: 64K registers, 32 blocks per SM
+    counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH if ops.count(op))
+    return f"{qtype.name} {kind:7} {text:12} {regs:3d} registers, {programs:2d} programs/SM, loop {len(ops)} warp-instr  {counts}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--type", default="Q8_0")
+    ap.add_argument("--gate-up", default="", help="gate/up tiles rows/warps/unroll/e|g, comma-separated")
+    ap.add_argument("--down", default="", help="down tiles rows/warps/unroll/e|g/split, comma-separated")
+    args = ap.parse_args()
+    for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
+        for text in filter(None, tiles.split(",")):
+            print(report(T[args.type], kind, text), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The integer MoE decode (moe_decode: gate/up with activation, routing weight and h quantized in
+the launch, as the engine runs it; down with its in-launch fold) at the shapes of large MoE models,
+old tiles next to the default and candidates, as a fraction of the copy bandwidth of the same run.
+
+Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
+       [--shapes 2048x768x8,4096x1536x8,7168x2048x8] [--gate-up T,...] [--down T,...] [--json F]
+       [--defaults-only] [--compile-workers N]
+
+Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
+DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe.OLD_DECODE_TILES), "default"
+(moe.decode_tiles for the shape) as whole moe_decode calls (x quantized, gate/up, down: 3
+launches), then each launch alone, then each gate/up candidate (down at its default) and each down
+candidate (gate/up at its default) timed alone. Tiles: rows/warps/unroll/e|g[/split] as in
+gemv_tiles_bench.tile. Bytes per row: the selected experts' gate+up, down, or both; every tile is
+first checked against the float64 reference through a whole moe_decode call (err). Timing as
+kernels_bench: one CUDA graph over expert sets rotated past the L2, median of 15. The kernels
+are compiled first by --compile-workers processes at the smallest shape (the same
+specializations), so the timed process finds them in Triton's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import json
+import multiprocessing as mp
+
+import torch
+from gguf import GGMLQuantizationType as T
+
+import kernels_bench as kb
+import gemv_tiles_bench
+from sparkd.engine.kernels import dispatch, moe
+from sparkd.engine.kernels.matmul import GemvConfig
+
+SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
+# candidates (the old and default tiles are timed anyway) around call 1's best (one-warp tiles at
+# <= 72 registers: 28-32 programs per SM, offline SASS); "+p3": Triton's pipeliner, 3 stages (cp.async)
+GATE_UP = {"Q8_0": ["2/1/2/e+p3", "1/1/4/e", "2/1/1/e", "1/1/8/e", "2/1/4/e+p3"],
+           "Q4_K": ["4/1/2/e+p3", "4/1/1/e", "2/1/2/e", "8/2/2/e", "4/1/4/e+p3"]}
+DOWN = {"Q8_0": ["2/1/2/e/8", "2/1/4/e/4", "2/1/4/e/8+p3", "1/1/8/e/8", "4/1/1/g/8+p3"],
+        "Q4_K": ["4/1/2/e/4", "4/1/1/e/2", "2/1/2/e/2", "4/1/2/e/2+p3", "4/1/3/e/8+p3"]}
+DEVICE = "cuda"
+
+
+def tile(text: str) -> GemvConfig:
+    """gemv_tiles_bench.tile's rows/warps/unroll/e|g[/split], then +pN for N pipeliner stages."""
+    text, _, stages = text.partition("+p")
+    return dataclasses.replace(gemv_tiles_bench.tile(text), stages=int(stages or 0))
+
+
+def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None) -> tuple[GemvConfig, GemvConfig]:
+    """The tiles as the engine passes them (layers/moe.py): h quantized in the gate/up launch."""
+    base = moe.decode_tiles(p)
+    return dataclasses.replace(gu or base[0], fuse_quant=True), dn or base[1]
+
+
+class Shape:
+    """One shape and type: rotated expert sets, x, weights, the float64 reference of set 0."""
+
+    def __init__(self, qtype: T, shape: tuple[int, int, int], reference: bool = True):
+        D, F, A = shape
+        self.qtype, self.shape = qtype, shape
+        self.matrix_bytes = F * dispatch.FAMILIES[qtype].row_bytes(D)  # gate, up and down alike
+        n = max(2, -(-kb.ROTATE_BYTES // (3 * A * self.matrix_bytes)))
+        n = n if reference else 2  # compiling only
+        full = table(qtype, n * A, shape, self.matrix_bytes)
+        # each set's experts in descending slot order: the table, not the layout, decides
+        self.sets = [moe.prepare(kb.subset(full, list(range(s * A, (s + 1) * A))[::-1]), DEVICE) for s in range(n)]
+        self.x, self.w = torch.randn(D, device=DEVICE), torch.rand(A, device=DEVICE)
+        self.y = torch.empty(D, device=DEVICE)
+        self.ref = kb.moe_torch(self.sets[0].table, self.x, self.w, torch.float64) if reference else None
+        self.name = f"moe {D}x{F} top{A}"
+
+    def call(self, i: int, gu: GemvConfig, dn: GemvConfig) -> torch.Tensor:
+        return moe.moe_decode(self.sets[i % len(self.sets)], self.x, self.w, out=self.y, gate_up=gu, down=dn)
+
+    def err(self, gu: GemvConfig, dn: GemvConfig) -> float:
+        self.y.fill_(float("nan"))
+        return kb.rel_err(self.call(0, gu, dn), self.ref)
+
+    def row(self, part: str, label: str, sec: float, nbytes: int, copy_bw: float, err: float) -> dict:
+        return dict(kernel=f"{self.name} {part}", type=self.qtype.name, config=label, us=sec * 1e6, bw=nbytes / sec,
+                    frac=nbytes / sec / copy_bw, err=err)
+
+    def whole(self, label: str, gu: GemvConfig, dn: GemvConfig, copy_bw: float) -> dict:
+        err = self.err(gu, dn)
+        sec = kb.graph_seconds(lambda i: self.call(i, gu, dn), len(self.sets))
+        return self.row("all", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
+
+    def gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, copy_bw: float) -> dict:
+        """x quantized and the gate/up launch (h quantized in it), as moe_decode runs them."""
+        err = self.err(gu, dn)
+        rw = self.w.contiguous()
+
+        def run(i):
+            return moe._gate_up(self.sets[i % len(self.sets)], self.x, rw, False, "silu", gu, None, "bench")
+        sec = kb.graph_seconds(run, len(self.sets))
+        return self.row("gate/up", label, sec, 2 * self.shape[2] * self.matrix_bytes, copy_bw, err)
+
+    def down(self, label: str, gu: GemvConfig, dn: GemvConfig, copy_bw: float) -> dict:
+        """The down launch alone (its in-launch fold included) on h quantized by gate/up."""
+        err = self.err(gu, dn)
+        rw = self.w.contiguous()
+        h = moe._gate_up(self.sets[0], self.x, rw, False, "silu", gu, None, "bench")
+
+        def run(i):
+            moe._down(self.sets[i % len(self.sets)], h, rw, self.y, dn, None, None)
+        sec = kb.graph_seconds(run, len(self.sets))
+        return self.row("down", label, sec, self.shape[2] * self.matrix_bytes, copy_bw, err)
+
+
+def table(qtype: T, n_experts: int, shape: tuple[int, int, int], matrix_bytes: int) -> moe.ExpertTable:
+    """kernels_bench.moe_table's layout (4 KiB-aligned slots of gate | up | down in one arena) on DEVICE."""
+    slot = -(-3 * matrix_bytes // 4096) * 4096
+    arena = kb.random_blocks(qtype, n_experts * slot, DEVICE)
+    offs = [[e * slot + k * matrix_bytes for e in range(n_experts)] for k in range(3)]
+    return moe.ExpertTable(arena, arena, arena, *offs, qtype, qtype, shape[0], shape[1])
+
+
+def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
+    if args.defaults_only:
+        return [], []
+    gu = args.gate_up.split(",") if args.gate_up else GATE_UP[qtype.name]
+    dn = args.down.split(",") if args.down else DOWN[qtype.name]
+    return gu, dn
+
+
+def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> list[dict]:
+    s = Shape(qtype, shape)
+    p = s.sets[0]
+    old = dataclasses.replace(moe.OLD_DECODE_TILES[qtype.name][0], fuse_quant=True), moe.OLD_DECODE_TILES[qtype.name][1]
+    new = engine_tiles(p, None, None)
+    rows = [s.whole("old " + "/".join(map(kb.tag, old)), *old, copy_bw),
+            s.whole("default " + "/".join(map(kb.tag, new)), *new, copy_bw)]
+    for label, tiles in (("old", old), ("default", new)):
+        rows += [s.gate_up(label + " " + kb.tag(tiles[0]), *tiles, copy_bw),
+                 s.down(label + " " + kb.tag(tiles[1]), *tiles, copy_bw)]
+    kb.print_rows(rows)
+    gus, dns = candidates(qtype, args)
+    timed = [(t, s.gate_up, dataclasses.replace(tile(t), fuse_quant=True), new[1]) for t in gus] + \
+        [(t, s.down, new[0], tile(t)) for t in dns]
+    for t, part, gu, dn in timed:
+        try:
+            rows.append(part(t, gu, dn, copy_bw))
+            kb.print_rows(rows[-1:])
+        except Exception as e:  # noqa: BLE001 - a tile that fails to build leaves the others
+            print(f"FAILED {qtype.name} {shape} {t}: {type(e).__name__}: {e}", flush=True)
+    del s
+    torch.cuda.empty_cache()
+    return rows
+
+
+def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
+    """Compile one type's kernels for the given tiles (a worker process: Triton's disk cache)."""
+    name, shape, gus, dns = job
+    qtype = T[name]
+    s = Shape(qtype, shape, reference=False)
+    base = engine_tiles(s.sets[0], None, None)
+    old = moe.OLD_DECODE_TILES[name]
+    pairs = [base, (dataclasses.replace(old[0], fuse_quant=True), old[1])]
+    pairs += [(dataclasses.replace(tile(t), fuse_quant=True), base[1]) for t in gus]
+    pairs += [(base[0], tile(t)) for t in dns] + [(base[0], moe.LARGE_DOWN_TILES[name][1])]
+    failed = []
+    for gu, dn in pairs:
+        try:
+            s.call(0, gu, dn)
+        except Exception as e:  # noqa: BLE001 - the timed run reports it again
+            failed.append(f"{kb.tag(gu)}/{kb.tag(dn)}: {type(e).__name__}")
+    torch.cuda.synchronize()
+    return f"{name} {len(pairs)} tile pairs {' '.join(failed)}"
+
+
+def precompile(types: list[T], shape: tuple[int, int, int], args) -> None:
+    jobs = []
+    for qtype in types:
+        gus, dns = candidates(qtype, args)
+        jobs.append((qtype.name, shape, [], []))  # the defaults (and the old tiles)
+        jobs += [(qtype.name, shape, [t], []) for t in gus] + [(qtype.name, shape, [], [t]) for t in dns]
+    with cf.ProcessPoolExecutor(args.compile_workers, mp_context=mp.get_context("spawn")) as ex:
+        for done in ex.map(warm, jobs):
+            print(f"compiled {done}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="Q8_0,Q4_K")
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="DxFxA,...")
+    ap.add_argument("--gate-up", default=None, help="gate/up tiles to time instead of GATE_UP[type]")
+    ap.add_argument("--down", default=None, help="down tiles to time instead of DOWN[type]")
+    ap.add_argument("--defaults-only", action="store_true")
+    ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling first (0: none)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    types = [T[n] for n in args.types.split(",")]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    if args.compile_workers:
+        precompile(types, min(shapes), args)
+    copy_bw = kb.copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
+          f"tiles {moe.DECODE_TILES}", flush=True)
+    rows = []
+    for shape in shapes:
+        for qtype in types:
+            try:
+                rows += shape_rows(qtype, shape, args, copy_bw)
+            except Exception as e:  # noqa: BLE001 - one device call measures everything it can
+                print(f"FAILED {qtype.name} {shape}: {type(e).__name__}: {e}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw,
+                           tiles={k: [str(c) for c in v] for k, v in moe.DECODE_TILES.items()}, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
