@@ -54,9 +54,10 @@ def device_argmax_default() -> bool:
 
 def link_norm_quant(net: Decoder) -> int:
     """Give each RMSNorm whose output an integer GEMV reads next (the attention's first
-    projection, a dense FFN's gate, the output head) that GEMV's x format, so the norm writes x's
-    int8 blocks for it (RMSNorm.quant_fmt); returns how many norms were linked. Other readers of
-    the same output are unaffected: they get the same float tensor."""
+    projection, a dense FFN's gate, a MoE's gate/up kernel, the output head) that GEMV's x
+    format, so the norm writes x's int8 blocks for it (RMSNorm.quant_fmt); returns how many norms
+    were linked. Other readers of the same output (the router) are unaffected: they get the same
+    float tensor."""
     pairs = [(net.output_norm, net.output)]
     for block in net.blocks:
         if type(block) is not Block:
@@ -66,9 +67,11 @@ def link_norm_quant(net: Decoder) -> int:
             pairs.append((block.attn_norm, next((m for m in (attn.wqkv, attn.wqk, attn.wq) if m is not None), None)))
         if isinstance(ffn, GatedFFN):
             pairs.append((block.ffn_norm, ffn.gate))
+        elif type(ffn) is MoE:
+            pairs.append((block.ffn_norm, ffn))
     linked = 0
     for norm, reader in pairs:
-        if isinstance(norm, RMSNorm) and type(reader) is KernelLinear and (fmt := reader.x_format()):
+        if isinstance(norm, RMSNorm) and type(reader) in (KernelLinear, MoE) and (fmt := reader.x_format()):
             norm.quant_fmt, linked = fmt, linked + 1
     return linked
 

@@ -111,3 +111,56 @@ def test_a_quantized_x_the_gemv_cannot_use_is_refused():
     x = torch.randn(256)
     with pytest.raises(KernelArgumentError, match=r"could not run the Q8_0 GEMV on a pre-quantized x: .*pass x alone"):
         gemv(raw, T.Q8_0, (8, 256), x, qx=act_quant.quantize(torch.randn(1, 256), act_quant.Q8_K))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_decode_on_the_norms_quantized_x_gives_the_same_bits(backend, qtype):
+    """moe_decode handed the norm's QuantX (qx) against moe_decode quantizing the norm's float
+    output itself: the same bits; a QuantX in another family's format is refused before any
+    launch."""
+    if qtype == T.Q4_K and backend == "cpu":
+        pytest.skip("a Q4_K MoE takes minutes under the interpreter; the GPU run covers it")
+    from test_kernels import TILES, arena_table
+
+    from sparkd.engine.kernels.moe import moe_decode, prepare
+
+    table, *_ = arena_table(qtype, qtype, 256, 256, 5, backend)
+    sel = prepare(table, backend).select(torch.tensor([3, 0, 4], device=backend))
+    fmt = sel.gate_up.act_fmt
+    x, _, w = (t.to(backend) for t in awkward_rows(1, 256, 7))
+    normed, q = rms_norm_quant(x, w, 1e-6, fmt)
+    rw, tiles = torch.rand(3, device=backend), {k: v for k, v in TILES[backend].items() if k in ("gate_up", "down")}
+    got = moe_decode(sel, normed[0], rw, qx=q, **tiles)
+    assert torch.equal(got, moe_decode(sel, normed[0], rw, **tiles))
+    other = act_quant.Q8_K if fmt == act_quant.Q8_0 else act_quant.Q8_0
+    out = torch.full((256,), 7.0, device=backend)
+    with pytest.raises(KernelArgumentError, match=r"could not run the MoE decode kernels on a pre-quantized x"):
+        moe_decode(sel, normed[0], rw, out=out, qx=act_quant.quantize(normed, other), **tiles)
+    assert bool((out == 7.0).all())  # nothing written
+
+
+def test_the_norm_before_a_kernel_moe_writes_its_x_blocks(tmp_path):
+    """qwen3moe with Q8_0 experts through the MoE kernels: link_norm_quant links every block's
+    ffn_norm to its MoE too (attention norm, ffn norm, output norm), and the static step quantizes
+    x once fewer per layer for the MoE with the same logits bits."""
+    from bench_script import load_bench_script
+
+    from sparkd.engine.cuda_graphs import link_norm_quant
+    from sparkd.engine.make_model import plan, write_model
+    from sparkd.engine.modelgen.specs import TINY
+    from sparkd.engine.models import load_model
+
+    path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    m = load_model(path, device="cpu", kernels=True)
+    counts = load_bench_script("gpu_box/launch_count.py").static_step_counts
+    try:
+        n_layer = len(m.net.blocks)
+        assert link_norm_quant(m.net) == 2 * n_layer + 1
+        assert all(b.ffn_norm.quant_fmt == act_quant.Q8_0 for b in m.net.blocks)
+        on, off = counts(m.net, "all", on_cpu=True), counts(m.net, "rms_norm,rope_kv,attention,router", on_cpu=True)
+    finally:
+        m.close()
+    # without norm_quant: the attention's stack, the MoE and the head quantize their x themselves
+    assert off["ops"]["triton:_quant_kernel"] - on["ops"].get("triton:_quant_kernel", 0) == 2 * n_layer + 1

@@ -301,7 +301,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     what = f"the {qtype.name} GEMV"
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
-    _check_qx(qx, fam, cols, what)
+    check_qx(qx, fam, cols, what)
     cfg = config or default_config(fam)
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
@@ -337,7 +337,7 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     return y if in_kernel else fold_partials(part, y)
 
 
-def _check_qx(qx: act_quant.QuantX | None, fam: dispatch.Family, cols: int, what: str) -> None:
+def check_qx(qx: act_quant.QuantX | None, fam: dispatch.Family, cols: int, what: str) -> None:
     """A pre-quantized x must be one row of cols values in the family's activation format."""
     if qx is None:
         return

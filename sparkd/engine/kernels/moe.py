@@ -38,6 +38,7 @@ from gguf.constants import GGMLQuantizationType
 from sparkd.engine.kernels import act_quant, dispatch, grids
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
+    check_qx,
     emulate,
     family_args,
     fold_part,
@@ -351,7 +352,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
                out: torch.Tensor | None = None, gate_up: GemvConfig | None = None,
                down: GemvConfig | None = None, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
                round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, qx: act_quant.QuantX | None = None) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
     x float32 [D]; route_weights float32 [n] (one per table entry, or per selected expert of a
@@ -364,7 +365,9 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     A projection whose family has an integer step quantizes its input itself as llama.cpp does
     (x before gate/up, the activations [n, F] before down). For the others, round_x and round_h
     (if given) round x and the activations in torch first (the routing weight then applies after
-    the rounding, between the two launches). No host sync: usable in a CUDA graph capture."""
+    the rounding, between the two launches). qx: x already quantized to the gate/up family's
+    blocks (by the norm that made x, act_quant.attach): no quantization launch for x.
+    No host sync: usable in a CUDA graph capture."""
     what = "the MoE decode kernels"
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
@@ -382,6 +385,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
             f"x {list(x.shape)}, weights {list(route_weights.shape)} {route_weights.dtype} on "
             f"{route_weights.device}")
     dispatch.check_out(out, (D,), x.device, what)
+    check_qx(qx, p.gate_up, D, what)
     if residual is not None:
         dispatch.check_out(residual, (D,), x.device, f"{what} (residual)")
     rw = route_weights.contiguous()
@@ -390,7 +394,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     kernel_folds(down, 1)  # a bad fold name refused before any launch
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
-    h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what)
+    h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     _down(p, h, rw, y, down, round_h, residual)
     return y
@@ -402,7 +406,8 @@ def _ids(p: PreparedTable) -> dict:
 
 
 def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, act: str, cfg: GemvConfig,
-             round_x: Callable[[torch.Tensor], torch.Tensor] | None, what: str) -> torch.Tensor | act_quant.QuantX:
+             round_x: Callable[[torch.Tensor], torch.Tensor] | None, what: str,
+             qx: act_quant.QuantX | None = None) -> torch.Tensor | act_quant.QuantX:
     """h [n, F] = act(gate x, up x), times rw if use_rw, one launch over all n experts; quantized
     for the down projection already (act_quant.QuantX) if cfg.fuse_quant."""
     n, D, F = p.count, p.table.dim, p.table.width
@@ -414,7 +419,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
         hblock = 0 if hq is None else act_quant.BLOCKS[p.down.act_fmt]
         late = 0 < cfg.block_n < hblock  # blocks quantized by their last program: float h first
         hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
-        q = act_quant.quantize(x[None], p.gate_up.act_fmt)
+        q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
                                xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
                                tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,

@@ -154,6 +154,14 @@ class MoE(nn.Module):
         the add: no shared experts) and the switch is on."""
         return self.shared is None and "residual" in DECODE_ON
 
+    def x_format(self) -> str | None:
+        """The int8 block format the fused decode kernels quantize x to (None: they do not run here
+        or multiply floats): the format the norm before this layer may write x's blocks in."""
+        store_format = getattr(self.store, "x_format", None)
+        if store_format is None or self.act_name not in ("silu", "swiglu_oai"):
+            return None
+        return store_format(self.il)
+
     def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's output [T, D]; given residual [T, D] (takes_residual), residual + it, the
@@ -188,10 +196,11 @@ class MoE(nn.Module):
             if sel is None:
                 return None
             res = None if residual is None else residual[t].float().contiguous()
-            rows.append(self._decode(sel, x[t], w[t], res))
+            rows.append(self._decode(sel, x[t], w[t], res, _attached_quant(x, sel.prepared.gate_up)))
         return rows[0][None] if len(rows) == 1 else torch.stack(rows)  # decode: no copy
 
-    def _decode(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def _decode(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
+                qx=None) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import GemvConfig
         from sparkd.engine.kernels.moe import decode_tiles, moe_decode
 
@@ -206,7 +215,7 @@ class MoE(nn.Module):
         # integer kernels (Q8_0, Q4_K) quantize x and h themselves, as round_x/round_h would
         return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
                           round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,
-                          **tiles)
+                          qx=qx, **tiles)
 
     def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
                shared_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -245,3 +254,13 @@ class MoE(nn.Module):
 def _rounder(fmt: str | None):
     """The down input's rounding (llama.cpp rounds after the activation), or None."""
     return None if fmt is None else (lambda h: round_activations(h, fmt))
+
+
+def _attached_quant(x: torch.Tensor, gate_up):
+    """The int8 blocks of a one-token x that the norm before the layer wrote in the gate/up
+    family's format (act_quant.attach; cuda_graphs.link_norm_quant), or None."""
+    if x.shape[0] != 1 or gate_up.idot is None:
+        return None
+    from sparkd.engine.kernels import act_quant
+
+    return act_quant.attached(x, gate_up.act_fmt)

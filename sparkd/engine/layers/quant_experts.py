@@ -62,6 +62,14 @@ class KernelExperts:
         self._families = dispatch.FAMILIES
         self._layers: dict[int, tuple[dict, KernelLayer | None]] = {}
 
+    def x_format(self, il: int) -> str | None:
+        """The int8 block format (act_quant's) the MoE kernels quantize layer il's x to: what the
+        norm before the layer may write for them (cuda_graphs.link_norm_quant); None: no integer
+        gate/up there."""
+        layer = self._layer(il)[1]
+        gate_up = None if layer is None else layer.prepared.gate_up
+        return gate_up.act_fmt if gate_up is not None and gate_up.idot is not None else None
+
     def _layer(self, il: int) -> tuple[dict, KernelLayer | None]:
         if il not in self._layers:
             parts = {}
