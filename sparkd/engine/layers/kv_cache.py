@@ -12,7 +12,7 @@ writes its rows at device positions and attends over rows [0, span) masked by po
 token, so one captured step replays for every position below span.
 
 An eager one-token step may use the static step's decode kernels too (`decode_rows`): its host
-position goes to the device once per step, and attention reads rows [0, pos] instead of a span.
+position goes to the device once per step, and attention reads up to it (the kernels stop there).
 """
 
 from __future__ import annotations
@@ -72,13 +72,16 @@ class KVCache:
 
     def decode_rows(self, il: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """A one-token step's (keys, values, position [1] on the device) for the decode kernels:
-        rows [0, span) and pos itself in static decode; rows [0, pos] of an eager step (pos on
-        the host), whose position is written to one device tensor by the step's first layer."""
+        rows [0, span) and pos itself in static decode; every row of an eager step (the kernels
+        read rows up to the position only; a fixed length keeps Triton from specializing the
+        kernel anew as the length crosses multiples of 16), its host position written to one
+        device tensor by the step's first layer."""
         if self.span is not None:
             end = self.span
         else:
             start = int(pos[0])
-            end = self._end(start, 1)
+            self._end(start, 1)  # past the context: the clear error
+            end = self.max_ctx
             if self._step_pos is None:
                 self._step_pos = torch.zeros(1, dtype=torch.long, device=self.device)
             if self._step_at != start:
