@@ -9,7 +9,7 @@ W=/var/tmp/sparkd-cuda; mkdir -p "$W"
 SM=$W/q3-stream-10G.gguf
 ( [ -f "$SM" ] || { nice -n 10 python3 -m sparkd.engine.cli make-model "$SM.part" --preset qwen3-30b-a3b \
     --quant Q8_0 --quiet --size 10G && mv "$SM.part" "$SM"; } ) > "$OUT/make.log" 2>&1 & M=$!
-timeout 50 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_eager_decode.py > "$OUT/gpu_tests.txt" 2>&1
+timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_eager_decode.py > "$OUT/gpu_tests.txt" 2>&1
 echo "rc=$?" >> "$OUT/gpu_tests.txt"
 wait $M
 knobs=(LLAMA=0 QUANTS="" STREAM_TOKENS=64 DISK_BLOCKS=1M DISK_DEPTHS=8 DISK_SECONDS=1)
