@@ -29,7 +29,7 @@ from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 
 ARCHS = ["qwen3moe", "gpt-oss", "gemma3"]  # q/k norms folded, sinks, sliding window
-PROMPT, STEPS = [1, 7, 42, 3, 99], 6  # positions 5..10 cross the 8 bucket of first_bucket=4
+PROMPT, STEPS = [1, 7, 42, 3, 99], 4  # positions 5..8 cross the 8 bucket of first_bucket=4
 BACKENDS = [
     pytest.param("cpu", "F32", id="interpret", marks=pytest.mark.skipif(
         ON_GPU, reason="this process compiles the kernels for the GPU; the interpreter variant "
@@ -40,9 +40,14 @@ BACKENDS = [
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    return {(a, q): write_model(d / f"{a}_{q}.gguf", plan(TINY[a], q), seed=3)[0]
-            for a in ARCHS for q in ("F32", "Q8_0")}
+    """(arch, quant) → a tiny model's path, written on first use."""
+    d, paths = tmp_path_factory.mktemp("tiny"), {}
+
+    def path(arch: str, quant: str):
+        if (arch, quant) not in paths:
+            paths[arch, quant] = write_model(d / f"{arch}_{quant}.gguf", plan(TINY[arch], quant), seed=3)[0]
+        return paths[arch, quant]
+    return path
 
 
 def greedy(net, spec: str, device: str, eager_kernels: bool, static: bool):
@@ -68,7 +73,7 @@ def greedy(net, spec: str, device: str, eager_kernels: bool, static: bool):
 @pytest.mark.parametrize("backend, quant", BACKENDS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_eager_step_equals_static_step(models, backend, quant, arch):
-    m = load_model(models[arch, quant], device=backend)
+    m = load_model(models(arch, quant), device=backend)
     try:
         want, want_ids = greedy(m.net, "all", backend, True, static=True)
         got, got_ids = greedy(m.net, "all", backend, True, static=False)
@@ -80,19 +85,27 @@ def test_eager_step_equals_static_step(models, backend, quant, arch):
 
 @pytest.mark.parametrize("backend, quant", BACKENDS)
 def test_switch_off_gives_the_torch_attention_back(models, backend, quant):
-    """Eager kernels off with every kernel on = rope_kv and attention off: the torch rope and attend."""
-    m = load_model(models["qwen3moe", quant], device=backend)
+    """Eager kernels off with every kernel on = rope_kv and attention off: the torch rope and
+    attend, to the bit. Compared at the attention's output (the input of its wo): on the GPU the
+    Q8_0 model's int8 rounding of that output can hide the two summation orders in the logits."""
+    m = load_model(models("qwen3moe", quant), device=backend)
+    seen: list[torch.Tensor] = []
+    hook = m.net.blocks[0].attn.wo.register_forward_pre_hook(lambda _, args: seen.append(args[0].cpu()))
     try:
-        torch_path, _ = greedy(m.net, "rms_norm,router,norm_quant", backend, True, static=False)
-        off, _ = greedy(m.net, "all", backend, False, static=False)
-        on, _ = greedy(m.net, "all", backend, True, static=False)
+        runs = {}
+        for name, spec, eager in (("torch", "rms_norm,router,norm_quant", True), ("off", "all", False),
+                                  ("on", "all", True)):
+            seen.clear()
+            logits, _ = greedy(m.net, spec, backend, eager, static=False)
+            runs[name] = (logits, torch.cat(seen[1:]))  # the steps after the prompt
     finally:
+        hook.remove()
         m.close()
-    assert torch.equal(off, torch_path)
-    assert not torch.equal(on, torch_path)  # the switch does switch: another summation order
+    assert torch.equal(runs["off"][0], runs["torch"][0]) and torch.equal(runs["off"][1], runs["torch"][1])
+    assert not torch.equal(runs["on"][1], runs["torch"][1])  # the switch does switch: another summation order
 
 
-@pytest.mark.parametrize("value, want", [("0", "False"), ("off", "False"), ("1", "True"), ("", "True")])
+@pytest.mark.parametrize("value, want", [("off", "False"), ("", "True")])
 def test_switch_reads_the_environment(value, want):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **{fused.EAGER_ENV: value})
     run = subprocess.run([sys.executable, "-c", "from sparkd.engine.kernels import fused; print(fused.one_token(False), fused.one_token(True))"],
@@ -101,7 +114,7 @@ def test_switch_reads_the_environment(value, want):
 
 
 def test_eager_position_past_the_context_is_refused(models):
-    m = load_model(models["qwen3moe", "F32"])
+    m = load_model(models("qwen3moe", "F32"))
     before = fused.configure("all", on_cpu=True)
     try:
         cache = m.net.new_cache(6)
