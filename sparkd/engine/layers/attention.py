@@ -100,8 +100,9 @@ class Attention(nn.Module):
         q = q.view(T, self.n_head, self.head_dim)
         k = k.view(T, self.n_head_kv, self.head_dim)
         v = v.view(T, self.n_head_kv, -1)
-        static = cache.span is not None and T == 1  # the CUDA graph's step: fused kernels may serve it
-        if static and fused.active("rope_kv", x) and self._rope_kv_fits(q, k, v):
+        # the decode kernels serve the static (CUDA graph) step and, unless switched off, the eager one
+        one = T == 1 and fused.one_token(cache.span is not None)
+        if one and fused.active("rope_kv", x) and self._rope_kv_fits(q, k, v):
             q, k_all, v_all, start = self._rope_kv(q, k, v, pos, cache)
         else:
             q, k = self._qk_norms(q, k)
@@ -109,10 +110,11 @@ class Attention(nn.Module):
             q = apply_rope(q, cos, sin, self.rope.neox)
             k = apply_rope(k, cos, sin, self.rope.neox)
             k_all, v_all, start = cache.append(self.il, pos, k, v)  # start: host int, or positions (static)
-        if static and fused.active("attention", x) and v_all is not None and q.dtype == torch.float32:
+        if one and fused.active("attention", x) and v_all is not None and q.dtype == torch.float32:
             from sparkd.engine.kernels.decode_attention import decode_attention
 
-            o = decode_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
+            k_all, v_all, dpos = cache.decode_rows(self.il, pos)
+            o = decode_attention(q, k_all, v_all, dpos, self.scale, self.window, self.sinks)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
         return self.wo(o.reshape(T, -1))
@@ -145,6 +147,6 @@ class Attention(nn.Module):
         if not fold:
             q, k = self._qk_norms(q, k)
         cos, sin = cache.rope_table(self.rope)
-        k_cache, v_cache = cache.k[self.il], cache.v[self.il]
-        q = rope_kv(q, k, v, cos, sin, pos, k_cache, v_cache, self.rope.neox, norms)
-        return q, k_cache[:cache.span], v_cache[:cache.span], pos
+        k_all, v_all, dpos = cache.decode_rows(self.il, pos)
+        q = rope_kv(q, k, v, cos, sin, dpos, cache.k[self.il], cache.v[self.il], self.rope.neox, norms)
+        return q, k_all, v_all, dpos

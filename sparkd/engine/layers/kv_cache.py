@@ -10,6 +10,9 @@ Static decode (a CUDA graph's fixed shapes, sparkd/engine/cuda_graphs.py): with 
 writes its rows at device positions and attends over rows [0, span) masked by position
 (`append`), and rope angles come from a table of every position (`rope`): no host value per
 token, so one captured step replays for every position below span.
+
+An eager one-token step may use the static step's decode kernels too (`decode_rows`): its host
+position goes to the device once per step, and attention reads up to it (the kernels stop there).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class KVCache:
         self.n_past = 0  # positions filled; advanced by the model after all layers ran
         self.span: int | None = None  # static decode: rows attention reads; None: [0, n_past + T)
         self._rope: dict[RopeConfig, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._step_pos: torch.Tensor | None = None  # an eager step's position on the device
+        self._step_at = -1  # the position it holds
 
     @property
     def nbytes(self) -> int:
@@ -64,6 +69,27 @@ class KVCache:
             self.v[il].index_copy_(0, pos, v)
         v_all = None if self.v[il] is None else self.v[il][:self.span]
         return self.k[il][:self.span], v_all, pos
+
+    def decode_rows(self, il: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """A one-token step's (keys, values, position [1] on the device) for the decode kernels:
+        rows [0, span) and pos itself in static decode; every row of an eager step (the kernels
+        read rows up to the position only; a fixed length keeps Triton from specializing the
+        kernel anew as the length crosses multiples of 16), its host position written to one
+        device tensor by the step's first layer."""
+        if self.span is not None:
+            end = self.span
+        else:
+            start = int(pos[0])
+            self._end(start, 1)  # past the context: the clear error
+            end = self.max_ctx
+            if self._step_pos is None:
+                self._step_pos = torch.zeros(1, dtype=torch.long, device=self.device)
+            if self._step_at != start:
+                self._step_pos.fill_(start)  # queued on the stream: no wait for the device
+                self._step_at = start
+            pos = self._step_pos
+        v = None if self.v[il] is None else self.v[il][:end]
+        return self.k[il][:end], v, pos
 
     def rope(self, cfg: RopeConfig, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, n_rot/2] at positions pos, rows of a table of all max_ctx positions made
