@@ -46,6 +46,28 @@ def test_tiled_gives_the_gguf_bits(backend, config):
     assert rel_err(want, W @ xr, W.abs() @ xr.abs()) < BOUNDS["fp32"]
 
 
+@pytest.mark.parametrize("config", [c for c in TILES if c.elementwise], ids=lambda c: f"{c.block_n}/{c.num_warps}/"
+                         f"{c.unroll}/{c.split}")
+@pytest.mark.parametrize("loads", sorted(set(q4_k_tiled.FAMILIES) - {"scalar"}))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fewer_loads_give_the_same_bits(backend, loads, config):
+    """The integer steps with the header in one load (and x's sums in one) against q4_k's on the
+    GGUF blocks: the same bits (the same integer sums, the same float steps in the same order)."""
+    rows, cols = (4100, 4096) if backend == "cuda" else (12, 768)
+    raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
+    x = torch.randn(cols, device=backend)
+    want = gemv(raw, T.Q4_K, (rows, cols), x, config=config)
+    got = q4_k_tiled.gemv(q4_k_tiled.pack(raw, (rows, cols)), x, config=config, loads=loads)
+    assert torch.equal(got, want)
+
+
+def test_unknown_loads_is_a_clear_error():
+    w = q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256))
+    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'wide' is "
+                                                           r"not one of \['scalar', 'vector', 'vector64'\]"):
+        q4_k_tiled.gemv(w, torch.zeros(256), loads="wide")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tiled_gemm_gives_the_gguf_bits(backend):
     rows, cols = (516, 2048) if backend == "cuda" else (8, 512)
