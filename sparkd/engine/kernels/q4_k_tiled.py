@@ -182,12 +182,14 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 
 # the integer step by its loads per group and thread on the 4/1/4/e tile (bench/kernels_sass.py):
-# "scalar" (q4_k's: 11), "vector" (idot_vec: 7), "vector64" (idot_vec64: 6, at 65 registers);
-# SPARKD_Q4_K_TILED_LOADS picks FAMILY's, read once
+# "scalar" (q4_k's: 11), "vector" (idot_vec: 7, 64 registers), "vector64" (idot_vec64: 6, 65
+# registers). H200 (q4k9, bench/results/gemv_tiles_h200_s5_q4k9.log): head 60.5 -> 56.6 / 56.3 us,
+# 0.70 -> 0.75 of copy bandwidth. FAMILY's: "vector" unless $SPARKD_Q4_K_TILED_LOADS says (read once;
+# "scalar" is q4k8's kernel)
 LOADS_ENV = "SPARKD_Q4_K_TILED_LOADS"
 FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
                          row_tile=TILE_ROWS) for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
-LOADS = os.environ.get(LOADS_ENV, "scalar")
+LOADS = os.environ.get(LOADS_ENV, "vector")
 if LOADS not in FAMILIES:
     raise KernelArgumentError(f"could not read ${LOADS_ENV}: {LOADS!r} is not one of {sorted(FAMILIES)}")
 FAMILY = FAMILIES[LOADS]
