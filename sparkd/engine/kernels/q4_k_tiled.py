@@ -12,8 +12,11 @@ TILE_ROWS are repacked (models/weights.py keeps the others, and stacks of them, 
 Only for tensors that stay resident; streamed experts and the MoE keep the GGUF layout.
 
 The layout is a family of its own (FAMILY, qtype TILED) that matmul.gemv / gemm run as any
-other: the integer step is q4_k's (the same code on pointers to a group's qs and header), so a
-tile config gives the same bits on both layouts; the GEMM dequantizes as q4_k.dequant does.
+other; the GEMM dequantizes as q4_k.dequant does. Its integer step (FAMILIES, by loads) is by
+default idot_vec: q4_k's arithmetic with a row's 16-byte header as one 128-bit load per thread
+(session 5, q4k9: 11 -> 7 load instructions per group and thread, H200 head 0.70 -> 0.75 of copy
+bandwidth); "scalar" is q4_k's own code on pointers to a group's qs and header. Both give the
+integer sums of the GGUF blocks' step (bit for bit at the default tile, tests/engine/test_q4_k_tiled.py).
 """
 
 from __future__ import annotations
@@ -199,7 +202,8 @@ def gemv(w: TiledQ4_K, x: torch.Tensor, out: torch.Tensor | None = None, config=
          loads: str | None = None) -> torch.Tensor:
     """y = W @ x for one token, W tiled (pack): matmul.gemv on the TILED family; loads (a FAMILIES
     key) runs that integer step instead of FAMILY's (to time or test them side by side)."""
-    from sparkd.engine.kernels import dispatch, matmul  # matmul imports dispatch, which imports this
+    # (imported here: matmul imports dispatch, which imports this module)
+    from sparkd.engine.kernels import dispatch, matmul
 
     if loads is None or loads == LOADS:
         return matmul.gemv(w.data, TILED, (w.rows, w.cols), x, out=out, config=config)
