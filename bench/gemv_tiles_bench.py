@@ -18,7 +18,8 @@ Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
-Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split[/stages]];
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split[/stages]],
+for Q4T after loads: (q4_k_tiled.FAMILIES' key, e.g. vector:4/1/4/e);
 --shapes 151936x2048,14336x4096 replaces SHAPES.
 """
 
@@ -57,8 +58,9 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     # and without split-K, next to session 4's best elementwise shapes
     "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
     "Q6_K": ["4/1/4/e", "4/1/2/e", "8/2/2/e", "4/1/2/g"],  # q6k8: the integer step's first tiles
-    # tiled (session 5): the default 4/1/4/e (kern6's tile), and tiles the offline SASS keeps at 64 registers
-    "Q4T": ["4/1/2/e"],
+    # tiled (session 5): the default 4/1/4/e (kern6's tile); q4k9: the integer steps with fewer loads
+    # (loads:tile, q4_k_tiled.FAMILIES) at the tiles the offline SASS keeps at 64-65 registers
+    "Q4T": ["vector:4/1/4/e", "vector64:4/1/4/e", "vector:4/1/2/e"],
 }
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "8/2/2/e/8"]  # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG)
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
@@ -115,10 +117,10 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     elif name == "Q4T":  # the old default row on the GGUF blocks, the others on the tiled copies
         ts = [q4_k_tiled.pack(w, (rows, cols)) for w in ws]
 
-        def run(cfg, i):
+        def run(cfg, i, loads=None):
             if cfg is base:
                 return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
-            return q4_k_tiled.gemv(ts[i % n], x, out=y, config=cfg)
+            return q4_k_tiled.gemv(ts[i % n], x, out=y, config=cfg, loads=loads)
     else:
         def run(cfg, i, round_x=False):  # round_x: x rounded to Q8_K first (a K-quant's float path)
             rx = (lambda v: round_activations(v, act_quant.Q8_K)) if round_x else None
@@ -129,11 +131,16 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     base = GEMV_TILES["Q4_K"] if name == "Q4T" else OLD_GEMV_TILES.get(tiles_name(name))
     firsts = [("default", None)] if base is None else [("old default", base)]
     firsts += [("default", None)] if name == "Q4T" or (base is not None and GEMV_TILES[tiles_name(name)] != base) else []
-    tried = [(t, tile(t)) for t in CANDIDATES[name]] if CANDIDATES_ON else []
+    tried = [(t, tile(t.rpartition(":")[2])) for t in CANDIDATES[name]] if CANDIDATES_ON else []
     for label, cfg in firsts + tried:
+        how = dict(loads=label.rpartition(":")[0]) if ":" in label else {}  # Q4T: the integer step by its loads
         y.fill_(float("nan"))
-        err = kb.rel_err(run(cfg, 0), ref)
-        sec = kb.graph_seconds(lambda i: run(cfg, i), n)
+        try:
+            err = kb.rel_err(run(cfg, 0, **how), ref)
+            sec = kb.graph_seconds(lambda i: run(cfg, i, **how), n)
+        except Exception as e:  # noqa: BLE001 - a candidate that fails leaves the shape's other rows
+            print(f"FAILED gemv {rows}x{cols} {name} {label}: {type(e).__name__}: {e}", flush=True)
+            continue
         out.append(dict(kernel=f"gemv {rows}x{cols}", type=name, config=label, us=sec * 1e6, bw=nbytes / sec,
                         frac=nbytes / sec / copy_bw, frac_same=same_sec / sec, err=err))
     print(f"gemv {rows}x{cols} same-bytes copy {same_sec * 1e6:.1f} us ({nbytes / same_sec / 1e9:.0f} GB/s, "

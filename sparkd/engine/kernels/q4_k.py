@@ -38,10 +38,17 @@ def scale_min(sb, s, mask):
 def scale_min_int(sb, s, mask):
     """scale_min as int32."""
     p = sb.to(tl.pointer_type(tl.int32))
+    return scale_min_words(tl.load(p, mask=mask, other=0), tl.load(p + 1, mask=mask, other=0),
+                           tl.load(p + 2, mask=mask, other=0), s)
+
+
+@triton.jit
+def scale_min_words(a, b, c, s):
+    """scale_min_int from the 12 scale bytes already in registers as int32 words a, b, c."""
     sh = (s % 4) * 8
-    a = (tl.load(p, mask=mask, other=0) >> sh) & 0xFF
-    b = (tl.load(p + 1, mask=mask, other=0) >> sh) & 0xFF
-    c = (tl.load(p + 2, mask=mask, other=0) >> sh) & 0xFF
+    a = (a >> sh) & 0xFF
+    b = (b >> sh) & 0xFF
+    c = (c >> sh) & 0xFF
     low = s < 4
     sc = tl.where(low, a & 63, (c & 0xF) | ((a >> 2) & 0x30))
     mn = tl.where(low, b & 63, (c >> 4) | ((b >> 2) & 0x30))
