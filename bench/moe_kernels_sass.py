@@ -9,18 +9,14 @@ Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
-import tempfile
 
-import triton
 from gguf.constants import GGMLQuantizationType as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from kernels_sass import WATCH
+from kernels_sass import WATCH, registers
 from moe_tiles_bench import tile
 from sparkd.engine.kernels import act_quant, dispatch, matmul, moe
 
@@ -33,7 +29,6 @@ DOWN = dict(down_ptr=U8, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_p
             part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
 GATE_UP = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32, xs_ptr=I32,
                rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
-CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
 def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool) -> bytes:
@@ -43,14 +38,6 @@ def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool) -> by
     src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     return compile(src, target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": num_warps, "enable_fp_fusion": fp_fusion}).asm["cubin"]
-
-
-def registers(binary: bytes) -> int:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(binary)
-        f.flush()
-        usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
 def largest_loop(text: str) -> list[str]:
