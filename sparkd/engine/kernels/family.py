@@ -48,6 +48,14 @@ class KernelArgumentError(EngineError, ValueError):
 
 
 @dataclass(frozen=True)
+class LayoutType:
+    """The qtype of a byte layout the engine makes from a GGUF type at load (q8_0_packed,
+    q4_k_tiled; not a GGUF type): what KernelLinear and gemv are handed."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class Family:
     qtype: GGMLQuantizationType
     block_values: int  # values per GGUF block

@@ -30,17 +30,10 @@ import triton.language as tl
 
 from sparkd.engine.kernels import q4_k
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a
-from sparkd.engine.kernels.family import Family, KernelArgumentError
+from sparkd.engine.kernels.family import Family, KernelArgumentError, LayoutType
 
 TILE_ROWS = 4
 _R = tl.constexpr(TILE_ROWS)  # (what the jitted code reads)
-
-
-@dataclass(frozen=True)
-class LayoutType:
-    """The qtype of the repacked layout (not a GGUF type): what KernelLinear and gemv are handed."""
-
-    name: str
 
 
 TILED = LayoutType("Q4_K_TILED")

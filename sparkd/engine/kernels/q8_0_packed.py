@@ -23,19 +23,12 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels.act_quant import Q8_0, dp4a
-from sparkd.engine.kernels.family import Family, KernelArgumentError
+from sparkd.engine.kernels.family import Family, KernelArgumentError, LayoutType
 
 GROUP_BYTES = 272  # 256 quants + 8 f16 scales
 
 
-@dataclass(frozen=True)
-class PackedType:
-    """The qtype of the packed layout (not a GGUF type): what KernelLinear and gemv are handed."""
-
-    name: str
-
-
-PACKED = PackedType("Q8_0_PACKED")
+PACKED = LayoutType("Q8_0_PACKED")
 
 
 def row_bytes(cols: int) -> int:
