@@ -15,7 +15,7 @@ may serve all three) plus a byte offset per expert, so experts in scattered cach
 gathering copy; a selection of a resident table (PreparedTable.select) passes the ids, and the
 kernels read offsets[ids[a]] themselves.
 
-Families with an integer step (Q8_0, Q4_K) run the integer variants of both launches: x is
+Families with an integer step (Q8_0, Q4_K, Q6_K) run the integer variants of both launches: x is
 quantized once per call (act_quant) and h once per call after the activation, both as llama.cpp
 does (h inside the gate/up launch with GemvConfig.fuse_quant: by the tile itself when it holds
 whole blocks, else by the last program of each block), and the routing weight multiplies each
