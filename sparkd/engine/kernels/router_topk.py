@@ -40,7 +40,8 @@ def _log1p(e):
     """log(1 + e) accurate for small e (log(1 + e) alone is 0 once 1 + e rounds to 1, below
     e ~ 6e-8): log(u) * e / (u - 1) with u = 1 + e cancels u's rounding error (Goldberg, 1991)."""
     u = 1.0 + e
-    return tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))
+    one = u == 1.0  # (the unused branch divides by 1 there, not 0)
+    return tl.where(one, e, tl.log(u) * (e / tl.where(one, 1.0, u - 1.0)))
 
 
 @triton.jit
