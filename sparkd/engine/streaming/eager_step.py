@@ -14,9 +14,10 @@ and two of its own for streamed MoE layers:
 - "parts_cache" (store.parts): an expert's file and slot layout is worked out once, not on every
   read and every kernel table.
 
-$SPARKD_EAGER_STEP switches them: "all" (the default), "none", or names separated by commas; read
-once at import (configure() for tests). SPARKD_FUSED_KERNELS without norm_quant turns the norm
-cut off for both steps.
+$SPARKD_EAGER_STEP switches them: "all", "none", or names separated by commas, read once at import
+(configure() for tests); unset: every part but early_table, which one H200 run did not show to pay
+(its table took longer while the reader threads ran; docs/performance.md, session 6).
+SPARKD_FUSED_KERNELS without norm_quant turns the norm cut off for both steps.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def parse(spec: str) -> frozenset[str]:
     return frozenset(names)
 
 
-_on: frozenset[str] = parse(os.environ.get(ENV, "all"))
+DEFAULT = "norm_quant,device_pick,parts_cache"
+_on: frozenset[str] = parse(os.environ.get(ENV, DEFAULT))
 
 
 def on(part: str) -> bool:
