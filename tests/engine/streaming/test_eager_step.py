@@ -147,3 +147,29 @@ def test_a_table_error_while_reads_are_in_flight_still_waits_for_them(model, mon
     finally:
         sm.close()
         eager_step.configure(before)
+
+
+def test_the_stage_profile_times_a_step_picked_on_the_device(model):
+    """next_token runs the network without its forward (no logits row back), so the profile
+    times that call as the token's total, once, and gives the method back when removed."""
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.profile import StageProfile
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+
+    sm = open_streaming(model, StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False))
+    before = eager_step.configure("all")
+    try:
+        net = sm.model.net
+        cache = net.new_cache(len(PROMPT) + 2)
+        step = eager_step.EagerDecode(net, cache)
+        net(torch.tensor(PROMPT), cache)
+        prof = StageProfile(net, step)
+        step.next_token(3)
+        rep = prof.report(0.0)
+        prof.remove()
+        assert "next_token" not in vars(step)  # the class's method again
+    finally:
+        eager_step.configure(before)
+        sm.close()
+    assert rep["total_seconds"] > 0
+    assert rep["total_seconds"] >= rep["attention_seconds"] + rep["router_seconds"]
