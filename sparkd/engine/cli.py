@@ -154,7 +154,8 @@ def cmd_generate(a) -> int:
         before = sm.store.snapshot() if sm else {}
         prof = StageProfile(m.net) if sm else None
         out: list[int] = []
-        on_device = step is not None and step.device_argmax and sample.plain_argmax  # one int back per step
+        drawing = step is not None and step.begin_sampling(sample.params, ids)  # temperature: drawn on the GPU
+        on_device = drawing or (step is not None and step.device_argmax and sample.plain_argmax)  # one int back
         picked = None
         while len(out) < a.n:
             nxt = picked if picked is not None else sample(logits[-1], ids + out)
