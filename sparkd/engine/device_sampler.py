@@ -56,6 +56,11 @@ class DeviceSampler:
 
     def __init__(self, n_vocab: int, device: torch.device | str, ring_tokens: int = RING_TOKENS):
         self.n_vocab, self.device, self.ring_tokens = n_vocab, torch.device(device), ring_tokens
+        with torch.inference_mode(False):  # plain tensors: begin() refills them outside inference mode
+            self._buffers()
+
+    def _buffers(self) -> None:
+        n_vocab, ring_tokens = self.n_vocab, self.ring_tokens
         f64 = {"dtype": torch.float64, "device": self.device}
         i64 = {"dtype": torch.long, "device": self.device}
         self.temperature = torch.ones((), **f64)

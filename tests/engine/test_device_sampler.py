@@ -193,7 +193,8 @@ def test_cuda_distribution_is_the_hosts_within_rounding():
             ds.begin(p, history_of(i))
             got = ds.probabilities(row.cuda())[1].cpu()
             want = Sampler(p).probabilities(row, history_of(i))
-            assert torch.allclose(got, want, rtol=1e-9, atol=1e-15), (p, i)
+            # float32 division by the penalty may round differently on the GPU
+            assert torch.equal(got > 0, want > 0) and torch.allclose(got, want, rtol=1e-5, atol=1e-12), (p, i)
 
 
 @pytest.mark.gpu
@@ -210,3 +211,12 @@ def test_engine_seeded_requests_repeat_on_and_off_the_device(tmp_path, monkeypat
         finally:
             engine.close()
         assert runs[0] == runs[1] and runs[0], flag
+
+
+def test_made_in_inference_mode_it_still_takes_requests():
+    """StaticDecode may make its sampler inside inference mode (a capture); a request's begin()
+    later refills the buffers outside it."""
+    with torch.inference_mode():
+        ds = DeviceSampler(V, "cpu")
+    ds.begin(PARAMS[4], [1, 2, 3])
+    assert int(ds.top_k) == 50 and sorted(set(ds.ring.tolist())) == [1, 2, 3, V]
