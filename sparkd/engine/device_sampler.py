@@ -5,8 +5,9 @@ top-k / top-p / min-p filters on the ranked logits, temperature, a draw. Every p
 device buffer and the recent tokens in a device ring, so the chain has fixed shapes and no host
 sync: StaticDecode captures it once per bucket as a CUDA graph and every request replays it.
 
-The distribution equals the host Sampler's bit for bit on the same logits (the same torch ops in
-the same order; tests/engine/test_device_sampler.py). The draw does not: the host's
+The distribution equals the host Sampler's bit for bit on the same logits on the CPU (the same
+torch ops in the same order; tests/engine/test_device_sampler.py), and within rounding on a GPU
+(there the softmax is spelled out, see softmax()). The draw does not: the host's
 torch.multinomial consumes its CPU generator, this one takes one uniform number from a device
 generator (seeded from the request's seed) and inverts the cumulative distribution in ranked
 order. So a seeded request gets other tokens, equally distributed, with the device path on:
@@ -45,6 +46,17 @@ def device_drawable(params: SamplingParams, ring_tokens: int = RING_TOKENS) -> b
     pick) whose repetition window fits the ring (or has no effect)."""
     no_penalty = params.repetition_penalty == 1.0 or params.repetition_window == 0
     return params.temperature > 0 and (no_penalty or params.repetition_window <= ring_tokens)
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.softmax over one float64 row on the CPU (the host Sampler's op, so the tests compare
+    bit for bit); on a GPU the same formula as separate ops: torch.softmax of a single row runs in
+    one thread block, and its float64 exps over 151936 entries cost ~0.1 ms there. Equal within
+    rounding (the sum adds in another order)."""
+    if x.device.type == "cpu":
+        return torch.softmax(x, dim=0)
+    e = torch.exp(x - x.max())
+    return e / e.sum()
 
 
 class DeviceSampler:
@@ -117,7 +129,7 @@ class DeviceSampler:
         logits = torch.where(seen, torch.where(logits > 0, logits / self.penalty, logits * self.penalty), logits)
         order = torch.argsort(logits, descending=True, stable=True)
         ranked = logits.gather(0, order)
-        probs = torch.softmax(ranked.double(), dim=0)
+        probs = softmax(ranked.double())
         keep = self.ranks < torch.where(self.top_k > 0, self.top_k, self.n_vocab)
         before = torch.cumsum(probs, dim=0) - probs
         keep &= (before < self.top_p) | (self.top_p >= 1.0)   # the host skips top_p == 1
@@ -125,7 +137,7 @@ class DeviceSampler:
         keep |= self.ranks == 0                               # the most likely token survives
         kept = torch.where(keep, ranked, float("-inf"))
         filtered = torch.empty_like(logits).scatter_(0, order, kept)
-        return order, torch.softmax(filtered.double() / self.temperature, dim=0)
+        return order, softmax(filtered.double() / self.temperature)
 
     def draw(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token [1] long: one uniform number u, the first rank whose cumulative
