@@ -163,6 +163,7 @@ class StaticDecode:
         self.sampler: DeviceSampler | None = None  # made on the first request that draws here
         self.drawing = False                       # next_token draws (else picks the argmax)
         self._draws: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._draw_pool = None  # one pool for every bucket's draw graph, as _pool for the steps
         self.buckets = buckets(cache.max_ctx, first_bucket)
         self.token = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static inputs
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.device)
@@ -281,8 +282,9 @@ class StaticDecode:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(sampler.generator)
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self._draw_pool):
             sampler.push(self.token)
             picked = sampler.draw(logits[-1])
+        self._draw_pool = graph.pool()
         sampler.generator.set_state(state)
         return graph, picked
