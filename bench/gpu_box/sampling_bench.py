@@ -74,7 +74,8 @@ def main() -> int:
     ap.add_argument("--json")
     a = ap.parse_args()
     m = load_model(a.model, device=a.device)
-    res = {"model": a.model, "device": torch.cuda.get_device_name() if a.device == "cuda" else a.device, "hot": repr(HOT), "settings": {}}
+    name = torch.cuda.get_device_name() if a.device == "cuda" else a.device
+    res = {"model": a.model, "device": name, "hot": repr(HOT), "settings": {}}
     try:
         for name, (params, on_device) in SETTINGS.items():
             r, step = run(m.net, params, on_device, a.tokens)
