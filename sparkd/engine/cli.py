@@ -155,7 +155,8 @@ def cmd_generate(a) -> int:
         before = sm.store.snapshot() if sm else {}
         prof = StageProfile(m.net, step) if sm else None
         out: list[int] = []
-        on_device = step.device_argmax and sample.plain_argmax  # one int back per step
+        drawing = step.begin_sampling(sample.params, ids)  # temperature: drawn on the GPU (graph step)
+        on_device = drawing or (step.device_argmax and sample.plain_argmax)  # one int back per step
         picked = None
         while len(out) < a.n:
             nxt = picked if picked is not None else sample(logits[-1], ids + out)

@@ -242,8 +242,10 @@ class Engine:
             logits = self.net(torch.tensor(ids[i:i + batch]), cache)[-1]
         history = list(req.prompt_ids)
         budget = _ReasoningBudget(req)
-        # greedy on a graph-captured step: the GPU picks, one int comes back instead of the logits
-        on_device = self._step.device_argmax and bias is None and sample.plain_argmax
+        # the step's device picks (greedy) or draws (temperature, graph step only): one int comes
+        # back instead of the logits row
+        drawing = self._step.begin_sampling(req.sampling, history, bias)
+        on_device = drawing or (self._step.device_argmax and bias is None and sample.plain_argmax)
         picked = None
         for _ in range(req.max_tokens):
             if cancel.is_set():

@@ -76,6 +76,11 @@ class EagerDecode:
     def __call__(self, token: int) -> torch.Tensor:
         return self.net(torch.tensor([token]), self.cache)
 
+    def begin_sampling(self, params, history=(), bias=None) -> bool:
+        """StaticDecode's: False, a temperature request samples its logits row on the host here
+        (a streamed token waits ~60 ms on expert reads; the row's copy is not what limits it)."""
+        return False
+
     @torch.inference_mode()
     def next_token(self, token: int) -> int:
         """Step `token`; torch.argmax of the new position's logits (lowest id among ties, a NaN
