@@ -192,14 +192,15 @@ FAMILY = FAMILIES[LOADS]
 
 
 def gemv(w: TiledQ4_K, x: torch.Tensor, out: torch.Tensor | None = None, config=None,
-         loads: str | None = None) -> torch.Tensor:
+         loads: str | None = None, qx=None) -> torch.Tensor:
     """y = W @ x for one token, W tiled (pack): matmul.gemv on the TILED family; loads (a FAMILIES
-    key) runs that integer step instead of FAMILY's (to time or test them side by side)."""
+    key) runs that integer step instead of FAMILY's (to time or test them side by side); qx: x
+    already quantized to Q8_K (act_quant.QuantX, as a norm writes it), else the GEMV quantizes x."""
     # (imported here: matmul imports dispatch, which imports this module)
     from sparkd.engine.kernels import dispatch, matmul
 
     if loads is None or loads == LOADS:
-        return matmul.gemv(w.data, TILED, (w.rows, w.cols), x, out=out, config=config)
+        return matmul.gemv(w.data, TILED, (w.rows, w.cols), x, out=out, config=config, qx=qx)
     what = "the Q4_K_TILED GEMV"
     if loads not in FAMILIES:
         raise KernelArgumentError(f"could not run {what}: loads {loads!r} is not one of {sorted(FAMILIES)}")
@@ -207,6 +208,7 @@ def gemv(w: TiledQ4_K, x: torch.Tensor, out: torch.Tensor | None = None, config=
     dispatch.check_activations(x, w.cols, what)
     dispatch.check_out(out, (w.rows,), x.device, what)
     dispatch.device_of(w.data, x, what)
+    matmul.check_qx(qx, fam, w.cols, what)
     y = torch.empty(w.rows, dtype=torch.float32, device=x.device) if out is None else out
     return matmul.igemv(w.data, fam.idot, fam.iacc, fam.act_fmt, (w.rows, w.cols), fam.row_bytes(w.cols), x, y,
-                        config or matmul.default_config(fam))
+                        config or matmul.default_config(fam), qx)

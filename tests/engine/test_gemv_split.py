@@ -1,0 +1,116 @@
+"""The GEMV's split-K rule at decode shapes (matmul.split_for, session 6): "wave" keeps the grid
+within one wave of resident programs (ranges of RANGE_GROUPS groups, fewer where the row tiles
+times the ranges would pass the wave), the packed Q8_0 tile leaves its split to it;
+$SPARKD_GEMV_SPLIT=old runs session 5's rule and tiles. A default launch gives the bits of the
+same tile at the split the rule names (the rule only picks a compile-time split), the float64
+reference within the bound, the same bits twice and in a CUDA graph.
+
+Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from test_kernels import BACKENDS, BOUNDS, act_in, random_blocks, reference, rel_err  # noqa: E402
+
+from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q8_0_packed  # noqa: E402
+from sparkd.engine.kernels.matmul import S5_GEMV_TILES, S6_GEMV_TILES, GemvConfig, split_for  # noqa: E402
+
+Q4T, Q8P = S6_GEMV_TILES["Q4_K_TILED"], S6_GEMV_TILES["Q8_0_PACKED"]
+
+
+@pytest.mark.parametrize("tile, shape, wave, old", [
+    (Q4T, (4096, 14336), 4, 14),  # 1024 row tiles: 14 ranges would be 3.4 waves
+    (Q4T, (6144, 4096), 2, 4),
+    (Q4T, (14336, 4096), 1, 1),
+    (Q4T, (2048, 4096), 4, 4),
+    (Q4T, (4096, 2048), 2, 2),
+    (Q4T, (151936, 2048), 1, 1),  # the output head
+    (Q8P, (4096, 14336), 2, 1),  # session 5's packed tile had split 1 at every shape
+    (Q8P, (2048, 4096), 4, 1),
+    (Q8P, (4096, 2048), 2, 1),
+    (Q8P, (14336, 4096), 1, 1),
+    (Q8P, (151936, 2048), 1, 1)])
+def test_wave_rule_at_decode_shapes(tile, shape, wave, old):
+    """On 132 SMs (DEFAULT_SMS: the H200's count) against session 5's tile and rule."""
+    rows, cols = shape
+    assert matmul.wave_programs(1) == 132 * 32
+    assert split_for(tile, rows, cols // 256, rule="wave") == wave
+    s5 = S5_GEMV_TILES["Q8_0_PACKED" if tile is Q8P else "Q4_K_TILED"]
+    assert split_for(s5, rows, cols // 256, rule="old") == old
+
+
+def test_wave_split_shrinks_as_rows_grow_and_never_passes_the_old_ranges():
+    """What lets a stack of parts share one launch: the split only falls with the row count."""
+    for groups in (8, 16, 56):
+        splits = [split_for(Q4T, rows, groups, rule="wave") for rows in range(4, 40000, 4)]
+        assert splits == sorted(splits, reverse=True)
+        assert max(splits) == -(-groups // matmul.RANGE_GROUPS) and min(splits) == 1
+    assert split_for(GemvConfig(split=3), 1 << 20, 8) == 3  # a tile's own split wins
+
+
+def test_unknown_rule_is_a_clear_error():
+    with pytest.raises(dispatch.KernelArgumentError, match="could not choose the GEMV's split: rule 'fast'"):
+        split_for(Q4T, 4096, 8, rule="fast")
+
+
+def test_split_env_switches_back_and_refuses_unknown_values():
+    """$SPARKD_GEMV_SPLIT=old: session 5's rule and tiles; an unknown value stops the import."""
+    code = ("from sparkd.engine.kernels import matmul as m; "
+            "print(m.SPLIT_RULE, m.GEMV_TILES is m.S5_GEMV_TILES, m.GEMV_TILES['Q8_0_PACKED'].split)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TRITON_INTERPRET="1")
+    for value, want in (("old", "old True 1"), ("wave", "wave False 0")):
+        out = subprocess.run([sys.executable, "-c", code], env=dict(env, SPARKD_GEMV_SPLIT=value),
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.split() == want.split()
+    bad = subprocess.run([sys.executable, "-c", code], env=dict(env, SPARKD_GEMV_SPLIT="fast"),
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "could not read $SPARKD_GEMV_SPLIT: 'fast'" in bad.stderr
+
+
+def layouts(backend: str, rows: int, cols: int):
+    """(name, GGUF blocks, qtype, run(config) -> y, tile) for the packed Q8_0 and the tiled Q4_K."""
+    q8 = random_blocks(T.Q8_0, rows * cols // 32).to(backend)
+    q4 = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
+    p8, t4 = q8_0_packed.pack(q8, (rows, cols)), q4_k_tiled.pack(q4, (rows, cols))
+    return [("Q8_0P", q8, T.Q8_0, lambda x, c: q8_0_packed.gemv(p8, x, config=c), Q8P),
+            ("Q4T", q4, T.Q4_K, lambda x, c: q4_k_tiled.gemv(t4, x, config=c), Q4T)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_default_split_is_the_rules_split(backend, monkeypatch):
+    """The default launch where the wave rule lowers the old split (a small wave on the
+    interpreter, the H200's own at 4096x14336): the bits of the tile at that split, the same bits
+    twice, within the float bound of the float64 reference; and a CUDA graph replay on the GPU."""
+    rows, cols = (4096, 14336) if backend == "cuda" else (16, 8 * 256)
+    if backend != "cuda":  # 4 row tiles of 4 rows, 2 ranges of 4 groups: a wave of 4 programs allows 1
+        monkeypatch.setattr(matmul, "wave_programs", lambda num_warps, device=None: 4)
+    x = torch.randn(cols, device=backend)
+    for name, raw, qtype, run, tile in layouts(backend, rows, cols):
+        split = split_for(tile, rows, cols // 256, backend)
+        assert split < -(-cols // 256 // matmul.RANGE_GROUPS), name  # fewer ranges than the old rule's
+        got = run(x, None)
+        assert torch.equal(got, run(x, dataclasses.replace(tile, split=split))), name
+        assert torch.equal(got, run(x, None)), name
+        ref = reference(raw, qtype, (rows, cols)) @ act_in(qtype, x.cpu())
+        scale = reference(raw, qtype, (rows, cols)).abs() @ act_in(qtype, x.cpu()).abs()
+        assert rel_err(got, ref, scale) < BOUNDS["fp32"], name
+        if backend == "cuda":
+            y = torch.empty(rows, device="cuda")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y.copy_(run(x, None))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, got), name
