@@ -50,6 +50,7 @@ from sparkd.engine.layers.act_round import round_activations
 SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
 CANDIDATES_ON = True  # --defaults-only: only the old and the new default tiles
 VS_S5 = False  # --vs-s5: session 5's tile and split rule ("s5 default") first, S6_CANDIDATES after
+DEV = "cuda"  # (the interpreter's "cpu" to try the code paths off the box)
 QX = False  # --qx: x quantized before the timed calls, as the engine's norm writes it
 
 
@@ -122,9 +123,9 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
     qtype = {"Q8_0P": T.Q8_0, "Q4T": T.Q4_K}.get(name) or T[name]
     nbytes = rows * dispatch.FAMILIES[qtype].row_bytes(cols)
     n = max(2, -(-kb.ROTATE_BYTES // nbytes)) if rotate else 1
-    buf = kb.random_blocks(qtype, n * nbytes)
+    buf = kb.random_blocks(qtype, n * nbytes, DEV)
     ws = [buf[i * nbytes:(i + 1) * nbytes] for i in range(n)]
-    y = torch.empty(rows, device="cuda")
+    y = torch.empty(rows, device=DEV)
     if name == "Q8_0P":
         ps = [q8_0_packed.pack(w, (rows, cols)) for w in ws]
 
@@ -208,13 +209,14 @@ def warm(job: tuple) -> str:
     VS_S5, QX, CANDIDATES_ON = flags
     try:
         qtype, _, _, _, run = weights(name, rows, cols, rotate=False)
-        x = torch.randn(cols, device="cuda")
+        x = torch.randn(cols, device=DEV)
         fam = dispatch.FAMILIES[qtype]
         qx = act_quant.quantize(x[None], fam.act_fmt) if QX and fam.act_fmt else None
         for lab, cfg, how in row_tiles(name, rows, cols):
             if lab == label:
                 run(cfg, 0, **call_args(how, x, qx))
-        torch.cuda.synchronize()
+        if DEV == "cuda":
+            torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - the timed run reports it again
         return f"{name} {rows}x{cols} {label}: {type(e).__name__}"
     return ""
