@@ -332,8 +332,8 @@ def main() -> None:
           f"defaults {GEMV_TILES}", flush=True)
     print("kernel / type / tile / us / GB/s / frac (2 GiB copy) / frac_same (same-bytes copy) / err", flush=True)
     rows = []
-    for name in args.types.split(","):
-        for shape in shapes:
+    for shape in shapes:  # every type at a shape before the next shape: a timeout keeps the first shapes whole
+        for name in args.types.split(","):
             rows += guarded(dense, name, *shape, copy_bw)
             save(args.json, copy_bw, rows)  # what is measured survives a timeout
     quants_rows = [] if args.no_act_quant else [quant_row(fmt, cols) for fmt in (act_quant.Q8_0, act_quant.Q8_K)
