@@ -16,8 +16,8 @@ launch and its drain take microseconds whatever the size.
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q4T,Q6_K] [--moe]
        [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k] [--vs-s5] [--qx] [--compile-workers N]
 
---vs-s5 (session 6): "s5 default" (matmul.S5_GEMV_TILES with session 5's split rule, as an explicit
-split) next to "default" and S6_CANDIDATES; --qx: x quantized once before the timed calls, as the
+--vs-s5 (session 6): "s5 default" (GEMV_TILES' tile at session 5's split rule, matmul.split_for
+rule "old", as an explicit split) next to "default" and S6_CANDIDATES; --qx: x quantized once before the timed calls, as the
 engine's norm hands it to the GEMV (one launch per call; without it each call also quantizes x,
 two launches), with "+quant" rows for the old way; --compile-workers N: N processes compile every
 row's kernel first (Triton's disk cache), so the timed process only loads them.
@@ -43,7 +43,7 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 from sparkd.engine import quants
 from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q8_0_packed
-from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, S5_GEMV_TILES, GemvConfig, gemv, split_for
+from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv, split_for
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 from sparkd.engine.layers.act_round import round_activations
 
@@ -152,8 +152,8 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
     """(label, tile, how) of a shape's rows; how: loads (Q4T's integer step), quant (x quantized in
     the timed call even under --qx)."""
     key = tiles_name(name)
-    if VS_S5 and key in S5_GEMV_TILES:  # session 5's tile and split rule, by an explicit split
-        s5 = S5_GEMV_TILES[key]
+    if VS_S5 and key in GEMV_TILES:  # the tile at session 5's split rule, as an explicit split
+        s5 = GEMV_TILES[key]
         s5 = dataclasses.replace(s5, split=split_for(s5, rows, -(-cols // 256), "cuda", rule="old"))
         firsts = [("s5 default", s5, {}), ("default", None, {})]
         if QX:

@@ -54,7 +54,8 @@ def test_stack_across_the_split_threshold_keeps_each_parts_split(backend, rule, 
     rule: more row tiles than a wave holds) while the others keep theirs: the stack runs each part
     with its own split, still the same bits."""
     monkeypatch.setattr(matmul, "SPLIT_RULE", rule)
-    monkeypatch.setattr(matmul, "TARGET_PROGRAMS", 2)  # 2 tiles of 64 rows (the interpreter's)
+    if rule == "old":
+        monkeypatch.setattr(matmul, "TARGET_PROGRAMS", 2)  # 2 tiles of 64 rows (the interpreter's)
     cfg = matmul.default_config(dispatch.family(T.Q8_0)) if backend == "cuda" else matmul.GemvConfig(block_n=64)
     wave = 2 * -(-9 // cfg.block_n)  # the 9-row part keeps 2 ranges, the 130-row one has more tiles
     monkeypatch.setattr(matmul, "wave_programs", lambda num_warps, device=None: wave)

@@ -36,8 +36,8 @@ TARGET_PROGRAMS = 2048
 FOLDS = ("kernel", "torch")
 FOLD_ENV = "SPARKD_GEMV_FOLD"  # GemvConfig.fold's default, read once: "torch" falls back without a code change
 RANGE_GROUPS = 4  # groups (256 values each) per split-K range: 1024 values of a row per program
-# split_for's rule when a tile leaves the split to the shape: "wave" (session 6) caps the grid at
-# one wave of resident programs; "old" is session 5's (and GEMV_TILES then session 5's tiles)
+# split_for's rule when a tile leaves the split to the shape: "wave" (session 6) caps session 5's
+# split at one wave of resident programs; "old" is session 5's
 SPLIT_ENV = "SPARKD_GEMV_SPLIT"
 SPLIT_RULES = ("wave", "old")
 SPLIT_RULE = os.environ.get(SPLIT_ENV, "wave")
@@ -72,18 +72,14 @@ class GemvConfig:
 # in the words' shape (no layout conversion through shared memory; bench/kernels_sass.py).
 # Q4_K_TILED (session 5, q4k8): kern6's tile on the tiled layout (kernels/q4_k_tiled.py; H200:
 # head 0.63 -> 0.68 of copy bandwidth, bench/results/gemv_tiles_h200_s5_q4k.log).
-# Session 6 (q4k10): the packed Q8_0 tile leaves its split to split_for's "wave" rule too (the
-# head keeps 1; mid shapes with fewer row tiles than a wave get ranges, bench/results/gemv_tiles_h200_s6*).
-# S5_GEMV_TILES: session 5's, what $SPARKD_GEMV_SPLIT=old runs.
+# Session 6 (q4k10): the packed Q8_0 tile keeps split 1 (ranges by the wave rule were 1.3-1.9 us
+# slower at 2048x4096 and 4096x2048 on the H200, bench/results/gemv_tiles_h200_s6.log).
 # OLD_GEMV_TILES: session 3's, to time against or fall back to (config=OLD_GEMV_TILES[name]).
-S5_GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
-                 "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
-                 "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
-                 "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
-                 "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)}  # best of 5 (q6k_h200_s5)
-S6_GEMV_TILES = {**S5_GEMV_TILES,
-                 "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=0, elementwise=True)}
-GEMV_TILES = S6_GEMV_TILES if SPLIT_RULE == "wave" else S5_GEMV_TILES
+GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
+              "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
+              "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
+              "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
+              "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)}  # best of 5 (q6k_h200_s5)
 OLD_GEMV_TILES = {"Q8_0": GemvConfig(elementwise=False), "Q8_0_PACKED": GemvConfig(elementwise=False),
                   "Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1, elementwise=False)}
 
@@ -104,25 +100,26 @@ def stages_arg(cfg: GemvConfig) -> int | None:
 
 def split_for(cfg: GemvConfig, rows: int, groups: int, device: torch.device | str | None = None,
               rule: str | None = None) -> int:
-    """The configured split, else ranges of RANGE_GROUPS groups, as few as keep the grid within one
-    wave of resident programs (rule "wave", SPLIT_RULE's default; the GPU of `device`, else
-    DEFAULT_SMS): a second, partial wave of programs that each hold a range costs more than longer
-    ranges. Rule "old" (session 5): none when the matrix alone has TARGET_PROGRAMS row tiles,
-    else ranges of RANGE_GROUPS groups. Either way the split only shrinks as the row count grows,
-    and rows enter only through that cap, so a stack (fused QKV) whose parts all get the same
-    split sums every row as the parts alone do (KernelLinear checks). On the Q8_0 tile the old
-    rule is the split of the session-3 rule for q and o of a Qwen3-30B-A3B (2 and 4)."""
+    """The configured split, else session 5's rule ("old"): none when the matrix alone has
+    TARGET_PROGRAMS row tiles (the output head), else ranges of RANGE_GROUPS groups; rule "wave"
+    (SPLIT_RULE's default) then takes as few ranges as keep the grid within one wave of resident
+    programs (the GPU of `device`, else DEFAULT_SMS): H200, tiled Q4_K 4096x14336 14 -> 4 ranges
+    17.4 -> 15.2 us, 6144x4096 4 -> 2 9.7 -> 8.1 us, the best split tried at every shape
+    (bench/results/gemv_tiles_h200_s6.log). Either way the split only shrinks as the row count
+    grows, and rows enter only through the threshold and the cap, so a stack (fused QKV) whose
+    parts all get the same split sums every row as the parts alone do (KernelLinear checks). On
+    the Q8_0 tile the old rule is the split of the session-3 rule for q and o of a Qwen3-30B-A3B."""
     if cfg.split:
         return max(1, min(cfg.split, groups))
     tiles = triton.cdiv(rows, cfg.block_n)
-    ranges = triton.cdiv(groups, RANGE_GROUPS)
+    split = 1 if tiles >= TARGET_PROGRAMS else triton.cdiv(groups, RANGE_GROUPS)
     rule = rule or SPLIT_RULE
-    if rule == "old":
-        return 1 if tiles >= TARGET_PROGRAMS else ranges
-    if rule != "wave":
+    if rule not in SPLIT_RULES:
         raise dispatch.KernelArgumentError(f"could not choose the GEMV's split: rule {rule!r} is not one of "
                                            f"{SPLIT_RULES}")
-    return max(1, min(ranges, wave_programs(cfg.num_warps, device) // tiles))
+    if rule == "old":
+        return split
+    return max(1, min(split, wave_programs(cfg.num_warps, device) // tiles))
 
 
 def wave_programs(num_warps: int, device: torch.device | str | None = None) -> int:
