@@ -371,7 +371,15 @@ S5_LARGE_DOWN_TILES = {
     "Q8_0": (6144, GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True, split=8)),
     "Q4_K": (4096, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=2)),
 }
-DECODE_TILES = S5_DECODE_TILES
+# session 6 (moe9, with Kernels()): one-warp tiles at <= 64 registers with words and the pair
+# loop (offline SASS, bench/moe_kernels_sass.py): Q8_0 gate/up 2/1/2/e 64 registers, 16 loads per
+# matrix and two-group step (28 before); Q4_K gate/up one group of both rows per step (two of one
+# row: 99 registers); Q8_0 down 4/1/1/g 61 registers, no barrier in the loop (19 shuffles -> 7)
+DECODE_TILES = {
+    "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True),
+             GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False, split=8)),
+    "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), S5_DECODE_TILES["Q4_K"][1]),
+}
 LARGE_DOWN_TILES = S5_LARGE_DOWN_TILES
 
 
