@@ -181,8 +181,9 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
     pairs = [(gu, dn, kk) for _, gu, dn, kk in sets]
     pairs += [(dataclasses.replace(tile(t), fuse_quant=True), base[1], kernels_of(t)) for t in gus]
     pairs += [(base[0], tile(t), kernels_of(t)) for t in dns]
-    pairs += [(base[0], large[1], kk) for large in (moe.LARGE_DOWN_TILES[name], moe.S5_LARGE_DOWN_TILES[name])
-              for kk in (k, moe.OLD_KERNELS)]
+    tiers = moe.WIDTH_TIERS[name]  # the wider shapes' tiles, compiled here at the smallest
+    pairs += [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
+    pairs += [(sets[1][1], moe.S5_LARGE_DOWN_TILES[name][1], moe.OLD_KERNELS)]
     failed = []
     for gu, dn, kk in pairs:
         try:
@@ -220,7 +221,7 @@ def main() -> None:
         precompile(types, min(shapes), args)
     copy_bw = kb.copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
-          f"tiles {moe.DECODE_TILES} large {moe.LARGE_DOWN_TILES} kernels {moe.decode_kernels()}", flush=True)
+          f"tiles {moe.DECODE_TILES} by width {moe.WIDTH_TIERS} kernels {moe.decode_kernels()}", flush=True)
     rows = []
     for shape in shapes:
         for qtype in types:

@@ -1,5 +1,5 @@
-"""The MoE decode's tiles by shape (moe.decode_tiles, session 5): the gate/up tile of two-group steps
-and, from LARGE_DOWN_TILES' model width, another down tile; OLD_DECODE_TILES (session 4's) and
+"""The MoE decode's tiles by shape (moe.decode_tiles): DECODE_TILES, and from each WIDTH_TIERS
+model width another gate/up or down tile; OLD_DECODE_TILES (session 4's) and
 session 5's tiles with the old kernels stay selectable, per call or by $SPARKD_MOE_TILES=old|s5.
 Session 6's kernels (moe.Kernels): Q8_0 weights as 32-bit words (q8_0_words) where every row
 starts on 4 bytes, gate and up in one loop: the same integer sums per block; the pair loop and
@@ -43,15 +43,16 @@ def table_at(qtype: T, dim: int) -> moe.PreparedTable:
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_decode_tiles_follow_the_model_width(qtype):
     name = qtype.name
-    limit, large = moe.LARGE_DOWN_TILES[name]
-    gate_up, small = moe.DECODE_TILES[name]
-    assert moe.decode_tiles(table_at(qtype, 2048)) == (gate_up, small)  # Qwen3-30B-A3B
-    assert moe.decode_tiles(table_at(qtype, limit - 256)) == (gate_up, small)
-    assert moe.decode_tiles(table_at(qtype, limit)) == (gate_up, large)
-    assert moe.decode_tiles(table_at(qtype, limit), "old") == moe.OLD_DECODE_TILES[name]
+    gate_up, down = moe.DECODE_TILES[name]
+    assert moe.decode_tiles(table_at(qtype, 2048)) == (gate_up, down)  # Qwen3-30B-A3B
+    for width, tier_gate_up, tier_down in moe.WIDTH_TIERS[name]:
+        below = moe.decode_tiles(table_at(qtype, width - 256))
+        gate_up, down = tier_gate_up or gate_up, tier_down or down
+        assert moe.decode_tiles(table_at(qtype, width)) == (gate_up, down) != below  # the tier starts there
+    assert moe.decode_tiles(table_at(qtype, 7168), "old") == moe.OLD_DECODE_TILES[name]
     assert moe.decode_tiles(table_at(qtype, 2048), "s5") == moe.S5_DECODE_TILES[name]
     assert moe.decode_tiles(table_at(qtype, 7168), "s5")[1] == moe.S5_LARGE_DOWN_TILES[name][1]
-    assert large != small and gate_up != moe.OLD_DECODE_TILES[name][0]  # else the rule changes nothing
+    assert moe.decode_tiles(table_at(qtype, 7168)) != moe.decode_tiles(table_at(qtype, 7168), "s5")
     assert moe.decode_kernels("new") == moe.Kernels(words=True, pair=True)
     assert moe.decode_kernels("old") == moe.decode_kernels("s5") == moe.OLD_KERNELS
 
@@ -87,7 +88,7 @@ def test_new_tiles_give_the_old_tiles_sums(backend, qtype):
     table, gates, ups, downs = arena_table(qtype, qtype, dim, width, n, backend)
     p = moe.prepare(table, backend)
     x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
-    new = moe.DECODE_TILES[qtype.name][0], moe.LARGE_DOWN_TILES[qtype.name][1]
+    new = moe.decode_tiles(table_at(qtype, 7168))  # the widest models' tiles
     old = moe.OLD_DECODE_TILES[qtype.name]
     k_new, k_old = moe.decode_kernels("new"), moe.OLD_KERNELS
     h_new, h_old = (moe._gate_up(p, x, w, False, "silu", t[0], None, "test", None, k)

@@ -371,16 +371,26 @@ S5_LARGE_DOWN_TILES = {
     "Q8_0": (6144, GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True, split=8)),
     "Q4_K": (4096, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=2)),
 }
-# session 6 (moe9, with Kernels()): one-warp tiles at <= 64 registers with words and the pair
-# loop (offline SASS, bench/moe_kernels_sass.py): Q8_0 gate/up 2/1/2/e 64 registers, 16 loads per
-# matrix and two-group step (28 before); Q4_K gate/up one group of both rows per step (two of one
-# row: 99 registers); Q8_0 down 4/1/1/g 61 registers, no barrier in the loop (19 shuffles -> 7)
+# session 6 (moe9, with Kernels(); H200 sweep bench/results/moe_tiles_h200_s6_call1.log, top-8):
+# Q8_0 gate/up 2/1/2/e with words and the pair loop (7168x2048 111.3 -> 97.5 us, 4096x1536 55.1 ->
+# 43.9, 2048x768 17.3 -> 14.9); Q4_K gate/up one group of both rows per step (two groups: 99
+# registers, offline SASS; 7168x2048 57.2 -> 50.4 us); Q8_0 down 4/1/1/g with words (no barrier in
+# the loop: 19 shuffles -> 7; 2048x768 9.9 -> 8.9 us, 4096x1536 29.8 -> 25.9)
 DECODE_TILES = {
     "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True),
              GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False, split=8)),
     "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), S5_DECODE_TILES["Q4_K"][1]),
 }
-LARGE_DOWN_TILES = S5_LARGE_DOWN_TILES
+# (model width from which, gate/up tile or None: as below, down tile or None), in rising width:
+# Q8_0 from 6144 gate/up one group per step (7168x2048 97.5 -> 86.5 us; at 4096 46.6 vs 43.9) and
+# down 2 rows / 2 groups (64.7 s5 -> 52.1 us); Q4_K down 4 ranges of 2 experts at 4096 (16.5 ->
+# 15.2 us, as session 5's sweep had it), 2 ranges of 4 from 6144 (32.3 -> 31.8; 4 ranges 34.5)
+WIDTH_TIERS = {
+    "Q8_0": [(6144, GemvConfig(block_n=2, num_warps=1, unroll=1, elementwise=True),
+              GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True, split=8))],
+    "Q4_K": [(4096, None, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=4)),
+             (6144, None, S5_LARGE_DOWN_TILES["Q4_K"][1])],
+}
 
 
 @dataclass(frozen=True)
@@ -410,12 +420,24 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
     if which == "old":
         return (OLD_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0],
                 OLD_DECODE_TILES.get(p.down.qtype.name, fallback)[1])
-    tiles, large_tiles = (S5_DECODE_TILES, S5_LARGE_DOWN_TILES) if which == "s5" else (DECODE_TILES, LARGE_DOWN_TILES)
-    down = tiles.get(p.down.qtype.name, fallback)[1]
-    large = large_tiles.get(p.down.qtype.name)
-    if large is not None and p.table.dim >= large[0]:
-        down = large[1]
-    return tiles.get(p.gate_up.qtype.name, fallback)[0], down
+    if which == "s5":
+        down = S5_DECODE_TILES.get(p.down.qtype.name, fallback)[1]
+        large = S5_LARGE_DOWN_TILES.get(p.down.qtype.name)
+        if large is not None and p.table.dim >= large[0]:
+            down = large[1]
+        return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
+    gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
+    return (_tier(gu_name, p.table.dim, 1, DECODE_TILES.get(gu_name, fallback)[0]),
+            _tier(d_name, p.table.dim, 2, DECODE_TILES.get(d_name, fallback)[1]))
+
+
+def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
+    """tile, or that of the widest WIDTH_TIERS entry of the type up to model width dim that sets
+    one (at 1: the gate/up tile, 2: the down tile)."""
+    for tier in WIDTH_TIERS.get(name, []):
+        if dim >= tier[0] and tier[at] is not None:
+            tile = tier[at]
+    return tile
 
 
 def decode_kernels(which: str | None = None) -> Kernels:
@@ -504,7 +526,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
                                tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
                                row_bytes=p.gate_up_row_bytes, **_ids(p),
-                               **_int_args(p.gate_up, kernels.words and p.gate_up_words), PAIR=kernels.pair,
+                               **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words)), PAIR=kernels.pair,
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
@@ -517,6 +539,13 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
     return h
+
+
+def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
+    """q8_0_words for these rows: not under Triton's pipeliner (cfg.stages), which stages every
+    load in shared memory, and words' scale and x loads in the weights' shape overflow it at wide
+    tiles (64 rows, 3 stages: 256 KiB on the H200, whose limit is 227)."""
+    return kernels.words and rows_on_words and not cfg.stages
 
 
 def _int_args(fam: dispatch.Family, words: bool) -> dict:
@@ -559,7 +588,7 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
-                            **_int_args(p.down, kernels.words and p.down_words), EMU=emulate(cfg, y),
+                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words)), EMU=emulate(cfg, y),
                             XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             **common)
     else:
