@@ -2,8 +2,8 @@
 cuobjdump): registers per thread, so one-warp programs per SM (at most 32 on Hopper), and the
 largest loop's instruction mix, as bench/kernels_sass.py gives them for the GEMV.
 
-Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up 4/1/2/g,2/1/2/e
-       [--down 4/1/1/g/8,2/1/4/e/8]
+Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up 4/1/2/g,2/1/2/e:-
+       [--down 4/1/1/g/8,2/1/4/e/8:-]   (tiles as moe_tiles_bench.tile; :FLAGS the kernels, kernels_of)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
 from kernels_sass import WATCH, registers
-from moe_tiles_bench import tile
+from moe_tiles_bench import kernels_of, tile
 from sparkd.engine.kernels import act_quant, dispatch, matmul, moe
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
@@ -54,12 +54,12 @@ def largest_loop(text: str) -> list[str]:
 
 
 def report(qtype: T, kind: str, text: str) -> str:
-    cfg, fam = tile(text), dispatch.FAMILIES[qtype]
+    cfg, fam, k = tile(text), dispatch.FAMILIES[qtype], kernels_of(text)
     common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
-                  **matmul.int_args(fam))
+                  **moe._int_args(fam, k.words and qtype == T.Q8_0))
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
-                      HBLOCK=act_quant.BLOCKS[fam.act_fmt], **common)
+                      HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, **common)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         split = cfg.split or 1

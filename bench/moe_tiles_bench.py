@@ -7,11 +7,13 @@ Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
        [--defaults-only] [--compile-workers N]
 
 Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
-DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe.OLD_DECODE_TILES), "default"
-(moe.decode_tiles for the shape) as whole moe_decode calls (x quantized, gate/up, down: 3
-launches), then each launch alone, then each gate/up candidate (down at its default) and each down
-candidate (gate/up at its default) timed alone. Tiles: rows/warps/unroll/e|g[/split] as in
-gemv_tiles_bench.tile. Bytes per row: the selected experts' gate+up, down, or both; every tile is
+DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe.OLD_DECODE_TILES), "s5" (session 5's
+tiles), both with moe.OLD_KERNELS, and "default" (moe.decode_tiles and moe.decode_kernels) as whole
+moe_decode calls (x quantized, gate/up, down: 3 launches), then each launch alone, then each
+gate/up candidate (down at its default) and each down candidate (gate/up at its default) timed
+alone. Tiles: rows/warps/unroll/e|g[/split] as in gemv_tiles_bench.tile, then +pN (pipeliner
+stages), then :FLAGS, the kernels (moe.Kernels): w Q8_0 words, p gate and up in one loop, - neither
+(no ":": both). Bytes per row: the selected experts' gate+up, down, or both; every tile is
 first checked against the float64 reference through a whole moe_decode call (err). Timing as
 kernels_bench: one CUDA graph over expert sets rotated past the L2, median of 15. The kernels
 are compiled first by --compile-workers processes at the smallest shape (the same
@@ -35,24 +37,36 @@ from sparkd.engine.kernels import dispatch, moe
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
-# candidates (the old and default tiles are timed anyway) around call 1's best (one-warp tiles at
-# <= 72 registers: 28-32 programs per SM, offline SASS); "+p3": Triton's pipeliner, 3 stages (cp.async)
-GATE_UP = {"Q8_0": ["2/1/2/e+p3", "1/1/4/e", "2/1/1/e", "1/1/8/e", "2/1/4/e+p3"],
-           "Q4_K": ["4/1/2/e+p3", "4/1/1/e", "2/1/2/e", "8/2/2/e", "4/1/4/e+p3"]}
-DOWN = {"Q8_0": ["2/1/2/e/8", "2/1/4/e/4", "2/1/4/e/8+p3", "1/1/8/e/8", "4/1/1/g/8+p3"],
-        "Q4_K": ["4/1/2/e/4", "4/1/1/e/2", "2/1/2/e/2", "4/1/2/e/2+p3", "4/1/3/e/8+p3"]}
+# session 6 candidates (the old, s5 and default tiles are timed anyway): the session-5 tiles with
+# each kernel alone (:w, :p) and both, then more bytes per loop step where words or the pair loop
+# freed registers (moe_kernels_sass.py: one-warp tiles at <= 64 registers keep 32 programs per SM)
+GATE_UP = {"Q8_0": ["2/1/2/e:w", "2/1/2/e:p", "2/1/1/e", "1/1/2/e", "4/1/1/e", "2/1/2/g", "1/1/4/e", "2/1/4/e:w"],
+           "Q4_K": ["4/1/2/e", "2/1/1/e", "2/1/2/e", "4/1/1/e:-", "4/1/2/g", "8/1/1/e"]}
+DOWN = {"Q8_0": ["4/1/1/g/8", "2/1/4/e/8", "2/1/2/e/8", "4/1/2/g/8", "4/1/2/e/8", "2/1/4/e/4", "4/1/1/g/4",
+                 "2/1/8/e/8"],
+        "Q4_K": ["4/1/2/e/4", "4/1/3/e/4", "4/1/4/e/2", "8/1/2/e/2", "4/1/2/e/2", "4/1/3/e/8"]}
 DEVICE = "cuda"
 
 
 def tile(text: str) -> GemvConfig:
-    """gemv_tiles_bench.tile's rows/warps/unroll/e|g[/split], then +pN for N pipeliner stages."""
-    text, _, stages = text.partition("+p")
+    """gemv_tiles_bench.tile's rows/warps/unroll/e|g[/split], then +pN for N pipeliner stages,
+    then :FLAGS (the kernels: kernels_of)."""
+    text, _, stages = text.partition(":")[0].partition("+p")
     return dataclasses.replace(gemv_tiles_bench.tile(text), stages=int(stages or 0))
 
 
-def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None) -> tuple[GemvConfig, GemvConfig]:
+def kernels_of(text: str) -> moe.Kernels:
+    """A tile text's :FLAGS as moe.Kernels (w: Q8_0 words, p: the pair loop; no ":": both)."""
+    if ":" not in text:
+        return moe.Kernels()
+    flags = text.partition(":")[2]
+    return moe.Kernels(words="w" in flags, pair="p" in flags)
+
+
+def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,
+                 which: str = "new") -> tuple[GemvConfig, GemvConfig]:
     """The tiles as the engine passes them (layers/moe.py): h quantized in the gate/up launch."""
-    base = moe.decode_tiles(p)
+    base = moe.decode_tiles(p, which)
     return dataclasses.replace(gu or base[0], fuse_quant=True), dn or base[1]
 
 
@@ -73,40 +87,41 @@ class Shape:
         self.ref = kb.moe_torch(self.sets[0].table, self.x, self.w, torch.float64) if reference else None
         self.name = f"moe {D}x{F} top{A}"
 
-    def call(self, i: int, gu: GemvConfig, dn: GemvConfig) -> torch.Tensor:
-        return moe.moe_decode(self.sets[i % len(self.sets)], self.x, self.w, out=self.y, gate_up=gu, down=dn)
+    def call(self, i: int, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels) -> torch.Tensor:
+        return moe.moe_decode(self.sets[i % len(self.sets)], self.x, self.w, out=self.y, gate_up=gu, down=dn,
+                              kernels=k)
 
-    def err(self, gu: GemvConfig, dn: GemvConfig) -> float:
+    def err(self, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels) -> float:
         self.y.fill_(float("nan"))
-        return kb.rel_err(self.call(0, gu, dn), self.ref)
+        return kb.rel_err(self.call(0, gu, dn, k), self.ref)
 
     def row(self, part: str, label: str, sec: float, nbytes: int, copy_bw: float, err: float) -> dict:
         return dict(kernel=f"{self.name} {part}", type=self.qtype.name, config=label, us=sec * 1e6, bw=nbytes / sec,
                     frac=nbytes / sec / copy_bw, err=err)
 
-    def whole(self, label: str, gu: GemvConfig, dn: GemvConfig, copy_bw: float) -> dict:
-        err = self.err(gu, dn)
-        sec = kb.graph_seconds(lambda i: self.call(i, gu, dn), len(self.sets))
+    def whole(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels, copy_bw: float) -> dict:
+        err = self.err(gu, dn, k)
+        sec = kb.graph_seconds(lambda i: self.call(i, gu, dn, k), len(self.sets))
         return self.row("all", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
 
-    def gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, copy_bw: float) -> dict:
+    def gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels, copy_bw: float) -> dict:
         """x quantized and the gate/up launch (h quantized in it), as moe_decode runs them."""
-        err = self.err(gu, dn)
+        err = self.err(gu, dn, k)
         rw = self.w.contiguous()
 
         def run(i):
-            return moe._gate_up(self.sets[i % len(self.sets)], self.x, rw, False, "silu", gu, None, "bench")
+            return moe._gate_up(self.sets[i % len(self.sets)], self.x, rw, False, "silu", gu, None, "bench", None, k)
         sec = kb.graph_seconds(run, len(self.sets))
         return self.row("gate/up", label, sec, 2 * self.shape[2] * self.matrix_bytes, copy_bw, err)
 
-    def down(self, label: str, gu: GemvConfig, dn: GemvConfig, copy_bw: float) -> dict:
+    def down(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels, copy_bw: float) -> dict:
         """The down launch alone (its in-launch fold included) on h quantized by gate/up."""
-        err = self.err(gu, dn)
+        err = self.err(gu, dn, k)
         rw = self.w.contiguous()
-        h = moe._gate_up(self.sets[0], self.x, rw, False, "silu", gu, None, "bench")
+        h = moe._gate_up(self.sets[0], self.x, rw, False, "silu", gu, None, "bench", None, k)
 
         def run(i):
-            moe._down(self.sets[i % len(self.sets)], h, rw, self.y, dn, None, None)
+            moe._down(self.sets[i % len(self.sets)], h, rw, self.y, dn, None, None, k)
         sec = kb.graph_seconds(run, len(self.sets))
         return self.row("down", label, sec, self.shape[2] * self.matrix_bytes, copy_bw, err)
 
@@ -127,23 +142,27 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
     return gu, dn
 
 
+def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe.Kernels]]:
+    """(label, gate/up, down, kernels) of the tile sets: old and s5 with the old kernels, default."""
+    return [(which if which != "new" else "default", *engine_tiles(p, None, None, which), moe.decode_kernels(which))
+            for which in moe.TILE_SETS]
+
+
 def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> list[dict]:
     s = Shape(qtype, shape)
-    p = s.sets[0]
-    old = dataclasses.replace(moe.OLD_DECODE_TILES[qtype.name][0], fuse_quant=True), moe.OLD_DECODE_TILES[qtype.name][1]
-    new = engine_tiles(p, None, None)
-    rows = [s.whole("old " + "/".join(map(kb.tag, old)), *old, copy_bw),
-            s.whole("default " + "/".join(map(kb.tag, new)), *new, copy_bw)]
-    for label, tiles in (("old", old), ("default", new)):
-        rows += [s.gate_up(label + " " + kb.tag(tiles[0]), *tiles, copy_bw),
-                 s.down(label + " " + kb.tag(tiles[1]), *tiles, copy_bw)]
+    sets = baselines(s.sets[0])
+    rows = [s.whole(f"{label} {kb.tag(gu)}/{kb.tag(dn)}", gu, dn, k, copy_bw) for label, gu, dn, k in sets]
+    for label, gu, dn, k in sets:
+        rows += [s.gate_up(label + " " + kb.tag(gu), gu, dn, k, copy_bw),
+                 s.down(label + " " + kb.tag(dn), gu, dn, k, copy_bw)]
     kb.print_rows(rows)
     gus, dns = candidates(qtype, args)
-    timed = [(t, s.gate_up, dataclasses.replace(tile(t), fuse_quant=True), new[1]) for t in gus] + \
-        [(t, s.down, new[0], tile(t)) for t in dns]
+    new = sets[-1]
+    timed = [(t, s.gate_up, dataclasses.replace(tile(t), fuse_quant=True), new[2]) for t in gus] + \
+        [(t, s.down, new[1], tile(t)) for t in dns]
     for t, part, gu, dn in timed:
         try:
-            rows.append(part(t, gu, dn, copy_bw))
+            rows.append(part(t, gu, dn, kernels_of(t), copy_bw))
             kb.print_rows(rows[-1:])
         except Exception as e:  # noqa: BLE001 - a tile that fails to build leaves the others
             print(f"FAILED {qtype.name} {shape} {t}: {type(e).__name__}: {e}", flush=True)
@@ -157,15 +176,18 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
     name, shape, gus, dns = job
     qtype = T[name]
     s = Shape(qtype, shape, reference=False)
-    base = engine_tiles(s.sets[0], None, None)
-    old = moe.OLD_DECODE_TILES[name]
-    pairs = [base, (dataclasses.replace(old[0], fuse_quant=True), old[1])]
-    pairs += [(dataclasses.replace(tile(t), fuse_quant=True), base[1]) for t in gus]
-    pairs += [(base[0], tile(t)) for t in dns] + [(base[0], moe.LARGE_DOWN_TILES[name][1])]
+    sets = baselines(s.sets[0])
+    base, k = sets[-1][1:3], sets[-1][3]
+    pairs = [(gu, dn, kk) for _, gu, dn, kk in sets]
+    pairs += [(dataclasses.replace(tile(t), fuse_quant=True), base[1], kernels_of(t)) for t in gus]
+    pairs += [(base[0], tile(t), kernels_of(t)) for t in dns]
+    tiers = moe.WIDTH_TIERS[name]  # the wider shapes' tiles, compiled here at the smallest
+    pairs += [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
+    pairs += [(sets[1][1], moe.S5_LARGE_DOWN_TILES[name][1], moe.OLD_KERNELS)]
     failed = []
-    for gu, dn in pairs:
+    for gu, dn, kk in pairs:
         try:
-            s.call(0, gu, dn)
+            s.call(0, gu, dn, kk)
         except Exception as e:  # noqa: BLE001 - the timed run reports it again
             failed.append(f"{kb.tag(gu)}/{kb.tag(dn)}: {type(e).__name__}")
     torch.cuda.synchronize()
@@ -199,7 +221,7 @@ def main() -> None:
         precompile(types, min(shapes), args)
     copy_bw = kb.copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
-          f"tiles {moe.DECODE_TILES}", flush=True)
+          f"tiles {moe.DECODE_TILES} by width {moe.WIDTH_TIERS} kernels {moe.decode_kernels()}", flush=True)
     rows = []
     for shape in shapes:
         for qtype in types:

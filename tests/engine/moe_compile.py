@@ -7,7 +7,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, router_topk
+from sparkd.engine.kernels import act_quant, dispatch, moe, router_topk
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "E": "i32", "row_bytes": "i32", "scale": "fp32", "min_sum": "fp32"}
@@ -28,15 +28,16 @@ def main() -> None:
                    xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
     for qtype, (gu_cfg, d_cfg) in moe.DECODE_TILES.items():
         fam = dispatch.FAMILIES[T[qtype]]
-        tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True, **matmul.int_args(fam))
-        large = moe.LARGE_DOWN_TILES[qtype][1]  # its split too, from the rule's model width
+        # session 6's kernels: Q8_0 weights as words, gate and up in one loop
+        tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True, **moe._int_args(fam, qtype == "Q8_0"))
+        large = [t[2] for t in moe.WIDTH_TIERS[qtype] if t[2]][-1]  # the widest models' down tile
         for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
             n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
                                                       ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),
                         cfg.num_warps)
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
-                                                        HBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),
+                                                        HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, **tile),
                     gu_cfg.num_warps, fp_fusion=False)
         print(f"igate_up {qtype} late-quant atomics={n}")
     gate = dict(gate_ptr=F32, x_ptr=F32, part_ptr=F32, ticket_ptr=I32, bias_ptr=F32, w_ptr=F32, ids_ptr=I64)

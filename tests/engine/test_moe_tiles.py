@@ -1,6 +1,9 @@
-"""The MoE decode's tiles by shape (moe.decode_tiles, session 5): the gate/up tile of two-group steps
-and, from LARGE_DOWN_TILES' model width, another down tile; OLD_DECODE_TILES (session 4's)
-stay selectable, per call or by $SPARKD_MOE_TILES=old.
+"""The MoE decode's tiles by shape (moe.decode_tiles): DECODE_TILES, and from each WIDTH_TIERS
+model width another gate/up or down tile; OLD_DECODE_TILES (session 4's) and
+session 5's tiles with the old kernels stay selectable, per call or by $SPARKD_MOE_TILES=old|s5.
+Session 6's kernels (moe.Kernels): Q8_0 weights as 32-bit words (q8_0_words) where every row
+starts on 4 bytes, gate and up in one loop: the same integer sums per block; the pair loop and
+words without the elementwise tile the same bits, words with it float32 rounding apart.
 
 A tile changes which programs hold which rows and where the float sums of each block's integer
 dp4a sum are added, never those integer sums: new and old tiles agree to float32 rounding, each
@@ -26,6 +29,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import BACKENDS, BOUNDS, arena_table, moe_reference, rel_err  # noqa: E402
 
 from sparkd.engine.kernels import act_quant, moe  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 
 TYPES = [T.Q8_0, T.Q4_K]
 
@@ -39,22 +43,34 @@ def table_at(qtype: T, dim: int) -> moe.PreparedTable:
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_decode_tiles_follow_the_model_width(qtype):
     name = qtype.name
-    limit, large = moe.LARGE_DOWN_TILES[name]
-    gate_up, small = moe.DECODE_TILES[name]
-    assert moe.decode_tiles(table_at(qtype, 2048)) == (gate_up, small)  # Qwen3-30B-A3B
-    assert moe.decode_tiles(table_at(qtype, limit - 256)) == (gate_up, small)
-    assert moe.decode_tiles(table_at(qtype, limit)) == (gate_up, large)
-    assert moe.decode_tiles(table_at(qtype, limit), old=True) == moe.OLD_DECODE_TILES[name]
-    assert large != small and gate_up != moe.OLD_DECODE_TILES[name][0]  # else the rule changes nothing
+    gate_up, down = moe.DECODE_TILES[name]
+    assert moe.decode_tiles(table_at(qtype, 2048)) == (gate_up, down)  # Qwen3-30B-A3B
+    for width, tier_gate_up, tier_down in moe.WIDTH_TIERS[name]:
+        below = moe.decode_tiles(table_at(qtype, width - 256))
+        gate_up, down = tier_gate_up or gate_up, tier_down or down
+        assert moe.decode_tiles(table_at(qtype, width)) == (gate_up, down) != below  # the tier starts there
+    assert moe.decode_tiles(table_at(qtype, 7168), "old") == moe.OLD_DECODE_TILES[name]
+    assert moe.decode_tiles(table_at(qtype, 2048), "s5") == moe.S5_DECODE_TILES[name]
+    assert moe.decode_tiles(table_at(qtype, 7168), "s5")[1] == moe.S5_LARGE_DOWN_TILES[name][1]
+    assert moe.decode_tiles(table_at(qtype, 7168)) != moe.decode_tiles(table_at(qtype, 7168), "s5")
+    assert moe.decode_kernels("new") == moe.Kernels(words=True, pair=True)
+    assert moe.decode_kernels("old") == moe.decode_kernels("s5") == moe.OLD_KERNELS
 
 
-def test_the_environment_switches_back_to_the_old_tiles():
+def test_an_unknown_tile_set_is_refused():
+    with pytest.raises(moe.dispatch.KernelArgumentError, match=r"could not pick the MoE decode tiles: 's4'"):
+        moe.decode_tiles(table_at(T.Q8_0, 2048), "s4")
+
+
+@pytest.mark.parametrize("which", ["old", "s5"])
+def test_the_environment_switches_back_to_the_old_tiles(which):
     code = ("import sys; sys.path.insert(0, 'tests/engine'); from test_moe_tiles import table_at; "
             "from gguf import GGMLQuantizationType as T; from sparkd.engine.kernels import moe; "
-            "print(moe.decode_tiles(table_at(T.Q4_K, 7168)) == moe.OLD_DECODE_TILES['Q4_K'])")
-    env = dict(os.environ, TRITON_INTERPRET="1", **{moe.TILES_ENV: "old"})
+            f"print(moe.decode_tiles(table_at(T.Q4_K, 7168)) == moe.decode_tiles(table_at(T.Q4_K, 7168), {which!r}), "
+            "moe.decode_kernels() == moe.OLD_KERNELS)")
+    env = dict(os.environ, TRITON_INTERPRET="1", **{moe.TILES_ENV: which})
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert got.stdout.strip().splitlines()[-1:] == ["True"], got.stderr[-2000:]
+    assert got.stdout.strip().splitlines()[-1:] == ["True True"], got.stderr[-2000:]
 
 
 # Q4_K under the interpreter takes ~5 minutes even at 256x256 (too long for CI): compiled only;
@@ -72,18 +88,66 @@ def test_new_tiles_give_the_old_tiles_sums(backend, qtype):
     table, gates, ups, downs = arena_table(qtype, qtype, dim, width, n, backend)
     p = moe.prepare(table, backend)
     x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
-    new = moe.DECODE_TILES[qtype.name][0], moe.LARGE_DOWN_TILES[qtype.name][1]
+    new = moe.decode_tiles(table_at(qtype, 7168))  # the widest models' tiles
     old = moe.OLD_DECODE_TILES[qtype.name]
-    h_new, h_old = (moe._gate_up(p, x, w, False, "silu", t[0], None, "test") for t in (new, old))
+    k_new, k_old = moe.decode_kernels("new"), moe.OLD_KERNELS
+    h_new, h_old = (moe._gate_up(p, x, w, False, "silu", t[0], None, "test", None, k)
+                    for t, k in ((new, k_new), (old, k_old)))
     assert rel_err(h_new, h_old.cpu().double()) < 1e-6
     q = act_quant.quantize(h_old, p.down.act_fmt)  # one h into both downs
     y_new, y_old = torch.empty(dim, device=backend), torch.empty(dim, device=backend)
-    moe._down(p, q, w, y_new, new[1], None, None)
-    moe._down(p, q, w, y_old, old[1], None, None)
+    moe._down(p, q, w, y_new, new[1], None, None, k_new)
+    moe._down(p, q, w, y_old, old[1], None, None, k_old)
     assert rel_err(y_new, y_old.cpu().double()) < 1e-6
     # the engine's call: h quantized in the gate/up launch; the same bits twice, near the reference
-    tiles = dict(gate_up=dataclasses.replace(new[0], fuse_quant=True), down=new[1])
+    tiles = dict(gate_up=dataclasses.replace(new[0], fuse_quant=True), down=new[1], kernels=k_new)
     ys = [moe.moe_decode(p, x, w, **tiles) for _ in range(2)]
     assert torch.equal(ys[0], ys[1])
     want = moe_reference(x.cpu(), w.cpu(), gates, ups, downs, "silu", qtype, qtype)
     assert rel_err(ys[0], want) < BOUNDS["fp32"]
+
+
+WORDS_CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
+               pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+def shifted(table: moe.ExpertTable, by: int) -> moe.ExpertTable:
+    """The table's experts moved by `by` bytes in a copy of its arena (rows no longer on 4 bytes)."""
+    arena = torch.cat([torch.zeros(by, dtype=torch.uint8, device=table.gate.device), table.gate])
+    offs = [[o + by for o in t] for t in (table.gate_offsets, table.up_offsets, table.down_offsets)]
+    return dataclasses.replace(table, gate=arena, up=arena, down=arena, gate_offsets=offs[0], up_offsets=offs[1],
+                               down_offsets=offs[2])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("backend", WORDS_CASES)
+def test_q8_0_words_and_the_pair_loop_give_the_old_kernels_sums(backend):
+    # rows of 192 values (a partial group: 3 of 4 block pairs) into 64-wide experts (down: K=64)
+    dim, width, n = (192, 64, 2) if backend == "cpu" else (2048 + 192, 768, 8)
+    table, gates, ups, downs = arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)
+    p = moe.prepare(table, backend)
+    assert p.gate_up_words and p.down_words
+    x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
+    rows = 32 if backend == "cpu" else 2  # the interpreter runs programs one by one
+    for ew in (False, True):
+        gu = GemvConfig(block_n=rows, num_warps=1, unroll=2, elementwise=ew)
+        old = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, moe.OLD_KERNELS)
+        for k in (moe.Kernels(words=True, pair=False), moe.Kernels(words=False, pair=True), moe.Kernels()):
+            h = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, k)
+            if ew and k.words:  # integer sums equal, float order per lane differs
+                assert rel_err(h, old.cpu().double()) < 1e-6, k
+            else:
+                assert torch.equal(h, old), k
+        q = act_quant.quantize(old, p.down.act_fmt)
+        dn = GemvConfig(block_n=rows, num_warps=1, unroll=2, elementwise=ew, split=2)
+        ys = [torch.empty(dim, device=backend) for _ in range(2)]
+        for y, k in zip(ys, (moe.OLD_KERNELS, moe.Kernels())):
+            moe._down(p, q, w, y, dn, None, None, k)
+        assert (rel_err(ys[1], ys[0].cpu().double()) < 1e-6) if ew else torch.equal(ys[1], ys[0])
+    want = moe_reference(x.cpu(), w.cpu(), gates, ups, downs, "silu", T.Q8_0, T.Q8_0)
+    tiles = dict(gate_up=GemvConfig(block_n=rows, fuse_quant=True), down=GemvConfig(block_n=rows, split=2))
+    assert rel_err(moe.moe_decode(p, x, w, kernels=moe.Kernels(), **tiles), want) < BOUNDS["fp32"]
+    # rows 2 bytes off 4: the old 16-bit loads, the same sums
+    p2 = moe.prepare(shifted(table, 2), backend)
+    assert not (p2.gate_up_words or p2.down_words)
+    assert rel_err(moe.moe_decode(p2, x, w, kernels=moe.Kernels(), **tiles), want) < BOUNDS["fp32"]

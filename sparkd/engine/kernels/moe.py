@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from sparkd.engine.kernels import act_quant, dispatch, grids
+from sparkd.engine.kernels import act_quant, dispatch, grids, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
     check_qx,
@@ -146,11 +146,42 @@ def _experts(n, SPLIT: tl.constexpr):
 
 
 @triton.jit
+def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT: tl.constexpr,
+                  A1: tl.constexpr, A2: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
+                  STAGES: tl.constexpr, PAIR: tl.constexpr):
+    """(gate row sums, up row sums) on quantized x. PAIR: both rows in one loop over x's groups
+    (a step issues both rows' loads; the same operations per row in the same order as row_idot,
+    so the same bits), else row_idot twice."""
+    if PAIR:
+        n_groups = tl.cdiv(D, 256)
+        if EW:
+            acc_g = tl.zeros((rmask.shape[0], A1, A2), tl.float32)
+        else:
+            acc_g = tl.zeros(rmask.shape, tl.float32)
+        acc_u = acc_g
+        for g0 in tl.range(0, n_groups, UNROLL, num_stages=STAGES):
+            for u in tl.static_range(UNROLL):
+                gc = tl.minimum(g0 + u, n_groups - 1)  # past the end: read a valid group, masked out
+                m = rmask & (tl.zeros(rmask.shape, tl.int32) + g0 + u < n_groups)
+                acc_g = IDOT(gate_ptr, g_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_g, EW, EMU)
+                acc_u = IDOT(up_ptr, u_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_u, EW, EMU)
+        if EW:
+            acc_g = tl.sum(tl.sum(acc_g, 2), 1)
+            acc_u = tl.sum(tl.sum(acc_u, 2), 1)
+    else:
+        acc_g = row_idot(gate_ptr, g_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU,
+                         STAGES)
+        acc_u = row_idot(up_ptr, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU,
+                         STAGES)
+    return acc_g, acc_u
+
+
+@triton.jit
 def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
                      hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
                      A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
-                     H8K: tl.constexpr):
+                     H8K: tl.constexpr, PAIR: tl.constexpr):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -160,10 +191,9 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
-    g = row_idot(gate_ptr, _offset(gate_off, ids_ptr, a, IDS) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
-                 A1, A2, UNROLL, EW, EMU, STAGES)
-    u = row_idot(up_ptr, _offset(up_off, ids_ptr, a, IDS) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT,
-                 A1, A2, UNROLL, EW, EMU, STAGES)
+    g, u = _gate_up_idot(gate_ptr, up_ptr, _offset(gate_off, ids_ptr, a, IDS) + rb,
+                         _offset(up_off, ids_ptr, a, IDS) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
+                         UNROLL, EW, EMU, STAGES, PAIR)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -247,6 +277,9 @@ class PreparedTable:
     down_aux: torch.Tensor
     # a selection of the table (select()): the kernels read offsets[ids[a]] themselves
     ids: torch.Tensor | None = None
+    # Q8_0 rows that start on 4 bytes (q8_0_words): gate/up's, down's
+    gate_up_words: bool = False
+    down_words: bool = False
 
     @property
     def count(self) -> int:
@@ -292,7 +325,15 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
             dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, "cpu", what, fgu.align),
             dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, "cpu", what, fd.align)]
     return PreparedTable(table, device, fgu, fd, *offsets_on(host, device), gu_bytes, d_bytes,
-                         grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device))
+                         grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device),
+                         gate_up_words=_words(fgu, gu_bytes, (table.gate, table.up), host[:2]),
+                         down_words=_words(fd, d_bytes, (table.down,), host[2:]))
+
+
+def _words(fam: dispatch.Family, row_bytes: int, bufs: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor]) -> bool:
+    """Whether q8_0_words can read these Q8_0 rows: every row starts on 4 bytes."""
+    return fam.qtype == GGMLQuantizationType.Q8_0 and row_bytes % 4 == 0 \
+        and all(b.data_ptr() % 4 == 0 for b in bufs) and all(not bool((o % 4).any()) for o in offsets)
 
 
 def offsets_on(tables: Sequence[Sequence[int] | torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -318,41 +359,98 @@ OLD_DECODE_TILES = {
 # session 5 (moe8, H200, bench/moe_tiles_bench.py, bench/results/moe_tiles_h200_s5*): gate/up in
 # two-group steps into the elementwise tile at every shape (<= 64 registers: 32 one-warp programs
 # per SM; Q8_0 2048x768 top-8 20.5 -> 17.5 us, 7168x2048 122 -> 112 us; Q4_K 7168x2048 80 -> 57 us);
-# the down as before up to LARGE_DOWN_TILES' model width, its tile from there
-DECODE_TILES = {
+# the down as before up to S5_LARGE_DOWN_TILES' model width, its tile from there
+S5_DECODE_TILES = {
     "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q8_0"][1]),
     "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q4_K"][1]),
 }
 # (model width from which, down tile): Q8_0 7168x2048 top-8 down 79.6 -> 66.2 us (at 4096 the old
 # tile stays faster: 30.2 vs 34.4 us); Q4_K two ranges of 4 experts, 4096x1536 17.8 -> 16.6 us,
 # 7168x2048 41.2 -> 33.0 us (at 2048 the old 8 ranges: 7.5 vs 9.7 us for two ranges)
-LARGE_DOWN_TILES = {
+S5_LARGE_DOWN_TILES = {
     "Q8_0": (6144, GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True, split=8)),
     "Q4_K": (4096, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=2)),
 }
-TILES_ENV = "SPARKD_MOE_TILES"  # "old": OLD_DECODE_TILES at every shape (read once)
-OLD_TILES = os.environ.get(TILES_ENV, "") == "old"
+# session 6 (moe9, with Kernels(); H200 sweep bench/results/moe_tiles_h200_s6_call1.log, top-8):
+# Q8_0 gate/up 2/1/2/e with words and the pair loop (7168x2048 111.3 -> 97.5 us, 4096x1536 55.1 ->
+# 43.9, 2048x768 17.3 -> 14.9); Q4_K gate/up one group of both rows per step (two groups: 99
+# registers, offline SASS; 7168x2048 57.2 -> 50.4 us); Q8_0 down 4/1/1/g with words (no barrier in
+# the loop: 19 shuffles -> 7; 2048x768 9.9 -> 8.9 us, 4096x1536 29.8 -> 25.9)
+DECODE_TILES = {
+    "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True),
+             GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False, split=8)),
+    "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), S5_DECODE_TILES["Q4_K"][1]),
+}
+# (model width from which, gate/up tile or None: as below, down tile or None), in rising width:
+# Q8_0 from 6144 gate/up one group per step (7168x2048 97.5 -> 86.5 us; at 4096 46.6 vs 43.9) and
+# down 2 rows / 2 groups (64.7 s5 -> 52.1 us); Q4_K down 4 ranges of 2 experts at 4096 (16.5 ->
+# 15.2 us, as session 5's sweep had it), 2 ranges of 4 from 6144 (32.3 -> 31.8; 4 ranges 34.5)
+WIDTH_TIERS = {
+    "Q8_0": [(6144, GemvConfig(block_n=2, num_warps=1, unroll=1, elementwise=True),
+              GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True, split=8))],
+    "Q4_K": [(4096, None, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=4)),
+             (6144, None, S5_LARGE_DOWN_TILES["Q4_K"][1])],
+}
 
 
-def decode_tiles(p: PreparedTable, old: bool | None = None) -> tuple[GemvConfig, GemvConfig]:
-    """The default (gate/up, down) tiles for the table's families and shape (old: the session-4
-    tiles, default from $SPARKD_MOE_TILES)."""
+@dataclass(frozen=True)
+class Kernels:
+    """Which code the decode launches run, beside their tiles (session 6): words, Q8_0 weights as
+    aligned 32-bit words where the table allows (q8_0_words; PreparedTable.*_words); pair, gate
+    and up rows in one loop over x (_gate_up_idot)."""
+
+    words: bool = True
+    pair: bool = True
+
+
+OLD_KERNELS = Kernels(words=False, pair=False)  # sessions 4 and 5
+TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS
+TILE_SETS = ("old", "s5", "new")
+TILES = os.environ.get(TILES_ENV, "") or "new"  # read once
+
+
+def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
+    """The default (gate/up, down) tiles for the table's families and shape: which "new" (this
+    session's rule), "s5" (session 5's), "old" (session 4's at every shape); default $SPARKD_MOE_TILES."""
+    which = which or TILES
+    if which not in TILE_SETS:
+        raise dispatch.KernelArgumentError(f"could not pick the MoE decode tiles: {which!r} (${TILES_ENV} or "
+                                           f"which) is not one of {', '.join(TILE_SETS)}")
     fallback = (GATE_UP_CONFIG, DOWN_CONFIG)
-    if OLD_TILES if old is None else old:
+    if which == "old":
         return (OLD_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0],
                 OLD_DECODE_TILES.get(p.down.qtype.name, fallback)[1])
-    down = DECODE_TILES.get(p.down.qtype.name, fallback)[1]
-    large = LARGE_DOWN_TILES.get(p.down.qtype.name)
-    if large is not None and p.table.dim >= large[0]:
-        down = large[1]
-    return DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
+    if which == "s5":
+        down = S5_DECODE_TILES.get(p.down.qtype.name, fallback)[1]
+        large = S5_LARGE_DOWN_TILES.get(p.down.qtype.name)
+        if large is not None and p.table.dim >= large[0]:
+            down = large[1]
+        return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
+    gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
+    return (_tier(gu_name, p.table.dim, 1, DECODE_TILES.get(gu_name, fallback)[0]),
+            _tier(d_name, p.table.dim, 2, DECODE_TILES.get(d_name, fallback)[1]))
+
+
+def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
+    """tile, or that of the widest WIDTH_TIERS entry of the type up to model width dim that sets
+    one (at 1: the gate/up tile, 2: the down tile)."""
+    for tier in WIDTH_TIERS.get(name, []):
+        if dim >= tier[0] and tier[at] is not None:
+            tile = tier[at]
+    return tile
+
+
+def decode_kernels(which: str | None = None) -> Kernels:
+    """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
+    return Kernels() if (which or TILES) == "new" else OLD_KERNELS
 
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
                out: torch.Tensor | None = None, gate_up: GemvConfig | None = None,
                down: GemvConfig | None = None, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
                round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
-               residual: torch.Tensor | None = None, qx: act_quant.QuantX | None = None) -> torch.Tensor:
+               residual: torch.Tensor | None = None, qx: act_quant.QuantX | None = None,
+               kernels: Kernels | None = None) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
     x float32 [D]; route_weights float32 [n] (one per table entry, or per selected expert of a
@@ -367,6 +465,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     (if given) round x and the activations in torch first (the routing weight then applies after
     the rounding, between the two launches). qx: x already quantized to the gate/up family's
     blocks (by the norm that made x, act_quant.attach): no quantization launch for x.
+    kernels: the code the integer launches run (Kernels; None: decode_kernels()).
     No host sync: usable in a CUDA graph capture."""
     what = "the MoE decode kernels"
     if act not in ACT_CODES:
@@ -394,9 +493,10 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     kernel_folds(down, 1)  # a bad fold name refused before any launch
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
-    h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx)
+    kernels = kernels or decode_kernels()
+    h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx, kernels)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    _down(p, h, rw, y, down, round_h, residual)
+    _down(p, h, rw, y, down, round_h, residual, kernels)
     return y
 
 
@@ -407,9 +507,11 @@ def _ids(p: PreparedTable) -> dict:
 
 def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, act: str, cfg: GemvConfig,
              round_x: Callable[[torch.Tensor], torch.Tensor] | None, what: str,
-             qx: act_quant.QuantX | None = None) -> torch.Tensor | act_quant.QuantX:
+             qx: act_quant.QuantX | None = None,
+             kernels: Kernels | None = None) -> torch.Tensor | act_quant.QuantX:
     """h [n, F] = act(gate x, up x), times rw if use_rw, one launch over all n experts; quantized
     for the down projection already (act_quant.QuantX) if cfg.fuse_quant."""
+    kernels = kernels or decode_kernels()
     n, D, F = p.count, p.table.dim, p.table.width
     grid = (triton.cdiv(F, cfg.block_n), n)
     if p.gate_up.idot is not None:
@@ -423,7 +525,8 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
                                xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
                                tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
-                               row_bytes=p.gate_up_row_bytes, **_ids(p), **int_args(p.gate_up),
+                               row_bytes=p.gate_up_row_bytes, **_ids(p),
+                               **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words)), PAIR=kernels.pair,
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
@@ -436,6 +539,18 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
     return h
+
+
+def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
+    """q8_0_words for these rows: not under Triton's pipeliner (cfg.stages), which stages every
+    load in shared memory, and words' scale and x loads in the weights' shape overflow it at wide
+    tiles (64 rows, 3 stages: 256 KiB on the H200, whose limit is 227)."""
+    return kernels.words and rows_on_words and not cfg.stages
+
+
+def _int_args(fam: dispatch.Family, words: bool) -> dict:
+    """matmul.int_args, with q8_0_words' step for Q8_0 rows on 4 bytes if words."""
+    return int_args(fam) | (dict(IDOT=q8_0_words.idot) if words else {})
 
 
 def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str) -> act_quant.QuantX | None:
@@ -452,11 +567,13 @@ def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str)
 
 
 def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
-          round_h: Callable[[torch.Tensor], torch.Tensor] | None, residual: torch.Tensor | None) -> None:
+          round_h: Callable[[torch.Tensor], torch.Tensor] | None, residual: torch.Tensor | None,
+          kernels: Kernels | None = None) -> None:
     """y = sum_a down_a @ h[a] (+ residual), the routing weight applied here unless already in h.
     cfg.split ranges of experts run in parallel and meet in an ordered sum: in the launch
     (cfg.fold "kernel") or by torch after it (cfg.atomic: one expert per program, atomic adds into y
     zeroed first, the way before session 3 made the sums ordered)."""
+    kernels = kernels or decode_kernels()
     n, D, F = p.count, p.table.dim, p.table.width
     split = n if cfg.atomic else max(1, min(cfg.split, n))
     fold = kernel_folds(cfg, split)
@@ -471,7 +588,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
-                            **int_args(p.down), EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
+                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words)), EMU=emulate(cfg, y),
+                            XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             **common)
     else:
         if round_h is not None:

@@ -1,0 +1,51 @@
+"""Q8_0's integer step on 32-bit weight words, GGUF layout as it is (no repacking).
+
+A Q8_0 block is 34 bytes (f16 scale, 32 int8 quants), so a pair of blocks is 68 bytes = 17
+aligned words when the row starts on 4 bytes (rows of a multiple of 64 values, expert offsets
+and buffer a multiple of 4: moe.prepare checks it). The odd block's quants are 8 aligned words;
+the even block's straddle: word 0 holds its scale and quants 0-1, words 1-7 quants 2-29, word 8
+quants 30-31 and the odd block's scale. Lane l of the even block reads pair word l + 1 and meets
+x's bytes shifted by 16 bits (x's words l and l + 1 of the block funnel-shifted; past the block,
+zeros: the odd scale's bytes meet zero), its head word (word 0) meets x's word 0 shifted up (the
+scale's bytes meet zero) in lane 0. Each block's scale comes out of its head word (even: word 0's
+low half, odd: word 8's high half), so a weight byte costs a quarter of a 32-bit load instead of
+half of a 16-bit one (q8_0.idot), and no separate 16-bit scale load per word.
+
+The integer sums per block are the same as q8_0.idot's (exact); with EW the float order differs
+(a lane holds other bytes of the block), without EW it is q8_0.idot's order bit for bit.
+"""
+
+import triton
+import triton.language as tl
+
+from sparkd.engine.kernels.act_quant import dp4a
+
+
+@triton.jit
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    s = tl.arange(0, 8)[None, :, None]  # block in the group
+    b = g * 8 + s  # block index along the row [1, 8, 1]; g * 8 is even: b's parity is s's
+    lane = tl.arange(0, 8)[None, None, :]  # 32-bit word lane of the block
+    even = (s % 2) == 0
+    bmask = b * 32 < K
+    blk = w_ptr + row_off[:, None, None] + b * 34  # [BN, 8, 1] block starts
+    full = tl.zeros((rmask.shape[0], 8, 8), tl.int32)
+    m = (rmask[:, None, None] & bmask) & (full == 0)  # [BN, 8, 8]
+    shift = tl.where(even, 2, 0)
+    w = tl.load((blk + 2 + shift + 4 * lane).to(tl.pointer_type(tl.int32)), mask=m, other=0)
+    head = tl.load((blk - 2 + shift + full).to(tl.pointer_type(tl.int32)), mask=m, other=0)
+    xb = xw_ptr + b * 8 + lane + full  # x's words of the block
+    xlo = tl.load(xb, mask=m, other=0)
+    xhi = tl.load(xb + 1, mask=m & even & (lane < 7), other=0)
+    xp = tl.where(even, ((xlo >> 16) & 0xFFFF) | (xhi << 16), xlo)
+    xh = tl.where(even & (lane == 0), xlo << 16, 0)  # the even head's quants 0-1, its scale meets zero
+    isum = dp4a(w, xp, EMU) + dp4a(head, xh, EMU)
+    dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)
+    if EW:  # into the elementwise tile acc [BN, 8, 8]
+        bits = tl.where(even, head, head >> 16) & 0xFFFF
+        d = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        acc += isum.to(tl.float32) * (d * dx)
+    else:  # q8_0.idot's order: a float per block, then one per row
+        d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask[:, None, None] & bmask, other=0.0).to(tl.float32)
+        acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(d * dx, 2), 1)
+    return acc
