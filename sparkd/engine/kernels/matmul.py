@@ -315,7 +315,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     tiles = triton.cdiv(rows, cfg.block_n)
     ticket = _tickets_arg(in_kernel, tiles, part)
     _gemv_kernel[(tiles, split)](
-        weight, grids.grid_table(fam.grid, x.device), x, y, part, ticket, rows, cols, row_bytes,
+        weight, aux_arg(fam, cols, x.device), x, y, part, ticket, rows, cols, row_bytes,
         **family_args(fam), **_launch_args(cfg, split))
     return y if in_kernel else fold_partials(part, y)
 
@@ -404,6 +404,21 @@ def fold_partials(part: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return y
 
 
+# tiled layouts' row widths as the dequant's aux_ptr, per (device, width): made on a shape's first
+# (eager) call, so a CUDA graph capture of a later call copies nothing from the host
+_ROW_WIDTHS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def aux_arg(fam: dispatch.Family, cols: int, device: torch.device) -> torch.Tensor:
+    """A family's dequant aux_ptr: its codebook, or a tiled layout's row width (int32 [1])."""
+    if fam.row_tile == 1:
+        return grids.grid_table(fam.grid, device)
+    key = (torch.device(device), cols)
+    if key not in _ROW_WIDTHS:
+        _ROW_WIDTHS[key] = torch.tensor([cols], dtype=torch.int32, device=device)
+    return _ROW_WIDTHS[key]
+
+
 def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
          precision: str = "tf32", out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W.T for a few tokens. weight: raw GGUF bytes of W [rows, cols]; x float32 [T, cols].
@@ -420,9 +435,7 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if n_tok == 0:
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
-    aux = grids.grid_table(fam.grid, x.device) if fam.row_tile == 1 else \
-        torch.tensor([cols], dtype=torch.int32, device=x.device)  # a tiled layout's row width
-    _gemm_kernel[grid](weight, aux, x, y, rows, cols, n_tok, row_bytes,
+    _gemm_kernel[grid](weight, aux_arg(fam, cols, x.device), x, y, rows, cols, n_tok, row_bytes,
                        x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
                        BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=precision, num_warps=GEMM_WARPS)
     return y
