@@ -66,7 +66,7 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     "Q4T": ["vector:4/1/4/e", "vector64:4/1/4/e", "vector:4/1/2/e"],
     # tiled Q6_K (session 6, q6k9): one 8-row packing tile per warp, 1, 2 or 4 groups per step (offline
     # SASS: 64, 68, 96 registers), two tiles on two warps
-    "Q6T": ["8/1/1/e", "8/1/4/e", "16/2/2/e"],
+    "Q6T": ["8/1/2/e", "8/1/4/e", "16/2/2/e"],
 }
 # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG, what runs without a DECODE_TILES entry)
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "4/1/2/e/8", "8/2/2/e/8"]

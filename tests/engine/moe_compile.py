@@ -29,7 +29,7 @@ def main() -> None:
     for qtype, (gu_cfg, d_cfg) in moe.DECODE_TILES.items():
         fam = dispatch.FAMILIES[T[qtype]]
         tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True, **matmul.int_args(fam))
-        large = moe.LARGE_DOWN_TILES[qtype][1]  # its split too, from the rule's model width
+        large = moe.LARGE_DOWN_TILES.get(qtype, (0, d_cfg))[1]  # its split too, from the rule's model width
         for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
             n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
                                                       ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),

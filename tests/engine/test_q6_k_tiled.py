@@ -1,10 +1,11 @@
 """The tiled Q6_K layout (kernels/q6_k_tiled.py: resident Q6_K repacked at load, tiles of 8 rows,
 quant planes then scales then d) against the GGUF blocks: q6_k's integer step on both, so under
-the interpreter the same tile gives the same bits (split-K ranges with masked tail groups, a
-program tile smaller and larger than the packing tile, the rows tile, the elementwise tile), the
+the interpreter the same tile gives the same bits (split-K ranges with masked tail groups, program
+tiles of one and two packing tiles, the rows tile of half a packing tile, the elementwise tile), the
 GEMM and the float path ($SPARKD_Q6_K_INT=0) too; on the GPU the rows tile gives the same bits and
-the elementwise tile sums its tile in another order (within the float bound). Row counts that are
-not whole tiles are refused by the kernels and kept as GGUF blocks by the loader;
+the elementwise tile sums its tile in another order (within the float bound). Elementwise tiles of
+fewer rows than a packing tile are refused at compile time (the H200 failed the 2-row one). Row
+counts that are not whole tiles are refused by the kernels and kept as GGUF blocks by the loader;
 $SPARKD_Q6_K_LAYOUT=gguf switches back.
 
 Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
@@ -32,10 +33,9 @@ from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 
 TILED = q6_k_tiled.TILED
 ROWS_TILE = GemvConfig(block_n=4, num_warps=1, unroll=2, split=1, elementwise=False)
-# the default tile, the GGUF blocks' default (2 rows: a quarter of a packing tile), 16 rows on 2
-# warps with split-K in 2 ranges of 3 groups per step (masked tail groups), the rows tile
-TILES = [GEMV_TILES["Q6_K_TILED"], GEMV_TILES["Q6_K"], GemvConfig(block_n=16, num_warps=2, unroll=3, split=2),
-         ROWS_TILE]
+# the default tile, 16 rows on 2 warps with split-K in 2 ranges of 3 groups per step (masked tail
+# groups), the rows tile (4 rows: half a packing tile)
+TILES = [GEMV_TILES["Q6_K_TILED"], GemvConfig(block_n=16, num_warps=2, unroll=3, split=2), ROWS_TILE]
 
 
 @pytest.mark.parametrize("config", TILES, ids=lambda c: f"{c.block_n}/{c.num_warps}/{c.unroll}/{c.split}/"
@@ -67,11 +67,20 @@ def test_tiled_gemm_gives_the_gguf_bits(backend):
     assert torch.equal(gemm(q6_k_tiled.pack_raw(raw, (rows, cols)), TILED, (rows, cols), xs, precision="ieee"), want)
 
 
-def test_float_path_on_the_tiled_layout_gives_the_gguf_bits(monkeypatch):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_elementwise_tile_of_part_of_a_packing_tile_is_refused(backend):
+    """GEMV_TILES' GGUF tile (2 rows) on the tiled layout: a compile-time error naming the rule."""
+    w = q6_k_tiled.pack(random_blocks(T.Q6_K, 8).to(backend), (8, 256))
+    with pytest.raises(Exception, match="the tiled Q6_K GEMV: an elementwise tile needs block_n a multiple of 8"):
+        q6_k_tiled.gemv(w, torch.zeros(256, device=backend), config=GEMV_TILES["Q6_K"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float_path_on_the_tiled_layout_gives_the_gguf_bits(monkeypatch, backend):
     """The families $SPARKD_Q6_K_INT=0 picks (no integer step: the dequant, x rounded by the
     caller) give the same bits on both layouts."""
-    rows, cols = 16, 512
-    raw, x = random_blocks(T.Q6_K, rows * cols // 256), torch.randn(cols)
+    rows, cols = (520, 2048) if backend == "cuda" else (16, 512)
+    raw, x = random_blocks(T.Q6_K, rows * cols // 256).to(backend), torch.randn(cols, device=backend)
     monkeypatch.setitem(dispatch.FAMILIES, T.Q6_K, q6_k.FLOAT_FAMILY)
     monkeypatch.setitem(dispatch.LAYOUTS, TILED, q6_k_tiled.FLOAT_FAMILY)
     rx = lambda v: round_activations(v, act_quant.Q8_K)  # noqa: E731 - what KernelLinear passes
@@ -129,6 +138,17 @@ def test_tiled_rejects_rows_that_are_not_whole_tiles():
     assert _tiled_q6_k(raw, (12, 256)) == (raw, T.Q6_K)  # the loader keeps such a matrix as GGUF blocks
 
 
+def test_loader_tiles_the_large_matrices_only():
+    """Below MIN_ROWS rows (attn_v: 512) the loader keeps the GGUF blocks, from it (the head) tiles."""
+    from sparkd.engine.models.weights import _tiled_q6_k
+    small, large = (512, 256), (q6_k_tiled.MIN_ROWS, 256)
+    raw = random_blocks(T.Q6_K, small[0])
+    assert _tiled_q6_k(raw, small) == (raw, T.Q6_K)
+    raw = random_blocks(T.Q6_K, large[0])
+    data, qtype = _tiled_q6_k(raw, large)
+    assert qtype is TILED and torch.equal(data, q6_k_tiled.pack_raw(raw, large))
+
+
 @pytest.mark.gpu
 def test_tiled_replays_in_a_cuda_graph():
     rows, cols = 5120, 2048
@@ -156,6 +176,7 @@ def test_resident_q6_k_layouts_give_the_same_logits(tmp_path, monkeypatch, backe
     from sparkd.engine.models import load_model
     from sparkd.engine.models.weights import Q6_K_LAYOUT_ENV
     path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q4_K"].replace(n_layer=1), "Q6_K"), seed=5)[0]
+    monkeypatch.setattr(q6_k_tiled, "MIN_ROWS", 512)  # the tiny model's head (512 rows) counts as large
     got = {}
     for layout, qtype in (("tiled", TILED), ("gguf", T.Q6_K)):
         monkeypatch.setenv(Q6_K_LAYOUT_ENV, layout)

@@ -67,8 +67,9 @@ GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=T
               "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
               "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
               "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),  # best of 5 (q6k_h200_s5)
-              # session 6 (q6k9): one 8-row tile of kernels/q6_k_tiled.py per 1-warp program
-              "Q6_K_TILED": GemvConfig(block_n=8, num_warps=1, unroll=2, elementwise=True)}
+              # session 6 (q6k9): one 8-row tile of kernels/q6_k_tiled.py per 1-warp program, a group per
+              # step (best of 4 at the head, bench/results/gemv_tiles_h200_s6_q6k.log: 0.94 of copy bandwidth)
+              "Q6_K_TILED": GemvConfig(block_n=8, num_warps=1, unroll=1, elementwise=True)}
 OLD_GEMV_TILES = {"Q8_0": GemvConfig(elementwise=False), "Q8_0_PACKED": GemvConfig(elementwise=False),
                   "Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1, elementwise=False)}
 

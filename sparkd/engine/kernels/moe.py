@@ -322,6 +322,10 @@ OLD_DECODE_TILES = {
 DECODE_TILES = {
     "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q8_0"][1]),
     "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q4_K"][1]),
+    # session 6 (q6k9, H200, bench/results/gemv_tiles_h200_s6_q6k.log): a Q4_K_M file's Q6_K down,
+    # 2048x768 top-8 with Q4_K gate/up, 31.2 us at DOWN_CONFIG -> 22.5 us at Q4_K's down tile (of 5);
+    # a Q6_K gate/up keeps GATE_UP_CONFIG (not measured)
+    "Q6_K": (GATE_UP_CONFIG, GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=8)),
 }
 # (model width from which, down tile): Q8_0 7168x2048 top-8 down 79.6 -> 66.2 us (at 4096 the old
 # tile stays faster: 30.2 vs 34.4 us); Q4_K two ranges of 4 experts, 4096x1536 17.8 -> 16.6 us,

@@ -11,8 +11,9 @@ TILE_ROWS = 8 rows are a tile of G groups (1680 * G bytes: every tile 16-byte al
   scales  group g at 1536 G + 128 g, lane r's 16 bytes at 16 r (the file's order): one 128-bit load;
   d       group g at 1664 G + 16 g, lane r's at 2 r: the tile's 8 in one 128-bit load.
 The same bytes as the file, nothing padded: only matrices whose row count is a multiple of
-TILE_ROWS are repacked (models/weights.py keeps the others as GGUF blocks); streamed experts and
-the MoE keep the GGUF layout.
+TILE_ROWS can be repacked, and models/weights.py repacks those of MIN_ROWS rows or more (the
+output head; the small projections were faster on the GGUF tile); streamed experts and the MoE
+keep the GGUF layout.
 
 The integer step (idot) is q6_k's arithmetic on the same words (the thread's 4 words w = 4c + v
 of q6_k's [rows, 2, 8] tile), into the same accumulator tile: the same integer sums and float
@@ -49,9 +50,22 @@ class TiledQ6_K:
     cols: int
 
 
+# the loader tiles resident matrices of at least this many rows (models/weights.py): H200, session 6
+# (bench/results/gemv_tiles_h200_s6_q6k.log), the 151936x2048 head 112.2 -> 64.4 us, but attn_v's
+# 512x2048 5.5 -> 5.7..7.3 us (launch-bound: a quarter of the GGUF tile's programs); what lies
+# between is not measured and keeps the GGUF blocks. The row count from which matmul.split_for
+# leaves a matrix unsplit at the default tile.
+MIN_ROWS = 16384
+
+
 def packable(shape: tuple[int, int]) -> bool:
     """Whether a Q6_K matrix of this shape can take the tiled layout (whole tiles of rows)."""
     return shape[0] % TILE_ROWS == 0 and shape[1] > 0 and shape[1] % 256 == 0
+
+
+def worth_tiling(shape: tuple[int, int]) -> bool:
+    """Whether the loader tiles a resident Q6_K matrix of this shape: packable and MIN_ROWS rows."""
+    return packable(shape) and shape[0] >= MIN_ROWS
 
 
 def pack_raw(raw: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
@@ -145,6 +159,10 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     isum, v, zero = _isums(quants, scales, lane, m, xw_ptr, g, EMU)
     dx = tl.load(xd_ptr + g)
     if EW:  # into q6_k's elementwise tile acc [BN, 2, 8]; the tile's d's in one load, the row's picked
+        # (whole packing tiles per program: the H200 run of session 6 failed the 2-row tile's check,
+        # not diagnosed; 8 and 16 rows passed)
+        tl.static_assert(acc.shape[0] % _R == 0, "the tiled Q6_K GEMV: an elementwise tile needs block_n a "
+                                                 "multiple of 8 rows (q6_k_tiled.TILE_ROWS)")
         dw = tl.load(ds.to(tl.pointer_type(tl.int32))[:, None, None, None] + v + zero, mask=m, other=0)
         lane4 = lane[:, None, None, None]
         bits = _word(dw, v, lane4 // 2) >> (16 * (lane4 % 2))

@@ -28,7 +28,8 @@ Q8_0_LAYOUTS = ("packed", "gguf")
 Q4_K_LAYOUT_ENV = "SPARKD_Q4_K_LAYOUT"
 Q4_K_LAYOUTS = ("tiled", "gguf")
 # the same for Q6_K: "tiled" (kernels/q6_k_tiled.py: tiles of 8 rows, quants in 128-bit planes, then
-# scales, then d; row counts a multiple of 8; the default) or "gguf" (the 210-byte blocks, session 5)
+# scales, then d; row counts a multiple of 8 from q6_k_tiled.MIN_ROWS: the output head; the default)
+# or "gguf" (the 210-byte blocks, session 5)
 Q6_K_LAYOUT_ENV = "SPARKD_Q6_K_LAYOUT"
 Q6_K_LAYOUTS = ("tiled", "gguf")
 
@@ -152,16 +153,16 @@ def _tiled_q4_k(raw: torch.Tensor, shape: tuple[int, int]):
 
 
 def _tiled_q6_k(raw: torch.Tensor, shape: tuple[int, int]):
-    """A Q6_K projection in kernels/q6_k_tiled.py's layout where its shape allows (_tiled)."""
+    """A Q6_K projection in kernels/q6_k_tiled.py's layout where it pays (worth_tiling: the head)."""
     from sparkd.engine.kernels import q6_k_tiled  # imports triton: only on the kernel path
 
-    return _tiled(q6_k_tiled, raw, shape, GGMLQuantizationType.Q6_K)
+    return _tiled(q6_k_tiled, raw, shape, GGMLQuantizationType.Q6_K, q6_k_tiled.worth_tiling(shape))
 
 
-def _tiled(layout, raw: torch.Tensor, shape: tuple[int, int], qtype: GGMLQuantizationType):
+def _tiled(layout, raw: torch.Tensor, shape: tuple[int, int], qtype: GGMLQuantizationType, wanted: bool = True):
     """A projection's blocks in a tiled layout module's bytes and its qtype, or as they are (qtype)
-    when its row count is not whole tiles (the same bytes either way)."""
-    if not layout.packable(shape):
+    when its row count is not whole tiles or it is not wanted (the same bytes either way)."""
+    if not (wanted and layout.packable(shape)):
         return raw, qtype
     return layout.pack_raw(raw, shape), layout.TILED
 
