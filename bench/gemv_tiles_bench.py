@@ -3,7 +3,7 @@ qkv, MoE experts), old default next to the candidates, Q8_0 on the GGUF blocks a
 (kernels/q8_0_packed.py, type name Q8_0P), Q4_K, Q4_K repacked in tiles of 4 rows (kernels/q4_k_tiled.py,
 type name Q4T; its "old default" row is the GGUF blocks with q4_k's GEMV_TILES tile), Q6_K, Q6_K repacked
 in tiles of 8 rows (kernels/q6_k_tiled.py, type name Q6T; "old default": the GGUF blocks with q6_k's
-GEMV_TILES tile; each tiled row also says whether it gave the old default's bits); the copy
+GEMV_TILES tile; a line after each shape says which tiled rows gave the old default's bits); the copy
 bandwidth measured in the same run. old default: matmul.OLD_GEMV_TILES (session 3's tiles),
 default: GEMV_TILES. Q6_K's old default is its float path (q6_k.FLOAT_FAMILY, what
 SPARKD_Q6_K_INT=0 runs) at its session-4 tile GemvConfig(); "float default" is that path at
@@ -17,7 +17,13 @@ weights are, timed the same way): the small shapes cannot reach the large copy's
 launch and its drain take microseconds whatever the size.
 
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q4T,Q6_K] [--moe]
-       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]]
+       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--compile-workers N]
+
+--vs-s5 (session 6): "s5 default" (GEMV_TILES' tile at session 5's split rule, matmul.split_for
+rule "old", as an explicit split) next to "default" and S6_CANDIDATES; --qx: x quantized once before the timed calls, as the
+engine's norm hands it to the GEMV (one launch per call; without it each call also quantizes x,
+two launches), with "+quant" rows for the old way; --compile-workers N: N processes compile every
+row's kernel first (Triton's disk cache), so the timed process only loads them.
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
@@ -29,7 +35,10 @@ for Q4T after loads: (q4_k_tiled.FAMILIES' key, e.g. vector:4/1/4/e);
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
+import dataclasses
 import json
+import multiprocessing as mp
 
 import torch
 from gguf import GGMLQuantizationType as T
@@ -37,12 +46,15 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 from sparkd.engine import quants
 from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q6_k_tiled, q8_0_packed
-from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv
+from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv, split_for
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 from sparkd.engine.layers.act_round import round_activations
 
 SHAPES = [(151936, 2048), (4096, 2048), (2048, 4096), (5120, 2048)]
 CANDIDATES_ON = True  # --defaults-only: only the old and the new default tiles
+VS_S5 = False  # --vs-s5: session 5's tile and split rule ("s5 default") first, S6_CANDIDATES after
+DEV = "cuda"  # (the interpreter's "cpu" to try the code paths off the box)
+QX = False  # --qx: x quantized before the timed calls, as the engine's norm writes it
 
 
 def tile(text: str) -> GemvConfig:
@@ -64,9 +76,11 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     # tiled (session 5): the default 4/1/4/e (kern6's tile); q4k9: the integer steps with fewer loads
     # (loads:tile, q4_k_tiled.FAMILIES) at the tiles the offline SASS keeps at 64-65 registers
     "Q4T": ["vector:4/1/4/e", "vector64:4/1/4/e", "vector:4/1/2/e"],
-    # tiled Q6_K (session 6, q6k9): one 8-row packing tile per warp, 1, 2 or 4 groups per step (offline
-    # SASS: 64, 68, 96 registers), two tiles on two warps
-    "Q6T": ["8/1/2/e", "8/1/4/e", "16/2/2/e"],
+}
+S6_CANDIDATES = {  # --vs-s5 (session 6, q4k10): the split by hand around the wave rule's, rows per program
+    "Q8_0P": ["2/1/4/e/1", "2/1/4/e/2", "2/1/4/e/4", "1/1/8/e/1", "1/1/4/e/2", "4/1/2/e/1", "2/1/8/e/1"],
+    "Q4T": ["vector:4/1/4/e/1", "vector:4/1/4/e/2", "vector:4/1/4/e/4", "vector:4/1/4/e/8", "vector:4/1/8/e/1",
+            "vector:4/1/2/e/2", "vector:2/1/4/e/2"],
 }
 # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG, what runs without a DECODE_TILES entry)
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "4/1/2/e/8", "8/2/2/e/8"]
@@ -107,81 +121,145 @@ def print_rows(rows: list[dict]) -> None:
               f"{r['frac']:5.2f} {r.get('frac_same', 0.0):5.2f} {r['err']:8.1e}", flush=True)
 
 
-def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
+def weights(name: str, rows: int, cols: int, rotate: bool = True):
+    """Random matrices of a bench type (Q8_0P / Q4T packed from GGUF blocks), as many as rotate past
+    the L2 (else one): (qtype, bytes per matrix, their count, the first one's GGUF blocks,
+    run(cfg, i, x, loads=None, qx=None[, round_x=False]) -> y)."""
     qtype = {"Q8_0P": T.Q8_0, "Q4T": T.Q4_K, "Q6T": T.Q6_K}.get(name) or T[name]
     nbytes = rows * dispatch.FAMILIES[qtype].row_bytes(cols)
-    n = max(2, -(-kb.ROTATE_BYTES // nbytes))
-    buf = kb.random_blocks(qtype, n * nbytes)
+    n = max(2, -(-kb.ROTATE_BYTES // nbytes)) if rotate else 1
+    buf = kb.random_blocks(qtype, n * nbytes, DEV)
     ws = [buf[i * nbytes:(i + 1) * nbytes] for i in range(n)]
-    x = torch.randn(cols, device="cuda")
-    ref = quants.dequantize(ws[0], qtype, (rows, cols)).double() @ kb.x_in(qtype, x).double()
-    y = torch.empty(rows, device="cuda")
+    y = torch.empty(rows, device=DEV)
     if name == "Q8_0P":
         ps = [q8_0_packed.pack(w, (rows, cols)) for w in ws]
-        del buf, ws
 
-        def run(cfg, i):
-            return q8_0_packed.gemv(ps[i % n], x, out=y, config=cfg)
+        def run(cfg, i, x, loads=None, qx=None):
+            return q8_0_packed.gemv(ps[i % n], x, out=y, config=cfg, qx=qx)
     elif name == "Q4T":  # the old default row on the GGUF blocks, the others on the tiled copies
         ts = [q4_k_tiled.pack(w, (rows, cols)) for w in ws]
 
-        def run(cfg, i, loads=None):
-            if cfg is base:
-                return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
-            return q4_k_tiled.gemv(ts[i % n], x, out=y, config=cfg, loads=loads)
+        def run(cfg, i, x, loads=None, qx=None):
+            if cfg is GGUF_BASES[name]:
+                return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, qx=qx)
+            return q4_k_tiled.gemv(ts[i % n], x, out=y, config=cfg, loads=loads, qx=qx)
     elif name == "Q6T":  # the same, q6_k's
         ts = [q6_k_tiled.pack(w, (rows, cols)) for w in ws]
 
-        def run(cfg, i):
-            if cfg is base:
-                return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg)
-            return q6_k_tiled.gemv(ts[i % n], x, out=y, config=cfg)
+        def run(cfg, i, x, loads=None, qx=None):
+            if cfg is GGUF_BASES[name]:
+                return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, qx=qx)
+            return q6_k_tiled.gemv(ts[i % n], x, out=y, config=cfg, qx=qx)
     else:
-        def run(cfg, i, round_x=False):  # round_x: x rounded to Q8_K first (a K-quant's float path)
+        def run(cfg, i, x, loads=None, qx=None, round_x=False):  # round_x: x rounded to Q8_K first (a K-quant's float path)
             rx = (lambda v: round_activations(v, act_quant.Q8_K)) if round_x else None
-            return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, round_x=rx)
-    out = [] if name != "Q6_K" else q6_k_float_rows(qtype, run, ref, nbytes, n, rows, cols, copy_bw)
+            return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, round_x=rx, qx=qx)
+    return qtype, nbytes, n, ws[0], run
+
+
+# the tiled types' "old default": the GGUF blocks at q4_k's / q6_k's tile
+GGUF_BASES = {"Q4T": GEMV_TILES["Q4_K"], "Q6T": GEMV_TILES["Q6_K"]}
+
+
+def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | None, dict]]:
+    """(label, tile, how) of a shape's rows; how: loads (Q4T's integer step), quant (x quantized in
+    the timed call even under --qx)."""
+    key = tiles_name(name)
+    if VS_S5 and key in GEMV_TILES:  # the tile at session 5's split rule, as an explicit split
+        s5 = GEMV_TILES[key]
+        s5 = dataclasses.replace(s5, split=split_for(s5, rows, -(-cols // 256), "cuda", rule="old"))
+        firsts = [("s5 default", s5, {}), ("default", None, {})]
+        if QX:
+            firsts = [("s5 default +quant", s5, dict(quant=True))] + firsts + [("default +quant", None, dict(quant=True))]
+    else:
+        # None: a new integer step (Q6_K), no old tile; a tiled type's old default is the GGUF blocks' tile
+        base = GGUF_BASES.get(name) or OLD_GEMV_TILES.get(key)
+        firsts = [("default", None, {})] if base is None else [("old default", base, {})]
+        firsts += [("default", None, {})] if name in GGUF_BASES or (base is not None and GEMV_TILES[key] != base) else []
+    cands = (S6_CANDIDATES if VS_S5 else CANDIDATES).get(name, []) if CANDIDATES_ON else []
+    tried = [(t, tile(t.rpartition(":")[2]), dict(loads=t.rpartition(":")[0]) if ":" in t else {}) for t in cands]
+    return firsts + tried
+
+
+def call_args(how: dict, x: torch.Tensor, qx) -> dict:
+    """run's keyword arguments for a row: its loads, and x pre-quantized (--qx) unless the row says quant."""
+    out = dict(x=x, loads=how.get("loads") or None)
+    if qx is not None and not how.get("quant"):
+        out["qx"] = qx
+    return out
+
+
+def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
+    qtype, nbytes, n, w0, run = weights(name, rows, cols)
+    x = torch.randn(cols, device="cuda")
+    ref = quants.dequantize(w0, qtype, (rows, cols)).double() @ kb.x_in(qtype, x).double()
+    fam = dispatch.FAMILIES[qtype]
+    qx = act_quant.quantize(x[None], fam.act_fmt) if QX and fam.act_fmt else None
+    out = [] if name != "Q6_K" else q6_k_float_rows(qtype, run, ref, x, nbytes, n, rows, cols, copy_bw)
     same_sec = same_copy_seconds(nbytes)
-    # None: a new integer step (Q6_K), no old tile; Q4T's and Q6T's old default is the GGUF blocks' tile
-    base = {"Q4T": GEMV_TILES["Q4_K"], "Q6T": GEMV_TILES["Q6_K"]}.get(name) or OLD_GEMV_TILES.get(tiles_name(name))
-    tiled = name in ("Q4T", "Q6T")
-    firsts = [("default", None)] if base is None else [("old default", base)]
-    firsts += [("default", None)] if tiled or (base is not None and GEMV_TILES[tiles_name(name)] != base) else []
-    old_y = None
-    tried = [(t, tile(t.rpartition(":")[2])) for t in CANDIDATES[name]] if CANDIDATES_ON else []
-    for label, cfg in firsts + tried:
-        how = dict(loads=label.rpartition(":")[0]) if ":" in label else {}  # Q4T: the integer step by its loads
-        y.fill_(float("nan"))
+    base, old_y, same = GGUF_BASES.get(name), None, {}
+    for label, cfg, how in row_tiles(name, rows, cols):
+        kw = call_args(how, x, qx)
         try:
-            got = run(cfg, 0, **how)
+            got = run(cfg, 0, **kw)
             err = kb.rel_err(got, ref)
-            same = old_y is not None and bool(torch.equal(got, old_y))
-            old_y = got.clone() if cfg is base else old_y
-            sec = kb.graph_seconds(lambda i: run(cfg, i, **how), n)
+            if base is not None:  # a tiled row: the GGUF default's bits?
+                old_y = got.clone() if cfg is base else old_y
+                same.update({} if cfg is base or old_y is None else {label: bool(torch.equal(got, old_y))})
+            sec = kb.graph_seconds(lambda i: run(cfg, i, **kw), n)
         except Exception as e:  # noqa: BLE001 - a candidate that fails leaves the shape's other rows
             print(f"FAILED gemv {rows}x{cols} {name} {label}: {type(e).__name__}: {e}", flush=True)
             continue
         out.append(dict(kernel=f"gemv {rows}x{cols}", type=name, config=label, us=sec * 1e6, bw=nbytes / sec,
-                        frac=nbytes / sec / copy_bw, frac_same=same_sec / sec, err=err,
-                        **(dict(same_bits=same) if tiled and cfg is not base else {})))
+                        frac=nbytes / sec / copy_bw, frac_same=same_sec / sec, err=err))
     print(f"gemv {rows}x{cols} same-bytes copy {same_sec * 1e6:.1f} us ({nbytes / same_sec / 1e9:.0f} GB/s, "
           f"{nbytes / same_sec / copy_bw:.2f} of the 2 GiB copy)", flush=True)
     print_rows(out)
-    same_bits = [f"{r['config']}: {'yes' if r['same_bits'] else 'no'}" for r in out if "same_bits" in r]
-    if same_bits:
-        print(f"gemv {rows}x{cols} {name} the old default's bits: {', '.join(same_bits)}", flush=True)
+    if same:
+        said = ", ".join(f"{k}: {('no', 'yes')[v]}" for k, v in same.items())
+        print(f"gemv {rows}x{cols} {name} the old default's bits: {said}", flush=True)
     torch.cuda.empty_cache()
     return out
 
 
-def q6_k_float_rows(qtype, run, ref, nbytes, n, rows, cols, copy_bw) -> list[dict]:
+def warm(job: tuple) -> str:
+    """Compile one row's kernel (a worker process: Triton's disk cache for the timed run)."""
+    name, rows, cols, label, flags = job
+    global VS_S5, QX, CANDIDATES_ON
+    VS_S5, QX, CANDIDATES_ON = flags
+    try:
+        qtype, _, _, _, run = weights(name, rows, cols, rotate=False)
+        x = torch.randn(cols, device=DEV)
+        fam = dispatch.FAMILIES[qtype]
+        qx = act_quant.quantize(x[None], fam.act_fmt) if QX and fam.act_fmt else None
+        for lab, cfg, how in row_tiles(name, rows, cols):
+            if lab == label:
+                run(cfg, 0, **call_args(how, x, qx))
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the timed run reports it again
+        return f"{name} {rows}x{cols} {label}: {type(e).__name__}"
+    return ""
+
+
+def precompile(names: list[str], shapes: list[tuple[int, int]], workers: int) -> None:
+    """Every row's kernel compiled by `workers` processes first (each tile once per shape)."""
+    flags = (VS_S5, QX, CANDIDATES_ON)
+    jobs = [(name, r, c, label, flags) for name in names for r, c in shapes
+            for label, _, _ in row_tiles(name, r, c)]
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        failed = [f for f in ex.map(warm, jobs) if f]
+    print(f"compiled {len(jobs)} rows' kernels in {workers} processes; failed: {failed}", flush=True)
+
+
+def q6_k_float_rows(qtype, run, ref, x, nbytes, n, rows, cols, copy_bw) -> list[dict]:
     """Q6_K's float path (the family without its integer step, x rounded by the caller as the
     engine rounds it), at its session-4 tile and at the new default tile."""
     out = []
     with kb.float_path(qtype):
         for label, cfg in (("float old default", GemvConfig()), ("float default", None)):
-            err = kb.rel_err(run(cfg, 0, True), ref)
-            sec = kb.graph_seconds(lambda i: run(cfg, i, True), n)
+            err = kb.rel_err(run(cfg, 0, x, round_x=True), ref)
+            sec = kb.graph_seconds(lambda i: run(cfg, i, x, round_x=True), n)
             out.append(dict(kernel=f"gemv {rows}x{cols}", type="Q6_K", config=label, us=sec * 1e6, bw=nbytes / sec,
                             frac=nbytes / sec / copy_bw, err=err))
     return out
@@ -262,18 +340,22 @@ def main() -> None:
     ap.add_argument("--no-act-quant", action="store_true", help="leave out act_quant's rows")
     ap.add_argument("--moe-q6k", action="store_true", help="the MoE with Q4_K gate/up and a Q6_K down")
     ap.add_argument("--no-float-down", action="store_true", help="--moe-q6k without the float down's row")
+    ap.add_argument("--vs-s5", action="store_true", help="session 5's tile and split rule first, S6_CANDIDATES")
+    ap.add_argument("--qx", action="store_true", help="x quantized before the timed calls (the engine's path)")
+    ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling every row first (0: none)")
     args = ap.parse_args()
-    global CANDIDATES_ON, FLOAT_DOWN
-    CANDIDATES_ON = not args.defaults_only
-    FLOAT_DOWN = not args.no_float_down
+    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN
+    CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN = not args.defaults_only, args.vs_s5, args.qx, not args.no_float_down
+    shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
+    if args.compile_workers:
+        precompile(args.types.split(","), shapes, args.compile_workers)
     copy_bw = kb.copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"defaults {GEMV_TILES}", flush=True)
     print("kernel / type / tile / us / GB/s / frac (2 GiB copy) / frac_same (same-bytes copy) / err", flush=True)
     rows = guarded(moe_q6k, copy_bw) if args.moe_q6k else []  # first: the smallest call that times it
-    shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
-    for name in args.types.split(","):
-        for shape in shapes:
+    for shape in shapes:  # every type at a shape before the next shape: a timeout keeps the first shapes whole
+        for name in args.types.split(","):
             rows += guarded(dense, name, *shape, copy_bw)
             save(args.json, copy_bw, rows)  # what is measured survives a timeout
     quants_rows = [] if args.no_act_quant else [quant_row(fmt, cols) for fmt in (act_quant.Q8_0, act_quant.Q8_K)

@@ -127,6 +127,7 @@ def cmd_generate(a) -> int:
     from sparkd.engine.models import load_model
     from sparkd.engine.sampler import Sampler, SamplingParams
     from sparkd.engine.streaming.commands import print_plan, stream_options
+    from sparkd.engine.streaming.eager_step import EagerDecode
     from sparkd.engine.streaming.profile import StageProfile
     from sparkd.engine.streaming.session import open_streaming
 
@@ -138,13 +139,13 @@ def cmd_generate(a) -> int:
         ids = _tokens(a, tok, m.gguf.metadata)
         sample = Sampler(SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                                         min_p=a.min_p, seed=a.seed))
-        if a.device != "cpu":  # JIT-compile the kernels (GEMM, GEMV, MoE) outside the timed region
+        cache = m.net.new_cache(len(ids) + a.n)
+        step = StaticDecode(m.net, cache, graphs=True) if graphs else EagerDecode(m.net, cache)
+        if a.device != "cpu":  # JIT-compile the kernels (GEMM, GEMV, MoE; the linked norms') outside the timed region
             scratch = m.net.new_cache(3)
             m.net(torch.tensor(ids[:1] * 2), scratch)
             m.net(torch.tensor(ids[:1]), scratch)
-        cache = m.net.new_cache(len(ids) + a.n)
-        step = StaticDecode(m.net, cache, graphs=True) if graphs else None
-        if step:  # capture outside the timed region too
+        if graphs:  # capture outside the timed region too
             step.prepare(len(ids) + a.n)
         batch = sm.plan.batch_tokens if sm else len(ids)
         t0 = time.perf_counter()
@@ -152,9 +153,10 @@ def cmd_generate(a) -> int:
             logits = m.net(torch.tensor(ids[i:i + batch]), cache)
         t1 = time.perf_counter()
         before = sm.store.snapshot() if sm else {}
-        prof = StageProfile(m.net) if sm else None
+        prof = StageProfile(m.net, step) if sm else None
         out: list[int] = []
-        on_device = step is not None and step.device_argmax and sample.plain_argmax  # one int back per step
+        drawing = step.begin_sampling(sample.params, ids)  # temperature: drawn on the GPU (graph step)
+        on_device = drawing or (step.device_argmax and sample.plain_argmax)  # one int back per step
         picked = None
         while len(out) < a.n:
             nxt = picked if picked is not None else sample(logits[-1], ids + out)
@@ -164,7 +166,7 @@ def cmd_generate(a) -> int:
             if on_device:
                 picked = step.next_token(nxt)
             else:
-                logits = step(nxt) if step else m.net(torch.tensor([nxt]), cache)
+                logits = step(nxt)
             if sm:
                 sm.store.note_tokens(1)
         t2 = time.perf_counter()

@@ -17,15 +17,18 @@ integer GEMV write x's int8 blocks themselves (link_norm_quant; SPARKD_FUSED_KER
 norm_quant), and a greedy request's token is picked on the GPU inside the graph (next_token:
 torch.argmax, the host sampler's own op, so ties and NaN resolve the same way) so one int comes
 back instead of the logits row ($SPARKD_DEVICE_ARGMAX=0 copies the logits back as before).
+A temperature request draws on the GPU too (device_sampler.DeviceSampler, its own small graph
+per bucket replayed right after the step's, $SPARKD_DEVICE_SAMPLING=0 to sample on the host).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
+from sparkd.engine.device_sampler import DeviceSampler, device_drawable, device_sampling_default
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.ffn import GatedFFN
@@ -36,7 +39,7 @@ from sparkd.engine.layers.moe import MoE
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
 from sparkd.engine.models.decoder import Block, Decoder
-from sparkd.engine.sampler import greedy_pick
+from sparkd.engine.sampler import SamplingParams, greedy_pick
 
 MODES = ("auto", "on", "off")
 # The first bucket: a 256-row attention costs about what a 1-row one does on a GPU, and short
@@ -149,12 +152,18 @@ class StaticDecode:
     step(token) → logits [1, V] on the CPU for `token` at the cache's next position, n_past
     advanced, like net(torch.tensor([token]), cache); next_token(token) → the argmax of those
     logits as the host's torch.argmax picks it, with only that int leaving the device
-    (device_argmax; else the logits come back and the host picks)."""
+    (device_argmax; else the logits come back and the host picks), or, after begin_sampling
+    accepted a temperature request, the token DeviceSampler draws from them."""
 
     def __init__(self, net: Decoder, cache: KVCache, graphs: bool, first_bucket: int = FIRST_BUCKET,
-                 device_argmax: bool | None = None):
+                 device_argmax: bool | None = None, device_sampling: bool | None = None):
         self.net, self.cache, self.graphs = net, cache, graphs
         self.device_argmax = device_argmax_default() if device_argmax is None else device_argmax
+        self.device_sampling = device_sampling_default() if device_sampling is None else device_sampling
+        self.sampler: DeviceSampler | None = None  # made on the first request that draws here
+        self.drawing = False                       # next_token draws (else picks the argmax)
+        self._draws: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._draw_pool = None  # one pool for every bucket's draw graph, as _pool for the steps
         self.buckets = buckets(cache.max_ctx, first_bucket)
         self.token = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static inputs
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.device)
@@ -163,22 +172,51 @@ class StaticDecode:
         link_norm_quant(net)
 
     def __call__(self, token: int) -> torch.Tensor:
-        return self._advance(token)[0].cpu()
+        return self._advance(token)[1].cpu()
+
+    def begin_sampling(self, params: SamplingParams, history: Sequence[int] = (),
+                       bias: torch.Tensor | None = None) -> bool:
+        """Set a request up; True when next_token will draw its tokens on the device (a
+        temperature request with device_sampling on; history: the tokens before the next one fed,
+        bias: its logit bias [V] or None), False when next_token picks the argmax."""
+        self.drawing = self.device_sampling and device_drawable(params)
+        if self.drawing:
+            self._sampler().begin(params, history, bias)
+        return self.drawing
 
     def next_token(self, token: int) -> int:
-        """Step `token` and return the greedy pick for the next position: torch.argmax of the
-        logits row (the lowest id among ties; a NaN wins, as on the host)."""
-        logits, picked = self._advance(token)
+        """Step `token` and return the pick for the next position: the draw when drawing, else
+        torch.argmax of the logits row (the lowest id among ties; a NaN wins, as on the host)."""
+        span, logits, picked = self._advance(token)
+        if self.drawing:
+            return int(self._draw(span, logits))
         return int(picked if picked is not None else greedy_pick(logits[-1].cpu()))
 
-    def _advance(self, token: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _advance(self, token: int) -> tuple[int, torch.Tensor, torch.Tensor | None]:
         cache = self.cache
         span = self._span(cache.n_past + 1)
         self.token.fill_(token)
         self.pos.fill_(cache.n_past)
         out = self._replay(span) if self.graphs else self._step(span)
         cache.n_past += 1
-        return out
+        return span, *out
+
+    def _sampler(self) -> DeviceSampler:
+        if self.sampler is None:
+            self.sampler = DeviceSampler(self.net.cfg.n_vocab, self.cache.device)
+        return self.sampler
+
+    @torch.inference_mode()
+    def _draw(self, span: int, logits: torch.Tensor) -> torch.Tensor:
+        """The token fed joins the sampler's ring, then the draw: eager, or the bucket's graph."""
+        if not self.graphs:
+            self.sampler.push(self.token)
+            return self.sampler.draw(logits[-1])
+        if span not in self._draws:
+            self._draws[span] = self._capture_draw(logits)
+        graph, picked = self._draws[span]
+        graph.replay()
+        return picked
 
     def prepare(self, n_positions: int) -> None:
         """Capture the graphs of every bucket up to n_positions now rather than on first use.
@@ -187,6 +225,8 @@ class StaticDecode:
         for span in self.buckets:
             if self.graphs and span not in self._graphs:
                 self._graphs[span] = self._capture(span)
+            if self.graphs and self.device_sampling and span not in self._draws:
+                self._draws[span] = self._capture_draw(self._graphs[span][1])
             if span >= n_positions:
                 return
 
@@ -227,3 +267,24 @@ class StaticDecode:
             out = self._step(span)
         self._pool = graph.pool()
         return graph, *out
+
+    def _capture_draw(self, logits: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """A graph of push + draw over one bucket's logits. The generator is registered with it
+        (each replay then takes the generator's seed and offset of that moment, so a reseed in
+        begin_sampling holds), and its state is put back after the warm-up draw: when a capture
+        happens does not change the tokens a seed gives."""
+        sampler = self._sampler()
+        state = sampler.generator.get_state()
+        side = torch.cuda.Stream(self.cache.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # the warm-up: no push, the ring stays as the request set it
+            sampler.draw(logits[-1])
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(sampler.generator)
+        with torch.cuda.graph(graph, pool=self._draw_pool):
+            sampler.push(self.token)
+            picked = sampler.draw(logits[-1])
+        self._draw_pool = graph.pool()
+        sampler.generator.set_state(state)
+        return graph, picked

@@ -69,7 +69,7 @@ class Engine:
         self.think: ThinkTags | None = None
         self.streaming: StreamingModel | None = None
         self._cache = None
-        self._step = None  # StaticDecode over _cache when graphs are on
+        self._step = None  # StaticDecode over _cache when graphs are on, else EagerDecode
         self._plan: dict[str, int] = {}
 
     # --- loading ------------------------------------------------------------------------------
@@ -119,6 +119,7 @@ class Engine:
 
     def _finish_load(self, model: Any) -> None:
         from sparkd.engine.cuda_graphs import StaticDecode, use_graphs
+        from sparkd.engine.streaming.eager_step import EagerDecode
 
         graphs = use_graphs(self.cuda_graphs, model.net, self.device, self.streaming is not None, self._log)
         self.cfg = model.cfg
@@ -127,13 +128,13 @@ class Engine:
         self.think = self._think_tags()
         if self.streaming is None:
             self._warm_experts(model.net)
-        if self.device != "cpu":  # JIT-compile the kernels now, not in the first request
+        self._cache = model.net.new_cache(self.n_ctx)
+        self._step = StaticDecode(model.net, self._cache, graphs=True) if graphs else EagerDecode(model.net, self._cache)
+        if self.device != "cpu":  # JIT-compile the kernels (the linked norms' too) now, not in the first request
             scratch = model.net.new_cache(3)
             model.net(torch.tensor([0, 0]), scratch)
             model.net(torch.tensor([0]), scratch)
-        self._cache = model.net.new_cache(self.n_ctx)
-        self._step = StaticDecode(model.net, self._cache, graphs=True) if graphs else None
-        if self._step is not None:  # the first bucket's capture now, not in the first request
+        if graphs:  # the first bucket's capture now, not in the first request
             self._step.prepare(1)
         self.gguf, self.net = model.gguf, model.net
 
@@ -241,8 +242,10 @@ class Engine:
             logits = self.net(torch.tensor(ids[i:i + batch]), cache)[-1]
         history = list(req.prompt_ids)
         budget = _ReasoningBudget(req)
-        # greedy on a graph-captured step: the GPU picks, one int comes back instead of the logits
-        on_device = self._step is not None and self._step.device_argmax and bias is None and sample.plain_argmax
+        # the step's device picks (greedy) or draws (temperature, graph step only): one int comes
+        # back instead of the logits row
+        drawing = self._step.begin_sampling(req.sampling, history, bias)
+        on_device = drawing or (self._step.device_argmax and bias is None and sample.plain_argmax)
         picked = None
         for _ in range(req.max_tokens):
             if cancel.is_set():
@@ -260,7 +263,7 @@ class Engine:
             if on_device:
                 picked = self._step.next_token(token)
             else:
-                logits = (self._step(token) if self._step else self.net(torch.tensor([token]), cache))[-1]
+                logits = self._step(token)[-1]
             if self.streaming is not None:
                 self.streaming.store.note_tokens(1)
 

@@ -94,9 +94,8 @@ class Sampler:
     def plain_argmax(self) -> bool:
         """Whether every pick is torch.argmax of the raw logits (greedy, no repetition penalty):
         then the device may pick the token itself (StaticDecode.next_token) and only it comes
-        back. Temperature draws stay here: top-p and min-p weigh the whole vocabulary, and the
-        draw (torch.multinomial on this host generator) consumes one number per vocabulary
-        entry, so an identical pick needs the whole row on the host."""
+        back. Temperature draws take the device sampler (device_sampler.py) unless it is switched
+        off: the same distribution, another random stream than this host generator's."""
         p = self.params
         return p.temperature == 0 and (p.repetition_penalty == 1.0 or p.repetition_window == 0)
 
@@ -104,11 +103,20 @@ class Sampler:
         if logits.dim() != 1:
             raise SamplingError(f"could not sample: logits must be one row [vocab], got shape {tuple(logits.shape)}")
         p = self.params
+        if p.temperature == 0:
+            return int(greedy_pick(self._penalised(logits, history)))
+        return int(torch.multinomial(self.probabilities(logits, history), 1, generator=self.generator))
+
+    def probabilities(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
+        """The distribution a temperature draw samples from: float64 [vocab], 0 where the filters
+        drop a token (device_sampler.DeviceSampler computes the same, op for op)."""
+        p = self.params
+        logits = filter_logits(self._penalised(logits, history), p.top_k, p.top_p, p.min_p)
+        return torch.softmax(logits.double() / p.temperature, dim=0)
+
+    def _penalised(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
+        p = self.params
         logits = logits.float()
         if p.repetition_window:
             logits = apply_repetition_penalty(logits, history[-p.repetition_window:], p.repetition_penalty)
-        if p.temperature == 0:
-            return int(greedy_pick(logits))
-        logits = filter_logits(logits, p.top_k, p.top_p, p.min_p)
-        probs = torch.softmax(logits.double() / p.temperature, dim=0)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return logits

@@ -47,14 +47,21 @@ def test_stack_gives_the_bits_of_its_parts(backend, qtype):
         assert torch.equal(qkv(x), want), tokens
 
 
+@pytest.mark.parametrize("rule", matmul.SPLIT_RULES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_stack_across_the_split_threshold_keeps_each_parts_split(backend, monkeypatch):
-    """A part large enough to lose its split (split_for's TARGET_PROGRAMS row tiles) while the
-    others keep theirs: the stack runs each part with its own split, still the same bits."""
-    monkeypatch.setattr(matmul, "TARGET_PROGRAMS", 2)  # 2 tiles of 64 rows (the interpreter's)
+def test_stack_across_the_split_threshold_keeps_each_parts_split(backend, rule, monkeypatch):
+    """A part large enough to lose its split (old rule: split_for's TARGET_PROGRAMS row tiles; wave
+    rule: more row tiles than a wave holds) while the others keep theirs: the stack runs each part
+    with its own split, still the same bits."""
+    monkeypatch.setattr(matmul, "SPLIT_RULE", rule)
+    if rule == "old":
+        monkeypatch.setattr(matmul, "TARGET_PROGRAMS", 2)  # 2 tiles of 64 rows (the interpreter's)
+    cfg = matmul.default_config(dispatch.family(T.Q8_0)) if backend == "cuda" else matmul.GemvConfig(block_n=64)
+    wave = 2 * -(-9 // cfg.block_n)  # the 9-row part keeps 2 ranges, the 130-row one has more tiles
+    monkeypatch.setattr(matmul, "wave_programs", lambda num_warps, device=None: wave)
     parts = [kernel_linear(T.Q8_0, rows, backend) for rows in (130, 9)]
-    assert matmul.split_for(matmul.GemvConfig(block_n=64), 130, 8) != matmul.split_for(
-        matmul.GemvConfig(block_n=64), 9, 8)
+    assert (matmul.split_for(cfg, 130, 8, backend) != matmul.split_for(cfg, 9, 8, backend)) == (
+        rule == "wave" or backend != "cuda")
     x = torch.randn(1, COLS, device=backend)
     assert torch.equal(KernelLinear.stack(parts)(x), torch.cat([m(x) for m in parts], dim=-1))
 

@@ -36,6 +36,17 @@ TARGET_PROGRAMS = 2048
 FOLDS = ("kernel", "torch")
 FOLD_ENV = "SPARKD_GEMV_FOLD"  # GemvConfig.fold's default, read once: "torch" falls back without a code change
 RANGE_GROUPS = 4  # groups (256 values each) per split-K range: 1024 values of a row per program
+# split_for's rule when a tile leaves the split to the shape: "wave" (session 6) caps session 5's
+# split at one wave of resident programs; "old" is session 5's
+SPLIT_ENV = "SPARKD_GEMV_SPLIT"
+SPLIT_RULES = ("wave", "old")
+SPLIT_RULE = os.environ.get(SPLIT_ENV, "wave")
+if SPLIT_RULE not in SPLIT_RULES:
+    raise dispatch.KernelArgumentError(f"could not read ${SPLIT_ENV}: {SPLIT_RULE!r} is not one of {SPLIT_RULES}")
+# Hopper's most resident blocks per SM: a one-warp program at <= 64 registers (every default
+# tile) reaches it, so a wave is 32 one-warp programs per SM
+PROGRAMS_PER_SM = 32
+DEFAULT_SMS = 132  # H200 / H100 SXM: the stand-in off CUDA (the interpreter)
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,8 @@ class GemvConfig:
 # in the words' shape (no layout conversion through shared memory; bench/kernels_sass.py).
 # Q4_K_TILED (session 5, q4k8): kern6's tile on the tiled layout (kernels/q4_k_tiled.py; H200:
 # head 0.63 -> 0.68 of copy bandwidth, bench/results/gemv_tiles_h200_s5_q4k.log).
+# Session 6 (q4k10): the packed Q8_0 tile keeps split 1 (ranges by the wave rule were 1.3-1.9 us
+# slower at 2048x4096 and 4096x2048 on the H200, bench/results/gemv_tiles_h200_s6.log).
 # OLD_GEMV_TILES: session 3's, to time against or fall back to (config=OLD_GEMV_TILES[name]).
 GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
@@ -88,18 +101,46 @@ def stages_arg(cfg: GemvConfig) -> int | None:
     return cfg.stages or None
 
 
-def split_for(cfg: GemvConfig, rows: int, groups: int) -> int:
-    """The configured split, else: none when the matrix alone has TARGET_PROGRAMS row tiles (the
-    output head), else ranges of RANGE_GROUPS groups. The split depends on the row count only
-    through that threshold, so a matrix of stacked rows (fused QKV) sums every row as the parts
-    alone do when all are on one side of it (KernelLinear checks). On the Q8_0 tile it is the
-    split of the session-3 rule (TARGET_PROGRAMS // tiles, capped at groups // 2) for q and o of a
-    Qwen3-30B-A3B (2 and 4); k and v get 2 instead of 4."""
+def split_for(cfg: GemvConfig, rows: int, groups: int, device: torch.device | str | None = None,
+              rule: str | None = None) -> int:
+    """The configured split, else session 5's rule ("old"): none when the matrix alone has
+    TARGET_PROGRAMS row tiles (the output head), else ranges of RANGE_GROUPS groups; rule "wave"
+    (SPLIT_RULE's default) then takes as few ranges as keep the grid within one wave of resident
+    programs (the GPU of `device`, else DEFAULT_SMS): H200, tiled Q4_K 4096x14336 14 -> 4 ranges
+    17.4 -> 15.2 us, 6144x4096 4 -> 2 9.7 -> 8.1 us, the best split tried at every shape
+    (bench/results/gemv_tiles_h200_s6.log). Either way the split only shrinks as the row count
+    grows, and rows enter only through the threshold and the cap, so a stack (fused QKV) whose
+    parts all get the same split sums every row as the parts alone do (KernelLinear checks). On
+    the Q8_0 tile the old rule is the split of the session-3 rule for q and o of a Qwen3-30B-A3B."""
     if cfg.split:
         return max(1, min(cfg.split, groups))
-    if triton.cdiv(rows, cfg.block_n) >= TARGET_PROGRAMS:
-        return 1
-    return triton.cdiv(groups, RANGE_GROUPS)
+    tiles = triton.cdiv(rows, cfg.block_n)
+    split = 1 if tiles >= TARGET_PROGRAMS else triton.cdiv(groups, RANGE_GROUPS)
+    rule = rule or SPLIT_RULE
+    if rule not in SPLIT_RULES:
+        raise dispatch.KernelArgumentError(f"could not choose the GEMV's split: rule {rule!r} is not one of "
+                                           f"{SPLIT_RULES}")
+    if rule == "old":
+        return split
+    return max(1, min(split, wave_programs(cfg.num_warps, device) // tiles))
+
+
+def wave_programs(num_warps: int, device: torch.device | str | None = None) -> int:
+    """Programs of num_warps warps that the GPU holds at once (PROGRAMS_PER_SM per SM for one warp)."""
+    sms = DEFAULT_SMS
+    if device is not None and torch.device(device).type == "cuda":
+        sms = _sm_count(torch.device(device).index)
+    return sms * PROGRAMS_PER_SM // max(1, num_warps)
+
+
+_SMS: dict[int | None, int] = {}
+
+
+def _sm_count(index: int | None) -> int:
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(
+            torch.cuda.current_device() if index is None else index).multi_processor_count
+    return _SMS[index]
 
 
 @triton.jit
@@ -309,7 +350,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
         return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx)
-    split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen))
+    split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
     x = x if round_x is None else round_x(x).contiguous()
@@ -328,7 +369,7 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     quantized to act_fmt (or qx, x quantized so already), y [rows] written. Arguments checked by
     the caller."""
     rows, cols = shape
-    split = split_for(cfg, rows, triton.cdiv(cols, 256))
+    split = split_for(cfg, rows, triton.cdiv(cols, 256), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
     q = act_quant.quantize(x[None], act_fmt) if qx is None else qx

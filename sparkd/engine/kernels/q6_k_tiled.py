@@ -199,8 +199,9 @@ FLOAT_FAMILY = dataclasses.replace(INT_FAMILY, idot=None, act_fmt=None)
 FAMILY = INT_FAMILY if q6_k.FAMILY.idot is not None else FLOAT_FAMILY
 
 
-def gemv(w: TiledQ6_K, x: torch.Tensor, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
-    """y = W @ x for one token, W tiled (pack): matmul.gemv on the TILED family."""
+def gemv(w: TiledQ6_K, x: torch.Tensor, out: torch.Tensor | None = None, config=None, qx=None) -> torch.Tensor:
+    """y = W @ x for one token, W tiled (pack): matmul.gemv on the TILED family; qx: x already
+    quantized to Q8_K (act_quant.QuantX, as a norm writes it), else the GEMV quantizes x."""
     from sparkd.engine.kernels.matmul import gemv as run  # matmul imports dispatch, which imports this
 
-    return run(w.data, TILED, (w.rows, w.cols), x, out=out, config=config)
+    return run(w.data, TILED, (w.rows, w.cols), x, out=out, config=config, qx=qx)

@@ -117,9 +117,10 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 FAMILY = PackedFamily(PACKED, 32, 34, 8, 32, dequant, align=16, idot=idot, act_fmt=Q8_0, iacc=(8, 8))
 
 
-def gemv(w: PackedQ8_0, x: torch.Tensor, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
-    """y = W @ x for one token, W packed (pack): matmul.gemv on the PACKED family."""
+def gemv(w: PackedQ8_0, x: torch.Tensor, out: torch.Tensor | None = None, config=None, qx=None) -> torch.Tensor:
+    """y = W @ x for one token, W packed (pack): matmul.gemv on the PACKED family (qx: x already
+    quantized to Q8_0 blocks, act_quant.QuantX, else the GEMV quantizes it)."""
     from sparkd.engine.kernels.matmul import gemv as run  # matmul imports dispatch, which imports this
 
-    return run(w.data, PACKED, (w.rows, w.cols), x, out=out, config=config)
+    return run(w.data, PACKED, (w.rows, w.cols), x, out=out, config=config, qx=qx)
 

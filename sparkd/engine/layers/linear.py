@@ -125,7 +125,7 @@ class KernelLinear(nn.Module):
             fam = dispatch.family(self.qtype)
             cfg = default_config(fam) if on_cuda else GemvConfig(block_n=64)
             groups = -(-self.shape[1] // (fam.nsub * fam.sublen))  # as gemv counts them
-            splits = {split_for(cfg, rows, groups) for rows in self.parts}
+            splits = {split_for(cfg, rows, groups, self.raw.device) for rows in self.parts}
             one_launch = len(splits) == 1
             self._gemv_configs[on_cuda] = (dataclasses.replace(cfg, split=splits.pop()) if one_launch else cfg,
                                            one_launch)

@@ -25,10 +25,14 @@ _STORE_SECONDS = ("host_sync_seconds", "admission_seconds", "table_seconds")
 
 
 class StageProfile:
-    def __init__(self, net: nn.Module):
+    """step (optional): the decode step object whose next_token the caller uses (EagerDecode): a
+    token picked on the device runs the network without its forward, so "total" times that call."""
+
+    def __init__(self, net: nn.Module, step=None):
         self.seconds: dict[str, float] = defaultdict(float)
         self._t0: dict[int, float] = {}
         self._handles = []
+        self._step, self._depth = step, 0
         self._spans: dict[str, list] = defaultdict(list)  # stage -> [(start event, end event)]
         self._open: dict[str, object] = {}
         moes = [b.ffn for b in net.blocks if isinstance(b.ffn, MoE)]
@@ -40,7 +44,10 @@ class StageProfile:
             if isinstance(block.ffn, MoE):
                 self._time(block.ffn.router, "router")
                 self._time(block.ffn, "moe")
-        self._time(net, "total")
+        self._handles += [net.register_forward_pre_hook(lambda *_: self._total(1)),
+                          net.register_forward_hook(lambda *_: self._total(-1))]
+        if step is not None:
+            step.next_token = self._timed(step.next_token)
         if self._cuda:
             for block in net.blocks:
                 self._span(block.attn, "attention")
@@ -57,6 +64,23 @@ class StageProfile:
         def post(m, args, out):
             self.seconds[stage] += time.perf_counter() - self._t0.pop(id(m))
         self._handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+
+    def _total(self, change: int) -> None:
+        """The outermost of the step's call and the network's forward inside it is "total"."""
+        if change > 0 and self._depth == 0:
+            self._t0[id(self)] = time.perf_counter()
+        self._depth += change
+        if self._depth == 0:
+            self.seconds["total"] += time.perf_counter() - self._t0.pop(id(self))
+
+    def _timed(self, fn):
+        def call(*args, **kwargs):
+            self._total(1)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._total(-1)
+        return call
 
     def _span(self, mod: nn.Module, stage: str) -> None:
         self._handles += [mod.register_forward_pre_hook(lambda *_: self._start(stage)),
@@ -113,5 +137,7 @@ class StageProfile:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
+        if self._step is not None:
+            del self._step.next_token  # back to the class's method
         if self._store is not None:
             self._store.on_kernel_select = None

@@ -23,6 +23,7 @@ from sparkd.engine.gguf_file import GGUFModel, TensorInfo
 from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.experts import DOWN, GATE, UP, ExpertWeights
 from sparkd.engine.quants import dequantize
+from sparkd.engine.streaming import eager_step
 from sparkd.engine.streaming.arena import Arena
 from sparkd.engine.streaming.plan import MemoryPlan, bracket_bytes
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, make_policy
@@ -85,6 +86,7 @@ class StreamingExperts:
         self._draining: list[ExpertRead] = []  # dropped prefetches whose reads are still landing
         self._pinned: set[Key] = set()
         self._layers: dict[int, _Layer] = {}
+        self._parts: dict[Key, list[Part]] = {}  # parts(): one list per expert, made once
         self._lock = threading.RLock()
         self._trace, self._step, self._last_layer = trace, 0, -1
         self.kernel_device: str | None = None  # set: decode reads slots in place (zero_copy.py)
@@ -111,6 +113,17 @@ class StreamingExperts:
         return self._layers[il]
 
     def parts(self, il: int, expert: int) -> list[Part]:
+        """The expert's gate, up and down as they lie in the file and in a slot; kept per expert
+        (they never change) unless $SPARKD_EAGER_STEP leaves out parts_cache."""
+        key = (il, expert)
+        parts = self._parts.get(key)
+        if parts is None:
+            parts = self._make_parts(il, expert)
+            if eager_step.on("parts_cache"):
+                self._parts[key] = parts
+        return parts
+
+    def _make_parts(self, il: int, expert: int) -> list[Part]:
         out, at = [], 0
         for info in self._layer(il).infos:
             offset, nbytes = info.leading_slice(expert)
@@ -136,6 +149,15 @@ class StreamingExperts:
         act_gate, act_up, act_down = (vec_dot_format(info.ggml_type) for info in lay.infos)
         return ExpertWeights(_Lazy(batch, 0), _Lazy(batch, 1), _Lazy(batch, 2), gb, ub, db,
                              act_gate, act_up, act_down, order=batch.order)
+
+    def x_format(self, il: int) -> str | None:
+        """The int8 block format the MoE kernels quantize layer il's x to, for the norm before it
+        (cuda_graphs.link_norm_quant); None without a kernel device or an integer gate/up."""
+        if self.kernel_device is None:
+            return None
+        from sparkd.engine.streaming.zero_copy import x_format
+
+        return x_format(self, il, self.kernel_device)
 
     def kernel_select(self, layer: int, expert_ids):
         """Kernel table of one token's experts, from VRAM slots and arena slots (see zero_copy.py),

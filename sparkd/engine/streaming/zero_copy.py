@@ -11,7 +11,9 @@ memory and device memory in one 64-bit address space; the interpreter reads raw 
 Experts admitted to VRAM are copied from their arena slot after their read, on the cache's side
 stream; this token's kernel still reads them from the arena.
 
-The table is built for every layer of every token, so its host cost is part of each decode step:
+The table is built for every layer of every token, so its host cost is part of each decode step
+(built while the layer's reads are in flight: it names slots, not their bytes; $SPARKD_EAGER_STEP
+without early_table builds it after they land):
 by default (SPARKD_STREAM_TABLE=cached) the layer's types, buffers and one expert's offsets are
 checked once through the kernels' prepare() and kept; per call only the offsets are made, checked
 in Python (alignment, inside the slot's buffer) and copied to the device in one copy.
@@ -28,6 +30,7 @@ from typing import Sequence
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.quant_experts import KernelSelection
+from sparkd.engine.streaming import eager_step
 
 TABLE_ENV = "SPARKD_STREAM_TABLE"
 TABLE_MODES = ("cached", "checked")
@@ -44,13 +47,9 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> Kerne
     """Make `expert_ids` of `layer` readable by the kernels (VRAM hits as they are; the rest read
     into the arena, waited for) and describe them as a prepared kernel table; None if the layer has
     expert biases or a type without a kernel (the caller takes the generic path)."""
-    from sparkd.engine.kernels import dispatch
     from sparkd.engine.streaming.store import _Batch
 
-    lay = store._layer(layer)
-    gate, up, down = lay.infos
-    if any(b is not None for b in lay.biases) or gate.ggml_type != up.ggml_type \
-            or not {gate.ggml_type, down.ggml_type} <= set(dispatch.FAMILIES):
+    if not _kernel_layer(store, layer):
         return None
     ids = [int(e) for e in expert_ids]
     vram = store.vram
@@ -67,17 +66,46 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> Kerne
     if batch.deferred:  # the kernels need every selected expert in a slot at once
         raise EngineError(f"could not hold the {len(host_ids)} experts of layer {layer} in the expert "
                           f"cache at once for the GPU kernels: every slot is pinned (raise the budget)")
-    for j, read in list(batch.reads.items()):
-        batch._wait(j, read)
-    host_slot = {e: batch.slots[j] for j, e in enumerate(host_ids)}
+    host_slot = {e: batch.slots[j] for j, e in enumerate(host_ids)}  # claimed when the reads were issued
+    # the table names slots, not their bytes: built while the reads land (early_table)
+    try:
+        table = _build(store, layer, ids, in_vram, host_slot, device) if eager_step.on("early_table") else None
+    finally:  # landed (or forgotten) before anyone may take these slots as filled, even on an error
+        for j, read in list(batch.reads.items()):
+            batch._wait(j, read)
     t0 = time.perf_counter()
     if vram is not None:
         _admit(store, layer, host_ids, host_slot, in_vram)
-    t1 = time.perf_counter()
+    store.stats.admission_seconds += time.perf_counter() - t0
+    return table if table is not None else _build(store, layer, ids, in_vram, host_slot, device)
+
+
+def _kernel_layer(store, layer: int) -> bool:
+    """Whether the MoE kernels can run the layer: no expert biases, gate and up of one type, and
+    kernels for its types."""
+    from sparkd.engine.kernels import dispatch
+
+    lay = store._layer(layer)
+    gate, up, down = lay.infos
+    return all(b is None for b in lay.biases) and gate.ggml_type == up.ggml_type \
+        and {gate.ggml_type, down.ggml_type} <= set(dispatch.FAMILIES)
+
+
+def x_format(store, layer: int, device) -> str | None:
+    """The int8 block format the decode kernels quantize the layer's x to (its gate/up family's,
+    from the layer's checked template), None where they do not run or multiply floats."""
+    if not _kernel_layer(store, layer):
+        return None
+    base = store.arena.tensor if store.vram is None else store.vram.buffer
+    gate_up = _template(store, layer, 0, base, device).gate_up
+    return gate_up.act_fmt if gate_up.idot is not None else None
+
+
+def _build(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device):
+    t0 = time.perf_counter()
     build = _table_cached if store.table_mode == "cached" else _table
     table = build(store, layer, ids, in_vram, host_slot, device)
-    store.stats.admission_seconds += t1 - t0
-    store.stats.table_seconds += time.perf_counter() - t1
+    store.stats.table_seconds += time.perf_counter() - t0
     return table
 
 

@@ -1,0 +1,64 @@
+"""DeviceSampler's draw as a CUDA graph on one 151936-entry logits row, alone (no model): us per
+replay with the GPU's spelled-out softmax (device_sampler.softmax) and with torch.softmax (one
+thread block per row; what sampling_bench.py's first run measured inside decode). On the GPU box:
+    python3 bench/gpu_box/draw_graph_bench.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from sparkd.engine import device_sampler
+from sparkd.engine.device_sampler import DeviceSampler
+from sparkd.engine.sampler import SamplingParams
+
+CASES = {"llama.cpp chain at 0.8": SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1),
+         "temperature 0.8 only": SamplingParams(temperature=0.8, seed=1)}
+SOFTMAX = {"spelled out": device_sampler.softmax, "torch.softmax": lambda x: torch.softmax(x, dim=0)}
+
+
+def replay_us(params: SamplingParams, logits: torch.Tensor, reps: int) -> float:
+    ds = DeviceSampler(logits.numel(), "cuda")
+    ds.begin(params, [1, 2, 3])
+    token = torch.tensor([4], device="cuda")
+    ds.draw(logits)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    graph.register_generator_state(ds.generator)
+    with torch.cuda.graph(graph):
+        ds.push(token)
+        ds.draw(logits)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    logits = torch.randn(a.vocab, generator=torch.Generator().manual_seed(0)).mul(3).cuda()
+    res = {}
+    for sname, fn in SOFTMAX.items():
+        device_sampler.softmax = fn
+        for cname, params in CASES.items():
+            res[f"{sname}, {cname}"] = us = replay_us(params, logits, a.reps)
+            print(f"{sname:14s} {cname:24s} {us:8.1f} us per draw", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Graph-replayed decode tok/s with the token picked three ways, in one process on one model:
+greedy (torch.argmax inside the step's graph), temperature on the host (the logits row comes back,
+Sampler draws; SPARKD_DEVICE_SAMPLING=0) and temperature on the device (DeviceSampler's graph
+right after the step's, one int back). Also the draw graph's own time (replays alone, CUDA events).
+On the GPU box:
+    python3 bench/gpu_box/sampling_bench.py --model /tmp/q30-12l-e8-Q8_0.gguf --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from sparkd.engine.cuda_graphs import StaticDecode
+from sparkd.engine.models import load_model
+from sparkd.engine.sampler import Sampler, SamplingParams
+
+PROMPT = [1, 7, 42, 3, 99, 100, 5, 17]
+# llama.cpp's default chain at temperature 0.8
+HOT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1234)
+GREEDY = SamplingParams(temperature=0.0)
+SETTINGS = {"greedy (device argmax)": (GREEDY, True), "temperature 0.8 host": (HOT, False),
+            "temperature 0.8 device": (HOT, True)}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run(net, params: SamplingParams, on_device: bool, n: int) -> tuple[dict, StaticDecode]:
+    cache = net.new_cache(len(PROMPT) + n + 2)
+    token = int(net(torch.tensor(PROMPT), cache)[-1].argmax())
+    graphs = cache.device.type == "cuda"  # --device cpu: a dry run of this script, uncaptured
+    step = StaticDecode(net, cache, graphs=graphs, device_argmax=True, device_sampling=on_device)
+    step.prepare(len(PROMPT) + n + 1)
+    history = PROMPT + [token]
+    drawing = step.begin_sampling(params, PROMPT)
+    host = Sampler(params)
+    one = step.next_token if drawing or params.temperature == 0 else (lambda t: host(step(t)[-1], history))
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        token = one(token)
+        history.append(token)
+    sync()
+    seconds = time.perf_counter() - t0
+    return {"tok_s": n / seconds, "ms_per_token": seconds * 1e3 / n, "drawing": drawing,
+            "distinct_tokens": len(set(history[len(PROMPT):]))}, step
+
+
+def draw_us(step: StaticDecode, reps: int = 200) -> float:
+    graph = next(iter(step._draws.values()))[0]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    m = load_model(a.model, device=a.device)
+    name = torch.cuda.get_device_name() if a.device == "cuda" else a.device
+    res = {"model": a.model, "device": name, "hot": repr(HOT), "settings": {}}
+    try:
+        for name, (params, on_device) in SETTINGS.items():
+            r, step = run(m.net, params, on_device, a.tokens)
+            if name.endswith("device") and step.graphs:
+                r["draw_graph_us"] = draw_us(step)
+            res["settings"][name] = r
+            print(f"{name:24s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
+                  f"drawing={r['drawing']} distinct={r['distinct_tokens']}"
+                  + (f" draw graph {r['draw_graph_us']:.1f} us" if "draw_graph_us" in r else ""), flush=True)
+    finally:
+        m.close()
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Temperature sampling where the logits are: the host Sampler's chain on the device, one int back.
+
+The chain is the host's (sampler.py): logit bias, repetition penalty over the recent tokens, the
+top-k / top-p / min-p filters on the ranked logits, temperature, a draw. Every parameter sits in a
+device buffer and the recent tokens in a device ring, so the chain has fixed shapes and no host
+sync: StaticDecode captures it once per bucket as a CUDA graph and every request replays it.
+
+The distribution equals the host Sampler's bit for bit on the same logits on the CPU (the same
+torch ops in the same order; tests/engine/test_device_sampler.py), and within rounding on a GPU
+(there the softmax is spelled out, see softmax()). The draw does not: the host's
+torch.multinomial consumes its CPU generator, this one takes one uniform number from a device
+generator (seeded from the request's seed) and inverts the cumulative distribution in ranked
+order. So a seeded request gets other tokens, equally distributed, with the device path on:
+$SPARKD_DEVICE_SAMPLING=0 brings the logits row back to the host Sampler as before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from sparkd.engine.errors import EngineError
+from sparkd.engine.sampler import SamplingParams
+
+DEVICE_SAMPLING_ENV = "SPARKD_DEVICE_SAMPLING"
+_SWITCH = {"1": True, "on": True, "0": False, "off": False}
+# The longest repetition window the ring holds (llama.cpp's default is 64); a request with a
+# longer one samples on the host.
+RING_TOKENS = 256
+
+
+def device_sampling_default() -> bool:
+    """$SPARKD_DEVICE_SAMPLING: 1/on (or unset) draws temperature requests on the device, 0/off
+    brings the logits row back for the host Sampler; anything else is refused."""
+    raw = os.environ.get(DEVICE_SAMPLING_ENV, "1").strip().lower()
+    if raw not in _SWITCH:
+        raise EngineError(f"could not use {DEVICE_SAMPLING_ENV}={raw!r}: set 1 (or on) to sample on "
+                          "the device, 0 (or off) to sample on the host")
+    return _SWITCH[raw]
+
+
+def device_drawable(params: SamplingParams, ring_tokens: int = RING_TOKENS) -> bool:
+    """Whether DeviceSampler can serve these parameters: a temperature draw (greedy keeps its own
+    pick) whose repetition window fits the ring (or has no effect)."""
+    no_penalty = params.repetition_penalty == 1.0 or params.repetition_window == 0
+    return params.temperature > 0 and (no_penalty or params.repetition_window <= ring_tokens)
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.softmax over one float64 row on the CPU (the host Sampler's op, so the tests compare
+    bit for bit); on a GPU the same formula as separate ops: torch.softmax of a single row runs in
+    one thread block, and its float64 exps over 151936 entries cost ~0.1 ms there. Equal within
+    rounding (the sum adds in another order)."""
+    if x.device.type == "cpu":
+        return torch.softmax(x, dim=0)
+    e = torch.exp(x - x.max())
+    return e / e.sum()
+
+
+class DeviceSampler:
+    """The sampling chain over one row of logits on `device`, parameters in device buffers.
+
+    begin(params, history, bias) sets a request up (one small copy each); push(token) adds the
+    token just fed to the recent-token ring; draw(logits) → the next token id as a [1] long tensor
+    on the device. probabilities(logits) is the distribution draw samples from."""
+
+    def __init__(self, n_vocab: int, device: torch.device | str, ring_tokens: int = RING_TOKENS):
+        self.n_vocab, self.device, self.ring_tokens = n_vocab, torch.device(device), ring_tokens
+        with torch.inference_mode(False):  # plain tensors: begin() refills them outside inference mode
+            self._buffers()
+
+    def _buffers(self) -> None:
+        n_vocab, ring_tokens = self.n_vocab, self.ring_tokens
+        f64 = {"dtype": torch.float64, "device": self.device}
+        i64 = {"dtype": torch.long, "device": self.device}
+        self.temperature = torch.ones((), **f64)
+        self.top_k = torch.zeros((), **i64)
+        self.top_p = torch.ones((), **f64)
+        self.min_p = torch.zeros((), **f64)
+        self.penalty = torch.ones((), dtype=torch.float32, device=self.device)
+        self.bias = torch.zeros(n_vocab, dtype=torch.float32, device=self.device)
+        # the last `window` tokens fed (a set, as the host's penalty reads them); n_vocab: empty
+        self.ring = torch.full((ring_tokens,), n_vocab, **i64)
+        self.slot = torch.zeros(1, **i64)      # where the next token goes
+        self.window = torch.full((1,), ring_tokens, **i64)
+        self.ranks = torch.arange(n_vocab, **i64)
+        self.generator = torch.Generator(device=self.device)
+
+    def begin(self, params: SamplingParams, history: Sequence[int] = (),
+              bias: torch.Tensor | None = None) -> None:
+        """Load a request: its parameters, the tail of its history (the tokens before the next one
+        fed) and its logit bias [V] (None: none); reseed the generator from params.seed (None: a
+        fresh nondeterministic seed)."""
+        if not device_drawable(params, self.ring_tokens):
+            raise EngineError(f"could not sample on the device with {params}: it needs a temperature > 0 "
+                              f"and a repetition window of at most {self.ring_tokens} tokens")
+        penalised = params.repetition_penalty != 1.0 and params.repetition_window > 0
+        window = params.repetition_window if penalised else self.ring_tokens
+        tail = list(history[-window:]) if penalised else []
+        self.temperature.fill_(params.temperature)
+        self.top_k.fill_(params.top_k)
+        self.top_p.fill_(params.top_p)
+        self.min_p.fill_(params.min_p)
+        self.penalty.fill_(params.repetition_penalty if penalised else 1.0)
+        self.bias.copy_(bias if bias is not None else torch.zeros(self.n_vocab))
+        ring = torch.full((self.ring_tokens,), self.n_vocab, dtype=torch.long)
+        ring[:len(tail)] = torch.tensor(tail, dtype=torch.long)
+        self.ring.copy_(ring)
+        self.slot.fill_(len(tail) % window)
+        self.window.fill_(window)
+        if params.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(params.seed)
+
+    def push(self, token: torch.Tensor) -> None:
+        """Add the token just fed ([1] long on the device) to the ring, over the oldest."""
+        self.ring.index_copy_(0, self.slot, token)
+        self.slot.copy_(torch.remainder(self.slot + 1, self.window))
+
+    def probabilities(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order [V]: token ids by logit, highest first; probs [V] float64 by token id): the host
+        Sampler.probabilities chain with tensor parameters, op for op."""
+        logits = logits.reshape(-1).float() + self.bias
+        seen = torch.zeros(self.n_vocab + 1, dtype=torch.bool, device=self.device)
+        seen = seen.index_fill_(0, self.ring, True)[:self.n_vocab]
+        logits = torch.where(seen, torch.where(logits > 0, logits / self.penalty, logits * self.penalty), logits)
+        order = torch.argsort(logits, descending=True, stable=True)
+        ranked = logits.gather(0, order)
+        probs = softmax(ranked.double())
+        keep = self.ranks < torch.where(self.top_k > 0, self.top_k, self.n_vocab)
+        before = torch.cumsum(probs, dim=0) - probs
+        keep &= (before < self.top_p) | (self.top_p >= 1.0)   # the host skips top_p == 1
+        keep &= probs >= self.min_p * probs[0]
+        keep |= self.ranks == 0                               # the most likely token survives
+        kept = torch.where(keep, ranked, float("-inf"))
+        filtered = torch.empty_like(logits).scatter_(0, order, kept)
+        return order, softmax(filtered.double() / self.temperature)
+
+    def draw(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token [1] long: one uniform number u, the first rank whose cumulative
+        probability exceeds u times the total (a token of probability 0 is never drawn)."""
+        order, probs = self.probabilities(logits)
+        ranked = probs.gather(0, order)                        # non-increasing: dropped ones are 0
+        cdf = torch.cumsum(ranked, dim=0)
+        u = torch.rand(1, generator=self.generator, dtype=torch.float64, device=self.device)
+        rank = torch.searchsorted(cdf, u * cdf[-1:], right=True)
+        last = torch.count_nonzero(ranked).sub(1).view(1)     # rounding past the total: the last > 0
+        return order.gather(0, torch.minimum(rank, last))

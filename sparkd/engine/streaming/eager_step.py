@@ -1,0 +1,97 @@
+"""The one-token decode step outside a CUDA graph (streamed experts: the expert reads happen on
+the host per layer, so decode stays eager), given the graph step's two host cuts:
+
+- "norm_quant": the norms that feed an integer GEMV (attention stack, MoE gate/up, output head)
+  write x's int8 blocks in their own launch (cuda_graphs.link_norm_quant; the same QuantX bits as
+  the GEMV's own quantization, so the same logits);
+- "device_pick": a greedy request's token is torch.argmax of the logits on the device
+  (sampler.greedy_pick, the host sampler's own op: ties and NaN resolve the same way) and one int
+  comes back instead of the logits row;
+
+and two of its own for streamed MoE layers:
+- "early_table" (streaming/zero_copy.py): the layer's kernel table is built while its expert
+  reads are in flight (the slots are known once the reads are issued) instead of after they land;
+- "parts_cache" (store.parts): an expert's file and slot layout is worked out once, not on every
+  read and every kernel table.
+
+$SPARKD_EAGER_STEP switches them: "all", "none", or names separated by commas, read once at import
+(configure() for tests); unset: every part but early_table, which one H200 run did not show to pay
+(its table took longer while the reader threads ran; docs/performance.md, session 6).
+SPARKD_FUSED_KERNELS without norm_quant turns the norm cut off for both steps.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sparkd.engine.errors import EngineError
+
+PARTS = ("norm_quant", "device_pick", "early_table", "parts_cache")
+ENV = "SPARKD_EAGER_STEP"
+
+
+def parse(spec: str) -> frozenset[str]:
+    """"all", "none"/"" or names of PARTS separated by commas → the parts switched on."""
+    spec = spec.strip().lower()
+    if spec == "all":
+        return frozenset(PARTS)
+    names = {n.strip() for n in spec.split(",") if n.strip() not in ("", "none")}
+    if unknown := sorted(names - set(PARTS)):
+        raise EngineError(f"could not switch the eager step's parts {spec!r}: unknown {', '.join(unknown)} "
+                          f"(choose all, none or some of {', '.join(PARTS)}; ${ENV})")
+    return frozenset(names)
+
+
+DEFAULT = "norm_quant,device_pick,parts_cache"
+_on: frozenset[str] = parse(os.environ.get(ENV, DEFAULT))
+
+
+def on(part: str) -> bool:
+    return part in _on
+
+
+def configure(spec: str) -> str:
+    """Switch the parts (see parse); returns the previous choice as a spec."""
+    global _on
+    before = ",".join(p for p in PARTS if p in _on) or "none"
+    _on = parse(spec)
+    return before
+
+
+class EagerDecode:
+    """One-token steps of `net` over `cache` without graphs, StaticDecode's interface:
+    step(token) → logits [1, V] on the CPU; next_token(token) → the greedy pick, with only that
+    int leaving the device where device_pick is on (device_argmax)."""
+
+    def __init__(self, net, cache):
+        from sparkd.engine.cuda_graphs import device_argmax_default, link_norm_quant
+
+        self.net, self.cache = net, cache
+        # SPARKD_DEVICE_ARGMAX=0 keeps its meaning (the row comes back) for this step too
+        self.device_argmax = on("device_pick") and device_argmax_default()
+        self.linked = link_norm_quant(net) if on("norm_quant") else 0
+
+    def __call__(self, token: int) -> torch.Tensor:
+        return self.net(torch.tensor([token]), self.cache)
+
+    def begin_sampling(self, params, history=(), bias=None) -> bool:
+        """StaticDecode's: False, a temperature request samples its logits row on the host here
+        (a streamed token waits ~60 ms on expert reads; the row's copy is not what limits it)."""
+        return False
+
+    @torch.inference_mode()
+    def next_token(self, token: int) -> int:
+        """Step `token`; torch.argmax of the new position's logits (lowest id among ties, a NaN
+        wins), picked where the logits are."""
+        from sparkd.engine.models.decoder import positions
+        from sparkd.engine.sampler import greedy_pick
+
+        if not self.device_argmax:
+            return int(greedy_pick(self(token)[-1]))
+        tokens = torch.tensor([token])
+        logits = self.net.run(tokens, positions(tokens, self.cache), self.cache)
+        self.cache.n_past += 1
+        return int(greedy_pick(logits[-1]))
+
