@@ -76,6 +76,9 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     # tiled (session 5): the default 4/1/4/e (kern6's tile); q4k9: the integer steps with fewer loads
     # (loads:tile, q4_k_tiled.FAMILIES) at the tiles the offline SASS keeps at 64-65 registers
     "Q4T": ["vector:4/1/4/e", "vector64:4/1/4/e", "vector:4/1/2/e"],
+    # tiled Q6_K (session 6, q6k9): one 8-row packing tile per warp, 2 or 4 groups per step (the default
+    # 8/1/1/e: 1; offline SASS: 64, 68, 96 registers), two tiles on two warps
+    "Q6T": ["8/1/2/e", "8/1/4/e", "16/2/2/e"],
 }
 S6_CANDIDATES = {  # --vs-s5 (session 6, q4k10): the split by hand around the wave rule's, rows per program
     "Q8_0P": ["2/1/4/e/1", "2/1/4/e/2", "2/1/4/e/4", "1/1/8/e/1", "1/1/4/e/2", "4/1/2/e/1", "2/1/8/e/1"],
