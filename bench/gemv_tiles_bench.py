@@ -1,12 +1,15 @@
 """The integer GEMV's tiles at the engine's decode shapes (Qwen3-30B-A3B: output head, q/o, fused
 qkv, MoE experts), old default next to the candidates, Q8_0 on the GGUF blocks and repacked
 (kernels/q8_0_packed.py, type name Q8_0P), Q4_K, Q4_K repacked in tiles of 4 rows (kernels/q4_k_tiled.py,
-type name Q4T; its "old default" row is the GGUF blocks with q4_k's GEMV_TILES tile), Q6_K; the copy
+type name Q4T; its "old default" row is the GGUF blocks with q4_k's GEMV_TILES tile), Q6_K, Q6_K repacked
+in tiles of 8 rows (kernels/q6_k_tiled.py, type name Q6T; "old default": the GGUF blocks with q6_k's
+GEMV_TILES tile; a line after each shape says which tiled rows gave the old default's bits); the copy
 bandwidth measured in the same run. old default: matmul.OLD_GEMV_TILES (session 3's tiles),
 default: GEMV_TILES. Q6_K's old default is its float path (q6_k.FLOAT_FAMILY, what
 SPARKD_Q6_K_INT=0 runs) at its session-4 tile GemvConfig(); "float default" is that path at
 GEMV_TILES' Q6_K tile. --moe-q6k: the MoE 2048x768 top-8 with Q4_K gate/up and a Q6_K down (a
-Q4_K_M file's experts), float down vs integer down.
+Q4_K_M file's experts), float down (left out with --no-float-down) vs the integer down's tiles, timed
+before the dense shapes.
 
 frac: the kernel's bytes per second over the 2 GiB copy's (read + written); frac_same: over a
 copy of the same bytes (half the weight's bytes read, half written, rotated past the L2 as the
@@ -14,7 +17,7 @@ weights are, timed the same way): the small shapes cannot reach the large copy's
 launch and its drain take microseconds whatever the size.
 
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q4T,Q6_K] [--moe]
-       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k] [--vs-s5] [--qx] [--compile-workers N]
+       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--compile-workers N]
 
 --vs-s5 (session 6): "s5 default" (GEMV_TILES' tile at session 5's split rule, matmul.split_for
 rule "old", as an explicit split) next to "default" and S6_CANDIDATES; --qx: x quantized once before the timed calls, as the
@@ -42,7 +45,7 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q6_k_tiled, q8_0_packed
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv, split_for
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 from sparkd.engine.layers.act_round import round_activations
@@ -73,13 +76,18 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     # tiled (session 5): the default 4/1/4/e (kern6's tile); q4k9: the integer steps with fewer loads
     # (loads:tile, q4_k_tiled.FAMILIES) at the tiles the offline SASS keeps at 64-65 registers
     "Q4T": ["vector:4/1/4/e", "vector64:4/1/4/e", "vector:4/1/2/e"],
+    # tiled Q6_K (session 6, q6k9): one 8-row packing tile per warp, 2 or 4 groups per step (the default
+    # 8/1/1/e: 1; offline SASS: 64, 68, 96 registers), two tiles on two warps
+    "Q6T": ["8/1/2/e", "8/1/4/e", "16/2/2/e"],
 }
 S6_CANDIDATES = {  # --vs-s5 (session 6, q4k10): the split by hand around the wave rule's, rows per program
     "Q8_0P": ["2/1/4/e/1", "2/1/4/e/2", "2/1/4/e/4", "1/1/8/e/1", "1/1/4/e/2", "4/1/2/e/1", "2/1/8/e/1"],
     "Q4T": ["vector:4/1/4/e/1", "vector:4/1/4/e/2", "vector:4/1/4/e/4", "vector:4/1/4/e/8", "vector:4/1/8/e/1",
             "vector:4/1/2/e/2", "vector:2/1/4/e/2"],
 }
-Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "8/2/2/e/8"]  # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG)
+# --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG, what runs without a DECODE_TILES entry)
+Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "4/1/2/e/8", "8/2/2/e/8"]
+FLOAT_DOWN = True  # --no-float-down: leave out the float down's row
 MOE_PAIRS = {  # (gate/up, down) tiles of moe_decode
     T.Q8_0: [("4/1/2/e", "4/1/2/e"), ("2/1/4/e", "2/1/4/e")],
     T.Q4_K: [("4/1/4/e", "4/1/3/e/8"), ("4/1/8/e", "4/1/3/e/8"), ("8/2/4/e", "8/2/3/e/8"),
@@ -96,7 +104,7 @@ def quant_row(fmt: str, cols: int) -> dict:
 
 def tiles_name(name: str) -> str:
     """GEMV_TILES' key for a bench type name."""
-    return {"Q8_0P": "Q8_0_PACKED", "Q4T": "Q4_K_TILED"}.get(name, name)
+    return {"Q8_0P": "Q8_0_PACKED", "Q4T": "Q4_K_TILED", "Q6T": "Q6_K_TILED"}.get(name, name)
 
 
 def same_copy_seconds(nbytes: int) -> float:
@@ -120,7 +128,7 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
     """Random matrices of a bench type (Q8_0P / Q4T packed from GGUF blocks), as many as rotate past
     the L2 (else one): (qtype, bytes per matrix, their count, the first one's GGUF blocks,
     run(cfg, i, x, loads=None, qx=None[, round_x=False]) -> y)."""
-    qtype = {"Q8_0P": T.Q8_0, "Q4T": T.Q4_K}.get(name) or T[name]
+    qtype = {"Q8_0P": T.Q8_0, "Q4T": T.Q4_K, "Q6T": T.Q6_K}.get(name) or T[name]
     nbytes = rows * dispatch.FAMILIES[qtype].row_bytes(cols)
     n = max(2, -(-kb.ROTATE_BYTES // nbytes)) if rotate else 1
     buf = kb.random_blocks(qtype, n * nbytes, DEV)
@@ -135,9 +143,16 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
         ts = [q4_k_tiled.pack(w, (rows, cols)) for w in ws]
 
         def run(cfg, i, x, loads=None, qx=None):
-            if cfg is GGUF_BASE:
+            if cfg is GGUF_BASES[name]:
                 return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, qx=qx)
             return q4_k_tiled.gemv(ts[i % n], x, out=y, config=cfg, loads=loads, qx=qx)
+    elif name == "Q6T":  # the same, q6_k's
+        ts = [q6_k_tiled.pack(w, (rows, cols)) for w in ws]
+
+        def run(cfg, i, x, loads=None, qx=None):
+            if cfg is GGUF_BASES[name]:
+                return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, qx=qx)
+            return q6_k_tiled.gemv(ts[i % n], x, out=y, config=cfg, qx=qx)
     else:
         def run(cfg, i, x, loads=None, qx=None, round_x=False):  # round_x: x rounded to Q8_K first (a K-quant's float path)
             rx = (lambda v: round_activations(v, act_quant.Q8_K)) if round_x else None
@@ -145,7 +160,8 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
     return qtype, nbytes, n, ws[0], run
 
 
-GGUF_BASE = GEMV_TILES["Q4_K"]  # Q4T's "old default": the GGUF blocks at q4_k's tile
+# the tiled types' "old default": the GGUF blocks at q4_k's / q6_k's tile
+GGUF_BASES = {"Q4T": GEMV_TILES["Q4_K"], "Q6T": GEMV_TILES["Q6_K"]}
 
 
 def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | None, dict]]:
@@ -159,10 +175,10 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
         if QX:
             firsts = [("s5 default +quant", s5, dict(quant=True))] + firsts + [("default +quant", None, dict(quant=True))]
     else:
-        # None: a new integer step (Q6_K), no old tile; Q4T's old default is the GGUF blocks' tile
-        base = GGUF_BASE if name == "Q4T" else OLD_GEMV_TILES.get(key)
+        # None: a new integer step (Q6_K), no old tile; a tiled type's old default is the GGUF blocks' tile
+        base = GGUF_BASES.get(name) or OLD_GEMV_TILES.get(key)
         firsts = [("default", None, {})] if base is None else [("old default", base, {})]
-        firsts += [("default", None, {})] if name == "Q4T" or (base is not None and GEMV_TILES[key] != base) else []
+        firsts += [("default", None, {})] if name in GGUF_BASES or (base is not None and GEMV_TILES[key] != base) else []
     cands = (S6_CANDIDATES if VS_S5 else CANDIDATES).get(name, []) if CANDIDATES_ON else []
     tried = [(t, tile(t.rpartition(":")[2]), dict(loads=t.rpartition(":")[0]) if ":" in t else {}) for t in cands]
     return firsts + tried
@@ -184,11 +200,15 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     qx = act_quant.quantize(x[None], fam.act_fmt) if QX and fam.act_fmt else None
     out = [] if name != "Q6_K" else q6_k_float_rows(qtype, run, ref, x, nbytes, n, rows, cols, copy_bw)
     same_sec = same_copy_seconds(nbytes)
+    base, old_y, same = GGUF_BASES.get(name), None, {}
     for label, cfg, how in row_tiles(name, rows, cols):
         kw = call_args(how, x, qx)
         try:
             got = run(cfg, 0, **kw)
             err = kb.rel_err(got, ref)
+            if base is not None:  # a tiled row: the GGUF default's bits?
+                old_y = got.clone() if cfg is base else old_y
+                same.update({} if cfg is base or old_y is None else {label: bool(torch.equal(got, old_y))})
             sec = kb.graph_seconds(lambda i: run(cfg, i, **kw), n)
         except Exception as e:  # noqa: BLE001 - a candidate that fails leaves the shape's other rows
             print(f"FAILED gemv {rows}x{cols} {name} {label}: {type(e).__name__}: {e}", flush=True)
@@ -198,6 +218,9 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     print(f"gemv {rows}x{cols} same-bytes copy {same_sec * 1e6:.1f} us ({nbytes / same_sec / 1e9:.0f} GB/s, "
           f"{nbytes / same_sec / copy_bw:.2f} of the 2 GiB copy)", flush=True)
     print_rows(out)
+    if same:
+        said = ", ".join(f"{k}: {('no', 'yes')[v]}" for k, v in same.items())
+        print(f"gemv {rows}x{cols} {name} the old default's bits: {said}", flush=True)
     torch.cuda.empty_cache()
     return out
 
@@ -291,8 +314,9 @@ def moe_q6k(copy_bw: float) -> list[dict]:
         sec = kb.graph_seconds(lambda i: moe_decode(ps[i % n_sets], x, w, out=y, down=dn), n_sets)
         return dict(kernel=f"moe {D}x{F} top{A} Q4_K/Q6_K", type="Q6_K", config=label, us=sec * 1e6,
                     bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err)
-    with kb.float_path(T.Q6_K):  # h unrounded here and in the reference (moe_decode without round_h)
-        out.append(time(None, "float down default"))
+    if FLOAT_DOWN:
+        with kb.float_path(T.Q6_K):  # h unrounded here and in the reference (moe_decode without round_h)
+            out.append(time(None, "float down default"))
     for t in Q6K_DOWN:
         out.append(time(None if t is None else tile(t), f"int down {t or 'default'}"))
     kb.print_rows(out)
@@ -318,12 +342,13 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="rowsxcols,... instead of SHAPES")
     ap.add_argument("--no-act-quant", action="store_true", help="leave out act_quant's rows")
     ap.add_argument("--moe-q6k", action="store_true", help="the MoE with Q4_K gate/up and a Q6_K down")
+    ap.add_argument("--no-float-down", action="store_true", help="--moe-q6k without the float down's row")
     ap.add_argument("--vs-s5", action="store_true", help="session 5's tile and split rule first, S6_CANDIDATES")
     ap.add_argument("--qx", action="store_true", help="x quantized before the timed calls (the engine's path)")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling every row first (0: none)")
     args = ap.parse_args()
-    global CANDIDATES_ON, VS_S5, QX
-    CANDIDATES_ON, VS_S5, QX = not args.defaults_only, args.vs_s5, args.qx
+    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN
+    CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN = not args.defaults_only, args.vs_s5, args.qx, not args.no_float_down
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(args.types.split(","), shapes, args.compile_workers)
@@ -331,7 +356,7 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"defaults {GEMV_TILES}", flush=True)
     print("kernel / type / tile / us / GB/s / frac (2 GiB copy) / frac_same (same-bytes copy) / err", flush=True)
-    rows = []
+    rows = guarded(moe_q6k, copy_bw) if args.moe_q6k else []  # first: the smallest call that times it
     for shape in shapes:  # every type at a shape before the next shape: a timeout keeps the first shapes whole
         for name in args.types.split(","):
             rows += guarded(dense, name, *shape, copy_bw)
@@ -343,8 +368,6 @@ def main() -> None:
     if args.moe:
         for qtype in (T[name] for name in args.moe_types.split(",")):
             rows += guarded(moe, qtype, copy_bw)
-    if args.moe_q6k:
-        rows += guarded(moe_q6k, copy_bw)
     save(args.json, copy_bw, rows)
 
 

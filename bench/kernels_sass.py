@@ -2,7 +2,8 @@
 the triton wheel carries ptxas), to see what bounds a kernel before spending device time.
 
 Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P,Q4T] [--stages 0,3] [--tiles 16/4/2/e,...]
-(Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed; Q4T: Q4_K in the tiled one, q4_k_tiled)
+(Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed; Q4T: Q4_K in the tiled one, q4_k_tiled;
+Q6T: Q6_K in its tiled one, q6_k_tiled)
 
 For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
 ceiling is that times 4 warp instructions/clock/SM), and the counts that matter (loads, dp4a,
@@ -26,9 +27,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q8_0_packed
+from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed
 
-LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY}  # --types names of the repacked layouts
+LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY,  # --types names of the repacked layouts
+           "Q6T": q6_k_tiled.FAMILY}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",

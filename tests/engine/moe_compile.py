@@ -30,7 +30,7 @@ def main() -> None:
         fam = dispatch.FAMILIES[T[qtype]]
         # session 6's kernels: Q8_0 weights as words, gate and up in one loop
         tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True, **moe._int_args(fam, qtype == "Q8_0"))
-        large = [t[2] for t in moe.WIDTH_TIERS[qtype] if t[2]][-1]  # the widest models' down tile
+        large = ([d_cfg] + [t[2] for t in moe.WIDTH_TIERS.get(qtype, []) if t[2]])[-1]  # the widest models'
         for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
             n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
                                                       ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),

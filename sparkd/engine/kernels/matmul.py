@@ -79,7 +79,10 @@ GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=T
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
               "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
               "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
-              "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)}  # best of 5 (q6k_h200_s5)
+              "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),  # best of 5 (q6k_h200_s5)
+              # session 6 (q6k9): one 8-row tile of kernels/q6_k_tiled.py per 1-warp program, a group per
+              # step (best of 4 at the head, bench/results/gemv_tiles_h200_s6_q6k.log: 0.94 of copy bandwidth)
+              "Q6_K_TILED": GemvConfig(block_n=8, num_warps=1, unroll=1, elementwise=True)}
 OLD_GEMV_TILES = {"Q8_0": GemvConfig(elementwise=False), "Q8_0_PACKED": GemvConfig(elementwise=False),
                   "Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1, elementwise=False)}
 
@@ -354,7 +357,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     tiles = triton.cdiv(rows, cfg.block_n)
     ticket = _tickets_arg(in_kernel, tiles, part)
     _gemv_kernel[(tiles, split)](
-        weight, grids.grid_table(fam.grid, x.device), x, y, part, ticket, rows, cols, row_bytes,
+        weight, aux_arg(fam, cols, x.device), x, y, part, ticket, rows, cols, row_bytes,
         **family_args(fam), **_launch_args(cfg, split))
     return y if in_kernel else fold_partials(part, y)
 
@@ -443,6 +446,21 @@ def fold_partials(part: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return y
 
 
+# tiled layouts' row widths as the dequant's aux_ptr, per (device, width): made on a shape's first
+# (eager) call, so a CUDA graph capture of a later call copies nothing from the host
+_ROW_WIDTHS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def aux_arg(fam: dispatch.Family, cols: int, device: torch.device) -> torch.Tensor:
+    """A family's dequant aux_ptr: its codebook, or a tiled layout's row width (int32 [1])."""
+    if fam.row_tile == 1:
+        return grids.grid_table(fam.grid, device)
+    key = (torch.device(device), cols)
+    if key not in _ROW_WIDTHS:
+        _ROW_WIDTHS[key] = torch.tensor([cols], dtype=torch.int32, device=device)
+    return _ROW_WIDTHS[key]
+
+
 def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
          precision: str = "tf32", out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W.T for a few tokens. weight: raw GGUF bytes of W [rows, cols]; x float32 [T, cols].
@@ -459,9 +477,7 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if n_tok == 0:
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
-    aux = grids.grid_table(fam.grid, x.device) if fam.row_tile == 1 else \
-        torch.tensor([cols], dtype=torch.int32, device=x.device)  # a tiled layout's row width
-    _gemm_kernel[grid](weight, aux, x, y, rows, cols, n_tok, row_bytes,
+    _gemm_kernel[grid](weight, aux_arg(fam, cols, x.device), x, y, rows, cols, n_tok, row_bytes,
                        x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
                        BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=precision, num_warps=GEMM_WARPS)
     return y

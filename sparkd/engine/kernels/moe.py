@@ -380,6 +380,10 @@ DECODE_TILES = {
     "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True),
              GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False, split=8)),
     "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), S5_DECODE_TILES["Q4_K"][1]),
+    # session 6 (q6k9, with session 5's kernels; H200, bench/results/gemv_tiles_h200_s6_q6k.log):
+    # a Q4_K_M file's Q6_K down, 2048x768 top-8 with Q4_K gate/up, 31.2 us at DOWN_CONFIG -> 22.5 us at Q4_K's down tile (of 5);
+    # a Q6_K gate/up keeps GATE_UP_CONFIG (not measured)
+    "Q6_K": (GATE_UP_CONFIG, GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=8)),
 }
 # (model width from which, gate/up tile or None: as below, down tile or None), in rising width:
 # Q8_0 from 6144 gate/up one group per step (7168x2048 97.5 -> 86.5 us; at 4096 46.6 vs 43.9) and

@@ -27,6 +27,11 @@ Q8_0_LAYOUTS = ("packed", "gguf")
 # or "gguf" (the file's 144-byte blocks, the way before session 5). Experts keep GGUF blocks.
 Q4_K_LAYOUT_ENV = "SPARKD_Q4_K_LAYOUT"
 Q4_K_LAYOUTS = ("tiled", "gguf")
+# the same for Q6_K: "tiled" (kernels/q6_k_tiled.py: tiles of 8 rows, quants in 128-bit planes, then
+# scales, then d; row counts a multiple of 8 from q6_k_tiled.MIN_ROWS: the output head; the default)
+# or "gguf" (the 210-byte blocks, session 5)
+Q6_K_LAYOUT_ENV = "SPARKD_Q6_K_LAYOUT"
+Q6_K_LAYOUTS = ("tiled", "gguf")
 
 
 class Weights:
@@ -40,11 +45,13 @@ class Weights:
 
     q8_0_layout: with kernels, the layout of Q8_0 projections, one of Q8_0_LAYOUTS (None: the
     environment's $SPARKD_Q8_0_LAYOUT, else "packed"); q4_k_layout the same for Q4_K
-    (Q4_K_LAYOUTS, $SPARKD_Q4_K_LAYOUT, else "tiled")."""
+    (Q4_K_LAYOUTS, $SPARKD_Q4_K_LAYOUT, else "tiled"), q6_k_layout for Q6_K (Q6_K_LAYOUTS,
+    $SPARKD_Q6_K_LAYOUT, else "tiled")."""
 
     def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None,
                  kernels: bool = False, quantized: bool = False, stager: DeviceStager | None = None,
-                 q8_0_layout: str | None = None, q4_k_layout: str | None = None):
+                 q8_0_layout: str | None = None, q4_k_layout: str | None = None,
+                 q6_k_layout: str | None = None):
         self.model = model
         self.stager = stager
         self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
@@ -53,6 +60,7 @@ class Weights:
         self.scratch = Scratch() if quantized and not kernels else None
         self._q8_0_layout = q8_0_layout
         self._q4_k_layout = q4_k_layout
+        self._q6_k_layout = q6_k_layout
 
     def has(self, name: str) -> bool:
         return name in self.model.tensors
@@ -78,6 +86,8 @@ class Weights:
                 raw, qtype = _packed_q8_0(raw, full)
             if qtype == GGMLQuantizationType.Q4_K and resident_q4_k_layout(self._q4_k_layout) == "tiled":
                 raw, qtype = _tiled_q4_k(raw, full)
+            if qtype == GGMLQuantizationType.Q6_K and resident_q6_k_layout(self._q6_k_layout) == "tiled":
+                raw, qtype = _tiled_q6_k(raw, full)
             return KernelLinear(raw, qtype, full, self.maybe(f"{prefix}.bias"), self.act_format(name))
         rows = self.rows(name, shape)
         if isinstance(rows, QuantRows):
@@ -121,6 +131,11 @@ def resident_q4_k_layout(choice: str | None = None) -> str:
     return _layout("Q4_K", choice, Q4_K_LAYOUT_ENV, Q4_K_LAYOUTS)
 
 
+def resident_q6_k_layout(choice: str | None = None) -> str:
+    """The Q6_K layout of kernel projections: choice, else $SPARKD_Q6_K_LAYOUT, else "tiled"."""
+    return _layout("Q6_K", choice, Q6_K_LAYOUT_ENV, Q6_K_LAYOUTS)
+
+
 def _layout(what: str, choice: str | None, env: str, layouts: tuple[str, ...]) -> str:
     """choice, else $env, else layouts[0] (the default), checked against layouts."""
     layout = (choice if choice is not None else os.environ.get(env, layouts[0])).strip().lower()
@@ -131,13 +146,25 @@ def _layout(what: str, choice: str | None, env: str, layouts: tuple[str, ...]) -
 
 
 def _tiled_q4_k(raw: torch.Tensor, shape: tuple[int, int]):
-    """A Q4_K projection's blocks in the tiled layout and its qtype, or as they are when its row
-    count is not whole tiles (the same bytes either way)."""
+    """A Q4_K projection in kernels/q4_k_tiled.py's layout where its shape allows (_tiled)."""
     from sparkd.engine.kernels import q4_k_tiled  # imports triton: only on the kernel path
 
-    if not q4_k_tiled.packable(shape):
-        return raw, GGMLQuantizationType.Q4_K
-    return q4_k_tiled.pack_raw(raw, shape), q4_k_tiled.TILED
+    return _tiled(q4_k_tiled, raw, shape, GGMLQuantizationType.Q4_K)
+
+
+def _tiled_q6_k(raw: torch.Tensor, shape: tuple[int, int]):
+    """A Q6_K projection in kernels/q6_k_tiled.py's layout where it pays (worth_tiling: the head)."""
+    from sparkd.engine.kernels import q6_k_tiled  # imports triton: only on the kernel path
+
+    return _tiled(q6_k_tiled, raw, shape, GGMLQuantizationType.Q6_K, q6_k_tiled.worth_tiling(shape))
+
+
+def _tiled(layout, raw: torch.Tensor, shape: tuple[int, int], qtype: GGMLQuantizationType, wanted: bool = True):
+    """A projection's blocks in a tiled layout module's bytes and its qtype, or as they are (qtype)
+    when its row count is not whole tiles or it is not wanted (the same bytes either way)."""
+    if not (wanted and layout.packable(shape)):
+        return raw, qtype
+    return layout.pack_raw(raw, shape), layout.TILED
 
 
 def _packed_q8_0(raw: torch.Tensor, shape: tuple[int, int]):

@@ -1,0 +1,207 @@
+"""Q6_K resident tensors repacked once at load so that the GEMV reads them in 128-bit loads.
+
+A GGUF Q6_K super-block is 210 bytes (ql[128] | qh[64] | scales int8[16] | d f16): rows start
+only 2 bytes aligned, so q6_k's integer step builds every 32-bit word from two 16-bit loads and
+loads each scale byte on its own (16 load instructions per group and thread). Repacked, every
+TILE_ROWS = 8 rows are a tile of G groups (1680 * G bytes: every tile 16-byte aligned whatever G):
+  quants  group g at 1536 g: three 512-byte planes A, B, QH; in each, chunk (lane r, half h,
+          c = 0, 1) at 16 * (4r + 2h + c): A ql[64h + 16c ..+16], B ql[64h + 32 + 16c ..+16],
+          QH qh[32h + 16c ..+16]. A thread of the [rows, 2, 2, 4] tile reads its three chunks in
+          three 128-bit loads, a warp's load 512 consecutive bytes;
+  scales  group g at 1536 G + 128 g, lane r's 16 bytes at 16 r (the file's order): one 128-bit load;
+  d       group g at 1664 G + 16 g, lane r's at 2 r: the tile's 8 in one 128-bit load.
+The same bytes as the file, nothing padded: only matrices whose row count is a multiple of
+TILE_ROWS can be repacked, and models/weights.py repacks those of MIN_ROWS rows or more (the
+output head; the small projections were faster on the GGUF tile); streamed experts and the MoE
+keep the GGUF layout.
+
+The integer step (idot) is q6_k's arithmetic on the same words (the thread's 4 words w = 4c + v
+of q6_k's [rows, 2, 8] tile), into the same accumulator tile: the same integer sums and float
+steps, so the same bits as q6_k.idot on the GGUF blocks (tests/engine/test_q6_k_tiled.py).
+$SPARKD_Q6_K_INT=0 takes the float path here too (FAMILY without idot: dequant, then multiply).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from sparkd.engine.kernels import q6_k
+from sparkd.engine.kernels.act_quant import Q8_K, dp4a
+from sparkd.engine.kernels.family import Family, KernelArgumentError, LayoutType
+
+TILE_ROWS = 8
+_R = tl.constexpr(TILE_ROWS)  # (what the jitted code reads)
+_MINUS32 = tl.constexpr(-522133280)  # 0xE0E0E0E0: four int8 -32s
+
+TILED = LayoutType("Q6_K_TILED")
+
+
+@dataclass(frozen=True)
+class TiledQ6_K:
+    """A [rows, cols] Q6_K tensor in the tiled layout: data uint8 [rows * cols // 256 * 210]."""
+
+    data: torch.Tensor
+    rows: int
+    cols: int
+
+
+# the loader tiles resident matrices of at least this many rows (models/weights.py): H200, session 6
+# (bench/results/gemv_tiles_h200_s6_q6k.log), the 151936x2048 head 112.2 -> 64.4 us, but attn_v's
+# 512x2048 5.5 -> 5.7..7.3 us (launch-bound: a quarter of the GGUF tile's programs); what lies
+# between is not measured and keeps the GGUF blocks. The row count from which matmul.split_for
+# leaves a matrix unsplit at the default tile.
+MIN_ROWS = 16384
+
+
+def packable(shape: tuple[int, int]) -> bool:
+    """Whether a Q6_K matrix of this shape can take the tiled layout (whole tiles of rows)."""
+    return shape[0] % TILE_ROWS == 0 and shape[1] > 0 and shape[1] % 256 == 0
+
+
+def worth_tiling(shape: tuple[int, int]) -> bool:
+    """Whether the loader tiles a resident Q6_K matrix of this shape: packable and MIN_ROWS rows."""
+    return packable(shape) and shape[0] >= MIN_ROWS
+
+
+def pack_raw(raw: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Raw GGUF Q6_K blocks of W [rows, cols] (on any device) -> the tiled bytes (same count),
+    uint8, on the same device."""
+    rows, cols = shape
+    what = "the Q6_K repacking"
+    if not packable(shape):
+        raise KernelArgumentError(f"could not run {what}: [{rows}, {cols}] needs rows a multiple of "
+                                  f"{TILE_ROWS} and columns a positive multiple of 256; keep it as GGUF blocks")
+    groups = cols // 256
+    if raw.dtype != torch.uint8 or raw.dim() != 1 or raw.numel() != rows * groups * 210:
+        raise KernelArgumentError(f"could not run {what}: need {rows * groups * 210} bytes (1-D uint8) for "
+                                  f"[{rows}, {cols}], got {raw.dtype} {list(raw.shape)}")
+    tiles = rows // TILE_ROWS
+    blocks = raw.view(tiles, TILE_ROWS, groups, 210).transpose(1, 2)  # [tiles, G, R, 210]
+    ql = blocks[..., :128].reshape(tiles, groups, TILE_ROWS, 2, 2, 2, 16)  # (r, h, A|B, c, byte)
+    qh = blocks[..., 128:192].reshape(tiles, groups, TILE_ROWS, 2, 2, 16)  # (r, h, c, byte)
+    quants = torch.stack([ql[..., 0, :, :], ql[..., 1, :, :], qh], 2)  # [tiles, G, plane, R, 2, 2, 16]
+    parts = (quants, blocks[..., 192:208], blocks[..., 208:])
+    return torch.cat([p.reshape(tiles, -1) for p in parts], 1).reshape(-1)
+
+
+def pack(raw: torch.Tensor, shape: tuple[int, int]) -> TiledQ6_K:
+    """pack_raw as a TiledQ6_K."""
+    return TiledQ6_K(pack_raw(raw, shape), *shape)
+
+
+@triton.jit
+def _group(w_ptr, row_off, g, K):
+    """(group g's quant planes of the row's tile, the row's 16 scale bytes, the tile's 8 d's, the
+    row's lane in its tile); row_off: the GGUF layout's byte offset of the row, rows * 210 G.
+    The tile start is built from constants times 1680 so the compiler sees it 16-byte aligned."""
+    n_groups = K // 256
+    row = row_off // (n_groups * 210)
+    lane = row % _R
+    tile = w_ptr + (row // _R) * n_groups * (_R * 210)
+    quants = tile + g * (_R * 192)
+    scales = tile + n_groups * (_R * 192) + g * (_R * 16) + lane * 16
+    ds = tile + n_groups * (_R * 208) + g * (_R * 2)
+    return quants, scales, ds, lane
+
+
+@triton.jit
+def _word(t, v, k):
+    """Word k (any int shape broadcast against t) of each thread's 4 words t [.., 4] (v: their
+    index, the last dimension, which one thread holds whole): [.., 1], in registers."""
+    return tl.sum(tl.where(v == k, t, 0), 3, keep_dims=True)
+
+
+@triton.jit
+def _sbyte(word, k):
+    """Signed byte k of int32 word (an int8 scale)."""
+    return (word << (24 - 8 * k)) >> 24
+
+
+@triton.jit
+def _isums(quants, scales, lane, m, xw_ptr, g, EMU: tl.constexpr):
+    """q6_k._isums on the tiled layout: group g's integer sums as [BN, 2, 2, 4] int32, (h, c, v)
+    being q6_k's (half h, word w = 4c + v)."""
+    h = tl.arange(0, 2)[None, :, None, None]
+    c = tl.arange(0, 2)[None, None, :, None]
+    v = tl.arange(0, 4)[None, None, None, :]
+    chunk = quants[:, None, None, None].to(tl.pointer_type(tl.int32)) + lane[:, None, None, None] * 16 + h * 8 \
+        + c * 4 + v  # [BN, 2, 2, 4]: plane A's words; B 128 words later, QH 256
+    a = tl.load(chunk, mask=m, other=0)  # ql bytes l = 16c + 4v ..+3: low nibbles values l, high l+64
+    b = tl.load(chunk + 128, mask=m, other=0)  # ql bytes l+32: low nibbles values l+32, high l+96
+    qh = tl.load(chunk + 256, mask=m, other=0)  # bits 2j..2j+1: value l + 32j
+    zero = tl.zeros(a.shape, tl.int32)  # every load in the words' own shape: no layout conversion
+    sc = tl.load(scales[:, None, None, None].to(tl.pointer_type(tl.int32)) + v + zero, mask=m, other=0)
+    lo, hi = _word(sc, v, 2 * h), _word(sc, v, 2 * h + 1)  # scales 8h ..8h+3, 8h+4 ..8h+7: [BN, 2, 2, 1]
+    xw = xw_ptr + g * 64 + 32 * h + 4 * c + v + zero
+    isum = _quarter((a & 0x0F0F0F0F) | ((qh << 4) & 0x30303030), xw, _sbyte(lo, c), EMU)
+    isum += _quarter((b & 0x0F0F0F0F) | ((qh << 2) & 0x30303030), xw + 8, _sbyte(lo, c + 2), EMU)
+    isum += _quarter(((a >> 4) & 0x0F0F0F0F) | (qh & 0x30303030), xw + 16, _sbyte(hi, c), EMU)
+    isum += _quarter(((b >> 4) & 0x0F0F0F0F) | ((qh >> 2) & 0x30303030), xw + 24, _sbyte(hi, c + 2), EMU)
+    return isum, v, zero
+
+
+@triton.jit
+def _quarter(q, xw, sc, EMU: tl.constexpr):
+    """sc * sum (q - 32) * x over one word of 4 values (q6_k._quarter with the scale in registers)."""
+    x = tl.load(xw)
+    return sc * (dp4a(q, x, EMU) + dp4a(tl.full(q.shape, _MINUS32, tl.int32), x, EMU))
+
+
+@triton.jit
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    quants, scales, ds, lane = _group(w_ptr, row_off, g, K)
+    m = rmask[:, None, None, None]
+    isum, v, zero = _isums(quants, scales, lane, m, xw_ptr, g, EMU)
+    dx = tl.load(xd_ptr + g)
+    if EW:  # into q6_k's elementwise tile acc [BN, 2, 8]; the tile's d's in one load, the row's picked
+        # (whole packing tiles per program: the H200 run of session 6 failed the 2-row tile's check,
+        # not diagnosed; 8 and 16 rows passed)
+        tl.static_assert(acc.shape[0] % _R == 0, "the tiled Q6_K GEMV: an elementwise tile needs block_n a "
+                                                 "multiple of 8 rows (q6_k_tiled.TILE_ROWS)")
+        dw = tl.load(ds.to(tl.pointer_type(tl.int32))[:, None, None, None] + v + zero, mask=m, other=0)
+        lane4 = lane[:, None, None, None]
+        bits = _word(dw, v, lane4 // 2) >> (16 * (lane4 % 2))
+        d = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        acc += tl.reshape(isum.to(tl.float32) * (d * dx), acc.shape)
+    else:  # the super-block's integer sum, then one float step per row: acc [BN]
+        d = tl.load(ds.to(tl.pointer_type(tl.float16)) + lane, mask=rmask, other=0.0).to(tl.float32)
+        acc += tl.sum(tl.sum(tl.sum(isum, 3), 2), 1).to(tl.float32) * (d * dx)
+    return acc
+
+
+@triton.jit
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
+    """q6_k's dequant on the tiled layout; aux_ptr: int32 [1], the row width (matmul.gemm passes
+    it to families with row tiles: a row's place in its tile follows from it)."""
+    quants, scales, ds, lane = _group(w_ptr, row_off, g, tl.load(aux_ptr.to(tl.pointer_type(tl.int32))))
+    s = tl.arange(0, 16)[None, :, None]
+    t = tl.arange(0, 16)[None, None, :]
+    val = s * 16 + t  # [1, 16, 16] value index in the super-block: 128h + 32j + 16c + i
+    h, j, c, i = val // 128, (val // 32) % 4, (val // 16) % 2, val % 16
+    at = quants + lane * 64 + h * 32 + c * 16 + i  # [BN, 16, 16]: the value's byte in plane A
+    ql = tl.load(at + (j % 2) * 512, mask=smask, other=0).to(tl.int32)
+    qh = tl.load(at + 1024, mask=smask, other=0).to(tl.int32)
+    q = ((ql >> ((j // 2) * 4)) & 0xF) | (((qh >> (2 * j)) & 3) << 4)
+    d = tl.load(ds.to(tl.pointer_type(tl.float16)) + lane, mask=smask, other=0.0).to(tl.float32)
+    sc = tl.load((scales + s).to(tl.pointer_type(tl.int8)), mask=smask, other=0).to(tl.float32)
+    return (d * sc) * (q.to(tl.float32) - 32.0)
+
+
+INT_FAMILY = Family(TILED, 256, 210, 16, 16, dequant, align=16, idot=idot, act_fmt=Q8_K, iacc=(2, 8),
+                    row_tile=TILE_ROWS)
+FLOAT_FAMILY = dataclasses.replace(INT_FAMILY, idot=None, act_fmt=None)
+# $SPARKD_Q6_K_INT=0 (q6_k.FAMILY the float one) takes the float path on this layout too
+FAMILY = INT_FAMILY if q6_k.FAMILY.idot is not None else FLOAT_FAMILY
+
+
+def gemv(w: TiledQ6_K, x: torch.Tensor, out: torch.Tensor | None = None, config=None, qx=None) -> torch.Tensor:
+    """y = W @ x for one token, W tiled (pack): matmul.gemv on the TILED family; qx: x already
+    quantized to Q8_K (act_quant.QuantX, as a norm writes it), else the GEMV quantizes x."""
+    from sparkd.engine.kernels.matmul import gemv as run  # matmul imports dispatch, which imports this
+
+    return run(w.data, TILED, (w.rows, w.cols), x, out=out, config=config, qx=qx)
