@@ -3,7 +3,7 @@ split (ranges of RANGE_GROUPS groups below TARGET_PROGRAMS row tiles) at one wav
 programs; $SPARKD_GEMV_SPLIT=old runs session 5's rule. A default launch gives the bits of the same
 tile at the split the rule names (the rule only picks a compile-time split), the float64 reference
 within the bound, the same bits twice and in a CUDA graph. The tiled Q4_K's vector steps refuse
-the tiles that gave wrong sums on the H200 (fewer than 4 rows with split-K).
+the tiles that gave wrong sums on the H200 (programs of part of a 4-row tile).
 
 Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
 """
@@ -115,17 +115,18 @@ def test_default_split_is_the_rules_split(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("loads", ["vector", "vector64"])
-def test_vector_steps_refuse_split_programs_of_fewer_than_4_rows(loads):
-    """2-row programs with split-K ranges: wrong sums on the H200 (gemv_tiles_h200_s6*); refused
-    before anything runs. The same tile without split-K, and q4_k's own step, still run."""
+def test_vector_steps_refuse_programs_of_part_of_a_tile(loads):
+    """2-row programs (half a 4-row tile): wrong sums on the H200 with and without split-K
+    (gemv_tiles_h200_s6*, session 6's GPU tests); refused before anything runs. q4_k's own step
+    on the same tile still runs."""
     dev = "cuda" if ON_GPU else "cpu"
     rows, cols = 8, 8 * 256
     w = q4_k_tiled.pack(random_blocks(T.Q4_K, rows * cols // 256).to(dev), (rows, cols))
     x, out = torch.randn(cols, device=dev), torch.full((rows,), float("nan"), device=dev)
-    with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q4_K_TILED GEMV: the "
-                       f"'{loads}' integer step on 2-row programs with split-K \\(2 ranges\\) gave wrong sums"):
-        q4_k_tiled.gemv(w, x, out=out, config=GemvConfig(block_n=2, split=2), loads=loads)
+    for split in (1, 2):
+        with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q4_K_TILED GEMV: an elementwise "
+                           "tile of 2 rows holds part of the layout's 4-row tiles, which gave wrong sums"):
+            q4_k_tiled.gemv(w, x, out=out, config=GemvConfig(block_n=2, split=split), loads=loads)
     assert torch.isnan(out).all()
-    q4_k_tiled.gemv(w, x, out=out, config=GemvConfig(block_n=2, split=1), loads=loads)
     q4_k_tiled.gemv(w, x, out=out, config=GemvConfig(block_n=2, split=2), loads="scalar")
     assert torch.isfinite(out).all()

@@ -191,7 +191,9 @@ def test_router_gate_gemv_in_the_topk_launch(backend, E, D, top_k, gating, norm_
     (got_w, got_ids), (again_w, again_ids) = runs
     assert torch.equal(got_w, again_w) and torch.equal(got_ids, again_ids)
     assert torch.equal(got_ids.cpu(), want_ids)
-    assert float((got_w.cpu() - want_w).norm() / want_w.norm()) < 1e-6
+    # a weight's relative error is about its logit's absolute one: D products of |w x| ~ 0.3 summed
+    # in another order than torch's (1.9e-6 on the H200 at D=100 for some data, session 6)
+    assert float((got_w.cpu() - want_w).norm() / want_w.norm()) < 1e-5
     assert not tickets(1, got_w.device)[0]
 
 

@@ -334,6 +334,15 @@ def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tenso
     return fam, rows, cols, row_bytes
 
 
+def check_tile(fam: dispatch.Family, cfg: GemvConfig, what: str) -> None:
+    """Refuse an elementwise tile holding part of a row tile where the integer step needs whole
+    ones (Family.whole_tiles)."""
+    if fam.whole_tiles and fam.idot is not None and cfg.elementwise and cfg.block_n % fam.row_tile:
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: an elementwise tile of {cfg.block_n} rows holds part of the layout's "
+            f"{fam.row_tile}-row tiles, which gave wrong sums on the H200; use block_n a multiple of {fam.row_tile}")
+
+
 def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
          out: torch.Tensor | None = None, config: GemvConfig | None = None,
          round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -347,6 +356,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     dispatch.check_out(out, (rows,), x.device, what)
     check_qx(qx, fam, cols, what)
     cfg = config or default_config(fam)
+    check_tile(fam, cfg, what)
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
         return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx)

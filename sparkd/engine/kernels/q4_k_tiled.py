@@ -184,28 +184,11 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 # "scalar" is q4k8's kernel)
 LOADS_ENV = "SPARKD_Q4_K_TILED_LOADS"
 FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
-                         row_tile=TILE_ROWS) for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
+                         row_tile=TILE_ROWS, whole_tiles=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
 LOADS = os.environ.get(LOADS_ENV, "vector")
 if LOADS not in FAMILIES:
     raise KernelArgumentError(f"could not read ${LOADS_ENV}: {LOADS!r} is not one of {sorted(FAMILIES)}")
 FAMILY = FAMILIES[LOADS]
-
-
-def check_tile(cfg, loads: str, shape: tuple[int, int], device: torch.device) -> None:
-    """Refuse what gave wrong sums on the H200 (session 6, bench/results/gemv_tiles_h200_s6*: relative
-    error 0.04-1.0 at six shapes; right under the interpreter; cause not found): the vector steps'
-    elementwise tile on programs of fewer than TILE_ROWS rows with split-K ranges. No default tile
-    does that (4 rows)."""
-    from sparkd.engine.kernels.matmul import split_for
-
-    if loads == "scalar" or not cfg.elementwise or cfg.block_n >= TILE_ROWS:
-        return
-    split = split_for(cfg, shape[0], shape[1] // 256, device)
-    if split > 1:
-        raise KernelArgumentError(
-            f"could not run the Q4_K_TILED GEMV: the {loads!r} integer step on {cfg.block_n}-row programs with "
-            f"split-K ({split} ranges) gave wrong sums on the H200; use {TILE_ROWS}-row programs, split=1 or "
-            f"loads='scalar'")
 
 
 def gemv(w: TiledQ4_K, x: torch.Tensor, out: torch.Tensor | None = None, config=None,
@@ -220,14 +203,15 @@ def gemv(w: TiledQ4_K, x: torch.Tensor, out: torch.Tensor | None = None, config=
     loads = loads or LOADS
     if loads not in FAMILIES:
         raise KernelArgumentError(f"could not run {what}: loads {loads!r} is not one of {sorted(FAMILIES)}")
-    check_tile(config or matmul.GEMV_TILES[TILED.name], loads, (w.rows, w.cols), x.device)
     if loads == LOADS:
         return matmul.gemv(w.data, TILED, (w.rows, w.cols), x, out=out, config=config, qx=qx)
     fam = FAMILIES[loads]
+    cfg = config or matmul.default_config(fam)
+    matmul.check_tile(fam, cfg, what)
     dispatch.check_activations(x, w.cols, what)
     dispatch.check_out(out, (w.rows,), x.device, what)
     dispatch.device_of(w.data, x, what)
     matmul.check_qx(qx, fam, w.cols, what)
     y = torch.empty(w.rows, dtype=torch.float32, device=x.device) if out is None else out
     return matmul.igemv(w.data, fam.idot, fam.iacc, fam.act_fmt, (w.rows, w.cols), fam.row_bytes(w.cols), x, y,
-                        config or matmul.default_config(fam), qx)
+                        cfg, qx)
