@@ -157,7 +157,7 @@ def test_unknown_q8_0_layout_is_a_clear_error(tmp_path, monkeypatch):
     from sparkd.engine.models.weights import Q8_0_LAYOUT_ENV
     path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=5)[0]
     monkeypatch.setenv(Q8_0_LAYOUT_ENV, "tiled")
-    with pytest.raises(EngineError, match="could not choose the resident Q8_0 layout 'tiled': use one of packed, gguf"):
+    with pytest.raises(EngineError, match="could not use SPARKD_Q8_0_LAYOUT='tiled': choose one of packed, gguf"):
         load_model(path, device="cuda" if ON_GPU else "cpu", kernels=True)
 
 

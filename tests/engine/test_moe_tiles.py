@@ -11,8 +11,6 @@ GPU, compiled with the marker gpu.
 
 import dataclasses
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -48,13 +46,10 @@ def test_decode_tiles_follow_the_model_width(qtype):
     assert large != small and gate_up != moe.OLD_DECODE_TILES[name][0]  # else the rule changes nothing
 
 
-def test_the_environment_switches_back_to_the_old_tiles():
-    code = ("import sys; sys.path.insert(0, 'tests/engine'); from test_moe_tiles import table_at; "
-            "from gguf import GGMLQuantizationType as T; from sparkd.engine.kernels import moe; "
-            "print(moe.decode_tiles(table_at(T.Q4_K, 7168)) == moe.OLD_DECODE_TILES['Q4_K'])")
-    env = dict(os.environ, TRITON_INTERPRET="1", **{moe.TILES_ENV: "old"})
-    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert got.stdout.strip().splitlines()[-1:] == ["True"], got.stderr[-2000:]
+def test_the_environment_switches_back_to_the_old_tiles(monkeypatch):
+    """OLD_TILES ($SPARKD_MOE_TILES=old, read at import: tests/engine/test_switches.py) is decode_tiles' default."""
+    monkeypatch.setattr(moe, "OLD_TILES", True)
+    assert moe.decode_tiles(table_at(T.Q4_K, 7168)) == moe.OLD_DECODE_TILES["Q4_K"]
 
 
 # Q4_K under the interpreter takes ~5 minutes even at 256x256 (too long for CI): compiled only;

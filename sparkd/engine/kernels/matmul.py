@@ -20,7 +20,6 @@ multiplies in, and run row_idot: dp4a on 32-bit words, a float step per block. O
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import act_quant, dispatch, grids
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
@@ -50,7 +50,7 @@ class GemvConfig:
     stages: int = 0  # software-pipelining stages of the group loop (tl.range num_stages); 0: Triton's default
     fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
     # split-K partials summed by the last program of a row tile (fold_part); "torch": a torch.sum launch
-    fold: str = os.environ.get(FOLD_ENV, "kernel")
+    fold: str = switches.choice(FOLD_ENV, FOLDS, "kernel")
 
 
 # the integer families' tiles, best of the session-4 H200 run at the engine's decode shapes

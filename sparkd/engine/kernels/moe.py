@@ -26,7 +26,6 @@ Prefill (many tokens): tokens are grouped by expert and each expert runs the sma
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -35,6 +34,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import act_quant, dispatch, grids
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
@@ -330,8 +330,8 @@ LARGE_DOWN_TILES = {
     "Q8_0": (6144, GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True, split=8)),
     "Q4_K": (4096, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=2)),
 }
-TILES_ENV = "SPARKD_MOE_TILES"  # "old": OLD_DECODE_TILES at every shape (read once)
-OLD_TILES = os.environ.get(TILES_ENV, "") == "old"
+TILES_ENV = "SPARKD_MOE_TILES"  # "old": OLD_DECODE_TILES at every shape; "shape" (unset): by shape (read once)
+OLD_TILES = switches.choice(TILES_ENV, ("shape", "old"), "shape") == "old"
 
 
 def decode_tiles(p: PreparedTable, old: bool | None = None) -> tuple[GemvConfig, GemvConfig]:
