@@ -6,7 +6,9 @@ Makes a qwen3-30b-a3b-shaped GGUF (make-model; --layers at the real widths), loa
   2. a per-stage profile of --profile-tokens eager steps (torch.profiler, one record_function
      range per stage set by module hooks): host (CPU) ms and GPU kernel ms per token per stage,
      and the host synchronisations per token;
-  3. CUDA graphs (StaticDecode, one graph per bucket): tok/s, GPU kernel ms per replayed step,
+  3. CUDA graphs (StaticDecode, one graph per bucket, the greedy token picked on the GPU as
+     `generate` does: StaticDecode.next_token; $SPARKD_DEVICE_ARGMAX=0 brings the logits row back
+     and picks on the host, as before session 6): tok/s, GPU kernel ms per replayed step,
      and whether its greedy tokens equal the eager ones (and eager's its own rerun: the sums are
      ordered since session 3's kern4, so both should match; before, atomics made the last bits
      vary run to run and near-tied greedy picks of a random-weight model flipped);
@@ -29,7 +31,7 @@ import torch
 from launch_count import count_kernels
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from sparkd.engine.cuda_graphs import StaticDecode, graph_blocker
+from sparkd.engine.cuda_graphs import StaticDecode, device_argmax_default, graph_blocker
 from sparkd.engine.kernels import fused
 from sparkd.engine.layers.moe import MoE
 from sparkd.engine.models import load_model
@@ -116,16 +118,26 @@ def eager_step(net, cache):
     return lambda t: net(torch.tensor([t]), cache)
 
 
-def decode(step_of, net, n: int, ctx: int):
-    """Greedy: (tokens, seconds for the n decode steps, logits rows)."""
+def eager_next(net, cache):
+    """token -> the next greedy token, eager (the logits row comes back, the host picks)."""
+    return lambda t: int(net(torch.tensor([t]), cache)[-1].argmax())
+
+
+def graphed_next(n_total: int):
+    """token -> the next greedy token, graph replay picking as `generate` does (next_token)."""
+    return lambda net, cache: graphed(n_total)(net, cache).next_token
+
+
+def decode(next_of, net, n: int, ctx: int):
+    """Greedy: (tokens, seconds for the n decode steps); next_of(net, cache) steps a token."""
     cache = net.new_cache(ctx)
-    logits = net(torch.tensor(PROMPT), cache)
-    step = step_of(net, cache)
+    token = int(net(torch.tensor(PROMPT), cache)[-1].argmax())
+    step = next_of(net, cache)
     out = []
     t0 = time.perf_counter()
     for _ in range(n):
-        out.append(int(logits[-1].argmax()))
-        logits = step(out[-1])
+        out.append(token)
+        token = step(token)
     return out, time.perf_counter() - t0
 
 
@@ -192,10 +204,11 @@ def profile_graphs(net, n: int, ctx: int) -> dict:
     logits = net(torch.tensor(PROMPT), cache)
     step = StaticDecode(net, cache, graphs=True)
     step.prepare(len(PROMPT) + n)
+    token = int(logits[-1].argmax())
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(n):
-            logits = step(int(logits[-1].argmax()))
+            token = step.next_token(token)
         wall = time.perf_counter() - t0
     kernels = count_kernels(prof.events())
     return {"wall_ms": wall * 1e3 / n, "kernel_ms": kernel_us(prof.events()) / 1e3 / n,
@@ -221,10 +234,31 @@ def make(path: Path, quant: str, layers: int) -> None:
                     "qwen3-30b-a3b", "--layers", str(layers), "--quant", quant, "--quiet"], check=True)
 
 
+def bench_args(doc: str, layers: int, tokens: int) -> argparse.ArgumentParser:
+    """The arguments of the decode benches (this one, decode_switches.py): the generated model
+    (--quant, --layers, --dir: made by make() if missing), --tokens timed, --profile-tokens, --json."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--quant", default="Q8_0")
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--tokens", type=int, default=tokens)
+    ap.add_argument("--profile-tokens", type=int, default=8)
+    ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--json")
+    return ap
+
+
+def load_generated(a: argparse.Namespace):
+    """(path, the model loaded on CUDA) of bench_args' model, made first if missing."""
+    path = Path(a.dir) / f"q30-{a.layers}l-{a.quant}.gguf"
+    make(path, a.quant, a.layers)
+    return path, load_model(path, device="cuda")
+
+
 def table(res: dict) -> str:
     p = res["profile_eager"]
     lines = [f"model {res['model']}: {res['layers']} layers {res['quant']}",
-             (f"eager {res['eager_tok_s']:.1f} tok/s, graphs {res['graphs_tok_s']:.1f} tok/s, "
+             (f"eager {res['eager_tok_s']:.1f} tok/s, graphs {res['graphs_tok_s']:.1f} tok/s "
+              f"(token picked on the {'GPU' if res['device_argmax'] else 'host'}), "
               f"greedy equal: {res['greedy_equal']} (eager rerun: {res['eager_rerun_greedy_equal']})"),
              (f"teacher-forced logits: graphs vs eager {res['forced_graphs_vs_eager']}, eager vs eager "
               f"{res['forced_eager_vs_eager']}"),
@@ -249,41 +283,33 @@ def table(res: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quant", default="Q8_0")
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--profile-tokens", type=int, default=8)
+    ap = bench_args(__doc__, layers=2, tokens=64)
     ap.add_argument("--ctx", type=int, default=1024, help="KV cache positions (graphs attend over a bucket of them)")
-    ap.add_argument("--dir", default="/tmp")
-    ap.add_argument("--json")
     ap.add_argument("--fused", default=None, help="fused decode kernels: all, none or names "
                     f"({', '.join(fused.KERNELS)}); default: ${fused.ENV} or all")
     a = ap.parse_args()
     if a.fused is not None:
         fused.configure(a.fused)
-    path = Path(a.dir) / f"q30-{a.layers}l-{a.quant}.gguf"
-    make(path, a.quant, a.layers)
-    m = load_model(path, device="cuda")
+    path, m = load_generated(a)
     try:
         net, ctx = m.net, max(a.ctx, len(PROMPT) + a.tokens + 1)
         if why := graph_blocker(net):
             print(f"not graph-safe: {why}")
             return 1
-        decode(lambda n, c: eager_step(n, c), net, 4, ctx)  # JIT-compile the kernels first
-        eager_ids, eager_s = decode(lambda n, c: eager_step(n, c), net, a.tokens, ctx)
-        graph_ids, graph_s = decode(graphed(ctx), net, a.tokens, ctx)
+        decode(eager_next, net, 4, ctx)  # JIT-compile the kernels first
+        eager_ids, eager_s = decode(eager_next, net, a.tokens, ctx)
+        graph_ids, graph_s = decode(graphed_next(ctx), net, a.tokens, ctx)
         res = {"model": str(path), "layers": a.layers, "quant": a.quant, "tokens": a.tokens,
-               "fused": fused.current(),
+               "fused": fused.current(), "device_argmax": device_argmax_default(),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "eager_tok_s": a.tokens / eager_s, "graphs_tok_s": a.tokens / graph_s,
                "greedy_equal": eager_ids == graph_ids, "eager_ids": eager_ids, "graph_ids": graph_ids,
-               "eager_rerun_greedy_equal": decode(lambda n, c: eager_step(n, c), net, a.tokens, ctx)[0] == eager_ids,
+               "eager_rerun_greedy_equal": decode(eager_next, net, a.tokens, ctx)[0] == eager_ids,
                "profile_eager": profile_eager(net, a.profile_tokens, ctx),
                "profile_graphs": profile_graphs(net, a.profile_tokens, ctx)}
-        eager = forced(lambda n, c: eager_step(n, c), net, eager_ids, ctx)
+        eager = forced(eager_step, net, eager_ids, ctx)
         res["forced_graphs_vs_eager"] = agreement(eager, forced(graphed(ctx), net, eager_ids, ctx))
-        res["forced_eager_vs_eager"] = agreement(eager, forced(lambda n, c: eager_step(n, c), net, eager_ids, ctx))
+        res["forced_eager_vs_eager"] = agreement(eager, forced(eager_step, net, eager_ids, ctx))
     finally:
         m.close()
     print(table(res), flush=True)

@@ -10,20 +10,18 @@ be equal (the cuts change no bits). Makes the model as decode_profile.py does. O
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 import torch
-from decode_profile import PROMPT, kernel_time_by_name, make
+from decode_profile import PROMPT, bench_args, kernel_time_by_name, load_generated
 from launch_count import count_kernels
 from torch.profiler import ProfilerActivity, profile
 
 from sparkd.engine.cuda_graphs import StaticDecode
 from sparkd.engine.kernels import fused
-from sparkd.engine.models import load_model
 from sparkd.engine.sampler import Sampler, SamplingParams
 
 WITHOUT_NORM_QUANT = "rms_norm,rope_kv,attention,router"
@@ -60,17 +58,8 @@ def run(net, ctx: int, device_pick: bool, n: int, n_prof: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quant", default="Q8_0")
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--profile-tokens", type=int, default=8)
-    ap.add_argument("--dir", default="/tmp")
-    ap.add_argument("--json")
-    a = ap.parse_args()
-    path = Path(a.dir) / f"q30-{a.layers}l-{a.quant}.gguf"
-    make(path, a.quant, a.layers)
-    m = load_model(path, device="cuda")
+    a = bench_args(__doc__, layers=12, tokens=128).parse_args()
+    path, m = load_generated(a)
     res = {"model": str(path), "device": torch.cuda.get_device_name(), "settings": {}}
     try:
         ctx = 256

@@ -23,11 +23,11 @@ per bucket replayed right after the step's, $SPARKD_DEVICE_SAMPLING=0 to sample 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 import torch
 
+from sparkd.engine import switches
 from sparkd.engine.device_sampler import DeviceSampler, device_drawable, device_sampling_default
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.attention import Attention
@@ -51,8 +51,8 @@ DEVICE_ARGMAX_ENV = "SPARKD_DEVICE_ARGMAX"
 
 def device_argmax_default() -> bool:
     """$SPARKD_DEVICE_ARGMAX: "0" or "off" brings every step's logits back for the host sampler;
-    anything else (or unset) lets a greedy request take its token from the GPU."""
-    return os.environ.get(DEVICE_ARGMAX_ENV, "1").strip().lower() not in ("0", "off")
+    "1", "on" (or unset) lets a greedy request take its token from the GPU."""
+    return switches.flag(DEVICE_ARGMAX_ENV, True)
 
 
 def link_norm_quant(net: Decoder) -> int:

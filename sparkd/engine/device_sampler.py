@@ -16,16 +16,15 @@ $SPARKD_DEVICE_SAMPLING=0 brings the logits row back to the host Sampler as befo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 
+from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
 from sparkd.engine.sampler import SamplingParams
 
 DEVICE_SAMPLING_ENV = "SPARKD_DEVICE_SAMPLING"
-_SWITCH = {"1": True, "on": True, "0": False, "off": False}
 # The longest repetition window the ring holds (llama.cpp's default is 64); a request with a
 # longer one samples on the host.
 RING_TOKENS = 256
@@ -34,11 +33,7 @@ RING_TOKENS = 256
 def device_sampling_default() -> bool:
     """$SPARKD_DEVICE_SAMPLING: 1/on (or unset) draws temperature requests on the device, 0/off
     brings the logits row back for the host Sampler; anything else is refused."""
-    raw = os.environ.get(DEVICE_SAMPLING_ENV, "1").strip().lower()
-    if raw not in _SWITCH:
-        raise EngineError(f"could not use {DEVICE_SAMPLING_ENV}={raw!r}: set 1 (or on) to sample on "
-                          "the device, 0 (or off) to sample on the host")
-    return _SWITCH[raw]
+    return switches.flag(DEVICE_SAMPLING_ENV, True)
 
 
 def device_drawable(params: SamplingParams, ring_tokens: int = RING_TOKENS) -> bool:

@@ -12,7 +12,7 @@ import torch
 
 from sparkd.engine.cuda_graphs import StaticDecode
 from sparkd.engine.device_sampler import DEVICE_SAMPLING_ENV, RING_TOKENS, DeviceSampler, \
-    device_drawable, device_sampling_default, softmax
+    device_drawable, softmax
 from sparkd.engine.errors import EngineError
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
@@ -119,15 +119,8 @@ def test_a_seed_repeats_its_draws():
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
-def test_the_switch_and_what_draws_on_the_device(monkeypatch):
-    for raw, on in (("1", True), ("on", True), (" OFF ", False), ("0", False)):
-        monkeypatch.setenv(DEVICE_SAMPLING_ENV, raw)
-        assert device_sampling_default() is on
-    monkeypatch.delenv(DEVICE_SAMPLING_ENV)
-    assert device_sampling_default()
-    monkeypatch.setenv(DEVICE_SAMPLING_ENV, "yes")
-    with pytest.raises(EngineError, match=f"could not use {DEVICE_SAMPLING_ENV}='yes': set 1"):
-        device_sampling_default()
+def test_what_draws_on_the_device():
+    """(the switch's values: tests/engine/test_switches.py)"""
     assert not device_drawable(SamplingParams(temperature=0.0))
     assert device_drawable(SamplingParams(temperature=0.7, repetition_penalty=1.1, repetition_window=RING_TOKENS))
     assert not device_drawable(SamplingParams(temperature=0.7, repetition_penalty=1.1,

@@ -10,8 +10,6 @@ the MoE kernels.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -103,14 +101,6 @@ def test_switch_off_gives_the_torch_attention_back(models, backend, quant):
         m.close()
     assert torch.equal(runs["off"][0], runs["torch"][0]) and torch.equal(runs["off"][1], runs["torch"][1])
     assert not torch.equal(runs["on"][1], runs["torch"][1])  # the switch does switch: another summation order
-
-
-@pytest.mark.parametrize("value, want", [("off", "False"), ("", "True")])
-def test_switch_reads_the_environment(value, want):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **{fused.EAGER_ENV: value})
-    run = subprocess.run([sys.executable, "-c", "from sparkd.engine.kernels import fused; print(fused.one_token(False), fused.one_token(True))"],
-                         capture_output=True, text=True, env=env, timeout=60, check=True)
-    assert run.stdout.split() == [want, "True"]
 
 
 def test_eager_position_past_the_context_is_refused(models):

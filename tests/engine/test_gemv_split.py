@@ -63,8 +63,8 @@ def test_unknown_rule_is_a_clear_error():
         split_for(Q4T, 4096, 8, rule="fast")
 
 
-def test_split_env_switches_back_and_refuses_unknown_values():
-    """$SPARKD_GEMV_SPLIT=old: session 5's rule; an unknown value stops the import."""
+def test_split_env_switches_back():
+    """$SPARKD_GEMV_SPLIT=old: session 5's rule (unknown values: tests/engine/test_switches.py)."""
     code = ("from sparkd.engine.kernels import matmul as m; "
             "print(m.SPLIT_RULE, m.split_for(m.GEMV_TILES['Q4_K_TILED'], 4096, 56))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TRITON_INTERPRET="1")
@@ -72,9 +72,6 @@ def test_split_env_switches_back_and_refuses_unknown_values():
         out = subprocess.run([sys.executable, "-c", code], env=dict(env, SPARKD_GEMV_SPLIT=value),
                              capture_output=True, text=True, check=True)
         assert out.stdout.split() == want.split()
-    bad = subprocess.run([sys.executable, "-c", code], check=False, env=dict(env, SPARKD_GEMV_SPLIT="fast"),
-                         capture_output=True, text=True)
-    assert bad.returncode != 0 and "could not read $SPARKD_GEMV_SPLIT: 'fast'" in bad.stderr
 
 
 def layouts(backend: str, rows: int, cols: int):

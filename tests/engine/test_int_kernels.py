@@ -28,16 +28,6 @@ from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 DEV = "cuda" if ON_GPU else "cpu"
 
 
-@pytest.fixture(autouse=True)
-def _seeded():
-    """Each test's random blocks and activations from a fixed seed, not from whatever the tests
-    before it left in torch's generator: the float64 reference rounds h (and x) from its own sums,
-    so a value that lands within an fp32 step of a rounding boundary flips one int8 quant against
-    the kernel's (an error of ~1e-3, above the fp32 bound). A CI run once drew such data
-    (test_fused_h_quantization..., Q4_K); fixed data keeps a failure reproducible."""
-    torch.manual_seed(20261130)
-
-
 def awkward_x(rows: int, cols: int) -> torch.Tensor:
     """Random rows at mixed magnitudes, plus the edge cases of the scale: a zero block, the
     largest magnitude held by a negative value, and a tie between +max and -max."""

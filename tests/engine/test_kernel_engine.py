@@ -54,6 +54,21 @@ def greedy(net, prompt: list[int], n: int) -> tuple[torch.Tensor, list[int]]:
     return first, out
 
 
+def logits_by_layout(tmp_path, monkeypatch, backend: str, quant: str, env: str, layouts: tuple[str, ...]) -> dict:
+    """A tiny `quant` model (SHAPES) loaded with kernels once per resident layout set by $env:
+    layout -> (prompt logits, one greedy token, the qtypes of its KernelLinear projections)."""
+    path = write_model(tmp_path / "m.gguf", plan(SHAPES[quant], quant), seed=5)[0]
+    got = {}
+    for layout in layouts:
+        monkeypatch.setenv(env, layout)
+        k = load_model(path, device=backend, kernels=True)
+        try:
+            got[layout] = (*greedy(k.net, PROMPT, 1), {m.qtype for m in k.net.modules() if isinstance(m, KernelLinear)})
+        finally:
+            k.close()
+    return got
+
+
 @pytest.mark.parametrize("quant", ["Q8_0", pytest.param("Q4_K", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant):
@@ -138,17 +153,9 @@ def test_resident_q8_0_layouts_give_the_same_logits(tmp_path, monkeypatch, backe
 
     from sparkd.engine.kernels.q8_0_packed import PACKED
     from sparkd.engine.models.weights import Q8_0_LAYOUT_ENV
-    path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q8_0"], "Q8_0"), seed=5)[0]
-    got = {}
-    for layout, qtype in (("packed", PACKED), ("gguf", T.Q8_0)):
-        monkeypatch.setenv(Q8_0_LAYOUT_ENV, layout)
-        k = load_model(path, device=backend, kernels=True)
-        try:
-            assert {m.qtype for m in k.net.modules() if isinstance(m, KernelLinear)} == {qtype}
-            got[layout] = greedy(k.net, PROMPT, 1)
-        finally:
-            k.close()
-    (a, tok_a), (b, tok_b) = got["packed"], got["gguf"]
+    got = logits_by_layout(tmp_path, monkeypatch, backend, "Q8_0", Q8_0_LAYOUT_ENV, ("packed", "gguf"))
+    assert got["packed"][2] == {PACKED} and got["gguf"][2] == {T.Q8_0}
+    (a, tok_a, _), (b, tok_b, _) = got["packed"], got["gguf"]
     assert tok_a == tok_b
     assert torch.equal(a, b) if backend == "cpu" else float((a - b).norm() / b.norm()) < 1e-5
 
@@ -157,7 +164,7 @@ def test_unknown_q8_0_layout_is_a_clear_error(tmp_path, monkeypatch):
     from sparkd.engine.models.weights import Q8_0_LAYOUT_ENV
     path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=5)[0]
     monkeypatch.setenv(Q8_0_LAYOUT_ENV, "tiled")
-    with pytest.raises(EngineError, match="could not choose the resident Q8_0 layout 'tiled': use one of packed, gguf"):
+    with pytest.raises(EngineError, match="could not use SPARKD_Q8_0_LAYOUT='tiled': choose one of packed, gguf"):
         load_model(path, device="cuda" if ON_GPU else "cpu", kernels=True)
 
 

@@ -14,8 +14,6 @@ GPU, compiled with the marker gpu.
 
 import dataclasses
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -63,14 +61,12 @@ def test_an_unknown_tile_set_is_refused():
 
 
 @pytest.mark.parametrize("which", ["old", "s5"])
-def test_the_environment_switches_back_to_the_old_tiles(which):
-    code = ("import sys; sys.path.insert(0, 'tests/engine'); from test_moe_tiles import table_at; "
-            "from gguf import GGMLQuantizationType as T; from sparkd.engine.kernels import moe; "
-            f"print(moe.decode_tiles(table_at(T.Q4_K, 7168)) == moe.decode_tiles(table_at(T.Q4_K, 7168), {which!r}), "
-            "moe.decode_kernels() == moe.OLD_KERNELS)")
-    env = dict(os.environ, TRITON_INTERPRET="1", **{moe.TILES_ENV: which})
-    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert got.stdout.strip().splitlines()[-1:] == ["True True"], got.stderr[-2000:]
+def test_the_environment_switches_back_to_the_old_tiles(monkeypatch, which):
+    """TILES ($SPARKD_MOE_TILES, read at import: tests/engine/test_switches.py) is decode_tiles'
+    and decode_kernels' default."""
+    monkeypatch.setattr(moe, "TILES", which)
+    assert moe.decode_tiles(table_at(T.Q4_K, 7168)) == moe.decode_tiles(table_at(T.Q4_K, 7168), which)
+    assert moe.decode_kernels() == moe.OLD_KERNELS
 
 
 # Q4_K under the interpreter takes ~5 minutes even at 256x256 (too long for CI): compiled only;

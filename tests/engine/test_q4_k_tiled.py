@@ -75,22 +75,6 @@ def test_the_default_loads_are_the_vector_step():
     assert q4_k_tiled.FAMILIES["scalar"].idot is q4_k_tiled.idot
 
 
-def test_loads_env_switches_back_and_refuses_unknown_names():
-    """$SPARKD_Q4_K_TILED_LOADS=scalar runs q4k8's step; an unknown name stops the import with the
-    names it takes (a subprocess: the variable is read once, at import)."""
-    import subprocess
-    import sys
-    code = "from sparkd.engine.kernels import q4_k_tiled as t; print(t.FAMILY is t.FAMILIES['scalar'])"
-    env = dict(os.environ, SPARKD_Q4_K_TILED_LOADS="scalar", TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr
-    env["SPARKD_Q4_K_TILED_LOADS"] = "wide"
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0
-    assert "could not read $SPARKD_Q4_K_TILED_LOADS: 'wide' is not one of ['scalar', 'vector', 'vector64']" \
-        in run.stderr
-
-
 def test_unknown_loads_is_a_clear_error():
     w = q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256))
     with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'wide' is "
@@ -155,30 +139,19 @@ def test_tiled_replays_in_a_cuda_graph():
 def test_resident_q4_k_layouts_give_the_same_logits(tmp_path, monkeypatch, backend):
     """Resident Q4_K projections are tiled by default and kept as GGUF blocks with
     $SPARKD_Q4_K_LAYOUT=gguf: the same logits bit for bit (the same tiles on both layouts)."""
-    from test_kernel_engine import PROMPT, SHAPES, greedy
+    from test_kernel_engine import logits_by_layout
 
-    from sparkd.engine.layers.linear import KernelLinear
-    from sparkd.engine.make_model import plan, write_model
-    from sparkd.engine.models import load_model
     from sparkd.engine.models.weights import Q4_K_LAYOUT_ENV
-    path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q4_K"], "Q4_K"), seed=5)[0]
-    got = {}
-    for layout, qtype in (("tiled", TILED), ("gguf", T.Q4_K)):
-        monkeypatch.setenv(Q4_K_LAYOUT_ENV, layout)
-        k = load_model(path, device=backend, kernels=True)
-        try:
-            assert qtype in {m.qtype for m in k.net.modules() if isinstance(m, KernelLinear)}
-            got[layout] = greedy(k.net, PROMPT, 1)
-        finally:
-            k.close()
-    (a, tok_a), (b, tok_b) = got["tiled"], got["gguf"]
+    got = logits_by_layout(tmp_path, monkeypatch, backend, "Q4_K", Q4_K_LAYOUT_ENV, ("tiled", "gguf"))
+    assert TILED in got["tiled"][2] and T.Q4_K in got["gguf"][2]
+    (a, tok_a, _), (b, tok_b, _) = got["tiled"], got["gguf"]
     assert tok_a == tok_b and torch.equal(a, b)
 
 
-def test_unknown_q4_k_layout_is_a_clear_error(monkeypatch):
-    from sparkd.engine.models.weights import Q4_K_LAYOUT_ENV, resident_q4_k_layout
-    monkeypatch.setenv(Q4_K_LAYOUT_ENV, "packed")
+def test_unknown_q4_k_layout_is_a_clear_error():
+    """A layout handed over in code (Weights(q4_k_layout=...)); $SPARKD_Q4_K_LAYOUT's values: test_switches.py."""
+    from sparkd.engine.models.weights import resident_q4_k_layout
     with pytest.raises(EngineError, match="could not choose the resident Q4_K layout 'packed': use one of "
                                           "tiled, gguf"):
-        resident_q4_k_layout()
+        resident_q4_k_layout("packed")
     assert resident_q4_k_layout("GGUF") == "gguf"

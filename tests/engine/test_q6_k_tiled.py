@@ -190,10 +190,10 @@ def test_resident_q6_k_layouts_give_the_same_logits(tmp_path, monkeypatch, backe
     assert tok_a == tok_b and torch.equal(a, b)
 
 
-def test_unknown_q6_k_layout_is_a_clear_error(monkeypatch):
-    from sparkd.engine.models.weights import Q6_K_LAYOUT_ENV, resident_q6_k_layout
-    monkeypatch.setenv(Q6_K_LAYOUT_ENV, "packed")
+def test_unknown_q6_k_layout_is_a_clear_error():
+    """(the environment's: tests/engine/test_switches.py)"""
+    from sparkd.engine.models.weights import resident_q6_k_layout
     with pytest.raises(EngineError, match="could not choose the resident Q6_K layout 'packed': use one of "
                                           "tiled, gguf"):
-        resident_q6_k_layout()
+        resident_q6_k_layout("packed")
     assert resident_q6_k_layout("GGUF") == "gguf"

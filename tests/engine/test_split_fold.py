@@ -86,14 +86,6 @@ def test_unknown_fold_is_a_clear_error_before_any_launch(qtype):
     assert bool(out.isnan().all())  # nothing written
 
 
-def test_environment_picks_the_torch_fold():
-    """SPARKD_GEMV_FOLD=torch (read when matmul is imported) brings the torch.sum fold back."""
-    code = "from sparkd.engine.kernels.matmul import GemvConfig; print(GemvConfig().fold)"
-    env = dict(os.environ, **{matmul.FOLD_ENV: "torch"})
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "torch"
-
-
 def test_fold_compiles_for_the_gpu_with_one_atomic():
     """The interpreter runs no PTX: compile the split GEMVs for sm_90 offline (fold_compile.py);
     the ticket is the kernels' one atomic (the sums are plain loads and adds)."""

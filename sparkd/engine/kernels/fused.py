@@ -17,11 +17,9 @@ step back its torch rope and attend (their summation order; ~30 small launches p
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from sparkd.engine.errors import EngineError
+from sparkd.engine import switches
 
 KERNELS = ("rms_norm", "rope_kv", "attention", "router", "norm_quant")
 ENV = "SPARKD_FUSED_KERNELS"
@@ -30,19 +28,12 @@ EAGER_ENV = "SPARKD_FUSED_EAGER"
 
 def parse(spec: str) -> frozenset[str]:
     """"all", "none"/"" or names separated by commas → the set of kernels switched on."""
-    spec = spec.strip().lower()
-    if spec == "all":
-        return frozenset(KERNELS)
-    names = {n.strip() for n in spec.split(",") if n.strip() and n.strip() != "none"}
-    if unknown := sorted(names - set(KERNELS)):
-        raise EngineError(f"could not switch fused kernels {spec!r}: unknown {', '.join(unknown)} "
-                          f"(choose all, none or some of {', '.join(KERNELS)}; ${ENV})")
-    return frozenset(names)
+    return switches.parse_names(spec, KERNELS, "fused kernels", ENV)
 
 
-_on: frozenset[str] = parse(os.environ.get(ENV, "all"))
+_on: frozenset[str] = switches.names(ENV, KERNELS, "fused kernels")
 _on_cpu = False
-_eager = os.environ.get(EAGER_ENV, "1").strip().lower() not in ("0", "off")
+_eager = switches.flag(EAGER_ENV, True)
 
 
 def configure(spec: str, on_cpu: bool = False) -> str:

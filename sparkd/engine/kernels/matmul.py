@@ -20,7 +20,6 @@ multiplies in, and run row_idot: dp4a on 32-bit words, a float step per block. O
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import act_quant, dispatch, grids
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
@@ -40,9 +40,7 @@ RANGE_GROUPS = 4  # groups (256 values each) per split-K range: 1024 values of a
 # split at one wave of resident programs; "old" is session 5's
 SPLIT_ENV = "SPARKD_GEMV_SPLIT"
 SPLIT_RULES = ("wave", "old")
-SPLIT_RULE = os.environ.get(SPLIT_ENV, "wave")
-if SPLIT_RULE not in SPLIT_RULES:
-    raise dispatch.KernelArgumentError(f"could not read ${SPLIT_ENV}: {SPLIT_RULE!r} is not one of {SPLIT_RULES}")
+SPLIT_RULE = switches.choice(SPLIT_ENV, SPLIT_RULES, "wave")
 # Hopper's most resident blocks per SM: a one-warp program at <= 64 registers (every default
 # tile) reaches it, so a wave is 32 one-warp programs per SM
 PROGRAMS_PER_SM = 32
@@ -61,7 +59,7 @@ class GemvConfig:
     stages: int = 0  # software-pipelining stages of the group loop (tl.range num_stages); 0: Triton's default
     fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
     # split-K partials summed by the last program of a row tile (fold_part); "torch": a torch.sum launch
-    fold: str = os.environ.get(FOLD_ENV, "kernel")
+    fold: str = switches.choice(FOLD_ENV, FOLDS, "kernel")
 
 
 # the integer families' tiles, best of the session-4 H200 run at the engine's decode shapes

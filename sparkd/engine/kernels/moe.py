@@ -26,7 +26,6 @@ Prefill (many tokens): tokens are grouped by expert and each expert runs the sma
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -35,6 +34,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import act_quant, dispatch, grids, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
@@ -410,7 +410,7 @@ class Kernels:
 OLD_KERNELS = Kernels(words=False, pair=False)  # sessions 4 and 5
 TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS
 TILE_SETS = ("old", "s5", "new")
-TILES = os.environ.get(TILES_ENV, "") or "new"  # read once
+TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:

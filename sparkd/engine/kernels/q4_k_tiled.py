@@ -21,13 +21,13 @@ integer sums of the GGUF blocks' step (bit for bit at the default tile, tests/en
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import q4_k
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a
 from sparkd.engine.kernels.family import Family, KernelArgumentError, LayoutType
@@ -185,9 +185,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 LOADS_ENV = "SPARKD_Q4_K_TILED_LOADS"
 FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
                          row_tile=TILE_ROWS, whole_tiles=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
-LOADS = os.environ.get(LOADS_ENV, "vector")
-if LOADS not in FAMILIES:
-    raise KernelArgumentError(f"could not read ${LOADS_ENV}: {LOADS!r} is not one of {sorted(FAMILIES)}")
+LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "vector")
 FAMILY = FAMILIES[LOADS]
 
 

@@ -18,12 +18,12 @@ by the caller, dequantized values multiplied in float32), the way before session
 """
 
 import dataclasses
-import os
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a
 from sparkd.engine.kernels.family import Family
 
@@ -104,4 +104,4 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 
 FLOAT_FAMILY = Family(T.Q6_K, 256, 210, 16, 16, dequant)
 INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(2, 8))
-FAMILY = FLOAT_FAMILY if os.environ.get(INT_ENV, "1") == "0" else INT_FAMILY
+FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

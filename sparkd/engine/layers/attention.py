@@ -12,11 +12,11 @@ Attention(fuse_qkv=False) keeps three.
 
 from __future__ import annotations
 
-import os
 
 import torch
 from torch import nn
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import fused
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import KernelLinear, Linear
@@ -63,8 +63,8 @@ FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 
 
 def fuse_qkv_default() -> bool:
-    """$SPARKD_FUSED_QKV: "0" builds q, k and v as three projections; anything else (or unset) stacks them."""
-    return os.environ.get(FUSE_QKV_ENV, "1").strip() != "0"
+    """$SPARKD_FUSED_QKV: "0" or "off" builds q, k and v as three projections; "1", "on" (or unset) stacks them."""
+    return switches.flag(FUSE_QKV_ENV, True)
 
 
 class Attention(nn.Module):

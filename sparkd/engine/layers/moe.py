@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 from torch import nn
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import fused
 from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.experts import ExpertStore
@@ -36,15 +36,10 @@ DECODE_ENV = "SPARKD_MOE_DECODE"
 
 def decode_parts(spec: str) -> frozenset[str]:
     """"all", "none"/"" or names of DECODE_PARTS separated by commas → the parts switched on."""
-    names = set(DECODE_PARTS) if spec.strip().lower() == "all" else \
-        {n.strip() for n in spec.lower().split(",") if n.strip() not in ("", "none")}
-    if unknown := sorted(names - set(DECODE_PARTS)):
-        raise ValueError(f"could not switch the MoE decode parts {spec!r}: unknown {', '.join(unknown)} "
-                         f"(choose all, none or some of {', '.join(DECODE_PARTS)}; ${DECODE_ENV})")
-    return frozenset(names)
+    return switches.parse_names(spec, DECODE_PARTS, "the MoE decode parts", DECODE_ENV)
 
 
-DECODE_ON: frozenset[str] = decode_parts(os.environ.get(DECODE_ENV, "all"))
+DECODE_ON: frozenset[str] = switches.names(DECODE_ENV, DECODE_PARTS, "the MoE decode parts")
 
 
 class Router(nn.Module):

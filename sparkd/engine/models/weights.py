@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
 from gguf.constants import GGMLQuantizationType
 
+from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.act_round import vec_dot_format
@@ -138,7 +138,9 @@ def resident_q6_k_layout(choice: str | None = None) -> str:
 
 def _layout(what: str, choice: str | None, env: str, layouts: tuple[str, ...]) -> str:
     """choice, else $env, else layouts[0] (the default), checked against layouts."""
-    layout = (choice if choice is not None else os.environ.get(env, layouts[0])).strip().lower()
+    if choice is None:
+        return switches.choice(env, layouts, layouts[0])
+    layout = choice.strip().lower()
     if layout not in layouts:
         raise EngineError(f"could not choose the resident {what} layout {layout!r}: use one of "
                           f"{', '.join(layouts)} (${env})")

@@ -22,11 +22,9 @@ SPARKD_FUSED_KERNELS without norm_quant turns the norm cut off for both steps.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from sparkd.engine.errors import EngineError
+from sparkd.engine import switches
 
 PARTS = ("norm_quant", "device_pick", "early_table", "parts_cache")
 ENV = "SPARKD_EAGER_STEP"
@@ -34,18 +32,11 @@ ENV = "SPARKD_EAGER_STEP"
 
 def parse(spec: str) -> frozenset[str]:
     """"all", "none"/"" or names of PARTS separated by commas → the parts switched on."""
-    spec = spec.strip().lower()
-    if spec == "all":
-        return frozenset(PARTS)
-    names = {n.strip() for n in spec.split(",") if n.strip() not in ("", "none")}
-    if unknown := sorted(names - set(PARTS)):
-        raise EngineError(f"could not switch the eager step's parts {spec!r}: unknown {', '.join(unknown)} "
-                          f"(choose all, none or some of {', '.join(PARTS)}; ${ENV})")
-    return frozenset(names)
+    return switches.parse_names(spec, PARTS, "the eager step's parts", ENV)
 
 
 DEFAULT = "norm_quant,device_pick,parts_cache"
-_on: frozenset[str] = parse(os.environ.get(ENV, DEFAULT))
+_on: frozenset[str] = switches.names(ENV, PARTS, "the eager step's parts", DEFAULT)
 
 
 def on(part: str) -> bool:

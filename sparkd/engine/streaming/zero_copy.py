@@ -22,11 +22,11 @@ SPARKD_STREAM_TABLE=checked goes back to a full prepare() per call.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from typing import Sequence
 
+from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.quant_experts import KernelSelection
@@ -37,10 +37,7 @@ TABLE_MODES = ("cached", "checked")
 
 
 def table_mode(env: dict | None = None) -> str:
-    mode = (os.environ if env is None else env).get(TABLE_ENV, "cached")
-    if mode not in TABLE_MODES:
-        raise EngineError(f"could not use {TABLE_ENV}={mode!r}: choose one of {', '.join(TABLE_MODES)}")
-    return mode
+    return switches.choice(TABLE_ENV, TABLE_MODES, "cached", env)
 
 
 def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> KernelSelection | None:

@@ -35,7 +35,7 @@ def test_parts_parse_and_unknown_names_are_a_clear_error():
     assert eager_step.parse(" device_pick, early_table ") == {"device_pick", "early_table"}
     with pytest.raises(EngineError, match=r"could not switch the eager step's parts 'graphs': unknown graphs "
                                           r"\(choose all, none or some of norm_quant, device_pick, early_table, "
-                                          r"parts_cache; \$SPARKD_EAGER_STEP\)"):
+                                          r"parts_cache; SPARKD_EAGER_STEP\)"):
         eager_step.parse("graphs")
 
 

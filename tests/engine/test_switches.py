@@ -1,0 +1,142 @@
+"""Every SPARKD_* environment switch of the engine (sparkd/engine/switches.py, docs/engine.md's
+table): a value it does not take stops with an error naming the variable, the value and the values
+it takes; the values it takes (and unset) give the documented behaviour. Switches read at import
+are tried in one subprocess that sets each value and reloads the module reading it; those read per
+call run here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from sparkd.engine import switches  # noqa: E402
+from sparkd.engine.cuda_graphs import device_argmax_default  # noqa: E402
+from sparkd.engine.layers.attention import fuse_qkv_default  # noqa: E402
+from sparkd.engine.device_sampler import device_sampling_default  # noqa: E402
+from sparkd.engine.models.weights import resident_q4_k_layout, resident_q6_k_layout, resident_q8_0_layout  # noqa: E402
+from sparkd.engine.streaming.zero_copy import table_mode  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+UNSET = None
+FLAG = {"1": True, "on": True, " ON ": True, "0": False, "off": False, UNSET: True}
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    module: str | None  # read at import by this module (value = eval(read) with m the module), else per call
+    read: str | Callable  # at import: an expression of m; per call: a function reading it
+    bad: str
+    good: dict = field(default_factory=dict)  # value (UNSET: not set) -> what expr gives
+    takes: tuple[str, ...] = ()  # the accepted values the error lists
+
+
+SWITCHES = [
+    Switch("SPARKD_FUSED_KERNELS", "sparkd.engine.kernels.fused", "m.current()", "norm",
+           {UNSET: "rms_norm,rope_kv,attention,router,norm_quant", "none": "none", "": "none",
+            "router, rms_norm": "rms_norm,router"}, ("all", "none", "rms_norm", "norm_quant")),
+    Switch("SPARKD_FUSED_EAGER", "sparkd.engine.kernels.fused", "[m.one_token(False), m.one_token(True)]",
+           "no", {k: [v, True] for k, v in FLAG.items()}, switches.ON + switches.OFF),
+    Switch("SPARKD_GEMV_FOLD", "sparkd.engine.kernels.matmul", "m.GemvConfig().fold", "atomics",
+           {UNSET: "kernel", "kernel": "kernel", "torch": "torch"}, ("kernel", "torch")),
+    Switch("SPARKD_Q6_K_INT", "sparkd.engine.kernels.q6_k", "m.FAMILY.idot is not None", "false", FLAG,
+           switches.ON + switches.OFF),
+    Switch("SPARKD_Q4_K_TILED_LOADS", "sparkd.engine.kernels.q4_k_tiled",
+           "[k for k, f in m.FAMILIES.items() if f is m.FAMILY]", "wide",
+           {UNSET: ["vector"], "scalar": ["scalar"], "vector": ["vector"], "vector64": ["vector64"]},
+           ("scalar", "vector", "vector64")),
+    Switch("SPARKD_MOE_DECODE", "sparkd.engine.layers.moe", "sorted(m.DECODE_ON)", "ids,gather",
+           {UNSET: ["fold", "ids", "quant_h", "residual", "router"], "none": [], "ids,fold": ["fold", "ids"]},
+           ("all", "none", "ids", "fold", "residual", "quant_h", "router")),
+    Switch("SPARKD_MOE_TILES", "sparkd.engine.kernels.moe", "m.TILES", "olde",
+           {UNSET: "new", "new": "new", "s5": "s5", "old": "old"}, ("old", "s5", "new")),
+    Switch("SPARKD_GEMV_SPLIT", "sparkd.engine.kernels.matmul", "m.SPLIT_RULE", "fast",
+           {UNSET: "wave", "wave": "wave", "Old": "old"}, ("wave", "old")),
+    Switch("SPARKD_EAGER_STEP", "sparkd.engine.streaming.eager_step", "sorted(p for p in m.PARTS if m.on(p))",
+           "graphs", {UNSET: ["device_pick", "norm_quant", "parts_cache"], "none": [],
+                      "all": ["device_pick", "early_table", "norm_quant", "parts_cache"]},
+           ("all", "none", "norm_quant", "early_table")),
+    Switch("SPARKD_DEVICE_SAMPLING", None, device_sampling_default, "yes", FLAG, switches.ON + switches.OFF),
+    Switch("SPARKD_FUSED_QKV", None, fuse_qkv_default, "yes", FLAG, switches.ON + switches.OFF),
+    Switch("SPARKD_DEVICE_ARGMAX", None, device_argmax_default, "2", FLAG, switches.ON + switches.OFF),
+    Switch("SPARKD_Q8_0_LAYOUT", None, resident_q8_0_layout, "tiled",
+           {UNSET: "packed", "packed": "packed", "GGUF": "gguf"}, ("packed", "gguf")),
+    Switch("SPARKD_Q4_K_LAYOUT", None, resident_q4_k_layout, "packed",
+           {UNSET: "tiled", "tiled": "tiled", "gguf": "gguf"}, ("tiled", "gguf")),
+    Switch("SPARKD_Q6_K_LAYOUT", None, resident_q6_k_layout, "packed",
+           {UNSET: "tiled", "tiled": "tiled", "gguf": "gguf"}, ("tiled", "gguf")),
+    Switch("SPARKD_STREAM_TABLE", None, table_mode, "fast",
+           {UNSET: "cached", "cached": "cached", "checked": "checked"}, ("cached", "checked")),
+]
+
+# one process: per switch read at import, set each value, reload the module, record what it gives
+_PROBE = """
+import importlib, json, os, sys
+out = {}
+for name, module, expr, values in json.loads(sys.argv[1]):
+    m = importlib.import_module(module)
+    for value in values:
+        os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        try:
+            importlib.reload(m)
+            out[f"{name}={value}"] = {"value": eval(expr)}
+        except Exception as e:
+            out[f"{name}={value}"] = {"error": f"{type(e).__name__}: {e}"}
+    os.environ.pop(name, None)
+    importlib.reload(m)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def read_at_import() -> dict:
+    probes = [(s.name, s.module, s.read, [*s.good, s.bad]) for s in SWITCHES if s.module]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKD_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *sys.path])
+    run = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(probes)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _per_call(s: Switch, value: str | None, monkeypatch) -> dict:
+    if value is None:
+        monkeypatch.delenv(s.name, raising=False)
+    else:
+        monkeypatch.setenv(s.name, value)
+    try:
+        return {"value": s.read()}
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+@pytest.mark.parametrize("s", SWITCHES, ids=lambda s: s.name)
+def test_switch_takes_its_values_and_refuses_others(s, read_at_import, monkeypatch):
+    got = {v: read_at_import[f"{s.name}={v}"] if s.module else _per_call(s, v, monkeypatch)
+           for v in [*s.good, s.bad]}
+    for value, want in s.good.items():
+        assert got[value] == {"value": want}, f"{s.name}={value!r}"
+    error = got[s.bad].get("error", "")
+    assert error.startswith("SwitchError: could not "), got[s.bad]
+    assert s.name in error and s.bad in error and all(t in error for t in s.takes), error
+
+
+def test_every_switch_is_tested_and_documented():
+    """The SPARKD_* names the engine reads are those above and those of docs/engine.md's table."""
+    source = {n for p in (REPO / "sparkd/engine").rglob("*.py")
+              for n in re.findall(r'"(SPARKD_[A-Z0-9_]+)"', p.read_text())}
+    documented = set(re.findall(r"^\| `(SPARKD_[A-Z0-9_]+)`", (REPO / "docs/engine.md").read_text(), re.M))
+    assert source == {s.name for s in SWITCHES} == documented
