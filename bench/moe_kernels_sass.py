@@ -63,8 +63,9 @@ def report(qtype: T, kind: str, text: str) -> str:
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         split = cfg.split or 1
+        flat = k.flat and cfg.elementwise and qtype in moe.FLAT_TYPES  # moe._flat at top-8
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
-                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], **common)
+                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], EXP=-(-8 // split) if flat else 0, **common)
         binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
     regs, ops = registers(binary), largest_loop(get_sass(binary))
     programs = min(32, 65536 // (regs * 32 * cfg.num_warps))  # Hopper: 64K registers, 32 blocks per SM

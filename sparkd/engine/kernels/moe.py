@@ -222,20 +222,56 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   tickets_ptr, D, F, n, row_bytes, IDS: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
-                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr):
+                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, EXP: tl.constexpr):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
-    QuantX), each expert's sums times its routing weight."""
+    QuantX), each expert's sums times its routing weight. EXP 0: the range's experts one after
+    another; EXP > 0 (_flat_experts): all EXP of them in each step."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
     first, last = _experts(n, SPLIT)
-    acc = tl.zeros((BLOCK_N,), tl.float32)
-    for a in range(first, last):
-        part = row_idot(down_ptr, _offset(down_off, ids_ptr, a, IDS) + rb, rmask, hw_ptr + a * (F // 4),
-                        hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
-                        EW, EMU, STAGES)
-        acc += part * tl.load(rw_ptr + a)
+    if EXP > 0:
+        acc = _flat_experts(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, D, F, row_bytes,
+                            IDS, IDOT, A1, A2, BLOCK_N, UNROLL, EW, EMU, XBLOCK, STAGES, EXP)
+    else:
+        acc = tl.zeros((BLOCK_N,), tl.float32)
+        for a in range(first, last):
+            part = row_idot(down_ptr, _offset(down_off, ids_ptr, a, IDS) + rb, rmask, hw_ptr + a * (F // 4),
+                            hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
+                            EW, EMU, STAGES)
+            acc += part * tl.load(rw_ptr + a)
     _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
+
+
+@triton.jit
+def _flat_experts(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, D, F, row_bytes,
+                  IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
+                  UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
+                  STAGES: tl.constexpr, EXP: tl.constexpr):
+    """The down sums of experts first..last-1 (at most EXP) over a row tile, the (expert, row)
+    pairs as the rows of one row_idot: every step loads all experts' blocks (more bytes in flight
+    per program, the offsets loaded once up front), each pair reading its expert's h (per-row x
+    pointers, as the elementwise tiles load x in the weights' shape anyway). Then each expert's
+    sums times its weight, added in table order: _idown_kernel's loop's order."""
+    r = tl.arange(0, EXP * BLOCK_N)
+    e = r // BLOCK_N
+    rows = tl.program_id(0) * BLOCK_N + r % BLOCK_N
+    a = tl.minimum(first + e, last - 1)  # past the range: a valid expert, masked out
+    m = (rows < D) & (first + e < last)
+    off = _offset(down_off, ids_ptr, a, IDS) + rows.to(tl.int64) * row_bytes
+    hx = (hw_ptr + a * (F // 4))[:, None, None]
+    hd = (hd_ptr + a * (F // XBLOCK))[:, None, None]
+    hs = (hs_ptr + a * (F // 32))[:, None, None]
+    part = row_idot(down_ptr, off, m, hx, hd, hs, F, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU, STAGES)
+    part = tl.reshape(part * tl.load(rw_ptr + a), (EXP, BLOCK_N))
+    ek = tl.arange(0, EXP)[:, None]
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for k in tl.static_range(EXP):
+        if k == 0:
+            acc = tl.sum(tl.where(ek == k, part, 0.0), 0)  # one term: exact, as 0 + the first
+        else:
+            acc += tl.sum(tl.where(ek == k, part, 0.0), 0)
+    return acc
 
 
 @dataclass(frozen=True)
@@ -405,11 +441,21 @@ class Kernels:
 
     words: bool = True
     pair: bool = True
+    # the down's experts of a range in one loop (_flat_experts) for elementwise Q8_0 / Q4_K down tiles
+    flat: bool = True
 
 
-OLD_KERNELS = Kernels(words=False, pair=False)  # sessions 4 and 5
-TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS
-TILE_SETS = ("old", "s5", "new")
+OLD_KERNELS = Kernels(words=False, pair=False, flat=False)  # sessions 4 and 5
+S6_KERNELS = Kernels(flat=False)  # session 6's first round (moe9)
+FLAT_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K)
+# session 6 round 2 (moe10): the down tile with Kernels.flat, by type: (model width from which, tile)
+# in rising width; fewer ranges of more experts per program (each step loads them all)
+FLAT_DOWN_TIERS = {
+    "Q8_0": [(0, GemvConfig(block_n=2, num_warps=1, unroll=1, elementwise=True, split=2))],
+    "Q4_K": [(0, GemvConfig(block_n=2, num_warps=1, unroll=1, elementwise=True, split=2))],
+}
+TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6": moe9's
+TILE_SETS = ("old", "s5", "s6", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
@@ -431,8 +477,10 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
             down = large[1]
         return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
     gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
-    return (_tier(gu_name, p.table.dim, 1, DECODE_TILES.get(gu_name, fallback)[0]),
-            _tier(d_name, p.table.dim, 2, DECODE_TILES.get(d_name, fallback)[1]))
+    down = _tier(d_name, p.table.dim, 2, DECODE_TILES.get(d_name, fallback)[1])
+    if which == "new":
+        down = next((t for w, t in reversed(FLAT_DOWN_TIERS.get(d_name, [])) if p.table.dim >= w), down)
+    return _tier(gu_name, p.table.dim, 1, DECODE_TILES.get(gu_name, fallback)[0]), down
 
 
 def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
@@ -446,7 +494,7 @@ def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return Kernels() if (which or TILES) == "new" else OLD_KERNELS
+    return {"new": Kernels(), "s6": S6_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
@@ -593,7 +641,7 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
                             **_int_args(p.down, _use_words(kernels, cfg, p.down_words)), EMU=emulate(cfg, y),
-                            XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
+                            XBLOCK=act_quant.BLOCKS[p.down.act_fmt], EXP=_flat(p, cfg, kernels, n, split),
                             **common)
     else:
         if round_h is not None:
@@ -603,6 +651,14 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         fold_partials(part, y)
     if residual is not None and not res:
         y.add_(residual)  # the same bits as residual + y
+
+
+def _flat(p: PreparedTable, cfg: GemvConfig, kernels: Kernels, n: int, split: int) -> int:
+    """_idown_kernel's EXP: the experts of a range as a power of two for Kernels.flat (elementwise
+    Q8_0 / Q4_K tiles, whose steps take x per row), else 0 (one expert after another)."""
+    if not (kernels.flat and cfg.elementwise and not cfg.atomic and p.down.qtype in FLAT_TYPES):
+        return 0
+    return triton.next_power_of_2(-(-n // split))
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
