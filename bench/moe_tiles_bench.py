@@ -8,12 +8,13 @@ Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
 
 Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
 DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe.OLD_DECODE_TILES), "s5" (session 5's
-tiles), both with moe.OLD_KERNELS, "s6" (session 6's first round, moe.S6_KERNELS) and "default" (moe.decode_tiles and moe.decode_kernels) as whole
+tiles), both with moe.OLD_KERNELS, and "default" (moe.decode_tiles and moe.decode_kernels) as whole
 moe_decode calls (x quantized, gate/up, down: 3 launches), then each launch alone, then each
 gate/up candidate (down at its default) and each down candidate (gate/up at its default) timed
 alone. Tiles: rows/warps/unroll/e|g[/split] as in gemv_tiles_bench.tile, then +pN (pipeliner
 stages), then :FLAGS, the kernels (moe.Kernels): w Q8_0 words, p gate and up in one loop, f the
-down's flat expert loop, - none (no ":": all). Each down candidate is timed alone and as a whole layer. Bytes per row: the selected experts' gate+up, down, or both; every tile is
+down's flat expert loop (off by default), - none (no ":": moe.Kernels()); each down candidate is
+timed alone and as a whole layer. Bytes per row: the selected experts' gate+up, down, or both; every tile is
 first checked against the float64 reference through a whole moe_decode call (err). Timing as
 kernels_bench: one CUDA graph over expert sets rotated past the L2, median of 15. The kernels
 are compiled first by --compile-workers processes at the smallest shape (the same
@@ -37,13 +38,14 @@ from sparkd.engine.kernels import dispatch, moe
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
-# candidates (the old, s5, s6 and default tiles are timed anyway): session 6 round 2 (moe10): no gate/up candidates; down tiles with the flat expert loop
-# (Kernels.flat: a range's experts in every step) at fewer ranges, each also timed as a whole layer
-GATE_UP = {"Q8_0": [], "Q4_K": []}
-DOWN = {"Q8_0": ["1/1/1/e/1", "1/1/1/e/2", "2/1/1/e/2", "1/1/2/e/2", "1/1/1/e/4", "2/1/1/e/4", "1/1/2/e/4",
-                 "2/1/2/e/4", "4/1/1/e/4"],
-        "Q4_K": ["1/1/1/e/1", "1/1/2/e/1", "1/1/1/e/2", "2/1/1/e/2", "1/1/2/e/2", "1/1/1/e/4", "2/1/1/e/4",
-                 "4/1/1/e/4"]}
+# session 6 candidates (the old, s5 and default tiles are timed anyway): the session-5 tiles with
+# each kernel alone (:w, :p) and both, then more bytes per loop step where words or the pair loop
+# freed registers (moe_kernels_sass.py: one-warp tiles at <= 64 registers keep 32 programs per SM)
+GATE_UP = {"Q8_0": ["2/1/2/e:w", "2/1/2/e:p", "2/1/1/e", "1/1/2/e", "4/1/1/e", "2/1/2/g", "1/1/4/e", "2/1/4/e:w"],
+           "Q4_K": ["4/1/2/e", "2/1/1/e", "2/1/2/e", "4/1/1/e:-", "4/1/2/g", "8/1/1/e"]}
+DOWN = {"Q8_0": ["4/1/1/g/8", "2/1/4/e/8", "2/1/2/e/8", "4/1/2/g/8", "4/1/2/e/8", "2/1/4/e/4", "4/1/1/g/4",
+                 "2/1/8/e/8"],
+        "Q4_K": ["4/1/2/e/4", "4/1/3/e/4", "4/1/4/e/2", "8/1/2/e/2", "4/1/2/e/2", "4/1/3/e/8"]}
 DEVICE = "cuda"
 
 
@@ -55,7 +57,8 @@ def tile(text: str) -> GemvConfig:
 
 
 def kernels_of(text: str) -> moe.Kernels:
-    """A tile text's :FLAGS as moe.Kernels (w: Q8_0 words, p: the pair loop, f: the flat down; no ":": all)."""
+    """A tile text's :FLAGS as moe.Kernels (w: Q8_0 words, p: the pair loop, f: the flat down;
+    no ":": the default)."""
     if ":" not in text:
         return moe.Kernels()
     flags = text.partition(":")[2]
@@ -188,7 +191,6 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
     tiers = moe.WIDTH_TIERS[name]  # the wider shapes' tiles, compiled here at the smallest
     pairs += [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
     pairs += [(sets[1][1], moe.S5_LARGE_DOWN_TILES[name][1], moe.OLD_KERNELS)]
-    pairs += [(base[0], t[1], k) for t in moe.FLAT_DOWN_TIERS.get(name, [])]
     failed = []
     for gu, dn, kk in pairs:
         try:
@@ -226,7 +228,7 @@ def main() -> None:
         precompile(types, min(shapes), args)
     copy_bw = kb.copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
-          f"tiles {moe.DECODE_TILES} by width {moe.WIDTH_TIERS} flat down {moe.FLAT_DOWN_TIERS} "
+          f"tiles {moe.DECODE_TILES} by width {moe.WIDTH_TIERS} "
           f"kernels {moe.decode_kernels()}", flush=True)
     rows = []
     for shape in shapes:

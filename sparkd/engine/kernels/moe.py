@@ -441,21 +441,15 @@ class Kernels:
 
     words: bool = True
     pair: bool = True
-    # the down's experts of a range in one loop (_flat_experts) for elementwise Q8_0 / Q4_K down tiles
-    flat: bool = True
+    # the down's experts of a range in one loop (_flat_experts) for elementwise Q8_0 / Q4_K down
+    # tiles: off, slower on the H200 at every shape but one (docs/performance.md, session 6 moe10)
+    flat: bool = False
 
 
-OLD_KERNELS = Kernels(words=False, pair=False, flat=False)  # sessions 4 and 5
-S6_KERNELS = Kernels(flat=False)  # session 6's first round (moe9)
+OLD_KERNELS = Kernels(words=False, pair=False)  # sessions 4 and 5
 FLAT_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K)
-# session 6 round 2 (moe10): the down tile with Kernels.flat, by type: (model width from which, tile)
-# in rising width; fewer ranges of more experts per program (each step loads them all)
-FLAT_DOWN_TIERS = {
-    "Q8_0": [(0, GemvConfig(block_n=2, num_warps=1, unroll=1, elementwise=True, split=2))],
-    "Q4_K": [(0, GemvConfig(block_n=2, num_warps=1, unroll=1, elementwise=True, split=2))],
-}
-TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6": moe9's
-TILE_SETS = ("old", "s5", "s6", "new")
+TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS
+TILE_SETS = ("old", "s5", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
@@ -477,10 +471,8 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
             down = large[1]
         return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
     gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
-    down = _tier(d_name, p.table.dim, 2, DECODE_TILES.get(d_name, fallback)[1])
-    if which == "new":
-        down = next((t for w, t in reversed(FLAT_DOWN_TIERS.get(d_name, [])) if p.table.dim >= w), down)
-    return _tier(gu_name, p.table.dim, 1, DECODE_TILES.get(gu_name, fallback)[0]), down
+    return (_tier(gu_name, p.table.dim, 1, DECODE_TILES.get(gu_name, fallback)[0]),
+            _tier(d_name, p.table.dim, 2, DECODE_TILES.get(d_name, fallback)[1]))
 
 
 def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
@@ -494,7 +486,7 @@ def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(), "s6": S6_KERNELS}.get(which or TILES, OLD_KERNELS)
+    return Kernels() if (which or TILES) == "new" else OLD_KERNELS
 
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
@@ -655,7 +647,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
 
 def _flat(p: PreparedTable, cfg: GemvConfig, kernels: Kernels, n: int, split: int) -> int:
     """_idown_kernel's EXP: the experts of a range as a power of two for Kernels.flat (elementwise
-    Q8_0 / Q4_K tiles, whose steps take x per row), else 0 (one expert after another)."""
+    Q8_0 / Q4_K tiles, whose steps take x in the weights' shape, so per row), else 0 (one expert
+    after another)."""
     if not (kernels.flat and cfg.elementwise and not cfg.atomic and p.down.qtype in FLAT_TYPES):
         return 0
     return triton.next_power_of_2(-(-n // split))
