@@ -55,8 +55,9 @@ def largest_loop(text: str) -> list[str]:
 
 def report(qtype: T, kind: str, text: str) -> str:
     cfg, fam, k = tile(text), dispatch.FAMILIES[qtype], kernels_of(text)
+    vec = (k.q4k_vec if kind == "gate/up" else k.q4k_vec_down) and qtype == T.Q4_K
     common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
-                  **moe._int_args(fam, k.words and qtype == T.Q8_0))
+                  **moe._int_args(fam, k.words and qtype == T.Q8_0, vec))
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, **common)

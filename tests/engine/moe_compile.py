@@ -28,12 +28,13 @@ def main() -> None:
                    xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
     for qtype, (gu_cfg, d_cfg) in moe.DECODE_TILES.items():
         fam = dispatch.FAMILIES[T[qtype]]
-        # session 6's kernels: Q8_0 weights as words, gate and up in one loop
-        tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True, **moe._int_args(fam, qtype == "Q8_0"))
+        # session 6's kernels: Q8_0 weights as words, Q4_K headers as vectors, gate and up in one loop
+        tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True,
+                    **moe._int_args(fam, qtype == "Q8_0", qtype == "Q4_K"))
         large = ([d_cfg] + [t[2] for t in moe.WIDTH_TIERS.get(qtype, []) if t[2]])[-1]  # the widest models'
         for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
             n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
-                                                      ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),
+                                                      ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], EXP=0, **tile),
                         cfg.num_warps)
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",

@@ -174,3 +174,49 @@ def test_the_flat_down_gives_the_expert_loops_sums(backend, qtype):
             for y, k in zip(ys, (moe.Kernels(), moe.Kernels(flat=True))):
                 moe._down(table_, hq, ws, y, dn, None, res, k)
             assert torch.equal(ys[1], ys[0]) if backend == "cpu" else rel_err(ys[1], ys[0].cpu().double()) < 1e-6
+
+
+def on_16_bytes(table: moe.ExpertTable) -> moe.ExpertTable:
+    """The table's experts copied into a new arena at offsets that are multiples of 16 bytes
+    (arena_table places them on 4 only)."""
+    gu = table.width * moe.dispatch.FAMILIES[table.gate_up_type].row_bytes(table.dim)
+    d = table.dim * moe.dispatch.FAMILIES[table.down_type].row_bytes(table.width)
+    parts = [(o, gu) for o in table.gate_offsets] + [(o, gu) for o in table.up_offsets] + \
+        [(o, d) for o in table.down_offsets]
+    at, offs, chunks = 0, [], []
+    for o, nbytes in parts:
+        offs.append(at)
+        chunks.append(table.gate[o:o + nbytes])
+        pad = -nbytes % 16 + 16
+        chunks.append(torch.zeros(pad, dtype=torch.uint8, device=table.gate.device))
+        at += nbytes + pad
+    arena = torch.cat(chunks)
+    n = len(table)
+    return dataclasses.replace(table, gate=arena, up=arena, down=arena, gate_offsets=offs[:n],
+                               up_offsets=offs[n:2 * n], down_offsets=offs[2 * n:])
+
+
+VEC_CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
+             pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("backend", VEC_CASES)
+def test_q4_k_headers_as_vectors_give_the_same_bits(backend):
+    """Kernels.q4k_vec (the 16-byte header in one load where rows start on 16 bytes): the
+    elementwise tiles' bits unchanged, gate/up and down; rows 4 bytes off 16: the old step."""
+    dim, width, n = (256, 256, 1) if backend == "cpu" else (2048, 768, 8)
+    table = on_16_bytes(arena_table(T.Q4_K, T.Q4_K, dim, width, n, backend)[0])
+    p = moe.prepare(table, backend)
+    assert p.gate_up_vec and p.down_vec and not moe.prepare(shifted(table, 4), backend).gate_up_vec
+    x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
+    rows = 64 if backend == "cpu" else 4  # the interpreter runs programs one by one
+    gu = GemvConfig(block_n=rows, num_warps=1, unroll=1, elementwise=True)
+    hs = [moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, k) for k in (moe.S6_KERNELS, moe.Kernels())]
+    assert torch.equal(hs[1], hs[0])
+    q = act_quant.quantize(hs[0], p.down.act_fmt)
+    dn = GemvConfig(block_n=rows, num_warps=1, unroll=2, elementwise=True, split=2)
+    ys = [torch.empty(dim, device=backend) for _ in range(2)]
+    for y, k in zip(ys, (moe.S6_KERNELS, moe.Kernels())):
+        moe._down(p, q, w, y, dn, None, None, k)
+    assert torch.equal(ys[1], ys[0])

@@ -35,7 +35,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, q8_0_words
+from sparkd.engine.kernels import act_quant, dispatch, grids, q4_k, q4_k_tiled, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
     check_qx,
@@ -77,6 +77,29 @@ def _offset(off_ptr, ids_ptr, a, IDS: tl.constexpr):
     if IDS:
         return tl.load(off_ptr + tl.load(ids_ptr + a))
     return tl.load(off_ptr + a)
+
+
+@triton.jit
+def _aligned_offset(off_ptr, ids_ptr, a, IDS: tl.constexpr, ALIGN: tl.constexpr):
+    """_offset, known to be a multiple of ALIGN bytes (prepare checked it): the compiler may then
+    read a 16-byte Q4_K header as one vector load."""
+    off = _offset(off_ptr, ids_ptr, a, IDS)
+    if ALIGN > 1:
+        off = tl.multiple_of(off, ALIGN)
+    return off
+
+
+@triton.jit
+def _q4_k_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    """q4_k.idot on the GGUF blocks with the elementwise tile's header as one 128-bit load per thread
+    (q4_k_tiled.idot_tile_vec on the file's layout: header at the block, qs 16 bytes on; the same
+    bits as q4_k.idot_tile_at). Rows and offsets on 16 bytes (moe.prepare: PreparedTable.*_vec)."""
+    blk = w_ptr + row_off + g * 144
+    if EW:
+        acc = q4_k_tiled.idot_tile_vec(blk + 16, blk, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU, False)
+    else:
+        acc = q4_k.idot_rows_at(blk + 16, blk, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
+    return acc
 
 
 @triton.jit
@@ -181,7 +204,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                      hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
                      A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
-                     H8K: tl.constexpr, PAIR: tl.constexpr):
+                     H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -191,8 +214,8 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
-    g, u = _gate_up_idot(gate_ptr, up_ptr, _offset(gate_off, ids_ptr, a, IDS) + rb,
-                         _offset(up_off, ids_ptr, a, IDS) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
+    g, u = _gate_up_idot(gate_ptr, up_ptr, _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN) + rb,
+                         _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
                          UNROLL, EW, EMU, STAGES, PAIR)
     h = _activate(g, u, ACT)
     if RW:
@@ -222,7 +245,8 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   tickets_ptr, D, F, n, row_bytes, IDS: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
-                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, EXP: tl.constexpr):
+                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, EXP: tl.constexpr,
+                  ALIGN: tl.constexpr):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight. EXP 0: the range's experts one after
     another; EXP > 0 (_flat_experts): all EXP of them in each step."""
@@ -232,11 +256,11 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
     first, last = _experts(n, SPLIT)
     if EXP > 0:
         acc = _flat_experts(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, D, F, row_bytes,
-                            IDS, IDOT, A1, A2, BLOCK_N, UNROLL, EW, EMU, XBLOCK, STAGES, EXP)
+                            IDS, IDOT, A1, A2, BLOCK_N, UNROLL, EW, EMU, XBLOCK, STAGES, EXP, ALIGN)
     else:
         acc = tl.zeros((BLOCK_N,), tl.float32)
         for a in range(first, last):
-            part = row_idot(down_ptr, _offset(down_off, ids_ptr, a, IDS) + rb, rmask, hw_ptr + a * (F // 4),
+            part = row_idot(down_ptr, _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rb, rmask, hw_ptr + a * (F // 4),
                             hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
                             EW, EMU, STAGES)
             acc += part * tl.load(rw_ptr + a)
@@ -247,7 +271,7 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
 def _flat_experts(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, D, F, row_bytes,
                   IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
-                  STAGES: tl.constexpr, EXP: tl.constexpr):
+                  STAGES: tl.constexpr, EXP: tl.constexpr, ALIGN: tl.constexpr):
     """The down sums of experts first..last-1 (at most EXP) over a row tile, the (expert, row)
     pairs as the rows of one row_idot: every step loads all experts' blocks (more bytes in flight
     per program, the offsets loaded once up front), each pair reading its expert's h (per-row x
@@ -258,7 +282,7 @@ def _flat_experts(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, f
     rows = tl.program_id(0) * BLOCK_N + r % BLOCK_N
     a = tl.minimum(first + e, last - 1)  # past the range: a valid expert, masked out
     m = (rows < D) & (first + e < last)
-    off = _offset(down_off, ids_ptr, a, IDS) + rows.to(tl.int64) * row_bytes
+    off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rows.to(tl.int64) * row_bytes
     hx = (hw_ptr + a * (F // 4))[:, None, None]
     hd = (hd_ptr + a * (F // XBLOCK))[:, None, None]
     hs = (hs_ptr + a * (F // 32))[:, None, None]
@@ -316,6 +340,9 @@ class PreparedTable:
     # Q8_0 rows that start on 4 bytes (q8_0_words): gate/up's, down's
     gate_up_words: bool = False
     down_words: bool = False
+    # Q4_K rows and buffers on 16 bytes (_q4_k_vec): gate/up's, down's
+    gate_up_vec: bool = False
+    down_vec: bool = False
 
     @property
     def count(self) -> int:
@@ -362,14 +389,20 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
             dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, "cpu", what, fd.align)]
     return PreparedTable(table, device, fgu, fd, *offsets_on(host, device), gu_bytes, d_bytes,
                          grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device),
-                         gate_up_words=_words(fgu, gu_bytes, (table.gate, table.up), host[:2]),
-                         down_words=_words(fd, d_bytes, (table.down,), host[2:]))
+                         gate_up_words=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], Q8_0, 4),
+                         down_words=_aligned(fd, d_bytes, (table.down,), host[2:], Q8_0, 4),
+                         gate_up_vec=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], Q4_K, 16),
+                         down_vec=_aligned(fd, d_bytes, (table.down,), host[2:], Q4_K, 16))
 
 
-def _words(fam: dispatch.Family, row_bytes: int, bufs: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor]) -> bool:
-    """Whether q8_0_words can read these Q8_0 rows: every row starts on 4 bytes."""
-    return fam.qtype == GGMLQuantizationType.Q8_0 and row_bytes % 4 == 0 \
-        and all(b.data_ptr() % 4 == 0 for b in bufs) and all(not bool((o % 4).any()) for o in offsets)
+Q8_0, Q4_K = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K
+
+
+def _aligned(fam: dispatch.Family, row_bytes: int, bufs: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor],
+             qtype: GGMLQuantizationType, align: int) -> bool:
+    """Whether these rows are qtype's and every one starts on `align` bytes (q8_0_words: 4, _q4_k_vec: 16)."""
+    return fam.qtype == qtype and row_bytes % align == 0 \
+        and all(b.data_ptr() % align == 0 for b in bufs) and all(not bool((o % align).any()) for o in offsets)
 
 
 def offsets_on(tables: Sequence[Sequence[int] | torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -441,15 +474,20 @@ class Kernels:
 
     words: bool = True
     pair: bool = True
+    # Q4_K headers as one 128-bit load where rows start on 16 bytes (_q4_k_vec; PreparedTable.*_vec):
+    # in gate/up, in the down
+    q4k_vec: bool = True
+    q4k_vec_down: bool = True
     # the down's experts of a range in one loop (_flat_experts) for elementwise Q8_0 / Q4_K down
     # tiles: off, slower on the H200 at every shape but one (docs/performance.md, session 6 moe10)
     flat: bool = False
 
 
-OLD_KERNELS = Kernels(words=False, pair=False)  # sessions 4 and 5
+OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False)  # sessions 4 and 5
+S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False)  # session 6's first round (moe9)
 FLAT_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K)
-TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS
-TILE_SETS = ("old", "s5", "new")
+TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS
+TILE_SETS = ("old", "s5", "s6", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
@@ -486,7 +524,7 @@ def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return Kernels() if (which or TILES) == "new" else OLD_KERNELS
+    return {"new": Kernels(), "s6": S6_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
 def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
@@ -570,7 +608,8 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
                                tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
                                row_bytes=p.gate_up_row_bytes, **_ids(p),
-                               **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words)), PAIR=kernels.pair,
+                               **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
+                                           kernels.q4k_vec and p.gate_up_vec), PAIR=kernels.pair,
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
@@ -592,9 +631,11 @@ def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
     return kernels.words and rows_on_words and not cfg.stages
 
 
-def _int_args(fam: dispatch.Family, words: bool) -> dict:
-    """matmul.int_args, with q8_0_words' step for Q8_0 rows on 4 bytes if words."""
-    return int_args(fam) | (dict(IDOT=q8_0_words.idot) if words else {})
+def _int_args(fam: dispatch.Family, words: bool, vec: bool) -> dict:
+    """matmul.int_args, with q8_0_words' step for Q8_0 rows on 4 bytes if words, _q4_k_vec's for
+    Q4_K rows on 16 bytes if vec (ALIGN: what the offsets are known to be a multiple of)."""
+    step = dict(IDOT=q8_0_words.idot) if words else dict(IDOT=_q4_k_vec) if vec else {}
+    return int_args(fam) | step | dict(ALIGN=16 if vec else 1)
 
 
 def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str) -> act_quant.QuantX | None:
@@ -632,7 +673,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
-                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words)), EMU=emulate(cfg, y),
+                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words), kernels.q4k_vec_down and p.down_vec),
+                            EMU=emulate(cfg, y),
                             XBLOCK=act_quant.BLOCKS[p.down.act_fmt], EXP=_flat(p, cfg, kernels, n, split),
                             **common)
     else:
