@@ -220,3 +220,7 @@ def test_q4_k_headers_as_vectors_give_the_same_bits(backend):
     for y, k in zip(ys, (moe.S6_KERNELS, moe.Kernels())):
         moe._down(p, q, w, y, dn, None, None, k)
     assert torch.equal(ys[1], ys[0])
+    # 2-row tiles keep the old step (the H200 gave wrong sums with this one), as does the flat down
+    two = dataclasses.replace(gu, block_n=2)
+    assert moe._use_vec(True, gu, True) and not moe._use_vec(True, two, True) \
+        and not moe._use_vec(True, gu, True, exp=2) and not moe._use_vec(True, gu, False)

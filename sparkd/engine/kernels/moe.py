@@ -609,7 +609,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
                                row_bytes=p.gate_up_row_bytes, **_ids(p),
                                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
-                                           kernels.q4k_vec and p.gate_up_vec), PAIR=kernels.pair,
+                                           _use_vec(kernels.q4k_vec, cfg, p.gate_up_vec)), PAIR=kernels.pair,
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
@@ -629,6 +629,14 @@ def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
     load in shared memory, and words' scale and x loads in the weights' shape overflow it at wide
     tiles (64 rows, 3 stages: 256 KiB on the H200, whose limit is 227)."""
     return kernels.words and rows_on_words and not cfg.stages
+
+
+def _use_vec(on: bool, cfg: GemvConfig, rows_on_16: bool, exp: int = 0) -> bool:
+    """_q4_k_vec for these rows (on: the Kernels flag of the launch): tiles of at least 4 rows
+    only, one expert per row (exp 0): the H200 gave wrong sums for 2-row tiles with this step
+    (err 1.2, bench/results/moe_tiles_h200_s6_moe10_call2.log), as it did for q4_k_tiled's
+    (Family.whole_tiles)."""
+    return on and rows_on_16 and cfg.block_n >= q4_k_tiled.TILE_ROWS and not exp
 
 
 def _int_args(fam: dispatch.Family, words: bool, vec: bool) -> dict:
@@ -672,11 +680,11 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                   num_warps=cfg.num_warps, **_ids(p))
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
+        exp = _flat(p, cfg, kernels, n, split)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
-                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words), kernels.q4k_vec_down and p.down_vec),
-                            EMU=emulate(cfg, y),
-                            XBLOCK=act_quant.BLOCKS[p.down.act_fmt], EXP=_flat(p, cfg, kernels, n, split),
-                            **common)
+                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
+                                        _use_vec(kernels.q4k_vec_down, cfg, p.down_vec, exp)),
+                            EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt], EXP=exp, **common)
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()
