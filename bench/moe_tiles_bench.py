@@ -140,9 +140,9 @@ def table(qtype: T, n_experts: int, shape: tuple[int, int, int], matrix_bytes: i
 def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
     if args.defaults_only:
         return [], []
-    gu = args.gate_up.split(",") if args.gate_up else GATE_UP[qtype.name]
-    dn = args.down.split(",") if args.down else DOWN[qtype.name]
-    return gu, dn
+    def given(text, default):  # "" times none
+        return default if text is None else [t for t in text.split(",") if t]
+    return given(args.gate_up, GATE_UP[qtype.name]), given(args.down, DOWN[qtype.name])
 
 
 def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe.Kernels]]:
@@ -217,7 +217,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q8_0,Q4_K")
     ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="DxFxA,...")
-    ap.add_argument("--gate-up", default=None, help="gate/up tiles to time instead of GATE_UP[type]")
+    ap.add_argument("--gate-up", default=None, help="gate/up tiles to time instead of GATE_UP[type] (\"\": none)")
     ap.add_argument("--down", default=None, help="down tiles to time instead of DOWN[type]")
     ap.add_argument("--defaults-only", action="store_true")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling first (0: none)")
