@@ -125,7 +125,7 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def weights(name: str, rows: int, cols: int, rotate: bool = True):
-    """Random matrices of a bench type (Q8_0P / Q4T packed from GGUF blocks), as many as rotate past
+    """Random matrices of a bench type (Q8_0P / Q4T / Q6T packed from GGUF blocks), as many as rotate past
     the L2 (else one): (qtype, bytes per matrix, their count, the first one's GGUF blocks,
     run(cfg, i, x, loads=None, qx=None[, round_x=False]) -> y)."""
     qtype = {"Q8_0P": T.Q8_0, "Q4T": T.Q4_K, "Q6T": T.Q6_K}.get(name) or T[name]
@@ -139,20 +139,15 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
 
         def run(cfg, i, x, loads=None, qx=None):
             return q8_0_packed.gemv(ps[i % n], x, out=y, config=cfg, qx=qx)
-    elif name == "Q4T":  # the old default row on the GGUF blocks, the others on the tiled copies
-        ts = [q4_k_tiled.pack(w, (rows, cols)) for w in ws]
+    elif name in ("Q4T", "Q6T"):  # the old default row on the GGUF blocks, the others on the tiled copies
+        tiled = q4_k_tiled if name == "Q4T" else q6_k_tiled
+        ts = [tiled.pack(w, (rows, cols)) for w in ws]
 
         def run(cfg, i, x, loads=None, qx=None):
             if cfg is GGUF_BASES[name]:
                 return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, qx=qx)
-            return q4_k_tiled.gemv(ts[i % n], x, out=y, config=cfg, loads=loads, qx=qx)
-    elif name == "Q6T":  # the same, q6_k's
-        ts = [q6_k_tiled.pack(w, (rows, cols)) for w in ws]
-
-        def run(cfg, i, x, loads=None, qx=None):
-            if cfg is GGUF_BASES[name]:
-                return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, qx=qx)
-            return q6_k_tiled.gemv(ts[i % n], x, out=y, config=cfg, qx=qx)
+            more = {"loads": loads} if loads else {}  # (the tiled Q4_K's integer steps by name)
+            return tiled.gemv(ts[i % n], x, out=y, config=cfg, qx=qx, **more)
     else:
         def run(cfg, i, x, loads=None, qx=None, round_x=False):  # round_x: x rounded to Q8_K first (a K-quant's float path)
             rx = (lambda v: round_activations(v, act_quant.Q8_K)) if round_x else None

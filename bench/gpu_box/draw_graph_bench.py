@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
+from sampling_bench import replay_us
 
 from sparkd.engine import device_sampler
 from sparkd.engine.device_sampler import DeviceSampler
@@ -22,7 +23,7 @@ CASES = {"llama.cpp chain at 0.8": SamplingParams(temperature=0.8, top_k=40, top
 SOFTMAX = {"spelled out": device_sampler.softmax, "torch.softmax": lambda x: torch.softmax(x, dim=0)}
 
 
-def replay_us(params: SamplingParams, logits: torch.Tensor, reps: int) -> float:
+def draw_us(params: SamplingParams, logits: torch.Tensor, reps: int) -> float:
     ds = DeviceSampler(logits.numel(), "cuda")
     ds.begin(params, [1, 2, 3])
     token = torch.tensor([4], device="cuda")
@@ -32,14 +33,7 @@ def replay_us(params: SamplingParams, logits: torch.Tensor, reps: int) -> float:
     with torch.cuda.graph(graph):
         ds.push(token)
         ds.draw(logits)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
+    return replay_us(graph, reps)
 
 
 def main() -> int:
@@ -53,7 +47,7 @@ def main() -> int:
     for sname, fn in SOFTMAX.items():
         device_sampler.softmax = fn
         for cname, params in CASES.items():
-            res[f"{sname}, {cname}"] = us = replay_us(params, logits, a.reps)
+            res[f"{sname}, {cname}"] = us = draw_us(params, logits, a.reps)
             print(f"{sname:14s} {cname:24s} {us:8.1f} us per draw", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))

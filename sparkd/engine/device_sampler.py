@@ -39,8 +39,7 @@ def device_sampling_default() -> bool:
 def device_drawable(params: SamplingParams, ring_tokens: int = RING_TOKENS) -> bool:
     """Whether DeviceSampler can serve these parameters: a temperature draw (greedy keeps its own
     pick) whose repetition window fits the ring (or has no effect)."""
-    no_penalty = params.repetition_penalty == 1.0 or params.repetition_window == 0
-    return params.temperature > 0 and (no_penalty or params.repetition_window <= ring_tokens)
+    return params.temperature > 0 and (not params.penalised or params.repetition_window <= ring_tokens)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -91,14 +90,13 @@ class DeviceSampler:
         if not device_drawable(params, self.ring_tokens):
             raise EngineError(f"could not sample on the device with {params}: it needs a temperature > 0 "
                               f"and a repetition window of at most {self.ring_tokens} tokens")
-        penalised = params.repetition_penalty != 1.0 and params.repetition_window > 0
-        window = params.repetition_window if penalised else self.ring_tokens
-        tail = list(history[-window:]) if penalised else []
+        window = params.repetition_window if params.penalised else self.ring_tokens
+        tail = list(history[-window:]) if params.penalised else []
         self.temperature.fill_(params.temperature)
         self.top_k.fill_(params.top_k)
         self.top_p.fill_(params.top_p)
         self.min_p.fill_(params.min_p)
-        self.penalty.fill_(params.repetition_penalty if penalised else 1.0)
+        self.penalty.fill_(params.repetition_penalty if params.penalised else 1.0)
         self.bias.copy_(bias if bias is not None else torch.zeros(self.n_vocab))
         ring = torch.full((self.ring_tokens,), self.n_vocab, dtype=torch.long)
         ring[:len(tail)] = torch.tensor(tail, dtype=torch.long)

@@ -39,6 +39,11 @@ class SamplingParams:
                 raise SamplingError(f"could not use sampling parameter {name}={getattr(self, name)!r}: "
                                     f"it must be {expected}")
 
+    @property
+    def penalised(self) -> bool:
+        """Whether the repetition penalty changes any logit (a factor other than 1 over a window)."""
+        return self.repetition_penalty != 1.0 and self.repetition_window > 0
+
 
 def apply_repetition_penalty(logits: torch.Tensor, history: Sequence[int], penalty: float) -> torch.Tensor:
     """Each token seen in history: positive logits divided by penalty, negative ones multiplied."""
@@ -96,8 +101,7 @@ class Sampler:
         then the device may pick the token itself (StaticDecode.next_token) and only it comes
         back. Temperature draws take the device sampler (device_sampler.py) unless it is switched
         off: the same distribution, another random stream than this host generator's."""
-        p = self.params
-        return p.temperature == 0 and (p.repetition_penalty == 1.0 or p.repetition_window == 0)
+        return self.params.temperature == 0 and not self.params.penalised
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
         if logits.dim() != 1:

@@ -101,17 +101,28 @@ def test_captured_step_with_norm_quant_gives_the_same_bits(tmp_path, quant):
     assert torch.equal(a, b) and ids_a == ids_b
 
 
-@pytest.mark.gpu
-def test_engine_greedy_tokens_equal_with_the_device_pick_on_and_off(tmp_path, monkeypatch):
+def generate_on_and_off(tmp_path, monkeypatch, env: str, request: GenerationRequest, step_attr: str,
+                        runs: int = 1) -> dict:
+    """A tiny Q8_0 model's Engine on the GPU (resident, CUDA graphs) with $env 1, then 0: flag ->
+    (the request's tokens in each of `runs` runs, the attribute step_attr of its decode step)."""
     path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
-    tokens = {}
+    got = {}
     for flag in ("1", "0"):
-        monkeypatch.setenv(DEVICE_ARGMAX_ENV, flag)
+        monkeypatch.setenv(env, flag)
         engine = Engine(path, ctx=64, device="cuda", resident=True, cuda_graphs="on")
         engine.load()
         try:
-            tokens[flag] = list(engine.generate(GenerationRequest([1, 7, 42], 12, GREEDY), threading.Event()))
-            assert engine._step.device_argmax == (flag == "1")
+            tokens = [list(engine.generate(request, threading.Event())) for _ in range(runs)]
+            got[flag] = tokens, getattr(engine._step, step_attr)
         finally:
             engine.close()
-    assert tokens["1"] == tokens["0"] and tokens["1"]
+    return got
+
+
+@pytest.mark.gpu
+def test_engine_greedy_tokens_equal_with_the_device_pick_on_and_off(tmp_path, monkeypatch):
+    got = generate_on_and_off(tmp_path, monkeypatch, DEVICE_ARGMAX_ENV, GenerationRequest([1, 7, 42], 12, GREEDY),
+                              "device_argmax")
+    (on, picked_on), (off, picked_off) = got["1"], got["0"]
+    assert picked_on and not picked_off
+    assert on == off and on[0]

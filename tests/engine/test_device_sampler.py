@@ -4,7 +4,6 @@ draws follow it (chi-square over many seeds, deterministic), a seed repeats its 
 untouched, and $SPARKD_DEVICE_SAMPLING refuses what it does not know. On the GPU box: the captured
 draw against the eager one, the distribution against the host's, the engine's seeded requests."""
 
-import threading
 from dataclasses import replace
 
 import pytest
@@ -17,7 +16,7 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
-from sparkd.engine.runtime import Engine, GenerationRequest
+from sparkd.engine.runtime import GenerationRequest
 from sparkd.engine.sampler import Sampler, SamplingParams, filter_logits
 
 V = 1000
@@ -193,17 +192,12 @@ def test_cuda_distribution_is_the_hosts_within_rounding():
 
 @pytest.mark.gpu
 def test_engine_seeded_requests_repeat_on_and_off_the_device(tmp_path, monkeypatch):
-    path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    from test_device_argmax import generate_on_and_off
+
     req = GenerationRequest([1, 7, 42], 12, SamplingParams(temperature=0.9, top_k=40, seed=3), {5: 1.5})
-    for flag in ("1", "0"):
-        monkeypatch.setenv(DEVICE_SAMPLING_ENV, flag)
-        engine = Engine(path, ctx=64, device="cuda", resident=True, cuda_graphs="on")
-        engine.load()
-        try:
-            runs = [list(engine.generate(req, threading.Event())) for _ in range(2)]
-            assert engine._step.drawing == (flag == "1")
-        finally:
-            engine.close()
+    got = generate_on_and_off(tmp_path, monkeypatch, DEVICE_SAMPLING_ENV, req, "drawing", runs=2)
+    for flag, (runs, drawing) in got.items():
+        assert drawing == (flag == "1")
         assert runs[0] == runs[1] and runs[0], flag
 
 

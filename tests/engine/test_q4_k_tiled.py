@@ -1,10 +1,10 @@
 """The tiled Q4_K layout (kernels/q4_k_tiled.py: resident Q4_K repacked at load, tiles of 4 rows,
 qs then headers) against the GGUF blocks: q4_k's integer step on both, so the same tile gives the
 same bits (split-K ranges with masked tail groups, rows past the end of a program's tile, the
-rows tile and the elementwise tile), the GEMM too; row counts that are not whole tiles refused
-by the kernels and kept as GGUF blocks by the loader; $SPARKD_Q4_K_LAYOUT=gguf switches back. The
-integer steps with fewer loads (q4k9: the header in one 128-bit load, x's sums in one 64-bit one)
-give the same bits; $SPARKD_Q4_K_TILED_LOADS=scalar switches back to q4_k's.
+rows tile and the elementwise tile). The integer steps with fewer loads (q4k9: the header in one
+128-bit load, x's sums in one 64-bit one) give the same bits; $SPARKD_Q4_K_TILED_LOADS=scalar
+switches back to q4_k's. The GEMM, row counts that are not whole tiles, graphs, the loader and
+$SPARKD_Q4_K_LAYOUT=gguf: test_row_tiles.py (the same checks for both tiled layouts).
 
 Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
 """
@@ -22,11 +22,9 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from test_kernels import BACKENDS, BOUNDS, act_in, random_blocks, reference, rel_err  # noqa: E402
 
-from sparkd.engine.errors import EngineError  # noqa: E402
 from sparkd.engine.kernels import dispatch, q4_k_tiled  # noqa: E402
-from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemm, gemv  # noqa: E402
+from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv  # noqa: E402
 
-TILED = q4_k_tiled.TILED
 # the default tile, 2 rows (half a packing tile), 8 rows on 2 warps with split-K in 2 ranges of 3
 # groups per step (masked tail groups), session 3's rows tile, the interpreter's wide tile
 TILES = [GEMV_TILES["Q4_K_TILED"], GemvConfig(block_n=2, unroll=2), GemvConfig(block_n=8, num_warps=2, unroll=3, split=2),
@@ -82,15 +80,6 @@ def test_unknown_loads_is_a_clear_error():
         q4_k_tiled.gemv(w, torch.zeros(256), loads="wide")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_tiled_gemm_gives_the_gguf_bits(backend):
-    rows, cols = (516, 2048) if backend == "cuda" else (8, 512)
-    raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
-    xs = torch.randn(3, cols, device=backend)
-    want = gemm(raw, T.Q4_K, (rows, cols), xs, precision="ieee")
-    assert torch.equal(gemm(q4_k_tiled.pack_raw(raw, (rows, cols)), TILED, (rows, cols), xs, precision="ieee"), want)
-
-
 def test_tiled_layout_is_tiles_of_qs_then_headers():
     """Byte for byte (on the host: no kernel): tile t holds its 4 rows' qs group by group, then
     their headers group by group."""
@@ -104,54 +93,3 @@ def test_tiled_layout_is_tiles_of_qs_then_headers():
                 blk = blocks[4 * t + lane, g]
                 assert torch.equal(data[t, g * 512 + lane * 128:][:128], blk[16:])
                 assert torch.equal(data[t, 1024 + g * 64 + lane * 16:][:16], blk[:16])
-
-
-def test_tiled_rejects_rows_that_are_not_whole_tiles():
-    raw = random_blocks(T.Q4_K, 6)
-    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K repacking: \[6, 256\] needs rows "
-                                                           r"a multiple of 4"):
-        q4_k_tiled.pack(raw, (6, 256))
-    with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q4_K repacking: need 1152 bytes"):
-        q4_k_tiled.pack(raw, (8, 256))
-    with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q4_K_TILED GEMV: 6 rows is not a "
-                                                           "multiple of the layout's tile of 4 rows"):
-        gemv(raw, TILED, (6, 256), torch.zeros(256))
-    from sparkd.engine.models.weights import _tiled_q4_k
-    assert _tiled_q4_k(raw, (6, 256)) == (raw, T.Q4_K)  # the loader keeps such a matrix as GGUF blocks
-
-
-@pytest.mark.gpu
-def test_tiled_replays_in_a_cuda_graph():
-    rows, cols = 5120, 2048
-    w = q4_k_tiled.pack(random_blocks(T.Q4_K, rows * cols // 256).cuda(), (rows, cols))
-    x, y = torch.randn(cols, device="cuda"), torch.empty(rows, device="cuda")
-    q4_k_tiled.gemv(w, x, out=y)  # compiled before the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        q4_k_tiled.gemv(w, x, out=y)
-    x.copy_(torch.randn(cols, device="cuda"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y, q4_k_tiled.gemv(w, x))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_resident_q4_k_layouts_give_the_same_logits(tmp_path, monkeypatch, backend):
-    """Resident Q4_K projections are tiled by default and kept as GGUF blocks with
-    $SPARKD_Q4_K_LAYOUT=gguf: the same logits bit for bit (the same tiles on both layouts)."""
-    from test_kernel_engine import logits_by_layout
-
-    from sparkd.engine.models.weights import Q4_K_LAYOUT_ENV
-    got = logits_by_layout(tmp_path, monkeypatch, backend, "Q4_K", Q4_K_LAYOUT_ENV, ("tiled", "gguf"))
-    assert TILED in got["tiled"][2] and T.Q4_K in got["gguf"][2]
-    (a, tok_a, _), (b, tok_b, _) = got["tiled"], got["gguf"]
-    assert tok_a == tok_b and torch.equal(a, b)
-
-
-def test_unknown_q4_k_layout_is_a_clear_error():
-    """A layout handed over in code (Weights(q4_k_layout=...)); $SPARKD_Q4_K_LAYOUT's values: test_switches.py."""
-    from sparkd.engine.models.weights import resident_q4_k_layout
-    with pytest.raises(EngineError, match="could not choose the resident Q4_K layout 'packed': use one of "
-                                          "tiled, gguf"):
-        resident_q4_k_layout("packed")
-    assert resident_q4_k_layout("GGUF") == "gguf"

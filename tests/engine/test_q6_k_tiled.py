@@ -2,11 +2,11 @@
 quant planes then scales then d) against the GGUF blocks: q6_k's integer step on both, so under
 the interpreter the same tile gives the same bits (split-K ranges with masked tail groups, program
 tiles of one and two packing tiles, the rows tile of half a packing tile, the elementwise tile), the
-GEMM and the float path ($SPARKD_Q6_K_INT=0) too; on the GPU the rows tile gives the same bits and
-the elementwise tile sums its tile in another order (within the float bound). Elementwise tiles of
-fewer rows than a packing tile are refused at compile time (the H200 failed the 2-row one). Row
-counts that are not whole tiles are refused by the kernels and kept as GGUF blocks by the loader;
-$SPARKD_Q6_K_LAYOUT=gguf switches back.
+float path ($SPARKD_Q6_K_INT=0) too; on the GPU the rows tile gives the same bits and the
+elementwise tile sums its tile in another order (within the float bound). Elementwise tiles of
+fewer rows than a packing tile are refused before they compile (the H200 failed the 2-row one).
+The loader tiles only matrices of MIN_ROWS rows or more. The GEMM, row counts that are not whole
+tiles, graphs and $SPARKD_Q6_K_LAYOUT=gguf: test_row_tiles.py (the same checks for both tiled layouts).
 
 Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
 """
@@ -26,9 +26,8 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from test_kernels import BACKENDS, BOUNDS, act_in, random_blocks, reference, rel_err  # noqa: E402
 
-from sparkd.engine.errors import EngineError  # noqa: E402
 from sparkd.engine.kernels import act_quant, dispatch, q6_k, q6_k_tiled  # noqa: E402
-from sparkd.engine.kernels.matmul import GEMV_TILES, GemvConfig, gemm, gemv  # noqa: E402
+from sparkd.engine.kernels.matmul import GEMV_TILES, GemvConfig, gemv  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 
 TILED = q6_k_tiled.TILED
@@ -56,15 +55,6 @@ def test_tiled_gives_the_gguf_bits(backend, config):
     assert rel_err(got, W @ xr, W.abs() @ xr.abs()) < BOUNDS["fp32"]
     if backend == "cpu" or not config.elementwise:
         assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_tiled_gemm_gives_the_gguf_bits(backend):
-    rows, cols = (520, 2048) if backend == "cuda" else (16, 512)
-    raw = random_blocks(T.Q6_K, rows * cols // 256).to(backend)
-    xs = torch.randn(3, cols, device=backend)
-    want = gemm(raw, T.Q6_K, (rows, cols), xs, precision="ieee")
-    assert torch.equal(gemm(q6_k_tiled.pack_raw(raw, (rows, cols)), TILED, (rows, cols), xs, precision="ieee"), want)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -124,20 +114,6 @@ def test_tiled_layout_is_planes_then_scales_then_d():
                 assert torch.equal(data[t, groups * 1664 + g * 16 + 2 * r:][:2], blk[208:])
 
 
-def test_tiled_rejects_rows_that_are_not_whole_tiles():
-    raw = random_blocks(T.Q6_K, 12)
-    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q6_K repacking: \[12, 256\] needs "
-                                                           r"rows a multiple of 8"):
-        q6_k_tiled.pack(raw, (12, 256))
-    with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q6_K repacking: need 3360 bytes"):
-        q6_k_tiled.pack(raw, (16, 256))
-    with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q6_K_TILED GEMV: 12 rows is not a "
-                                                           "multiple of the layout's tile of 8 rows"):
-        gemv(raw, TILED, (12, 256), torch.zeros(256))
-    from sparkd.engine.models.weights import _tiled_q6_k
-    assert _tiled_q6_k(raw, (12, 256)) == (raw, T.Q6_K)  # the loader keeps such a matrix as GGUF blocks
-
-
 def test_loader_tiles_the_large_matrices_only():
     """Below MIN_ROWS rows (attn_v: 512) the loader keeps the GGUF blocks, from it (the head) tiles."""
     from sparkd.engine.models.weights import _tiled_q6_k
@@ -147,53 +123,3 @@ def test_loader_tiles_the_large_matrices_only():
     raw = random_blocks(T.Q6_K, large[0])
     data, qtype = _tiled_q6_k(raw, large)
     assert qtype is TILED and torch.equal(data, q6_k_tiled.pack_raw(raw, large))
-
-
-@pytest.mark.gpu
-def test_tiled_replays_in_a_cuda_graph():
-    rows, cols = 5120, 2048
-    w = q6_k_tiled.pack(random_blocks(T.Q6_K, rows * cols // 256).cuda(), (rows, cols))
-    x, y = torch.randn(cols, device="cuda"), torch.empty(rows, device="cuda")
-    q6_k_tiled.gemv(w, x, out=y)  # compiled before the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        q6_k_tiled.gemv(w, x, out=y)
-    x.copy_(torch.randn(cols, device="cuda"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y, q6_k_tiled.gemv(w, x))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_resident_q6_k_layouts_give_the_same_logits(tmp_path, monkeypatch, backend):
-    """Resident Q6_K projections are tiled by default and kept as GGUF blocks with
-    $SPARKD_Q6_K_LAYOUT=gguf: the same prompt logits bit for bit (the GEMM's tile is the same on
-    both layouts) and the same greedy token (one GEMV step)."""
-    from test_kernel_engine import PROMPT, SHAPES, greedy
-
-    from sparkd.engine.layers.linear import KernelLinear
-    from sparkd.engine.make_model import plan, write_model
-    from sparkd.engine.models import load_model
-    from sparkd.engine.models.weights import Q6_K_LAYOUT_ENV
-    path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q4_K"].replace(n_layer=1), "Q6_K"), seed=5)[0]
-    monkeypatch.setattr(q6_k_tiled, "MIN_ROWS", 512)  # the tiny model's head (512 rows) counts as large
-    got = {}
-    for layout, qtype in (("tiled", TILED), ("gguf", T.Q6_K)):
-        monkeypatch.setenv(Q6_K_LAYOUT_ENV, layout)
-        k = load_model(path, device=backend, kernels=True)
-        try:
-            assert qtype in {m.qtype for m in k.net.modules() if isinstance(m, KernelLinear)}
-            got[layout] = greedy(k.net, PROMPT, 1)
-        finally:
-            k.close()
-    (a, tok_a), (b, tok_b) = got["tiled"], got["gguf"]
-    assert tok_a == tok_b and torch.equal(a, b)
-
-
-def test_unknown_q6_k_layout_is_a_clear_error():
-    """(the environment's: tests/engine/test_switches.py)"""
-    from sparkd.engine.models.weights import resident_q6_k_layout
-    with pytest.raises(EngineError, match="could not choose the resident Q6_K layout 'packed': use one of "
-                                          "tiled, gguf"):
-        resident_q6_k_layout("packed")
-    assert resident_q6_k_layout("GGUF") == "gguf"

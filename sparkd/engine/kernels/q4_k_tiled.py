@@ -21,8 +21,6 @@ integer sums of the GGUF blocks' step (bit for bit at the default tile, tests/en
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -31,6 +29,7 @@ from sparkd.engine import switches
 from sparkd.engine.kernels import q4_k
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a
 from sparkd.engine.kernels.family import Family, KernelArgumentError, LayoutType
+from sparkd.engine.kernels.row_tiles import RowTiles, Tiled, word
 
 TILE_ROWS = 4
 _R = tl.constexpr(TILE_ROWS)  # (what the jitted code reads)
@@ -39,42 +38,23 @@ _R = tl.constexpr(TILE_ROWS)  # (what the jitted code reads)
 TILED = LayoutType("Q4_K_TILED")
 
 
-@dataclass(frozen=True)
-class TiledQ4_K:
-    """A [rows, cols] Q4_K tensor in the tiled layout: data uint8 [rows * cols // 256 * 144]."""
-
-    data: torch.Tensor
-    rows: int
-    cols: int
-
-
-def packable(shape: tuple[int, int]) -> bool:
-    """Whether a Q4_K matrix of this shape can take the tiled layout (whole tiles of rows)."""
-    return shape[0] % TILE_ROWS == 0 and shape[1] > 0 and shape[1] % 256 == 0
+TILES = RowTiles("Q4_K", TILE_ROWS, 144)
+packable = TILES.packable
 
 
 def pack_raw(raw: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """Raw GGUF Q4_K blocks of W [rows, cols] (on any device) -> the tiled bytes (same count),
     uint8, on the same device."""
-    rows, cols = shape
-    what = "the Q4_K repacking"
-    if not packable(shape):
-        raise KernelArgumentError(f"could not run {what}: [{rows}, {cols}] needs rows a multiple of "
-                                  f"{TILE_ROWS} and columns a positive multiple of 256; keep it as GGUF blocks")
-    groups = cols // 256
-    if raw.dtype != torch.uint8 or raw.dim() != 1 or raw.numel() != rows * groups * 144:
-        raise KernelArgumentError(f"could not run {what}: need {rows * groups * 144} bytes (1-D uint8) for "
-                                  f"[{rows}, {cols}], got {raw.dtype} {list(raw.shape)}")
-    blocks = raw.view(rows // TILE_ROWS, TILE_ROWS, groups, 144).transpose(1, 2)  # [tiles, G, R, 144]
+    blocks = TILES.blocks(raw, shape)  # [tiles, G, R, 144]
     tiles = blocks.shape[0]
     qs = blocks[..., 16:].reshape(tiles, -1)
     hdr = blocks[..., :16].reshape(tiles, -1)
     return torch.cat([qs, hdr], 1).reshape(-1)
 
 
-def pack(raw: torch.Tensor, shape: tuple[int, int]) -> TiledQ4_K:
-    """pack_raw as a TiledQ4_K."""
-    return TiledQ4_K(pack_raw(raw, shape), *shape)
+def pack(raw: torch.Tensor, shape: tuple[int, int]) -> Tiled:
+    """pack_raw as a row_tiles.Tiled."""
+    return Tiled(pack_raw(raw, shape), *shape)
 
 
 @triton.jit
@@ -99,13 +79,6 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 
 
 @triton.jit
-def _word(t, v, k):
-    """Word k of each thread's 4 words t [BN, 4, 2, 4] (v: their index along the last dimension, which one
-    thread holds whole): [BN, 4, 2, 1], in registers."""
-    return tl.sum(tl.where(v == k, t, 0), 3, keep_dims=True)
-
-
-@triton.jit
 def _f16(bits):
     """The float16 in the low 16 bits of int32 bits, as float32."""
     return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -127,8 +100,8 @@ def idot_tile_vec(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.conste
     zero = tl.zeros(words.shape, tl.int32)  # every load in the words' own shape: no layout conversion
     head = tl.load(hdr[:, None, None, None].to(tl.pointer_type(tl.int32)) + v + zero, mask=m, other=0)
     xw = xw_ptr + g * 64 + j * 16 + w + zero  # x words of sub-block 2j; 2j+1 follows 8 words later
-    sc_lo, mn_lo = q4_k.scale_min_words(_word(head, v, 1), _word(head, v, 2), _word(head, v, 3), 2 * j)
-    sc_hi, mn_hi = q4_k.scale_min_words(_word(head, v, 1), _word(head, v, 2), _word(head, v, 3), 2 * j + 1)
+    sc_lo, mn_lo = q4_k.scale_min_words(word(head, v, 1), word(head, v, 2), word(head, v, 3), 2 * j)
+    sc_hi, mn_hi = q4_k.scale_min_words(word(head, v, 1), word(head, v, 2), word(head, v, 3), 2 * j + 1)
     isum = sc_lo * dp4a(words & 0x0F0F0F0F, tl.load(xw), EMU) \
         + sc_hi * dp4a((words >> 4) & 0x0F0F0F0F, tl.load(xw + 8), EMU)  # [BN, 4, 2, 4]
     xs = xs_ptr + g * 8 + 2 * j  # [1, 4, 1, 1]: the sums of sub-blocks 2j, 2j+1
@@ -138,7 +111,7 @@ def idot_tile_vec(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.conste
     else:
         msum = mn_lo * tl.load(xs) + mn_hi * tl.load(xs + 1)
     dx = tl.load(xd_ptr + g)
-    hd = _word(head, v, 0)
+    hd = word(head, v, 0)
     d = _f16(hd & 0xFFFF) * dx
     dmin = _f16(hd >> 16) * dx
     part = d * isum.to(tl.float32) - (dmin * 0.125) * msum.to(tl.float32)
@@ -189,7 +162,7 @@ LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "vector")
 FAMILY = FAMILIES[LOADS]
 
 
-def gemv(w: TiledQ4_K, x: torch.Tensor, out: torch.Tensor | None = None, config=None,
+def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None,
          loads: str | None = None, qx=None) -> torch.Tensor:
     """y = W @ x for one token, W tiled (pack): matmul.gemv on the TILED family; loads (a FAMILIES
     key) runs that integer step instead of FAMILY's (to time or test them side by side); qx: x

@@ -24,7 +24,6 @@ $SPARKD_Q6_K_INT=0 takes the float path here too (FAMILY without idot: dequant, 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -32,7 +31,8 @@ import triton.language as tl
 
 from sparkd.engine.kernels import q6_k
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a
-from sparkd.engine.kernels.family import Family, KernelArgumentError, LayoutType
+from sparkd.engine.kernels.family import Family, LayoutType
+from sparkd.engine.kernels.row_tiles import RowTiles, Tiled, word
 
 TILE_ROWS = 8
 _R = tl.constexpr(TILE_ROWS)  # (what the jitted code reads)
@@ -41,14 +41,8 @@ _MINUS32 = tl.constexpr(-522133280)  # 0xE0E0E0E0: four int8 -32s
 TILED = LayoutType("Q6_K_TILED")
 
 
-@dataclass(frozen=True)
-class TiledQ6_K:
-    """A [rows, cols] Q6_K tensor in the tiled layout: data uint8 [rows * cols // 256 * 210]."""
-
-    data: torch.Tensor
-    rows: int
-    cols: int
-
+TILES = RowTiles("Q6_K", TILE_ROWS, 210)
+packable = TILES.packable
 
 # the loader tiles resident matrices of at least this many rows (models/weights.py): H200, session 6
 # (bench/results/gemv_tiles_h200_s6_q6k.log), the 151936x2048 head 112.2 -> 64.4 us, but attn_v's
@@ -56,11 +50,6 @@ class TiledQ6_K:
 # between is not measured and keeps the GGUF blocks. The row count from which matmul.split_for
 # leaves a matrix unsplit at the default tile.
 MIN_ROWS = 16384
-
-
-def packable(shape: tuple[int, int]) -> bool:
-    """Whether a Q6_K matrix of this shape can take the tiled layout (whole tiles of rows)."""
-    return shape[0] % TILE_ROWS == 0 and shape[1] > 0 and shape[1] % 256 == 0
 
 
 def worth_tiling(shape: tuple[int, int]) -> bool:
@@ -71,17 +60,8 @@ def worth_tiling(shape: tuple[int, int]) -> bool:
 def pack_raw(raw: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """Raw GGUF Q6_K blocks of W [rows, cols] (on any device) -> the tiled bytes (same count),
     uint8, on the same device."""
-    rows, cols = shape
-    what = "the Q6_K repacking"
-    if not packable(shape):
-        raise KernelArgumentError(f"could not run {what}: [{rows}, {cols}] needs rows a multiple of "
-                                  f"{TILE_ROWS} and columns a positive multiple of 256; keep it as GGUF blocks")
-    groups = cols // 256
-    if raw.dtype != torch.uint8 or raw.dim() != 1 or raw.numel() != rows * groups * 210:
-        raise KernelArgumentError(f"could not run {what}: need {rows * groups * 210} bytes (1-D uint8) for "
-                                  f"[{rows}, {cols}], got {raw.dtype} {list(raw.shape)}")
-    tiles = rows // TILE_ROWS
-    blocks = raw.view(tiles, TILE_ROWS, groups, 210).transpose(1, 2)  # [tiles, G, R, 210]
+    blocks = TILES.blocks(raw, shape)  # [tiles, G, R, 210]
+    tiles, groups = blocks.shape[:2]
     ql = blocks[..., :128].reshape(tiles, groups, TILE_ROWS, 2, 2, 2, 16)  # (r, h, A|B, c, byte)
     qh = blocks[..., 128:192].reshape(tiles, groups, TILE_ROWS, 2, 2, 16)  # (r, h, c, byte)
     quants = torch.stack([ql[..., 0, :, :], ql[..., 1, :, :], qh], 2)  # [tiles, G, plane, R, 2, 2, 16]
@@ -89,9 +69,9 @@ def pack_raw(raw: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     return torch.cat([p.reshape(tiles, -1) for p in parts], 1).reshape(-1)
 
 
-def pack(raw: torch.Tensor, shape: tuple[int, int]) -> TiledQ6_K:
-    """pack_raw as a TiledQ6_K."""
-    return TiledQ6_K(pack_raw(raw, shape), *shape)
+def pack(raw: torch.Tensor, shape: tuple[int, int]) -> Tiled:
+    """pack_raw as a row_tiles.Tiled."""
+    return Tiled(pack_raw(raw, shape), *shape)
 
 
 @triton.jit
@@ -107,13 +87,6 @@ def _group(w_ptr, row_off, g, K):
     scales = tile + n_groups * (_R * 192) + g * (_R * 16) + lane * 16
     ds = tile + n_groups * (_R * 208) + g * (_R * 2)
     return quants, scales, ds, lane
-
-
-@triton.jit
-def _word(t, v, k):
-    """Word k (any int shape broadcast against t) of each thread's 4 words t [.., 4] (v: their
-    index, the last dimension, which one thread holds whole): [.., 1], in registers."""
-    return tl.sum(tl.where(v == k, t, 0), 3, keep_dims=True)
 
 
 @triton.jit
@@ -136,7 +109,7 @@ def _isums(quants, scales, lane, m, xw_ptr, g, EMU: tl.constexpr):
     qh = tl.load(chunk + 256, mask=m, other=0)  # bits 2j..2j+1: value l + 32j
     zero = tl.zeros(a.shape, tl.int32)  # every load in the words' own shape: no layout conversion
     sc = tl.load(scales[:, None, None, None].to(tl.pointer_type(tl.int32)) + v + zero, mask=m, other=0)
-    lo, hi = _word(sc, v, 2 * h), _word(sc, v, 2 * h + 1)  # scales 8h ..8h+3, 8h+4 ..8h+7: [BN, 2, 2, 1]
+    lo, hi = word(sc, v, 2 * h), word(sc, v, 2 * h + 1)  # scales 8h ..8h+3, 8h+4 ..8h+7: [BN, 2, 2, 1]
     xw = xw_ptr + g * 64 + 32 * h + 4 * c + v + zero
     isum = _quarter((a & 0x0F0F0F0F) | ((qh << 4) & 0x30303030), xw, _sbyte(lo, c), EMU)
     isum += _quarter((b & 0x0F0F0F0F) | ((qh << 2) & 0x30303030), xw + 8, _sbyte(lo, c + 2), EMU)
@@ -162,7 +135,7 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
         # (so whole row tiles per program: Family.whole_tiles)
         dw = tl.load(ds.to(tl.pointer_type(tl.int32))[:, None, None, None] + v + zero, mask=m, other=0)
         lane4 = lane[:, None, None, None]
-        bits = _word(dw, v, lane4 // 2) >> (16 * (lane4 % 2))
+        bits = word(dw, v, lane4 // 2) >> (16 * (lane4 % 2))
         d = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         acc += tl.reshape(isum.to(tl.float32) * (d * dx), acc.shape)
     else:  # the super-block's integer sum, then one float step per row: acc [BN]
@@ -196,7 +169,7 @@ FLOAT_FAMILY = dataclasses.replace(INT_FAMILY, idot=None, act_fmt=None)
 FAMILY = INT_FAMILY if q6_k.FAMILY.idot is not None else FLOAT_FAMILY
 
 
-def gemv(w: TiledQ6_K, x: torch.Tensor, out: torch.Tensor | None = None, config=None, qx=None) -> torch.Tensor:
+def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None, qx=None) -> torch.Tensor:
     """y = W @ x for one token, W tiled (pack): matmul.gemv on the TILED family; qx: x already
     quantized to Q8_K (act_quant.QuantX, as a norm writes it), else the GEMV quantizes x."""
     from sparkd.engine.kernels.matmul import gemv as run  # matmul imports dispatch, which imports this

@@ -8,15 +8,12 @@ the host per layer, so decode stays eager), given the graph step's two host cuts
   (sampler.greedy_pick, the host sampler's own op: ties and NaN resolve the same way) and one int
   comes back instead of the logits row;
 
-and two of its own for streamed MoE layers:
-- "early_table" (streaming/zero_copy.py): the layer's kernel table is built while its expert
-  reads are in flight (the slots are known once the reads are issued) instead of after they land;
+and one of its own for streamed MoE layers:
 - "parts_cache" (store.parts): an expert's file and slot layout is worked out once, not on every
   read and every kernel table.
 
-$SPARKD_EAGER_STEP switches them: "all", "none", or names separated by commas, read once at import
-(configure() for tests); unset: every part but early_table, which one H200 run did not show to pay
-(its table took longer while the reader threads ran; docs/performance.md, session 6).
+$SPARKD_EAGER_STEP switches them: "all" (unset), "none", or names separated by commas, read once at
+import (configure() for tests).
 SPARKD_FUSED_KERNELS without norm_quant turns the norm cut off for both steps.
 """
 
@@ -26,7 +23,7 @@ import torch
 
 from sparkd.engine import switches
 
-PARTS = ("norm_quant", "device_pick", "early_table", "parts_cache")
+PARTS = ("norm_quant", "device_pick", "parts_cache")
 ENV = "SPARKD_EAGER_STEP"
 
 
@@ -35,8 +32,7 @@ def parse(spec: str) -> frozenset[str]:
     return switches.parse_names(spec, PARTS, "the eager step's parts", ENV)
 
 
-DEFAULT = "norm_quant,device_pick,parts_cache"
-_on: frozenset[str] = switches.names(ENV, PARTS, "the eager step's parts", DEFAULT)
+_on: frozenset[str] = switches.names(ENV, PARTS, "the eager step's parts")
 
 
 def on(part: str) -> bool:

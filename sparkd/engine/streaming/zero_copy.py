@@ -11,9 +11,8 @@ memory and device memory in one 64-bit address space; the interpreter reads raw 
 Experts admitted to VRAM are copied from their arena slot after their read, on the cache's side
 stream; this token's kernel still reads them from the arena.
 
-The table is built for every layer of every token, so its host cost is part of each decode step
-(built while the layer's reads are in flight: it names slots, not their bytes; $SPARKD_EAGER_STEP
-without early_table builds it after they land):
+The table is built for every layer of every token, after the layer's reads land, so its host cost
+is part of each decode step:
 by default (SPARKD_STREAM_TABLE=cached) the layer's types, buffers and one expert's offsets are
 checked once through the kernels' prepare() and kept; per call only the offsets are made, checked
 in Python (alignment, inside the slot's buffer) and copied to the device in one copy.
@@ -30,7 +29,6 @@ from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.quant_experts import KernelSelection
-from sparkd.engine.streaming import eager_step
 
 TABLE_ENV = "SPARKD_STREAM_TABLE"
 TABLE_MODES = ("cached", "checked")
@@ -63,18 +61,14 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> Kerne
     if batch.deferred:  # the kernels need every selected expert in a slot at once
         raise EngineError(f"could not hold the {len(host_ids)} experts of layer {layer} in the expert "
                           f"cache at once for the GPU kernels: every slot is pinned (raise the budget)")
-    host_slot = {e: batch.slots[j] for j, e in enumerate(host_ids)}  # claimed when the reads were issued
-    # the table names slots, not their bytes: built while the reads land (early_table)
-    try:
-        table = _build(store, layer, ids, in_vram, host_slot, device) if eager_step.on("early_table") else None
-    finally:  # landed (or forgotten) before anyone may take these slots as filled, even on an error
-        for j, read in list(batch.reads.items()):
-            batch._wait(j, read)
+    for j, read in list(batch.reads.items()):
+        batch._wait(j, read)
+    host_slot = {e: batch.slots[j] for j, e in enumerate(host_ids)}
     t0 = time.perf_counter()
     if vram is not None:
         _admit(store, layer, host_ids, host_slot, in_vram)
     store.stats.admission_seconds += time.perf_counter() - t0
-    return table if table is not None else _build(store, layer, ids, in_vram, host_slot, device)
+    return _build(store, layer, ids, in_vram, host_slot, device)
 
 
 def _kernel_layer(store, layer: int) -> bool:

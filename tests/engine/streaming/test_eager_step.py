@@ -1,7 +1,6 @@
 """The streamed model's eager one-token step (streaming/eager_step.py): the norms feeding an
 integer GEMV (attention stack, MoE gate/up, head) write x's int8 blocks themselves, the greedy
-token is picked where the logits are, the MoE kernel table is built while the reads land and the
-experts' layouts are kept. Each part is switched off by $SPARKD_EAGER_STEP; on or off, the same
+token is picked where the logits are and the experts' layouts are kept. Each part is switched off by $SPARKD_EAGER_STEP; on or off, the same
 logits bit for bit and the same greedy tokens.
 
 Without a GPU the kernels run under TRITON_INTERPRET=1 with the CPU standing in for the device;
@@ -32,10 +31,10 @@ BACKENDS = [
 def test_parts_parse_and_unknown_names_are_a_clear_error():
     assert eager_step.parse("all") == frozenset(eager_step.PARTS)
     assert eager_step.parse("none") == eager_step.parse("") == frozenset()
-    assert eager_step.parse(" device_pick, early_table ") == {"device_pick", "early_table"}
+    assert eager_step.parse(" device_pick, parts_cache ") == {"device_pick", "parts_cache"}
     with pytest.raises(EngineError, match=r"could not switch the eager step's parts 'graphs': unknown graphs "
-                                          r"\(choose all, none or some of norm_quant, device_pick, early_table, "
-                                          r"parts_cache; SPARKD_EAGER_STEP\)"):
+                                          r"\(choose all, none or some of norm_quant, device_pick, parts_cache; "
+                                          r"SPARKD_EAGER_STEP\)"):
         eager_step.parse("graphs")
 
 
@@ -117,36 +116,6 @@ def test_an_eager_step_picks_with_the_host_samplers_op(model):
     assert picks["all"][1] and not picks["norm_quant"][1]
     assert picks["all"][0] == picks["norm_quant"][0]
     assert picks["all"][2] == picks["norm_quant"][2] == 0
-
-
-def test_a_table_error_while_reads_are_in_flight_still_waits_for_them(model, monkeypatch):
-    """early_table builds the table before the reads land; if building fails, the reads are still
-    waited for before the error leaves, so no later step takes a slot still being filled."""
-    pytest.importorskip("triton", reason="triton is not installed")
-    from sparkd.engine.streaming import zero_copy
-    from sparkd.engine.streaming.plan import runtime_rss_bytes
-    from sparkd.engine.streaming.session import StreamOptions, open_streaming
-
-    def broken(*args, **kwargs):
-        raise EngineError("could not build the kernel table of layer 0: broken for the test")
-    monkeypatch.setattr(zero_copy, "_table_cached", broken)
-    before = eager_step.configure("all")
-    sm = open_streaming(model, StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False))
-    try:
-        store = sm.store
-        store.kernel_device = "cpu"
-        with pytest.raises(EngineError, match="broken for the test"):
-            store.kernel_select(0, [0, 1, 2])
-        assert store.stats.misses == 3 and store.stats.wait_seconds > 0  # waited, not left in flight
-        with open(model, "rb") as f:
-            for e in (0, 1, 2):
-                for p in store.parts(0, e):
-                    f.seek(p.offset)
-                    landed = store.arena.view(store._slot_of[0, e], p.data_offset, p.nbytes)
-                    assert bytes(landed.numpy()) == f.read(p.nbytes)
-    finally:
-        sm.close()
-        eager_step.configure(before)
 
 
 def test_the_stage_profile_times_a_step_picked_on_the_device(model):
