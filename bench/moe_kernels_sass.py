@@ -56,9 +56,7 @@ def largest_loop(text: str) -> list[str]:
 def report(qtype: T, kind: str, text: str) -> str:
     cfg, fam, k = tile(text), dispatch.FAMILIES[qtype], kernels_of(text)
     split = cfg.split or 1
-    flat = kind != "gate/up" and k.flat and cfg.elementwise and qtype in moe.FLAT_TYPES  # moe._flat at top-8
-    exp = -(-8 // split) if flat else 0
-    vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, cfg, qtype == T.Q4_K, exp)
+    vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, cfg, qtype == T.Q4_K)
     common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
                   **moe._int_args(fam, k.words and qtype == T.Q8_0, vec))
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
@@ -67,7 +65,7 @@ def report(qtype: T, kind: str, text: str) -> str:
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
-                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], EXP=exp, **common)
+                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], **common)
         binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
     regs, ops = registers(binary), largest_loop(get_sass(binary))
     programs = min(32, 65536 // (regs * 32 * cfg.num_warps))  # Hopper: 64K registers, 32 blocks per SM

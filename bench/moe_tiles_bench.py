@@ -13,8 +13,8 @@ moe_decode calls (x quantized, gate/up, down: 3 launches), then each launch alon
 gate/up candidate (down at its default) and each down candidate (gate/up at its default) timed
 alone. Tiles: rows/warps/unroll/e|g[/split] as in gemv_tiles_bench.tile, then +pN (pipeliner
 stages), then :FLAGS, the kernels (moe.Kernels): w Q8_0 words, p gate and up in one loop, v (V) Q4_K
-headers as 128-bit loads in gate/up (the down), f the down's flat expert loop (off by default), - none (no ":": moe.Kernels()); each down candidate is
-timed alone and as a whole layer. Bytes per row: the selected experts' gate+up, down, or both; every tile is
+headers as 128-bit loads in gate/up (the down), - none (no ":": moe.Kernels()); each down
+candidate is timed alone and as a whole layer. Bytes per row: the selected experts' gate+up, down, or both; every tile is
 first checked against the float64 reference through a whole moe_decode call (err). Timing as
 kernels_bench: one CUDA graph over expert sets rotated past the L2, median of 15. The kernels
 are compiled first by --compile-workers processes at the smallest shape (the same
@@ -57,12 +57,12 @@ def tile(text: str) -> GemvConfig:
 
 
 def kernels_of(text: str) -> moe.Kernels:
-    """A tile text's :FLAGS as moe.Kernels (w: Q8_0 words, p: the pair loop, f: the flat down, v / V:
+    """A tile text's :FLAGS as moe.Kernels (w: Q8_0 words, p: the pair loop, v / V:
     Q4_K headers as vectors in gate/up / the down; no ":": the default)."""
     if ":" not in text:
         return moe.Kernels()
     flags = text.partition(":")[2]
-    return moe.Kernels(words="w" in flags, pair="p" in flags, flat="f" in flags, q4k_vec="v" in flags,
+    return moe.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                        q4k_vec_down="V" in flags)
 
 

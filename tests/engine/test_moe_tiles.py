@@ -149,33 +149,6 @@ def test_q8_0_words_and_the_pair_loop_give_the_old_kernels_sums(backend):
     assert rel_err(moe.moe_decode(p2, x, w, kernels=moe.Kernels(), **tiles), want) < BOUNDS["fp32"]
 
 
-FLAT_CASES = [pytest.param("cpu", T.Q8_0, id="interpret-Q8_0", marks=BACKENDS[0].marks)] + \
-    [pytest.param("cuda", t, id=f"cuda-{t.name}", marks=pytest.mark.gpu) for t in TYPES]
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("backend,qtype", FLAT_CASES)
-def test_the_flat_down_gives_the_expert_loops_sums(backend, qtype):
-    """Kernels.flat (a range's experts in every step, off by default): the same integer sums and
-    the same order of adding experts; compiled, the row tile's reduction layout may differ."""
-    dim, width, n = (192, 64, 3) if backend == "cpu" else (2048, 768, 8)
-    table, *_ = arena_table(qtype, qtype, dim, width, n, backend)
-    p = moe.prepare(table, backend)
-    x, w, res = torch.randn(dim, device=backend), torch.rand(n, device=backend), torch.randn(dim, device=backend)
-    rows = 32 if backend == "cpu" else 2
-    h = moe._gate_up(p, x, w, False, "silu", GemvConfig(block_n=rows), None, "test", None, moe.OLD_KERNELS)
-    q = act_quant.quantize(h, p.down.act_fmt)
-    sel = p.select(torch.tensor([n - 1, 0], device=backend))  # the kernels read offsets[ids]
-    qs = act_quant.quantize(h[:2].contiguous(), p.down.act_fmt)
-    for split in (1, 2, 3):  # 3 of 3 experts: one per range, the loop's code
-        dn = GemvConfig(block_n=rows, num_warps=1, unroll=2, elementwise=True, split=split)
-        for table_, hq, ws in ((p, q, w), (sel, qs, w[:2].contiguous())):
-            ys = [torch.empty(dim, device=backend) for _ in range(2)]
-            for y, k in zip(ys, (moe.Kernels(), moe.Kernels(flat=True))):
-                moe._down(table_, hq, ws, y, dn, None, res, k)
-            assert torch.equal(ys[1], ys[0]) if backend == "cpu" else rel_err(ys[1], ys[0].cpu().double()) < 1e-6
-
-
 def on_16_bytes(table: moe.ExpertTable) -> moe.ExpertTable:
     """The table's experts copied into a new arena at offsets that are multiples of 16 bytes
     (arena_table places them on 4 only)."""
@@ -220,7 +193,6 @@ def test_q4_k_headers_as_vectors_give_the_same_bits(backend):
     for y, k in zip(ys, (moe.S6_KERNELS, moe.Kernels())):
         moe._down(p, q, w, y, dn, None, None, k)
     assert torch.equal(ys[1], ys[0])
-    # 2-row tiles keep the old step (the H200 gave wrong sums with this one), as does the flat down
+    # 2-row tiles keep the old step (the H200 gave wrong sums with this one)
     two = dataclasses.replace(gu, block_n=2)
-    assert moe._use_vec(True, gu, True) and not moe._use_vec(True, two, True) \
-        and not moe._use_vec(True, gu, True, exp=2) and not moe._use_vec(True, gu, False)
+    assert moe._use_vec(True, gu, True) and not moe._use_vec(True, two, True) and not moe._use_vec(True, gu, False)

@@ -245,57 +245,20 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   tickets_ptr, D, F, n, row_bytes, IDS: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
-                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, EXP: tl.constexpr,
-                  ALIGN: tl.constexpr):
+                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
-    QuantX), each expert's sums times its routing weight. EXP 0: the range's experts one after
-    another; EXP > 0 (_flat_experts): all EXP of them in each step."""
+    QuantX), each expert's sums times its routing weight, the range's experts one after another."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
     first, last = _experts(n, SPLIT)
-    if EXP > 0:
-        acc = _flat_experts(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, D, F, row_bytes,
-                            IDS, IDOT, A1, A2, BLOCK_N, UNROLL, EW, EMU, XBLOCK, STAGES, EXP, ALIGN)
-    else:
-        acc = tl.zeros((BLOCK_N,), tl.float32)
-        for a in range(first, last):
-            part = row_idot(down_ptr, _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rb, rmask, hw_ptr + a * (F // 4),
-                            hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
-                            EW, EMU, STAGES)
-            acc += part * tl.load(rw_ptr + a)
-    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
-
-
-@triton.jit
-def _flat_experts(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, D, F, row_bytes,
-                  IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
-                  UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
-                  STAGES: tl.constexpr, EXP: tl.constexpr, ALIGN: tl.constexpr):
-    """The down sums of experts first..last-1 (at most EXP) over a row tile, the (expert, row)
-    pairs as the rows of one row_idot: every step loads all experts' blocks (more bytes in flight
-    per program, the offsets loaded once up front), each pair reading its expert's h (per-row x
-    pointers, as the elementwise tiles load x in the weights' shape anyway). Then each expert's
-    sums times its weight, added in table order: _idown_kernel's loop's order."""
-    r = tl.arange(0, EXP * BLOCK_N)
-    e = r // BLOCK_N
-    rows = tl.program_id(0) * BLOCK_N + r % BLOCK_N
-    a = tl.minimum(first + e, last - 1)  # past the range: a valid expert, masked out
-    m = (rows < D) & (first + e < last)
-    off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rows.to(tl.int64) * row_bytes
-    hx = (hw_ptr + a * (F // 4))[:, None, None]
-    hd = (hd_ptr + a * (F // XBLOCK))[:, None, None]
-    hs = (hs_ptr + a * (F // 32))[:, None, None]
-    part = row_idot(down_ptr, off, m, hx, hd, hs, F, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU, STAGES)
-    part = tl.reshape(part * tl.load(rw_ptr + a), (EXP, BLOCK_N))
-    ek = tl.arange(0, EXP)[:, None]
     acc = tl.zeros((BLOCK_N,), tl.float32)
-    for k in tl.static_range(EXP):
-        if k == 0:
-            acc = tl.sum(tl.where(ek == k, part, 0.0), 0)  # one term: exact, as 0 + the first
-        else:
-            acc += tl.sum(tl.where(ek == k, part, 0.0), 0)
-    return acc
+    for a in range(first, last):
+        part = row_idot(down_ptr, _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rb, rmask, hw_ptr + a * (F // 4),
+                        hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
+                        EW, EMU, STAGES)
+        acc += part * tl.load(rw_ptr + a)
+    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
 @dataclass(frozen=True)
@@ -471,7 +434,9 @@ class Kernels:
     """Which code the decode launches run, beside their tiles (session 6): words, Q8_0 weights as
     aligned 32-bit words where the table allows (q8_0_words; PreparedTable.*_words); pair, gate
     and up rows in one loop over x (_gate_up_idot); round 2 (moe10): q4k_vec / q4k_vec_down, Q4_K
-    headers as vectors (_q4_k_vec; H200 7168x2048 top-8 layer 82.5 -> 78.2 us); flat, off (_flat_experts)."""
+    headers as vectors (_q4_k_vec; H200 7168x2048 top-8 layer 82.5 -> 78.2 us). (A down looping over
+    all of a range's experts in each step was slower on the H200 at every shape but one and was
+    removed: docs/performance.md, session 6 moe10.)"""
 
     words: bool = True
     pair: bool = True
@@ -479,14 +444,10 @@ class Kernels:
     # in gate/up, in the down
     q4k_vec: bool = True
     q4k_vec_down: bool = True
-    # the down's experts of a range in one loop (_flat_experts) for elementwise Q8_0 / Q4_K down
-    # tiles: off, slower on the H200 at every shape but one (docs/performance.md, session 6 moe10)
-    flat: bool = False
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False)  # sessions 4 and 5
 S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False)  # session 6's first round (moe9)
-FLAT_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K)
 TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS
 TILE_SETS = ("old", "s5", "s6", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
@@ -632,12 +593,12 @@ def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
     return kernels.words and rows_on_words and not cfg.stages
 
 
-def _use_vec(on: bool, cfg: GemvConfig, rows_on_16: bool, exp: int = 0) -> bool:
+def _use_vec(on: bool, cfg: GemvConfig, rows_on_16: bool) -> bool:
     """_q4_k_vec for these rows (on: the Kernels flag of the launch): tiles of at least 4 rows
-    only, one expert per row (exp 0): the H200 gave wrong sums for 2-row tiles with this step
+    only: the H200 gave wrong sums for 2-row tiles with this step
     (err 1.2, bench/results/moe_tiles_h200_s6_moe10_call2.log), as it did for q4_k_tiled's
     (Family.whole_tiles)."""
-    return on and rows_on_16 and cfg.block_n >= q4_k_tiled.TILE_ROWS and not exp
+    return on and rows_on_16 and cfg.block_n >= q4_k_tiled.TILE_ROWS
 
 
 def _int_args(fam: dispatch.Family, words: bool, vec: bool) -> dict:
@@ -681,11 +642,10 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                   num_warps=cfg.num_warps, **_ids(p))
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
-        exp = _flat(p, cfg, kernels, n, split)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
                             **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
-                                        _use_vec(kernels.q4k_vec_down, cfg, p.down_vec, exp)),
-                            EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt], EXP=exp, **common)
+                                        _use_vec(kernels.q4k_vec_down, cfg, p.down_vec)),
+                            EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt], **common)
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()
@@ -694,15 +654,6 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         fold_partials(part, y)
     if residual is not None and not res:
         y.add_(residual)  # the same bits as residual + y
-
-
-def _flat(p: PreparedTable, cfg: GemvConfig, kernels: Kernels, n: int, split: int) -> int:
-    """_idown_kernel's EXP: the experts of a range as a power of two for Kernels.flat (elementwise
-    Q8_0 / Q4_K tiles, whose steps take x in the weights' shape, so per row), else 0 (one expert
-    after another)."""
-    if not (kernels.flat and cfg.elementwise and not cfg.atomic and p.down.qtype in FLAT_TYPES):
-        return 0
-    return triton.next_power_of_2(-(-n // split))
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
