@@ -5,7 +5,7 @@ tiles of one and two packing tiles, the rows tile of half a packing tile, the el
 float path ($SPARKD_Q6_K_INT=0) too; on the GPU the rows tile gives the same bits and the
 elementwise tile sums its tile in another order (within the float bound). Elementwise tiles of
 fewer rows than a packing tile are refused before they compile (the H200 failed the 2-row one).
-The loader tiles only matrices of MIN_ROWS rows or more. The GEMM, row counts that are not whole
+The loader tiles only matrices of MIN_VALUES values or more. The GEMM, row counts that are not whole
 tiles, graphs and $SPARKD_Q6_K_LAYOUT=gguf: test_row_tiles.py (the same checks for both tiled layouts).
 
 Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
@@ -115,11 +115,13 @@ def test_tiled_layout_is_planes_then_scales_then_d():
 
 
 def test_loader_tiles_the_large_matrices_only():
-    """Below MIN_ROWS rows (attn_v: 512) the loader keeps the GGUF blocks, from it (the head) tiles."""
+    """Below MIN_VALUES values (attn_v 512x2048; 4096x2048) the loader keeps the GGUF blocks, from
+    it (6144x4096, the head) tiles."""
     from sparkd.engine.models.weights import _tiled_q6_k
-    small, large = (512, 256), (q6_k_tiled.MIN_ROWS, 256)
-    raw = random_blocks(T.Q6_K, small[0])
+    assert not q6_k_tiled.worth_tiling((4096, 2048)) and q6_k_tiled.worth_tiling((6144, 4096))
+    small, large = (512, 256), (q6_k_tiled.MIN_VALUES // 2048, 2048)
+    raw = random_blocks(T.Q6_K, small[0] * small[1] // 256)
     assert _tiled_q6_k(raw, small) == (raw, T.Q6_K)
-    raw = random_blocks(T.Q6_K, large[0])
+    raw = random_blocks(T.Q6_K, large[0] * large[1] // 256)
     data, qtype = _tiled_q6_k(raw, large)
     assert qtype is TILED and torch.equal(data, q6_k_tiled.pack_raw(raw, large))

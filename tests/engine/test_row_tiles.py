@@ -90,7 +90,7 @@ def test_resident_layouts_give_the_same_logits(tmp_path, monkeypatch, backend, l
     from test_kernel_engine import logits_by_layout
 
     mod, qtype, _, env = layout[:4]
-    monkeypatch.setattr(q6_k_tiled, "MIN_ROWS", 512)  # a tiny model's head (512 rows) counts as large
+    monkeypatch.setattr(q6_k_tiled, "MIN_VALUES", 512 * 256)  # a tiny model's head (512x256) counts as large
     got = logits_by_layout(tmp_path, monkeypatch, backend, qtype.name, env, ("tiled", "gguf"))
     assert mod.TILED in got["tiled"][2] and qtype in got["gguf"][2]
     (a, tok_a, _), (b, tok_b, _) = got["tiled"], got["gguf"]

@@ -11,9 +11,9 @@ TILE_ROWS = 8 rows are a tile of G groups (1680 * G bytes: every tile 16-byte al
   scales  group g at 1536 G + 128 g, lane r's 16 bytes at 16 r (the file's order): one 128-bit load;
   d       group g at 1664 G + 16 g, lane r's at 2 r: the tile's 8 in one 128-bit load.
 The same bytes as the file, nothing padded: only matrices whose row count is a multiple of
-TILE_ROWS can be repacked, and models/weights.py repacks those of MIN_ROWS rows or more (the
-output head; the small projections were faster on the GGUF tile); streamed experts and the MoE
-keep the GGUF layout.
+TILE_ROWS can be repacked, and models/weights.py repacks those of MIN_VALUES values or more (the
+output head, a dense FFN; the small projections were faster on the GGUF tile); streamed experts
+and the MoE keep the GGUF layout.
 
 The integer step (idot) is q6_k's arithmetic on the same words (the thread's 4 words w = 4c + v
 of q6_k's [rows, 2, 8] tile), into the same accumulator tile: the same integer sums and float
@@ -44,17 +44,17 @@ TILED = LayoutType("Q6_K_TILED")
 TILES = RowTiles("Q6_K", TILE_ROWS, 210)
 packable = TILES.packable
 
-# the loader tiles resident matrices of at least this many rows (models/weights.py): H200, session 6
-# (bench/results/gemv_tiles_h200_s6_q6k.log), the 151936x2048 head 112.2 -> 64.4 us, but attn_v's
-# 512x2048 5.5 -> 5.7..7.3 us (launch-bound: a quarter of the GGUF tile's programs); what lies
-# between is not measured and keeps the GGUF blocks. The row count from which matmul.split_for
-# leaves a matrix unsplit at the default tile.
-MIN_ROWS = 16384
+# the loader tiles resident matrices of at least this many values (models/weights.py). H200, session
+# 6, tiled default vs the GGUF default side by side (docs/runs/2026-11-30-s6-final/gemv_final.log):
+# 151936x2048 103.9 -> 64.0 us, 14336x4096 22.6 -> 15.6, 4096x14336 27.6 -> 15.5, 6144x4096
+# 11.7 -> 8.9; but 4096x2048 5.8 -> 6.2 and attn_v's 512x2048 5.5 -> 5.7..7.3 (q6k9's run;
+# launch-bound: a quarter of the GGUF tile's programs). 2^24 lies between 8.4M and 25M values.
+MIN_VALUES = 1 << 24
 
 
 def worth_tiling(shape: tuple[int, int]) -> bool:
-    """Whether the loader tiles a resident Q6_K matrix of this shape: packable and MIN_ROWS rows."""
-    return packable(shape) and shape[0] >= MIN_ROWS
+    """Whether the loader tiles a resident Q6_K matrix of this shape: packable and MIN_VALUES values."""
+    return packable(shape) and shape[0] * shape[1] >= MIN_VALUES
 
 
 def pack_raw(raw: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:

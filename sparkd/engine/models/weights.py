@@ -28,7 +28,8 @@ Q8_0_LAYOUTS = ("packed", "gguf")
 Q4_K_LAYOUT_ENV = "SPARKD_Q4_K_LAYOUT"
 Q4_K_LAYOUTS = ("tiled", "gguf")
 # the same for Q6_K: "tiled" (kernels/q6_k_tiled.py: tiles of 8 rows, quants in 128-bit planes, then
-# scales, then d; row counts a multiple of 8 from q6_k_tiled.MIN_ROWS: the output head; the default)
+# scales, then d; row counts a multiple of 8, from q6_k_tiled.MIN_VALUES values: the output head, a
+# dense FFN; the default)
 # or "gguf" (the 210-byte blocks, session 5)
 Q6_K_LAYOUT_ENV = "SPARKD_Q6_K_LAYOUT"
 Q6_K_LAYOUTS = ("tiled", "gguf")
