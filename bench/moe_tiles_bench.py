@@ -7,13 +7,13 @@ Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
        [--defaults-only] [--compile-workers N]
 
 Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
-DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe.OLD_DECODE_TILES), "s5" (session 5's
-tiles), both with moe.OLD_KERNELS, and "default" (moe.decode_tiles and moe.decode_kernels) as whole
+DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe_tiles.OLD_DECODE_TILES), "s5" (session 5's
+tiles), both with moe_tiles.OLD_KERNELS, and "default" (moe_tiles.decode_tiles and moe_tiles.decode_kernels) as whole
 moe_decode calls (x quantized, gate/up, down: 3 launches), then each launch alone, then each
 gate/up candidate (down at its default) and each down candidate (gate/up at its default) timed
 alone. Tiles: rows/warps/unroll/e|g[/split] as in gemv_tiles_bench.tile, then +pN (pipeliner
-stages), then :FLAGS, the kernels (moe.Kernels): w Q8_0 words, p gate and up in one loop, v (V) Q4_K
-headers as 128-bit loads in gate/up (the down), - none (no ":": moe.Kernels()); each down
+stages), then :FLAGS, the kernels (moe_tiles.Kernels): w Q8_0 words, p gate and up in one loop, v (V) Q4_K
+headers as 128-bit loads in gate/up (the down), - none (no ":": moe_tiles.Kernels()); each down
 candidate is timed alone and as a whole layer. Bytes per row: the selected experts' gate+up, down, or both; every tile is
 first checked against the float64 reference through a whole moe_decode call (err). Timing as
 kernels_bench: one CUDA graph over expert sets rotated past the L2, median of 15. The kernels
@@ -34,7 +34,7 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 import gemv_tiles_bench
-from sparkd.engine.kernels import dispatch, moe
+from sparkd.engine.kernels import dispatch, moe, moe_tiles
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
@@ -56,20 +56,20 @@ def tile(text: str) -> GemvConfig:
     return dataclasses.replace(gemv_tiles_bench.tile(text), stages=int(stages or 0))
 
 
-def kernels_of(text: str) -> moe.Kernels:
-    """A tile text's :FLAGS as moe.Kernels (w: Q8_0 words, p: the pair loop, v / V:
+def kernels_of(text: str) -> moe_tiles.Kernels:
+    """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
     Q4_K headers as vectors in gate/up / the down; no ":": the default)."""
     if ":" not in text:
-        return moe.Kernels()
+        return moe_tiles.Kernels()
     flags = text.partition(":")[2]
-    return moe.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
+    return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                        q4k_vec_down="V" in flags)
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,
                  which: str = "new") -> tuple[GemvConfig, GemvConfig]:
     """The tiles as the engine passes them (layers/moe.py): h quantized in the gate/up launch."""
-    base = moe.decode_tiles(p, which)
+    base = moe_tiles.decode_tiles(p, which)
     return dataclasses.replace(gu or base[0], fuse_quant=True), dn or base[1]
 
 
@@ -90,11 +90,11 @@ class Shape:
         self.ref = kb.moe_torch(self.sets[0].table, self.x, self.w, torch.float64) if reference else None
         self.name = f"moe {D}x{F} top{A}"
 
-    def call(self, i: int, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels) -> torch.Tensor:
+    def call(self, i: int, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels) -> torch.Tensor:
         return moe.moe_decode(self.sets[i % len(self.sets)], self.x, self.w, out=self.y, gate_up=gu, down=dn,
                               kernels=k)
 
-    def err(self, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels) -> float:
+    def err(self, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels) -> float:
         self.y.fill_(float("nan"))
         return kb.rel_err(self.call(0, gu, dn, k), self.ref)
 
@@ -102,12 +102,12 @@ class Shape:
         return dict(kernel=f"{self.name} {part}", type=self.qtype.name, config=label, us=sec * 1e6, bw=nbytes / sec,
                     frac=nbytes / sec / copy_bw, err=err)
 
-    def whole(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels, copy_bw: float) -> dict:
+    def whole(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         err = self.err(gu, dn, k)
         sec = kb.graph_seconds(lambda i: self.call(i, gu, dn, k), len(self.sets))
         return self.row("all", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
 
-    def gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels, copy_bw: float) -> dict:
+    def gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         """x quantized and the gate/up launch (h quantized in it), as moe_decode runs them."""
         err = self.err(gu, dn, k)
         rw = self.w.contiguous()
@@ -117,7 +117,7 @@ class Shape:
         sec = kb.graph_seconds(run, len(self.sets))
         return self.row("gate/up", label, sec, 2 * self.shape[2] * self.matrix_bytes, copy_bw, err)
 
-    def down(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe.Kernels, copy_bw: float) -> dict:
+    def down(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         """The down launch alone (its in-launch fold included) on h quantized by gate/up."""
         err = self.err(gu, dn, k)
         rw = self.w.contiguous()
@@ -145,10 +145,10 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
     return given(args.gate_up, GATE_UP[qtype.name]), given(args.down, DOWN[qtype.name])
 
 
-def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe.Kernels]]:
+def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe_tiles.Kernels]]:
     """(label, gate/up, down, kernels) of the tile sets: old and s5 with the old kernels, default."""
-    return [(which if which != "new" else "default", *engine_tiles(p, None, None, which), moe.decode_kernels(which))
-            for which in moe.TILE_SETS]
+    return [(which if which != "new" else "default", *engine_tiles(p, None, None, which), moe_tiles.decode_kernels(which))
+            for which in moe_tiles.TILE_SETS]
 
 
 def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> list[dict]:
@@ -189,9 +189,9 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
     pairs = [(gu, dn, kk) for _, gu, dn, kk in sets]
     pairs += [(dataclasses.replace(tile(t), fuse_quant=True), base[1], kernels_of(t)) for t in gus]
     pairs += [(base[0], tile(t), kernels_of(t)) for t in dns]
-    tiers = moe.WIDTH_TIERS[name]  # the wider shapes' tiles, compiled here at the smallest
+    tiers = moe_tiles.WIDTH_TIERS[name]  # the wider shapes' tiles, compiled here at the smallest
     pairs += [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
-    pairs += [(sets[1][1], moe.S5_LARGE_DOWN_TILES[name][1], moe.OLD_KERNELS)]
+    pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[name][1], moe_tiles.OLD_KERNELS)]
     failed = []
     for gu, dn, kk in pairs:
         try:
@@ -229,8 +229,8 @@ def main() -> None:
         precompile(types, min(shapes), args)
     copy_bw = kb.copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
-          f"tiles {moe.DECODE_TILES} by width {moe.WIDTH_TIERS} "
-          f"kernels {moe.decode_kernels()}", flush=True)
+          f"tiles {moe_tiles.DECODE_TILES} by width {moe_tiles.WIDTH_TIERS} "
+          f"kernels {moe_tiles.decode_kernels()}", flush=True)
     rows = []
     for shape in shapes:
         for qtype in types:
@@ -241,7 +241,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw,
-                           tiles={k: [str(c) for c in v] for k, v in moe.DECODE_TILES.items()}, rows=rows), f, indent=1)
+                           tiles={k: [str(c) for c in v] for k, v in moe_tiles.DECODE_TILES.items()}, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

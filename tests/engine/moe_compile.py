@@ -7,7 +7,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import act_quant, dispatch, moe, router_topk
+from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, router_topk
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "E": "i32", "row_bytes": "i32", "scale": "fp32", "min_sum": "fp32"}
@@ -26,12 +26,12 @@ def main() -> None:
                 part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
     gate_up = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32,
                    xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
-    for qtype, (gu_cfg, d_cfg) in moe.DECODE_TILES.items():
+    for qtype, (gu_cfg, d_cfg) in moe_tiles.DECODE_TILES.items():
         fam = dispatch.FAMILIES[T[qtype]]
         # session 6's kernels: Q8_0 weights as words, Q4_K headers as vectors, gate and up in one loop
         tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True,
                     **moe._int_args(fam, qtype == "Q8_0", qtype == "Q4_K"))
-        large = ([d_cfg] + [t[2] for t in moe.WIDTH_TIERS.get(qtype, []) if t[2]])[-1]  # the widest models'
+        large = ([d_cfg] + [t[2] for t in moe_tiles.WIDTH_TIERS.get(qtype, []) if t[2]])[-1]  # the widest models'
         for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
             n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
                                                       ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),

@@ -29,7 +29,8 @@ from test_kernels import BACKENDS, TILES, arena_table  # noqa: E402
 
 from sparkd.engine.kernels import dispatch, fused  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, tickets  # noqa: E402
-from sparkd.engine.kernels.moe import DECODE_TILES, moe_decode, prepare  # noqa: E402
+from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
+from sparkd.engine.kernels.moe_tiles import DECODE_TILES  # noqa: E402
 from sparkd.engine.layers import moe  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402

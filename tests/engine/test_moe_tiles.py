@@ -1,7 +1,7 @@
-"""The MoE decode's tiles by shape (moe.decode_tiles): DECODE_TILES, and from each WIDTH_TIERS
+"""The MoE decode's tiles by shape (moe_tiles.decode_tiles): DECODE_TILES, and from each WIDTH_TIERS
 model width another gate/up or down tile; OLD_DECODE_TILES (session 4's) and
 session 5's tiles with the old kernels stay selectable, per call or by $SPARKD_MOE_TILES=old|s5.
-Session 6's kernels (moe.Kernels): Q8_0 weights as 32-bit words (q8_0_words) where every row
+Session 6's kernels (moe_tiles.Kernels): Q8_0 weights as 32-bit words (q8_0_words) where every row
 starts on 4 bytes, gate and up in one loop: the same integer sums per block; the pair loop and
 words without the elementwise tile the same bits, words with it float32 rounding apart.
 
@@ -26,7 +26,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from test_kernels import BACKENDS, BOUNDS, arena_table, moe_reference, rel_err  # noqa: E402
 
-from sparkd.engine.kernels import act_quant, moe  # noqa: E402
+from sparkd.engine.kernels import act_quant, moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 
 TYPES = [T.Q8_0, T.Q4_K]
@@ -41,32 +41,32 @@ def table_at(qtype: T, dim: int) -> moe.PreparedTable:
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_decode_tiles_follow_the_model_width(qtype):
     name = qtype.name
-    gate_up, down = moe.DECODE_TILES[name]
-    assert moe.decode_tiles(table_at(qtype, 2048)) == (gate_up, down)  # Qwen3-30B-A3B
-    for width, tier_gate_up, tier_down in moe.WIDTH_TIERS[name]:
-        below = moe.decode_tiles(table_at(qtype, width - 256))
+    gate_up, down = moe_tiles.DECODE_TILES[name]
+    assert moe_tiles.decode_tiles(table_at(qtype, 2048)) == (gate_up, down)  # Qwen3-30B-A3B
+    for width, tier_gate_up, tier_down in moe_tiles.WIDTH_TIERS[name]:
+        below = moe_tiles.decode_tiles(table_at(qtype, width - 256))
         gate_up, down = tier_gate_up or gate_up, tier_down or down
-        assert moe.decode_tiles(table_at(qtype, width)) == (gate_up, down) != below  # the tier starts there
-    assert moe.decode_tiles(table_at(qtype, 7168), "old") == moe.OLD_DECODE_TILES[name]
-    assert moe.decode_tiles(table_at(qtype, 2048), "s5") == moe.S5_DECODE_TILES[name]
-    assert moe.decode_tiles(table_at(qtype, 7168), "s5")[1] == moe.S5_LARGE_DOWN_TILES[name][1]
-    assert moe.decode_tiles(table_at(qtype, 7168)) != moe.decode_tiles(table_at(qtype, 7168), "s5")
-    assert moe.decode_kernels("new") == moe.Kernels(words=True, pair=True)
-    assert moe.decode_kernels("old") == moe.decode_kernels("s5") == moe.OLD_KERNELS
+        assert moe_tiles.decode_tiles(table_at(qtype, width)) == (gate_up, down) != below  # the tier starts there
+    assert moe_tiles.decode_tiles(table_at(qtype, 7168), "old") == moe_tiles.OLD_DECODE_TILES[name]
+    assert moe_tiles.decode_tiles(table_at(qtype, 2048), "s5") == moe_tiles.S5_DECODE_TILES[name]
+    assert moe_tiles.decode_tiles(table_at(qtype, 7168), "s5")[1] == moe_tiles.S5_LARGE_DOWN_TILES[name][1]
+    assert moe_tiles.decode_tiles(table_at(qtype, 7168)) != moe_tiles.decode_tiles(table_at(qtype, 7168), "s5")
+    assert moe_tiles.decode_kernels("new") == moe_tiles.Kernels(words=True, pair=True)
+    assert moe_tiles.decode_kernels("old") == moe_tiles.decode_kernels("s5") == moe_tiles.OLD_KERNELS
 
 
 def test_an_unknown_tile_set_is_refused():
     with pytest.raises(moe.dispatch.KernelArgumentError, match=r"could not pick the MoE decode tiles: 's4'"):
-        moe.decode_tiles(table_at(T.Q8_0, 2048), "s4")
+        moe_tiles.decode_tiles(table_at(T.Q8_0, 2048), "s4")
 
 
 @pytest.mark.parametrize("which", ["old", "s5"])
 def test_the_environment_switches_back_to_the_old_tiles(monkeypatch, which):
     """TILES ($SPARKD_MOE_TILES, read at import: tests/engine/test_switches.py) is decode_tiles'
     and decode_kernels' default."""
-    monkeypatch.setattr(moe, "TILES", which)
-    assert moe.decode_tiles(table_at(T.Q4_K, 7168)) == moe.decode_tiles(table_at(T.Q4_K, 7168), which)
-    assert moe.decode_kernels() == moe.OLD_KERNELS
+    monkeypatch.setattr(moe_tiles, "TILES", which)
+    assert moe_tiles.decode_tiles(table_at(T.Q4_K, 7168)) == moe_tiles.decode_tiles(table_at(T.Q4_K, 7168), which)
+    assert moe_tiles.decode_kernels() == moe_tiles.OLD_KERNELS
 
 
 # Q4_K under the interpreter takes ~5 minutes even at 256x256 (too long for CI): compiled only;
@@ -84,9 +84,9 @@ def test_new_tiles_give_the_old_tiles_sums(backend, qtype):
     table, gates, ups, downs = arena_table(qtype, qtype, dim, width, n, backend)
     p = moe.prepare(table, backend)
     x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
-    new = moe.decode_tiles(table_at(qtype, 7168))  # the widest models' tiles
-    old = moe.OLD_DECODE_TILES[qtype.name]
-    k_new, k_old = moe.decode_kernels("new"), moe.OLD_KERNELS
+    new = moe_tiles.decode_tiles(table_at(qtype, 7168))  # the widest models' tiles
+    old = moe_tiles.OLD_DECODE_TILES[qtype.name]
+    k_new, k_old = moe_tiles.decode_kernels("new"), moe_tiles.OLD_KERNELS
     h_new, h_old = (moe._gate_up(p, x, w, False, "silu", t[0], None, "test", None, k)
                     for t, k in ((new, k_new), (old, k_old)))
     assert rel_err(h_new, h_old.cpu().double()) < 1e-6
@@ -127,8 +127,8 @@ def test_q8_0_words_and_the_pair_loop_give_the_old_kernels_sums(backend):
     rows = 32 if backend == "cpu" else 2  # the interpreter runs programs one by one
     for ew in (False, True):
         gu = GemvConfig(block_n=rows, num_warps=1, unroll=2, elementwise=ew)
-        old = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, moe.OLD_KERNELS)
-        for k in (moe.Kernels(words=True, pair=False), moe.Kernels(words=False, pair=True), moe.Kernels()):
+        old = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, moe_tiles.OLD_KERNELS)
+        for k in (moe_tiles.Kernels(words=True, pair=False), moe_tiles.Kernels(words=False, pair=True), moe_tiles.Kernels()):
             h = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, k)
             if ew and k.words:  # integer sums equal, float order per lane differs
                 assert rel_err(h, old.cpu().double()) < 1e-6, k
@@ -137,16 +137,16 @@ def test_q8_0_words_and_the_pair_loop_give_the_old_kernels_sums(backend):
         q = act_quant.quantize(old, p.down.act_fmt)
         dn = GemvConfig(block_n=rows, num_warps=1, unroll=2, elementwise=ew, split=2)
         ys = [torch.empty(dim, device=backend) for _ in range(2)]
-        for y, k in zip(ys, (moe.OLD_KERNELS, moe.Kernels())):
+        for y, k in zip(ys, (moe_tiles.OLD_KERNELS, moe_tiles.Kernels())):
             moe._down(p, q, w, y, dn, None, None, k)
         assert (rel_err(ys[1], ys[0].cpu().double()) < 1e-6) if ew else torch.equal(ys[1], ys[0])
     want = moe_reference(x.cpu(), w.cpu(), gates, ups, downs, "silu", T.Q8_0, T.Q8_0)
     tiles = dict(gate_up=GemvConfig(block_n=rows, fuse_quant=True), down=GemvConfig(block_n=rows, split=2))
-    assert rel_err(moe.moe_decode(p, x, w, kernels=moe.Kernels(), **tiles), want) < BOUNDS["fp32"]
+    assert rel_err(moe.moe_decode(p, x, w, kernels=moe_tiles.Kernels(), **tiles), want) < BOUNDS["fp32"]
     # rows 2 bytes off 4: the old 16-bit loads, the same sums
     p2 = moe.prepare(shifted(table, 2), backend)
     assert not (p2.gate_up_words or p2.down_words)
-    assert rel_err(moe.moe_decode(p2, x, w, kernels=moe.Kernels(), **tiles), want) < BOUNDS["fp32"]
+    assert rel_err(moe.moe_decode(p2, x, w, kernels=moe_tiles.Kernels(), **tiles), want) < BOUNDS["fp32"]
 
 
 def on_16_bytes(table: moe.ExpertTable) -> moe.ExpertTable:
@@ -185,12 +185,12 @@ def test_q4_k_headers_as_vectors_give_the_same_bits(backend):
     x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
     rows = 64 if backend == "cpu" else 4  # the interpreter runs programs one by one
     gu = GemvConfig(block_n=rows, num_warps=1, unroll=1, elementwise=True)
-    hs = [moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, k) for k in (moe.S6_KERNELS, moe.Kernels())]
+    hs = [moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, k) for k in (moe_tiles.S6_KERNELS, moe_tiles.Kernels())]
     assert torch.equal(hs[1], hs[0])
     q = act_quant.quantize(hs[0], p.down.act_fmt)
     dn = GemvConfig(block_n=rows, num_warps=1, unroll=2, elementwise=True, split=2)
     ys = [torch.empty(dim, device=backend) for _ in range(2)]
-    for y, k in zip(ys, (moe.S6_KERNELS, moe.Kernels())):
+    for y, k in zip(ys, (moe_tiles.S6_KERNELS, moe_tiles.Kernels())):
         moe._down(p, q, w, y, dn, None, None, k)
     assert torch.equal(ys[1], ys[0])
     # 2-row tiles keep the old step (the H200 gave wrong sums with this one)

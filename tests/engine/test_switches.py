@@ -61,7 +61,7 @@ SWITCHES = [
     Switch("SPARKD_MOE_DECODE", "sparkd.engine.layers.moe", "sorted(m.DECODE_ON)", "ids,gather",
            {UNSET: ["fold", "ids", "quant_h", "residual", "router"], "none": [], "ids,fold": ["fold", "ids"]},
            ("all", "none", "ids", "fold", "residual", "quant_h", "router")),
-    Switch("SPARKD_MOE_TILES", "sparkd.engine.kernels.moe", "m.TILES", "olde",
+    Switch("SPARKD_MOE_TILES", "sparkd.engine.kernels.moe_tiles", "m.TILES", "olde",
            {UNSET: "new", "new": "new", "s6": "s6", "s5": "s5", "old": "old"}, ("old", "s5", "s6", "new")),
     Switch("SPARKD_GEMV_SPLIT", "sparkd.engine.kernels.matmul", "m.SPLIT_RULE", "fast",
            {UNSET: "wave", "wave": "wave", "Old": "old"}, ("wave", "old")),

@@ -197,7 +197,8 @@ class MoE(nn.Module):
     def _decode(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
                 qx=None) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import GemvConfig
-        from sparkd.engine.kernels.moe import decode_tiles, moe_decode
+        from sparkd.engine.kernels.moe import moe_decode
+        from sparkd.engine.kernels.moe_tiles import decode_tiles
 
         # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
         tiles = {} if x.is_cuda else {"gate_up": GemvConfig(block_n=64), "down": GemvConfig(block_n=64, split=2)}

@@ -1,0 +1,130 @@
+"""The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
+runs them), each table with the H200 measurement that chose it, and the older sets kept to time
+against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, new)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sparkd.engine import switches
+from sparkd.engine.kernels import dispatch
+from sparkd.engine.kernels.matmul import GemvConfig
+
+if TYPE_CHECKING:
+    from sparkd.engine.kernels.moe import PreparedTable
+
+# decode tiles (gate/up, down): the H200 sweeps (docs/performance.md); the integer families' from
+# the session-3 sweep (bench/results/kernels_h200_s3.log, per-group reduction: elementwise=False)
+GATE_UP_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=2)
+DOWN_CONFIG = GemvConfig(block_n=4, num_warps=1, unroll=1)
+# the down tile splits the A experts into 8 ranges folded in order: deterministic, and on the H200
+# (moe 2048x768 top-8, session 3 --compare run) 32.8 us vs 38.3 unsplit for Q8_0, 30.7 vs 43.4 for
+# Q4_K; the old atomic sum took 29.3 / 29.0. Session 4 (kern6, H200): Q4_K 23.4 us per 2048x768
+# top-8 layer vs 30.7 for 16 rows / 4 warps. OLD_DECODE_TILES: these, at every shape.
+OLD_DECODE_TILES = {
+    "Q8_0": (GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=False),
+             GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False, split=8)),
+    "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
+             GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=8)),
+}
+# session 5 (moe8, H200, bench/moe_tiles_bench.py, bench/results/moe_tiles_h200_s5*): gate/up in
+# two-group steps into the elementwise tile at every shape (<= 64 registers: 32 one-warp programs
+# per SM; Q8_0 2048x768 top-8 20.5 -> 17.5 us, 7168x2048 122 -> 112 us; Q4_K 7168x2048 80 -> 57 us);
+# the down as before up to S5_LARGE_DOWN_TILES' model width, its tile from there
+S5_DECODE_TILES = {
+    "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q8_0"][1]),
+    "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True), OLD_DECODE_TILES["Q4_K"][1]),
+}
+# (model width from which, down tile): Q8_0 7168x2048 top-8 down 79.6 -> 66.2 us (at 4096 the old
+# tile stays faster: 30.2 vs 34.4 us); Q4_K two ranges of 4 experts, 4096x1536 17.8 -> 16.6 us,
+# 7168x2048 41.2 -> 33.0 us (at 2048 the old 8 ranges: 7.5 vs 9.7 us for two ranges)
+S5_LARGE_DOWN_TILES = {
+    "Q8_0": (6144, GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True, split=8)),
+    "Q4_K": (4096, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=2)),
+}
+# session 6 (moe9, with Kernels(); H200 sweep bench/results/moe_tiles_h200_s6_call1.log, top-8):
+# Q8_0 gate/up 2/1/2/e with words and the pair loop (7168x2048 111.3 -> 97.5 us, 4096x1536 55.1 ->
+# 43.9, 2048x768 17.3 -> 14.9); Q4_K gate/up one group of both rows per step (two groups: 99
+# registers, offline SASS; 7168x2048 57.2 -> 50.4 us); Q8_0 down 4/1/1/g with words (no barrier in
+# the loop: 19 shuffles -> 7; 2048x768 9.9 -> 8.9 us, 4096x1536 29.8 -> 25.9)
+DECODE_TILES = {
+    "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True),
+             GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False, split=8)),
+    "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), S5_DECODE_TILES["Q4_K"][1]),
+    # session 6 (q6k9, with session 5's kernels; H200, bench/results/gemv_tiles_h200_s6_q6k.log):
+    # a Q4_K_M file's Q6_K down, 2048x768 top-8 with Q4_K gate/up, 31.2 us at DOWN_CONFIG -> 22.5 us at Q4_K's down tile (of 5);
+    # a Q6_K gate/up keeps GATE_UP_CONFIG (not measured)
+    "Q6_K": (GATE_UP_CONFIG, GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=8)),
+}
+# (model width from which, gate/up tile or None: as below, down tile or None), in rising width:
+# Q8_0 from 6144 gate/up one group per step (7168x2048 97.5 -> 86.5 us; at 4096 46.6 vs 43.9) and
+# down 2 rows / 2 groups (64.7 s5 -> 52.1 us); Q4_K down 4 ranges of 2 experts at 4096 (16.5 ->
+# 15.2 us, as session 5's sweep had it), 2 ranges of 4 from 6144 (32.3 -> 31.8; 4 ranges 34.5)
+WIDTH_TIERS = {
+    "Q8_0": [(6144, GemvConfig(block_n=2, num_warps=1, unroll=1, elementwise=True),
+              GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True, split=8))],
+    "Q4_K": [(4096, None, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=4)),
+             (6144, None, S5_LARGE_DOWN_TILES["Q4_K"][1])],
+}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Which code the decode launches run, beside their tiles (session 6): words, Q8_0 weights as
+    aligned 32-bit words where the table allows (q8_0_words; PreparedTable.*_words); pair, gate
+    and up rows in one loop over x (_gate_up_idot); round 2 (moe10): q4k_vec / q4k_vec_down, Q4_K
+    headers as vectors (_q4_k_vec; H200 7168x2048 top-8 layer 82.5 -> 78.2 us). (A down looping over
+    all of a range's experts in each step was slower on the H200 at every shape but one and was
+    removed: docs/performance.md, session 6 moe10.)"""
+
+    words: bool = True
+    pair: bool = True
+    # Q4_K headers as one 128-bit load where rows start on 16 bytes (_q4_k_vec; PreparedTable.*_vec):
+    # in gate/up, in the down
+    q4k_vec: bool = True
+    q4k_vec_down: bool = True
+
+
+OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False)  # sessions 4 and 5
+S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False)  # session 6's first round (moe9)
+TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS
+TILE_SETS = ("old", "s5", "s6", "new")
+TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
+
+
+def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
+    """The default (gate/up, down) tiles for the table's families and shape: which "new" and "s6"
+    (session 6's rule; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
+    every shape); default $SPARKD_MOE_TILES."""
+    which = which or TILES
+    if which not in TILE_SETS:
+        raise dispatch.KernelArgumentError(f"could not pick the MoE decode tiles: {which!r} (${TILES_ENV} or "
+                                           f"which) is not one of {', '.join(TILE_SETS)}")
+    fallback = (GATE_UP_CONFIG, DOWN_CONFIG)
+    if which == "old":
+        return (OLD_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0],
+                OLD_DECODE_TILES.get(p.down.qtype.name, fallback)[1])
+    if which == "s5":
+        down = S5_DECODE_TILES.get(p.down.qtype.name, fallback)[1]
+        large = S5_LARGE_DOWN_TILES.get(p.down.qtype.name)
+        if large is not None and p.table.dim >= large[0]:
+            down = large[1]
+        return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
+    gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
+    return (_tier(gu_name, p.table.dim, 1, DECODE_TILES.get(gu_name, fallback)[0]),
+            _tier(d_name, p.table.dim, 2, DECODE_TILES.get(d_name, fallback)[1]))
+
+
+def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
+    """tile, or that of the widest WIDTH_TIERS entry of the type up to model width dim that sets
+    one (at 1: the gate/up tile, 2: the down tile)."""
+    for tier in WIDTH_TIERS.get(name, []):
+        if dim >= tier[0] and tier[at] is not None:
+            tile = tier[at]
+    return tile
+
+
+def decode_kernels(which: str | None = None) -> Kernels:
+    """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
+    return {"new": Kernels(), "s6": S6_KERNELS}.get(which or TILES, OLD_KERNELS)
