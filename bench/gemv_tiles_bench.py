@@ -17,7 +17,8 @@ weights are, timed the same way): the small shapes cannot reach the large copy's
 launch and its drain take microseconds whatever the size.
 
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q4T,Q6_K] [--moe]
-       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--compile-workers N]
+       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--q4t-sweep]
+       [--compile-workers N]
 
 --vs-s5 (session 6): "s5 default" (GEMV_TILES' tile at session 5's split rule, matmul.split_for
 rule "old", as an explicit split) next to "default" and S6_CANDIDATES; --qx: x quantized once before the timed calls, as the
@@ -85,6 +86,11 @@ S6_CANDIDATES = {  # --vs-s5 (session 6, q4k10): the split by hand around the wa
     "Q4T": ["vector:4/1/4/e/1", "vector:4/1/4/e/2", "vector:4/1/4/e/4", "vector:4/1/4/e/8", "vector:4/1/8/e/1",
             "vector:4/1/2/e/2"],  # (2-row tiles: wrong sums on the H200, refused)
 }
+# --q4t-sweep (session 6, q4k11): tiled Q4_K at 8 rows per program (two 4-row tiles), 1 or 2 warps, 2/4/8
+# groups per step, split by the wave rule (0) or by hand, 128- vs 64-bit x sums; 4-row neighbours of the default
+Q4T_SWEEP = [f"vector:8/{w}/{u}/e/{s}" for w, us in ((1, (2, 4, 8)), (2, (2, 4))) for u in us for s in (0, 1, 2, 4)] + [
+    "vector64:8/1/4/e", "vector64:8/1/2/e", "vector64:4/1/4/e", "vector:4/1/2/e", "vector:4/1/8/e", "vector:4/2/4/e"]
+Q4T_SWEEP_ON = False
 # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG, what runs without a DECODE_TILES entry)
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "4/1/2/e/8", "8/2/2/e/8"]
 FLOAT_DOWN = True  # --no-float-down: leave out the float down's row
@@ -175,6 +181,7 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
         firsts = [("default", None, {})] if base is None else [("old default", base, {})]
         firsts += [("default", None, {})] if name in GGUF_BASES or (base is not None and GEMV_TILES[key] != base) else []
     cands = (S6_CANDIDATES if VS_S5 else CANDIDATES).get(name, []) if CANDIDATES_ON else []
+    cands = Q4T_SWEEP if Q4T_SWEEP_ON and name == "Q4T" else cands
     tried = [(t, tile(t.rpartition(":")[2]), dict(loads=t.rpartition(":")[0]) if ":" in t else {}) for t in cands]
     return firsts + tried
 
@@ -223,8 +230,8 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
 def warm(job: tuple) -> str:
     """Compile one row's kernel (a worker process: Triton's disk cache for the timed run)."""
     name, rows, cols, label, flags = job
-    global VS_S5, QX, CANDIDATES_ON
-    VS_S5, QX, CANDIDATES_ON = flags
+    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON
+    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON = flags
     try:
         qtype, _, _, _, run = weights(name, rows, cols, rotate=False)
         x = torch.randn(cols, device=DEV)
@@ -242,7 +249,7 @@ def warm(job: tuple) -> str:
 
 def precompile(names: list[str], shapes: list[tuple[int, int]], workers: int) -> None:
     """Every row's kernel compiled by `workers` processes first (each tile once per shape)."""
-    flags = (VS_S5, QX, CANDIDATES_ON)
+    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON)
     jobs = [(name, r, c, label, flags) for name in names for r, c in shapes
             for label, _, _ in row_tiles(name, r, c)]
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
@@ -340,10 +347,12 @@ def main() -> None:
     ap.add_argument("--no-float-down", action="store_true", help="--moe-q6k without the float down's row")
     ap.add_argument("--vs-s5", action="store_true", help="session 5's tile and split rule first, S6_CANDIDATES")
     ap.add_argument("--qx", action="store_true", help="x quantized before the timed calls (the engine's path)")
+    ap.add_argument("--q4t-sweep", action="store_true", help="Q4T's rows: Q4T_SWEEP instead of CANDIDATES")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling every row first (0: none)")
     args = ap.parse_args()
-    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN
+    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON
     CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN = not args.defaults_only, args.vs_s5, args.qx, not args.no_float_down
+    Q4T_SWEEP_ON = args.q4t_sweep
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(args.types.split(","), shapes, args.compile_workers)
