@@ -121,6 +121,7 @@ def cmd_logits(a) -> int:
 
 
 def cmd_generate(a) -> int:
+    feed = _feed_tokens(a.feed_tokens, a.model) if a.feed_tokens else None  # bad lists fail before torch loads
     import torch
 
     from sparkd.engine.cuda_graphs import StaticDecode, use_graphs
@@ -158,10 +159,15 @@ def cmd_generate(a) -> int:
         drawing = step.begin_sampling(sample.params, ids)  # temperature: drawn on the GPU (graph step)
         on_device = drawing or (step.device_argmax and sample.plain_argmax)  # one int back per step
         picked = None
-        while len(out) < a.n:
-            nxt = picked if picked is not None else sample(logits[-1], ids + out)
+        limit = a.n if feed is None else min(a.n, len(feed))
+        agreed, stop = 0, "n"
+        while len(out) < limit:
+            pick = picked if picked is not None else sample(logits[-1], ids + out)
+            nxt = pick if feed is None else feed[len(out)]  # the pick is made either way: same timed work
+            agreed += pick == nxt
             out.append(nxt)
             if nxt in tok.eog_ids:
+                stop = "eog"
                 break
             if on_device:
                 picked = step.next_token(nxt)
@@ -172,6 +178,11 @@ def cmd_generate(a) -> int:
         t2 = time.perf_counter()
         res = {"text": tok.decode(out), "tokens": out, "prompt_tokens": len(ids),
                "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0}
+        if feed is not None:
+            if stop == "n" and len(out) == len(feed) and len(feed) <= a.n:
+                stop = "feed_end" if len(feed) < a.n else "n_and_feed_end"
+            res["feed"] = {"path": a.feed_tokens, "listed": len(feed), "fed": len(out), "agreed": agreed,
+                           "stopped": stop}
         if sm:
             res["stream"] = _decode_stats(before, sm.store.snapshot(), prof.report(
                 sm.store.stats.wait_seconds - before["wait_seconds"]), sm.plan)
@@ -180,6 +191,10 @@ def cmd_generate(a) -> int:
         (sm or m).close()
     print(json.dumps(res) if a.json else
           f"{res['text']}\nprompt {res['prompt_tok_s']:.1f} tok/s, decode {res['decode_tok_s']:.1f} tok/s")
+    if feed is not None and not a.json:
+        fd = res["feed"]
+        print(f"fed {fd['fed']} of {fd['listed']} listed tokens from {fd['path']} (stopped: "
+              f"{_STOPS[fd['stopped']]}); {fd['agreed']} of the picks agreed", file=sys.stderr)
     if sm and not a.json:
         st = res["stream"]
         print(f"decode: {st['bytes_per_token'] / 2**20:.2f} MiB/token read, hit rate {st['hit_rate']:.3f}, "
@@ -190,6 +205,37 @@ def cmd_generate(a) -> int:
                   f"{st['vram_admissions']} admitted, {st['vram_copies_overlapped']} copies overlapped, "
                   f"{st['vram_bytes_copied'] / 2**20:.1f} MiB copied", file=sys.stderr)
     return 0
+
+
+_STOPS = {"n": "-n reached", "feed_end": "end of the list", "n_and_feed_end": "-n reached, the list's end too",
+          "eog": "an end-of-generation token"}
+
+
+def _feed_tokens(path: str, model: str) -> list[int]:
+    """--feed-tokens: a JSON list of token ids (or {"tokens": [...]}, an earlier --json output),
+    each checked against the model's vocabulary (read from the GGUF header alone)."""
+    from sparkd.engine.gguf_file import GGUFModel
+    from sparkd.engine.models import config_of
+
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EngineError(f"could not read --feed-tokens {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise EngineError(f"could not parse --feed-tokens {path} as JSON: {exc}") from None
+    if isinstance(data, dict) and "tokens" in data:
+        data = data["tokens"]
+    if not isinstance(data, list) or not data or not all(type(t) is int for t in data):
+        raise EngineError(f"could not use --feed-tokens {path}: expected a non-empty JSON list of integer "
+                          "token ids, e.g. [1, 2, 3] (or an earlier --json output's object with \"tokens\")")
+    with GGUFModel.open(model) as g:
+        n_vocab = config_of(g).n_vocab
+    bad = [t for t in data if not 0 <= t < n_vocab]
+    if bad:
+        raise EngineError(f"could not feed token ids {bad[:5]} from {path}: the vocabulary has {n_vocab} tokens")
+    return data
 
 
 def _decode_stats(before: dict, after: dict, profile: dict, plan) -> dict:
@@ -301,6 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--min-p", type=float, default=0.0)
             s.add_argument("--seed", type=int)
             s.add_argument("--resident", action="store_true", help="all experts in memory, no streaming")
+            s.add_argument("--feed-tokens", metavar="FILE",
+                           help="JSON list of token ids (or an earlier --json output, its \"tokens\"): each "
+                                "decode step feeds the next listed id instead of its pick (the pick is still "
+                                "made); stops after -n tokens or the list's end, whichever comes first. For "
+                                "benchmarks whose continuation must not depend on numerics")
             add_stream_options(s, parse_size)
         s.add_argument("--device", default="cpu", help="cpu, or cuda: weights stay GGUF blocks in GPU "
                                                       "memory, multiplied by the Triton kernels")
