@@ -20,7 +20,9 @@
 # Usage (device tool, carry [".whl", ".cache"]): bash bench/gpu_box/cuda_side_by_side.sh
 # Knobs: LAYERS=12 QUANTS="Q8_0 Q4_K" ("": no resident runs) TOKENS=128 STREAM_SIZE=10G STREAM_BUDGET=3G
 #        STREAM_TOKENS=16 LLAMA_STREAM_TOKENS=$STREAM_TOKENS STREAM_VRAM_BUDGETS="auto 0 1G 2G" STREAM_ARGS="" (more generate flags for
-#        every streaming run, e.g. "--prefetch 16") DISK_BLOCKS=1M,4M DISK_DEPTHS=8,64 DISK_SECONDS=1.5
+#        every streaming run, e.g. "--prefetch 16") STREAM_FEED=bench/gpu_box/stream_tokens_s6.json (passed to every
+#        sparkd streaming run as --feed-tokens: the same decoded tokens, hence the same experts read, whatever the
+#        kernels' numerics; session 6's 64 greedy tokens for prompt 1..8, so more STREAM_TOKENS stop at 64; "": greedy, the continuation the run picks) DISK_BLOCKS=1M,4M DISK_DEPTHS=8,64 DISK_SECONDS=1.5
 #        STREAM_TIMEOUT=120 (per engine streaming run) LLAMA_STREAM_TIMEOUT=$STREAM_TIMEOUT DEVICE=cuda (cpu: dry run) LLAMA_WAIT=900 (longest wait for the build) CUDA_GRAPHS="off on" (modes passed as --cuda-graphs; "" for an engine without the flag)
 #        BUILD_ONLY=1 (build llama-bench, nothing else) LLAMA=0 (no llama.cpp build or runs) STREAM=0 (no streaming runs)
 #        OUT=... WORK=...
@@ -35,6 +37,7 @@ CUDA_GRAPHS=${CUDA_GRAPHS-off on}; BUILD_ONLY=${BUILD_ONLY:-0}; STREAM=${STREAM:
 LLAMA_STREAM_TOKENS=${LLAMA_STREAM_TOKENS:-$STREAM_TOKENS}; LLAMA_STREAM_TIMEOUT=${LLAMA_STREAM_TIMEOUT:-$STREAM_TIMEOUT}
 DEVICE=${DEVICE:-cuda}  # cpu: a dry run of the script's steps on a machine without a GPU
 STREAM_VRAM_BUDGETS=${STREAM_VRAM_BUDGETS-auto 0 1G 2G}; STREAM_ARGS=${STREAM_ARGS:-}
+STREAM_FEED=${STREAM_FEED-bench/gpu_box/stream_tokens_s6.json}  # llama.cpp's runs decode their own tokens
 DISK_BLOCKS=${DISK_BLOCKS:-1M,4M}; DISK_DEPTHS=${DISK_DEPTHS:-8,64}; DISK_SECONDS=${DISK_SECONDS:-1.5}
 SDIST=${SDIST:-.cache/llama_cpp_python-0.3.36.tar.gz}
 PY=${PY:-python3}
@@ -141,11 +144,12 @@ if [ "$STREAM" = 1 ]; then
     --seconds "$DISK_SECONDS" --json --no-save > "$OUT/disk.json" 2> "$OUT/disk.err" || log "disk-bench failed: $(tail -3 "$OUT/disk.err")"
   log "disk-bench: $(grep -o '"mb_per_second": [0-9.]*' "$OUT/disk.json" | sort -t: -k2 -n | tail -1)"
   RUN=(in_cg); TOKENS=$STREAM_TOKENS; TIMEOUT=$STREAM_TIMEOUT
+  FEED_FLAG=(); [ -n "$STREAM_FEED" ] && FEED_FLAG=(--feed-tokens "$STREAM_FEED")
   for VB in $STREAM_VRAM_BUDGETS; do  # auto: the engine's default; 0: no VRAM cache (zero-copy)
     case $VB in auto) vflag=(--unified auto) ;; 0) vflag=(--unified on) ;; *) vflag=(--unified auto --vram-budget "$VB") ;; esac
     cg_new "$STREAM_BUDGET"
     # shellcheck disable=SC2086  # STREAM_ARGS is a list of flags
-    engine_gen "$SM" "" "stream_Q8_0_vram-$VB" "${vflag[@]}" "${BUDGET_FLAG[@]}" $STREAM_ARGS
+    engine_gen "$SM" "" "stream_Q8_0_vram-$VB" "${vflag[@]}" "${BUDGET_FLAG[@]}" "${FEED_FLAG[@]}" $STREAM_ARGS
     cat "$CG/memory.peak" > "$OUT/memory_peak_engine_stream_Q8_0_vram-$VB.txt" 2>/dev/null || true
   done
   if [ "$LLAMA" = 1 ]; then
