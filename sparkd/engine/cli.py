@@ -155,47 +155,70 @@ def cmd_generate(a) -> int:
         t1 = time.perf_counter()
         before = sm.store.snapshot() if sm else {}
         prof = StageProfile(m.net, step) if sm else None
-        out: list[int] = []
-        drawing = step.begin_sampling(sample.params, ids)  # temperature: drawn on the GPU (graph step)
-        on_device = drawing or (step.device_argmax and sample.plain_argmax)  # one int back per step
-        picked = None
         limit = a.n if feed is None else min(a.n, len(feed))
-        agreed, stop = 0, "n"
-        while len(out) < limit:
-            pick = picked if picked is not None else sample(logits[-1], ids + out)
-            nxt = pick if feed is None else feed[len(out)]  # the pick is made either way: same timed work
-            agreed += pick == nxt
-            out.append(nxt)
-            if nxt in tok.eog_ids:
-                stop = "eog"
-                break
-            if on_device:
-                picked = step.next_token(nxt)
-            else:
-                logits = step(nxt)
-            if sm:
-                sm.store.note_tokens(1)
+        out, agreed, eog = _decode(step, sample, logits, ids, limit, feed, tok.eog_ids, sm.store if sm else None)
         t2 = time.perf_counter()
         res = {"text": tok.decode(out), "tokens": out, "prompt_tokens": len(ids),
                "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0}
         if feed is not None:
-            if stop == "n" and len(out) == len(feed) and len(feed) <= a.n:
-                stop = "feed_end" if len(feed) < a.n else "n_and_feed_end"
             res["feed"] = {"path": a.feed_tokens, "listed": len(feed), "fed": len(out), "agreed": agreed,
-                           "stopped": stop}
+                           "stopped": _feed_stop(eog, len(out), len(feed), a.n)}
         if sm:
             res["stream"] = _decode_stats(before, sm.store.snapshot(), prof.report(
                 sm.store.stats.wait_seconds - before["wait_seconds"]), sm.plan)
             prof.remove()
     finally:
         (sm or m).close()
-    print(json.dumps(res) if a.json else
+    _print_generated(res, a.json)
+    return 0
+
+
+def _decode(step, sample, logits, prompt: list[int], limit: int, feed: list[int] | None, eog_ids,
+            store) -> tuple[list[int], int, bool]:
+    """Up to `limit` tokens after the prompt's `logits`: each step's pick (on the device where the
+    step can: one int back), or feed's next id in its place (the pick is made either way: the same
+    timed work). Returns (the tokens, how many picks equal them, whether an end-of-generation token
+    stopped it); store (streaming) counts the tokens."""
+    drawing = step.begin_sampling(sample.params, prompt)  # temperature: drawn on the GPU (graph step)
+    on_device = drawing or (step.device_argmax and sample.plain_argmax)
+    out: list[int] = []
+    agreed, picked = 0, None
+    while len(out) < limit:
+        pick = picked if picked is not None else sample(logits[-1], prompt + out)
+        nxt = pick if feed is None else feed[len(out)]
+        agreed += pick == nxt
+        out.append(nxt)
+        if nxt in eog_ids:
+            return out, agreed, True
+        if on_device:
+            picked = step.next_token(nxt)
+        else:
+            logits = step(nxt)
+        if store is not None:
+            store.note_tokens(1)
+    return out, agreed, False
+
+
+def _feed_stop(eog: bool, fed: int, listed: int, n: int) -> str:
+    """Why a fed run stopped (_STOPS' keys)."""
+    if eog:
+        return "eog"
+    if fed < listed:
+        return "n"
+    return "feed_end" if listed < n else "n_and_feed_end"
+
+
+def _print_generated(res: dict, as_json: bool) -> None:
+    """generate's result: one JSON object, or the text and its speeds (stream and feed lines to stderr)."""
+    print(json.dumps(res) if as_json else
           f"{res['text']}\nprompt {res['prompt_tok_s']:.1f} tok/s, decode {res['decode_tok_s']:.1f} tok/s")
-    if feed is not None and not a.json:
+    if as_json:
+        return
+    if "feed" in res:
         fd = res["feed"]
         print(f"fed {fd['fed']} of {fd['listed']} listed tokens from {fd['path']} (stopped: "
               f"{_STOPS[fd['stopped']]}); {fd['agreed']} of the picks agreed", file=sys.stderr)
-    if sm and not a.json:
+    if "stream" in res:
         st = res["stream"]
         print(f"decode: {st['bytes_per_token'] / 2**20:.2f} MiB/token read, hit rate {st['hit_rate']:.3f}, "
               f"retention {st['retention']:.3f}, {st['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s while "
@@ -204,7 +227,6 @@ def cmd_generate(a) -> int:
             print(f"vram: hit rate {st['vram_hit_rate']:.3f} ({st['vram_hits']} of {st['vram_requests']}), "
                   f"{st['vram_admissions']} admitted, {st['vram_copies_overlapped']} copies overlapped, "
                   f"{st['vram_bytes_copied'] / 2**20:.1f} MiB copied", file=sys.stderr)
-    return 0
 
 
 _STOPS = {"n": "-n reached", "feed_end": "end of the list", "n_and_feed_end": "-n reached, the list's end too",
