@@ -120,7 +120,7 @@ def cuda_main(out: Path) -> None:
     print("| run | decode tok/s | / llama.cpp | MiB read/token | ratio to cache-adjusted I/O bound "
           "| read GB/s while misses outstanding (/ bound) | VRAM hit rate | host-cache hit rate | memory.peak GB |")
     print("|" + "---|" * 9)
-    profiles = []
+    profiles, feeds = [], []
     for f in sorted(out.glob("engine_stream_*.json")):
         tag = f.stem[len("engine_"):]
         g = _json(f)
@@ -131,6 +131,11 @@ def cuda_main(out: Path) -> None:
         row, prof = cuda_row(tag, g, bound, llama_ts, peak)
         print(row)
         profiles.append(prof)
+        if "feed" in g:  # generate --feed-tokens: the same tokens, so the same experts, run to run
+            fd = g["feed"]
+            feeds.append(f"- {tag}: {fd['fed']} tokens fed from {fd['path']}; {fd['agreed']} of the picks agreed")
+    if feeds:
+        print("\nTokens fed instead of the picks (STREAM_FEED):\n\n" + "\n".join(feeds))
     print("\nPer-stage profile, ms per decode token (host wall unless GPU; expert compute = the MoE layer's "
           "host time minus router and read wait, so it holds host sync, VRAM admission and the table; GPU "
           "columns are CUDA event spans):\n")
