@@ -15,3 +15,11 @@ def run_engine(*args: str, timeout: float = 300, extra_env: dict | None = None,
     env = dict(os.environ, PYTHONPATH=path, **(extra_env or {}))
     return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True,
                           text=True, env=env, timeout=timeout, check=False, **kw)
+
+
+def tiny_model(path, layers: int, seed: int):
+    """A tiny qwen3moe Q8_0 GGUF at path, written by `sparkd-engine make-model` (the vocabulary: 512)."""
+    r = run_engine("make-model", "--arch", "qwen3moe", "--quant", "Q8_0", "--layers", str(layers), "--seed",
+                   str(seed), str(path))
+    assert r.returncode == 0, r.stderr
+    return path

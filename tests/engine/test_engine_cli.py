@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from engine_cli import run_engine
+from engine_cli import run_engine, tiny_model
 
 
 run = run_engine
@@ -15,10 +15,7 @@ run = run_engine
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cli") / "m.gguf"
-    r = run("make-model", "--arch", "qwen3moe", "--quant", "Q8_0", "--layers", "3", "--seed", "1", str(path))
-    assert r.returncode == 0, r.stderr
-    return path
+    return tiny_model(tmp_path_factory.mktemp("cli") / "m.gguf", layers=3, seed=1)
 
 
 def test_inspect_json(model):

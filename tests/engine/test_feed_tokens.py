@@ -4,7 +4,7 @@ must not depend on kernel numerics of a random model), its JSON record, and its 
 import json
 
 import pytest
-from engine_cli import run_engine
+from engine_cli import run_engine, tiny_model
 
 run = run_engine
 VOCAB = 512  # the tiny qwen3moe's
@@ -12,10 +12,7 @@ VOCAB = 512  # the tiny qwen3moe's
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("feed") / "m.gguf"
-    r = run("make-model", "--arch", "qwen3moe", "--quant", "Q8_0", "--layers", "2", "--seed", "3", str(path))
-    assert r.returncode == 0, r.stderr
-    return path
+    return tiny_model(tmp_path_factory.mktemp("feed") / "m.gguf", layers=2, seed=3)
 
 
 def _write(tmp_path, data, name="feed.json"):
