@@ -27,6 +27,7 @@ from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.kernels import grids, iq1_s, iq2_xs, iq2_xxs, iq3_xxs  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
+from test_kernels import numpy_rng  # noqa: E402
 
 FAMILIES = {m.FAMILY.qtype: m.FAMILY for m in (iq2_xxs, iq2_xs, iq3_xxs, iq1_s)}
 BACKENDS = [
@@ -35,14 +36,13 @@ BACKENDS = [
                        "runs where there is no GPU")),
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
-_rng = np.random.default_rng()
 
 
 def iq_blocks(qtype: T, n_blocks: int) -> torch.Tensor:
     """Random valid blocks: random bytes, f16 scale d at byte 0 finite (1e-3..1e-1, both signs)."""
-    fam = FAMILIES[qtype]
-    b = _rng.integers(0, 256, (n_blocks, fam.block_bytes), dtype=np.uint8)
-    d = _rng.choice([-1.0, 1.0], n_blocks) * 10.0 ** _rng.uniform(-3, -1, n_blocks)
+    fam, rng = FAMILIES[qtype], numpy_rng()
+    b = rng.integers(0, 256, (n_blocks, fam.block_bytes), dtype=np.uint8)
+    d = rng.choice([-1.0, 1.0], n_blocks) * 10.0 ** rng.uniform(-3, -1, n_blocks)
     b[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return torch.from_numpy(b.reshape(-1))
 
@@ -102,7 +102,7 @@ def test_every_grid_entry_and_sign(qtype):
         g[:, :, :4] = torch.from_numpy(idx.reshape(-1, 8, 4).astype(np.uint8))
         words = np.arange(raw.shape[0] * 32).reshape(-1, 8, 4) % 128  # every sign index twice
         aux = (words[..., 0] | words[..., 1] << 7 | words[..., 2] << 14 | words[..., 3] << 21)
-        aux = aux | (_rng.integers(0, 16, aux.shape) << 28)
+        aux = aux | (numpy_rng().integers(0, 16, aux.shape) << 28)
         g[:, :, 4:] = torch.from_numpy(aux.astype("<u4").view(np.uint8).reshape(-1, 8, 4))
     elif qtype == T.IQ2_XS:  # u16 words: 9-bit index | 7-bit sign index
         words = idx | ((idx % 128) << 9)
@@ -112,7 +112,7 @@ def test_every_grid_entry_and_sign(qtype):
     else:  # IQ1_S: low 8 bits in qs, high 3 bits of index 4s+l in bits 3l of qh[s]
         raw[:, 2:34] = torch.from_numpy((idx & 0xFF).astype(np.uint8))
         high = (idx >> 8).reshape(-1, 8, 4)
-        qh = (high * (1 << (3 * np.arange(4)))).sum(-1) | (_rng.integers(0, 16, high.shape[:2]) << 12)
+        qh = (high * (1 << (3 * np.arange(4)))).sum(-1) | (numpy_rng().integers(0, 16, high.shape[:2]) << 12)
         raw[:, 34:50] = torch.from_numpy(qh.astype("<u2").view(np.uint8).reshape(-1, 16))
     raw = raw.reshape(-1).contiguous()
     rows = raw.numel() // fam.block_bytes
