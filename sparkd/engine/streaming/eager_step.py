@@ -6,11 +6,7 @@ the host per layer, so decode stays eager), given the graph step's two host cuts
   the GEMV's own quantization, so the same logits);
 - "device_pick": a greedy request's token is torch.argmax of the logits on the device
   (sampler.greedy_pick, the host sampler's own op: ties and NaN resolve the same way) and one int
-  comes back instead of the logits row;
-
-and one of its own for streamed MoE layers:
-- "parts_cache" (store.parts): an expert's file and slot layout is worked out once, not on every
-  read and every kernel table.
+  comes back instead of the logits row.
 
 $SPARKD_EAGER_STEP switches them: "all" (unset), "none", or names separated by commas, read once at
 import (configure() for tests).
@@ -23,7 +19,7 @@ import torch
 
 from sparkd.engine import switches
 
-PARTS = ("norm_quant", "device_pick", "parts_cache")
+PARTS = ("norm_quant", "device_pick")
 ENV = "SPARKD_EAGER_STEP"
 
 

@@ -23,7 +23,6 @@ from sparkd.engine.gguf_file import GGUFModel, TensorInfo
 from sparkd.engine.layers.act_round import vec_dot_format
 from sparkd.engine.layers.experts import DOWN, GATE, UP, ExpertWeights
 from sparkd.engine.quants import dequantize
-from sparkd.engine.streaming import eager_step
 from sparkd.engine.streaming.arena import Arena
 from sparkd.engine.streaming.plan import MemoryPlan, bracket_bytes
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, make_policy
@@ -113,15 +112,12 @@ class StreamingExperts:
         return self._layers[il]
 
     def parts(self, il: int, expert: int) -> list[Part]:
-        """The expert's gate, up and down as they lie in the file and in a slot; kept per expert
-        (they never change) unless $SPARKD_EAGER_STEP leaves out parts_cache."""
+        """The expert's gate, up and down as they lie in the file and in a slot; made once per
+        expert (they never change; every read and kernel table asks)."""
         key = (il, expert)
-        parts = self._parts.get(key)
-        if parts is None:
-            parts = self._make_parts(il, expert)
-            if eager_step.on("parts_cache"):
-                self._parts[key] = parts
-        return parts
+        if key not in self._parts:
+            self._parts[key] = self._make_parts(il, expert)
+        return self._parts[key]
 
     def _make_parts(self, il: int, expert: int) -> list[Part]:
         out, at = [], 0

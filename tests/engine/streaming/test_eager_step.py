@@ -31,9 +31,9 @@ BACKENDS = [
 def test_parts_parse_and_unknown_names_are_a_clear_error():
     assert eager_step.parse("all") == frozenset(eager_step.PARTS)
     assert eager_step.parse("none") == eager_step.parse("") == frozenset()
-    assert eager_step.parse(" device_pick, parts_cache ") == {"device_pick", "parts_cache"}
+    assert eager_step.parse(" device_pick, norm_quant ") == {"device_pick", "norm_quant"}
     with pytest.raises(EngineError, match=r"could not switch the eager step's parts 'graphs': unknown graphs "
-                                          r"\(choose all, none or some of norm_quant, device_pick, parts_cache; "
+                                          r"\(choose all, none or some of norm_quant, device_pick; "
                                           r"SPARKD_EAGER_STEP\)"):
         eager_step.parse("graphs")
 
