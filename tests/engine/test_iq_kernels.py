@@ -27,7 +27,7 @@ from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.kernels import grids, iq1_s, iq2_xs, iq2_xxs, iq3_xxs  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
-from test_kernels import numpy_rng  # noqa: E402
+from test_kernels import numpy_rng, random_blocks  # noqa: E402
 
 FAMILIES = {m.FAMILY.qtype: m.FAMILY for m in (iq2_xxs, iq2_xs, iq3_xxs, iq1_s)}
 BACKENDS = [
@@ -36,15 +36,6 @@ BACKENDS = [
                        "runs where there is no GPU")),
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
-
-
-def iq_blocks(qtype: T, n_blocks: int) -> torch.Tensor:
-    """Random valid blocks: random bytes, f16 scale d at byte 0 finite (1e-3..1e-1, both signs)."""
-    fam, rng = FAMILIES[qtype], numpy_rng()
-    b = rng.integers(0, 256, (n_blocks, fam.block_bytes), dtype=np.uint8)
-    d = rng.choice([-1.0, 1.0], n_blocks) * 10.0 ** rng.uniform(-3, -1, n_blocks)
-    b[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
-    return torch.from_numpy(b.reshape(-1))
 
 
 @triton.jit
@@ -79,7 +70,7 @@ def test_dequant_matches_reference(backend, qtype):
     big = backend == "cuda"
     # odd row counts, a single row, a one-block row
     for rows, cols in ([(4099, 2048), (777, 256), (1, 512)] if big else [(7, 512), (5, 256), (1, 256)]):
-        raw = iq_blocks(qtype, rows * cols // 256)
+        raw = random_blocks(qtype, rows * cols // 256)
         got = dequant_rows(raw.to(backend), qtype, rows, cols, block_n=4)
         want = quants.dequantize(raw, qtype, (rows, cols))
         assert torch.equal(got[:rows], want), (
@@ -95,7 +86,7 @@ def test_every_grid_entry_and_sign(qtype):
     fam = FAMILIES[qtype]
     entries = {T.IQ2_XXS: 256, T.IQ2_XS: 512, T.IQ3_XXS: 256, T.IQ1_S: 2048}[qtype]
     per_block = {T.IQ2_XXS: 32, T.IQ2_XS: 32, T.IQ3_XXS: 64, T.IQ1_S: 32}[qtype]
-    raw = iq_blocks(qtype, entries // per_block).reshape(-1, fam.block_bytes)
+    raw = random_blocks(qtype, entries // per_block).reshape(-1, fam.block_bytes)
     idx = np.arange(entries).reshape(-1, per_block)
     if qtype == T.IQ2_XXS:  # byte 4j of each 8-byte group: 4 indices, then the sign/scale word
         g = raw[:, 2:].reshape(-1, 8, 8)
@@ -143,8 +134,8 @@ def test_moe_decode_kimi_k3_expert_mix(down_type, pinned):
     """16 experts at the real shapes, one buffer per projection (as KernelExperts holds them), or
     pinned host memory read in place (--unified on); reference dequantized by quants on the GPU."""
     n, D, F = K3_TOP, K3_DIM, K3_WIDTH
-    bufs = [iq_blocks(T.IQ1_S, n * F * D // 256), iq_blocks(T.IQ1_S, n * F * D // 256),
-            iq_blocks(down_type, n * D * F // 256)]
+    bufs = [random_blocks(T.IQ1_S, n * F * D // 256), random_blocks(T.IQ1_S, n * F * D // 256),
+            random_blocks(down_type, n * D * F // 256)]
     want = [quants.dequantize(bufs[0].cuda(), T.IQ1_S, (n, F, D)).double(),
             quants.dequantize(bufs[1].cuda(), T.IQ1_S, (n, F, D)).double(),
             quants.dequantize(bufs[2].cuda(), down_type, (n, D, F)).double()]
