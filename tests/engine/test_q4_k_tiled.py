@@ -22,7 +22,10 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from test_kernels import BACKENDS, BOUNDS, act_in, random_blocks, reference, rel_err  # noqa: E402
 
-from sparkd.engine.kernels import dispatch, q4_k_tiled  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from sparkd.engine.kernels import dispatch, q4_k, q4_k_tiled  # noqa: E402
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv  # noqa: E402
 
 # the default tile, 2 rows (half a packing tile), 8 rows on 2 warps with split-K in 2 ranges of 3
@@ -52,7 +55,7 @@ def test_tiled_gives_the_gguf_bits(backend, loads, config):
     rows, cols = (4100, 4096) if backend == "cuda" else (12, 768)  # whole tiles, not whole program tiles
     raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
     x = torch.randn(cols, device=backend)
-    tiled = q4_k_tiled.pack(raw, (rows, cols))
+    tiled = q4_k_tiled.pack(raw, (rows, cols), loads=loads)
     assert tiled.data.numel() == raw.numel()
     want = gemv(raw, T.Q4_K, (rows, cols), x, config=config)
     if loads != "scalar" and config.elementwise and config.block_n % q4_k_tiled.TILE_ROWS:
@@ -62,8 +65,56 @@ def test_tiled_gives_the_gguf_bits(backend, loads, config):
     got = q4_k_tiled.gemv(tiled, x, config=config, loads=loads)
     W, xr = reference(raw, T.Q4_K, (rows, cols)), act_in(T.Q4_K, x.cpu())
     assert rel_err(got, W @ xr, W.abs() @ xr.abs()) < BOUNDS["fp32"]
+    if loads in FLOAT_ORDER_CHANGED:
+        return  # the same integer sums (test_bytes_scales_are_q4_k_scales), the floats added in another order
     if backend == "cpu" or same_bits_on_cuda(loads, config):
         assert torch.equal(got, want)
+
+
+# steps that sum a thread's integer sums before the float step: y within the float bound, not q4_k's bits
+FLOAT_ORDER_CHANGED = ("bytes_sum",)
+
+
+@triton.jit
+def _both_scales(hdr_ptr, out_ptr):
+    """For block b's 16 header bytes at hdr_ptr + 16 b (GGUF order) and + 16 (B + b) (bytes order):
+    q4_k.scale_min_words' (sc, mn) of sub-blocks 0-7, then chunk_scales' by chunk j, as int32 [B, 2, 4, 4]."""
+    b = tl.program_id(0)
+    words = (hdr_ptr + 16 * b).to(tl.pointer_type(tl.int32))
+    bwords = (hdr_ptr + 16 * (tl.num_programs(0) + b)).to(tl.pointer_type(tl.int32))
+    j = tl.arange(0, 4)
+    a, bb, c = tl.load(words + 1 + 0 * j), tl.load(words + 2 + 0 * j), tl.load(words + 3 + 0 * j)
+    sc_lo, mn_lo = q4_k.scale_min_words(a, bb, c, 2 * j)
+    sc_hi, mn_hi = q4_k.scale_min_words(a, bb, c, 2 * j + 1)
+    got = q4_k_tiled.chunk_scales(tl.load(bwords + 1 + 0 * j), tl.load(bwords + 2 + 0 * j),
+                                  tl.load(bwords + 3 + 0 * j), j)
+    out = out_ptr + 32 * b + 4 * j
+    tl.store(out, sc_lo)
+    tl.store(out + 1, mn_lo)
+    tl.store(out + 2, sc_hi)
+    tl.store(out + 3, mn_hi)
+    tl.store(out + 16, got[0])
+    tl.store(out + 17, got[1])
+    tl.store(out + 18, got[2])
+    tl.store(out + 19, got[3])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bytes_scales_are_q4_k_scales(backend):
+    """The bytes layout keeps every block's 6-bit scales and mins (the integer sums' only other input
+    besides the qs and x, which it leaves alone): chunk_scales on the repacked header gives what
+    q4_k.scale_min_words gives on the file's, for every sub-block of blocks with every 6-bit value."""
+    n = 64
+    raw = random_blocks(T.Q4_K, n)
+    blocks = raw.view(n, 144)
+    blocks[:, 4:16] = torch.arange(n * 12, dtype=torch.int64).view(n, 12).mul(37).remainder(256).to(torch.uint8)
+    packed = q4_k_tiled.pack_raw(blocks.reshape(-1), (4, n * 64), loads="bytes")  # one tile of 4 rows
+    bytes_hdr = packed[n * 128:].view(n // 4, 4, 16).transpose(0, 1).reshape(-1)  # [group, row] -> block order
+    both = torch.cat([blocks[:, :16].reshape(-1), bytes_hdr]).to(backend)
+    out = torch.zeros(n, 2, 4, 4, dtype=torch.int32, device=backend)
+    _both_scales[(n,)](both, out)
+    assert torch.equal(out[:, 0], out[:, 1])
+    assert int(out[:, 0].max()) == 63 and int(out[:, 0].min()) == 0
 
 
 def test_the_default_loads_are_the_vector_step():
@@ -76,7 +127,8 @@ def test_the_default_loads_are_the_vector_step():
 def test_unknown_loads_is_a_clear_error():
     w = q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256))
     with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'wide' is "
-                                                           r"not one of \['scalar', 'vector', 'vector64'\]"):
+                                                           r"not one of \['bytes', 'bytes_sum', 'scalar', 'vector', "
+                                                           r"'vector64'\]"):
         q4_k_tiled.gemv(w, torch.zeros(256), loads="wide")
 
 
@@ -93,3 +145,28 @@ def test_tiled_layout_is_tiles_of_qs_then_headers():
                 blk = blocks[4 * t + lane, g]
                 assert torch.equal(data[t, g * 512 + lane * 128:][:128], blk[16:])
                 assert torch.equal(data[t, 1024 + g * 64 + lane * 16:][:16], blk[:16])
+
+
+def test_a_tensor_packed_for_another_step_is_refused():
+    """The bytes steps read another header order: a tensor packed for the GGUF one is refused, and back."""
+    raw = random_blocks(T.Q4_K, 4)
+    for packed_for, loads in (("vector", "bytes"), ("bytes", "vector")):
+        w = q4_k_tiled.pack(raw, (4, 256), loads=packed_for)
+        with pytest.raises(dispatch.KernelArgumentError, match=rf"could not run the Q4_K_TILED GEMV: loads '{loads}' "
+                                                               r"reads the \w+ header order, the tensor has the \w+ one"):
+            q4_k_tiled.gemv(w, torch.zeros(256), loads=loads)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bytes_layout_gemm_gives_the_gguf_bits(backend, monkeypatch):
+    """The GEMM's dequant on the bytes layout (what prefill runs when the bytes step is the default)."""
+    from sparkd.engine.kernels.matmul import gemm
+
+    rows, cols = (516, 2048) if backend == "cuda" else (8, 512)
+    raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
+    xs = torch.randn(3, cols, device=backend)
+    want = gemm(raw, T.Q4_K, (rows, cols), xs, precision="ieee")
+    monkeypatch.setitem(dispatch.LAYOUTS, q4_k_tiled.TILED, q4_k_tiled.FAMILIES["bytes"])
+    got = gemm(q4_k_tiled.pack_raw(raw, (rows, cols), loads="bytes"), q4_k_tiled.TILED, (rows, cols), xs,
+               precision="ieee")
+    assert torch.equal(got, want)
