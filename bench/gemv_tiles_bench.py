@@ -92,13 +92,11 @@ S6_CANDIDATES = {  # --vs-s5 (session 6, q4k10): the split by hand around the wa
 Q4T_SWEEP = [f"vector:8/{w}/{u}/e/{s}" for w, us in ((1, (2, 4, 8)), (2, (2, 4))) for u in us for s in (0, 1, 2, 4)] + [
     "vector64:8/1/4/e", "vector64:8/1/2/e", "vector64:4/1/4/e", "vector:4/1/2/e", "vector:4/1/8/e", "vector:4/2/4/e"]
 Q4T_SWEEP_ON = False
-# --q4t-s7 (session 7, q4k12): the load-only twin (q4t_twins: which bound) and the steps on the bytes
-# layout (its scale bytes regrouped: "bytes" the same bits as vector, "bytes_sum" an integer sum per
-# thread first) at the default tile and at 8 rows / 2 groups per step
-Q4T_S7 = ["loadonly:4/1/4/e", "loadonly:8/1/4/e", "bytes:4/1/4/e", "bytes_sum:4/1/4/e", "bytes:8/1/4/e",
-          "bytes_sum:8/1/4/e"]
+# --q4t-s7 (session 7, q4k12): the load-only twin (q4t_twins: which bound), session 6's step ("vector"),
+# the bytes step (the default since) at 8 rows (its rows there: bench/results/q4k12_h200_s7.log, with an
+# integer sum per thread first, "bytes_sum", no faster and since removed)
+Q4T_S7 = ["loadonly:4/1/4/e", "loadonly:8/1/4/e", "vector:4/1/4/e", "bytes:8/1/4/e"]
 Q4T_S7_ON = False
-BYTES_LOADS = ("bytes", "bytes_sum")  # the Q4T steps on q4_k_tiled's bytes layout
 # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG, what runs without a DECODE_TILES entry)
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "4/1/2/e/8", "8/2/2/e/8"]
 FLOAT_DOWN = True  # --no-float-down: leave out the float down's row
@@ -159,11 +157,11 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
         packs = {}  # Q4T: the copies of another layout (q4_k_tiled.pack's loads), made on first use
 
         def copies(loads):
-            key = "bytes" if loads in BYTES_LOADS else None
-            if key is None:
+            key = tiled.layout_of(loads) if name == "Q4T" else ts[0].layout
+            if key == ts[0].layout:
                 return ts
             if key not in packs:
-                packs[key] = [tiled.pack(w, (rows, cols), loads=key) for w in ws]
+                packs[key] = [tiled.pack(w, (rows, cols), loads=loads) for w in ws]
             return packs[key]
 
         def run(cfg, i, x, loads=None, qx=None):

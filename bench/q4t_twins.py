@@ -41,7 +41,7 @@ TWINS = {"loadonly": Family(q4_k_tiled.TILED, 256, 144, 8, 32, q4_k_tiled.dequan
 
 
 def gemv(name: str, w, x: torch.Tensor, out: torch.Tensor, config: matmul.GemvConfig, qx=None) -> torch.Tensor:
-    """A twin's y on the default ("vector") tiled bytes w (q4_k_tiled.pack): not W @ x, only its time."""
+    """A twin's y on tiled bytes w (q4_k_tiled.pack, either header order): not W @ x, only its time."""
     fam = TWINS[name]
     return matmul.igemv(w.data, fam.idot, fam.iacc, fam.act_fmt, (w.rows, w.cols), fam.row_bytes(w.cols), x, out,
                         config, qx)

@@ -2,8 +2,9 @@
 qs then headers) against the GGUF blocks: q4_k's integer step on both, so the same tile gives the
 same bits (split-K ranges with masked tail groups, rows past the end of a program's tile, the
 rows tile and the elementwise tile). The integer steps with fewer loads (q4k9: the header in one
-128-bit load, x's sums in one 64-bit one) give the same bits; $SPARKD_Q4_K_TILED_LOADS=scalar
-switches back to q4_k's. The GEMM, row counts that are not whole tiles, graphs, the loader and
+128-bit load, x's sums in one 64-bit one) give the same bits, and so does the default of session 7
+(q4k12: "bytes", the scale bytes regrouped at repack, the same scales and mins, test_bytes_scales_are_q4_k_scales);
+$SPARKD_Q4_K_TILED_LOADS=vector switches back to session 6's step and layout, =scalar to q4_k's step. The GEMM, row counts that are not whole tiles, graphs, the loader and
 $SPARKD_Q4_K_LAYOUT=gguf: test_row_tiles.py (the same checks for both tiled layouts).
 
 Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
@@ -65,14 +66,8 @@ def test_tiled_gives_the_gguf_bits(backend, loads, config):
     got = q4_k_tiled.gemv(tiled, x, config=config, loads=loads)
     W, xr = reference(raw, T.Q4_K, (rows, cols)), act_in(T.Q4_K, x.cpu())
     assert rel_err(got, W @ xr, W.abs() @ xr.abs()) < BOUNDS["fp32"]
-    if loads in FLOAT_ORDER_CHANGED:
-        return  # the same integer sums (test_bytes_scales_are_q4_k_scales), the floats added in another order
     if backend == "cpu" or same_bits_on_cuda(loads, config):
         assert torch.equal(got, want)
-
-
-# steps that sum a thread's integer sums before the float step: y within the float bound, not q4_k's bits
-FLOAT_ORDER_CHANGED = ("bytes_sum",)
 
 
 @triton.jit
@@ -117,18 +112,19 @@ def test_bytes_scales_are_q4_k_scales(backend):
     assert int(out[:, 0].max()) == 63 and int(out[:, 0].min()) == 0
 
 
-def test_the_default_loads_are_the_vector_step():
-    """FAMILY (what matmul.gemv runs on TILED) is the H200's pick, q4_k's step one switch away."""
-    assert q4_k_tiled.LOADS == os.environ.get(q4_k_tiled.LOADS_ENV, "vector")
+def test_the_default_loads_are_the_bytes_step():
+    """FAMILY (what matmul.gemv runs on TILED) is the H200's pick (session 7: bytes), session 6's vector
+    step and q4_k's one switch away; pack_raw makes the layout FAMILY reads."""
+    assert q4_k_tiled.LOADS == os.environ.get(q4_k_tiled.LOADS_ENV, "bytes")
     assert q4_k_tiled.FAMILY is q4_k_tiled.FAMILIES[q4_k_tiled.LOADS]
     assert q4_k_tiled.FAMILIES["scalar"].idot is q4_k_tiled.idot
+    assert q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256)).layout == q4_k_tiled.layout_of(q4_k_tiled.LOADS)
 
 
 def test_unknown_loads_is_a_clear_error():
     w = q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256))
     with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'wide' is "
-                                                           r"not one of \['bytes', 'bytes_sum', 'scalar', 'vector', "
-                                                           r"'vector64'\]"):
+                                                           r"not one of \['bytes', 'scalar', 'vector', 'vector64'\]"):
         q4_k_tiled.gemv(w, torch.zeros(256), loads="wide")
 
 
@@ -138,7 +134,7 @@ def test_tiled_layout_is_tiles_of_qs_then_headers():
     rows, cols = 8, 512
     raw = random_blocks(T.Q4_K, rows * 2)
     blocks = raw.view(rows, 2, 144)
-    data = q4_k_tiled.pack_raw(raw, (rows, cols)).view(2, 1152)  # 2 tiles of 4 rows x 2 groups x 144
+    data = q4_k_tiled.pack_raw(raw, (rows, cols), loads="vector").view(2, 1152)  # 2 tiles of 4 rows x 2 groups x 144
     for t in range(2):
         for g in range(2):
             for lane in range(4):

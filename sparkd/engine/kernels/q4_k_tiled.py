@@ -72,8 +72,8 @@ def pack(raw: torch.Tensor, shape: tuple[int, int], loads: str | None = None) ->
 
 
 def layout_of(loads: str | None) -> str:
-    """The byte order an integer step reads: "bytes" for the bytes steps, else "" (the GGUF header)."""
-    return "bytes" if _checked_loads(loads).startswith("bytes") else ""
+    """The byte order an integer step reads: "bytes" for the bytes step, else "" (the GGUF header)."""
+    return "bytes" if _checked_loads(loads) == "bytes" else ""
 
 
 def _checked_loads(loads: str | None) -> str:
@@ -139,11 +139,9 @@ def _qs_words(qs, m):
 
 @triton.jit
 def _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, hd, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.constexpr,
-              XS64: tl.constexpr, VSUM: tl.constexpr = False):
+              XS64: tl.constexpr):
     """The vector steps' arithmetic once the scales and mins of sub-blocks 2j, 2j+1 (sc_lo, mn_lo, sc_hi,
-    mn_hi) and d | dmin << 16 (hd) of each thread's row are in registers: q4_k.idot_tile_at's, bit for bit;
-    VSUM: a thread's 4 words summed in integers first, one float step per thread (acc [BN, 4, 2]: the same
-    integer sums, the floats added in another order)."""
+    mn_hi) and d | dmin << 16 (hd) of each thread's row are in registers: q4_k.idot_tile_at's, bit for bit."""
     j = tl.arange(0, 4)[None, :, None, None]
     w = 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]
     zero = tl.zeros(words.shape, tl.int32)
@@ -159,10 +157,7 @@ def _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, hd, xw_ptr, xd_ptr, xs_ptr, g, 
     dx = tl.load(xd_ptr + g)
     d = _f16(hd & 0xFFFF) * dx
     dmin = _f16(hd >> 16) * dx
-    if VSUM:  # the min term of the chunk's two sub-blocks: half of it on each of its 2 threads
-        part = d * tl.sum(isum, 3, keep_dims=True).to(tl.float32) - (dmin * 0.5) * msum.to(tl.float32)
-    else:
-        part = d * isum.to(tl.float32) - (dmin * 0.125) * msum.to(tl.float32)
+    part = d * isum.to(tl.float32) - (dmin * 0.125) * msum.to(tl.float32)
     return acc + tl.reshape(part, acc.shape)
 
 
@@ -209,19 +204,6 @@ def chunk_scales(w1, w2, w3, j):
 
 @triton.jit
 def idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """_idot_bytes, a float step per word."""
-    return _idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU, False)
-
-
-@triton.jit
-def idot_bytes_sum(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """_idot_bytes, a float step per thread (_tile_sum's VSUM)."""
-    return _idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU, True)
-
-
-@triton.jit
-def _idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr,
-                VSUM: tl.constexpr):
     """idot_vec on the bytes layout: the header in one 128-bit load per thread as there, the 4 values of
     the thread's chunk j taken out with one shift per word (chunk_scales) instead of q4_k's 6-bit
     unpacking; the same bits as idot_vec on the elementwise tile."""
@@ -235,10 +217,10 @@ def _idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl
     sc_lo, mn_lo, sc_hi, mn_hi = chunk_scales(word(head, v, 1), word(head, v, 2), word(head, v, 3), j)
     if EW:
         acc = _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, word(head, v, 0), xw_ptr, xd_ptr, xs_ptr, g, acc, EMU,
-                        False, VSUM)
+                        False)
     else:  # the rows tile: the group's tile reduced at once
         t = _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, word(head, v, 0), xw_ptr, xd_ptr, xs_ptr, g,
-                      tl.zeros((rmask.shape[0], 4, 2 if VSUM else 8), tl.float32), EMU, False, VSUM)
+                      tl.zeros((rmask.shape[0], 4, 8), tl.float32), EMU, False)
         acc += tl.sum(tl.sum(t, 2), 1)
     return acc
 
@@ -274,15 +256,16 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 # the integer step by its loads per group and thread on the 4/1/4/e tile (bench/kernels_sass.py):
 # "scalar" (q4_k's: 11), "vector" (idot_vec: 7, 64 registers), "vector64" (idot_vec64: 6, 65
 # registers). H200 (q4k9, bench/results/gemv_tiles_h200_s5_q4k9.log): head 60.5 -> 56.6 / 56.3 us,
-# 0.70 -> 0.75 of copy bandwidth. FAMILY's: "vector" unless $SPARKD_Q4_K_TILED_LOADS says (read once;
-# "scalar" is q4k8's kernel)
+# 0.70 -> 0.75 of copy bandwidth. "bytes" (session 7, q4k12: idot_bytes on the bytes layout, 418 -> 354
+# loop instructions per 4 groups, the same bits; bench/results/q4k12_h200_s7.log): head 55.3 -> 49.9 us,
+# 0.75 -> 0.83, 14336x4096 12.7 -> 11.7 us, 0.61 -> 0.67. FAMILY's: "bytes" unless $SPARKD_Q4_K_TILED_LOADS
+# says (read once; "vector" is session 6's step and layout, "scalar" q4k8's kernel); pack_raw follows it
 LOADS_ENV = "SPARKD_Q4_K_TILED_LOADS"
 FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
                          row_tile=TILE_ROWS, whole_tiles=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
-FAMILIES.update({name: Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=fn, act_fmt=Q8_K, iacc=iacc,
-                             row_tile=TILE_ROWS, whole_tiles=True)
-                 for name, fn, iacc in (("bytes", idot_bytes, (4, 8)), ("bytes_sum", idot_bytes_sum, (4, 2)))})
-LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "vector")
+FAMILIES["bytes"] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=idot_bytes, act_fmt=Q8_K, iacc=(4, 8),
+                           row_tile=TILE_ROWS, whole_tiles=True)
+LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "bytes")
 FAMILY = FAMILIES[LOADS]
 
 
