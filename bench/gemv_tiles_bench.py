@@ -17,7 +17,7 @@ weights are, timed the same way): the small shapes cannot reach the large copy's
 launch and its drain take microseconds whatever the size.
 
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q4T,Q6_K] [--moe]
-       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--q4t-sweep]
+       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--q4t-sweep] [--q4t-s7]
        [--compile-workers N]
 
 --vs-s5 (session 6): "s5 default" (GEMV_TILES' tile at session 5's split rule, matmul.split_for
@@ -45,6 +45,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
+import q4t_twins
 from sparkd.engine import quants
 from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q6_k_tiled, q8_0_packed
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv, split_for
@@ -91,6 +92,11 @@ S6_CANDIDATES = {  # --vs-s5 (session 6, q4k10): the split by hand around the wa
 Q4T_SWEEP = [f"vector:8/{w}/{u}/e/{s}" for w, us in ((1, (2, 4, 8)), (2, (2, 4))) for u in us for s in (0, 1, 2, 4)] + [
     "vector64:8/1/4/e", "vector64:8/1/2/e", "vector64:4/1/4/e", "vector:4/1/2/e", "vector:4/1/8/e", "vector:4/2/4/e"]
 Q4T_SWEEP_ON = False
+# --q4t-s7 (session 7, q4k12): the load-only twin (q4t_twins: which bound), session 6's step ("vector"),
+# the bytes step (the default since) at 8 rows (its rows there: bench/results/q4k12_h200_s7.log, with an
+# integer sum per thread first, "bytes_sum", no faster and since removed)
+Q4T_S7 = ["loadonly:4/1/4/e", "loadonly:8/1/4/e", "vector:4/1/4/e", "bytes:8/1/4/e"]
+Q4T_S7_ON = False
 # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG, what runs without a DECODE_TILES entry)
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "4/1/2/e/8", "8/2/2/e/8"]
 FLOAT_DOWN = True  # --no-float-down: leave out the float down's row
@@ -148,12 +154,23 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
     elif name in ("Q4T", "Q6T"):  # the old default row on the GGUF blocks, the others on the tiled copies
         tiled = q4_k_tiled if name == "Q4T" else q6_k_tiled
         ts = [tiled.pack(w, (rows, cols)) for w in ws]
+        packs = {}  # Q4T: the copies of another layout (q4_k_tiled.pack's loads), made on first use
+
+        def copies(loads):
+            key = tiled.layout_of(loads) if name == "Q4T" else ts[0].layout
+            if key == ts[0].layout:
+                return ts
+            if key not in packs:
+                packs[key] = [tiled.pack(w, (rows, cols), loads=loads) for w in ws]
+            return packs[key]
 
         def run(cfg, i, x, loads=None, qx=None):
             if cfg is GGUF_BASES[name]:
                 return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, qx=qx)
+            if loads in q4t_twins.TWINS:  # a bench-only twin on the default tiled bytes (times only)
+                return q4t_twins.gemv(loads, ts[i % n], x, out=y, config=cfg, qx=qx)
             more = {"loads": loads} if loads else {}  # (the tiled Q4_K's integer steps by name)
-            return tiled.gemv(ts[i % n], x, out=y, config=cfg, qx=qx, **more)
+            return tiled.gemv(copies(loads)[i % n], x, out=y, config=cfg, qx=qx, **more)
     else:
         def run(cfg, i, x, loads=None, qx=None, round_x=False):  # round_x: x rounded to Q8_K first (a K-quant's float path)
             rx = (lambda v: round_activations(v, act_quant.Q8_K)) if round_x else None
@@ -182,6 +199,7 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
         firsts += [("default", None, {})] if name in GGUF_BASES or (base is not None and GEMV_TILES[key] != base) else []
     cands = (S6_CANDIDATES if VS_S5 else CANDIDATES).get(name, []) if CANDIDATES_ON else []
     cands = Q4T_SWEEP if Q4T_SWEEP_ON and name == "Q4T" else cands
+    cands = Q4T_S7 if Q4T_S7_ON and name == "Q4T" else cands
     tried = [(t, tile(t.rpartition(":")[2]), dict(loads=t.rpartition(":")[0]) if ":" in t else {}) for t in cands]
     return firsts + tried
 
@@ -230,8 +248,8 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
 def warm(job: tuple) -> str:
     """Compile one row's kernel (a worker process: Triton's disk cache for the timed run)."""
     name, rows, cols, label, flags = job
-    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON
-    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON = flags
+    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON
+    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON = flags
     try:
         qtype, _, _, _, run = weights(name, rows, cols, rotate=False)
         x = torch.randn(cols, device=DEV)
@@ -249,7 +267,7 @@ def warm(job: tuple) -> str:
 
 def precompile(names: list[str], shapes: list[tuple[int, int]], workers: int) -> None:
     """Every row's kernel compiled by `workers` processes first (each tile once per shape)."""
-    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON)
+    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON)
     jobs = [(name, r, c, label, flags) for name in names for r, c in shapes
             for label, _, _ in row_tiles(name, r, c)]
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
@@ -348,11 +366,12 @@ def main() -> None:
     ap.add_argument("--vs-s5", action="store_true", help="session 5's tile and split rule first, S6_CANDIDATES")
     ap.add_argument("--qx", action="store_true", help="x quantized before the timed calls (the engine's path)")
     ap.add_argument("--q4t-sweep", action="store_true", help="Q4T's rows: Q4T_SWEEP instead of CANDIDATES")
+    ap.add_argument("--q4t-s7", action="store_true", help="Q4T's rows: Q4T_S7 (load-only twin, bytes layout)")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling every row first (0: none)")
     args = ap.parse_args()
-    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON
+    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON
     CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN = not args.defaults_only, args.vs_s5, args.qx, not args.no_float_down
-    Q4T_SWEEP_ON = args.q4t_sweep
+    Q4T_SWEEP_ON, Q4T_S7_ON = args.q4t_sweep, args.q4t_s7
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(args.types.split(","), shapes, args.compile_workers)

@@ -21,6 +21,7 @@ class Tiled:
     data: torch.Tensor
     rows: int
     cols: int
+    layout: str = ""  # which of a module's byte orders (q4_k_tiled: "bytes" or ""), checked by its gemv
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Session 7, q4k12 (H200, one call): the tiled Q4_K GPU tests, then the GEMV rows side by side:
+# the default step, its load-only twin (bench/q4t_twins.py) and the bytes-layout steps at the mid
+# shapes and the head, x pre-quantized as the engine hands it over.
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD:$PWD/bench
+T0=$(date +%s); log() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > $OUT/gpu.txt 2>&1
+timeout 75 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine/test_q4_k_tiled.py tests/engine/test_row_tiles.py > $OUT/gpu_tests.log 2>&1
+log "tests rc $? $(tail -1 $OUT/gpu_tests.log)"
+timeout 135 python3 bench/gemv_tiles_bench.py --types Q4T --shapes 14336x4096,4096x14336,6144x4096,4096x2048,151936x2048 \
+  --q4t-s7 --qx --no-act-quant --compile-workers 12 --json $OUT/gemv.json > $OUT/gemv.log 2>&1
+log "gemv rc $?"
