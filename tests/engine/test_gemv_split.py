@@ -111,19 +111,21 @@ def test_default_split_is_the_rules_split(backend, monkeypatch):
             assert torch.equal(y, got), name
 
 
-@pytest.mark.parametrize("loads", ["vector", "vector64"])
+@pytest.mark.parametrize("loads", ["vector", "vector64", "bytes"])
 def test_vector_steps_refuse_programs_of_part_of_a_tile(loads):
     """2-row programs (half a 4-row tile): wrong sums on the H200 with and without split-K
     (gemv_tiles_h200_s6*, session 6's GPU tests); refused before anything runs. q4_k's own step
     on the same tile still runs."""
     dev = "cuda" if ON_GPU else "cpu"
     rows, cols = 8, 8 * 256
-    w = q4_k_tiled.pack(random_blocks(T.Q4_K, rows * cols // 256).to(dev), (rows, cols))
+    raw = random_blocks(T.Q4_K, rows * cols // 256).to(dev)
+    w = q4_k_tiled.pack(raw, (rows, cols), loads=loads)
     x, out = torch.randn(cols, device=dev), torch.full((rows,), float("nan"), device=dev)
     for split in (1, 2):
         with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q4_K_TILED GEMV: an elementwise "
                            "tile of 2 rows holds part of the layout's 4-row tiles, which gave wrong sums"):
             q4_k_tiled.gemv(w, x, out=out, config=GemvConfig(block_n=2, split=split), loads=loads)
     assert torch.isnan(out).all()
+    w = q4_k_tiled.pack(raw, (rows, cols), loads="scalar")
     q4_k_tiled.gemv(w, x, out=out, config=GemvConfig(block_n=2, split=2), loads="scalar")
     assert torch.isfinite(out).all()
