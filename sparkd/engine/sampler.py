@@ -56,8 +56,9 @@ def apply_repetition_penalty(logits: torch.Tensor, history: Sequence[int], penal
     return out
 
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """-inf for every token the filters drop; the most likely token always survives."""
+def filter_logits_sorted(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """filter_logits by its definition, over the whole ranked row: what filter_logits returns, and
+    where filter_logits cannot bound the survivors (or a decision is too close to call) it runs this."""
     # V vocabulary
     order = torch.argsort(logits, descending=True, stable=True)   # [V]
     ranked = logits[order]                                        # [V]
@@ -75,6 +76,101 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
     out = torch.full_like(logits, float("-inf"))
     out[order[keep]] = logits[order[keep]]
     return out
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """-inf for every token the filters drop; the most likely token always survives.
+
+    The same tensor as filter_logits_sorted, bit for bit, without ranking the whole row (a stable
+    argsort of 151936 floats is most of the cost): only the tokens that can survive are ranked
+    (see survivors()); the full sort runs where no such bound is found."""
+    if top_k >= logits.numel():
+        top_k = 0                      # keep[top_k:] drops nothing
+    if top_k == 0 and top_p >= 1.0 and min_p <= 0.0:
+        return logits.clone()
+    found = survivors(logits, top_k, top_p, min_p)
+    if found is None:
+        return filter_logits_sorted(logits, top_k, top_p, min_p)
+    out = torch.full_like(logits, float("-inf"))
+    out[found] = logits[found]
+    return out
+
+
+def survivors(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor | None:
+    """The ids filter_logits_sorted keeps (in ranked order), found by ranking only the candidates:
+    the tokens at or above a logit every survivor reaches. None where that cannot be settled: a
+    row whose best logit is not finite (NaN, +inf, all -inf), no bound short of the whole row, or
+    a filter decision within rounding of its threshold."""
+    best = logits.max()
+    if not torch.isfinite(best):
+        return None
+    probs = None
+    if top_p < 1.0 or min_p > 0.0:
+        # torch.softmax's numbers, but summed in another order: within _tolerance of them
+        exps = torch.exp(logits.double() - best.double())
+        probs = exps / exps.sum()
+    floor = _floor(logits, probs, top_k, top_p, min_p)
+    if floor is None:
+        return None
+    ids = torch.nonzero(logits >= floor).squeeze(1)                    # ascending: ties by lower id
+    ids = ids[torch.argsort(logits[ids], descending=True, stable=True)]
+    if top_k > 0:
+        ids = ids[:top_k]
+    if probs is None:
+        return ids                     # top-k alone
+    keep = _decide(probs[ids], top_p, min_p, _tolerance(logits.numel()))
+    return None if keep is None else ids[keep]
+
+
+def _tolerance(n_vocab: int) -> float:
+    """How far (relative) a probability computed here may be from torch.softmax's: both sum the same
+    exps (each within a few ulps) in other orders, and a sum of n terms is within n * 2^-53 of the
+    exact one; 64x that covers both sums, the exps and the cumulative sums with room to spare."""
+    return 64 * n_vocab * 2.0 ** -53
+
+
+def _floor(logits: torch.Tensor, probs: torch.Tensor | None, top_k: int, top_p: float,
+           min_p: float) -> torch.Tensor | None:
+    """A logit every surviving token reaches (0-dim), or None where only the whole row bounds them."""
+    if top_k > 0:
+        return torch.topk(logits, top_k, sorted=False).values.min()
+    tol, floors = _tolerance(logits.numel()), []
+    if min_p > 0.0:
+        # below this a token's probability is surely under min_p times the best's
+        floors.append(logits[probs >= (min_p - 4 * tol) * probs.max()].min())
+    if top_p < 1.0:
+        floors.append(_mass_floor(logits, probs, top_p + tol))
+    floors = [f for f in floors if f is not None]
+    return max(floors) if floors else None
+
+
+def _mass_floor(logits: torch.Tensor, probs: torch.Tensor, mass: float) -> torch.Tensor | None:
+    """The logit of the m-th best token for the first m in 64, 512, 4096, 32768 whose tokens at or
+    above it hold at least `mass` (every later rank then has that much before it: top_p drops it)."""
+    for m in (64, 512, 4096, 32768):
+        if m >= logits.numel():
+            return None
+        floor = torch.topk(logits, m, sorted=False).values.min()
+        if float(probs[logits >= floor].sum()) >= mass:
+            return floor
+    return None
+
+
+def _decide(ranked: torch.Tensor, top_p: float, min_p: float, tol: float) -> torch.Tensor | None:
+    """filter_logits_sorted's keep mask over the candidates' probabilities in ranked order, or None
+    if a decision lies within tol of its threshold (there the two sums' rounding could flip it)."""
+    keep = torch.ones_like(ranked, dtype=torch.bool)
+    near = torch.zeros_like(keep)
+    if top_p < 1.0:
+        before = torch.cumsum(ranked, dim=0) - ranked
+        keep &= before < top_p
+        near |= (before - top_p).abs() <= tol
+    if min_p > 0.0:
+        edge = min_p * ranked[0]
+        keep &= ranked >= edge
+        near |= (ranked - edge).abs() <= 4 * tol * ranked[0]
+    keep[0], near[0] = True, False
+    return None if bool(near.any()) else keep
 
 
 def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
