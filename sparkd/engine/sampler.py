@@ -104,21 +104,21 @@ def survivors(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> t
     best = logits.max()
     if not torch.isfinite(best):
         return None
-    probs = None
+    exps = total = None
     if top_p < 1.0 or min_p > 0.0:
-        # torch.softmax's numbers, but summed in another order: within _tolerance of them
+        # torch.softmax's exps (the best token's is 1), summed in another order than its sum
         exps = torch.exp(logits.double() - best.double())
-        probs = exps / exps.sum()
-    floor = _floor(logits, probs, top_k, top_p, min_p)
+        total = exps.sum()
+    floor = _floor(logits, exps, total, top_k, top_p, min_p)
     if floor is None:
         return None
     ids = torch.nonzero(logits >= floor).squeeze(1)                    # ascending: ties by lower id
     ids = ids[torch.argsort(logits[ids], descending=True, stable=True)]
     if top_k > 0:
         ids = ids[:top_k]
-    if probs is None:
+    if exps is None:
         return ids                     # top-k alone
-    keep = _decide(probs[ids], top_p, min_p, _tolerance(logits.numel()))
+    keep = _decide(exps[ids] / total, top_p, min_p, _tolerance(logits.numel()))
     return None if keep is None else ids[keep]
 
 
@@ -129,31 +129,28 @@ def _tolerance(n_vocab: int) -> float:
     return 64 * n_vocab * 2.0 ** -53
 
 
-def _floor(logits: torch.Tensor, probs: torch.Tensor | None, top_k: int, top_p: float,
-           min_p: float) -> torch.Tensor | None:
+def _floor(logits: torch.Tensor, exps: torch.Tensor | None, total: torch.Tensor | None, top_k: int,
+           top_p: float, min_p: float) -> torch.Tensor | None:
     """A logit every surviving token reaches (0-dim), or None where only the whole row bounds them."""
     if top_k > 0:
         return torch.topk(logits, top_k, sorted=False).values.min()
-    tol, floors = _tolerance(logits.numel()), []
+    tol, least = _tolerance(logits.numel()), 0.0     # a token whose exp is below least is surely dropped
     if min_p > 0.0:
-        # below this a token's probability is surely under min_p times the best's
-        floors.append(logits[probs >= (min_p - 4 * tol) * probs.max()].min())
+        least = min_p - 4 * tol                       # min_p times the best token's exp, 1
     if top_p < 1.0:
-        floors.append(_mass_floor(logits, probs, top_p + tol))
-    floors = [f for f in floors if f is not None]
-    return max(floors) if floors else None
+        least = max(least, _mass_threshold(exps, float(total) * (top_p + tol)))
+    return logits[exps >= least].min() if least > 0.0 else None
 
 
-def _mass_floor(logits: torch.Tensor, probs: torch.Tensor, mass: float) -> torch.Tensor | None:
-    """The logit of the m-th best token for the first m in 64, 512, 4096, 32768 whose tokens at or
-    above it hold at least `mass` (every later rank then has that much before it: top_p drops it)."""
-    for m in (64, 512, 4096, 32768):
-        if m >= logits.numel():
-            return None
-        floor = torch.topk(logits, m, sorted=False).values.min()
-        if float(probs[logits >= floor].sum()) >= mass:
-            return floor
-    return None
+def _mass_threshold(exps: torch.Tensor, mass: float) -> float:
+    """The largest power of two t such that the exps >= t add up to at least `mass` (0.0 if none):
+    every rank after those tokens has that much before it, so top_p drops it. One pass: the exps
+    (float64 in [0, 1]) summed per binade, read off their exponent bits."""
+    biased = exps.view(torch.int64) >> 52                                # [2^(e-1023), 2^(e-1022))
+    per_binade = torch.bincount(biased, weights=exps, minlength=1024).flip(0)   # [b]: from 2^-b
+    reached = torch.nonzero(torch.cumsum(per_binade, dim=0) >= mass)
+    # the last binade (b = 1023) also holds the subnormals and 0: no power of two bounds it
+    return 2.0 ** -int(reached[0]) if len(reached) and int(reached[0]) < 1023 else 0.0
 
 
 def _decide(ranked: torch.Tensor, top_p: float, min_p: float, tol: float) -> torch.Tensor | None:
