@@ -3,6 +3,10 @@
 The order follows llama.cpp's default chain: repetition penalty, then the top-k / top-p / min-p
 filters on the penalised logits, then temperature, then a draw. A seed makes the draws
 reproducible (a private torch.Generator; nothing global is touched).
+
+The filters are defined over the whole row ranked by a stable argsort (filter_logits_sorted); as
+llama.cpp does, filter_logits ranks only the few tokens that can survive (torch.topk, or a bound
+from min-p / top-p) and gets the same tensor bit for bit, so the draws are the same too.
 """
 
 from __future__ import annotations
@@ -133,7 +137,7 @@ def _floor(logits: torch.Tensor, exps: torch.Tensor | None, total: torch.Tensor 
            top_p: float, min_p: float) -> torch.Tensor | None:
     """A logit every surviving token reaches (0-dim), or None where only the whole row bounds them."""
     if top_k > 0:
-        return torch.topk(logits, top_k, sorted=False).values.min()
+        return torch.topk(logits, min(top_k, logits.numel()), sorted=False).values.min()
     tol, least = _tolerance(logits.numel()), 0.0     # a token whose exp is below least is surely dropped
     if min_p > 0.0:
         least = min_p - 4 * tol                       # min_p times the best token's exp, 1
@@ -206,7 +210,8 @@ class Sampler:
 
     def probabilities(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
         """The distribution a temperature draw samples from: float64 [vocab], 0 where the filters
-        drop a token (device_sampler.DeviceSampler computes the same, op for op)."""
+        drop a token (device_sampler.DeviceSampler computes the same: filter_logits_sorted's chain,
+        op for op)."""
         p = self.params
         logits = filter_logits(self._penalised(logits, history), p.top_k, p.top_p, p.min_p)
         return torch.softmax(logits.double() / p.temperature, dim=0)
