@@ -60,18 +60,27 @@ def before_call(sampler: Sampler, logits: torch.Tensor, history: list[int]) -> i
     return int(torch.multinomial(probs, 1, generator=sampler.generator))
 
 
-def run(call, params: SamplingParams, logits: list[torch.Tensor], tokens: int) -> tuple[float, list[int]]:
-    """Median ms per token over `tokens` calls (after one warm-up), and the tokens picked."""
-    sampler, history, picked, times = Sampler(params), list(range(64)), [], []
-    call(sampler, logits[0], history)
-    sampler.generator.manual_seed(params.seed or 0)
+def run(params: SamplingParams, logits: list[torch.Tensor], tokens: int) -> dict[str, tuple[float, float, list[int]]]:
+    """Per way (before, after): median ms per token over `tokens` calls (after one warm-up), wall
+    clock and this thread's CPU time (with --threads 1 torch computes in this thread: the CPU time
+    leaves out the waits of a busy shared machine), and the tokens picked. The two ways alternate
+    token by token, so a busy machine slows both alike."""
+    ways = {"before": before_call, "after": Sampler.__call__}
+    samplers = {way: Sampler(params) for way in ways}
+    history = {way: list(range(64)) for way in ways}
+    picked, times, cpu = {way: [] for way in ways}, {way: [] for way in ways}, {way: [] for way in ways}
+    for way, call in ways.items():
+        call(samplers[way], logits[0], history[way])
+        samplers[way].generator.manual_seed(0)
     for i in range(tokens):
-        start = time.perf_counter()
-        token = call(sampler, logits[i % len(logits)], history)
-        times.append((time.perf_counter() - start) * 1e3)
-        picked.append(token)
-        history = history[1:] + [token]
-    return statistics.median(times), picked
+        for way, call in ways.items():
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            token = call(samplers[way], logits[i % len(logits)], history[way])
+            times[way].append((time.perf_counter() - start) * 1e3)
+            cpu[way].append((time.thread_time() - start_cpu) * 1e3)
+            picked[way].append(token)
+            history[way] = history[way][1:] + [token]
+    return {way: (statistics.median(times[way]), statistics.median(cpu[way]), picked[way]) for way in ways}
 
 
 def main() -> None:
@@ -85,18 +94,21 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print(f"vocab {args.vocab}, {args.tokens} tokens per row, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}")
-    print(f"{'logits':7} {'case':42} {'before ms':>10} {'after ms':>9} {'x':>6}  same tokens")
+    print(f"{'logits':7} {'case':40} {'before ms':>9} {'after ms':>8} {'x':>5} {'before cpu':>10} "
+          f"{'after cpu':>9} {'x':>5}  same tokens")
     results = []
     for kind in ("peaked", "flat"):
         logits = rows(kind, args.vocab)
         for name, params in CASES.items():
-            before_ms, want = run(before_call, params, logits, args.tokens)
-            after_ms, got = run(Sampler.__call__, params, logits, args.tokens)
+            ways = run(params, logits, args.tokens)
+            (before_ms, before_cpu, want), (after_ms, after_cpu, got) = ways["before"], ways["after"]
             results.append({"logits": kind, "case": name, "before_ms": round(before_ms, 3),
                             "after_ms": round(after_ms, 3), "speedup": round(before_ms / after_ms, 2),
-                            "same_tokens": got == want})
+                            "before_cpu_ms": round(before_cpu, 3), "after_cpu_ms": round(after_cpu, 3),
+                            "cpu_speedup": round(before_cpu / after_cpu, 2), "same_tokens": got == want})
             r = results[-1]
-            print(f"{kind:7} {name:42} {before_ms:10.3f} {after_ms:9.3f} {r['speedup']:6.2f}  {got == want}")
+            print(f"{kind:7} {name:40} {before_ms:9.3f} {after_ms:8.3f} {r['speedup']:5.2f} {before_cpu:10.3f} "
+                  f"{after_cpu:9.3f} {r['cpu_speedup']:5.2f}  {got == want}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"vocab": args.vocab, "tokens": args.tokens, "threads": torch.get_num_threads(),
