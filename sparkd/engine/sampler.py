@@ -140,7 +140,7 @@ def _floor(logits: torch.Tensor, exps: torch.Tensor | None, total: torch.Tensor 
         return torch.topk(logits, min(top_k, logits.numel()), sorted=False).values.min()
     tol, least = _tolerance(logits.numel()), 0.0     # a token whose exp is below least is surely dropped
     if min_p > 0.0:
-        least = min_p - 4 * tol                       # min_p times the best token's exp, 1
+        least = min(min_p - 4 * tol, 1.0)             # min_p times the best token's exp, 1 (it survives)
     if top_p < 1.0:
         least = max(least, _mass_threshold(exps, float(total) * (top_p + tol)))
     return logits[exps >= least].min() if least > 0.0 else None

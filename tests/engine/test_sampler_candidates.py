@@ -15,7 +15,8 @@ from sparkd.engine.sampler import (Sampler, SamplingParams, _mass_threshold, app
 
 FILTERS = [(40, 0.95, 0.05), (0, 0.95, 0.0), (0, 1.0, 0.05), (40, 1.0, 0.0), (1, 1.0, 0.0), (1, 0.5, 0.5),
            (0, 0.5, 0.1), (5, 0.3, 0.0), (3, 1.0, 1.0), (0, 1e-9, 0.0), (2000, 0.9, 0.0),
-           (0, 0.999999, 1e-6), (7, 1.0, 0.0), (0, 1.0, 0.0)]
+           (0, 0.999999, 1e-6), (7, 1.0, 0.0), (0, 1.0, 0.0),
+           (-3, 0.0, 1.5), (0, -0.5, 0.0), (2, 1.5, -0.1)]     # out of SamplingParams' ranges: as the sort
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
