@@ -6,9 +6,10 @@ the float64 softmax over it, the temperature softmax, torch.multinomial); after:
 generator seeded alike, and the run checks that they pick the same tokens.
 
 Rows: "peaked" (model-like: N(0, 1.5^2) with 48 tokens lifted to 4..14 above it, so top-p 0.95
-lies inside the lifted ones) and "flat" (N(0, 2^2): top-p 0.95 needs more than 32768 tokens, so
-top-k 0 falls back to the full sort). 8 rows of each, cycled; the history for the penalty is the
-64 tokens before.
+lies inside the lifted ones) and "flat" (N(0, 2^2): top-p 0.95 needs ~54000 tokens, all of which
+top-k 0 then ranks: the worst case). 8 rows of each, cycled; the history for the penalty is the
+64 tokens before. The two ways alternate token by token; times are medians, wall clock and the
+calling thread's CPU time (meaningful with --threads 1).
 
 Usage: PYTHONPATH=. python bench/host_sampler_bench.py [--vocab 151936] [--tokens 30] [--threads N] [--json F]
 """
