@@ -1,7 +1,9 @@
-"""Graph-replayed decode tok/s with the token picked three ways, in one process on one model:
+"""Graph-replayed decode tok/s with the token picked four ways, in one process on one model:
 greedy (torch.argmax inside the step's graph), temperature on the host (the logits row comes back,
 Sampler draws; SPARKD_DEVICE_SAMPLING=0) and temperature on the device (DeviceSampler's graph
-right after the step's, one int back). Also the draw graph's own time (replays alone, CUDA events).
+right after the step's, one int back) with the torch chain (=torch) and the fused Triton draw
+(=fused). Also the draw graph's own time (replays alone, CUDA events) and how many draw graphs
+each run captured (greedy: none).
 On the GPU box:
     python3 bench/gpu_box/sampling_bench.py --model /tmp/q30-12l-e8-Q8_0.gguf --json out.json
 """
@@ -24,8 +26,8 @@ PROMPT = [1, 7, 42, 3, 99, 100, 5, 17]
 # llama.cpp's default chain at temperature 0.8
 HOT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1234)
 GREEDY = SamplingParams(temperature=0.0)
-SETTINGS = {"greedy (device argmax)": (GREEDY, True), "temperature 0.8 host": (HOT, False),
-            "temperature 0.8 device": (HOT, True)}
+SETTINGS = {"greedy (device argmax)": (GREEDY, "fused"), "temperature 0.8 host": (HOT, "off"),
+            "temperature 0.8 device torch": (HOT, "torch"), "temperature 0.8 device fused": (HOT, "fused")}
 
 
 def sync() -> None:
@@ -33,7 +35,7 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run(net, params: SamplingParams, on_device: bool, n: int) -> tuple[dict, StaticDecode]:
+def run(net, params: SamplingParams, on_device: str, n: int) -> tuple[dict, StaticDecode]:
     cache = net.new_cache(len(PROMPT) + n + 2)
     token = int(net(torch.tensor(PROMPT), cache)[-1].argmax())
     graphs = cache.device.type == "cuda"  # --device cpu: a dry run of this script, uncaptured
@@ -51,7 +53,7 @@ def run(net, params: SamplingParams, on_device: bool, n: int) -> tuple[dict, Sta
     sync()
     seconds = time.perf_counter() - t0
     return {"tok_s": n / seconds, "ms_per_token": seconds * 1e3 / n, "drawing": drawing,
-            "distinct_tokens": len(set(history[len(PROMPT):]))}, step
+            "distinct_tokens": len(set(history[len(PROMPT):])), "draw_graphs": len(step._draws)}, step
 
 
 def replay_us(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
@@ -79,11 +81,11 @@ def main() -> int:
     try:
         for name, (params, on_device) in SETTINGS.items():
             r, step = run(m.net, params, on_device, a.tokens)
-            if name.endswith("device") and step.graphs:
+            if step._draws:
                 r["draw_graph_us"] = replay_us(next(iter(step._draws.values()))[0])
             res["settings"][name] = r
-            print(f"{name:24s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
-                  f"drawing={r['drawing']} distinct={r['distinct_tokens']}"
+            print(f"{name:28s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
+                  f"drawing={r['drawing']} distinct={r['distinct_tokens']} draw_graphs={r['draw_graphs']}"
                   + (f" draw graph {r['draw_graph_us']:.1f} us" if "draw_graph_us" in r else ""), flush=True)
     finally:
         m.close()

@@ -20,7 +20,7 @@ import triton.language as tl
 
 CAP = 64            # candidates per block, and the largest top_k the fused path serves (tests: less)
 BLOCK_TOKENS = 4096  # tokens per _candidates program
-SENTINEL = -(2 ** 63)  # below every real key; its id part decodes to 2**31 - 1 (not a token)
+SENTINEL = tl.constexpr(-(2 ** 63))  # below every real key; its id part decodes to 2**31 - 1 (not a token)
 
 
 @triton.jit
@@ -161,10 +161,10 @@ def fused_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor 
     n, cap = scratch.n_blocks, scratch.cap
     _candidates[(n,)](logits.reshape(-1), s.bias, s.counts, s.ring, s.slot, fed, s.penalty,
                       scratch.keys, scratch.block_max, scratch.block_sum, scratch.n_vocab, push,
-                      BLOCK=scratch.block_tokens, CAP=cap, num_warps=8)
+                      BLOCK=scratch.block_tokens, CAP=cap, num_warps=16)
     _choose[(1,)](scratch.keys, scratch.block_max, scratch.block_sum, n, scratch.n_vocab, s.temperature,
                   s.top_k, s.top_p, s.min_p, s.seed, s.draws, s.ring, s.slot, s.window, s.counts, fed,
                   scratch.token, scratch.ids, scratch.probs, push, int(advance),
                   N_KEYS=triton.next_power_of_2(n * cap), N_BLOCKS=triton.next_power_of_2(n), CAP=cap,
-                  num_warps=8)
+                  num_warps=16)  # the sorts: fewer keys per thread, a third of the compile time
     return scratch.token
