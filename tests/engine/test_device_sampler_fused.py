@@ -1,7 +1,7 @@
 """The fused device draw (kernels/sample_draw.py, DeviceSampler(fused=True)) against the host
 Sampler: the same tokens survive the filters, in the host's rank order (ties to the lowest id),
 with the same probabilities within a measured bound (float64 sums in another order: the full
-softmax's denominator by blocks, the cumulative sums by a scan; measured <= 5e-16 relative on
+softmax's denominator by blocks, the cumulative sums by a scan; measured <= 3.1e-16 relative on
 these rows, bound 1e-13); the penalty window follows the pushes; draws follow the distribution
 and repeat with the seed; top_k 0 or above the width takes the torch chain.
 
@@ -31,7 +31,7 @@ from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.models import load_model  # noqa: E402
 from sparkd.engine.sampler import Sampler, SamplingParams, apply_repetition_penalty  # noqa: E402
 
-REL = 1e-13  # measured <= 5e-16 relative (CPU interpreter and H200)
+REL = 1e-13  # measured <= 3.1e-16 relative (CPU interpreter); the H200 passes it on 151936-token rows
 SMALL = {"block_tokens": 32, "cap": 16}
 V = 200
 PARAMS = [
@@ -103,14 +103,14 @@ def test_fused_draws_follow_the_distribution_and_repeat_with_the_seed():
     ds = DeviceSampler(row.numel(), "cpu", fused=True, block_tokens=8, cap=8)
     ds.begin(p)
     probs = Sampler(p).probabilities(row)
-    counts = torch.bincount(torch.cat([ds.draw(row).clone() for _ in range(120)]), minlength=row.numel())
+    counts = torch.bincount(torch.cat([ds.draw(row).clone() for _ in range(100)]), minlength=row.numel())
     assert counts[probs == 0].sum() == 0, counts
     chi2, dof = chi_square(counts, probs)
     assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts, probs)
     runs = []
     for seed in (7, 7, 8):
         ds.begin(SamplingParams(**{**p.__dict__, "seed": seed}))
-        runs.append([int(ds.draw(row)) for _ in range(8)])
+        runs.append([int(ds.draw(row)) for _ in range(6)])
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
