@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from sparkd.engine.cuda_graphs import StaticDecode
+from sparkd.engine.device_sampler import DeviceSampler
 from sparkd.engine.models import load_model
 from sparkd.engine.sampler import Sampler, SamplingParams
 
@@ -28,7 +29,10 @@ PROMPT = [1, 7, 42, 3, 99, 100, 5, 17]
 HOT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1234)
 GREEDY = SamplingParams(temperature=0.0)
 SETTINGS = {"greedy (device argmax)": (GREEDY, "fused"), "temperature 0.8 host": (HOT, "off"),
-            "temperature 0.8 device torch": (HOT, "torch"), "temperature 0.8 device fused": (HOT, "fused")}
+            "temperature 0.8 device torch": (HOT, "torch"), "temperature 0.8 device fused": (HOT, "fused"),
+            "temperature 0.8 fused 1024x16": (HOT, "fused")}
+# the fused draw's layout where not the default (DeviceSampler's block_tokens, merge_blocks)
+LAYOUTS = {"temperature 0.8 fused 1024x16": {"block_tokens": 1024, "merge_blocks": 16}}
 
 
 def sync() -> None:
@@ -36,12 +40,14 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run(net, params: SamplingParams, on_device: str, n: int) -> tuple[dict, StaticDecode]:
+def run(net, params: SamplingParams, on_device: str, n: int, layout: dict | None = None) -> tuple[dict, StaticDecode]:
     cache = net.new_cache(len(PROMPT) + n + 3)
     token = int(net(torch.tensor(PROMPT), cache)[-1].argmax())
     graphs = cache.device.type == "cuda"  # --device cpu: a dry run of this script, uncaptured
     step = StaticDecode(net, cache, graphs=graphs, device_argmax=True, device_sampling=on_device)
     step.prepare(len(PROMPT) + n + 2)
+    if layout and step.fused_sampling:
+        step.sampler = DeviceSampler(net.cfg.n_vocab, cache.device, fused=True, **layout)
     history = PROMPT + [token]
     drawing = step.begin_sampling(params, PROMPT)
     host = Sampler(params)
@@ -83,11 +89,11 @@ def main() -> int:
     res = {"model": a.model, "device": name, "hot": repr(HOT), "settings": {}}
     try:
         for name, (params, on_device) in SETTINGS.items():
-            r, step = run(m.net, params, on_device, a.tokens)
+            r, step = run(m.net, params, on_device, a.tokens, LAYOUTS.get(name))
             if step._draws:
                 r["draw_graph_us"] = replay_us(next(iter(step._draws.values()))[0])
             res["settings"][name] = r
-            print(f"{name:28s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
+            print(f"{name:30s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
                   f"drawing={r['drawing']} distinct={r['distinct_tokens']} draw_graphs={r['draw_graphs']}"
                   + (f" draw graph {r['draw_graph_us']:.1f} us" if "draw_graph_us" in r else ""), flush=True)
     finally:

@@ -82,15 +82,16 @@ class DeviceSampler:
     the token just fed to the recent-token ring and draws the next token id, a [1] long tensor on
     the device; push(token) and draw(logits) are its halves. probabilities(logits) is the
     distribution draw samples from. fused: requests that fusable() accepts take the Triton kernels
-    (`self.fusing` says whether the current one does; on a CPU device only under TRITON_INTERPRET)."""
+    (`self.fusing` says whether the current one does; on a CPU device only under TRITON_INTERPRET);
+    block_tokens, cap, merge_blocks: their layout (kernels/sample_draw.DrawScratch)."""
 
     def __init__(self, n_vocab: int, device: torch.device | str, ring_tokens: int = RING_TOKENS,
-                 fused: bool = False, block_tokens: int = BLOCK_TOKENS, cap: int = CAP):
+                 fused: bool = False, block_tokens: int = BLOCK_TOKENS, cap: int = CAP, merge_blocks: int = 1):
         self.n_vocab, self.device, self.ring_tokens = n_vocab, torch.device(device), ring_tokens
         self.fused, self.fusing = fused, False
         with torch.inference_mode(False):  # plain tensors: begin() refills them outside inference mode
             self._buffers()
-            self.scratch = DrawScratch(n_vocab, self.device, block_tokens, cap) if fused else None
+            self.scratch = DrawScratch(n_vocab, self.device, block_tokens, cap, merge_blocks) if fused else None
 
     def _buffers(self) -> None:
         n_vocab, ring_tokens = self.n_vocab, self.ring_tokens

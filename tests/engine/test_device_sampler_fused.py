@@ -82,6 +82,15 @@ def test_fused_distribution_is_the_hosts(pi):
         check_against_host(ds, p, row, history_of(i, V), bias if i == 0 else None)
 
 
+def test_merged_candidates_give_the_same_distribution():
+    """merge_blocks: a middle launch keeps the best cap of each pair of blocks' lists."""
+    ds = DeviceSampler(V, "cpu", fused=True, merge_blocks=2, **SMALL)
+    assert ds.scratch.n_groups == 4
+    for p in (PARAMS[1], PARAMS[4]):
+        for i, row in enumerate(rows(V)):
+            check_against_host(ds, p, row, history_of(i, V), None)
+
+
 def test_fused_window_follows_the_steps():
     """step() pushes the fed token in the kernels (counts and ring): the distribution then equals
     the host's over the history grown by the same tokens."""
@@ -132,7 +141,7 @@ def test_what_takes_the_fused_path():
         assert ds.fusing == fusing
         if not fusing:
             assert torch.equal(ds.probabilities(row)[1], Sampler(p).probabilities(row))
-    for bad in ({"block_tokens": 48, "cap": 16}, {"block_tokens": 8, "cap": 16}, {"cap": 1}):
+    for bad in ({"block_tokens": 48, "cap": 16}, {"block_tokens": 8, "cap": 16}, {"cap": 1}, {"merge_blocks": 3}):
         with pytest.raises(ValueError, match="could not size the fused draw"):
             DrawScratch(V, torch.device("cpu"), **bad)
 
@@ -152,13 +161,13 @@ def test_static_decode_modes():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pi", range(3))
-def test_cuda_fused_distribution_at_full_width(pi):
+@pytest.mark.parametrize("pi,layout", [(0, {}), (1, {}), (2, {}), (0, {"block_tokens": 1024, "merge_blocks": 16})])
+def test_cuda_fused_distribution_at_full_width(pi, layout):
     n_vocab = 151936
     params = [SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
               SamplingParams(temperature=1.1, top_k=CAP, repetition_penalty=1.3),
               SamplingParams(temperature=0.7, top_k=25, top_p=0.5, repetition_penalty=0.8, repetition_window=5)]
-    ds = DeviceSampler(n_vocab, "cuda", fused=True)
+    ds = DeviceSampler(n_vocab, "cuda", fused=True, **layout)
     bias = torch.zeros(n_vocab)
     bias[[3, 150000]] = torch.tensor([9.0, -2.5])
     for i, row in enumerate(rows(n_vocab)):

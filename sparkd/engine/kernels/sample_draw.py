@@ -6,6 +6,8 @@ seen while its count in the window is > 0; the token being fed is counted in on 
 the block's max and sum of exp(x - max) in float64 (the full softmax's denominator, combined
 later), and the block's CAP best tokens by (logit descending, id ascending), the host's stable
 argsort order, packed in one int64 key and sorted.
+(_merge, optional: the best CAP of each group of blocks' lists, so that smaller blocks do not
+widen _choose's sort.)
 _choose, one program: the best CAP of all blocks' candidates, the host chain on them (top-k,
 top-p on the full-vocabulary probabilities, min-p, temperature), one float64 uniform from Philox
 (seed and draw counter in device buffers), the token; then it commits the fed token to the ring.
@@ -95,8 +97,19 @@ def _commit(ring_ptr, slot_ptr, slot, old, fed, window_ptr, counts_ptr, n_vocab)
     tl.store(slot_ptr, (slot + 1) % tl.load(window_ptr))
 
 
+@triton.jit
+def _merge(keys_ptr, n_keys, out_ptr, GROUP_KEYS: tl.constexpr, CAP: tl.constexpr):
+    """The best CAP of each GROUP_KEYS candidates (a group of blocks' lists): an optional middle
+    launch that trades _choose's one wide sort for several narrow ones."""
+    pid = tl.program_id(0)
+    c = pid * GROUP_KEYS + tl.arange(0, GROUP_KEYS)
+    keys = tl.sort(tl.load(keys_ptr + c, mask=c < n_keys, other=SENTINEL), descending=True)
+    r = tl.arange(0, GROUP_KEYS)
+    tl.store(out_ptr + pid * CAP + r, keys, mask=r < CAP)
+
+
 @triton.jit(do_not_specialize=["push", "advance"])
-def _choose(keys_ptr, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_ptr, top_k_ptr, top_p_ptr,
+def _choose(keys_ptr, n_keys, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_ptr, top_k_ptr, top_p_ptr,
             min_p_ptr, seed_ptr, draws_ptr, ring_ptr, slot_ptr, window_ptr, counts_ptr, token_ptr,
             out_ptr, ids_out_ptr, probs_out_ptr, push, advance,
             N_KEYS: tl.constexpr, N_BLOCKS: tl.constexpr, CAP: tl.constexpr):
@@ -106,7 +119,7 @@ def _choose(keys_ptr, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_ptr, top_
     old = tl.load(ring_ptr + slot)
     fed = tl.load(token_ptr)
     c = tl.arange(0, N_KEYS)
-    keys = tl.sort(tl.load(keys_ptr + c, mask=c < n_blocks * CAP, other=SENTINEL), descending=True)
+    keys = tl.sort(tl.load(keys_ptr + c, mask=c < n_keys, other=SENTINEL), descending=True)
     rows = tl.reshape(keys, (N_KEYS // CAP, CAP))
     first = tl.arange(0, N_KEYS // CAP)[:, None] == 0
     v, ids = _unkey(tl.max(tl.where(first, rows, SENTINEL), axis=0))  # the best CAP, in order
@@ -137,13 +150,18 @@ def _choose(keys_ptr, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_ptr, top_
 class DrawScratch:
     """The fixed buffers of one row's fused draw (a CUDA graph captures their addresses)."""
 
-    def __init__(self, n_vocab: int, device: torch.device, block_tokens: int = BLOCK_TOKENS, cap: int = CAP):
-        if cap < 2 or cap & (cap - 1) or block_tokens < cap or block_tokens & (block_tokens - 1):
-            raise ValueError(f"could not size the fused draw: cap={cap} and block_tokens={block_tokens} "
-                             "must be powers of two, 2 <= cap <= block_tokens")
-        self.n_vocab, self.block_tokens, self.cap = n_vocab, block_tokens, cap
+    def __init__(self, n_vocab: int, device: torch.device, block_tokens: int = BLOCK_TOKENS, cap: int = CAP,
+                 merge_blocks: int = 1):
+        pow2 = lambda n: n > 0 and not n & (n - 1)  # noqa: E731
+        if not (pow2(cap) and pow2(block_tokens) and pow2(merge_blocks) and 2 <= cap <= block_tokens):
+            raise ValueError(f"could not size the fused draw: cap={cap}, block_tokens={block_tokens} and "
+                             f"merge_blocks={merge_blocks} must be powers of two, 2 <= cap <= block_tokens")
+        self.n_vocab, self.block_tokens, self.cap, self.merge_blocks = n_vocab, block_tokens, cap, merge_blocks
         self.n_blocks = triton.cdiv(n_vocab, block_tokens)
         self.keys = torch.empty(self.n_blocks * cap, dtype=torch.long, device=device)
+        # merge_blocks > 1: _merge keeps the best cap of each merge_blocks blocks' lists here
+        self.n_groups = triton.cdiv(self.n_blocks, merge_blocks) if merge_blocks > 1 else 0
+        self.merged = torch.empty(self.n_groups * cap, dtype=torch.long, device=device)
         self.block_max = torch.empty(self.n_blocks, dtype=torch.float32, device=device)
         self.block_sum = torch.empty(self.n_blocks, dtype=torch.float64, device=device)
         self.token = torch.zeros(1, dtype=torch.long, device=device)   # the draw
@@ -162,9 +180,14 @@ def fused_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor 
     _candidates[(n,)](logits.reshape(-1), s.bias, s.counts, s.ring, s.slot, fed, s.penalty,
                       scratch.keys, scratch.block_max, scratch.block_sum, scratch.n_vocab, push,
                       BLOCK=scratch.block_tokens, CAP=cap, num_warps=16)
-    _choose[(1,)](scratch.keys, scratch.block_max, scratch.block_sum, n, scratch.n_vocab, s.temperature,
+    keys, n_keys = scratch.keys, n * cap
+    if scratch.n_groups:
+        _merge[(scratch.n_groups,)](keys, n_keys, scratch.merged, GROUP_KEYS=scratch.merge_blocks * cap, CAP=cap,
+                                    num_warps=16)
+        keys, n_keys = scratch.merged, scratch.n_groups * cap
+    _choose[(1,)](keys, n_keys, scratch.block_max, scratch.block_sum, n, scratch.n_vocab, s.temperature,
                   s.top_k, s.top_p, s.min_p, s.seed, s.draws, s.ring, s.slot, s.window, s.counts, fed,
                   scratch.token, scratch.ids, scratch.probs, push, int(advance),
-                  N_KEYS=triton.next_power_of_2(n * cap), N_BLOCKS=triton.next_power_of_2(n), CAP=cap,
+                  N_KEYS=triton.next_power_of_2(n_keys), N_BLOCKS=triton.next_power_of_2(n), CAP=cap,
                   num_warps=16)  # the sorts: fewer keys per thread, a third of the compile time
     return scratch.token
