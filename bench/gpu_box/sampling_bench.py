@@ -1,7 +1,10 @@
-"""Graph-replayed decode tok/s with the token picked three ways, in one process on one model:
+"""Graph-replayed decode tok/s with the token picked four ways, in one process on one model:
 greedy (torch.argmax inside the step's graph), temperature on the host (the logits row comes back,
 Sampler draws; SPARKD_DEVICE_SAMPLING=0) and temperature on the device (DeviceSampler's graph
-right after the step's, one int back). Also the draw graph's own time (replays alone, CUDA events).
+right after the step's, one int back) with the torch chain (=torch) and the fused Triton draw
+(=fused). Also the draw graph's own time (replays alone, CUDA events) and how many draw graphs
+each run captured (greedy: none). One untimed token first: a draw graph is captured on its first
+draw (session 7; before that prepare() captured it), which the timed tokens then leave out.
 On the GPU box:
     python3 bench/gpu_box/sampling_bench.py --model /tmp/q30-12l-e8-Q8_0.gguf --json out.json
 """
@@ -17,6 +20,7 @@ from pathlib import Path
 import torch
 
 from sparkd.engine.cuda_graphs import StaticDecode
+from sparkd.engine.device_sampler import DeviceSampler
 from sparkd.engine.models import load_model
 from sparkd.engine.sampler import Sampler, SamplingParams
 
@@ -24,8 +28,11 @@ PROMPT = [1, 7, 42, 3, 99, 100, 5, 17]
 # llama.cpp's default chain at temperature 0.8
 HOT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1234)
 GREEDY = SamplingParams(temperature=0.0)
-SETTINGS = {"greedy (device argmax)": (GREEDY, True), "temperature 0.8 host": (HOT, False),
-            "temperature 0.8 device": (HOT, True)}
+SETTINGS = {"greedy (device argmax)": (GREEDY, "fused"), "temperature 0.8 host": (HOT, "off"),
+            "temperature 0.8 device torch": (HOT, "torch"), "temperature 0.8 device fused": (HOT, "fused"),
+            "temperature 0.8 fused 1024x16": (HOT, "fused")}
+# the fused draw's layout where not the default (DeviceSampler's block_tokens, merge_blocks)
+LAYOUTS = {"temperature 0.8 fused 1024x16": {"block_tokens": 1024, "merge_blocks": 16}}
 
 
 def sync() -> None:
@@ -33,16 +40,20 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run(net, params: SamplingParams, on_device: bool, n: int) -> tuple[dict, StaticDecode]:
-    cache = net.new_cache(len(PROMPT) + n + 2)
+def run(net, params: SamplingParams, on_device: str, n: int, layout: dict | None = None) -> tuple[dict, StaticDecode]:
+    cache = net.new_cache(len(PROMPT) + n + 3)
     token = int(net(torch.tensor(PROMPT), cache)[-1].argmax())
     graphs = cache.device.type == "cuda"  # --device cpu: a dry run of this script, uncaptured
     step = StaticDecode(net, cache, graphs=graphs, device_argmax=True, device_sampling=on_device)
-    step.prepare(len(PROMPT) + n + 1)
+    step.prepare(len(PROMPT) + n + 2)
+    if layout and step.fused_sampling:
+        step.sampler = DeviceSampler(net.cfg.n_vocab, cache.device, fused=True, **layout)
     history = PROMPT + [token]
     drawing = step.begin_sampling(params, PROMPT)
     host = Sampler(params)
     one = step.next_token if drawing or params.temperature == 0 else (lambda t: host(step(t)[-1], history))
+    token = one(token)  # untimed: the draw graph's capture
+    history.append(token)
     sync()
     t0 = time.perf_counter()
     for _ in range(n):
@@ -51,7 +62,7 @@ def run(net, params: SamplingParams, on_device: bool, n: int) -> tuple[dict, Sta
     sync()
     seconds = time.perf_counter() - t0
     return {"tok_s": n / seconds, "ms_per_token": seconds * 1e3 / n, "drawing": drawing,
-            "distinct_tokens": len(set(history[len(PROMPT):]))}, step
+            "distinct_tokens": len(set(history[len(PROMPT):])), "draw_graphs": len(step._draws)}, step
 
 
 def replay_us(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
@@ -78,12 +89,12 @@ def main() -> int:
     res = {"model": a.model, "device": name, "hot": repr(HOT), "settings": {}}
     try:
         for name, (params, on_device) in SETTINGS.items():
-            r, step = run(m.net, params, on_device, a.tokens)
-            if name.endswith("device") and step.graphs:
+            r, step = run(m.net, params, on_device, a.tokens, LAYOUTS.get(name))
+            if step._draws:
                 r["draw_graph_us"] = replay_us(next(iter(step._draws.values()))[0])
             res["settings"][name] = r
-            print(f"{name:24s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
-                  f"drawing={r['drawing']} distinct={r['distinct_tokens']}"
+            print(f"{name:30s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
+                  f"drawing={r['drawing']} distinct={r['distinct_tokens']} draw_graphs={r['draw_graphs']}"
                   + (f" draw graph {r['draw_graph_us']:.1f} us" if "draw_graph_us" in r else ""), flush=True)
     finally:
         m.close()

@@ -17,8 +17,10 @@ integer GEMV write x's int8 blocks themselves (link_norm_quant; SPARKD_FUSED_KER
 norm_quant), and a greedy request's token is picked on the GPU inside the graph (next_token:
 torch.argmax, the host sampler's own op, so ties and NaN resolve the same way) so one int comes
 back instead of the logits row ($SPARKD_DEVICE_ARGMAX=0 copies the logits back as before).
-A temperature request draws on the GPU too (device_sampler.DeviceSampler, its own small graph
-per bucket replayed right after the step's, $SPARKD_DEVICE_SAMPLING=0 to sample on the host).
+A temperature request draws on the GPU too (device_sampler.DeviceSampler: two Triton launches,
+or the torch chain where top_k rules the kernels out; its own small graph per bucket and chain,
+captured on the first draw there and replayed right after the step's; $SPARKD_DEVICE_SAMPLING=0 to
+sample on the host, =torch for the torch chain always).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from sparkd.engine import switches
-from sparkd.engine.device_sampler import DeviceSampler, device_drawable, device_sampling_default
+from sparkd.engine.device_sampler import MODES as SAMPLING_MODES, DeviceSampler, device_drawable, \
+    device_sampling_default
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.ffn import GatedFFN
@@ -153,16 +156,25 @@ class StaticDecode:
     advanced, like net(torch.tensor([token]), cache); next_token(token) → the argmax of those
     logits as the host's torch.argmax picks it, with only that int leaving the device
     (device_argmax; else the logits come back and the host picks), or, after begin_sampling
-    accepted a temperature request, the token DeviceSampler draws from them."""
+    accepted a temperature request, the token DeviceSampler draws from them.
+
+    device_sampling: "fused", "torch" or "off" (True: "fused", False: "off", None: the switch);
+    the fused kernels run on CUDA only (a CPU step draws with the torch chain)."""
 
     def __init__(self, net: Decoder, cache: KVCache, graphs: bool, first_bucket: int = FIRST_BUCKET,
-                 device_argmax: bool | None = None, device_sampling: bool | None = None):
+                 device_argmax: bool | None = None, device_sampling: bool | str | None = None):
         self.net, self.cache, self.graphs = net, cache, graphs
         self.device_argmax = device_argmax_default() if device_argmax is None else device_argmax
-        self.device_sampling = device_sampling_default() if device_sampling is None else device_sampling
+        mode = device_sampling_default() if device_sampling is None else device_sampling
+        mode = {True: "fused", False: "off"}.get(mode, mode)
+        if mode not in SAMPLING_MODES:
+            raise EngineError(f"could not use device sampling {mode!r}: choose one of {', '.join(SAMPLING_MODES)}")
+        self.device_sampling = mode != "off"
+        self.fused_sampling = mode == "fused" and cache.device.type == "cuda"
         self.sampler: DeviceSampler | None = None  # made on the first request that draws here
         self.drawing = False                       # next_token draws (else picks the argmax)
-        self._draws: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (span, fused) -> the draw graph of that bucket and chain, captured on its first draw
+        self._draws: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._draw_pool = None  # one pool for every bucket's draw graph, as _pool for the steps
         self.buckets = buckets(cache.max_ctx, first_bucket)
         self.token = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static inputs
@@ -203,30 +215,30 @@ class StaticDecode:
 
     def _sampler(self) -> DeviceSampler:
         if self.sampler is None:
-            self.sampler = DeviceSampler(self.net.cfg.n_vocab, self.cache.device)
+            self.sampler = DeviceSampler(self.net.cfg.n_vocab, self.cache.device, fused=self.fused_sampling)
         return self.sampler
 
     @torch.inference_mode()
     def _draw(self, span: int, logits: torch.Tensor) -> torch.Tensor:
-        """The token fed joins the sampler's ring, then the draw: eager, or the bucket's graph."""
+        """The token fed joins the sampler's ring, then the draw: eager, or the graph of this
+        bucket and chain (captured here, on its first draw: a greedy-only run captures none)."""
         if not self.graphs:
-            self.sampler.push(self.token)
-            return self.sampler.draw(logits[-1])
-        if span not in self._draws:
-            self._draws[span] = self._capture_draw(logits)
-        graph, picked = self._draws[span]
+            return self.sampler.step(self.token, logits[-1])
+        key = (span, self.sampler.fusing)
+        if key not in self._draws:
+            self._draws[key] = self._capture_draw(logits)
+        graph, picked = self._draws[key]
         graph.replay()
         return picked
 
     def prepare(self, n_positions: int) -> None:
-        """Capture the graphs of every bucket up to n_positions now rather than on first use.
-        Each capture writes the rows at the cache's next position, which the real step rewrites."""
+        """Capture the step graphs of every bucket up to n_positions now rather than on first use
+        (the draw graphs wait for a draw). Each capture writes the rows at the cache's next
+        position, which the real step rewrites."""
         self.pos.fill_(self.cache.n_past)
         for span in self.buckets:
             if self.graphs and span not in self._graphs:
                 self._graphs[span] = self._capture(span)
-            if self.graphs and self.device_sampling and span not in self._draws:
-                self._draws[span] = self._capture_draw(self._graphs[span][1])
             if span >= n_positions:
                 return
 
@@ -269,22 +281,22 @@ class StaticDecode:
         return graph, *out
 
     def _capture_draw(self, logits: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """A graph of push + draw over one bucket's logits. The generator is registered with it
-        (each replay then takes the generator's seed and offset of that moment, so a reseed in
-        begin_sampling holds), and its state is put back after the warm-up draw: when a capture
-        happens does not change the tokens a seed gives."""
+        """A graph of push + draw over one bucket's logits, the chain of the current request. The
+        generator is registered with it (each replay then takes the generator's seed and offset
+        of that moment, so a reseed in begin_sampling holds), and its state is put back after the
+        warm-up draw: when a capture happens does not change the tokens a seed gives (the fused
+        warm-up neither counts its draw nor pushes)."""
         sampler = self._sampler()
         state = sampler.generator.get_state()
         side = torch.cuda.Stream(self.cache.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # the warm-up: no push, the ring stays as the request set it
-            sampler.draw(logits[-1])
+            sampler.probabilities(logits[-1]) if sampler.fusing else sampler.draw(logits[-1])
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(sampler.generator)
         with torch.cuda.graph(graph, pool=self._draw_pool):
-            sampler.push(self.token)
-            picked = sampler.draw(logits[-1])
+            picked = sampler.step(self.token, logits[-1])
         self._draw_pool = graph.pool()
         sampler.generator.set_state(state)
         return graph, picked

@@ -3,7 +3,14 @@
 The chain is the host's (sampler.py): logit bias, repetition penalty over the recent tokens, the
 top-k / top-p / min-p filters on the ranked logits, temperature, a draw. Every parameter sits in a
 device buffer and the recent tokens in a device ring, so the chain has fixed shapes and no host
-sync: StaticDecode captures it once per bucket as a CUDA graph and every request replays it.
+sync: StaticDecode captures it as a CUDA graph per bucket on a request's first draw there and
+every later request replays it.
+
+Two ways to run the chain ($SPARKD_DEVICE_SAMPLING): "torch" as ~30 torch ops over the whole
+vocabulary (sort, cumsums, two softmaxes), and "fused" (the default on CUDA) in two Triton
+launches (kernels/sample_draw.py: each block's 64 best tokens, then one program ranks those,
+filters and draws). The fused path serves requests with 1 <= top_k <= CAP (64): only then do the
+candidates hold every token the filters can keep; top_k 0 or above CAP takes the torch chain.
 
 The distribution equals the host Sampler's bit for bit on the same logits on the CPU (the same
 torch ops in the same order; tests/engine/test_device_sampler.py), and within rounding on a GPU
@@ -11,7 +18,9 @@ torch ops in the same order; tests/engine/test_device_sampler.py), and within ro
 torch.multinomial consumes its CPU generator, this one takes one uniform number from a device
 generator (seeded from the request's seed) and inverts the cumulative distribution in ranked
 order. So a seeded request gets other tokens, equally distributed, with the device path on:
-$SPARKD_DEVICE_SAMPLING=0 brings the logits row back to the host Sampler as before.
+$SPARKD_DEVICE_SAMPLING=0 brings the logits row back to the host Sampler as before. The fused
+path's uniform comes from Philox (the request's seed, a draw counter) instead of the device
+generator, so it too repeats a seed's tokens, other ones than the torch chain's.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import torch
 
 from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
+from sparkd.engine.kernels.sample_draw import BLOCK_TOKENS, CAP, DrawScratch, fused_draw
 from sparkd.engine.sampler import SamplingParams
 
 DEVICE_SAMPLING_ENV = "SPARKD_DEVICE_SAMPLING"
@@ -30,10 +40,22 @@ DEVICE_SAMPLING_ENV = "SPARKD_DEVICE_SAMPLING"
 RING_TOKENS = 256
 
 
-def device_sampling_default() -> bool:
-    """$SPARKD_DEVICE_SAMPLING: 1/on (or unset) draws temperature requests on the device, 0/off
-    brings the logits row back for the host Sampler; anything else is refused."""
-    return switches.flag(DEVICE_SAMPLING_ENV, True)
+MODES = ("fused", "torch", "off")
+_ALIASES = {"1": "fused", "on": "fused", "0": "off"}
+
+
+def device_sampling_default() -> str:
+    """$SPARKD_DEVICE_SAMPLING: fused (1, on, or unset) draws temperature requests on the device
+    with the Triton kernels where top_k allows (else the torch chain), torch always with the torch
+    chain, off (0) brings the logits row back for the host Sampler; anything else is refused."""
+    value = switches.choice(DEVICE_SAMPLING_ENV, tuple(_ALIASES) + MODES, "fused")
+    return _ALIASES.get(value, value)
+
+
+def fusable(params: SamplingParams, cap: int = CAP) -> bool:
+    """Whether the fused kernels can draw for these parameters: top_k in 1..cap (the candidates
+    then hold every token the filters can keep)."""
+    return 1 <= params.top_k <= cap
 
 
 def device_drawable(params: SamplingParams, ring_tokens: int = RING_TOKENS) -> bool:
@@ -56,14 +78,20 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 class DeviceSampler:
     """The sampling chain over one row of logits on `device`, parameters in device buffers.
 
-    begin(params, history, bias) sets a request up (one small copy each); push(token) adds the
-    token just fed to the recent-token ring; draw(logits) → the next token id as a [1] long tensor
-    on the device. probabilities(logits) is the distribution draw samples from."""
+    begin(params, history, bias) sets a request up (one small copy each); step(token, logits) adds
+    the token just fed to the recent-token ring and draws the next token id, a [1] long tensor on
+    the device; push(token) and draw(logits) are its halves. probabilities(logits) is the
+    distribution draw samples from. fused: requests that fusable() accepts take the Triton kernels
+    (`self.fusing` says whether the current one does; on a CPU device only under TRITON_INTERPRET);
+    block_tokens, cap, merge_blocks: their layout (kernels/sample_draw.DrawScratch)."""
 
-    def __init__(self, n_vocab: int, device: torch.device | str, ring_tokens: int = RING_TOKENS):
+    def __init__(self, n_vocab: int, device: torch.device | str, ring_tokens: int = RING_TOKENS,
+                 fused: bool = False, block_tokens: int = BLOCK_TOKENS, cap: int = CAP, merge_blocks: int = 1):
         self.n_vocab, self.device, self.ring_tokens = n_vocab, torch.device(device), ring_tokens
+        self.fused, self.fusing = fused, False
         with torch.inference_mode(False):  # plain tensors: begin() refills them outside inference mode
             self._buffers()
+            self.scratch = DrawScratch(n_vocab, self.device, block_tokens, cap, merge_blocks) if fused else None
 
     def _buffers(self) -> None:
         n_vocab, ring_tokens = self.n_vocab, self.ring_tokens
@@ -81,6 +109,10 @@ class DeviceSampler:
         self.window = torch.full((1,), ring_tokens, **i64)
         self.ranks = torch.arange(n_vocab, **i64)
         self.generator = torch.Generator(device=self.device)
+        # the fused path's: how often each token sits in the window, its Philox seed and draw count
+        self.counts = torch.zeros(n_vocab + 1, dtype=torch.int32, device=self.device)  # [n_vocab]: empty
+        self.seed = torch.zeros((), **i64)
+        self.draws = torch.zeros((), **i64)
 
     def begin(self, params: SamplingParams, history: Sequence[int] = (),
               bias: torch.Tensor | None = None) -> None:
@@ -101,21 +133,43 @@ class DeviceSampler:
         ring = torch.full((self.ring_tokens,), self.n_vocab, dtype=torch.long)
         ring[:len(tail)] = torch.tensor(tail, dtype=torch.long)
         self.ring.copy_(ring)
+        self.counts.copy_(torch.bincount(ring, minlength=self.n_vocab + 1))
         self.slot.fill_(len(tail) % window)
         self.window.fill_(window)
         if params.seed is None:
             self.generator.seed()
         else:
             self.generator.manual_seed(params.seed)
+        self.seed.fill_(self.generator.initial_seed() & (2 ** 63 - 1))
+        self.draws.zero_()
+        self.fusing = self.fused and fusable(params, self.scratch.cap)
+
+    def step(self, token: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """push(token), then draw(logits): the next token [1] long (fused: two launches)."""
+        if self.fusing:
+            return fused_draw(self, self.scratch, logits, token, advance=True)
+        self.push(token)
+        return self.draw(logits)
 
     def push(self, token: torch.Tensor) -> None:
         """Add the token just fed ([1] long on the device) to the ring, over the oldest."""
+        if self.fusing:  # the kernels read the window as counts (step() does this in _choose)
+            one = torch.ones(1, dtype=torch.int32, device=self.device)
+            self.counts.index_add_(0, self.ring.index_select(0, self.slot), -one)
+            self.counts.index_add_(0, token, one)
         self.ring.index_copy_(0, self.slot, token)
         self.slot.copy_(torch.remainder(self.slot + 1, self.window))
 
     def probabilities(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(order [V]: token ids by logit, highest first; probs [V] float64 by token id): the host
-        Sampler.probabilities chain with tensor parameters, op for op."""
+        """(order: token ids by logit, highest first, [V] (fused: the best CAP); probs [V] float64
+        by token id): the host Sampler.probabilities chain with tensor parameters, op for op (fused:
+        the same math on the candidates, float64 sums in another order; nothing drawn)."""
+        if self.fusing:
+            fused_draw(self, self.scratch, logits, None, advance=False)
+            ids, probs = self.scratch.ids, self.scratch.probs
+            live = probs > 0
+            dense = torch.zeros(self.n_vocab, dtype=torch.float64, device=self.device)
+            return ids, dense.index_put_((ids[live],), probs[live])
         logits = logits.reshape(-1).float() + self.bias
         seen = torch.zeros(self.n_vocab + 1, dtype=torch.bool, device=self.device)
         seen = seen.index_fill_(0, self.ring, True)[:self.n_vocab]
@@ -135,6 +189,8 @@ class DeviceSampler:
     def draw(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token [1] long: one uniform number u, the first rank whose cumulative
         probability exceeds u times the total (a token of probability 0 is never drawn)."""
+        if self.fusing:
+            return fused_draw(self, self.scratch, logits, None, advance=True)
         order, probs = self.probabilities(logits)
         ranked = probs.gather(0, order)                        # non-increasing: dropped ones are 0
         cdf = torch.cumsum(ranked, dim=0)

@@ -1,0 +1,217 @@
+"""The fused device draw (kernels/sample_draw.py, DeviceSampler(fused=True)) against the host
+Sampler: the same tokens survive the filters, in the host's rank order (ties to the lowest id),
+with the same probabilities within a measured bound (float64 sums in another order: the full
+softmax's denominator by blocks, the cumulative sums by a scan; measured <= 3.1e-16 relative on
+these rows, bound 1e-13); the penalty window follows the pushes; draws follow the distribution
+and repeat with the seed; top_k 0 or above the width takes the torch chain.
+
+On the CPU under TRITON_INTERPRET=1 at a small width (cap 16 or 8, blocks of 32 or 8 tokens: the
+interpreter's sort is slow); on the GPU box at the production width (64, 4096) on a 151936-token
+row, and StaticDecode: the captured fused draw equals the eager one, a greedy-only run captures
+no draw graph (capture on first draw), and each chain gets its own graph.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from test_device_sampler import CHI2_CRIT, DRAW_CASE, chi_square, counts_over_seeds  # noqa: E402
+
+from sparkd.engine.cuda_graphs import StaticDecode  # noqa: E402
+from sparkd.engine.device_sampler import DeviceSampler, fusable  # noqa: E402
+from sparkd.engine.errors import EngineError  # noqa: E402
+from sparkd.engine.kernels.sample_draw import CAP, DrawScratch  # noqa: E402
+from sparkd.engine.make_model import plan, write_model  # noqa: E402
+from sparkd.engine.modelgen.specs import TINY  # noqa: E402
+from sparkd.engine.models import load_model  # noqa: E402
+from sparkd.engine.sampler import Sampler, SamplingParams, apply_repetition_penalty  # noqa: E402
+
+REL = 1e-13  # measured <= 3.1e-16 relative (CPU interpreter); the H200 passes it on 151936-token rows
+SMALL = {"block_tokens": 32, "cap": 16}
+V = 200
+PARAMS = [
+    SamplingParams(temperature=1.0, top_k=16),
+    SamplingParams(temperature=0.8, top_k=10, top_p=0.9),
+    SamplingParams(temperature=1.3, top_k=12, min_p=0.05, repetition_penalty=1.3),
+    SamplingParams(temperature=0.5, top_k=1),
+    SamplingParams(temperature=2.0, top_k=16, top_p=0.5, repetition_penalty=0.8, repetition_window=5),
+]
+
+
+def rows(n_vocab: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    out = [torch.randn(n_vocab, generator=g) * 3 for _ in range(3)]
+    out[1] = out[1].round()             # many ties among ranked logits
+    out[2][n_vocab // 4:] = -30.0       # a long flat tail
+    return out
+
+
+def history_of(i: int, n_vocab: int) -> list[int]:
+    return [(37 * i + 11 * k) % n_vocab for k in range(90)]
+
+
+def check_against_host(ds: DeviceSampler, p: SamplingParams, row: torch.Tensor, hist: list[int],
+                       bias: torch.Tensor | None) -> None:
+    """probabilities() on the device against Sampler.probabilities; the ranked candidates against
+    the host's stable argsort of the penalised logits."""
+    device = ds.device
+    ds.begin(p, hist, None if bias is None else bias.to(device))
+    assert ds.fusing
+    order, got = ds.probabilities(row.to(device))
+    biased = row if bias is None else row + bias
+    want = Sampler(p).probabilities(biased, hist)
+    got = got.cpu()
+    assert torch.equal(got > 0, want > 0), (p, (got > 0).nonzero().flatten(), (want > 0).nonzero().flatten())
+    assert torch.allclose(got, want, rtol=REL, atol=0), (p, ((got - want).abs() / want).nan_to_num().max())
+    penalised = apply_repetition_penalty(biased, hist[-p.repetition_window:], p.repetition_penalty)
+    ranked = torch.argsort(penalised, descending=True, stable=True)[:ds.scratch.cap]
+    assert torch.equal(order.cpu(), ranked), p
+
+
+@pytest.mark.parametrize("pi", range(len(PARAMS)))
+def test_fused_distribution_is_the_hosts(pi):
+    p, ds = PARAMS[pi], DeviceSampler(V, "cpu", fused=True, **SMALL)
+    bias = torch.zeros(V)
+    bias[[3, 150]] = torch.tensor([4.0, -2.5])
+    for i, row in enumerate(rows(V)):
+        check_against_host(ds, p, row, history_of(i, V), bias if i == 0 else None)
+
+
+def test_merged_candidates_give_the_same_distribution():
+    """merge_blocks: a middle launch keeps the best cap of each pair of blocks' lists."""
+    ds = DeviceSampler(V, "cpu", fused=True, merge_blocks=2, **SMALL)
+    assert ds.scratch.n_groups == 4
+    for p in (PARAMS[1], PARAMS[4]):
+        for i, row in enumerate(rows(V)):
+            check_against_host(ds, p, row, history_of(i, V), None)
+
+
+def test_fused_window_follows_the_steps():
+    """step() pushes the fed token in the kernels (counts and ring): the distribution then equals
+    the host's over the history grown by the same tokens."""
+    p = SamplingParams(temperature=0.9, top_k=16, repetition_penalty=1.5, repetition_window=3)
+    ds, row, hist = DeviceSampler(V, "cpu", ring_tokens=5, fused=True, **SMALL), rows(V)[0], [5, 6, 7]
+    ds.begin(p, hist)
+    for token in [int(i) for i in torch.argsort(row, descending=True)[:4]]:
+        ds.step(torch.tensor([token]), row)
+        hist.append(token)
+        assert torch.equal(ds.probabilities(row)[1] > 0, Sampler(p).probabilities(row, hist) > 0)
+    assert torch.equal(ds.counts[:V], torch.bincount(ds.ring, minlength=V + 1)[:V].int())
+    assert sorted(set(ds.ring.tolist()) - {V}) == sorted(set(hist[-3:]))
+    ds.push(torch.tensor([9]))  # the torch half keeps the counts too while fusing
+    assert torch.equal(ds.counts[:V], torch.bincount(ds.ring, minlength=V + 1)[:V].int())
+
+
+def test_fused_draws_follow_the_distribution_and_repeat_with_the_seed():
+    """80 successive draws of one seed (the interpreter's draw is slow), ranks 3-5 pooled so every
+    class expects >= 10; the GPU test below takes 4000 seeds."""
+    p, row = DRAW_CASE
+    ds = DeviceSampler(row.numel(), "cpu", fused=True, block_tokens=8, cap=8)
+    ds.begin(p)
+    probs = Sampler(p).probabilities(row)
+    counts = torch.bincount(torch.cat([ds.draw(row).clone() for _ in range(80)]), minlength=row.numel())
+    assert counts[probs == 0].sum() == 0, counts
+    pool = torch.tensor([0, 1, 2, 3, 3, 3, 3, 3])  # (ranks 6, 7 have probability 0)
+    pooled = torch.zeros(4, dtype=torch.long).index_add_(0, pool, counts)
+    expected = torch.zeros(4, dtype=torch.float64).index_add_(0, pool, probs)
+    chi2, dof = chi_square(pooled, expected)
+    assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts, probs)
+    assert chi_square(pooled, torch.roll(expected, 1))[0] > CHI2_CRIT[dof]  # off by one rank: it can fail
+    runs = []
+    for seed in (7, 7, 8):
+        ds.begin(SamplingParams(**{**p.__dict__, "seed": seed}))
+        runs.append([int(ds.draw(row)) for _ in range(6)])
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_what_takes_the_fused_path():
+    """1 <= top_k <= the width; top_k 0 (every token) and above the width: the torch chain, bit
+    for bit the host's; a CPU StaticDecode never fuses; bad widths and modes are refused."""
+    assert fusable(SamplingParams(top_k=1)) and fusable(SamplingParams(top_k=CAP))
+    assert not fusable(SamplingParams(top_k=0)) and not fusable(SamplingParams(top_k=CAP + 1))
+    ds, row = DeviceSampler(V, "cpu", fused=True, **SMALL), rows(V)[0]
+    for top_k, fusing in ((0, False), (17, False), (16, True)):
+        p = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.9)
+        ds.begin(p)
+        assert ds.fusing == fusing
+        if not fusing:
+            assert torch.equal(ds.probabilities(row)[1], Sampler(p).probabilities(row))
+    for bad in ({"block_tokens": 48, "cap": 16}, {"block_tokens": 8, "cap": 16}, {"cap": 1}, {"merge_blocks": 3}):
+        with pytest.raises(ValueError, match="could not size the fused draw"):
+            DrawScratch(V, torch.device("cpu"), **bad)
+
+
+def test_static_decode_modes():
+    class Cache:
+        device, max_ctx = torch.device("cpu"), 8
+
+    class Net(torch.nn.Module):
+        blocks, output_norm, output = [], None, None
+
+    for mode, on, fused in (("fused", True, False), ("torch", True, False), ("off", False, False), (True, True, False)):
+        step = StaticDecode(Net(), Cache(), False, device_sampling=mode)
+        assert (step.device_sampling, step.fused_sampling) == (on, fused), mode
+    with pytest.raises(EngineError, match="could not use device sampling 'yes': choose one of fused, torch, off"):
+        StaticDecode(Net(), Cache(), False, device_sampling="yes")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pi,layout", [(0, {}), (1, {}), (2, {}), (0, {"block_tokens": 1024, "merge_blocks": 16})])
+def test_cuda_fused_distribution_at_full_width(pi, layout):
+    n_vocab = 151936
+    params = [SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+              SamplingParams(temperature=1.1, top_k=CAP, repetition_penalty=1.3),
+              SamplingParams(temperature=0.7, top_k=25, top_p=0.5, repetition_penalty=0.8, repetition_window=5)]
+    ds = DeviceSampler(n_vocab, "cuda", fused=True, **layout)
+    bias = torch.zeros(n_vocab)
+    bias[[3, 150000]] = torch.tensor([9.0, -2.5])
+    for i, row in enumerate(rows(n_vocab)):
+        check_against_host(ds, params[pi], row, history_of(i, n_vocab), bias if i == 0 else None)
+
+
+@pytest.mark.gpu
+def test_cuda_fused_draws_follow_the_distribution():
+    p, row = DRAW_CASE
+    probs = Sampler(p).probabilities(row)
+    counts = counts_over_seeds(DeviceSampler(row.numel(), "cuda", fused=True, block_tokens=64), p, row.cuda(), 4000)
+    assert counts[probs == 0].sum() == 0, counts
+    chi2, dof = chi_square(counts, probs)
+    assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts, probs)
+
+
+def decode(net, params: SamplingParams, n: int, graphs: bool, prepare: int = 0) -> tuple[list[int], StaticDecode]:
+    cache = net.new_cache(32)
+    net(torch.tensor([1, 7, 42]), cache)
+    step = StaticDecode(net, cache, graphs, 4, device_sampling="fused")
+    if prepare:
+        step.prepare(prepare)
+    step.begin_sampling(params, [1, 7, 42])
+    token, out = 3, []
+    for _ in range(n):
+        token = step.next_token(token)
+        out.append(token)
+    return out, step
+
+
+@pytest.mark.gpu
+def test_captured_fused_draw_is_the_eager_one_and_captured_on_first_draw(tmp_path):
+    m = load_model(write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0], device="cuda")
+    try:
+        hot = SamplingParams(temperature=1.2, top_k=20, top_p=0.95, repetition_penalty=1.2, seed=5)
+        eager, estep = decode(m.net, hot, 16, False)
+        assert estep.sampler.fusing
+        captured = [decode(m.net, hot, 16, True) for _ in range(2)]
+        assert captured[0][0] == captured[1][0] == eager
+        greedy, gstep = decode(m.net, SamplingParams(temperature=0.0), 16, True, prepare=24)
+        assert gstep._graphs and not gstep._draws and gstep.sampler is None  # greedy: no draw graph
+        step = captured[0][1]
+        step.begin_sampling(SamplingParams(temperature=1.2, seed=5), [1, 7, 42])  # top_k 0: the torch chain
+        step.next_token(3)
+        assert {fused for _, fused in step._draws} == {True, False}
+    finally:
+        m.close()
