@@ -29,6 +29,8 @@ import triton.language as tl
 # (block_n, num_warps): 2-row programs on 1 and 2 warps, the default 4/1, 4 rows on 2 warps, 8 rows
 # on 1, 2 and 4 warps, 16/4, 1/1
 TILES = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4), (16, 4), (32, 4)]
+STEP_TILES = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4)]  # the real step's (compile time)
+FIX_TILES = [(2, 1), (4, 1), (8, 1)]  # the fix tried
 
 
 @triton.jit
@@ -44,6 +46,58 @@ def _probe(w_ptr, y_ptr, row_words, BN: tl.constexpr, NESTED: tl.constexpr):
     else:
         s = tl.sum(tl.sum(tl.reshape(t, (BN, 4, 8)), 2), 1)
     tl.store(y_ptr + rows, s)
+
+
+@triton.jit
+def _probe_loop(w_ptr, y_ptr, row_words, BN: tl.constexpr, SPLIT_BACK: tl.constexpr):
+    """The tile reshaped into a loop-carried [BN, 4, 8] accumulator (as row_idot's), row_words // 32
+    tiles per row; SPLIT_BACK: the accumulator reshaped to [BN, 4, 2, 4] before the row sums."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    j = tl.arange(0, 4)[None, :, None, None]
+    h = tl.arange(0, 2)[None, None, :, None]
+    v = tl.arange(0, 4)[None, None, None, :]
+    base = w_ptr + rows.to(tl.int64) * row_words
+    acc = tl.zeros((BN, 4, 8), tl.float32)
+    for t0 in range(0, row_words, 32):
+        t = tl.load(base[:, None, None, None] + t0 + j * 8 + 4 * h + v).to(tl.float32)
+        acc += tl.reshape(t, (BN, 4, 8))
+    if SPLIT_BACK:
+        s = tl.sum(tl.sum(tl.sum(tl.reshape(acc, (BN, 4, 2, 4)), 3), 2), 1)
+    else:
+        s = tl.sum(tl.sum(acc, 2), 1)
+    tl.store(y_ptr + rows, s)
+
+
+@triton.jit
+def _row_idot_split(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.constexpr, A1: tl.constexpr,
+                    A2: tl.constexpr, A3: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
+    """matmul.row_idot (split 1, elementwise tile) whose row sums split the tile's last dimension
+    back into (A2 // A3, A3), the step's own [.., 2, 4], before summing: the fix tried here."""
+    n_groups = tl.cdiv(K, 256)
+    acc = tl.zeros((rmask.shape[0], A1, A2), tl.float32)
+    for g0 in tl.range(0, n_groups, UNROLL):
+        for u in tl.static_range(UNROLL):
+            g = g0 + u
+            gc = tl.minimum(g, n_groups - 1)
+            m = rmask & (tl.zeros(rmask.shape, tl.int32) + g < n_groups)
+            acc = IDOT(w_ptr, row_off, m, xw_ptr, xd_ptr, xs_ptr, gc, K, acc, True, EMU)
+    return tl.sum(tl.sum(tl.sum(tl.reshape(acc, (rmask.shape[0], A1, A2 // A3, A3)), 3), 2), 1)
+
+
+@triton.jit
+def _igemv_split(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, IDOT: tl.constexpr, A1: tl.constexpr,
+                 A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    acc = _row_idot_split(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K, IDOT, A1, A2, A3,
+                          UNROLL, EMU)
+    tl.store(y_ptr + rows, acc, mask=rmask)
+
+
+def probe_loop(w: torch.Tensor, bn: int, warps: int, split_back: bool) -> torch.Tensor:
+    y = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+    _probe_loop[(w.shape[0] // bn,)](w, y, w.shape[1], BN=bn, SPLIT_BACK=split_back, num_warps=warps)
+    return y
 
 
 def probe(w: torch.Tensor, bn: int, warps: int, nested: bool) -> torch.Tensor:
@@ -99,6 +153,12 @@ def on_gpu() -> None:
     for bn, warps in TILES:
         errs = [rel(probe(w, bn, warps, nested), want) for nested in (False, True)]
         print(f"  {bn}/{warps}: reshape {errs[0]:.3g}  nested {errs[1]:.3g}", flush=True)
+    w2 = torch.randint(-1000, 1000, (R, 64), dtype=torch.int32, device=dev)
+    want2 = w2.sum(1).float()
+    print("probe, loop-carried [BN,4,8] accumulator: row sums as now / split back to [BN,4,2,4] first")
+    for bn, warps in TILES:
+        errs = [rel(probe_loop(w2, bn, warps, back), want2) for back in (False, True)]
+        print(f"  {bn}/{warps}: as now {errs[0]:.3g}  split back {errs[1]:.3g}", flush=True)
     x = torch.randn(C, device=dev)
     x6 = torch.randn(CN, device=dev)
     q4 = random_blocks(T.Q4_K, R * C // 256).to(dev)
@@ -111,7 +171,7 @@ def on_gpu() -> None:
     ref6n = matmul.gemv(q6n, T.Q6_K, (R, CN), x6, config=matmul.GemvConfig(block_n=2))
     q4i, q6i = q4_k_tiled.FAMILIES["vector"].idot, q6_k_tiled.INT_FAMILY.idot
     # (name, weight, step, iacc, row bytes, x, ref, tiles): the guarded steps, most telling tiles first
-    steps = [("q4t vector", t4.data, q4i, (4, 8), C // 256 * 144, x, ref4, TILES),
+    steps = [("q4t vector", t4.data, q4i, (4, 8), C // 256 * 144, x, ref4, STEP_TILES),
              ("moe _q4_k_vec", q4, moe._q4_k_vec, (4, 8), C // 256 * 144, x, ref4, [(2, 1), (4, 1), (4, 2), (8, 2)]),
              ("q6t int", t6.data, q6i, (2, 8), C // 256 * 210, x, ref6, [(2, 1), (4, 1), (8, 1), (8, 2), (16, 2)]),
              (f"q6t int, {CN} cols", t6n.data, q6i, (2, 8), CN // 256 * 210, x6, ref6n, [(4, 1), (8, 1), (16, 1)])]
@@ -123,6 +183,24 @@ def on_gpu() -> None:
             y = torch.empty(R, device=dev)
             matmul.igemv(data, idot, iacc, act_quant.Q8_K, (R, xx.numel()), rb, xx, y, cfg)
             line.append(f"{bn}/{warps} {rel(y, ref):.2g}")
+        print(f"  {name}: " + "  ".join(line), flush=True)
+    print("the fix tried (_igemv_split: the row sums split the last dim back to (2, 4)): rel err at every "
+          "tile; 'same' = the same bits as matmul.igemv at 4/1 (unroll 1, 4)", flush=True)
+    for name, data, idot, iacc, rb, xx, ref, tiles in steps:
+        q = act_quant.quantize(xx[None], act_quant.Q8_K)
+        line = []
+        for bn, warps in [t for t in tiles if t in FIX_TILES]:
+            for unroll in ((1, 4) if (bn, warps) == (4, 1) else (1,)):
+                y = torch.empty(R, device=dev)
+                _igemv_split[(R // bn,)](data, q.words, q.scales, q.sums, y, R, xx.numel(), rb, IDOT=idot, A1=iacc[0],
+                                         A2=iacc[1], A3=4, BLOCK_N=bn, UNROLL=unroll, EMU=dev != "cuda", num_warps=warps)
+                tag = f"{bn}/{warps} {rel(y, ref):.2g}"
+                if (bn, warps) == (4, 1):
+                    old = torch.empty(R, device=dev)
+                    cfg = matmul.GemvConfig(block_n=4, num_warps=1, unroll=unroll, split=1)
+                    matmul.igemv(data, idot, iacc, act_quant.Q8_K, (R, xx.numel()), rb, xx, old, cfg, q)
+                    tag += f" u{unroll} {'same' if torch.equal(y, old) else 'DIFFERENT'}"
+                line.append(tag)
         print(f"  {name}: " + "  ".join(line), flush=True)
 
 
