@@ -157,7 +157,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 # "scalar" is q4k8's kernel)
 LOADS_ENV = "SPARKD_Q4_K_TILED_LOADS"
 FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
-                         row_tile=TILE_ROWS, whole_tiles=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
+                         row_tile=TILE_ROWS, vector_step=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
 LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "vector")
 FAMILY = FAMILIES[LOADS]
 
