@@ -52,11 +52,12 @@ class RowTiles:
 
 
 # The vector integer steps (q4_k_tiled.idot_tile_vec, also moe's on GGUF Q4_K rows; q6_k_tiled's)
-# compute a tile [BN, ..., 2, 4] whose last dimension is a row's 4 header words, and tl.reshape it
-# into the loop's accumulator [BN, A1, 8] (the two last dimensions merged). When a thread holds
-# fewer than 4 of those words, the compiler spreads both merged dimensions over lanes; triton 3.6
-# (the H200's) then sums the accumulator's rows over the wrong lanes (lane bits 0-1 where the merged
-# dimension's are 0 and 4: rows mixed, half the words left out; rel. error ~1). Tiles giving every
+# compute a tile [BN, ..., 2, 4] whose last dimension holds 4 words (Q4_K: a row's header) that word()
+# picks from, and tl.reshape it into the loop's accumulator [BN, A1, 8] (the two last dimensions
+# merged). When a thread holds fewer than 4 of them, the compiler spreads both merged dimensions over
+# lanes that are not adjacent, and triton 3.6 (the H200's) sums the accumulator's rows over the wrong
+# lanes (2-row Q4_K programs: lane bits 0-1 where the merged dimension's are 0 and 4, so rows mixed
+# and half the words left out; rel. error ~1). Tiles giving every
 # thread its 4 words are right (session 7, bench/diag12_part_tile.py, bench/results/diag12_h200_s7.log).
 THREAD_WORDS = 4
 WARP_THREADS = 32
