@@ -20,7 +20,9 @@ after the loop (tl.sum(tl.sum(acc, 2), 1)). NESTED=True sums the 4-D tile instea
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import sys
 
 import torch
 import triton
@@ -140,8 +142,8 @@ def on_gpu() -> None:
     from gguf import GGMLQuantizationType as T
 
     from sparkd.engine.kernels import act_quant, matmul, moe, q4_k_tiled, q6_k_tiled
-    import os, sys
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tests', 'engine'))
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "engine"))  # random valid blocks
     from test_kernels import random_blocks
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, a dry run
