@@ -37,7 +37,7 @@ def idot_loads_only(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW
 
 
 TWINS = {"loadonly": Family(q4_k_tiled.TILED, 256, 144, 8, 32, q4_k_tiled.dequant, align=4, idot=idot_loads_only,
-                            act_fmt=Q8_K, iacc=(4, 8), row_tile=q4_k_tiled.TILE_ROWS, whole_tiles=True)}
+                            act_fmt=Q8_K, iacc=(4, 8), row_tile=q4_k_tiled.TILE_ROWS, vector_step=True)}
 
 
 def gemv(name: str, w, x: torch.Tensor, out: torch.Tensor, config: matmul.GemvConfig, qx=None) -> torch.Tensor:

@@ -113,17 +113,17 @@ def test_default_split_is_the_rules_split(backend, monkeypatch):
 
 @pytest.mark.parametrize("loads", ["vector", "vector64", "bytes"])
 def test_vector_steps_refuse_programs_of_part_of_a_tile(loads):
-    """2-row programs (half a 4-row tile): wrong sums on the H200 with and without split-K
-    (gemv_tiles_h200_s6*, session 6's GPU tests); refused before anything runs. q4_k's own step
-    on the same tile still runs."""
+    """2-row programs on one warp: wrong sums on the H200 with and without split-K (triton 3.6 sums
+    such tiles over the wrong lanes: docs/performance.md, diag12); refused before anything runs.
+    q4_k's own step on the same tile still runs."""
     dev = "cuda" if ON_GPU else "cpu"
     rows, cols = 8, 8 * 256
     raw = random_blocks(T.Q4_K, rows * cols // 256).to(dev)
     w = q4_k_tiled.pack(raw, (rows, cols), loads=loads)
     x, out = torch.randn(cols, device=dev), torch.full((rows,), float("nan"), device=dev)
     for split in (1, 2):
-        with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q4_K_TILED GEMV: an elementwise "
-                           "tile of 2 rows holds part of the layout's 4-row tiles, which gave wrong sums"):
+        with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q4_K_TILED GEMV: an elementwise tile of 2 "
+                           r"rows on 1 warp\(s\) gives a thread fewer than 4 of the vector step's words.*block_n >= 4"):
             q4_k_tiled.gemv(w, x, out=out, config=GemvConfig(block_n=2, split=split), loads=loads)
     assert torch.isnan(out).all()
     w = q4_k_tiled.pack(raw, (rows, cols), loads="scalar")

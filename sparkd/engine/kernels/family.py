@@ -74,10 +74,10 @@ class Family:
     # rows come in tiles of this many (a repacked layout, q4_k_tiled): the matrix has whole tiles,
     # and its dequant gets the row width as aux_ptr (int32 [1]) to find a row's place in its tile
     row_tile: int = 1
-    # with row_tile: the integer step's elementwise tile reads a row tile's headers as vectors, so a
-    # program must hold whole row tiles (part tiles gave wrong sums on the H200, right under the
-    # interpreter: session 6, q4k10 and q6k9; matmul.check_tile refuses them)
-    whole_tiles: bool = False
+    # the integer step's elementwise tile is a vector step's (4 words per thread along its last
+    # dimension, merged into iacc by a reshape): it needs tiles that give every thread those 4 words
+    # (row_tiles.holds_words; matmul.check_tile refuses the others, which gave wrong sums on the H200)
+    vector_step: bool = False
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids
+from sparkd.engine.kernels import act_quant, dispatch, grids, row_tiles
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
 # enough programs to keep every SM of a large GPU busy with a few resident programs each
@@ -333,12 +333,10 @@ def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tenso
 
 
 def check_tile(fam: dispatch.Family, cfg: GemvConfig, what: str) -> None:
-    """Refuse an elementwise tile holding part of a row tile where the integer step needs whole
-    ones (Family.whole_tiles)."""
-    if fam.whole_tiles and fam.idot is not None and cfg.elementwise and cfg.block_n % fam.row_tile:
-        raise dispatch.KernelArgumentError(
-            f"could not run {what}: an elementwise tile of {cfg.block_n} rows holds part of the layout's "
-            f"{fam.row_tile}-row tiles, which gave wrong sums on the H200; use block_n a multiple of {fam.row_tile}")
+    """Refuse an elementwise tile a vector integer step cannot run right (Family.vector_step,
+    row_tiles.holds_words)."""
+    if fam.vector_step and fam.idot is not None and cfg.elementwise:
+        row_tiles.check_holds_words(cfg.block_n, cfg.num_warps, fam.iacc[0] * fam.iacc[1], what)
 
 
 def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,

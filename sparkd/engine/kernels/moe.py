@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from sparkd.engine.kernels import act_quant, dispatch, grids, q4_k, q4_k_tiled, q8_0_words
+from sparkd.engine.kernels import act_quant, dispatch, grids, q4_k, q4_k_tiled, q8_0_words, row_tiles
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
     check_qx,
@@ -87,6 +87,10 @@ def _aligned_offset(off_ptr, ids_ptr, a, IDS: tl.constexpr, ALIGN: tl.constexpr)
     if ALIGN > 1:
         off = tl.multiple_of(off, ALIGN)
     return off
+
+
+# words per row of _q4_k_vec's elementwise tile (idot_tile_vec's [4, 2, 4]), for _use_vec's rule
+_VEC_ROW_WORDS = q4_k_tiled.FAMILIES["vector"].iacc[0] * q4_k_tiled.FAMILIES["vector"].iacc[1]
 
 
 @triton.jit
@@ -479,11 +483,10 @@ def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
 
 
 def _use_vec(on: bool, cfg: GemvConfig, rows_on_16: bool) -> bool:
-    """_q4_k_vec for these rows (on: the Kernels flag of the launch): tiles of at least 4 rows
-    only: the H200 gave wrong sums for 2-row tiles with this step
-    (err 1.2, bench/results/moe_tiles_h200_s6_moe10_call2.log), as it did for q4_k_tiled's
-    (Family.whole_tiles)."""
-    return on and rows_on_16 and cfg.block_n >= q4_k_tiled.TILE_ROWS
+    """_q4_k_vec for these rows (on: the Kernels flag of the launch) on tiles that give every
+    thread 4 of its words (row_tiles.holds_words, the tiled layouts' rule), else q4_k's step: the
+    H200 gave wrong sums for 2-row tiles (err 1.2, bench/results/moe_tiles_h200_s6_moe10_call2.log)."""
+    return on and rows_on_16 and row_tiles.holds_words(cfg.block_n, cfg.num_warps, _VEC_ROW_WORDS)
 
 
 def _int_args(fam: dispatch.Family, words: bool, vec: bool) -> dict:

@@ -266,9 +266,9 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 # says (read once; "vector" is session 6's step and layout, "scalar" q4k8's kernel); pack_raw follows it
 LOADS_ENV = "SPARKD_Q4_K_TILED_LOADS"
 FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
-                         row_tile=TILE_ROWS, whole_tiles=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
+                         row_tile=TILE_ROWS, vector_step=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
 FAMILIES["bytes"] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=idot_bytes, act_fmt=Q8_K, iacc=(4, 8),
-                           row_tile=TILE_ROWS, whole_tiles=True)
+                           row_tile=TILE_ROWS, vector_step=True)
 LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "bytes")
 FAMILY = FAMILIES[LOADS]
 
