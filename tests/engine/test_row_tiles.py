@@ -111,7 +111,13 @@ def test_unknown_layout_is_a_clear_error(layout):
 # (rows, warps): 1- and 2-row programs, 4 rows on 1 and 2 warps, 8 on 1, 2, 4, 16 on 2 and 4
 RULE_TILES = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4)]
 VECTOR_STEPS = [pytest.param((q4_k_tiled, q4_k_tiled.FAMILIES[name], T.Q4_K), id=f"Q4_K-{name}")
-                for name in ("vector", "vector64")] + [pytest.param((q6_k_tiled, q6_k_tiled.INT_FAMILY, T.Q6_K), id="Q6_K")]
+                for name in ("vector", "vector64", "bytes")] + [pytest.param((q6_k_tiled, q6_k_tiled.INT_FAMILY, T.Q6_K), id="Q6_K")]
+
+
+def step_args(mod, fam) -> dict:
+    """The keyword that picks q4_k_tiled's step `fam` for pack and gemv (each step reads its own
+    header order); q6_k_tiled has one."""
+    return {"loads": next(k for k, f in mod.FAMILIES.items() if f is fam)} if mod is q4_k_tiled else {}
 
 
 @pytest.mark.parametrize("step", VECTOR_STEPS)
@@ -123,7 +129,7 @@ def test_vector_steps_refuse_tiles_of_fewer_than_4_words_per_thread(step):
     mod, fam, qtype = step
     words = fam.iacc[0] * fam.iacc[1]
     check_tile(fam, GEMV_TILES[fam.qtype.name], "the default")
-    w = mod.pack(random_blocks(qtype, 16), (16, 256))
+    w = mod.pack(random_blocks(qtype, 16), (16, 256), **step_args(mod, fam))
     for rows, warps in RULE_TILES:
         cfg = GemvConfig(block_n=rows, num_warps=warps)
         if rows * words >= 128 * warps:
@@ -134,11 +140,7 @@ def test_vector_steps_refuse_tiles_of_fewer_than_4_words_per_thread(step):
         with pytest.raises(dispatch.KernelArgumentError, match=rf"could not run the {qtype.name}_TILED GEMV: an "
                            rf"elementwise tile of {rows} rows on {warps} warp\(s\) gives a thread fewer than 4 of "
                            rf"the vector step's words .*; use block_n >= {need} on {warps} warp\(s\)"):
-            if mod is q4_k_tiled:
-                mod.gemv(w, torch.zeros(256), out=out, config=cfg, loads=next(k for k, f in mod.FAMILIES.items()
-                                                                              if f is fam))
-            else:
-                mod.gemv(w, torch.zeros(256), out=out, config=cfg)
+            mod.gemv(w, torch.zeros(256), out=out, config=cfg, **step_args(mod, fam))
         assert torch.isnan(out).all()
         check_tile(fam, GemvConfig(block_n=rows, num_warps=warps, elementwise=False), "the rows tile")
 
@@ -161,9 +163,9 @@ def test_tiles_the_rule_admits_give_the_reference_sums(backend, step):
     mod, fam, qtype = step
     rows, cols = (256, 2048) if backend == "cuda" else (16, 512)
     raw = random_blocks(qtype, rows * cols // 256).to(backend)
-    w, x = mod.pack(raw, (rows, cols)), torch.randn(cols, device=backend)
+    loads = step_args(mod, fam)
+    w, x = mod.pack(raw, (rows, cols), **loads), torch.randn(cols, device=backend)
     W, xr = reference(raw, qtype, (rows, cols)), act_in(qtype, x.cpu())
-    loads = {"loads": next(k for k, f in mod.FAMILIES.items() if f is fam)} if mod is q4_k_tiled else {}
     admitted = [(r, n) for r, n in RULE_TILES if row_tiles.holds_words(r, n, fam.iacc[0] * fam.iacc[1])]
     assert admitted
     for r, n in admitted:
