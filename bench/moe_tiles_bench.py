@@ -34,7 +34,8 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 import gemv_tiles_bench
-from sparkd.engine.kernels import dispatch, moe, moe_tiles
+import moe_twin
+from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
@@ -89,6 +90,7 @@ class Shape:
         self.y = torch.empty(D, device=DEVICE)
         self.ref = kb.moe_torch(self.sets[0].table, self.x, self.w, torch.float64) if reference else None
         self.name = f"moe {D}x{F} top{A}"
+        self.same: dict[int, float] = {}  # same-bytes copy seconds by bytes (same_seconds)
 
     def call(self, i: int, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels) -> torch.Tensor:
         return moe.moe_decode(self.sets[i % len(self.sets)], self.x, self.w, out=self.y, gate_up=gu, down=dn,
@@ -98,14 +100,47 @@ class Shape:
         self.y.fill_(float("nan"))
         return kb.rel_err(self.call(0, gu, dn, k), self.ref)
 
+    def same_seconds(self, nbytes: int) -> float:
+        """gemv_tiles_bench.same_copy_seconds(nbytes), once per byte count: the copy of the bytes the
+        part reads, the ceiling of a launch that small."""
+        if nbytes not in self.same:
+            self.same[nbytes] = gemv_tiles_bench.same_copy_seconds(nbytes)
+        return self.same[nbytes]
+
     def row(self, part: str, label: str, sec: float, nbytes: int, copy_bw: float, err: float) -> dict:
         return dict(kernel=f"{self.name} {part}", type=self.qtype.name, config=label, us=sec * 1e6, bw=nbytes / sec,
-                    frac=nbytes / sec / copy_bw, err=err)
+                    frac=nbytes / sec / copy_bw, frac_same=self.same_seconds(nbytes) / sec, err=err)
 
     def whole(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         err = self.err(gu, dn, k)
         sec = kb.graph_seconds(lambda i: self.call(i, gu, dn, k), len(self.sets))
         return self.row("all", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
+
+    def engine(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
+        """The whole layer as the engine runs it after the norm: x quantized before (qx), 2 launches."""
+        err = self.err(gu, dn, k)
+        qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
+
+        def run(i):
+            moe.moe_decode(self.sets[i % len(self.sets)], self.x, self.w, out=self.y, gate_up=gu, down=dn, kernels=k,
+                           qx=qx)
+        sec = kb.graph_seconds(run, len(self.sets))
+        return self.row("all qx", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
+
+    def twin_gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
+        """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before)."""
+        qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
+        out = torch.empty(self.shape[2], self.shape[1], dtype=torch.int32, device=DEVICE)
+        sec = kb.graph_seconds(lambda i: moe_twin.gate_up(self.sets[i % len(self.sets)], qx, out, gu), len(self.sets))
+        return self.row("gate/up twin", label, sec, 2 * self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
+
+    def twin_down(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
+        """moe_twin.down at dn's grid, steps and ranges (loads only; h as gate/up quantizes it)."""
+        rw = self.w.contiguous()
+        h = moe._gate_up(self.sets[0], self.x, rw, False, "silu", gu, None, "bench", None, k)
+        out = torch.empty(max(1, min(dn.split, self.shape[2])), self.shape[0], dtype=torch.int32, device=DEVICE)
+        sec = kb.graph_seconds(lambda i: moe_twin.down(self.sets[i % len(self.sets)], h, out, dn), len(self.sets))
+        return self.row("down twin", label, sec, self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
 
     def gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         """x quantized and the gate/up launch (h quantized in it), as moe_decode runs them."""
@@ -154,24 +189,34 @@ def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, m
 def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> list[dict]:
     s = Shape(qtype, shape)
     sets = baselines(s.sets[0])
-    timed = [(f"{label} {kb.tag(gu)}/{kb.tag(dn)}", s.whole, gu, dn, k) for label, gu, dn, k in sets]
+    timed = [(f"{label} {kb.tag(gu)}/{kb.tag(dn)}", part, gu, dn, k) for label, gu, dn, k in sets
+             for part in (s.whole, s.engine)]
     timed += [(f"{label} {kb.tag(t)}", part, gu, dn, k) for label, gu, dn, k in sets
               for part, t in ((s.gate_up, gu), (s.down, dn))]
+    if args.twins:  # each set's distinct tiles
+        timed += list({(kb.tag(t), part.__name__): (f"{label} {kb.tag(t)}", part, gu, dn, k)
+                       for label, gu, dn, k in sets
+                       for part, t in ((s.twin_gate_up, gu), (s.twin_down, dn))}.values())
     rows = []
     for label, part, gu, dn, k in timed:
         try:
             rows.append(part(label, gu, dn, k, copy_bw))
         except Exception as e:  # noqa: BLE001 - a set that fails to build leaves the others
             print(f"FAILED {qtype.name} {shape} {label}: {type(e).__name__}: {e}", flush=True)
-    kb.print_rows(rows)
+    print(f"{s.name} {qtype.name} same-bytes copies: " + ", ".join(
+        f"{n / 1e6:.1f} MB {sec * 1e6:.1f} us ({n / sec / copy_bw:.2f})" for n, sec in sorted(s.same.items())),
+        flush=True)
+    gemv_tiles_bench.print_rows(rows)
     gus, dns = candidates(qtype, args)
     new = sets[-1]
-    timed = [(t, s.gate_up, dataclasses.replace(tile(t), fuse_quant=True), new[2]) for t in gus] + \
-        [(t, part, new[1], tile(t)) for t in dns for part in (s.down, s.whole)]
+    gu_parts = (s.gate_up, s.twin_gate_up) if args.twins else (s.gate_up,)
+    dn_parts = (s.down, s.whole, s.twin_down) if args.twins else (s.down, s.whole)
+    timed = [(t, part, dataclasses.replace(tile(t), fuse_quant=True), new[2]) for t in gus for part in gu_parts] + \
+        [(t, part, new[1], tile(t)) for t in dns for part in dn_parts]
     for t, part, gu, dn in timed:
         try:
             rows.append(part(t, gu, dn, kernels_of(t), copy_bw))
-            kb.print_rows(rows[-1:])
+            gemv_tiles_bench.print_rows(rows[-1:])
         except Exception as e:  # noqa: BLE001 - a tile that fails to build leaves the others
             print(f"FAILED {qtype.name} {shape} {t}: {type(e).__name__}: {e}", flush=True)
     del s
@@ -193,9 +238,13 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
     pairs += [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
     pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[name][1], moe_tiles.OLD_KERNELS)]
     failed = []
+    qx = act_quant.quantize(s.x[None], s.sets[0].gate_up.act_fmt)
     for gu, dn, kk in pairs:
         try:
             s.call(0, gu, dn, kk)
+            h = moe._gate_up(s.sets[0], s.x, s.w, False, "silu", gu, None, "bench", None, kk)
+            moe_twin.gate_up(s.sets[0], qx, torch.empty(shape[2], shape[1], dtype=torch.int32, device=DEVICE), gu)
+            moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], dtype=torch.int32, device=DEVICE), dn)
         except Exception as e:  # noqa: BLE001 - the timed run reports it again
             failed.append(f"{kb.tag(gu)}/{kb.tag(dn)}: {type(e).__name__}")
     torch.cuda.synchronize()
@@ -222,12 +271,14 @@ def main() -> None:
     ap.add_argument("--defaults-only", action="store_true")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling first (0: none)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-twins", dest="twins", action="store_false", help="no load-only twins (moe_twin)")
     args = ap.parse_args()
     types = [T[n] for n in args.types.split(",")]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(types, min(shapes), args)
     copy_bw = kb.copy_bandwidth()
+    print("kernel / type / tile / us / GB/s / frac (2 GiB copy) / frac_same (same-bytes copy) / err", flush=True)
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"tiles {moe_tiles.DECODE_TILES} by width {moe_tiles.WIDTH_TIERS} "
           f"kernels {moe_tiles.decode_kernels()}", flush=True)
