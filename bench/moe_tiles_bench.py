@@ -59,12 +59,12 @@ def tile(text: str) -> GemvConfig:
 
 def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
-    Q4_K headers as vectors in gate/up / the down; no ":": the default)."""
+    Q4_K headers as vectors in gate/up / the down, o: both launches as one; no ":": the default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
-                       q4k_vec_down="V" in flags)
+                             q4k_vec_down="V" in flags, one_launch="o" in flags)
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,
@@ -180,10 +180,13 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
     return given(args.gate_up, GATE_UP[qtype.name]), given(args.down, DOWN[qtype.name])
 
 
+SETS = moe_tiles.TILE_SETS  # --sets
+
+
 def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe_tiles.Kernels]]:
-    """(label, gate/up, down, kernels) of the tile sets: old and s5 with the old kernels, default."""
+    """(label, gate/up, down, kernels) of the tile sets (SETS, "new" last as "default")."""
     return [(which if which != "new" else "default", *engine_tiles(p, None, None, which), moe_tiles.decode_kernels(which))
-            for which in moe_tiles.TILE_SETS]
+            for which in moe_tiles.TILE_SETS if which in SETS]
 
 
 def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> list[dict]:
@@ -224,9 +227,10 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
     return rows
 
 
-def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
+def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, ...]]) -> str:
     """Compile one type's kernels for the given tiles (a worker process: Triton's disk cache)."""
-    name, shape, gus, dns = job
+    global SETS
+    name, shape, gus, dns, SETS = job
     qtype = T[name]
     s = Shape(qtype, shape, reference=False)
     sets = baselines(s.sets[0])
@@ -236,7 +240,8 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
     pairs += [(base[0], tile(t), kernels_of(t)) for t in dns]
     tiers = moe_tiles.WIDTH_TIERS[name]  # the wider shapes' tiles, compiled here at the smallest
     pairs += [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
-    pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[name][1], moe_tiles.OLD_KERNELS)]
+    if "s5" in SETS:
+        pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[name][1], moe_tiles.OLD_KERNELS)]
     failed = []
     qx = act_quant.quantize(s.x[None], s.sets[0].gate_up.act_fmt)
     for gu, dn, kk in pairs:
@@ -255,8 +260,8 @@ def precompile(types: list[T], shape: tuple[int, int, int], args) -> None:
     jobs = []
     for qtype in types:
         gus, dns = candidates(qtype, args)
-        jobs.append((qtype.name, shape, [], []))  # the defaults (and the old tiles)
-        jobs += [(qtype.name, shape, [t], []) for t in gus] + [(qtype.name, shape, [], [t]) for t in dns]
+        jobs.append((qtype.name, shape, [], [], SETS))  # the defaults (and the old tiles)
+        jobs += [(qtype.name, shape, [t], [], SETS) for t in gus] + [(qtype.name, shape, [], [t], SETS) for t in dns]
     with cf.ProcessPoolExecutor(args.compile_workers, mp_context=mp.get_context("spawn")) as ex:
         for done in ex.map(warm, jobs):
             print(f"compiled {done}", flush=True)
@@ -271,8 +276,11 @@ def main() -> None:
     ap.add_argument("--defaults-only", action="store_true")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling first (0: none)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sets", default=",".join(moe_tiles.TILE_SETS), help="tile sets timed (moe_tiles.TILE_SETS)")
     ap.add_argument("--no-twins", dest="twins", action="store_false", help="no load-only twins (moe_twin)")
     args = ap.parse_args()
+    global SETS
+    SETS = tuple(args.sets.split(",")) + ("new",)
     types = [T[n] for n in args.types.split(",")]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if args.compile_workers:
