@@ -21,11 +21,13 @@ from sparkd.engine.kernels.matmul import GemvConfig
 
 @triton.jit
 def _group_sum(w_ptr, off_bytes, rows64, rmask, row_words, xw_ptr, g0, n_groups, acc,
-               GW: tl.constexpr, GWP: tl.constexpr, UNROLL: tl.constexpr):
-    """acc + the words of groups g0..g0+UNROLL-1 of the rows (+ x's words of those groups)."""
+               GW: tl.constexpr, GWP: tl.constexpr, UNROLL: tl.constexpr, UP: tl.constexpr):
+    """acc + the words of groups g0..g0+UNROLL-1 of the rows (+ x's words of those groups); UP:
+    UNROLL's next power of two (the tile's extent)."""
     lane = tl.arange(0, GWP)[None, None, :]
-    g = g0 + tl.arange(0, UNROLL)[None, :, None]
-    m = rmask[:, None, None] & (lane < GW) & (g < n_groups)
+    u = tl.arange(0, UP)[None, :, None]
+    g = g0 + u
+    m = rmask[:, None, None] & (lane < GW) & (g < n_groups) & (u < UNROLL)
     base = (w_ptr + off_bytes).to(tl.pointer_type(tl.int32)) + rows64[:, None, None] * row_words
     w = tl.load(base + g * GW + lane, mask=m, other=0)
     xv = tl.load(xw_ptr + g * 64 + (lane % 64), mask=m, other=0)
@@ -34,34 +36,35 @@ def _group_sum(w_ptr, off_bytes, rows64, rmask, row_words, xw_ptr, g0, n_groups,
 
 @triton.jit
 def _twin_gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words,
-                         GW: tl.constexpr, GWP: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr):
+                         GW: tl.constexpr, GWP: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
+                         UP: tl.constexpr):
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rows64 = rows.to(tl.int64)
     go, uo = tl.load(gate_off + a), tl.load(up_off + a)
-    acc = tl.zeros((BLOCK_N, UNROLL, GWP), tl.int32)
+    acc = tl.zeros((BLOCK_N, UP, GWP), tl.int32)
     for g0 in range(0, n_groups, UNROLL):
-        acc = _group_sum(gate_ptr, go, rows64, rmask, row_words, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL)
-        acc = _group_sum(up_ptr, uo, rows64, rmask, row_words, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL)
+        acc = _group_sum(gate_ptr, go, rows64, rmask, row_words, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL, UP)
+        acc = _group_sum(up_ptr, uo, rows64, rmask, row_words, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL, UP)
     tl.store(out_ptr + a * F + rows, tl.sum(tl.sum(acc, 2), 1), mask=rmask)
 
 
 @triton.jit
 def _twin_down_kernel(down_ptr, down_off, hw_ptr, out_ptr, D, F, n, n_groups, row_words,
                       GW: tl.constexpr, GWP: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                      SPLIT: tl.constexpr):
+                      UP: tl.constexpr, SPLIT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rows64 = rows.to(tl.int64)
     per = tl.cdiv(n, SPLIT)
     first = tl.program_id(1) * per
-    acc = tl.zeros((BLOCK_N, UNROLL, GWP), tl.int32)
+    acc = tl.zeros((BLOCK_N, UP, GWP), tl.int32)
     for a in range(first, tl.minimum(first + per, n)):
         off = tl.load(down_off + a)
         for g0 in range(0, n_groups, UNROLL):
             acc = _group_sum(down_ptr, off, rows64, rmask, row_words, hw_ptr + a * (F // 4), g0, n_groups, acc,
-                             GW, GWP, UNROLL)
+                             GW, GWP, UNROLL, UP)
     tl.store(out_ptr + tl.program_id(1) * D + rows, tl.sum(tl.sum(acc, 2), 1), mask=rmask)
 
 
@@ -72,8 +75,10 @@ def _group_words(fam: dispatch.Family) -> tuple[int, int]:
 
 
 def _check(p, what: str) -> None:
-    for t in (p.gate_off, p.up_off, p.down_off):
-        if bool((t % 4).any()):
+    """On the host table's offsets (no device sync: the twins run inside a graph capture)."""
+    t = p.table
+    for offs in (t.gate_offsets, t.up_offsets, t.down_offsets):
+        if any(int(o) % 4 for o in offs):
             raise ValueError(f"could not run the {what} twin: expert offsets must be multiples of 4 bytes")
     if p.ids is not None:
         raise ValueError(f"could not run the {what} twin: a selection (ids) is not supported")
@@ -86,7 +91,8 @@ def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig) -> None
     gw, gwp = _group_words(p.gate_up)
     _twin_gate_up_kernel[(triton.cdiv(F, cfg.block_n), n)](
         p.table.gate, p.table.up, p.gate_off, p.up_off, xq.words, out, F, triton.cdiv(D, 256),
-        p.gate_up_row_bytes // 4, GW=gw, GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, num_warps=cfg.num_warps)
+        p.gate_up_row_bytes // 4, GW=gw, GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, UP=triton.next_power_of_2(cfg.unroll),
+        num_warps=cfg.num_warps)
 
 
 def down(p, hq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig) -> None:
@@ -97,4 +103,5 @@ def down(p, hq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig) -> None:
     gw, gwp = _group_words(p.down)
     _twin_down_kernel[(triton.cdiv(D, cfg.block_n), split)](
         p.table.down, p.down_off, hq.words, out, D, F, n, triton.cdiv(F, 256), p.down_row_bytes // 4, GW=gw,
-        GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, num_warps=cfg.num_warps)
+        GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, UP=triton.next_power_of_2(cfg.unroll), SPLIT=split,
+        num_warps=cfg.num_warps)
