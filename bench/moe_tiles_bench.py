@@ -4,7 +4,7 @@ old tiles next to the default and candidates, as a fraction of the copy bandwidt
 
 Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
        [--shapes 2048x768x8,4096x1536x8,7168x2048x8] [--gate-up T,...] [--down T,...] [--json F]
-       [--defaults-only] [--compile-workers N]
+       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins]
 
 Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
 DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe_tiles.OLD_DECODE_TILES), "s5" (session 5's
@@ -19,6 +19,14 @@ first checked against the float64 reference through a whole moe_decode call (err
 kernels_bench: one CUDA graph over expert sets rotated past the L2, median of 15. The kernels
 are compiled first by --compile-workers processes at the smallest shape (the same
 specializations), so the timed process finds them in Triton's cache.
+
+Session 7 (moe12): frac_same, the part's time over that of a device copy of the same bytes (half
+read, half written, rotated and timed the same way: gemv_tiles_bench.same_copy_seconds), the
+ceiling of a launch that small; "all qx" rows, the layer as the engine runs it after the norm (x
+quantized before: 2 launches); "twin" rows (unless --no-twins), bench/moe_twin.py's load-only
+launches at a tile's grid, steps and bytes: a twin near its kernel means the loads' structure
+bounds the launch, a twin much faster means the kernel's instructions do. --sets: the tile sets
+timed (moe_tiles.TILE_SETS; "new", the default, always).
 """
 
 from __future__ import annotations
@@ -59,12 +67,12 @@ def tile(text: str) -> GemvConfig:
 
 def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
-    Q4_K headers as vectors in gate/up / the down, o: both launches as one; no ":": the default)."""
+    Q4_K headers as vectors in gate/up / the down; no ":": the default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
-                             q4k_vec_down="V" in flags, one_launch="o" in flags)
+                             q4k_vec_down="V" in flags)
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,

@@ -41,15 +41,6 @@ def main() -> None:
                                                         HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, **tile),
                     gu_cfg.num_warps, fp_fusion=False)
         print(f"igate_up {qtype} late-quant atomics={n}")
-        one = dict(gate_up, down_ptr=U8, down_off=I64, h_tickets=I32, y_ptr=F32, part_ptr=F32, res_ptr=F32,
-                   y_tickets=I32, ready_ptr=I32, done_ptr=I32, gu_row_bytes="i32", d_row_bytes="i32")
-        gu_args = {f"GU_{k}": v for k, v in tile.items() if k in ("IDOT", "A1", "A2", "ALIGN")}
-        n = atomics(moe._imoe_kernel, one, dict(ACT=0, H8K=qtype != "Q8_0", HBLOCK=act_quant.BLOCKS[fam.act_fmt],
-                                                PAIR=True, GU_N=gu_cfg.block_n, GU_UNROLL=1, GU_EW=True, RES=True,
-                                                FOLD=True, BLOCK_N=d_cfg.block_n, SPLIT=d_cfg.split,
-                                                **{k: v for k, v in tile.items() if k not in ("STAGES",)}, **gu_args),
-                    d_cfg.num_warps, fp_fusion=False)
-        print(f"imoe {qtype} one launch atomics={n}")  # h ticket, ready count, its acquire, y ticket, done count
     gate = dict(gate_ptr=F32, x_ptr=F32, part_ptr=F32, ticket_ptr=I32, bias_ptr=F32, w_ptr=F32, ids_ptr=I64)
     n = atomics(router_topk._gate_topk, gate, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8,
                                                    BLOCK_E=128, BLOCK_K=8, ROWS=4, COLS=256, SPLIT=8), 1)

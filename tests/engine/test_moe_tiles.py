@@ -51,8 +51,7 @@ def test_decode_tiles_follow_the_model_width(qtype):
     assert moe_tiles.decode_tiles(table_at(qtype, 2048), "s5") == moe_tiles.S5_DECODE_TILES[name]
     assert moe_tiles.decode_tiles(table_at(qtype, 7168), "s5")[1] == moe_tiles.S5_LARGE_DOWN_TILES[name][1]
     assert moe_tiles.decode_tiles(table_at(qtype, 7168)) != moe_tiles.decode_tiles(table_at(qtype, 7168), "s5")
-    assert moe_tiles.decode_kernels("new") == moe_tiles.Kernels(words=True, pair=True, one_launch=True)
-    assert moe_tiles.decode_kernels("s6b") == moe_tiles.Kernels(words=True, pair=True)
+    assert moe_tiles.decode_kernels("new") == moe_tiles.Kernels(words=True, pair=True)
     assert moe_tiles.decode_kernels("old") == moe_tiles.decode_kernels("s5") == moe_tiles.OLD_KERNELS
 
 
@@ -197,31 +196,3 @@ def test_q4_k_headers_as_vectors_give_the_same_bits(backend):
     # 2-row tiles keep the old step (the H200 gave wrong sums with this one)
     two = dataclasses.replace(gu, block_n=2)
     assert moe._use_vec(True, gu, True) and not moe._use_vec(True, two, True) and not moe._use_vec(True, gu, False)
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("backend,qtype", CASES)
-def test_one_launch_gives_the_two_launches_sums(backend, qtype):
-    """Kernels.one_launch (moe._imoe_kernel): gate/up and down in one launch, each down program
-    waiting for its experts' h. The interpreter runs the programs in order (the same bits as two
-    launches); the GPU adds the down's float sums without FMA there (the launch keeps fp fusion off
-    for h's quantization): float32 rounding apart, the same bits run to run, the counts left zero."""
-    dim, width, n = (2048, 768, 8) if backend == "cuda" else (64, 32, 2)
-    table = arena_table(qtype, qtype, dim, width, n, backend)[0]
-    p = moe.prepare(table, backend)
-    x, w, res = torch.randn(dim, device=backend), torch.rand(n, device=backend), torch.randn(dim, device=backend)
-    rows = 2 if qtype == T.Q8_0 else 4  # below h's block: its last program quantizes it (the late path)
-    tiles = [(GemvConfig(block_n=rows, num_warps=1, unroll=2, fuse_quant=True), GemvConfig(block_n=4, num_warps=1, split=8)),
-             (GemvConfig(block_n=32, num_warps=1, unroll=1, fuse_quant=True), GemvConfig(block_n=2, num_warps=1, split=1))]
-    for gu, dn in tiles[:1] if qtype == T.Q4_K else tiles:
-        for sel in (p, p.select(torch.arange(n - 1, -1, -1, device=backend))):
-            two = moe.moe_decode(sel, x, w, gate_up=gu, down=dn, residual=res, kernels=moe_tiles.Kernels())
-            ones = [moe.moe_decode(sel, x, w, gate_up=gu, down=dn, residual=res,
-                                   kernels=moe_tiles.Kernels(one_launch=True)) for _ in range(2)]
-            assert moe._fits_one_launch(sel, gu, dn)
-            assert torch.equal(ones[0], ones[1])
-            if backend == "cpu":
-                assert torch.equal(ones[0], two)
-            else:
-                assert rel_err(ones[0], two.cpu().double()) < 1e-6
-    assert not bool(moe.tickets(1, backend).any())  # every ticket and count reset for the next launch

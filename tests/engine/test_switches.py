@@ -62,7 +62,7 @@ SWITCHES = [
            {UNSET: ["fold", "ids", "quant_h", "residual", "router"], "none": [], "ids,fold": ["fold", "ids"]},
            ("all", "none", "ids", "fold", "residual", "quant_h", "router")),
     Switch("SPARKD_MOE_TILES", "sparkd.engine.kernels.moe_tiles", "m.TILES", "olde",
-           {UNSET: "new", "new": "new", "s6b": "s6b", "s6": "s6", "s5": "s5", "old": "old"}, ("old", "s5", "s6", "s6b", "new")),
+           {UNSET: "new", "new": "new", "s6": "s6", "s5": "s5", "old": "old"}, ("old", "s5", "s6", "new")),
     Switch("SPARKD_GEMV_SPLIT", "sparkd.engine.kernels.matmul", "m.SPLIT_RULE", "fast",
            {UNSET: "wave", "wave": "wave", "Old": "old"}, ("wave", "old")),
     Switch("SPARKD_EAGER_STEP", "sparkd.engine.streaming.eager_step", "sorted(p for p in m.PARTS if m.on(p))",

@@ -58,8 +58,6 @@ from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tile
 OAI_ALPHA = 1.702
 OAI_LIMIT = 7.0
 ACT_CODES = {"silu": 0, "swiglu_oai": 1}
-# _imoe_kernel: how often a down program reads its expert's ready count before it gives up
-SPIN_LIMIT = tl.constexpr(1 << 14)
 
 
 @triton.jit
@@ -106,16 +104,17 @@ def _q4_k_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.c
 
 @triton.jit
 def _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr,
-            ATOMIC: tl.constexpr, FOLD: tl.constexpr, RES: tl.constexpr, tile, rng):
-    """A down program's sums for its rows (tile, rng: its row tile and range of experts). SPLIT 1: y = acc (+ the residual if RES). FOLD (SPLIT > 1):
-    matmul.fold_part's last-program fold in the launch, the residual added after the ordered sum.
-    Else matmul.store_part (a torch fold or atomics after the launch)."""
+            ATOMIC: tl.constexpr, FOLD: tl.constexpr, RES: tl.constexpr):
+    """A down program's sums for its rows. SPLIT 1: y = acc (+ the residual if RES). FOLD (SPLIT
+    > 1): matmul.fold_part's last-program fold in the launch, the residual added after the
+    ordered sum. Else matmul.store_part (a torch fold or atomics after the launch)."""
     if SPLIT == 1:
         if RES:
             acc = acc + tl.load(res_ptr + rows, mask=rmask)
         tl.store(y_ptr + rows, acc, mask=rmask)
     elif FOLD:
-        fold_part(y_ptr, part_ptr, tickets_ptr, tile, rng, rows, rmask, acc, N, SPLIT, res_ptr, RES)
+        fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT,
+                  res_ptr, RES)
     else:
         store_part(part_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
 
@@ -153,20 +152,19 @@ def _down_kernel(down_ptr, aux_ptr, down_off, ids_ptr, h_ptr, y_ptr, part_ptr, r
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
-    first, last = _experts(n, SPLIT, tl.program_id(1))
+    first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
         acc += row_dot(down_ptr, aux_ptr, _offset(down_off, ids_ptr, a, IDS) + rb, rmask, h_ptr + a * F, F, 0, 1,
                        DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
-    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES, tl.program_id(0),
-            tl.program_id(1))
+    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
 @triton.jit
-def _experts(n, SPLIT: tl.constexpr, rng):
-    """The experts a down program sums: range rng of SPLIT contiguous ranges of the n."""
+def _experts(n, SPLIT: tl.constexpr):
+    """The experts a down program sums: range program_id(1) of SPLIT contiguous ranges of the n."""
     per = tl.cdiv(n, SPLIT)
-    first = rng * per
+    first = tl.program_id(1) * per
     return first, tl.minimum(first + per, n)
 
 
@@ -202,16 +200,18 @@ def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr,
 
 
 @triton.jit
-def _gate_up_program(tile, a, gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr,
-                     hd_ptr, hs_ptr, hf_ptr, tickets_ptr, ready_ptr, F, D, row_bytes, IDS: tl.constexpr,
-                     IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
-                     UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr, RW: tl.constexpr,
-                     STAGES: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr, PAIR: tl.constexpr,
-                     ALIGN: tl.constexpr, READY: tl.constexpr):
-    """Row tile `tile` of expert a's h (_igate_up_kernel). READY (_imoe_kernel, HBLOCK > 0): when a
-    program's h blocks are quantized and stored, ready_ptr[a] counts them (release): the down's
-    programs of expert a wait for all of them."""
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
+                     hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
+                     A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
+                     ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
+                     H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr):
+    """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
+    down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
+    hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
+    (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs
+    to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket."""
+    a = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
     g, u = _gate_up_idot(gate_ptr, up_ptr, _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN) + rb,
@@ -224,16 +224,13 @@ def _gate_up_program(tile, a, gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_pt
         tl.store(h_ptr + a * F + rows, h, mask=rmask)
     elif BLOCK_N >= HBLOCK:
         P: tl.constexpr = BLOCK_N // HBLOCK
-        b = tile * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
+        b = tl.program_id(0) * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
         act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32),
                                tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
-        if READY:
-            tl.debug_barrier()  # every thread's h stored before the count publishes them
-            tl.atomic_add(ready_ptr + a, 1, sem="release")
     else:
         tl.store(hf_ptr + a * F + rows, h, mask=rmask)
         tl.debug_barrier()  # every thread's h stored before the ticket releases them
-        blk = tile // (HBLOCK // BLOCK_N)
+        blk = tl.program_id(0) // (HBLOCK // BLOCK_N)
         ticket = tickets_ptr + a * (F // HBLOCK) + blk
         if tl.atomic_add(ticket, 1, sem="acq_rel") == HBLOCK // BLOCK_N - 1:
             v = tl.load(hf_ptr + a * F + blk * HBLOCK + tl.arange(0, HBLOCK)[None, :], cache_modifier=".cg")
@@ -241,69 +238,6 @@ def _gate_up_program(tile, a, gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_pt
             act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32), v, b,
                                    b * HBLOCK < F, H8K)
             tl.store(ticket, 0)
-            if READY:
-                tl.debug_barrier()
-                tl.atomic_add(ready_ptr + a, 1, sem="release")
-
-
-@triton.jit
-def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
-                     hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
-                     A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
-                     ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
-                     H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr):
-    """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
-    down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
-    hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
-    (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs
-    to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket."""
-    _gate_up_program(tl.program_id(0), tl.program_id(1), gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr,
-                     xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, tickets_ptr, F, D, row_bytes, IDS, IDOT,
-                     A1, A2, BLOCK_N, UNROLL, EW, EMU, ACT, RW, STAGES, HBLOCK, H8K, PAIR, ALIGN, False)
-
-
-@triton.jit
-def _pause(tries, EMU: tl.constexpr):
-    """tries + 1, after a short sleep on the GPU (a waiting program's polls leave the L2 to others)."""
-    if not EMU:
-        tries = tl.inline_asm_elementwise("nanosleep.u32 100;\n mov.b32 $0, $1;", "=r,r", [tries], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-    return tries + 1
-
-
-@triton.jit
-def _down_program(tile, rng, down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, part_ptr, res_ptr,
-                  tickets_ptr, ready_ptr, done_ptr, ready_count, D, F, n, row_bytes, IDS: tl.constexpr,
-                  RES: tl.constexpr, FOLD: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr,
-                  BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
-                  XBLOCK: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr,
-                  ALIGN: tl.constexpr, WAIT: tl.constexpr):
-    """Row tile `tile`, range `rng` of the experts (_idown_kernel). WAIT (_imoe_kernel): before an
-    expert's h is read, its ready count reaches ready_count (acquire; at most SPIN_LIMIT tries, so a
-    broken count cannot hang the device: the sums are then wrong, never late); the last of the
-    expert's row tiles (done_ptr[a], acq_rel) resets both counts for the next launch."""
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < D
-    rb = rows.to(tl.int64) * row_bytes
-    first, last = _experts(n, SPLIT, rng)
-    acc = tl.zeros((BLOCK_N,), tl.float32)
-    for a in range(first, last):
-        if WAIT:
-            tries = 0
-            while (tl.load(ready_ptr + a, volatile=True) < ready_count) & (tries < SPIN_LIMIT):
-                tries = _pause(tries, EMU)
-            tl.atomic_add(ready_ptr + a, 0, sem="acquire")  # the h loads ordered after the count
-            tl.debug_barrier()  # no thread reads h before the count said it is there
-        part = row_idot(down_ptr, _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rb, rmask, hw_ptr + a * (F // 4),
-                        hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
-                        EW, EMU, STAGES)
-        acc += part * tl.load(rw_ptr + a)
-    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES, tile, rng)
-    if WAIT:
-        for a in range(first, last):
-            if tl.atomic_add(done_ptr + a, 1, sem="acq_rel") == tl.cdiv(D, BLOCK_N) - 1:
-                tl.store(ready_ptr + a, 0)
-                tl.store(done_ptr + a, 0)
 
 
 @triton.jit
@@ -314,43 +248,17 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight, the range's experts one after another."""
-    _down_program(tl.program_id(0), tl.program_id(1), down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr,
-                  y_ptr, part_ptr, res_ptr, tickets_ptr, tickets_ptr, tickets_ptr, 0, D, F, n, row_bytes, IDS, RES,
-                  FOLD, IDOT, A1, A2, BLOCK_N, UNROLL, EW, EMU, XBLOCK, SPLIT, ATOMIC, STAGES, ALIGN, False)
-
-
-@triton.jit
-def _imoe_kernel(gate_ptr, up_ptr, gate_off, up_off, down_ptr, down_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr,
-                 h_ptr, hd_ptr, hs_ptr, hf_ptr, h_tickets, y_ptr, part_ptr, res_ptr, y_tickets, ready_ptr, done_ptr,
-                 F, D, n, gu_row_bytes, d_row_bytes, IDS: tl.constexpr, ACT: tl.constexpr, EMU: tl.constexpr,
-                 HBLOCK: tl.constexpr, H8K: tl.constexpr, PAIR: tl.constexpr, GU_IDOT: tl.constexpr,
-                 GU_A1: tl.constexpr, GU_A2: tl.constexpr, GU_N: tl.constexpr, GU_UNROLL: tl.constexpr,
-                 GU_EW: tl.constexpr, GU_ALIGN: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr,
-                 IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
-                 UNROLL: tl.constexpr, EW: tl.constexpr, SPLIT: tl.constexpr, ALIGN: tl.constexpr):
-    """Both integer launches as one (Kernels.one_launch): programs 0 .. n * gate/up tiles - 1 are
-    _igate_up_kernel's (expert-major), the rest _idown_kernel's (range-major), each down program
-    waiting only for its own experts' h (_down_program's WAIT), so the down of the first experts
-    runs while the last experts' gate/up still does and there is no launch boundary between them.
-    Relies on programs starting in index order (every gate/up program has started before any down
-    program waits), as decoupled look-back scans do; the waits are bounded all the same."""
-    pid = tl.program_id(0)
-    gu_tiles = tl.cdiv(F, GU_N)
-    if pid < n * gu_tiles:
-        _gate_up_program(pid % gu_tiles, pid // gu_tiles, gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr,
-                         xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, h_tickets, ready_ptr, F, D, gu_row_bytes, IDS,
-                         GU_IDOT, GU_A1, GU_A2, GU_N, GU_UNROLL, GU_EW, EMU, ACT, False, None, HBLOCK, H8K, PAIR,
-                         GU_ALIGN, True)
-    else:
-        q = pid - n * gu_tiles
-        d_tiles = tl.cdiv(D, BLOCK_N)
-        if GU_N >= HBLOCK:  # a count per gate/up program, else per h block (its last program's)
-            ready = tl.cdiv(F, GU_N)
-        else:
-            ready = F // HBLOCK
-        _down_program(q % d_tiles, q // d_tiles, down_ptr, down_off, ids_ptr, h_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr,
-                      part_ptr, res_ptr, y_tickets, ready_ptr, done_ptr, ready, D, F, n, d_row_bytes, IDS, RES, FOLD,
-                      IDOT, A1, A2, BLOCK_N, UNROLL, EW, EMU, HBLOCK, SPLIT, False, None, ALIGN, True)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < D
+    rb = rows.to(tl.int64) * row_bytes
+    first, last = _experts(n, SPLIT)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for a in range(first, last):
+        part = row_idot(down_ptr, _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rb, rmask, hw_ptr + a * (F // 4),
+                        hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
+                        EW, EMU, STAGES)
+        acc += part * tl.load(rw_ptr + a)
+    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
 @dataclass(frozen=True)
@@ -515,11 +423,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
     kernels = kernels or decode_kernels()
-    y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    if kernels.one_launch and _fits_one_launch(p, gate_up, down):
-        _one_launch(p, x, rw, act, gate_up, down, qx, residual, kernels, y, what)
-        return y
     h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx, kernels)
+    y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     _down(p, h, rw, y, down, round_h, residual, kernels)
     return y
 
@@ -634,51 +539,6 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         fold_partials(part, y)
     if residual is not None and not res:
         y.add_(residual)  # the same bits as residual + y
-
-
-def _fits_one_launch(p: PreparedTable, gu: GemvConfig, dn: GemvConfig) -> bool:
-    """Whether _one_launch runs these tiles: integer families both, h quantized in the gate/up
-    tile (fuse_quant, as the engine runs it), the down's ranges folded in the launch (or one),
-    one warp count for both, no pipeliner."""
-    split = max(1, min(dn.split, p.count))
-    return (p.gate_up.idot is not None and p.down.idot is not None and gu.fuse_quant and not dn.atomic
-            and (split == 1 or kernel_folds(dn, split)) and gu.num_warps == dn.num_warps
-            and not gu.stages and not dn.stages)
-
-
-def _one_launch(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, act: str, gu: GemvConfig, dn: GemvConfig,
-                qx: act_quant.QuantX | None, residual: torch.Tensor | None, kernels: Kernels, y: torch.Tensor,
-                what: str) -> None:
-    """moe_decode's gate/up and down as one launch (_imoe_kernel), the same programs' code: the same
-    bits as the two launches. Their tickets, the down's ready and done counts in one zeroed buffer
-    (matmul.tickets: every launch leaves it zero)."""
-    n, D, F = p.count, p.table.dim, p.table.width
-    hq = _fused_h(p, gu, x.device, what)
-    hblock = act_quant.BLOCKS[p.down.act_fmt]
-    late = gu.block_n < hblock
-    split = max(1, min(dn.split, n))
-    d_tiles, fold = triton.cdiv(D, dn.block_n), split > 1
-    counts = [n * F // hblock if late else 0, d_tiles if fold else 0, n, n]  # h, y tickets, ready, done
-    t = tickets(sum(counts), x.device)
-    at = [sum(counts[:i]) for i in range(4)]
-    hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else hq.words
-    part = torch.empty(split, D, dtype=torch.float32, device=y.device) if fold else y
-    q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
-    gu_args = _int_args(p.gate_up, _use_words(kernels, gu, p.gate_up_words), _use_vec(kernels.q4k_vec, gu, p.gate_up_vec))
-    grid = (n * triton.cdiv(F, gu.block_n) + d_tiles * split,)
-    _imoe_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, p.table.down, p.down_off, xw_ptr=q.words,
-                       xd_ptr=q.scales, xs_ptr=q.sums, rw_ptr=rw, h_ptr=hq.words, hd_ptr=hq.scales, hs_ptr=hq.sums,
-                       hf_ptr=hf, h_tickets=t[at[0]:], y_ptr=y, part_ptr=part,
-                       res_ptr=residual if residual is not None else y, y_tickets=t[at[1]:], ready_ptr=t[at[2]:],
-                       done_ptr=t[at[3]:], F=F, D=D, n=n, gu_row_bytes=p.gate_up_row_bytes,
-                       d_row_bytes=p.down_row_bytes, **_ids(p), ACT=ACT_CODES[act], EMU=emulate(gu, x), HBLOCK=hblock,
-                       H8K=p.down.act_fmt == act_quant.Q8_K, PAIR=kernels.pair,
-                       **{f"GU_{k}": v for k, v in gu_args.items()}, GU_N=gu.block_n, GU_UNROLL=gu.unroll,
-                       GU_EW=gu.elementwise, RES=residual is not None, FOLD=fold,
-                       **_int_args(p.down, _use_words(kernels, dn, p.down_words),
-                                   _use_vec(kernels.q4k_vec_down, dn, p.down_vec)),
-                       BLOCK_N=dn.block_n, UNROLL=dn.unroll, EW=dn.elementwise, SPLIT=split,
-                       num_warps=gu.num_warps, enable_fp_fusion=False)  # act_quant's exact rounding needs it off
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:

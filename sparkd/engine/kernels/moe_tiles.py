@@ -84,22 +84,18 @@ class Kernels:
     # in gate/up, in the down
     q4k_vec: bool = True
     q4k_vec_down: bool = True
-    # session 7 (moe12): gate/up and down as one launch where the tiles allow (moe._one_launch)
-    one_launch: bool = False
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False)  # sessions 4 and 5
 S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False)  # session 6's first round (moe9)
-S6B_KERNELS = Kernels()  # session 6's second round (moe10): two launches
-TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS,
-# "s6b" S6B_KERNELS (session 6's tiles and kernels in two launches), "new" the same in one launch
-TILE_SETS = ("old", "s5", "s6", "s6b", "new")
+TILES_ENV = "SPARKD_MOE_TILES"  # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS
+TILE_SETS = ("old", "s5", "s6", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
-    """The default (gate/up, down) tiles for the table's families and shape: which "new", "s6b" and
-    "s6" (session 6's rule; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
+    """The default (gate/up, down) tiles for the table's families and shape: which "new" and "s6"
+    (session 6's rule; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
     every shape); default $SPARKD_MOE_TILES."""
     which = which or TILES
     if which not in TILE_SETS:
@@ -131,4 +127,4 @@ def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(one_launch=True), "s6b": S6B_KERNELS, "s6": S6_KERNELS}.get(which or TILES, OLD_KERNELS)
+    return {"new": Kernels(), "s6": S6_KERNELS}.get(which or TILES, OLD_KERNELS)
