@@ -4,7 +4,7 @@ old tiles next to the default and candidates, as a fraction of the copy bandwidt
 
 Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
        [--shapes 2048x768x8,4096x1536x8,7168x2048x8] [--gate-up T,...] [--down T,...] [--json F]
-       [--defaults-only] [--compile-workers N]
+       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins]
 
 Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
 DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe_tiles.OLD_DECODE_TILES), "s5" (session 5's
@@ -19,6 +19,14 @@ first checked against the float64 reference through a whole moe_decode call (err
 kernels_bench: one CUDA graph over expert sets rotated past the L2, median of 15. The kernels
 are compiled first by --compile-workers processes at the smallest shape (the same
 specializations), so the timed process finds them in Triton's cache.
+
+Session 7 (moe12): frac_same, the part's time over that of a device copy of the same bytes (half
+read, half written, rotated and timed the same way: gemv_tiles_bench.same_copy_seconds), the
+ceiling of a launch that small; "all qx" rows, the layer as the engine runs it after the norm (x
+quantized before: 2 launches); "twin" rows (unless --no-twins), bench/moe_twin.py's load-only
+launches at a tile's grid, steps and bytes: a twin near its kernel means the loads' structure
+bounds the launch, a twin much faster means the kernel's instructions do. --sets: the tile sets
+timed (moe_tiles.TILE_SETS; "new", the default, always).
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 import gemv_tiles_bench
-from sparkd.engine.kernels import dispatch, moe, moe_tiles
+import moe_twin
+from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
@@ -63,7 +72,7 @@ def kernels_of(text: str) -> moe_tiles.Kernels:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
-                       q4k_vec_down="V" in flags)
+                             q4k_vec_down="V" in flags)
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,
@@ -89,6 +98,7 @@ class Shape:
         self.y = torch.empty(D, device=DEVICE)
         self.ref = kb.moe_torch(self.sets[0].table, self.x, self.w, torch.float64) if reference else None
         self.name = f"moe {D}x{F} top{A}"
+        self.same: dict[int, float] = {}  # same-bytes copy seconds by bytes (same_seconds)
 
     def call(self, i: int, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels) -> torch.Tensor:
         return moe.moe_decode(self.sets[i % len(self.sets)], self.x, self.w, out=self.y, gate_up=gu, down=dn,
@@ -98,14 +108,47 @@ class Shape:
         self.y.fill_(float("nan"))
         return kb.rel_err(self.call(0, gu, dn, k), self.ref)
 
+    def same_seconds(self, nbytes: int) -> float:
+        """gemv_tiles_bench.same_copy_seconds(nbytes), once per byte count: the copy of the bytes the
+        part reads, the ceiling of a launch that small."""
+        if nbytes not in self.same:
+            self.same[nbytes] = gemv_tiles_bench.same_copy_seconds(nbytes)
+        return self.same[nbytes]
+
     def row(self, part: str, label: str, sec: float, nbytes: int, copy_bw: float, err: float) -> dict:
         return dict(kernel=f"{self.name} {part}", type=self.qtype.name, config=label, us=sec * 1e6, bw=nbytes / sec,
-                    frac=nbytes / sec / copy_bw, err=err)
+                    frac=nbytes / sec / copy_bw, frac_same=self.same_seconds(nbytes) / sec, err=err)
 
     def whole(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         err = self.err(gu, dn, k)
         sec = kb.graph_seconds(lambda i: self.call(i, gu, dn, k), len(self.sets))
         return self.row("all", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
+
+    def engine(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
+        """The whole layer as the engine runs it after the norm: x quantized before (qx), 2 launches."""
+        err = self.err(gu, dn, k)
+        qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
+
+        def run(i):
+            moe.moe_decode(self.sets[i % len(self.sets)], self.x, self.w, out=self.y, gate_up=gu, down=dn, kernels=k,
+                           qx=qx)
+        sec = kb.graph_seconds(run, len(self.sets))
+        return self.row("all qx", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
+
+    def twin_gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
+        """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before)."""
+        qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
+        out = torch.empty(self.shape[2], self.shape[1], dtype=torch.int32, device=DEVICE)
+        sec = kb.graph_seconds(lambda i: moe_twin.gate_up(self.sets[i % len(self.sets)], qx, out, gu), len(self.sets))
+        return self.row("gate/up twin", label, sec, 2 * self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
+
+    def twin_down(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
+        """moe_twin.down at dn's grid, steps and ranges (loads only; h as gate/up quantizes it)."""
+        rw = self.w.contiguous()
+        h = moe._gate_up(self.sets[0], self.x, rw, False, "silu", gu, None, "bench", None, k)
+        out = torch.empty(max(1, min(dn.split, self.shape[2])), self.shape[0], dtype=torch.int32, device=DEVICE)
+        sec = kb.graph_seconds(lambda i: moe_twin.down(self.sets[i % len(self.sets)], h, out, dn), len(self.sets))
+        return self.row("down twin", label, sec, self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
 
     def gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         """x quantized and the gate/up launch (h quantized in it), as moe_decode runs them."""
@@ -145,33 +188,46 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
     return given(args.gate_up, GATE_UP[qtype.name]), given(args.down, DOWN[qtype.name])
 
 
+SETS = moe_tiles.TILE_SETS  # --sets
+
+
 def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe_tiles.Kernels]]:
-    """(label, gate/up, down, kernels) of the tile sets: old and s5 with the old kernels, default."""
+    """(label, gate/up, down, kernels) of the tile sets (SETS, "new" last as "default")."""
     return [(which if which != "new" else "default", *engine_tiles(p, None, None, which), moe_tiles.decode_kernels(which))
-            for which in moe_tiles.TILE_SETS]
+            for which in moe_tiles.TILE_SETS if which in SETS]
 
 
 def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> list[dict]:
     s = Shape(qtype, shape)
     sets = baselines(s.sets[0])
-    timed = [(f"{label} {kb.tag(gu)}/{kb.tag(dn)}", s.whole, gu, dn, k) for label, gu, dn, k in sets]
+    timed = [(f"{label} {kb.tag(gu)}/{kb.tag(dn)}", part, gu, dn, k) for label, gu, dn, k in sets
+             for part in (s.whole, s.engine)]
     timed += [(f"{label} {kb.tag(t)}", part, gu, dn, k) for label, gu, dn, k in sets
               for part, t in ((s.gate_up, gu), (s.down, dn))]
+    if args.twins:  # each set's distinct tiles
+        timed += list({(kb.tag(t), part.__name__): (f"{label} {kb.tag(t)}", part, gu, dn, k)
+                       for label, gu, dn, k in sets
+                       for part, t in ((s.twin_gate_up, gu), (s.twin_down, dn))}.values())
     rows = []
     for label, part, gu, dn, k in timed:
         try:
             rows.append(part(label, gu, dn, k, copy_bw))
         except Exception as e:  # noqa: BLE001 - a set that fails to build leaves the others
             print(f"FAILED {qtype.name} {shape} {label}: {type(e).__name__}: {e}", flush=True)
-    kb.print_rows(rows)
+    print(f"{s.name} {qtype.name} same-bytes copies: " + ", ".join(
+        f"{n / 1e6:.1f} MB {sec * 1e6:.1f} us ({n / sec / copy_bw:.2f})" for n, sec in sorted(s.same.items())),
+        flush=True)
+    gemv_tiles_bench.print_rows(rows)
     gus, dns = candidates(qtype, args)
     new = sets[-1]
-    timed = [(t, s.gate_up, dataclasses.replace(tile(t), fuse_quant=True), new[2]) for t in gus] + \
-        [(t, part, new[1], tile(t)) for t in dns for part in (s.down, s.whole)]
+    gu_parts = (s.gate_up, s.twin_gate_up) if args.twins else (s.gate_up,)
+    dn_parts = (s.down, s.whole, s.twin_down) if args.twins else (s.down, s.whole)
+    timed = [(t, part, dataclasses.replace(tile(t), fuse_quant=True), new[2]) for t in gus for part in gu_parts] + \
+        [(t, part, new[1], tile(t)) for t in dns for part in dn_parts]
     for t, part, gu, dn in timed:
         try:
             rows.append(part(t, gu, dn, kernels_of(t), copy_bw))
-            kb.print_rows(rows[-1:])
+            gemv_tiles_bench.print_rows(rows[-1:])
         except Exception as e:  # noqa: BLE001 - a tile that fails to build leaves the others
             print(f"FAILED {qtype.name} {shape} {t}: {type(e).__name__}: {e}", flush=True)
     del s
@@ -179,9 +235,10 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
     return rows
 
 
-def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
+def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, ...]]) -> str:
     """Compile one type's kernels for the given tiles (a worker process: Triton's disk cache)."""
-    name, shape, gus, dns = job
+    global SETS
+    name, shape, gus, dns, SETS = job
     qtype = T[name]
     s = Shape(qtype, shape, reference=False)
     sets = baselines(s.sets[0])
@@ -191,11 +248,16 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str]]) -> str:
     pairs += [(base[0], tile(t), kernels_of(t)) for t in dns]
     tiers = moe_tiles.WIDTH_TIERS[name]  # the wider shapes' tiles, compiled here at the smallest
     pairs += [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
-    pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[name][1], moe_tiles.OLD_KERNELS)]
+    if "s5" in SETS:
+        pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[name][1], moe_tiles.OLD_KERNELS)]
     failed = []
+    qx = act_quant.quantize(s.x[None], s.sets[0].gate_up.act_fmt)
     for gu, dn, kk in pairs:
         try:
             s.call(0, gu, dn, kk)
+            h = moe._gate_up(s.sets[0], s.x, s.w, False, "silu", gu, None, "bench", None, kk)
+            moe_twin.gate_up(s.sets[0], qx, torch.empty(shape[2], shape[1], dtype=torch.int32, device=DEVICE), gu)
+            moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], dtype=torch.int32, device=DEVICE), dn)
         except Exception as e:  # noqa: BLE001 - the timed run reports it again
             failed.append(f"{kb.tag(gu)}/{kb.tag(dn)}: {type(e).__name__}")
     torch.cuda.synchronize()
@@ -206,8 +268,8 @@ def precompile(types: list[T], shape: tuple[int, int, int], args) -> None:
     jobs = []
     for qtype in types:
         gus, dns = candidates(qtype, args)
-        jobs.append((qtype.name, shape, [], []))  # the defaults (and the old tiles)
-        jobs += [(qtype.name, shape, [t], []) for t in gus] + [(qtype.name, shape, [], [t]) for t in dns]
+        jobs.append((qtype.name, shape, [], [], SETS))  # the defaults (and the old tiles)
+        jobs += [(qtype.name, shape, [t], [], SETS) for t in gus] + [(qtype.name, shape, [], [t], SETS) for t in dns]
     with cf.ProcessPoolExecutor(args.compile_workers, mp_context=mp.get_context("spawn")) as ex:
         for done in ex.map(warm, jobs):
             print(f"compiled {done}", flush=True)
@@ -222,12 +284,17 @@ def main() -> None:
     ap.add_argument("--defaults-only", action="store_true")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling first (0: none)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sets", default=",".join(moe_tiles.TILE_SETS), help="tile sets timed (moe_tiles.TILE_SETS)")
+    ap.add_argument("--no-twins", dest="twins", action="store_false", help="no load-only twins (moe_twin)")
     args = ap.parse_args()
+    global SETS
+    SETS = tuple(args.sets.split(",")) + ("new",)
     types = [T[n] for n in args.types.split(",")]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(types, min(shapes), args)
     copy_bw = kb.copy_bandwidth()
+    print("kernel / type / tile / us / GB/s / frac (2 GiB copy) / frac_same (same-bytes copy) / err", flush=True)
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"tiles {moe_tiles.DECODE_TILES} by width {moe_tiles.WIDTH_TIERS} "
           f"kernels {moe_tiles.decode_kernels()}", flush=True)
