@@ -31,7 +31,6 @@ import torch
 
 from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
-from sparkd.engine.kernels.sample_draw import BLOCK_TOKENS, CAP, DrawScratch, fused_draw
 from sparkd.engine.sampler import SamplingParams
 
 DEVICE_SAMPLING_ENV = "SPARKD_DEVICE_SAMPLING"
@@ -39,6 +38,11 @@ DEVICE_SAMPLING_ENV = "SPARKD_DEVICE_SAMPLING"
 # longer one samples on the host.
 RING_TOKENS = 256
 
+
+# The fused path's layout (kernels/sample_draw.DrawScratch): candidates kept per block, which is
+# also the largest top_k it serves, and tokens per block (H200, s7: 179.8 us a draw; torch 205.9)
+CAP = 64
+BLOCK_TOKENS = 4096
 
 MODES = ("fused", "torch", "off")
 _ALIASES = {"1": "fused", "on": "fused", "0": "off"}
@@ -91,7 +95,11 @@ class DeviceSampler:
         self.fused, self.fusing = fused, False
         with torch.inference_mode(False):  # plain tensors: begin() refills them outside inference mode
             self._buffers()
-            self.scratch = DrawScratch(n_vocab, self.device, block_tokens, cap, merge_blocks) if fused else None
+            self.scratch = None
+            if fused:  # (triton is imported only where the fused path runs: CPU-only tests set
+                # TRITON_INTERPRET before their first kernel import)
+                from sparkd.engine.kernels.sample_draw import DrawScratch
+                self.scratch = DrawScratch(n_vocab, self.device, block_tokens, cap, merge_blocks)
 
     def _buffers(self) -> None:
         n_vocab, ring_tokens = self.n_vocab, self.ring_tokens
@@ -147,9 +155,13 @@ class DeviceSampler:
     def step(self, token: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """push(token), then draw(logits): the next token [1] long (fused: two launches)."""
         if self.fusing:
-            return fused_draw(self, self.scratch, logits, token, advance=True)
+            return self._fused(logits, token, advance=True)
         self.push(token)
         return self.draw(logits)
+
+    def _fused(self, logits: torch.Tensor, token: torch.Tensor | None, advance: bool) -> torch.Tensor:
+        from sparkd.engine.kernels.sample_draw import fused_draw
+        return fused_draw(self, self.scratch, logits, token, advance)
 
     def push(self, token: torch.Tensor) -> None:
         """Add the token just fed ([1] long on the device) to the ring, over the oldest."""
@@ -165,7 +177,7 @@ class DeviceSampler:
         by token id): the host Sampler.probabilities chain with tensor parameters, op for op (fused:
         the same math on the candidates, float64 sums in another order; nothing drawn)."""
         if self.fusing:
-            fused_draw(self, self.scratch, logits, None, advance=False)
+            self._fused(logits, None, advance=False)
             ids, probs = self.scratch.ids, self.scratch.probs
             live = probs > 0
             dense = torch.zeros(self.n_vocab, dtype=torch.float64, device=self.device)
@@ -190,7 +202,7 @@ class DeviceSampler:
         """The next token [1] long: one uniform number u, the first rank whose cumulative
         probability exceeds u times the total (a token of probability 0 is never drawn)."""
         if self.fusing:
-            return fused_draw(self, self.scratch, logits, None, advance=True)
+            return self._fused(logits, None, advance=True)
         order, probs = self.probabilities(logits)
         ranked = probs.gather(0, order)                        # non-increasing: dropped ones are 0
         cdf = torch.cumsum(ranked, dim=0)

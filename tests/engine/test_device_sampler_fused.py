@@ -12,6 +12,8 @@ no draw graph (capture on first draw), and each chain gets its own graph.
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -23,9 +25,9 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_device_sampler import CHI2_CRIT, DRAW_CASE, chi_square, counts_over_seeds  # noqa: E402
 
 from sparkd.engine.cuda_graphs import StaticDecode  # noqa: E402
-from sparkd.engine.device_sampler import DeviceSampler, fusable  # noqa: E402
+from sparkd.engine.device_sampler import CAP, DeviceSampler, fusable  # noqa: E402
 from sparkd.engine.errors import EngineError  # noqa: E402
-from sparkd.engine.kernels.sample_draw import CAP, DrawScratch  # noqa: E402
+from sparkd.engine.kernels.sample_draw import DrawScratch  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.models import load_model  # noqa: E402
@@ -143,7 +145,7 @@ def test_what_takes_the_fused_path():
             assert torch.equal(ds.probabilities(row)[1], Sampler(p).probabilities(row))
     for bad in ({"block_tokens": 48, "cap": 16}, {"block_tokens": 8, "cap": 16}, {"cap": 1}, {"merge_blocks": 3}):
         with pytest.raises(ValueError, match="could not size the fused draw"):
-            DrawScratch(V, torch.device("cpu"), **bad)
+            DrawScratch(V, torch.device("cpu"), **({"block_tokens": 64, "cap": 16} | bad))
 
 
 def test_static_decode_modes():
@@ -215,3 +217,14 @@ def test_captured_fused_draw_is_the_eager_one_and_captured_on_first_draw(tmp_pat
         assert {fused for _, fused in step._draws} == {True, False}
     finally:
         m.close()
+
+
+def test_the_sampler_imports_triton_only_where_the_kernels_run():
+    """CPU-only test files set TRITON_INTERPRET before their first kernel import; a module that
+    imported triton on the way (cuda_graphs -> device_sampler -> sample_draw did) decorated kernels
+    in compiled mode before that, and a later interpreter test failed ("Cannot call @triton.jit'd
+    outside of the scope of a kernel")."""
+    code = "import sys, sparkd.engine.cuda_graphs, sparkd.engine.device_sampler; print('triton' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]

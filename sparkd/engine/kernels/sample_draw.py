@@ -1,5 +1,5 @@
 """A temperature draw over one logits row in two launches (device_sampler.DeviceSampler's fused
-path, for requests with 1 <= top_k <= CAP).
+path, for requests with 1 <= top_k <= CAP, device_sampler.CAP).
 
 _candidates, a program per BLOCK tokens: logit + bias, the repetition penalty (a token counts as
 seen while its count in the window is > 0; the token being fed is counted in on the fly), then
@@ -20,8 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-CAP = 64            # candidates per block, and the largest top_k the fused path serves (tests: less)
-BLOCK_TOKENS = 4096  # tokens per _candidates program (H200, s7: 179.8 us a draw; the torch chain 205.9)
 SENTINEL = tl.constexpr(-(2 ** 63))  # below every real key; its id part decodes to 2**31 - 1 (not a token)
 
 
@@ -150,8 +148,7 @@ def _choose(keys_ptr, n_keys, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_p
 class DrawScratch:
     """The fixed buffers of one row's fused draw (a CUDA graph captures their addresses)."""
 
-    def __init__(self, n_vocab: int, device: torch.device, block_tokens: int = BLOCK_TOKENS, cap: int = CAP,
-                 merge_blocks: int = 1):
+    def __init__(self, n_vocab: int, device: torch.device, block_tokens: int, cap: int, merge_blocks: int = 1):
         pow2 = lambda n: n > 0 and not n & (n - 1)  # noqa: E731
         if not (pow2(cap) and pow2(block_tokens) and pow2(merge_blocks) and 2 <= cap <= block_tokens):
             raise ValueError(f"could not size the fused draw: cap={cap}, block_tokens={block_tokens} and "
