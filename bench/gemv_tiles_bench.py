@@ -60,14 +60,11 @@ QX = False  # --qx: x quantized before the timed calls, as the engine's norm wri
 
 
 def tile(text: str) -> GemvConfig:
-    """rows/warps/unroll/e|g[/split[/stages]][/pN] as a GemvConfig (split 0 or left out: chosen from the
-    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages; pN: GemvConfig.persist N, the
-    persistent grid)."""
+    """rows/warps/unroll/e|g[/split[/stages]] as a GemvConfig (split 0 or left out: chosen from the
+    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages)."""
     rows, warps, unroll, mode, *rest = text.split("/")
-    persist = [int(r[1:]) for r in rest if r.startswith("p")]
-    split, stages = (list(map(int, [r for r in rest if not r.startswith("p")])) + [0, 0])[:2]
-    return GemvConfig(int(rows), int(warps), int(unroll), split, mode == "e", stages=stages,
-                      persist=(persist or [0])[0])
+    split, stages = (list(map(int, rest)) + [0, 0])[:2]
+    return GemvConfig(int(rows), int(warps), int(unroll), split, mode == "e", stages=stages)
 
 
 CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, plus the session-3 shapes
@@ -100,11 +97,6 @@ Q4T_SWEEP_ON = False
 # integer sum per thread first, "bytes_sum", no faster and since removed)
 Q4T_S7 = ["loadonly:4/1/4/e", "loadonly:8/1/4/e", "vector:4/1/4/e", "bytes:8/1/4/e"]
 Q4T_S7_ON = False
-# --q4t-persist (session 7, q4k14): the persistent grid (GemvConfig.persist, /pN: >= N items per program,
-# at most one wave), the load-only twin first, then the bytes step; /p1 is the default's grid at the mid
-# shapes (fewer items than a wave) and one wave looping over tiles at the head
-Q4T_PERSIST = [f"{s}:4/1/4/e{t}" for s in ("loadonly", "bytes") for t in ("/p1", "/p2", "/p4", "/4/p2", "/2/p4")]
-Q4T_PERSIST_ON = False
 # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG, what runs without a DECODE_TILES entry)
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "4/1/2/e/8", "8/2/2/e/8"]
 FLOAT_DOWN = True  # --no-float-down: leave out the float down's row
@@ -208,7 +200,6 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
     cands = (S6_CANDIDATES if VS_S5 else CANDIDATES).get(name, []) if CANDIDATES_ON else []
     cands = Q4T_SWEEP if Q4T_SWEEP_ON and name == "Q4T" else cands
     cands = Q4T_S7 if Q4T_S7_ON and name == "Q4T" else cands
-    cands = ["loadonly:4/1/4/e"] + Q4T_PERSIST if Q4T_PERSIST_ON and name == "Q4T" else cands
     tried = [(t, tile(t.rpartition(":")[2]), dict(loads=t.rpartition(":")[0]) if ":" in t else {}) for t in cands]
     return firsts + tried
 
@@ -257,8 +248,8 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
 def warm(job: tuple) -> str:
     """Compile one row's kernel (a worker process: Triton's disk cache for the timed run)."""
     name, rows, cols, label, flags = job
-    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_PERSIST_ON
-    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_PERSIST_ON = flags
+    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON
+    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON = flags
     try:
         qtype, _, _, _, run = weights(name, rows, cols, rotate=False)
         x = torch.randn(cols, device=DEV)
@@ -276,7 +267,7 @@ def warm(job: tuple) -> str:
 
 def precompile(names: list[str], shapes: list[tuple[int, int]], workers: int) -> None:
     """Every row's kernel compiled by `workers` processes first (each tile once per shape)."""
-    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_PERSIST_ON)
+    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON)
     jobs = [(name, r, c, label, flags) for name in names for r, c in shapes
             for label, _, _ in row_tiles(name, r, c)]
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
@@ -376,12 +367,11 @@ def main() -> None:
     ap.add_argument("--qx", action="store_true", help="x quantized before the timed calls (the engine's path)")
     ap.add_argument("--q4t-sweep", action="store_true", help="Q4T's rows: Q4T_SWEEP instead of CANDIDATES")
     ap.add_argument("--q4t-s7", action="store_true", help="Q4T's rows: Q4T_S7 (load-only twin, bytes layout)")
-    ap.add_argument("--q4t-persist", action="store_true", help="Q4T's rows: Q4T_PERSIST (persistent grid)")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling every row first (0: none)")
     args = ap.parse_args()
-    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_PERSIST_ON
+    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON
     CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN = not args.defaults_only, args.vs_s5, args.qx, not args.no_float_down
-    Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_PERSIST_ON = args.q4t_sweep, args.q4t_s7, args.q4t_persist
+    Q4T_SWEEP_ON, Q4T_S7_ON = args.q4t_sweep, args.q4t_s7
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(args.types.split(","), shapes, args.compile_workers)

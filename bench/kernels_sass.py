@@ -42,15 +42,13 @@ WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDG
 
 
 def cubin(fam: dispatch.Family, cfg: matmul.GemvConfig) -> bytes:
-    """The GEMV kernel of cfg at split 1 (cfg.persist: the persistent grid's, matmul._pigemv_kernel)."""
-    kern = matmul._pigemv_kernel if cfg.persist else matmul._igemv_kernel
+    kern = matmul._igemv_kernel
     args = matmul.int_args(fam)
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
                   EW=cfg.elementwise, EMU=False, ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
-    own = dict(SIGNATURE, **({"tiles": "i32", "programs": "i32"} if cfg.persist else {}))
-    sig = dict(own, **{k: "constexpr" for k in consts})
+    sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
-                    attrs={(list(own).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
+                    attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
     return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps}).asm["cubin"]
 
 
@@ -68,25 +66,19 @@ def registers(binary: bytes) -> int:
 
 
 def loop_ops(text: str) -> list[str]:
-    """Opcodes of the body of the innermost backward-branching loop (the shortest: the group loop,
-    also inside the persistent grid's loop over items)."""
+    """Opcodes of the body of the last backward-branching loop."""
     lines = text.splitlines()
-    loops = []
-    for back in (i for i, line in enumerate(lines) if re.search(r"@!?P\w+\s+BRA LBB\w+", line)):
-        label = re.search(r"BRA (LBB\w+)", lines[back]).group(1)
-        start = next((i for i, line in enumerate(lines) if line.startswith(label + ":")), back)
-        if start < back:
-            loops.append((back - start, start, back))
-    _, start, back = min(loops)
+    back = max(i for i, line in enumerate(lines) if re.search(r"@!?P\w+\s+BRA LBB\w+", line))
+    label = re.search(r"BRA (LBB\w+)", lines[back]).group(1)
+    start = next(i for i, line in enumerate(lines) if line.startswith(label + ":"))
     body = [line.split("\t", 1)[-1] for line in lines[start + 1:back + 1]]
     return [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0] for op in body]
 
 
 def parse_tile(text: str) -> matmul.GemvConfig:
-    """rows/warps/unroll/e|g[/p] (e: elementwise tile, g: reduced every group; p: the persistent grid)
-    as a GemvConfig."""
-    rows, warps, unroll, mode, *persist = text.split("/")
-    return matmul.GemvConfig(int(rows), int(warps), int(unroll), 0, mode == "e", persist=int(persist == ["p"]))
+    """rows/warps/unroll/e|g (e: elementwise tile, g: reduced every group) as a GemvConfig."""
+    rows, warps, unroll, mode = text.split("/")
+    return matmul.GemvConfig(int(rows), int(warps), int(unroll), 0, mode == "e")
 
 
 def main() -> None:
@@ -104,8 +96,7 @@ def main() -> None:
             ops = loop_ops(get_sass(binary))
             values = cfg.block_n * 256 * cfg.unroll
             counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH)
-            print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'}"
-                  f"{' persistent' if cfg.persist else ''} "
+            print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'} "
                   f"{cfg.stages} stages: "
                   f"{len(ops)} warp-instr/iteration, {values / (len(ops) * cfg.num_warps):.1f} values/warp-instr  {counts}"
                   f"  regs={registers(binary)}")

@@ -60,9 +60,6 @@ class GemvConfig:
     fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
     # split-K partials summed by the last program of a row tile (fold_part); "torch": a torch.sum launch
     fold: str = switches.choice(FOLD_ENV, FOLDS, "kernel")
-    # integer GEMV: 0 a program per (row tile, range); n > 0 a persistent grid of at most one wave
-    # (persistent_programs), each program looping over >= n of them (items t, t + P, ...)
-    persist: int = 0
 
 
 # the integer families' tiles, best of the session-4 H200 run at the engine's decode shapes
@@ -214,18 +211,12 @@ def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, ID
 def store_part(y_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr, ATOMIC: tl.constexpr):
     """A program's sums for its rows: straight into y (SPLIT 1), added to y in arrival order
     (ATOMIC), or into row part of the [SPLIT, N] partials buffer y_ptr (summed in order later)."""
-    store_part_at(y_ptr, tl.program_id(1), rows, rmask, acc, N, SPLIT, ATOMIC)
-
-
-@triton.jit
-def store_part_at(y_ptr, part, rows, rmask, acc, N, SPLIT: tl.constexpr, ATOMIC: tl.constexpr):
-    """store_part for range `part` (a persistent program's item)."""
     if SPLIT == 1:
         tl.store(y_ptr + rows, acc, mask=rmask)
     elif ATOMIC:
         tl.atomic_add(y_ptr + rows, acc, mask=rmask, sem="relaxed")
     else:
-        tl.store(y_ptr + part * N + rows, acc, mask=rmask)
+        tl.store(y_ptr + tl.program_id(1) * N + rows, acc, mask=rmask)
 
 
 @triton.jit
@@ -254,18 +245,10 @@ def fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPL
 def finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
                 KFOLD: tl.constexpr):
     """store_part, or fold_part (KFOLD) for a grid of (row tiles, SPLIT) programs."""
-    finish_part_at(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT,
-                   ATOMIC, KFOLD)
-
-
-@triton.jit
-def finish_part_at(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPLIT: tl.constexpr,
-                   ATOMIC: tl.constexpr, KFOLD: tl.constexpr):
-    """finish_part for row tile `tile`, range `part` (a persistent program's item)."""
     if KFOLD and SPLIT > 1 and not ATOMIC:
-        fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPLIT)
+        fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT)
     else:
-        store_part_at(part_ptr, part, rows, rmask, acc, N, SPLIT, ATOMIC)
+        store_part(part_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
 
 
 @triton.jit
@@ -278,30 +261,6 @@ def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N
     acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
                    tl.program_id(1), SPLIT, IDOT, A1, A2, UNROLL, EW, EMU, STAGES)
     finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT, ATOMIC, KFOLD)
-
-
-@triton.jit
-def _pigemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes, tiles, programs,
-                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
-                   UNROLL: tl.constexpr, SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
-                   ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr):
-    """_igemv_kernel's work on a persistent grid: program p takes items p, p + programs, ... of the
-    (row tile, range) items, tiles first (the order of _igemv_kernel's grid); each item's sums as there."""
-    for item in range(tl.program_id(0), tiles * SPLIT, programs):
-        tile = item % tiles
-        part = item // tiles
-        rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        rmask = rows < N
-        acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, SPLIT, IDOT,
-                       A1, A2, UNROLL, EW, EMU, STAGES)
-        finish_part_at(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPLIT, ATOMIC, KFOLD)
-
-
-def persistent_programs(cfg: GemvConfig, items: int, device: torch.device | str | None = None) -> int:
-    """The persistent grid of cfg.persist: as few programs as give each >= cfg.persist items and keep
-    the grid within one wave (wave_programs), the items spread evenly (they differ by at most one)."""
-    per = max(cfg.persist, triton.cdiv(items, wave_programs(cfg.num_warps, device)))
-    return triton.cdiv(items, per)
 
 
 @triton.jit
@@ -422,13 +381,9 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     q = act_quant.quantize(x[None], act_fmt) if qx is None else qx
     tiles = triton.cdiv(rows, cfg.block_n)
     ticket = _tickets_arg(in_kernel, tiles, part)
-    args = (weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes)
-    kw = dict(IDOT=idot, A1=iacc[0], A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
-    if cfg.persist > 0:
-        programs = persistent_programs(cfg, tiles * split, x.device)
-        _pigemv_kernel[(programs,)](*args, tiles, programs, **kw)
-    else:
-        _igemv_kernel[(tiles, split)](*args, **kw)
+    _igemv_kernel[(tiles, split)](
+        weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
+        A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
     return y if in_kernel else fold_partials(part, y)
 
 
