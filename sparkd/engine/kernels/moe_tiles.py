@@ -84,7 +84,8 @@ class Kernels:
     # in gate/up, in the down
     q4k_vec: bool = True
     q4k_vec_down: bool = True
-    # session 7 (moe13): q8_0_words.idot_full, no masks where every row and group is in range (moe._full)
+    # session 7 (moe13): q8_0_words.idot_full, no masks where every row and group is in range (moe._full);
+    # H200 top-8 layer (engine, x quantized before) 7168x2048 135.3 -> 113.9 us, 4096x1536 68.7 -> 64.6
     full: bool = True
 
 
