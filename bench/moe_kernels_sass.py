@@ -58,7 +58,7 @@ def report(qtype: T, kind: str, text: str) -> str:
     split = cfg.split or 1
     vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, cfg, qtype == T.Q4_K)
     common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
-                  **moe._int_args(fam, k.words and qtype == T.Q8_0, vec))
+                  **moe._int_args(fam, k.words and qtype == T.Q8_0, vec, k.full))  # shapes in range (moe._full)
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, **common)

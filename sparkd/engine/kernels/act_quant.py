@@ -62,6 +62,18 @@ def dp4a(a, b, EMU: tl.constexpr):
 
 
 @triton.jit
+def dp4a_add(a, b, c, EMU: tl.constexpr):
+    """c + dp4a(a, b) in one instruction (the accumulator of dp4a's asm; int32, exact: the same
+    sum as adding after). a, b and c of one shape."""
+    if EMU:
+        c += dp4a(a, b, EMU)
+    else:
+        c = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+    return c
+
+
+@triton.jit
 def _rne(v):
     """round-half-even(v) as int32 (|v| < 2^22); needs the launch's enable_fp_fusion=False."""
     return (v + _RNE).to(tl.int32, bitcast=True) - _RNE_BITS

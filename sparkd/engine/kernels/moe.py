@@ -460,7 +460,8 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
                                row_bytes=p.gate_up_row_bytes, **_ids(p),
                                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
-                                           _use_vec(kernels.q4k_vec, cfg, p.gate_up_vec)), PAIR=kernels.pair,
+                                           _use_vec(kernels.q4k_vec, cfg, p.gate_up_vec),
+                                           kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
@@ -489,10 +490,18 @@ def _use_vec(on: bool, cfg: GemvConfig, rows_on_16: bool) -> bool:
     return on and rows_on_16 and row_tiles.holds_words(cfg.block_n, cfg.num_warps, _VEC_ROW_WORDS)
 
 
-def _int_args(fam: dispatch.Family, words: bool, vec: bool) -> dict:
-    """matmul.int_args, with q8_0_words' step for Q8_0 rows on 4 bytes if words, _q4_k_vec's for
-    Q4_K rows on 16 bytes if vec (ALIGN: what the offsets are known to be a multiple of)."""
-    step = dict(IDOT=q8_0_words.idot) if words else dict(IDOT=_q4_k_vec) if vec else {}
+def _full(rows: int, width: int, cfg: GemvConfig) -> bool:
+    """Whether every row and group a launch's loop steps read is in range: rows a multiple of the
+    tile, the width a multiple of a loop step's groups (q8_0_words.idot_full then needs no mask)."""
+    return rows % cfg.block_n == 0 and width % (256 * cfg.unroll) == 0
+
+
+def _int_args(fam: dispatch.Family, words: bool, vec: bool, full: bool = False) -> dict:
+    """matmul.int_args, with q8_0_words' step for Q8_0 rows on 4 bytes if words (its unmasked
+    idot_full if full: _full), _q4_k_vec's for Q4_K rows on 16 bytes if vec (ALIGN: what the
+    offsets are known to be a multiple of)."""
+    word_step = q8_0_words.idot_full if full else q8_0_words.idot
+    step = dict(IDOT=word_step) if words else dict(IDOT=_q4_k_vec) if vec else {}
     return int_args(fam) | step | dict(ALIGN=16 if vec else 1)
 
 
@@ -532,7 +541,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
                             **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
-                                        _use_vec(kernels.q4k_vec_down, cfg, p.down_vec)),
+                                        _use_vec(kernels.q4k_vec_down, cfg, p.down_vec),
+                                        kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt], **common)
     else:
         if round_h is not None:
