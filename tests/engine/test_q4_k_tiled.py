@@ -10,6 +10,7 @@ $SPARKD_Q4_K_LAYOUT=gguf: test_row_tiles.py (the same checks for both tiled layo
 Interpreter (TRITON_INTERPRET=1, emulated dp4a) where there is no GPU; marker gpu for the asm.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -169,3 +170,18 @@ def test_bytes_layout_gemm_gives_the_gguf_bits(backend, monkeypatch):
     got = gemm(q4_k_tiled.pack_raw(raw, (rows, cols), loads="bytes"), q4_k_tiled.TILED, (rows, cols), xs,
                precision="ieee")
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [GemvConfig(4, 1, 4, 0, True, stages=2), GemvConfig(4, 1, 4, 0, True, stages=3),
+                                    GemvConfig(4, 1, 2, 0, True, stages=3), GemvConfig(8, 1, 2, 0, True, stages=2)],
+                         ids=lambda c: f"{c.block_n}/{c.num_warps}/{c.unroll}/e/stages{c.stages}")
+def test_pipelined_group_loop_gives_the_default_bits(config):
+    """Triton's pipeliner on the group loop (GemvConfig.stages: the loads as cp.async into shared memory,
+    session 7, q4k15) moves the loads, not the sums: the bytes step gives its bits without the pipeliner."""
+    rows, cols = 4100, 4096
+    raw = random_blocks(T.Q4_K, rows * cols // 256).to("cuda")
+    x = torch.randn(cols, device="cuda")
+    tiled = q4_k_tiled.pack(raw, (rows, cols), loads="bytes")
+    want = q4_k_tiled.gemv(tiled, x, config=dataclasses.replace(config, stages=0), loads="bytes")
+    assert torch.equal(q4_k_tiled.gemv(tiled, x, config=config, loads="bytes"), want)
