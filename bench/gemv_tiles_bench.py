@@ -17,7 +17,7 @@ weights are, timed the same way): the small shapes cannot reach the large copy's
 launch and its drain take microseconds whatever the size.
 
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q4T,Q6_K] [--moe]
-       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--q4t-sweep] [--q4t-s7]
+       [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--q4t-sweep] [--q4t-s7] [--q4t-rows L,...]
        [--compile-workers N]
 
 --vs-s5 (session 6): "s5 default" (GEMV_TILES' tile at session 5's split rule, matmul.split_for
@@ -97,6 +97,9 @@ Q4T_SWEEP_ON = False
 # integer sum per thread first, "bytes_sum", no faster and since removed)
 Q4T_S7 = ["loadonly:4/1/4/e", "loadonly:8/1/4/e", "vector:4/1/4/e", "bytes:8/1/4/e"]
 Q4T_S7_ON = False
+# --q4t-rows (session 7, q4k15): Q4T rows given on the command line, e.g. the pipeliner's stages
+# (loadonly:4/1/4/e/0/3: split by the wave rule, 3 stages)
+Q4T_ROWS: list[str] = []
 # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG, what runs without a DECODE_TILES entry)
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "4/1/2/e/8", "8/2/2/e/8"]
 FLOAT_DOWN = True  # --no-float-down: leave out the float down's row
@@ -200,6 +203,7 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
     cands = (S6_CANDIDATES if VS_S5 else CANDIDATES).get(name, []) if CANDIDATES_ON else []
     cands = Q4T_SWEEP if Q4T_SWEEP_ON and name == "Q4T" else cands
     cands = Q4T_S7 if Q4T_S7_ON and name == "Q4T" else cands
+    cands = Q4T_ROWS if Q4T_ROWS and name == "Q4T" else cands
     tried = [(t, tile(t.rpartition(":")[2]), dict(loads=t.rpartition(":")[0]) if ":" in t else {}) for t in cands]
     return firsts + tried
 
@@ -248,8 +252,8 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
 def warm(job: tuple) -> str:
     """Compile one row's kernel (a worker process: Triton's disk cache for the timed run)."""
     name, rows, cols, label, flags = job
-    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON
-    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON = flags
+    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS
+    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS = flags
     try:
         qtype, _, _, _, run = weights(name, rows, cols, rotate=False)
         x = torch.randn(cols, device=DEV)
@@ -267,7 +271,7 @@ def warm(job: tuple) -> str:
 
 def precompile(names: list[str], shapes: list[tuple[int, int]], workers: int) -> None:
     """Every row's kernel compiled by `workers` processes first (each tile once per shape)."""
-    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON)
+    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS)
     jobs = [(name, r, c, label, flags) for name in names for r, c in shapes
             for label, _, _ in row_tiles(name, r, c)]
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
@@ -367,11 +371,13 @@ def main() -> None:
     ap.add_argument("--qx", action="store_true", help="x quantized before the timed calls (the engine's path)")
     ap.add_argument("--q4t-sweep", action="store_true", help="Q4T's rows: Q4T_SWEEP instead of CANDIDATES")
     ap.add_argument("--q4t-s7", action="store_true", help="Q4T's rows: Q4T_S7 (load-only twin, bytes layout)")
+    ap.add_argument("--q4t-rows", default="", help="Q4T's rows: these loads:tile labels, comma-separated")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling every row first (0: none)")
     args = ap.parse_args()
-    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON
+    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS
     CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN = not args.defaults_only, args.vs_s5, args.qx, not args.no_float_down
     Q4T_SWEEP_ON, Q4T_S7_ON = args.q4t_sweep, args.q4t_s7
+    Q4T_ROWS = [r for r in args.q4t_rows.split(",") if r]
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(args.types.split(","), shapes, args.compile_workers)

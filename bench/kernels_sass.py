@@ -3,13 +3,14 @@ the triton wheel carries ptxas), to see what bounds a kernel before spending dev
 
 Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P,Q4T] [--stages 0,3] [--tiles 16/4/2/e,...]
 (Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed; Q4T: Q4_K in the tiled one, q4_k_tiled;
-Q6T: Q6_K in its tiled one, q6_k_tiled)
+Q6T: Q6_K in its tiled one, q6_k_tiled; Q4TL: Q4T's load-only twin, bench/q4t_twins.py)
 
 For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
 ceiling is that times 4 warp instructions/clock/SM), and the counts that matter (loads, dp4a,
 shuffles and shared-memory traffic from layout conversions, barriers, and with --stages > 0 the
 pipeliner's asynchronous copies LDGSTS and their waits DEPBAR), and the registers per thread
-(cuobjdump -res-usage; what bounds the resident one-warp programs per SM: 65536 / (32 * regs)).
+(cuobjdump -res-usage; what bounds the resident one-warp programs per SM: 65536 / (32 * regs)), and the
+shared memory per program (the pipeliner's buffers: 233472 / (shared + 1024) programs per SM).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
 from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed
+import q4t_twins  # (bench/, the script's own folder)
 
 LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY,  # --types names of the repacked layouts
-           "Q6T": q6_k_tiled.FAMILY}
+           "Q6T": q6_k_tiled.FAMILY, "Q4TL": q4t_twins.TWINS["loadonly"]}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
@@ -41,7 +43,7 @@ TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True)
 WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDGSTS", "DEPBAR")
 
 
-def cubin(fam: dispatch.Family, cfg: matmul.GemvConfig) -> bytes:
+def compiled(fam: dispatch.Family, cfg: matmul.GemvConfig):
     kern = matmul._igemv_kernel
     args = matmul.int_args(fam)
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
@@ -49,7 +51,11 @@ def cubin(fam: dispatch.Family, cfg: matmul.GemvConfig) -> bytes:
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
-    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps}).asm["cubin"]
+    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
+
+
+def cubin(fam: dispatch.Family, cfg: matmul.GemvConfig) -> bytes:
+    return compiled(fam, cfg).asm["cubin"]
 
 
 def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
@@ -92,14 +98,15 @@ def main() -> None:
     for name in args.types.split(","):
         fam = LAYOUTS[name] if name in LAYOUTS else dispatch.FAMILIES[GGMLQuantizationType[name]]
         for cfg in (dataclasses.replace(t, stages=int(n)) for t in tiles for n in args.stages.split(",")):
-            binary = cubin(fam, cfg)
+            kernel = compiled(fam, cfg)
+            binary = kernel.asm["cubin"]
             ops = loop_ops(get_sass(binary))
             values = cfg.block_n * 256 * cfg.unroll
             counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH)
             print(f"{name} {cfg.block_n:2d} rows {cfg.num_warps} warps {'tile' if cfg.elementwise else 'rows'} "
                   f"{cfg.stages} stages: "
                   f"{len(ops)} warp-instr/iteration, {values / (len(ops) * cfg.num_warps):.1f} values/warp-instr  {counts}"
-                  f"  regs={registers(binary)}")
+                  f"  regs={registers(binary)} shared={kernel.metadata.shared}")
 
 
 if __name__ == "__main__":

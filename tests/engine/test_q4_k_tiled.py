@@ -169,3 +169,4 @@ def test_bytes_layout_gemm_gives_the_gguf_bits(backend, monkeypatch):
     got = gemm(q4_k_tiled.pack_raw(raw, (rows, cols), loads="bytes"), q4_k_tiled.TILED, (rows, cols), xs,
                precision="ieee")
     assert torch.equal(got, want)
+
