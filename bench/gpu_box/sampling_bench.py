@@ -30,9 +30,9 @@ HOT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=123
 GREEDY = SamplingParams(temperature=0.0)
 SETTINGS = {"greedy (device argmax)": (GREEDY, "fused"), "temperature 0.8 host": (HOT, "off"),
             "temperature 0.8 device torch": (HOT, "torch"), "temperature 0.8 device fused": (HOT, "fused"),
-            "temperature 0.8 fused 1024x16": (HOT, "fused")}
+            "temperature 0.8 fused 4096x1": (HOT, "fused")}
 # the fused draw's layout where not the default (DeviceSampler's block_tokens, merge_blocks)
-LAYOUTS = {"temperature 0.8 fused 1024x16": {"block_tokens": 1024, "merge_blocks": 16}}
+LAYOUTS = {"temperature 0.8 fused 4096x1": {"block_tokens": 4096, "merge_blocks": 1}}
 
 
 def sync() -> None:

@@ -40,9 +40,12 @@ RING_TOKENS = 256
 
 
 # The fused path's layout (kernels/sample_draw.DrawScratch): candidates kept per block, which is
-# also the largest top_k it serves, and tokens per block (H200, s7: 179.8 us a draw; torch 205.9)
+# also the largest top_k it serves; tokens per block and blocks per middle merge (H200, session 7,
+# docs/runs/2026-11-30-s7-final/sampling.json: a draw 37.3 us at 1024 x 16, 179.8 at 4096 x 1
+# (148 programs sorting 1024 keys beat 38 sorting 4096), the torch chain 208.7)
 CAP = 64
-BLOCK_TOKENS = 4096
+BLOCK_TOKENS = 1024
+MERGE_BLOCKS = 16
 
 MODES = ("fused", "torch", "off")
 _ALIASES = {"1": "fused", "on": "fused", "0": "off"}
@@ -90,7 +93,8 @@ class DeviceSampler:
     block_tokens, cap, merge_blocks: their layout (kernels/sample_draw.DrawScratch)."""
 
     def __init__(self, n_vocab: int, device: torch.device | str, ring_tokens: int = RING_TOKENS,
-                 fused: bool = False, block_tokens: int = BLOCK_TOKENS, cap: int = CAP, merge_blocks: int = 1):
+                 fused: bool = False, block_tokens: int = BLOCK_TOKENS, cap: int = CAP,
+                 merge_blocks: int = MERGE_BLOCKS):
         self.n_vocab, self.device, self.ring_tokens = n_vocab, torch.device(device), ring_tokens
         self.fused, self.fusing = fused, False
         with torch.inference_mode(False):  # plain tensors: begin() refills them outside inference mode
