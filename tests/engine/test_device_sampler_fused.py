@@ -27,6 +27,7 @@ from test_device_sampler import CHI2_CRIT, DRAW_CASE, chi_square, counts_over_se
 from sparkd.engine.cuda_graphs import StaticDecode  # noqa: E402
 from sparkd.engine.device_sampler import CAP, DeviceSampler, fusable  # noqa: E402
 from sparkd.engine.errors import EngineError  # noqa: E402
+from sparkd.engine.kernels.family import KernelArgumentError  # noqa: E402
 from sparkd.engine.kernels.sample_draw import DrawScratch  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
@@ -144,7 +145,7 @@ def test_what_takes_the_fused_path():
         if not fusing:
             assert torch.equal(ds.probabilities(row)[1], Sampler(p).probabilities(row))
     for bad in ({"block_tokens": 48, "cap": 16}, {"block_tokens": 8, "cap": 16}, {"cap": 1}, {"merge_blocks": 3}):
-        with pytest.raises(ValueError, match="could not size the fused draw"):
+        with pytest.raises(KernelArgumentError, match="could not size the fused draw"):
             DrawScratch(V, torch.device("cpu"), **({"block_tokens": 64, "cap": 16} | bad))
 
 

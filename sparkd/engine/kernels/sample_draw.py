@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine.kernels.family import KernelArgumentError
+
 SENTINEL = tl.constexpr(-(2 ** 63))  # below every real key; its id part decodes to 2**31 - 1 (not a token)
 
 
@@ -151,7 +153,7 @@ class DrawScratch:
     def __init__(self, n_vocab: int, device: torch.device, block_tokens: int, cap: int, merge_blocks: int = 1):
         pow2 = lambda n: n > 0 and not n & (n - 1)  # noqa: E731
         if not (pow2(cap) and pow2(block_tokens) and pow2(merge_blocks) and 2 <= cap <= block_tokens):
-            raise ValueError(f"could not size the fused draw: cap={cap}, block_tokens={block_tokens} and "
+            raise KernelArgumentError(f"could not size the fused draw: cap={cap}, block_tokens={block_tokens} and "
                              f"merge_blocks={merge_blocks} must be powers of two, 2 <= cap <= block_tokens")
         self.n_vocab, self.block_tokens, self.cap, self.merge_blocks = n_vocab, block_tokens, cap, merge_blocks
         self.n_blocks = triton.cdiv(n_vocab, block_tokens)
