@@ -99,11 +99,12 @@ class DeviceSampler:
         self.fused, self.fusing = fused, False
         with torch.inference_mode(False):  # plain tensors: begin() refills them outside inference mode
             self._buffers()
-            self.scratch = None
+            self.scratch, self._fused_draw = None, None
             if fused:  # (triton is imported only where the fused path runs: CPU-only tests set
                 # TRITON_INTERPRET before their first kernel import)
-                from sparkd.engine.kernels.sample_draw import DrawScratch
+                from sparkd.engine.kernels.sample_draw import DrawScratch, fused_draw
                 self.scratch = DrawScratch(n_vocab, self.device, block_tokens, cap, merge_blocks)
+                self._fused_draw = fused_draw
 
     def _buffers(self) -> None:
         n_vocab, ring_tokens = self.n_vocab, self.ring_tokens
@@ -164,8 +165,7 @@ class DeviceSampler:
         return self.draw(logits)
 
     def _fused(self, logits: torch.Tensor, token: torch.Tensor | None, advance: bool) -> torch.Tensor:
-        from sparkd.engine.kernels.sample_draw import fused_draw
-        return fused_draw(self, self.scratch, logits, token, advance)
+        return self._fused_draw(self, self.scratch, logits, token, advance)
 
     def push(self, token: torch.Tensor) -> None:
         """Add the token just fed ([1] long on the device) to the ring, over the oldest."""
