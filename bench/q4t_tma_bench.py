@@ -19,13 +19,13 @@ import dataclasses
 import json
 import multiprocessing as mp
 
-import torch
-from gguf import GGMLQuantizationType as T
-
 import gemv_tiles_bench as gtb
 import kernels_bench as kb
 import q4t_tma
 import q4t_twins
+import torch
+from gguf import GGMLQuantizationType as T
+
 from sparkd.engine.kernels import act_quant, matmul, q4_k_tiled
 
 SHAPES = [(14336, 4096), (4096, 14336), (6144, 4096), (151936, 2048)]
@@ -75,13 +75,13 @@ def tensors(rows: int, cols: int, rotate: bool = True):
     buf = kb.random_blocks(T.Q4_K, n * nbytes)
     ts = [q4_k_tiled.pack(buf[i * nbytes:(i + 1) * nbytes], (rows, cols), loads="bytes") for i in range(n)]
     x = torch.randn(cols, device="cuda")
-    return nbytes, ts, act_quant.quantize(x[None], act_quant.Q8_K), x
+    return nbytes, ts, act_quant.quantize(x[None], act_quant.Q8_K)
 
 
 def warm(job) -> str:
     rows, cols, label = job
     try:
-        _, ts, qx, _ = tensors(rows, cols, rotate=False)
+        _, ts, qx = tensors(rows, cols, rotate=False)
         _launch(label, ts[0], qx, torch.empty(rows, device="cuda"), matmul.GEMV_TILES["Q4_K_TILED"])
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - the timed run reports it again
@@ -90,7 +90,7 @@ def warm(job) -> str:
 
 
 def shape_rows(rows: int, cols: int, copy_bw: float) -> list[dict]:
-    nbytes, ts, qx, x = tensors(rows, cols)
+    nbytes, ts, qx = tensors(rows, cols)
     cfg = matmul.GEMV_TILES["Q4_K_TILED"]
     y = torch.empty(rows, device="cuda")
     same_sec = gtb.same_copy_seconds(nbytes)
@@ -103,7 +103,7 @@ def shape_rows(rows: int, cols: int, copy_bw: float) -> list[dict]:
             k = _launch(label, ts[0], qx, y, cfg)
             torch.cuda.synchronize()
             ys[label] = y.clone()
-            sec = kb.graph_seconds(lambda i: _launch(label, ts[i % len(ts)], qx, y, cfg), len(ts))
+            sec = kb.graph_seconds(lambda i, lab=label: _launch(lab, ts[i % len(ts)], qx, y, cfg), len(ts))
             res = occupancy(k)
         except Exception as e:  # noqa: BLE001 - a row that fails leaves the others
             print(f"FAILED {rows}x{cols} {label}: {type(e).__name__}: {e}", flush=True)
@@ -145,7 +145,7 @@ def main() -> None:
         rows += shape_rows(r, c, copy_bw)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(device=torch.cuda.get_device_name(), copy_bytes_per_second=copy_bw, rows=rows), f,
+                json.dump({"device": torch.cuda.get_device_name(), "copy_bytes_per_second": copy_bw, "rows": rows}, f,
                           indent=1)
 
 

@@ -11,10 +11,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
-from bench_script import load_bench_script  # noqa: E402
-from test_kernels import BACKENDS  # noqa: E402
+from bench_script import load_bench_script
+from test_kernels import BACKENDS
 
-from sparkd.engine.kernels import act_quant, matmul  # noqa: E402
+from sparkd.engine.kernels import act_quant, matmul
 
 tma = load_bench_script("q4t_tma.py")
 
