@@ -12,7 +12,7 @@ after the loop (tl.sum(tl.sum(acc, 2), 1)). NESTED=True sums the 4-D tile instea
   butterfly shuffle offsets of the final row sums (a lane bit that is not the reduced dimension's
   mixes rows).
   on the GPU: PYTHONPATH=. python bench/diag12_part_tile.py
-  runs the probe (reshape / nested) and the real steps (q4_k_tiled vector / vector64 against its
+  runs the probe (reshape / nested) and the real steps (q4_k_tiled vector against its
   scalar step; q6_k_tiled's int step against q6_k's GGUF step; moe._q4_k_vec on GGUF Q4_K rows
   against q4_k's) at every tile of TILES, bypassing the guards, and prints the relative error.
 """

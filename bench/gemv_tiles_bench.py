@@ -76,8 +76,8 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     "Q4_K": ["4/1/4/e", "4/1/4/e/1", "4/1/8/e/1", "8/2/4/e", "8/1/4/e/1", "2/1/8/e/1", "16/4/2/e"],
     "Q6_K": ["4/1/4/e", "4/1/2/e", "8/2/2/e", "4/1/2/g"],  # q6k8: the integer step's first tiles
     # tiled (session 5): the default 4/1/4/e (kern6's tile); q4k9: the integer steps with fewer loads
-    # (loads:tile, q4_k_tiled.FAMILIES) at the tiles the offline SASS keeps at 64-65 registers
-    "Q4T": ["vector:4/1/4/e", "vector64:4/1/4/e", "vector:4/1/2/e"],
+    # (loads:tile, q4_k_tiled.FAMILIES) at the tiles the offline SASS keeps at 64 registers
+    "Q4T": ["vector:4/1/4/e", "vector:4/1/2/e"],
     # tiled Q6_K (session 6, q6k9): one 8-row packing tile per warp, 2 or 4 groups per step (the default
     # 8/1/1/e: 1; offline SASS: 64, 68, 96 registers), two tiles on two warps
     "Q6T": ["8/1/2/e", "8/1/4/e", "16/2/2/e"],
@@ -88,9 +88,10 @@ S6_CANDIDATES = {  # --vs-s5 (session 6, q4k10): the split by hand around the wa
             "vector:4/1/2/e/2"],  # (2-row tiles: wrong sums on the H200, refused)
 }
 # --q4t-sweep (session 6, q4k11): tiled Q4_K at 8 rows per program (two 4-row tiles), 1 or 2 warps, 2/4/8
-# groups per step, split by the wave rule (0) or by hand, 128- vs 64-bit x sums; 4-row neighbours of the default
+# groups per step, split by the wave rule (0) or by hand; 4-row neighbours of the default (its 64-bit x sums rows,
+# "vector64", went with that step in session 8)
 Q4T_SWEEP = [f"vector:8/{w}/{u}/e/{s}" for w, us in ((1, (2, 4, 8)), (2, (2, 4))) for u in us for s in (0, 1, 2, 4)] + [
-    "vector64:8/1/4/e", "vector64:8/1/2/e", "vector64:4/1/4/e", "vector:4/1/2/e", "vector:4/1/8/e", "vector:4/2/4/e"]
+    "vector:4/1/2/e", "vector:4/1/8/e", "vector:4/2/4/e"]
 Q4T_SWEEP_ON = False
 # --q4t-s7 (session 7, q4k12): the load-only twin (q4t_twins: which bound), session 6's step ("vector"),
 # the bytes step (the default since) at 8 rows (its rows there: bench/results/q4k12_h200_s7.log, with an

@@ -126,7 +126,7 @@ def test_the_default_loads_are_the_bytes_step():
 def test_unknown_loads_is_a_clear_error():
     w = q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256))
     with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'wide' is "
-                                                           r"not one of \['bytes', 'scalar', 'vector', 'vector64'\]"):
+                                                           r"not one of \['bytes', 'scalar', 'vector'\]"):
         q4_k_tiled.gemv(w, torch.zeros(256), loads="wide")
 
 

@@ -111,7 +111,7 @@ def test_unknown_layout_is_a_clear_error(layout):
 # (rows, warps): 1- and 2-row programs, 4 rows on 1 and 2 warps, 8 on 1, 2, 4, 16 on 2 and 4
 RULE_TILES = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4)]
 VECTOR_STEPS = [pytest.param((q4_k_tiled, q4_k_tiled.FAMILIES[name], T.Q4_K), id=f"Q4_K-{name}")
-                for name in ("vector", "vector64", "bytes")] + [pytest.param((q6_k_tiled, q6_k_tiled.INT_FAMILY, T.Q6_K), id="Q6_K")]
+                for name in ("vector", "bytes")] + [pytest.param((q6_k_tiled, q6_k_tiled.INT_FAMILY, T.Q6_K), id="Q6_K")]
 
 
 def step_args(mod, fam) -> dict:

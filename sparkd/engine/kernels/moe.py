@@ -100,7 +100,7 @@ def _q4_k_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.c
     bits as q4_k.idot_tile_at). Rows and offsets on 16 bytes (moe.prepare: PreparedTable.*_vec)."""
     blk = w_ptr + row_off + g * 144
     if EW:
-        acc = q4_k_tiled.idot_tile_vec(blk + 16, blk, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU, False)
+        acc = q4_k_tiled.idot_tile_vec(blk + 16, blk, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
     else:
         acc = q4_k.idot_rows_at(blk + 16, blk, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
     return acc

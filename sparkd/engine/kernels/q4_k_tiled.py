@@ -116,10 +116,10 @@ def _f16(bits):
 
 
 @triton.jit
-def idot_tile_vec(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.constexpr, XS64: tl.constexpr):
+def idot_tile_vec(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.constexpr):
     """q4_k.idot_tile_at's arithmetic (the same tile [BN, 4, 8], the same bits) with fewer loads per
     thread: the 16 header bytes of its row as one 128-bit load (d, dmin and the 6-bit scales and mins
-    taken apart in registers) and (XS64) x's two per-32 sums of its sub-blocks as one 64-bit load. The tile
+    taken apart in registers). The tile
     is [BN, 4, 2, 4] here (word w = 4 * h + v of qs chunk j) so a thread's 4 words are its own last
     dimension."""
     j = tl.arange(0, 4)[None, :, None, None]  # 32-byte chunk of qs: sub-blocks 2j (low), 2j+1 (high)
@@ -130,7 +130,7 @@ def idot_tile_vec(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.conste
     head = tl.load(hdr[:, None, None, None].to(tl.pointer_type(tl.int32)) + v + zero, mask=m, other=0)
     sc_lo, mn_lo = q4_k.scale_min_words(word(head, v, 1), word(head, v, 2), word(head, v, 3), 2 * j)
     sc_hi, mn_hi = q4_k.scale_min_words(word(head, v, 1), word(head, v, 2), word(head, v, 3), 2 * j + 1)
-    return _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, word(head, v, 0), xw_ptr, xd_ptr, xs_ptr, g, acc, EMU, XS64)
+    return _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, word(head, v, 0), xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
 
 
 @triton.jit
@@ -142,8 +142,7 @@ def _qs_words(qs, m):
 
 
 @triton.jit
-def _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, hd, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.constexpr,
-              XS64: tl.constexpr):
+def _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, hd, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.constexpr):
     """The vector steps' arithmetic once the scales and mins of sub-blocks 2j, 2j+1 (sc_lo, mn_lo, sc_hi,
     mn_hi) and d | dmin << 16 (hd) of each thread's row are in registers: q4_k.idot_tile_at's, bit for bit."""
     j = tl.arange(0, 4)[None, :, None, None]
@@ -153,11 +152,7 @@ def _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, hd, xw_ptr, xd_ptr, xs_ptr, g, 
     isum = sc_lo * dp4a(words & 0x0F0F0F0F, tl.load(xw), EMU) \
         + sc_hi * dp4a((words >> 4) & 0x0F0F0F0F, tl.load(xw + 8), EMU)  # [BN, 4, 2, 4]
     xs = xs_ptr + g * 8 + 2 * j  # [1, 4, 1, 1]: the sums of sub-blocks 2j, 2j+1
-    if XS64:  # both in one 64-bit load (a register more on the 4/1/4/e tile: 65)
-        xs2 = tl.load(xs.to(tl.pointer_type(tl.int64)))
-        msum = mn_lo * xs2.to(tl.int32) + mn_hi * (xs2 >> 32).to(tl.int32)
-    else:
-        msum = mn_lo * tl.load(xs) + mn_hi * tl.load(xs + 1)
+    msum = mn_lo * tl.load(xs) + mn_hi * tl.load(xs + 1)
     dx = tl.load(xd_ptr + g)
     d = _f16(hd & 0xFFFF) * dx
     dmin = _f16(hd >> 16) * dx
@@ -166,27 +161,14 @@ def _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, hd, xw_ptr, xd_ptr, xs_ptr, g, 
 
 
 @triton.jit
-def _idot_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr,
-              XS64: tl.constexpr):
-    """idot with the elementwise tile's loads cut (idot_tile_vec); the rows tile as idot."""
+def idot_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    """idot with the elementwise tile's loads cut (idot_tile_vec: the header in one load); the rows tile as idot."""
     qs, hdr = _group(w_ptr, row_off, g, K)
     if EW:
-        acc = idot_tile_vec(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU, XS64)
+        acc = idot_tile_vec(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
     else:
         acc = q4_k.idot_rows_at(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
     return acc
-
-
-@triton.jit
-def idot_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """The header in one load, x's sums in two (idot_tile_vec)."""
-    return _idot_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU, False)
-
-
-@triton.jit
-def idot_vec64(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """The header in one load, x's sums in one."""
-    return _idot_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU, True)
 
 
 # the "bytes" layout (session 7, q4k12): the same 16 header bytes per row and group, the 6-bit scales and
@@ -220,11 +202,10 @@ def idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.
     head = tl.load(hdr[:, None, None, None].to(tl.pointer_type(tl.int32)) + v + zero, mask=m, other=0)
     sc_lo, mn_lo, sc_hi, mn_hi = chunk_scales(word(head, v, 1), word(head, v, 2), word(head, v, 3), j)
     if EW:
-        acc = _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, word(head, v, 0), xw_ptr, xd_ptr, xs_ptr, g, acc, EMU,
-                        False)
+        acc = _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, word(head, v, 0), xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
     else:  # the rows tile: the group's tile reduced at once
         t = _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, word(head, v, 0), xw_ptr, xd_ptr, xs_ptr, g,
-                      tl.zeros((rmask.shape[0], 4, 8), tl.float32), EMU, False)
+                      tl.zeros((rmask.shape[0], 4, 8), tl.float32), EMU)
         acc += tl.sum(tl.sum(t, 2), 1)
     return acc
 
@@ -258,15 +239,16 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 
 # the integer step by its loads per group and thread on the 4/1/4/e tile (bench/kernels_sass.py):
-# "scalar" (q4_k's: 11), "vector" (idot_vec: 7, 64 registers), "vector64" (idot_vec64: 6, 65
-# registers). H200 (q4k9, bench/results/gemv_tiles_h200_s5_q4k9.log): head 60.5 -> 56.6 / 56.3 us,
-# 0.70 -> 0.75 of copy bandwidth. "bytes" (session 7, q4k12: idot_bytes on the bytes layout, 418 -> 354
+# "scalar" (q4_k's: 11), "vector" (idot_vec: 7, 64 registers). H200 (q4k9,
+# bench/results/gemv_tiles_h200_s5_q4k9.log): head 60.5 -> 56.6 us, 0.70 -> 0.75 of copy bandwidth
+# (session 5's "vector64", x's sums in one 64-bit load: 56.3 us at 65 registers, never the default, removed
+# in session 8). "bytes" (session 7, q4k12: idot_bytes on the bytes layout, 418 -> 354
 # loop instructions per 4 groups, the same bits; bench/results/q4k12_h200_s7.log): head 55.3 -> 49.9 us,
 # 0.75 -> 0.83, 14336x4096 12.7 -> 11.7 us, 0.61 -> 0.67. FAMILY's: "bytes" unless $SPARKD_Q4_K_TILED_LOADS
 # says (read once; "vector" is session 6's step and layout, "scalar" q4k8's kernel); pack_raw follows it
 LOADS_ENV = "SPARKD_Q4_K_TILED_LOADS"
 FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
-                         row_tile=TILE_ROWS, vector_step=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec), ("vector64", idot_vec64))}
+                         row_tile=TILE_ROWS, vector_step=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec))}
 FAMILIES["bytes"] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=idot_bytes, act_fmt=Q8_K, iacc=(4, 8),
                            row_tile=TILE_ROWS, vector_step=True)
 LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "bytes")
