@@ -15,10 +15,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
-from test_kernels import BOUNDS, act_in, arena_table, moe_reference, rel_err  # noqa: E402
+from test_kernels import BACKENDS, BOUNDS, act_in, arena_table, moe_reference, rel_err  # noqa: E402
 
 from sparkd.engine.kernels import act_quant, moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
+
+pytestmark = BACKENDS[0].marks  # CPU tensors through the interpreter
 
 
 def near_ties(width: int, up: bool) -> torch.Tensor:
