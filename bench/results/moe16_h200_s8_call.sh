@@ -6,7 +6,7 @@ L=$OUT/moe16_h200_s8; mkdir -p $L
 trap 'tar czf $OUT/moe16_h200_s8.tgz -C $OUT moe16_h200_s8' EXIT
 END=${END:-140}
 step() { local cap=$1; shift; local left=$((END - SECONDS)); [ $left -lt $cap ] && cap=$left; [ $cap -gt 5 ] && timeout $cap "$@"; echo "rc=$? at ${SECONDS}s: $*" >> $L/steps.txt; }
-nvidia-smi -L > $L/device.txt 2>&1; git log -1 --format=%H > $L/commit.txt 2>/dev/null
+nvidia-smi -L > $L/device.txt 2>&1; cp COMMIT $L/commit.txt
 step 55 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_moe_words_full.py tests/engine/test_moe_down_full.py \
   tests/engine/test_moe_tiles.py -k "Q4_K or words or three or vectors or cuda-Q8_0" > $L/tests.log 2>&1
 B="python3 bench/moe_tiles_bench.py --compile-workers 12"
