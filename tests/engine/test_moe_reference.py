@@ -20,7 +20,7 @@ from test_kernels import BACKENDS, BOUNDS, act_in, arena_table, moe_reference, r
 from sparkd.engine.kernels import act_quant, moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 
-pytestmark = BACKENDS[0].marks  # CPU tensors through the interpreter
+pytestmark = list(BACKENDS[0].marks)  # CPU tensors through the interpreter
 
 
 def near_ties(width: int, up: bool) -> torch.Tensor:
