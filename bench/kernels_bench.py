@@ -33,7 +33,9 @@ from sparkd.engine.kernels import dispatch, q8_0_packed
 from sparkd.engine.kernels.matmul import GemvConfig, default_config, gemv
 from sparkd.engine.kernels.moe import (
     ExpertTable,
+    PreparedTable,
     decode_tiles,
+    down_input,
     moe_decode,
     prepare,
 )
@@ -216,21 +218,44 @@ def moe_table(qtype: T, n_experts: int, device: str = "cuda", shape=MOE) -> tupl
     return ExpertTable(arena, arena, arena, *offs, qtype, qtype, D, F), 3 * part
 
 
-def moe_torch(table: ExpertTable, x: torch.Tensor, w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """torch's way: dequantize each selected expert, then matmuls (float64 for the reference)."""
+def gate_up_torch(table: ExpertTable, x: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """act(gate x, up x) [n, F] the torch way (x rounded as the kernels round it), unrounded."""
     D, F = table.dim, table.width
-    y = torch.zeros(D, dtype=dtype, device="cuda")
-
-    def deq(buf, o, qtype, shape):
-        raw = buf[o:o + shape[0] * dispatch.FAMILIES[qtype].row_bytes(shape[1])]
-        return quants.dequantize(raw.cuda(), qtype, shape).to(dtype)
     x = x_in(table.gate_up_type, x).to(dtype)
+    return torch.stack([torch.nn.functional.silu(_deq(table.gate, table.gate_offsets[i], table.gate_up_type, (F, D), dtype) @ x)
+                        * (_deq(table.up, table.up_offsets[i], table.gate_up_type, (F, D), dtype) @ x)
+                        for i in range(len(table))])
+
+
+def moe_torch(table: ExpertTable, x: torch.Tensor, w: torch.Tensor, dtype=torch.float32,
+              h: torch.Tensor | None = None) -> torch.Tensor:
+    """torch's way: dequantize each selected expert, then matmuls (float64 for the reference). h: the
+    down's input as the engine has it (moe.down_input), instead of act(gate x, up x) rounded here:
+    h computed apart may sit on the other side of a rounding boundary (session 8, moe16)."""
+    D, F = table.dim, table.width
+    if h is None:
+        h = x_in(table.down_type, gate_up_torch(table, x, dtype).float())
+    h = h.to(dtype)
+    y = torch.zeros(D, dtype=dtype, device="cuda")
     for i in range(len(table)):
-        g = deq(table.gate, table.gate_offsets[i], table.gate_up_type, (F, D)) @ x
-        u = deq(table.up, table.up_offsets[i], table.gate_up_type, (F, D)) @ x
-        h = x_in(table.down_type, (torch.nn.functional.silu(g) * u).float()).to(dtype)
-        y += w[i].to(dtype) * deq(table.down, table.down_offsets[i], table.down_type, (D, F)) @ h
+        y += w[i].to(dtype) * _deq(table.down, table.down_offsets[i], table.down_type, (D, F), dtype) @ h[i]
     return y
+
+
+def _deq(buf: torch.Tensor, o: int, qtype: T, shape: tuple[int, int], dtype) -> torch.Tensor:
+    raw = buf[o:o + shape[0] * dispatch.FAMILIES[qtype].row_bytes(shape[1])]
+    return quants.dequantize(raw.cuda(), qtype, shape).to(dtype)
+
+
+def moe_err(p: PreparedTable, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, gate_up: GemvConfig | None = None,
+            kernels=None) -> float:
+    """moe_decode's y for (p, x, w) at gate_up against float64, the larger of two errors with no rounding
+    boundary between kernel and reference: the down over the engine's own down input (moe.down_input), and
+    that input before rounding against float64 gate/up."""
+    t = p.table
+    ref = moe_torch(t, x, w, torch.float64, h=down_input(p, x, gate_up=gate_up, kernels=kernels))
+    h32 = down_input(p, x, gate_up=gate_up, kernels=kernels, rounded=False)
+    return max(rel_err(y, ref), rel_err(h32, gate_up_torch(t, x, torch.float64)))
 
 
 def subset(table: ExpertTable, ids: list[int]) -> ExpertTable:
@@ -242,6 +267,7 @@ def subset(table: ExpertTable, ids: list[int]) -> ExpertTable:
 
 def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
     D, F, A = shape
+    torch.manual_seed(0)  # the same experts, x and weights every run: an error seen once is seen again
     expert_bytes = 3 * F * dispatch.FAMILIES[qtype].row_bytes(D)
     n_sets = max(2, -(-ROTATE_BYTES // (A * expert_bytes)))
     full, _ = moe_table(qtype, n_sets * A, shape=shape)
@@ -253,7 +279,7 @@ def moe_rows(qtype: T, copy_bw: float, shape=MOE) -> list[dict]:
     def time(gu: GemvConfig | None, dn: GemvConfig | None, label: str) -> dict:
         ps = [prepare(p.table, "cuda") for p in sets]  # the family as it is now (float_path)
         y.fill_(float("nan"))
-        err = rel_err(moe_decode(ps[0], x, w, out=y, gate_up=gu, down=dn), moe_torch(ps[0].table, x, w, torch.float64))
+        err = moe_err(ps[0], x, w, moe_decode(ps[0], x, w, out=y, gate_up=gu, down=dn), gu)
         sec = graph_seconds(lambda i: moe_decode(ps[i % n_sets], x, w, out=y, gate_up=gu, down=dn), n_sets)
         return dict(kernel=f"moe {D}x{F} top{A}", type=qtype.name, config=label,
                     us=sec * 1e6, bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err)
@@ -289,8 +315,8 @@ def unified_rows(qtype: T) -> list[dict]:
     table, expert_bytes = moe_table(qtype, A, device="cpu")
     x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
     y = torch.full((D,), float("nan"), device="cuda")
-    err = rel_err(moe_decode(table, x, w, out=y), moe_torch(table, x, w, torch.float64))
     p = prepare(table, "cuda")
+    err = moe_err(p, x, w, moe_decode(table, x, w, out=y))
     sec = events_seconds(lambda: moe_decode(p, x, w, out=y))
     return [dict(kernel=f"moe {D}x{F} top{A} pinned host", type=qtype.name, config="default", us=sec * 1e6,
                  bw=A * expert_bytes / sec, frac=float("nan"), err=err)]

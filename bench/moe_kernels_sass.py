@@ -3,7 +3,7 @@ cuobjdump): registers per thread, so one-warp programs per SM (at most 32 on Hop
 largest loop's instruction mix, as bench/kernels_sass.py gives them for the GEMV.
 
 Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up 4/1/2/g,2/1/2/e:-
-       [--down 4/1/1/g/8,2/1/4/e/8:-]   (tiles as moe_tiles_bench.tile; :FLAGS the kernels, kernels_of)
+       [--down 4/1/1/g/8,2/1/4/e/8:-] [--groups 8]   (tiles as moe_tiles_bench.tile; :FLAGS the kernels, kernels_of)
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def largest_loop(text: str) -> list[str]:
     return best
 
 
-def report(qtype: T, kind: str, text: str) -> str:
+def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     cfg, fam, k = tile(text), dispatch.FAMILIES[qtype], kernels_of(text)
     split = cfg.split or 1
     vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, cfg, qtype == T.Q4_K)
@@ -65,7 +65,7 @@ def report(qtype: T, kind: str, text: str) -> str:
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
-                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], **common)
+                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, **common)
         binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
     regs, ops = registers(binary), largest_loop(get_sass(binary))
     programs = min(32, 65536 // (regs * 32 * cfg.num_warps))  # Hopper: 64K registers, 32 blocks per SM
@@ -78,10 +78,11 @@ def main() -> None:
     ap.add_argument("--type", default="Q8_0")
     ap.add_argument("--gate-up", default="", help="gate/up tiles rows/warps/unroll/e|g, comma-separated")
     ap.add_argument("--down", default="", help="down tiles rows/warps/unroll/e|g/split, comma-separated")
+    ap.add_argument("--groups", type=int, default=8, help="the down's groups a row (F / 256; Kernels.down_full)")
     args = ap.parse_args()
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
-            print(report(T[args.type], kind, text), flush=True)
+            print(report(T[args.type], kind, text, args.groups), flush=True)
 
 
 if __name__ == "__main__":

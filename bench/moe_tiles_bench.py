@@ -67,13 +67,15 @@ def tile(text: str) -> GemvConfig:
 
 def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
-    Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows;
-    no ":": the default)."""
+    Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
+    d: the down's groups a constant trip count where the shape allows, both types (moe14); no ":": the
+    default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
-                             q4k_vec_down="V" in flags, full="f" in flags)
+                             q4k_vec_down="V" in flags, full="f" in flags,
+                             down_full=("Q8_0", "Q4_K") if "d" in flags else ())
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,
@@ -84,10 +86,11 @@ def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | N
 
 
 class Shape:
-    """One shape and type: rotated expert sets, x, weights, the float64 reference of set 0."""
+    """One shape and type: rotated expert sets, x, weights (seeded)."""
 
     def __init__(self, qtype: T, shape: tuple[int, int, int], reference: bool = True):
         D, F, A = shape
+        torch.manual_seed(0)  # the same experts, x and weights every run: an error seen once is seen again
         self.qtype, self.shape = qtype, shape
         self.matrix_bytes = F * dispatch.FAMILIES[qtype].row_bytes(D)  # gate, up and down alike
         n = max(2, -(-kb.ROTATE_BYTES // (3 * A * self.matrix_bytes)))
@@ -97,7 +100,6 @@ class Shape:
         self.sets = [moe.prepare(kb.subset(full, list(range(s * A, (s + 1) * A))[::-1]), DEVICE) for s in range(n)]
         self.x, self.w = torch.randn(D, device=DEVICE), torch.rand(A, device=DEVICE)
         self.y = torch.empty(D, device=DEVICE)
-        self.ref = kb.moe_torch(self.sets[0].table, self.x, self.w, torch.float64) if reference else None
         self.name = f"moe {D}x{F} top{A}"
         self.same: dict[int, float] = {}  # same-bytes copy seconds by bytes (same_seconds)
 
@@ -106,8 +108,9 @@ class Shape:
                               kernels=k)
 
     def err(self, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels) -> float:
+        """kb.moe_err of set 0 at these tiles: the float64 reference over the engine's own rounded h."""
         self.y.fill_(float("nan"))
-        return kb.rel_err(self.call(0, gu, dn, k), self.ref)
+        return kb.moe_err(self.sets[0], self.x, self.w, self.call(0, gu, dn, k), gu, k)
 
     def same_seconds(self, nbytes: int) -> float:
         """gemv_tiles_bench.same_copy_seconds(nbytes), once per byte count: the copy of the bytes the

@@ -25,7 +25,7 @@ from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
 from sparkd.engine.kernels import dispatch  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
-from sparkd.engine.kernels.moe import ExpertTable, moe_decode, moe_prefill  # noqa: E402
+from sparkd.engine.kernels.moe import ExpertTable, down_input, moe_decode, moe_prefill  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
 
@@ -151,11 +151,25 @@ def arena_table(gu_type: T, d_type: T, dim: int, width: int, n: int, device: str
     return table, parts[0::3], parts[1::3], parts[2::3]
 
 
-def moe_reference(x, w, gates, ups, downs, act, gu_type=None, d_type=None):
-    """Integer families' inputs rounded as the kernels (and llama.cpp) round them."""
+def moe_reference(x, w, gates, ups, downs, act, gu_type=None, d_type=None, h=None):
+    """Integer families' inputs rounded as the kernels (and llama.cpp) round them. h [n, F]: the
+    down's input as the engine has it (moe.down_input), instead of act(gate x, up x) rounded here
+    from float64: an h computed apart can sit across a rounding boundary from the kernel's."""
     xr = act_in(gu_type, x)
-    return sum(w[i].double() * downs[i] @ act_in(d_type, ACTIVATIONS[act](gates[i] @ xr, ups[i] @ xr))
-               for i in range(len(gates)))
+    if h is None:
+        h = [act_in(d_type, ACTIVATIONS[act](gates[i] @ xr, ups[i] @ xr)) for i in range(len(gates))]
+    return sum(w[i].double() * downs[i] @ h[i].cpu().double() for i in range(len(gates)))
+
+
+def moe_error(y, p, x, w, gates, ups, downs, act, gu_type, d_type, gate_up=None, kernels=None) -> float:
+    """moe_decode's y for (p, x, w) at gate_up against float64, with no rounding boundary between
+    them: the larger of y against the down over the engine's own down input, and that input
+    before rounding against float64 gate/up (kernels_bench.moe_err's check, for the tests' tables)."""
+    xr = act_in(gu_type, x.cpu())
+    h64 = torch.stack([ACTIVATIONS[act](gates[i] @ xr, ups[i] @ xr) for i in range(len(gates))])
+    h32 = down_input(p, x, act, gate_up, kernels, rounded=False)
+    want = moe_reference(x.cpu(), w.cpu(), gates, ups, downs, act, h=down_input(p, x, act, gate_up, kernels))
+    return max(rel_err(y, want), rel_err(h32, h64))
 
 
 # the interpreter runs programs one by one: few, wide tiles keep it fast

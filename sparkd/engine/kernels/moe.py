@@ -249,20 +249,46 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   tickets_ptr, D, F, n, row_bytes, IDS: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
-                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr):
+                  SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
+                  NG: tl.constexpr = 0):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
-    QuantX), each expert's sums times its routing weight, the range's experts one after another."""
+    QuantX), each expert's sums times its routing weight, the range's experts one after another.
+    NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
+    on a mask that is true everywhere (_row_idot_full)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
     first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
-        part = row_idot(down_ptr, _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rb, rmask, hw_ptr + a * (F // 4),
-                        hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL,
-                        EW, EMU, STAGES)
+        w_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rb
+        if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks
+            part = _row_idot_full(down_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                                  hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, NG, UNROLL, EW, EMU)
+        else:
+            part = row_idot(down_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                            hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU, STAGES)
         acc += part * tl.load(rw_ptr + a)
     _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
+
+
+@triton.jit
+def _row_idot_full(w_ptr, row_off, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.constexpr, A1: tl.constexpr,
+                   A2: tl.constexpr, NG: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr):
+    """row_idot over all NG groups of rows all in range (UNROLL divides NG: _full): the groups in the
+    same order onto the same tile, so the same bits, without the clamp and the per-group mask, and a
+    mask true everywhere that the steps' masked loads fold away (Q4_K's _q4_k_vec)."""
+    rmask = tl.full(row_off.shape, 1, tl.int1)
+    if EW:
+        acc = tl.zeros((row_off.shape[0], A1, A2), tl.float32)
+    else:
+        acc = tl.zeros(row_off.shape, tl.float32)
+    for g0 in tl.range(0, NG, UNROLL):
+        for u in tl.static_range(UNROLL):
+            acc = IDOT(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g0 + u, K, acc, EW, EMU)
+    if EW:
+        acc = tl.sum(tl.sum(acc, 2), 1)
+    return acc
 
 
 @dataclass(frozen=True)
@@ -433,6 +459,22 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     return y
 
 
+def down_input(p: PreparedTable, x: torch.Tensor, act: str = "silu", gate_up: GemvConfig | None = None,
+               kernels: Kernels | None = None, rounded: bool = True) -> torch.Tensor:
+    """float32 [n, F]: the activations moe_decode's down multiplies (routing weight not in them),
+    from the gate/up launch at this tile; rounded by the engine's act_quant as the down's integer
+    step reads them (rounded=False: h before rounding, from the launch without fuse_quant). For
+    references: a float64 down over these meets no rounding boundary a near-tie could flip (session 8)."""
+    gate_up = gate_up or decode_tiles(p)[0]
+    if not rounded:
+        gate_up = replace(gate_up, fuse_quant=False)
+    ones = torch.ones(p.count, dtype=torch.float32, device=x.device)
+    h = _gate_up(p, x, ones, False, act, gate_up, None, "the MoE down's input", None, kernels)
+    if not rounded or p.down.idot is None:
+        return h
+    return (h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)).dequantize()
+
+
 def _ids(p: PreparedTable) -> dict:
     """The kernels' ids arguments: the selection, or (none) any pointer, never read."""
     return dict(ids_ptr=p.gate_off if p.ids is None else p.ids, IDS=p.ids is not None)
@@ -543,7 +585,9 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                             **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
                                         _use_vec(kernels.q4k_vec_down, cfg, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),
-                            EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt], **common)
+                            EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
+                            NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
+                            **common)
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()

@@ -87,6 +87,13 @@ class Kernels:
     # session 7 (moe13): q8_0_words.idot_full, no masks where every row and group is in range (moe._full);
     # H200 top-8 layer (engine, x quantized before) 7168x2048 135.3 -> 113.9 us, 4096x1536 68.7 -> 64.6
     full: bool = True
+    # session 7 (moe14): for these down types the down's groups in a loop of constant trip count (the
+    # row's groups a constexpr) on a mask true everywhere, where moe._full holds. H200 top-8 Q4_K down
+    # (session 8, moe16, bench/results/moe16_h200_s8*): 4096x1536 14.7 -> 13.7 us, 7168x2048 30.4 -> 29.2,
+    # 2048x768 7.5 = 7.5, the same err; Q8_0 lost in moe14 (7168x2048 46.9 -> 48.4 us). Off until the box
+    # passes tests/engine/test_moe_down_full.py's GPU cases (the lead's condition; moe16's call ran one
+    # of them): then ("Q4_K",)
+    down_full: tuple[str, ...] = ()
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False)  # sessions 4 and 5

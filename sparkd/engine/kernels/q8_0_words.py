@@ -16,10 +16,10 @@ The integer sums per block are the same as q8_0.idot's (exact); with EW the floa
 
 idot_full (session 7, moe13): the same step for launches whose every row and group is in range
 (moe._full: rows a multiple of the tile, the width a multiple of the groups a loop step reads):
-no masks (no predicated loads, no registers zeroed for masked-out lanes, no mask arithmetic) and
-the head's dp4a accumulating onto the words' (dp4a_add: one add fewer); the same bits as idot
-(bench/moe_kernels_sass.py: the gate/up loop 105 -> 89 warp instructions at 2/1/1/e, the down's
-193 -> 155 at 4/1/1/g).
+no masks (no predicated loads, no registers zeroed for masked-out lanes, no mask arithmetic); the
+same bits as idot (bench/moe_kernels_sass.py: the gate/up loop 105 -> 89 warp instructions at
+2/1/1/e, the down's 193 -> 155 at 4/1/1/g). Both are one step (_step, MASKED a constexpr; session 8,
+moe16), the head's dp4a accumulating onto the words' in both (dp4a_add: integer, exact).
 """
 
 import triton
@@ -30,58 +30,53 @@ from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
 
 @triton.jit
 def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    """The step with masks: rows outside rmask and blocks past K read as zeros."""
+    return _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU, True)
+
+
+@triton.jit
+def idot_full(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    """The step where every row of rmask and group g are in range (the caller knows it: moe._full)."""
+    return _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU, False)
+
+
+@triton.jit
+def _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr,
+          MASKED: tl.constexpr):
     s = tl.arange(0, 8)[None, :, None]  # block in the group
     b = g * 8 + s  # block index along the row [1, 8, 1]; g * 8 is even: b's parity is s's
     lane = tl.arange(0, 8)[None, None, :]  # 32-bit word lane of the block
     even = (s % 2) == 0
-    bmask = b * 32 < K
     blk = w_ptr + row_off[:, None, None] + b * 34  # [BN, 8, 1] block starts
-    full = tl.zeros((rmask.shape[0], 8, 8), tl.int32)
-    m = (rmask[:, None, None] & bmask) & (full == 0)  # [BN, 8, 8]
+    full = tl.zeros((row_off.shape[0], 8, 8), tl.int32)
     shift = tl.where(even, 2, 0)
-    w = tl.load((blk + 2 + shift + 4 * lane).to(tl.pointer_type(tl.int32)), mask=m, other=0)
-    head = tl.load((blk - 2 + shift + full).to(tl.pointer_type(tl.int32)), mask=m, other=0)
+    wp = (blk + 2 + shift + 4 * lane).to(tl.pointer_type(tl.int32))
+    hp = (blk - 2 + shift + full).to(tl.pointer_type(tl.int32))
     xb = xw_ptr + b * 8 + lane + full  # x's words of the block
-    xlo = tl.load(xb, mask=m, other=0)
-    xhi = tl.load(xb + 1, mask=m & even & (lane < 7), other=0)
+    if MASKED:
+        bmask = b * 32 < K
+        m = (rmask[:, None, None] & bmask) & (full == 0)  # [BN, 8, 8]
+        w, head = tl.load(wp, mask=m, other=0), tl.load(hp, mask=m, other=0)
+        xlo = tl.load(xb, mask=m, other=0)
+        xhi = tl.load(xb + 1, mask=m & even & (lane < 7), other=0)
+        dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)
+    else:
+        w, head = tl.load(wp), tl.load(hp)
+        xlo = tl.load(xb)
+        xhi = tl.load(xb + 1, mask=(lane < 7) & (full == 0), other=0)  # past the block: zeros (odd: unused)
+        dx = tl.load(xd_ptr + b)
     xp = tl.where(even, ((xlo >> 16) & 0xFFFF) | (xhi << 16), xlo)
     xh = tl.where(even & (lane == 0), xlo << 16, 0)  # the even head's quants 0-1, its scale meets zero
-    isum = dp4a(w, xp, EMU) + dp4a(head, xh, EMU)
-    dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)
+    isum = dp4a_add(head, xh, dp4a(w, xp, EMU), EMU)  # integer, exact: the same sum either way
     if EW:  # into the elementwise tile acc [BN, 8, 8]
         bits = tl.where(even, head, head >> 16) & 0xFFFF
         d = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         acc += isum.to(tl.float32) * (d * dx)
     else:  # q8_0.idot's order: a float per block, then one per row
-        d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask[:, None, None] & bmask, other=0.0).to(tl.float32)
-        acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(d * dx, 2), 1)
-    return acc
-
-
-@triton.jit
-def idot_full(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """idot where every row of rmask and group g are in range (the caller knows it: moe._full)."""
-    s = tl.arange(0, 8)[None, :, None]
-    b = g * 8 + s
-    lane = tl.arange(0, 8)[None, None, :]
-    even = (s % 2) == 0
-    blk = w_ptr + row_off[:, None, None] + b * 34
-    full = tl.zeros((row_off.shape[0], 8, 8), tl.int32)
-    shift = tl.where(even, 2, 0)
-    w = tl.load((blk + 2 + shift + 4 * lane).to(tl.pointer_type(tl.int32)))
-    head = tl.load((blk - 2 + shift + full).to(tl.pointer_type(tl.int32)))
-    xb = xw_ptr + b * 8 + lane + full
-    xlo = tl.load(xb)
-    xhi = tl.load(xb + 1, mask=(lane < 7) & (full == 0), other=0)  # past the block: zeros (odd: unused)
-    xp = tl.where(even, ((xlo >> 16) & 0xFFFF) | (xhi << 16), xlo)
-    xh = tl.where(even & (lane == 0), xlo << 16, 0)
-    isum = dp4a_add(head, xh, dp4a(w, xp, EMU), EMU)
-    dx = tl.load(xd_ptr + b)
-    if EW:
-        bits = tl.where(even, head, head >> 16) & 0xFFFF
-        d = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        acc += isum.to(tl.float32) * (d * dx)
-    else:
-        d = tl.load(blk.to(tl.pointer_type(tl.float16))).to(tl.float32)
+        dp = blk.to(tl.pointer_type(tl.float16))
+        if MASKED:
+            d = tl.load(dp, mask=rmask[:, None, None] & (b * 32 < K), other=0.0).to(tl.float32)
+        else:
+            d = tl.load(dp).to(tl.float32)
         acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(d * dx, 2), 1)
     return acc
