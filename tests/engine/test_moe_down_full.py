@@ -1,4 +1,4 @@
-"""Session 7 (moe14): Kernels.down_full (off by default until these GPU cases pass on the box), the down's groups in a loop of constant trip count on a mask
+"""Session 7 (moe14): Kernels.down_full (Q4_K by default since session 8; SPARKD_MOE_TILES=s7 switches back), the down's groups in a loop of constant trip count on a mask
 true everywhere (moe._row_idot_full), runs where moe._full holds and gives the bits of the step it
 replaces (row_idot: the same groups in the same order onto the same tile), for Q8_0 words (per-group
 and elementwise tiles) and Q4_K's vector step, over one and two experts a program.
@@ -25,8 +25,9 @@ CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
          pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 
 
-def test_down_full_is_off_by_default():
-    assert moe_tiles.decode_kernels("new").down_full == ()  # ("Q4_K",) once the GPU cases below pass
+def test_down_full_is_on_for_q4_k_by_default():
+    assert moe_tiles.decode_kernels("new").down_full == ("Q4_K",)
+    assert moe_tiles.decode_kernels("s7").down_full == ()  # the switch back
     assert moe_tiles.decode_kernels("s6r2").down_full == ()
 
 

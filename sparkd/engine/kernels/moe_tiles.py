@@ -1,6 +1,6 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
-against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, new)."""
+against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, new)."""
 
 from __future__ import annotations
 
@@ -90,24 +90,25 @@ class Kernels:
     # session 7 (moe14): for these down types the down's groups in a loop of constant trip count (the
     # row's groups a constexpr) on a mask true everywhere, where moe._full holds. H200 top-8 Q4_K down
     # (session 8, moe16, bench/results/moe16_h200_s8*): 4096x1536 14.7 -> 13.7 us, 7168x2048 30.4 -> 29.2,
-    # 2048x768 7.5 = 7.5, the same err; Q8_0 lost in moe14 (7168x2048 46.9 -> 48.4 us). Off until the box
-    # passes tests/engine/test_moe_down_full.py's GPU cases (the lead's condition; moe16's call ran one
-    # of them): then ("Q4_K",)
-    down_full: tuple[str, ...] = ()
+    # 2048x768 7.5 = 7.5, the same err; Q8_0 lost in moe14 (7168x2048 46.9 -> 48.4 us)
+    down_full: tuple[str, ...] = ("Q4_K",)
 
 
-OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False)  # sessions 4 and 5
-S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False)  # session 6's first round (moe9)
-S6R2_KERNELS = Kernels(full=False)  # session 6's second round (moe10), the default until moe13
-# "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS
+OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
+                      down_full=())  # sessions 4 and 5
+S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=())  # session 6's first round (moe9)
+S6R2_KERNELS = Kernels(full=False, down_full=())  # session 6's second round (moe10), the default until moe13
+S7_KERNELS = Kernels(down_full=())  # session 7's (moe13), the default until session 8
+# "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
+# "s7" S7_KERNELS
 TILES_ENV = "SPARKD_MOE_TILES"
-TILE_SETS = ("old", "s5", "s6", "s6r2", "new")
+TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
-    """The default (gate/up, down) tiles for the table's families and shape: which "new", "s6r2" and
-    "s6" (session 6's rule; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
+    """The default (gate/up, down) tiles for the table's families and shape: which "new", "s7", "s6r2"
+    and "s6" (session 6's rule; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
     every shape); default $SPARKD_MOE_TILES."""
     which = which or TILES
     if which not in TILE_SETS:
@@ -139,4 +140,4 @@ def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS}.get(which or TILES, OLD_KERNELS)
+    return {"new": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS, "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
