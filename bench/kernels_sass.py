@@ -32,7 +32,8 @@ from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0
 import q4t_twins  # (bench/, the script's own folder)
 
 LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY,  # --types names of the repacked layouts
-           "Q6T": q6_k_tiled.FAMILY, "Q4TL": q4t_twins.TWINS["loadonly"]}
+           "Q6T": q6_k_tiled.FAMILY, "Q4TL": q4t_twins.TWINS["loadonly"],
+           "Q4TB": q4_k_tiled.FAMILIES["bytes"], "Q4TC": q4_k_tiled.FAMILIES["compact"]}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",

@@ -66,7 +66,7 @@ def test_tiled_gives_the_gguf_bits(backend, loads, config):
     got = q4_k_tiled.gemv(tiled, x, config=config, loads=loads)
     W, xr = reference(raw, T.Q4_K, (rows, cols)), act_in(T.Q4_K, x.cpu())
     assert rel_err(got, W @ xr, W.abs() @ xr.abs()) < BOUNDS["fp32"]
-    if loads == "bytes" and not config.elementwise:
+    if loads in ("bytes", "compact") and not config.elementwise:
         return  # bytes' rows tile sums the elementwise tile per group: q4_k's rows step adds in another order
     if backend == "cpu" or same_bits_on_cuda(loads, config):
         assert torch.equal(got, want)
@@ -126,7 +126,7 @@ def test_the_default_loads_are_the_bytes_step():
 def test_unknown_loads_is_a_clear_error():
     w = q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256))
     with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'wide' is "
-                                                           r"not one of \['bytes', 'scalar', 'vector'\]"):
+                                                           r"not one of \['bytes', 'compact', 'scalar', 'vector'\]"):
         q4_k_tiled.gemv(w, torch.zeros(256), loads="wide")
 
 
