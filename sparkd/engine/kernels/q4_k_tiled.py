@@ -77,14 +77,14 @@ def pack(raw: torch.Tensor, shape: tuple[int, int], loads: str | None = None) ->
 
 def layout_of(loads: str | None) -> str:
     """The byte order an integer step reads: "bytes" for the bytes step, else "" (the GGUF header)."""
-    return "bytes" if _checked_loads(loads) in ("bytes", "compact") else ""
+    return "bytes" if _checked_loads(loads) in ("bytes", "compact", STEP) else ""
 
 
 def _checked_loads(loads: str | None) -> str:
     loads = loads or LOADS
-    if loads not in FAMILIES:
+    if loads not in FAMILIES and loads != STEP:
         raise KernelArgumentError(f"could not run the Q4_K_TILED GEMV: loads {loads!r} is not one of "
-                                  f"{sorted(FAMILIES)}")
+                                  f"{sorted([*FAMILIES, STEP])}")
     return loads
 
 
@@ -308,6 +308,8 @@ for name, fn in (("bytes", idot_bytes), ("compact", idot_compact)):  # both read
     FAMILIES[name] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
                             row_tile=TILE_ROWS, vector_step=True)
 LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "bytes")
+# session 8 (q4k17): the bytes step with whole-step compact loads, its own kernel (q4_k_steps; gemv's loads only)
+STEP = "step"
 FAMILY = FAMILIES[LOADS]
 
 
@@ -317,7 +319,7 @@ def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None
     key) runs that integer step instead of FAMILY's (to time or test them side by side); qx: x
     already quantized to Q8_K (act_quant.QuantX, as a norm writes it), else the GEMV quantizes x."""
     # (imported here: matmul imports dispatch, which imports this module)
-    from sparkd.engine.kernels import dispatch, matmul
+    from sparkd.engine.kernels import dispatch, matmul, q4_k_steps
 
     what = "the Q4_K_TILED GEMV"
     loads = _checked_loads(loads)
@@ -327,7 +329,7 @@ def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None
                                   f"pack(raw, shape, loads={loads!r})")
     if loads == LOADS:
         return matmul.gemv(w.data, TILED, (w.rows, w.cols), x, out=out, config=config, qx=qx)
-    fam = FAMILIES[loads]
+    fam = FAMILIES["bytes" if loads == STEP else loads]
     cfg = config or matmul.default_config(fam)
     matmul.check_tile(fam, cfg, what)
     dispatch.check_activations(x, w.cols, what)
@@ -335,5 +337,10 @@ def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None
     dispatch.device_of(w.data, x, what)
     matmul.check_qx(qx, fam, w.cols, what)
     y = torch.empty(w.rows, dtype=torch.float32, device=x.device) if out is None else out
+    if loads == STEP:
+        if not cfg.elementwise:
+            raise KernelArgumentError(f"could not run {what}: loads {STEP!r} has no rows tile (elementwise=False); "
+                                      f"pass loads='bytes'")
+        return q4_k_steps.igemv(w.data, (w.rows, w.cols), x, y, cfg, qx)
     return matmul.igemv(w.data, fam.idot, fam.iacc, fam.act_fmt, (w.rows, w.cols), fam.row_bytes(w.cols), x, y,
                         cfg, qx)
