@@ -28,12 +28,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import dispatch, matmul, q4_k_steps, q4_k_tiled, q6_k_tiled, q8_0_packed
 import q4t_twins  # (bench/, the script's own folder)
 
 LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY,  # --types names of the repacked layouts
            "Q6T": q6_k_tiled.FAMILY, "Q4TL": q4t_twins.TWINS["loadonly"],
-           "Q4TB": q4_k_tiled.FAMILIES["bytes"], "Q4TC": q4_k_tiled.FAMILIES["compact"]}
+           "Q4TB": q4_k_tiled.FAMILIES["bytes"], "Q4TC": q4_k_tiled.FAMILIES["compact"],
+           "Q4TS": q4_k_tiled.FAMILIES["bytes"]}  # Q4TS: q4_k_steps' kernel (whole-step compact loads)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
@@ -44,11 +45,11 @@ TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True)
 WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDGSTS", "DEPBAR")
 
 
-def compiled(fam: dispatch.Family, cfg: matmul.GemvConfig):
-    kern = matmul._igemv_kernel
-    args = matmul.int_args(fam)
+def compiled(fam: dispatch.Family, cfg: matmul.GemvConfig, steps: bool = False):
+    kern = q4_k_steps._kernel if steps else matmul._igemv_kernel
+    args = {} if steps else dict(**matmul.int_args(fam), EW=cfg.elementwise)
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
-                  EW=cfg.elementwise, EMU=False, ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
+                  EMU=False, ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
@@ -99,7 +100,7 @@ def main() -> None:
     for name in args.types.split(","):
         fam = LAYOUTS[name] if name in LAYOUTS else dispatch.FAMILIES[GGMLQuantizationType[name]]
         for cfg in (dataclasses.replace(t, stages=int(n)) for t in tiles for n in args.stages.split(",")):
-            kernel = compiled(fam, cfg)
+            kernel = compiled(fam, cfg, steps=name == "Q4TS")
             binary = kernel.asm["cubin"]
             ops = loop_ops(get_sass(binary))
             values = cfg.block_n * 256 * cfg.unroll

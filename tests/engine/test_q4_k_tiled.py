@@ -79,12 +79,13 @@ COMPACT_TILES = [GEMV_TILES["Q4_K_TILED"], GemvConfig(block_n=4, unroll=2, split
 
 @pytest.mark.parametrize("config", COMPACT_TILES, ids=lambda c: f"{c.block_n}/{c.num_warps}/{c.unroll}/{c.split}")
 @pytest.mark.parametrize("loads", ["compact", q4_k_tiled.STEP])
-def test_compact_loads_give_the_bytes_bits(loads, config):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compact_loads_give_the_bytes_bits(backend, loads, config):
     """q4k17's steps (x and the headers loaded compactly per group or per step, then broadcast) against the
     bytes step on the same tensor, and against q4_k's step on the GGUF blocks: the same bits."""
     rows, cols = 8, 1536
-    raw = random_blocks(T.Q4_K, rows * cols // 256)
-    x = torch.randn(cols)
+    raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
+    x = torch.randn(cols, device=backend)
     tiled = q4_k_tiled.pack(raw, (rows, cols), loads="bytes")
     want = q4_k_tiled.gemv(tiled, x, config=config, loads="bytes")
     assert torch.equal(q4_k_tiled.gemv(tiled, x, config=config, loads=loads), want)
