@@ -22,18 +22,19 @@ import multiprocessing as mp
 
 import gemv_tiles_bench as gtb
 import kernels_bench as kb
+import q4t_compact
 import q4t_tma
 import q4t_twins
 import torch
 from gguf import GGMLQuantizationType as T
 
-from sparkd.engine.kernels import act_quant, matmul, q4_k_steps, q4_k_tiled
+from sparkd.engine.kernels import act_quant, matmul, q4_k_tiled
 
 SHAPES = [(14336, 4096), (4096, 14336), (6144, 4096), (151936, 2048)]
 ROWS = ["bytes", "loadonly", "loadonly/s3", "bytes/s3", "ptr/s0", "tma/s0", "tma/s2", "tma/s3", "tma/s4",
         "tmax/s3", "ptr/s3"]
-# session 8 (q4k17): the bytes step 2 groups a step, the compact steps (q4_k_tiled.idot_compact per group,
-# q4_k_steps per step; /r64: at most 64 registers)
+# session 8 (q4k17): the bytes step 2 groups a step, the compact-load steps (bench/q4t_compact.py: idot_compact
+# per group, "step" per step; /r64: at most 64 registers)
 Q4K17_SHAPES = "14336x4096,4096x14336,6144x4096,151936x2048,4096x2048"
 Q4K17_ROWS = ["bytes", "bytes/u2", "compact", "step", "step/u2", "step/r64", "loadonly", "ptr/s0"]
 
@@ -52,13 +53,14 @@ def _launch(label: str, t, qx, y, cfg):
     part = matmul.partials_for(y, split, c)
     tiles = t.rows // c.block_n
     args = dict(matmul._launch_args(c, split), **({"maxnreg": opt["r"]} if "r" in opt else {}))
-    if name == q4_k_tiled.STEP:  # q4k17: whole-step compact loads, its own kernel
+    if name == "step":  # q4k17: whole-step compact loads, its own kernel
         del args["EW"]
-        k = q4_k_steps._kernel[(tiles, split)](
+        k = q4t_compact._kernel[(tiles, split)](
             t.data, qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows,
             t.cols, t.cols // 256 * 144, EMU=False, **args)
     else:
-        step = q4t_twins.TWINS["loadonly"].idot if name == "loadonly" else q4_k_tiled.FAMILIES[name].idot
+        step = {"loadonly": q4t_twins.TWINS["loadonly"].idot, "compact": q4t_compact.idot_compact}.get(
+            name, q4_k_tiled.FAMILIES.get(name, q4_k_tiled.FAMILY).idot)
         k = matmul._igemv_kernel[(tiles, split)](
             t.data, qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows,
             t.cols, t.cols // 256 * 144, IDOT=step, A1=4, A2=8, EMU=False, **args)
@@ -133,7 +135,7 @@ def shape_rows(rows: int, cols: int, copy_bw: float) -> list[dict]:
     print(f"{rows}x{cols} twins' y == ptr/s0's (the same bytes summed): {same}", flush=True)
     if "bytes" in ys:
         same = {k: bool(torch.equal(v, ys["bytes"])) for k, v in ys.items()
-                if k.split("/")[0] in ("bytes", "compact", q4_k_tiled.STEP) and k != "bytes"}
+                if k.split("/")[0] in ("bytes", "compact", "step") and k != "bytes"}
         print(f"{rows}x{cols} bits == bytes: {same}", flush=True)
     torch.cuda.empty_cache()
     return out

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 8, q4k17 (H200, one call): the tiled Q4_K GEMV's bytes step 2 groups a step, the compact-load steps
-# (q4_k_tiled.idot_compact per group, q4_k_steps per step) against bytes, its load-only twin and q4k16's ptr/s0
+# (bench/q4t_compact.py: idot_compact per group, "step" per step; at commit a095864, where the call ran, they were q4_k_tiled.idot_compact
+# and sparkd/engine/kernels/q4_k_steps.py) against bytes, its load-only twin and q4k16's ptr/s0
 # twin at 14336x4096, 4096x14336, 6144x4096, 151936x2048, 4096x2048, with each kernel's registers / shared memory /
 # programs per SM and whether each step's y is the bytes step's bits. Run from .xfer/q4k17, carry
 # [".whl", ".xfer/q4k17"]; everything lands in $OUT/q4k17_h200_s8.tar.

@@ -66,36 +66,10 @@ def test_tiled_gives_the_gguf_bits(backend, loads, config):
     got = q4_k_tiled.gemv(tiled, x, config=config, loads=loads)
     W, xr = reference(raw, T.Q4_K, (rows, cols)), act_in(T.Q4_K, x.cpu())
     assert rel_err(got, W @ xr, W.abs() @ xr.abs()) < BOUNDS["fp32"]
-    if loads in ("bytes", "compact") and not config.elementwise:
+    if loads == "bytes" and not config.elementwise:
         return  # bytes' rows tile sums the elementwise tile per group: q4_k's rows step adds in another order
     if backend == "cpu" or same_bits_on_cuda(loads, config):
         assert torch.equal(got, want)
-
-
-# the compact steps' cases: the default tile (a masked half step: 3 or 6 groups a range, 4 a step), 2 groups a
-# step over split-K ranges of 3, 8 rows on 2 warps
-COMPACT_TILES = [GEMV_TILES["Q4_K_TILED"], GemvConfig(block_n=4, unroll=2, split=2), GemvConfig(block_n=8, num_warps=2)]
-
-
-@pytest.mark.parametrize("config", COMPACT_TILES, ids=lambda c: f"{c.block_n}/{c.num_warps}/{c.unroll}/{c.split}")
-@pytest.mark.parametrize("loads", ["compact", q4_k_tiled.STEP])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_compact_loads_give_the_bytes_bits(backend, loads, config):
-    """q4k17's steps (x and the headers loaded compactly per group or per step, then broadcast) against the
-    bytes step on the same tensor, and against q4_k's step on the GGUF blocks: the same bits."""
-    rows, cols = 8, 1536
-    raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
-    x = torch.randn(cols, device=backend)
-    tiled = q4_k_tiled.pack(raw, (rows, cols), loads="bytes")
-    want = q4_k_tiled.gemv(tiled, x, config=config, loads="bytes")
-    assert torch.equal(q4_k_tiled.gemv(tiled, x, config=config, loads=loads), want)
-    assert torch.equal(gemv(raw, T.Q4_K, (rows, cols), x, config=config), want)
-
-
-def test_the_step_kernel_refuses_the_rows_tile():
-    w = q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256), loads="bytes")
-    with pytest.raises(dispatch.KernelArgumentError, match="has no rows tile"):
-        q4_k_tiled.gemv(w, torch.zeros(256), config=OLD_GEMV_TILES["Q4_K"], loads=q4_k_tiled.STEP)
 
 
 @triton.jit
@@ -152,7 +126,7 @@ def test_the_default_loads_are_the_bytes_step():
 def test_unknown_loads_is_a_clear_error():
     w = q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256))
     with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'wide' is "
-                                                           r"not one of \['bytes', 'compact', 'scalar', 'step', 'vector'\]"):
+                                                           r"not one of \['bytes', 'scalar', 'vector'\]"):
         q4_k_tiled.gemv(w, torch.zeros(256), loads="wide")
 
 

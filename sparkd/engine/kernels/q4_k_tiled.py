@@ -77,14 +77,14 @@ def pack(raw: torch.Tensor, shape: tuple[int, int], loads: str | None = None) ->
 
 def layout_of(loads: str | None) -> str:
     """The byte order an integer step reads: "bytes" for the bytes step, else "" (the GGUF header)."""
-    return "bytes" if _checked_loads(loads) in ("bytes", "compact", STEP) else ""
+    return "bytes" if _checked_loads(loads) == "bytes" else ""
 
 
 def _checked_loads(loads: str | None) -> str:
     loads = loads or LOADS
-    if loads not in FAMILIES and loads != STEP:
+    if loads not in FAMILIES:
         raise KernelArgumentError(f"could not run the Q4_K_TILED GEMV: loads {loads!r} is not one of "
-                                  f"{sorted([*FAMILIES, STEP])}")
+                                  f"{sorted(FAMILIES)}")
     return loads
 
 
@@ -210,61 +210,6 @@ def idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.
     return acc
 
 
-# the "compact" step (session 8, q4k17): the bytes step's arithmetic and sum order on the same layout, with x's
-# words, per-32 sums and the 4 rows' headers each loaded once per group and program in its own compact shape (x:
-# 64 words, 2 a thread; the headers: 16 words) and broadcast to the words' tile afterwards (the compiler's layout
-# conversion), instead of every thread loading its row's header and the x words of its lanes (4 rows alike)
-
-
-@triton.jit
-def _x_halves(xw_ptr, g):
-    """Group g's 64 x words as the tiles [1, 4, 2, 4] of sub-blocks 2j (lo) and 2j+1 (hi): word j * 16 + w
-    and j * 16 + 8 + w (w = 4 h + v), from one compact load."""
-    xv = tl.reshape(tl.load(xw_ptr + g * 64 + tl.arange(0, 64)), (4, 2, 8))  # [chunk j, lo|hi, w]
-    lo, hi = tl.split(tl.permute(xv, (0, 2, 1)))
-    return tl.reshape(lo, (1, 4, 2, 4)), tl.reshape(hi, (1, 4, 2, 4))
-
-
-@triton.jit
-def _head_words(hdr, rmask):
-    """Header words 0-3 of each row (hdr: its 16 bytes; a tile's rows are one 64-byte run) as [BN, 1, 1, 1]
-    each, from one compact [BN, 4] load."""
-    head = tl.load(hdr[:, None].to(tl.pointer_type(tl.int32)) + tl.arange(0, 4)[None, :], mask=rmask[:, None],
-                   other=0)
-    h02, h13 = tl.split(tl.reshape(head, (hdr.shape[0], 2, 2)))  # words 0, 2 and 1, 3
-    w0, w2 = tl.split(h02)
-    w1, w3 = tl.split(h13)
-    return w0[:, None, None, None], w1[:, None, None, None], w2[:, None, None, None], w3[:, None, None, None]
-
-
-@triton.jit
-def idot_compact(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """idot_bytes with compact loads of x and the headers (the same values, arithmetic and order: the same bits);
-    the rows tile (EW False) runs idot_bytes."""
-    if EW:
-        qs, hdr = _group(w_ptr, row_off, g, K)
-        j = tl.arange(0, 4)[None, :, None, None]
-        m = rmask[:, None, None, None]
-        words = _qs_words(qs, m)
-        zero = tl.zeros(words.shape, tl.int32)
-        w0, w1, w2, w3 = _head_words(hdr, rmask)
-        sc_lo, mn_lo, sc_hi, mn_hi = chunk_scales(w1 + zero, w2 + zero, w3 + zero, j)
-        xlo, xhi = _x_halves(xw_ptr, g)
-        isum = sc_lo * dp4a(words & 0x0F0F0F0F, xlo + zero, EMU) \
-            + sc_hi * dp4a((words >> 4) & 0x0F0F0F0F, xhi + zero, EMU)
-        s_lo, s_hi = tl.split(tl.reshape(tl.load(xs_ptr + g * 8 + tl.arange(0, 8)), (4, 2)))
-        msum = mn_lo * tl.reshape(s_lo, (1, 4, 1, 1)) + mn_hi * tl.reshape(s_hi, (1, 4, 1, 1))
-        dx = tl.load(xd_ptr + g)
-        hd = w0 + zero
-        d = _f16(hd & 0xFFFF) * dx
-        dmin = _f16(hd >> 16) * dx
-        part = d * isum.to(tl.float32) - (dmin * 0.125) * msum.to(tl.float32)
-        acc = acc + tl.reshape(part, acc.shape)
-    else:
-        acc = idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU)
-    return acc
-
-
 @triton.jit
 def dequant_bytes(w_ptr, aux_ptr, row_off, g, smask):
     """dequant on the bytes layout: group g of each row as floats [BN, 8, 32]."""
@@ -304,12 +249,9 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 LOADS_ENV = "SPARKD_Q4_K_TILED_LOADS"
 FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
                          row_tile=TILE_ROWS, vector_step=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec))}
-for name, fn in (("bytes", idot_bytes), ("compact", idot_compact)):  # both read the bytes layout
-    FAMILIES[name] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
-                            row_tile=TILE_ROWS, vector_step=True)
+FAMILIES["bytes"] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=idot_bytes, act_fmt=Q8_K, iacc=(4, 8),
+                           row_tile=TILE_ROWS, vector_step=True)
 LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "bytes")
-# session 8 (q4k17): the bytes step with whole-step compact loads, its own kernel (q4_k_steps; gemv's loads only)
-STEP = "step"
 FAMILY = FAMILIES[LOADS]
 
 
@@ -319,7 +261,7 @@ def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None
     key) runs that integer step instead of FAMILY's (to time or test them side by side); qx: x
     already quantized to Q8_K (act_quant.QuantX, as a norm writes it), else the GEMV quantizes x."""
     # (imported here: matmul imports dispatch, which imports this module)
-    from sparkd.engine.kernels import dispatch, matmul, q4_k_steps
+    from sparkd.engine.kernels import dispatch, matmul
 
     what = "the Q4_K_TILED GEMV"
     loads = _checked_loads(loads)
@@ -329,7 +271,7 @@ def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None
                                   f"pack(raw, shape, loads={loads!r})")
     if loads == LOADS:
         return matmul.gemv(w.data, TILED, (w.rows, w.cols), x, out=out, config=config, qx=qx)
-    fam = FAMILIES["bytes" if loads == STEP else loads]
+    fam = FAMILIES[loads]
     cfg = config or matmul.default_config(fam)
     matmul.check_tile(fam, cfg, what)
     dispatch.check_activations(x, w.cols, what)
@@ -337,10 +279,5 @@ def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None
     dispatch.device_of(w.data, x, what)
     matmul.check_qx(qx, fam, w.cols, what)
     y = torch.empty(w.rows, dtype=torch.float32, device=x.device) if out is None else out
-    if loads == STEP:
-        if not cfg.elementwise:
-            raise KernelArgumentError(f"could not run {what}: loads {STEP!r} has no rows tile (elementwise=False); "
-                                      f"pass loads='bytes'")
-        return q4_k_steps.igemv(w.data, (w.rows, w.cols), x, y, cfg, qx)
     return matmul.igemv(w.data, fam.idot, fam.iacc, fam.act_fmt, (w.rows, w.cols), fam.row_bytes(w.cols), x, y,
                         cfg, qx)
