@@ -5,7 +5,8 @@ before the timed calls; and every kernel's registers, spills, shared memory and 
 
 Usage: PYTHONPATH=.:bench python bench/q4t_tma_bench.py [--shapes RxC,...] [--rows A,B] [--q4k17] [--compile-workers N]
 [--json F]
-Rows: "bytes" (the engine's step, default tile), "loadonly" (its twin), "loadonly/s3" and "bytes/s3" (the group
+Rows: "bytes" (the engine's step, default tile: since q4k17 2 groups a step at split 1, GemvConfig.whole_unroll;
+"/uU" U groups a step at every split), "loadonly" (its twin), "loadonly/s3" and "bytes/s3" (the group
 loop pipelined by Triton, 3 stages: q4k15's rows), "ptr/sS", "tma/sS", "tmax/sS" (q4t_tma's kernel, S: its
 loop's num_stages, 0 Triton's default). Timed as gemv_tiles_bench times (one CUDA graph over weights rotated
 past the L2, median of 15); frac: over the 2 GiB copy's bandwidth; frac_same: over the same-bytes copy's.
@@ -47,7 +48,9 @@ def _launch(label: str, t, qx, y, cfg):
     stages = opt.get("s", 0)
     if name in q4t_tma.LOADS:
         return q4t_tma.gemv(name, t.data, t.rows, t.cols, qx, y, stages)
-    c = dataclasses.replace(cfg, stages=stages, unroll=opt.get("u", cfg.unroll))
+    c = dataclasses.replace(cfg, stages=stages)
+    if "u" in opt:  # U groups a step at every split
+        c = dataclasses.replace(c, unroll=opt["u"], whole_unroll=0)
     split = matmul.split_for(c, t.rows, t.cols // 256, y.device)
     in_kernel = matmul.kernel_folds(c, split)
     part = matmul.partials_for(y, split, c)

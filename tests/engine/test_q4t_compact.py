@@ -5,6 +5,7 @@ bench/results/q4k17_h200_s8.log); the per-step kernel's last bits differed there
 float bound. The same tensor against q4_k_tiled's bytes step and against q4_k's step on the GGUF blocks, at a
 masked half step (3 or 6 groups a range, 4 a step), 2 groups a step over split-K ranges of 3, 8 rows on 2 warps."""
 
+import dataclasses
 import os
 
 import pytest
@@ -56,3 +57,15 @@ def test_the_step_kernel_refuses_the_rows_tile_and_other_layouts():
                    (q4_k_tiled.pack(raw, (4, 256), loads="vector"), GEMV_TILES["Q4_K_TILED"])):
         with pytest.raises(ValueError, match="could not run the compact-step GEMV: need the bytes layout"):
             compact.gemv(w, torch.zeros(256), cfg)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_tiled_q4_k_tile_steps_2_groups_where_the_split_is_1(backend):
+    """GemvConfig.whole_unroll (q4k17): 2 groups a step at split 1, unroll's 4 at split-K ranges; the same bits
+    either way (masked half steps included: 3 groups a row), as $SPARKD_GEMV_WHOLE_UNROLL=off's 4 everywhere."""
+    cfg = GEMV_TILES["Q4_K_TILED"]
+    assert (matmul.step_groups(cfg, 1), matmul.step_groups(cfg, 2)) == ((2, 4) if matmul.WHOLE_UNROLL else (4, 4))
+    raw, tiled, x = _tensors(backend, 8, 768)
+    assert matmul.split_for(cfg, 8, 3, x.device) == 1
+    old = dataclasses.replace(cfg, whole_unroll=0)
+    assert torch.equal(q4_k_tiled.gemv(tiled, x, config=cfg), q4_k_tiled.gemv(tiled, x, config=old))
