@@ -4,7 +4,8 @@
 # and sparkd/engine/kernels/q4_k_steps.py) against bytes, its load-only twin and q4k16's ptr/s0
 # twin at 14336x4096, 4096x14336, 6144x4096, 151936x2048, 4096x2048, with each kernel's registers / shared memory /
 # programs per SM and whether each step's y is the bytes step's bits. Run from .xfer/q4k17, carry
-# [".whl", ".xfer/q4k17"]; everything lands in $OUT/q4k17_h200_s8.tar.
+# [".whl", ".xfer/q4k17"]; everything lands in $OUT/q4k17_h200_s8.tar. (Since the run, the "bytes" row steps 2 groups at
+# split 1, GemvConfig.whole_unroll: SPARKD_GEMV_WHOLE_UNROLL=0 gives the row as it ran.)
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl
