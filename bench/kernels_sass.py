@@ -3,7 +3,8 @@ the triton wheel carries ptxas), to see what bounds a kernel before spending dev
 
 Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P,Q4T] [--stages 0,3] [--tiles 16/4/2/e,...]
 (Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed; Q4T: Q4_K in the tiled one, q4_k_tiled;
-Q6T: Q6_K in its tiled one, q6_k_tiled; Q4TL: Q4T's load-only twin, bench/q4t_twins.py)
+Q6T: Q6_K in its tiled one, q6_k_tiled; Q4TL: Q4T's load-only twin, bench/q4t_twins.py; Q4TB: the bytes step;
+Q4TC, Q4TS: bench/q4t_compact.py's per-group and per-step compact-load steps)
 
 For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
 ceiling is that times 4 warp instructions/clock/SM), and the counts that matter (loads, dp4a,
@@ -29,10 +30,14 @@ from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
 from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed
-import q4t_twins  # (bench/, the script's own folder)
+import q4t_compact  # (bench/, the script's own folder)
+import q4t_twins
 
 LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY,  # --types names of the repacked layouts
-           "Q6T": q6_k_tiled.FAMILY, "Q4TL": q4t_twins.TWINS["loadonly"]}
+           "Q6T": q6_k_tiled.FAMILY, "Q4TL": q4t_twins.TWINS["loadonly"],
+           "Q4TB": q4_k_tiled.FAMILIES["bytes"],  # q4k17: q4t_compact's per-group step, Q4TS its per-step kernel
+           "Q4TC": dataclasses.replace(q4_k_tiled.FAMILIES["bytes"], idot=q4t_compact.idot_compact),
+           "Q4TS": q4_k_tiled.FAMILIES["bytes"]}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
@@ -43,11 +48,11 @@ TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True)
 WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDGSTS", "DEPBAR")
 
 
-def compiled(fam: dispatch.Family, cfg: matmul.GemvConfig):
-    kern = matmul._igemv_kernel
-    args = matmul.int_args(fam)
+def compiled(fam: dispatch.Family, cfg: matmul.GemvConfig, steps: bool = False):
+    kern = q4t_compact._kernel if steps else matmul._igemv_kernel
+    args = {} if steps else dict(**matmul.int_args(fam), EW=cfg.elementwise)
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
-                  EW=cfg.elementwise, EMU=False, ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
+                  EMU=False, ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
@@ -98,7 +103,7 @@ def main() -> None:
     for name in args.types.split(","):
         fam = LAYOUTS[name] if name in LAYOUTS else dispatch.FAMILIES[GGMLQuantizationType[name]]
         for cfg in (dataclasses.replace(t, stages=int(n)) for t in tiles for n in args.stages.split(",")):
-            kernel = compiled(fam, cfg)
+            kernel = compiled(fam, cfg, steps=name == "Q4TS")
             binary = kernel.asm["cubin"]
             ops = loop_ops(get_sass(binary))
             values = cfg.block_n * 256 * cfg.unroll

@@ -3,8 +3,10 @@ next to the bytes step, its pointer load-only twin (bench/q4t_twins.py) and a sa
 before the timed calls; and every kernel's registers, spills, shared memory and resident programs per SM
 (the driver's occupancy for a one-warp program), the pipelined (cp.async) rows of q4k15 included.
 
-Usage: PYTHONPATH=.:bench python bench/q4t_tma_bench.py [--shapes RxC,...] [--compile-workers N] [--json F]
-Rows: "bytes" (the engine's step, default tile), "loadonly" (its twin), "loadonly/s3" and "bytes/s3" (the group
+Usage: PYTHONPATH=.:bench python bench/q4t_tma_bench.py [--shapes RxC,...] [--rows A,B] [--q4k17] [--compile-workers N]
+[--json F]
+Rows: "bytes" (the engine's step, default tile: since q4k17 2 groups a step at split 1, GemvConfig.whole_unroll;
+"/uU" U groups a step at every split), "loadonly" (its twin), "loadonly/s3" and "bytes/s3" (the group
 loop pipelined by Triton, 3 stages: q4k15's rows), "ptr/sS", "tma/sS", "tmax/sS" (q4t_tma's kernel, S: its
 loop's num_stages, 0 Triton's default). Timed as gemv_tiles_bench times (one CUDA graph over weights rotated
 past the L2, median of 15); frac: over the 2 GiB copy's bandwidth; frac_same: over the same-bytes copy's.
@@ -21,6 +23,7 @@ import multiprocessing as mp
 
 import gemv_tiles_bench as gtb
 import kernels_bench as kb
+import q4t_compact
 import q4t_tma
 import q4t_twins
 import torch
@@ -31,23 +34,39 @@ from sparkd.engine.kernels import act_quant, matmul, q4_k_tiled
 SHAPES = [(14336, 4096), (4096, 14336), (6144, 4096), (151936, 2048)]
 ROWS = ["bytes", "loadonly", "loadonly/s3", "bytes/s3", "ptr/s0", "tma/s0", "tma/s2", "tma/s3", "tma/s4",
         "tmax/s3", "ptr/s3"]
+# session 8 (q4k17): the bytes step 2 groups a step, the compact-load steps (bench/q4t_compact.py: idot_compact
+# per group, "step" per step; /r64: at most 64 registers)
+Q4K17_SHAPES = "14336x4096,4096x14336,6144x4096,151936x2048,4096x2048"
+Q4K17_ROWS = ["bytes", "bytes/u2", "compact", "step", "step/u2", "step/r64", "loadonly", "ptr/s0"]
 
 
 def _launch(label: str, t, qx, y, cfg):
-    """Run a row once on tiled tensor t; returns Triton's compiled kernel (for its resources)."""
-    name, _, stages = label.partition("/s")
-    stages = int(stages or 0)
+    """Run a row once on tiled tensor t; returns Triton's compiled kernel (for its resources). A label is a step
+    name and options: /sS the loop's num_stages, /uU groups a step (GemvConfig.unroll), /rR maxnreg."""
+    name, *opts = label.split("/")
+    opt = {o[0]: int(o[1:]) for o in opts}
+    stages = opt.get("s", 0)
     if name in q4t_tma.LOADS:
         return q4t_tma.gemv(name, t.data, t.rows, t.cols, qx, y, stages)
-    step = q4t_twins.TWINS["loadonly"].idot if name == "loadonly" else q4_k_tiled.FAMILIES["bytes"].idot
     c = dataclasses.replace(cfg, stages=stages)
+    if "u" in opt:  # U groups a step at every split
+        c = dataclasses.replace(c, unroll=opt["u"], whole_unroll=0)
     split = matmul.split_for(c, t.rows, t.cols // 256, y.device)
     in_kernel = matmul.kernel_folds(c, split)
     part = matmul.partials_for(y, split, c)
     tiles = t.rows // c.block_n
-    k = matmul._igemv_kernel[(tiles, split)](
-        t.data, qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows, t.cols,
-        t.cols // 256 * 144, IDOT=step, A1=4, A2=8, EMU=False, **matmul._launch_args(c, split))
+    args = dict(matmul._launch_args(c, split), **({"maxnreg": opt["r"]} if "r" in opt else {}))
+    if name == "step":  # q4k17: whole-step compact loads, its own kernel
+        del args["EW"]
+        k = q4t_compact._kernel[(tiles, split)](
+            t.data, qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows,
+            t.cols, t.cols // 256 * 144, EMU=False, **args)
+    else:
+        step = {"loadonly": q4t_twins.TWINS["loadonly"].idot, "compact": q4t_compact.idot_compact}.get(
+            name, q4_k_tiled.FAMILIES.get(name, q4_k_tiled.FAMILY).idot)
+        k = matmul._igemv_kernel[(tiles, split)](
+            t.data, qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows,
+            t.cols, t.cols // 256 * 144, IDOT=step, A1=4, A2=8, EMU=False, **args)
     if not in_kernel:
         matmul.fold_partials(part, y)
     return k
@@ -117,8 +136,10 @@ def shape_rows(rows: int, cols: int, copy_bw: float) -> list[dict]:
     ref = ys.get("ptr/s0")
     same = {k: bool(torch.equal(v, ref)) for k, v in ys.items() if k.split("/")[0] in q4t_tma.LOADS}
     print(f"{rows}x{cols} twins' y == ptr/s0's (the same bytes summed): {same}", flush=True)
-    if "bytes" in ys and "bytes/s3" in ys:
-        print(f"{rows}x{cols} bytes/s3 bits == bytes: {bool(torch.equal(ys['bytes'], ys['bytes/s3']))}", flush=True)
+    if "bytes" in ys:
+        same = {k: bool(torch.equal(v, ys["bytes"])) for k, v in ys.items()
+                if k.split("/")[0] in ("bytes", "compact", "step") and k != "bytes"}
+        print(f"{rows}x{cols} bits == bytes: {same}", flush=True)
     torch.cuda.empty_cache()
     return out
 
@@ -128,11 +149,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
     ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--q4k17", action="store_true", help="session 8 q4k17's shapes and rows")
     ap.add_argument("--compile-workers", type=int, default=0)
     ap.add_argument("--json")
     args = ap.parse_args()
-    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
-    ROWS = args.rows.split(",")
+    shapes = [tuple(map(int, s.split("x"))) for s in (Q4K17_SHAPES if args.q4k17 else args.shapes).split(",")]
+    ROWS = Q4K17_ROWS if args.q4k17 else args.rows.split(",")
     if args.compile_workers:
         jobs = [(r, c, label) for r, c in shapes for label in ROWS]
         with cf.ProcessPoolExecutor(args.compile_workers, mp_context=mp.get_context("spawn")) as ex:

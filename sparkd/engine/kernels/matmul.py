@@ -57,6 +57,7 @@ class GemvConfig:
     dp4a: bool = True  # integer families: the dp4a instruction (False: emulate it, as the interpreter does)
     atomic: bool = False  # partial sums (split-K, MoE experts) meet by atomic adds: last bits vary run to run
     stages: int = 0  # software-pipelining stages of the group loop (tl.range num_stages); 0: Triton's default
+    whole_unroll: int = 0  # groups per loop step where a program's range is the whole row (split 1); 0: unroll
     fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
     # split-K partials summed by the last program of a row tile (fold_part); "torch": a torch.sum launch
     fold: str = switches.choice(FOLD_ENV, FOLDS, "kernel")
@@ -73,10 +74,16 @@ class GemvConfig:
 # Session 6 (q4k10): the packed Q8_0 tile keeps split 1 (ranges by the wave rule were 1.3-1.9 us
 # slower at 2048x4096 and 4096x2048 on the H200, bench/results/gemv_tiles_h200_s6.log).
 # OLD_GEMV_TILES: session 3's, to time against or fall back to (config=OLD_GEMV_TILES[name]).
+# Session 8 (q4k17): the tiled Q4_K tile steps 2 groups at a time where the split is 1 (14336x4096, the head; H200
+# 11.3 -> 10.8 and 49.0 -> 47.9 us, the same bits; 2 a step was slower at the split shapes, where 4 stays:
+# bench/results/q4k17_h200_s8.log); $SPARKD_GEMV_WHOLE_UNROLL=off keeps unroll everywhere (session 7's steps)
+WHOLE_UNROLL_ENV = "SPARKD_GEMV_WHOLE_UNROLL"
+WHOLE_UNROLL = switches.flag(WHOLE_UNROLL_ENV, True)
 GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
               "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
-              "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
+              "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True,
+                                       whole_unroll=2 if WHOLE_UNROLL else 0),
               "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),  # best of 5 (q6k_h200_s5)
               # session 6 (q6k9): one 8-row tile of kernels/q6_k_tiled.py per 1-warp program, a group per
               # step (best of 4 at the head, bench/results/gemv_tiles_h200_s6_q6k.log: 0.94 of copy bandwidth)
@@ -399,9 +406,14 @@ def check_qx(qx: act_quant.QuantX | None, fam: dispatch.Family, cols: int, what:
             f"scales {list(qx.scales.shape)}; pass x alone")
 
 
+def step_groups(cfg: GemvConfig, split: int) -> int:
+    """Groups per loop step of a launch: cfg.whole_unroll where a program's range is the whole row, else unroll."""
+    return cfg.whole_unroll if split == 1 and cfg.whole_unroll else cfg.unroll
+
+
 def _launch_args(cfg: GemvConfig, split: int) -> dict:
-    return dict(BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=split, EW=cfg.elementwise, ATOMIC=cfg.atomic,
-                KFOLD=kernel_folds(cfg, split), STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
+    return dict(BLOCK_N=cfg.block_n, UNROLL=step_groups(cfg, split), SPLIT=split, EW=cfg.elementwise,
+                ATOMIC=cfg.atomic, KFOLD=kernel_folds(cfg, split), STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
 
 
 def kernel_folds(cfg: GemvConfig, split: int) -> bool:
