@@ -8,6 +8,10 @@ sync, read wait, VRAM admission, kernel table) and GPU time spans from CUDA even
 (pre to post hook) and the expert kernels (kernel table ready to the MoE's post hook), plus the
 VRAM cache's copies (their own events on the side stream). A span is the device timeline between
 two events, so it includes gaps where the device waited for launches.
+
+A step replaying graph segments (graph_step.SegmentDecode with graphs) runs no attention or router
+forward: its segment replays (attention norm, attention, residual add, FFN norm, router) are timed
+as "attention" then, and the router reads 0.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ class StageProfile:
                           net.register_forward_hook(lambda *_: self._total(-1))]
         if step is not None:
             step.next_token = self._timed(step.next_token)
+        if hasattr(step, "row"):  # SegmentDecode runs the network without its forward
+            step.row = self._timed(step.row)
+        if getattr(step, "graphs", False):  # SegmentDecode's replays: no module forward runs
+            step.segment = self._timed_stage(step.segment, "attention")
         if self._cuda:
             for block in net.blocks:
                 self._span(block.attn, "attention")
@@ -80,6 +88,19 @@ class StageProfile:
                 return fn(*args, **kwargs)
             finally:
                 self._total(-1)
+        return call
+
+    def _timed_stage(self, fn, stage: str):
+        def call(*args, **kwargs):
+            if self._cuda:
+                self._start(stage)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[stage] += time.perf_counter() - t0
+                if self._cuda:
+                    self._close(stage)
         return call
 
     def _span(self, mod: nn.Module, stage: str) -> None:
@@ -139,5 +160,7 @@ class StageProfile:
             h.remove()
         if self._step is not None:
             del self._step.next_token  # back to the class's method
+            vars(self._step).pop("segment", None)
+            vars(self._step).pop("row", None)
         if self._store is not None:
             self._store.on_kernel_select = None
