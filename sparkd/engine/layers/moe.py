@@ -193,9 +193,16 @@ class MoE(nn.Module):
             sel = self.store.kernel_select(self.il, ids[t])
             if sel is None:
                 return None
-            res = None if residual is None else residual[t].float().contiguous()
-            rows.append(self._decode(sel, x[t], w[t], res, _attached_quant(x, sel.prepared.gate_up)))
+            rows.append(self.decode_selected(sel, x, w, residual, t))
         return rows[0][None] if len(rows) == 1 else torch.stack(rows)  # decode: no copy
+
+    def decode_selected(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
+                        t: int = 0) -> torch.Tensor:
+        """Token t of x [T, D] through the fused decode kernels on the store's selection `sel` of
+        its experts (float32 weights w [T, A]) → [D] (+ residual[t]). No host sync: a streamed
+        step's graph captures it (graph_step)."""
+        res = None if residual is None else residual[t].float().contiguous()
+        return self._decode(sel, x[t], w[t], res, _attached_quant(x, sel.prepared.gate_up))
 
     def _decode(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
                 qx=None) -> torch.Tensor:

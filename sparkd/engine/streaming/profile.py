@@ -10,8 +10,11 @@ VRAM cache's copies (their own events on the side stream). A span is the device 
 two events, so it includes gaps where the device waited for launches.
 
 A step replaying graph segments (graph_step.SegmentDecode with graphs) runs no attention or router
-forward: its segment replays (attention norm, attention, residual add, FFN norm, router) are timed
-as "attention" then, and the router reads 0.
+forward: its segment replays (attention norm, attention, residual add, FFN norm, router; with
+experts also the previous layer's MoE kernels, and the head in the last) are timed as "attention"
+then, and the router reads 0. With experts the MoE layer's host part is SegmentDecode.select
+(routing ids back, reads, table), timed as "moe"; the expert kernels' GPU span is then inside the
+attention one.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ class StageProfile:
             step.row = self._timed(step.row)
         if getattr(step, "graphs", False):  # SegmentDecode's replays: no module forward runs
             step.segment = self._timed_stage(step.segment, "attention")
+        # SegmentDecode with experts: the MoE kernels run in the segments, their host part in select
+        self._moe_has_router = not getattr(step, "experts", False)
+        if not self._moe_has_router:
+            step.select = self._timed_stage(step.select, "moe", gpu=False)
         if self._cuda:
             for block in net.blocks:
                 self._span(block.attn, "attention")
@@ -90,16 +97,16 @@ class StageProfile:
                 self._total(-1)
         return call
 
-    def _timed_stage(self, fn, stage: str):
+    def _timed_stage(self, fn, stage: str, gpu: bool = True):
         def call(*args, **kwargs):
-            if self._cuda:
+            if gpu and self._cuda:
                 self._start(stage)
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds[stage] += time.perf_counter() - t0
-                if self._cuda:
+                if gpu and self._cuda:
                     self._close(stage)
         return call
 
@@ -138,7 +145,7 @@ class StageProfile:
 
     def report(self, wait_seconds: float) -> dict[str, float]:
         s = self.seconds
-        experts = s["moe"] - s["router"]  # the MoE module's time includes its router
+        experts = s["moe"] - s["router"] if self._moe_has_router else s["moe"]  # MoE.forward runs its router
         out = {"router_seconds": s["router"], "expert_compute_seconds": max(0.0, experts - wait_seconds),
                "read_wait_seconds": wait_seconds, "attention_seconds": s["attention"],
                "other_seconds": max(0.0, s["total"] - s["moe"] - s["attention"]), "total_seconds": s["total"]}
@@ -161,6 +168,7 @@ class StageProfile:
         if self._step is not None:
             del self._step.next_token  # back to the class's method
             vars(self._step).pop("segment", None)
-            vars(self._step).pop("row", None)
+            for name in ("row", "select"):
+                vars(self._step).pop(name, None)
         if self._store is not None:
             self._store.on_kernel_select = None

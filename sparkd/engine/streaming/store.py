@@ -155,9 +155,11 @@ class StreamingExperts:
 
         return x_format(self, il, self.kernel_device)
 
-    def kernel_select(self, layer: int, expert_ids):
+    def kernel_select(self, layer: int, expert_ids, offsets_out=None):
         """Kernel table of one token's experts, from VRAM slots and arena slots (see zero_copy.py),
-        or None: no kernel device set, or a layer the kernels cannot run."""
+        or None: no kernel device set, or a layer the kernels cannot run. offsets_out: int64 [3 x
+        count] on the device the table's offsets are copied into (cached table mode; a graph reads
+        them there)."""
         if self.kernel_device is None:
             return None
         from sparkd.engine.streaming.zero_copy import kernel_select
@@ -165,7 +167,7 @@ class StreamingExperts:
         t0 = time.perf_counter()
         ids = expert_ids.tolist() if hasattr(expert_ids, "tolist") else expert_ids  # waits for the router
         self.stats.host_sync_seconds += time.perf_counter() - t0
-        sel = kernel_select(self, layer, ids, self.kernel_device)
+        sel = kernel_select(self, layer, ids, self.kernel_device, offsets_out)
         if self.on_kernel_select is not None:
             self.on_kernel_select()
         return sel

@@ -38,10 +38,11 @@ def table_mode(env: dict | None = None) -> str:
     return switches.choice(TABLE_ENV, TABLE_MODES, "cached", env)
 
 
-def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> KernelSelection | None:
+def kernel_select(store, layer: int, expert_ids: Sequence[int], device, offsets_out=None) -> KernelSelection | None:
     """Make `expert_ids` of `layer` readable by the kernels (VRAM hits as they are; the rest read
     into the arena, waited for) and describe them as a prepared kernel table; None if the layer has
-    expert biases or a type without a kernel (the caller takes the generic path)."""
+    expert biases or a type without a kernel (the caller takes the generic path). offsets_out:
+    where the cached table's offsets go (int64 [3 x count] on device), else a new tensor."""
     from sparkd.engine.streaming.store import _Batch
 
     if not _kernel_layer(store, layer):
@@ -68,7 +69,7 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> Kerne
     if vram is not None:
         _admit(store, layer, host_ids, host_slot, in_vram)
     store.stats.admission_seconds += time.perf_counter() - t0
-    return _build(store, layer, ids, in_vram, host_slot, device)
+    return _build(store, layer, ids, in_vram, host_slot, device, offsets_out)
 
 
 def _kernel_layer(store, layer: int) -> bool:
@@ -92,10 +93,15 @@ def x_format(store, layer: int, device) -> str | None:
     return gate_up.act_fmt if gate_up.idot is not None else None
 
 
-def _build(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device):
+def _build(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device, offsets_out=None):
     t0 = time.perf_counter()
-    build = _table_cached if store.table_mode == "cached" else _table
-    table = build(store, layer, ids, in_vram, host_slot, device)
+    if offsets_out is not None and store.table_mode != "cached":
+        raise EngineError(f"could not build the kernel table of layer {layer} into a given offsets buffer: "
+                          f"{TABLE_ENV}={store.table_mode} makes its own (use cached)")
+    if store.table_mode == "cached":
+        table = _table_cached(store, layer, ids, in_vram, host_slot, device, offsets_out)
+    else:
+        table = _table(store, layer, ids, in_vram, host_slot, device)
     store.stats.table_seconds += time.perf_counter() - t0
     return table
 
@@ -143,8 +149,10 @@ def _table(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int
     return KernelSelection(prepared, vec_dot_format(gate.ggml_type), vec_dot_format(down.ggml_type))
 
 
-def _table_cached(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device):
-    """_table's result with the layer's checks done once (see the module doc)."""
+def _table_cached(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device,
+                  offsets_out=None):
+    """_table's result with the layer's checks done once (see the module doc); the offsets copied
+    into offsets_out where given."""
     import torch
 
     gate, _, down = store._layer(layer).infos
@@ -170,8 +178,16 @@ def _table_cached(store, layer: int, ids: list[int], in_vram: dict, host_slot: d
                                   f"or is not a multiple of {aligns[k]}")
             offsets[k].append(at)
     n = len(ids)
-    on_device = torch.tensor(offsets[0] + offsets[1] + offsets[2], dtype=torch.int64).to(
-        tpl.device, non_blocking=True)
+    host = torch.tensor(offsets[0] + offsets[1] + offsets[2], dtype=torch.int64)
+    if offsets_out is None:
+        on_device = host.to(tpl.device, non_blocking=True)
+    elif offsets_out.shape != host.shape or offsets_out.dtype != torch.int64 \
+            or offsets_out.device.type != torch.device(tpl.device).type:
+        raise EngineError(f"could not copy the kernel table offsets of layer {layer}: need int64 "
+                          f"{list(host.shape)} on {tpl.device}, got {offsets_out.dtype} "
+                          f"{list(offsets_out.shape)} on {offsets_out.device}")
+    else:
+        on_device = offsets_out.copy_(host, non_blocking=True)
     prepared = replace(tpl, gate_off=on_device[:n], up_off=on_device[n:2 * n], down_off=on_device[2 * n:])
     return KernelSelection(prepared, vec_dot_format(gate.ggml_type), vec_dot_format(down.ggml_type))
 

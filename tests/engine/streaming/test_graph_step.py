@@ -19,7 +19,7 @@ from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.streaming import graph_step  # noqa: E402
 from sparkd.engine.streaming.eager_step import EagerDecode  # noqa: E402
 
-PROMPT, STEPS = [1, 5, 9, 33, 2], 3
+PROMPT, STEPS = [1, 5, 9, 33, 2], 2
 
 
 @pytest.fixture(scope="module")
@@ -68,26 +68,55 @@ def _decode(path, backend: str, make_step, profile: bool = False):
         fused.configure(before)
 
 
-def test_segments_run_eagerly_give_the_eager_steps_bits(model):
+@pytest.fixture(scope="module")
+def eager_cpu(model):
     pytest.importorskip("triton", reason="triton is not installed")
-    want, want_ids, _ = _decode(model, "cpu", EagerDecode)
-    got, got_ids, rep = _decode(model, "cpu", lambda n, c: graph_step.SegmentDecode(n, c, graphs=False), True)
+    return _decode(model, "cpu", EagerDecode)[:2]
+
+
+@pytest.mark.parametrize("experts", [True, False], ids=["experts", "segments"])
+def test_segments_run_eagerly_give_the_eager_steps_bits(model, eager_cpu, experts):
+    want, want_ids = eager_cpu
+    got, got_ids, rep = _decode(model, "cpu", lambda n, c: graph_step.SegmentDecode(n, c, False, experts), True)
     assert torch.equal(got, want)
     assert got_ids == want_ids
     assert rep["total_seconds"] > 0 and rep["attention_seconds"] > 0 and rep["router_seconds"] > 0
+    assert rep["expert_compute_seconds"] > 0
+
+
+def test_a_wrong_offsets_buffer_is_a_clear_error(model):
+    from sparkd.engine.kernels import fused
+
+    sm = _streamed(model, "cpu")
+    before = fused.configure("all", on_cpu=True)
+    try:
+        with pytest.raises(EngineError, match=r"could not copy the kernel table offsets of layer 0: need int64 "
+                                              r"\[\d+\] on cpu, got torch.int32"):
+            sm.store.kernel_select(0, [0, 1], torch.empty(6, dtype=torch.int32))
+        sm.store.table_mode = "checked"
+        with pytest.raises(EngineError, match=r"SPARKD_STREAM_TABLE=checked makes its own \(use cached\)"):
+            sm.store.kernel_select(0, [0, 1], torch.empty(6, dtype=torch.int64))
+    finally:
+        fused.configure(before)
+        sm.close()
 
 
 @pytest.mark.gpu
-def test_segment_graphs_replay_the_eager_steps_bits_on_cuda(model):
+@pytest.mark.parametrize("mode", ["experts", "segments"])
+def test_segment_graphs_replay_the_eager_steps_bits_on_cuda(model, mode, monkeypatch):
     want, want_ids, _ = _decode(model, "cuda", EagerDecode)
+    monkeypatch.setenv(graph_step.ENV, mode)
     steps = []
     got, got_ids, rep = _decode(model, "cuda", lambda n, c: steps.append(graph_step.streaming_step(n, c, "cuda"))
                                 or steps[0], True)
+    n = TINY["qwen3moe"].n_layer
     assert isinstance(steps[0], graph_step.SegmentDecode) and steps[0].graphs
-    assert sorted(steps[0]._graphs) == list(range(TINY["qwen3moe"].n_layer))
+    assert steps[0].experts == (mode == "experts")
+    assert sorted(steps[0]._graphs) == list(range(n + 1 if mode == "experts" else n))
     assert torch.equal(got, want), "segment graph replay differs from the eager step"
     assert got_ids == want_ids
     assert rep["attention_seconds"] > 0 and rep["router_seconds"] == 0 and rep["attention_gpu_seconds"] > 0
+    assert rep["expert_compute_seconds"] > 0
 
 
 def test_the_step_falls_back_to_eager_where_segments_would_differ(model):
@@ -111,6 +140,10 @@ def test_the_step_falls_back_to_eager_where_segments_would_differ(model):
         assert type(graph_step.streaming_step(net, cache, "cuda", "auto", logged.append)) is EagerDecode
         assert logged and "rope_kv or attention" in logged[0]
         assert type(graph_step.streaming_step(net, cache, "cuda", "off")) is EagerDecode
+        fused.configure("all", on_cpu=True)
+        sm.store.table_mode = "checked"
+        assert graph_step.segment_blocker(net) is None
+        assert "SPARKD_STREAM_TABLE=checked" in graph_step.experts_blocker(net)
     finally:
         fused.configure(before)
         sm.close()
