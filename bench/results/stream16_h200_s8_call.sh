@@ -29,5 +29,5 @@ run() {  # tag [env assignments...]
 }
 run before STREAM_ARGS="--cuda-graphs off"
 run after
-[ $(( $(date +%s) - T0 )) -lt 150 ] && run segments SPARKD_STREAM_GRAPHS=segments
+[ $(( $(date +%s) - T0 )) -lt ${SEGMENTS_BEFORE_S:-150} ] && run segments SPARKD_STREAM_GRAPHS=segments
 log done; pack

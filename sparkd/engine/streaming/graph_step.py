@@ -103,6 +103,7 @@ class SegmentDecode(EagerDecode):
         self._sel: dict[int, object] = {}  # layer -> its KernelSelection over those offsets
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self.capturing = False  # a graph capture (with its warm-up run) in progress: profile.py skips its hooks
 
     def __call__(self, token: int) -> torch.Tensor:
         return self.row(token)
@@ -194,13 +195,17 @@ class SegmentDecode(EagerDecode):
     def _capture(self, k: int) -> torch.cuda.CUDAGraph:
         # a run on a side stream first, as capture wants (it writes this token's K/V rows, as
         # the replay that follows does again)
-        side = torch.cuda.Stream(self.cache.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._run(k)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._outs[k] = self._run(k)
+        self.capturing = True
+        try:
+            side = torch.cuda.Stream(self.cache.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._run(k)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._outs[k] = self._run(k)
+        finally:
+            self.capturing = False
         self._pool = graph.pool()
         return graph

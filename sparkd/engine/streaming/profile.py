@@ -74,10 +74,12 @@ class StageProfile:
 
     def _time(self, mod: nn.Module, stage: str) -> None:
         def pre(m, args):
-            self._t0[id(m)] = time.perf_counter()
+            if not self._capturing():
+                self._t0[id(m)] = time.perf_counter()
 
         def post(m, args, out):
-            self.seconds[stage] += time.perf_counter() - self._t0.pop(id(m))
+            if not self._capturing():
+                self.seconds[stage] += time.perf_counter() - self._t0.pop(id(m))
         self._handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
 
     def _total(self, change: int) -> None:
@@ -114,12 +116,21 @@ class StageProfile:
         self._handles += [mod.register_forward_pre_hook(lambda *_: self._start(stage)),
                           mod.register_forward_hook(lambda *_: self._close(stage))]
 
+    def _capturing(self) -> bool:
+        """Whether the step is capturing a graph (SegmentDecode): its modules' forwards then record
+        work, not run it; the capture's host time counts in the stage around it."""
+        return getattr(self._step, "capturing", False)
+
     def _start(self, stage: str) -> None:
+        if self._capturing():
+            return
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         self._open[stage] = ev
 
     def _close(self, stage: str) -> None:
+        if self._capturing():
+            return
         start = self._open.pop(stage, None)
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
