@@ -59,6 +59,8 @@ def segment_blocker(net) -> str | None:
         if ffn.router.n_groups > 1 or getattr(ffn.store, "kernel_device", None) is None \
                 or ffn.act_name not in ("silu", "swiglu_oai"):
             return f"layer {il}: its router or expert store has no one-token kernel step"
+        if ffn.store.plan.prefetch_slots:
+            return "prefetch (--prefetch) guesses experts from block hooks, which the segments do not run"
     return None
 
 

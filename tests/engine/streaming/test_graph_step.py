@@ -4,6 +4,7 @@ the eager step (EagerDecode), run eagerly (the CPU interpreter stands in for the
 the GPU box, replayed from captured CUDA graphs (marker gpu). The stage profile times the replays.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -141,6 +142,10 @@ def test_the_step_falls_back_to_eager_where_segments_would_differ(model):
         assert logged and "rope_kv or attention" in logged[0]
         assert type(graph_step.streaming_step(net, cache, "cuda", "off")) is EagerDecode
         fused.configure("all", on_cpu=True)
+        plan = sm.store.plan
+        sm.store.plan = dataclasses.replace(plan, prefetch_slots=2)
+        assert "prefetch (--prefetch)" in graph_step.segment_blocker(net)
+        sm.store.plan = plan
         sm.store.table_mode = "checked"
         assert graph_step.segment_blocker(net) is None
         assert "SPARKD_STREAM_TABLE=checked" in graph_step.experts_blocker(net)
