@@ -93,6 +93,8 @@ class StreamingExperts:
         self.on_kernel_select: Callable[[], None] | None = None  # profile.py: the expert kernels start
         self.table_mode = "cached"  # zero_copy.py: kernel tables from a checked template, or "checked"
         self.tables: dict = {}  # zero_copy.py's checked templates (they hold the arena / VRAM buffer)
+        self.table_parts: dict = {}  # zero_copy.py: per (layer, expert, template) its parts' in-slot offsets, checked
+        self.selections: dict = {}  # zero_copy.py: selections over a caller's fixed offsets buffer
         self._scratch: list[torch.Tensor] = [torch.empty(0)] * 3  # f32 gate, up, down of one expert
 
     def scratch(self, part: int, n_values: int) -> torch.Tensor:
@@ -336,6 +338,7 @@ class StreamingExperts:
         for read in list(self._prefetched.values()) + self._draining:
             read._done.wait()
         self.tables.clear()  # they hold the VRAM buffer and the arena
+        self.selections.clear()
         if self.vram is not None:
             self.vram.close()  # its copies read the arena: done before the arena goes
         self.reader.close()
