@@ -8,7 +8,8 @@ by position (KVCache.span). So one step captured per bucket replays for every po
 
 Capture needs every layer to stay on the device between the token and the logits: GQA attention
 or MLA, dense FFNs, and routed experts through the Triton MoE kernels (KernelExperts). Streamed
-experts (read from disk per token), sparse-attention selectors (glm-dsa), and decoders with their
+experts (read from disk per token: streaming/graph_step.py captures a graph per layer between the
+reads instead), sparse-attention selectors (glm-dsa), and decoders with their
 own forward and per-sequence state (deepseek4, kimi-k3's linear attention) keep the eager step;
 graph_blocker names the layer and the reason.
 
@@ -95,7 +96,8 @@ def graph_blocker(net: Decoder, streaming: bool = False) -> str | None:
     """Why the network's decode step cannot be captured as a CUDA graph (naming the layer), or
     None when it can."""
     if streaming:
-        return "routed experts are streamed (the expert store reads from disk per token on the host)"
+        return ("routed experts are streamed (the expert store reads from disk per token on the host; "
+                "the streamed step replays a graph per layer instead: streaming/graph_step.py)")
     if type(net) is not Decoder:
         return f"{net.cfg.arch}'s decoder ({type(net).__name__}) runs its own forward with per-sequence state"
     if isinstance(net.tok_embd, QuantRows):

@@ -120,6 +120,7 @@ class Engine:
     def _finish_load(self, model: Any) -> None:
         from sparkd.engine.cuda_graphs import StaticDecode, use_graphs
         from sparkd.engine.streaming.eager_step import EagerDecode
+        from sparkd.engine.streaming.graph_step import streaming_step
 
         graphs = use_graphs(self.cuda_graphs, model.net, self.device, self.streaming is not None, self._log)
         self.cfg = model.cfg
@@ -129,7 +130,9 @@ class Engine:
         if self.streaming is None:
             self._warm_experts(model.net)
         self._cache = model.net.new_cache(self.n_ctx)
-        self._step = StaticDecode(model.net, self._cache, graphs=True) if graphs else EagerDecode(model.net, self._cache)
+        self._step = StaticDecode(model.net, self._cache, graphs=True) if graphs else \
+            EagerDecode(model.net, self._cache) if self.streaming is None else \
+            streaming_step(model.net, self._cache, self.device, self.cuda_graphs, self._log)
         if self.device != "cpu":  # JIT-compile the kernels (the linked norms' too) now, not in the first request
             scratch = model.net.new_cache(3)
             model.net(torch.tensor([0, 0]), scratch)

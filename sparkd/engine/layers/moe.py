@@ -158,13 +158,16 @@ class MoE(nn.Module):
         return store_format(self.il)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None,
+                routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The layer's output [T, D]; given residual [T, D] (takes_residual), residual + it, the
-        same bits, added inside the fused decode's down launch where that runs."""
+        same bits, added inside the fused decode's down launch where that runs. routing: the
+        router's (weights, ids) of x, already computed (a streamed step's graph segment ran it)."""
         if residual is not None and self.shared is not None:
             raise ValueError(f"could not add the residual inside MoE layer {self.il}: it has shared experts "
                              f"(pass residual only where takes_residual is true; add it after the layer)")
-        w, ids = self.router(x, ids)  # [T, A], [T, A]; ids given: fixed (hash) routing
+        # [T, A], [T, A]; ids given: fixed (hash) routing
+        w, ids = self.router(x, ids) if routing is None else routing
         if self.act_name in ("silu", "swiglu_oai") and hasattr(self.store, "kernel_select"):
             out = self._kernels(x, w.float().contiguous(), ids, residual)
             if out is not None:
@@ -190,9 +193,16 @@ class MoE(nn.Module):
             sel = self.store.kernel_select(self.il, ids[t])
             if sel is None:
                 return None
-            res = None if residual is None else residual[t].float().contiguous()
-            rows.append(self._decode(sel, x[t], w[t], res, _attached_quant(x, sel.prepared.gate_up)))
+            rows.append(self.decode_selected(sel, x, w, residual, t))
         return rows[0][None] if len(rows) == 1 else torch.stack(rows)  # decode: no copy
+
+    def decode_selected(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
+                        t: int = 0) -> torch.Tensor:
+        """Token t of x [T, D] through the fused decode kernels on the store's selection `sel` of
+        its experts (float32 weights w [T, A]) → [D] (+ residual[t]). No host sync: a streamed
+        step's graph captures it (graph_step)."""
+        res = None if residual is None else residual[t].float().contiguous()
+        return self._decode(sel, x[t], w[t], res, _attached_quant(x, sel.prepared.gate_up))
 
     def _decode(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
                 qx=None) -> torch.Tensor:

@@ -8,6 +8,13 @@ sync, read wait, VRAM admission, kernel table) and GPU time spans from CUDA even
 (pre to post hook) and the expert kernels (kernel table ready to the MoE's post hook), plus the
 VRAM cache's copies (their own events on the side stream). A span is the device timeline between
 two events, so it includes gaps where the device waited for launches.
+
+A step replaying graph segments (graph_step.SegmentDecode with graphs) runs no attention or router
+forward: its segment replays (attention norm, attention, residual add, FFN norm, router; with
+experts also the previous layer's MoE kernels, and the head in the last) are timed as "attention"
+then, and the router reads 0. With experts the MoE layer's host part is SegmentDecode.select
+(routing ids back, reads, table), timed as "moe"; the expert kernels' GPU span is then inside the
+attention one.
 """
 
 from __future__ import annotations
@@ -48,6 +55,14 @@ class StageProfile:
                           net.register_forward_hook(lambda *_: self._total(-1))]
         if step is not None:
             step.next_token = self._timed(step.next_token)
+        if hasattr(step, "row"):  # SegmentDecode runs the network without its forward
+            step.row = self._timed(step.row)
+        if getattr(step, "graphs", False):  # SegmentDecode's replays: no module forward runs
+            step.segment = self._timed_stage(step.segment, "attention")
+        # SegmentDecode with experts: the MoE kernels run in the segments, their host part in select
+        self._moe_has_router = not getattr(step, "experts", False)
+        if not self._moe_has_router:
+            step.select = self._timed_stage(step.select, "moe", gpu=False)
         if self._cuda:
             for block in net.blocks:
                 self._span(block.attn, "attention")
@@ -59,10 +74,12 @@ class StageProfile:
 
     def _time(self, mod: nn.Module, stage: str) -> None:
         def pre(m, args):
-            self._t0[id(m)] = time.perf_counter()
+            if not self._capturing():
+                self._t0[id(m)] = time.perf_counter()
 
         def post(m, args, out):
-            self.seconds[stage] += time.perf_counter() - self._t0.pop(id(m))
+            if not self._capturing():
+                self.seconds[stage] += time.perf_counter() - self._t0.pop(id(m))
         self._handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
 
     def _total(self, change: int) -> None:
@@ -82,16 +99,38 @@ class StageProfile:
                 self._total(-1)
         return call
 
+    def _timed_stage(self, fn, stage: str, gpu: bool = True):
+        def call(*args, **kwargs):
+            if gpu and self._cuda:
+                self._start(stage)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[stage] += time.perf_counter() - t0
+                if gpu and self._cuda:
+                    self._close(stage)
+        return call
+
     def _span(self, mod: nn.Module, stage: str) -> None:
         self._handles += [mod.register_forward_pre_hook(lambda *_: self._start(stage)),
                           mod.register_forward_hook(lambda *_: self._close(stage))]
 
+    def _capturing(self) -> bool:
+        """Whether the step is capturing a graph (SegmentDecode): its modules' forwards then record
+        work, not run it; the capture's host time counts in the stage around it."""
+        return getattr(self._step, "capturing", False)
+
     def _start(self, stage: str) -> None:
+        if self._capturing():
+            return
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         self._open[stage] = ev
 
     def _close(self, stage: str) -> None:
+        if self._capturing():
+            return
         start = self._open.pop(stage, None)
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
@@ -117,7 +156,7 @@ class StageProfile:
 
     def report(self, wait_seconds: float) -> dict[str, float]:
         s = self.seconds
-        experts = s["moe"] - s["router"]  # the MoE module's time includes its router
+        experts = s["moe"] - s["router"] if self._moe_has_router else s["moe"]  # MoE.forward runs its router
         out = {"router_seconds": s["router"], "expert_compute_seconds": max(0.0, experts - wait_seconds),
                "read_wait_seconds": wait_seconds, "attention_seconds": s["attention"],
                "other_seconds": max(0.0, s["total"] - s["moe"] - s["attention"]), "total_seconds": s["total"]}
@@ -139,5 +178,8 @@ class StageProfile:
             h.remove()
         if self._step is not None:
             del self._step.next_token  # back to the class's method
+            vars(self._step).pop("segment", None)
+            for name in ("row", "select"):
+                vars(self._step).pop(name, None)
         if self._store is not None:
             self._store.on_kernel_select = None

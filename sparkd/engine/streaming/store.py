@@ -93,6 +93,8 @@ class StreamingExperts:
         self.on_kernel_select: Callable[[], None] | None = None  # profile.py: the expert kernels start
         self.table_mode = "cached"  # zero_copy.py: kernel tables from a checked template, or "checked"
         self.tables: dict = {}  # zero_copy.py's checked templates (they hold the arena / VRAM buffer)
+        self.table_parts: dict = {}  # zero_copy.py: per (layer, expert, template) its parts' in-slot offsets, checked
+        self.selections: dict = {}  # zero_copy.py: selections over a caller's fixed offsets buffer
         self._scratch: list[torch.Tensor] = [torch.empty(0)] * 3  # f32 gate, up, down of one expert
 
     def scratch(self, part: int, n_values: int) -> torch.Tensor:
@@ -155,9 +157,11 @@ class StreamingExperts:
 
         return x_format(self, il, self.kernel_device)
 
-    def kernel_select(self, layer: int, expert_ids):
+    def kernel_select(self, layer: int, expert_ids, offsets_out=None):
         """Kernel table of one token's experts, from VRAM slots and arena slots (see zero_copy.py),
-        or None: no kernel device set, or a layer the kernels cannot run."""
+        or None: no kernel device set, or a layer the kernels cannot run. offsets_out: int64 [3 x
+        count] on the device the table's offsets are copied into (cached table mode; a graph reads
+        them there)."""
         if self.kernel_device is None:
             return None
         from sparkd.engine.streaming.zero_copy import kernel_select
@@ -165,7 +169,7 @@ class StreamingExperts:
         t0 = time.perf_counter()
         ids = expert_ids.tolist() if hasattr(expert_ids, "tolist") else expert_ids  # waits for the router
         self.stats.host_sync_seconds += time.perf_counter() - t0
-        sel = kernel_select(self, layer, ids, self.kernel_device)
+        sel = kernel_select(self, layer, ids, self.kernel_device, offsets_out)
         if self.on_kernel_select is not None:
             self.on_kernel_select()
         return sel
@@ -334,6 +338,7 @@ class StreamingExperts:
         for read in list(self._prefetched.values()) + self._draining:
             read._done.wait()
         self.tables.clear()  # they hold the VRAM buffer and the arena
+        self.selections.clear()
         if self.vram is not None:
             self.vram.close()  # its copies read the arena: done before the arena goes
         self.reader.close()

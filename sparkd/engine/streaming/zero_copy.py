@@ -38,10 +38,11 @@ def table_mode(env: dict | None = None) -> str:
     return switches.choice(TABLE_ENV, TABLE_MODES, "cached", env)
 
 
-def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> KernelSelection | None:
+def kernel_select(store, layer: int, expert_ids: Sequence[int], device, offsets_out=None) -> KernelSelection | None:
     """Make `expert_ids` of `layer` readable by the kernels (VRAM hits as they are; the rest read
     into the arena, waited for) and describe them as a prepared kernel table; None if the layer has
-    expert biases or a type without a kernel (the caller takes the generic path)."""
+    expert biases or a type without a kernel (the caller takes the generic path). offsets_out:
+    where the cached table's offsets go (int64 [3 x count] on device), else a new tensor."""
     from sparkd.engine.streaming.store import _Batch
 
     if not _kernel_layer(store, layer):
@@ -68,7 +69,7 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device) -> Kerne
     if vram is not None:
         _admit(store, layer, host_ids, host_slot, in_vram)
     store.stats.admission_seconds += time.perf_counter() - t0
-    return _build(store, layer, ids, in_vram, host_slot, device)
+    return _build(store, layer, ids, in_vram, host_slot, device, offsets_out)
 
 
 def _kernel_layer(store, layer: int) -> bool:
@@ -92,10 +93,15 @@ def x_format(store, layer: int, device) -> str | None:
     return gate_up.act_fmt if gate_up.idot is not None else None
 
 
-def _build(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device):
+def _build(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device, offsets_out=None):
     t0 = time.perf_counter()
-    build = _table_cached if store.table_mode == "cached" else _table
-    table = build(store, layer, ids, in_vram, host_slot, device)
+    if offsets_out is not None and store.table_mode != "cached":
+        raise EngineError(f"could not build the kernel table of layer {layer} into a given offsets buffer: "
+                          f"{TABLE_ENV}={store.table_mode} makes its own (use cached)")
+    if store.table_mode == "cached":
+        table = _table_cached(store, layer, ids, in_vram, host_slot, device, offsets_out)
+    else:
+        table = _table(store, layer, ids, in_vram, host_slot, device)
     store.stats.table_seconds += time.perf_counter() - t0
     return table
 
@@ -143,8 +149,10 @@ def _table(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int
     return KernelSelection(prepared, vec_dot_format(gate.ggml_type), vec_dot_format(down.ggml_type))
 
 
-def _table_cached(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device):
-    """_table's result with the layer's checks done once (see the module doc)."""
+def _table_cached(store, layer: int, ids: list[int], in_vram: dict, host_slot: dict[int, int], device,
+                  offsets_out=None):
+    """_table's result with the layer's checks done once (see the module doc); the offsets copied
+    into offsets_out where given (the selection over it then made once and kept)."""
     import torch
 
     gate, _, down = store._layer(layer).infos
@@ -153,27 +161,65 @@ def _table_cached(store, layer: int, ids: list[int], in_vram: dict, host_slot: d
     base = arena if vram is None else vram.buffer
     arena_at = arena.data_ptr() - base.data_ptr()  # 0 without a VRAM cache
     tpl = _template(store, layer, ids[0], base, device)
-    spans = (tpl.gate_up_row_bytes * tpl.table.width,) * 2 + (tpl.down_row_bytes * tpl.table.dim,)
-    aligns = (tpl.gate_up.align,) * 2 + (tpl.down.align,)
+    slot_bytes, align = store.arena.slot_bytes, max(tpl.gate_up.align, tpl.down.align)
     offsets: tuple[list[int], ...] = ([], [], [])
     for e in ids:
         slot = in_vram.get((layer, e))
         if slot is not None:
             start, low, high = vram.slot_offset(slot), 0, vram.buffer.numel()
         else:
-            start, low, high = arena_at + host_slot[e] * store.arena.slot_bytes, arena_at, arena_at + arena.numel()
-        for k, part in enumerate(store.parts(layer, e)):
-            at = start + part.data_offset
-            if at < low or at + spans[k] > high or at % aligns[k]:
-                raise EngineError(f"could not build the kernel table of layer {layer}: expert {e}'s part {k} at "
-                                  f"byte {at - low} of its {high - low}-byte buffer does not leave {spans[k]} bytes "
-                                  f"or is not a multiple of {aligns[k]}")
-            offsets[k].append(at)
+            start, low, high = arena_at + host_slot[e] * slot_bytes, arena_at, arena_at + arena.numel()
+        rel = _in_slot(store, layer, e, tpl)
+        if rel is None or start < low or start + slot_bytes > high or start % align:
+            _check_parts(store, layer, e, tpl, start, low, high)  # the clear error, or fine after all
+            rel = [p.data_offset for p in store.parts(layer, e)]
+        for k in range(3):
+            offsets[k].append(start + rel[k])
     n = len(ids)
-    on_device = torch.tensor(offsets[0] + offsets[1] + offsets[2], dtype=torch.int64).to(
-        tpl.device, non_blocking=True)
-    prepared = replace(tpl, gate_off=on_device[:n], up_off=on_device[n:2 * n], down_off=on_device[2 * n:])
-    return KernelSelection(prepared, vec_dot_format(gate.ggml_type), vec_dot_format(down.ggml_type))
+    host = torch.tensor(offsets[0] + offsets[1] + offsets[2], dtype=torch.int64)
+    if offsets_out is None:
+        on_device = host.to(tpl.device, non_blocking=True)
+        prepared = replace(tpl, gate_off=on_device[:n], up_off=on_device[n:2 * n], down_off=on_device[2 * n:])
+        return KernelSelection(prepared, vec_dot_format(gate.ggml_type), vec_dot_format(down.ggml_type))
+    if offsets_out.shape != host.shape or offsets_out.dtype != torch.int64 \
+            or offsets_out.device.type != torch.device(tpl.device).type:
+        raise EngineError(f"could not copy the kernel table offsets of layer {layer}: need int64 "
+                          f"{list(host.shape)} on {tpl.device}, got {offsets_out.dtype} "
+                          f"{list(offsets_out.shape)} on {offsets_out.device}")
+    offsets_out.copy_(host, non_blocking=True)
+    key = (id(tpl), offsets_out.data_ptr(), n, gate.ggml_type, down.ggml_type)
+    sel = store.selections.get(key)
+    if sel is None:  # the same views of the same buffer every call: made once
+        prepared = replace(tpl, gate_off=offsets_out[:n], up_off=offsets_out[n:2 * n], down_off=offsets_out[2 * n:])
+        sel = store.selections[key] = KernelSelection(prepared, vec_dot_format(gate.ggml_type),
+                                                      vec_dot_format(down.ggml_type))
+    return sel
+
+
+def _in_slot(store, layer: int, expert: int, tpl) -> list[int] | None:
+    """The expert's gate, up and down offsets inside its slot, kept once checked to leave each part's
+    span inside the slot on the template's alignment (then a slot start on that alignment inside its
+    buffer places every part as _check_parts wants); None where they do not."""
+    key = (layer, expert, id(tpl))
+    if key not in store.table_parts:
+        spans = (tpl.gate_up_row_bytes * tpl.table.width,) * 2 + (tpl.down_row_bytes * tpl.table.dim,)
+        aligns = (tpl.gate_up.align,) * 2 + (tpl.down.align,)
+        rel = [p.data_offset for p in store.parts(layer, expert)]
+        fits = all(r + sp <= store.arena.slot_bytes and r % a == 0 for r, sp, a in zip(rel, spans, aligns))
+        store.table_parts[key] = rel if fits else None
+    return store.table_parts[key]
+
+
+def _check_parts(store, layer: int, expert: int, tpl, start: int, low: int, high: int) -> None:
+    """Every part of the expert at slot start `start` inside [low, high) and aligned, else the clear error."""
+    spans = (tpl.gate_up_row_bytes * tpl.table.width,) * 2 + (tpl.down_row_bytes * tpl.table.dim,)
+    aligns = (tpl.gate_up.align,) * 2 + (tpl.down.align,)
+    for k, part in enumerate(store.parts(layer, expert)):
+        at = start + part.data_offset
+        if at < low or at + spans[k] > high or at % aligns[k]:
+            raise EngineError(f"could not build the kernel table of layer {layer}: expert {expert}'s part {k} at "
+                              f"byte {at - low} of its {high - low}-byte buffer does not leave {spans[k]} bytes "
+                              f"or is not a multiple of {aligns[k]}")
 
 
 def _template(store, layer: int, expert: int, base, device):

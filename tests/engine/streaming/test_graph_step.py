@@ -1,0 +1,167 @@
+"""The streamed decode step with graph segments (streaming/graph_step.py): each layer's attention,
+norms and router as one segment over static inputs give the same logits bits and greedy tokens as
+the eager step (EagerDecode), run eagerly (the CPU interpreter stands in for the device) and, on
+the GPU box, replayed from captured CUDA graphs (marker gpu). The stage profile times the replays.
+"""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+
+from sparkd.engine.errors import EngineError  # noqa: E402
+from sparkd.engine.make_model import plan as model_plan, write_model  # noqa: E402
+from sparkd.engine.modelgen.specs import TINY  # noqa: E402
+from sparkd.engine.streaming import graph_step  # noqa: E402
+from sparkd.engine.streaming.eager_step import EagerDecode  # noqa: E402
+
+PROMPT, STEPS = [1, 5, 9], 2
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("seg") / "m.gguf", model_plan(TINY["qwen3moe"], "Q8_0"), seed=5)[0]
+
+
+def _streamed(path, backend: str):
+    from sparkd.engine.streaming.plan import runtime_rss_bytes
+    from sparkd.engine.streaming.session import StreamOptions, open_streaming
+    from sparkd.engine.streaming.vram import VramExperts
+
+    opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False, device=backend)
+    sm = open_streaming(path, opts)
+    if backend == "cpu":  # the interpreter: experts through the kernels, a CPU tensor as "VRAM"
+        sm.store.kernel_device = "cpu"
+    if sm.store.vram is None:
+        sm.store.vram = VramExperts(3, sm.plan.slot_bytes, backend)
+    return sm
+
+
+def _decode(path, backend: str, make_step, profile: bool = False):
+    """(logits rows of the prompt and each step, greedy ids by next_token, the profile's report)."""
+    from sparkd.engine.kernels import fused
+    from sparkd.engine.streaming.profile import StageProfile
+
+    before = fused.configure("all", on_cpu=backend == "cpu")
+    sm = _streamed(path, backend)
+    try:
+        net = sm.model.net
+        cache = net.new_cache(len(PROMPT) + 2 * STEPS)
+        step = make_step(net, cache)
+        rows = [net(torch.tensor(PROMPT), cache)[-1:]]
+        prof = StageProfile(net, step) if profile else None
+        for _ in range(STEPS):  # the logits row back (a temperature request)
+            rows.append(step(int(rows[-1][-1].argmax())))
+        ids = [int(rows[-1][-1].argmax())]
+        for _ in range(STEPS):  # greedy: the pick made where the logits are
+            ids.append(step.next_token(ids[-1]))
+        report = prof.report(0.0) if prof else None
+        if prof:
+            prof.remove()
+        return torch.cat(rows).cpu(), ids, report
+    finally:
+        sm.close()
+        fused.configure(before)
+
+
+@pytest.fixture(scope="module")
+def eager_cpu(model):
+    pytest.importorskip("triton", reason="triton is not installed")
+    return _decode(model, "cpu", EagerDecode)[:2]
+
+
+@pytest.mark.parametrize("experts", [True, False], ids=["experts", "segments"])
+def test_segments_run_eagerly_give_the_eager_steps_bits(model, eager_cpu, experts):
+    want, want_ids = eager_cpu
+    got, got_ids, rep = _decode(model, "cpu", lambda n, c: graph_step.SegmentDecode(n, c, False, experts), True)
+    assert torch.equal(got, want)
+    assert got_ids == want_ids
+    assert rep["total_seconds"] > 0 and rep["attention_seconds"] > 0 and rep["router_seconds"] > 0
+    assert rep["expert_compute_seconds"] > 0
+
+
+def test_a_wrong_offsets_buffer_is_a_clear_error(model):
+    from sparkd.engine.kernels import fused
+
+    sm = _streamed(model, "cpu")
+    before = fused.configure("all", on_cpu=True)
+    try:
+        with pytest.raises(EngineError, match=r"could not copy the kernel table offsets of layer 0: need int64 "
+                                              r"\[\d+\] on cpu, got torch.int32"):
+            sm.store.kernel_select(0, [0, 1], torch.empty(6, dtype=torch.int32))
+        sm.store.table_mode = "checked"
+        with pytest.raises(EngineError, match=r"SPARKD_STREAM_TABLE=checked makes its own \(use cached\)"):
+            sm.store.kernel_select(0, [0, 1], torch.empty(6, dtype=torch.int64))
+    finally:
+        fused.configure(before)
+        sm.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["experts", "segments"])
+def test_segment_graphs_replay_the_eager_steps_bits_on_cuda(model, mode, monkeypatch):
+    want, want_ids, _ = _decode(model, "cuda", EagerDecode)
+    monkeypatch.setenv(graph_step.ENV, mode)
+    steps = []
+    got, got_ids, rep = _decode(model, "cuda", lambda n, c: steps.append(graph_step.streaming_step(n, c, "cuda"))
+                                or steps[0], True)
+    n = TINY["qwen3moe"].n_layer
+    assert isinstance(steps[0], graph_step.SegmentDecode) and steps[0].graphs
+    assert steps[0].experts == (mode == "experts")
+    assert sorted(steps[0]._graphs) == list(range(n + 1 if mode == "experts" else n))
+    assert torch.equal(got, want), "segment graph replay differs from the eager step"
+    assert got_ids == want_ids
+    assert rep["attention_seconds"] > 0 and rep["router_seconds"] == 0 and rep["attention_gpu_seconds"] > 0
+    assert rep["expert_compute_seconds"] > 0
+
+
+def test_the_step_falls_back_to_eager_where_segments_would_differ(model):
+    from sparkd.engine.kernels import fused
+
+    sm = _streamed(model, "cpu")
+    before = fused.configure("all", on_cpu=True)
+    try:
+        net = sm.model.net
+        assert graph_step.segment_blocker(net) is None
+        cache = net.new_cache(8)
+        logged = []
+        assert type(graph_step.streaming_step(net, cache, "cpu")) is EagerDecode  # no graphs on the CPU
+        eager_before = fused.configure_eager(False)
+        try:
+            assert "SPARKD_FUSED_EAGER=0" in graph_step.segment_blocker(net)
+        finally:
+            fused.configure_eager(eager_before)
+        fused.configure("rms_norm,router", on_cpu=True)
+        assert "rope_kv or attention" in graph_step.segment_blocker(net)
+        assert type(graph_step.streaming_step(net, cache, "cuda", "auto", logged.append)) is EagerDecode
+        assert logged and "rope_kv or attention" in logged[0]
+        assert type(graph_step.streaming_step(net, cache, "cuda", "off")) is EagerDecode
+        fused.configure("all", on_cpu=True)
+        plan = sm.store.plan
+        sm.store.plan = dataclasses.replace(plan, prefetch_slots=2)
+        assert "prefetch (--prefetch)" in graph_step.segment_blocker(net)
+        sm.store.plan = plan
+        sm.store.table_mode = "checked"
+        assert graph_step.segment_blocker(net) is None
+        assert "SPARKD_STREAM_TABLE=checked" in graph_step.experts_blocker(net)
+    finally:
+        fused.configure(before)
+        sm.close()
+
+
+def test_a_step_past_the_context_is_a_clear_error(model):
+    sm = _streamed(model, "cpu")
+    try:
+        net = sm.model.net
+        cache = net.new_cache(2)
+        cache.n_past = 2
+        with pytest.raises(EngineError, match=r"could not extend the KV cache to 3 positions: context is 2"):
+            graph_step.SegmentDecode(net, cache, graphs=False).next_token(1)
+        assert cache.n_past == 2
+    finally:
+        sm.close()
