@@ -48,7 +48,8 @@ def make_inputs() -> dict:
                                                      torch.randn(cols, generator=gen).to(DEV))
     for qtype, dim, width in MOES:
         part = width * dispatch.FAMILIES[qtype].row_bytes(dim)
-        inputs[f"moe {qtype.name} {dim}x{width}"] = (random_blocks(qtype, 3 * TOP * part // dispatch.FAMILIES[qtype].block_bytes, gen),
+        n_blocks = 3 * TOP * part // dispatch.FAMILIES[qtype].block_bytes
+        inputs[f"moe {qtype.name} {dim}x{width}"] = (random_blocks(qtype, n_blocks, gen),
                                                      torch.randn(dim, generator=gen).to(DEV),
                                                      torch.rand(TOP, generator=gen).to(DEV))
     return inputs

@@ -34,8 +34,9 @@ def main() -> None:
     ptrs = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
             "part_ptr": "*fp32", "tickets_ptr": "*i32"}
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in kern.arg_names}
-    src = ASTSource(fn=kern, signature=sig, constexprs={(i,): consts[n] for i, n in enumerate(kern.arg_names) if n in consts},
-                    attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names) if n not in consts})
+    names = list(enumerate(kern.arg_names))
+    src = ASTSource(fn=kern, signature=sig, constexprs={(i,): consts[n] for i, n in names if n in consts},
+                    attrs={(i,): [["tt.divisibility", 16]] for i, n in names if n not in consts})
     ptx = compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
     with open(out, "w") as f:
         f.write(ptx)
