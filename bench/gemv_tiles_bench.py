@@ -80,12 +80,13 @@ CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, p
     "Q4T": ["vector:4/1/4/e", "vector:4/1/2/e"],
     # tiled Q6_K (session 6, q6k9): one 8-row packing tile per warp, 2 or 4 groups per step (the default
     # 8/1/1/e: 1; offline SASS: 64, 68, 96 registers), two tiles on two warps
-    "Q6T": ["8/1/2/e", "8/1/4/e", "16/2/2/e"],
+    "Q6T": ["8/1/2/e", "8/1/4/e", "16/2/2/e",
+            "8/2/1/e", "4/1/1/e", "4/1/2/e"],  # session 8 (diag16): programs of part of a tile, 2 warps
 }
 S6_CANDIDATES = {  # --vs-s5 (session 6, q4k10): the split by hand around the wave rule's, rows per program
     "Q8_0P": ["2/1/4/e/1", "2/1/4/e/2", "2/1/4/e/4", "1/1/8/e/1", "1/1/4/e/2", "4/1/2/e/1", "2/1/8/e/1"],
     "Q4T": ["vector:4/1/4/e/1", "vector:4/1/4/e/2", "vector:4/1/4/e/4", "vector:4/1/4/e/8", "vector:4/1/8/e/1",
-            "vector:4/1/2/e/2"],  # (2-row tiles: wrong sums on the H200, refused)
+            "vector:4/1/2/e/2"],  # (2-row tiles: wrong sums on the H200 until session 8's row sums)
 }
 # --q4t-sweep (session 6, q4k11): tiled Q4_K at 8 rows per program (two 4-row tiles), 1 or 2 warps, 2/4/8
 # groups per step, split by the wave rule (0) or by hand; 4-row neighbours of the default (its 64-bit x sums rows,

@@ -56,7 +56,7 @@ def largest_loop(text: str) -> list[str]:
 def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     cfg, fam, k = tile(text), dispatch.FAMILIES[qtype], kernels_of(text)
     split = cfg.split or 1
-    vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, cfg, qtype == T.Q4_K)
+    vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, qtype == T.Q4_K)
     common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
                   **moe._int_args(fam, k.words and qtype == T.Q8_0, vec, k.full))  # shapes in range (moe._full)
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it

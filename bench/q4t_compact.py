@@ -20,6 +20,7 @@ import triton.language as tl
 
 from sparkd.engine.kernels import act_quant, matmul, q4_k_tiled
 from sparkd.engine.kernels.act_quant import dp4a
+from sparkd.engine.kernels.row_tiles import row_sums
 
 
 @triton.jit
@@ -151,7 +152,7 @@ def _kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, r
     for g0 in tl.range(start, end, UNROLL, num_stages=STAGES):
         acc = step(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, g0 + tl.arange(0, UNROLL),
                    end, K, acc, EMU)
-    acc = tl.sum(tl.sum(acc, 2), 1)  # row_idot's row sums (the same order: the same bits)
+    acc = row_sums(acc, 4, 8, 4)  # row_idot's row sums (the same order: the same bits)
     matmul.finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT, ATOMIC, KFOLD)
 
 

@@ -37,11 +37,11 @@ def idot_loads_only(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW
 
 
 TWINS = {"loadonly": Family(q4_k_tiled.TILED, 256, 144, 8, 32, q4_k_tiled.dequant, align=4, idot=idot_loads_only,
-                            act_fmt=Q8_K, iacc=(4, 8), row_tile=q4_k_tiled.TILE_ROWS, vector_step=True)}
+                            act_fmt=Q8_K, iacc=(4, 8), row_tile=q4_k_tiled.TILE_ROWS, isplit=4)}
 
 
 def gemv(name: str, w, x: torch.Tensor, out: torch.Tensor, config: matmul.GemvConfig, qx=None) -> torch.Tensor:
     """A twin's y on tiled bytes w (q4_k_tiled.pack, either header order): not W @ x, only its time."""
     fam = TWINS[name]
     return matmul.igemv(w.data, fam.idot, fam.iacc, fam.act_fmt, (w.rows, w.cols), fam.row_bytes(w.cols), x, out,
-                        config, qx)
+                        config, qx, fam.isplit)

@@ -112,20 +112,20 @@ def test_default_split_is_the_rules_split(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("loads", ["vector", "bytes"])
-def test_vector_steps_refuse_programs_of_part_of_a_tile(loads):
-    """2-row programs on one warp: wrong sums on the H200 with and without split-K (triton 3.6 sums
-    such tiles over the wrong lanes: docs/performance.md, diag12); refused before anything runs.
-    q4_k's own step on the same tile still runs."""
+def test_vector_steps_on_programs_of_part_of_a_tile(loads):
+    """2-row programs on one warp, with and without split-K: wrong sums on the H200 until session 8
+    (triton 3.6 summed the tile over the wrong lanes: docs/performance.md, diag12; row_tiles.row_sums
+    sums it since, diag16): q4_k's own step's bits under the interpreter, within the float bound of
+    it on the GPU (one-warp tiles give its bits there too: test_q4_k_tiled.same_bits_on_cuda)."""
     dev = "cuda" if ON_GPU else "cpu"
-    rows, cols = 8, 8 * 256
+    rows, cols = 8, 3 * 256
     raw = random_blocks(T.Q4_K, rows * cols // 256).to(dev)
-    w = q4_k_tiled.pack(raw, (rows, cols), loads=loads)
-    x, out = torch.randn(cols, device=dev), torch.full((rows,), float("nan"), device=dev)
+    x = torch.randn(cols, device=dev)
+    w, scalar = q4_k_tiled.pack(raw, (rows, cols), loads=loads), q4_k_tiled.pack(raw, (rows, cols), loads="scalar")
+    ref = reference(raw, T.Q4_K, (rows, cols))
     for split in (1, 2):
-        with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q4_K_TILED GEMV: an elementwise tile of 2 "
-                           r"rows on 1 warp\(s\) gives a thread fewer than 4 of the vector step's words.*block_n >= 4"):
-            q4_k_tiled.gemv(w, x, out=out, config=GemvConfig(block_n=2, split=split), loads=loads)
-    assert torch.isnan(out).all()
-    w = q4_k_tiled.pack(raw, (rows, cols), loads="scalar")
-    q4_k_tiled.gemv(w, x, out=out, config=GemvConfig(block_n=2, split=2), loads="scalar")
-    assert torch.isfinite(out).all()
+        cfg = GemvConfig(block_n=2, split=split)
+        got = q4_k_tiled.gemv(w, x, config=cfg, loads=loads)
+        if not ON_GPU:
+            assert torch.equal(got, q4_k_tiled.gemv(scalar, x, config=cfg, loads="scalar"))
+        assert rel_err(got, ref @ act_in(T.Q4_K, x.cpu()), ref.abs() @ act_in(T.Q4_K, x.cpu()).abs()) < BOUNDS["fp32"]

@@ -34,7 +34,7 @@ def _tensors(backend: str, rows: int = 8, cols: int = 1536):
 def _per_group(tiled, x, cfg):
     y = torch.empty(tiled.rows, device=x.device)
     return matmul.igemv(tiled.data, compact.idot_compact, (4, 8), act_quant.Q8_K, (tiled.rows, tiled.cols),
-                        tiled.cols // 256 * 144, x, y, cfg)
+                        tiled.cols // 256 * 144, x, y, cfg, isplit=4)
 
 
 @pytest.mark.parametrize("config", TILES, ids=lambda c: f"{c.block_n}/{c.num_warps}/{c.unroll}/{c.split}")

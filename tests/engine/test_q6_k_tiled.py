@@ -33,8 +33,10 @@ from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 TILED = q6_k_tiled.TILED
 ROWS_TILE = GemvConfig(block_n=4, num_warps=1, unroll=2, split=1, elementwise=False)
 # the default tile, 16 rows on 2 warps with split-K in 2 ranges of 3 groups per step (masked tail
-# groups), the rows tile (4 rows: half a packing tile)
-TILES = [GEMV_TILES["Q6_K_TILED"], GemvConfig(block_n=16, num_warps=2, unroll=3, split=2), ROWS_TILE]
+# groups), the rows tile (4 rows: half a packing tile), and programs of part of a packing tile:
+# GEMV_TILES' GGUF tile (2 rows) and 4 rows on 1 warp (off by ~1 on the H200 until session 8's row sums)
+TILES = [GEMV_TILES["Q6_K_TILED"], GemvConfig(block_n=16, num_warps=2, unroll=3, split=2), ROWS_TILE,
+         GEMV_TILES["Q6_K"], GemvConfig(block_n=4, num_warps=1, unroll=2)]
 
 
 @pytest.mark.parametrize("config", TILES, ids=lambda c: f"{c.block_n}/{c.num_warps}/{c.unroll}/{c.split}/"
@@ -55,14 +57,6 @@ def test_tiled_gives_the_gguf_bits(backend, config):
     assert rel_err(got, W @ xr, W.abs() @ xr.abs()) < BOUNDS["fp32"]
     if backend == "cpu" or not config.elementwise:
         assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_elementwise_tile_of_part_of_a_packing_tile_is_refused(backend):
-    """GEMV_TILES' GGUF tile (2 rows) on the tiled layout: refused before it compiles, naming the rule."""
-    w = q6_k_tiled.pack(random_blocks(T.Q6_K, 8).to(backend), (8, 256))
-    with pytest.raises(dispatch.KernelArgumentError, match="an elementwise tile of 2 rows on 1 warp.s. gives a thread fewer than 4"):
-        q6_k_tiled.gemv(w, torch.zeros(256, device=backend), config=GEMV_TILES["Q6_K"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -3,8 +3,8 @@
 # and the three models start in the background; meanwhile the GPU tests of every test file this
 # session touched (5 parallel pytest groups), then the GPU-side benches (GEMV and MoE defaults, x
 # pre-quantized as the engine runs them), the sampling bench (greedy / host / torch chain / fused
-# draw), the 12-layer profile, the resident side by side vs llama-bench, and two streaming runs at
-# memory.max 3G with no VRAM cache on session 6's fixed token list (STREAM_FEED: the same experts
+# draw), the 12-layer profile, the resident side by side vs llama-bench, and two streaming runs (per-layer graphs, then the
+# eager step) at memory.max 3G with no VRAM cache on session 6's fixed token list (STREAM_FEED: the same experts
 # read whatever the kernels' last bits).
 set -u
 export PYTHONUNBUFFERED=1
@@ -16,10 +16,10 @@ T0=$(date +%s); log() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.
 (OUT=/tmp/bo BUILD_ONLY=1 nice -n 5 setsid bash bench/gpu_box/cuda_side_by_side.sh > /tmp/build.log 2>&1 &)
 mk() { [ -f $1 ] || { nice -n 10 python3 -m sparkd.engine.cli make-model $1.part --preset qwen3-30b-a3b --quant $2 --quiet "${@:3}" && mv $1.part $1; }; }
 (mk $W/q3-12-Q8_0.gguf Q8_0 --layers 12; mk $W/q3-12-Q4_K.gguf Q4_K --layers 12; mk $W/q3-stream-10G.gguf Q8_0 --size 10G) > /tmp/make.log 2>&1 & M=$!
-G1="tests/engine/test_q4_k_tiled.py tests/engine/test_row_tiles.py tests/engine/test_gemv_split.py"
-G2="tests/engine/test_q6_k_tiled.py tests/engine/test_moe_tiles.py tests/engine/test_moe_decode_fusion.py tests/engine/test_moe_twin.py tests/engine/test_moe_words_full.py ${G2_MORE:-}"
+G1="tests/engine/test_q4_k_tiled.py tests/engine/test_row_tiles.py tests/engine/test_gemv_split.py tests/engine/test_q4t_tma.py tests/engine/test_q4t_compact.py"
+G2="tests/engine/test_q6_k_tiled.py tests/engine/test_moe_tiles.py tests/engine/test_moe_decode_fusion.py tests/engine/test_moe_twin.py tests/engine/test_moe_words_full.py tests/engine/test_moe_down_full.py tests/engine/test_moe_reference.py ${G2_MORE:-}"
 G3="tests/engine/test_device_sampler.py tests/engine/test_device_sampler_fused.py tests/engine/test_cuda_graphs.py tests/engine/test_device_argmax.py"
-G4="tests/engine/test_iq_kernels.py tests/engine/test_kernel_engine.py tests/engine/test_norm_quant.py"
+G4="tests/engine/test_iq_kernels.py tests/engine/test_kernel_engine.py tests/engine/test_norm_quant.py tests/engine/streaming/test_graph_step.py tests/engine/streaming/test_vram_cache.py tests/engine/streaming/test_eager_step.py"
 G5="tests/engine/test_int_kernels.py tests/engine/test_fused_qkv.py tests/engine/test_kernel_determinism.py ${G5_MORE:-}"
 i=0; P=()
 for g in "$G1" "$G2" "$G3" "$G4" "$G5"; do i=$((i+1))
@@ -40,7 +40,8 @@ log "profile rc $?: $(grep -E 'graphs [0-9.]+ tok/s|graph replay:' $R/profile_q8
 wait $M; log "models $(ls -la $W/*.gguf | awk '{print $5}' | tr '\n' ' ')"
 OUT=/tmp/sbs CUDA_GRAPHS=on TOKENS=128 STREAM=0 bash bench/gpu_box/cuda_side_by_side.sh > /tmp/sbs.log 2>&1
 log "sbs rc $?"; cp /tmp/sbs/summary.md $R/sbs_summary.md 2>/dev/null
-for run in 1 2; do
+for run in 1 2; do  # run 1 the streamed step's graphs (default), run 2 the eager step (stream16's switch back)
+  [ $run = 2 ] && export SPARKD_STREAM_GRAPHS=off
   OUT=/tmp/stream/$run LLAMA=0 QUANTS="" STREAM_TOKENS=64 STREAM_TIMEOUT=45 DISK_BLOCKS=1M DISK_DEPTHS=8 \
     DISK_SECONDS=1 STREAM_VRAM_BUDGETS=0 bash bench/gpu_box/cuda_side_by_side.sh > /tmp/stream_$run.log 2>&1
   log "stream $run rc $?: $(grep -m1 -E 'tok/s' /tmp/stream/$run/summary.md 2>/dev/null)"; cp /tmp/stream/$run/summary.md $R/stream_$run.md 2>/dev/null

@@ -74,10 +74,10 @@ class Family:
     # rows come in tiles of this many (a repacked layout, q4_k_tiled): the matrix has whole tiles,
     # and its dequant gets the row width as aux_ptr (int32 [1]) to find a row's place in its tile
     row_tile: int = 1
-    # the integer step's elementwise tile is a vector step's (4 words per thread along its last
-    # dimension, merged into iacc by a reshape): it needs tiles that give every thread those 4 words
-    # (row_tiles.holds_words; matmul.check_tile refuses the others, which gave wrong sums on the H200)
-    vector_step: bool = False
+    # with idot: iacc's last dimension is (2, isplit) merged (a step's [.., 2, 4] reshaped, as the
+    # K-quants' are): row_idot sums each row in the fixed order of row_tiles.row_sums over that split
+    # (the same bits compiled and interpreted, right on every tile: session 8, diag16); 0: tl.sum
+    isplit: int = 0
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

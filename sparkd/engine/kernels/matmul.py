@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, row_tiles
+from sparkd.engine.kernels import act_quant, dispatch, grids
+from sparkd.engine.kernels.row_tiles import row_sums
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
 # enough programs to keep every SM of a large GPU busy with a few resident programs each
@@ -192,8 +193,8 @@ def row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.con
 
 @triton.jit
 def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, IDOT: tl.constexpr,
-             A1: tl.constexpr, A2: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
-             STAGES: tl.constexpr):
+             A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
+             EMU: tl.constexpr, STAGES: tl.constexpr):
     """row_dot for a family's integer step on quantized x (act_quant.QuantX): float32 [BN]."""
     n_groups = tl.cdiv(K, 256)
     per = tl.cdiv(n_groups, n_parts)
@@ -210,7 +211,7 @@ def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, ID
             m = rmask & (tl.zeros(rmask.shape, tl.int32) + g < end)
             acc = IDOT(w_ptr, row_off, m, xw_ptr, xd_ptr, xs_ptr, gc, K, acc, EW, EMU)
     if EW:
-        acc = tl.sum(tl.sum(acc, 2), 1)
+        acc = row_sums(acc, A1, A2, A3)
     return acc
 
 
@@ -260,13 +261,13 @@ def finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.con
 
 @triton.jit
 def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes,
-                  IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
+                  IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
                   ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
-                   tl.program_id(1), SPLIT, IDOT, A1, A2, UNROLL, EW, EMU, STAGES)
+                   tl.program_id(1), SPLIT, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
     finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT, ATOMIC, KFOLD)
 
 
@@ -286,7 +287,7 @@ def _gemv_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_
 
 def int_args(fam: dispatch.Family) -> dict:
     """The compile-time arguments that pick a family's integer step in row_idot's kernels."""
-    return dict(IDOT=fam.idot, A1=fam.iacc[0], A2=fam.iacc[1])
+    return dict(IDOT=fam.idot, A1=fam.iacc[0], A2=fam.iacc[1], A3=fam.isplit)
 
 
 def family_args(fam: dispatch.Family) -> dict:
@@ -339,13 +340,6 @@ def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tenso
     return fam, rows, cols, row_bytes
 
 
-def check_tile(fam: dispatch.Family, cfg: GemvConfig, what: str) -> None:
-    """Refuse an elementwise tile a vector integer step cannot run right (Family.vector_step,
-    row_tiles.holds_words)."""
-    if fam.vector_step and fam.idot is not None and cfg.elementwise:
-        row_tiles.check_holds_words(cfg.block_n, cfg.num_warps, fam.iacc[0] * fam.iacc[1], what)
-
-
 def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
          out: torch.Tensor | None = None, config: GemvConfig | None = None,
          round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -359,10 +353,9 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     dispatch.check_out(out, (rows,), x.device, what)
     check_qx(qx, fam, cols, what)
     cfg = config or default_config(fam)
-    check_tile(fam, cfg, what)
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
-        return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx)
+        return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx, fam.isplit)
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
@@ -377,10 +370,10 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
           row_bytes: int, x: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
-          qx: act_quant.QuantX | None = None) -> torch.Tensor:
+          qx: act_quant.QuantX | None = None, isplit: int = 0) -> torch.Tensor:
     """gemv's integer path, for any byte layout an idot step reads (rows row_bytes apart): x
-    quantized to act_fmt (or qx, x quantized so already), y [rows] written. Arguments checked by
-    the caller."""
+    quantized to act_fmt (or qx, x quantized so already), y [rows] written; isplit: the rows'
+    sum order (Family.isplit, row_sums). Arguments checked by the caller."""
     rows, cols = shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
@@ -390,7 +383,7 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
         weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
-        A2=iacc[1], EMU=emulate(cfg, x), **_launch_args(cfg, split))
+        A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), **_launch_args(cfg, split))
     return y if in_kernel else fold_partials(part, y)
 
 

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from sparkd.engine.kernels import act_quant, dispatch, grids, q4_k, q4_k_tiled, q8_0_words, row_tiles
+from sparkd.engine.kernels import act_quant, dispatch, grids, q4_k, q4_k_tiled, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
     check_qx,
@@ -53,6 +53,7 @@ from sparkd.engine.kernels.matmul import (
     tickets,
 )
 from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles
+from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
 OAI_ALPHA = 1.702
@@ -87,10 +88,6 @@ def _aligned_offset(off_ptr, ids_ptr, a, IDS: tl.constexpr, ALIGN: tl.constexpr)
     if ALIGN > 1:
         off = tl.multiple_of(off, ALIGN)
     return off
-
-
-# words per row of _q4_k_vec's elementwise tile (idot_tile_vec's [4, 2, 4]), for _use_vec's rule
-_VEC_ROW_WORDS = q4_k_tiled.FAMILIES["vector"].iacc[0] * q4_k_tiled.FAMILIES["vector"].iacc[1]
 
 
 @triton.jit
@@ -174,8 +171,8 @@ def _experts(n, SPLIT: tl.constexpr):
 
 @triton.jit
 def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT: tl.constexpr,
-                  A1: tl.constexpr, A2: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
-                  STAGES: tl.constexpr, PAIR: tl.constexpr):
+                  A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
+                  EMU: tl.constexpr, STAGES: tl.constexpr, PAIR: tl.constexpr):
     """(gate row sums, up row sums) on quantized x. PAIR: both rows in one loop over x's groups
     (a step issues both rows' loads; the same operations per row in the same order as row_idot,
     so the same bits), else row_idot twice."""
@@ -193,12 +190,12 @@ def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr,
                 acc_g = IDOT(gate_ptr, g_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_g, EW, EMU)
                 acc_u = IDOT(up_ptr, u_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_u, EW, EMU)
         if EW:
-            acc_g = tl.sum(tl.sum(acc_g, 2), 1)
-            acc_u = tl.sum(tl.sum(acc_u, 2), 1)
+            acc_g = row_sums(acc_g, A1, A2, A3)
+            acc_u = row_sums(acc_u, A1, A2, A3)
     else:
-        acc_g = row_idot(gate_ptr, g_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU,
+        acc_g = row_idot(gate_ptr, g_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU,
                          STAGES)
-        acc_u = row_idot(up_ptr, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU,
+        acc_u = row_idot(up_ptr, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU,
                          STAGES)
     return acc_g, acc_u
 
@@ -206,7 +203,8 @@ def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr,
 @triton.jit
 def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
                      hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
-                     A2: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
+                     A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
+                     EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
@@ -220,7 +218,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     rb = rows.to(tl.int64) * row_bytes
     g, u = _gate_up_idot(gate_ptr, up_ptr, _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN) + rb,
                          _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
-                         UNROLL, EW, EMU, STAGES, PAIR)
+                         A3, UNROLL, EW, EMU, STAGES, PAIR)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -247,7 +245,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
 @triton.jit
 def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, part_ptr, res_ptr,
                   tickets_ptr, D, F, n, row_bytes, IDS: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr,
-                  IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, BLOCK_N: tl.constexpr,
+                  IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
                   NG: tl.constexpr = 0):
@@ -264,17 +262,18 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
         w_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rb
         if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks
             part = _row_idot_full(down_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                                  hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, NG, UNROLL, EW, EMU)
+                                  hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, A3, NG, UNROLL, EW, EMU)
         else:
             part = row_idot(down_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                            hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, UNROLL, EW, EMU, STAGES)
+                            hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
         acc += part * tl.load(rw_ptr + a)
     _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
 @triton.jit
 def _row_idot_full(w_ptr, row_off, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.constexpr, A1: tl.constexpr,
-                   A2: tl.constexpr, NG: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr):
+                   A2: tl.constexpr, A3: tl.constexpr, NG: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
+                   EMU: tl.constexpr):
     """row_idot over all NG groups of rows all in range (UNROLL divides NG: _full): the groups in the
     same order onto the same tile, so the same bits, without the clamp and the per-group mask, and a
     mask true everywhere that the steps' masked loads fold away (Q4_K's _q4_k_vec)."""
@@ -287,7 +286,7 @@ def _row_idot_full(w_ptr, row_off, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.constexpr
         for u in tl.static_range(UNROLL):
             acc = IDOT(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g0 + u, K, acc, EW, EMU)
     if EW:
-        acc = tl.sum(tl.sum(acc, 2), 1)
+        acc = row_sums(acc, A1, A2, A3)
     return acc
 
 
@@ -502,7 +501,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
                                row_bytes=p.gate_up_row_bytes, **_ids(p),
                                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
-                                           _use_vec(kernels.q4k_vec, cfg, p.gate_up_vec),
+                                           _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                            kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
@@ -525,11 +524,11 @@ def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
     return kernels.words and rows_on_words and not cfg.stages
 
 
-def _use_vec(on: bool, cfg: GemvConfig, rows_on_16: bool) -> bool:
-    """_q4_k_vec for these rows (on: the Kernels flag of the launch) on tiles that give every
-    thread 4 of its words (row_tiles.holds_words, the tiled layouts' rule), else q4_k's step: the
-    H200 gave wrong sums for 2-row tiles (err 1.2, bench/results/moe_tiles_h200_s6_moe10_call2.log)."""
-    return on and rows_on_16 and row_tiles.holds_words(cfg.block_n, cfg.num_warps, _VEC_ROW_WORDS)
+def _use_vec(on: bool, rows_on_16: bool) -> bool:
+    """_q4_k_vec for these rows (on: the Kernels flag of the launch), else q4_k's step. Every tile
+    since session 8 (diag16: row_tiles.row_sums; the H200 had given wrong sums for 2-row tiles with
+    the tl.sum row sums, bench/results/moe_tiles_h200_s6_moe10_call2.log)."""
+    return on and rows_on_16
 
 
 def _full(rows: int, width: int, cfg: GemvConfig) -> bool:
@@ -583,7 +582,7 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
                             **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
-                                        _use_vec(kernels.q4k_vec_down, cfg, p.down_vec),
+                                        _use_vec(kernels.q4k_vec_down, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,

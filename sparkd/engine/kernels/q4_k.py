@@ -177,4 +177,4 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 
 
 FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4, idot=idot,
-                act_fmt=Q8_K, iacc=(4, 8))
+                act_fmt=Q8_K, iacc=(4, 8), isplit=4)

@@ -33,7 +33,7 @@ from sparkd.engine import switches
 from sparkd.engine.kernels import q4_k
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a
 from sparkd.engine.kernels.family import Family, KernelArgumentError, LayoutType
-from sparkd.engine.kernels.row_tiles import RowTiles, Tiled, word
+from sparkd.engine.kernels.row_tiles import RowTiles, Tiled, row_sums, word
 
 TILE_ROWS = 4
 _R = tl.constexpr(TILE_ROWS)  # (what the jitted code reads)
@@ -206,7 +206,7 @@ def idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.
     else:  # the rows tile: the group's tile reduced at once
         t = _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, word(head, v, 0), xw_ptr, xd_ptr, xs_ptr, g,
                       tl.zeros((rmask.shape[0], 4, 8), tl.float32), EMU)
-        acc += tl.sum(tl.sum(t, 2), 1)
+        acc += row_sums(t, 4, 8, 4)  # (its merged dimension summed the way row_idot sums the tile)
     return acc
 
 
@@ -248,9 +248,9 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 # says (read once; "vector" is session 6's step and layout, "scalar" q4k8's kernel); pack_raw follows it
 LOADS_ENV = "SPARKD_Q4_K_TILED_LOADS"
 FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_fmt=Q8_K, iacc=(4, 8),
-                         row_tile=TILE_ROWS, vector_step=name != "scalar") for name, fn in (("scalar", idot), ("vector", idot_vec))}
+                         row_tile=TILE_ROWS, isplit=4) for name, fn in (("scalar", idot), ("vector", idot_vec))}
 FAMILIES["bytes"] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=idot_bytes, act_fmt=Q8_K, iacc=(4, 8),
-                           row_tile=TILE_ROWS, vector_step=True)
+                           row_tile=TILE_ROWS, isplit=4)
 LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "bytes")
 FAMILY = FAMILIES[LOADS]
 
@@ -273,11 +273,10 @@ def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None
         return matmul.gemv(w.data, TILED, (w.rows, w.cols), x, out=out, config=config, qx=qx)
     fam = FAMILIES[loads]
     cfg = config or matmul.default_config(fam)
-    matmul.check_tile(fam, cfg, what)
     dispatch.check_activations(x, w.cols, what)
     dispatch.check_out(out, (w.rows,), x.device, what)
     dispatch.device_of(w.data, x, what)
     matmul.check_qx(qx, fam, w.cols, what)
     y = torch.empty(w.rows, dtype=torch.float32, device=x.device) if out is None else out
     return matmul.igemv(w.data, fam.idot, fam.iacc, fam.act_fmt, (w.rows, w.cols), fam.row_bytes(w.cols), x, y,
-                        cfg, qx)
+                        cfg, qx, fam.isplit)

@@ -132,7 +132,6 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     isum, v, zero = _isums(quants, scales, lane, m, xw_ptr, g, EMU)
     dx = tl.load(xd_ptr + g)
     if EW:  # into q6_k's elementwise tile acc [BN, 2, 8]; the tile's d's in one load, the row's picked
-        # (tiles giving every thread 4 words: Family.vector_step)
         dw = tl.load(ds.to(tl.pointer_type(tl.int32))[:, None, None, None] + v + zero, mask=m, other=0)
         lane4 = lane[:, None, None, None]
         bits = word(dw, v, lane4 // 2) >> (16 * (lane4 % 2))
@@ -163,7 +162,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 
 INT_FAMILY = Family(TILED, 256, 210, 16, 16, dequant, align=16, idot=idot, act_fmt=Q8_K, iacc=(2, 8),
-                    row_tile=TILE_ROWS, vector_step=True)
+                    row_tile=TILE_ROWS, isplit=4)
 FLOAT_FAMILY = dataclasses.replace(INT_FAMILY, idot=None, act_fmt=None)
 # $SPARKD_Q6_K_INT=0 (q6_k.FAMILY the float one) takes the float path on this layout too
 FAMILY = INT_FAMILY if q6_k.FAMILY.idot is not None else FLOAT_FAMILY

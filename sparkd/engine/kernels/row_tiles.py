@@ -1,7 +1,8 @@
 """What the row-tiled resident layouts share (q4_k_tiled, q6_k_tiled): every few rows of a GGUF
 K-quant matrix become one tile, the same bytes in another order. Here: the tensor they make, which
 shapes they take, the checked view of the file's blocks by tile that their repacking starts from,
-the register word pick of their integer steps and the tile rule those steps need (holds_words)."""
+the register word pick of their integer steps and the order their tiles' rows are summed in (row_sums,
+also the GGUF K-quant steps': matmul.row_idot, the MoE's)."""
 
 from __future__ import annotations
 
@@ -52,36 +53,30 @@ class RowTiles:
         return raw.view(rows // self.rows, self.rows, groups, self.block_bytes).transpose(1, 2)
 
 
-# The vector integer steps (q4_k_tiled.idot_tile_vec, also moe's on GGUF Q4_K rows; q6_k_tiled's)
-# compute a tile [BN, ..., 2, 4] whose last dimension holds 4 words (Q4_K: a row's header) that word()
-# picks from, and tl.reshape it into the loop's accumulator [BN, A1, 8] (the two last dimensions
-# merged). When a thread holds fewer than 4 of them, the compiler spreads both merged dimensions over
-# lanes that are not adjacent, and triton 3.6 (the H200's) sums the accumulator's rows over the wrong
-# lanes (2-row Q4_K programs: lane bits 0-1 where the merged dimension's are 0 and 4, so rows mixed
-# and half the words left out; rel. error ~1). Tiles giving every
-# thread its 4 words are right (session 7, bench/diag12_part_tile.py, bench/results/diag12_h200_s7.log).
-THREAD_WORDS = 4
-WARP_THREADS = 32
-
-
-def holds_words(block_n: int, num_warps: int, row_words: int) -> bool:
-    """Whether an elementwise tile of block_n rows, row_words int32 words each (Family.iacc's
-    product), gives each of the program's threads THREAD_WORDS words (the rule of the vector steps)."""
-    return block_n * row_words >= THREAD_WORDS * WARP_THREADS * num_warps
-
-
-def check_holds_words(block_n: int, num_warps: int, row_words: int, what: str) -> None:
-    """holds_words, else a KernelArgumentError naming the smallest block_n that holds them."""
-    if not holds_words(block_n, num_warps, row_words):
-        need = -(-THREAD_WORDS * WARP_THREADS * num_warps // row_words)
-        raise KernelArgumentError(
-            f"could not run {what}: an elementwise tile of {block_n} rows on {num_warps} warp(s) gives a thread "
-            f"fewer than {THREAD_WORDS} of the vector step's words (triton 3.6 sums such tiles over the wrong "
-            f"lanes); use block_n >= {need} on {num_warps} warp(s), or elementwise=False")
-
-
 @triton.jit
 def word(t, v, k):
     """Word k (any int shape broadcast against t) of each thread's 4 words t, their index v along
     dimension 3 (which one thread holds whole): t's shape with 1 there, in registers."""
     return tl.sum(tl.where(v == k, t, 0), 3, keep_dims=True)
+
+
+@triton.jit
+def row_sums(acc, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr):
+    """Each row's sum of an elementwise tile acc [BN, A1, A2]: tl.sum (A3 0), or (A3: Family.isplit)
+    over the step's own [BN, A1, 2, A3] in one fixed order: the A3 words one after another (each
+    taken out exactly: one value plus zeros), then the pair, then tl.sum over A1 as before. Why:
+    triton 3.6 sums a dimension merged by tl.reshape over the wrong lanes where a thread holds
+    fewer than 4 of its words (session 7, diag12), and the interpreter's np.sum adds 8 values
+    pairwise where the GPU adds a thread's 4 in order: this order is the compiled one of the tiles
+    that were right, and the same under the interpreter (session 8, diag16)."""
+    # (one return: triton 3.6 compiles the code after a return in a constexpr if too)
+    if A3 == 0:
+        s = tl.sum(acc, 2)
+    else:  # (A2 == 2 * A3, else the reshape fails to compile)
+        t = tl.reshape(acc, (acc.shape[0], A1, A2 // A3, A3))
+        v = tl.arange(0, A3)[None, None, None, :]
+        s = tl.sum(tl.where(v == 0, t, 0.0), 3)
+        for k in tl.static_range(1, A3):
+            s += tl.sum(tl.where(v == k, t, 0.0), 3)
+        s = tl.sum(s, 2)  # a sum of 2 is the same in any order
+    return tl.sum(s, 1)
