@@ -34,7 +34,7 @@ def main() -> None:
         large = ([d_cfg] + [t[2] for t in moe_tiles.WIDTH_TIERS.get(qtype, []) if t[2]])[-1]  # the widest models'
         for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
             n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
-                                                      ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], **tile),
+                                                      ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=0, **tile),
                         cfg.num_warps)
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
