@@ -74,7 +74,7 @@ def _launch(label: str, t, qx, y, cfg):
             name, q4_k_tiled.FAMILIES.get(name, q4_k_tiled.FAMILY).idot)
         k = matmul._igemv_kernel[(tiles, split)](
             t.data, qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows,
-            t.cols, t.cols // 256 * 144, IDOT=step, A1=4, A2=8, EMU=False, **args)
+            t.cols, t.cols // 256 * 144, IDOT=step, A1=4, A2=8, A3=4, EMU=False, **args)  # A3: the family's isplit
     if not in_kernel:
         matmul.fold_partials(part, y)
     return k
