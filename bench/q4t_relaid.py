@@ -11,9 +11,9 @@ group first, group g's at g * 512, then the headers, group g's 64 bytes at 512 G
   4 + s (s = 0..7) byte r: sc[s] of row r in the low 6 bits, mn[s]'s bits 4-5 in the top 2; words 12 + s // 2
   byte r: mn[s]'s bits 0-3 in nibble s % 2. So a thread loads 1 header vector and 2 words per group.
 The step (MODE 1): per thread and row sc * (dp4a(lo, x[2c]) + dp4a(hi, x[2c+1])) and mn * sums[s] in integers,
-then d dx isum - dmin dx msum (the min term in the first of a sub-block's 4 threads, xs 0 in the others) into an accumulator [32, 4], summed
-over the 32 threads at the end: the integer sums of q4_k's step, another float order (within the float bound,
-not its bits). MODE 0 (the twin): the same loads, an integer add of every word, one float multiply.
+then d dx isum - dmin dx msum (the min term in the first of a sub-block's 4 threads, xs 0 in the others) into
+an accumulator [32, 4], summed over the 32 threads at the end: the integer sums of q4_k's step, another float
+order (within the float bound, not its bits). MODE 0 (the twin): the same loads, an integer add of every word, one float multiply.
 Grid, split and fold as matmul.igemv's default tile (4/1/4/e; matmul.step_groups' groups a step).
 """
 

@@ -9,8 +9,8 @@ Usage: PYTHONPATH=.:bench python bench/q4t_tma_bench.py [--shapes RxC,...] [--ro
 Rows: "bytes" (the engine's step, default tile: since q4k17 2 groups a step at split 1, GemvConfig.whole_unroll;
 "/uU" U groups a step at every split), "loadonly" (its twin), "loadonly/s3" and "bytes/s3" (the group
 loop pipelined by Triton, 3 stages: q4k15's rows), "ptr/sS", "tma/sS", "tmax/sS" (q4t_tma's kernel, S: its
-loop's num_stages, 0 Triton's default); "relaid-loadonly", "relaid" (q4k18: bench/q4t_relaid.py's twin and step). Timed as gemv_tiles_bench times (one CUDA graph over weights rotated
-past the L2, median of 15); frac: over the 2 GiB copy's bandwidth; frac_same: over the same-bytes copy's.
+loop's num_stages, 0 Triton's default); "relaid-loadonly", "relaid" (q4k18: bench/q4t_relaid.py's twin and
+step). Timed as gemv_tiles_bench times (one CUDA graph over weights rotated past the L2, median of 15); frac: over the 2 GiB copy's bandwidth; frac_same: over the same-bytes copy's.
 """
 
 from __future__ import annotations
