@@ -3,13 +3,14 @@ next to the bytes step, its pointer load-only twin (bench/q4t_twins.py) and a sa
 before the timed calls; and every kernel's registers, spills, shared memory and resident programs per SM
 (the driver's occupancy for a one-warp program), the pipelined (cp.async) rows of q4k15 included.
 
-Usage: PYTHONPATH=.:bench python bench/q4t_tma_bench.py [--shapes RxC,...] [--rows A,B] [--q4k17] [--compile-workers N]
+Usage: PYTHONPATH=.:bench python bench/q4t_tma_bench.py [--shapes RxC,...] [--rows A,B] [--q4k17] [--q4k18]
+[--compile-workers N]
 [--json F]
 Rows: "bytes" (the engine's step, default tile: since q4k17 2 groups a step at split 1, GemvConfig.whole_unroll;
 "/uU" U groups a step at every split), "loadonly" (its twin), "loadonly/s3" and "bytes/s3" (the group
 loop pipelined by Triton, 3 stages: q4k15's rows), "ptr/sS", "tma/sS", "tmax/sS" (q4t_tma's kernel, S: its
-loop's num_stages, 0 Triton's default). Timed as gemv_tiles_bench times (one CUDA graph over weights rotated
-past the L2, median of 15); frac: over the 2 GiB copy's bandwidth; frac_same: over the same-bytes copy's.
+loop's num_stages, 0 Triton's default); "relaid-loadonly", "relaid" (q4k18: bench/q4t_relaid.py's twin and
+step). Timed as gemv_tiles_bench times (one CUDA graph over weights rotated past the L2, median of 15); frac: over the 2 GiB copy's bandwidth; frac_same: over the same-bytes copy's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import multiprocessing as mp
 import gemv_tiles_bench as gtb
 import kernels_bench as kb
 import q4t_compact
+import q4t_relaid
 import q4t_tma
 import q4t_twins
 import torch
@@ -38,6 +40,10 @@ ROWS = ["bytes", "loadonly", "loadonly/s3", "bytes/s3", "ptr/s0", "tma/s0", "tma
 # per group, "step" per step; /r64: at most 64 registers)
 Q4K17_SHAPES = "14336x4096,4096x14336,6144x4096,151936x2048,4096x2048"
 Q4K17_ROWS = ["bytes", "bytes/u2", "compact", "step", "step/u2", "step/r64", "loadonly", "ptr/s0"]
+# session 8 (q4k18): the re-laid tile (bench/q4t_relaid.py), its twin and its step, /uU groups a step
+Q4K18_ROWS = ["bytes", "loadonly", "ptr/s0", "relaid-loadonly", "relaid-loadonly/u4", "relaid", "relaid/u4",
+              "relaid/u2"]
+RELAID: dict[int, torch.Tensor] = {}  # the relaid bytes of each tiled tensor, by its data_ptr
 
 
 def _launch(label: str, t, qx, y, cfg):
@@ -48,6 +54,8 @@ def _launch(label: str, t, qx, y, cfg):
     stages = opt.get("s", 0)
     if name in q4t_tma.LOADS:
         return q4t_tma.gemv(name, t.data, t.rows, t.cols, qx, y, stages)
+    if name in q4t_relaid.MODES:
+        return q4t_relaid.gemv(name, RELAID[t.data.data_ptr()], t.rows, t.cols, qx, y, opt.get("u"))
     c = dataclasses.replace(cfg, stages=stages)
     if "u" in opt:  # U groups a step at every split
         c = dataclasses.replace(c, unroll=opt["u"], whole_unroll=0)
@@ -66,7 +74,7 @@ def _launch(label: str, t, qx, y, cfg):
             name, q4_k_tiled.FAMILIES.get(name, q4_k_tiled.FAMILY).idot)
         k = matmul._igemv_kernel[(tiles, split)](
             t.data, qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows,
-            t.cols, t.cols // 256 * 144, IDOT=step, A1=4, A2=8, EMU=False, **args)
+            t.cols, t.cols // 256 * 144, IDOT=step, A1=4, A2=8, A3=4, EMU=False, **args)  # A3: the family's isplit
     if not in_kernel:
         matmul.fold_partials(part, y)
     return k
@@ -93,12 +101,18 @@ def tensors(rows: int, cols: int, rotate: bool = True):
     n = max(2, -(-kb.ROTATE_BYTES // nbytes)) if rotate else 1
     buf = kb.random_blocks(T.Q4_K, n * nbytes)
     ts = [q4_k_tiled.pack(buf[i * nbytes:(i + 1) * nbytes], (rows, cols), loads="bytes") for i in range(n)]
+    if any(r.split("/")[0] in q4t_relaid.MODES for r in ROWS):
+        RELAID.clear()
+        for i, t in enumerate(ts):
+            RELAID[t.data.data_ptr()] = q4t_relaid.pack_raw(buf[i * nbytes:(i + 1) * nbytes], (rows, cols))
     x = torch.randn(cols, device="cuda")
     return nbytes, ts, act_quant.quantize(x[None], act_quant.Q8_K)
 
 
 def warm(job) -> str:
+    global ROWS
     rows, cols, label = job
+    ROWS = [label]  # (a spawned process: tensors() packs the relaid bytes where the label needs them)
     try:
         _, ts, qx = tensors(rows, cols, rotate=False)
         _launch(label, ts[0], qx, torch.empty(rows, device="cuda"), matmul.GEMV_TILES["Q4_K_TILED"])
@@ -140,6 +154,10 @@ def shape_rows(rows: int, cols: int, copy_bw: float) -> list[dict]:
         same = {k: bool(torch.equal(v, ys["bytes"])) for k, v in ys.items()
                 if k.split("/")[0] in ("bytes", "compact", "step") and k != "bytes"}
         print(f"{rows}x{cols} bits == bytes: {same}", flush=True)
+        b = ys["bytes"].double()
+        err = {k: float((v.double() - b).norm() / b.norm()) for k, v in ys.items() if k.split("/")[0] == "relaid"}
+        if err:
+            print(f"{rows}x{cols} relaid's ||y - bytes' y|| / ||bytes' y||: {err}", flush=True)
     torch.cuda.empty_cache()
     return out
 
@@ -150,11 +168,13 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--q4k17", action="store_true", help="session 8 q4k17's shapes and rows")
+    ap.add_argument("--q4k18", action="store_true", help="session 8 q4k18's rows at q4k17's shapes")
     ap.add_argument("--compile-workers", type=int, default=0)
     ap.add_argument("--json")
     args = ap.parse_args()
-    shapes = [tuple(map(int, s.split("x"))) for s in (Q4K17_SHAPES if args.q4k17 else args.shapes).split(",")]
-    ROWS = Q4K17_ROWS if args.q4k17 else args.rows.split(",")
+    q4k1x = args.q4k17 or args.q4k18
+    shapes = [tuple(map(int, s.split("x"))) for s in (Q4K17_SHAPES if q4k1x else args.shapes).split(",")]
+    ROWS = Q4K18_ROWS if args.q4k18 else Q4K17_ROWS if args.q4k17 else args.rows.split(",")
     if args.compile_workers:
         jobs = [(r, c, label) for r, c in shapes for label in ROWS]
         with cf.ProcessPoolExecutor(args.compile_workers, mp_context=mp.get_context("spawn")) as ex:
