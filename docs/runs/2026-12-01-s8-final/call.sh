@@ -16,11 +16,11 @@ T0=$(date +%s); log() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.
 (OUT=/tmp/bo BUILD_ONLY=1 nice -n 5 setsid bash bench/gpu_box/cuda_side_by_side.sh > /tmp/build.log 2>&1 &)
 mk() { [ -f $1 ] || { nice -n 10 python3 -m sparkd.engine.cli make-model $1.part --preset qwen3-30b-a3b --quant $2 --quiet "${@:3}" && mv $1.part $1; }; }
 (mk $W/q3-12-Q8_0.gguf Q8_0 --layers 12; mk $W/q3-12-Q4_K.gguf Q4_K --layers 12; mk $W/q3-stream-10G.gguf Q8_0 --size 10G) > /tmp/make.log 2>&1 & M=$!
-G1="tests/engine/test_q4_k_tiled.py tests/engine/test_row_tiles.py tests/engine/test_gemv_split.py tests/engine/test_q4t_tma.py tests/engine/test_q4t_compact.py"
+G1="tests/engine/test_q4_k_tiled.py tests/engine/test_row_tiles.py tests/engine/test_gemv_split.py tests/engine/test_q4t_tma.py tests/engine/test_q4t_compact.py tests/engine/test_q4t_relaid.py"
 G2="tests/engine/test_q6_k_tiled.py tests/engine/test_moe_tiles.py tests/engine/test_moe_decode_fusion.py tests/engine/test_moe_twin.py tests/engine/test_moe_words_full.py tests/engine/test_moe_down_full.py tests/engine/test_moe_reference.py ${G2_MORE:-}"
 G3="tests/engine/test_device_sampler.py tests/engine/test_device_sampler_fused.py tests/engine/test_cuda_graphs.py tests/engine/test_device_argmax.py"
 G4="tests/engine/test_iq_kernels.py tests/engine/test_kernel_engine.py tests/engine/test_norm_quant.py tests/engine/streaming/test_graph_step.py tests/engine/streaming/test_vram_cache.py tests/engine/streaming/test_eager_step.py"
-G5="tests/engine/test_int_kernels.py tests/engine/test_fused_qkv.py tests/engine/test_kernel_determinism.py ${G5_MORE:-}"
+G5="tests/engine/test_int_kernels.py tests/engine/test_fused_qkv.py tests/engine/test_kernel_determinism.py tests/engine/test_q6_k_int.py tests/engine/test_split_fold.py ${G5_MORE:-}"
 i=0; P=()
 for g in "$G1" "$G2" "$G3" "$G4" "$G5"; do i=$((i+1))
   timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $g > $R/gpu_tests_$i.log 2>&1 & P+=($!)

@@ -196,14 +196,19 @@ def _table_cached(store, layer: int, ids: list[int], in_vram: dict, host_slot: d
     return sel
 
 
+def _part_spans(tpl) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(bytes, alignment) of an expert's gate, up and down parts as the template's kernels read them."""
+    spans = (tpl.gate_up_row_bytes * tpl.table.width,) * 2 + (tpl.down_row_bytes * tpl.table.dim,)
+    return spans, (tpl.gate_up.align,) * 2 + (tpl.down.align,)
+
+
 def _in_slot(store, layer: int, expert: int, tpl) -> list[int] | None:
     """The expert's gate, up and down offsets inside its slot, kept once checked to leave each part's
     span inside the slot on the template's alignment (then a slot start on that alignment inside its
     buffer places every part as _check_parts wants); None where they do not."""
     key = (layer, expert, id(tpl))
     if key not in store.table_parts:
-        spans = (tpl.gate_up_row_bytes * tpl.table.width,) * 2 + (tpl.down_row_bytes * tpl.table.dim,)
-        aligns = (tpl.gate_up.align,) * 2 + (tpl.down.align,)
+        spans, aligns = _part_spans(tpl)
         rel = [p.data_offset for p in store.parts(layer, expert)]
         fits = all(r + sp <= store.arena.slot_bytes and r % a == 0 for r, sp, a in zip(rel, spans, aligns))
         store.table_parts[key] = rel if fits else None
@@ -212,8 +217,7 @@ def _in_slot(store, layer: int, expert: int, tpl) -> list[int] | None:
 
 def _check_parts(store, layer: int, expert: int, tpl, start: int, low: int, high: int) -> None:
     """Every part of the expert at slot start `start` inside [low, high) and aligned, else the clear error."""
-    spans = (tpl.gate_up_row_bytes * tpl.table.width,) * 2 + (tpl.down_row_bytes * tpl.table.dim,)
-    aligns = (tpl.gate_up.align,) * 2 + (tpl.down.align,)
+    spans, aligns = _part_spans(tpl)
     for k, part in enumerate(store.parts(layer, expert)):
         at = start + part.data_offset
         if at < low or at + spans[k] > high or at % aligns[k]:
