@@ -582,7 +582,7 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         full = kernels.full and _full(D, F, cfg)
         moe_rows.launch(p, q, rw, y, residual, cfg, _int_args(p.down, True, False, full), emulate(cfg, y),
-                        act_quant.BLOCKS[p.down.act_fmt], F // 256 if full else 0)
+                        act_quant.BLOCKS[p.down.act_fmt], F // 256 if full and "Q8_0" in kernels.down_full else 0)
         return
     split = n if cfg.atomic else max(1, min(cfg.split, n))
     fold = kernel_folds(cfg, split)
