@@ -3,8 +3,7 @@ cuobjdump): registers per thread, so one-warp programs per SM (at most 32 on Hop
 largest loop's instruction mix, as bench/kernels_sass.py gives them for the GEMV.
 
 Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up 4/1/2/g,2/1/2/e:-
-       [--down 4/1/1/g/8,2/1/4/e/8:-,1/1/1/g:wpfx] [--groups 8]   (tiles as moe_tiles_bench.tile; :FLAGS the
-       kernels, kernels_of; x: moe_rows' down, the rows kernel at 8 experts and --groups groups, its group loop)
+       [--down 4/1/1/g/8,2/1/4/e/8:-] [--groups 8]   (tiles as moe_tiles_bench.tile; :FLAGS the kernels, kernels_of)
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from triton.tools.disasm import get_sass
 
 from kernels_sass import WATCH, registers
 from moe_tiles_bench import kernels_of, tile
-from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_rows
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
@@ -64,11 +63,6 @@ def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, **common)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
-    elif k.down_rows:  # moe_rows: block_n rows of each of the 8 experts, no fold
-        consts = dict(RES=True, ROWS=cfg.block_n, NE=8, XBLOCK=act_quant.BLOCKS[fam.act_fmt],
-                      NG=groups if "Q8_0" in k.down_full else 0, **common)
-        rows_sig = {n: t for n, t in DOWN.items() if n not in ("part_ptr", "tickets_ptr")}
-        binary = cubin(moe_rows._idown_rows_kernel, rows_sig, consts, cfg.num_warps, True)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
                       XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, **common)

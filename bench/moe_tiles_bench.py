@@ -68,15 +68,14 @@ def tile(text: str) -> GemvConfig:
 def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
     Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
-    d: the down's groups a constant trip count where the shape allows, both types (moe14); x: the Q8_0
-    down's experts as tile rows (moe_rows, moe17: block_n rows of each expert, no split); no ":": the
+    d: the down's groups a constant trip count where the shape allows, both types (moe14); no ":": the
     default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
-                             down_full=("Q8_0", "Q4_K") if "d" in flags else (), down_rows="x" in flags)
+                             down_full=("Q8_0", "Q4_K") if "d" in flags else ())
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,

@@ -537,12 +537,6 @@ def _full(rows: int, width: int, cfg: GemvConfig) -> bool:
     return rows % cfg.block_n == 0 and width % (256 * cfg.unroll) == 0
 
 
-def rows_fit(n: int, cfg: GemvConfig) -> bool:
-    """Whether moe_rows' down (experts as tile rows, Kernels.down_rows) runs n experts at tile cfg:
-    n a power of two up to 16 (the tile's rows: cfg.block_n of each expert), the sums ordered."""
-    return 0 < n <= 16 and n & (n - 1) == 0 and not cfg.atomic
-
-
 def _int_args(fam: dispatch.Family, words: bool, vec: bool, full: bool = False) -> dict:
     """matmul.int_args, with q8_0_words' step for Q8_0 rows on 4 bytes if words (its unmasked
     idot_full if full: _full), _q4_k_vec's for Q4_K rows on 16 bytes if vec (ALIGN: what the
@@ -571,19 +565,9 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     """y = sum_a down_a @ h[a] (+ residual), the routing weight applied here unless already in h.
     cfg.split ranges of experts run in parallel and meet in an ordered sum: in the launch
     (cfg.fold "kernel") or by torch after it (cfg.atomic: one expert per program, atomic adds into y
-    zeroed first, the way before session 3 made the sums ordered). Kernels.down_rows (a Q8_0 down
-    on words, rows_fit): moe_rows' launch instead, cfg.block_n rows of every expert a program."""
+    zeroed first, the way before session 3 made the sums ordered)."""
     kernels = kernels or decode_kernels()
     n, D, F = p.count, p.table.dim, p.table.width
-    words = _use_words(kernels, cfg, p.down_words)
-    if p.down.idot is not None and kernels.down_rows and words and rows_fit(n, cfg):
-        from sparkd.engine.kernels import moe_rows  # it builds on this module's steps
-
-        q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
-        full = kernels.full and _full(D, F, cfg)
-        moe_rows.launch(p, q, rw, y, residual, cfg, _int_args(p.down, True, False, full), emulate(cfg, y),
-                        act_quant.BLOCKS[p.down.act_fmt], F // 256 if full and "Q8_0" in kernels.down_full else 0)
-        return
     split = n if cfg.atomic else max(1, min(cfg.split, n))
     fold = kernel_folds(cfg, split)
     part = torch.empty(split, D, dtype=torch.float32, device=y.device) if fold else partials_for(y, split, cfg)
@@ -597,7 +581,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
-                            **_int_args(p.down, words, _use_vec(kernels.q4k_vec_down, p.down_vec),
+                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
+                                        _use_vec(kernels.q4k_vec_down, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,

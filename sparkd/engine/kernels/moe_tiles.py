@@ -92,9 +92,6 @@ class Kernels:
     # (session 8, moe16, bench/results/moe16_h200_s8*): 4096x1536 14.7 -> 13.7 us, 7168x2048 30.4 -> 29.2,
     # 2048x768 7.5 = 7.5, the same err; Q8_0 lost in moe14 (7168x2048 46.9 -> 48.4 us)
     down_full: tuple[str, ...] = ("Q4_K",)
-    # session 8 (moe17): the Q8_0 down with the experts as rows of one program's tile, no fold
-    # (moe_rows; moe.rows_fit), at ROWS_DOWN_TILES
-    down_rows: bool = False
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
