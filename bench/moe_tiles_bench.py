@@ -26,7 +26,8 @@ ceiling of a launch that small; "all qx" rows, the layer as the engine runs it a
 quantized before: 2 launches); "twin" rows (unless --no-twins), bench/moe_twin.py's load-only
 launches at a tile's grid, steps and bytes: a twin near its kernel means the loads' structure
 bounds the launch, a twin much faster means the kernel's instructions do. --sets: the tile sets
-timed (moe_tiles.TILE_SETS; "new", the default, always).
+timed (moe_tiles.TILE_SETS; "new", the default, always). Session 8 (moe17): "down twin+fold" rows, the
+down's twin with the down's in-launch fold (matmul.fold_part): the fold's share of a down's time.
 """
 
 from __future__ import annotations
@@ -154,6 +155,15 @@ class Shape:
         sec = kb.graph_seconds(lambda i: moe_twin.down(self.sets[i % len(self.sets)], h, out, dn), len(self.sets))
         return self.row("down twin", label, sec, self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
 
+    def twin_fold(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
+        """twin_down with the down's in-launch fold (moe_twin.down's y; moe17): the fold's share."""
+        rw = self.w.contiguous()
+        h = moe._gate_up(self.sets[0], self.x, rw, False, "silu", gu, None, "bench", None, k)
+        out = torch.empty(max(1, min(dn.split, self.shape[2])), self.shape[0], dtype=torch.float32, device=DEVICE)
+        sec = kb.graph_seconds(lambda i: moe_twin.down(self.sets[i % len(self.sets)], h, out, dn, self.y),
+                               len(self.sets))
+        return self.row("down twin+fold", label, sec, self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
+
     def gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         """x quantized and the gate/up launch (h quantized in it), as moe_decode runs them."""
         err = self.err(gu, dn, k)
@@ -211,7 +221,7 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
     if args.twins:  # each set's distinct tiles
         timed += list({(kb.tag(t), part.__name__): (f"{label} {kb.tag(t)}", part, gu, dn, k)
                        for label, gu, dn, k in sets
-                       for part, t in ((s.twin_gate_up, gu), (s.twin_down, dn))}.values())
+                       for part, t in ((s.twin_gate_up, gu), (s.twin_down, dn), (s.twin_fold, dn))}.values())
     rows = []
     for label, part, gu, dn, k in timed:
         try:
@@ -225,7 +235,7 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
     gus, dns = candidates(qtype, args)
     new = sets[-1]
     gu_parts = (s.gate_up, s.twin_gate_up) if args.twins else (s.gate_up,)
-    dn_parts = (s.down, s.whole, s.twin_down) if args.twins else (s.down, s.whole)
+    dn_parts = (s.down, s.whole, s.twin_down, s.twin_fold) if args.twins else (s.down, s.whole)
     timed = [(t, part, dataclasses.replace(tile(t), fuse_quant=True), new[2]) for t in gus for part in gu_parts] + \
         [(t, part, new[1], tile(t)) for t in dns for part in dn_parts]
     for t, part, gu, dn in timed:
@@ -262,6 +272,7 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, 
             h = moe._gate_up(s.sets[0], s.x, s.w, False, "silu", gu, None, "bench", None, kk)
             moe_twin.gate_up(s.sets[0], qx, torch.empty(shape[2], shape[1], dtype=torch.int32, device=DEVICE), gu)
             moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], dtype=torch.int32, device=DEVICE), dn)
+            moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], device=DEVICE), dn, s.y)
         except Exception as e:  # noqa: BLE001 - the timed run reports it again
             failed.append(f"{kb.tag(gu)}/{kb.tag(dn)}: {type(e).__name__}")
     torch.cuda.synchronize()

@@ -7,7 +7,7 @@ loaded (a wrapping sum the store depends on) and no activation, h quantization o
 as slow as its kernel: the launch's grid and bytes bound it (memory, latency, launch); a twin much
 faster: the kernel's instructions do. The weights are read as 32-bit words along the row (the real
 Q4_K step reads its headers as 128-bit vectors): a twin is a floor on the loads' structure, not a
-copy of their instructions."""
+copy of their instructions. The down's twin may fold its ranges as the down does (down's y; moe17)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels import act_quant, dispatch
-from sparkd.engine.kernels.matmul import GemvConfig
+from sparkd.engine.kernels.matmul import GemvConfig, fold_part, tickets
 
 
 @triton.jit
@@ -51,9 +51,9 @@ def _twin_gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F,
 
 
 @triton.jit
-def _twin_down_kernel(down_ptr, down_off, hw_ptr, out_ptr, D, F, n, n_groups, row_words,
+def _twin_down_kernel(down_ptr, down_off, hw_ptr, out_ptr, y_ptr, tickets_ptr, D, F, n, n_groups, row_words,
                       GW: tl.constexpr, GWP: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                      UP: tl.constexpr, SPLIT: tl.constexpr):
+                      UP: tl.constexpr, SPLIT: tl.constexpr, FOLD: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rows64 = rows.to(tl.int64)
@@ -65,7 +65,12 @@ def _twin_down_kernel(down_ptr, down_off, hw_ptr, out_ptr, D, F, n, n_groups, ro
         for g0 in range(0, n_groups, UNROLL):
             acc = _group_sum(down_ptr, off, rows64, rmask, row_words, hw_ptr + a * (F // 4), g0, n_groups, acc,
                              GW, GWP, UNROLL, UP)
-    tl.store(out_ptr + tl.program_id(1) * D + rows, tl.sum(tl.sum(acc, 2), 1), mask=rmask)
+    total = tl.sum(tl.sum(acc, 2), 1)
+    if FOLD:  # the down's in-launch fold: partials as float32, the last program of a row tile adds them
+        fold_part(y_ptr, out_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask,
+                  total.to(tl.float32), D, SPLIT)
+    else:
+        tl.store(out_ptr + tl.program_id(1) * D + rows, total, mask=rmask)
 
 
 def _group_words(fam: dispatch.Family) -> tuple[int, int]:
@@ -95,13 +100,18 @@ def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig) -> None
         num_warps=cfg.num_warps)
 
 
-def down(p, hq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig) -> None:
-    """The down launch's twin: out int32 [split, D]; hq: h quantized ([n, F] words)."""
+def down(p, hq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, y: torch.Tensor | None = None) -> None:
+    """The down launch's twin: out int32 [split, D]; hq: h quantized ([n, F] words). y (float32 [D], split
+    > 1; session 8, moe17): with the down's fold too (matmul.fold_part: out float32 [split, D] the partials,
+    y their ordered sum), to tell the fold's share of the down's time from the step's."""
     _check(p, "down")
     D, F, n = p.table.dim, p.table.width, p.count
     split = max(1, min(cfg.split, n))
+    fold = y is not None and split > 1
+    grid = (triton.cdiv(D, cfg.block_n), split)
     gw, gwp = _group_words(p.down)
-    _twin_down_kernel[(triton.cdiv(D, cfg.block_n), split)](
-        p.table.down, p.down_off, hq.words, out, D, F, n, triton.cdiv(F, 256), p.down_row_bytes // 4, GW=gw,
+    _twin_down_kernel[grid](
+        p.table.down, p.down_off, hq.words, out, out if y is None else y,
+        tickets(grid[0], out.device) if fold else out, D, F, n, triton.cdiv(F, 256), p.down_row_bytes // 4, GW=gw,
         GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, UP=triton.next_power_of_2(cfg.unroll), SPLIT=split,
-        num_warps=cfg.num_warps)
+        FOLD=fold, num_warps=cfg.num_warps)

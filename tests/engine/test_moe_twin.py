@@ -59,3 +59,10 @@ def test_twins_read_every_word_of_the_selected_experts(backend, qtype):
         for a in range(n):
             want[a // per] += word_sums(arena, table.down_offsets[a], D, p.down_row_bytes, gw, hq.words[a].cpu())
         assert torch.equal(out.cpu(), wrapped(want))
+        if split > 1:  # the down's fold too: the ranges' sums as float32, added in order from 0.0
+            y, part = torch.full((D,), float("nan"), device=backend), torch.empty(split, D, device=backend)
+            twin.down(p, hq, part, cfg, y)
+            folded = torch.zeros(D)
+            for s in range(split):
+                folded += wrapped(want[s]).float()
+            assert torch.equal(y.cpu(), folded)
