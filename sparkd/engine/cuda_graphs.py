@@ -34,6 +34,7 @@ from sparkd.engine import switches
 from sparkd.engine.device_sampler import MODES as SAMPLING_MODES, DeviceSampler, device_drawable, \
     device_sampling_default
 from sparkd.engine.errors import EngineError
+from sparkd.engine.graph_capture import capture
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
@@ -269,16 +270,9 @@ class StaticDecode:
         return tuple(out)
 
     def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
-        # one eager run first, on a side stream as capture wants: Triton compiles, the rope table
-        # and the expert tables are made; it writes this token's K/V rows, as the replay will
-        side = torch.cuda.Stream(self.cache.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._step(span)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self._step(span)
+        # the warm-up makes the rope table and the expert tables; it writes this token's K/V rows,
+        # as the replay will
+        graph, out = capture(self.cache.device, self._pool, lambda: self._step(span), lambda: self._step(span))
         self._pool = graph.pool()
         return graph, *out
 
@@ -290,15 +284,11 @@ class StaticDecode:
         warm-up neither counts its draw nor pushes)."""
         sampler = self._sampler()
         state = sampler.generator.get_state()
-        side = torch.cuda.Stream(self.cache.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # the warm-up: no push, the ring stays as the request set it
-            sampler.probabilities(logits[-1]) if sampler.fusing else sampler.draw(logits[-1])
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(sampler.generator)
-        with torch.cuda.graph(graph, pool=self._draw_pool):
-            picked = sampler.step(self.token, logits[-1])
+
+        def warm():  # no push: the ring stays as the request set it
+            return sampler.probabilities(logits[-1]) if sampler.fusing else sampler.draw(logits[-1])
+        graph, picked = capture(self.cache.device, self._draw_pool, warm,
+                                lambda: sampler.step(self.token, logits[-1]), generator=sampler.generator)
         self._draw_pool = graph.pool()
         sampler.generator.set_state(state)
         return graph, picked

@@ -31,6 +31,9 @@ timeout 100 python3 bench/gemv_tiles_bench.py --types Q8_0P,Q4T,Q6T --shapes 151
 log "gemv rc $?"
 timeout 100 python3 bench/moe_tiles_bench.py --defaults-only --compile-workers 8 --json /tmp/moe.json > $R/moe_final.log 2>&1
 log "moe rc $?"
+PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 60 python3 bench/moe_tiles_bench.py --types Q8_0 --sets new --gate-up "" --down "" \
+  --compile-workers 8 > $R/moe_fold_twin.log 2>&1
+log "moe fold twin rc $?"
 while [ ! -f $W/q3-12-Q8_0.gguf ]; do sleep 2; done
 timeout 80 python3 bench/gpu_box/sampling_bench.py --model $W/q3-12-Q8_0.gguf --tokens 128 --json /tmp/sampling.json > $R/sampling.txt 2>&1
 log "sampling rc $?"

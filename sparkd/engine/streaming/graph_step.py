@@ -26,6 +26,7 @@ import torch
 
 from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
+from sparkd.engine.graph_capture import capture
 from sparkd.engine.streaming.eager_step import EagerDecode
 
 ENV = "SPARKD_STREAM_GRAPHS"
@@ -195,18 +196,10 @@ class SegmentDecode(EagerDecode):
         return residual, normed, w, ids
 
     def _capture(self, k: int) -> torch.cuda.CUDAGraph:
-        # a run on a side stream first, as capture wants (it writes this token's K/V rows, as
-        # the replay that follows does again)
+        # (the warm-up writes this token's K/V rows, as the replay that follows does again)
         self.capturing = True
         try:
-            side = torch.cuda.Stream(self.cache.device)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._run(k)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._outs[k] = self._run(k)
+            graph, self._outs[k] = capture(self.cache.device, self._pool, lambda: self._run(k), lambda: self._run(k))
         finally:
             self.capturing = False
         self._pool = graph.pool()
