@@ -28,7 +28,8 @@ row's kernel first (Triton's disk cache), so the timed process only loads them.
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
-Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[/split[/stages]],
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[n: no split-K
+fold, times only (NO_FOLD)][/split[/stages]],
 for Q4T after loads: (q4_k_tiled.FAMILIES' key, e.g. vector:4/1/4/e);
 --shapes 151936x2048,14336x4096 replaces SHAPES.
 """
@@ -47,7 +48,8 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 import q4t_twins
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import moe as moe_module
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv, split_for
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 from sparkd.engine.layers.act_round import round_activations
@@ -60,11 +62,26 @@ QX = False  # --qx: x quantized before the timed calls, as the engine's norm wri
 
 
 def tile(text: str) -> GemvConfig:
-    """rows/warps/unroll/e|g[/split[/stages]] as a GemvConfig (split 0 or left out: chosen from the
-    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages)."""
+    """rows/warps/unroll/e|g[n][/split[/stages]] as a GemvConfig (split 0 or left out: chosen from the
+    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages; n: no fold, NO_FOLD)."""
     rows, warps, unroll, mode, *rest = text.split("/")
     split, stages = (list(map(int, rest)) + [0, 0])[:2]
-    return GemvConfig(int(rows), int(warps), int(unroll), split, mode == "e", stages=stages)
+    return GemvConfig(int(rows), int(warps), int(unroll), split, mode.startswith("e"), stages=stages,
+                      fold=NO_FOLD if mode.endswith("n") else GemvConfig().fold)
+
+
+# session 8 (fold19): a tile's "n" (e.g. 4/1/4/en/4): the launch stores its split-K partials and nothing
+# sums them (times only, its y is wrong): GemvConfig.fold "torch" with the torch fold skipped in this
+# process, so the row is the kernel without matmul.fold_part's store, barrier, fence, ticket and read-back
+NO_FOLD = "torch"
+
+
+def _skip_fold(part: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return y
+
+
+if GemvConfig().fold == "kernel":  # (with $SPARKD_GEMV_FOLD=torch every row would lose its fold: keep it)
+    matmul.fold_partials = moe_module.fold_partials = _skip_fold
 
 
 CANDIDATES = {  # loops without barriers or shuffles in bench/kernels_sass.py, plus the session-3 shapes

@@ -28,6 +28,9 @@ launches at a tile's grid, steps and bytes: a twin near its kernel means the loa
 bounds the launch, a twin much faster means the kernel's instructions do. --sets: the tile sets
 timed (moe_tiles.TILE_SETS; "new", the default, always). Session 8 (moe17): "down twin+fold" rows, the
 down's twin with the down's in-launch fold (matmul.fold_part): the fold's share of a down's time.
+Session 8 (fold19): a down tile's mode may end in "n" (4/1/1/gn/8, gemv_tiles_bench.NO_FOLD): the down
+storing its partials with no fold (times only, err meaningless), timed alone; a --gate-up / --down item
+TYPE@tile is timed for that type only (Q8_0@4/1/1/g/4).
 """
 
 from __future__ import annotations
@@ -197,8 +200,11 @@ def table(qtype: T, n_experts: int, shape: tuple[int, int, int], matrix_bytes: i
 def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
     if args.defaults_only:
         return [], []
-    def given(text, default):  # "" times none
-        return default if text is None else [t for t in text.split(",") if t]
+    def given(text, default):  # "" times none; TYPE@tile: that type's only
+        if text is None:
+            return default
+        named = [t.partition("@") if "@" in t else ("", "", t) for t in text.split(",") if t]
+        return [t for name, _, t in named if name in ("", qtype.name)]
     return given(args.gate_up, GATE_UP[qtype.name]), given(args.down, DOWN[qtype.name])
 
 
@@ -237,7 +243,8 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
     gu_parts = (s.gate_up, s.twin_gate_up) if args.twins else (s.gate_up,)
     dn_parts = (s.down, s.whole, s.twin_down, s.twin_fold) if args.twins else (s.down, s.whole)
     timed = [(t, part, dataclasses.replace(tile(t), fuse_quant=True), new[2]) for t in gus for part in gu_parts] + \
-        [(t, part, new[1], tile(t)) for t in dns for part in dn_parts]
+        [(t, part, new[1], tile(t)) for t in dns for part in (dn_parts if tile(t).fold != gemv_tiles_bench.NO_FOLD
+                                                               else (s.down,))]
     for t, part, gu, dn in timed:
         try:
             rows.append(part(t, gu, dn, kernels_of(t), copy_bw))

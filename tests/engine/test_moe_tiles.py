@@ -51,8 +51,19 @@ def test_decode_tiles_follow_the_model_width(qtype):
     assert moe_tiles.decode_tiles(table_at(qtype, 2048), "s5") == moe_tiles.S5_DECODE_TILES[name]
     assert moe_tiles.decode_tiles(table_at(qtype, 7168), "s5")[1] == moe_tiles.S5_LARGE_DOWN_TILES[name][1]
     assert moe_tiles.decode_tiles(table_at(qtype, 7168)) != moe_tiles.decode_tiles(table_at(qtype, 7168), "s5")
-    assert moe_tiles.decode_kernels("new") == moe_tiles.Kernels(words=True, pair=True)
+    assert moe_tiles.decode_kernels("new") == moe_tiles.Kernels(words=True, pair=True) == moe_tiles.decode_kernels("s8")
     assert moe_tiles.decode_kernels("old") == moe_tiles.decode_kernels("s5") == moe_tiles.OLD_KERNELS
+
+
+@pytest.mark.parametrize("qtype,fewer,same", [(T.Q8_0, (4096, 7168), (2048,)), (T.Q4_K, (2048,), (4096, 7168))],
+                         ids=["Q8_0", "Q4_K"])
+def test_fewer_down_ranges_switch_back_to_s8(qtype, fewer, same):
+    """Session 8 (fold19): fewer down ranges where they were faster on the H200; "s8" (and "s7", of the
+    same tiles) keeps the ranges of before; the gate/up tiles and the other widths unchanged."""
+    for dim in fewer + same:
+        new, s8 = moe_tiles.decode_tiles(table_at(qtype, dim)), moe_tiles.decode_tiles(table_at(qtype, dim), "s8")
+        assert new[0] == s8[0] and (new[1].split < s8[1].split if dim in fewer else new[1] == s8[1])
+        assert moe_tiles.decode_tiles(table_at(qtype, dim), "s7") == s8
 
 
 def test_an_unknown_tile_set_is_refused():

@@ -1,6 +1,6 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
-against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, new)."""
+against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, new)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ S5_LARGE_DOWN_TILES = {
 # 43.9, 2048x768 17.3 -> 14.9); Q4_K gate/up one group of both rows per step (two groups: 99
 # registers, offline SASS; 7168x2048 57.2 -> 50.4 us); Q8_0 down 4/1/1/g with words (no barrier in
 # the loop: 19 shuffles -> 7; 2048x768 9.9 -> 8.9 us, 4096x1536 29.8 -> 25.9)
-DECODE_TILES = {
+S8_DECODE_TILES = {  # the default until session 8's fold19 (DECODE_TILES below); "s8" and the older sets
     "Q8_0": (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True),
              GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False, split=8)),
     "Q4_K": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), S5_DECODE_TILES["Q4_K"][1]),
@@ -61,12 +61,25 @@ DECODE_TILES = {
 # Q8_0 from 6144 gate/up one group per step (7168x2048 97.5 -> 86.5 us; at 4096 46.6 vs 43.9) and
 # down 2 rows / 2 groups (64.7 s5 -> 52.1 us); Q4_K down 4 ranges of 2 experts at 4096 (16.5 ->
 # 15.2 us, as session 5's sweep had it), 2 ranges of 4 from 6144 (32.3 -> 31.8; 4 ranges 34.5)
-WIDTH_TIERS = {
+S8_WIDTH_TIERS = {  # the default until fold19 (WIDTH_TIERS below); "s8" and the older sets
     "Q8_0": [(6144, GemvConfig(block_n=2, num_warps=1, unroll=1, elementwise=True),
               GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True, split=8))],
     "Q4_K": [(4096, None, GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=4)),
              (6144, None, S5_LARGE_DOWN_TILES["Q4_K"][1])],
 }
+# session 8 (fold19, H200, bench/results/fold19_h200_s8*): fewer expert ranges, so fewer programs pay the
+# down's in-launch fold (store, fence, ticket, read-back: 0.7 / 2.3 / 7.5 us of the Q8_0 down at 2048 /
+# 4096 / 7168 wide, its no-fold rows). Q8_0 from 4096 the 2-row 2-group tile in 2 ranges of 4 experts
+# (4096x1536 top-8 down 24.0 -> 20.5 us, 7168x2048 45.8 -> 42.6); Q4_K below 4096 4 ranges of 2 (2048x768
+# 7.4 -> 6.5 us). Fewer ranges add the experts in another order: float32 rounding apart from "s8", the
+# same bits run to run. $SPARKD_MOE_TILES=s8 switches back.
+Q8_0_FEW_RANGES = GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True, split=2)
+DECODE_TILES = {**S8_DECODE_TILES,
+                "Q4_K": (S8_DECODE_TILES["Q4_K"][0], GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True,
+                                                                split=4))}
+WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),
+                        (6144, S8_WIDTH_TIERS["Q8_0"][0][1], Q8_0_FEW_RANGES)],
+               "Q4_K": S8_WIDTH_TIERS["Q4_K"]}
 
 
 @dataclass(frozen=True)
@@ -100,15 +113,16 @@ S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=()
 S6R2_KERNELS = Kernels(full=False, down_full=())  # session 6's second round (moe10), the default until moe13
 S7_KERNELS = Kernels(down_full=())  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
-# "s7" S7_KERNELS
+# "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
+# of "s6" to "s7" too
 TILES_ENV = "SPARKD_MOE_TILES"
-TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "new")
+TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
-    """The default (gate/up, down) tiles for the table's families and shape: which "new", "s7", "s6r2"
-    and "s6" (session 6's rule; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
+    """The default (gate/up, down) tiles for the table's families and shape: which "new" (DECODE_TILES,
+    WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES, S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
     every shape); default $SPARKD_MOE_TILES."""
     which = which or TILES
     if which not in TILE_SETS:
@@ -125,14 +139,15 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
             down = large[1]
         return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
     gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
-    return (_tier(gu_name, p.table.dim, 1, DECODE_TILES.get(gu_name, fallback)[0]),
-            _tier(d_name, p.table.dim, 2, DECODE_TILES.get(d_name, fallback)[1]))
+    tiles, tiers = (DECODE_TILES, WIDTH_TIERS) if which == "new" else (S8_DECODE_TILES, S8_WIDTH_TIERS)
+    return (_tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]),
+            _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1]))
 
 
-def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
-    """tile, or that of the widest WIDTH_TIERS entry of the type up to model width dim that sets
-    one (at 1: the gate/up tile, 2: the down tile)."""
-    for tier in WIDTH_TIERS.get(name, []):
+def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
+    """tile, or that of the widest tiers entry (WIDTH_TIERS' form) of the type up to model width dim
+    that sets one (at 1: the gate/up tile, 2: the down tile)."""
+    for tier in tiers.get(name, []):
         if dim >= tier[0] and tier[at] is not None:
             tile = tier[at]
     return tile
@@ -140,4 +155,5 @@ def _tier(name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS, "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
+    return {"new": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
+            "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
