@@ -1,0 +1,137 @@
+"""Session 8 (q4k19): q4k18's re-laid tile with 2 rows a thread instead of 4 (16 lanes along K per row pair, x
+loaded twice instead of 4 times): a thread makes the per-row values (d and dmin to float32 and times x's scale,
+the 6-bit scale and min taken out) for 2 rows per group, q4k18's step for 4. A load-only twin and a real step,
+bench only (nothing in sparkd/ reads this layout).
+
+The "pair" bytes (the same 576 bytes per 4-row tile and group in the same places as q4_k_tiled's: qs of every
+group first, group g's at g * 512, then the headers, group g's 64 bytes at 512 G + 64 g):
+- qs: thread t = 2 c + p (c = 0..15 along K, p the row pair: rows 2p, 2p+1) owns elements 16c..16c+15 of its 2
+  rows; word 4 t + 2 r + k is row 2p + r's for elements 16c + 8k .. 16c + 8k + 7 (byte b: element 16c + 8k + b in
+  the low nibble, 16c + 8k + 4 + b in the high one, so x word 4c + 2k pairs with the low nibbles, 4c + 2k + 1
+  with the high ones). A thread's 4 words are one 128-bit load, its 4 x words another (threads 2c and 2c + 1 the
+  same address); its sub-block is s = c // 2.
+- header: q4t_relaid's (words 0-3 d | dmin << 16 of rows 0-3; words 4 + s byte r: sc[s] of row r with mn[s]'s
+  bits 4-5 on top; words 12 + s // 2 byte r: mn[s]'s bits 0-3 in nibble s % 2): a thread loads its 2 rows' d |
+  dmin as one 64-bit load and 2 words of scales.
+The step (MODE 1): per thread and row sc * (4 chained dp4a) and mn * sums[s] in integers (the min term in the
+first of a sub-block's 2 threads, xs 0 in the other), d dx isum - dmin dx msum into an accumulator [32, 2],
+summed over the 16 threads of each row pair at the end: q4_k's integer sums, another float order (within the
+float bound, not the bytes step's bits). MODE 0 (the twin): the same loads, an integer add of every word, one
+float multiply. Grid, split and fold as matmul.igemv's default tile (4/1/4/e; matmul.step_groups' groups a step).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sparkd.engine.kernels import act_quant, matmul, q4_k_tiled
+from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
+
+import q4t_relaid  # (bench/: its header order)
+
+MODES = ("pair-loadonly", "pair")
+
+
+def pack_raw(raw: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Raw GGUF Q4_K blocks of W [rows, cols] -> the pair bytes (uint8, the same count, the same device)."""
+    blocks = q4_k_tiled.TILES.blocks(raw, shape).long()  # [tiles, G, 4, 144]
+    tiles, groups = blocks.shape[:2]
+    q = blocks[..., 16:].reshape(tiles, groups, 4, 4, 32)  # chunk j, byte i: elements 64j + i, 64j + 32 + i
+    nib = torch.stack([q & 15, q >> 4], 4).reshape(tiles, groups, 4, 256)  # element order
+    nib = nib.reshape(tiles, groups, 2, 2, 16, 2, 2, 4)  # [.., p, r, c, k, half, b]: element 16c + 8k + 4 half + b
+    qs = (nib[..., 0, :] | (nib[..., 1, :] << 4)).permute(0, 1, 4, 2, 3, 5, 6)  # [.., c, p, r, k, b]
+    head = q4t_relaid.pack_raw(raw, shape).reshape(tiles, -1)[:, groups * 512:]
+    return torch.cat([qs.reshape(tiles, -1).to(torch.uint8), head], 1).reshape(-1)
+
+
+@triton.jit
+def _f16(bits):
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _col(v, i):
+    """Column i of a thread's own [32, n] values as [32, 1] (a register pick, no data moves between threads)."""
+    return tl.sum(tl.where(tl.arange(0, v.shape[1])[None, :] == i, v, 0), 1, keep_dims=True)
+
+
+@triton.jit
+def _row_isum(a, b, x0, x1, x2, x3, EMU: tl.constexpr):
+    """The dp4a sum of a row's 2 qs words (a: elements 16c..16c+7, b: 16c+8..16c+15) with the thread's 4 x words."""
+    m = 0x0F0F0F0F
+    return dp4a_add((b >> 4) & m, x3, dp4a_add(b & m, x2, dp4a_add((a >> 4) & m, x1, dp4a(a & m, x0, EMU), EMU),
+                                                 EMU), EMU)
+
+
+@triton.jit
+def _group(base, xw_ptr, xd_ptr, xs_ptr, g, G, ok, acc, MODE: tl.constexpr, EMU: tl.constexpr):
+    """Group g of the program's tile (base: its first int32 word) added into acc [32, 2] (thread t, row 2 (t % 2) + r)."""
+    t = tl.arange(0, 32)[:, None]
+    w = tl.arange(0, 4)[None, :]
+    r = tl.arange(0, 2)[None, :]
+    c = t // 2
+    s = c // 2
+    q = tl.load(base + g * 128 + 4 * t + w, mask=ok, other=0)  # [32, 4]: words (r, k) = 2r + k
+    x = tl.load(xw_ptr + g * 64 + 4 * c + w)  # [32, 4]: x words 4c .. 4c + 3
+    hb = base + G * 128 + g * 16
+    hd = tl.load(hb + 2 * (t % 2) + r, mask=ok, other=0)  # [32, 2]: the thread's 2 rows' d | dmin << 16
+    scw = tl.load(hb + 4 + s, mask=ok, other=0)  # [32, 1]
+    mnw = tl.load(hb + 12 + s // 2, mask=ok, other=0)
+    xs = tl.load(xs_ptr + g * 8 + s, mask=(c % 2 == 0) | (MODE == 0), other=0)  # [32, 1]
+    dx = tl.load(xd_ptr + g)
+    if MODE == 0:
+        tw = tl.sum(q + x, 1, keep_dims=True) + hd + scw + mnw + xs
+        return acc + tw.to(tl.float32) * dx
+    x0, x1, x2, x3 = _col(x, 0), _col(x, 1), _col(x, 2), _col(x, 3)
+    i0 = _row_isum(_col(q, 0), _col(q, 1), x0, x1, x2, x3, EMU)
+    i1 = _row_isum(_col(q, 2), _col(q, 3), x0, x1, x2, x3, EMU)
+    sh = 8 * (2 * (t % 2) + r)  # [32, 2]: the row's byte in the scale words
+    sc = (scw >> sh) & 63
+    mn = ((mnw >> (sh + 4 * (s % 2))) & 15) | (((scw >> sh) >> 2) & 48)
+    isum = sc * tl.where(r == 0, i0, i1)
+    msum = mn * xs  # (xs is 0 in the second thread of a sub-block: the min term once)
+    d = _f16(hd & 0xFFFF) * dx
+    dmin = _f16(hd >> 16) * dx
+    # (a group past the range loads zeros: d = dmin = 0, so it adds 0)
+    return acc + d * isum.to(tl.float32) - dmin * msum.to(tl.float32)
+
+
+@triton.jit
+def _kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, G, MODE: tl.constexpr,
+            UNROLL: tl.constexpr, SPLIT: tl.constexpr, KFOLD: tl.constexpr, EMU: tl.constexpr):
+    tile = tl.program_id(0)
+    rows = tile * 4 + tl.arange(0, 4)
+    rmask = rows < N
+    per = tl.cdiv(G, SPLIT)
+    start = tl.program_id(1) * per
+    end = tl.minimum(start + per, G)
+    base = w_ptr.to(tl.pointer_type(tl.int32)) + tile.to(tl.int64) * (G * 144)
+    acc = tl.zeros((32, 2), tl.float32)
+    for g0 in range(start, end, UNROLL):
+        for u in tl.static_range(UNROLL):
+            g = g0 + u
+            ok = tl.zeros((1, 1), tl.int32) + g < end  # past the end: a valid group read, masked out
+            acc = _group(base, xw_ptr, xd_ptr, xs_ptr, tl.minimum(g, end - 1), G, ok, acc, MODE, EMU)
+    out = tl.reshape(tl.sum(tl.reshape(acc, (16, 2, 2)), 0), (4,))  # row 2p + r
+    matmul.finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, out, N, SPLIT, False, KFOLD)
+
+
+def gemv(mode: str, data: torch.Tensor, rows: int, cols: int, qx: act_quant.QuantX, y: torch.Tensor,
+         unroll: int | None = None):
+    """Launch MODES' mode on pair bytes data (pack_raw) and pre-quantized x into y (float32 [rows]) with the
+    default tile's split and groups a step (or unroll); returns Triton's compiled kernel."""
+    cfg = matmul.GEMV_TILES["Q4_K_TILED"]
+    groups = cols // 256
+    split = matmul.split_for(cfg, rows, groups, y.device)
+    in_kernel = matmul.kernel_folds(cfg, split)
+    part = matmul.partials_for(y, split, cfg)
+    tiles = rows // 4
+    k = _kernel[(tiles, split)](
+        data, qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), rows, groups,
+        MODE=MODES.index(mode), UNROLL=unroll or matmul.step_groups(cfg, split), SPLIT=split, KFOLD=in_kernel,
+        EMU=not y.is_cuda, num_warps=1)
+    if not in_kernel:
+        matmul.fold_partials(part, y)
+    return k
