@@ -31,7 +31,7 @@ from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
 
 import q4t_relaid  # (bench/: its header order)
 
-MODES = ("pair-loadonly", "pair")
+MODES = ("pair-loadonly", "pair", "pairx")
 
 
 def pack_raw(raw: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
@@ -63,6 +63,46 @@ def _row_isum(a, b, x0, x1, x2, x3, EMU: tl.constexpr):
     m = 0x0F0F0F0F
     return dp4a_add((b >> 4) & m, x3, dp4a_add(b & m, x2, dp4a_add((a >> 4) & m, x1, dp4a(a & m, x0, EMU), EMU),
                                                  EMU), EMU)
+
+
+@triton.jit
+def _partner(v, EMU: tl.constexpr):
+    """v [32, 1] of thread t ^ 2 (the other thread of the sub-block and row pair): a butterfly shuffle; the
+    interpreter (EMU) flips the tensor's thread dimension (t = 4 s + 2 e + p: e flipped)."""
+    if EMU:
+        return tl.reshape(tl.flip(tl.reshape(v, (8, 2, 2)), 1), (32, 1))
+    return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 2, 31, -1;", "=r,r", [v], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _group_x(base, xw_ptr, xd_ptr, xs_ptr, g, G, ok, acc, EMU: tl.constexpr):
+    """"pairx": _group's integer sums, then the 2 threads of a sub-block and row pair (e = c % 2) trade one
+    row's sum (one shuffle) so that thread e makes the per-row values (d, dmin times dx, sc, mn) of row 2p + e
+    only; acc [32, 1]."""
+    t = tl.arange(0, 32)[:, None]
+    w = tl.arange(0, 4)[None, :]
+    c = t // 2
+    s = c // 2
+    e = c % 2
+    q = tl.load(base + g * 128 + 4 * t + w, mask=ok, other=0)  # [32, 4]: words (r, k) = 2r + k
+    x = tl.load(xw_ptr + g * 64 + 4 * c + w)  # [32, 4]: x words 4c .. 4c + 3
+    hb = base + G * 128 + g * 16
+    sh = 8 * (2 * (t % 2) + e)  # [32, 1]: the thread's row 2p + e
+    hd = tl.load(hb + sh // 8, mask=ok, other=0)
+    scw = tl.load(hb + 4 + s, mask=ok, other=0)
+    mnw = tl.load(hb + 12 + s // 2, mask=ok, other=0)
+    xs = tl.load(xs_ptr + g * 8 + s)  # [32, 1]
+    dx = tl.load(xd_ptr + g)
+    x0, x1, x2, x3 = _col(x, 0), _col(x, 1), _col(x, 2), _col(x, 3)
+    i0 = _row_isum(_col(q, 0), _col(q, 1), x0, x1, x2, x3, EMU)
+    i1 = _row_isum(_col(q, 2), _col(q, 3), x0, x1, x2, x3, EMU)
+    isum = tl.where(e == 0, i0, i1) + _partner(tl.where(e == 0, i1, i0), EMU)
+    sc = (scw >> sh) & 63
+    mn = ((mnw >> (sh + 4 * (s % 2))) & 15) | (((scw >> sh) >> 2) & 48)
+    d = _f16(hd & 0xFFFF) * dx
+    dmin = _f16(hd >> 16) * dx
+    return acc + d * (sc * isum).to(tl.float32) - dmin * (mn * xs).to(tl.float32)
 
 
 @triton.jit
@@ -108,13 +148,19 @@ def _kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, G, M
     start = tl.program_id(1) * per
     end = tl.minimum(start + per, G)
     base = w_ptr.to(tl.pointer_type(tl.int32)) + tile.to(tl.int64) * (G * 144)
-    acc = tl.zeros((32, 2), tl.float32)
+    acc = tl.zeros((32, 1 if MODE == 2 else 2), tl.float32)
     for g0 in range(start, end, UNROLL):
         for u in tl.static_range(UNROLL):
             g = g0 + u
             ok = tl.zeros((1, 1), tl.int32) + g < end  # past the end: a valid group read, masked out
-            acc = _group(base, xw_ptr, xd_ptr, xs_ptr, tl.minimum(g, end - 1), G, ok, acc, MODE, EMU)
-    out = tl.reshape(tl.sum(tl.reshape(acc, (16, 2, 2)), 0), (4,))  # row 2p + r
+            if MODE == 2:
+                acc = _group_x(base, xw_ptr, xd_ptr, xs_ptr, tl.minimum(g, end - 1), G, ok, acc, EMU)
+            else:
+                acc = _group(base, xw_ptr, xd_ptr, xs_ptr, tl.minimum(g, end - 1), G, ok, acc, MODE, EMU)
+    if MODE == 2:  # thread t = 4s + 2e + p holds row 2p + e
+        out = tl.reshape(tl.permute(tl.sum(tl.reshape(acc, (8, 2, 2)), 0), (1, 0)), (4,))
+    else:  # thread t = 2c + p holds rows 2p, 2p + 1
+        out = tl.reshape(tl.sum(tl.reshape(acc, (16, 2, 2)), 0), (4,))
     matmul.finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, out, N, SPLIT, False, KFOLD)
 
 

@@ -21,9 +21,10 @@ from sparkd.engine.kernels import act_quant, matmul
 pair = load_bench_script("q4t_pair.py")  # (imports bench/q4t_relaid: PYTHONPATH has bench/)
 
 
+@pytest.mark.parametrize("mode", ["pair", "pairx"])
 @pytest.mark.parametrize("cols", [768, 2048], ids=["split-1-masked", "split-2"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_the_pair_step_gives_the_gguf_values(backend, cols):
+def test_the_pair_steps_give_the_gguf_values(backend, cols, mode):
     rows = 8
     raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
     data = pair.pack_raw(raw, (rows, cols))
@@ -33,7 +34,7 @@ def test_the_pair_step_gives_the_gguf_values(backend, cols):
     split = matmul.split_for(matmul.GEMV_TILES["Q4_K_TILED"], rows, cols // 256, backend)
     assert split == (1 if cols == 768 else 2)
     y = torch.full((rows,), float("nan"), device=backend)
-    pair.gemv("pair", data, rows, cols, qx, y)
+    pair.gemv(mode, data, rows, cols, qx, y)
     W, xr = reference(raw, T.Q4_K, (rows, cols)), act_in(T.Q4_K, x.cpu())
     assert rel_err(y.cpu(), W @ xr, W.abs() @ xr.abs()) < BOUNDS["fp32"]
 
