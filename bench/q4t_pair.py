@@ -26,53 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
-from sparkd.engine.kernels import act_quant, matmul, q4_k_tiled
-from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
-
-import q4t_relaid  # (bench/: its header order)
+from sparkd.engine.kernels import act_quant, matmul, q4_k_pair, q4_k_tiled
+from sparkd.engine.kernels.q4_k_pair import _col, _f16, _partner, _row_isum
 
 MODES = ("pair-loadonly", "pair", "pairx")
 
 
 def pack_raw(raw: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """Raw GGUF Q4_K blocks of W [rows, cols] -> the pair bytes (uint8, the same count, the same device)."""
-    blocks = q4_k_tiled.TILES.blocks(raw, shape).long()  # [tiles, G, 4, 144]
-    tiles, groups = blocks.shape[:2]
-    q = blocks[..., 16:].reshape(tiles, groups, 4, 4, 32)  # chunk j, byte i: elements 64j + i, 64j + 32 + i
-    nib = torch.stack([q & 15, q >> 4], 4).reshape(tiles, groups, 4, 256)  # element order
-    nib = nib.reshape(tiles, groups, 2, 2, 16, 2, 2, 4)  # [.., p, r, c, k, half, b]: element 16c + 8k + 4 half + b
-    qs = (nib[..., 0, :] | (nib[..., 1, :] << 4)).permute(0, 1, 4, 2, 3, 5, 6)  # [.., c, p, r, k, b]
-    head = q4t_relaid.pack_raw(raw, shape).reshape(tiles, -1)[:, groups * 512:]
-    return torch.cat([qs.reshape(tiles, -1).to(torch.uint8), head], 1).reshape(-1)
-
-
-@triton.jit
-def _f16(bits):
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _col(v, i):
-    """Column i of a thread's own [32, n] values as [32, 1] (a register pick, no data moves between threads)."""
-    return tl.sum(tl.where(tl.arange(0, v.shape[1])[None, :] == i, v, 0), 1, keep_dims=True)
-
-
-@triton.jit
-def _row_isum(a, b, x0, x1, x2, x3, EMU: tl.constexpr):
-    """The dp4a sum of a row's 2 qs words (a: elements 16c..16c+7, b: 16c+8..16c+15) with the thread's 4 x words."""
-    m = 0x0F0F0F0F
-    return dp4a_add((b >> 4) & m, x3, dp4a_add(b & m, x2, dp4a_add((a >> 4) & m, x1, dp4a(a & m, x0, EMU), EMU),
-                                                 EMU), EMU)
-
-
-@triton.jit
-def _partner(v, EMU: tl.constexpr):
-    """v [32, 1] of thread t ^ 2 (the other thread of the sub-block and row pair): a butterfly shuffle; the
-    interpreter (EMU) flips the tensor's thread dimension (t = 4 s + 2 e + p: e flipped)."""
-    if EMU:
-        return tl.reshape(tl.flip(tl.reshape(v, (8, 2, 2)), 1), (32, 1))
-    return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 2, 31, -1;", "=r,r", [v], dtype=tl.int32,
-                                     is_pure=True, pack=1)
+    """Raw GGUF Q4_K blocks of W [rows, cols] -> the pair bytes (uint8, the same count, the same device): since
+    q4k19's engine path, kernels/q4_k_pair.py's pack_blocks."""
+    return q4_k_pair.pack_blocks(q4_k_tiled.TILES.blocks(raw, shape))
 
 
 @triton.jit
