@@ -21,6 +21,8 @@ Session 7 (q4k12): the default is "bytes", idot_vec's loads and arithmetic on th
 (the 6-bit scales and mins regrouped at repack by qs chunk, so a thread takes its chunk's four out with
 one shift per word: 418 -> 354 loop instructions per 4 groups, the same bits; H200 head 0.75 -> 0.83,
 14336x4096 0.61 -> 0.67). pack_raw makes the header order of the step the engine runs (LOADS).
+Session 8 (q4k19): "pairx" (kernels/q4_k_pair.py) has its own qs and header order (2 rows a thread, x loaded
+twice instead of 4 times; one row's float work a thread after a shuffle); opt-in, not yet the default.
 """
 
 from __future__ import annotations
