@@ -79,21 +79,20 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     the one-warp 4-row elementwise tile only (the tile is program 0's row tile; rmask: the group is in range)."""
     tl.static_assert(EW and rmask.shape[0] == 4, "the pairx step runs on the 4-row elementwise tile only")
     base = (w_ptr + tl.program_id(0).to(tl.int64) * (K // 256 * 576)).to(tl.pointer_type(tl.int32))
-    ok = tl.zeros((1, 1), tl.int32) + tl.max(rmask.to(tl.int32), 0) > 0  # (whole tiles: every row in range or none)
     t = tl.arange(0, 32)[:, None]
     w = tl.arange(0, 4)[None, :]
     c = t // 2
     s = c // 2
     e = c % 2
-    q = tl.load(base + g * 128 + 4 * t + w, mask=ok, other=0)  # [32, 4]: words (r, k) = 2r + k
+    q = tl.load(base + g * 128 + 4 * t + w)  # [32, 4]: words (r, k) = 2r + k
     x = tl.load(xw_ptr + g * 64 + 4 * c + w)  # [32, 4]: x words 4c .. 4c + 3
     hb = base + K // 256 * 128 + g * 16
     sh = 8 * (2 * (t % 2) + e)  # [32, 1]: the thread's row 2p + e, its byte in the scale words
-    hd = tl.load(hb + sh // 8, mask=ok, other=0)
-    scw = tl.load(hb + 4 + s, mask=ok, other=0)
-    mnw = tl.load(hb + 12 + s // 2, mask=ok, other=0)
+    hd = tl.load(hb + sh // 8)
+    scw = tl.load(hb + 4 + s)
+    mnw = tl.load(hb + 12 + s // 2)
     xs = tl.load(xs_ptr + g * 8 + s)
-    dx = tl.load(xd_ptr + g)
+    dx = tl.where(tl.max(rmask.to(tl.int32), 0) > 0, tl.load(xd_ptr + g), 0.0)  # 0 past the range (whole tiles)
     x0, x1, x2, x3 = _col(x, 0), _col(x, 1), _col(x, 2), _col(x, 3)
     i0 = _row_isum(_col(q, 0), _col(q, 1), x0, x1, x2, x3, EMU)
     i1 = _row_isum(_col(q, 2), _col(q, 3), x0, x1, x2, x3, EMU)
