@@ -4,7 +4,9 @@ the triton wheel carries ptxas), to see what bounds a kernel before spending dev
 Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P,Q4T] [--stages 0,3] [--tiles 16/4/2/e,...]
 (Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed; Q4T: Q4_K in the tiled one, q4_k_tiled;
 Q6T: Q6_K in its tiled one, q6_k_tiled; Q4TL: Q4T's load-only twin, bench/q4t_twins.py; Q4TB: the bytes step;
-Q4TC, Q4TS: bench/q4t_compact.py's per-group and per-step compact-load steps)
+Q4TC, Q4TS: bench/q4t_compact.py's per-group and per-step compact-load steps; q4k19: Q4TR, Q4TRL: bench/q4t_relaid.py's
+step and twin, Q4TP, Q4TPL, Q4TPX: bench/q4t_pair.py's (pair, its twin, pairx),
+Q4TX: q4_k_tiled's pairx step in matmul's kernel, their own kernels, compiled at the tile's unroll)
 
 For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
 ceiling is that times 4 warp instructions/clock/SM), and the counts that matter (loads, dp4a,
@@ -31,13 +33,20 @@ from triton.tools.disasm import get_sass
 
 from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed
 import q4t_compact  # (bench/, the script's own folder)
+import q4t_pair
+import q4t_relaid
 import q4t_twins
 
 LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY,  # --types names of the repacked layouts
            "Q6T": q6_k_tiled.FAMILY, "Q4TL": q4t_twins.TWINS["loadonly"],
            "Q4TB": q4_k_tiled.FAMILIES["bytes"],  # q4k17: q4t_compact's per-group step, Q4TS its per-step kernel
            "Q4TC": dataclasses.replace(q4_k_tiled.FAMILIES["bytes"], idot=q4t_compact.idot_compact),
-           "Q4TS": q4_k_tiled.FAMILIES["bytes"]}
+           "Q4TS": q4_k_tiled.FAMILIES["bytes"], "Q4TX": q4_k_tiled.FAMILIES["pairx"]}  # q4k19: the engine's pairx
+# q4k19: kernels of their own (4 rows, one warp), by --types name: (kernel, MODE)
+OWN = {"Q4TR": (q4t_relaid._kernel, 1), "Q4TRL": (q4t_relaid._kernel, 0), "Q4TP": (q4t_pair._kernel, 1),
+       "Q4TPL": (q4t_pair._kernel, 0), "Q4TPX": (q4t_pair._kernel, 2)}
+OWN_SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
+                 "part_ptr": "*fp32", "tickets_ptr": "*i32", "N": "i32", "G": "i32"}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
@@ -57,6 +66,17 @@ def compiled(fam: dispatch.Family, cfg: matmul.GemvConfig, steps: bool = False):
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
     return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
+
+
+def compiled_own(name: str, cfg: matmul.GemvConfig):
+    """OWN's kernel name at cfg's unroll, split 1 (one warp, the 4-row tile)."""
+    kern, mode = OWN[name]
+    consts = dict(MODE=mode, UNROLL=cfg.unroll, SPLIT=1, KFOLD=True, EMU=False)
+    sig = dict(OWN_SIGNATURE, **{k: "constexpr" for k in consts})
+    src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
+                    attrs={(list(OWN_SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED
+                           if n in OWN_SIGNATURE})
+    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
 
 
 def cubin(fam: dispatch.Family, cfg: matmul.GemvConfig) -> bytes:
@@ -101,9 +121,9 @@ def main() -> None:
     args = ap.parse_args()
     tiles = TILES if args.tiles is None else [parse_tile(t) for t in args.tiles.split(",")]
     for name in args.types.split(","):
-        fam = LAYOUTS[name] if name in LAYOUTS else dispatch.FAMILIES[GGMLQuantizationType[name]]
+        fam = None if name in OWN else LAYOUTS[name] if name in LAYOUTS else dispatch.FAMILIES[GGMLQuantizationType[name]]
         for cfg in (dataclasses.replace(t, stages=int(n)) for t in tiles for n in args.stages.split(",")):
-            kernel = compiled(fam, cfg, steps=name == "Q4TS")
+            kernel = compiled_own(name, cfg) if fam is None else compiled(fam, cfg, steps=name == "Q4TS")
             binary = kernel.asm["cubin"]
             ops = loop_ops(get_sass(binary))
             values = cfg.block_n * 256 * cfg.unroll

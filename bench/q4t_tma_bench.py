@@ -3,14 +3,14 @@ next to the bytes step, its pointer load-only twin (bench/q4t_twins.py) and a sa
 before the timed calls; and every kernel's registers, spills, shared memory and resident programs per SM
 (the driver's occupancy for a one-warp program), the pipelined (cp.async) rows of q4k15 included.
 
-Usage: PYTHONPATH=.:bench python bench/q4t_tma_bench.py [--shapes RxC,...] [--rows A,B] [--q4k17] [--q4k18]
+Usage: PYTHONPATH=.:bench python bench/q4t_tma_bench.py [--shapes RxC,...] [--rows A,B] [--q4k17] [--q4k18] [--q4k19]
 [--compile-workers N]
 [--json F]
 Rows: "bytes" (the engine's step, default tile: since q4k17 2 groups a step at split 1, GemvConfig.whole_unroll;
 "/uU" U groups a step at every split), "loadonly" (its twin), "loadonly/s3" and "bytes/s3" (the group
 loop pipelined by Triton, 3 stages: q4k15's rows), "ptr/sS", "tma/sS", "tmax/sS" (q4t_tma's kernel, S: its
 loop's num_stages, 0 Triton's default); "relaid-loadonly", "relaid" (q4k18: bench/q4t_relaid.py's twin and
-step). Timed as gemv_tiles_bench times (one CUDA graph over weights rotated past the L2, median of 15); frac: over the 2 GiB copy's bandwidth; frac_same: over the same-bytes copy's.
+step); "pair-loadonly", "pair", "pairx" (q4k19: bench/q4t_pair.py's twin and steps). Timed as gemv_tiles_bench times (one CUDA graph over weights rotated past the L2, median of 15); frac: over the 2 GiB copy's bandwidth; frac_same: over the same-bytes copy's.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import multiprocessing as mp
 import gemv_tiles_bench as gtb
 import kernels_bench as kb
 import q4t_compact
+import q4t_pair
 import q4t_relaid
 import q4t_tma
 import q4t_twins
@@ -43,7 +44,12 @@ Q4K17_ROWS = ["bytes", "bytes/u2", "compact", "step", "step/u2", "step/r64", "lo
 # session 8 (q4k18): the re-laid tile (bench/q4t_relaid.py), its twin and its step, /uU groups a step
 Q4K18_ROWS = ["bytes", "loadonly", "ptr/s0", "relaid-loadonly", "relaid-loadonly/u4", "relaid", "relaid/u4",
               "relaid/u2"]
+# session 8 (q4k19): 2 rows a thread (bench/q4t_pair.py), its twin, its step and pairx (one row's float work a
+# thread after a shuffle)
+Q4K19_ROWS = ["bytes", "loadonly", "ptr/s0", "pair-loadonly", "pair", "pair/u4", "pair/u2", "pairx", "pairx/u4",
+              "pairx/u2"]
 RELAID: dict[int, torch.Tensor] = {}  # the relaid bytes of each tiled tensor, by its data_ptr
+PAIR: dict[int, torch.Tensor] = {}  # the pair bytes, the same way
 
 
 def _launch(label: str, t, qx, y, cfg):
@@ -54,6 +60,8 @@ def _launch(label: str, t, qx, y, cfg):
     stages = opt.get("s", 0)
     if name in q4t_tma.LOADS:
         return q4t_tma.gemv(name, t.data, t.rows, t.cols, qx, y, stages)
+    if name in q4t_pair.MODES:
+        return q4t_pair.gemv(name, PAIR[t.data.data_ptr()], t.rows, t.cols, qx, y, opt.get("u"))
     if name in q4t_relaid.MODES:
         return q4t_relaid.gemv(name, RELAID[t.data.data_ptr()], t.rows, t.cols, qx, y, opt.get("u"))
     c = dataclasses.replace(cfg, stages=stages)
@@ -105,6 +113,10 @@ def tensors(rows: int, cols: int, rotate: bool = True):
         RELAID.clear()
         for i, t in enumerate(ts):
             RELAID[t.data.data_ptr()] = q4t_relaid.pack_raw(buf[i * nbytes:(i + 1) * nbytes], (rows, cols))
+    if any(r.split("/")[0] in q4t_pair.MODES for r in ROWS):
+        PAIR.clear()
+        for i, t in enumerate(ts):
+            PAIR[t.data.data_ptr()] = q4t_pair.pack_raw(buf[i * nbytes:(i + 1) * nbytes], (rows, cols))
     x = torch.randn(cols, device="cuda")
     return nbytes, ts, act_quant.quantize(x[None], act_quant.Q8_K)
 
@@ -155,9 +167,9 @@ def shape_rows(rows: int, cols: int, copy_bw: float) -> list[dict]:
                 if k.split("/")[0] in ("bytes", "compact", "step") and k != "bytes"}
         print(f"{rows}x{cols} bits == bytes: {same}", flush=True)
         b = ys["bytes"].double()
-        err = {k: float((v.double() - b).norm() / b.norm()) for k, v in ys.items() if k.split("/")[0] == "relaid"}
+        err = {k: float((v.double() - b).norm() / b.norm()) for k, v in ys.items() if k.split("/")[0] in ("relaid", "pair", "pairx")}
         if err:
-            print(f"{rows}x{cols} relaid's ||y - bytes' y|| / ||bytes' y||: {err}", flush=True)
+            print(f"{rows}x{cols} relaid/pair's ||y - bytes' y|| / ||bytes' y||: {err}", flush=True)
     torch.cuda.empty_cache()
     return out
 
@@ -169,12 +181,13 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--q4k17", action="store_true", help="session 8 q4k17's shapes and rows")
     ap.add_argument("--q4k18", action="store_true", help="session 8 q4k18's rows at q4k17's shapes")
+    ap.add_argument("--q4k19", action="store_true", help="session 8 q4k19's rows at q4k17's shapes")
     ap.add_argument("--compile-workers", type=int, default=0)
     ap.add_argument("--json")
     args = ap.parse_args()
-    q4k1x = args.q4k17 or args.q4k18
+    q4k1x = args.q4k17 or args.q4k18 or args.q4k19
     shapes = [tuple(map(int, s.split("x"))) for s in (Q4K17_SHAPES if q4k1x else args.shapes).split(",")]
-    ROWS = Q4K18_ROWS if args.q4k18 else Q4K17_ROWS if args.q4k17 else args.rows.split(",")
+    ROWS = Q4K19_ROWS if args.q4k19 else Q4K18_ROWS if args.q4k18 else Q4K17_ROWS if args.q4k17 else args.rows.split(",")
     if args.compile_workers:
         jobs = [(r, c, label) for r, c in shapes for label in ROWS]
         with cf.ProcessPoolExecutor(args.compile_workers, mp_context=mp.get_context("spawn")) as ex:

@@ -53,6 +53,8 @@ def test_tiled_gives_the_gguf_bits(backend, loads, config):
     interpreter: always; the GPU: same_bits_on_cuda), else within the float bound."""
     if loads.startswith("vector") and not config.elementwise:
         pytest.skip("the rows tile runs q4_k's step whatever the vector loads")
+    if loads == "pairx" and (config.block_n, config.num_warps, config.elementwise) != (4, 1, True):
+        pytest.skip("pairx runs on the 4-row one-warp elementwise tile only (test_pairx_refuses_other_tiles)")
     rows, cols = (4100, 4096) if backend == "cuda" else (12, 768)  # whole tiles, not whole program tiles
     raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
     x = torch.randn(cols, device=backend)
@@ -62,6 +64,8 @@ def test_tiled_gives_the_gguf_bits(backend, loads, config):
     got = q4_k_tiled.gemv(tiled, x, config=config, loads=loads)
     W, xr = reference(raw, T.Q4_K, (rows, cols)), act_in(T.Q4_K, x.cpu())
     assert rel_err(got, W @ xr, W.abs() @ xr.abs()) < BOUNDS["fp32"]
+    if loads == "pairx":
+        return  # q4_k's integer sums, another float order (per thread and row, then over the tile's threads)
     if loads == "bytes" and not config.elementwise:
         return  # bytes' rows tile sums the elementwise tile per group: q4_k's rows step adds in another order
     if backend == "cpu" or same_bits_on_cuda(loads, config):
@@ -122,7 +126,7 @@ def test_the_default_loads_are_the_bytes_step():
 def test_unknown_loads_is_a_clear_error():
     w = q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256))
     with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'wide' is "
-                                                           r"not one of \['bytes', 'scalar', 'vector'\]"):
+                                                           r"not one of \['bytes', 'pairx', 'scalar', 'vector'\]"):
         q4_k_tiled.gemv(w, torch.zeros(256), loads="wide")
 
 
@@ -144,7 +148,7 @@ def test_tiled_layout_is_tiles_of_qs_then_headers():
 def test_a_tensor_packed_for_another_step_is_refused():
     """The bytes steps read another header order: a tensor packed for the GGUF one is refused, and back."""
     raw = random_blocks(T.Q4_K, 4)
-    for packed_for, loads in (("vector", "bytes"), ("bytes", "vector")):
+    for packed_for, loads in (("vector", "bytes"), ("bytes", "vector"), ("bytes", "pairx"), ("pairx", "bytes")):
         w = q4_k_tiled.pack(raw, (4, 256), loads=packed_for)
         with pytest.raises(dispatch.KernelArgumentError,
                            match=rf"could not run the Q4_K_TILED GEMV: loads '{loads}' reads the \w+ header order, "
@@ -152,17 +156,28 @@ def test_a_tensor_packed_for_another_step_is_refused():
             q4_k_tiled.gemv(w, torch.zeros(256), loads=loads)
 
 
+def test_pairx_refuses_other_tiles():
+    """The pairx step is written for one warp on one 4-row tile: any other tile is a clear error, nothing run."""
+    w = q4_k_tiled.pack(random_blocks(T.Q4_K, 8), (8, 256), loads="pairx")
+    out = torch.full((8,), 7.0)
+    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'pairx' runs "
+                                                           r"on the 4-row one-warp elementwise tile only, not 8 rows"):
+        q4_k_tiled.gemv(w, torch.zeros(256), out=out, config=GemvConfig(block_n=8, num_warps=2), loads="pairx")
+    assert torch.equal(out, torch.full((8,), 7.0))
+
+
+@pytest.mark.parametrize("loads", ["bytes", "pairx"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_bytes_layout_gemm_gives_the_gguf_bits(backend, monkeypatch):
-    """The GEMM's dequant on the bytes layout (what prefill runs when the bytes step is the default)."""
+def test_bytes_layout_gemm_gives_the_gguf_bits(backend, loads, monkeypatch):
+    """The GEMM's dequant on the bytes and pairx layouts (what prefill runs when that step is the default)."""
     from sparkd.engine.kernels.matmul import gemm
 
     rows, cols = (516, 2048) if backend == "cuda" else (8, 512)
     raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
     xs = torch.randn(3, cols, device=backend)
     want = gemm(raw, T.Q4_K, (rows, cols), xs, precision="ieee")
-    monkeypatch.setitem(dispatch.LAYOUTS, q4_k_tiled.TILED, q4_k_tiled.FAMILIES["bytes"])
-    got = gemm(q4_k_tiled.pack_raw(raw, (rows, cols), loads="bytes"), q4_k_tiled.TILED, (rows, cols), xs,
+    monkeypatch.setitem(dispatch.LAYOUTS, q4_k_tiled.TILED, q4_k_tiled.FAMILIES[loads])
+    got = gemm(q4_k_tiled.pack_raw(raw, (rows, cols), loads=loads), q4_k_tiled.TILED, (rows, cols), xs,
                precision="ieee")
     assert torch.equal(got, want)
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids
+from sparkd.engine.kernels import act_quant, dispatch, grids, q4_k_tiled
 from sparkd.engine.kernels.row_tiles import row_sums
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
@@ -83,7 +83,9 @@ WHOLE_UNROLL = switches.flag(WHOLE_UNROLL_ENV, True)
 GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
               "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
-              "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True,
+              # (q4k19: the pairx step 2 groups a step at every split, bench/results/q4k19_h200_s8.log)
+              "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=2 if q4_k_tiled.LOADS == "pairx" else 4,
+                                       elementwise=True,
                                        whole_unroll=2 if WHOLE_UNROLL else 0),
               "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),  # best of 5 (q6k_h200_s5)
               # session 6 (q6k9): one 8-row tile of kernels/q6_k_tiled.py per 1-warp program, a group per

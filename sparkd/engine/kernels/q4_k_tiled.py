@@ -21,6 +21,8 @@ Session 7 (q4k12): the default is "bytes", idot_vec's loads and arithmetic on th
 (the 6-bit scales and mins regrouped at repack by qs chunk, so a thread takes its chunk's four out with
 one shift per word: 418 -> 354 loop instructions per 4 groups, the same bits; H200 head 0.75 -> 0.83,
 14336x4096 0.61 -> 0.67). pack_raw makes the header order of the step the engine runs (LOADS).
+Session 8 (q4k19): "pairx" (kernels/q4_k_pair.py) has its own qs and header order (2 rows a thread, x loaded
+twice instead of 4 times; one row's float work a thread after a shuffle); opt-in, not yet the default.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import q4_k
+from sparkd.engine.kernels import q4_k, q4_k_pair
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a
 from sparkd.engine.kernels.family import Family, KernelArgumentError, LayoutType
 from sparkd.engine.kernels.row_tiles import RowTiles, Tiled, row_sums, word
@@ -51,6 +53,8 @@ def pack_raw(raw: torch.Tensor, shape: tuple[int, int], loads: str | None = None
     integer step `loads` (FAMILIES' key, default LOADS; "bytes" regroups the scale bytes,
     _bytes_scales), uint8, on the same device."""
     blocks = TILES.blocks(raw, shape)  # [tiles, G, R, 144]
+    if layout_of(loads) == "pairx":
+        return q4_k_pair.pack_blocks(blocks)
     tiles = blocks.shape[0]
     qs = blocks[..., 16:].reshape(tiles, -1)
     hdr = blocks[..., :16]
@@ -76,8 +80,9 @@ def pack(raw: torch.Tensor, shape: tuple[int, int], loads: str | None = None) ->
 
 
 def layout_of(loads: str | None) -> str:
-    """The byte order an integer step reads: "bytes" for the bytes step, else "" (the GGUF header)."""
-    return "bytes" if _checked_loads(loads) == "bytes" else ""
+    """The byte order an integer step reads: "bytes" and "pairx" their own, else "" (the GGUF header)."""
+    loads = _checked_loads(loads)
+    return loads if loads in ("bytes", "pairx") else ""
 
 
 def _checked_loads(loads: str | None) -> str:
@@ -251,6 +256,10 @@ FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_
                          row_tile=TILE_ROWS, isplit=4) for name, fn in (("scalar", idot), ("vector", idot_vec))}
 FAMILIES["bytes"] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=idot_bytes, act_fmt=Q8_K, iacc=(4, 8),
                            row_tile=TILE_ROWS, isplit=4)
+# session 8 (q4k19): "pairx", 2 rows a thread and one row's float work after a shuffle (kernels/q4_k_pair.py; its
+# own byte order; the default one-warp 4-row elementwise tile only, 2 groups a step: matmul.GEMV_TILES)
+FAMILIES["pairx"] = Family(TILED, 256, 144, 8, 32, q4_k_pair.dequant, align=4, idot=q4_k_pair.idot, act_fmt=Q8_K,
+                           iacc=(8, 1), row_tile=TILE_ROWS)
 LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "bytes")
 FAMILY = FAMILIES[LOADS]
 
@@ -269,6 +278,10 @@ def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None
         raise KernelArgumentError(f"could not run {what}: loads {loads!r} reads the {layout_of(loads) or 'GGUF'} "
                                   f"header order, the tensor has the {w.layout or 'GGUF'} one; pack it with "
                                   f"pack(raw, shape, loads={loads!r})")
+    if loads == "pairx" and config is not None and (config.block_n, config.num_warps, config.elementwise) != (4, 1, True):
+        raise KernelArgumentError(f"could not run {what}: loads 'pairx' runs on the 4-row one-warp elementwise tile "
+                                  f"only, not {config.block_n} rows on {config.num_warps} warps (elementwise "
+                                  f"{config.elementwise}); pass config=None")
     if loads == LOADS:
         return matmul.gemv(w.data, TILED, (w.rows, w.cols), x, out=out, config=config, qx=qx)
     fam = FAMILIES[loads]

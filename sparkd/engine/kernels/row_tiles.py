@@ -22,7 +22,7 @@ class Tiled:
     data: torch.Tensor
     rows: int
     cols: int
-    layout: str = ""  # which of a module's byte orders (q4_k_tiled: "bytes" or ""), checked by its gemv
+    layout: str = ""  # which of a module's byte orders (q4_k_tiled: "bytes", "pairx" or ""), checked by its gemv
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,128 @@
+"""The tiled Q4_K "pairx" byte order and integer step (session 8, q4k19; bench/q4t_pair.py's "pairx"):
+q4_k_tiled's 4-row tiles, the same 576 bytes per tile and group in the same places (qs of every group first,
+group g's 512 at g * 512, then the headers, group g's 64 at 512 G + 64 g), re-laid so that a one-warp program
+loads each x word twice instead of 4 times and a thread makes one row's float values per group:
+- qs: thread t = 2c + p (c = 0..15 along K, p the row pair: rows 2p, 2p+1) owns elements 16c..16c+15 of its 2
+  rows; word 4t + 2r + k is row 2p + r's for elements 16c + 8k .. + 7 (byte b: element 16c + 8k + b in the low
+  nibble, 16c + 8k + 4 + b in the high one). One 128-bit load of qs and one of x words 4c..4c+3 per thread.
+- header: words 0-3 d | dmin << 16 of rows 0-3; word 4 + s byte r: sc[s] of row r (6 bits) with mn[s]'s bits
+  4-5 on top; word 12 + s // 2 byte r: mn[s]'s bits 0-3 in nibble s % 2.
+The step: each thread's 2 rows' integer sums (dp4a), then the 2 threads of a sub-block and row pair (e = c % 2)
+trade one row's sum (one butterfly shuffle) so thread e keeps row 2p + e and makes its d, dmin (times x's scale),
+sc and mn alone. q4_k's integer sums; another float order (within the fp32 bound, not the bytes step's bits).
+H200 (bench/results/q4k19_h200_s8.log, its own kernel, 2 groups a step): 10.8 / 13.3 / 7.6 / 52.3 / 4.9 us (bytes)
+-> 10.4 / 11.4 / 6.9 / 44.1 / 4.4 at 14336x4096 / 4096x14336 / 6144x4096 / 151936x2048 / 4096x2048.
+The step runs only on the default one-warp 4-row elementwise tile (q4_k_tiled.gemv checks it).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
+
+
+def pack_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """GGUF Q4_K blocks as q4_k_tiled's tiles (uint8 [tiles, G, 4, 144]) -> the pairx bytes (uint8, flat)."""
+    b = blocks.long()
+    tiles, groups = b.shape[:2]
+    q = b[..., 16:].reshape(tiles, groups, 4, 4, 32)  # chunk j, byte i: elements 64j + i, 64j + 32 + i
+    nib = torch.stack([q & 15, q >> 4], 4).reshape(tiles, groups, 2, 2, 16, 2, 2, 4)  # [.., p, r, c, k, half, b]
+    qs = (nib[..., 0, :] | (nib[..., 1, :] << 4)).permute(0, 1, 4, 2, 3, 5, 6)  # [.., c, p, r, k, b]
+    hdr = b[..., :16]
+    a, m, c = hdr[..., 4:8], hdr[..., 8:12], hdr[..., 12:16]
+    sc = torch.cat([a & 63, (c & 0xF) | ((a >> 6) << 4)], -1)  # [tiles, G, row, 8] (q4_k.scale_min_words)
+    mn = torch.cat([m & 63, (c >> 4) | ((m >> 6) << 4)], -1)
+    scw = (sc | ((mn >> 4) << 6)).transpose(2, 3)  # [tiles, G, s, row]
+    lo = (mn & 15).transpose(2, 3).reshape(tiles, groups, 4, 2, 4)  # [.., s // 2, s % 2, row]
+    head = torch.cat([hdr[..., :4].reshape(tiles, groups, 16), scw.reshape(tiles, groups, 32),
+                      (lo[..., 0, :] | (lo[..., 1, :] << 4)).reshape(tiles, groups, 16)], -1)
+    return torch.cat([qs.reshape(tiles, -1), head.reshape(tiles, -1)], 1).to(torch.uint8).reshape(-1)
+
+
+@triton.jit
+def _f16(bits):
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _col(v, i):
+    """Column i of a thread's own [32, n] values as [32, 1] (a register pick, no data moves between threads)."""
+    return tl.sum(tl.where(tl.arange(0, v.shape[1])[None, :] == i, v, 0), 1, keep_dims=True)
+
+
+@triton.jit
+def _row_isum(a, b, x0, x1, x2, x3, EMU: tl.constexpr):
+    """The dp4a sum of a row's 2 qs words (a: elements 16c..16c+7, b: 16c+8..16c+15) with the thread's 4 x words."""
+    m = 0x0F0F0F0F
+    return dp4a_add((b >> 4) & m, x3, dp4a_add(b & m, x2, dp4a_add((a >> 4) & m, x1, dp4a(a & m, x0, EMU), EMU),
+                                                 EMU), EMU)
+
+
+@triton.jit
+def _partner(v, EMU: tl.constexpr):
+    """v [32, 1] of thread t ^ 2 (the other thread of the sub-block and row pair): a butterfly shuffle; the
+    interpreter (EMU) flips the tensor's thread dimension (t = 4s + 2e + p: e flipped)."""
+    if EMU:
+        out = tl.reshape(tl.flip(tl.reshape(v, (8, 2, 2)), 1), (32, 1))
+    else:
+        out = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 2, 31, -1;", "=r,r", [v], dtype=tl.int32,
+                                        is_pure=True, pack=1)
+    return out
+
+
+@triton.jit
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    """Group g of the program's 4-row tile added into acc [4, 8, 1] (row, sub-block): matmul's idot contract on
+    the one-warp 4-row elementwise tile only (the tile is program 0's row tile; rmask: the group is in range)."""
+    tl.static_assert(EW and rmask.shape[0] == 4, "the pairx step runs on the 4-row elementwise tile only")
+    base = (w_ptr + tl.program_id(0).to(tl.int64) * (K // 256 * 576)).to(tl.pointer_type(tl.int32))
+    t = tl.arange(0, 32)[:, None]
+    w = tl.arange(0, 4)[None, :]
+    c = t // 2
+    s = c // 2
+    e = c % 2
+    q = tl.load(base + g * 128 + 4 * t + w)  # [32, 4]: words (r, k) = 2r + k
+    x = tl.load(xw_ptr + g * 64 + 4 * c + w)  # [32, 4]: x words 4c .. 4c + 3
+    hb = base + K // 256 * 128 + g * 16
+    sh = 8 * (2 * (t % 2) + e)  # [32, 1]: the thread's row 2p + e, its byte in the scale words
+    hd = tl.load(hb + sh // 8)
+    scw = tl.load(hb + 4 + s)
+    mnw = tl.load(hb + 12 + s // 2)
+    xs = tl.load(xs_ptr + g * 8 + s)
+    dx = tl.where(tl.max(rmask.to(tl.int32), 0) > 0, tl.load(xd_ptr + g), 0.0)  # 0 past the range (whole tiles)
+    x0, x1, x2, x3 = _col(x, 0), _col(x, 1), _col(x, 2), _col(x, 3)
+    i0 = _row_isum(_col(q, 0), _col(q, 1), x0, x1, x2, x3, EMU)
+    i1 = _row_isum(_col(q, 2), _col(q, 3), x0, x1, x2, x3, EMU)
+    isum = tl.where(e == 0, i0, i1) + _partner(tl.where(e == 0, i1, i0), EMU)
+    sc = (scw >> sh) & 63
+    mn = ((mnw >> (sh + 4 * (s % 2))) & 15) | (((scw >> sh) >> 2) & 48)
+    d = _f16(hd & 0xFFFF) * dx
+    dmin = _f16(hd >> 16) * dx
+    part = d * (sc * isum).to(tl.float32) - dmin * (mn * xs).to(tl.float32)  # [32, 1]: t = 4s + 2e + p
+    return acc + tl.reshape(tl.permute(tl.reshape(part, (8, 2, 2)), (2, 1, 0)), (4, 8, 1))  # row 2p + e
+
+
+@triton.jit
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
+    """Group g of each row as floats [BN, 8, 32] (aux_ptr: int32 [1], the row width): q4_k.dequant's values."""
+    K = tl.load(aux_ptr.to(tl.pointer_type(tl.int32)))
+    row_bytes = K // 256 * 144
+    lane = (row_off // row_bytes) % 4  # [BN, 1, 1]: the row's place in its tile
+    tile = w_ptr + (row_off - lane * row_bytes)
+    s = tl.arange(0, 8)[None, :, None]
+    i = tl.arange(0, 32)[None, None, :]
+    el = 32 * s + i  # element of the group
+    word = 4 * (2 * (el // 16) + lane // 2) + 2 * (lane % 2) + (el // 8) % 2
+    q = tl.load(tile + g * 512 + 4 * word + el % 4, mask=smask, other=0).to(tl.int32)
+    q = (q >> (4 * ((el // 4) % 2))) & 0xF
+    hb = tile + K // 256 * 512 + g * 64
+    d = tl.load((hb + 4 * lane).to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    dmin = tl.load((hb + 4 * lane + 2).to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    scb = tl.load(hb + 16 + 4 * s + lane, mask=smask, other=0).to(tl.int32)
+    mnb = tl.load(hb + 48 + 4 * (s // 2) + lane, mask=smask, other=0).to(tl.int32)
+    sc = (scb & 63).to(tl.float32)
+    mn = (((mnb >> (4 * (s % 2))) & 15) | ((scb >> 6) << 4)).to(tl.float32)
+    return (d * sc) * q.to(tl.float32) - dmin * mn
