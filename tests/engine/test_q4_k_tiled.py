@@ -114,10 +114,10 @@ def test_bytes_scales_are_q4_k_scales(backend):
     assert int(out[:, 0].max()) == 63 and int(out[:, 0].min()) == 0
 
 
-def test_the_default_loads_are_the_bytes_step():
-    """FAMILY (what matmul.gemv runs on TILED) is the H200's pick (session 7: bytes), session 6's vector
-    step and q4_k's one switch away; pack_raw makes the layout FAMILY reads."""
-    assert q4_k_tiled.LOADS == os.environ.get(q4_k_tiled.LOADS_ENV, "bytes")
+def test_the_default_loads_are_the_pairx_step():
+    """FAMILY (what matmul.gemv runs on TILED) is the H200's pick (session 8: pairx), session 7's bytes
+    step, session 6's vector step and q4_k's one switch away; pack_raw makes the layout FAMILY reads."""
+    assert q4_k_tiled.LOADS == os.environ.get(q4_k_tiled.LOADS_ENV, "pairx")
     assert q4_k_tiled.FAMILY is q4_k_tiled.FAMILIES[q4_k_tiled.LOADS]
     assert q4_k_tiled.FAMILIES["scalar"].idot is q4_k_tiled.idot
     assert q4_k_tiled.pack(random_blocks(T.Q4_K, 4), (4, 256)).layout == q4_k_tiled.layout_of(q4_k_tiled.LOADS)
@@ -160,9 +160,13 @@ def test_pairx_refuses_other_tiles():
     """The pairx step is written for one warp on one 4-row tile: any other tile is a clear error, nothing run."""
     w = q4_k_tiled.pack(random_blocks(T.Q4_K, 8), (8, 256), loads="pairx")
     out = torch.full((8,), 7.0)
-    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K_TILED GEMV: loads 'pairx' runs "
-                                                           r"on the 4-row one-warp elementwise tile only, not 8 rows"):
+    refusal = (r"could not run the Q4_K_TILED GEMV: its integer step runs on the elementwise tile of 4 rows on 1 "
+               r"warp\(s\) only, not 8 rows on 2")
+    with pytest.raises(dispatch.KernelArgumentError, match=refusal):
         q4_k_tiled.gemv(w, torch.zeros(256), out=out, config=GemvConfig(block_n=8, num_warps=2), loads="pairx")
+    if q4_k_tiled.LOADS == "pairx":  # the engine's own call (matmul.gemv on TILED) refuses the same way
+        with pytest.raises(dispatch.KernelArgumentError, match=refusal):
+            gemv(w.data, q4_k_tiled.TILED, (8, 256), torch.zeros(256), out=out, config=GemvConfig(block_n=8, num_warps=2))
     assert torch.equal(out, torch.full((8,), 7.0))
 
 

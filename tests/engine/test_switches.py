@@ -57,7 +57,7 @@ SWITCHES = [
            switches.ON + switches.OFF),
     Switch("SPARKD_Q4_K_TILED_LOADS", "sparkd.engine.kernels.q4_k_tiled",
            "[k for k, f in m.FAMILIES.items() if f is m.FAMILY]", "wide",
-           {UNSET: ["bytes"], "scalar": ["scalar"], "vector": ["vector"], "bytes": ["bytes"], "pairx": ["pairx"]},
+           {UNSET: ["pairx"], "scalar": ["scalar"], "vector": ["vector"], "bytes": ["bytes"], "pairx": ["pairx"]},
            ("scalar", "vector", "bytes", "pairx")),
     Switch("SPARKD_MOE_DECODE", "sparkd.engine.layers.moe", "sorted(m.DECODE_ON)", "ids,gather",
            {UNSET: ["fold", "ids", "quant_h", "residual", "router"], "none": [], "ids,fold": ["fold", "ids"]},

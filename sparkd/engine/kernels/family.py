@@ -78,6 +78,9 @@ class Family:
     # K-quants' are): row_idot sums each row in the fixed order of row_tiles.row_sums over that split
     # (the same bits compiled and interpreted, right on every tile: session 8, diag16); 0: tl.sum
     isplit: int = 0
+    # with idot: (block_n, num_warps) of the one elementwise tile the step runs on (pairx: its lanes
+    # are laid out for 4 rows on one warp), else None: any tile
+    one_tile: tuple[int, int] | None = None
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

@@ -355,6 +355,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     dispatch.check_out(out, (rows,), x.device, what)
     check_qx(qx, fam, cols, what)
     cfg = config or default_config(fam)
+    check_one_tile(fam, cfg, what)
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
         return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx, fam.isplit)
@@ -368,6 +369,15 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
         weight, aux_arg(fam, cols, x.device), x, y, part, ticket, rows, cols, row_bytes,
         **family_args(fam), **_launch_args(cfg, split))
     return y if in_kernel else fold_partials(part, y)
+
+
+def check_one_tile(fam: dispatch.Family, cfg: GemvConfig, what: str) -> None:
+    """A KernelArgumentError where the family's step runs on one tile only (Family.one_tile) and cfg is another."""
+    if fam.one_tile and ((cfg.block_n, cfg.num_warps) != fam.one_tile or not cfg.elementwise):
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: its integer step runs on the elementwise tile of {fam.one_tile[0]} rows on "
+            f"{fam.one_tile[1]} warp(s) only, not {cfg.block_n} rows on {cfg.num_warps} (elementwise "
+            f"{cfg.elementwise}); pass config=None")
 
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],

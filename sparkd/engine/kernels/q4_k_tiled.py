@@ -259,8 +259,8 @@ FAMILIES["bytes"] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=
 # session 8 (q4k19): "pairx", 2 rows a thread and one row's float work after a shuffle (kernels/q4_k_pair.py; its
 # own byte order; the default one-warp 4-row elementwise tile only, 2 groups a step: matmul.GEMV_TILES)
 FAMILIES["pairx"] = Family(TILED, 256, 144, 8, 32, q4_k_pair.dequant, align=4, idot=q4_k_pair.idot, act_fmt=Q8_K,
-                           iacc=(8, 1), row_tile=TILE_ROWS)
-LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "bytes")
+                           iacc=(8, 1), row_tile=TILE_ROWS, one_tile=(4, 1))
+LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "pairx")
 FAMILY = FAMILIES[LOADS]
 
 
@@ -278,10 +278,8 @@ def gemv(w: Tiled, x: torch.Tensor, out: torch.Tensor | None = None, config=None
         raise KernelArgumentError(f"could not run {what}: loads {loads!r} reads the {layout_of(loads) or 'GGUF'} "
                                   f"header order, the tensor has the {w.layout or 'GGUF'} one; pack it with "
                                   f"pack(raw, shape, loads={loads!r})")
-    if loads == "pairx" and config is not None and (config.block_n, config.num_warps, config.elementwise) != (4, 1, True):
-        raise KernelArgumentError(f"could not run {what}: loads 'pairx' runs on the 4-row one-warp elementwise tile "
-                                  f"only, not {config.block_n} rows on {config.num_warps} warps (elementwise "
-                                  f"{config.elementwise}); pass config=None")
+    if config is not None:
+        matmul.check_one_tile(FAMILIES[loads], config, what)
     if loads == LOADS:
         return matmul.gemv(w.data, TILED, (w.rows, w.cols), x, out=out, config=config, qx=qx)
     fam = FAMILIES[loads]

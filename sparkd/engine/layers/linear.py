@@ -121,9 +121,9 @@ class KernelLinear(nn.Module):
             from sparkd.engine.kernels import dispatch
             from sparkd.engine.kernels.matmul import GemvConfig, default_config, split_for
 
-            # the interpreter (CPU, tests) runs programs one by one: few, wide tiles
+            # the interpreter (CPU, tests) runs programs one by one: few, wide tiles (where the step allows)
             fam = dispatch.family(self.qtype)
-            cfg = default_config(fam) if on_cuda else GemvConfig(block_n=64)
+            cfg = default_config(fam) if on_cuda or fam.one_tile else GemvConfig(block_n=64)
             groups = -(-self.shape[1] // (fam.nsub * fam.sublen))  # as gemv counts them
             splits = {split_for(cfg, rows, groups, self.raw.device) for rows in self.parts}
             one_launch = len(splits) == 1
