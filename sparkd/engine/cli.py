@@ -124,12 +124,11 @@ def cmd_generate(a) -> int:
     feed = _feed_tokens(a.feed_tokens, a.model) if a.feed_tokens else None  # bad lists fail before torch loads
     import torch
 
-    from sparkd.engine.cuda_graphs import StaticDecode, use_graphs
+    from sparkd.engine.cuda_graphs import use_graphs
     from sparkd.engine.models import load_model
     from sparkd.engine.sampler import Sampler, SamplingParams
     from sparkd.engine.streaming.commands import print_plan, stream_options
-    from sparkd.engine.streaming.eager_step import EagerDecode
-    from sparkd.engine.streaming.graph_step import streaming_step
+    from sparkd.engine.streaming.graph_step import decode_step
     from sparkd.engine.streaming.profile import StageProfile
     from sparkd.engine.streaming.session import open_streaming
 
@@ -142,8 +141,7 @@ def cmd_generate(a) -> int:
         sample = Sampler(SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                                         min_p=a.min_p, seed=a.seed))
         cache = m.net.new_cache(len(ids) + a.n)
-        step = StaticDecode(m.net, cache, graphs=True) if graphs else EagerDecode(m.net, cache) if sm is None \
-            else streaming_step(m.net, cache, a.device, a.cuda_graphs, _log)
+        step = decode_step(m.net, cache, a.device, graphs, sm is not None, a.cuda_graphs, _log)
         if a.device != "cpu":  # JIT-compile the kernels (GEMM, GEMV, MoE; the linked norms') outside the timed region
             scratch = m.net.new_cache(3)
             m.net(torch.tensor(ids[:1] * 2), scratch)

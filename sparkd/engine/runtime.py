@@ -69,7 +69,7 @@ class Engine:
         self.think: ThinkTags | None = None
         self.streaming: StreamingModel | None = None
         self._cache = None
-        self._step = None  # StaticDecode over _cache when graphs are on, else EagerDecode
+        self._step = None  # graph_step.decode_step over _cache (StaticDecode, the streamed step or EagerDecode)
         self._plan: dict[str, int] = {}
 
     # --- loading ------------------------------------------------------------------------------
@@ -118,9 +118,8 @@ class Engine:
                       "vram_expert_cache": plan.vram_cache_bytes, "device_total": plan.device_total_bytes}
 
     def _finish_load(self, model: Any) -> None:
-        from sparkd.engine.cuda_graphs import StaticDecode, use_graphs
-        from sparkd.engine.streaming.eager_step import EagerDecode
-        from sparkd.engine.streaming.graph_step import streaming_step
+        from sparkd.engine.cuda_graphs import use_graphs
+        from sparkd.engine.streaming.graph_step import decode_step
 
         graphs = use_graphs(self.cuda_graphs, model.net, self.device, self.streaming is not None, self._log)
         self.cfg = model.cfg
@@ -130,9 +129,8 @@ class Engine:
         if self.streaming is None:
             self._warm_experts(model.net)
         self._cache = model.net.new_cache(self.n_ctx)
-        self._step = StaticDecode(model.net, self._cache, graphs=True) if graphs else \
-            EagerDecode(model.net, self._cache) if self.streaming is None else \
-            streaming_step(model.net, self._cache, self.device, self.cuda_graphs, self._log)
+        self._step = decode_step(model.net, self._cache, self.device, graphs, self.streaming is not None,
+                                 self.cuda_graphs, self._log)
         if self.device != "cpu":  # JIT-compile the kernels (the linked norms' too) now, not in the first request
             scratch = model.net.new_cache(3)
             model.net(torch.tensor([0, 0]), scratch)

@@ -75,6 +75,18 @@ def experts_blocker(net) -> str | None:
     return None
 
 
+def decode_step(net, cache, device: str, graphs: bool, streamed: bool, cuda_graphs: str = "auto",
+                log=lambda line: None):
+    """The one-token decode step of `generate` and the server: the whole token as a CUDA graph
+    (cuda_graphs.StaticDecode) where use_graphs allowed it (graphs), else streaming_step for a
+    streamed model, else the eager step."""
+    if graphs:
+        from sparkd.engine.cuda_graphs import StaticDecode
+
+        return StaticDecode(net, cache, graphs=True)
+    return streaming_step(net, cache, device, cuda_graphs, log) if streamed else EagerDecode(net, cache)
+
+
 def streaming_step(net, cache, device: str, cuda_graphs: str = "auto", log=lambda line: None):
     """The decode step for a streamed model: SegmentDecode with graphs on CUDA (with the MoE
     kernels where the switch and experts_blocker allow) unless the switch or --cuda-graphs is off
