@@ -8,6 +8,9 @@ FFN norm and router. Per layer that part ("segment") is captured once and replay
 some ten launches and their Python become one replay. Per layer the host then copies the routing
 ids back (the one wait, as the eager step's kernel_select does), has the experts read and copies
 their offsets; the last segment holds the last layer's experts and the output head.
+With --prefetch the segment also computes the prefetch hooks' guess for the next layer from the
+block's input (prefetch.guess) and the host asks for it between segments (prefetch.request), before
+the layer's own reads: the store sees the eager step's calls in the eager step's order.
 
 $SPARKD_STREAM_GRAPHS: "experts" (unset) as above; "segments": the segments without the MoE
 kernels (those launched eagerly per layer, through MoE.forward); "off" (or --cuda-graphs off): the
@@ -27,6 +30,7 @@ import torch
 from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
 from sparkd.engine.graph_capture import capture
+from sparkd.engine.streaming import prefetch
 from sparkd.engine.streaming.eager_step import EagerDecode
 
 ENV = "SPARKD_STREAM_GRAPHS"
@@ -60,8 +64,6 @@ def segment_blocker(net) -> str | None:
         if ffn.router.n_groups > 1 or getattr(ffn.store, "kernel_device", None) is None \
                 or ffn.act_name not in ("silu", "swiglu_oai"):
             return f"layer {il}: its router or expert store has no one-token kernel step"
-        if ffn.store.plan.prefetch_slots:
-            return "prefetch (--prefetch) guesses experts from block hooks, which the segments do not run"
     return None
 
 
@@ -111,6 +113,8 @@ class SegmentDecode(EagerDecode):
     def __init__(self, net, cache, graphs: bool, experts: bool = True):
         super().__init__(net, cache)
         self.graphs, self.experts = graphs, experts
+        self.store = net.blocks[0].ffn.store  # one store for every layer
+        self.prefetch = bool(self.store.plan.prefetch_slots)  # session.py attached the eager step's hooks
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.device)  # the step's position
         self.x = None  # [1, D] the first segment's input (and each one's without experts)
         self._outs: dict[int, tuple] = {}  # segment -> its outputs (the next segment's inputs)
@@ -148,9 +152,13 @@ class SegmentDecode(EagerDecode):
         if self.x is None:
             self.x = torch.empty_like(x)
         self.x.copy_(x)
+        if self.prefetch:
+            self.store.begin_step()  # block 0's first pre-hook
         n = len(net.blocks)
         for il, block in enumerate(net.blocks):
-            residual, normed, w, ids = self.segment(il)
+            residual, normed, w, ids, guessed = self.segment(il)
+            if guessed is not None:  # block il's pre-hook
+                prefetch.request(self.store, net.blocks[il + 1], guessed)
             if self.experts:
                 self.select(il, ids)
                 continue
@@ -174,8 +182,9 @@ class SegmentDecode(EagerDecode):
         self._sel[il] = sel
 
     def segment(self, k: int):
-        """Segment k's outputs: (residual, normed, weights, ids) of layer k; the logits for k = the
-        number of layers (experts only)."""
+        """Segment k's outputs: (residual, normed, weights, ids) of layer k and the prefetch guess
+        of layer k + 1's ids (None without prefetch or a next layer); the logits for k = the number
+        of layers (experts only)."""
         if not self.graphs:
             self._outs[k] = self._run(k)
         elif k not in self._graphs:
@@ -190,12 +199,14 @@ class SegmentDecode(EagerDecode):
 
         x = self.x
         if self.experts and k > 0:
-            residual, normed, w, _ = self._outs[k - 1]
+            residual, normed, w = self._outs[k - 1][:3]
             moe = self.net.blocks[k - 1].ffn
             x = moe.decode_selected(self._sel[k - 1], normed, w.float().contiguous(), residual)[None]
         if k == len(self.net.blocks):
             return self.net.head(x)
         block, cache = self.net.blocks[k], self.cache
+        nxt = k + 1 < len(self.net.blocks) and self.prefetch
+        guessed = prefetch.guess(self.net.blocks[k + 1], x) if nxt else None
         cache.span = cache.max_ctx  # every row, as decode_rows gives the eager step; the position on the device
         try:
             h = block.attn(block.attn_norm(x), self.pos, cache)
@@ -205,7 +216,7 @@ class SegmentDecode(EagerDecode):
             w, ids = block.ffn.router(normed)
         finally:
             cache.span = None
-        return residual, normed, w, ids
+        return residual, normed, w, ids, guessed
 
     def _capture(self, k: int) -> torch.cuda.CUDAGraph:
         # (the warm-up writes this token's K/V rows, as the replay that follows does again)

@@ -244,12 +244,14 @@ class StreamingExperts:
     # --- prefetch ----------------------------------------------------------------------------------
     def prefetch(self, layer: int, expert_ids: Sequence[int]) -> None:
         """Low-priority reads of experts a later layer will probably ask for; bounded by the
-        prefetch slots, never evicting cached experts, dropped if that layer does not use them."""
+        prefetch slots, never evicting cached experts, dropped if that layer does not use them.
+        Experts the VRAM cache holds are skipped: the kernels read them there, not from a slot."""
+        vram = self.vram.admission if self.vram is not None else ()
         with self._lock:
             self._reap_draining()
             for e in expert_ids:
                 key = (layer, int(e))
-                if key in self._slot_of or key in self._prefetched or not self._pf_free:
+                if key in self._slot_of or key in self._prefetched or key in vram or not self._pf_free:
                     continue
                 slot = self._pf_free.pop()
                 self.stats.payload_bytes += sum(p.nbytes for p in self.parts(layer, int(e)))

@@ -21,6 +21,8 @@ from sparkd.engine.streaming import graph_step  # noqa: E402
 from sparkd.engine.streaming.eager_step import EagerDecode  # noqa: E402
 
 PROMPT, STEPS = [1, 5, 9], 2
+PREFETCH = 16  # slots: more than the guesses in flight, so none is skipped for want of a slot
+COUNTERS = ("requests", "hits", "misses", "prefetch_predicted", "prefetch_useful", "prefetch_wasted")
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +30,18 @@ def model(tmp_path_factory):
     return write_model(tmp_path_factory.mktemp("seg") / "m.gguf", model_plan(TINY["qwen3moe"], "Q8_0"), seed=5)[0]
 
 
-def _streamed(path, backend: str):
+def _streamed(path, backend: str, prefetch: int = 0):
+    """prefetch: that many prefetch slots (--prefetch) and a host cache of top-k slots, so that
+    the guesses are read and used or dropped."""
     from sparkd.engine.streaming.plan import runtime_rss_bytes
     from sparkd.engine.streaming.session import StreamOptions, open_streaming
     from sparkd.engine.streaming.vram import VramExperts
 
-    opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False, device=backend)
+    opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False, device=backend,
+                         prefetch_slots=prefetch)
     sm = open_streaming(path, opts)
+    if prefetch:
+        sm.store.resize(sm.plan.min_slots * sm.plan.slot_bytes)
     if backend == "cpu":  # the interpreter: experts through the kernels, a CPU tensor as "VRAM"
         sm.store.kernel_device = "cpu"
     if sm.store.vram is None:
@@ -42,13 +49,14 @@ def _streamed(path, backend: str):
     return sm
 
 
-def _decode(path, backend: str, make_step, profile: bool = False):
-    """(logits rows of the prompt and each step, greedy ids by next_token, the profile's report)."""
+def _decode(path, backend: str, make_step, profile: bool = False, prefetch: int = 0, stats: dict | None = None):
+    """(logits rows of the prompt and each step, greedy ids by next_token, the profile's report);
+    the store's counters into `stats` where given."""
     from sparkd.engine.kernels import fused
     from sparkd.engine.streaming.profile import StageProfile
 
     before = fused.configure("all", on_cpu=backend == "cpu")
-    sm = _streamed(path, backend)
+    sm = _streamed(path, backend, prefetch)
     try:
         net = sm.model.net
         cache = net.new_cache(len(PROMPT) + 2 * STEPS)
@@ -63,6 +71,8 @@ def _decode(path, backend: str, make_step, profile: bool = False):
         report = prof.report(0.0) if prof else None
         if prof:
             prof.remove()
+        if stats is not None:
+            stats.update({k: getattr(sm.store.stats, k) for k in COUNTERS})
         return torch.cat(rows).cpu(), ids, report
     finally:
         sm.close()
@@ -85,6 +95,32 @@ def test_segments_run_eagerly_give_the_eager_steps_bits(model, eager_cpu, expert
     assert rep["expert_compute_seconds"] > 0
 
 
+@pytest.mark.parametrize("experts", [True, False], ids=["experts", "segments"])
+def test_segments_prefetch_as_the_eager_steps_hooks_do(model, experts):
+    """--prefetch: the segments' guesses (asked for between segments) are the eager hooks' and
+    reach the store in the same order: the same bits, ids and cache counters."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    want_stats, got_stats = {}, {}
+    want, want_ids, _ = _decode(model, "cpu", EagerDecode, prefetch=PREFETCH, stats=want_stats)
+    got, got_ids, _ = _decode(model, "cpu", lambda n, c: graph_step.SegmentDecode(n, c, False, experts),
+                              prefetch=PREFETCH, stats=got_stats)
+    assert want_stats["prefetch_predicted"] > 0 and want_stats["misses"] > 0
+    assert got_stats == want_stats
+    assert torch.equal(got, want)
+    assert got_ids == want_ids
+
+
+def test_prefetch_skips_the_experts_the_vram_cache_holds(model):
+    sm = _streamed(model, "cpu", PREFETCH)
+    try:
+        store = sm.store
+        assert store.vram.admission.offer((1, 0)) is not None
+        store.prefetch(1, [0, 1])
+        assert sorted(store._prefetched) == [(1, 1)] and store.stats.prefetch_predicted == 1
+    finally:
+        sm.close()
+
+
 def test_a_wrong_offsets_buffer_is_a_clear_error(model):
     from sparkd.engine.kernels import fused
 
@@ -103,19 +139,22 @@ def test_a_wrong_offsets_buffer_is_a_clear_error(model):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("prefetch", [0, PREFETCH], ids=["", "prefetch"])
 @pytest.mark.parametrize("mode", ["experts", "segments"])
-def test_segment_graphs_replay_the_eager_steps_bits_on_cuda(model, mode, monkeypatch):
-    want, want_ids, _ = _decode(model, "cuda", EagerDecode)
+def test_segment_graphs_replay_the_eager_steps_bits_on_cuda(model, mode, prefetch, monkeypatch):
+    want_stats, got_stats = {}, {}
+    want, want_ids, _ = _decode(model, "cuda", EagerDecode, prefetch=prefetch, stats=want_stats)
     monkeypatch.setenv(graph_step.ENV, mode)
     steps = []
     got, got_ids, rep = _decode(model, "cuda", lambda n, c: steps.append(graph_step.streaming_step(n, c, "cuda"))
-                                or steps[0], True)
+                                or steps[0], True, prefetch, got_stats)
     n = TINY["qwen3moe"].n_layer
     assert isinstance(steps[0], graph_step.SegmentDecode) and steps[0].graphs
     assert steps[0].experts == (mode == "experts")
     assert sorted(steps[0]._graphs) == list(range(n + 1 if mode == "experts" else n))
     assert torch.equal(got, want), "segment graph replay differs from the eager step"
     assert got_ids == want_ids
+    assert got_stats == want_stats and (want_stats["prefetch_predicted"] > 0) == bool(prefetch)
     assert rep["attention_seconds"] > 0 and rep["router_seconds"] == 0 and rep["attention_gpu_seconds"] > 0
     assert rep["expert_compute_seconds"] > 0
 
@@ -144,7 +183,7 @@ def test_the_step_falls_back_to_eager_where_segments_would_differ(model):
         fused.configure("all", on_cpu=True)
         plan = sm.store.plan
         sm.store.plan = dataclasses.replace(plan, prefetch_slots=2)
-        assert "prefetch (--prefetch)" in graph_step.segment_blocker(net)
+        assert graph_step.segment_blocker(net) is None  # the segments run the prefetch hooks' guesses
         sm.store.plan = plan
         sm.store.table_mode = "checked"
         assert graph_step.segment_blocker(net) is None
