@@ -99,7 +99,7 @@ class KernelLinear(nn.Module):
     def forward_parts(self, x: torch.Tensor) -> torch.Tensor:
         """One token x [1, in] -> [S, out] whose rows added in order (matmul.sum_parts) are forward(x)'s
         row: the GEMV's split-K partials left for the launch that reads them next (S 1 where the
-        GEMV has no ordered split, or runs in parts or with a bias: that row is y itself)."""
+        GEMV has no ordered split, or this layer is not one bias-free launch: that row is y itself)."""
         cfg, one_launch = self._gemv_config(x.is_cuda)
         if x.numel() == self.shape[1] and self.bias is None and one_launch:
             from sparkd.engine.kernels.matmul import gemv
