@@ -48,7 +48,7 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 import q4t_twins
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed, rms_norm
 from sparkd.engine.kernels import moe as moe_module
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv, split_for
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
@@ -119,6 +119,36 @@ Q4T_S7_ON = False
 # --q4t-rows (session 7, q4k15): Q4T rows given on the command line, e.g. the pipeliner's stages
 # (loadonly:4/1/4/e/0/3: split by the wave rule, 3 stages)
 Q4T_ROWS: list[str] = []
+# --rows (session 9, fold20): rows for any type, TYPE@tile (Q4T: TYPE@loads:tile), replacing its candidates
+TYPE_ROWS: dict[str, list[str]] = {}
+# --consumer (session 9, fold20): TYPE@tile (or TYPE@default) rows timed with the launch that reads y next,
+# the residual add + RMSNorm (+ x's int8 blocks in the type's format) of a [1, rows] stream, as the engine's
+# attention output projection is read: "<tile> +norm" (the GEMV folds its split in the launch, then the norm)
+# and "<tile> parts +norm" (the GEMV leaves its partials, the norm adds them in order: fused "norm_fold"),
+# plus "norm alone" once a shape (the default's y)
+CONSUMER: dict[str, list[str]] = {}
+
+
+def consumer_rows(name: str) -> list[tuple[str, GemvConfig | None, dict]]:
+    """(label, tile, how) of a type's --consumer rows (how: consumer, parts)."""
+    if name not in CONSUMER:
+        return []
+    out = [("norm alone", None, dict(consumer="alone"))]
+    for t in CONSUMER[name]:
+        cfg = None if t == "default" else tile(t.rpartition(":")[2])
+        out += [(f"{t} +norm", cfg, dict(consumer="fold")), (f"{t} parts +norm", cfg, dict(consumer="parts"))]
+    return out
+
+
+def split_types(text: str) -> dict[str, list[str]]:
+    """"Q8_0P@2/1/4/e/2,Q4T@pairx:4/1/2/e" -> {type: [tile, ...]}."""
+    out: dict[str, list[str]] = {}
+    for item in (r for r in text.split(",") if r):
+        name, _, label = item.partition("@")
+        out.setdefault(name, []).append(label)
+    return out
+
+
 # --moe-q6k: the Q6_K down's tiles (None: DOWN_CONFIG, what runs without a DECODE_TILES entry)
 Q6K_DOWN = [None, "4/1/3/e/8", "2/1/4/e/8", "4/1/2/e/8", "8/2/2/e/8"]
 FLOAT_DOWN = True  # --no-float-down: leave out the float down's row
@@ -171,7 +201,10 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
     if name == "Q8_0P":
         ps = [q8_0_packed.pack(w, (rows, cols)) for w in ws]
 
-        def run(cfg, i, x, loads=None, qx=None):
+        def run(cfg, i, x, loads=None, qx=None, parts=False):
+            if parts:  # the split-K partials unsummed (matmul.gemv parts: the next launch adds them)
+                return matmul.gemv(ps[i % n].data, q8_0_packed.PACKED, (rows, cols), x, out=y, config=cfg, qx=qx,
+                                   parts=True)
             return q8_0_packed.gemv(ps[i % n], x, out=y, config=cfg, qx=qx)
     elif name in ("Q4T", "Q6T"):  # the old default row on the GGUF blocks, the others on the tiled copies
         tiled = q4_k_tiled if name == "Q4T" else q6_k_tiled
@@ -186,7 +219,10 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
                 packs[key] = [tiled.pack(w, (rows, cols), loads=loads) for w in ws]
             return packs[key]
 
-        def run(cfg, i, x, loads=None, qx=None):
+        def run(cfg, i, x, loads=None, qx=None, parts=False):
+            if parts:  # the default step's partials unsummed (Q4T)
+                return matmul.gemv(ts[i % n].data, q4_k_tiled.TILED, (rows, cols), x, out=y, config=cfg, qx=qx,
+                                   parts=True)
             if cfg is GGUF_BASES[name]:
                 return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, qx=qx)
             if loads in q4t_twins.TWINS:  # a bench-only twin on the default tiled bytes (times only)
@@ -223,8 +259,9 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
     cands = Q4T_SWEEP if Q4T_SWEEP_ON and name == "Q4T" else cands
     cands = Q4T_S7 if Q4T_S7_ON and name == "Q4T" else cands
     cands = Q4T_ROWS if Q4T_ROWS and name == "Q4T" else cands
+    cands = TYPE_ROWS.get(name, cands)
     tried = [(t, tile(t.rpartition(":")[2]), dict(loads=t.rpartition(":")[0]) if ":" in t else {}) for t in cands]
-    return firsts + tried
+    return firsts + tried + consumer_rows(name)
 
 
 def call_args(how: dict, x: torch.Tensor, qx) -> dict:
@@ -235,24 +272,54 @@ def call_args(how: dict, x: torch.Tensor, qx) -> dict:
     return out
 
 
+def row_call(run, cfg, how: dict, kw: dict, fmt: str | None, rows: int):
+    """call(i) -> the row's output: the GEMV, or (a --consumer row) (GEMV y or partials, then the add + norm)
+    -> (y or partials, the norm's sum, normed, QuantX)."""
+    if not how.get("consumer"):
+        return lambda i: run(cfg, i, **kw)
+    g = torch.Generator().manual_seed(rows)
+    stream, weight = torch.randn(1, rows, generator=g).to(DEV), torch.randn(rows, generator=g).to(DEV)
+    parts = how["consumer"] == "parts"
+    if how["consumer"] == "alone":
+        h = run(cfg, 0, **kw)[None].clone()
+        return lambda i: (h, *norm_launch(stream, h, weight, fmt, False))
+    return lambda i: (lambda h: (h, *norm_launch(stream, h if parts else h[None], weight, fmt, parts)))(
+        run(cfg, i, parts=parts, **kw))
+
+
+def norm_launch(stream, h, weight, fmt, parts):
+    if fmt is None:
+        return rms_norm.add_rms_norm(stream, h, weight, 1e-6, parts=parts)
+    return rms_norm.add_rms_norm_quant(stream, h, weight, 1e-6, fmt, parts=parts)
+
+
 def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     qtype, nbytes, n, w0, run = weights(name, rows, cols)
-    x = torch.randn(cols, device="cuda")
+    x = torch.randn(cols, device=DEV)
     ref = quants.dequantize(w0, qtype, (rows, cols)).double() @ kb.x_in(qtype, x).double()
     fam = dispatch.FAMILIES[qtype]
     qx = act_quant.quantize(x[None], fam.act_fmt) if QX and fam.act_fmt else None
     out = [] if name != "Q6_K" else q6_k_float_rows(qtype, run, ref, x, nbytes, n, rows, cols, copy_bw)
     same_sec = same_copy_seconds(nbytes)
-    base, old_y, same = GGUF_BASES.get(name), None, {}
+    base, old_y, same, folded = GGUF_BASES.get(name), None, {}, {}
     for label, cfg, how in row_tiles(name, rows, cols):
         kw = call_args(how, x, qx)
         try:
-            got = run(cfg, 0, **kw)
+            call = row_call(run, cfg, how, kw, fam.act_fmt, rows)
+            got = call(0)
+            if how.get("consumer"):  # the partials' ordered sum, and the norm's outputs: the in-launch fold's bits?
+                outs = [t.clone() for t in (got[1], got[2], *(() if got[3] is None else (got[3].words,)))]
+                got = matmul.sum_parts(got[0]) if how["consumer"] == "parts" else got[0].reshape(-1)
+                key = label.replace(" parts", "")
+                if how["consumer"] == "fold":
+                    folded[key] = outs
+                elif key in folded:
+                    same[label] = all(torch.equal(a, b) for a, b in zip(outs, folded[key]))
             err = kb.rel_err(got, ref)
-            if base is not None:  # a tiled row: the GGUF default's bits?
+            if base is not None and not how.get("consumer"):  # a tiled row: the GGUF default's bits?
                 old_y = got.clone() if cfg is base else old_y
                 same.update({} if cfg is base or old_y is None else {label: bool(torch.equal(got, old_y))})
-            sec = kb.graph_seconds(lambda i: run(cfg, i, **kw), n)
+            sec = kb.graph_seconds(call, n)
         except Exception as e:  # noqa: BLE001 - a candidate that fails leaves the shape's other rows
             print(f"FAILED gemv {rows}x{cols} {name} {label}: {type(e).__name__}: {e}", flush=True)
             continue
@@ -263,7 +330,8 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     print_rows(out)
     if same:
         said = ", ".join(f"{k}: {('no', 'yes')[v]}" for k, v in same.items())
-        print(f"gemv {rows}x{cols} {name} the old default's bits: {said}", flush=True)
+        print(f"gemv {rows}x{cols} {name} the old default's bits (+norm rows: the in-launch fold's): {said}",
+              flush=True)
     torch.cuda.empty_cache()
     return out
 
@@ -271,8 +339,8 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
 def warm(job: tuple) -> str:
     """Compile one row's kernel (a worker process: Triton's disk cache for the timed run)."""
     name, rows, cols, label, flags = job
-    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS
-    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS = flags
+    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER
+    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER = flags
     try:
         qtype, _, _, _, run = weights(name, rows, cols, rotate=False)
         x = torch.randn(cols, device=DEV)
@@ -280,7 +348,7 @@ def warm(job: tuple) -> str:
         qx = act_quant.quantize(x[None], fam.act_fmt) if QX and fam.act_fmt else None
         for lab, cfg, how in row_tiles(name, rows, cols):
             if lab == label:
-                run(cfg, 0, **call_args(how, x, qx))
+                row_call(run, cfg, how, call_args(how, x, qx), fam.act_fmt, rows)(0)
         if DEV == "cuda":
             torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - the timed run reports it again
@@ -290,7 +358,7 @@ def warm(job: tuple) -> str:
 
 def precompile(names: list[str], shapes: list[tuple[int, int]], workers: int) -> None:
     """Every row's kernel compiled by `workers` processes first (each tile once per shape)."""
-    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS)
+    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER)
     jobs = [(name, r, c, label, flags) for name in names for r, c in shapes
             for label, _, _ in row_tiles(name, r, c)]
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
@@ -392,14 +460,21 @@ def main() -> None:
     ap.add_argument("--q4t-s7", action="store_true", help="Q4T's rows: Q4T_S7 (load-only twin, bytes layout)")
     ap.add_argument("--q4t-rows", default="", help="Q4T's rows: these loads:tile labels, comma-separated")
     ap.add_argument("--compile-workers", type=int, default=0, help="processes compiling every row first (0: none)")
+    ap.add_argument("--rows", default="", help="TYPE@tile,... rows replacing those types' candidates")
+    ap.add_argument("--consumer", default="", help="TYPE@tile|default,...: GEMV + the add/norm launch after it")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="stop after --compile-workers' compile (a later run times)")
     args = ap.parse_args()
-    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS
+    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER
+    TYPE_ROWS, CONSUMER = split_types(args.rows), split_types(args.consumer)
     CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN = not args.defaults_only, args.vs_s5, args.qx, not args.no_float_down
     Q4T_SWEEP_ON, Q4T_S7_ON = args.q4t_sweep, args.q4t_s7
     Q4T_ROWS = [r for r in args.q4t_rows.split(",") if r]
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(args.types.split(","), shapes, args.compile_workers)
+    if args.compile_only:
+        return
     copy_bw = kb.copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "
           f"defaults {GEMV_TILES}", flush=True)

@@ -20,6 +20,7 @@ multiplies in, and run row_idot: dp4a on 32-bit words, a float step per block. O
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -345,20 +346,26 @@ def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tenso
 def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
          out: torch.Tensor | None = None, config: GemvConfig | None = None,
          round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
-         qx: act_quant.QuantX | None = None) -> torch.Tensor:
+         qx: act_quant.QuantX | None = None, parts: bool = False) -> torch.Tensor:
     """y = W @ x for one token. weight: raw GGUF bytes of W [rows, cols]; x float32 [cols];
     out (optional) float32 [rows] on x's device. A family with an integer step quantizes x
     itself, as llama.cpp does (Family.act_fmt), unless qx brings x already quantized to that
-    format (one row, e.g. from rms_norm_quant); for the others round_x (if given) rounds x first."""
+    format (one row, e.g. from rms_norm_quant); for the others round_x (if given) rounds x first.
+    parts: return [split, rows], the split-K ranges' partial sums unsummed (no fold in or after the
+    launch; the reader adds them in order 0..split-1 from 0.0, fold_part's bits: sum_parts), or
+    y[None] where the launch has no ordered split (split 1, atomic adds); out is then y's buffer."""
     what = f"the {qtype.name} GEMV"
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
     check_qx(qx, fam, cols, what)
     cfg = config or default_config(fam)
     check_one_tile(fam, cfg, what)
+    kernel_folds(cfg, 1)  # a bad fold name refused whether or not parts replaces it
+    cfg = dataclasses.replace(cfg, fold="torch") if parts else cfg  # "torch": the partials stay in part
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
-        return igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx, fam.isplit)
+        y = igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx, fam.isplit, parts)
+        return y[None] if parts and y.dim() == 1 else y
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
@@ -368,6 +375,8 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     _gemv_kernel[(tiles, split)](
         weight, aux_arg(fam, cols, x.device), x, y, part, ticket, rows, cols, row_bytes,
         **family_args(fam), **_launch_args(cfg, split))
+    if parts:
+        return part if part is not y else y[None]
     return y if in_kernel else fold_partials(part, y)
 
 
@@ -382,10 +391,11 @@ def check_one_tile(fam: dispatch.Family, cfg: GemvConfig, what: str) -> None:
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
           row_bytes: int, x: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
-          qx: act_quant.QuantX | None = None, isplit: int = 0) -> torch.Tensor:
+          qx: act_quant.QuantX | None = None, isplit: int = 0, parts: bool = False) -> torch.Tensor:
     """gemv's integer path, for any byte layout an idot step reads (rows row_bytes apart): x
     quantized to act_fmt (or qx, x quantized so already), y [rows] written; isplit: the rows'
-    sum order (Family.isplit, row_sums). Arguments checked by the caller."""
+    sum order (Family.isplit, row_sums); parts: gemv's (the [split, rows] partials where there
+    are, cfg.fold "torch"). Arguments checked by the caller."""
     rows, cols = shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
@@ -396,6 +406,8 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     _igemv_kernel[(tiles, split)](
         weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
         A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), **_launch_args(cfg, split))
+    if parts:
+        return part
     return y if in_kernel else fold_partials(part, y)
 
 
@@ -461,6 +473,16 @@ def partials_for(y: torch.Tensor, split: int, cfg: GemvConfig) -> torch.Tensor:
     if cfg.atomic:
         return y.zero_()
     return torch.empty(split, y.numel(), dtype=torch.float32, device=y.device)
+
+
+def sum_parts(part: torch.Tensor) -> torch.Tensor:
+    """gemv(parts=True)'s y: rows 0..split-1 added in order from 0.0, fold_part's bits (one row: itself)."""
+    if part.shape[0] == 1:
+        return part[0]
+    total = torch.zeros_like(part[0])
+    for row in part:
+        total += row
+    return total
 
 
 def fold_partials(part: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

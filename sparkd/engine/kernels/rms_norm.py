@@ -28,13 +28,19 @@ from sparkd.engine.kernels.family import KernelArgumentError
 @triton.jit
 def _rms_norm_rows(x_ptr, w_ptr, out_ptr, res_ptr, sum_ptr, q_ptr, d_ptr, s_ptr, n_cols, x_row_stride,
                    out_row_stride, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, QBLOCK: tl.constexpr,
-                   K8: tl.constexpr):
+                   K8: tl.constexpr, PARTS: tl.constexpr = 0):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     live = cols < n_cols
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=live, other=0.0)
     if HAS_RES:  # the residual add before the norm: x + h is the block's new stream, kept too
-        x = x + tl.load(res_ptr + row * n_cols + cols, mask=live, other=0.0)
+        if PARTS > 1:  # h: one row's split-K partials [PARTS, n_cols] added in order from 0.0 (fold_part's bits)
+            h = tl.zeros((BLOCK,), tl.float32)
+            for s in tl.static_range(PARTS):
+                h += tl.load(res_ptr + s * n_cols + cols, mask=live, other=0.0)
+        else:
+            h = tl.load(res_ptr + row * n_cols + cols, mask=live, other=0.0)
+        x = x + h
         tl.store(sum_ptr + row * n_cols + cols, x, mask=live)
     xd = x.to(tl.float64)
     mean_sq = tl.sum(xd * xd, axis=0) / n_cols
@@ -55,12 +61,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _launch(x, None, weight, eps)[1]
 
 
-def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, parts: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, rms_norm(x + h)) in one launch: a block's residual add and the norm after it.
-    x, h [..., D] float32 of one shape."""
-    _check_pair(x, h)
-    return _launch(x, h, weight, eps)[:2]
+    x, h [..., D] float32 of one shape; parts: x one row [1, D] and h [S, D], the split-K partials
+    of the GEMV that made h's row (matmul.gemv(parts=True)), added in order in this launch (the
+    bits of x + matmul.sum_parts(h))."""
+    _check_pair(x, h, parts)
+    return _launch(x, h, weight, eps, parts=parts)[:2]
 
 
 def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str
@@ -70,20 +78,26 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str
     return out, q
 
 
-def add_rms_norm_quant(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str
-                       ) -> tuple[torch.Tensor, torch.Tensor, act_quant.QuantX]:
-    """add_rms_norm's pair and the normed rows quantized to fmt, in one launch."""
-    _check_pair(x, h)
-    return _launch(x, h, weight, eps, fmt)
+def add_rms_norm_quant(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str,
+                       parts: bool = False) -> tuple[torch.Tensor, torch.Tensor, act_quant.QuantX]:
+    """add_rms_norm's pair and the normed rows quantized to fmt, in one launch (parts: add_rms_norm's)."""
+    _check_pair(x, h, parts)
+    return _launch(x, h, weight, eps, fmt, parts)
 
 
-def _check_pair(x: torch.Tensor, h: torch.Tensor) -> None:
-    if h.shape != x.shape or h.dtype != x.dtype:
+def _check_pair(x: torch.Tensor, h: torch.Tensor, parts: bool = False) -> None:
+    if parts:
+        D = x.shape[-1]
+        if x.numel() != D or h.dim() != 2 or h.shape[1] != D or not h.shape[0] or h.dtype != x.dtype:
+            raise KernelArgumentError(f"could not run add_rms_norm on partials: need x one row of D values and h "
+                                      f"[S, D] of x's dtype, got x {x.dtype} {list(x.shape)} and h {h.dtype} "
+                                      f"{list(h.shape)}")
+    elif h.shape != x.shape or h.dtype != x.dtype:
         raise KernelArgumentError(f"could not run add_rms_norm: x {x.dtype} {list(x.shape)} and h "
                                   f"{h.dtype} {list(h.shape)} must match")
 
 
-def _launch(x, h, weight, eps, fmt: str | None = None):
+def _launch(x, h, weight, eps, fmt: str | None = None, parts: bool = False):
     D = x.shape[-1]
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.shape != (D,):
         raise KernelArgumentError(f"could not run rms_norm: x {x.dtype} {list(x.shape)} and weight "
@@ -96,7 +110,7 @@ def _launch(x, h, weight, eps, fmt: str | None = None):
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    res = None if h is None else h.reshape(-1, D).contiguous()
+    res = None if h is None else h.reshape(-1, D).contiguous()  # (parts: [S, D], S rows summed into x's one)
     total = None if h is None else torch.empty_like(out)
     q = None if fmt is None else act_quant.empty(rows.shape[0], D, fmt, x.device)
     block = triton.next_power_of_2(D)
@@ -106,6 +120,8 @@ def _launch(x, h, weight, eps, fmt: str | None = None):
                                          *((out, out, out) if q is None else (q.words, q.scales, q.sums)),
                                          D, rows.stride(0), out.stride(0), eps, HAS_RES=res is not None,
                                          BLOCK=block, QBLOCK=0 if q is None else act_quant.BLOCKS[fmt],
-                                         K8=fmt == act_quant.Q8_K, num_warps=4 if block <= 1024 else 8,
+                                         K8=fmt == act_quant.Q8_K,
+                                         PARTS=res.shape[0] if parts and res.shape[0] > 1 else 0,
+                                         num_warps=4 if block <= 1024 else 8,
                                          enable_fp_fusion=False)  # see the module's doc
     return None if total is None else total.view(x.shape), out.view(x.shape), q

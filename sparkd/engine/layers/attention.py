@@ -93,8 +93,9 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = q_norm, k_norm
         self.sinks = None if sinks is None else nn.Parameter(sinks, requires_grad=False)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        # x: [T, D]; pos: [T] absolute positions
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, parts: bool = False) -> torch.Tensor:
+        # x: [T, D]; pos: [T] absolute positions; parts (one token): the output projection's split-K
+        # partials [S, D] for the norm after it to add (KernelLinear.forward_parts)
         T = x.shape[0]
         q, k, v = self._qkv(x)
         q = q.view(T, self.n_head, self.head_dim)
@@ -117,7 +118,10 @@ class Attention(nn.Module):
             o = decode_attention(q, k_all, v_all, dpos, self.scale, self.window, self.sinks)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
-        return self.wo(o.reshape(T, -1))
+        o = o.reshape(T, -1)
+        if parts and T == 1 and isinstance(self.wo, KernelLinear):
+            return self.wo.forward_parts(o)
+        return self.wo(o)  # (parts: one token's [1, D], a single part)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.wqkv is not None:

@@ -96,6 +96,19 @@ class KernelLinear(nn.Module):
             y = y + self.bias
         return y.reshape(*lead, self.shape[0])
 
+    def forward_parts(self, x: torch.Tensor) -> torch.Tensor:
+        """One token x [1, in] -> [S, out] whose rows added in order (matmul.sum_parts) are forward(x)'s
+        row: the GEMV's split-K partials left for the launch that reads them next (S 1 where the
+        GEMV has no ordered split, or this layer is not one bias-free launch: that row is y itself)."""
+        cfg, one_launch = self._gemv_config(x.is_cuda)
+        if x.numel() == self.shape[1] and self.bias is None and one_launch:
+            from sparkd.engine.kernels.matmul import gemv
+
+            h = x.reshape(self.shape[1]).float().contiguous()
+            return gemv(self.raw, self.qtype, self.shape, h, config=cfg, round_x=self._round, qx=self._quantized(x),
+                        parts=True)
+        return self.forward(x).reshape(1, self.shape[0])
+
     def _quantized(self, x: torch.Tensor):
         """x's QuantX in this GEMV's format if the norm that made x wrote one (act_quant.attach)."""
         if x.dtype != torch.float32 or x.numel() != self.shape[1]:

@@ -53,19 +53,28 @@ class RMSNorm(nn.Module):
         return x.numel() == D and D % BLOCKS[self.quant_fmt] == 0
 
 
-def add_norm(x: torch.Tensor, h: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def add_norm(x: torch.Tensor, h: torch.Tensor, norm: nn.Module, parts: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, norm(x + h)): a residual add and the norm after it, one launch for an RMSNorm where
-    the fused kernels run."""
-    if isinstance(norm, RMSNorm) and norm.fused_on(x) and h.shape == x.shape and h.dtype == x.dtype:
+    the fused kernels run. parts: x one row [1, D], h [S, D] the split-K partials of the GEMV that
+    made h's row (KernelLinear.forward_parts), added in order (in that launch where it runs)."""
+    many = parts and h.shape[0] > 1
+    if not many and parts:
+        h = h.view(x.shape)  # one part: the row itself
+    if isinstance(norm, RMSNorm) and norm.fused_on(x) and (many or h.shape == x.shape) and h.dtype == x.dtype:
         if norm.quant_on(x):
             from sparkd.engine.kernels import act_quant
             from sparkd.engine.kernels.rms_norm import add_rms_norm_quant
 
-            total, normed, q = add_rms_norm_quant(x, h, norm.weight, norm.eps, norm.quant_fmt)
+            total, normed, q = add_rms_norm_quant(x, h, norm.weight, norm.eps, norm.quant_fmt, parts=many)
             return total, act_quant.attach(normed, q, norm.quant_fmt)
         from sparkd.engine.kernels.rms_norm import add_rms_norm
 
-        return add_rms_norm(x, h, norm.weight, norm.eps)
+        return add_rms_norm(x, h, norm.weight, norm.eps, parts=many)
+    if many:
+        from sparkd.engine.kernels.matmul import sum_parts
+
+        h = sum_parts(h).view(x.shape)
     x = x + h
     return x, norm(x)
 

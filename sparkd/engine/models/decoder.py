@@ -10,13 +10,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine.kernels import fused
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.moe import MoE, Router
-from sparkd.engine.layers.norm import add_norm
+from sparkd.engine.layers.norm import RMSNorm, add_norm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
 from sparkd.engine.models.config import ModelConfig, RopeConfig
 from sparkd.engine.models.weights import Weights
@@ -30,16 +31,24 @@ class Block(nn.Module):
         self.post_attn_norm, self.post_ffn_norm = post_attn_norm, post_ffn_norm
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        h = self.attn(self.attn_norm(x), pos, cache)
-        if self.post_attn_norm is not None:
-            h = self.post_attn_norm(h)
-        x, normed = add_norm(x, h, self.ffn_norm)  # x += h, then the norm (one kernel when fused)
+        x, normed = self.attn_add_norm(x, pos, cache)
         if self.post_ffn_norm is None and getattr(self.ffn, "takes_residual", False):
             return self.ffn(normed, residual=x)  # x + ffn, the add inside the MoE's last launch
         h = self.ffn(normed)
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h)
         return x + h
+
+    def attn_add_norm(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + attention's h, the FFN norm of that): x += h, then the norm, one kernel when fused;
+        for one token with fused "norm_fold" that kernel also adds the output projection's split-K
+        partials (Attention.forward parts), so the projection's launch has no fold of its own."""
+        parts = (x.shape[0] == 1 and self.post_attn_norm is None and isinstance(self.attn, Attention)
+                 and isinstance(self.ffn_norm, RMSNorm) and self.ffn_norm.fused_on(x) and fused.active("norm_fold", x))
+        h = self.attn(self.attn_norm(x), pos, cache, **({"parts": True} if parts else {}))
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h)
+        return add_norm(x, h, self.ffn_norm, parts=parts)
 
 
 class Decoder(nn.Module):

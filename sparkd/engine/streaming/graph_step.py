@@ -195,8 +195,6 @@ class SegmentDecode(EagerDecode):
         return self._outs[k]
 
     def _run(self, k: int):
-        from sparkd.engine.layers.norm import add_norm
-
         x = self.x
         if self.experts and k > 0:
             residual, normed, w = self._outs[k - 1][:3]
@@ -209,10 +207,7 @@ class SegmentDecode(EagerDecode):
         guessed = prefetch.guess(self.net.blocks[k + 1], x) if nxt else None
         cache.span = cache.max_ctx  # every row, as decode_rows gives the eager step; the position on the device
         try:
-            h = block.attn(block.attn_norm(x), self.pos, cache)
-            if block.post_attn_norm is not None:
-                h = block.post_attn_norm(h)
-            residual, normed = add_norm(x, h, block.ffn_norm)
+            residual, normed = block.attn_add_norm(x, self.pos, cache)
             w, ids = block.ffn.router(normed)
         finally:
             cache.span = None
