@@ -18,13 +18,15 @@ launch and its drain take microseconds whatever the size.
 
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q4T,Q6_K] [--moe]
        [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--q4t-sweep] [--q4t-s7] [--q4t-rows L,...]
-       [--compile-workers N]
+       [--compile-workers N] [--pdl]
 
 --vs-s5 (session 6): "s5 default" (GEMV_TILES' tile at session 5's split rule, matmul.split_for
 rule "old", as an explicit split) next to "default" and S6_CANDIDATES; --qx: x quantized once before the timed calls, as the
 engine's norm hands it to the GEMV (one launch per call; without it each call also quantizes x,
 two launches), with "+quant" rows for the old way; --compile-workers N: N processes compile every
-row's kernel first (Triton's disk cache), so the timed process only loads them.
+row's kernel first (Triton's disk cache), so the timed process only loads them; --pdl (session 9):
+only the default tile, launched without and with programmatic dependent launch (kernels/pdl.py: the
+graph's launches overlap the one before's tail), and whether the two give the same bits.
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
@@ -48,7 +50,7 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 import q4t_twins
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed, rms_norm
+from sparkd.engine.kernels import act_quant, dispatch, matmul, pdl, q4_k_tiled, q6_k_tiled, q8_0_packed, rms_norm
 from sparkd.engine.kernels import moe as moe_module
 from sparkd.engine.kernels.matmul import GEMV_TILES, OLD_GEMV_TILES, GemvConfig, gemv, split_for
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
@@ -59,6 +61,7 @@ CANDIDATES_ON = True  # --defaults-only: only the old and the new default tiles
 VS_S5 = False  # --vs-s5: session 5's tile and split rule ("s5 default") first, S6_CANDIDATES after
 DEV = "cuda"  # (the interpreter's "cpu" to try the code paths off the box)
 QX = False  # --qx: x quantized before the timed calls, as the engine's norm writes it
+PDL_ROWS = False  # --pdl: the default tile with PDL off and on (how's "pdl": the mode of the row's launches)
 
 
 def tile(text: str) -> GemvConfig:
@@ -244,6 +247,8 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
     """(label, tile, how) of a shape's rows; how: loads (Q4T's integer step), quant (x quantized in
     the timed call even under --qx)."""
     key = tiles_name(name)
+    if PDL_ROWS:
+        return [(f"default pdl {mode}", None, dict(pdl=mode)) for mode in ("off", "on")]
     if VS_S5 and key in GEMV_TILES:  # the tile at session 5's split rule, as an explicit split
         s5 = GEMV_TILES[key]
         s5 = dataclasses.replace(s5, split=split_for(s5, rows, -(-cols // 256), "cuda", rule="old"))
@@ -305,21 +310,24 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     for label, cfg, how in row_tiles(name, rows, cols):
         kw = call_args(how, x, qx)
         try:
-            call = row_call(run, cfg, how, kw, fam.act_fmt, rows)
-            got = call(0)
-            if how.get("consumer"):  # the partials' ordered sum, and the norm's outputs: the in-launch fold's bits?
-                outs = [t.clone() for t in (got[1], got[2], *(() if got[3] is None else (got[3].words,)))]
-                got = matmul.sum_parts(got[0]) if how["consumer"] == "parts" else got[0].reshape(-1)
-                key = label.replace(" parts", "")
-                if how["consumer"] == "fold":
-                    folded[key] = outs
-                elif key in folded:
-                    same[label] = all(torch.equal(a, b) for a, b in zip(outs, folded[key]))
-            err = kb.rel_err(got, ref)
-            if base is not None and not how.get("consumer"):  # a tiled row: the GGUF default's bits?
-                old_y = got.clone() if cfg is base else old_y
-                same.update({} if cfg is base or old_y is None else {label: bool(torch.equal(got, old_y))})
-            sec = kb.graph_seconds(call, n)
+            with pdl.using(how.get("pdl", pdl.current())):
+                call = row_call(run, cfg, how, kw, fam.act_fmt, rows)
+                got = call(0)
+                if how.get("consumer"):  # the partials' ordered sum, and the norm's outputs: the in-launch fold's bits?
+                    outs = [t.clone() for t in (got[1], got[2], *(() if got[3] is None else (got[3].words,)))]
+                    got = matmul.sum_parts(got[0]) if how["consumer"] == "parts" else got[0].reshape(-1)
+                    key = label.replace(" parts", "")
+                    if how["consumer"] == "fold":
+                        folded[key] = outs
+                    elif key in folded:
+                        same[label] = all(torch.equal(a, b) for a, b in zip(outs, folded[key]))
+                err = kb.rel_err(got, ref)
+                # a tiled row: the GGUF default's bits? --pdl: PDL off's?
+                if (base is not None or PDL_ROWS) and not how.get("consumer"):
+                    first = cfg is base or how.get("pdl") == "off"
+                    old_y = got.clone() if first else old_y
+                    same.update({} if first or old_y is None else {label: bool(torch.equal(got, old_y))})
+                sec = kb.graph_seconds(call, n)
         except Exception as e:  # noqa: BLE001 - a candidate that fails leaves the shape's other rows
             print(f"FAILED gemv {rows}x{cols} {name} {label}: {type(e).__name__}: {e}", flush=True)
             continue
@@ -330,8 +338,8 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     print_rows(out)
     if same:
         said = ", ".join(f"{k}: {('no', 'yes')[v]}" for k, v in same.items())
-        print(f"gemv {rows}x{cols} {name} the old default's bits (+norm rows: the in-launch fold's): {said}",
-              flush=True)
+        what = "pdl off" if PDL_ROWS else "old default"
+        print(f"gemv {rows}x{cols} {name} the {what}'s bits (+norm rows: the in-launch fold's): {said}", flush=True)
     torch.cuda.empty_cache()
     return out
 
@@ -339,8 +347,8 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
 def warm(job: tuple) -> str:
     """Compile one row's kernel (a worker process: Triton's disk cache for the timed run)."""
     name, rows, cols, label, flags = job
-    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER
-    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER = flags
+    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS
+    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS = flags
     try:
         qtype, _, _, _, run = weights(name, rows, cols, rotate=False)
         x = torch.randn(cols, device=DEV)
@@ -348,7 +356,8 @@ def warm(job: tuple) -> str:
         qx = act_quant.quantize(x[None], fam.act_fmt) if QX and fam.act_fmt else None
         for lab, cfg, how in row_tiles(name, rows, cols):
             if lab == label:
-                row_call(run, cfg, how, call_args(how, x, qx), fam.act_fmt, rows)(0)
+                with pdl.using(how.get("pdl", pdl.current())):
+                    row_call(run, cfg, how, call_args(how, x, qx), fam.act_fmt, rows)(0)
         if DEV == "cuda":
             torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - the timed run reports it again
@@ -358,7 +367,7 @@ def warm(job: tuple) -> str:
 
 def precompile(names: list[str], shapes: list[tuple[int, int]], workers: int) -> None:
     """Every row's kernel compiled by `workers` processes first (each tile once per shape)."""
-    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER)
+    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS)
     jobs = [(name, r, c, label, flags) for name in names for r, c in shapes
             for label, _, _ in row_tiles(name, r, c)]
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
@@ -464,9 +473,11 @@ def main() -> None:
     ap.add_argument("--consumer", default="", help="TYPE@tile|default,...: GEMV + the add/norm launch after it")
     ap.add_argument("--compile-only", action="store_true",
                     help="stop after --compile-workers' compile (a later run times)")
+    ap.add_argument("--pdl", action="store_true", help="only the default tile, PDL off and on (kernels/pdl.py)")
     args = ap.parse_args()
-    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER
+    global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS
     TYPE_ROWS, CONSUMER = split_types(args.rows), split_types(args.consumer)
+    PDL_ROWS = args.pdl
     CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN = not args.defaults_only, args.vs_s5, args.qx, not args.no_float_down
     Q4T_SWEEP_ON, Q4T_S7_ON = args.q4t_sweep, args.q4t_s7
     Q4T_ROWS = [r for r in args.q4t_rows.split(",") if r]

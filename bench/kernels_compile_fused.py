@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from sparkd.engine.kernels import decode_attention, rms_norm, rope_kv, router_topk
+from sparkd.engine.kernels import decode_attention, pdl, rms_norm, rope_kv, router_topk
 
 INT64_POINTERS = ("pos_ptr", "ids_ptr")
 FLOATS = ("eps", "scale", "min_sum")
@@ -44,6 +44,7 @@ def arg_type(name: str) -> str:
 
 def build(kern, consts: dict, warps: int) -> int:
     """Compile one variant for sm_90; the PTX's length."""
+    consts = pdl.compile_args(kern, consts)
     sig = {name: "constexpr" if name in consts else arg_type(name) for name in kern.arg_names}
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
     return len(compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"])

@@ -31,7 +31,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import dispatch, matmul, pdl, q4_k_tiled, q6_k_tiled, q8_0_packed
 import q4t_compact  # (bench/, the script's own folder)
 import q4t_pair
 import q4t_relaid
@@ -62,6 +62,7 @@ def compiled(fam: dispatch.Family, cfg: matmul.GemvConfig, steps: bool = False):
     args = {} if steps else dict(**matmul.int_args(fam), EW=cfg.elementwise)
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
                   EMU=False, ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
+    consts = pdl.compile_args(kern, consts)
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})

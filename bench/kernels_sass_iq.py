@@ -27,7 +27,7 @@ WATCH = ("LDG", "SHFL", "BAR", "LDS", "I2FP", "I2F", "FFMA", "FMUL", "FADD", "LO
 def sass(fam: dispatch.Family, cfg: matmul.GemvConfig) -> str:
     kern = matmul._gemv_kernel
     consts = dict(**matmul.family_args(fam), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=1,
-                  ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
+                  ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg), PDL=False)
     sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
                     attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})

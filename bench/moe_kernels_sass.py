@@ -18,7 +18,7 @@ from triton.tools.disasm import get_sass
 
 from kernels_sass import WATCH, registers
 from moe_tiles_bench import kernels_of, tile
-from sparkd.engine.kernels import act_quant, dispatch, matmul, moe
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, pdl
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
@@ -33,6 +33,7 @@ GATE_UP = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw
 
 def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool) -> bytes:
     names = kern.arg_names
+    consts = pdl.compile_args(kern, consts)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, SCALARS.get(n)) for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED if n in names and n not in consts}
     src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)

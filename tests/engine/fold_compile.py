@@ -8,13 +8,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import dispatch, matmul
+from sparkd.engine.kernels import dispatch, matmul, pdl
 
 PTRS = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "aux_ptr": "*fp32", "x_ptr": "*fp32",
         "y_ptr": "*fp32", "part_ptr": "*fp32", "tickets_ptr": "*i32", "N": "i32", "K": "i32", "row_bytes": "i32"}
 
 
 def atomics(kern, consts: dict, num_warps: int) -> int:
+    consts = pdl.compile_args(kern, consts)
     sig = {n: "constexpr" if n in consts else PTRS[n] for n in kern.arg_names}
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
     cubin = compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["cubin"]

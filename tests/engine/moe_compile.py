@@ -7,13 +7,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, router_topk
+from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, pdl, router_topk
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "E": "i32", "row_bytes": "i32", "scale": "fp32", "min_sum": "fp32"}
 
 
 def atomics(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool = True) -> int:
+    consts = pdl.compile_args(kern, consts)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, SCALARS.get(n)) for n in kern.arg_names}
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
     cubin = compile(src, target=GPUTarget("cuda", 90, 32),

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.family import KernelArgumentError
 
 Q8_0, Q8_K = "q8_0", "q8_k"  # act_round's format names
@@ -126,7 +127,8 @@ def store_blocks(q_ptr, d_ptr, s_ptr, x, b, m, K8: tl.constexpr):
 
 @triton.jit
 def _quant_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, n_blocks, BLOCK: tl.constexpr, PER: tl.constexpr,
-                  K8: tl.constexpr):
+                  K8: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.start(PDL)  # first: pdl's rule
     r = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1) * PER + tl.arange(0, PER)[:, None]  # [PER, 1] block index in the row
     m = b < n_blocks
@@ -175,5 +177,5 @@ def quantize(x: torch.Tensor, fmt: str) -> QuantX:
     per = 256 // block if x.is_cuda else min(64, triton.next_power_of_2(n_blocks))  # the interpreter: few programs
     _quant_kernel[(rows, triton.cdiv(n_blocks, per))](
         x, q.words, q.scales, q.sums, cols, n_blocks, BLOCK=block, PER=per, K8=fmt == Q8_K,
-        enable_fp_fusion=False, num_warps=1)
+        enable_fp_fusion=False, num_warps=1, **pdl.launch(x.device))
     return q

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.family import KernelArgumentError
 
 
@@ -22,7 +23,8 @@ from sparkd.engine.kernels.family import KernelArgumentError
 def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, span, scale, window,
                       q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
                       out_head_stride, DK, DV, GROUP: tl.constexpr, HAS_SINKS: tl.constexpr,
-                      BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+                      BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.start(PDL)  # first: pdl's rule
     h = tl.program_id(0)
     kvh = h // GROUP
     pos = tl.load(pos_ptr).to(tl.int32)
@@ -73,7 +75,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         q, k, v, pos, q if sinks is None else sinks, out, S, scale, window,
         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv,
         GROUP=H // Hkv, HAS_SINKS=sinks is not None, BLOCK_S=block_s, BLOCK_DK=block_dk,
-        BLOCK_DV=block_dv, num_warps=4)
+        BLOCK_DV=block_dv, num_warps=4, **pdl.launch(q.device))
     return out
 
 

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, q4_k_tiled
+from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k_tiled
 from sparkd.engine.kernels.row_tiles import row_sums
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
@@ -266,7 +266,8 @@ def finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.con
 def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
-                  ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr):
+                  ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
@@ -279,7 +280,8 @@ def _gemv_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_
                  ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
                  NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
                  EW: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr, KFOLD: tl.constexpr,
-                 STAGES: tl.constexpr):
+                 STAGES: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     row_off = rows.to(tl.int64) * row_bytes
@@ -374,7 +376,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     ticket = _tickets_arg(in_kernel, tiles, part)
     _gemv_kernel[(tiles, split)](
         weight, aux_arg(fam, cols, x.device), x, y, part, ticket, rows, cols, row_bytes,
-        **family_args(fam), **_launch_args(cfg, split))
+        **family_args(fam), **_launch_args(cfg, split), **pdl.launch(x.device))
     if parts:
         return part if part is not y else y[None]
     return y if in_kernel else fold_partials(part, y)
@@ -405,7 +407,7 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
         weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
-        A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), **_launch_args(cfg, split))
+        A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), **_launch_args(cfg, split), **pdl.launch(x.device))
     if parts:
         return part
     return y if in_kernel else fold_partials(part, y)

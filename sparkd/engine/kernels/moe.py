@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from sparkd.engine.kernels import act_quant, dispatch, grids, q4_k, q4_k_tiled, q8_0_words
+from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_tiled, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
     check_qx,
@@ -125,8 +125,9 @@ def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, x_ptr,
                     row_bytes, IDS: tl.constexpr, DOT: tl.constexpr, ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr,
                     USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
                     BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, ACT: tl.constexpr,
-                    RW: tl.constexpr, STAGES: tl.constexpr):
+                    RW: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False):
     """h[a] = act(gate_a x, up_a x), times the routing weight if RW, for expert program_id(1)."""
+    pdl.start(PDL)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
@@ -147,9 +148,10 @@ def _down_kernel(down_ptr, aux_ptr, down_off, ids_ptr, h_ptr, y_ptr, part_ptr, r
                  ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
                  NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
                  UNROLL: tl.constexpr, EW: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
-                 STAGES: tl.constexpr):
+                 STAGES: tl.constexpr, PDL: tl.constexpr = False):
     """y = sum_a down_a @ h[a] (+ the residual if RES): a row tile per program, the experts of its
     range in table order (_experts; the ranges meet as _finish has them meet)."""
+    pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
@@ -206,12 +208,13 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                      A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
-                     H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr):
+                     H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
     (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs
     to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket."""
+    pdl.start(PDL)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
@@ -248,11 +251,12 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
-                  NG: tl.constexpr = 0):
+                  NG: tl.constexpr = 0, PDL: tl.constexpr = False):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
     on a mask that is true everywhere (_row_idot_full)."""
+    pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
@@ -506,14 +510,15 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
-                               enable_fp_fusion=hq is None)  # act_quant's exact rounding needs it off
+                               enable_fp_fusion=hq is None,  # act_quant's exact rounding needs it off
+                               **pdl.launch(x.device))
         return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
     _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x_ptr=x, rw_ptr=rw,
                           h_ptr=h, F=F, D=D, row_bytes=p.gate_up_row_bytes, **_ids(p), **family_args(p.gate_up),
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
-                          RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps)
+                          RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **pdl.launch(x.device))
     return h
 
 
@@ -586,11 +591,12 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
-                            **common)
+                            **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()
-        _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h_ptr=h, **family_args(p.down), **common)
+        _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h_ptr=h, **family_args(p.down), **common,
+                           **pdl.launch(y.device))
     if not fold:
         fold_partials(part, y)
     if residual is not None and not res:

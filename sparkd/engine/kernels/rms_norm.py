@@ -21,14 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
-from sparkd.engine.kernels import act_quant
+from sparkd.engine.kernels import act_quant, pdl
 from sparkd.engine.kernels.family import KernelArgumentError
 
 
 @triton.jit
 def _rms_norm_rows(x_ptr, w_ptr, out_ptr, res_ptr, sum_ptr, q_ptr, d_ptr, s_ptr, n_cols, x_row_stride,
                    out_row_stride, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, QBLOCK: tl.constexpr,
-                   K8: tl.constexpr, PARTS: tl.constexpr = 0):
+                   K8: tl.constexpr, PARTS: tl.constexpr = 0, PDL: tl.constexpr = False):
+    pdl.start(PDL)  # first: pdl's rule
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     live = cols < n_cols
@@ -123,5 +124,6 @@ def _launch(x, h, weight, eps, fmt: str | None = None, parts: bool = False):
                                          K8=fmt == act_quant.Q8_K,
                                          PARTS=res.shape[0] if parts and res.shape[0] > 1 else 0,
                                          num_warps=4 if block <= 1024 else 8,
-                                         enable_fp_fusion=False)  # see the module's doc
+                                         enable_fp_fusion=False,  # see the module's doc
+                                         **pdl.launch(x.device))
     return None if total is None else total.view(x.shape), out.view(x.shape), q

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.family import KernelArgumentError
 
 
@@ -51,7 +52,8 @@ def _rope_kv(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, q_out_ptr, k_cache_
              H, DK, DV, HALF, q_head_stride, k_head_stride, v_head_stride, q_out_head_stride,
              kc_row_stride, kc_head_stride, vc_row_stride, vc_head_stride,
              NEOX: tl.constexpr, NORM: tl.constexpr, HAS_V: tl.constexpr, BLOCK_D: tl.constexpr,
-             BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_DV: tl.constexpr):
+             BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.start(PDL)  # first: pdl's rule
     i = tl.program_id(0)
     pos = tl.load(pos_ptr).to(tl.int64)
     cos_row = cos_ptr + pos * HALF
@@ -90,7 +92,7 @@ def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: torch
         NEOX=neox, NORM=norms is not None, HAS_V=v is not None, BLOCK_D=triton.next_power_of_2(Dk),
         BLOCK_HALF=triton.next_power_of_2(half),
         BLOCK_REST=triton.next_power_of_2(max(Dk - 2 * half, 1)),
-        BLOCK_DV=triton.next_power_of_2(max(Dv, 1)), num_warps=1)
+        BLOCK_DV=triton.next_power_of_2(max(Dv, 1)), num_warps=1, **pdl.launch(q.device))
     return q_out
 
 

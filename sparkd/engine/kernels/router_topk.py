@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.family import KernelArgumentError
 from sparkd.engine.kernels.matmul import tickets
 
@@ -26,7 +27,8 @@ GATINGS = {"softmax": 0, "sigmoid": 1, "sqrt_softplus": 2, "softmax_weight": 3} 
 def _router_topk(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, logits_row_stride, scale, min_sum,
                  GATING: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
                  SCALE: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.start(PDL)  # first: pdl's rule
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     live = e < E
@@ -88,10 +90,11 @@ def _select(x, e, live, bias_ptr, w_ptr, ids_ptr, scale, min_sum, GATING: tl.con
 def _gate_topk(gate_ptr, x_ptr, part_ptr, ticket_ptr, bias_ptr, w_ptr, ids_ptr, E, D, scale, min_sum,
                GATING: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr,
                TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-               COLS: tl.constexpr, SPLIT: tl.constexpr):
+               COLS: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """One token's gate GEMV (float32 W [E, D] @ x) and selection in one launch: program (i, s)
     sums rows tile i over column range s into part[s]; the last program to finish (a ticket
     counted by an acq_rel atomic) adds the SPLIT ranges in order, selects, and resets the ticket."""
+    pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     per = tl.cdiv(tl.cdiv(D, COLS), SPLIT) * COLS
     acc = tl.zeros((ROWS, COLS), tl.float32)
@@ -139,7 +142,7 @@ def router_topk(logits: torch.Tensor, top_k: int, gating: str, norm_w: bool, sca
                            scale, min_sum, GATING=GATINGS[gating], HAS_BIAS=sel_bias is not None,
                            NORM=norm_w, SCALE=scale not in (0.0, 1.0), TOP_K=top_k,
                            BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
-                           num_warps=1 if block_e <= 256 else 4)
+                           num_warps=1 if block_e <= 256 else 4, **pdl.launch(logits.device))
     return w, ids
 
 
@@ -168,5 +171,5 @@ def gate_topk(weight: torch.Tensor, x: torch.Tensor, top_k: int, gating: str, no
                      GATING=GATINGS[gating], HAS_BIAS=sel_bias is not None, NORM=norm_w,
                      SCALE=scale not in (0.0, 1.0), TOP_K=top_k, BLOCK_E=block_e,
                      BLOCK_K=triton.next_power_of_2(top_k), ROWS=rows, COLS=cols, SPLIT=split,
-                     num_warps=1 if block_e <= 256 else 4)
+                     num_warps=1 if block_e <= 256 else 4, **pdl.launch(x.device))
     return w, ids

@@ -1,0 +1,62 @@
+"""Compile decode-step kernels for sm_90 offline (no GPU needed) with PDL on and off and print, per
+kernel and mode, where the PTX's griddepcontrol instructions sit against its first global memory
+access and its first return (kernels/pdl.py's rule: the wait before any read, write or end): the
+interpreter runs none of the PTX, so a compiler that moved a load above the wait shows up here. Run
+without TRITON_INTERPRET (the kernels must be JIT functions); test_pdl.py runs it. A line per kernel
+and mode (PTX line numbers, - for none):
+    <kernel> pdl=<0|1> launch=<n|-> wait=<n|-> first_access=<n> first_ret=<n>"""
+
+import re
+
+from gguf.constants import GGMLQuantizationType as T
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+
+from sparkd.engine.kernels import act_quant, decode_attention, dispatch, matmul, rms_norm, rope_kv, router_topk
+
+ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async")
+TYPES = {"w_ptr": "*u8", "xw_ptr": "*i32", "xs_ptr": "*i32", "q_ptr": "*i32", "s_ptr": "*i32", "tickets_ptr": "*i32",
+         "ticket_ptr": "*i32", "ids_ptr": "*i64", "pos_ptr": "*i64"}
+
+
+def ptx(kern, consts: dict, num_warps: int, pdl: bool) -> str:
+    consts = dict(consts, PDL=pdl)
+    sig = {n: "constexpr" if n in consts else TYPES.get(n, "*fp32" if n.endswith("_ptr") else "i32")
+           for n in kern.arg_names}
+    src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
+    opts = {"num_warps": num_warps, "launch_pdl": pdl}
+    return compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+
+
+def where(text: str) -> str:
+    lines = text.splitlines()
+
+    def first(pred) -> str:
+        return next((str(i) for i, line in enumerate(lines) if pred(line)), "-")
+    return (f"launch={first(lambda s: 'griddepcontrol.launch_dependents' in s)} "
+            f"wait={first(lambda s: 'griddepcontrol.wait' in s)} first_access={first(ACCESS.search)} "
+            f"first_ret={first(lambda s: s.strip().startswith(('ret', '@')) and 'ret;' in s)}")
+
+
+KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
+    "igemv": (matmul._igemv_kernel, dict(**matmul.int_args(dispatch.FAMILIES[T.Q8_0]), BLOCK_N=2, EW=True, EMU=False,
+                                         UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True, STAGES=None), 1),
+    "rms_norm_quant": (rms_norm._rms_norm_rows, dict(HAS_RES=True, BLOCK=2048, QBLOCK=32, K8=False), 8),
+    "quant": (act_quant._quant_kernel, dict(BLOCK=32, PER=8, K8=False), 1),
+    "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_HALF=64, BLOCK_REST=1,
+                                       BLOCK_DV=128), 1),
+    "decode_attention": (decode_attention._decode_attention, dict(GROUP=8, HAS_SINKS=False, BLOCK_S=64, BLOCK_DK=128,
+                                                                  BLOCK_DV=128), 4),
+    "gate_topk": (router_topk._gate_topk, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8, BLOCK_E=128,
+                                               BLOCK_K=8, ROWS=4, COLS=256, SPLIT=8), 1),
+}
+
+
+def main() -> None:
+    for name, (kern, consts, warps) in KERNELS.items():
+        for pdl in (False, True):
+            print(f"{name} pdl={int(pdl)} {where(ptx(kern, consts, warps, pdl))}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

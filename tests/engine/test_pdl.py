@@ -1,0 +1,131 @@
+"""Programmatic dependent launch (kernels/pdl.py): its modes, its rule (the wait before a PDL
+kernel reads, writes or ends) in the kernels' sources and in their sm_90 PTX compiled offline, and
+on the GPU box (marker gpu) the decode step's bits with PDL off and on, eager and graph-replayed."""
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from sparkd.engine import switches  # noqa: E402
+from sparkd.engine.kernels import pdl  # noqa: E402
+
+KERNELS_DIR = Path(pdl.__file__).parent
+# the Triton kernels the decode step launches, each of which takes PDL (a new one belongs here)
+DECODE_KERNELS = {"_igemv_kernel", "_gemv_kernel", "_igate_up_kernel", "_idown_kernel", "_gate_up_kernel",
+                  "_down_kernel", "_rms_norm_rows", "_rope_kv", "_decode_attention", "_router_topk", "_gate_topk",
+                  "_quant_kernel"}
+
+
+def _is_start(stmt: ast.stmt) -> bool:
+    return ast.unparse(stmt) == "pdl.start(PDL)"
+
+
+def _sources() -> dict[str, ast.Module]:
+    return {p.name: ast.parse(p.read_text()) for p in sorted(KERNELS_DIR.glob("*.py"))}
+
+
+def test_pdl_kernels_start_with_the_wait_and_launch_with_their_keywords():
+    """Every kernel with a PDL argument calls pdl.start(PDL) first (after its docstring): before any
+    load, store or return. Every launch with pdl.launch's keywords is of such a kernel, and each
+    such kernel is launched so. Only pdl.py calls the griddepcontrol functions itself."""
+    takes, starts, launched = set(), set(), set()
+    for name, tree in _sources().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and "PDL" in [a.arg for a in node.args.args]:
+                takes.add(node.name)
+                body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(
+                    node.body[0].value, ast.Constant) else node.body
+                if _is_start(body[0]) and not any(_is_start(s) for s in body[1:]):
+                    starts.add(node.name)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and any(
+                    k.arg is None and ast.unparse(k.value).startswith("pdl.launch(") for k in node.keywords):
+                launched.add(ast.unparse(node.func.value))
+        if name != "pdl.py":
+            assert "gdc_" not in (KERNELS_DIR / name).read_text(), f"{name} calls griddepcontrol outside pdl.start"
+    assert takes - {"start"} == DECODE_KERNELS
+    assert starts == DECODE_KERNELS, f"no pdl.start(PDL) first in {sorted(DECODE_KERNELS - starts)}"
+    assert launched == DECODE_KERNELS, f"launched without pdl.launch: {sorted(DECODE_KERNELS - launched)}"
+
+
+def test_compiled_kernels_wait_before_any_access_or_return():
+    """sm_90 PTX of the decode kernels (pdl_compile.py): PDL on, launch_dependents then the wait before
+    the first global load, store or atomic and the first return; PDL off, no griddepcontrol at all."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).parent / "pdl_compile.py"
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = re.findall(r"^(\w+) pdl=(\d) launch=(\S+) wait=(\S+) first_access=(\S+) first_ret=(\S+)$", out.stdout, re.M)
+    assert len(rows) == 12, out.stdout
+    for name, on, launch, wait, access, ret in rows:
+        if on == "0":
+            assert launch == wait == "-", f"{name} without PDL has griddepcontrol"
+        else:
+            assert "-" not in (launch, wait, access, ret), f"{name}: {launch} {wait} {access} {ret}"
+            assert int(launch) < int(wait) < min(int(access), int(ret)), f"{name}: {launch} {wait} {access} {ret}"
+
+
+def test_modes(monkeypatch):
+    """auto: on from compute capability 9, off below and off CUDA; on: an older GPU is an error; off:
+    never. The launch keywords follow."""
+    major = {"value": 9}
+    monkeypatch.setattr(pdl, "_major", lambda device: major["value"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "an old GPU")
+    with pdl.using("auto"):
+        assert pdl.launch("cuda:0") == {"PDL": True, "launch_pdl": True}
+        assert pdl.launch("cpu") == {"PDL": False}
+        major["value"] = 8
+        assert pdl.launch("cuda:0") == {"PDL": False}
+    with pdl.using("on"), pytest.raises(switches.SwitchError, match=r"could not use SPARKD_PDL=on on an old GPU"):
+        pdl.enabled("cuda:0")
+    with pdl.using("off"):
+        major["value"] = 10
+        assert pdl.launch("cuda:0") == {"PDL": False}
+
+
+def test_configure_refuses_an_unknown_mode():
+    before = pdl.current()
+    with pytest.raises(switches.SwitchError, match=r"could not configure PDL 'maybe': choose one of auto, on, off"):
+        pdl.configure("maybe")
+    assert pdl.current() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] < pdl.MIN_MAJOR,
+                    reason="needs a GPU of compute capability 9 or more")
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
+def test_decode_bits_the_same_with_and_without_pdl(tmp_path, quant):
+    """Greedy tokens and every step's logits of the eager step and of the graph-replayed static step
+    (captured in each mode) are the same bits with PDL off and on."""
+    from test_cuda_graphs import decode
+
+    from sparkd.engine.cuda_graphs import StaticDecode
+    from sparkd.engine.make_model import plan, write_model
+    from sparkd.engine.modelgen.specs import TINY
+    from sparkd.engine.models import load_model
+
+    shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
+    path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
+    m = load_model(path, device="cuda")
+    got = {}
+    try:
+        for mode in ("off", "on"):
+            with pdl.using(mode):
+                assert pdl.enabled("cuda") == (mode == "on")
+                got[mode] = (decode(m.net, lambda c: lambda t: m.net(torch.tensor([t]), c), 16, 32),
+                             decode(m.net, lambda c: StaticDecode(m.net, c, True, 4), 16, 32))
+    finally:
+        m.close()
+    for (off_logits, off_ids), (on_logits, on_ids) in zip(got["off"], got["on"]):
+        assert on_ids == off_ids
+        assert torch.equal(on_logits, off_logits)
