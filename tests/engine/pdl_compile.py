@@ -41,7 +41,7 @@ def where(text: str) -> str:
 KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
     "igemv": (matmul._igemv_kernel, dict(**matmul.int_args(dispatch.FAMILIES[T.Q8_0]), BLOCK_N=2, EW=True, EMU=False,
                                          UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True, STAGES=None), 1),
-    "rms_norm_quant": (rms_norm._rms_norm_rows, dict(HAS_RES=True, BLOCK=2048, QBLOCK=32, K8=False), 8),
+    "rms_norm_quant": (rms_norm._rms_norm_rows, dict(HAS_RES=True, BLOCK=2048, QBLOCK=32, K8=False, PARTS=0), 8),
     "quant": (act_quant._quant_kernel, dict(BLOCK=32, PER=8, K8=False), 1),
     "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_HALF=64, BLOCK_REST=1,
                                        BLOCK_DV=128), 1),
