@@ -126,6 +126,7 @@ def cmd_generate(a) -> int:
 
     from sparkd.engine.cuda_graphs import use_graphs
     from sparkd.engine.models import load_model
+    from sparkd.engine.models.decoder import prompt_last_only
     from sparkd.engine.sampler import Sampler, SamplingParams
     from sparkd.engine.streaming.commands import print_plan, stream_options
     from sparkd.engine.streaming.graph_step import decode_step
@@ -149,9 +150,10 @@ def cmd_generate(a) -> int:
         if graphs:  # capture outside the timed region too
             step.prepare(len(ids) + a.n)
         batch = sm.plan.batch_tokens if sm else len(ids)
+        last = prompt_last_only()
         t0 = time.perf_counter()
         for i in range(0, len(ids), batch):  # a long prompt in chunks the plan's workspace holds
-            logits = m.net(torch.tensor(ids[i:i + batch]), cache)
+            logits = m.net(torch.tensor(ids[i:i + batch]), cache, last=last)
         t1 = time.perf_counter()
         before = sm.store.snapshot() if sm else {}
         prof = StageProfile(m.net, step) if sm else None

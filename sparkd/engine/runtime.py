@@ -16,6 +16,7 @@ import torch
 
 from sparkd.engine.chat import THINK_TAGS, ChatTemplate
 from sparkd.engine.errors import EngineError
+from sparkd.engine.models.decoder import prompt_last_only
 from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, kv_bytes
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
@@ -239,8 +240,9 @@ class Engine:
         cache.n_past = 0
         ids = req.prompt_ids
         batch = self.streaming.plan.batch_tokens if self.streaming else len(ids)
+        last = prompt_last_only()
         for i in range(0, len(ids), batch):  # chunks the plan's workspace holds
-            logits = self.net(torch.tensor(ids[i:i + batch]), cache)[-1]
+            logits = self.net(torch.tensor(ids[i:i + batch]), cache, last=last)[-1]
         history = list(req.prompt_ids)
         budget = _ReasoningBudget(req)
         # the step's device picks (greedy) or draws (temperature, graph step only): one int comes

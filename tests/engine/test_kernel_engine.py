@@ -94,6 +94,22 @@ def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_prompt_last_token_logits(tmp_path, backend):
+    """forward(last=True) (SPARKD_PROMPT_LOGITS=last: the head's GEMV on the last row) gives the
+    last row of every token's logits (the head's GEMM) within the bound, and the same argmax."""
+    path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q8_0"], "Q8_0"), seed=5)[0]
+    k = load_model(path, device=backend, kernels=True)
+    try:
+        every = k.net(torch.tensor(PROMPT), k.net.new_cache(len(PROMPT)))
+        last = k.net(torch.tensor(PROMPT), k.net.new_cache(len(PROMPT)), last=True)
+    finally:
+        k.close()
+    assert every.shape[0] == len(PROMPT) and last.shape == (1, every.shape[1])
+    assert float((last[0] - every[-1]).norm() / every[-1].norm()) < BOUND
+    assert int(last[0].argmax()) == int(every[-1].argmax())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_iq_experts_through_the_kernels_match_cpu_reference(tmp_path, backend):
     """Routed experts as IQ1_S gate/up and IQ2_XXS/IQ2_XS down run through the MoE kernels (their
     grids from device memory), not the torch dequantize fallback."""

@@ -26,6 +26,7 @@ from sparkd.engine import switches  # noqa: E402
 from sparkd.engine.cuda_graphs import device_argmax_default  # noqa: E402
 from sparkd.engine.layers.attention import fuse_qkv_default  # noqa: E402
 from sparkd.engine.device_sampler import device_sampling_default  # noqa: E402
+from sparkd.engine.models.decoder import prompt_last_only  # noqa: E402
 from sparkd.engine.models.weights import resident_q4_k_layout, resident_q6_k_layout, resident_q8_0_layout  # noqa: E402
 from sparkd.engine.streaming.graph_step import graphs_mode as stream_graphs_mode  # noqa: E402
 from sparkd.engine.streaming.zero_copy import table_mode  # noqa: E402
@@ -91,6 +92,12 @@ SWITCHES = [
            ("experts", "segments", "off")),
     Switch("SPARKD_STREAM_TABLE", None, table_mode, "fast",
            {UNSET: "cached", "cached": "cached", "checked": "checked"}, ("cached", "checked")),
+    Switch("SPARKD_MOE_PREFILL", "sparkd.engine.kernels.moe", "m.PREFILL", "fast",
+           {UNSET: "grouped", "grouped": "grouped", "Loop": "loop"}, ("grouped", "loop")),
+    Switch("SPARKD_PREFILL_PRECISION", "sparkd.engine.layers.linear", "m.PREFILL_PRECISION", "fp16",
+           {UNSET: "ieee", "ieee": "ieee", "tf32x3": "tf32x3", " TF32 ": "tf32"}, ("ieee", "tf32x3", "tf32")),
+    Switch("SPARKD_PROMPT_LOGITS", None, prompt_last_only, "first",
+           {UNSET: True, "last": True, "ALL": False}, ("last", "all")),
 ]
 
 # one process: per switch read at import, set each value, reload the module, record what it gives

@@ -1,4 +1,5 @@
-"""Dequantize-and-multiply straight from GGUF blocks: GEMV for decode, a small GEMM for prefill.
+"""Dequantize-and-multiply straight from GGUF blocks: GEMV for decode, a small GEMM for prefill
+(and grouped_gemm: many experts' GEMMs over their tokens in one launch, moe_prefill's).
 
 Weights stay raw GGUF bytes ([rows, cols] in torch order, rows one after another); each program
 dequantizes a tile of rows one 256-value group at a time in registers, so no dequantized copy
@@ -304,25 +305,54 @@ def family_args(fam: dispatch.Family) -> dict:
 
 
 @triton.jit
+def _gemm_tile(w_ptr, aux_ptr, x_ptr, x_rows, tmask, rows, rmask, K, n_groups, row_bytes, DEQ: tl.constexpr,
+               NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """x's rows at element offsets x_rows [BLOCK_T] times W's `rows`, over n_groups groups of K:
+    float32 [BLOCK_T, BLOCK_N]. W's tile is dequantized in registers one group at a time."""
+    row_off = (rows.to(tl.int64) * row_bytes)[:, None, None]
+    s = tl.arange(0, NSUB)[None, :, None]
+    kk = tl.arange(0, NSUB * SUBLEN)[None, :]
+    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    for g in range(0, n_groups):
+        kmask = g * (NSUB * SUBLEN) + s * SUBLEN < K
+        w = DEQ(w_ptr, aux_ptr, row_off, g, rmask[:, None, None] & kmask)
+        w = tl.reshape(w, (BLOCK_N, NSUB * SUBLEN))
+        cols = g * (NSUB * SUBLEN) + kk
+        x = tl.load(x_ptr + x_rows[:, None] + cols, mask=tmask[:, None] & (cols < K), other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def _gemm_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, N, K, T, row_bytes, stride_xt, stride_yt,
                  DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_T: tl.constexpr, PRECISION: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     toks = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask, tmask = rows < N, toks < T
-    row_off = (rows.to(tl.int64) * row_bytes)[:, None, None]
-    s = tl.arange(0, NSUB)[None, :, None]
-    kk = tl.arange(0, NSUB * SUBLEN)[None, :]
-    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
-    for g in range(0, tl.cdiv(K, NSUB * SUBLEN)):
-        kmask = g * (NSUB * SUBLEN) + s * SUBLEN < K
-        w = DEQ(w_ptr, aux_ptr, row_off, g, rmask[:, None, None] & kmask)
-        w = tl.reshape(w, (BLOCK_N, NSUB * SUBLEN))
-        cols = g * (NSUB * SUBLEN) + kk
-        x = tl.load(x_ptr + toks[:, None].to(tl.int64) * stride_xt + cols,
-                    mask=tmask[:, None] & (cols < K), other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    acc = _gemm_tile(w_ptr, aux_ptr, x_ptr, toks.to(tl.int64) * stride_xt, tmask, rows, rmask, K,
+                     tl.cdiv(K, NSUB * SUBLEN), row_bytes, DEQ, NSUB, SUBLEN, BLOCK_N, BLOCK_T, PRECISION)
     y = y_ptr + toks[:, None].to(tl.int64) * stride_yt + rows[None, :]
+    tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
+
+
+@triton.jit
+def _grouped_gemm_kernel(w_ptr, w_off_ptr, aux_ptr, tiles_ptr, src_ptr, x_ptr, y_ptr, N, K, row_bytes,
+                         stride_xt, stride_yt, DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (i, j): tile j = (expert e, rows [first, end) of y) of expert_tiles, y's rows
+    x[src[r]] @ W_e.T for W_e's row tile i; an empty tile (first == end) runs no group."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile = tiles_ptr + tl.program_id(1) * 3
+    e, first, end = tl.load(tile), tl.load(tile + 1), tl.load(tile + 2)
+    r = first + tl.arange(0, BLOCK_T)
+    rmask, tmask = rows < N, r < end
+    src = tl.load(src_ptr + r, mask=tmask, other=0).to(tl.int64)
+    n_groups = tl.where(first < end, tl.cdiv(K, NSUB * SUBLEN), 0)
+    acc = _gemm_tile(w_ptr + tl.load(w_off_ptr + e), aux_ptr, x_ptr, src * stride_xt, tmask, rows, rmask, K,
+                     n_groups, row_bytes, DEQ, NSUB, SUBLEN, BLOCK_N, BLOCK_T, PRECISION)
+    y = y_ptr + r[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
 
@@ -508,15 +538,23 @@ def aux_arg(fam: dispatch.Family, cols: int, device: torch.device) -> torch.Tens
     return _ROW_WIDTHS[key]
 
 
+PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+def check_precision(precision: str, what: str) -> None:
+    if precision not in PRECISIONS:
+        raise dispatch.KernelArgumentError(f"could not run {what}: precision {precision!r} is not one of "
+                                           f"{', '.join(PRECISIONS)}")
+
+
 def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
          precision: str = "tf32", out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W.T for a few tokens. weight: raw GGUF bytes of W [rows, cols]; x float32 [T, cols].
 
-    precision is tl.dot's input_precision: "tf32" (fast, ~1e-3 relative) or "ieee" (float32)."""
+    precision is tl.dot's input_precision (PRECISIONS): "tf32" (fast, ~1e-3 relative), "tf32x3"
+    (three tf32 products on the tensor cores, near float32) or "ieee" (float32 FMAs)."""
     what = f"the {qtype.name} GEMM"
-    if precision not in ("tf32", "ieee"):
-        raise dispatch.KernelArgumentError(f"could not run {what}: precision {precision!r} is not "
-                                           f"'tf32' or 'ieee'")
+    check_precision(precision, what)
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 2, what)
     n_tok = x.shape[0]
     dispatch.check_out(out, (n_tok, rows), x.device, what)
@@ -527,4 +565,38 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     _gemm_kernel[grid](weight, aux_arg(fam, cols, x.device), x, y, rows, cols, n_tok, row_bytes,
                        x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
                        BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=precision, num_warps=GEMM_WARPS)
+    return y
+
+
+def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
+                 src: torch.Tensor, tiles: torch.Tensor, precision: str = "tf32") -> torch.Tensor:
+    """y[r] = x[src[r]] @ W_e.T for every row r of every tile (e, first, end) of `tiles` (int32
+    [n, 3], moe.expert_tiles: e's rows [first, end), at most GEMM_BLOCK_T, none for first == end):
+    many small GEMMs of one shape in one launch, no host sync. W_e: the [rows, cols] matrix of raw
+    GGUF bytes at byte offsets[e] of `weight` (int64 on x's device, checked by the caller:
+    moe.prepare); x float32 [T, cols]; src int [R] -> y float32 [R, rows]."""
+    what = f"the {qtype.name} grouped GEMM"
+    check_precision(precision, what)
+    fam = dispatch.family(qtype)
+    rows, cols = shape
+    row_bytes = dispatch.check_cols(fam, cols, what)
+    dispatch.check_weight(weight, what, fam.align)
+    dispatch.check_activations(x, cols, what)
+    for name, t, dims, dtypes in (("offsets", offsets, 1, (torch.int64,)), ("src", src, 1, (torch.int32, torch.int64)),
+                                  ("tiles", tiles, 2, (torch.int32,))):
+        if t.dim() != dims or t.dtype not in dtypes or t.device != x.device or not t.is_contiguous() \
+                or (name == "tiles" and t.shape[1] != 3):
+            raise dispatch.KernelArgumentError(
+                f"could not run {what}: {name} must be contiguous {'/'.join(str(d) for d in dtypes)} "
+                f"{'[n, 3]' if name == 'tiles' else '[n]'} on {x.device}, got {t.dtype} {list(t.shape)} on {t.device}")
+    if x.dim() != 2 or rows % fam.row_tile:
+        raise dispatch.KernelArgumentError(f"could not run {what}: need x [T, {cols}] and rows a multiple of "
+                                           f"{fam.row_tile}, got x {list(x.shape)} and {rows} rows")
+    y = torch.empty(src.numel(), rows, dtype=torch.float32, device=x.device)
+    if src.numel() == 0 or tiles.shape[0] == 0:
+        return y
+    grid = (triton.cdiv(rows, GEMM_BLOCK_N), tiles.shape[0])
+    _grouped_gemm_kernel[grid](weight, offsets, aux_arg(fam, cols, x.device), tiles, src, x, y, rows, cols, row_bytes,
+                               x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
+                               BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=precision, num_warps=GEMM_WARPS)
     return y

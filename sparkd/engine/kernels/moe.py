@@ -21,7 +21,8 @@ does (h inside the gate/up launch with GemvConfig.fuse_quant: by the tile itself
 whole blocks, else by the last program of each block), and the routing weight multiplies each
 expert's down sums as they are added.
 
-Prefill (many tokens): tokens are grouped by expert and each expert runs the small GEMM.
+Prefill (many tokens): tokens are grouped by expert; each projection is one grouped GEMM launch
+over every expert's token tiles (moe_prefill).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_tiled, q8_0_words
 from sparkd.engine.kernels.matmul import (
+    GEMM_BLOCK_T,
     GemvConfig,
     check_qx,
     emulate,
@@ -43,6 +46,7 @@ from sparkd.engine.kernels.matmul import (
     fold_part,
     fold_partials,
     gemm,
+    grouped_gemm,
     int_args,
     kernel_folds,
     partials_for,
@@ -59,6 +63,9 @@ from sparkd.engine.kernels.row_tiles import row_sums
 OAI_ALPHA = 1.702
 OAI_LIMIT = 7.0
 ACT_CODES = {"silu": 0, "swiglu_oai": 1}
+# moe_prefill's way: "grouped" (session 9: three grouped GEMM launches a layer, no sync per expert)
+# or "loop" (a GEMM per expert and projection, the way before)
+PREFILL = switches.choice("SPARKD_MOE_PREFILL", ("grouped", "loop"), "grouped")
 
 
 @triton.jit
@@ -610,26 +617,73 @@ def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
     return xg * torch.sigmoid(OAI_ALPHA * xg) * (yu + 1.0)
 
 
-def moe_prefill(table: ExpertTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
+def expert_tiles(keys: torch.Tensor, n_experts: int, block_t: int) -> torch.Tensor:
+    """The grouped GEMM's tiles of expert-sorted rows: keys (sorted expert ids, one per row) ->
+    int32 [n, 3] of (expert, first row, end row), each expert's rows cut in runs of block_t, then
+    empty tiles (0, 0, 0) up to n = cdiv(R, block_t) + min(experts, R), the most there can be,
+    so the launch's size is known without a host sync."""
+    dev, n_rows = keys.device, keys.numel()
+    ids = torch.arange(n_experts, device=dev, dtype=keys.dtype)
+    starts, ends = torch.searchsorted(keys, ids), torch.searchsorted(keys, ids, right=True)
+    n_tiles = (ends - starts + block_t - 1) // block_t
+    tile_end = n_tiles.cumsum(0)
+    i = torch.arange(triton.cdiv(n_rows, block_t) + min(n_experts, n_rows), device=dev)
+    e = torch.searchsorted(tile_end, i, right=True).clamp_(max=n_experts - 1)
+    first = starts[e] + (i - tile_end[e] + n_tiles[e]) * block_t
+    used = i < tile_end[-1]
+    end = torch.minimum(first + block_t, ends[e])
+    return torch.stack([e.where(used, 0), first.where(used, 0), end.where(used, 0)], 1).to(torch.int32).contiguous()
+
+
+def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
                 act: str = "silu", precision: str = "tf32",
                 round_h: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts; route_weights
-    float32 [T, A] -> y [T, D]. Tokens are grouped by expert and each expert runs the GEMM once;
-    round_h as in moe_decode."""
+    """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts (an ExpertTable,
+    or the PreparedTable of all of them that prepare() made); route_weights
+    float32 [T, A] -> y [T, D]; round_h as in moe_decode. PREFILL "grouped": the (token, slot)
+    pairs sorted by expert, gate, up and down each one grouped GEMM launch over every expert's
+    tiles (no host sync but the slots' check), the same bits as "loop": a GEMM per expert and
+    projection, each expert's tokens found by a host sync."""
     what = "the MoE prefill kernels"
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
                                            f"{sorted(ACT_CODES)}")
-    prepare(table, x.device, what)
+    p = table if isinstance(table, PreparedTable) else prepare(table, x.device, what)
+    if p.ids is not None:
+        raise dispatch.KernelArgumentError(f"could not run {what}: give the whole table, not a selection "
+                                           f"of it (slots index the table's experts)")
+    table = p.table
     dispatch.check_activations(x, table.dim, what)
     if x.dim() != 2 or slots.shape != route_weights.shape or slots.dim() != 2 or slots.shape[0] != x.shape[0]:
         raise dispatch.KernelArgumentError(
             f"could not run {what}: need x [T, {table.dim}], slots and route weights [T, A], got x "
             f"{list(x.shape)}, slots {list(slots.shape)}, weights {list(route_weights.shape)}")
-    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= len(table)):
-        raise dispatch.KernelArgumentError(f"could not run {what}: slots must lie in [0, {len(table)})")
-    fgu, fd = dispatch.family(table.gate_up_type), dispatch.family(table.down_type)
+    n = p.gate_off.numel()
+    low, high = torch.stack(torch.aminmax(slots)).tolist() if slots.numel() else (0, 0)  # one sync
+    if low < 0 or high >= n:
+        raise dispatch.KernelArgumentError(f"could not run {what}: slots must lie in [0, {n})")
+    fgu, fd = p.gate_up, p.down
     D, F = table.dim, table.width
+    if PREFILL == "grouped":
+        # each token's experts in ascending order, its A outputs then added one after another: the
+        # loop's sums to the bit (its index_add_ met a token's experts in that order)
+        slots, by_expert = torch.sort(slots, dim=1, stable=True)
+        route_weights = route_weights.gather(1, by_expert)
+        keys, order = torch.sort(slots.reshape(-1), stable=True)
+        tiles = expert_tiles(keys, n, GEMM_BLOCK_T)
+        tok = order // slots.shape[1]
+        g = grouped_gemm(table.gate, p.gate_off, fgu.qtype, (F, D), x, tok, tiles, precision)
+        u = grouped_gemm(table.up, p.up_off, fgu.qtype, (F, D), x, tok, tiles, precision)
+        h = _act_torch(g, u, act)
+        h = (h if round_h is None else round_h(h)).contiguous()
+        out = grouped_gemm(table.down, p.down_off, fd.qtype, (D, F), h, torch.arange(keys.numel(), device=x.device),
+                           tiles, precision)
+        out *= route_weights.reshape(-1)[order, None]
+        parts = torch.empty_like(out).index_copy_(0, order, out).view(*slots.shape, D)
+        y = parts[:, 0].contiguous()
+        for k in range(1, slots.shape[1]):
+            y += parts[:, k]
+        return y
     gu_span, d_span = F * fgu.row_bytes(D), D * fd.row_bytes(F)
     y = torch.zeros_like(x)
     for j in torch.unique(slots).tolist():

@@ -10,7 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparkd.engine import switches
 from sparkd.engine.layers.act_round import round_activations
+
+# tl.dot's input precision in the prefill GEMMs (dense and MoE; matmul.PRECISIONS): "ieee" float32
+# FMAs, "tf32x3" three tf32 products on the tensor cores, "tf32" one
+PREFILL_PRECISION = switches.choice("SPARKD_PREFILL_PRECISION", ("ieee", "tf32x3", "tf32"), "ieee")
 
 
 class Linear(nn.Module):
@@ -34,7 +39,7 @@ class Linear(nn.Module):
 
 class KernelLinear(nn.Module):
     """y = round(x) @ W.T + b with W kept as its raw GGUF blocks and multiplied by the Triton
-    kernels (sparkd.engine.kernels): the GEMV for one token, the GEMM (float32, "ieee") for
+    kernels (sparkd.engine.kernels): the GEMV for one token, the GEMM (PREFILL_PRECISION) for
     several. The blocks live where the module is moved (a CUDA device; on the CPU only under
     TRITON_INTERPRET=1, for tests).
 
@@ -147,7 +152,7 @@ class KernelLinear(nn.Module):
     def _gemm(self, h: torch.Tensor, i: int) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import gemm
 
-        return gemm(*self._part(i), h, precision="ieee")
+        return gemm(*self._part(i), h, precision=PREFILL_PRECISION)
 
     def _part(self, i: int) -> tuple[torch.Tensor, object, tuple[int, int]]:
         """(raw bytes, qtype, shape) of stacked part i (the whole matrix when not a stack)."""

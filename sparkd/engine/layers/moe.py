@@ -12,6 +12,7 @@ from sparkd.engine.kernels import fused
 from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.ffn import ACTIVATIONS, Activation
+from sparkd.engine.layers import linear
 from sparkd.engine.layers.linear import Linear
 
 # llama.cpp's gating function ids (gguf.ExpertGatingFuncType has 1 and 2; 3 is internal to llama.cpp).
@@ -186,7 +187,8 @@ class MoE(nn.Module):
             from sparkd.engine.kernels.moe import moe_prefill
 
             h = round_activations(x, layer.act_gate).float().contiguous()
-            out = moe_prefill(layer.prepared.table, h, ids, w, self.act_name, "ieee", _rounder(layer.act_down))
+            out = moe_prefill(layer.prepared, h, ids, w, self.act_name, linear.PREFILL_PRECISION,
+                              _rounder(layer.act_down))
             return out if residual is None else residual + out
         rows = []
         for t in range(x.shape[0]):  # one token at a time through the fused decode kernels

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import fused
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.experts import ExpertStore
@@ -76,22 +77,23 @@ class Decoder(nn.Module):
                        device=self.tok_embd.device, state_shapes=self.state_shapes)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
         """tokens: [T] ids following the cache's n_past positions → logits [T, V] on the CPU
-        (where sampling runs), wherever the network is."""
-        logits = self.run(tokens, positions(tokens, cache), cache)
+        (where sampling runs), wherever the network is; last: the last token's only, [1, V]."""
+        logits = self.run(tokens, positions(tokens, cache), cache, last)
         cache.n_past += tokens.shape[0]
         return logits.cpu()
 
-    def run(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """tokens [T] at positions pos [T] → logits [T, V] where the network is; the cache's
-        n_past is the caller's to advance (a static decode step passes device positions)."""
+    def run(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
+        """tokens [T] at positions pos [T] → logits [T, V] where the network is ([1, V], the last
+        token's, if last); the cache's n_past is the caller's to advance (a static decode step
+        passes device positions)."""
         x = self.embed(tokens)  # [T, D]
         if self.embd_scale != 1.0:
             x = x * self.embd_scale
         for block in self.blocks:
             x = block(x, pos, cache)
-        return self.head(x)
+        return self.head(x[-1:] if last else x)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The token rows [T, D] on the network's device (tokens may be on the host)."""
@@ -107,6 +109,13 @@ class Decoder(nn.Module):
         if cap := self.cfg.logit_softcap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+
+def prompt_last_only() -> bool:
+    """SPARKD_PROMPT_LOGITS: "last" (session 9), a prompt's forward makes the logits of its last
+    token only, the row generation samples from (the output projection then runs the GEMV, as
+    llama.cpp's does); "all": every token's, [T, V] copied to the host, the way before."""
+    return switches.choice("SPARKD_PROMPT_LOGITS", ("last", "all"), "last") == "last"
 
 
 def positions(tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -175,14 +175,14 @@ class DSV4Decoder(Decoder):
         return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, comps, device=self.tok_embd.device)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
         pos = positions(tokens, cache)
         tokens = tokens.to(self.tok_embd.device)  # the hash layers index their tables with them
         x = self.embed(tokens)[:, None, :].expand(-1, self.cfg.extra["hc"], -1)  # [T, hc, D]
         for block in self.blocks:
             x = block(x, pos, cache, tokens)
         cache.n_past += tokens.shape[0]
-        return self.logits(self.hc_head(x))
+        return self.logits(self.hc_head(x[-1:] if last else x))
 
 
 def cache_bytes(cfg: ModelConfig, ctx: int) -> int:

@@ -94,7 +94,7 @@ class K3Decoder(Decoder):
         self.out_mix = out_mix
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
         pos = positions(tokens, cache)
         x = self.embed(tokens)  # [T, D]
         stack: list[torch.Tensor] = []  # AttnRes checkpoints of this forward call's tokens
@@ -103,7 +103,7 @@ class K3Decoder(Decoder):
         cache.n_past += tokens.shape[0]
         if self.out_mix is not None:
             x = self.out_mix(stack, x)
-        return self.logits(x)
+        return self.logits(x[-1:] if last else x)
 
 
 def _kda(w: Weights, cfg: ModelConfig, il: int) -> KDAttention:

@@ -1,0 +1,139 @@
+"""Prompt processing (prefill) on CUDA: sparkd's prompt tok/s per way of running it, side by side,
+and where one prompt's time goes.
+
+Loads a GGUF resident on CUDA (as `sparkd-engine generate --device cuda --resident` does) and,
+for each prompt length of --tokens and each way of --variants, runs the prompt through the network
+from an empty KV cache (the forward `generate` times: logits back on the host), once to compile,
+then --repeats times: median prompt tok/s. A way sets the prefill switches in this process:
+  before        SPARKD_MOE_PREFILL=loop, SPARKD_PREFILL_PRECISION=ieee, SPARKD_PROMPT_LOGITS=all
+                (the engine before session 9)
+  grouped       moe_prefill's grouped GEMMs (three launches a MoE layer), ieee, every token's logits
+  last          grouped, ieee, the last token's logits only (session 9's default)
+  tf32x3, tf32  last with the prefill GEMMs' tl.dot at that input precision
+The last token's logits of each way are compared with the first way's (largest difference over
+the largest |logit|, same argmax) at the longest prompt. Then a torch.profiler breakdown of one
+--profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage
+(decode_profile.Stages; a stage's host ms includes its waits on the GPU at host syncs, and the
+Triton launches' GPU time is not attributed to stages: read the kernel list), kernel launches,
+host syncs, the kernels taking the most GPU time. The JSON is rewritten after each way.
+    python3 bench/gpu_box/prefill_bench.py --model q3-12-Q8_0.gguf --tokens 128,512,2048 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from decode_profile import Stages, kernel_time_by_name, stage_report
+from torch.profiler import ProfilerActivity, profile
+
+from sparkd.engine.kernels import moe
+from sparkd.engine.layers import linear
+from sparkd.engine.models import load_model
+
+VARIANTS = {"before": ("loop", "ieee", False), "grouped": ("grouped", "ieee", False),
+            "last": ("grouped", "ieee", True), "tf32x3": ("grouped", "tf32x3", True),
+            "tf32": ("grouped", "tf32", True)}
+
+
+def use(variant: str) -> bool:
+    """Set the variant's switches (read per call from these module globals); returns `last`."""
+    moe.PREFILL, linear.PREFILL_PRECISION, last = VARIANTS[variant]
+    return last
+
+
+def prefill(net, ids: torch.Tensor, last: bool) -> torch.Tensor:
+    """The prompt from an empty cache; the last token's logits (float32 [V], on the host)."""
+    return net(ids, net.new_cache(ids.numel()), last=last)[-1]
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(net, ids: torch.Tensor, last: bool, repeats: int) -> dict:
+    prefill(net, ids, last)  # compiles this shape's kernels
+    secs = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        prefill(net, ids, last)
+        secs.append(time.perf_counter() - t0)
+    return {"tok_s": ids.numel() / statistics.median(secs), "seconds": secs}
+
+
+def profiled(net, ids: torch.Tensor, last: bool, top: int) -> dict:
+    prefill(net, ids, last)
+    stages = Stages(net)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        prefill(net, ids, last)
+        wall = time.perf_counter() - t0
+    stages.remove()
+    del net.embed
+    events = prof.events()
+    kernels = kernel_time_by_name(events, 1)
+    return {"wall_ms": wall * 1e3, **stage_report(events, stages, 1),
+            "top_kernels_us": {k: v for k, v in list(kernels.items())[:top]}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tokens", default="128,512,2048", help="prompt lengths, comma-separated")
+    ap.add_argument("--variants", default="before,grouped,last,tf32x3,tf32")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", default="before,last", help="ways profiled at --profile-tokens ('': none)")
+    ap.add_argument("--profile-tokens", type=int, default=512)
+    ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run under TRITON_INTERPRET=1 (a tiny model)")
+    a = ap.parse_args()
+    variants, lengths = a.variants.split(","), [int(t) for t in a.tokens.split(",")]
+    unknown = [v for v in variants + [p for p in a.profile.split(",") if p] if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
+    m = load_model(a.model, device=a.device, kernels=True)
+    gen = torch.Generator().manual_seed(a.seed)
+    prompts = {n: torch.randint(0, m.cfg.n_vocab, (n,), generator=gen) for n in lengths}
+    res = {"model": a.model, "gpu": torch.cuda.get_device_name() if a.device == "cuda" else a.device, "runs": {}, "agreement": {}, "profiles": {}}
+    ref = None
+
+    def save() -> None:  # after each way: a run stopped by its timeout keeps what it measured
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+
+    for v in variants:
+        last = use(v)
+        for n in lengths:
+            r = res["runs"].setdefault(v, {})[n] = timed(m.net, prompts[n], last, a.repeats)
+            print(f"{v:8s} {n:5d} tokens: {r['tok_s']:9.1f} tok/s", flush=True)
+        row = prefill(m.net, prompts[lengths[-1]], last)
+        ref = row if ref is None else ref
+        res["agreement"][v] = {"max_diff_over_max": float((row - ref).abs().max() / ref.abs().max()),
+                               "argmax_equal": bool(row.argmax() == ref.argmax())}
+        print(f"{v:8s} vs {variants[0]} at {lengths[-1]} tokens: {res['agreement'][v]}", flush=True)
+        save()
+    for v in [p for p in a.profile.split(",") if p]:
+        ids = torch.randint(0, m.cfg.n_vocab, (a.profile_tokens,), generator=gen)
+        p = res["profiles"][v] = profiled(m.net, ids, use(v), a.top)
+        print(f"profile {v}, {a.profile_tokens} tokens: wall {p['wall_ms']:.1f} ms, GPU kernels {p['kernel_ms']:.1f} ms, "
+              f"{p['launches_per_token']:.0f} launches, syncs {p['host_sync_calls_per_token']}")
+        for stage, s in sorted(p["stages"].items(), key=lambda kv: -kv[1]["gpu_ms"]):
+            print(f"  {stage:34s} host {s['host_ms']:7.2f} ms  GPU {s['gpu_ms']:7.2f} ms  x{s['calls']:.0f}")
+        for name, (count, us) in p["top_kernels_us"].items():
+            print(f"  {us / 1e3:8.2f} ms x{count:4.0f}  {name[:100]}")
+        save()
+    m.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
