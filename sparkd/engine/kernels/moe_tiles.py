@@ -77,6 +77,9 @@ Q8_0_FEW_RANGES = GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True,
 DECODE_TILES = {**S8_DECODE_TILES,
                 "Q4_K": (S8_DECODE_TILES["Q4_K"][0], GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True,
                                                                 split=4))}
+# session 9 (moe20): a gate/up in q4_k_tiled's pairx bytes (moe.tiled_gate_up) on the step's one tile, gate and
+# up of one group a step (2 groups, as the tiled GEMV's 2 a step); its down is Q4_K's (the entry's down unused)
+DECODE_TILES["Q4_K_TILED"] = (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), DOWN_CONFIG)
 WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),
                         (6144, S8_WIDTH_TIERS["Q8_0"][0][1], Q8_0_FEW_RANGES)],
                "Q4_K": S8_WIDTH_TIERS["Q4_K"]}
