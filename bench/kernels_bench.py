@@ -248,11 +248,12 @@ def _deq(buf: torch.Tensor, o: int, qtype: T, shape: tuple[int, int], dtype) -> 
 
 
 def moe_err(p: PreparedTable, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, gate_up: GemvConfig | None = None,
-            kernels=None) -> float:
+            kernels=None, ref: ExpertTable | None = None) -> float:
     """moe_decode's y for (p, x, w) at gate_up against float64, the larger of two errors with no rounding
     boundary between kernel and reference: the down over the engine's own down input (moe.down_input), and
-    that input before rounding against float64 gate/up."""
-    t = p.table
+    that input before rounding against float64 gate/up. ref: the same experts in GGUF blocks, for a table
+    whose gate/up the engine repacked (moe.tiled_gate_up)."""
+    t = ref or p.table
     ref = moe_torch(t, x, w, torch.float64, h=down_input(p, x, gate_up=gate_up, kernels=kernels))
     h32 = down_input(p, x, gate_up=gate_up, kernels=kernels, rounded=False)
     return max(rel_err(y, ref), rel_err(h32, gate_up_torch(t, x, torch.float64)))

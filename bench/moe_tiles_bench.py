@@ -51,14 +51,26 @@ from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
+# session 9 (moe20): --types Q4_KX, Q4_K experts with gate and up repacked into the tiled GEMV's bytes
+# (moe.tiled_gate_up, pairx by default), the down in GGUF blocks; err against the GGUF bytes
+PACKED = "Q4_KX"
+
+
+class _Packed:
+    name = PACKED
+
+
+def qtype_of(name: str):
+    """A --types name: a GGUF type, or PACKED's marker."""
+    return _Packed if name == PACKED else T[name]
 # session 6 candidates (the old, s5 and default tiles are timed anyway): the session-5 tiles with
 # each kernel alone (:w, :p) and both, then more bytes per loop step where words or the pair loop
 # freed registers (moe_kernels_sass.py: one-warp tiles at <= 64 registers keep 32 programs per SM)
 GATE_UP = {"Q8_0": ["2/1/2/e:w", "2/1/2/e:p", "2/1/1/e", "1/1/2/e", "4/1/1/e", "2/1/2/g", "1/1/4/e", "2/1/4/e:w"],
-           "Q4_K": ["4/1/2/e", "2/1/1/e", "2/1/2/e", "4/1/1/e:-", "4/1/2/g", "8/1/1/e"]}
+           "Q4_K": ["4/1/2/e", "2/1/1/e", "2/1/2/e", "4/1/1/e:-", "4/1/2/g", "8/1/1/e"], PACKED: ["4/1/2/e"]}
 DOWN = {"Q8_0": ["4/1/1/g/8", "2/1/4/e/8", "2/1/2/e/8", "4/1/2/g/8", "4/1/2/e/8", "2/1/4/e/4", "4/1/1/g/4",
                  "2/1/8/e/8"],
-        "Q4_K": ["4/1/2/e/4", "4/1/3/e/4", "4/1/4/e/2", "8/1/2/e/2", "4/1/2/e/2", "4/1/3/e/8"]}
+        "Q4_K": ["4/1/2/e/4", "4/1/3/e/4", "4/1/4/e/2", "8/1/2/e/2", "4/1/2/e/2", "4/1/3/e/8"], PACKED: []}
 DEVICE = "cuda"
 
 
@@ -96,10 +108,17 @@ class Shape:
         D, F, A = shape
         torch.manual_seed(0)  # the same experts, x and weights every run: an error seen once is seen again
         self.qtype, self.shape = qtype, shape
-        self.matrix_bytes = F * dispatch.FAMILIES[qtype].row_bytes(D)  # gate, up and down alike
+        base = T.Q4_K if qtype is _Packed else qtype
+        self.matrix_bytes = F * dispatch.FAMILIES[base].row_bytes(D)  # gate, up and down alike
         n = max(2, -(-kb.ROTATE_BYTES // (3 * A * self.matrix_bytes)))
         n = n if reference else 2  # compiling only
-        full = table(qtype, n * A, shape, self.matrix_bytes)
+        full = table(base, n * A, shape, self.matrix_bytes)
+        first = list(range(A))[::-1]
+        self.ref = kb.subset(full, first)  # set 0 in GGUF blocks (err)
+        if qtype is _Packed:
+            self.ref = dataclasses.replace(self.ref, gate=full.gate.clone())
+            self.ref = dataclasses.replace(self.ref, up=self.ref.gate, down=self.ref.gate)
+            full = moe.tiled_gate_up(full)
         # each set's experts in descending slot order: the table, not the layout, decides
         self.sets = [moe.prepare(kb.subset(full, list(range(s * A, (s + 1) * A))[::-1]), DEVICE) for s in range(n)]
         self.x, self.w = torch.randn(D, device=DEVICE), torch.rand(A, device=DEVICE)
@@ -114,7 +133,7 @@ class Shape:
     def err(self, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels) -> float:
         """kb.moe_err of set 0 at these tiles: the float64 reference over the engine's own rounded h."""
         self.y.fill_(float("nan"))
-        return kb.moe_err(self.sets[0], self.x, self.w, self.call(0, gu, dn, k), gu, k)
+        return kb.moe_err(self.sets[0], self.x, self.w, self.call(0, gu, dn, k), gu, k, self.ref)
 
     def same_seconds(self, nbytes: int) -> float:
         """gemv_tiles_bench.same_copy_seconds(nbytes), once per byte count: the copy of the bytes the
@@ -146,7 +165,8 @@ class Shape:
     def twin_gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before)."""
         qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
-        out = torch.empty(self.shape[2], self.shape[1], dtype=torch.int32, device=DEVICE)
+        out = torch.empty(self.shape[2], self.shape[1], dtype=torch.int32 if self.qtype is not _Packed else torch.float32,
+                          device=DEVICE)
         sec = kb.graph_seconds(lambda i: moe_twin.gate_up(self.sets[i % len(self.sets)], qx, out, gu), len(self.sets))
         return self.row("gate/up twin", label, sec, 2 * self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
 
@@ -260,24 +280,26 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, 
     """Compile one type's kernels for the given tiles (a worker process: Triton's disk cache)."""
     global SETS
     name, shape, gus, dns, SETS = job
-    qtype = T[name]
+    qtype = qtype_of(name)
+    gguf = T.Q4_K if qtype is _Packed else qtype
     s = Shape(qtype, shape, reference=False)
     sets = baselines(s.sets[0])
     base, k = sets[-1][1:3], sets[-1][3]
     pairs = [(gu, dn, kk) for _, gu, dn, kk in sets]
     pairs += [(dataclasses.replace(tile(t), fuse_quant=True), base[1], kernels_of(t)) for t in gus]
     pairs += [(base[0], tile(t), kernels_of(t)) for t in dns]
-    tiers = moe_tiles.WIDTH_TIERS[name]  # the wider shapes' tiles, compiled here at the smallest
+    tiers = moe_tiles.WIDTH_TIERS[gguf.name]  # the wider shapes' tiles, compiled here at the smallest
     pairs += [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
     if "s5" in SETS:
-        pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[name][1], moe_tiles.OLD_KERNELS)]
+        pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[gguf.name][1], moe_tiles.OLD_KERNELS)]
     failed = []
     qx = act_quant.quantize(s.x[None], s.sets[0].gate_up.act_fmt)
     for gu, dn, kk in pairs:
         try:
             s.call(0, gu, dn, kk)
             h = moe._gate_up(s.sets[0], s.x, s.w, False, "silu", gu, None, "bench", None, kk)
-            moe_twin.gate_up(s.sets[0], qx, torch.empty(shape[2], shape[1], dtype=torch.int32, device=DEVICE), gu)
+            moe_twin.gate_up(s.sets[0], qx, torch.empty(shape[2], shape[1], dtype=torch.float32 if qtype is _Packed
+                                                        else torch.int32, device=DEVICE), gu)
             moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], dtype=torch.int32, device=DEVICE), dn)
             moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], device=DEVICE), dn, s.y)
         except Exception as e:  # noqa: BLE001 - the timed run reports it again
@@ -311,7 +333,7 @@ def main() -> None:
     args = ap.parse_args()
     global SETS
     SETS = tuple(args.sets.split(",")) + ("new",)
-    types = [T[n] for n in args.types.split(",")]
+    types = [qtype_of(n) for n in args.types.split(",")]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(types, min(shapes), args)

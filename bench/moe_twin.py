@@ -7,7 +7,9 @@ loaded (a wrapping sum the store depends on) and no activation, h quantization o
 as slow as its kernel: the launch's grid and bytes bound it (memory, latency, launch); a twin much
 faster: the kernel's instructions do. The weights are read as 32-bit words along the row (the real
 Q4_K step reads its headers as 128-bit vectors): a twin is a floor on the loads' structure, not a
-copy of their instructions. The down's twin may fold its ranges as the down does (down's y; moe17)."""
+copy of their instructions. The down's twin may fold its ranges as the down does (down's y; moe17).
+Session 9 (moe20): a gate/up on a row-tile layout (q4_k_tiled's pairx bytes, moe.prepare's tiled family) gets
+the pair tile's twin (q4t_pair's "pair-loadonly" loads per group, gate's then up's, one program a 4-row tile)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sparkd.engine.kernels import act_quant, dispatch
-from sparkd.engine.kernels.matmul import GemvConfig, fold_part, tickets
+import q4t_pair
+from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled
+from sparkd.engine.kernels.matmul import GemvConfig, emulate, fold_part, tickets
 
 
 @triton.jit
@@ -48,6 +51,26 @@ def _twin_gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F,
         acc = _group_sum(gate_ptr, go, rows64, rmask, row_words, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL, UP)
         acc = _group_sum(up_ptr, uo, rows64, rmask, row_words, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL, UP)
     tl.store(out_ptr + a * F + rows, tl.sum(tl.sum(acc, 2), 1), mask=rmask)
+
+
+@triton.jit
+def _twin_gate_up_pair_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, xd_ptr, xs_ptr, out_ptr, F, G,
+                              UNROLL: tl.constexpr, EMU: tl.constexpr):
+    """The gate/up twin on the pair bytes: program (tile, expert) reads its tile's group g of gate, then of up, as
+    q4t_pair's twin does (qs and x 128-bit, d | dmin, 2 scale words, x's sum and scale); out float32 [n, F]."""
+    a = tl.program_id(1)
+    tile = tl.program_id(0).to(tl.int64) * (G * 144)  # the tile's first word: 576 bytes a group
+    gb = (gate_ptr + tl.multiple_of(tl.load(gate_off + a), 16)).to(tl.pointer_type(tl.int32)) + tile
+    ub = (up_ptr + tl.multiple_of(tl.load(up_off + a), 16)).to(tl.pointer_type(tl.int32)) + tile
+    acc = tl.zeros((32, 2), tl.float32)
+    for g0 in range(0, G, UNROLL):
+        for u in tl.static_range(UNROLL):
+            ok = tl.zeros((1, 1), tl.int32) + g0 + u < G  # past the end: a valid group read, masked out
+            g = tl.minimum(g0 + u, G - 1)
+            acc = q4t_pair._group(gb, xw_ptr, xd_ptr, xs_ptr, g, G, ok, acc, 0, EMU)
+            acc = q4t_pair._group(ub, xw_ptr, xd_ptr, xs_ptr, g, G, ok, acc, 0, EMU)
+    rows = tl.program_id(0) * 4 + tl.arange(0, 4)
+    tl.store(out_ptr + a * F + rows, tl.reshape(tl.sum(tl.reshape(acc, (16, 2, 2)), 0), (4,)))
 
 
 @triton.jit
@@ -90,9 +113,17 @@ def _check(p, what: str) -> None:
 
 
 def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig) -> None:
-    """The gate/up launch's twin: out int32 [n, F]; xq: x quantized (its words)."""
+    """The gate/up launch's twin: out int32 [n, F]; xq: x quantized (its words). A gate/up in the pairx
+    bytes (q4_k_tiled.TILED at the pairx loads): the pair tile's twin, out float32 [n, F], cfg's unroll."""
     _check(p, "gate/up")
     D, F, n = p.table.dim, p.table.width, p.count
+    if p.gate_up.qtype == q4_k_tiled.TILED:
+        if p.gate_up.idot is not q4_k_tiled.FAMILIES["pairx"].idot or not p.gate_up_vec:
+            raise ValueError("could not run the gate/up twin: a tiled gate/up needs the pairx bytes on 16 bytes")
+        _twin_gate_up_pair_kernel[(F // 4, n)](
+            p.table.gate, p.table.up, p.gate_off, p.up_off, xq.words, xq.scales, xq.sums, out, F, D // 256,
+            UNROLL=cfg.unroll, EMU=emulate(cfg, out), num_warps=1)
+        return
     gw, gwp = _group_words(p.gate_up)
     _twin_gate_up_kernel[(triton.cdiv(F, cfg.block_n), n)](
         p.table.gate, p.table.up, p.gate_off, p.up_off, xq.words, out, F, triton.cdiv(D, 256),

@@ -162,6 +162,39 @@ def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_tiled_q4_k_expert_gate_up_matches_cpu_reference(tmp_path, monkeypatch, backend):
+    """Resident Q4_K experts' gate and up repacked at load into the pairx bytes (the default; session 9, moe20)
+    and kept as GGUF blocks ($SPARKD_MOE_GATE_UP_LAYOUT=gguf): both within the bound of the CPU reference, the
+    same tokens; the torch fallback (store.get) dequantizes the repacked experts to the file's values."""
+    from sparkd.engine.layers.quant_experts import GATE_UP_LAYOUT_ENV
+
+    path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q4_K"], "F32", [("_exps", "Q4_K")]), seed=9)[0]
+    prompt, n = (PROMPT, 8) if backend == "cuda" else (PROMPT[:1], 1)  # the interpreter: decode steps only
+    ref = load_model(path)
+    try:
+        want_logits, want = greedy(ref.net, prompt, n)
+    finally:
+        ref.close()
+    got, weights = {}, {}
+    for layout in ("tiled", "gguf"):
+        monkeypatch.setenv(GATE_UP_LAYOUT_ENV, layout)
+        k = load_model(path, device=backend, kernels=True)
+        try:
+            store = k.net.blocks[0].ffn.store
+            assert store.kernel_table(0).prepared.gate_up.qtype.name == ("Q4_K_TILED" if layout == "tiled" else "Q4_K")
+            got[layout] = greedy(k.net, prompt, n)
+            ew = store.get(0, [0, 3])
+            weights[layout] = (ew.gate, ew.up, ew.down)
+        finally:
+            k.close()
+    for layout, (logits, tokens) in got.items():
+        err = float((logits - want_logits).norm() / want_logits.norm())
+        print(f"Q4_K experts, gate/up {layout}, {backend}: prompt logits relative error {err:.2e}")
+        assert err < BOUND and tokens == want, layout
+    assert all(torch.equal(a, b) for a, b in zip(weights["tiled"], weights["gguf"]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_resident_q8_0_layouts_give_the_same_logits(tmp_path, monkeypatch, backend):
     """Resident Q8_0 projections are repacked by default (q8_0_packed) and kept as GGUF blocks
     with $SPARKD_Q8_0_LAYOUT=gguf: the same logits either way (bit for bit in the interpreter,

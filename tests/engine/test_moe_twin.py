@@ -14,6 +14,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from bench_script import load_bench_script  # noqa: E402
 from test_kernels import BACKENDS, arena_table  # noqa: E402
+from test_moe_tiles import on_16_bytes  # noqa: E402
 
 from sparkd.engine.kernels import act_quant, moe  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
@@ -66,3 +67,37 @@ def test_twins_read_every_word_of_the_selected_experts(backend, qtype):
             for s in range(split):
                 folded += wrapped(want[s]).float()
             assert torch.equal(y.cpu(), folded)
+
+
+def pair_twin_sums(buf: torch.Tensor, offset: int, rows: int, groups: int, qx) -> torch.Tensor:
+    """Per thread t and row slot r of each 4-row tile, group by group: the pair twin's int32 sum of its words (qs
+    and x's 4 each, d | dmin of row 2 (t % 2) + r, its sub-block's 2 scale words, x's sum) times x's scale,
+    float64 [tiles, G, 32, 2] (the twin adds them in float32)."""
+    G = groups
+    w = buf[offset:offset + rows * G * 144].view(torch.int32).reshape(rows // 4, G * 144).long()
+    t = torch.arange(32)
+    c, s = t // 2, t // 4
+    xw, xs, xd = qx.words[0].cpu().long(), qx.sums[0].cpu().long(), qx.scales[0].cpu().double()
+    g = torch.arange(G)[:, None]
+    q = sum(w[:, g * 128 + 4 * t + k] + xw[g * 64 + 4 * c + k] for k in range(4))  # [tiles, G, 32]
+    hb = G * 128 + g * 16
+    one = q + w[:, hb + 4 + s] + w[:, hb + 12 + s // 2] + xs[g * 8 + s]
+    tw = torch.stack([one + w[:, hb + 2 * (t % 2) + r] for r in range(2)], -1)
+    return wrapped(tw).double() * xd[:G, None, None]
+
+
+def test_the_pair_twin_reads_every_word_of_the_tiled_gate_up():
+    """moe_twin.gate_up on a tiled gate/up (the pairx bytes): per row the sum over groups of its threads'
+    loaded words as the pair twin's loads say (a word missed or read twice moves the sum far off), at steps that
+    divide the groups (a masked step past the end reads x's words again: q4t_pair's twin)."""
+    D, F, n = 512, 32, 2  # (a Q8_0 down: rows of 32)
+    table = moe.tiled_gate_up(on_16_bytes(arena_table(T.Q4_K, T.Q8_0, D, F, n, "cpu")[0]))
+    p = moe.prepare(table, "cpu")
+    qx = act_quant.quantize(torch.randn(1, D), p.gate_up.act_fmt)
+    for unroll in (1, 2):
+        out = torch.zeros(n, F)
+        twin.gate_up(p, qx, out, GemvConfig(block_n=4, unroll=unroll))
+        for a in range(n):
+            tw = sum(pair_twin_sums(table.gate, o[a], F, D // 256, qx) for o in (table.gate_offsets, table.up_offsets))
+            want = tw.sum(1).reshape(F // 4, 16, 2, 2).sum(1).reshape(F)  # thread t = 2c + p: row 2p + r
+            assert torch.allclose(out[a].double(), want, rtol=1e-5, atol=0), (unroll, a)

@@ -40,6 +40,7 @@ from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_ti
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GemvConfig,
+    check_one_tile,
     check_qx,
     emulate,
     family_args,
@@ -215,20 +216,28 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                      A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
-                     H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr = False):
+                     H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
+                     PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
     (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs
-    to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket."""
+    to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
+    TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
+    weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset)."""
     pdl.start(PDL)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
-    g, u = _gate_up_idot(gate_ptr, up_ptr, _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN) + rb,
-                         _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN) + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
-                         A3, UNROLL, EW, EMU, STAGES, PAIR)
+    g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
+    u_off = _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN)
+    if TILED:
+        g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1,
+                             A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
+    else:
+        g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
+                             A3, UNROLL, EW, EMU, STAGES, PAIR)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -343,7 +352,7 @@ class PreparedTable:
     # Q8_0 rows that start on 4 bytes (q8_0_words): gate/up's, down's
     gate_up_words: bool = False
     down_words: bool = False
-    # Q4_K rows and buffers on 16 bytes (_q4_k_vec): gate/up's, down's
+    # Q4_K rows and buffers on 16 bytes (_q4_k_vec; a tiled gate/up's: its 128-bit loads): gate/up's, down's
     gate_up_vec: bool = False
     down_vec: bool = False
 
@@ -378,6 +387,10 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
     fgu, fd = dispatch.family(table.gate_up_type), dispatch.family(table.down_type)
     gu_bytes = dispatch.check_cols(fgu, table.dim, what)
     d_bytes = dispatch.check_cols(fd, table.width, what)
+    if fd.row_tile > 1 or table.width % fgu.row_tile:
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: a row-tile layout ({fgu.qtype.name} gate/up, {fd.qtype.name} down) runs in gate/up "
+            f"only, on experts of whole tiles ({table.width} rows, tiles of {fgu.row_tile}); keep the down in GGUF blocks")
     for buf, fam in ((table.gate, fgu), (table.up, fgu), (table.down, fd)):
         dispatch.check_weight(buf, what, fam.align)
         dispatch.device_of(buf, probe, what)
@@ -394,11 +407,32 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
                          grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device),
                          gate_up_words=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], Q8_0, 4),
                          down_words=_aligned(fd, d_bytes, (table.down,), host[2:], Q8_0, 4),
-                         gate_up_vec=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], Q4_K, 16),
+                         gate_up_vec=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], fgu.qtype
+                                              if fgu.qtype == q4_k_tiled.TILED else Q4_K, 16),
                          down_vec=_aligned(fd, d_bytes, (table.down,), host[2:], Q4_K, 16))
 
 
 Q8_0, Q4_K = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K
+
+
+def tiled_gate_up(table: ExpertTable) -> ExpertTable:
+    """The table with its Q4_K gate and up matrices repacked in place into q4_k_tiled's bytes (pack_raw: the
+    byte order of the tiled GEMV's step, pairx by default; the same bytes of each matrix regrouped inside its
+    4-row tiles, so offsets and sizes stay), their type q4_k_tiled.TILED; the down keeps GGUF blocks.
+    The buffers' GGUF bytes are gone after: keep a copy for a reference. (Session 9, moe20.)"""
+    what = "the tiled MoE gate/up"
+    if table.gate_up_type != Q4_K or not q4_k_tiled.packable((table.width, table.dim)):
+        raise dispatch.KernelArgumentError(
+            f"could not repack {what}: needs Q4_K gate/up of whole {q4_k_tiled.TILE_ROWS}-row tiles, got "
+            f"{table.gate_up_type.name} [{table.width}, {table.dim}]")
+    span = table.width * dispatch.FAMILIES[Q4_K].row_bytes(table.dim)
+    done = set()
+    for buf, offsets in ((table.gate, table.gate_offsets), (table.up, table.up_offsets)):
+        for o in (int(o) for o in offsets):
+            if (buf.data_ptr(), o) not in done:  # a matrix shared by two entries is repacked once
+                done.add((buf.data_ptr(), o))
+                buf[o:o + span] = q4_k_tiled.pack_raw(buf[o:o + span], (table.width, table.dim))
+    return replace(table, gate_up_type=q4_k_tiled.TILED)
 
 
 def _aligned(fam: dispatch.Family, row_bytes: int, bufs: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor],
@@ -500,6 +534,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
     n, D, F = p.count, p.table.dim, p.table.width
     grid = (triton.cdiv(F, cfg.block_n), n)
     if p.gate_up.idot is not None:
+        check_one_tile(p.gate_up, cfg, what)
         hq = _fused_h(p, cfg, x.device, what)
         h = torch.empty(n, F, dtype=torch.float32, device=x.device) if hq is None else hq.words
         hd, hs = (h, h) if hq is None else (hq.scales, hq.sums)
@@ -514,6 +549,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
                                            _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                            kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
+                               TILED=p.gate_up.row_tile > 1,
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
@@ -552,9 +588,9 @@ def _full(rows: int, width: int, cfg: GemvConfig) -> bool:
 def _int_args(fam: dispatch.Family, words: bool, vec: bool, full: bool = False) -> dict:
     """matmul.int_args, with q8_0_words' step for Q8_0 rows on 4 bytes if words (its unmasked
     idot_full if full: _full), _q4_k_vec's for Q4_K rows on 16 bytes if vec (ALIGN: what the
-    offsets are known to be a multiple of)."""
+    offsets are known to be a multiple of; a tiled family keeps its own step)."""
     word_step = q8_0_words.idot_full if full else q8_0_words.idot
-    step = dict(IDOT=word_step) if words else dict(IDOT=_q4_k_vec) if vec else {}
+    step = dict(IDOT=word_step) if words else dict(IDOT=_q4_k_vec) if vec and fam.row_tile == 1 else {}
     return int_args(fam) | step | dict(ALIGN=16 if vec else 1)
 
 

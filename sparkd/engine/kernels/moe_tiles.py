@@ -74,9 +74,13 @@ S8_WIDTH_TIERS = {  # the default until fold19 (WIDTH_TIERS below); "s8" and the
 # 7.4 -> 6.5 us). Fewer ranges add the experts in another order: float32 rounding apart from "s8", the
 # same bits run to run. $SPARKD_MOE_TILES=s8 switches back.
 Q8_0_FEW_RANGES = GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True, split=2)
+# session 9 (moe20, H200, bench/results/moe20_h200_s9*): a gate/up in q4_k_tiled's pairx bytes (moe.tiled_gate_up)
+# on the step's one tile, gate and up of one group a step (7168x2048 top-8 41.4 us; 2 groups a step 45.6); its
+# down is Q4_K's (the entry's down unused)
 DECODE_TILES = {**S8_DECODE_TILES,
                 "Q4_K": (S8_DECODE_TILES["Q4_K"][0], GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True,
-                                                                split=4))}
+                                                                split=4)),
+                "Q4_K_TILED": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), DOWN_CONFIG)}
 WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),
                         (6144, S8_WIDTH_TIERS["Q8_0"][0][1], Q8_0_FEW_RANGES)],
                "Q4_K": S8_WIDTH_TIERS["Q4_K"]}

@@ -42,6 +42,32 @@ def pack_blocks(blocks: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs.reshape(tiles, -1), head.reshape(tiles, -1)], 1).to(torch.uint8).reshape(-1)
 
 
+def unpack_blocks(data: torch.Tensor, tiles: int, groups: int) -> torch.Tensor:
+    """pack_blocks' inverse: the pairx bytes of `tiles` tiles of `groups` groups (uint8, flat) -> GGUF Q4_K blocks
+    as q4_k_tiled's tiles (uint8 [tiles, G, 4, 144]): for a torch dequantization of repacked experts."""
+    b = data.reshape(tiles, -1).long()
+    qs = b[:, :groups * 512].reshape(tiles, groups, 16, 2, 2, 2, 4)  # [.., c, p, r, k, b]
+    nib = torch.stack([qs & 15, qs >> 4], -2).permute(0, 1, 3, 4, 2, 5, 6, 7)  # [.., p, r, c, k, half, b]
+    nib = nib.reshape(tiles, groups, 4, 4, 2, 32)  # [.., row, chunk j, half, i]: element 64j + 32 half + i
+    q = nib[..., 0, :] | (nib[..., 1, :] << 4)  # [.., row, j, i]
+    head = b[:, groups * 512:].reshape(tiles, groups, 64)
+    d = head[..., :16].reshape(tiles, groups, 4, 4)
+    scw = head[..., 16:48].reshape(tiles, groups, 8, 4).transpose(2, 3)  # [.., row, s]
+    lo = head[..., 48:].reshape(tiles, groups, 4, 4).transpose(2, 3)  # [.., row, s // 2]
+    mn_lo = torch.stack([lo & 15, lo >> 4], -1).reshape(tiles, groups, 4, 8)
+    sc, mn = scw & 63, mn_lo | ((scw >> 6) << 4)
+    a = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)  # q4_k.scale_min_words' 12 bytes back
+    m = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
+    c = (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4)
+    return torch.cat([d, a, m, c, q.reshape(tiles, groups, 4, 128)], -1).to(torch.uint8)
+
+
+def unpack_raw(data: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """The pairx bytes of W [rows, cols] (rows a multiple of 4) -> its raw GGUF Q4_K blocks (uint8, flat)."""
+    rows, cols = shape
+    return unpack_blocks(data, rows // 4, cols // 256).transpose(1, 2).reshape(-1)
+
+
 @triton.jit
 def _f16(bits):
     return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)

@@ -24,7 +24,8 @@ Q8_0_LAYOUT_ENV = "SPARKD_Q8_0_LAYOUT"
 Q8_0_LAYOUTS = ("packed", "gguf")
 # how a resident Q4_K projection is kept: "tiled" (kernels/q4_k_tiled.py: the same bytes regrouped
 # by tiles of 4 rows, qs then headers; matrices whose row count is a multiple of 4; the default)
-# or "gguf" (the file's 144-byte blocks, the way before session 5). Experts keep GGUF blocks.
+# or "gguf" (the file's 144-byte blocks, the way before session 5). Experts keep GGUF blocks here (their
+# gate and up: layers/quant_experts.py's own switch).
 Q4_K_LAYOUT_ENV = "SPARKD_Q4_K_LAYOUT"
 Q4_K_LAYOUTS = ("tiled", "gguf")
 # the same for Q6_K: "tiled" (kernels/q6_k_tiled.py: tiles of 8 rows, quants in 128-bit planes, then

@@ -1,0 +1,88 @@
+"""Session 9 (moe20): the MoE decode's gate/up on experts repacked into the tiled Q4_K GEMV's bytes
+(moe.tiled_gate_up: q4_k_tiled.pack_raw per gate and up matrix, in place; pairx by default), the down on
+GGUF blocks. The pairx step makes q4_k's integer sums in another float order: within the fp32 bound of the
+float64 reference over the engine's own h (moe_error), the same bits run to run, on 4-byte and 16-byte
+offsets and on a selection of the table. Interpreter where there is no GPU, compiled with the marker gpu."""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from test_kernels import BACKENDS, BOUNDS, arena_table, moe_error  # noqa: E402
+from test_moe_tiles import on_16_bytes  # noqa: E402
+
+from sparkd.engine.kernels import dispatch, moe, moe_tiles, q4_k_pair, q4_k_tiled  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
+
+ONE_TILE = GemvConfig(block_n=4, num_warps=1, unroll=1)  # the pairx step's tile
+# the interpreter runs programs one by one: a wide down tile
+DOWN = {"cpu": GemvConfig(block_n=64, num_warps=1, unroll=2, split=2), "cuda": None}
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("align", [4, 16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiled_gate_up_within_the_fp32_bound(backend, align):
+    # the interpreter runs programs one by one: few 4-row tiles (a Q8_0 down lets the experts be 32 rows)
+    dim, width, n, down = (512, 32, 2, T.Q8_0) if backend == "cpu" else (2048, 768, 8, T.Q4_K)
+    table, gates, ups, downs = arena_table(T.Q4_K, down, dim, width, n, backend)
+    table = on_16_bytes(table) if align == 16 else table
+    x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
+    gguf = moe.moe_decode(moe.prepare(table, backend), x, w, gate_up=ONE_TILE, down=DOWN[backend])
+    before = table.gate.clone()
+    tiled = moe.tiled_gate_up(table)
+    assert tiled.gate_up_type == q4_k_tiled.TILED and tiled.down_type == down
+    span, d_span = width * dispatch.FAMILIES[T.Q4_K].row_bytes(dim), dim * dispatch.FAMILIES[down].row_bytes(width)
+    for o in tiled.down_offsets:  # the downs as they were, the gate/up matrices repacked
+        assert torch.equal(tiled.down[o:o + d_span], before[o:o + d_span])
+    assert not torch.equal(tiled.gate[tiled.gate_offsets[0]:][:span], before[table.gate_offsets[0]:][:span])
+    p = moe.prepare(tiled, backend)
+    assert p.gate_up_vec == (align == 16) and moe_tiles.decode_tiles(p)[0] == moe_tiles.DECODE_TILES["Q4_K_TILED"][0]
+    tiles = dict(gate_up=dataclasses.replace(ONE_TILE, fuse_quant=True), down=DOWN[backend])
+    ys = [moe.moe_decode(p, x, w, **tiles) for _ in range(2)]
+    assert torch.equal(ys[0], ys[1])
+    err = moe_error(ys[0], p, x, w, gates, ups, downs, "silu", T.Q4_K, down, tiles["gate_up"])
+    assert err < BOUNDS["fp32"]
+    assert torch.allclose(ys[0], gguf, rtol=1e-4, atol=1e-4 * float(gguf.abs().max()))
+    # a selection (ids read by the kernels) gives the sub-table's bits
+    ids = torch.tensor([n - 1, 0], device=backend)
+    sub = moe.prepare(dataclasses.replace(tiled, gate_offsets=[tiled.gate_offsets[i] for i in (n - 1, 0)],
+                                          up_offsets=[tiled.up_offsets[i] for i in (n - 1, 0)],
+                                          down_offsets=[tiled.down_offsets[i] for i in (n - 1, 0)]), backend)
+    w2 = w[:2].contiguous()
+    assert torch.equal(moe.moe_decode(p.select(ids), x, w2, **tiles), moe.moe_decode(sub, x, w2, **tiles))
+
+
+def test_tiled_gate_up_refuses_what_it_cannot_run():
+    table = arena_table(T.Q8_0, T.Q8_0, 256, 32, 1, "cpu")[0]
+    with pytest.raises(dispatch.KernelArgumentError, match="needs Q4_K gate/up"):
+        moe.tiled_gate_up(table)
+    tiled = moe.tiled_gate_up(arena_table(T.Q4_K, T.Q8_0, 256, 32, 1, "cpu")[0])
+    p = moe.prepare(tiled, "cpu")
+    x, w = torch.randn(256), torch.rand(1)
+    with pytest.raises(dispatch.KernelArgumentError, match="elementwise tile of 4 rows on 1 warp"):
+        moe.moe_decode(p, x, w, gate_up=GemvConfig(block_n=64), down=DOWN["cpu"])
+    wide = moe.tiled_gate_up(arena_table(T.Q4_K, T.Q4_K, 256, 256, 1, "cpu")[0])
+    with pytest.raises(dispatch.KernelArgumentError, match="runs in gate/up only"):
+        moe.prepare(dataclasses.replace(wide, down_type=q4_k_tiled.TILED), "cpu")
+
+
+def test_tiled_gate_up_prefill_and_round_trip():
+    """moe_prefill's per-expert GEMM on the repacked gate/up dequantizes to q4_k's values (the GGUF table's bits),
+    and q4_k_pair.unpack_raw gives the file's blocks back (store.get's fallback)."""
+    table = arena_table(T.Q4_K, T.Q8_0, 256, 32, 3, "cpu")[0]
+    before = table.gate.clone()
+    x, slots, w = torch.randn(2, 256), torch.tensor([[0, 2], [1, 0]]), torch.rand(2, 2)
+    want = moe.moe_prefill(table, x, slots, w, precision="ieee")
+    tiled = moe.tiled_gate_up(table)
+    assert torch.equal(moe.moe_prefill(tiled, x, slots, w, precision="ieee"), want)
+    span = 32 * dispatch.FAMILIES[T.Q4_K].row_bytes(256)
+    for o in [*tiled.gate_offsets, *tiled.up_offsets]:
+        assert torch.equal(q4_k_pair.unpack_raw(tiled.gate[o:o + span], (32, 256)), before[o:o + span])
