@@ -28,6 +28,8 @@ def main() -> None:
     gate_up = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32,
                    xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
     for qtype, (gu_cfg, d_cfg) in moe_tiles.DECODE_TILES.items():
+        if qtype not in T.__members__:  # a layout packed at load (Q4_K_TILED): gate/up only, the same late quant
+            continue
         fam = dispatch.FAMILIES[T[qtype]]
         # session 6's kernels: Q8_0 weights as words, Q4_K headers as vectors, gate and up in one loop
         tile = dict(UNROLL=1, EW=False, EMU=False, STAGES=None, IDS=True,
@@ -39,7 +41,8 @@ def main() -> None:
                         cfg.num_warps)
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
-                                                        HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, **tile),
+                                                        HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, TILED=False,
+                                                        **tile),
                     gu_cfg.num_warps, fp_fusion=False)
         print(f"igate_up {qtype} late-quant atomics={n}")
     gate = dict(gate_ptr=F32, x_ptr=F32, part_ptr=F32, ticket_ptr=I32, bias_ptr=F32, w_ptr=F32, ids_ptr=I64)
