@@ -13,10 +13,11 @@ from torch import nn
 from sparkd.engine import switches
 from sparkd.engine.layers.act_round import round_activations
 
-# tl.dot's input precision in the prefill GEMMs (dense and MoE; matmul.PRECISIONS): "ieee" float32
-# FMAs, "tf32x3" three tf32 products on the tensor cores, "tf32" one; "int8" the integer GEMM
-# (x as int8 blocks, the decode's integer sums) for Q8_0 weights, "ieee" for the others
-PREFILL_PRECISION = switches.choice("SPARKD_PREFILL_PRECISION", ("ieee", "tf32x3", "tf32", "int8"), "ieee")
+# tl.dot's input precision in the prefill GEMMs (dense and MoE; matmul.PRECISIONS): "int8" (default,
+# session 9) the integer GEMM (x as int8 blocks, the decode's integer sums) for Q8_0 weights, "ieee"
+# for the others; "ieee" float32 FMAs everywhere (the way before), "tf32x3" three tf32 products
+# on the tensor cores, "tf32" one
+PREFILL_PRECISION = switches.choice("SPARKD_PREFILL_PRECISION", ("ieee", "tf32x3", "tf32", "int8"), "int8")
 
 
 class Linear(nn.Module):
