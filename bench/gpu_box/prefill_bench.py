@@ -8,8 +8,10 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
   before        SPARKD_MOE_PREFILL=loop, SPARKD_PREFILL_PRECISION=ieee, SPARKD_PROMPT_LOGITS=all
                 (the engine before session 9)
   grouped       moe_prefill's grouped GEMMs (three launches a MoE layer), ieee, every token's logits
-  last          grouped, ieee, the last token's logits only (session 9's default)
+  last          grouped, ieee, the last token's logits only (prefill20's default)
   tf32x3, tf32  last with the prefill GEMMs' tl.dot at that input precision
+  int8          last with the integer GEMM for Q8_0 weights (x as int8 blocks; other types ieee;
+                the default since prefill21)
 The last token's logits of each way are compared with the first way's (largest difference over
 the largest |logit|, same argmax) at the longest prompt. Then a torch.profiler breakdown of one
 --profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage
@@ -36,7 +38,7 @@ from sparkd.engine.models import load_model
 
 VARIANTS = {"before": ("loop", "ieee", False), "grouped": ("grouped", "ieee", False),
             "last": ("grouped", "ieee", True), "tf32x3": ("grouped", "tf32x3", True),
-            "tf32": ("grouped", "tf32", True)}
+            "tf32": ("grouped", "tf32", True), "int8": ("grouped", "int8", True)}
 
 
 def use(variant: str) -> bool:

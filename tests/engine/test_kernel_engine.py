@@ -18,6 +18,7 @@ if not ON_GPU:
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
 from sparkd.engine.errors import EngineError  # noqa: E402
+from sparkd.engine.layers import linear  # noqa: E402
 from sparkd.engine.layers.linear import KernelLinear  # noqa: E402
 from sparkd.engine.layers.quant_experts import KernelExperts  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
@@ -70,11 +71,14 @@ def logits_by_layout(tmp_path, monkeypatch, backend: str, quant: str, env: str, 
     return got
 
 
+@pytest.mark.parametrize("precision", ["int8", "ieee"])
 @pytest.mark.parametrize("quant", ["Q8_0", pytest.param("Q4_K", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant):
+def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant, precision, monkeypatch):
+    """precision: SPARKD_PREFILL_PRECISION's (the prompt's GEMMs): the integer GEMM (default) or the float one."""
     if backend == "cpu" and quant != "Q8_0":
         pytest.skip("the interpreter runs the 64-wide Q8_0 model only (CI time)")
+    monkeypatch.setattr(linear, "PREFILL_PRECISION", precision)
     path = write_model(tmp_path / "m.gguf", plan(SHAPES[quant], quant), seed=5)[0]
     n = 8 if backend == "cuda" else 2
     ref, k = load_model(path), load_model(path, device=backend, kernels=True)

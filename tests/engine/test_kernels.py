@@ -23,7 +23,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 
 from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
-from sparkd.engine.kernels import dispatch  # noqa: E402
+from sparkd.engine.kernels import act_quant, dispatch, q8_0_packed  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
 from sparkd.engine.kernels import moe  # noqa: E402
 from sparkd.engine.kernels.matmul import GEMM_BLOCK_T, grouped_gemm  # noqa: E402
@@ -128,6 +128,73 @@ def test_gemm_matches_reference(backend, qtype):
         err = rel_err(out, x.double() @ W.T, x.double().abs() @ W.abs().T)
         bound = BOUNDS["fp32" if precision == "ieee" or backend == "cpu" else precision]
         assert err < bound, f"{qtype.name} {precision} [{rows}, {cols}] x {n_tok}: relative error {err:.2e}"
+
+
+# odd token counts (one past the int8 tile's 64 on each backend), rows not a multiple of its 64
+INT8_SHAPES = {"cpu": ((37, 288), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["gguf", "packed"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_gemm_is_the_decode_integer_sums(backend, packed):
+    """gemm at "int8" on Q8_0 (GGUF and packed): x's Q8_0 blocks times W's in exact integer sums,
+    scaled per block: within float32 rounding of the float64 product of the same quantized values,
+    and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in another order)."""
+    (rows, cols), counts = INT8_SHAPES[backend]
+    raw = random_blocks(T.Q8_0, rows * cols // 32)
+    W = reference(raw, T.Q8_0, (rows, cols))
+    qtype, w = (q8_0_packed.PACKED, q8_0_packed.pack_raw(raw, (rows, cols))) if packed else (T.Q8_0, raw)
+    w = w.to(backend)
+    for n_tok in counts:
+        x = torch.randn(n_tok, cols, device=backend)
+        y = gemm(w, qtype, (rows, cols), x, "int8")
+        xq = act_quant.quantize(x, act_quant.Q8_0).dequantize().double().cpu()
+        scale = xq.abs() @ W.abs().T
+        err = rel_err(y, xq @ W.T, scale)
+        assert err < BOUNDS["fp32"], f"int8 [{rows}, {cols}] x {n_tok}: relative error {err:.2e}"
+        some = range(n_tok) if backend == "cuda" else (0, n_tok - 1)  # the interpreter's GEMV is slow
+        decode = torch.stack([gemv(w, qtype, (rows, cols), x[t]) for t in some]).cpu().double()
+        apart = float(((y.cpu().double()[list(some)] - decode).abs() / scale[list(some)]).max())
+        print(f"int8 GEMM vs igemv ({'packed' if packed else 'gguf'}, {n_tok} tokens): "
+              f"{apart:.2e} of |x||W| at most, {float((y.cpu()[list(some)] == decode.float()).float().mean()):.3f} equal")
+        assert apart < BOUNDS["fp32"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_gemm_runs_other_types_at_ieee_and_checks_qx(backend):
+    """A family without an integer GEMM (Q4_K) runs "int8" as "ieee" (the same bits); a qx of the
+    wrong shape is a clear error."""
+    rows, cols = 40, 256
+    raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
+    x = torch.randn(3, cols, device=backend)
+    assert torch.equal(gemm(raw, T.Q4_K, (rows, cols), x, "int8"), gemm(raw, T.Q4_K, (rows, cols), x, "ieee"))
+    raw8 = random_blocks(T.Q8_0, rows * cols // 32).to(backend)
+    qx = act_quant.quantize(x[:2].contiguous(), act_quant.Q8_0)
+    with pytest.raises(dispatch.KernelArgumentError, match="need 3 rows of 256 values in q8_0's blocks"):
+        gemm(raw8, T.Q8_0, (rows, cols), x, "int8", qx=qx)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_moe_prefill(backend, monkeypatch):
+    """Q8_0 experts at "int8": grouped and loop the same bits (per element the same block sums in
+    the same order, whatever the tile), and near the float GEMMs on the same rounded inputs (h
+    rounded apart can sit across a rounding step: the engine's 1e-3 bound)."""
+    dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (256, 256, 2, GEMM_BLOCK_T + 5, 2)
+    table, *_ = arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)
+    x = torch.randn(n_tok, dim)
+    slots = torch.stack([torch.randperm(n)[:top_k] for _ in range(n_tok)])
+    w = torch.rand(n_tok, top_k)
+    args = (slots.to(backend), w.to(backend), "silu")
+    rnd = lambda h: round_activations(h, act_quant.Q8_0)  # noqa: E731
+    got = {}
+    for mode, t in (("grouped", prepare(table, backend)), ("loop", table)):
+        monkeypatch.setattr(moe, "PREFILL", mode)
+        got[mode] = moe_prefill(t, x.to(backend), *args, precision="int8", round_h=rnd)
+    assert torch.equal(got["grouped"], got["loop"])
+    ieee = moe_prefill(prepare(table, backend), rnd(x).to(backend), *args, precision="ieee", round_h=rnd)
+    err = rel_err(got["grouped"], ieee.cpu().double())
+    print(f"int8 MoE prefill vs ieee on rounded inputs: {err:.2e}")
+    assert err < 1e-3
 
 
 def arena_table(gu_type: T, d_type: T, dim: int, width: int, n: int, device: str, pin: bool = False):

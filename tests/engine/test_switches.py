@@ -98,7 +98,8 @@ SWITCHES = [
     Switch("SPARKD_MOE_PREFILL", "sparkd.engine.kernels.moe", "m.PREFILL", "fast",
            {UNSET: "grouped", "grouped": "grouped", "Loop": "loop"}, ("grouped", "loop")),
     Switch("SPARKD_PREFILL_PRECISION", "sparkd.engine.layers.linear", "m.PREFILL_PRECISION", "fp16",
-           {UNSET: "ieee", "ieee": "ieee", "tf32x3": "tf32x3", " TF32 ": "tf32"}, ("ieee", "tf32x3", "tf32")),
+           {UNSET: "int8", "ieee": "ieee", "tf32x3": "tf32x3", " TF32 ": "tf32", "Int8": "int8"},
+           ("ieee", "tf32x3", "tf32", "int8")),
     Switch("SPARKD_PROMPT_LOGITS", None, prompt_last_only, "first",
            {UNSET: True, "last": True, "ALL": False}, ("last", "all")),
 ]

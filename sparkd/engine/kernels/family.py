@@ -31,6 +31,12 @@ per-32 quant sums at xs_ptr for q8_k); adds group g's share of the row dot produ
 per block in integers with dp4a, to acc: EW False, float32 [BN] (reduced every group); True,
 the elementwise tile float32 [BN, *iacc], summed once after the loop (the H200-measured default
 tiles of both families, matmul.GEMV_TILES). EMU: emulate dp4a (interpreter).
+
+iblock(w_ptr, row_off, rmask, b) contract (families with act_fmt "q8_0" whose weights are int8
+blocks of 32 with one scale: Q8_0 and its packed layout): block b (values b*32 ... b*32+31) of
+the rows at byte offsets row_off int64 [BN] as (quants int8 [BN, 32], scales float32 [BN]); rows
+not in rmask come back as 0. The integer prefill GEMM (matmul.gemm at precision "int8") multiplies
+the quants with x's int8 blocks in tl.dot.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ class Family:
     # with idot: (block_n, num_warps) of the one elementwise tile the step runs on (pairx: its lanes
     # are laid out for 4 rows on one warp), else None: any tile
     one_tile: tuple[int, int] | None = None
+    iblock: Any = None  # triton.JITFunction, or None: no integer GEMM (the float one at "ieee" instead)
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

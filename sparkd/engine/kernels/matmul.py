@@ -34,6 +34,9 @@ from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k_tiled
 from sparkd.engine.kernels.row_tiles import row_sums
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
+# the integer GEMM's tile (precision "int8"): a weight block is loaded once per IGEMM_BLOCK_T
+# tokens (the grouped GEMM's tiles stay GEMM_BLOCK_T tall: expert_tiles cuts them so)
+IGEMM_BLOCK_N, IGEMM_BLOCK_T, IGEMM_WARPS = 64, 64, 4
 # enough programs to keep every SM of a large GPU busy with a few resident programs each
 TARGET_PROGRAMS = 2048
 FOLDS = ("kernel", "torch")
@@ -356,6 +359,54 @@ def _grouped_gemm_kernel(w_ptr, w_off_ptr, aux_ptr, tiles_ptr, src_ptr, x_ptr, y
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
 
+@triton.jit
+def _igemm_tile(w_ptr, xq_ptr, xd_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes, IBLOCK: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """_gemm_tile on int8 blocks: x's rows x_rows [BLOCK_T] (row indices of its QuantX: quants at
+    xq_ptr, int8 [., n_blocks * 32], scales at xd_ptr [., n_blocks]) times W's `rows`: per 32-value
+    block an int8 tl.dot with int32 sums (exact), then acc += sum * (d_x * d_w), blocks in order."""
+    row_off = rows.to(tl.int64) * row_bytes
+    i = tl.arange(0, 32)[None, :]
+    xq = xq_ptr.to(tl.pointer_type(tl.int8)) + x_rows[:, None] * (n_blocks * 32) + i  # [BLOCK_T, 32], QuantX's words bytewise
+    xd = xd_ptr + x_rows * n_blocks
+    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    for b in range(0, n_blocks):
+        q, d = IBLOCK(w_ptr, row_off, rmask, b)
+        x = tl.load(xq + b * 32, mask=tmask[:, None], other=0)
+        dx = tl.load(xd + b, mask=tmask, other=0.0)
+        isum = tl.dot(x, tl.trans(q), out_dtype=tl.int32)
+        acc += isum.to(tl.float32) * (dx[:, None] * d[None, :])
+    return acc
+
+
+@triton.jit
+def _igemm_kernel(w_ptr, xq_ptr, xd_ptr, y_ptr, N, T, n_blocks, row_bytes, stride_yt, IBLOCK: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    toks = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask, tmask = rows < N, toks < T
+    acc = _igemm_tile(w_ptr, xq_ptr, xd_ptr, toks.to(tl.int64), tmask, rows, rmask, n_blocks, row_bytes, IBLOCK,
+                      BLOCK_N, BLOCK_T)
+    y = y_ptr + toks[:, None].to(tl.int64) * stride_yt + rows[None, :]
+    tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
+
+
+@triton.jit
+def _grouped_igemm_kernel(w_ptr, w_off_ptr, tiles_ptr, src_ptr, xq_ptr, xd_ptr, y_ptr, N, n_blocks, row_bytes,
+                          stride_yt, IBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """_grouped_gemm_kernel's integer variant: x's rows src[r] of its QuantX."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile = tiles_ptr + tl.program_id(1) * 3
+    e, first, end = tl.load(tile), tl.load(tile + 1), tl.load(tile + 2)
+    r = first + tl.arange(0, BLOCK_T)
+    rmask, tmask = rows < N, r < end
+    src = tl.load(src_ptr + r, mask=tmask, other=0).to(tl.int64)
+    acc = _igemm_tile(w_ptr + tl.load(w_off_ptr + e), xq_ptr, xd_ptr, src, tmask, rows, rmask,
+                      tl.where(first < end, n_blocks, 0), row_bytes, IBLOCK, BLOCK_N, BLOCK_T)
+    y = y_ptr + r[:, None].to(tl.int64) * stride_yt + rows[None, :]
+    tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
+
+
 def _checked(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor, x_dims: int, what: str):
     """The checks GEMV and GEMM share; returns (family, rows, cols, bytes per row)."""
     fam = dispatch.family(qtype)
@@ -538,7 +589,30 @@ def aux_arg(fam: dispatch.Family, cols: int, device: torch.device) -> torch.Tens
     return _ROW_WIDTHS[key]
 
 
-PRECISIONS = ("ieee", "tf32x3", "tf32")
+INT8 = "int8"  # the integer GEMM, for families with an iblock (Q8_0 and its packed layout); others run "ieee"
+PRECISIONS = ("ieee", "tf32x3", "tf32", INT8)
+
+
+def float_precision(precision: str) -> str:
+    """The float GEMM's input precision: "int8" (a family without an integer GEMM) runs "ieee"."""
+    return "ieee" if precision == INT8 else precision
+
+
+def int_gemm(fam: dispatch.Family, precision: str) -> bool:
+    """Whether the GEMM of a family at `precision` is the integer one (x quantized to fam.act_fmt)."""
+    return precision == INT8 and fam.iblock is not None
+
+
+def _gemm_qx(fam: dispatch.Family, x: torch.Tensor, qx: act_quant.QuantX | None, what: str) -> act_quant.QuantX:
+    """x's QuantX for the integer GEMM: qx (checked: x's rows in the family's format) or x quantized now."""
+    if qx is None:
+        return act_quant.quantize(x, fam.act_fmt)
+    rows, cols = x.shape
+    if qx.words.shape != (rows, cols // 4) or qx.scales.shape != (rows, cols // act_quant.BLOCKS[fam.act_fmt]):
+        raise dispatch.KernelArgumentError(
+            f"could not run {what} on a pre-quantized x: need {rows} rows of {cols} values in {fam.act_fmt}'s "
+            f"blocks, got words {list(qx.words.shape)} and scales {list(qx.scales.shape)}")
+    return qx
 
 
 def check_precision(precision: str, what: str) -> None:
@@ -548,11 +622,15 @@ def check_precision(precision: str, what: str) -> None:
 
 
 def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
-         precision: str = "tf32", out: torch.Tensor | None = None) -> torch.Tensor:
+         precision: str = "tf32", out: torch.Tensor | None = None,
+         qx: act_quant.QuantX | None = None) -> torch.Tensor:
     """y = x @ W.T for a few tokens. weight: raw GGUF bytes of W [rows, cols]; x float32 [T, cols].
 
-    precision is tl.dot's input_precision (PRECISIONS): "tf32" (fast, ~1e-3 relative), "tf32x3"
-    (three tf32 products on the tensor cores, near float32) or "ieee" (float32 FMAs)."""
+    precision (PRECISIONS) is tl.dot's input_precision: "tf32" (fast, ~1e-3 relative), "tf32x3"
+    (three tf32 products on the tensor cores, near float32) or "ieee" (float32 FMAs); or "int8"
+    (int_gemm's families; others run "ieee"): x quantized to the family's int8 blocks (or qx,
+    x so quantized already), int8 tl.dot per block, the decode's integer sums (igemv's, but the
+    scaled blocks added in another order)."""
     what = f"the {qtype.name} GEMM"
     check_precision(precision, what)
     fam, rows, cols, row_bytes = _checked(weight, qtype, shape, x, 2, what)
@@ -561,20 +639,28 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     y = torch.empty(n_tok, rows, dtype=torch.float32, device=x.device) if out is None else out
     if n_tok == 0:
         return y
+    if int_gemm(fam, precision):
+        q = _gemm_qx(fam, x, qx, what)
+        grid = (triton.cdiv(rows, IGEMM_BLOCK_N), triton.cdiv(n_tok, IGEMM_BLOCK_T))
+        _igemm_kernel[grid](weight, q.words, q.scales, y, rows, n_tok, cols // 32, row_bytes, y.stride(0),
+                            IBLOCK=fam.iblock, BLOCK_N=IGEMM_BLOCK_N, BLOCK_T=IGEMM_BLOCK_T, num_warps=IGEMM_WARPS)
+        return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
     _gemm_kernel[grid](weight, aux_arg(fam, cols, x.device), x, y, rows, cols, n_tok, row_bytes,
                        x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
-                       BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=precision, num_warps=GEMM_WARPS)
+                       BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=float_precision(precision),
+                       num_warps=GEMM_WARPS)
     return y
 
 
 def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
-                 src: torch.Tensor, tiles: torch.Tensor, precision: str = "tf32") -> torch.Tensor:
+                 src: torch.Tensor, tiles: torch.Tensor, precision: str = "tf32",
+                 qx: act_quant.QuantX | None = None) -> torch.Tensor:
     """y[r] = x[src[r]] @ W_e.T for every row r of every tile (e, first, end) of `tiles` (int32
     [n, 3], moe.expert_tiles: e's rows [first, end), at most GEMM_BLOCK_T, none for first == end):
     many small GEMMs of one shape in one launch, no host sync. W_e: the [rows, cols] matrix of raw
     GGUF bytes at byte offsets[e] of `weight` (int64 on x's device, checked by the caller:
-    moe.prepare); x float32 [T, cols]; src int [R] -> y float32 [R, rows]."""
+    moe.prepare); x float32 [T, cols]; src int [R] -> y float32 [R, rows]. precision, qx: gemm's."""
     what = f"the {qtype.name} grouped GEMM"
     check_precision(precision, what)
     fam = dispatch.family(qtype)
@@ -595,8 +681,16 @@ def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tupl
     y = torch.empty(src.numel(), rows, dtype=torch.float32, device=x.device)
     if src.numel() == 0 or tiles.shape[0] == 0:
         return y
+    if int_gemm(fam, precision):
+        q = _gemm_qx(fam, x, qx, what)
+        grid = (triton.cdiv(rows, IGEMM_BLOCK_N), tiles.shape[0])
+        _grouped_igemm_kernel[grid](weight, offsets, tiles, src, q.words, q.scales, y, rows, cols // 32, row_bytes,
+                                    y.stride(0), IBLOCK=fam.iblock, BLOCK_N=IGEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T,
+                                    num_warps=IGEMM_WARPS)
+        return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), tiles.shape[0])
     _grouped_gemm_kernel[grid](weight, offsets, aux_arg(fam, cols, x.device), tiles, src, x, y, rows, cols, row_bytes,
                                x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
-                               BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=precision, num_warps=GEMM_WARPS)
+                               BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=float_precision(precision),
+                               num_warps=GEMM_WARPS)
     return y

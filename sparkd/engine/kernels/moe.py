@@ -49,6 +49,7 @@ from sparkd.engine.kernels.matmul import (
     gemm,
     grouped_gemm,
     int_args,
+    int_gemm,
     kernel_folds,
     partials_for,
     row_dot,
@@ -676,7 +677,8 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
                 round_h: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts (an ExpertTable,
     or the PreparedTable of all of them that prepare() made); route_weights
-    float32 [T, A] -> y [T, D]; round_h as in moe_decode. PREFILL "grouped": the (token, slot)
+    float32 [T, A] -> y [T, D]; round_h as in moe_decode; precision matmul.gemm's (at "int8" x
+    comes unrounded where gate/up run integer: quantized here, as round_x would). PREFILL "grouped": the (token, slot)
     pairs sorted by expert, gate, up and down each one grouped GEMM launch over every expert's
     tiles (no host sync but the slots' check), the same bits as "loop": a GEMM per expert and
     projection, each expert's tokens found by a host sync."""
@@ -708,10 +710,12 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         keys, order = torch.sort(slots.reshape(-1), stable=True)
         tiles = expert_tiles(keys, n, GEMM_BLOCK_T)
         tok = order // slots.shape[1]
-        g = grouped_gemm(table.gate, p.gate_off, fgu.qtype, (F, D), x, tok, tiles, precision)
-        u = grouped_gemm(table.up, p.up_off, fgu.qtype, (F, D), x, tok, tiles, precision)
+        qx = act_quant.quantize(x, fgu.act_fmt) if int_gemm(fgu, precision) else None  # once for gate and up
+        g = grouped_gemm(table.gate, p.gate_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx)
+        u = grouped_gemm(table.up, p.up_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx)
         h = _act_torch(g, u, act)
-        h = (h if round_h is None else round_h(h)).contiguous()
+        # the integer GEMM quantizes h itself (to the values round_h gives)
+        h = (h if round_h is None or int_gemm(fd, precision) else round_h(h)).contiguous()
         out = grouped_gemm(table.down, p.down_off, fd.qtype, (D, F), h, torch.arange(keys.numel(), device=x.device),
                            tiles, precision)
         out *= route_weights.reshape(-1)[order, None]
@@ -729,7 +733,7 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         g = gemm(table.gate[go:go + gu_span], fgu.qtype, (F, D), h, precision)
         u = gemm(table.up[uo:uo + gu_span], fgu.qtype, (F, D), h, precision)
         h = _act_torch(g, u, act)
-        h = h if round_h is None else round_h(h)
+        h = h if round_h is None or int_gemm(fd, precision) else round_h(h)
         out = gemm(table.down[do:do + d_span], fd.qtype, (D, F), h.contiguous(), precision)
         y.index_add_(0, tok, out * route_weights[tok, k, None])
     return y

@@ -97,4 +97,14 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     return acc
 
 
-FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot, acc0, total, idot=idot, act_fmt=Q8_0, iacc=(8, 8))
+@triton.jit
+def iblock(w_ptr, row_off, rmask, b):
+    blk = w_ptr + row_off + b * 34  # [BN] block starts
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    q = tl.load((blk[:, None] + 2 + tl.arange(0, 32)[None, :]).to(tl.pointer_type(tl.int8)),
+                mask=rmask[:, None], other=0)
+    return q, d
+
+
+FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot, acc0, total, idot=idot, act_fmt=Q8_0, iacc=(8, 8),
+                iblock=iblock)

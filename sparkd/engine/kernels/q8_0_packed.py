@@ -114,7 +114,19 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     return acc
 
 
-FAMILY = PackedFamily(PACKED, 32, 34, 8, 32, dequant, align=16, idot=idot, act_fmt=Q8_0, iacc=(8, 8))
+@triton.jit
+def iblock(w_ptr, row_off, rmask, b):
+    """q8_0.iblock on a packed row: block b is block b % 8 of group b // 8."""
+    grp = w_ptr + row_off + (b // 8) * 272  # [BN]
+    s = b % 8
+    d = tl.load((grp + 256).to(tl.pointer_type(tl.float16)) + s, mask=rmask, other=0.0).to(tl.float32)
+    q = tl.load((grp[:, None] + s * 32 + tl.arange(0, 32)[None, :]).to(tl.pointer_type(tl.int8)),
+                mask=rmask[:, None], other=0)
+    return q, d
+
+
+FAMILY = PackedFamily(PACKED, 32, 34, 8, 32, dequant, align=16, idot=idot, act_fmt=Q8_0, iacc=(8, 8),
+                      iblock=iblock)
 
 
 def gemv(w: PackedQ8_0, x: torch.Tensor, out: torch.Tensor | None = None, config=None, qx=None) -> torch.Tensor:

@@ -13,9 +13,11 @@ from torch import nn
 from sparkd.engine import switches
 from sparkd.engine.layers.act_round import round_activations
 
-# tl.dot's input precision in the prefill GEMMs (dense and MoE; matmul.PRECISIONS): "ieee" float32
-# FMAs, "tf32x3" three tf32 products on the tensor cores, "tf32" one
-PREFILL_PRECISION = switches.choice("SPARKD_PREFILL_PRECISION", ("ieee", "tf32x3", "tf32"), "ieee")
+# tl.dot's input precision in the prefill GEMMs (dense and MoE; matmul.PRECISIONS): "int8" (default,
+# session 9) the integer GEMM (x as int8 blocks, the decode's integer sums) for Q8_0 weights, "ieee"
+# for the others; "ieee" float32 FMAs everywhere (the way before), "tf32x3" three tf32 products
+# on the tensor cores, "tf32" one
+PREFILL_PRECISION = switches.choice("SPARKD_PREFILL_PRECISION", ("ieee", "tf32x3", "tf32", "int8"), "int8")
 
 
 class Linear(nn.Module):
@@ -95,8 +97,9 @@ class KernelLinear(nn.Module):
         if h.shape[0] == 1:
             y = self._gemv(h[0], self._quantized(x))[None]
         else:  # a stack's parts one by one: a GEMM tile's arithmetic may depend on a row's place in it
-            hr = self._round(h).contiguous()
-            y = torch.cat([self._gemm(hr, i) for i in range(len(self.parts))], dim=1)
+            qx = self._gemm_qx(h)  # the integer GEMM: x quantized once, for every part
+            hr = h if qx is not None else self._round(h).contiguous()
+            y = torch.cat([self._gemm(hr, i, qx) for i in range(len(self.parts))], dim=1)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.shape[0])
@@ -149,10 +152,18 @@ class KernelLinear(nn.Module):
                                            one_launch)
         return self._gemv_configs[on_cuda]
 
-    def _gemm(self, h: torch.Tensor, i: int) -> torch.Tensor:
+    def _gemm_qx(self, h: torch.Tensor):
+        """h's QuantX where the GEMM runs integer (matmul.int_gemm), else None."""
+        from sparkd.engine.kernels import act_quant, dispatch
+        from sparkd.engine.kernels.matmul import int_gemm
+
+        fam = dispatch.family(self.qtype)
+        return act_quant.quantize(h, fam.act_fmt) if int_gemm(fam, PREFILL_PRECISION) else None
+
+    def _gemm(self, h: torch.Tensor, i: int, qx=None) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import gemm
 
-        return gemm(*self._part(i), h, precision=PREFILL_PRECISION)
+        return gemm(*self._part(i), h, precision=PREFILL_PRECISION, qx=qx)
 
     def _part(self, i: int) -> tuple[torch.Tensor, object, tuple[int, int]]:
         """(raw bytes, qtype, shape) of stacked part i (the whole matrix when not a stack)."""

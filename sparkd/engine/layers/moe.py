@@ -184,9 +184,12 @@ class MoE(nn.Module):
         table = getattr(self.store, "kernel_table", None)
         layer = table(self.il) if table is not None and x.shape[0] > 1 else None
         if layer is not None:  # many tokens, every expert at hand: group tokens by expert
+            from sparkd.engine.kernels.matmul import int_gemm
             from sparkd.engine.kernels.moe import moe_prefill
 
-            h = round_activations(x, layer.act_gate).float().contiguous()
+            # the integer GEMM quantizes x itself (to the values round_activations gives)
+            int_gu = int_gemm(layer.prepared.gate_up, linear.PREFILL_PRECISION)
+            h = (x if int_gu else round_activations(x, layer.act_gate)).float().contiguous()
             out = moe_prefill(layer.prepared, h, ids, w, self.act_name, linear.PREFILL_PRECISION,
                               _rounder(layer.act_down))
             return out if residual is None else residual + out
