@@ -324,7 +324,7 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
                 err = kb.rel_err(got, ref)
                 # a tiled row: the GGUF default's bits? --pdl: PDL off's?
                 if (base is not None or PDL_ROWS) and not how.get("consumer"):
-                    first = cfg is base or how.get("pdl") == "off"
+                    first = how.get("pdl") == "off" if PDL_ROWS else cfg is base  # (Q8_0P: base and cfg both None)
                     old_y = got.clone() if first else old_y
                     same.update({} if first or old_y is None else {label: bool(torch.equal(got, old_y))})
                 sec = kb.graph_seconds(call, n)
