@@ -30,6 +30,8 @@ DOWN = {"cpu": GemvConfig(block_n=64, num_warps=1, unroll=2, split=2), "cuda": N
 @pytest.mark.parametrize("align", [4, 16])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tiled_gate_up_within_the_fp32_bound(backend, align):
+    if backend == "cpu" and align == 16:
+        pytest.skip("the interpreter runs the arena's own 4-byte offsets only (~1 min a case); the GPU runs both")
     # the interpreter runs programs one by one: few 4-row tiles (a Q8_0 down lets the experts be 32 rows)
     dim, width, n, down = (512, 32, 2, T.Q8_0) if backend == "cpu" else (2048, 768, 8, T.Q4_K)
     table, gates, ups, downs = arena_table(T.Q4_K, down, dim, width, n, backend)
