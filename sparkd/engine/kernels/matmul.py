@@ -341,19 +341,28 @@ def _gemm_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, N, K, T, row_bytes, stride_xt, st
 
 
 @triton.jit
+def _expert_tile(w_off_ptr, tiles_ptr, src_ptr, N, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """A grouped GEMM program's work: W's row tile program_id(0), tile program_id(1) of expert_tiles
+    (expert e, y's rows r in [first, end), x's rows src[r]) -> (rows, rmask, r, tmask, src, e's weight
+    offset, whether the tile has rows)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile = tiles_ptr + tl.program_id(1) * 3
+    e, first, end = tl.load(tile), tl.load(tile + 1), tl.load(tile + 2)
+    r = first + tl.arange(0, BLOCK_T)
+    tmask = r < end
+    src = tl.load(src_ptr + r, mask=tmask, other=0).to(tl.int64)
+    return rows, rows < N, r, tmask, src, tl.load(w_off_ptr + e), first < end
+
+
+@triton.jit
 def _grouped_gemm_kernel(w_ptr, w_off_ptr, aux_ptr, tiles_ptr, src_ptr, x_ptr, y_ptr, N, K, row_bytes,
                          stride_xt, stride_yt, DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, PRECISION: tl.constexpr):
     """Program (i, j): tile j = (expert e, rows [first, end) of y) of expert_tiles, y's rows
     x[src[r]] @ W_e.T for W_e's row tile i; an empty tile (first == end) runs no group."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    tile = tiles_ptr + tl.program_id(1) * 3
-    e, first, end = tl.load(tile), tl.load(tile + 1), tl.load(tile + 2)
-    r = first + tl.arange(0, BLOCK_T)
-    rmask, tmask = rows < N, r < end
-    src = tl.load(src_ptr + r, mask=tmask, other=0).to(tl.int64)
-    n_groups = tl.where(first < end, tl.cdiv(K, NSUB * SUBLEN), 0)
-    acc = _gemm_tile(w_ptr + tl.load(w_off_ptr + e), aux_ptr, x_ptr, src * stride_xt, tmask, rows, rmask, K,
+    rows, rmask, r, tmask, src, w_off, live = _expert_tile(w_off_ptr, tiles_ptr, src_ptr, N, BLOCK_N, BLOCK_T)
+    n_groups = tl.where(live, tl.cdiv(K, NSUB * SUBLEN), 0)
+    acc = _gemm_tile(w_ptr + w_off, aux_ptr, x_ptr, src * stride_xt, tmask, rows, rmask, K,
                      n_groups, row_bytes, DEQ, NSUB, SUBLEN, BLOCK_N, BLOCK_T, PRECISION)
     y = y_ptr + r[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
@@ -395,14 +404,9 @@ def _igemm_kernel(w_ptr, xq_ptr, xd_ptr, y_ptr, N, T, n_blocks, row_bytes, strid
 def _grouped_igemm_kernel(w_ptr, w_off_ptr, tiles_ptr, src_ptr, xq_ptr, xd_ptr, y_ptr, N, n_blocks, row_bytes,
                           stride_yt, IBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
     """_grouped_gemm_kernel's integer variant: x's rows src[r] of its QuantX."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    tile = tiles_ptr + tl.program_id(1) * 3
-    e, first, end = tl.load(tile), tl.load(tile + 1), tl.load(tile + 2)
-    r = first + tl.arange(0, BLOCK_T)
-    rmask, tmask = rows < N, r < end
-    src = tl.load(src_ptr + r, mask=tmask, other=0).to(tl.int64)
-    acc = _igemm_tile(w_ptr + tl.load(w_off_ptr + e), xq_ptr, xd_ptr, src, tmask, rows, rmask,
-                      tl.where(first < end, n_blocks, 0), row_bytes, IBLOCK, BLOCK_N, BLOCK_T)
+    rows, rmask, r, tmask, src, w_off, live = _expert_tile(w_off_ptr, tiles_ptr, src_ptr, N, BLOCK_N, BLOCK_T)
+    acc = _igemm_tile(w_ptr + w_off, xq_ptr, xd_ptr, src, tmask, rows, rmask,
+                      tl.where(live, n_blocks, 0), row_bytes, IBLOCK, BLOCK_N, BLOCK_T)
     y = y_ptr + r[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
