@@ -167,10 +167,14 @@ def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tiled_q4_k_expert_gate_up_matches_cpu_reference(tmp_path, monkeypatch, backend):
-    """Resident Q4_K experts' gate and up repacked at load into the pairx bytes (the default; session 9, moe20)
-    and kept as GGUF blocks ($SPARKD_MOE_GATE_UP_LAYOUT=gguf): both within the bound of the CPU reference, the
-    same tokens; the torch fallback (store.get) dequantizes the repacked experts to the file's values."""
-    from sparkd.engine.layers.quant_experts import GATE_UP_LAYOUT_ENV
+    """Resident Q4_K experts' gate, up (session 9, moe20) and down (session 10, moe21) repacked at load into the
+    pairx bytes (the default) and kept as GGUF blocks ($SPARKD_MOE_GATE_UP_LAYOUT=gguf,
+    $SPARKD_MOE_DOWN_LAYOUT=gguf): both within the bound of the CPU reference, the same tokens; the torch
+    fallback (store.get) dequantizes the repacked experts to the file's values. The down is tiled from model width
+    quant_experts.TILED_DOWN_MIN_DIM: on the GPU from 0 here; the interpreter keeps the 256-wide model's down in
+    GGUF blocks (the tiled down's 4-row programs took it from ~1 to ~4 min; test_moe_tiled runs it there)."""
+    from sparkd.engine.layers import quant_experts
+    from sparkd.engine.layers.quant_experts import DOWN_LAYOUT_ENV, GATE_UP_LAYOUT_ENV
 
     shape = SHAPES["Q4_K"] if backend == "cuda" else SHAPES["Q6_K"]  # the interpreter: one layer (~1 min a layer)
     path = write_model(tmp_path / "m.gguf", plan(shape, "F32", [("_exps", "Q4_K")]), seed=9)[0]
@@ -181,12 +185,18 @@ def test_tiled_q4_k_expert_gate_up_matches_cpu_reference(tmp_path, monkeypatch, 
     finally:
         ref.close()
     got, weights = {}, {}
+    if backend == "cuda":
+        monkeypatch.setattr(quant_experts, "TILED_DOWN_MIN_DIM", 0)
     for layout in ("tiled", "gguf"):
         monkeypatch.setenv(GATE_UP_LAYOUT_ENV, layout)
+        monkeypatch.setenv(DOWN_LAYOUT_ENV, layout)
+        down = layout if backend == "cuda" else "gguf"
         k = load_model(path, device=backend, kernels=True)
         try:
             store = k.net.blocks[0].ffn.store
-            assert store.kernel_table(0).prepared.gate_up.qtype.name == ("Q4_K_TILED" if layout == "tiled" else "Q4_K")
+            prepared = store.kernel_table(0).prepared
+            names = tuple("Q4_K_TILED" if v == "tiled" else "Q4_K" for v in (layout, down))
+            assert (prepared.gate_up.qtype.name, prepared.down.qtype.name) == names
             got[layout] = greedy(k.net, prompt, n)
             ew = store.get(0, [0, 3])
             weights[layout] = (ew.gate, ew.up, ew.down)
@@ -194,7 +204,7 @@ def test_tiled_q4_k_expert_gate_up_matches_cpu_reference(tmp_path, monkeypatch, 
             k.close()
     for layout, (logits, tokens) in got.items():
         err = float((logits - want_logits).norm() / want_logits.norm())
-        print(f"Q4_K experts, gate/up {layout}, {backend}: prompt logits relative error {err:.2e}")
+        print(f"Q4_K experts, gate/up and down {layout}, {backend}: prompt logits relative error {err:.2e}")
         assert err < BOUND and tokens == want, layout
     assert all(torch.equal(a, b) for a, b in zip(weights["tiled"], weights["gguf"]))
 

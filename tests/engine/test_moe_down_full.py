@@ -26,7 +26,7 @@ CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
 
 
 def test_down_full_is_on_for_q4_k_by_default():
-    assert moe_tiles.decode_kernels("new").down_full == ("Q4_K",)
+    assert moe_tiles.decode_kernels("new").down_full == ("Q4_K", "Q4_K_TILED")  # the tiled down too (moe21)
     assert moe_tiles.decode_kernels("s7").down_full == ()  # the switch back
     assert moe_tiles.decode_kernels("s6r2").down_full == ()
 

@@ -1,6 +1,6 @@
 """Session 9 (moe20): the MoE decode's gate/up on experts repacked into the tiled Q4_K GEMV's bytes
 (moe.tiled_gate_up: q4_k_tiled.pack_raw per gate and up matrix, in place; pairx by default), the down on
-GGUF blocks. The pairx step makes q4_k's integer sums in another float order: within the fp32 bound of the
+GGUF blocks; session 10 (moe21): the down repacked the same way (moe.tiled_down). The pairx step makes q4_k's integer sums in another float order: within the fp32 bound of the
 float64 reference over the engine's own h (moe_error), the same bits run to run, on 4-byte and 16-byte
 offsets and on a selection of the table. Interpreter where there is no GPU, compiled with the marker gpu."""
 
@@ -71,9 +71,13 @@ def test_tiled_gate_up_refuses_what_it_cannot_run():
     x, w = torch.randn(256), torch.rand(1)
     with pytest.raises(dispatch.KernelArgumentError, match="elementwise tile of 4 rows on 1 warp"):
         moe.moe_decode(p, x, w, gate_up=GemvConfig(block_n=64), down=DOWN["cpu"])
-    wide = moe.tiled_gate_up(arena_table(T.Q4_K, T.Q4_K, 256, 256, 1, "cpu")[0])
-    with pytest.raises(dispatch.KernelArgumentError, match="runs in gate/up only"):
-        moe.prepare(dataclasses.replace(wide, down_type=q4_k_tiled.TILED), "cpu")
+    with pytest.raises(dispatch.KernelArgumentError, match="needs a Q4_K down"):
+        moe.tiled_down(table)
+    down = moe.tiled_down(arena_table(T.Q8_0, T.Q4_K, 32, 256, 1, "cpu")[0])
+    with pytest.raises(dispatch.KernelArgumentError, match="needs whole tiles .* 34 down rows, tiles of 4"):
+        moe.prepare(dataclasses.replace(down, dim=34), "cpu")
+    with pytest.raises(dispatch.KernelArgumentError, match="elementwise tile of 4 rows on 1 warp"):
+        moe.moe_decode(moe.prepare(down, "cpu"), torch.randn(32), w, down=GemvConfig(block_n=8))
 
 
 def test_tiled_gate_up_prefill_and_round_trip():
@@ -88,3 +92,52 @@ def test_tiled_gate_up_prefill_and_round_trip():
     span = 32 * dispatch.FAMILIES[T.Q4_K].row_bytes(256)
     for o in [*tiled.gate_offsets, *tiled.up_offsets]:
         assert torch.equal(q4_k_pair.unpack_raw(tiled.gate[o:o + span], (32, 256)), before[o:o + span])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiled_down_within_the_fp32_bound(backend):
+    """The down on the pairx bytes (moe.tiled_down; on the GPU with the gate/up tiled too, as the engine loads
+    them): within the fp32 bound of the float64 reference over the engine's own h; moe_prefill on the repacked
+    down gives the GGUF table's bits and q4_k_pair.unpack_raw the file's blocks (store.get's fallback). On the
+    GPU also: within 1e-4 of the GGUF step, the same bits run to run, a selection gives the sub-table's bits."""
+    gpu = backend == "cuda"
+    # the interpreter (~1 s a program): a Q8_0 gate/up lets the model width be 32 (8 down tiles), one range
+    gu_type, dim, width, n = (T.Q4_K, 2048, 768, 8) if gpu else (T.Q8_0, 32, 256, 2)
+    table, gates, ups, downs = arena_table(gu_type, T.Q4_K, dim, width, n, backend)
+    table = on_16_bytes(table) if gpu else table
+    x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
+    gu, dn = (None, None) if gpu else (GemvConfig(block_n=64, num_warps=1, unroll=1), ONE_TILE)
+    gguf = moe.moe_decode(moe.prepare(table, backend), x, w, gate_up=gu) if gpu else None
+    slots, wp = torch.tensor([[0, n - 1], [n - 1, 0]], device=backend), torch.rand(2, 2, device=backend)
+    xp = torch.randn(2, dim, device=backend)
+    prefill = moe.moe_prefill(table, xp, slots, wp, precision="ieee")
+    before = table.down.clone()
+    tiled = moe.tiled_down(table)
+    tiled = moe.tiled_gate_up(tiled) if gu_type == T.Q4_K else tiled
+    assert tiled.down_type == q4_k_tiled.TILED
+    span = dim * dispatch.FAMILIES[T.Q4_K].row_bytes(width)
+    for o in tiled.down_offsets:
+        assert not torch.equal(tiled.down[o:o + span], before[o:o + span])
+        assert torch.equal(q4_k_pair.unpack_raw(tiled.down[o:o + span], (dim, width)), before[o:o + span])
+    p = moe.prepare(tiled, backend)
+    assert p.down_vec or not gpu
+    assert moe_tiles.decode_tiles(p)[1] == moe_tiles.TILED_DOWN
+    tiles = dict(gate_up=dataclasses.replace(gu or moe_tiles.decode_tiles(p)[0], fuse_quant=True), down=dn)
+    y = moe.moe_decode(p, x, w, **tiles)
+    err = moe_error(y, p, x, w, gates, ups, downs, "silu", gu_type, T.Q4_K, tiles["gate_up"])
+    assert err < BOUNDS["fp32"]
+    assert torch.equal(moe.moe_prefill(p, xp, slots, wp, precision="ieee"), prefill)
+    if gpu:
+        assert torch.equal(moe.moe_decode(p, x, w, **tiles), y)
+        assert torch.allclose(y, gguf, rtol=1e-4, atol=1e-4 * float(gguf.abs().max()))
+        ids = torch.tensor([n - 1, 0], device=backend)
+        sub = moe.prepare(dataclasses.replace(tiled, gate_offsets=[tiled.gate_offsets[i] for i in (n - 1, 0)],
+                                              up_offsets=[tiled.up_offsets[i] for i in (n - 1, 0)],
+                                              down_offsets=[tiled.down_offsets[i] for i in (n - 1, 0)]), backend)
+        w2 = w[:2].contiguous()
+        assert torch.equal(moe.moe_decode(p.select(ids), x, w2, **tiles), moe.moe_decode(sub, x, w2, **tiles))
+        # 2 groups a step over 3: row_idot's masked loop (the default's 3 a step run _row_idot_full's)
+        odd = dict(gate_up=tiles["gate_up"], down=GemvConfig(block_n=4, num_warps=1, unroll=2, split=2))
+        y2 = moe.moe_decode(p, x, w, **odd)
+        assert moe_error(y2, p, x, w, gates, ups, downs, "silu", gu_type, T.Q4_K, odd["gate_up"]) < BOUNDS["fp32"]

@@ -101,3 +101,24 @@ def test_the_pair_twin_reads_every_word_of_the_tiled_gate_up():
             tw = sum(pair_twin_sums(table.gate, o[a], F, D // 256, qx) for o in (table.gate_offsets, table.up_offsets))
             want = tw.sum(1).reshape(F // 4, 16, 2, 2).sum(1).reshape(F)  # thread t = 2c + p: row 2p + r
             assert torch.allclose(out[a].double(), want, rtol=1e-5, atol=0), (unroll, a)
+
+
+def test_the_pair_twin_reads_every_word_of_the_tiled_down():
+    """moe_twin.down on a tiled down (moe.tiled_down): per row and range the sum over the range's experts and groups
+    of the pair twin's words (each expert's h row as its x), and with the fold their ordered sum."""
+    D, F, n = 32, 512, 3  # (a Q8_0 gate/up: 8 down tiles)
+    table = moe.tiled_down(on_16_bytes(arena_table(T.Q8_0, T.Q4_K, D, F, n, "cpu")[0]))
+    p = moe.prepare(table, "cpu")
+    hq = act_quant.quantize(torch.randn(n, F), p.down.act_fmt)
+    for unroll, split in ((1, 2), (2, 1)):
+        out, y = torch.zeros(split, D), torch.full((D,), float("nan"))
+        cfg = GemvConfig(block_n=4, unroll=unroll, split=split)
+        twin.down(p, hq, out, cfg)
+        per, want = -(-n // split), torch.zeros(split, D, dtype=torch.float64)
+        for a in range(n):
+            tw = pair_twin_sums(table.down, table.down_offsets[a], D, F // 256, act_quant.QuantX(hq.words[a:a + 1], hq.scales[a:a + 1], hq.sums[a:a + 1]))
+            want[a // per] += tw.sum(1).reshape(D // 4, 16, 2, 2).sum(1).reshape(D)
+        assert torch.allclose(out.double(), want, rtol=1e-5, atol=0), (unroll, split)
+        if split > 1:
+            twin.down(p, hq, out, cfg, y)
+            assert torch.equal(y, out[0] + out[1])

@@ -21,6 +21,10 @@ does (h inside the gate/up launch with GemvConfig.fuse_quant: by the tile itself
 whole blocks, else by the last program of each block), and the routing weight multiplies each
 expert's down sums as they are added.
 
+Resident Q4_K experts may come in q4_k_tiled's pairx bytes (repacked at load: tiled_gate_up, session 9;
+tiled_down, session 10): the launches then hand the pairx step the expert's matrix as its weight pointer
+(constexpr TILED), on its one 4-row tile.
+
 Prefill (many tokens): tokens are grouped by expert; each projection is one grouped GEMM launch
 over every expert's token tiles (moe_prefill).
 """
@@ -268,11 +272,12 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
-                  NG: tl.constexpr = 0, PDL: tl.constexpr = False):
+                  NG: tl.constexpr = 0, TILED: tl.constexpr = False, PDL: tl.constexpr = False):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
-    on a mask that is true everywhere (_row_idot_full)."""
+    on a mask that is true everywhere (_row_idot_full). TILED (the down in a row-tile layout, q4_k_tiled's):
+    the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel."""
     pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
@@ -280,12 +285,16 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
     first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
-        w_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN) + rb
+        e_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN)
+        if TILED:
+            w_ptr, w_off = down_ptr + e_off, rb
+        else:
+            w_ptr, w_off = down_ptr, e_off + rb
         if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks
-            part = _row_idot_full(down_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+            part = _row_idot_full(w_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
                                   hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, A3, NG, UNROLL, EW, EMU)
         else:
-            part = row_idot(down_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+            part = row_idot(w_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
                             hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
         acc += part * tl.load(rw_ptr + a)
     _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
@@ -386,12 +395,13 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
     probe = torch.empty(0, device=device)  # "cuda" -> "cuda:0", as tensors report it
     device = probe.device
     fgu, fd = dispatch.family(table.gate_up_type), dispatch.family(table.down_type)
+    if table.width % fgu.row_tile or table.dim % fd.row_tile:
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: a row-tile layout ({fgu.qtype.name} gate/up, {fd.qtype.name} down) needs whole "
+            f"tiles ({table.width} gate/up rows, tiles of {fgu.row_tile}; {table.dim} down rows, tiles of "
+            f"{fd.row_tile}); keep that projection in GGUF blocks")
     gu_bytes = dispatch.check_cols(fgu, table.dim, what)
     d_bytes = dispatch.check_cols(fd, table.width, what)
-    if fd.row_tile > 1 or table.width % fgu.row_tile:
-        raise dispatch.KernelArgumentError(
-            f"could not run {what}: a row-tile layout ({fgu.qtype.name} gate/up, {fd.qtype.name} down) runs in gate/up "
-            f"only, on experts of whole tiles ({table.width} rows, tiles of {fgu.row_tile}); keep the down in GGUF blocks")
     for buf, fam in ((table.gate, fgu), (table.up, fgu), (table.down, fd)):
         dispatch.check_weight(buf, what, fam.align)
         dispatch.device_of(buf, probe, what)
@@ -410,7 +420,8 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
                          down_words=_aligned(fd, d_bytes, (table.down,), host[2:], Q8_0, 4),
                          gate_up_vec=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], fgu.qtype
                                               if fgu.qtype == q4_k_tiled.TILED else Q4_K, 16),
-                         down_vec=_aligned(fd, d_bytes, (table.down,), host[2:], Q4_K, 16))
+                         down_vec=_aligned(fd, d_bytes, (table.down,), host[2:], fd.qtype
+                                           if fd.qtype == q4_k_tiled.TILED else Q4_K, 16))
 
 
 Q8_0, Q4_K = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K
@@ -419,21 +430,38 @@ Q8_0, Q4_K = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K
 def tiled_gate_up(table: ExpertTable) -> ExpertTable:
     """The table with its Q4_K gate and up matrices repacked in place into q4_k_tiled's bytes (pack_raw: the
     byte order of the tiled GEMV's step, pairx by default; the same bytes of each matrix regrouped inside its
-    4-row tiles, so offsets and sizes stay), their type q4_k_tiled.TILED; the down keeps GGUF blocks.
+    4-row tiles, so offsets and sizes stay), their type q4_k_tiled.TILED; the down as it was.
     The buffers' GGUF bytes are gone after: keep a copy for a reference. (Session 9, moe20.)"""
-    what = "the tiled MoE gate/up"
     if table.gate_up_type != Q4_K or not q4_k_tiled.packable((table.width, table.dim)):
         raise dispatch.KernelArgumentError(
-            f"could not repack {what}: needs Q4_K gate/up of whole {q4_k_tiled.TILE_ROWS}-row tiles, got "
-            f"{table.gate_up_type.name} [{table.width}, {table.dim}]")
-    span = table.width * dispatch.FAMILIES[Q4_K].row_bytes(table.dim)
-    done = set()
-    for buf, offsets in ((table.gate, table.gate_offsets), (table.up, table.up_offsets)):
-        for o in (int(o) for o in offsets):
-            if (buf.data_ptr(), o) not in done:  # a matrix shared by two entries is repacked once
-                done.add((buf.data_ptr(), o))
-                buf[o:o + span] = q4_k_tiled.pack_raw(buf[o:o + span], (table.width, table.dim))
+            f"could not repack the tiled MoE gate/up: needs Q4_K gate/up of whole {q4_k_tiled.TILE_ROWS}-row tiles, "
+            f"got {table.gate_up_type.name} [{table.width}, {table.dim}]")
+    _repack(((table.gate, table.gate_offsets), (table.up, table.up_offsets)), (table.width, table.dim))
     return replace(table, gate_up_type=q4_k_tiled.TILED)
+
+
+def tiled_down(table: ExpertTable) -> ExpertTable:
+    """tiled_gate_up for the down: each expert's Q4_K down matrix [D, F] repacked in place into q4_k_tiled's
+    bytes (whole 4-row tiles of the model width D), its type q4_k_tiled.TILED; gate and up as they were.
+    (Session 10, moe21.)"""
+    if table.down_type != Q4_K or not q4_k_tiled.packable((table.dim, table.width)):
+        raise dispatch.KernelArgumentError(
+            f"could not repack the tiled MoE down: needs a Q4_K down of whole {q4_k_tiled.TILE_ROWS}-row tiles, got "
+            f"{table.down_type.name} [{table.dim}, {table.width}]")
+    _repack(((table.down, table.down_offsets),), (table.dim, table.width))
+    return replace(table, down_type=q4_k_tiled.TILED)
+
+
+def _repack(matrices: Sequence[tuple[torch.Tensor, Sequence[int]]], shape: tuple[int, int]) -> None:
+    """q4_k_tiled.pack_raw on each Q4_K matrix [rows, cols] of (buffer, offsets), in place; a matrix two
+    entries share is repacked once."""
+    span = shape[0] * dispatch.FAMILIES[Q4_K].row_bytes(shape[1])
+    done = set()
+    for buf, offsets in matrices:
+        for o in (int(o) for o in offsets):
+            if (buf.data_ptr(), o) not in done:
+                done.add((buf.data_ptr(), o))
+                buf[o:o + span] = q4_k_tiled.pack_raw(buf[o:o + span], shape)
 
 
 def _aligned(fam: dispatch.Family, row_bytes: int, bufs: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor],
@@ -495,6 +523,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     tiles = decode_tiles(p)
     gate_up, down = gate_up or tiles[0], down or tiles[1]
     kernel_folds(down, 1)  # a bad fold name refused before any launch
+    check_one_tile(p.down, down, what)  # (a tiled down's step)
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
     kernels = kernels or decode_kernels()
@@ -635,7 +664,7 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
-                            **common, **pdl.launch(y.device))
+                            TILED=p.down.row_tile > 1, **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()

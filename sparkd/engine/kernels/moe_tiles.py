@@ -75,15 +75,20 @@ S8_WIDTH_TIERS = {  # the default until fold19 (WIDTH_TIERS below); "s8" and the
 # same bits run to run. $SPARKD_MOE_TILES=s8 switches back.
 Q8_0_FEW_RANGES = GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True, split=2)
 # session 9 (moe20, H200, bench/results/moe20_h200_s9*): a gate/up in q4_k_tiled's pairx bytes (moe.tiled_gate_up)
-# on the step's one tile, gate and up of one group a step (7168x2048 top-8 41.4 us; 2 groups a step 45.6); its
-# down is Q4_K's (the entry's down unused)
+# on the step's one tile, gate and up of one group a step (7168x2048 top-8 41.4 us; 2 groups a step 45.6).
+# Session 10 (moe21, H200, bench/results/moe21_h200_s10*): a down in the pairx bytes (moe.tiled_down) on the step's
+# one tile takes Q4_K's down tiles and width tiers (all 4-row one-warp elementwise tiles), the fastest of 7 at each
+# shape or tied: top-8 down 22.3 / 12.7 / 6.3 us at 7168x2048 / 4096x1536 / 2048x768 (GGUF down 32.1 / 14.5 / 7.0);
+# without Kernels.down_full's constant trip count 24.7 / 15.6 us at the first two
+Q4_K_DOWN = GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=4)
+TILED_DOWN = Q4_K_DOWN
 DECODE_TILES = {**S8_DECODE_TILES,
-                "Q4_K": (S8_DECODE_TILES["Q4_K"][0], GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True,
-                                                                split=4)),
-                "Q4_K_TILED": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), DOWN_CONFIG)}
+                "Q4_K": (S8_DECODE_TILES["Q4_K"][0], Q4_K_DOWN),
+                "Q4_K_TILED": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), TILED_DOWN)}
 WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),
                         (6144, S8_WIDTH_TIERS["Q8_0"][0][1], Q8_0_FEW_RANGES)],
-               "Q4_K": S8_WIDTH_TIERS["Q4_K"]}
+               "Q4_K": S8_WIDTH_TIERS["Q4_K"],
+               "Q4_K_TILED": S8_WIDTH_TIERS["Q4_K"]}
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,8 @@ class Kernels:
     # row's groups a constexpr) on a mask true everywhere, where moe._full holds. H200 top-8 Q4_K down
     # (session 8, moe16, bench/results/moe16_h200_s8*): 4096x1536 14.7 -> 13.7 us, 7168x2048 30.4 -> 29.2,
     # 2048x768 7.5 = 7.5, the same err; Q8_0 lost in moe14 (7168x2048 46.9 -> 48.4 us)
-    down_full: tuple[str, ...] = ("Q4_K",)
+    # session 10 (moe21): the tiled down too (Q4_K_TILED, moe.tiled_down)
+    down_full: tuple[str, ...] = ("Q4_K", "Q4_K_TILED")
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,

@@ -9,8 +9,8 @@ group, the tile's rows one after another (group g's at g * 512, 128-byte aligned
 is: tiles are 576 * G bytes, so an even group count G keeps every tile aligned), then the headers of every group the same way (group g's 64 bytes at 512 * G + 64 * g, one
 line). The same bytes as the file, nothing padded: only matrices whose row count is a multiple of
 TILE_ROWS are repacked (models/weights.py keeps the others, and stacks of them, as GGUF blocks).
-Only for tensors that stay resident; streamed experts and the MoE down keep the GGUF layout (resident
-experts' gate and up take it since session 9: moe.tiled_gate_up).
+Only for tensors that stay resident; streamed experts keep the GGUF layout (resident experts' gate and up
+take it since session 9, moe.tiled_gate_up; their down from model width 4096 since session 10, moe.tiled_down).
 
 The layout is a family of its own (FAMILY, qtype TILED) that matmul.gemv / gemm run as any
 other; the GEMM dequantizes as q4_k.dequant does. Its integer step (FAMILIES, by loads) is by

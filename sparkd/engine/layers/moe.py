@@ -218,7 +218,7 @@ class MoE(nn.Module):
         p = sel.prepared
         # the interpreter (CPU, tests) runs programs one by one: few, wide tiles (a step of one tile keeps it)
         tiles = {} if x.is_cuda else {"gate_up": None if p.gate_up.one_tile else GemvConfig(block_n=64),
-                                      "down": GemvConfig(block_n=64, split=2)}
+                                      "down": None if p.down.one_tile else GemvConfig(block_n=64, split=2)}
         if "fold" not in DECODE_ON:  # the split down's ranges summed by a torch launch after it
             tiles = tiles | {"down": dataclasses.replace(tiles.get("down") or decode_tiles(p)[1], fold="torch")}
         if "quant_h" in DECODE_ON and p.gate_up.idot is not None and p.down.idot is not None:

@@ -11,7 +11,10 @@ Session 9 (moe20): a Q4_K layer's gate and up are repacked once at load into the
 bytes (kernels/moe.tiled_gate_up; the same bytes regrouped inside 4-row tiles, in place), which the
 MoE gate/up reads with the pairx step: H200 top-8 gate/up at 7168x2048 48.1 -> 41.4 us (0.65 -> 0.76
 of copy bandwidth), layer 73.6 -> 67.9 us. $SPARKD_MOE_GATE_UP_LAYOUT=gguf keeps the file's blocks.
-The down stays GGUF blocks; streamed experts (the pinned arena holds the file's bytes) too.
+Session 10 (moe21): a Q4_K down the same way from model width TILED_DOWN_MIN_DIM (kernels/moe.tiled_down, the
+pairx step in the down launch): H200 top-8 down 32.1 -> 22.3 us at 7168x2048, layer after the norm 72.0 -> 60.8 us
+(0.66 -> 0.79 of copy bandwidth); $SPARKD_MOE_DOWN_LAYOUT=gguf keeps the file's blocks. Streamed experts (the
+pinned arena holds the file's bytes) keep GGUF blocks.
 """
 
 from __future__ import annotations
@@ -28,13 +31,24 @@ from sparkd.engine.quants import dequantize
 from sparkd.engine.tensors import raw_tensor
 
 GATE_UP_LAYOUT_ENV = "SPARKD_MOE_GATE_UP_LAYOUT"
+DOWN_LAYOUT_ENV = "SPARKD_MOE_DOWN_LAYOUT"
 GATE_UP_LAYOUTS = ("tiled", "gguf")
+# the down's pairx bytes from this model width (session 10, moe21, H200 top-8 layer after the norm, GGUF down ->
+# tiled: 7168x2048 72.0 -> 60.8 us, 4096x1536 34.9 -> 33.1; at 2048x768 16.0 -> 17.5 although the down alone took
+# 7.0 -> 6.3 us, and the resident 12-layer 2048-wide Q4_K decode 1413.7 / 1485.5 -> 1391.4 / 1480.3 tok/s)
+TILED_DOWN_MIN_DIM = 4096
 
 
 def gate_up_layout() -> str:
     """How resident Q4_K experts' gate and up are kept: "tiled" (the pairx bytes, where the tiled GEMV
     runs pairx and the expert width is whole 4-row tiles; the default) or "gguf" ($SPARKD_MOE_GATE_UP_LAYOUT)."""
     return switches.choice(GATE_UP_LAYOUT_ENV, GATE_UP_LAYOUTS, "tiled")
+
+
+def down_layout() -> str:
+    """gate_up_layout for a resident Q4_K down ($SPARKD_MOE_DOWN_LAYOUT; "tiled" where the model width is at
+    least TILED_DOWN_MIN_DIM)."""
+    return switches.choice(DOWN_LAYOUT_ENV, GATE_UP_LAYOUTS, "tiled")
 
 
 @dataclass
@@ -77,8 +91,8 @@ class KernelExperts:
         self.model, self.device = model, torch.device(device)
         self._load, self._act = load, act_format
         self._families = dispatch.FAMILIES
-        self._gate_up_layout = gate_up_layout()  # read at load
-        self._tiled: set[int] = set()  # layers whose gate and up are in the pairx bytes
+        self._gate_up_layout, self._down_layout = gate_up_layout(), down_layout()  # read at load
+        self._tiled: set[tuple[int, str]] = set()  # (layer, GATE / UP / DOWN) in the pairx bytes
         self._layers: dict[int, tuple[dict, KernelLayer | None]] = {}
 
     def x_format(self, il: int) -> str | None:
@@ -101,7 +115,7 @@ class KernelExperts:
 
     def _table(self, il: int, parts: dict) -> KernelLayer | None:
         from sparkd.engine.kernels import q4_k_tiled
-        from sparkd.engine.kernels.moe import ExpertTable, prepare, tiled_gate_up
+        from sparkd.engine.kernels.moe import ExpertTable, prepare, tiled_down, tiled_gate_up
 
         (g, gt, gs), (u, ut, _), (d, dt, _) = parts[GATE], parts[UP], parts[DOWN]
         if gt != ut or gt not in self._families or dt not in self._families:
@@ -109,10 +123,16 @@ class KernelExperts:
         n, width, dim = gs
         offs = [[e * t.numel() // n for e in range(n)] for t in (g, u, d)]
         table = ExpertTable(g, u, d, *offs, gt, dt, dim, width)
-        if self._gate_up_layout == "tiled" and gt == GGMLQuantizationType.Q4_K and q4_k_tiled.LOADS == "pairx" \
+        pairx = q4_k_tiled.LOADS == "pairx"
+        # in place: get() unpacks what it dequantizes
+        if self._gate_up_layout == "tiled" and gt == GGMLQuantizationType.Q4_K and pairx \
                 and q4_k_tiled.packable((width, dim)):
-            table = tiled_gate_up(table)  # in place: get() unpacks what it dequantizes
-            self._tiled.add(il)
+            table = tiled_gate_up(table)
+            self._tiled |= {(il, GATE), (il, UP)}
+        if self._down_layout == "tiled" and dt == GGMLQuantizationType.Q4_K and pairx and dim >= TILED_DOWN_MIN_DIM \
+                and q4_k_tiled.packable((dim, width)):
+            table = tiled_down(table)
+            self._tiled.add((il, DOWN))
         return KernelLayer(prepare(table, self.device), self._act(f"blk.{il}.{GATE}.weight"),
                            self._act(f"blk.{il}.{DOWN}.weight"))
 
@@ -132,8 +152,8 @@ class KernelExperts:
             raw, qtype, (n, rows, cols) = parts[name]
             per = raw.numel() // n
 
-            def blocks(e: int) -> torch.Tensor:  # the file's blocks of expert e (a tiled gate/up unpacked)
-                if layer not in self._tiled or name == DOWN:
+            def blocks(e: int) -> torch.Tensor:  # the file's blocks of expert e (a tiled matrix unpacked)
+                if (layer, name) not in self._tiled:
                     return raw[e * per:(e + 1) * per]
                 from sparkd.engine.kernels import q4_k_pair
                 return q4_k_pair.unpack_raw(raw[e * per:(e + 1) * per], (rows, cols))
