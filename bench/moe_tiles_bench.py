@@ -52,25 +52,34 @@ from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
 # session 9 (moe20): --types Q4_KX, Q4_K experts with gate and up repacked into the tiled GEMV's bytes
-# (moe.tiled_gate_up, pairx by default), the down in GGUF blocks; err against the GGUF bytes
-PACKED = "Q4_KX"
+# (moe.tiled_gate_up, pairx by default), the down in GGUF blocks; err against the GGUF bytes. Session 10
+# (moe21): Q4_KXD, the down repacked too (moe.tiled_down)
+PACKED, PACKED_DOWN = "Q4_KX", "Q4_KXD"
 
 
 class _Packed:
-    name = PACKED
+    """Q4_K experts repacked at load as the engine does: gate/up (down too if `down`)."""
+
+    def __init__(self, name: str, down: bool):
+        self.name, self.down = name, down
+
+
+PACKED_TYPES = {name: _Packed(name, name == PACKED_DOWN) for name in (PACKED, PACKED_DOWN)}
 
 
 def qtype_of(name: str):
-    """A --types name: a GGUF type, or PACKED's marker."""
-    return _Packed if name == PACKED else T[name]
+    """A --types name: a GGUF type, or a PACKED_TYPES marker."""
+    return PACKED_TYPES.get(name) or T[name]
 # session 6 candidates (the old, s5 and default tiles are timed anyway): the session-5 tiles with
 # each kernel alone (:w, :p) and both, then more bytes per loop step where words or the pair loop
 # freed registers (moe_kernels_sass.py: one-warp tiles at <= 64 registers keep 32 programs per SM)
 GATE_UP = {"Q8_0": ["2/1/2/e:w", "2/1/2/e:p", "2/1/1/e", "1/1/2/e", "4/1/1/e", "2/1/2/g", "1/1/4/e", "2/1/4/e:w"],
-           "Q4_K": ["4/1/2/e", "2/1/1/e", "2/1/2/e", "4/1/1/e:-", "4/1/2/g", "8/1/1/e"], PACKED: ["4/1/2/e"]}
+           "Q4_K": ["4/1/2/e", "2/1/1/e", "2/1/2/e", "4/1/1/e:-", "4/1/2/g", "8/1/1/e"], PACKED: ["4/1/2/e"], PACKED_DOWN: []}
 DOWN = {"Q8_0": ["4/1/1/g/8", "2/1/4/e/8", "2/1/2/e/8", "4/1/2/g/8", "4/1/2/e/8", "2/1/4/e/4", "4/1/1/g/4",
                  "2/1/8/e/8"],
-        "Q4_K": ["4/1/2/e/4", "4/1/3/e/4", "4/1/4/e/2", "8/1/2/e/2", "4/1/2/e/2", "4/1/3/e/8"], PACKED: []}
+        "Q4_K": ["4/1/2/e/4", "4/1/3/e/4", "4/1/4/e/2", "8/1/2/e/2", "4/1/2/e/2", "4/1/3/e/8"], PACKED: [],
+        PACKED_DOWN: ["4/1/1/e/2", "4/1/2/e/2", "4/1/2/e/4", "4/1/1/e/4", "4/1/2/e/8", "4/1/4/e/2",
+                      "4/1/2/e/2:wpvVf"]}
 DEVICE = "cuda"
 
 
@@ -91,7 +100,7 @@ def kernels_of(text: str) -> moe_tiles.Kernels:
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
-                             down_full=("Q8_0", "Q4_K") if "d" in flags else ())
+                             down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else ())
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,
@@ -108,17 +117,18 @@ class Shape:
         D, F, A = shape
         torch.manual_seed(0)  # the same experts, x and weights every run: an error seen once is seen again
         self.qtype, self.shape = qtype, shape
-        base = T.Q4_K if qtype is _Packed else qtype
+        base = T.Q4_K if isinstance(qtype, _Packed) else qtype
         self.matrix_bytes = F * dispatch.FAMILIES[base].row_bytes(D)  # gate, up and down alike
         n = max(2, -(-kb.ROTATE_BYTES // (3 * A * self.matrix_bytes)))
         n = n if reference else 2  # compiling only
         full = table(base, n * A, shape, self.matrix_bytes)
         first = list(range(A))[::-1]
         self.ref = kb.subset(full, first)  # set 0 in GGUF blocks (err)
-        if qtype is _Packed:
+        if isinstance(qtype, _Packed):
             self.ref = dataclasses.replace(self.ref, gate=full.gate.clone())
             self.ref = dataclasses.replace(self.ref, up=self.ref.gate, down=self.ref.gate)
             full = moe.tiled_gate_up(full)
+            full = moe.tiled_down(full) if qtype.down else full
         # each set's experts in descending slot order: the table, not the layout, decides
         self.sets = [moe.prepare(kb.subset(full, list(range(s * A, (s + 1) * A))[::-1]), DEVICE) for s in range(n)]
         self.x, self.w = torch.randn(D, device=DEVICE), torch.rand(A, device=DEVICE)
@@ -165,7 +175,7 @@ class Shape:
     def twin_gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before)."""
         qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
-        out = torch.empty(self.shape[2], self.shape[1], dtype=torch.int32 if self.qtype is not _Packed else torch.float32,
+        out = torch.empty(self.shape[2], self.shape[1], dtype=torch.float32 if isinstance(self.qtype, _Packed) else torch.int32,
                           device=DEVICE)
         sec = kb.graph_seconds(lambda i: moe_twin.gate_up(self.sets[i % len(self.sets)], qx, out, gu), len(self.sets))
         return self.row("gate/up twin", label, sec, 2 * self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
@@ -174,7 +184,8 @@ class Shape:
         """moe_twin.down at dn's grid, steps and ranges (loads only; h as gate/up quantizes it)."""
         rw = self.w.contiguous()
         h = moe._gate_up(self.sets[0], self.x, rw, False, "silu", gu, None, "bench", None, k)
-        out = torch.empty(max(1, min(dn.split, self.shape[2])), self.shape[0], dtype=torch.int32, device=DEVICE)
+        out = torch.empty(max(1, min(dn.split, self.shape[2])), self.shape[0], dtype=down_twin_dtype(self.sets[0]),
+                          device=DEVICE)
         sec = kb.graph_seconds(lambda i: moe_twin.down(self.sets[i % len(self.sets)], h, out, dn), len(self.sets))
         return self.row("down twin", label, sec, self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
 
@@ -207,6 +218,11 @@ class Shape:
             moe._down(self.sets[i % len(self.sets)], h, rw, self.y, dn, None, None, k)
         sec = kb.graph_seconds(run, len(self.sets))
         return self.row("down", label, sec, self.shape[2] * self.matrix_bytes, copy_bw, err)
+
+
+def down_twin_dtype(p: moe.PreparedTable) -> torch.dtype:
+    """moe_twin.down's out: float32 for a tiled down (the pair twin), else int32."""
+    return torch.float32 if p.down.row_tile > 1 else torch.int32
 
 
 def table(qtype: T, n_experts: int, shape: tuple[int, int, int], matrix_bytes: int) -> moe.ExpertTable:
@@ -281,7 +297,7 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, 
     global SETS
     name, shape, gus, dns, SETS = job
     qtype = qtype_of(name)
-    gguf = T.Q4_K if qtype is _Packed else qtype
+    gguf = T.Q4_K if isinstance(qtype, _Packed) else qtype
     s = Shape(qtype, shape, reference=False)
     sets = baselines(s.sets[0])
     base, k = sets[-1][1:3], sets[-1][3]
@@ -298,9 +314,10 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, 
         try:
             s.call(0, gu, dn, kk)
             h = moe._gate_up(s.sets[0], s.x, s.w, False, "silu", gu, None, "bench", None, kk)
-            moe_twin.gate_up(s.sets[0], qx, torch.empty(shape[2], shape[1], dtype=torch.float32 if qtype is _Packed
+            moe_twin.gate_up(s.sets[0], qx, torch.empty(shape[2], shape[1], dtype=torch.float32 if isinstance(qtype, _Packed)
                                                         else torch.int32, device=DEVICE), gu)
-            moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], dtype=torch.int32, device=DEVICE), dn)
+            moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], dtype=down_twin_dtype(s.sets[0]), device=DEVICE),
+                          dn)
             moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], device=DEVICE), dn, s.y)
         except Exception as e:  # noqa: BLE001 - the timed run reports it again
             failed.append(f"{kb.tag(gu)}/{kb.tag(dn)}: {type(e).__name__}")

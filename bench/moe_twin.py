@@ -9,7 +9,9 @@ faster: the kernel's instructions do. The weights are read as 32-bit words along
 Q4_K step reads its headers as 128-bit vectors): a twin is a floor on the loads' structure, not a
 copy of their instructions. The down's twin may fold its ranges as the down does (down's y; moe17).
 Session 9 (moe20): a gate/up on a row-tile layout (q4_k_tiled's pairx bytes, moe.prepare's tiled family) gets
-the pair tile's twin (q4t_pair's "pair-loadonly" loads per group, gate's then up's, one program a 4-row tile)."""
+the pair tile's twin (q4t_pair's "pair-loadonly" loads per group, gate's then up's, one program a 4-row tile).
+Session 10 (moe21): a down on the pairx bytes (moe.tiled_down) the same: the pair tile's loads per group, a range's
+experts one after another (its out float32)."""
 
 from __future__ import annotations
 
@@ -96,6 +98,32 @@ def _twin_down_kernel(down_ptr, down_off, hw_ptr, out_ptr, y_ptr, tickets_ptr, D
         tl.store(out_ptr + tl.program_id(1) * D + rows, total, mask=rmask)
 
 
+@triton.jit
+def _twin_down_pair_kernel(down_ptr, down_off, hw_ptr, hd_ptr, hs_ptr, out_ptr, y_ptr, tickets_ptr, D, F, n,
+                           UNROLL: tl.constexpr, SPLIT: tl.constexpr, FOLD: tl.constexpr, EMU: tl.constexpr):
+    """The down twin on the pair bytes: program (tile, range) reads its tile's groups of each expert of its range, as
+    _twin_gate_up_pair_kernel reads one matrix; out float32 [SPLIT, D] (FOLD: the partials, y their ordered sum)."""
+    G = F // 256
+    tile = tl.program_id(0).to(tl.int64) * (G * 144)
+    per = tl.cdiv(n, SPLIT)
+    first = tl.program_id(1) * per
+    acc = tl.zeros((32, 2), tl.float32)
+    for a in range(first, tl.minimum(first + per, n)):
+        base = (down_ptr + tl.multiple_of(tl.load(down_off + a), 16)).to(tl.pointer_type(tl.int32)) + tile
+        for g0 in range(0, G, UNROLL):
+            for u in tl.static_range(UNROLL):
+                ok = tl.zeros((1, 1), tl.int32) + g0 + u < G
+                g = tl.minimum(g0 + u, G - 1)
+                acc = q4t_pair._group(base, hw_ptr + a * (F // 4), hd_ptr + a * G, hs_ptr + a * (F // 32), g, G, ok,
+                                      acc, 0, EMU)
+    rows = tl.program_id(0) * 4 + tl.arange(0, 4)
+    total = tl.reshape(tl.sum(tl.reshape(acc, (16, 2, 2)), 0), (4,))  # thread t = 2c + p: row 2p + r
+    if FOLD:
+        fold_part(y_ptr, out_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rows < D, total, D, SPLIT)
+    else:
+        tl.store(out_ptr + tl.program_id(1) * D + rows, total)
+
+
 def _group_words(fam: dispatch.Family) -> tuple[int, int]:
     """(32-bit words of one 256-value group of a row, the next power of two)."""
     words = fam.row_bytes(256) // 4
@@ -132,7 +160,7 @@ def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig) -> None
 
 
 def down(p, hq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, y: torch.Tensor | None = None) -> None:
-    """The down launch's twin: out int32 [split, D]; hq: h quantized ([n, F] words). y (float32 [D], split
+    """The down launch's twin: out int32 [split, D] (float32 for a tiled down); hq: h quantized ([n, F] words). y (float32 [D], split
     > 1; session 8, moe17): with the down's fold too (matmul.fold_part: out float32 [split, D] the partials,
     y their ordered sum), to tell the fold's share of the down's time from the step's."""
     _check(p, "down")
@@ -140,6 +168,14 @@ def down(p, hq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, y: torch.T
     split = max(1, min(cfg.split, n))
     fold = y is not None and split > 1
     grid = (triton.cdiv(D, cfg.block_n), split)
+    if p.down.qtype == q4_k_tiled.TILED:  # the pair tile's twin (out float32 [split, D])
+        if p.down.idot is not q4_k_tiled.FAMILIES["pairx"].idot or not p.down_vec or cfg.block_n != 4:
+            raise ValueError("could not run the down twin: a tiled down needs the pairx bytes on 16 bytes, 4-row tiles")
+        _twin_down_pair_kernel[grid](
+            p.table.down, p.down_off, hq.words, hq.scales, hq.sums, out, out if y is None else y,
+            tickets(grid[0], out.device) if fold else out, D, F, n, UNROLL=cfg.unroll, SPLIT=split, FOLD=fold,
+            EMU=emulate(cfg, out), num_warps=1)
+        return
     gw, gwp = _group_words(p.down)
     _twin_down_kernel[grid](
         p.table.down, p.down_off, hq.words, out, out if y is None else y,
