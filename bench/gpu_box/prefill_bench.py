@@ -10,8 +10,8 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
   grouped       moe_prefill's grouped GEMMs (three launches a MoE layer), ieee, every token's logits
   last          grouped, ieee, the last token's logits only (prefill20's default)
   tf32x3, tf32  last with the prefill GEMMs' tl.dot at that input precision
-  int8          last with the integer GEMM for Q8_0 weights (x as int8 blocks; other types ieee;
-                the default since prefill21)
+  int8          last with the integer GEMM (x as int8 blocks) for Q8_0 (prefill21), Q4_K and Q6_K
+                weights (prefill22; other types ieee); the default since prefill21
 The last token's logits of each way are compared with the first way's (largest difference over
 the largest |logit|, same argmax) at the longest prompt. Then a torch.profiler breakdown of one
 --profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage

@@ -23,7 +23,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 
 from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
-from sparkd.engine.kernels import act_quant, dispatch, q8_0_packed  # noqa: E402
+from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q8_0_packed  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
 from sparkd.engine.kernels import moe  # noqa: E402
 from sparkd.engine.kernels.matmul import GEMM_BLOCK_T, grouped_gemm  # noqa: E402
@@ -131,67 +131,89 @@ def test_gemm_matches_reference(backend, qtype):
 
 
 # odd token counts (one past the int8 tile's 64 on each backend), rows not a multiple of its 64
+# (Q4_K: a multiple of the pairx tile's 4)
 INT8_SHAPES = {"cpu": ((37, 288), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
+INT8_SHAPES_K = {"cpu": ((12, 256), (5, 67)), "cuda": ((4100, 2048), (7, 130))}
+# (qtype, the layout's qtype, its packing of the GGUF blocks or None), by test id
+INT8_LAYOUTS = {"q8_0": (T.Q8_0, T.Q8_0, None),
+                "q8_0_packed": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
+                "q4_k": (T.Q4_K, T.Q4_K, None),
+                "q4_k_pairx": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
+                "q6_k": (T.Q6_K, T.Q6_K, None)}
+INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx")  # the interpreter's share (~10 s a case); all on the GPU
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["gguf", "packed"])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_int8_gemm_is_the_decode_integer_sums(backend, packed):
-    """gemm at "int8" on Q8_0 (GGUF and packed): x's Q8_0 blocks times W's in exact integer sums,
-    scaled per block: within float32 rounding of the float64 product of the same quantized values,
+def backend_cases(interpreted, every) -> list:
+    """(backend, case) params: the interpreter's cases (BACKENDS' cpu marks) and every case on the GPU."""
+    cpu, cuda = BACKENDS
+    return [pytest.param("cpu", c, id=f"{cpu.id}-{getattr(c, 'name', c)}", marks=cpu.marks) for c in interpreted] + \
+        [pytest.param("cuda", c, id=f"{cuda.id}-{getattr(c, 'name', c)}", marks=cuda.marks) for c in every]
+
+
+@pytest.mark.parametrize("backend, layout", backend_cases(INTERPRETED, INT8_LAYOUTS))
+def test_int8_gemm_is_the_decode_integer_sums(backend, layout):
+    """gemm at "int8" on Q8_0 (GGUF and packed), Q4_K (GGUF and pairx) and Q6_K: x's Q8_0 / Q8_K blocks
+    times W's in exact integer sums, scaled per block (the K-quants: their scales and mins in integers,
+    a float step per 256 values): within float32 rounding of the float64 product of the same quantized values,
     and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in another order)."""
-    (rows, cols), counts = INT8_SHAPES[backend]
-    raw = random_blocks(T.Q8_0, rows * cols // 32)
-    W = reference(raw, T.Q8_0, (rows, cols))
-    qtype, w = (q8_0_packed.PACKED, q8_0_packed.pack_raw(raw, (rows, cols))) if packed else (T.Q8_0, raw)
-    w = w.to(backend)
+    qtype, ltype, pack = INT8_LAYOUTS[layout]
+    (rows, cols), counts = (INT8_SHAPES if qtype == T.Q8_0 else INT8_SHAPES_K)[backend]
+    raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
+    W = reference(raw, qtype, (rows, cols))
+    w = (raw if pack is None else pack(raw, (rows, cols))).to(backend)
+    fmt = dispatch.FAMILIES[qtype].act_fmt
     for n_tok in counts:
         x = torch.randn(n_tok, cols, device=backend)
-        y = gemm(w, qtype, (rows, cols), x, "int8")
-        xq = act_quant.quantize(x, act_quant.Q8_0).dequantize().double().cpu()
+        y = gemm(w, ltype, (rows, cols), x, "int8")
+        xq = act_quant.quantize(x, fmt).dequantize().double().cpu()
         scale = xq.abs() @ W.abs().T
         err = rel_err(y, xq @ W.T, scale)
-        assert err < BOUNDS["fp32"], f"int8 [{rows}, {cols}] x {n_tok}: relative error {err:.2e}"
+        assert err < BOUNDS["fp32"], f"int8 {layout} [{rows}, {cols}] x {n_tok}: relative error {err:.2e}"
         some = range(n_tok) if backend == "cuda" else (0, n_tok - 1)  # the interpreter's GEMV is slow
-        decode = torch.stack([gemv(w, qtype, (rows, cols), x[t]) for t in some]).cpu().double()
+        decode = torch.stack([gemv(w, ltype, (rows, cols), x[t]) for t in some]).cpu().double()
         apart = float(((y.cpu().double()[list(some)] - decode).abs() / scale[list(some)]).max())
-        print(f"int8 GEMM vs igemv ({'packed' if packed else 'gguf'}, {n_tok} tokens): "
+        print(f"int8 GEMM vs igemv ({layout}, {n_tok} tokens): err {err:.2e}, "
               f"{apart:.2e} of |x||W| at most, {float((y.cpu()[list(some)] == decode.float()).float().mean()):.3f} equal")
         assert apart < BOUNDS["fp32"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_gemm_runs_other_types_at_ieee_and_checks_qx(backend):
-    """A family without an integer GEMM (Q4_K) runs "int8" as "ieee" (the same bits); a qx of the
+    """A family without an integer GEMM (Q5_K) runs "int8" as "ieee" (the same bits); a qx of the
     wrong shape is a clear error."""
     rows, cols = 40, 256
-    raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
+    raw = random_blocks(T.Q5_K, rows * cols // 256).to(backend)
     x = torch.randn(3, cols, device=backend)
-    assert torch.equal(gemm(raw, T.Q4_K, (rows, cols), x, "int8"), gemm(raw, T.Q4_K, (rows, cols), x, "ieee"))
+    assert torch.equal(gemm(raw, T.Q5_K, (rows, cols), x, "int8"), gemm(raw, T.Q5_K, (rows, cols), x, "ieee"))
     raw8 = random_blocks(T.Q8_0, rows * cols // 32).to(backend)
     qx = act_quant.quantize(x[:2].contiguous(), act_quant.Q8_0)
     with pytest.raises(dispatch.KernelArgumentError, match="need 3 rows of 256 values in q8_0's blocks"):
         gemm(raw8, T.Q8_0, (rows, cols), x, "int8", qx=qx)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_int8_moe_prefill(backend, monkeypatch):
-    """Q8_0 experts at "int8": grouped and loop the same bits (per element the same block sums in
-    the same order, whatever the tile), and near the float GEMMs on the same rounded inputs (h
-    rounded apart can sit across a rounding step: the engine's 1e-3 bound)."""
+# Q4_K on the GPU only (the interpreter runs Q4_K's loop GEMM in test_moe_tiled's prefill case)
+@pytest.mark.parametrize("backend, qtype", backend_cases([T.Q8_0], [T.Q8_0, T.Q4_K]))
+def test_int8_moe_prefill(backend, qtype, monkeypatch):
+    """Q8_0 / Q4_K experts at "int8": grouped and loop the same bits (per element the same block sums in
+    the same order, whatever the tile; Q4_K's gate/up repacked to pairx too), and near the float GEMMs on
+    the same rounded inputs (h rounded apart can sit across a rounding step: the engine's 1e-3 bound)."""
     dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (256, 256, 2, GEMM_BLOCK_T + 5, 2)
-    table, *_ = arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)
+    table, *_ = arena_table(qtype, qtype, dim, width, n, backend)
     x = torch.randn(n_tok, dim)
     slots = torch.stack([torch.randperm(n)[:top_k] for _ in range(n_tok)])
     w = torch.rand(n_tok, top_k)
     args = (slots.to(backend), w.to(backend), "silu")
-    rnd = lambda h: round_activations(h, act_quant.Q8_0)  # noqa: E731
+    rnd = lambda h: round_activations(h, dispatch.FAMILIES[qtype].act_fmt)  # noqa: E731
     got = {}
     for mode, t in (("grouped", prepare(table, backend)), ("loop", table)):
         monkeypatch.setattr(moe, "PREFILL", mode)
         got[mode] = moe_prefill(t, x.to(backend), *args, precision="int8", round_h=rnd)
     assert torch.equal(got["grouped"], got["loop"])
     ieee = moe_prefill(prepare(table, backend), rnd(x).to(backend), *args, precision="ieee", round_h=rnd)
+    if qtype == T.Q4_K:  # the gate/up repacked as the engine keeps resident experts (pairx, moe20): the same bits
+        monkeypatch.setattr(moe, "PREFILL", "grouped")
+        tiled = prepare(moe.tiled_gate_up(table), backend)
+        assert torch.equal(moe_prefill(tiled, x.to(backend), *args, precision="int8", round_h=rnd), got["grouped"])
     err = rel_err(got["grouped"], ieee.cpu().double())
     print(f"int8 MoE prefill vs ieee on rounded inputs: {err:.2e}")
     assert err < 1e-3

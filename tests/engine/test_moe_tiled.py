@@ -81,14 +81,16 @@ def test_tiled_gate_up_refuses_what_it_cannot_run():
 
 
 def test_tiled_gate_up_prefill_and_round_trip():
-    """moe_prefill's per-expert GEMM on the repacked gate/up dequantizes to q4_k's values (the GGUF table's bits),
+    """moe_prefill's per-expert GEMM on the repacked gate/up dequantizes to q4_k's values (the GGUF table's bits,
+    the float GEMM and the integer one),
     and q4_k_pair.unpack_raw gives the file's blocks back (store.get's fallback)."""
     table = arena_table(T.Q4_K, T.Q8_0, 256, 32, 3, "cpu")[0]
     before = table.gate.clone()
     x, slots, w = torch.randn(2, 256), torch.tensor([[0, 2], [1, 0]]), torch.rand(2, 2)
-    want = moe.moe_prefill(table, x, slots, w, precision="ieee")
+    want = {p: moe.moe_prefill(table, x, slots, w, precision=p) for p in ("ieee", "int8")}
     tiled = moe.tiled_gate_up(table)
-    assert torch.equal(moe.moe_prefill(tiled, x, slots, w, precision="ieee"), want)
+    for p in want:  # int8: q4_k_pair.iblock's quants, scales and mins are q4_k.iblock's
+        assert torch.equal(moe.moe_prefill(tiled, x, slots, w, precision=p), want[p])
     span = 32 * dispatch.FAMILIES[T.Q4_K].row_bytes(256)
     for o in [*tiled.gate_offsets, *tiled.up_offsets]:
         assert torch.equal(q4_k_pair.unpack_raw(tiled.gate[o:o + span], (32, 256)), before[o:o + span])

@@ -32,11 +32,21 @@ per block in integers with dp4a, to acc: EW False, float32 [BN] (reduced every g
 the elementwise tile float32 [BN, *iacc], summed once after the loop (the H200-measured default
 tiles of both families, matmul.GEMV_TILES). EMU: emulate dp4a (interpreter).
 
-iblock(w_ptr, row_off, rmask, b) contract (families with act_fmt "q8_0" whose weights are int8
-blocks of 32 with one scale: Q8_0 and its packed layout): block b (values b*32 ... b*32+31) of
-the rows at byte offsets row_off int64 [BN] as (quants int8 [BN, 32], scales float32 [BN]); rows
-not in rmask come back as 0. The integer prefill GEMM (matmul.gemm at precision "int8") multiplies
-the quants with x's int8 blocks in tl.dot.
+iblock(w_ptr, row_off, rmask, b, row_bytes) contract (the integer prefill GEMM, matmul.gemm at
+precision "int8"; families with an idot whose sub-blocks are 32 values): block b (values b*32 ...
+b*32+31) of the rows at byte offsets row_off int64 [BN] (row_bytes: the GGUF layout's bytes per
+row, from which a tiled layout finds a row's place in its tile); rows not in rmask come back as 0.
+Without igroup (act_fmt "q8_0": Q8_0 and its packed layout) it returns (quants int8 [BN, 32],
+scales float32 [BN]) and the GEMM adds isum * (d_x * d) per block. With igroup (act_fmt "q8_k",
+blocks of 32 with an integer scale and min: Q4_K and its tiled layouts) it returns (quants int8
+[BN, 32], scale int32 [BN], min int32 [BN]) and igroup(w_ptr, row_off, rmask, g, row_bytes) the
+float (d, dmin) [BN] of group g (values g*256 ...): the GEMM sums sc * isum and mn * xsum (x's
+per-32 sums) over the group's 8 blocks in int32 and adds d_x * (d * qsum - dmin * msum), the
+decode idot's arithmetic (q4_k.idot_rows_at). With igroup and ihalf (Q6_K: int8 scales per 16
+values, no min) iblock returns (quants int8 [BN, 32], the scale of values 0-15, the scale of values
+16-31) (int32 [BN]), each half gets its own tl.dot (x's other half zeroed), and a group adds
+qsum * (d_x * d) (q6_k.idot's rows step; igroup's dmin is not read). The quants are multiplied with
+x's int8 blocks in tl.dot.
 """
 
 from __future__ import annotations
@@ -88,6 +98,8 @@ class Family:
     # are laid out for 4 rows on one warp), else None: any tile
     one_tile: tuple[int, int] | None = None
     iblock: Any = None  # triton.JITFunction, or None: no integer GEMM (the float one at "ieee" instead)
+    igroup: Any = None  # triton.JITFunction with an iblock of integer scales and mins (K-quants), else None
+    ihalf: bool = False  # with igroup: iblock's scales are per 16 values (Q6_K), no min
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

@@ -369,44 +369,74 @@ def _grouped_gemm_kernel(w_ptr, w_off_ptr, aux_ptr, tiles_ptr, src_ptr, x_ptr, y
 
 
 @triton.jit
-def _igemm_tile(w_ptr, xq_ptr, xd_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes, IBLOCK: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+def _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes, IBLOCK: tl.constexpr,
+                IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
     """_gemm_tile on int8 blocks: x's rows x_rows [BLOCK_T] (row indices of its QuantX: quants at
-    xq_ptr, int8 [., n_blocks * 32], scales at xd_ptr [., n_blocks]) times W's `rows`: per 32-value
-    block an int8 tl.dot with int32 sums (exact), then acc += sum * (d_x * d_w), blocks in order."""
+    xq_ptr, int8 [., n_blocks * 32], scales at xd_ptr, per-32 sums at xs_ptr) times W's `rows`: per
+    32-value block an int8 tl.dot with int32 sums (exact), then the family's scales (family.iblock's
+    contract): without IGROUP acc += isum * (d_x * d) per block; with it, per 256-value group,
+    acc += d_x * (d * sum sc * isum - dmin * sum mn * xsum) (the sums in int32, exact); with HALF (Q6_K)
+    acc += sum sc * isum * (d_x * d), a scale per 16 values. Blocks in order."""
     row_off = rows.to(tl.int64) * row_bytes
     i = tl.arange(0, 32)[None, :]
     xq = xq_ptr.to(tl.pointer_type(tl.int8)) + x_rows[:, None] * (n_blocks * 32) + i  # [BLOCK_T, 32], QuantX's words bytewise
-    xd = xd_ptr + x_rows * n_blocks
     acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
-    for b in range(0, n_blocks):
-        q, d = IBLOCK(w_ptr, row_off, rmask, b)
-        x = tl.load(xq + b * 32, mask=tmask[:, None], other=0)
-        dx = tl.load(xd + b, mask=tmask, other=0.0)
-        isum = tl.dot(x, tl.trans(q), out_dtype=tl.int32)
-        acc += isum.to(tl.float32) * (dx[:, None] * d[None, :])
+    if IGROUP is None:  # Q8_0 blocks: a float scale each, x's too
+        xd = xd_ptr + x_rows * n_blocks
+        for b in range(0, n_blocks):
+            q, d = IBLOCK(w_ptr, row_off, rmask, b, row_bytes)
+            x = tl.load(xq + b * 32, mask=tmask[:, None], other=0)
+            dx = tl.load(xd + b, mask=tmask, other=0.0)
+            isum = tl.dot(x, tl.trans(q), out_dtype=tl.int32)
+            acc += isum.to(tl.float32) * (dx[:, None] * d[None, :])
+    else:  # Q8_K x: one scale per 8 blocks; W's blocks an integer scale and min each, d and dmin per group
+        xd = xd_ptr + x_rows * (n_blocks // 8)
+        xs = xs_ptr + x_rows * n_blocks
+        for g in range(0, n_blocks // 8):
+            d, dmin = IGROUP(w_ptr, row_off, rmask, g, row_bytes)
+            dx = tl.load(xd + g, mask=tmask, other=0.0)
+            qsum = tl.zeros((BLOCK_T, BLOCK_N), tl.int32)
+            for s in range(0, 8):
+                q, sc, mn = IBLOCK(w_ptr, row_off, rmask, g * 8 + s, row_bytes)
+                x = tl.load(xq + (g * 8 + s) * 32, mask=tmask[:, None], other=0)
+                if HALF:  # sc, mn: the scales of values 0-15 and 16-31; a dot each (x's other half zeroed)
+                    lo = tl.dot(tl.where(i < 16, x, 0), tl.trans(q), out_dtype=tl.int32)
+                    hi = tl.dot(tl.where(i < 16, 0, x), tl.trans(q), out_dtype=tl.int32)
+                    qsum += lo * sc[None, :] + hi * mn[None, :]
+                else:
+                    qsum += tl.dot(x, tl.trans(q), out_dtype=tl.int32) * sc[None, :]
+            if HALF:
+                acc += qsum.to(tl.float32) * (dx[:, None] * d[None, :])
+            else:  # the mins after the dots (tried against register pressure: offline sm_90 the same 255 as one loop)
+                dq = d[None, :] * qsum.to(tl.float32)
+                msum = tl.zeros((BLOCK_T, BLOCK_N), tl.int32)
+                for s in range(0, 8):
+                    mn = IBLOCK(w_ptr, row_off, rmask, g * 8 + s, row_bytes)[2]
+                    msum += tl.load(xs + g * 8 + s, mask=tmask, other=0)[:, None] * mn[None, :]
+                acc += dx[:, None] * (dq - dmin[None, :] * msum.to(tl.float32))
     return acc
 
 
 @triton.jit
-def _igemm_kernel(w_ptr, xq_ptr, xd_ptr, y_ptr, N, T, n_blocks, row_bytes, stride_yt, IBLOCK: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+def _igemm_kernel(w_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, T, n_blocks, row_bytes, stride_yt, IBLOCK: tl.constexpr,
+                  IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     toks = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask, tmask = rows < N, toks < T
-    acc = _igemm_tile(w_ptr, xq_ptr, xd_ptr, toks.to(tl.int64), tmask, rows, rmask, n_blocks, row_bytes, IBLOCK,
-                      BLOCK_N, BLOCK_T)
+    acc = _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, toks.to(tl.int64), tmask, rows, rmask, n_blocks, row_bytes,
+                      IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T)
     y = y_ptr + toks[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
 
 @triton.jit
-def _grouped_igemm_kernel(w_ptr, w_off_ptr, tiles_ptr, src_ptr, xq_ptr, xd_ptr, y_ptr, N, n_blocks, row_bytes,
-                          stride_yt, IBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+def _grouped_igemm_kernel(w_ptr, w_off_ptr, tiles_ptr, src_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, n_blocks,
+                          row_bytes, stride_yt, IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
     """_grouped_gemm_kernel's integer variant: x's rows src[r] of its QuantX."""
     rows, rmask, r, tmask, src, w_off, live = _expert_tile(w_off_ptr, tiles_ptr, src_ptr, N, BLOCK_N, BLOCK_T)
-    acc = _igemm_tile(w_ptr + w_off, xq_ptr, xd_ptr, src, tmask, rows, rmask,
-                      tl.where(live, n_blocks, 0), row_bytes, IBLOCK, BLOCK_N, BLOCK_T)
+    acc = _igemm_tile(w_ptr + w_off, xq_ptr, xd_ptr, xs_ptr, src, tmask, rows, rmask,
+                      tl.where(live, n_blocks, 0), row_bytes, IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T)
     y = y_ptr + r[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
@@ -593,7 +623,9 @@ def aux_arg(fam: dispatch.Family, cols: int, device: torch.device) -> torch.Tens
     return _ROW_WIDTHS[key]
 
 
-INT8 = "int8"  # the integer GEMM, for families with an iblock (Q8_0 and its packed layout); others run "ieee"
+# the integer GEMM, for families with an iblock (Q8_0 and its packed layout, Q4_K and its pairx layout, Q6_K's
+# GGUF blocks); others (the other tiled layouts included) run "ieee"
+INT8 = "int8"
 PRECISIONS = ("ieee", "tf32x3", "tf32", INT8)
 
 
@@ -646,8 +678,9 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if int_gemm(fam, precision):
         q = _gemm_qx(fam, x, qx, what)
         grid = (triton.cdiv(rows, IGEMM_BLOCK_N), triton.cdiv(n_tok, IGEMM_BLOCK_T))
-        _igemm_kernel[grid](weight, q.words, q.scales, y, rows, n_tok, cols // 32, row_bytes, y.stride(0),
-                            IBLOCK=fam.iblock, BLOCK_N=IGEMM_BLOCK_N, BLOCK_T=IGEMM_BLOCK_T, num_warps=IGEMM_WARPS)
+        _igemm_kernel[grid](weight, q.words, q.scales, q.sums, y, rows, n_tok, cols // 32, row_bytes, y.stride(0),
+                            IBLOCK=fam.iblock, IGROUP=fam.igroup, HALF=fam.ihalf, BLOCK_N=IGEMM_BLOCK_N,
+                            BLOCK_T=IGEMM_BLOCK_T, num_warps=IGEMM_WARPS)
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
     _gemm_kernel[grid](weight, aux_arg(fam, cols, x.device), x, y, rows, cols, n_tok, row_bytes,
@@ -688,9 +721,9 @@ def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tupl
     if int_gemm(fam, precision):
         q = _gemm_qx(fam, x, qx, what)
         grid = (triton.cdiv(rows, IGEMM_BLOCK_N), tiles.shape[0])
-        _grouped_igemm_kernel[grid](weight, offsets, tiles, src, q.words, q.scales, y, rows, cols // 32, row_bytes,
-                                    y.stride(0), IBLOCK=fam.iblock, BLOCK_N=IGEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T,
-                                    num_warps=IGEMM_WARPS)
+        _grouped_igemm_kernel[grid](weight, offsets, tiles, src, q.words, q.scales, q.sums, y, rows, cols // 32,
+                                    row_bytes, y.stride(0), IBLOCK=fam.iblock, IGROUP=fam.igroup,
+                                    HALF=fam.ihalf, BLOCK_N=IGEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, num_warps=IGEMM_WARPS)
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), tiles.shape[0])
     _grouped_gemm_kernel[grid](weight, offsets, aux_arg(fam, cols, x.device), tiles, src, x, y, rows, cols, row_bytes,

@@ -13,6 +13,9 @@ The integer step (idot) takes x as Q8_K (int8 quants, one f32 scale per 256, per
 and does llama.cpp's arithmetic: dp4a of masked nibble words with x words per sub-block, the
 6-bit scales and mins applied in integers, one float step per super-block:
 d_x * (d * sum_s sc_s * isum_s - dmin * sum_s mn_s * xsum_s).
+
+iblock / igroup hand the integer prefill GEMM (matmul.gemm at "int8", session 10) a sub-block's
+nibbles as int8 with its integer scale and min, and a group's d and dmin: the same sums and float step.
 """
 
 import triton
@@ -176,5 +179,34 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     return acc
 
 
+@triton.jit
+def iblock_at(qs, hdr, rmask, s):
+    """Sub-block s of a group of each row, its 128 qs bytes at qs and its 16 header bytes at hdr
+    (uint8 pointers [BN]), as family.iblock's (quants int8 [BN, 32] 0..15, scale int32 [BN], min int32 [BN])."""
+    q = tl.load(qs[:, None] + (s // 2) * 32 + tl.arange(0, 32)[None, :], mask=rmask[:, None], other=0)
+    q = (q.to(tl.int32) >> ((s % 2) * 4)) & 0xF
+    sc, mn = scale_min_int(hdr + 4, s, rmask)
+    return q.to(tl.int8), sc, mn
+
+
+@triton.jit
+def igroup_at(hdr, rmask):
+    """(d, dmin) float32 [BN] from the 16 header bytes at hdr (uint8 pointers [BN])."""
+    d = tl.load(hdr.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    dmin = tl.load((hdr + 2).to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    return d, dmin
+
+
+@triton.jit
+def iblock(w_ptr, row_off, rmask, b, row_bytes):
+    blk = w_ptr + row_off + (b // 8) * 144
+    return iblock_at(blk + 16, blk, rmask, b % 8)
+
+
+@triton.jit
+def igroup(w_ptr, row_off, rmask, g, row_bytes):
+    return igroup_at(w_ptr + row_off + g * 144, rmask)
+
+
 FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4, idot=idot,
-                act_fmt=Q8_K, iacc=(4, 8), isplit=4)
+                act_fmt=Q8_K, iacc=(4, 8), isplit=4, iblock=iblock, igroup=igroup)

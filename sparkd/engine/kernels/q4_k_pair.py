@@ -152,3 +152,33 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     sc = (scb & 63).to(tl.float32)
     mn = (((mnb >> (4 * (s % 2))) & 15) | ((scb >> 6) << 4)).to(tl.float32)
     return (d * sc) * q.to(tl.float32) - dmin * mn
+
+
+@triton.jit
+def _tile_at(w_ptr, row_off, row_bytes):
+    """(the start of each row's 4-row tile, the row's place in it) from its GGUF-layout byte offset row_off."""
+    lane = (row_off // row_bytes) % 4
+    return w_ptr + (row_off - lane * row_bytes), lane
+
+
+@triton.jit
+def iblock(w_ptr, row_off, rmask, b, row_bytes):
+    """family.iblock on the pairx bytes (dequant's element order): sub-block b % 8 of group b // 8."""
+    tile, lane = _tile_at(w_ptr, row_off, row_bytes)  # [BN]
+    g, s = b // 8, b % 8
+    el = 32 * s + tl.arange(0, 32)[None, :]  # element of the group
+    ln = lane[:, None]
+    word = 4 * (2 * (el // 16) + ln // 2) + 2 * (ln % 2) + (el // 8) % 2
+    q = tl.load(tile[:, None] + g * 512 + 4 * word + el % 4, mask=rmask[:, None], other=0).to(tl.int32)
+    q = (q >> (4 * ((el // 4) % 2))) & 0xF
+    hb = tile + row_bytes // 144 * 512 + g * 64 + lane
+    scb = tl.load(hb + 16 + 4 * s, mask=rmask, other=0).to(tl.int32)
+    mnb = tl.load(hb + 48 + 4 * (s // 2), mask=rmask, other=0).to(tl.int32)
+    return q.to(tl.int8), scb & 63, ((mnb >> (4 * (s % 2))) & 15) | ((scb >> 6) << 4)
+
+
+@triton.jit
+def igroup(w_ptr, row_off, rmask, g, row_bytes):
+    tile, lane = _tile_at(w_ptr, row_off, row_bytes)
+    hd = (tile + row_bytes // 144 * 512 + g * 64 + 4 * lane).to(tl.pointer_type(tl.float16))
+    return (tl.load(hd, mask=rmask, other=0.0).to(tl.float32), tl.load(hd + 1, mask=rmask, other=0.0).to(tl.float32))

@@ -258,9 +258,11 @@ FAMILIES = {name: Family(TILED, 256, 144, 8, 32, dequant, align=4, idot=fn, act_
 FAMILIES["bytes"] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=idot_bytes, act_fmt=Q8_K, iacc=(4, 8),
                            row_tile=TILE_ROWS, isplit=4)
 # session 8 (q4k19): "pairx", 2 rows a thread and one row's float work after a shuffle (kernels/q4_k_pair.py; its
-# own byte order; the default one-warp 4-row elementwise tile only, 2 groups a step: matmul.GEMV_TILES)
+# own byte order; the default one-warp 4-row elementwise tile only, 2 groups a step: matmul.GEMV_TILES). Only
+# pairx has the integer prefill GEMM's block loader (session 10): the other layouts' GEMM runs "ieee" at "int8"
 FAMILIES["pairx"] = Family(TILED, 256, 144, 8, 32, q4_k_pair.dequant, align=4, idot=q4_k_pair.idot, act_fmt=Q8_K,
-                           iacc=(8, 1), row_tile=TILE_ROWS, one_tile=(4, 1))
+                           iacc=(8, 1), row_tile=TILE_ROWS, one_tile=(4, 1), iblock=q4_k_pair.iblock,
+                           igroup=q4_k_pair.igroup)
 LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "pairx")
 FAMILY = FAMILIES[LOADS]
 

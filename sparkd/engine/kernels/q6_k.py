@@ -13,6 +13,10 @@ x word, so sum (q-32)*x stays exact in integers; int8 scales applied in integers
 d * d_x per word tile. The 210-byte blocks are only 2-byte aligned (every other block of a row
 starts 2 bytes past a 4-byte boundary), so every 32-bit word is built from two 16-bit loads.
 
+iblock / igroup hand the integer prefill GEMM (matmul.gemm at "int8", session 10) 32 values as
+q - 32 (int8) with the two 16-value scales, and d (Family.ihalf: a tl.dot per 16-value half).
+The resident tiled layout (q6_k_tiled) has no iblock: its GEMM runs "ieee".
+
 SPARKD_Q6_K_INT=0 (read at import) takes the float path instead (FLOAT_FAMILY: x rounded to Q8_K
 by the caller, dequantized values multiplied in float32), the way before session 5.
 """
@@ -102,6 +106,31 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     return acc
 
 
+@triton.jit
+def iblock(w_ptr, row_off, rmask, b, row_bytes):
+    """family.iblock with 16-value scales (Family.ihalf): values 32 (b % 8) .. +31 of group b // 8 as
+    (q - 32 int8 [BN, 32], the int8 scale of the first 16 and of the last 16 as int32 [BN])."""
+    blk = w_ptr + row_off + (b // 8) * 210  # [BN]
+    v = 32 * (b % 8) + tl.arange(0, 32)[None, :]  # [1, 32] value index in the super-block
+    h = v // 128
+    m = rmask[:, None]
+    ql = tl.load(blk[:, None] + 64 * h + v % 64, mask=m, other=0).to(tl.int32)
+    qh = tl.load(blk[:, None] + 128 + 32 * h + v % 32, mask=m, other=0).to(tl.int32)
+    q = ((ql >> (((v // 64) % 2) * 4)) & 0xF) | (((qh >> (((v // 32) % 4) * 2)) & 3) << 4)
+    sc = (blk + 192 + 2 * (b % 8)).to(tl.pointer_type(tl.int8))
+    return ((q - 32).to(tl.int8), tl.load(sc, mask=rmask, other=0).to(tl.int32),
+            tl.load(sc + 1, mask=rmask, other=0).to(tl.int32))
+
+
+@triton.jit
+def igroup(w_ptr, row_off, rmask, g, row_bytes):
+    """(d, 0): no min."""
+    d = tl.load((w_ptr + row_off + g * 210 + 208).to(tl.pointer_type(tl.float16)), mask=rmask,
+                other=0.0).to(tl.float32)
+    return d, tl.zeros(d.shape, tl.float32)
+
+
 FLOAT_FAMILY = Family(T.Q6_K, 256, 210, 16, 16, dequant)
-INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(2, 8), isplit=4)
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(2, 8), isplit=4, iblock=iblock,
+                                 igroup=igroup, ihalf=True)
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

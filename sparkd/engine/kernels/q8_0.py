@@ -98,7 +98,7 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b):
+def iblock(w_ptr, row_off, rmask, b, row_bytes):
     blk = w_ptr + row_off + b * 34  # [BN] block starts
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
     q = tl.load((blk[:, None] + 2 + tl.arange(0, 32)[None, :]).to(tl.pointer_type(tl.int8)),
