@@ -11,7 +11,12 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
   last          grouped, ieee, the last token's logits only (prefill20's default)
   tf32x3, tf32  last with the prefill GEMMs' tl.dot at that input precision
   int8          last with the integer GEMM for Q8_0 weights (x as int8 blocks; other types ieee;
-                the default since prefill21)
+                the default since prefill21) and session 10's host side (the defaults now)
+  s9            int8 as session 9 left it: the slots' range checked on the host every MoE layer
+                (SPARKD_MOE_SLOT_CHECK=always), a launch per stacked part (SPARKD_PREFILL_STACK=parts),
+                16-row expert tiles (SPARKD_MOE_PREFILL_TILE=16)
+  nosync        s9 without the slots' sync; stack: nosync with one launch a stack;
+  t16, t32, t64 stack with expert tiles of that height
 The last token's logits of each way are compared with the first way's (largest difference over
 the largest |logit|, same argmax) at the longest prompt. Then a torch.profiler breakdown of one
 --profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage
@@ -34,16 +39,24 @@ from torch.profiler import ProfilerActivity, profile
 
 from sparkd.engine.kernels import moe
 from sparkd.engine.layers import linear
+from sparkd.engine.layers import moe as moe_layer
 from sparkd.engine.models import load_model
 
-VARIANTS = {"before": ("loop", "ieee", False), "grouped": ("grouped", "ieee", False),
-            "last": ("grouped", "ieee", True), "tf32x3": ("grouped", "tf32x3", True),
-            "tf32": ("grouped", "tf32", True), "int8": ("grouped", "int8", True)}
+# (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE)
+NOW = ("router", linear.PREFILL_STACK, moe.PREFILL_TILE)  # the host side's defaults
+S9 = ("always", "parts", 16)
+VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee", False, *S9),
+            "last": ("grouped", "ieee", True, *S9), "tf32x3": ("grouped", "tf32x3", True, *NOW),
+            "tf32": ("grouped", "tf32", True, *NOW), "int8": ("grouped", "int8", True, *NOW),
+            "s9": ("grouped", "int8", True, *S9), "nosync": ("grouped", "int8", True, "router", "parts", 16),
+            **{f"t{t}": ("grouped", "int8", True, "router", "one", t) for t in (16, 32, 64)}}
+VARIANTS["stack"] = VARIANTS["t16"]
 
 
 def use(variant: str) -> bool:
     """Set the variant's switches (read per call from these module globals); returns `last`."""
-    moe.PREFILL, linear.PREFILL_PRECISION, last = VARIANTS[variant]
+    moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE = \
+        VARIANTS[variant]
     return last
 
 
@@ -80,8 +93,10 @@ def profiled(net, ids: torch.Tensor, last: bool, top: int) -> dict:
     del net.embed
     events = prof.events()
     kernels = kernel_time_by_name(events, 1)
+    host = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)  # where the host's time goes
     return {"wall_ms": wall * 1e3, **stage_report(events, stages, 1),
-            "top_kernels_us": {k: v for k, v in list(kernels.items())[:top]}}
+            "top_kernels_us": {k: v for k, v in list(kernels.items())[:top]},
+            "top_host_self_us": {a.key: (a.count, a.self_cpu_time_total) for a in host[:top]}}
 
 
 def main() -> int:
@@ -131,6 +146,9 @@ def main() -> int:
         for stage, s in sorted(p["stages"].items(), key=lambda kv: -kv[1]["gpu_ms"]):
             print(f"  {stage:34s} host {s['host_ms']:7.2f} ms  GPU {s['gpu_ms']:7.2f} ms  x{s['calls']:.0f}")
         for name, (count, us) in p["top_kernels_us"].items():
+            print(f"  {us / 1e3:8.2f} ms x{count:4.0f}  {name[:100]}")
+        print("  host self time:")
+        for name, (count, us) in p["top_host_self_us"].items():
             print(f"  {us / 1e3:8.2f} ms x{count:4.0f}  {name[:100]}")
         save()
     m.close()
