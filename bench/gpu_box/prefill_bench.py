@@ -17,6 +17,9 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 16-row expert tiles (SPARKD_MOE_PREFILL_TILE=16)
   nosync        s9 without the slots' sync; stack: nosync with one launch a stack;
   t16, t32, t64 stack with expert tiles of that height
+before, grouped, last and s9 also make each prompt's rope table anew (KVCache.rope_table), as every
+cache did before session 10 (now the model's caches share them). A way named twice runs twice (its
+second rows under "way#2": interleave ways to see the box's drift).
 The last token's logits of each way are compared with the first way's (largest difference over
 the largest |logit|, same argmax) at the longest prompt. Then a torch.profiler breakdown of one
 --profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage
@@ -53,15 +56,23 @@ VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee
 VARIANTS["stack"] = VARIANTS["t16"]
 
 
+OWN_ROPE = {"before", "grouped", "last", "s9"}  # ways whose prompts make their rope tables anew
+own_rope = False
+
+
 def use(variant: str) -> bool:
     """Set the variant's switches (read per call from these module globals); returns `last`."""
+    global own_rope
     moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE = \
         VARIANTS[variant]
+    own_rope = variant in OWN_ROPE
     return last
 
 
 def prefill(net, ids: torch.Tensor, last: bool) -> torch.Tensor:
     """The prompt from an empty cache; the last token's logits (float32 [V], on the host)."""
+    if own_rope:
+        net.rope_tables.clear()
     return net(ids, net.new_cache(ids.numel()), last=last)[-1]
 
 
@@ -128,15 +139,17 @@ def main() -> int:
                 json.dump(res, f, indent=1)
 
     for v in variants:
-        last = use(v)
+        last, key = use(v), v
+        while key in res["runs"]:
+            key = f"{v}#{int(key.partition('#')[2] or 1) + 1}"
         for n in lengths:
-            r = res["runs"].setdefault(v, {})[n] = timed(m.net, prompts[n], last, a.repeats)
-            print(f"{v:8s} {n:5d} tokens: {r['tok_s']:9.1f} tok/s", flush=True)
+            r = res["runs"].setdefault(key, {})[n] = timed(m.net, prompts[n], last, a.repeats)
+            print(f"{key:8s} {n:5d} tokens: {r['tok_s']:9.1f} tok/s", flush=True)
         row = prefill(m.net, prompts[lengths[-1]], last)
         ref = row if ref is None else ref
-        res["agreement"][v] = {"max_diff_over_max": float((row - ref).abs().max() / ref.abs().max()),
+        res["agreement"][key] = {"max_diff_over_max": float((row - ref).abs().max() / ref.abs().max()),
                                "argmax_equal": bool(row.argmax() == ref.argmax())}
-        print(f"{v:8s} vs {variants[0]} at {lengths[-1]} tokens: {res['agreement'][v]}", flush=True)
+        print(f"{key:8s} vs {variants[0]} at {lengths[-1]} tokens: {res['agreement'][key]}", flush=True)
         save()
     for v in [p for p in a.profile.split(",") if p]:
         ids = torch.randint(0, m.cfg.n_vocab, (a.profile_tokens,), generator=gen)
