@@ -11,7 +11,16 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
   last          grouped, ieee, the last token's logits only (prefill20's default)
   tf32x3, tf32  last with the prefill GEMMs' tl.dot at that input precision
   int8          last with the integer GEMM (x as int8 blocks) for Q8_0 (prefill21), Q4_K and Q6_K
-                weights (prefill22; other types ieee); the default since prefill21
+                weights (prefill22; other types ieee; the default since prefill21) and session 10's
+                host side (prefill23; the defaults now)
+  s9            int8 as session 9 left it: the slots' range checked on the host every MoE layer
+                (SPARKD_MOE_SLOT_CHECK=always), a launch per stacked part (SPARKD_PREFILL_STACK=parts),
+                16-row expert tiles (SPARKD_MOE_PREFILL_TILE=16)
+  nosync        s9 without the slots' sync; stack: nosync with one launch a stack;
+  t16, t32, t64 stack with expert tiles of that height
+before, grouped, last and s9 also make each prompt's rope table anew (KVCache.rope_table), as every
+cache did before session 10 (now the model's caches share them). A way named twice runs twice (its
+second rows under "way#2": interleave ways to see the box's drift).
 The last token's logits of each way are compared with the first way's (largest difference over
 the largest |logit|, same argmax) at the longest prompt. Then a torch.profiler breakdown of one
 --profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage
@@ -34,21 +43,37 @@ from torch.profiler import ProfilerActivity, profile
 
 from sparkd.engine.kernels import moe
 from sparkd.engine.layers import linear
+from sparkd.engine.layers import moe as moe_layer
 from sparkd.engine.models import load_model
 
-VARIANTS = {"before": ("loop", "ieee", False), "grouped": ("grouped", "ieee", False),
-            "last": ("grouped", "ieee", True), "tf32x3": ("grouped", "tf32x3", True),
-            "tf32": ("grouped", "tf32", True), "int8": ("grouped", "int8", True)}
+# (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE)
+NOW = ("router", linear.PREFILL_STACK, moe.PREFILL_TILE)  # the host side's defaults
+S9 = ("always", "parts", 16)
+VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee", False, *S9),
+            "last": ("grouped", "ieee", True, *S9), "tf32x3": ("grouped", "tf32x3", True, *NOW),
+            "tf32": ("grouped", "tf32", True, *NOW), "int8": ("grouped", "int8", True, *NOW),
+            "s9": ("grouped", "int8", True, *S9), "nosync": ("grouped", "int8", True, "router", "parts", 16),
+            **{f"t{t}": ("grouped", "int8", True, "router", "one", t) for t in (16, 32, 64)}}
+VARIANTS["stack"] = VARIANTS["t16"]
+
+
+OWN_ROPE = {"before", "grouped", "last", "s9"}  # ways whose prompts make their rope tables anew
+own_rope = False
 
 
 def use(variant: str) -> bool:
     """Set the variant's switches (read per call from these module globals); returns `last`."""
-    moe.PREFILL, linear.PREFILL_PRECISION, last = VARIANTS[variant]
+    global own_rope
+    moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE = \
+        VARIANTS[variant]
+    own_rope = variant in OWN_ROPE
     return last
 
 
 def prefill(net, ids: torch.Tensor, last: bool) -> torch.Tensor:
     """The prompt from an empty cache; the last token's logits (float32 [V], on the host)."""
+    if own_rope:
+        net.rope_tables.clear()
     return net(ids, net.new_cache(ids.numel()), last=last)[-1]
 
 
@@ -80,8 +105,10 @@ def profiled(net, ids: torch.Tensor, last: bool, top: int) -> dict:
     del net.embed
     events = prof.events()
     kernels = kernel_time_by_name(events, 1)
+    host = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)  # where the host's time goes
     return {"wall_ms": wall * 1e3, **stage_report(events, stages, 1),
-            "top_kernels_us": {k: v for k, v in list(kernels.items())[:top]}}
+            "top_kernels_us": {k: v for k, v in list(kernels.items())[:top]},
+            "top_host_self_us": {a.key: (a.count, a.self_cpu_time_total) for a in host[:top]}}
 
 
 def main() -> int:
@@ -113,15 +140,17 @@ def main() -> int:
                 json.dump(res, f, indent=1)
 
     for v in variants:
-        last = use(v)
+        last, key = use(v), v
+        while key in res["runs"]:
+            key = f"{v}#{int(key.partition('#')[2] or 1) + 1}"
         for n in lengths:
-            r = res["runs"].setdefault(v, {})[n] = timed(m.net, prompts[n], last, a.repeats)
-            print(f"{v:8s} {n:5d} tokens: {r['tok_s']:9.1f} tok/s", flush=True)
+            r = res["runs"].setdefault(key, {})[n] = timed(m.net, prompts[n], last, a.repeats)
+            print(f"{key:8s} {n:5d} tokens: {r['tok_s']:9.1f} tok/s", flush=True)
         row = prefill(m.net, prompts[lengths[-1]], last)
         ref = row if ref is None else ref
-        res["agreement"][v] = {"max_diff_over_max": float((row - ref).abs().max() / ref.abs().max()),
+        res["agreement"][key] = {"max_diff_over_max": float((row - ref).abs().max() / ref.abs().max()),
                                "argmax_equal": bool(row.argmax() == ref.argmax())}
-        print(f"{v:8s} vs {variants[0]} at {lengths[-1]} tokens: {res['agreement'][v]}", flush=True)
+        print(f"{key:8s} vs {variants[0]} at {lengths[-1]} tokens: {res['agreement'][key]}", flush=True)
         save()
     for v in [p for p in a.profile.split(",") if p]:
         ids = torch.randint(0, m.cfg.n_vocab, (a.profile_tokens,), generator=gen)
@@ -131,6 +160,9 @@ def main() -> int:
         for stage, s in sorted(p["stages"].items(), key=lambda kv: -kv[1]["gpu_ms"]):
             print(f"  {stage:34s} host {s['host_ms']:7.2f} ms  GPU {s['gpu_ms']:7.2f} ms  x{s['calls']:.0f}")
         for name, (count, us) in p["top_kernels_us"].items():
+            print(f"  {us / 1e3:8.2f} ms x{count:4.0f}  {name[:100]}")
+        print("  host self time:")
+        for name, (count, us) in p["top_host_self_us"].items():
             print(f"  {us / 1e3:8.2f} ms x{count:4.0f}  {name[:100]}")
         save()
     m.close()

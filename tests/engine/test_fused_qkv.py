@@ -36,15 +36,20 @@ def kernel_linear(qtype: T, rows: int, backend: str, bias: bool = False) -> Kern
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)  # integer and float kernels
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_stack_gives_the_bits_of_its_parts(backend, qtype):
-    """Row counts that are no multiple of the tile, with biases; one token and three."""
+def test_stack_gives_the_bits_of_its_parts(backend, qtype, monkeypatch):
+    """Row counts that are no multiple of the tile, with biases; one token and three (the integer
+    GEMM: one launch for the stack; the float one: a launch per part)."""
     parts = [kernel_linear(qtype, rows, backend, bias=True) for rows in (70, 9, 9)]
     qkv = KernelLinear.stack(parts)
     assert qkv.parts == (70, 9, 9) and qkv.shape == (88, COLS)
+    gemm, shapes = matmul.gemm, []
+    monkeypatch.setattr(matmul, "gemm", lambda w, qt, shape, *a, **k: shapes.append(shape) or gemm(w, qt, shape, *a, **k))
     for tokens in (1, 3):
         x = torch.randn(tokens, COLS, device=backend)
         want = torch.cat([m(x) for m in parts], dim=-1)
+        shapes.clear()
         assert torch.equal(qkv(x), want), tokens
+    assert shapes == ([(88, COLS)] if qtype == T.Q8_0 else [(70, COLS), (9, COLS), (9, COLS)])
 
 
 @pytest.mark.parametrize("rule", matmul.SPLIT_RULES)

@@ -26,7 +26,7 @@ from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
 from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q8_0_packed  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
 from sparkd.engine.kernels import moe  # noqa: E402
-from sparkd.engine.kernels.matmul import GEMM_BLOCK_T, grouped_gemm  # noqa: E402
+from sparkd.engine.kernels.matmul import GEMM_BLOCK_T, GROUPED_BLOCK_TS, grouped_gemm  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, down_input, expert_tiles, moe_decode, moe_prefill, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
@@ -205,10 +205,15 @@ def test_int8_moe_prefill(backend, qtype, monkeypatch):
     args = (slots.to(backend), w.to(backend), "silu")
     rnd = lambda h: round_activations(h, dispatch.FAMILIES[qtype].act_fmt)  # noqa: E731
     got = {}
-    for mode, t in (("grouped", prepare(table, backend)), ("loop", table)):
+    # the interpreter: tiles of 16 rows (more rows an expert than a tile holds) and the default height
+    heights = GROUPED_BLOCK_TS if backend == "cuda" else sorted({16, moe.PREFILL_TILE})
+    for mode, t, tile in [("loop", table, 16)] + [("grouped", prepare(table, backend), h) for h in heights]:
         monkeypatch.setattr(moe, "PREFILL", mode)
-        got[mode] = moe_prefill(t, x.to(backend), *args, precision="int8", round_h=rnd)
-    assert torch.equal(got["grouped"], got["loop"])
+        monkeypatch.setattr(moe, "PREFILL_TILE", tile)
+        got[mode, tile] = moe_prefill(t, x.to(backend), *args, precision="int8", round_h=rnd)
+    for h in heights:
+        assert torch.equal(got["grouped", h], got["loop", 16]), h
+    got["grouped"] = got["grouped", heights[-1]]
     ieee = moe_prefill(prepare(table, backend), rnd(x).to(backend), *args, precision="ieee", round_h=rnd)
     if qtype == T.Q4_K:  # the gate/up repacked as the engine keeps resident experts (pairx, moe20): the same bits
         monkeypatch.setattr(moe, "PREFILL", "grouped")
@@ -308,20 +313,21 @@ def test_moe_prefill_groups_tokens_by_expert(backend, monkeypatch):
     assert err < BOUNDS["fp32"], f"relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("counts", [[5, 0, 16, 33], [0, 0, 1], [16]])
-def test_expert_tiles_cover_each_experts_rows_once(counts):
+@pytest.mark.parametrize("block_t", [16, 64])
+@pytest.mark.parametrize("counts", [[5, 0, 16, 33], [0, 0, 1], [16], [64, 65, 3]])
+def test_expert_tiles_cover_each_experts_rows_once(counts, block_t):
     keys = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
-    tiles = expert_tiles(keys, len(counts), 16)
+    tiles = expert_tiles(keys, len(counts), block_t)
     rows = keys.numel()
-    assert tiles.dtype == torch.int32 and tiles.shape == (-(-rows // 16) + min(len(counts), rows), 3)
+    assert tiles.dtype == torch.int32 and tiles.shape == (-(-rows // block_t) + min(len(counts), rows), 3)
     used = [t for t in tiles.tolist() if t[1] < t[2]]
     assert all(t == [0, 0, 0] for t in tiles.tolist()[len(used):])  # the empty ones at the end
     assert [r for _, a, b in used for r in range(a, b)] == list(range(rows))
-    assert all(b - a <= 16 and set(keys[a:b].tolist()) == {e} for e, a, b in used)
+    assert all(b - a <= block_t and set(keys[a:b].tolist()) == {e} for e, a, b in used)
     assert [sum(b - a for e2, a, b in used if e2 == e) for e in range(len(counts))] == counts
 
 
-@pytest.mark.parametrize("case", ["tiles_dtype", "tiles_shape", "src_device", "precision", "x_cols"])
+@pytest.mark.parametrize("case", ["tiles_dtype", "tiles_shape", "src_device", "precision", "x_cols", "block_t"])
 def test_grouped_gemm_rejects_bad_arguments(case):
     dev = _dev()
     raw = random_blocks(T.Q8_0, 8 * 8).to(dev)
@@ -329,10 +335,11 @@ def test_grouped_gemm_rejects_bad_arguments(case):
     src, tiles = torch.arange(3, device=dev), torch.tensor([[0, 0, 3]], dtype=torch.int32, device=dev)
     args = {"tiles_dtype": dict(tiles=tiles.long()), "tiles_shape": dict(tiles=tiles[:, :2].contiguous()),
             "src_device": dict(src=src.cpu() if dev != "cpu" else src.float()), "precision": dict(precision="bf16"),
-            "x_cols": dict(x=x[:, :128].contiguous())}[case]
-    call = dict(x=x, src=src, tiles=tiles, precision="ieee") | args
+            "x_cols": dict(x=x[:, :128].contiguous()), "block_t": dict(block_t=48)}[case]
+    call = dict(x=x, src=src, tiles=tiles, precision="ieee", block_t=16) | args
     with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q8_0 grouped GEMM"):
-        grouped_gemm(raw, off, T.Q8_0, (8, 256), call["x"], call["src"], call["tiles"], call["precision"])
+        grouped_gemm(raw, off, T.Q8_0, (8, 256), call["x"], call["src"], call["tiles"], call["precision"],
+                     block_t=call["block_t"])
 
 
 def test_moe_prefill_rejects_slots_outside_the_table_and_selections():
@@ -341,6 +348,11 @@ def test_moe_prefill_rejects_slots_outside_the_table_and_selections():
     slots = torch.tensor([[0, 2]], device=dev)
     with pytest.raises(dispatch.KernelArgumentError, match=r"slots must lie in \[0, 2\)"):
         moe_prefill(table, torch.randn(1, 256, device=dev), slots, torch.rand(1, 2, device=dev))
+    # unchecked (a router's top-k): an outside slot gets no tile, the other tokens' rows keep their bits
+    p, x, w = prepare(table, dev), torch.randn(2, 256, device=dev), torch.rand(2, 1, device=dev)
+    ok = moe_prefill(p, x, torch.tensor([[0], [1]], device=dev), w, precision="int8", check_slots=False)
+    bad = moe_prefill(p, x, torch.tensor([[0], [2]], device=dev), w, precision="int8", check_slots=False)
+    assert torch.equal(bad[0], ok[0])
     selection = prepare(table, dev).select(torch.tensor([1], device=dev))
     with pytest.raises(dispatch.KernelArgumentError, match="the whole table, not a selection"):
         moe_prefill(selection, torch.randn(1, 256, device=dev), slots[:, :1], torch.rand(1, 1, device=dev))

@@ -66,3 +66,19 @@ def test_kv_cache_overflow_is_a_clear_error(models):
             m.net(TOKENS, m.net.new_cache(4))
     finally:
         m.close()
+
+
+def test_caches_of_a_model_share_its_rope_tables(models):
+    """A prompt's new cache reuses the tables of its context (no host sin/cos per prompt), the
+    values a cache of its own makes; another context gets its own."""
+    from sparkd.engine.layers.kv_cache import KVCache
+
+    m = load_model(models["qwen3moe"])
+    try:
+        rope = m.net.blocks[0].attn.rope
+        a, b, c = (m.net.new_cache(n).rope_table(rope) for n in (16, 16, 8))
+        alone = KVCache(16, m.net.kv_shapes).rope_table(rope)
+    finally:
+        m.close()
+    assert a[0] is b[0] and a[1] is b[1] and c[0].shape[0] == 8
+    assert torch.equal(a[0], alone[0]) and torch.equal(a[1], alone[1])

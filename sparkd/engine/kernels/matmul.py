@@ -34,9 +34,12 @@ from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k_tiled
 from sparkd.engine.kernels.row_tiles import row_sums
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
-# the integer GEMM's tile (precision "int8"): a weight block is loaded once per IGEMM_BLOCK_T
-# tokens (the grouped GEMM's tiles stay GEMM_BLOCK_T tall: expert_tiles cuts them so)
+# the integer GEMM's tile (precision "int8"): a weight block is loaded once per IGEMM_BLOCK_T tokens
 IGEMM_BLOCK_N, IGEMM_BLOCK_T, IGEMM_WARPS = 64, 64, 4
+# the grouped GEMM's expert tile heights (rows of one expert a program): its caller's expert_tiles
+# cuts them; an integer tile's sums do not depend on its height, a float one's may (the float GEMM
+# keeps GEMM_BLOCK_T)
+GROUPED_BLOCK_TS = (16, 32, 64)
 # enough programs to keep every SM of a large GPU busy with a few resident programs each
 TARGET_PROGRAMS = 2048
 FOLDS = ("kernel", "torch")
@@ -692,14 +695,17 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
 
 def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
                  src: torch.Tensor, tiles: torch.Tensor, precision: str = "tf32",
-                 qx: act_quant.QuantX | None = None) -> torch.Tensor:
+                 qx: act_quant.QuantX | None = None, block_t: int = GEMM_BLOCK_T) -> torch.Tensor:
     """y[r] = x[src[r]] @ W_e.T for every row r of every tile (e, first, end) of `tiles` (int32
-    [n, 3], moe.expert_tiles: e's rows [first, end), at most GEMM_BLOCK_T, none for first == end):
-    many small GEMMs of one shape in one launch, no host sync. W_e: the [rows, cols] matrix of raw
-    GGUF bytes at byte offsets[e] of `weight` (int64 on x's device, checked by the caller:
-    moe.prepare); x float32 [T, cols]; src int [R] -> y float32 [R, rows]. precision, qx: gemm's."""
+    [n, 3], moe.expert_tiles: e's rows [first, end), at most block_t (GROUPED_BLOCK_TS), none for
+    first == end): many small GEMMs of one shape in one launch, no host sync. W_e: the [rows, cols]
+    matrix of raw GGUF bytes at byte offsets[e] of `weight` (int64 on x's device, checked by the
+    caller: moe.prepare); x float32 [T, cols]; src int [R] -> y float32 [R, rows]. precision, qx: gemm's."""
     what = f"the {qtype.name} grouped GEMM"
     check_precision(precision, what)
+    if block_t not in GROUPED_BLOCK_TS:
+        raise dispatch.KernelArgumentError(f"could not run {what}: tiles of {block_t} rows, not one of "
+                                           f"{', '.join(map(str, GROUPED_BLOCK_TS))}")
     fam = dispatch.family(qtype)
     rows, cols = shape
     row_bytes = dispatch.check_cols(fam, cols, what)
@@ -723,11 +729,11 @@ def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tupl
         grid = (triton.cdiv(rows, IGEMM_BLOCK_N), tiles.shape[0])
         _grouped_igemm_kernel[grid](weight, offsets, tiles, src, q.words, q.scales, q.sums, y, rows, cols // 32,
                                     row_bytes, y.stride(0), IBLOCK=fam.iblock, IGROUP=fam.igroup,
-                                    HALF=fam.ihalf, BLOCK_N=IGEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, num_warps=IGEMM_WARPS)
+                                    HALF=fam.ihalf, BLOCK_N=IGEMM_BLOCK_N, BLOCK_T=block_t, num_warps=IGEMM_WARPS)
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), tiles.shape[0])
     _grouped_gemm_kernel[grid](weight, offsets, aux_arg(fam, cols, x.device), tiles, src, x, y, rows, cols, row_bytes,
                                x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
-                               BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=float_precision(precision),
+                               BLOCK_N=GEMM_BLOCK_N, BLOCK_T=block_t, PRECISION=float_precision(precision),
                                num_warps=GEMM_WARPS)
     return y

@@ -43,6 +43,7 @@ from sparkd.engine import switches
 from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_tiled, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
+    GROUPED_BLOCK_TS,
     GemvConfig,
     check_one_tile,
     check_qx,
@@ -72,6 +73,10 @@ ACT_CODES = {"silu": 0, "swiglu_oai": 1}
 # moe_prefill's way: "grouped" (session 9: three grouped GEMM launches a layer, no sync per expert)
 # or "loop" (a GEMM per expert and projection, the way before)
 PREFILL = switches.choice("SPARKD_MOE_PREFILL", ("grouped", "loop"), "grouped")
+# the grouped integer GEMMs' expert tile height (rows of one expert a program; session 10: 32, a
+# weight block read once per 32 rows, the fastest on the H200 at 512 and 2048 tokens; "16" the way
+# before); float GEMMs keep GEMM_BLOCK_T
+PREFILL_TILE = int(switches.choice("SPARKD_MOE_PREFILL_TILE", tuple(map(str, GROUPED_BLOCK_TS)), "32"))
 
 
 @triton.jit
@@ -703,14 +708,18 @@ def expert_tiles(keys: torch.Tensor, n_experts: int, block_t: int) -> torch.Tens
 
 def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
                 act: str = "silu", precision: str = "tf32",
-                round_h: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                check_slots: bool = True) -> torch.Tensor:
     """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts (an ExpertTable,
     or the PreparedTable of all of them that prepare() made); route_weights
     float32 [T, A] -> y [T, D]; round_h as in moe_decode; precision matmul.gemm's (at "int8" x
     comes unrounded where gate/up run integer: quantized here, as round_x would). PREFILL "grouped": the (token, slot)
     pairs sorted by expert, gate, up and down each one grouped GEMM launch over every expert's
-    tiles (no host sync but the slots' check), the same bits as "loop": a GEMM per expert and
-    projection, each expert's tokens found by a host sync."""
+    tiles (no host sync), the same bits as "loop": a GEMM per expert and projection, each expert's
+    tokens found by a host sync. check_slots: the slots' range checked on the host (one sync); False
+    where the caller vouches for them (a router's top-k over the table's experts): "grouped" then
+    syncs nowhere, and a slot outside the table gets no tile (its rows are not computed, nothing
+    outside the table is read; "loop" checks always)."""
     what = "the MoE prefill kernels"
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
@@ -726,9 +735,10 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
             f"could not run {what}: need x [T, {table.dim}], slots and route weights [T, A], got x "
             f"{list(x.shape)}, slots {list(slots.shape)}, weights {list(route_weights.shape)}")
     n = p.gate_off.numel()
-    low, high = torch.stack(torch.aminmax(slots)).tolist() if slots.numel() else (0, 0)  # one sync
-    if low < 0 or high >= n:
-        raise dispatch.KernelArgumentError(f"could not run {what}: slots must lie in [0, {n})")
+    if check_slots or PREFILL != "grouped":
+        low, high = torch.stack(torch.aminmax(slots)).tolist() if slots.numel() else (0, 0)  # one sync
+        if low < 0 or high >= n:
+            raise dispatch.KernelArgumentError(f"could not run {what}: slots must lie in [0, {n})")
     fgu, fd = p.gate_up, p.down
     D, F = table.dim, table.width
     if PREFILL == "grouped":
@@ -737,16 +747,18 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         slots, by_expert = torch.sort(slots, dim=1, stable=True)
         route_weights = route_weights.gather(1, by_expert)
         keys, order = torch.sort(slots.reshape(-1), stable=True)
-        tiles = expert_tiles(keys, n, GEMM_BLOCK_T)
+        # taller tiles where all three GEMMs are integer (their sums do not depend on the tile)
+        block_t = PREFILL_TILE if int_gemm(fgu, precision) and int_gemm(fd, precision) else GEMM_BLOCK_T
+        tiles = expert_tiles(keys, n, block_t)
         tok = order // slots.shape[1]
         qx = act_quant.quantize(x, fgu.act_fmt) if int_gemm(fgu, precision) else None  # once for gate and up
-        g = grouped_gemm(table.gate, p.gate_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx)
-        u = grouped_gemm(table.up, p.up_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx)
+        g = grouped_gemm(table.gate, p.gate_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx, block_t)
+        u = grouped_gemm(table.up, p.up_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx, block_t)
         h = _act_torch(g, u, act)
         # the integer GEMM quantizes h itself (to the values round_h gives)
         h = (h if round_h is None or int_gemm(fd, precision) else round_h(h)).contiguous()
         out = grouped_gemm(table.down, p.down_off, fd.qtype, (D, F), h, torch.arange(keys.numel(), device=x.device),
-                           tiles, precision)
+                           tiles, precision, block_t=block_t)
         out *= route_weights.reshape(-1)[order, None]
         parts = torch.empty_like(out).index_copy_(0, order, out).view(*slots.shape, D)
         y = parts[:, 0].contiguous()

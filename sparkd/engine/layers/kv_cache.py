@@ -26,8 +26,10 @@ from sparkd.engine.layers.rope import RopeConfig, rope_cos_sin
 class KVCache:
     def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], dtype=torch.float32,
                  side: dict[tuple[str, int], tuple[int, ...]] | None = None, device: torch.device | str = "cpu",
-                 state_shapes: dict[int, list[tuple[int, ...]]] | None = None):
-        # shapes[il] = (n_kv_heads, k_dim, v_dim); state_shapes[il] = shapes of a recurrent layer's state
+                 state_shapes: dict[int, list[tuple[int, ...]]] | None = None,
+                 rope_tables: dict | None = None):
+        # shapes[il] = (n_kv_heads, k_dim, v_dim); state_shapes[il] = shapes of a recurrent layer's state;
+        # rope_tables: rope_table's tables shared with the model's other caches (Decoder.new_cache), read only
         self.max_ctx = max_ctx
         self.device = torch.device(device)
         self.k = [torch.zeros(max_ctx, h, dk, dtype=dtype, device=device) for h, dk, _ in shapes]
@@ -38,7 +40,7 @@ class KVCache:
                       for il, shs in (state_shapes or {}).items()}
         self.n_past = 0  # positions filled; advanced by the model after all layers ran
         self.span: int | None = None  # static decode: rows attention reads; None: [0, n_past + T)
-        self._rope: dict[RopeConfig, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {} if rope_tables is None else rope_tables
         self._step_pos: torch.Tensor | None = None  # an eager step's position on the device
         self._step_at = -1  # the position it holds
 
@@ -105,11 +107,13 @@ class KVCache:
         return cos.index_select(0, pos), sin.index_select(0, pos)
 
     def rope_table(self, cfg: RopeConfig) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [max_ctx, n_rot/2] of every position (see rope), made on first use."""
-        if cfg not in self._rope:
+        """cos, sin [max_ctx, n_rot/2] of every position (see rope), made on first use (of any cache
+        sharing the tables: a prompt's cache otherwise spent ~9 ms of host sin/cos at 512 positions)."""
+        key = (cfg, self.max_ctx, self.device)
+        if key not in self._rope:
             cos, sin = rope_cos_sin(cfg, torch.arange(self.max_ctx, device="cpu"))  # host arithmetic
-            self._rope[cfg] = (cos.to(self.device), sin.to(self.device))
-        return self._rope[cfg]
+            self._rope[key] = (cos.to(self.device), sin.to(self.device))
+        return self._rope[key]
 
     def update_side(self, name: str, il: int, start: int, rows: torch.Tensor) -> torch.Tensor:
         """Write side rows [start, start+T) of (name, il) and return a view of rows [0, start+T)."""

@@ -18,6 +18,9 @@ from sparkd.engine.layers.act_round import round_activations
 # for the others; "ieee" float32 FMAs everywhere (the way before), "tf32x3" three tf32 products
 # on the tensor cores, "tf32" one
 PREFILL_PRECISION = switches.choice("SPARKD_PREFILL_PRECISION", ("ieee", "tf32x3", "tf32", "int8"), "int8")
+# a stack's integer GEMM (several tokens): "one" launch over all its rows (session 10; the same bits:
+# each output's block sums do not depend on its row's place in a tile), "parts" a launch per part
+PREFILL_STACK = switches.choice("SPARKD_PREFILL_STACK", ("one", "parts"), "one")
 
 
 class Linear(nn.Module):
@@ -96,10 +99,13 @@ class KernelLinear(nn.Module):
         h = x.reshape(-1, self.shape[1]).float().contiguous()
         if h.shape[0] == 1:
             y = self._gemv(h[0], self._quantized(x))[None]
-        else:  # a stack's parts one by one: a GEMM tile's arithmetic may depend on a row's place in it
+        else:
             qx = self._gemm_qx(h)  # the integer GEMM: x quantized once, for every part
-            hr = h if qx is not None else self._round(h).contiguous()
-            y = torch.cat([self._gemm(hr, i, qx) for i in range(len(self.parts))], dim=1)
+            if qx is not None and (len(self.parts) == 1 or PREFILL_STACK == "one"):
+                y = self._gemm(h, None, qx)  # the whole stack in one launch
+            else:  # a float GEMM tile's arithmetic may depend on a row's place in it: part by part
+                hr = h if qx is not None else self._round(h).contiguous()
+                y = torch.cat([self._gemm(hr, i, qx) for i in range(len(self.parts))], dim=1)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.shape[0])
@@ -160,10 +166,12 @@ class KernelLinear(nn.Module):
         fam = dispatch.family(self.qtype)
         return act_quant.quantize(h, fam.act_fmt) if int_gemm(fam, PREFILL_PRECISION) else None
 
-    def _gemm(self, h: torch.Tensor, i: int, qx=None) -> torch.Tensor:
+    def _gemm(self, h: torch.Tensor, i: int | None, qx=None) -> torch.Tensor:
+        """Part i's GEMM (None: all of the matrix's rows)."""
         from sparkd.engine.kernels.matmul import gemm
 
-        return gemm(*self._part(i), h, precision=PREFILL_PRECISION, qx=qx)
+        part = (self.raw, self.qtype, self.shape) if i is None else self._part(i)
+        return gemm(*part, h, precision=PREFILL_PRECISION, qx=qx)
 
     def _part(self, i: int) -> tuple[torch.Tensor, object, tuple[int, int]]:
         """(raw bytes, qtype, shape) of stacked part i (the whole matrix when not a stack)."""

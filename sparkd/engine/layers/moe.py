@@ -42,6 +42,11 @@ def decode_parts(spec: str) -> frozenset[str]:
 
 DECODE_ON: frozenset[str] = switches.names(DECODE_ENV, DECODE_PARTS, "the MoE decode parts")
 
+# moe_prefill's host check of the slots' range (a sync a layer): "router" (session 10) only for
+# slots not picked by the layer's own router among the table's experts (a top-k over its logits
+# cannot leave them), "always" for every layer, as before
+SLOT_CHECK = switches.choice("SPARKD_MOE_SLOT_CHECK", ("router", "always"), "router")
+
 
 class Router(nn.Module):
     """Scores experts and picks top-k per token.
@@ -168,9 +173,10 @@ class MoE(nn.Module):
             raise ValueError(f"could not add the residual inside MoE layer {self.il}: it has shared experts "
                              f"(pass residual only where takes_residual is true; add it after the layer)")
         # [T, A], [T, A]; ids given: fixed (hash) routing
+        picked = ids is None  # by the router, over its gate's outputs
         w, ids = self.router(x, ids) if routing is None else routing
         if self.act_name in ("silu", "swiglu_oai") and hasattr(self.store, "kernel_select"):
-            out = self._kernels(x, w.float().contiguous(), ids, residual)
+            out = self._kernels(x, w.float().contiguous(), ids, residual, picked)
             if out is not None:
                 return out if self.shared is None else out + self.shared(x)
         out, shared = self.routed(x, w, ids, x)
@@ -178,9 +184,10 @@ class MoE(nn.Module):
         return out if residual is None else residual + out
 
     def _kernels(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
-                 residual: torch.Tensor | None = None) -> torch.Tensor | None:
+                 residual: torch.Tensor | None = None, picked: bool = False) -> torch.Tensor | None:
         """The layer through the Triton MoE kernels; None where the store cannot serve them.
-        Triton is imported only once a store serves kernels: the CPU engine runs without it."""
+        Triton is imported only once a store serves kernels: the CPU engine runs without it.
+        picked: ids are the router's top-k (in range where its gate has one output per expert)."""
         table = getattr(self.store, "kernel_table", None)
         layer = table(self.il) if table is not None and x.shape[0] > 1 else None
         if layer is not None:  # many tokens, every expert at hand: group tokens by expert
@@ -190,8 +197,10 @@ class MoE(nn.Module):
             # the integer GEMM quantizes x itself (to the values round_activations gives)
             int_gu = int_gemm(layer.prepared.gate_up, linear.PREFILL_PRECISION)
             h = (x if int_gu else round_activations(x, layer.act_gate)).float().contiguous()
+            n_out = getattr(self.router.gate, "out_features", None)
+            in_range = picked and n_out == layer.prepared.gate_off.numel()
             out = moe_prefill(layer.prepared, h, ids, w, self.act_name, linear.PREFILL_PRECISION,
-                              _rounder(layer.act_down))
+                              _rounder(layer.act_down), check_slots=SLOT_CHECK == "always" or not in_range)
             return out if residual is None else residual + out
         rows = []
         for t in range(x.shape[0]):  # one token at a time through the fused decode kernels

@@ -71,10 +71,11 @@ class Decoder(nn.Module):
         self.kv_shapes = kv_shapes or [(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v)] * cfg.n_layer
         self.side_shapes = side_shapes  # per-position state beyond K/V (see KVCache)
         self.state_shapes = state_shapes  # recurrent layers' per-sequence state (see KVCache)
+        self.rope_tables: dict = {}  # every cache's rope tables (KVCache.rope_table), made once per context
 
     def new_cache(self, max_ctx: int | None = None) -> KVCache:
         return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, side=self.side_shapes,
-                       device=self.tok_embd.device, state_shapes=self.state_shapes)
+                       device=self.tok_embd.device, state_shapes=self.state_shapes, rope_tables=self.rope_tables)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
