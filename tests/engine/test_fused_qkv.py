@@ -22,7 +22,7 @@ from sparkd.engine.kernels import dispatch, matmul  # noqa: E402
 from sparkd.engine.layers.act_round import vec_dot_format  # noqa: E402
 from sparkd.engine.layers.attention import FUSE_QKV_ENV, Attention, fuse_qkv_default  # noqa: E402
 from sparkd.engine.layers.kv_cache import KVCache  # noqa: E402
-from sparkd.engine.layers.linear import KernelLinear, Linear  # noqa: E402
+from sparkd.engine.layers.linear import PREFILL_PRECISION, KernelLinear, Linear  # noqa: E402
 from sparkd.engine.layers.rope import RopeConfig  # noqa: E402
 
 COLS = 8 * 256  # 8 groups: split-K on the interpreter's tile too
@@ -34,7 +34,7 @@ def kernel_linear(qtype: T, rows: int, backend: str, bias: bool = False) -> Kern
     return KernelLinear(raw.to(backend), qtype, (rows, COLS), b, vec_dot_format(qtype))
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)  # integer and float kernels
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_K], ids=lambda t: t.name)  # integer and float GEMMs (Q5_K has no iblock)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_stack_gives_the_bits_of_its_parts(backend, qtype, monkeypatch):
     """Row counts that are no multiple of the tile, with biases; one token and three (the integer
@@ -49,7 +49,10 @@ def test_stack_gives_the_bits_of_its_parts(backend, qtype, monkeypatch):
         want = torch.cat([m(x) for m in parts], dim=-1)
         shapes.clear()
         assert torch.equal(qkv(x), want), tokens
-    assert shapes == ([(88, COLS)] if qtype == T.Q8_0 else [(70, COLS), (9, COLS), (9, COLS)])
+    one_launch = matmul.int_gemm(dispatch.FAMILIES[qtype], PREFILL_PRECISION)
+    assert shapes == ([(88, COLS)] if one_launch else [(70, COLS), (9, COLS), (9, COLS)])
+    assert one_launch == (qtype == T.Q8_0 and PREFILL_PRECISION == "int8")
+
 
 
 @pytest.mark.parametrize("rule", matmul.SPLIT_RULES)
