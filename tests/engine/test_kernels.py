@@ -287,8 +287,10 @@ def test_moe_decode_matches_reference(backend, gu_type, d_type, act):
         table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
         x, w = torch.randn(dim), torch.rand(n)
         out = torch.full((dim,), float("nan"), device=backend)
-        moe_decode(table, x.to(backend), w.to(backend), act, out=out, **TILES[backend])
-        err = rel_err(out, moe_reference(x, w, gates, ups, downs, act, gu_type, d_type))
+        p = prepare(table, backend)
+        moe_decode(p, x.to(backend), w.to(backend), act, out=out, **TILES[backend])
+        # over the engine's own h: one computed apart can round to another int8 step (H200, Q2_K/Q4_K)
+        err = moe_error(out, p, x.to(backend), w, gates, ups, downs, act, gu_type, d_type, TILES[backend].get("gate_up"))
         assert err < BOUNDS["fp32"], f"{gu_type.name}/{d_type.name} {act}: relative error {err:.2e}"
 
 
