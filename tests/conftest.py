@@ -33,6 +33,22 @@ def pytest_collection_modifyitems(config, items):
         for mark, why in reasons.items():
             if mark in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=why))
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+
+
+MACHINE_MARKS = ("root", "systemd", "oracle")
+
+
+def _worker_group(item) -> str:
+    """Which tests share a pytest-xdist worker (scripts/test runs two, --dist loadgroup; a group runs
+    on one worker, in file order). The engine's computing tests go a whole file to a worker (its
+    module fixtures made once); every test that touches the machine (cgroups, a systemd box,
+    /dev/kmsg, dpkg, ports, llama.cpp's build: the files outside tests/engine and the marked ones)
+    stays in one group, one at a time as without xdist."""
+    path = str(item.path)
+    if os.sep + os.path.join("tests", "engine") + os.sep in path and not any(m in item.keywords for m in MACHINE_MARKS):
+        return os.path.relpath(path, str(item.config.rootpath))
+    return "machine"
 
 
 @pytest.fixture(scope="module")

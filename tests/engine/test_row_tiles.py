@@ -94,6 +94,9 @@ def test_resident_layouts_give_the_same_logits(tmp_path, monkeypatch, backend, l
     from test_kernel_engine import logits_by_layout
 
     mod, qtype, _, env = layout[:4]
+    if backend == "cpu" and qtype == T.Q4_K:
+        pytest.skip("the interpreter's whole-model pairx run took 189 s of CI; its GEMV and GEMM give the GGUF "
+                    "bits in test_q4_k_tiled (interpreter), the model's logits run here on the GPU")
     monkeypatch.setattr(q6_k_tiled, "MIN_VALUES", 512 * 256)  # a tiny model's head (512x256) counts as large
     got = logits_by_layout(tmp_path, monkeypatch, backend, qtype.name, env, ("tiled", "gguf"))
     assert mod.TILED in got["tiled"][2] and qtype in got["gguf"][2]
