@@ -23,7 +23,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 
 from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
-from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q8_0_packed  # noqa: E402
+from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q6_k_tiled, q8_0_packed  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
 from sparkd.engine.kernels import moe  # noqa: E402
 from sparkd.engine.kernels.matmul import GEMM_BLOCK_T, GROUPED_BLOCK_TS, grouped_gemm  # noqa: E402
@@ -131,16 +131,18 @@ def test_gemm_matches_reference(backend, qtype):
 
 
 # odd token counts (one past the int8 tile's 64 on each backend), rows not a multiple of its 64
-# (Q4_K: a multiple of the pairx tile's 4)
+# (K-quants: a multiple of the pairx tile's 4 and of q6_k_tiled's 8)
 INT8_SHAPES = {"cpu": ((37, 288), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
-INT8_SHAPES_K = {"cpu": ((12, 256), (5, 67)), "cuda": ((4100, 2048), (7, 130))}
+INT8_SHAPES_K = {"cpu": ((16, 256), (5, 67)), "cuda": ((4104, 2048), (7, 130))}
 # (qtype, the layout's qtype, its packing of the GGUF blocks or None), by test id
 INT8_LAYOUTS = {"q8_0": (T.Q8_0, T.Q8_0, None),
                 "q8_0_packed": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
                 "q4_k": (T.Q4_K, T.Q4_K, None),
                 "q4_k_pairx": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
-                "q6_k": (T.Q6_K, T.Q6_K, None)}
-INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx")  # the interpreter's share (~10 s a case); all on the GPU
+                "q6_k": (T.Q6_K, T.Q6_K, None),
+                "q6_k_tiled": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw)}
+# the interpreter's share (~10 s a case); all on the GPU
+INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx", "q6_k_tiled")
 
 
 def backend_cases(interpreted, every) -> list:
@@ -152,10 +154,11 @@ def backend_cases(interpreted, every) -> list:
 
 @pytest.mark.parametrize("backend, layout", backend_cases(INTERPRETED, INT8_LAYOUTS))
 def test_int8_gemm_is_the_decode_integer_sums(backend, layout):
-    """gemm at "int8" on Q8_0 (GGUF and packed), Q4_K (GGUF and pairx) and Q6_K: x's Q8_0 / Q8_K blocks
-    times W's in exact integer sums, scaled per block (the K-quants: their scales and mins in integers,
+    """gemm at "int8" on Q8_0 (GGUF and packed), Q4_K (GGUF and pairx) and Q6_K (GGUF and tiled): x's Q8_0 /
+    Q8_K blocks times W's in exact integer sums, scaled per block (the K-quants: their scales and mins in integers,
     a float step per 256 values): within float32 rounding of the float64 product of the same quantized values,
-    and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in another order)."""
+    and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in another order); a
+    repacked layout gives its GGUF blocks' bits (the engine's logits the same on both resident layouts)."""
     qtype, ltype, pack = INT8_LAYOUTS[layout]
     (rows, cols), counts = (INT8_SHAPES if qtype == T.Q8_0 else INT8_SHAPES_K)[backend]
     raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
@@ -165,6 +168,8 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout):
     for n_tok in counts:
         x = torch.randn(n_tok, cols, device=backend)
         y = gemm(w, ltype, (rows, cols), x, "int8")
+        if pack is not None and (backend == "cuda" or n_tok == counts[0]):  # the interpreter: one GEMM more
+            assert torch.equal(y, gemm(raw.to(backend), qtype, (rows, cols), x, "int8")), f"int8 {layout}"
         xq = act_quant.quantize(x, fmt).dequantize().double().cpu()
         scale = xq.abs() @ W.abs().T
         err = rel_err(y, xq @ W.T, scale)

@@ -626,8 +626,8 @@ def aux_arg(fam: dispatch.Family, cols: int, device: torch.device) -> torch.Tens
     return _ROW_WIDTHS[key]
 
 
-# the integer GEMM, for families with an iblock (Q8_0 and its packed layout, Q4_K and its pairx layout, Q6_K's
-# GGUF blocks); others (the other tiled layouts included) run "ieee"
+# the integer GEMM, for families with an iblock (Q8_0 and its packed layout, Q4_K and its pairx layout, Q6_K and
+# its tiled layout); others (Q4_K's other tiled layouts included) run "ieee"
 INT8 = "int8"
 PRECISIONS = ("ieee", "tf32x3", "tf32", INT8)
 

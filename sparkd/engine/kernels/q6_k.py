@@ -15,7 +15,7 @@ starts 2 bytes past a 4-byte boundary), so every 32-bit word is built from two 1
 
 iblock / igroup hand the integer prefill GEMM (matmul.gemm at "int8", session 10) 32 values as
 q - 32 (int8) with the two 16-value scales, and d (Family.ihalf: a tl.dot per 16-value half).
-The resident tiled layout (q6_k_tiled) has no iblock: its GEMM runs "ieee".
+The resident tiled layout (q6_k_tiled) hands the GEMM the same values (its iblock / igroup).
 
 SPARKD_Q6_K_INT=0 (read at import) takes the float path instead (FLOAT_FAMILY: x rounded to Q8_K
 by the caller, dequantized values multiplied in float32), the way before session 5.

@@ -18,6 +18,8 @@ and the MoE keep the GGUF layout.
 The integer step (idot) is q6_k's arithmetic on the same words (the thread's 4 words w = 4c + v
 of q6_k's [rows, 2, 8] tile), into the same accumulator tile: the same integer sums and float
 steps, so the same bits as q6_k.idot on the GGUF blocks (tests/engine/test_q6_k_tiled.py).
+iblock / igroup hand the integer prefill GEMM q6_k's quants, scales and d from the tiled bytes: the
+GEMM adds the same values in the same order, so the same bits as on the GGUF blocks (session 10).
 $SPARKD_Q6_K_INT=0 takes the float path here too (FAMILY without idot: dequant, then multiply).
 """
 
@@ -144,26 +146,51 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 
 
 @triton.jit
+def _quants(quants, lane, val, m):
+    """The 6-bit quants (int32) of values val of the group whose planes start at `quants`, in row
+    `lane` of the tile (quants, lane and val broadcast together)."""
+    h, j, c, i = val // 128, (val // 32) % 4, (val // 16) % 2, val % 16  # val = 128h + 32j + 16c + i
+    at = quants + lane * 64 + h * 32 + c * 16 + i  # the value's byte in plane A
+    ql = tl.load(at + (j % 2) * 512, mask=m, other=0).to(tl.int32)
+    qh = tl.load(at + 1024, mask=m, other=0).to(tl.int32)
+    return ((ql >> ((j // 2) * 4)) & 0xF) | (((qh >> (2 * j)) & 3) << 4)
+
+
+@triton.jit
 def dequant(w_ptr, aux_ptr, row_off, g, smask):
     """q6_k's dequant on the tiled layout; aux_ptr: int32 [1], the row width (matmul.gemm passes
     it to families with row tiles: a row's place in its tile follows from it)."""
     quants, scales, ds, lane = _group(w_ptr, row_off, g, tl.load(aux_ptr.to(tl.pointer_type(tl.int32))))
     s = tl.arange(0, 16)[None, :, None]
     t = tl.arange(0, 16)[None, None, :]
-    val = s * 16 + t  # [1, 16, 16] value index in the super-block: 128h + 32j + 16c + i
-    h, j, c, i = val // 128, (val // 32) % 4, (val // 16) % 2, val % 16
-    at = quants + lane * 64 + h * 32 + c * 16 + i  # [BN, 16, 16]: the value's byte in plane A
-    ql = tl.load(at + (j % 2) * 512, mask=smask, other=0).to(tl.int32)
-    qh = tl.load(at + 1024, mask=smask, other=0).to(tl.int32)
-    q = ((ql >> ((j // 2) * 4)) & 0xF) | (((qh >> (2 * j)) & 3) << 4)
+    q = _quants(quants, lane, s * 16 + t, smask)  # [BN, 16, 16]
     d = tl.load(ds.to(tl.pointer_type(tl.float16)) + lane, mask=smask, other=0.0).to(tl.float32)
     sc = tl.load((scales + s).to(tl.pointer_type(tl.int8)), mask=smask, other=0).to(tl.float32)
     return (d * sc) * (q.to(tl.float32) - 32.0)
 
 
+@triton.jit
+def iblock(w_ptr, row_off, rmask, b, row_bytes):
+    """q6_k.iblock on the tiled bytes: values 32 (b % 8) .. +31 of group b // 8 as (q - 32 int8
+    [BN, 32], the int8 scales of the first and of the last 16 as int32 [BN]); the same values."""
+    quants, scales, ds, lane = _group(w_ptr, row_off, b // 8, row_bytes // 210 * 256)
+    q = _quants(quants[:, None], lane[:, None], 32 * (b % 8) + tl.arange(0, 32)[None, :], rmask[:, None])
+    sc = (scales + 2 * (b % 8)).to(tl.pointer_type(tl.int8))
+    return ((q - 32).to(tl.int8), tl.load(sc, mask=rmask, other=0).to(tl.int32),
+            tl.load(sc + 1, mask=rmask, other=0).to(tl.int32))
+
+
+@triton.jit
+def igroup(w_ptr, row_off, rmask, g, row_bytes):
+    """q6_k.igroup on the tiled bytes: (d, 0)."""
+    quants, scales, ds, lane = _group(w_ptr, row_off, g, row_bytes // 210 * 256)
+    d = tl.load(ds.to(tl.pointer_type(tl.float16)) + lane, mask=rmask, other=0.0).to(tl.float32)
+    return d, tl.zeros(d.shape, tl.float32)
+
+
 INT_FAMILY = Family(TILED, 256, 210, 16, 16, dequant, align=16, idot=idot, act_fmt=Q8_K, iacc=(2, 8),
-                    row_tile=TILE_ROWS, isplit=4)
-FLOAT_FAMILY = dataclasses.replace(INT_FAMILY, idot=None, act_fmt=None)
+                    row_tile=TILE_ROWS, isplit=4, iblock=iblock, igroup=igroup, ihalf=True)
+FLOAT_FAMILY = dataclasses.replace(INT_FAMILY, idot=None, act_fmt=None, iblock=None, igroup=None, ihalf=False)
 # $SPARKD_Q6_K_INT=0 (q6_k.FAMILY the float one) takes the float path on this layout too
 FAMILY = INT_FAMILY if q6_k.FAMILY.idot is not None else FLOAT_FAMILY
 
