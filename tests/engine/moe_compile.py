@@ -28,7 +28,7 @@ def main() -> None:
     gate_up = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32,
                    xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
     for qtype, (gu_cfg, d_cfg) in moe_tiles.DECODE_TILES.items():
-        if qtype not in T.__members__:  # a layout packed at load (Q4_K_TILED): gate/up only, the same late quant
+        if qtype not in T.__members__:  # a layout packed at load (Q4_K_TILED): Q4_K's paths with TILED, the same atomics
             continue
         fam = dispatch.FAMILIES[T[qtype]]
         # session 6's kernels: Q8_0 weights as words, Q4_K headers as vectors, gate and up in one loop
@@ -37,7 +37,8 @@ def main() -> None:
         large = ([d_cfg] + [t[2] for t in moe_tiles.WIDTH_TIERS.get(qtype, []) if t[2]])[-1]  # the widest models'
         for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
             n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
-                                                      ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=0, **tile),
+                                                      ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=0, TILED=False,
+                                                      **tile),
                         cfg.num_warps)
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
