@@ -18,6 +18,8 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 16-row expert tiles (SPARKD_MOE_PREFILL_TILE=16)
   nosync        s9 without the slots' sync; stack: nosync with one launch a stack;
   t16, t32, t64 stack with expert tiles of that height
+  tglue         int8 with moe_prefill's torch glue (SPARKD_MOE_PREFILL_GLUE=torch: expert_tiles' ~25 ops,
+                the route weights and slot sum as ~11 ops; int8 has a launch for each since session 10's glue10)
 before, grouped, last and s9 also make each prompt's rope table anew (KVCache.rope_table), as every
 cache did before session 10 (now the model's caches share them). A way named twice runs twice (its
 second rows under "way#2": interleave ways to see the box's drift).
@@ -46,14 +48,16 @@ from sparkd.engine.layers import linear
 from sparkd.engine.layers import moe as moe_layer
 from sparkd.engine.models import load_model
 
-# (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE)
-NOW = ("router", linear.PREFILL_STACK, moe.PREFILL_TILE)  # the host side's defaults
-S9 = ("always", "parts", 16)
+# (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE,
+#  moe.PREFILL_GLUE)
+NOW = ("router", linear.PREFILL_STACK, moe.PREFILL_TILE, moe.PREFILL_GLUE)  # the host side's defaults
+S9 = ("always", "parts", 16, "torch")
 VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee", False, *S9),
             "last": ("grouped", "ieee", True, *S9), "tf32x3": ("grouped", "tf32x3", True, *NOW),
             "tf32": ("grouped", "tf32", True, *NOW), "int8": ("grouped", "int8", True, *NOW),
-            "s9": ("grouped", "int8", True, *S9), "nosync": ("grouped", "int8", True, "router", "parts", 16),
-            **{f"t{t}": ("grouped", "int8", True, "router", "one", t) for t in (16, 32, 64)}}
+            "s9": ("grouped", "int8", True, *S9), "nosync": ("grouped", "int8", True, "router", "parts", 16, "torch"),
+            "tglue": ("grouped", "int8", True, *NOW[:-1], "torch"),
+            **{f"t{t}": ("grouped", "int8", True, "router", "one", t, "torch") for t in (16, 32, 64)}}
 VARIANTS["stack"] = VARIANTS["t16"]
 
 
@@ -64,8 +68,8 @@ own_rope = False
 def use(variant: str) -> bool:
     """Set the variant's switches (read per call from these module globals); returns `last`."""
     global own_rope
-    moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE = \
-        VARIANTS[variant]
+    (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE,
+     moe.PREFILL_GLUE) = VARIANTS[variant]
     own_rope = variant in OWN_ROPE
     return last
 

@@ -325,6 +325,9 @@ def test_moe_prefill_groups_tokens_by_expert(backend, monkeypatch):
 def test_expert_tiles_cover_each_experts_rows_once(counts, block_t):
     keys = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
     tiles = expert_tiles(keys, len(counts), block_t)
+    assert torch.equal(tiles, moe.expert_tiles_torch(keys, len(counts), block_t))  # PREFILL_GLUE's two ways
+    outside = torch.cat([torch.tensor([-1]), keys, torch.tensor([len(counts)] * 2)])  # ids outside: no tile
+    assert torch.equal(expert_tiles(outside, len(counts), block_t), moe.expert_tiles_torch(outside, len(counts), block_t))
     rows = keys.numel()
     assert tiles.dtype == torch.int32 and tiles.shape == (-(-rows // block_t) + min(len(counts), rows), 3)
     used = [t for t in tiles.tolist() if t[1] < t[2]]

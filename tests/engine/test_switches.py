@@ -102,6 +102,8 @@ SWITCHES = [
            {UNSET: "grouped", "grouped": "grouped", "Loop": "loop"}, ("grouped", "loop")),
     Switch("SPARKD_MOE_PREFILL_TILE", "sparkd.engine.kernels.moe", "m.PREFILL_TILE", "48",
            {UNSET: 32, "16": 16, "32": 32, " 64 ": 64}, ("16", "32", "64")),
+    Switch("SPARKD_MOE_PREFILL_GLUE", "sparkd.engine.kernels.moe", "m.PREFILL_GLUE", "fused",
+           {UNSET: "kernels", "kernels": "kernels", "Torch": "torch"}, ("kernels", "torch")),
     Switch("SPARKD_MOE_SLOT_CHECK", "sparkd.engine.layers.moe", "m.SLOT_CHECK", "never",
            {UNSET: "router", "router": "router", "Always": "always"}, ("router", "always")),
     Switch("SPARKD_PREFILL_STACK", "sparkd.engine.layers.linear", "m.PREFILL_STACK", "fused",
