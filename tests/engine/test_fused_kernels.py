@@ -30,7 +30,7 @@ from sparkd.engine.kernels.decode_attention import decode_attention
 from sparkd.engine.kernels.family import KernelArgumentError
 from sparkd.engine.kernels.rms_norm import add_rms_norm, rms_norm
 from sparkd.engine.kernels.rope_kv import rope_kv
-from sparkd.engine.kernels.router_topk import router_topk
+from sparkd.engine.kernels.router_topk import gate_topk, router_topk
 from sparkd.engine.layers.attention import attend
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.moe import Router
@@ -208,6 +208,51 @@ def test_router_topk_softplus_of_very_negative_logits(backend):
     assert torch.equal(got_ids.cpu(), want_ids)
     assert bool((got_w.cpu() > 0).all())
     assert float(((got_w.cpu() - want_w) / want_w).abs().max()) < BOUND["router"]
+
+
+SEL = {"softmax": lambda x: torch.softmax(x, -1), "sigmoid": torch.sigmoid, "softmax_weight": lambda x: x}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("E, top_k, gating, norm_w", [
+    (6, 4, "softmax_weight", False),
+    pytest.param(6, 2, "softmax", False, marks=pytest.mark.gpu), pytest.param(60, 8, "sigmoid", True, marks=pytest.mark.gpu),
+    pytest.param(160, 8, "softmax", True, marks=pytest.mark.gpu),
+    pytest.param(160, 16, "softmax_weight", False, marks=pytest.mark.gpu)])
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning", "ignore:invalid value:RuntimeWarning")  # numpy's, interpreted
+def test_router_topk_non_finite_logits(backend, E, top_k, gating, norm_w):
+    """NaN and +-inf logits with E not a power of two: distinct ids in [0, E) (argmax's NaN
+    compares once let a padding lane >= E win, an id the decode step reads experts at), the
+    scores the reference picks (torch.topk ranks NaN first; ties in any order) and its weights."""
+    nan, inf = float("nan"), float("inf")
+    logits = torch.randn(5, E)
+    logits[0, E - 1] = nan               # the last live lane, next to the padding
+    logits[1] = nan
+    logits[2, 3], logits[2, 0] = inf, -inf
+    logits[3] = -inf
+    logits[4, :E - 2] = -inf             # picks among -inf lanes, which equal the taken ones' mark
+    router = Router(torch.nn.Identity(), top_k, gating, norm_w, 0.0, None)  # eye's 0 * inf would be NaN
+    before = fused.configure("none")
+    try:
+        want_w, want_ids = router(logits)
+    finally:
+        fused.configure(before)
+    got = [router_topk(logits.to(backend), top_k, gating, norm_w, 0.0, 6.103515625e-5)]
+    # the decode router: one token's gate GEMV and selection (a NaN in x makes every logit NaN)
+    got.append(gate_topk(torch.eye(E, device=backend), logits[:1].to(backend), top_k, gating, norm_w, 0.0,
+                         6.103515625e-5))
+    sel = SEL[gating](logits)
+    for (got_w, got_ids), rows in zip(got, (slice(None), slice(0, 1))):
+        got_w, got_ids = got_w.cpu(), got_ids.cpu()
+        assert bool(((got_ids >= 0) & (got_ids < E)).all()), got_ids
+        assert all(len(set(r)) == top_k for r in got_ids.tolist()), got_ids
+        if rows.stop is None:  # gate_topk's logits are all NaN (0 * NaN), not the reference's
+            torch.testing.assert_close(sel.gather(-1, got_ids).sort(-1).values,
+                                       sel.gather(-1, want_ids).sort(-1).values, rtol=0, atol=0, equal_nan=True)
+            torch.testing.assert_close(got_w.sort(-1).values, want_w.sort(-1).values, rtol=BOUND["router"],
+                                       atol=0, equal_nan=True)
+        else:
+            assert bool(got_w.isnan().all()), got_w
 
 
 def test_router_topk_refuses_bad_arguments():

@@ -5,7 +5,9 @@ llama.cpp does) and scaling. layers/moe.py's Router is the reference; group-limi
 given (hash) ids stay there.
 
 A program per token holds the token's E logits in registers (E <= 1024); top_k <= 16 rounds of
-argmax pick the experts in descending order, as torch.topk returns them.
+argmax pick the experts in descending order, as torch.topk returns them. The ids are distinct and
+in [0, E) for any input: a NaN ranks above every number (torch.topk's order) and its weight is
+NaN, as the reference's.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def _select(x, e, live, bias_ptr, w_ptr, ids_ptr, scale, min_sum, GATING: tl.con
     sel = probs
     if HAS_BIAS:
         sel = probs + tl.load(bias_ptr + e, mask=live, other=0.0)
+    # the argmax key ranks NaN first as torch.topk does (tied with +inf, lowest id first) and keeps
+    # live lanes above -inf: argmax's NaN compares would otherwise let a padding lane (>= E) win,
+    # and the taken and padding lanes (-inf) stay below every live one, so each pick is a new live id
+    sel = tl.where(sel != sel, float("inf"), tl.maximum(sel, -3.4028234663852886e38))
     sel = tl.where(live, sel, float("-inf"))
     kk = tl.arange(0, BLOCK_K)
     w = tl.zeros([BLOCK_K], tl.float32)
@@ -78,8 +84,9 @@ def _select(x, e, live, bias_ptr, w_ptr, ids_ptr, scale, min_sum, GATING: tl.con
         w = tl.where(chosen, w, float("-inf"))
         w = tl.exp(w - tl.max(w, axis=0))
         w = w / tl.sum(w, axis=0)
-    if NORM:
-        w = w / tl.maximum(tl.sum(tl.where(chosen, w, 0.0), axis=0), min_sum)
+    if NORM:  # clamped as torch's clamp: a NaN sum stays NaN (the GPU's max would return min_sum)
+        total = tl.sum(tl.where(chosen, w, 0.0), axis=0)
+        w = w / tl.where(total < min_sum, min_sum, total)
     if SCALE:
         w = w * scale
     tl.store(w_ptr + kk, w, mask=chosen)

@@ -44,7 +44,7 @@ DECODE_ON: frozenset[str] = switches.names(DECODE_ENV, DECODE_PARTS, "the MoE de
 
 # moe_prefill's host check of the slots' range (a sync a layer): "router" (session 10) only for
 # slots not picked by the layer's own router among the table's experts (a top-k over its logits
-# cannot leave them), "always" for every layer, as before
+# cannot leave them, router_topk's neither, NaN logits included), "always" for every layer, as before
 SLOT_CHECK = switches.choice("SPARKD_MOE_SLOT_CHECK", ("router", "always"), "router")
 
 
