@@ -26,6 +26,18 @@ ONE_TILE = GemvConfig(block_n=4, num_warps=1, unroll=1)  # the pairx step's tile
 DOWN = {"cpu": GemvConfig(block_n=64, num_warps=1, unroll=2, split=2), "cuda": None}
 
 
+def assert_selection_gives_the_sub_tables_bits(tiled, p, x, w, tiles, backend):
+    """A selection of the table (ids read by the kernels: its last expert, then its first) gives the bits
+    of the sub-table made of those two experts' offsets."""
+    pick = (len(tiled.gate_offsets) - 1, 0)
+    sub = moe.prepare(dataclasses.replace(tiled, gate_offsets=[tiled.gate_offsets[i] for i in pick],
+                                          up_offsets=[tiled.up_offsets[i] for i in pick],
+                                          down_offsets=[tiled.down_offsets[i] for i in pick]), backend)
+    w2 = w[:2].contiguous()
+    ids = torch.tensor(pick, device=backend)
+    assert torch.equal(moe.moe_decode(p.select(ids), x, w2, **tiles), moe.moe_decode(sub, x, w2, **tiles))
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("align", [4, 16])
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -53,13 +65,7 @@ def test_tiled_gate_up_within_the_fp32_bound(backend, align):
     err = moe_error(ys[0], p, x, w, gates, ups, downs, "silu", T.Q4_K, down, tiles["gate_up"])
     assert err < BOUNDS["fp32"]
     assert torch.allclose(ys[0], gguf, rtol=1e-4, atol=1e-4 * float(gguf.abs().max()))
-    # a selection (ids read by the kernels) gives the sub-table's bits
-    ids = torch.tensor([n - 1, 0], device=backend)
-    sub = moe.prepare(dataclasses.replace(tiled, gate_offsets=[tiled.gate_offsets[i] for i in (n - 1, 0)],
-                                          up_offsets=[tiled.up_offsets[i] for i in (n - 1, 0)],
-                                          down_offsets=[tiled.down_offsets[i] for i in (n - 1, 0)]), backend)
-    w2 = w[:2].contiguous()
-    assert torch.equal(moe.moe_decode(p.select(ids), x, w2, **tiles), moe.moe_decode(sub, x, w2, **tiles))
+    assert_selection_gives_the_sub_tables_bits(tiled, p, x, w, tiles, backend)
 
 
 def test_tiled_gate_up_refuses_what_it_cannot_run():
@@ -133,12 +139,7 @@ def test_tiled_down_within_the_fp32_bound(backend):
     if gpu:
         assert torch.equal(moe.moe_decode(p, x, w, **tiles), y)
         assert torch.allclose(y, gguf, rtol=1e-4, atol=1e-4 * float(gguf.abs().max()))
-        ids = torch.tensor([n - 1, 0], device=backend)
-        sub = moe.prepare(dataclasses.replace(tiled, gate_offsets=[tiled.gate_offsets[i] for i in (n - 1, 0)],
-                                              up_offsets=[tiled.up_offsets[i] for i in (n - 1, 0)],
-                                              down_offsets=[tiled.down_offsets[i] for i in (n - 1, 0)]), backend)
-        w2 = w[:2].contiguous()
-        assert torch.equal(moe.moe_decode(p.select(ids), x, w2, **tiles), moe.moe_decode(sub, x, w2, **tiles))
+        assert_selection_gives_the_sub_tables_bits(tiled, p, x, w, tiles, backend)
         # 2 groups a step over 3: row_idot's masked loop (the default's 3 a step run _row_idot_full's)
         odd = dict(gate_up=tiles["gate_up"], down=GemvConfig(block_n=4, num_warps=1, unroll=2, split=2))
         y2 = moe.moe_decode(p, x, w, **odd)
