@@ -131,10 +131,10 @@ def graph_seconds(fn, n_calls: int) -> float:
     return events_seconds(g.replay) / n_calls
 
 
-def events_seconds(fn) -> float:
+def events_seconds(fn, repeats: int = REPEATS) -> float:
     fn()
     times = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()

@@ -7,17 +7,17 @@ quantizes a stack's x once: --qx leaves it out), a tile (IGEMM_BLOCK_N / IGEMM_B
 this process): median µs of CUDA-event-timed calls, int8 TOPS (2 rows cols tokens / s), the speedup over
 ieee; every tile's output is checked against the default tile's (the same bits: a tile changes no
 element's sum order) and the int8 output against ieee's (relative, the activations' rounding).
-    python3 bench/gpu_box/igemm_bench.py --types Q8_0,Q4T,Q6_K --shapes 4096x2048,2048x4096 --tokens 512
+    python3 bench/igemm_bench.py --types Q8_0,Q4T,Q6_K --shapes 4096x2048,2048x4096 --tokens 512
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 from gguf import GGMLQuantizationType as T
+from kernels_bench import events_seconds, random_blocks
 
 from sparkd.engine.kernels import act_quant, dispatch, matmul, q4_k_tiled, q8_0_packed
 
@@ -26,31 +26,6 @@ LAYOUTS = {"Q8_0": (T.Q8_0, T.Q8_0, None), "Q8_0P": (T.Q8_0, q8_0_packed.PACKED,
            "Q4_K": (T.Q4_K, T.Q4_K, None),
            "Q4T": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
            "Q6_K": (T.Q6_K, T.Q6_K, None)}
-F16_AT = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q6_K: [208]}
-
-
-def blocks(qtype: T, n: int) -> torch.Tensor:
-    """n random valid blocks (finite f16 scales 1e-3..1e-1, both signs) on the GPU."""
-    fam = dispatch.FAMILIES[qtype]
-    b = torch.randint(0, 256, (n, fam.block_bytes), dtype=torch.uint8, device="cuda")
-    for at in F16_AT[qtype]:
-        d = (torch.rand(n, device="cuda") * 0.099 + 1e-3) * (torch.randint(0, 2, (n,), device="cuda") * 2 - 1)
-        b[:, at:at + 2] = d.half().view(torch.uint8).reshape(-1, 2)
-    return b.reshape(-1)
-
-
-def seconds(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -72,18 +47,18 @@ def main() -> int:
         fam = dispatch.FAMILIES[qtype]
         for shape in a.shapes.split(","):
             rows, cols = (int(v) for v in shape.split("x"))
-            raw = blocks(qtype, rows * cols // fam.block_values)
+            raw = random_blocks(qtype, rows * cols // fam.block_values * fam.block_bytes)
             w = raw if pack is None else pack(raw, (rows, cols))
             x = torch.randn(a.tokens, cols, device="cuda")
             qx = act_quant.quantize(x, fam.act_fmt) if a.qx else None
-            ieee = seconds(lambda: matmul.gemm(w, ltype, (rows, cols), x, "ieee"), max(3, a.repeats // 4))
+            ieee = events_seconds(lambda: matmul.gemm(w, ltype, (rows, cols), x, "ieee"), max(3, a.repeats // 4))
             y_ieee = matmul.gemm(w, ltype, (rows, cols), x, "ieee")
             first = None
             for tile in (tiles if name in a.tile_types.split(",") else tiles[:1]):
                 matmul.IGEMM_BLOCK_N, matmul.IGEMM_BLOCK_T, matmul.IGEMM_WARPS = tile
                 try:
                     y = matmul.gemm(w, ltype, (rows, cols), x, "int8", qx=qx)
-                    s = seconds(lambda: matmul.gemm(w, ltype, (rows, cols), x, "int8", qx=qx), a.repeats)
+                    s = events_seconds(lambda: matmul.gemm(w, ltype, (rows, cols), x, "int8", qx=qx), a.repeats)
                 finally:
                     matmul.IGEMM_BLOCK_N, matmul.IGEMM_BLOCK_T, matmul.IGEMM_WARPS = default
                 first = y if first is None else first
