@@ -18,7 +18,7 @@ launch and its drain take microseconds whatever the size.
 
 Usage: PYTHONPATH=.:bench python bench/gemv_tiles_bench.py [--json F] [--types Q8_0,Q8_0P,Q4_K,Q4T,Q6_K] [--moe]
        [--moe-types Q8_0,Q4_K] [--defaults-only] [--moe-q6k [--no-float-down]] [--vs-s5] [--qx] [--q4t-sweep] [--q4t-s7] [--q4t-rows L,...]
-       [--compile-workers N] [--pdl]
+       [--compile-workers N] [--pdl [--prefetch off,lines,bulk] [--producer]]
 
 --vs-s5 (session 6): "s5 default" (GEMV_TILES' tile at session 5's split rule, matmul.split_for
 rule "old", as an explicit split) next to "default" and S6_CANDIDATES; --qx: x quantized once before the timed calls, as the
@@ -26,7 +26,12 @@ engine's norm hands it to the GEMV (one launch per call; without it each call al
 two launches), with "+quant" rows for the old way; --compile-workers N: N processes compile every
 row's kernel first (Triton's disk cache), so the timed process only loads them; --pdl (session 9):
 only the default tile, launched without and with programmatic dependent launch (kernels/pdl.py: the
-graph's launches overlap the one before's tail), and whether the two give the same bits.
+graph's launches overlap the one before's tail), and whether the two give the same bits; --prefetch
+MODES (session 11, pdl11): --pdl's rows with the GEMV's weight prefetch before the PDL wait
+(kernels/pdl.py's SPARKD_PDL_PREFETCH modes: PDL on in each mode, PDL off in each but "off"), each
+checked for PDL off's bits; --producer: those rows again as the engine runs the GEMV, after the
+launch that hands it x (residual add + RMSNorm + x's int8 blocks, rms_norm.add_rms_norm_quant: "norm+"
+rows, checked against the first of them; err there is against another x, nan), and "norm alone".
 
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
@@ -62,6 +68,8 @@ VS_S5 = False  # --vs-s5: session 5's tile and split rule ("s5 default") first, 
 DEV = "cuda"  # (the interpreter's "cpu" to try the code paths off the box)
 QX = False  # --qx: x quantized before the timed calls, as the engine's norm writes it
 PDL_ROWS = False  # --pdl: the default tile with PDL off and on (how's "pdl": the mode of the row's launches)
+PREFETCH_ROWS: list[str] = []  # --prefetch: --pdl's rows in these weight prefetch modes (how's "prefetch")
+PRODUCER = False  # --producer: --pdl's rows after the add + norm + quant launch that makes x (how's "producer")
 
 
 def tile(text: str) -> GemvConfig:
@@ -248,7 +256,7 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
     the timed call even under --qx)."""
     key = tiles_name(name)
     if PDL_ROWS:
-        return [(f"default pdl {mode}", None, dict(pdl=mode)) for mode in ("off", "on")]
+        return pdl_rows(name)
     if VS_S5 and key in GEMV_TILES:  # the tile at session 5's split rule, as an explicit split
         s5 = GEMV_TILES[key]
         s5 = dataclasses.replace(s5, split=split_for(s5, rows, -(-cols // 256), "cuda", rule="old"))
@@ -269,6 +277,32 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
     return firsts + tried + consumer_rows(name)
 
 
+def pdl_rows(name: str) -> list[tuple[str, GemvConfig | None, dict]]:
+    """--pdl's rows: the default tile, PDL off then on; with --prefetch in each prefetch mode (PDL off's
+    "off" first), then --rows' tiles of the type with PDL on in each prefetch mode (e.g. the split by hand);
+    with --producer the default's rows after the norm, and the norm alone."""
+    if not PREFETCH_ROWS:
+        return [(f"default pdl {mode}", None, dict(pdl=mode)) for mode in ("off", "on")]
+    out = [("default pdl off", None, dict(pdl="off", prefetch="off"))]
+    out += [(f"default pdl {p} prefetch {f}", None, dict(pdl=p, prefetch=f)) for p in ("on", "off")
+            for f in PREFETCH_ROWS if (p, f) != ("off", "off")]
+    tiles = [(f"{t} pdl on prefetch {f}", tile(t.rpartition(":")[2]),
+              dict(pdl="on", prefetch=f, loads=t.rpartition(":")[0] or None))
+             for t in TYPE_ROWS.get(name, []) for f in PREFETCH_ROWS]
+    if PRODUCER:
+        out += [("norm alone", None, dict(pdl="on", producer="alone"))]
+        out += [(f"norm+ {label}", cfg, dict(how, producer="gemv")) for label, cfg, how in out[:-1]
+                if how["pdl"] == "on" or how["prefetch"] == "off"]
+    return out + tiles
+
+
+@contextlib.contextmanager
+def launch_modes(how: dict):
+    """A row's launches in its PDL mode and weight prefetch (how's pdl, prefetch; else the current ones)."""
+    with pdl.using(how.get("pdl", pdl.current())), pdl.prefetching(how.get("prefetch", pdl.current_prefetch())):
+        yield
+
+
 def call_args(how: dict, x: torch.Tensor, qx) -> dict:
     """run's keyword arguments for a row: its loads, and x pre-quantized (--qx) unless the row says quant."""
     out = dict(x=x, loads=how.get("loads") or None)
@@ -280,6 +314,14 @@ def call_args(how: dict, x: torch.Tensor, qx) -> dict:
 def row_call(run, cfg, how: dict, kw: dict, fmt: str | None, rows: int):
     """call(i) -> the row's output: the GEMV, or (a --consumer row) (GEMV y or partials, then the add + norm)
     -> (y or partials, the norm's sum, normed, QuantX)."""
+    if how.get("producer"):  # x from the add + norm + quant launch just before, as the engine hands it
+        g = torch.Generator().manual_seed(rows)
+        cols = kw["x"].numel()
+        stream, h, weight = (torch.randn(cols, generator=g).to(DEV) for _ in range(3))
+        make_x = lambda: norm_launch(stream[None], h[None], weight, fmt, False)[2]  # noqa: E731
+        if how["producer"] == "alone":
+            return lambda i: make_x()
+        return lambda i: run(cfg, i, **dict(kw, qx=make_x()))
     if not how.get("consumer"):
         return lambda i: run(cfg, i, **kw)
     g = torch.Generator().manual_seed(rows)
@@ -306,11 +348,11 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     qx = act_quant.quantize(x[None], fam.act_fmt) if QX and fam.act_fmt else None
     out = [] if name != "Q6_K" else q6_k_float_rows(qtype, run, ref, x, nbytes, n, rows, cols, copy_bw)
     same_sec = same_copy_seconds(nbytes)
-    base, old_y, same, folded = GGUF_BASES.get(name), None, {}, {}
+    base, old_y, same, folded, pdl_firsts = GGUF_BASES.get(name), None, {}, {}, {}
     for label, cfg, how in row_tiles(name, rows, cols):
         kw = call_args(how, x, qx)
         try:
-            with pdl.using(how.get("pdl", pdl.current())):
+            with launch_modes(how):
                 call = row_call(run, cfg, how, kw, fam.act_fmt, rows)
                 got = call(0)
                 if how.get("consumer"):  # the partials' ordered sum, and the norm's outputs: the in-launch fold's bits?
@@ -321,10 +363,15 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
                         folded[key] = outs
                     elif key in folded:
                         same[label] = all(torch.equal(a, b) for a, b in zip(outs, folded[key]))
-                err = kb.rel_err(got, ref)
-                # a tiled row: the GGUF default's bits? --pdl: PDL off's?
-                if (base is not None or PDL_ROWS) and not how.get("consumer"):
-                    first = how.get("pdl") == "off" if PDL_ROWS else cfg is base  # (Q8_0P: base and cfg both None)
+                err = float("nan") if how.get("producer") else kb.rel_err(got, ref)
+                if PDL_ROWS and how.get("producer") != "alone":  # --pdl: the first row's bits (of its tile, +norm)?
+                    key = (bool(how.get("producer")), cfg)
+                    if key in pdl_firsts:
+                        same[label] = bool(torch.equal(got, pdl_firsts[key]))
+                    pdl_firsts.setdefault(key, got.clone())
+                # a tiled row: the GGUF default's bits?
+                elif base is not None and not how.get("consumer") and not PDL_ROWS:
+                    first = cfg is base  # (Q8_0P: base and cfg both None)
                     old_y = got.clone() if first else old_y
                     same.update({} if first or old_y is None else {label: bool(torch.equal(got, old_y))})
                 sec = kb.graph_seconds(call, n)
@@ -338,7 +385,7 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     print_rows(out)
     if same:
         said = ", ".join(f"{k}: {('no', 'yes')[v]}" for k, v in same.items())
-        what = "pdl off" if PDL_ROWS else "old default"
+        what = "first row" if PDL_ROWS else "old default"
         print(f"gemv {rows}x{cols} {name} the {what}'s bits (+norm rows: the in-launch fold's): {said}", flush=True)
     torch.cuda.empty_cache()
     return out
@@ -347,8 +394,10 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
 def warm(job: tuple) -> str:
     """Compile one row's kernel (a worker process: Triton's disk cache for the timed run)."""
     name, rows, cols, label, flags = job
-    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS
-    VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS = flags
+    global VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS, PREFETCH_ROWS
+    global PRODUCER
+    (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS, PREFETCH_ROWS,
+     PRODUCER) = flags
     try:
         qtype, _, _, _, run = weights(name, rows, cols, rotate=False)
         x = torch.randn(cols, device=DEV)
@@ -356,7 +405,7 @@ def warm(job: tuple) -> str:
         qx = act_quant.quantize(x[None], fam.act_fmt) if QX and fam.act_fmt else None
         for lab, cfg, how in row_tiles(name, rows, cols):
             if lab == label:
-                with pdl.using(how.get("pdl", pdl.current())):
+                with launch_modes(how):
                     row_call(run, cfg, how, call_args(how, x, qx), fam.act_fmt, rows)(0)
         if DEV == "cuda":
             torch.cuda.synchronize()
@@ -367,7 +416,8 @@ def warm(job: tuple) -> str:
 
 def precompile(names: list[str], shapes: list[tuple[int, int]], workers: int) -> None:
     """Every row's kernel compiled by `workers` processes first (each tile once per shape)."""
-    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS)
+    flags = (VS_S5, QX, CANDIDATES_ON, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS, PREFETCH_ROWS,
+             PRODUCER)
     jobs = [(name, r, c, label, flags) for name in names for r, c in shapes
             for label, _, _ in row_tiles(name, r, c)]
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
@@ -474,10 +524,16 @@ def main() -> None:
     ap.add_argument("--compile-only", action="store_true",
                     help="stop after --compile-workers' compile (a later run times)")
     ap.add_argument("--pdl", action="store_true", help="only the default tile, PDL off and on (kernels/pdl.py)")
+    ap.add_argument("--prefetch", default="", help="--pdl in these weight prefetch modes (pdl.PREFETCHES), e.g. off,bulk")
+    ap.add_argument("--producer", action="store_true", help="--pdl's rows also after the norm + quant launch")
     args = ap.parse_args()
     global CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN, Q4T_SWEEP_ON, Q4T_S7_ON, Q4T_ROWS, TYPE_ROWS, CONSUMER, PDL_ROWS
+    global PREFETCH_ROWS, PRODUCER
     TYPE_ROWS, CONSUMER = split_types(args.rows), split_types(args.consumer)
-    PDL_ROWS = args.pdl
+    PREFETCH_ROWS = [m for m in args.prefetch.split(",") if m]
+    PDL_ROWS, PRODUCER = args.pdl or bool(PREFETCH_ROWS), args.producer
+    if [m for m in PREFETCH_ROWS if m not in pdl.PREFETCHES] or (PRODUCER and not PREFETCH_ROWS):
+        ap.error(f"--prefetch takes modes of {pdl.PREFETCHES}; --producer needs --prefetch")
     CANDIDATES_ON, VS_S5, QX, FLOAT_DOWN = not args.defaults_only, args.vs_s5, args.qx, not args.no_float_down
     Q4T_SWEEP_ON, Q4T_S7_ON = args.q4t_sweep, args.q4t_s7
     Q4T_ROWS = [r for r in args.q4t_rows.split(",") if r]

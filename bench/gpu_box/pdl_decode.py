@@ -4,7 +4,9 @@ each captures its graphs in its mode): greedy tok/s over --tokens steps, then th
 --forced teacher-forced steps (the greedy tokens of the first round fed). PDL changes no bits:
 every round's greedy tokens and forced logits must be the same bits as the first's (exit code 1
 if not); also the eager step's greedy tokens, PDL off and on. Makes the model as decode_profile.py
-does. On the GPU box:
+does. --prefetch off,bulk (session 11, pdl11): the rounds are PDL on in these weight prefetch modes
+(pdl.PREFETCHES) in turn, --repeats times, instead of PDL off and on (the same checks; the medians'
+ratios over the first mode's). On the GPU box:
     python3 bench/gpu_box/pdl_decode.py --quant Q8_0 --layers 12 --json out.json
 """
 
@@ -22,7 +24,7 @@ from decode_profile import PROMPT, bench_args, decode, eager_next, load_generate
 from sparkd.engine.cuda_graphs import StaticDecode
 from sparkd.engine.kernels import pdl
 
-ROUNDS = ("off", "on") * 3
+ROUNDS = ("off", "on")
 
 
 def run(net, ctx: int, n: int, feed: list[int] | None, n_forced: int) -> dict:
@@ -47,35 +49,41 @@ def run(net, ctx: int, n: int, feed: list[int] | None, n_forced: int) -> dict:
 def main() -> int:
     ap = bench_args(__doc__, layers=12, tokens=256)
     ap.add_argument("--forced", type=int, default=32, help="teacher-forced steps whose logits bits are compared")
+    ap.add_argument("--prefetch", default="", help="rounds of PDL on in these weight prefetch modes (e.g. off,bulk)")
+    ap.add_argument("--repeats", type=int, default=3, help="times each mode's round runs, interleaved")
     a = ap.parse_args()
+    prefetches = [m for m in a.prefetch.split(",") if m]
+    # (label, PDL mode, prefetch mode) of each round
+    modes = [(f"prefetch {m}", "on", m) for m in prefetches] or [(m, m, pdl.current_prefetch()) for m in ROUNDS]
     path, m = load_generated(a)
     res = {"model": str(path), "device": torch.cuda.get_device_name(), "triton": __import__("triton").__version__,
            "pdl_default": pdl.current(), "enabled_auto": pdl.enabled("cuda"), "rounds": []}
     ctx = 512
     try:
         first = None
-        for mode in ROUNDS:
-            with pdl.using(mode):
+        for label, mode, prefetch in modes * a.repeats:
+            with pdl.using(mode), pdl.prefetching(prefetch):
                 r = run(m.net, ctx, a.tokens, first and first["ids"], a.forced)
             first = first or r
             same = r["ids"] == first["ids"] and torch.equal(r["logits"], first["logits"])
-            res["rounds"].append({"pdl": mode, "tok_s": r["tok_s"], "ms_per_token": r["ms_per_token"],
+            res["rounds"].append({"pdl": label, "tok_s": r["tok_s"], "ms_per_token": r["ms_per_token"],
                                   "same_bits_as_first": same})
-            print(f"pdl {mode:3s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.4f} ms/token  greedy tokens and "
+            print(f"pdl {label:3s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.4f} ms/token  greedy tokens and "
                   f"forced logits the first round's bits: {same}", flush=True)
         eager = {}
-        for mode in ("off", "on"):
-            with pdl.using(mode):
+        for mode, prefetch in (("off", "off"), ("on", modes[-1][2])):  # (PDL on: the last prefetch mode)
+            with pdl.using(mode), pdl.prefetching(prefetch):
                 eager[mode] = decode(eager_next, m.net, 16, ctx)[0]
         res["eager_on_greedy_equal"] = eager["on"] == eager["off"]
     finally:
         m.close()
-    by = {mode: [r["tok_s"] for r in res["rounds"] if r["pdl"] == mode] for mode in ("off", "on")}
-    res["median_tok_s"] = {mode: statistics.median(v) for mode, v in by.items()}
-    res["on_over_off"] = res["median_tok_s"]["on"] / res["median_tok_s"]["off"]
+    labels = [label for label, _, _ in modes]
+    by = {label: [r["tok_s"] for r in res["rounds"] if r["pdl"] == label] for label in labels}
+    res["median_tok_s"] = {label: statistics.median(v) for label, v in by.items()}
+    res["over_first"] = {label: v / res["median_tok_s"][labels[0]] for label, v in res["median_tok_s"].items()}
     res["same_bits"] = all(r["same_bits_as_first"] for r in res["rounds"]) and res["eager_on_greedy_equal"]
-    print(f"median tok/s off {res['median_tok_s']['off']:.1f} on {res['median_tok_s']['on']:.1f} "
-          f"(on/off {res['on_over_off']:.3f}); eager greedy with PDL on equal: {res['eager_on_greedy_equal']}; "
+    medians = ", ".join(f"{label} {v:.1f} ({res['over_first'][label]:.3f})" for label, v in res["median_tok_s"].items())
+    print(f"median tok/s (over the first): {medians}; eager greedy with PDL on equal: {res['eager_on_greedy_equal']}; "
           f"same bits everywhere: {res['same_bits']}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))

@@ -1,10 +1,11 @@
 """Compile decode-step kernels for sm_90 offline (no GPU needed) with PDL on and off and print, per
 kernel and mode, where the PTX's griddepcontrol instructions sit against its first global memory
-access and its first return (kernels/pdl.py's rule: the wait before any read, write or end): the
+access and its first return (kernels/pdl.py's rule: the wait before any read, write or end), and its
+first L2 prefetch (pdl.prefetch_l2, the igemv rows with a weight prefetch: no access): the
 interpreter runs none of the PTX, so a compiler that moved a load above the wait shows up here. Run
 without TRITON_INTERPRET (the kernels must be JIT functions); test_pdl.py runs it. A line per kernel
 and mode (PTX line numbers, - for none):
-    <kernel> pdl=<0|1> launch=<n|-> wait=<n|-> first_access=<n> first_ret=<n>"""
+    <kernel> pdl=<0|1> launch=<n|-> wait=<n|-> first_access=<n> first_ret=<n> prefetch=<n|->"""
 
 import re
 
@@ -12,9 +13,12 @@ from gguf.constants import GGMLQuantizationType as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from sparkd.engine.kernels import act_quant, decode_attention, dispatch, matmul, rms_norm, rope_kv, router_topk
+from sparkd.engine.kernels import (act_quant, decode_attention, dispatch, matmul, q4_k_tiled, rms_norm, rope_kv,
+                                   router_topk)
+from sparkd.engine.kernels.pdl import PREFETCHES
 
-ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async")
+ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async(?!\.bulk\.prefetch)")
+PREFETCH = re.compile(r"\bprefetch\.global\.L2\b|\bcp\.async\.bulk\.prefetch\.L2\b")
 TYPES = {"w_ptr": "*u8", "xw_ptr": "*i32", "xs_ptr": "*i32", "q_ptr": "*i32", "s_ptr": "*i32", "tickets_ptr": "*i32",
          "ticket_ptr": "*i32", "ids_ptr": "*i64", "pos_ptr": "*i64"}
 
@@ -35,12 +39,17 @@ def where(text: str) -> str:
         return next((str(i) for i, line in enumerate(lines) if pred(line)), "-")
     return (f"launch={first(lambda s: 'griddepcontrol.launch_dependents' in s)} "
             f"wait={first(lambda s: 'griddepcontrol.wait' in s)} first_access={first(ACCESS.search)} "
-            f"first_ret={first(lambda s: s.strip().startswith(('ret', '@')) and 'ret;' in s)}")
+            f"first_ret={first(lambda s: s.strip().startswith(('ret', '@')) and 'ret;' in s)} "
+            f"prefetch={first(PREFETCH.search)}")
 
 
 KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
     "igemv": (matmul._igemv_kernel, dict(**matmul.int_args(dispatch.FAMILIES[T.Q8_0]), BLOCK_N=2, EW=True, EMU=False,
-                                         UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True, STAGES=None), 1),
+                                         UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True, STAGES=None, PREFETCH=0), 1),
+    **{f"igemv_{mode}": (matmul._igemv_kernel, dict(**matmul.int_args(q4_k_tiled.FAMILY), BLOCK_N=4,
+                                                   EW=True, EMU=False, UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True,
+                                                   STAGES=None, PREFETCH=PREFETCHES.index(mode)), 1)
+       for mode in ("lines", "bulk")},
     "rms_norm_quant": (rms_norm._rms_norm_rows, dict(HAS_RES=True, BLOCK=2048, QBLOCK=32, K8=False, PARTS=0), 8),
     "quant": (act_quant._quant_kernel, dict(BLOCK=32, PER=8, K8=False), 1),
     "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_HALF=64, BLOCK_REST=1,

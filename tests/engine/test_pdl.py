@@ -27,8 +27,17 @@ DECODE_KERNELS = {"_igemv_kernel", "_gemv_kernel", "_igate_up_kernel", "_idown_k
                   "_quant_kernel"}
 
 
+# the only calls a kernel may make before pdl.start(PDL): its weights' L2 prefetch (pdl.prefetch_l2), no load
+BEFORE_START = {"prefetch_tile"}
+
+
 def _is_start(stmt: ast.stmt) -> bool:
     return ast.unparse(stmt) == "pdl.start(PDL)"
+
+
+def _before_start(stmt: ast.stmt) -> bool:
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and ast.unparse(stmt.value.func) in BEFORE_START)
 
 
 def _sources() -> dict[str, ast.Module]:
@@ -36,9 +45,10 @@ def _sources() -> dict[str, ast.Module]:
 
 
 def test_pdl_kernels_start_with_the_wait_and_launch_with_their_keywords():
-    """Every kernel with a PDL argument calls pdl.start(PDL) first (after its docstring): before any
-    load, store or return. Every launch with pdl.launch's keywords is of such a kernel, and each
-    such kernel is launched so. Only pdl.py calls the griddepcontrol functions itself."""
+    """Every kernel with a PDL argument calls pdl.start(PDL) first (after its docstring and the weight
+    prefetch of BEFORE_START, test_only_the_weight_prefetch_goes_before_the_wait): before any load, store
+    or return. Every launch with pdl.launch's keywords is of such a kernel, and each such kernel is
+    launched so. Only pdl.py calls the griddepcontrol functions itself."""
     takes, starts, launched = set(), set(), set()
     for name, tree in _sources().items():
         for node in ast.walk(tree):
@@ -46,6 +56,8 @@ def test_pdl_kernels_start_with_the_wait_and_launch_with_their_keywords():
                 takes.add(node.name)
                 body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(
                     node.body[0].value, ast.Constant) else node.body
+                while body and _before_start(body[0]):
+                    body = body[1:]
                 if _is_start(body[0]) and not any(_is_start(s) for s in body[1:]):
                     starts.add(node.name)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and any(
@@ -58,16 +70,48 @@ def test_pdl_kernels_start_with_the_wait_and_launch_with_their_keywords():
     assert launched == DECODE_KERNELS, f"launched without pdl.launch: {sorted(DECODE_KERNELS - launched)}"
 
 
+def _functions(name: str) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in ast.walk(_sources()[name]) if isinstance(n, ast.FunctionDef)}
+
+
+def test_only_the_weight_prefetch_goes_before_the_wait():
+    """BEFORE_START's functions (matmul.prefetch_tile) compute addresses and call pdl.prefetch_l2 and
+    nothing else that touches memory; prefetch_l2's inline PTX is L2 prefetches and register moves only
+    (no ld/st: no byte an earlier kernel wrote reaches a register, no write)."""
+    funcs = _functions("matmul.py")
+    for name in BEFORE_START:
+        calls = {ast.unparse(c.func) for c in ast.walk(funcs[name]) if isinstance(c, ast.Call)}
+        assert "pdl.prefetch_l2" in calls
+        assert all(c in {"tl.program_id", "tl.minimum", "tl.cdiv", "pdl.prefetch_l2"} or c.endswith(".to")
+                   for c in calls), calls
+    prefetch = _functions("pdl.py")["prefetch_l2"]
+    asm = [c.args[0].value for c in ast.walk(prefetch) if isinstance(c, ast.Call)
+           and ast.unparse(c.func) == "tl.inline_asm_elementwise"]
+    assert len(asm) == 2
+    calls = {ast.unparse(c.func) for c in ast.walk(prefetch) if isinstance(c, ast.Call)}
+    assert not {c for c in calls if re.search(r"\b(load|store|atomic)", c)}, calls
+    for text in asm:
+        ops = [[t for t in op.split() if not t.startswith("@")][0] for op in text.strip("{} ").split(";") if op.strip()]
+        assert all(o in (".reg", "mov.b32") or o.startswith(("setp.", "prefetch.global.L2", "cp.async.bulk.prefetch.L2"))
+                   for o in ops), ops
+
+
 def test_compiled_kernels_wait_before_any_access_or_return():
     """sm_90 PTX of the decode kernels (pdl_compile.py): PDL on, launch_dependents then the wait before
-    the first global load, store or atomic and the first return; PDL off, no griddepcontrol at all."""
+    the first global load, store or atomic and the first return; PDL off, no griddepcontrol at all.
+    The igemv rows with a weight prefetch (lines, bulk) prefetch before the wait; the others never."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).parent / "pdl_compile.py"
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = re.findall(r"^(\w+) pdl=(\d) launch=(\S+) wait=(\S+) first_access=(\S+) first_ret=(\S+)$", out.stdout, re.M)
-    assert len(rows) == 12, out.stdout
-    for name, on, launch, wait, access, ret in rows:
+    rows = re.findall(r"^(\w+) pdl=(\d) launch=(\S+) wait=(\S+) first_access=(\S+) first_ret=(\S+) prefetch=(\S+)$",
+                      out.stdout, re.M)
+    assert len(rows) == 16, out.stdout
+    for name, on, launch, wait, access, ret, prefetch in rows:
+        assert (prefetch != "-") == name.startswith("igemv_"), f"{name}: prefetch {prefetch}"
+        if prefetch != "-":
+            assert int(prefetch) < int(access), f"{name}: {prefetch} {access}"
+            assert on == "0" or int(prefetch) < int(wait), f"{name}: {prefetch} {wait}"
         if on == "0":
             assert launch == wait == "-", f"{name} without PDL has griddepcontrol"
         else:
@@ -91,13 +135,25 @@ def test_modes(monkeypatch):
     with pdl.using("off"):
         major["value"] = 10
         assert pdl.launch("cuda:0") == {"PDL": False}
+    # the weight prefetch: its MODE on CUDA only; bulk needs sm_90 (lines below); off whatever PDL's mode
+    for mode, want in (("off", 0), ("lines", 1), ("bulk", 2)):
+        with pdl.prefetching(mode):
+            assert (pdl.prefetch_mode("cuda:0"), pdl.prefetch_mode("cpu")) == (want, 0)
+            major["value"] = 8
+            assert pdl.prefetch_mode("cuda:0") == min(want, 1)
+            major["value"] = 10
 
 
-def test_configure_refuses_an_unknown_mode():
+def test_configure_refuses_an_unknown_mode_or_prefetch():
     before = pdl.current()
     with pytest.raises(switches.SwitchError, match=r"could not configure PDL 'maybe': choose one of auto, on, off"):
         pdl.configure("maybe")
     assert pdl.current() == before
+    before = pdl.current_prefetch()
+    with pytest.raises(switches.SwitchError, match=r"could not configure the weight prefetch 'l3': choose one of off, "
+                                                   r"lines, bulk \(SPARKD_PDL_PREFETCH\)"):
+        pdl.configure_prefetch("l3")
+    assert pdl.current_prefetch() == before
 
 
 @pytest.mark.gpu
@@ -129,3 +185,29 @@ def test_decode_bits_the_same_with_and_without_pdl(tmp_path, quant):
     for (off_logits, off_ids), (on_logits, on_ids) in zip(got["off"], got["on"]):
         assert on_ids == off_ids
         assert torch.equal(on_logits, off_logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] < pdl.MIN_MAJOR,
+                    reason="needs a GPU of compute capability 9 or more")
+@pytest.mark.parametrize("layout", ["Q4_K_TILED", "Q8_0_PACKED", "Q6_K_TILED"])
+def test_gemv_bits_the_same_with_and_without_the_weight_prefetch(layout):
+    """The resident layouts' GEMV, PDL on, each prefetch mode: the same bits as without the prefetch, at
+    split-K shapes (each program prefetches a share of its tile) and at split 1 (8192x2048: Q4_K's head rule)."""
+    from gguf import GGMLQuantizationType as T
+    from test_kernels import random_blocks
+
+    from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q6_k_tiled, q8_0_packed
+
+    raw_type, module = {"Q4_K_TILED": (T.Q4_K, q4_k_tiled), "Q8_0_PACKED": (T.Q8_0, q8_0_packed),
+                        "Q6_K_TILED": (T.Q6_K, q6_k_tiled)}[layout]
+    for rows, cols in ((4096, 2048), (6144, 4096), (8192, 2048)):
+        fam = dispatch.FAMILIES[raw_type]
+        w = module.pack(random_blocks(raw_type, rows * cols // fam.block_values).cuda(), (rows, cols))
+        x = torch.randn(cols, device="cuda")
+        got = {}
+        for mode in pdl.PREFETCHES:
+            with pdl.using("on"), pdl.prefetching(mode):
+                got[mode] = matmul.gemv(w.data, module.FAMILY.qtype, (rows, cols), x)
+        for mode in pdl.PREFETCHES[1:]:
+            assert torch.equal(got[mode], got["off"]), (layout, rows, cols, mode)

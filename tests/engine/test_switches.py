@@ -75,6 +75,8 @@ SWITCHES = [
            "two", {k: 2 if v else 0 for k, v in FLAG.items()}, switches.ON + switches.OFF),
     Switch("SPARKD_PDL", "sparkd.engine.kernels.pdl", "m.current()", "maybe",
            {UNSET: "auto", "auto": "auto", " On ": "on", "off": "off"}, ("auto", "on", "off")),
+    Switch("SPARKD_PDL_PREFETCH", "sparkd.engine.kernels.pdl", "m.current_prefetch()", "l3",
+           {UNSET: "off", "off": "off", " Lines ": "lines", "bulk": "bulk"}, ("off", "lines", "bulk")),
     Switch("SPARKD_EAGER_STEP", "sparkd.engine.streaming.eager_step", "sorted(p for p in m.PARTS if m.on(p))",
            "graphs", {UNSET: ["device_pick", "norm_quant"], "none": [], "device_pick": ["device_pick"]},
            ("all", "none", "norm_quant", "device_pick")),

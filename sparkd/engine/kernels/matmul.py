@@ -270,11 +270,27 @@ def finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.con
 
 
 @triton.jit
+def prefetch_tile(w_ptr, N, row_bytes, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+    """pdl.prefetch_l2 of the program's 1/SPLIT share of its row tile's weight bytes (the tile's BLOCK_N rows lie
+    one after another in every layout; the SPLIT programs of a tile, in one wave, ask for all of it once between
+    them, not each for the bytes of its own range): before pdl.start, address arithmetic and the prefetch only."""
+    if PREFETCH:
+        tile_bytes = row_bytes.to(tl.int64) * BLOCK_N
+        lo = tl.program_id(0).to(tl.int64) * tile_bytes
+        hi = tl.minimum(lo + tile_bytes, N.to(tl.int64) * row_bytes)
+        share = tl.cdiv(hi - lo, SPLIT)
+        lo = lo + tl.program_id(1) * share
+        pdl.prefetch_l2(w_ptr.to(tl.int64) + lo, tl.minimum(share, hi - lo), PREFETCH)
+
+
+@triton.jit
 def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
-                  ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.start(PDL)  # first: pdl's rule
+                  ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
+                  PREFETCH: tl.constexpr = 0):
+    prefetch_tile(w_ptr, N, row_bytes, BLOCK_N, SPLIT, PREFETCH)  # weights only: allowed before the wait
+    pdl.start(PDL)  # first after the weights' prefetch: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
@@ -525,7 +541,8 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
         weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
-        A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), **_launch_args(cfg, split), **pdl.launch(x.device))
+        A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), PREFETCH=pdl.prefetch_mode(x.device), **_launch_args(cfg, split),
+        **pdl.launch(x.device))
     if parts:
         return part
     return y if in_kernel else fold_partials(part, y)

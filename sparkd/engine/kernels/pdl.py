@@ -16,6 +16,14 @@ CPU test test_pdl.py checks every kernel's source): a kernel launched with PDL r
   it, so a later kernel's wait implies the earlier ones finished only if each waited for its own.
 Only loads of weights, which no kernel writes, may go before the wait. Torch ops in the step
 launch without PDL and wait for all the work before them, as before.
+
+Weights before the wait (session 11, pdl11): $SPARKD_PDL_PREFETCH (read at import; prefetching() for
+benches) "off", "lines" or "bulk": a kernel may call prefetch_l2 before start() to ask the L2 for its
+weight bytes (matmul's dense integer GEMV, its program's share of its row tile), so their DRAM ramp
+overlaps the kernel before it instead of following its wait. A prefetch moves no byte into a register,
+so it reads nothing an earlier kernel wrote and changes no bit; test_pdl.py allows it and nothing else
+there. "lines": a prefetch.global.L2 per 128-byte line; "bulk": one cp.async.bulk.prefetch.L2 of the
+range (sm_90 and later; "lines" on older GPUs). Off CUDA (the interpreter) never.
 """
 
 from __future__ import annotations
@@ -45,6 +53,45 @@ def configure(mode: str) -> str:
 
 def current() -> str:
     return _mode
+
+
+PREFETCH_ENV = "SPARKD_PDL_PREFETCH"
+PREFETCHES = ("off", "lines", "bulk")  # (their index: prefetch_l2's MODE)
+_prefetch = switches.choice(PREFETCH_ENV, PREFETCHES, "off")
+
+
+def configure_prefetch(mode: str) -> str:
+    """Set the weight prefetch (one of PREFETCHES) for the launches from now on → the one before."""
+    global _prefetch
+    if mode not in PREFETCHES:
+        raise switches.SwitchError(f"could not configure the weight prefetch {mode!r}: choose one of "
+                                   f"{', '.join(PREFETCHES)} ({PREFETCH_ENV})")
+    before, _prefetch = _prefetch, mode
+    return before
+
+
+def current_prefetch() -> str:
+    return _prefetch
+
+
+@contextlib.contextmanager
+def prefetching(mode: str):
+    """The launches inside prefetch their weights so (benches and tests: the modes in one process)."""
+    before = configure_prefetch(mode)
+    try:
+        yield
+    finally:
+        configure_prefetch(before)
+
+
+def prefetch_mode(device: torch.device | str) -> int:
+    """prefetch_l2's MODE for a launch on device: 0 off CUDA or switched off; bulk needs sm_90."""
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if _prefetch == "off" or device.type != "cuda":
+        return 0
+    if _prefetch == "bulk" and _major(device) < MIN_MAJOR:
+        return PREFETCHES.index("lines")
+    return PREFETCHES.index(_prefetch)
 
 
 @contextlib.contextmanager
@@ -89,9 +136,10 @@ def launch(device: torch.device | str) -> dict:
 
 
 def compile_args(kern, consts: dict) -> dict:
-    """consts for an offline compile (triton.compiler.ASTSource names every argument): PDL off unless
-    given, where the kernel takes it."""
-    return {"PDL": False, **consts} if "PDL" in kern.arg_names else consts
+    """consts for an offline compile (triton.compiler.ASTSource names every argument): PDL and the weight
+    prefetch off unless given, where the kernel takes them."""
+    off = {k: v for k, v in (("PDL", False), ("PREFETCH", 0)) if k in kern.arg_names}
+    return {**off, **consts}
 
 
 @triton.jit
@@ -101,3 +149,29 @@ def start(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+
+
+LINE = tl.constexpr(128)  # bytes a prefetch.global.L2 asks for
+
+
+@triton.jit
+def prefetch_l2(addr, nbytes, MODE: tl.constexpr):
+    """Ask the L2 for the weight bytes [addr, addr + nbytes) (addr an int64 address): MODE 0 nothing, 1 a
+    prefetch.global.L2 per 128-byte line (the lines spread over 32 lanes), 2 one cp.async.bulk.prefetch.L2 of
+    the 16-byte-aligned bytes inside the range, from lane 0. The only call a kernel may make before start()
+    (the module's rule): no byte reaches a register."""
+    t = tl.arange(0, 32)
+    if MODE == 1:
+        first = addr // LINE * LINE
+        lines = tl.cdiv(addr + nbytes - first, LINE).to(tl.int32)
+        for i in range(0, lines, 32):
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }", "=r,l,r",
+                [first + (i + t).to(tl.int64) * LINE, (i + t < lines).to(tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=1)
+    elif MODE == 2:
+        lo = (addr + 15) // 16 * 16
+        size = tl.where(t == 0, (addr + nbytes) // 16 * 16 - lo, 0).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+            "=r,l,r", [lo + tl.zeros_like(t).to(tl.int64), size], dtype=tl.int32, is_pure=False, pack=1)
