@@ -23,7 +23,9 @@ weight bytes (matmul's dense integer GEMV, its program's share of its row tile),
 overlaps the kernel before it instead of following its wait. A prefetch moves no byte into a register,
 so it reads nothing an earlier kernel wrote and changes no bit; test_pdl.py allows it and nothing else
 there. "lines": a prefetch.global.L2 per 128-byte line; "bulk": one cp.async.bulk.prefetch.L2 of the
-range (sm_90 and later; "lines" on older GPUs). Off CUDA (the interpreter) never.
+range (sm_90 and later; "lines" on older GPUs). Off CUDA (the interpreter) never. Off by default: on the
+H200 asking for a program's whole share up front slowed the GEMV at weights of 14 MB or more and paid only
+at the smallest (docs/performance.md, session 11).
 """
 
 from __future__ import annotations
