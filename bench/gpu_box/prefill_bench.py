@@ -20,11 +20,16 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
   t16, t32, t64 stack with expert tiles of that height
   tglue         int8 with moe_prefill's torch glue (SPARKD_MOE_PREFILL_GLUE=torch: expert_tiles' ~25 ops,
                 the route weights and slot sum as ~11 ops; int8 has a launch for each since session 10's glue10)
+  graphs        int8 as a CUDA graph of the prompt padded to its length bucket (cuda_graphs.PromptForward,
+                session 11's prefill24; int8 is the eager forward), over one cache of the longest prompt's
+                length (as the server keeps one cache): the first prompt of a bucket captures its graph
+                (its time, "first_s", and the memory the graphs hold after it, "graph_mib", are recorded)
 before, grouped, last and s9 also make each prompt's rope table anew (KVCache.rope_table), as every
 cache did before session 10 (now the model's caches share them). A way named twice runs twice (its
 second rows under "way#2": interleave ways to see the box's drift).
 The last token's logits of each way are compared with the first way's (largest difference over
-the largest |logit|, same argmax) at the longest prompt. Then a torch.profiler breakdown of one
+the largest |logit|, same argmax, bit-equal) at the longest prompt ("agreement") and at each length
+("agreement_by_tokens"). Then a torch.profiler breakdown of one
 --profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage
 (decode_profile.Stages; a stage's host ms includes its waits on the GPU at host syncs, and the
 Triton launches' GPU time is not attributed to stages: read the kernel list), kernel launches,
@@ -43,6 +48,7 @@ import torch
 from decode_profile import Stages, kernel_time_by_name, stage_report
 from torch.profiler import ProfilerActivity, profile
 
+from sparkd.engine.cuda_graphs import PromptForward
 from sparkd.engine.kernels import moe
 from sparkd.engine.layers import linear
 from sparkd.engine.layers import moe as moe_layer
@@ -59,18 +65,22 @@ VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee
             "tglue": ("grouped", "int8", True, *NOW[:-1], "torch"),
             **{f"t{t}": ("grouped", "int8", True, "router", "one", t, "torch") for t in (16, 32, 64)}}
 VARIANTS["stack"] = VARIANTS["t16"]
+VARIANTS["graphs"] = VARIANTS["int8"]
 
 
 OWN_ROPE = {"before", "grouped", "last", "s9"}  # ways whose prompts make their rope tables anew
 own_rope = False
+graphed: PromptForward | None = None  # the graphs way's prompt forward (main makes it), while that way runs
+prompt_graphs: PromptForward | None = None
 
 
 def use(variant: str) -> bool:
     """Set the variant's switches (read per call from these module globals); returns `last`."""
-    global own_rope
+    global own_rope, graphed
     (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE,
      moe.PREFILL_GLUE) = VARIANTS[variant]
     own_rope = variant in OWN_ROPE
+    graphed = prompt_graphs if variant == "graphs" else None
     return last
 
 
@@ -78,6 +88,9 @@ def prefill(net, ids: torch.Tensor, last: bool) -> torch.Tensor:
     """The prompt from an empty cache; the last token's logits (float32 [V], on the host)."""
     if own_rope:
         net.rope_tables.clear()
+    if graphed is not None:
+        graphed.cache.n_past = 0
+        return graphed(ids, last=last)[-1]
     return net(ids, net.new_cache(ids.numel()), last=last)[-1]
 
 
@@ -86,15 +99,29 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def reserved_mib() -> float:
+    """The device memory torch holds once its unused cached blocks are let go (a graph's pool stays)."""
+    if not torch.cuda.is_available():
+        return 0.0
+    sync()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved() / 2**20
+
+
 def timed(net, ids: torch.Tensor, last: bool, repeats: int) -> dict:
-    prefill(net, ids, last)  # compiles this shape's kernels
+    held = reserved_mib()
+    sync()
+    t0 = time.perf_counter()
+    prefill(net, ids, last)  # compiles this shape's kernels (the graphs way: captures the bucket's graph)
+    first = time.perf_counter() - t0
+    extra = {"graph_mib": reserved_mib() - held} if graphed is not None else {}
     secs = []
     for _ in range(repeats):
         sync()
         t0 = time.perf_counter()
         prefill(net, ids, last)
         secs.append(time.perf_counter() - t0)
-    return {"tok_s": ids.numel() / statistics.median(secs), "seconds": secs}
+    return {"tok_s": ids.numel() / statistics.median(secs), "seconds": secs, "first_s": first, **extra}
 
 
 def profiled(net, ids: torch.Tensor, last: bool, top: int) -> dict:
@@ -135,8 +162,13 @@ def main() -> int:
     m = load_model(a.model, device=a.device, kernels=True)
     gen = torch.Generator().manual_seed(a.seed)
     prompts = {n: torch.randint(0, m.cfg.n_vocab, (n,), generator=gen) for n in lengths}
-    res = {"model": a.model, "gpu": torch.cuda.get_device_name() if a.device == "cuda" else a.device, "runs": {}, "agreement": {}, "profiles": {}}
-    ref = None
+    res = {"model": a.model, "gpu": torch.cuda.get_device_name() if a.device == "cuda" else a.device, "runs": {},
+           "agreement": {}, "agreement_by_tokens": {}, "profiles": {}}
+    refs = {}
+    global prompt_graphs
+    if "graphs" in variants + a.profile.split(","):  # one cache for every prompt, as the server keeps
+        prompt_graphs = PromptForward(m.net, m.net.new_cache(max(lengths + [a.profile_tokens])),
+                                      "graphs" if a.device == "cuda" else "padded")
 
     def save() -> None:  # after each way: a run stopped by its timeout keeps what it measured
         if a.json:
@@ -149,12 +181,15 @@ def main() -> int:
             key = f"{v}#{int(key.partition('#')[2] or 1) + 1}"
         for n in lengths:
             r = res["runs"].setdefault(key, {})[n] = timed(m.net, prompts[n], last, a.repeats)
-            print(f"{key:8s} {n:5d} tokens: {r['tok_s']:9.1f} tok/s", flush=True)
-        row = prefill(m.net, prompts[lengths[-1]], last)
-        ref = row if ref is None else ref
-        res["agreement"][key] = {"max_diff_over_max": float((row - ref).abs().max() / ref.abs().max()),
-                               "argmax_equal": bool(row.argmax() == ref.argmax())}
-        print(f"{key:8s} vs {variants[0]} at {lengths[-1]} tokens: {res['agreement'][key]}", flush=True)
+            print(f"{key:8s} {n:5d} tokens: {r['tok_s']:9.1f} tok/s (first {r['first_s'] * 1e3:.0f} ms"
+                  + (f", graphs hold {r['graph_mib']:.0f} MiB)" if "graph_mib" in r else ")"), flush=True)
+            row = prefill(m.net, prompts[n], last)
+            ref = refs.setdefault(n, row)
+            res["agreement_by_tokens"].setdefault(key, {})[n] = {
+                "max_diff_over_max": float((row - ref).abs().max() / ref.abs().max()),
+                "argmax_equal": bool(row.argmax() == ref.argmax()), "bit_equal": bool(torch.equal(row, ref))}
+        res["agreement"][key] = res["agreement_by_tokens"][key][lengths[-1]]
+        print(f"{key:8s} vs {variants[0]}: {res['agreement_by_tokens'][key]}", flush=True)
         save()
     for v in [p for p in a.profile.split(",") if p]:
         ids = torch.randint(0, m.cfg.n_vocab, (a.profile_tokens,), generator=gen)

@@ -124,7 +124,7 @@ def cmd_generate(a) -> int:
     feed = _feed_tokens(a.feed_tokens, a.model) if a.feed_tokens else None  # bad lists fail before torch loads
     import torch
 
-    from sparkd.engine.cuda_graphs import use_graphs
+    from sparkd.engine.cuda_graphs import prompt_forward, use_graphs
     from sparkd.engine.models import load_model
     from sparkd.engine.models.decoder import prompt_last_only
     from sparkd.engine.sampler import Sampler, SamplingParams
@@ -143,17 +143,19 @@ def cmd_generate(a) -> int:
                                         min_p=a.min_p, seed=a.seed))
         cache = m.net.new_cache(len(ids) + a.n)
         step = decode_step(m.net, cache, a.device, graphs, sm is not None, a.cuda_graphs, _log)
+        prompt = prompt_forward(m.net, cache, graphs, _log)
         if a.device != "cpu":  # JIT-compile the kernels (GEMM, GEMV, MoE; the linked norms') outside the timed region
             scratch = m.net.new_cache(3)
             m.net(torch.tensor(ids[:1] * 2), scratch)
             m.net(torch.tensor(ids[:1]), scratch)
         if graphs:  # capture outside the timed region too
             step.prepare(len(ids) + a.n)
+            prompt.prepare(len(ids))
         batch = sm.plan.batch_tokens if sm else len(ids)
         last = prompt_last_only()
         t0 = time.perf_counter()
         for i in range(0, len(ids), batch):  # a long prompt in chunks the plan's workspace holds
-            logits = m.net(torch.tensor(ids[i:i + batch]), cache, last=last)
+            logits = prompt(torch.tensor(ids[i:i + batch]), last=last)
         t1 = time.perf_counter()
         before = sm.store.snapshot() if sm else {}
         prof = StageProfile(m.net, step) if sm else None

@@ -22,6 +22,10 @@ A temperature request draws on the GPU too (device_sampler.DeviceSampler: two Tr
 or the torch chain where top_k rules the kernels out; its own small graph per bucket and chain,
 captured on the first draw there and replayed right after the step's; $SPARKD_DEVICE_SAMPLING=0 to
 sample on the host, =torch for the torch chain always).
+
+A prompt from an empty cache replays a graph too (PromptForward, session 11): the forward of the
+prompt padded to its length bucket, the last real token's logits read through a device index
+($SPARKD_PREFILL_GRAPHS=0 runs prompts eagerly).
 """
 
 from __future__ import annotations
@@ -292,3 +296,119 @@ class StaticDecode:
         self._draw_pool = graph.pool()
         sampler.generator.set_state(state)
         return graph, picked
+
+
+PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
+# A prompt is padded to its bucket: PROMPT_FIRST tokens, then four buckets a doubling (at most 25%
+# padding; multiples of 16, so Triton compiles one variant for all), up to PROMPT_LAST; longer
+# prompts run eagerly (their host time is a small part of their wall, and a graph's memory pool
+# holds the largest bucket's activations: attention's [H, T, T] scores grow with T^2).
+PROMPT_FIRST, PROMPT_LAST = 64, 2048
+PROMPT_MODES = ("graphs", "padded", "eager")
+
+
+def prefill_graphs_default() -> bool:
+    """$SPARKD_PREFILL_GRAPHS: "0" or "off" runs every prompt eagerly; "1", "on" (or unset) replays a
+    CUDA graph of the padded prompt where the decode step is graph-captured (PromptForward)."""
+    return switches.flag(PREFILL_GRAPHS_ENV, True)
+
+
+def prompt_bucket(n: int, first: int = PROMPT_FIRST) -> int:
+    """The length an n-token prompt is padded to: first up to first tokens, else n rounded up to a
+    multiple of a quarter of the power of two below n (at least 16)."""
+    if n <= first:
+        return first
+    step = max(16, 1 << (n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+class PromptForward:
+    """The prompt's forward of `generate` and the server: tokens [T] (on the host) → logits on the
+    CPU, as net(tokens, cache, last=last) gives them, n_past advanced by T.
+
+    mode "graphs": a prompt from an empty cache, 2..largest tokens, last token's logits only, runs
+    as a CUDA graph of its length bucket (prompt_bucket; captured on the bucket's first use, then
+    replayed): the tokens padded at the end (token 0), the head reading the last real token's row
+    (a device index). Causal attention keeps the real rows from reading the padding's keys, and the
+    padding's K/V rows past the prompt are rewritten by the tokens that follow before anything
+    reads them. Other prompts (a cache continued at n_past > 0, one token, every token's logits, a
+    longer prompt) run eagerly. "padded": the same padded forward run eagerly (the CPU tests check
+    what a graph replays); "eager": the network itself.
+
+    Bits: a replay gives the padded forward's; those are the eager prompt's where the prompt fills
+    its bucket, else they may differ in the last bits (the float GEMMs, torch's, run at the bucket's
+    row count, where cuBLAS may pick another kernel; the Triton kernels are row-wise)."""
+
+    def __init__(self, net: Decoder, cache: KVCache, mode: str = "graphs", first: int = PROMPT_FIRST,
+                 largest: int = PROMPT_LAST):
+        if mode not in PROMPT_MODES:
+            raise EngineError(f"could not run prompts in mode {mode!r}: choose one of {', '.join(PROMPT_MODES)}")
+        self.net, self.cache, self.mode, self.first, self.largest = net, cache, mode, first, largest
+        # bucket -> (graph, its input [bucket + 1]: the padded tokens then the last real row, logits [1, V])
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._pool = None  # one memory pool for every bucket's graph (they never run at once)
+
+    def bucket(self, n: int, last: bool = True) -> int | None:
+        """The padded length the forward of an n-token prompt runs at now, or None: eagerly."""
+        cache = self.cache
+        if self.mode == "eager" or not last or cache.n_past or not 2 <= n <= min(self.largest, cache.max_ctx):
+            return None
+        return min(prompt_bucket(n, self.first), cache.max_ctx)
+
+    @torch.inference_mode()
+    def __call__(self, tokens: torch.Tensor, last: bool = False) -> torch.Tensor:
+        n = tokens.shape[0]
+        span = self.bucket(n, last)
+        if span is None:
+            return self.net(tokens, self.cache, last=last)
+        feed = torch.zeros(span + 1, dtype=torch.long)
+        feed[:n], feed[span] = tokens, n - 1
+        if self.mode == "graphs":
+            graph, inputs, logits = self._graphs[span] if span in self._graphs else self._capture(span)
+            inputs.copy_(feed)
+            graph.replay()
+        else:
+            logits = self._run(feed.to(self.cache.device), span)
+        self.cache.n_past += n
+        return logits.cpu()
+
+    @torch.inference_mode()
+    def prepare(self, n: int) -> None:
+        """Capture the graph an n-token prompt from an empty cache will replay now, not on first use
+        (its warm-up and capture write K/V rows the prompt rewrites)."""
+        span = self.bucket(n)
+        if self.mode == "graphs" and span is not None and span not in self._graphs:
+            self._capture(span)
+
+    def _run(self, inputs: torch.Tensor, span: int) -> torch.Tensor:
+        # positions 0..span-1 on the host, as positions() gives them from an empty cache
+        return self.net.run(inputs[:span], torch.arange(span), self.cache, last=inputs[span:])
+
+    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        inputs = torch.zeros(span + 1, dtype=torch.long, device=self.cache.device)
+        graph, logits = capture(self.cache.device, self._pool, lambda: self._run(inputs, span),
+                                lambda: self._run(inputs, span))
+        self._pool = graph.pool()
+        self._graphs[span] = graph, inputs, logits
+        return self._graphs[span]
+
+
+def prompt_blocker(net: Decoder) -> str | None:
+    """Why PromptForward's graphs cannot serve the network's prompts (beyond graph_blocker's
+    reasons, which the caller checked): a layer without GQA attention, or None."""
+    for il, block in enumerate(net.blocks):
+        if type(block.attn) is not Attention:
+            return f"layer {il}: {type(block.attn).__name__} (prompt graphs run GQA attention only)"
+    return None
+
+
+def prompt_forward(net: Decoder, cache: KVCache, graphs: bool, log: Callable[[str], None] = lambda line: None
+                   ) -> PromptForward:
+    """The prompt's forward over cache: graphs where the decode step is captured (graphs, from
+    use_graphs), SPARKD_PREFILL_GRAPHS is on and prompt_blocker finds nothing (logged), else eager."""
+    if not graphs or not prefill_graphs_default():
+        return PromptForward(net, cache, "eager")
+    if why := prompt_blocker(net):
+        log(f"prompts run eagerly: {why}")
+        return PromptForward(net, cache, "eager")
+    return PromptForward(net, cache)

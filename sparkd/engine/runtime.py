@@ -71,6 +71,7 @@ class Engine:
         self.streaming: StreamingModel | None = None
         self._cache = None
         self._step = None  # graph_step.decode_step over _cache (StaticDecode, the streamed step or EagerDecode)
+        self._prompt = None  # cuda_graphs.PromptForward over _cache (graphs of the padded prompt, or eager)
         self._plan: dict[str, int] = {}
 
     # --- loading ------------------------------------------------------------------------------
@@ -119,7 +120,7 @@ class Engine:
                       "vram_expert_cache": plan.vram_cache_bytes, "device_total": plan.device_total_bytes}
 
     def _finish_load(self, model: Any) -> None:
-        from sparkd.engine.cuda_graphs import use_graphs
+        from sparkd.engine.cuda_graphs import prompt_forward, use_graphs
         from sparkd.engine.streaming.graph_step import decode_step
 
         graphs = use_graphs(self.cuda_graphs, model.net, self.device, self.streaming is not None, self._log)
@@ -132,6 +133,7 @@ class Engine:
         self._cache = model.net.new_cache(self.n_ctx)
         self._step = decode_step(model.net, self._cache, self.device, graphs, self.streaming is not None,
                                  self.cuda_graphs, self._log)
+        self._prompt = prompt_forward(model.net, self._cache, graphs, self._log)
         if self.device != "cpu":  # JIT-compile the kernels (the linked norms' too) now, not in the first request
             scratch = model.net.new_cache(3)
             model.net(torch.tensor([0, 0]), scratch)
@@ -242,7 +244,7 @@ class Engine:
         batch = self.streaming.plan.batch_tokens if self.streaming else len(ids)
         last = prompt_last_only()
         for i in range(0, len(ids), batch):  # chunks the plan's workspace holds
-            logits = self.net(torch.tensor(ids[i:i + batch]), cache, last=last)[-1]
+            logits = self._prompt(torch.tensor(ids[i:i + batch]), last=last)[-1]
         history = list(req.prompt_ids)
         budget = _ReasoningBudget(req)
         # the step's device picks (greedy) or draws (temperature, graph step only): one int comes

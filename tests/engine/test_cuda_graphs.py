@@ -13,7 +13,8 @@ import threading
 import pytest
 import torch
 
-from sparkd.engine.cuda_graphs import StaticDecode, buckets, graph_blocker, use_graphs
+from sparkd.engine.cuda_graphs import PromptForward, StaticDecode, buckets, graph_blocker, prompt_bucket, \
+    prompt_forward, use_graphs
 from sparkd.engine.errors import EngineError
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
@@ -51,6 +52,81 @@ def test_buckets_double_up_to_the_context():
     assert buckets(1000, 256) == [256, 512, 1000]
     assert buckets(256, 256) == [256]
     assert buckets(100, 256) == [100]
+
+
+def test_prompt_buckets_pad_at_most_a_quarter():
+    assert [prompt_bucket(n) for n in (1, 64, 65, 128, 129, 512, 513, 2000, 2048)] == \
+        [64, 64, 80, 128, 160, 512, 640, 2048, 2048]
+    assert all(n <= prompt_bucket(n) <= max(64, 1.25 * n) and prompt_bucket(n) % 16 == 0 for n in range(1, 3000))
+
+
+def prompt_then_decode(net, prompt, tokens: list[int], ctx: int, steps: int = 4):
+    """(the prompt's last logits [1, V], the greedy tokens of `steps` eager steps after it, the
+    cache's K rows of layer 0 over the prompt); prompt(tokens, cache) runs the prompt's forward."""
+    cache = net.new_cache(ctx)
+    logits = prompt(torch.tensor(tokens), cache)
+    assert cache.n_past == len(tokens)
+    rows, out = cache.k[0][:len(tokens)].clone(), []
+    nxt = logits
+    for _ in range(steps):  # the padding's K/V rows past the prompt must not change these
+        out.append(int(nxt[-1].argmax()))
+        nxt = net(torch.tensor([out[-1]]), cache)
+    return logits, out, rows
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gemma3"])
+def test_padded_prompt_equals_eager_prompt(models, arch):
+    """What a prompt graph replays (the prompt padded to its bucket, the last real token's row
+    taken by a device index), run eagerly on the CPU: the eager prompt's logits within 1e-6 (float
+    matmuls at the bucket's row count may add in another order), the same K rows and the same
+    tokens after it."""
+    m = load_model(models[arch])
+    try:
+        for n in (5, 11):  # buckets 8 and 16 (first=8)
+            tokens = [(7 * i + 3) % m.cfg.n_vocab for i in range(n)]
+            want = prompt_then_decode(m.net, lambda t, c: m.net(t, c, last=True), tokens, 24)
+            padded = []
+            got = prompt_then_decode(m.net, lambda t, c: padded.append(PromptForward(m.net, c, "padded", first=8))
+                                     or padded[-1](t, last=True), tokens, 24)
+            assert padded[-1].bucket(n) is None  # the cache continues now: eager
+            assert got[1] == want[1] and got[0].argmax() == want[0].argmax()
+            for g, w in ((got[0], want[0]), (got[2], want[2])):
+                err = float((g - w).norm() / w.norm())
+                assert err < BOUND, f"{arch}, {n} tokens: padded vs eager prompt relative error {err:.2e}"
+    finally:
+        m.close()
+
+
+def test_prompt_forward_runs_eagerly_where_no_graph_serves(models):
+    m = load_model(models["qwen3moe"])
+    try:
+        cache = m.net.new_cache(12)
+        p = PromptForward(m.net, cache, "padded", first=8, largest=10)
+        assert [p.bucket(n) for n in (1, 2, 8, 9, 10, 11)] == [None, 8, 8, 12, 12, None]  # 9 and 10: 16 > ctx 12
+        assert p.bucket(5, last=False) is None and PromptForward(m.net, cache, "eager").bucket(5) is None
+        cache.n_past = 1
+        assert p.bucket(5) is None
+        with pytest.raises(EngineError, match=r"could not run prompts in mode 'fast': choose one of graphs, padded, eager"):
+            PromptForward(m.net, cache, "fast")
+        assert prompt_forward(m.net, cache, graphs=False).mode == "eager"
+    finally:
+        m.close()
+
+
+def test_prompt_forward_follows_the_switch_and_names_mla(models, monkeypatch):
+    loaded = {a: load_model(models[a]) for a in ("gemma3", "deepseek2")}
+    try:
+        net = loaded["gemma3"].net
+        assert prompt_forward(net, net.new_cache(8), graphs=True).mode == "graphs"
+        monkeypatch.setenv("SPARKD_PREFILL_GRAPHS", "off")
+        assert prompt_forward(net, net.new_cache(8), graphs=True).mode == "eager"
+        monkeypatch.delenv("SPARKD_PREFILL_GRAPHS")
+        logged, net = [], loaded["deepseek2"].net
+        assert prompt_forward(net, net.new_cache(8), graphs=True, log=logged.append).mode == "eager"
+        assert logged == ["prompts run eagerly: layer 0: MLAttention (prompt graphs run GQA attention only)"]
+    finally:
+        for m in loaded.values():
+            m.close()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -182,3 +258,39 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path, quant):
     assert torch.equal(got, static), "graph replay differs from the same static step run eagerly"
     err = float((got - want).norm() / want.norm())
     assert err < 1e-2, f"graph replay vs eager relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
+def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant):
+    """A prompt's graph replay gives the bits of the same padded forward run eagerly (so do the
+    decode steps after it: the same K/V rows), over bucket boundaries; the eager prompt's bits where
+    the prompt fills its bucket (64 tokens). A padded prompt's logits are not the eager prompt's
+    bits: its float GEMMs run at the bucket's row count, where cuBLAS may pick a kernel that adds
+    in another order (H200, 5 tokens padded to 64: the router's F32 gate of the tiny Q8_0 model, the
+    F16 attention output of the tiny Q4_K one, 3.5e-2 apart in the logits; bench/gpu_box/prompt_pad_diff.py
+    finds the first op); within 2e-2 of them relative, the same pick."""
+    shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
+    path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
+    m = load_model(path, device="cuda")
+    try:
+        assert use_graphs("on", m.net, "cuda")
+        ctx, forwards = 256, []
+        for n in (2, 5, 64, 70, 200):  # buckets 64, 64, 64, 80, 224
+            tokens = [(7 * i + 3) % m.cfg.n_vocab for i in range(n)]
+            runs = {}
+            for mode in ("eager", "padded", "graphs"):
+                cache = m.net.new_cache(ctx)
+                forwards.append(PromptForward(m.net, cache, mode))
+                logits = forwards[-1](torch.tensor(tokens), last=True)
+                step = StaticDecode(m.net, cache, graphs=True)
+                runs[mode] = logits, [step.next_token(int(logits[-1].argmax())) for _ in range(6)]
+            (got, got_ids), (padded, padded_ids), (want, want_ids) = runs["graphs"], runs["padded"], runs["eager"]
+            assert torch.equal(got, padded) and got_ids == padded_ids, f"{n} tokens: replay vs padded forward"
+            if n == 64:
+                assert torch.equal(got, want) and got_ids == want_ids, "a prompt filling its bucket: graph vs eager"
+            err = float((got - want).norm() / want.norm())
+            assert err < 2e-2 and got.argmax() == want.argmax(), f"{n} tokens: graph vs eager prompt, error {err:.2e}"
+    finally:
+        m.close()
+    assert sorted(forwards[-1]._graphs) == [224]

@@ -85,15 +85,19 @@ class Decoder(nn.Module):
         cache.n_past += tokens.shape[0]
         return logits.cpu()
 
-    def run(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
+    def run(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+            last: bool | torch.Tensor = False) -> torch.Tensor:
         """tokens [T] at positions pos [T] → logits [T, V] where the network is ([1, V], the last
-        token's, if last); the cache's n_past is the caller's to advance (a static decode step
-        passes device positions)."""
+        token's, if last; last may instead be a row index [1] on the device: that token's, as a
+        padded prompt's graph takes its last real token); the cache's n_past is the caller's to
+        advance (a static decode step passes device positions)."""
         x = self.embed(tokens)  # [T, D]
         if self.embd_scale != 1.0:
             x = x * self.embd_scale
         for block in self.blocks:
             x = block(x, pos, cache)
+        if isinstance(last, torch.Tensor):
+            return self.head(x.index_select(0, last))
         return self.head(x[-1:] if last else x)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
