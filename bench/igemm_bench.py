@@ -1,13 +1,15 @@
-"""The prefill GEMM (matmul.gemm) per weight layout at prompt shapes on CUDA: the integer GEMM ("int8")
-at its default tile and at other tiles, against the float one ("ieee"), side by side in one process.
+"""The prefill GEMMs (matmul.gemm, and grouped_gemm over many experts as moe_prefill runs it) per weight layout
+at prompt shapes on CUDA: the integer GEMM ("int8") at several launches side by side in one process.
 
-A row: one layout (Q8_0, Q8_0P packed, Q4_K, Q4T the pairx tiled Q4_K, Q6_K), a [rows, cols] weight of
-random valid blocks, x float32 [tokens, cols] (x's quantization included, as the engine's GEMM call
-quantizes a stack's x once: --qx leaves it out), a tile (IGEMM_BLOCK_N / IGEMM_BLOCK_T / IGEMM_WARPS set in
-this process): median µs of CUDA-event-timed calls, int8 TOPS (2 rows cols tokens / s), the speedup over
-ieee; every tile's output is checked against the default tile's (the same bits: a tile changes no
-element's sum order) and the int8 output against ieee's (relative, the activations' rounding).
-    python3 bench/igemm_bench.py --types Q8_0,Q4T,Q6_K --shapes 4096x2048,2048x4096 --tokens 512
+A row: one layout (Q8_0, Q8_0P packed, Q4_K, Q4T the pairx tiled Q4_K, Q6_K, Q6T its tiled layout), a [rows, cols] weight of random
+valid blocks (grouped: --experts of them, one buffer, the tokens routed to --top-k random experts each and cut
+in expert tiles of --block-t rows by moe.expert_tiles; a shape with rows > cols is a down projection: one x
+row per routed row, as moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the
+engine quantizes a stack's or a MoE layer's x once), a way (--ways): "s10" (session 10's tile and loop),
+"s11" (matmul.IGEMM_TILES, the default), or a launch bn/bt/warps/unroll/stages/kblock (matmul.IgemmTile with
+steps: bt the dense GEMM's tokens a program): median µs of CUDA-event-timed calls, int8 TOPS (2 rows cols
+routed rows / s), the speedup over the first way, and whether the output is the first way's bits.
+    python3 bench/igemm_bench.py --types Q8_0,Q4T --shapes 2048x2048 --grouped 768x2048,2048x768 --tokens 512,2048
 """
 
 from __future__ import annotations
@@ -19,60 +21,99 @@ import torch
 from gguf import GGMLQuantizationType as T
 from kernels_bench import events_seconds, random_blocks
 
-from sparkd.engine.kernels import act_quant, dispatch, matmul, q4_k_tiled, q8_0_packed
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, q4_k_tiled, q6_k_tiled, q8_0_packed
 
 # --types name: (GGUF type of the random blocks, the layout's qtype, its packing or None)
 LAYOUTS = {"Q8_0": (T.Q8_0, T.Q8_0, None), "Q8_0P": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
            "Q4_K": (T.Q4_K, T.Q4_K, None),
            "Q4T": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
-           "Q6_K": (T.Q6_K, T.Q6_K, None)}
+           "Q6_K": (T.Q6_K, T.Q6_K, None), "Q6T": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw)}
+
+
+DEVICE = "cuda"
+
+
+def use_way(way: str) -> None:
+    """Set matmul's integer GEMM launch to a --ways entry (a bn/bt/... launch: for every layout)."""
+    matmul.IGEMM_WAY = "s10" if way == "s10" else "s11"
+    matmul.igemm_tile = TABLE
+    if way not in ("s10", "s11"):
+        bn, bt, warps, unroll, stages, kb = (int(v) for v in way.split("/"))
+        tile = matmul.IgemmTile(bn, bt, warps, unroll, stages, True, bool(kb))
+        matmul.igemm_tile = lambda fam, grouped: tile
+
+
+TABLE = matmul.igemm_tile
+
+
+def routed(tokens: int, experts: int, top_k: int, down: bool, block_t: int):
+    """(src int32 [R], tiles, x rows): tokens routed to top_k random experts each, rows sorted by expert."""
+    ids = torch.stack([torch.randperm(experts, device=DEVICE)[:top_k] for _ in range(tokens)]).reshape(-1)
+    keys, order = torch.sort(ids, stable=True)
+    src = torch.arange(order.numel(), device=DEVICE) if down else order // top_k
+    return src.to(torch.int32), moe.expert_tiles(keys, experts, block_t), order.numel() if down else tokens
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q8_0,Q4_K,Q4T,Q6_K")
-    ap.add_argument("--shapes", default="4096x2048,2048x4096", help="rows x cols, comma-separated")
-    ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--tiles", default="64/64/4", help="int8 tiles block_n/block_t/warps (the first: checked against)")
-    ap.add_argument("--tile-types", default="Q4T", help="the types timed at every --tiles (others: the default)")
-    ap.add_argument("--qx", action="store_true", help="x quantized before the timed calls")
+    ap.add_argument("--shapes", default="2048x2048", help="dense rows x cols, comma-separated ('' none)")
+    ap.add_argument("--grouped", default="768x2048,2048x768", help="grouped rows x cols per expert ('' none)")
+    ap.add_argument("--grouped-types", default="Q8_0,Q4_K,Q4T", help="the --types timed grouped too")
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--block-t", type=int, default=moe.PREFILL_TILE)
+    ap.add_argument("--tokens", default="512,2048")
+    ap.add_argument("--ways", default="s10,s11", help="s10, s11 or bn/bt/warps/unroll/stages/kblock; the first is the base")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json")
     a = ap.parse_args()
-    default = (matmul.IGEMM_BLOCK_N, matmul.IGEMM_BLOCK_T, matmul.IGEMM_WARPS)
-    tiles = [tuple(int(v) for v in t.split("/")) for t in a.tiles.split(",")]
+    ways = a.ways.split(",")
     rows_out = []
     for name in a.types.split(","):
         qtype, ltype, pack = LAYOUTS[name]
         fam = dispatch.FAMILIES[qtype]
-        for shape in a.shapes.split(","):
+        cases = [("dense", s) for s in a.shapes.split(",") if s]
+        cases += [("grouped", s) for s in a.grouped.split(",") if s and name in a.grouped_types.split(",")]
+        for kind, shape in cases:
             rows, cols = (int(v) for v in shape.split("x"))
-            raw = random_blocks(qtype, rows * cols // fam.block_values * fam.block_bytes)
-            w = raw if pack is None else pack(raw, (rows, cols))
-            x = torch.randn(a.tokens, cols, device="cuda")
-            qx = act_quant.quantize(x, fam.act_fmt) if a.qx else None
-            ieee = events_seconds(lambda: matmul.gemm(w, ltype, (rows, cols), x, "ieee"), max(3, a.repeats // 4))
-            y_ieee = matmul.gemm(w, ltype, (rows, cols), x, "ieee")
-            first = None
-            for tile in (tiles if name in a.tile_types.split(",") else tiles[:1]):
-                matmul.IGEMM_BLOCK_N, matmul.IGEMM_BLOCK_T, matmul.IGEMM_WARPS = tile
-                try:
-                    y = matmul.gemm(w, ltype, (rows, cols), x, "int8", qx=qx)
-                    s = events_seconds(lambda: matmul.gemm(w, ltype, (rows, cols), x, "int8", qx=qx), a.repeats)
-                finally:
-                    matmul.IGEMM_BLOCK_N, matmul.IGEMM_BLOCK_T, matmul.IGEMM_WARPS = default
-                first = y if first is None else first
-                r = {"type": name, "shape": shape, "tokens": a.tokens, "tile": "/".join(map(str, tile)),
-                     "int8_us": s * 1e6, "ieee_us": ieee * 1e6, "tops": 2 * rows * cols * a.tokens / s / 1e12,
-                     "speedup": ieee / s, "same_bits_as_first_tile": bool(torch.equal(y, first)),
-                     "vs_ieee": float((y - y_ieee).norm() / y_ieee.norm())}
-                rows_out.append(r)
-                print(f"{name:5s} {shape:10s} x{a.tokens} tile {r['tile']:9s} int8 {r['int8_us']:8.1f} us "
-                      f"({r['tops']:6.1f} TOPS)  ieee {r['ieee_us']:9.1f} us  {r['speedup']:5.1f}x  "
-                      f"bits {'=' if r['same_bits_as_first_tile'] else '!='}  vs ieee {r['vs_ieee']:.1e}", flush=True)
-            if a.json:
-                with open(a.json, "w") as f:
-                    json.dump(rows_out, f, indent=1)
+            n_w = a.experts if kind == "grouped" else 1
+            raw = random_blocks(qtype, n_w * rows * cols // fam.block_values * fam.block_bytes, DEVICE)
+            size = raw.numel() // n_w
+            w = raw if pack is None else torch.cat([pack(raw[e * size:(e + 1) * size], (rows, cols)) for e in range(n_w)])
+            offsets = torch.arange(n_w, dtype=torch.int64, device=DEVICE) * size
+            for tokens in (int(t) for t in a.tokens.split(",")):
+                if kind == "grouped":
+                    src, tiles, n_x = routed(tokens, a.experts, a.top_k, rows > cols, a.block_t)
+                    x = torch.randn(n_x, cols, device=DEVICE)
+                    qx = act_quant.quantize(x, fam.act_fmt)
+                    call = lambda: matmul.grouped_gemm(w, offsets, ltype, (rows, cols), x, src, tiles, "int8", qx,  # noqa: E731
+                                                       a.block_t)
+                    work = src.numel()
+                else:
+                    x = torch.randn(tokens, cols, device=DEVICE)
+                    qx = act_quant.quantize(x, fam.act_fmt)
+                    call = lambda: matmul.gemm(w, ltype, (rows, cols), x, "int8", qx=qx)  # noqa: E731
+                    work = tokens
+                first = base = None
+                for way in ways:
+                    use_way(way)
+                    try:
+                        y = call()
+                        s = events_seconds(call, a.repeats)
+                    finally:
+                        use_way("s11")
+                    first = y if first is None else first
+                    base = s if base is None else base
+                    r = {"type": name, "kind": kind, "shape": shape, "tokens": tokens, "way": way, "us": s * 1e6,
+                         "tops": 2 * rows * cols * work / s / 1e12, "speedup": base / s,
+                         "same_bits_as_first": bool(torch.equal(y, first))}
+                    rows_out.append(r)
+                    print(f"{name:5s} {kind:7s} {shape:10s} x{tokens:<5d} {way:16s} {r['us']:9.1f} us ({r['tops']:6.1f} TOPS) "
+                          f"{r['speedup']:5.2f}x  bits {'=' if r['same_bits_as_first'] else '!='}", flush=True)
+                if a.json:
+                    with open(a.json, "w") as f:
+                        json.dump(rows_out, f, indent=1)
     return 0
 
 

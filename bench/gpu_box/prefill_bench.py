@@ -18,6 +18,7 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 16-row expert tiles (SPARKD_MOE_PREFILL_TILE=16)
   nosync        s9 without the slots' sync; stack: nosync with one launch a stack;
   t16, t32, t64 stack with expert tiles of that height
+  s10g          int8 with session 10's integer GEMM loop and tile (SPARKD_IGEMM=s10; int8 has session 11's)
   tglue         int8 with moe_prefill's torch glue (SPARKD_MOE_PREFILL_GLUE=torch: expert_tiles' ~25 ops,
                 the route weights and slot sum as ~11 ops; int8 has a launch for each since session 10's glue10)
   graphs        int8 as a CUDA graph of the prompt padded to its length bucket (cuda_graphs.PromptForward,
@@ -49,7 +50,7 @@ from decode_profile import Stages, kernel_time_by_name, stage_report
 from torch.profiler import ProfilerActivity, profile
 
 from sparkd.engine.cuda_graphs import PromptForward
-from sparkd.engine.kernels import moe
+from sparkd.engine.kernels import matmul, moe
 from sparkd.engine.layers import linear
 from sparkd.engine.layers import moe as moe_layer
 from sparkd.engine.models import load_model
@@ -66,6 +67,8 @@ VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee
             **{f"t{t}": ("grouped", "int8", True, "router", "one", t, "torch") for t in (16, 32, 64)}}
 VARIANTS["stack"] = VARIANTS["t16"]
 VARIANTS["graphs"] = VARIANTS["int8"]
+VARIANTS["s10g"] = VARIANTS["int8"]
+IGEMM_NOW = matmul.IGEMM_WAY
 
 
 OWN_ROPE = {"before", "grouped", "last", "s9"}  # ways whose prompts make their rope tables anew
@@ -81,6 +84,7 @@ def use(variant: str) -> bool:
      moe.PREFILL_GLUE) = VARIANTS[variant]
     own_rope = variant in OWN_ROPE
     graphed = prompt_graphs if variant == "graphs" else None
+    matmul.IGEMM_WAY = "s10" if variant == "s10g" else IGEMM_NOW
     return last
 
 

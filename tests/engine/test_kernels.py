@@ -25,7 +25,7 @@ from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
 from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q6_k_tiled, q8_0_packed  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
-from sparkd.engine.kernels import moe  # noqa: E402
+from sparkd.engine.kernels import matmul, moe  # noqa: E402
 from sparkd.engine.kernels.matmul import GEMM_BLOCK_T, GROUPED_BLOCK_TS, grouped_gemm  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, down_input, expert_tiles, moe_decode, moe_prefill, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
@@ -153,12 +153,13 @@ def backend_cases(interpreted, every) -> list:
 
 
 @pytest.mark.parametrize("backend, layout", backend_cases(INTERPRETED, INT8_LAYOUTS))
-def test_int8_gemm_is_the_decode_integer_sums(backend, layout):
+def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
     """gemm at "int8" on Q8_0 (GGUF and packed), Q4_K (GGUF and pairx) and Q6_K (GGUF and tiled): x's Q8_0 /
     Q8_K blocks times W's in exact integer sums, scaled per block (the K-quants: their scales and mins in integers,
     a float step per 256 values): within float32 rounding of the float64 product of the same quantized values,
     and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in another order); a
-    repacked layout gives its GGUF blocks' bits (the engine's logits the same on both resident layouts)."""
+    repacked layout gives its GGUF blocks' bits (the engine's logits the same on both resident layouts), and
+    session 11's loop and tiles (matmul.IGEMM_TILES) give session 10's bits ($SPARKD_IGEMM=s10)."""
     qtype, ltype, pack = INT8_LAYOUTS[layout]
     (rows, cols), counts = (INT8_SHAPES if qtype == T.Q8_0 else INT8_SHAPES_K)[backend]
     raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
@@ -170,6 +171,11 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout):
         y = gemm(w, ltype, (rows, cols), x, "int8")
         if pack is not None and (backend == "cuda" or n_tok == counts[0]):  # the interpreter: one GEMM more
             assert torch.equal(y, gemm(raw.to(backend), qtype, (rows, cols), x, "int8")), f"int8 {layout}"
+        if backend == "cuda" or n_tok == counts[0]:
+            way = matmul.IGEMM_WAY
+            monkeypatch.setattr(matmul, "IGEMM_WAY", "s10")
+            assert torch.equal(y, gemm(w, ltype, (rows, cols), x, "int8")), f"int8 {layout} s10"
+            monkeypatch.setattr(matmul, "IGEMM_WAY", way)
         xq = act_quant.quantize(x, fmt).dequantize().double().cpu()
         scale = xq.abs() @ W.abs().T
         err = rel_err(y, xq @ W.T, scale)
@@ -180,6 +186,28 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout):
         print(f"int8 GEMM vs igemv ({layout}, {n_tok} tokens): err {err:.2e}, "
               f"{apart:.2e} of |x||W| at most, {float((y.cpu()[list(some)] == decode.float()).float().mean()):.3f} equal")
         assert apart < BOUNDS["fp32"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
+    """Session 11's loop (matmul._igemm_steps) on every layout, with the family's word loader (kblock) and with
+    iblock, 2 Q8_0 blocks a step: the bits of session 10's loop, dense and grouped (two experts, rows in tiles)."""
+    rows, cols, n_tok, n = 8, 256, 3, 2
+    ids = torch.tensor([1, 0, 1, 1, 0, 1]).to(backend)  # the 3 tokens' 2 experts
+    keys, order = torch.sort(ids, stable=True)
+    src, tiles = (order // 2).to(torch.int32), expert_tiles(keys, n, 16)
+    for layout, (qtype, ltype, pack) in INT8_LAYOUTS.items():
+        raw = random_blocks(qtype, n * rows * cols // dispatch.FAMILIES[qtype].block_values)
+        w = torch.cat([m if pack is None else pack(m, (rows, cols)) for m in raw.chunk(n)]).to(backend)
+        offsets = torch.arange(n, dtype=torch.int64, device=backend) * (w.numel() // n)
+        x = torch.randn(n_tok, cols, device=backend)
+        got = []
+        for tile in (matmul.S10_IGEMM, matmul.IgemmTile(16, 16, 4, 2, 2), matmul.IgemmTile(16, 16, 4, 2, 2, kblock=False)):
+            monkeypatch.setattr(matmul, "igemm_tile", lambda fam, grouped: tile)
+            got.append((gemm(w[:w.numel() // n], ltype, (rows, cols), x, "int8"),
+                        grouped_gemm(w, offsets, ltype, (rows, cols), x, src, tiles, "int8", block_t=16)))
+        for dense, grouped in got[1:]:
+            assert torch.equal(dense, got[0][0]) and torch.equal(grouped, got[0][1]), layout
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -218,6 +246,12 @@ def test_int8_moe_prefill(backend, qtype, monkeypatch):
         got[mode, tile] = moe_prefill(t, x.to(backend), *args, precision="int8", round_h=rnd)
     for h in heights:
         assert torch.equal(got["grouped", h], got["loop", 16]), h
+    if backend == "cuda":  # session 10's integer GEMM loop and tiles: the same bits
+        way = matmul.IGEMM_WAY
+        monkeypatch.setattr(matmul, "IGEMM_WAY", "s10")
+        assert torch.equal(moe_prefill(prepare(table, backend), x.to(backend), *args, precision="int8", round_h=rnd),
+                           got["grouped", heights[-1]])
+        monkeypatch.setattr(matmul, "IGEMM_WAY", way)
     got["grouped"] = got["grouped", heights[-1]]
     ieee = moe_prefill(prepare(table, backend), rnd(x).to(backend), *args, precision="ieee", round_h=rnd)
     if qtype == T.Q4_K:  # the gate/up repacked as the engine keeps resident experts (pairx, moe20): the same bits

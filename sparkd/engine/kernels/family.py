@@ -100,6 +100,9 @@ class Family:
     iblock: Any = None  # triton.JITFunction, or None: no integer GEMM (the float one at "ieee" instead)
     igroup: Any = None  # triton.JITFunction with an iblock of integer scales and mins (K-quants), else None
     ihalf: bool = False  # with igroup: iblock's scales are per 16 values (Q6_K), no min
+    # with an iblock: iblock's values loaded as 32-bit (Q8_0: 16-bit) words and unpacked in registers instead of
+    # byte loads (session 11's GEMM, matmul._igemm_steps: the pipeliner copies word loads ahead); None: iblock
+    kblock: Any = None
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

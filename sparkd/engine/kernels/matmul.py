@@ -34,8 +34,6 @@ from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k_tiled
 from sparkd.engine.kernels.row_tiles import row_sums
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
-# the integer GEMM's tile (precision "int8"): a weight block is loaded once per IGEMM_BLOCK_T tokens
-IGEMM_BLOCK_N, IGEMM_BLOCK_T, IGEMM_WARPS = 64, 64, 4
 # the grouped GEMM's expert tile heights (rows of one expert a program): its caller's expert_tiles
 # cuts them; an integer tile's sums do not depend on its height, a float one's may (the float GEMM
 # keeps GEMM_BLOCK_T)
@@ -437,13 +435,75 @@ def _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blo
 
 
 @triton.jit
+def _igemm_steps(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
+                 IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_T: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
+    """_igemm_tile's sums and float steps in its order, the loops laid out for the pipeliner (session 11):
+    Q8_0 UNROLL blocks a loop step (n_blocks a multiple of it), the K-quants a group a step, its 8 blocks
+    unrolled with each block's min term taken from the same iblock (no second pass); tl.range's
+    num_stages=STAGES over the steps, so the next steps' loads are issued under this one's dots."""
+    row_off = rows.to(tl.int64) * row_bytes
+    i = tl.arange(0, 32)[None, :]
+    xq = xq_ptr.to(tl.pointer_type(tl.int8)) + x_rows[:, None] * (n_blocks * 32) + i
+    acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
+    if IGROUP is None:
+        xd = xd_ptr + x_rows * n_blocks
+        for b0 in tl.range(0, n_blocks, UNROLL, num_stages=STAGES):
+            for u in tl.static_range(UNROLL):
+                q, d = IBLOCK(w_ptr, row_off, rmask, b0 + u, row_bytes)
+                x = tl.load(xq + (b0 + u) * 32, mask=tmask[:, None], other=0)
+                dx = tl.load(xd + b0 + u, mask=tmask, other=0.0)
+                isum = tl.dot(x, tl.trans(q), out_dtype=tl.int32)
+                acc += isum.to(tl.float32) * (dx[:, None] * d[None, :])
+    else:
+        xd = xd_ptr + x_rows * (n_blocks // 8)
+        xs = xs_ptr + x_rows * n_blocks
+        for g in tl.range(0, n_blocks // 8, num_stages=STAGES):
+            d, dmin = IGROUP(w_ptr, row_off, rmask, g, row_bytes)
+            dx = tl.load(xd + g, mask=tmask, other=0.0)
+            qsum = tl.zeros((BLOCK_T, BLOCK_N), tl.int32)
+            msum = tl.zeros((BLOCK_T, BLOCK_N), tl.int32)
+            for s in tl.static_range(8):
+                q, sc, mn = IBLOCK(w_ptr, row_off, rmask, g * 8 + s, row_bytes)
+                x = tl.load(xq + (g * 8 + s) * 32, mask=tmask[:, None], other=0)
+                if HALF:
+                    lo = tl.dot(tl.where(i < 16, x, 0), tl.trans(q), out_dtype=tl.int32)
+                    hi = tl.dot(tl.where(i < 16, 0, x), tl.trans(q), out_dtype=tl.int32)
+                    qsum += lo * sc[None, :] + hi * mn[None, :]
+                else:
+                    qsum += tl.dot(x, tl.trans(q), out_dtype=tl.int32) * sc[None, :]
+                    msum += tl.load(xs + g * 8 + s, mask=tmask, other=0)[:, None] * mn[None, :]
+            if HALF:
+                acc += qsum.to(tl.float32) * (dx[:, None] * d[None, :])
+            else:
+                dq = d[None, :] * qsum.to(tl.float32)
+                acc += dx[:, None] * (dq - dmin[None, :] * msum.to(tl.float32))
+    return acc
+
+
+@triton.jit
+def _igemm_any(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes, IBLOCK: tl.constexpr,
+               IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+               STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
+    """_igemm_steps (STEPS, session 11) or session 10's _igemm_tile: the same bits."""
+    if STEPS:
+        acc = _igemm_steps(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
+                           IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, UNROLL, STAGES)
+    else:
+        acc = _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
+                          IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T)
+    return acc
+
+
+@triton.jit
 def _igemm_kernel(w_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, T, n_blocks, row_bytes, stride_yt, IBLOCK: tl.constexpr,
-                  IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+                  IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+                  STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     toks = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask, tmask = rows < N, toks < T
-    acc = _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, toks.to(tl.int64), tmask, rows, rmask, n_blocks, row_bytes,
-                      IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T)
+    acc = _igemm_any(w_ptr, xq_ptr, xd_ptr, xs_ptr, toks.to(tl.int64), tmask, rows, rmask, n_blocks, row_bytes,
+                     IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, STEPS, UNROLL, STAGES)
     y = y_ptr + toks[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
@@ -451,11 +511,13 @@ def _igemm_kernel(w_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, T, n_blocks, row_byte
 @triton.jit
 def _grouped_igemm_kernel(w_ptr, w_off_ptr, tiles_ptr, src_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, n_blocks,
                           row_bytes, stride_yt, IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+                          BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr,
+                          STAGES: tl.constexpr):
     """_grouped_gemm_kernel's integer variant: x's rows src[r] of its QuantX."""
     rows, rmask, r, tmask, src, w_off, live = _expert_tile(w_off_ptr, tiles_ptr, src_ptr, N, BLOCK_N, BLOCK_T)
-    acc = _igemm_tile(w_ptr + w_off, xq_ptr, xd_ptr, xs_ptr, src, tmask, rows, rmask,
-                      tl.where(live, n_blocks, 0), row_bytes, IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T)
+    acc = _igemm_any(w_ptr + w_off, xq_ptr, xd_ptr, xs_ptr, src, tmask, rows, rmask,
+                     tl.where(live, n_blocks, 0), row_bytes, IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, STEPS, UNROLL,
+                     STAGES)
     y = y_ptr + r[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
@@ -643,6 +705,54 @@ def aux_arg(fam: dispatch.Family, cols: int, device: torch.device) -> torch.Tens
     return _ROW_WIDTHS[key]
 
 
+@dataclass(frozen=True)
+class IgemmTile:
+    """The integer GEMM's launch (precision "int8"): a weight block is loaded once per block_t tokens."""
+
+    block_n: int = 64  # W's rows per program
+    block_t: int = 64  # tokens per program of the dense GEMM (the grouped one: its caller's expert tile)
+    num_warps: int = 4
+    unroll: int = 1  # Q8_0 blocks per loop step (the largest power of 2 up to it that divides the row's blocks)
+    stages: int = 0  # the step loop's num_stages (tl.range); 0: Triton's default
+    steps: bool = True  # _igemm_steps (session 11); False: session 10's _igemm_tile
+    kblock: bool = True  # with steps: the family's kblock where it has one
+
+
+IGEMM_ENV = "SPARKD_IGEMM"
+IGEMM_WAYS = ("s11", "s10")
+# "s10": session 10's tile and loop everywhere (the same bits)
+IGEMM_WAY = switches.choice(IGEMM_ENV, IGEMM_WAYS, "s11")
+S10_IGEMM = IgemmTile(64, 64, 4, 1, 0, False, False)
+# by (the layout's qtype name, grouped): the H200's fastest of bench/igemm_bench.py (session 11, prefill25: dense
+# 2048x2048, the MoE gate/up 768x2048 and down 2048x768 of 128 experts, top 8, 512 and 2048 tokens; the speedups
+# over s10 in docs/performance.md). Q8_0: 2 blocks a step, 4 stages (grouped) and 64-token dense tiles; the
+# K-quants 2 stages (3 spill); GGUF Q4_K's grouped GEMM and pairx's dense one faster with iblock's byte loads
+# than with kblock's words; Q6_K (no kblock) 3 stages. Packed Q8_0 and the tiled Q6_K (no gain clear of the noise
+# in call 2) keep s10's.
+IGEMM_TILES = {("Q8_0", False): IgemmTile(64, 64, 4, 4, 2), ("Q8_0", True): IgemmTile(64, 32, 4, 2, 4),
+               ("Q4_K", False): IgemmTile(64, 64, 4, 1, 2), ("Q4_K", True): IgemmTile(64, 32, 4, 1, 2, kblock=False),
+               ("Q4_K_TILED", False): IgemmTile(64, 32, 4, 1, 2, kblock=False),
+               ("Q4_K_TILED", True): IgemmTile(64, 32, 4, 1, 2),
+               ("Q6_K", False): IgemmTile(64, 32, 4, 1, 3), ("Q6_K", True): IgemmTile(64, 32, 4, 1, 3)}
+
+
+def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
+    """The integer GEMM's launch for a family's layout: IGEMM_TILES' (else, and with $SPARKD_IGEMM=s10, session 10's)."""
+    if IGEMM_WAY == "s10":
+        return S10_IGEMM
+    return IGEMM_TILES.get((fam.qtype.name, grouped), S10_IGEMM)
+
+
+def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
+    """The integer GEMM kernels' compile-time arguments for a family at a tile, the row's blocks n_blocks."""
+    unroll = tile.unroll
+    while n_blocks % unroll:
+        unroll //= 2
+    kb = tile.steps and tile.kblock and fam.kblock is not None
+    return dict(IBLOCK=fam.kblock if kb else fam.iblock, IGROUP=fam.igroup, HALF=fam.ihalf, BLOCK_N=tile.block_n,
+                STEPS=tile.steps, UNROLL=unroll, STAGES=tile.stages or None, num_warps=tile.num_warps)
+
+
 # the integer GEMM, for families with an iblock (Q8_0 and its packed layout, Q4_K and its pairx layout, Q6_K and
 # its tiled layout); others (Q4_K's other tiled layouts included) run "ieee"
 INT8 = "int8"
@@ -697,10 +807,10 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
         return y
     if int_gemm(fam, precision):
         q = _gemm_qx(fam, x, qx, what)
-        grid = (triton.cdiv(rows, IGEMM_BLOCK_N), triton.cdiv(n_tok, IGEMM_BLOCK_T))
+        tile = igemm_tile(fam, False)
+        grid = (triton.cdiv(rows, tile.block_n), triton.cdiv(n_tok, tile.block_t))
         _igemm_kernel[grid](weight, q.words, q.scales, q.sums, y, rows, n_tok, cols // 32, row_bytes, y.stride(0),
-                            IBLOCK=fam.iblock, IGROUP=fam.igroup, HALF=fam.ihalf, BLOCK_N=IGEMM_BLOCK_N,
-                            BLOCK_T=IGEMM_BLOCK_T, num_warps=IGEMM_WARPS)
+                            BLOCK_T=tile.block_t, **_igemm_args(fam, tile, cols // 32))
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
     _gemm_kernel[grid](weight, aux_arg(fam, cols, x.device), x, y, rows, cols, n_tok, row_bytes,
@@ -743,10 +853,10 @@ def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tupl
         return y
     if int_gemm(fam, precision):
         q = _gemm_qx(fam, x, qx, what)
-        grid = (triton.cdiv(rows, IGEMM_BLOCK_N), tiles.shape[0])
+        tile = igemm_tile(fam, True)
+        grid = (triton.cdiv(rows, tile.block_n), tiles.shape[0])
         _grouped_igemm_kernel[grid](weight, offsets, tiles, src, q.words, q.scales, q.sums, y, rows, cols // 32,
-                                    row_bytes, y.stride(0), IBLOCK=fam.iblock, IGROUP=fam.igroup,
-                                    HALF=fam.ihalf, BLOCK_N=IGEMM_BLOCK_N, BLOCK_T=block_t, num_warps=IGEMM_WARPS)
+                                    row_bytes, y.stride(0), BLOCK_T=block_t, **_igemm_args(fam, tile, cols // 32))
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), tiles.shape[0])
     _grouped_gemm_kernel[grid](weight, offsets, aux_arg(fam, cols, x.device), tiles, src, x, y, rows, cols, row_bytes,

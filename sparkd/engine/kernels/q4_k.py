@@ -190,6 +190,17 @@ def iblock_at(qs, hdr, rmask, s):
 
 
 @triton.jit
+def kblock_at(qs, hdr, rmask, s):
+    """iblock_at from 8 word loads a row (family.kblock, the block's order): byte 4w + j of the chunk is word w's byte j."""
+    words = tl.load(qs.to(tl.pointer_type(tl.int32))[:, None] + (s // 2) * 8 + tl.arange(0, 8)[None, :],
+                    mask=rmask[:, None], other=0)  # [BN, 8]
+    j = tl.arange(0, 4)[None, None, :]
+    q = (tl.reshape(words, (words.shape[0], 8, 1)) >> (8 * j + 4 * (s % 2))) & 0xF  # [BN, 8, 4]
+    sc, mn = scale_min_int(hdr + 4, s, rmask)
+    return tl.reshape(q, (words.shape[0], 32)).to(tl.int8), sc, mn
+
+
+@triton.jit
 def igroup_at(hdr, rmask):
     """(d, dmin) float32 [BN] from the 16 header bytes at hdr (uint8 pointers [BN])."""
     d = tl.load(hdr.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
@@ -204,9 +215,16 @@ def iblock(w_ptr, row_off, rmask, b, row_bytes):
 
 
 @triton.jit
+def kblock(w_ptr, row_off, rmask, b, row_bytes):
+    blk = w_ptr + row_off + (b // 8) * 144
+    return kblock_at(blk + 16, blk, rmask, b % 8)
+
+
+@triton.jit
 def igroup(w_ptr, row_off, rmask, g, row_bytes):
     return igroup_at(w_ptr + row_off + g * 144, rmask)
 
 
 FAMILY = Family(T.Q4_K, 256, 144, 8, 32, dequant, dot, acc0, total, align=4, idot=idot,
-                act_fmt=Q8_K, iacc=(4, 8), isplit=4, iblock=iblock, igroup=igroup)
+                act_fmt=Q8_K, iacc=(4, 8), isplit=4, iblock=iblock, igroup=igroup,
+                kblock=kblock)

@@ -171,10 +171,47 @@ def iblock(w_ptr, row_off, rmask, b, row_bytes):
     word = 4 * (2 * (el // 16) + ln // 2) + 2 * (ln % 2) + (el // 8) % 2
     q = tl.load(tile[:, None] + g * 512 + 4 * word + el % 4, mask=rmask[:, None], other=0).to(tl.int32)
     q = (q >> (4 * ((el // 4) % 2))) & 0xF
+    sc, mn = _scale_min(tile, lane, rmask, g, s, row_bytes)
+    return q.to(tl.int8), sc, mn
+
+
+@triton.jit
+def kblock(w_ptr, row_off, rmask, b, row_bytes):
+    """family.kblock on the pairx bytes. Word w of the sub-block (w = 2a + k: its values 8w + 4h + j in nibble h of
+    byte j) is word 4 (4s + 2a + lane // 2) + 2 (lane % 2) + k of the group's qs (loaded once per nibble: the
+    q4_k.kblock shape, [BN, 8 words, 4 bytes], which Triton unpacks where the pipeliner's copy lands), and its
+    scale bytes come in the header's words (4 + s, 12 + s // 2: a byte per lane): word loads, no byte loads."""
+    tile, lane = _tile_at(w_ptr, row_off, row_bytes)  # [BN]
+    g, s = b // 8, b % 8
+    v = tl.arange(0, 8)[None, :]  # values 4v .. 4v + 3: word w = v // 2, nibble h = v % 2
+    w = v // 2
+    ln = lane[:, None]
+    qs = (tile[:, None] + g * 512).to(tl.pointer_type(tl.int32))
+    words = tl.load(qs + 4 * (4 * s + ln // 2) + 2 * (ln % 2) + 8 * (w // 2) + w % 2, mask=rmask[:, None], other=0)
+    words = tl.where(v % 2 == 0, words, words >> 4)  # the nibble at the bottom of each byte
+    j = tl.arange(0, 4)[None, None, :]  # byte of the word
+    q = (tl.reshape(words, (words.shape[0], 8, 1)) >> (8 * j)) & 0xF  # [BN, 8, 4]
+    hw = (tile + row_bytes // 144 * 512 + g * 64).to(tl.pointer_type(tl.int32))
+    at = 8 * lane.to(tl.int32)
+    scb = (tl.load(hw + 4 + s, mask=rmask, other=0) >> at) & 0xFF
+    mnb = (tl.load(hw + 12 + s // 2, mask=rmask, other=0) >> at) & 0xFF
+    sc, mn = _sc_mn(scb, mnb, s)
+    return tl.reshape(q, (words.shape[0], 32)).to(tl.int8), sc, mn
+
+
+@triton.jit
+def _scale_min(tile, lane, rmask, g, s, row_bytes):
+    """The 6-bit scale and min (int32 [BN]) of sub-block s of group g of each row (its tile, its lane in it)."""
     hb = tile + row_bytes // 144 * 512 + g * 64 + lane
     scb = tl.load(hb + 16 + 4 * s, mask=rmask, other=0).to(tl.int32)
     mnb = tl.load(hb + 48 + 4 * (s // 2), mask=rmask, other=0).to(tl.int32)
-    return q.to(tl.int8), scb & 63, ((mnb >> (4 * (s % 2))) & 15) | ((scb >> 6) << 4)
+    return _sc_mn(scb, mnb, s)
+
+
+@triton.jit
+def _sc_mn(scb, mnb, s):
+    """(scale, min) of sub-block s from its scale byte and its mins' byte (int32)."""
+    return scb & 63, ((mnb >> (4 * (s % 2))) & 15) | ((scb >> 6) << 4)
 
 
 @triton.jit

@@ -106,5 +106,17 @@ def iblock(w_ptr, row_off, rmask, b, row_bytes):
     return q, d
 
 
+@triton.jit
+def kblock(w_ptr, row_off, rmask, b, row_bytes):
+    """iblock from 16 halfword loads a row (the quants are 2-byte aligned in a 34-byte block)."""
+    blk = w_ptr + row_off + b * 34  # [BN] block starts
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    half = tl.load((blk + 2).to(tl.pointer_type(tl.int16))[:, None] + tl.arange(0, 16)[None, :], mask=rmask[:, None],
+                   other=0)  # [BN, 16]
+    j = tl.arange(0, 2)[None, None, :]
+    q = (tl.reshape(half.to(tl.int32), (half.shape[0], 16, 1)) << (24 - 8 * j)) >> 24  # [BN, 16, 2], sign-extended
+    return tl.reshape(q, (half.shape[0], 32)).to(tl.int8), d
+
+
 FAMILY = Family(T.Q8_0, 32, 34, 8, 32, dequant, dot, acc0, total, idot=idot, act_fmt=Q8_0, iacc=(8, 8),
-                iblock=iblock)
+                iblock=iblock, kblock=kblock)
