@@ -5,6 +5,8 @@
 # models. The tests (test_pdl.py, test_gemv_split.py, test_switches.py whole, in 3 processes beside the model
 # making), then (a) the GEMV bench, prefetch off / small / ramp, PDL off and on; (b) the split by
 # hand at the small shapes; (c) the decode of both models, modes interleaved 3 rounds.
+# Ran at commit cee859b (branch pdl12), where SPARKD_PDL_PREFETCH also had "ramp" (a program's first 2 KB)
+# and SPARKD_GEMV_SPLIT "wave2" (ranges of 8 groups); neither paid, both were taken out after (docs/performance.md).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1

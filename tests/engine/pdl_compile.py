@@ -15,7 +15,7 @@ from triton.compiler import ASTSource, compile
 
 from sparkd.engine.kernels import (act_quant, decode_attention, dispatch, matmul, q4_k_tiled, rms_norm, rope_kv,
                                    router_topk)
-from sparkd.engine.kernels.pdl import RAMP
+from sparkd.engine.kernels.pdl import PREFETCHES
 
 ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async(?!\.bulk\.prefetch)")
 PREFETCH = re.compile(r"\bprefetch\.global\.L2\b|\bcp\.async\.bulk\.prefetch\.L2\b")
@@ -48,8 +48,8 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
                                          UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True, STAGES=None, PREFETCH=0), 1),
     **{f"igemv_{mode}": (matmul._igemv_kernel, dict(**matmul.int_args(q4_k_tiled.FAMILY), BLOCK_N=4,
                                                    EW=True, EMU=False, UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True,
-                                                   STAGES=None, PREFETCH=prefetch), 1)
-       for mode, prefetch in (("lines", 1), ("bulk", 2), ("ramp", 2 + RAMP.value))},
+                                                   STAGES=None, PREFETCH=PREFETCHES.index(mode)), 1)
+       for mode in ("lines", "bulk")},
     "rms_norm_quant": (rms_norm._rms_norm_rows, dict(HAS_RES=True, BLOCK=2048, QBLOCK=32, K8=False, PARTS=0), 8),
     "quant": (act_quant._quant_kernel, dict(BLOCK=32, PER=8, K8=False), 1),
     "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_HALF=64, BLOCK_REST=1,

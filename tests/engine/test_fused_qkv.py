@@ -69,7 +69,7 @@ def test_stack_across_the_split_threshold_keeps_each_parts_split(backend, rule, 
     monkeypatch.setattr(matmul, "wave_programs", lambda num_warps, device=None: wave)
     parts = [kernel_linear(T.Q8_0, rows, backend) for rows in (130, 9)]
     assert (matmul.split_for(cfg, 130, 8, backend) != matmul.split_for(cfg, 9, 8, backend)) == (
-        rule == "wave" or (rule == "old" and backend != "cuda"))  # (wave2: one range of 8 groups, both parts)
+        rule == "wave" or backend != "cuda")
     x = torch.randn(1, COLS, device=backend)
     assert torch.equal(KernelLinear.stack(parts)(x), torch.cat([m(x) for m in parts], dim=-1))
 

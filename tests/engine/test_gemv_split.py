@@ -1,6 +1,6 @@
 """The GEMV's split-K rule at decode shapes (matmul.split_for, session 6): "wave" caps session 5's
 split (ranges of RANGE_GROUPS groups below TARGET_PROGRAMS row tiles) at one wave of resident
-programs; "wave2" (session 11) the same on ranges of twice the groups; $SPARKD_GEMV_SPLIT=old runs session 5's rule. A default launch gives the bits of the same
+programs; $SPARKD_GEMV_SPLIT=old runs session 5's rule. A default launch gives the bits of the same
 tile at the split the rule names (the rule only picks a compile-time split), the float64 reference
 within the bound, the same bits twice and in a CUDA graph. The tiled Q4_K's vector steps refuse
 the tiles that gave wrong sums on the H200 (programs of part of a 4-row tile).
@@ -30,33 +30,31 @@ from sparkd.engine.kernels.matmul import GEMV_TILES, GemvConfig, split_for  # no
 Q4T, Q8P = GEMV_TILES["Q4_K_TILED"], GEMV_TILES["Q8_0_PACKED"]
 
 
-@pytest.mark.parametrize("shape, wave, wave2, old", [
-    ((4096, 14336), 4, 4, 14),  # 1024 row tiles: 14 ranges would be 3.4 waves
-    ((6144, 4096), 2, 2, 4),
-    ((14336, 4096), 1, 1, 1),
-    ((2048, 4096), 4, 2, 4),
-    ((4096, 2048), 2, 1, 2),
-    ((5120, 2048), 2, 1, 2),
-    ((151936, 2048), 1, 1, 1)])  # the output head
-def test_wave_rule_at_decode_shapes(shape, wave, wave2, old):
+@pytest.mark.parametrize("shape, wave, old", [
+    ((4096, 14336), 4, 14),  # 1024 row tiles: 14 ranges would be 3.4 waves
+    ((6144, 4096), 2, 4),
+    ((14336, 4096), 1, 1),
+    ((2048, 4096), 4, 4),
+    ((4096, 2048), 2, 2),
+    ((5120, 2048), 2, 2),
+    ((151936, 2048), 1, 1)])  # the output head
+def test_wave_rule_at_decode_shapes(shape, wave, old):
     """The tiled Q4_K tile on 132 SMs (DEFAULT_SMS: the H200's count); the packed Q8_0 tile keeps
     its split of 1 under both rules."""
     rows, cols = shape
     assert matmul.wave_programs(1) == 132 * 32
     assert split_for(Q4T, rows, cols // 256, rule="wave") == wave
-    assert split_for(Q4T, rows, cols // 256, rule="wave2") == wave2
     assert split_for(Q4T, rows, cols // 256, rule="old") == old
-    assert {split_for(Q8P, rows, cols // 256, rule=rule) for rule in matmul.SPLIT_RULES} == {1}
+    assert split_for(Q8P, rows, cols // 256, rule="wave") == split_for(Q8P, rows, cols // 256, rule="old") == 1
 
 
 def test_wave_split_shrinks_as_rows_grow_and_never_passes_the_old_rule():
     """What lets a stack of parts share one launch: the split only falls with the row count."""
     for groups in (8, 16, 56):
-        for rule, per in (("wave", matmul.RANGE_GROUPS), ("wave2", matmul.WIDE_RANGE_GROUPS)):
-            splits = [split_for(Q4T, rows, groups, rule=rule) for rows in range(4, 40000, 4)]
-            assert splits == sorted(splits, reverse=True)
-            assert max(splits) == -(-groups // per) and min(splits) == 1
-            assert all(w <= split_for(Q4T, rows, groups, rule="old") for w, rows in zip(splits, range(4, 40000, 4)))
+        splits = [split_for(Q4T, rows, groups, rule="wave") for rows in range(4, 40000, 4)]
+        assert splits == sorted(splits, reverse=True)
+        assert max(splits) == -(-groups // matmul.RANGE_GROUPS) and min(splits) == 1
+        assert all(w <= split_for(Q4T, rows, groups, rule="old") for w, rows in zip(splits, range(4, 40000, 4)))
     assert split_for(GemvConfig(split=3), 1 << 20, 8) == 3  # a tile's own split wins
 
 
@@ -67,10 +65,10 @@ def test_unknown_rule_is_a_clear_error():
 
 def test_split_env_switches_back():
     """$SPARKD_GEMV_SPLIT=old: session 5's rule (unknown values: tests/engine/test_switches.py)."""
-    code = ("from sparkd.engine.kernels import matmul as m; t = m.GEMV_TILES['Q4_K_TILED']; "
-            "print(m.SPLIT_RULE, m.split_for(t, 4096, 56), m.split_for(t, 4096, 8))")
+    code = ("from sparkd.engine.kernels import matmul as m; "
+            "print(m.SPLIT_RULE, m.split_for(m.GEMV_TILES['Q4_K_TILED'], 4096, 56))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TRITON_INTERPRET="1")
-    for value, want in (("old", "old 14 2"), ("wave", "wave 4 2"), ("wave2", "wave2 4 1")):
+    for value, want in (("old", "old 14"), ("wave", "wave 4")):
         out = subprocess.run([sys.executable, "-c", code], env=dict(env, SPARKD_GEMV_SPLIT=value),
                              capture_output=True, text=True, check=True)
         assert out.stdout.split() == want.split()

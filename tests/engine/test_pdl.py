@@ -99,14 +99,14 @@ def test_only_the_weight_prefetch_goes_before_the_wait():
 def test_compiled_kernels_wait_before_any_access_or_return():
     """sm_90 PTX of the decode kernels (pdl_compile.py): PDL on, launch_dependents then the wait before
     the first global load, store or atomic and the first return; PDL off, no griddepcontrol at all.
-    The igemv rows with a weight prefetch (lines, bulk, ramp) prefetch before the wait; the others never."""
+    The igemv rows with a weight prefetch (lines, bulk) prefetch before the wait; the others never."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).parent / "pdl_compile.py"
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = re.findall(r"^(\w+) pdl=(\d) launch=(\S+) wait=(\S+) first_access=(\S+) first_ret=(\S+) prefetch=(\S+)$",
                       out.stdout, re.M)
-    assert len(rows) == 18, out.stdout
+    assert len(rows) == 16, out.stdout
     for name, on, launch, wait, access, ret, prefetch in rows:
         assert (prefetch != "-") == name.startswith("igemv_"), f"{name}: prefetch {prefetch}"
         if prefetch != "-":
@@ -136,14 +136,15 @@ def test_modes(monkeypatch):
         major["value"] = 10
         assert pdl.launch("cuda:0") == {"PDL": False}
     # the weight prefetch: its MODE on CUDA only; bulk needs sm_90 (lines below); off whatever PDL's mode;
-    # "small" bulk up to SMALL_BYTES of weights, "ramp" bulk with the RAMP flag
-    for mode, want in (("off", 0), ("lines", 1), ("bulk", 2), ("small", 2), ("ramp", 2 + pdl.RAMP.value)):
+    # "small": bulk up to SMALL_BYTES of weights, none above
+    for mode, want in (("off", 0), ("lines", 1), ("bulk", 2), ("small", 2)):
         with pdl.prefetching(mode):
             assert (pdl.prefetch_mode("cuda:0"), pdl.prefetch_mode("cpu")) == (want, 0)
             assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES) == want
             assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES + 1) == (0 if mode == "small" else want)
             major["value"] = 8
-            assert pdl.prefetch_mode("cuda:0") == min(want, 1) + (want & pdl.RAMP.value)
+            assert pdl.prefetch_mode("cuda:0") == min(want, 1)
+            assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES + 1) == (0 if mode == "small" else min(want, 1))
             major["value"] = 10
 
 
@@ -154,7 +155,7 @@ def test_configure_refuses_an_unknown_mode_or_prefetch():
     assert pdl.current() == before
     before = pdl.current_prefetch()
     with pytest.raises(switches.SwitchError, match=r"could not configure the weight prefetch 'l3': choose one of off, "
-                                                   r"lines, bulk, small, ramp \(SPARKD_PDL_PREFETCH\)"):
+                                                   r"lines, bulk, small \(SPARKD_PDL_PREFETCH\)"):
         pdl.configure_prefetch("l3")
     assert pdl.current_prefetch() == before
 

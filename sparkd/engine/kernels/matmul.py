@@ -46,11 +46,9 @@ FOLDS = ("kernel", "torch")
 FOLD_ENV = "SPARKD_GEMV_FOLD"  # GemvConfig.fold's default, read once: "torch" falls back without a code change
 RANGE_GROUPS = 4  # groups (256 values each) per split-K range: 1024 values of a row per program
 # split_for's rule when a tile leaves the split to the shape: "wave" (session 6) caps session 5's
-# split at one wave of resident programs; "old" is session 5's; "wave2" (session 11, pdl12) the wave
-# rule on ranges of WIDE_RANGE_GROUPS groups
+# split at one wave of resident programs; "old" is session 5's
 SPLIT_ENV = "SPARKD_GEMV_SPLIT"
-SPLIT_RULES = ("wave", "wave2", "old")
-WIDE_RANGE_GROUPS = 2 * RANGE_GROUPS
+SPLIT_RULES = ("wave", "old")
 SPLIT_RULE = switches.choice(SPLIT_ENV, SPLIT_RULES, "wave")
 # Hopper's most resident blocks per SM: a one-warp program at <= 64 registers (every default
 # tile) reaches it, so a wave is 32 one-warp programs per SM
@@ -129,17 +127,17 @@ def split_for(cfg: GemvConfig, rows: int, groups: int, device: torch.device | st
     (bench/results/gemv_tiles_h200_s6.log). Either way the split only shrinks as the row count
     grows, and rows enter only through the threshold and the cap, so a stack (fused QKV) whose
     parts all get the same split sums every row as the parts alone do (KernelLinear checks). On
-    the Q8_0 tile the old rule is the split of the session-3 rule for q and o of a Qwen3-30B-A3B. Rule
-    "wave2": the wave rule on ranges of WIDE_RANGE_GROUPS groups (2048 values of a row a program)."""
+    the Q8_0 tile the old rule is the split of the session-3 rule for q and o of a Qwen3-30B-A3B.
+    Session 11 (pdl12): ranges of 8 groups ("wave2") lost the 12-layer Q4_K decode (0.988): split 1 paid at
+    4096x2048 only, 2 at 4096x4096, the wave rule's at the model's 5120x2048 and 2048x4096."""
     if cfg.split:
         return max(1, min(cfg.split, groups))
+    tiles = triton.cdiv(rows, cfg.block_n)
+    split = 1 if tiles >= TARGET_PROGRAMS else triton.cdiv(groups, RANGE_GROUPS)
     rule = rule or SPLIT_RULE
     if rule not in SPLIT_RULES:
         raise dispatch.KernelArgumentError(f"could not choose the GEMV's split: rule {rule!r} is not one of "
                                            f"{SPLIT_RULES}")
-    tiles = triton.cdiv(rows, cfg.block_n)
-    split = 1 if tiles >= TARGET_PROGRAMS else triton.cdiv(groups, WIDE_RANGE_GROUPS if rule == "wave2"
-                                                            else RANGE_GROUPS)
     if rule == "old":
         return split
     return max(1, min(split, wave_programs(cfg.num_warps, device) // tiles))
@@ -277,18 +275,14 @@ def finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.con
 def prefetch_tile(w_ptr, N, row_bytes, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
     """pdl.prefetch_l2 of the program's 1/SPLIT share of its row tile's weight bytes (the tile's BLOCK_N rows lie
     one after another in every layout; the SPLIT programs of a tile, in one wave, ask for all of it once between
-    them, not each for the bytes of its own range; PREFETCH with pdl.RAMP: the share's first pdl.RAMP_BYTES only):
-    before pdl.start, address arithmetic and the prefetch only."""
+    them, not each for the bytes of its own range): before pdl.start, address arithmetic and the prefetch only."""
     if PREFETCH:
         tile_bytes = row_bytes.to(tl.int64) * BLOCK_N
         lo = tl.program_id(0).to(tl.int64) * tile_bytes
         hi = tl.minimum(lo + tile_bytes, N.to(tl.int64) * row_bytes)
         share = tl.cdiv(hi - lo, SPLIT)
         lo = lo + tl.program_id(1) * share
-        nbytes = tl.minimum(share, hi - lo)
-        if PREFETCH >= pdl.RAMP:
-            nbytes = tl.minimum(nbytes, pdl.RAMP_BYTES)
-        pdl.prefetch_l2(w_ptr.to(tl.int64) + lo, nbytes, PREFETCH % pdl.RAMP)
+        pdl.prefetch_l2(w_ptr.to(tl.int64) + lo, tl.minimum(share, hi - lo), PREFETCH)
 
 
 @triton.jit
