@@ -6,7 +6,10 @@ every round's greedy tokens and forced logits must be the same bits as the first
 if not); also the eager step's greedy tokens, PDL off and on. Makes the model as decode_profile.py
 does. --prefetch off,bulk (session 11, pdl11): the rounds are PDL on in these weight prefetch modes
 (pdl.PREFETCHES) in turn, --repeats times, instead of PDL off and on (the same checks; the medians'
-ratios over the first mode's). On the GPU box:
+ratios over the first mode's). A mode "MODE/RULE" (session 11, pdl12; e.g. off/wave2) runs its rounds with
+matmul.split_for's rule RULE (the GEMV configs worked out again): its bits are checked against its own
+first round (another split sums in another order), its greedy tokens against the first round's (reported).
+On the GPU box:
     python3 bench/gpu_box/pdl_decode.py --quant Q8_0 --layers 12 --json out.json
 """
 
@@ -22,7 +25,8 @@ import torch
 from decode_profile import PROMPT, bench_args, decode, eager_next, load_generated
 
 from sparkd.engine.cuda_graphs import StaticDecode
-from sparkd.engine.kernels import pdl
+from sparkd.engine.kernels import matmul, pdl
+from sparkd.engine.layers.linear import KernelLinear
 
 ROUNDS = ("off", "on")
 
@@ -46,30 +50,46 @@ def run(net, ctx: int, n: int, feed: list[int] | None, n_forced: int) -> dict:
     return {"tok_s": n / seconds, "ms_per_token": seconds * 1e3 / n, "ids": ids, "logits": logits}
 
 
+def use_split_rule(net, rule: str) -> None:
+    """From now on the GEMVs take their split by rule (KernelLinear works its config out again)."""
+    if rule not in matmul.SPLIT_RULES:
+        raise SystemExit(f"split rule {rule!r} is not one of {matmul.SPLIT_RULES}")
+    matmul.SPLIT_RULE = rule
+    for mod in net.modules():
+        if isinstance(mod, KernelLinear):
+            mod._gemv_configs.clear()
+
+
 def main() -> int:
     ap = bench_args(__doc__, layers=12, tokens=256)
     ap.add_argument("--forced", type=int, default=32, help="teacher-forced steps whose logits bits are compared")
-    ap.add_argument("--prefetch", default="", help="rounds of PDL on in these weight prefetch modes (e.g. off,bulk)")
+    ap.add_argument("--prefetch", default="", help="rounds of PDL on in these weight prefetch modes (e.g. off,bulk); "
+                    "MODE/RULE: at matmul's split rule RULE (e.g. off/wave2)")
     ap.add_argument("--repeats", type=int, default=3, help="times each mode's round runs, interleaved")
     a = ap.parse_args()
     prefetches = [m for m in a.prefetch.split(",") if m]
-    # (label, PDL mode, prefetch mode) of each round
-    modes = [(f"prefetch {m}", "on", m) for m in prefetches] or [(m, m, pdl.current_prefetch()) for m in ROUNDS]
+    # (label, PDL mode, prefetch mode, split rule) of each round
+    rule0 = matmul.SPLIT_RULE
+    modes = [(f"prefetch {m}", "on", *(m.split("/") + [rule0])[:2]) for m in prefetches] or [
+        (m, m, pdl.current_prefetch(), rule0) for m in ROUNDS]
     path, m = load_generated(a)
     res = {"model": str(path), "device": torch.cuda.get_device_name(), "triton": __import__("triton").__version__,
            "pdl_default": pdl.current(), "enabled_auto": pdl.enabled("cuda"), "rounds": []}
     ctx = 512
     try:
-        first = None
-        for label, mode, prefetch in modes * a.repeats:
+        first, firsts = None, {}  # (the first round, the first round of each split rule)
+        for label, mode, prefetch, rule in modes * a.repeats:
+            use_split_rule(m.net, rule)
             with pdl.using(mode), pdl.prefetching(prefetch):
                 r = run(m.net, ctx, a.tokens, first and first["ids"], a.forced)
-            first = first or r
-            same = r["ids"] == first["ids"] and torch.equal(r["logits"], first["logits"])
+            first, own = first or r, firsts.setdefault(rule, r)
+            same = r["ids"] == own["ids"] and torch.equal(r["logits"], own["logits"])
             res["rounds"].append({"pdl": label, "tok_s": r["tok_s"], "ms_per_token": r["ms_per_token"],
-                                  "same_bits_as_first": same})
+                                  "same_bits_as_first": same, "split_rule": rule,
+                                  "same_tokens_as_first": r["ids"] == first["ids"]})
             print(f"pdl {label:3s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.4f} ms/token  greedy tokens and "
-                  f"forced logits the first round's bits: {same}", flush=True)
+                  f"forced logits the bits of the first round at split rule {rule}: {same}; greedy tokens the "
+                  f"first round's: {r['ids'] == first['ids']}", flush=True)
         eager = {}
         for mode, prefetch in (("off", "off"), ("on", modes[-1][2])):  # (PDL on: the last prefetch mode)
             with pdl.using(mode), pdl.prefetching(prefetch):
@@ -77,7 +97,7 @@ def main() -> int:
         res["eager_on_greedy_equal"] = eager["on"] == eager["off"]
     finally:
         m.close()
-    labels = [label for label, _, _ in modes]
+    labels = [label for label, *_ in modes]
     by = {label: [r["tok_s"] for r in res["rounds"] if r["pdl"] == label] for label in labels}
     res["median_tok_s"] = {label: statistics.median(v) for label, v in by.items()}
     res["over_first"] = {label: v / res["median_tok_s"][labels[0]] for label, v in res["median_tok_s"].items()}

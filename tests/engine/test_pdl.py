@@ -135,12 +135,16 @@ def test_modes(monkeypatch):
     with pdl.using("off"):
         major["value"] = 10
         assert pdl.launch("cuda:0") == {"PDL": False}
-    # the weight prefetch: its MODE on CUDA only; bulk needs sm_90 (lines below); off whatever PDL's mode
-    for mode, want in (("off", 0), ("lines", 1), ("bulk", 2)):
+    # the weight prefetch: its MODE on CUDA only; bulk needs sm_90 (lines below); off whatever PDL's mode;
+    # "small": bulk up to SMALL_BYTES of weights, none above
+    for mode, want in (("off", 0), ("lines", 1), ("bulk", 2), ("small", 2)):
         with pdl.prefetching(mode):
             assert (pdl.prefetch_mode("cuda:0"), pdl.prefetch_mode("cpu")) == (want, 0)
+            assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES) == want
+            assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES + 1) == (0 if mode == "small" else want)
             major["value"] = 8
             assert pdl.prefetch_mode("cuda:0") == min(want, 1)
+            assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES + 1) == (0 if mode == "small" else min(want, 1))
             major["value"] = 10
 
 
@@ -151,7 +155,7 @@ def test_configure_refuses_an_unknown_mode_or_prefetch():
     assert pdl.current() == before
     before = pdl.current_prefetch()
     with pytest.raises(switches.SwitchError, match=r"could not configure the weight prefetch 'l3': choose one of off, "
-                                                   r"lines, bulk \(SPARKD_PDL_PREFETCH\)"):
+                                                   r"lines, bulk, small \(SPARKD_PDL_PREFETCH\)"):
         pdl.configure_prefetch("l3")
     assert pdl.current_prefetch() == before
 

@@ -125,7 +125,9 @@ def split_for(cfg: GemvConfig, rows: int, groups: int, device: torch.device | st
     (bench/results/gemv_tiles_h200_s6.log). Either way the split only shrinks as the row count
     grows, and rows enter only through the threshold and the cap, so a stack (fused QKV) whose
     parts all get the same split sums every row as the parts alone do (KernelLinear checks). On
-    the Q8_0 tile the old rule is the split of the session-3 rule for q and o of a Qwen3-30B-A3B."""
+    the Q8_0 tile the old rule is the split of the session-3 rule for q and o of a Qwen3-30B-A3B.
+    Session 11 (pdl12): ranges of 8 groups ("wave2") lost the 12-layer Q4_K decode (0.988): split 1 paid at
+    4096x2048 only, 2 at 4096x4096, the wave rule's at the model's 5120x2048 and 2048x4096."""
     if cfg.split:
         return max(1, min(cfg.split, groups))
     tiles = triton.cdiv(rows, cfg.block_n)
@@ -603,8 +605,8 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
         weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
-        A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), PREFETCH=pdl.prefetch_mode(x.device), **_launch_args(cfg, split),
-        **pdl.launch(x.device))
+        A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes),
+        **_launch_args(cfg, split), **pdl.launch(x.device))
     if parts:
         return part
     return y if in_kernel else fold_partials(part, y)

@@ -23,9 +23,11 @@ weight bytes (matmul's dense integer GEMV, its program's share of its row tile),
 overlaps the kernel before it instead of following its wait. A prefetch moves no byte into a register,
 so it reads nothing an earlier kernel wrote and changes no bit; test_pdl.py allows it and nothing else
 there. "lines": a prefetch.global.L2 per 128-byte line; "bulk": one cp.async.bulk.prefetch.L2 of the
-range (sm_90 and later; "lines" on older GPUs). Off CUDA (the interpreter) never. Off by default: on the
-H200 asking for a program's whole share up front slowed the GEMV at weights of 14 MB or more and paid only
-at the smallest (docs/performance.md, session 11).
+range (sm_90 and later; "lines" on older GPUs). Off CUDA (the interpreter) never. On the H200 asking for a
+program's whole share up front slowed the GEMV at weights of 14 MB or more and paid only at the smallest
+(docs/performance.md, session 11, pdl11), so the default (pdl12) is "small": bulk, only in launches whose
+weight is at most SMALL_BYTES (attention's qkv and o; 12-layer Qwen3-30B-A3B decode on the H200: Q8_0 +3.4 %,
+Q4_K +0.5 %, the same bits); "off" switches it back.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def current() -> str:
 
 
 PREFETCH_ENV = "SPARKD_PDL_PREFETCH"
-PREFETCHES = ("off", "lines", "bulk")  # (their index: prefetch_l2's MODE)
-_prefetch = switches.choice(PREFETCH_ENV, PREFETCHES, "off")
+PREFETCHES = ("off", "lines", "bulk", "small")
+_prefetch = switches.choice(PREFETCH_ENV, PREFETCHES, "small")
+SMALL_BYTES = 12 << 20  # "small": launches of at most this many weight bytes (pdl11: the prefetch slowed >= 14 MB)
 
 
 def configure_prefetch(mode: str) -> str:
@@ -86,14 +89,13 @@ def prefetching(mode: str):
         configure_prefetch(before)
 
 
-def prefetch_mode(device: torch.device | str) -> int:
-    """prefetch_l2's MODE for a launch on device: 0 off CUDA or switched off; bulk needs sm_90."""
+def prefetch_mode(device: torch.device | str, nbytes: int = 0) -> int:
+    """prefetch_l2's MODE for a launch on device over nbytes of weights: 0 off CUDA, switched off or "small" over
+    SMALL_BYTES; 1 lines; 2 bulk ("small" too), which needs sm_90 (lines below)."""
     device = device if isinstance(device, torch.device) else torch.device(device)
-    if _prefetch == "off" or device.type != "cuda":
+    if _prefetch == "off" or device.type != "cuda" or (_prefetch == "small" and nbytes > SMALL_BYTES):
         return 0
-    if _prefetch == "bulk" and _major(device) < MIN_MAJOR:
-        return PREFETCHES.index("lines")
-    return PREFETCHES.index(_prefetch)
+    return 1 if _prefetch == "lines" or _major(device) < MIN_MAJOR else 2
 
 
 @contextlib.contextmanager
