@@ -24,16 +24,18 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 session 11's prefill24; int8 is the eager forward), over one cache of the longest prompt's
                 length (as the server keeps one cache): the first prompt of a bucket captures its graph
                 (its time, "first_s", and the memory the graphs hold after it, "graph_mib", are recorded)
-  int8-torch, graphs-torch  int8 and graphs with the prompt's attention and float GEMMs (the router's gate)
-                in torch ops and cuBLAS, as before session 11's attn11 (SPARKD_PREFILL_ATTENTION=torch,
-                SPARKD_PREFILL_FLOAT_GEMM=torch); every other way runs attn11's kernels (the defaults)
+  int8-rows, graphs-rows  int8 and graphs with the prompt's attention and float GEMMs (the router's gate)
+                in session 11's attn11 kernels, each row's bits whatever the row count
+                (SPARKD_PREFILL_ATTENTION=kernel, SPARKD_PREFILL_FLOAT_GEMM=kernel)
+  int8-torch, graphs-torch  the same with torch attention and cuBLAS (=torch); every other way takes
+                those two switches from the environment (the defaults: torch)
 before, grouped, last and s9 also make each prompt's rope table anew (KVCache.rope_table), as every
 cache did before session 10 (now the model's caches share them). A way named twice runs twice (its
 second rows under "way#2": interleave ways to see the box's drift).
 The last token's logits of each way are compared with the first way's (largest difference over
 the largest |logit|, same argmax, bit-equal) at the longest prompt ("agreement") and at each length
 ("agreement_by_tokens"), and each graphs way's with its eager way's last run ("padded_vs_eager": graphs
-with int8, graphs-torch with int8-torch; a padded prompt gives the eager bits or not). Then a torch.profiler breakdown of one
+with int8, graphs-rows with int8-rows, graphs-torch with int8-torch; a padded prompt gives the eager bits or not). Then a torch.profiler breakdown of one
 --profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage
 (decode_profile.Stages; a stage's host ms includes its waits on the GPU at host syncs, and the
 Triton launches' GPU time is not attributed to stages: read the kernel list), kernel launches,
@@ -70,10 +72,11 @@ VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee
             **{f"t{t}": ("grouped", "int8", True, "router", "one", t, "torch") for t in (16, 32, 64)}}
 VARIANTS["stack"] = VARIANTS["t16"]
 VARIANTS["graphs"] = VARIANTS["int8"]
-EAGER_OF = {"graphs": "int8", "graphs-torch": "int8-torch"}  # the graph ways and the eager way of each
+EAGER_OF = {"graphs": "int8", "graphs-rows": "int8-rows", "graphs-torch": "int8-torch"}  # graph way: its eager way
 for _v in EAGER_OF:
     VARIANTS[EAGER_OF[_v]] = VARIANTS[_v] = VARIANTS["int8"]
-TORCH_ROWS = {"int8-torch", "graphs-torch"}  # attention and float GEMMs as before attn11
+ROWS = {"int8-rows": "kernel", "graphs-rows": "kernel", "int8-torch": "torch", "graphs-torch": "torch"}
+ROWS_ENV = (attention.PREFILL_ATTENTION, linear.PREFILL_FLOAT_GEMM)  # the switches' values at import
 
 
 OWN_ROPE = {"before", "grouped", "last", "s9"}  # ways whose prompts make their rope tables anew
@@ -87,7 +90,7 @@ def use(variant: str) -> bool:
     global own_rope, graphed
     (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE,
      moe.PREFILL_GLUE) = VARIANTS[variant]
-    attention.PREFILL_ATTENTION = linear.PREFILL_FLOAT_GEMM = "torch" if variant in TORCH_ROWS else "kernel"
+    attention.PREFILL_ATTENTION, linear.PREFILL_FLOAT_GEMM = (ROWS[variant],) * 2 if variant in ROWS else ROWS_ENV
     own_rope = variant in OWN_ROPE
     graphed = prompt_graphs.get(variant)
     return last

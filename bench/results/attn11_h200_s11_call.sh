@@ -4,8 +4,9 @@
 # torch / cuBLAS. GPU tests (the kernels vs torch, padded rows bit for bit; prompt graphs == eager prompt,
 # bit for bit, under both switches' ways; graphs on/off tokens) while the 12-layer Q4_K and Q8_0 models are
 # made; the attention and the gate alone at the model's shape; prompt_pad_diff at 600 tokens before/after;
-# prefill_bench's ways int8-torch/int8 (eager) and graphs-torch/graphs interleaved at 40, 128, 512, 600,
-# 1024 tokens with padded-vs-eager bits, int8-torch and int8 profiled at 512. Budget ~180 s after the start.
+# prefill_bench's ways int8-torch/int8-rows (eager) and graphs-torch/graphs-rows interleaved at 40, 128, 512,
+# 600, 1024 tokens with padded-vs-eager bits, both eager ways profiled at 512. Budget ~180 s after the start.
+# (Run while the kernels were the default, as int8/graphs: the logs and JSON name the -rows ways so.)
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl
@@ -41,7 +42,7 @@ for m in $Q4 $Q8; do
   [ $t -gt 15 ] || break
   q=$(basename $m .gguf)
   (cd bench/gpu_box && timeout $t python3 prefill_bench.py --model $m --json $R/prefill_$q.json --tokens 40,128,512,600,1024 \
-     --variants int8-torch,int8,graphs-torch,graphs,graphs-torch,graphs --profile int8-torch,int8 --top 10) > $R/prefill_$q.log 2>&1
+     --variants int8-torch,int8-rows,graphs-torch,graphs-rows,graphs-torch,graphs-rows --profile int8-torch,int8-rows --top 10) > $R/prefill_$q.log 2>&1
   log "prefill $q rc $? (limit $t s): $(grep -E ' tokens:|profile' $R/prefill_$q.log | tr -s ' ' | tr '\n' ';')"
 done
 log done

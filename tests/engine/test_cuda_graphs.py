@@ -267,8 +267,9 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path, quant):
 def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, monkeypatch):
     """A prompt's graph replay gives the bits of the same padded forward run eagerly (so do the
     decode steps after it: the same K/V rows), over bucket boundaries, and with the prompt's row-wise
-    attention and float GEMM kernels (rows "kernel", the default since attn11) the eager prompt's bits
-    at every length. With torch attention and cuBLAS float GEMMs (rows "torch", as before) a padded
+    attention and float GEMM kernels (rows "kernel": SPARKD_PREFILL_ATTENTION and SPARKD_PREFILL_FLOAT_GEMM
+    =kernel, attn11) the eager prompt's bits at every length. With torch attention and cuBLAS float
+    GEMMs (rows "torch", the defaults) a padded
     prompt's logits are not the eager prompt's bits: cuBLAS picks its kernel and summation order by
     the row count (H200, 5 tokens padded to 64: the router's F32 gate of the tiny Q8_0 model, the F16
     attention output of the tiny Q4_K one, 3.5e-2 apart in the logits; bench/gpu_box/prompt_pad_diff.py

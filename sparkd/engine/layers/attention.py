@@ -62,10 +62,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
 FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 
 
-# a prompt's attention on CUDA (several tokens, from a host start): "kernel" (session 11, attn11)
-# kernels/prefill_attention in one launch, each query row's bits whatever the prompt's length (a
-# prompt padded to its graph bucket keeps the eager prompt's bits), "torch" attend's ~30 ops (before)
-PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("kernel", "torch"), "kernel")
+# a prompt's attention on CUDA (several tokens, from a host start): "torch" (default) attend's ~30 ops;
+# "kernel" (session 11, attn11) kernels/prefill_attention in one launch, each query row's bits whatever
+# the prompt's length (a prompt padded to its graph bucket keeps the eager prompt's bits), but 16x
+# torch's GPU time on the H200 as it stands (docs/performance.md, attn11)
+PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("kernel", "torch"), "torch")
 
 
 def fuse_qkv_default() -> bool:
