@@ -25,12 +25,18 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 session 11's prefill24; int8 is the eager forward), over one cache of the longest prompt's
                 length (as the server keeps one cache): the first prompt of a bucket captures its graph
                 (its time, "first_s", and the memory the graphs hold after it, "graph_mib", are recorded)
+  int8-rows, graphs-rows  int8 and graphs with the prompt's attention and float GEMMs (the router's gate)
+                in session 11's attn11 kernels, each row's bits whatever the row count
+                (SPARKD_PREFILL_ATTENTION=kernel, SPARKD_PREFILL_FLOAT_GEMM=kernel)
+  int8-torch, graphs-torch  the same with torch attention and cuBLAS (=torch); every other way takes
+                those two switches from the environment (the defaults: torch)
 before, grouped, last and s9 also make each prompt's rope table anew (KVCache.rope_table), as every
 cache did before session 10 (now the model's caches share them). A way named twice runs twice (its
 second rows under "way#2": interleave ways to see the box's drift).
 The last token's logits of each way are compared with the first way's (largest difference over
 the largest |logit|, same argmax, bit-equal) at the longest prompt ("agreement") and at each length
-("agreement_by_tokens"). Then a torch.profiler breakdown of one
+("agreement_by_tokens"), and each graphs way's with its eager way's last run ("padded_vs_eager": graphs
+with int8, graphs-rows with int8-rows, graphs-torch with int8-torch; a padded prompt gives the eager bits or not). Then a torch.profiler breakdown of one
 --profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage
 (decode_profile.Stages; a stage's host ms includes its waits on the GPU at host syncs, and the
 Triton launches' GPU time is not attributed to stages: read the kernel list), kernel launches,
@@ -51,7 +57,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from sparkd.engine.cuda_graphs import PromptForward
 from sparkd.engine.kernels import matmul, moe
-from sparkd.engine.layers import linear
+from sparkd.engine.layers import attention, linear
 from sparkd.engine.layers import moe as moe_layer
 from sparkd.engine.models import load_model
 
@@ -69,12 +75,17 @@ VARIANTS["stack"] = VARIANTS["t16"]
 VARIANTS["graphs"] = VARIANTS["int8"]
 VARIANTS["s10g"] = VARIANTS["int8"]
 IGEMM_NOW = matmul.IGEMM_WAY
+EAGER_OF = {"graphs": "int8", "graphs-rows": "int8-rows", "graphs-torch": "int8-torch"}  # graph way: its eager way
+for _v in EAGER_OF:
+    VARIANTS[EAGER_OF[_v]] = VARIANTS[_v] = VARIANTS["int8"]
+ROWS = {"int8-rows": "kernel", "graphs-rows": "kernel", "int8-torch": "torch", "graphs-torch": "torch"}
+ROWS_ENV = (attention.PREFILL_ATTENTION, linear.PREFILL_FLOAT_GEMM)  # the switches' values at import
 
 
 OWN_ROPE = {"before", "grouped", "last", "s9"}  # ways whose prompts make their rope tables anew
 own_rope = False
 graphed: PromptForward | None = None  # the graphs way's prompt forward (main makes it), while that way runs
-prompt_graphs: PromptForward | None = None
+prompt_graphs: dict[str, PromptForward] = {}  # per graph way: its graphs were captured under its switches
 
 
 def use(variant: str) -> bool:
@@ -82,8 +93,9 @@ def use(variant: str) -> bool:
     global own_rope, graphed
     (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE,
      moe.PREFILL_GLUE) = VARIANTS[variant]
+    attention.PREFILL_ATTENTION, linear.PREFILL_FLOAT_GEMM = (ROWS[variant],) * 2 if variant in ROWS else ROWS_ENV
     own_rope = variant in OWN_ROPE
-    graphed = prompt_graphs if variant == "graphs" else None
+    graphed = prompt_graphs.get(variant)
     matmul.IGEMM_WAY = "s10" if variant == "s10g" else IGEMM_NOW
     return last
 
@@ -146,6 +158,11 @@ def profiled(net, ids: torch.Tensor, last: bool, top: int) -> dict:
             "top_host_self_us": {a.key: (a.count, a.self_cpu_time_total) for a in host[:top]}}
 
 
+def agreement(row: torch.Tensor, ref: torch.Tensor) -> dict:
+    return {"max_diff_over_max": float((row - ref).abs().max() / ref.abs().max()),
+            "argmax_equal": bool(row.argmax() == ref.argmax()), "bit_equal": bool(torch.equal(row, ref))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -167,12 +184,11 @@ def main() -> int:
     gen = torch.Generator().manual_seed(a.seed)
     prompts = {n: torch.randint(0, m.cfg.n_vocab, (n,), generator=gen) for n in lengths}
     res = {"model": a.model, "gpu": torch.cuda.get_device_name() if a.device == "cuda" else a.device, "runs": {},
-           "agreement": {}, "agreement_by_tokens": {}, "profiles": {}}
-    refs = {}
-    global prompt_graphs
-    if "graphs" in variants + a.profile.split(","):  # one cache for every prompt, as the server keeps
-        prompt_graphs = PromptForward(m.net, m.net.new_cache(max(lengths + [a.profile_tokens])),
-                                      "graphs" if a.device == "cuda" else "padded")
+           "agreement": {}, "agreement_by_tokens": {}, "padded_vs_eager": {}, "profiles": {}}
+    refs, eager_rows = {}, {}
+    for v in set(EAGER_OF) & set(variants + a.profile.split(",")):  # one cache for every prompt, as the server keeps
+        prompt_graphs[v] = PromptForward(m.net, m.net.new_cache(max(lengths + [a.profile_tokens])),
+                                         "graphs" if a.device == "cuda" else "padded")
 
     def save() -> None:  # after each way: a run stopped by its timeout keeps what it measured
         if a.json:
@@ -189,9 +205,12 @@ def main() -> int:
                   + (f", graphs hold {r['graph_mib']:.0f} MiB)" if "graph_mib" in r else ")"), flush=True)
             row = prefill(m.net, prompts[n], last)
             ref = refs.setdefault(n, row)
-            res["agreement_by_tokens"].setdefault(key, {})[n] = {
-                "max_diff_over_max": float((row - ref).abs().max() / ref.abs().max()),
-                "argmax_equal": bool(row.argmax() == ref.argmax()), "bit_equal": bool(torch.equal(row, ref))}
+            res["agreement_by_tokens"].setdefault(key, {})[n] = agreement(row, ref)
+            if v in EAGER_OF.values():
+                eager_rows[v, n] = row
+            elif (EAGER_OF.get(v), n) in eager_rows:
+                res["padded_vs_eager"].setdefault(key, {})[n] = agreement(row, eager_rows[EAGER_OF[v], n])
+                print(f"{key:8s} {n:5d} tokens vs {EAGER_OF[v]}: {res['padded_vs_eager'][key][n]}", flush=True)
         res["agreement"][key] = res["agreement_by_tokens"][key][lengths[-1]]
         print(f"{key:8s} vs {variants[0]}: {res['agreement_by_tokens'][key]}", flush=True)
         save()

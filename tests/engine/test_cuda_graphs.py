@@ -16,6 +16,7 @@ import torch
 from sparkd.engine.cuda_graphs import PromptForward, StaticDecode, buckets, graph_blocker, prompt_bucket, \
     prompt_forward, use_graphs
 from sparkd.engine.errors import EngineError
+from sparkd.engine.layers import attention, linear
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
@@ -262,14 +263,19 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path, quant):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
-def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant):
+@pytest.mark.parametrize("rows", ["kernel", "torch"])
+def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, monkeypatch):
     """A prompt's graph replay gives the bits of the same padded forward run eagerly (so do the
-    decode steps after it: the same K/V rows), over bucket boundaries; the eager prompt's bits where
-    the prompt fills its bucket (64 tokens). A padded prompt's logits are not the eager prompt's
-    bits: its float GEMMs run at the bucket's row count, where cuBLAS may pick a kernel that adds
-    in another order (H200, 5 tokens padded to 64: the router's F32 gate of the tiny Q8_0 model, the
-    F16 attention output of the tiny Q4_K one, 3.5e-2 apart in the logits; bench/gpu_box/prompt_pad_diff.py
+    decode steps after it: the same K/V rows), over bucket boundaries, and with the prompt's row-wise
+    attention and float GEMM kernels (rows "kernel": SPARKD_PREFILL_ATTENTION and SPARKD_PREFILL_FLOAT_GEMM
+    =kernel, attn11) the eager prompt's bits at every length. With torch attention and cuBLAS float
+    GEMMs (rows "torch", the defaults) a padded
+    prompt's logits are not the eager prompt's bits: cuBLAS picks its kernel and summation order by
+    the row count (H200, 5 tokens padded to 64: the router's F32 gate of the tiny Q8_0 model, the F16
+    attention output of the tiny Q4_K one, 3.5e-2 apart in the logits; bench/gpu_box/prompt_pad_diff.py
     finds the first op); within 2e-2 of them relative, the same pick."""
+    monkeypatch.setattr(attention, "PREFILL_ATTENTION", rows)
+    monkeypatch.setattr(linear, "PREFILL_FLOAT_GEMM", rows)
     shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
     path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
     m = load_model(path, device="cuda")
@@ -287,8 +293,8 @@ def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant):
                 runs[mode] = logits, [step.next_token(int(logits[-1].argmax())) for _ in range(6)]
             (got, got_ids), (padded, padded_ids), (want, want_ids) = runs["graphs"], runs["padded"], runs["eager"]
             assert torch.equal(got, padded) and got_ids == padded_ids, f"{n} tokens: replay vs padded forward"
-            if n == 64:
-                assert torch.equal(got, want) and got_ids == want_ids, "a prompt filling its bucket: graph vs eager"
+            if n == 64 or rows == "kernel":
+                assert torch.equal(got, want) and got_ids == want_ids, f"{n} tokens, {rows}: graph vs eager"
             err = float((got - want).norm() / want.norm())
             assert err < 2e-2 and got.argmax() == want.argmax(), f"{n} tokens: graph vs eager prompt, error {err:.2e}"
     finally:

@@ -28,6 +28,8 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.kernels import fused
 from sparkd.engine.kernels.decode_attention import decode_attention
 from sparkd.engine.kernels.family import KernelArgumentError
+from sparkd.engine.kernels.float_gemm import float_gemm
+from sparkd.engine.kernels.prefill_attention import prefill_attention
 from sparkd.engine.kernels.rms_norm import add_rms_norm, rms_norm
 from sparkd.engine.kernels.rope_kv import rope_kv
 from sparkd.engine.kernels.router_topk import gate_topk, router_topk
@@ -40,7 +42,7 @@ from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 
-BOUND = {"rms_norm": 1e-6, "rope_kv": 1e-6, "attention": 4e-6, "router": 1e-6, "step": 5e-6}
+BOUND = {"rms_norm": 1e-6, "rope_kv": 1e-6, "attention": 4e-6, "router": 1e-6, "step": 5e-6, "float_gemm": 1e-6}
 BACKENDS = [
     pytest.param("cpu", id="interpret", marks=pytest.mark.skipif(
         ON_GPU, reason="this process compiles the kernels for the GPU; the interpreter variant "
@@ -164,6 +166,61 @@ def test_decode_attention_reads_mla_values_inside_the_keys(backend):
 def test_decode_attention_refuses_bad_arguments():
     with pytest.raises(KernelArgumentError, match=r"could not run decode_attention .* multiple of Hkv"):
         decode_attention(torch.randn(1, 3, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 8), torch.tensor([1]), 1.0)
+
+
+def on_gpu_only(*cases):
+    return [pytest.param("cuda", *c, marks=pytest.mark.gpu) for c in cases]
+
+
+@pytest.mark.parametrize("backend, H, Hkv, Dk, Dv, start, T, pad, window, sinks", [
+    pytest.param("cpu", 4, 2, 16, 16, 3, 70, 10, 0, True, id="interpret", marks=BACKENDS[0].marks),
+    *on_gpu_only((4, 2, 16, 16, 3, 70, 10, 0, True), (32, 4, 128, 128, 0, 600, 40, 0, False),
+                 (8, 2, 64, 64, 5, 100, 28, 16, True), (6, 3, 24, 20, 0, 130, 30, 0, False),
+                 (4, 4, 256, 256, 0, 70, 10, 0, False), (16, 2, 128, 128, 0, 1000, 24, 0, False))])
+def test_prefill_attention_matches_attend_and_ignores_padding(backend, H, Hkv, Dk, Dv, start, T, pad, window, sinks):
+    """Within the bound of attend; a query row's bits do not depend on queries (and their keys) after it:
+    the same prompt padded by `pad` rows at its end gives its real rows bit for bit."""
+    S = start + T + pad
+    q, k, v = torch.randn(T + pad, H, Dk), torch.randn(S, Hkv, Dk), torch.randn(S, Hkv, Dv)
+    q[T:], k[start + T:], v[start + T:] = 1e3, -1e3, 1e4  # the padding: large, finite
+    sink = torch.randn(H) if sinks else None
+    want = attend(q[:T], k[:start + T], v[:start + T], 0.3, start, window, sink)
+    dev = [t.to(backend) for t in (q, k, v)]
+    sk = None if sink is None else sink.to(backend)
+    got = prefill_attention(dev[0][:T], dev[1][:start + T], dev[2][:start + T], start, 0.3, window, sk)
+    assert rel_err(got, want) < BOUND["attention"]
+    padded = prefill_attention(*dev, start, 0.3, window, sk)
+    assert torch.equal(padded[:T], got)
+
+
+def test_prefill_attention_refuses_bad_arguments():
+    q, k = torch.randn(3, 4, 8), torch.randn(5, 2, 8)
+    with pytest.raises(KernelArgumentError, match=r"could not run prefill_attention .* S = start \+ T"):
+        prefill_attention(q, k, k, 1, 1.0)
+    with pytest.raises(KernelArgumentError, match=r"could not run prefill_attention .* float32"):
+        prefill_attention(q.half(), k.half(), k.half(), 2, 1.0)
+
+
+@pytest.mark.parametrize("backend, M, K, N, pad, dtype, bias", [
+    pytest.param("cpu", 40, 48, 70, 24, torch.float16, True, id="interpret", marks=BACKENDS[0].marks),
+    *on_gpu_only((40, 48, 70, 24, torch.float16, True), (600, 2048, 128, 40, torch.float32, False),
+                 (5, 256, 256, 59, torch.float16, False), (200, 512, 300, 24, torch.bfloat16, True))])
+def test_float_gemm_matches_linear_and_ignores_padding(backend, M, K, N, pad, dtype, bias):
+    """Within the bound of F.linear (float32 products); a row's bits do not depend on the rows after it."""
+    x, w = torch.randn(M + pad, K), torch.randn(N, K).to(dtype)
+    b = torch.randn(N) if bias else None
+    want = torch.nn.functional.linear(x[:M].double(), w.double(), None if b is None else b.double())
+    dev = [x.to(backend), w.to(backend), None if b is None else b.to(backend)]
+    got = float_gemm(dev[0][:M], *dev[1:])
+    assert rel_err(got, want) < BOUND["float_gemm"]
+    assert torch.equal(float_gemm(*dev)[:M], got)
+
+
+def test_float_gemm_refuses_bad_arguments():
+    with pytest.raises(KernelArgumentError, match=r"could not run float_gemm .* x must be \[M, K\] and w \[N, K\]"):
+        float_gemm(torch.randn(3, 8), torch.randn(4, 9))
+    with pytest.raises(KernelArgumentError, match=r"could not run float_gemm .* x must be float32"):
+        float_gemm(torch.randn(3, 8).half(), torch.randn(4, 8))
 
 
 ROUTERS = [  # (E, top_k, gating, norm_w, scale, bias)

@@ -117,6 +117,10 @@ SWITCHES = [
     Switch("SPARKD_PREFILL_PRECISION", "sparkd.engine.layers.linear", "m.PREFILL_PRECISION", "fp16",
            {UNSET: "int8", "ieee": "ieee", "tf32x3": "tf32x3", " TF32 ": "tf32", "Int8": "int8"},
            ("ieee", "tf32x3", "tf32", "int8")),
+    Switch("SPARKD_PREFILL_FLOAT_GEMM", "sparkd.engine.layers.linear", "m.PREFILL_FLOAT_GEMM", "cublas",
+           {UNSET: "torch", "kernel": "kernel", "Torch": "torch"}, ("kernel", "torch")),
+    Switch("SPARKD_PREFILL_ATTENTION", "sparkd.engine.layers.attention", "m.PREFILL_ATTENTION", "flash",
+           {UNSET: "torch", "Kernel": "kernel", " TORCH ": "torch"}, ("kernel", "torch")),
     Switch("SPARKD_PROMPT_LOGITS", None, prompt_last_only, "first",
            {UNSET: True, "last": True, "ALL": False}, ("last", "all")),
 ]

@@ -62,6 +62,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
 FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 
 
+# a prompt's attention on CUDA (several tokens, from a host start): "torch" (default) attend's ~30 ops;
+# "kernel" (session 11, attn11) kernels/prefill_attention in one launch, each query row's bits whatever
+# the prompt's length (a prompt padded to its graph bucket keeps the eager prompt's bits), but 16x
+# torch's GPU time on the H200 as it stands (docs/performance.md, attn11)
+PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("kernel", "torch"), "torch")
+
+
 def fuse_qkv_default() -> bool:
     """$SPARKD_FUSED_QKV: "0" or "off" builds q, k and v as three projections; "1", "on" (or unset) stacks them."""
     return switches.flag(FUSE_QKV_ENV, True)
@@ -116,6 +123,11 @@ class Attention(nn.Module):
 
             k_all, v_all, dpos = cache.decode_rows(self.il, pos)
             o = decode_attention(q, k_all, v_all, dpos, self.scale, self.window, self.sinks)
+        elif (T > 1 and PREFILL_ATTENTION == "kernel" and x.is_cuda and isinstance(start, int)
+              and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
+            from sparkd.engine.kernels.prefill_attention import prefill_attention
+
+            o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
         o = o.reshape(T, -1)

@@ -21,6 +21,11 @@ PREFILL_PRECISION = switches.choice("SPARKD_PREFILL_PRECISION", ("ieee", "tf32x3
 # a stack's integer GEMM (several tokens): "one" launch over all its rows (session 10; the same bits:
 # each output's block sums do not depend on its row's place in a tile), "parts" a launch per part
 PREFILL_STACK = switches.choice("SPARKD_PREFILL_STACK", ("one", "parts"), "one")
+# a float Linear over several rows on CUDA (the router's F32 gate, an F16/F32 projection): "torch"
+# (default) cuBLAS, whose kernel and summation order follow the row count; "kernel" (session 11,
+# attn11) kernels/float_gemm's fixed tiles, each row's bits whatever the row count (a prompt padded
+# to its graph bucket keeps the eager prompt's bits), 0.15 ms a gate on the H200 against cuBLAS's 0.02
+PREFILL_FLOAT_GEMM = switches.choice("SPARKD_PREFILL_FLOAT_GEMM", ("kernel", "torch"), "torch")
 
 
 class Linear(nn.Module):
@@ -39,7 +44,13 @@ class Linear(nn.Module):
         return self.weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(round_activations(x, self.act_fmt), self.weight, self.bias)
+        x = round_activations(x, self.act_fmt)
+        if (PREFILL_FLOAT_GEMM == "kernel" and x.is_cuda and x.dim() == 2 and x.shape[0] > 1
+                and x.dtype == torch.float32 and self.weight.stride(-1) == 1):
+            from sparkd.engine.kernels.float_gemm import float_gemm
+
+            return float_gemm(x.contiguous(), self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class KernelLinear(nn.Module):
