@@ -50,6 +50,10 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
                                                    EW=True, EMU=False, UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True,
                                                    STAGES=None, PREFETCH=PREFETCHES.index(mode)), 1)
        for mode in ("lines", "bulk")},
+    # one row: the JIT makes an int argument that is 1 a constant (a GEMV of one row), no tensor methods on it
+    "igemv_bulk_one_row": (matmul._igemv_kernel, dict(**matmul.int_args(q4_k_tiled.FAMILY), N=1, BLOCK_N=4, EW=True,
+                                                      EMU=False, UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True,
+                                                      STAGES=None, PREFETCH=PREFETCHES.index("bulk")), 1),
     "rms_norm_quant": (rms_norm._rms_norm_rows, dict(HAS_RES=True, BLOCK=2048, QBLOCK=32, K8=False, PARTS=0), 8),
     "quant": (act_quant._quant_kernel, dict(BLOCK=32, PER=8, K8=False), 1),
     "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_HALF=64, BLOCK_REST=1,

@@ -275,9 +275,10 @@ def prefetch_tile(w_ptr, N, row_bytes, BLOCK_N: tl.constexpr, SPLIT: tl.constexp
     one after another in every layout; the SPLIT programs of a tile, in one wave, ask for all of it once between
     them, not each for the bytes of its own range): before pdl.start, address arithmetic and the prefetch only."""
     if PREFETCH:
-        tile_bytes = row_bytes.to(tl.int64) * BLOCK_N
+        row64 = row_bytes.to(tl.int64)
+        tile_bytes = row64 * BLOCK_N
         lo = tl.program_id(0).to(tl.int64) * tile_bytes
-        hi = tl.minimum(lo + tile_bytes, N.to(tl.int64) * row_bytes)
+        hi = tl.minimum(lo + tile_bytes, row64 * N)  # (N of 1 comes as a Python int: the JIT's specialization)
         share = tl.cdiv(hi - lo, SPLIT)
         lo = lo + tl.program_id(1) * share
         pdl.prefetch_l2(w_ptr.to(tl.int64) + lo, tl.minimum(share, hi - lo), PREFETCH)
