@@ -28,8 +28,9 @@ row's kernel first (Triton's disk cache), so the timed process only loads them; 
 only the default tile, launched without and with programmatic dependent launch (kernels/pdl.py: the
 graph's launches overlap the one before's tail), and whether the two give the same bits; --prefetch
 MODES (session 11, pdl11): --pdl's rows with the GEMV's weight prefetch before the PDL wait
-(kernels/pdl.py's SPARKD_PDL_PREFETCH modes: PDL on in each mode, PDL off in each but "off"), each
-checked for PDL off's bits; --producer: those rows again as the engine runs the GEMV, after the
+(kernels/pdl.py's SPARKD_PDL_PREFETCH modes: PDL on in each mode; a launch without PDL prefetches
+nothing since the lead's review, so session 11's "pdl off prefetch" rows are gone), each checked for PDL
+off's bits; --producer: those rows again as the engine runs the GEMV, after the
 launch that hands it x (residual add + RMSNorm + x's int8 blocks, rms_norm.add_rms_norm_quant: "norm+"
 rows, checked against the first of them; err there is against another x, nan), and "norm alone".
 
@@ -278,14 +279,13 @@ def row_tiles(name: str, rows: int, cols: int) -> list[tuple[str, GemvConfig | N
 
 
 def pdl_rows(name: str) -> list[tuple[str, GemvConfig | None, dict]]:
-    """--pdl's rows: the default tile, PDL off then on; with --prefetch in each prefetch mode (PDL off's
-    "off" first), then --rows' tiles of the type with PDL on in each prefetch mode (e.g. the split by hand);
-    with --producer the default's rows after the norm, and the norm alone."""
+    """--pdl's rows: the default tile, PDL off then on; with --prefetch PDL on in each prefetch mode (PDL off
+    first: a launch without PDL prefetches nothing), then --rows' tiles of the type with PDL on in each prefetch
+    mode (e.g. the split by hand); with --producer the default's rows after the norm, and the norm alone."""
     if not PREFETCH_ROWS:
         return [(f"default pdl {mode}", None, dict(pdl=mode)) for mode in ("off", "on")]
     out = [("default pdl off", None, dict(pdl="off", prefetch="off"))]
-    out += [(f"default pdl {p} prefetch {f}", None, dict(pdl=p, prefetch=f)) for p in ("on", "off")
-            for f in PREFETCH_ROWS if (p, f) != ("off", "off")]
+    out += [(f"default pdl on prefetch {f}", None, dict(pdl="on", prefetch=f)) for f in PREFETCH_ROWS]
     tiles = [(f"{t} pdl on prefetch {f}", tile(t.rpartition(":")[2]),
               dict(pdl="on", prefetch=f, loads=t.rpartition(":")[0] or None))
              for t in TYPE_ROWS.get(name, []) for f in PREFETCH_ROWS]

@@ -135,17 +135,19 @@ def test_modes(monkeypatch):
     with pdl.using("off"):
         major["value"] = 10
         assert pdl.launch("cuda:0") == {"PDL": False}
-    # the weight prefetch: its MODE on CUDA only; bulk needs sm_90 (lines below); off whatever PDL's mode;
-    # "small": bulk up to SMALL_BYTES of weights, none above
+    # the weight prefetch: its MODE only where the launch uses PDL (CUDA, sm_90 and later, PDL not off: no wait,
+    # nothing to overlap); "small": bulk up to SMALL_BYTES of weights, none above
     for mode, want in (("off", 0), ("lines", 1), ("bulk", 2), ("small", 2)):
-        with pdl.prefetching(mode):
+        with pdl.prefetching(mode), pdl.using("auto"):
             assert (pdl.prefetch_mode("cuda:0"), pdl.prefetch_mode("cpu")) == (want, 0)
             assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES) == want
             assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES + 1) == (0 if mode == "small" else want)
             major["value"] = 8
-            assert pdl.prefetch_mode("cuda:0") == min(want, 1)
-            assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES + 1) == (0 if mode == "small" else min(want, 1))
+            assert pdl.prefetch_mode("cuda:0") == 0
+            assert pdl.prefetch_mode("cuda:0", pdl.SMALL_BYTES + 1) == 0
             major["value"] = 10
+            with pdl.using("off"):
+                assert pdl.prefetch_mode("cuda:0") == 0
 
 
 def test_configure_refuses_an_unknown_mode_or_prefetch():

@@ -18,16 +18,17 @@ Only loads of weights, which no kernel writes, may go before the wait. Torch ops
 launch without PDL and wait for all the work before them, as before.
 
 Weights before the wait (session 11, pdl11): $SPARKD_PDL_PREFETCH (read at import; prefetching() for
-benches) "off", "lines" or "bulk": a kernel may call prefetch_l2 before start() to ask the L2 for its
-weight bytes (matmul's dense integer GEMV, its program's share of its row tile), so their DRAM ramp
+benches) "off", "lines", "bulk" or "small": a kernel may call prefetch_l2 before start() to ask the L2 for
+its weight bytes (matmul's dense integer GEMV, its program's share of its row tile), so their DRAM ramp
 overlaps the kernel before it instead of following its wait. A prefetch moves no byte into a register,
 so it reads nothing an earlier kernel wrote and changes no bit; test_pdl.py allows it and nothing else
 there. "lines": a prefetch.global.L2 per 128-byte line; "bulk": one cp.async.bulk.prefetch.L2 of the
-range (sm_90 and later; "lines" on older GPUs). Off CUDA (the interpreter) never. On the H200 asking for a
-program's whole share up front slowed the GEMV at weights of 14 MB or more and paid only at the smallest
-(docs/performance.md, session 11, pdl11), so the default (pdl12) is "small": bulk, only in launches whose
-weight is at most SMALL_BYTES (attention's qkv and o; 12-layer Qwen3-30B-A3B decode on the H200: Q8_0 +3.4 %,
-Q4_K +0.5 %, the same bits); "off" switches it back.
+range. Only in launches that use PDL (sm_90 and later, SPARKD_PDL not off): without the wait there is
+nothing to overlap. On the H200 asking for a program's whole share up front slowed the GEMV at weights of
+14 MB or more and paid only at the smallest (docs/performance.md, session 11, pdl11), so the default
+(pdl12) is "small": bulk, only in launches whose weight is at most SMALL_BYTES (attention's qkv and o;
+12-layer Qwen3-30B-A3B decode on the H200: Q8_0 +1.7-3.4 %, Q4_K +0.5 %, the same bits); "off" switches
+it back.
 """
 
 from __future__ import annotations
@@ -90,12 +91,12 @@ def prefetching(mode: str):
 
 
 def prefetch_mode(device: torch.device | str, nbytes: int = 0) -> int:
-    """prefetch_l2's MODE for a launch on device over nbytes of weights: 0 off CUDA, switched off or "small" over
-    SMALL_BYTES; 1 lines; 2 bulk ("small" too), which needs sm_90 (lines below)."""
-    device = device if isinstance(device, torch.device) else torch.device(device)
-    if _prefetch == "off" or device.type != "cuda" or (_prefetch == "small" and nbytes > SMALL_BYTES):
+    """prefetch_l2's MODE for a launch on device over nbytes of weights: 0 where the launch has no PDL wait to
+    overlap (off CUDA, PDL off, or a GPU without it: bulk's cp.async.bulk needs sm_90 too), switched off, or
+    "small" over SMALL_BYTES; 1 lines; 2 bulk ("small" too)."""
+    if _prefetch == "off" or (_prefetch == "small" and nbytes > SMALL_BYTES) or not enabled(device):
         return 0
-    return 1 if _prefetch == "lines" or _major(device) < MIN_MAJOR else 2
+    return 1 if _prefetch == "lines" else 2
 
 
 @contextlib.contextmanager
