@@ -6,9 +6,11 @@ valid blocks (grouped: --experts of them, one buffer, the tokens routed to --top
 in expert tiles of --block-t rows by moe.expert_tiles; a shape with rows > cols is a down projection: one x
 row per routed row, as moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the
 engine quantizes a stack's or a MoE layer's x once), a way (--ways): "s10" (session 10's tile and loop),
-"s11" (matmul.IGEMM_TILES, the default), or a launch bn/bt/warps/unroll/stages/kblock (matmul.IgemmTile with
-steps: bt the dense GEMM's tokens a program): median µs of CUDA-event-timed calls, int8 TOPS (2 rows cols
-routed rows / s), the speedup over the first way, and whether the output is the first way's bits.
+"s11" (session 11's table), "s12" (matmul.IGEMM_TILES, the default), or a launch
+bn/bt/warps/unroll/stages/kblock[/maxnreg] (matmul.IgemmTile with steps: bt the dense GEMM's tokens a program;
+kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or left out: Triton's): median µs
+of CUDA-event-timed calls, int8 TOPS (2 rows cols routed rows / s), the speedup over the first way, and whether
+the output is the first way's bits.
     python3 bench/igemm_bench.py --types Q8_0,Q4T --shapes 2048x2048 --grouped 768x2048,2048x768 --tokens 512,2048
 """
 
@@ -35,11 +37,11 @@ DEVICE = "cuda"
 
 def use_way(way: str) -> None:
     """Set matmul's integer GEMM launch to a --ways entry (a bn/bt/... launch: for every layout)."""
-    matmul.IGEMM_WAY = "s10" if way == "s10" else "s11"
+    matmul.IGEMM_WAY = way if way in matmul.IGEMM_WAYS else "s12"
     matmul.igemm_tile = TABLE
-    if way not in ("s10", "s11"):
-        bn, bt, warps, unroll, stages, kb = (int(v) for v in way.split("/"))
-        tile = matmul.IgemmTile(bn, bt, warps, unroll, stages, True, bool(kb))
+    if way not in matmul.IGEMM_WAYS:
+        bn, bt, warps, unroll, stages, kb, *reg = (int(v) for v in way.split("/"))
+        tile = matmul.IgemmTile(bn, bt, warps, unroll, stages, True, kb > 0, kb == 2, *reg)
         matmul.igemm_tile = lambda fam, grouped: tile
 
 
@@ -64,7 +66,8 @@ def main() -> int:
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--block-t", type=int, default=moe.PREFILL_TILE)
     ap.add_argument("--tokens", default="512,2048")
-    ap.add_argument("--ways", default="s10,s11", help="s10, s11 or bn/bt/warps/unroll/stages/kblock; the first is the base")
+    ap.add_argument("--ways", default="s11,s12",
+                    help="s10, s11, s12 or bn/bt/warps/unroll/stages/kblock[/maxnreg]; the first is the base")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -102,7 +105,7 @@ def main() -> int:
                         y = call()
                         s = events_seconds(call, a.repeats)
                     finally:
-                        use_way("s11")
+                        use_way("s12")
                     first = y if first is None else first
                     base = s if base is None else base
                     r = {"type": name, "kind": kind, "shape": shape, "tokens": tokens, "way": way, "us": s * 1e6,

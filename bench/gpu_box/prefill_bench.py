@@ -18,7 +18,12 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 16-row expert tiles (SPARKD_MOE_PREFILL_TILE=16)
   nosync        s9 without the slots' sync; stack: nosync with one launch a stack;
   t16, t32, t64 stack with expert tiles of that height
-  s10g          int8 with session 10's integer GEMM loop and tile (SPARKD_IGEMM=s10; int8 has session 11's)
+  s10g          int8 with session 10's integer GEMM loop and tile (SPARKD_IGEMM=s10; int8 has the default's)
+  s11g          int8 with session 11's integer GEMM table (SPARKD_IGEMM=s11: pairx's kblock; int8 has s12's)
+  s12w          int8 with pairx's grouped GEMM on session 12's word unpack alone (no register cap; TILES below)
+  s12r          int8 with that GEMM's cap at 128 registers (session 12's call measured the engine so; TILES below)
+  i64           int8 with 64-row expert tiles (SPARKD_MOE_PREFILL_TILE=64) and pairx's grouped GEMM on 8 warps
+                (TILES below)
   tglue         int8 with moe_prefill's torch glue (SPARKD_MOE_PREFILL_GLUE=torch: expert_tiles' ~25 ops,
                 the route weights and slot sum as ~11 ops; int8 has a launch for each since session 10's glue10)
   graphs        int8 as a CUDA graph of the prompt padded to its length bucket (cuda_graphs.PromptForward,
@@ -74,7 +79,14 @@ VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee
 VARIANTS["stack"] = VARIANTS["t16"]
 VARIANTS["graphs"] = VARIANTS["int8"]
 VARIANTS["s10g"] = VARIANTS["int8"]
+VARIANTS["s11g"] = VARIANTS["s12w"] = VARIANTS["s12r"] = VARIANTS["int8"]
+VARIANTS["i64"] = ("grouped", "int8", True, *NOW[:2], 64, NOW[3])
 IGEMM_NOW = matmul.IGEMM_WAY
+TABLE_NOW = dict(matmul.IGEMM_TILES)
+# per way: its launches of matmul.IGEMM_TILES in place of the default's (bench-only candidates)
+TILES = {"s12w": {("Q4_K_TILED", True): matmul.IgemmTile(64, 32, 4, 1, 2, words=True)},
+         "s12r": {("Q4_K_TILED", True): matmul.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=128)},
+         "i64": {("Q4_K_TILED", True): matmul.IgemmTile(64, 64, 8, 1, 2, words=True, maxnreg=128)}}
 EAGER_OF = {"graphs": "int8", "graphs-rows": "int8-rows", "graphs-torch": "int8-torch"}  # graph way: its eager way
 for _v in EAGER_OF:
     VARIANTS[EAGER_OF[_v]] = VARIANTS[_v] = VARIANTS["int8"]
@@ -96,7 +108,9 @@ def use(variant: str) -> bool:
     attention.PREFILL_ATTENTION, linear.PREFILL_FLOAT_GEMM = (ROWS[variant],) * 2 if variant in ROWS else ROWS_ENV
     own_rope = variant in OWN_ROPE
     graphed = prompt_graphs.get(variant)
-    matmul.IGEMM_WAY = "s10" if variant == "s10g" else IGEMM_NOW
+    matmul.IGEMM_WAY = {"s10g": "s10", "s11g": "s11"}.get(variant, IGEMM_NOW)
+    matmul.IGEMM_TILES.clear()
+    matmul.IGEMM_TILES.update({**TABLE_NOW, **TILES.get(variant, {})})
     return last
 
 

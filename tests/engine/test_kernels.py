@@ -190,8 +190,9 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
-    """Session 11's loop (matmul._igemm_steps) on every layout, with the family's word loader (kblock) and with
-    iblock, 2 Q8_0 blocks a step: the bits of session 10's loop, dense and grouped (two experts, rows in tiles)."""
+    """Session 11's loop (matmul._igemm_steps) on every layout, with the family's word loader (kblock), with
+    iblock and (pairx) with session 12's word unpack (wblock), 2 Q8_0 blocks a step: the bits of session 10's
+    loop, dense and grouped (two experts, rows in tiles)."""
     rows, cols, n_tok, n = 8, 256, 3, 2
     ids = torch.tensor([1, 0, 1, 1, 0, 1]).to(backend)  # the 3 tokens' 2 experts
     keys, order = torch.sort(ids, stable=True)
@@ -202,7 +203,10 @@ def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
         offsets = torch.arange(n, dtype=torch.int64, device=backend) * (w.numel() // n)
         x = torch.randn(n_tok, cols, device=backend)
         got = []
-        for tile in (matmul.S10_IGEMM, matmul.IgemmTile(16, 16, 4, 2, 2), matmul.IgemmTile(16, 16, 4, 2, 2, kblock=False)):
+        tiles_ = [matmul.S10_IGEMM, matmul.IgemmTile(16, 16, 4, 2, 2), matmul.IgemmTile(16, 16, 4, 2, 2, kblock=False)]
+        if dispatch.family(ltype).wblock is not None:  # pairx's 32-bit word unpack (session 12)
+            tiles_.append(matmul.IgemmTile(16, 16, 4, 2, 2, words=True, maxnreg=168))
+        for tile in tiles_:
             monkeypatch.setattr(matmul, "igemm_tile", lambda fam, grouped: tile)
             got.append((gemm(w[:w.numel() // n], ltype, (rows, cols), x, "int8"),
                         grouped_gemm(w, offsets, ltype, (rows, cols), x, src, tiles, "int8", block_t=16)))

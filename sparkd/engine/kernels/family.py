@@ -103,6 +103,8 @@ class Family:
     # with an iblock: iblock's values loaded as 32-bit (Q8_0: 16-bit) words and unpacked in registers instead of
     # byte loads (session 11's GEMM, matmul._igemm_steps: the pipeliner copies word loads ahead); None: iblock
     kblock: Any = None
+    # with a kblock: the same block unpacked with 32-bit word ops into the int8 tile (pairx, session 12), or None
+    wblock: Any = None
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

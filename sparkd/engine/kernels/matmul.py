@@ -719,12 +719,15 @@ class IgemmTile:
     stages: int = 0  # the step loop's num_stages (tl.range); 0: Triton's default
     steps: bool = True  # _igemm_steps (session 11); False: session 10's _igemm_tile
     kblock: bool = True  # with steps: the family's kblock where it has one
+    words: bool = False  # with kblock: the family's wblock (32-bit word unpack, session 12) where it has one
+    maxnreg: int = 0  # registers a thread at most (Triton's maxnreg: more programs an SM, some spills); 0: Triton's
 
 
 IGEMM_ENV = "SPARKD_IGEMM"
-IGEMM_WAYS = ("s11", "s10")
-# "s10": session 10's tile and loop everywhere (the same bits)
-IGEMM_WAY = switches.choice(IGEMM_ENV, IGEMM_WAYS, "s11")
+IGEMM_WAYS = ("s12", "s11", "s10")
+# "s11": session 11's table (IGEMM_TILES_S11: pairx's kblock); "s10": session 10's tile and loop everywhere (the
+# same bits either way)
+IGEMM_WAY = switches.choice(IGEMM_ENV, IGEMM_WAYS, "s12")
 S10_IGEMM = IgemmTile(64, 64, 4, 1, 0, False, False)
 # by (the layout's qtype name, grouped): the H200's fastest of bench/igemm_bench.py (session 11, prefill25: dense
 # 2048x2048, the MoE gate/up 768x2048 and down 2048x768 of 128 experts, top 8, 512 and 2048 tokens; the speedups
@@ -737,13 +740,18 @@ IGEMM_TILES = {("Q8_0", False): IgemmTile(64, 64, 4, 4, 2), ("Q8_0", True): Igem
                ("Q4_K_TILED", False): IgemmTile(64, 32, 4, 1, 2, kblock=False),
                ("Q4_K_TILED", True): IgemmTile(64, 32, 4, 1, 2),
                ("Q6_K", False): IgemmTile(64, 32, 4, 1, 3), ("Q6_K", True): IgemmTile(64, 32, 4, 1, 3)}
+IGEMM_TILES_S11 = dict(IGEMM_TILES)
+# session 12 (prefill26, H200, bench/results/prefill26_h200_s12*): pairx's grouped GEMM unpacks its nibbles with
+# 32-bit word ops (q4_k_pair.wblock; 1.49-1.55x over kblock alone) at most 168 registers a thread (3 programs an
+# SM; 1.56-1.87x, 128 registers 1.48-1.61x; kblock capped at 128 0.98-1.05x); 64-row tiles on 8 warps lost to it
+IGEMM_TILES[("Q4_K_TILED", True)] = IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=168)
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
     """The integer GEMM's launch for a family's layout: IGEMM_TILES' (else, and with $SPARKD_IGEMM=s10, session 10's)."""
     if IGEMM_WAY == "s10":
         return S10_IGEMM
-    return IGEMM_TILES.get((fam.qtype.name, grouped), S10_IGEMM)
+    return (IGEMM_TILES_S11 if IGEMM_WAY == "s11" else IGEMM_TILES).get((fam.qtype.name, grouped), S10_IGEMM)
 
 
 def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
@@ -752,8 +760,10 @@ def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
     while n_blocks % unroll:
         unroll //= 2
     kb = tile.steps and tile.kblock and fam.kblock is not None
-    return dict(IBLOCK=fam.kblock if kb else fam.iblock, IGROUP=fam.igroup, HALF=fam.ihalf, BLOCK_N=tile.block_n,
-                STEPS=tile.steps, UNROLL=unroll, STAGES=tile.stages or None, num_warps=tile.num_warps)
+    block = (fam.wblock if tile.words and fam.wblock is not None else fam.kblock) if kb else fam.iblock
+    return dict(IBLOCK=block, IGROUP=fam.igroup, HALF=fam.ihalf, BLOCK_N=tile.block_n,
+                STEPS=tile.steps, UNROLL=unroll, STAGES=tile.stages or None, num_warps=tile.num_warps,
+                **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}))
 
 
 # the integer GEMM, for families with an iblock (Q8_0 and its packed layout, Q4_K and its pairx layout, Q6_K and

@@ -200,6 +200,30 @@ def kblock(w_ptr, row_off, rmask, b, row_bytes):
 
 
 @triton.jit
+def wblock(w_ptr, row_off, rmask, b, row_bytes):
+    """kblock unpacked with 32-bit word ops (session 12): the sub-block's 4 qs words (word a: values 8a + 4h + j
+    in nibble h of byte j) loaded once each, `(w >> 4h) & 0x0F0F0F0F` four int8 values a word op, and each
+    unpacked word's bytes taken in order (join, no per-value shift by a lane-dependent amount) as the int8 tile:
+    values in dequant's order, the same integer sums as kblock and iblock."""
+    tile, lane = _tile_at(w_ptr, row_off, row_bytes)  # [BN]
+    g, s = b // 8, b % 8
+    a = tl.arange(0, 4)[None, :]
+    ln = lane[:, None]
+    qs = (tile[:, None] + g * 512).to(tl.pointer_type(tl.int32))
+    w = tl.load(qs + 4 * (4 * s + ln // 2) + 2 * (ln % 2) + 8 * (a // 2) + a % 2, mask=rmask[:, None], other=0)
+    m = 0x0F0F0F0F
+    u = tl.reshape(tl.join(w & m, (w >> 4) & m), (w.shape[0], 8))  # word 2a + h: values 8a + 4h .. + 3
+    b0, b1, b2, b3 = u.to(tl.int8), (u >> 8).to(tl.int8), (u >> 16).to(tl.int8), (u >> 24).to(tl.int8)
+    q = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (w.shape[0], 32))  # [.., v, k, m]: byte 2k + m
+    hw = (tile + row_bytes // 144 * 512 + g * 64).to(tl.pointer_type(tl.int32))
+    at = 8 * lane.to(tl.int32)
+    scb = (tl.load(hw + 4 + s, mask=rmask, other=0) >> at) & 0xFF
+    mnb = (tl.load(hw + 12 + s // 2, mask=rmask, other=0) >> at) & 0xFF
+    sc, mn = _sc_mn(scb, mnb, s)
+    return q, sc, mn
+
+
+@triton.jit
 def _scale_min(tile, lane, rmask, g, s, row_bytes):
     """The 6-bit scale and min (int32 [BN]) of sub-block s of group g of each row (its tile, its lane in it)."""
     hb = tile + row_bytes // 144 * 512 + g * 64 + lane
