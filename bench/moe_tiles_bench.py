@@ -276,8 +276,9 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
     gemv_tiles_bench.print_rows(rows)
     gus, dns = candidates(qtype, args)
     new = sets[-1]
-    gu_parts = (s.gate_up, s.twin_gate_up) if args.twins else (s.gate_up,)
-    dn_parts = (s.down, s.whole, s.twin_down, s.twin_fold) if args.twins else (s.down, s.whole)
+    # (session 12: each candidate's layer as the engine runs it too, "all qx": two launches overlap as they may)
+    gu_parts = (s.gate_up, s.engine, s.twin_gate_up) if args.twins else (s.gate_up, s.engine)
+    dn_parts = (s.down, s.whole, s.engine, s.twin_down, s.twin_fold) if args.twins else (s.down, s.whole, s.engine)
     timed = [(t, part, dataclasses.replace(tile(t), fuse_quant=True), new[2]) for t in gus for part in gu_parts] + \
         [(t, part, new[1], tile(t)) for t in dns for part in (dn_parts if tile(t).fold != gemv_tiles_bench.NO_FOLD
                                                                else (s.down,))]
