@@ -30,7 +30,9 @@ timed (moe_tiles.TILE_SETS; "new", the default, always). Session 8 (moe17): "dow
 down's twin with the down's in-launch fold (matmul.fold_part): the fold's share of a down's time.
 Session 8 (fold19): a down tile's mode may end in "n" (4/1/1/gn/8, gemv_tiles_bench.NO_FOLD): the down
 storing its partials with no fold (times only, err meaningless), timed alone; a --gate-up / --down item
-TYPE@tile is timed for that type only (Q8_0@4/1/1/g/4).
+TYPE@tile is timed for that type only (Q8_0@4/1/1/g/4). Session 12 (moe22): every gate/up and down
+candidate is also timed as the whole layer the engine runs ("all qx"): a launch alone faster is not yet a
+layer faster (the two launches overlap by PDL as they may).
 """
 
 from __future__ import annotations

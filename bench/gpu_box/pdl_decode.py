@@ -9,16 +9,15 @@ does. --prefetch off,bulk (session 11, pdl11): the rounds are PDL on in these we
 ratios over the first mode's). A mode "MODE/RULE" (session 11, pdl12; e.g. off/wave2) runs its rounds with
 matmul.split_for's rule RULE (the GEMV configs worked out again): its bits are checked against its own
 first round (another split sums in another order), its greedy tokens against the first round's (reported).
---moe-tiles s11,new (session 12, moe22): the rounds are PDL on at these MoE decode tile sets
-($SPARKD_MOE_TILES' values) in turn; SET:N runs SET with its split gate/up tiles split N instead
-(moe_tiles.DECODE_TILES patched in this process); bits checked per set, as for a split rule.
+--moe-tiles s8,new (session 12, moe22): the rounds are PDL on at these MoE decode tile sets
+($SPARKD_MOE_TILES' values, moe_tiles.TILES set in this process) in turn; bits checked per set, as for a
+split rule.
 On the GPU box:
     python3 bench/gpu_box/pdl_decode.py --quant Q8_0 --layers 12 --json out.json
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -64,17 +63,11 @@ def use_split_rule(net, rule: str) -> None:
             mod._gemv_configs.clear()
 
 
-MOE_TILES0 = moe_tiles.DECODE_TILES
-
-
 def use_moe_tiles(which: str) -> None:
-    """From now on the MoE decode takes tile set SET of "SET[:N]" (N: its split gate/up tiles split N)."""
-    name, _, split = which.partition(":")
-    if name not in moe_tiles.TILE_SETS:
-        raise SystemExit(f"MoE tile set {name!r} is not one of {moe_tiles.TILE_SETS}")
-    moe_tiles.TILES = name
-    moe_tiles.DECODE_TILES = {k: (dataclasses.replace(gu, split=int(split)) if split and gu.split > 1 else gu, dn)
-                              for k, (gu, dn) in MOE_TILES0.items()}
+    """From now on the MoE decode takes tile set `which` (moe_tiles.decode_tiles reads TILES per call)."""
+    if which not in moe_tiles.TILE_SETS:
+        raise SystemExit(f"MoE tile set {which!r} is not one of {moe_tiles.TILE_SETS}")
+    moe_tiles.TILES = which
 
 
 def main() -> int:
@@ -83,7 +76,7 @@ def main() -> int:
     ap.add_argument("--prefetch", default="", help="rounds of PDL on in these weight prefetch modes (e.g. off,bulk); "
                     "MODE/RULE: at matmul's split rule RULE (e.g. off/wave2)")
     ap.add_argument("--repeats", type=int, default=3, help="times each mode's round runs, interleaved")
-    ap.add_argument("--moe-tiles", default="", help="rounds of PDL on at these MoE tile sets (SET[:N], e.g. s11,new)")
+    ap.add_argument("--moe-tiles", default="", help="rounds of PDL on at these MoE tile sets (e.g. s8,new)")
     a = ap.parse_args()
     prefetches = [m for m in a.prefetch.split(",") if m]
     # (label, PDL mode, prefetch mode, split rule, MoE tile set) of each round
@@ -96,7 +89,7 @@ def main() -> int:
            "pdl_default": pdl.current(), "enabled_auto": pdl.enabled("cuda"), "rounds": []}
     ctx = 512
     try:
-        first, firsts = None, {}  # (the first round, the first round of each split rule)
+        first, firsts = None, {}  # (the first round, the first round of each (split rule, MoE tile set))
         for label, mode, prefetch, rule, tiles in modes * a.repeats:
             use_split_rule(m.net, rule)
             use_moe_tiles(tiles)

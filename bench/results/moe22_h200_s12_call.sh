@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 12, moe22 (H200, one call): the MoE gate/up with its K in ranges (GemvConfig.split of the gate/up tile,
+# Session 12, moe22 (H200, one call, at commit 654e023: the split gate/up there, removed after this measurement): the MoE gate/up with its K in ranges (GemvConfig.split of the gate/up tile,
 # moe._igate_up_kernel's KSPLIT; default split 2 below width 4096, "s11" = the default before) at 2048x768 and
 # 4096x1536 top-8, Q8_0, Q4_K (GGUF, streamed experts) and Q4_KX (gate/up pairx, the resident default), split
 # candidates beside the sets s11 and new (each also as the engine's layer, "all qx"); 7168x2048 defaults only (the

@@ -26,8 +26,7 @@ def main() -> None:
     down = dict(down_ptr=U8, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_ptr=I32, rw_ptr=F32, y_ptr=F32,
                 part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
     gate_up = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32,
-                   xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32,
-                   kpart_ptr=F32, ktickets_ptr=I32)
+                   xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
     for qtype, (gu_cfg, d_cfg) in moe_tiles.DECODE_TILES.items():
         if qtype not in T.__members__:  # a layout packed at load (Q4_K_TILED): Q4_K's paths with TILED, the same atomics
             continue
@@ -42,12 +41,11 @@ def main() -> None:
                                                       **tile),
                         cfg.num_warps)
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
-        for ksplit in (1, 2):  # (session 12: the gate/up's K ranges meet by a ticket too, before h's)
-            n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
-                                                            HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True,
-                                                            TILED=False, KSPLIT=ksplit, **tile),
-                        gu_cfg.num_warps, fp_fusion=False)
-            print(f"igate_up {qtype} late-quant ksplit={ksplit} atomics={n}")
+        n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
+                                                        HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, TILED=False,
+                                                        **tile),
+                    gu_cfg.num_warps, fp_fusion=False)
+        print(f"igate_up {qtype} late-quant atomics={n}")
     gate = dict(gate_ptr=F32, x_ptr=F32, part_ptr=F32, ticket_ptr=I32, bias_ptr=F32, w_ptr=F32, ids_ptr=I64)
     n = atomics(router_topk._gate_topk, gate, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8,
                                                    BLOCK_E=128, BLOCK_K=8, ROWS=4, COLS=256, SPLIT=8), 1)

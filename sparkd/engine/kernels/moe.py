@@ -196,54 +196,49 @@ def _experts(n, SPLIT: tl.constexpr):
 @triton.jit
 def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT: tl.constexpr,
                   A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
-                  EMU: tl.constexpr, STAGES: tl.constexpr, PAIR: tl.constexpr, part=0, n_parts=1):
-    """(gate row sums, up row sums) on quantized x over range `part` of n_parts of the row's groups (row_idot's
-    ranges). PAIR: both rows in one loop over x's groups (a step issues both rows' loads; the same operations
-    per row in the same order as row_idot, so the same bits), else row_idot twice."""
+                  EMU: tl.constexpr, STAGES: tl.constexpr, PAIR: tl.constexpr):
+    """(gate row sums, up row sums) on quantized x. PAIR: both rows in one loop over x's groups
+    (a step issues both rows' loads; the same operations per row in the same order as row_idot,
+    so the same bits), else row_idot twice."""
     if PAIR:
         n_groups = tl.cdiv(D, 256)
-        per = tl.cdiv(n_groups, n_parts)
-        start = part * per
-        end = tl.minimum(start + per, n_groups)
         if EW:
             acc_g = tl.zeros((rmask.shape[0], A1, A2), tl.float32)
         else:
             acc_g = tl.zeros(rmask.shape, tl.float32)
         acc_u = acc_g
-        for g0 in tl.range(start, end, UNROLL, num_stages=STAGES):
+        for g0 in tl.range(0, n_groups, UNROLL, num_stages=STAGES):
             for u in tl.static_range(UNROLL):
-                gc = tl.minimum(g0 + u, end - 1)  # past the end: read a valid group, masked out
-                m = rmask & (tl.zeros(rmask.shape, tl.int32) + g0 + u < end)
+                gc = tl.minimum(g0 + u, n_groups - 1)  # past the end: read a valid group, masked out
+                m = rmask & (tl.zeros(rmask.shape, tl.int32) + g0 + u < n_groups)
                 acc_g = IDOT(gate_ptr, g_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_g, EW, EMU)
                 acc_u = IDOT(up_ptr, u_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_u, EW, EMU)
         if EW:
             acc_g = row_sums(acc_g, A1, A2, A3)
             acc_u = row_sums(acc_u, A1, A2, A3)
     else:
-        acc_g = row_idot(gate_ptr, g_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, part, n_parts, IDOT, A1, A2, A3, UNROLL,
-                         EW, EMU, STAGES)
-        acc_u = row_idot(up_ptr, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, part, n_parts, IDOT, A1, A2, A3, UNROLL,
-                         EW, EMU, STAGES)
+        acc_g = row_idot(gate_ptr, g_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU,
+                         STAGES)
+        acc_u = row_idot(up_ptr, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU,
+                         STAGES)
     return acc_g, acc_u
 
 
 @triton.jit
 def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
-                     hf_ptr, tickets_ptr, kpart_ptr, ktickets_ptr, F, D, row_bytes, IDS: tl.constexpr,
-                     IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
-                     UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
+                     hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
+                     A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
+                     EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
-                     KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
+                     PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
-    hs_ptr its QuantX buffers): _h_out. TILED (gate and up in a row-tile layout, q4_k_tiled's): the step
-    gets the expert's matrix as its weight pointer and the rows' offsets in it, as a GEMV does (a row's
-    tile follows from its offset). KSPLIT > 1 (session 12, moe22): program_id(2) sums range program_id(2)
-    of KSPLIT of the row's groups (more programs in flight where 8 experts x few rows leave the SMs short)
-    and stores its gate and up sums in kpart_ptr [n, KSPLIT, 2, F]; the last of a row tile's KSPLIT programs
-    (ktickets_ptr, one per (expert, row tile), acq_rel, as matmul.fold_part) adds them in range order from
-    0.0 and goes on to the activation and h."""
+    hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
+    (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs
+    to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
+    TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
+    weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset)."""
     pdl.start(PDL)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -251,44 +246,12 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     rb = rows.to(tl.int64) * row_bytes
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
     u_off = _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN)
-    if KSPLIT > 1:
-        s = tl.program_id(2)
-    else:
-        s = 0  # the unsplit loop as before
     if TILED:
         g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1,
-                             A2, A3, UNROLL, EW, EMU, STAGES, PAIR, s, KSPLIT)
+                             A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
     else:
         g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
-                             A3, UNROLL, EW, EMU, STAGES, PAIR, s, KSPLIT)
-    if KSPLIT == 1:
-        _h_out(g, u, a, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW,
-               HBLOCK, H8K)
-    else:
-        part = kpart_ptr + a * (KSPLIT * 2 * F)
-        tl.store(part + s * (2 * F) + rows, g, mask=rmask)
-        tl.store(part + s * (2 * F) + F + rows, u, mask=rmask)
-        tl.debug_barrier()  # every thread's stores are issued before the ticket (acq_rel) publishes them
-        ticket = ktickets_ptr + a * tl.num_programs(0) + tl.program_id(0)
-        if tl.atomic_add(ticket, 1, sem="acq_rel") == KSPLIT - 1:
-            g = tl.zeros((BLOCK_N,), tl.float32)
-            u = g
-            for k in tl.static_range(KSPLIT):
-                # .cg: the other programs' stores from L2, never an L1 line
-                g += tl.load(part + k * (2 * F) + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-                u += tl.load(part + k * (2 * F) + F + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-            tl.store(ticket, 0)
-            _h_out(g, u, a, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW,
-                   HBLOCK, H8K)
-
-
-@triton.jit
-def _h_out(g, u, a, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N: tl.constexpr,
-           ACT: tl.constexpr, RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr):
-    """Expert a's h for its rows from the gate and up sums: the activation, the routing weight if RW, then h
-    stored (HBLOCK 0: float32 [n, F] at h_ptr), quantized by the tile itself when it holds whole blocks, else
-    (a tile dividing the block) stored float in hf_ptr [n, F], the last of a block's programs to finish (a
-    ticket per (expert, block), acq_rel) quantizing the block and resetting the ticket."""
+                             A3, UNROLL, EW, EMU, STAGES, PAIR)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -534,9 +497,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     x float32 [D]; route_weights float32 [n] (one per table entry, or per selected expert of a
     PreparedTable.select, on x's device) -> y [D] (written into `out` if given: float32 [D] on
     x's device). residual (float32 [D]): y = that sum + residual, the same bits as adding it
-    after, in the down launch where it can. gate_up/down: tile shapes (a gate/up's split: K ranges
-    of the integer launch, summed by the last program of a row tile before the activation, session 12;
-    ignored by the float launch; down's split and atomic are explained in the
+    after, in the down launch where it can. gate_up/down: tile shapes (their split is ignored for
+    gate/up, whose activation needs whole sums; down's split and atomic are explained in the
     module docstring, its fold where the ranges meet: "kernel", by the last program of each row
     tile, or "torch", one more launch); None: the families' defaults (decode_tiles).
     A projection whose family has an integer step quantizes its input itself as llama.cpp does
@@ -609,31 +571,24 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
     for the down projection already (act_quant.QuantX) if cfg.fuse_quant."""
     kernels = kernels or decode_kernels()
     n, D, F = p.count, p.table.dim, p.table.width
-    tiles = triton.cdiv(F, cfg.block_n)
+    grid = (triton.cdiv(F, cfg.block_n), n)
     if p.gate_up.idot is not None:
         check_one_tile(p.gate_up, cfg, what)
-        ksplit = gate_up_split(cfg, D, what)
         hq = _fused_h(p, cfg, x.device, what)
         h = torch.empty(n, F, dtype=torch.float32, device=x.device) if hq is None else hq.words
         hd, hs = (h, h) if hq is None else (hq.scales, hq.sums)
         hblock = 0 if hq is None else act_quant.BLOCKS[p.down.act_fmt]
         late = 0 < cfg.block_n < hblock  # blocks quantized by their last program: float h first
         hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
-        # the h blocks' tickets, then the K ranges' (one per expert and row tile): apart in one buffer
-        h_tickets = n * F // hblock if late else 0
-        k_tickets = n * tiles if ksplit > 1 else 0
-        t = tickets(h_tickets + k_tickets, x.device) if h_tickets + k_tickets else hf
-        kpart = torch.empty(n * ksplit * 2 * F, dtype=torch.float32, device=x.device) if ksplit > 1 else hf
         q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
-        _igate_up_kernel[(tiles, n, ksplit)](
-                               p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
+        _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
                                xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
-                               tickets_ptr=t, kpart_ptr=kpart, ktickets_ptr=t[h_tickets:] if k_tickets else t, F=F,
-                               D=D, row_bytes=p.gate_up_row_bytes, **_ids(p),
+                               tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
+                               row_bytes=p.gate_up_row_bytes, **_ids(p),
                                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
                                            _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                            kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
-                               TILED=p.gate_up.row_tile > 1, KSPLIT=ksplit,
+                               TILED=p.gate_up.row_tile > 1,
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
@@ -642,22 +597,11 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
         return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
-    _gate_up_kernel[(tiles, n)](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x_ptr=x, rw_ptr=rw,
+    _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x_ptr=x, rw_ptr=rw,
                           h_ptr=h, F=F, D=D, row_bytes=p.gate_up_row_bytes, **_ids(p), **family_args(p.gate_up),
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **pdl.launch(x.device))
     return h
-
-
-def gate_up_split(cfg: GemvConfig, D: int, what: str) -> int:
-    """The integer gate/up's K ranges (cfg.split; 0 or 1: none): each range whole loop steps of the row's
-    groups (so the unmasked steps of _full read none past it), else a clear error."""
-    split = max(1, cfg.split)
-    if split > 1 and (D % 256 or (D // 256) % (split * cfg.unroll)):
-        raise dispatch.KernelArgumentError(
-            f"could not run {what}: a gate/up split over K into {split} ranges needs the row's groups ({D} / 256) "
-            f"a multiple of {split} x the tile's unroll {cfg.unroll}; change the tile's split or unroll")
-    return split
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:

@@ -1,10 +1,10 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
-against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s11, new)."""
+against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, new)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sparkd.engine import switches
@@ -82,21 +82,13 @@ Q8_0_FEW_RANGES = GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True,
 # without Kernels.down_full's constant trip count 24.7 / 15.6 us at the first two
 Q4_K_DOWN = GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=4)
 TILED_DOWN = Q4_K_DOWN
-S11_DECODE_TILES = {**S8_DECODE_TILES,  # the default until session 12 (moe22); "s11"
-                    "Q4_K": (S8_DECODE_TILES["Q4_K"][0], Q4_K_DOWN),
-                    "Q4_K_TILED": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), TILED_DOWN)}
-S11_WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),
-                            (6144, S8_WIDTH_TIERS["Q8_0"][0][1], Q8_0_FEW_RANGES)],
-                   "Q4_K": S8_WIDTH_TIERS["Q4_K"],
-                   "Q4_K_TILED": S8_WIDTH_TIERS["Q4_K"]}
-# session 12 (moe22): below model width 4096 the gate/up's K in GATE_UP_SPLIT ranges (moe._igate_up_kernel's
-# KSPLIT: 8 experts x 768 rows are 1536-3072 one-warp programs, under one wave on the H200, each walking all
-# 8 groups of its row; the last of a row tile's ranges adds them before the activation); from 4096 unsplit
-GATE_UP_SPLIT = 2
-DECODE_TILES = {name: (replace(gu, split=GATE_UP_SPLIT) if name in S11_WIDTH_TIERS else gu, dn)
-                for name, (gu, dn) in S11_DECODE_TILES.items()}
-WIDTH_TIERS = {name: [(tiers[0][0], tiers[0][1] or S11_DECODE_TILES[name][0], tiers[0][2]), *tiers[1:]]
-               for name, tiers in S11_WIDTH_TIERS.items()}
+DECODE_TILES = {**S8_DECODE_TILES,
+                "Q4_K": (S8_DECODE_TILES["Q4_K"][0], Q4_K_DOWN),
+                "Q4_K_TILED": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), TILED_DOWN)}
+WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),
+                        (6144, S8_WIDTH_TIERS["Q8_0"][0][1], Q8_0_FEW_RANGES)],
+               "Q4_K": S8_WIDTH_TIERS["Q4_K"],
+               "Q4_K_TILED": S8_WIDTH_TIERS["Q4_K"]}
 
 
 @dataclass(frozen=True)
@@ -132,15 +124,15 @@ S6R2_KERNELS = Kernels(full=False, down_full=())  # session 6's second round (mo
 S7_KERNELS = Kernels(down_full=())  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
-# of "s6" to "s7" too; "s11": Kernels() at S11_DECODE_TILES / S11_WIDTH_TIERS (no gate/up split: before session 12)
+# of "s6" to "s7" too
 TILES_ENV = "SPARKD_MOE_TILES"
-TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s11", "new")
+TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
     """The default (gate/up, down) tiles for the table's families and shape: which "new" (DECODE_TILES,
-    WIDTH_TIERS), "s11" (S11_DECODE_TILES, S11_WIDTH_TIERS: no gate/up split), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES, S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
+    WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES, S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
     every shape); default $SPARKD_MOE_TILES."""
     which = which or TILES
     if which not in TILE_SETS:
@@ -157,12 +149,9 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
             down = large[1]
         return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
     gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
-    tiles, tiers = {"new": (DECODE_TILES, WIDTH_TIERS), "s11": (S11_DECODE_TILES, S11_WIDTH_TIERS)}.get(
-        which, (S8_DECODE_TILES, S8_WIDTH_TIERS))
-    gate_up = _tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0])
-    if gate_up.split > 1 and p.table.dim % (256 * gate_up.split * gate_up.unroll):
-        gate_up = replace(gate_up, split=0)  # (a narrow model's rows: ranges of whole loop steps or none)
-    return gate_up, _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1])
+    tiles, tiers = (DECODE_TILES, WIDTH_TIERS) if which == "new" else (S8_DECODE_TILES, S8_WIDTH_TIERS)
+    return (_tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]),
+            _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1]))
 
 
 def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
@@ -176,5 +165,5 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(), "s11": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
+    return {"new": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
             "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
