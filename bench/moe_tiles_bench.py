@@ -30,7 +30,9 @@ timed (moe_tiles.TILE_SETS; "new", the default, always). Session 8 (moe17): "dow
 down's twin with the down's in-launch fold (matmul.fold_part): the fold's share of a down's time.
 Session 8 (fold19): a down tile's mode may end in "n" (4/1/1/gn/8, gemv_tiles_bench.NO_FOLD): the down
 storing its partials with no fold (times only, err meaningless), timed alone; a --gate-up / --down item
-TYPE@tile is timed for that type only (Q8_0@4/1/1/g/4).
+TYPE@tile is timed for that type only (Q8_0@4/1/1/g/4). Session 12 (moe22): every gate/up and down
+candidate is also timed as the whole layer the engine runs ("all qx"): a launch alone faster is not yet a
+layer faster (the two launches overlap by PDL as they may).
 """
 
 from __future__ import annotations
@@ -276,8 +278,9 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
     gemv_tiles_bench.print_rows(rows)
     gus, dns = candidates(qtype, args)
     new = sets[-1]
-    gu_parts = (s.gate_up, s.twin_gate_up) if args.twins else (s.gate_up,)
-    dn_parts = (s.down, s.whole, s.twin_down, s.twin_fold) if args.twins else (s.down, s.whole)
+    # (session 12: each candidate's layer as the engine runs it too, "all qx": two launches overlap as they may)
+    gu_parts = (s.gate_up, s.engine, s.twin_gate_up) if args.twins else (s.gate_up, s.engine)
+    dn_parts = (s.down, s.whole, s.engine, s.twin_down, s.twin_fold) if args.twins else (s.down, s.whole, s.engine)
     timed = [(t, part, dataclasses.replace(tile(t), fuse_quant=True), new[2]) for t in gus for part in gu_parts] + \
         [(t, part, new[1], tile(t)) for t in dns for part in (dn_parts if tile(t).fold != gemv_tiles_bench.NO_FOLD
                                                                else (s.down,))]

@@ -9,6 +9,9 @@ does. --prefetch off,bulk (session 11, pdl11): the rounds are PDL on in these we
 ratios over the first mode's). A mode "MODE/RULE" (session 11, pdl12; e.g. off/wave2) runs its rounds with
 matmul.split_for's rule RULE (the GEMV configs worked out again): its bits are checked against its own
 first round (another split sums in another order), its greedy tokens against the first round's (reported).
+--moe-tiles s8,new (session 12, moe22): the rounds are PDL on at these MoE decode tile sets
+($SPARKD_MOE_TILES' values, moe_tiles.TILES set in this process) in turn; bits checked per set, as for a
+split rule.
 On the GPU box:
     python3 bench/gpu_box/pdl_decode.py --quant Q8_0 --layers 12 --json out.json
 """
@@ -25,7 +28,7 @@ import torch
 from decode_profile import PROMPT, bench_args, decode, eager_next, load_generated
 
 from sparkd.engine.cuda_graphs import StaticDecode
-from sparkd.engine.kernels import matmul, pdl
+from sparkd.engine.kernels import matmul, moe_tiles, pdl
 from sparkd.engine.layers.linear import KernelLinear
 
 ROUNDS = ("off", "on")
@@ -60,37 +63,48 @@ def use_split_rule(net, rule: str) -> None:
             mod._gemv_configs.clear()
 
 
+def use_moe_tiles(which: str) -> None:
+    """From now on the MoE decode takes tile set `which` (moe_tiles.decode_tiles reads TILES per call)."""
+    if which not in moe_tiles.TILE_SETS:
+        raise SystemExit(f"MoE tile set {which!r} is not one of {moe_tiles.TILE_SETS}")
+    moe_tiles.TILES = which
+
+
 def main() -> int:
     ap = bench_args(__doc__, layers=12, tokens=256)
     ap.add_argument("--forced", type=int, default=32, help="teacher-forced steps whose logits bits are compared")
     ap.add_argument("--prefetch", default="", help="rounds of PDL on in these weight prefetch modes (e.g. off,bulk); "
                     "MODE/RULE: at matmul's split rule RULE (e.g. off/wave2)")
     ap.add_argument("--repeats", type=int, default=3, help="times each mode's round runs, interleaved")
+    ap.add_argument("--moe-tiles", default="", help="rounds of PDL on at these MoE tile sets (e.g. s8,new)")
     a = ap.parse_args()
     prefetches = [m for m in a.prefetch.split(",") if m]
-    # (label, PDL mode, prefetch mode, split rule) of each round
-    rule0 = matmul.SPLIT_RULE
-    modes = [(f"prefetch {m}", "on", *(m.split("/") + [rule0])[:2]) for m in prefetches] or [
-        (m, m, pdl.current_prefetch(), rule0) for m in ROUNDS]
+    # (label, PDL mode, prefetch mode, split rule, MoE tile set) of each round
+    rule0, tiles0 = matmul.SPLIT_RULE, moe_tiles.TILES
+    modes = [(f"prefetch {m}", "on", *(m.split("/") + [rule0])[:2], tiles0) for m in prefetches] or [
+        (f"moe {t}", "on", pdl.current_prefetch(), rule0, t) for t in a.moe_tiles.split(",") if t] or [
+        (m, m, pdl.current_prefetch(), rule0, tiles0) for m in ROUNDS]
     path, m = load_generated(a)
     res = {"model": str(path), "device": torch.cuda.get_device_name(), "triton": __import__("triton").__version__,
            "pdl_default": pdl.current(), "enabled_auto": pdl.enabled("cuda"), "rounds": []}
     ctx = 512
     try:
-        first, firsts = None, {}  # (the first round, the first round of each split rule)
-        for label, mode, prefetch, rule in modes * a.repeats:
+        first, firsts = None, {}  # (the first round, the first round of each (split rule, MoE tile set))
+        for label, mode, prefetch, rule, tiles in modes * a.repeats:
             use_split_rule(m.net, rule)
+            use_moe_tiles(tiles)
             with pdl.using(mode), pdl.prefetching(prefetch):
                 r = run(m.net, ctx, a.tokens, first and first["ids"], a.forced)
-            first, own = first or r, firsts.setdefault(rule, r)
+            first, own = first or r, firsts.setdefault((rule, tiles), r)
             same = r["ids"] == own["ids"] and torch.equal(r["logits"], own["logits"])
             res["rounds"].append({"pdl": label, "tok_s": r["tok_s"], "ms_per_token": r["ms_per_token"],
-                                  "same_bits_as_first": same, "split_rule": rule,
+                                  "same_bits_as_first": same, "split_rule": rule, "moe_tiles": tiles,
                                   "same_tokens_as_first": r["ids"] == first["ids"]})
             print(f"pdl {label:3s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.4f} ms/token  greedy tokens and "
                   f"forced logits the bits of the first round at split rule {rule}: {same}; greedy tokens the "
                   f"first round's: {r['ids'] == first['ids']}", flush=True)
         eager = {}
+        use_moe_tiles(tiles0)
         for mode, prefetch in (("off", "off"), ("on", modes[-1][2])):  # (PDL on: the last prefetch mode)
             with pdl.using(mode), pdl.prefetching(prefetch):
                 eager[mode] = decode(eager_next, m.net, 16, ctx)[0]
