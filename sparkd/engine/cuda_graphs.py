@@ -25,7 +25,9 @@ sample on the host, =torch for the torch chain always).
 
 A prompt from an empty cache replays a graph too (PromptForward, session 11): the forward of the
 prompt padded to its length bucket, the last real token's logits read through a device index
-($SPARKD_PREFILL_GRAPHS=0 runs prompts eagerly).
+($SPARKD_PREFILL_GRAPHS=0 runs prompts eagerly). Session 12: a bucket whose capture fails or would
+leave less free device memory than a margin runs eagerly from then on (logged once), and the server
+captures the buckets at load (serve --prompt-graphs, PromptForward.warm).
 """
 
 from __future__ import annotations

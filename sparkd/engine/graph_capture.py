@@ -11,6 +11,10 @@ import torch
 T = TypeVar("T")
 # device index -> a tiny graph (and its tensor) held for the process: see _anchor
 _ANCHORS: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+# device index -> the side stream every warm-up runs on: cuBLAS keeps a workspace per stream it ran
+# on for the process (~33 MiB on the H200), so a new stream a capture (torch's pool hands out up to
+# 32) would leave one more each time
+_SIDE: dict[int, torch.cuda.Stream] = {}
 
 
 def capture(device, pool, warm: Callable[[], object], run: Callable[[], T],
@@ -21,14 +25,17 @@ def capture(device, pool, warm: Callable[[], object], run: Callable[[], T],
     capture off), then run() captured into a new graph in memory pool `pool` (None: its own; the
     caller keeps graph.pool() to share it), with `generator`'s state registered where given (each
     replay then draws from the generator's state at that moment)."""
-    side = torch.cuda.Stream(device)
+    index = _index(device)
+    if index not in _SIDE:
+        _SIDE[index] = torch.cuda.Stream(index)
+    side = _SIDE[index]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         warm()
     torch.cuda.current_stream().wait_stream(side)
     if ready is not None:
         ready()
-    _anchor(device)
+    _anchor(index)
     graph = torch.cuda.CUDAGraph()
     if generator is not None:
         graph.register_generator_state(generator)
@@ -37,15 +44,18 @@ def capture(device, pool, warm: Callable[[], object], run: Callable[[], T],
     return graph, out
 
 
-def _anchor(device) -> None:
+def _index(device) -> int:
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
+def _anchor(index: int) -> None:
     """Keep one graph registered with the device's default CUDA generator for the process. A
     capture registers its graph there first, and torch (2.11, the H200 box's) allocates the
     generator's graph-side seed and offset when no graph is registered yet; if that allocation runs
     out of memory the graph is left half registered and freeing it aborts the process (~CUDAGraph:
     "The graph should be registered to the state", seen on the H200). With a graph always
     registered, a capture that fails can be dropped and its pool freed."""
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
     if index not in _ANCHORS:
         x = torch.zeros(1, device=torch.device("cuda", index))
         graph = torch.cuda.CUDAGraph()
