@@ -25,11 +25,15 @@ sample on the host, =torch for the torch chain always).
 
 A prompt from an empty cache replays a graph too (PromptForward, session 11): the forward of the
 prompt padded to its length bucket, the last real token's logits read through a device index
-($SPARKD_PREFILL_GRAPHS=0 runs prompts eagerly).
+($SPARKD_PREFILL_GRAPHS=0 runs prompts eagerly). Session 12: a bucket whose capture fails or would
+leave less free device memory than a margin runs eagerly from then on (logged once), and the server
+captures the buckets at load (serve --prompt-graphs, PromptForward.warm).
 """
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -306,6 +310,14 @@ PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
 # (attention's [H, T, T] scores grow with T^2: the 2048 bucket added 1088 MiB, 64-640 ~400 together).
 PROMPT_FIRST, PROMPT_LAST = 64, 1024
 PROMPT_MODES = ("graphs", "padded", "eager")
+# A bucket is captured only when the device keeps this much free after it (its warm-up's peak taken
+# as what the capture adds): room for what runs eagerly beside the graphs (a 2048-token prompt's
+# activations, ~1.1 GiB on qwen3-30b-a3b), so graphs are never what runs the device out of memory.
+PROMPT_MARGIN = 1 << 30
+# --prompt-graphs: the buckets captured at load ("auto": all of them up to PROMPT_LAST and the
+# context, as they share one pool that the largest sizes; "lazy": none, each on its first prompt;
+# "off": prompts eager), or a list of prompt lengths whose buckets are captured at load.
+PROMPT_GRAPH_CHOICES = ("auto", "lazy", "off")
 
 
 def prefill_graphs_default() -> bool:
@@ -323,49 +335,93 @@ def prompt_bucket(n: int, first: int = PROMPT_FIRST) -> int:
     return -(-n // step) * step
 
 
+def prompt_buckets(largest: int = PROMPT_LAST, first: int = PROMPT_FIRST) -> list[int]:
+    """Every bucket prompt_bucket gives for prompts of 1..largest tokens, ascending."""
+    spans = [prompt_bucket(1, first)]
+    while spans[-1] < largest:
+        spans.append(prompt_bucket(spans[-1] + 1, first))
+    return spans
+
+
+def parse_prompt_graphs(text: str) -> str | tuple[int, ...]:
+    """--prompt-graphs: one of PROMPT_GRAPH_CHOICES, or prompt lengths separated by commas (2 to
+    PROMPT_LAST tokens each) → the choice or the sorted lengths."""
+    value = text.strip().lower()
+    if value in PROMPT_GRAPH_CHOICES:
+        return value
+    why = f"choose one of {', '.join(PROMPT_GRAPH_CHOICES)} or prompt lengths separated by commas, 2 to {PROMPT_LAST}"
+    try:
+        lengths = tuple(sorted({int(part) for part in value.split(",")}))
+    except ValueError:
+        raise EngineError(f"could not use --prompt-graphs {text!r}: {why}") from None
+    if not 2 <= lengths[0] <= lengths[-1] <= PROMPT_LAST:
+        raise EngineError(f"could not use --prompt-graphs {text!r}: {why} (longer prompts run eagerly)")
+    return lengths
+
+
+class _NoRoom(EngineError):
+    """A capture would leave less free device memory than the margin."""
+
+
 class PromptForward:
     """The prompt's forward of `generate` and the server: tokens [T] (on the host) → logits on the
     CPU, as net(tokens, cache, last=last) gives them, n_past advanced by T.
 
     mode "graphs": a prompt from an empty cache, 2..largest tokens, last token's logits only, runs
-    as a CUDA graph of its length bucket (prompt_bucket; captured on the bucket's first use, then
-    replayed): the tokens padded at the end (token 0), the head reading the last real token's row
-    (a device index). Causal attention keeps the real rows from reading the padding's keys, and the
-    padding's K/V rows past the prompt are rewritten by the tokens that follow before anything
-    reads them. Other prompts (a cache continued at n_past > 0, one token, every token's logits, a
-    longer prompt) run eagerly. "padded": the same padded forward run eagerly (the CPU tests check
-    what a graph replays); "eager": the network itself.
+    as a CUDA graph of its length bucket (prompt_bucket; captured on the bucket's first use or by
+    warm, then replayed): the tokens padded at the end (token 0), the head reading the last real
+    token's row (a device index). Causal attention keeps the real rows from reading the padding's
+    keys, and the padding's K/V rows past the prompt are rewritten by the tokens that follow before
+    anything reads them. Other prompts (a cache continued at n_past > 0, one token, every token's
+    logits, a longer prompt) run eagerly. "padded": the same padded forward run eagerly (the CPU
+    tests check what a graph replays); "eager": the network itself.
+
+    A capture that fails (out of memory, any error in its warm-up or capture) or that would leave
+    less than `margin` bytes of device memory free gives its bucket up: logged once with the reason,
+    the partial graph dropped and its memory returned, and that prompt and every later one of the
+    bucket run eagerly (failed). The eager forward rewrites every K/V row it reads, so the try
+    leaves nothing behind in its bits. pool_bytes: what each captured bucket added to the device's
+    reserved memory (the graphs share one pool: a bucket at or below the largest adds ~0).
 
     Bits: a replay gives the padded forward's; those are the eager prompt's where the prompt fills
     its bucket, else they may differ in the last bits (the float GEMMs, torch's, run at the bucket's
     row count, where cuBLAS may pick another kernel; the Triton kernels are row-wise)."""
 
     def __init__(self, net: Decoder, cache: KVCache, mode: str = "graphs", first: int = PROMPT_FIRST,
-                 largest: int = PROMPT_LAST):
+                 largest: int = PROMPT_LAST, margin: int = PROMPT_MARGIN,
+                 log: Callable[[str], None] = lambda line: None):
         if mode not in PROMPT_MODES:
             raise EngineError(f"could not run prompts in mode {mode!r}: choose one of {', '.join(PROMPT_MODES)}")
+        if margin < 0:
+            raise EngineError(f"could not use a prompt graph margin of {margin} bytes: it must be 0 or more")
         self.net, self.cache, self.mode, self.first, self.largest = net, cache, mode, first, largest
+        self.margin, self.log = margin, log
         # bucket -> (graph, its input [bucket + 1]: the padded tokens then the last real row, logits [1, V])
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = None  # one memory pool for every bucket's graph (they never run at once)
+        self.failed: dict[int, str] = {}     # bucket -> why its capture was given up (its prompts run eagerly)
+        self.pool_bytes: dict[int, int] = {}  # bucket -> bytes its capture added to the reserved memory
 
     def bucket(self, n: int, last: bool = True) -> int | None:
         """The padded length the forward of an n-token prompt runs at now, or None: eagerly."""
         cache = self.cache
         if self.mode == "eager" or not last or cache.n_past or not 2 <= n <= min(self.largest, cache.max_ctx):
             return None
-        return min(prompt_bucket(n, self.first), cache.max_ctx)
+        span = min(prompt_bucket(n, self.first), cache.max_ctx)
+        return None if span in self.failed else span
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, last: bool = False) -> torch.Tensor:
         n = tokens.shape[0]
         span = self.bucket(n, last)
+        if span is not None and self.mode == "graphs" and span not in self._graphs and not self._capture(span):
+            span = None  # the capture just failed: this prompt runs eagerly too
         if span is None:
             return self.net(tokens, self.cache, last=last)
         feed = torch.zeros(span + 1, dtype=torch.long)
         feed[:n], feed[span] = tokens, n - 1
         if self.mode == "graphs":
-            graph, inputs, logits = self._graphs[span] if span in self._graphs else self._capture(span)
+            graph, inputs, logits = self._graphs[span]
             inputs.copy_(feed)
             graph.replay()
         else:
@@ -373,7 +429,6 @@ class PromptForward:
         self.cache.n_past += n
         return logits.cpu()
 
-    @torch.inference_mode()
     def prepare(self, n: int) -> None:
         """Capture the graph an n-token prompt from an empty cache will replay now, not on first use
         (its warm-up and capture write K/V rows the prompt rewrites)."""
@@ -381,17 +436,79 @@ class PromptForward:
         if self.mode == "graphs" and span is not None and span not in self._graphs:
             self._capture(span)
 
+    def warm(self, lengths: Sequence[int] | None = None) -> int:
+        """Capture now the buckets of prompts of these lengths (None: every bucket up to largest and
+        the context), the longest first: the shared pool's segments are then cut to the largest
+        bucket's activations and the shorter buckets reuse them (captured shortest first, each
+        longer bucket needs segments the pool lacks: H200, qwen3-30b-a3b 12 layers, all 17 buckets
+        up to 1024 left 968 MiB against 384 for the 1024 bucket alone). Lengths past the context are
+        refused. Returns how many graphs are held."""
+        ctx = self.cache.max_ctx
+        if lengths is None:
+            lengths = sorted({min(span, ctx) for span in prompt_buckets(min(self.largest, ctx), self.first)})
+        elif too_long := [n for n in lengths if n > ctx]:
+            raise EngineError(f"could not capture prompt graphs for {too_long[0]} tokens: the context is {ctx} "
+                              "positions (raise --ctx or list shorter prompts in --prompt-graphs)")
+        for n in sorted(lengths, reverse=True):
+            self.prepare(n)
+        return len(self._graphs)
+
     def _run(self, inputs: torch.Tensor, span: int) -> torch.Tensor:
         # positions 0..span-1 on the host, as positions() gives them from an empty cache
         return self.net.run(inputs[:span], torch.arange(span), self.cache, last=inputs[span:])
 
-    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
-        inputs = torch.zeros(span + 1, dtype=torch.long, device=self.cache.device)
-        graph, logits = capture(self.cache.device, self._pool, lambda: self._run(inputs, span),
-                                lambda: self._run(inputs, span))
-        self._pool = graph.pool()
-        self._graphs[span] = graph, inputs, logits
-        return self._graphs[span]
+    @torch.inference_mode()
+    def _capture(self, span: int) -> bool:
+        """Capture span's graph into _graphs (True), or give the bucket up (False, logged)."""
+        device, stage, mark = self.cache.device, ["warm-up"], {}
+        t0 = time.perf_counter()
+
+        def warm():  # the eager forward once; its peak is what the capture will take from the pool
+            mark["base"] = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            return self._run(inputs, span)
+
+        def room():  # after the warm-up, before the capture (graph_capture.capture's ready)
+            stage[0] = "capture"
+            torch.cuda.empty_cache()  # the warm-up's blocks back to the device: the capture's own pool needs it
+            free = torch.cuda.mem_get_info(device)[0]
+            left = free - (torch.cuda.max_memory_allocated(device) - mark["base"])
+            if left < self.margin:
+                raise _NoRoom(f"it would leave {_mib(left)} of {_mib(free)} free device memory, under the "
+                              f"{_mib(self.margin)} margin")
+            mark["reserved"] = torch.cuda.memory_reserved(device)
+
+        try:
+            inputs = torch.zeros(span + 1, dtype=torch.long, device=device)
+            graph, logits = capture(device, self._pool, warm, lambda: self._run(inputs, span), ready=room)
+        except Exception as exc:  # any failure: the prompt runs eagerly, not the request failing
+            why = str(exc) if isinstance(exc, _NoRoom) else \
+                f"{stage[0]} failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+        else:
+            self._pool = graph.pool()
+            self._graphs[span] = graph, inputs, logits
+            self.pool_bytes[span] = torch.cuda.memory_reserved(device) - mark["reserved"]
+            self.log(f"prompt graph {span} tokens: captured in {1e3 * (time.perf_counter() - t0):.0f} ms, "
+                     f"pool +{_mib(self.pool_bytes[span])} (prompt graphs hold {_mib(sum(self.pool_bytes.values()))})")
+            return True
+        # out of the except block the traceback's frames are gone, and with them the partial graph
+        # and its hold on the pool: give the pool's and the warm-up's memory back
+        inputs = None  # noqa: F841 (the closures' cell: frees the tensor)
+        if device.type == "cuda":
+            gc.collect()  # a cycle through a frame may still hold the graph
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+        self.failed[span] = why
+        self.log(f"prompt graph {span} tokens not captured, its prompts run eagerly: {why}")
+        return False
+
+    def stats(self) -> dict[str, int]:
+        """captured and failed buckets, and pool_bytes: the bytes the captures added (for /metrics)."""
+        return {"captured": len(self._graphs), "failed": len(self.failed), "pool_bytes": sum(self.pool_bytes.values())}
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
 
 
 def prompt_blocker(net: Decoder) -> str | None:
@@ -403,13 +520,14 @@ def prompt_blocker(net: Decoder) -> str | None:
     return None
 
 
-def prompt_forward(net: Decoder, cache: KVCache, graphs: bool, log: Callable[[str], None] = lambda line: None
-                   ) -> PromptForward:
+def prompt_forward(net: Decoder, cache: KVCache, graphs: bool, log: Callable[[str], None] = lambda line: None,
+                   enabled: bool = True, margin: int = PROMPT_MARGIN) -> PromptForward:
     """The prompt's forward over cache: graphs where the decode step is captured (graphs, from
-    use_graphs), SPARKD_PREFILL_GRAPHS is on and prompt_blocker finds nothing (logged), else eager."""
-    if not graphs or not prefill_graphs_default():
+    use_graphs), enabled (--prompt-graphs off is not), SPARKD_PREFILL_GRAPHS is on and prompt_blocker
+    finds nothing (logged), else eager. margin: PromptForward's free-memory margin."""
+    if not graphs or not enabled or not prefill_graphs_default():
         return PromptForward(net, cache, "eager")
     if why := prompt_blocker(net):
         log(f"prompts run eagerly: {why}")
         return PromptForward(net, cache, "eager")
-    return PromptForward(net, cache)
+    return PromptForward(net, cache, margin=margin, log=log)

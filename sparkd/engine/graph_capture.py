@@ -9,22 +9,56 @@ from typing import TypeVar
 import torch
 
 T = TypeVar("T")
+# device index -> a tiny graph (and its tensor) held for the process: see _anchor
+_ANCHORS: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+# device index -> the side stream every warm-up runs on: cuBLAS keeps a workspace per stream it ran
+# on for the process (~33 MiB on the H200), so a new stream a capture (torch's pool hands out up to
+# 32) would leave one more each time
+_SIDE: dict[int, torch.cuda.Stream] = {}
 
 
 def capture(device, pool, warm: Callable[[], object], run: Callable[[], T],
-            generator: torch.Generator | None = None) -> tuple[torch.cuda.CUDAGraph, T]:
+            generator: torch.Generator | None = None,
+            ready: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph, T]:
     """(graph, run()'s outputs): warm() once on a side stream first, as capture wants (Triton
-    compiles, lazy tables are made), then run() captured into a new graph in memory pool `pool`
-    (None: its own; the caller keeps graph.pool() to share it), with `generator`'s state
-    registered where given (each replay then draws from the generator's state at that moment)."""
-    side = torch.cuda.Stream(device)
+    compiles, lazy tables are made), then ready() where given (a check that may raise to call the
+    capture off), then run() captured into a new graph in memory pool `pool` (None: its own; the
+    caller keeps graph.pool() to share it), with `generator`'s state registered where given (each
+    replay then draws from the generator's state at that moment)."""
+    index = _index(device)
+    if index not in _SIDE:
+        _SIDE[index] = torch.cuda.Stream(index)
+    side = _SIDE[index]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         warm()
     torch.cuda.current_stream().wait_stream(side)
+    if ready is not None:
+        ready()
+    _anchor(index)
     graph = torch.cuda.CUDAGraph()
     if generator is not None:
         graph.register_generator_state(generator)
     with torch.cuda.graph(graph, pool=pool):
         out = run()
     return graph, out
+
+
+def _index(device) -> int:
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
+def _anchor(index: int) -> None:
+    """Keep one graph registered with the device's default CUDA generator for the process. A
+    capture registers its graph there first, and torch (2.11, the H200 box's) allocates the
+    generator's graph-side seed and offset when no graph is registered yet; if that allocation runs
+    out of memory the graph is left half registered and freeing it aborts the process (~CUDAGraph:
+    "The graph should be registered to the state", seen on the H200). With a graph always
+    registered, a capture that fails can be dropped and its pool freed."""
+    if index not in _ANCHORS:
+        x = torch.zeros(1, device=torch.device("cuda", index))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            x.add_(1)
+        _ANCHORS[index] = graph, x

@@ -8,6 +8,7 @@ streaming expert store (and its cache resize) slots in here without changing the
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -54,9 +55,17 @@ class Engine:
     def __init__(self, model_path: str | Path, *, ctx: int | None = None, budget_bytes: int | None = None,
                  chat_template: str | None = None, threads: int | None = None, resident: bool = False,
                  stream: StreamOptions | None = None, log: Callable[[str], None] | None = None,
-                 device: str = "cpu", cuda_graphs: str = "auto"):
+                 device: str = "cpu", cuda_graphs: str = "auto", prompt_graphs: str = "auto",
+                 prompt_graph_margin: int | None = None):
+        from sparkd.engine.cuda_graphs import PROMPT_MARGIN, parse_prompt_graphs
+
         self.threads = threads
         self.cuda_graphs = cuda_graphs  # auto|on|off: the decode step as CUDA graphs (cuda_graphs.py)
+        # auto|lazy|off or prompt lengths: the prompt graphs captured at load (--prompt-graphs)
+        self.prompt_graphs = parse_prompt_graphs(prompt_graphs)
+        self.prompt_graph_margin = PROMPT_MARGIN if prompt_graph_margin is None else prompt_graph_margin
+        if self.prompt_graph_margin < 0:
+            raise EngineError(f"could not use --prompt-graph-margin {prompt_graph_margin}: it must be 0 or more")
         self.device = device  # "cuda": trunk on the GPU; streamed experts read in place (zero-copy)
         self.model_path = Path(model_path)
         self.requested_ctx = ctx
@@ -133,14 +142,38 @@ class Engine:
         self._cache = model.net.new_cache(self.n_ctx)
         self._step = decode_step(model.net, self._cache, self.device, graphs, self.streaming is not None,
                                  self.cuda_graphs, self._log)
-        self._prompt = prompt_forward(model.net, self._cache, graphs, self._log)
+        self._prompt = prompt_forward(model.net, self._cache, graphs, self._log, self.prompt_graphs != "off",
+                                      self.prompt_graph_margin)
         if self.device != "cpu":  # JIT-compile the kernels (the linked norms' too) now, not in the first request
             scratch = model.net.new_cache(3)
             model.net(torch.tensor([0, 0]), scratch)
             model.net(torch.tensor([0]), scratch)
         if graphs:  # the first bucket's capture now, not in the first request
             self._step.prepare(1)
+        self._warm_prompt_graphs()
         self.gguf, self.net = model.gguf, model.net
+
+    def _warm_prompt_graphs(self) -> None:
+        """--prompt-graphs: capture the listed (auto: all) prompt buckets now, each logged by
+        PromptForward, so no request pays a capture; ignored, and said so, where prompts run eagerly."""
+        choice = self.prompt_graphs
+        if choice in ("lazy", "off"):
+            return
+        if self._prompt.mode != "graphs":
+            if choice != "auto":
+                self._log(f"--prompt-graphs {','.join(map(str, choice))} ignored: prompts run eagerly here")
+            return
+        t0 = time.perf_counter()
+        held = self._prompt.warm(None if choice == "auto" else choice)
+        stats = self._prompt.stats()
+        self._log(f"prompt graphs at load: {held} held, {stats['failed']} given up, in "
+                  f"{time.perf_counter() - t0:.1f} s; their pool {_mib(stats['pool_bytes'])}")
+
+    def prompt_graph_stats(self) -> dict[str, int] | None:
+        """The prompt graphs' captured and failed buckets and pool bytes (PromptForward.stats), or
+        None where prompts run eagerly."""
+        prompt = self._prompt
+        return prompt.stats() if prompt is not None and prompt.mode == "graphs" else None
 
     def _context(self, n_ctx_train: int) -> int:
         if self.requested_ctx is None:

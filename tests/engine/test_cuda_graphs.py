@@ -13,8 +13,9 @@ import threading
 import pytest
 import torch
 
-from sparkd.engine.cuda_graphs import PromptForward, StaticDecode, buckets, graph_blocker, prompt_bucket, \
-    prompt_forward, use_graphs
+from sparkd.engine import cuda_graphs, graph_capture
+from sparkd.engine.cuda_graphs import PromptForward, StaticDecode, buckets, graph_blocker, parse_prompt_graphs, \
+    prompt_bucket, prompt_buckets, prompt_forward, use_graphs
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers import attention, linear
 from sparkd.engine.make_model import plan, write_model
@@ -22,6 +23,7 @@ from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 from sparkd.engine.runtime import Engine, GenerationRequest
 from sparkd.engine.sampler import SamplingParams
+from sparkd.engine.server.metrics import EngineMetrics
 from engine_cli import run_engine
 
 ARCHS = ["qwen3moe", "glm4moe", "gpt-oss", "llama", "gemma3", "deepseek2"]  # GQA, and MLA
@@ -59,6 +61,67 @@ def test_prompt_buckets_pad_at_most_a_quarter():
     assert [prompt_bucket(n) for n in (1, 64, 65, 128, 129, 512, 513, 2000, 2048)] == \
         [64, 64, 80, 128, 160, 512, 640, 2048, 2048]
     assert all(n <= prompt_bucket(n) <= max(64, 1.25 * n) and prompt_bucket(n) % 16 == 0 for n in range(1, 3000))
+    assert prompt_buckets(1024) == sorted({prompt_bucket(n) for n in range(1, 1025)})
+    assert prompt_buckets(1024)[:6] == [64, 80, 96, 112, 128, 160] and len(prompt_buckets(1024)) == 17
+
+
+def test_prompt_graphs_flag_values(models):
+    assert [parse_prompt_graphs(v) for v in ("auto", " Lazy", "off")] == ["auto", "lazy", "off"]
+    assert parse_prompt_graphs("512,64, 1024,64") == (64, 512, 1024)
+    for bad in ("sometimes", "64,,512", "1", "64,1025", ""):
+        with pytest.raises(EngineError, match=rf"could not use --prompt-graphs '{bad}': choose one of auto, lazy, "
+                                              r"off or prompt lengths separated by commas, 2 to 1024"):
+            parse_prompt_graphs(bad)
+    with pytest.raises(EngineError, match=r"could not use --prompt-graphs 'always'"):
+        Engine(models["gemma3"], prompt_graphs="always")
+    with pytest.raises(EngineError, match=r"could not use --prompt-graph-margin -1: it must be 0 or more"):
+        Engine(models["gemma3"], prompt_graph_margin=-1)
+    logged = []
+    engine = Engine(models["gemma3"], ctx=16, prompt_graphs="64", log=logged.append)
+    engine.load()
+    try:  # the CPU runs prompts eagerly
+        assert logged == ["--prompt-graphs 64 ignored: prompts run eagerly here"]
+        assert engine.prompt_graph_stats() is None
+    finally:
+        engine.close()
+
+
+def test_failed_prompt_capture_runs_eagerly_once(models, monkeypatch):
+    """A capture that fails (here: the CPU has no CUDA streams; on the GPU, out of memory below)
+    gives its bucket up, logged once: that prompt and later ones of the bucket run eagerly, with
+    the eager prompt's bits, and no capture is tried again; other buckets still try theirs."""
+    tries = []
+    monkeypatch.setattr(cuda_graphs, "capture", lambda *a, **k: tries.append(a) or graph_capture.capture(*a, **k))
+    m = load_model(models["qwen3moe"])
+    try:
+        tokens, logged = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(5)]), []
+        want = m.net(tokens, m.net.new_cache(24), last=True)
+        p = PromptForward(m.net, m.net.new_cache(24), first=8, log=logged.append)
+        for _ in range(2):
+            p.cache.n_past = 0
+            assert torch.equal(p(tokens, last=True), want) and p.cache.n_past == 5
+        p.cache.n_past = 0
+        assert len(tries) == 1 and list(p.failed) == [8] and p.bucket(5) is None and p.bucket(11) == 16
+        assert len(logged) == 1 and logged[0].startswith("prompt graph 8 tokens not captured, its prompts run "
+                                                         "eagerly: warm-up failed: ")
+        assert p.stats() == {"captured": 0, "failed": 1, "pool_bytes": 0}
+        p.warm([11])
+        assert len(tries) == 2 and sorted(p.failed) == [8, 16]
+        with pytest.raises(EngineError, match=r"could not capture prompt graphs for 30 tokens: the context is 24"):
+            p.warm([11, 30])
+        with pytest.raises(EngineError, match=r"could not use a prompt graph margin of -1 bytes: it must be 0 or more"):
+            PromptForward(m.net, p.cache, margin=-1)
+    finally:
+        m.close()
+
+
+def test_metrics_show_the_prompt_graphs():
+    text = EngineMetrics(lambda: None, dict, lambda: {"captured": 3, "failed": 1, "pool_bytes": 5 << 20}).render()
+    text = text.decode()
+    assert 'sparkd_engine_prompt_graphs{state="captured"} 3.0' in text
+    assert 'sparkd_engine_prompt_graphs{state="failed"} 1.0' in text
+    assert "sparkd_engine_prompt_graph_pool_bytes 5.24288e+06" in text
+    assert "prompt_graph" not in EngineMetrics(lambda: None, dict).render().decode()  # eager prompts: absent
 
 
 def prompt_then_decode(net, prompt, tokens: list[int], ctx: int, steps: int = 4):
@@ -203,6 +266,8 @@ def test_cli_flag_errors(models, tmp_path, cmd):
 def test_serve_flag(models):
     bad = run_cli("serve", str(models["gemma3"]), "--cuda-graphs", "always")
     assert bad.returncode == 2 and "argument --cuda-graphs: invalid choice: 'always'" in bad.stderr
+    bad = run_cli("serve", str(models["gemma3"]), "--prompt-graphs", "64,4096")
+    assert bad.returncode == 2 and "could not use --prompt-graphs '64,4096': choose one of auto" in bad.stderr
     engine = Engine(models["gemma3"], ctx=16, cuda_graphs="on")
     with pytest.raises(EngineError, match=r"could not use --cuda-graphs on: the device is the CPU"):
         engine.load()
@@ -300,3 +365,141 @@ def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, 
     finally:
         m.close()
     assert sorted(forwards[-1]._graphs) == [224]
+
+
+def tiny_cuda_model(tmp_path, quant: str = "Q8_0"):
+    return load_model(write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], quant), seed=3)[0], device="cuda")
+
+
+def eager_reference(net, tokens: torch.Tensor, ctx: int) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+    """The eager prompt's last logits, the static decode's greedy tokens after it, the K/V rows."""
+    cache = net.new_cache(ctx)
+    logits = net(tokens, cache, last=True)
+    step = StaticDecode(net, cache, graphs=True)
+    ids = [step.next_token(int(logits[-1].argmax())) for _ in range(6)]
+    return logits, ids, torch.cat([cache.k[0][:len(tokens)], cache.v[0][:len(tokens)]]).cpu()
+
+
+def primed(net, tokens: torch.Tensor, ctx: int) -> None:
+    """Capture tokens' bucket once and drop it, so what a capture makes for the process (tables kept
+    for the model's life, cuBLAS's workspace for the warm-up and capture streams) exists before
+    memory is compared."""
+    PromptForward(net, net.new_cache(ctx))(tokens, last=True)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_prompt_capture_out_of_memory_falls_back_on_cuda(tmp_path, monkeypatch):
+    """A real out-of-memory during a bucket's capture: right after the warm-up (graph_capture's
+    ready), the process is held to the memory it has reserved (set_per_process_memory_fraction),
+    so the capture's pool cannot grow; the log line gives the room back before the eager run. The
+    prompt runs eagerly with the bits (logits, K/V rows, the tokens after it) of a run without the
+    try; when the failure is logged, allocated memory is what it was before and reserved no more;
+    the bucket is not tried again, and another bucket still captures and replays the padded
+    forward's bits."""
+    total = torch.cuda.get_device_properties(0).total_memory
+
+    def squeezed(device, pool, warm, run, generator=None, ready=None):
+        def squeeze():
+            ready()
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_reserved(device) / total, device)
+        tries.append(device)
+        return graph_capture.capture(device, pool, warm, run, generator, squeeze)
+
+    def log(line):
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        at_log.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
+        logged.append(line)
+
+    tries, logged, at_log = [], [], []
+    m = tiny_cuda_model(tmp_path)
+    try:
+        tokens = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(40)])
+        want = eager_reference(m.net, tokens, 256)
+        primed(m.net, tokens, 256)
+        cache = m.net.new_cache(256)
+        p = PromptForward(m.net, cache, log=log)
+        monkeypatch.setattr(cuda_graphs, "capture", squeezed)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        logits = p(tokens, last=True)
+        monkeypatch.setattr(cuda_graphs, "capture", graph_capture.capture)
+        print(f"failed capture: allocated {before[0]} -> {at_log[0][0]}, reserved {before[1]} -> {at_log[0][1]} "
+              f"bytes: {logged}")
+        step = StaticDecode(m.net, cache, graphs=True)
+        got = logits, [step.next_token(int(logits[-1].argmax())) for _ in range(6)], \
+            torch.cat([cache.k[0][:40], cache.v[0][:40]]).cpu()
+        assert len(logged) == 1 and logged[0].startswith(
+            "prompt graph 64 tokens not captured, its prompts run eagerly: capture failed: ")
+        assert at_log[0][0] == before[0] and at_log[0][1] <= before[1], "the failed capture's memory was not given back"
+        assert torch.equal(got[0], want[0]) and got[1] == want[1] and torch.equal(got[2], want[2])
+        cache.n_past = 0
+        assert torch.equal(p(tokens, last=True), want[0]) and len(tries) == 1 and len(logged) == 1
+        other = torch.tensor([(5 * i + 1) % m.cfg.n_vocab for i in range(70)])
+        cache.n_past = 0
+        replayed = p(other, last=True)
+        cache.n_past = 0
+        padded = PromptForward(m.net, cache, "padded")(other, last=True)
+        assert torch.equal(replayed, padded) and sorted(p._graphs) == [80] and p.failed.keys() == {64}
+        assert logged[1].startswith("prompt graph 80 tokens: captured in ")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        m.close()
+
+
+@pytest.mark.gpu
+def test_prompt_graph_margin_keeps_the_device_free_on_cuda(tmp_path):
+    """A margin the device cannot keep: no bucket is captured (logged once, with the numbers), no
+    memory is kept, and the prompts give the eager bits."""
+    m = tiny_cuda_model(tmp_path)
+    try:
+        tokens = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(40)])
+        want = eager_reference(m.net, tokens, 256)[0]
+        primed(m.net, tokens, 256)
+        logged, cache = [], m.net.new_cache(256)
+        p = PromptForward(m.net, cache, margin=torch.cuda.get_device_properties(0).total_memory >> 20 << 20,
+                          log=logged.append)
+        before = torch.cuda.memory_allocated()
+        for _ in range(2):
+            cache.n_past = 0
+            assert torch.equal(p(tokens, last=True), want)
+        assert torch.cuda.memory_allocated() == before and not p._graphs and list(p.failed) == [64]
+        assert len(logged) == 1 and "not captured, its prompts run eagerly: it would leave " in logged[0]
+        assert logged[0].endswith(f"free device memory, under the {p.margin >> 20} MiB margin")
+    finally:
+        m.close()
+
+
+@pytest.mark.gpu
+def test_engine_captures_prompt_graphs_at_load_on_cuda(tmp_path):
+    """--prompt-graphs 5,70 captures the buckets 64 and 80 at load (a log line each, the pool on
+    /metrics); a 64-token prompt (its bucket's size: the eager bits) gives the tokens of
+    --prompt-graphs lazy (which captures 64 on the request) and off; auto captures every bucket up
+    to the context."""
+    path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    tokens, stats = {}, {}
+    for choice in ("5,70", "lazy", "off", "auto"):
+        logged = []
+        engine = Engine(path, ctx=200, device="cuda", resident=True, cuda_graphs="on", prompt_graphs=choice,
+                        log=logged.append)
+        engine.load()
+        try:
+            if choice == "5,70":
+                assert [line.split(":")[0] for line in logged if line.startswith("prompt graph ")] == \
+                    ["prompt graph 80 tokens", "prompt graph 64 tokens"]  # the longest first
+                assert any(line.startswith("prompt graphs at load: 2 held, 0 given up") for line in logged)
+                text = EngineMetrics(lambda: None, dict, engine.prompt_graph_stats).render().decode()
+                assert 'sparkd_engine_prompt_graphs{state="captured"} 2.0' in text
+            req = GenerationRequest([(7 * i + 3) % 500 for i in range(64)], 8, SamplingParams(temperature=0.0))
+            tokens[choice] = list(engine.generate(req, threading.Event()))
+            stats[choice] = engine.prompt_graph_stats()
+        finally:
+            engine.close()
+    print(f"prompt graph stats by --prompt-graphs: {stats}")
+    assert stats["5,70"]["captured"] == 2 and stats["5,70"]["pool_bytes"] > 0
+    assert stats["lazy"]["captured"] == 1 and stats["off"] is None
+    assert stats["auto"]["captured"] == 8  # 64, 80, 96, 112, 128, 160, 192 and 200 (the context caps 224)
+    assert tokens["5,70"] == tokens["lazy"] == tokens["off"] == tokens["auto"] and tokens["off"]

@@ -18,7 +18,8 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 
 
 class EngineMetrics:
-    def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict]):
+    def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict],
+                 graph_stats: Callable[[], dict | None] = lambda: None):
         self.registry = CollectorRegistry()
         r = self.registry
         self.prompt_tokens = Counter(f"{P}prompt_tokens", "Prompt tokens processed", registry=r)
@@ -39,15 +40,16 @@ class EngineMetrics:
                                  registry=r)
         self.load_progress = Gauge(f"{P}load_progress_ratio", "Model load progress, 0 to 1", registry=r)
         self.ready = Gauge(f"{P}ready", "1 when the model is loaded and serving", registry=r)
-        r.register(_CacheCollector(cache_stats, memory_plan))
+        r.register(_CacheCollector(cache_stats, memory_plan, graph_stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class _CacheCollector:
-    def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict]):
-        self._stats, self._plan = cache_stats, memory_plan
+    def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict],
+                 graph_stats: Callable[[], dict | None]):
+        self._stats, self._plan, self._graphs = cache_stats, memory_plan, graph_stats
 
     def describe(self) -> list:
         return []  # families depend on the engine's state; describing none keeps registration lazy
@@ -59,6 +61,14 @@ class _CacheCollector:
         for term, value in sorted(self._plan().items()):
             plan.add_metric([term], value)
         yield plan
+        if (graphs := self._graphs()) is not None:  # prompts replay CUDA graphs (cuda_graphs.PromptForward)
+            buckets = GaugeMetricFamily(f"{P}prompt_graphs", "Prompt length buckets by capture state "
+                                        "(captured: replayed; failed: given up, run eagerly)", labels=["state"])
+            for state in ("captured", "failed"):
+                buckets.add_metric([state], graphs[state])
+            yield buckets
+            yield GaugeMetricFamily(f"{P}prompt_graph_pool_bytes", "Device memory the prompt graphs' captures added",
+                                    value=graphs["pool_bytes"])
         stats = self._stats()
         if stats is None:
             return  # experts resident: there is no expert cache to report

@@ -34,6 +34,13 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     s.add_argument("--device", default="cpu", help="cpu, or cuda: the Triton kernels on GGUF blocks in GPU "
                                                   "memory (streamed experts read in place from pinned host memory)")
     add_graphs_option(s)
+    s.add_argument("--prompt-graphs", default="auto", metavar="auto|lazy|off|N,N,...",
+                   help="with CUDA graphs: the prompt graphs captured at load, so no request pays a capture: "
+                        "auto = every bucket up to 1024 tokens; lazy = each on its first prompt; off = prompts "
+                        "eager; N,N,... = the buckets of prompts of these lengths (2-1024), the rest lazy")
+    s.add_argument("--prompt-graph-margin", type=parse_size, metavar="SIZE",
+                   help="capture a prompt graph only when it leaves this much device memory free, else that "
+                        "bucket runs eagerly (default 1G)")
     s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="expert prefetch slots (0: off)")
     s.add_argument("--read-threads", type=int, default=8, help="expert read threads")
@@ -94,7 +101,8 @@ def cmd_serve(a) -> int:
                            direct=not a.buffered, unified=a.unified, vram_budget_bytes=a.vram_budget)
     engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template, threads=a.threads,
                     resident=a.resident, stream=stream, log=_log, device=a.device,
-                    cuda_graphs=a.cuda_graphs)
+                    cuda_graphs=a.cuda_graphs, prompt_graphs=a.prompt_graphs,
+                    prompt_graph_margin=a.prompt_graph_margin)
     name = a.alias or Path(a.model).name.removesuffix(".gguf")
     server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue))
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")
