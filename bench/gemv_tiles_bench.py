@@ -74,12 +74,13 @@ PRODUCER = False  # --producer: --pdl's rows after the add + norm + quant launch
 
 
 def tile(text: str) -> GemvConfig:
-    """rows/warps/unroll/e|g[n][/split[/stages]] as a GemvConfig (split 0 or left out: chosen from the
-    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages; n: no fold, NO_FOLD)."""
+    """rows/warps/unroll/e|g[w][n][/split[/stages]] as a GemvConfig (split 0 or left out: chosen from the
+    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages; n: no fold, NO_FOLD; w: the split's
+    ranges on the warps of one program, GemvConfig.warps_k, session 12)."""
     rows, warps, unroll, mode, *rest = text.split("/")
     split, stages = (list(map(int, rest)) + [0, 0])[:2]
     return GemvConfig(int(rows), int(warps), int(unroll), split, mode.startswith("e"), stages=stages,
-                      fold=NO_FOLD if mode.endswith("n") else GemvConfig().fold)
+                      fold=NO_FOLD if mode.endswith("n") else GemvConfig().fold, warps_k="w" in mode)
 
 
 # session 8 (fold19): a tile's "n" (e.g. 4/1/4/en/4): the launch stores its split-K partials and nothing
@@ -349,6 +350,7 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     out = [] if name != "Q6_K" else q6_k_float_rows(qtype, run, ref, x, nbytes, n, rows, cols, copy_bw)
     same_sec = same_copy_seconds(nbytes)
     base, old_y, same, folded, pdl_firsts = GGUF_BASES.get(name), None, {}, {}, {}
+    def_y, same_def = None, {}  # (session 12) every plain row against the default row's bits
     for label, cfg, how in row_tiles(name, rows, cols):
         kw = call_args(how, x, qx)
         try:
@@ -374,6 +376,9 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
                     first = cfg is base  # (Q8_0P: base and cfg both None)
                     old_y = got.clone() if first else old_y
                     same.update({} if first or old_y is None else {label: bool(torch.equal(got, old_y))})
+                if def_y is not None and not (how.get("consumer") or how.get("producer") or how.get("quant")):
+                    same_def[label] = bool(torch.equal(got, def_y))
+                def_y = got.clone() if label == "default" else def_y
                 sec = kb.graph_seconds(call, n)
         except Exception as e:  # noqa: BLE001 - a candidate that fails leaves the shape's other rows
             print(f"FAILED gemv {rows}x{cols} {name} {label}: {type(e).__name__}: {e}", flush=True)
@@ -387,6 +392,9 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
         said = ", ".join(f"{k}: {('no', 'yes')[v]}" for k, v in same.items())
         what = "first row" if PDL_ROWS else "old default"
         print(f"gemv {rows}x{cols} {name} the {what}'s bits (+norm rows: the in-launch fold's): {said}", flush=True)
+    if same_def:
+        said = ", ".join(f"{k}: {('no', 'yes')[v]}" for k, v in same_def.items())
+        print(f"gemv {rows}x{cols} {name} the default's bits: {said}", flush=True)
     torch.cuda.empty_cache()
     return out
 

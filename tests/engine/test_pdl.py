@@ -22,8 +22,8 @@ from sparkd.engine.kernels import pdl  # noqa: E402
 
 KERNELS_DIR = Path(pdl.__file__).parent
 # the Triton kernels the decode step launches, each of which takes PDL (a new one belongs here)
-DECODE_KERNELS = {"_igemv_kernel", "_gemv_kernel", "_igate_up_kernel", "_idown_kernel", "_gate_up_kernel",
-                  "_down_kernel", "_rms_norm_rows", "_rope_kv", "_decode_attention", "_router_topk", "_gate_topk",
+DECODE_KERNELS = {"_igemv_kernel", "_kgemv_kernel", "_gemv_kernel", "_igate_up_kernel", "_idown_kernel",
+                  "_gate_up_kernel", "_down_kernel", "_rms_norm_rows", "_rope_kv", "_decode_attention", "_router_topk", "_gate_topk",
                   "_quant_kernel"}
 
 

@@ -103,6 +103,9 @@ class Family:
     # with an iblock: iblock's values loaded as 32-bit (Q8_0: 16-bit) words and unpacked in registers instead of
     # byte loads (session 11's GEMM, matmul._igemm_steps: the pipeliner copies word loads ahead); None: iblock
     kblock: Any = None
+    # with idot: the row loop of a one-warp tile's step with a split-K launch's ranges on the warps of one program,
+    # folded in it (matmul.GemvConfig.warps_k; q4_k_pair.kstep), else None
+    kstep: Any = None
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes
