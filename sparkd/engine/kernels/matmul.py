@@ -94,6 +94,10 @@ WHOLE_UNROLL = switches.flag(WHOLE_UNROLL_ENV, True)
 WARPS_K_ENV = "SPARKD_GEMV_WARPS_K"
 WARPS_K = switches.flag(WARPS_K_ENV, True)
 KSTEP_WARPS = (2, 4, 8)  # the splits warps_k runs as one program's warps
+# the warps_k launch's registers per thread: left to ptxas, a program of 128 threads gets 40 and a group's header
+# loads come after its dp4a (a second memory round trip per step: H200 4096x14336 14.3 us against the split-K
+# launch's 11.4); at 64 (the one-warp programs' own) all 14 loads of a 2-group step lead (bench/kernels_sass.py)
+KSTEP_MAXNREG = 64
 GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
               "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
@@ -624,7 +628,7 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     if in_kernel and not parts and uses_kstep(cfg, split, kstep):
         _kgemv_kernel[(triton.cdiv(rows, cfg.block_n),)](
             weight, q.words, q.scales, q.sums, y, rows, cols, row_bytes, KSTEP=kstep, KW=split,
-            UNROLL=step_groups(cfg, split), EMU=emulate(cfg, x), num_warps=split,
+            UNROLL=step_groups(cfg, split), EMU=emulate(cfg, x), num_warps=split, maxnreg=KSTEP_MAXNREG,
             PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes), **pdl.launch(x.device))
         return y
     part = partials_for(y, split, cfg)
