@@ -34,10 +34,11 @@ off's bits; --producer: those rows again as the engine runs the GEMV, after the
 launch that hands it x (residual add + RMSNorm + x's int8 blocks, rms_norm.add_rms_norm_quant: "norm+"
 rows, checked against the first of them; err there is against another x, nan), and "norm alone".
 
+A line after each shape says which rows gave the default row's bits (session 12).
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
-Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[n: no split-K
-fold, times only (NO_FOLD)][/split[/stages]],
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[w: the split's
+ranges on one program's warps, GemvConfig.warps_k][n: no split-K fold, times only (NO_FOLD)][/split[/stages]],
 for Q4T after loads: (q4_k_tiled.FAMILIES' key, e.g. vector:4/1/4/e);
 --shapes 151936x2048,14336x4096 replaces SHAPES.
 """

@@ -90,7 +90,9 @@ class GemvConfig:
 WHOLE_UNROLL_ENV = "SPARKD_GEMV_WHOLE_UNROLL"
 WHOLE_UNROLL = switches.flag(WHOLE_UNROLL_ENV, True)
 # Session 12 (q4k20): the tiled Q4_K's split-K ranges on the warps of one program (GemvConfig.warps_k, the same
-# bits: no fold through memory); $SPARKD_GEMV_WARPS_K=off: the split-K launch with fold_part (session 8's)
+# bits: no fold through memory). H200, x quantized before, PDL off (bench/results/q4k20_h200_s12_call2_gemv.log):
+# 4096x14336 11.4 -> 10.8 us, 6144x4096 7.0 -> 6.0, 4096x2048 4.4 -> 3.4, 5120x2048 4.7 -> 3.6 (the split-K launch
+# without its fold: 10.5 / 5.9 / 3.4 / 3.8); $SPARKD_GEMV_WARPS_K=off: the split-K launch with fold_part (session 8's)
 WARPS_K_ENV = "SPARKD_GEMV_WARPS_K"
 WARPS_K = switches.flag(WARPS_K_ENV, True)
 KSTEP_WARPS = (2, 4, 8)  # the splits warps_k runs as one program's warps
