@@ -34,10 +34,11 @@ off's bits; --producer: those rows again as the engine runs the GEMV, after the
 launch that hands it x (residual add + RMSNorm + x's int8 blocks, rms_norm.add_rms_norm_quant: "norm+"
 rows, checked against the first of them; err there is against another x, nan), and "norm alone".
 
+A line after each shape says which rows gave the default row's bits (session 12).
 Every row is first checked against the float64 reference (x rounded as llama.cpp rounds it), then
 timed as kernels_bench times it: one CUDA graph over weights rotated past the L2, median of 15.
-Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[n: no split-K
-fold, times only (NO_FOLD)][/split[/stages]],
+Tiles: rows/warps/groups per step/(e: elementwise tile reduced after the loop | g: every group)[w: the split's
+ranges on one program's warps, GemvConfig.warps_k][n: no split-K fold, times only (NO_FOLD)][/split[/stages]],
 for Q4T after loads: (q4_k_tiled.FAMILIES' key, e.g. vector:4/1/4/e);
 --shapes 151936x2048,14336x4096 replaces SHAPES.
 """
@@ -74,12 +75,13 @@ PRODUCER = False  # --producer: --pdl's rows after the add + norm + quant launch
 
 
 def tile(text: str) -> GemvConfig:
-    """rows/warps/unroll/e|g[n][/split[/stages]] as a GemvConfig (split 0 or left out: chosen from the
-    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages; n: no fold, NO_FOLD)."""
+    """rows/warps/unroll/e|g[w][n][/split[/stages]] as a GemvConfig (split 0 or left out: chosen from the
+    shape; stages: GemvConfig.stages, the pipeliner's cp.async stages; n: no fold, NO_FOLD; w: the split's
+    ranges on the warps of one program, GemvConfig.warps_k, session 12)."""
     rows, warps, unroll, mode, *rest = text.split("/")
     split, stages = (list(map(int, rest)) + [0, 0])[:2]
     return GemvConfig(int(rows), int(warps), int(unroll), split, mode.startswith("e"), stages=stages,
-                      fold=NO_FOLD if mode.endswith("n") else GemvConfig().fold)
+                      fold=NO_FOLD if mode.endswith("n") else GemvConfig().fold, warps_k="w" in mode)
 
 
 # session 8 (fold19): a tile's "n" (e.g. 4/1/4/en/4): the launch stores its split-K partials and nothing
@@ -349,6 +351,7 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
     out = [] if name != "Q6_K" else q6_k_float_rows(qtype, run, ref, x, nbytes, n, rows, cols, copy_bw)
     same_sec = same_copy_seconds(nbytes)
     base, old_y, same, folded, pdl_firsts = GGUF_BASES.get(name), None, {}, {}, {}
+    def_y, same_def = None, {}  # (session 12) every plain row against the default row's bits
     for label, cfg, how in row_tiles(name, rows, cols):
         kw = call_args(how, x, qx)
         try:
@@ -374,6 +377,9 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
                     first = cfg is base  # (Q8_0P: base and cfg both None)
                     old_y = got.clone() if first else old_y
                     same.update({} if first or old_y is None else {label: bool(torch.equal(got, old_y))})
+                if def_y is not None and not (how.get("consumer") or how.get("producer") or how.get("quant")):
+                    same_def[label] = bool(torch.equal(got, def_y))
+                def_y = got.clone() if label == "default" else def_y
                 sec = kb.graph_seconds(call, n)
         except Exception as e:  # noqa: BLE001 - a candidate that fails leaves the shape's other rows
             print(f"FAILED gemv {rows}x{cols} {name} {label}: {type(e).__name__}: {e}", flush=True)
@@ -387,6 +393,9 @@ def dense(name: str, rows: int, cols: int, copy_bw: float) -> list[dict]:
         said = ", ".join(f"{k}: {('no', 'yes')[v]}" for k, v in same.items())
         what = "first row" if PDL_ROWS else "old default"
         print(f"gemv {rows}x{cols} {name} the {what}'s bits (+norm rows: the in-launch fold's): {said}", flush=True)
+    if same_def:
+        said = ", ".join(f"{k}: {('no', 'yes')[v]}" for k, v in same_def.items())
+        print(f"gemv {rows}x{cols} {name} the default's bits: {said}", flush=True)
     torch.cuda.empty_cache()
     return out
 

@@ -54,6 +54,9 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
     "igemv_bulk_one_row": (matmul._igemv_kernel, dict(**matmul.int_args(q4_k_tiled.FAMILY), N=1, BLOCK_N=4, EW=True,
                                                       EMU=False, UNROLL=2, SPLIT=4, ATOMIC=False, KFOLD=True,
                                                       STAGES=None, PREFETCH=PREFETCHES.index("bulk")), 1),
+    # session 12 (q4k20): the split-K ranges on a program's warps (GemvConfig.warps_k), with the bulk prefetch
+    "igemv_kstep_bulk": (matmul._kgemv_kernel, dict(KSTEP=q4_k_tiled.FAMILIES["pairx"].kstep, KW=4, UNROLL=2, EMU=False,
+                                                    PREFETCH=PREFETCHES.index("bulk")), 4),
     "rms_norm_quant": (rms_norm._rms_norm_rows, dict(HAS_RES=True, BLOCK=2048, QBLOCK=32, K8=False, PARTS=0), 8),
     "quant": (act_quant._quant_kernel, dict(BLOCK=32, PER=8, K8=False), 1),
     "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_HALF=64, BLOCK_REST=1,

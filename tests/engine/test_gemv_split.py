@@ -24,7 +24,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from test_kernels import BACKENDS, BOUNDS, act_in, random_blocks, reference, rel_err  # noqa: E402
 
-from sparkd.engine.kernels import dispatch, matmul, q4_k_tiled, q8_0_packed  # noqa: E402
+from sparkd.engine.kernels import dispatch, matmul, pdl, q4_k_tiled, q8_0_packed  # noqa: E402
 from sparkd.engine.kernels.matmul import GEMV_TILES, GemvConfig, split_for  # noqa: E402
 
 Q4T, Q8P = GEMV_TILES["Q4_K_TILED"], GEMV_TILES["Q8_0_PACKED"]
@@ -129,3 +129,27 @@ def test_vector_steps_on_programs_of_part_of_a_tile(loads):
         if not ON_GPU:
             assert torch.equal(got, q4_k_tiled.gemv(scalar, x, config=cfg, loads="scalar"))
         assert rel_err(got, ref @ act_in(T.Q4_K, x.cpu()), ref.abs() @ act_in(T.Q4_K, x.cpu()).abs()) < BOUNDS["fp32"]
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_warps_k_gives_the_split_k_bits(backend):
+    """GemvConfig.warps_k (session 12): the tiled Q4_K's split-K ranges on the warps of one program, folded there,
+    give the split-K launch's bits (its in-launch fold's order) at splits 2, 4 and 8, uneven and empty ranges
+    included (9 groups in 4 ranges of 3: the last one empty), PDL on and off on the GPU; the default tile runs
+    it at the wave rule's split. Interpreter: one tiny case."""
+    if q4_k_tiled.LOADS != "pairx":
+        pytest.skip("warps_k runs the pairx step (Family.kstep)")
+    cases = ([(4096, 14336, 4), (6144, 4096, 2), (2048, 4096, 4), (4096, 2048, 8), (64, 9 * 256, 4),
+              (64, 7 * 256, 8)] if backend == "cuda" else [(8, 9 * 256, 4)])
+    for rows, cols, split in cases:
+        raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)
+        w, x = q4_k_tiled.pack(raw, (rows, cols)), torch.randn(cols, device=backend)
+        launch = GemvConfig(block_n=4, num_warps=1, unroll=2, split=split)
+        assert matmul.uses_kstep(dataclasses.replace(launch, warps_k=True), split, q4_k_tiled.FAMILY.kstep)
+        want = q4_k_tiled.gemv(w, x, config=launch)
+        for mode in ("off", "on") if backend == "cuda" else ("off",):
+            with pdl.using(mode):
+                got = q4_k_tiled.gemv(w, x, config=dataclasses.replace(launch, warps_k=True))
+            assert torch.equal(got, want), (rows, cols, split, mode)
+    assert Q4T.warps_k == matmul.WARPS_K
+    assert not matmul.uses_kstep(Q4T, 3, q4_k_tiled.FAMILY.kstep)  # 3 warps: the split-K launch
+    assert not matmul.uses_kstep(Q8P, 2, None)

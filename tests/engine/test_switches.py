@@ -73,6 +73,8 @@ SWITCHES = [
            {UNSET: "wave", "wave": "wave", "Old": "old"}, ("wave", "old")),
     Switch("SPARKD_GEMV_WHOLE_UNROLL", "sparkd.engine.kernels.matmul", "m.GEMV_TILES['Q4_K_TILED'].whole_unroll",
            "two", {k: 2 if v else 0 for k, v in FLAG.items()}, switches.ON + switches.OFF),
+    Switch("SPARKD_GEMV_WARPS_K", "sparkd.engine.kernels.matmul", "m.GEMV_TILES['Q4_K_TILED'].warps_k",
+           "yes", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_PDL", "sparkd.engine.kernels.pdl", "m.current()", "maybe",
            {UNSET: "auto", "auto": "auto", " On ": "on", "off": "off"}, ("auto", "on", "off")),
     Switch("SPARKD_PDL_PREFETCH", "sparkd.engine.kernels.pdl", "m.current_prefetch()", "l3",

@@ -105,6 +105,9 @@ class Family:
     kblock: Any = None
     # with a kblock: the same block unpacked with 32-bit word ops into the int8 tile (pairx, session 12), or None
     wblock: Any = None
+    # with idot: the row loop of a one-warp tile's step with a split-K launch's ranges on the warps of one program,
+    # folded in it (matmul.GemvConfig.warps_k; q4_k_pair.kstep), else None
+    kstep: Any = None
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

@@ -66,6 +66,9 @@ class GemvConfig:
     stages: int = 0  # software-pipelining stages of the group loop (tl.range num_stages); 0: Triton's default
     whole_unroll: int = 0  # groups per loop step where a program's range is the whole row (split 1); 0: unroll
     fuse_quant: bool = False  # MoE gate/up tile: quantize h for an integer down in the same launch
+    # split-K of 2, 4 or 8 ranges as the warps of one program, their sums added in the program in fold_part's order
+    # (Family.kstep; no partials, no ticket); other splits, a family without kstep, or parts: the split-K launch
+    warps_k: bool = False
     # split-K partials summed by the last program of a row tile (fold_part); "torch": a torch.sum launch
     fold: str = switches.choice(FOLD_ENV, FOLDS, "kernel")
 
@@ -86,13 +89,24 @@ class GemvConfig:
 # bench/results/q4k17_h200_s8.log); $SPARKD_GEMV_WHOLE_UNROLL=off keeps unroll everywhere (session 7's steps)
 WHOLE_UNROLL_ENV = "SPARKD_GEMV_WHOLE_UNROLL"
 WHOLE_UNROLL = switches.flag(WHOLE_UNROLL_ENV, True)
+# Session 12 (q4k20): the tiled Q4_K's split-K ranges on the warps of one program (GemvConfig.warps_k, the same
+# bits: no fold through memory). H200, x quantized before, PDL off (bench/results/q4k20_h200_s12_call2_gemv.log):
+# 4096x14336 11.4 -> 10.8 us, 6144x4096 7.0 -> 6.0, 4096x2048 4.4 -> 3.4, 5120x2048 4.7 -> 3.6 (the split-K launch
+# without its fold: 10.5 / 5.9 / 3.4 / 3.8); $SPARKD_GEMV_WARPS_K=off: the split-K launch with fold_part (session 8's)
+WARPS_K_ENV = "SPARKD_GEMV_WARPS_K"
+WARPS_K = switches.flag(WARPS_K_ENV, True)
+KSTEP_WARPS = (2, 4, 8)  # the splits warps_k runs as one program's warps
+# the warps_k launch's registers per thread: left to ptxas, a program of 128 threads gets 40 and a group's header
+# loads come after its dp4a (a second memory round trip per step: H200 4096x14336 14.3 us against the split-K
+# launch's 11.4); at 64 (the one-warp programs' own) all 14 loads of a 2-group step lead (bench/kernels_sass.py)
+KSTEP_MAXNREG = 64
 GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),
               "Q8_0_PACKED": GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True),
               "Q4_K": GemvConfig(block_n=4, num_warps=1, unroll=4, elementwise=True),
               # (q4k19: the pairx step 2 groups a step at every split, bench/results/q4k19_h200_s8.log)
               "Q4_K_TILED": GemvConfig(block_n=4, num_warps=1, unroll=2 if q4_k_tiled.LOADS == "pairx" else 4,
                                        elementwise=True,
-                                       whole_unroll=2 if WHOLE_UNROLL else 0),
+                                       whole_unroll=2 if WHOLE_UNROLL else 0, warps_k=WARPS_K),
               "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),  # best of 5 (q6k_h200_s5)
               # session 6 (q6k9): one 8-row tile of kernels/q6_k_tiled.py per 1-warp program, a group per
               # step (best of 4 at the head, bench/results/gemv_tiles_h200_s6_q6k.log: 0.94 of copy bandwidth)
@@ -297,6 +311,17 @@ def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N
     acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
                    tl.program_id(1), SPLIT, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
     finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT, ATOMIC, KFOLD)
+
+
+@triton.jit
+def _kgemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, KSTEP: tl.constexpr, KW: tl.constexpr,
+                  UNROLL: tl.constexpr, EMU: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+    """_igemv_kernel at split KW with the ranges on the program's KW warps (GemvConfig.warps_k): a 4-row tile a
+    program, y written once, in the split-K launch's sum order."""
+    prefetch_tile(w_ptr, N, row_bytes, 4, 1, PREFETCH)  # weights only: allowed before the wait
+    pdl.start(PDL)  # first after the weights' prefetch: pdl's rule
+    rows = tl.program_id(0) * 4 + tl.arange(0, 4)
+    tl.store(y_ptr + rows, KSTEP(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW, UNROLL, EMU), mask=rows < N)
 
 
 @triton.jit
@@ -565,7 +590,8 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     cfg = dataclasses.replace(cfg, fold="torch") if parts else cfg  # "torch": the partials stay in part
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
-        y = igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx, fam.isplit, parts)
+        y = igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx, fam.isplit, parts,
+                  fam.kstep)
         return y[None] if parts and y.dim() == 1 else y
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
@@ -592,16 +618,22 @@ def check_one_tile(fam: dispatch.Family, cfg: GemvConfig, what: str) -> None:
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
           row_bytes: int, x: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
-          qx: act_quant.QuantX | None = None, isplit: int = 0, parts: bool = False) -> torch.Tensor:
+          qx: act_quant.QuantX | None = None, isplit: int = 0, parts: bool = False, kstep=None) -> torch.Tensor:
     """gemv's integer path, for any byte layout an idot step reads (rows row_bytes apart): x
     quantized to act_fmt (or qx, x quantized so already), y [rows] written; isplit: the rows'
     sum order (Family.isplit, row_sums); parts: gemv's (the [split, rows] partials where there
-    are, cfg.fold "torch"). Arguments checked by the caller."""
+    are, cfg.fold "torch"); kstep: Family.kstep, run where uses_kstep says. Arguments checked by the caller."""
     rows, cols = shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
-    part = partials_for(y, split, cfg)
     q = act_quant.quantize(x[None], act_fmt) if qx is None else qx
+    if in_kernel and not parts and uses_kstep(cfg, split, kstep):
+        _kgemv_kernel[(triton.cdiv(rows, cfg.block_n),)](
+            weight, q.words, q.scales, q.sums, y, rows, cols, row_bytes, KSTEP=kstep, KW=split,
+            UNROLL=step_groups(cfg, split), EMU=emulate(cfg, x), num_warps=split, maxnreg=KSTEP_MAXNREG,
+            PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes), **pdl.launch(x.device))
+        return y
+    part = partials_for(y, split, cfg)
     tiles = triton.cdiv(rows, cfg.block_n)
     ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
@@ -623,6 +655,11 @@ def check_qx(qx: act_quant.QuantX | None, fam: dispatch.Family, cols: int, what:
             f"could not run {what} on a pre-quantized x: need one row of {cols} values in "
             f"{fam.act_fmt or 'an integer family'}'s blocks, got words {list(qx.words.shape)} and "
             f"scales {list(qx.scales.shape)}; pass x alone")
+
+
+def uses_kstep(cfg: GemvConfig, split: int, kstep) -> bool:
+    """Whether a launch at this split runs its ranges as one program's warps (cfg.warps_k, Family.kstep)."""
+    return cfg.warps_k and kstep is not None and split in KSTEP_WARPS and cfg.block_n == 4 and cfg.num_warps == 1
 
 
 def step_groups(cfg: GemvConfig, split: int) -> int:

@@ -92,7 +92,7 @@ def _partner(v, EMU: tl.constexpr):
     """v [32, 1] of thread t ^ 2 (the other thread of the sub-block and row pair): a butterfly shuffle; the
     interpreter (EMU) flips the tensor's thread dimension (t = 4s + 2e + p: e flipped)."""
     if EMU:
-        out = tl.reshape(tl.flip(tl.reshape(v, (8, 2, 2)), 1), (32, 1))
+        out = tl.reshape(tl.flip(tl.reshape(v, (v.shape[0] // 4, 2, 2)), 1), v.shape)
     else:
         out = tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 2, 31, -1;", "=r,r", [v], dtype=tl.int32,
                                         is_pure=True, pack=1)
@@ -100,25 +100,23 @@ def _partner(v, EMU: tl.constexpr):
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """Group g of the program's 4-row tile added into acc [4, 8, 1] (row, sub-block): matmul's idot contract on
-    the one-warp 4-row elementwise tile only (the tile is program 0's row tile; rmask: the group is in range)."""
-    tl.static_assert(EW and rmask.shape[0] == 4, "the pairx step runs on the 4-row elementwise tile only")
-    base = (w_ptr + tl.program_id(0).to(tl.int64) * (K // 256 * 576)).to(tl.pointer_type(tl.int32))
-    t = tl.arange(0, 32)[:, None]
+def _part(base, xw_ptr, xd_ptr, xs_ptr, lane, g, live, K, EMU: tl.constexpr):
+    """Group g's float share [T, 1] of each thread's row and sub-block (lane = t % 32 = 4s + 2e + p: row 2p + e,
+    sub-block s) in the 4-row tile at base; g and live (False: the group is past the range, its share 0) are
+    scalars or per thread [T, 1]."""
     w = tl.arange(0, 4)[None, :]
-    c = t // 2
+    c = lane // 2
     s = c // 2
     e = c % 2
-    q = tl.load(base + g * 128 + 4 * t + w)  # [32, 4]: words (r, k) = 2r + k
-    x = tl.load(xw_ptr + g * 64 + 4 * c + w)  # [32, 4]: x words 4c .. 4c + 3
+    q = tl.load(base + g * 128 + 4 * lane + w)  # [T, 4]: words (r, k) = 2r + k
+    x = tl.load(xw_ptr + g * 64 + 4 * c + w)  # [T, 4]: x words 4c .. 4c + 3
     hb = base + K // 256 * 128 + g * 16
-    sh = 8 * (2 * (t % 2) + e)  # [32, 1]: the thread's row 2p + e, its byte in the scale words
+    sh = 8 * (2 * (lane % 2) + e)  # [T, 1]: the thread's row 2p + e, its byte in the scale words
     hd = tl.load(hb + sh // 8)
     scw = tl.load(hb + 4 + s)
     mnw = tl.load(hb + 12 + s // 2)
     xs = tl.load(xs_ptr + g * 8 + s)
-    dx = tl.where(tl.max(rmask.to(tl.int32), 0) > 0, tl.load(xd_ptr + g), 0.0)  # 0 past the range (whole tiles)
+    dx = tl.where(live, tl.load(xd_ptr + g), 0.0)  # 0 past the range (whole tiles)
     x0, x1, x2, x3 = _col(x, 0), _col(x, 1), _col(x, 2), _col(x, 3)
     i0 = _row_isum(_col(q, 0), _col(q, 1), x0, x1, x2, x3, EMU)
     i1 = _row_isum(_col(q, 2), _col(q, 3), x0, x1, x2, x3, EMU)
@@ -127,8 +125,48 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     mn = ((mnw >> (sh + 4 * (s % 2))) & 15) | (((scw >> sh) >> 2) & 48)
     d = _f16(hd & 0xFFFF) * dx
     dmin = _f16(hd >> 16) * dx
-    part = d * (sc * isum).to(tl.float32) - dmin * (mn * xs).to(tl.float32)  # [32, 1]: t = 4s + 2e + p
+    return d * (sc * isum).to(tl.float32) - dmin * (mn * xs).to(tl.float32)
+
+
+@triton.jit
+def _tile_base(w_ptr, K):
+    """The program's 4-row tile (program 0's row tile) as int32 words."""
+    return (w_ptr + tl.program_id(0).to(tl.int64) * (K // 256 * 576)).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    """Group g of the program's 4-row tile added into acc [4, 8, 1] (row, sub-block): matmul's idot contract on
+    the one-warp 4-row elementwise tile only (the tile is program 0's row tile; rmask: the group is in range)."""
+    tl.static_assert(EW and rmask.shape[0] == 4, "the pairx step runs on the 4-row elementwise tile only")
+    part = _part(_tile_base(w_ptr, K), xw_ptr, xd_ptr, xs_ptr, tl.arange(0, 32)[:, None], g,
+                 tl.max(rmask.to(tl.int32), 0) > 0, K, EMU)  # [32, 1]: t = 4s + 2e + p
     return acc + tl.reshape(tl.permute(tl.reshape(part, (8, 2, 2)), (2, 1, 0)), (4, 8, 1))  # row 2p + e
+
+
+@triton.jit
+def kstep(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
+    """The program's 4-row tile with its KW warps on matmul.row_idot's KW ranges of groups (warp k: range k of a
+    split-K launch of SPLIT = KW, stepped UNROLL groups at a time as there), each thread summing as idot's, then
+    each range's row sums (row_sums' tl.sum over the 8 sub-blocks) added in range order from 0.0 in the program
+    (fold_part's order, no partials in memory, no ticket): float32 [4], the split-K launch's y."""
+    base = _tile_base(w_ptr, K)
+    t = tl.arange(0, 32 * KW)[:, None]
+    n_groups = tl.cdiv(K, 256)
+    per = tl.cdiv(n_groups, KW)
+    start = (t // 32) * per
+    end = tl.minimum(start + per, n_groups)
+    acc = tl.zeros((32 * KW, 1), tl.float32)
+    for i in range(0, per, UNROLL):
+        for u in tl.static_range(UNROLL):
+            g = start + i + u
+            acc += _part(base, xw_ptr, xd_ptr, xs_ptr, t % 32, tl.minimum(g, end - 1), g < end, K, EMU)
+    rows = tl.sum(tl.reshape(tl.permute(tl.reshape(acc, (KW, 8, 2, 2)), (0, 3, 2, 1)), (KW, 4, 8)), 2)  # [KW, 4]
+    k = tl.arange(0, KW)[:, None]
+    total = tl.zeros((4,), tl.float32)
+    for r in tl.static_range(KW):
+        total += tl.sum(tl.where(k == r, rows, 0.0), 0)  # range r's sums exactly (one value plus zeros)
+    return total
 
 
 @triton.jit
