@@ -32,7 +32,6 @@ captures the buckets at load (serve --prompt-graphs, PromptForward.warm).
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Sequence
 
@@ -42,7 +41,7 @@ from sparkd.engine import switches
 from sparkd.engine.device_sampler import MODES as SAMPLING_MODES, DeviceSampler, device_drawable, \
     device_sampling_default
 from sparkd.engine.errors import EngineError
-from sparkd.engine.graph_capture import capture
+from sparkd.engine.graph_capture import capture, failure, release
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
@@ -170,11 +169,16 @@ class StaticDecode:
     accepted a temperature request, the token DeviceSampler draws from them.
 
     device_sampling: "fused", "torch" or "off" (True: "fused", False: "off", None: the switch);
-    the fused kernels run on CUDA only (a CPU step draws with the torch chain)."""
+    the fused kernels run on CUDA only (a CPU step draws with the torch chain).
+
+    A capture that fails (out of memory, any error in its warm-up or capture) gives its bucket up:
+    logged once with the reason, its memory returned, and that bucket's steps (or draws) run the
+    same static step eagerly from then on (failed): the request goes on with the same bits."""
 
     def __init__(self, net: Decoder, cache: KVCache, graphs: bool, first_bucket: int = FIRST_BUCKET,
-                 device_argmax: bool | None = None, device_sampling: bool | str | None = None):
-        self.net, self.cache, self.graphs = net, cache, graphs
+                 device_argmax: bool | None = None, device_sampling: bool | str | None = None,
+                 log: Callable[[str], None] = lambda line: None):
+        self.net, self.cache, self.graphs, self.log = net, cache, graphs, log
         self.device_argmax = device_argmax_default() if device_argmax is None else device_argmax
         mode = device_sampling_default() if device_sampling is None else device_sampling
         mode = {True: "fused", False: "off"}.get(mode, mode)
@@ -192,6 +196,7 @@ class StaticDecode:
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
         self._pool = None  # one memory pool for every bucket's graph (they never run at once)
+        self.failed: dict[object, str] = {}  # span, or a draw's (span, fused) -> why its capture was given up
         link_norm_quant(net)
 
     def __call__(self, token: int) -> torch.Tensor:
@@ -233,11 +238,11 @@ class StaticDecode:
     def _draw(self, span: int, logits: torch.Tensor) -> torch.Tensor:
         """The token fed joins the sampler's ring, then the draw: eager, or the graph of this
         bucket and chain (captured here, on its first draw: a greedy-only run captures none)."""
-        if not self.graphs:
-            return self.sampler.step(self.token, logits[-1])
         key = (span, self.sampler.fusing)
-        if key not in self._draws:
-            self._draws[key] = self._capture_draw(logits)
+        if self.graphs and key not in self._draws and key not in self.failed:
+            self._try(key, self._draws, lambda: self._capture_draw(logits))
+        if key not in self._draws:  # no graphs, or this draw's capture failed
+            return self.sampler.step(self.token, logits[-1])
         graph, picked = self._draws[key]
         graph.replay()
         return picked
@@ -248,8 +253,8 @@ class StaticDecode:
         position, which the real step rewrites."""
         self.pos.fill_(self.cache.n_past)
         for span in self.buckets:
-            if self.graphs and span not in self._graphs:
-                self._graphs[span] = self._capture(span)
+            if self.graphs and span not in self._graphs and span not in self.failed:
+                self._try(span, self._graphs, lambda: self._capture(span))
             if span >= n_positions:
                 return
 
@@ -271,11 +276,25 @@ class StaticDecode:
         return logits, greedy_pick(logits[-1]) if self.device_argmax else None
 
     def _replay(self, span: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if span not in self._graphs:
-            self._graphs[span] = self._capture(span)
+        if span not in self._graphs and span not in self.failed:
+            self._try(span, self._graphs, lambda: self._capture(span))
+        if span not in self._graphs:  # its capture failed: the same step, eagerly
+            return self._step(span)
         graph, *out = self._graphs[span]
         graph.replay()
         return tuple(out)
+
+    def _try(self, key, graphs: dict, make: Callable[[], tuple]) -> None:
+        """graphs[key] = make(), or key given up (failed, logged once) when make raises."""
+        try:
+            graphs[key] = make()
+            return
+        except Exception as exc:  # any failure: the steps run eagerly, not the request failing
+            why = failure(exc)
+        release(self.cache.device)
+        self.failed[key] = why
+        what = f"decode graph of {key} positions" if isinstance(key, int) else f"draw graph of {key[0]} positions"
+        self.log(f"{what} not captured, run eagerly from now on: {why}")
 
     def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
         # the warm-up makes the rope table and the expert tables; it writes this token's K/V rows,
@@ -295,10 +314,12 @@ class StaticDecode:
 
         def warm():  # no push: the ring stays as the request set it
             return sampler.probabilities(logits[-1]) if sampler.fusing else sampler.draw(logits[-1])
-        graph, picked = capture(self.cache.device, self._draw_pool, warm,
-                                lambda: sampler.step(self.token, logits[-1]), generator=sampler.generator)
+        try:
+            graph, picked = capture(self.cache.device, self._draw_pool, warm,
+                                    lambda: sampler.step(self.token, logits[-1]), generator=sampler.generator)
+        finally:  # also after a failed capture: the eager draw then takes the seed's own state
+            sampler.generator.set_state(state)
         self._draw_pool = graph.pool()
-        sampler.generator.set_state(state)
         return graph, picked
 
 
@@ -482,8 +503,7 @@ class PromptForward:
             inputs = torch.zeros(span + 1, dtype=torch.long, device=device)
             graph, logits = capture(device, self._pool, warm, lambda: self._run(inputs, span), ready=room)
         except Exception as exc:  # any failure: the prompt runs eagerly, not the request failing
-            why = str(exc) if isinstance(exc, _NoRoom) else \
-                f"{stage[0]} failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+            why = str(exc) if isinstance(exc, _NoRoom) else f"{stage[0]} failed: {failure(exc)}"
         else:
             self._pool = graph.pool()
             self._graphs[span] = graph, inputs, logits
@@ -491,13 +511,8 @@ class PromptForward:
             self.log(f"prompt graph {span} tokens: captured in {1e3 * (time.perf_counter() - t0):.0f} ms, "
                      f"pool +{_mib(self.pool_bytes[span])} (prompt graphs hold {_mib(sum(self.pool_bytes.values()))})")
             return True
-        # out of the except block the traceback's frames are gone, and with them the partial graph
-        # and its hold on the pool: give the pool's and the warm-up's memory back
         inputs = None  # noqa: F841 (the closures' cell: frees the tensor)
-        if device.type == "cuda":
-            gc.collect()  # a cycle through a frame may still hold the graph
-            torch.cuda.synchronize(device)
-            torch.cuda.empty_cache()
+        release(device)
         self.failed[span] = why
         self.log(f"prompt graph {span} tokens not captured, its prompts run eagerly: {why}")
         return False

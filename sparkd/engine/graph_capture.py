@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+import gc
+
 import torch
 
 T = TypeVar("T")
@@ -62,3 +64,18 @@ def _anchor(index: int) -> None:
         with torch.cuda.graph(graph):
             x.add_(1)
         _ANCHORS[index] = graph, x
+
+
+def failure(exc: BaseException) -> str:
+    """A failed capture's reason for a log line: the exception's type and first line."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+
+
+def release(device) -> None:
+    """After a capture that raised, outside the except block (the traceback's frames, and with them
+    the partial graph's hold on its pool, are gone then): give the pool's and the warm-up's memory
+    back to the device."""
+    if torch.device(device).type == "cuda":
+        gc.collect()  # a cycle through a frame may still hold the graph
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()

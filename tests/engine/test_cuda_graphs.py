@@ -220,6 +220,35 @@ def test_static_step_refuses_past_the_context(models):
         m.close()
 
 
+def test_failed_step_capture_runs_the_step_eagerly_once(models):
+    """A decode or draw capture that fails (here: the CPU has no CUDA graphs; on the GPU, out of
+    memory below) gives its bucket up, logged once: the steps and draws give the bits and tokens of
+    the same static step without graphs, and no bucket is tried twice."""
+    m = load_model(models["qwen3moe"])
+    try:
+        want, want_ids = decode(m.net, lambda c: StaticDecode(m.net, c, graphs=False, first_bucket=4), STEPS, 32)
+        logged, steps = [], []
+        got, got_ids = decode(m.net, lambda c: steps.append(StaticDecode(m.net, c, True, 4, log=logged.append))
+                              or steps[0], STEPS, 32)
+        assert torch.equal(got, want) and got_ids == want_ids
+        assert sorted(steps[0].failed) == [8, 16, 32] and not steps[0]._graphs
+        assert [line.split(" not captured")[0] for line in logged] == [
+            f"decode graph of {span} positions" for span in (8, 16, 32)]
+        assert all(", run eagerly from now on: " in line for line in logged)
+        hot = SamplingParams(temperature=1.5, seed=11)
+        draws = {}
+        for graphs in (False, True):
+            cache = m.net.new_cache(32)
+            m.net(torch.tensor(PROMPT), cache)
+            step = StaticDecode(m.net, cache, graphs, 4, log=logged.append)
+            assert step.begin_sampling(hot, PROMPT)
+            draws[graphs] = [step.next_token(3) for _ in range(6)]
+        assert draws[True] == draws[False]  # the failed draw capture left the seed's state as it was
+        assert sum(line.startswith("draw graph of 8 positions not captured") for line in logged) == 1
+    finally:
+        m.close()
+
+
 def test_graph_blocker_names_the_layer(models):
     loaded = {a: load_model(models[a]) for a in ("gemma3", "glm-dsa", "kimi-k3", "qwen3moe", "deepseek2")}
     try:
@@ -445,6 +474,51 @@ def test_prompt_capture_out_of_memory_falls_back_on_cuda(tmp_path, monkeypatch):
         padded = PromptForward(m.net, cache, "padded")(other, last=True)
         assert torch.equal(replayed, padded) and sorted(p._graphs) == [80] and p.failed.keys() == {64}
         assert logged[1].startswith("prompt graph 80 tokens: captured in ")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        m.close()
+
+
+@pytest.mark.gpu
+def test_step_capture_out_of_memory_falls_back_on_cuda(tmp_path, monkeypatch):
+    """A real out-of-memory in a decode bucket's capture (the process held to the memory it has
+    reserved after the warm-up, as for the prompt above): that bucket's steps run eagerly with the
+    bits of the same static step without graphs, the failure is logged once with the memory given
+    back, and the next bucket is captured and replayed."""
+    total = torch.cuda.get_device_properties(0).total_memory
+
+    def squeezed(device, pool, warm, run, generator=None, ready=None):
+        def squeeze():
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_reserved(device) / total, device)
+        monkeypatch.setattr(cuda_graphs, "capture", graph_capture.capture)  # only the first capture
+        return graph_capture.capture(device, pool, warm, run, generator, squeeze)
+
+    def log(line):
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        at_log.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
+        logged.append(line)
+
+    def made(cache):  # memory measured with the cache, the prompt's rows and the step in place, before a capture
+        steps.append(StaticDecode(m.net, cache, True, 4, log=log))
+        torch.cuda.synchronize()
+        before.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
+        return steps[0]
+
+    logged, at_log, steps, before = [], [], [], []
+    m = tiny_cuda_model(tmp_path)
+    try:
+        want, want_ids = decode(m.net, lambda c: StaticDecode(m.net, c, graphs=False, first_bucket=4), 24, 32)
+        decode(m.net, lambda c: StaticDecode(m.net, c, True, 4), 2, 32)  # the process's one-off tables first
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        monkeypatch.setattr(cuda_graphs, "capture", squeezed)
+        got, got_ids = decode(m.net, made, 24, 32)
+        print(f"failed step capture: (allocated, reserved) {before[0]} -> {at_log[0]} bytes: {logged}")
+        assert len(logged) == 1 and logged[0].startswith("decode graph of 8 positions not captured, run eagerly")
+        assert at_log[0][0] == before[0][0] and at_log[0][1] <= before[0][1], "the failed capture's memory was kept"
+        assert torch.equal(got, want) and got_ids == want_ids
+        assert list(steps[0].failed) == [8] and sorted(steps[0]._graphs) == [16, 32]
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         m.close()

@@ -85,7 +85,7 @@ def decode_step(net, cache, device: str, graphs: bool, streamed: bool, cuda_grap
     if graphs:
         from sparkd.engine.cuda_graphs import StaticDecode
 
-        return StaticDecode(net, cache, graphs=True)
+        return StaticDecode(net, cache, graphs=True, log=log)
     return streaming_step(net, cache, device, cuda_graphs, log) if streamed else EagerDecode(net, cache)
 
 
