@@ -146,6 +146,7 @@ def decode(net, device: str, params: SamplingParams, n: int, graphs: bool, **kw)
     for _ in range(n):
         token = step.next_token(token)
         out.append(token)
+    assert not step.failed  # with graphs: every step and draw replayed a graph
     return drawing, out
 
 

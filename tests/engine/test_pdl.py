@@ -179,15 +179,17 @@ def test_decode_bits_the_same_with_and_without_pdl(tmp_path, quant):
     shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
     path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
     m = load_model(path, device="cuda")
-    got = {}
+    got, steps = {}, []
     try:
         for mode in ("off", "on"):
             with pdl.using(mode):
                 assert pdl.enabled("cuda") == (mode == "on")
                 got[mode] = (decode(m.net, lambda c: lambda t: m.net(torch.tensor([t]), c), 16, 32),
-                             decode(m.net, lambda c: StaticDecode(m.net, c, True, 4), 16, 32))
+                             decode(m.net, lambda c: steps.append(StaticDecode(m.net, c, True, 4)) or steps[-1],
+                                    16, 32))
     finally:
         m.close()
+    assert all(step._graphs and not step.failed for step in steps)  # replayed, not run eagerly after a failure
     for (off_logits, off_ids), (on_logits, on_ids) in zip(got["off"], got["on"]):
         assert on_ids == off_ids
         assert torch.equal(on_logits, off_logits)
