@@ -239,7 +239,7 @@ def weights(name: str, rows: int, cols: int, rotate: bool = True):
                                    parts=True)
             if cfg is GGUF_BASES[name]:
                 return gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg, qx=qx)
-            if loads in q4t_twins.TWINS:  # a bench-only twin on the default tiled bytes (times only)
+            if loads in q4t_twins.TWINS:  # a bench-only twin on the default tiled bytes (times only; kmasked: y)
                 return q4t_twins.gemv(loads, ts[i % n], x, out=y, config=cfg, qx=qx)
             more = {"loads": loads} if loads else {}  # (the tiled Q4_K's integer steps by name)
             return tiled.gemv(copies(loads)[i % n], x, out=y, config=cfg, qx=qx, **more)

@@ -2,6 +2,7 @@
 the triton wheel carries ptxas), to see what bounds a kernel before spending device time.
 
 Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P,Q4T] [--stages 0,3] [--tiles 16/4/2/e,...]
+       PYTHONPATH=. python bench/kernels_sass.py --kstep 2,4,8  (q4k21: the warps_k launch's fold, kstep vs kmasked)
 (Q8_0P: Q8_0 in the repacked resident layout, q8_0_packed; Q4T: Q4_K in the tiled one, q4_k_tiled;
 Q6T: Q6_K in its tiled one, q6_k_tiled; Q4TL: Q4T's load-only twin, bench/q4t_twins.py; Q4TB: the bytes step;
 Q4TC, Q4TS: bench/q4t_compact.py's per-group and per-step compact-load steps; q4k19: Q4TR, Q4TRL: bench/q4t_relaid.py's
@@ -31,7 +32,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import dispatch, matmul, pdl, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import dispatch, matmul, pdl, q4_k_pair, q4_k_tiled, q6_k_tiled, q8_0_packed
 import q4t_compact  # (bench/, the script's own folder)
 import q4t_pair
 import q4t_relaid
@@ -107,6 +108,30 @@ def loop_ops(text: str) -> list[str]:
     return [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0] for op in body]
 
 
+KSTEPS = {"kstep": q4_k_pair.kstep, "kmasked": q4t_twins.kstep_masked}  # q4k21: the engine's fold and q4k20's
+KSIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32", "N": "i32",
+              "K": "i32", "row_bytes": "i32"}
+
+
+def compiled_kstep(name: str, kw: int):
+    """matmul._kgemv_kernel (the warps_k launch) with KSTEPS' name at KW = kw warps, 2 groups a step, as launched."""
+    kern = matmul._kgemv_kernel
+    consts = pdl.compile_args(kern, dict(KSTEP=KSTEPS[name], KW=kw, UNROLL=2, EMU=False))
+    sig = dict(KSIGNATURE, **{k: "constexpr" for k in consts})
+    src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
+                    attrs={(list(KSIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
+    return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": kw, "maxnreg": matmul.KSTEP_MAXNREG})
+
+
+def after_loop_ops(text: str) -> list[str]:
+    """Opcodes from the last backward-branching loop's branch to the kernel's last EXIT (the fold and the store)."""
+    lines = text.splitlines()
+    back = max(i for i, line in enumerate(lines) if re.search(r"@!?P\w+\s+BRA LBB\w+", line))
+    end = max(i for i, line in enumerate(lines) if re.search(r"\tEXIT;", line))
+    return [re.sub(r"^@!?U?P\w+\s+", "", line.split("\t", 1)[-1]).split()[0].split(".")[0]
+            for line in lines[back + 1:end + 1] if "\t" in line]
+
+
 def parse_tile(text: str) -> matmul.GemvConfig:
     """rows/warps/unroll/e|g (e: elementwise tile, g: reduced every group) as a GemvConfig."""
     rows, warps, unroll, mode = text.split("/")
@@ -119,7 +144,18 @@ def main() -> None:
     ap.add_argument("--stages", default="0", help="GemvConfig.stages values to compile each tile with")
     ap.add_argument("--tiles", default=None, help="tiles instead of TILES: rows/warps/unroll/e|g, comma-separated, "
                     "e.g. 16/4/2/e,8/2/1/g")
+    ap.add_argument("--kstep", default="", help="KW values: the warps_k launch's loop and fold (KSTEPS) instead")
     args = ap.parse_args()
+    for kw in (int(v) for v in args.kstep.split(",") if v):
+        for name in KSTEPS:
+            binary = compiled_kstep(name, kw).asm["cubin"]
+            text = get_sass(binary)
+            after = after_loop_ops(text)
+            counts = " ".join(f"{op}={after.count(op)}" for op in WATCH + ("LDSM", "FADD") if after.count(op))
+            print(f"{name} KW={kw}: {len(loop_ops(text))} warp-instr/iteration, {len(after)} after the loop ({counts})"
+                  f"  regs={registers(binary)}")
+    if args.kstep:
+        return
     tiles = TILES if args.tiles is None else [parse_tile(t) for t in args.tiles.split(",")]
     for name in args.types.split(","):
         fam = None if name in OWN else LAYOUTS[name] if name in LAYOUTS else dispatch.FAMILIES[GGMLQuantizationType[name]]

@@ -10,11 +10,13 @@ the bytes in flight) bound the kernel; if it is much faster, the step's instruct
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
-from sparkd.engine.kernels import matmul, q4_k_tiled
+from sparkd.engine.kernels import matmul, q4_k_pair, q4_k_tiled
 from sparkd.engine.kernels.act_quant import Q8_K
 from sparkd.engine.kernels.family import Family
 
@@ -41,7 +43,25 @@ TWINS = {"loadonly": Family(q4_k_tiled.TILED, 256, 144, 8, 32, q4_k_tiled.dequan
 
 
 def gemv(name: str, w, x: torch.Tensor, out: torch.Tensor, config: matmul.GemvConfig, qx=None) -> torch.Tensor:
-    """A twin's y on tiled bytes w (q4_k_tiled.pack, either header order): not W @ x, only its time."""
+    """A twin's y on tiled bytes w (q4_k_tiled.pack, either header order): not W @ x, only its time (a kstep
+    candidate's: W @ x)."""
     fam = TWINS[name]
     return matmul.igemv(w.data, fam.idot, fam.iacc, fam.act_fmt, (w.rows, w.cols), fam.row_bytes(w.cols), x, out,
-                        config, qx, fam.isplit)
+                        config, qx, fam.isplit, kstep=fam.kstep)
+
+
+
+# session 12 (q4k21): q4k20's kstep (the ranges' sums taken out of [KW, 4] with KW masked tl.sum across the warps,
+# each through shared memory) beside q4_k_pair.kstep's one exchange: the same sum order, so the same bits; rows
+# "Q4T@kmasked:4/1/2/ew" on the default pairx bytes
+@triton.jit
+def kstep_masked(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
+    rows = q4_k_pair.krows(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW, UNROLL, EMU)  # [KW, 4]
+    k = tl.arange(0, KW)[:, None]
+    total = tl.zeros((4,), tl.float32)
+    for r in tl.static_range(KW):
+        total += tl.sum(tl.where(k == r, rows, 0.0), 0)  # range r's sums exactly (one value plus zeros)
+    return total
+
+
+TWINS["kmasked"] = dataclasses.replace(q4_k_tiled.FAMILIES["pairx"], kstep=kstep_masked)

@@ -214,6 +214,19 @@ def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
             assert torch.equal(dense, got[0][0]) and torch.equal(grouped, got[0][1]), layout
 
 
+def test_igemm_ways_pick_their_tables(monkeypatch):
+    """$SPARKD_IGEMM: s12 runs pairx's dense GEMM at 168 registers (q4k21) and its grouped one with wblock
+    (prefill26); s11 keeps session 11's launches for both, s10 session 10's everywhere."""
+    pairx = q4_k_tiled.FAMILIES["pairx"]
+    want = {"s12": (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168),
+                    matmul.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=168)),
+            "s11": (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False), matmul.IgemmTile(64, 32, 4, 1, 2)),
+            "s10": (matmul.S10_IGEMM, matmul.S10_IGEMM)}
+    for way, tiles in want.items():
+        monkeypatch.setattr(matmul, "IGEMM_WAY", way)
+        assert (matmul.igemm_tile(pairx, False), matmul.igemm_tile(pairx, True)) == tiles, way
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_gemm_runs_other_types_at_ieee_and_checks_qx(backend):
     """A family without an integer GEMM (Q5_K) runs "int8" as "ieee" (the same bits); a qx of the

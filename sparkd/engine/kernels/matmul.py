@@ -93,6 +93,8 @@ WHOLE_UNROLL = switches.flag(WHOLE_UNROLL_ENV, True)
 # bits: no fold through memory). H200, x quantized before, PDL off (bench/results/q4k20_h200_s12_call2_gemv.log):
 # 4096x14336 11.4 -> 10.8 us, 6144x4096 7.0 -> 6.0, 4096x2048 4.4 -> 3.4, 5120x2048 4.7 -> 3.6 (the split-K launch
 # without its fold: 10.5 / 5.9 / 3.4 / 3.8); $SPARKD_GEMV_WARPS_K=off: the split-K launch with fold_part (session 8's)
+# q4k21: the ranges added after one exchange (q4_k_pair.kstep's tl.split): 4096x14336 10.0-10.1 us (0.77-0.79 of the
+# 2 GiB copy), 6144x4096 5.9, 4096x2048 3.3, 5120x2048 3.6 (bench/results/q4k21_h200_s12_gemv*.log)
 WARPS_K_ENV = "SPARKD_GEMV_WARPS_K"
 WARPS_K = switches.flag(WARPS_K_ENV, True)
 KSTEP_WARPS = (2, 4, 8)  # the splits warps_k runs as one program's warps
@@ -782,6 +784,10 @@ IGEMM_TILES_S11 = dict(IGEMM_TILES)
 # 32-bit word ops (q4_k_pair.wblock; 1.49-1.55x over kblock alone) at most 168 registers a thread (3 programs an
 # SM; 1.56-1.87x, 128 registers 1.48-1.61x; kblock capped at 128 0.98-1.05x); 64-row tiles on 8 warps lost to it
 IGEMM_TILES[("Q4_K_TILED", True)] = IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=168)
+# q4k21 (bench/results/q4k21_h200_s12*): pairx's dense GEMM (the attention projections) keeps iblock's byte loads
+# (wblock 0.87-0.98x, kblock 0.55-0.66x at the 5120x2048 and 2048x4096 projections, 512 and 2048 tokens) at most 168
+# registers a thread (0.99-1.08x; 128 registers 0.93-0.97x)
+IGEMM_TILES[("Q4_K_TILED", False)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:

@@ -145,11 +145,10 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 
 
 @triton.jit
-def kstep(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
+def krows(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
     """The program's 4-row tile with its KW warps on matmul.row_idot's KW ranges of groups (warp k: range k of a
-    split-K launch of SPLIT = KW, stepped UNROLL groups at a time as there), each thread summing as idot's, then
-    each range's row sums (row_sums' tl.sum over the 8 sub-blocks) added in range order from 0.0 in the program
-    (fold_part's order, no partials in memory, no ticket): float32 [4], the split-K launch's y."""
+    split-K launch of SPLIT = KW, stepped UNROLL groups at a time as there), each thread summing as idot's: each
+    range's row sums (row_sums' tl.sum over the 8 sub-blocks), float32 [KW, 4] (range, row)."""
     base = _tile_base(w_ptr, K)
     t = tl.arange(0, 32 * KW)[:, None]
     n_groups = tl.cdiv(K, 256)
@@ -161,11 +160,35 @@ def kstep(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW: tl.constexpr, UNROLL: tl.constex
         for u in tl.static_range(UNROLL):
             g = start + i + u
             acc += _part(base, xw_ptr, xd_ptr, xs_ptr, t % 32, tl.minimum(g, end - 1), g < end, K, EMU)
-    rows = tl.sum(tl.reshape(tl.permute(tl.reshape(acc, (KW, 8, 2, 2)), (0, 3, 2, 1)), (KW, 4, 8)), 2)  # [KW, 4]
-    k = tl.arange(0, KW)[:, None]
+    return tl.sum(tl.reshape(tl.permute(tl.reshape(acc, (KW, 8, 2, 2)), (0, 3, 2, 1)), (KW, 4, 8)), 2)
+
+
+@triton.jit
+def kstep(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
+    """krows' ranges added in range order from 0.0 in the program (fold_part's order, no partials in memory, no
+    ticket): float32 [4], the split-K launch's y. Session 12 (q4k21): the [4, KW] sums taken apart with tl.split,
+    which puts the KW axis in one thread (one exchange through shared memory, one barrier; q4k20's KW masked
+    tl.sum across the warps took KW exchanges and 2 KW - 1 barriers)."""
+    v = tl.trans(krows(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW, UNROLL, EMU))  # [4, KW]
     total = tl.zeros((4,), tl.float32)
-    for r in tl.static_range(KW):
-        total += tl.sum(tl.where(k == r, rows, 0.0), 0)  # range r's sums exactly (one value plus zeros)
+    if KW == 2:
+        r0, r1 = tl.split(v)
+        total = total + r0 + r1
+    elif KW == 4:
+        e, o = tl.split(tl.reshape(v, (4, 2, 2)))  # ranges 0, 2 and 1, 3
+        r0, r2 = tl.split(e)
+        r1, r3 = tl.split(o)
+        total = total + r0 + r1 + r2 + r3
+    else:
+        tl.static_assert(KW == 8, "kstep runs 2, 4 or 8 ranges (matmul.KSTEP_WARPS)")
+        e, o = tl.split(tl.reshape(v, (4, 4, 2)))  # ranges 0, 2, 4, 6 and 1, 3, 5, 7
+        ee, eo = tl.split(tl.reshape(e, (4, 2, 2)))  # 0, 4 and 2, 6
+        oe, oo = tl.split(tl.reshape(o, (4, 2, 2)))  # 1, 5 and 3, 7
+        r0, r4 = tl.split(ee)
+        r2, r6 = tl.split(eo)
+        r1, r5 = tl.split(oe)
+        r3, r7 = tl.split(oo)
+        total = total + r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7
     return total
 
 
