@@ -166,6 +166,10 @@ def test_decode_attention_reads_mla_values_inside_the_keys(backend):
 def test_decode_attention_refuses_bad_arguments():
     with pytest.raises(KernelArgumentError, match=r"could not run decode_attention .* multiple of Hkv"):
         decode_attention(torch.randn(1, 3, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 8), torch.tensor([1]), 1.0)
+    with pytest.raises(KernelArgumentError, match=r"could not run decode_attention .* q must be \[1, H, Dk\]"):
+        decode_attention(torch.randn(2, 4, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 8), torch.tensor([1]), 1.0)
+    with pytest.raises(KernelArgumentError, match=r"could not run decode_attention .* pos must be one integer"):
+        decode_attention(torch.randn(1, 4, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 8), torch.tensor([1.0]), 1.0)
 
 
 def on_gpu_only(*cases):
@@ -199,6 +203,8 @@ def test_prefill_attention_refuses_bad_arguments():
         prefill_attention(q, k, k, 1, 1.0)
     with pytest.raises(KernelArgumentError, match=r"could not run prefill_attention .* float32"):
         prefill_attention(q.half(), k.half(), k.half(), 2, 1.0)
+    with pytest.raises(KernelArgumentError, match=r"could not run prefill_attention .* sinks must be float32 \[H\]"):
+        prefill_attention(q, k, k, 2, 1.0, sinks=torch.zeros(3))
 
 
 @pytest.mark.parametrize("backend, M, K, N, pad, dtype, bias", [

@@ -80,17 +80,23 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
 
 
 def _check(q, k, v, pos, sinks) -> None:
-    bad = None
-    if q.dim() != 3 or q.shape[0] != 1 or k.dim() != 3 or v.dim() != 3:
-        bad = "q must be [1, H, Dk] and k, v [S, Hkv, D]"
-    elif k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]:
-        bad = "k and v must share [S, Hkv], q and k their Dk, and H be a multiple of Hkv"
-    elif any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
-        bad = "q, k and v must be float32 with a contiguous last dim"
-    elif pos.numel() != 1 or pos.dtype not in (torch.int32, torch.int64):
+    bad = shape_problem(q, k, v, sinks, "1")
+    if not bad and (pos.numel() != 1 or pos.dtype not in (torch.int32, torch.int64)):
         bad = "pos must be one integer position"
-    elif sinks is not None and (sinks.shape != (q.shape[1],) or sinks.dtype != torch.float32):
-        bad = "sinks must be float32 [H]"
     if bad:
         raise KernelArgumentError(f"could not run decode_attention on q {list(q.shape)}, k {list(k.shape)}, "
                                   f"v {list(v.shape)}: {bad}")
+
+
+def shape_problem(q, k, v, sinks, rows: str) -> str | None:
+    """What is wrong with an attention kernel's q [rows, H, Dk], k, v [S, Hkv, D] and sinks [H] (None: nothing);
+    rows "1": one query row (the decode), "T": any (prefill_attention)."""
+    if q.dim() != 3 or (rows == "1" and q.shape[0] != 1) or k.dim() != 3 or v.dim() != 3:
+        return f"q must be [{rows}, H, Dk] and k, v [S, Hkv, D]"
+    if k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]:
+        return "k and v must share [S, Hkv], q and k their Dk, and H be a multiple of Hkv"
+    if any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
+        return "q, k and v must be float32 with a contiguous last dim"
+    if sinks is not None and (sinks.shape != (q.shape[1],) or sinks.dtype != torch.float32):
+        return "sinks must be float32 [H]"
+    return None

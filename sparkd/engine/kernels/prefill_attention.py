@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine.kernels.decode_attention import shape_problem
 from sparkd.engine.kernels.family import KernelArgumentError
 
 BLOCK_T = 64  # queries a program (fixed: a row's tile and place in it must not depend on T)
@@ -101,17 +102,9 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
 
 
 def _check(q, k, v, start, sinks) -> None:
-    bad = None
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        bad = "q must be [T, H, Dk] and k, v [S, Hkv, D]"
-    elif k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]:
-        bad = "k and v must share [S, Hkv], q and k their Dk, and H be a multiple of Hkv"
-    elif not isinstance(start, int) or start < 0 or k.shape[0] != start + q.shape[0]:
+    bad = shape_problem(q, k, v, sinks, "T")
+    if not bad and (not isinstance(start, int) or start < 0 or k.shape[0] != start + q.shape[0]):
         bad = "start must be a host int >= 0 with S = start + T"
-    elif any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
-        bad = "q, k and v must be float32 with a contiguous last dim"
-    elif sinks is not None and (sinks.shape != (q.shape[1],) or sinks.dtype != torch.float32):
-        bad = "sinks must be float32 [H]"
     if bad:
         raise KernelArgumentError(f"could not run prefill_attention on q {list(q.shape)}, k {list(k.shape)}, "
                                   f"v {list(v.shape)}, start {start!r}: {bad}")
