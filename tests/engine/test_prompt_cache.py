@@ -18,10 +18,10 @@ from sparkd.engine.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 # A continued prompt's last-token logits against the whole prompt's, over the largest |logit|:
-# 0 measured on the CPU (the tiny models). On the H200 the reply's rows come from the decode step
-# (its own kernels and activation rounding) and the last token's from a 1-row forward: 0.013-0.052 on
-# the 12-layer random qwen3-30b-a3b model (docs/performance.md, session 13, prefix13); a wrong or stale
-# row gives differences of the logits' own size.
+# 0 measured on the CPU (the tiny models) and on the H200's tiny qwen3moe (the GPU test below). On the
+# H200 the reply's rows come from the decode step (its own kernels and activation rounding) and the
+# last token's from a 1-row forward: 0.013-0.052 on the 12-layer random qwen3-30b-a3b model
+# (docs/performance.md, session 13, prefix13); a wrong or stale row gives differences of the logits' size.
 BOUND = 1e-3
 GPU_BOUND = 0.1
 
@@ -85,20 +85,30 @@ def test_turns_reuse_the_prefix_and_give_the_whole_prompts_tokens(engines, arch)
         assert got == _run(off, ids, n)[0], ids
 
 
-def test_a_failed_forward_claims_no_rows(engines, monkeypatch):
+@pytest.mark.parametrize("where", ["prompt", "step"])
+def test_a_failed_forward_claims_no_rows(engines, monkeypatch, where):
     for arch in ("qwen3moe", "kimi-k3"):
         on, off = engines[arch]
         turn1 = list(range(3, 19))
         _run(on, turn1)
-        real = on._step.__class__.__call__
+        if where == "prompt":  # the continued prompt fails after writing its rows (and the KDA state)
+            real_prompt = on._prompt
 
-        def broken(self, token):  # the decode step fails after writing its rows (and the KDA state)
-            real(self, token)
-            raise RuntimeError("device lost")
-        monkeypatch.setattr(on._step.__class__, "__call__", broken)
-        monkeypatch.setattr(on._step, "device_argmax", False)
+            def broken_prompt(tokens, last=False):
+                real_prompt(tokens, last=last)
+                raise RuntimeError("device lost")
+            broken_prompt.replays = real_prompt.replays
+            monkeypatch.setattr(on, "_prompt", broken_prompt)
+        else:  # the decode step does
+            real = on._step.__class__.__call__
+
+            def broken(self, token):
+                real(self, token)
+                raise RuntimeError("device lost")
+            monkeypatch.setattr(on._step.__class__, "__call__", broken)
+            monkeypatch.setattr(on._step, "device_argmax", False)
         with pytest.raises(RuntimeError, match="device lost"):
-            _run(on, turn1 + [5])
+            _run(on, turn1 + [5, 6, 7, 8])
         monkeypatch.undo()
         assert on._held.tokens is None
         got, cached = _run(on, turn1 + [5, 6])
@@ -167,3 +177,14 @@ def test_on_the_gpu_turns_give_the_whole_prompts_tokens(tmp_path):
     finally:
         on.close()
         off.close()
+
+
+def test_serve_prompt_cache_flag(capsys):
+    from sparkd.engine.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve", "m.gguf"]).prompt_cache == "on"
+    assert parser.parse_args(["serve", "m.gguf", "--prompt-cache", "off"]).prompt_cache == "off"
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["serve", "m.gguf", "--prompt-cache", "maybe"])
+    assert exit_.value.code == 2 and "--prompt-cache: invalid choice: 'maybe'" in capsys.readouterr().err
