@@ -83,6 +83,8 @@ def test_turns_reuse_the_prefix_and_give_the_whole_prompts_tokens(engines, arch)
         got, cached = _run(on, ids, n)
         assert cached == (want if rewind else want_recurrent), (ids, cached)
         assert got == _run(off, ids, n)[0], ids
+    # every request from an empty cache starts from a reset state: turn 1 again, after all that, as at first
+    assert _run(off, turn1)[0] == reply
 
 
 @pytest.mark.parametrize("where", ["prompt", "step"])
