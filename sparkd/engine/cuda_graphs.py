@@ -423,13 +423,20 @@ class PromptForward:
         self.failed: dict[int, str] = {}     # bucket -> why its capture was given up (its prompts run eagerly)
         self.pool_bytes: dict[int, int] = {}  # bucket -> bytes its capture added to the reserved memory
 
-    def bucket(self, n: int, last: bool = True) -> int | None:
-        """The padded length the forward of an n-token prompt runs at now, or None: eagerly."""
+    def bucket(self, n: int, last: bool = True, start: int | None = None) -> int | None:
+        """The padded length the forward of an n-token prompt at position start (None: the cache's
+        n_past) runs at now, or None: eagerly."""
         cache = self.cache
-        if self.mode == "eager" or not last or cache.n_past or not 2 <= n <= min(self.largest, cache.max_ctx):
+        start = cache.n_past if start is None else start
+        if self.mode == "eager" or not last or start or not 2 <= n <= min(self.largest, cache.max_ctx):
             return None
         span = min(prompt_bucket(n, self.first), cache.max_ctx)
         return None if span in self.failed else span
+
+    def replays(self, n: int, last: bool = True) -> bool:
+        """Whether an n-token prompt from an empty cache replays a graph (engine.PromptCache: on the
+        H200 a whole prompt's graph beat continuing the cache eagerly up to 1024 tokens)."""
+        return self.mode == "graphs" and self.bucket(n, last, start=0) is not None
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, last: bool = False) -> torch.Tensor:

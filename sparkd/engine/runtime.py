@@ -47,6 +47,7 @@ class GenerationRequest:
     think: ThinkTags | None = None
     starts_in_reasoning: bool = False
     reasoning_budget: int | None = None  # reasoning tokens before </think> is forced; None: unlimited
+    cached_tokens: int = 0  # set by Engine.generate: prompt tokens whose K/V the prompt cache held
 
 
 class Engine:
@@ -56,7 +57,7 @@ class Engine:
                  chat_template: str | None = None, threads: int | None = None, resident: bool = False,
                  stream: StreamOptions | None = None, log: Callable[[str], None] | None = None,
                  device: str = "cpu", cuda_graphs: str = "auto", prompt_graphs: str = "auto",
-                 prompt_graph_margin: int | None = None):
+                 prompt_graph_margin: int | None = None, prompt_cache: bool = True):
         from sparkd.engine.cuda_graphs import PROMPT_MARGIN, parse_prompt_graphs
 
         self.threads = threads
@@ -82,6 +83,8 @@ class Engine:
         self._step = None  # graph_step.decode_step over _cache (StaticDecode, the streamed step or EagerDecode)
         self._prompt = None  # cuda_graphs.PromptForward over _cache (graphs of the padded prompt, or eager)
         self._plan: dict[str, int] = {}
+        self.prompt_cache = prompt_cache  # continue the cache at the prompt's common prefix (PromptCache)
+        self._held = PromptCache()
 
     # --- loading ------------------------------------------------------------------------------
 
@@ -271,13 +274,23 @@ class Engine:
             raise EngineError("could not generate: the model is not loaded yet")
         sample = Sampler(req.sampling)
         bias = _bias_vector(req.logit_bias, self.cfg.n_vocab)
-        cache = self._cache
-        cache.n_past = 0
+        cache, held = self._cache, self._held
         ids = req.prompt_ids
-        batch = self.streaming.plan.batch_tokens if self.streaming else len(ids)
         last = prompt_last_only()
-        for i in range(0, len(ids), batch):  # chunks the plan's workspace holds
+        keep = held.reusable(ids, cache.rewindable) if self.prompt_cache else 0
+        if keep < len(ids) and self._prompt.replays(len(ids), last):
+            keep = 0  # the whole prompt's graph is faster than continuing eagerly (H200, session 13)
+        req.cached_tokens = keep
+        tokens = held.begin(ids[:keep])  # claims nothing until written: a failure leaves the cache unclaimed
+        if keep:
+            cache.n_past = keep
+        else:
+            cache.reset()
+        batch = self.streaming.plan.batch_tokens if self.streaming else len(ids)
+        logits = held.logits if keep == len(ids) else None
+        for i in range(keep, len(ids), batch):  # chunks the plan's workspace holds
             logits = self._prompt(torch.tensor(ids[i:i + batch]), last=last)[-1]
+        held.written(tokens, ids[keep:], ids, logits)
         history = list(req.prompt_ids)
         budget = _ReasoningBudget(req)
         # the step's device picks (greedy) or draws (temperature, graph step only): one int comes
@@ -298,10 +311,12 @@ class Engine:
             history.append(token)
             if cache.n_past >= cache.max_ctx:
                 return
+            held.begin(tokens)
             if on_device:
                 picked = self._step.next_token(token)
             else:
                 logits = self._step(token)[-1]
+            held.written(tokens, [token])
             if self.streaming is not None:
                 self.streaming.store.note_tokens(1)
 
@@ -310,6 +325,56 @@ class Engine:
             self.streaming.close()
         elif self.gguf is not None:
             self.gguf.close()
+
+
+class PromptCache:
+    """The token ids whose K/V rows the engine's cache holds (positions 0..n-1: the last request's
+    prompt and the tokens it fed, as far as they were written), so the next request continues at
+    the common prefix instead of running its whole prompt again (llama.cpp's cache_prompt).
+
+    Only rows written by a step or a prompt chunk that finished are claimed: begin() drops the claim
+    while rows are being written and written() gives it back with the new ids, so an error or a
+    cancel in a forward leaves nothing claimed and the next request starts from an empty, reset cache.
+    The logits of the last prompt's last token are kept too: the same prompt again (a repeated
+    request) reuses every row and those logits, so it gives the same bits as the first time.
+
+    A cache with recurrent state (KVCache.rewindable False: kimi-k3's KDA, deepseek4's compressor
+    rings) cannot go back to a shorter prefix: it is reused only when everything it holds is a
+    prefix of the new prompt."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] | None = None  # None: nothing claimed (the next request resets the cache)
+        self.prompt: list[int] = []  # the prompt whose last token gave `logits`
+        self.logits: torch.Tensor | None = None
+
+    def reusable(self, ids: Sequence[int], rewindable: bool = True) -> int:
+        """How many leading positions of prompt ids the cache can keep: the common prefix, at most
+        len(ids) - 1 (the last token's logits are needed) unless those are kept (the same prompt
+        again); 0 when the cache is not a prefix of ids and cannot rewind."""
+        held = self.tokens
+        if not held or not ids:
+            return 0
+        n = min(len(held), len(ids))
+        common = next((i for i in range(n) if held[i] != ids[i]), n)
+        if common == len(ids) and not (self.logits is not None and self.prompt == list(ids)):
+            common -= 1  # re-run the last token for its logits
+        if not rewindable and common < len(held):
+            return 0
+        return common
+
+    def begin(self, tokens: list[int]) -> list[int]:
+        """Rows past `tokens` are about to be written: claim none until written() says they were."""
+        self.tokens = None
+        return tokens
+
+    def written(self, tokens: list[int], new: Sequence[int], prompt: Sequence[int] | None = None,
+                logits: torch.Tensor | None = None) -> None:
+        """The rows of `new` after `tokens` are written; with prompt: the prompt that ends there and
+        its last token's logits."""
+        tokens.extend(new)
+        self.tokens = tokens
+        if prompt is not None:
+            self.prompt, self.logits = list(prompt), None if logits is None else logits.clone()
 
 
 class _ReasoningBudget:

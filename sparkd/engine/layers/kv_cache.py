@@ -45,6 +45,19 @@ class KVCache:
         self._step_at = -1  # the position it holds
 
     @property
+    def rewindable(self) -> bool:
+        """Whether n_past may go back to any shorter prefix (the rows past it are then rewritten
+        before they are read); recurrent state holds every position folded in and cannot."""
+        return not self.state
+
+    def reset(self) -> None:
+        """An empty sequence: n_past 0 and the recurrent state back to zeros (rows need no clearing)."""
+        self.n_past = 0
+        for tensors in self.state.values():
+            for t in tensors:
+                t.zero_()
+
+    @property
     def nbytes(self) -> int:
         states = [t for ts in self.state.values() for t in ts]
         tensors = self.k + self.v + list(self.side.values()) + states

@@ -43,6 +43,12 @@ class CompressorState:
         self.entries = torch.zeros(max_ctx // ratio + 1, dim, device=device)
         self.n_entries = 0
 
+    def reset(self) -> None:
+        """A new sequence: the state __init__ makes (entries past n_entries are never read)."""
+        self.kv.zero_()
+        self.score.fill_(float("-inf"))
+        self.n_entries = 0
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.kv, self.score, self.entries))

@@ -151,6 +151,15 @@ class DSV4Cache(KVCache):
             key: c.new_state(max_ctx, device) for key, c in compressors.items()}
 
     @property
+    def rewindable(self) -> bool:
+        return False  # a compressor ring holds the latest positions' rows, not those of a shorter prefix
+
+    def reset(self) -> None:
+        super().reset()
+        for st in self.states.values():
+            st.reset()
+
+    @property
     def nbytes(self) -> int:
         return super().nbytes + sum(s.nbytes for s in self.states.values())
 

@@ -23,10 +23,12 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     saw_reasoning: bool = False
+    cached_tokens: int = 0  # prompt tokens the prompt cache held (not computed)
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 @dataclass
@@ -76,14 +78,16 @@ def run_job(engine: Engine, metrics: EngineMetrics, job: Job, emit: Emit) -> Non
     tail = builder.finish(cancelled=job.cancel.is_set())
     if tail:
         emit(tail)
-    _account(metrics, len(req.prompt_ids), builder.completion_tokens, started, first, last)
+    _account(metrics, len(req.prompt_ids), req.cached_tokens, builder.completion_tokens, started, first, last)
     metrics.requests.labels(builder.finish_reason).inc()
-    emit(Done(builder.finish_reason, len(req.prompt_ids), builder.completion_tokens, builder.saw_reasoning))
+    emit(Done(builder.finish_reason, len(req.prompt_ids), builder.completion_tokens, builder.saw_reasoning,
+              req.cached_tokens))
 
 
-def _account(metrics: EngineMetrics, n_prompt: int, n_out: int, started: float,
+def _account(metrics: EngineMetrics, n_prompt: int, n_cached: int, n_out: int, started: float,
              first: float | None, last: float | None) -> None:
-    metrics.prompt_tokens.inc(n_prompt)
+    metrics.prompt_tokens.inc(n_prompt - n_cached)
+    metrics.prompt_cached_tokens.inc(n_cached)
     metrics.generated_tokens.inc(n_out)
     if first is not None:
         metrics.prompt_seconds.inc(first - started)

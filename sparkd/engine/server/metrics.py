@@ -22,7 +22,9 @@ class EngineMetrics:
                  graph_stats: Callable[[], dict | None] = lambda: None):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.prompt_tokens = Counter(f"{P}prompt_tokens", "Prompt tokens processed", registry=r)
+        self.prompt_tokens = Counter(f"{P}prompt_tokens", "Prompt tokens computed (prefill)", registry=r)
+        self.prompt_cached_tokens = Counter(f"{P}prompt_cached_tokens",
+                                            "Prompt tokens reused from the prompt cache (not computed)", registry=r)
         self.generated_tokens = Counter(f"{P}generated_tokens", "Tokens generated", registry=r)
         self.prompt_seconds = Counter(f"{P}prompt_seconds", "Time spent on prompt processing", registry=r)
         self.decode_seconds = Counter(f"{P}decode_seconds", "Time spent decoding", registry=r)

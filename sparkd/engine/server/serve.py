@@ -41,6 +41,9 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     s.add_argument("--prompt-graph-margin", type=parse_size, metavar="SIZE",
                    help="capture a prompt graph only when it leaves this much device memory free, else that "
                         "bucket runs eagerly (default 1G)")
+    s.add_argument("--prompt-cache", default="on", choices=["on", "off"],
+                   help="on = a request continues the KV cache at the prefix its prompt shares with the last "
+                        "request's tokens (a chat's next turn runs only its new tokens); off = every prompt whole")
     s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="expert prefetch slots (0: off)")
     s.add_argument("--read-threads", type=int, default=8, help="expert read threads")
@@ -102,7 +105,7 @@ def cmd_serve(a) -> int:
     engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template, threads=a.threads,
                     resident=a.resident, stream=stream, log=_log, device=a.device,
                     cuda_graphs=a.cuda_graphs, prompt_graphs=a.prompt_graphs,
-                    prompt_graph_margin=a.prompt_graph_margin)
+                    prompt_graph_margin=a.prompt_graph_margin, prompt_cache=a.prompt_cache == "on")
     name = a.alias or Path(a.model).name.removesuffix(".gguf")
     server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue))
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")

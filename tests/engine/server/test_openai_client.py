@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from engine_server import API_KEY, THINK_TEMPLATE, EngineProcess, make_tiny_model
+from engine_server import API_KEY, THINK_TEMPLATE, EngineProcess, make_tiny_model, metric_value
 
 CTX = 96
 HELLO = [{"role": "user", "content": "Hello, how are you today?"}]
@@ -120,6 +120,47 @@ def test_completion_stop_sequence(client):
     stop, at = _stop_in_middle(ref)
     r = client.completions.create(model="tiny", prompt="Numbers:", max_tokens=20, temperature=0, stop=[stop])
     assert (r.choices[0].text, r.choices[0].finish_reason) == (ref[:at], "stop")
+
+
+@pytest.fixture(scope="module")
+def client_off(model, tmp_path_factory):
+    """The same model served with --prompt-cache off: every prompt from an empty cache."""
+    log = tmp_path_factory.mktemp("log_off") / "engine.log"
+    proc = EngineProcess(model, "--ctx", str(CTX), "--api-key", API_KEY, "--alias", "tiny", "--prompt-cache", "off",
+                         log=log).start()
+    yield proc.client()
+    assert proc.stop() == 0, log.read_text()
+
+
+def _cached(r) -> int:
+    return r.usage.prompt_tokens_details.cached_tokens
+
+
+def test_prompt_cache_two_turns_diverging_shorter_cancelled_and_off(server, client, client_off):
+    before = server.metrics()
+    turn1 = _chat(client, max_tokens=6)
+    chat = HELLO + [{"role": "assistant", "content": turn1.choices[0].message.content},
+                    {"role": "user", "content": "And tomorrow?"}]
+    turn2, turn2_off = _chat(client, messages=chat, max_tokens=6), _chat(client_off, messages=chat, max_tokens=6)
+    assert 0 < _cached(turn2) < turn2.usage.prompt_tokens and _cached(turn2_off) == 0
+    assert turn2.choices[0].message.content == turn2_off.choices[0].message.content
+    reused = metric_value(server.metrics(), "sparkd_engine_prompt_cached_tokens_total")
+    assert reused >= metric_value(before, "sparkd_engine_prompt_cached_tokens_total") + _cached(turn2)
+
+    def both(prompt, **kw):
+        on, off = (c.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0, **kw)
+                   for c in (client, client_off))
+        assert on.choices[0].text == off.choices[0].text and _cached(off) == 0
+        return _cached(on)
+    both("The quick brown fox jumps over the lazy dog")
+    assert 0 < both("The quick brown cat sleeps") < both("The quick brown cat sleeps on")  # diverges mid-way
+    assert both("The quick") > 0  # shorter: a prefix of what the cache holds
+    # a client that hangs up mid-stream: the rows its generation wrote stay usable
+    stream = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=40, temperature=0,
+                                       stream=True)
+    next(iter(stream))
+    stream.close()
+    assert both("Once upon a time there was") > 0
 
 
 def test_seed_makes_sampling_reproducible(client):
