@@ -209,7 +209,10 @@ def main() -> int:
     a = ap.parse_args()
     variants, lengths = a.variants.split(","), [int(t) for t in a.tokens.split(",")]
     for v in {v for v in variants + a.profile.split(",") if v.startswith("t:")}:
-        candidate(v)
+        try:
+            candidate(v)
+        except ValueError:
+            ap.error(f"bad way {v!r}: t:G:N:D:T, G/N/D bn/bt/warps/unroll/stages/kblock/maxnreg or -, T a tile height")
     unknown = [v for v in variants + [p for p in a.profile.split(",") if p] if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
