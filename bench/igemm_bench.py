@@ -6,7 +6,7 @@ valid blocks (grouped: --experts of them, one buffer, the tokens routed to --top
 in expert tiles of --block-t rows by moe.expert_tiles; a shape with rows > cols is a down projection: one x
 row per routed row, as moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the
 engine quantizes a stack's or a MoE layer's x once), a way (--ways): "s10" (session 10's tile and loop),
-"s11" (session 11's table), "s12" (matmul.IGEMM_TILES, the default), or a launch
+"s11" / "s12" (session 11's / 12's table), "s13" (matmul.IGEMM_TILES, the default), or a launch
 bn/bt/warps/unroll/stages/kblock[/maxnreg] (matmul.IgemmTile with steps: bt the dense GEMM's tokens a program;
 kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or left out: Triton's): median µs
 of CUDA-event-timed calls, int8 TOPS (2 rows cols routed rows / s), the speedup over the first way, and whether
@@ -37,7 +37,7 @@ DEVICE = "cuda"
 
 def use_way(way: str) -> None:
     """Set matmul's integer GEMM launch to a --ways entry (a bn/bt/... launch: for every layout)."""
-    matmul.IGEMM_WAY = way if way in matmul.IGEMM_WAYS else "s12"
+    matmul.IGEMM_WAY = way if way in matmul.IGEMM_WAYS else DEFAULT_WAY
     matmul.igemm_tile = TABLE
     if way not in matmul.IGEMM_WAYS:
         bn, bt, warps, unroll, stages, kb, *reg = (int(v) for v in way.split("/"))
@@ -46,6 +46,7 @@ def use_way(way: str) -> None:
 
 
 TABLE = matmul.igemm_tile
+DEFAULT_WAY = matmul.IGEMM_WAY
 
 
 def routed(tokens: int, experts: int, top_k: int, down: bool, block_t: int):
@@ -105,7 +106,7 @@ def main() -> int:
                         y = call()
                         s = events_seconds(call, a.repeats)
                     finally:
-                        use_way("s12")
+                        use_way(DEFAULT_WAY)
                     first = y if first is None else first
                     base = s if base is None else base
                     r = {"type": name, "kind": kind, "shape": shape, "tokens": tokens, "way": way, "us": s * 1e6,

@@ -19,7 +19,8 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
   nosync        s9 without the slots' sync; stack: nosync with one launch a stack;
   t16, t32, t64 stack with expert tiles of that height
   s10g          int8 with session 10's integer GEMM loop and tile (SPARKD_IGEMM=s10; int8 has the default's)
-  s11g          int8 with session 11's integer GEMM table (SPARKD_IGEMM=s11: pairx's kblock; int8 has s12's)
+  s11g          int8 with session 11's integer GEMM table (SPARKD_IGEMM=s11: pairx's kblock; int8 has s13's)
+  s12g          int8 with session 12's (SPARKD_IGEMM=s12: GGUF Q4_K's grouped GEMM without s13's register cap)
   s12w          int8 with pairx's grouped GEMM on session 12's word unpack alone (no register cap; TILES below)
   s12r          int8 with that GEMM's cap at 128 registers (session 12's call measured the engine so; TILES below)
   i64           int8 with 64-row expert tiles (SPARKD_MOE_PREFILL_TILE=64) and pairx's grouped GEMM on 8 warps
@@ -35,6 +36,10 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 (SPARKD_PREFILL_ATTENTION=kernel, SPARKD_PREFILL_FLOAT_GEMM=kernel)
   int8-torch, graphs-torch  the same with torch attention and cuBLAS (=torch); every other way takes
                 those two switches from the environment (the defaults: torch)
+  t:G:N:D:T     graphs with pairx's (Q4_K_TILED) grouped integer GEMM on launch G, GGUF Q4_K's grouped one (a
+                Q4_K model's down below width 4096) on N and pairx's dense one on D (bn/bt/warps/unroll/stages/
+                kblock/maxnreg as igemm_bench's ways; "-": the default's) and expert tiles of T rows (session 13,
+                prefill28: candidates picked from igemm_bench's rows in the same call)
 before, grouped, last and s9 also make each prompt's rope table anew (KVCache.rope_table), as every
 cache did before session 10 (now the model's caches share them). A way named twice runs twice (its
 second rows under "way#2": interleave ways to see the box's drift).
@@ -79,7 +84,7 @@ VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee
 VARIANTS["stack"] = VARIANTS["t16"]
 VARIANTS["graphs"] = VARIANTS["int8"]
 VARIANTS["s10g"] = VARIANTS["int8"]
-VARIANTS["s11g"] = VARIANTS["s12w"] = VARIANTS["s12r"] = VARIANTS["int8"]
+VARIANTS["s11g"] = VARIANTS["s12g"] = VARIANTS["s12w"] = VARIANTS["s12r"] = VARIANTS["int8"]
 VARIANTS["i64"] = ("grouped", "int8", True, *NOW[:2], 64, NOW[3])
 IGEMM_NOW = matmul.IGEMM_WAY
 TABLE_NOW = dict(matmul.IGEMM_TILES)
@@ -100,6 +105,18 @@ graphed: PromptForward | None = None  # the graphs way's prompt forward (main ma
 prompt_graphs: dict[str, PromptForward] = {}  # per graph way: its graphs were captured under its switches
 
 
+def candidate(variant: str) -> None:
+    """Register a t:G:N:D:T way (the docstring's list): a graphs way over the eager int8 (the same integer sums)."""
+    _, g, n, d, t = variant.split(":")
+    tiles = {}
+    for key, launch in ((("Q4_K_TILED", True), g), (("Q4_K", True), n), (("Q4_K_TILED", False), d)):
+        if launch != "-":
+            bn, bt, warps, unroll, stages, kb, reg = (int(v) for v in launch.split("/"))
+            tiles[key] = matmul.IgemmTile(bn, bt, warps, unroll, stages, True, kb > 0, kb == 2, reg)
+    VARIANTS[variant] = (*VARIANTS["int8"][:5], int(t), VARIANTS["int8"][6])
+    TILES[variant], EAGER_OF[variant] = tiles, "int8"
+
+
 def use(variant: str) -> bool:
     """Set the variant's switches (read per call from these module globals); returns `last`."""
     global own_rope, graphed
@@ -108,7 +125,7 @@ def use(variant: str) -> bool:
     attention.PREFILL_ATTENTION, linear.PREFILL_FLOAT_GEMM = (ROWS[variant],) * 2 if variant in ROWS else ROWS_ENV
     own_rope = variant in OWN_ROPE
     graphed = prompt_graphs.get(variant)
-    matmul.IGEMM_WAY = {"s10g": "s10", "s11g": "s11"}.get(variant, IGEMM_NOW)
+    matmul.IGEMM_WAY = {"s10g": "s10", "s11g": "s11", "s12g": "s12"}.get(variant, IGEMM_NOW)
     matmul.IGEMM_TILES.clear()
     matmul.IGEMM_TILES.update({**TABLE_NOW, **TILES.get(variant, {})})
     return last
@@ -191,6 +208,11 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cpu: a dry run under TRITON_INTERPRET=1 (a tiny model)")
     a = ap.parse_args()
     variants, lengths = a.variants.split(","), [int(t) for t in a.tokens.split(",")]
+    for v in {v for v in variants + a.profile.split(",") if v.startswith("t:")}:
+        try:
+            candidate(v)
+        except ValueError:
+            ap.error(f"bad way {v!r}: t:G:N:D:T, G/N/D bn/bt/warps/unroll/stages/kblock/maxnreg or -, T a tile height")
     unknown = [v for v in variants + [p for p in a.profile.split(",") if p] if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")

@@ -209,6 +209,21 @@ def test_tiled_q4_k_expert_gate_up_matches_cpu_reference(tmp_path, monkeypatch, 
     assert all(torch.equal(a, b) for a, b in zip(weights["tiled"], weights["gguf"]))
 
 
+def test_down_layout_all_tiles_a_narrow_down(tmp_path, monkeypatch):
+    """$SPARKD_MOE_DOWN_LAYOUT=all (session 13) repacks a Q4_K down narrower than TILED_DOWN_MIN_DIM into the pairx
+    bytes at load; "tiled" keeps it in GGUF blocks there (nothing runs: the layouts the load picked)."""
+    from sparkd.engine.layers.quant_experts import DOWN_LAYOUT_ENV
+
+    path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q6_K"], "F32", [("_exps", "Q4_K")]), seed=9)[0]
+    for layout, down in (("all", "Q4_K_TILED"), ("tiled", "Q4_K")):
+        monkeypatch.setenv(DOWN_LAYOUT_ENV, layout)
+        k = load_model(path, device="cpu", kernels=True)
+        try:
+            assert k.net.blocks[0].ffn.store.kernel_table(0).prepared.down.qtype.name == down, layout
+        finally:
+            k.close()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_resident_q8_0_layouts_give_the_same_logits(tmp_path, monkeypatch, backend):
     """Resident Q8_0 projections are repacked by default (q8_0_packed) and kept as GGUF blocks

@@ -214,17 +214,62 @@ def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
             assert torch.equal(dense, got[0][0]) and torch.equal(grouped, got[0][1]), layout
 
 
+# Q4_K integer GEMM launches that ran on the H200 (session 13, prefill28): (layout, grouped, launch, expert tile
+# height): s13's GGUF grouped launch, and the 64-row expert tiles its down would gain at 2048 tokens (M = 64 on 4
+# warps: Triton's wgmma there, mma.sync at 32 rows); the call's other launches in bench/results/prefill28_h200_s13*
+Q4K_LAUNCHES = [("q4_k", True, matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168), 32),
+                ("q4_k", True, matmul.IgemmTile(32, 64, 4, 1, 2, kblock=False, maxnreg=168), 64),
+                ("q4_k_pairx", True, matmul.IgemmTile(32, 64, 4, 1, 2, words=True, maxnreg=168), 64)]
+
+
+def _launch_id(case) -> str:
+    layout, grouped, t, height = case
+    return (f"{layout}-{'g' if grouped else 'd'}{t.block_n}x{height if grouped else t.block_t}w{t.num_warps}"
+            f"s{t.stages}r{t.maxnreg}{'w' if t.words else ''}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", Q4K_LAUNCHES, ids=_launch_id)
+def test_q4k_gemm_launches_keep_the_bits(case, monkeypatch):
+    """A Q4_K layout's dense or grouped integer GEMM on a launch (grouped: at its expert tile height): the bits of
+    session 12's launch (grouped: at 32-row tiles), the sums exact integers and the float steps per element in the
+    same order, at a shape with several row tiles, token tiles and experts of uneven load."""
+    layout, grouped, tile, height = case
+    rows, cols, n, n_tok, top_k = 256, 512, 16, 200, 4
+    qtype, ltype, pack = INT8_LAYOUTS[layout]
+    raw = random_blocks(qtype, n * rows * cols // 256)
+    w = torch.cat([m if pack is None else pack(m, (rows, cols)) for m in raw.chunk(n)]).cuda()
+    x = torch.randn(n_tok, cols, device="cuda")
+    if grouped:
+        offsets = torch.arange(n, dtype=torch.int64, device="cuda") * (w.numel() // n)
+        keys, order = torch.sort(torch.stack([torch.randperm(n)[:top_k] for _ in range(n_tok)]).reshape(-1).cuda())
+        src = (order // top_k).to(torch.int32)
+        run = lambda t: grouped_gemm(w, offsets, ltype, (rows, cols), x, src, expert_tiles(keys, n, t), "int8",  # noqa: E731
+                                     block_t=t)
+    else:
+        run = lambda t: gemm(w[:w.numel() // n], ltype, (rows, cols), x, "int8")  # noqa: E731
+    monkeypatch.setattr(matmul, "IGEMM_WAY", "s12")
+    want = run(32)
+    monkeypatch.setattr(matmul, "igemm_tile", lambda fam, grouped: tile)
+    assert torch.equal(run(height), want)
+
+
 def test_igemm_ways_pick_their_tables(monkeypatch):
-    """$SPARKD_IGEMM: s12 runs pairx's dense GEMM at 168 registers (q4k21) and its grouped one with wblock
-    (prefill26); s11 keeps session 11's launches for both, s10 session 10's everywhere."""
-    pairx = q4_k_tiled.FAMILIES["pairx"]
-    want = {"s12": (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168),
-                    matmul.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=168)),
-            "s11": (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False), matmul.IgemmTile(64, 32, 4, 1, 2)),
-            "s10": (matmul.S10_IGEMM, matmul.S10_IGEMM)}
+    """$SPARKD_IGEMM: s13 runs GGUF Q4_K's grouped GEMM at 168 registers (prefill28); s12 runs pairx's dense GEMM at
+    168 registers (q4k21) and its grouped one with wblock (prefill26); s11 keeps session 11's launches, s10 session
+    10's everywhere."""
+    pairx, gguf = q4_k_tiled.FAMILIES["pairx"], dispatch.FAMILIES[T.Q4_K]
+    s12 = (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168),
+           matmul.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=168))
+    s11_gguf = matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False)
+    want = {"s13": (*s12, matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)),
+            "s12": (*s12, s11_gguf),
+            "s11": (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False), matmul.IgemmTile(64, 32, 4, 1, 2), s11_gguf),
+            "s10": (matmul.S10_IGEMM,) * 3}
     for way, tiles in want.items():
         monkeypatch.setattr(matmul, "IGEMM_WAY", way)
-        assert (matmul.igemm_tile(pairx, False), matmul.igemm_tile(pairx, True)) == tiles, way
+        got = (matmul.igemm_tile(pairx, False), matmul.igemm_tile(pairx, True), matmul.igemm_tile(gguf, True))
+        assert got == tiles, way
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -763,10 +763,10 @@ class IgemmTile:
 
 
 IGEMM_ENV = "SPARKD_IGEMM"
-IGEMM_WAYS = ("s12", "s11", "s10")
-# "s11": session 11's table (IGEMM_TILES_S11: pairx's kblock); "s10": session 10's tile and loop everywhere (the
-# same bits either way)
-IGEMM_WAY = switches.choice(IGEMM_ENV, IGEMM_WAYS, "s12")
+IGEMM_WAYS = ("s13", "s12", "s11", "s10")
+# "s12" / "s11": session 12's / 11's tables (IGEMM_TILES_S12, IGEMM_TILES_S11: pairx's kblock); "s10": session 10's
+# tile and loop everywhere (the same bits every way)
+IGEMM_WAY = switches.choice(IGEMM_ENV, IGEMM_WAYS, "s13")
 S10_IGEMM = IgemmTile(64, 64, 4, 1, 0, False, False)
 # by (the layout's qtype name, grouped): the H200's fastest of bench/igemm_bench.py (session 11, prefill25: dense
 # 2048x2048, the MoE gate/up 768x2048 and down 2048x768 of 128 experts, top 8, 512 and 2048 tokens; the speedups
@@ -788,13 +788,22 @@ IGEMM_TILES[("Q4_K_TILED", True)] = IgemmTile(64, 32, 4, 1, 2, words=True, maxnr
 # (wblock 0.87-0.98x, kblock 0.55-0.66x at the 5120x2048 and 2048x4096 projections, 512 and 2048 tokens) at most 168
 # registers a thread (0.99-1.08x; 128 registers 0.93-0.97x)
 IGEMM_TILES[("Q4_K_TILED", False)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)
+IGEMM_TILES_S12 = dict(IGEMM_TILES)
+# session 13 (prefill28, H200, bench/results/prefill28_h200_s13*): GGUF Q4_K's grouped GEMM (a Q4_K model's MoE down
+# below width 4096, quant_experts.TILED_DOWN_MIN_DIM) at most 168 registers a thread: 1.14x / 1.10x at 2048x768, 512 /
+# 2048 tokens (3 stages 0.80x, 32-row programs on 2 warps 0.97x / 0.89x, 8 warps at 128 registers 1.10x / 1.06x); the
+# 12-layer Q4_K prompt 1.01-1.05x (with pairx's gate/up on 2 warps, a tie alone and left out). pairx's grouped launch
+# stays: 3 stages 0.91x, 8 warps 0.83x, 128 rows 0.70x, 64-row tiles (wgmma) 0.80x / 0.96x at 768x2048
+IGEMM_TILES[("Q4_K", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
-    """The integer GEMM's launch for a family's layout: IGEMM_TILES' (else, and with $SPARKD_IGEMM=s10, session 10's)."""
+    """The integer GEMM's launch for a family's layout: IGEMM_TILES' (else, and with $SPARKD_IGEMM=s10, session 10's;
+    s12 / s11: that session's table)."""
     if IGEMM_WAY == "s10":
         return S10_IGEMM
-    return (IGEMM_TILES_S11 if IGEMM_WAY == "s11" else IGEMM_TILES).get((fam.qtype.name, grouped), S10_IGEMM)
+    table = {"s12": IGEMM_TILES_S12, "s11": IGEMM_TILES_S11}.get(IGEMM_WAY, IGEMM_TILES)
+    return table.get((fam.qtype.name, grouped), S10_IGEMM)
 
 
 def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:

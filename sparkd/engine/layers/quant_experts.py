@@ -37,6 +37,9 @@ GATE_UP_LAYOUTS = ("tiled", "gguf")
 # tiled: 7168x2048 72.0 -> 60.8 us, 4096x1536 34.9 -> 33.1; at 2048x768 16.0 -> 17.5 although the down alone took
 # 7.0 -> 6.3 us, and the resident 12-layer 2048-wide Q4_K decode 1413.7 / 1485.5 -> 1391.4 / 1480.3 tok/s)
 TILED_DOWN_MIN_DIM = 4096
+# the down's layouts: "all" tiles it at every width (session 13, prefill28: for the prompt's grouped GEMM, where the
+# GGUF down at 2048x768 took 645 / 1753 us at 512 / 2048 tokens (s13) against pairx's 372 / 999 in session 12)
+DOWN_LAYOUTS = (*GATE_UP_LAYOUTS, "all")
 
 
 def gate_up_layout() -> str:
@@ -47,8 +50,8 @@ def gate_up_layout() -> str:
 
 def down_layout() -> str:
     """gate_up_layout for a resident Q4_K down ($SPARKD_MOE_DOWN_LAYOUT; "tiled" where the model width is at
-    least TILED_DOWN_MIN_DIM)."""
-    return switches.choice(DOWN_LAYOUT_ENV, GATE_UP_LAYOUTS, "tiled")
+    least TILED_DOWN_MIN_DIM, "all" at any width)."""
+    return switches.choice(DOWN_LAYOUT_ENV, DOWN_LAYOUTS, "tiled")
 
 
 @dataclass
@@ -129,7 +132,8 @@ class KernelExperts:
                 and q4_k_tiled.packable((width, dim)):
             table = tiled_gate_up(table)
             self._tiled |= {(il, GATE), (il, UP)}
-        if self._down_layout == "tiled" and dt == GGMLQuantizationType.Q4_K and pairx and dim >= TILED_DOWN_MIN_DIM \
+        wide = dim >= TILED_DOWN_MIN_DIM or self._down_layout == "all"
+        if self._down_layout != "gguf" and dt == GGMLQuantizationType.Q4_K and pairx and wide \
                 and q4_k_tiled.packable((dim, width)):
             table = tiled_down(table)
             self._tiled.add((il, DOWN))
