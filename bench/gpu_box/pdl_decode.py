@@ -11,7 +11,8 @@ matmul.split_for's rule RULE (the GEMV configs worked out again): its bits are c
 first round (another split sums in another order), its greedy tokens against the first round's (reported).
 --moe-tiles s8,new (session 12, moe22): the rounds are PDL on at these MoE decode tile sets
 ($SPARKD_MOE_TILES' values, moe_tiles.TILES set in this process) in turn; bits checked per set, as for a
-split rule.
+split rule. A set "new+late" (session 13, moe23): "new" with the gate/up letting the down launch only after
+its loop (moe_tiles.DOWN_AT_START False; the same bits as "new", checked against that set's first round).
 On the GPU box:
     python3 bench/gpu_box/pdl_decode.py --quant Q8_0 --layers 12 --json out.json
 """
@@ -64,10 +65,12 @@ def use_split_rule(net, rule: str) -> None:
 
 
 def use_moe_tiles(which: str) -> None:
-    """From now on the MoE decode takes tile set `which` (moe_tiles.decode_tiles reads TILES per call)."""
+    """From now on the MoE decode takes tile set `which` (moe_tiles.decode_tiles reads TILES per call), "+late":
+    with moe_tiles.DOWN_AT_START False."""
+    which, late = which.removesuffix("+late"), which.endswith("+late")
     if which not in moe_tiles.TILE_SETS:
         raise SystemExit(f"MoE tile set {which!r} is not one of {moe_tiles.TILE_SETS}")
-    moe_tiles.TILES = which
+    moe_tiles.TILES, moe_tiles.DOWN_AT_START = which, not late
 
 
 def main() -> int:

@@ -115,6 +115,9 @@ class Kernels:
     # 2048x768 7.5 = 7.5, the same err; Q8_0 lost in moe14 (7168x2048 46.9 -> 48.4 us)
     # session 10 (moe21): the tiled down too (Q4_K_TILED, moe.tiled_down)
     down_full: tuple[str, ...] = ("Q4_K", "Q4_K_TILED")
+    # session 13 (moe23): where the integer gate/up lets the down launch under PDL (pdl.start's DEPENDENTS): True
+    # at its start, so the down's programs take free slots and wait there; False after its loop. The same bits
+    down_at_start: bool = True
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
@@ -163,7 +166,10 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
     return tile
 
 
+DOWN_AT_START = True  # Kernels.down_at_start of "new" (benches set it: bench/gpu_box/pdl_decode.py)
+
+
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
+    return {"new": Kernels(down_at_start=DOWN_AT_START), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
             "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
