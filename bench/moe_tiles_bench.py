@@ -32,9 +32,10 @@ Session 8 (fold19): a down tile's mode may end in "n" (4/1/1/gn/8, gemv_tiles_be
 storing its partials with no fold (times only, err meaningless), timed alone; a --gate-up / --down item
 TYPE@tile is timed for that type only (Q8_0@4/1/1/g/4). Session 12 (moe22): every gate/up and down
 candidate is also timed as the whole layer the engine runs ("all qx"): a launch alone faster is not yet a
-layer faster (the two launches overlap by PDL as they may). Session 13 (moe23): --variants off,late,again
-times the default tiles' "all qx" layer also with PDL off (every launch), with the down launched only after
-the gate/up's loop (moe_tiles.Kernels.down_at_start False), and the default once more (the drift between).
+layer faster (the two launches overlap by PDL as they may). Session 13 (moe23): --variants off,late,start,again
+times the default tiles' "all qx" layer also with PDL off (every launch), with the down let launch only after
+the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True; the default by width:
+moe_tiles.down_launch_at_start), and the default once more (the drift between).
 """
 
 from __future__ import annotations
@@ -249,12 +250,13 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
 
 
 SETS = moe_tiles.TILE_SETS  # --sets
-VARIANTS = ("off", "late", "again")  # --variants: (PDL mode, kernels) of the default layer's extra rows
+VARIANTS = ("off", "late", "start", "again")  # --variants: (PDL mode, kernels) of the default layer's extra rows
 
 
 def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels]:
     """A --variants name's PDL mode and kernels (k: the default's)."""
-    return ("off" if name == "off" else "on"), (dataclasses.replace(k, down_at_start=False) if name == "late" else k)
+    at_start = {"late": False, "start": True}.get(name, k.down_at_start)
+    return ("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start)
 
 
 def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe_tiles.Kernels]]:

@@ -6,7 +6,8 @@
 # (each timed alone and as the layer); resident layouts: 2048x768 Q8_0 + Q4_KX, 4096x1536 Q8_0 + Q4_KXD, 7168x2048
 # defaults + variants. GPU tests of the files touched first (the 12-layer Q4_K model written meanwhile), then the
 # resident decode at new / new+late interleaved (pdl_decode.py --moe-tiles). Run from .xfer/moe23, carry
-# [".whl", ".xfer/moe23"]; all in $OUT/moe23_h200_s13.tar.
+# [".whl", ".xfer/moe23"]; all in $OUT/moe23_h200_s13.tar. Ran at commit 31547a0, where "new+late" was the gate/up
+# launching the down after its loop everywhere (at the head: new+loop; the 2048-wide default now).
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl
