@@ -32,7 +32,10 @@ Session 8 (fold19): a down tile's mode may end in "n" (4/1/1/gn/8, gemv_tiles_be
 storing its partials with no fold (times only, err meaningless), timed alone; a --gate-up / --down item
 TYPE@tile is timed for that type only (Q8_0@4/1/1/g/4). Session 12 (moe22): every gate/up and down
 candidate is also timed as the whole layer the engine runs ("all qx"): a launch alone faster is not yet a
-layer faster (the two launches overlap by PDL as they may).
+layer faster (the two launches overlap by PDL as they may). Session 13 (moe23): --variants off,late,start,again
+times the default tiles' "all qx" layer also with PDL off (every launch), with the down let launch only after
+the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True; the default by width:
+moe_tiles.down_launch_at_start), and the default once more (the drift between).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 import gemv_tiles_bench
 import moe_twin
-from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles
+from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, pdl
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
@@ -247,6 +250,13 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
 
 
 SETS = moe_tiles.TILE_SETS  # --sets
+VARIANTS = ("off", "late", "start", "again")  # --variants: (PDL mode, kernels) of the default layer's extra rows
+
+
+def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels]:
+    """A --variants name's PDL mode and kernels (k: the default's)."""
+    at_start = {"late": False, "start": True}.get(name, k.down_at_start)
+    return ("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start)
 
 
 def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe_tiles.Kernels]]:
@@ -275,9 +285,13 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
     print(f"{s.name} {qtype.name} same-bytes copies: " + ", ".join(
         f"{n / 1e6:.1f} MB {sec * 1e6:.1f} us ({n / sec / copy_bw:.2f})" for n, sec in sorted(s.same.items())),
         flush=True)
+    new = sets[-1]
+    for name in args.variants:
+        mode, k = variant(name, new[3])
+        with pdl.using(mode):
+            rows.append(s.engine(f"default {name}", new[1], new[2], k, copy_bw))
     gemv_tiles_bench.print_rows(rows)
     gus, dns = candidates(qtype, args)
-    new = sets[-1]
     # (session 12: each candidate's layer as the engine runs it too, "all qx": two launches overlap as they may)
     gu_parts = (s.gate_up, s.engine, s.twin_gate_up) if args.twins else (s.gate_up, s.engine)
     dn_parts = (s.down, s.whole, s.engine, s.twin_down, s.twin_fold) if args.twins else (s.down, s.whole, s.engine)
@@ -298,7 +312,7 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
 def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, ...]]) -> str:
     """Compile one type's kernels for the given tiles (a worker process: Triton's disk cache)."""
     global SETS
-    name, shape, gus, dns, SETS = job
+    name, shape, gus, dns, SETS, variants = job
     qtype = qtype_of(name)
     gguf = T.Q4_K if isinstance(qtype, _Packed) else qtype
     s = Shape(qtype, shape, reference=False)
@@ -308,10 +322,18 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, 
     pairs += [(dataclasses.replace(tile(t), fuse_quant=True), base[1], kernels_of(t)) for t in gus]
     pairs += [(base[0], tile(t), kernels_of(t)) for t in dns]
     tiers = moe_tiles.WIDTH_TIERS[gguf.name]  # the wider shapes' tiles, compiled here at the smallest
-    pairs += [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
+    wide = [(dataclasses.replace(t[1] or base[0], fuse_quant=True), t[2] or base[1], k) for t in tiers]
+    pairs += wide
     if "s5" in SETS:
         pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[gguf.name][1], moe_tiles.OLD_KERNELS)]
     failed = []
+    for mode, kk in {variant(v, k) for v in variants}:  # the variants' specializations, every width's tiles
+        for gu, dn, _ in [(*base, k)] + wide:
+            try:
+                with pdl.using(mode):
+                    s.call(0, gu, dn, kk)
+            except Exception as e:  # noqa: BLE001 - the timed run reports it again
+                failed.append(f"{mode} {kb.tag(gu)}/{kb.tag(dn)}: {type(e).__name__}")
     qx = act_quant.quantize(s.x[None], s.sets[0].gate_up.act_fmt)
     for gu, dn, kk in pairs:
         try:
@@ -332,8 +354,9 @@ def precompile(types: list[T], shape: tuple[int, int, int], args) -> None:
     jobs = []
     for qtype in types:
         gus, dns = candidates(qtype, args)
-        jobs.append((qtype.name, shape, [], [], SETS))  # the defaults (and the old tiles)
-        jobs += [(qtype.name, shape, [t], [], SETS) for t in gus] + [(qtype.name, shape, [], [t], SETS) for t in dns]
+        jobs.append((qtype.name, shape, [], [], SETS, args.variants))  # the defaults (and the old tiles)
+        jobs += [(qtype.name, shape, [t], [], SETS, ()) for t in gus] + \
+            [(qtype.name, shape, [], [t], SETS, ()) for t in dns]
     with cf.ProcessPoolExecutor(args.compile_workers, mp_context=mp.get_context("spawn")) as ex:
         for done in ex.map(warm, jobs):
             print(f"compiled {done}", flush=True)
@@ -350,7 +373,11 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sets", default=",".join(moe_tiles.TILE_SETS), help="tile sets timed (moe_tiles.TILE_SETS)")
     ap.add_argument("--no-twins", dest="twins", action="store_false", help="no load-only twins (moe_twin)")
+    ap.add_argument("--variants", default="", help=f"the default layer's extra rows ({','.join(VARIANTS)})")
     args = ap.parse_args()
+    args.variants = [v for v in args.variants.split(",") if v]
+    if set(args.variants) - set(VARIANTS):
+        ap.error(f"--variants: one of {', '.join(VARIANTS)}")
     global SETS
     SETS = tuple(args.sets.split(",")) + ("new",)
     types = [qtype_of(n) for n in args.types.split(",")]

@@ -11,7 +11,8 @@ matmul.split_for's rule RULE (the GEMV configs worked out again): its bits are c
 first round (another split sums in another order), its greedy tokens against the first round's (reported).
 --moe-tiles s8,new (session 12, moe22): the rounds are PDL on at these MoE decode tile sets
 ($SPARKD_MOE_TILES' values, moe_tiles.TILES set in this process) in turn; bits checked per set, as for a
-split rule.
+split rule. A set "SET+LAUNCH" (session 13, moe23; e.g. new+start,new+loop): SET with the MoE down launched where
+$SPARKD_MOE_DOWN_LAUNCH=LAUNCH has it (moe_tiles.DOWN_LAUNCH set; the same bits, checked per set as above).
 On the GPU box:
     python3 bench/gpu_box/pdl_decode.py --quant Q8_0 --layers 12 --json out.json
 """
@@ -32,6 +33,7 @@ from sparkd.engine.kernels import matmul, moe_tiles, pdl
 from sparkd.engine.layers.linear import KernelLinear
 
 ROUNDS = ("off", "on")
+DOWN_LAUNCH0 = moe_tiles.DOWN_LAUNCH  # $SPARKD_MOE_DOWN_LAUNCH's (a set without "+LAUNCH")
 
 
 def run(net, ctx: int, n: int, feed: list[int] | None, n_forced: int) -> dict:
@@ -64,10 +66,13 @@ def use_split_rule(net, rule: str) -> None:
 
 
 def use_moe_tiles(which: str) -> None:
-    """From now on the MoE decode takes tile set `which` (moe_tiles.decode_tiles reads TILES per call)."""
-    if which not in moe_tiles.TILE_SETS:
-        raise SystemExit(f"MoE tile set {which!r} is not one of {moe_tiles.TILE_SETS}")
-    moe_tiles.TILES = which
+    """From now on the MoE decode takes tile set `which` (moe_tiles.decode_tiles reads TILES per call), "SET+LAUNCH":
+    with the down launched as moe_tiles.DOWN_LAUNCH=LAUNCH has it (read per call too; unset: the default's)."""
+    which, _, launch = which.partition("+")
+    if which not in moe_tiles.TILE_SETS or launch not in ("", *moe_tiles.DOWN_LAUNCHES):
+        raise SystemExit(f"MoE tile set {which!r} is not one of {moe_tiles.TILE_SETS} (+{launch!r}: "
+                         f"one of {moe_tiles.DOWN_LAUNCHES})")
+    moe_tiles.TILES, moe_tiles.DOWN_LAUNCH = which, launch or DOWN_LAUNCH0
 
 
 def main() -> int:

@@ -13,13 +13,14 @@ from gguf.constants import GGMLQuantizationType as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from sparkd.engine.kernels import (act_quant, decode_attention, dispatch, matmul, q4_k_tiled, rms_norm, rope_kv,
+from sparkd.engine.kernels import (act_quant, decode_attention, dispatch, matmul, moe, q4_k_tiled, rms_norm, rope_kv,
                                    router_topk)
 from sparkd.engine.kernels.pdl import PREFETCHES
 
 ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async(?!\.bulk\.prefetch)")
 PREFETCH = re.compile(r"\bprefetch\.global\.L2\b|\bcp\.async\.bulk\.prefetch\.L2\b")
-TYPES = {"w_ptr": "*u8", "xw_ptr": "*i32", "xs_ptr": "*i32", "q_ptr": "*i32", "s_ptr": "*i32", "tickets_ptr": "*i32",
+TYPES = {"w_ptr": "*u8", "gate_ptr": "*u8", "up_ptr": "*u8", "gate_off": "*i64", "up_off": "*i64", "h_ptr": "*i32",
+         "hs_ptr": "*i32", "xw_ptr": "*i32", "xs_ptr": "*i32", "q_ptr": "*i32", "s_ptr": "*i32", "tickets_ptr": "*i32",
          "ticket_ptr": "*i32", "ids_ptr": "*i64", "pos_ptr": "*i64"}
 
 
@@ -63,6 +64,11 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
                                        BLOCK_DV=128), 1),
     "decode_attention": (decode_attention._decode_attention, dict(GROUP=8, HAS_SINKS=False, BLOCK_S=64, BLOCK_DK=128,
                                                                   BLOCK_DV=128), 4),
+    # session 13 (moe23): the MoE gate/up that lets the down launch only after its loop (Kernels.down_at_start False)
+    "igate_up_late": (moe._igate_up_kernel, dict(**moe._int_args(dispatch.FAMILIES[T.Q8_0], True, False, True),
+                                                BLOCK_N=2, UNROLL=2, EW=True, EMU=False, ACT=0, RW=True, STAGES=None,
+                                                HBLOCK=32, H8K=False, PAIR=True, TILED=False, IDS=True,
+                                                DOWN_AT_START=False), 1),
     "gate_topk": (router_topk._gate_topk, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8, BLOCK_E=128,
                                                BLOCK_K=8, ROWS=4, COLS=256, SPLIT=8), 1),
 }

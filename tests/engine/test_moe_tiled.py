@@ -138,6 +138,9 @@ def test_tiled_down_within_the_fp32_bound(backend):
     assert torch.equal(moe.moe_prefill(p, xp, slots, wp, precision="ieee"), prefill)
     if gpu:
         assert torch.equal(moe.moe_decode(p, x, w, **tiles), y)
+        # session 13 (moe23): the down let launch at the gate/up's start or after its loop (PDL): the same bits
+        for at_start in (True, False):
+            assert torch.equal(moe.moe_decode(p, x, w, **tiles, kernels=moe_tiles.Kernels(down_at_start=at_start)), y)
         assert torch.allclose(y, gguf, rtol=1e-4, atol=1e-4 * float(gguf.abs().max()))
         assert_selection_gives_the_sub_tables_bits(tiled, p, x, w, tiles, backend)
         # 2 groups a step over 3: row_idot's masked loop (the default's 3 a step run _row_idot_full's)

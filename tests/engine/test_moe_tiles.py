@@ -80,6 +80,21 @@ def test_the_environment_switches_back_to_the_old_tiles(monkeypatch, which):
     assert moe_tiles.decode_kernels() == moe_tiles.OLD_KERNELS
 
 
+def test_the_down_launches_after_the_gate_up_loop_below_width_4096(monkeypatch):
+    """Session 13 (moe23): $SPARKD_MOE_DOWN_LAUNCH (DOWN_LAUNCH, read at import: test_switches.py) "auto" lets the
+    down launch after the gate/up's loop below model width LOOP_LAUNCH_BELOW, at its start from there; "start"
+    and "loop" everywhere; Kernels.down_at_start None follows it, True / False override it."""
+    below, at = moe_tiles.LOOP_LAUNCH_BELOW - 256, moe_tiles.LOOP_LAUNCH_BELOW
+    assert moe_tiles.DOWN_LAUNCH == "auto" and moe_tiles.decode_kernels().down_at_start is None
+    assert [moe_tiles.down_launch_at_start(d) for d in (2048, below, at, 7168)] == [False, False, True, True]
+    assert all(moe_tiles.down_launch_at_start(d, "start") and not moe_tiles.down_launch_at_start(d, "loop")
+               for d in (2048, 7168))
+    monkeypatch.setattr(moe_tiles, "DOWN_LAUNCH", "start")
+    assert moe_tiles.down_launch_at_start(2048)
+    with pytest.raises(moe.dispatch.KernelArgumentError, match=r"where the MoE down launches: 'late'"):
+        moe_tiles.down_launch_at_start(2048, "late")
+
+
 # Q4_K under the interpreter takes ~5 minutes even at 256x256 (too long for CI): compiled only;
 # its GEMV tiles' sums against the old tile's: test_int_kernels.test_q4_k_tiles_give_the_old_tiles_sums
 CASES = [pytest.param("cpu", T.Q8_0, id="interpret-Q8_0", marks=BACKENDS[0].marks)] + \
@@ -110,6 +125,10 @@ def test_new_tiles_give_the_old_tiles_sums(backend, qtype):
     tiles = dict(gate_up=dataclasses.replace(new[0], fuse_quant=True), down=new[1], kernels=k_new)
     ys = [moe.moe_decode(p, x, w, **tiles) for _ in range(2)]
     assert torch.equal(ys[0], ys[1])
+    if backend == "cuda":  # session 13 (moe23): the down let launch at the gate/up's start or after its loop (PDL)
+        for at_start in (True, False):
+            k = dataclasses.replace(k_new, down_at_start=at_start)
+            assert torch.equal(moe.moe_decode(p, x, w, **(tiles | {"kernels": k})), ys[0]), at_start
     err = moe_error(ys[0], p, x, w, gates, ups, downs, "silu", qtype, qtype, tiles["gate_up"], k_new)
     assert err < BOUNDS["fp32"]
 

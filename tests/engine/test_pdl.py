@@ -31,8 +31,8 @@ DECODE_KERNELS = {"_igemv_kernel", "_kgemv_kernel", "_gemv_kernel", "_igate_up_k
 BEFORE_START = {"prefetch_tile"}
 
 
-def _is_start(stmt: ast.stmt) -> bool:
-    return ast.unparse(stmt) == "pdl.start(PDL)"
+def _is_start(stmt: ast.stmt) -> bool:  # (a second argument: where its dependents launch, pdl.start's DEPENDENTS)
+    return ast.unparse(stmt) == "pdl.start(PDL)" or ast.unparse(stmt).startswith("pdl.start(PDL, ")
 
 
 def _before_start(stmt: ast.stmt) -> bool:
@@ -65,7 +65,7 @@ def test_pdl_kernels_start_with_the_wait_and_launch_with_their_keywords():
                 launched.add(ast.unparse(node.func.value))
         if name != "pdl.py":
             assert "gdc_" not in (KERNELS_DIR / name).read_text(), f"{name} calls griddepcontrol outside pdl.start"
-    assert takes - {"start"} == DECODE_KERNELS
+    assert takes - {"start", "dependents"} == DECODE_KERNELS
     assert starts == DECODE_KERNELS, f"no pdl.start(PDL) first in {sorted(DECODE_KERNELS - starts)}"
     assert launched == DECODE_KERNELS, f"launched without pdl.launch: {sorted(DECODE_KERNELS - launched)}"
 
@@ -98,7 +98,8 @@ def test_only_the_weight_prefetch_goes_before_the_wait():
 
 def test_compiled_kernels_wait_before_any_access_or_return():
     """sm_90 PTX of the decode kernels (pdl_compile.py): PDL on, launch_dependents then the wait before
-    the first global load, store or atomic and the first return; PDL off, no griddepcontrol at all.
+    the first global load, store or atomic and the first return (the MoE gate/up of down_at_start False: the
+    wait first, launch_dependents after its loop's loads); PDL off, no griddepcontrol at all.
     The igemv rows with a weight prefetch (lines, bulk) prefetch before the wait; the others never."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).parent / "pdl_compile.py"
@@ -106,7 +107,7 @@ def test_compiled_kernels_wait_before_any_access_or_return():
     assert out.returncode == 0, out.stderr[-2000:]
     rows = re.findall(r"^(\w+) pdl=(\d) launch=(\S+) wait=(\S+) first_access=(\S+) first_ret=(\S+) prefetch=(\S+)$",
                       out.stdout, re.M)
-    assert len(rows) == 20, out.stdout
+    assert len(rows) == 22, out.stdout
     for name, on, launch, wait, access, ret, prefetch in rows:
         assert (prefetch != "-") == name.startswith("igemv_"), f"{name}: prefetch {prefetch}"
         if prefetch != "-":
@@ -114,6 +115,9 @@ def test_compiled_kernels_wait_before_any_access_or_return():
             assert on == "0" or int(prefetch) < int(wait), f"{name}: {prefetch} {wait}"
         if on == "0":
             assert launch == wait == "-", f"{name} without PDL has griddepcontrol"
+        elif name.endswith("_late"):  # its dependents let launch after the loop: after the wait and the first load
+            assert "-" not in (launch, wait, access, ret), f"{name}: {launch} {wait} {access} {ret}"
+            assert int(wait) < min(int(access), int(ret)) and int(access) < int(launch), f"{name}: {launch} {wait} {access}"
         else:
             assert "-" not in (launch, wait, access, ret), f"{name}: {launch} {wait} {access} {ret}"
             assert int(launch) < int(wait) < min(int(access), int(ret)), f"{name}: {launch} {wait} {access} {ret}"

@@ -69,6 +69,8 @@ SWITCHES = [
     Switch("SPARKD_MOE_TILES", "sparkd.engine.kernels.moe_tiles", "m.TILES", "olde",
            {UNSET: "new", "new": "new", "s8": "s8", "s7": "s7", "s6r2": "s6r2", "s6": "s6", "s5": "s5", "old": "old"},
            ("old", "s5", "s6", "s6r2", "s7", "s8", "new")),
+    Switch("SPARKD_MOE_DOWN_LAUNCH", "sparkd.engine.kernels.moe_tiles", "m.DOWN_LAUNCH", "late",
+           {UNSET: "auto", "auto": "auto", "start": "start", "loop": "loop"}, ("auto", "start", "loop")),
     Switch("SPARKD_GEMV_SPLIT", "sparkd.engine.kernels.matmul", "m.SPLIT_RULE", "fast",
            {UNSET: "wave", "wave": "wave", "Old": "old"}, ("wave", "old")),
     Switch("SPARKD_GEMV_WHOLE_UNROLL", "sparkd.engine.kernels.matmul", "m.GEMV_TILES['Q4_K_TILED'].whole_unroll",

@@ -64,7 +64,7 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles
+from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -231,15 +231,16 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
-                     PDL: tl.constexpr = False):
+                     DOWN_AT_START: tl.constexpr = True, PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
     (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs
     to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
     TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
-    weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset)."""
-    pdl.start(PDL)  # first: pdl's rule
+    weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset).
+    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop."""
+    pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
@@ -252,6 +253,8 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     else:
         g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
                              A3, UNROLL, EW, EMU, STAGES, PAIR)
+    if not DOWN_AT_START:
+        pdl.dependents(PDL)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -589,6 +592,8 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                            _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                            kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
                                TILED=p.gate_up.row_tile > 1,
+                               DOWN_AT_START=(down_launch_at_start(D) if kernels.down_at_start is None
+                                              else kernels.down_at_start),
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,

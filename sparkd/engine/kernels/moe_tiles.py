@@ -1,6 +1,7 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
-against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, new)."""
+against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, new); where the gate/up lets the
+down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,10 @@ class Kernels:
     # 2048x768 7.5 = 7.5, the same err; Q8_0 lost in moe14 (7168x2048 46.9 -> 48.4 us)
     # session 10 (moe21): the tiled down too (Q4_K_TILED, moe.tiled_down)
     down_full: tuple[str, ...] = ("Q4_K", "Q4_K_TILED")
+    # session 13 (moe23): where the integer gate/up lets the down launch under PDL (pdl.start's DEPENDENTS): True
+    # at its start, so the down's programs take free slots and wait there; False after its loop; None by the
+    # model width (down_launch_at_start: $SPARKD_MOE_DOWN_LAUNCH). The same bits
+    down_at_start: bool | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
@@ -167,3 +172,26 @@ def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
     return {"new": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
             "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
+
+
+# Session 13 (moe23, H200, bench/results/moe23_h200_s13*): under PDL the gate/up let the down launch at its start,
+# so the down's programs took the slots its programs left free and waited there. Below model width 4096 the gate/up
+# lets it launch only after its loop: top-8 layer after the norm ("all qx") at 2048x768 Q8_0 23.0 -> 21.2 us (0.42
+# -> 0.46 of copy), Q4_KX 16.1 -> 16.0; 12-layer Qwen3-30B-A3B-shaped Q4_K resident decode +3.1 % (3 interleaved
+# rounds, +3.1 to +4.4 % each, the same bits). From 4096 it lost (4096x1536 Q8_0 59.0 -> 60.9 us, Q4_KXD 33.0 ->
+# 33.3; 7168x2048 Q8_0 111.3 -> 112.9): "auto" keeps the early launch there. "start": at the start everywhere (the
+# code before), "loop": after the loop everywhere.
+DOWN_LAUNCH_ENV = "SPARKD_MOE_DOWN_LAUNCH"
+DOWN_LAUNCHES = ("auto", "start", "loop")
+DOWN_LAUNCH = switches.choice(DOWN_LAUNCH_ENV, DOWN_LAUNCHES, "auto")  # read once
+LOOP_LAUNCH_BELOW = 4096  # "auto": the model widths below this let the down launch after the gate/up's loop
+
+
+def down_launch_at_start(dim: int, which: str | None = None) -> bool:
+    """Whether the gate/up lets the down launch at its start (else after its loop) at model width dim: which
+    "auto", "start" or "loop" (DOWN_LAUNCHES; default $SPARKD_MOE_DOWN_LAUNCH)."""
+    which = which or DOWN_LAUNCH
+    if which not in DOWN_LAUNCHES:
+        raise dispatch.KernelArgumentError(f"could not pick where the MoE down launches: {which!r} (${DOWN_LAUNCH_ENV} "
+                                           f"or which) is not one of {', '.join(DOWN_LAUNCHES)}")
+    return which == "start" or (which == "auto" and dim >= LOOP_LAUNCH_BELOW)

@@ -148,12 +148,23 @@ def compile_args(kern, consts: dict) -> dict:
 
 
 @triton.jit
-def start(PDL: tl.constexpr):
-    """A PDL kernel's first call: let the next kernel launch (it waits in its own start), then wait
-    until the kernel before this one has finished and its writes are visible (the module's rule)."""
+def start(PDL: tl.constexpr, DEPENDENTS: tl.constexpr = True):
+    """A PDL kernel's first call: let the next kernel launch (it waits in its own start) unless not
+    DEPENDENTS, then wait until the kernel before this one has finished and its writes are visible
+    (the module's rule). DEPENDENTS False: the kernel calls dependents() later (or the next kernel
+    launches when this one ends); where it lets the next one launch changes no bit, since that one
+    still waits for all of this one."""
+    if PDL:
+        if DEPENDENTS:
+            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def dependents(PDL: tl.constexpr):
+    """Let the next kernel launch from here (a kernel that called start(PDL, False))."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
 
 
 LINE = tl.constexpr(128)  # bytes a prefetch.global.L2 asks for
