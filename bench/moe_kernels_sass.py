@@ -62,11 +62,13 @@ def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
                   **moe._int_args(fam, k.words and qtype == T.Q8_0, vec, k.full))  # shapes in range (moe._full)
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
-                      HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, **common)
+                      HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=False,
+                      DOWN_AT_START=True, **common)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
-                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, **common)
+                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, TILED=False,
+                      **common)
         binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
     regs, ops = registers(binary), largest_loop(get_sass(binary))
     programs = min(32, 65536 // (regs * 32 * cfg.num_warps))  # Hopper: 64K registers, 32 blocks per SM
