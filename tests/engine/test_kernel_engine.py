@@ -209,14 +209,20 @@ def test_tiled_q4_k_expert_gate_up_matches_cpu_reference(tmp_path, monkeypatch, 
     assert all(torch.equal(a, b) for a, b in zip(weights["tiled"], weights["gguf"]))
 
 
-def test_down_layout_all_tiles_a_narrow_down(tmp_path, monkeypatch):
+def test_down_layout_tiles_the_down_from_its_width(tmp_path, monkeypatch):
     """$SPARKD_MOE_DOWN_LAYOUT=all (session 13) repacks a Q4_K down narrower than TILED_DOWN_MIN_DIM into the pairx
-    bytes at load; "tiled" keeps it in GGUF blocks there (nothing runs: the layouts the load picked)."""
+    bytes at load; "tiled" keeps it in GGUF blocks there; "auto" (the default, down13) tiles it from
+    AUTO_DOWN_MIN_DIM: not at this model's width below it, at it (nothing runs: the layouts the load picked)."""
+    from sparkd.engine.layers import quant_experts
     from sparkd.engine.layers.quant_experts import DOWN_LAYOUT_ENV
 
-    path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q6_K"], "F32", [("_exps", "Q4_K")]), seed=9)[0]
-    for layout, down in (("all", "Q4_K_TILED"), ("tiled", "Q4_K")):
+    shape = SHAPES["Q6_K"]
+    path = write_model(tmp_path / "m.gguf", plan(shape, "F32", [("_exps", "Q4_K")]), seed=9)[0]
+    for layout, min_dim, down in (("all", None, "Q4_K_TILED"), ("tiled", None, "Q4_K"),
+                                  ("auto", shape.n_embd + 1, "Q4_K"), ("auto", shape.n_embd, "Q4_K_TILED")):
         monkeypatch.setenv(DOWN_LAYOUT_ENV, layout)
+        if min_dim is not None:
+            monkeypatch.setattr(quant_experts, "AUTO_DOWN_MIN_DIM", min_dim)
         k = load_model(path, device="cpu", kernels=True)
         try:
             assert k.net.blocks[0].ffn.store.kernel_table(0).prepared.down.qtype.name == down, layout

@@ -790,7 +790,7 @@ IGEMM_TILES[("Q4_K_TILED", True)] = IgemmTile(64, 32, 4, 1, 2, words=True, maxnr
 IGEMM_TILES[("Q4_K_TILED", False)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)
 IGEMM_TILES_S12 = dict(IGEMM_TILES)
 # session 13 (prefill28, H200, bench/results/prefill28_h200_s13*): GGUF Q4_K's grouped GEMM (a Q4_K model's MoE down
-# below width 4096, quant_experts.TILED_DOWN_MIN_DIM) at most 168 registers a thread: 1.14x / 1.10x at 2048x768, 512 /
+# below width quant_experts.AUTO_DOWN_MIN_DIM, 2048 since down13; 4096 before) at most 168 registers a thread: 1.14x / 1.10x at 2048x768, 512 /
 # 2048 tokens (3 stages 0.80x, 32-row programs on 2 warps 0.97x / 0.89x, 8 warps at 128 registers 1.10x / 1.06x); the
 # 12-layer Q4_K prompt 1.01-1.05x (with pairx's gate/up on 2 warps, a tie alone and left out). pairx's grouped launch
 # stays: 3 stages 0.91x, 8 warps 0.83x, 128 rows 0.70x, 64-row tiles (wgmma) 0.80x / 0.96x at 768x2048

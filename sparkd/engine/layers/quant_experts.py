@@ -13,8 +13,9 @@ MoE gate/up reads with the pairx step: H200 top-8 gate/up at 7168x2048 48.1 -> 4
 of copy bandwidth), layer 73.6 -> 67.9 us. $SPARKD_MOE_GATE_UP_LAYOUT=gguf keeps the file's blocks.
 Session 10 (moe21): a Q4_K down the same way from model width TILED_DOWN_MIN_DIM (kernels/moe.tiled_down, the
 pairx step in the down launch): H200 top-8 down 32.1 -> 22.3 us at 7168x2048, layer after the norm 72.0 -> 60.8 us
-(0.66 -> 0.79 of copy bandwidth); $SPARKD_MOE_DOWN_LAYOUT=gguf keeps the file's blocks. Streamed experts (the
-pinned arena holds the file's bytes) keep GGUF blocks.
+(0.66 -> 0.79 of copy bandwidth); $SPARKD_MOE_DOWN_LAYOUT=gguf keeps the file's blocks. Session 13 (down13): from
+width AUTO_DOWN_MIN_DIM (2048) by default, for the prompt's grouped GEMM. Streamed experts (the pinned arena holds the
+file's bytes) keep GGUF blocks.
 """
 
 from __future__ import annotations
@@ -37,9 +38,13 @@ GATE_UP_LAYOUTS = ("tiled", "gguf")
 # tiled: 7168x2048 72.0 -> 60.8 us, 4096x1536 34.9 -> 33.1; at 2048x768 16.0 -> 17.5 although the down alone took
 # 7.0 -> 6.3 us, and the resident 12-layer 2048-wide Q4_K decode 1413.7 / 1485.5 -> 1391.4 / 1480.3 tok/s)
 TILED_DOWN_MIN_DIM = 4096
-# the down's layouts: "all" tiles it at every width (session 13, prefill28: for the prompt's grouped GEMM, where the
-# GGUF down at 2048x768 took 645 / 1753 us at 512 / 2048 tokens (s13) against pairx's 372 / 999 in session 12)
-DOWN_LAYOUTS = (*GATE_UP_LAYOUTS, "all")
+# "auto" (the default since session 13's down13) tiles the down from this model width: the 12-layer 2048-wide Q4_K
+# prompt (H200, prompt graphs) 1.15 / 1.12 / 1.10 / 1.08x at 128 / 512 / 1024 / 2048 tokens, its resident decode
+# 0.996x (within the rounds' spread); the prompt's grouped GEMM on the GGUF down at 2048x768 took 645 / 1753 us at
+# 512 / 2048 tokens (s13) against pairx's 372 / 999 (prefill28). Not measured below 2048
+AUTO_DOWN_MIN_DIM = 2048
+# the down's layouts: "tiled" from TILED_DOWN_MIN_DIM (session 10's rule), "all" at every width (session 13, prefill28)
+DOWN_LAYOUTS = ("auto", *GATE_UP_LAYOUTS, "all")
 
 
 def gate_up_layout() -> str:
@@ -49,9 +54,14 @@ def gate_up_layout() -> str:
 
 
 def down_layout() -> str:
-    """gate_up_layout for a resident Q4_K down ($SPARKD_MOE_DOWN_LAYOUT; "tiled" where the model width is at
-    least TILED_DOWN_MIN_DIM, "all" at any width)."""
-    return switches.choice(DOWN_LAYOUT_ENV, DOWN_LAYOUTS, "tiled")
+    """gate_up_layout for a resident Q4_K down ($SPARKD_MOE_DOWN_LAYOUT): tiled where the model width is at least
+    AUTO_DOWN_MIN_DIM ("auto", the default), TILED_DOWN_MIN_DIM ("tiled"), any ("all"); "gguf" nowhere."""
+    return switches.choice(DOWN_LAYOUT_ENV, DOWN_LAYOUTS, "auto")
+
+
+def down_min_dim(layout: str) -> int | None:
+    """The model width from which a down layout tiles the Q4_K down (None: never)."""
+    return {"auto": AUTO_DOWN_MIN_DIM, "tiled": TILED_DOWN_MIN_DIM, "all": 0}.get(layout)
 
 
 @dataclass
@@ -132,8 +142,8 @@ class KernelExperts:
                 and q4_k_tiled.packable((width, dim)):
             table = tiled_gate_up(table)
             self._tiled |= {(il, GATE), (il, UP)}
-        wide = dim >= TILED_DOWN_MIN_DIM or self._down_layout == "all"
-        if self._down_layout != "gguf" and dt == GGMLQuantizationType.Q4_K and pairx and wide \
+        min_dim = down_min_dim(self._down_layout)
+        if min_dim is not None and dim >= min_dim and dt == GGMLQuantizationType.Q4_K and pairx \
                 and q4_k_tiled.packable((dim, width)):
             table = tiled_down(table)
             self._tiled.add((il, DOWN))
