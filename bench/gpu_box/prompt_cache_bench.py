@@ -1,10 +1,13 @@
 """A two-turn chat's second-turn prompt time with the prompt cache on and off (serve --prompt-cache),
 one Engine (CUDA resident, graphs), interleaved repeats: turn 1 (a prompt of --turn1 tokens and a
 --reply-token greedy reply), then turn 2 = turn 1 + the reply + --new tokens, timed to its first
-token. Also the second turn's greedy tokens on and off, and the continued prompt's last-token
-logits against the whole prompt's (tests/engine/test_prompt_cache.continued_gap).
+token. Three ways for turn 2: "graph" (the cache continued by a continued prompt graph, the default),
+"eager" (the cache continued eagerly: SPARKD_CONTINUE_GRAPHS=0's forward, here continuing at every
+length), "off" (the whole prompt). Also the second turn's greedy tokens of each against "off", the
+continued prompt's last-token logits against the whole prompt's (tests/engine/test_prompt_cache.
+continued_gap), and the prompt graphs' keys and pool.
 
-    python3 bench/gpu_box/prompt_cache_bench.py --model M.gguf --json out.json
+    python3 bench/gpu_box/prompt_cache_bench.py --model M.gguf --turn1 48:16:16,88,512 --json out.json
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def turn(engine: Engine, ids: list[int], n: int) -> tuple[list[int], float, int]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--turn1", default="512,1536", help="turn-1 prompt lengths")
+    ap.add_argument("--turn1", default="512,1536",
+                    help="turn-1 prompt lengths, each optionally T1:REPLY:NEW (else --reply and --new)")
     ap.add_argument("--reply", type=int, default=64)
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--reps", type=int, default=5)
@@ -54,28 +58,45 @@ def main() -> None:
     t0 = time.perf_counter()
     engine.load()
     res = {"load_s": time.perf_counter() - t0, "cases": {}}
-    for n1 in map(int, a.turn1.split(",")):
+    prompt = engine._prompt
+    for case in a.turn1.split(","):
+        n1, n_reply, n_new = (list(map(int, case.split(":"))) + [a.reply, a.new])[:3]
         ids1 = [(7 * i + 3) % 5000 + 10 for i in range(n1)]
-        times = {"on": [], "off": []}
+        times = {"graph": [], "eager": [], "off": []}
         tokens = {}
         for rep in range(a.reps + 1):  # rep 0 warms (JIT, graphs) and is not counted
-            for mode in ("on", "off"):
+            for mode in times:
                 engine.prompt_cache = True
-                reply, _, _ = turn(engine, ids1, a.reply)  # the cache now holds turn 1 and its reply
-                engine.prompt_cache = mode == "on"
-                ids2 = ids1 + reply + [(11 * i + 5) % 5000 + 10 for i in range(a.new)]
-                out, first, cached = turn(engine, ids2, 16)
-                tokens[mode] = out, cached, len(ids2)
+                reply, _, _ = turn(engine, ids1, n_reply)  # the cache now holds turn 1 and its reply
+                engine.prompt_cache = mode != "off"
+                prompt.continued = mode != "eager"
+                if mode == "eager":  # continue at every length (the engine itself would run <= 1024 whole)
+                    prompt.continues = lambda n, start, last=True: True
+                ids2 = ids1 + reply + [(11 * i + 5) % 5000 + 10 for i in range(n_new)]
+                try:
+                    out, first, cached = turn(engine, ids2, 16)
+                finally:
+                    prompt.continued = True
+                    prompt.__dict__.pop("continues", None)
+                tokens[mode] = out, cached
                 if rep:
                     times[mode].append(first)
         gap = continued_gap(engine, torch.tensor(ids2), n1)
-        on, off = statistics.median(times["on"]), statistics.median(times["off"])
-        res["cases"][n1] = {"turn2_tokens": len(ids2), "cached": tokens["on"][1], "first_token_s_on": on,
-                            "first_token_s_off": off, "speedup": off / on, "times": times,
-                            "same_tokens": tokens["on"][0] == tokens["off"][0], "logits_gap": gap}
-        print(f"turn 1 {n1} tokens + reply {a.reply} + {a.new} new = {len(ids2)}: cached {tokens['on'][1]}, "
-              f"first token on {on * 1e3:.1f} ms, off {off * 1e3:.1f} ms ({off / on:.2f}x), same greedy tokens "
-              f"{tokens['on'][0] == tokens['off'][0]}, logits gap {gap:.3g}", flush=True)
+        med = {mode: statistics.median(t) for mode, t in times.items()}
+        res["cases"][case] = {"turn2_tokens": len(ids2), "cached": tokens["graph"][1], "new": len(ids2) - tokens["graph"][1],
+                              "first_token_s": med, "times": times,
+                              "same_tokens": {m: tokens[m][0] == tokens["off"][0] for m in ("graph", "eager")},
+                              "logits_gap": gap}
+        print(f"turn 1 {n1} tokens + reply {n_reply} + {n_new} new = {len(ids2)}: cached {tokens['graph'][1]} "
+              f"(eager {tokens['eager'][1]}, off {tokens['off'][1]}), first token graph {med['graph'] * 1e3:.1f} ms, "
+              f"eager {med['eager'] * 1e3:.1f} ms, off {med['off'] * 1e3:.1f} ms (off/graph "
+              f"{med['off'] / med['graph']:.2f}x, eager/graph {med['eager'] / med['graph']:.2f}x), same greedy tokens "
+              f"as off: graph {tokens['graph'][0] == tokens['off'][0]}, eager {tokens['eager'][0] == tokens['off'][0]}, "
+              f"logits gap {gap:.3g}", flush=True)
+    res["prompt_graphs"] = engine.prompt_graph_stats()
+    res["pool_bytes"] = {str(key): n for key, n in prompt.pool_bytes.items()}
+    res["failed"] = {str(key): why for key, why in prompt.failed.items()}
+    print(f"prompt graphs {res['prompt_graphs']}, pool bytes by key {res['pool_bytes']}, failed {res['failed']}")
     engine.close()
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))

@@ -27,7 +27,10 @@ A prompt from an empty cache replays a graph too (PromptForward, session 11): th
 prompt padded to its length bucket, the last real token's logits read through a device index
 ($SPARKD_PREFILL_GRAPHS=0 runs prompts eagerly). Session 12: a bucket whose capture fails or would
 leave less free device memory than a margin runs eagerly from then on (logged once), and the server
-captures the buckets at load (serve --prompt-graphs, PromptForward.warm).
+captures the buckets at load (serve --prompt-graphs, PromptForward.warm). Session 13 (graphs13): a
+prompt that continues the cache (n_past > 0: a chat's next turn, runtime.PromptCache) replays a
+"continued" graph of its length bucket and an attention span, its positions on the device as the
+decode step's ($SPARKD_CONTINUE_GRAPHS=0 runs those eagerly).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from sparkd.engine.device_sampler import MODES as SAMPLING_MODES, DeviceSampler,
     device_sampling_default
 from sparkd.engine.errors import EngineError
 from sparkd.engine.graph_capture import capture, failure, release
+from sparkd.engine.layers import attention as attention_layer
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
@@ -339,12 +343,20 @@ PROMPT_MARGIN = 1 << 30
 # context, as they share one pool that the largest sizes; "lazy": none, each on its first prompt;
 # "off": prompts eager), or a list of prompt lengths whose buckets are captured at load.
 PROMPT_GRAPH_CHOICES = ("auto", "lazy", "off")
+CONTINUE_GRAPHS_ENV = "SPARKD_CONTINUE_GRAPHS"
 
 
 def prefill_graphs_default() -> bool:
     """$SPARKD_PREFILL_GRAPHS: "0" or "off" runs every prompt eagerly; "1", "on" (or unset) replays a
     CUDA graph of the padded prompt where the decode step is graph-captured (PromptForward)."""
     return switches.flag(PREFILL_GRAPHS_ENV, True)
+
+
+def continue_graphs_default() -> bool:
+    """$SPARKD_CONTINUE_GRAPHS: "0" or "off" runs a prompt that continues the cache eagerly (and the
+    engine then runs a prompt whole where only that replays a graph, as prefix13 did); "1", "on" (or
+    unset) replays a continued graph (PromptForward)."""
+    return switches.flag(CONTINUE_GRAPHS_ENV, True)
 
 
 def prompt_bucket(n: int, first: int = PROMPT_FIRST) -> int:
@@ -388,89 +400,120 @@ class PromptForward:
     """The prompt's forward of `generate` and the server: tokens [T] (on the host) → logits on the
     CPU, as net(tokens, cache, last=last) gives them, n_past advanced by T.
 
-    mode "graphs": a prompt from an empty cache, 2..largest tokens, last token's logits only, runs
-    as a CUDA graph of its length bucket (prompt_bucket; captured on the bucket's first use or by
-    warm, then replayed): the tokens padded at the end (token 0), the head reading the last real
-    token's row (a device index). Causal attention keeps the real rows from reading the padding's
-    keys, and the padding's K/V rows past the prompt are rewritten by the tokens that follow before
-    anything reads them. Other prompts (a cache continued at n_past > 0, one token, every token's
-    logits, a longer prompt) run eagerly. "padded": the same padded forward run eagerly (the CPU
-    tests check what a graph replays); "eager": the network itself.
+    mode "graphs": a prompt of 2..largest tokens, last token's logits only, runs as a CUDA graph of
+    its length bucket (prompt_bucket; captured on the bucket's first use or by warm, then
+    replayed): the tokens padded at the end (token 0), the head reading the last real token's row (a
+    device index). Causal attention keeps the real rows from reading the padding's keys, and the
+    padding's K/V rows past the prompt are rewritten by the tokens that follow before anything reads
+    them. From an empty cache the graph's key is the bucket; a prompt that continues the cache at
+    n_past > 0 (continued, $SPARKD_CONTINUE_GRAPHS) replays the key (bucket, span): its positions
+    n_past.. in a device input, as the decode step's (the cache's static mode: rope angles picked
+    from the table, K/V rows written by index), attending over the cache's rows [0, span), span the
+    first of the decode step's buckets (first_span, doubling, the context last) that holds the
+    prompt, keys past a query's position masked. Eager instead: the padding would cross the context,
+    bucket x span over largest^2 (the pool then stays near what the whole prompts' largest bucket
+    holds: attention's [H, bucket, span] scores), and $SPARKD_PREFILL_ATTENTION=kernel (its kernel
+    takes a host start). Other prompts (one token, every token's logits, longer ones) run eagerly.
+    "padded": the same padded forwards run eagerly (the CPU tests check what a graph replays);
+    "eager": the network itself.
 
     A capture that fails (out of memory, any error in its warm-up or capture) or that would leave
-    less than `margin` bytes of device memory free gives its bucket up: logged once with the reason,
+    less than `margin` bytes of device memory free gives its key up: logged once with the reason,
     the partial graph dropped and its memory returned, and that prompt and every later one of the
-    bucket run eagerly (failed). The eager forward rewrites every K/V row it reads, so the try
-    leaves nothing behind in its bits. pool_bytes: what each captured bucket added to the device's
-    reserved memory (the graphs share one pool: a bucket at or below the largest adds ~0).
+    key run eagerly (failed). The eager forward rewrites every K/V row it reads, so the try leaves
+    nothing behind in its bits (a continued capture's warm-up runs the prompt itself: it writes the
+    rows the replay writes, from n_past on). pool_bytes: what each captured key added to the
+    device's reserved memory (the graphs share one pool: a key at or below the largest adds ~0).
 
     Bits: a replay gives the padded forward's; those are the eager prompt's where the prompt fills
-    its bucket, else they may differ in the last bits (the float GEMMs, torch's, run at the bucket's
-    row count, where cuBLAS may pick another kernel; the Triton kernels are row-wise)."""
+    its bucket (and a continued one ends at its span), else they may differ in the last bits (the
+    float GEMMs, torch's, run at the bucket's row count, where cuBLAS may pick another kernel; the
+    softmax and its product with V over span keys, not n_past + T; the Triton kernels are row-wise)."""
 
     def __init__(self, net: Decoder, cache: KVCache, mode: str = "graphs", first: int = PROMPT_FIRST,
                  largest: int = PROMPT_LAST, margin: int = PROMPT_MARGIN,
-                 log: Callable[[str], None] = lambda line: None):
+                 log: Callable[[str], None] = lambda line: None, continued: bool = True,
+                 first_span: int = FIRST_BUCKET):
         if mode not in PROMPT_MODES:
             raise EngineError(f"could not run prompts in mode {mode!r}: choose one of {', '.join(PROMPT_MODES)}")
         if margin < 0:
             raise EngineError(f"could not use a prompt graph margin of {margin} bytes: it must be 0 or more")
         self.net, self.cache, self.mode, self.first, self.largest = net, cache, mode, first, largest
-        self.margin, self.log = margin, log
-        # bucket -> (graph, its input [bucket + 1]: the padded tokens then the last real row, logits [1, V])
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        self._pool = None  # one memory pool for every bucket's graph (they never run at once)
-        self.failed: dict[int, str] = {}     # bucket -> why its capture was given up (its prompts run eagerly)
-        self.pool_bytes: dict[int, int] = {}  # bucket -> bytes its capture added to the reserved memory
+        self.margin, self.log, self.continued = margin, log, continued
+        self.spans = buckets(cache.max_ctx, first_span)  # a continued graph's attention spans
+        # key -> (graph, its input: the padded tokens [, their positions], then the last real row; logits [1, V]);
+        # key: the bucket (from an empty cache) or (bucket, span) (continued)
+        self._graphs: dict[int | tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._pool = None  # one memory pool for every graph (they never run at once)
+        self.failed: dict[int | tuple[int, int], str] = {}  # key -> why its capture was given up (eager)
+        self.pool_bytes: dict[int | tuple[int, int], int] = {}  # key -> bytes its capture added to the reserved memory
 
     def bucket(self, n: int, last: bool = True, start: int | None = None) -> int | None:
         """The padded length the forward of an n-token prompt at position start (None: the cache's
         n_past) runs at now, or None: eagerly."""
-        cache = self.cache
-        start = cache.n_past if start is None else start
-        if self.mode == "eager" or not last or start or not 2 <= n <= min(self.largest, cache.max_ctx):
-            return None
-        span = min(prompt_bucket(n, self.first), cache.max_ctx)
-        return None if span in self.failed else span
+        key = self._key(n, last, self.cache.n_past if start is None else start)
+        return key if key is None or isinstance(key, int) else key[0]
 
-    def replays(self, n: int, last: bool = True) -> bool:
-        """Whether an n-token prompt from an empty cache replays a graph (engine.PromptCache: on the
-        H200 a whole prompt's graph beat continuing the cache eagerly up to 1024 tokens)."""
-        return self.mode == "graphs" and self.bucket(n, last, start=0) is not None
+    def _key(self, n: int, last: bool, start: int) -> int | tuple[int, int] | None:
+        cache = self.cache
+        if self.mode == "eager" or not last or not 2 <= n <= min(self.largest, cache.max_ctx):
+            return None
+        if not start:
+            key = min(prompt_bucket(n, self.first), cache.max_ctx)
+        else:
+            rows = prompt_bucket(n, self.first)
+            span = next(s for s in self.spans if s >= start + n) if start + rows <= cache.max_ctx else 0
+            if (not self.continued or not span or rows * span > self.largest ** 2
+                    or attention_layer.PREFILL_ATTENTION == "kernel"):
+                return None
+            key = rows, span
+        return None if key in self.failed else key
+
+    def replays(self, n: int, last: bool = True, start: int = 0) -> bool:
+        """Whether an n-token prompt at position start replays a graph."""
+        return self.mode == "graphs" and self._key(n, last, start) is not None
+
+    def continues(self, n: int, start: int, last: bool = True) -> bool:
+        """Whether an n-token prompt whose first start tokens the cache holds should continue there
+        (engine.PromptCache) rather than run whole: unless only the whole prompt replays a graph. H200,
+        12 layers of qwen3-30b-a3b: a continued graph beat the whole prompt at 80-1648 tokens (1.1-5.3x),
+        a whole prompt's graph beat continuing eagerly up to 1024 tokens (docs/performance.md, graphs13)."""
+        return not self.replays(n, last) or self.replays(n - start, last, start)
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, last: bool = False) -> torch.Tensor:
-        n = tokens.shape[0]
-        span = self.bucket(n, last)
-        if span is not None and self.mode == "graphs" and span not in self._graphs and not self._capture(span):
-            span = None  # the capture just failed: this prompt runs eagerly too
-        if span is None:
+        n, start = tokens.shape[0], self.cache.n_past
+        key = self._key(n, last, start)
+        if key is not None:
+            feed = self._feed(key, tokens, start)
+            if self.mode == "graphs" and key not in self._graphs and not self._capture(key, feed):
+                key = None  # the capture just failed: this prompt runs eagerly too
+        if key is None:
             return self.net(tokens, self.cache, last=last)
-        feed = torch.zeros(span + 1, dtype=torch.long)
-        feed[:n], feed[span] = tokens, n - 1
         if self.mode == "graphs":
-            graph, inputs, logits = self._graphs[span]
+            graph, inputs, logits = self._graphs[key]
             inputs.copy_(feed)
             graph.replay()
         else:
-            logits = self._run(feed.to(self.cache.device), span)
+            logits = self._run(feed.to(self.cache.device), key)
         self.cache.n_past += n
         return logits.cpu()
 
     def prepare(self, n: int) -> None:
         """Capture the graph an n-token prompt from an empty cache will replay now, not on first use
         (its warm-up and capture write K/V rows the prompt rewrites)."""
-        span = self.bucket(n)
-        if self.mode == "graphs" and span is not None and span not in self._graphs:
-            self._capture(span)
+        key = self._key(n, True, 0)
+        if self.mode == "graphs" and key is not None and key not in self._graphs:
+            self._capture(key, self._feed(key, torch.zeros(0, dtype=torch.long), 0))
 
     def warm(self, lengths: Sequence[int] | None = None) -> int:
-        """Capture now the buckets of prompts of these lengths (None: every bucket up to largest and
-        the context), the longest first: the shared pool's segments are then cut to the largest
-        bucket's activations and the shorter buckets reuse them (captured shortest first, each
-        longer bucket needs segments the pool lacks: H200, qwen3-30b-a3b 12 layers, all 17 buckets
-        up to 1024 left 968 MiB against 384 for the 1024 bucket alone). Lengths past the context are
-        refused. Returns how many graphs are held."""
+        """Capture now the buckets of prompts of these lengths from an empty cache (None: every
+        bucket up to largest and the context), the longest first: the shared pool's segments are then
+        cut to the largest bucket's activations and the shorter buckets reuse them (captured shortest
+        first, each longer bucket needs segments the pool lacks: H200, qwen3-30b-a3b 12 layers, all 17
+        buckets up to 1024 left 968 MiB against 384 for the 1024 bucket alone). Lengths past the
+        context are refused. Continued graphs are captured on their first prompt. Returns how many
+        graphs are held."""
         ctx = self.cache.max_ctx
         if lengths is None:
             lengths = sorted({min(span, ctx) for span in prompt_buckets(min(self.largest, ctx), self.first)})
@@ -481,20 +524,45 @@ class PromptForward:
             self.prepare(n)
         return len(self._graphs)
 
-    def _run(self, inputs: torch.Tensor, span: int) -> torch.Tensor:
-        # positions 0..span-1 on the host, as positions() gives them from an empty cache
-        return self.net.run(inputs[:span], torch.arange(span), self.cache, last=inputs[span:])
+    @staticmethod
+    def _feed(key: int | tuple[int, int], tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """The graph's input on the host: the tokens padded to the bucket, a continued graph's
+        positions start.. next, then the last real token's row."""
+        rows = key if isinstance(key, int) else key[0]
+        feed = torch.zeros(rows + 1 if isinstance(key, int) else 2 * rows + 1, dtype=torch.long)
+        n = tokens.shape[0]
+        feed[:n], feed[-1] = tokens, max(n - 1, 0)
+        if not isinstance(key, int):
+            feed[rows:2 * rows] = torch.arange(start, start + rows)
+        return feed
+
+    def _run(self, inputs: torch.Tensor, key: int | tuple[int, int]) -> torch.Tensor:
+        if isinstance(key, int):  # positions 0..key-1 on the host, as positions() gives them from an empty cache
+            return self.net.run(inputs[:key], torch.arange(key), self.cache, last=inputs[key:])
+        rows, span = key
+        self.cache.span = span  # the static mode: positions on the device, attention over [0, span)
+        try:
+            return self.net.run(inputs[:rows], inputs[rows:2 * rows], self.cache, last=inputs[2 * rows:])
+        finally:
+            self.cache.span = None
+
+    @staticmethod
+    def _name(key: int | tuple[int, int]) -> str:
+        return f"prompt graph {key} tokens" if isinstance(key, int) else \
+            f"continued prompt graph {key[0]} tokens over {key[1]} rows"
 
     @torch.inference_mode()
-    def _capture(self, span: int) -> bool:
-        """Capture span's graph into _graphs (True), or give the bucket up (False, logged)."""
+    def _capture(self, key: int | tuple[int, int], feed: torch.Tensor) -> bool:
+        """Capture key's graph into _graphs (True), or give the key up (False, logged). The warm-up
+        runs feed's forward (a continued one writes the rows the replay writes: the cache before
+        n_past is only read)."""
         device, stage, mark = self.cache.device, ["warm-up"], {}
         t0 = time.perf_counter()
 
         def warm():  # the eager forward once; its peak is what the capture will take from the pool
             mark["base"] = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
-            return self._run(inputs, span)
+            return self._run(inputs, key)
 
         def room():  # after the warm-up, before the capture (graph_capture.capture's ready)
             stage[0] = "capture"
@@ -507,25 +575,26 @@ class PromptForward:
             mark["reserved"] = torch.cuda.memory_reserved(device)
 
         try:
-            inputs = torch.zeros(span + 1, dtype=torch.long, device=device)
-            graph, logits = capture(device, self._pool, warm, lambda: self._run(inputs, span), ready=room)
+            inputs = feed.to(device)
+            graph, logits = capture(device, self._pool, warm, lambda: self._run(inputs, key), ready=room)
         except Exception as exc:  # any failure: the prompt runs eagerly, not the request failing
             why = str(exc) if isinstance(exc, _NoRoom) else f"{stage[0]} failed: {failure(exc)}"
         else:
             self._pool = graph.pool()
-            self._graphs[span] = graph, inputs, logits
-            self.pool_bytes[span] = torch.cuda.memory_reserved(device) - mark["reserved"]
-            self.log(f"prompt graph {span} tokens: captured in {1e3 * (time.perf_counter() - t0):.0f} ms, "
-                     f"pool +{_mib(self.pool_bytes[span])} (prompt graphs hold {_mib(sum(self.pool_bytes.values()))})")
+            self._graphs[key] = graph, inputs, logits
+            self.pool_bytes[key] = torch.cuda.memory_reserved(device) - mark["reserved"]
+            self.log(f"{self._name(key)}: captured in {1e3 * (time.perf_counter() - t0):.0f} ms, "
+                     f"pool +{_mib(self.pool_bytes[key])} (prompt graphs hold {_mib(sum(self.pool_bytes.values()))})")
             return True
         inputs = None  # noqa: F841 (the closures' cell: frees the tensor)
         release(device)
-        self.failed[span] = why
-        self.log(f"prompt graph {span} tokens not captured, its prompts run eagerly: {why}")
+        self.failed[key] = why
+        self.log(f"{self._name(key)} not captured, its prompts run eagerly: {why}")
         return False
 
     def stats(self) -> dict[str, int]:
-        """captured and failed buckets, and pool_bytes: the bytes the captures added (for /metrics)."""
+        """captured and failed keys (buckets and continued ones), and pool_bytes: the bytes the captures
+        added (for /metrics)."""
         return {"captured": len(self._graphs), "failed": len(self.failed), "pool_bytes": sum(self.pool_bytes.values())}
 
 
@@ -546,10 +615,11 @@ def prompt_forward(net: Decoder, cache: KVCache, graphs: bool, log: Callable[[st
                    enabled: bool = True, margin: int = PROMPT_MARGIN) -> PromptForward:
     """The prompt's forward over cache: graphs where the decode step is captured (graphs, from
     use_graphs), enabled (--prompt-graphs off is not), SPARKD_PREFILL_GRAPHS is on and prompt_blocker
-    finds nothing (logged), else eager. margin: PromptForward's free-memory margin."""
+    finds nothing (logged), else eager; continued graphs unless SPARKD_CONTINUE_GRAPHS is off. margin:
+    PromptForward's free-memory margin."""
     if not graphs or not enabled or not prefill_graphs_default():
         return PromptForward(net, cache, "eager")
     if why := prompt_blocker(net):
         log(f"prompts run eagerly: {why}")
         return PromptForward(net, cache, "eager")
-    return PromptForward(net, cache, margin=margin, log=log)
+    return PromptForward(net, cache, margin=margin, log=log, continued=continue_graphs_default())

@@ -278,8 +278,8 @@ class Engine:
         ids = req.prompt_ids
         last = prompt_last_only()
         keep = held.reusable(ids, cache.rewindable) if self.prompt_cache else 0
-        if keep < len(ids) and self._prompt.replays(len(ids), last):
-            keep = 0  # the whole prompt's graph is faster than continuing eagerly (H200, session 13)
+        if 0 < keep < len(ids) and not self._prompt.continues(len(ids), keep, last):
+            keep = 0  # only the whole prompt replays a graph: faster than continuing eagerly (H200, prefix13)
         req.cached_tokens = keep
         tokens = held.begin(ids[:keep])  # claims nothing until written: a failure leaves the cache unclaimed
         if keep:

@@ -95,7 +95,9 @@ def test_failed_prompt_capture_runs_eagerly_once(models, monkeypatch):
     m = load_model(models["qwen3moe"])
     try:
         tokens, logged = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(5)]), []
-        want = m.net(tokens, m.net.new_cache(24), last=True)
+        cache = m.net.new_cache(24)
+        want = m.net(tokens, cache, last=True)
+        want_next = m.net(tokens[:3], cache, last=True)
         p = PromptForward(m.net, m.net.new_cache(24), first=8, log=logged.append)
         for _ in range(2):
             p.cache.n_past = 0
@@ -107,6 +109,14 @@ def test_failed_prompt_capture_runs_eagerly_once(models, monkeypatch):
         assert p.stats() == {"captured": 0, "failed": 1, "pool_bytes": 0}
         p.warm([11])
         assert len(tries) == 2 and sorted(p.failed) == [8, 16]
+        p.cache.n_past = 0
+        m.net(tokens, p.cache)  # a continued prompt tries its own key once
+        for _ in range(2):
+            p.cache.n_past = 5
+            assert torch.equal(p(tokens[:3], last=True), want_next) and p.cache.n_past == 8
+        assert len(tries) == 3 and list(p.failed)[-1] == (8, 24) and p.bucket(3) is None
+        assert logged[-1].startswith("continued prompt graph 8 tokens over 24 rows not captured, its prompts "
+                                     "run eagerly: warm-up failed: ")
         with pytest.raises(EngineError, match=r"could not capture prompt graphs for 30 tokens: the context is 24"):
             p.warm([11, 30])
         with pytest.raises(EngineError, match=r"could not use a prompt graph margin of -1 bytes: it must be 0 or more"):
@@ -124,13 +134,17 @@ def test_metrics_show_the_prompt_graphs():
     assert "prompt_graph" not in EngineMetrics(lambda: None, dict).render().decode()  # eager prompts: absent
 
 
-def prompt_then_decode(net, prompt, tokens: list[int], ctx: int, steps: int = 4):
+def prompt_then_decode(net, prompt, tokens: list[int], ctx: int, steps: int = 4, head: list[int] = ()):
     """(the prompt's last logits [1, V], the greedy tokens of `steps` eager steps after it, the
-    cache's K rows of layer 0 over the prompt); prompt(tokens, cache) runs the prompt's forward."""
+    cache's K rows of layer 0 up to the prompt's end); prompt(tokens, cache) runs the prompt's
+    forward, after the eager forward of head where given (the prompt then continues the cache)."""
     cache = net.new_cache(ctx)
+    if head:
+        net(torch.tensor(head), cache)
     logits = prompt(torch.tensor(tokens), cache)
-    assert cache.n_past == len(tokens)
-    rows, out = cache.k[0][:len(tokens)].clone(), []
+    end = len(head) + len(tokens)
+    assert cache.n_past == end
+    rows, out = cache.k[0][:end].clone(), []
     nxt = logits
     for _ in range(steps):  # the padding's K/V rows past the prompt must not change these
         out.append(int(nxt[-1].argmax()))
@@ -152,11 +166,59 @@ def test_padded_prompt_equals_eager_prompt(models, arch):
             padded = []
             got = prompt_then_decode(m.net, lambda t, c: padded.append(PromptForward(m.net, c, "padded", first=8))
                                      or padded[-1](t, last=True), tokens, 24)
-            assert padded[-1].bucket(n) is None  # the cache continues now: eager
             assert got[1] == want[1] and got[0].argmax() == want[0].argmax()
             for g, w in ((got[0], want[0]), (got[2], want[2])):
                 err = float((g - w).norm() / w.norm())
                 assert err < BOUND, f"{arch}, {n} tokens: padded vs eager prompt relative error {err:.2e}"
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gemma3"])
+def test_continued_prompt_equals_eager_continuation(models, arch, monkeypatch):
+    """What a continued prompt graph replays (the prompt at n_past > 0 padded to its bucket, its
+    positions on the device, attention over the span's rows), run eagerly on the CPU against the
+    eager continuation: the same bits where the prompt fills its bucket and ends at its span, else
+    within 1e-4 (the float GEMMs at the bucket's row count add in another order: ~1e-7, which
+    gemma3's tiny random FFN amplifies to 3.9e-5 at 9 tokens padded to 16); the same K rows and tokens
+    after it (the padding's rows past the prompt rewritten before they are read); eager where the
+    padding would cross the context."""
+    m = load_model(models[arch])
+    try:
+        head = [(5 * i + 2) % m.cfg.n_vocab for i in range(17)]
+        for start, n, key in ((8, 8, (8, 16)), (6, 5, (8, 16)), (7, 9, (16, 16)), (12, 6, (8, 24)), (17, 3, None)):
+            tokens = [(7 * i + 3) % m.cfg.n_vocab for i in range(n)]
+            want = prompt_then_decode(m.net, lambda t, c: m.net(t, c, last=True), tokens, 24, head=head[:start])
+            padded = []
+            got = prompt_then_decode(m.net, lambda t, c: padded.append(PromptForward(m.net, c, "padded", first=8,
+                                                                                     first_span=8))
+                                     or padded[-1](t, last=True), tokens, 24, head=head[:start])
+            assert padded[-1].spans == [8, 16, 24] and padded[-1]._key(n, True, start) == key
+            assert got[1] == want[1] and got[0].argmax() == want[0].argmax()
+            if key is None or key == (n, start + n):
+                assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), (arch, start, n)
+            for g, w in ((got[0], want[0]), (got[2], want[2])):
+                err = float((g - w).norm() / w.norm())
+                assert err < 1e-4, f"{arch}, {n} tokens at {start}: continued vs eager relative error {err:.2e}"
+        p = padded[-1]  # eager: switched off, past largest^2 query x key rows, the prefill attention kernel
+        assert PromptForward(m.net, p.cache, "padded", first=8, first_span=8, continued=False)._key(8, True, 8) is None
+        assert PromptForward(m.net, p.cache, "padded", first=8, largest=12, first_span=8)._key(6, True, 12) is None
+        monkeypatch.setattr(attention, "PREFILL_ATTENTION", "kernel")
+        assert p._key(8, True, 8) is None and p._key(8, True, 0) == 8
+    finally:
+        m.close()
+
+
+def test_prompt_continues_unless_only_the_whole_prompt_replays(models):
+    m = load_model(models["qwen3moe"])
+    try:
+        cache = m.net.new_cache(24)
+        p = PromptForward(m.net, cache, first=8, largest=16, first_span=8)
+        # whole 20 > largest: continue; whole 12 and continued 8 at 4 both replay: continue
+        assert p.continues(20, 12) and p.continues(12, 4)
+        p.continued = False  # SPARKD_CONTINUE_GRAPHS=0: only the whole prompt replays (prefix13's rule)
+        assert not p.continues(12, 4) and p.continues(20, 12)
+        assert not PromptForward(m.net, cache, "eager").replays(12) and PromptForward(m.net, cache, "eager").continues(12, 4)
     finally:
         m.close()
 
@@ -168,8 +230,10 @@ def test_prompt_forward_runs_eagerly_where_no_graph_serves(models):
         p = PromptForward(m.net, cache, "padded", first=8, largest=10)
         assert [p.bucket(n) for n in (1, 2, 8, 9, 10, 11)] == [None, 8, 8, 12, 12, None]  # 9 and 10: 16 > ctx 12
         assert p.bucket(5, last=False) is None and PromptForward(m.net, cache, "eager").bucket(5) is None
-        cache.n_past = 1
-        assert p.bucket(5) is None
+        cache.n_past = 1  # continued: the bucket over the context's span (12 rows x 8 <= largest^2)
+        assert p.bucket(5) == 8 and p.replays(5, start=1) is False  # "padded": no graph replays
+        cache.n_past = 5
+        assert p.bucket(5) is None  # its padding would cross the context (13 rows)
         with pytest.raises(EngineError, match=r"could not run prompts in mode 'fast': choose one of graphs, padded, eager"):
             PromptForward(m.net, cache, "fast")
         assert prompt_forward(m.net, cache, graphs=False).mode == "eager"
@@ -394,6 +458,46 @@ def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, 
     finally:
         m.close()
     assert sorted(forwards[-1]._graphs) == [224] and not any(f.failed for f in forwards)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
+def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant):
+    """A prompt that continues the cache replays its continued graph (bucket, span) with the bits of
+    the same padded forward run eagerly (logits, the K/V rows up to its end, the decode steps after
+    it), over spans 256 and 512 and buckets 64 and 80; the eager continuation's bits where it fills
+    its bucket and ends at its span (192 + 64 = 256), else within 2e-2 of them, the same pick."""
+    shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
+    path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
+    m = load_model(path, device="cuda")
+    try:
+        assert use_graphs("on", m.net, "cuda")
+        ctx, forwards = 512, []
+        head = torch.tensor([(5 * i + 2) % m.cfg.n_vocab for i in range(300)])
+        for start, n, key in ((40, 5, (64, 256)), (192, 64, (64, 256)), (100, 70, (80, 256)), (300, 30, (64, 512))):
+            tokens = [(7 * i + 3) % m.cfg.n_vocab for i in range(n)]
+            runs = {}
+            for mode in ("eager", "padded", "graphs"):
+                cache = m.net.new_cache(ctx)
+                PromptForward(m.net, cache, "eager")(head[:start], last=True)
+                forwards.append(PromptForward(m.net, cache, mode))
+                assert mode == "eager" or forwards[-1]._key(n, True, start) == key
+                logits = forwards[-1](torch.tensor(tokens), last=True)
+                rows = torch.cat([cache.k[0][:start + n], cache.v[0][:start + n]]).cpu()
+                step = StaticDecode(m.net, cache, graphs=True)
+                runs[mode] = logits, [step.next_token(int(logits[-1].argmax())) for _ in range(6)], rows
+            (got, got_ids, got_rows), (padded, padded_ids, padded_rows), (want, want_ids, _) = \
+                runs["graphs"], runs["padded"], runs["eager"]
+            assert torch.equal(got, padded) and got_ids == padded_ids and torch.equal(got_rows, padded_rows), \
+                f"{n} tokens at {start}: replay vs padded forward"
+            if key == (n, start + n):
+                assert torch.equal(got, want) and got_ids == want_ids, f"{n} tokens at {start}: graph vs eager"
+            err = float((got - want).norm() / want.norm())
+            print(f"{quant}: {n} tokens at {start}, key {key}: continued graph vs eager relative error {err:.2e}")
+            assert err < 2e-2 and got.argmax() == want.argmax(), f"{n} tokens at {start}: graph vs eager, {err:.2e}"
+            assert list(forwards[-1]._graphs) == [key] and not forwards[-1].failed
+    finally:
+        m.close()
 
 
 def tiny_cuda_model(tmp_path, quant: str = "Q8_0"):

@@ -99,7 +99,7 @@ def test_a_failed_forward_claims_no_rows(engines, monkeypatch, where):
             def broken_prompt(tokens, last=False):
                 real_prompt(tokens, last=last)
                 raise RuntimeError("device lost")
-            broken_prompt.replays = real_prompt.replays
+            broken_prompt.continues = real_prompt.continues
             monkeypatch.setattr(on, "_prompt", broken_prompt)
         else:  # the decode step does
             real = on._step.__class__.__call__
@@ -156,15 +156,14 @@ def continued_gap(engine: Engine, ids: torch.Tensor, cut: int) -> float:
 @pytest.mark.gpu
 def test_on_the_gpu_turns_give_the_whole_prompts_tokens(tmp_path):
     """CUDA resident with graphs (StaticDecode, PromptForward): turn 2 continues the graph-written
-    cache eagerly and gives the tokens --prompt-cache off gives; the logits within the bound."""
+    cache through a continued prompt graph (its 4 new tokens padded to 64, attention over 128 rows),
+    and gives the tokens --prompt-cache off gives (the whole prompt's graph); the logits within the
+    bound."""
     path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
     on, off = (Engine(path, ctx=128, device="cuda", resident=True, cuda_graphs="on", prompt_cache=c)
                for c in (True, False))
     for e in (on, off):
         e.load()
-    # turn 1 (40 tokens) replays a prompt graph; turn 2 (52) would not (as a prompt past 1024 tokens
-    # on a real model), so it continues the cache (a whole prompt that replays a graph runs whole)
-    on._prompt.largest = off._prompt.largest = 40
     try:
         turn1 = [(5 * i + 1) % 300 + 2 for i in range(40)]
         reply, _ = _run(on, turn1, 8)
@@ -172,6 +171,7 @@ def test_on_the_gpu_turns_give_the_whole_prompts_tokens(tmp_path):
         turn2 = turn1 + reply + [17, 18, 19, 20]
         got, cached = _run(on, turn2, 8)
         assert cached == 48 and got == _run(off, turn2, 8)[0]
+        assert (64, 128) in on._prompt._graphs and not on._prompt.failed
         assert _run(on, turn2, 8) == (got, 52)  # the same request again: every row and the kept logits
         gap = continued_gap(on, torch.tensor(turn2), 40)
         print(f"continued logits gap {gap:.3g}")
