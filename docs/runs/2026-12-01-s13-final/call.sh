@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 13 final calls (H200, carry [".whl", ".cache"]) on the merged main, in two parts:
 #   (after prefix13, prefill28, moe23, down13, graphs13 and tests13 were merged)
-#   PART=tests  every gpu-marked test in 10 parallel pytest groups (the 10th: the supervisor's GPU guard
+#   PART=tests  every gpu-marked test in 11 parallel pytest groups (the 11th: the supervisor's GPU guard
 #               refusing a real CUDA process, tests/test_daemon_cgroupfs.py), llama.cpp's CUDA build and the
 #               two 12-layer models made in the background meanwhile, then the kernel-goal rows: the dense
 #               GEMVs (Q8_0P, Q4T, Q6T at the five shapes; PDL off/on x weight prefetch off/small, with the
@@ -36,11 +36,12 @@ if [ "${PART:-tests}" = tests ]; then
      "$E/test_int_kernels.py $E/test_fused_qkv.py $E/test_kernel_determinism.py"
      "$E/test_kernel_engine.py $E/test_eager_decode.py"
      "$E/test_moe_decode_fusion.py $E/test_moe_tiles.py $E/test_moe_tiled.py $E/test_moe_down_full.py $E/test_moe_twin.py $E/test_moe_words_full.py $E/test_moe_reference.py"
-     "$E/test_device_sampler.py $E/test_device_sampler_fused.py $E/test_device_argmax.py $E/test_cuda_graphs.py $E/test_pdl.py $E/test_feed_tokens.py $E/test_prompt_cache.py $E/streaming tests/guards/test_gpu_guard.py"
+     "$E/test_device_sampler.py $E/test_device_sampler_fused.py $E/test_device_argmax.py $E/test_pdl.py $E/test_feed_tokens.py $E/streaming tests/guards/test_gpu_guard.py"
+     "$E/test_cuda_graphs.py $E/test_prompt_cache.py"
      "tests/test_daemon_cgroupfs.py -k gpu_guard")
   P=()
   for i in "${!G[@]}"; do
-    eval timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider -m gpu -rfE ${G[$i]} > $R/gpu_tests_$((i+1)).log 2>&1 & P+=($!)
+    eval timeout ${TEST_TIMEOUT:-350} python3 -m pytest -q -p no:cacheprovider -m gpu -rfE ${G[$i]} > $R/gpu_tests_$((i+1)).log 2>&1 & P+=($!)
   done
   for i in "${!P[@]}"; do wait ${P[$i]}; log "tests group $((i+1)) rc $? $(tail -1 $R/gpu_tests_$((i+1)).log)"; done
   grep -h "^FAILED\|^ERROR" $R/gpu_tests_*.log | tee -a $OUT/log.txt; snap
