@@ -240,9 +240,6 @@ _STOPS = {"n": "-n reached", "feed_end": "end of the list", "n_and_feed_end": "-
 def _feed_tokens(path: str, model: str) -> list[int]:
     """--feed-tokens: a JSON list of token ids (or {"tokens": [...]}, an earlier --json output),
     each checked against the model's vocabulary (read from the GGUF header alone)."""
-    from sparkd.engine.gguf_file import GGUFModel
-    from sparkd.engine.models import config_of
-
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -256,6 +253,10 @@ def _feed_tokens(path: str, model: str) -> list[int]:
     if not isinstance(data, list) or not data or not all(type(t) is int for t in data):
         raise EngineError(f"could not use --feed-tokens {path}: expected a non-empty JSON list of integer "
                           "token ids, e.g. [1, 2, 3] (or an earlier --json output's object with \"tokens\")")
+    # imported here, not above: sparkd.engine.models loads torch (seconds), which a bad list needn't wait for
+    from sparkd.engine.gguf_file import GGUFModel
+    from sparkd.engine.models import config_of
+
     with GGUFModel.open(model) as g:
         n_vocab = config_of(g).n_vocab
     bad = [t for t in data if not 0 <= t < n_vocab]

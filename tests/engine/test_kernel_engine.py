@@ -46,13 +46,14 @@ IQ_MIX = [(r"blk\.1\.ffn_down_exps", "IQ2_XS"), ("ffn_down_exps", "IQ2_XXS"), ("
 
 
 def greedy(net, prompt: list[int], n: int) -> tuple[torch.Tensor, list[int]]:
-    """Prompt logits and n greedy tokens (one decode step each)."""
+    """Prompt logits and n greedy tokens (a decode step between two picks; none after the last, whose
+    logits nothing reads: under the interpreter that step cost as much as the prompt)."""
     cache = net.new_cache(len(prompt) + n)
     first = logits = net(torch.tensor(prompt), cache)
-    out = []
-    for _ in range(n):
-        out.append(int(logits[-1].argmax()))
+    out = [int(logits[-1].argmax())] if n else []
+    while len(out) < n:
         logits = net(torch.tensor(out[-1:]), cache)
+        out.append(int(logits[-1].argmax()))
     return first, out
 
 

@@ -7,6 +7,7 @@ A build that starts and then fails is an error, not a skip.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import shutil
@@ -42,7 +43,14 @@ def llama_bin_dir() -> Path:
     if why := _missing_prerequisite():
         pytest.skip(f"cannot build the llama.cpp oracle: {why}")
     env = dict(os.environ, PYTHON=sys.executable)
-    proc = subprocess.run([str(BUILD_SCRIPT)], env=env, capture_output=True, text=True)
+    # One build at a time: both xdist workers may ask at once on a cold machine (the oracle tests run
+    # in one group, but test_chat and others read llama_source_dir() from their own), and two builds
+    # in one cache dir break each other. The second waits, then finds the cached tools.
+    lock_dir = Path.home() / ".cache" / "sparkd"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / "llama-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run([str(BUILD_SCRIPT)], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         if "download" in proc.stderr and "PyPI" in proc.stderr:
             pytest.skip(f"cannot build the llama.cpp oracle: {proc.stderr.strip()[-400:]}")
