@@ -49,10 +49,10 @@ def greedy(net, prompt: list[int], n_new: int) -> list[int]:
     """Greedy continuation with the KV cache, one token per step (ties: lowest id)."""
     cache = net.new_cache(len(prompt) + n_new)
     logits = net(torch.tensor(prompt), cache)
-    out: list[int] = []
-    while len(out) < n_new:
-        out.append(int(torch.argmax(logits[-1])))
+    out = [int(torch.argmax(logits[-1]))] if n_new else []
+    while len(out) < n_new:  # no step after the last pick: nothing reads its logits
         logits = net(torch.tensor(out[-1:]), cache)
+        out.append(int(torch.argmax(logits[-1])))
     return out
 
 
