@@ -4,8 +4,8 @@ one Engine (CUDA resident, graphs), interleaved repeats: turn 1 (a prompt of --t
 token. Three ways for turn 2: "graph" (the cache continued by a continued prompt graph, the default),
 "eager" (the cache continued eagerly: SPARKD_CONTINUE_GRAPHS=0's forward, here continuing at every
 length), "off" (the whole prompt). Also the second turn's greedy tokens of each against "off", the
-continued prompt's last-token logits against the whole prompt's (tests/engine/test_prompt_cache.
-continued_gap), and the prompt graphs' keys and pool.
+continued prompt's last-token logits against the whole prompt's (continued_gap, which
+tests/engine/test_prompt_cache.py checks against its bounds), and the prompt graphs' keys and pool.
 
     python3 bench/gpu_box/prompt_cache_bench.py --model M.gguf --turn1 48:16:16,88,512 --json out.json
 """
@@ -15,18 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "engine"))
-from test_prompt_cache import continued_gap  # noqa: E402
-
-from sparkd.engine.runtime import Engine, GenerationRequest  # noqa: E402
-from sparkd.engine.sampler import SamplingParams  # noqa: E402
+from sparkd.engine.runtime import Engine, GenerationRequest
+from sparkd.engine.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -41,6 +37,22 @@ def turn(engine: Engine, ids: list[int], n: int) -> tuple[list[int], float, int]
         first = first or time.perf_counter() - t0
         out.append(token)
     return out, first, req.cached_tokens
+
+
+def continued_gap(engine: Engine, ids: torch.Tensor, cut: int) -> float:
+    """max |logits of the prompt's last token continued at cut (rows up to cut from a prompt
+    forward, the rest fed one token a step up to the last, then the last as a prompt) - the whole
+    prompt's| / max |whole prompt's|: a chat turn's path through the engine's own forward and step."""
+    cache, forward = engine._cache, engine._prompt
+    cache.reset()
+    whole = forward(ids, last=True)[-1]
+    cache.reset()
+    forward(ids[:cut], last=True)
+    for token in ids[cut:-1].tolist():
+        engine._step(token)
+    continued = forward(ids[-1:], last=True)[-1]
+    engine._held.begin([])  # the rows are not a request's
+    return float((continued - whole).abs().max() / whole.abs().max())
 
 
 def main() -> None:

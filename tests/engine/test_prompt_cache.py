@@ -11,12 +11,16 @@ import threading
 import pytest
 import torch
 
+from bench_script import load_bench_script
+
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.runtime import Engine, GenerationRequest, PromptCache
 from sparkd.engine.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
+# the bench measures the same gap on the 12-layer model (docs/performance.md, prefix13)
+continued_gap = load_bench_script("gpu_box/prompt_cache_bench.py").continued_gap
 # A continued prompt's last-token logits against the whole prompt's, over the largest |logit|:
 # 0 measured on the CPU (the tiny models) and on the H200's tiny qwen3moe (the GPU test below). On the
 # H200 the reply's rows come from the decode step (its own kernels and activation rounding) and the
@@ -135,22 +139,6 @@ def test_continued_logits_are_within_the_bound(engines):
     on, _ = engines["qwen3moe"]
     ids = torch.tensor([(7 * i + 3) % 400 + 10 for i in range(40)])
     assert continued_gap(on, ids, 25) <= BOUND
-
-
-def continued_gap(engine: Engine, ids: torch.Tensor, cut: int) -> float:
-    """max |logits of the prompt's last token continued at cut (rows up to cut from a prompt
-    forward, the rest fed one token a step up to the last, then the last as a prompt) - the whole
-    prompt's| / max |whole prompt's|: a chat turn's path through the engine's own forward and step."""
-    cache, forward = engine._cache, engine._prompt
-    cache.reset()
-    whole = forward(ids, last=True)[-1]
-    cache.reset()
-    forward(ids[:cut], last=True)
-    for token in ids[cut:-1].tolist():
-        engine._step(token)
-    continued = forward(ids[-1:], last=True)[-1]
-    engine._held.begin([])  # the rows are not a request's
-    return float((continued - whole).abs().max() / whole.abs().max())
 
 
 @pytest.mark.gpu
