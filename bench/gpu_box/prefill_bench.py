@@ -31,11 +31,14 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 session 11's prefill24; int8 is the eager forward), over one cache of the longest prompt's
                 length (as the server keeps one cache): the first prompt of a bucket captures its graph
                 (its time, "first_s", and the memory the graphs hold after it, "graph_mib", are recorded)
+  graphs2k      graphs with buckets up to 2048 tokens (PromptForward's largest; the default's PROMPT_LAST runs
+                prompts over 1024 tokens eagerly)
   int8-rows, graphs-rows  int8 and graphs with the prompt's attention and float GEMMs (the router's gate)
                 in session 11's attn11 kernels, each row's bits whatever the row count
                 (SPARKD_PREFILL_ATTENTION=kernel, SPARKD_PREFILL_FLOAT_GEMM=kernel)
-  int8-torch, graphs-torch  the same with torch attention and cuBLAS (=torch); every other way takes
-                those two switches from the environment (the defaults: torch)
+  int8-torch, graphs-torch  the same with attend's torch ops and cuBLAS (=torch: session 13's defaults);
+                every other way takes those two switches from the environment (the defaults: the attention
+                through torch's SDPA, attend_sdpa, since session 14; cuBLAS)
   t:G:N:D:T     graphs with pairx's (Q4_K_TILED) grouped integer GEMM on launch G, GGUF Q4_K's grouped one (a
                 Q4_K model's down below width 4096) on N and pairx's dense one on D (bn/bt/warps/unroll/stages/
                 kblock/maxnreg as igemm_bench's ways; "-": the default's) and expert tiles of T rows (session 13,
@@ -47,7 +50,7 @@ The last token's logits of each way are compared with the first way's (largest d
 the largest |logit|, same argmax, bit-equal) at the longest prompt ("agreement") and at each length
 ("agreement_by_tokens"), and each graphs way's with its eager way's last run ("padded_vs_eager": graphs
 with int8, graphs-rows with int8-rows, graphs-torch with int8-torch; a padded prompt gives the eager bits or not). Then a torch.profiler breakdown of one
---profile-tokens prompt for each way of --profile: GPU kernel ms and host ms per stage
+prompt of each --profile-tokens length for each way of --profile: GPU kernel ms and host ms per stage
 (decode_profile.Stages; a stage's host ms includes its waits on the GPU at host syncs, and the
 Triton launches' GPU time is not attributed to stages: read the kernel list), kernel launches,
 host syncs, the kernels taking the most GPU time. The JSON is rewritten after each way.
@@ -92,7 +95,9 @@ TABLE_NOW = dict(matmul.IGEMM_TILES)
 TILES = {"s12w": {("Q4_K_TILED", True): matmul.IgemmTile(64, 32, 4, 1, 2, words=True)},
          "s12r": {("Q4_K_TILED", True): matmul.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=128)},
          "i64": {("Q4_K_TILED", True): matmul.IgemmTile(64, 64, 8, 1, 2, words=True, maxnreg=128)}}
-EAGER_OF = {"graphs": "int8", "graphs-rows": "int8-rows", "graphs-torch": "int8-torch"}  # graph way: its eager way
+EAGER_OF = {"graphs": "int8", "graphs-rows": "int8-rows", "graphs-torch": "int8-torch",
+            "graphs2k": "int8"}  # graph way: its eager way
+LARGEST = {"graphs2k": 2048}  # graph way: its largest bucket (else PromptForward's default)
 for _v in EAGER_OF:
     VARIANTS[EAGER_OF[_v]] = VARIANTS[_v] = VARIANTS["int8"]
 ROWS = {"int8-rows": "kernel", "graphs-rows": "kernel", "int8-torch": "torch", "graphs-torch": "torch"}
@@ -201,13 +206,14 @@ def main() -> int:
     ap.add_argument("--variants", default="before,grouped,last,tf32x3,tf32")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", default="before,last", help="ways profiled at --profile-tokens ('': none)")
-    ap.add_argument("--profile-tokens", type=int, default=512)
+    ap.add_argument("--profile-tokens", default="512", help="prompt lengths profiled, comma-separated")
     ap.add_argument("--top", type=int, default=12, help="kernels listed per profile")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run under TRITON_INTERPRET=1 (a tiny model)")
     a = ap.parse_args()
     variants, lengths = a.variants.split(","), [int(t) for t in a.tokens.split(",")]
+    profile_lengths = [int(t) for t in a.profile_tokens.split(",")]
     for v in {v for v in variants + a.profile.split(",") if v.startswith("t:")}:
         try:
             candidate(v)
@@ -223,8 +229,9 @@ def main() -> int:
            "agreement": {}, "agreement_by_tokens": {}, "padded_vs_eager": {}, "profiles": {}}
     refs, eager_rows = {}, {}
     for v in set(EAGER_OF) & set(variants + a.profile.split(",")):  # one cache for every prompt, as the server keeps
-        prompt_graphs[v] = PromptForward(m.net, m.net.new_cache(max(lengths + [a.profile_tokens])),
-                                         "graphs" if a.device == "cuda" else "padded")
+        prompt_graphs[v] = PromptForward(m.net, m.net.new_cache(max(lengths + profile_lengths)),
+                                         "graphs" if a.device == "cuda" else "padded", **(
+                                             {"largest": LARGEST[v]} if v in LARGEST else {}))
 
     def save() -> None:  # after each way: a run stopped by its timeout keeps what it measured
         if a.json:
@@ -250,10 +257,10 @@ def main() -> int:
         res["agreement"][key] = res["agreement_by_tokens"][key][lengths[-1]]
         print(f"{key:8s} vs {variants[0]}: {res['agreement_by_tokens'][key]}", flush=True)
         save()
-    for v in [p for p in a.profile.split(",") if p]:
-        ids = torch.randint(0, m.cfg.n_vocab, (a.profile_tokens,), generator=gen)
-        p = res["profiles"][v] = profiled(m.net, ids, use(v), a.top)
-        print(f"profile {v}, {a.profile_tokens} tokens: wall {p['wall_ms']:.1f} ms, GPU kernels {p['kernel_ms']:.1f} ms, "
+    for v, n in [(p, n) for p in a.profile.split(",") if p for n in profile_lengths]:
+        ids = torch.randint(0, m.cfg.n_vocab, (n,), generator=gen)
+        p = res["profiles"][v if n == profile_lengths[0] else f"{v}@{n}"] = profiled(m.net, ids, use(v), a.top)
+        print(f"profile {v}, {n} tokens: wall {p['wall_ms']:.1f} ms, GPU kernels {p['kernel_ms']:.1f} ms, "
               f"{p['launches_per_token']:.0f} launches, syncs {p['host_sync_calls_per_token']}")
         for stage, s in sorted(p["stages"].items(), key=lambda kv: -kv[1]["gpu_ms"]):
             print(f"  {stage:34s} host {s['host_ms']:7.2f} ms  GPU {s['gpu_ms']:7.2f} ms  x{s['calls']:.0f}")

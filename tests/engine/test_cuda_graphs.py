@@ -421,8 +421,8 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path, quant):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
-@pytest.mark.parametrize("rows", ["kernel", "torch"])
-def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, monkeypatch):
+@pytest.mark.parametrize("rows, attend", [("kernel", "kernel"), ("torch", "torch"), ("torch", "sdpa")])
+def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, attend, monkeypatch):
     """A prompt's graph replay gives the bits of the same padded forward run eagerly (so do the
     decode steps after it: the same K/V rows), over bucket boundaries, and with the prompt's row-wise
     attention and float GEMM kernels (rows "kernel": SPARKD_PREFILL_ATTENTION and SPARKD_PREFILL_FLOAT_GEMM
@@ -431,8 +431,9 @@ def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, 
     prompt's logits are not the eager prompt's bits: cuBLAS picks its kernel and summation order by
     the row count (H200, 5 tokens padded to 64: the router's F32 gate of the tiny Q8_0 model, the F16
     attention output of the tiny Q4_K one, 3.5e-2 apart in the logits; bench/gpu_box/prompt_pad_diff.py
-    finds the first op); within 2e-2 of them relative, the same pick."""
-    monkeypatch.setattr(attention, "PREFILL_ATTENTION", rows)
+    finds the first op); within 2e-2 of them relative, the same pick. attend "sdpa" (the default
+    attention since session 14) with the torch float GEMMs: as "torch"."""
+    monkeypatch.setattr(attention, "PREFILL_ATTENTION", attend)
     monkeypatch.setattr(linear, "PREFILL_FLOAT_GEMM", rows)
     shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
     path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]

@@ -126,7 +126,7 @@ SWITCHES = [
     Switch("SPARKD_PREFILL_FLOAT_GEMM", "sparkd.engine.layers.linear", "m.PREFILL_FLOAT_GEMM", "cublas",
            {UNSET: "torch", "kernel": "kernel", "Torch": "torch"}, ("kernel", "torch")),
     Switch("SPARKD_PREFILL_ATTENTION", "sparkd.engine.layers.attention", "m.PREFILL_ATTENTION", "flash",
-           {UNSET: "torch", "Kernel": "kernel", " TORCH ": "torch"}, ("kernel", "torch")),
+           {UNSET: "sdpa", "sdpa": "sdpa", "Kernel": "kernel", " TORCH ": "torch"}, ("sdpa", "kernel", "torch")),
     Switch("SPARKD_PROMPT_LOGITS", None, prompt_last_only, "first",
            {UNSET: True, "last": True, "ALL": False}, ("last", "all")),
 ]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sparkd.engine import switches
 from sparkd.engine.kernels import fused
@@ -59,14 +61,44 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     return torch.einsum("hts,shd->thd", probs, v)
 
 
+# torch's memory-efficient kernel first (float32 as 3xTF32 on the tensor cores: float32's error, without the
+# [H, T, S] scores in memory); where it cannot take the inputs, its math kernel (attend's ops)
+SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
+                window: int = 0) -> torch.Tensor:
+    """attend (no sinks, no keep, a host start) through torch's scaled_dot_product_attention
+    (SDPA_BACKENDS): q [T, H, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv], S = start + T → [T, H, Dv]."""
+    T, H, _ = q.shape
+    S, Hkv, _ = k.shape
+    group = H // Hkv
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    causal = start == 0 and not window  # the kernel's own mask: query t reads keys 0..t (T = S)
+    mask = None
+    if not causal:  # key s visible to query t: s <= start + t (and inside the window)
+        pos_q = torch.arange(start, start + T, device=q.device)[:, None]
+        pos_k = torch.arange(S, device=q.device)[None, :]
+        mask = pos_k <= pos_q
+        if window:
+            mask &= (pos_q - pos_k) < window
+    with sdpa_kernel(SDPA_BACKENDS):
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                           attn_mask=mask, is_causal=causal, scale=scale)
+    return o[0].transpose(0, 1)
+
+
 FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 
 
-# a prompt's attention on CUDA (several tokens, from a host start): "torch" (default) attend's ~30 ops;
-# "kernel" (session 11, attn11) kernels/prefill_attention in one launch, each query row's bits whatever
-# the prompt's length (a prompt padded to its graph bucket keeps the eager prompt's bits), but 16x
-# torch's GPU time on the H200 as it stands (docs/performance.md, attn11)
-PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("kernel", "torch"), "torch")
+# a prompt's attention on CUDA (several tokens, from a host start): "sdpa" (default, session 14, prefill29)
+# attend_sdpa, torch's memory-efficient kernel (no sinks: those run attend); "torch" attend's ~30 ops (the
+# way before: the [H, T, S] float32 scores in memory, growing as T^2); "kernel" (session 11, attn11)
+# kernels/prefill_attention in one launch, each query row's bits whatever the prompt's length (a prompt
+# padded to its graph bucket keeps the eager prompt's bits), but 16x torch's GPU time on the H200 as it
+# stands (docs/performance.md, attn11)
+PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("sdpa", "kernel", "torch"), "sdpa")
 
 
 def fuse_qkv_default() -> bool:
@@ -128,6 +160,9 @@ class Attention(nn.Module):
             from sparkd.engine.kernels.prefill_attention import prefill_attention
 
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
+        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and isinstance(start, int) and self.sinks is None
+              and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
+            o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
         o = o.reshape(T, -1)
