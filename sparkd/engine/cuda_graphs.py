@@ -333,6 +333,8 @@ PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
 # prompts run eagerly: their host time is a small part of their wall (H200, 2048 tokens: 1.01x with
 # a graph) and the graphs' memory pool keeps the largest bucket's activations for the model's life
 # (attention's [H, T, T] scores grow with T^2: the 2048 bucket added 1088 MiB, 64-640 ~400 together).
+# Under SPARKD_PREFILL_ATTENTION=sdpa (session 14) no scores are kept: a 2048 bucket added 256 MiB and
+# replayed 1.03x the eager prompt (12-layer Q4_K; docs/performance.md, prefill29), not taken yet.
 PROMPT_FIRST, PROMPT_LAST = 64, 1024
 PROMPT_MODES = ("graphs", "padded", "eager")
 # A bucket is captured only when the device keeps this much free after it (its warm-up's peak taken
