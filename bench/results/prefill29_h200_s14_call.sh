@@ -7,6 +7,7 @@
 # (prefill_attention_bench.py), the Q4_K prompt at 128/512/1024/2048 tokens, ways interleaved in one process
 # (prefill_bench.py: graphs-torch = session 13, int8/graphs = sdpa, graphs2k = sdpa with a 2048
 # bucket), profiles at 512 and 2048; Q8_0 the same, time allowing.
+# As run (commit 310a10a): END_S=185, 118 s on the box, 156 s of device budget (bench/results/prefill29_h200_s14_call_log.txt).
 # Results: $OUT/res.tgz (+ $OUT/log.txt).
 set -u
 export PYTHONUNBUFFERED=1
