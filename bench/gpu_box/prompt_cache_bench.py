@@ -6,8 +6,12 @@ token. Three ways for turn 2: "graph" (the cache continued by a continued prompt
 length), "off" (the whole prompt). Also the second turn's greedy tokens of each against "off", the
 continued prompt's last-token logits against the whole prompt's (continued_gap, which
 tests/engine/test_prompt_cache.py checks against its bounds), and the prompt graphs' keys and pool.
+--ab: two conversations taking turns instead (A's turn, B's, A's next, ...; no shared prefix), each
+turn after the first timed to its first token with the prompt store (serve --prompt-cache-mib, the
+default) against the single live cache (--prompt-cache-mib 0: every turn runs whole), interleaved.
 
     python3 bench/gpu_box/prompt_cache_bench.py --model M.gguf --turn1 48:16:16,88,512 --json out.json
+    python3 bench/gpu_box/prompt_cache_bench.py --model M.gguf --ab --turn1 512,1536 --json ab.json
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from sparkd.engine.prompt_store import DEFAULT_BYTES, PromptStore
 from sparkd.engine.runtime import Engine, GenerationRequest
 from sparkd.engine.sampler import SamplingParams
 
@@ -55,6 +60,31 @@ def continued_gap(engine: Engine, ids: torch.Tensor, cut: int) -> float:
     return float((continued - whole).abs().max() / whole.abs().max())
 
 
+def ab_case(engine: Engine, n1: int, n_reply: int, n_new: int, reps: int) -> dict:
+    """A and B (n1-token first prompts) take turns for 1 + reps rounds with the store, then with the
+    single cache, all of it twice (the first pass captures every prompt graph both need: lazily, a
+    capture would land in a timed turn); -> per mode the second pass's first-token seconds of rounds
+    1.., cached tokens, replies, the store's counters."""
+    convs = {c: [(k * i + k) % 400 + 10 for i in range(n1)] for c, k in (("A", 7), ("B", 13))}
+    res = {}
+    for mode in ("store", "single") * 2:
+        engine._store = PromptStore(DEFAULT_BYTES) if mode == "store" else None
+        engine._cache.reset(), engine._held.begin([])
+        prompts, times, cached, replies = dict(convs), [], [], []
+        for r in range(reps + 1):
+            for c, k in (("A", 11), ("B", 17)):
+                out, first, n = turn(engine, prompts[c], n_reply)
+                if r:
+                    times.append(first)
+                    cached.append(n)
+                replies.append(out)
+                prompts[c] = prompts[c] + out + [(k * i + r) % 400 + 10 for i in range(n_new)]
+        res[mode] = {"first_token_s": statistics.median(times), "times": times, "cached": cached,
+                     "replies": replies, "store": engine.prompt_store_stats()}
+    engine._store = PromptStore(engine.memory_plan()["prompt_store"])
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -64,6 +94,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--ab", action="store_true", help="two conversations taking turns: the store against one cache")
     ap.add_argument("--json")
     a = ap.parse_args()
     engine = Engine(a.model, ctx=a.ctx, device="cuda", resident=True, cuda_graphs="on", prompt_graphs="lazy")
@@ -73,6 +104,15 @@ def main() -> None:
     prompt = engine._prompt
     for case in a.turn1.split(","):
         n1, n_reply, n_new = (list(map(int, case.split(":"))) + [a.reply, a.new])[:3]
+        if a.ab:
+            ab = res["cases"][case] = ab_case(engine, n1, n_reply, n_new, a.reps)
+            st, one = ab["store"], ab["single"]
+            print(f"A/B turns of {n1} + reply {n_reply} + {n_new} new: first token with the store "
+                  f"{st['first_token_s'] * 1e3:.1f} ms (cached {st['cached']}), single cache "
+                  f"{one['first_token_s'] * 1e3:.1f} ms (cached {one['cached']}): single/store "
+                  f"{one['first_token_s'] / st['first_token_s']:.2f}x; same tokens {st['replies'] == one['replies']}; "
+                  f"store {st['store']}", flush=True)
+            continue
         ids1 = [(7 * i + 3) % 5000 + 10 for i in range(n1)]
         times = {"graph": [], "eager": [], "off": []}
         tokens = {}

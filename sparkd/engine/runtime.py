@@ -18,6 +18,7 @@ import torch
 from sparkd.engine.chat import THINK_TAGS, ChatTemplate
 from sparkd.engine.errors import EngineError
 from sparkd.engine.models.decoder import prompt_last_only
+from sparkd.engine.prompt_store import PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, kv_bytes
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
@@ -57,7 +58,8 @@ class Engine:
                  chat_template: str | None = None, threads: int | None = None, resident: bool = False,
                  stream: StreamOptions | None = None, log: Callable[[str], None] | None = None,
                  device: str = "cpu", cuda_graphs: str = "auto", prompt_graphs: str = "auto",
-                 prompt_graph_margin: int | None = None, prompt_cache: bool = True):
+                 prompt_graph_margin: int | None = None, prompt_cache: bool = True,
+                 prompt_store_bytes: int | None = None):
         from sparkd.engine.cuda_graphs import PROMPT_MARGIN, parse_prompt_graphs
 
         self.threads = threads
@@ -85,6 +87,11 @@ class Engine:
         self._plan: dict[str, int] = {}
         self.prompt_cache = prompt_cache  # continue the cache at the prompt's common prefix (PromptCache)
         self._held = PromptCache()
+        if prompt_store_bytes is not None and prompt_store_bytes < 0:
+            raise EngineError(f"could not use a prompt store of {prompt_store_bytes} bytes: it must be 0 or more")
+        # the prompt store's budget (None: auto, prompt_store.store_bytes); 0 with the prompt cache off
+        self._store_request = prompt_store_bytes if prompt_cache else 0
+        self._store: PromptStore | None = None  # the conversations the live cache gave up (prompt_store.py)
 
     # --- loading ------------------------------------------------------------------------------
 
@@ -109,7 +116,8 @@ class Engine:
         if stream:
             peek.close()
             self.streaming = open_streaming(self.model_path, replace(self._stream, budget_bytes=self.budget_bytes,
-                                                                     ctx=self.n_ctx, device=self.device),
+                                                                     ctx=self.n_ctx, device=self.device,
+                                                                     prompt_store_bytes=self._store_request),
                                             on_plan=self._on_plan, warn=self._log, progress=progress)
             model = self.streaming.model
         else:
@@ -129,7 +137,8 @@ class Engine:
                       "trunk": plan.trunk_bytes, "kv": plan.kv_bytes, "workspace": plan.workspace_bytes,
                       "prefetch": plan.prefetch_bytes, "expert_cache": plan.expert_cache_bytes,
                       "cuda_runtime": plan.cuda_runtime_bytes, "staging": plan.staging_bytes,
-                      "vram_expert_cache": plan.vram_cache_bytes, "device_total": plan.device_total_bytes}
+                      "vram_expert_cache": plan.vram_cache_bytes, "device_total": plan.device_total_bytes,
+                      "prompt_store": plan.prompt_store_bytes}
 
     def _finish_load(self, model: Any) -> None:
         from sparkd.engine.cuda_graphs import prompt_forward, use_graphs
@@ -143,6 +152,8 @@ class Engine:
         if self.streaming is None:
             self._warm_experts(model.net)
         self._cache = model.net.new_cache(self.n_ctx)
+        if self._plan["prompt_store"]:
+            self._store = PromptStore(self._plan["prompt_store"])
         self._step = decode_step(model.net, self._cache, self.device, graphs, self.streaming is not None,
                                  self.cuda_graphs, self._log)
         self._prompt = prompt_forward(model.net, self._cache, graphs, self._log, self.prompt_graphs != "off",
@@ -172,6 +183,11 @@ class Engine:
         self._log(f"prompt graphs at load: {held} held, {stats['failed']} given up, in "
                   f"{time.perf_counter() - t0:.1f} s; their pool {_mib(stats['pool_bytes'])}")
 
+    def prompt_store_stats(self) -> dict[str, int] | None:
+        """The prompt store's bytes and entries now, saves, restores and evictions (PromptStore.stats),
+        or None without a store (--prompt-cache off, --prompt-cache-mib 0)."""
+        return None if self._store is None else self._store.stats()
+
     def prompt_graph_stats(self) -> dict[str, int] | None:
         """The prompt graphs' captured and failed buckets and pool bytes (PromptForward.stats), or
         None where prompts run eagerly."""
@@ -187,19 +203,22 @@ class Engine:
         return self.requested_ctx
 
     def _resident_plan(self, gguf: Any, cfg: Any) -> dict[str, int]:
-        """Every tensor dequantized to f32 plus the f32 KV cache (dense models, --resident)."""
+        """Every tensor dequantized to f32 plus the f32 KV cache (dense models, --resident), and the
+        prompt store's budget."""
         experts = sum(4 * t.n_elements for n, t in gguf.tensors.items() if EXPERT_WEIGHT.match(n))
         trunk = sum(4 * t.n_elements for n, t in gguf.tensors.items() if not EXPERT_WEIGHT.match(n))
         kv = kv_bytes(cfg, self.n_ctx)
-        plan = {"trunk": trunk, "kv": kv, "experts_resident": experts, "expert_cache": 0}
+        store = store_bytes(self._store_request, self.budget_bytes)
+        plan = {"trunk": trunk, "kv": kv, "experts_resident": experts, "expert_cache": 0, "prompt_store": store}
         if self.budget_bytes is not None:
             plan["budget"] = self.budget_bytes
-            need = trunk + kv + experts
+            need = trunk + kv + experts + store
             if need > self.budget_bytes:
                 raise MemoryPlanError(
                     f"could not plan memory for {self.model_path}: trunk {_mib(trunk)} + KV {_mib(kv)} "
-                    f"({self.n_ctx} positions) + resident experts {_mib(experts)} = {_mib(need)} exceeds "
-                    f"--budget {_mib(self.budget_bytes)}; lower --ctx or raise the budget")
+                    f"({self.n_ctx} positions) + resident experts {_mib(experts)} + prompt store {_mib(store)} = "
+                    f"{_mib(need)} exceeds --budget {_mib(self.budget_bytes)}; lower --ctx or "
+                    "--prompt-cache-mib, or raise the budget")
         return plan
 
     def _chat_template(self, metadata: Mapping[str, Any]) -> ChatTemplate | None:
@@ -231,7 +250,8 @@ class Engine:
 
     def memory_plan(self) -> dict[str, int]:
         """Bytes per plan term: streaming: budget, runtime, slack, trunk, kv, workspace, prefetch,
-        expert_cache (as allocated); resident: trunk, kv, experts_resident, expert_cache, budget if set."""
+        expert_cache (as allocated), ...; resident: trunk, kv, experts_resident, expert_cache, budget if set;
+        both: prompt_store (its budget)."""
         return dict(self._plan)
 
     def cache_stats(self) -> dict[str, Any] | None:
@@ -277,9 +297,7 @@ class Engine:
         cache, held = self._cache, self._held
         ids = req.prompt_ids
         last = prompt_last_only()
-        keep = held.reusable(ids, cache.rewindable) if self.prompt_cache else 0
-        if 0 < keep < len(ids) and not self._prompt.continues(len(ids), keep, last):
-            keep = 0  # only the whole prompt replays a graph: faster than continuing eagerly (H200, prefix13)
+        keep = self._continue_at(ids, last)
         req.cached_tokens = keep
         tokens = held.begin(ids[:keep])  # claims nothing until written: a failure leaves the cache unclaimed
         if keep:
@@ -319,6 +337,28 @@ class Engine:
             held.written(tokens, [token])
             if self.streaming is not None:
                 self.streaming.store.note_tokens(1)
+
+    def _continue_at(self, ids: list[int], last: bool) -> int:
+        """How many leading positions of ids the cache keeps: the longest prefix the live cache or a
+        stored conversation holds (the latter copied into place); the live cache's claimed rows go to
+        the store first unless ids extend them."""
+        cache, held, store = self._cache, self._held, self._store
+        if not self.prompt_cache:
+            return 0
+        keep = held.reusable(ids, cache.rewindable)
+        entry, stored = store.best(ids, cache.rewindable) if store is not None else (None, 0)
+        if stored > keep:
+            keep = stored
+        else:
+            entry = None
+        if 0 < keep < len(ids) and not self._prompt.continues(len(ids), keep, last):
+            keep, entry = 0, None  # only the whole prompt replays a graph: faster than continuing eagerly (H200, prefix13)
+        live = held.tokens
+        if store is not None and live and ids[:len(live)] != live:  # this prompt overwrites rows it does not extend
+            store.save(cache, held)
+        if entry is not None:
+            store.restore(entry, cache, held, keep)
+        return keep
 
     def close(self) -> None:
         if self.streaming is not None:

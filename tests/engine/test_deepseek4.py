@@ -117,3 +117,26 @@ def test_mtp_layers_are_refused(path):
     md["deepseek4.nextn_predict_layers"] = 1
     with pytest.raises(ModelError, match="multi-token-prediction"):
         deepseek4.config(md, str(path))
+
+
+def test_a_snapshot_brings_the_compressor_state_back(path):
+    """The prompt store's copy (KVCache.snapshot / restore, prompt_store.py): the rows, compressor rings
+    and entries (and their count) at a prefix's end come back over other values, and
+    the prefix then continues as it did, bit for bit."""
+    m = load_model(path)
+    try:
+        cache = m.net.new_cache(16)
+        m.net(TOKENS[:9], cache)
+        saved = cache.snapshot(9)
+        want = m.net(TOKENS[9:12], cache)
+        counts = [s.n_entries for s in cache.states.values()]
+        cache.reset()
+        for t in cache.position_rows() + cache.sequence_state():  # another sequence's rows and rings
+            t.normal_()
+        cache.restore(saved, 0, 9)
+        assert [s.n_entries for s in cache.states.values()] == [9 // s.ratio for s in cache.states.values()]
+        got = m.net(TOKENS[9:12], cache)
+    finally:
+        m.close()
+    assert torch.equal(got, want) and [s.n_entries for s in cache.states.values()] == counts
+    assert not cache.rewindable

@@ -59,9 +59,34 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        states = [t for ts in self.state.values() for t in ts]
-        tensors = self.k + self.v + list(self.side.values()) + states
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.position_rows() + self.sequence_state())
+
+    def position_rows(self) -> list[torch.Tensor]:
+        """The tensors whose row p is position p's: K, V, side rows."""
+        return [t for t in self.k + self.v + list(self.side.values()) if t is not None]
+
+    def sequence_state(self) -> list[torch.Tensor]:
+        """The state of the whole sequence so far (recurrent layers'): that of position n_past only."""
+        return [t for ts in self.state.values() for t in ts]
+
+    def prefix_bytes(self, n: int) -> int:
+        """What snapshot(n) copies."""
+        return sum(t[:n].nbytes for t in self.position_rows()) + sum(t.nbytes for t in self.sequence_state())
+
+    def snapshot(self, n: int) -> list[torch.Tensor]:
+        """Copies (on this cache's device) of positions [0, n)'s rows and of the sequence state, which
+        is position n's only when n == n_past (the prompt store's rule, prompt_store.py)."""
+        return [t[:n].clone() for t in self.position_rows()] + [t.clone() for t in self.sequence_state()]
+
+    def restore(self, saved: list[torch.Tensor], start: int, n: int) -> None:
+        """A snapshot's positions [start, n) and its state back, n_past = n (rows before start hold the
+        same tokens already). In place: CUDA graphs hold these tensors' addresses."""
+        rows = self.position_rows()
+        for t, s in zip(rows, saved):
+            t[start:n].copy_(s[start:n])
+        for t, s in zip(self.sequence_state(), saved[len(rows):], strict=True):
+            t.copy_(s)
+        self.n_past = n
 
     def update(self, il: int, start: int, k: torch.Tensor, v: torch.Tensor | None):
         """Write rows [start, start+T) and return views of rows [0, start+T)."""

@@ -37,6 +37,7 @@ class CompressorState:
 
     def __init__(self, ratio: int, width: int, dim: int, overlap: bool, max_ctx: int,
                  device: torch.device | str = "cpu"):
+        self.ratio = ratio
         self.ring_rows = 2 * ratio if overlap else ratio
         self.kv = torch.zeros(self.ring_rows, width, device=device)
         self.score = torch.full((self.ring_rows, width), float("-inf"), device=device)
@@ -48,10 +49,6 @@ class CompressorState:
         self.kv.zero_()
         self.score.fill_(float("-inf"))
         self.n_entries = 0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.kv, self.score, self.entries))
 
 
 class Compressor(nn.Module):

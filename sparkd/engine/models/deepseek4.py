@@ -159,9 +159,13 @@ class DSV4Cache(KVCache):
         for st in self.states.values():
             st.reset()
 
-    @property
-    def nbytes(self) -> int:
-        return super().nbytes + sum(s.nbytes for s in self.states.values())
+    def sequence_state(self) -> list[torch.Tensor]:
+        return super().sequence_state() + [t for s in self.states.values() for t in (s.kv, s.score, s.entries)]
+
+    def restore(self, saved: list[torch.Tensor], start: int, n: int) -> None:
+        super().restore(saved, start, n)
+        for st in self.states.values():  # the positions p < n with (p + 1) % ratio == 0 completed one each
+            st.n_entries = n // st.ratio
 
     def compressor_state(self, il: int, kind: str) -> CompressorState:
         return self.states[il, kind]

@@ -19,7 +19,8 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 
 class EngineMetrics:
     def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict],
-                 graph_stats: Callable[[], dict | None] = lambda: None):
+                 graph_stats: Callable[[], dict | None] = lambda: None,
+                 store_stats: Callable[[], dict | None] = lambda: None):
         self.registry = CollectorRegistry()
         r = self.registry
         self.prompt_tokens = Counter(f"{P}prompt_tokens", "Prompt tokens computed (prefill)", registry=r)
@@ -42,7 +43,7 @@ class EngineMetrics:
                                  registry=r)
         self.load_progress = Gauge(f"{P}load_progress_ratio", "Model load progress, 0 to 1", registry=r)
         self.ready = Gauge(f"{P}ready", "1 when the model is loaded and serving", registry=r)
-        r.register(_CacheCollector(cache_stats, memory_plan, graph_stats))
+        r.register(_CacheCollector(cache_stats, memory_plan, graph_stats, store_stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -50,8 +51,8 @@ class EngineMetrics:
 
 class _CacheCollector:
     def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict],
-                 graph_stats: Callable[[], dict | None]):
-        self._stats, self._plan, self._graphs = cache_stats, memory_plan, graph_stats
+                 graph_stats: Callable[[], dict | None], store_stats: Callable[[], dict | None]):
+        self._stats, self._plan, self._graphs, self._store = cache_stats, memory_plan, graph_stats, store_stats
 
     def describe(self) -> list:
         return []  # families depend on the engine's state; describing none keeps registration lazy
@@ -71,6 +72,15 @@ class _CacheCollector:
             yield buckets
             yield GaugeMetricFamily(f"{P}prompt_graph_pool_bytes", "Device memory the prompt graphs' captures added",
                                     value=graphs["pool_bytes"])
+        if (store := self._store()) is not None:  # the prompt store (prompt_store.py, --prompt-cache-mib)
+            yield GaugeMetricFamily(f"{P}prompt_store_bytes", "Bytes of conversations' KV rows the prompt store holds",
+                                    value=store["bytes"])
+            yield GaugeMetricFamily(f"{P}prompt_store_entries", "Conversations the prompt store holds",
+                                    value=store["entries"])
+            for key, help_ in (("saves", "Conversations copied into the prompt store"),
+                               ("restores", "Requests that continued a conversation from the prompt store"),
+                               ("evictions", "Conversations evicted from the prompt store for its byte budget")):
+                yield CounterMetricFamily(f"{P}prompt_store_{key}", help_, value=store[key])
         stats = self._stats()
         if stats is None:
             return  # experts resident: there is no expert cache to report

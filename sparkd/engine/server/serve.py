@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sparkd.engine.errors import EngineError
 from sparkd.engine.progress import byte_progress
+from sparkd.engine.prompt_store import parse_store_mib
 from sparkd.engine.streaming.device import UNIFIED_CHOICES
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
@@ -44,6 +45,11 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     s.add_argument("--prompt-cache", default="on", choices=["on", "off"],
                    help="on = a request continues the KV cache at the prefix its prompt shares with the last "
                         "request's tokens (a chat's next turn runs only its new tokens); off = every prompt whole")
+    s.add_argument("--prompt-cache-mib", default="auto", metavar="N|auto",
+                   help="with the prompt cache: MiB for copies of the KV rows of conversations the cache gave up "
+                        "(clients taking turns each continue their own), least recently used out first, in the "
+                        "memory plan beside the KV cache; 0 = the live cache only; auto = 2048, at most 1/16 of "
+                        "the memory budget")
     s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="expert prefetch slots (0: off)")
     s.add_argument("--read-threads", type=int, default=8, help="expert read threads")
@@ -83,6 +89,10 @@ def _check(a) -> None:
         raise EngineError(f"could not use --max-queue {a.max_queue}: it must be 0 or more")
     if a.reasoning_budget is not None and a.reasoning_budget < 0:
         raise EngineError(f"could not use --reasoning-budget {a.reasoning_budget}: it must be 0 or more")
+    a.prompt_store_bytes = parse_store_mib(a.prompt_cache_mib)
+    if a.prompt_cache == "off" and a.prompt_store_bytes:
+        raise EngineError(f"could not use --prompt-cache-mib {a.prompt_cache_mib} with --prompt-cache off: the "
+                          "store holds the prompt cache's rows (leave it out, or turn the cache on)")
     if not Path(a.model).is_file():
         raise EngineError(f"could not open model {a.model}: no such file")
 
@@ -105,7 +115,8 @@ def cmd_serve(a) -> int:
     engine = Engine(a.model, ctx=a.ctx, budget_bytes=a.budget, chat_template=template, threads=a.threads,
                     resident=a.resident, stream=stream, log=_log, device=a.device,
                     cuda_graphs=a.cuda_graphs, prompt_graphs=a.prompt_graphs,
-                    prompt_graph_margin=a.prompt_graph_margin, prompt_cache=a.prompt_cache == "on")
+                    prompt_graph_margin=a.prompt_graph_margin, prompt_cache=a.prompt_cache == "on",
+                    prompt_store_bytes=a.prompt_store_bytes)
     name = a.alias or Path(a.model).name.removesuffix(".gguf")
     server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue))
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")

@@ -26,6 +26,7 @@ from sparkd.engine.layers.qlinear import CHUNK_VALUES
 from sparkd.engine.models.config import ModelConfig
 from sparkd.engine.models.staging import staging_buffer_bytes
 from sparkd.engine.models.weights import resident_q8_0_layout
+from sparkd.engine.prompt_store import store_bytes
 from sparkd.engine.streaming.device import CPU, DeviceInfo, split_vram, wants_vram_cache
 
 # A routed-expert weight tensor; its biases (gpt-oss) are small and stay resident with the trunk.
@@ -79,6 +80,7 @@ class MemoryPlan:
     vram_margin_bytes: int = 0
     vram_slots: int = 0  # VRAM expert cache, slots of slot_bytes
     vram_budget_source: str = ""
+    prompt_store_bytes: int = 0  # copies of given-up conversations' KV rows (prompt_store.py), beside the KV cache
 
     @property
     def trunk_on_device(self) -> bool:
@@ -100,7 +102,7 @@ class MemoryPlan:
     @property
     def host_model_bytes(self) -> int:
         """Trunk, KV cache and workspace as far as they are host memory."""
-        return 0 if self.trunk_on_device else self.trunk_bytes + self.kv_bytes + self.workspace_bytes
+        return 0 if self.trunk_on_device else self.trunk_bytes + self.kv_bytes + self.workspace_bytes + self.prompt_store_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -112,7 +114,7 @@ class MemoryPlan:
     def device_total_bytes(self) -> int:
         if not self.trunk_on_device:
             return 0
-        return self.trunk_bytes + self.kv_bytes + self.workspace_bytes + self.vram_cache_bytes
+        return self.trunk_bytes + self.kv_bytes + self.workspace_bytes + self.prompt_store_bytes + self.vram_cache_bytes
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -128,6 +130,8 @@ class MemoryPlan:
         model = [("trunk", self.trunk_bytes, trunk),
                  ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
                  ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens")]
+        if self.prompt_store_bytes:
+            model.append(("prompt store", self.prompt_store_bytes, "given-up conversations' KV rows, at most"))
         host = [("budget", self.budget_bytes, self.budget_source),
                 ("runtime", self.runtime_bytes, "interpreter and libraries"),
                 ("cuda runtime", self.cuda_runtime_bytes, "host memory of the CUDA runtime"),
@@ -338,9 +342,11 @@ def default_batch_tokens(cfg: ModelConfig, ctx: int, budget_bytes: int) -> int:
 def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch_slots: int = 0,
               batch_tokens: int = 0, runtime_bytes: int | None = None,
               rss: Callable[[], int] = runtime_rss_bytes, device: DeviceInfo = CPU, unified: str = "auto",
-              vram_budget_bytes: int | None = None, cuda_runtime_bytes: int = 0) -> MemoryPlan:
+              vram_budget_bytes: int | None = None, cuda_runtime_bytes: int = 0,
+              prompt_store_bytes: int | None = 0) -> MemoryPlan:
     """Split the budget (and a discrete GPU's memory); raise PlanError if the host budget cannot
-    hold top-k experts plus prefetch slots, EngineError for a VRAM budget that cannot be used."""
+    hold top-k experts plus prefetch slots, EngineError for a VRAM budget that cannot be used.
+    prompt_store_bytes: the prompt store's budget (None: auto, prompt_store.store_bytes)."""
     ctx = ctx or cfg.n_ctx_train
     batch_tokens = batch_tokens or default_batch_tokens(cfg, ctx, budget.bytes)
     n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
@@ -348,7 +354,8 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     slot = expert_slot_bytes(g)
     kernels = None if device.kind == "cpu" else _kernel_types()
     model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx),
-                 workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens))
+                 workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens),
+                 prompt_store_bytes=store_bytes(prompt_store_bytes, budget.bytes))
     vram = split_vram(device, wants_vram_cache(device, unified), sum(model.values()), slot, total_experts,
                       vram_budget_bytes)
     host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,

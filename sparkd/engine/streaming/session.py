@@ -33,6 +33,7 @@ class StreamOptions:
     device: str = "cpu"  # "cuda": trunk on the GPU, experts from VRAM slots or the pinned arena
     unified: str = "auto"  # on: zero-copy only; off: a VRAM expert cache; auto: off on a discrete GPU
     vram_budget_bytes: int | None = None  # the VRAM expert cache (None: free device memory - margin)
+    prompt_store_bytes: int | None = 0  # the prompt store's plan term (None: auto; Engine sets it)
     trace_path: str | None = None
     census_path: str | None = None
     proc_self_cgroup: str = "/proc/self/cgroup"
@@ -49,7 +50,7 @@ def plan_for(g: GGUFModel, opts: StreamOptions) -> tuple[Budget, MemoryPlan]:
     after = runtime_rss_bytes()
     return budget, make_plan(g, cfg, budget, ctx, opts.prefetch_slots, opts.batch_tokens, runtime_bytes=before,
                              device=device, unified=opts.unified, vram_budget_bytes=opts.vram_budget_bytes,
-                             cuda_runtime_bytes=max(0, after - before))
+                             cuda_runtime_bytes=max(0, after - before), prompt_store_bytes=opts.prompt_store_bytes)
 
 
 # glibc mallopt parameters: a fixed mmap threshold (else it rises to 32 MiB after the first large

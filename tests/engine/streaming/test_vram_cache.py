@@ -123,6 +123,13 @@ def test_a_discrete_gpus_trunk_leaves_the_host_budget(model):
     assert gpu.vram_slots == gpu.n_experts_total and "free device memory" in gpu.vram_budget_source
     text = gpu.describe()
     assert "device (cuda:0, discrete)" in text and "vram experts" in text and "cuda runtime" in text
+    # the prompt store sits beside the KV cache: a device term on a discrete GPU, a host one on the CPU
+    store = 64 << 20
+    cpu_s, gpu_s = (_plan(g, cfg, d, prompt_store_bytes=store) for d in (DeviceInfo("cpu", "cpu"), H200))
+    assert cpu_s.host_model_bytes == cpu.host_model_bytes + store and cpu_s.total_bytes == cpu.total_bytes + store
+    assert gpu_s.device_total_bytes == moved + store + gpu_s.vram_cache_bytes and gpu_s.total_bytes == gpu.total_bytes
+    assert "prompt store" in gpu_s.describe() and "prompt store" not in text
+    assert _plan(g, cfg, H200, prompt_store_bytes=None).prompt_store_bytes == (1 << 30) // 16  # auto: 1/16 of 1 GiB
 
 
 def test_a_gpus_trunk_term_is_what_the_device_load_holds(model):
