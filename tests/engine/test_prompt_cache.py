@@ -264,6 +264,10 @@ def test_off_and_no_store_keep_the_single_cache(engines, tmp_path):
     need.close()
     with pytest.raises(MemoryPlanError, match=r"\+ prompt store 1\.0 MiB = .* lower --ctx or --prompt-cache-mib"):
         Engine(path, ctx=64, resident=True, budget_bytes=total + MIB // 2, prompt_store_bytes=MIB).load()
+    fits = Engine(path, ctx=64, resident=True, budget_bytes=total + 1000)  # auto: only what the budget leaves
+    fits.load()
+    assert fits.memory_plan()["prompt_store"] == 1000
+    fits.close()
 
 
 def test_metrics_show_the_prompt_store():
