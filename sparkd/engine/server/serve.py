@@ -49,7 +49,7 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
                    help="with the prompt cache: MiB for copies of the KV rows of conversations the cache gave up "
                         "(clients taking turns each continue their own), least recently used out first, in the "
                         "memory plan beside the KV cache; 0 = the live cache only; auto = 2048, at most 1/16 of "
-                        "the memory budget (--resident: at most what the budget leaves)")
+                        "the memory budget and at most what the rest of the plan leaves")
     s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="expert prefetch slots (0: off)")
     s.add_argument("--read-threads", type=int, default=8, help="expert read threads")

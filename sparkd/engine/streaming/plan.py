@@ -27,7 +27,7 @@ from sparkd.engine.models.config import ModelConfig
 from sparkd.engine.models.staging import staging_buffer_bytes
 from sparkd.engine.models.weights import resident_q8_0_layout
 from sparkd.engine.prompt_store import store_bytes
-from sparkd.engine.streaming.device import CPU, DeviceInfo, split_vram, wants_vram_cache
+from sparkd.engine.streaming.device import CPU, DeviceInfo, split_vram, vram_margin_bytes, wants_vram_cache
 
 # A routed-expert weight tensor; its biases (gpt-oss) are small and stay resident with the trunk.
 EXPERT_WEIGHT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
@@ -354,17 +354,24 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     slot = expert_slot_bytes(g)
     kernels = None if device.kind == "cpu" else _kernel_types()
     model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx),
-                 workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens),
-                 prompt_store_bytes=store_bytes(prompt_store_bytes, budget.bytes))
-    vram = split_vram(device, wants_vram_cache(device, unified), sum(model.values()), slot, total_experts,
-                      vram_budget_bytes)
+                 workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens))
     host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
                 cuda_runtime_bytes=cuda_runtime_bytes,
                 slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
                 staging_bytes=staging_term_bytes(g, device))
+    min_slots = cfg.n_expert_used if total_experts else 0
+    store = store_bytes(prompt_store_bytes, budget.bytes)
+    if prompt_store_bytes is None:  # auto takes only what the rest leaves: a plan that fitted without it still fits
+        if device.discrete:
+            room = device.free_bytes - vram_margin_bytes(device) - sum(model.values())
+        else:
+            room = budget.bytes - sum(host.values()) - sum(model.values()) - (prefetch_slots + min_slots) * slot
+        store = max(0, min(store, room))
+    model["prompt_store_bytes"] = store
+    vram = split_vram(device, wants_vram_cache(device, unified), sum(model.values()), slot, total_experts,
+                      vram_budget_bytes)
     terms = host | ({} if device.discrete else model)
     fixed = sum(terms.values()) + prefetch_slots * slot
-    min_slots = cfg.n_expert_used if total_experts else 0
     slots = min(total_experts, (budget.bytes - fixed) // slot) if slot else 0
     plan = MemoryPlan(budget.bytes, budget.source, slot_bytes=slot, cache_slots=max(0, slots),
                       prefetch_slots=prefetch_slots, min_slots=min_slots,

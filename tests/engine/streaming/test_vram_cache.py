@@ -19,7 +19,7 @@ from sparkd.engine.make_model import plan as model_plan, write_model  # noqa: E4
 from sparkd.engine.models import config_of, load_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.streaming.device import DeviceInfo, split_vram, wants_vram_cache  # noqa: E402
-from sparkd.engine.streaming.plan import Budget, make_plan  # noqa: E402
+from sparkd.engine.streaming.plan import Budget, PlanError, make_plan  # noqa: E402
 from sparkd.engine.streaming.vram import Admission, Heat, VramExperts  # noqa: E402
 from engine_cli import run_engine  # noqa: E402
 
@@ -130,6 +130,11 @@ def test_a_discrete_gpus_trunk_leaves_the_host_budget(model):
     assert gpu_s.device_total_bytes == moved + store + gpu_s.vram_cache_bytes and gpu_s.total_bytes == gpu.total_bytes
     assert "prompt store" in gpu_s.describe() and "prompt store" not in text
     assert _plan(g, cfg, H200, prompt_store_bytes=None).prompt_store_bytes == (1 << 30) // 16  # auto: 1/16 of 1 GiB
+    # auto takes only what the rest leaves: a budget the plan just fitted without the store still fits
+    tight = cpu.total_bytes - cpu.expert_cache_bytes + cpu.min_slots * cpu.slot_bytes + 1000
+    assert _plan(g, cfg, DeviceInfo("cpu", "cpu"), budget=tight, prompt_store_bytes=None).prompt_store_bytes == 1000
+    with pytest.raises(PlanError, match="could not fit the model"):
+        _plan(g, cfg, DeviceInfo("cpu", "cpu"), budget=tight, prompt_store_bytes=2000)
 
 
 def test_a_gpus_trunk_term_is_what_the_device_load_holds(model):
