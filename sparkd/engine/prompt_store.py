@@ -26,11 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-import torch
-
 from sparkd.engine.errors import EngineError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch only for annotations: the CLI parses its flags before importing torch
+    import torch
+
     from sparkd.engine.layers.kv_cache import KVCache
     from sparkd.engine.runtime import PromptCache
 

@@ -93,3 +93,12 @@ def test_generate_text_with_chat_template_and_seeded_sampling(model):
     ra, rb = json.loads(a.stdout), json.loads(b.stdout)
     assert ra["tokens"] == rb["tokens"] and ra["prompt_tokens"] > 3
     assert isinstance(ra["text"], str) and ra["decode_tok_s"] > 0
+
+
+def test_the_cli_parses_its_flags_without_importing_torch():
+    """`sparkd-engine --help` and a bad flag answer at once: the parser's modules leave torch (seconds to
+    import) to the command that runs."""
+    code = "import sys, sparkd.engine.cli; print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from sparkd.engine.errors import EngineError
+from sparkd.engine.prompt_store import parse_store_mib
 from sparkd.engine.streaming.device import UNIFIED_CHOICES
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
@@ -50,8 +52,8 @@ def cmd_plan(a) -> int:
     from sparkd.engine.gguf_file import GGUFModel
     from sparkd.engine.streaming.session import plan_for
 
-    with GGUFModel.open(a.model) as g:
-        budget, plan = plan_for(g, stream_options(a))
+    with GGUFModel.open(a.model) as g:  # serve's plan: its prompt store term included
+        budget, plan = plan_for(g, replace(stream_options(a), prompt_store_bytes=parse_store_mib(a.prompt_cache_mib)))
     if a.json:
         print(json.dumps(plan.as_dict() | {"budget_warning": budget.warning}, indent=2))
     else:
@@ -98,6 +100,8 @@ def add_commands(sub, size) -> None:
     s.add_argument("model")
     add_stream_options(s, size)
     s.add_argument("--device", default="cpu", help="cpu, or cuda: plan the device side too")
+    s.add_argument("--prompt-cache-mib", default="auto", metavar="N|auto",
+                   help="the prompt store's budget, as serve's flag (0: none)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_plan)
     s = sub.add_parser("simulate-cache", help="replay a routing trace through every cache policy")

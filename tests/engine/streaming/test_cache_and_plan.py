@@ -198,6 +198,10 @@ def test_plan_cli_json(tiny_models):
     p = json.loads(r.stdout)
     assert p["budget_bytes"] == 2 << 30 and p["budget_source"] == "--budget" and p["ctx"] == 128
     assert p["total_bytes"] <= p["budget_bytes"] and p["slot_bytes"] % 4096 == 0
+    assert p["prompt_store_bytes"] == (2 << 30) // 16  # serve's auto store: 1/16 of the budget
+    r = subprocess.run([sys.executable, "-m", "sparkd.engine.cli", "plan", str(tiny_models["llama", "Q8_0"]),
+                        "--budget", "2G", "--prompt-cache-mib", "lots"], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "could not use --prompt-cache-mib lots" in r.stderr
 
 
 def test_staging_term_is_the_buffer_the_loader_allocates(tiny_models):
