@@ -35,9 +35,7 @@ candidate is also timed as the whole layer the engine runs ("all qx"): a launch 
 layer faster (the two launches overlap by PDL as they may). Session 13 (moe23): --variants off,late,start,again
 times the default tiles' "all qx" layer also with PDL off (every launch), with the down let launch only after
 the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True; the default by width:
-moe_tiles.down_launch_at_start), and the default once more (the drift between). Session 14 (moe24): --variants
-one,two the layer in one launch (moe._ilayer_kernel: the down's programs wait per expert for the gate/up's h) or
-in two (moe_tiles.Kernels.one_launch True / False); repeat them (two,one,two,one) to see the drift.
+moe_tiles.down_launch_at_start), and the default once more (the drift between).
 """
 
 from __future__ import annotations
@@ -252,15 +250,13 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
 
 
 SETS = moe_tiles.TILE_SETS  # --sets
-VARIANTS = ("off", "late", "start", "again", "one", "two")  # --variants: (PDL mode, kernels) of the default layer's extra rows
+VARIANTS = ("off", "late", "start", "again")  # --variants: (PDL mode, kernels) of the default layer's extra rows
 
 
 def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels]:
-    """A --variants name's PDL mode and kernels (k: the default's): "one" / "two" the layer in one launch or two
-    (moe_tiles.Kernels.one_launch, session 14)."""
+    """A --variants name's PDL mode and kernels (k: the default's)."""
     at_start = {"late": False, "start": True}.get(name, k.down_at_start)
-    one = {"one": True, "two": False}.get(name, k.one_launch)
-    return ("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start, one_launch=one)
+    return ("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start)
 
 
 def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe_tiles.Kernels]]:

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran on commit 1e63d29 (the one-launch layer, taken out again in the next commit: --variants one,two and
+# SPARKD_MOE_ONE_LAUNCH exist only there).
 # Session 14, moe24 (H200, carry [".whl", ".xfer/moe24"], run from .xfer/moe24): the MoE decode layer in one launch.
 #   1. bench/moe_tiles_bench.py at 2048x768 / 4096x1536 / 7168x2048 top-8, Q8_0, Q4_K and Q4_KXD (the resident
 #      Q4_K: gate/up and down in pairx bytes), default tiles: the layer as the engine runs it ("all qx"), each

@@ -19,9 +19,7 @@ from sparkd.engine.kernels.pdl import PREFETCHES
 
 ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async(?!\.bulk\.prefetch)")
 PREFETCH = re.compile(r"\bprefetch\.global\.L2\b|\bcp\.async\.bulk\.prefetch\.L2\b")
-TYPES = {"w_ptr": "*u8", "gate_ptr": "*u8", "up_ptr": "*u8", "down_ptr": "*u8", "gate_off": "*i64", "up_off": "*i64",
-         "down_off": "*i64", "h_ptr": "*i32", "g_tickets_ptr": "*i32", "d_tickets_ptr": "*i32", "ready_ptr": "*i32",
-         "done_ptr": "*i32",
+TYPES = {"w_ptr": "*u8", "gate_ptr": "*u8", "up_ptr": "*u8", "gate_off": "*i64", "up_off": "*i64", "h_ptr": "*i32",
          "hs_ptr": "*i32", "xw_ptr": "*i32", "xs_ptr": "*i32", "q_ptr": "*i32", "s_ptr": "*i32", "tickets_ptr": "*i32",
          "ticket_ptr": "*i32", "ids_ptr": "*i64", "pos_ptr": "*i64"}
 
@@ -71,15 +69,6 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
                                                 BLOCK_N=2, UNROLL=2, EW=True, EMU=False, ACT=0, RW=True, STAGES=None,
                                                 HBLOCK=32, H8K=False, PAIR=True, TILED=False, IDS=True,
                                                 DOWN_AT_START=False), 1),
-    # session 14 (moe24): the MoE layer in one launch (Q8_0 gate/up and down at their 2048-wide tiles)
-    "ilayer": (moe._ilayer_kernel, {**{f"G_{k}": v for k, v in moe._int_args(dispatch.FAMILIES[T.Q8_0], True, False,
-                                                                               True).items()},
-                                    **{f"D_{k}": v for k, v in moe._int_args(dispatch.FAMILIES[T.Q8_0], True, False,
-                                                                               True).items()},
-                                    **dict(G_BLOCK_N=2, G_UNROLL=2, G_EW=True, G_EMU=False, G_STAGES=None, G_TILED=False,
-                                           ACT=0, RW=False, HBLOCK=32, H8K=False, PAIR=True, IDS=True, RES=True,
-                                           FOLD=True, D_BLOCK_N=4, D_UNROLL=1, D_EW=False, D_EMU=False, XBLOCK=32,
-                                           SPLIT=8, ATOMIC=False, D_STAGES=None, NG=0, D_TILED=False, SPIN=64)}, 1),
     "gate_topk": (router_topk._gate_topk, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8, BLOCK_E=128,
                                                BLOCK_K=8, ROWS=4, COLS=256, SPLIT=8), 1),
 }

@@ -31,7 +31,7 @@ from bench_script import BENCH  # noqa: E402
 from test_kernels import BACKENDS, BOUNDS, arena_table, moe_error, rel_err  # noqa: E402
 
 from sparkd.engine.kernels import act_quant, moe, moe_tiles  # noqa: E402
-from sparkd.engine.kernels.matmul import GemvConfig, tickets  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 
 TYPES = [T.Q8_0, T.Q4_K]
 
@@ -249,74 +249,3 @@ def test_q4_k_headers_as_vectors_give_the_same_bits(backend):
               for k in (moe_tiles.S6_KERNELS, moe_tiles.Kernels())]
         assert torch.allclose(h2[1], h2[0], rtol=1e-5, atol=1e-6)
     assert moe._use_vec(True, True) and not moe._use_vec(True, False) and not moe._use_vec(False, True)
-
-
-def test_one_launch_follows_the_switch_and_the_device(monkeypatch):
-    """Session 14 (moe24): $SPARKD_MOE_ONE_LAUNCH (ONE_LAUNCH, read at import: test_switches.py) "auto" runs the
-    layer as one launch on CUDA at ONE_LAUNCH_WIDTHS only (never in the interpreter); "on" / "off" everywhere;
-    Kernels.one_launch None follows it; an unknown value is refused."""
-    assert moe_tiles.ONE_LAUNCH == "auto" and moe_tiles.decode_kernels().one_launch is None
-    widths = [d for r in moe_tiles.ONE_LAUNCH_WIDTHS for d in (r.start, r.stop - 1)]
-    assert all(moe_tiles.one_launch(d, "cuda:0") and not moe_tiles.one_launch(d, "cpu") for d in widths)
-    assert not any(moe_tiles.one_launch(d, "cuda:0") for d in (1024, 2048, 4096, 7168) if d not in sum(
-        map(list, moe_tiles.ONE_LAUNCH_WIDTHS), []))
-    assert moe_tiles.one_launch(7168, "cpu", "on") and not moe_tiles.one_launch(2048, "cuda:0", "off")
-    monkeypatch.setattr(moe_tiles, "ONE_LAUNCH", "on")
-    assert moe_tiles.one_launch(2048, "cpu")
-    with pytest.raises(moe.dispatch.KernelArgumentError, match=r"the MoE decode's launches: 'one'"):
-        moe_tiles.one_launch(2048, "cpu", "one")
-
-
-ONE_LAUNCH_CASES = [pytest.param("cpu", "Q8_0", id="interpret-Q8_0", marks=BACKENDS[0].marks)] + \
-    [pytest.param("cuda", t, id=f"cuda-{t}", marks=pytest.mark.gpu) for t in ("Q8_0", "Q4_K", "Q4_KXD")]
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
-@pytest.mark.parametrize("backend,qtype", ONE_LAUNCH_CASES)
-def test_one_launch_gives_the_two_launches_sums(backend, qtype):
-    """The layer in one launch (moe._ilayer_kernel, Kernels.one_launch): its down programs wait per expert for the
-    gate/up's h in the launch. Interpreter (tiny: late h blocks from 4 gate/up programs each, a fold of 2 ranges,
-    the residual, a selection): the two launches' bits (no fma there), the counters back at 0. GPU (2048x768
-    top-8 at the default tiles, Q8_0, Q4_K and Q4_K with gate/up and down in pairx bytes): within 1e-6 of the two
-    launches (the one launch runs without fp fusion: the down's sums have no fma) and the fp32 bound of the
-    reference, the same bits run to run and replayed in a CUDA graph, every ticket and counter back at 0."""
-    gpu = backend == "cuda"
-    gguf = T.Q4_K if qtype in ("Q4_K", "Q4_KXD") else T.Q8_0
-    dim, width, n = (2048, 768, 8) if gpu else (32, 32, 2)
-    table, gates, ups, downs = arena_table(gguf, gguf, dim, width, n + 1, backend)
-    table = on_16_bytes(table) if gpu and gguf == T.Q4_K else table  # the engine's rows (_q4_k_vec)
-    if qtype == "Q4_KXD":
-        table = moe.tiled_gate_up(moe.tiled_down(table))
-    p = moe.prepare(table, backend).select(torch.arange(n, 0, -1, device=backend))
-    gates, ups, downs = ([m[i] for i in range(n, 0, -1)] for m in (gates, ups, downs))
-    x, w, res = (torch.randn(dim, device=backend), torch.rand(n, device=backend), torch.randn(dim, device=backend))
-    if gpu:
-        gu, dn = moe_tiles.decode_tiles(p)
-        gu = dataclasses.replace(gu, fuse_quant=True)
-    else:
-        gu = GemvConfig(block_n=8, num_warps=1, unroll=1, elementwise=True, fuse_quant=True)
-        dn = GemvConfig(block_n=8, num_warps=1, unroll=1, split=2)
-    assert moe.one_launch_fits(p, gu, dn, res)
-    two, one = (moe_tiles.Kernels(one_launch=o) for o in (False, True))
-    y2 = moe.moe_decode(p, x, w, gate_up=gu, down=dn, residual=res, kernels=two)
-    y1 = moe.moe_decode(p, x, w, gate_up=gu, down=dn, residual=res, kernels=one)
-    assert not bool(tickets(1, backend).any())
-    if not gpu:
-        assert torch.equal(y1, y2)
-        return
-    assert rel_err(y1, y2.cpu().double()) < 1e-6
-    for _ in range(2):
-        assert torch.equal(moe.moe_decode(p, x, w, gate_up=gu, down=dn, residual=res, kernels=one), y1)
-    out = torch.empty_like(y1)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        moe.moe_decode(p, x, w, gate_up=gu, down=dn, residual=res, kernels=one, out=out)
-    for _ in range(3):
-        out.zero_()
-        graph.replay()
-        assert torch.equal(out, y1)
-    torch.cuda.synchronize()
-    assert not bool(tickets(1, backend).any())
-    err = moe_error(moe.moe_decode(p, x, w, gate_up=gu, down=dn, kernels=one), p, x, w, gates, ups, downs, "silu",
-                    gguf, gguf, gu, one)
-    assert err < BOUNDS["fp32"]

@@ -64,7 +64,7 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start, one_launch
+from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -126,17 +126,18 @@ def _q4_k_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.c
 
 
 @triton.jit
-def _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPLIT: tl.constexpr,
+def _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr,
             ATOMIC: tl.constexpr, FOLD: tl.constexpr, RES: tl.constexpr):
-    """A down program's sums for its rows (row tile `tile`, expert range `part`). SPLIT 1: y = acc (+ the
-    residual if RES). FOLD (SPLIT > 1): matmul.fold_part's last-program fold in the launch, the residual
-    added after the ordered sum. Else matmul.store_part (a torch fold or atomics after the launch)."""
+    """A down program's sums for its rows. SPLIT 1: y = acc (+ the residual if RES). FOLD (SPLIT
+    > 1): matmul.fold_part's last-program fold in the launch, the residual added after the
+    ordered sum. Else matmul.store_part (a torch fold or atomics after the launch)."""
     if SPLIT == 1:
         if RES:
             acc = acc + tl.load(res_ptr + rows, mask=rmask)
         tl.store(y_ptr + rows, acc, mask=rmask)
     elif FOLD:
-        fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPLIT, res_ptr, RES)
+        fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT,
+                  res_ptr, RES)
     else:
         store_part(part_ptr, rows, rmask, acc, N, SPLIT, ATOMIC)
 
@@ -176,20 +177,19 @@ def _down_kernel(down_ptr, aux_ptr, down_off, ids_ptr, h_ptr, y_ptr, part_ptr, r
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
-    first, last = _experts(tl.program_id(1), n, SPLIT)
+    first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
         acc += row_dot(down_ptr, aux_ptr, _offset(down_off, ids_ptr, a, IDS) + rb, rmask, h_ptr + a * F, F, 0, 1,
                        DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
-    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, D, SPLIT,
-            ATOMIC, FOLD, RES)
+    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
 @triton.jit
-def _experts(part, n, SPLIT: tl.constexpr):
-    """The experts a down program sums: range `part` of SPLIT contiguous ranges of the n."""
+def _experts(n, SPLIT: tl.constexpr):
+    """The experts a down program sums: range program_id(1) of SPLIT contiguous ranges of the n."""
     per = tl.cdiv(n, SPLIT)
-    first = part * per
+    first = tl.program_id(1) * per
     return first, tl.minimum(first + per, n)
 
 
@@ -232,33 +232,17 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
                      DOWN_AT_START: tl.constexpr = True, PDL: tl.constexpr = False):
-    """_gate_up_kernel's integer variant, x quantized: _igate_up_tile for row tile program_id(0) of expert
-    program_id(1). DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after the loop."""
-    pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
-    _igate_up_tile(tl.program_id(0), tl.program_id(1), gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr,
-                   xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, tickets_ptr, F, D, row_bytes, IDS, IDOT,
-                   A1, A2, A3, BLOCK_N, UNROLL, EW, EMU, ACT, RW, STAGES, HBLOCK, H8K, PAIR, ALIGN, TILED,
-                   DOWN_AT_START, PDL, False)
-
-
-@triton.jit
-def _igate_up_tile(tile, a, gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr,
-                   hs_ptr, hf_ptr, tickets_ptr, ready_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr,
-                   A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                   EW: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr,
-                   HBLOCK: tl.constexpr, H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr,
-                   TILED: tl.constexpr, DOWN_AT_START: tl.constexpr, LAUNCH_PDL: tl.constexpr, READY: tl.constexpr):
-    """Rows tile*BLOCK_N.. of h[a] = act(gate_a x, up_a x) (times the routing weight if RW). HBLOCK > 0: h
-    leaves quantized for the down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values;
-    h_ptr, hd_ptr, hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
-    (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs to finish (a
-    ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
+    """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
+    down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
+    hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
+    (dividing the block) stores its float h in hf_ptr [n, F], and the last of a block's programs
+    to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
     TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
     weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset).
-    DOWN_AT_START False: pdl.dependents(LAUNCH_PDL) after the loop. READY (HBLOCK > 0; the one-launch layer,
-    _ilayer_kernel): whoever stores quantized blocks of h[a] then adds 1 to ready_ptr[a * READY_STRIDE]
-    (release): a tile of whole blocks once, a block's last program once per block."""
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop."""
+    pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
+    a = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
@@ -270,7 +254,7 @@ def _igate_up_tile(tile, a, gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr,
         g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
                              A3, UNROLL, EW, EMU, STAGES, PAIR)
     if not DOWN_AT_START:
-        pdl.dependents(LAUNCH_PDL)
+        pdl.dependents(PDL)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -278,15 +262,13 @@ def _igate_up_tile(tile, a, gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr,
         tl.store(h_ptr + a * F + rows, h, mask=rmask)
     elif BLOCK_N >= HBLOCK:
         P: tl.constexpr = BLOCK_N // HBLOCK
-        b = tile * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
+        b = tl.program_id(0) * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
         act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32),
                                tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
-        if READY:
-            _publish(ready_ptr + a * READY_STRIDE)
     else:
         tl.store(hf_ptr + a * F + rows, h, mask=rmask)
         tl.debug_barrier()  # every thread's h stored before the ticket releases them
-        blk = tile // (HBLOCK // BLOCK_N)
+        blk = tl.program_id(0) // (HBLOCK // BLOCK_N)
         ticket = tickets_ptr + a * (F // HBLOCK) + blk
         if tl.atomic_add(ticket, 1, sem="acq_rel") == HBLOCK // BLOCK_N - 1:
             v = tl.load(hf_ptr + a * F + blk * HBLOCK + tl.arange(0, HBLOCK)[None, :], cache_modifier=".cg")
@@ -294,44 +276,6 @@ def _igate_up_tile(tile, a, gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr,
             act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32), v, b,
                                    b * HBLOCK < F, H8K)
             tl.store(ticket, 0)
-            if READY:
-                _publish(ready_ptr + a * READY_STRIDE)
-
-
-# _ilayer_kernel's counters (int32 in matmul.tickets' buffer): one per expert, each on its own 128-byte line so
-# the down programs polling them meet in different L2 slices
-READY_STRIDE = tl.constexpr(32)
-
-
-@triton.jit
-def _publish(counter):
-    """Release this program's stores of h (every thread's: the barrier first) to whoever acquires counter."""
-    tl.debug_barrier()
-    tl.atomic_add(counter, 1, sem="release")
-
-
-@triton.jit
-def _acquire(counter, target, SPIN: tl.constexpr):
-    """Wait until counter reaches target (acquire: the stores released before each add are visible after).
-    SPIN 0 (the interpreter, which runs programs one by one in id order, so every gate/up program has run and
-    the counter is complete): one read, an assert instead of a loop that could never end; else poll with
-    ld.acquire.gpu by every thread (no atomic traffic while waiting), one L2 read per SPIN nanoseconds."""
-    if SPIN == 0:
-        seen = tl.atomic_add(counter, 0, sem="acquire")
-        tl.device_assert(seen >= target, "one-launch MoE: a down program ran before its experts' h")
-    else:
-        addr = counter.to(tl.int64) + tl.zeros((1,), tl.int64)
-        seen = tl.max(_ld_acquire(addr), 0)
-        while seen < target:
-            tl.inline_asm_elementwise("nanosleep.u32 $1; mov.b32 $0, 0;", "=r,r", [tl.full((1,), SPIN, tl.int32)],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-            seen = tl.max(_ld_acquire(addr), 0)
-
-
-@triton.jit
-def _ld_acquire(addr):
-    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
-                                     is_pure=False, pack=1)
 
 
 @triton.jit
@@ -341,31 +285,16 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
                   NG: tl.constexpr = 0, TILED: tl.constexpr = False, PDL: tl.constexpr = False):
-    """_down_kernel's integer variant: _idown_tile for row tile program_id(0), expert range program_id(1)."""
-    pdl.start(PDL)  # first: pdl's rule
-    _idown_tile(tl.program_id(0), tl.program_id(1), down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr,
-                part_ptr, res_ptr, tickets_ptr, tickets_ptr, 0, D, F, n, row_bytes, IDS, RES, FOLD, IDOT, A1, A2, A3,
-                BLOCK_N, UNROLL, EW, EMU, XBLOCK, SPLIT, ATOMIC, STAGES, ALIGN, NG, TILED, -1)
-
-
-@triton.jit
-def _idown_tile(tile, part, down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, part_ptr, res_ptr,
-                tickets_ptr, ready_ptr, ready_target, D, F, n, row_bytes, IDS: tl.constexpr, RES: tl.constexpr,
-                FOLD: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr,
-                BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
-                XBLOCK: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr,
-                ALIGN: tl.constexpr, NG: tl.constexpr, TILED: tl.constexpr, SPIN: tl.constexpr):
-    """y rows tile*BLOCK_N.. summed over expert range `part`: h quantized per expert row (hw/hd/hs rows of
-    act_quant's QuantX), each expert's sums times its routing weight, the range's experts one after another.
+    """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
+    QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
     on a mask that is true everywhere (_row_idot_full). TILED (the down in a row-tile layout, q4_k_tiled's):
-    the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel.
-    SPIN >= 0 (the one-launch layer): before reading h[a], wait until ready_ptr[a * READY_STRIDE] reaches
-    ready_target (_acquire; SPIN its poll)."""
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel."""
+    pdl.start(PDL)  # first: pdl's rule
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
-    first, last = _experts(part, n, SPLIT)
+    first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
         e_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN)
@@ -373,58 +302,14 @@ def _idown_tile(tile, part, down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr,
             w_ptr, w_off = down_ptr + e_off, rb
         else:
             w_ptr, w_off = down_ptr, e_off + rb
-        if SPIN >= 0:
-            _acquire(ready_ptr + a * READY_STRIDE, ready_target, SPIN)
         if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks
-            part_a = _row_idot_full(w_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                                    hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, A3, NG, UNROLL, EW, EMU)
+            part = _row_idot_full(w_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                                  hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, A3, NG, UNROLL, EW, EMU)
         else:
-            part_a = row_idot(w_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                              hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
-        acc += part_a * tl.load(rw_ptr + a)
-    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, tile, part, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
-
-
-@triton.jit
-def _ilayer_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
-                   hf_ptr, g_tickets_ptr, F, D, g_row_bytes, down_ptr, down_off, y_ptr, part_ptr, res_ptr,
-                   d_tickets_ptr, n, d_row_bytes, ready_ptr, done_ptr, n_gate_up, g_tiles, d_tiles, n_down, ready_target,
-                   IDS: tl.constexpr, G_IDOT: tl.constexpr, G_A1: tl.constexpr, G_A2: tl.constexpr,
-                   G_A3: tl.constexpr, G_BLOCK_N: tl.constexpr, G_UNROLL: tl.constexpr, G_EW: tl.constexpr,
-                   G_EMU: tl.constexpr, ACT: tl.constexpr, RW: tl.constexpr, G_STAGES: tl.constexpr,
-                   HBLOCK: tl.constexpr, H8K: tl.constexpr, PAIR: tl.constexpr, G_ALIGN: tl.constexpr,
-                   G_TILED: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr, D_IDOT: tl.constexpr,
-                   D_A1: tl.constexpr, D_A2: tl.constexpr, D_A3: tl.constexpr, D_BLOCK_N: tl.constexpr,
-                   D_UNROLL: tl.constexpr, D_EW: tl.constexpr, D_EMU: tl.constexpr, XBLOCK: tl.constexpr,
-                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, D_STAGES: tl.constexpr, D_ALIGN: tl.constexpr,
-                   NG: tl.constexpr, D_TILED: tl.constexpr, SPIN: tl.constexpr, PDL: tl.constexpr = False):
-    """The integer decode layer in one launch (Kernels.one_launch, session 14): programs 0..n_gate_up-1 are
-    _igate_up_kernel's (row tile fastest, then expert: G_ arguments), the rest _idown_kernel's (row tile
-    fastest, then expert range: D_ arguments). A gate/up program publishes its quantized h (_igate_up_tile's
-    READY: a counter per expert, release); a down program waits for each expert's counter to reach
-    ready_target before reading its h (_acquire), so the down's programs start on the first experts while
-    the gate/up's last ones still run, and sum their experts in the same order as the two launches.
-    No deadlock: NVIDIA GPUs dispatch a grid's blocks in id order, so when a down program spins, every
-    gate/up program (all lower ids) already holds its slot and will finish; the interpreter runs programs one
-    by one in id order (SPIN 0: no loop). The last down program to finish (done_ptr, acq_rel) sets the
-    counters back to 0 for the next call: no memset launch, a CUDA graph replays it as it is."""
-    pdl.start(PDL)  # first: pdl's rule
-    pid = tl.program_id(0)
-    if pid < n_gate_up:
-        _igate_up_tile(pid % g_tiles, pid // g_tiles, gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr,
-                       xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, g_tickets_ptr, ready_ptr, F, D, g_row_bytes, IDS,
-                       G_IDOT, G_A1, G_A2, G_A3, G_BLOCK_N, G_UNROLL, G_EW, G_EMU, ACT, RW, G_STAGES, HBLOCK, H8K,
-                       PAIR, G_ALIGN, G_TILED, True, PDL, True)
-    else:
-        q = pid - n_gate_up
-        _idown_tile(q % d_tiles, q // d_tiles, down_ptr, down_off, ids_ptr, h_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr,
-                    part_ptr, res_ptr, d_tickets_ptr, ready_ptr, ready_target, D, F, n, d_row_bytes, IDS, RES, FOLD,
-                    D_IDOT, D_A1, D_A2, D_A3, D_BLOCK_N, D_UNROLL, D_EW, D_EMU, XBLOCK, SPLIT, ATOMIC, D_STAGES,
-                    D_ALIGN, NG, D_TILED, SPIN)
-        if tl.atomic_add(done_ptr, 1, sem="acq_rel") == n_down - 1:
-            for a in range(0, n):
-                tl.store(ready_ptr + a * READY_STRIDE, 0)
-            tl.store(done_ptr, 0)
+            part = row_idot(w_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                            hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
+        acc += part * tl.load(rw_ptr + a)
+    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
 @triton.jit
@@ -654,12 +539,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
     kernels = kernels or decode_kernels()
-    y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    if (one_launch(D, x.device) if kernels.one_launch is None else kernels.one_launch) \
-            and one_launch_fits(p, gate_up, down, residual):
-        _layer(p, x, rw, act, gate_up, down, y, residual, qx, kernels, what)
-        return y
     h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx, kernels)
+    y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     _down(p, h, rw, y, down, round_h, residual, kernels)
     return y
 
@@ -695,10 +576,30 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
     n, D, F = p.count, p.table.dim, p.table.width
     grid = (triton.cdiv(F, cfg.block_n), n)
     if p.gate_up.idot is not None:
-        grid, args, h = _igate_up_args(p, x, rw, use_rw, act, cfg, what, qx, kernels)
-        _igate_up_kernel[grid](**args, enable_fp_fusion=not isinstance(h, act_quant.QuantX),  # (act_quant's rounding)
+        check_one_tile(p.gate_up, cfg, what)
+        hq = _fused_h(p, cfg, x.device, what)
+        h = torch.empty(n, F, dtype=torch.float32, device=x.device) if hq is None else hq.words
+        hd, hs = (h, h) if hq is None else (hq.scales, hq.sums)
+        hblock = 0 if hq is None else act_quant.BLOCKS[p.down.act_fmt]
+        late = 0 < cfg.block_n < hblock  # blocks quantized by their last program: float h first
+        hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
+        q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
+        _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
+                               xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
+                               tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
+                               row_bytes=p.gate_up_row_bytes, **_ids(p),
+                               **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
+                                           _use_vec(kernels.q4k_vec, p.gate_up_vec),
+                                           kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
+                               TILED=p.gate_up.row_tile > 1,
+                               DOWN_AT_START=(down_launch_at_start(D) if kernels.down_at_start is None
+                                              else kernels.down_at_start),
+                               BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
+                               ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
+                               H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
+                               enable_fp_fusion=hq is None,  # act_quant's exact rounding needs it off
                                **pdl.launch(x.device))
-        return h
+        return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
     _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x_ptr=x, rw_ptr=rw,
@@ -706,35 +607,6 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **pdl.launch(x.device))
     return h
-
-
-def _igate_up_args(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, act: str, cfg: GemvConfig,
-                   what: str, qx: act_quant.QuantX | None, kernels: Kernels, tickets_at: int = 0,
-                   ) -> tuple[tuple[int, int], dict, torch.Tensor | act_quant.QuantX]:
-    """_igate_up_kernel's grid and arguments (the late h blocks' tickets from matmul.tickets' tickets_at on), and
-    h as the launch leaves it (act_quant.QuantX where cfg.fuse_quant; the launch then runs without fp fusion,
-    which act_quant's exact rounding needs)."""
-    n, D, F = p.count, p.table.dim, p.table.width
-    check_one_tile(p.gate_up, cfg, what)
-    hq = _fused_h(p, cfg, x.device, what)
-    h = torch.empty(n, F, dtype=torch.float32, device=x.device) if hq is None else hq.words
-    hd, hs = (h, h) if hq is None else (hq.scales, hq.sums)
-    hblock = 0 if hq is None else act_quant.BLOCKS[p.down.act_fmt]
-    late = 0 < cfg.block_n < hblock  # blocks quantized by their last program: float h first
-    hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
-    q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
-    args = dict(gate_ptr=p.table.gate, up_ptr=p.table.up, gate_off=p.gate_off, up_off=p.up_off, xw_ptr=q.words,
-                xd_ptr=q.scales, xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
-                tickets_ptr=tickets(tickets_at + n * F // hblock, x.device)[tickets_at:] if late else hf, F=F, D=D,
-                row_bytes=p.gate_up_row_bytes, **_ids(p),
-                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words), _use_vec(kernels.q4k_vec, p.gate_up_vec),
-                            kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
-                TILED=p.gate_up.row_tile > 1,
-                DOWN_AT_START=(down_launch_at_start(D) if kernels.down_at_start is None else kernels.down_at_start),
-                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x), ACT=ACT_CODES[act],
-                RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock, H8K=p.down.act_fmt == act_quant.Q8_K,
-                num_warps=cfg.num_warps)
-    return (triton.cdiv(F, cfg.block_n), n), args, (h if hq is None else hq)
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
@@ -787,108 +659,35 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     (cfg.fold "kernel") or by torch after it (cfg.atomic: one expert per program, atomic adds into y
     zeroed first, the way before session 3 made the sums ordered)."""
     kernels = kernels or decode_kernels()
+    n, D, F = p.count, p.table.dim, p.table.width
+    split = n if cfg.atomic else max(1, min(cfg.split, n))
+    fold = kernel_folds(cfg, split)
+    part = torch.empty(split, D, dtype=torch.float32, device=y.device) if fold else partials_for(y, split, cfg)
+    res = residual is not None and (split == 1 or fold)  # the residual added in the launch
+    grid = (triton.cdiv(D, cfg.block_n), split)
+    common = dict(y_ptr=y, part_ptr=part, res_ptr=residual if res else y,
+                  tickets_ptr=tickets(grid[0], y.device) if fold else y, D=D, F=F, n=n,
+                  row_bytes=p.down_row_bytes, RES=res, FOLD=fold, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
+                  EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic, STAGES=stages_arg(cfg),
+                  num_warps=cfg.num_warps, **_ids(p))
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
-        grid, args, part, fold, res = _idown_args(p, q, rw, y, cfg, residual, kernels)
-        _idown_kernel[grid](**args, **pdl.launch(y.device))
+        _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
+                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
+                                        _use_vec(kernels.q4k_vec_down, p.down_vec),
+                                        kernels.full and _full(D, F, cfg)),
+                            EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
+                            NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
+                            TILED=p.down.row_tile > 1, **common, **pdl.launch(y.device))
     else:
-        grid, split, fold, part, res = _down_plan(p, y, cfg, residual)
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()
-        _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h_ptr=h, **family_args(p.down),
-                           **_down_common(p, y, part, residual if res else None, grid, fold, split, cfg),
+        _down_kernel[grid](p.table.down, p.down_aux, p.down_off, h_ptr=h, **family_args(p.down), **common,
                            **pdl.launch(y.device))
     if not fold:
         fold_partials(part, y)
     if residual is not None and not res:
         y.add_(residual)  # the same bits as residual + y
-
-
-def _ranges(cfg: GemvConfig, n: int) -> int:
-    """How many ranges of the n experts a down launch runs (one per expert with atomics)."""
-    return n if cfg.atomic else max(1, min(cfg.split, n))
-
-
-def _down_plan(p: PreparedTable, y: torch.Tensor, cfg: GemvConfig, residual: torch.Tensor | None,
-               ) -> tuple[tuple[int, int], int, bool, torch.Tensor, bool]:
-    """A down launch's grid (row tiles, expert ranges: _ranges), its ranges, whether it
-    folds them itself, where it writes its partial sums and whether it adds the residual."""
-    split = _ranges(cfg, p.count)
-    fold = kernel_folds(cfg, split)
-    part = torch.empty(split, p.table.dim, dtype=torch.float32, device=y.device) if fold else partials_for(y, split, cfg)
-    res = residual is not None and (split == 1 or fold)  # the residual added in the launch
-    return (triton.cdiv(p.table.dim, cfg.block_n), split), split, fold, part, res
-
-
-def _down_common(p: PreparedTable, y: torch.Tensor, part: torch.Tensor, residual: torch.Tensor | None,
-                 grid: tuple[int, int], fold: bool, split: int, cfg: GemvConfig, tickets_at: int = 0) -> dict:
-    """The down kernels' common arguments (the fold's tickets from matmul.tickets' tickets_at on)."""
-    return dict(y_ptr=y, part_ptr=part, res_ptr=y if residual is None else residual,
-                tickets_ptr=tickets(tickets_at + grid[0], y.device)[tickets_at:] if fold else y, D=p.table.dim,
-                F=p.table.width, n=p.count, row_bytes=p.down_row_bytes, RES=residual is not None, FOLD=fold,
-                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic,
-                STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **_ids(p))
-
-
-def _idown_args(p: PreparedTable, q: act_quant.QuantX, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
-                residual: torch.Tensor | None, kernels: Kernels, tickets_at: int = 0,
-                ) -> tuple[tuple[int, int], dict, torch.Tensor, bool, bool]:
-    """_idown_kernel's grid and arguments on h quantized (q), its partials' buffer, whether it folds in the
-    launch and whether it adds the residual."""
-    D, F = p.table.dim, p.table.width
-    grid, split, fold, part, res = _down_plan(p, y, cfg, residual)
-    full = _full(D, F, cfg)
-    args = dict(down_ptr=p.table.down, down_off=p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
-                **_int_args(p.down, _use_words(kernels, cfg, p.down_words), _use_vec(kernels.q4k_vec_down, p.down_vec),
-                            kernels.full and full),
-                EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
-                NG=F // 256 if p.down.qtype.name in kernels.down_full and full else 0, TILED=p.down.row_tile > 1,
-                **_down_common(p, y, part, residual if res else None, grid, fold, split, cfg, tickets_at))
-    return grid, args, part, fold, res
-
-
-# _ilayer_kernel's poll on the GPU: nanoseconds between two reads of a counter (_acquire's SPIN)
-SPIN_NS = 64
-
-
-def one_launch_fits(p: PreparedTable, gate_up: GemvConfig, down: GemvConfig, residual: torch.Tensor | None) -> bool:
-    """Whether _ilayer_kernel can run this layer: both projections integer, h quantized in the gate/up
-    (fuse_quant), the down's ranges meeting in the launch (or one range), no residual the down leaves to torch,
-    one warp count for both."""
-    split = _ranges(down, p.count)
-    return (p.gate_up.idot is not None and p.down.idot is not None and gate_up.fuse_quant and not down.atomic
-            and (split == 1 or kernel_folds(down, split)) and gate_up.num_warps == down.num_warps)
-
-
-def _layer(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, act: str, gate_up: GemvConfig, down: GemvConfig,
-           y: torch.Tensor, residual: torch.Tensor | None, qx: act_quant.QuantX | None, kernels: Kernels,
-           what: str) -> None:
-    """moe_decode's gate/up and down in one launch (_ilayer_kernel; one_launch_fits must hold): each launch's
-    own arguments, their tickets, the experts' counters and the done counter in matmul.tickets' buffer one
-    after another."""
-    n, D, F = p.count, p.table.dim, p.table.width
-    hblock = act_quant.BLOCKS[p.down.act_fmt]
-    g_tickets = n * F // hblock if gate_up.block_n < hblock else 0
-    d_tiles = triton.cdiv(D, down.block_n)
-    ready_at = triton.cdiv(g_tickets + d_tiles, READY_STRIDE.value) * READY_STRIDE.value
-    buf = tickets(ready_at + (n + 1) * READY_STRIDE.value, x.device)
-    g_grid, g, hq = _igate_up_args(p, x, rw, False, act, gate_up, what, qx, kernels)
-    d_grid, d, part, _, _ = _idown_args(p, hq, rw, y, down, residual, kernels, tickets_at=g_tickets)
-    gate_up_programs = g_grid[0] * g_grid[1]
-    down_programs = d_grid[0] * d_grid[1]
-    own = ("IDOT", "A1", "A2", "A3", "BLOCK_N", "UNROLL", "EW", "EMU", "STAGES", "ALIGN", "TILED")
-    args = {k: v for k, v in g.items() if k not in own + ("tickets_ptr", "row_bytes", "DOWN_AT_START", "num_warps")}
-    args |= {f"G_{k}": g[k] for k in own} | {f"D_{k}": d[k] for k in own}
-    args |= {k: d[k] for k in ("down_ptr", "down_off", "y_ptr", "part_ptr", "res_ptr", "n", "RES", "FOLD", "XBLOCK",
-                               "SPLIT", "ATOMIC", "NG")}
-    _ilayer_kernel[(gate_up_programs + down_programs,)](
-        **args, g_tickets_ptr=g["tickets_ptr"], g_row_bytes=g["row_bytes"], d_tickets_ptr=d["tickets_ptr"],
-        d_row_bytes=d["row_bytes"], ready_ptr=buf[ready_at:], done_ptr=buf[ready_at + n * READY_STRIDE.value:],
-        n_gate_up=gate_up_programs, g_tiles=g_grid[0], d_tiles=d_grid[0], n_down=down_programs,
-        ready_target=F // hblock if gate_up.block_n < hblock else g_grid[0],
-        SPIN=SPIN_NS if x.is_cuda else 0, num_warps=gate_up.num_warps,
-        enable_fp_fusion=False,  # act_quant's exact rounding (the down's sums: no fma either, unlike its own launch)
-        **pdl.launch(x.device))
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:

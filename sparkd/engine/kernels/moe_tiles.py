@@ -1,15 +1,12 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
 against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, new); where the gate/up lets the
-down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13); whether gate/up and down run as one launch
-($SPARKD_MOE_ONE_LAUNCH, session 14)."""
+down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import torch
 
 from sparkd.engine import switches
 from sparkd.engine.kernels import dispatch
@@ -123,9 +120,6 @@ class Kernels:
     # at its start, so the down's programs take free slots and wait there; False after its loop; None by the
     # model width (down_launch_at_start: $SPARKD_MOE_DOWN_LAUNCH). The same bits
     down_at_start: bool | None = None
-    # session 14 (moe24): gate/up and down in one launch (moe._ilayer_kernel: the down's programs wait per expert
-    # for the gate/up's h in the launch); None: by the model width and device (one_launch: $SPARKD_MOE_ONE_LAUNCH)
-    one_launch: bool | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
@@ -201,27 +195,3 @@ def down_launch_at_start(dim: int, which: str | None = None) -> bool:
         raise dispatch.KernelArgumentError(f"could not pick where the MoE down launches: {which!r} (${DOWN_LAUNCH_ENV} "
                                            f"or which) is not one of {', '.join(DOWN_LAUNCHES)}")
     return which == "start" or (which == "auto" and dim >= LOOP_LAUNCH_BELOW)
-
-
-# Session 14 (moe24): the integer layer as one launch (moe._ilayer_kernel), gate/up programs first, the down's after
-# them waiting per expert for its h. "auto": on CUDA at the model widths of ONE_LAUNCH_WIDTHS (H200, docs/performance.md
-# "Session 14: the MoE decode layer in one launch"), two launches elsewhere (the interpreter too); "on": one launch
-# wherever moe.one_launch_fits; "off": two launches (the code before). Not the same bits as two launches on the GPU
-# (the one launch runs without fp fusion, which the gate/up's h quantization needs: the down's sums have no fma);
-# the same bits run to run and in a CUDA graph.
-ONE_LAUNCH_ENV = "SPARKD_MOE_ONE_LAUNCH"
-ONE_LAUNCHES = ("auto", "on", "off")
-ONE_LAUNCH = switches.choice(ONE_LAUNCH_ENV, ONE_LAUNCHES, "auto")  # read once
-ONE_LAUNCH_WIDTHS: tuple[range, ...] = ()  # "auto": the model widths where one launch won on the H200
-
-
-def one_launch(dim: int, device: torch.device | str, which: str | None = None) -> bool:
-    """Whether the integer MoE decode layer at model width dim on device runs as one launch: which "auto", "on" or
-    "off" (ONE_LAUNCHES; default $SPARKD_MOE_ONE_LAUNCH)."""
-    which = which or ONE_LAUNCH
-    if which not in ONE_LAUNCHES:
-        raise dispatch.KernelArgumentError(f"could not pick the MoE decode's launches: {which!r} (${ONE_LAUNCH_ENV} "
-                                           f"or which) is not one of {', '.join(ONE_LAUNCHES)}")
-    if which != "auto":
-        return which == "on"
-    return torch.device(device).type == "cuda" and any(dim in r for r in ONE_LAUNCH_WIDTHS)
