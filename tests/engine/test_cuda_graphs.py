@@ -15,7 +15,7 @@ import torch
 
 from sparkd.engine import cuda_graphs, graph_capture
 from sparkd.engine.cuda_graphs import PromptForward, StaticDecode, buckets, graph_blocker, parse_prompt_graphs, \
-    prompt_bucket, prompt_buckets, prompt_forward, use_graphs
+    prompt_bucket, prompt_buckets, prompt_forward, prompt_last, use_graphs
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers import attention, linear
 from sparkd.engine.make_model import plan, write_model
@@ -65,13 +65,25 @@ def test_prompt_buckets_pad_at_most_a_quarter():
     assert prompt_buckets(1024)[:6] == [64, 80, 96, 112, 128, 160] and len(prompt_buckets(1024)) == 17
 
 
-def test_prompt_graphs_flag_values(models):
+def test_prompt_graphs_flag_values(models, monkeypatch):
     assert [parse_prompt_graphs(v) for v in ("auto", " Lazy", "off")] == ["auto", "lazy", "off"]
-    assert parse_prompt_graphs("512,64, 1024,64") == (64, 512, 1024)
-    for bad in ("sometimes", "64,,512", "1", "64,1025", ""):
+    assert parse_prompt_graphs("512,64, 2048,64") == (64, 512, 2048)
+    for bad in ("sometimes", "64,,512", "1", "64,2049", ""):
         with pytest.raises(EngineError, match=rf"could not use --prompt-graphs '{bad}': choose one of auto, lazy, "
-                                              r"off or prompt lengths separated by commas, 2 to 1024"):
+                                              r"off or prompt lengths separated by commas, 2 to 2048"):
             parse_prompt_graphs(bad)
+    # the longest prompt graph follows the prompt attention: 2048 under sdpa, 1024 where scores are kept
+    # (SPARKD_PREFILL_ATTENTION=torch, a layer with sinks)
+    m = load_model(models["gpt-oss"])
+    try:
+        assert prompt_buckets()[-4:] == [1280, 1536, 1792, 2048] and prompt_last(m.net) == 1024
+        assert PromptForward(m.net, m.net.new_cache(8)).largest == 1024
+    finally:
+        m.close()
+    monkeypatch.setattr(attention, "PREFILL_ATTENTION", "torch")
+    assert prompt_buckets()[-1] == prompt_last() == 1024
+    with pytest.raises(EngineError, match=r"could not use --prompt-graphs '64,1025': .* 2 to 1024"):
+        parse_prompt_graphs("64,1025")
     with pytest.raises(EngineError, match=r"could not use --prompt-graphs 'always'"):
         Engine(models["gemma3"], prompt_graphs="always")
     with pytest.raises(EngineError, match=r"could not use --prompt-graph-margin -1: it must be 0 or more"):
@@ -463,11 +475,14 @@ def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
-def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant):
+@pytest.mark.parametrize("attend", ["sdpa", "torch"])
+def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, attend, monkeypatch):
     """A prompt that continues the cache replays its continued graph (bucket, span) with the bits of
     the same padded forward run eagerly (logits, the K/V rows up to its end, the decode steps after
     it), over spans 256 and 512 and buckets 64 and 80; the eager continuation's bits where it fills
-    its bucket and ends at its span (192 + 64 = 256), else within 2e-2 of them, the same pick."""
+    its bucket and ends at its span (192 + 64 = 256), else within 2e-2 of them, the same pick. attend:
+    SPARKD_PREFILL_ATTENTION (sdpa: the mask from the device positions, prefill30; torch: attend)."""
+    monkeypatch.setattr(attention, "PREFILL_ATTENTION", attend)
     shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
     path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
     m = load_model(path, device="cuda")
