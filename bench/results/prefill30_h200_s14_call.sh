@@ -7,6 +7,8 @@
 # GPU tests first (beside the model's writing), then on a quiet GPU: a two-turn chat's turn 2 (624 and 1648
 # tokens) with the prompt cache (prompt_cache_bench.py) sdpa then torch, the prompt graphs captured at load
 # (prompt_graphs_load.py --modes auto: load time, pool) sdpa then torch, and the expert sort alone.
+# As run (commit 1587ca6, continued graphs on attend_sdpa then, reverted after: see docs/performance.md, prefill30):
+# END_S=135, 121.5 s on the box, 156 s of device budget with the cold start (bench/results/prefill30_h200_s14_call_log.txt).
 # Results: $OUT/res.tgz (+ $OUT/log.txt).
 set -u
 export PYTHONUNBUFFERED=1

@@ -330,11 +330,12 @@ class StaticDecode:
 PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
 # A prompt is padded to its bucket: PROMPT_FIRST tokens, then four buckets a doubling (at most 25%
 # padding; multiples of 16, so Triton compiles one variant for all), up to prompt_last(); longer
-# prompts run eagerly: their host time is a small part of their wall and the graphs' memory pool keeps
-# the largest bucket's activations for the model's life. PROMPT_LAST_SCORES where attention keeps its
-# [H, T, T] scores in memory (SPARKD_PREFILL_ATTENTION=torch, kernel's fallback: the 2048 bucket added
-# 1088 MiB, 64-640 ~400 together, for 1.01x); PROMPT_LAST under sdpa (no scores: the 2048 bucket adds
-# ~256 MiB and replays 1.03x the eager prompt, 12-layer Q4_K; docs/performance.md, prefill29/prefill30).
+# prompts run eagerly: the graphs' memory pool keeps the largest bucket's activations for the model's
+# life. PROMPT_LAST under SPARKD_PREFILL_ATTENTION=sdpa (no scores in memory; H200, 12-layer Q4_K: the
+# 2048 bucket alone 574 MiB, all 21 buckets at load 592 MiB in 1.2 s against 17's 430 MiB in 0.9 s
+# under torch; a 2000-token prompt 70.7 ms replayed against 94.6 eager under torch; prefill29/prefill30);
+# PROMPT_LAST_SCORES under torch and kernel, and where a layer has sinks (it runs attend): attend's
+# [H, T, T] scores made the 2048 bucket add 1088 MiB for 1.01x (session 11).
 PROMPT_FIRST, PROMPT_LAST, PROMPT_LAST_SCORES = 64, 2048, 1024
 PROMPT_MODES = ("graphs", "padded", "eager")
 # A bucket is captured only when the device keeps this much free after it (its warm-up's peak taken
@@ -413,8 +414,8 @@ class PromptForward:
 
     mode "graphs": a prompt of 2..largest (None: prompt_last(net)) tokens, last token's logits only,
     runs as a CUDA graph of its length bucket (prompt_bucket; captured on the bucket's first use or by
-    warm, then replayed): the tokens padded at the end (token 0), the head reading the last real token's row (a
-    device index). Causal attention keeps the real rows from reading the padding's keys, and the
+    warm, then replayed): the tokens padded at the end (token 0), the head reading the last real token's
+    row (a device index). Causal attention keeps the real rows from reading the padding's keys, and the
     padding's K/V rows past the prompt are rewritten by the tokens that follow before anything reads
     them. From an empty cache the graph's key is the bucket; a prompt that continues the cache at
     n_past > 0 (continued, $SPARKD_CONTINUE_GRAPHS) replays the key (bucket, span): its positions
@@ -422,11 +423,11 @@ class PromptForward:
     from the table, K/V rows written by index), attending over the cache's rows [0, span), span the
     first of the decode step's buckets (first_span, doubling, the context last) that holds the
     prompt, keys past a query's position masked. Eager instead: the padding would cross the context,
-    bucket x span over largest^2 (under torch attention the pool then stays near what the whole
-    prompts' largest bucket holds: attention's [H, bucket, span] scores; under sdpa, whose continued
-    graphs take a [bucket, span] mask from the positions, the same rule with largest 2048 keeps the
-    attention's share below the whole 2048 bucket's), and $SPARKD_PREFILL_ATTENTION=kernel (its kernel
-    takes a host start). Other prompts (one token, every token's logits, longer ones) run eagerly.
+    bucket x span over min(largest, PROMPT_LAST_SCORES)^2 (a continued graph runs attend whatever
+    the prompt attention, its [H, bucket, span] scores in the pool: the rule keeps them to what the
+    1024 bucket's held under torch; attend_sdpa with a mask from the positions lost at 64 x 2048,
+    docs/performance.md, prefill30), and $SPARKD_PREFILL_ATTENTION=kernel (its kernel takes a host
+    start). Other prompts (one token, every token's logits, longer ones) run eagerly.
     "padded": the same padded forwards run eagerly (the CPU tests check what a graph replays);
     "eager": the network itself.
 
@@ -477,7 +478,7 @@ class PromptForward:
         else:
             rows = prompt_bucket(n, self.first)
             span = next(s for s in self.spans if s >= start + n) if start + rows <= cache.max_ctx else 0
-            if (not self.continued or not span or rows * span > self.largest ** 2
+            if (not self.continued or not span or rows * span > min(self.largest, PROMPT_LAST_SCORES) ** 2
                     or attention_layer.PREFILL_ATTENTION == "kernel"):
                 return None
             key = rows, span

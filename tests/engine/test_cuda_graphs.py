@@ -475,14 +475,11 @@ def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
-@pytest.mark.parametrize("attend", ["sdpa", "torch"])
-def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, attend, monkeypatch):
+def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant):
     """A prompt that continues the cache replays its continued graph (bucket, span) with the bits of
     the same padded forward run eagerly (logits, the K/V rows up to its end, the decode steps after
     it), over spans 256 and 512 and buckets 64 and 80; the eager continuation's bits where it fills
-    its bucket and ends at its span (192 + 64 = 256), else within 2e-2 of them, the same pick. attend:
-    SPARKD_PREFILL_ATTENTION (sdpa: the mask from the device positions, prefill30; torch: attend)."""
-    monkeypatch.setattr(attention, "PREFILL_ATTENTION", attend)
+    its bucket and ends at its span (192 + 64 = 256), else within 2e-2 of them, the same pick."""
     shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
     path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
     m = load_model(path, device="cuda")

@@ -66,23 +66,19 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
 SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor,
+def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
                 window: int = 0) -> torch.Tensor:
-    """attend (no sinks, no keep) through torch's scaled_dot_product_attention (SDPA_BACKENDS): q [T, H, Dk],
-    k [S, Hkv, Dk], v [S, Hkv, Dv], S = start + T → [T, H, Dv]. start may instead be the queries' positions [T]
-    on the device (a continued prompt graph: S a fixed span, keys past a query's position masked)."""
+    """attend (no sinks, no keep, a host start) through torch's scaled_dot_product_attention
+    (SDPA_BACKENDS): q [T, H, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv], S = start + T → [T, H, Dv]."""
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
     group = H // Hkv
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    causal = isinstance(start, int) and start == 0 and not window  # its own mask: query t reads keys 0..t (T = S)
+    causal = start == 0 and not window  # the kernel's own mask: query t reads keys 0..t (T = S)
     mask = None
-    if not causal:  # key s visible to query t: s <= pos[t] (and inside the window), the same bool mask either way
-        if isinstance(start, torch.Tensor):
-            pos_q = start[:, None]
-        else:
-            pos_q = torch.arange(start, start + T, device=q.device)[:, None]
+    if not causal:  # key s visible to query t: s <= start + t (and inside the window)
+        pos_q = torch.arange(start, start + T, device=q.device)[:, None]
         pos_k = torch.arange(S, device=q.device)[None, :]
         mask = pos_k <= pos_q
         if window:
@@ -96,12 +92,12 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 
 
-# a prompt's attention on CUDA (several tokens): "sdpa" (default, session 14, prefill29) attend_sdpa, torch's
-# memory-efficient kernel (no sinks: those run attend), from a host start or (prefill30) a continued prompt
-# graph's device positions; "torch" attend's ~30 ops (the way before: the [H, T, S] float32 scores in memory,
-# growing as T^2); "kernel" (session 11, attn11) kernels/prefill_attention in one launch (a host start only),
-# each query row's bits whatever the prompt's length (a prompt padded to its graph bucket keeps the eager
-# prompt's bits), but 16x torch's GPU time on the H200 as it stands (docs/performance.md, attn11)
+# a prompt's attention on CUDA (several tokens, from a host start): "sdpa" (default, session 14, prefill29)
+# attend_sdpa, torch's memory-efficient kernel (no sinks: those run attend); "torch" attend's ~30 ops (the
+# way before: the [H, T, S] float32 scores in memory, growing as T^2); "kernel" (session 11, attn11)
+# kernels/prefill_attention in one launch, each query row's bits whatever the prompt's length (a prompt
+# padded to its graph bucket keeps the eager prompt's bits), but 16x torch's GPU time on the H200 as it
+# stands (docs/performance.md, attn11)
 PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("sdpa", "kernel", "torch"), "sdpa")
 
 
@@ -164,7 +160,7 @@ class Attention(nn.Module):
             from sparkd.engine.kernels.prefill_attention import prefill_attention
 
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
-        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and self.sinks is None
+        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and isinstance(start, int) and self.sinks is None
               and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
             o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window)
         else:
