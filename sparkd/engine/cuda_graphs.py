@@ -424,8 +424,8 @@ class PromptForward:
     first of the decode step's buckets (first_span, doubling, the context last) that holds the
     prompt, keys past a query's position masked. Eager instead: the padding would cross the context,
     bucket x span over min(largest, PROMPT_LAST_SCORES)^2 (a continued graph runs attend whatever
-    the prompt attention, its [H, bucket, span] scores in the pool: the rule keeps them to what the
-    1024 bucket's held under torch; attend_sdpa with a mask from the positions lost at 64 x 2048,
+    the prompt attention, its [H, bucket, span] scores in the pool: the rule keeps them within the
+    1024 bucket's under torch; attend_sdpa with a mask from the positions lost at 64 x 2048,
     docs/performance.md, prefill30), and $SPARKD_PREFILL_ATTENTION=kernel (its kernel takes a host
     start). Other prompts (one token, every token's logits, longer ones) run eagerly.
     "padded": the same padded forwards run eagerly (the CPU tests check what a graph replays);

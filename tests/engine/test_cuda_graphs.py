@@ -215,6 +215,9 @@ def test_continued_prompt_equals_eager_continuation(models, arch, monkeypatch):
         p = padded[-1]  # eager: switched off, past largest^2 query x key rows, the prefill attention kernel
         assert PromptForward(m.net, p.cache, "padded", first=8, first_span=8, continued=False)._key(8, True, 8) is None
         assert PromptForward(m.net, p.cache, "padded", first=8, largest=12, first_span=8)._key(6, True, 12) is None
+        # the continued graphs run attend whatever the longest prompt graph: their budget stays 1024^2
+        wide = PromptForward(m.net, m.net.new_cache(4096), "padded")
+        assert wide.largest == 2048 and wide._key(1024, True, 1024) is None and wide._key(512, True, 1024) == (512, 2048)
         monkeypatch.setattr(attention, "PREFILL_ATTENTION", "kernel")
         assert p._key(8, True, 8) is None and p._key(8, True, 0) == 8
     finally:
