@@ -31,8 +31,8 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 session 11's prefill24; int8 is the eager forward), over one cache of the longest prompt's
                 length (as the server keeps one cache): the first prompt of a bucket captures its graph
                 (its time, "first_s", and the memory the graphs hold after it, "graph_mib", are recorded)
-  graphs2k      graphs with buckets up to 2048 tokens (PromptForward's largest; the default's PROMPT_LAST runs
-                prompts over 1024 tokens eagerly)
+  graphs2k      graphs with buckets up to 2048 tokens (PromptForward's largest: graphs' own under sdpa since
+                prefill30, cuda_graphs.prompt_last; graphs-torch and graphs-rows keep 1024, as their attention does)
   int8-rows, graphs-rows  int8 and graphs with the prompt's attention and float GEMMs (the router's gate)
                 in session 11's attn11 kernels, each row's bits whatever the row count
                 (SPARKD_PREFILL_ATTENTION=kernel, SPARKD_PREFILL_FLOAT_GEMM=kernel)
@@ -68,7 +68,7 @@ import torch
 from decode_profile import Stages, kernel_time_by_name, stage_report
 from torch.profiler import ProfilerActivity, profile
 
-from sparkd.engine.cuda_graphs import PromptForward
+from sparkd.engine.cuda_graphs import PROMPT_LAST_SCORES, PromptForward
 from sparkd.engine.kernels import matmul, moe
 from sparkd.engine.layers import attention, linear
 from sparkd.engine.layers import moe as moe_layer
@@ -97,7 +97,8 @@ TILES = {"s12w": {("Q4_K_TILED", True): matmul.IgemmTile(64, 32, 4, 1, 2, words=
          "i64": {("Q4_K_TILED", True): matmul.IgemmTile(64, 64, 8, 1, 2, words=True, maxnreg=128)}}
 EAGER_OF = {"graphs": "int8", "graphs-rows": "int8-rows", "graphs-torch": "int8-torch",
             "graphs2k": "int8"}  # graph way: its eager way
-LARGEST = {"graphs2k": 2048}  # graph way: its largest bucket (else PromptForward's default)
+# graph way: its largest bucket (else PromptForward's default, from the attention switch when it is made)
+LARGEST = {"graphs2k": 2048, "graphs-torch": PROMPT_LAST_SCORES, "graphs-rows": PROMPT_LAST_SCORES}
 for _v in EAGER_OF:
     VARIANTS[EAGER_OF[_v]] = VARIANTS[_v] = VARIANTS["int8"]
 ROWS = {"int8-rows": "kernel", "graphs-rows": "kernel", "int8-torch": "torch", "graphs-torch": "torch"}

@@ -329,19 +329,20 @@ class StaticDecode:
 
 PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
 # A prompt is padded to its bucket: PROMPT_FIRST tokens, then four buckets a doubling (at most 25%
-# padding; multiples of 16, so Triton compiles one variant for all), up to PROMPT_LAST; longer
-# prompts run eagerly: their host time is a small part of their wall (H200, 2048 tokens: 1.01x with
-# a graph) and the graphs' memory pool keeps the largest bucket's activations for the model's life
-# (attention's [H, T, T] scores grow with T^2: the 2048 bucket added 1088 MiB, 64-640 ~400 together).
-# Under SPARKD_PREFILL_ATTENTION=sdpa (session 14) no scores are kept: a 2048 bucket added 256 MiB and
-# replayed 1.03x the eager prompt (12-layer Q4_K; docs/performance.md, prefill29), not taken yet.
-PROMPT_FIRST, PROMPT_LAST = 64, 1024
+# padding; multiples of 16, so Triton compiles one variant for all), up to prompt_last(); longer
+# prompts run eagerly: the graphs' memory pool keeps the largest bucket's activations for the model's
+# life. PROMPT_LAST under SPARKD_PREFILL_ATTENTION=sdpa (no scores in memory; H200, 12-layer Q4_K: the
+# 2048 bucket alone 574 MiB, all 21 buckets at load 592 MiB in 1.2 s against 17's 430 MiB in 0.9 s
+# under torch; a 2000-token prompt 70.7 ms replayed against 94.6 eager under torch; prefill29/prefill30);
+# PROMPT_LAST_SCORES under torch and kernel, and where a layer has sinks (it runs attend): attend's
+# [H, T, T] scores made the 2048 bucket add 1088 MiB for 1.01x (session 11).
+PROMPT_FIRST, PROMPT_LAST, PROMPT_LAST_SCORES = 64, 2048, 1024
 PROMPT_MODES = ("graphs", "padded", "eager")
 # A bucket is captured only when the device keeps this much free after it (its warm-up's peak taken
 # as what the capture adds): room for what runs eagerly beside the graphs (a 2048-token prompt's
 # activations, ~1.1 GiB on qwen3-30b-a3b), so graphs are never what runs the device out of memory.
 PROMPT_MARGIN = 1 << 30
-# --prompt-graphs: the buckets captured at load ("auto": all of them up to PROMPT_LAST and the
+# --prompt-graphs: the buckets captured at load ("auto": all of them up to prompt_last() and the
 # context, as they share one pool that the largest sizes; "lazy": none, each on its first prompt;
 # "off": prompts eager), or a list of prompt lengths whose buckets are captured at load.
 PROMPT_GRAPH_CHOICES = ("auto", "lazy", "off")
@@ -361,6 +362,13 @@ def continue_graphs_default() -> bool:
     return switches.flag(CONTINUE_GRAPHS_ENV, True)
 
 
+def prompt_last(net: Decoder | None = None) -> int:
+    """The longest prompt a prompt graph serves under the prompt attention now ($SPARKD_PREFILL_ATTENTION):
+    PROMPT_LAST under sdpa unless one of net's layers has sinks (those run attend), else PROMPT_LAST_SCORES."""
+    sinks = net is not None and any(getattr(block.attn, "sinks", None) is not None for block in net.blocks)
+    return PROMPT_LAST if attention_layer.PREFILL_ATTENTION == "sdpa" and not sinks else PROMPT_LAST_SCORES
+
+
 def prompt_bucket(n: int, first: int = PROMPT_FIRST) -> int:
     """The length an n-token prompt is padded to: first up to first tokens, else n rounded up to a
     multiple of a quarter of the power of two below n (at least 16)."""
@@ -370,8 +378,9 @@ def prompt_bucket(n: int, first: int = PROMPT_FIRST) -> int:
     return -(-n // step) * step
 
 
-def prompt_buckets(largest: int = PROMPT_LAST, first: int = PROMPT_FIRST) -> list[int]:
-    """Every bucket prompt_bucket gives for prompts of 1..largest tokens, ascending."""
+def prompt_buckets(largest: int | None = None, first: int = PROMPT_FIRST) -> list[int]:
+    """Every bucket prompt_bucket gives for prompts of 1..largest (None: prompt_last()) tokens, ascending."""
+    largest = prompt_last() if largest is None else largest
     spans = [prompt_bucket(1, first)]
     while spans[-1] < largest:
         spans.append(prompt_bucket(spans[-1] + 1, first))
@@ -380,16 +389,17 @@ def prompt_buckets(largest: int = PROMPT_LAST, first: int = PROMPT_FIRST) -> lis
 
 def parse_prompt_graphs(text: str) -> str | tuple[int, ...]:
     """--prompt-graphs: one of PROMPT_GRAPH_CHOICES, or prompt lengths separated by commas (2 to
-    PROMPT_LAST tokens each) → the choice or the sorted lengths."""
+    prompt_last() tokens each) → the choice or the sorted lengths."""
     value = text.strip().lower()
     if value in PROMPT_GRAPH_CHOICES:
         return value
-    why = f"choose one of {', '.join(PROMPT_GRAPH_CHOICES)} or prompt lengths separated by commas, 2 to {PROMPT_LAST}"
+    last = prompt_last()
+    why = f"choose one of {', '.join(PROMPT_GRAPH_CHOICES)} or prompt lengths separated by commas, 2 to {last}"
     try:
         lengths = tuple(sorted({int(part) for part in value.split(",")}))
     except ValueError:
         raise EngineError(f"could not use --prompt-graphs {text!r}: {why}") from None
-    if not 2 <= lengths[0] <= lengths[-1] <= PROMPT_LAST:
+    if not 2 <= lengths[0] <= lengths[-1] <= last:
         raise EngineError(f"could not use --prompt-graphs {text!r}: {why} (longer prompts run eagerly)")
     return lengths
 
@@ -402,10 +412,10 @@ class PromptForward:
     """The prompt's forward of `generate` and the server: tokens [T] (on the host) → logits on the
     CPU, as net(tokens, cache, last=last) gives them, n_past advanced by T.
 
-    mode "graphs": a prompt of 2..largest tokens, last token's logits only, runs as a CUDA graph of
-    its length bucket (prompt_bucket; captured on the bucket's first use or by warm, then
-    replayed): the tokens padded at the end (token 0), the head reading the last real token's row (a
-    device index). Causal attention keeps the real rows from reading the padding's keys, and the
+    mode "graphs": a prompt of 2..largest (None: prompt_last(net)) tokens, last token's logits only,
+    runs as a CUDA graph of its length bucket (prompt_bucket; captured on the bucket's first use or by
+    warm, then replayed): the tokens padded at the end (token 0), the head reading the last real token's
+    row (a device index). Causal attention keeps the real rows from reading the padding's keys, and the
     padding's K/V rows past the prompt are rewritten by the tokens that follow before anything reads
     them. From an empty cache the graph's key is the bucket; a prompt that continues the cache at
     n_past > 0 (continued, $SPARKD_CONTINUE_GRAPHS) replays the key (bucket, span): its positions
@@ -413,9 +423,11 @@ class PromptForward:
     from the table, K/V rows written by index), attending over the cache's rows [0, span), span the
     first of the decode step's buckets (first_span, doubling, the context last) that holds the
     prompt, keys past a query's position masked. Eager instead: the padding would cross the context,
-    bucket x span over largest^2 (the pool then stays near what the whole prompts' largest bucket
-    holds: attention's [H, bucket, span] scores), and $SPARKD_PREFILL_ATTENTION=kernel (its kernel
-    takes a host start). Other prompts (one token, every token's logits, longer ones) run eagerly.
+    bucket x span over min(largest, PROMPT_LAST_SCORES)^2 (a continued graph runs attend whatever
+    the prompt attention, its [H, bucket, span] scores in the pool: the rule keeps them within the
+    1024 bucket's under torch; attend_sdpa with a mask from the positions lost at 64 x 2048,
+    docs/performance.md, prefill30), and $SPARKD_PREFILL_ATTENTION=kernel (its kernel takes a host
+    start). Other prompts (one token, every token's logits, longer ones) run eagerly.
     "padded": the same padded forwards run eagerly (the CPU tests check what a graph replays);
     "eager": the network itself.
 
@@ -433,14 +445,15 @@ class PromptForward:
     softmax and its product with V over span keys, not n_past + T; the Triton kernels are row-wise)."""
 
     def __init__(self, net: Decoder, cache: KVCache, mode: str = "graphs", first: int = PROMPT_FIRST,
-                 largest: int = PROMPT_LAST, margin: int = PROMPT_MARGIN,
+                 largest: int | None = None, margin: int = PROMPT_MARGIN,
                  log: Callable[[str], None] = lambda line: None, continued: bool = True,
                  first_span: int = FIRST_BUCKET):
         if mode not in PROMPT_MODES:
             raise EngineError(f"could not run prompts in mode {mode!r}: choose one of {', '.join(PROMPT_MODES)}")
         if margin < 0:
             raise EngineError(f"could not use a prompt graph margin of {margin} bytes: it must be 0 or more")
-        self.net, self.cache, self.mode, self.first, self.largest = net, cache, mode, first, largest
+        self.net, self.cache, self.mode, self.first = net, cache, mode, first
+        self.largest = prompt_last(net) if largest is None else largest
         self.margin, self.log, self.continued = margin, log, continued
         self.spans = buckets(cache.max_ctx, first_span)  # a continued graph's attention spans
         # key -> (graph, its input: the padded tokens [, their positions], then the last real row; logits [1, V]);
@@ -465,7 +478,7 @@ class PromptForward:
         else:
             rows = prompt_bucket(n, self.first)
             span = next(s for s in self.spans if s >= start + n) if start + rows <= cache.max_ctx else 0
-            if (not self.continued or not span or rows * span > self.largest ** 2
+            if (not self.continued or not span or rows * span > min(self.largest, PROMPT_LAST_SCORES) ** 2
                     or attention_layer.PREFILL_ATTENTION == "kernel"):
                 return None
             key = rows, span

@@ -15,7 +15,7 @@ import torch
 
 from sparkd.engine import cuda_graphs, graph_capture
 from sparkd.engine.cuda_graphs import PromptForward, StaticDecode, buckets, graph_blocker, parse_prompt_graphs, \
-    prompt_bucket, prompt_buckets, prompt_forward, use_graphs
+    prompt_bucket, prompt_buckets, prompt_forward, prompt_last, use_graphs
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers import attention, linear
 from sparkd.engine.make_model import plan, write_model
@@ -65,13 +65,25 @@ def test_prompt_buckets_pad_at_most_a_quarter():
     assert prompt_buckets(1024)[:6] == [64, 80, 96, 112, 128, 160] and len(prompt_buckets(1024)) == 17
 
 
-def test_prompt_graphs_flag_values(models):
+def test_prompt_graphs_flag_values(models, monkeypatch):
     assert [parse_prompt_graphs(v) for v in ("auto", " Lazy", "off")] == ["auto", "lazy", "off"]
-    assert parse_prompt_graphs("512,64, 1024,64") == (64, 512, 1024)
-    for bad in ("sometimes", "64,,512", "1", "64,1025", ""):
+    assert parse_prompt_graphs("512,64, 2048,64") == (64, 512, 2048)
+    for bad in ("sometimes", "64,,512", "1", "64,2049", ""):
         with pytest.raises(EngineError, match=rf"could not use --prompt-graphs '{bad}': choose one of auto, lazy, "
-                                              r"off or prompt lengths separated by commas, 2 to 1024"):
+                                              r"off or prompt lengths separated by commas, 2 to 2048"):
             parse_prompt_graphs(bad)
+    # the longest prompt graph follows the prompt attention: 2048 under sdpa, 1024 where scores are kept
+    # (SPARKD_PREFILL_ATTENTION=torch, a layer with sinks)
+    m = load_model(models["gpt-oss"])
+    try:
+        assert prompt_buckets()[-4:] == [1280, 1536, 1792, 2048] and prompt_last(m.net) == 1024
+        assert PromptForward(m.net, m.net.new_cache(8)).largest == 1024
+    finally:
+        m.close()
+    monkeypatch.setattr(attention, "PREFILL_ATTENTION", "torch")
+    assert prompt_buckets()[-1] == prompt_last() == 1024
+    with pytest.raises(EngineError, match=r"could not use --prompt-graphs '64,1025': .* 2 to 1024"):
+        parse_prompt_graphs("64,1025")
     with pytest.raises(EngineError, match=r"could not use --prompt-graphs 'always'"):
         Engine(models["gemma3"], prompt_graphs="always")
     with pytest.raises(EngineError, match=r"could not use --prompt-graph-margin -1: it must be 0 or more"):
@@ -203,6 +215,9 @@ def test_continued_prompt_equals_eager_continuation(models, arch, monkeypatch):
         p = padded[-1]  # eager: switched off, past largest^2 query x key rows, the prefill attention kernel
         assert PromptForward(m.net, p.cache, "padded", first=8, first_span=8, continued=False)._key(8, True, 8) is None
         assert PromptForward(m.net, p.cache, "padded", first=8, largest=12, first_span=8)._key(6, True, 12) is None
+        # the continued graphs run attend whatever the longest prompt graph: their budget stays 1024^2
+        wide = PromptForward(m.net, m.net.new_cache(4096), "padded")
+        assert wide.largest == 2048 and wide._key(1024, True, 1024) is None and wide._key(512, True, 1024) == (512, 2048)
         monkeypatch.setattr(attention, "PREFILL_ATTENTION", "kernel")
         assert p._key(8, True, 8) is None and p._key(8, True, 0) == 8
     finally:
