@@ -35,12 +35,7 @@ candidate is also timed as the whole layer the engine runs ("all qx"): a launch 
 layer faster (the two launches overlap by PDL as they may). Session 13 (moe23): --variants off,late,start,again
 times the default tiles' "all qx" layer also with PDL off (every launch), with the down let launch only after
 the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True; the default by width:
-moe_tiles.down_launch_at_start), and the default once more (the drift between). Session 14 (moe24f): --fused
-T,... times the layer in one launch (bench/moe_fused.py) at each tile text (fused_tile: c<chunk>g<gate
-rows>d<down rows>w<warps>u<unroll>, then e|g twice for the elementwise tiles, then nf: no fold, times only; a
-TYPE@ prefix as --down's) as "fused qx" rows (x quantized before, as the engine runs it; err against the float64
-reference over the launch's own h), then the default "all qx" once more beside them; --compile-only stops after
---compile-workers compiled (a device call compiles while its tests run).
+moe_tiles.down_launch_at_start), and the default once more (the drift between).
 """
 
 from __future__ import annotations
@@ -50,14 +45,12 @@ import concurrent.futures as cf
 import dataclasses
 import json
 import multiprocessing as mp
-import re
 
 import torch
 from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
 import gemv_tiles_bench
-import moe_fused
 import moe_twin
 from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, pdl
 from sparkd.engine.kernels.matmul import GemvConfig
@@ -100,15 +93,6 @@ def tile(text: str) -> GemvConfig:
     then :FLAGS (the kernels: kernels_of)."""
     text, _, stages = text.partition(":")[0].partition("+p")
     return dataclasses.replace(gemv_tiles_bench.tile(text), stages=int(stages or 0))
-
-
-def fused_tile(text: str) -> moe_fused.FusedTile:
-    """A --fused tile text (c64g8d32w4u2, then ee / eg / ge / gg, then nf) as moe_fused.FusedTile."""
-    m = re.fullmatch(r"c(\d+)g(\d+)d(\d+)w(\d+)u(\d+)([eg]{2})?(nf)?", text)
-    if m is None:
-        raise ValueError(f"--fused tile {text!r}: c<chunk>g<rows>d<rows>w<warps>u<unroll>[ee|eg|ge|gg][nf]")
-    ew = m[6] or "ee"
-    return moe_fused.FusedTile(*(int(m[i]) for i in range(1, 6)), ew[0] == "e", ew[1] == "e", m[7] is None)
 
 
 def kernels_of(text: str) -> moe_tiles.Kernels:
@@ -193,24 +177,6 @@ class Shape:
         sec = kb.graph_seconds(run, len(self.sets))
         return self.row("all qx", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
 
-    def fused(self, t: moe_fused.FusedTile, copy_bw: float) -> dict:
-        """The layer in one launch at t after the norm (x quantized before); err: y against the float64 down over
-        the launch's own h, and that h against float64 gate/up."""
-        qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
-        p, ref = self.sets[0], self.ref
-        err = float("nan")
-        if t.fold:
-            self.y.fill_(float("nan"))
-            hf = moe_fused.fused_decode(p, self.x, self.w, "silu", self.y, t, qx=qx)
-            h = act_quant.quantize(hf, p.down.act_fmt).dequantize()
-            err = max(kb.rel_err(self.y, kb.moe_torch(ref, self.x, self.w, torch.float64, h=h)),
-                      kb.rel_err(hf, kb.gate_up_torch(ref, self.x, torch.float64)))
-
-        def run(i):
-            moe_fused.fused_decode(self.sets[i % len(self.sets)], self.x, self.w, "silu", self.y, t, qx=qx)
-        sec = kb.graph_seconds(run, len(self.sets))
-        return self.row("fused qx", moe_fused.tag(t), sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
-
     def twin_gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
         """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before)."""
         qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
@@ -272,23 +238,15 @@ def table(qtype: T, n_experts: int, shape: tuple[int, int, int], matrix_bytes: i
     return moe.ExpertTable(arena, arena, arena, *offs, qtype, qtype, shape[0], shape[1])
 
 
-def given(qtype: T, text: str | None, default: list[str]) -> list[str]:
-    """A tile list option's tiles for qtype: "" times none; TYPE@tile: that type's only."""
-    if text is None:
-        return default
-    named = [t.partition("@") if "@" in t else ("", "", t) for t in text.split(",") if t]
-    return [t for name, _, t in named if name in ("", qtype.name)]
-
-
 def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
     if args.defaults_only:
         return [], []
-    return given(qtype, args.gate_up, GATE_UP[qtype.name]), given(qtype, args.down, DOWN[qtype.name])
-
-
-def given_fused(qtype: T, args) -> list[str]:
-    """The --fused tiles timed for qtype."""
-    return given(qtype, args.fused, [])
+    def given(text, default):  # "" times none; TYPE@tile: that type's only
+        if text is None:
+            return default
+        named = [t.partition("@") if "@" in t else ("", "", t) for t in text.split(",") if t]
+        return [t for name, _, t in named if name in ("", qtype.name)]
+    return given(args.gate_up, GATE_UP[qtype.name]), given(args.down, DOWN[qtype.name])
 
 
 SETS = moe_tiles.TILE_SETS  # --sets
@@ -346,32 +304,9 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
             gemv_tiles_bench.print_rows(rows[-1:])
         except Exception as e:  # noqa: BLE001 - a tile that fails to build leaves the others
             print(f"FAILED {qtype.name} {shape} {t}: {type(e).__name__}: {e}", flush=True)
-    fused = given_fused(qtype, args)
-    for t in fused:
-        try:
-            rows.append(s.fused(fused_tile(t), copy_bw))
-            gemv_tiles_bench.print_rows(rows[-1:])
-        except Exception as e:  # noqa: BLE001 - a tile that fails to build leaves the others
-            print(f"FAILED {qtype.name} {shape} fused {t}: {type(e).__name__}: {e}", flush=True)
-    if fused:  # the default beside them once more
-        rows.append(s.engine("default again", new[1], new[2], new[3], copy_bw))
-        gemv_tiles_bench.print_rows(rows[-1:])
     del s
     torch.cuda.empty_cache()
     return rows
-
-
-def warm_fused(job: tuple[str, tuple[int, int, int], str]) -> str:
-    """Compile one type's fused launch at a --fused tile (a worker process: Triton's disk cache)."""
-    name, shape, text = job
-    s = Shape(qtype_of(name), shape, reference=False)
-    qx = act_quant.quantize(s.x[None], s.sets[0].gate_up.act_fmt)
-    try:
-        moe_fused.fused_decode(s.sets[0], s.x, s.w, "silu", s.y, fused_tile(text), qx=qx)
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 - the timed run reports it again
-        return f"{name} fused {text}: {type(e).__name__}"
-    return f"{name} fused {text}"
 
 
 def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, ...]]) -> str:
@@ -422,9 +357,8 @@ def precompile(types: list[T], shape: tuple[int, int, int], args) -> None:
         jobs.append((qtype.name, shape, [], [], SETS, args.variants))  # the defaults (and the old tiles)
         jobs += [(qtype.name, shape, [t], [], SETS, ()) for t in gus] + \
             [(qtype.name, shape, [], [t], SETS, ()) for t in dns]
-    fused = [(qtype.name, shape, t) for qtype in types for t in given_fused(qtype, args)]
     with cf.ProcessPoolExecutor(args.compile_workers, mp_context=mp.get_context("spawn")) as ex:
-        for done in [*ex.map(warm_fused, fused), *ex.map(warm, jobs)]:
+        for done in ex.map(warm, jobs):
             print(f"compiled {done}", flush=True)
 
 
@@ -440,8 +374,6 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(moe_tiles.TILE_SETS), help="tile sets timed (moe_tiles.TILE_SETS)")
     ap.add_argument("--no-twins", dest="twins", action="store_false", help="no load-only twins (moe_twin)")
     ap.add_argument("--variants", default="", help=f"the default layer's extra rows ({','.join(VARIANTS)})")
-    ap.add_argument("--fused", default=None, help="one-launch tiles to time (moe_fused; fused_tile's text)")
-    ap.add_argument("--compile-only", action="store_true", help="stop after --compile-workers compiled")
     args = ap.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
     if set(args.variants) - set(VARIANTS):
@@ -452,8 +384,6 @@ def main() -> None:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if args.compile_workers:
         precompile(types, min(shapes), args)
-    if args.compile_only:
-        return
     copy_bw = kb.copy_bandwidth()
     print("kernel / type / tile / us / GB/s / frac (2 GiB copy) / frac_same (same-bytes copy) / err", flush=True)
     print(f"device {torch.cuda.get_device_name()}  d2d copy {copy_bw / 1e9:.0f} GB/s (read+write)  "

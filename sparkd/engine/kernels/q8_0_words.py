@@ -20,9 +20,6 @@ no masks (no predicated loads, no registers zeroed for masked-out lanes, no mask
 same bits as idot (bench/moe_kernels_sass.py: the gate/up loop 105 -> 89 warp instructions at
 2/1/1/e, the down's 193 -> 155 at 4/1/1/g). Both are one step (_step, MASKED a constexpr; session 8,
 moe16), the head's dp4a accumulating onto the words' in both (dp4a_add: integer, exact).
-
-idot_blocks (session 14, moe24f): the masked step on NB blocks (even) instead of a group's 8, for
-bench/moe_fused.py's down on a chunk of NB * 32 columns; _step's code and bits at 8 are the same.
 """
 
 import triton
@@ -44,22 +41,14 @@ def idot_full(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.c
 
 
 @triton.jit
-def idot_blocks(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr,
-                NB: tl.constexpr):
-    """idot on steps of NB blocks (even: the pairs), step g the row's blocks [g * NB, (g + 1) * NB); the
-    elementwise tile acc [BN, NB, 8] (moe_fused's down on a chunk of NB * 32 columns; session 14)."""
-    return _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU, True, NB)
-
-
-@triton.jit
 def _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr,
-          MASKED: tl.constexpr, NB: tl.constexpr = 8):
-    s = tl.arange(0, NB)[None, :, None]  # block in the group
-    b = g * NB + s  # block index along the row [1, NB, 1]; g * NB is even: b's parity is s's
+          MASKED: tl.constexpr):
+    s = tl.arange(0, 8)[None, :, None]  # block in the group
+    b = g * 8 + s  # block index along the row [1, 8, 1]; g * 8 is even: b's parity is s's
     lane = tl.arange(0, 8)[None, None, :]  # 32-bit word lane of the block
     even = (s % 2) == 0
-    blk = w_ptr + row_off[:, None, None] + b * 34  # [BN, NB, 1] block starts
-    full = tl.zeros((row_off.shape[0], NB, 8), tl.int32)
+    blk = w_ptr + row_off[:, None, None] + b * 34  # [BN, 8, 1] block starts
+    full = tl.zeros((row_off.shape[0], 8, 8), tl.int32)
     shift = tl.where(even, 2, 0)
     wp = (blk + 2 + shift + 4 * lane).to(tl.pointer_type(tl.int32))
     hp = (blk - 2 + shift + full).to(tl.pointer_type(tl.int32))
