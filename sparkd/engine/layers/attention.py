@@ -93,7 +93,10 @@ FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 
 
 # a prompt's attention on CUDA (several tokens, from a host start): "sdpa" (default, session 14, prefill29)
-# attend_sdpa, torch's memory-efficient kernel (no sinks: those run attend); "torch" attend's ~30 ops (the
+# attend_sdpa, torch's memory-efficient kernel, for a prompt from position 0 (no sinks: those run attend; a
+# prompt continuing the cache runs attend as its continued graph does, so a key run eagerly keeps the graph's
+# bits; the kernel runs few blocks for few queries over many keys: 48 over 1648 1.42x slower, prefill30);
+# "torch" attend's ~30 ops (the
 # way before: the [H, T, S] float32 scores in memory, growing as T^2); "kernel" (session 11, attn11)
 # kernels/prefill_attention in one launch, each query row's bits whatever the prompt's length (a prompt
 # padded to its graph bucket keeps the eager prompt's bits), but 16x torch's GPU time on the H200 as it
@@ -160,7 +163,7 @@ class Attention(nn.Module):
             from sparkd.engine.kernels.prefill_attention import prefill_attention
 
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
-        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and isinstance(start, int) and self.sinks is None
+        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and start == 0 and self.sinks is None
               and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
             o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window)
         else:
