@@ -94,8 +94,8 @@ FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 
 # a prompt's attention on CUDA (several tokens, from a host start): "sdpa" (default, session 14, prefill29)
 # attend_sdpa, torch's memory-efficient kernel, for a prompt from position 0 (no sinks: those run attend; a
-# prompt continuing the cache runs attend as its continued graph does, so a key run eagerly keeps the graph's
-# bits; the kernel runs few blocks for few queries over many keys: 48 over 1648 1.42x slower, prefill30);
+# prompt continuing the cache runs attend, as its continued graph does: the kernel runs few blocks for few
+# queries over many keys, 48 over 1648 1.42x slower, prefill30);
 # "torch" attend's ~30 ops (the
 # way before: the [H, T, S] float32 scores in memory, growing as T^2); "kernel" (session 11, attn11)
 # kernels/prefill_attention in one launch, each query row's bits whatever the prompt's length (a prompt
