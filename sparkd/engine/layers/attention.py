@@ -163,7 +163,7 @@ class Attention(nn.Module):
             from sparkd.engine.kernels.prefill_attention import prefill_attention
 
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
-        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and start == 0 and self.sinks is None
+        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and isinstance(start, int) and start == 0 and self.sinks is None
               and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
             o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window)
         else:
