@@ -11,7 +11,8 @@
 #               and session 13's prompt attention (SPARKD_PREFILL_ATTENTION=torch) in its own process; two
 #               chats taking turns through the prompt store against the single cache (prompt_cache_bench --ab);
 #               a two-turn chat's second turn with the prompt cache on / off.
-# Results: $OUT/res.tgz + $OUT/log.txt.
+# As run: PART=tests only (425 s on a cold box; group 10 failed on a bug, fixed; call2.sh re-ran it); PART=bench was
+# not run: the device time left went to call2.sh. Results: $OUT/res.tgz + $OUT/log.txt.
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
