@@ -97,6 +97,17 @@ def test_turns_reuse_the_prefix_and_give_the_whole_prompts_tokens(engines, arch,
     assert _run(off, turn1)[0] == reply
 
 
+def _break_prompt(engine, monkeypatch):
+    """engine's prompt forward writes its rows, then fails (monkeypatch.undo() mends it)."""
+    real_prompt = engine._prompt
+
+    def broken_prompt(tokens, last=False):
+        real_prompt(tokens, last=last)
+        raise RuntimeError("device lost")
+    broken_prompt.continues = real_prompt.continues
+    monkeypatch.setattr(engine, "_prompt", broken_prompt)
+
+
 @pytest.mark.parametrize("where", ["prompt", "step"])
 def test_a_failed_forward_claims_no_rows(engines, monkeypatch, where):
     for arch in ("qwen3moe", "kimi-k3"):
@@ -104,13 +115,7 @@ def test_a_failed_forward_claims_no_rows(engines, monkeypatch, where):
         turn1 = list(range(3, 19))
         _run(on, turn1)
         if where == "prompt":  # the continued prompt fails after writing its rows (and the KDA state)
-            real_prompt = on._prompt
-
-            def broken_prompt(tokens, last=False):
-                real_prompt(tokens, last=last)
-                raise RuntimeError("device lost")
-            broken_prompt.continues = real_prompt.continues
-            monkeypatch.setattr(on, "_prompt", broken_prompt)
+            _break_prompt(on, monkeypatch)
         else:  # the decode step does
             real = on._step.__class__.__call__
 
@@ -232,13 +237,7 @@ def test_a_failed_request_stores_nothing(engines, monkeypatch):
     on, off, _ = engines["qwen3moe"]
     on._held.begin([])
     _run(on, list(range(3, 19)))
-    real_prompt = on._prompt
-
-    def broken_prompt(tokens, last=False):
-        real_prompt(tokens, last=last)
-        raise RuntimeError("device lost")
-    broken_prompt.continues = real_prompt.continues
-    monkeypatch.setattr(on, "_prompt", broken_prompt)
+    _break_prompt(on, monkeypatch)
     failed = list(range(50, 62))
     with pytest.raises(RuntimeError, match="device lost"):
         _run(on, failed)  # gives up the first conversation: saved (its rows were claimed)
