@@ -95,9 +95,8 @@ FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 # a prompt's attention on CUDA (several tokens, from a host start): "sdpa" (default, session 14, prefill29)
 # attend_sdpa, torch's memory-efficient kernel, for a prompt from position 0 (no sinks: those run attend; a
 # prompt continuing the cache runs attend, as its continued graph does: the kernel runs few blocks for few
-# queries over many keys, 48 over 1648 1.42x slower, prefill30);
-# "torch" attend's ~30 ops (the
-# way before: the [H, T, S] float32 scores in memory, growing as T^2); "kernel" (session 11, attn11)
+# queries over many keys, 48 over 1648 1.42x slower, prefill30); "torch" attend's ~30 ops (the way before:
+# the [H, T, S] float32 scores in memory, growing as T^2); "kernel" (session 11, attn11)
 # kernels/prefill_attention in one launch, each query row's bits whatever the prompt's length (a prompt
 # padded to its graph bucket keeps the eager prompt's bits), but 16x torch's GPU time on the H200 as it
 # stands (docs/performance.md, attn11)
@@ -163,8 +162,8 @@ class Attention(nn.Module):
             from sparkd.engine.kernels.prefill_attention import prefill_attention
 
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
-        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and isinstance(start, int) and start == 0 and self.sinks is None
-              and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
+        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and isinstance(start, int) and start == 0
+              and self.sinks is None and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
             o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
