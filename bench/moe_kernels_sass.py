@@ -3,7 +3,11 @@ cuobjdump): registers per thread, so one-warp programs per SM (at most 32 on Hop
 largest loop's instruction mix, as bench/kernels_sass.py gives them for the GEMV.
 
 Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up 4/1/2/g,2/1/2/e:-
-       [--down 4/1/1/g/8,2/1/4/e/8:-] [--groups 8]   (tiles as moe_tiles_bench.tile; :FLAGS the kernels, kernels_of)
+       [--down 4/1/1/g/8,2/1/4/e/8:-] [--groups 8] [--twins]   (tiles as moe_tiles_bench.tile; :FLAGS the kernels,
+       kernels_of)
+Session 14 (moe25): "outside", the static instruction count outside that loop (the prologue and epilogue: the
+gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
+down's with its fold) compiled the same way.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ from __future__ import annotations
 import argparse
 import re
 
+import triton
 from gguf.constants import GGMLQuantizationType as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
+import moe_twin
 from kernels_sass import WATCH, registers
 from moe_tiles_bench import kernels_of, tile
 from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, pdl
@@ -29,16 +35,24 @@ DOWN = dict(down_ptr=U8, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_p
             part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
 GATE_UP = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32, xs_ptr=I32,
                rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
+TWIN = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, xw_ptr=I32, out_ptr=I32, down_ptr=U8, down_off=I64,
+            hw_ptr=I32, y_ptr=F32, tickets_ptr=I32)
+SCALARS.update(row_words="i32", n_groups="i32")
 
 
-def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool) -> bytes:
+def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool, aligned: tuple = ALIGNED) -> bytes:
     names = kern.arg_names
     consts = pdl.compile_args(kern, consts)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, SCALARS.get(n)) for n in names}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED if n in names and n not in consts}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names and n not in consts}
     src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     return compile(src, target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": num_warps, "enable_fp_fusion": fp_fusion}).asm["cubin"]
+
+
+def instructions(text: str) -> int:
+    """The SASS text's instruction count."""
+    return sum(1 for line in text.splitlines() if re.search(r"\t[A-Z@]", line))
 
 
 def largest_loop(text: str) -> list[str]:
@@ -70,10 +84,31 @@ def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
                       XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, TILED=False,
                       **common)
         binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
-    regs, ops = registers(binary), largest_loop(get_sass(binary))
-    programs = min(32, 65536 // (regs * 32 * cfg.num_warps))  # Hopper: 64K registers, 32 blocks per SM
+    return line(qtype.name, kind, text, binary, cfg.num_warps)
+
+
+def twin(qtype: T, kind: str, text: str, groups: int = 8) -> str:
+    """The tile's load-only twin (moe_twin, GGUF rows), as moe_twin.gate_up / down launch it: a row's words
+    on 16 bytes where its groups a row are a multiple of 4 (the gate/up's model widths from 1024; the down's
+    `groups`)."""
+    cfg, (gw, gwp) = tile(text), moe_twin._group_words(dispatch.FAMILIES[qtype])
+    common = dict(GW=gw, GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, UP=triton.next_power_of_2(cfg.unroll))
+    aligned = ALIGNED + ("out_ptr",) + (("row_words",) if kind == "gate/up" or groups % 4 == 0 else ())
+    if kind == "gate/up":
+        binary = cubin(moe_twin._twin_gate_up_kernel, TWIN, common, cfg.num_warps, True, aligned)
+    else:
+        binary = cubin(moe_twin._twin_down_kernel, TWIN, dict(SPLIT=cfg.split or 1, FOLD=(cfg.split or 1) > 1,
+                                                             **common), cfg.num_warps, True, aligned)
+    return line(qtype.name, kind + "~", text, binary, cfg.num_warps)
+
+
+def line(name: str, kind: str, text: str, binary: bytes, num_warps: int) -> str:
+    sass = get_sass(binary)
+    regs, ops = registers(binary), largest_loop(sass)
+    programs = min(32, 65536 // (regs * 32 * num_warps))  # Hopper: 64K registers, 32 blocks per SM
     counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH if ops.count(op))
-    return f"{qtype.name} {kind:7} {text:12} {regs:3d} registers, {programs:2d} programs/SM, loop {len(ops)} warp-instr  {counts}"
+    return (f"{name} {kind:7} {text:12} {regs:3d} registers, {programs:2d} programs/SM, loop {len(ops)} warp-instr, "
+            f"outside {instructions(sass) - len(ops)}  {counts}")
 
 
 def main() -> None:
@@ -82,10 +117,13 @@ def main() -> None:
     ap.add_argument("--gate-up", default="", help="gate/up tiles rows/warps/unroll/e|g, comma-separated")
     ap.add_argument("--down", default="", help="down tiles rows/warps/unroll/e|g/split, comma-separated")
     ap.add_argument("--groups", type=int, default=8, help="the down's groups a row (F / 256; Kernels.down_full)")
+    ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~)")
     args = ap.parse_args()
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
             print(report(T[args.type], kind, text, args.groups), flush=True)
+            if args.twins:
+                print(twin(T[args.type], kind, text, args.groups), flush=True)
 
 
 if __name__ == "__main__":

@@ -102,14 +102,16 @@ def test_the_down_launches_after_the_gate_up_loop_below_width_4096(monkeypatch):
 def test_the_offline_compile_bench_builds_the_engine_kernels():
     """bench/moe_kernels_sass.py compiles the MoE decode kernels for sm_90 with every constexpr the launches
     pass (a constexpr the engine added and the bench left out broke it once: TILED, DOWN_AT_START); its rows
-    count the integer dots of the largest loop, which the kernels cannot lack."""
+    count the integer dots of the largest loop, which the kernels cannot lack; --twins (moe25) each tile's
+    load-only twin too (bench/moe_twin.py), a loop with no integer dot."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(BENCH.parent), str(BENCH), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, str(BENCH / "moe_kernels_sass.py"), "--type", "Q8_0", "--gate-up", "2/1/2/e",
-                          "--down", "2/1/1/e/2"], env=env, capture_output=True, text=True, timeout=300)
+                          "--down", "2/1/1/e/2", "--twins"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = re.findall(r"^Q8_0 (gate/up|down) +\S+ +(\d+) registers, .* IDP=(\d+)", out.stdout, re.M)
-    assert [r[0] for r in rows] == ["gate/up", "down"] and all(int(r[1]) > 0 and int(r[2]) > 0 for r in rows), out.stdout
+    rows = re.findall(r"^Q8_0 (gate/up~?|down~?) +\S+ +(\d+) registers, .*loop (\d+) warp-instr(.*)$", out.stdout, re.M)
+    assert [r[0] for r in rows] == ["gate/up", "gate/up~", "down", "down~"], out.stdout
+    assert all(int(r[1]) > 0 and int(r[2]) > 0 and ("IDP=" in r[3]) != r[0].endswith("~") for r in rows), out.stdout
 
 
 # Q4_K under the interpreter takes ~5 minutes even at 256x256 (too long for CI): compiled only;
