@@ -18,7 +18,7 @@ import torch
 from sparkd.engine.chat import THINK_TAGS, ChatTemplate
 from sparkd.engine.errors import EngineError
 from sparkd.engine.models.decoder import prompt_last_only
-from sparkd.engine.prompt_store import PromptStore, store_bytes
+from sparkd.engine.prompt_store import PromptStore, common_prefix, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, kv_bytes
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
@@ -396,8 +396,7 @@ class PromptCache:
         held = self.tokens
         if not held or not ids:
             return 0
-        n = min(len(held), len(ids))
-        common = next((i for i in range(n) if held[i] != ids[i]), n)
+        common = common_prefix(held, ids)
         if common == len(ids) and not (self.logits is not None and self.prompt == list(ids)):
             common -= 1  # re-run the last token for its logits
         if not rewindable and common < len(held):

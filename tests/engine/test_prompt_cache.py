@@ -19,7 +19,7 @@ from bench_script import load_bench_script
 from sparkd.engine.errors import EngineError
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
-from sparkd.engine.prompt_store import MIB, PromptStore, parse_store_mib
+from sparkd.engine.prompt_store import MIB, PromptStore, common_prefix, parse_store_mib
 from sparkd.engine.runtime import Engine, GenerationRequest, MemoryPlanError, PromptCache
 from sparkd.engine.sampler import SamplingParams
 from sparkd.engine.server.metrics import EngineMetrics
@@ -49,6 +49,15 @@ def test_reusable_is_the_common_prefix_less_the_last_token_unless_its_logits_are
     assert held.reusable([1, 2, 3], rewindable=False) == 0  # would rewind past fed 4
     held.begin(held.tokens)  # rows being written: nothing claimed until written()
     assert held.reusable([1, 2, 3, 4, 5]) == 0
+
+
+def test_common_prefix_finds_the_first_difference_in_any_chunk():
+    a = list(range(1000))
+    for k in (0, 1, 255, 256, 257, 511, 999):  # chunk edges of the default 256 and a small chunk
+        b = a[:k] + [-1] + a[k + 1:]
+        assert common_prefix(a, b) == common_prefix(a, b, chunk=3) == k
+    assert common_prefix(a, a) == 1000 and common_prefix(a, a[:700]) == common_prefix(a[:700], a) == 700
+    assert common_prefix(a, tuple(a[:300]) + (5,)) == 300 and common_prefix([], a) == 0
 
 
 @pytest.fixture(scope="module")
