@@ -28,7 +28,7 @@ prompt padded to its length bucket, the last real token's logits read through a 
 ($SPARKD_PREFILL_GRAPHS=0 runs prompts eagerly). Session 12: a bucket whose capture fails or would
 leave less free device memory than a margin runs eagerly from then on (logged once), and the server
 captures the buckets at load (serve --prompt-graphs, PromptForward.warm). Session 13 (graphs13): a
-prompt that continues the cache (n_past > 0: a chat's next turn, runtime.PromptCache) replays a
+prompt that continues the cache (n_past > 0: a chat's next turn, prompt_store.PromptCache) replays a
 "continued" graph of its length bucket and an attention span, its positions on the device as the
 decode step's ($SPARKD_CONTINUE_GRAPHS=0 runs those eagerly).
 """
@@ -490,7 +490,7 @@ class PromptForward:
 
     def continues(self, n: int, start: int, last: bool = True) -> bool:
         """Whether an n-token prompt whose first start tokens the cache holds should continue there
-        (engine.PromptCache) rather than run whole: unless only the whole prompt replays a graph. H200,
+        (prompt_store.PromptCache) rather than run whole: unless only the whole prompt replays a graph. H200,
         12 layers of qwen3-30b-a3b: a continued graph beat the whole prompt at 80-1648 tokens (1.1-5.3x),
         a whole prompt's graph beat continuing eagerly up to 1024 tokens (docs/performance.md, graphs13)."""
         return not self.replays(n, last) or self.replays(n - start, last, start)

@@ -1,9 +1,11 @@
-"""The prompt store (serve --prompt-cache-mib): copies of the KV rows of the conversations the live
+"""The prompt cache and its store. PromptCache (serve --prompt-cache): the token ids whose K/V rows the
+live cache holds, so a request continues at the prefix its prompt shares with them. The prompt store
+(serve --prompt-cache-mib): copies of the KV rows of the conversations the live
 cache gave up, so clients taking turns (an IDE agent and a chat, two agent threads) each continue
 their own prefix instead of running their whole prompt again (what llama.cpp server's slot
 save/restore and vLLM's prefix caching give, here for one decode slot).
 
-When: the live cache (runtime.PromptCache) is copied here just before a request overwrites rows it
+When: the live cache (PromptCache, below) is copied here just before a request overwrites rows it
 claims (its prompt does not extend them all), so a single conversation's turns copy nothing, and the
 copy holds what the last request left (claimed rows only: a failed forward claimed none, so it
 stores nothing). A request then continues the longest prefix the live cache or a stored copy holds;
@@ -32,7 +34,6 @@ if TYPE_CHECKING:  # torch only for annotations: the CLI parses its flags before
     import torch
 
     from sparkd.engine.layers.kv_cache import KVCache
-    from sparkd.engine.runtime import PromptCache
 
 MIB = 1 << 20
 # auto: 2 GiB, at most 1/16 of the memory budget. 2 GiB holds a few conversations' f32 rows of a
@@ -77,6 +78,56 @@ def common_prefix(a: Sequence[int], b: Sequence[int], chunk: int = 256) -> int:
     return n
 
 
+class PromptCache:
+    """The token ids whose K/V rows the engine's cache holds (positions 0..n-1: the last request's
+    prompt and the tokens it fed, as far as they were written), so the next request continues at
+    the common prefix instead of running its whole prompt again (llama.cpp's cache_prompt).
+
+    Only rows written by a step or a prompt chunk that finished are claimed: begin() drops the claim
+    while rows are being written and written() gives it back with the new ids, so an error or a
+    cancel in a forward leaves nothing claimed and the next request starts from an empty, reset cache.
+    The logits of the last prompt's last token are kept too: the same prompt again (a repeated
+    request) reuses every row and those logits, so it gives the same bits as the first time.
+
+    A cache with recurrent state (KVCache.rewindable False: kimi-k3's KDA, deepseek4's compressor
+    rings) cannot go back to a shorter prefix: it is reused only when everything it holds is a
+    prefix of the new prompt."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] | None = None  # None: nothing claimed (the next request resets the cache)
+        self.prompt: list[int] = []  # the prompt whose last token gave `logits`
+        self.logits: torch.Tensor | None = None
+
+    def reusable(self, ids: Sequence[int], rewindable: bool = True) -> int:
+        """How many leading positions of prompt ids the cache can keep: the common prefix, at most
+        len(ids) - 1 (the last token's logits are needed) unless those are kept (the same prompt
+        again); 0 when the cache is not a prefix of ids and cannot rewind."""
+        held = self.tokens
+        if not held or not ids:
+            return 0
+        common = common_prefix(held, ids)
+        if common == len(ids) and not (self.logits is not None and self.prompt == list(ids)):
+            common -= 1  # re-run the last token for its logits
+        if not rewindable and common < len(held):
+            return 0
+        return common
+
+    def begin(self, tokens: list[int]) -> list[int]:
+        """Rows past `tokens` are about to be written: claim none until written() says they were."""
+        self.tokens = None
+        return tokens
+
+    def written(self, tokens: list[int], new: Sequence[int], prompt: Sequence[int] | None = None,
+                logits: torch.Tensor | None = None) -> None:
+        """The rows of `new` after `tokens` are written; with prompt: the prompt that ends there and
+        its last token's logits."""
+        tokens.extend(new)
+        self.tokens = tokens
+        if prompt is not None:
+            self.prompt, self.logits = list(prompt), None if logits is None else logits.clone()
+
+
+
 @dataclass(eq=False)
 class _Entry:
     held: PromptCache  # its token ids, prompt and that prompt's last logits
@@ -110,8 +161,6 @@ class PromptStore:
     def save(self, cache: KVCache, held: PromptCache) -> None:
         """Copy the rows held claims (and the cache's sequence state) unless they do not fit the budget;
         evicts least recently used copies for room, and drops those the new one covers."""
-        from sparkd.engine.runtime import PromptCache
-
         tokens = held.tokens
         if not tokens:
             return

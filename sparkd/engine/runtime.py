@@ -18,7 +18,7 @@ import torch
 from sparkd.engine.chat import THINK_TAGS, ChatTemplate
 from sparkd.engine.errors import EngineError
 from sparkd.engine.models.decoder import prompt_last_only
-from sparkd.engine.prompt_store import PromptStore, common_prefix, store_bytes
+from sparkd.engine.prompt_store import PromptCache, PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, kv_bytes
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
@@ -367,55 +367,6 @@ class Engine:
             self.streaming.close()
         elif self.gguf is not None:
             self.gguf.close()
-
-
-class PromptCache:
-    """The token ids whose K/V rows the engine's cache holds (positions 0..n-1: the last request's
-    prompt and the tokens it fed, as far as they were written), so the next request continues at
-    the common prefix instead of running its whole prompt again (llama.cpp's cache_prompt).
-
-    Only rows written by a step or a prompt chunk that finished are claimed: begin() drops the claim
-    while rows are being written and written() gives it back with the new ids, so an error or a
-    cancel in a forward leaves nothing claimed and the next request starts from an empty, reset cache.
-    The logits of the last prompt's last token are kept too: the same prompt again (a repeated
-    request) reuses every row and those logits, so it gives the same bits as the first time.
-
-    A cache with recurrent state (KVCache.rewindable False: kimi-k3's KDA, deepseek4's compressor
-    rings) cannot go back to a shorter prefix: it is reused only when everything it holds is a
-    prefix of the new prompt."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] | None = None  # None: nothing claimed (the next request resets the cache)
-        self.prompt: list[int] = []  # the prompt whose last token gave `logits`
-        self.logits: torch.Tensor | None = None
-
-    def reusable(self, ids: Sequence[int], rewindable: bool = True) -> int:
-        """How many leading positions of prompt ids the cache can keep: the common prefix, at most
-        len(ids) - 1 (the last token's logits are needed) unless those are kept (the same prompt
-        again); 0 when the cache is not a prefix of ids and cannot rewind."""
-        held = self.tokens
-        if not held or not ids:
-            return 0
-        common = common_prefix(held, ids)
-        if common == len(ids) and not (self.logits is not None and self.prompt == list(ids)):
-            common -= 1  # re-run the last token for its logits
-        if not rewindable and common < len(held):
-            return 0
-        return common
-
-    def begin(self, tokens: list[int]) -> list[int]:
-        """Rows past `tokens` are about to be written: claim none until written() says they were."""
-        self.tokens = None
-        return tokens
-
-    def written(self, tokens: list[int], new: Sequence[int], prompt: Sequence[int] | None = None,
-                logits: torch.Tensor | None = None) -> None:
-        """The rows of `new` after `tokens` are written; with prompt: the prompt that ends there and
-        its last token's logits."""
-        tokens.extend(new)
-        self.tokens = tokens
-        if prompt is not None:
-            self.prompt, self.logits = list(prompt), None if logits is None else logits.clone()
 
 
 class _ReasoningBudget:

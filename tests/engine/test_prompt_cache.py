@@ -1,4 +1,4 @@
-"""The prompt cache (runtime.PromptCache, serve --prompt-cache): a request continues the KV cache at
+"""The prompt cache (prompt_store.PromptCache, serve --prompt-cache): a request continues the KV cache at
 the prefix its prompt shares with the last request's tokens, gives the tokens the whole prompt
 gives, claims no rows a failed forward may have half written, and on a model with recurrent state
 (kimi-k3's KDA) continues only a cache that is wholly a prefix of the new prompt.
@@ -19,8 +19,8 @@ from bench_script import load_bench_script
 from sparkd.engine.errors import EngineError
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
-from sparkd.engine.prompt_store import MIB, PromptStore, common_prefix, parse_store_mib
-from sparkd.engine.runtime import Engine, GenerationRequest, MemoryPlanError, PromptCache
+from sparkd.engine.prompt_store import MIB, PromptCache, PromptStore, common_prefix, parse_store_mib
+from sparkd.engine.runtime import Engine, GenerationRequest, MemoryPlanError
 from sparkd.engine.sampler import SamplingParams
 from sparkd.engine.server.metrics import EngineMetrics
 
