@@ -67,16 +67,16 @@ def main() -> int:
         scale = D ** -0.5
         att = prefill_attention(qt, kt, vt, 0, scale)
         want = attend(qt.double(), kt.double(), vt.double(), scale, 0)
-        sdpa = attend_sdpa(qt, kt, vt, scale, 0)
+        sdpa = attend_sdpa(qt, kt, vt, scale)
         lin = float_gemm(xt, w)
         r = res["rows"][T] = {
             "bucket": P,
             "attend_ms": gpu_ms(lambda: attend(qt, kt, vt, scale, 0), a.iters, a.repeats),
             "kernel_ms": (gpu_ms(lambda: prefill_attention(qt, kt, vt, 0, scale), a.iters, a.repeats)
                           if T <= a.kernel_max else float("nan")),
-            "sdpa_ms": gpu_ms(lambda: attend_sdpa(qt, kt, vt, scale, 0), a.iters, a.repeats),
+            "sdpa_ms": gpu_ms(lambda: attend_sdpa(qt, kt, vt, scale), a.iters, a.repeats),
             "sdpa_err": rel64(sdpa, want),
-            "sdpa_padded_bits": bool(torch.equal(attend_sdpa(q, k, v, scale, 0)[:T], sdpa)),
+            "sdpa_padded_bits": bool(torch.equal(attend_sdpa(q, k, v, scale)[:T], sdpa)),
             "kernel_err": rel64(att, want), "torch_err": rel64(attend(qt, kt, vt, scale, 0), want),
             "kernel_padded_bits": bool(torch.equal(prefill_attention(q, k, v, 0, scale)[:T], att)),
             "torch_padded_bits": bool(torch.equal(attend(q, k, v, scale, 0)[:T], attend(qt, kt, vt, scale, 0))),

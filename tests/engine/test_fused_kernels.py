@@ -197,17 +197,16 @@ def test_prefill_attention_matches_attend_and_ignores_padding(backend, H, Hkv, D
     assert torch.equal(padded[:T], got)
 
 
-@pytest.mark.parametrize("backend, H, Hkv, Dk, Dv, start, T, window", [
-    pytest.param("cpu", 4, 2, 16, 8, 5, 9, 3, id="cpu"),
-    *on_gpu_only((32, 4, 128, 128, 0, 512, 0), (32, 4, 128, 128, 0, 2048, 0), (32, 4, 128, 128, 600, 40, 0),
-                 (8, 2, 64, 64, 5, 100, 16), (6, 3, 24, 20, 0, 130, 0), (4, 4, 256, 256, 0, 70, 0))])
-def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, start, T, window):
-    """The prompt's default attention (SPARKD_PREFILL_ATTENTION=sdpa) within the bound of attend in
-    float64: from position 0 (the kernel's own causal mask) and continuing the cache (a mask)."""
-    S = start + T
-    q, k, v = torch.randn(T, H, Dk), torch.randn(S, Hkv, Dk), torch.randn(S, Hkv, Dv)
-    want = attend(q.double(), k.double(), v.double(), 0.3, start, window)
-    got = attend_sdpa(q.to(backend), k.to(backend), v.to(backend), 0.3, start, window)
+@pytest.mark.parametrize("backend, H, Hkv, Dk, Dv, T, window", [
+    pytest.param("cpu", 4, 2, 16, 8, 9, 0, id="cpu"), pytest.param("cpu", 4, 2, 16, 8, 9, 3, id="cpu-window"),
+    *on_gpu_only((32, 4, 128, 128, 512, 0), (32, 4, 128, 128, 2048, 0), (8, 2, 64, 64, 100, 16), (6, 3, 24, 20, 130, 0),
+                 (4, 4, 256, 256, 70, 0))])
+def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, window):
+    """The prompt's default attention (SPARKD_PREFILL_ATTENTION=sdpa, a prompt from position 0) within the
+    bound of attend in float64: the kernel's own causal mask, and a sliding window's mask."""
+    q, k, v = torch.randn(T, H, Dk), torch.randn(T, Hkv, Dk), torch.randn(T, Hkv, Dv)
+    want = attend(q.double(), k.double(), v.double(), 0.3, 0, window)
+    got = attend_sdpa(q.to(backend), k.to(backend), v.to(backend), 0.3, window)
     assert got.shape == want.shape and rel_err(got, want) < BOUND["attention"]
 
 

@@ -66,26 +66,20 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
 SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int,
-                window: int = 0) -> torch.Tensor:
-    """attend (no sinks, no keep, a host start) through torch's scaled_dot_product_attention
-    (SDPA_BACKENDS): q [T, H, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv], S = start + T → [T, H, Dv]."""
-    T, H, _ = q.shape
-    S, Hkv, _ = k.shape
-    group = H // Hkv
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    causal = start == 0 and not window  # the kernel's own mask: query t reads keys 0..t (T = S)
+def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+    """attend for a prompt from position 0 (no sinks, no keep) through torch's scaled_dot_product_attention
+    (SDPA_BACKENDS): q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv] → [T, H, Dv]. The kernel's own causal mask,
+    or a boolean one for a sliding window."""
+    H, Hkv = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(H // Hkv, dim=1)
+    v = v.repeat_interleave(H // Hkv, dim=1)
     mask = None
-    if not causal:  # key s visible to query t: s <= start + t (and inside the window)
-        pos_q = torch.arange(start, start + T, device=q.device)[:, None]
-        pos_k = torch.arange(S, device=q.device)[None, :]
-        mask = pos_k <= pos_q
-        if window:
-            mask &= (pos_q - pos_k) < window
+    if window:  # key s visible to query t: s <= t and t - s < window
+        pos = torch.arange(q.shape[0], device=q.device)
+        mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)
     with sdpa_kernel(SDPA_BACKENDS):
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                           attn_mask=mask, is_causal=causal, scale=scale)
+                                           attn_mask=mask, is_causal=not window, scale=scale)
     return o[0].transpose(0, 1)
 
 
@@ -164,7 +158,7 @@ class Attention(nn.Module):
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
         elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and isinstance(start, int) and start == 0
               and self.sinks is None and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
-            o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window)
+            o = attend_sdpa(q, k_all, v_all, self.scale, self.window)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
         o = o.reshape(T, -1)
