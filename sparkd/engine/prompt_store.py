@@ -57,12 +57,14 @@ def parse_store_mib(text: str) -> int | None:
     return mib * MIB
 
 
-def store_bytes(requested: int | None, budget_bytes: int | None) -> int:
-    """The store's budget: requested (bytes), or auto's (DEFAULT_BYTES, at most BUDGET_SHARE of a
-    memory budget when there is one)."""
+def store_bytes(requested: int | None, budget_bytes: int | None, room: int | None = None) -> int:
+    """The store's budget: requested (bytes), or auto's: DEFAULT_BYTES, at most BUDGET_SHARE of a memory budget
+    when there is one, and at most room, what the rest of the plan leaves (so a plan that fitted without the
+    store still fits)."""
     if requested is not None:
         return requested
-    return DEFAULT_BYTES if budget_bytes is None else min(DEFAULT_BYTES, int(budget_bytes * BUDGET_SHARE))
+    auto = DEFAULT_BYTES if budget_bytes is None else min(DEFAULT_BYTES, int(budget_bytes * BUDGET_SHARE))
+    return auto if room is None else max(0, min(auto, room))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], chunk: int = 256) -> int:

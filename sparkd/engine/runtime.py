@@ -208,9 +208,8 @@ class Engine:
         experts = sum(4 * t.n_elements for n, t in gguf.tensors.items() if EXPERT_WEIGHT.match(n))
         trunk = sum(4 * t.n_elements for n, t in gguf.tensors.items() if not EXPERT_WEIGHT.match(n))
         kv = kv_bytes(cfg, self.n_ctx)
-        store = store_bytes(self._store_request, self.budget_bytes)
-        if self._store_request is None and self.budget_bytes is not None:  # auto takes only what the budget leaves
-            store = max(0, min(store, self.budget_bytes - trunk - kv - experts))
+        room = None if self.budget_bytes is None else self.budget_bytes - trunk - kv - experts
+        store = store_bytes(self._store_request, self.budget_bytes, room)
         plan = {"trunk": trunk, "kv": kv, "experts_resident": experts, "expert_cache": 0, "prompt_store": store}
         if self.budget_bytes is not None:
             plan["budget"] = self.budget_bytes

@@ -360,14 +360,11 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
                 slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
                 staging_bytes=staging_term_bytes(g, device))
     min_slots = cfg.n_expert_used if total_experts else 0
-    store = store_bytes(prompt_store_bytes, budget.bytes)
-    if prompt_store_bytes is None:  # auto takes only what the rest leaves: a plan that fitted without it still fits
-        if device.discrete:
-            room = device.free_bytes - vram_margin_bytes(device) - sum(model.values())
-        else:
-            room = budget.bytes - sum(host.values()) - sum(model.values()) - (prefetch_slots + min_slots) * slot
-        store = max(0, min(store, room))
-    model["prompt_store_bytes"] = store
+    if device.discrete:  # the room auto's store may take (store_bytes): the device's, else the host budget's
+        room = device.free_bytes - vram_margin_bytes(device) - sum(model.values())
+    else:
+        room = budget.bytes - sum(host.values()) - sum(model.values()) - (prefetch_slots + min_slots) * slot
+    model["prompt_store_bytes"] = store_bytes(prompt_store_bytes, budget.bytes, room)
     vram = split_vram(device, wants_vram_cache(device, unified), sum(model.values()), slot, total_experts,
                       vram_budget_bytes)
     terms = host | ({} if device.discrete else model)
