@@ -423,11 +423,11 @@ class PromptForward:
     from the table, K/V rows written by index), attending over the cache's rows [0, span), span the
     first of the decode step's buckets (first_span, doubling, the context last) that holds the
     prompt, keys past a query's position masked. Eager instead: the padding would cross the context,
-    bucket x span over min(largest, PROMPT_LAST_SCORES)^2 (a continued graph runs attend whatever
-    the prompt attention, its [H, bucket, span] scores in the pool: the rule keeps them within the
-    1024 bucket's under torch; attend_sdpa with a mask from the positions lost at 64 x 2048,
-    docs/performance.md, prefill30), and $SPARKD_PREFILL_ATTENTION=kernel (its kernel takes a host
-    start). Other prompts (one token, every token's logits, longer ones) run eagerly.
+    bucket x span over largest^2 where the bucket runs attend_sdpa (attention.continue_sdpa: no scores
+    in memory), else over min(largest, PROMPT_LAST_SCORES)^2 (attend's [H, bucket, span] scores in the
+    pool: the rule keeps them within the 1024 bucket's under torch), and
+    $SPARKD_PREFILL_ATTENTION=kernel (its kernel takes a host start). Other prompts (one token, every
+    token's logits, longer ones) run eagerly.
     "padded": the same padded forwards run eagerly (the CPU tests check what a graph replays);
     "eager": the network itself.
 
@@ -478,7 +478,9 @@ class PromptForward:
         else:
             rows = prompt_bucket(n, self.first)
             span = next(s for s in self.spans if s >= start + n) if start + rows <= cache.max_ctx else 0
-            if (not self.continued or not span or rows * span > min(self.largest, PROMPT_LAST_SCORES) ** 2
+            scores = not attention_layer.continue_sdpa(rows)  # it runs attend: [H, rows, span] scores in the pool
+            limit = min(self.largest, PROMPT_LAST_SCORES) if scores else self.largest
+            if (not self.continued or not span or rows * span > limit ** 2
                     or attention_layer.PREFILL_ATTENTION == "kernel"):
                 return None
             key = rows, span

@@ -215,9 +215,18 @@ def test_continued_prompt_equals_eager_continuation(models, arch, monkeypatch):
         p = padded[-1]  # eager: switched off, past largest^2 query x key rows, the prefill attention kernel
         assert PromptForward(m.net, p.cache, "padded", first=8, first_span=8, continued=False)._key(8, True, 8) is None
         assert PromptForward(m.net, p.cache, "padded", first=8, largest=12, first_span=8)._key(6, True, 12) is None
-        # the continued graphs run attend whatever the longest prompt graph: their budget stays 1024^2
+        # a bucket of CONTINUE_SDPA_ROWS or more runs attend_sdpa on CUDA: bucket x span up to largest^2; fewer
+        # rows (or SPARKD_CONTINUE_ATTENTION=torch) run attend, its scores bounded by 1024^2
         wide = PromptForward(m.net, m.net.new_cache(4096), "padded")
-        assert wide.largest == 2048 and wide._key(1024, True, 1024) is None and wide._key(512, True, 1024) == (512, 2048)
+        assert attention.continue_sdpa(256) and not attention.continue_sdpa(255)
+        assert wide.largest == 2048 and wide._key(1024, True, 1024) == (1024, 2048)
+        assert wide._key(1024, True, 2048) == (1024, 4096) and wide._key(2048, True, 1024) is None
+        assert wide._key(192, True, 3000) == (192, 4096) and wide._key(288, True, 3700) == (320, 4096)
+        monkeypatch.setattr(attention, "CONTINUE_SDPA_ROWS", 512)
+        assert wide._key(288, True, 3700) is None and wide._key(512, True, 1024) == (512, 2048)
+        monkeypatch.setattr(attention, "CONTINUE_ATTENTION", "torch")
+        assert not attention.continue_sdpa(2048)
+        assert wide._key(1024, True, 1024) is None and wide._key(512, True, 1024) == (512, 2048)
         monkeypatch.setattr(attention, "PREFILL_ATTENTION", "kernel")
         assert p._key(8, True, 8) is None and p._key(8, True, 0) == 8
     finally:
@@ -477,12 +486,15 @@ def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
-def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant):
+@pytest.mark.parametrize("quant, rows", [("Q8_0", 256), ("Q4_K", 256), ("Q8_0", 64), ("Q4_K", 64)])
+def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, monkeypatch):
     """A prompt that continues the cache replays its continued graph (bucket, span) with the bits of
     the same padded forward run eagerly (logits, the K/V rows up to its end, the decode steps after
     it), over spans 256 and 512 and buckets 64 and 80; the eager continuation's bits where it fills
-    its bucket and ends at its span (192 + 64 = 256), else within 2e-2 of them, the same pick."""
+    its bucket and ends at its span (192 + 64 = 256), else within 2e-2 of them, the same pick. Its
+    attention: attend (CONTINUE_SDPA_ROWS 256, the default, over these buckets) or attend_sdpa with
+    the positions' mask (from 64 rows on: every graph here, and the eager continuations of 64 and 70)."""
+    monkeypatch.setattr(attention, "CONTINUE_SDPA_ROWS", rows)
     shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
     path = write_model(tmp_path / "q.gguf", plan(shape, quant), seed=3)[0]
     m = load_model(path, device="cuda")

@@ -197,17 +197,27 @@ def test_prefill_attention_matches_attend_and_ignores_padding(backend, H, Hkv, D
     assert torch.equal(padded[:T], got)
 
 
-@pytest.mark.parametrize("backend, H, Hkv, Dk, Dv, T, window", [
-    pytest.param("cpu", 4, 2, 16, 8, 9, 0, id="cpu"), pytest.param("cpu", 4, 2, 16, 8, 9, 3, id="cpu-window"),
-    *on_gpu_only((32, 4, 128, 128, 512, 0), (32, 4, 128, 128, 2048, 0), (8, 2, 64, 64, 100, 16), (6, 3, 24, 20, 130, 0),
-                 (4, 4, 256, 256, 70, 0))])
-def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, window):
-    """The prompt's default attention (SPARKD_PREFILL_ATTENTION=sdpa, a prompt from position 0) within the
-    bound of attend in float64: the kernel's own causal mask, and a sliding window's mask."""
-    q, k, v = torch.randn(T, H, Dk), torch.randn(T, Hkv, Dk), torch.randn(T, Hkv, Dv)
-    want = attend(q.double(), k.double(), v.double(), 0.3, 0, window)
-    got = attend_sdpa(q.to(backend), k.to(backend), v.to(backend), 0.3, window)
+@pytest.mark.parametrize("backend, H, Hkv, Dk, Dv, T, start, window", [
+    pytest.param("cpu", 4, 2, 16, 8, 9, 0, 0, id="cpu"), pytest.param("cpu", 4, 2, 16, 8, 9, 0, 3, id="cpu-window"),
+    pytest.param("cpu", 4, 2, 16, 8, 9, 5, 0, id="cpu-continued"),
+    *on_gpu_only((32, 4, 128, 128, 512, 0, 0), (32, 4, 128, 128, 2048, 0, 0), (8, 2, 64, 64, 100, 0, 16),
+                 (6, 3, 24, 20, 130, 0, 0), (4, 4, 256, 256, 70, 0, 0), (32, 4, 128, 128, 256, 1536, 0),
+                 (32, 4, 128, 128, 1024, 1024, 0), (8, 2, 64, 64, 100, 300, 16))])
+def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window):
+    """The prompt's default attention (SPARKD_PREFILL_ATTENTION=sdpa) within the bound of attend in float64: from
+    position 0 (the kernel's own causal mask, a sliding window's mask) and continuing the cache at start (the
+    mask from a host start; from the same queries' positions on the device, as a continued graph gives them: the
+    host start's bits over the same keys, within the bound over 16 keys more past the queries)."""
+    S = start + T
+    q, k, v = torch.randn(T, H, Dk), torch.randn(S + 16, Hkv, Dk), torch.randn(S + 16, Hkv, Dv)
+    want = attend(q.double(), k[:S].double(), v[:S].double(), 0.3, start, window)
+    q, k, v = (t.to(backend) for t in (q, k, v))
+    got = attend_sdpa(q, k[:S], v[:S], 0.3, start, window)
     assert got.shape == want.shape and rel_err(got, want) < BOUND["attention"]
+    if start:
+        pos = torch.arange(start, S, device=backend)
+        assert torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, pos, window), got)
+        assert rel_err(attend_sdpa(q, k, v, 0.3, pos, window), want) < BOUND["attention"]
 
 
 def test_prefill_attention_refuses_bad_arguments():

@@ -127,6 +127,8 @@ SWITCHES = [
            {UNSET: "torch", "kernel": "kernel", "Torch": "torch"}, ("kernel", "torch")),
     Switch("SPARKD_PREFILL_ATTENTION", "sparkd.engine.layers.attention", "m.PREFILL_ATTENTION", "flash",
            {UNSET: "sdpa", "sdpa": "sdpa", "Kernel": "kernel", " TORCH ": "torch"}, ("sdpa", "kernel", "torch")),
+    Switch("SPARKD_CONTINUE_ATTENTION", "sparkd.engine.layers.attention", "m.CONTINUE_ATTENTION", "attend",
+           {UNSET: "sdpa", " SDPA ": "sdpa", "torch": "torch"}, ("sdpa", "torch")),
     Switch("SPARKD_PROMPT_LOGITS", None, prompt_last_only, "first",
            {UNSET: True, "last": True, "ALL": False}, ("last", "all")),
 ]

@@ -27,6 +27,17 @@ from sparkd.engine.layers.rope import apply_rope
 from sparkd.engine.layers.rope import RopeConfig
 
 
+def hidden_keys(start: int | torch.Tensor, T: int, S: int, window: int, device: torch.device) -> torch.Tensor:
+    """[T, S] bool: True where a query (at start + t, or at start[t] on the device) may not read key s: a future
+    key, or one window or more behind it."""
+    pos_q = (start if isinstance(start, torch.Tensor) else torch.arange(start, start + T, device=device))[:, None]
+    pos_k = torch.arange(S, device=device)[None, :]
+    masked = pos_k > pos_q
+    if window:
+        masked |= (pos_q - pos_k) >= window
+    return masked
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor,
            window: int = 0, sinks: torch.Tensor | None = None,
            keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -42,14 +53,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("thd,shd->hts", q, k) * scale  # [H, T, S]
-    if isinstance(start, torch.Tensor):
-        pos_q = start[:, None]
-    else:
-        pos_q = torch.arange(start, start + T, device=q.device)[:, None]
-    pos_k = torch.arange(S, device=q.device)[None, :]
-    masked = pos_k > pos_q
-    if window:
-        masked |= (pos_q - pos_k) >= window
+    masked = hidden_keys(start, T, S, window, q.device)
     if keep is not None:
         masked = masked | ~keep
     scores = scores.masked_fill(masked, float("-inf"))
@@ -66,35 +70,49 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
 SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
-    """attend for a prompt from position 0 (no sinks, no keep) through torch's scaled_dot_product_attention
-    (SDPA_BACKENDS): q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv] → [T, H, Dv]. The kernel's own causal mask,
-    or a boolean one for a sliding window."""
-    H, Hkv = q.shape[1], k.shape[1]
+def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor = 0,
+                window: int = 0) -> torch.Tensor:
+    """attend without sinks or keep through torch's scaled_dot_product_attention (SDPA_BACKENDS): q [T, H, Dk],
+    k [S, Hkv, Dk], v [S, Hkv, Dv] → [T, H, Dv]. start as attend's: a host start (S = start + T) or the queries'
+    positions [T] on the device (a continued prompt graph: S a span, keys past a query's position masked). From
+    position 0 without a window the kernel's own causal mask; else a boolean [T, S] mask (key s visible to the
+    query at p: s <= p and p - s < window), the same for a host start as for the device positions, so a continued
+    graph that ends at its span keeps the eager continuation's bits."""
+    T, H, _ = q.shape
+    S, Hkv, _ = k.shape
     k = k.repeat_interleave(H // Hkv, dim=1)
     v = v.repeat_interleave(H // Hkv, dim=1)
-    mask = None
-    if window:  # key s visible to query t: s <= t and t - s < window
-        pos = torch.arange(q.shape[0], device=q.device)
-        mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)
+    causal = isinstance(start, int) and start == 0 and not window
+    mask = None if causal else ~hidden_keys(start, T, S, window, q.device)
     with sdpa_kernel(SDPA_BACKENDS):
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                           attn_mask=mask, is_causal=not window, scale=scale)
+                                           attn_mask=mask, is_causal=causal, scale=scale)
     return o[0].transpose(0, 1)
 
 
 FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 
 
-# a prompt's attention on CUDA (several tokens, from a host start): "sdpa" (default, session 14, prefill29)
-# attend_sdpa, torch's memory-efficient kernel, for a prompt from position 0 (no sinks: those run attend; a
-# prompt continuing the cache runs attend, as its continued graph does: the kernel runs few blocks for few
-# queries over many keys, 48 over 1648 1.42x slower, prefill30); "torch" attend's ~30 ops (the way before:
-# the [H, T, S] float32 scores in memory, growing as T^2); "kernel" (session 11, attn11)
-# kernels/prefill_attention in one launch, each query row's bits whatever the prompt's length (a prompt
-# padded to its graph bucket keeps the eager prompt's bits), but 16x torch's GPU time on the H200 as it
-# stands (docs/performance.md, attn11)
+# a prompt's attention on CUDA (several tokens): "sdpa" (default, session 14, prefill29) attend_sdpa, torch's
+# memory-efficient kernel, for a prompt from position 0 and for one continuing the cache with CONTINUE_SDPA_ROWS
+# queries or more (CONTINUE_ATTENTION; no sinks: those run attend); "torch" attend's ~30 ops (the way before: the
+# [H, T, S] float32 scores in memory, growing as T x S); "kernel" (session 11, attn11) kernels/prefill_attention in
+# one launch, each query row's bits whatever the prompt's length (a prompt padded to its graph bucket keeps the
+# eager prompt's bits), but 16x torch's GPU time on the H200 as it stands (docs/performance.md, attn11)
 PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("sdpa", "kernel", "torch"), "sdpa")
+# a prompt continuing the cache (a host start past 0: the prompt cache's next turn eagerly, a streamed prompt's
+# later chunks; or a continued prompt graph's device positions) under sdpa: "sdpa" (default, session 15,
+# prefill31) attend_sdpa with a boolean mask from CONTINUE_SDPA_ROWS queries on, attend below (the kernel runs a
+# block per 64 queries and head: few queries over many keys leave the GPU idle, 64 over 2048 1.16x slower in a
+# continued graph, prefill30); "torch": attend at every length (session 14)
+CONTINUE_ATTENTION = switches.choice("SPARKD_CONTINUE_ATTENTION", ("sdpa", "torch"), "sdpa")
+CONTINUE_SDPA_ROWS = 256
+
+
+def continue_sdpa(rows: int) -> bool:
+    """Whether a prompt of `rows` queries (a continued graph's: its bucket) continuing the cache on CUDA runs
+    attend_sdpa (no [H, rows, S] scores in memory) where its layers have no sinks."""
+    return PREFILL_ATTENTION == "sdpa" and CONTINUE_ATTENTION == "sdpa" and rows >= CONTINUE_SDPA_ROWS
 
 
 def fuse_qkv_default() -> bool:
@@ -156,9 +174,10 @@ class Attention(nn.Module):
             from sparkd.engine.kernels.prefill_attention import prefill_attention
 
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
-        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and isinstance(start, int) and start == 0
-              and self.sinks is None and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
-            o = attend_sdpa(q, k_all, v_all, self.scale, self.window)
+        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and self.sinks is None and v_all is not None
+              and (isinstance(start, int) and start == 0 or continue_sdpa(T))
+              and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
+            o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
         o = o.reshape(T, -1)
