@@ -8,6 +8,11 @@
 # then sdpa (the new default), on the 12-layer Qwen3-30B-A3B-shaped Q4_K GGUF (made as
 # docs/runs/2026-12-01-s13-final/call.sh makes it; only Q4_K: the Q8_0 model's ~95 s of writing does not fit the
 # 250 s budget, and the attention does not depend on the weights' type). Results: $OUT/res.tgz (+ $OUT/log.txt).
+# As run (commit 3846c0d, CONTINUE_SDPA_ROWS 256 then): 122.4 s on the box, 177 s of device budget with the cold
+# start (bench/results/prefill31_h200_s15_call_log.txt). (3) measured nothing: prompt_cache_bench.py then kept
+# the engine's prompt store, which held the previous repeat's turn 2 whole, so every timed turn 2 reused all its
+# tokens (cached = its length, 1.1-2.6 ms): fixed after (the chat cases run on the live cache alone), not re-run
+# (no device budget left); only its "off" column (whole prompts) stands (..._prompt_cache_*_store.log).
 set -u
 export PYTHONUNBUFFERED=1
 timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl

@@ -218,7 +218,7 @@ def test_continued_prompt_equals_eager_continuation(models, arch, monkeypatch):
         # a bucket of CONTINUE_SDPA_ROWS or more runs attend_sdpa on CUDA: bucket x span up to largest^2; fewer
         # rows (or SPARKD_CONTINUE_ATTENTION=torch) run attend, its scores bounded by 1024^2
         wide = PromptForward(m.net, m.net.new_cache(4096), "padded")
-        assert attention.continue_sdpa(256) and not attention.continue_sdpa(255)
+        assert attention.continue_sdpa(128) and not attention.continue_sdpa(127)
         assert wide.largest == 2048 and wide._key(1024, True, 1024) == (1024, 2048)
         assert wide._key(1024, True, 2048) == (1024, 4096) and wide._key(2048, True, 1024) is None
         assert wide._key(192, True, 3000) == (192, 4096) and wide._key(288, True, 3700) == (320, 4096)
@@ -486,13 +486,13 @@ def test_prompt_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quant, rows", [("Q8_0", 256), ("Q4_K", 256), ("Q8_0", 64), ("Q4_K", 64)])
+@pytest.mark.parametrize("quant, rows", [("Q8_0", 128), ("Q4_K", 128), ("Q8_0", 64), ("Q4_K", 64)])
 def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, rows, monkeypatch):
     """A prompt that continues the cache replays its continued graph (bucket, span) with the bits of
     the same padded forward run eagerly (logits, the K/V rows up to its end, the decode steps after
     it), over spans 256 and 512 and buckets 64 and 80; the eager continuation's bits where it fills
     its bucket and ends at its span (192 + 64 = 256), else within 2e-2 of them, the same pick. Its
-    attention: attend (CONTINUE_SDPA_ROWS 256, the default, over these buckets) or attend_sdpa with
+    attention: attend (CONTINUE_SDPA_ROWS 128, the default, over these buckets) or attend_sdpa with
     the positions' mask (from 64 rows on: every graph here, and the eager continuations of 64 and 70)."""
     monkeypatch.setattr(attention, "CONTINUE_SDPA_ROWS", rows)
     shape = TINY["qwen3moe"] if quant == "Q8_0" else TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)

@@ -103,10 +103,11 @@ PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("sdpa", "kernel
 # a prompt continuing the cache (a host start past 0: the prompt cache's next turn eagerly, a streamed prompt's
 # later chunks; or a continued prompt graph's device positions) under sdpa: "sdpa" (default, session 15,
 # prefill31) attend_sdpa with a boolean mask from CONTINUE_SDPA_ROWS queries on, attend below (the kernel runs a
-# block per 64 queries and head: few queries over many keys leave the GPU idle, 64 over 2048 1.16x slower in a
-# continued graph, prefill30); "torch": attend at every length (session 14)
+# block per 64 queries and head: few queries over many keys leave the GPU idle); "torch": attend at every length
+# (session 14). H200, one layer of 32 heads over 4 KV heads of 128 over 512-4096 cached keys: attend / sdpa
+# 0.49-0.79x at 16-64 queries, 1.01-1.12x at 128, 1.21-1.75x at 192-2048, eager and in a continued graph
 CONTINUE_ATTENTION = switches.choice("SPARKD_CONTINUE_ATTENTION", ("sdpa", "torch"), "sdpa")
-CONTINUE_SDPA_ROWS = 256
+CONTINUE_SDPA_ROWS = 128
 
 
 def continue_sdpa(rows: int) -> bool:
