@@ -14,6 +14,9 @@ warm-up, in one process:
      n_layer times) with the bytes it must read (the file's tensor bytes: weights, experts
      top_k/n_expert of a layer's, the KV rows attended) and the GB/s that gives;
   3. the sum by class.
+--split-ab R instead: decode attention's key ranges ($SPARKD_DECODE_ATTENTION_SPLIT, step26) off and auto
+interleaved, R rounds, in one process a model: each a fresh cache, the prompt, new graphs, then --tokens
+greedy tokens timed as `generate` steps them (and --long-tokens more, the decode at a longer context).
 Run on the GPU box from the checkout root:
     python3 bench/gpu_box/decode_kernels.py /var/tmp/q3-12-Q8_0.gguf --json out.json
 """
@@ -206,6 +209,46 @@ def measure(path: Path, steps: int, tokens: int, ctx: int, rounds: int) -> dict:
         m.close()
 
 
+def split_ab(path: Path, rounds: int, tokens: int, long_tokens: int, ctx: int) -> dict:
+    """tok/s of greedy decode with the attention's key ranges off and auto, interleaved (see the docstring)."""
+    from sparkd.engine.kernels import decode_attention  # (Triton: not at import, the CPU tests load this script)
+
+    m = load_model(path, device="cuda")
+    runs: dict[str, list[dict]] = {"off": [], "auto": []}
+    try:
+        net = m.net
+        for _ in range(rounds):
+            for rule in runs:
+                decode_attention.SPLIT_RULE = rule
+                cache = net.new_cache(ctx)
+                token = int(net(torch.tensor(PROMPT), cache)[-1].argmax())
+                step = StaticDecode(net, cache, graphs=True)
+                step.prepare(len(PROMPT) + tokens + long_tokens + 1)
+                ids, times = [], []
+                for n in (tokens, long_tokens):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        ids.append(token)
+                        token = step.next_token(token)
+                    times.append(n / (time.perf_counter() - t0))
+                runs[rule].append({"tok_s": times[0], "long_tok_s": times[1], "ids": ids})
+                del step
+                torch.cuda.empty_cache()
+    finally:
+        m.close()
+    return {"model": str(path), "tokens": tokens, "long_tokens": long_tokens, "runs": runs,
+            "same_tokens": all(r["ids"] == runs["off"][0]["ids"] for rs in runs.values() for r in rs)}
+
+
+def ab_report(res: dict) -> str:
+    lines = [f"== {res['model']}: attention key ranges off vs auto (greedy tokens equal: {res['same_tokens']})"]
+    for rule, rs in res["runs"].items():
+        lines.append(f"  {rule:4s} first {res['tokens']} tokens: " + " ".join(f"{r['tok_s']:.1f}" for r in rs)
+                     + f" tok/s; the next {res['long_tokens']}: " + " ".join(f"{r['long_tok_s']:.1f}" for r in rs))
+    return "\n".join(lines)
+
+
 def report(res: dict) -> str:
     t = res["loops_us"]
     lines = [f"== {res['model']} ({res['n_layer']} layers, {res['n_past']} positions)",
@@ -236,12 +279,18 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128, help="tokens a timed loop")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the three timed loops (medians)")
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--split-ab", type=int, default=0, help="rounds of the attention split A/B instead")
+    ap.add_argument("--long-tokens", type=int, default=896, help="--split-ab: tokens timed after --tokens")
     ap.add_argument("--json")
     a = ap.parse_args()
     out = []
     for path in a.models:
-        res = measure(path, a.steps, a.tokens, a.ctx, a.rounds)
-        print(report(res), flush=True)
+        if a.split_ab:
+            res = split_ab(path, a.split_ab, a.tokens, a.long_tokens, a.ctx)
+            print(ab_report(res), flush=True)
+        else:
+            res = measure(path, a.steps, a.tokens, a.ctx, a.rounds)
+            print(report(res), flush=True)
         out.append(res)
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=1))
