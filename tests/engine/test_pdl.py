@@ -107,7 +107,7 @@ def test_compiled_kernels_wait_before_any_access_or_return():
     assert out.returncode == 0, out.stderr[-2000:]
     rows = re.findall(r"^(\w+) pdl=(\d) launch=(\S+) wait=(\S+) first_access=(\S+) first_ret=(\S+) prefetch=(\S+)$",
                       out.stdout, re.M)
-    assert len(rows) == 22, out.stdout
+    assert len(rows) == 24, out.stdout
     for name, on, launch, wait, access, ret, prefetch in rows:
         assert (prefetch != "-") == name.startswith("igemv_"), f"{name}: prefetch {prefetch}"
         if prefetch != "-":

@@ -79,6 +79,8 @@ SWITCHES = [
            "yes", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_PDL", "sparkd.engine.kernels.pdl", "m.current()", "maybe",
            {UNSET: "auto", "auto": "auto", " On ": "on", "off": "off"}, ("auto", "on", "off")),
+    Switch("SPARKD_DECODE_ATTENTION_SPLIT", "sparkd.engine.kernels.decode_attention", "m.SPLIT_RULE", "half",
+           {UNSET: "auto", "auto": "auto", " Off ": "off"}, ("auto", "off")),
     Switch("SPARKD_PDL_PREFETCH", "sparkd.engine.kernels.pdl", "m.current_prefetch()", "l3",
            {UNSET: "small", "off": "off", " Lines ": "lines", "bulk": "bulk", "small": "small"},
            ("off", "lines", "bulk", "small")),

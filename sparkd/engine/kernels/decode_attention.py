@@ -7,6 +7,15 @@ broadcasts) in blocks of keys with a running max and sum (online softmax). Keys 
 position and, with a sliding window, keys at or beyond `window` positions back are skipped: the
 loop runs over [lo, pos] only, so a short sequence in a long bucket reads few rows. An attention
 sink is one more logit in the denominator with no value: it starts the running max and sum.
+
+Split over the keys (session 15, step26): a program per query head walks its keys one block after
+another, so the kernel's time grows with the position at a few us per 64-key block (H200, the
+12-layer Qwen3-30B-A3B-shaped models: ~27 us a layer at 296 positions, a third of the step). With
+$SPARKD_DECODE_ATTENTION_SPLIT "auto" (default) the span's keys are cut into ranges of RANGE_KEYS,
+a program per (head, range) keeps its range's running max, sum and weighted values, and the last
+program of a head to finish (a ticket, as the split-K GEMV's fold) rescales and adds the ranges
+holding keys in order: deterministic, another summation order than one walk (rounding apart, the
+same function); "off" runs one program a head, the bits before.
 """
 
 from __future__ import annotations
@@ -15,34 +24,28 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.family import KernelArgumentError
+from sparkd.engine.kernels.matmul import tickets
+
+SPLIT_ENV = "SPARKD_DECODE_ATTENTION_SPLIT"
+SPLIT_RULE = switches.choice(SPLIT_ENV, ("auto", "off"), "auto")
+RANGE_KEYS = 64  # "auto": keys a range (two blocks)
+RANGE_BLOCK_S = 32  # keys a block there: [32, 128] float32 tiles need no spills at 4 warps
+
+
+def key_range() -> int:
+    """Keys a program's range (0: one program walks all the keys of its head, as before step26)."""
+    return 0 if SPLIT_RULE == "off" else RANGE_KEYS
 
 
 @triton.jit
-def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, span, scale, window,
-                      q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
-                      out_head_stride, DK, DV, GROUP: tl.constexpr, HAS_SINKS: tl.constexpr,
-                      BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.start(PDL)  # first: pdl's rule
-    h = tl.program_id(0)
-    kvh = h // GROUP
-    pos = tl.load(pos_ptr).to(tl.int32)
-    hi = tl.minimum(pos + 1, span)  # keys [lo, hi) are visible
-    lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
-    dk = tl.arange(0, BLOCK_DK)
-    dv = tl.arange(0, BLOCK_DV)
-    q = tl.load(q_ptr + h * q_head_stride + dk, mask=dk < DK, other=0.0)
-    if HAS_SINKS:
-        m = tl.load(sink_ptr + h).to(tl.float32)  # exp(sink - m) = 1 in the sum
-        total = tl.full([], 1.0, tl.float32)
-    else:
-        m = tl.full([], float("-inf"), tl.float32)
-        total = tl.full([], 0.0, tl.float32)
-    acc = tl.zeros([BLOCK_DV], tl.float32)
-    k_base = k_ptr + kvh * k_head_stride
-    v_base = v_ptr + kvh * v_head_stride
-    for start in range((lo // BLOCK_S) * BLOCK_S, hi, BLOCK_S):
+def _attend_keys(q, k_base, v_base, k_row_stride, v_row_stride, dk, dv, DK, DV, lo, hi, first, end, scale,
+                 m, total, acc, BLOCK_S: tl.constexpr):
+    """The running (max, sum, weighted values) after the key blocks [first, end) (keys outside
+    [lo, hi) masked): online softmax, a block at a time."""
+    for start in range(first, end, BLOCK_S):
         rows = start + tl.arange(0, BLOCK_S)
         seen = (rows >= lo) & (rows < hi)
         k = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + dk[None, :],
@@ -57,7 +60,69 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, span, sca
                     mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m = m_new
-    tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
+    return m, total, acc
+
+
+@triton.jit
+def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr, stat_ptr, ticket_ptr, span, scale,
+                      window, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
+                      out_head_stride, DK, DV, GROUP: tl.constexpr, HAS_SINKS: tl.constexpr,
+                      BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+                      RANGE: tl.constexpr = 0, PDL: tl.constexpr = False):
+    """Program (h, r): query head h; RANGE 0: all its keys, the result stored; else its keys [r *
+    RANGE, (r + 1) * RANGE), its running max and sum stored in stat [2, H, R] and its weighted values
+    in part [H, R, BLOCK_DV], and the head's last program to take its ticket adds the ranges holding
+    keys in order (where they are depends on the position only, not on the span: an eager step over
+    the whole cache and a static one over a bucket add the same ranges the same way)."""
+    pdl.start(PDL)  # first: pdl's rule
+    h = tl.program_id(0)
+    kvh = h // GROUP
+    pos = tl.load(pos_ptr).to(tl.int32)
+    hi = tl.minimum(pos + 1, span)  # keys [lo, hi) are visible
+    lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
+    dk = tl.arange(0, BLOCK_DK)
+    dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(q_ptr + h * q_head_stride + dk, mask=dk < DK, other=0.0)
+    first = (lo // BLOCK_S) * BLOCK_S  # blocks of BLOCK_S keys from here hold a visible key each
+    if HAS_SINKS:
+        m = tl.load(sink_ptr + h).to(tl.float32)  # exp(sink - m) = 1 in the sum
+        total = tl.full([], 1.0, tl.float32)
+    else:
+        m = tl.full([], float("-inf"), tl.float32)
+        total = tl.full([], 0.0, tl.float32)
+    start, end = first, hi
+    if RANGE > 0:  # whole blocks a range (RANGE a multiple of BLOCK_S): the blocks of one walk
+        start = tl.maximum(tl.program_id(1) * RANGE, first)
+        end = tl.minimum((tl.program_id(1) + 1) * RANGE, hi)
+        if HAS_SINKS:  # the sink joins the first range holding keys only
+            here = tl.program_id(1) == first // RANGE
+            m = tl.where(here, m, float("-inf"))
+            total = tl.where(here, total, 0.0)
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    m, total, acc = _attend_keys(q, k_ptr + kvh * k_head_stride, v_ptr + kvh * v_head_stride, k_row_stride,
+                                 v_row_stride, dk, dv, DK, DV, lo, hi, start, end, scale, m, total, acc, BLOCK_S)
+    if RANGE == 0:
+        tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
+    else:
+        n_h, n_r = tl.num_programs(0), tl.num_programs(1)
+        slot = h * n_r + tl.program_id(1)
+        tl.store(stat_ptr + slot, m)
+        tl.store(stat_ptr + n_h * n_r + slot, total)
+        tl.store(part_ptr + slot * BLOCK_DV + dv, acc)
+        tl.debug_barrier()  # every thread's values stored before the ticket releases them
+        if tl.atomic_add(ticket_ptr + h, 1, sem="acq_rel") == n_r - 1:
+            tl.debug_barrier()
+            top = tl.full([], float("-inf"), tl.float32)
+            for r in range(first // RANGE, tl.cdiv(hi, RANGE)):  # the ranges holding keys: finite maxima
+                top = tl.maximum(top, tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg"))
+            total = tl.full([], 0.0, tl.float32)
+            acc = tl.zeros([BLOCK_DV], tl.float32)
+            for r in range(first // RANGE, tl.cdiv(hi, RANGE)):  # in order: the same bits every run
+                w = tl.exp(tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg") - top)
+                total += tl.load(stat_ptr + n_h * n_r + h * n_r + r, cache_modifier=".cg") * w
+                acc += tl.load(part_ptr + (h * n_r + r) * BLOCK_DV + dv, cache_modifier=".cg") * w
+            tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
+            tl.store(ticket_ptr + h, 0)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
@@ -70,12 +135,20 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     S, Hkv, Dv = v.shape
     out = torch.empty(1, H, Dv, dtype=torch.float32, device=q.device)
     block_dk, block_dv = triton.next_power_of_2(Dk), triton.next_power_of_2(Dv)
-    block_s = max(16, min(64, 8192 // max(block_dk, block_dv)))  # a [BLOCK_S, D] tile of ~8k values
-    _decode_attention[(H,)](
-        q, k, v, pos, q if sinks is None else sinks, out, S, scale, window,
+    keys = key_range()
+    if keys == 0:
+        block_s, n_r = max(16, min(64, 8192 // max(block_dk, block_dv))), 1  # a [BLOCK_S, D] tile of ~8k values
+        part = stat = ticket = out  # not read
+    else:
+        block_s, n_r = RANGE_BLOCK_S, triton.cdiv(S, keys)
+        part = torch.empty(H, n_r, block_dv, dtype=torch.float32, device=q.device)
+        stat = torch.empty(2, H, n_r, dtype=torch.float32, device=q.device)
+        ticket = tickets(H, q.device)
+    _decode_attention[(H, n_r)](
+        q, k, v, pos, q if sinks is None else sinks, out, part, stat, ticket, S, scale, window,
         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv,
         GROUP=H // Hkv, HAS_SINKS=sinks is not None, BLOCK_S=block_s, BLOCK_DK=block_dk,
-        BLOCK_DV=block_dv, num_warps=4, **pdl.launch(q.device))
+        BLOCK_DV=block_dv, RANGE=keys, num_warps=4, **pdl.launch(q.device))
     return out
 
 
