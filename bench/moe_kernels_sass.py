@@ -27,14 +27,14 @@ from moe_tiles_bench import kernels_of, tile
 from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, pdl
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
-SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32", "down_bytes": "i32"}
+SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
 # 16-byte aligned as the launches specialize them (torch allocations, widths multiples of 16)
 ALIGNED = ("gate_ptr", "up_ptr", "down_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "hw_ptr", "hd_ptr", "hs_ptr", "h_ptr",
            "hf_ptr", "y_ptr", "part_ptr", "F", "D", "row_bytes")
 DOWN = dict(down_ptr=U8, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_ptr=I32, rw_ptr=F32, y_ptr=F32,
             part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
 GATE_UP = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32, xs_ptr=I32,
-               rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32, down_ptr=U8, down_off=I64)
+               rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
 TWIN = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, xw_ptr=I32, out_ptr=I32, down_ptr=U8, down_off=I64,
             hw_ptr=I32, y_ptr=F32, tickets_ptr=I32)
 SCALARS.update(row_words="i32", n_groups="i32")
@@ -77,7 +77,7 @@ def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=False,
-                      DOWN_AT_START=True, PF_DOWN=k.prefetch_down or 0, **common)
+                      DOWN_AT_START=True, **common)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,

@@ -35,8 +35,7 @@ candidate is also timed as the whole layer the engine runs ("all qx"): a launch 
 layer faster (the two launches overlap by PDL as they may). Session 13 (moe23): --variants off,late,start,again
 times the default tiles' "all qx" layer also with PDL off (every launch), with the down let launch only after
 the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True; the default by width:
-moe_tiles.down_launch_at_start), and the default once more (the drift between). Session 15 (moe26): --variants
-nopf,pf,pfl the gate/up asking the L2 for the down's bytes nowhere, before or after its loop.
+moe_tiles.down_launch_at_start), and the default once more (the drift between).
 """
 
 from __future__ import annotations
@@ -99,15 +98,14 @@ def tile(text: str) -> GemvConfig:
 def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
     Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
-    d: the down's groups a constant trip count where the shape allows, both types (moe14), P: the gate/up
-    prefetching the down's bytes before its loop (moe26; else nowhere); no ":": the default)."""
+    d: the down's groups a constant trip count where the shape allows, both types (moe14); no ":": the
+    default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
-                             down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else (),
-                             prefetch_down=1 if "P" in flags else 0)
+                             down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else ())
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,
@@ -252,17 +250,13 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
 
 
 SETS = moe_tiles.TILE_SETS  # --sets
-VARIANTS = ("off", "late", "start", "again", "nopf", "pf", "pfl")  # --variants: (PDL mode, kernels) of the default
-# layer's extra rows; session 15 (moe26): nopf / pf / pfl the gate/up prefetching the down's bytes nowhere / before /
-# after its loop (moe_tiles.Kernels.prefetch_down 0 / 1 / 2; the default by width: moe_tiles.prefetch_down_at)
-PREFETCH_VARIANTS = {"nopf": 0, "pf": 1, "pfl": 2}
+VARIANTS = ("off", "late", "start", "again")  # --variants: (PDL mode, kernels) of the default layer's extra rows
 
 
 def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels]:
     """A --variants name's PDL mode and kernels (k: the default's)."""
     at_start = {"late": False, "start": True}.get(name, k.down_at_start)
-    return ("off" if name == "off" else "on"), dataclasses.replace(
-        k, down_at_start=at_start, prefetch_down=PREFETCH_VARIANTS.get(name, k.prefetch_down))
+    return ("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start)
 
 
 def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe_tiles.Kernels]]:

@@ -15,17 +15,17 @@ from triton.compiler import ASTSource, compile
 
 from sparkd.engine.kernels import (act_quant, decode_attention, dispatch, matmul, moe, q4_k_tiled, rms_norm, rope_kv,
                                    router_topk)
-from sparkd.engine.kernels.pdl import PREFETCHES, compile_args
+from sparkd.engine.kernels.pdl import PREFETCHES
 
 ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async(?!\.bulk\.prefetch)")
 PREFETCH = re.compile(r"\bprefetch\.global\.L2\b|\bcp\.async\.bulk\.prefetch\.L2\b")
 TYPES = {"w_ptr": "*u8", "gate_ptr": "*u8", "up_ptr": "*u8", "gate_off": "*i64", "up_off": "*i64", "h_ptr": "*i32",
          "hs_ptr": "*i32", "xw_ptr": "*i32", "xs_ptr": "*i32", "q_ptr": "*i32", "s_ptr": "*i32", "tickets_ptr": "*i32",
-         "ticket_ptr": "*i32", "ids_ptr": "*i64", "pos_ptr": "*i64", "down_ptr": "*u8", "down_off": "*i64"}
+         "ticket_ptr": "*i32", "ids_ptr": "*i64", "pos_ptr": "*i64"}
 
 
 def ptx(kern, consts: dict, num_warps: int, pdl: bool) -> str:
-    consts = compile_args(kern, dict(consts, PDL=pdl))  # (the weight prefetches a row leaves out: off)
+    consts = dict(consts, PDL=pdl)
     sig = {n: "constexpr" if n in consts else TYPES.get(n, "*fp32" if n.endswith("_ptr") else "i32")
            for n in kern.arg_names}
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
@@ -69,12 +69,6 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
                                                 BLOCK_N=2, UNROLL=2, EW=True, EMU=False, ACT=0, RW=True, STAGES=None,
                                                 HBLOCK=32, H8K=False, PAIR=True, TILED=False, IDS=True,
                                                 DOWN_AT_START=False), 1),
-    # session 15 (moe26): the gate/up that prefetches the down's bytes before its loop (Kernels.prefetch_down 1):
-    # after the wait (the expert ids: an earlier kernel's)
-    "igate_up_pf_down_late": (moe._igate_up_kernel,
-                              dict(**moe._int_args(dispatch.FAMILIES[T.Q8_0], True, False, True), BLOCK_N=2,
-                                   UNROLL=2, EW=True, EMU=False, ACT=0, RW=True, STAGES=None, HBLOCK=32, H8K=False,
-                                   PAIR=True, TILED=False, IDS=True, DOWN_AT_START=False, PF_DOWN=1), 1),
     "gate_topk": (router_topk._gate_topk, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8, BLOCK_E=128,
                                                BLOCK_K=8, ROWS=4, COLS=256, SPLIT=8), 1),
 }

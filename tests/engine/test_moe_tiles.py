@@ -99,25 +99,6 @@ def test_the_down_launches_after_the_gate_up_loop_below_width_4096(monkeypatch):
         moe_tiles.down_launch_at_start(2048, "late")
 
 
-def test_the_gate_up_prefetches_the_down_below_width_4096(monkeypatch):
-    """Session 15 (moe26): $SPARKD_MOE_PREFETCH_DOWN (PREFETCH_DOWN, read at import: test_switches.py) "auto": the
-    gate/up prefetches the down's bytes before its loop (1) below model width PREFETCH_BELOW, nowhere (0) from there;
-    "start" 1, "loop" 2 (after the loop), "off" 0 everywhere; Kernels.prefetch_down None follows it; the launch
-    asks only where the bulk prefetch exists (never on the CPU)."""
-    below, at = moe_tiles.PREFETCH_BELOW - 256, moe_tiles.PREFETCH_BELOW
-    assert moe_tiles.PREFETCH_DOWN == "auto" and moe_tiles.decode_kernels().prefetch_down is None
-    assert [moe_tiles.prefetch_down_at(d) for d in (2048, below, at, 7168)] == [1, 1, 0, 0]
-    assert [moe_tiles.prefetch_down_at(d, w) for w in ("start", "loop", "off") for d in (2048, 7168)] == [1, 1, 2, 2, 0, 0]
-    monkeypatch.setattr(moe_tiles, "PREFETCH_DOWN", "loop")
-    assert moe_tiles.prefetch_down_at(2048) == 2
-    assert moe._prefetch_down_at(moe_tiles.Kernels(), 2048, torch.device("cpu")) == 0
-    monkeypatch.setattr(moe.pdl, "bulk_prefetch", lambda device: True)
-    assert [moe._prefetch_down_at(moe_tiles.Kernels(prefetch_down=k), 2048, torch.device("cpu"))
-            for k in (None, 0, 1)] == [2, 0, 1]
-    with pytest.raises(moe.dispatch.KernelArgumentError, match=r"prefetches the down: 'early'"):
-        moe_tiles.prefetch_down_at(2048, "early")
-
-
 def test_the_offline_compile_bench_builds_the_engine_kernels():
     """bench/moe_kernels_sass.py compiles the MoE decode kernels for sm_90 with every constexpr the launches
     pass (a constexpr the engine added and the bench left out broke it once: TILED, DOWN_AT_START); its rows
@@ -163,12 +144,10 @@ def test_new_tiles_give_the_old_tiles_sums(backend, qtype):
     tiles = dict(gate_up=dataclasses.replace(new[0], fuse_quant=True), down=new[1], kernels=k_new)
     ys = [moe.moe_decode(p, x, w, **tiles) for _ in range(2)]
     assert torch.equal(ys[0], ys[1])
-    if backend == "cuda":  # session 13 (moe23): the down let launch at the gate/up's start or after its loop (PDL);
-        # session 15 (moe26): the gate/up prefetching the down's bytes nowhere, before or after its loop
-        for change in [dict(down_at_start=True), dict(down_at_start=False)] + \
-                [dict(prefetch_down=at) for at in (0, 1, 2)]:
-            k = dataclasses.replace(k_new, **change)
-            assert torch.equal(moe.moe_decode(p, x, w, **(tiles | {"kernels": k})), ys[0]), change
+    if backend == "cuda":  # session 13 (moe23): the down let launch at the gate/up's start or after its loop (PDL)
+        for at_start in (True, False):
+            k = dataclasses.replace(k_new, down_at_start=at_start)
+            assert torch.equal(moe.moe_decode(p, x, w, **(tiles | {"kernels": k})), ys[0]), at_start
     err = moe_error(ys[0], p, x, w, gates, ups, downs, "silu", qtype, qtype, tiles["gate_up"], k_new)
     assert err < BOUNDS["fp32"]
 

@@ -64,8 +64,7 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_launch_at_start,
-                                              prefetch_down_at)
+from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -227,13 +226,12 @@ def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr,
 
 @triton.jit
 def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
-                     hf_ptr, tickets_ptr, down_ptr, down_off, down_bytes, F, D, row_bytes, IDS: tl.constexpr,
-                     IDOT: tl.constexpr, A1: tl.constexpr,
+                     hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
                      A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
-                     DOWN_AT_START: tl.constexpr = True, PF_DOWN: tl.constexpr = 0, PDL: tl.constexpr = False):
+                     DOWN_AT_START: tl.constexpr = True, PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -241,9 +239,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
     TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
     weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset).
-    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop.
-    PF_DOWN (Kernels.prefetch_down) 1 / 2: before / after its loop the program asks the L2 for its share of
-    expert a's down matrix (down_bytes at down_off[a] in down_ptr: _prefetch_down); 0 not."""
+    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop."""
     pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -251,16 +247,12 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     rb = rows.to(tl.int64) * row_bytes
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
     u_off = _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN)
-    if PF_DOWN == 1:
-        _prefetch_down(down_ptr, down_off, ids_ptr, a, down_bytes, IDS)
     if TILED:
         g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1,
                              A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
     else:
         g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
                              A3, UNROLL, EW, EMU, STAGES, PAIR)
-    if PF_DOWN == 2:
-        _prefetch_down(down_ptr, down_off, ids_ptr, a, down_bytes, IDS)
     if not DOWN_AT_START:
         pdl.dependents(PDL)
     h = _activate(g, u, ACT)
@@ -284,17 +276,6 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
             act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32), v, b,
                                    b * HBLOCK < F, H8K)
             tl.store(ticket, 0)
-
-
-@triton.jit
-def _prefetch_down(down_ptr, down_off, ids_ptr, a, down_bytes, IDS: tl.constexpr):
-    """Ask the L2 for this program's share of expert a's down matrix (down_bytes from down_off[a]): the row tiles
-    of the gate/up launch split it in 128-byte-aligned shares, one cp.async.bulk.prefetch.L2 each
-    (pdl.prefetch_l2's MODE 2: no byte reaches a register, no bit changes). Session 15 (moe26)."""
-    share = tl.cdiv(tl.cdiv(down_bytes, tl.num_programs(0)), 128) * 128
-    lo = tl.program_id(0) * share
-    pdl.prefetch_l2(down_ptr.to(tl.int64) + _offset(down_off, ids_ptr, a, IDS) + lo,
-                    tl.minimum(share, down_bytes - lo), 2)
 
 
 @triton.jit
@@ -605,8 +586,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
         q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
                                xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
-                               tickets_ptr=tickets(n * F // hblock, x.device) if late else hf,
-                               down_ptr=p.table.down, down_off=p.down_off, down_bytes=D * p.down_row_bytes, F=F, D=D,
+                               tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
                                row_bytes=p.gate_up_row_bytes, **_ids(p),
                                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
                                            _use_vec(kernels.q4k_vec, p.gate_up_vec),
@@ -614,7 +594,6 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                TILED=p.gate_up.row_tile > 1,
                                DOWN_AT_START=(down_launch_at_start(D) if kernels.down_at_start is None
                                               else kernels.down_at_start),
-                               PF_DOWN=_prefetch_down_at(kernels, D, x.device),
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
@@ -628,14 +607,6 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **pdl.launch(x.device))
     return h
-
-
-def _prefetch_down_at(kernels: Kernels, dim: int, device: torch.device) -> int:
-    """_igate_up_kernel's PF_DOWN: Kernels.prefetch_down (None: moe_tiles.prefetch_down_at, by the model width)
-    where the device has the bulk prefetch (pdl.bulk_prefetch), else 0."""
-    if not pdl.bulk_prefetch(device):
-        return 0
-    return prefetch_down_at(dim) if kernels.prefetch_down is None else kernels.prefetch_down
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:

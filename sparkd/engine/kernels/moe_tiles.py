@@ -1,8 +1,7 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
 against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, new); where the gate/up lets the
-down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13); where the gate/up prefetches the down's bytes into
-the L2 ($SPARKD_MOE_PREFETCH_DOWN, session 15)."""
+down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13)."""
 
 from __future__ import annotations
 
@@ -121,10 +120,6 @@ class Kernels:
     # at its start, so the down's programs take free slots and wait there; False after its loop; None by the
     # model width (down_launch_at_start: $SPARKD_MOE_DOWN_LAUNCH). The same bits
     down_at_start: bool | None = None
-    # session 15 (moe26): where the integer gate/up asks the L2 for its expert's down bytes (each program a share of
-    # them, one bulk prefetch: moe._prefetch_down): 0 nowhere, 1 before its loop, 2 after it; None by the model width
-    # (prefetch_down_at: $SPARKD_MOE_PREFETCH_DOWN). The same bits
-    prefetch_down: int | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
@@ -200,28 +195,3 @@ def down_launch_at_start(dim: int, which: str | None = None) -> bool:
         raise dispatch.KernelArgumentError(f"could not pick where the MoE down launches: {which!r} (${DOWN_LAUNCH_ENV} "
                                            f"or which) is not one of {', '.join(DOWN_LAUNCHES)}")
     return which == "start" or (which == "auto" and dim >= LOOP_LAUNCH_BELOW)
-
-
-# Session 15 (moe26): the gate/up at model width 2048 is latency-bound (one wave of one-warp programs, the DRAM 39 %
-# busy under ncu, session 15's moe25 call): its programs also ask the L2 for their expert's down bytes (a share each,
-# one cp.async.bulk.prefetch.L2), so the down that follows reads them from the L2. "auto": before the gate/up's loop
-# below model width PREFETCH_BELOW (the down's bytes there fit the L2 beside the gate/up's stream); "start" / "loop"
-# before / after the loop everywhere, "off" never (the code before). Only on CUDA devices of compute capability 9
-# or more (pdl.bulk_prefetch). The same bits in every mode.
-PREFETCH_DOWN_ENV = "SPARKD_MOE_PREFETCH_DOWN"
-PREFETCH_DOWNS = ("auto", "start", "loop", "off")
-PREFETCH_DOWN = switches.choice(PREFETCH_DOWN_ENV, PREFETCH_DOWNS, "auto")  # read once
-PREFETCH_BELOW = 4096  # "auto": the model widths below this prefetch before the gate/up's loop
-
-
-def prefetch_down_at(dim: int, which: str | None = None) -> int:
-    """Where the gate/up prefetches the down's bytes at model width dim (Kernels.prefetch_down's codes: 0 nowhere,
-    1 before its loop, 2 after it): which "auto", "start", "loop" or "off" (PREFETCH_DOWNS; default
-    $SPARKD_MOE_PREFETCH_DOWN)."""
-    which = which or PREFETCH_DOWN
-    if which not in PREFETCH_DOWNS:
-        raise dispatch.KernelArgumentError(f"could not pick where the MoE gate/up prefetches the down: {which!r} "
-                                           f"(${PREFETCH_DOWN_ENV} or which) is not one of {', '.join(PREFETCH_DOWNS)}")
-    if which == "auto":
-        return 1 if dim < PREFETCH_BELOW else 0
-    return {"start": 1, "loop": 2, "off": 0}[which]

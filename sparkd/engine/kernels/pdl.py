@@ -132,13 +132,6 @@ def enabled(device: torch.device | str) -> bool:
     return False
 
 
-def bulk_prefetch(device: torch.device | str) -> bool:
-    """Whether prefetch_l2's MODE 2 (cp.async.bulk.prefetch.L2) runs on device: CUDA, compute capability 9 or more
-    (a prefetch for a later kernel, with or without PDL: moe._prefetch_down)."""
-    device = device if isinstance(device, torch.device) else torch.device(device)
-    return device.type == "cuda" and _major(device) >= MIN_MAJOR
-
-
 _ON, _OFF = {"PDL": True, "launch_pdl": True}, {"PDL": False}  # (unpacked by the callers, never changed)
 
 
@@ -149,8 +142,8 @@ def launch(device: torch.device | str) -> dict:
 
 def compile_args(kern, consts: dict) -> dict:
     """consts for an offline compile (triton.compiler.ASTSource names every argument): PDL and the weight
-    prefetches (a GEMV's own, the MoE gate/up's of the down: PF_DOWN) off unless given, where the kernel takes them."""
-    off = {k: v for k, v in (("PDL", False), ("PREFETCH", 0), ("PF_DOWN", 0)) if k in kern.arg_names}
+    prefetch off unless given, where the kernel takes them."""
+    off = {k: v for k, v in (("PDL", False), ("PREFETCH", 0)) if k in kern.arg_names}
     return {**off, **consts}
 
 
