@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran on commit 3b7ced6 (the L2 prefetch, taken out again in c01b848: --variants nopf,pf,pfl and
+# SPARKD_MOE_PREFETCH_DOWN exist only there).
 # Session 15, moe26 (H200, carry [".whl", ".xfer/moe26"], run from .xfer/moe26): the MoE gate/up asking the L2 for
 # its expert's down bytes (moe_tiles.Kernels.prefetch_down; $SPARKD_MOE_PREFETCH_DOWN, default auto: before the
 # gate/up's loop below model width 4096).

@@ -92,9 +92,9 @@ S14_WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),  # the default until 
                    "Q4_K_TILED": S8_WIDTH_TIERS["Q4_K"]}
 # session 15 (moe26, H200, bench/results/moe26_h200_s15_tiles.log): the Q8_0 gate/up from width 4096 in 4-group steps
 # (2/1/4/e: 72 registers, 28 one-warp programs per SM, the loop's steps halved): 4096x1536 top-8 layer after the norm
-# 59.3 -> 57.4 us (the default's other rows of the call 59.5-59.8), its gate/up 41.7 -> 39.7; the same bits (the same
-# groups in the same order onto the same tile). From 6144 it lost (7168x2048 112.3 -> 117.2 us: 2/1/1/e stays);
-# "s14" switches back
+# 59.3 -> 57.4 us (the default's other rows of the call 59.5-59.8), its gate/up 41.7 -> 39.7; the same groups in the
+# same order onto the same tile: the same bits (test_moe_tiles' GPU test). From 6144 it lost (7168x2048 112.3 ->
+# 117.2 us: 2/1/1/e stays); "s14" switches back
 Q8_0_GATE_UP_4096 = GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)
 WIDTH_TIERS = {**S14_WIDTH_TIERS,
                "Q8_0": [(4096, Q8_0_GATE_UP_4096, Q8_0_FEW_RANGES), S14_WIDTH_TIERS["Q8_0"][1]]}
