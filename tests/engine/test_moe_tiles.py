@@ -66,8 +66,41 @@ def test_fewer_down_ranges_switch_back_to_s8(qtype, fewer, same):
     same tiles) keeps the ranges of before; the gate/up tiles and the other widths unchanged."""
     for dim in fewer + same:
         new, s8 = moe_tiles.decode_tiles(table_at(qtype, dim)), moe_tiles.decode_tiles(table_at(qtype, dim), "s8")
-        assert new[0] == s8[0] and (new[1].split < s8[1].split if dim in fewer else new[1] == s8[1])
+        s14 = moe_tiles.decode_tiles(table_at(qtype, dim), "s14")  # (the gate/up as s8's: session 15's tier apart)
+        assert new[1] == s14[1] and s14[0] == s8[0]
+        assert new[1].split < s8[1].split if dim in fewer else new[1] == s8[1]
         assert moe_tiles.decode_tiles(table_at(qtype, dim), "s7") == s8
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_q8_0_gate_up_in_4_group_steps_from_width_4096_switches_back_to_s14(qtype):
+    """Session 15 (moe26): the Q8_0 gate/up from model width 4096 up to the 6144 tier in 4-group steps
+    (Q8_0_GATE_UP_4096); "s14" keeps the tiles of before; every other width, type and the downs unchanged."""
+    for dim in (4096 - 256, 4096, 6144):  # below the tier, at it, at the next
+        new, s14 = (moe_tiles.decode_tiles(table_at(qtype, dim), w) for w in ("new", "s14"))
+        changed = qtype == T.Q8_0 and 4096 <= dim < 6144
+        assert new[1] == s14[1] and (new[0] == moe_tiles.Q8_0_GATE_UP_4096 != s14[0] if changed else new[0] == s14[0])
+    assert moe_tiles.decode_kernels("s14") == moe_tiles.decode_kernels("new")
+
+
+# GPU only: the interpreter's smallest case (one 32-row expert, 16 programs, 1024 wide) took 8-15 s here, and its
+# numpy sums cannot contract differently at another unroll anyway; the tier's rule is tested on the CPU above
+@pytest.mark.gpu
+def test_q8_0_gate_up_in_4_group_steps_gives_the_2_group_bits():
+    """Session 15 (moe26): the gate/up's groups in steps of 4 (the 4096 tier) add the same groups in the same order
+    onto the same elementwise tile as steps of 2 (s14): h quantized in the launch, the same bits, and the layer's y
+    at the shape's default tiles against s14's."""
+    backend, (dim, width, n) = "cuda", (4096, 1536, 8)
+    p = moe.prepare(arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)[0], backend)
+    x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
+    tiles = [dataclasses.replace(t, fuse_quant=True) for t in (moe_tiles.Q8_0_GATE_UP_4096,
+                                                               moe_tiles.DECODE_TILES["Q8_0"][0])]  # s14's at 4096
+    assert tiles[0].unroll == 2 * tiles[1].unroll and moe_tiles.S14_WIDTH_TIERS["Q8_0"][0][1] is None
+    hs = [moe._gate_up(p, x, w, False, "silu", t, None, "test", None, moe_tiles.Kernels()) for t in tiles]
+    assert torch.equal(hs[0].words, hs[1].words) and torch.equal(hs[0].scales, hs[1].scales)  # (Q8_0: no sums)
+    ys = [moe.moe_decode(p, x, w, gate_up=dataclasses.replace(t[0], fuse_quant=True), down=t[1])
+          for t in (moe_tiles.decode_tiles(p, which) for which in ("new", "s14"))]
+    assert moe_tiles.decode_tiles(p)[0] == moe_tiles.Q8_0_GATE_UP_4096 and torch.equal(ys[0], ys[1])
 
 
 def test_an_unknown_tile_set_is_refused():

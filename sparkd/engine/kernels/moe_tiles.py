@@ -1,6 +1,6 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
-against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, new); where the gate/up lets the
+against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, new); where the gate/up lets the
 down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13)."""
 
 from __future__ import annotations
@@ -86,10 +86,18 @@ TILED_DOWN = Q4_K_DOWN
 DECODE_TILES = {**S8_DECODE_TILES,
                 "Q4_K": (S8_DECODE_TILES["Q4_K"][0], Q4_K_DOWN),
                 "Q4_K_TILED": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), TILED_DOWN)}
-WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),
-                        (6144, S8_WIDTH_TIERS["Q8_0"][0][1], Q8_0_FEW_RANGES)],
-               "Q4_K": S8_WIDTH_TIERS["Q4_K"],
-               "Q4_K_TILED": S8_WIDTH_TIERS["Q4_K"]}
+S14_WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),  # the default until session 15's moe26; "s14"
+                            (6144, S8_WIDTH_TIERS["Q8_0"][0][1], Q8_0_FEW_RANGES)],
+                   "Q4_K": S8_WIDTH_TIERS["Q4_K"],
+                   "Q4_K_TILED": S8_WIDTH_TIERS["Q4_K"]}
+# session 15 (moe26, H200, bench/results/moe26_h200_s15_tiles.log): the Q8_0 gate/up from width 4096 in 4-group steps
+# (2/1/4/e: 72 registers, 28 one-warp programs per SM, the loop's steps halved): 4096x1536 top-8 layer after the norm
+# 59.3 -> 57.4 us (the default's other rows of the call 59.5-59.8), its gate/up 41.7 -> 39.7; the same groups in the
+# same order onto the same tile: the same bits (test_moe_tiles' GPU test). From 6144 it lost (7168x2048 112.3 ->
+# 117.2 us: 2/1/1/e stays); "s14" switches back
+Q8_0_GATE_UP_4096 = GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)
+WIDTH_TIERS = {**S14_WIDTH_TIERS,
+               "Q8_0": [(4096, Q8_0_GATE_UP_4096, Q8_0_FEW_RANGES), S14_WIDTH_TIERS["Q8_0"][1]]}
 
 
 @dataclass(frozen=True)
@@ -129,16 +137,17 @@ S6R2_KERNELS = Kernels(full=False, down_full=())  # session 6's second round (mo
 S7_KERNELS = Kernels(down_full=())  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
-# of "s6" to "s7" too
+# of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26)
 TILES_ENV = "SPARKD_MOE_TILES"
-TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "new")
+TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
     """The default (gate/up, down) tiles for the table's families and shape: which "new" (DECODE_TILES,
-    WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES, S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at
-    every shape); default $SPARKD_MOE_TILES."""
+    WIDTH_TIERS), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES,
+    S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at every shape);
+    default $SPARKD_MOE_TILES."""
     which = which or TILES
     if which not in TILE_SETS:
         raise dispatch.KernelArgumentError(f"could not pick the MoE decode tiles: {which!r} (${TILES_ENV} or "
@@ -154,7 +163,8 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
             down = large[1]
         return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
     gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
-    tiles, tiers = (DECODE_TILES, WIDTH_TIERS) if which == "new" else (S8_DECODE_TILES, S8_WIDTH_TIERS)
+    tiles, tiers = {"new": (DECODE_TILES, WIDTH_TIERS), "s14": (DECODE_TILES, S14_WIDTH_TIERS)}.get(
+        which, (S8_DECODE_TILES, S8_WIDTH_TIERS))
     return (_tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]),
             _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1]))
 
@@ -170,7 +180,7 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
+    return {"new": Kernels(), "s14": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
             "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
