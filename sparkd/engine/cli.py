@@ -185,6 +185,8 @@ def _decode(step, sample, logits, prompt: list[int], limit: int, feed: list[int]
     stopped it); store (streaming) counts the tokens."""
     drawing = step.begin_sampling(sample.params, prompt)  # temperature: drawn on the GPU (graph step)
     on_device = drawing or (step.device_argmax and sample.plain_argmax)
+    if on_device and store is None and step.pipeline:
+        return _decode_pipelined(step, sample, logits, prompt, limit, feed, eog_ids)
     out: list[int] = []
     agreed, picked = 0, None
     while len(out) < limit:
@@ -200,6 +202,31 @@ def _decode(step, sample, logits, prompt: list[int], limit: int, feed: list[int]
             logits = step(nxt)
         if store is not None:
             store.note_tokens(1)
+    return out, agreed, False
+
+
+def _decode_pipelined(step, sample, logits, prompt: list[int], limit: int, feed: list[int] | None,
+                      eog_ids) -> tuple[list[int], int, bool]:
+    """_decode's loop with the step of each next token launched before the host reads the pick
+    before it (StaticDecode.launch: fed that pick on the device, or feed's next id): the same
+    tokens, picks and n_past. Only an end-of-generation token makes a step launched ahead wrong:
+    dropped then. The last step's pick is read too, so the time covers every step."""
+    out: list[int] = []
+    agreed = ahead = 0  # ahead: the number of the next token's step where it is launched
+    while len(out) < limit:
+        pick = step.pick() if out else sample(logits[-1], prompt)
+        nxt = pick if feed is None else feed[len(out)]
+        agreed += pick == nxt
+        out.append(nxt)
+        if nxt in eog_ids:
+            if ahead:
+                step.drop(ahead)
+            return out, agreed, True
+        if not ahead:  # the first token
+            step.launch(nxt)
+        ahead = step.launch(None if feed is None else feed[len(out)]) if len(out) < limit else 0
+    if out:
+        step.pick()
     return out, agreed, False
 
 

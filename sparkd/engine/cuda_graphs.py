@@ -36,6 +36,7 @@ decode step's ($SPARKD_CONTINUE_GRAPHS=0 runs those eagerly).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import torch
@@ -63,12 +64,20 @@ MODES = ("auto", "on", "off")
 FIRST_BUCKET = 256
 _MOE_KERNEL_ACTS = ("silu", "swiglu_oai")  # the activations the MoE decode kernels fuse
 DEVICE_ARGMAX_ENV = "SPARKD_DEVICE_ARGMAX"
+DECODE_PIPELINE_ENV = "SPARKD_DECODE_PIPELINE"
 
 
 def device_argmax_default() -> bool:
     """$SPARKD_DEVICE_ARGMAX: "0" or "off" brings every step's logits back for the host sampler;
     "1", "on" (or unset) lets a greedy request take its token from the GPU."""
     return switches.flag(DEVICE_ARGMAX_ENV, True)
+
+
+def decode_pipeline_default() -> bool:
+    """$SPARKD_DECODE_PIPELINE: "auto" (or unset) lets a request whose picks stay on the device
+    launch each step before the host reads the pick it feeds (StaticDecode.launch, where the cache
+    can rewind); "off" keeps one step in flight, its pick read before the next launch."""
+    return switches.choice(DECODE_PIPELINE_ENV, ("auto", "off"), "auto") == "auto"
 
 
 def link_norm_quant(net: Decoder) -> int:
@@ -172,6 +181,10 @@ class StaticDecode:
     (device_argmax; else the logits come back and the host picks), or, after begin_sampling
     accepted a temperature request, the token DeviceSampler draws from them.
 
+    The pipelined decode (pipeline: where the switch allows and the cache can rewind): launch(token)
+    enqueues a step without waiting, launch() one fed by the last launch's pick on the device, pick()
+    reads the oldest unread pick back, drop() undoes the newest launch (see launch).
+
     device_sampling: "fused", "torch" or "off" (True: "fused", False: "off", None: the switch);
     the fused kernels run on CUDA only (a CPU step draws with the torch chain).
 
@@ -181,8 +194,11 @@ class StaticDecode:
 
     def __init__(self, net: Decoder, cache: KVCache, graphs: bool, first_bucket: int = FIRST_BUCKET,
                  device_argmax: bool | None = None, device_sampling: bool | str | None = None,
-                 log: Callable[[str], None] = lambda line: None):
+                 log: Callable[[str], None] = lambda line: None, pipeline: bool | None = None):
         self.net, self.cache, self.graphs, self.log = net, cache, graphs, log
+        # a launch ahead writes one row past the accepted tokens: a cache with recurrent state
+        # (rewindable False) would fold a dropped token into that state for good
+        self.pipeline = (decode_pipeline_default() if pipeline is None else pipeline) and cache.rewindable
         self.device_argmax = device_argmax_default() if device_argmax is None else device_argmax
         mode = device_sampling_default() if device_sampling is None else device_sampling
         mode = {True: "fused", False: "off"}.get(mode, mode)
@@ -201,6 +217,14 @@ class StaticDecode:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
         self._pool = None  # one memory pool for every bucket's graph (they never run at once)
         self.failed: dict[object, str] = {}  # span, or a draw's (span, fused) -> why its capture was given up
+        # the pipelined decode: two host slots (pinned) the picks are copied to, an event after each
+        # copy, the launches whose picks are unread (oldest first) and the last launch's pick on the device
+        cuda = cache.device.type == "cuda"
+        self._host = torch.zeros(2, dtype=torch.long, pin_memory=cuda)
+        self._events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self._unread: deque[int] = deque()
+        self._launched = 0
+        self._last: torch.Tensor | None = None
         link_norm_quant(net)
 
     def __call__(self, token: int) -> torch.Tensor:
@@ -211,6 +235,8 @@ class StaticDecode:
         """Set a request up; True when next_token will draw its tokens on the device (a
         temperature request with device_sampling on; history: the tokens before the next one fed,
         bias: its logit bias [V] or None), False when next_token picks the argmax."""
+        self._unread.clear()  # a request that stopped early left picks nobody reads
+        self._last = None
         self.drawing = self.device_sampling and device_drawable(params)
         if self.drawing:
             self._sampler().begin(params, history, bias)
@@ -224,10 +250,59 @@ class StaticDecode:
             return int(self._draw(span, logits))
         return int(picked if picked is not None else greedy_pick(logits[-1].cpu()))
 
-    def _advance(self, token: int) -> tuple[int, torch.Tensor, torch.Tensor | None]:
+    def launch(self, token: int | None = None) -> int:
+        """Enqueue the step of `token` (None: the pick of the last launch, copied on the device, so
+        the GPU runs it while the host still waits for that pick) and its pick (draw or device
+        argmax: device_argmax or drawing must hold) without waiting for either; n_past advanced.
+
+        Why it is safe: the step reads the token and position buffers in stream order, after the
+        previous step and its pick's copy to a host slot (an event recorded right after the copy),
+        so that copy holds the previous pick whatever the next step writes. Two slots: at most one
+        pick may be unread when a step is launched. A launch the caller then finds should not have
+        run (an end-of-generation pick, a cancel) is undone by drop(): the row it wrote lies past
+        n_past, and whatever comes next at that position rewrites it before anything reads it.
+        Returns the launch's number (for drop)."""
+        if len(self._unread) > 1:
+            raise EngineError("could not launch a decode step: read the pick of the one before it first")
+        if token is None and self._last is None:
+            raise EngineError("could not launch a decode step on the last pick: no step was launched before")
+        span, logits, picked = self._advance(self._last.view(1) if token is None else token)
+        if self.drawing:
+            picked = self._draw(span, logits)
+        if picked is None:
+            raise EngineError("could not launch a decode step: its pick is made on the host (device argmax off)")
+        slot = self._launched % 2
+        self._host[slot:slot + 1].copy_(picked.view(1), non_blocking=True)
+        if self._events[slot] is not None:
+            self._events[slot].record()
+        self._unread.append(slot)
+        self._launched += 1
+        self._last = picked
+        return self._launched
+
+    def pick(self) -> int:
+        """The pick of the oldest launch not read yet; waits for that step only."""
+        slot = self._unread.popleft()
+        if self._events[slot] is not None:
+            self._events[slot].synchronize()
+        return int(self._host[slot])
+
+    def drop(self, launch: int) -> None:
+        """Undo launch number `launch`, its pick unread: n_past back by one (launch() says why that is
+        safe); nothing where a later launch or request came since (an iterator closed late). A draw
+        there pushed its token into the sampler's ring: drop a launch only at a request's end
+        (begin_sampling sets the ring for the next one)."""
+        if self._unread and self._launched == launch:
+            self._unread.pop()
+            self.cache.n_past -= 1
+
+    def _advance(self, token: int | torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor | None]:
         cache = self.cache
         span = self._span(cache.n_past + 1)
-        self.token.fill_(token)
+        if isinstance(token, torch.Tensor):
+            self.token.copy_(token)
+        else:
+            self.token.fill_(token)
         self.pos.fill_(cache.n_past)
         out = self._replay(span) if self.graphs else self._step(span)
         cache.n_past += 1

@@ -316,6 +316,12 @@ class Engine:
         # back instead of the logits row
         drawing = self._step.begin_sampling(req.sampling, history, bias)
         on_device = drawing or (self._step.device_argmax and bias is None and sample.plain_argmax)
+        if on_device and self.streaming is None and self._step.pipeline:
+            first = budget.forced()
+            if first is None:
+                first = sample(logits, history) if bias is None else sample(logits + bias, history)
+            yield from self._pipelined(req, cancel, first, budget, history, tokens)
+            return
         picked = None
         for _ in range(req.max_tokens):
             if cancel.is_set():
@@ -338,6 +344,44 @@ class Engine:
             held.written(tokens, [token])
             if self.streaming is not None:
                 self.streaming.store.note_tokens(1)
+
+    def _pipelined(self, req: GenerationRequest, cancel: threading.Event, token: int,
+                   budget: "_ReasoningBudget", history: list[int], tokens: list[int]) -> Iterator[int]:
+        """generate's decode loop from its first token on, with the step of each next token launched
+        before the host reads this step's pick (StaticDecode.launch: fed that pick on the device, or
+        the token the reasoning budget forces), so the GPU does not idle while the host wakes up: the
+        same tokens, n_past and claimed rows as the loop in generate. The forced token, max_tokens and
+        the context are known before the pick, so a step launched ahead is wrong only when the request
+        ends (an end-of-generation pick, a cancel, the caller closing this iterator): dropped then.
+        The claim grows by a token once it is accepted; the step launched ahead writes only the row
+        past it (the cache has no recurrent state: StaticDecode.pipeline)."""
+        step, cache, held = self._step, self._cache, self._held
+        ahead = 0  # the number of the next token's step where it is launched
+        forced = None  # the next token where the reasoning budget forces it
+        try:
+            for i in range(req.max_tokens):
+                if cancel.is_set():
+                    return
+                if i:
+                    picked = step.pick()  # read even when forced: the next launch needs its host slot
+                    token = picked if forced is None else forced
+                yield token
+                if token in self.tokenizer.eog_ids:
+                    return
+                budget.push(token)
+                history.append(token)
+                forced = budget.forced()  # the next token's, asked once (it pops the close tag's ids)
+                if not ahead:  # the first token, or one the context had no room for ahead
+                    if cache.n_past >= cache.max_ctx:
+                        return
+                    step.launch(token)
+                held.written(tokens, [token])
+                ahead = 0
+                if i + 1 < req.max_tokens and cache.n_past < cache.max_ctx:
+                    ahead = step.launch(forced)  # None: this step's pick, on the device
+        finally:
+            if ahead:
+                step.drop(ahead)
 
     def _continue_at(self, ids: list[int], last: bool) -> int:
         """How many leading positions of ids the cache keeps: the longest prefix the live cache or a

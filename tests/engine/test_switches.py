@@ -23,7 +23,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
 from sparkd.engine import switches  # noqa: E402
-from sparkd.engine.cuda_graphs import continue_graphs_default, device_argmax_default, prefill_graphs_default  # noqa: E402
+from sparkd.engine.cuda_graphs import continue_graphs_default, decode_pipeline_default, device_argmax_default, \
+    prefill_graphs_default  # noqa: E402
 from sparkd.engine.layers.attention import fuse_qkv_default  # noqa: E402
 from sparkd.engine.device_sampler import device_sampling_default  # noqa: E402
 from sparkd.engine.layers.quant_experts import down_layout as moe_down_layout  # noqa: E402
@@ -93,6 +94,8 @@ SWITCHES = [
             "torch": "torch", "Fused": "fused"}, ("1", "on", "0", "fused", "torch", "off")),
     Switch("SPARKD_FUSED_QKV", None, fuse_qkv_default, "yes", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_DEVICE_ARGMAX", None, device_argmax_default, "2", FLAG, switches.ON + switches.OFF),
+    Switch("SPARKD_DECODE_PIPELINE", None, decode_pipeline_default, "on",
+           {UNSET: True, "auto": True, " OFF ": False}, ("auto", "off")),
     Switch("SPARKD_PREFILL_GRAPHS", None, prefill_graphs_default, "graphs", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_CONTINUE_GRAPHS", None, continue_graphs_default, "graphs", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_Q8_0_LAYOUT", None, resident_q8_0_layout, "tiled",

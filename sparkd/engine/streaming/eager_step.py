@@ -48,6 +48,8 @@ class EagerDecode:
     step(token) → logits [1, V] on the CPU; next_token(token) → the greedy pick, with only that
     int leaving the device where device_pick is on (device_argmax)."""
 
+    pipeline = False  # StaticDecode's pipelined decode (launch/pick/drop) is not offered here
+
     def __init__(self, net, cache):
         from sparkd.engine.cuda_graphs import device_argmax_default, link_norm_quant
 
