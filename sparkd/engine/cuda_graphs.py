@@ -266,11 +266,11 @@ class StaticDecode:
             raise EngineError("could not launch a decode step: read the pick of the one before it first")
         if token is None and self._last is None:
             raise EngineError("could not launch a decode step on the last pick: no step was launched before")
+        if not (self.drawing or self.device_argmax):
+            raise EngineError("could not launch a decode step: its pick is made on the host (device argmax off)")
         span, logits, picked = self._advance(self._last.view(1) if token is None else token)
         if self.drawing:
             picked = self._draw(span, logits)
-        if picked is None:
-            raise EngineError("could not launch a decode step: its pick is made on the host (device argmax off)")
         slot = self._launched % 2
         self._host[slot:slot + 1].copy_(picked.view(1), non_blocking=True)
         if self._events[slot] is not None:

@@ -128,6 +128,7 @@ def test_launch_refuses_what_it_cannot_do(model):
         host = StaticDecode(m.net, m.net.new_cache(8), graphs=False, device_argmax=False, pipeline=True)
         with pytest.raises(EngineError, match="device argmax off"):
             host.launch(3)
+        assert host.cache.n_past == 0
     finally:
         m.close()
 

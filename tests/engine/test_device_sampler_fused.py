@@ -152,7 +152,7 @@ def test_what_takes_the_fused_path():
 
 def test_static_decode_modes():
     class Cache:
-        device, max_ctx = torch.device("cpu"), 8
+        device, max_ctx, rewindable = torch.device("cpu"), 8, True
 
     class Net(torch.nn.Module):
         blocks, output_norm, output = [], None, None
