@@ -8,6 +8,7 @@ measurement, see BOUNDS.
 """
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -457,7 +458,13 @@ def test_moe_prefill_rejects_slots_outside_the_table_and_selections():
     # unchecked (a router's top-k): an outside slot gets no tile, the other tokens' rows keep their bits
     p, x, w = prepare(table, dev), torch.randn(2, 256, device=dev), torch.rand(2, 1, device=dev)
     ok = moe_prefill(p, x, torch.tensor([[0], [1]], device=dev), w, precision="int8", check_slots=False)
-    bad = moe_prefill(p, x, torch.tensor([[0], [2]], device=dev), w, precision="int8", check_slots=False)
+    with warnings.catch_warnings():
+        # the outside slot's gate/up rows are never written (torch.empty's leftover bytes: inf, NaN or huge
+        # at times); the down quantizes its h row anyway (a CI run: inf * 1/inf, numpy's "invalid value
+        # encountered in multiply" under the interpreter). Not the data: random_blocks' scales are finite
+        # and the arena's padding is not read; the test reads token 0's row only
+        warnings.simplefilter("ignore", RuntimeWarning)
+        bad = moe_prefill(p, x, torch.tensor([[0], [2]], device=dev), w, precision="int8", check_slots=False)
     assert torch.equal(bad[0], ok[0])
     selection = prepare(table, dev).select(torch.tensor([1], device=dev))
     with pytest.raises(dispatch.KernelArgumentError, match="the whole table, not a selection"):
