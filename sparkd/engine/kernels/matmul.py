@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k_tiled
+from sparkd.engine.kernels import INT8, PRECISIONS, act_quant, dispatch, grids, pdl, q4_k_tiled
 from sparkd.engine.kernels.row_tiles import row_sums
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
@@ -816,10 +816,8 @@ def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
                 **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}))
 
 
-# the integer GEMM, for families with an iblock (Q8_0 and its packed layout, Q4_K and its pairx layout, Q6_K and
-# its tiled layout); others (Q4_K's other tiled layouts included) run "ieee"
-INT8 = "int8"
-PRECISIONS = ("ieee", "tf32x3", "tf32", INT8)
+# INT8 (PRECISIONS, kernels/__init__.py): the integer GEMM, for families with an iblock (Q8_0 and its packed
+# layout, Q4_K and its pairx layout, Q6_K and its tiled layout); others (Q4_K's other tiled layouts included) run "ieee"
 
 
 def float_precision(precision: str) -> str:
