@@ -291,7 +291,8 @@ def test_int8_moe_prefill(backend, qtype, monkeypatch):
     """Q8_0 / Q4_K experts at "int8": grouped and loop the same bits (per element the same block sums in
     the same order, whatever the tile; Q4_K's gate/up repacked to pairx too), and near the float GEMMs on
     the same rounded inputs (h rounded apart can sit across a rounding step: the engine's 1e-3 bound)."""
-    dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (256, 256, 2, GEMM_BLOCK_T + 5, 2)
+    # the interpreter (Q8_0 only): two row tiles of the 64-row integer GEMM launches in gate/up and in down
+    dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (128, 128, 2, GEMM_BLOCK_T + 5, 2)
     table, *_ = arena_table(qtype, qtype, dim, width, n, backend)
     x = torch.randn(n_tok, dim)
     slots = torch.stack([torch.randperm(n)[:top_k] for _ in range(n_tok)])
