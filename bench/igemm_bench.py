@@ -5,8 +5,8 @@ A row: one layout (Q8_0, Q8_0P packed, Q4_K, Q4T the pairx tiled Q4_K, Q6_K, Q6T
 valid blocks (grouped: --experts of them, one buffer, the tokens routed to --top-k random experts each and cut
 in expert tiles of --block-t rows by moe.expert_tiles; a shape with rows > cols is a down projection: one x
 row per routed row, as moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the
-engine quantizes a stack's or a MoE layer's x once), a way (--ways): "s10" (session 10's tile and loop),
-"s11" / "s12" (session 11's / 12's table), "s13" (matmul.IGEMM_TILES, the default), or a launch
+engine quantizes a stack's or a MoE layer's x once), a way (--ways): "s11" / "s12" (session 11's / 12's
+table), "s13" (matmul.IGEMM_TILES, the default), or a launch
 bn/bt/warps/unroll/stages/kblock[/maxnreg] (matmul.IgemmTile with steps: bt the dense GEMM's tokens a program;
 kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or left out: Triton's): median µs
 of CUDA-event-timed calls, int8 TOPS (2 rows cols routed rows / s), the speedup over the first way, and whether
@@ -68,7 +68,7 @@ def main() -> int:
     ap.add_argument("--block-t", type=int, default=moe.PREFILL_TILE)
     ap.add_argument("--tokens", default="512,2048")
     ap.add_argument("--ways", default="s11,s12",
-                    help="s10, s11, s12 or bn/bt/warps/unroll/stages/kblock[/maxnreg]; the first is the base")
+                    help="s11, s12, s13 or bn/bt/warps/unroll/stages/kblock[/maxnreg]; the first is the base")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json")
     a = ap.parse_args()

@@ -118,8 +118,10 @@ def tiny_model(arch: str, folder: Path, quant: str = "F32", n_embd: int = 0) -> 
     return path
 
 
-def static_step_counts(net, spec: str, on_cpu: bool) -> dict:
-    """The kernels of one static decode step (the one a graph captures) with fused kernels `spec`."""
+def static_step_counts(net, spec: str, on_cpu: bool, logits: list | None = None) -> dict:
+    """The kernels of one static decode step (the one a graph captures) with fused kernels `spec`; logits: a list
+    that gets the uncounted first step's logits (token 5 after the prompt 1, 7, 42), for a caller's check of
+    its bits without a step of its own."""
     from sparkd.engine.cuda_graphs import StaticDecode
     from sparkd.engine.kernels import fused
 
@@ -128,7 +130,9 @@ def static_step_counts(net, spec: str, on_cpu: bool) -> dict:
         cache = net.new_cache(64)
         net(torch.tensor([1, 7, 42]), cache)
         step = StaticDecode(net, cache, graphs=False, first_bucket=16)
-        step(5)  # first call outside the count (Triton compiles, rope table)
+        first = step(5)  # first call outside the count (Triton compiles, rope table)
+        if logits is not None:
+            logits.append(first)
         if on_cpu:
             return count_cpu(lambda: step(6))
         return count_cuda(lambda: step(6))

@@ -18,7 +18,6 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 16-row expert tiles (SPARKD_MOE_PREFILL_TILE=16)
   nosync        s9 without the slots' sync; stack: nosync with one launch a stack;
   t16, t32, t64 stack with expert tiles of that height
-  s10g          int8 with session 10's integer GEMM loop and tile (SPARKD_IGEMM=s10; int8 has the default's)
   s11g          int8 with session 11's integer GEMM table (SPARKD_IGEMM=s11: pairx's kblock; int8 has s13's)
   s12g          int8 with session 12's (SPARKD_IGEMM=s12: GGUF Q4_K's grouped GEMM without s13's register cap)
   s12w          int8 with pairx's grouped GEMM on session 12's word unpack alone (no register cap; TILES below)
@@ -86,7 +85,6 @@ VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee
             **{f"t{t}": ("grouped", "int8", True, "router", "one", t, "torch") for t in (16, 32, 64)}}
 VARIANTS["stack"] = VARIANTS["t16"]
 VARIANTS["graphs"] = VARIANTS["int8"]
-VARIANTS["s10g"] = VARIANTS["int8"]
 VARIANTS["s11g"] = VARIANTS["s12g"] = VARIANTS["s12w"] = VARIANTS["s12r"] = VARIANTS["int8"]
 VARIANTS["i64"] = ("grouped", "int8", True, *NOW[:2], 64, NOW[3])
 IGEMM_NOW = matmul.IGEMM_WAY
@@ -131,7 +129,7 @@ def use(variant: str) -> bool:
     attention.PREFILL_ATTENTION, linear.PREFILL_FLOAT_GEMM = (ROWS[variant],) * 2 if variant in ROWS else ROWS_ENV
     own_rope = variant in OWN_ROPE
     graphed = prompt_graphs.get(variant)
-    matmul.IGEMM_WAY = {"s10g": "s10", "s11g": "s11", "s12g": "s12"}.get(variant, IGEMM_NOW)
+    matmul.IGEMM_WAY = {"s11g": "s11", "s12g": "s12"}.get(variant, IGEMM_NOW)
     matmul.IGEMM_TILES.clear()
     matmul.IGEMM_TILES.update({**TABLE_NOW, **TILES.get(variant, {})})
     return last

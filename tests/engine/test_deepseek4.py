@@ -121,22 +121,30 @@ def test_mtp_layers_are_refused(path):
 
 def test_a_snapshot_brings_the_compressor_state_back(path):
     """The prompt store's copy (KVCache.snapshot / restore, prompt_store.py): the rows, compressor rings
-    and entries (and their count) at a prefix's end come back over other values, and
-    the prefix then continues as it did, bit for bit."""
+    and the entries the prefix completed (and their count) come back over other values, and the
+    prefix then continues as it did, bit for bit; the copy holds those entries only, not each
+    table's max_ctx / ratio rows (the rest of the table is rewritten before it is read)."""
     m = load_model(path)
     try:
-        cache = m.net.new_cache(16)
+        cache = m.net.new_cache(64)
         m.net(TOKENS[:9], cache)
         saved = cache.snapshot(9)
-        want = m.net(TOKENS[9:12], cache)
+        want = m.net(TOKENS[9:16], cache)
         counts = [s.n_entries for s in cache.states.values()]
         cache.reset()
         for t in cache.position_rows() + cache.sequence_state():  # another sequence's rows and rings
             t.normal_()
         cache.restore(saved, 0, 9)
         assert [s.n_entries for s in cache.states.values()] == [9 // s.ratio for s in cache.states.values()]
-        got = m.net(TOKENS[9:12], cache)
+        got = m.net(TOKENS[9:16], cache)
+        states = list(cache.states.values())
+        rows = sum(t[:9].nbytes for t in cache.position_rows())
+        rings = sum(s.kv.nbytes + s.score.nbytes for s in states)
+        entries = [s.entries.shape[1] * 4 * (9 // s.ratio) for s in states]
+        whole = rows + sum(t.nbytes for t in cache.sequence_state())
     finally:
         m.close()
     assert torch.equal(got, want) and [s.n_entries for s in cache.states.values()] == counts
     assert not cache.rewindable
+    assert cache.prefix_bytes(9) == sum(t.nbytes for t in saved) == rows + rings + sum(entries)
+    assert 0 < sum(entries) and cache.prefix_bytes(9) < whole  # a CSA layer's 2 rows of 17, HCA's none of 1

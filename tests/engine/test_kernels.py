@@ -8,6 +8,7 @@ measurement, see BOUNDS.
 """
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -159,7 +160,7 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
     a float step per 256 values): within float32 rounding of the float64 product of the same quantized values,
     and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in another order); a
     repacked layout gives its GGUF blocks' bits (the engine's logits the same on both resident layouts), and
-    session 11's loop and tiles (matmul.IGEMM_TILES) give session 10's bits ($SPARKD_IGEMM=s10)."""
+    session 11's loop and tiles (matmul.IGEMM_TILES) give session 10's bits (matmul.S10_IGEMM)."""
     qtype, ltype, pack = INT8_LAYOUTS[layout]
     (rows, cols), counts = (INT8_SHAPES if qtype == T.Q8_0 else INT8_SHAPES_K)[backend]
     raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
@@ -171,11 +172,10 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
         y = gemm(w, ltype, (rows, cols), x, "int8")
         if pack is not None and (backend == "cuda" or n_tok == counts[0]):  # the interpreter: one GEMM more
             assert torch.equal(y, gemm(raw.to(backend), qtype, (rows, cols), x, "int8")), f"int8 {layout}"
-        if backend == "cuda" or n_tok == counts[0]:
-            way = matmul.IGEMM_WAY
-            monkeypatch.setattr(matmul, "IGEMM_WAY", "s10")
-            assert torch.equal(y, gemm(w, ltype, (rows, cols), x, "int8")), f"int8 {layout} s10"
-            monkeypatch.setattr(matmul, "IGEMM_WAY", way)
+        if backend == "cuda":  # the interpreter: test_igemm_steps_give_session_10s_bits, every layout at 8 rows
+            with monkeypatch.context() as mp:
+                mp.setattr(matmul, "igemm_tile", lambda fam, grouped: matmul.S10_IGEMM)
+                assert torch.equal(y, gemm(w, ltype, (rows, cols), x, "int8")), f"int8 {layout} s10"
         xq = act_quant.quantize(x, fmt).dequantize().double().cpu()
         scale = xq.abs() @ W.abs().T
         err = rel_err(y, xq @ W.T, scale)
@@ -256,16 +256,15 @@ def test_q4k_gemm_launches_keep_the_bits(case, monkeypatch):
 
 def test_igemm_ways_pick_their_tables(monkeypatch):
     """$SPARKD_IGEMM: s13 runs GGUF Q4_K's grouped GEMM at 168 registers (prefill28); s12 runs pairx's dense GEMM at
-    168 registers (q4k21) and its grouped one with wblock (prefill26); s11 keeps session 11's launches, s10 session
-    10's everywhere."""
+    168 registers (q4k21) and its grouped one with wblock (prefill26); s11 keeps session 11's launches; a layout
+    without a row (packed Q8_0) session 10's."""
     pairx, gguf = q4_k_tiled.FAMILIES["pairx"], dispatch.FAMILIES[T.Q4_K]
     s12 = (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168),
            matmul.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=168))
     s11_gguf = matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False)
     want = {"s13": (*s12, matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)),
             "s12": (*s12, s11_gguf),
-            "s11": (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False), matmul.IgemmTile(64, 32, 4, 1, 2), s11_gguf),
-            "s10": (matmul.S10_IGEMM,) * 3}
+            "s11": (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False), matmul.IgemmTile(64, 32, 4, 1, 2), s11_gguf)}
     for way, tiles in want.items():
         monkeypatch.setattr(matmul, "IGEMM_WAY", way)
         got = (matmul.igemm_tile(pairx, False), matmul.igemm_tile(pairx, True), matmul.igemm_tile(gguf, True))
@@ -292,7 +291,8 @@ def test_int8_moe_prefill(backend, qtype, monkeypatch):
     """Q8_0 / Q4_K experts at "int8": grouped and loop the same bits (per element the same block sums in
     the same order, whatever the tile; Q4_K's gate/up repacked to pairx too), and near the float GEMMs on
     the same rounded inputs (h rounded apart can sit across a rounding step: the engine's 1e-3 bound)."""
-    dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (256, 256, 2, GEMM_BLOCK_T + 5, 2)
+    # the interpreter (Q8_0 only): two row tiles of the 64-row integer GEMM launches in gate/up and in down
+    dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (128, 128, 2, GEMM_BLOCK_T + 5, 2)
     table, *_ = arena_table(qtype, qtype, dim, width, n, backend)
     x = torch.randn(n_tok, dim)
     slots = torch.stack([torch.randperm(n)[:top_k] for _ in range(n_tok)])
@@ -309,11 +309,10 @@ def test_int8_moe_prefill(backend, qtype, monkeypatch):
     for h in heights:
         assert torch.equal(got["grouped", h], got["loop", 16]), h
     if backend == "cuda":  # session 10's integer GEMM loop and tiles: the same bits
-        way = matmul.IGEMM_WAY
-        monkeypatch.setattr(matmul, "IGEMM_WAY", "s10")
-        assert torch.equal(moe_prefill(prepare(table, backend), x.to(backend), *args, precision="int8", round_h=rnd),
-                           got["grouped", heights[-1]])
-        monkeypatch.setattr(matmul, "IGEMM_WAY", way)
+        with monkeypatch.context() as mp:
+            mp.setattr(matmul, "igemm_tile", lambda fam, grouped: matmul.S10_IGEMM)
+            assert torch.equal(moe_prefill(prepare(table, backend), x.to(backend), *args, precision="int8",
+                                           round_h=rnd), got["grouped", heights[-1]])
     got["grouped"] = got["grouped", heights[-1]]
     ieee = moe_prefill(prepare(table, backend), rnd(x).to(backend), *args, precision="ieee", round_h=rnd)
     if qtype == T.Q4_K:  # the gate/up repacked as the engine keeps resident experts (pairx, moe20): the same bits
@@ -457,7 +456,13 @@ def test_moe_prefill_rejects_slots_outside_the_table_and_selections():
     # unchecked (a router's top-k): an outside slot gets no tile, the other tokens' rows keep their bits
     p, x, w = prepare(table, dev), torch.randn(2, 256, device=dev), torch.rand(2, 1, device=dev)
     ok = moe_prefill(p, x, torch.tensor([[0], [1]], device=dev), w, precision="int8", check_slots=False)
-    bad = moe_prefill(p, x, torch.tensor([[0], [2]], device=dev), w, precision="int8", check_slots=False)
+    with warnings.catch_warnings():
+        # the outside slot's gate/up rows are never written (torch.empty's leftover bytes: inf, NaN or huge
+        # at times); the down quantizes its h row anyway (a CI run: inf * 1/inf, numpy's "invalid value
+        # encountered in multiply" under the interpreter). Not the data: random_blocks' scales are finite
+        # and the arena's padding is not read; the test reads token 0's row only
+        warnings.simplefilter("ignore", RuntimeWarning)
+        bad = moe_prefill(p, x, torch.tensor([[0], [2]], device=dev), w, precision="int8", check_slots=False)
     assert torch.equal(bad[0], ok[0])
     selection = prepare(table, dev).select(torch.tensor([1], device=dev))
     with pytest.raises(dispatch.KernelArgumentError, match="the whole table, not a selection"):

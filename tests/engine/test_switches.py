@@ -119,7 +119,7 @@ SWITCHES = [
     Switch("SPARKD_MOE_PREFILL_TILE", "sparkd.engine.kernels.moe", "m.PREFILL_TILE", "48",
            {UNSET: 32, "16": 16, "32": 32, " 64 ": 64}, ("16", "32", "64")),
     Switch("SPARKD_IGEMM", "sparkd.engine.kernels.matmul", "m.IGEMM_WAY", "s9",
-           {UNSET: "s13", "s13": "s13", "s12": "s12", "s11": "s11", " S10 ": "s10"}, ("s13", "s12", "s11", "s10")),
+           {UNSET: "s13", "s13": "s13", "s12": "s12", " S11 ": "s11"}, ("s13", "s12", "s11")),
     Switch("SPARKD_MOE_PREFILL_GLUE", "sparkd.engine.kernels.moe", "m.PREFILL_GLUE", "fused",
            {UNSET: "kernels", "kernels": "kernels", "Torch": "torch"}, ("kernels", "torch")),
     Switch("SPARKD_MOE_SLOT_CHECK", "sparkd.engine.layers.moe", "m.SLOT_CHECK", "never",

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k_tiled
+from sparkd.engine.kernels import INT8, PRECISIONS, act_quant, dispatch, grids, pdl, q4_k_tiled
 from sparkd.engine.kernels.row_tiles import row_sums
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
@@ -756,18 +756,18 @@ class IgemmTile:
     num_warps: int = 4
     unroll: int = 1  # Q8_0 blocks per loop step (the largest power of 2 up to it that divides the row's blocks)
     stages: int = 0  # the step loop's num_stages (tl.range); 0: Triton's default
-    steps: bool = True  # _igemm_steps (session 11); False: session 10's _igemm_tile
+    steps: bool = True  # _igemm_steps (session 11); False: session 10's _igemm_tile (S10_IGEMM)
     kblock: bool = True  # with steps: the family's kblock where it has one
     words: bool = False  # with kblock: the family's wblock (32-bit word unpack, session 12) where it has one
     maxnreg: int = 0  # registers a thread at most (Triton's maxnreg: more programs an SM, some spills); 0: Triton's
 
 
 IGEMM_ENV = "SPARKD_IGEMM"
-IGEMM_WAYS = ("s13", "s12", "s11", "s10")
-# "s12" / "s11": session 12's / 11's tables (IGEMM_TILES_S12, IGEMM_TILES_S11: pairx's kblock); "s10": session 10's
-# tile and loop everywhere (the same bits every way)
+IGEMM_WAYS = ("s13", "s12", "s11")
+# "s12" / "s11": session 12's / 11's tables (IGEMM_TILES_S12, IGEMM_TILES_S11: pairx's kblock); the same bits every
+# way. (Session 10's "s10", its tile everywhere, went in session 15: last measured in session 11.)
 IGEMM_WAY = switches.choice(IGEMM_ENV, IGEMM_WAYS, "s13")
-S10_IGEMM = IgemmTile(64, 64, 4, 1, 0, False, False)
+S10_IGEMM = IgemmTile(64, 64, 4, 1, 0, False, False)  # session 10's loop and tile: the layouts without a row below
 # by (the layout's qtype name, grouped): the H200's fastest of bench/igemm_bench.py (session 11, prefill25: dense
 # 2048x2048, the MoE gate/up 768x2048 and down 2048x768 of 128 experts, top 8, 512 and 2048 tokens; the speedups
 # over s10 in docs/performance.md). Q8_0: 2 blocks a step, 4 stages (grouped) and 64-token dense tiles; the
@@ -798,10 +798,8 @@ IGEMM_TILES[("Q4_K", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=1
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
-    """The integer GEMM's launch for a family's layout: IGEMM_TILES' (else, and with $SPARKD_IGEMM=s10, session 10's;
-    s12 / s11: that session's table)."""
-    if IGEMM_WAY == "s10":
-        return S10_IGEMM
+    """The integer GEMM's launch for a family's layout: IGEMM_TILES' (else session 10's; s12 / s11: that
+    session's table)."""
     table = {"s12": IGEMM_TILES_S12, "s11": IGEMM_TILES_S11}.get(IGEMM_WAY, IGEMM_TILES)
     return table.get((fam.qtype.name, grouped), S10_IGEMM)
 
@@ -818,10 +816,8 @@ def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
                 **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}))
 
 
-# the integer GEMM, for families with an iblock (Q8_0 and its packed layout, Q4_K and its pairx layout, Q6_K and
-# its tiled layout); others (Q4_K's other tiled layouts included) run "ieee"
-INT8 = "int8"
-PRECISIONS = ("ieee", "tf32x3", "tf32", INT8)
+# INT8 (PRECISIONS, kernels/__init__.py): the integer GEMM, for families with an iblock (Q8_0 and its packed
+# layout, Q4_K and its pairx layout, Q6_K and its tiled layout); others (Q4_K's other tiled layouts included) run "ieee"
 
 
 def float_precision(precision: str) -> str:

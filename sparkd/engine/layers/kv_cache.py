@@ -69,14 +69,18 @@ class KVCache:
         """The state of the whole sequence so far (recurrent layers'): that of position n_past only."""
         return [t for ts in self.state.values() for t in ts]
 
+    def prefix_state(self, n: int) -> list[torch.Tensor]:
+        """The part of the sequence state that positions [0, n) need: here all of it."""
+        return self.sequence_state()
+
     def prefix_bytes(self, n: int) -> int:
         """What snapshot(n) copies."""
-        return sum(t[:n].nbytes for t in self.position_rows()) + sum(t.nbytes for t in self.sequence_state())
+        return sum(t[:n].nbytes for t in self.position_rows()) + sum(t.nbytes for t in self.prefix_state(n))
 
     def snapshot(self, n: int) -> list[torch.Tensor]:
-        """Copies (on this cache's device) of positions [0, n)'s rows and of the sequence state, which
+        """Copies (on this cache's device) of positions [0, n)'s rows and of prefix_state(n), which
         is position n's only when n == n_past (the prompt store's rule, prompt_store.py)."""
-        return [t[:n].clone() for t in self.position_rows()] + [t.clone() for t in self.sequence_state()]
+        return [t[:n].clone() for t in self.position_rows()] + [t.clone() for t in self.prefix_state(n)]
 
     def restore(self, saved: list[torch.Tensor], start: int, n: int) -> None:
         """A snapshot's positions [start, n) and its state back, n_past = n (rows before start hold the
@@ -84,7 +88,7 @@ class KVCache:
         rows = self.position_rows()
         for t, s in zip(rows, saved):
             t[start:n].copy_(s[start:n])
-        for t, s in zip(self.sequence_state(), saved[len(rows):], strict=True):
+        for t, s in zip(self.prefix_state(n), saved[len(rows):], strict=True):
             t.copy_(s)
         self.n_past = n
 

@@ -160,7 +160,16 @@ class DSV4Cache(KVCache):
             st.reset()
 
     def sequence_state(self) -> list[torch.Tensor]:
-        return super().sequence_state() + [t for s in self.states.values() for t in (s.kv, s.score, s.entries)]
+        return super().sequence_state() + self._compressor_state(None)
+
+    def prefix_state(self, n: int) -> list[torch.Tensor]:
+        return super().sequence_state() + self._compressor_state(n)
+
+    def _compressor_state(self, n: int | None) -> list[torch.Tensor]:
+        """Each compressor's rings and entries; with n, the entries positions [0, n) completed only
+        (n // ratio of max_ctx // ratio + 1 rows: a prefix's snapshot need not copy the rest)."""
+        return [t for s in self.states.values()
+                for t in (s.kv, s.score, s.entries if n is None else s.entries[:n // s.ratio])]
 
     def restore(self, saved: list[torch.Tensor], start: int, n: int) -> None:
         super().restore(saved, start, n)
