@@ -28,6 +28,7 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+from expert_sort_bench import graph_us  # a CUDA graph of calls, median of replays
 from torch.nn.attention import sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
@@ -54,29 +55,6 @@ def gpu_ms(fn, iters: int, repeats: int) -> float:
 
 def rel64(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want).norm() / want.norm())
-
-
-def graph_ms(fn, iters: int, repeats: int) -> float:
-    """GPU ms a call: a CUDA graph of iters calls (captured after a call on a side stream), median of repeats
-    replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / iters)
-    return statistics.median(times)
 
 
 def lower_right(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -110,7 +88,7 @@ def continuation_grid(a, H: int, Hkv: int, D: int, gen: torch.Generator) -> dict
                     "whole_sdpa": lambda: attend_sdpa(qw, k[:S], v[:S], scale)}
             r = rows_out[f"{T}@{C}"] = {"new": T, "cached": C, "rows": P, "span": span}
             for name, fn in ways.items():
-                r[name + "_ms"] = graph_ms(fn, a.iters, a.repeats)
+                r[name + "_ms"] = graph_us(fn, a.iters, a.repeats) / 1e3
                 if name != "whole_sdpa":
                     r[name + "_err"] = rel64(fn()[:T], want)
             del want
