@@ -41,6 +41,7 @@ class ServerConfig:
     api_key: str | None = None
     reasoning_budget: int | None = None
     max_queue: int = 16
+    top_k: int = 0  # for requests that send none: every token here; serve --top-k sets 40 (serve.DEFAULT_TOP_K)
 
 
 @dataclass
@@ -141,7 +142,8 @@ class EngineServer:
                              param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
         room = n_ctx - len(prompt_ids)
         sampling = SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
-                                  top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed)
+                                  top_p=1.0 if body.top_p is None else body.top_p,
+                                  top_k=self.config.top_k if body.top_k is None else body.top_k, seed=body.seed)
         req = GenerationRequest(prompt_ids=prompt_ids, max_tokens=min(limit or room, room), sampling=sampling,
                                 logit_bias=self._logit_bias(body.logit_bias), think=e.think,
                                 starts_in_reasoning=inside, reasoning_budget=self.config.reasoning_budget)

@@ -62,6 +62,7 @@ class _Sampling(_Body):
     stop: str | list[str] | None = None
     temperature: Number | None = Field(default=None, ge=0, le=2)
     top_p: Number | None = Field(default=None, gt=0, le=1)
+    top_k: StrictInt | None = Field(default=None, ge=0)  # not OpenAI's; llama-server's and vLLM's (0: every token)
     seed: StrictInt | None = None
     n: StrictInt | None = None
     stream: StrictBool = False

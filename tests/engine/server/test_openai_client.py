@@ -190,6 +190,7 @@ def test_health_and_metrics_need_no_key(server):
     ({"max_completion_tokens": 0}, "max_completion_tokens", "at least 1"),
     ({"n": 2}, "n", "one choice per request"),
     ({"temperature": 3}, "temperature", "less than or equal to 2"),
+    ({"extra_body": {"top_k": -1}}, "top_k", "greater than or equal to 0"),
     ({"logit_bias": {"999999": 5}}, "logit_bias", "expected a token id"),
 ])
 def test_bad_values_are_400(client, kw, field, words):

@@ -29,6 +29,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess:
     (["{model}", "--listen", "localhost"], "could not use --listen 'localhost': expected HOST:PORT"),
     (["{model}", "--ctx", "0"], "could not use --ctx 0"),
     (["{model}", "--max-queue", "-1"], "could not use --max-queue -1"),
+    (["{model}", "--top-k", "-1"], "could not use --top-k -1: it must be 0 (every token) or more"),
     (["/nonexistent/x.gguf"], "could not open model /nonexistent/x.gguf: no such file"),
     (["{model}", "--api-key-file", "/nonexistent/key"], "could not read --api-key-file /nonexistent/key"),
     (["{model}", "--ctx", "100000"], "could not use --ctx 100000: the model was trained for 256 positions"),
@@ -63,6 +64,23 @@ def test_health_reports_loading_progress_then_ready(model):
     r = client.get("/health")
     assert (r.status_code, r.json()["status"]) == (200, "ready")
     assert "sparkd_engine_load_progress_ratio 1.0" in client.get("/metrics").text
+
+
+def test_top_k_default_applies_to_requests_that_send_none(model):
+    """serve --top-k's value (ServerConfig.top_k) samples a request without top_k; the body's top_k wins: with
+    top-k 1 a temperature-1 draw is the greedy reply, with the body's 0 (every token) the same seed is not."""
+    server = EngineServer(Engine(model, threads=1), ServerConfig("tiny", top_k=1))
+    server.load()
+    client = TestClient(server.app())
+
+    def text(**body) -> str:
+        r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 12, **body})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    greedy = text(temperature=0)
+    assert text(temperature=1.0, seed=3) == greedy
+    assert text(temperature=1.0, seed=3, top_k=0) != greedy
 
 
 def test_load_failure_is_reported_in_health(tmp_path):
