@@ -24,6 +24,7 @@ from starlette.routing import Route
 from sparkd.engine.errors import EngineError
 from sparkd.engine.runtime import Engine, GenerationRequest, NoExpertCache
 from sparkd.engine.sampler import SamplingParams
+from sparkd.engine.server import DEFAULT_TOP_K
 from sparkd.engine.server import protocol as p
 from sparkd.engine.server.generation import Done, Job, chunk, final_body, run_job
 from sparkd.engine.server.metrics import EngineMetrics
@@ -41,7 +42,7 @@ class ServerConfig:
     api_key: str | None = None
     reasoning_budget: int | None = None
     max_queue: int = 16
-    top_k: int = 0  # for requests that send none: every token here; serve --top-k sets 40 (serve.DEFAULT_TOP_K)
+    top_k: int = DEFAULT_TOP_K  # for requests that send none (serve --top-k)
 
 
 @dataclass

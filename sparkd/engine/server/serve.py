@@ -11,14 +11,11 @@ from pathlib import Path
 from sparkd.engine.errors import EngineError
 from sparkd.engine.progress import byte_progress
 from sparkd.engine.prompt_store import parse_store_mib
+from sparkd.engine.server import DEFAULT_TOP_K
 from sparkd.engine.streaming.device import UNIFIED_CHOICES
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
 DEFAULT_LISTEN = "127.0.0.1:7777"
-# top-k where a request sends none: llama-server's and ollama's 40 (OpenAI's API has no top-k: every token). On
-# CUDA, 1-64 draw in the fused kernels (H200: 37 us a draw), 0 takes the torch chain over the whole vocabulary
-# (209 us, and a ~170 ms first capture a bucket): docs/engine.md, SPARKD_DEVICE_SAMPLING
-DEFAULT_TOP_K = 40
 
 
 def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
