@@ -1,5 +1,5 @@
-"""A temperature draw over one logits row in two launches (device_sampler.DeviceSampler's fused
-path, for requests with 1 <= top_k <= CAP, device_sampler.CAP).
+"""A temperature draw over one logits row in Triton launches (device_sampler.DeviceSampler's fused
+path, for requests with 1 <= top_k <= CAP, device_sampler.CAP; and its full path, below).
 
 _candidates, a program per BLOCK tokens: logit + bias, the repetition penalty (a token counts as
 seen while its count in the window is > 0; the token being fed is counted in on the fly), then
