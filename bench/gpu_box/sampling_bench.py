@@ -2,11 +2,13 @@
 greedy (torch.argmax inside the step's graph), temperature on the host (the logits row comes back,
 Sampler draws; SPARKD_DEVICE_SAMPLING=0) and temperature on the device (DeviceSampler's graph
 right after the step's, one int back) with the torch chain (=torch) and the fused Triton draw
-(=fused). Also the draw graph's own time (replays alone, CUDA events) and how many draw graphs
+(=fused; session 16: top_k 0 on the full path, and on the torch chain with =capped). Also the
+draw graph's own time (replays alone, CUDA events) and how many draw graphs
 each run captured (greedy: none). One untimed token first: a draw graph is captured on its first
 draw (session 7; before that prepare() captured it), which the timed tokens then leave out.
 On the GPU box:
     python3 bench/gpu_box/sampling_bench.py --model /tmp/q30-12l-e8-Q8_0.gguf --json out.json
+--settings picks some by name (comma-separated), --repeats runs them again in turn (interleaved).
 """
 
 from __future__ import annotations
@@ -28,9 +30,14 @@ PROMPT = [1, 7, 42, 3, 99, 100, 5, 17]
 # llama.cpp's default chain at temperature 0.8
 HOT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1234)
 GREEDY = SamplingParams(temperature=0.0)
+# top_k 0: every token (generate --temp 0.8's default, OpenAI's)
+EVERY = SamplingParams(temperature=0.8, seed=1234)
+TOP40 = SamplingParams(temperature=0.8, top_k=40, seed=1234)
 SETTINGS = {"greedy (device argmax)": (GREEDY, "fused"), "temperature 0.8 host": (HOT, "off"),
             "temperature 0.8 device torch": (HOT, "torch"), "temperature 0.8 device fused": (HOT, "fused"),
-            "temperature 0.8 fused 4096x1": (HOT, "fused")}
+            "temperature 0.8 fused 4096x1": (HOT, "fused"),
+            "top_k 0 full": (EVERY, "fused"), "top_k 0 capped (torch chain)": (EVERY, "capped"),
+            "top_k 40 fused": (TOP40, "fused")}
 # the fused draw's layout where not the default (DeviceSampler's block_tokens, merge_blocks)
 LAYOUTS = {"temperature 0.8 fused 4096x1": {"block_tokens": 4096, "merge_blocks": 1}}
 
@@ -82,20 +89,29 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--settings", help="comma-separated names (default: all)")
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json")
     a = ap.parse_args()
+    names = a.settings.split(",") if a.settings else list(SETTINGS)
+    unknown = sorted(set(names) - set(SETTINGS))
+    if unknown:
+        ap.error(f"unknown settings {unknown}: choose from {list(SETTINGS)}")
     m = load_model(a.model, device=a.device)
     name = torch.cuda.get_device_name() if a.device == "cuda" else a.device
     res = {"model": a.model, "device": name, "hot": repr(HOT), "settings": {}}
     try:
-        for name, (params, on_device) in SETTINGS.items():
-            r, step = run(m.net, params, on_device, a.tokens, LAYOUTS.get(name))
-            if step._draws:
-                r["draw_graph_us"] = replay_us(next(iter(step._draws.values()))[0])
-            res["settings"][name] = r
-            print(f"{name:30s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
-                  f"drawing={r['drawing']} distinct={r['distinct_tokens']} draw_graphs={r['draw_graphs']}"
-                  + (f" draw graph {r['draw_graph_us']:.1f} us" if "draw_graph_us" in r else ""), flush=True)
+        for rep in range(a.repeats):
+            for name in names:
+                params, on_device = SETTINGS[name]
+                r, step = run(m.net, params, on_device, a.tokens, LAYOUTS.get(name))
+                if step._draws:
+                    r["draw_graph_us"] = replay_us(next(iter(step._draws.values()))[0])
+                name = f"{name} #{rep + 1}" if a.repeats > 1 else name
+                res["settings"][name] = r
+                print(f"{name:30s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
+                      f"drawing={r['drawing']} distinct={r['distinct_tokens']} draw_graphs={r['draw_graphs']}"
+                      + (f" draw graph {r['draw_graph_us']:.1f} us" if "draw_graph_us" in r else ""), flush=True)
     finally:
         m.close()
     if a.json:

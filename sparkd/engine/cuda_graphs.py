@@ -185,7 +185,7 @@ class StaticDecode:
     enqueues a step without waiting, launch() one fed by the last launch's pick on the device, pick()
     reads the oldest unread pick back, drop() undoes the newest launch (see launch).
 
-    device_sampling: "fused", "torch" or "off" (True: "fused", False: "off", None: the switch);
+    device_sampling: "fused", "capped", "torch" or "off" (True: "fused", False: "off", None: the switch);
     the fused kernels run on CUDA only (a CPU step draws with the torch chain).
 
     A capture that fails (out of memory, any error in its warm-up or capture) gives its bucket up:
@@ -205,18 +205,19 @@ class StaticDecode:
         if mode not in SAMPLING_MODES:
             raise EngineError(f"could not use device sampling {mode!r}: choose one of {', '.join(SAMPLING_MODES)}")
         self.device_sampling = mode != "off"
-        self.fused_sampling = mode == "fused" and cache.device.type == "cuda"
+        self.fused_sampling = mode in ("fused", "capped") and cache.device.type == "cuda"
+        self.full_sampling = mode == "fused"  # capped: top_k 0 on the torch chain (session 15)
         self.sampler: DeviceSampler | None = None  # made on the first request that draws here
         self.drawing = False                       # next_token draws (else picks the argmax)
-        # (span, fused) -> the draw graph of that bucket and chain, captured on its first draw
-        self._draws: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (span, path) -> the draw graph of that bucket and DeviceSampler.path, captured on its first draw
+        self._draws: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._draw_pool = None  # one pool for every bucket's draw graph, as _pool for the steps
         self.buckets = buckets(cache.max_ctx, first_bucket)
         self.token = torch.zeros(1, dtype=torch.long, device=cache.device)  # [1] static inputs
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
         self._pool = None  # one memory pool for every bucket's graph (they never run at once)
-        self.failed: dict[object, str] = {}  # span, or a draw's (span, fused) -> why its capture was given up
+        self.failed: dict[object, str] = {}  # span, or a draw's (span, path) -> why its capture was given up
         # the pipelined decode: two host slots (pinned) the picks are copied to, an event after each
         # copy, the launches whose picks are unread (oldest first) and the last launch's pick on the device
         cuda = cache.device.type == "cuda"
@@ -310,14 +311,15 @@ class StaticDecode:
 
     def _sampler(self) -> DeviceSampler:
         if self.sampler is None:
-            self.sampler = DeviceSampler(self.net.cfg.n_vocab, self.cache.device, fused=self.fused_sampling)
+            self.sampler = DeviceSampler(self.net.cfg.n_vocab, self.cache.device, fused=self.fused_sampling,
+                                         full=self.full_sampling)
         return self.sampler
 
     @torch.inference_mode()
     def _draw(self, span: int, logits: torch.Tensor) -> torch.Tensor:
         """The token fed joins the sampler's ring, then the draw: eager, or the graph of this
         bucket and chain (captured here, on its first draw: a greedy-only run captures none)."""
-        key = (span, self.sampler.fusing)
+        key = (span, self.sampler.path)
         if self.graphs and key not in self._draws and key not in self.failed:
             self._try(key, self._draws, lambda: self._capture_draw(logits))
         if key not in self._draws:  # no graphs, or this draw's capture failed

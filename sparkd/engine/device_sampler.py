@@ -6,11 +6,14 @@ device buffer and the recent tokens in a device ring, so the chain has fixed sha
 sync: StaticDecode captures it as a CUDA graph per bucket on a request's first draw there and
 every later request replays it.
 
-Two ways to run the chain ($SPARKD_DEVICE_SAMPLING): "torch" as ~30 torch ops over the whole
-vocabulary (sort, cumsums, two softmaxes), and "fused" (the default on CUDA) in two Triton
-launches (kernels/sample_draw.py: each block's 64 best tokens, then one program ranks those,
-filters and draws). The fused path serves requests with 1 <= top_k <= CAP (64): only then do the
-candidates hold every token the filters can keep; top_k 0 or above CAP takes the torch chain.
+Ways to run the chain ($SPARKD_DEVICE_SAMPLING): "torch" as ~30 torch ops over the whole
+vocabulary (sort, cumsums, two softmaxes), and "fused" (the default on CUDA) in Triton launches
+(kernels/sample_draw.py) on two paths: the candidates path (each block's 64 best tokens, then one
+program ranks those, filters and draws) serves requests with 1 <= top_k <= CAP (64): only then do
+the candidates hold every token the filters can keep; the full path (block sums of exp, then one
+program inverts the CDF: no ranking at all) serves top_k 0 (or >= the vocabulary) with top_p 1,
+min-p or not. The rest (top_p < 1 with top_k 0, top_k above CAP) takes the torch chain, as does
+top_k 0 under "capped" (session 15's fused: the candidates path only).
 
 The distribution equals the host Sampler's bit for bit on the same logits on the CPU (the same
 torch ops in the same order; tests/engine/test_device_sampler.py), and within rounding on a GPU
@@ -47,14 +50,15 @@ CAP = 64
 BLOCK_TOKENS = 1024
 MERGE_BLOCKS = 16
 
-MODES = ("fused", "torch", "off")
+MODES = ("fused", "capped", "torch", "off")
 _ALIASES = {"1": "fused", "on": "fused", "0": "off"}
 
 
 def device_sampling_default() -> str:
     """$SPARKD_DEVICE_SAMPLING: fused (1, on, or unset) draws temperature requests on the device
-    with the Triton kernels where top_k allows (else the torch chain), torch always with the torch
-    chain, off (0) brings the logits row back for the host Sampler; anything else is refused."""
+    with the Triton kernels where the parameters allow (path()), else with the torch chain; capped
+    the same without the full path (top_k 0 on the torch chain); torch always with the torch chain;
+    off (0) brings the logits row back for the host Sampler; anything else is refused."""
     value = switches.choice(DEVICE_SAMPLING_ENV, tuple(_ALIASES) + MODES, "fused")
     return _ALIASES.get(value, value)
 
@@ -63,6 +67,12 @@ def fusable(params: SamplingParams, cap: int = CAP) -> bool:
     """Whether the fused kernels can draw for these parameters: top_k in 1..cap (the candidates
     then hold every token the filters can keep)."""
     return 1 <= params.top_k <= cap
+
+
+def full_drawable(params: SamplingParams, n_vocab: int) -> bool:
+    """Whether the full kernels can draw for these parameters: every token a candidate (top_k 0
+    or >= n_vocab) and no top-p (its threshold needs the ranked mass; min-p needs only the max)."""
+    return (params.top_k == 0 or params.top_k >= n_vocab) and params.top_p >= 1.0
 
 
 def device_drawable(params: SamplingParams, ring_tokens: int = RING_TOKENS) -> bool:
@@ -88,23 +98,30 @@ class DeviceSampler:
     begin(params, history, bias) sets a request up (one small copy each); step(token, logits) adds
     the token just fed to the recent-token ring and draws the next token id, a [1] long tensor on
     the device; push(token) and draw(logits) are its halves. probabilities(logits) is the
-    distribution draw samples from. fused: requests that fusable() accepts take the Triton kernels
-    (`self.fusing` says whether the current one does; on a CPU device only under TRITON_INTERPRET);
-    block_tokens, cap, merge_blocks: their layout (kernels/sample_draw.DrawScratch)."""
+    distribution draw samples from. fused: requests that fusable() accepts take the candidates
+    kernels, and (full, unless False) those that full_drawable() accepts the full kernels
+    (`self.path` says which the current one takes: "fused", "full" or "torch", and `self.fusing`
+    whether it is a kernel path; on a CPU device only under TRITON_INTERPRET); block_tokens, cap,
+    merge_blocks: their layout (kernels/sample_draw.DrawScratch)."""
 
     def __init__(self, n_vocab: int, device: torch.device | str, ring_tokens: int = RING_TOKENS,
                  fused: bool = False, block_tokens: int = BLOCK_TOKENS, cap: int = CAP,
-                 merge_blocks: int = MERGE_BLOCKS):
+                 merge_blocks: int = MERGE_BLOCKS, full: bool = True):
         self.n_vocab, self.device, self.ring_tokens = n_vocab, torch.device(device), ring_tokens
-        self.fused, self.fusing = fused, False
+        self.fused, self.full, self.path = fused, fused and full, "torch"
         with torch.inference_mode(False):  # plain tensors: begin() refills them outside inference mode
             self._buffers()
-            self.scratch, self._fused_draw = None, None
+            self.scratch, self._kernels = None, {}
             if fused:  # (triton is imported only where the fused path runs: CPU-only tests set
                 # TRITON_INTERPRET before their first kernel import)
-                from sparkd.engine.kernels.sample_draw import DrawScratch, fused_draw
+                from sparkd.engine.kernels.sample_draw import DrawScratch, full_draw, fused_draw
                 self.scratch = DrawScratch(n_vocab, self.device, block_tokens, cap, merge_blocks)
-                self._fused_draw = fused_draw
+                self._kernels = {"fused": fused_draw, "full": full_draw}
+
+    @property
+    def fusing(self) -> bool:
+        """Whether the current request draws in the Triton kernels (path "fused" or "full")."""
+        return self.path != "torch"
 
     def _buffers(self) -> None:
         n_vocab, ring_tokens = self.n_vocab, self.ring_tokens
@@ -155,17 +172,22 @@ class DeviceSampler:
             self.generator.manual_seed(params.seed)
         self.seed.fill_(self.generator.initial_seed() & (2 ** 63 - 1))
         self.draws.zero_()
-        self.fusing = self.fused and fusable(params, self.scratch.cap)
+        if self.fused and fusable(params, self.scratch.cap):
+            self.path = "fused"
+        elif self.full and full_drawable(params, self.n_vocab):
+            self.path = "full"
+        else:
+            self.path = "torch"
 
     def step(self, token: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """push(token), then draw(logits): the next token [1] long (fused: two launches)."""
+        """push(token), then draw(logits): the next token [1] long (fused, full: three launches)."""
         if self.fusing:
             return self._fused(logits, token, advance=True)
         self.push(token)
         return self.draw(logits)
 
     def _fused(self, logits: torch.Tensor, token: torch.Tensor | None, advance: bool) -> torch.Tensor:
-        return self._fused_draw(self, self.scratch, logits, token, advance)
+        return self._kernels[self.path](self, self.scratch, logits, token, advance)
 
     def push(self, token: torch.Tensor) -> None:
         """Add the token just fed ([1] long on the device) to the ring, over the oldest."""
@@ -179,7 +201,13 @@ class DeviceSampler:
     def probabilities(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(order: token ids by logit, highest first, [V] (fused: the best CAP); probs [V] float64
         by token id): the host Sampler.probabilities chain with tensor parameters, op for op (fused:
-        the same math on the candidates, float64 sums in another order; nothing drawn)."""
+        the same math on the candidates, float64 sums in another order; full: every token's, the
+        order a stable argsort of the kernels' penalised logits; nothing drawn)."""
+        if self.path == "full":
+            scratch = self.scratch
+            self._kernels["full"](self, scratch, logits, None, advance=False, store=True)
+            order = torch.argsort(scratch.logits, descending=True, stable=True)
+            return order, scratch.weights / scratch.block_sum.sum()
         if self.fusing:
             self._fused(logits, None, advance=False)
             ids, probs = self.scratch.ids, self.scratch.probs

@@ -3,7 +3,9 @@ Sampler: the same tokens survive the filters, in the host's rank order (ties to 
 with the same probabilities within a measured bound (float64 sums in another order: the full
 softmax's denominator by blocks, the cumulative sums by a scan; measured <= 3.1e-16 relative on
 these rows, bound 1e-13); the penalty window follows the pushes; draws follow the distribution
-and repeat with the seed; top_k 0 or above the width takes the torch chain.
+and repeat with the seed; top_k above the width, or 0 with top-p, takes the torch chain. The full
+path (top_k 0, no top-p: every token, no ranking) likewise: the host's probabilities within the
+same bound (measured <= 1.5e-15 relative), draws that follow them and repeat with the seed.
 
 On the CPU under TRITON_INTERPRET=1 at a small width (cap 16 or 8, blocks of 32 or 8 tokens: the
 interpreter's sort is slow); on the GPU box at the production width (64, 4096) on a 151936-token
@@ -14,6 +16,7 @@ no draw graph (capture on first draw), and each chain gets its own graph.
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,7 +28,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_device_sampler import CHI2_CRIT, DRAW_CASE, chi_square, counts_over_seeds  # noqa: E402
 
 from sparkd.engine.cuda_graphs import StaticDecode  # noqa: E402
-from sparkd.engine.device_sampler import CAP, DeviceSampler, fusable  # noqa: E402
+from sparkd.engine.device_sampler import CAP, DeviceSampler, full_drawable, fusable  # noqa: E402
 from sparkd.engine.errors import EngineError  # noqa: E402
 from sparkd.engine.kernels.family import KernelArgumentError  # noqa: E402
 from sparkd.engine.kernels.sample_draw import DrawScratch  # noqa: E402
@@ -73,7 +76,7 @@ def check_against_host(ds: DeviceSampler, p: SamplingParams, row: torch.Tensor, 
     assert torch.allclose(got, want, rtol=REL, atol=0), (p, ((got - want).abs() / want).nan_to_num().max())
     penalised = apply_repetition_penalty(biased, hist[-p.repetition_window:], p.repetition_penalty)
     ranked = torch.argsort(penalised, descending=True, stable=True)[:ds.scratch.cap]
-    assert torch.equal(order.cpu(), ranked), p
+    assert torch.equal(order.cpu()[:ds.scratch.cap], ranked), p  # (full: every token ranked)
 
 
 @pytest.mark.parametrize("pi", range(len(PARAMS)))
@@ -83,6 +86,49 @@ def test_fused_distribution_is_the_hosts(pi):
     bias[[3, 150]] = torch.tensor([4.0, -2.5])
     for i, row in enumerate(rows(V)):
         check_against_host(ds, p, row, history_of(i, V), bias if i == 0 else None)
+
+
+FULL = [
+    SamplingParams(temperature=0.8),
+    SamplingParams(temperature=1.3, min_p=0.05, repetition_penalty=1.3),
+    SamplingParams(temperature=2.0, top_k=V, min_p=0.2, repetition_penalty=0.8, repetition_window=5),
+]
+
+
+def test_full_distribution_is_the_hosts():
+    """top_k 0 (or >= the vocabulary) and top_p 1: the full path, every token's probability."""
+    ds = DeviceSampler(V, "cpu", fused=True, **SMALL)
+    bias = torch.zeros(V)
+    bias[[3, 150]] = torch.tensor([4.0, -2.5])
+    for p in FULL:
+        for i, row in enumerate(rows(V)):
+            check_against_host(ds, p, row, history_of(i, V), bias if i == 0 else None)
+            assert ds.path == "full"
+
+
+def test_full_draws_follow_the_distribution_and_repeat_with_the_seed():
+    """60 successive draws of one seed over 6 tokens in two 4-token blocks (the second half
+    empty), tokens 0, 2, 4 pooled so every class expects >= 2 (the interpreter's draw is slow):
+    the chi-square passes against the host's probabilities and fails against those without the
+    temperature; a seed repeats its tokens."""
+    p = SamplingParams(temperature=0.25, seed=3)
+    row = torch.tensor([0.3, 1.0, -0.2, 0.7, -0.5, 0.8])
+    ds = DeviceSampler(row.numel(), "cpu", fused=True, block_tokens=4, cap=4, merge_blocks=1)
+    ds.begin(p)
+    assert ds.path == "full"
+    counts = torch.bincount(torch.cat([ds.draw(row).clone() for _ in range(60)]), minlength=row.numel())
+    pool = torch.tensor([0, 1, 0, 2, 0, 3])
+    pooled = torch.zeros(4, dtype=torch.long).index_add_(0, pool, counts)
+    pooled_probs = lambda probs: torch.zeros(4, dtype=torch.float64).index_add_(0, pool, probs)  # noqa: E731
+    chi2, dof = chi_square(pooled, pooled_probs(Sampler(p).probabilities(row)))
+    assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts)
+    # without the temperature: it can fail
+    assert chi_square(pooled, pooled_probs(torch.softmax(row.double(), 0)))[0] > CHI2_CRIT[dof]
+    runs = []
+    for seed in (7, 7, 8):
+        ds.begin(replace(p, seed=seed))
+        runs.append([int(ds.draw(row)) for _ in range(3)])
+    assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
 def test_merged_candidates_give_the_same_distribution():
@@ -134,17 +180,24 @@ def test_fused_draws_follow_the_distribution_and_repeat_with_the_seed():
 
 
 def test_what_takes_the_fused_path():
-    """1 <= top_k <= the width; top_k 0 (every token) and above the width: the torch chain, bit
-    for bit the host's; a CPU StaticDecode never fuses; bad widths and modes are refused."""
+    """1 <= top_k <= the width: the candidates; top_k 0 (every token) or >= the vocabulary without
+    top-p: the full path (full=False: the torch chain); the rest (above the width, top_k 0 with
+    top-p) the torch chain, bit for bit the host's; a CPU StaticDecode never fuses; bad widths and
+    modes are refused."""
     assert fusable(SamplingParams(top_k=1)) and fusable(SamplingParams(top_k=CAP))
     assert not fusable(SamplingParams(top_k=0)) and not fusable(SamplingParams(top_k=CAP + 1))
-    ds, row = DeviceSampler(V, "cpu", fused=True, **SMALL), rows(V)[0]
-    for top_k, fusing in ((0, False), (17, False), (16, True)):
-        p = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.9)
-        ds.begin(p)
-        assert ds.fusing == fusing
-        if not fusing:
-            assert torch.equal(ds.probabilities(row)[1], Sampler(p).probabilities(row))
+    assert full_drawable(SamplingParams(min_p=0.1), V) and full_drawable(SamplingParams(top_k=V), V)
+    assert not full_drawable(SamplingParams(top_p=0.9), V) and not full_drawable(SamplingParams(top_k=V - 1), V)
+    row = rows(V)[0]
+    for full in (True, False):
+        ds = DeviceSampler(V, "cpu", fused=True, full=full, **SMALL)
+        for top_k, top_p, path in ((0, 0.9, "torch"), (17, 0.9, "torch"), (16, 0.9, "fused"),
+                                   (0, 1.0, "full" if full else "torch")):
+            p = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p)
+            ds.begin(p)
+            assert (ds.path, ds.fusing) == (path, path != "torch"), (full, top_k, top_p)
+            if path == "torch":
+                assert torch.equal(ds.probabilities(row)[1], Sampler(p).probabilities(row))
     for bad in ({"block_tokens": 48, "cap": 16}, {"block_tokens": 8, "cap": 16}, {"cap": 1}, {"merge_blocks": 3}):
         with pytest.raises(KernelArgumentError, match="could not size the fused draw"):
             DrawScratch(V, torch.device("cpu"), **({"block_tokens": 64, "cap": 16} | bad))
@@ -157,10 +210,11 @@ def test_static_decode_modes():
     class Net(torch.nn.Module):
         blocks, output_norm, output = [], None, None
 
-    for mode, on, fused in (("fused", True, False), ("torch", True, False), ("off", False, False), (True, True, False)):
+    for mode, on, full in (("fused", True, True), ("capped", True, False), ("torch", True, False),
+                           ("off", False, False), (True, True, True)):
         step = StaticDecode(Net(), Cache(), False, device_sampling=mode)
-        assert (step.device_sampling, step.fused_sampling) == (on, fused), mode
-    with pytest.raises(EngineError, match="could not use device sampling 'yes': choose one of fused, torch, off"):
+        assert (step.device_sampling, step.fused_sampling, step.full_sampling) == (on, False, full), mode
+    with pytest.raises(EngineError, match="device sampling 'yes': choose one of fused, capped, torch, off"):
         StaticDecode(Net(), Cache(), False, device_sampling="yes")
 
 
@@ -176,6 +230,32 @@ def test_cuda_fused_distribution_at_full_width(pi, layout):
     bias[[3, 150000]] = torch.tensor([9.0, -2.5])
     for i, row in enumerate(rows(n_vocab)):
         check_against_host(ds, params[pi], row, history_of(i, n_vocab), bias if i == 0 else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pi", range(len(FULL)))
+def test_cuda_full_distribution_at_full_width(pi):
+    n_vocab = 151936
+    p = replace(FULL[pi], top_k=n_vocab) if FULL[pi].top_k else FULL[pi]
+    ds = DeviceSampler(n_vocab, "cuda", fused=True)
+    bias = torch.zeros(n_vocab)
+    bias[[3, 150000]] = torch.tensor([9.0, -2.5])
+    for i, row in enumerate(rows(n_vocab)):
+        check_against_host(ds, p, row, history_of(i, n_vocab), bias if i == 0 else None)
+        assert ds.path == "full"
+
+
+@pytest.mark.gpu
+def test_cuda_full_draws_follow_the_distribution():
+    """4000 seeds over the CPU test's row in 4-token blocks, unpooled; a seed repeats its tokens."""
+    p = SamplingParams(temperature=0.25)
+    row = torch.tensor([0.3, 1.0, -0.2, 0.7, -0.5, 0.8])
+    ds = DeviceSampler(row.numel(), "cuda", fused=True, block_tokens=4, cap=4, merge_blocks=1)
+    counts = counts_over_seeds(ds, p, row.cuda(), 4000)
+    chi2, dof = chi_square(counts, Sampler(p).probabilities(row))
+    assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts)
+    assert chi_square(counts, torch.softmax(row.double(), 0))[0] > CHI2_CRIT[dof]
+    assert counts_over_seeds(ds, p, row.cuda(), 200).tolist() == counts_over_seeds(ds, p, row.cuda(), 200).tolist()
 
 
 @pytest.mark.gpu
@@ -214,9 +294,14 @@ def test_captured_fused_draw_is_the_eager_one_and_captured_on_first_draw(tmp_pat
         greedy, gstep = decode(m.net, SamplingParams(temperature=0.0), 16, True, prepare=24)
         assert gstep._graphs and not gstep._draws and gstep.sampler is None  # greedy: no draw graph
         step = captured[0][1]
-        step.begin_sampling(SamplingParams(temperature=1.2, seed=5), [1, 7, 42])  # top_k 0: the torch chain
+        full = SamplingParams(temperature=1.2, repetition_penalty=1.2, seed=5)  # top_k 0: the full path
+        eager_full = decode(m.net, full, 16, False)[0]
+        assert decode(m.net, full, 16, True)[0] == eager_full
+        step.begin_sampling(full, [1, 7, 42])
         step.next_token(3)
-        assert {fused for _, fused in step._draws} == {True, False}
+        step.begin_sampling(SamplingParams(temperature=1.2, top_p=0.9, seed=5), [1, 7, 42])  # top-p: the torch chain
+        step.next_token(3)
+        assert {path for _, path in step._draws} == {"fused", "full", "torch"}
     finally:
         m.close()
 

@@ -1,5 +1,5 @@
-"""A temperature draw over one logits row in two launches (device_sampler.DeviceSampler's fused
-path, for requests with 1 <= top_k <= CAP, device_sampler.CAP).
+"""A temperature draw over one logits row in Triton launches (device_sampler.DeviceSampler's fused
+path, for requests with 1 <= top_k <= CAP, device_sampler.CAP; and its full path, below).
 
 _candidates, a program per BLOCK tokens: logit + bias, the repetition penalty (a token counts as
 seen while its count in the window is > 0; the token being fed is counted in on the fly), then
@@ -12,6 +12,15 @@ _choose, one program: the best CAP of all blocks' candidates, the host chain on 
 top-p on the full-vocabulary probabilities, min-p, temperature), one float64 uniform from Philox
 (seed and draw counter in device buffers), the token; then it commits the fed token to the ring.
 The candidates' final probabilities and ids stay in buffers (probabilities() reads them).
+
+The full draw (full_draw; requests with top_k 0, or >= the vocabulary, and top_p 1: every token
+can be drawn, so no candidates and no sort) inverts the CDF over block sums in three launches:
+_full_logits, a program per block: the penalised logits (_penalised, as _candidates) to a
+buffer and the block's max; _full_sums, a program per block: min-p against the global max, the
+block's sum of exp(x / T - max / T) in float64; _full_pick, one program: the Philox uniform picks
+the block by the cumulative block sums, then the token inside it by the cumulative exps of its
+tokens (recomputed as _full_sums did). Inverse CDF rather than Gumbel-max: one uniform a draw
+(as _choose), float64 throughout, and the sums are the softmax's denominator anyway.
 """
 
 from __future__ import annotations
@@ -41,12 +50,9 @@ def _unkey(key):
     return x, 0x7FFFFFFF - (key & 0x7FFFFFFF)
 
 
-@triton.jit(do_not_specialize=["push"])
-def _candidates(logits_ptr, bias_ptr, counts_ptr, ring_ptr, slot_ptr, token_ptr, penalty_ptr,
-                keys_ptr, max_ptr, sum_ptr, n_vocab, push, BLOCK: tl.constexpr, CAP: tl.constexpr):
-    pid = tl.program_id(0)
-    ids = pid * BLOCK + tl.arange(0, BLOCK)
-    live = ids < n_vocab
+@triton.jit
+def _penalised(logits_ptr, bias_ptr, counts_ptr, ring_ptr, slot_ptr, token_ptr, penalty_ptr, ids, live, push):
+    """The logits of ids + bias, the repetition penalty applied; -inf past the vocabulary."""
     x = tl.load(logits_ptr + ids, mask=live, other=0.0).to(tl.float32)
     x = x + tl.load(bias_ptr + ids, mask=live, other=0.0)
     seen = tl.load(counts_ptr + ids, mask=live, other=0)
@@ -56,7 +62,16 @@ def _candidates(logits_ptr, bias_ptr, counts_ptr, ring_ptr, slot_ptr, token_ptr,
         seen += (ids == fed).to(tl.int32) - (ids == old).to(tl.int32)
     penalty = tl.load(penalty_ptr)
     x = tl.where(seen > 0, tl.where(x > 0, tl.math.div_rn(x, penalty), x * penalty), x)
-    x = tl.where(live, x + 0.0, float("-inf"))  # + 0.0: -0.0 ties with 0.0, as in torch's sort
+    return tl.where(live, x + 0.0, float("-inf"))  # + 0.0: -0.0 ties with 0.0, as in torch's sort
+
+
+@triton.jit(do_not_specialize=["push"])
+def _candidates(logits_ptr, bias_ptr, counts_ptr, ring_ptr, slot_ptr, token_ptr, penalty_ptr,
+                keys_ptr, max_ptr, sum_ptr, n_vocab, push, BLOCK: tl.constexpr, CAP: tl.constexpr):
+    pid = tl.program_id(0)
+    ids = pid * BLOCK + tl.arange(0, BLOCK)
+    live = ids < n_vocab
+    x = _penalised(logits_ptr, bias_ptr, counts_ptr, ring_ptr, slot_ptr, token_ptr, penalty_ptr, ids, live, push)
     top = tl.max(x, axis=0)
     e = tl.where(x > float("-inf"), tl.exp(x.to(tl.float64) - top.to(tl.float64)), 0.0)
     tl.store(max_ptr + pid, top)
@@ -147,6 +162,72 @@ def _choose(keys_ptr, n_keys, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_p
         _commit(ring_ptr, slot_ptr, slot, old, fed, window_ptr, counts_ptr, n_vocab)
 
 
+@triton.jit(do_not_specialize=["push"])
+def _full_logits(logits_ptr, bias_ptr, counts_ptr, ring_ptr, slot_ptr, token_ptr, penalty_ptr,
+                 x_ptr, max_ptr, n_vocab, push, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    ids = pid * BLOCK + tl.arange(0, BLOCK)
+    live = ids < n_vocab
+    x = _penalised(logits_ptr, bias_ptr, counts_ptr, ring_ptr, slot_ptr, token_ptr, penalty_ptr, ids, live, push)
+    tl.store(x_ptr + ids, x, mask=live)
+    tl.store(max_ptr + pid, tl.max(x, axis=0))
+
+
+@triton.jit
+def _full_weights(x_ptr, ids, live, top, temperature_ptr, min_p_ptr):
+    """The host chain's unnormalised final probabilities of ids: min-p on the softmax of the
+    penalised logits (exp(x - max) >= min_p, the best token's being 1), then exp(x / T - max / T)."""
+    x = tl.load(x_ptr + ids, mask=live, other=float("-inf")).to(tl.float64)
+    temperature = tl.load(temperature_ptr)
+    keep = (x > float("-inf")) & (tl.exp(x - top) >= tl.load(min_p_ptr))
+    return tl.where(keep, tl.exp(x / temperature - top / temperature), 0.0)
+
+
+@triton.jit(do_not_specialize=["store"])
+def _full_sums(x_ptr, max_ptr, n_blocks, n_vocab, temperature_ptr, min_p_ptr, sum_ptr, w_ptr, store,
+               BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr):
+    pid = tl.program_id(0)
+    b = tl.arange(0, N_BLOCKS)
+    top = tl.max(tl.load(max_ptr + b, mask=b < n_blocks, other=float("-inf")), axis=0).to(tl.float64)
+    ids = pid * BLOCK + tl.arange(0, BLOCK)
+    live = ids < n_vocab
+    w = _full_weights(x_ptr, ids, live, top, temperature_ptr, min_p_ptr)
+    tl.store(sum_ptr + pid, tl.sum(w, axis=0))
+    if store != 0:  # probabilities(): every token's weight
+        tl.store(w_ptr + ids, w, mask=live)
+
+
+@triton.jit(do_not_specialize=["push", "advance"])
+def _full_pick(x_ptr, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_ptr, min_p_ptr, seed_ptr, draws_ptr,
+               ring_ptr, slot_ptr, window_ptr, counts_ptr, token_ptr, out_ptr, push, advance,
+               BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr):
+    # every state read before any write (the program's warps do not run in step)
+    draws = tl.load(draws_ptr)
+    slot = tl.load(slot_ptr)
+    old = tl.load(ring_ptr + slot)
+    fed = tl.load(token_ptr)
+    b = tl.arange(0, N_BLOCKS)
+    top = tl.max(tl.load(max_ptr + b, mask=b < n_blocks, other=float("-inf")), axis=0).to(tl.float64)
+    bsum = tl.load(sum_ptr + b, mask=b < n_blocks, other=0.0)
+    bcdf = tl.cumsum(bsum, axis=0)
+    target = _uniform(seed_ptr, draws) * tl.max(bcdf, axis=0)
+    # the first block whose cumulative sum exceeds the target (rounding past the total: the last
+    # block of mass > 0), then the first token there whose cumulative exp exceeds what is left
+    block = tl.sum((bcdf <= target).to(tl.int32), axis=0)
+    block = tl.minimum(block, tl.max(tl.where(bsum > 0, b, 0), axis=0))
+    target -= tl.sum(tl.where(b == block, bcdf - bsum, 0.0), axis=0)
+    r = tl.arange(0, BLOCK)
+    ids = block * BLOCK + r
+    w = _full_weights(x_ptr, ids, ids < n_vocab, top, temperature_ptr, min_p_ptr)
+    rank = tl.sum((tl.cumsum(w, axis=0) <= target).to(tl.int32), axis=0)
+    rank = tl.minimum(rank, tl.max(tl.where(w > 0, r, 0), axis=0))
+    tl.store(out_ptr, block * BLOCK + rank)
+    if advance != 0:
+        tl.store(draws_ptr, draws + 1)
+    if push != 0:
+        _commit(ring_ptr, slot_ptr, slot, old, fed, window_ptr, counts_ptr, n_vocab)
+
+
 class DrawScratch:
     """The fixed buffers of one row's fused draw (a CUDA graph captures their addresses)."""
 
@@ -166,6 +247,9 @@ class DrawScratch:
         self.token = torch.zeros(1, dtype=torch.long, device=device)   # the draw
         self.ids = torch.zeros(cap, dtype=torch.long, device=device)    # the ranked candidates
         self.probs = torch.zeros(cap, dtype=torch.float64, device=device)
+        # the full draw's: every token's penalised logit, and (probabilities()) final weight
+        self.logits = torch.empty(n_vocab, dtype=torch.float32, device=device)
+        self.weights = torch.zeros(n_vocab, dtype=torch.float64, device=device)
 
 
 def fused_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor | None,
@@ -189,4 +273,22 @@ def fused_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor 
                   scratch.token, scratch.ids, scratch.probs, push, int(advance),
                   N_KEYS=triton.next_power_of_2(n_keys), N_BLOCKS=triton.next_power_of_2(n), CAP=cap,
                   num_warps=16)  # the sorts: fewer keys per thread, a third of the compile time
+    return scratch.token
+
+
+def full_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor | None, advance: bool,
+              store: bool = False) -> torch.Tensor:
+    """fused_draw's contract for the full draw (every token a candidate: top_k 0, top_p 1); store:
+    also every token's final weight in scratch.weights (their sum: scratch.block_sum's)."""
+    push = int(fed is not None)
+    fed = scratch.token if fed is None else fed  # (not read when push is 0)
+    n, block = scratch.n_blocks, scratch.block_tokens
+    n_pow2 = triton.next_power_of_2(n)
+    _full_logits[(n,)](logits.reshape(-1), s.bias, s.counts, s.ring, s.slot, fed, s.penalty, scratch.logits,
+                       scratch.block_max, scratch.n_vocab, push, BLOCK=block, num_warps=4)
+    _full_sums[(n,)](scratch.logits, scratch.block_max, n, scratch.n_vocab, s.temperature, s.min_p,
+                     scratch.block_sum, scratch.weights, int(store), BLOCK=block, N_BLOCKS=n_pow2, num_warps=4)
+    _full_pick[(1,)](scratch.logits, scratch.block_max, scratch.block_sum, n, scratch.n_vocab, s.temperature,
+                     s.min_p, s.seed, s.draws, s.ring, s.slot, s.window, s.counts, fed, scratch.token, push,
+                     int(advance), BLOCK=block, N_BLOCKS=n_pow2, num_warps=8)
     return scratch.token
