@@ -1,0 +1,106 @@
+"""The OpenAI server's streamed decode rate, the way a client sees it: `sparkd-engine serve` in its own
+process, the real openai client, streamed completions with a temperature.
+
+For each --top-k value of the server (the default for requests that send none), one server process:
+wait for /health "ready", one warm-up request (the draw graph's first capture), then --reps streamed
+completions of --tokens tokens each: the usage's completion_tokens over the time from the request to
+its last chunk (the server merges tokens into chunks where text is held back, so chunks are not
+tokens), and the time to the first text. Run it on the box:
+
+    python3 bench/gpu_box/serve_decode_bench.py --model M.gguf --top-k 40,0 --json out.json
+
+Each value's servers are started one after the other (never two on the device at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+
+PROMPT = "Write a long story about a lighthouse keeper."
+
+
+def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(base + "/health", timeout=2).json().get("status") == "ready":
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"server not ready after {timeout_s:.0f} s")
+
+
+def streamed(client: openai.OpenAI, model: str, tokens: int, seed: int) -> dict:
+    """One streamed completion: time to the first text, tok/s over the whole request."""
+    t0 = time.perf_counter()
+    first = None
+    used = 0
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=tokens, temperature=0.8,
+                                       seed=seed, stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text and first is None:
+            first = time.perf_counter()
+        if chunk.usage:
+            used = chunk.usage.completion_tokens
+    end = time.perf_counter()
+    if first is None or used < tokens:
+        raise SystemExit(f"the reply streamed {used} of {tokens} tokens (an end token?): not a decode to time")
+    return {"first_text_ms": round((first - t0) * 1e3, 1), "tokens": used, "tok_s": round(used / (end - t0), 1)}
+
+
+def one_server(model_path: str, top_k: int, port: int, tokens: int, reps: int, extra: list[str]) -> dict:
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "sparkd.engine.cli", "serve", model_path, "--listen", f"127.0.0.1:{port}",
+           "--top-k", str(top_k), "--alias", "m", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_ready(base, proc, 120)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+        warm = streamed(client, "m", tokens, seed=0)
+        runs = [streamed(client, "m", tokens, seed=1 + i) for i in range(reps)]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    rates = sorted(r["tok_s"] for r in runs)
+    return {"top_k": top_k, "warm_up": warm, "runs": runs, "median_tok_s": rates[len(rates) // 2]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="GGUF file")
+    ap.add_argument("--top-k", default="40,0", help="the servers' --top-k values, comma-separated (default 40,0)")
+    ap.add_argument("--tokens", type=int, default=256, help="completion tokens a request (default 256)")
+    ap.add_argument("--reps", type=int, default=3, help="timed requests a server (default 3)")
+    ap.add_argument("--port", type=int, default=7791, help="the servers' port (default 7791)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("serve_args", nargs=argparse.REMAINDER,
+                    help="after --: more serve flags (default: --device cuda --resident --cuda-graphs on)")
+    a = ap.parse_args()
+    extra = [x for x in a.serve_args if x != "--"] or ["--device", "cuda", "--resident", "--cuda-graphs", "on"]
+    results = []
+    for k in (int(v) for v in a.top_k.split(",")):
+        r = one_server(a.model, k, a.port, a.tokens, a.reps, extra)
+        print(f"serve --top-k {k}: {r['median_tok_s']} tok/s (median of {a.reps}), "
+              f"first text {r['runs'][0]['first_text_ms']} ms; warm-up {r['warm_up']}", flush=True)
+        results.append(r)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": os.path.basename(a.model), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
