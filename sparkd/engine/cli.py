@@ -210,7 +210,9 @@ def _decode_pipelined(step, sample, logits, prompt: list[int], limit: int, feed:
     """_decode's loop with the step of each next token launched before the host reads the pick
     before it (StaticDecode.launch: fed that pick on the device, or feed's next id): the same
     tokens, picks and n_past. Only an end-of-generation token makes a step launched ahead wrong:
-    dropped then. The last step's pick is read too, so the time covers every step."""
+    dropped then. The last step's pick is read too, so the time covers every step. Engine._pipelined
+    runs the same protocol (kept as two loops: its reasoning budget, cancel, context end and claimed
+    rows fall between the pick and the launches, where a shared helper would need callbacks)."""
     out: list[int] = []
     agreed = ahead = 0  # ahead: the number of the next token's step where it is launched
     while len(out) < limit:

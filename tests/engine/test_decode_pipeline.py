@@ -85,6 +85,7 @@ def test_pipelined_generate_equals_the_step_at_a_time_loop(model):
         engine.load()
         try:
             runs[pipeline] = script(static_step(engine, pipeline))
+            assert (engine._step._launched > 0) == pipeline  # the pipelined loop ran (not the other twice)
         finally:
             engine.close()
     assert_same(runs[True], runs[False])
@@ -106,6 +107,7 @@ def test_pipelined_cli_decode_equals_the_step_at_a_time_loop(model):
                 step = StaticDecode(m.net, cache, graphs=False, device_argmax=True, pipeline=pipeline)
                 logits = m.net(torch.tensor(prompt), cache)
                 got.append((cli._decode(step, Sampler(GREEDY), logits, prompt, limit, feed, eog, None), cache.n_past))
+                assert (step._launched > 0) == pipeline  # _decode_pipelined ran
             assert got[0] == got[1]
     finally:
         m.close()

@@ -235,7 +235,8 @@ def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window):
     """The prompt's default attention (SPARKD_PREFILL_ATTENTION=sdpa) within the bound of attend in float64: from
     position 0 (the kernel's own causal mask, a sliding window's mask) and continuing the cache at start (the
     mask from a host start; from the same queries' positions on the device, as a continued graph gives them: the
-    host start's bits over the same keys, within the bound over 16 keys more past the queries)."""
+    host start's bits over the same keys, within the bound over 16 keys more past the queries; with a forward's
+    shared mask too)."""
     S = start + T
     q, k, v = torch.randn(T, H, Dk), torch.randn(S + 16, Hkv, Dk), torch.randn(S + 16, Hkv, Dv)
     want = attend(q.double(), k[:S].double(), v[:S].double(), 0.3, start, window)
@@ -245,6 +246,9 @@ def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window):
     if start:
         pos = torch.arange(start, S, device=backend)
         assert torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, pos, window), got)
+        masks = {}  # a forward's (KVCache.masks): the second layer takes the first's mask
+        assert all(torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, pos, window, masks), got) for _ in "ab")
+        assert len(masks) == 1
         assert rel_err(attend_sdpa(q, k, v, 0.3, pos, window), want) < BOUND["attention"]
 
 

@@ -82,3 +82,32 @@ def test_caches_of_a_model_share_its_rope_tables(models):
         m.close()
     assert a[0] is b[0] and a[1] is b[1] and c[0].shape[0] == 8
     assert torch.equal(a[0], alone[0]) and torch.equal(a[1], alone[1])
+
+
+def test_a_forward_makes_each_windows_mask_once(models, monkeypatch):
+    """The attention masks are made once a forward and window (KVCache.masks), not once a layer: gemma3's
+    sliding-window layers share one, its global layer has its own, for a prompt and its continuation; the
+    logits are those of every layer making its own, bit for bit, and none is kept past the forward."""
+    from sparkd.engine.layers import attention
+
+    m = load_model(models["gemma3"])
+    try:
+        windows = [b.attn.window for b in m.net.blocks]
+        assert len(windows) > len(set(windows)) > 1  # a window shared by layers, and another
+
+        def run():
+            cache = m.net.new_cache(32)
+            return [m.net(TOKENS[:5], cache), m.net(TOKENS[5:], cache)], cache
+
+        made, make = [], attention.hidden_keys
+        monkeypatch.setattr(attention, "hidden_keys", lambda *a: made.append(a[3]) or make(*a))
+        shared, cache = run()
+        assert sorted(made) == sorted(2 * list(set(windows))) and cache.masks is None
+        shared_mask = attention.forward_mask
+        monkeypatch.setattr(attention, "forward_mask", lambda masks, *a: shared_mask(None, *a))
+        made.clear()
+        own = run()[0]
+    finally:
+        m.close()
+    assert len(made) == 2 * len(windows)
+    assert all(torch.equal(a, b) for a, b in zip(shared, own, strict=True))

@@ -38,14 +38,29 @@ def hidden_keys(start: int | torch.Tensor, T: int, S: int, window: int, device: 
     return masked
 
 
+def forward_mask(masks: dict | None, visible: bool, start: int | torch.Tensor, T: int, S: int, window: int,
+                 device: torch.device) -> torch.Tensor:
+    """hidden_keys (visible: its complement, SDPA's attn_mask), taken from masks (one forward's, KVCache.masks)
+    where a layer before made it: one [T, S] mask a forward and window, not one a layer (2 MB each at 1008 x 2048)."""
+    key = (visible, window, T, S)
+    if masks is not None and key in masks:
+        return masks[key]
+    hidden = hidden_keys(start, T, S, window, device)
+    mask = ~hidden if visible else hidden
+    if masks is not None:
+        masks[key] = mask
+    return mask
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor,
            window: int = 0, sinks: torch.Tensor | None = None,
-           keep: torch.Tensor | None = None) -> torch.Tensor:
+           keep: torch.Tensor | None = None, masks: dict | None = None) -> torch.Tensor:
     """q: [T, H, Dk], k: [S, Hkv, Dk], v: [S, Hkv, Dv] with S = start + T → [T, H, Dv].
     start may instead be the queries' positions [T] on the device (static decode: S is a fixed
     span and keys past a query's position are masked like future ones).
 
     keep: [T, S] bool, the only keys each query may read besides the causal mask (sparse attention).
+    masks: the forward's masks the layers share (KVCache.masks; forward_mask), None: this call's own.
     """
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
@@ -53,7 +68,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("thd,shd->hts", q, k) * scale  # [H, T, S]
-    masked = hidden_keys(start, T, S, window, q.device)
+    masked = forward_mask(masks, False, start, T, S, window, q.device)
     if keep is not None:
         masked = masked | ~keep
     scores = scores.masked_fill(masked, float("-inf"))
@@ -71,19 +86,19 @@ SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor = 0,
-                window: int = 0) -> torch.Tensor:
+                window: int = 0, masks: dict | None = None) -> torch.Tensor:
     """attend without sinks or keep through torch's scaled_dot_product_attention (SDPA_BACKENDS): q [T, H, Dk],
     k [S, Hkv, Dk], v [S, Hkv, Dv] → [T, H, Dv]. start as attend's: a host start (S = start + T) or the queries'
     positions [T] on the device (a continued prompt graph: S a span, keys past a query's position masked). From
     position 0 without a window the kernel's own causal mask; else a boolean [T, S] mask (key s visible to the
     query at p: s <= p and p - s < window), the same for a host start as for the device positions, so a continued
-    graph that ends at its span keeps the eager continuation's bits."""
+    graph that ends at its span keeps the eager continuation's bits. masks as attend's."""
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
     k = k.repeat_interleave(H // Hkv, dim=1)
     v = v.repeat_interleave(H // Hkv, dim=1)
     causal = isinstance(start, int) and start == 0 and not window
-    mask = None if causal else ~hidden_keys(start, T, S, window, q.device)
+    mask = None if causal else forward_mask(masks, True, start, T, S, window, q.device)
     with sdpa_kernel(SDPA_BACKENDS):
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                            attn_mask=mask, is_causal=causal, scale=scale)
@@ -178,9 +193,9 @@ class Attention(nn.Module):
         elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and self.sinks is None and v_all is not None
               and (isinstance(start, int) and start == 0 or continue_sdpa(T))
               and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
-            o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window)
+            o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window, cache.masks)
         else:
-            o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks)  # [T, H, Dv]
+            o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks, masks=cache.masks)  # [T, H, Dv]
         o = o.reshape(T, -1)
         if parts and T == 1 and isinstance(self.wo, KernelLinear):
             return self.wo.forward_parts(o)

@@ -36,6 +36,7 @@ class KVCache:
         self.v = [torch.zeros(max_ctx, h, dv, dtype=dtype, device=device) if dv else None for h, _, dv in shapes]
         self.side = {key: torch.zeros(max_ctx, *row, dtype=dtype, device=device) for key, row in (side or {}).items()}
         self.scratch: dict[str, torch.Tensor | None] = {}  # handed from layer to layer in one forward pass
+        self.masks: dict | None = None  # a forward's attention masks (attention.forward_mask), set by Decoder.run
         self.state = {il: [torch.zeros(sh, dtype=dtype, device=device) for sh in shs]
                       for il, shs in (state_shapes or {}).items()}
         self.n_past = 0  # positions filled; advanced by the model after all layers ran

@@ -73,7 +73,8 @@ class MLAttention(nn.Module):
 
             o = decode_attention(q_all, k_all, k_all[..., : self.kv_rank], pos, self.scale)  # static step
         else:
-            o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep)  # [T, H, R]
+            o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep,
+                       masks=cache.masks)  # [T, H, R]
         o = torch.einsum("thr,hvr->thv", round_activations(o, self.act_v_b), self.wv_b)  # [T, H, Dv]
         o = o.reshape(T, -1)
         if self.out_gate is not None:

@@ -94,8 +94,14 @@ class Decoder(nn.Module):
         x = self.embed(tokens)  # [T, D]
         if self.embd_scale != 1.0:
             x = x * self.embd_scale
-        for block in self.blocks:
-            x = block(x, pos, cache)
+        # the attention masks, made by the first layer of each window: new each forward (they follow the
+        # positions; a graph's capture makes its own from the device positions it replays with)
+        cache.masks = {}
+        try:
+            for block in self.blocks:
+                x = block(x, pos, cache)
+        finally:
+            cache.masks = None  # a layer called alone makes its own
         if isinstance(last, torch.Tensor):
             return self.head(x.index_select(0, last))
         return self.head(x[-1:] if last else x)
