@@ -8,6 +8,9 @@
 #     512-token prompt) as long as the budget lasts;
 # (2) continue vs the whole prompt at (cached, total) pairs (prompt_cache_bench.py: graph = continue, off = whole).
 # Results: $OUT/res.tgz + $OUT/log.txt. Every step has a timeout; END_S bounds the whole call.
+# As run (commit 02f38e2, cuda_graphs.CONTINUE_MIN_SHARE 1/4 then, 1/6 after): 130.4 s on the box, 212 s of device
+# budget with the cold start (bench/results/attn28_h200_s16_call_log.txt); the budget guard skipped the generate runs
+# after "short off" (serial, the 512-token prompt, the second repeats).
 set -u
 timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
