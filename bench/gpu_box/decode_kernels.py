@@ -14,9 +14,10 @@ warm-up, in one process:
      n_layer times) with the bytes it must read (the file's tensor bytes: weights, experts
      top_k/n_expert of a layer's, the KV rows attended) and the GB/s that gives;
   3. the sum by class.
---split-ab R instead: decode attention's key ranges ($SPARKD_DECODE_ATTENTION_SPLIT, step26) off and auto
-interleaved, R rounds, in one process a model: each a fresh cache, the prompt, new graphs, then --tokens
-greedy tokens timed as `generate` steps them (and --long-tokens more, the decode at a longer context).
+--split-ab R instead: decode attention's key ranges ($SPARKD_DECODE_ATTENTION_SPLIT, step26; --rules, default
+off and auto) interleaved, R rounds, in one process a model: each a fresh cache, the prompt, new graphs, then
+--tokens greedy tokens timed as `generate` steps them (and --long-tokens more, the decode at a longer context,
+also timed in --tokens pieces: the last piece's rate is the decode at its positions).
 Run on the GPU box from the checkout root:
     python3 bench/gpu_box/decode_kernels.py /var/tmp/q3-12-Q8_0.gguf --json out.json
 """
@@ -209,12 +210,13 @@ def measure(path: Path, steps: int, tokens: int, ctx: int, rounds: int) -> dict:
         m.close()
 
 
-def split_ab(path: Path, rounds: int, tokens: int, long_tokens: int, ctx: int) -> dict:
-    """tok/s of greedy decode with the attention's key ranges off and auto, interleaved (see the docstring)."""
+def split_ab(path: Path, rounds: int, tokens: int, long_tokens: int, ctx: int,
+             rules: tuple[str, ...] = ("off", "auto")) -> dict:
+    """tok/s of greedy decode with the attention's key ranges by each rule, interleaved (see the docstring)."""
     from sparkd.engine.kernels import decode_attention  # (Triton: not at import, the CPU tests load this script)
 
     m = load_model(path, device="cuda")
-    runs: dict[str, list[dict]] = {"off": [], "auto": []}
+    runs: dict[str, list[dict]] = {rule: [] for rule in rules}
     try:
         net = m.net
         for _ in range(rounds):
@@ -224,28 +226,33 @@ def split_ab(path: Path, rounds: int, tokens: int, long_tokens: int, ctx: int) -
                 token = int(net(torch.tensor(PROMPT), cache)[-1].argmax())
                 step = StaticDecode(net, cache, graphs=True)
                 step.prepare(len(PROMPT) + tokens + long_tokens + 1)
-                ids, times = [], []
-                for n in (tokens, long_tokens):
+                ids, pieces = [], []  # seconds of each --tokens piece
+                for n in [tokens] * (1 + long_tokens // tokens) + [long_tokens % tokens]:
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     for _ in range(n):
                         ids.append(token)
                         token = step.next_token(token)
-                    times.append(n / (time.perf_counter() - t0))
-                runs[rule].append({"tok_s": times[0], "long_tok_s": times[1], "ids": ids})
+                    torch.cuda.synchronize()
+                    pieces.append(time.perf_counter() - t0)
+                runs[rule].append({"tok_s": tokens / pieces[0], "long_tok_s": long_tokens / sum(pieces[1:]),
+                                   "last_piece_tok_s": tokens / pieces[-2],  # the last whole piece
+                                   "ids": ids})
                 del step
                 torch.cuda.empty_cache()
     finally:
         m.close()
     return {"model": str(path), "tokens": tokens, "long_tokens": long_tokens, "runs": runs,
-            "same_tokens": all(r["ids"] == runs["off"][0]["ids"] for rs in runs.values() for r in rs)}
+            "same_tokens": {rule: all(r["ids"] == rs[0]["ids"] for r in rs) for rule, rs in runs.items()}}
 
 
 def ab_report(res: dict) -> str:
-    lines = [f"== {res['model']}: attention key ranges off vs auto (greedy tokens equal: {res['same_tokens']})"]
+    lines = [f"== {res['model']}: attention key ranges {' / '.join(res['runs'])} (greedy tokens the same "
+             f"every round: {res['same_tokens']})"]
     for rule, rs in res["runs"].items():
-        lines.append(f"  {rule:4s} first {res['tokens']} tokens: " + " ".join(f"{r['tok_s']:.1f}" for r in rs)
-                     + f" tok/s; the next {res['long_tokens']}: " + " ".join(f"{r['long_tok_s']:.1f}" for r in rs))
+        lines.append(f"  {rule:6s} first {res['tokens']} tokens: " + " ".join(f"{r['tok_s']:.1f}" for r in rs)
+                     + f" tok/s; the next {res['long_tokens']}: " + " ".join(f"{r['long_tok_s']:.1f}" for r in rs)
+                     + f"; their last {res['tokens']}: " + " ".join(f"{r['last_piece_tok_s']:.1f}" for r in rs))
     return "\n".join(lines)
 
 
@@ -281,12 +288,13 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--split-ab", type=int, default=0, help="rounds of the attention split A/B instead")
     ap.add_argument("--long-tokens", type=int, default=896, help="--split-ab: tokens timed after --tokens")
+    ap.add_argument("--rules", default="off,auto", help="--split-ab: $SPARKD_DECODE_ATTENTION_SPLIT values, commas")
     ap.add_argument("--json")
     a = ap.parse_args()
     out = []
     for path in a.models:
         if a.split_ab:
-            res = split_ab(path, a.split_ab, a.tokens, a.long_tokens, a.ctx)
+            res = split_ab(path, a.split_ab, a.tokens, a.long_tokens, a.ctx, tuple(a.rules.split(",")))
             print(ab_report(res), flush=True)
         else:
             res = measure(path, a.steps, a.tokens, a.ctx, a.rounds)

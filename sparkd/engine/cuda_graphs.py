@@ -424,6 +424,18 @@ PROMPT_MARGIN = 1 << 30
 # "off": prompts eager), or a list of prompt lengths whose buckets are captured at load.
 PROMPT_GRAPH_CHOICES = ("auto", "lazy", "off")
 CONTINUE_GRAPHS_ENV = "SPARKD_CONTINUE_GRAPHS"
+# Where the whole prompt replays a graph too, continue the cache only where it holds at least
+# CONTINUE_MIN_SHARE of the prompt ($SPARKD_CONTINUE_RULE "share"; "always": wherever a continued graph
+# replays, session 15): a continued graph's attention reads its whole span for every new row, where the
+# whole prompt's causal kernel skips the keys past the diagonal, so a small cached share saves less than
+# the masked span costs. H200, 12-layer Q4_K, turn 2's first token (session 16, attn28; docs/performance.md):
+# continued graph / whole prompt 72.8 / 70.9 ms at 272 of 2048 cached (13 %: -3 %, session 15), 63.7 / 70.5
+# at 512 of 2048 and 31.4 / 36.7 at 256 of 1024 (25 %: +11 %, +17 %), 45.1 / 71.9 at 1024 of 2048; in
+# between, continuing eagerly (2-6 % slower than the graph where both ran) broke even at 384 of 2048 (19 %:
+# 71.0 / 70.4) and 128 of 1024 (13 %: 37.5 / 36.8). So the graph crosses over near 1/6.
+CONTINUE_RULE_ENV = "SPARKD_CONTINUE_RULE"
+CONTINUE_RULES = ("share", "always")
+CONTINUE_MIN_SHARE = 1 / 6
 
 
 def prefill_graphs_default() -> bool:
@@ -437,6 +449,12 @@ def continue_graphs_default() -> bool:
     engine then runs a prompt whole where only that replays a graph, as prefix13 did); "1", "on" (or
     unset) replays a continued graph (PromptForward)."""
     return switches.flag(CONTINUE_GRAPHS_ENV, True)
+
+
+def continue_rule_default() -> str:
+    """$SPARKD_CONTINUE_RULE: "share" (or unset) continues the cache only where it holds CONTINUE_MIN_SHARE of
+    the prompt or the whole prompt replays no graph; "always" wherever a continued graph replays (session 15)."""
+    return switches.choice(CONTINUE_RULE_ENV, CONTINUE_RULES, "share")
 
 
 def prompt_last(net: Decoder | None = None) -> int:
@@ -524,12 +542,14 @@ class PromptForward:
     def __init__(self, net: Decoder, cache: KVCache, mode: str = "graphs", first: int = PROMPT_FIRST,
                  largest: int | None = None, margin: int = PROMPT_MARGIN,
                  log: Callable[[str], None] = lambda line: None, continued: bool = True,
-                 first_span: int = FIRST_BUCKET):
+                 first_span: int = FIRST_BUCKET, rule: str = "share"):
         if mode not in PROMPT_MODES:
             raise EngineError(f"could not run prompts in mode {mode!r}: choose one of {', '.join(PROMPT_MODES)}")
         if margin < 0:
             raise EngineError(f"could not use a prompt graph margin of {margin} bytes: it must be 0 or more")
-        self.net, self.cache, self.mode, self.first = net, cache, mode, first
+        if rule not in CONTINUE_RULES:
+            raise EngineError(f"could not continue prompts by rule {rule!r}: choose one of {', '.join(CONTINUE_RULES)}")
+        self.net, self.cache, self.mode, self.first, self.rule = net, cache, mode, first, rule
         self.largest = prompt_last(net) if largest is None else largest
         self.margin, self.log, self.continued = margin, log, continued
         self.spans = buckets(cache.max_ctx, first_span)  # a continued graph's attention spans
@@ -569,10 +589,13 @@ class PromptForward:
 
     def continues(self, n: int, start: int, last: bool = True) -> bool:
         """Whether an n-token prompt whose first start tokens the cache holds should continue there
-        (prompt_store.PromptCache) rather than run whole: unless only the whole prompt replays a graph. H200,
-        12 layers of qwen3-30b-a3b: a continued graph beat the whole prompt at 80-1648 tokens (1.1-5.3x),
-        a whole prompt's graph beat continuing eagerly up to 1024 tokens (docs/performance.md, graphs13)."""
-        return not self.replays(n, last) or self.replays(n - start, last, start)
+        (prompt_store.PromptCache) rather than run whole: unless only the whole prompt replays a graph, or
+        (rule "share") both do and the cache holds less than CONTINUE_MIN_SHARE of the prompt. H200, 12 layers
+        of qwen3-30b-a3b: a continued graph beat the whole prompt at 80-1648 tokens (1.1-5.3x), a whole
+        prompt's graph beat continuing eagerly up to 1024 tokens (docs/performance.md, graphs13)."""
+        if not self.replays(n, last):
+            return True
+        return self.replays(n - start, last, start) and (self.rule == "always" or start >= CONTINUE_MIN_SHARE * n)
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, last: bool = False) -> torch.Tensor:
@@ -716,4 +739,5 @@ def prompt_forward(net: Decoder, cache: KVCache, graphs: bool, log: Callable[[st
     if why := prompt_blocker(net):
         log(f"prompts run eagerly: {why}")
         return PromptForward(net, cache, "eager")
-    return PromptForward(net, cache, margin=margin, log=log, continued=continue_graphs_default())
+    return PromptForward(net, cache, margin=margin, log=log, continued=continue_graphs_default(),
+                         rule=continue_rule_default())

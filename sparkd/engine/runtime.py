@@ -397,7 +397,7 @@ class Engine:
         else:
             entry = None
         if 0 < keep < len(ids) and not self._prompt.continues(len(ids), keep, last):
-            keep, entry = 0, None  # only the whole prompt replays a graph: faster than continuing eagerly (H200, prefix13)
+            keep, entry = 0, None  # only the whole prompt replays (prefix13), or the cache holds too little (attn28)
         live = held.tokens
         if store is not None and live and ids[:len(live)] != live:  # this prompt overwrites rows it does not extend
             store.save(cache, held)

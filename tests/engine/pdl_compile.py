@@ -63,10 +63,11 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
     "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_HALF=64, BLOCK_REST=1,
                                        BLOCK_DV=128), 1),
     "decode_attention": (decode_attention._decode_attention, dict(GROUP=8, HAS_SINKS=False, BLOCK_S=64, BLOCK_DK=128,
-                                                                  BLOCK_DV=128, RANGE=0), 4),
-    # session 15 (step26): the keys in ranges, the head's last program adding them (a ticket)
+                                                                  BLOCK_DV=128, RANGE=0, FOLD=0), 4),
+    # session 15 (step26): the keys in ranges, the head's last program adding them (a ticket); session 16 (attn28):
+    # the ranges past the position return at once, the fold a block of ranges at a time
     "decode_attention_split": (decode_attention._decode_attention, dict(GROUP=8, HAS_SINKS=True, BLOCK_S=32,
-                                                                        BLOCK_DK=128, BLOCK_DV=128, RANGE=64), 4),
+                                                                        BLOCK_DK=128, BLOCK_DV=128, RANGE=64, FOLD=32), 4),
     # session 13 (moe23): the MoE gate/up that lets the down launch only after its loop (Kernels.down_at_start False)
     "igate_up_late": (moe._igate_up_kernel, dict(**moe._int_args(dispatch.FAMILIES[T.Q8_0], True, False, True),
                                                 BLOCK_N=2, UNROLL=2, EW=True, EMU=False, ACT=0, RW=True, STAGES=None,

@@ -154,28 +154,37 @@ def test_decode_attention_matches_attend(backend, H, Hkv, Dk, Dv, S, pos, window
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("H, Hkv, S, pos, window, sinks, keys", [
-    (4, 2, 80, 79, 0, True, 32),  # ranges of one 32-key block, the last one partial
-    pytest.param(6, 3, 70, 66, 40, False, 64, marks=pytest.mark.gpu),  # a sliding window: the first range empty
-    pytest.param(8, 2, 2048, 1500, 0, True, 64, marks=pytest.mark.gpu)])  # the default: 32 ranges
-def test_decode_attention_split_over_keys(backend, monkeypatch, H, Hkv, S, pos, window, sinks, keys):
+@pytest.mark.parametrize("H, Hkv, S, pos, window, sinks, keys, fold", [
+    (4, 2, 80, 79, 0, True, 32, 2),  # ranges of one 32-key block, the last one partial; the fold two at a time
+    pytest.param(6, 3, 70, 66, 40, False, 64, 32, marks=pytest.mark.gpu),  # a sliding window: the first range empty
+    pytest.param(8, 2, 2048, 1500, 0, True, 64, 32, marks=pytest.mark.gpu),  # the default: 24 ranges in one fold step
+    pytest.param(8, 2, 4096, 4000, 0, False, 64, 32, marks=pytest.mark.gpu)])  # 63 ranges: two fold steps
+def test_decode_attention_split_over_keys(backend, monkeypatch, H, Hkv, S, pos, window, sinks, keys, fold):
     """The keys cut into ranges (decode_attention.key_range) and the ranges' partial softmaxes added by
     the head's last program: attend's result; the same bits on a second run (the tickets were reset) and
-    over a cache twice as long (an eager step's span: more ranges, empty); one walk with the switch off."""
+    over a cache twice as long (an eager step's span: more ranges, empty, returning at once); step26's
+    serial fold within the bound too, and with its bits where one range holds the keys (auto then
+    stores that range's values without a fold); one walk with the switch off."""
     from sparkd.engine.kernels import decode_attention as da
 
     monkeypatch.setattr(da, "RANGE_KEYS", keys)
+    monkeypatch.setattr(da, "FOLD_RANGES", fold)
     q, k, v = torch.randn(1, H, 32), torch.randn(S, Hkv, 32), torch.randn(S, Hkv, 24)
     sink = torch.randn(H) if sinks else None
     want = attend(q, k, v, 0.3, torch.tensor([pos]), window, sink)
     k[pos + 1:], v[pos + 1:] = 1e4, float("nan")  # rows past the position must not be read
     dev = [t.to(backend) for t in (q, k, v, torch.tensor([pos]))]
     sd = None if sink is None else sink.to(backend)
-    got = decode_attention(*dev, 0.3, window, sd)
+    short = torch.tensor([keys // 2], device=backend)  # its keys in the first range
+    got, got_short = decode_attention(*dev, 0.3, window, sd), decode_attention(*dev[:3], short, 0.3, 0, sd)
     assert rel_err(got, want) < BOUND["attention"]
     assert torch.equal(decode_attention(*dev, 0.3, window, sd), got)
     longer = [torch.cat([t, torch.full_like(t, float("nan"))]) for t in dev[1:3]]
     assert torch.equal(decode_attention(dev[0], *longer, dev[3], 0.3, window, sd), got)
+    monkeypatch.setattr(da, "SPLIT_RULE", "serial")
+    assert da.key_range() == keys and da.fold_ranges() == 0
+    assert rel_err(decode_attention(*dev, 0.3, window, sd), want) < BOUND["attention"]
+    assert torch.equal(decode_attention(*dev[:3], short, 0.3, 0, sd), got_short)
     monkeypatch.setattr(da, "SPLIT_RULE", "off")
     assert da.key_range() == 0
     assert rel_err(decode_attention(*dev, 0.3, window, sd), want) < BOUND["attention"]

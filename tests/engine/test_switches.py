@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
 from sparkd.engine import switches  # noqa: E402
-from sparkd.engine.cuda_graphs import continue_graphs_default, decode_pipeline_default, device_argmax_default, \
+from sparkd.engine.cuda_graphs import continue_graphs_default, continue_rule_default, decode_pipeline_default, device_argmax_default, \
     prefill_graphs_default  # noqa: E402
 from sparkd.engine.layers.attention import fuse_qkv_default  # noqa: E402
 from sparkd.engine.device_sampler import device_sampling_default  # noqa: E402
@@ -82,7 +82,7 @@ SWITCHES = [
     Switch("SPARKD_PDL", "sparkd.engine.kernels.pdl", "m.current()", "maybe",
            {UNSET: "auto", "auto": "auto", " On ": "on", "off": "off"}, ("auto", "on", "off")),
     Switch("SPARKD_DECODE_ATTENTION_SPLIT", "sparkd.engine.kernels.decode_attention", "m.SPLIT_RULE", "half",
-           {UNSET: "auto", "auto": "auto", " Off ": "off"}, ("auto", "off")),
+           {UNSET: "auto", "auto": "auto", "serial": "serial", " Off ": "off"}, ("auto", "serial", "off")),
     Switch("SPARKD_PDL_PREFETCH", "sparkd.engine.kernels.pdl", "m.current_prefetch()", "l3",
            {UNSET: "small", "off": "off", " Lines ": "lines", "bulk": "bulk", "small": "small"},
            ("off", "lines", "bulk", "small")),
@@ -99,6 +99,8 @@ SWITCHES = [
            {UNSET: True, "auto": True, " OFF ": False}, ("auto", "off")),
     Switch("SPARKD_PREFILL_GRAPHS", None, prefill_graphs_default, "graphs", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_CONTINUE_GRAPHS", None, continue_graphs_default, "graphs", FLAG, switches.ON + switches.OFF),
+    Switch("SPARKD_CONTINUE_RULE", None, continue_rule_default, "never",
+           {UNSET: "share", "share": "share", "always": "always"}, ("share", "always")),
     Switch("SPARKD_Q8_0_LAYOUT", None, resident_q8_0_layout, "tiled",
            {UNSET: "packed", "packed": "packed", "GGUF": "gguf"}, ("packed", "gguf")),
     Switch("SPARKD_Q4_K_LAYOUT", None, resident_q4_k_layout, "packed",

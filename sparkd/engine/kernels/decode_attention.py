@@ -16,6 +16,23 @@ a program per (head, range) keeps its range's running max, sum and weighted valu
 program of a head to finish (a ticket, as the split-K GEMV's fold) rescales and adds the ranges
 holding keys in order: deterministic, another summation order than one walk (rounding apart, the
 same function); "off" runs one program a head, the bits before.
+
+The fold at short positions (session 16, attn28): step26's fold loaded the ranges' stats one at a
+time in two serial loops, and every program of the grid stored its stats and took a ticket, also
+the ranges past the position (a 256-key bucket: 4 programs a head, 1-3 of them holding keys at
+positions 8-136, where the split lost 2.5 % to one walk). Now ("auto") a program whose range holds
+no key returns at once, a head whose keys fit one range stores its result from that range's
+program (no ticket: the fold of one range is that range's values, the same bits), and the fold
+loads FOLD_RANGES ranges' stats and values at once (a max and two sums over the block, a running
+rescale between blocks). Deterministic and position-only as before; the sums' order within a
+block is the reduction's, not step26's (other last bits where two ranges or more hold keys, the same
+bound: 1.4e-7-1.8e-7 against float64 on the H200). H200, 32 heads over 4 KV heads of 128, the kernel
+alone (us a call, off / serial / auto): 3.4 / 3.9 / 2.5 at position 8, 4.3 / 6.3 / 4.7 at 40, 9.0 /
+9.1 / 8.6 at 72, 14.9 / 10.9 / 10.6 at 136, 20.3 / 11.7 / 12.4 at 200, 47.2 / 14.5 / 14.7 at 520, 171 /
+18.4 / 15.8 at 2000; the 12-layer Q4_K decode (one process, interleaved) 1558 / 1529 / 1558 tok/s at
+positions 8-136, 1025 / 1472 / 1512 at 136-648. "serial": step26's fold and grid (its bits; the
+kernel alone 0.2-0.7 us faster at 200-520 positions, where 3-9 ranges hold keys: the block fold's
+[32, 128] tile for a few ranges, a smaller block the next thing to try).
 """
 
 from __future__ import annotations
@@ -30,14 +47,20 @@ from sparkd.engine.kernels.family import KernelArgumentError
 from sparkd.engine.kernels.matmul import tickets
 
 SPLIT_ENV = "SPARKD_DECODE_ATTENTION_SPLIT"
-SPLIT_RULE = switches.choice(SPLIT_ENV, ("auto", "off"), "auto")
+SPLIT_RULE = switches.choice(SPLIT_ENV, ("auto", "serial", "off"), "auto")
 RANGE_KEYS = 64  # "auto": keys a range (two blocks)
 RANGE_BLOCK_S = 32  # keys a block there: [32, 128] float32 tiles need no spills at 4 warps
+FOLD_RANGES = 32  # "auto": ranges a fold step loads at once (2048 keys: one step up to that span)
 
 
 def key_range() -> int:
     """Keys a program's range (0: one program walks all the keys of its head, as before step26)."""
     return 0 if SPLIT_RULE == "off" else RANGE_KEYS
+
+
+def fold_ranges() -> int:
+    """Ranges the fold loads at once (0: step26's fold, one range at a time, every program of the grid counted)."""
+    return FOLD_RANGES if SPLIT_RULE == "auto" else 0
 
 
 @triton.jit
@@ -64,26 +87,62 @@ def _attend_keys(q, k_base, v_base, k_row_stride, v_row_stride, dk, dv, DK, DV, 
 
 
 @triton.jit
+def _fold_ranges(stat_ptr, part_ptr, h, n_h, n_r, r0, r1, BLOCK_DV: tl.constexpr,
+                 FOLD: tl.constexpr):
+    """Head h's ranges [r0, r1) (each holding keys: finite maxima) added → its output [BLOCK_DV], FOLD
+    ranges a step: their maxima, sums and weighted values loaded at once, rescaled to the running max."""
+    dv = tl.arange(0, BLOCK_DV)
+    top = tl.full([], float("-inf"), tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    for c in range(r0, r1, FOLD):
+        rr = c + tl.arange(0, FOLD)
+        here = rr < r1
+        slot = h * n_r + rr
+        m = tl.load(stat_ptr + slot, mask=here, other=float("-inf"), cache_modifier=".cg")
+        t = tl.load(stat_ptr + n_h * n_r + slot, mask=here, other=0.0, cache_modifier=".cg")
+        p = tl.load(part_ptr + slot[:, None] * BLOCK_DV + dv[None, :], mask=here[:, None], other=0.0,
+                    cache_modifier=".cg")
+        new_top = tl.maximum(top, tl.max(m, axis=0))
+        alpha = tl.exp(top - new_top)  # the first step: exp(-inf) = 0 times the zeros
+        w = tl.exp(m - new_top)  # ranges past r1: 0
+        total = total * alpha + tl.sum(t * w, axis=0)
+        acc = acc * alpha + tl.sum(p * w[:, None], axis=0)
+        top = new_top
+    return acc / total
+
+
+@triton.jit
 def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr, stat_ptr, ticket_ptr, span, scale,
                       window, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
                       out_head_stride, DK, DV, GROUP: tl.constexpr, HAS_SINKS: tl.constexpr,
                       BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                      RANGE: tl.constexpr = 0, PDL: tl.constexpr = False):
+                      RANGE: tl.constexpr = 0, FOLD: tl.constexpr = 0, PDL: tl.constexpr = False):
     """Program (h, r): query head h; RANGE 0: all its keys, the result stored; else its keys [r *
     RANGE, (r + 1) * RANGE), its running max and sum stored in stat [2, H, R] and its weighted values
     in part [H, R, BLOCK_DV], and the head's last program to take its ticket adds the ranges holding
     keys in order (where they are depends on the position only, not on the span: an eager step over
-    the whole cache and a static one over a bucket add the same ranges the same way)."""
+    the whole cache and a static one over a bucket add the same ranges the same way). FOLD > 0: only
+    the ranges holding keys run (the others return at once), one such range stores the result itself,
+    and the fold loads FOLD ranges at a time (_fold_ranges); FOLD 0: step26's fold."""
     pdl.start(PDL)  # first: pdl's rule
     h = tl.program_id(0)
     kvh = h // GROUP
     pos = tl.load(pos_ptr).to(tl.int32)
     hi = tl.minimum(pos + 1, span)  # keys [lo, hi) are visible
     lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
+    first = (lo // BLOCK_S) * BLOCK_S  # blocks of BLOCK_S keys from here hold a visible key each
+    if RANGE > 0:
+        r0 = first // RANGE  # the ranges [r0, r1) hold keys
+        r1 = tl.cdiv(hi, RANGE)
+    else:
+        r0, r1 = 0, 1
+    if FOLD > 0:
+        if (tl.program_id(1) < r0) | (tl.program_id(1) >= r1):
+            return  # no key here: neither stats nor a ticket
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
     q = tl.load(q_ptr + h * q_head_stride + dk, mask=dk < DK, other=0.0)
-    first = (lo // BLOCK_S) * BLOCK_S  # blocks of BLOCK_S keys from here hold a visible key each
     if HAS_SINKS:
         m = tl.load(sink_ptr + h).to(tl.float32)  # exp(sink - m) = 1 in the sum
         total = tl.full([], 1.0, tl.float32)
@@ -95,13 +154,16 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
         start = tl.maximum(tl.program_id(1) * RANGE, first)
         end = tl.minimum((tl.program_id(1) + 1) * RANGE, hi)
         if HAS_SINKS:  # the sink joins the first range holding keys only
-            here = tl.program_id(1) == first // RANGE
+            here = tl.program_id(1) == r0
             m = tl.where(here, m, float("-inf"))
             total = tl.where(here, total, 0.0)
     acc = tl.zeros([BLOCK_DV], tl.float32)
     m, total, acc = _attend_keys(q, k_ptr + kvh * k_head_stride, v_ptr + kvh * v_head_stride, k_row_stride,
                                  v_row_stride, dk, dv, DK, DV, lo, hi, start, end, scale, m, total, acc, BLOCK_S)
-    if RANGE == 0:
+    one = RANGE == 0  # this program's values are the head's
+    if FOLD > 0:
+        one = r1 - r0 == 1  # one range holds keys: the fold's weight would be 1
+    if one:
         tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
     else:
         n_h, n_r = tl.num_programs(0), tl.num_programs(1)
@@ -110,18 +172,24 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
         tl.store(stat_ptr + n_h * n_r + slot, total)
         tl.store(part_ptr + slot * BLOCK_DV + dv, acc)
         tl.debug_barrier()  # every thread's values stored before the ticket releases them
-        if tl.atomic_add(ticket_ptr + h, 1, sem="acq_rel") == n_r - 1:
+        takers = r1 - r0 if FOLD > 0 else n_r  # the programs that take a ticket
+        if tl.atomic_add(ticket_ptr + h, 1, sem="acq_rel") == takers - 1:
             tl.debug_barrier()
-            top = tl.full([], float("-inf"), tl.float32)
-            for r in range(first // RANGE, tl.cdiv(hi, RANGE)):  # the ranges holding keys: finite maxima
-                top = tl.maximum(top, tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg"))
-            total = tl.full([], 0.0, tl.float32)
-            acc = tl.zeros([BLOCK_DV], tl.float32)
-            for r in range(first // RANGE, tl.cdiv(hi, RANGE)):  # in order: the same bits every run
-                w = tl.exp(tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg") - top)
-                total += tl.load(stat_ptr + n_h * n_r + h * n_r + r, cache_modifier=".cg") * w
-                acc += tl.load(part_ptr + (h * n_r + r) * BLOCK_DV + dv, cache_modifier=".cg") * w
-            tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
+            if FOLD > 0:
+                tl.store(out_ptr + h * out_head_stride + dv,
+                         _fold_ranges(stat_ptr, part_ptr, h, n_h, n_r, r0, r1, BLOCK_DV, FOLD),
+                         mask=dv < DV)
+            else:
+                top = tl.full([], float("-inf"), tl.float32)
+                for r in range(r0, r1):  # the ranges holding keys: finite maxima
+                    top = tl.maximum(top, tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg"))
+                total = tl.full([], 0.0, tl.float32)
+                acc = tl.zeros([BLOCK_DV], tl.float32)
+                for r in range(r0, r1):  # in order: the same bits every run
+                    w = tl.exp(tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg") - top)
+                    total += tl.load(stat_ptr + n_h * n_r + h * n_r + r, cache_modifier=".cg") * w
+                    acc += tl.load(part_ptr + (h * n_r + r) * BLOCK_DV + dv, cache_modifier=".cg") * w
+                tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
             tl.store(ticket_ptr + h, 0)
 
 
@@ -148,7 +216,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         q, k, v, pos, q if sinks is None else sinks, out, part, stat, ticket, S, scale, window,
         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv,
         GROUP=H // Hkv, HAS_SINKS=sinks is not None, BLOCK_S=block_s, BLOCK_DK=block_dk,
-        BLOCK_DV=block_dv, RANGE=keys, num_warps=4, **pdl.launch(q.device))
+        BLOCK_DV=block_dv, RANGE=keys, FOLD=fold_ranges() if keys else 0, num_warps=4, **pdl.launch(q.device))
     return out
 
 
