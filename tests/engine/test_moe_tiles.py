@@ -28,7 +28,7 @@ if not ON_GPU:
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
 from bench_script import BENCH  # noqa: E402
-from test_kernels import BACKENDS, BOUNDS, arena_table, moe_error, rel_err  # noqa: E402
+from test_kernels import BACKENDS, BOUNDS, act_in, arena_table, moe_error, rel_err  # noqa: E402
 
 from sparkd.engine.kernels import act_quant, moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
@@ -315,15 +315,32 @@ def test_a_gate_up_split_over_x_gives_the_whole_rows_sums(backend, qtype):
         assert moe_error(ys[0], pp, x, w, gates, ups, downs, "silu", qtype, qtype, tiles["gate_up"]) < BOUNDS["fp32"]
 
 
-def test_the_splitk_tiles_split_the_gate_up_below_width_4096():
-    """Session 16 (moe27): SPARKD_MOE_TILES=splitk, the default's tiles with the Q8_0 (and resident Q4_K) gate/up
-    split in 2 over x below model width SPLITK_BELOW; the downs and the wider models' tiles as the default's."""
-    for dim in (2048, moe_tiles.SPLITK_BELOW - 256, moe_tiles.SPLITK_BELOW, 7168):
-        new, splitk = (moe_tiles.decode_tiles(table_at(T.Q8_0, dim), w) for w in ("new", "splitk"))
-        below = dim < moe_tiles.SPLITK_BELOW
-        assert splitk == ((dataclasses.replace(new[0], split=2), new[1]) if below else new)
-        assert moe_tiles.decode_tiles(table_at(T.Q4_K, dim), "splitk") == moe_tiles.decode_tiles(table_at(T.Q4_K, dim))
-    assert moe_tiles.SPLITK_DECODE_TILES["Q4_K_TILED"][0].split == 2
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("backend", WORDS_CASES)
+def test_a_resident_q4_k_gate_up_split_over_x_reads_its_own_tiles(backend):
+    """The pairx step finds its 4-row tile from program_id(0) (q4_k_pair._tile_base): split over x, KS programs a
+    tile, each must still read its tile (session 16's first H200 run read others: NaN). Float h against float64."""
+    dim, width = (512, 32) if backend == "cpu" else (2048, 768)  # the down (Q8_0) is never launched
+    table, gates, ups, _ = arena_table(T.Q4_K, T.Q8_0, dim, width, 1, backend)
+    p = moe.prepare(moe.tiled_gate_up(table), backend)
+    x = torch.randn(dim, device=backend)
+    h = moe._gate_up(p, x, torch.ones(1, device=backend), False, "silu", GemvConfig(block_n=4, unroll=1, split=2),
+                     None, "test", None, moe_tiles.Kernels())
+    xr = act_in(T.Q4_K, x.cpu())
+    g, u = gates[0] @ xr, ups[0] @ xr
+    assert rel_err(h[0], g * torch.sigmoid(g) * u) < BOUNDS["fp32"]
+
+
+def test_the_splitk_tiles_split_only_the_resident_q4_k_gate_up():
+    """Session 16 (moe27): SPARKD_MOE_TILES=splitk, the default's tiles and kernels with the resident (pairx) Q4_K
+    gate/up split in 2 over x; GGUF Q8_0 and Q4_K tables get the default's tiles at every width."""
+    for qtype in TYPES:
+        for dim in (2048, 4096, 7168):
+            p = table_at(qtype, dim)
+            assert moe_tiles.decode_tiles(p, "splitk") == moe_tiles.decode_tiles(p)
+    new, splitk = moe_tiles.DECODE_TILES["Q4_K_TILED"], moe_tiles.SPLITK_DECODE_TILES["Q4_K_TILED"]
+    assert splitk == (dataclasses.replace(new[0], split=2), new[1]) and splitk[0] != new[0]
+    assert moe_tiles.decode_kernels("splitk") == moe_tiles.decode_kernels("new")
 
 
 def test_a_gate_up_split_without_an_integer_step_is_refused():

@@ -255,6 +255,10 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
     u_off = _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN)
     if TILED:
+        if KS > 1:  # the pairx step takes its tile from program_id(0) (q4_k_pair._tile_base): the matrix moved so that
+            # that program's tile is `tile`, the rows' offsets back by as much (a whole number of tiles: the same rows)
+            shift = (tile - tl.program_id(0)).to(tl.int64) * (BLOCK_N * row_bytes)
+            g_off, u_off, rb = g_off + shift, u_off + shift, rb - shift
         g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, part, IDOT,
                              A1, A2, A3, UNROLL, EW, EMU, STAGES, PAIR, KS)
     else:
@@ -263,8 +267,8 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     if not DOWN_AT_START:
         pdl.dependents(PDL)
     if KS > 1:
-        _fold_k(g, u, a, tile, part, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, tl.num_programs(1),
-                ACT, RW, BLOCK_N, KS, HBLOCK, H8K)
+        _fold_k(g, u, a, tile, part, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F,
+                tl.num_programs(1), ACT, RW, BLOCK_N, KS, HBLOCK, H8K)
     else:
         _finish_h(g, u, a, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, ACT, RW, BLOCK_N,
                   HBLOCK, H8K)
@@ -557,7 +561,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     PreparedTable.select, on x's device) -> y [D] (written into `out` if given: float32 [D] on
     x's device). residual (float32 [D]): y = that sum + residual, the same bits as adding it
     after, in the down launch where it can. gate_up/down: tile shapes (gate/up's split > 1: ranges of
-    x's groups whose partial sums meet before the activation, integer families only; down's split and atomic are explained in the
+    x's groups whose partial sums meet before the activation, integer families only; down's split and
+    atomic are explained in the
     module docstring, its fold where the ranges meet: "kernel", by the last program of each row
     tile, or "torch", one more launch); None: the families' defaults (decode_tiles).
     A projection whose family has an integer step quantizes its input itself as llama.cpp does
