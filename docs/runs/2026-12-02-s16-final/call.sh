@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Session 16 final calls (H200, carry [".whl", ".cache"]) on the merged main, in two parts:
+#   PART=tests  llama.cpp's CUDA build and the two 12-layer models in the background; every gpu-marked test in
+#               12 parallel pytest groups (session 15's group 1 split in two: it ran past 330 s); then the MoE
+#               layer defaults and moe27's split Q4_K gate/up rows.
+#   PART=bench  (right after, on the warm box: the build and models are reused, else made again) the resident
+#               decode vs llama-bench (graphs); moe27's SPARKD_MOE_TILES=splitk decode A/B; temperature decodes (draw32's full draw for top_k 0 vs the torch
+#               chain, SPARKD_DEVICE_SAMPLING=capped; greedy; top_k 40), a process each; the OpenAI server's
+#               streamed temperature decode (serve --top-k 40 / 0 / 0 capped); the decode after a 512-token prompt
+#               (split attention auto / off) vs llama-bench -d 512; a chat's next turn (continued prompts).
+#               Prompts alone and streaming did not change this session: not timed again (session 15's rows).
+# Results: $OUT/res.tgz + $OUT/log.txt. Every step has a timeout; END_S bounds the whole part.
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PATH=$PATH:/usr/local/cuda/bin
+W=/var/tmp/sparkd-cuda; mkdir -p $W
+R=/tmp/res; mkdir -p $R
+T0=$(date +%s); END=${END_S:-400}; left() { echo $(( END - $(date +%s) + T0 )); }
+log() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
+snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
+mk() { [ -f $1 ] || { nice -n 10 python3 -m sparkd.engine.cli make-model $1.part --preset qwen3-30b-a3b --quant $2 --quiet $3 && mv $1.part $1; }; }
+build() { OUT=/tmp/bo BUILD_ONLY=1 nice -n 5 bash bench/gpu_box/cuda_side_by_side.sh > /tmp/build.log 2>&1; }
+models() { mk $W/q3-12-Q8_0.gguf Q8_0 "--layers 12"; mk $W/q3-12-Q4_K.gguf Q4_K "--layers 12"; }
+if [ "${PART:-tests}" = tests ]; then
+  build & B=$!
+  models > /tmp/make.log 2>&1 & M=$!
+  E=tests/engine
+  K="int8 or igemm or grouped or prefill or gemm"
+  G=("$E/test_kernels.py -k \"int8 or igemm\""
+     "$E/test_kernels.py -k \"($K) and not (int8 or igemm)\""
+     "$E/test_kernels.py -k \"not ($K)\""
+     "$E/test_fused_kernels.py $E/test_norm_quant.py $E/test_norm_fold.py $E/test_split_fold.py"
+     "$E/test_quants.py $E/test_iq_kernels.py $E/test_q6_k_int.py $E/test_q6_k_tiled.py"
+     "$E/test_q4_k_tiled.py $E/test_row_tiles.py $E/test_q4t_compact.py $E/test_q4t_pair.py $E/test_q4t_relaid.py $E/test_q4t_tma.py $E/test_gemv_split.py"
+     "$E/test_int_kernels.py $E/test_fused_qkv.py $E/test_kernel_determinism.py"
+     "$E/test_kernel_engine.py $E/test_eager_decode.py"
+     "$E/test_moe_decode_fusion.py $E/test_moe_tiles.py $E/test_moe_tiled.py $E/test_moe_down_full.py $E/test_moe_twin.py $E/test_moe_words_full.py $E/test_moe_reference.py"
+     "$E/test_device_sampler.py $E/test_device_sampler_fused.py $E/test_device_argmax.py $E/test_pdl.py $E/test_feed_tokens.py $E/test_decode_pipeline.py $E/streaming tests/guards/test_gpu_guard.py"
+     "$E/test_cuda_graphs.py $E/test_prompt_cache.py"
+     "tests/test_daemon_cgroupfs.py -k gpu_guard")
+  P=()
+  for i in "${!G[@]}"; do
+    eval timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -m gpu -rfE ${G[$i]} > $R/gpu_tests_$((i+1)).log 2>&1 & P+=($!)
+  done
+  for i in "${!P[@]}"; do wait ${P[$i]}; log "tests group $((i+1)) rc $? $(tail -1 $R/gpu_tests_$((i+1)).log)"; done
+  grep -h "^FAILED\|^ERROR" $R/gpu_tests_*.log | tee -a $OUT/log.txt; snap
+  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 80 python3 bench/moe_tiles_bench.py --defaults-only --types Q8_0,Q4_K,Q4_KXD \
+    --compile-workers 8 --json $R/moe.json > $R/moe.log 2>&1
+  log "moe rc $?"
+  # moe27's candidate: the resident Q4_K gate/up split over x in 2 and 4 (its own call read the wrong tiles)
+  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 60 python3 bench/moe_tiles_bench.py --sets new --no-twins --types Q4_KXD \
+    --variants again --down "" --gate-up 4/1/1/e/2,4/1/1/e/4 --compile-workers 8 --json $R/moe_split.json > $R/moe_split.log 2>&1
+  log "moe split rc $?"
+  wait $B; log "build rc $? $(ls $W/llama-cuda/llama-bench 2>&1)"; wait $M
+  log "models $(ls -la $W/*.gguf | awk '{print $5}' | tr '\n' ' ')"
+  cp /tmp/build.log /tmp/make.log $R/ 2>/dev/null; snap
+else
+  [ -x $W/llama-cuda/llama-bench ] || { log "building llama.cpp again (a fresh box)"; build & }
+  models > /tmp/make.log 2>&1; wait
+  log "warm: $(ls $W | tr '\n' ' ')"
+  OUT=/tmp/sbs CUDA_GRAPHS=on TOKENS=128 STREAM=0 LLAMA_WAIT=60 timeout 150 bash bench/gpu_box/cuda_side_by_side.sh > $R/sbs.log 2>&1
+  log "sbs rc $?: $(grep resident /tmp/sbs/summary.md 2>/dev/null | tr '\n' ' ')"; cp /tmp/sbs/summary.md $R/sbs_summary.md 2>/dev/null; snap
+  # moe27's candidate in the decode: the resident Q4_K gate/up split in 2 (SPARKD_MOE_TILES=splitk) vs the default
+  for r in 1 2; do for way in new splitk; do
+    SPARKD_MOE_TILES=$way timeout 30 python3 -m sparkd.engine.cli generate $W/q3-12-Q4_K.gguf --tokens 1,2,3,4,5,6,7,8 \
+      -n 128 --device cuda --resident --cuda-graphs on --json > $R/tiles_${way}_$r.json 2> $R/tiles_${way}_$r.err
+    log "decode Q4_K tiles $way rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/tiles_${way}_$r.json)"
+  done; done; snap
+  # temperature decodes, a process each, interleaved: greedy; top_k 0 on the full draw (draw32) and on the torch chain
+  # (SPARKD_DEVICE_SAMPLING=capped, session 15's); top_k 40 on the candidates draw. Each process captures its draw graph.
+  gen() {  # quant sampling tag [more flags]
+    SPARKD_DEVICE_SAMPLING=$2 timeout 40 python3 -m sparkd.engine.cli generate $W/q3-12-$1.gguf --tokens 1,2,3,4,5,6,7,8 \
+      -n 128 --device cuda --resident --cuda-graphs on --json ${@:4} > $R/gen_$1_$3.json 2> $R/gen_$1_$3.err
+    log "decode $1 $3 rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/gen_$1_$3.json)"
+  }
+  for r in 1 2; do
+    gen Q4_K fused greedy$r; gen Q4_K fused full$r --temp 0.8 --seed $r; gen Q4_K capped chain$r --temp 0.8 --seed $r
+    gen Q4_K fused top40_$r --temp 0.8 --top-k 40 --seed $r
+  done; snap
+  # the OpenAI server's streamed temperature decode through the openai client: --top-k 40 and 0, then 0 on the torch chain
+  [ $(left) -gt 120 ] && timeout 100 python3 bench/gpu_box/serve_decode_bench.py --model $W/q3-12-Q4_K.gguf --top-k 40,0 --reps 2 \
+    --json $R/serve.json > $R/serve.log 2>&1; log "serve rc $?: $(grep top-k $R/serve.log | tr '\n' ';')"
+  SPARKD_DEVICE_SAMPLING=capped timeout 60 python3 bench/gpu_box/serve_decode_bench.py --model $W/q3-12-Q4_K.gguf --top-k 0 \
+    --reps 2 --json $R/serve_capped.json > $R/serve_capped.log 2>&1; log "serve capped rc $?: $(grep top-k $R/serve_capped.log)"; snap
+  # decode after a 512-token prompt (positions 512-640), a process each: attn28's fold (auto), one walk (off); vs
+  # llama-bench -d 512
+  for q in Q4_K; do for way in auto off; do
+    SPARKD_DECODE_ATTENTION_SPLIT=$way timeout 60 python3 -m sparkd.engine.cli generate $W/q3-12-$q.gguf --tokens $(seq -s, 1 512) \
+      -n 128 --device cuda --resident --cuda-graphs on --json > $R/depth_${q}_$way.json 2> $R/depth_${q}_$way.err
+    log "decode at 512 $q split $way rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/depth_${q}_$way.json)"
+  done
+  timeout 40 $W/llama-cuda/llama-bench -m $W/q3-12-$q.gguf -ngl 99 -p 0 -n 128 -d 512 -r 3 -o json > $R/llama_depth_$q.json 2> $R/llama_depth_$q.err
+  log "llama decode at 512 $q rc $?: $(grep avg_ts $R/llama_depth_$q.json 2>/dev/null | tr -s ' ' | tr '\n' ' ')"; snap
+  done
+  # continue (graph) vs the whole prompt (off) where the cache holds 12.5 / 19 / 25 / 50 % of turn 2 (attn28's rule
+  # continues from 1/6; SPARKD_CONTINUE_RULE=always so the graph runs at every share and both are timed)
+  [ $(left) -gt 45 ] && { SPARKD_CONTINUE_RULE=always timeout $(( $(left) > 75 ? 70 : $(left) - 5 )) python3 bench/gpu_box/prompt_cache_bench.py \
+      --model $W/q3-12-Q4_K.gguf --turn1 240:16:1792,368:16:1664,496:16:1536,1008:16:1024 --reps 2 --no-gap \
+      --json $R/prompt_cache.json > $R/prompt_cache.log 2>&1
+    log "prompt cache rc $?"; grep -E "^turn" $R/prompt_cache.log | cut -c1-260 | tee -a $OUT/log.txt; snap; }
+  log done; snap
+fi
