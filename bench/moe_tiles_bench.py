@@ -35,8 +35,7 @@ candidate is also timed as the whole layer the engine runs ("all qx"): a launch 
 layer faster (the two launches overlap by PDL as they may). Session 13 (moe23): --variants off,late,start,again
 times the default tiles' "all qx" layer also with PDL off (every launch), with the down let launch only after
 the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True; the default by width:
-moe_tiles.down_launch_at_start), and the default once more (the drift between). Session 16 (moe27): a --gate-up
-tile's split (2/1/2/e/2) splits the gate/up over x's groups (moe._fold_k: the partials met before the activation).
+moe_tiles.down_launch_at_start), and the default once more (the drift between).
 """
 
 from __future__ import annotations

@@ -54,9 +54,11 @@ def streamed(client: openai.OpenAI, model: str, tokens: int, seed: int) -> dict:
         if chunk.usage:
             used = chunk.usage.completion_tokens
     end = time.perf_counter()
-    if first is None or used < tokens:
-        raise SystemExit(f"the reply streamed {used} of {tokens} tokens (an end token?): not a decode to time")
-    return {"first_text_ms": round((first - t0) * 1e3, 1), "tokens": used, "tok_s": round(used / (end - t0), 1)}
+    if used < tokens:
+        raise SystemExit(f"the reply had {used} of {tokens} tokens (an end token?): not a decode to time")
+    # a random test model's tokens can all be held back as incomplete text (no text chunk before the last)
+    return {"first_text_ms": None if first is None else round((first - t0) * 1e3, 1), "tokens": used,
+            "tok_s": round(used / (end - t0), 1)}
 
 
 def one_server(model_path: str, top_k: int, port: int, tokens: int, reps: int, extra: list[str]) -> dict:

@@ -428,14 +428,13 @@ CONTINUE_GRAPHS_ENV = "SPARKD_CONTINUE_GRAPHS"
 # CONTINUE_MIN_SHARE of the prompt ($SPARKD_CONTINUE_RULE "share"; "always": wherever a continued graph
 # replays, session 15): a continued graph's attention reads its whole span for every new row, where the
 # whole prompt's causal kernel skips the keys past the diagonal, so a small cached share saves less than
-# the masked span costs. H200, 12-layer Q4_K, turn 2's first token (session 16, attn28; docs/performance.md):
-# continued graph / whole prompt 72.8 / 70.9 ms at 272 of 2048 cached (13 %: -3 %, session 15), 63.7 / 70.5
-# at 512 of 2048 and 31.4 / 36.7 at 256 of 1024 (25 %: +11 %, +17 %), 45.1 / 71.9 at 1024 of 2048; in
-# between, continuing eagerly (2-6 % slower than the graph where both ran) broke even at 384 of 2048 (19 %:
-# 71.0 / 70.4) and 128 of 1024 (13 %: 37.5 / 36.8). So the graph crosses over near 1/6.
+# the masked span costs. H200, 12-layer Q4_K, turn 2's first token, continued graph / whole prompt, one
+# engine interleaved (session 16's final call, docs/runs/2026-12-02-s16-final): 74.8 / 73.0 ms at 256 of
+# 2048 cached (12.5 %), 74.0 / 72.7 at 384 (19 %), 64.7 / 72.1 at 512 (25 %), 49.1 / 72.7 at 1024; attn28's
+# call: 31.4 / 36.7 at 256 of 1024. So the graph crosses over near 1/5.
 CONTINUE_RULE_ENV = "SPARKD_CONTINUE_RULE"
 CONTINUE_RULES = ("share", "always")
-CONTINUE_MIN_SHARE = 1 / 6
+CONTINUE_MIN_SHARE = 1 / 5
 
 
 def prefill_graphs_default() -> bool:

@@ -43,7 +43,7 @@ def main() -> None:
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
                                                         HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, TILED=False,
-                                                        DOWN_AT_START=True, KS=1, **tile),
+                                                        DOWN_AT_START=True, **tile),
                     gu_cfg.num_warps, fp_fusion=False)
         print(f"igate_up {qtype} late-quant atomics={n}")
     gate = dict(gate_ptr=F32, x_ptr=F32, part_ptr=F32, ticket_ptr=I32, bias_ptr=F32, w_ptr=F32, ids_ptr=I64)

@@ -240,8 +240,8 @@ def test_prompt_continues_unless_only_the_whole_prompt_replays(models):
         p = PromptForward(m.net, cache, first=8, largest=16, first_span=8)
         # whole 20 > largest: continue; whole 12 and continued 8 at 4 both replay: continue
         assert p.continues(20, 12) and p.continues(12, 4)
-        # both replay, but the cache holds less than CONTINUE_MIN_SHARE (1/6) of the prompt: whole, unless "always"
-        assert cuda_graphs.CONTINUE_MIN_SHARE == 1 / 6 and not p.continues(13, 2) and p.continues(12, 2)
+        # both replay, but the cache holds less than CONTINUE_MIN_SHARE (1/5) of the prompt: whole, unless "always"
+        assert cuda_graphs.CONTINUE_MIN_SHARE == 1 / 5 and not p.continues(11, 2) and p.continues(10, 2)
         assert PromptForward(m.net, cache, first=8, largest=16, first_span=8, rule="always").continues(13, 2)
         with pytest.raises(EngineError, match=r"could not continue prompts by rule 'never': choose one of share, always"):
             PromptForward(m.net, cache, rule="never")

@@ -28,7 +28,7 @@ if not ON_GPU:
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
 from bench_script import BENCH  # noqa: E402
-from test_kernels import BACKENDS, BOUNDS, act_in, arena_table, moe_error, rel_err  # noqa: E402
+from test_kernels import BACKENDS, BOUNDS, arena_table, moe_error, rel_err  # noqa: E402
 
 from sparkd.engine.kernels import act_quant, moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
@@ -284,67 +284,3 @@ def test_q4_k_headers_as_vectors_give_the_same_bits(backend):
               for k in (moe_tiles.S6_KERNELS, moe_tiles.Kernels())]
         assert torch.allclose(h2[1], h2[0], rtol=1e-5, atol=1e-6)
     assert moe._use_vec(True, True) and not moe._use_vec(True, False) and not moe._use_vec(False, True)
-
-
-SPLITK_CASES = [pytest.param("cpu", T.Q8_0, id="interpret-Q8_0", marks=BACKENDS[0].marks)] + \
-    [pytest.param("cuda", t, id=f"cuda-{t.name}", marks=pytest.mark.gpu) for t in TYPES]
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("backend,qtype", SPLITK_CASES)
-def test_a_gate_up_split_over_x_gives_the_whole_rows_sums(backend, qtype):
-    """Session 16 (moe27): the gate/up's split over x's groups (GemvConfig.split, moe._fold_k): the KS ranges'
-    partial sums added in order by the last program of an h block (a tile smaller than the block) or of a tile
-    (float h), the unsplit sums to float32 rounding, the same bits twice, the layer inside the fp32 bound."""
-    # interpreter: 2 groups of x in 2 ranges, a 32-row expert in 16-row tiles (2 programs an h block), the down in
-    # 64-row tiles; on the GPU 9 groups in 3 ranges (the last shorter), 4-row tiles (8 or 64 programs a block)
-    dim, width, n, rows = (512, 32, 1, 16) if backend == "cpu" else (2048 + 256, 768, 8, 4)
-    table, gates, ups, downs = arena_table(qtype, qtype, dim, width, n, backend)
-    p = moe.prepare(table, backend)
-    x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
-    whole = GemvConfig(block_n=rows, num_warps=1, unroll=1)
-    split = dataclasses.replace(whole, split=2 if backend == "cpu" else 3)
-    hs = [moe._gate_up(p, x, w, False, "silu", t, None, "test", None, moe_tiles.Kernels()) for t in (whole, split)]
-    assert rel_err(hs[1], hs[0].cpu().double()) < 1e-6
-    tiles = dict(gate_up=dataclasses.replace(split, fuse_quant=True),
-                 down=GemvConfig(block_n=64 if backend == "cpu" else rows, split=2))
-    ps = [p, moe.prepare(moe.tiled_gate_up(table), backend)] if backend == "cuda" and qtype == T.Q4_K else [p]
-    for pp in ps:  # Q4_K on the GPU: the engine's resident gate/up too (pairx bytes, repacked in place last)
-        ys = [moe.moe_decode(pp, x, w, **tiles) for _ in range(1 if backend == "cpu" else 2)]  # (numpy: the same bits)
-        assert torch.equal(ys[0], ys[-1])
-        assert moe_error(ys[0], pp, x, w, gates, ups, downs, "silu", qtype, qtype, tiles["gate_up"]) < BOUNDS["fp32"]
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("backend", WORDS_CASES)
-def test_a_resident_q4_k_gate_up_split_over_x_reads_its_own_tiles(backend):
-    """The pairx step finds its 4-row tile from program_id(0) (q4_k_pair._tile_base): split over x, KS programs a
-    tile, each must still read its tile (session 16's first H200 run read others: NaN). Float h against float64."""
-    dim, width = (512, 32) if backend == "cpu" else (2048, 768)  # the down (Q8_0) is never launched
-    table, gates, ups, _ = arena_table(T.Q4_K, T.Q8_0, dim, width, 1, backend)
-    p = moe.prepare(moe.tiled_gate_up(table), backend)
-    x = torch.randn(dim, device=backend)
-    h = moe._gate_up(p, x, torch.ones(1, device=backend), False, "silu", GemvConfig(block_n=4, unroll=1, split=2),
-                     None, "test", None, moe_tiles.Kernels())
-    xr = act_in(T.Q4_K, x.cpu())
-    g, u = gates[0] @ xr, ups[0] @ xr
-    assert rel_err(h[0], g * torch.sigmoid(g) * u) < BOUNDS["fp32"]
-
-
-def test_the_splitk_tiles_split_only_the_resident_q4_k_gate_up():
-    """Session 16 (moe27): SPARKD_MOE_TILES=splitk, the default's tiles and kernels with the resident (pairx) Q4_K
-    gate/up split in 2 over x; GGUF Q8_0 and Q4_K tables get the default's tiles at every width."""
-    for qtype in TYPES:
-        for dim in (2048, 4096, 7168):
-            p = table_at(qtype, dim)
-            assert moe_tiles.decode_tiles(p, "splitk") == moe_tiles.decode_tiles(p)
-    new, splitk = moe_tiles.DECODE_TILES["Q4_K_TILED"], moe_tiles.SPLITK_DECODE_TILES["Q4_K_TILED"]
-    assert splitk == (dataclasses.replace(new[0], split=2), new[1]) and splitk[0] != new[0]
-    assert moe_tiles.decode_kernels("splitk") == moe_tiles.decode_kernels("new")
-
-
-def test_a_gate_up_split_without_an_integer_step_is_refused():
-    table = arena_table(T.Q4_0, T.Q4_0, 256, 32, 1, "cpu")[0]
-    x, w = torch.randn(256), torch.rand(1)
-    with pytest.raises(moe.dispatch.KernelArgumentError, match=r"gate/up split over x \(2 ranges\) needs an integer"):
-        moe.moe_decode(table, x, w, gate_up=GemvConfig(block_n=4, split=2))

@@ -194,36 +194,33 @@ def _experts(n, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, part, IDOT: tl.constexpr,
+def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT: tl.constexpr,
                   A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
-                  EMU: tl.constexpr, STAGES: tl.constexpr, PAIR: tl.constexpr, KS: tl.constexpr = 1):
-    """(gate row sums, up row sums) on quantized x, over range `part` of x's groups cut in KS ranges
-    (row_idot's ranges). PAIR: both rows in one loop over x's groups (a step issues both rows' loads;
-    the same operations per row in the same order as row_idot, so the same bits), else row_idot twice."""
+                  EMU: tl.constexpr, STAGES: tl.constexpr, PAIR: tl.constexpr):
+    """(gate row sums, up row sums) on quantized x. PAIR: both rows in one loop over x's groups
+    (a step issues both rows' loads; the same operations per row in the same order as row_idot,
+    so the same bits), else row_idot twice."""
     if PAIR:
         n_groups = tl.cdiv(D, 256)
-        per = tl.cdiv(n_groups, KS)
-        start = part * per
-        end = tl.minimum(start + per, n_groups)
         if EW:
             acc_g = tl.zeros((rmask.shape[0], A1, A2), tl.float32)
         else:
             acc_g = tl.zeros(rmask.shape, tl.float32)
         acc_u = acc_g
-        for g0 in tl.range(start, end, UNROLL, num_stages=STAGES):
+        for g0 in tl.range(0, n_groups, UNROLL, num_stages=STAGES):
             for u in tl.static_range(UNROLL):
-                gc = tl.minimum(g0 + u, end - 1)  # past the end: read a valid group, masked out
-                m = rmask & (tl.zeros(rmask.shape, tl.int32) + g0 + u < end)
+                gc = tl.minimum(g0 + u, n_groups - 1)  # past the end: read a valid group, masked out
+                m = rmask & (tl.zeros(rmask.shape, tl.int32) + g0 + u < n_groups)
                 acc_g = IDOT(gate_ptr, g_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_g, EW, EMU)
                 acc_u = IDOT(up_ptr, u_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_u, EW, EMU)
         if EW:
             acc_g = row_sums(acc_g, A1, A2, A3)
             acc_u = row_sums(acc_u, A1, A2, A3)
     else:
-        acc_g = row_idot(gate_ptr, g_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, part, KS, IDOT, A1, A2, A3, UNROLL, EW,
-                         EMU, STAGES)
-        acc_u = row_idot(up_ptr, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, part, KS, IDOT, A1, A2, A3, UNROLL, EW,
-                         EMU, STAGES)
+        acc_g = row_idot(gate_ptr, g_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU,
+                         STAGES)
+        acc_u = row_idot(up_ptr, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU,
+                         STAGES)
     return acc_g, acc_u
 
 
@@ -234,7 +231,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
-                     DOWN_AT_START: tl.constexpr = True, KS: tl.constexpr = 1, PDL: tl.constexpr = False):
+                     DOWN_AT_START: tl.constexpr = True, PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -242,42 +239,22 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
     TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
     weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset).
-    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop.
-    KS > 1 (split-K, session 16): KS programs a row tile (program_id(0) = tile * KS + range), each over a range of
-    x's groups; their partial sums meet in _fold_k (hf_ptr then the [2, KS, n, F] partials of gate and up)."""
+    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop."""
     pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
     a = tl.program_id(1)
-    tile = tl.program_id(0) // KS
-    part = tl.program_id(0) % KS
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
     u_off = _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN)
     if TILED:
-        if KS > 1:  # the pairx step takes its tile from program_id(0) (q4_k_pair._tile_base): the matrix moved so that
-            # that program's tile is `tile`, the rows' offsets back by as much (a whole number of tiles: the same rows)
-            shift = (tile - tl.program_id(0)).to(tl.int64) * (BLOCK_N * row_bytes)
-            g_off, u_off, rb = g_off + shift, u_off + shift, rb - shift
-        g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, part, IDOT,
-                             A1, A2, A3, UNROLL, EW, EMU, STAGES, PAIR, KS)
+        g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1,
+                             A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
     else:
-        g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, part, IDOT, A1,
-                             A2, A3, UNROLL, EW, EMU, STAGES, PAIR, KS)
+        g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
+                             A3, UNROLL, EW, EMU, STAGES, PAIR)
     if not DOWN_AT_START:
         pdl.dependents(PDL)
-    if KS > 1:
-        _fold_k(g, u, a, tile, part, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F,
-                tl.num_programs(1), ACT, RW, BLOCK_N, KS, HBLOCK, H8K)
-    else:
-        _finish_h(g, u, a, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, ACT, RW, BLOCK_N,
-                  HBLOCK, H8K)
-
-
-@triton.jit
-def _finish_h(g, u, a, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, ACT: tl.constexpr,
-              RW: tl.constexpr, BLOCK_N: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr):
-    """_igate_up_kernel's end without split-K: h of the program's rows, float or quantized (its docstring)."""
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -299,43 +276,6 @@ def _finish_h(g, u, a, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, ticke
             act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32), v, b,
                                    b * HBLOCK < F, H8K)
             tl.store(ticket, 0)
-
-
-@triton.jit
-def _fold_k(g, u, a, tile, part, rows, rmask, rw_ptr, h_ptr, hd_ptr, hs_ptr, pk_ptr, tickets_ptr, F, n,
-            ACT: tl.constexpr, RW: tl.constexpr, BLOCK_N: tl.constexpr, KS: tl.constexpr, HBLOCK: tl.constexpr,
-            H8K: tl.constexpr):
-    """Split-K's end (session 16): this program's partial gate and up sums as row `part` of the [2, KS, n, F]
-    partials pk_ptr; the last of a unit's KS x UNIT / BLOCK_N programs (a ticket per (expert, unit): an h block
-    where the tile is smaller, else the tile) adds the unit's KS partials in order 0..KS-1 from 0.0 (fold_part's
-    order: the same bits whatever the arrival order), then the activation, the routing weight and h (float if
-    HBLOCK is 0, else quantized) as _finish_h, and sets the ticket back to 0."""
-    pg = pk_ptr + a * F
-    tl.store(pg + part * n * F + rows, g, mask=rmask)
-    tl.store(pg + (KS + part) * n * F + rows, u, mask=rmask)
-    tl.debug_barrier()  # every thread's partials stored before the ticket (acq_rel) publishes them
-    UNIT: tl.constexpr = HBLOCK if HBLOCK > BLOCK_N else BLOCK_N
-    blk = tile // (UNIT // BLOCK_N)
-    ticket = tickets_ptr + a * tl.cdiv(F, UNIT) + blk
-    if tl.atomic_add(ticket, 1, sem="acq_rel") == KS * (UNIT // BLOCK_N) - 1:
-        r = blk * UNIT + tl.arange(0, UNIT)[None, :]
-        m = r < F
-        gs = tl.zeros((1, UNIT), tl.float32)
-        us = gs
-        for s in tl.static_range(KS):  # .cg: the other programs' stores from L2 (fold_part)
-            gs += tl.load(pg + s * n * F + r, mask=m, other=0.0, cache_modifier=".cg")
-            us += tl.load(pg + (KS + s) * n * F + r, mask=m, other=0.0, cache_modifier=".cg")
-        h = _activate(gs, us, ACT)
-        if RW:
-            h = h * tl.load(rw_ptr + a)
-        if HBLOCK == 0:
-            tl.store(h_ptr + a * F + r, h, mask=m)
-        else:
-            P: tl.constexpr = UNIT // HBLOCK
-            b = blk * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
-            act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32),
-                                   tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
-        tl.store(ticket, 0)
 
 
 @triton.jit
@@ -560,9 +500,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     x float32 [D]; route_weights float32 [n] (one per table entry, or per selected expert of a
     PreparedTable.select, on x's device) -> y [D] (written into `out` if given: float32 [D] on
     x's device). residual (float32 [D]): y = that sum + residual, the same bits as adding it
-    after, in the down launch where it can. gate_up/down: tile shapes (gate/up's split > 1: ranges of
-    x's groups whose partial sums meet before the activation, integer families only; down's split and
-    atomic are explained in the
+    after, in the down launch where it can. gate_up/down: tile shapes (their split is ignored for
+    gate/up, whose activation needs whole sums; down's split and atomic are explained in the
     module docstring, its fold where the ranges meet: "kernel", by the last program of each row
     tile, or "torch", one more launch); None: the families' defaults (decode_tiles).
     A projection whose family has an integer step quantizes its input itself as llama.cpp does
@@ -635,8 +574,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
     for the down projection already (act_quant.QuantX) if cfg.fuse_quant."""
     kernels = kernels or decode_kernels()
     n, D, F = p.count, p.table.dim, p.table.width
-    ks = max(1, cfg.split)  # split-K (session 16): ranges of x's groups a row tile
-    grid = (triton.cdiv(F, cfg.block_n) * ks, n)
+    grid = (triton.cdiv(F, cfg.block_n), n)
     if p.gate_up.idot is not None:
         check_one_tile(p.gate_up, cfg, what)
         hq = _fused_h(p, cfg, x.device, what)
@@ -644,21 +582,15 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
         hd, hs = (h, h) if hq is None else (hq.scales, hq.sums)
         hblock = 0 if hq is None else act_quant.BLOCKS[p.down.act_fmt]
         late = 0 < cfg.block_n < hblock  # blocks quantized by their last program: float h first
-        unit = hblock if late else cfg.block_n  # rows a ticket (_fold_k's unit)
-        if ks > 1:  # the [2, ks, n, F] partials of gate and up, a ticket per (expert, unit)
-            hf = torch.empty(2, ks, n, F, dtype=torch.float32, device=x.device)
-            ticket = tickets(n * triton.cdiv(F, unit), x.device)
-        else:
-            hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
-            ticket = tickets(n * F // hblock, x.device) if late else hf
+        hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
         q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
                                xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
-                               tickets_ptr=ticket, F=F, D=D, row_bytes=p.gate_up_row_bytes, **_ids(p),
+                               tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
+                               row_bytes=p.gate_up_row_bytes, **_ids(p),
                                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
                                            _use_vec(kernels.q4k_vec, p.gate_up_vec),
-                                           kernels.full and _full(F, D, replace(cfg, unroll=cfg.unroll * ks))),
-                               PAIR=kernels.pair, KS=ks,
+                                           kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
                                TILED=p.gate_up.row_tile > 1,
                                DOWN_AT_START=(down_launch_at_start(D) if kernels.down_at_start is None
                                               else kernels.down_at_start),
@@ -668,9 +600,6 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                enable_fp_fusion=hq is None,  # act_quant's exact rounding needs it off
                                **pdl.launch(x.device))
         return h if hq is None else hq
-    if ks > 1:
-        raise dispatch.KernelArgumentError(f"could not run {what}: a gate/up split over x ({cfg.split} ranges) needs "
-                                           f"an integer step ({p.gate_up.qtype.name} has none); use split 0 or 1")
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
     _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x_ptr=x, rw_ptr=rw,

@@ -1,11 +1,11 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
-against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, new; splitk a candidate); where
-the gate/up lets the down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13)."""
+against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, new); where the gate/up lets the
+down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sparkd.engine import switches
@@ -98,15 +98,6 @@ S14_WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),  # the default until 
 Q8_0_GATE_UP_4096 = GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)
 WIDTH_TIERS = {**S14_WIDTH_TIERS,
                "Q8_0": [(4096, Q8_0_GATE_UP_4096, Q8_0_FEW_RANGES), S14_WIDTH_TIERS["Q8_0"][1]]}
-# session 16 (moe27): the gate/up split over x's groups (GemvConfig.split on a gate/up tile: KS programs a row tile,
-# their partial sums met in order by the last program of an h block, moe._fold_k; float32 rounding apart). H200
-# (bench/results/moe27_h200_s16_moe.log), top-8 layer after the norm: the Q8_0 gate/up split lost (2048x768 21.2 ->
-# 24.6 us at 2/1/2/e/2, 7168x2048 112.7 -> 121.3; 4096x1536 57.7-59.4 -> 56.5, inside the drift) and the 12-layer
-# Q8_0 decode with it 1341 -> 1262 tok/s: not kept. The resident Q4_K gate/up's rows of that call read other tiles
-# (the pairx step finds its tile from program_id(0); fixed after it, unmeasured since): "splitk", that split in 2 at
-# every width, is a candidate for the next call, not a default
-SPLITK_DECODE_TILES = {**DECODE_TILES,
-                       "Q4_K_TILED": (replace(DECODE_TILES["Q4_K_TILED"][0], split=2), TILED_DOWN)}
 
 
 @dataclass(frozen=True)
@@ -148,15 +139,15 @@ S7_KERNELS = Kernels(down_full=())  # session 7's (moe13), the default until ses
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
 # of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26)
 TILES_ENV = "SPARKD_MOE_TILES"
-TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new", "splitk")
+TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
     """The default (gate/up, down) tiles for the table's families and shape: which "new" (DECODE_TILES,
-    WIDTH_TIERS), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "splitk" (SPLITK_DECODE_TILES, WIDTH_TIERS), "s8", "s7",
-    "s6r2" and "s6" (S8_DECODE_TILES, S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old"
-    (session 4's at every shape); default $SPARKD_MOE_TILES."""
+    WIDTH_TIERS), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES,
+    S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at every shape);
+    default $SPARKD_MOE_TILES."""
     which = which or TILES
     if which not in TILE_SETS:
         raise dispatch.KernelArgumentError(f"could not pick the MoE decode tiles: {which!r} (${TILES_ENV} or "
@@ -172,8 +163,7 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
             down = large[1]
         return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
     gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
-    tiles, tiers = {"new": (DECODE_TILES, WIDTH_TIERS), "s14": (DECODE_TILES, S14_WIDTH_TIERS),
-                    "splitk": (SPLITK_DECODE_TILES, WIDTH_TIERS)}.get(
+    tiles, tiers = {"new": (DECODE_TILES, WIDTH_TIERS), "s14": (DECODE_TILES, S14_WIDTH_TIERS)}.get(
         which, (S8_DECODE_TILES, S8_WIDTH_TIERS))
     return (_tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]),
             _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1]))
@@ -190,8 +180,8 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(), "s14": Kernels(), "splitk": Kernels(), "s8": Kernels(), "s6": S6_KERNELS,
-            "s6r2": S6R2_KERNELS, "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
+    return {"new": Kernels(), "s14": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
+            "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
 # Session 13 (moe23, H200, bench/results/moe23_h200_s13*): under PDL the gate/up let the down launch at its start,
