@@ -4,7 +4,7 @@
 #               12 parallel pytest groups (session 15's group 1 split in two: it ran past 330 s); then the MoE
 #               layer defaults and moe27's split Q4_K gate/up rows.
 #   PART=bench  (right after, on the warm box: the build and models are reused, else made again) the resident
-#               decode vs llama-bench (graphs); moe27's SPARKD_MOE_TILES=splitk decode A/B; temperature decodes (draw32's full draw for top_k 0 vs the torch
+#               decode vs llama-bench (graphs); temperature decodes (draw32's full draw for top_k 0 vs the torch
 #               chain, SPARKD_DEVICE_SAMPLING=capped; greedy; top_k 40), a process each; the OpenAI server's
 #               streamed temperature decode (serve --top-k 40 / 0 / 0 capped); the decode after a 512-token prompt
 #               (split attention auto / off) vs llama-bench -d 512; a chat's next turn (continued prompts).
@@ -61,12 +61,6 @@ else
   log "warm: $(ls $W | tr '\n' ' ')"
   OUT=/tmp/sbs CUDA_GRAPHS=on TOKENS=128 STREAM=0 LLAMA_WAIT=60 timeout 150 bash bench/gpu_box/cuda_side_by_side.sh > $R/sbs.log 2>&1
   log "sbs rc $?: $(grep resident /tmp/sbs/summary.md 2>/dev/null | tr '\n' ' ')"; cp /tmp/sbs/summary.md $R/sbs_summary.md 2>/dev/null; snap
-  # moe27's candidate in the decode: the resident Q4_K gate/up split in 2 (SPARKD_MOE_TILES=splitk) vs the default
-  for r in 1 2; do for way in new splitk; do
-    SPARKD_MOE_TILES=$way timeout 30 python3 -m sparkd.engine.cli generate $W/q3-12-Q4_K.gguf --tokens 1,2,3,4,5,6,7,8 \
-      -n 128 --device cuda --resident --cuda-graphs on --json > $R/tiles_${way}_$r.json 2> $R/tiles_${way}_$r.err
-    log "decode Q4_K tiles $way rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/tiles_${way}_$r.json)"
-  done; done; snap
   # temperature decodes, a process each, interleaved: greedy; top_k 0 on the full draw (draw32) and on the torch chain
   # (SPARKD_DEVICE_SAMPLING=capped, session 15's); top_k 40 on the candidates draw. Each process captures its draw graph.
   gen() {  # quant sampling tag [more flags]
