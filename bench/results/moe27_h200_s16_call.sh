@@ -2,7 +2,7 @@
 # Session 16, moe27 (H200, carry [".whl", ".xfer/moe27"], run from .xfer/moe27): the MoE decode gate/up split over x's
 # groups (GemvConfig.split on the gate/up, moe._fold_k; SPARKD_MOE_TILES=splitk: split 2 below width 4096).
 # Ran on commit 80b6073, where "splitk" split the Q8_0 and the resident Q4_K gate/up below width 4096, and the resident
-# Q4_K split read the wrong tiles (fixed after: its rows and its decode are void; moe27_h200_s16_next.sh re-measures).
+# Q4_K split read the wrong tiles (fixed after: its rows and its decode are void; the lead's final call re-measured them: docs/runs/2026-12-02-s16-final).
 #   1. bench/moe_tiles_bench.py at 2048x768 / 4096x1536 / 7168x2048 top-8, Q8_0 and Q4_KXD (resident pairx): the
 #      default layer ("all qx"), each launch alone, the default again (drift), and each split candidate's gate/up alone
 #      and its layer with the default down, side by side in one process.
