@@ -1,5 +1,6 @@
 """Kimi K3 parts on their own: the router at K3's real expert count, the KDA recurrent state
-(per sequence, reset by a new cache, counted by the memory plan), and clear configuration errors."""
+(per sequence, reset by a new cache, counted by the memory plan; a prompt's delta rule in chunks),
+and clear configuration errors."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 import sparkd.engine.models  # noqa: F401  first: layers.moe and models import each other
 from sparkd.engine.errors import ModelError
 from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers import kda
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.moe import Router
 from sparkd.engine.layers.situ import situ
@@ -59,6 +61,46 @@ def test_a_new_cache_is_a_new_sequence(tiny):
     finally:
         m.close()
     assert torch.equal(first, again)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("T,chunk,decay", [(1, 16, 0.5), (16, 16, 0.5), (37, 16, 0.5), (37, 8, 60.0)])
+def test_a_prompts_delta_rule_in_chunks_is_the_token_loops(T, chunk, decay):
+    """delta_rule_chunks against the token loop in float64 (the function), from a carried-in state: a chunk, a
+    part chunk, several with a shorter last one, and a decay strong enough (g down to -60 a token) that
+    exp(-B) would overflow float32 if the chunked form ever took it."""
+    g = torch.Generator().manual_seed(T)
+    H, D = 3, 16
+    q, k = (torch.nn.functional.normalize(torch.randn(T, H, D, generator=g), dim=-1) for _ in range(2))
+    v, s0 = torch.randn(T, H, D, generator=g), torch.randn(H, D, D, generator=g)
+    gate, beta = -torch.rand(T, H, D, generator=g) * decay, torch.rand(T, H, generator=g)
+    want_o, want_s = kda.delta_rule(*(x.double() for x in (q, k, v, gate, beta, s0)))
+    o, s = kda.delta_rule_chunks(q, k, v, gate, beta, s0, chunk)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert _rel(o, want_o) < 1e-6 and _rel(s, want_s) < 1e-6  # float32 rounding (measured 0.8-2.3e-7)
+    loop_o, _ = kda.delta_rule(q, k, v, gate, beta, s0)
+    assert _rel(loop_o, want_o) < 1e-6  # the loop's own float32 rounding is as large
+
+
+def test_a_prompt_in_chunks_gives_the_loops_logits(tiny, monkeypatch):
+    """The model's prompt with SPARKD_KDA_PROMPT's chunks and its loop: the same logits to float32 rounding, and
+    the decode after it (token by token either way) from states that agree as closely."""
+    m = load_model(tiny)
+    try:
+        runs = []
+        for rule in ("chunks", "loop"):
+            monkeypatch.setattr(kda, "PROMPT_RULE", rule)
+            cache = m.net.new_cache(16)
+            prompt = m.net(TOKENS, cache)
+            runs.append((prompt, m.net(torch.tensor([7]), cache)))
+    finally:
+        m.close()
+    (chunks, step_c), (loop, step_l) = runs
+    assert not torch.equal(chunks, loop)  # the chunks ran (another summation order)
+    assert _rel(chunks, loop.double()) < 1e-5 and _rel(step_c, step_l.double()) < 1e-5
 
 
 def test_plan_counts_the_kda_state_and_mla_latent(tiny):

@@ -7,7 +7,8 @@ S *= exp(g), then takes the delta-rule update S += k ⊗ beta·(v - Sᵀk), and 
 Sᵀq / sqrt(Dk). The output is RMS-normed per head, gated by sigmoid(ssm_g x) and projected.
 
 The cache holds, per KDA layer, the last d_conv-1 inputs of each conv (q, k, v) and S; decoding
-one token at a time gives what one pass over the whole sequence gives.
+one token at a time gives what one pass over the whole sequence gives (rounding apart: a prompt
+runs the rule in chunks, delta_rule_chunks, a decode step token by token, delta_rule).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparkd.engine import switches
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
@@ -61,6 +63,50 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     return torch.stack(outs), s
 
 
+# A prompt's delta rule ($SPARKD_KDA_PROMPT): "chunks" (default, session 16) CHUNK tokens at a time
+# (delta_rule_chunks: ~15 batched ops a chunk instead of 5 small ones a token, the launches that
+# dominate a prompt on a GPU), "loop" token by token (delta_rule, the way before). The same function;
+# the sums run in another order (float32 rounding apart, tests/engine/test_kda.py).
+PROMPT_RULE = switches.choice("SPARKD_KDA_PROMPT", ("chunks", "loop"), "chunks")
+# tokens a chunk: the pairwise decay tensor is [H, CHUNK, CHUNK, Dk] floats. The 2-core CI machine, one
+# thread, 256 tokens x 32 heads of 128 (bench/kda_prompt_bench.py, bench/results/kda_prompt_s16_cpu.json):
+# loop 1309 ms, chunks of 16 / 32 / 64: 380 / 726 / 1151 ms; a GPU would favour longer chunks (fewer
+# launches): not measured yet
+CHUNK = 16
+
+
+def delta_rule_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      state: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """delta_rule, `chunk` tokens at a time. In a chunk from state S0, with B_t the cumulative log decay
+    (per key channel) up to token t, the state before token t's update is exp(B_t)·S0 plus the earlier
+    updates k_i·d_iᵀ decayed by exp(B_t - B_i), so the updates d_t = beta_t (v_t - S'ᵀk_t) solve one unit
+    lower-triangular system (I + diag(beta)·L) D = diag(beta)(V - K̂·S0), L[t, i] = Σ_c k_t k_i exp(B_t - B_i)
+    for i < t and K̂ = exp(B)·K; the outputs are Q̂·S0 + N·D with N the same pairs over q and i <= t,
+    the state exp(B_last)·S0 + (exp(B_last - B)·K)ᵀ D. Every exponent is <= 0 (g <= 0, i <= t): no
+    overflow, whatever the decay."""
+    T, H, D = q.shape
+    scale = 1.0 / math.sqrt(D)
+    s = state.clone()
+    seen = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()  # i <= t
+    outs = []
+    for c0 in range(0, T, chunk):
+        qc, kc, vc, gc = (x[c0:c0 + chunk].transpose(0, 1) for x in (q, k, v, g))  # [H, C, D]
+        bc = beta[c0:c0 + chunk].transpose(0, 1)[..., None]  # [H, C, 1]
+        C = qc.shape[1]
+        B = gc.cumsum(1)
+        pairs = (B[:, :, None, :] - B[:, None, :, :]).masked_fill(~seen[:C, :C, None], float("-inf"))
+        kd = kc[:, None, :, :] * torch.exp(pairs)  # [H, t, i, Dk]: k_i decayed to token t, 0 for i > t
+        L = torch.einsum("htc,htic->hti", kc, kd).tril(-1)
+        N = torch.einsum("htc,htic->hti", qc, kd)
+        eB = torch.exp(B)
+        rhs = bc * (vc - (eB * kc) @ s)
+        d = torch.linalg.solve_triangular(torch.eye(C, device=q.device) + bc * L, rhs, upper=False, unitriangular=True)
+        outs.append(((eB * qc) @ s + N @ d).transpose(0, 1) * scale)
+        last = B[:, -1:, :]
+        s = s * torch.exp(last).transpose(1, 2) + (kc * torch.exp(last - B)).transpose(1, 2) @ d
+    return torch.cat(outs), s
+
+
 class KDAttention(nn.Module):
     def __init__(self, il: int, n_head: int, head_dim: int, eps: float, wq: Linear, wk: Linear,
                  wv: Linear, conv_q: torch.Tensor, conv_k: torch.Tensor, conv_v: torch.Tensor,
@@ -94,6 +140,7 @@ class KDAttention(nn.Module):
             qkv.append(y.view(T, H, D))
         q, k, v = l2_normalize(qkv[0], self.eps), l2_normalize(qkv[1], self.eps), qkv[2]
         beta = torch.sigmoid(self.beta(x))  # [T, H]
-        o, state[:] = delta_rule(q, k, v, self._decay(x), beta, state)
+        rule = delta_rule_chunks if T > 1 and PROMPT_RULE == "chunks" else delta_rule
+        o, state[:] = rule(q, k, v, self._decay(x), beta, state)
         o = self.out_norm(o) * torch.sigmoid(self.gate(x).view(T, H, D))
         return self.wo(o.reshape(T, H * D))
