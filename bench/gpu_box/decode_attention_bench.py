@@ -3,7 +3,7 @@ side by side in one process: one query token of a Qwen3-30B-A3B layer (32 query 
 at each --positions, over the decode bucket's span that holds it (cuda_graphs.buckets: 256, 512, ...), as
 the static step runs it (the position on the device). GPU time a call: a CUDA graph of one call per KV
 buffer, the buffers rotated past the L2 (as the step's weights evict the cache between layers), median of
---repeats replays. Also each rule's relative error against attend in float64 and whether two rules give
+--repeats replays (expert_sort_bench.graph_us). Also each rule's relative error against attend in float64 and whether two rules give
 the same bits (auto vs serial: equal where one range holds the keys).
 
     python3 bench/gpu_box/decode_attention_bench.py --positions 8,40,72,100,136,200,300,520,1000 --json out.json
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
+from expert_sort_bench import graph_us  # a CUDA graph of calls, median of replays
 
 from sparkd.engine.cuda_graphs import buckets
 from sparkd.engine.layers.attention import attend
@@ -51,26 +51,15 @@ def main() -> None:
         row = {"pos": pos, "span": span, "buffers": n_buf, "us": {}, "err": {}, "out": {}}
         for rule in rules:
             da.SPLIT_RULE = rule
-            for _ in range(2):  # compile, tickets
-                da.decode_attention(q, *kv[0], p, 0.088, 0, sinks)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            da.decode_attention(q, *kv[0], p, 0.088, 0, sinks)  # compile, tickets
+
+            def every_buffer():  # one call a KV buffer: the graph reads each past the L2
                 for k, v in kv:
                     da.decode_attention(q, k, v, p, 0.088, 0, sinks)
-            times = []
-            for _ in range(a.repeats):
-                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0.record()
-                g.replay()
-                t1.record()
-                t1.synchronize()
-                times.append(t0.elapsed_time(t1) * 1e3 / n_buf)
+            row["us"][rule] = graph_us(every_buffer, 1, a.repeats) / n_buf
             out = da.decode_attention(q, *kv[0], p, 0.088, 0, sinks)
-            row["us"][rule] = statistics.median(times)
             row["err"][rule] = float((out.double().cpu() - want).norm() / want.norm())
             row["out"][rule] = out
-            del g
         outs = row.pop("out")
         row["bits_equal"] = {f"{x}={y}": bool(torch.equal(outs[x], outs[y]))
                              for i, x in enumerate(rules) for y in rules[i + 1:]}
