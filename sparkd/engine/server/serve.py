@@ -33,7 +33,8 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     s.add_argument("--max-queue", type=int, default=16, help="requests waiting for the slot before 429")
     s.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, metavar="N",
                    help=f"top-k for requests that send none (default {DEFAULT_TOP_K}, as llama-server and ollama; "
-                        "0: every token, as OpenAI's API; on CUDA 1-64 take the fused draw, ~6x cheaper)")
+                        "0: every token, as OpenAI's API; on CUDA both draw on the device, 0 with top_p < 1 on a slower "
+                        "sort)")
     s.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     s.add_argument("--resident", action="store_true", help="every expert in memory, no streaming (measurement)")
     s.add_argument("--device", default="cpu", help="cpu, or cuda: the Triton kernels on GGUF blocks in GPU "
