@@ -33,6 +33,7 @@ from sparkd.engine.kernels.prefill_attention import prefill_attention
 from sparkd.engine.kernels.rms_norm import add_rms_norm, rms_norm
 from sparkd.engine.kernels.rope_kv import rope_kv
 from sparkd.engine.kernels.router_topk import gate_topk, router_topk
+from sparkd.engine.layers import attention
 from sparkd.engine.layers.attention import attend, attend_sdpa
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.moe import Router
@@ -240,12 +241,13 @@ def test_prefill_attention_matches_attend_and_ignores_padding(backend, H, Hkv, D
     *on_gpu_only((32, 4, 128, 128, 512, 0, 0), (32, 4, 128, 128, 2048, 0, 0), (8, 2, 64, 64, 100, 0, 16),
                  (6, 3, 24, 20, 130, 0, 0), (4, 4, 256, 256, 70, 0, 0), (32, 4, 128, 128, 256, 1536, 0),
                  (32, 4, 128, 128, 1024, 1024, 0), (8, 2, 64, 64, 100, 300, 16))])
-def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window):
+def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window, monkeypatch):
     """The prompt's default attention (SPARKD_PREFILL_ATTENTION=sdpa) within the bound of attend in float64: from
     position 0 (the kernel's own causal mask, a sliding window's mask) and continuing the cache at start (the
-    mask from a host start; from the same queries' positions on the device, as a continued graph gives them: the
-    host start's bits over the same keys, within the bound over 16 keys more past the queries; with a forward's
-    shared mask too)."""
+    mask from a host start: SDPA's bottom-right causal mask, the boolean mask's bits (SPARKD_CONTINUE_ATTENTION=
+    sdpa-mask); from the same queries' positions on the device, as a continued graph gives them: the host start's
+    bits over the same keys, within the bound over 16 keys more past the queries; with a forward's shared mask
+    too)."""
     S = start + T
     q, k, v = torch.randn(T, H, Dk), torch.randn(S + 16, Hkv, Dk), torch.randn(S + 16, Hkv, Dv)
     want = attend(q.double(), k[:S].double(), v[:S].double(), 0.3, start, window)
@@ -253,6 +255,9 @@ def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window):
     got = attend_sdpa(q, k[:S], v[:S], 0.3, start, window)
     assert got.shape == want.shape and rel_err(got, want) < BOUND["attention"]
     if start:
+        with monkeypatch.context() as m:
+            m.setattr(attention, "CONTINUE_ATTENTION", "sdpa-mask")
+            assert torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, start, window), got)
         pos = torch.arange(start, S, device=backend)
         assert torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, pos, window), got)
         masks = {}  # a forward's (KVCache.masks): the second layer takes the first's mask

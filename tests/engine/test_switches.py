@@ -139,7 +139,7 @@ SWITCHES = [
     Switch("SPARKD_PREFILL_ATTENTION", "sparkd.engine.layers.attention", "m.PREFILL_ATTENTION", "flash",
            {UNSET: "sdpa", "sdpa": "sdpa", "Kernel": "kernel", " TORCH ": "torch"}, ("sdpa", "kernel", "torch")),
     Switch("SPARKD_CONTINUE_ATTENTION", "sparkd.engine.layers.attention", "m.CONTINUE_ATTENTION", "attend",
-           {UNSET: "sdpa", " SDPA ": "sdpa", "torch": "torch"}, ("sdpa", "torch")),
+           {UNSET: "sdpa", " SDPA ": "sdpa", "sdpa-mask": "sdpa-mask", "torch": "torch"}, ("sdpa", "sdpa-mask", "torch")),
     Switch("SPARKD_PROMPT_LOGITS", None, prompt_last_only, "first",
            {UNSET: True, "last": True, "ALL": False}, ("last", "all")),
 ]

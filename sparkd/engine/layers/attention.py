@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from sparkd.engine import switches
 from sparkd.engine.kernels import fused
@@ -90,15 +91,24 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     """attend without sinks or keep through torch's scaled_dot_product_attention (SDPA_BACKENDS): q [T, H, Dk],
     k [S, Hkv, Dk], v [S, Hkv, Dv] → [T, H, Dv]. start as attend's: a host start (S = start + T) or the queries'
     positions [T] on the device (a continued prompt graph: S a span, keys past a query's position masked). From
-    position 0 without a window the kernel's own causal mask; else a boolean [T, S] mask (key s visible to the
-    query at p: s <= p and p - s < window), the same for a host start as for the device positions, so a continued
-    graph that ends at its span keeps the eager continuation's bits. masks as attend's."""
+    position 0 without a window the kernel's own causal mask; from a host start past 0 without a window (an eager
+    continuation: the prompt cache past the graphs' 2048 rows, a streamed prompt's later chunks) SDPA's
+    bottom-right causal mask (no mask in memory, the key blocks past the diagonal skipped; CONTINUE_ATTENTION
+    "sdpa-mask" takes the boolean one there); else a boolean [T, S] mask (key s visible to the query at p: s <= p
+    and p - s < window). All three give the same bits for the same keys (H200, prefill31: 36 shapes; the GPU
+    test), so a continued graph that ends at its span keeps the eager continuation's bits. masks as attend's."""
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
     k = k.repeat_interleave(H // Hkv, dim=1)
     v = v.repeat_interleave(H // Hkv, dim=1)
-    causal = isinstance(start, int) and start == 0 and not window
-    mask = None if causal else forward_mask(masks, True, start, T, S, window, q.device)
+    host = isinstance(start, int) and not window
+    causal = host and start == 0
+    if causal:
+        mask = None
+    elif host and CONTINUE_ATTENTION == "sdpa":
+        mask = causal_lower_right(T, S)
+    else:
+        mask = forward_mask(masks, True, start, T, S, window, q.device)
     with sdpa_kernel(SDPA_BACKENDS):
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                            attn_mask=mask, is_causal=causal, scale=scale)
@@ -117,18 +127,20 @@ FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("sdpa", "kernel", "torch"), "sdpa")
 # a prompt continuing the cache (a host start past 0: the prompt cache's next turn eagerly, a streamed prompt's
 # later chunks; or a continued prompt graph's device positions) under sdpa: "sdpa" (default, session 15,
-# prefill31) attend_sdpa with a boolean mask from CONTINUE_SDPA_ROWS queries on, attend below (the kernel runs a
-# block per 64 queries and head: few queries over many keys leave the GPU idle); "torch": attend at every length
-# (session 14). H200, one layer of 32 heads over 4 KV heads of 128 over 512-4096 cached keys: attend / sdpa
-# 0.49-0.79x at 16-64 queries, 1.01-1.12x at 128, 1.21-1.75x at 192-2048, eager and in a continued graph
-CONTINUE_ATTENTION = switches.choice("SPARKD_CONTINUE_ATTENTION", ("sdpa", "torch"), "sdpa")
+# prefill31) attend_sdpa from CONTINUE_SDPA_ROWS queries on, attend below (the kernel runs a block per 64 queries
+# and head: few queries over many keys leave the GPU idle), its eager continuations through SDPA's bottom-right
+# causal mask (session 17: prefill31 measured it 1.08-1.75x over the boolean mask, the same bits); "sdpa-mask" the
+# same with the boolean mask for every continuation (session 15-16); "torch": attend at every length (session 14).
+# H200, one layer of 32 heads over 4 KV heads of 128 over 512-4096 cached keys: attend / sdpa 0.49-0.79x at 16-64
+# queries, 1.01-1.12x at 128, 1.21-1.75x at 192-2048, eager and in a continued graph
+CONTINUE_ATTENTION = switches.choice("SPARKD_CONTINUE_ATTENTION", ("sdpa", "sdpa-mask", "torch"), "sdpa")
 CONTINUE_SDPA_ROWS = 128
 
 
 def continue_sdpa(rows: int) -> bool:
     """Whether a prompt of `rows` queries (a continued graph's: its bucket) continuing the cache on CUDA runs
     attend_sdpa (no [H, rows, S] scores in memory) where its layers have no sinks."""
-    return PREFILL_ATTENTION == "sdpa" and CONTINUE_ATTENTION == "sdpa" and rows >= CONTINUE_SDPA_ROWS
+    return PREFILL_ATTENTION == "sdpa" and CONTINUE_ATTENTION != "torch" and rows >= CONTINUE_SDPA_ROWS
 
 
 def fuse_qkv_default() -> bool:
