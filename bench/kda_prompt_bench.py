@@ -1,9 +1,13 @@
 """A prompt's KDA delta rule (kimi-k3's linear attention, sparkd/engine/layers/kda.py): the token loop
-against the chunked form at several chunk lengths, on random inputs of a model's shape, interleaved
-repeats, the median in ms; and each one's error against the loop in float64.
+against the chunked form at several chunk lengths, on random inputs of a model's shape (default kimi-k3's:
+64 KDA heads of 128, make-model's preset), interleaved repeats, the median in ms (the device synchronized
+around each run); each one's error against the loop in float64 (on the same device) and its largest
+difference from the float32 loop (outputs and final state). With --graph (CUDA) each chunk length is also
+captured as a CUDA graph and replayed ("graph C" rows: the launches' share of the eager time, and a check
+that the chunked rule captures: no host sync, fixed shapes).
 
     python3 bench/kda_prompt_bench.py --tokens 256 --heads 32 --dim 128 --chunks 16,32,64 --threads 1
-    python3 bench/kda_prompt_bench.py --device cuda --tokens 2048 --heads 32 --dim 128 --chunks 16,32,64
+    python3 bench/kda_prompt_bench.py --device cuda --tokens 256,512,2048 --chunks 16,32,64 --graph
 """
 
 from __future__ import annotations
@@ -28,45 +32,76 @@ def timed(fn, device: torch.device) -> float:
     return (time.perf_counter() - t) * 1e3
 
 
+def graphed(fn):
+    """fn captured as a CUDA graph (after a warm-up on a side stream, as torch asks): replay, outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return lambda: (g.replay(), out)[1]
+
+
+def run(T: int, H: int, D: int, chunks: list[int], reps: int, dev: torch.device, graph: bool) -> dict:
+    g = torch.Generator().manual_seed(T)
+    q, k = (torch.nn.functional.normalize(torch.randn(T, H, D, generator=g), dim=-1) for _ in range(2))
+    v, s0 = torch.randn(T, H, D, generator=g), torch.randn(H, D, D, generator=g)
+    gate, beta = -torch.rand(T, H, D, generator=g) * 0.1, torch.rand(T, H, generator=g)
+    args = [x.to(dev) for x in (q, k, v, gate, beta, s0)]
+    want_o, want_s = delta_rule(*(x.double() for x in args))
+    ways = {"loop": lambda: delta_rule(*args)}
+    ways.update({f"chunks {c}": (lambda c=c: delta_rule_chunks(*args, chunk=c)) for c in chunks})
+    if graph:
+        ways.update({f"graph {c}": graphed(lambda c=c: delta_rule_chunks(*args, chunk=c)) for c in chunks})
+    for fn in ways.values():  # warm-up (allocator, kernels)
+        fn()
+    ms: dict[str, list[float]] = {w: [] for w in ways}
+    for _ in range(reps):
+        for w, fn in ways.items():
+            ms[w].append(timed(fn, dev))
+    loop_o, loop_s = ways["loop"]()
+    rows = []
+    for w, fn in ways.items():
+        o, s = fn()
+        row = {"way": w, "ms": round(statistics.median(ms[w]), 3),
+               "rel_err_vs_float64": ((o.double() - want_o).norm() / want_o.norm()).item(),
+               "state_rel_err_vs_float64": ((s.double() - want_s).norm() / want_s.norm()).item(),
+               "max_abs_out_vs_loop": (o - loop_o).abs().max().item(),
+               "max_abs_state_vs_loop": (s - loop_s).abs().max().item()}
+        row["x_loop"] = round(statistics.median(ms["loop"]) / row["ms"], 2)
+        rows.append(row)
+        print(f"{T:5d} tok {w:10s} {row['ms']:9.2f} ms  x{row['x_loop']:6.2f}  err {row['rel_err_vs_float64']:.1e} "
+              f"(state {row['state_rel_err_vs_float64']:.1e})  vs loop: out {row['max_abs_out_vs_loop']:.1e} "
+              f"state {row['max_abs_state_vs_loop']:.1e}", flush=True)
+    return {"tokens": T, "rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=256, help="prompt tokens (default 256)")
-    ap.add_argument("--heads", type=int, default=32, help="KDA heads (default 32)")
+    ap.add_argument("--tokens", default="256", help="prompt lengths, comma-separated (default 256)")
+    ap.add_argument("--heads", type=int, default=64, help="KDA heads (default 64, kimi-k3's)")
     ap.add_argument("--dim", type=int, default=128, help="head dim (default 128, kimi-k3's)")
     ap.add_argument("--chunks", default="16,32,64", help="chunk lengths to time (default 16,32,64)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repeats (default 3)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    ap.add_argument("--graph", action="store_true", help="also replay each chunk length as a CUDA graph")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
-    g = torch.Generator().manual_seed(0)
-    T, H, D = a.tokens, a.heads, a.dim
-    q, k = (torch.nn.functional.normalize(torch.randn(T, H, D, generator=g), dim=-1) for _ in range(2))
-    v, s0 = torch.randn(T, H, D, generator=g), torch.randn(H, D, D, generator=g)
-    gate, beta = -torch.rand(T, H, D, generator=g) * 0.1, torch.rand(T, H, generator=g)
-    want, _ = delta_rule(*(x.double() for x in (q, k, v, gate, beta, s0)))
-    args = [x.to(dev) for x in (q, k, v, gate, beta, s0)]
-    ways = {"loop": lambda: delta_rule(*args)}
-    ways.update({f"chunks {c}": (lambda c=c: delta_rule_chunks(*args, chunk=c)) for c in map(int, a.chunks.split(","))})
-    for fn in ways.values():  # warm-up (allocator, kernels)
-        fn()
-    ms: dict[str, list[float]] = {w: [] for w in ways}
-    for _ in range(a.reps):
-        for w, fn in ways.items():
-            ms[w].append(timed(fn, dev))
-    rows = []
-    for w, fn in ways.items():
-        out = fn()[0].cpu().double()
-        err = ((out - want).norm() / want.norm()).item()
-        rows.append({"way": w, "ms": round(statistics.median(ms[w]), 2), "rel_err_vs_float64": err})
-        print(f"{w:10s} {rows[-1]['ms']:9.2f} ms  err {err:.1e}", flush=True)
+    if a.graph and dev.type != "cuda":
+        ap.error("--graph needs --device cuda")
+    chunks = [int(c) for c in a.chunks.split(",")]
+    runs = [run(int(t), a.heads, a.dim, chunks, a.reps, dev, a.graph) for t in a.tokens.split(",")]
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"tokens": T, "heads": H, "dim": D, "device": a.device, "threads": torch.get_num_threads(),
-                       "rows": rows}, f, indent=1)
+            json.dump({"heads": a.heads, "dim": a.dim, "device": a.device, "threads": torch.get_num_threads(),
+                       "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None, "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -85,21 +85,77 @@ def test_a_prompts_delta_rule_in_chunks_is_the_token_loops(T, chunk, decay):
     assert _rel(loop_o, want_o) < 1e-6  # the loop's own float32 rounding is as large
 
 
+def _prompt_and_step(m, monkeypatch, rules, tokens=TOKENS) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per SPARKD_KDA_PROMPT value of rules: the prompt's logits and the next decode step's, on the CPU."""
+    runs = []
+    for rule in rules:
+        monkeypatch.setattr(kda, "PROMPT_RULE", rule)
+        cache = m.net.new_cache(tokens.numel() + 8)
+        prompt = m.net(tokens, cache)
+        runs.append((prompt.cpu(), m.net(torch.tensor([7]), cache).cpu()))
+    return runs
+
+
 def test_a_prompt_in_chunks_gives_the_loops_logits(tiny, monkeypatch):
     """The model's prompt with SPARKD_KDA_PROMPT's chunks and its loop: the same logits to float32 rounding, and
-    the decode after it (token by token either way) from states that agree as closely."""
+    the decode after it (token by token either way) from states that agree as closely; auto (the default) runs
+    the loop on the CPU."""
     m = load_model(tiny)
     try:
-        runs = []
-        for rule in ("chunks", "loop"):
-            monkeypatch.setattr(kda, "PROMPT_RULE", rule)
-            cache = m.net.new_cache(16)
-            prompt = m.net(TOKENS, cache)
-            runs.append((prompt, m.net(torch.tensor([7]), cache)))
+        (chunks, step_c), (loop, step_l), auto = _prompt_and_step(m, monkeypatch, ("chunks", "loop", "auto"))
     finally:
         m.close()
-    (chunks, step_c), (loop, step_l) = runs
     assert not torch.equal(chunks, loop)  # the chunks ran (another summation order)
+    assert _rel(chunks, loop.double()) < 1e-5 and _rel(step_c, step_l.double()) < 1e-5
+    assert torch.equal(auto[0], loop) and torch.equal(auto[1], step_l)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16, 37, 300])
+@pytest.mark.parametrize("chunk", [kda.CHUNK, kda.CHUNK_CUDA])
+def test_the_chunked_rule_on_cuda_is_the_loops(T, chunk):
+    """On CUDA at kimi-k3's KDA shape (64 heads of 128), from a carried-in state: the chunked rule's outputs and
+    final state against the loop in float64 (the function; the float32 loop's own error beside it), at lengths
+    below, at and past a chunk (a shorter last chunk)."""
+    g = torch.Generator().manual_seed(T)
+    H, D = 64, 128
+    q, k = (torch.nn.functional.normalize(torch.randn(T, H, D, generator=g), dim=-1) for _ in range(2))
+    v, s0 = torch.randn(T, H, D, generator=g), torch.randn(H, D, D, generator=g)
+    gate, beta = -torch.rand(T, H, D, generator=g) * 0.5, torch.rand(T, H, generator=g)
+    args = [x.cuda() for x in (q, k, v, gate, beta, s0)]
+    want_o, want_s = kda.delta_rule(*(x.double() for x in args))
+    o, s = kda.delta_rule_chunks(*args, chunk=chunk)
+    loop_o, loop_s = kda.delta_rule(*args)
+    assert _rel(loop_o, want_o) < 1e-6 and _rel(loop_s, want_s) < 1e-6
+    # the H200 (bench/kda_prompt_bench.py, up to 2048 tokens): 2.0-2.3e-7, the state's 1.2-2.5e-7, as the loop's own
+    assert _rel(o, want_o) < 1e-6 and _rel(s, want_s) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["F32", "Q8_0"])
+def test_a_prompt_on_cuda_runs_in_chunks_and_gives_the_loops_logits(tmp_path, monkeypatch, quant):
+    """A tiny kimi-k3 on CUDA, a 40-token prompt: auto (the default) runs the chunks there, of CHUNK_CUDA tokens,
+    and they give the loop's logits within float32 rounding, the same top-1 at every position, and the decode
+    step after it from states as close. (Q8_0 rounds the KDA output to int8 blocks before wo: on the H200 its
+    logits were the loop's bit for bit; F32 carries the 1e-7 differences through.)"""
+    path = write_model(tmp_path / "k3.gguf", plan(TINY["kimi-k3"], quant), seed=3)[0]
+    m = load_model(path, device="cuda")
+    tokens = torch.randint(0, m.cfg.n_vocab, (40,), generator=torch.Generator().manual_seed(1))
+    chunked, real = [], kda.delta_rule_chunks
+    monkeypatch.setattr(kda, "delta_rule_chunks", lambda *a: chunked.append(a[-1]) or real(*a))
+    try:
+        runs = {}
+        for rule in ("chunks", "loop", "auto"):
+            runs[rule] = _prompt_and_step(m, monkeypatch, (rule,), tokens)[0]
+            runs[rule + " chunks"] = list(chunked)
+            chunked.clear()
+    finally:
+        m.close()
+    n_kda = sum(m.cfg.extra["kda_layers"])
+    assert runs["chunks chunks"] == runs["auto chunks"] == [kda.CHUNK_CUDA] * n_kda and runs["loop chunks"] == []
+    (chunks, step_c), (loop, step_l), auto = runs["chunks"], runs["loop"], runs["auto"]
+    assert torch.equal(auto[0], chunks) and torch.equal(auto[1], step_c)
+    assert torch.equal(chunks.argmax(-1), loop.argmax(-1)) and torch.equal(step_c.argmax(-1), step_l.argmax(-1))
     assert _rel(chunks, loop.double()) < 1e-5 and _rel(step_c, step_l.double()) < 1e-5
 
 

@@ -84,7 +84,7 @@ SWITCHES = [
     Switch("SPARKD_DECODE_ATTENTION_SPLIT", "sparkd.engine.kernels.decode_attention", "m.SPLIT_RULE", "half",
            {UNSET: "auto", "auto": "auto", "serial": "serial", " Off ": "off"}, ("auto", "serial", "off")),
     Switch("SPARKD_KDA_PROMPT", "sparkd.engine.layers.kda", "m.PROMPT_RULE", "chunked",
-           {UNSET: "loop", " Chunks ": "chunks", "loop": "loop"}, ("loop", "chunks")),
+           {UNSET: "auto", " Chunks ": "chunks", "loop": "loop", "auto": "auto"}, ("auto", "loop", "chunks")),
     Switch("SPARKD_PDL_PREFETCH", "sparkd.engine.kernels.pdl", "m.current_prefetch()", "l3",
            {UNSET: "small", "off": "off", " Lines ": "lines", "bulk": "bulk", "small": "small"},
            ("off", "lines", "bulk", "small")),

@@ -7,8 +7,8 @@ S *= exp(g), then takes the delta-rule update S += k ⊗ beta·(v - Sᵀk), and 
 Sᵀq / sqrt(Dk). The output is RMS-normed per head, gated by sigmoid(ssm_g x) and projected.
 
 The cache holds, per KDA layer, the last d_conv-1 inputs of each conv (q, k, v) and S; decoding
-one token at a time gives what one pass over the whole sequence gives ($SPARKD_KDA_PROMPT=chunks:
-rounding apart, a prompt then runs the rule in chunks, delta_rule_chunks).
+one token at a time gives what one pass over the whole sequence gives (rounding apart where a prompt
+runs the rule in chunks, delta_rule_chunks: on CUDA by default, $SPARKD_KDA_PROMPT).
 """
 
 from __future__ import annotations
@@ -63,19 +63,27 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     return torch.stack(outs), s
 
 
-# A prompt's delta rule ($SPARKD_KDA_PROMPT): "loop" (default) token by token (delta_rule), the order of
-# llama.cpp's fused gated-delta-net op on the CPU; "chunks" (session 16, a candidate for CUDA, where the
-# loop's 5 small launches a token and layer dominate a prompt) CHUNK tokens at a time (delta_rule_chunks,
-# ~15 batched ops a chunk; llama.cpp's own chunked graph uses 16 for KDA). The same function, the sums in
-# another order: float32 rounding apart (tests/engine/test_kimi_k3.py), but on the oracle matrix's Q6_K
-# kimi-k3 model (quantized activations amplify rounding on near-ties) top-1 agreement with llama.cpp fell
-# from >= 45 to 44 of 48 positions, under the matrix's bar: not the CPU default.
-PROMPT_RULE = switches.choice("SPARKD_KDA_PROMPT", ("loop", "chunks"), "loop")
-# tokens a chunk: the pairwise decay tensor is [H, CHUNK, CHUNK, Dk] floats. The 2-core CI machine, one
-# thread, 256 tokens x 32 heads of 128 (bench/kda_prompt_bench.py, bench/results/kda_prompt_s16_cpu.json):
-# loop 1309 ms, chunks of 16 / 32 / 64: 380 / 726 / 1151 ms; a GPU would favour longer chunks (fewer
-# launches): not measured yet
+# A prompt's delta rule ($SPARKD_KDA_PROMPT): "loop" token by token (delta_rule), the order of llama.cpp's fused
+# gated-delta-net op on the CPU; "chunks" (session 16) CHUNK (on CUDA CHUNK_CUDA) tokens at a time (delta_rule_chunks,
+# ~15 batched ops a chunk). The same function, the sums in another order: float32 rounding apart (test_kimi_k3.py),
+# but on the oracle matrix's Q6_K kimi-k3 model (quantized activations amplify rounding on near-ties) top-1
+# agreement with llama.cpp fell from >= 45 to 44 of 48 positions with chunks: the CPU, the numeric reference,
+# keeps the loop. "auto" (default, session 17): chunks on CUDA, where the loop's 5 small launches a token and
+# layer set a prompt's time (the H200: a 4-layer kimi-k3's prompt 3.4-4.5x; docs/performance.md, kda36), the
+# loop elsewhere.
+PROMPT_RULE = switches.choice("SPARKD_KDA_PROMPT", ("auto", "loop", "chunks"), "auto")
+# tokens a chunk: the pairwise decay tensor is [H, C, C, Dk] floats. The 2-core CI machine, one thread, 256
+# tokens x 32 heads of 128 (bench/kda_prompt_bench.py, bench/results/kda_prompt_s16_cpu.json): loop 1309 ms,
+# chunks of 16 / 32 / 64: 380 / 726 / 1151 ms. The H200 at kimi-k3's 64 heads of 128 (bench/results/
+# kda36_h200_s17/): loop 251 ms at 2048 tokens, chunks of 16 / 32 / 64 / 128: 60 / 30 / 23 / 41 ms (the launches
+# of short chunks, the [H, C, C, Dk] tensor of long ones), and a 4-layer kimi-k3's prompt 64 >= 32 > 16.
 CHUNK = 16
+CHUNK_CUDA = 64  # [64, 64, 64, 128] floats: 134 MB a tensor at kimi-k3's heads
+
+
+def in_chunks(x: torch.Tensor) -> bool:
+    """Whether a prompt of several tokens on x's device runs the rule in chunks ($SPARKD_KDA_PROMPT)."""
+    return PROMPT_RULE == "chunks" or (PROMPT_RULE == "auto" and x.is_cuda)
 
 
 def delta_rule_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -143,7 +151,9 @@ class KDAttention(nn.Module):
             qkv.append(y.view(T, H, D))
         q, k, v = l2_normalize(qkv[0], self.eps), l2_normalize(qkv[1], self.eps), qkv[2]
         beta = torch.sigmoid(self.beta(x))  # [T, H]
-        rule = delta_rule_chunks if T > 1 and PROMPT_RULE == "chunks" else delta_rule
-        o, state[:] = rule(q, k, v, self._decay(x), beta, state)
+        if T > 1 and in_chunks(x):
+            o, state[:] = delta_rule_chunks(q, k, v, self._decay(x), beta, state, CHUNK_CUDA if x.is_cuda else CHUNK)
+        else:
+            o, state[:] = delta_rule(q, k, v, self._decay(x), beta, state)
         o = self.out_norm(o) * torch.sigmoid(self.gate(x).view(T, H, D))
         return self.wo(o.reshape(T, H * D))
