@@ -101,8 +101,7 @@ def tag(cfg: GemvConfig | None) -> str:
     if cfg is None:
         return "default"
     return (f"{cfg.block_n}r{cfg.num_warps}w{cfg.unroll}u{cfg.split or 'a'}s{'e' if cfg.elementwise else 'g'}"
-            f"{'A' if cfg.atomic else ''}{f'p{cfg.stages}' if cfg.stages else ''}{'Q' if cfg.fuse_quant else ''}"
-            f"{f'R{cfg.maxnreg}' if cfg.maxnreg else ''}")
+            f"{'A' if cfg.atomic else ''}{f'p{cfg.stages}' if cfg.stages else ''}{'Q' if cfg.fuse_quant else ''}")
 
 
 def x_in(qtype: T, x: torch.Tensor) -> torch.Tensor:

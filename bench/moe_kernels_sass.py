@@ -40,16 +40,14 @@ TWIN = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, xw_ptr=I32, out_pt
 SCALARS.update(row_words="i32", n_groups="i32")
 
 
-def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool, aligned: tuple = ALIGNED,
-          maxnreg: int = 0) -> bytes:
+def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool, aligned: tuple = ALIGNED) -> bytes:
     names = kern.arg_names
     consts = pdl.compile_args(kern, consts)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, SCALARS.get(n)) for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names and n not in consts}
     src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     return compile(src, target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": num_warps, "enable_fp_fusion": fp_fusion,
-                            **({"maxnreg": maxnreg} if maxnreg else {})}).asm["cubin"]
+                   options={"num_warps": num_warps, "enable_fp_fusion": fp_fusion}).asm["cubin"]
 
 
 def instructions(text: str) -> int:
@@ -80,12 +78,12 @@ def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=False,
                       DOWN_AT_START=True, **common)
-        binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False, maxnreg=cfg.maxnreg)
+        binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
                       XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, TILED=False,
                       **common)
-        binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True, maxnreg=cfg.maxnreg)
+        binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
     return line(qtype.name, kind, text, binary, cfg.num_warps)
 
 

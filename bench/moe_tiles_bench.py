@@ -38,7 +38,7 @@ the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True
 moe_tiles.down_launch_at_start), and the default once more (the drift between). Session 17 (moe39): --floor,
 "floor" rows per shape and type (floor_rows): the layer's bytes as one copy, as the gate/up's then the down's in
 two copies (torch's, and a Triton copy with and without PDL), and a line "floor:" of each "all qx" layer's time
-against the pairs (the fraction of the floor the layer reaches); a tile's +rN caps its registers a thread.
+against the pairs (the fraction of the floor the layer reaches).
 """
 
 from __future__ import annotations
@@ -94,13 +94,10 @@ DEVICE = "cuda"
 
 
 def tile(text: str) -> GemvConfig:
-    """gemv_tiles_bench.tile's rows/warps/unroll/e|g[/split], then +pN for N pipeliner stages, +rN for at most N
-    registers a thread (GemvConfig.maxnreg, session 17), then :FLAGS (the kernels: kernels_of)."""
-    text, *extra = text.partition(":")[0].split("+")
-    opts = {e[0]: int(e[1:]) for e in extra}
-    if set(opts) - {"p", "r"}:
-        raise ValueError(f"tile {text!r}: +pN (stages) or +rN (registers), not {extra}")
-    return dataclasses.replace(gemv_tiles_bench.tile(text), stages=opts.get("p", 0), maxnreg=opts.get("r", 0))
+    """gemv_tiles_bench.tile's rows/warps/unroll/e|g[/split], then +pN for N pipeliner stages,
+    then :FLAGS (the kernels: kernels_of)."""
+    text, _, stages = text.partition(":")[0].partition("+p")
+    return dataclasses.replace(gemv_tiles_bench.tile(text), stages=int(stages or 0))
 
 
 # session 17 (moe39, --floor): the copies a layer's two launches could reach at best, the same bytes read + written

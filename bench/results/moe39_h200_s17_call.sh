@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran on commit 1e8e681 (the candidate default: Q8_0 gate/up 2/1/4/e below 4096, 2/1/4/e capped at 64 registers from
+# 4096, GemvConfig.maxnreg, SPARKD_MOE_TILES=s16 back; all taken out again after the call: below the 3 % bar).
 # Session 17, moe39 (H200, carry [".whl", ".xfer/moe39"], run from .xfer/moe39): the MoE decode layer's floor below
 # width 7168, then one try at the gate/up's warps in flight.
 #   1. bench/moe_tiles_bench.py --floor at 2048x768 / 4096x1536 / 7168x2048 top-8, Q8_0 and Q4_KXD (resident pairx):

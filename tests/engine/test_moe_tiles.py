@@ -79,43 +79,28 @@ def test_q8_0_gate_up_in_4_group_steps_from_width_4096_switches_back_to_s14(qtyp
     for dim in (4096 - 256, 4096, 6144):  # below the tier, at it, at the next
         new, s14 = (moe_tiles.decode_tiles(table_at(qtype, dim), w) for w in ("new", "s14"))
         changed = qtype == T.Q8_0 and 4096 <= dim < 6144
-        s16 = moe_tiles.decode_tiles(table_at(qtype, dim), "s16")
-        assert new[1] == s14[1] == s16[1] and (s16[0] == moe_tiles.Q8_0_GATE_UP_4096 != s14[0] if changed
-                                               else s16[0] == s14[0])
-    assert moe_tiles.decode_kernels("s14") == moe_tiles.decode_kernels("s16") == moe_tiles.decode_kernels("new")
-
-
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_q8_0_gate_up_in_4_group_steps_below_4096_and_at_64_registers_from_4096_switches_back_to_s16(qtype):
-    """Session 17 (moe39): the Q8_0 gate/up in 4-group steps below model width 4096 too, and at the 4096 tier capped
-    at 64 registers a thread (Q8_0_GATE_UP_4096_R64); "s16" keeps the tiles of before; the 6144 tier, Q4_K and the
-    downs unchanged."""
-    for dim in (2048, 4096 - 256, 4096, 6144, 7168):
-        new, s16 = (moe_tiles.decode_tiles(table_at(qtype, dim), w) for w in ("new", "s16"))
-        want = {2048: moe_tiles.Q8_0_GATE_UP_4096, 4096 - 256: moe_tiles.Q8_0_GATE_UP_4096,
-                4096: moe_tiles.Q8_0_GATE_UP_4096_R64}.get(dim) if qtype == T.Q8_0 else None
-        assert new[1] == s16[1] and (new[0] == want != s16[0] if want else new[0] == s16[0])
-    assert moe_tiles.Q8_0_GATE_UP_4096_R64 == dataclasses.replace(moe_tiles.Q8_0_GATE_UP_4096, maxnreg=64)
+        assert new[1] == s14[1] and (new[0] == moe_tiles.Q8_0_GATE_UP_4096 != s14[0] if changed else new[0] == s14[0])
+    assert moe_tiles.decode_kernels("s14") == moe_tiles.decode_kernels("new")
 
 
 # GPU only: the interpreter's smallest case (one 32-row expert, 16 programs, 1024 wide) took 8-15 s here, and its
 # numpy sums cannot contract differently at another unroll anyway; the tier's rule is tested on the CPU above
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(2048, 768, 8), (4096, 1536, 8)], ids=lambda s: "x".join(map(str, s)))
-def test_q8_0_gate_up_in_4_group_steps_gives_the_2_group_bits(shape):
-    """Session 15 (moe26): the gate/up's groups in steps of 4 add the same groups in the same order onto the same
-    elementwise tile as steps of 2 (s14): h quantized in the launch, the same bits, and the layer's y at the shape's
-    default tiles against s14's. Session 17 (moe39): at 2048 too, and the 4096 tier's cap of 64 registers."""
-    backend, (dim, width, n) = "cuda", shape
+def test_q8_0_gate_up_in_4_group_steps_gives_the_2_group_bits():
+    """Session 15 (moe26): the gate/up's groups in steps of 4 (the 4096 tier) add the same groups in the same order
+    onto the same elementwise tile as steps of 2 (s14): h quantized in the launch, the same bits, and the layer's y
+    at the shape's default tiles against s14's."""
+    backend, (dim, width, n) = "cuda", (4096, 1536, 8)
     p = moe.prepare(arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)[0], backend)
     x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
-    tiles = [dataclasses.replace(moe_tiles.decode_tiles(p, which)[0], fuse_quant=True) for which in ("new", "s14")]
-    assert tiles[0].unroll == 2 * tiles[1].unroll
+    tiles = [dataclasses.replace(t, fuse_quant=True) for t in (moe_tiles.Q8_0_GATE_UP_4096,
+                                                               moe_tiles.DECODE_TILES["Q8_0"][0])]  # s14's at 4096
+    assert tiles[0].unroll == 2 * tiles[1].unroll and moe_tiles.S14_WIDTH_TIERS["Q8_0"][0][1] is None
     hs = [moe._gate_up(p, x, w, False, "silu", t, None, "test", None, moe_tiles.Kernels()) for t in tiles]
     assert torch.equal(hs[0].words, hs[1].words) and torch.equal(hs[0].scales, hs[1].scales)  # (Q8_0: no sums)
     ys = [moe.moe_decode(p, x, w, gate_up=dataclasses.replace(t[0], fuse_quant=True), down=t[1])
-          for t in (moe_tiles.decode_tiles(p, which) for which in ("new", "s16", "s14"))]
-    assert torch.equal(ys[0], ys[1]) and torch.equal(ys[0], ys[2])
+          for t in (moe_tiles.decode_tiles(p, which) for which in ("new", "s14"))]
+    assert moe_tiles.decode_tiles(p)[0] == moe_tiles.Q8_0_GATE_UP_4096 and torch.equal(ys[0], ys[1])
 
 
 def test_an_unknown_tile_set_is_refused():
@@ -160,6 +145,18 @@ def test_the_offline_compile_bench_builds_the_engine_kernels():
     rows = re.findall(r"^Q8_0 (gate/up~?|down~?) +\S+ +(\d+) registers, .*loop (\d+) warp-instr(.*)$", out.stdout, re.M)
     assert [r[0] for r in rows] == ["gate/up", "gate/up~", "down", "down~"], out.stdout
     assert all(int(r[1]) > 0 and int(r[2]) > 0 and ("IDP=" in r[3]) != r[0].endswith("~") for r in rows), out.stdout
+
+
+def test_the_floor_bench_copies_its_bytes():
+    """bench/moe_tiles_bench.py --floor (moe39) times Triton copies beside torch's: its copy kernel (interpreter, in a
+    process of its own: the bench's imports patch the fold for timing) copies every word, a short last block too."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(BENCH.parent), str(BENCH), env.get("PYTHONPATH", "")])
+    code = ("import torch, moe_tiles_bench as b\n"
+            "src = torch.randint(0, 1 << 30, (b.COPY_BLOCK + 77,), dtype=torch.int32); dst = torch.zeros_like(src)\n"
+            "b.triton_copy(src, dst); print(torch.equal(src, dst))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[-1:] == ["True"], out.stderr[-2000:]
 
 
 # Q4_K under the interpreter takes ~5 minutes even at 256x256 (too long for CI): compiled only;

@@ -71,9 +71,6 @@ class GemvConfig:
     warps_k: bool = False
     # split-K partials summed by the last program of a row tile (fold_part); "torch": a torch.sum launch
     fold: str = switches.choice(FOLD_ENV, FOLDS, "kernel")
-    # registers a thread at most (ptxas's .maxnreg; 0: ptxas's choice): the MoE decode launches (moe.py) take it,
-    # so a tile past 64 registers keeps 32 one-warp programs an SM (session 17, moe39)
-    maxnreg: int = 0
 
 
 # the integer families' tiles, best of the session-4 H200 run at the engine's decode shapes

@@ -598,7 +598,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
                                H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
                                enable_fp_fusion=hq is None,  # act_quant's exact rounding needs it off
-                               **_maxnreg(cfg), **pdl.launch(x.device))
+                               **pdl.launch(x.device))
         return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
@@ -607,11 +607,6 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **pdl.launch(x.device))
     return h
-
-
-def _maxnreg(cfg: GemvConfig) -> dict:
-    """An integer launch's register cap (GemvConfig.maxnreg), where the tile sets one."""
-    return dict(maxnreg=cfg.maxnreg) if cfg.maxnreg else {}
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
@@ -683,7 +678,7 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
-                            TILED=p.down.row_tile > 1, **common, **_maxnreg(cfg), **pdl.launch(y.device))
+                            TILED=p.down.row_tile > 1, **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()

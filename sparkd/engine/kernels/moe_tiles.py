@@ -1,6 +1,6 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
-against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, s16, new); where the gate/up lets the
+against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, new); where the gate/up lets the
 down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13)."""
 
 from __future__ import annotations
@@ -96,16 +96,8 @@ S14_WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),  # the default until 
 # same order onto the same tile: the same bits (test_moe_tiles' GPU test). From 6144 it lost (7168x2048 112.3 ->
 # 117.2 us: 2/1/1/e stays); "s14" switches back
 Q8_0_GATE_UP_4096 = GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)
-S16_WIDTH_TIERS = {**S14_WIDTH_TIERS,  # the default until session 17's moe39; "s16"
-                   "Q8_0": [(4096, Q8_0_GATE_UP_4096, Q8_0_FEW_RANGES), S14_WIDTH_TIERS["Q8_0"][1]]}
-S16_DECODE_TILES = DECODE_TILES  # (with S16_WIDTH_TIERS)
-# session 17 (moe39, candidate): the Q8_0 gate/up below width 4096 in 4-group steps too (at 2048x768 one wave either
-# way: 3072 programs), and at the 4096 tier capped at 64 registers a thread (ptxas gives 2/1/4/e 72: 28 one-warp
-# programs an SM; at 64, 32 as the 2-group tile's); the same groups in the same order: the same bits; "s16" switches back
-Q8_0_GATE_UP_4096_R64 = GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True, maxnreg=64)
-DECODE_TILES = {**S16_DECODE_TILES, "Q8_0": (Q8_0_GATE_UP_4096, S16_DECODE_TILES["Q8_0"][1])}
-WIDTH_TIERS = {**S16_WIDTH_TIERS,
-               "Q8_0": [(4096, Q8_0_GATE_UP_4096_R64, Q8_0_FEW_RANGES), S14_WIDTH_TIERS["Q8_0"][1]]}
+WIDTH_TIERS = {**S14_WIDTH_TIERS,
+               "Q8_0": [(4096, Q8_0_GATE_UP_4096, Q8_0_FEW_RANGES), S14_WIDTH_TIERS["Q8_0"][1]]}
 
 
 @dataclass(frozen=True)
@@ -145,16 +137,15 @@ S6R2_KERNELS = Kernels(full=False, down_full=())  # session 6's second round (mo
 S7_KERNELS = Kernels(down_full=())  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
-# of "s6" to "s7" too; "s14": Kernels() at S16_DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26); "s16":
-# Kernels() at S16_DECODE_TILES / S16_WIDTH_TIERS (before session 17's moe39)
+# of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26)
 TILES_ENV = "SPARKD_MOE_TILES"
-TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "s16", "new")
+TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
     """The default (gate/up, down) tiles for the table's families and shape: which "new" (DECODE_TILES,
-    WIDTH_TIERS), "s16" (S16_DECODE_TILES, S16_WIDTH_TIERS), "s14" (S16_DECODE_TILES, S14_WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES,
+    WIDTH_TIERS), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES,
     S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at every shape);
     default $SPARKD_MOE_TILES."""
     which = which or TILES
@@ -172,8 +163,7 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
             down = large[1]
         return S5_DECODE_TILES.get(p.gate_up.qtype.name, fallback)[0], down
     gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
-    tiles, tiers = {"new": (DECODE_TILES, WIDTH_TIERS), "s16": (S16_DECODE_TILES, S16_WIDTH_TIERS),
-                    "s14": (S16_DECODE_TILES, S14_WIDTH_TIERS)}.get(
+    tiles, tiers = {"new": (DECODE_TILES, WIDTH_TIERS), "s14": (DECODE_TILES, S14_WIDTH_TIERS)}.get(
         which, (S8_DECODE_TILES, S8_WIDTH_TIERS))
     return (_tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]),
             _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1]))
@@ -190,7 +180,7 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(), "s16": Kernels(), "s14": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
+    return {"new": Kernels(), "s14": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
             "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
