@@ -4,7 +4,7 @@ old tiles next to the default and candidates, as a fraction of the copy bandwidt
 
 Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
        [--shapes 2048x768x8,4096x1536x8,7168x2048x8] [--gate-up T,...] [--down T,...] [--json F]
-       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins]
+       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins] [--floor]
 
 Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
 DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe_tiles.OLD_DECODE_TILES), "s5" (session 5's
