@@ -4,7 +4,7 @@ old tiles next to the default and candidates, as a fraction of the copy bandwidt
 
 Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
        [--shapes 2048x768x8,4096x1536x8,7168x2048x8] [--gate-up T,...] [--down T,...] [--json F]
-       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins]
+       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins] [--floor]
 
 Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
 DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe_tiles.OLD_DECODE_TILES), "s5" (session 5's
@@ -35,7 +35,10 @@ candidate is also timed as the whole layer the engine runs ("all qx"): a launch 
 layer faster (the two launches overlap by PDL as they may). Session 13 (moe23): --variants off,late,start,again
 times the default tiles' "all qx" layer also with PDL off (every launch), with the down let launch only after
 the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True; the default by width:
-moe_tiles.down_launch_at_start), and the default once more (the drift between).
+moe_tiles.down_launch_at_start), and the default once more (the drift between). Session 17 (moe39): --floor,
+"floor" rows per shape and type (floor_rows): the layer's bytes as one copy, as the gate/up's then the down's in
+two copies (torch's, and a Triton copy with and without PDL), and a line "floor:" of each "all qx" layer's time
+against the pairs (the fraction of the floor the layer reaches).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ import json
 import multiprocessing as mp
 
 import torch
+import triton
+import triton.language as tl
 from gguf import GGMLQuantizationType as T
 
 import kernels_bench as kb
@@ -93,6 +98,57 @@ def tile(text: str) -> GemvConfig:
     then :FLAGS (the kernels: kernels_of)."""
     text, _, stages = text.partition(":")[0].partition("+p")
     return dataclasses.replace(gemv_tiles_bench.tile(text), stages=int(stages or 0))
+
+
+# session 17 (moe39, --floor): the copies a layer's two launches could reach at best, the same bytes read + written
+# as gemv_tiles_bench.same_copy_seconds; a Triton copy too, so the down's copy can launch under PDL as the down does
+COPY_BLOCK = 2048  # int32 words a program: 8 KiB, 4 warps (16 words, 4 128-bit loads a thread)
+
+
+@triton.jit
+def _copy_kernel(src, dst, n, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    pdl.start(PDL)  # the next copy may launch now and wait for this one's end, as the down for the gate/up
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+def triton_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst = src (int32) in one launch of _copy_kernel, under PDL where pdl.enabled."""
+    _copy_kernel[(triton.cdiv(src.numel(), COPY_BLOCK),)](src, dst, src.numel(), BLOCK=COPY_BLOCK, num_warps=4,
+                                                          **pdl.launch(src.device))
+
+
+def floor_seconds(parts: list[int], copy) -> float:
+    """Seconds of copies one after another (parts: bytes read + written each) in one CUDA graph, each part's bytes
+    rotated past the L2 as the weights are (copy(src, dst): torch's or triton_copy)."""
+    words = [n // 8 for n in parts]  # int32 words copied: half the bytes read, half written
+    sets = max(2, -(-kb.ROTATE_BYTES // sum(parts)))
+    bufs = [(torch.randint(0, 1 << 30, (sets * w,), dtype=torch.int32, device=DEVICE),
+             torch.empty(sets * w, dtype=torch.int32, device=DEVICE)) for w in words]
+
+    def run(i):
+        for w, (src, dst) in zip(words, bufs):
+            copy(src[i * w:(i + 1) * w], dst[i * w:(i + 1) * w])
+    return kb.graph_seconds(run, sets)
+
+
+def floor_rows(s: "Shape", copy_bw: float) -> list[dict]:
+    """The layer's floor (--floor): one copy of all its bytes, then the gate/up's bytes and the down's as two copies
+    in stream order (torch: no PDL), and as two Triton copies with and without PDL; the bytes of every row are the
+    layer's (frac comparable with its "all qx" rows)."""
+    A, mb = s.shape[2], s.matrix_bytes
+    layer, pair = 3 * A * mb, [2 * A * mb, A * mb]
+    torch_copy = lambda src, dst: dst.copy_(src)  # noqa: E731
+    rows = []
+    for label, parts, copy, mode in (("torch 1 copy", [layer], torch_copy, "on"),
+                                     ("torch pair", pair, torch_copy, "on"),
+                                     ("triton 1 copy", [layer], triton_copy, "on"),
+                                     ("triton pair pdl", pair, triton_copy, "on"),
+                                     ("triton pair", pair, triton_copy, "off")):
+        with pdl.using(mode):
+            rows.append(s.row("floor", label, floor_seconds(parts, copy), layer, copy_bw, float("nan")))
+    return rows
 
 
 def kernels_of(text: str) -> moe_tiles.Kernels:
@@ -290,7 +346,15 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
         mode, k = variant(name, new[3])
         with pdl.using(mode):
             rows.append(s.engine(f"default {name}", new[1], new[2], k, copy_bw))
+    if args.floor:
+        rows += floor_rows(s, copy_bw)
     gemv_tiles_bench.print_rows(rows)
+    if args.floor:  # the layer against its floor: the pair of copies the two launches could reach at best
+        layer = {r["config"]: r["us"] for r in rows if r["kernel"].endswith(" all qx")}
+        floor = {r["config"]: r["us"] for r in rows if r["kernel"].endswith(" floor")}
+        print(f"{s.name} {qtype.name} floor: " + ", ".join(
+            f"{label} {us:.1f} us / {pair}: {floor[pair] / us:.2f}" for label, us in layer.items()
+            for pair in ("torch pair", "triton pair pdl") if pair in floor), flush=True)
     gus, dns = candidates(qtype, args)
     # (session 12: each candidate's layer as the engine runs it too, "all qx": two launches overlap as they may)
     gu_parts = (s.gate_up, s.engine, s.twin_gate_up) if args.twins else (s.gate_up, s.engine)
@@ -374,6 +438,7 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(moe_tiles.TILE_SETS), help="tile sets timed (moe_tiles.TILE_SETS)")
     ap.add_argument("--no-twins", dest="twins", action="store_false", help="no load-only twins (moe_twin)")
     ap.add_argument("--variants", default="", help=f"the default layer's extra rows ({','.join(VARIANTS)})")
+    ap.add_argument("--floor", action="store_true", help="the layer's floor: copies of its bytes (floor_rows)")
     args = ap.parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
     if set(args.variants) - set(VARIANTS):

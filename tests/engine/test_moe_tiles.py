@@ -147,6 +147,18 @@ def test_the_offline_compile_bench_builds_the_engine_kernels():
     assert all(int(r[1]) > 0 and int(r[2]) > 0 and ("IDP=" in r[3]) != r[0].endswith("~") for r in rows), out.stdout
 
 
+def test_the_floor_bench_copies_its_bytes():
+    """bench/moe_tiles_bench.py --floor (moe39) times Triton copies beside torch's: its copy kernel (interpreter, in a
+    process of its own: the bench's imports patch the fold for timing) copies every word, a short last block too."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(BENCH.parent), str(BENCH), env.get("PYTHONPATH", "")])
+    code = ("import torch, moe_tiles_bench as b\n"
+            "src = torch.randint(0, 1 << 30, (b.COPY_BLOCK + 77,), dtype=torch.int32); dst = torch.zeros_like(src)\n"
+            "b.triton_copy(src, dst); print(torch.equal(src, dst))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[-1:] == ["True"], out.stderr[-2000:]
+
+
 # Q4_K under the interpreter takes ~5 minutes even at 256x256 (too long for CI): compiled only;
 # its GEMV tiles' sums against the old tile's: test_int_kernels.test_q4_k_tiles_give_the_old_tiles_sums
 CASES = [pytest.param("cpu", T.Q8_0, id="interpret-Q8_0", marks=BACKENDS[0].marks)] + \
