@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Session 17 draw33 call (H200, carry [".whl", ".xfer/draw33"], run from .xfer/draw33): the top-p draw for top_k 0
+# Session 17 draw33 call, as run on commit c7708ec (its top-p path and the chain-top-p mode were taken out after it:
+# 4.2x slower than the torch chain; docs/performance.md "Session 17: top_p < 1 ...") (H200, carry [".whl", ".xfer/draw33"],
+# run from .xfer/draw33): the top-p draw for top_k 0
 # with top_p < 1 (kernels/sample_draw.top_p_draw) on the box, in one call of <= ~190 s:
 #   the 12-layer Q4_K model made in the background; meanwhile the draw graph alone at 151936 tokens
 #   (draw_graph_bench.py: top-p path vs torch chain vs full vs fused top_k 40), then the fused sampler's gpu tests;
