@@ -2,10 +2,13 @@
 greedy (torch.argmax inside the step's graph), temperature on the host (the logits row comes back,
 Sampler draws; SPARKD_DEVICE_SAMPLING=0) and temperature on the device (DeviceSampler's graph
 right after the step's, one int back) with the torch chain (=torch) and the fused Triton draw
-(=fused; session 16: top_k 0 on the full path, and on the torch chain with =capped). Also the
+(=fused; session 16: top_k 0 on the full path, and on the torch chain with =capped; session 17:
+top_k 0 with top_p 0.95, on the torch chain). Also the
 draw graph's own time (replays alone, CUDA events) and how many draw graphs
 each run captured (greedy: none). One untimed token first: a draw graph is captured on its first
-draw (session 7; before that prepare() captured it), which the timed tokens then leave out.
+draw (session 7; before that prepare() captured it), which the timed tokens then leave out; its
+time is first_ms (the process's first draw of a path also loads or compiles its kernels), and the
+slowest timed token's slowest_ms (a later bucket's draw graph captured there).
 On the GPU box:
     python3 bench/gpu_box/sampling_bench.py --model /tmp/q30-12l-e8-Q8_0.gguf --json out.json
 --settings picks some by name (comma-separated), --repeats runs them again in turn (interleaved).
@@ -33,11 +36,12 @@ GREEDY = SamplingParams(temperature=0.0)
 # top_k 0: every token (generate --temp 0.8's default, OpenAI's)
 EVERY = SamplingParams(temperature=0.8, seed=1234)
 TOP40 = SamplingParams(temperature=0.8, top_k=40, seed=1234)
+CUT = SamplingParams(temperature=0.8, top_p=0.95, seed=1234)  # top_k 0 with top-p (OpenAI's top_p)
 SETTINGS = {"greedy (device argmax)": (GREEDY, "fused"), "temperature 0.8 host": (HOT, "off"),
             "temperature 0.8 device torch": (HOT, "torch"), "temperature 0.8 device fused": (HOT, "fused"),
             "temperature 0.8 fused 4096x1": (HOT, "fused"),
             "top_k 0 full": (EVERY, "fused"), "top_k 0 capped (torch chain)": (EVERY, "capped"),
-            "top_k 40 fused": (TOP40, "fused")}
+            "top_k 40 fused": (TOP40, "fused"), "top_p 0.95 (torch chain)": (CUT, "fused")}
 # the fused draw's layout where not the default (DeviceSampler's block_tokens, merge_blocks)
 LAYOUTS = {"temperature 0.8 fused 4096x1": {"block_tokens": 4096, "merge_blocks": 1}}
 
@@ -59,16 +63,21 @@ def run(net, params: SamplingParams, on_device: str, n: int, layout: dict | None
     drawing = step.begin_sampling(params, PROMPT)
     host = Sampler(params)
     one = step.next_token if drawing or params.temperature == 0 else (lambda t: host(step(t)[-1], history))
+    sync()
+    t0 = time.perf_counter()
     token = one(token)  # untimed: the draw graph's capture
     history.append(token)
     sync()
-    t0 = time.perf_counter()
+    first_ms, slowest, t0 = (time.perf_counter() - t0) * 1e3, 0.0, time.perf_counter()
     for _ in range(n):
-        token = one(token)
+        t = time.perf_counter()
+        token = one(token)  # (an int: the host waits for each token)
+        slowest = max(slowest, time.perf_counter() - t)
         history.append(token)
     sync()
     seconds = time.perf_counter() - t0
     return {"tok_s": n / seconds, "ms_per_token": seconds * 1e3 / n, "drawing": drawing,
+            "first_ms": first_ms, "slowest_ms": slowest * 1e3,
             "distinct_tokens": len(set(history[len(PROMPT):])), "draw_graphs": len(step._draws)}, step
 
 
@@ -110,7 +119,8 @@ def main() -> int:
                 name = f"{name} #{rep + 1}" if a.repeats > 1 else name
                 res["settings"][name] = r
                 print(f"{name:30s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
-                      f"drawing={r['drawing']} distinct={r['distinct_tokens']} draw_graphs={r['draw_graphs']}"
+                      f"drawing={r['drawing']} distinct={r['distinct_tokens']} draw_graphs={r['draw_graphs']} "
+                      f"first {r['first_ms']:.1f} ms slowest {r['slowest_ms']:.1f} ms"
                       + (f" draw graph {r['draw_graph_us']:.1f} us" if "draw_graph_us" in r else ""), flush=True)
     finally:
         m.close()

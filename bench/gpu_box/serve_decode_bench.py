@@ -9,6 +9,8 @@ tokens), and the time to the first text. Run it on the box:
 
     python3 bench/gpu_box/serve_decode_bench.py --model M.gguf --top-k 40,0 --json out.json
 
+--top-p sends that top_p in every request (session 17; with --top-k 0 it takes the torch chain on CUDA).
+
 Each value's servers are started one after the other (never two on the device at once).
 """
 
@@ -41,13 +43,14 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float) -> None:
     raise SystemExit(f"server not ready after {timeout_s:.0f} s")
 
 
-def streamed(client: openai.OpenAI, model: str, tokens: int, seed: int) -> dict:
+def streamed(client: openai.OpenAI, model: str, tokens: int, seed: int, top_p: float | None = None) -> dict:
     """One streamed completion: time to the first text, tok/s over the whole request."""
     t0 = time.perf_counter()
     first = None
     used = 0
+    cut = {} if top_p is None else {"top_p": top_p}
     stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=tokens, temperature=0.8,
-                                       seed=seed, stream=True, stream_options={"include_usage": True})
+                                       seed=seed, stream=True, stream_options={"include_usage": True}, **cut)
     for chunk in stream:
         if chunk.choices and chunk.choices[0].text and first is None:
             first = time.perf_counter()
@@ -61,7 +64,8 @@ def streamed(client: openai.OpenAI, model: str, tokens: int, seed: int) -> dict:
             "tok_s": round(used / (end - t0), 1)}
 
 
-def one_server(model_path: str, top_k: int, port: int, tokens: int, reps: int, extra: list[str]) -> dict:
+def one_server(model_path: str, top_k: int, port: int, tokens: int, reps: int, extra: list[str],
+               top_p: float | None = None) -> dict:
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "sparkd.engine.cli", "serve", model_path, "--listen", f"127.0.0.1:{port}",
            "--top-k", str(top_k), "--alias", "m", *extra]
@@ -69,8 +73,8 @@ def one_server(model_path: str, top_k: int, port: int, tokens: int, reps: int, e
     try:
         wait_ready(base, proc, 120)
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
-        warm = streamed(client, "m", tokens, seed=0)
-        runs = [streamed(client, "m", tokens, seed=1 + i) for i in range(reps)]
+        warm = streamed(client, "m", tokens, seed=0, top_p=top_p)
+        runs = [streamed(client, "m", tokens, seed=1 + i, top_p=top_p) for i in range(reps)]
     finally:
         proc.terminate()
         try:
@@ -78,7 +82,7 @@ def one_server(model_path: str, top_k: int, port: int, tokens: int, reps: int, e
         except subprocess.TimeoutExpired:
             proc.kill()
     rates = sorted(r["tok_s"] for r in runs)
-    return {"top_k": top_k, "warm_up": warm, "runs": runs, "median_tok_s": rates[len(rates) // 2]}
+    return {"top_k": top_k, "top_p": top_p, "warm_up": warm, "runs": runs, "median_tok_s": rates[len(rates) // 2]}
 
 
 def main() -> None:
@@ -88,6 +92,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256, help="completion tokens a request (default 256)")
     ap.add_argument("--reps", type=int, default=3, help="timed requests a server (default 3)")
     ap.add_argument("--port", type=int, default=7791, help="the servers' port (default 7791)")
+    ap.add_argument("--top-p", type=float, help="top_p sent in every request (default: none sent)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("serve_args", nargs=argparse.REMAINDER,
                     help="after --: more serve flags (default: --device cuda --resident --cuda-graphs on)")
@@ -95,8 +100,8 @@ def main() -> None:
     extra = [x for x in a.serve_args if x != "--"] or ["--device", "cuda", "--resident", "--cuda-graphs", "on"]
     results = []
     for k in (int(v) for v in a.top_k.split(",")):
-        r = one_server(a.model, k, a.port, a.tokens, a.reps, extra)
-        print(f"serve --top-k {k}: {r['median_tok_s']} tok/s (median of {a.reps}), "
+        r = one_server(a.model, k, a.port, a.tokens, a.reps, extra, a.top_p)
+        print(f"serve --top-k {k} (top_p {a.top_p}): {r['median_tok_s']} tok/s (median of {a.reps}), "
               f"first text {r['runs'][0]['first_text_ms']} ms; warm-up {r['warm_up']}", flush=True)
         results.append(r)
     if a.json:
