@@ -5,8 +5,8 @@
 #               layer defaults with moe39's floor rows (the layer's bytes as copies).
 #   PART=bench  (right after, on the warm box: the build and models are reused, else made again) the resident
 #               decode vs llama-bench (graphs); temperature decodes a process each (greedy, top_k 0, top_k 40,
-#               top_p 0.95); the OpenAI server's streamed temperature decode (serve --top-k 40 / 0 / 0 on the
-#               torch chain / 0 with top_p 0.95); a chat's next turn past 2048 tokens (the eager continuation's
+#               top_p 0.95); the OpenAI server's streamed temperature decode (serve --top-k 0 / 0 on the torch
+#               chain / 0 with top_p 0.95); a chat's next turn past 2048 tokens (the eager continuation's
 #               bottom-right causal mask against the boolean one). kimi-k3's chunked KDA prompt: kda36's own call.
 #               Prompts alone, streaming and the decode after a prompt did not change: not timed again.
 # Results: $OUT/res.tgz + $OUT/log.txt. Every step has a timeout; END_S bounds the whole part.
@@ -70,17 +70,18 @@ else
   # SDPA's bottom-right causal mask (sdpa, session 17's default) vs the boolean mask (sdpa-mask); "off" = the whole prompt
   for way in sdpa sdpa-mask; do
     [ $(left) -gt 45 ] && { SPARKD_CONTINUE_ATTENTION=$way timeout 50 python3 bench/gpu_box/prompt_cache_bench.py \
-        --model $W/q3-12-Q4_K.gguf --turn1 1008:16:3072,496:16:1536 --ctx 8192 --reps 2 --no-gap \
+        --model $W/q3-12-Q4_K.gguf --turn1 1008:16:3072 --ctx 8192 --reps 2 --no-gap \
         --json $R/prompt_cache_$way.json > $R/prompt_cache_$way.log 2>&1
       log "prompt cache $way rc $?"; grep -E "^turn" $R/prompt_cache_$way.log | cut -c1-260 | tee -a $OUT/log.txt; snap; }
   done
-  # the OpenAI server's streamed temperature decode through the openai client: --top-k 40 and 0 (the full draw), 0 on
-  # the torch chain (capped), and 0 with top_p 0.95 in the requests (the chain); never timed on the box before
-  [ $(left) -gt 150 ] && timeout 100 python3 bench/gpu_box/serve_decode_bench.py --model $W/q3-12-Q4_K.gguf --top-k 40,0 --reps 2 \
+  # the OpenAI server's streamed temperature decode through the openai client: --top-k 0 (the full draw), 0 on the
+  # torch chain (capped), and 0 with top_p 0.95 in the requests (the chain); never timed on the box before (top_k 40:
+  # session 16's 1404.6 tok/s)
+  [ $(left) -gt 60 ] && timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $W/q3-12-Q4_K.gguf --top-k 0 --reps 2 \
     --json $R/serve.json > $R/serve.log 2>&1; log "serve rc $?: $(grep top-k $R/serve.log | tr '\n' ';')"
-  [ $(left) -gt 110 ] && SPARKD_DEVICE_SAMPLING=capped timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $W/q3-12-Q4_K.gguf \
+  [ $(left) -gt 55 ] && SPARKD_DEVICE_SAMPLING=capped timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $W/q3-12-Q4_K.gguf \
     --top-k 0 --reps 2 --json $R/serve_capped.json > $R/serve_capped.log 2>&1; log "serve capped rc $?: $(grep top-k $R/serve_capped.log)"
-  [ $(left) -gt 100 ] && timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $W/q3-12-Q4_K.gguf --top-k 0 --top-p 0.95 \
+  [ $(left) -gt 55 ] && timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $W/q3-12-Q4_K.gguf --top-k 0 --top-p 0.95 \
     --reps 2 --json $R/serve_topp.json > $R/serve_topp.log 2>&1; log "serve top_p rc $?: $(grep top-k $R/serve_topp.log)"; snap
   log done; snap
 fi
