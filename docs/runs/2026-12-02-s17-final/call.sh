@@ -9,7 +9,9 @@
 #               chain / 0 with top_p 0.95); a chat's next turn past 2048 tokens (the eager continuation's
 #               bottom-right causal mask against the boolean one). kimi-k3's chunked KDA prompt: kda36's own call.
 #               Prompts alone, streaming and the decode after a prompt did not change: not timed again.
-# Results: $OUT/res.tgz + $OUT/log.txt. Every step has a timeout; END_S bounds the whole part.
+# LLAMA=0: no llama.cpp build, no side by side; MOE=0: no MoE rows (session 17's one call: the resident decode and
+# the MoE kernels did not change (moe39's call has the MoE rows) and a failed machine start had cost 91 s). Results: $OUT/res.tgz + $OUT/log.txt. Every step has a timeout;
+# END_S bounds the bench part.
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -23,7 +25,7 @@ mk() { [ -f $1 ] || { nice -n 10 python3 -m sparkd.engine.cli make-model $1.part
 build() { OUT=/tmp/bo BUILD_ONLY=1 nice -n 5 bash bench/gpu_box/cuda_side_by_side.sh > /tmp/build.log 2>&1; }
 models() { mk $W/q3-12-Q8_0.gguf Q8_0 "--layers 12"; mk $W/q3-12-Q4_K.gguf Q4_K "--layers 12"; }
 if [ "${PART:-tests}" = tests ]; then
-  build & B=$!
+  [ "${LLAMA:-1}" = 1 ] && { build & B=$!; }
   models > /tmp/make.log 2>&1 & M=$!
   E=tests/engine
   K="int8 or igemm or grouped or prefill or gemm"
@@ -45,17 +47,17 @@ if [ "${PART:-tests}" = tests ]; then
   done
   for i in "${!P[@]}"; do wait ${P[$i]}; log "tests group $((i+1)) rc $? $(tail -1 $R/gpu_tests_$((i+1)).log)"; done
   grep -h "^FAILED\|^ERROR" $R/gpu_tests_*.log | tee -a $OUT/log.txt; snap
-  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 110 python3 bench/moe_tiles_bench.py --defaults-only --floor --types Q8_0,Q4_K,Q4_KXD \
+  [ "${MOE:-1}" = 1 ] && PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 110 python3 bench/moe_tiles_bench.py --defaults-only --floor --types Q8_0,Q4_K,Q4_KXD \
     --compile-workers 8 --json $R/moe.json > $R/moe.log 2>&1
   log "moe rc $?"
-  wait $B; log "build rc $? $(ls $W/llama-cuda/llama-bench 2>&1)"; wait $M
+  [ "${LLAMA:-1}" = 1 ] && { wait $B; log "build rc $? $(ls $W/llama-cuda/llama-bench 2>&1)"; }; wait $M
   log "models $(ls -la $W/*.gguf | awk '{print $5}' | tr '\n' ' ')"
   cp /tmp/build.log /tmp/make.log $R/ 2>/dev/null; snap
 else
-  [ -x $W/llama-cuda/llama-bench ] || { log "building llama.cpp again (a fresh box)"; build & }
+  [ "${LLAMA:-1}" = 1 ] && [ ! -x $W/llama-cuda/llama-bench ] && { log "building llama.cpp again (a fresh box)"; build & }
   models > /tmp/make.log 2>&1; wait
   log "warm: $(ls $W | tr '\n' ' ')"
-  OUT=/tmp/sbs CUDA_GRAPHS=on TOKENS=128 STREAM=0 LLAMA_WAIT=60 timeout 150 bash bench/gpu_box/cuda_side_by_side.sh > $R/sbs.log 2>&1
+  [ "${LLAMA:-1}" = 1 ] && OUT=/tmp/sbs CUDA_GRAPHS=on TOKENS=128 STREAM=0 LLAMA_WAIT=60 timeout 150 bash bench/gpu_box/cuda_side_by_side.sh > $R/sbs.log 2>&1
   log "sbs rc $?: $(grep resident /tmp/sbs/summary.md 2>/dev/null | tr '\n' ' ')"; cp /tmp/sbs/summary.md $R/sbs_summary.md 2>/dev/null; snap
   # temperature decodes, a process each: greedy; top_k 0 on the full draw (draw32); top_k 40 on the candidates
   # draw; top_p 0.95 with top_k 0 on the torch chain (draw33's device top-p lost: 871 against 209 us a draw)
