@@ -17,7 +17,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from sparkd.engine import switches
 from sparkd.engine.kernels import fused
@@ -106,6 +105,9 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     if causal:
         mask = None
     elif host and CONTINUE_ATTENTION == "sdpa":
+        # imported here: torch.nn.attention.bias imports triton, which CPU-path modules must not at import time
+        from torch.nn.attention.bias import causal_lower_right
+
         mask = causal_lower_right(T, S)
     else:
         mask = forward_mask(masks, True, start, T, S, window, q.device)
