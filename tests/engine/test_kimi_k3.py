@@ -86,7 +86,7 @@ def test_a_prompts_delta_rule_in_chunks_is_the_token_loops(T, chunk, decay):
 
 
 def _prompt_and_step(m, monkeypatch, rules, tokens=TOKENS) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per SPARKD_KDA_PROMPT value of rules: the prompt's logits and the next decode step's, on the CPU."""
+    """Per SPARKD_KDA_PROMPT value of rules: the prompt's logits and the next decode step's, back on the CPU."""
     runs = []
     for rule in rules:
         monkeypatch.setattr(kda, "PROMPT_RULE", rule)
