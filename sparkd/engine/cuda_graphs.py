@@ -315,6 +315,12 @@ class StaticDecode:
                                          full=self.full_sampling)
         return self.sampler
 
+    def warm_sampling(self) -> None:
+        """Make the device sampler now and run its chains once (DeviceSampler.warm): a load's work, not the
+        first temperature request's. Nothing where device sampling is off."""
+        if self.device_sampling:
+            self._sampler().warm()
+
     @torch.inference_mode()
     def _draw(self, span: int, logits: torch.Tensor) -> torch.Tensor:
         """The token fed joins the sampler's ring, then the draw: eager, or the graph of this

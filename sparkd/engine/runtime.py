@@ -162,8 +162,9 @@ class Engine:
             scratch = model.net.new_cache(3)
             model.net(torch.tensor([0, 0]), scratch)
             model.net(torch.tensor([0]), scratch)
-        if graphs:  # the first bucket's capture now, not in the first request
+        if graphs:  # the first bucket's capture and the draw chains' first run now, not in the first request
             self._step.prepare(1)
+            self._step.warm_sampling()
         self._warm_prompt_graphs()
         self.gguf, self.net = model.gguf, model.net
 

@@ -131,6 +131,23 @@ def test_full_draws_follow_the_distribution_and_repeat_with_the_seed():
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
+def test_warm_runs_every_chain_and_changes_no_draw():
+    """DeviceSampler.warm (an engine's load runs it): each path's chain once, and a seeded request's draws, ring
+    and draw count after it are those without it (nothing counted, pushed or taken from the generator)."""
+    p, row = SamplingParams(temperature=0.25, seed=3), torch.tensor([0.3, 1.0, -0.2, 0.7, -0.5, 0.8])
+    runs, seen = [], []
+    for warm in (False, True):
+        ds = DeviceSampler(row.numel(), "cpu", fused=True, block_tokens=4, cap=4, merge_blocks=1)
+        ds.begin(p, [1, 4])
+        if warm:
+            chain = ds.probabilities
+            ds.probabilities = lambda x: seen.append(ds.path) or chain(x)
+            ds.warm()
+        runs.append(([int(ds.step(torch.tensor([2]), row)) for _ in range(5)], ds.ring.tolist(), int(ds.draws)))
+    assert seen == ["fused", "full", "torch"] and ds.path == "full"
+    assert runs[0] == runs[1]
+
+
 def test_merged_candidates_give_the_same_distribution():
     """merge_blocks: a middle launch keeps the best cap of each pair of blocks' lists."""
     ds = DeviceSampler(V, "cpu", fused=True, **(SMALL | {"merge_blocks": 2}))
