@@ -148,9 +148,11 @@ def cmd_generate(a) -> int:
             scratch = m.net.new_cache(3)
             m.net(torch.tensor(ids[:1] * 2), scratch)
             m.net(torch.tensor(ids[:1]), scratch)
-        if graphs:  # capture outside the timed region too
+        if graphs:  # capture outside the timed region too, and the draw chains' first run
             step.prepare(len(ids) + a.n)
             prompt.prepare(len(ids))
+            if a.temp > 0:
+                step.warm_sampling()
         batch = sm.plan.batch_tokens if sm else len(ids)
         last = prompt_last_only()
         t0 = time.perf_counter()

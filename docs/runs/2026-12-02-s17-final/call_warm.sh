@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 17's last call (H200, carry [".whl"]): the draw chains warmed at load (DeviceSampler.warm through
-# StaticDecode.warm_sampling): the sampler's GPU tests and an Engine's (prompt cache) while the 12-layer Q4_K model
+# StaticDecode.warm_sampling, from Engine._finish_load and generate): the sampler's GPU tests and an Engine's (prompt cache) while the 12-layer Q4_K model
 # is made, then `generate -n 128` a process each, greedy / top_k 0 / top_k 40 / top_p 0.95, as call.sh's bench
 # part ran them before the warm (call_log.txt: 1662.4 / 853.6 / 701.3 / 372.7 tok/s).
 set -u
