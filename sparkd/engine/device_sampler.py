@@ -203,12 +203,13 @@ class DeviceSampler:
         generator step, only the scratch written, so a process's first temperature request does not pay its
         kernels' first use (H200, draw33: the first full draw 66 ms, the first torch chain 128 ms, the draws
         after it 17 / 209 us)."""
-        logits, path = torch.zeros(self.n_vocab, device=self.device), self.path
+        logits, request_path = torch.zeros(self.n_vocab, device=self.device), self.path
         try:
-            for self.path in (*self._kernels, "torch"):
+            for path in (*self._kernels, "torch"):
+                self.path = path  # probabilities runs the current path's chain
                 self.probabilities(logits)
         finally:
-            self.path = path
+            self.path = request_path
 
     def probabilities(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(order: token ids by logit, highest first, [V] (fused: the best CAP); probs [V] float64

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -226,11 +227,14 @@ def test_static_decode_modes():
 
     class Net(torch.nn.Module):
         blocks, output_norm, output = [], None, None
+        cfg = SimpleNamespace(n_vocab=8)
 
     for mode, on, full in (("fused", True, True), ("capped", True, False), ("torch", True, False),
                            ("off", False, False), (True, True, True)):
         step = StaticDecode(Net(), Cache(), False, device_sampling=mode)
         assert (step.device_sampling, step.fused_sampling, step.full_sampling) == (on, False, full), mode
+        step.warm_sampling()  # the load's warm: a sampler (its chains run once) only where the step draws
+        assert (step.sampler is not None) == on and (not on or step.sampler.path == "torch"), mode
     with pytest.raises(EngineError, match="device sampling 'yes': choose one of fused, capped, torch, off"):
         StaticDecode(Net(), Cache(), False, device_sampling="yes")
 
