@@ -111,3 +111,25 @@ def test_the_plan_counts_the_rule_in_its_workspace(k3, batch):
     assert kimi_k3.prompt_rule_bytes(wide, batch, True) == kda.rule_peak_bytes(batch, 2 * H, D, D, True)
     no_kda = dataclasses.replace(cfg, extra=cfg.extra | {"kda_layers": (False,) * cfg.n_layer})
     assert kimi_k3.prompt_rule_bytes(no_kda, batch, True) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [37, 300])
+@pytest.mark.parametrize("chunk", [kda.CHUNK, kda.CHUNK_CUDA])
+def test_the_chunked_rules_peak_on_cuda_is_within_the_count(T, chunk):
+    """On CUDA at kimi-k3's 64 heads of 128: what the chunked rule allocates at most (the caching allocator's peak
+    above what was allocated before it, after a warm-up) stays within the plan's count and close under it."""
+    g = torch.Generator().manual_seed(T)
+    H, D = 64, 128
+    q, k = (torch.nn.functional.normalize(torch.randn(T, H, D, generator=g), dim=-1) for _ in range(2))
+    args = [x.cuda() for x in (q, k, torch.randn(T, H, D, generator=g), -torch.rand(T, H, D, generator=g) * 0.5,
+                               torch.rand(T, H, generator=g), torch.randn(H, D, D, generator=g))]
+    kda.delta_rule_chunks(*args, chunk=chunk)  # cuBLAS's workspace and the like, once
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    kda.delta_rule_chunks(*args, chunk=chunk)
+    torch.cuda.synchronize()
+    peak, count = torch.cuda.max_memory_allocated() - base, kda.chunks_peak_bytes(T, H, D, D, chunk)
+    print(f"T {T} chunk {chunk}: peak {peak} count {count}")
+    assert 0.9 * count <= peak <= count

@@ -87,17 +87,19 @@ def in_chunks(cuda: bool) -> bool:
 
 
 def rule_peak_bytes(T: int, H: int, Dk: int, Dv: int, cuda: bool, elem: int = 4) -> int:
-    """The most bytes a prompt's delta rule (T tokens, H heads) allocates at once, the way in_chunks picks, outputs
+    """The most bytes a prompt's delta rule (T tokens, H heads) allocates at once, the way KDAttention picks, outputs
     and state copy included: what a prompt adds to one KDA layer's other transients (the memory plan's workspace).
-
-    Chunks of C = min(chunk, T), counted from the code (tests/engine/test_kda_memory.py tracks every tensor and
-    finds these bytes exactly where the pairwise phase is the peak): the outputs [T, H, Dv], the state copy, the
-    [chunk, chunk] mask, and the larger of a chunk's pairwise phase (B and kd [H, C, C, Dk], L and N [H, C, C],
-    einsum's copy of q or k) and its solve-and-update phase, which is bounded (the solve's own copies counted in).
-    The loop: bounded by three states at a token's update or, at the end, its outputs stacked."""
+    The loop's is bounded by three states at a token's update or, at the end, its outputs stacked."""
     if T == 1 or not in_chunks(cuda):  # KDAttention.forward: one token always loops
         return elem * max(3 * H * Dk * Dv + (T + 2) * H * Dv, H * Dk * Dv + (2 * T + 2) * H * Dv)
-    chunk = CHUNK_CUDA if cuda else CHUNK
+    return chunks_peak_bytes(T, H, Dk, Dv, CHUNK_CUDA if cuda else CHUNK, elem)
+
+
+def chunks_peak_bytes(T: int, H: int, Dk: int, Dv: int, chunk: int, elem: int = 4) -> int:
+    """delta_rule_chunks' peak, counted from the code (tests/engine/test_kda_memory.py tracks every tensor and finds
+    these bytes exactly where the pairwise phase is the peak): the outputs [T, H, Dv], the state copy, the
+    [chunk, chunk] mask, and the larger of a chunk's (C = min(chunk, T)) pairwise phase (B and kd [H, C, C, Dk],
+    L and N [H, C, C], einsum's copy of q or k) and its solve-and-update phase, bounded (the solve's copies in)."""
     C = min(chunk, T)
     pairwise = H * C * (C * Dk + 2 * Dk + 2 * C)
     solve = H * C * (3 * Dk + 3 * C + 4 * Dv) + H * Dk
