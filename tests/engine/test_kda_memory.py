@@ -70,7 +70,7 @@ def test_the_chunked_rules_peak_is_the_count(monkeypatch, T, chunk, H, D):
 @pytest.mark.parametrize("T,H,D", [(2, 3, 16), (5, 4, 32), (100, 4, 32)])
 def test_the_loops_peak_is_within_the_count(monkeypatch, T, H, D):
     monkeypatch.setattr(kda, "PROMPT_RULE", "loop")
-    tracked, count = _tracked_peak(kda.delta_rule, T, H, D), kda.rule_peak_bytes(T, H, D, D, True)
+    tracked, count = _tracked_peak(kda.delta_rule, T, H, D), kda.rule_peak_bytes(T, H, D, D, False)
     assert tracked <= count < tracked * 1.05
 
 
@@ -80,12 +80,13 @@ def test_the_count_follows_the_way_that_runs(monkeypatch):
     H, D = 64, 128
     cuda = kda.rule_peak_bytes(512, H, D, D, True)
     assert cuda > H * 64 * 64 * D * 4 > kda.rule_peak_bytes(512, H, D, D, False)
-    assert kda.rule_peak_bytes(1, H, D, D, True) == kda.rule_peak_bytes(1, H, D, D, False)
+    extra = kda.CUDA_ALLOCATOR_BYTES
+    assert kda.rule_peak_bytes(1, H, D, D, True) == kda.rule_peak_bytes(1, H, D, D, False) + extra
     # the outputs grow with the tokens; past a chunk, the pairwise phase does not
     assert kda.rule_peak_bytes(1024, H, D, D, True) - cuda == 512 * H * D * 4
-    assert kda.rule_peak_bytes(512, 2 * H, D, D, True) == 2 * cuda - 64 * 64
+    assert kda.rule_peak_bytes(512, 2 * H, D, D, True) == 2 * cuda - 64 * 64 - extra
     monkeypatch.setattr(kda, "PROMPT_RULE", "loop")
-    assert kda.rule_peak_bytes(512, H, D, D, True) == kda.rule_peak_bytes(512, H, D, D, False)
+    assert kda.rule_peak_bytes(512, H, D, D, True) == kda.rule_peak_bytes(512, H, D, D, False) + extra
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +119,9 @@ def test_the_plan_counts_the_rule_in_its_workspace(k3, batch):
 @pytest.mark.parametrize("chunk", [kda.CHUNK, kda.CHUNK_CUDA])
 def test_the_chunked_rules_peak_on_cuda_is_within_the_count(T, chunk):
     """On CUDA at kimi-k3's 64 heads of 128: what the chunked rule allocates at most (the caching allocator's peak
-    above what was allocated before it, after a warm-up) stays within the plan's count and close under it."""
+    above what was allocated before it, after a warm-up) stays within the plan's count, the tensors' bytes plus
+    CUDA_ALLOCATOR_BYTES (the H200, session 18: the tensor count alone was 256 B to 64.5 KiB short at 37 tokens
+    and at chunks of 16), and close to it."""
     g = torch.Generator().manual_seed(T)
     H, D = 64, 128
     q, k = (torch.nn.functional.normalize(torch.randn(T, H, D, generator=g), dim=-1) for _ in range(2))
@@ -132,4 +135,4 @@ def test_the_chunked_rules_peak_on_cuda_is_within_the_count(T, chunk):
     torch.cuda.synchronize()
     peak, count = torch.cuda.max_memory_allocated() - base, kda.chunks_peak_bytes(T, H, D, D, chunk)
     print(f"T {T} chunk {chunk}: peak {peak} count {count}")
-    assert 0.9 * count <= peak <= count
+    assert 0.9 * count <= peak <= count + kda.CUDA_ALLOCATOR_BYTES

@@ -86,13 +86,19 @@ def in_chunks(cuda: bool) -> bool:
     return PROMPT_RULE == "chunks" or (PROMPT_RULE == "auto" and cuda)
 
 
+# Beyond the tensors' bytes on CUDA: the caching allocator rounds each block up to 512 bytes, and the H200 measured
+# up to 64.5 KiB over the count (chunks of 64 from a 37-token prompt; bench/results/kda41_h200_s18/).
+CUDA_ALLOCATOR_BYTES = 1 << 20
+
+
 def rule_peak_bytes(T: int, H: int, Dk: int, Dv: int, cuda: bool, elem: int = 4) -> int:
     """The most bytes a prompt's delta rule (T tokens, H heads) allocates at once, the way KDAttention picks, outputs
     and state copy included: what a prompt adds to one KDA layer's other transients (the memory plan's workspace).
     The loop's is bounded by three states at a token's update or, at the end, its outputs stacked."""
+    extra = CUDA_ALLOCATOR_BYTES if cuda else 0
     if T == 1 or not in_chunks(cuda):  # KDAttention.forward: one token always loops
-        return elem * max(3 * H * Dk * Dv + (T + 2) * H * Dv, H * Dk * Dv + (2 * T + 2) * H * Dv)
-    return chunks_peak_bytes(T, H, Dk, Dv, CHUNK_CUDA if cuda else CHUNK, elem)
+        return elem * max(3 * H * Dk * Dv + (T + 2) * H * Dv, H * Dk * Dv + (2 * T + 2) * H * Dv) + extra
+    return chunks_peak_bytes(T, H, Dk, Dv, CHUNK_CUDA if cuda else CHUNK, elem) + extra
 
 
 def chunks_peak_bytes(T: int, H: int, Dk: int, Dv: int, chunk: int, elem: int = 4) -> int:
