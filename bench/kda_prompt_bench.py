@@ -103,7 +103,8 @@ def run(T: int, H: int, D: int, chunks: list[int], reps: int, dev: torch.device,
         row["x_loop"] = round(statistics.median(ms["loop"]) / row["ms"], 2)
         row["peak_bytes"], row["count_bytes"] = peaks.get(w), counts.get(w)
         rows.append(row)
-        mem = f"  peak {row['peak_bytes'] / 2**20:8.2f} MiB (count {row['count_bytes'] / 2**20:8.2f})" if peaks.get(w) else ""
+        mem = (f"  peak {row['peak_bytes'] / 2**20:8.2f} MiB (count {row['count_bytes'] / 2**20:8.2f})"
+               if peaks.get(w) else "")
         print(f"{T:5d} tok {w:10s} {row['ms']:9.2f} ms  x{row['x_loop']:6.2f}  err {row['rel_err_vs_float64']:.1e} "
               f"(state {row['state_rel_err_vs_float64']:.1e})  vs loop: out {row['max_abs_out_vs_loop']:.1e} "
               f"state {row['max_abs_state_vs_loop']:.1e}{mem}", flush=True)

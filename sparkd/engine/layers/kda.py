@@ -127,7 +127,8 @@ def delta_rule_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     later = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)[..., None]  # i > t
     for c0 in range(0, T, chunk):
         qc, kc, vc, gc = (x[c0:c0 + chunk].transpose(0, 1) for x in (q, k, v, g))  # [H, C, D]
-        o[c0:c0 + chunk] = _chunk(qc, kc, vc, gc, beta[c0:c0 + chunk].transpose(0, 1)[..., None], s, later).transpose(0, 1)
+        bc = beta[c0:c0 + chunk].transpose(0, 1)[..., None]  # [H, C, 1]
+        o[c0:c0 + chunk] = _chunk(qc, kc, vc, gc, bc, s, later).transpose(0, 1)
     return o.mul_(1.0 / math.sqrt(D)), s
 
 
