@@ -4,22 +4,27 @@ against the chunked form at several chunk lengths, on random inputs of a model's
 around each run); each one's error against the loop in float64 (on the same device) and its largest
 difference from the float32 loop (outputs and final state). With --graph (CUDA) each chunk length is also
 captured as a CUDA graph and replayed ("graph C" rows: the launches' share of the eager time, and a check
-that the chunked rule captures: no host sync, fixed shapes).
+that the chunked rule captures: no host sync, fixed shapes). On CUDA each eager way's peak bytes
+(torch.cuda.max_memory_allocated above what was allocated before it) stand beside the memory plan's count
+(kda.chunks_peak_bytes, the loop's: rule_peak_bytes); --before FILE times another revision's kda.py beside
+("before C" rows: its delta_rule_chunks).
 
     python3 bench/kda_prompt_bench.py --tokens 256 --heads 32 --dim 128 --chunks 16,32,64 --threads 1
     python3 bench/kda_prompt_bench.py --device cuda --tokens 256,512,2048 --chunks 16,32,64 --graph
+    python3 bench/kda_prompt_bench.py --device cuda --tokens 512,2048 --chunks 32,64 --before /tmp/kda_main.py
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
 
 import torch
 
-from sparkd.engine.layers.kda import delta_rule, delta_rule_chunks
+from sparkd.engine.layers.kda import chunks_peak_bytes, delta_rule, delta_rule_chunks, rule_peak_bytes
 
 
 def timed(fn, device: torch.device) -> float:
@@ -45,7 +50,26 @@ def graphed(fn):
     return lambda: (g.replay(), out)[1]
 
 
-def run(T: int, H: int, D: int, chunks: list[int], reps: int, dev: torch.device, graph: bool) -> dict:
+def peak_bytes(fn, device: torch.device) -> int | None:
+    """What fn allocates at most above what was allocated before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def load_before(path: str):
+    spec = importlib.util.spec_from_file_location("kda_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.delta_rule_chunks
+
+
+def run(T: int, H: int, D: int, chunks: list[int], reps: int, dev: torch.device, graph: bool, before) -> dict:
     g = torch.Generator().manual_seed(T)
     q, k = (torch.nn.functional.normalize(torch.randn(T, H, D, generator=g), dim=-1) for _ in range(2))
     v, s0 = torch.randn(T, H, D, generator=g), torch.randn(H, D, D, generator=g)
@@ -54,6 +78,10 @@ def run(T: int, H: int, D: int, chunks: list[int], reps: int, dev: torch.device,
     want_o, want_s = delta_rule(*(x.double() for x in args))
     ways = {"loop": lambda: delta_rule(*args)}
     ways.update({f"chunks {c}": (lambda c=c: delta_rule_chunks(*args, chunk=c)) for c in chunks})
+    if before:
+        ways.update({f"before {c}": (lambda c=c: before(*args, chunk=c)) for c in chunks})
+    counts = {"loop": rule_peak_bytes(T, H, D, D, cuda=False)}
+    counts.update({f"{w} {c}": chunks_peak_bytes(T, H, D, D, c) for c in chunks for w in ("chunks", "before")})
     if graph:
         ways.update({f"graph {c}": graphed(lambda c=c: delta_rule_chunks(*args, chunk=c)) for c in chunks})
     for fn in ways.values():  # warm-up (allocator, kernels)
@@ -62,6 +90,7 @@ def run(T: int, H: int, D: int, chunks: list[int], reps: int, dev: torch.device,
     for _ in range(reps):
         for w, fn in ways.items():
             ms[w].append(timed(fn, dev))
+    peaks = {w: peak_bytes(fn, dev) for w, fn in ways.items() if not w.startswith("graph")}
     loop_o, loop_s = ways["loop"]()
     rows = []
     for w, fn in ways.items():
@@ -72,10 +101,13 @@ def run(T: int, H: int, D: int, chunks: list[int], reps: int, dev: torch.device,
                "max_abs_out_vs_loop": (o - loop_o).abs().max().item(),
                "max_abs_state_vs_loop": (s - loop_s).abs().max().item()}
         row["x_loop"] = round(statistics.median(ms["loop"]) / row["ms"], 2)
+        row["peak_bytes"], row["count_bytes"] = peaks.get(w), counts.get(w)
         rows.append(row)
+        mem = (f"  peak {row['peak_bytes'] / 2**20:8.2f} MiB (count {row['count_bytes'] / 2**20:8.2f})"
+               if peaks.get(w) else "")
         print(f"{T:5d} tok {w:10s} {row['ms']:9.2f} ms  x{row['x_loop']:6.2f}  err {row['rel_err_vs_float64']:.1e} "
               f"(state {row['state_rel_err_vs_float64']:.1e})  vs loop: out {row['max_abs_out_vs_loop']:.1e} "
-              f"state {row['max_abs_state_vs_loop']:.1e}", flush=True)
+              f"state {row['max_abs_state_vs_loop']:.1e}{mem}", flush=True)
     return {"tokens": T, "rows": rows}
 
 
@@ -89,6 +121,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     ap.add_argument("--graph", action="store_true", help="also replay each chunk length as a CUDA graph")
+    ap.add_argument("--before", help="another revision's kda.py: its delta_rule_chunks timed beside (\"before C\")")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     if a.threads:
@@ -97,7 +130,8 @@ def main() -> None:
     if a.graph and dev.type != "cuda":
         ap.error("--graph needs --device cuda")
     chunks = [int(c) for c in a.chunks.split(",")]
-    runs = [run(int(t), a.heads, a.dim, chunks, a.reps, dev, a.graph) for t in a.tokens.split(",")]
+    before = load_before(a.before) if a.before else None
+    runs = [run(int(t), a.heads, a.dim, chunks, a.reps, dev, a.graph, before) for t in a.tokens.split(",")]
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"heads": a.heads, "dim": a.dim, "device": a.device, "threads": torch.get_num_threads(),

@@ -81,9 +81,35 @@ CHUNK = 16
 CHUNK_CUDA = 64  # [64, 64, 64, 128] floats: 134 MB a tensor at kimi-k3's heads
 
 
-def in_chunks(x: torch.Tensor) -> bool:
-    """Whether a prompt of several tokens on x's device runs the rule in chunks ($SPARKD_KDA_PROMPT)."""
-    return PROMPT_RULE == "chunks" or (PROMPT_RULE == "auto" and x.is_cuda)
+def in_chunks(cuda: bool) -> bool:
+    """Whether a prompt of several tokens runs the rule in chunks ($SPARKD_KDA_PROMPT) on CUDA or the CPU."""
+    return PROMPT_RULE == "chunks" or (PROMPT_RULE == "auto" and cuda)
+
+
+# Beyond the tensors' bytes on CUDA: the caching allocator rounds each block up to 512 bytes, and the H200 measured
+# up to 64.5 KiB over the count (chunks of 64 from a 37-token prompt; bench/results/kda41_h200_s18/).
+CUDA_ALLOCATOR_BYTES = 1 << 20
+
+
+def rule_peak_bytes(T: int, H: int, Dk: int, Dv: int, cuda: bool, elem: int = 4) -> int:
+    """The most bytes a prompt's delta rule (T tokens, H heads) allocates at once, the way KDAttention picks, outputs
+    and state copy included: what a prompt adds to one KDA layer's other transients (the memory plan's workspace).
+    The loop's is bounded by three states at a token's update or, at the end, its outputs stacked."""
+    extra = CUDA_ALLOCATOR_BYTES if cuda else 0
+    if T == 1 or not in_chunks(cuda):  # KDAttention.forward: one token always loops
+        return elem * max(3 * H * Dk * Dv + (T + 2) * H * Dv, H * Dk * Dv + (2 * T + 2) * H * Dv) + extra
+    return chunks_peak_bytes(T, H, Dk, Dv, CHUNK_CUDA if cuda else CHUNK, elem) + extra
+
+
+def chunks_peak_bytes(T: int, H: int, Dk: int, Dv: int, chunk: int, elem: int = 4) -> int:
+    """delta_rule_chunks' peak, counted from the code (tests/engine/test_kda_memory.py tracks every tensor and finds
+    these bytes exactly where the pairwise phase is the peak): the outputs [T, H, Dv], the state copy, the
+    [chunk, chunk] mask, and the larger of a chunk's (C = min(chunk, T)) pairwise phase (B and kd [H, C, C, Dk],
+    L and N [H, C, C], einsum's copy of q or k) and its solve-and-update phase, bounded (the solve's copies in)."""
+    C = min(chunk, T)
+    pairwise = H * C * (C * Dk + 2 * Dk + 2 * C)
+    solve = H * C * (3 * Dk + 3 * C + 4 * Dv) + H * Dk
+    return elem * (T * H * Dv + H * Dk * Dv + max(pairwise, solve)) + chunk * chunk
 
 
 def delta_rule_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -96,26 +122,36 @@ def delta_rule_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     the state exp(B_last)·S0 + (exp(B_last - B)·K)ᵀ D. Every exponent is <= 0 (g <= 0, i <= t): no
     overflow, whatever the decay."""
     T, H, D = q.shape
-    scale = 1.0 / math.sqrt(D)
+    o = v.new_empty(T, H, v.shape[-1])
     s = state.clone()
-    seen = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()  # i <= t
-    outs = []
+    later = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)[..., None]  # i > t
     for c0 in range(0, T, chunk):
         qc, kc, vc, gc = (x[c0:c0 + chunk].transpose(0, 1) for x in (q, k, v, g))  # [H, C, D]
         bc = beta[c0:c0 + chunk].transpose(0, 1)[..., None]  # [H, C, 1]
-        C = qc.shape[1]
-        B = gc.cumsum(1)
-        pairs = (B[:, :, None, :] - B[:, None, :, :]).masked_fill(~seen[:C, :C, None], float("-inf"))
-        kd = kc[:, None, :, :] * torch.exp(pairs)  # [H, t, i, Dk]: k_i decayed to token t, 0 for i > t
-        L = torch.einsum("htc,htic->hti", kc, kd).tril(-1)
-        N = torch.einsum("htc,htic->hti", qc, kd)
-        eB = torch.exp(B)
-        rhs = bc * (vc - (eB * kc) @ s)
-        d = torch.linalg.solve_triangular(torch.eye(C, device=q.device) + bc * L, rhs, upper=False, unitriangular=True)
-        outs.append(((eB * qc) @ s + N @ d).transpose(0, 1) * scale)
-        last = B[:, -1:, :]
-        s = s * torch.exp(last).transpose(1, 2) + (kc * torch.exp(last - B)).transpose(1, 2) @ d
-    return torch.cat(outs), s
+        o[c0:c0 + chunk] = _chunk(qc, kc, vc, gc, bc, s, later).transpose(0, 1)
+    return o.mul_(1.0 / math.sqrt(D)), s
+
+
+def _chunk(qc: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gc: torch.Tensor, bc: torch.Tensor, s: torch.Tensor,
+           later: torch.Tensor) -> torch.Tensor:
+    """One chunk of delta_rule_chunks ([H, C, D] inputs, bc [H, C, 1]): its unscaled outputs [H, C, Dv]; the state
+    s is updated in place. A function of its own so that its temporaries are freed before the next chunk's."""
+    C = qc.shape[1]
+    B = gc.cumsum(1)
+    # [H, t, i, Dk]: k_i decayed to token t, 0 for i > t; built in place and freed before the next allocation:
+    # the one tensor of that size (rule_peak_bytes)
+    kd = (B[:, :, None, :] - B[:, None, :, :]).masked_fill_(later[:C, :C], float("-inf")).exp_().mul_(kc[:, None])
+    L = torch.einsum("htc,htic->hti", kc, kd)
+    N = torch.einsum("htc,htic->hti", qc, kd)
+    del kd
+    eB = torch.exp(B)
+    rhs = torch.baddbmm(vc, eB * kc, s, alpha=-1).mul_(bc)
+    # the unit diagonal is implied: diag(beta)·L's strictly lower part is all the solve reads
+    d = torch.linalg.solve_triangular(L.mul_(bc), rhs, upper=False, unitriangular=True)
+    out = torch.bmm(eB.mul_(qc), s).baddbmm_(N, d)
+    last = B[:, -1:, :]
+    s.mul_(torch.exp(last).transpose(1, 2)).baddbmm_((last - B).exp_().mul_(kc).transpose(1, 2), d)
+    return out
 
 
 class KDAttention(nn.Module):
@@ -151,7 +187,7 @@ class KDAttention(nn.Module):
             qkv.append(y.view(T, H, D))
         q, k, v = l2_normalize(qkv[0], self.eps), l2_normalize(qkv[1], self.eps), qkv[2]
         beta = torch.sigmoid(self.beta(x))  # [T, H]
-        if T > 1 and in_chunks(x):
+        if T > 1 and in_chunks(x.is_cuda):
             o, state[:] = delta_rule_chunks(q, k, v, self._decay(x), beta, state, CHUNK_CUDA if x.is_cuda else CHUNK)
         else:
             o, state[:] = delta_rule(q, k, v, self._decay(x), beta, state)

@@ -13,7 +13,7 @@ from torch import nn
 from sparkd.engine.errors import ModelError
 from sparkd.engine.layers.attn_res import ResidualMix
 from sparkd.engine.layers.experts import ExpertStore
-from sparkd.engine.layers.kda import KDAttention, kda_state_shapes
+from sparkd.engine.layers.kda import KDAttention, kda_state_shapes, rule_peak_bytes
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.latent_moe import LatentMoE
 from sparkd.engine.layers.moe import Router
@@ -65,6 +65,13 @@ def cache_bytes(cfg: ModelConfig, ctx: int) -> int:
                                                            cfg.extra["d_conv"]))
     n_kda = sum(cfg.extra["kda_layers"])
     return ((cfg.n_layer - n_kda) * ctx * per_pos + n_kda * state) * F32_BYTES
+
+
+def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
+    """A prompt's KDA delta rule over batch_tokens at its peak (kda.rule_peak_bytes): one layer's, the layers run
+    in turn and free it."""
+    D = cfg.extra["kda_head_dim"]
+    return rule_peak_bytes(batch_tokens, cfg.n_head, D, D, cuda) if any(cfg.extra["kda_layers"]) else 0
 
 
 class K3Block(nn.Module):

@@ -81,6 +81,7 @@ class MemoryPlan:
     vram_slots: int = 0  # VRAM expert cache, slots of slot_bytes
     vram_budget_source: str = ""
     prompt_store_bytes: int = 0  # copies of given-up conversations' KV rows (prompt_store.py), beside the KV cache
+    prompt_rule_bytes: int = 0  # of workspace_bytes: a prompt's recurrent rule at its peak (Kimi K3's KDA)
 
     @property
     def trunk_on_device(self) -> bool:
@@ -129,7 +130,8 @@ class MemoryPlan:
                  else "kernel projections as quant blocks, the rest f32")
         model = [("trunk", self.trunk_bytes, trunk),
                  ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
-                 ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens")]
+                 ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens"
+                  + (f", {_human(self.prompt_rule_bytes)} of it the KDA delta rule" if self.prompt_rule_bytes else ""))]
         if self.prompt_store_bytes:
             model.append(("prompt store", self.prompt_store_bytes, "given-up conversations' KV rows, at most"))
         host = [("budget", self.budget_bytes, self.budget_source),
@@ -316,8 +318,18 @@ def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
     return (cfg.n_layer * per_pos + side) * ctx * F32_BYTES
 
 
-def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int) -> int:
-    """Peak transient tensors of one forward pass over batch_tokens (f32), with 50 % slack."""
+def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
+    """A prompt's recurrent rule at its peak, where an architecture module counts one (Kimi K3: the KDA delta rule,
+    in chunks on CUDA, layers/kda.py rule_peak_bytes), counted exactly."""
+    from sparkd.engine.models import arch_module  # here: models imports this module's regex
+
+    own = getattr(arch_module(cfg.arch), "prompt_rule_bytes", None)
+    return own(cfg, batch_tokens, cuda) if own is not None else 0
+
+
+def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int, cuda: bool = False) -> int:
+    """Peak transient tensors of one forward pass over batch_tokens (f32), with 50 % slack, plus a prompt's
+    recurrent rule (prompt_rule_bytes; on cuda where the model runs there)."""
     T, D, A = batch_tokens, cfg.n_embd, max(1, cfg.n_expert_used)
     heads = cfg.n_head * max(cfg.head_dim_k, cfg.head_dim_k_mla, 1)
     dense = 3 * T * cfg.n_ff if cfg.n_layer_dense_lead or not cfg.is_moe else 0  # gate, up, activation
@@ -326,15 +338,15 @@ def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int) -> int:
               + 8 * T * D + 4 * T * heads  # residual, norms, q/k/v/o
               + 3 * cfg.n_head * T * ctx  # scores, mask, probabilities
               + max(dense, moe))
-    return int(values * F32_BYTES * 1.5)
+    return int(values * F32_BYTES * 1.5) + prompt_rule_bytes(cfg, batch_tokens, cuda)
 
 
-def default_batch_tokens(cfg: ModelConfig, ctx: int, budget_bytes: int) -> int:
+def default_batch_tokens(cfg: ModelConfig, ctx: int, budget_bytes: int, cuda: bool = False) -> int:
     """The largest prompt chunk (512 down to 16 tokens, at most ctx) whose workspace takes at most
     WORKSPACE_SHARE of the budget: decode needs one token, and a 512-token workspace (1.7 GiB on
     the GPU box's 8 GiB budget) would starve the expert cache; prefill then runs in chunks."""
     tokens = min(ctx, 512)
-    while tokens > 16 and workspace_bytes(cfg, ctx, tokens) > budget_bytes * WORKSPACE_SHARE:
+    while tokens > 16 and workspace_bytes(cfg, ctx, tokens, cuda) > budget_bytes * WORKSPACE_SHARE:
         tokens //= 2
     return tokens
 
@@ -348,13 +360,14 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     hold top-k experts plus prefetch slots, EngineError for a VRAM budget that cannot be used.
     prompt_store_bytes: the prompt store's budget (None: auto, prompt_store.store_bytes)."""
     ctx = ctx or cfg.n_ctx_train
-    batch_tokens = batch_tokens or default_batch_tokens(cfg, ctx, budget.bytes)
+    cuda = device.kind != "cpu"
+    batch_tokens = batch_tokens or default_batch_tokens(cfg, ctx, budget.bytes, cuda)
     n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
     total_experts = n_moe * cfg.n_expert
     slot = expert_slot_bytes(g)
     kernels = None if device.kind == "cpu" else _kernel_types()
     model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx),
-                 workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens))
+                 workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens, cuda))
     host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
                 cuda_runtime_bytes=cuda_runtime_bytes,
                 slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),
@@ -373,6 +386,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     plan = MemoryPlan(budget.bytes, budget.source, slot_bytes=slot, cache_slots=max(0, slots),
                       prefetch_slots=prefetch_slots, min_slots=min_slots,
                       n_experts_total=total_experts, ctx=ctx, batch_tokens=batch_tokens, **host, **model,
+                      prompt_rule_bytes=prompt_rule_bytes(cfg, batch_tokens, cuda),
                       device_name=device.name, device_kind=device.kind, device_free_bytes=device.free_bytes,
                       vram_margin_bytes=vram.margin_bytes, vram_slots=vram.slots, vram_budget_source=vram.source)
     if slots < min_slots:
