@@ -343,20 +343,26 @@ def test_cuda_top_p_distribution_at_full_width(pi):
     ds = DeviceSampler(n_vocab, "cuda", fused=True)
     bias = torch.zeros(n_vocab)
     bias[[3, 150000]] = torch.tensor([9.0, -2.5])
+    hits = []
     for i, row in enumerate(rows(n_vocab) + tie_rows(n_vocab)):
         check_against_host(ds, p, row, history_of(i, n_vocab), bias if i == 0 else None)
         assert ds.path == "topp"
+        hits.append(int(ds.scratch.hit[0]))
+    assert hits[:3] == [0, 0, 0] and hits[3:] == [1, 1], hits  # randn * 3 over 151936: the select; ties: not
 
 
 @pytest.mark.gpu
-def test_cuda_top_p_draws_follow_the_distribution():
-    """4000 seeds at top_p 0.5 over the CPU test's row (three tokens kept: 3 and the tied 0, 1)."""
-    p = SamplingParams(temperature=0.8, top_p=0.5)
+@pytest.mark.parametrize("top_p,kept,hit", [(0.5, [0, 1, 3], 1), (0.75, [0, 1, 2, 3, 4], 0)])
+def test_cuda_top_p_draws_follow_the_distribution(top_p, kept, hit):
+    """4000 seeds over the CPU test's row: top_p 0.5 keeps 3 and the tied 0, 1 (inside the 4
+    candidates), 0.75 keeps five tokens (past them: the select)."""
+    p = SamplingParams(temperature=0.8, top_p=top_p)
     row = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     ds = DeviceSampler(row.numel(), "cuda", fused=True, block_tokens=4, cap=4, merge_blocks=1)
     counts = counts_over_seeds(ds, p, row.cuda(), 4000)
+    assert int(ds.scratch.hit[0]) == hit
     probs = Sampler(p).probabilities(row)
-    assert torch.equal((probs > 0).nonzero().flatten(), torch.tensor([0, 1, 3]))
+    assert torch.equal((probs > 0).nonzero().flatten(), torch.tensor(kept))
     assert counts[probs == 0].sum() == 0, counts
     chi2, dof = chi_square(counts, probs)
     assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts)
