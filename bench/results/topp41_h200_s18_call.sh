@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran on commit e0bbc82 (the candidates-first top-p draw; taken out of the engine after the call: it lost on the
+# bench model, and the real model's hit rate is below its break-even: docs/performance.md, session 18, topp41).
 # Session 18, topp41 (H200, carry [".whl", ".xfer/topp41"], run from .xfer/topp41): top_p < 1 with top_k 0 on the
 # device, the candidates first (the fused draw's 64 best tokens; the radix select of c7708ec only where they miss).
 #   1. the sampler's GPU tests (test_device_sampler_fused.py -m gpu) while the 12-layer Q4_K model is made
