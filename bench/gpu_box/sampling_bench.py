@@ -3,7 +3,7 @@ greedy (torch.argmax inside the step's graph), temperature on the host (the logi
 Sampler draws; SPARKD_DEVICE_SAMPLING=0) and temperature on the device (DeviceSampler's graph
 right after the step's, one int back) with the torch chain (=torch) and the fused Triton draw
 (=fused; session 16: top_k 0 on the full path, and on the torch chain with =capped; session 17:
-top_k 0 with top_p 0.95 on the top-p path, and on the torch chain with =chain-top-p). Also the
+top_k 0 with top_p 0.95, on the torch chain). Also the
 draw graph's own time (replays alone, CUDA events) and how many draw graphs
 each run captured (greedy: none). One untimed token first: a draw graph is captured on its first
 draw (session 7; before that prepare() captured it), which the timed tokens then leave out; its
@@ -37,14 +37,11 @@ GREEDY = SamplingParams(temperature=0.0)
 EVERY = SamplingParams(temperature=0.8, seed=1234)
 TOP40 = SamplingParams(temperature=0.8, top_k=40, seed=1234)
 CUT = SamplingParams(temperature=0.8, top_p=0.95, seed=1234)  # top_k 0 with top-p (OpenAI's top_p)
-CUT90 = SamplingParams(temperature=0.8, top_p=0.9, seed=1234)
 SETTINGS = {"greedy (device argmax)": (GREEDY, "fused"), "temperature 0.8 host": (HOT, "off"),
             "temperature 0.8 device torch": (HOT, "torch"), "temperature 0.8 device fused": (HOT, "fused"),
             "temperature 0.8 fused 4096x1": (HOT, "fused"),
             "top_k 0 full": (EVERY, "fused"), "top_k 0 capped (torch chain)": (EVERY, "capped"),
-            "top_k 40 fused": (TOP40, "fused"), "top_p 0.95 top-p path": (CUT, "fused"),
-            "top_p 0.95 chain-top-p (torch chain)": (CUT, "chain-top-p"),
-            "top_p 0.9 top-p path": (CUT90, "fused"), "top_p 0.9 chain-top-p (torch chain)": (CUT90, "chain-top-p")}
+            "top_k 40 fused": (TOP40, "fused"), "top_p 0.95 (torch chain)": (CUT, "fused")}
 # the fused draw's layout where not the default (DeviceSampler's block_tokens, merge_blocks)
 LAYOUTS = {"temperature 0.8 fused 4096x1": {"block_tokens": 4096, "merge_blocks": 1}}
 
@@ -79,11 +76,7 @@ def run(net, params: SamplingParams, on_device: str, n: int, layout: dict | None
         history.append(token)
     sync()
     seconds = time.perf_counter() - t0
-    hit = {}
-    if step.sampler is not None and step.sampler.path == "topp":  # session 18: how often the candidates held it
-        hits, draws = step.sampler.scratch.hit[1:].tolist()
-        hit = {"candidates_hit": hits, "topp_draws": draws}
-    return hit | {"tok_s": n / seconds, "ms_per_token": seconds * 1e3 / n, "drawing": drawing,
+    return {"tok_s": n / seconds, "ms_per_token": seconds * 1e3 / n, "drawing": drawing,
             "first_ms": first_ms, "slowest_ms": slowest * 1e3,
             "distinct_tokens": len(set(history[len(PROMPT):])), "draw_graphs": len(step._draws)}, step
 
@@ -128,9 +121,7 @@ def main() -> int:
                 print(f"{name:30s} {r['tok_s']:8.1f} tok/s {r['ms_per_token']:.3f} ms/token "
                       f"drawing={r['drawing']} distinct={r['distinct_tokens']} draw_graphs={r['draw_graphs']} "
                       f"first {r['first_ms']:.1f} ms slowest {r['slowest_ms']:.1f} ms"
-                      + (f" draw graph {r['draw_graph_us']:.1f} us" if "draw_graph_us" in r else "")
-                      + (f" candidates hit {r['candidates_hit']}/{r['topp_draws']}" if "topp_draws" in r else ""),
-                      flush=True)
+                      + (f" draw graph {r['draw_graph_us']:.1f} us" if "draw_graph_us" in r else ""), flush=True)
     finally:
         m.close()
     if a.json:

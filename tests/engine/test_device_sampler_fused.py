@@ -3,12 +3,9 @@ Sampler: the same tokens survive the filters, in the host's rank order (ties to 
 with the same probabilities within a measured bound (float64 sums in another order: the full
 softmax's denominator by blocks, the cumulative sums by a scan; measured <= 3.1e-16 relative on
 these rows, bound 1e-13); the penalty window follows the pushes; draws follow the distribution
-and repeat with the seed; top_k above the width takes the torch chain. The full path (top_k 0,
-no top-p: every token, no ranking) likewise: the host's probabilities within the same bound
-(measured <= 1.5e-15 relative), draws that follow them and repeat with the seed; and the top-p
-path (top_k 0, top_p < 1: the full draw over the prefix a radix select finds): the host's kept
-tokens (ties at the threshold by id, across blocks, and a top_p landing exactly on a cumulative
-sum) and probabilities (measured <= 1.8e-16 relative), draws that follow them and repeat.
+and repeat with the seed; top_k above the width, or 0 with top-p, takes the torch chain. The full
+path (top_k 0, no top-p: every token, no ranking) likewise: the host's probabilities within the
+same bound (measured <= 1.5e-15 relative), draws that follow them and repeat with the seed.
 
 On the CPU under TRITON_INTERPRET=1 at a small width (cap 16 or 8, blocks of 32 or 8 tokens: the
 interpreter's sort is slow); on the GPU box at the production width (64, 4096) on a 151936-token
@@ -32,7 +29,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_device_sampler import CHI2_CRIT, DRAW_CASE, chi_square, counts_over_seeds  # noqa: E402
 
 from sparkd.engine.cuda_graphs import StaticDecode  # noqa: E402
-from sparkd.engine.device_sampler import CAP, DeviceSampler, full_drawable, fusable, top_p_drawable  # noqa: E402
+from sparkd.engine.device_sampler import CAP, DeviceSampler, full_drawable, fusable  # noqa: E402
 from sparkd.engine.errors import EngineError  # noqa: E402
 from sparkd.engine.kernels.family import KernelArgumentError  # noqa: E402
 from sparkd.engine.kernels.sample_draw import DrawScratch  # noqa: E402
@@ -110,68 +107,6 @@ def test_full_distribution_is_the_hosts():
             assert ds.path == "full"
 
 
-TOP_P = [
-    SamplingParams(temperature=0.8, top_p=0.9),
-    SamplingParams(temperature=1.3, top_p=0.5, min_p=0.05, repetition_penalty=1.3),
-    SamplingParams(temperature=0.7, top_p=0.75, top_k=V),
-]
-
-
-def tie_rows(n_vocab: int) -> list[torch.Tensor]:
-    """Rows whose only mass is ties at 0 across blocks (ids out of order): four of 1/4 each (0.5
-    and 0.75 land exactly on a cumulative sum, which the host's before < top_p drops), five of 1/5."""
-    out = []
-    for ids in ([7, 3, 90, n_vocab - 50], [5, 9, 40, 41, n_vocab - 1]):
-        row = torch.full((n_vocab,), -1000.0)  # exp(-1000) is 0 in float64: exact quarters, fifths
-        row[ids] = 0.0
-        out.append(row)
-    return out
-
-
-def test_top_p_distribution_is_the_hosts():
-    """top_k 0 (or >= the vocabulary) with top_p < 1: the top-p path keeps the host's prefix, both
-    where the candidates hold it (the tie rows, the random ones) and where they do not (a flat row: the select; the
-    interpreter's is slow: eight rows in all; the GPU test takes every pair)."""
-    ds = DeviceSampler(V, "cpu", fused=True, **SMALL)
-    (random, rounded), (quarters, fifths) = rows(V)[:2], tie_rows(V)
-    flat = random / 6
-    hits = []
-    for p, cases in zip(TOP_P, ((random, flat, rounded), (rounded, quarters), (quarters, fifths, flat))):
-        for i, row in enumerate(cases):
-            check_against_host(ds, p, row, history_of(i, V), None)
-            assert ds.path == "topp"
-            hits.append(int(ds.scratch.hit[0]))
-    assert hits == [1, 0, 0, 1, 1, 1, 1, 0], str(hits)
-
-
-@pytest.mark.parametrize("top_p,kept,hit", [(0.35, [0, 3], 1), (0.75, [0, 1, 2, 3, 4], 0)])
-def test_top_p_draws_follow_the_distribution_and_repeat_with_the_seed(top_p, kept, hit):
-    """20 successive draws over 7 tokens in two 4-token blocks, 4 candidates (3, 0, 1, 2: mass
-    0.66): top_p 0.35 keeps token 3 and the lowest id of the six tied below it (0), inside the
-    candidates; 0.75 keeps 3 and 0, 1, 2, 4, past them (the select). The chi-square passes against
-    the host's probabilities (0.35: and fails against those without the cut); draws land only on
-    kept tokens; the flag counts every draw; a seed repeats its tokens."""
-    p = SamplingParams(temperature=1.0, top_p=top_p, seed=3)
-    row = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    ds = DeviceSampler(row.numel(), "cpu", fused=True, block_tokens=4, cap=4, merge_blocks=1)
-    ds.begin(p)
-    assert ds.path == "topp"
-    counts = torch.bincount(torch.cat([ds.draw(row).clone() for _ in range(20)]), minlength=row.numel())
-    assert ds.scratch.hit.tolist() == [hit, 20 * hit, 20]
-    probs = Sampler(p).probabilities(row)
-    assert torch.equal((probs > 0).nonzero().flatten(), torch.tensor(kept))
-    assert counts[probs == 0].sum() == 0, counts
-    chi2, dof = chi_square(counts, probs)
-    assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts)
-    if hit:
-        assert chi_square(counts, Sampler(replace(p, top_p=1.0)).probabilities(row))[0] > CHI2_CRIT[6]  # it can fail
-    runs = []
-    for seed in (7, 7, 10):
-        ds.begin(replace(p, seed=seed))
-        runs.append([int(ds.draw(row)) for _ in range(3)])
-    assert runs[0] == runs[1] and runs[0] != runs[2]
-
-
 def test_full_draws_follow_the_distribution_and_repeat_with_the_seed():
     """60 successive draws of one seed over 6 tokens in two 4-token blocks (the second half
     empty), tokens 0, 2, 4 pooled so every class expects >= 2 (the interpreter's draw is slow):
@@ -210,7 +145,7 @@ def test_warm_runs_every_chain_and_changes_no_draw():
             ds.probabilities = lambda x: seen.append(ds.path) or chain(x)
             ds.warm()
         runs.append(([int(ds.step(torch.tensor([2]), row)) for _ in range(5)], ds.ring.tolist(), int(ds.draws)))
-    assert seen == ["fused", "full", "topp", "torch"] and ds.path == "full"
+    assert seen == ["fused", "full", "torch"] and ds.path == "full"
     assert runs[0] == runs[1]
 
 
@@ -264,23 +199,21 @@ def test_fused_draws_follow_the_distribution_and_repeat_with_the_seed():
 
 def test_what_takes_the_fused_path():
     """1 <= top_k <= the width: the candidates; top_k 0 (every token) or >= the vocabulary without
-    top-p: the full path, with top-p the top-p path (full=False: both the torch chain; top_p=False:
-    the top-p one); the rest (above the width) the torch chain, bit for bit the host's; a CPU
-    StaticDecode never fuses; bad widths and modes are refused."""
+    top-p: the full path (full=False: the torch chain); the rest (above the width, top_k 0 with
+    top-p) the torch chain, bit for bit the host's; a CPU StaticDecode never fuses; bad widths and
+    modes are refused."""
     assert fusable(SamplingParams(top_k=1)) and fusable(SamplingParams(top_k=CAP))
     assert not fusable(SamplingParams(top_k=0)) and not fusable(SamplingParams(top_k=CAP + 1))
     assert full_drawable(SamplingParams(min_p=0.1), V) and full_drawable(SamplingParams(top_k=V), V)
     assert not full_drawable(SamplingParams(top_p=0.9), V) and not full_drawable(SamplingParams(top_k=V - 1), V)
-    assert top_p_drawable(SamplingParams(top_p=0.9), V) and top_p_drawable(SamplingParams(top_k=V, top_p=0.9), V)
-    assert not top_p_drawable(SamplingParams(), V) and not top_p_drawable(SamplingParams(top_k=V - 1, top_p=0.9), V)
     row = rows(V)[0]
-    for full, top_p in ((True, True), (True, False), (False, True)):
-        ds = DeviceSampler(V, "cpu", fused=True, full=full, top_p=top_p, **SMALL)
-        for top_k, p_cut, path in ((0, 0.9, "topp" if full and top_p else "torch"), (17, 0.9, "torch"),
-                                   (16, 0.9, "fused"), (0, 1.0, "full" if full else "torch")):
-            p = SamplingParams(temperature=0.8, top_k=top_k, top_p=p_cut)
+    for full in (True, False):
+        ds = DeviceSampler(V, "cpu", fused=True, full=full, **SMALL)
+        for top_k, top_p, path in ((0, 0.9, "torch"), (17, 0.9, "torch"), (16, 0.9, "fused"),
+                                   (0, 1.0, "full" if full else "torch")):
+            p = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p)
             ds.begin(p)
-            assert (ds.path, ds.fusing) == (path, path != "torch"), (full, top_p, top_k, p_cut)
+            assert (ds.path, ds.fusing) == (path, path != "torch"), (full, top_k, top_p)
             if path == "torch":
                 assert torch.equal(ds.probabilities(row)[1], Sampler(p).probabilities(row))
     for bad in ({"block_tokens": 48, "cap": 16}, {"block_tokens": 8, "cap": 16}, {"cap": 1}, {"merge_blocks": 3}):
@@ -296,15 +229,13 @@ def test_static_decode_modes():
         blocks, output_norm, output = [], None, None
         cfg = SimpleNamespace(n_vocab=8)
 
-    for mode, on, full, top_p in (("fused", True, True, True), ("chain-top-p", True, True, False),
-                                  ("capped", True, False, False), ("torch", True, False, False),
-                                  ("off", False, False, False), (True, True, True, True)):
+    for mode, on, full in (("fused", True, True), ("capped", True, False), ("torch", True, False),
+                           ("off", False, False), (True, True, True)):
         step = StaticDecode(Net(), Cache(), False, device_sampling=mode)
-        assert (step.device_sampling, step.fused_sampling, step.full_sampling, step.top_p_sampling) == \
-            (on, False, full, top_p), mode
+        assert (step.device_sampling, step.fused_sampling, step.full_sampling) == (on, False, full), mode
         step.warm_sampling()  # the load's warm: a sampler (its chains run once) only where the step draws
         assert (step.sampler is not None) == on and (not on or step.sampler.path == "torch"), mode
-    with pytest.raises(EngineError, match="device sampling 'yes': choose one of fused, chain-top-p, capped, torch, off"):
+    with pytest.raises(EngineError, match="device sampling 'yes': choose one of fused, capped, torch, off"):
         StaticDecode(Net(), Cache(), False, device_sampling="yes")
 
 
@@ -333,39 +264,6 @@ def test_cuda_full_distribution_at_full_width(pi):
     for i, row in enumerate(rows(n_vocab)):
         check_against_host(ds, p, row, history_of(i, n_vocab), bias if i == 0 else None)
         assert ds.path == "full"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("pi", range(len(TOP_P)))
-def test_cuda_top_p_distribution_at_full_width(pi):
-    n_vocab = 151936
-    p = replace(TOP_P[pi], top_k=n_vocab) if TOP_P[pi].top_k else TOP_P[pi]
-    ds = DeviceSampler(n_vocab, "cuda", fused=True)
-    bias = torch.zeros(n_vocab)
-    bias[[3, 150000]] = torch.tensor([9.0, -2.5])
-    hits = []
-    for i, row in enumerate(rows(n_vocab) + tie_rows(n_vocab)):
-        check_against_host(ds, p, row, history_of(i, n_vocab), bias if i == 0 else None)
-        assert ds.path == "topp"
-        hits.append(int(ds.scratch.hit[0]))
-    assert 0 in hits[:3] and hits[3:] == [1, 1], hits  # randn * 3 over 151936: the select (min-p aside); ties: not
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("top_p,kept,hit", [(0.5, [0, 1, 3], 1), (0.75, [0, 1, 2, 3, 4], 0)])
-def test_cuda_top_p_draws_follow_the_distribution(top_p, kept, hit):
-    """4000 seeds over the CPU test's row: top_p 0.5 keeps 3 and the tied 0, 1 (inside the 4
-    candidates), 0.75 keeps five tokens (past them: the select)."""
-    p = SamplingParams(temperature=0.8, top_p=top_p)
-    row = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    ds = DeviceSampler(row.numel(), "cuda", fused=True, block_tokens=4, cap=4, merge_blocks=1)
-    counts = counts_over_seeds(ds, p, row.cuda(), 4000)
-    assert int(ds.scratch.hit[0]) == hit
-    probs = Sampler(p).probabilities(row)
-    assert torch.equal((probs > 0).nonzero().flatten(), torch.tensor(kept))
-    assert counts[probs == 0].sum() == 0, counts
-    chi2, dof = chi_square(counts, probs)
-    assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts)
 
 
 @pytest.mark.gpu
@@ -422,12 +320,9 @@ def test_captured_fused_draw_is_the_eager_one_and_captured_on_first_draw(tmp_pat
         assert decode(m.net, full, 16, True)[0] == eager_full
         step.begin_sampling(full, [1, 7, 42])
         step.next_token(3)
-        cut = SamplingParams(temperature=1.2, top_p=0.9, repetition_penalty=1.2, seed=5)  # the top-p path
-        assert decode(m.net, cut, 16, True)[0] == decode(m.net, cut, 16, False)[0]
-        for p in (cut, SamplingParams(temperature=1.2, top_k=CAP + 1, seed=5)):  # top_k 65: the torch chain
-            step.begin_sampling(p, [1, 7, 42])
-            step.next_token(3)
-        assert {path for _, path in step._draws} == {"fused", "full", "topp", "torch"}
+        step.begin_sampling(SamplingParams(temperature=1.2, top_p=0.9, seed=5), [1, 7, 42])  # top-p: the torch chain
+        step.next_token(3)
+        assert {path for _, path in step._draws} == {"fused", "full", "torch"}
     finally:
         m.close()
 
