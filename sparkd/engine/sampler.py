@@ -11,7 +11,7 @@ from min-p / top-p) and gets the same tensor bit for bit, so the draws are the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -222,3 +222,10 @@ class Sampler:
         if p.repetition_window:
             logits = apply_repetition_penalty(logits, history[-p.repetition_window:], p.repetition_penalty)
         return logits
+
+
+def warm_sampler(params: SamplingParams, n_vocab: int) -> None:
+    """One draw of a throwaway Sampler with these parameters over a made-up row (seed 0: no request's
+    generator moves), so a process's first host draw (generate's first token) does not pay its CPU
+    ops' first use."""
+    Sampler(replace(params, seed=0))(torch.linspace(0.0, -16.0, n_vocab))

@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from sparkd.engine import cuda_graphs, graph_capture
+from sparkd.engine import cli, cuda_graphs, graph_capture
 from sparkd.engine.cuda_graphs import PromptForward, StaticDecode, buckets, graph_blocker, parse_prompt_graphs, \
     prompt_bucket, prompt_buckets, prompt_forward, prompt_last, use_graphs
 from sparkd.engine.errors import EngineError
@@ -22,7 +22,7 @@ from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 from sparkd.engine.runtime import Engine, GenerationRequest
-from sparkd.engine.sampler import SamplingParams
+from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.server.metrics import EngineMetrics
 from engine_cli import run_engine
 
@@ -531,6 +531,34 @@ def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, row
             assert list(forwards[-1]._graphs) == [key] and not forwards[-1].failed
     finally:
         m.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("top_k, top_p, path", [(0, 1.0, "full"), (40, 1.0, "fused"), (0, 0.95, "torch")])
+def test_prepared_draws_give_the_same_tokens_on_cuda(tmp_path, top_k, top_p, path):
+    """generate's draw graphs captured before its timed region (prepare_draws: every bucket prepare
+    captured) give the tokens of those captured on each bucket's first draw: the same seed, the same
+    tokens, and the decode captures nothing more."""
+    m = tiny_cuda_model(tmp_path)
+    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, seed=5)
+    runs = {}
+    try:
+        for early in (False, True):
+            cache = m.net.new_cache(32)
+            logits = m.net(torch.tensor(PROMPT), cache, last=True).cpu()
+            step = StaticDecode(m.net, cache, graphs=True, first_bucket=4)
+            step.prepare(len(PROMPT) + STEPS)
+            if early:
+                step.prepare_draws(params, len(PROMPT) + STEPS)
+                assert set(step._draws) == {(span, path) for span in (4, 8, 16, 32)}, step._draws.keys()
+            drawn = set(step._draws)
+            runs[early] = cli._decode(step, Sampler(params), logits, PROMPT, STEPS, None, frozenset(), None)[0]
+            assert step.cache.n_past == len(PROMPT) + STEPS and not step.failed
+            if early:
+                assert set(step._draws) == drawn
+    finally:
+        m.close()
+    assert runs[True] == runs[False] and len(runs[True]) == STEPS
 
 
 def tiny_cuda_model(tmp_path, quant: str = "Q8_0"):
