@@ -77,6 +77,22 @@ def test_pushed_tokens_join_the_penalty_window():
     assert sorted(set(ds.ring.tolist()) - {V}) == sorted(set(hist[-6:]))
 
 
+def test_begin_counts_the_window_and_resets_the_bias():
+    """begin makes the window's counts (the fused kernels' penalty) and the bias on the device: the
+    counts are the ring's bincount (the empty slots at [V]), and a request without a bias after one
+    with it gets zeros."""
+    ds = DeviceSampler(V, "cpu")
+    bias = torch.zeros(V)
+    bias[[3, 999]] = torch.tensor([2.0, -1.5])
+    p = SamplingParams(temperature=0.8, repetition_penalty=1.2, repetition_window=8)
+    ds.begin(p, [5, 7, 5, 9, 11, 13, 5, 2, 3, 4, 5], bias)
+    assert torch.equal(ds.bias, bias)
+    assert ds.ring[:8].tolist() == [9, 11, 13, 5, 2, 3, 4, 5]
+    assert torch.equal(ds.counts, torch.bincount(ds.ring, minlength=V + 1).int()) and int(ds.counts[5]) == 2
+    ds.begin(SamplingParams(temperature=0.8))
+    assert not ds.bias.any() and int(ds.counts[V]) == RING_TOKENS and int(ds.counts.sum()) == RING_TOKENS
+
+
 def counts_over_seeds(ds: DeviceSampler, p: SamplingParams, row: torch.Tensor, n: int) -> torch.Tensor:
     counts = torch.zeros(row.numel(), dtype=torch.long)
     for seed in range(n):
