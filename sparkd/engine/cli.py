@@ -154,7 +154,7 @@ def cmd_generate(a) -> int:
             if a.temp > 0:  # and this request's draw graphs (a capture in the first draw otherwise)
                 step.warm_sampling()
                 step.prepare_draws(sample.params, len(ids) + a.n)
-        if a.temp > 0:  # the host draws the first token: its ops' first use outside the timed region too
+        if a.temp > 0:  # where the host draws the first token (no device draw): its ops' first use outside too
             warm_sampler(sample.params, m.net.cfg.n_vocab)
         batch = sm.plan.batch_tokens if sm else len(ids)
         last = prompt_last_only()
@@ -195,7 +195,7 @@ def _decode(step, sample, logits, prompt: list[int], limit: int, feed: list[int]
     out: list[int] = []
     agreed, picked = 0, None
     while len(out) < limit:
-        pick = picked if picked is not None else sample(logits[-1], prompt + out)
+        pick = picked if picked is not None else step.pick_from(logits[-1], sample, prompt + out)
         nxt = pick if feed is None else feed[len(out)]
         agreed += pick == nxt
         out.append(nxt)
@@ -221,7 +221,7 @@ def _decode_pipelined(step, sample, logits, prompt: list[int], limit: int, feed:
     out: list[int] = []
     agreed = ahead = 0  # ahead: the number of the next token's step where it is launched
     while len(out) < limit:
-        pick = step.pick() if out else sample(logits[-1], prompt)
+        pick = step.pick() if out else step.pick_from(logits[-1], sample, prompt)
         nxt = pick if feed is None else feed[len(out)]
         agreed += pick == nxt
         out.append(nxt)

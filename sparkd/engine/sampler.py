@@ -200,9 +200,12 @@ class Sampler:
         off: the same distribution, another random stream than this host generator's."""
         return self.params.temperature == 0 and not self.params.penalised
 
-    def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
+    def __call__(self, logits: torch.Tensor, history: Sequence[int] = (), bias: torch.Tensor | None = None) -> int:
+        """The pick from one row of logits [V] after `history`; bias: a logit bias [V] added first (None: none)."""
         if logits.dim() != 1:
             raise SamplingError(f"could not sample: logits must be one row [vocab], got shape {tuple(logits.shape)}")
+        if bias is not None:
+            logits = logits + bias
         p = self.params
         if p.temperature == 0:
             return int(greedy_pick(self._penalised(logits, history)))

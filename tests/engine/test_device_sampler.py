@@ -182,6 +182,41 @@ def test_static_decode_draws_with_the_seed_and_greedy_is_unchanged(tiny):
         m.close()
 
 
+def test_the_first_token_is_drawn_where_the_request_draws(tiny):
+    """StaticDecode.pick_from over the prompt's last row: a request that draws on the device draws its
+    first token there too (the chain begin set up: its bias, the prompt in the penalty's ring, the
+    seed's stream; the host Sampler's generator left alone); one that does not (device sampling off)
+    takes the host Sampler's pick over the row plus the bias, as before."""
+    m = load_model(tiny, device="cpu")
+    try:
+        prompt = [1, 7, 42]
+        row = m.net(torch.tensor(prompt), m.net.new_cache(8), last=True)[-1]
+        bias = torch.zeros(row.numel())
+        bias[5] = 3.0
+        picks = {}
+        for sampling in ("torch", False):
+            step = StaticDecode(m.net, m.net.new_cache(8), graphs=False, device_sampling=sampling)
+            got, want = [], []
+            for seed in range(8):
+                params = SamplingParams(temperature=2.0, repetition_penalty=1.3, seed=seed)
+                assert step.begin_sampling(params, prompt, bias) == bool(sampling)
+                sample = Sampler(params)
+                state = sample.generator.get_state()
+                got.append(step.pick_from(row, sample, prompt, bias))
+                if sampling:
+                    assert torch.equal(sample.generator.get_state(), state)
+                    ds = DeviceSampler(row.numel(), "cpu")
+                    ds.begin(params, prompt, bias)
+                    want.append(int(ds.draw(row)))
+                else:
+                    want.append(Sampler(params)(row + bias, prompt))
+            assert got == want, sampling
+            picks[sampling] = got
+        assert picks["torch"] != picks[False]  # the device's stream, not the host generator's
+    finally:
+        m.close()
+
+
 @pytest.mark.gpu
 def test_captured_draw_equals_the_eager_draw_and_repeats(tmp_path):
     # Q8_0: the routed experts run the Triton MoE kernels, which a graph can capture (F32's don't)
