@@ -32,6 +32,7 @@ grep -h "^FAILED\|^ERROR" $R/tests_*.log | head -20 | tee -a $OUT/log.txt; snap
 wait $MK; log "model $(ls -la $M 2>&1 | awk '{print $5}')"
 timeout 45 python3 bench/first_draw_bench.py $M --json $R/first.json > $R/first.log 2>&1
 log "first draw bench rc $?"; grep "^greedy\|^top_" $R/first.log | tee -a $OUT/log.txt; snap
+# (as run; its "before" is void: `python3 -m` puts the cwd, this tree, before PYTHONPATH's ./b: cd into ./b instead)
 gen() {  # tag way(before|after) round [flags]
   local p=$PWD; [ $2 = before ] && p=$PWD/b
   PYTHONPATH=/tmp/site:$p timeout 30 python3 -m sparkd.engine.cli generate $M --tokens 1,2,3,4,5,6,7,8 -n 128 \
