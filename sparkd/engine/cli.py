@@ -127,7 +127,7 @@ def cmd_generate(a) -> int:
     from sparkd.engine.cuda_graphs import prompt_forward, use_graphs
     from sparkd.engine.models import load_model
     from sparkd.engine.models.decoder import prompt_last_only
-    from sparkd.engine.sampler import Sampler, SamplingParams
+    from sparkd.engine.sampler import Sampler, SamplingParams, warm_sampler
     from sparkd.engine.streaming.commands import print_plan, stream_options
     from sparkd.engine.streaming.graph_step import decode_step
     from sparkd.engine.streaming.profile import StageProfile
@@ -151,8 +151,11 @@ def cmd_generate(a) -> int:
         if graphs:  # capture outside the timed region too, and the draw chains' first run
             step.prepare(len(ids) + a.n)
             prompt.prepare(len(ids))
-            if a.temp > 0:
+            if a.temp > 0:  # and this request's draw graphs (a capture in the first draw otherwise)
                 step.warm_sampling()
+                step.prepare_draws(sample.params, len(ids) + a.n)
+        if a.temp > 0:  # where the host draws the first token (no device draw): its ops' first use outside too
+            warm_sampler(sample.params, m.net.cfg.n_vocab)
         batch = sm.plan.batch_tokens if sm else len(ids)
         last = prompt_last_only()
         t0 = time.perf_counter()
@@ -192,7 +195,7 @@ def _decode(step, sample, logits, prompt: list[int], limit: int, feed: list[int]
     out: list[int] = []
     agreed, picked = 0, None
     while len(out) < limit:
-        pick = picked if picked is not None else sample(logits[-1], prompt + out)
+        pick = picked if picked is not None else step.pick_from(logits[-1], sample, prompt + out)
         nxt = pick if feed is None else feed[len(out)]
         agreed += pick == nxt
         out.append(nxt)
@@ -218,7 +221,7 @@ def _decode_pipelined(step, sample, logits, prompt: list[int], limit: int, feed:
     out: list[int] = []
     agreed = ahead = 0  # ahead: the number of the next token's step where it is launched
     while len(out) < limit:
-        pick = step.pick() if out else sample(logits[-1], prompt)
+        pick = step.pick() if out else step.pick_from(logits[-1], sample, prompt)
         nxt = pick if feed is None else feed[len(out)]
         agreed += pick == nxt
         out.append(nxt)

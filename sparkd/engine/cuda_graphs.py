@@ -20,8 +20,9 @@ torch.argmax, the host sampler's own op, so ties and NaN resolve the same way) s
 back instead of the logits row ($SPARKD_DEVICE_ARGMAX=0 copies the logits back as before).
 A temperature request draws on the GPU too (device_sampler.DeviceSampler: two Triton launches,
 or the torch chain where top_k rules the kernels out; its own small graph per bucket and chain,
-captured on the first draw there and replayed right after the step's; $SPARKD_DEVICE_SAMPLING=0 to
-sample on the host, =torch for the torch chain always).
+captured on the first draw there and replayed right after the step's; the first token's draw, from
+the prompt's logits row, runs the same chain eagerly: pick_from; $SPARKD_DEVICE_SAMPLING=0 to sample
+on the host, =torch for the torch chain always).
 
 A prompt from an empty cache replays a graph too (PromptForward, session 11): the forward of the
 prompt padded to its length bucket, the last real token's logits read through a device index
@@ -56,7 +57,7 @@ from sparkd.engine.layers.moe import MoE
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
 from sparkd.engine.models.decoder import Block, Decoder
-from sparkd.engine.sampler import SamplingParams, greedy_pick
+from sparkd.engine.sampler import Sampler, SamplingParams, greedy_pick
 
 MODES = ("auto", "on", "off")
 # The first bucket: a 256-row attention costs about what a 1-row one does on a GPU, and short
@@ -179,7 +180,8 @@ class StaticDecode:
     advanced, like net(torch.tensor([token]), cache); next_token(token) → the argmax of those
     logits as the host's torch.argmax picks it, with only that int leaving the device
     (device_argmax; else the logits come back and the host picks), or, after begin_sampling
-    accepted a temperature request, the token DeviceSampler draws from them.
+    accepted a temperature request, the token DeviceSampler draws from them; pick_from(row, sample, ...)
+    → the first token's pick from the prompt's logits row (drawn on the device then too).
 
     The pipelined decode (pipeline: where the switch allows and the cache can rewind): launch(token)
     enqueues a step without waiting, launch() one fed by the last launch's pick on the device, pick()
@@ -242,6 +244,19 @@ class StaticDecode:
         if self.drawing:
             self._sampler().begin(params, history, bias)
         return self.drawing
+
+    def pick_from(self, logits: torch.Tensor, sample: Sampler, history: Sequence[int] = (),
+                  bias: torch.Tensor | None = None) -> int:
+        """The pick from a logits row [V] the host holds (the prompt's last), the one way generate and
+        the server take it: a request that begin_sampling set to draw here has it drawn on the device
+        (the row copied over; the sampler's bias and ring as begin set them, no push; the request's
+        random stream, as every draw after it), else sample(logits, history, bias) on the host. The host
+        draw of a 151936-logit row costs 6.4 ms (top_k 0) to 18.2 (top_p 0.95) a request (H200, session
+        18); a seed's tokens now all come from the device's stream."""
+        if not self.drawing:
+            return sample(logits, history, bias)
+        with torch.inference_mode():
+            return int(self._sampler().draw(logits.reshape(-1).to(self.cache.device, torch.float32)))
 
     def next_token(self, token: int) -> int:
         """Step `token` and return the pick for the next position: the draw when drawing, else
@@ -321,12 +336,30 @@ class StaticDecode:
         if self.device_sampling:
             self._sampler().warm()
 
+    def prepare_draws(self, params: SamplingParams, n_positions: int) -> None:
+        """Capture the draw graphs `params`' chain takes in the buckets up to n_positions now (where
+        their step graph is captured) rather than on the first draw there, as prepare does for the
+        steps: generate knows its request before its timed region. It sets the request up to choose
+        the chain; begin_sampling sets the real one up again, and a capture leaves the generator, the
+        ring and the draw count as they were (_capture_draw), so the tokens are the same."""
+        if not (self.graphs and self.begin_sampling(params)):
+            return
+        for span in self.buckets:
+            key = (span, self.sampler.path)
+            if span in self._graphs and key not in self._draws and key not in self.failed:
+                with torch.inference_mode():  # as _draw captures
+                    self._try(key, self._draws, lambda: self._capture_draw(self._graphs[span][1]))
+            if span >= n_positions:
+                return
+
     @torch.inference_mode()
     def _draw(self, span: int, logits: torch.Tensor) -> torch.Tensor:
         """The token fed joins the sampler's ring, then the draw: eager, or the graph of this
-        bucket and chain (captured here, on its first draw: a greedy-only run captures none)."""
+        bucket and chain (captured here, on its first draw: a greedy-only run captures none). A
+        bucket whose step runs eagerly (its capture failed) draws eagerly too: a draw graph would
+        keep reading the logits tensor of the step it was captured after, not the next step's."""
         key = (span, self.sampler.path)
-        if self.graphs and key not in self._draws and key not in self.failed:
+        if self.graphs and span in self._graphs and key not in self._draws and key not in self.failed:
             self._try(key, self._draws, lambda: self._capture_draw(logits))
         if key not in self._draws:  # no graphs, or this draw's capture failed
             return self.sampler.step(self.token, logits[-1])

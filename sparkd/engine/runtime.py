@@ -314,13 +314,13 @@ class Engine:
         history = list(req.prompt_ids)
         budget = _ReasoningBudget(req)
         # the step's device picks (greedy) or draws (temperature, graph step only): one int comes
-        # back instead of the logits row
+        # back instead of the logits row; a drawing request's first token is drawn there too (pick_from)
         drawing = self._step.begin_sampling(req.sampling, history, bias)
         on_device = drawing or (self._step.device_argmax and bias is None and sample.plain_argmax)
         if on_device and self.streaming is None and self._step.pipeline:
             first = budget.forced()
             if first is None:
-                first = sample(logits, history) if bias is None else sample(logits + bias, history)
+                first = self._step.pick_from(logits, sample, history, bias)
             yield from self._pipelined(req, cancel, first, budget, history, tokens)
             return
         picked = None
@@ -329,7 +329,7 @@ class Engine:
                 return
             token = budget.forced()
             if token is None:
-                token = picked if picked is not None else sample(logits if bias is None else logits + bias, history)
+                token = picked if picked is not None else self._step.pick_from(logits, sample, history, bias)
             yield token
             if token in self.tokenizer.eog_ids:
                 return

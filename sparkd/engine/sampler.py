@@ -11,7 +11,7 @@ from min-p / top-p) and gets the same tensor bit for bit, so the draws are the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -200,9 +200,12 @@ class Sampler:
         off: the same distribution, another random stream than this host generator's."""
         return self.params.temperature == 0 and not self.params.penalised
 
-    def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
+    def __call__(self, logits: torch.Tensor, history: Sequence[int] = (), bias: torch.Tensor | None = None) -> int:
+        """The pick from one row of logits [V] after `history`; bias: a logit bias [V] added first (None: none)."""
         if logits.dim() != 1:
             raise SamplingError(f"could not sample: logits must be one row [vocab], got shape {tuple(logits.shape)}")
+        if bias is not None:
+            logits = logits + bias
         p = self.params
         if p.temperature == 0:
             return int(greedy_pick(self._penalised(logits, history)))
@@ -222,3 +225,10 @@ class Sampler:
         if p.repetition_window:
             logits = apply_repetition_penalty(logits, history[-p.repetition_window:], p.repetition_penalty)
         return logits
+
+
+def warm_sampler(params: SamplingParams, n_vocab: int) -> None:
+    """One draw of a throwaway Sampler with these parameters over a made-up row (seed 0: no request's
+    generator moves), so a process's first host draw (generate's first token) does not pay its CPU
+    ops' first use."""
+    Sampler(replace(params, seed=0))(torch.linspace(0.0, -16.0, n_vocab))

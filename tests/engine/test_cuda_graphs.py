@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from sparkd.engine import cuda_graphs, graph_capture
+from sparkd.engine import cli, cuda_graphs, graph_capture
 from sparkd.engine.cuda_graphs import PromptForward, StaticDecode, buckets, graph_blocker, parse_prompt_graphs, \
     prompt_bucket, prompt_buckets, prompt_forward, prompt_last, use_graphs
 from sparkd.engine.errors import EngineError
@@ -22,7 +22,7 @@ from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 from sparkd.engine.runtime import Engine, GenerationRequest
-from sparkd.engine.sampler import SamplingParams
+from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.server.metrics import EngineMetrics
 from engine_cli import run_engine
 
@@ -314,9 +314,10 @@ def test_static_step_refuses_past_the_context(models):
 
 
 def test_failed_step_capture_runs_the_step_eagerly_once(models):
-    """A decode or draw capture that fails (here: the CPU has no CUDA graphs; on the GPU, out of
-    memory below) gives its bucket up, logged once: the steps and draws give the bits and tokens of
-    the same static step without graphs, and no bucket is tried twice."""
+    """A decode capture that fails (here: the CPU has no CUDA graphs; on the GPU, out of memory
+    below) gives its bucket up, logged once: the steps and draws give the bits and tokens of the
+    same static step without graphs, and no bucket is tried twice. Its draws run eagerly, no draw
+    graph tried (one would read the eager step's logits tensor of its capture)."""
     m = load_model(models["qwen3moe"])
     try:
         want, want_ids = decode(m.net, lambda c: StaticDecode(m.net, c, graphs=False, first_bucket=4), STEPS, 32)
@@ -336,8 +337,8 @@ def test_failed_step_capture_runs_the_step_eagerly_once(models):
             step = StaticDecode(m.net, cache, graphs, 4, log=logged.append)
             assert step.begin_sampling(hot, PROMPT)
             draws[graphs] = [step.next_token(3) for _ in range(6)]
-        assert draws[True] == draws[False]  # the failed draw capture left the seed's state as it was
-        assert sum(line.startswith("draw graph of 8 positions not captured") for line in logged) == 1
+        assert draws[True] == draws[False]
+        assert not step._draws and not any(line.startswith("draw graph") for line in logged)
     finally:
         m.close()
 
@@ -531,6 +532,82 @@ def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, row
             assert list(forwards[-1]._graphs) == [key] and not forwards[-1].failed
     finally:
         m.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("top_k, top_p, path", [(0, 1.0, "full"), (40, 1.0, "fused"), (0, 0.95, "torch")])
+def test_prepared_draws_give_the_same_tokens_on_cuda(tmp_path, top_k, top_p, path):
+    """generate's draw graphs captured before its timed region (prepare_draws: every bucket prepare
+    captured) give the tokens of those captured on each bucket's first draw: the same seed, the same
+    tokens, and the decode captures nothing more."""
+    m = tiny_cuda_model(tmp_path)
+    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, seed=5)
+    runs = {}
+    try:
+        for early in (False, True):
+            cache = m.net.new_cache(32)
+            logits = m.net(torch.tensor(PROMPT), cache, last=True).cpu()
+            step = StaticDecode(m.net, cache, graphs=True, first_bucket=4)
+            step.prepare(len(PROMPT) + STEPS)
+            if early:
+                step.prepare_draws(params, len(PROMPT) + STEPS)
+                assert set(step._draws) == {(span, path) for span in (4, 8, 16, 32)}, step._draws.keys()
+            drawn = set(step._draws)
+            runs[early] = cli._decode(step, Sampler(params), logits, PROMPT, STEPS, None, frozenset(), None)[0]
+            assert step.cache.n_past == len(PROMPT) + STEPS and not step.failed
+            if early:
+                assert set(step._draws) == drawn
+    finally:
+        m.close()
+    assert runs[True] == runs[False] and len(runs[True]) == STEPS
+
+
+@pytest.mark.gpu
+def test_a_bucket_whose_step_runs_eagerly_draws_eagerly_on_cuda(tmp_path, monkeypatch):
+    """Every step capture failing (the draw graphs' would succeed on CUDA): no draw graph is captured
+    over an eager step's logits tensor, which its replays would keep reading while each eager step
+    writes a new one; the seed's tokens are those of the step without graphs."""
+    m = tiny_cuda_model(tmp_path)
+    params = SamplingParams(temperature=0.8, seed=5)
+    runs = {}
+
+    def no_room(span):
+        raise RuntimeError("no room")
+    try:
+        for graphs in (False, True):
+            cache = m.net.new_cache(32)
+            logits = m.net(torch.tensor(PROMPT), cache, last=True).cpu()
+            step = StaticDecode(m.net, cache, graphs=graphs, first_bucket=4)
+            monkeypatch.setattr(step, "_capture", no_room)
+            runs[graphs] = cli._decode(step, Sampler(params), logits, PROMPT, STEPS, None, frozenset(), None)[0]
+            if graphs:
+                assert not step._graphs and not step._draws and sorted(step.failed) == [8, 16, 32]
+    finally:
+        m.close()
+    assert runs[True] == runs[False] and len(runs[True]) == STEPS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (40, 1.0), (0, 0.95)])
+def test_generate_and_the_engine_draw_the_same_tokens_on_cuda(tmp_path, top_k, top_p):
+    """A seeded temperature request gives `generate` and the server (Engine.generate) the same tokens
+    on CUDA, the first one (drawn on the device from the prompt's logits: StaticDecode.pick_from) too."""
+    path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    prompt, n = [1, 7, 42], 12
+    r = run_cli("generate", str(path), "--tokens", ",".join(map(str, prompt)), "-n", str(n), "--device", "cuda",
+                "--resident", "--json", "--cuda-graphs", "on", "--temp", "0.8", "--top-k", str(top_k),
+                "--top-p", str(top_p), "--seed", "5")
+    assert r.returncode == 0, r.stderr[-2000:]
+    cli_tokens = json.loads(r.stdout.strip().splitlines()[-1])["tokens"]
+    engine = Engine(path, ctx=len(prompt) + n, device="cuda", resident=True, cuda_graphs="on")
+    engine.load()
+    try:
+        req = GenerationRequest(prompt, n, SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, seed=5))
+        tokens = list(engine.generate(req, threading.Event()))
+        assert engine._step.drawing
+    finally:
+        engine.close()
+    assert tokens == cli_tokens and tokens
 
 
 def tiny_cuda_model(tmp_path, quant: str = "Q8_0"):

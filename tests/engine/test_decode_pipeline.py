@@ -113,6 +113,28 @@ def test_pipelined_cli_decode_equals_the_step_at_a_time_loop(model):
         m.close()
 
 
+def test_generate_and_the_server_draw_the_same_tokens(model):
+    """A seeded temperature request: cli._decode (generate) and Engine.generate (the server) give the
+    same tokens, the first one included (StaticDecode.pick_from: drawn on the device where the request
+    draws there, else the host Sampler's), pipelined or not, with device sampling or without."""
+    prompt = list(range(10, 20))
+    for sampling, pipeline in (("torch", False), ("torch", True), (False, False)):
+        engine = Engine(model, ctx=CTX, threads=1, resident=True)
+        engine.load()
+        try:
+            engine._step = StaticDecode(engine.net, engine._cache, graphs=False, device_argmax=True,
+                                        device_sampling=sampling, pipeline=pipeline)
+            served = list(engine.generate(GenerationRequest(prompt, 8, HOT), threading.Event()))
+            cache = engine.net.new_cache(CTX)
+            step = StaticDecode(engine.net, cache, graphs=False, device_argmax=True, device_sampling=sampling,
+                                pipeline=pipeline)
+            logits = engine.net(torch.tensor(prompt), cache, last=True)
+            generated = cli._decode(step, Sampler(HOT), logits, prompt, 8, None, engine.tokenizer.eog_ids, None)[0]
+        finally:
+            engine.close()
+        assert served == generated and served, (sampling, pipeline)
+
+
 def test_launch_refuses_what_it_cannot_do(model):
     from sparkd.engine.models import load_model
 

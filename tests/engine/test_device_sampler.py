@@ -77,6 +77,22 @@ def test_pushed_tokens_join_the_penalty_window():
     assert sorted(set(ds.ring.tolist()) - {V}) == sorted(set(hist[-6:]))
 
 
+def test_begin_counts_the_window_and_resets_the_bias():
+    """begin makes the window's counts (the fused kernels' penalty) and the bias on the device: the
+    counts are the ring's bincount (the empty slots at [V]), and a request without a bias after one
+    with it gets zeros."""
+    ds = DeviceSampler(V, "cpu")
+    bias = torch.zeros(V)
+    bias[[3, 999]] = torch.tensor([2.0, -1.5])
+    p = SamplingParams(temperature=0.8, repetition_penalty=1.2, repetition_window=8)
+    ds.begin(p, [5, 7, 5, 9, 11, 13, 5, 2, 3, 4, 5], bias)
+    assert torch.equal(ds.bias, bias)
+    assert ds.ring[:8].tolist() == [9, 11, 13, 5, 2, 3, 4, 5]
+    assert torch.equal(ds.counts, torch.bincount(ds.ring, minlength=V + 1).int()) and int(ds.counts[5]) == 2
+    ds.begin(SamplingParams(temperature=0.8))
+    assert not ds.bias.any() and int(ds.counts[V]) == RING_TOKENS and int(ds.counts.sum()) == RING_TOKENS
+
+
 def counts_over_seeds(ds: DeviceSampler, p: SamplingParams, row: torch.Tensor, n: int) -> torch.Tensor:
     counts = torch.zeros(row.numel(), dtype=torch.long)
     for seed in range(n):
@@ -162,6 +178,41 @@ def test_static_decode_draws_with_the_seed_and_greedy_is_unchanged(tiny):
         assert not greedy[0] and not plain[0]
         assert greedy[1] == plain[1]  # not drawing: next_token is the argmax, whatever the request
         assert greedy[1] == decode(m.net, "cpu", SamplingParams(temperature=0.0), 8, False, device_argmax=True)[1]
+    finally:
+        m.close()
+
+
+def test_the_first_token_is_drawn_where_the_request_draws(tiny):
+    """StaticDecode.pick_from over the prompt's last row: a request that draws on the device draws its
+    first token there too (the chain begin set up: its bias, the prompt in the penalty's ring, the
+    seed's stream; the host Sampler's generator left alone); one that does not (device sampling off)
+    takes the host Sampler's pick over the row plus the bias, as before."""
+    m = load_model(tiny, device="cpu")
+    try:
+        prompt = [1, 7, 42]
+        row = m.net(torch.tensor(prompt), m.net.new_cache(8), last=True)[-1]
+        bias = torch.zeros(row.numel())
+        bias[5] = 3.0
+        picks = {}
+        for sampling in ("torch", False):
+            step = StaticDecode(m.net, m.net.new_cache(8), graphs=False, device_sampling=sampling)
+            got, want = [], []
+            for seed in range(8):
+                params = SamplingParams(temperature=2.0, repetition_penalty=1.3, seed=seed)
+                assert step.begin_sampling(params, prompt, bias) == bool(sampling)
+                sample = Sampler(params)
+                state = sample.generator.get_state()
+                got.append(step.pick_from(row, sample, prompt, bias))
+                if sampling:
+                    assert torch.equal(sample.generator.get_state(), state)
+                    ds = DeviceSampler(row.numel(), "cpu")
+                    ds.begin(params, prompt, bias)
+                    want.append(int(ds.draw(row)))
+                else:
+                    want.append(Sampler(params)(row + bias, prompt))
+            assert got == want, sampling
+            picks[sampling] = got
+        assert picks["torch"] != picks[False]  # the device's stream, not the host generator's
     finally:
         m.close()
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sparkd.engine.sampler import (Sampler, SamplingError, SamplingParams, apply_repetition_penalty,
-                                   filter_logits)
+                                   filter_logits, warm_sampler)
 
 LOGITS = torch.tensor([1.0, 3.0, 2.0, 0.5, -1.0])   # ranked: 1, 2, 0, 3, 4
 
@@ -61,6 +61,18 @@ def _draws(seed: int, n: int = 20) -> list[int]:
 def test_same_seed_same_draws_other_seed_differs():
     assert _draws(7) == _draws(7)
     assert _draws(7) != _draws(8)
+
+
+def test_warm_sampler_moves_no_generator():
+    """generate's warm-up of the host chain draws from a throwaway Sampler: a seeded request's draws
+    around it and torch's global generator are as they were."""
+    state, want = torch.get_rng_state(), _draws(7, 3)
+    sampler, got = Sampler(SamplingParams(seed=7)), []
+    for params in (SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, top_k=40),
+                   SamplingParams(temperature=0.8, top_p=0.95, seed=7)):
+        warm_sampler(params, 1000)
+        got.append(sampler(torch.zeros(1000)))
+    assert got == want and torch.equal(torch.get_rng_state(), state)
 
 
 def test_draws_stay_inside_the_filtered_set():

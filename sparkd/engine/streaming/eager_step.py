@@ -70,6 +70,10 @@ class EagerDecode:
         (a streamed token waits ~60 ms on expert reads; the row's copy is not what limits it)."""
         return False
 
+    def pick_from(self, logits: torch.Tensor, sample, history=(), bias=None) -> int:
+        """StaticDecode's: the host Sampler's pick from a logits row the host holds (no request draws here)."""
+        return sample(logits, history, bias)
+
     @torch.inference_mode()
     def next_token(self, token: int) -> int:
         """Step `token`; torch.argmax of the new position's logits (lowest id among ties, a NaN
