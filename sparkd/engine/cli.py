@@ -148,13 +148,14 @@ def cmd_generate(a) -> int:
             scratch = m.net.new_cache(3)
             m.net(torch.tensor(ids[:1] * 2), scratch)
             m.net(torch.tensor(ids[:1]), scratch)
+        device_draws = False
         if graphs:  # capture outside the timed region too, and the draw chains' first run
             step.prepare(len(ids) + a.n)
             prompt.prepare(len(ids))
             if a.temp > 0:  # and this request's draw graphs (a capture in the first draw otherwise)
                 step.warm_sampling()
-                step.prepare_draws(sample.params, len(ids) + a.n)
-        if a.temp > 0:  # where the host draws the first token (no device draw): its ops' first use outside too
+                device_draws = step.prepare_draws(sample.params, len(ids) + a.n)
+        if a.temp > 0 and not device_draws:  # the host draws the first token: its ops' first use outside too
             warm_sampler(sample.params, m.net.cfg.n_vocab)
         batch = sm.plan.batch_tokens if sm else len(ids)
         last = prompt_last_only()

@@ -336,21 +336,23 @@ class StaticDecode:
         if self.device_sampling:
             self._sampler().warm()
 
-    def prepare_draws(self, params: SamplingParams, n_positions: int) -> None:
+    def prepare_draws(self, params: SamplingParams, n_positions: int) -> bool:
         """Capture the draw graphs `params`' chain takes in the buckets up to n_positions now (where
         their step graph is captured) rather than on the first draw there, as prepare does for the
         steps: generate knows its request before its timed region. It sets the request up to choose
         the chain; begin_sampling sets the real one up again, and a capture leaves the generator, the
-        ring and the draw count as they were (_capture_draw), so the tokens are the same."""
+        ring and the draw count as they were (_capture_draw), so the tokens are the same. Returns
+        whether the request draws on the device (its first token too: pick_from)."""
         if not (self.graphs and self.begin_sampling(params)):
-            return
+            return False
         for span in self.buckets:
             key = (span, self.sampler.path)
             if span in self._graphs and key not in self._draws and key not in self.failed:
                 with torch.inference_mode():  # as _draw captures
                     self._try(key, self._draws, lambda: self._capture_draw(self._graphs[span][1]))
             if span >= n_positions:
-                return
+                break
+        return True
 
     @torch.inference_mode()
     def _draw(self, span: int, logits: torch.Tensor) -> torch.Tensor:

@@ -313,6 +313,19 @@ def test_static_step_refuses_past_the_context(models):
         m.close()
 
 
+def test_no_draws_are_prepared_where_the_host_draws(models):
+    """prepare_draws without graphs (the CPU): nothing captured, and False: generate warms the host
+    sampler instead, which draws the first token there."""
+    m = load_model(models["gemma3"])
+    try:
+        cache = m.net.new_cache(8)
+        step = StaticDecode(m.net, cache, graphs=False, first_bucket=4)
+        assert step.prepare_draws(SamplingParams(temperature=0.8, seed=1), 8) is False
+        assert not step._draws and not step.drawing
+    finally:
+        m.close()
+
+
 def test_failed_step_capture_runs_the_step_eagerly_once(models):
     """A decode capture that fails (here: the CPU has no CUDA graphs; on the GPU, out of memory
     below) gives its bucket up, logged once: the steps and draws give the bits and tokens of the
@@ -550,7 +563,7 @@ def test_prepared_draws_give_the_same_tokens_on_cuda(tmp_path, top_k, top_p, pat
             step = StaticDecode(m.net, cache, graphs=True, first_bucket=4)
             step.prepare(len(PROMPT) + STEPS)
             if early:
-                step.prepare_draws(params, len(PROMPT) + STEPS)
+                assert step.prepare_draws(params, len(PROMPT) + STEPS)  # this request draws on the device
                 assert set(step._draws) == {(span, path) for span in (4, 8, 16, 32)}, step._draws.keys()
             drawn = set(step._draws)
             runs[early] = cli._decode(step, Sampler(params), logits, PROMPT, STEPS, None, frozenset(), None)[0]
