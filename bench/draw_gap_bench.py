@@ -38,10 +38,31 @@ def ms(t0: float) -> float:
     return round((time.perf_counter() - t0) * 1e3, 3)
 
 
+def sync(step) -> None:
+    if step.cache.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def prepared(m, n: int, device: str = "cuda"):
+    """The step and prompt forward of a PROMPT + n cache, prepared as cmd_generate does it, in its order: the
+    kernels' JIT, the step and prompt graphs (on CUDA), the draw chains' warm-up."""
+    graphs = use_graphs("on" if device == "cuda" else "off", m.net, device)
+    cache = m.net.new_cache(len(PROMPT) + n)
+    step = StaticDecode(m.net, cache, graphs=graphs)
+    prompt = prompt_forward(m.net, cache, graphs)
+    scratch = m.net.new_cache(3)
+    m.net(torch.tensor(PROMPT[:1] * 2), scratch)
+    m.net(torch.tensor(PROMPT[:1]), scratch)
+    step.prepare(len(PROMPT) + n)
+    prompt.prepare(len(PROMPT))
+    step.warm_sampling()
+    return step, prompt
+
+
 def prompt_logits(step: StaticDecode, prompt) -> torch.Tensor:
     step.cache.reset()
     logits = prompt(torch.tensor(PROMPT), last=prompt_last_only())
-    torch.cuda.synchronize()
+    sync(step)
     return logits
 
 
@@ -101,16 +122,7 @@ def main() -> None:
     m = load_model(a.model, device="cuda")
     res: dict = {"n": a.n}
     try:
-        graphs = use_graphs("on", m.net, "cuda")
-        cache = m.net.new_cache(len(PROMPT) + a.n)
-        step = StaticDecode(m.net, cache, graphs=graphs)
-        prompt = prompt_forward(m.net, cache, graphs)
-        scratch = m.net.new_cache(3)  # cmd_generate's JIT, captures and warm-up, in its order
-        m.net(torch.tensor(PROMPT[:1] * 2), scratch)
-        m.net(torch.tensor(PROMPT[:1]), scratch)
-        step.prepare(len(PROMPT) + a.n)
-        prompt.prepare(len(PROMPT))
-        step.warm_sampling()
+        step, prompt = prepared(m, a.n)
         captures: list[float] = []
         capture_draw = step._capture_draw
 

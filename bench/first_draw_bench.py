@@ -21,19 +21,10 @@ import json
 import statistics
 import time
 
-import torch
-
-from sparkd.engine import cli
-from sparkd.engine.cuda_graphs import StaticDecode, prompt_forward, use_graphs
+from draw_gap_bench import PROMPT, SETTINGS, decode, prepared, prompt_logits, sync
+from sparkd.engine.cuda_graphs import StaticDecode
 from sparkd.engine.models import load_model
-from sparkd.engine.models.decoder import prompt_last_only
 from sparkd.engine.sampler import Sampler, SamplingParams, warm_sampler
-
-SETTINGS = {"greedy": SamplingParams(temperature=0.0),
-            "top_k0": SamplingParams(temperature=0.8, seed=1),
-            "top_k40": SamplingParams(temperature=0.8, top_k=40, seed=1),
-            "top_p095": SamplingParams(temperature=0.8, top_p=0.95, seed=1)}
-PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 class HostFirst:
@@ -47,25 +38,6 @@ class HostFirst:
 
     def pick_from(self, logits, sample, history=(), bias=None) -> int:
         return sample(logits, history, bias)
-
-
-def sync(step) -> None:
-    if step.cache.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def prompt_logits(step: StaticDecode, prompt) -> torch.Tensor:
-    step.cache.reset()
-    logits = prompt(torch.tensor(PROMPT), last=prompt_last_only())
-    sync(step)
-    return logits
-
-
-def decode(step, prompt, params: SamplingParams, n: int) -> tuple[float, list[int]]:
-    logits = prompt_logits(step, prompt)
-    t0 = time.perf_counter()
-    out = cli._decode(step, Sampler(params), logits, PROMPT, n, None, frozenset(), None)[0]
-    return time.perf_counter() - t0, out
 
 
 def first_ms(step, prompt, params: SamplingParams, tries: int) -> float:
@@ -91,16 +63,7 @@ def main() -> None:
     m = load_model(a.model, device=a.device)
     res: dict = {"n": a.n}
     try:
-        graphs = use_graphs("on" if a.device == "cuda" else "off", m.net, a.device)
-        cache = m.net.new_cache(len(PROMPT) + a.n)
-        step = StaticDecode(m.net, cache, graphs=graphs)
-        prompt = prompt_forward(m.net, cache, graphs)
-        scratch = m.net.new_cache(3)  # cmd_generate's JIT, captures and warm-up, in its order
-        m.net(torch.tensor(PROMPT[:1] * 2), scratch)
-        m.net(torch.tensor(PROMPT[:1]), scratch)
-        step.prepare(len(PROMPT) + a.n)
-        prompt.prepare(len(PROMPT))
-        step.warm_sampling()
+        step, prompt = prepared(m, a.n, a.device)
         ways = {"host": HostFirst(step), "device": step}
         for name, params in SETTINGS.items():
             if params.temperature > 0:
@@ -111,7 +74,7 @@ def main() -> None:
             for _ in range(a.rounds):
                 for way, s in ways.items():
                     dt, out = decode(s, prompt, params, a.n)
-                    row[way]["tok_s"].append(round(len(out) / dt, 1))
+                    row[way]["tok_s"].append(round(len(out) / dt * 1e3, 1))  # dt in ms
                     row[way]["tokens"].append(out)
             for way, s in ways.items():
                 row[way]["first_ms"] = first_ms(s, prompt, params, a.picks)
