@@ -41,7 +41,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_tiled, q8_0_words
+from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_tiled, q8_0_perm, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GROUPED_BLOCK_TS,
@@ -464,16 +464,34 @@ def tiled_down(table: ExpertTable) -> ExpertTable:
     return replace(table, down_type=q4_k_tiled.TILED)
 
 
-def _repack(matrices: Sequence[tuple[torch.Tensor, Sequence[int]]], shape: tuple[int, int]) -> None:
-    """q4_k_tiled.pack_raw on each Q4_K matrix [rows, cols] of (buffer, offsets), in place; a matrix two
+def perm_experts(table: ExpertTable) -> ExpertTable:
+    """The table with its Q8_0 gate, up and down matrices permuted in place into q8_0_perm's word order (the same
+    bytes, each group's words reordered: the words step's 128-bit loads, the same bits), their type
+    q8_0_perm.PERM. (Session 18, moe41.)"""
+    gu = table.gate_up_type == Q8_0 and q8_0_perm.packable((table.width, table.dim))
+    dn = table.down_type == Q8_0 and q8_0_perm.packable((table.dim, table.width))
+    if not (gu and dn):
+        raise dispatch.KernelArgumentError(
+            f"could not permute the MoE table's Q8_0 words: needs Q8_0 matrices of whole 256-value groups, got "
+            f"{table.gate_up_type.name} [{table.width}, {table.dim}], {table.down_type.name} [{table.dim}, "
+            f"{table.width}]")
+    _repack(((table.gate, table.gate_offsets), (table.up, table.up_offsets)), (table.width, table.dim), Q8_0,
+            q8_0_perm.pack_raw)
+    _repack(((table.down, table.down_offsets),), (table.dim, table.width), Q8_0, q8_0_perm.pack_raw)
+    return replace(table, gate_up_type=q8_0_perm.PERM, down_type=q8_0_perm.PERM)
+
+
+def _repack(matrices: Sequence[tuple[torch.Tensor, Sequence[int]]], shape: tuple[int, int],
+            qtype: GGMLQuantizationType = Q4_K, pack: Callable = q4_k_tiled.pack_raw) -> None:
+    """pack (q4_k_tiled.pack_raw) on each qtype matrix [rows, cols] of (buffer, offsets), in place; a matrix two
     entries share is repacked once."""
-    span = shape[0] * dispatch.FAMILIES[Q4_K].row_bytes(shape[1])
+    span = shape[0] * dispatch.FAMILIES[qtype].row_bytes(shape[1])
     done = set()
     for buf, offsets in matrices:
         for o in (int(o) for o in offsets):
             if (buf.data_ptr(), o) not in done:
                 done.add((buf.data_ptr(), o))
-                buf[o:o + span] = q4_k_tiled.pack_raw(buf[o:o + span], shape)
+                buf[o:o + span] = pack(buf[o:o + span], shape)
 
 
 def _aligned(fam: dispatch.Family, row_bytes: int, bufs: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor],
@@ -633,6 +651,8 @@ def _int_args(fam: dispatch.Family, words: bool, vec: bool, full: bool = False) 
     """matmul.int_args, with q8_0_words' step for Q8_0 rows on 4 bytes if words (its unmasked
     idot_full if full: _full), _q4_k_vec's for Q4_K rows on 16 bytes if vec (ALIGN: what the
     offsets are known to be a multiple of; a tiled family keeps its own step)."""
+    if fam.qtype == q8_0_perm.PERM:  # the words step on permuted rows (on 16 bytes: prepare checked it)
+        return int_args(fam) | dict(IDOT=q8_0_words.idot_perm_full if full else q8_0_words.idot_perm, ALIGN=16)
     word_step = q8_0_words.idot_full if full else q8_0_words.idot
     step = dict(IDOT=word_step) if words else dict(IDOT=_q4_k_vec) if vec and fam.row_tile == 1 else {}
     return int_args(fam) | step | dict(ALIGN=16 if vec else 1)
