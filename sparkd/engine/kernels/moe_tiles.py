@@ -98,6 +98,8 @@ S14_WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),  # the default until 
 Q8_0_GATE_UP_4096 = GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)
 WIDTH_TIERS = {**S14_WIDTH_TIERS,
                "Q8_0": [(4096, Q8_0_GATE_UP_4096, Q8_0_FEW_RANGES), S14_WIDTH_TIERS["Q8_0"][1]]}
+# session 18 (moe41): Q8_0 in q8_0_perm's word order runs Q8_0's tiles (the same step, 128-bit loads)
+DECODE_TILES["Q8_0_PERM"], WIDTH_TIERS["Q8_0_PERM"] = DECODE_TILES["Q8_0"], WIDTH_TIERS["Q8_0"]
 
 
 @dataclass(frozen=True)
