@@ -15,10 +15,10 @@ R=/tmp/res; mkdir -p $R
 T0=$(date +%s); log() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }
 B="env PYTHONPATH=$PYTHONPATH:$PWD/bench python3 bench/moe_tiles_bench.py --defaults-only --sets new --compile-workers 8"
-timeout 130 $B --floor --shapes 4096x1536x8 --types Q8_0,Q8_0P,Q4_KXD --variants again \
+timeout 110 $B --floor --shapes 4096x1536x8 --types Q8_0,Q8_0P,Q4_KXD --variants again \
   --twin-loads vec,p13,vecp16,vecp8 --json $R/floor.json > $R/floor.log 2>&1
 log "4096 bench rc $?"; snap
-timeout 70 $B --no-twins --shapes 2048x768x8,4096x1536x8,7168x2048x8 --types Q8_0,Q8_0P --variants again \
+timeout 60 $B --no-twins --shapes 2048x768x8,4096x1536x8,7168x2048x8 --types Q8_0,Q8_0P --variants again \
   --json $R/widths.json > $R/widths.log 2>&1
 log "widths bench rc $?"; snap
 E=tests/engine
@@ -27,7 +27,7 @@ G=("$E/test_moe_perm.py $E/test_moe_words_full.py"
    "$E/test_kernels.py -k moe"
    "$E/test_moe_decode_fusion.py $E/test_moe_reference.py")
 P=(); i=0; for g in "${G[@]}"; do i=$((i+1))
-  (eval timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $g > $R/tests_$i.log 2>&1; \
+  (eval timeout 55 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $g > $R/tests_$i.log 2>&1; \
    echo "rc $?" >> $R/tests_$i.log) & P+=($!)
 done; wait "${P[@]}"
 for i in $(seq 1 ${#G[@]}); do log "tests $i (${G[$((i-1))]}): $(tail -2 $R/tests_$i.log | tr '\n' ' ')"; done
