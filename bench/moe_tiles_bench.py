@@ -370,6 +370,10 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
             rows.append(s.engine(f"default {name}", new[1], new[2], k, copy_bw))
     if args.floor:
         rows += floor_rows(s, copy_bw)
+    for per in args.persist:  # session 18: the gate/up on a persistent grid, per tiles a program (Kernels.persist)
+        k = dataclasses.replace(new[3], persist=per)
+        for part in (s.engine, s.gate_up):
+            rows.append(part(f"default persist {per}", new[1], new[2], k, copy_bw))
     for name in args.twin_loads if not isinstance(qtype, _Packed) else ():  # session 18: the twin's load width, grid
         vec, _, per_sm = name.partition("p")
         sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
@@ -469,10 +473,13 @@ def main() -> None:
     ap.add_argument("--no-twins", dest="twins", action="store_false", help="no load-only twins (moe_twin)")
     ap.add_argument("--variants", default="", help=f"the default layer's extra rows ({','.join(VARIANTS)})")
     ap.add_argument("--floor", action="store_true", help="the layer's floor: copies of its bytes (floor_rows)")
+    ap.add_argument("--persist", default="", help="the default layer's rows with its gate/up on a persistent grid, "
+                    "N tiles a program (moe_tiles.Kernels.persist), comma-separated")
     ap.add_argument("--twin-loads", default="", help="the default gate/up twin's extra rows: vec (128-bit loads), "
                     "pN (a persistent grid, N programs an SM), vecpN (both), base (as the twin row)")
     args = ap.parse_args()
     args.twin_loads = [v for v in args.twin_loads.split(",") if v]
+    args.persist = [int(v) for v in args.persist.split(",") if v]
     args.variants = [v for v in args.variants.split(",") if v]
     if set(args.variants) - set(VARIANTS):
         ap.error(f"--variants: one of {', '.join(VARIANTS)}")

@@ -102,3 +102,25 @@ def test_permuted_words_give_the_words_bits(backend):
 def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same float32 bits (a NaN too: the interpreter's sigmoid of a large -g times a large u)."""
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("backend", CASES)
+def test_a_persistent_gate_up_gives_the_grids_bits(backend):
+    """Kernels.persist (session 18): the gate/up's tiles looped over by fewer programs, each tile's work as before
+    (h quantized by a block's last tile at 2-row tiles): the same h and y bits, GGUF words and permuted."""
+    dim, width, n = (256, 256, 2) if backend == "cpu" else (4096, 1536, 8)
+    table = _table(dim, width, n, backend)
+    p = moe.prepare(table, backend)
+    arena = table.gate.clone()
+    pp = moe.prepare(moe.perm_experts(dataclasses.replace(table, gate=arena, up=arena, down=arena)), backend)
+    x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
+    gu, dn = GemvConfig(block_n=2, unroll=1, fuse_quant=True), GemvConfig(block_n=2, split=2)
+    if backend == "cuda":
+        gu, dn = moe_tiles.decode_tiles(p)
+        gu = dataclasses.replace(gu, fuse_quant=True)
+    base = moe.moe_decode(p, x, w, gate_up=gu, down=dn)
+    for t in (p, pp) if backend == "cuda" else (pp,):  # the interpreter: one (slow: a program at a time)
+        for per in (3,) if backend == "cpu" else (2, 3, 4):
+            k = moe_tiles.Kernels(persist=per)
+            assert _bits(moe.moe_decode(t, x, w, gate_up=gu, down=dn, kernels=k), base), per

@@ -130,6 +130,8 @@ class Kernels:
     # at its start, so the down's programs take free slots and wait there; False after its loop; None by the
     # model width (down_launch_at_start: $SPARKD_MOE_DOWN_LAUNCH). The same bits
     down_at_start: bool | None = None
+    # session 18 (moe41): > 0, the integer gate/up on a persistent grid, this many (row tile, expert) tiles a program
+    persist: int = 0
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
