@@ -77,7 +77,7 @@ def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=False,
-                      DOWN_AT_START=True, PERSIST=0, **common)
+                      DOWN_AT_START=True, **common)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,

@@ -4,7 +4,7 @@ old tiles next to the default and candidates, as a fraction of the copy bandwidt
 
 Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
        [--shapes 2048x768x8,4096x1536x8,7168x2048x8] [--gate-up T,...] [--down T,...] [--json F]
-       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins] [--floor]
+       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins] [--floor] [--twin-loads vec,p13,vecp16]
 
 Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
 DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe_tiles.OLD_DECODE_TILES), "s5" (session 5's
@@ -38,7 +38,9 @@ the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True
 moe_tiles.down_launch_at_start), and the default once more (the drift between). Session 17 (moe39): --floor,
 "floor" rows per shape and type (floor_rows): the layer's bytes as one copy, as the gate/up's then the down's in
 two copies (torch's, and a Triton copy with and without PDL), and a line "floor:" of each "all qx" layer's time
-against the pairs (the fraction of the floor the layer reaches).
+against the pairs (the fraction of the floor the layer reaches). Session 18 (moe41): --twin-loads, the default
+gate/up twin again with its weights as 128-bit loads (vec: moe_twin.gate_up's vec, offsets on 16 bytes) and/or on a
+persistent grid of N programs an SM (pN, vecpN), GGUF types only.
 """
 
 from __future__ import annotations
@@ -68,32 +70,13 @@ PACKED, PACKED_DOWN = "Q4_KX", "Q4_KXD"
 
 
 class _Packed:
-    """Experts of GGUF type base repacked at load: Q4_K's gate/up (down too if `down`) as the engine does; Q8_0P
-    (session 18, moe41), every Q8_0 matrix's words permuted (moe.perm_experts)."""
+    """Q4_K experts repacked at load as the engine does: gate/up (down too if `down`)."""
 
-    def __init__(self, name: str, down: bool, base: T = T.Q4_K):
-        self.name, self.down, self.base = name, down, base
-
-    def repack(self, table: moe.ExpertTable) -> moe.ExpertTable:
-        if self.base == T.Q8_0:
-            return moe.perm_experts(table)
-        table = moe.tiled_gate_up(table)
-        return moe.tiled_down(table) if self.down else table
-
-    @property
-    def tiled(self) -> bool:
-        """A row-tile layout (the pair twins, float32 out)."""
-        return self.base == T.Q4_K
+    def __init__(self, name: str, down: bool):
+        self.name, self.down = name, down
 
 
-PERM = "Q8_0P"
-PACKED_TYPES = {name: _Packed(name, name == PACKED_DOWN) for name in (PACKED, PACKED_DOWN)} | \
-    {PERM: _Packed(PERM, True, T.Q8_0)}
-
-
-def _tiled(qtype) -> bool:
-    """A row-tile layout's --types marker (its twins write float32)."""
-    return isinstance(qtype, _Packed) and qtype.tiled
+PACKED_TYPES = {name: _Packed(name, name == PACKED_DOWN) for name in (PACKED, PACKED_DOWN)}
 
 
 def qtype_of(name: str):
@@ -103,12 +86,11 @@ def qtype_of(name: str):
 # each kernel alone (:w, :p) and both, then more bytes per loop step where words or the pair loop
 # freed registers (moe_kernels_sass.py: one-warp tiles at <= 64 registers keep 32 programs per SM)
 GATE_UP = {"Q8_0": ["2/1/2/e:w", "2/1/2/e:p", "2/1/1/e", "1/1/2/e", "4/1/1/e", "2/1/2/g", "1/1/4/e", "2/1/4/e:w"],
-           "Q4_K": ["4/1/2/e", "2/1/1/e", "2/1/2/e", "4/1/1/e:-", "4/1/2/g", "8/1/1/e"], PACKED: ["4/1/2/e"], PACKED_DOWN: [],
-           PERM: []}
+           "Q4_K": ["4/1/2/e", "2/1/1/e", "2/1/2/e", "4/1/1/e:-", "4/1/2/g", "8/1/1/e"], PACKED: ["4/1/2/e"], PACKED_DOWN: []}
 DOWN = {"Q8_0": ["4/1/1/g/8", "2/1/4/e/8", "2/1/2/e/8", "4/1/2/g/8", "4/1/2/e/8", "2/1/4/e/4", "4/1/1/g/4",
                  "2/1/8/e/8"],
         "Q4_K": ["4/1/2/e/4", "4/1/3/e/4", "4/1/4/e/2", "8/1/2/e/2", "4/1/2/e/2", "4/1/3/e/8"], PACKED: [],
-        PERM: [], PACKED_DOWN: ["4/1/1/e/2", "4/1/2/e/2", "4/1/2/e/4", "4/1/1/e/4", "4/1/2/e/8", "4/1/4/e/2",
+        PACKED_DOWN: ["4/1/1/e/2", "4/1/2/e/2", "4/1/2/e/4", "4/1/1/e/4", "4/1/2/e/8", "4/1/4/e/2",
                       "4/1/2/e/2:wpvVf"]}
 DEVICE = "cuda"
 
@@ -198,7 +180,7 @@ class Shape:
         D, F, A = shape
         torch.manual_seed(0)  # the same experts, x and weights every run: an error seen once is seen again
         self.qtype, self.shape = qtype, shape
-        base = qtype.base if isinstance(qtype, _Packed) else qtype
+        base = T.Q4_K if isinstance(qtype, _Packed) else qtype
         self.matrix_bytes = F * dispatch.FAMILIES[base].row_bytes(D)  # gate, up and down alike
         n = max(2, -(-kb.ROTATE_BYTES // (3 * A * self.matrix_bytes)))
         n = n if reference else 2  # compiling only
@@ -208,7 +190,8 @@ class Shape:
         if isinstance(qtype, _Packed):
             self.ref = dataclasses.replace(self.ref, gate=full.gate.clone())
             self.ref = dataclasses.replace(self.ref, up=self.ref.gate, down=self.ref.gate)
-            full = qtype.repack(full)
+            full = moe.tiled_gate_up(full)
+            full = moe.tiled_down(full) if qtype.down else full
         # each set's experts in descending slot order: the table, not the layout, decides
         self.sets = [moe.prepare(kb.subset(full, list(range(s * A, (s + 1) * A))[::-1]), DEVICE) for s in range(n)]
         self.x, self.w = torch.randn(D, device=DEVICE), torch.rand(A, device=DEVICE)
@@ -257,7 +240,7 @@ class Shape:
         """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before); vec, persist: its 128-bit
         loads, its persistent grid of that many programs (--twin-loads)."""
         qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
-        out = torch.empty(self.shape[2], self.shape[1], dtype=torch.float32 if _tiled(self.qtype) else torch.int32,
+        out = torch.empty(self.shape[2], self.shape[1], dtype=torch.float32 if isinstance(self.qtype, _Packed) else torch.int32,
                           device=DEVICE)
         sec = kb.graph_seconds(lambda i: moe_twin.gate_up(self.sets[i % len(self.sets)], qx, out, gu, vec, persist),
                                len(self.sets))
@@ -370,10 +353,6 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
             rows.append(s.engine(f"default {name}", new[1], new[2], k, copy_bw))
     if args.floor:
         rows += floor_rows(s, copy_bw)
-    for per in args.persist:  # session 18: the gate/up on a persistent grid, per tiles a program (Kernels.persist)
-        k = dataclasses.replace(new[3], persist=per)
-        for part in (s.engine, s.gate_up):
-            rows.append(part(f"default persist {per}", new[1], new[2], k, copy_bw))
     for name in args.twin_loads if not isinstance(qtype, _Packed) else ():  # session 18: the twin's load width, grid
         vec, _, per_sm = name.partition("p")
         sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
@@ -412,7 +391,7 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, 
     global SETS
     name, shape, gus, dns, SETS, variants = job
     qtype = qtype_of(name)
-    gguf = qtype.base if isinstance(qtype, _Packed) else qtype
+    gguf = T.Q4_K if isinstance(qtype, _Packed) else qtype
     s = Shape(qtype, shape, reference=False)
     sets = baselines(s.sets[0])
     base, k = sets[-1][1:3], sets[-1][3]
@@ -437,7 +416,7 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, 
         try:
             s.call(0, gu, dn, kk)
             h = moe._gate_up(s.sets[0], s.x, s.w, False, "silu", gu, None, "bench", None, kk)
-            moe_twin.gate_up(s.sets[0], qx, torch.empty(shape[2], shape[1], dtype=torch.float32 if _tiled(qtype)
+            moe_twin.gate_up(s.sets[0], qx, torch.empty(shape[2], shape[1], dtype=torch.float32 if isinstance(qtype, _Packed)
                                                         else torch.int32, device=DEVICE), gu)
             moe_twin.down(s.sets[0], h, torch.empty(shape[2], shape[0], dtype=down_twin_dtype(s.sets[0]), device=DEVICE),
                           dn)
@@ -473,13 +452,10 @@ def main() -> None:
     ap.add_argument("--no-twins", dest="twins", action="store_false", help="no load-only twins (moe_twin)")
     ap.add_argument("--variants", default="", help=f"the default layer's extra rows ({','.join(VARIANTS)})")
     ap.add_argument("--floor", action="store_true", help="the layer's floor: copies of its bytes (floor_rows)")
-    ap.add_argument("--persist", default="", help="the default layer's rows with its gate/up on a persistent grid, "
-                    "N tiles a program (moe_tiles.Kernels.persist), comma-separated")
     ap.add_argument("--twin-loads", default="", help="the default gate/up twin's extra rows: vec (128-bit loads), "
                     "pN (a persistent grid, N programs an SM), vecpN (both), base (as the twin row)")
     args = ap.parse_args()
     args.twin_loads = [v for v in args.twin_loads.split(",") if v]
-    args.persist = [int(v) for v in args.persist.split(",") if v]
     args.variants = [v for v in args.variants.split(",") if v]
     if set(args.variants) - set(VARIANTS):
         ap.error(f"--variants: one of {', '.join(VARIANTS)}")

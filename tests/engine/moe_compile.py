@@ -10,7 +10,7 @@ from triton.tools.disasm import get_sass
 from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, pdl, router_topk
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
-SCALARS = {"F": "i32", "D": "i32", "n": "i32", "n_tiles": "i32", "E": "i32", "row_bytes": "i32", "scale": "fp32", "min_sum": "fp32"}
+SCALARS = {"F": "i32", "D": "i32", "n": "i32", "E": "i32", "row_bytes": "i32", "scale": "fp32", "min_sum": "fp32"}
 
 
 def atomics(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool = True) -> int:
@@ -43,7 +43,7 @@ def main() -> None:
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
                                                         HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, TILED=False,
-                                                        DOWN_AT_START=True, PERSIST=0, **tile),
+                                                        DOWN_AT_START=True, **tile),
                     gu_cfg.num_warps, fp_fusion=False)
         print(f"igate_up {qtype} late-quant atomics={n}")
     gate = dict(gate_ptr=F32, x_ptr=F32, part_ptr=F32, ticket_ptr=I32, bias_ptr=F32, w_ptr=F32, ids_ptr=I64)

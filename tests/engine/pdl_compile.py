@@ -72,7 +72,7 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
     "igate_up_late": (moe._igate_up_kernel, dict(**moe._int_args(dispatch.FAMILIES[T.Q8_0], True, False, True),
                                                 BLOCK_N=2, UNROLL=2, EW=True, EMU=False, ACT=0, RW=True, STAGES=None,
                                                 HBLOCK=32, H8K=False, PAIR=True, TILED=False, IDS=True,
-                                                DOWN_AT_START=False, PERSIST=0), 1),
+                                                DOWN_AT_START=False), 1),
     "gate_topk": (router_topk._gate_topk, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8, BLOCK_E=128,
                                                BLOCK_K=8, ROWS=4, COLS=256, SPLIT=8), 1),
 }

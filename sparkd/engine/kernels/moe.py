@@ -41,7 +41,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_tiled, q8_0_perm, q8_0_words
+from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_tiled, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GROUPED_BLOCK_TS,
@@ -226,12 +226,12 @@ def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr,
 
 @triton.jit
 def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
-                     hf_ptr, tickets_ptr, F, D, row_bytes, n_tiles, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
+                     hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
                      A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
-                     DOWN_AT_START: tl.constexpr = True, PDL: tl.constexpr = False, PERSIST: tl.constexpr = 0):
+                     DOWN_AT_START: tl.constexpr = True, PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -239,32 +239,10 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
     TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
     weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset).
-    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop.
-    PERSIST > 0 (Kernels.persist): a 1-D grid of PERSIST programs, each running the (row tile, expert) tiles
-    pid, pid + PERSIST, ... of the n_tiles in turn (a persistent grid); else one program a tile."""
+    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop."""
     pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
-    if PERSIST > 0:
-        for t in range(tl.program_id(0), n_tiles, PERSIST):
-            _igate_up_tile(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr,
-                           hs_ptr, hf_ptr, tickets_ptr, F, D, row_bytes, t % tl.cdiv(F, BLOCK_N), t // tl.cdiv(F, BLOCK_N),
-                           IDS, IDOT, A1, A2, A3, BLOCK_N, UNROLL, EW, EMU, ACT, RW, STAGES, HBLOCK, H8K, PAIR, ALIGN,
-                           TILED, DOWN_AT_START, PDL)
-    else:
-        _igate_up_tile(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr,
-                       hs_ptr, hf_ptr, tickets_ptr, F, D, row_bytes, tl.program_id(0), tl.program_id(1), IDS, IDOT, A1,
-                       A2, A3, BLOCK_N, UNROLL, EW, EMU, ACT, RW, STAGES, HBLOCK, H8K, PAIR, ALIGN, TILED, DOWN_AT_START,
-                       PDL)
-
-
-@triton.jit
-def _igate_up_tile(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
-                   hf_ptr, tickets_ptr, F, D, row_bytes, tile, a, IDS: tl.constexpr, IDOT: tl.constexpr,
-                   A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                   EW: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr,
-                   HBLOCK: tl.constexpr, H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr,
-                   TILED: tl.constexpr, DOWN_AT_START: tl.constexpr, GDC: tl.constexpr):
-    """_igate_up_kernel's work on row tile `tile` of expert a (GDC: its PDL)."""
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    a = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rb = rows.to(tl.int64) * row_bytes
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
@@ -276,7 +254,7 @@ def _igate_up_tile(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
         g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
                              A3, UNROLL, EW, EMU, STAGES, PAIR)
     if not DOWN_AT_START:
-        pdl.dependents(GDC)
+        pdl.dependents(PDL)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -284,13 +262,13 @@ def _igate_up_tile(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
         tl.store(h_ptr + a * F + rows, h, mask=rmask)
     elif BLOCK_N >= HBLOCK:
         P: tl.constexpr = BLOCK_N // HBLOCK
-        b = tile * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
+        b = tl.program_id(0) * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
         act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32),
                                tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
     else:
         tl.store(hf_ptr + a * F + rows, h, mask=rmask)
         tl.debug_barrier()  # every thread's h stored before the ticket releases them
-        blk = tile // (HBLOCK // BLOCK_N)
+        blk = tl.program_id(0) // (HBLOCK // BLOCK_N)
         ticket = tickets_ptr + a * (F // HBLOCK) + blk
         if tl.atomic_add(ticket, 1, sem="acq_rel") == HBLOCK // BLOCK_N - 1:
             v = tl.load(hf_ptr + a * F + blk * HBLOCK + tl.arange(0, HBLOCK)[None, :], cache_modifier=".cg")
@@ -486,34 +464,16 @@ def tiled_down(table: ExpertTable) -> ExpertTable:
     return replace(table, down_type=q4_k_tiled.TILED)
 
 
-def perm_experts(table: ExpertTable) -> ExpertTable:
-    """The table with its Q8_0 gate, up and down matrices permuted in place into q8_0_perm's word order (the same
-    bytes, each group's words reordered: the words step's 128-bit loads, the same bits), their type
-    q8_0_perm.PERM. (Session 18, moe41.)"""
-    gu = table.gate_up_type == Q8_0 and q8_0_perm.packable((table.width, table.dim))
-    dn = table.down_type == Q8_0 and q8_0_perm.packable((table.dim, table.width))
-    if not (gu and dn):
-        raise dispatch.KernelArgumentError(
-            f"could not permute the MoE table's Q8_0 words: needs Q8_0 matrices of whole 256-value groups, got "
-            f"{table.gate_up_type.name} [{table.width}, {table.dim}], {table.down_type.name} [{table.dim}, "
-            f"{table.width}]")
-    _repack(((table.gate, table.gate_offsets), (table.up, table.up_offsets)), (table.width, table.dim), Q8_0,
-            q8_0_perm.pack_raw)
-    _repack(((table.down, table.down_offsets),), (table.dim, table.width), Q8_0, q8_0_perm.pack_raw)
-    return replace(table, gate_up_type=q8_0_perm.PERM, down_type=q8_0_perm.PERM)
-
-
-def _repack(matrices: Sequence[tuple[torch.Tensor, Sequence[int]]], shape: tuple[int, int],
-            qtype: GGMLQuantizationType = Q4_K, pack: Callable = q4_k_tiled.pack_raw) -> None:
-    """pack (q4_k_tiled.pack_raw) on each qtype matrix [rows, cols] of (buffer, offsets), in place; a matrix two
+def _repack(matrices: Sequence[tuple[torch.Tensor, Sequence[int]]], shape: tuple[int, int]) -> None:
+    """q4_k_tiled.pack_raw on each Q4_K matrix [rows, cols] of (buffer, offsets), in place; a matrix two
     entries share is repacked once."""
-    span = shape[0] * dispatch.FAMILIES[qtype].row_bytes(shape[1])
+    span = shape[0] * dispatch.FAMILIES[Q4_K].row_bytes(shape[1])
     done = set()
     for buf, offsets in matrices:
         for o in (int(o) for o in offsets):
             if (buf.data_ptr(), o) not in done:
                 done.add((buf.data_ptr(), o))
-                buf[o:o + span] = pack(buf[o:o + span], shape)
+                buf[o:o + span] = q4_k_tiled.pack_raw(buf[o:o + span], shape)
 
 
 def _aligned(fam: dispatch.Family, row_bytes: int, bufs: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor],
@@ -616,8 +576,6 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
     n, D, F = p.count, p.table.dim, p.table.width
     grid = (triton.cdiv(F, cfg.block_n), n)
     if p.gate_up.idot is not None:
-        tiles = grid[0] * n
-        persist = triton.cdiv(tiles, kernels.persist) if kernels.persist else 0  # programs of a persistent grid
         check_one_tile(p.gate_up, cfg, what)
         hq = _fused_h(p, cfg, x.device, what)
         h = torch.empty(n, F, dtype=torch.float32, device=x.device) if hq is None else hq.words
@@ -626,11 +584,10 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
         late = 0 < cfg.block_n < hblock  # blocks quantized by their last program: float h first
         hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
         q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
-        _igate_up_kernel[(persist,) if persist else grid](
-                               p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
+        _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
                                xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
                                tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
-                               row_bytes=p.gate_up_row_bytes, n_tiles=tiles, PERSIST=persist, **_ids(p),
+                               row_bytes=p.gate_up_row_bytes, **_ids(p),
                                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
                                            _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                            kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
@@ -676,8 +633,6 @@ def _int_args(fam: dispatch.Family, words: bool, vec: bool, full: bool = False) 
     """matmul.int_args, with q8_0_words' step for Q8_0 rows on 4 bytes if words (its unmasked
     idot_full if full: _full), _q4_k_vec's for Q4_K rows on 16 bytes if vec (ALIGN: what the
     offsets are known to be a multiple of; a tiled family keeps its own step)."""
-    if fam.qtype == q8_0_perm.PERM:  # the words step on permuted rows (on 16 bytes: prepare checked it)
-        return int_args(fam) | dict(IDOT=q8_0_words.idot_perm_full if full else q8_0_words.idot_perm, ALIGN=16)
     word_step = q8_0_words.idot_full if full else q8_0_words.idot
     step = dict(IDOT=word_step) if words else dict(IDOT=_q4_k_vec) if vec and fam.row_tile == 1 else {}
     return int_args(fam) | step | dict(ALIGN=16 if vec else 1)

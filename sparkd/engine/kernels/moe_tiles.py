@@ -98,8 +98,6 @@ S14_WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),  # the default until 
 Q8_0_GATE_UP_4096 = GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True)
 WIDTH_TIERS = {**S14_WIDTH_TIERS,
                "Q8_0": [(4096, Q8_0_GATE_UP_4096, Q8_0_FEW_RANGES), S14_WIDTH_TIERS["Q8_0"][1]]}
-# session 18 (moe41): Q8_0 in q8_0_perm's word order runs Q8_0's tiles (the same step, 128-bit loads)
-DECODE_TILES["Q8_0_PERM"], WIDTH_TIERS["Q8_0_PERM"] = DECODE_TILES["Q8_0"], WIDTH_TIERS["Q8_0"]
 
 
 @dataclass(frozen=True)
@@ -130,8 +128,6 @@ class Kernels:
     # at its start, so the down's programs take free slots and wait there; False after its loop; None by the
     # model width (down_launch_at_start: $SPARKD_MOE_DOWN_LAUNCH). The same bits
     down_at_start: bool | None = None
-    # session 18 (moe41): > 0, the integer gate/up on a persistent grid, this many (row tile, expert) tiles a program
-    persist: int = 0
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,

@@ -41,20 +41,8 @@ def idot_full(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.c
 
 
 @triton.jit
-def idot_perm(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """idot on q8_0_perm's rows (row_off known to be a multiple of 16 bytes): the same words, 128-bit loads."""
-    return _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU, True, True)
-
-
-@triton.jit
-def idot_perm_full(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """idot_full on q8_0_perm's rows."""
-    return _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU, False, True)
-
-
-@triton.jit
 def _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr,
-          MASKED: tl.constexpr, PERM: tl.constexpr = False):
+          MASKED: tl.constexpr):
     s = tl.arange(0, 8)[None, :, None]  # block in the group
     b = g * 8 + s  # block index along the row [1, 8, 1]; g * 8 is even: b's parity is s's
     lane = tl.arange(0, 8)[None, None, :]  # 32-bit word lane of the block
@@ -62,13 +50,8 @@ def _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.const
     blk = w_ptr + row_off[:, None, None] + b * 34  # [BN, 8, 1] block starts
     full = tl.zeros((row_off.shape[0], 8, 8), tl.int32)
     shift = tl.where(even, 2, 0)
-    if PERM:  # q8_0_perm: block s's lane words at 32 s bytes of the group, the even heads after them
-        grp = (w_ptr + row_off[:, None, None] + g * 272).to(tl.pointer_type(tl.int32))  # [BN, 1, 1]
-        wp = grp + s * 8 + lane
-        hp = grp + tl.where(even, 64 + s // 2, s * 8 - 1) + full  # odd: the even block's lane 7
-    else:
-        wp = (blk + 2 + shift + 4 * lane).to(tl.pointer_type(tl.int32))
-        hp = (blk - 2 + shift + full).to(tl.pointer_type(tl.int32))
+    wp = (blk + 2 + shift + 4 * lane).to(tl.pointer_type(tl.int32))
+    hp = (blk - 2 + shift + full).to(tl.pointer_type(tl.int32))
     xb = xw_ptr + b * 8 + lane + full  # x's words of the block
     if MASKED:
         bmask = b * 32 < K
@@ -91,9 +74,6 @@ def _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.const
         acc += isum.to(tl.float32) * (d * dx)
     else:  # q8_0.idot's order: a float per block, then one per row
         dp = blk.to(tl.pointer_type(tl.float16))
-        if PERM:  # the scale's half of the head word (even: word 64 + s / 2's low, odd: word 8 s - 1's high)
-            dp = (w_ptr + row_off[:, None, None] + g * 272 + tl.where(even, 256 + 2 * s, 32 * s - 2)).to(
-                tl.pointer_type(tl.float16))
         if MASKED:
             d = tl.load(dp, mask=rmask[:, None, None] & (b * 32 < K), other=0.0).to(tl.float32)
         else:
