@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran on the tree of 498f082. Q8_0P (moe.perm_experts, kernels/q8_0_perm.py) was taken out after the calls: run it
+# from bc0e226 to repeat them.
 # Session 18, moe41 (H200, carry [".whl", ".xfer/moe41"], run from .xfer/moe41): the 4096x1536 top-8 MoE layer's
 # gate/up load structure. Engine unchanged; the candidate is a layout the bench makes (Q8_0P: moe.perm_experts,
 # q8_0_perm's word order, the words step's 128-bit loads, the same bits).

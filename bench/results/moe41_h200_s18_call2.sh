@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran on bc0e226; Kernels.persist, --persist and Q8_0P were taken out after the calls (run it from bc0e226).
 # Session 18, moe41, second call (H200, carry [".whl", ".xfer/moe41"], run from .xfer/moe41): the first call's twin
 # said a persistent grid with 128-bit loads (vecp16) takes the gate/up twin 33.9 -> 29.6 us at 4096x1536; here the
 # real gate/up on a persistent grid (moe_tiles.Kernels.persist: N tiles a program), GGUF words (Q8_0), permuted
