@@ -37,7 +37,7 @@ GATE_UP = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, ids_ptr=I64, xw
                rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
 TWIN = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, xw_ptr=I32, out_ptr=I32, down_ptr=U8, down_off=I64,
             hw_ptr=I32, y_ptr=F32, tickets_ptr=I32)
-SCALARS.update(row_words="i32", n_groups="i32")
+SCALARS.update(row_words="i32", n_groups="i32", n_tiles="i32")
 
 
 def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool, aligned: tuple = ALIGNED) -> bytes:
@@ -95,7 +95,8 @@ def twin(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     common = dict(GW=gw, GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, UP=triton.next_power_of_2(cfg.unroll))
     aligned = ALIGNED + ("out_ptr",) + (("row_words",) if kind == "gate/up" or groups % 4 == 0 else ())
     if kind == "gate/up":
-        binary = cubin(moe_twin._twin_gate_up_kernel, TWIN, common, cfg.num_warps, True, aligned)
+        binary = cubin(moe_twin._twin_gate_up_kernel, TWIN, dict(VEC=False, PERSIST=0, **common), cfg.num_warps, True,
+                       aligned)
     else:
         binary = cubin(moe_twin._twin_down_kernel, TWIN, dict(SPLIT=cfg.split or 1, FOLD=(cfg.split or 1) > 1,
                                                              **common), cfg.num_warps, True, aligned)

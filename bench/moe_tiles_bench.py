@@ -4,7 +4,7 @@ old tiles next to the default and candidates, as a fraction of the copy bandwidt
 
 Usage: PYTHONPATH=.:bench python bench/moe_tiles_bench.py [--types Q8_0,Q4_K]
        [--shapes 2048x768x8,4096x1536x8,7168x2048x8] [--gate-up T,...] [--down T,...] [--json F]
-       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins] [--floor]
+       [--defaults-only] [--compile-workers N] [--sets old,s5,s6] [--no-twins] [--floor] [--twin-loads vec,p13,vecp16]
 
 Shapes are DxFxA (model width, expert width, experts per token): Qwen3-30B-A3B, Qwen3-235B-A22B,
 DeepSeek-V3 / Kimi-K2. Rows per shape and type: "old" (moe_tiles.OLD_DECODE_TILES), "s5" (session 5's
@@ -38,7 +38,9 @@ the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True
 moe_tiles.down_launch_at_start), and the default once more (the drift between). Session 17 (moe39): --floor,
 "floor" rows per shape and type (floor_rows): the layer's bytes as one copy, as the gate/up's then the down's in
 two copies (torch's, and a Triton copy with and without PDL), and a line "floor:" of each "all qx" layer's time
-against the pairs (the fraction of the floor the layer reaches).
+against the pairs (the fraction of the floor the layer reaches). Session 18 (moe41): --twin-loads, the default
+gate/up twin again with its weights as 128-bit loads (vec: moe_twin.gate_up's vec, offsets on 16 bytes) and/or on a
+persistent grid of N programs an SM (pN, vecpN), GGUF types only.
 """
 
 from __future__ import annotations
@@ -233,12 +235,15 @@ class Shape:
         sec = kb.graph_seconds(run, len(self.sets))
         return self.row("all qx", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
 
-    def twin_gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
-        """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before)."""
+    def twin_gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float,
+                     vec: bool = False, persist: int = 0) -> dict:
+        """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before); vec, persist: its 128-bit
+        loads, its persistent grid of that many programs (--twin-loads)."""
         qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
         out = torch.empty(self.shape[2], self.shape[1], dtype=torch.float32 if isinstance(self.qtype, _Packed) else torch.int32,
                           device=DEVICE)
-        sec = kb.graph_seconds(lambda i: moe_twin.gate_up(self.sets[i % len(self.sets)], qx, out, gu), len(self.sets))
+        sec = kb.graph_seconds(lambda i: moe_twin.gate_up(self.sets[i % len(self.sets)], qx, out, gu, vec, persist),
+                               len(self.sets))
         return self.row("gate/up twin", label, sec, 2 * self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
 
     def twin_down(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float) -> dict:
@@ -348,6 +353,14 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
             rows.append(s.engine(f"default {name}", new[1], new[2], k, copy_bw))
     if args.floor:
         rows += floor_rows(s, copy_bw)
+    for name in args.twin_loads if not isinstance(qtype, _Packed) else ():  # session 18: the twin's load width, grid
+        vec, _, per_sm = name.partition("p")
+        sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+        try:
+            rows.append(s.twin_gate_up(f"default {kb.tag(new[1])} twin {name}", new[1], new[2], new[3], copy_bw,
+                                       vec == "vec", int(per_sm or 0) * sms))
+        except Exception as e:  # noqa: BLE001 - one device call measures everything it can
+            print(f"FAILED {qtype.name} {shape} twin {name}: {type(e).__name__}: {e}", flush=True)
     gemv_tiles_bench.print_rows(rows)
     if args.floor:  # the layer against its floor: the pair of copies the two launches could reach at best
         layer = {r["config"]: r["us"] for r in rows if r["kernel"].endswith(" all qx")}
@@ -439,7 +452,10 @@ def main() -> None:
     ap.add_argument("--no-twins", dest="twins", action="store_false", help="no load-only twins (moe_twin)")
     ap.add_argument("--variants", default="", help=f"the default layer's extra rows ({','.join(VARIANTS)})")
     ap.add_argument("--floor", action="store_true", help="the layer's floor: copies of its bytes (floor_rows)")
+    ap.add_argument("--twin-loads", default="", help="the default gate/up twin's extra rows: vec (128-bit loads), "
+                    "pN (a persistent grid, N programs an SM), vecpN (both), base (as the twin row)")
     args = ap.parse_args()
+    args.twin_loads = [v for v in args.twin_loads.split(",") if v]
     args.variants = [v for v in args.variants.split(",") if v]
     if set(args.variants) - set(VARIANTS):
         ap.error(f"--variants: one of {', '.join(VARIANTS)}")

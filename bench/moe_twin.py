@@ -40,14 +40,31 @@ def _group_sum(w_ptr, off_bytes, rows64, rmask, row_words, xw_ptr, g0, n_groups,
 
 
 @triton.jit
-def _twin_gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words,
+def _twin_gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words, n_tiles,
                          GW: tl.constexpr, GWP: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                         UP: tl.constexpr):
-    a = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+                         UP: tl.constexpr, VEC: tl.constexpr = False, PERSIST: tl.constexpr = 0):
+    """VEC (session 18, moe41): the expert offsets known to be multiples of 16 bytes, so the row words load as
+    128-bit vectors (the kernel's words step loads 32 bits a lane). PERSIST > 0: that many programs on a 1-D grid,
+    each looping over the (row tile, expert) tiles pid, pid + PERSIST, ... (a persistent grid; else one a tile)."""
+    if PERSIST > 0:
+        for t in range(tl.program_id(0), n_tiles, PERSIST):
+            _twin_gate_up_tile(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words,
+                               t % tl.cdiv(F, BLOCK_N), t // tl.cdiv(F, BLOCK_N), GW, GWP, BLOCK_N, UNROLL, UP, VEC)
+    else:
+        _twin_gate_up_tile(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words,
+                           tl.program_id(0), tl.program_id(1), GW, GWP, BLOCK_N, UNROLL, UP, VEC)
+
+
+@triton.jit
+def _twin_gate_up_tile(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words, tile, a,
+                       GW: tl.constexpr, GWP: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
+                       UP: tl.constexpr, VEC: tl.constexpr):
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     rows64 = rows.to(tl.int64)
     go, uo = tl.load(gate_off + a), tl.load(up_off + a)
+    if VEC:
+        go, uo = tl.multiple_of(go, 16), tl.multiple_of(uo, 16)
     acc = tl.zeros((BLOCK_N, UP, GWP), tl.int32)
     for g0 in range(0, n_groups, UNROLL):
         acc = _group_sum(gate_ptr, go, rows64, rmask, row_words, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL, UP)
@@ -140,9 +157,11 @@ def _check(p, what: str) -> None:
         raise ValueError(f"could not run the {what} twin: a selection (ids) is not supported")
 
 
-def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig) -> None:
+def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, vec: bool = False, persist: int = 0) -> None:
     """The gate/up launch's twin: out int32 [n, F]; xq: x quantized (its words). A gate/up in the pairx
-    bytes (q4_k_tiled.TILED at the pairx loads): the pair tile's twin, out float32 [n, F], cfg's unroll."""
+    bytes (q4_k_tiled.TILED at the pairx loads): the pair tile's twin, out float32 [n, F], cfg's unroll.
+    GGUF rows only (session 18): vec, the weights as 128-bit loads; persist > 0, that many programs looping
+    over the tiles (_twin_gate_up_kernel)."""
     _check(p, "gate/up")
     D, F, n = p.table.dim, p.table.width, p.count
     if p.gate_up.qtype == q4_k_tiled.TILED:
@@ -153,10 +172,13 @@ def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig) -> None
             UNROLL=cfg.unroll, EMU=emulate(cfg, out), num_warps=1)
         return
     gw, gwp = _group_words(p.gate_up)
-    _twin_gate_up_kernel[(triton.cdiv(F, cfg.block_n), n)](
+    tiles = triton.cdiv(F, cfg.block_n) * n
+    if vec and (p.gate_up_row_bytes % 16 or any(int(o) % 16 for o in (*p.table.gate_offsets, *p.table.up_offsets))):
+        raise ValueError("could not run the gate/up twin's 128-bit loads: rows and offsets must be on 16 bytes")
+    _twin_gate_up_kernel[(min(persist, tiles),) if persist else (triton.cdiv(F, cfg.block_n), n)](
         p.table.gate, p.table.up, p.gate_off, p.up_off, xq.words, out, F, triton.cdiv(D, 256),
-        p.gate_up_row_bytes // 4, GW=gw, GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, UP=triton.next_power_of_2(cfg.unroll),
-        num_warps=cfg.num_warps)
+        p.gate_up_row_bytes // 4, tiles, GW=gw, GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
+        UP=triton.next_power_of_2(cfg.unroll), VEC=vec, PERSIST=min(persist, tiles), num_warps=cfg.num_warps)
 
 
 def down(p, hq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, y: torch.Tensor | None = None) -> None:

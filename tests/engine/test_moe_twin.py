@@ -2,6 +2,7 @@
 32-bit word of each selected expert's rows once (with x's / h's words of its group), whatever the
 tile's rows, unroll (a power of two or not) and down ranges. Interpreter where there is no GPU."""
 
+import dataclasses
 import os
 
 import pytest
@@ -52,6 +53,18 @@ def test_twins_read_every_word_of_the_selected_experts(backend, qtype):
                             + word_sums(arena, table.up_offsets[a], F, p.gate_up_row_bytes, gw, qx.words[0].cpu())
                             for a in range(n)])
         assert torch.equal(out.cpu(), wrapped(want))
+        for vec, persist in ((False, 5), (True, 0), (True, 7)):  # session 18: 128-bit loads, a persistent grid
+            at = dict(gate_offsets=[o // 16 * 16 for o in table.gate_offsets],
+                      up_offsets=[o // 16 * 16 for o in table.up_offsets]) if vec else {}
+            t = dataclasses.replace(table, **at)
+            out = torch.zeros(n, F, dtype=torch.int32, device=backend)
+            twin.gate_up(moe.prepare(t, backend), qx, out, cfg, vec, persist)
+            want = torch.stack([word_sums(arena, t.gate_offsets[a], F, p.gate_up_row_bytes, gw, qx.words[0].cpu())
+                                + word_sums(arena, t.up_offsets[a], F, p.gate_up_row_bytes, gw, qx.words[0].cpu())
+                                for a in range(n)])
+            assert torch.equal(out.cpu(), wrapped(want)), (vec, persist)
+        with pytest.raises(ValueError):  # the arena's experts on 4 bytes
+            twin.gate_up(p, qx, out, cfg, True)
         split = min(cfg.split, n) or 1
         out = torch.zeros(split, D, dtype=torch.int32, device=backend)
         twin.down(p, hq, out, cfg)
