@@ -70,7 +70,10 @@ class DecodeSlot:
 
     async def run(self, ticket: "Ticket", work: Work, cancel: threading.Event) -> AsyncIterator[Any]:
         """Wait for the slot (after admit()), run work(emit) in the worker thread and yield what it
-        emits. Leaving early (client gone) sets cancel; the slot frees when the thread ends."""
+        emits. Leaving early (client gone) sets cancel; the slot frees when the thread ends, in the
+        same loop callback that hands the request its end: a request that saw its end finds the slot
+        free (a release left to the executor future's callbacks could still be in flight then, and
+        never run where the loop closes with the response: starlette's TestClient without `with`)."""
         ticket.entered = True
         try:
             await self._lock.acquire()
@@ -84,21 +87,27 @@ class DecodeSlot:
         def emit(event: Any) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
+        def end(error: BaseException | None) -> None:
+            self._release(started)
+            if error is not None:
+                events.put_nowait(error)
+            events.put_nowait(_END)
+
         def call() -> None:
+            error = None
             try:
                 work(emit)
             except BaseException as exc:  # handed to the request; the worker thread lives on
-                emit(exc)
+                error = exc
             finally:
-                emit(_END)
+                loop.call_soon_threadsafe(end, error)
         try:
             self.running = 1
             self._changed()
-            future = loop.run_in_executor(self._executor, call)
+            loop.run_in_executor(self._executor, call)
         except BaseException:
             self._release(started)
             raise
-        future.add_done_callback(lambda _: self._release(started))
         try:
             while (event := await events.get()) is not _END:
                 if isinstance(event, BaseException):
