@@ -5,7 +5,8 @@
 # time holds (greedy, top_k 0, top_k 40, top_p 0.95: draw41/42 moved a temperature request's fixed costs out of the
 # decode and its first token onto the device); then the OpenAI server's streamed decode (serve --top-k 0, and top_p
 # 0.95 in the requests: their warm-up request is a first request's time). Results: $OUT/res.tgz + $OUT/log.txt.
-# END_S bounds the whole call; every step has a timeout.
+# END_S bounds the whole call; every step has a timeout. ONLY="8 10 11 12" runs those test groups alone (this
+# session's call: the kernels did not change since session 17's full run, 372 passed; the groups of the changed code).
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -32,11 +33,12 @@ G=("$E/test_kernels.py -k \"int8 or igemm\""
    "$E/test_device_sampler.py $E/test_device_sampler_fused.py $E/test_device_argmax.py $E/test_pdl.py $E/test_feed_tokens.py $E/test_decode_pipeline.py $E/streaming tests/guards/test_gpu_guard.py"
    "$E/test_cuda_graphs.py $E/test_prompt_cache.py"
    "tests/test_daemon_cgroupfs.py -k gpu_guard")
-P=()
+P=(); I=()
 for i in "${!G[@]}"; do
-  eval timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rfE ${G[$i]} > $R/gpu_tests_$((i+1)).log 2>&1 & P+=($!)
+  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $((i+1)) "* ]] && continue  # ONLY="8 10 11": those groups alone
+  eval timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rfE ${G[$i]} > $R/gpu_tests_$((i+1)).log 2>&1 & P+=($!); I+=($((i+1)))
 done
-for i in "${!P[@]}"; do wait ${P[$i]}; log "tests group $((i+1)) rc $? $(tail -1 $R/gpu_tests_$((i+1)).log)"; done
+for j in "${!P[@]}"; do wait ${P[$j]}; log "tests group ${I[$j]} rc $? $(tail -1 $R/gpu_tests_${I[$j]}.log)"; done
 grep -h "^FAILED\|^ERROR" $R/gpu_tests_*.log | tee -a $OUT/log.txt; snap
 if [ "${MOE:-0}" = 1 ]; then
   PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 110 python3 bench/moe_tiles_bench.py --defaults-only --floor --types Q8_0,Q4_KXD \
