@@ -56,11 +56,28 @@ def greedy(net, prompt: list[int], n_new: int) -> list[int]:
     return out
 
 
-def first_divergence(path, prompt: list[int], ours: list[int], theirs: list[int], logits_fn):
-    """(index, margin) where two greedy continuations first differ; margin is llama.cpp's own
-    logit of its pick minus that of ours at that point (small for a near-tie). None if equal."""
+def first_divergence(path, prompt: list[int], ours: list[int], theirs: list[int], logits_fn, net):
+    """(index, theirs_margin, our_margin) where two greedy continuations first differ, None if equal.
+    theirs_margin: llama.cpp's own logit of its pick minus that of ours at that point; our_margin: ours
+    of our pick minus theirs, from the same KV-cache steps greedy took. A small margin on either side is
+    a near-tie: that side's pick flips with float order (an AVX-512 machine against an AVX2 one)."""
     if ours == theirs:
         return None
     i = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
     row = logits_fn(path, prompt + theirs[:i])[-1]
-    return i, float(row[theirs[i]] - row[ours[i]])
+    mine = _stepped_logits(net, prompt, ours[:i])
+    return i, float(row[theirs[i]] - row[ours[i]]), float(mine[ours[i]] - mine[theirs[i]])
+
+
+def near_tie(div, bound: float) -> bool:
+    """Whether a first_divergence result is a near-tie on either side (margin at most bound)."""
+    return min(abs(div[1]), abs(div[2])) <= bound
+
+
+def _stepped_logits(net, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The last logits row after the prompt and then `tokens` one at a time with the KV cache, as greedy."""
+    cache = net.new_cache(len(prompt) + len(tokens) + 1)
+    logits = net(torch.tensor(prompt), cache)
+    for t in tokens:
+        logits = net(torch.tensor([t]), cache)
+    return logits[-1]

@@ -39,13 +39,13 @@ def row(path: Path, dtype: str) -> str:
         full = full_logits(m.net, LONG)
         inc = incremental_logits(m.net, LONG, n_prompt=5)
         ours = greedy(m.net, SHORT[:8], N_GREEDY)
+        theirs = llama_generate(path, SHORT[:8], N_GREEDY, stop_at_eog=False)
+        div = first_divergence(path, SHORT[:8], ours, theirs, llama_logits, m.net)
     finally:
         m.close()
     ref = llama_logits(path, LONG)
     a = agreement(ref, full)
-    theirs = llama_generate(path, SHORT[:8], N_GREEDY, stop_at_eog=False)
-    div = first_divergence(path, SHORT[:8], ours, theirs, llama_logits)
-    same = "yes" if div is None else f"no (at {div[0]}, margin {div[1]:.3f})"
+    same = "yes" if div is None else f"no (at {div[0]}, margins {div[1]:.3f} / ours {div[2]:.3f})"
     self_err = abs(full - inc).max() / abs(full).max()
     return (f"| {dtype} | {abs(full - ref).max():.1e} | {a.rel_err:.1e} | {a.top1:.3f} | {a.kl:.1e} | {same} "
             f"| {self_err:.1e} |")
