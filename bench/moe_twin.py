@@ -174,7 +174,8 @@ def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, vec: bo
     gw, gwp = _group_words(p.gate_up)
     tiles = triton.cdiv(F, cfg.block_n) * n
     if vec and (p.gate_up_row_bytes % 16 or any(int(o) % 16 for o in (*p.table.gate_offsets, *p.table.up_offsets))):
-        raise ValueError("could not run the gate/up twin's 128-bit loads: rows and offsets must be on 16 bytes")
+        raise ValueError("could not run the gate/up twin's 128-bit loads: its rows and expert offsets must be "
+                         "multiples of 16 bytes (GGUF Q8_0 rows are 34-byte blocks): run it without vec")
     _twin_gate_up_kernel[(min(persist, tiles),) if persist else (triton.cdiv(F, cfg.block_n), n)](
         p.table.gate, p.table.up, p.gate_off, p.up_off, xq.words, out, F, triton.cdiv(D, 256),
         p.gate_up_row_bytes // 4, tiles, GW=gw, GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,

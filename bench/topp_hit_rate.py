@@ -1,6 +1,6 @@
-"""How often the K most likely tokens of a real model hold top_p of the mass (session 18, the top-p
-draw's candidates first: device_sampler's CAP = 64 hold the nucleus at top_p when their mass reaches
-it). On the CPU, any GGUF (scripts/demo's Gemma 3 270M: sparkd.engine.bundled.assemble_gemma3):
+"""How often the K most likely tokens of a real model hold top_p of the mass (session 18, topp41's
+candidates-first top-p draw, measured and out of the engine: 64 candidates hold the nucleus at top_p
+when their mass reaches it; a wider second stage would need K = 1024). On the CPU, any GGUF (scripts/demo's Gemma 3 270M: sparkd.engine.bundled.assemble_gemma3):
     python3 bench/topp_hit_rate.py --model gemma-3-270m-q4_k_m.gguf --json out.json
 Two kinds of positions: teacher-forced over prose (a few documents' opening text: the next-token
 distribution of real text) and the model's own continuations of a few prompts at --temp 0.8 with

@@ -63,7 +63,7 @@ def test_twins_read_every_word_of_the_selected_experts(backend, qtype):
                                 + word_sums(arena, t.up_offsets[a], F, p.gate_up_row_bytes, gw, qx.words[0].cpu())
                                 for a in range(n)])
             assert torch.equal(out.cpu(), wrapped(want)), (vec, persist)
-        with pytest.raises(ValueError):  # the arena's experts on 4 bytes
+        with pytest.raises(ValueError, match="128-bit loads: its rows and expert offsets must be multiples of 16"):
             twin.gate_up(p, qx, out, cfg, True)
         split = min(cfg.split, n) or 1
         out = torch.zeros(split, D, dtype=torch.int32, device=backend)
