@@ -40,8 +40,9 @@ from sparkd.engine.models import load_model  # noqa: E402
 # integer down (routing weight in the down kernel), a float down (routing weight in h: Q4_0 has no integer step;
 # Q6_K, once the float one here, has had an integer step since) and the K-quants' integer down; the interpreter
 # runs the first two (the integer and the float down kernel's fold and residual code) on small experts (D, F):
-# two row tiles of the down's 64 rows. (The GPU: the pairs it ran before session 15; Q4_0 not yet on the box.)
-PAIRS = {"cpu": [(T.Q8_0, T.Q8_0), (T.Q8_0, T.Q4_0)], "cuda": [(T.Q8_0, T.Q8_0), (T.Q4_K, T.Q6_K)]}
+# two row tiles of the down's 64 rows. The GPU runs all three pairs.
+PAIRS = {"cpu": [(T.Q8_0, T.Q8_0), (T.Q8_0, T.Q4_0)],
+         "cuda": [(T.Q8_0, T.Q8_0), (T.Q8_0, T.Q4_0), (T.Q4_K, T.Q6_K)]}
 CASES = [pytest.param(b.values[0], gu, d, id=f"{b.id}-{gu.name}-{d.name}", marks=b.marks)
          for b in BACKENDS for gu, d in PAIRS[b.values[0]]]
 SHAPES = {"cpu": (128, 64), "cuda": (256, 256)}
