@@ -9,6 +9,10 @@
 #      server process each, after (the load captures) then before (the switch back), a second round as time allows:
 #      the first request's time to first token and decode tok/s from the server's /metrics, its client tok/s, the
 #      ready time, the load's log line (each draw graph's capture time and the memory it holds).
+# As it ran (call 1): the first server ("after") compiled the 12-layer model's Triton kernels (the box's cache was cold:
+# its 2048-token prompt graph took 3.5 s) and the bench's 45 s ran out after its load; the "before" server ran. Call 2, on
+# the warm box, ran serve_decode_bench alone, after then before (the command is in draw43_h200_s19_log.txt). A rerun
+# should run one untimed server or `generate` first.
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl
