@@ -5,13 +5,16 @@ For each --top-k value of the server (the default for requests that send none), 
 wait for /health "ready", one warm-up request (the draw graph's first capture), then --reps streamed
 completions of --tokens tokens each: the usage's completion_tokens over the time from the request to
 its last chunk (the server merges tokens into chunks where text is held back, so chunks are not
-tokens), and the time to the first text. Run it on the box:
+tokens), and the time to the first text. The warm-up is also read from the server's side (/metrics right
+after it: its time to first token and decode tok/s, which a random test model's held-back text hides from
+the client), with the time the server took to be ready. Run it on the box:
 
     python3 bench/gpu_box/serve_decode_bench.py --model M.gguf --top-k 40,0 --json out.json
 
 --top-p sends that top_p in every request (session 17; with --top-k 0 it takes the torch chain on CUDA).
 
-Each value's servers are started one after the other (never two on the device at once).
+Each value's servers are started one after the other (never two on the device at once). --server-log
+keeps their stderr (the load's log lines), one file per --top-k value.
 """
 
 from __future__ import annotations
@@ -64,16 +67,30 @@ def streamed(client: openai.OpenAI, model: str, tokens: int, seed: int, top_p: f
             "tok_s": round(used / (end - t0), 1)}
 
 
+def server_side(base: str) -> dict:
+    """The server's own account of its only finished request (/metrics): time to first token (arrival to
+    the first token) and decode tok/s (the tokens after the first over their time)."""
+    values = {}
+    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        values[name] = value
+    return {"ttft_ms": round(float(values["sparkd_engine_time_to_first_token_seconds_sum"]) * 1e3, 1),
+            "decode_tok_s": round(float(values["sparkd_engine_decode_tokens_per_second"]), 1)}
+
+
 def one_server(model_path: str, top_k: int, port: int, tokens: int, reps: int, extra: list[str],
-               top_p: float | None = None) -> dict:
+               top_p: float | None = None, log_path: str | None = None) -> dict:
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "sparkd.engine.cli", "serve", model_path, "--listen", f"127.0.0.1:{port}",
            "--top-k", str(top_k), "--alias", "m", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
     try:
         wait_ready(base, proc, 120)
+        ready_s = round(time.perf_counter() - t0, 2)
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
-        warm = streamed(client, "m", tokens, seed=0, top_p=top_p)
+        warm = streamed(client, "m", tokens, seed=0, top_p=top_p) | {"server": server_side(base)}
         runs = [streamed(client, "m", tokens, seed=1 + i, top_p=top_p) for i in range(reps)]
     finally:
         proc.terminate()
@@ -81,8 +98,11 @@ def one_server(model_path: str, top_k: int, port: int, tokens: int, reps: int, e
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if log_path:
+            log.close()
     rates = sorted(r["tok_s"] for r in runs)
-    return {"top_k": top_k, "top_p": top_p, "warm_up": warm, "runs": runs, "median_tok_s": rates[len(rates) // 2]}
+    return {"top_k": top_k, "top_p": top_p, "ready_s": ready_s, "warm_up": warm, "runs": runs,
+            "median_tok_s": rates[len(rates) // 2]}
 
 
 def main() -> None:
@@ -94,15 +114,17 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=7791, help="the servers' port (default 7791)")
     ap.add_argument("--top-p", type=float, help="top_p sent in every request (default: none sent)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--server-log", help="the servers' stderr to this file (.K appended: the --top-k value)")
     ap.add_argument("serve_args", nargs=argparse.REMAINDER,
                     help="after --: more serve flags (default: --device cuda --resident --cuda-graphs on)")
     a = ap.parse_args()
     extra = [x for x in a.serve_args if x != "--"] or ["--device", "cuda", "--resident", "--cuda-graphs", "on"]
     results = []
     for k in (int(v) for v in a.top_k.split(",")):
-        r = one_server(a.model, k, a.port, a.tokens, a.reps, extra, a.top_p)
-        print(f"serve --top-k {k} (top_p {a.top_p}): {r['median_tok_s']} tok/s (median of {a.reps}), "
-              f"first text {r['runs'][0]['first_text_ms']} ms; warm-up {r['warm_up']}", flush=True)
+        r = one_server(a.model, k, a.port, a.tokens, a.reps, extra, a.top_p,
+                       a.server_log and f"{a.server_log}.{k}")
+        print(f"serve --top-k {k} (top_p {a.top_p}): ready in {r['ready_s']} s; {r['median_tok_s']} tok/s (median "
+              f"of {a.reps}), first text {r['runs'][0]['first_text_ms']} ms; warm-up {r['warm_up']}", flush=True)
         results.append(r)
     if a.json:
         with open(a.json, "w") as f:

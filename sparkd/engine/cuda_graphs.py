@@ -20,7 +20,8 @@ torch.argmax, the host sampler's own op, so ties and NaN resolve the same way) s
 back instead of the logits row ($SPARKD_DEVICE_ARGMAX=0 copies the logits back as before).
 A temperature request draws on the GPU too (device_sampler.DeviceSampler: two Triton launches,
 or the torch chain where top_k rules the kernels out; its own small graph per bucket and chain,
-captured on the first draw there and replayed right after the step's; the first token's draw, from
+captured on the first draw there (the server's engine captures every chain's at load: capture_draws,
+$SPARKD_LOAD_DRAW_GRAPHS) and replayed right after the step's; the first token's draw, from
 the prompt's logits row, runs the same chain eagerly: pick_from; $SPARKD_DEVICE_SAMPLING=0 to sample
 on the host, =torch for the torch chain always).
 
@@ -66,12 +67,20 @@ FIRST_BUCKET = 256
 _MOE_KERNEL_ACTS = ("silu", "swiglu_oai")  # the activations the MoE decode kernels fuse
 DEVICE_ARGMAX_ENV = "SPARKD_DEVICE_ARGMAX"
 DECODE_PIPELINE_ENV = "SPARKD_DECODE_PIPELINE"
+LOAD_DRAW_GRAPHS_ENV = "SPARKD_LOAD_DRAW_GRAPHS"
 
 
 def device_argmax_default() -> bool:
     """$SPARKD_DEVICE_ARGMAX: "0" or "off" brings every step's logits back for the host sampler;
     "1", "on" (or unset) lets a greedy request take its token from the GPU."""
     return switches.flag(DEVICE_ARGMAX_ENV, True)
+
+
+def load_draw_graphs_default() -> bool:
+    """$SPARKD_LOAD_DRAW_GRAPHS: "1", "on" (or unset) has the server's engine capture at load the draw graph of
+    every device-sampler path in every bucket whose step graph it captured (StaticDecode.capture_draws);
+    "0" or "off" leaves each to the first request that draws there (session 18)."""
+    return switches.flag(LOAD_DRAW_GRAPHS_ENV, True)
 
 
 def decode_pipeline_default() -> bool:
@@ -346,13 +355,42 @@ class StaticDecode:
         if not (self.graphs and self.begin_sampling(params)):
             return False
         for span in self.buckets:
-            key = (span, self.sampler.path)
-            if span in self._graphs and key not in self._draws and key not in self.failed:
-                with torch.inference_mode():  # as _draw captures
-                    self._try(key, self._draws, lambda: self._capture_draw(self._graphs[span][1]))
+            self._prepare_draw(span)
             if span >= n_positions:
                 break
         return True
+
+    def capture_draws(self) -> list[tuple[int, str, float, int]]:
+        """Capture the draw graph of every path the device sampler can take (DeviceSampler.paths) in
+        every bucket whose step graph is captured, rather than on a request's first draw there: the
+        server's load, which knows no request (H200, session 18: the full draw's capture 2.5 ms, the
+        torch chain's 54.4, a bucket). The graphs do not depend on a request's parameters (those are
+        device buffers), and a capture leaves the generator and the ring as they were (_capture_draw).
+        Returns (span, path, seconds, bytes the device holds more after it) per graph captured."""
+        if not (self.graphs and self.device_sampling):
+            return []
+        sampler, done = self._sampler(), []
+        request_path = sampler.path
+        try:
+            for span in sorted(self._graphs):
+                for path in sampler.paths:
+                    sampler.path = path  # the chain _capture_draw captures
+                    held, t0 = _held(self.cache.device), time.perf_counter()
+                    if self._prepare_draw(span):
+                        done.append((span, path, time.perf_counter() - t0, _held(self.cache.device) - held))
+        finally:
+            sampler.path = request_path
+        return done
+
+    def _prepare_draw(self, span: int) -> bool:
+        """Capture the current chain's draw graph in `span` where its step graph exists and the draw's
+        was neither captured nor given up; whether it was captured now."""
+        key = (span, self.sampler.path)
+        if span not in self._graphs or key in self._draws or key in self.failed:
+            return False
+        with torch.inference_mode():  # as _draw captures
+            self._try(key, self._draws, lambda: self._capture_draw(self._graphs[span][1]))
+        return key in self._draws
 
     @torch.inference_mode()
     def _draw(self, span: int, logits: torch.Tensor) -> torch.Tensor:
@@ -443,6 +481,14 @@ class StaticDecode:
             sampler.generator.set_state(state)
         self._draw_pool = graph.pool()
         return graph, picked
+
+
+def _held(device) -> int:
+    """The bytes the device's caching allocator holds once its unused cached blocks are returned: a
+    graph's private pool stays, so the difference around a capture is what the graph keeps."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device)
 
 
 PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"

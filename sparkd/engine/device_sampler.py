@@ -123,6 +123,12 @@ class DeviceSampler:
         """Whether the current request draws in the Triton kernels (path "fused" or "full")."""
         return self.path != "torch"
 
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every path begin() can choose for some request: the kernels' (the full one where full holds),
+        then the torch chain. What warm() runs and StaticDecode.capture_draws captures."""
+        return (*(path for path in self._kernels if path != "full" or self.full), "torch")
+
     def _buffers(self) -> None:
         n_vocab, ring_tokens = self.n_vocab, self.ring_tokens
         f64 = {"dtype": torch.float64, "device": self.device}
@@ -211,7 +217,7 @@ class DeviceSampler:
         after it 17 / 209 us)."""
         logits, request_path = torch.zeros(self.n_vocab, device=self.device), self.path
         try:
-            for path in (*self._kernels, "torch"):
+            for path in self.paths:
                 self.path = path  # probabilities runs the current path's chain
                 self.probabilities(logits)
         finally:

@@ -326,6 +326,34 @@ def test_no_draws_are_prepared_where_the_host_draws(models):
         m.close()
 
 
+def test_the_engine_captures_draw_graphs_at_load_only_with_graphs(models, monkeypatch):
+    """Engine.load asks the decode step for every path's draw graphs (capture_draws) where the step is
+    captured, and only there: not on the CPU (no graphs), not under SPARKD_LOAD_DRAW_GRAPHS=0. With
+    graphs forced on here every capture fails (the CPU has none): the steps run eagerly, nothing held."""
+    asked = []
+    real = StaticDecode.capture_draws
+    monkeypatch.setattr(StaticDecode, "capture_draws", lambda self: asked.append(self) or real(self))
+
+    def load(graphs: bool, switch: str | None) -> Engine:
+        if switch is None:
+            monkeypatch.delenv(cuda_graphs.LOAD_DRAW_GRAPHS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(cuda_graphs.LOAD_DRAW_GRAPHS_ENV, switch)
+        monkeypatch.setattr(cuda_graphs, "use_graphs", lambda *args, **kwargs: graphs)
+        engine = Engine(models["qwen3moe"], ctx=16, prompt_graphs="off")
+        engine.load()
+        engine.close()
+        return engine
+
+    load(False, None)
+    assert asked == []
+    load(True, "0")
+    assert asked == []
+    engine = load(True, None)
+    assert len(asked) == 1 and asked[0] is engine._step and asked[0].sampler is not None
+    assert not engine._step._draws and not any(isinstance(key, tuple) for key in engine._step.failed)
+
+
 def test_failed_step_capture_runs_the_step_eagerly_once(models):
     """A decode capture that fails (here: the CPU has no CUDA graphs; on the GPU, out of memory
     below) gives its bucket up, logged once: the steps and draws give the bits and tokens of the
@@ -621,6 +649,42 @@ def test_generate_and_the_engine_draw_the_same_tokens_on_cuda(tmp_path, top_k, t
     finally:
         engine.close()
     assert tokens == cli_tokens and tokens
+
+
+@pytest.mark.gpu
+def test_draw_graphs_captured_at_load_give_the_same_tokens_on_cuda(tmp_path, monkeypatch):
+    """The server's engine captures every path's draw graph at load (full, candidates, torch chain in the
+    bucket prepare captured; a log line with their time and memory); seeded requests of each path then
+    give the tokens they give with the graphs captured on their first draw (SPARKD_LOAD_DRAW_GRAPHS=0),
+    and no request captures one more."""
+    path = write_model(tmp_path / "q.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=3)[0]
+    requests = [SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, seed=5)
+                for top_k, top_p in ((0, 1.0), (40, 1.0), (0, 0.95))]
+    tokens = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv(cuda_graphs.LOAD_DRAW_GRAPHS_ENV, switch)
+        logged = []
+        engine = Engine(path, ctx=64, device="cuda", resident=True, cuda_graphs="on", log=logged.append)
+        engine.load()
+        try:
+            step = engine._step
+            at_load = set(step._draws)
+            if switch == "1":
+                paths = step.sampler.paths  # full, fused, torch (and any path a later sampler adds)
+                assert {"full", "fused", "torch"} <= set(paths) and at_load == {(64, p) for p in paths}, at_load
+                line = [x for x in logged if x.startswith(f"draw graphs at load: {len(paths)} held (")]
+                assert line and "0 given up" in line[0] and all(f"64/{p} " in line[0] for p in paths), logged
+                print(line[0])
+            else:
+                assert not at_load and not any(x.startswith("draw graphs at load") for x in logged)
+            tokens[switch] = [list(engine.generate(GenerationRequest([1, 7, 42], 12, params), threading.Event()))
+                              for params in requests]
+            assert step.drawing and not step.failed
+            if switch == "1":
+                assert set(step._draws) == at_load  # no request captured one
+        finally:
+            engine.close()
+    assert tokens["1"] == tokens["0"] and all(len(t) == 12 for t in tokens["1"])
 
 
 def tiny_cuda_model(tmp_path, quant: str = "Q8_0"):

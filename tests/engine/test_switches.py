@@ -24,7 +24,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from sparkd.engine import switches  # noqa: E402
 from sparkd.engine.cuda_graphs import continue_graphs_default, continue_rule_default, decode_pipeline_default, device_argmax_default, \
-    prefill_graphs_default  # noqa: E402
+    load_draw_graphs_default, prefill_graphs_default  # noqa: E402
 from sparkd.engine.layers.attention import fuse_qkv_default  # noqa: E402
 from sparkd.engine.device_sampler import device_sampling_default  # noqa: E402
 from sparkd.engine.layers.quant_experts import down_layout as moe_down_layout  # noqa: E402
@@ -99,6 +99,7 @@ SWITCHES = [
     Switch("SPARKD_DEVICE_ARGMAX", None, device_argmax_default, "2", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_DECODE_PIPELINE", None, decode_pipeline_default, "on",
            {UNSET: True, "auto": True, " OFF ": False}, ("auto", "off")),
+    Switch("SPARKD_LOAD_DRAW_GRAPHS", None, load_draw_graphs_default, "lazy", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_PREFILL_GRAPHS", None, prefill_graphs_default, "graphs", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_CONTINUE_GRAPHS", None, continue_graphs_default, "graphs", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_CONTINUE_RULE", None, continue_rule_default, "never",
