@@ -2,7 +2,8 @@
 replay with the GPU's spelled-out softmax (device_sampler.softmax) and with torch.softmax (one
 thread block per row; what sampling_bench.py's first run measured inside decode), and (session 16)
 the Triton paths: the full draw for top_k 0 against the torch chain (SPARKD_DEVICE_SAMPLING=capped
-sends top_k 0 there) and the candidates' draw at top_k 40. On the GPU box:
+sends top_k 0 there) and the candidates' draw at top_k 40; (session 17) the top-p path for top_k 0
+with top_p 0.95 against the torch chain (SPARKD_DEVICE_SAMPLING=chain-top-p). On the GPU box:
     python3 bench/gpu_box/draw_graph_bench.py --json out.json
 """
 
@@ -24,17 +25,22 @@ CASES = {"llama.cpp chain at 0.8": SamplingParams(temperature=0.8, top_k=40, top
          "temperature 0.8 only": SamplingParams(temperature=0.8, seed=1)}
 SOFTMAX = {"spelled out": device_sampler.softmax, "torch.softmax": lambda x: torch.softmax(x, dim=0)}
 # the kernel paths (spelled-out softmax where the torch chain runs): name -> params, DeviceSampler's
-# fused and full, the path begin() must pick
-PATHS = {"top_k 0, full": (CASES["temperature 0.8 only"], True, True, "full"),
-         "top_k 0, min_p 0.05, full": (SamplingParams(temperature=0.8, min_p=0.05, seed=1), True, True, "full"),
-         "top_k 0, torch chain (capped)": (CASES["temperature 0.8 only"], True, False, "torch"),
-         "top_k 40, fused": (SamplingParams(temperature=0.8, top_k=40, seed=1), True, True, "fused"),
-         "llama.cpp chain at 0.8, fused": (CASES["llama.cpp chain at 0.8"], True, True, "fused")}
+# fused, full and top_p, the path begin() must pick
+CUT = SamplingParams(temperature=0.8, top_p=0.95, seed=1)
+PATHS = {"top_k 0, full": (CASES["temperature 0.8 only"], True, True, True, "full"),
+         "top_k 0, min_p 0.05, full": (SamplingParams(temperature=0.8, min_p=0.05, seed=1), True, True, True, "full"),
+         "top_k 0, torch chain (capped)": (CASES["temperature 0.8 only"], True, False, True, "torch"),
+         "top_k 0, top_p 0.95, top-p path": (CUT, True, True, True, "topp"),
+         "top_k 0, top_p 0.95, min_p 0.05, top-p path": (SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05,
+                                                                          seed=1), True, True, True, "topp"),
+         "top_k 0, top_p 0.95, torch chain (chain-top-p)": (CUT, True, True, False, "torch"),
+         "top_k 40, fused": (SamplingParams(temperature=0.8, top_k=40, seed=1), True, True, True, "fused"),
+         "llama.cpp chain at 0.8, fused": (CASES["llama.cpp chain at 0.8"], True, True, True, "fused")}
 
 
 def draw_us(params: SamplingParams, logits: torch.Tensor, reps: int, fused: bool = False, full: bool = True,
-            path: str = "torch") -> float:
-    ds = DeviceSampler(logits.numel(), "cuda", fused=fused, full=full)
+            top_p: bool = True, path: str = "torch") -> float:
+    ds = DeviceSampler(logits.numel(), "cuda", fused=fused, full=full, top_p=top_p)
     ds.begin(params, [1, 2, 3])
     if ds.path != path:
         raise SystemExit(f"{params} took the {ds.path} path, not {path}")
@@ -61,9 +67,9 @@ def main() -> int:
             res[f"{sname}, {cname}"] = us = draw_us(params, logits, a.reps)
             print(f"{sname:14s} {cname:24s} {us:8.1f} us per draw", flush=True)
     device_sampler.softmax = SOFTMAX["spelled out"]
-    for name, (params, fused, full, path) in PATHS.items():
-        res[name] = us = draw_us(params, logits, a.reps, fused, full, path)
-        print(f"{name:39s} {us:8.1f} us per draw", flush=True)
+    for name, (params, fused, full, top_p, path) in PATHS.items():
+        res[name] = us = draw_us(params, logits, a.reps, fused, full, top_p, path)
+        print(f"{name:46s} {us:8.1f} us per draw", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
     return 0
