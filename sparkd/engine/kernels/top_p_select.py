@@ -32,12 +32,16 @@ from sparkd.engine.kernels.sample_draw import SENTINEL, DrawScratch, _key, _unke
 # (one program's sort: a bin of the second stage holds 256 keys, a few tokens on real logits)
 BINS = 4096
 GATHER = 1024
+SMALL_SORT = 64  # the sort most draws take (their bin's few tokens)
 # fixed point: a token's mass (<= 1) as hi (2**-40 units) and lo (the next 24 bits) int64s; lo's
 # word also counts the token (bit 44 up): the sums of MAX_TOKENS tokens stay below 2**63
-HI_BITS, LO_BITS, COUNT_SHIFT = 40, 24, 44
+HI_UNITS, LO_UNITS = tl.constexpr(2.0 ** 40), tl.constexpr(2.0 ** 24)   # per 1, per hi unit
+COUNT_SHIFT, COUNT_ONE = tl.constexpr(44), tl.constexpr(1 << 44)
 MAX_TOKENS = 2 ** 19
-# the state words (an int64 vector)
-DONE, LO, HI, ABOVE_HI, ABOVE_LO, TOTAL_HI, TOTAL_LO, COUNT, GATHERED = range(9)
+# the state words (an int64 vector; tl.constexpr: a kernel reads no other globals): the stage whose
+# choose found the last bin (-1: none yet), that bin's key range, the mass above it and the total
+# (fixed point), its count, the tokens gathered from it
+DONE, LO, HI, ABOVE_HI, ABOVE_LO, TOTAL_HI, TOTAL_LO, COUNT, GATHERED = (tl.constexpr(i) for i in range(9))
 
 
 @triton.jit
@@ -50,7 +54,7 @@ def _ordered(x):
 
 @triton.jit
 def _fixed(hi, lo):
-    return hi.to(tl.float64) * 2.0 ** -HI_BITS + lo.to(tl.float64) * 2.0 ** -(HI_BITS + LO_BITS)
+    return (hi.to(tl.float64) + lo.to(tl.float64) / LO_UNITS) / HI_UNITS
 
 
 @triton.jit
@@ -91,17 +95,17 @@ def _select_hist(x_ptr, max_ptr, n_blocks, n_vocab, state_ptr, hist_ptr, gathere
 @triton.jit
 def _add(x, inside, b, max_ptr, n_blocks, hist_ptr, N_BLOCKS: tl.constexpr, BINS: tl.constexpr):
     """Each token's exp(x - max) in fixed point, and a count, into its bin b."""
-    y = tl.exp(x.to(tl.float64) - _top(max_ptr, n_blocks, N_BLOCKS)) * 2.0 ** HI_BITS
+    y = tl.exp(x.to(tl.float64) - _top(max_ptr, n_blocks, N_BLOCKS)) * HI_UNITS
     hi = y.to(tl.int64)
-    lo = ((y - hi.to(tl.float64)) * 2.0 ** LO_BITS).to(tl.int64)
+    lo = ((y - hi.to(tl.float64)) * LO_UNITS).to(tl.int64)
     tl.atomic_add(hist_ptr + b, hi, mask=inside, sem="relaxed")
-    tl.atomic_add(hist_ptr + BINS + b, lo + (1 << COUNT_SHIFT), mask=inside, sem="relaxed")
+    tl.atomic_add(hist_ptr + BINS + b, lo + COUNT_ONE, mask=inside, sem="relaxed")
 
 
 @triton.jit
 def _select_choose(x_ptr, max_ptr, n_blocks, n_vocab, top_p_ptr, state_ptr, hist_ptr, gathered_ptr, in_range_ptr,
                    cut_ptr, STAGE: tl.constexpr, LAST: tl.constexpr, BLOCK: tl.constexpr,
-                   N_BLOCKS: tl.constexpr, BINS: tl.constexpr, GATHER: tl.constexpr):
+                   N_BLOCKS: tl.constexpr, BINS: tl.constexpr, GATHER: tl.constexpr, SMALL_SORT: tl.constexpr):
     if STAGE == 0:
         _choose_bin(top_p_ptr, state_ptr, hist_ptr, 0, 2 ** 32 - 1, 0, 0, STAGE, LAST, BINS, GATHER)
     else:
@@ -112,7 +116,7 @@ def _select_choose(x_ptr, max_ptr, n_blocks, n_vocab, top_p_ptr, state_ptr, hist
                         STAGE, LAST, BINS, GATHER)
         elif done == STAGE - 1:
             _cut(x_ptr, max_ptr, n_blocks, n_vocab, top_p_ptr, state_ptr, gathered_ptr, in_range_ptr, cut_ptr,
-                 BLOCK, N_BLOCKS, GATHER)
+                 BLOCK, N_BLOCKS, GATHER, SMALL_SORT)
 
 
 @triton.jit
@@ -124,7 +128,8 @@ def _choose_bin(top_p_ptr, state_ptr, hist_ptr, lo, hi, above_hi, above_lo, STAG
     r = tl.arange(0, BINS)  # r 0: the highest bin
     hi_sums = tl.load(hist_ptr + BINS - 1 - r)
     packed = tl.load(hist_ptr + 2 * BINS - 1 - r)
-    counts, lo_sums = packed >> COUNT_SHIFT, packed & ((1 << COUNT_SHIFT) - 1)
+    counts = packed >> COUNT_SHIFT
+    lo_sums = packed - (counts << COUNT_SHIFT)
     if STAGE == 0:
         total_hi, total_lo = tl.sum(hi_sums, axis=0), tl.sum(lo_sums, axis=0)
         tl.store(state_ptr + TOTAL_HI, total_hi)
@@ -155,22 +160,30 @@ def _choose_bin(top_p_ptr, state_ptr, hist_ptr, lo, hi, above_hi, above_lo, STAG
 
 
 @triton.jit
+def _cut_sorted(gathered_ptr, count, above, target, top, N: tl.constexpr):
+    """The last of the gathered tokens, in key order, whose mass before it is short of the target."""
+    g = tl.arange(0, N)
+    there = g < count
+    keys = tl.sort(tl.load(gathered_ptr + g, mask=there, other=SENTINEL), descending=True)
+    x, _ = _unkey(keys)
+    mass = tl.where(there, tl.exp(x.to(tl.float64) - top), 0.0)
+    before = above + tl.cumsum(mass, axis=0) - mass
+    k = tl.maximum(tl.sum((there & (before < target)).to(tl.int64), axis=0), 1)
+    return tl.sum(tl.where(g == k - 1, keys, 0), axis=0)
+
+
+@triton.jit
 def _cut(x_ptr, max_ptr, n_blocks, n_vocab, top_p_ptr, state_ptr, gathered_ptr, in_range_ptr, cut_ptr,
-         BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr, GATHER: tl.constexpr):
+         BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr, GATHER: tl.constexpr, SMALL_SORT: tl.constexpr):
     """The cut inside the chosen bin: the host's before < top_p on its tokens in key order."""
     count, lo = tl.load(state_ptr + COUNT), tl.load(state_ptr + LO)
     above = _fixed(tl.load(state_ptr + ABOVE_HI), tl.load(state_ptr + ABOVE_LO))
     target = tl.load(top_p_ptr) * _fixed(tl.load(state_ptr + TOTAL_HI), tl.load(state_ptr + TOTAL_LO))
     top = _top(max_ptr, n_blocks, N_BLOCKS)
-    if count <= GATHER:
-        g = tl.arange(0, GATHER)
-        there = g < count
-        keys = tl.sort(tl.load(gathered_ptr + g, mask=there, other=SENTINEL), descending=True)
-        x, _ = _unkey(keys)
-        mass = tl.where(there, tl.exp(x.to(tl.float64) - top), 0.0)
-        before = above + tl.cumsum(mass, axis=0) - mass
-        k = tl.maximum(tl.sum((there & (before < target)).to(tl.int32), axis=0), 1)
-        cut = tl.sum(tl.where(g == k - 1, keys, 0), axis=0)
+    if count <= SMALL_SORT:  # (most draws: a sort of 64 keys, not GATHER's)
+        cut = _cut_sorted(gathered_ptr, count, above, target, top, SMALL_SORT)
+    elif count <= GATHER:
+        cut = _cut_sorted(gathered_ptr, count, above, target, top, GATHER)
     else:  # more ties of one value than the gather holds: the first k by id stay
         ordered = (lo - 2 ** 31).to(tl.int32)
         v = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
@@ -224,8 +237,15 @@ class SelectScratch:
             _select_choose[(1,)](draw.logits, draw.block_max, n, draw.n_vocab, s.top_p, self.state, self.hist,
                                  self.gathered, self.in_range, self.cut, STAGE=stage, LAST=stage == self.stages - 2,
                                  BLOCK=draw.block_tokens, N_BLOCKS=n_pow2, BINS=self.bins, GATHER=self.gather,
-                                 num_warps=8)
+                                 SMALL_SORT=min(SMALL_SORT, self.gather),
+                                 num_warps=16)  # the 4096-bin scan's int64s: 8 of each a thread
         return self.cut
+
+    def outcome(self) -> tuple[int, int]:
+        """(the stage whose choose found the last bin, the tokens gathered from it: 0 where its ties took the
+        count path) of the last select run; a host sync, for tests and benches."""
+        state = self.state.tolist()
+        return state[DONE.value], state[GATHERED.value]
 
 
 def top_p_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor | None, advance: bool,
