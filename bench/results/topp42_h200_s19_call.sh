@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 19, topp42 (H200, carry [".whl", ".xfer/B"], run from .xfer/B): top_p < 1 with top_k 0 on the device,
+# Session 19, topp42 (H200, carry [".whl", ".xfer/topp42"], run from .xfer/topp42): top_p < 1 with top_k 0 on the device,
 # the cut found by kernels/top_p_select.py (histogram stages, no sort) instead of the torch chain.
 #   1. the sampler's GPU tests (test_device_sampler_fused.py -m gpu, the top-p, full and captured ones: the fused
 #      candidates' code did not change) while the 12-layer Q4_K model is made

