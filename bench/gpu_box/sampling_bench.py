@@ -2,7 +2,7 @@
 greedy (torch.argmax inside the step's graph), temperature on the host (the logits row comes back,
 Sampler draws; SPARKD_DEVICE_SAMPLING=0) and temperature on the device (DeviceSampler's graph
 right after the step's, one int back) with the torch chain (=torch) and the fused Triton draw
-(=fused; session 16: top_k 0 on the full path, and on the torch chain with =capped; session 17:
+(=fused; session 16: top_k 0 on the full path, and on the torch chain with =capped; session 19:
 top_k 0 with top_p 0.95 on the top-p path, and on the torch chain with =chain-top-p). Also the
 draw graph's own time (replays alone, CUDA events) and how many draw graphs
 each run captured (greedy: none). One untimed token first: a draw graph is captured on its first

@@ -9,7 +9,7 @@ tokens), and the time to the first text. Run it on the box:
 
     python3 bench/gpu_box/serve_decode_bench.py --model M.gguf --top-k 40,0 --json out.json
 
---top-p sends that top_p in every request (session 17: top_k 0 with top-p on the device's top-p path).
+--top-p sends that top_p in every request (session 17; with --top-k 0: the device's top-p path, session 19).
 
 Each value's servers are started one after the other (never two on the device at once).
 """

@@ -110,7 +110,8 @@ class DeviceSampler:
     the device; push(token) and draw(logits) are its halves. probabilities(logits) is the
     distribution draw samples from. fused: requests that fusable() accepts take the candidates
     kernels, (full, unless False) those that full_drawable() accepts the full kernels and (top_p,
-    unless False or full is) those that top_p_drawable() accepts the top-p kernels (`self.path`
+    unless False or full is; `self.select` its select's buffers, None where off or the vocabulary
+    has 2**19 tokens or more) those that top_p_drawable() accepts the top-p kernels (`self.path`
     says which the current one takes: "fused", "full", "topp" or "torch", and `self.fusing`
     whether it is a kernel path; on a CPU device only under TRITON_INTERPRET); block_tokens, cap,
     merge_blocks: their layout (kernels/sample_draw.DrawScratch)."""
