@@ -2,7 +2,11 @@
 replay with the GPU's spelled-out softmax (device_sampler.softmax) and with torch.softmax (one
 thread block per row; what sampling_bench.py's first run measured inside decode), and (session 16)
 the Triton paths: the full draw for top_k 0 against the torch chain (SPARKD_DEVICE_SAMPLING=capped
-sends top_k 0 there) and the candidates' draw at top_k 40. On the GPU box:
+sends top_k 0 there) and the candidates' draw at top_k 40; (session 19) the top-p path for top_k 0
+with top_p < 1 (kernels/top_p_select.py) against the torch chain (SPARKD_DEVICE_SAMPLING=chain-top-p)
+on three rows: flat (randn x 3), peaked (16 tokens raised by 15) and rounded (the flat one rounded:
+thousands of ties at the cut, past the select's gather). The top-p rows also print the stage the
+select's search ended in and how many tokens it gathered (0: the ties' count path). On the GPU box:
     python3 bench/gpu_box/draw_graph_bench.py --json out.json
 """
 
@@ -24,17 +28,27 @@ CASES = {"llama.cpp chain at 0.8": SamplingParams(temperature=0.8, top_k=40, top
          "temperature 0.8 only": SamplingParams(temperature=0.8, seed=1)}
 SOFTMAX = {"spelled out": device_sampler.softmax, "torch.softmax": lambda x: torch.softmax(x, dim=0)}
 # the kernel paths (spelled-out softmax where the torch chain runs): name -> params, DeviceSampler's
-# fused and full, the path begin() must pick
-PATHS = {"top_k 0, full": (CASES["temperature 0.8 only"], True, True, "full"),
-         "top_k 0, min_p 0.05, full": (SamplingParams(temperature=0.8, min_p=0.05, seed=1), True, True, "full"),
-         "top_k 0, torch chain (capped)": (CASES["temperature 0.8 only"], True, False, "torch"),
-         "top_k 40, fused": (SamplingParams(temperature=0.8, top_k=40, seed=1), True, True, "fused"),
-         "llama.cpp chain at 0.8, fused": (CASES["llama.cpp chain at 0.8"], True, True, "fused")}
+# fused, full and top_p, the path begin() must pick
+CUT = SamplingParams(temperature=0.8, top_p=0.95, seed=1)
+CUT90 = SamplingParams(temperature=0.8, top_p=0.9, seed=1)
+PATHS = {"top_k 0, full": (CASES["temperature 0.8 only"], True, True, True, "full"),
+         "top_k 0, min_p 0.05, full": (SamplingParams(temperature=0.8, min_p=0.05, seed=1), True, True, True, "full"),
+         "top_k 0, torch chain (capped)": (CASES["temperature 0.8 only"], True, False, True, "torch"),
+         "top_k 0, top_p 0.95, top-p path, flat": (CUT, True, True, True, "topp"),
+         "top_k 0, top_p 0.95, top-p path, peaked": (CUT, True, True, True, "topp"),
+         "top_k 0, top_p 0.95, top-p path, rounded": (CUT, True, True, True, "topp"),
+         "top_k 0, top_p 0.9, top-p path, flat": (CUT90, True, True, True, "topp"),
+         "top_k 0, top_p 0.95, min_p 0.05, top-p path, flat": (SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05,
+                                                                                seed=1), True, True, True, "topp"),
+         "top_k 0, top_p 0.95, torch chain (chain-top-p), flat": (CUT, True, True, False, "torch"),
+         "top_k 0, top_p 0.95, torch chain (chain-top-p), peaked": (CUT, True, True, False, "torch"),
+         "top_k 40, fused": (SamplingParams(temperature=0.8, top_k=40, seed=1), True, True, True, "fused"),
+         "llama.cpp chain at 0.8, fused": (CASES["llama.cpp chain at 0.8"], True, True, True, "fused")}
 
 
 def draw_us(params: SamplingParams, logits: torch.Tensor, reps: int, fused: bool = False, full: bool = True,
-            path: str = "torch") -> float:
-    ds = DeviceSampler(logits.numel(), "cuda", fused=fused, full=full)
+            top_p: bool = True, path: str = "torch") -> tuple[float, str]:
+    ds = DeviceSampler(logits.numel(), "cuda", fused=fused, full=full, top_p=top_p)
     ds.begin(params, [1, 2, 3])
     if ds.path != path:
         raise SystemExit(f"{params} took the {ds.path} path, not {path}")
@@ -44,7 +58,18 @@ def draw_us(params: SamplingParams, logits: torch.Tensor, reps: int, fused: bool
     graph.register_generator_state(ds.generator)
     with torch.cuda.graph(graph):
         ds.step(token, logits)  # push + draw (the kernel paths: in their launches)
-    return replay_us(graph, reps)
+    us = replay_us(graph, reps)
+    if ds.select is None or path != "topp":
+        return us, ""
+    stage, gathered = ds.select.outcome()
+    return us, f"select done at stage {stage}, {gathered} gathered"
+
+
+def rows(vocab: int) -> dict[str, torch.Tensor]:
+    flat = torch.randn(vocab, generator=torch.Generator().manual_seed(0)).mul(3)
+    peaked = flat.clone()
+    peaked[torch.arange(16) * (vocab // 17) + 5] += 15.0
+    return {"flat": flat.cuda(), "peaked": peaked.cuda(), "rounded": flat.round().cuda()}
 
 
 def main() -> int:
@@ -53,17 +78,20 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--json")
     a = ap.parse_args()
-    logits = torch.randn(a.vocab, generator=torch.Generator().manual_seed(0)).mul(3).cuda()
+    by_name = rows(a.vocab)
+    logits = by_name["flat"]
     res = {}
     for sname, fn in SOFTMAX.items():
         device_sampler.softmax = fn
         for cname, params in CASES.items():
-            res[f"{sname}, {cname}"] = us = draw_us(params, logits, a.reps)
+            res[f"{sname}, {cname}"] = us = draw_us(params, logits, a.reps)[0]
             print(f"{sname:14s} {cname:24s} {us:8.1f} us per draw", flush=True)
     device_sampler.softmax = SOFTMAX["spelled out"]
-    for name, (params, fused, full, path) in PATHS.items():
-        res[name] = us = draw_us(params, logits, a.reps, fused, full, path)
-        print(f"{name:39s} {us:8.1f} us per draw", flush=True)
+    for name, (params, fused, full, top_p, path) in PATHS.items():
+        row = by_name[name.rsplit(", ", 1)[1]] if name.endswith(tuple(by_name)) else logits
+        us, how = draw_us(params, row, a.reps, fused, full, top_p, path)
+        res[name] = us
+        print(f"{name:54s} {us:8.1f} us per draw {how}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
     return 0

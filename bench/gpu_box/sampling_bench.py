@@ -2,8 +2,8 @@
 greedy (torch.argmax inside the step's graph), temperature on the host (the logits row comes back,
 Sampler draws; SPARKD_DEVICE_SAMPLING=0) and temperature on the device (DeviceSampler's graph
 right after the step's, one int back) with the torch chain (=torch) and the fused Triton draw
-(=fused; session 16: top_k 0 on the full path, and on the torch chain with =capped; session 17:
-top_k 0 with top_p 0.95, on the torch chain). Also the
+(=fused; session 16: top_k 0 on the full path, and on the torch chain with =capped; session 19:
+top_k 0 with top_p 0.95 on the top-p path, and on the torch chain with =chain-top-p). Also the
 draw graph's own time (replays alone, CUDA events) and how many draw graphs
 each run captured (greedy: none). One untimed token first: a draw graph is captured on its first
 draw (session 7; before that prepare() captured it), which the timed tokens then leave out; its
@@ -41,7 +41,8 @@ SETTINGS = {"greedy (device argmax)": (GREEDY, "fused"), "temperature 0.8 host":
             "temperature 0.8 device torch": (HOT, "torch"), "temperature 0.8 device fused": (HOT, "fused"),
             "temperature 0.8 fused 4096x1": (HOT, "fused"),
             "top_k 0 full": (EVERY, "fused"), "top_k 0 capped (torch chain)": (EVERY, "capped"),
-            "top_k 40 fused": (TOP40, "fused"), "top_p 0.95 (torch chain)": (CUT, "fused")}
+            "top_k 40 fused": (TOP40, "fused"), "top_p 0.95 top-p path": (CUT, "fused"),
+            "top_p 0.95 chain-top-p (torch chain)": (CUT, "chain-top-p")}
 # the fused draw's layout where not the default (DeviceSampler's block_tokens, merge_blocks)
 LAYOUTS = {"temperature 0.8 fused 4096x1": {"block_tokens": 4096, "merge_blocks": 1}}
 

@@ -11,7 +11,7 @@ the client), with the time the server took to be ready. Run it on the box:
 
     python3 bench/gpu_box/serve_decode_bench.py --model M.gguf --top-k 40,0 --json out.json
 
---top-p sends that top_p in every request (session 17; with --top-k 0 it takes the torch chain on CUDA).
+--top-p sends that top_p in every request (session 17; with --top-k 0: the device's top-p path, session 19).
 
 Each value's servers are started one after the other (never two on the device at once). --server-log
 keeps their stderr (the load's log lines), one file per --top-k value.

@@ -196,8 +196,8 @@ class StaticDecode:
     enqueues a step without waiting, launch() one fed by the last launch's pick on the device, pick()
     reads the oldest unread pick back, drop() undoes the newest launch (see launch).
 
-    device_sampling: "fused", "capped", "torch" or "off" (True: "fused", False: "off", None: the switch);
-    the fused kernels run on CUDA only (a CPU step draws with the torch chain).
+    device_sampling: "fused", "chain-top-p", "capped", "torch" or "off" (True: "fused", False: "off",
+    None: the switch); the fused kernels run on CUDA only (a CPU step draws with the torch chain).
 
     A capture that fails (out of memory, any error in its warm-up or capture) gives its bucket up:
     logged once with the reason, its memory returned, and that bucket's steps (or draws) run the
@@ -216,8 +216,9 @@ class StaticDecode:
         if mode not in SAMPLING_MODES:
             raise EngineError(f"could not use device sampling {mode!r}: choose one of {', '.join(SAMPLING_MODES)}")
         self.device_sampling = mode != "off"
-        self.fused_sampling = mode in ("fused", "capped") and cache.device.type == "cuda"
-        self.full_sampling = mode == "fused"  # capped: top_k 0 on the torch chain (session 15)
+        self.fused_sampling = mode in ("fused", "chain-top-p", "capped") and cache.device.type == "cuda"
+        self.full_sampling = mode in ("fused", "chain-top-p")  # capped: top_k 0 on the torch chain (session 15)
+        self.top_p_sampling = mode == "fused"  # chain-top-p: top_p < 1 with top_k 0 there (session 18)
         self.sampler: DeviceSampler | None = None  # made on the first request that draws here
         self.drawing = False                       # next_token draws (else picks the argmax)
         # (span, path) -> the draw graph of that bucket and DeviceSampler.path, captured on its first draw
@@ -336,7 +337,7 @@ class StaticDecode:
     def _sampler(self) -> DeviceSampler:
         if self.sampler is None:
             self.sampler = DeviceSampler(self.net.cfg.n_vocab, self.cache.device, fused=self.fused_sampling,
-                                         full=self.full_sampling)
+                                         full=self.full_sampling, top_p=self.top_p_sampling)
         return self.sampler
 
     def warm_sampling(self) -> None:

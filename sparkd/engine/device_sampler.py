@@ -12,8 +12,11 @@ vocabulary (sort, cumsums, two softmaxes), and "fused" (the default on CUDA) in 
 program ranks those, filters and draws) serves requests with 1 <= top_k <= CAP (64): only then do
 the candidates hold every token the filters can keep; the full path (block sums of exp, then one
 program inverts the CDF: no ranking at all) serves top_k 0 (or >= the vocabulary) with top_p 1,
-min-p or not. The rest (top_p < 1 with top_k 0, top_k above CAP) takes the torch chain, as does
-top_k 0 under "capped" (session 15's fused: the candidates path only).
+min-p or not; the top-p path (the full draw over the top-p prefix, its last token found by a
+select over the logits' bits in histogram stages, kernels/top_p_select.py: no sort) serves top_k 0
+with top_p < 1. The rest (top_k above CAP) takes the torch chain, as do top_k 0 with top_p < 1
+under "chain-top-p" (session 18's fused) and every top_k 0 under "capped" (session 15's fused:
+the candidates path only).
 
 The distribution equals the host Sampler's bit for bit on the same logits on the CPU (the same
 torch ops in the same order; tests/engine/test_device_sampler.py), and within rounding on a GPU
@@ -50,14 +53,15 @@ CAP = 64
 BLOCK_TOKENS = 1024
 MERGE_BLOCKS = 16
 
-MODES = ("fused", "capped", "torch", "off")
+MODES = ("fused", "chain-top-p", "capped", "torch", "off")
 _ALIASES = {"1": "fused", "on": "fused", "0": "off"}
 
 
 def device_sampling_default() -> str:
     """$SPARKD_DEVICE_SAMPLING: fused (1, on, or unset) draws temperature requests on the device
-    with the Triton kernels where the parameters allow (path()), else with the torch chain; capped
-    the same without the full path (top_k 0 on the torch chain); torch always with the torch chain;
+    with the Triton kernels where the parameters allow (path()), else with the torch chain;
+    chain-top-p the same without the top-p path (top_k 0 with top_p < 1 on the torch chain); capped
+    also without the full path (every top_k 0 on the torch chain); torch always with the torch chain;
     off (0) brings the logits row back for the host Sampler; anything else is refused."""
     value = switches.choice(DEVICE_SAMPLING_ENV, tuple(_ALIASES) + MODES, "fused")
     return _ALIASES.get(value, value)
@@ -73,6 +77,12 @@ def full_drawable(params: SamplingParams, n_vocab: int) -> bool:
     """Whether the full kernels can draw for these parameters: every token a candidate (top_k 0
     or >= n_vocab) and no top-p (its threshold needs the ranked mass; min-p needs only the max)."""
     return (params.top_k == 0 or params.top_k >= n_vocab) and params.top_p >= 1.0
+
+
+def top_p_drawable(params: SamplingParams, n_vocab: int) -> bool:
+    """Whether the top-p kernels can draw for these parameters: every token ranked (top_k 0 or
+    >= n_vocab) and a top-p cut (min-p or not)."""
+    return (params.top_k == 0 or params.top_k >= n_vocab) and params.top_p < 1.0
 
 
 def device_drawable(params: SamplingParams, ring_tokens: int = RING_TOKENS) -> bool:
@@ -99,28 +109,35 @@ class DeviceSampler:
     the token just fed to the recent-token ring and draws the next token id, a [1] long tensor on
     the device; push(token) and draw(logits) are its halves. probabilities(logits) is the
     distribution draw samples from. fused: requests that fusable() accepts take the candidates
-    kernels, and (full, unless False) those that full_drawable() accepts the full kernels
-    (`self.path` says which the current one takes: "fused", "full" or "torch", and `self.fusing`
+    kernels, (full, unless False) those that full_drawable() accepts the full kernels and (top_p,
+    unless False or full is; `self.select` its select's buffers, None where off or the vocabulary
+    has 2**19 tokens or more) those that top_p_drawable() accepts the top-p kernels (`self.path`
+    says which the current one takes: "fused", "full", "topp" or "torch", and `self.fusing`
     whether it is a kernel path; on a CPU device only under TRITON_INTERPRET); block_tokens, cap,
     merge_blocks: their layout (kernels/sample_draw.DrawScratch)."""
 
     def __init__(self, n_vocab: int, device: torch.device | str, ring_tokens: int = RING_TOKENS,
                  fused: bool = False, block_tokens: int = BLOCK_TOKENS, cap: int = CAP,
-                 merge_blocks: int = MERGE_BLOCKS, full: bool = True):
+                 merge_blocks: int = MERGE_BLOCKS, full: bool = True, top_p: bool = True):
         self.n_vocab, self.device, self.ring_tokens = n_vocab, torch.device(device), ring_tokens
         self.fused, self.full, self.path = fused, fused and full, "torch"
+        self.select = None
         with torch.inference_mode(False):  # plain tensors: begin() refills them outside inference mode
             self._buffers()
             self.scratch, self._kernels = None, {}
             if fused:  # (triton is imported only where the fused path runs: CPU-only tests set
                 # TRITON_INTERPRET before their first kernel import)
                 from sparkd.engine.kernels.sample_draw import DrawScratch, full_draw, fused_draw
+                from sparkd.engine.kernels.top_p_select import MAX_TOKENS, SelectScratch, top_p_draw
                 self.scratch = DrawScratch(n_vocab, self.device, block_tokens, cap, merge_blocks)
                 self._kernels = {"fused": fused_draw, "full": full_draw}
+                if self.full and top_p and n_vocab < MAX_TOKENS:  # (larger: the torch chain)
+                    self.select = SelectScratch(self.scratch, self.device)
+                    self._kernels["topp"] = top_p_draw
 
     @property
     def fusing(self) -> bool:
-        """Whether the current request draws in the Triton kernels (path "fused" or "full")."""
+        """Whether the current request draws in the Triton kernels (path "fused", "full" or "topp")."""
         return self.path != "torch"
 
     @property
@@ -188,6 +205,8 @@ class DeviceSampler:
             self.path = "fused"
         elif self.full and full_drawable(params, self.n_vocab):
             self.path = "full"
+        elif self.select is not None and top_p_drawable(params, self.n_vocab):
+            self.path = "topp"
         else:
             self.path = "torch"
 
@@ -226,11 +245,11 @@ class DeviceSampler:
     def probabilities(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(order: token ids by logit, highest first, [V] (fused: the best CAP); probs [V] float64
         by token id): the host Sampler.probabilities chain with tensor parameters, op for op (fused:
-        the same math on the candidates, float64 sums in another order; full: every token's, the
-        order a stable argsort of the kernels' penalised logits; nothing drawn)."""
-        if self.path == "full":
+        the same math on the candidates, float64 sums in another order; full, topp: every token's,
+        the order a stable argsort of the kernels' penalised logits; nothing drawn)."""
+        if self.path in ("full", "topp"):
             scratch = self.scratch
-            self._kernels["full"](self, scratch, logits, None, advance=False, store=True)
+            self._kernels[self.path](self, scratch, logits, None, advance=False, store=True)
             order = torch.argsort(scratch.logits, descending=True, stable=True)
             return order, scratch.weights / scratch.block_sum.sum()
         if self.fusing:

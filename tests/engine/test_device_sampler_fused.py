@@ -3,9 +3,14 @@ Sampler: the same tokens survive the filters, in the host's rank order (ties to 
 with the same probabilities within a measured bound (float64 sums in another order: the full
 softmax's denominator by blocks, the cumulative sums by a scan; measured <= 3.1e-16 relative on
 these rows, bound 1e-13); the penalty window follows the pushes; draws follow the distribution
-and repeat with the seed; top_k above the width, or 0 with top-p, takes the torch chain. The full
-path (top_k 0, no top-p: every token, no ranking) likewise: the host's probabilities within the
-same bound (measured <= 1.5e-15 relative), draws that follow them and repeat with the seed.
+and repeat with the seed; top_k above the width takes the torch chain. The full path (top_k 0,
+no top-p: every token, no ranking) likewise: the host's probabilities within the same bound
+(measured <= 1.5e-15 relative), draws that follow them and repeat with the seed; and the top-p
+path (top_k 0, top_p < 1: the full draw over the prefix whose last token a select in histogram
+stages finds, kernels/top_p_select.py): the host's kept tokens (ties at the threshold by id,
+across blocks, more of them than the select gathers, and a top_p landing exactly on a cumulative
+sum) and probabilities, at the production layout and at small ones that take every stage, draws
+that follow them (flat and peaked rows at full width on the GPU) and repeat.
 
 On the CPU under TRITON_INTERPRET=1 at a small width (cap 16 or 8, blocks of 32 or 8 tokens: the
 interpreter's sort is slow); on the GPU box at the production width (64, 4096) on a 151936-token
@@ -29,10 +34,11 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_device_sampler import CHI2_CRIT, DRAW_CASE, chi_square, counts_over_seeds  # noqa: E402
 
 from sparkd.engine.cuda_graphs import StaticDecode  # noqa: E402
-from sparkd.engine.device_sampler import CAP, DeviceSampler, full_drawable, fusable  # noqa: E402
+from sparkd.engine.device_sampler import CAP, DeviceSampler, full_drawable, fusable, top_p_drawable  # noqa: E402
 from sparkd.engine.errors import EngineError  # noqa: E402
 from sparkd.engine.kernels.family import KernelArgumentError  # noqa: E402
 from sparkd.engine.kernels.sample_draw import DrawScratch  # noqa: E402
+from sparkd.engine.kernels.top_p_select import MAX_TOKENS, SelectScratch  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.models import load_model  # noqa: E402
@@ -63,9 +69,9 @@ def history_of(i: int, n_vocab: int) -> list[int]:
 
 
 def check_against_host(ds: DeviceSampler, p: SamplingParams, row: torch.Tensor, hist: list[int],
-                       bias: torch.Tensor | None) -> None:
-    """probabilities() on the device against Sampler.probabilities; the ranked candidates against
-    the host's stable argsort of the penalised logits."""
+                       bias: torch.Tensor | None, rel: float = REL) -> None:
+    """probabilities() on the device against Sampler.probabilities (within rel); the ranked
+    candidates against the host's stable argsort of the penalised logits."""
     device = ds.device
     ds.begin(p, hist, None if bias is None else bias.to(device))
     assert ds.fusing
@@ -74,7 +80,7 @@ def check_against_host(ds: DeviceSampler, p: SamplingParams, row: torch.Tensor, 
     want = Sampler(p).probabilities(biased, hist)
     got = got.cpu()
     assert torch.equal(got > 0, want > 0), (p, (got > 0).nonzero().flatten(), (want > 0).nonzero().flatten())
-    assert torch.allclose(got, want, rtol=REL, atol=0), (p, ((got - want).abs() / want).nan_to_num().max())
+    assert torch.allclose(got, want, rtol=rel, atol=0), (p, ((got - want).abs() / want).nan_to_num().max())
     penalised = apply_repetition_penalty(biased, hist[-p.repetition_window:], p.repetition_penalty)
     ranked = torch.argsort(penalised, descending=True, stable=True)[:ds.scratch.cap]
     assert torch.equal(order.cpu()[:ds.scratch.cap], ranked), p  # (full: every token ranked)
@@ -105,6 +111,85 @@ def test_full_distribution_is_the_hosts():
         for i, row in enumerate(rows(V)):
             check_against_host(ds, p, row, history_of(i, V), bias if i == 0 else None)
             assert ds.path == "full"
+
+
+TOP_P = [
+    SamplingParams(temperature=0.8, top_p=0.9),
+    SamplingParams(temperature=1.3, top_p=0.5, min_p=0.05, repetition_penalty=1.3),
+    SamplingParams(temperature=0.7, top_p=0.75, top_k=V),
+]
+
+
+def tie_rows(n_vocab: int) -> list[torch.Tensor]:
+    """Rows whose only mass is ties at 0 across blocks (ids out of order): four of 1/4 each (0.5
+    and 0.75 land exactly on a cumulative sum, which the host's before < top_p drops), five of 1/5."""
+    out = []
+    for ids in ([7, 3, 90, n_vocab - 50], [5, 9, 40, 41, n_vocab - 1]):
+        row = torch.full((n_vocab,), -1000.0)  # exp(-1000) is 0 in float64: exact quarters, fifths
+        row[ids] = 0.0
+        out.append(row)
+    return out
+
+
+def flat_row(n_vocab: int) -> torch.Tensor:
+    """Every token tied but the first (the host keeps the lowest ids). Not all of them: with n equal
+    tokens and top_p * n whole, the exact mass before token top_p * n is top_p (dropped) while the
+    host's float64 cumsum of 1 / n can round below it (kept): 151936 ties at top_p 0.75 keep 113953
+    on the host, 113952 in the select (H200, session 19), a difference of rounding, not of the rule."""
+    row = torch.zeros(n_vocab)
+    row[0] = 1.0
+    return row
+
+
+def test_top_p_distribution_is_the_hosts():
+    """top_k 0 (or >= the vocabulary) with top_p < 1: the top-p path keeps the host's prefix, at
+    the production select (4096 bins: one stage on 200 tokens; the interpreter's 4096-bin scans are
+    slow, so one row each) and at 16 bins gathering 4 or 128 tokens: the search takes several
+    stages, ties past the gather take the count path, 100 ties the gather's wide sort (the
+    state says which ran)."""
+    (random, rounded, tail), (quarters, fifths) = rows(V), tie_rows(V)
+    hundred = torch.full((V,), -3.0)
+    hundred[V - 100:] = 0.0
+    ds = DeviceSampler(V, "cpu", fused=True, **SMALL)
+    for p, row in zip(TOP_P, (random, rounded, fifths)):
+        check_against_host(ds, p, row, history_of(0, V), None)
+        assert ds.path == "topp"
+    stages, gathered = set(), set()
+    for bins, gather in ((16, 4), (16, 128)):
+        ds.select = SelectScratch(ds.scratch, ds.device, bins, gather)
+        for p in TOP_P:
+            for i, row in enumerate((random, rounded, tail, quarters, fifths, flat_row(V), hundred)):
+                check_against_host(ds, p, row, history_of(i, V), None)
+                stage, n = ds.select.outcome()
+                stages.add(stage)
+                gathered.add(n)
+    assert {0, 7} <= stages and len(stages) >= 3 and 0 in gathered and max(gathered) > 64, (stages, gathered)
+    for bad in ({"bins": 3}, {"bins": 1}, {"gather": 6}):
+        with pytest.raises(KernelArgumentError, match="could not size the top-p select"):
+            SelectScratch(ds.scratch, ds.device, **bad)
+
+
+def test_top_p_draws_follow_the_distribution_and_repeat_with_the_seed():
+    """20 successive draws over 7 tokens in two 4-token blocks: top_p 0.35 keeps token 3 and the
+    lowest id of the six tied below it (0); the chi-square passes against the host's probabilities
+    and fails against those without the cut; a seed repeats its tokens."""
+    p = SamplingParams(temperature=1.0, top_p=0.35, seed=3)
+    row = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    ds = DeviceSampler(row.numel(), "cpu", fused=True, block_tokens=4, cap=4, merge_blocks=1)
+    ds.begin(p)
+    assert ds.path == "topp"
+    counts = torch.bincount(torch.cat([ds.draw(row).clone() for _ in range(20)]), minlength=row.numel())
+    probs = Sampler(p).probabilities(row)
+    assert torch.equal((probs > 0).nonzero().flatten(), torch.tensor([0, 3]))
+    assert counts[probs == 0].sum() == 0, counts
+    chi2, dof = chi_square(counts, probs)
+    assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts)
+    assert chi_square(counts, Sampler(replace(p, top_p=1.0)).probabilities(row))[0] > CHI2_CRIT[6]  # it can fail
+    runs = []
+    for seed in (7, 7, 10):
+        ds.begin(replace(p, seed=seed))
+        runs.append([int(ds.draw(row)) for _ in range(3)])
+    assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
 def test_full_draws_follow_the_distribution_and_repeat_with_the_seed():
@@ -145,7 +230,7 @@ def test_warm_runs_every_chain_and_changes_no_draw():
             ds.probabilities = lambda x: seen.append(ds.path) or chain(x)
             ds.warm()
         runs.append(([int(ds.step(torch.tensor([2]), row)) for _ in range(5)], ds.ring.tolist(), int(ds.draws)))
-    assert seen == ["fused", "full", "torch"] and ds.path == "full"
+    assert seen == ["fused", "full", "topp", "torch"] and ds.path == "full"
     assert runs[0] == runs[1]
 
 
@@ -199,23 +284,28 @@ def test_fused_draws_follow_the_distribution_and_repeat_with_the_seed():
 
 def test_what_takes_the_fused_path():
     """1 <= top_k <= the width: the candidates; top_k 0 (every token) or >= the vocabulary without
-    top-p: the full path (full=False: the torch chain); the rest (above the width, top_k 0 with
-    top-p) the torch chain, bit for bit the host's; a CPU StaticDecode never fuses; bad widths and
-    modes are refused."""
+    top-p: the full path, with top-p the top-p path (full=False: both the torch chain; top_p=False:
+    the top-p one); the rest (above the width) the torch chain, bit for bit the host's; a CPU
+    StaticDecode never fuses; bad widths and modes are refused."""
     assert fusable(SamplingParams(top_k=1)) and fusable(SamplingParams(top_k=CAP))
     assert not fusable(SamplingParams(top_k=0)) and not fusable(SamplingParams(top_k=CAP + 1))
     assert full_drawable(SamplingParams(min_p=0.1), V) and full_drawable(SamplingParams(top_k=V), V)
     assert not full_drawable(SamplingParams(top_p=0.9), V) and not full_drawable(SamplingParams(top_k=V - 1), V)
+    assert top_p_drawable(SamplingParams(top_p=0.9), V) and top_p_drawable(SamplingParams(top_k=V, top_p=0.9), V)
+    assert not top_p_drawable(SamplingParams(), V) and not top_p_drawable(SamplingParams(top_k=V - 1, top_p=0.9), V)
     row = rows(V)[0]
-    for full in (True, False):
-        ds = DeviceSampler(V, "cpu", fused=True, full=full, **SMALL)
-        for top_k, top_p, path in ((0, 0.9, "torch"), (17, 0.9, "torch"), (16, 0.9, "fused"),
-                                   (0, 1.0, "full" if full else "torch")):
-            p = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p)
+    for full, top_p in ((True, True), (True, False), (False, True)):
+        ds = DeviceSampler(V, "cpu", fused=True, full=full, top_p=top_p, **SMALL)
+        for top_k, p_cut, path in ((0, 0.9, "topp" if full and top_p else "torch"), (17, 0.9, "torch"),
+                                   (16, 0.9, "fused"), (0, 1.0, "full" if full else "torch")):
+            p = SamplingParams(temperature=0.8, top_k=top_k, top_p=p_cut)
             ds.begin(p)
-            assert (ds.path, ds.fusing) == (path, path != "torch"), (full, top_k, top_p)
+            assert (ds.path, ds.fusing) == (path, path != "torch"), (full, top_p, top_k, p_cut)
             if path == "torch":
                 assert torch.equal(ds.probabilities(row)[1], Sampler(p).probabilities(row))
+    big = DeviceSampler(MAX_TOKENS, "cpu", fused=True)  # past the select's fixed-point sums: the torch chain
+    big.begin(SamplingParams(temperature=0.8, top_p=0.9))
+    assert big.select is None and big.path == "torch"
     for bad in ({"block_tokens": 48, "cap": 16}, {"block_tokens": 8, "cap": 16}, {"cap": 1}, {"merge_blocks": 3}):
         with pytest.raises(KernelArgumentError, match="could not size the fused draw"):
             DrawScratch(V, torch.device("cpu"), **({"block_tokens": 64, "cap": 16} | bad))
@@ -244,13 +334,16 @@ def test_static_decode_modes():
         blocks, output_norm, output = [], None, None
         cfg = SimpleNamespace(n_vocab=8)
 
-    for mode, on, full in (("fused", True, True), ("capped", True, False), ("torch", True, False),
-                           ("off", False, False), (True, True, True)):
+    for mode, on, full, top_p in (("fused", True, True, True), ("chain-top-p", True, True, False),
+                                  ("capped", True, False, False), ("torch", True, False, False),
+                                  ("off", False, False, False), (True, True, True, True)):
         step = StaticDecode(Net(), Cache(), False, device_sampling=mode)
-        assert (step.device_sampling, step.fused_sampling, step.full_sampling) == (on, False, full), mode
+        assert (step.device_sampling, step.fused_sampling, step.full_sampling, step.top_p_sampling) == \
+            (on, False, full, top_p), mode
         step.warm_sampling()  # the load's warm: a sampler (its chains run once) only where the step draws
         assert (step.sampler is not None) == on and (not on or step.sampler.path == "torch"), mode
-    with pytest.raises(EngineError, match="device sampling 'yes': choose one of fused, capped, torch, off"):
+    refused = "device sampling 'yes': choose one of fused, chain-top-p, capped, torch, off"
+    with pytest.raises(EngineError, match=refused):
         StaticDecode(Net(), Cache(), False, device_sampling="yes")
 
 
@@ -279,6 +372,63 @@ def test_cuda_full_distribution_at_full_width(pi):
     for i, row in enumerate(rows(n_vocab)):
         check_against_host(ds, p, row, history_of(i, n_vocab), bias if i == 0 else None)
         assert ds.path == "full"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pi", range(len(TOP_P)))
+def test_cuda_top_p_distribution_at_full_width(pi):
+    n_vocab = 151936
+    p = replace(TOP_P[pi], top_k=n_vocab) if TOP_P[pi].top_k else TOP_P[pi]
+    ds = DeviceSampler(n_vocab, "cuda", fused=True)
+    bias = torch.zeros(n_vocab)
+    bias[[3, 150000]] = torch.tensor([9.0, -2.5])
+    for i, row in enumerate(rows(n_vocab) + tie_rows(n_vocab) + [flat_row(n_vocab)]):
+        # the flat row's ~10**5 equal weights summed in another order: 1.3e-13 measured (interpreter)
+        check_against_host(ds, p, row, history_of(i, n_vocab), bias if i == 0 else None, REL if i < 5 else 1e-12)
+        assert ds.path == "topp"
+
+
+@pytest.mark.gpu
+def test_cuda_top_p_draws_follow_the_distribution():
+    """4000 seeds at top_p 0.5 over the CPU test's row (three tokens kept: 3 and the tied 0, 1)."""
+    p = SamplingParams(temperature=0.8, top_p=0.5)
+    row = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    ds = DeviceSampler(row.numel(), "cuda", fused=True, block_tokens=4, cap=4, merge_blocks=1)
+    counts = counts_over_seeds(ds, p, row.cuda(), 4000)
+    probs = Sampler(p).probabilities(row)
+    assert torch.equal((probs > 0).nonzero().flatten(), torch.tensor([0, 1, 3]))
+    assert counts[probs == 0].sum() == 0, counts
+    chi2, dof = chi_square(counts, probs)
+    assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts)
+
+
+def pooled(counts: torch.Tensor, probs: torch.Tensor, groups: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts and probabilities summed over groups of about 1/groups of the mass each, in rank order
+    (a full-width row keeps too many tokens to expect 5 draws of each)."""
+    order = torch.argsort(probs, descending=True, stable=True)
+    ranked = probs[order]
+    group = ((torch.cumsum(ranked, 0) - ranked) * groups).long().clamp(max=groups - 1)
+    return (torch.zeros(groups, dtype=torch.long).index_add_(0, group, counts[order]),
+            torch.zeros(groups, dtype=torch.float64).index_add_(0, group, ranked))
+
+
+@pytest.mark.gpu
+def test_cuda_top_p_draws_at_full_width_follow_the_distribution():
+    """4000 seeds over 151936 tokens at top_p 0.95: a flat row (randn x 3: thousands kept) and a
+    peaked one (16 tokens raised by 15, a few kept); no draw outside the host's kept set (the
+    tokens without the cut hold 5 % of the mass: ~200 draws), the chi-square over pooled ranks."""
+    n_vocab, p = 151936, SamplingParams(temperature=1.0, top_p=0.95)
+    flat = torch.randn(n_vocab, generator=torch.Generator().manual_seed(4)) * 3
+    peaked = flat.clone()
+    peaked[torch.arange(16) * 9000 + 7] += 15.0
+    ds = DeviceSampler(n_vocab, "cuda", fused=True)
+    for row in (flat, peaked):
+        counts = counts_over_seeds(ds, p, row.cuda(), 4000)
+        assert ds.path == "topp"
+        probs = Sampler(p).probabilities(row)
+        assert counts[probs == 0].sum() == 0, int(counts[probs == 0].sum())
+        chi2, dof = chi_square(*pooled(counts, probs))
+        assert chi2 < CHI2_CRIT[dof], (chi2, dof)
 
 
 @pytest.mark.gpu
@@ -335,9 +485,12 @@ def test_captured_fused_draw_is_the_eager_one_and_captured_on_first_draw(tmp_pat
         assert decode(m.net, full, 16, True)[0] == eager_full
         step.begin_sampling(full, [1, 7, 42])
         step.next_token(3)
-        step.begin_sampling(SamplingParams(temperature=1.2, top_p=0.9, seed=5), [1, 7, 42])  # top-p: the torch chain
-        step.next_token(3)
-        assert {path for _, path in step._draws} == {"fused", "full", "torch"}
+        cut = SamplingParams(temperature=1.2, top_p=0.9, repetition_penalty=1.2, seed=5)  # the top-p path
+        assert decode(m.net, cut, 16, True)[0] == decode(m.net, cut, 16, False)[0]
+        for p in (cut, SamplingParams(temperature=1.2, top_k=CAP + 1, seed=5)):  # top_k 65: the torch chain
+            step.begin_sampling(p, [1, 7, 42])
+            step.next_token(3)
+        assert {path for _, path in step._draws} == {"fused", "full", "topp", "torch"}
     finally:
         m.close()
 

@@ -21,6 +21,11 @@ block's sum of exp(x / T - max / T) in float64; _full_pick, one program: the Phi
 the block by the cumulative block sums, then the token inside it by the cumulative exps of its
 tokens (recomputed as _full_sums did). Inverse CDF rather than Gumbel-max: one uniform a draw
 (as _choose), float64 throughout, and the sums are the softmax's denominator anyway.
+
+The top-p draw (kernels/top_p_select.py; top_k 0 with top_p < 1) is the full draw restricted to
+the host's kept prefix: full_draw's select finds, between _full_logits and _full_sums, the key
+(_key: logit descending, id ascending, the host's stable order) of the last token the host keeps,
+and _full_weights keeps only the tokens whose key is at or above it.
 """
 
 from __future__ import annotations
@@ -174,33 +179,37 @@ def _full_logits(logits_ptr, bias_ptr, counts_ptr, ring_ptr, slot_ptr, token_ptr
 
 
 @triton.jit
-def _full_weights(x_ptr, ids, live, top, temperature_ptr, min_p_ptr):
+def _full_weights(x_ptr, ids, live, top, temperature_ptr, min_p_ptr, cut_ptr, TOP_P: tl.constexpr):
     """The host chain's unnormalised final probabilities of ids: min-p on the softmax of the
-    penalised logits (exp(x - max) >= min_p, the best token's being 1), then exp(x / T - max / T)."""
-    x = tl.load(x_ptr + ids, mask=live, other=float("-inf")).to(tl.float64)
+    penalised logits (exp(x - max) >= min_p, the best token's being 1), TOP_P: only the kept
+    prefix (a key at or above the cut's), then exp(x / T - max / T)."""
+    x32 = tl.load(x_ptr + ids, mask=live, other=float("-inf"))
+    x = x32.to(tl.float64)
     temperature = tl.load(temperature_ptr)
     keep = (x > float("-inf")) & (tl.exp(x - top) >= tl.load(min_p_ptr))
+    if TOP_P:
+        keep &= _key(x32, ids) >= tl.load(cut_ptr)
     return tl.where(keep, tl.exp(x / temperature - top / temperature), 0.0)
 
 
 @triton.jit(do_not_specialize=["store"])
-def _full_sums(x_ptr, max_ptr, n_blocks, n_vocab, temperature_ptr, min_p_ptr, sum_ptr, w_ptr, store,
-               BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr):
+def _full_sums(x_ptr, max_ptr, n_blocks, n_vocab, temperature_ptr, min_p_ptr, cut_ptr, sum_ptr, w_ptr, store,
+               BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr, TOP_P: tl.constexpr):
     pid = tl.program_id(0)
     b = tl.arange(0, N_BLOCKS)
     top = tl.max(tl.load(max_ptr + b, mask=b < n_blocks, other=float("-inf")), axis=0).to(tl.float64)
     ids = pid * BLOCK + tl.arange(0, BLOCK)
     live = ids < n_vocab
-    w = _full_weights(x_ptr, ids, live, top, temperature_ptr, min_p_ptr)
+    w = _full_weights(x_ptr, ids, live, top, temperature_ptr, min_p_ptr, cut_ptr, TOP_P)
     tl.store(sum_ptr + pid, tl.sum(w, axis=0))
     if store != 0:  # probabilities(): every token's weight
         tl.store(w_ptr + ids, w, mask=live)
 
 
 @triton.jit(do_not_specialize=["push", "advance"])
-def _full_pick(x_ptr, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_ptr, min_p_ptr, seed_ptr, draws_ptr,
-               ring_ptr, slot_ptr, window_ptr, counts_ptr, token_ptr, out_ptr, push, advance,
-               BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr):
+def _full_pick(x_ptr, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_ptr, min_p_ptr, cut_ptr, seed_ptr,
+               draws_ptr, ring_ptr, slot_ptr, window_ptr, counts_ptr, token_ptr, out_ptr, push, advance,
+               BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr, TOP_P: tl.constexpr):
     # every state read before any write (the program's warps do not run in step)
     draws = tl.load(draws_ptr)
     slot = tl.load(slot_ptr)
@@ -218,7 +227,7 @@ def _full_pick(x_ptr, max_ptr, sum_ptr, n_blocks, n_vocab, temperature_ptr, min_
     target -= tl.sum(tl.where(b == block, bcdf - bsum, 0.0), axis=0)
     r = tl.arange(0, BLOCK)
     ids = block * BLOCK + r
-    w = _full_weights(x_ptr, ids, ids < n_vocab, top, temperature_ptr, min_p_ptr)
+    w = _full_weights(x_ptr, ids, ids < n_vocab, top, temperature_ptr, min_p_ptr, cut_ptr, TOP_P)
     rank = tl.sum((tl.cumsum(w, axis=0) <= target).to(tl.int32), axis=0)
     rank = tl.minimum(rank, tl.max(tl.where(w > 0, r, 0), axis=0))
     tl.store(out_ptr, block * BLOCK + rank)
@@ -277,18 +286,22 @@ def fused_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor 
 
 
 def full_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor | None, advance: bool,
-              store: bool = False) -> torch.Tensor:
+              store: bool = False, select=None) -> torch.Tensor:
     """fused_draw's contract for the full draw (every token a candidate: top_k 0, top_p 1); store:
-    also every token's final weight in scratch.weights (their sum: scratch.block_sum's)."""
+    also every token's final weight in scratch.weights (their sum: scratch.block_sum's); select:
+    select(s, scratch) launches what finds the top-p cut over scratch.logits and returns it (a [1]
+    long key, kernels/top_p_select.py), None: no cut."""
     push = int(fed is not None)
     fed = scratch.token if fed is None else fed  # (not read when push is 0)
     n, block = scratch.n_blocks, scratch.block_tokens
     n_pow2 = triton.next_power_of_2(n)
     _full_logits[(n,)](logits.reshape(-1), s.bias, s.counts, s.ring, s.slot, fed, s.penalty, scratch.logits,
                        scratch.block_max, scratch.n_vocab, push, BLOCK=block, num_warps=4)
-    _full_sums[(n,)](scratch.logits, scratch.block_max, n, scratch.n_vocab, s.temperature, s.min_p,
-                     scratch.block_sum, scratch.weights, int(store), BLOCK=block, N_BLOCKS=n_pow2, num_warps=4)
+    cut = scratch.token if select is None else select(s, scratch)  # (not read without a select)
+    _full_sums[(n,)](scratch.logits, scratch.block_max, n, scratch.n_vocab, s.temperature, s.min_p, cut,
+                     scratch.block_sum, scratch.weights, int(store), BLOCK=block, N_BLOCKS=n_pow2,
+                     TOP_P=select is not None, num_warps=4)
     _full_pick[(1,)](scratch.logits, scratch.block_max, scratch.block_sum, n, scratch.n_vocab, s.temperature,
-                     s.min_p, s.seed, s.draws, s.ring, s.slot, s.window, s.counts, fed, scratch.token, push,
-                     int(advance), BLOCK=block, N_BLOCKS=n_pow2, num_warps=8)
+                     s.min_p, cut, s.seed, s.draws, s.ring, s.slot, s.window, s.counts, fed, scratch.token, push,
+                     int(advance), BLOCK=block, N_BLOCKS=n_pow2, TOP_P=select is not None, num_warps=8)
     return scratch.token
