@@ -313,16 +313,18 @@ def test_what_takes_the_fused_path():
 
 def test_paths_are_the_ones_requests_take():
     """DeviceSampler.paths (what warm() runs and the server's load captures: StaticDecode.capture_draws)
-    are the paths begin() picks over every kind of request: candidates, full, the torch chain; without
-    the full path (capped) its requests take the torch chain; without kernels only the torch chain."""
+    are the paths begin() picks over every kind of request: candidates, full, top-p, the torch chain;
+    without the top-p select (chain-top-p) or the full path (capped) their requests take the torch chain;
+    without kernels only the torch chain."""
     requests = [SamplingParams(temperature=0.8, top_k=5), SamplingParams(temperature=0.8),
                 SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=0.8, top_k=CAP + 1)]
-    for full, expected in ((True, ("fused", "full", "torch")), (False, ("fused", "torch"))):
-        ds, taken = DeviceSampler(V, "cpu", fused=True, full=full, **SMALL), set()
+    for full, top_p, expected in ((True, True, ("fused", "full", "topp", "torch")),
+                                  (True, False, ("fused", "full", "torch")), (False, True, ("fused", "torch"))):
+        ds, taken = DeviceSampler(V, "cpu", fused=True, full=full, top_p=top_p, **SMALL), set()
         for params in requests:
             ds.begin(params)
             taken.add(ds.path)
-        assert ds.paths == expected and taken == set(expected), (full, taken)
+        assert ds.paths == expected and taken == set(expected), (full, top_p, taken)
     assert DeviceSampler(V, "cpu").paths == ("torch",)
 
 
