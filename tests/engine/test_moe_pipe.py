@@ -1,0 +1,62 @@
+"""Session 19 (moe42): moe_pipe's software-pipelined persistent Q8_0 gate/up (moe_tiles.Kernels.pipe) gives the grid
+kernel's h and y bits: each tile's groups onto its elementwise tile in the same order, h quantized by a block's last
+tile, whichever program ran it. Interpreter where there is no GPU (a few programs, small shapes), compiled with the
+marker gpu at the decode shapes."""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from test_kernels import BACKENDS, arena_table  # noqa: E402
+
+from sparkd.engine.kernels import moe, moe_tiles  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
+
+CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
+         pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+def test_the_pipe_runs_only_where_the_words_step_is_unmasked_and_elementwise():
+    on, tile = moe_tiles.Kernels(pipe=16), GemvConfig(block_n=2, unroll=4, elementwise=True)
+    assert moe._pipe_ok(on, tile, True, 1536, 4096)
+    assert not moe._pipe_ok(moe_tiles.Kernels(), tile, True, 1536, 4096)  # off
+    assert not moe._pipe_ok(on, tile, False, 1536, 4096)  # rows not on words (or not Q8_0)
+    assert not moe._pipe_ok(on, dataclasses.replace(tile, elementwise=False), True, 1536, 4096)
+    assert not moe._pipe_ok(on, tile, True, 1536, 4096 + 256)  # the masked step: not a whole loop step
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("backend", CASES)
+def test_the_pipelined_gate_up_gives_the_grid_kernels_bits(backend):
+    shapes = [(512, 64, 2)] if backend == "cpu" else [(4096, 1536, 8), (2048, 768, 8), (7168, 2048, 8)]
+    for dim, width, n in shapes:
+        table = arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)[0]
+        p = moe.prepare(table, backend)
+        x, w = torch.randn(dim, device=backend), torch.rand(n, device=backend)
+        gu, dn = GemvConfig(block_n=2, unroll=1, elementwise=True, fuse_quant=True), GemvConfig(block_n=2, split=2)
+        if backend == "cuda":
+            gu, dn = moe_tiles.decode_tiles(p)
+            gu = dataclasses.replace(gu, fuse_quant=True)
+        base = moe.moe_decode(p, x, w, gate_up=gu, down=dn)
+        h = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, moe_tiles.Kernels())
+        runs = [(3, 1), (3, 2)] if backend == "cpu" else [(per, depth) for per in (8, 12, 16, 24) for depth in (1, 2)]
+        for per, depth in runs:
+            k = moe_tiles.Kernels(pipe=per, pipe_depth=depth)
+            assert moe._pipe_ok(k, gu, p.gate_up_words, width, dim)
+            hp = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, k)
+            # (Q8_0 blocks: words and scales; the sums are a placeholder no kernel writes)
+            assert torch.equal(hp.words, h.words) and _bits(hp.scales, h.scales), (dim, per, depth)
+            assert _bits(moe.moe_decode(p, x, w, gate_up=gu, down=dn, kernels=k), base), (dim, per, depth)
+
+
+def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same float32 bits (a NaN too: the interpreter's sigmoid of a large -g times a large u)."""
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
