@@ -608,7 +608,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
             n_tiles = grid[0] * n
             moe_pipe.gate_up_kernel[(moe_pipe.programs(n_tiles, kernels.pipe, x.device),)](
                 p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales, n_tiles=n_tiles,
-                OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, G=D // 256, DEPTH=kernels.pipe_depth,
+                OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, G=D // 256, UNROLL=cfg.unroll,
                 **{k: v for k, v in int_args(p.gate_up).items() if k != "IDOT"}, **common)
             return h if hq is None else hq
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
@@ -630,7 +630,7 @@ def _pipe_ok(kernels: Kernels, cfg: GemvConfig, words: bool, rows: int, width: i
     """Whether the gate/up runs moe_pipe's kernel: Kernels.pipe on, and its one step (q8_0_words.idot_full, the
     elementwise tile, gate and up in one loop) where the grid kernel would run it."""
     return kernels.pipe > 0 and words and kernels.full and kernels.pair and cfg.elementwise \
-        and _full(rows, width, cfg)
+        and _full(rows, width, cfg) and cfg.unroll in (1, 2, 4)
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:

@@ -129,9 +129,8 @@ class Kernels:
     # model width (down_launch_at_start: $SPARKD_MOE_DOWN_LAUNCH). The same bits
     down_at_start: bool | None = None
     # session 19 (moe42): > 0, the Q8_0 words gate/up as moe_pipe's software-pipelined persistent kernel, this many
-    # programs an SM, pipe_depth (1 or 2) groups' weight words in flight ahead of the dots; 0, the grid kernel
+    # programs an SM (the next loop step's weight words in flight during this step's dots); 0, the grid kernel
     pipe: int = 0
-    pipe_depth: int = 2
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
