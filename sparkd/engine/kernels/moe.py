@@ -602,20 +602,19 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                                 else kernels.down_at_start),
                       BLOCK_N=cfg.block_n, EMU=emulate(cfg, x), ACT=ACT_CODES[act], RW=use_rw, HBLOCK=hblock,
                       H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
-                      enable_fp_fusion=hq is None,  # act_quant's exact rounding needs it off
-                      **pdl.launch(x.device))
+                      enable_fp_fusion=hq is None)  # act_quant's exact rounding needs it off
         if _pipe_ok(kernels, cfg, words, F, D):  # session 19: moe_pipe's persistent kernel
             n_tiles = grid[0] * n
             moe_pipe.gate_up_kernel[(moe_pipe.programs(n_tiles, kernels.pipe, x.device),)](
                 p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales, n_tiles=n_tiles,
                 OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, G=D // 256, UNROLL=cfg.unroll,
-                **{k: v for k, v in int_args(p.gate_up).items() if k != "IDOT"}, **common)
+                **{k: v for k, v in int_args(p.gate_up).items() if k != "IDOT"}, **common, **pdl.launch(x.device))
             return h if hq is None else hq
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
                                xs_ptr=q.sums, D=D, **_int_args(p.gate_up, words, _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                                                kernels.full and _full(F, D, cfg)),
                                PAIR=kernels.pair, TILED=p.gate_up.row_tile > 1, UNROLL=cfg.unroll,
-                               EW=cfg.elementwise, STAGES=stages_arg(cfg), **common)
+                               EW=cfg.elementwise, STAGES=stages_arg(cfg), **common, **pdl.launch(x.device))
         return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
