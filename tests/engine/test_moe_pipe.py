@@ -25,13 +25,28 @@ CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
 
 
 def test_the_pipe_runs_only_where_the_words_step_is_unmasked_and_elementwise():
-    on, tile = moe_tiles.Kernels(pipe=16), GemvConfig(block_n=2, unroll=4, elementwise=True)
-    assert moe._pipe_ok(on, tile, True, 1536, 4096)
-    assert not moe._pipe_ok(moe_tiles.Kernels(), tile, True, 1536, 4096)  # off
-    assert not moe._pipe_ok(on, tile, False, 1536, 4096)  # rows not on words (or not Q8_0)
-    assert not moe._pipe_ok(on, dataclasses.replace(tile, elementwise=False), True, 1536, 4096)
-    assert not moe._pipe_ok(on, tile, True, 1536, 4096 + 256)  # the masked step: not a whole loop step
-    assert not moe._pipe_ok(on, dataclasses.replace(tile, unroll=8), True, 1536, 4096)  # steps of 1, 2 or 4 groups
+    k, tile = moe_tiles.Kernels(), GemvConfig(block_n=2, unroll=4, elementwise=True)
+    assert moe._pipe_ok(16, k, tile, True, 1536, 4096)
+    assert not moe._pipe_ok(0, k, tile, True, 1536, 4096)  # off
+    assert not moe._pipe_ok(16, k, tile, False, 1536, 4096)  # rows not on words (or not Q8_0)
+    assert not moe._pipe_ok(16, k, dataclasses.replace(tile, elementwise=False), True, 1536, 4096)
+    assert not moe._pipe_ok(16, k, tile, True, 1536, 4096 + 256)  # the masked step: not a whole loop step
+    assert not moe._pipe_ok(16, k, dataclasses.replace(tile, unroll=8), True, 1536, 4096)  # steps of 1, 2 or 4 groups
+    assert not moe._pipe_ok(16, moe_tiles.S6R2_KERNELS, tile, True, 1536, 4096)  # the masked step always
+
+
+def test_the_pipe_runs_by_width_and_switches_off():
+    """Session 19: "auto" from model width 4096 below 6144 (the 2/1/4/e tile's widths), where it won on the H200;
+    "off", and the older tile sets, the grid kernel everywhere."""
+    tile = moe_tiles.Q8_0_GATE_UP_4096
+    assert [moe_tiles.pipe_programs(d, tile, "auto") for d in (2048, 4096 - 256, 4096, 5120, 6144, 7168)] == \
+        [0, 0, 16, 16, 0, 0]
+    assert moe_tiles.pipe_programs(4096, dataclasses.replace(tile, unroll=2), "auto") == 0  # a tile not measured
+    assert all(moe_tiles.pipe_programs(d, tile, "off") == 0 for d in (2048, 4096, 7168))
+    assert moe_tiles.decode_kernels("new").pipe is None  # by width
+    assert all(moe_tiles.decode_kernels(w).pipe == 0 for w in moe_tiles.TILE_SETS if w != "new")
+    with pytest.raises(moe.dispatch.KernelArgumentError, match="SPARKD_MOE_PIPE"):
+        moe_tiles.pipe_programs(4096, tile, "on")
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
@@ -47,11 +62,11 @@ def test_the_pipelined_gate_up_gives_the_grid_kernels_bits(backend):
         if backend == "cuda":
             gu, dn = moe_tiles.decode_tiles(p)
             gu = dataclasses.replace(gu, fuse_quant=True)
-        base = moe.moe_decode(p, x, w, gate_up=gu, down=dn)
-        h = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, moe_tiles.Kernels())
+        h = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, moe_tiles.Kernels(pipe=0))
+        base = moe.moe_decode(p, x, w, gate_up=gu, down=dn, kernels=moe_tiles.Kernels(pipe=0))
         for per in (3,) if backend == "cpu" else (8, 16, 24):
             k = moe_tiles.Kernels(pipe=per)
-            assert moe._pipe_ok(k, gu, p.gate_up_words, width, dim)
+            assert moe._pipe_ok(per, k, gu, p.gate_up_words, width, dim)
             hp = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, k)
             # (Q8_0 blocks: words and scales; the sums are a placeholder no kernel writes)
             assert torch.equal(hp.words, h.words) and _bits(hp.scales, h.scales), (dim, per)

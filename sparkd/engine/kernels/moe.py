@@ -64,7 +64,7 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start
+from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start, pipe_programs
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -603,9 +603,10 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                       BLOCK_N=cfg.block_n, EMU=emulate(cfg, x), ACT=ACT_CODES[act], RW=use_rw, HBLOCK=hblock,
                       H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
                       enable_fp_fusion=hq is None)  # act_quant's exact rounding needs it off
-        if _pipe_ok(kernels, cfg, words, F, D):  # session 19: moe_pipe's persistent kernel
+        per_sm = pipe_programs(D, cfg) if kernels.pipe is None else kernels.pipe
+        if _pipe_ok(per_sm, kernels, cfg, words, F, D):  # session 19: moe_pipe's persistent kernel
             n_tiles = grid[0] * n
-            moe_pipe.gate_up_kernel[(moe_pipe.programs(n_tiles, kernels.pipe, x.device),)](
+            moe_pipe.gate_up_kernel[(moe_pipe.programs(n_tiles, per_sm, x.device),)](
                 p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales, n_tiles=n_tiles,
                 OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, G=D // 256, UNROLL=cfg.unroll,
                 **{k: v for k, v in int_args(p.gate_up).items() if k != "IDOT"}, **common, **pdl.launch(x.device))
@@ -625,10 +626,10 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
     return h
 
 
-def _pipe_ok(kernels: Kernels, cfg: GemvConfig, words: bool, rows: int, width: int) -> bool:
-    """Whether the gate/up runs moe_pipe's kernel: Kernels.pipe on, and its one step (q8_0_words.idot_full, the
-    elementwise tile, gate and up in one loop) where the grid kernel would run it."""
-    return kernels.pipe > 0 and words and kernels.full and kernels.pair and cfg.elementwise \
+def _pipe_ok(per_sm: int, kernels: Kernels, cfg: GemvConfig, words: bool, rows: int, width: int) -> bool:
+    """Whether the gate/up runs moe_pipe's kernel: per_sm > 0 (Kernels.pipe or the width's), and its one step
+    (q8_0_words.idot_full, the elementwise tile, gate and up in one loop) where the grid kernel would run it."""
+    return per_sm > 0 and words and kernels.full and kernels.pair and cfg.elementwise \
         and _full(rows, width, cfg) and cfg.unroll in (1, 2, 4)
 
 
