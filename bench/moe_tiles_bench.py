@@ -42,8 +42,8 @@ against the pairs (the fraction of the floor the layer reaches). Session 18 (moe
 gate/up twin again with its weights as 128-bit loads (vec: moe_twin.gate_up's vec, offsets on 16 bytes) and/or on a
 persistent grid of N programs an SM (pN, vecpN), GGUF types only. Session 19 (moe42): a trailing f (vecp16f), that
 twin with the next step's words loaded before this step's arithmetic; --pipe PER[@TILE],..., the Q8_0 layer and gate/up
-with moe_pipe's software-pipelined persistent gate/up, PER programs an SM (moe_tiles.Kernels.pipe), at the default
-gate/up tile or TILE (rows/warps/unroll/e).
+with moe_pipe's software-pipelined persistent gate/up, PER programs an SM (moe_tiles.Kernels.pipe; 0: the grid kernel,
+the "default" rows' before the pipe became the default at 4096), at the default gate/up tile or TILE (rows/warps/unroll/e).
 """
 
 from __future__ import annotations
