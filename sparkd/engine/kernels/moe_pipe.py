@@ -3,7 +3,7 @@
 Why: session 18 (moe41) saw the gate/up's load-only twin reach 0.94 of a copy of its bytes only on a persistent grid
 at its own residency, while the real kernel on such a grid did not move: a program runs its tiles one after another
 and, inside a tile, a step's dots wait for that step's loads, with nothing of the next step in flight. Here a grid of
-resident programs (PROGRAMS an SM, moe_tiles.Kernels.pipe) walks its (row tile, expert) tiles pid, pid + programs, ...
+resident programs (N an SM, moe_tiles.Kernels.pipe / pipe_programs: 16 from width 4096, H200-measured) walks its (row tile, expert) tiles pid, pid + programs, ...
 as one flat loop over (tile, step of the tile's unroll in groups), each iteration issuing the next step's weight words
 (q8_0_words.words, into registers) before this step's dots (q8_0_words.dot_words) and, after a tile's last step, its
 end (moe._gate_up_out: activation, routing weight, h quantized by a block's last tile). A tile's groups go onto its
@@ -11,8 +11,8 @@ elementwise tile in order as in q8_0_words.idot_full at any unroll: the same h a
 (A step of one group, 1 or 2 groups ahead, was the first try: ptxas waits for every outstanding load on one
 scoreboard at a step's first dot, so only one group a program was in flight; offline sm_90: 61-64 registers.)
 
-Only where q8_0_words.idot_full runs with the elementwise tile and the pair loop (moe._pipe_ok); the jit helpers of
-moe.py come in as constexpr functions (OFF, OUT, SUMS), since moe.py launches this kernel.
+Only where q8_0_words.idot_full runs with the elementwise tile and the pair loop (moe._pipe_ok); the jit helpers the
+grid kernel uses come in as constexpr functions (OFF, OUT, SUMS), since moe.py, which holds them, launches this one.
 """
 
 import torch
@@ -115,7 +115,7 @@ def gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
 
 
 def programs(n_tiles: int, per_sm: int, device: torch.device) -> int:
-    """The persistent grid: per_sm programs on each SM (the resident slots the registers allow, Kernels.pipe; the
-    interpreter: per_sm programs), at most one a tile."""
+    """The persistent grid: per_sm programs on each SM (at most the resident slots the registers allow: 21 at 2/1/4/e,
+    offline sm_90; the interpreter: per_sm programs), at most one a tile."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     return min(n_tiles, per_sm * sms)
