@@ -7,7 +7,8 @@ Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up
        kernels_of)
 Session 14 (moe25): "outside", the static instruction count outside that loop (the prologue and epilogue: the
 gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
-down's with its fold) compiled the same way.
+down's with its fold) compiled the same way. Session 19 (moe42): --pipe, the Q8_0 gate/up tiles as moe_pipe's
+software-pipelined persistent kernel too (kind "pipe", a loop step the tile's unroll), at `--groups` groups a row.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from triton.tools.disasm import get_sass
 import moe_twin
 from kernels_sass import WATCH, registers
 from moe_tiles_bench import kernels_of, tile
-from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, pdl
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, pdl
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
@@ -103,6 +104,16 @@ def twin(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     return line(qtype.name, kind + "~", text, binary, cfg.num_warps)
 
 
+def pipe(text: str, groups: int) -> str:
+    """The Q8_0 gate/up tile as moe_pipe.gate_up_kernel launches it (h quantized by a block's last tile)."""
+    cfg, fam = tile(text), dispatch.FAMILIES[T.Q8_0]
+    consts = dict(IDS=True, OFF=moe._aligned_offset, OUT=moe._gate_up_out, SUMS=moe.row_sums, G=groups, UNROLL=cfg.unroll,
+                  BLOCK_N=cfg.block_n, EMU=False, ACT=0, RW=False, HBLOCK=act_quant.BLOCKS[fam.act_fmt], H8K=False,
+                  DOWN_AT_START=True, **{k: v for k, v in matmul.int_args(fam).items() if k != "IDOT"})
+    binary = cubin(moe_pipe.gate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
+    return line("Q8_0", "pipe", text, binary, cfg.num_warps)
+
+
 def line(name: str, kind: str, text: str, binary: bytes, num_warps: int) -> str:
     sass = get_sass(binary)
     regs, ops = registers(binary), largest_loop(sass)
@@ -119,7 +130,10 @@ def main() -> None:
     ap.add_argument("--down", default="", help="down tiles rows/warps/unroll/e|g/split, comma-separated")
     ap.add_argument("--groups", type=int, default=8, help="the down's groups a row (F / 256; Kernels.down_full)")
     ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~)")
+    ap.add_argument("--pipe", action="store_true", help="the Q8_0 gate/up tiles as moe_pipe's kernel too")
     args = ap.parse_args()
+    for text in filter(None, args.gate_up.split(",") if args.pipe else ()):
+        print(pipe(text, args.groups), flush=True)
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
             print(report(T[args.type], kind, text, args.groups), flush=True)

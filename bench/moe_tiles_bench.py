@@ -40,7 +40,10 @@ moe_tiles.down_launch_at_start), and the default once more (the drift between). 
 two copies (torch's, and a Triton copy with and without PDL), and a line "floor:" of each "all qx" layer's time
 against the pairs (the fraction of the floor the layer reaches). Session 18 (moe41): --twin-loads, the default
 gate/up twin again with its weights as 128-bit loads (vec: moe_twin.gate_up's vec, offsets on 16 bytes) and/or on a
-persistent grid of N programs an SM (pN, vecpN), GGUF types only.
+persistent grid of N programs an SM (pN, vecpN), GGUF types only. Session 19 (moe42): a trailing f (vecp16f), that
+twin with the next step's words loaded before this step's arithmetic; --pipe PER[@TILE],..., the Q8_0 layer and gate/up
+with moe_pipe's software-pipelined persistent gate/up, PER programs an SM (moe_tiles.Kernels.pipe; 0: the grid kernel,
+the "default" rows' before the pipe became the default at 4096), at the default gate/up tile or TILE (rows/warps/unroll/e).
 """
 
 from __future__ import annotations
@@ -236,13 +239,13 @@ class Shape:
         return self.row("all qx", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
 
     def twin_gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float,
-                     vec: bool = False, persist: int = 0) -> dict:
-        """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before); vec, persist: its 128-bit
-        loads, its persistent grid of that many programs (--twin-loads)."""
+                     vec: bool = False, persist: int = 0, ahead: bool = False) -> dict:
+        """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before); vec, persist, ahead: its 128-bit
+        loads, its persistent grid of that many programs, the next step's words loaded ahead (--twin-loads)."""
         qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
         out = torch.empty(self.shape[2], self.shape[1], dtype=torch.float32 if isinstance(self.qtype, _Packed) else torch.int32,
                           device=DEVICE)
-        sec = kb.graph_seconds(lambda i: moe_twin.gate_up(self.sets[i % len(self.sets)], qx, out, gu, vec, persist),
+        sec = kb.graph_seconds(lambda i: moe_twin.gate_up(self.sets[i % len(self.sets)], qx, out, gu, vec, persist, ahead),
                                len(self.sets))
         return self.row("gate/up twin", label, sec, 2 * self.shape[2] * self.matrix_bytes, copy_bw, float("nan"))
 
@@ -353,12 +356,23 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
             rows.append(s.engine(f"default {name}", new[1], new[2], k, copy_bw))
     if args.floor:
         rows += floor_rows(s, copy_bw)
+    for item in args.pipe if qtype == T.Q8_0 else ():  # session 19: moe_pipe's gate/up (Kernels.pipe)
+        per, _, text = item.partition("@")
+        gu = dataclasses.replace(tile(text), fuse_quant=True) if text else new[1]
+        k = dataclasses.replace(new[3], pipe=int(per))
+        for part in (s.engine, s.gate_up):
+            try:
+                rows.append(part(f"default pipe {item}", gu, new[2], k, copy_bw))
+                gemv_tiles_bench.print_rows(rows[-1:])
+            except Exception as e:  # noqa: BLE001 - one device call measures everything it can
+                print(f"FAILED {qtype.name} {shape} pipe {item}: {type(e).__name__}: {e}", flush=True)
     for name in args.twin_loads if not isinstance(qtype, _Packed) else ():  # session 18: the twin's load width, grid
         vec, _, per_sm = name.partition("p")
+        ahead = per_sm.endswith("f")  # session 19: the next step's words loaded ahead (vecp16f)
         sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
         try:
             rows.append(s.twin_gate_up(f"default {kb.tag(new[1])} twin {name}", new[1], new[2], new[3], copy_bw,
-                                       vec == "vec", int(per_sm or 0) * sms))
+                                       vec == "vec", int(per_sm.rstrip("f") or 0) * sms, ahead))
         except Exception as e:  # noqa: BLE001 - one device call measures everything it can
             print(f"FAILED {qtype.name} {shape} twin {name}: {type(e).__name__}: {e}", flush=True)
     gemv_tiles_bench.print_rows(rows)
@@ -453,8 +467,12 @@ def main() -> None:
     ap.add_argument("--variants", default="", help=f"the default layer's extra rows ({','.join(VARIANTS)})")
     ap.add_argument("--floor", action="store_true", help="the layer's floor: copies of its bytes (floor_rows)")
     ap.add_argument("--twin-loads", default="", help="the default gate/up twin's extra rows: vec (128-bit loads), "
-                    "pN (a persistent grid, N programs an SM), vecpN (both), base (as the twin row)")
+                    "pN (a persistent grid, N programs an SM), vecpN (both), base (as the twin row); a trailing f "
+                    "(p16f, vecp16f): the next step's words loaded ahead")
+    ap.add_argument("--pipe", default="", help="Q8_0: the default layer's rows with moe_pipe's gate/up, PER[@TILE] "
+                    "(programs an SM: moe_tiles.Kernels.pipe; the gate/up tile), comma-separated")
     args = ap.parse_args()
+    args.pipe = [item for item in args.pipe.split(",") if item]
     args.twin_loads = [v for v in args.twin_loads.split(",") if v]
     args.variants = [v for v in args.variants.split(",") if v]
     if set(args.variants) - set(VARIANTS):

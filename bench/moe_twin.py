@@ -29,12 +29,30 @@ def _group_sum(w_ptr, off_bytes, rows64, rmask, row_words, xw_ptr, g0, n_groups,
                GW: tl.constexpr, GWP: tl.constexpr, UNROLL: tl.constexpr, UP: tl.constexpr):
     """acc + the words of groups g0..g0+UNROLL-1 of the rows (+ x's words of those groups); UP:
     UNROLL's next power of two (the tile's extent)."""
+    w = _step_words(w_ptr, off_bytes, rows64, rmask, row_words, g0, n_groups, GW, GWP, UNROLL, UP)
+    return _x_xor(w, rmask, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL, UP)
+
+
+@triton.jit
+def _step_words(w_ptr, off_bytes, rows64, rmask, row_words, g0, n_groups, GW: tl.constexpr, GWP: tl.constexpr,
+                 UNROLL: tl.constexpr, UP: tl.constexpr):
+    """_group_sum's weight words [BLOCK_N, UP, GWP] (zeros outside the rows and groups)."""
     lane = tl.arange(0, GWP)[None, None, :]
     u = tl.arange(0, UP)[None, :, None]
     g = g0 + u
     m = rmask[:, None, None] & (lane < GW) & (g < n_groups) & (u < UNROLL)
     base = (w_ptr + off_bytes).to(tl.pointer_type(tl.int32)) + rows64[:, None, None] * row_words
-    w = tl.load(base + g * GW + lane, mask=m, other=0)
+    return tl.load(base + g * GW + lane, mask=m, other=0)
+
+
+@triton.jit
+def _x_xor(w, rmask, xw_ptr, g0, n_groups, acc, GW: tl.constexpr, GWP: tl.constexpr, UNROLL: tl.constexpr,
+           UP: tl.constexpr):
+    """acc + w ^ x's words of the groups (_group_sum's arithmetic)."""
+    lane = tl.arange(0, GWP)[None, None, :]
+    u = tl.arange(0, UP)[None, :, None]
+    g = g0 + u
+    m = rmask[:, None, None] & (lane < GW) & (g < n_groups) & (u < UNROLL)
     xv = tl.load(xw_ptr + g * 64 + (lane % 64), mask=m, other=0)
     return acc + (w ^ xv)
 
@@ -42,17 +60,64 @@ def _group_sum(w_ptr, off_bytes, rows64, rmask, row_words, xw_ptr, g0, n_groups,
 @triton.jit
 def _twin_gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words, n_tiles,
                          GW: tl.constexpr, GWP: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
-                         UP: tl.constexpr, VEC: tl.constexpr = False, PERSIST: tl.constexpr = 0):
+                         UP: tl.constexpr, VEC: tl.constexpr = False, PERSIST: tl.constexpr = 0,
+                         PREFETCH: tl.constexpr = False):
     """VEC (session 18, moe41): the expert offsets known to be multiples of 16 bytes, so the row words load as
     128-bit vectors (the kernel's words step loads 32 bits a lane). PERSIST > 0: that many programs on a 1-D grid,
-    each looping over the (row tile, expert) tiles pid, pid + PERSIST, ... (a persistent grid; else one a tile)."""
-    if PERSIST > 0:
+    each looping over the (row tile, expert) tiles pid, pid + PERSIST, ... (a persistent grid; else one a tile).
+    PREFETCH (session 19, moe42; with PERSIST): the loop flat over (tile, step), the next step's weight words
+    loaded before this step's arithmetic (moe_pipe's structure, a step ahead)."""
+    if PERSIST > 0 and PREFETCH:
+        _twin_gate_up_pipe(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words, n_tiles, GW,
+                           GWP, BLOCK_N, UNROLL, UP, VEC, PERSIST)
+    elif PERSIST > 0:
         for t in range(tl.program_id(0), n_tiles, PERSIST):
             _twin_gate_up_tile(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words,
                                t % tl.cdiv(F, BLOCK_N), t // tl.cdiv(F, BLOCK_N), GW, GWP, BLOCK_N, UNROLL, UP, VEC)
     else:
         _twin_gate_up_tile(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words,
                            tl.program_id(0), tl.program_id(1), GW, GWP, BLOCK_N, UNROLL, UP, VEC)
+
+
+@triton.jit
+def _twin_rows(gate_off, up_off, t, F, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
+    """Tile t's (rows as int64, row mask, gate offset, up offset); t = expert * row tiles + row tile."""
+    tf = tl.cdiv(F, BLOCK_N)
+    rows = (t % tf) * BLOCK_N + tl.arange(0, BLOCK_N)
+    go, uo = tl.load(gate_off + t // tf), tl.load(up_off + t // tf)
+    if VEC:
+        go, uo = tl.multiple_of(go, 16), tl.multiple_of(uo, 16)
+    return rows.to(tl.int64), rows < F, go, uo
+
+
+@triton.jit
+def _twin_gate_up_pipe(gate_ptr, up_ptr, gate_off, up_off, xw_ptr, out_ptr, F, n_groups, row_words, n_tiles,
+                       GW: tl.constexpr, GWP: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
+                       UP: tl.constexpr, VEC: tl.constexpr, PERSIST: tl.constexpr):
+    pid = tl.program_id(0)
+    steps = tl.cdiv(n_groups, UNROLL)
+    total = tl.cdiv(n_tiles - pid, PERSIST) * steps
+    rows64, rmask, go, uo = _twin_rows(gate_off, up_off, pid, F, BLOCK_N, VEC)
+    wg = _step_words(gate_ptr, go, rows64, rmask, row_words, 0, n_groups, GW, GWP, UNROLL, UP)
+    wu = _step_words(up_ptr, uo, rows64, rmask, row_words, 0, n_groups, GW, GWP, UNROLL, UP)
+    acc = tl.zeros((BLOCK_N, UP, GWP), tl.int32)
+    for i in range(total):
+        j = i + 1  # the next step's words (past the last: the launch's last tile again, unused)
+        nrows, nmask, ngo, nuo = _twin_rows(gate_off, up_off, tl.minimum(pid + (j // steps) * PERSIST, n_tiles - 1),
+                                            F, BLOCK_N, VEC)
+        ng0 = (j % steps) * UNROLL
+        nwg = _step_words(gate_ptr, ngo, nrows, nmask, row_words, ng0, n_groups, GW, GWP, UNROLL, UP)
+        nwu = _step_words(up_ptr, nuo, nrows, nmask, row_words, ng0, n_groups, GW, GWP, UNROLL, UP)
+        t = pid + (i // steps) * PERSIST
+        rows64, rmask, go, uo = _twin_rows(gate_off, up_off, t, F, BLOCK_N, VEC)
+        g0 = (i % steps) * UNROLL
+        acc = _x_xor(wg, rmask, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL, UP)
+        acc = _x_xor(wu, rmask, xw_ptr, g0, n_groups, acc, GW, GWP, UNROLL, UP)
+        if i % steps == steps - 1:
+            tf = tl.cdiv(F, BLOCK_N)
+            tl.store(out_ptr + (t // tf) * F + rows64, tl.sum(tl.sum(acc, 2), 1), mask=rmask)
+            acc = tl.zeros((BLOCK_N, UP, GWP), tl.int32)
+        wg, wu = nwg, nwu
 
 
 @triton.jit
@@ -157,11 +222,13 @@ def _check(p, what: str) -> None:
         raise ValueError(f"could not run the {what} twin: a selection (ids) is not supported")
 
 
-def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, vec: bool = False, persist: int = 0) -> None:
+def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, vec: bool = False, persist: int = 0,
+            prefetch: bool = False) -> None:
     """The gate/up launch's twin: out int32 [n, F]; xq: x quantized (its words). A gate/up in the pairx
     bytes (q4_k_tiled.TILED at the pairx loads): the pair tile's twin, out float32 [n, F], cfg's unroll.
     GGUF rows only (session 18): vec, the weights as 128-bit loads; persist > 0, that many programs looping
-    over the tiles (_twin_gate_up_kernel)."""
+    over the tiles (_twin_gate_up_kernel); prefetch (with persist), the next step's words loaded before this step's
+    arithmetic (session 19)."""
     _check(p, "gate/up")
     D, F, n = p.table.dim, p.table.width, p.count
     if p.gate_up.qtype == q4_k_tiled.TILED:
@@ -179,7 +246,8 @@ def gate_up(p, xq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, vec: bo
     _twin_gate_up_kernel[(min(persist, tiles),) if persist else (triton.cdiv(F, cfg.block_n), n)](
         p.table.gate, p.table.up, p.gate_off, p.up_off, xq.words, out, F, triton.cdiv(D, 256),
         p.gate_up_row_bytes // 4, tiles, GW=gw, GWP=gwp, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
-        UP=triton.next_power_of_2(cfg.unroll), VEC=vec, PERSIST=min(persist, tiles), num_warps=cfg.num_warps)
+        UP=triton.next_power_of_2(cfg.unroll), VEC=vec, PERSIST=min(persist, tiles), PREFETCH=prefetch and persist > 0,
+        num_warps=cfg.num_warps)
 
 
 def down(p, hq: act_quant.QuantX, out: torch.Tensor, cfg: GemvConfig, y: torch.Tensor | None = None) -> None:

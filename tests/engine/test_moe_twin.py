@@ -53,16 +53,18 @@ def test_twins_read_every_word_of_the_selected_experts(backend, qtype):
                             + word_sums(arena, table.up_offsets[a], F, p.gate_up_row_bytes, gw, qx.words[0].cpu())
                             for a in range(n)])
         assert torch.equal(out.cpu(), wrapped(want))
-        for vec, persist in ((False, 5), (True, 0), (True, 7)):  # session 18: 128-bit loads, a persistent grid
+        # session 18: 128-bit loads, a persistent grid; session 19: the next step's words loaded ahead
+        for vec, persist, ahead in ((False, 5, False), (True, 0, False), (True, 7, False), (True, 7, True),
+                                    (False, 2, True)):
             at = dict(gate_offsets=[o // 16 * 16 for o in table.gate_offsets],
                       up_offsets=[o // 16 * 16 for o in table.up_offsets]) if vec else {}
             t = dataclasses.replace(table, **at)
             out = torch.zeros(n, F, dtype=torch.int32, device=backend)
-            twin.gate_up(moe.prepare(t, backend), qx, out, cfg, vec, persist)
+            twin.gate_up(moe.prepare(t, backend), qx, out, cfg, vec, persist, ahead)
             want = torch.stack([word_sums(arena, t.gate_offsets[a], F, p.gate_up_row_bytes, gw, qx.words[0].cpu())
                                 + word_sums(arena, t.up_offsets[a], F, p.gate_up_row_bytes, gw, qx.words[0].cpu())
                                 for a in range(n)])
-            assert torch.equal(out.cpu(), wrapped(want)), (vec, persist)
+            assert torch.equal(out.cpu(), wrapped(want)), (vec, persist, ahead)
         with pytest.raises(ValueError, match="128-bit loads: its rows and expert offsets must be multiples of 16"):
             twin.gate_up(p, qx, out, cfg, True)
         split = min(cfg.split, n) or 1

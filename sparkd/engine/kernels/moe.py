@@ -41,7 +41,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_tiled, q8_0_words
+from sparkd.engine.kernels import act_quant, dispatch, grids, moe_pipe, pdl, q4_k, q4_k_tiled, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GROUPED_BLOCK_TS,
@@ -64,7 +64,7 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start
+from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start, pipe_programs
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -255,6 +255,17 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                              A3, UNROLL, EW, EMU, STAGES, PAIR)
     if not DOWN_AT_START:
         pdl.dependents(PDL)
+    _gate_up_out(g, u, a, tl.program_id(0), rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW,
+                 HBLOCK, H8K)
+
+
+@triton.jit
+def _gate_up_out(g, u, a, tile, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N: tl.constexpr,
+                 ACT: tl.constexpr, RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr):
+    """_igate_up_kernel's end for row tile `tile` of expert a: h from the (gate, up) row sums, stored as HBLOCK says
+    (a persistent program, moe_pipe, calls it once a tile)."""
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < F
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -262,13 +273,13 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
         tl.store(h_ptr + a * F + rows, h, mask=rmask)
     elif BLOCK_N >= HBLOCK:
         P: tl.constexpr = BLOCK_N // HBLOCK
-        b = tl.program_id(0) * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
+        b = tile * P + tl.arange(0, P)[:, None]  # [P, 1] block index in h's row
         act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32),
                                tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
     else:
         tl.store(hf_ptr + a * F + rows, h, mask=rmask)
         tl.debug_barrier()  # every thread's h stored before the ticket releases them
-        blk = tl.program_id(0) // (HBLOCK // BLOCK_N)
+        blk = tile // (HBLOCK // BLOCK_N)
         ticket = tickets_ptr + a * (F // HBLOCK) + blk
         if tl.atomic_add(ticket, 1, sem="acq_rel") == HBLOCK // BLOCK_N - 1:
             v = tl.load(hf_ptr + a * F + blk * HBLOCK + tl.arange(0, HBLOCK)[None, :], cache_modifier=".cg")
@@ -584,21 +595,27 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
         late = 0 < cfg.block_n < hblock  # blocks quantized by their last program: float h first
         hf = torch.empty(n, F, dtype=torch.float32, device=x.device) if late else h
         q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
+        words = _use_words(kernels, cfg, p.gate_up_words)
+        common = dict(rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
+                      tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, row_bytes=p.gate_up_row_bytes,
+                      **_ids(p), DOWN_AT_START=(down_launch_at_start(D) if kernels.down_at_start is None
+                                                else kernels.down_at_start),
+                      BLOCK_N=cfg.block_n, EMU=emulate(cfg, x), ACT=ACT_CODES[act], RW=use_rw, HBLOCK=hblock,
+                      H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
+                      enable_fp_fusion=hq is None)  # act_quant's exact rounding needs it off
+        per_sm = pipe_programs(D, cfg) if kernels.pipe is None else kernels.pipe
+        if _pipe_ok(per_sm, kernels, cfg, words, F, D):  # session 19: moe_pipe's persistent kernel
+            n_tiles = grid[0] * n
+            moe_pipe.gate_up_kernel[(moe_pipe.programs(n_tiles, per_sm, x.device),)](
+                p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales, n_tiles=n_tiles,
+                OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, G=D // 256, UNROLL=cfg.unroll,
+                **{k: v for k, v in int_args(p.gate_up).items() if k != "IDOT"}, **common, **pdl.launch(x.device))
+            return h if hq is None else hq
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
-                               xs_ptr=q.sums, rw_ptr=rw, h_ptr=h, hd_ptr=hd, hs_ptr=hs, hf_ptr=hf,
-                               tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, D=D,
-                               row_bytes=p.gate_up_row_bytes, **_ids(p),
-                               **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
-                                           _use_vec(kernels.q4k_vec, p.gate_up_vec),
-                                           kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
-                               TILED=p.gate_up.row_tile > 1,
-                               DOWN_AT_START=(down_launch_at_start(D) if kernels.down_at_start is None
-                                              else kernels.down_at_start),
-                               BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
-                               ACT=ACT_CODES[act], RW=use_rw, STAGES=stages_arg(cfg), HBLOCK=hblock,
-                               H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
-                               enable_fp_fusion=hq is None,  # act_quant's exact rounding needs it off
-                               **pdl.launch(x.device))
+                               xs_ptr=q.sums, D=D, **_int_args(p.gate_up, words, _use_vec(kernels.q4k_vec, p.gate_up_vec),
+                                                               kernels.full and _full(F, D, cfg)),
+                               PAIR=kernels.pair, TILED=p.gate_up.row_tile > 1, UNROLL=cfg.unroll,
+                               EW=cfg.elementwise, STAGES=stages_arg(cfg), **common, **pdl.launch(x.device))
         return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
@@ -607,6 +624,13 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **pdl.launch(x.device))
     return h
+
+
+def _pipe_ok(per_sm: int, kernels: Kernels, cfg: GemvConfig, words: bool, rows: int, width: int) -> bool:
+    """Whether the gate/up runs moe_pipe's kernel: per_sm > 0 (Kernels.pipe or the width's), and its one step
+    (q8_0_words.idot_full, the elementwise tile, gate and up in one loop) where the grid kernel would run it."""
+    return per_sm > 0 and words and kernels.full and kernels.pair and cfg.elementwise \
+        and _full(rows, width, cfg) and cfg.unroll in (1, 2, 4)
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:

@@ -128,16 +128,21 @@ class Kernels:
     # at its start, so the down's programs take free slots and wait there; False after its loop; None by the
     # model width (down_launch_at_start: $SPARKD_MOE_DOWN_LAUNCH). The same bits
     down_at_start: bool | None = None
+    # session 19 (moe42): > 0, the Q8_0 words gate/up as moe_pipe's software-pipelined persistent kernel, this many
+    # programs an SM (the next loop step's weight words in flight during this step's dots); 0, the grid kernel;
+    # None, by the model width (pipe_programs: $SPARKD_MOE_PIPE)
+    pipe: int | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
-                      down_full=())  # sessions 4 and 5
-S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=())  # session 6's first round (moe9)
-S6R2_KERNELS = Kernels(full=False, down_full=())  # session 6's second round (moe10), the default until moe13
-S7_KERNELS = Kernels(down_full=())  # session 7's (moe13), the default until session 8
+                      down_full=(), pipe=0)  # sessions 4 and 5
+S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0)  # session 6's first round (moe9)
+S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0)  # session 6's second round (moe10), the default until moe13
+S7_KERNELS = Kernels(down_full=(), pipe=0)  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
-# of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26)
+# of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26); none of
+# them runs session 19's pipe (pipe=0)
 TILES_ENV = "SPARKD_MOE_TILES"
 TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
@@ -179,8 +184,8 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 
 def decode_kernels(which: str | None = None) -> Kernels:
-    """The decode's kernels for a tile set (decode_tiles' which): this session's for "new"."""
-    return {"new": Kernels(), "s14": Kernels(), "s8": Kernels(), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
+    """The decode's kernels for a tile set (decode_tiles' which): this session's for "new" (its pipe by width)."""
+    return {"new": Kernels(), "s14": Kernels(pipe=0), "s8": Kernels(pipe=0), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
             "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
@@ -205,3 +210,28 @@ def down_launch_at_start(dim: int, which: str | None = None) -> bool:
         raise dispatch.KernelArgumentError(f"could not pick where the MoE down launches: {which!r} (${DOWN_LAUNCH_ENV} "
                                            f"or which) is not one of {', '.join(DOWN_LAUNCHES)}")
     return which == "start" or (which == "auto" and dim >= LOOP_LAUNCH_BELOW)
+
+
+# Session 19 (moe42, H200, bench/results/B_h200_s19_*): the Q8_0 gate/up at model widths 4096-6143 (its 2/1/4/e tile,
+# Q8_0_GATE_UP_4096) as moe_pipe's software-pipelined persistent kernel, 16 programs an SM (~2.9 tiles each; 96
+# registers, 21 resident): 4096x1536 top-8 layer after the norm ("all qx") 57.7 / 57.2 and 57.3 / 57.0 (two processes)
+# -> 53.9 / 52.7 us (0.66 -> 0.70-0.72 of the 2 GiB copy), its gate/up 40.2 / 39.6 -> 36.1 / 35.5; 12, 21 and 8 an SM
+# and the 2/1/2/e tile lost or tied. At 2048x768 (23.1 vs 21.0 us) and 7168x2048 (142.4 vs 112.1, one-group steps) it
+# lost: the grid kernel there. The same h and y bits. "off": the grid kernel at every width (Kernels.pipe per call)
+PIPE_ENV = "SPARKD_MOE_PIPE"
+PIPES = ("auto", "off")
+PIPE = switches.choice(PIPE_ENV, PIPES, "auto")  # read once
+PIPE_WIDTHS = (4096, 6144)  # "auto": the model widths [from, below) that run it
+PIPE_PROGRAMS = 16  # programs an SM
+PIPE_UNROLL = Q8_0_GATE_UP_4096.unroll  # "auto": only a gate/up tile of the measured steps (another, a bench's, not)
+
+
+def pipe_programs(dim: int, tile: GemvConfig, which: str | None = None) -> int:
+    """Programs an SM of the Q8_0 gate/up's persistent kernel at model width dim and gate/up tile (0: the grid
+    kernel): which "auto" or "off" (PIPES; default $SPARKD_MOE_PIPE)."""
+    which = which or PIPE
+    if which not in PIPES:
+        raise dispatch.KernelArgumentError(f"could not pick the MoE gate/up's kernel: {which!r} (${PIPE_ENV} or which) "
+                                           f"is not one of {', '.join(PIPES)}")
+    measured = PIPE_WIDTHS[0] <= dim < PIPE_WIDTHS[1] and tile.unroll == PIPE_UNROLL
+    return PIPE_PROGRAMS if which == "auto" and measured else 0

@@ -80,3 +80,41 @@ def _step(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.const
             d = tl.load(dp).to(tl.float32)
         acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(d * dx, 2), 1)
     return acc
+
+
+# Session 19 (moe42): the unmasked elementwise step (idot_full with EW) split into its weight loads and the
+# rest, so a software-pipelined loop (moe_pipe) can issue the next step's weight words before this step's dots.
+# The same operations as _step's unmasked EW path in the same order: the same bits.
+
+
+@triton.jit
+def words(w_ptr, row_off, g):
+    """The weight words of group g of the rows (row_off: byte offsets [BN]): (lane words, head words) [BN, 8, 8]."""
+    s = tl.arange(0, 8)[None, :, None]
+    lane = tl.arange(0, 8)[None, None, :]
+    blk = w_ptr + row_off[:, None, None] + (g * 8 + s) * 34
+    shift = tl.where((s % 2) == 0, 2, 0)
+    full = tl.zeros((row_off.shape[0], 8, 8), tl.int32)
+    w = tl.load((blk + 2 + shift + 4 * lane).to(tl.pointer_type(tl.int32)))
+    head = tl.load((blk - 2 + shift + full).to(tl.pointer_type(tl.int32)))
+    return w, head
+
+
+@triton.jit
+def dot_words(w, head, xw_ptr, xd_ptr, g, acc, EMU: tl.constexpr):
+    """acc [BN, 8, 8] + group g's products of words(...)'s (w, head) with x (idot_full's EW sums)."""
+    s = tl.arange(0, 8)[None, :, None]
+    b = g * 8 + s
+    lane = tl.arange(0, 8)[None, None, :]
+    even = (s % 2) == 0
+    full = tl.zeros(w.shape, tl.int32)
+    xb = xw_ptr + b * 8 + lane + full
+    xlo = tl.load(xb)
+    xhi = tl.load(xb + 1, mask=(lane < 7) & (full == 0), other=0)
+    dx = tl.load(xd_ptr + b)
+    xp = tl.where(even, ((xlo >> 16) & 0xFFFF) | (xhi << 16), xlo)
+    xh = tl.where(even & (lane == 0), xlo << 16, 0)
+    isum = dp4a_add(head, xh, dp4a(w, xp, EMU), EMU)
+    bits = tl.where(even, head, head >> 16) & 0xFFFF
+    d = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return acc + isum.to(tl.float32) * (d * dx)
