@@ -212,7 +212,7 @@ def down_launch_at_start(dim: int, which: str | None = None) -> bool:
     return which == "start" or (which == "auto" and dim >= LOOP_LAUNCH_BELOW)
 
 
-# Session 19 (moe42, H200, bench/results/B_h200_s19_*): the Q8_0 gate/up at model widths 4096-6143 (its 2/1/4/e tile,
+# Session 19 (moe42, H200, bench/results/moe42_h200_s19_*): the Q8_0 gate/up at model widths 4096-6143 (its 2/1/4/e tile,
 # Q8_0_GATE_UP_4096) as moe_pipe's software-pipelined persistent kernel, 16 programs an SM (~2.9 tiles each; 96
 # registers, 21 resident): 4096x1536 top-8 layer after the norm ("all qx") 57.7 / 57.2 and 57.3 / 57.0 (two processes)
 # -> 53.9 / 52.7 us (0.66 -> 0.70-0.72 of the 2 GiB copy), its gate/up 40.2 / 39.6 -> 36.1 / 35.5; 12, 21 and 8 an SM
