@@ -4,7 +4,7 @@ largest loop's instruction mix, as bench/kernels_sass.py gives them for the GEMV
 
 Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up 4/1/2/g,2/1/2/e:-
        [--down 4/1/1/g/8,2/1/4/e/8:-] [--groups 8] [--twins]   (tiles as moe_tiles_bench.tile; :FLAGS the kernels,
-       kernels_of)
+       kernels_of; --type Q4_K_TILED: the pairx rows, session 19)
 Session 14 (moe25): "outside", the static instruction count outside that loop (the prologue and epilogue: the
 gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
 down's with its fold) compiled the same way.
@@ -24,7 +24,7 @@ from triton.tools.disasm import get_sass
 import moe_twin
 from kernels_sass import WATCH, registers
 from moe_tiles_bench import kernels_of, tile
-from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, pdl
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, pdl, q4_k_tiled
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
@@ -69,20 +69,21 @@ def largest_loop(text: str) -> list[str]:
 
 
 def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
-    cfg, fam, k = tile(text), dispatch.FAMILIES[qtype], kernels_of(text)
+    cfg, fam, k = tile(text), dispatch.family(qtype), kernels_of(text)
     split = cfg.split or 1
+    tiled = qtype == q4_k_tiled.TILED  # pairx rows (moe.tiled_gate_up / tiled_down): their own step
     vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, qtype == T.Q4_K)
     common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
                   **moe._int_args(fam, k.words and qtype == T.Q8_0, vec, k.full))  # shapes in range (moe._full)
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
-                      HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=False,
-                      DOWN_AT_START=True, **common)
+                      HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=tiled,
+                      DOWN_AT_START=True, AHEAD=(k.pairx_ahead or 0) if tiled else 0, **common)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
-                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, TILED=False,
-                      **common)
+                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, TILED=tiled,
+                      AHEAD=(k.pairx_down_ahead or 0) if tiled and qtype.name in k.down_full else 0, **common)
         binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
     return line(qtype.name, kind, text, binary, cfg.num_warps)
 
@@ -120,9 +121,10 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=8, help="the down's groups a row (F / 256; Kernels.down_full)")
     ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~)")
     args = ap.parse_args()
+    qtype = q4_k_tiled.TILED if args.type == q4_k_tiled.TILED.name else T[args.type]
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
-            print(report(T[args.type], kind, text, args.groups), flush=True)
+            print(report(qtype, kind, text, args.groups), flush=True)
             if args.twins:
                 print(twin(T[args.type], kind, text, args.groups), flush=True)
 
