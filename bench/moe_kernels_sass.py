@@ -4,7 +4,10 @@ largest loop's instruction mix, as bench/kernels_sass.py gives them for the GEMV
 
 Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up 4/1/2/g,2/1/2/e:-
        [--down 4/1/1/g/8,2/1/4/e/8:-] [--groups 8] [--twins]   (tiles as moe_tiles_bench.tile; :FLAGS the kernels,
-       kernels_of; --type Q4_K_TILED: the pairx rows, session 19)
+       kernels_of) [--order]
+Session 19 (moe43): --type Q4_K_TILED, the launches on pairx rows (moe.tiled_gate_up / tiled_down: TILED, the pairx
+step); --order, the largest loop's loads and dp4a in issue order (LDGx14 IDP ...: loads after the first IDP wait
+a second round trip).
 Session 14 (moe25): "outside", the static instruction count outside that loop (the prologue and epilogue: the
 gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
 down's with its fold) compiled the same way.
@@ -68,7 +71,18 @@ def largest_loop(text: str) -> list[str]:
     return best
 
 
-def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
+def order(ops: list[str]) -> str:
+    """The loop's LDG, IDP and SHFL in issue order, runs counted (LDGx14 IDP LDG IDPx6 ...)."""
+    runs: list[list] = []
+    for op in (o for o in ops if o in ("LDG", "IDP", "SHFL")):
+        if runs and runs[-1][0] == op:
+            runs[-1][1] += 1
+        else:
+            runs.append([op, 1])
+    return " ".join(op if n == 1 else f"{op}x{n}" for op, n in runs)
+
+
+def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = False) -> str:
     cfg, fam, k = tile(text), dispatch.family(qtype), kernels_of(text)
     split = cfg.split or 1
     tiled = qtype == q4_k_tiled.TILED  # pairx rows (moe.tiled_gate_up / tiled_down): their own step
@@ -78,14 +92,14 @@ def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=tiled,
-                      DOWN_AT_START=True, AHEAD=(k.pairx_ahead or 0) if tiled else 0, **common)
+                      DOWN_AT_START=True, **common)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
                       XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, TILED=tiled,
-                      AHEAD=(k.pairx_down_ahead or 0) if tiled and qtype.name in k.down_full else 0, **common)
+                      **common)
         binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
-    return line(qtype.name, kind, text, binary, cfg.num_warps)
+    return line(qtype.name, kind, text, binary, cfg.num_warps, show_order)
 
 
 def twin(qtype: T, kind: str, text: str, groups: int = 8) -> str:
@@ -104,13 +118,13 @@ def twin(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     return line(qtype.name, kind + "~", text, binary, cfg.num_warps)
 
 
-def line(name: str, kind: str, text: str, binary: bytes, num_warps: int) -> str:
+def line(name: str, kind: str, text: str, binary: bytes, num_warps: int, show_order: bool = False) -> str:
     sass = get_sass(binary)
     regs, ops = registers(binary), largest_loop(sass)
     programs = min(32, 65536 // (regs * 32 * num_warps))  # Hopper: 64K registers, 32 blocks per SM
     counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH if ops.count(op))
     return (f"{name} {kind:7} {text:12} {regs:3d} registers, {programs:2d} programs/SM, loop {len(ops)} warp-instr, "
-            f"outside {instructions(sass) - len(ops)}  {counts}")
+            f"outside {instructions(sass) - len(ops)}  {counts}" + (f"\n  order: {order(ops)}" if show_order else ""))
 
 
 def main() -> None:
@@ -119,13 +133,14 @@ def main() -> None:
     ap.add_argument("--gate-up", default="", help="gate/up tiles rows/warps/unroll/e|g, comma-separated")
     ap.add_argument("--down", default="", help="down tiles rows/warps/unroll/e|g/split, comma-separated")
     ap.add_argument("--groups", type=int, default=8, help="the down's groups a row (F / 256; Kernels.down_full)")
-    ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~)")
+    ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~; GGUF types)")
+    ap.add_argument("--order", action="store_true", help="the loop's loads and dp4a in issue order")
     args = ap.parse_args()
     qtype = q4_k_tiled.TILED if args.type == q4_k_tiled.TILED.name else T[args.type]
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
-            print(report(qtype, kind, text, args.groups), flush=True)
-            if args.twins:
+            print(report(qtype, kind, text, args.groups, args.order), flush=True)
+            if args.twins and qtype != q4_k_tiled.TILED:
                 print(twin(T[args.type], kind, text, args.groups), flush=True)
 
 

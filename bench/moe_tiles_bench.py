@@ -156,16 +156,14 @@ def floor_rows(s: "Shape", copy_bw: float) -> list[dict]:
 def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
     Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
-    d: the down's groups a constant trip count where the shape allows, both types (moe14); a / A: the pairx
-    gate/up's loads 1 / 2 groups ahead (moe43; neither: 0, the idot loop); no ":": the default)."""
+    d: the down's groups a constant trip count where the shape allows, both types (moe14); no ":": the
+    default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
-                             down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else (),
-                             pairx_ahead=2 if "A" in flags else 1 if "a" in flags else 0,
-                             pairx_down_ahead=1 if "b" in flags else 0)
+                             down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else ())
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,

@@ -73,8 +73,6 @@ SWITCHES = [
            ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")),
     Switch("SPARKD_MOE_DOWN_LAUNCH", "sparkd.engine.kernels.moe_tiles", "m.DOWN_LAUNCH", "late",
            {UNSET: "auto", "auto": "auto", "start": "start", "loop": "loop"}, ("auto", "start", "loop")),
-    Switch("SPARKD_MOE_PAIRX_AHEAD", "sparkd.engine.kernels.moe_tiles", "m.PAIRX_AHEAD", "3",
-           {UNSET: "auto", "auto": "auto", "0": "0", "1": "1", "2": "2"}, ("auto", "0", "1", "2")),
     Switch("SPARKD_GEMV_SPLIT", "sparkd.engine.kernels.matmul", "m.SPLIT_RULE", "fast",
            {UNSET: "wave", "wave": "wave", "Old": "old"}, ("wave", "old")),
     Switch("SPARKD_GEMV_WHOLE_UNROLL", "sparkd.engine.kernels.matmul", "m.GEMV_TILES['Q4_K_TILED'].whole_unroll",

@@ -41,7 +41,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_pair, q4_k_tiled, q8_0_words
+from sparkd.engine.kernels import act_quant, dispatch, grids, pdl, q4_k, q4_k_tiled, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GROUPED_BLOCK_TS,
@@ -64,7 +64,7 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start, pairx_ahead_at
+from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -231,7 +231,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
-                     DOWN_AT_START: tl.constexpr = True, AHEAD: tl.constexpr = 0, PDL: tl.constexpr = False):
+                     DOWN_AT_START: tl.constexpr = True, PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -239,8 +239,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
     TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
     weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset).
-    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop.
-    AHEAD > 0 (pairx rows, Kernels.pairx_ahead): q4_k_pair.gate_up, each group's loads issued AHEAD groups early."""
+    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop."""
     pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -248,10 +247,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     rb = rows.to(tl.int64) * row_bytes
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
     u_off = _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN)
-    if AHEAD > 0:
-        acc_g, acc_u = q4_k_pair.gate_up(gate_ptr + g_off, up_ptr + u_off, rb, xw_ptr, xd_ptr, xs_ptr, D, AHEAD, EMU)
-        g, u = row_sums(acc_g, A1, A2, A3), row_sums(acc_u, A1, A2, A3)
-    elif TILED:
+    if TILED:
         g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1,
                              A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
     else:
@@ -288,37 +284,31 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
-                  NG: tl.constexpr = 0, TILED: tl.constexpr = False, AHEAD: tl.constexpr = 0,
-                  PDL: tl.constexpr = False):
+                  NG: tl.constexpr = 0, TILED: tl.constexpr = False, PDL: tl.constexpr = False):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
     on a mask that is true everywhere (_row_idot_full). TILED (the down in a row-tile layout, q4_k_tiled's):
-    the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel.
-    AHEAD > 0 (pairx rows with NG, Kernels.pairx_down_ahead): q4_k_pair.down, the next group's loads issued early."""
+    the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel."""
     pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
     first, last = _experts(n, SPLIT)
     acc = tl.zeros((BLOCK_N,), tl.float32)
-    if AHEAD > 0:
-        acc = q4_k_pair.down(down_ptr, down_off, ids_ptr, rb, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, F,
-                             _aligned_offset, IDS, ALIGN, XBLOCK, A1, A2, A3, NG, EMU)
-    else:
-        for a in range(first, last):
-            e_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN)
-            if TILED:
-                w_ptr, w_off = down_ptr + e_off, rb
-            else:
-                w_ptr, w_off = down_ptr, e_off + rb
-            if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks
-                part = _row_idot_full(w_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                                      hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, A3, NG, UNROLL, EW, EMU)
-            else:
-                part = row_idot(w_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                                hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
-            acc += part * tl.load(rw_ptr + a)
+    for a in range(first, last):
+        e_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN)
+        if TILED:
+            w_ptr, w_off = down_ptr + e_off, rb
+        else:
+            w_ptr, w_off = down_ptr, e_off + rb
+        if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks
+            part = _row_idot_full(w_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                                  hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, A3, NG, UNROLL, EW, EMU)
+        else:
+            part = row_idot(w_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                            hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
+        acc += part * tl.load(rw_ptr + a)
     _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
@@ -601,7 +591,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                **_int_args(p.gate_up, _use_words(kernels, cfg, p.gate_up_words),
                                            _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                            kernels.full and _full(F, D, cfg)), PAIR=kernels.pair,
-                               TILED=p.gate_up.row_tile > 1, AHEAD=pairx_ahead(p, kernels),
+                               TILED=p.gate_up.row_tile > 1,
                                DOWN_AT_START=(down_launch_at_start(D) if kernels.down_at_start is None
                                               else kernels.down_at_start),
                                BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=emulate(cfg, x),
@@ -617,22 +607,6 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **pdl.launch(x.device))
     return h
-
-
-def pairx_ahead(p: PreparedTable, kernels: Kernels) -> int:
-    """The gate/up's AHEAD: kernels.pairx_ahead where gate and up are pairx rows (else 0), by the model width
-    (moe_tiles.pairx_ahead) where it is None."""
-    if p.gate_up.idot is not q4_k_pair.idot:
-        return 0
-    return pairx_ahead_at(p.table.dim)[0] if kernels.pairx_ahead is None else kernels.pairx_ahead
-
-
-def pairx_down_ahead(p: PreparedTable, kernels: Kernels, ng: int) -> int:
-    """The down's AHEAD where the down is pairx rows on the constant trip count (ng > 0): kernels.pairx_down_ahead,
-    by the model width (moe_tiles.pairx_ahead_at) where it is None; else 0."""
-    if p.down.idot is not q4_k_pair.idot or ng == 0:
-        return 0
-    return pairx_ahead_at(p.table.dim)[1] if kernels.pairx_down_ahead is None else kernels.pairx_down_ahead
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
@@ -698,14 +672,13 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                   num_warps=cfg.num_warps, **_ids(p))
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
-        ng = F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
                             **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
                                         _use_vec(kernels.q4k_vec_down, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
-                            NG=ng, TILED=p.down.row_tile > 1, AHEAD=pairx_down_ahead(p, kernels, ng), **common,
-                            **pdl.launch(y.device))
+                            NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
+                            TILED=p.down.row_tile > 1, **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()

@@ -128,12 +128,6 @@ class Kernels:
     # at its start, so the down's programs take free slots and wait there; False after its loop; None by the
     # model width (down_launch_at_start: $SPARKD_MOE_DOWN_LAUNCH). The same bits
     down_at_start: bool | None = None
-    # session 19 (moe43): the pairx gate/up's loads AHEAD groups before their dots (q4_k_pair.gate_up; 0: the
-    # idot loop); None by the model width (pairx_ahead_at: $SPARKD_MOE_PAIRX_AHEAD). The same bits
-    pairx_ahead: int | None = None
-    # the pairx down the same way where down_full runs it (q4_k_pair.down, 1: the next group's loads early; 0: the
-    # loop; None: pairx_ahead_at)
-    pairx_down_ahead: int | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
@@ -211,28 +205,3 @@ def down_launch_at_start(dim: int, which: str | None = None) -> bool:
         raise dispatch.KernelArgumentError(f"could not pick where the MoE down launches: {which!r} (${DOWN_LAUNCH_ENV} "
                                            f"or which) is not one of {', '.join(DOWN_LAUNCHES)}")
     return which == "start" or (which == "auto" and dim >= LOOP_LAUNCH_BELOW)
-
-
-# Session 19 (moe43): the pairx gate/up with each group's loads issued AHEAD groups before its dots
-# (q4_k_pair.gate_up), and the pairx down with the next group's loads issued early (q4_k_pair.down), by model width:
-# [(from width, gate/up AHEAD, down AHEAD)] rising. "auto" this table, "0" the idot loops (the code before), "1" /
-# "2" that gate/up AHEAD and the down's 1 everywhere.
-PAIRX_AHEAD_ENV = "SPARKD_MOE_PAIRX_AHEAD"
-PAIRX_AHEADS = ("auto", "0", "1", "2")
-PAIRX_AHEAD = switches.choice(PAIRX_AHEAD_ENV, PAIRX_AHEADS, "auto")  # read once
-PAIRX_AHEAD_TIERS = [(0, 1, 1)]
-
-
-def pairx_ahead_at(dim: int, which: str | None = None) -> tuple[int, int]:
-    """The pairx (gate/up, down) AHEAD at model width dim: which one of PAIRX_AHEADS (default
-    $SPARKD_MOE_PAIRX_AHEAD)."""
-    which = which or PAIRX_AHEAD
-    if which not in PAIRX_AHEADS:
-        raise dispatch.KernelArgumentError(f"could not pick the pairx MoE decode's prefetch: {which!r} "
-                                           f"(${PAIRX_AHEAD_ENV} or which) is not one of {', '.join(PAIRX_AHEADS)}")
-    if which != "auto":
-        return int(which), min(1, int(which))
-    ahead = (0, 0)
-    for width, gate_up, down in PAIRX_AHEAD_TIERS:
-        ahead = (gate_up, down) if dim >= width else ahead
-    return ahead

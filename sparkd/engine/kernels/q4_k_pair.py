@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
-from sparkd.engine.kernels.row_tiles import row_sums
 
 
 def pack_blocks(blocks: torch.Tensor) -> torch.Tensor:
@@ -101,34 +100,23 @@ def _partner(v, EMU: tl.constexpr):
 
 
 @triton.jit
-def _wloads(base, lane, g, K):
-    """One matrix's words of group g for _math: the thread's 2 rows' qs [T, 4] (words (r, k) = 2r + k) and the
-    header words of its row (d | dmin, scales, mins' low bits) [T, 1]."""
-    c = lane // 2
-    s = c // 2
-    q = tl.load(base + g * 128 + 4 * lane + tl.arange(0, 4)[None, :])
-    hb = base + K // 256 * 128 + g * 16
-    hd = tl.load(hb + 2 * (lane % 2) + c % 2)  # the thread's row 2p + e
-    return q, hd, tl.load(hb + 4 + s), tl.load(hb + 12 + s // 2)
-
-
-@triton.jit
-def _xloads(xw_ptr, xd_ptr, xs_ptr, lane, g, live):
-    """x's share of group g for _math: words 4c .. 4c + 3 [T, 4], the sub-block's sum [T, 1], the scale (0 if not
-    live: past the range, whole tiles)."""
-    c = lane // 2
-    x = tl.load(xw_ptr + g * 64 + 4 * c + tl.arange(0, 4)[None, :])
-    return x, tl.load(xs_ptr + g * 8 + c // 2), tl.where(live, tl.load(xd_ptr + g), 0.0)
-
-
-@triton.jit
-def _math(q, hd, scw, mnw, x, xs, dx, lane, EMU: tl.constexpr):
-    """The float share [T, 1] of each thread's row and sub-block (lane = t % 32 = 4s + 2e + p: row 2p + e,
-    sub-block s) from one matrix's _wloads and x's _xloads of a group."""
+def _part(base, xw_ptr, xd_ptr, xs_ptr, lane, g, live, K, EMU: tl.constexpr):
+    """Group g's float share [T, 1] of each thread's row and sub-block (lane = t % 32 = 4s + 2e + p: row 2p + e,
+    sub-block s) in the 4-row tile at base; g and live (False: the group is past the range, its share 0) are
+    scalars or per thread [T, 1]."""
+    w = tl.arange(0, 4)[None, :]
     c = lane // 2
     s = c // 2
     e = c % 2
+    q = tl.load(base + g * 128 + 4 * lane + w)  # [T, 4]: words (r, k) = 2r + k
+    x = tl.load(xw_ptr + g * 64 + 4 * c + w)  # [T, 4]: x words 4c .. 4c + 3
+    hb = base + K // 256 * 128 + g * 16
     sh = 8 * (2 * (lane % 2) + e)  # [T, 1]: the thread's row 2p + e, its byte in the scale words
+    hd = tl.load(hb + sh // 8)
+    scw = tl.load(hb + 4 + s)
+    mnw = tl.load(hb + 12 + s // 2)
+    xs = tl.load(xs_ptr + g * 8 + s)
+    dx = tl.where(live, tl.load(xd_ptr + g), 0.0)  # 0 past the range (whole tiles)
     x0, x1, x2, x3 = _col(x, 0), _col(x, 1), _col(x, 2), _col(x, 3)
     i0 = _row_isum(_col(q, 0), _col(q, 1), x0, x1, x2, x3, EMU)
     i1 = _row_isum(_col(q, 2), _col(q, 3), x0, x1, x2, x3, EMU)
@@ -141,118 +129,19 @@ def _math(q, hd, scw, mnw, x, xs, dx, lane, EMU: tl.constexpr):
 
 
 @triton.jit
-def _part(base, xw_ptr, xd_ptr, xs_ptr, lane, g, live, K, EMU: tl.constexpr):
-    """Group g's float share [T, 1] of each thread's row and sub-block in the 4-row tile at base (_math); g and
-    live (False: the group is past the range, its share 0) are scalars or per thread [T, 1]."""
-    q, hd, scw, mnw = _wloads(base, lane, g, K)
-    x, xs, dx = _xloads(xw_ptr, xd_ptr, xs_ptr, lane, g, live)
-    return _math(q, hd, scw, mnw, x, xs, dx, lane, EMU)
-
-
-@triton.jit
-def _tile_base(w_ptr, row_off):
-    """The 4-row tile of the rows at row_off (their GGUF-layout byte offsets, rows of one tile: the first row's,
-    the smallest, is the tile's start in the pairx bytes too) as int32 words."""
-    return (w_ptr + tl.min(row_off)).to(tl.pointer_type(tl.int32))
-
-
-@triton.jit
-def _program_tile(w_ptr, K):
-    """The program's 4-row tile (program 0's row tile) as int32 words: krows' split-K GEMV grid."""
+def _tile_base(w_ptr, K):
+    """The program's 4-row tile (program 0's row tile) as int32 words."""
     return (w_ptr + tl.program_id(0).to(tl.int64) * (K // 256 * 576)).to(tl.pointer_type(tl.int32))
 
 
 @triton.jit
 def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """Group g of the 4-row tile of the rows at row_off added into acc [4, 8, 1] (row, sub-block): matmul's idot
-    contract on the one-warp 4-row elementwise tile only (rmask: the group is in range). Session 19 (moe43): the
-    tile from row_off, not from the program id, so a launch may hand a program any tile."""
+    """Group g of the program's 4-row tile added into acc [4, 8, 1] (row, sub-block): matmul's idot contract on
+    the one-warp 4-row elementwise tile only (the tile is program 0's row tile; rmask: the group is in range)."""
     tl.static_assert(EW and rmask.shape[0] == 4, "the pairx step runs on the 4-row elementwise tile only")
-    part = _part(_tile_base(w_ptr, row_off), xw_ptr, xd_ptr, xs_ptr, tl.arange(0, 32)[:, None], g,
+    part = _part(_tile_base(w_ptr, K), xw_ptr, xd_ptr, xs_ptr, tl.arange(0, 32)[:, None], g,
                  tl.max(rmask.to(tl.int32), 0) > 0, K, EMU)  # [32, 1]: t = 4s + 2e + p
-    return acc + _as_tile(part)
-
-
-@triton.jit
-def _as_tile(part):
-    """A [32, 1] share (t = 4s + 2e + p) as the tile's acc [4, 8, 1]: row 2p + e, sub-block s."""
-    return tl.reshape(tl.permute(tl.reshape(part, (8, 2, 2)), (2, 1, 0)), (4, 8, 1))
-
-
-@triton.jit
-def gate_up(gate_ptr, up_ptr, row_off, xw_ptr, xd_ptr, xs_ptr, K, AHEAD: tl.constexpr, EMU: tl.constexpr):
-    """(gate, up) accs [4, 8, 1] of the 4-row tile at row_off in both matrices over all K // 256 groups, as
-    idot's loop adds them (the same bits), with the loads of the group AHEAD (1 or 2) steps on issued before a
-    group's dots (session 19, moe43: a one-warp program has only its current group's ~1.2 KB in flight, and at
-    width 2048 the launch is 1536 programs, 0.36 of the H200's slots). The loads past the last group re-read it."""
-    lane = tl.arange(0, 32)[:, None]
-    gb, ub = _tile_base(gate_ptr, row_off), _tile_base(up_ptr, row_off)
-    last = K // 256 - 1
-    acc_g = tl.zeros((32, 1), tl.float32)
-    acc_u = tl.zeros((32, 1), tl.float32)
-    gq, ghd, gsc, gmn = _wloads(gb, lane, 0, K)
-    uq, uhd, usc, umn = _wloads(ub, lane, 0, K)
-    x, xs, dx = _xloads(xw_ptr, xd_ptr, xs_ptr, lane, 0, True)
-    g1 = tl.minimum(1, last)
-    gq1, ghd1, gsc1, gmn1 = _wloads(gb, lane, g1, K)  # AHEAD 2's second buffer (AHEAD 1: unused, folded away)
-    uq1, uhd1, usc1, umn1 = _wloads(ub, lane, g1, K)
-    x1, xs1, dx1 = _xloads(xw_ptr, xd_ptr, xs_ptr, lane, g1, True)
-    for g in range(0, last + 1):
-        nxt = tl.minimum(g + AHEAD, last)
-        gq2, ghd2, gsc2, gmn2 = _wloads(gb, lane, nxt, K)
-        uq2, uhd2, usc2, umn2 = _wloads(ub, lane, nxt, K)
-        x2, xs2, dx2 = _xloads(xw_ptr, xd_ptr, xs_ptr, lane, nxt, True)
-        acc_g += _math(gq, ghd, gsc, gmn, x, xs, dx, lane, EMU)
-        acc_u += _math(uq, uhd, usc, umn, x, xs, dx, lane, EMU)
-        if AHEAD == 1:
-            gq, ghd, gsc, gmn, uq, uhd, usc, umn, x, xs, dx = gq2, ghd2, gsc2, gmn2, uq2, uhd2, usc2, umn2, x2, xs2, dx2
-        else:
-            tl.static_assert(AHEAD == 2, "gate_up prefetches 1 or 2 groups ahead")
-            gq, ghd, gsc, gmn, uq, uhd, usc, umn, x, xs, dx = gq1, ghd1, gsc1, gmn1, uq1, uhd1, usc1, umn1, x1, xs1, dx1
-            gq1, ghd1, gsc1, gmn1, uq1, uhd1, usc1, umn1, x1, xs1, dx1 = (gq2, ghd2, gsc2, gmn2, uq2, uhd2, usc2,
-                                                                          umn2, x2, xs2, dx2)
-    zero = tl.zeros((4, 8, 1), tl.float32)  # idot's acc starts at 0.0: the same adds
-    return zero + _as_tile(acc_g), zero + _as_tile(acc_u)
-
-
-@triton.jit
-def down(down_ptr, down_off, ids_ptr, row_off, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, F,
-         OFFSET: tl.constexpr, IDS: tl.constexpr, ALIGN: tl.constexpr, XBLOCK: tl.constexpr, A1: tl.constexpr,
-         A2: tl.constexpr, A3: tl.constexpr, NG: tl.constexpr, EMU: tl.constexpr):
-    """The MoE down's sums [4] of the 4-row tile at row_off over experts first..last - 1 (h quantized per expert
-    row, each expert's row sums times its routing weight, as moe._idown_kernel's loop with _row_idot_full adds
-    them: the same bits), NG groups an expert row, with the loads of the next (expert, group) issued before a
-    group's dots, across the experts (session 19, moe43). OFFSET(down_off, ids_ptr, a, IDS, ALIGN): expert a's
-    byte offset (moe._aligned_offset)."""
-    lane = tl.arange(0, 32)[:, None]
-    n = (last - first) * NG
-    q, hd, scw, mnw, x, xs, dx = _down_loads(down_ptr, down_off, ids_ptr, row_off, hw_ptr, hd_ptr, hs_ptr, first, 0,
-                                             F, lane, OFFSET, IDS, ALIGN, XBLOCK, NG)
-    acc = tl.zeros((32, 1), tl.float32)
-    total = tl.zeros((4,), tl.float32)
-    for j in range(0, n):
-        q2, hd2, scw2, mnw2, x2, xs2, dx2 = _down_loads(down_ptr, down_off, ids_ptr, row_off, hw_ptr, hd_ptr, hs_ptr,
-                                                        first, tl.minimum(j + 1, n - 1), F, lane, OFFSET, IDS, ALIGN,
-                                                        XBLOCK, NG)
-        acc += _math(q, hd, scw, mnw, x, xs, dx, lane, EMU)
-        if j % NG == NG - 1:  # the expert's last group: its row sums in, weighted
-            tile = tl.zeros((4, 8, 1), tl.float32) + _as_tile(acc)
-            total += row_sums(tile, A1, A2, A3) * tl.load(rw_ptr + first + j // NG)
-            acc = tl.zeros((32, 1), tl.float32)
-        q, hd, scw, mnw, x, xs, dx = q2, hd2, scw2, mnw2, x2, xs2, dx2
-    return total
-
-
-@triton.jit
-def _down_loads(down_ptr, down_off, ids_ptr, row_off, hw_ptr, hd_ptr, hs_ptr, first, j, F, lane,
-                OFFSET: tl.constexpr, IDS: tl.constexpr, ALIGN: tl.constexpr, XBLOCK: tl.constexpr, NG: tl.constexpr):
-    """down's loads of its step j: group j % NG of expert first + j // NG, its weights and its h row's."""
-    a = first + j // NG
-    g = j % NG
-    base = _tile_base(down_ptr + OFFSET(down_off, ids_ptr, a, IDS, ALIGN), row_off)
-    q, hd, scw, mnw = _wloads(base, lane, g, NG * 256)
-    x, xs, dx = _xloads(hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32), lane, g, True)
-    return q, hd, scw, mnw, x, xs, dx
+    return acc + tl.reshape(tl.permute(tl.reshape(part, (8, 2, 2)), (2, 1, 0)), (4, 8, 1))  # row 2p + e
 
 
 @triton.jit
@@ -260,7 +149,7 @@ def krows(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW: tl.constexpr, UNROLL: tl.constex
     """The program's 4-row tile with its KW warps on matmul.row_idot's KW ranges of groups (warp k: range k of a
     split-K launch of SPLIT = KW, stepped UNROLL groups at a time as there), each thread summing as idot's: each
     range's row sums (row_sums' tl.sum over the 8 sub-blocks), float32 [KW, 4] (range, row)."""
-    base = _program_tile(w_ptr, K)
+    base = _tile_base(w_ptr, K)
     t = tl.arange(0, 32 * KW)[:, None]
     n_groups = tl.cdiv(K, 256)
     per = tl.cdiv(n_groups, KW)
