@@ -4,7 +4,10 @@ largest loop's instruction mix, as bench/kernels_sass.py gives them for the GEMV
 
 Usage: PYTHONPATH=.:bench python bench/moe_kernels_sass.py --type Q8_0 --gate-up 4/1/2/g,2/1/2/e:-
        [--down 4/1/1/g/8,2/1/4/e/8:-] [--groups 8] [--twins]   (tiles as moe_tiles_bench.tile; :FLAGS the kernels,
-       kernels_of)
+       kernels_of) [--order]
+Session 19 (moe43): --type Q4_K_TILED, the launches on pairx rows (moe.tiled_gate_up / tiled_down: TILED, the pairx
+step); --order, the largest loop's loads and dp4a in issue order (LDGx14 IDP ...: loads after the first IDP wait
+a second round trip).
 Session 14 (moe25): "outside", the static instruction count outside that loop (the prologue and epilogue: the
 gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
 down's with its fold) compiled the same way. Session 19 (moe42): --pipe, the Q8_0 gate/up tiles as moe_pipe's
@@ -25,7 +28,7 @@ from triton.tools.disasm import get_sass
 import moe_twin
 from kernels_sass import WATCH, registers
 from moe_tiles_bench import kernels_of, tile
-from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, pdl
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, pdl, q4_k_tiled
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
@@ -69,23 +72,35 @@ def largest_loop(text: str) -> list[str]:
     return best
 
 
-def report(qtype: T, kind: str, text: str, groups: int = 8) -> str:
-    cfg, fam, k = tile(text), dispatch.FAMILIES[qtype], kernels_of(text)
+def order(ops: list[str]) -> str:
+    """The loop's LDG, IDP and SHFL in issue order, runs counted (LDGx14 IDP LDG IDPx6 ...)."""
+    runs: list[list] = []
+    for op in (o for o in ops if o in ("LDG", "IDP", "SHFL")):
+        if runs and runs[-1][0] == op:
+            runs[-1][1] += 1
+        else:
+            runs.append([op, 1])
+    return " ".join(op if n == 1 else f"{op}x{n}" for op, n in runs)
+
+
+def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = False) -> str:
+    cfg, fam, k = tile(text), dispatch.family(qtype), kernels_of(text)
     split = cfg.split or 1
+    tiled = qtype == q4_k_tiled.TILED  # pairx rows (moe.tiled_gate_up / tiled_down): their own step
     vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, qtype == T.Q4_K)
     common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
                   **moe._int_args(fam, k.words and qtype == T.Q8_0, vec, k.full))  # shapes in range (moe._full)
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
-                      HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=False,
+                      HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=tiled,
                       DOWN_AT_START=True, **common)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
-                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, TILED=False,
+                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, TILED=tiled,
                       **common)
         binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
-    return line(qtype.name, kind, text, binary, cfg.num_warps)
+    return line(qtype.name, kind, text, binary, cfg.num_warps, show_order)
 
 
 def twin(qtype: T, kind: str, text: str, groups: int = 8) -> str:
@@ -114,13 +129,13 @@ def pipe(text: str, groups: int) -> str:
     return line("Q8_0", "pipe", text, binary, cfg.num_warps)
 
 
-def line(name: str, kind: str, text: str, binary: bytes, num_warps: int) -> str:
+def line(name: str, kind: str, text: str, binary: bytes, num_warps: int, show_order: bool = False) -> str:
     sass = get_sass(binary)
     regs, ops = registers(binary), largest_loop(sass)
     programs = min(32, 65536 // (regs * 32 * num_warps))  # Hopper: 64K registers, 32 blocks per SM
     counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH if ops.count(op))
     return (f"{name} {kind:7} {text:12} {regs:3d} registers, {programs:2d} programs/SM, loop {len(ops)} warp-instr, "
-            f"outside {instructions(sass) - len(ops)}  {counts}")
+            f"outside {instructions(sass) - len(ops)}  {counts}" + (f"\n  order: {order(ops)}" if show_order else ""))
 
 
 def main() -> None:
@@ -129,15 +144,17 @@ def main() -> None:
     ap.add_argument("--gate-up", default="", help="gate/up tiles rows/warps/unroll/e|g, comma-separated")
     ap.add_argument("--down", default="", help="down tiles rows/warps/unroll/e|g/split, comma-separated")
     ap.add_argument("--groups", type=int, default=8, help="the down's groups a row (F / 256; Kernels.down_full)")
-    ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~)")
+    ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~; GGUF types)")
     ap.add_argument("--pipe", action="store_true", help="the Q8_0 gate/up tiles as moe_pipe's kernel too")
+    ap.add_argument("--order", action="store_true", help="the loop's loads and dp4a in issue order")
     args = ap.parse_args()
     for text in filter(None, args.gate_up.split(",") if args.pipe else ()):
         print(pipe(text, args.groups), flush=True)
+    qtype = q4_k_tiled.TILED if args.type == q4_k_tiled.TILED.name else T[args.type]
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
-            print(report(T[args.type], kind, text, args.groups), flush=True)
-            if args.twins:
+            print(report(qtype, kind, text, args.groups, args.order), flush=True)
+            if args.twins and qtype != q4_k_tiled.TILED:
                 print(twin(T[args.type], kind, text, args.groups), flush=True)
 
 
