@@ -79,7 +79,7 @@ def device_argmax_default() -> bool:
 def load_draw_graphs_default() -> bool:
     """$SPARKD_LOAD_DRAW_GRAPHS: "1", "on" (or unset) has the server's engine capture at load the draw graph of
     every device-sampler path in every bucket whose step graph it captured (StaticDecode.capture_draws);
-    "0" or "off" leaves each to the first request that draws there (session 18)."""
+    "0" or "off" leaves each to the first request that draws there (as before session 19)."""
     return switches.flag(LOAD_DRAW_GRAPHS_ENV, True)
 
 
