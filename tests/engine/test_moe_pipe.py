@@ -76,3 +76,46 @@ def test_the_pipelined_gate_up_gives_the_grid_kernels_bits(backend):
 def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same float32 bits (a NaN too: the interpreter's sigmoid of a large -g times a large u)."""
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def test_the_down_pipe_runs_where_its_step_is_the_grid_kernels_and_switches_off():
+    """Session 19 (moe44): the down's pipe on the unmasked words step in steps of 1 to 4 groups, not by default
+    until measured (PIPE_DOWN_PROGRAMS), "off" and the older tile sets the grid kernel."""
+    k, tile = moe_tiles.Kernels(), GemvConfig(block_n=2, unroll=2, elementwise=True, split=2)
+    assert moe._pipe_ok(16, k, tile, True, 4096, 1536, down=True)
+    assert moe._pipe_ok(16, k, dataclasses.replace(tile, unroll=3), True, 4096, 1536, down=True)
+    assert not moe._pipe_ok(16, k, dataclasses.replace(tile, unroll=3), True, 1536, 4096)  # the gate/up's: 1, 2, 4
+    assert moe._pipe_ok(16, dataclasses.replace(k, pair=False), tile, True, 4096, 1536, down=True)  # no pair loop
+    assert not moe._pipe_ok(16, k, tile, True, 4096, 1536 + 256, down=True)  # not a whole step
+    programs = moe_tiles.PIPE_DOWN_PROGRAMS
+    assert [moe_tiles.pipe_down_programs(d, "auto") for d in (2048, 4096, 7168)] == [0, programs, 0]
+    assert all(moe_tiles.pipe_down_programs(d, "off") == 0 for d in (2048, 4096, 7168))
+    assert all(moe_tiles.decode_kernels(w).pipe_down == 0 for w in moe_tiles.TILE_SETS if w != "new")
+    with pytest.raises(moe.dispatch.KernelArgumentError, match="SPARKD_MOE_PIPE_DOWN"):
+        moe_tiles.pipe_down_programs(4096, "on")
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("backend", CASES)
+def test_the_pipelined_down_gives_the_grid_kernels_bits(backend):
+    """Every down tile the pipe takes (ranges folded in the launch or one range, steps of 1 to 3 groups), with and
+    without the residual, on fewer programs than tiles: y's bits as the grid kernel's."""
+    shapes = [(64, 768, 4)] if backend == "cpu" else [(4096, 1536, 8), (2048, 768, 8), (7168, 2048, 8)]
+    for dim, width, n in shapes:
+        table = arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)[0]
+        p = moe.prepare(table, backend)
+        x, w, res = torch.randn(dim, device=backend), torch.rand(n, device=backend), torch.randn(dim, device=backend)
+        gu = GemvConfig(block_n=2, unroll=1, elementwise=True, fuse_quant=True)
+        h = moe._gate_up(p, x, w, False, "silu", gu, None, "test", None, moe_tiles.Kernels())
+        downs = [GemvConfig(block_n=2, unroll=u, elementwise=True, split=s) for u, s in ((1, 2), (3, 1))]
+        if backend == "cuda":
+            downs = [moe_tiles.decode_tiles(p)[1], GemvConfig(block_n=4, unroll=2, elementwise=True, split=1)]
+        for dn in downs:
+            for r in (None, res):
+                base, y = torch.empty(dim, device=backend), torch.empty(dim, device=backend)
+                moe._down(p, h, w, base, dn, None, r, moe_tiles.Kernels(pipe_down=0))
+                for per in (3,) if backend == "cpu" else (8, 16, 32):
+                    k = moe_tiles.Kernels(pipe_down=per)
+                    assert moe._pipe_ok(per, k, dn, p.down_words, dim, width, down=True), (dim, dn)
+                    moe._down(p, h, w, y.fill_(float("nan")), dn, None, r, k)
+                    assert _bits(y, base), (dim, dn, per, r is None)
