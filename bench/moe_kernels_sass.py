@@ -9,8 +9,6 @@ Session 14 (moe25): "outside", the static instruction count outside that loop (t
 gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
 down's with its fold) compiled the same way. Session 19 (moe42): --pipe, the Q8_0 gate/up tiles as moe_pipe's
 software-pipelined persistent kernel too (kind "pipe", a loop step the tile's unroll), at `--groups` groups a row.
-Session 19 (moe44): with --pipe the Q8_0 down tiles as moe_pipe.down_kernel too (kind "pipe-dn", the residual added,
-the ranges folded in the launch, 8 experts), at `--groups` groups a row.
 """
 
 from __future__ import annotations
@@ -116,17 +114,6 @@ def pipe(text: str, groups: int) -> str:
     return line("Q8_0", "pipe", text, binary, cfg.num_warps)
 
 
-def pipe_down(text: str, groups: int) -> str:
-    """The Q8_0 down tile as moe_pipe.down_kernel launches it (8 experts in the tile's ranges, the residual)."""
-    cfg, fam = tile(text), dispatch.FAMILIES[T.Q8_0]
-    split = cfg.split or 1
-    consts = dict(IDS=True, OFF=moe._aligned_offset, SUMS=moe.row_sums, RES=True, G=groups, E=8 // split, SPLIT=split,
-                  UNROLL=cfg.unroll, BLOCK_N=cfg.block_n, EMU=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt],
-                  **{k: v for k, v in matmul.int_args(fam).items() if k != "IDOT"})
-    binary = cubin(moe_pipe.down_kernel, DOWN, consts, cfg.num_warps, True)
-    return line("Q8_0", "pipe-dn", text, binary, cfg.num_warps)
-
-
 def line(name: str, kind: str, text: str, binary: bytes, num_warps: int) -> str:
     sass = get_sass(binary)
     regs, ops = registers(binary), largest_loop(sass)
@@ -147,8 +134,6 @@ def main() -> None:
     args = ap.parse_args()
     for text in filter(None, args.gate_up.split(",") if args.pipe else ()):
         print(pipe(text, args.groups), flush=True)
-    for text in filter(None, args.down.split(",") if args.pipe else ()):
-        print(pipe_down(text, args.groups), flush=True)
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
             print(report(T[args.type], kind, text, args.groups), flush=True)

@@ -44,8 +44,6 @@ persistent grid of N programs an SM (pN, vecpN), GGUF types only. Session 19 (mo
 twin with the next step's words loaded before this step's arithmetic; --pipe PER[@TILE],..., the Q8_0 layer and gate/up
 with moe_pipe's software-pipelined persistent gate/up, PER programs an SM (moe_tiles.Kernels.pipe; 0: the grid kernel,
 the "default" rows' before the pipe became the default at 4096), at the default gate/up tile or TILE (rows/warps/unroll/e).
-Session 19 (moe44): --pipe-down PER[@TILE],..., the same for the down (moe_pipe.down_kernel, Kernels.pipe_down; 0: the
-grid kernel) at the default down tile or TILE (rows/warps/unroll/e/split): the layer and the down alone.
 """
 
 from __future__ import annotations
@@ -368,16 +366,6 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
                 gemv_tiles_bench.print_rows(rows[-1:])
             except Exception as e:  # noqa: BLE001 - one device call measures everything it can
                 print(f"FAILED {qtype.name} {shape} pipe {item}: {type(e).__name__}: {e}", flush=True)
-    for item in args.pipe_down if qtype == T.Q8_0 else ():  # session 19 (moe44): moe_pipe's down (Kernels.pipe_down)
-        per, _, text = item.partition("@")
-        dn = tile(text) if text else new[2]
-        k = dataclasses.replace(new[3], pipe_down=int(per))
-        for part in (s.engine, s.down):
-            try:
-                rows.append(part(f"default pipe-down {item}", new[1], dn, k, copy_bw))
-                gemv_tiles_bench.print_rows(rows[-1:])
-            except Exception as e:  # noqa: BLE001 - one device call measures everything it can
-                print(f"FAILED {qtype.name} {shape} pipe-down {item}: {type(e).__name__}: {e}", flush=True)
     for name in args.twin_loads if not isinstance(qtype, _Packed) else ():  # session 18: the twin's load width, grid
         vec, _, per_sm = name.partition("p")
         ahead = per_sm.endswith("f")  # session 19: the next step's words loaded ahead (vecp16f)
@@ -481,13 +469,10 @@ def main() -> None:
     ap.add_argument("--twin-loads", default="", help="the default gate/up twin's extra rows: vec (128-bit loads), "
                     "pN (a persistent grid, N programs an SM), vecpN (both), base (as the twin row); a trailing f "
                     "(p16f, vecp16f): the next step's words loaded ahead")
-    ap.add_argument("--pipe-down", default="", help="Q8_0: the default layer's rows with moe_pipe's down, PER[@TILE] "
-                    "(programs an SM: moe_tiles.Kernels.pipe_down; the down tile), comma-separated")
     ap.add_argument("--pipe", default="", help="Q8_0: the default layer's rows with moe_pipe's gate/up, PER[@TILE] "
                     "(programs an SM: moe_tiles.Kernels.pipe; the gate/up tile), comma-separated")
     args = ap.parse_args()
     args.pipe = [item for item in args.pipe.split(",") if item]
-    args.pipe_down = [item for item in args.pipe_down.split(",") if item]
     args.twin_loads = [v for v in args.twin_loads.split(",") if v]
     args.variants = [v for v in args.variants.split(",") if v]
     if set(args.variants) - set(VARIANTS):

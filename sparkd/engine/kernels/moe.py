@@ -64,8 +64,7 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_launch_at_start,
-                                             pipe_down_programs, pipe_programs)
+from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start, pipe_programs
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -627,13 +626,11 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
     return h
 
 
-def _pipe_ok(per_sm: int, kernels: Kernels, cfg: GemvConfig, words: bool, rows: int, width: int,
-             down: bool = False) -> bool:
-    """Whether the gate/up (the down) runs moe_pipe's kernel: per_sm > 0 (Kernels.pipe or pipe_down, or the
-    width's), and its one step (q8_0_words.idot_full, the elementwise tile; gate and up in one loop) where the grid
-    kernel would run it; steps of 1, 2 or 4 groups (the down: 1 to 4)."""
-    return per_sm > 0 and words and kernels.full and (down or kernels.pair) and cfg.elementwise \
-        and _full(rows, width, cfg) and cfg.unroll in ((1, 2, 3, 4) if down else (1, 2, 4))
+def _pipe_ok(per_sm: int, kernels: Kernels, cfg: GemvConfig, words: bool, rows: int, width: int) -> bool:
+    """Whether the gate/up runs moe_pipe's kernel: per_sm > 0 (Kernels.pipe or the width's), and its one step
+    (q8_0_words.idot_full, the elementwise tile, gate and up in one loop) where the grid kernel would run it."""
+    return per_sm > 0 and words and kernels.full and kernels.pair and cfg.elementwise \
+        and _full(rows, width, cfg) and cfg.unroll in (1, 2, 4)
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
@@ -699,14 +696,13 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                   num_warps=cfg.num_warps, **_ids(p))
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
-        if not _down_piped(p, q, rw, y, cfg, kernels, split, fold, common):
-            _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
-                                **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
-                                            _use_vec(kernels.q4k_vec_down, p.down_vec),
-                                            kernels.full and _full(D, F, cfg)),
-                                EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
-                                NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
-                                TILED=p.down.row_tile > 1, **common, **pdl.launch(y.device))
+        _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
+                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
+                                        _use_vec(kernels.q4k_vec_down, p.down_vec),
+                                        kernels.full and _full(D, F, cfg)),
+                            EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
+                            NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
+                            TILED=p.down.row_tile > 1, **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()
@@ -716,26 +712,6 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         fold_partials(part, y)
     if residual is not None and not res:
         y.add_(residual)  # the same bits as residual + y
-
-
-def _down_piped(p: PreparedTable, q: act_quant.QuantX, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
-                kernels: Kernels, split: int, fold: bool, common: dict) -> bool:
-    """Session 19 (moe44): the integer down as moe_pipe's persistent kernel where Kernels.pipe_down (or the width's)
-    asks for it and its step is the grid kernel's (_pipe_ok), the ranges of equal size and folded in the launch;
-    whether it ran."""
-    n, D, F = p.count, p.table.dim, p.table.width
-    per_sm = pipe_down_programs(D) if kernels.pipe_down is None else kernels.pipe_down
-    if not (_pipe_ok(per_sm, kernels, cfg, _use_words(kernels, cfg, p.down_words), D, F, down=True)
-            and (fold or split == 1) and n % split == 0):
-        return False
-    n_tiles = triton.cdiv(D, cfg.block_n) * split
-    moe_pipe.down_kernel[(moe_pipe.programs(n_tiles, per_sm, y.device),)](
-        p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, rw_ptr=rw, n_tiles=n_tiles, OFF=_aligned_offset,
-        SUMS=row_sums, G=F // 256, E=n // split, EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
-        **{k: v for k, v in int_args(p.down).items() if k != "IDOT"},
-        **{k: v for k, v in common.items() if k not in ("n", "FOLD", "ATOMIC", "STAGES", "EW")},
-        **pdl.launch(y.device))
-    return True
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:

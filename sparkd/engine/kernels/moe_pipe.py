@@ -1,4 +1,4 @@
-"""The Q8_0 MoE decode gate/up (session 19, moe42) and down (moe44) as software-pipelined persistent kernels.
+"""The Q8_0 MoE decode gate/up as a software-pipelined persistent kernel (session 19, moe42).
 
 Why: session 18 (moe41) saw the gate/up's load-only twin reach 0.94 of a copy of its bytes only on a persistent grid
 at its own residency, while the real kernel on such a grid did not move: a program runs its tiles one after another
@@ -13,12 +13,6 @@ scoreboard at a step's first dot, so only one group a program was in flight; off
 
 Only where q8_0_words.idot_full runs with the elementwise tile and the pair loop (moe._pipe_ok); the jit helpers the
 grid kernel uses come in as constexpr functions (OFF, OUT, SUMS), since moe.py, which holds them, launches this one.
-
-The down (down_kernel, moe44): the same loop over a program's (row tile, expert range) tiles, each tile its range's
-experts one after another in steps of UNROLL groups; after an expert's last step its row sums times its routing
-weight join the tile's sums (moe._idown_kernel's order), after a tile's last expert the ranges' in-launch fold
-(matmul.fold_part, row tile and range passed, not program ids). The next expert's row offsets are read an expert
-ahead, as the gate/up's next tile's.
 """
 
 import torch
@@ -26,7 +20,6 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels import pdl, q8_0_words
-from sparkd.engine.kernels.matmul import fold_part
 
 
 @triton.jit
@@ -121,92 +114,8 @@ def gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
         pdl.dependents(PDL)
 
 
-@triton.jit
-def _down_rows(down_off, ids_ptr, k, pid, progs, n_tiles, E: tl.constexpr, SPLIT: tl.constexpr, row_bytes,
-               BLOCK_N: tl.constexpr, IDS: tl.constexpr, OFF: tl.constexpr):
-    """The down rows (byte offsets [BLOCK_N]) of a program's k-th (tile, expert of its range) (tile t = row tile *
-    SPLIT + range; past the program's last tile: the launch's last, unused)."""
-    t = tl.minimum(pid + (k // E) * progs, n_tiles - 1)
-    rb = ((t // SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64) * row_bytes
-    return OFF(down_off, ids_ptr, (t % SPLIT) * E + k % E, IDS, 1) + rb
-
-
-@triton.jit
-def _down_words(w_ptr, wo, g0, U: tl.constexpr):
-    """The weight words of groups g0..g0+U-1 (U 1 to 4) of the rows wo: (lane, head) per group, groups past U
-    repeating the first (unused)."""
-    w0, h0 = q8_0_words.words(w_ptr, wo, g0)
-    w1, h1, w2, h2, w3, h3 = w0, h0, w0, h0, w0, h0
-    if U > 1:
-        w1, h1 = q8_0_words.words(w_ptr, wo, g0 + 1)
-    if U > 2:
-        w2, h2 = q8_0_words.words(w_ptr, wo, g0 + 2)
-    if U > 3:
-        w3, h3 = q8_0_words.words(w_ptr, wo, g0 + 3)
-    return w0, h0, w1, h1, w2, h2, w3, h3
-
-
-@triton.jit
-def _down_dots(w0, h0, w1, h1, w2, h2, w3, h3, xw_ptr, xd_ptr, g0, acc, U: tl.constexpr, EMU: tl.constexpr):
-    """_down_words' groups onto the elementwise tile, in order."""
-    acc = q8_0_words.dot_words(w0, h0, xw_ptr, xd_ptr, g0, acc, EMU)
-    if U > 1:
-        acc = q8_0_words.dot_words(w1, h1, xw_ptr, xd_ptr, g0 + 1, acc, EMU)
-    if U > 2:
-        acc = q8_0_words.dot_words(w2, h2, xw_ptr, xd_ptr, g0 + 2, acc, EMU)
-    if U > 3:
-        acc = q8_0_words.dot_words(w3, h3, xw_ptr, xd_ptr, g0 + 3, acc, EMU)
-    return acc
-
-
-@triton.jit
-def down_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, rw_ptr, y_ptr, part_ptr, res_ptr, tickets_ptr, D, F,
-                row_bytes, n_tiles, IDS: tl.constexpr, OFF: tl.constexpr, SUMS: tl.constexpr, RES: tl.constexpr,
-                A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, G: tl.constexpr, E: tl.constexpr,
-                SPLIT: tl.constexpr, UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, EMU: tl.constexpr,
-                XBLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """moe._idown_kernel's Q8_0 words work (G groups a row in steps of UNROLL (1 to 4) dividing G; SPLIT ranges of
-    E experts, folded in the launch) on a persistent grid, the next step's weight words in flight during this
-    step's dots."""
-    pdl.start(PDL)  # first: pdl's rule
-    S: tl.constexpr = G // UNROLL  # steps an expert
-    pid, progs = tl.program_id(0), tl.num_programs(0)
-    total = tl.cdiv(n_tiles - pid, progs) * (E * S)  # this program's (tile, expert, step) iterations
-    wo = _down_rows(down_off, ids_ptr, 0, pid, progs, n_tiles, E, SPLIT, row_bytes, BLOCK_N, IDS, OFF)
-    nwo = _down_rows(down_off, ids_ptr, 1, pid, progs, n_tiles, E, SPLIT, row_bytes, BLOCK_N, IDS, OFF)
-    w0, h0, w1, h1, w2, h2, w3, h3 = _down_words(down_ptr, wo, 0, UNROLL)
-    part = tl.zeros((BLOCK_N, A1, A2), tl.float32)  # this expert's elementwise tile
-    acc = tl.zeros((BLOCK_N,), tl.float32)  # the tile's sums over its experts so far
-    for i in range(total):
-        s = i % S
-        k = i // S  # the program's k-th (tile, expert)
-        t = pid + (k // E) * progs
-        a = (t % SPLIT) * E + k % E
-        nw0, nh0, nw1, nh1, nw2, nh2, nw3, nh3 = _down_words(down_ptr, tl.where(s == S - 1, nwo, wo),
-                                                             ((s + 1) % S) * UNROLL, UNROLL)
-        part = _down_dots(w0, h0, w1, h1, w2, h2, w3, h3, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                          s * UNROLL, part, UNROLL, EMU)
-        if s == S - 1:  # the expert's end: its sums times its weight, then the next expert's rows
-            acc += SUMS(part, A1, A2, A3) * tl.load(rw_ptr + a)
-            part = tl.zeros((BLOCK_N, A1, A2), tl.float32)
-            wo = nwo
-            nwo = _down_rows(down_off, ids_ptr, k + 2, pid, progs, n_tiles, E, SPLIT, row_bytes, BLOCK_N, IDS, OFF)
-            if k % E == E - 1:  # the tile's end
-                rows = (t // SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)
-                rmask = rows < D
-                if SPLIT == 1:
-                    if RES:
-                        acc = acc + tl.load(res_ptr + rows)
-                    tl.store(y_ptr + rows, acc)
-                else:
-                    fold_part(y_ptr, part_ptr, tickets_ptr, t // SPLIT, t % SPLIT, rows, rmask, acc, D, SPLIT,
-                              res_ptr, RES)
-                acc = tl.zeros((BLOCK_N,), tl.float32)
-        w0, h0, w1, h1, w2, h2, w3, h3 = nw0, nh0, nw1, nh1, nw2, nh2, nw3, nh3
-
-
 def programs(n_tiles: int, per_sm: int, device: torch.device) -> int:
-    """The persistent grid: per_sm programs on each SM (at most the resident slots the registers allow: 21 at the
-    gate/up's 2/1/4/e, offline sm_90; the interpreter: per_sm programs), at most one a tile."""
+    """The persistent grid: per_sm programs on each SM (at most the resident slots the registers allow: 21 at 2/1/4/e,
+    offline sm_90; the interpreter: per_sm programs), at most one a tile."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     return min(n_tiles, per_sm * sms)

@@ -132,20 +132,17 @@ class Kernels:
     # programs an SM (the next loop step's weight words in flight during this step's dots); 0, the grid kernel;
     # None, by the model width (pipe_programs: $SPARKD_MOE_PIPE)
     pipe: int | None = None
-    # session 19 (moe44): the same for the Q8_0 words down (moe_pipe.down_kernel; None: pipe_down_programs by width)
-    pipe_down: int | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
-                      down_full=(), pipe=0, pipe_down=0)  # sessions 4 and 5
-S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0,
-                     pipe_down=0)  # session 6's first round (moe9)
-S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0, pipe_down=0)  # session 6's second round (moe10), the default until moe13
-S7_KERNELS = Kernels(down_full=(), pipe=0, pipe_down=0)  # session 7's (moe13), the default until session 8
+                      down_full=(), pipe=0)  # sessions 4 and 5
+S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0)  # session 6's first round (moe9)
+S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0)  # session 6's second round (moe10), the default until moe13
+S7_KERNELS = Kernels(down_full=(), pipe=0)  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
 # of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26); none of
-# them runs session 19's pipes (pipe=0, pipe_down=0)
+# them runs session 19's pipe (pipe=0)
 TILES_ENV = "SPARKD_MOE_TILES"
 TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
@@ -188,8 +185,7 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new" (its pipe by width)."""
-    older = Kernels(pipe=0, pipe_down=0)
-    return {"new": Kernels(), "s14": older, "s8": older, "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
+    return {"new": Kernels(), "s14": Kernels(pipe=0), "s8": Kernels(pipe=0), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
             "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
@@ -239,23 +235,3 @@ def pipe_programs(dim: int, tile: GemvConfig, which: str | None = None) -> int:
                                            f"is not one of {', '.join(PIPES)}")
     measured = PIPE_WIDTHS[0] <= dim < PIPE_WIDTHS[1] and tile.unroll == PIPE_UNROLL
     return PIPE_PROGRAMS if which == "auto" and measured else 0
-
-
-# Session 19 (moe44): the Q8_0 down as moe_pipe's persistent kernel, PIPE_DOWN_PROGRAMS an SM at the model widths
-# [from, below) of PIPE_DOWN_WIDTHS and the down tile of the measured split; 0 programs: not by default (see the
-# H200 rows, docs/performance.md). "off": the grid kernel at every width (Kernels.pipe_down per call)
-PIPE_DOWN_ENV = "SPARKD_MOE_PIPE_DOWN"
-PIPE_DOWN = switches.choice(PIPE_DOWN_ENV, PIPES, "auto")  # read once
-PIPE_DOWN_WIDTHS = (4096, 6144)
-PIPE_DOWN_PROGRAMS = 0
-
-
-def pipe_down_programs(dim: int, which: str | None = None) -> int:
-    """Programs an SM of the Q8_0 down's persistent kernel at model width dim (0: the grid kernel): which "auto" or
-    "off" (PIPES; default $SPARKD_MOE_PIPE_DOWN)."""
-    which = which or PIPE_DOWN
-    if which not in PIPES:
-        raise dispatch.KernelArgumentError(f"could not pick the MoE down's kernel: {which!r} (${PIPE_DOWN_ENV} or "
-                                           f"which) is not one of {', '.join(PIPES)}")
-    measured = PIPE_DOWN_WIDTHS[0] <= dim < PIPE_DOWN_WIDTHS[1]
-    return PIPE_DOWN_PROGRAMS if which == "auto" and measured else 0
