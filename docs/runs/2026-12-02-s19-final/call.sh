@@ -6,7 +6,9 @@
 # topp42 moved top_p < 1 with top_k 0 off the torch chain); then the OpenAI server's streamed decode (serve --top-k 0,
 # and top_p 0.95 in the requests: draw43 captures their draw graphs at load; the first request's time from /metrics).
 # Results: $OUT/res.tgz + $OUT/log.txt. END_S bounds the whole call; every step has a timeout. ONLY="8 9 10 11" runs
-# those test groups alone.
+# those test groups alone; MOE_SHAPES (e.g. 4096x1536x8) the MoE rows' shapes; ROUNDS the decode rounds; TOP40=0 leaves
+# out the top_k 40 decode. This session's call: ONLY="8 9 10 11" MOE=1 MOE_SHAPES=4096x1536x8 MOE_S=70 ROUNDS=1 TOP40=0
+# SERVE_PLAIN=0 TEST_TIMEOUT=150 END_S=320 (SERVE_PLAIN=0: only the top_p 0.95 server).
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -42,7 +44,8 @@ for j in "${!P[@]}"; do wait ${P[$j]}; log "tests group ${I[$j]} rc $? $(tail -1
 grep -h "^FAILED\|^ERROR" $R/gpu_tests_*.log | tee -a $OUT/log.txt; snap
 if [ "${MOE:-0}" = 1 ]; then
   PYTHONPATH=$PYTHONPATH:$PWD/bench timeout ${MOE_S:-110} python3 bench/moe_tiles_bench.py --defaults-only --floor \
-    --types Q8_0,Q4_KXD --variants again --compile-workers 8 --json $R/moe.json > $R/moe.log 2>&1
+    --types Q8_0,Q4_KXD ${MOE_SHAPES:+--shapes $MOE_SHAPES} --variants again --compile-workers 8 --json $R/moe.json \
+    > $R/moe.log 2>&1
   log "moe rc $?"; snap
 fi
 wait $MK; log "model $(ls -la $M | awk '{print $5}')"
@@ -51,13 +54,14 @@ gen() {  # tag round [more flags]
     --cuda-graphs on --json ${@:3} > $R/gen_$1_$2.json 2> $R/gen_$1_$2.err
   log "decode $1 round $2 rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/gen_$1_$2.json)"
 }
-for r in 1 2; do
+for r in $(seq 1 ${ROUNDS:-2}); do
   [ $(left) -gt 100 ] || break
-  gen greedy $r; gen full $r --temp 0.8 --seed 1; gen top40 $r --temp 0.8 --top-k 40 --seed 1
+  gen greedy $r; gen full $r --temp 0.8 --seed 1; [ "${TOP40:-1}" = 1 ] && gen top40 $r --temp 0.8 --top-k 40 --seed 1
   gen topp95 $r --temp 0.8 --top-p 0.95 --seed 1; gen topp90 $r --temp 0.8 --top-p 0.9 --seed 1; snap
 done
-[ $(left) -gt 55 ] && timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $M --top-k 0 --reps 2 \
-  --json $R/serve.json > $R/serve.log 2>&1; log "serve rc $?: $(grep top-k $R/serve.log | tr '\n' ';')"; snap
-[ $(left) -gt 55 ] && timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $M --top-k 0 --top-p 0.95 --reps 2 \
-  --json $R/serve_topp.json > $R/serve_topp.log 2>&1; log "serve top_p rc $?: $(grep top-k $R/serve_topp.log | tr '\n' ';')"
+[ "${SERVE_PLAIN:-1}" = 1 ] && [ $(left) -gt 55 ] && timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $M \
+  --top-k 0 --reps 2 --json $R/serve.json > $R/serve.log 2>&1; log "serve rc $?: $(grep top-k $R/serve.log | tr '\n' ';')"; snap
+[ $(left) -gt 50 ] && timeout 45 python3 bench/gpu_box/serve_decode_bench.py --model $M --top-k 0 --top-p 0.95 --reps 2 \
+  --tokens 192 --server-log $R/serve_topp.err --json $R/serve_topp.json > $R/serve_topp.log 2>&1
+log "serve top_p rc $?: $(grep top-k $R/serve_topp.log | tr '\n' ';')"; grep -h "draw graphs at load" $R/serve_topp.err* | tee -a $OUT/log.txt
 log done; snap
