@@ -576,7 +576,8 @@ def test_continued_graph_replays_the_padded_forward_on_cuda(tmp_path, quant, row
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("top_k, top_p, path", [(0, 1.0, "full"), (40, 1.0, "fused"), (0, 0.95, "torch")])
+@pytest.mark.parametrize("top_k, top_p, path", [(0, 1.0, "full"), (40, 1.0, "fused"), (0, 0.95, "topp"),
+                                                 (100, 0.95, "torch")])
 def test_prepared_draws_give_the_same_tokens_on_cuda(tmp_path, top_k, top_p, path):
     """generate's draw graphs captured before its timed region (prepare_draws: every bucket prepare
     captured) give the tokens of those captured on each bucket's first draw: the same seed, the same
