@@ -60,7 +60,7 @@ WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDG
 
 def compiled(fam: dispatch.Family, cfg: matmul.GemvConfig, steps: bool = False):
     kern = q4t_compact._kernel if steps else matmul._igemv_kernel
-    args = {} if steps else dict(**matmul.int_args(fam), EW=cfg.elementwise)
+    args = {} if steps else dict(**matmul.int_args(fam), EW=cfg.elementwise, AT_TILE=fam.idot is q4_k_pair.idot)
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
                   EMU=False, ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
     consts = pdl.compile_args(kern, consts)

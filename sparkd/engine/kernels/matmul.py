@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import INT8, PRECISIONS, act_quant, dispatch, grids, pdl, q4_k_tiled
+from sparkd.engine.kernels import INT8, PRECISIONS, act_quant, dispatch, grids, pdl, q4_k_pair, q4_k_tiled
 from sparkd.engine.kernels.row_tiles import row_sums
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
@@ -301,17 +301,30 @@ def prefetch_tile(w_ptr, N, row_bytes, BLOCK_N: tl.constexpr, SPLIT: tl.constexp
 
 
 @triton.jit
+def at_tile(w_ptr, row_off, tile, BLOCK_N: tl.constexpr, row_bytes, AT_TILE: tl.constexpr):
+    """(weight pointer, rows' offsets) for a step: as they are, or (AT_TILE) the start of row tile `tile` (a scalar:
+    uniform, the pairx step's tile, q4_k_pair.idot) and the offsets from it (any family reads the same bytes)."""
+    if AT_TILE:
+        start = tile.to(tl.int64) * BLOCK_N * row_bytes
+        w_ptr, row_off = w_ptr + start, row_off - start
+    return w_ptr, row_off
+
+
+@triton.jit
 def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
                   ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
-                  PREFETCH: tl.constexpr = 0):
+                  PREFETCH: tl.constexpr = 0, AT_TILE: tl.constexpr = False):
+    """AT_TILE (row-tile layouts, q4_k_tiled's): the step gets its tile's start as its weight pointer and the rows'
+    offsets from there (at_tile)."""
     prefetch_tile(w_ptr, N, row_bytes, BLOCK_N, SPLIT, PREFETCH)  # weights only: allowed before the wait
     pdl.start(PDL)  # first after the weights' prefetch: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
-                   tl.program_id(1), SPLIT, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
+    w_at, row_off = at_tile(w_ptr, rows.to(tl.int64) * row_bytes, tl.program_id(0), BLOCK_N, row_bytes, AT_TILE)
+    acc = row_idot(w_at, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, tl.program_id(1), SPLIT, IDOT, A1, A2, A3, UNROLL,
+                   EW, EMU, STAGES)
     finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT, ATOMIC, KFOLD)
 
 
@@ -641,7 +654,7 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     _igemv_kernel[(tiles, split)](
         weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
         A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes),
-        **_launch_args(cfg, split), **pdl.launch(x.device))
+        AT_TILE=idot is q4_k_pair.idot, **_launch_args(cfg, split), **pdl.launch(x.device))
     if parts:
         return part
     return y if in_kernel else fold_partials(part, y)

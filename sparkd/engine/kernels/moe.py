@@ -22,8 +22,8 @@ whole blocks, else by the last program of each block), and the routing weight mu
 expert's down sums as they are added.
 
 Resident Q4_K experts may come in q4_k_tiled's pairx bytes (repacked at load: tiled_gate_up, session 9;
-tiled_down, session 10): the launches then hand the pairx step the expert's matrix as its weight pointer
-(constexpr TILED), on its one 4-row tile.
+tiled_down, session 10): the launches then hand the pairx step the start of the program's 4-row tile in the
+expert's matrix as its weight pointer (constexpr TILED; matmul.at_tile, session 19), on its one 4-row tile.
 
 Prefill (many tokens): tokens are grouped by expert; each projection is one grouped GEMM launch
 over every expert's token tiles (moe_prefill); the work around them is a few torch ops and two small
@@ -46,6 +46,7 @@ from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GROUPED_BLOCK_TS,
     GemvConfig,
+    at_tile,
     check_one_tile,
     check_qx,
     emulate,
@@ -247,9 +248,11 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     rb = rows.to(tl.int64) * row_bytes
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
     u_off = _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN)
-    if TILED:
-        g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1,
-                             A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
+    if TILED:  # the step handed its tile's start (matmul.at_tile)
+        g_at, tile_off = at_tile(gate_ptr + g_off, rb, tl.program_id(0), BLOCK_N, row_bytes, True)
+        u_at, _ = at_tile(up_ptr + u_off, rb, tl.program_id(0), BLOCK_N, row_bytes, True)
+        g, u = _gate_up_idot(g_at, u_at, tile_off, tile_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2, A3, UNROLL,
+                             EW, EMU, STAGES, PAIR)
     else:
         g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
                              A3, UNROLL, EW, EMU, STAGES, PAIR)
@@ -298,8 +301,8 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for a in range(first, last):
         e_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN)
-        if TILED:
-            w_ptr, w_off = down_ptr + e_off, rb
+        if TILED:  # the step handed its tile's start (matmul.at_tile)
+            w_ptr, w_off = at_tile(down_ptr + e_off, rb, tl.program_id(0), BLOCK_N, row_bytes, True)
         else:
             w_ptr, w_off = down_ptr, e_off + rb
         if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks

@@ -136,10 +136,13 @@ def _tile_base(w_ptr, K):
 
 @triton.jit
 def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    """Group g of the program's 4-row tile added into acc [4, 8, 1] (row, sub-block): matmul's idot contract on
-    the one-warp 4-row elementwise tile only (the tile is program 0's row tile; rmask: the group is in range)."""
+    """Group g of the 4-row tile at w_ptr added into acc [4, 8, 1] (row, sub-block): matmul's idot contract on
+    the one-warp 4-row elementwise tile only, the launch handing the step its tile's start as w_ptr (row_off: the
+    rows' offsets from it, unread; rmask: the group is in range). Session 19 (moe43): handed, not found from the
+    program id, so a launch may give a program any tile; a scalar, not row_off's minimum, which ptxas cannot
+    keep uniform (the loop's loads then split into two rounds: 10-12 % on the MoE layer, docs/performance.md)."""
     tl.static_assert(EW and rmask.shape[0] == 4, "the pairx step runs on the 4-row elementwise tile only")
-    part = _part(_tile_base(w_ptr, K), xw_ptr, xd_ptr, xs_ptr, tl.arange(0, 32)[:, None], g,
+    part = _part(w_ptr.to(tl.pointer_type(tl.int32)), xw_ptr, xd_ptr, xs_ptr, tl.arange(0, 32)[:, None], g,
                  tl.max(rmask.to(tl.int32), 0) > 0, K, EMU)  # [32, 1]: t = 4s + 2e + p
     return acc + tl.reshape(tl.permute(tl.reshape(part, (8, 2, 2)), (2, 1, 0)), (4, 8, 1))  # row 2p + e
 
