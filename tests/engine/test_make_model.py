@@ -51,6 +51,14 @@ def test_size_scales_layer_count():
     assert plan(s.replace(n_layer=n), "Q8_0").nbytes <= 2 << 30 < plan(s.replace(n_layer=n + 1), "Q8_0").nbytes
 
 
+@pytest.mark.parametrize("preset, billions", [("qwen3-30b-a3b", 30.5), ("qwen3-235b-a22b", 235.1),
+                                              ("mixtral-8x7b", 46.7)])
+def test_presets_have_their_models_parameter_counts(preset, billions):
+    """A preset is a real model's shape: its F32 plan holds that model's published parameter count (within 0.5 %)."""
+    params = plan(PRESETS[preset], "F32").nbytes / 4
+    assert abs(params / 1e9 - billions) < 0.005 * billions, (preset, params)
+
+
 @pytest.mark.parametrize("kw,msg", [
     (dict(n_expert_used=9), "--top-k 9 exceeds --experts 8"),
     (dict(n_layer=0), "--layers must be positive"),
