@@ -152,8 +152,8 @@ def cmd_generate(a) -> int:
         if graphs:  # capture outside the timed region too, and the draw chains' first run
             step.prepare(len(ids) + a.n)
             prompt.prepare(len(ids))
-            if a.temp > 0:  # and this request's draw graphs (a capture in the first draw otherwise)
-                step.warm_sampling()
+            if a.temp > 0:  # and this request's draw graphs (a capture in the first draw otherwise; each
+                # capture's warm-up is its chain's first run, which DeviceSampler.warm would repeat)
                 device_draws = step.prepare_draws(sample.params, len(ids) + a.n)
         if a.temp > 0 and not device_draws:  # the host draws the first token: its ops' first use outside too
             warm_sampler(sample.params, m.net.cfg.n_vocab)

@@ -162,21 +162,22 @@ class Engine:
             scratch = model.net.new_cache(3)
             model.net(torch.tensor([0, 0]), scratch)
             model.net(torch.tensor([0]), scratch)
-        if graphs:  # the first bucket's capture, the draw chains' first run and graphs now, not in the first request
+        if graphs:  # the first bucket's capture and the draw chains' first run and graphs now, not in the first request
             self._step.prepare(1)
-            self._step.warm_sampling()
-            self._capture_draws()
+            if not self._capture_draws():  # (a capture's warm-up is its chain's first run)
+                self._step.warm_sampling()
         self._warm_prompt_graphs()
         self.gguf, self.net = model.gguf, model.net
 
-    def _capture_draws(self) -> None:
+    def _capture_draws(self) -> bool:
         """$SPARKD_LOAD_DRAW_GRAPHS: capture every sampler path's draw graph in the buckets captured so far
         (StaticDecode.capture_draws), so no temperature request pays one; logged with each graph's time and
-        the device memory it holds."""
+        the device memory it holds. Whether any was captured: each capture ran its chain once in its warm-up,
+        so DeviceSampler.warm would run them a second time."""
         from sparkd.engine.cuda_graphs import load_draw_graphs_default
 
         if not load_draw_graphs_default():
-            return
+            return False
         t0 = time.perf_counter()
         done = self._step.capture_draws()
         failed = sum(isinstance(key, tuple) for key in self._step.failed)  # a draw's key: (span, path)
@@ -185,6 +186,7 @@ class Engine:
                              for span, path, seconds, held in done)
             self._log(f"draw graphs at load: {len(done)} held ({each}), {failed} given up, in "
                       f"{time.perf_counter() - t0:.2f} s; they hold {_mib(sum(held for *_, held in done))}")
+        return bool(done)
 
     def _warm_prompt_graphs(self) -> None:
         """--prompt-graphs: capture the listed (auto: all) prompt buckets now, each logged by

@@ -329,10 +329,13 @@ def test_no_draws_are_prepared_where_the_host_draws(models):
 def test_the_engine_captures_draw_graphs_at_load_only_with_graphs(models, monkeypatch):
     """Engine.load asks the decode step for every path's draw graphs (capture_draws) where the step is
     captured, and only there: not on the CPU (no graphs), not under SPARKD_LOAD_DRAW_GRAPHS=0. With
-    graphs forced on here every capture fails (the CPU has none): the steps run eagerly, nothing held."""
-    asked = []
-    real = StaticDecode.capture_draws
-    monkeypatch.setattr(StaticDecode, "capture_draws", lambda self: asked.append(self) or real(self))
+    graphs forced on here every capture fails (the CPU has none): the steps run eagerly, nothing held.
+    The chains' warm (warm_sampling) runs at a graph load only where no draw graph was captured: each
+    capture's warm-up already ran its chain."""
+    asked, warmed, captured = [], [], []
+    real, real_warm = StaticDecode.capture_draws, StaticDecode.warm_sampling
+    monkeypatch.setattr(StaticDecode, "capture_draws", lambda self: asked.append(self) or real(self) + captured)
+    monkeypatch.setattr(StaticDecode, "warm_sampling", lambda self: warmed.append(self) or real_warm(self))
 
     def load(graphs: bool, switch: str | None) -> Engine:
         if switch is None:
@@ -346,12 +349,16 @@ def test_the_engine_captures_draw_graphs_at_load_only_with_graphs(models, monkey
         return engine
 
     load(False, None)
-    assert asked == []
+    assert asked == [] and warmed == []
     load(True, "0")
-    assert asked == []
+    assert asked == [] and len(warmed) == 1
     engine = load(True, None)
     assert len(asked) == 1 and asked[0] is engine._step and asked[0].sampler is not None
     assert not engine._step._draws and not any(isinstance(key, tuple) for key in engine._step.failed)
+    assert len(warmed) == 2 and warmed[1] is engine._step  # nothing captured: the warm runs the chains
+    captured.append((256, "full", 0.001, 0))  # as a GPU load reports a capture
+    load(True, None)
+    assert len(asked) == 2 and len(warmed) == 2
 
 
 def test_failed_step_capture_runs_the_step_eagerly_once(models):
