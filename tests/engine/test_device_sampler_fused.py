@@ -306,6 +306,8 @@ def test_what_takes_the_fused_path():
     big = DeviceSampler(MAX_TOKENS, "cpu", fused=True)  # past the select's fixed-point sums: the torch chain
     big.begin(SamplingParams(temperature=0.8, top_p=0.9))
     assert big.select is None and big.path == "torch"
+    with pytest.raises(KernelArgumentError, match=f"could not size the top-p select for {MAX_TOKENS} tokens"):
+        SelectScratch(big.scratch, big.device)
     for bad in ({"block_tokens": 48, "cap": 16}, {"block_tokens": 8, "cap": 16}, {"cap": 1}, {"merge_blocks": 3}):
         with pytest.raises(KernelArgumentError, match="could not size the fused draw"):
             DrawScratch(V, torch.device("cpu"), **({"block_tokens": 64, "cap": 16} | bad))
