@@ -342,7 +342,8 @@ class StaticDecode:
 
     def warm_sampling(self) -> None:
         """Make the device sampler now and run its chains once (DeviceSampler.warm): a load's work, not the
-        first temperature request's. Nothing where device sampling is off."""
+        first temperature request's, where the load captured no draw graph (a capture's warm-up runs its
+        chain: capture_draws). Nothing where device sampling is off."""
         if self.device_sampling:
             self._sampler().warm()
 
