@@ -33,6 +33,10 @@ captures the buckets at load (serve --prompt-graphs, PromptForward.warm). Sessio
 prompt that continues the cache (n_past > 0: a chat's next turn, prompt_store.PromptCache) replays a
 "continued" graph of its length bucket and an attention span, its positions on the device as the
 decode step's ($SPARKD_CONTINUE_GRAPHS=0 runs those eagerly).
+
+Session 20 (graph45): the server captures at load every bucket's step (serve --decode-graphs auto,
+StaticDecode.warm) and so every bucket's draw graphs, so a reply that crosses 256, 512, ... positions
+captures nothing in its stream; the step captures share PromptForward's free-memory margin.
 """
 
 from __future__ import annotations
@@ -199,13 +203,19 @@ class StaticDecode:
     device_sampling: "fused", "chain-top-p", "capped", "torch" or "off" (True: "fused", False: "off",
     None: the switch); the fused kernels run on CUDA only (a CPU step draws with the torch chain).
 
-    A capture that fails (out of memory, any error in its warm-up or capture) gives its bucket up:
+    A capture that fails (out of memory, any error in its warm-up or capture) or that would leave less
+    than `margin` bytes of device memory free (PromptForward's rule; 0: no check) gives its bucket up:
     logged once with the reason, its memory returned, and that bucket's steps (or draws) run the
-    same static step eagerly from then on (failed): the request goes on with the same bits."""
+    same static step eagerly from then on (failed): the request goes on with the same bits. A step
+    captured is logged with its time and what it added to the pool (pool_bytes, the draws' too).
+
+    warm(positions) captures the steps of those positions' buckets (all: the server's load under
+    --decode-graphs auto) longest first; prepare(n) those up to n positions (generate)."""
 
     def __init__(self, net: Decoder, cache: KVCache, graphs: bool, first_bucket: int = FIRST_BUCKET,
                  device_argmax: bool | None = None, device_sampling: bool | str | None = None,
-                 log: Callable[[str], None] = lambda line: None, pipeline: bool | None = None):
+                 log: Callable[[str], None] = lambda line: None, pipeline: bool | None = None,
+                 margin: int = 0):
         self.net, self.cache, self.graphs, self.log = net, cache, graphs, log
         # a launch ahead writes one row past the accepted tokens: a cache with recurrent state
         # (rewindable False) would fold a dropped token into that state for good
@@ -230,6 +240,8 @@ class StaticDecode:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
         self._pool = None  # one memory pool for every bucket's graph (they never run at once)
         self.failed: dict[object, str] = {}  # span, or a draw's (span, path) -> why its capture was given up
+        self.pool_bytes: dict[object, int] = {}  # span, or a draw's (span, path) -> what its capture added
+        self._room = _Room(cache.device, margin)  # each capture's free-memory check
         # the pipelined decode: two host slots (pinned) the picks are copied to, an event after each
         # copy, the launches whose picks are unread (oldest first) and the last launch's pick on the device
         cuda = cache.device.type == "cuda"
@@ -413,12 +425,36 @@ class StaticDecode:
         """Capture the step graphs of every bucket up to n_positions now rather than on first use
         (the draw graphs wait for a draw). Each capture writes the rows at the cache's next
         position, which the real step rewrites."""
+        self._prepare([span for span in self.buckets if span < n_positions] + [self._span(min(
+            max(n_positions, 1), self.cache.max_ctx))])
+
+    def warm(self, positions: Sequence[int] | None = None) -> int:
+        """Capture now the step graphs of the buckets that hold these positions and the first bucket
+        (None: every bucket up to the context), the longest first, rather than on a request's first step
+        there (the server's load, --decode-graphs); positions past the context are refused. Longest first,
+        as PromptForward.warm: the shared pool's segments are then cut to the longest span's attention and
+        the shorter spans reuse them. Returns how many step graphs are held."""
+        spans = self.buckets
+        if positions is not None:
+            if too_long := [n for n in positions if n > self.cache.max_ctx]:
+                raise EngineError(f"could not capture decode graphs for {too_long[0]} positions: the context is "
+                                  f"{self.cache.max_ctx} positions (raise --ctx or list fewer in --decode-graphs)")
+            spans = [self.buckets[0]] + [self._span(n) for n in positions]
+        self._prepare(sorted(set(spans), reverse=True))
+        return len(self._graphs)
+
+    def _prepare(self, spans: Sequence[int]) -> None:
         self.pos.fill_(self.cache.n_past)
-        for span in self.buckets:
+        for span in spans:
             if self.graphs and span not in self._graphs and span not in self.failed:
                 self._try(span, self._graphs, lambda: self._capture(span))
-            if span >= n_positions:
-                return
+
+    def stats(self) -> dict[str, int]:
+        """Step graphs captured and failed (buckets), draw graphs captured and failed ((bucket, path)s),
+        and pool_bytes: what their captures added to the device's reserved memory (for /metrics)."""
+        draws_failed = sum(isinstance(key, tuple) for key in self.failed)
+        return {"captured": len(self._graphs), "failed": len(self.failed) - draws_failed, "draws": len(self._draws),
+                "draws_failed": draws_failed, "pool_bytes": sum(self.pool_bytes.values())}
 
     def _span(self, n: int) -> int:
         for span in self.buckets:
@@ -447,12 +483,20 @@ class StaticDecode:
         return tuple(out)
 
     def _try(self, key, graphs: dict, make: Callable[[], tuple]) -> None:
-        """graphs[key] = make(), or key given up (failed, logged once) when make raises."""
+        """graphs[key] = make() (a step's logged with its time and pool growth), or key given up
+        (failed, logged once) when make raises."""
+        t0 = time.perf_counter()
         try:
             graphs[key] = make()
-            return
         except Exception as exc:  # any failure: the steps run eagerly, not the request failing
-            why = failure(exc)
+            why = str(exc) if isinstance(exc, _NoRoom) else failure(exc)
+        else:
+            self.pool_bytes[key] = self._room.added()
+            if isinstance(key, int):
+                held = sum(n for k, n in self.pool_bytes.items() if isinstance(k, int))
+                self.log(f"decode graph of {key} positions: captured in {1e3 * (time.perf_counter() - t0):.0f} ms, "
+                         f"pool +{_mib(self.pool_bytes[key], 1)} (decode graphs hold {_mib(held, 1)})")
+            return
         release(self.cache.device)
         self.failed[key] = why
         what = f"decode graph of {key} positions" if isinstance(key, int) else f"draw graph of {key[0]} positions"
@@ -461,7 +505,8 @@ class StaticDecode:
     def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
         # the warm-up makes the rope table and the expert tables; it writes this token's K/V rows,
         # as the replay will
-        graph, out = capture(self.cache.device, self._pool, lambda: self._step(span), lambda: self._step(span))
+        graph, out = capture(self.cache.device, self._pool, lambda: self._room.warm(lambda: self._step(span)),
+                             lambda: self._step(span), ready=self._room.ready)
         self._pool = graph.pool()
         return graph, *out
 
@@ -477,8 +522,9 @@ class StaticDecode:
         def warm():  # no push: the ring stays as the request set it
             return sampler.probabilities(logits[-1]) if sampler.fusing else sampler.draw(logits[-1])
         try:
-            graph, picked = capture(self.cache.device, self._draw_pool, warm,
-                                    lambda: sampler.step(self.token, logits[-1]), generator=sampler.generator)
+            graph, picked = capture(self.cache.device, self._draw_pool, lambda: self._room.warm(warm),
+                                    lambda: sampler.step(self.token, logits[-1]), generator=sampler.generator,
+                                    ready=self._room.ready)
         finally:  # also after a failed capture: the eager draw then takes the seed's own state
             sampler.generator.set_state(state)
         self._draw_pool = graph.pool()
@@ -512,6 +558,9 @@ PROMPT_MARGIN = 1 << 30
 # context, as they share one pool that the largest sizes; "lazy": none, each on its first prompt;
 # "off": prompts eager), or a list of prompt lengths whose buckets are captured at load.
 PROMPT_GRAPH_CHOICES = ("auto", "lazy", "off")
+# --decode-graphs: the decode steps' buckets captured at load ("auto": every one up to the context;
+# "lazy": the first, 256, the rest on a request's first step there), or positions whose buckets are.
+DECODE_GRAPH_CHOICES = ("auto", "lazy")
 CONTINUE_GRAPHS_ENV = "SPARKD_CONTINUE_GRAPHS"
 # Where the whole prompt replays a graph too, continue the cache only where it holds at least
 # CONTINUE_MIN_SHARE of the prompt ($SPARKD_CONTINUE_RULE "share"; "always": wherever a continued graph
@@ -570,6 +619,22 @@ def prompt_buckets(largest: int | None = None, first: int = PROMPT_FIRST) -> lis
     return spans
 
 
+def parse_decode_graphs(text: str) -> str | tuple[int, ...]:
+    """--decode-graphs: one of DECODE_GRAPH_CHOICES, or positions separated by commas (1 or more each,
+    checked against the context at load: StaticDecode.warm) → the choice or the sorted positions."""
+    value = text.strip().lower()
+    if value in DECODE_GRAPH_CHOICES:
+        return value
+    why = f"choose one of {', '.join(DECODE_GRAPH_CHOICES)} or positions separated by commas, 1 or more each"
+    try:
+        positions = tuple(sorted({int(part) for part in value.split(",")}))
+    except ValueError:
+        raise EngineError(f"could not use --decode-graphs {text!r}: {why}") from None
+    if positions[0] < 1:
+        raise EngineError(f"could not use --decode-graphs {text!r}: {why}")
+    return positions
+
+
 def parse_prompt_graphs(text: str) -> str | tuple[int, ...]:
     """--prompt-graphs: one of PROMPT_GRAPH_CHOICES, or prompt lengths separated by commas (2 to
     prompt_last() tokens each) → the choice or the sorted lengths."""
@@ -589,6 +654,35 @@ def parse_prompt_graphs(text: str) -> str | tuple[int, ...]:
 
 class _NoRoom(EngineError):
     """A capture would leave less free device memory than the margin."""
+
+
+class _Room:
+    """StaticDecode's free-memory check around each capture, PromptForward's rule: warm(run) runs the
+    warm-up with its peak measured; ready(), after it and before the capture, raises _NoRoom where the
+    capture (taken as the warm-up's peak) would leave less than margin bytes free; added(), after the
+    capture, is what it added to the device's reserved memory."""
+
+    def __init__(self, device, margin: int):
+        if margin < 0:
+            raise EngineError(f"could not use a decode graph margin of {margin} bytes: it must be 0 or more")
+        self.device, self.margin, self._base, self._reserved = device, margin, 0, 0
+
+    def warm(self, run: Callable[[], object]) -> object:
+        self._base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return run()
+
+    def ready(self) -> None:
+        torch.cuda.empty_cache()  # the warm-up's blocks back to the device: the capture's pool needs it
+        free = torch.cuda.mem_get_info(self.device)[0]
+        left = free - (torch.cuda.max_memory_allocated(self.device) - self._base)
+        if left < self.margin:
+            raise _NoRoom(f"it would leave {_mib(left)} of {_mib(free)} free device memory, under the "
+                          f"{_mib(self.margin)} margin")
+        self._reserved = torch.cuda.memory_reserved(self.device)
+
+    def added(self) -> int:
+        return torch.cuda.memory_reserved(self.device) - self._reserved
 
 
 class PromptForward:
@@ -803,8 +897,8 @@ class PromptForward:
         return {"captured": len(self._graphs), "failed": len(self.failed), "pool_bytes": sum(self.pool_bytes.values())}
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.0f} MiB"
+def _mib(n: int, digits: int = 0) -> str:
+    return f"{n / (1 << 20):.{digits}f} MiB"
 
 
 def prompt_blocker(net: Decoder) -> str | None:

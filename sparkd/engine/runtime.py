@@ -59,13 +59,15 @@ class Engine:
                  stream: StreamOptions | None = None, log: Callable[[str], None] | None = None,
                  device: str = "cpu", cuda_graphs: str = "auto", prompt_graphs: str = "auto",
                  prompt_graph_margin: int | None = None, prompt_cache: bool = True,
-                 prompt_store_bytes: int | None = None):
-        from sparkd.engine.cuda_graphs import PROMPT_MARGIN, parse_prompt_graphs
+                 prompt_store_bytes: int | None = None, decode_graphs: str = "auto"):
+        from sparkd.engine.cuda_graphs import PROMPT_MARGIN, parse_decode_graphs, parse_prompt_graphs
 
         self.threads = threads
         self.cuda_graphs = cuda_graphs  # auto|on|off: the decode step as CUDA graphs (cuda_graphs.py)
         # auto|lazy|off or prompt lengths: the prompt graphs captured at load (--prompt-graphs)
         self.prompt_graphs = parse_prompt_graphs(prompt_graphs)
+        # auto|lazy or positions: the decode steps' buckets captured at load (--decode-graphs)
+        self.decode_graphs = parse_decode_graphs(decode_graphs)
         self.prompt_graph_margin = PROMPT_MARGIN if prompt_graph_margin is None else prompt_graph_margin
         if self.prompt_graph_margin < 0:
             raise EngineError(f"could not use --prompt-graph-margin {prompt_graph_margin}: it must be 0 or more")
@@ -154,20 +156,35 @@ class Engine:
         self._cache = model.net.new_cache(self.n_ctx)
         if self._plan["prompt_store"]:
             self._store = PromptStore(self._plan["prompt_store"])
+        # the prompt graphs' margin covers the decode steps' captures too
         self._step = decode_step(model.net, self._cache, self.device, graphs, self.streaming is not None,
-                                 self.cuda_graphs, self._log)
+                                 self.cuda_graphs, self._log, self.prompt_graph_margin)
         self._prompt = prompt_forward(model.net, self._cache, graphs, self._log, self.prompt_graphs != "off",
                                       self.prompt_graph_margin)
         if self.device != "cpu":  # JIT-compile the kernels (the linked norms' too) now, not in the first request
             scratch = model.net.new_cache(3)
             model.net(torch.tensor([0, 0]), scratch)
             model.net(torch.tensor([0]), scratch)
-        if graphs:  # the first bucket's capture and the draw chains' first run and graphs now, not in the first request
-            self._step.prepare(1)
+        if graphs:  # the buckets' captures and the draw chains' first run and graphs now, not in a request
+            self._warm_decode_graphs()
             if not self._capture_draws():  # (a capture's warm-up is its chain's first run)
                 self._step.warm_sampling()
+        elif self.decode_graphs not in ("auto", "lazy"):
+            self._log(f"--decode-graphs {','.join(map(str, self.decode_graphs))} ignored: the decode step runs "
+                      "eagerly here")
         self._warm_prompt_graphs()
         self.gguf, self.net = model.gguf, model.net
+
+    def _warm_decode_graphs(self) -> None:
+        """--decode-graphs: capture the step graphs of every bucket (auto), the first (lazy) or the listed
+        positions' and the first, each logged by StaticDecode, so a reply crossing a bucket captures nothing;
+        a summary with the pool they hold."""
+        choice, step = self.decode_graphs, self._step
+        t0 = time.perf_counter()
+        held = step.warm(None if choice == "auto" else () if choice == "lazy" else choice)
+        stats = step.stats()
+        self._log(f"decode graphs at load: {held} held, {stats['failed']} given up, in "
+                  f"{time.perf_counter() - t0:.2f} s; their pool {_mib(stats['pool_bytes'])}")
 
     def _capture_draws(self) -> bool:
         """$SPARKD_LOAD_DRAW_GRAPHS: capture every sampler path's draw graph in the buckets captured so far
@@ -208,6 +225,12 @@ class Engine:
         """The prompt store's bytes and entries now, saves, restores and evictions (PromptStore.stats),
         or None without a store (--prompt-cache off, --prompt-cache-mib 0)."""
         return None if self._store is None else self._store.stats()
+
+    def decode_graph_stats(self) -> dict[str, int] | None:
+        """The decode steps' and draws' captured and failed graphs and their pool bytes (StaticDecode.stats),
+        or None where the decode step is not captured."""
+        stats = getattr(self._step, "stats", None)  # StaticDecode's; the streamed and eager steps have none
+        return stats() if stats is not None and getattr(self._step, "graphs", False) else None
 
     def prompt_graph_stats(self) -> dict[str, int] | None:
         """The prompt graphs' captured and failed buckets and pool bytes (PromptForward.stats), or

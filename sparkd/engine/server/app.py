@@ -57,7 +57,8 @@ class EngineServer:
     def __init__(self, engine: Engine, config: ServerConfig):
         self.engine, self.config = engine, config
         self.state = LoadState()
-        self.metrics = EngineMetrics(self._cache_stats, self._memory_plan, self._graph_stats, self._store_stats)
+        self.metrics = EngineMetrics(self._cache_stats, self._memory_plan, self._graph_stats, self._store_stats,
+                                     self._decode_graph_stats)
         self.slot = DecodeSlot(config.max_queue, self._slot_changed)
         self.openapi = p.openapi_schema("sparkd-engine", VERSION)
 
@@ -80,6 +81,9 @@ class EngineServer:
 
     def _graph_stats(self) -> dict | None:
         return self.engine.prompt_graph_stats() if self.engine.loaded else None
+
+    def _decode_graph_stats(self) -> dict | None:
+        return self.engine.decode_graph_stats() if self.engine.loaded else None
 
     def _store_stats(self) -> dict | None:
         return self.engine.prompt_store_stats() if self.engine.loaded else None

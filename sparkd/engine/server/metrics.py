@@ -20,7 +20,8 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 class EngineMetrics:
     def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict],
                  graph_stats: Callable[[], dict | None] = lambda: None,
-                 store_stats: Callable[[], dict | None] = lambda: None):
+                 store_stats: Callable[[], dict | None] = lambda: None,
+                 decode_graph_stats: Callable[[], dict | None] = lambda: None):
         self.registry = CollectorRegistry()
         r = self.registry
         self.prompt_tokens = Counter(f"{P}prompt_tokens", "Prompt tokens computed (prefill)", registry=r)
@@ -43,7 +44,7 @@ class EngineMetrics:
                                  registry=r)
         self.load_progress = Gauge(f"{P}load_progress_ratio", "Model load progress, 0 to 1", registry=r)
         self.ready = Gauge(f"{P}ready", "1 when the model is loaded and serving", registry=r)
-        r.register(_CacheCollector(cache_stats, memory_plan, graph_stats, store_stats))
+        r.register(_CacheCollector(cache_stats, memory_plan, graph_stats, store_stats, decode_graph_stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -51,8 +52,10 @@ class EngineMetrics:
 
 class _CacheCollector:
     def __init__(self, cache_stats: Callable[[], dict | None], memory_plan: Callable[[], dict],
-                 graph_stats: Callable[[], dict | None], store_stats: Callable[[], dict | None]):
+                 graph_stats: Callable[[], dict | None], store_stats: Callable[[], dict | None],
+                 decode_graph_stats: Callable[[], dict | None]):
         self._stats, self._plan, self._graphs, self._store = cache_stats, memory_plan, graph_stats, store_stats
+        self._decode = decode_graph_stats
 
     def describe(self) -> list:
         return []  # families depend on the engine's state; describing none keeps registration lazy
@@ -72,6 +75,16 @@ class _CacheCollector:
             yield buckets
             yield GaugeMetricFamily(f"{P}prompt_graph_pool_bytes", "Device memory the prompt graphs' captures added",
                                     value=graphs["pool_bytes"])
+        if (decode := self._decode()) is not None:  # the decode step replays CUDA graphs (cuda_graphs.StaticDecode)
+            for name, what, keys in (("decode_graphs", "Decode attention buckets", ("captured", "failed")),
+                                     ("draw_graphs", "Device-sampler draws (bucket, path)", ("draws", "draws_failed"))):
+                family = GaugeMetricFamily(f"{P}{name}", f"{what} by capture state (captured: replayed; failed: "
+                                           "given up, run eagerly)", labels=["state"])
+                for state, key in zip(("captured", "failed"), keys):
+                    family.add_metric([state], decode[key])
+                yield family
+            yield GaugeMetricFamily(f"{P}decode_graph_pool_bytes", "Device memory the decode steps' and draws' graph "
+                                    "captures added", value=decode["pool_bytes"])
         if (store := self._store()) is not None:  # the prompt store (prompt_store.py, --prompt-cache-mib)
             yield GaugeMetricFamily(f"{P}prompt_store_bytes", "Bytes of conversations' KV rows the prompt store holds",
                                     value=store["bytes"])

@@ -45,8 +45,13 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
                         "auto = every bucket up to 1024 tokens; lazy = each on its first prompt; off = prompts "
                         "eager; N,N,... = the buckets of prompts of these lengths (2-1024), the rest lazy")
     s.add_argument("--prompt-graph-margin", type=parse_size, metavar="SIZE",
-                   help="capture a prompt graph only when it leaves this much device memory free, else that "
-                        "bucket runs eagerly (default 1G)")
+                   help="capture a prompt (or decode) graph only when it leaves this much device memory free, else "
+                        "that bucket runs eagerly (default 1G)")
+    s.add_argument("--decode-graphs", default="auto", metavar="auto|lazy|N,N,...",
+                   help="with CUDA graphs: the decode step's attention buckets (256, 512, ... up to --ctx) captured "
+                        "at load with their draw graphs, so no reply pays a capture as it grows: auto = all; lazy = "
+                        "256, the rest on a request's first step there; N,N,... = 256 and the buckets of these "
+                        "positions")
     s.add_argument("--prompt-cache", default="on", choices=["on", "off"],
                    help="on = a request continues the KV cache at the prefix its prompt shares with the last "
                         "request's tokens (a chat's next turn runs only its new tokens); off = every prompt whole")
@@ -123,7 +128,7 @@ def cmd_serve(a) -> int:
                     resident=a.resident, stream=stream, log=_log, device=a.device,
                     cuda_graphs=a.cuda_graphs, prompt_graphs=a.prompt_graphs,
                     prompt_graph_margin=a.prompt_graph_margin, prompt_cache=a.prompt_cache == "on",
-                    prompt_store_bytes=a.prompt_store_bytes)
+                    prompt_store_bytes=a.prompt_store_bytes, decode_graphs=a.decode_graphs)
     name = a.alias or Path(a.model).name.removesuffix(".gguf")
     server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue, a.top_k))
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")

@@ -78,14 +78,14 @@ def experts_blocker(net) -> str | None:
 
 
 def decode_step(net, cache, device: str, graphs: bool, streamed: bool, cuda_graphs: str = "auto",
-                log=lambda line: None):
+                log=lambda line: None, margin: int = 0):
     """The one-token decode step of `generate` and the server: the whole token as a CUDA graph
-    (cuda_graphs.StaticDecode) where use_graphs allowed it (graphs), else streaming_step for a
-    streamed model, else the eager step."""
+    (cuda_graphs.StaticDecode; margin: the free device memory each capture must leave) where use_graphs
+    allowed it (graphs), else streaming_step for a streamed model, else the eager step."""
     if graphs:
         from sparkd.engine.cuda_graphs import StaticDecode
 
-        return StaticDecode(net, cache, graphs=True, log=log)
+        return StaticDecode(net, cache, graphs=True, log=log, margin=margin)
     return streaming_step(net, cache, device, cuda_graphs, log) if streamed else EagerDecode(net, cache)
 
 
