@@ -42,9 +42,9 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
     add_graphs_option(s)
     s.add_argument("--prompt-graphs", default="auto", metavar="auto|lazy|off|N,N,...",
                    help="with CUDA graphs: the prompt graphs captured at load, so no request pays a capture: "
-                        "auto = every bucket up to 2048 tokens (1024 under torch or kernel prefill attention); lazy = "
-                        "each on its first prompt; off = prompts eager; N,N,... = the buckets of prompts of these "
-                        "lengths (2-2048), the rest lazy")
+                        "auto = every bucket up to 2048 tokens (1024 under torch or kernel prefill attention or with "
+                        "attention sinks); lazy = each on its first prompt; off = prompts eager; N,N,... = the "
+                        "buckets of prompts of these lengths (2-2048), the rest lazy")
     s.add_argument("--prompt-graph-margin", type=parse_size, metavar="SIZE",
                    help="capture a prompt (or decode) graph only when it leaves this much device memory free, else "
                         "that bucket runs eagerly (default 1G)")
