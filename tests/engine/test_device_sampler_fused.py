@@ -141,24 +141,22 @@ def flat_row(n_vocab: int) -> torch.Tensor:
     return row
 
 
-@pytest.mark.parametrize("folded", [True, False], ids=["folded", "staged"])
-def test_top_p_distribution_is_the_hosts(folded):
+def test_top_p_distribution_is_the_hosts():
     """top_k 0 (or >= the vocabulary) with top_p < 1: the top-p path keeps the host's prefix, at
-    the production select (4096 bins: one stage on 200 tokens; the interpreter's 4096-bin scans are
+    the production select (2048 bins: one stage on 200 tokens; the interpreter's 2048-bin scans are
     slow, so one row each) and at 16 bins gathering 4 or 128 tokens: the search takes several
     stages, ties past the gather take the count path, 100 ties the gather's wide sort (the
-    state says which ran); folded (one launch a stage) and staged (two) alike."""
+    state says which ran)."""
     (random, rounded, tail), (quarters, fifths) = rows(V), tie_rows(V)
     hundred = torch.full((V,), -3.0)
     hundred[V - 100:] = 0.0
     ds = DeviceSampler(V, "cpu", fused=True, **SMALL)
-    ds.select = SelectScratch(ds.scratch, ds.device, folded=folded)
     for p, row in zip(TOP_P, (random, rounded, fifths)):
         check_against_host(ds, p, row, history_of(0, V), None)
         assert ds.path == "topp"
     stages, gathered = set(), set()
     for bins, gather in ((16, 4), (16, 128)):
-        ds.select = SelectScratch(ds.scratch, ds.device, bins, gather, folded=folded)
+        ds.select = SelectScratch(ds.scratch, ds.device, bins, gather)
         for p in TOP_P:
             for i, row in enumerate((random, rounded, tail, quarters, fifths, flat_row(V), hundred)):
                 check_against_host(ds, p, row, history_of(i, V), None)
@@ -171,15 +169,13 @@ def test_top_p_distribution_is_the_hosts(folded):
             SelectScratch(ds.scratch, ds.device, **bad)
 
 
-@pytest.mark.parametrize("folded", [True, False], ids=["folded", "staged"])
-def test_top_p_draws_follow_the_distribution_and_repeat_with_the_seed(folded):
+def test_top_p_draws_follow_the_distribution_and_repeat_with_the_seed():
     """20 successive draws over 7 tokens in two 4-token blocks: top_p 0.35 keeps token 3 and the
     lowest id of the six tied below it (0); the chi-square passes against the host's probabilities
     and fails against those without the cut; a seed repeats its tokens."""
     p = SamplingParams(temperature=1.0, top_p=0.35, seed=3)
     row = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     ds = DeviceSampler(row.numel(), "cpu", fused=True, block_tokens=4, cap=4, merge_blocks=1)
-    ds.select = SelectScratch(ds.scratch, ds.device, folded=folded)
     ds.begin(p)
     assert ds.path == "topp"
     counts = torch.bincount(torch.cat([ds.draw(row).clone() for _ in range(20)]), minlength=row.numel())
@@ -194,32 +190,6 @@ def test_top_p_draws_follow_the_distribution_and_repeat_with_the_seed(folded):
         ds.begin(replace(p, seed=seed))
         runs.append([int(ds.draw(row)) for _ in range(3)])
     assert runs[0] == runs[1] and runs[0] != runs[2]
-
-
-def test_folded_draws_follow_the_distribution_wherever_the_cut_ends():
-    """The folded select draws in its last stage: the weight above the chosen bin block by block,
-    then the bin's kept tokens. 40 successive draws each where the bin's kept tokens are sorted
-    (the 7-token row: token 3 above, 0 in the bin), past the gather (16 bins gathering 4: six ties,
-    the count path), and several of them with other weights, one above and one dropped (16 bins
-    gathering 128 over 8 tokens, temperature 0.8); the step pushes the fed token as full_draw's
-    pick does."""
-    seven = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    eight = torch.tensor([3.0, 0.5, 1.0, 0.0, 1.5, 0.0, -1.0, 1.2])
-    cases = ((seven, SamplingParams(temperature=1.0, top_p=0.35, seed=3), (4096, 1024), [0, 3], 6),
-             (seven, SamplingParams(temperature=1.0, top_p=0.35, seed=3), (16, 4), [0, 3], 0),
-             (eight, SamplingParams(temperature=0.8, top_p=0.85, seed=4), (16, 128), [0, 2, 4, 7], 4))
-    for row, p, (bins, gather), kept, n_gathered in cases:
-        ds = DeviceSampler(row.numel(), "cpu", fused=True, block_tokens=4, cap=4, merge_blocks=1)
-        ds.select = SelectScratch(ds.scratch, ds.device, bins, gather, folded=True)
-        ds.begin(p, [6])
-        draws = torch.cat([ds.step(torch.tensor([6]), row).clone() for _ in range(40)])
-        assert ds.select.outcome()[1] == n_gathered and int(ds.draws) == 40 and int(ds.counts[6]) == 40
-        counts = torch.bincount(draws, minlength=row.numel())
-        probs = Sampler(p).probabilities(row)  # (6 in the window: no penalty set)
-        assert (probs > 0).nonzero().flatten().tolist() == kept
-        assert counts[probs == 0].sum() == 0, counts
-        chi2, dof = chi_square(counts, probs)
-        assert chi2 < CHI2_CRIT[dof], (chi2, dof, counts, probs)
 
 
 def test_full_draws_follow_the_distribution_and_repeat_with_the_seed():

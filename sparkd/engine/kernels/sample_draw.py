@@ -179,23 +179,17 @@ def _full_logits(logits_ptr, bias_ptr, counts_ptr, ring_ptr, slot_ptr, token_ptr
 
 
 @triton.jit
-def _weight(x32, top, temperature, min_p):
-    """The host chain's unnormalised final probability of a penalised logit x32 (float32) that
-    top-k and top-p keep: min-p on the softmax (exp(x - max) >= min_p, the best token's being 1),
-    then exp(x / T - max / T); 0 for -inf."""
-    x = x32.to(tl.float64)
-    keep = (x > float("-inf")) & (tl.exp(x - top) >= min_p)
-    return tl.where(keep, tl.exp(x / temperature - top / temperature), 0.0)
-
-
-@triton.jit
 def _full_weights(x_ptr, ids, live, top, temperature_ptr, min_p_ptr, cut_ptr, TOP_P: tl.constexpr):
-    """_weight of ids' penalised logits; TOP_P: only the kept prefix (a key at or above the cut's)."""
+    """The host chain's unnormalised final probabilities of ids: min-p on the softmax of the
+    penalised logits (exp(x - max) >= min_p, the best token's being 1), TOP_P: only the kept
+    prefix (a key at or above the cut's), then exp(x / T - max / T)."""
     x32 = tl.load(x_ptr + ids, mask=live, other=float("-inf"))
-    w = _weight(x32, top, tl.load(temperature_ptr), tl.load(min_p_ptr))
+    x = x32.to(tl.float64)
+    temperature = tl.load(temperature_ptr)
+    keep = (x > float("-inf")) & (tl.exp(x - top) >= tl.load(min_p_ptr))
     if TOP_P:
-        w = tl.where(_key(x32, ids) >= tl.load(cut_ptr), w, 0.0)
-    return w
+        keep &= _key(x32, ids) >= tl.load(cut_ptr)
+    return tl.where(keep, tl.exp(x / temperature - top / temperature), 0.0)
 
 
 @triton.jit(do_not_specialize=["store"])
@@ -291,14 +285,6 @@ def fused_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor 
     return scratch.token
 
 
-def penalise(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor, push: int) -> None:
-    """The full and top-p draws' first launch: the penalised logits of logits [V] (push: fed counted in the
-    window) to scratch.logits and each block's max to scratch.block_max."""
-    _full_logits[(scratch.n_blocks,)](logits.reshape(-1), s.bias, s.counts, s.ring, s.slot, fed, s.penalty,
-                                      scratch.logits, scratch.block_max, scratch.n_vocab, push,
-                                      BLOCK=scratch.block_tokens, num_warps=4)
-
-
 def full_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor | None, advance: bool,
               store: bool = False, select=None) -> torch.Tensor:
     """fused_draw's contract for the full draw (every token a candidate: top_k 0, top_p 1); store:
@@ -309,7 +295,8 @@ def full_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor |
     fed = scratch.token if fed is None else fed  # (not read when push is 0)
     n, block = scratch.n_blocks, scratch.block_tokens
     n_pow2 = triton.next_power_of_2(n)
-    penalise(s, scratch, logits, fed, push)
+    _full_logits[(n,)](logits.reshape(-1), s.bias, s.counts, s.ring, s.slot, fed, s.penalty, scratch.logits,
+                       scratch.block_max, scratch.n_vocab, push, BLOCK=block, num_warps=4)
     cut = scratch.token if select is None else select(s, scratch)  # (not read without a select)
     _full_sums[(n,)](scratch.logits, scratch.block_max, n, scratch.n_vocab, s.temperature, s.min_p, cut,
                      scratch.block_sum, scratch.weights, int(store), BLOCK=block, N_BLOCKS=n_pow2,

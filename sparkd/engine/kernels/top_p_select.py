@@ -14,16 +14,13 @@ finds the cut among them exactly (or, for ties past GATHER, the k-th lowest id o
 by the blocks' counts). log2(BINS) key bits a stage, so at most ceil(32 / log2(BINS)) stages plus
 the gathering one; a stage whose work is done returns at once (the launches are fixed: one graph).
 
-Folded (the default; $SPARKD_TOP_P_SELECT=staged: the two launches a stage above, then the full
-draw's _full_sums and _full_pick): a stage is one launch, _select_stage, whose program finishing
-last (a counter in the state) does _select_choose's work, and the gathering stage's does the whole
-draw: its programs also sum their blocks' weights above the chosen bin (every token there is kept),
-so the last one, once it has the cut inside the bin, inverts the CDF over those block sums and then
-the bin's kept tokens; no second pass over the logits. 5 launches a draw instead of 11.
-
 Why not session 17's radix select (c7708ec, 870 us on the H200): its rounds had one program per
 1024-token block walking 32 dependent steps of a [32, 256] one-hot float64 sum; here a token is one
 load and two atomics, and a stage's bin is usually down to a few tokens after two stages.
+Why two launches a stage and the full draw's own sums and pick after (session 20, topp45, H200): a
+stage folded into one launch (its last program to finish choosing) with the draw in the gathering
+stage's last program, 5 launches instead of 11, was 0.4-3.1 us faster a draw (0.5-2.4 %): the
+graph's launches are not the cost, the bin scan is (BINS above).
 """
 
 from __future__ import annotations
@@ -34,16 +31,15 @@ import triton.language as tl
 
 from sparkd.engine import switches
 from sparkd.engine.kernels.family import KernelArgumentError
-from sparkd.engine.kernels.sample_draw import (SENTINEL, DrawScratch, _commit, _key, _uniform, _unkey, _weight,
-                                               full_draw, penalise)
+from sparkd.engine.kernels.sample_draw import SENTINEL, DrawScratch, _key, _unkey, full_draw
 
-SELECT_ENV = "SPARKD_TOP_P_SELECT"
-SELECTS = ("folded", "staged")
-FOLDED = switches.choice(SELECT_ENV, SELECTS, "folded") == "folded"  # read once
-
-# Bins a stage (12 key bits: three stages and the gathering one) and the tokens the last stage sorts
-# (one program's sort: a bin of the second stage holds 256 keys, a few tokens on real logits)
-BINS = 4096
+# Bins a stage (11 key bits: three stages and the gathering one; $SPARKD_TOP_P_BINS=4096, session 19's 12,
+# the same stages) and the tokens the last stage sorts (one program's sort: a bin of the second stage
+# holds 1024 keys, a few tokens on real logits). Fewer bins: _select_choose's one-program scan is most
+# of a stage (H200, session 20: 4096 -> 2048 bins took a flat row's draw from 82.8 to 71.1 us over its two
+# choosing stages, net of the atomics' longer same-bin queues)
+BINS_ENV = "SPARKD_TOP_P_BINS"
+BINS = int(switches.choice(BINS_ENV, ("2048", "4096"), "2048"))  # read once
 GATHER = 1024
 SMALL_SORT = 64  # the sort most draws take (their bin's few tokens)
 # fixed point: a token's mass (<= 1) as hi (2**-40 units) and lo (the next 24 bits) int64s; lo's
@@ -53,9 +49,8 @@ COUNT_SHIFT, COUNT_ONE = tl.constexpr(44), tl.constexpr(1 << 44)
 MAX_TOKENS = 2 ** 19
 # the state words (an int64 vector; tl.constexpr: a kernel reads no other globals): the stage whose
 # choose found the last bin (-1: none yet), that bin's key range, the mass above it and the total
-# (fixed point), its count, the tokens gathered from it; the folded stage's programs finished
-DONE, LO, HI, ABOVE_HI, ABOVE_LO, TOTAL_HI, TOTAL_LO, COUNT, GATHERED, FINISHED = (tl.constexpr(i) for i in range(10))
-STATE_WORDS = 10
+# (fixed point), its count, the tokens gathered from it
+DONE, LO, HI, ABOVE_HI, ABOVE_LO, TOTAL_HI, TOTAL_LO, COUNT, GATHERED = (tl.constexpr(i) for i in range(9))
 
 
 @triton.jit
@@ -140,8 +135,8 @@ def _choose_bin(top_p_ptr, state_ptr, hist_ptr, lo, hi, above_hi, above_lo, STAG
     the total (stage 0: the sum of its bins); its key range, count and the mass above it to the
     state; the histogram zeroed for the next draw."""
     r = tl.arange(0, BINS)  # r 0: the highest bin
-    hi_sums = tl.load(hist_ptr + BINS - 1 - r, cache_modifier=".cg")  # (L2: the folded stage's atomics)
-    packed = tl.load(hist_ptr + 2 * BINS - 1 - r, cache_modifier=".cg")
+    hi_sums = tl.load(hist_ptr + BINS - 1 - r)
+    packed = tl.load(hist_ptr + 2 * BINS - 1 - r)
     counts = packed >> COUNT_SHIFT
     lo_sums = packed - (counts << COUNT_SHIFT)
     if STAGE == 0:
@@ -174,54 +169,16 @@ def _choose_bin(top_p_ptr, state_ptr, hist_ptr, lo, hi, above_hi, above_lo, STAG
 
 
 @triton.jit
-def _sorted_cut(gathered_ptr, count, above, target, top, N: tl.constexpr):
-    """The gathered tokens in key order (keys [N], SENTINEL past count) and how many of them the host
-    keeps: those whose mass before them is short of the target (at least one)."""
+def _cut_sorted(gathered_ptr, count, above, target, top, N: tl.constexpr):
+    """The last of the gathered tokens, in key order, whose mass before it is short of the target."""
     g = tl.arange(0, N)
     there = g < count
-    keys = tl.sort(tl.load(gathered_ptr + g, mask=there, other=SENTINEL, cache_modifier=".cg"), descending=True)
+    keys = tl.sort(tl.load(gathered_ptr + g, mask=there, other=SENTINEL), descending=True)
     x, _ = _unkey(keys)
     mass = tl.where(there, tl.exp(x.to(tl.float64) - top), 0.0)
     before = above + tl.cumsum(mass, axis=0) - mass
-    return keys, tl.maximum(tl.sum((there & (before < target)).to(tl.int64), axis=0), 1)
-
-
-@triton.jit
-def _cut_sorted(gathered_ptr, count, above, target, top, N: tl.constexpr):
-    """The last of the gathered tokens, in key order, whose mass before it is short of the target."""
-    keys, k = _sorted_cut(gathered_ptr, count, above, target, top, N)
-    return tl.sum(tl.where(tl.arange(0, N) == k - 1, keys, 0), axis=0)
-
-
-@triton.jit
-def _tie_count(lo, count, above, target, top):
-    """More ties of one value (ordered bits lo) than the gather holds: the value, its mass q and how
-    many of the ties the host keeps, k = #i in [0, count) with above + i q < target: ceil((target -
-    above) / q), then corrected for the division's rounding; ties of mass 0 all stay (the bin was
-    chosen: the mass is short)."""
-    ordered = (lo - 2 ** 31).to(tl.int32)
-    v = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    q = tl.exp(v.to(tl.float64) - top)
-    y = tl.minimum(tl.maximum((target - above) / tl.where(q > 0, q, 1.0), 0.0), count.to(tl.float64))
-    k = y.to(tl.int64)
-    k += ((k < count) & (above + k.to(tl.float64) * q < target)).to(tl.int64)
-    k += ((k < count) & (above + k.to(tl.float64) * q < target)).to(tl.int64)
-    k -= ((k > 1) & (above + (k - 1).to(tl.float64) * q >= target)).to(tl.int64)
-    return v, tl.where(q > 0, tl.minimum(tl.maximum(k, 1), count), count)
-
-
-@triton.jit
-def _kth_tie(x_ptr, in_range_ptr, n_blocks, n_vocab, lo, k, BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr):
-    """The id of the k-th (from 1) lowest-id token whose ordered bits are lo: the block holding it
-    by the blocks' counts of the chosen bin, then the tie in it."""
-    b = tl.arange(0, N_BLOCKS)
-    per_block = tl.load(in_range_ptr + b, mask=b < n_blocks, other=0, cache_modifier=".cg").to(tl.int64)
-    upto = tl.cumsum(per_block, axis=0)
-    block = tl.sum((upto < k).to(tl.int32), axis=0)
-    rest = k - tl.sum(tl.where(b == block, upto - per_block, 0), axis=0)
-    ids = block * BLOCK + tl.arange(0, BLOCK)
-    tied = (ids < n_vocab) & (_ordered(tl.load(x_ptr + ids, mask=ids < n_vocab, other=float("-inf"))) == lo)
-    return tl.sum(tl.where(tied & (tl.cumsum(tied.to(tl.int64), axis=0) == rest), ids, 0), axis=0)
+    k = tl.maximum(tl.sum((there & (before < target)).to(tl.int64), axis=0), 1)
+    return tl.sum(tl.where(g == k - 1, keys, 0), axis=0)
 
 
 @triton.jit
@@ -237,196 +194,50 @@ def _cut(x_ptr, max_ptr, n_blocks, n_vocab, top_p_ptr, state_ptr, gathered_ptr, 
     elif count <= GATHER:
         cut = _cut_sorted(gathered_ptr, count, above, target, top, GATHER)
     else:  # more ties of one value than the gather holds: the first k by id stay
-        v, k = _tie_count(lo, count, above, target, top)
-        cut = _key(v, _kth_tie(x_ptr, in_range_ptr, n_blocks, n_vocab, lo, k, BLOCK, N_BLOCKS))
+        ordered = (lo - 2 ** 31).to(tl.int32)
+        v = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        q = tl.exp(v.to(tl.float64) - top)
+        # k = #i in [0, count) with above + i q < target: ceil((target - above) / q), then corrected
+        # for the division's rounding; ties of mass 0 all stay (the bin was chosen: the mass is short)
+        y = tl.minimum(tl.maximum((target - above) / tl.where(q > 0, q, 1.0), 0.0), count.to(tl.float64))
+        k = y.to(tl.int64)
+        k += ((k < count) & (above + k.to(tl.float64) * q < target)).to(tl.int64)
+        k += ((k < count) & (above + k.to(tl.float64) * q < target)).to(tl.int64)
+        k -= ((k > 1) & (above + (k - 1).to(tl.float64) * q >= target)).to(tl.int64)
+        k = tl.where(q > 0, tl.minimum(tl.maximum(k, 1), count), count)
+        # the block holding the k-th tie (by the blocks' counts), then the tie in it
+        b = tl.arange(0, N_BLOCKS)
+        per_block = tl.load(in_range_ptr + b, mask=b < n_blocks, other=0).to(tl.int64)
+        upto = tl.cumsum(per_block, axis=0)
+        block = tl.sum((upto < k).to(tl.int32), axis=0)
+        rest = k - tl.sum(tl.where(b == block, upto - per_block, 0), axis=0)
+        ids = block * BLOCK + tl.arange(0, BLOCK)
+        tied = (ids < n_vocab) & (_ordered(tl.load(x_ptr + ids, mask=ids < n_vocab, other=float("-inf"))) == lo)
+        last = tl.sum(tl.where(tied & (tl.cumsum(tied.to(tl.int64), axis=0) == rest), ids, 0), axis=0)
+        cut = _key(v, last)
     tl.store(cut_ptr, cut)
-
-
-@triton.jit
-def _last_to_finish(state_ptr, n_programs):
-    """Whether this program is its launch's last to finish; every other program's atomics and stores
-    are then visible to it (a barrier, then one thread's acq_rel add: the pattern of CUDA's
-    threadFenceReduction and cooperative groups' grid sync). The last one zeroes the counter."""
-    tl.debug_barrier()
-    last = tl.atomic_add(state_ptr + FINISHED, 1, sem="acq_rel") == n_programs - 1
-    tl.store(state_ptr + FINISHED, 0, mask=last)
-    return last
-
-
-@triton.jit(do_not_specialize=["push", "advance"])
-def _select_stage(x_ptr, max_ptr, n_blocks, n_vocab, top_p_ptr, temperature_ptr, min_p_ptr, seed_ptr, draws_ptr,
-                  ring_ptr, slot_ptr, window_ptr, counts_ptr, token_ptr, out_ptr, push, advance, state_ptr,
-                  hist_ptr, gathered_ptr, in_range_ptr, sum_ptr, cut_ptr, STAGE: tl.constexpr, LAST: tl.constexpr,
-                  BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr, BINS: tl.constexpr, GATHER: tl.constexpr,
-                  SMALL_SORT: tl.constexpr):
-    """A folded stage: _select_hist's work, then the last program to finish does _select_choose's; in
-    the gathering stage the draw too (_gather_and_draw)."""
-    pid = tl.program_id(0)
-    ids = pid * BLOCK + tl.arange(0, BLOCK)
-    live = ids < n_vocab
-    if STAGE == 0:
-        x = tl.load(x_ptr + ids, mask=live, other=float("-inf"))
-        _add(x, live & (x > float("-inf")), (_ordered(x) * BINS) >> 32, max_ptr, n_blocks, hist_ptr, N_BLOCKS, BINS)
-        if _last_to_finish(state_ptr, n_blocks):
-            _choose_bin(top_p_ptr, state_ptr, hist_ptr, 0, 2 ** 32 - 1, 0, 0, STAGE, LAST, BINS, GATHER)
-    else:
-        done = tl.load(state_ptr + DONE)
-        if done < 0:
-            lo, hi = tl.load(state_ptr + LO), tl.load(state_ptr + HI)
-            x = tl.load(x_ptr + ids, mask=live, other=float("-inf"))
-            u = _ordered(x)
-            inside = live & (x > float("-inf")) & (u >= lo) & (u <= hi)
-            hist = hist_ptr + STAGE * 2 * BINS
-            _add(x, inside, ((u - lo) * BINS) // (hi - lo + 1), max_ptr, n_blocks, hist, N_BLOCKS, BINS)
-            if _last_to_finish(state_ptr, n_blocks):
-                _choose_bin(top_p_ptr, state_ptr, hist, lo, hi, tl.load(state_ptr + ABOVE_HI),
-                            tl.load(state_ptr + ABOVE_LO), STAGE, LAST, BINS, GATHER)
-        elif done == STAGE - 1:
-            _gather_and_draw(x_ptr, ids, live, pid, max_ptr, n_blocks, n_vocab, top_p_ptr, temperature_ptr,
-                             min_p_ptr, seed_ptr, draws_ptr, ring_ptr, slot_ptr, window_ptr, counts_ptr, token_ptr,
-                             out_ptr, push, advance, state_ptr, gathered_ptr, in_range_ptr, sum_ptr, cut_ptr, BLOCK,
-                             N_BLOCKS, GATHER, SMALL_SORT)
-
-
-@triton.jit
-def _gather_and_draw(x_ptr, ids, live, pid, max_ptr, n_blocks, n_vocab, top_p_ptr, temperature_ptr, min_p_ptr,
-                     seed_ptr, draws_ptr, ring_ptr, slot_ptr, window_ptr, counts_ptr, token_ptr, out_ptr, push,
-                     advance, state_ptr, gathered_ptr, in_range_ptr, sum_ptr, cut_ptr, BLOCK: tl.constexpr,
-                     N_BLOCKS: tl.constexpr, GATHER: tl.constexpr, SMALL_SORT: tl.constexpr):
-    """The chosen bin's tokens counted by block (their keys copied out if few, as _select_hist) and each
-    block's weight above the bin (all kept); then the last program finds the cut and draws."""
-    lo, hi = tl.load(state_ptr + LO), tl.load(state_ptr + HI)
-    x = tl.load(x_ptr + ids, mask=live, other=float("-inf"))
-    u = _ordered(x)
-    inside = live & (x > float("-inf")) & (u >= lo) & (u <= hi)
-    tl.store(in_range_ptr + pid, tl.sum(inside.to(tl.int32), axis=0))
-    if tl.load(state_ptr + COUNT) <= GATHER:
-        at = tl.atomic_add(state_ptr + GATHERED, tl.sum(inside.to(tl.int64), axis=0), sem="relaxed")
-        tl.store(gathered_ptr + at + tl.cumsum(inside.to(tl.int32), axis=0) - 1, _key(x, ids), mask=inside)
-    top = _top(max_ptr, n_blocks, N_BLOCKS)
-    w = _weight(x, top, tl.load(temperature_ptr), tl.load(min_p_ptr))
-    tl.store(sum_ptr + pid, tl.sum(tl.where(live & (u > hi), w, 0.0), axis=0))
-    if _last_to_finish(state_ptr, n_blocks):
-        _cut_and_draw(x_ptr, n_blocks, n_vocab, top, top_p_ptr, temperature_ptr, min_p_ptr, seed_ptr, draws_ptr,
-                      ring_ptr, slot_ptr, window_ptr, counts_ptr, token_ptr, out_ptr, push, advance, state_ptr,
-                      gathered_ptr, in_range_ptr, sum_ptr, cut_ptr, BLOCK, N_BLOCKS, GATHER, SMALL_SORT)
-
-
-@triton.jit
-def _cut_and_draw(x_ptr, n_blocks, n_vocab, top, top_p_ptr, temperature_ptr, min_p_ptr, seed_ptr, draws_ptr,
-                  ring_ptr, slot_ptr, window_ptr, counts_ptr, token_ptr, out_ptr, push, advance, state_ptr,
-                  gathered_ptr, in_range_ptr, sum_ptr, cut_ptr, BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr,
-                  GATHER: tl.constexpr, SMALL_SORT: tl.constexpr):
-    """_cut's cut, then the draw: one uniform inverts the CDF over the kept tokens taken as the blocks'
-    weights above the bin (block by block, then inside the block), then the bin's kept ones (key order)."""
-    # every state read before any write (the program's warps do not run in step)
-    draws = tl.load(draws_ptr)
-    slot = tl.load(slot_ptr)
-    old = tl.load(ring_ptr + slot)
-    fed = tl.load(token_ptr)
-    count, lo, hi = tl.load(state_ptr + COUNT), tl.load(state_ptr + LO), tl.load(state_ptr + HI)
-    above = _fixed(tl.load(state_ptr + ABOVE_HI), tl.load(state_ptr + ABOVE_LO))
-    target = tl.load(top_p_ptr) * _fixed(tl.load(state_ptr + TOTAL_HI), tl.load(state_ptr + TOTAL_LO))
-    temperature, min_p = tl.load(temperature_ptr), tl.load(min_p_ptr)
-    b = tl.arange(0, N_BLOCKS)
-    bsum = tl.load(sum_ptr + b, mask=b < n_blocks, other=0.0, cache_modifier=".cg")
-    bcdf = tl.cumsum(bsum, axis=0)
-    outside = tl.max(bcdf, axis=0)
-    uniform = _uniform(seed_ptr, draws)
-    if count <= SMALL_SORT:
-        cut, token, inside_mass = _draw_sorted(gathered_ptr, count, above, target, top, temperature, min_p,
-                                               outside, uniform, SMALL_SORT)
-    elif count <= GATHER:
-        cut, token, inside_mass = _draw_sorted(gathered_ptr, count, above, target, top, temperature, min_p,
-                                               outside, uniform, GATHER)
-    else:
-        cut, token, inside_mass = _draw_tied(x_ptr, in_range_ptr, n_blocks, n_vocab, lo, count, above, target, top,
-                                             temperature, min_p, outside, uniform, BLOCK, N_BLOCKS)
-    t = uniform * (outside + inside_mass)
-    if (t < outside) | (inside_mass <= 0):  # (rounding past the total with a bin of weight 0: above)
-        token = _draw_above(x_ptr, bsum, bcdf, t, hi, top, temperature, min_p, n_vocab, BLOCK, N_BLOCKS)
-    tl.store(cut_ptr, cut)
-    tl.store(out_ptr, token)
-    if advance != 0:
-        tl.store(draws_ptr, draws + 1)
-    if push != 0:
-        _commit(ring_ptr, slot_ptr, slot, old, fed, window_ptr, counts_ptr, n_vocab)
-
-
-@triton.jit
-def _draw_sorted(gathered_ptr, count, above, target, top, temperature, min_p, outside, uniform, N: tl.constexpr):
-    """(the cut, the bin's token the uniform lands on past the weight outside it, the bin's kept weight)."""
-    keys, k = _sorted_cut(gathered_ptr, count, above, target, top, N)
-    g = tl.arange(0, N)
-    x, ids = _unkey(keys)
-    w = tl.where(g < k, _weight(x, top, temperature, min_p), 0.0)
-    cdf = tl.cumsum(w, axis=0)
-    inside_mass = tl.max(cdf, axis=0)
-    rank = tl.sum((cdf <= uniform * (outside + inside_mass) - outside).to(tl.int32), axis=0)
-    rank = tl.minimum(rank, tl.max(tl.where(w > 0, g, 0), axis=0))
-    return tl.sum(tl.where(g == k - 1, keys, 0), axis=0), tl.sum(tl.where(g == rank, ids, 0), axis=0), inside_mass
-
-
-@triton.jit
-def _draw_tied(x_ptr, in_range_ptr, n_blocks, n_vocab, lo, count, above, target, top, temperature, min_p, outside,
-               uniform, BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr):
-    """_draw_sorted for more ties than the gather holds: k kept, each of weight q: the j-th by id."""
-    v, k = _tie_count(lo, count, above, target, top)
-    cut = _key(v, _kth_tie(x_ptr, in_range_ptr, n_blocks, n_vocab, lo, k, BLOCK, N_BLOCKS))
-    q = _weight(v, top, temperature, min_p)
-    inside_mass = k.to(tl.float64) * q
-    j = ((uniform * (outside + inside_mass) - outside) / tl.where(q > 0, q, 1.0)).to(tl.int64)
-    j = tl.minimum(tl.maximum(j, 0), k - 1)
-    return cut, _kth_tie(x_ptr, in_range_ptr, n_blocks, n_vocab, lo, j + 1, BLOCK, N_BLOCKS).to(tl.int64), inside_mass
-
-
-@triton.jit
-def _draw_above(x_ptr, bsum, bcdf, t, hi, top, temperature, min_p, n_vocab, BLOCK: tl.constexpr,
-                N_BLOCKS: tl.constexpr):
-    """The token above the bin where t lands: the first block whose cumulative weight exceeds it
-    (rounding past the total: the last of weight > 0), then the token there (_full_pick's search)."""
-    b = tl.arange(0, N_BLOCKS)
-    block = tl.sum((bcdf <= t).to(tl.int32), axis=0)
-    block = tl.minimum(block, tl.max(tl.where(bsum > 0, b, 0), axis=0))
-    t -= tl.sum(tl.where(b == block, bcdf - bsum, 0.0), axis=0)
-    r = tl.arange(0, BLOCK)
-    ids = block * BLOCK + r
-    live = ids < n_vocab
-    x = tl.load(x_ptr + ids, mask=live, other=float("-inf"))
-    w = tl.where(live & (_ordered(x) > hi), _weight(x, top, temperature, min_p), 0.0)
-    rank = tl.sum((tl.cumsum(w, axis=0) <= t).to(tl.int32), axis=0)
-    rank = tl.minimum(rank, tl.max(tl.where(w > 0, r, 0), axis=0))
-    return (block * BLOCK + rank).to(tl.int64)
 
 
 class SelectScratch:
-    """The select's fixed buffers (a CUDA graph captures their addresses) for a DrawScratch; folded
-    (None: $SPARKD_TOP_P_SELECT): one launch a stage and the draw in the last (top_p_draw), else two a
-    stage and the full draw's sums and pick after; warps: the folded stage's."""
+    """The select's fixed buffers (a CUDA graph captures their addresses) for a DrawScratch."""
 
-    def __init__(self, draw: DrawScratch, device: torch.device, bins: int = BINS, gather: int = GATHER,
-                 folded: bool | None = None, warps: int = 16):
+    def __init__(self, draw: DrawScratch, device: torch.device, bins: int = BINS, gather: int = GATHER):
         if not (bins >= 2 and not bins & (bins - 1) and gather >= 1 and not gather & (gather - 1)):
             raise KernelArgumentError(f"could not size the top-p select: bins={bins} and gather={gather} must be "
                                       "powers of two, bins >= 2")
         if draw.n_vocab >= MAX_TOKENS:
             raise KernelArgumentError(f"could not size the top-p select for {draw.n_vocab} tokens: its fixed-point "
                                       f"sums hold fewer than {MAX_TOKENS}")
-        self.bins, self.gather, self.warps = bins, gather, warps
-        self.folded = FOLDED if folded is None else folded
+        self.bins, self.gather = bins, gather
         self.stages = -(-32 // (bins.bit_length() - 1)) + 1  # the searching stages and the gathering one
         self.hist = torch.zeros(self.stages, 2, bins, dtype=torch.long, device=device)  # zeroed after each use
-        self.state = torch.zeros(STATE_WORDS, dtype=torch.long, device=device)
+        self.state = torch.zeros(9, dtype=torch.long, device=device)
         self.gathered = torch.zeros(gather, dtype=torch.long, device=device)
         self.in_range = torch.zeros(draw.n_blocks, dtype=torch.int32, device=device)
         self.cut = torch.zeros(1, dtype=torch.long, device=device)
 
     def __call__(self, s, draw: DrawScratch) -> torch.Tensor:
-        """Launch the select over draw.logits (after _full_logits) with s.top_p; returns the cut (folded:
-        a draw too, into draw.token, not counted)."""
-        if self.folded:
-            self.draw(s, draw, draw.token, 0, 0)
-            return self.cut
+        """Launch the select over draw.logits (after _full_logits) with s.top_p; returns the cut."""
         n, n_pow2 = draw.n_blocks, triton.next_power_of_2(draw.n_blocks)
         for stage in range(self.stages):
             _select_hist[(n,)](draw.logits, draw.block_max, n, draw.n_vocab, self.state, self.hist, self.gathered,
@@ -436,20 +247,8 @@ class SelectScratch:
                                  self.gathered, self.in_range, self.cut, STAGE=stage, LAST=stage == self.stages - 2,
                                  BLOCK=draw.block_tokens, N_BLOCKS=n_pow2, BINS=self.bins, GATHER=self.gather,
                                  SMALL_SORT=min(SMALL_SORT, self.gather),
-                                 num_warps=16)  # the 4096-bin scan's int64s: 8 of each a thread
+                                 num_warps=16)  # the bin scan's int64s: 4 (4096 bins: 8) of each a thread
         return self.cut
-
-    def draw(self, s, draw: DrawScratch, fed: torch.Tensor, push: int, advance: int) -> None:
-        """The folded stages over draw.logits (after _full_logits): the cut and the draw into draw.token
-        (push: fed committed to the ring; advance: the draw counted)."""
-        n, n_pow2 = draw.n_blocks, triton.next_power_of_2(draw.n_blocks)
-        for stage in range(self.stages):
-            _select_stage[(n,)](draw.logits, draw.block_max, n, draw.n_vocab, s.top_p, s.temperature, s.min_p,
-                                s.seed, s.draws, s.ring, s.slot, s.window, s.counts, fed, draw.token, push, advance,
-                                self.state, self.hist, self.gathered, self.in_range, draw.block_sum, self.cut,
-                                STAGE=stage, LAST=stage == self.stages - 2, BLOCK=draw.block_tokens, N_BLOCKS=n_pow2,
-                                BINS=self.bins, GATHER=self.gather, SMALL_SORT=min(SMALL_SORT, self.gather),
-                                num_warps=self.warps)
 
     def outcome(self) -> tuple[int, int]:
         """(the stage whose choose found the last bin, the tokens gathered from it: 0 where its ties took the
@@ -460,13 +259,5 @@ class SelectScratch:
 
 def top_p_draw(s, scratch: DrawScratch, logits: torch.Tensor, fed: torch.Tensor | None, advance: bool,
                store: bool = False) -> torch.Tensor:
-    """full_draw's contract over the top-p prefix (top_k 0, s.top_p < 1); s.select: its SelectScratch.
-    Folded without store: the penalised logits, then the stages, which draw."""
-    select = s.select
-    if store or not select.folded:
-        return full_draw(s, scratch, logits, fed, advance, store, select=select)
-    push = int(fed is not None)
-    fed = scratch.token if fed is None else fed  # (not read when push is 0)
-    penalise(s, scratch, logits, fed, push)
-    select.draw(s, scratch, fed, push, int(advance))
-    return scratch.token
+    """full_draw over the top-p prefix (top_k 0, s.top_p < 1); s.select: its SelectScratch."""
+    return full_draw(s, scratch, logits, fed, advance, store, select=s.select)
