@@ -7,6 +7,8 @@
 #   2. draw_graph_bench.py --top-p-only: staged / folded / folded at 2048 bins on flat, peaked, rounded rows
 #   3. generate -n 128 a process each: top_p 0.95 and 0.9 staged vs folded, interleaved, then greedy (the
 #      reference); no process starts after +135 s (the device budget)
+# Ran on a341108, where SPARKD_TOP_P_SELECT and the bench's folded forms existed (taken out in the next commit;
+# the bench's --top-p-only now compares 2048 with 4096 bins of the staged select).
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl
