@@ -6,8 +6,11 @@ sends top_k 0 there) and the candidates' draw at top_k 40; (session 19) the top-
 with top_p < 1 (kernels/top_p_select.py) against the torch chain (SPARKD_DEVICE_SAMPLING=chain-top-p)
 on three rows: flat (randn x 3), peaked (16 tokens raised by 15) and rounded (the flat one rounded:
 thousands of ties at the cut, past the select's gather). The top-p rows also print the stage the
-select's search ended in and how many tokens it gathered (0: the ties' count path). On the GPU box:
-    python3 bench/gpu_box/draw_graph_bench.py --json out.json
+select's search ended in and how many tokens it gathered (0: the ties' count path). Session 20
+(--top-p-only): the top-p rows alone at the select's 2048 bins (the default) and 4096
+(SPARKD_TOP_P_BINS=4096), side by side, two rounds (topp45's call compared a folded select, since
+taken out, at 4096 and 2048 bins with this staged one at 4096). On the GPU box:
+    python3 bench/gpu_box/draw_graph_bench.py --json out.json [--top-p-only]
 """
 
 from __future__ import annotations
@@ -46,9 +49,19 @@ PATHS = {"top_k 0, full": (CASES["temperature 0.8 only"], True, True, True, "ful
          "llama.cpp chain at 0.8, fused": (CASES["llama.cpp chain at 0.8"], True, True, True, "fused")}
 
 
+# the top-p select's bins (--top-p-only)
+SELECTS = {"4096 bins": 4096, "2048 bins": 2048}
+TOP_P_ROWS = {"top_p 0.95, flat": (CUT, "flat"), "top_p 0.95, peaked": (CUT, "peaked"),
+              "top_p 0.95, rounded": (CUT, "rounded"), "top_p 0.9, flat": (CUT90, "flat"),
+              "top_p 0.95, min_p 0.05, flat": (SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05, seed=1), "flat")}
+
+
 def draw_us(params: SamplingParams, logits: torch.Tensor, reps: int, fused: bool = False, full: bool = True,
-            top_p: bool = True, path: str = "torch") -> tuple[float, str]:
+            top_p: bool = True, path: str = "torch", bins: int | None = None) -> tuple[float, str]:
     ds = DeviceSampler(logits.numel(), "cuda", fused=fused, full=full, top_p=top_p)
+    if bins is not None:
+        from sparkd.engine.kernels.top_p_select import SelectScratch
+        ds.select = SelectScratch(ds.scratch, ds.device, bins)
     ds.begin(params, [1, 2, 3])
     if ds.path != path:
         raise SystemExit(f"{params} took the {ds.path} path, not {path}")
@@ -77,10 +90,23 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--json")
+    ap.add_argument("--top-p-only", action="store_true", help="the top-p select's bins side by side (session 20)")
     a = ap.parse_args()
     by_name = rows(a.vocab)
     logits = by_name["flat"]
     res = {}
+    if a.top_p_only:
+        res["top_k 0, full"] = us = draw_us(CASES["temperature 0.8 only"], logits, a.reps, True, True, True, "full")[0]
+        print(f"{'top_k 0, full':54s} {us:8.1f} us per draw", flush=True)
+        for round_ in (1, 2):
+            for name, (params, row) in TOP_P_ROWS.items():
+                for form, bins in SELECTS.items():
+                    us, how = draw_us(params, by_name[row], a.reps, True, True, True, "topp", bins)
+                    res[f"{name}, {form}, round {round_}"] = us
+                    print(f"{name + ', ' + form:54s} {us:8.1f} us per draw {how}", flush=True)
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=2))
+        return 0
     for sname, fn in SOFTMAX.items():
         device_sampler.softmax = fn
         for cname, params in CASES.items():

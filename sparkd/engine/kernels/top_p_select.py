@@ -17,6 +17,10 @@ the gathering one; a stage whose work is done returns at once (the launches are 
 Why not session 17's radix select (c7708ec, 870 us on the H200): its rounds had one program per
 1024-token block walking 32 dependent steps of a [32, 256] one-hot float64 sum; here a token is one
 load and two atomics, and a stage's bin is usually down to a few tokens after two stages.
+Why two launches a stage and the full draw's own sums and pick after (session 20, topp45, H200): a
+stage folded into one launch (its last program to finish choosing) with the draw in the gathering
+stage's last program, 5 launches instead of 11, was 0.4-3.1 us faster a draw (0.5-2.4 %): the
+graph's launches are not the cost, the bin scan is (BINS above).
 """
 
 from __future__ import annotations
@@ -25,12 +29,17 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine import switches
 from sparkd.engine.kernels.family import KernelArgumentError
 from sparkd.engine.kernels.sample_draw import SENTINEL, DrawScratch, _key, _unkey, full_draw
 
-# Bins a stage (12 key bits: three stages and the gathering one) and the tokens the last stage sorts
-# (one program's sort: a bin of the second stage holds 256 keys, a few tokens on real logits)
-BINS = 4096
+# Bins a stage (11 key bits: three stages and the gathering one; $SPARKD_TOP_P_BINS=4096, session 19's 12,
+# the same stages) and the tokens the last stage sorts (one program's sort: a bin of the second stage
+# holds 1024 keys, a few tokens on real logits). Fewer bins: _select_choose's one-program scan is most
+# of a stage (H200, session 20: 4096 -> 2048 bins took a flat row's draw from 82.8 to 71.1 us over its two
+# choosing stages, net of the atomics' longer same-bin queues)
+BINS_ENV = "SPARKD_TOP_P_BINS"
+BINS = int(switches.choice(BINS_ENV, ("2048", "4096"), "2048"))  # read once
 GATHER = 1024
 SMALL_SORT = 64  # the sort most draws take (their bin's few tokens)
 # fixed point: a token's mass (<= 1) as hi (2**-40 units) and lo (the next 24 bits) int64s; lo's
@@ -238,7 +247,7 @@ class SelectScratch:
                                  self.gathered, self.in_range, self.cut, STAGE=stage, LAST=stage == self.stages - 2,
                                  BLOCK=draw.block_tokens, N_BLOCKS=n_pow2, BINS=self.bins, GATHER=self.gather,
                                  SMALL_SORT=min(SMALL_SORT, self.gather),
-                                 num_warps=16)  # the 4096-bin scan's int64s: 8 of each a thread
+                                 num_warps=16)  # the bin scan's int64s: 4 (4096 bins: 8) of each a thread
         return self.cut
 
     def outcome(self) -> tuple[int, int]:
