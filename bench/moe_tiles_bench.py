@@ -44,6 +44,9 @@ persistent grid of N programs an SM (pN, vecpN), GGUF types only. Session 19 (mo
 twin with the next step's words loaded before this step's arithmetic; --pipe PER[@TILE],..., the Q8_0 layer and gate/up
 with moe_pipe's software-pipelined persistent gate/up, PER programs an SM (moe_tiles.Kernels.pipe; 0: the grid kernel,
 the "default" rows' before the pipe became the default at 4096), at the default gate/up tile or TILE (rows/warps/unroll/e).
+Session 20 (moe45): --one PER[/UNROLL][@DOWN],..., the Q8_0 layer "all qx" as moe_one's single persistent launch (at most
+PER programs an SM, gate/up steps of UNROLL groups, the down tile DOWN or the default's; an item given twice is timed
+twice: "#i" in its label).
 """
 
 from __future__ import annotations
@@ -366,6 +369,18 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
                 gemv_tiles_bench.print_rows(rows[-1:])
             except Exception as e:  # noqa: BLE001 - one device call measures everything it can
                 print(f"FAILED {qtype.name} {shape} pipe {item}: {type(e).__name__}: {e}", flush=True)
+    for n_item, item in enumerate(args.one if qtype == T.Q8_0 else ()):  # session 20: moe_one's single launch
+        per, _, text = item.partition("@")
+        per, _, unroll = per.partition("/")
+        dn = tile(text) if text else new[2]
+        k = dataclasses.replace(new[3], one=int(per), one_unroll=int(unroll or 4))
+        try:
+            if not moe._one_ok(k.one, s.sets[0], k, new[1], dn):
+                raise ValueError(f"the tiles {kb.tag(new[1])}/{kb.tag(dn)} do not run as one launch")
+            rows.append(s.engine(f"default one {item} #{n_item}", new[1], dn, k, copy_bw))
+            gemv_tiles_bench.print_rows(rows[-1:])
+        except Exception as e:  # noqa: BLE001 - one device call measures everything it can
+            print(f"FAILED {qtype.name} {shape} one {item}: {type(e).__name__}: {e}", flush=True)
     for name in args.twin_loads if not isinstance(qtype, _Packed) else ():  # session 18: the twin's load width, grid
         vec, _, per_sm = name.partition("p")
         ahead = per_sm.endswith("f")  # session 19: the next step's words loaded ahead (vecp16f)
@@ -471,7 +486,11 @@ def main() -> None:
                     "(p16f, vecp16f): the next step's words loaded ahead")
     ap.add_argument("--pipe", default="", help="Q8_0: the default layer's rows with moe_pipe's gate/up, PER[@TILE] "
                     "(programs an SM: moe_tiles.Kernels.pipe; the gate/up tile), comma-separated")
+    ap.add_argument("--one", default="", help="Q8_0: the default layer as moe_one's single launch, PER[/UNROLL][@DOWN] "
+                    "(programs an SM at most: moe_tiles.Kernels.one; its gate/up's groups a step, default 4; the down "
+                    "tile, default the engine's), comma-separated; an item twice: timed twice")
     args = ap.parse_args()
+    args.one = [item for item in args.one.split(",") if item]
     args.pipe = [item for item in args.pipe.split(",") if item]
     args.twin_loads = [v for v in args.twin_loads.split(",") if v]
     args.variants = [v for v in args.variants.split(",") if v]
