@@ -70,7 +70,7 @@ def test_one_launch_gives_the_two_launches_bits(backend):
         gu, dn = moe_tiles.decode_tiles(p)
         gu = dataclasses.replace(gu, fuse_quant=True)
         if backend == "cpu" or not dn.elementwise:  # (2048's engine down is the grouped step: an elementwise one)
-            dn = GemvConfig(block_n=2, unroll=1 if backend == "cpu" else 2, elementwise=True, split=2)
+            dn = GemvConfig(block_n=2, unroll=1, elementwise=True, split=2)  # (768 wide: 3 groups a row)
         two = moe_tiles.Kernels(one=0)
         for pers in ((1,) if backend == "cpu" else (8, 32)):
             k = moe_tiles.Kernels(one=pers, one_unroll=1 if backend == "cpu" else 4)

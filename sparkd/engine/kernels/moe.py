@@ -647,13 +647,14 @@ def _one_ok(per_sm: int, p: PreparedTable, kernels: Kernels, gu: GemvConfig, dn:
     return per_sm > 0 and p.gate_up.qtype == p.down.qtype == Q8_0 and gu.fuse_quant and gu.block_n < 32 \
         and 32 % gu.block_n == 0 and _pipe_ok(1, kernels, one_gu, _use_words(kernels, gu, p.gate_up_words), F, D) \
         and _pipe_ok(1, kernels, dn, _use_words(kernels, dn, p.down_words), D, F) and not dn.atomic \
-        and (dn.split <= 1 or dn.fold == "kernel") and dn.num_warps == gu.num_warps == 1
+        and (dn.split <= 1 or dn.fold == "kernel") and dn.num_warps == gu.num_warps == 1 \
+        and (F // 256) % (kernels.one_down_unroll or dn.unroll) == 0
 
 
 def _one(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, act: str, gu: GemvConfig,
          dn: GemvConfig, residual: torch.Tensor | None, qx: act_quant.QuantX | None, kernels: Kernels,
-         per_sm: int) -> None:
-    """moe_decode's layer as moe_one.layer_kernel (where _one_ok): x quantized first unless qx."""
+         per_sm: int, phase: str = "both") -> None:
+    """moe_decode's layer as moe_one.layer_kernel (where _one_ok): x quantized first unless qx; phase moe_one.launch's."""
     n, D, F = p.count, p.table.dim, p.table.width
     hq = act_quant.empty(n, F, p.down.act_fmt, x.device)
     hblock = act_quant.BLOCKS[p.down.act_fmt]
@@ -672,10 +673,10 @@ def _one(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, a
     consts = dict(OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, A1=fam["A1"], A2=fam["A2"], A3=fam["A3"],
                   G=D // 256, UNROLL=kernels.one_unroll, BLOCK_N=gu.block_n, EMU=emulate(gu, x),
                   ACT=ACT_CODES[act], HBLOCK=hblock, H8K=p.down.act_fmt == act_quant.Q8_K,
-                  DOWN_N=dn.block_n, DOWN_UNROLL=dn.unroll, SPLIT=split, RES=residual is not None,
+                  DOWN_N=dn.block_n, DOWN_UNROLL=kernels.one_down_unroll or dn.unroll, SPLIT=split, RES=residual is not None,
                   BLOCK_E=triton.next_power_of_2(n),
                   num_warps=gu.num_warps, enable_fp_fusion=False)  # act_quant's exact rounding needs it off
-    moe_one.launch(tensors, consts, n_tiles, per_sm, x.device)
+    moe_one.launch(tensors, consts, n_tiles, per_sm, x.device, phase)
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:

@@ -137,6 +137,7 @@ class Kernels:
     # model width (one_programs: $SPARKD_MOE_ONE_LAUNCH)
     one: int | None = None
     one_unroll: int = 4
+    one_down_unroll: int = 0  # the one launch's down groups a step (the same bits at any): 0, the down tile's
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
