@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran on commit ef502c7 (moe_one with its first spin, ld.acquire polling; the bench's --one rows).
 # Session 20, moe45 (H200, carry [".whl", ".xfer/moe45"], run from .xfer/moe45): the Q8_0 MoE decode layer in one
 # persistent launch (kernels/moe_one.py, Kernels.one; not yet a default) against the engine's two launches.
 #   1. bench/moe_tiles_bench.py at 2048x768 / 4096x1536 / 7168x2048 top-8 Q8_0: the default layer "all qx" (and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran on commit c71adb0 (moe_one and the bench's --one rows; taken out of the engine after this call: see docs/performance.md, session 20, moe45).
 # Session 20, moe45, second call (H200, carry [".whl", ".xfer/moe45"], run from .xfer/moe45): after the first call
 # (moe45_h200_s20_call.sh: the one launch 1.4-1.5x slower than the two launches, its bits the same at 4096/7168), why:
 #   1. bench/moe_tiles_bench.py at 4096x1536 / 2048x768 / 7168x2048 top-8 Q8_0: the default layer "all qx" (and again),
