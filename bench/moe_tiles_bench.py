@@ -44,10 +44,6 @@ persistent grid of N programs an SM (pN, vecpN), GGUF types only. Session 19 (mo
 twin with the next step's words loaded before this step's arithmetic; --pipe PER[@TILE],..., the Q8_0 layer and gate/up
 with moe_pipe's software-pipelined persistent gate/up, PER programs an SM (moe_tiles.Kernels.pipe; 0: the grid kernel,
 the "default" rows' before the pipe became the default at 4096), at the default gate/up tile or TILE (rows/warps/unroll/e).
-Session 20 (moe45): --one PER[/UNROLL[/DOWN_UNROLL]][@DOWN],..., the Q8_0 layer "all qx" as moe_one's single persistent
-launch (at most PER programs an SM, gate/up steps of UNROLL groups, down steps of DOWN_UNROLL, the down tile DOWN or the
-default's; an item given twice is timed
-twice: "#i" in its label); --one-phases, each such launch also with only its gate/up tiles and only its down tiles.
 """
 
 from __future__ import annotations
@@ -66,7 +62,7 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 import gemv_tiles_bench
 import moe_twin
-from sparkd.engine.kernels import act_quant, dispatch, moe, moe_one, moe_tiles, pdl
+from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, pdl
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
@@ -242,18 +238,6 @@ class Shape:
         sec = kb.graph_seconds(run, len(self.sets))
         return self.row("all qx", label, sec, 3 * self.shape[2] * self.matrix_bytes, copy_bw, err)
 
-    def one_phase(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float,
-                  phase: str) -> dict:
-        """moe_one's launch of the layer running only its gate/up tiles or only its down tiles (moe_one.launch's
-        phase), on the grid of the whole: each part's time inside the one launch."""
-        qx = act_quant.quantize(self.x[None], self.sets[0].gate_up.act_fmt)
-
-        def run(i):
-            moe._one(self.sets[i % len(self.sets)], self.x, self.w, self.y, "silu", gu, dn, None, qx, k, k.one, phase)
-        sec = kb.graph_seconds(run, len(self.sets))
-        nbytes = (2 if phase == "gate_up" else 1) * self.shape[2] * self.matrix_bytes
-        return self.row(f"one {phase} only", label, sec, nbytes, copy_bw, float("nan"))
-
     def twin_gate_up(self, label: str, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels, copy_bw: float,
                      vec: bool = False, persist: int = 0, ahead: bool = False) -> dict:
         """moe_twin.gate_up at gu's grid and steps (loads only; x quantized before); vec, persist, ahead: its 128-bit
@@ -382,22 +366,6 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
                 gemv_tiles_bench.print_rows(rows[-1:])
             except Exception as e:  # noqa: BLE001 - one device call measures everything it can
                 print(f"FAILED {qtype.name} {shape} pipe {item}: {type(e).__name__}: {e}", flush=True)
-    for n_item, item in enumerate(args.one if qtype == T.Q8_0 else ()):  # session 20: moe_one's single launch
-        per, _, text = item.partition("@")
-        per, _, unroll = per.partition("/")
-        unroll, _, down_unroll = unroll.partition("/")
-        dn = tile(text) if text else new[2]
-        k = dataclasses.replace(new[3], one=int(per), one_unroll=int(unroll or 4), one_down_unroll=int(down_unroll or 0))
-        try:
-            if not moe._one_ok(k.one, s.sets[0], k, new[1], dn):
-                raise ValueError(f"the tiles {kb.tag(new[1])}/{kb.tag(dn)} do not run as one launch")
-            done = len(rows)
-            rows.append(s.engine(f"default one {item} #{n_item}", new[1], dn, k, copy_bw))
-            for phase in moe_one.PHASES[1:] if args.one_phases else ():
-                rows.append(s.one_phase(f"default one {item} #{n_item}", new[1], dn, k, copy_bw, phase))
-            gemv_tiles_bench.print_rows(rows[done:])
-        except Exception as e:  # noqa: BLE001 - one device call measures everything it can
-            print(f"FAILED {qtype.name} {shape} one {item}: {type(e).__name__}: {e}", flush=True)
     for name in args.twin_loads if not isinstance(qtype, _Packed) else ():  # session 18: the twin's load width, grid
         vec, _, per_sm = name.partition("p")
         ahead = per_sm.endswith("f")  # session 19: the next step's words loaded ahead (vecp16f)
@@ -503,14 +471,7 @@ def main() -> None:
                     "(p16f, vecp16f): the next step's words loaded ahead")
     ap.add_argument("--pipe", default="", help="Q8_0: the default layer's rows with moe_pipe's gate/up, PER[@TILE] "
                     "(programs an SM: moe_tiles.Kernels.pipe; the gate/up tile), comma-separated")
-    ap.add_argument("--one-phases", action="store_true", help="--one: each item's gate/up tiles alone and down tiles "
-                    "alone in its launch too (moe_one.launch's phase)")
-    ap.add_argument("--one", default="", help="Q8_0: the default layer as moe_one's single launch, "
-                    "PER[/UNROLL[/DOWN_UNROLL]][@DOWN] (programs an SM at most: moe_tiles.Kernels.one; its gate/up's "
-                    "groups a step, default 4; its down's, default the tile's; the down tile, default the engine's), "
-                    "comma-separated; an item twice: timed twice")
     args = ap.parse_args()
-    args.one = [item for item in args.one.split(",") if item]
     args.pipe = [item for item in args.pipe.split(",") if item]
     args.twin_loads = [v for v in args.twin_loads.split(",") if v]
     args.variants = [v for v in args.variants.split(",") if v]

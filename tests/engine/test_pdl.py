@@ -24,8 +24,7 @@ KERNELS_DIR = Path(pdl.__file__).parent
 # the Triton kernels the decode step launches, each of which takes PDL (a new one belongs here)
 DECODE_KERNELS = {"_igemv_kernel", "_kgemv_kernel", "_gemv_kernel", "_igate_up_kernel", "_idown_kernel",
                   "_gate_up_kernel", "_down_kernel", "_rms_norm_rows", "_rope_kv", "_decode_attention", "_router_topk", "_gate_topk",
-                  "_quant_kernel", "gate_up_kernel",  # moe_pipe.gate_up_kernel (session 19)
-                  "layer_kernel"}  # moe_one.layer_kernel (session 20)
+                  "_quant_kernel", "gate_up_kernel"}  # moe_pipe.gate_up_kernel (session 19)
 
 
 # the only calls a kernel may make before pdl.start(PDL): its weights' L2 prefetch (pdl.prefetch_l2), no load

@@ -75,8 +75,6 @@ SWITCHES = [
            {UNSET: "auto", "auto": "auto", "start": "start", "loop": "loop"}, ("auto", "start", "loop")),
     Switch("SPARKD_MOE_PIPE", "sparkd.engine.kernels.moe_tiles", "m.PIPE", "on",
            {UNSET: "auto", "auto": "auto", "off": "off"}, ("auto", "off")),
-    Switch("SPARKD_MOE_ONE_LAUNCH", "sparkd.engine.kernels.moe_tiles", "m.ONE", "on",
-           {UNSET: "auto", "auto": "auto", "off": "off"}, ("auto", "off")),
     Switch("SPARKD_GEMV_SPLIT", "sparkd.engine.kernels.matmul", "m.SPLIT_RULE", "fast",
            {UNSET: "wave", "wave": "wave", "Old": "old"}, ("wave", "old")),
     Switch("SPARKD_GEMV_WHOLE_UNROLL", "sparkd.engine.kernels.matmul", "m.GEMV_TILES['Q4_K_TILED'].whole_unroll",

@@ -41,7 +41,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, moe_one, moe_pipe, pdl, q4_k, q4_k_tiled, q8_0_words
+from sparkd.engine.kernels import act_quant, dispatch, grids, moe_pipe, pdl, q4_k, q4_k_tiled, q8_0_words
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GROUPED_BLOCK_TS,
@@ -64,8 +64,7 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_launch_at_start, one_programs,
-                                             pipe_programs)
+from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start, pipe_programs
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -551,12 +550,8 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
     kernels = kernels or decode_kernels()
-    y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    per_sm = one_programs(D) if kernels.one is None else kernels.one
-    if _one_ok(per_sm, p, kernels, gate_up, down):  # session 20: one launch (moe_one)
-        _one(p, x, rw, y, act, gate_up, down, residual, qx, kernels, per_sm)
-        return y
     h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx, kernels)
+    y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     _down(p, h, rw, y, down, round_h, residual, kernels)
     return y
 
@@ -636,47 +631,6 @@ def _pipe_ok(per_sm: int, kernels: Kernels, cfg: GemvConfig, words: bool, rows: 
     (q8_0_words.idot_full, the elementwise tile, gate and up in one loop) where the grid kernel would run it."""
     return per_sm > 0 and words and kernels.full and kernels.pair and cfg.elementwise \
         and _full(rows, width, cfg) and cfg.unroll in (1, 2, 4)
-
-
-def _one_ok(per_sm: int, p: PreparedTable, kernels: Kernels, gu: GemvConfig, dn: GemvConfig) -> bool:
-    """Whether the layer runs as moe_one's single launch: per_sm > 0 (Kernels.one or the width's), Q8_0 words rows
-    in all three projections, h quantized in the launch, the gate/up step moe_pipe's (the unmasked elementwise words
-    step, one_unroll groups a step), the down the grid down's integer step with its ranges folded in the launch."""
-    D, F = p.table.dim, p.table.width
-    one_gu = replace(gu, unroll=kernels.one_unroll)
-    return per_sm > 0 and p.gate_up.qtype == p.down.qtype == Q8_0 and gu.fuse_quant and gu.block_n < 32 \
-        and 32 % gu.block_n == 0 and _pipe_ok(1, kernels, one_gu, _use_words(kernels, gu, p.gate_up_words), F, D) \
-        and _pipe_ok(1, kernels, dn, _use_words(kernels, dn, p.down_words), D, F) and not dn.atomic \
-        and (dn.split <= 1 or dn.fold == "kernel") and dn.num_warps == gu.num_warps == 1 \
-        and (F // 256) % (kernels.one_down_unroll or dn.unroll) == 0
-
-
-def _one(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, act: str, gu: GemvConfig,
-         dn: GemvConfig, residual: torch.Tensor | None, qx: act_quant.QuantX | None, kernels: Kernels,
-         per_sm: int, phase: str = "both") -> None:
-    """moe_decode's layer as moe_one.layer_kernel (where _one_ok): x quantized first unless qx; phase moe_one.launch's."""
-    n, D, F = p.count, p.table.dim, p.table.width
-    hq = act_quant.empty(n, F, p.down.act_fmt, x.device)
-    hblock = act_quant.BLOCKS[p.down.act_fmt]
-    split = max(1, min(dn.split, n))
-    n_tiles, row_tiles = n * F // gu.block_n, triton.cdiv(D, dn.block_n)
-    t = tickets(n * F // hblock + row_tiles, x.device)  # h's blocks', then the fold's: disjoint
-    q = act_quant.quantize(x[None], p.gate_up.act_fmt) if qx is None else qx
-    fam = int_args(p.down)
-    tensors = dict(gate_ptr=p.table.gate, up_ptr=p.table.up, down_ptr=p.table.down, gate_off=p.gate_off,
-                   up_off=p.up_off, down_off=p.down_off, xw_ptr=q.words, xd_ptr=q.scales, rw_ptr=rw, h_ptr=hq.words,
-                   hd_ptr=hq.scales, hs_ptr=hq.sums, hf_ptr=torch.empty(n, F, dtype=torch.float32, device=x.device),
-                   tickets_ptr=t, fold_ptr=t[n * F // hblock:], cnt_ptr=moe_one.counters(n, F // gu.block_n, x.device),
-                   y_ptr=y, part_ptr=torch.empty(split, D, dtype=torch.float32, device=x.device) if split > 1 else y,
-                   res_ptr=y if residual is None else residual, F=F, D=D, n=n, row_bytes=p.gate_up_row_bytes,
-                   down_row_bytes=p.down_row_bytes, n_tiles=n_tiles, **_ids(p))
-    consts = dict(OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, A1=fam["A1"], A2=fam["A2"], A3=fam["A3"],
-                  G=D // 256, UNROLL=kernels.one_unroll, BLOCK_N=gu.block_n, EMU=emulate(gu, x),
-                  ACT=ACT_CODES[act], HBLOCK=hblock, H8K=p.down.act_fmt == act_quant.Q8_K,
-                  DOWN_N=dn.block_n, DOWN_UNROLL=kernels.one_down_unroll or dn.unroll, SPLIT=split, RES=residual is not None,
-                  BLOCK_E=triton.next_power_of_2(n),
-                  num_warps=gu.num_warps, enable_fp_fusion=False)  # act_quant's exact rounding needs it off
-    moe_one.launch(tensors, consts, n_tiles, per_sm, x.device, phase)
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:

@@ -132,19 +132,13 @@ class Kernels:
     # programs an SM (the next loop step's weight words in flight during this step's dots); 0, the grid kernel;
     # None, by the model width (pipe_programs: $SPARKD_MOE_PIPE)
     pipe: int | None = None
-    # session 20 (moe45): > 0, the Q8_0 layer as moe_one's single persistent launch, at most this many programs an SM
-    # (fewer where fewer are resident), its gate/up in steps of one_unroll groups; 0, two launches; None, by the
-    # model width (one_programs: $SPARKD_MOE_ONE_LAUNCH)
-    one: int | None = None
-    one_unroll: int = 4
-    one_down_unroll: int = 0  # the one launch's down groups a step (the same bits at any): 0, the down tile's
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
-                      down_full=(), pipe=0, one=0)  # sessions 4 and 5
-S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0, one=0)  # session 6's first round (moe9)
-S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0, one=0)  # session 6's second round (moe10), the default until moe13
-S7_KERNELS = Kernels(down_full=(), pipe=0, one=0)  # session 7's (moe13), the default until session 8
+                      down_full=(), pipe=0)  # sessions 4 and 5
+S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0)  # session 6's first round (moe9)
+S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0)  # session 6's second round (moe10), the default until moe13
+S7_KERNELS = Kernels(down_full=(), pipe=0)  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
 # of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26); none of
@@ -191,7 +185,7 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new" (its pipe by width)."""
-    return {"new": Kernels(), "s14": Kernels(pipe=0, one=0), "s8": Kernels(pipe=0, one=0), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
+    return {"new": Kernels(), "s14": Kernels(pipe=0), "s8": Kernels(pipe=0), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
             "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
@@ -241,22 +235,3 @@ def pipe_programs(dim: int, tile: GemvConfig, which: str | None = None) -> int:
                                            f"is not one of {', '.join(PIPES)}")
     measured = PIPE_WIDTHS[0] <= dim < PIPE_WIDTHS[1] and tile.unroll == PIPE_UNROLL
     return PIPE_PROGRAMS if which == "auto" and measured else 0
-
-
-# Session 20 (moe45): the Q8_0 layer in one persistent launch (moe_one). Measured on the H200 against the two
-# launches: see docs/performance.md, session 20 (moe45). "off": two launches at every width (Kernels.one per call)
-ONE_ENV = "SPARKD_MOE_ONE_LAUNCH"
-ONES = ("auto", "off")
-ONE = switches.choice(ONE_ENV, ONES, "auto")  # read once
-ONE_WIDTHS = (0, 0)  # "auto": the model widths [from, below) that run it
-ONE_PROGRAMS = MAX_ONE_PROGRAMS = 32  # "auto": programs an SM at most (as many as are resident)
-
-
-def one_programs(dim: int, which: str | None = None) -> int:
-    """Programs an SM at most of the one-launch layer at model width dim (0: two launches): which "auto" or "off"
-    (ONES; default $SPARKD_MOE_ONE_LAUNCH)."""
-    which = which or ONE
-    if which not in ONES:
-        raise dispatch.KernelArgumentError(f"could not pick the MoE decode's launches: {which!r} (${ONE_ENV} or "
-                                           f"which) is not one of {', '.join(ONES)}")
-    return ONE_PROGRAMS if which == "auto" and ONE_WIDTHS[0] <= dim < ONE_WIDTHS[1] else 0

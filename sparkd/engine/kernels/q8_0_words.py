@@ -101,9 +101,8 @@ def words(w_ptr, row_off, g):
 
 
 @triton.jit
-def dot_words(w, head, xw_ptr, xd_ptr, g, acc, EMU: tl.constexpr, FMA: tl.constexpr = False):
-    """acc [BN, 8, 8] + group g's products of words(...)'s (w, head) with x (idot_full's EW sums). FMA: the last
-    product and add as one fma, the bits of a launch compiled with fp fusion (the down's) in one without."""
+def dot_words(w, head, xw_ptr, xd_ptr, g, acc, EMU: tl.constexpr):
+    """acc [BN, 8, 8] + group g's products of words(...)'s (w, head) with x (idot_full's EW sums)."""
     s = tl.arange(0, 8)[None, :, None]
     b = g * 8 + s
     lane = tl.arange(0, 8)[None, None, :]
@@ -118,8 +117,4 @@ def dot_words(w, head, xw_ptr, xd_ptr, g, acc, EMU: tl.constexpr, FMA: tl.conste
     isum = dp4a_add(head, xh, dp4a(w, xp, EMU), EMU)
     bits = tl.where(even, head, head >> 16) & 0xFFFF
     d = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    if FMA:
-        acc = tl.fma(isum.to(tl.float32), d * dx, acc)
-    else:
-        acc = acc + isum.to(tl.float32) * (d * dx)
-    return acc
+    return acc + isum.to(tl.float32) * (d * dx)
