@@ -159,14 +159,15 @@ def floor_rows(s: "Shape", copy_bw: float) -> list[dict]:
 def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
     Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
-    d: the down's groups a constant trip count where the shape allows, both types (moe14); no ":": the
-    default)."""
+    d: the down's groups a constant trip count where the shape allows, both types (moe14), a: the Q8_0 down's
+    next step loaded ahead (session 20, moe46: Kernels.down_ahead); no ":": the default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
-                             down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else ())
+                             down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else (),
+                             down_ahead="a" in flags)
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,
@@ -314,13 +315,16 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
 
 
 SETS = moe_tiles.TILE_SETS  # --sets
-VARIANTS = ("off", "late", "start", "again")  # --variants: (PDL mode, kernels) of the default layer's extra rows
+# --variants: (PDL mode, kernels) of the default layer's extra rows; session 20 (moe46): "ahead" / "behind", the Q8_0
+# down's next step loaded ahead or not (Kernels.down_ahead), so a list interleaves them (again,ahead,again,ahead)
+VARIANTS = ("off", "late", "start", "again", "ahead", "behind")
 
 
 def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels]:
     """A --variants name's PDL mode and kernels (k: the default's)."""
     at_start = {"late": False, "start": True}.get(name, k.down_at_start)
-    return ("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start)
+    ahead = {"ahead": True, "behind": False}.get(name, k.down_ahead)
+    return ("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start, down_ahead=ahead)
 
 
 def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe_tiles.Kernels]]:

@@ -132,17 +132,22 @@ class Kernels:
     # programs an SM (the next loop step's weight words in flight during this step's dots); 0, the grid kernel;
     # None, by the model width (pipe_programs: $SPARKD_MOE_PIPE)
     pipe: int | None = None
+    # session 20 (moe46): the Q8_0 words down's loop with the next step's weight words in flight during this step's
+    # dots (moe_down_ahead, in the grid kernel) where its step is the grid kernel's (moe._ahead_ok); None, by the
+    # model width (down_ahead: $SPARKD_MOE_DOWN_AHEAD)
+    down_ahead: bool | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
-                      down_full=(), pipe=0)  # sessions 4 and 5
-S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0)  # session 6's first round (moe9)
-S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0)  # session 6's second round (moe10), the default until moe13
-S7_KERNELS = Kernels(down_full=(), pipe=0)  # session 7's (moe13), the default until session 8
+                      down_full=(), pipe=0, down_ahead=False)  # sessions 4 and 5
+S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0,
+                     down_ahead=False)  # session 6's first round (moe9)
+S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0, down_ahead=False)  # session 6's second round, until moe13
+S7_KERNELS = Kernels(down_full=(), pipe=0, down_ahead=False)  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
 # of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26); none of
-# them runs session 19's pipe (pipe=0)
+# them runs session 19's pipe (pipe=0) or session 20's down ahead
 TILES_ENV = "SPARKD_MOE_TILES"
 TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
@@ -185,8 +190,8 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new" (its pipe by width)."""
-    return {"new": Kernels(), "s14": Kernels(pipe=0), "s8": Kernels(pipe=0), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
-            "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
+    return {"new": Kernels(), "s14": Kernels(pipe=0, down_ahead=False), "s8": Kernels(pipe=0, down_ahead=False),
+            "s6": S6_KERNELS, "s6r2": S6R2_KERNELS, "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
 # Session 13 (moe23, H200, bench/results/moe23_h200_s13*): under PDL the gate/up let the down launch at its start,
@@ -235,3 +240,21 @@ def pipe_programs(dim: int, tile: GemvConfig, which: str | None = None) -> int:
                                            f"is not one of {', '.join(PIPES)}")
     measured = PIPE_WIDTHS[0] <= dim < PIPE_WIDTHS[1] and tile.unroll == PIPE_UNROLL
     return PIPE_PROGRAMS if which == "auto" and measured else 0
+
+
+# Session 20 (moe46): the Q8_0 down's loop with the next step's words loaded before this step's dots (moe_down_ahead)
+# at the model widths [from, below); "off": the loop as before at every width. Not a default until measured.
+DOWN_AHEAD_ENV = "SPARKD_MOE_DOWN_AHEAD"
+DOWN_AHEADS = ("auto", "off")
+DOWN_AHEAD = switches.choice(DOWN_AHEAD_ENV, DOWN_AHEADS, "auto")  # read once
+DOWN_AHEAD_WIDTHS = (0, 0)  # "auto": the model widths [from, below) that run it
+
+
+def down_ahead(dim: int, which: str | None = None) -> bool:
+    """Whether the Q8_0 down's loop loads the next step's words ahead at model width dim: which "auto" or "off"
+    (DOWN_AHEADS; default $SPARKD_MOE_DOWN_AHEAD)."""
+    which = which or DOWN_AHEAD
+    if which not in DOWN_AHEADS:
+        raise dispatch.KernelArgumentError(f"could not pick the MoE down's loop: {which!r} (${DOWN_AHEAD_ENV} or "
+                                           f"which) is not one of {', '.join(DOWN_AHEADS)}")
+    return which == "auto" and DOWN_AHEAD_WIDTHS[0] <= dim < DOWN_AHEAD_WIDTHS[1]
