@@ -47,28 +47,26 @@ def test_the_down_ahead_switches_off():
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
 @pytest.mark.parametrize("backend", CASES)
 def test_the_down_ahead_gives_the_grid_kernels_bits(backend):
-    """The tiles it takes (ranges folded in the launch, one range, an empty range, steps of 1 to 3 groups), with and
-    without the residual: y's bits as the grid kernel's."""
-    shapes = [(32, 768, 5)] if backend == "cpu" else [(4096, 1536, 8), (7168, 2048, 8), (2048, 768, 8)]
-    for dim, width, n in shapes:
+    """The tiles it takes (ranges folded in the launch, one range, an empty range, steps of 1 to 3 groups, 1 or 2
+    warps), with and without the residual: y's bits as the grid kernel's."""
+    # (rows, unroll, split, warps) by (dim, width, n); the interpreter: 5 experts in 4 ranges of 2, the last empty
+    cases = {(32, 768, 5): [(2, 1, 4, 1), (2, 3, 1, 1)]} if backend == "cpu" else {
+        (4096, 1536, 8): [(2, 2, 2, 1), (4, 2, 2, 1), (4, 2, 2, 2), (2, 2, 2, 2), (2, 3, 2, 1)],
+        (7168, 2048, 8): [(2, 2, 2, 1)], (2048, 768, 8): [(2, 3, 2, 1)]}
+    on, off = moe_tiles.Kernels(down_ahead=True), moe_tiles.Kernels(down_ahead=False)
+    for (dim, width, n), downs in cases.items():
         table = arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)[0]
         p = moe.prepare(table, backend)
         w, res = torch.rand(n, device=backend), torch.randn(dim, device=backend)
         h = torch.randn(n, width, device=backend)  # quantized by the down's call as the engine's h
-        # (the interpreter: 5 experts in 4 ranges of 2: the last range empty)
-        downs = [(2, 1, 4), (2, 3, 1)] if backend == "cpu" else [(2, 2, 2), (2, 3, 2), (4, 2, 2), (2, 1, 8)]
-        for rows, unroll, split in downs:
-            if (width // 256) % unroll:
-                continue
-            for warps in (1, 2) if backend == "cuda" else (1,):
-                dn = GemvConfig(block_n=rows, num_warps=warps, unroll=unroll, elementwise=True, split=split)
-                on, off = moe_tiles.Kernels(down_ahead=True), moe_tiles.Kernels(down_ahead=False)
-                assert moe._ahead_ok(True, on, dn, p.down_words, dim, width), (dim, dn)
-                for r in (None, res):
-                    base, y = torch.empty(dim, device=backend), torch.empty(dim, device=backend)
-                    moe._down(p, h, w, base, dn, None, r, off)
-                    moe._down(p, h, w, y.fill_(float("nan")), dn, None, r, on)
-                    assert _bits(y, base), (dim, dn, r is None)
+        for i, (rows, unroll, split, warps) in enumerate(downs):
+            dn = GemvConfig(block_n=rows, num_warps=warps, unroll=unroll, elementwise=True, split=split)
+            assert moe._ahead_ok(True, on, dn, p.down_words, dim, width), (dim, dn)
+            for r in (None, res) if i == 0 else (None,):  # the residual at the first tile of a shape
+                base, y = torch.empty(dim, device=backend), torch.empty(dim, device=backend)
+                moe._down(p, h, w, base, dn, None, r, off)
+                moe._down(p, h, w, y.fill_(float("nan")), dn, None, r, on)
+                assert _bits(y, base), (dim, dn, r is None)
 
 
 def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:
