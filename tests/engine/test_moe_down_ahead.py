@@ -37,11 +37,28 @@ def test_the_down_ahead_runs_only_where_the_words_step_is_unmasked_and_elementwi
 
 
 def test_the_down_ahead_switches_off():
-    assert moe_tiles.decode_kernels("new").down_ahead is None  # by width
+    assert moe_tiles.decode_kernels("new").down_ahead is None  # by width (down_ahead)
     assert all(moe_tiles.decode_kernels(w).down_ahead is False for w in moe_tiles.TILE_SETS if w != "new")
     assert not any(moe_tiles.down_ahead(d, "off") for d in (2048, 4096, 7168))
     with pytest.raises(moe.dispatch.KernelArgumentError, match="SPARKD_MOE_DOWN_AHEAD"):
         moe_tiles.down_ahead(4096, "on")
+
+
+def test_the_q8_0_down_loads_ahead_from_width_2048_below_4096_and_switches_back(monkeypatch):
+    """Session 20: "auto" at model widths 2048-4095 where an expert's row is whole 3-group steps, on the tile
+    Q8_0_DOWN_AHEAD (where it won on the H200); elsewhere, with "off" and in the older tile sets session 19's tile."""
+    def tables(dim, width):
+        return moe.prepare(arena_table(T.Q8_0, T.Q8_0, dim, width, 1, "cpu")[0], "cpu")
+    assert [moe_tiles.down_ahead(d) for d in (1024, 2048, 3072, 4096, 7168)] == [False, True, True, False, False]
+    p, s14 = tables(2048, 768), moe_tiles.decode_tiles(tables(2048, 768), "s14")
+    assert moe_tiles.ahead_tile_fits(p) and moe_tiles.decode_tiles(p) == (s14[0], moe_tiles.Q8_0_DOWN_AHEAD)
+    assert moe._ahead_ok(True, moe_tiles.Kernels(), moe_tiles.Q8_0_DOWN_AHEAD, p.down_words, 2048, 768)
+    for dim, width in ((1024, 768), (2048, 512), (4096, 768)):  # below, not whole steps, above
+        q = tables(dim, width)
+        assert not moe_tiles.ahead_tile_fits(q) and moe_tiles.decode_tiles(q)[1] == moe_tiles.decode_tiles(q, "s14")[1]
+    assert not moe_tiles.ahead_tile_fits(p, "off")
+    monkeypatch.setattr(moe_tiles, "DOWN_AHEAD", "off")
+    assert moe_tiles.decode_tiles(p) == s14 and not moe_tiles.down_ahead(2048)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large

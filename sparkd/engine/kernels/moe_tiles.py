@@ -155,7 +155,7 @@ TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
     """The default (gate/up, down) tiles for the table's families and shape: which "new" (DECODE_TILES,
-    WIDTH_TIERS), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES,
+    WIDTH_TIERS; a Q8_0 down Q8_0_DOWN_AHEAD where ahead_tile_fits), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES,
     S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at every shape);
     default $SPARKD_MOE_TILES."""
     which = which or TILES
@@ -175,8 +175,10 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
     gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
     tiles, tiers = {"new": (DECODE_TILES, WIDTH_TIERS), "s14": (DECODE_TILES, S14_WIDTH_TIERS)}.get(
         which, (S8_DECODE_TILES, S8_WIDTH_TIERS))
-    return (_tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]),
-            _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1]))
+    down = _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1])
+    if which == "new" and d_name == "Q8_0" and ahead_tile_fits(p):  # session 20: the down's loads ahead
+        down = Q8_0_DOWN_AHEAD
+    return _tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]), down
 
 
 def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
@@ -242,12 +244,18 @@ def pipe_programs(dim: int, tile: GemvConfig, which: str | None = None) -> int:
     return PIPE_PROGRAMS if which == "auto" and measured else 0
 
 
-# Session 20 (moe46): the Q8_0 down's loop with the next step's words loaded before this step's dots (moe_down_ahead)
-# at the model widths [from, below); "off": the loop as before at every width. Not a default until measured.
+# Session 20 (moe46, H200, bench/results/moe46_h200_s20_*): the Q8_0 down's loop with the next step's words loaded
+# before this step's dots (moe_down_ahead, in the grid kernel). At model widths 2048-4095, where an expert's row is
+# whole 3-group steps, on the tile 2/1/3/e/2 (one step an expert: the next expert's row in flight during this one's
+# dots; two ranges of 4): 2048x768 top-8 layer after the norm ("all qx") 20.9-21.2 -> 19.3-19.5 us (-7 to -8.5 %, two
+# calls, each interleaved), its down alone 10.1-10.3 -> 9.3; the same tile without the loads ahead 20.9 (the old tile's
+# time). At 4096x1536 (the engine's 2/1/2/e/2) -2.0 % and -0.8 % in two processes, at 7168x2048 -1.9 % (one): under
+# the bar, the loop as before there. "off": the loop as before and session 19's down tile at every width.
 DOWN_AHEAD_ENV = "SPARKD_MOE_DOWN_AHEAD"
 DOWN_AHEADS = ("auto", "off")
 DOWN_AHEAD = switches.choice(DOWN_AHEAD_ENV, DOWN_AHEADS, "auto")  # read once
-DOWN_AHEAD_WIDTHS = (0, 0)  # "auto": the model widths [from, below) that run it
+DOWN_AHEAD_WIDTHS = (2048, 4096)  # "auto": the model widths [from, below) that run it
+Q8_0_DOWN_AHEAD = GemvConfig(block_n=2, num_warps=1, unroll=3, elementwise=True, split=2)
 
 
 def down_ahead(dim: int, which: str | None = None) -> bool:
@@ -258,3 +266,9 @@ def down_ahead(dim: int, which: str | None = None) -> bool:
         raise dispatch.KernelArgumentError(f"could not pick the MoE down's loop: {which!r} (${DOWN_AHEAD_ENV} or "
                                            f"which) is not one of {', '.join(DOWN_AHEADS)}")
     return which == "auto" and DOWN_AHEAD_WIDTHS[0] <= dim < DOWN_AHEAD_WIDTHS[1]
+
+
+def ahead_tile_fits(p: PreparedTable, which: str | None = None) -> bool:
+    """Whether the "new" tiles give a Q8_0 down Q8_0_DOWN_AHEAD (its loop loading ahead): down_ahead at the model width
+    (which: DOWN_AHEADS), rows on 32-bit words (the words step) and an expert's row whole steps of the tile."""
+    return p.down_words and p.table.width % (256 * Q8_0_DOWN_AHEAD.unroll) == 0 and down_ahead(p.table.dim, which)
