@@ -5,7 +5,10 @@ Why: the grid down (moe._idown_kernel, one program a (row tile, expert range), 3
 each step as load, wait, dots: a program's 12 steps at 4096x1536 top-8 are 12 round trips to memory with the dots
 between them in the chain. moe44 (session 19) found that the next step's words loaded before this step's dots won
 3.5 % on the down alone at one tile a program, inside a persistent kernel whose other machinery lost; this is that
-loop in the grid kernel itself, one program's experts of its range one after another as before.
+loop in the grid kernel itself, one program's experts of its range one after another as before. The engine runs it
+by width (moe_tiles.down_ahead, ahead_tile_fits): on the H200 it won at 2048x768 on the tile 2/1/3/e/2 (one step an
+expert: the next expert's row in flight during this one's dots; layer -7 to -8.5 %), and stayed under the bar at 4096
+(2/1/2/e/2: -2.0 % and -0.8 % in two processes) and 7168 (-1.9 %): docs/performance.md, session 20.
 
 One flat loop over (expert of the range, step of UNROLL groups): each iteration loads the next step's words
 (q8_0_words.words; the next expert's first where this step is an expert's last), then this step's dots

@@ -1,7 +1,8 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
 against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, new); where the gate/up lets the
-down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13)."""
+down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13); the Q8_0 gate/up's persistent kernel by width
+($SPARKD_MOE_PIPE, session 19) and the Q8_0 down's loads ahead and its tile by width ($SPARKD_MOE_DOWN_AHEAD, session 20)."""
 
 from __future__ import annotations
 
