@@ -41,7 +41,8 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, moe_down_ahead, moe_pipe, pdl, q4_k, q4_k_tiled, q8_0_words
+from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, pdl, q4_k, q4_k_tiled,
+                                   q8_0_words)
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GROUPED_BLOCK_TS,

@@ -2,7 +2,8 @@
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
 against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, new); where the gate/up lets the
 down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13); the Q8_0 gate/up's persistent kernel by width
-($SPARKD_MOE_PIPE, session 19) and the Q8_0 down's loads ahead and its tile by width ($SPARKD_MOE_DOWN_AHEAD, session 20)."""
+($SPARKD_MOE_PIPE, session 19) and the Q8_0 down's loads ahead and its tile by width ($SPARKD_MOE_DOWN_AHEAD,
+session 20)."""
 
 from __future__ import annotations
 
@@ -156,9 +157,9 @@ TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
     """The default (gate/up, down) tiles for the table's families and shape: which "new" (DECODE_TILES,
-    WIDTH_TIERS; a Q8_0 down Q8_0_DOWN_AHEAD where ahead_tile_fits), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES,
-    S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at every shape);
-    default $SPARKD_MOE_TILES."""
+    WIDTH_TIERS; a Q8_0 down Q8_0_DOWN_AHEAD where ahead_tile_fits), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "s8",
+    "s7", "s6r2" and "s6" (S8_DECODE_TILES, S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's),
+    "old" (session 4's at every shape); default $SPARKD_MOE_TILES."""
     which = which or TILES
     if which not in TILE_SETS:
         raise dispatch.KernelArgumentError(f"could not pick the MoE decode tiles: {which!r} (${TILES_ENV} or "
