@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 20, moe46 (H200, carry [".whl", ".xfer/moe46"], run from .xfer/moe46; ran on 1216a41): the Q8_0 MoE down's loop with the
-# next step's words loaded before this step's dots (moe_down_ahead; Kernels.down_ahead, not yet a default).
+# Session 20, moe46 (H200, carry [".whl", ".xfer/moe46"], run from .xfer/moe46; ran on 1216a41): the Q8_0 MoE down's
+# loop with the next step's words loaded before this step's dots (moe_down_ahead; Kernels.down_ahead, not yet a default).
 #   1. moe_tiles_bench at 4096x1536 top-8 Q8_0: the engine's layer ("default"), then variants again / ahead
 #      interleaved (the engine's 2/1/2/e/2 down with and without the loads ahead), --floor, then the down tiles with
 #      the loads ahead (flag a): the engine's, 4 rows, 2-warp programs (2 and 4 rows), 3-group steps; each alone,
