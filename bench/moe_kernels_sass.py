@@ -12,6 +12,8 @@ Session 14 (moe25): "outside", the static instruction count outside that loop (t
 gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
 down's with its fold) compiled the same way. Session 19 (moe42): --pipe, the Q8_0 gate/up tiles as moe_pipe's
 software-pipelined persistent kernel too (kind "pipe", a loop step the tile's unroll), at `--groups` groups a row.
+Session 20 (moe46): a Q8_0 down tile's flag a (2/1/2/e/2:wpvVfa), its loop with the next step's words loaded ahead
+(moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row.
 """
 
 from __future__ import annotations
@@ -96,9 +98,10 @@ def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = F
                       DOWN_AT_START=True, **common)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
+        ahead = moe._ahead_ok(bool(k.down_ahead), k, cfg, k.words and qtype == T.Q8_0, 4096, groups * 256)
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
-                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if qtype.name in k.down_full else 0, TILED=tiled,
-                      **common)
+                      XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if ahead or qtype.name in k.down_full else 0,
+                      TILED=tiled, AHEAD=ahead, **common)
         binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
     return line(qtype.name, kind, text, binary, cfg.num_warps, show_order)
 

@@ -35,7 +35,9 @@ candidate is also timed as the whole layer the engine runs ("all qx"): a launch 
 layer faster (the two launches overlap by PDL as they may). Session 13 (moe23): --variants off,late,start,again
 times the default tiles' "all qx" layer also with PDL off (every launch), with the down let launch only after
 the gate/up's loop (moe_tiles.Kernels.down_at_start False) or at its start (True; the default by width:
-moe_tiles.down_launch_at_start), and the default once more (the drift between). Session 17 (moe39): --floor,
+moe_tiles.down_launch_at_start), and the default once more (the drift between); session 20 (moe46): ahead / behind,
+the Q8_0 down's loop with the next step's words loaded ahead or not (Kernels.down_ahead), NAME@TILE at down tile
+TILE, in the order given (again,ahead,again,ahead interleaves them), and a down tile's flag a the same. Session 17 (moe39): --floor,
 "floor" rows per shape and type (floor_rows): the layer's bytes as one copy, as the gate/up's then the down's in
 two copies (torch's, and a Triton copy with and without PDL), and a line "floor:" of each "all qx" layer's time
 against the pairs (the fraction of the floor the layer reaches). Session 18 (moe41): --twin-loads, the default
@@ -159,14 +161,15 @@ def floor_rows(s: "Shape", copy_bw: float) -> list[dict]:
 def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
     Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
-    d: the down's groups a constant trip count where the shape allows, both types (moe14); no ":": the
-    default)."""
+    d: the down's groups a constant trip count where the shape allows, both types (moe14), a: the Q8_0 down's
+    next step loaded ahead (session 20, moe46: Kernels.down_ahead); no ":": the default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
-                             down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else ())
+                             down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else (),
+                             down_ahead="a" in flags)
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,
@@ -314,13 +317,19 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
 
 
 SETS = moe_tiles.TILE_SETS  # --sets
-VARIANTS = ("off", "late", "start", "again")  # --variants: (PDL mode, kernels) of the default layer's extra rows
+# --variants: (PDL mode, kernels) of the default layer's extra rows; session 20 (moe46): "ahead" / "behind", the Q8_0
+# down's next step loaded ahead or not (Kernels.down_ahead), so a list interleaves them (again,ahead,again,ahead), and
+# NAME@TILE, the variant at down tile TILE (ahead@4/1/2/e/2)
+VARIANTS = ("off", "late", "start", "again", "ahead", "behind")
 
 
-def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels]:
-    """A --variants name's PDL mode and kernels (k: the default's)."""
+def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels, GemvConfig | None]:
+    """A --variants name's PDL mode, kernels (k: the default's) and down tile (None: the default's)."""
+    name, _, text = name.partition("@")
     at_start = {"late": False, "start": True}.get(name, k.down_at_start)
-    return ("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start)
+    ahead = {"ahead": True, "behind": False}.get(name, k.down_ahead)
+    return (("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start, down_ahead=ahead),
+            tile(text) if text else None)
 
 
 def baselines(p: moe.PreparedTable) -> list[tuple[str, GemvConfig, GemvConfig, moe_tiles.Kernels]]:
@@ -351,9 +360,10 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
         flush=True)
     new = sets[-1]
     for name in args.variants:
-        mode, k = variant(name, new[3])
+        mode, k, dn = variant(name, new[3])
         with pdl.using(mode):
-            rows.append(s.engine(f"default {name}", new[1], new[2], k, copy_bw))
+            rows.append(s.engine(f"default {name}", new[1], dn or new[2], k, copy_bw))
+            gemv_tiles_bench.print_rows(rows[-1:])
     if args.floor:
         rows += floor_rows(s, copy_bw)
     for item in args.pipe if qtype == T.Q8_0 else ():  # session 19: moe_pipe's gate/up (Kernels.pipe)
@@ -418,11 +428,11 @@ def warm(job: tuple[str, tuple[int, int, int], list[str], list[str], tuple[str, 
     if "s5" in SETS:
         pairs += [(sets[1][1], moe_tiles.S5_LARGE_DOWN_TILES[gguf.name][1], moe_tiles.OLD_KERNELS)]
     failed = []
-    for mode, kk in {variant(v, k) for v in variants}:  # the variants' specializations, every width's tiles
+    for mode, kk, vdn in {variant(v, k) for v in variants}:  # the variants' specializations, every width's tiles
         for gu, dn, _ in [(*base, k)] + wide:
             try:
                 with pdl.using(mode):
-                    s.call(0, gu, dn, kk)
+                    s.call(0, gu, vdn or dn, kk)
             except Exception as e:  # noqa: BLE001 - the timed run reports it again
                 failed.append(f"{mode} {kb.tag(gu)}/{kb.tag(dn)}: {type(e).__name__}")
     qx = act_quant.quantize(s.x[None], s.sets[0].gate_up.act_fmt)
@@ -475,7 +485,7 @@ def main() -> None:
     args.pipe = [item for item in args.pipe.split(",") if item]
     args.twin_loads = [v for v in args.twin_loads.split(",") if v]
     args.variants = [v for v in args.variants.split(",") if v]
-    if set(args.variants) - set(VARIANTS):
+    if {v.partition("@")[0] for v in args.variants} - set(VARIANTS):
         ap.error(f"--variants: one of {', '.join(VARIANTS)}")
     global SETS
     SETS = tuple(args.sets.split(",")) + ("new",)

@@ -51,7 +51,9 @@ def on_16(table: moe.ExpertTable) -> moe.ExpertTable:
 
 def _downs(p, q, w, dim, tile, backend):
     ys = [torch.empty(dim, device=backend) for _ in range(2)]
-    for y, k in zip(ys, (moe_tiles.Kernels(down_full=("Q8_0", "Q4_K")), moe_tiles.Kernels(down_full=()))):
+    # (session 20's loads ahead off: at 2048 wide it would take both Q8_0 elementwise downs)
+    for y, k in zip(ys, (moe_tiles.Kernels(down_full=("Q8_0", "Q4_K"), down_ahead=False),
+                         moe_tiles.Kernels(down_full=(), down_ahead=False))):
         moe._down(p, q, w, y, tile, None, None, k)
     return ys
 

@@ -41,7 +41,8 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, grids, moe_pipe, pdl, q4_k, q4_k_tiled, q8_0_words
+from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, pdl, q4_k, q4_k_tiled,
+                                   q8_0_words)
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GROUPED_BLOCK_TS,
@@ -64,7 +65,8 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import Kernels, decode_kernels, decode_tiles, down_launch_at_start, pipe_programs
+from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
+                                             pipe_programs)
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -295,31 +297,38 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
-                  NG: tl.constexpr = 0, TILED: tl.constexpr = False, PDL: tl.constexpr = False):
+                  NG: tl.constexpr = 0, TILED: tl.constexpr = False, AHEAD: tl.constexpr = False,
+                  PDL: tl.constexpr = False):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
     on a mask that is true everywhere (_row_idot_full). TILED (the down in a row-tile layout, q4_k_tiled's):
-    the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel."""
+    the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel.
+    AHEAD (Kernels.down_ahead, _ahead_ok; NG the row's groups): the Q8_0 words step's loop with the next step's
+    words in flight during this step's dots (moe_down_ahead), the same bits."""
     pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
     first, last = _experts(n, SPLIT)
-    acc = tl.zeros((BLOCK_N,), tl.float32)
-    for a in range(first, last):
-        e_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN)
-        if TILED:
-            w_ptr, w_off = down_ptr + e_off, rb
-        else:
-            w_ptr, w_off = down_ptr, e_off + rb
-        if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks
-            part = _row_idot_full(w_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                                  hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, A3, NG, UNROLL, EW, EMU)
-        else:
-            part = row_idot(w_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
-                            hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
-        acc += part * tl.load(rw_ptr + a)
+    if AHEAD:
+        acc = moe_down_ahead.range_sums(down_ptr, down_off, ids_ptr, rb, hw_ptr, hd_ptr, rw_ptr, first, last, F, IDS,
+                                        _aligned_offset, A1, A2, A3, NG, UNROLL, XBLOCK, EMU)
+    else:
+        acc = tl.zeros((BLOCK_N,), tl.float32)
+        for a in range(first, last):
+            e_off = _aligned_offset(down_off, ids_ptr, a, IDS, ALIGN)
+            if TILED:
+                w_ptr, w_off = down_ptr + e_off, rb
+            else:
+                w_ptr, w_off = down_ptr, e_off + rb
+            if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks
+                part = _row_idot_full(w_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                                      hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, A3, NG, UNROLL, EW, EMU)
+            else:
+                part = row_idot(w_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                                hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
+            acc += part * tl.load(rw_ptr + a)
     _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
@@ -633,6 +642,12 @@ def _pipe_ok(per_sm: int, kernels: Kernels, cfg: GemvConfig, words: bool, rows: 
         and _full(rows, width, cfg) and cfg.unroll in (1, 2, 4)
 
 
+def _ahead_ok(on: bool, kernels: Kernels, cfg: GemvConfig, words: bool, rows: int, width: int) -> bool:
+    """Whether the down runs moe_down_ahead's loop: on (Kernels.down_ahead or the width's), and its one step
+    (q8_0_words.idot_full, the elementwise tile) where the grid kernel would run it, in steps of 1 to 4 groups."""
+    return on and words and kernels.full and cfg.elementwise and _full(rows, width, cfg) and cfg.unroll in (1, 2, 3, 4)
+
+
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
     """q8_0_words for these rows: not under Triton's pipeliner (cfg.stages), which stages every
     load in shared memory, and words' scale and x loads in the weights' shape overflow it at wide
@@ -696,13 +711,15 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                   num_warps=cfg.num_warps, **_ids(p))
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
+        words = _use_words(kernels, cfg, p.down_words)
+        ahead = _ahead_ok(down_ahead(D) if kernels.down_ahead is None else kernels.down_ahead, kernels, cfg, words,
+                          D, F)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
-                            **_int_args(p.down, _use_words(kernels, cfg, p.down_words),
-                                        _use_vec(kernels.q4k_vec_down, p.down_vec),
+                            **_int_args(p.down, words, _use_vec(kernels.q4k_vec_down, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
-                            NG=F // 256 if p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
-                            TILED=p.down.row_tile > 1, **common, **pdl.launch(y.device))
+                            NG=F // 256 if ahead or p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
+                            TILED=p.down.row_tile > 1, AHEAD=ahead, **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()

@@ -1,7 +1,9 @@
 """The MoE decode launches' tiles and kernel variants by quant type and model width (kernels/moe.py
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
 against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, new); where the gate/up lets the
-down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13)."""
+down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13); the Q8_0 gate/up's persistent kernel by width
+($SPARKD_MOE_PIPE, session 19) and the Q8_0 down's loads ahead and its tile by width ($SPARKD_MOE_DOWN_AHEAD,
+session 20)."""
 
 from __future__ import annotations
 
@@ -132,17 +134,22 @@ class Kernels:
     # programs an SM (the next loop step's weight words in flight during this step's dots); 0, the grid kernel;
     # None, by the model width (pipe_programs: $SPARKD_MOE_PIPE)
     pipe: int | None = None
+    # session 20 (moe46): the Q8_0 words down's loop with the next step's weight words in flight during this step's
+    # dots (moe_down_ahead, in the grid kernel) where its step is the grid kernel's (moe._ahead_ok); None, by the
+    # model width (down_ahead: $SPARKD_MOE_DOWN_AHEAD)
+    down_ahead: bool | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
-                      down_full=(), pipe=0)  # sessions 4 and 5
-S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0)  # session 6's first round (moe9)
-S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0)  # session 6's second round (moe10), the default until moe13
-S7_KERNELS = Kernels(down_full=(), pipe=0)  # session 7's (moe13), the default until session 8
+                      down_full=(), pipe=0, down_ahead=False)  # sessions 4 and 5
+S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0,
+                     down_ahead=False)  # session 6's first round (moe9)
+S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0, down_ahead=False)  # session 6's second round, until moe13
+S7_KERNELS = Kernels(down_full=(), pipe=0, down_ahead=False)  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
 # of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26); none of
-# them runs session 19's pipe (pipe=0)
+# them runs session 19's pipe (pipe=0) or session 20's down ahead
 TILES_ENV = "SPARKD_MOE_TILES"
 TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
@@ -150,9 +157,9 @@ TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
 
 def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig, GemvConfig]:
     """The default (gate/up, down) tiles for the table's families and shape: which "new" (DECODE_TILES,
-    WIDTH_TIERS), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "s8", "s7", "s6r2" and "s6" (S8_DECODE_TILES,
-    S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's), "old" (session 4's at every shape);
-    default $SPARKD_MOE_TILES."""
+    WIDTH_TIERS; a Q8_0 down Q8_0_DOWN_AHEAD where ahead_tile_fits), "s14" (DECODE_TILES, S14_WIDTH_TIERS), "s8",
+    "s7", "s6r2" and "s6" (S8_DECODE_TILES, S8_WIDTH_TIERS; they differ in decode_kernels), "s5" (session 5's),
+    "old" (session 4's at every shape); default $SPARKD_MOE_TILES."""
     which = which or TILES
     if which not in TILE_SETS:
         raise dispatch.KernelArgumentError(f"could not pick the MoE decode tiles: {which!r} (${TILES_ENV} or "
@@ -170,8 +177,10 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
     gu_name, d_name = p.gate_up.qtype.name, p.down.qtype.name
     tiles, tiers = {"new": (DECODE_TILES, WIDTH_TIERS), "s14": (DECODE_TILES, S14_WIDTH_TIERS)}.get(
         which, (S8_DECODE_TILES, S8_WIDTH_TIERS))
-    return (_tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]),
-            _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1]))
+    down = _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1])
+    if which == "new" and d_name == "Q8_0" and ahead_tile_fits(p):  # session 20: the down's loads ahead
+        down = Q8_0_DOWN_AHEAD
+    return _tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]), down
 
 
 def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvConfig:
@@ -185,8 +194,8 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new" (its pipe by width)."""
-    return {"new": Kernels(), "s14": Kernels(pipe=0), "s8": Kernels(pipe=0), "s6": S6_KERNELS, "s6r2": S6R2_KERNELS,
-            "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
+    return {"new": Kernels(), "s14": Kernels(pipe=0, down_ahead=False), "s8": Kernels(pipe=0, down_ahead=False),
+            "s6": S6_KERNELS, "s6r2": S6R2_KERNELS, "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
 # Session 13 (moe23, H200, bench/results/moe23_h200_s13*): under PDL the gate/up let the down launch at its start,
@@ -235,3 +244,33 @@ def pipe_programs(dim: int, tile: GemvConfig, which: str | None = None) -> int:
                                            f"is not one of {', '.join(PIPES)}")
     measured = PIPE_WIDTHS[0] <= dim < PIPE_WIDTHS[1] and tile.unroll == PIPE_UNROLL
     return PIPE_PROGRAMS if which == "auto" and measured else 0
+
+
+# Session 20 (moe46, H200, bench/results/moe46_h200_s20_*): the Q8_0 down's loop with the next step's words loaded
+# before this step's dots (moe_down_ahead, in the grid kernel). At model widths 2048-4095, where an expert's row is
+# whole 3-group steps, on the tile 2/1/3/e/2 (one step an expert: the next expert's row in flight during this one's
+# dots; two ranges of 4): 2048x768 top-8 layer after the norm ("all qx") 20.9-21.2 -> 19.3-19.5 us (-7 to -8.5 %, two
+# calls, each interleaved), its down alone 10.1-10.3 -> 9.3; the same tile without the loads ahead 20.9 (the old tile's
+# time). At 4096x1536 (the engine's 2/1/2/e/2) -2.0 % and -0.8 % in two processes, at 7168x2048 -1.9 % (one): under
+# the bar, the loop as before there. "off": the loop as before and session 19's down tile at every width.
+DOWN_AHEAD_ENV = "SPARKD_MOE_DOWN_AHEAD"
+DOWN_AHEADS = ("auto", "off")
+DOWN_AHEAD = switches.choice(DOWN_AHEAD_ENV, DOWN_AHEADS, "auto")  # read once
+DOWN_AHEAD_WIDTHS = (2048, 4096)  # "auto": the model widths [from, below) that run it
+Q8_0_DOWN_AHEAD = GemvConfig(block_n=2, num_warps=1, unroll=3, elementwise=True, split=2)
+
+
+def down_ahead(dim: int, which: str | None = None) -> bool:
+    """Whether the Q8_0 down's loop loads the next step's words ahead at model width dim: which "auto" or "off"
+    (DOWN_AHEADS; default $SPARKD_MOE_DOWN_AHEAD)."""
+    which = which or DOWN_AHEAD
+    if which not in DOWN_AHEADS:
+        raise dispatch.KernelArgumentError(f"could not pick the MoE down's loop: {which!r} (${DOWN_AHEAD_ENV} or "
+                                           f"which) is not one of {', '.join(DOWN_AHEADS)}")
+    return which == "auto" and DOWN_AHEAD_WIDTHS[0] <= dim < DOWN_AHEAD_WIDTHS[1]
+
+
+def ahead_tile_fits(p: PreparedTable, which: str | None = None) -> bool:
+    """Whether the "new" tiles give a Q8_0 down Q8_0_DOWN_AHEAD (its loop loading ahead): down_ahead at the model width
+    (which: DOWN_AHEADS), rows on 32-bit words (the words step) and an expert's row whole steps of the tile."""
+    return p.down_words and p.table.width % (256 * Q8_0_DOWN_AHEAD.unroll) == 0 and down_ahead(p.table.dim, which)
