@@ -3,7 +3,8 @@
 # software-pipelined persistent Q8_0 gate/up at 4096x1536 top-8 (moe_tiles.Kernels.pipe_form, the same h and y bits):
 # FORM 1 the tile's steps unrolled inside a loop over tiles (the tile's end outside the steps' code), 2 the h block
 # tickets (fence, atomic round trip) after the program's last tile instead of in the loop, 3 both; 0 moe42's.
-#   1. moe_tiles_bench.py: the engine's layer (and again), then the pipe's forms 0-3 at 16 an SM, twice, interleaved.
+#   1. moe_tiles_bench.py: the engine's layer (and again), then the pipe's forms 0-3 at 16 an SM, twice, interleaved
+#      ($FORMS: the --pipe items; the second call: FORMS=16,16f2,16,16f2).
 #   2. the best form of step 1 against form 0 in a process of its own (0, W, 0, W).
 #   3. GPU tests: test_moe_pipe.py (the forms' bits at 2048 / 4096 / 7168), the fused and reference MoE tests.
 set -u
@@ -14,7 +15,7 @@ R=/tmp/res; mkdir -p $R
 T0=$(date +%s); log() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }
 B="env PYTHONPATH=$PYTHONPATH:$PWD/bench python3 bench/moe_tiles_bench.py --defaults-only --sets new --types Q8_0 --no-twins"
-timeout 110 $B --compile-workers 8 --shapes 4096x1536x8 --variants again --pipe 16,16f1,16f2,16f3,16,16f1,16f2,16f3 \
+timeout 110 $B --compile-workers 8 --shapes 4096x1536x8 --variants again --pipe ${FORMS:-16,16f1,16f2,16f3,16,16f1,16f2,16f3} \
   --json $R/forms.json > $R/forms.log 2>&1
 log "forms bench rc $?"; snap
 W=$(python3 - <<'PY'

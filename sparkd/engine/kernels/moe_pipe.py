@@ -79,7 +79,7 @@ def gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
     persistent grid, the next step's weight words in flight during this step's dots. FORM bit 1: tiles outside,
     the steps unrolled inside; bit 2: h's block tickets after the program's last tile."""
     pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
-    DEFER: tl.constexpr = (FORM // 2) % 2 == 1 and 0 < BLOCK_N < HBLOCK
+    DEFER: tl.constexpr = (FORM // 2) % 2 == 1 and HBLOCK > 0 and BLOCK_N < HBLOCK
     pid, progs = tl.program_id(0), tl.num_programs(0)
     if FORM % 2 == 1:
         _nested(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr,
