@@ -44,7 +44,6 @@ persistent grid of N programs an SM (pN, vecpN), GGUF types only. Session 19 (mo
 twin with the next step's words loaded before this step's arithmetic; --pipe PER[@TILE],..., the Q8_0 layer and gate/up
 with moe_pipe's software-pipelined persistent gate/up, PER programs an SM (moe_tiles.Kernels.pipe; 0: the grid kernel,
 the "default" rows' before the pipe became the default at 4096), at the default gate/up tile or TILE (rows/warps/unroll/e).
-Session 20 (moe47): PERfFORM, the pipe at moe_tiles.Kernels.pipe_form FORM (16f2).
 """
 
 from __future__ import annotations
@@ -359,9 +358,8 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
         rows += floor_rows(s, copy_bw)
     for item in args.pipe if qtype == T.Q8_0 else ():  # session 19: moe_pipe's gate/up (Kernels.pipe)
         per, _, text = item.partition("@")
-        per, _, form = per.partition("f")  # session 20: PERfFORM, moe_pipe.gate_up_kernel's FORM
         gu = dataclasses.replace(tile(text), fuse_quant=True) if text else new[1]
-        k = dataclasses.replace(new[3], pipe=int(per), pipe_form=int(form or 0))
+        k = dataclasses.replace(new[3], pipe=int(per))
         for part in (s.engine, s.gate_up):
             try:
                 rows.append(part(f"default pipe {item}", gu, new[2], k, copy_bw))
@@ -471,9 +469,8 @@ def main() -> None:
     ap.add_argument("--twin-loads", default="", help="the default gate/up twin's extra rows: vec (128-bit loads), "
                     "pN (a persistent grid, N programs an SM), vecpN (both), base (as the twin row); a trailing f "
                     "(p16f, vecp16f): the next step's words loaded ahead")
-    ap.add_argument("--pipe", default="", help="Q8_0: the default layer's rows with moe_pipe's gate/up, "
-                    "PER[fFORM][@TILE] (programs an SM: moe_tiles.Kernels.pipe; its pipe_form; the gate/up tile), "
-                    "comma-separated")
+    ap.add_argument("--pipe", default="", help="Q8_0: the default layer's rows with moe_pipe's gate/up, PER[@TILE] "
+                    "(programs an SM: moe_tiles.Kernels.pipe; the gate/up tile), comma-separated")
     args = ap.parse_args()
     args.pipe = [item for item in args.pipe.split(",") if item]
     args.twin_loads = [v for v in args.twin_loads.split(",") if v]

@@ -261,11 +261,9 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
 
 @triton.jit
 def _gate_up_out(g, u, a, tile, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N: tl.constexpr,
-                 ACT: tl.constexpr, RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr,
-                 TICKET: tl.constexpr = True):
+                 ACT: tl.constexpr, RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr):
     """_igate_up_kernel's end for row tile `tile` of expert a: h from the (gate, up) row sums, stored as HBLOCK says
-    (a persistent program, moe_pipe, calls it once a tile). TICKET False: a tile smaller than h's block stores its
-    float h only, and its caller takes the ticket later (_h_ticket; moe_pipe, after its last tile)."""
+    (a persistent program, moe_pipe, calls it once a tile)."""
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     h = _activate(g, u, ACT)
@@ -280,29 +278,15 @@ def _gate_up_out(g, u, a, tile, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_p
                                tl.reshape(h, (P, HBLOCK)), b, b * HBLOCK < F, H8K)
     else:
         tl.store(hf_ptr + a * F + rows, h, mask=rmask)
-        if TICKET:
-            _h_ticket(a, tile, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, HBLOCK, H8K)
-
-
-@triton.jit
-def _h_ticket(a, tile, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N: tl.constexpr, HBLOCK: tl.constexpr,
-              H8K: tl.constexpr):
-    """Row tile `tile` of expert a has stored its float h (hf): the last of its h block's tiles to take the block's
-    ticket (acq_rel) quantizes the block and resets the ticket."""
-    tl.debug_barrier()  # every thread's h stored before the ticket releases them
-    blk = tile // (HBLOCK // BLOCK_N)
-    if tl.atomic_add(tickets_ptr + a * (F // HBLOCK) + blk, 1, sem="acq_rel") == HBLOCK // BLOCK_N - 1:
-        _h_block(a, blk, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, HBLOCK, H8K)
-
-
-@triton.jit
-def _h_block(a, blk, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, HBLOCK: tl.constexpr, H8K: tl.constexpr):
-    """h's block blk of expert a, whose every tile has stored its float h (hf), quantized; its ticket reset."""
-    v = tl.load(hf_ptr + a * F + blk * HBLOCK + tl.arange(0, HBLOCK)[None, :], cache_modifier=".cg")
-    b = blk + tl.zeros((1, 1), tl.int32)
-    act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32), v, b,
-                           b * HBLOCK < F, H8K)
-    tl.store(tickets_ptr + a * (F // HBLOCK) + blk, 0)
+        tl.debug_barrier()  # every thread's h stored before the ticket releases them
+        blk = tile // (HBLOCK // BLOCK_N)
+        ticket = tickets_ptr + a * (F // HBLOCK) + blk
+        if tl.atomic_add(ticket, 1, sem="acq_rel") == HBLOCK // BLOCK_N - 1:
+            v = tl.load(hf_ptr + a * F + blk * HBLOCK + tl.arange(0, HBLOCK)[None, :], cache_modifier=".cg")
+            b = blk + tl.zeros((1, 1), tl.int32)
+            act_quant.store_blocks(h_ptr + a * (F // 4), hd_ptr + a * (F // HBLOCK), hs_ptr + a * (F // 32), v, b,
+                                   b * HBLOCK < F, H8K)
+            tl.store(ticket, 0)
 
 
 @triton.jit
@@ -624,8 +608,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
             n_tiles = grid[0] * n
             moe_pipe.gate_up_kernel[(moe_pipe.programs(n_tiles, per_sm, x.device),)](
                 p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales, n_tiles=n_tiles,
-                OFF=_aligned_offset, OUT=_gate_up_out, HQ=_h_block, SUMS=row_sums, G=D // 256, UNROLL=cfg.unroll,
-                FORM=kernels.pipe_form,
+                OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, G=D // 256, UNROLL=cfg.unroll,
                 **{k: v for k, v in int_args(p.gate_up).items() if k != "IDOT"}, **common, **pdl.launch(x.device))
             return h if hq is None else hq
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,

@@ -71,59 +71,15 @@ def _step_dots(gw0, gh0, uw0, uh0, gw1, gh1, uw1, uh1, gw2, gh2, uw2, uh2, gw3, 
 @triton.jit
 def gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr,
                    tickets_ptr, F, row_bytes, n_tiles, IDS: tl.constexpr, OFF: tl.constexpr, OUT: tl.constexpr,
-                   HQ: tl.constexpr, SUMS: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr,
-                   G: tl.constexpr, UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr,
-                   RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr, FORM: tl.constexpr = 0,
-                   DOWN_AT_START: tl.constexpr = True, PDL: tl.constexpr = False):
+                   SUMS: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, G: tl.constexpr,
+                   UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr,
+                   RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr, DOWN_AT_START: tl.constexpr = True,
+                   PDL: tl.constexpr = False):
     """moe._igate_up_kernel's Q8_0 words work (G groups a row in steps of UNROLL (1, 2 or 4) dividing G) on a
-    persistent grid, the next step's weight words in flight during this step's dots. FORM bit 1: tiles outside,
-    the steps unrolled inside; bit 2: h's block tickets after the program's last tile."""
+    persistent grid, the next step's weight words in flight during this step's dots."""
     pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
-    DEFER: tl.constexpr = (FORM // 2) % 2 == 1 and HBLOCK > 0 and BLOCK_N < HBLOCK
-    pid, progs = tl.program_id(0), tl.num_programs(0)
-    if FORM % 2 == 1:
-        _nested(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr,
-                tickets_ptr, F, row_bytes, n_tiles, pid, progs, IDS, OFF, OUT, SUMS, A1, A2, A3, G, UNROLL, BLOCK_N,
-                EMU, ACT, RW, HBLOCK, H8K, not DEFER)
-    else:
-        _flat(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr,
-              tickets_ptr, F, row_bytes, n_tiles, pid, progs, IDS, OFF, OUT, SUMS, A1, A2, A3, G, UNROLL, BLOCK_N,
-              EMU, ACT, RW, HBLOCK, H8K, not DEFER)
-    if DEFER:  # the fence and the tickets' round trip out of the loop, where no load is in flight
-        _tickets(h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, n_tiles, pid, progs, HQ, BLOCK_N, HBLOCK, H8K)
-    if not DOWN_AT_START:
-        pdl.dependents(PDL)
-
-
-@triton.jit
-def _tickets(h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, n_tiles, pid, progs, HQ: tl.constexpr,
-             BLOCK_N: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr):
-    """After the program's last tile: the h block tickets of its tiles, 4 tiles at a time in one acq_rel atomic (a
-    fence and a round trip for 4), and HQ (moe._h_block) for each block whose last tile it holds."""
-    TB: tl.constexpr = HBLOCK // BLOCK_N  # tiles a block
-    tiles_f = F // BLOCK_N
-    k = tl.arange(0, 4)
-    tl.debug_barrier()  # every thread's h stored before the tickets release them
-    for t0 in range(pid, n_tiles, 4 * progs):
-        t = t0 + k * progs
-        m = t < n_tiles
-        ticket = (t // tiles_f) * (F // HBLOCK) + (t % tiles_f) // TB  # expert * blocks + block
-        won = ((tl.atomic_add(tickets_ptr + ticket, 1, mask=m, sem="acq_rel") == TB - 1) & m).to(tl.int32)
-        tl.debug_barrier()  # the other tiles' h seen (acquired) before any thread reads a won block
-        for j in tl.static_range(4):
-            if tl.sum(tl.where(k == j, won, 0)) > 0:
-                tj = t0 + j * progs
-                HQ(tj // tiles_f, (tj % tiles_f) // TB, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, HBLOCK, H8K)
-
-
-@triton.jit
-def _flat(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr,
-          tickets_ptr, F, row_bytes, n_tiles, pid, progs, IDS: tl.constexpr, OFF: tl.constexpr, OUT: tl.constexpr,
-          SUMS: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, G: tl.constexpr,
-          UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr, RW: tl.constexpr,
-          HBLOCK: tl.constexpr, H8K: tl.constexpr, TICK: tl.constexpr):
-    """The program's tiles pid, pid + progs, ... as one flat loop over (tile, step) (session 19)."""
     S: tl.constexpr = G // UNROLL  # steps a tile
+    pid, progs = tl.program_id(0), tl.num_programs(0)
     tiles_f = F // BLOCK_N
     total = tl.cdiv(n_tiles - pid, progs) * S  # this program's (tile, step) iterations
     # the rows of this tile and of the next (past the program's last: the launch's last tile, an L2 hit, unused),
@@ -146,7 +102,7 @@ def _flat(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, rw_ptr, h
         if last:  # the tile's end, then a fresh tile
             t = pid + (i // S) * progs
             OUT(SUMS(acc_g, A1, A2, A3), SUMS(acc_u, A1, A2, A3), t // tiles_f, t % tiles_f, rw_ptr, h_ptr, hd_ptr,
-                hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW, HBLOCK, H8K, TICK)
+                hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW, HBLOCK, H8K)
             acc_g = tl.zeros((BLOCK_N, A1, A2), tl.float32)
             acc_u = acc_g
             go, uo = ngo, nuo
@@ -154,42 +110,8 @@ def _flat(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, rw_ptr, h
                                   row_bytes, BLOCK_N, IDS, OFF)
         gw0, gh0, uw0, uh0, gw1, gh1, uw1, uh1 = ngw0, ngh0, nuw0, nuh0, ngw1, ngh1, nuw1, nuh1
         gw2, gh2, uw2, uh2, gw3, gh3, uw3, uh3 = ngw2, ngh2, nuw2, nuh2, ngw3, ngh3, nuw3, nuh3
-
-
-@triton.jit
-def _nested(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr,
-            tickets_ptr, F, row_bytes, n_tiles, pid, progs, IDS: tl.constexpr, OFF: tl.constexpr, OUT: tl.constexpr,
-            SUMS: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, G: tl.constexpr,
-            UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr, RW: tl.constexpr,
-            HBLOCK: tl.constexpr, H8K: tl.constexpr, TICK: tl.constexpr):
-    """The program's tiles in a loop, a tile's steps unrolled in it (constant group offsets), the next tile's
-    first step loaded during this tile's last; the tile's end after its steps, outside the steps' code."""
-    S: tl.constexpr = G // UNROLL
-    tiles_f = F // BLOCK_N
-    go, uo = _tile_rows(gate_off, up_off, ids_ptr, pid, tiles_f, row_bytes, BLOCK_N, IDS, OFF)
-    ngo, nuo = _tile_rows(gate_off, up_off, ids_ptr, tl.minimum(pid + progs, n_tiles - 1), tiles_f, row_bytes,
-                          BLOCK_N, IDS, OFF)
-    gw0, gh0, uw0, uh0, gw1, gh1, uw1, uh1, gw2, gh2, uw2, uh2, gw3, gh3, uw3, uh3 = _step_words(
-        gate_ptr, up_ptr, go, uo, 0, UNROLL)
-    for t in range(pid, n_tiles, progs):
-        acc_g = tl.zeros((BLOCK_N, A1, A2), tl.float32)
-        acc_u = acc_g
-        for s in tl.static_range(S):
-            if s + 1 < S:
-                (ngw0, ngh0, nuw0, nuh0, ngw1, ngh1, nuw1, nuh1, ngw2, ngh2, nuw2, nuh2, ngw3, ngh3, nuw3,
-                 nuh3) = _step_words(gate_ptr, up_ptr, go, uo, (s + 1) * UNROLL, UNROLL)
-            else:  # the next tile's first step (past the program's last tile: the launch's last, unused)
-                (ngw0, ngh0, nuw0, nuh0, ngw1, ngh1, nuw1, nuh1, ngw2, ngh2, nuw2, nuh2, ngw3, ngh3, nuw3,
-                 nuh3) = _step_words(gate_ptr, up_ptr, ngo, nuo, 0, UNROLL)
-            acc_g, acc_u = _step_dots(gw0, gh0, uw0, uh0, gw1, gh1, uw1, uh1, gw2, gh2, uw2, uh2, gw3, gh3, uw3,
-                                      uh3, xw_ptr, xd_ptr, s * UNROLL, acc_g, acc_u, UNROLL, EMU)
-            gw0, gh0, uw0, uh0, gw1, gh1, uw1, uh1 = ngw0, ngh0, nuw0, nuh0, ngw1, ngh1, nuw1, nuh1
-            gw2, gh2, uw2, uh2, gw3, gh3, uw3, uh3 = ngw2, ngh2, nuw2, nuh2, ngw3, ngh3, nuw3, nuh3
-        OUT(SUMS(acc_g, A1, A2, A3), SUMS(acc_u, A1, A2, A3), t // tiles_f, t % tiles_f, rw_ptr, h_ptr, hd_ptr,
-            hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW, HBLOCK, H8K, TICK)
-        go, uo = ngo, nuo
-        ngo, nuo = _tile_rows(gate_off, up_off, ids_ptr, tl.minimum(t + 2 * progs, n_tiles - 1), tiles_f, row_bytes,
-                              BLOCK_N, IDS, OFF)
+    if not DOWN_AT_START:
+        pdl.dependents(PDL)
 
 
 def programs(n_tiles: int, per_sm: int, device: torch.device) -> int:

@@ -132,8 +132,6 @@ class Kernels:
     # programs an SM (the next loop step's weight words in flight during this step's dots); 0, the grid kernel;
     # None, by the model width (pipe_programs: $SPARKD_MOE_PIPE)
     pipe: int | None = None
-    # session 20 (moe47, candidates): moe_pipe.gate_up_kernel's FORM (bit 1 nested loop, bit 2 tickets deferred)
-    pipe_form: int = 0
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
