@@ -11,7 +11,8 @@ a second round trip).
 Session 14 (moe25): "outside", the static instruction count outside that loop (the prologue and epilogue: the
 gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
 down's with its fold) compiled the same way. Session 19 (moe42): --pipe, the Q8_0 gate/up tiles as moe_pipe's
-software-pipelined persistent kernel too (kind "pipe", a loop step the tile's unroll), at `--groups` groups a row.
+software-pipelined persistent kernel too (kind "pipe", a loop step the tile's unroll), at `--groups` groups a row
+(session 20, moe47: with --order, its loop's order too).
 Session 20 (moe46): a Q8_0 down tile's flag a (2/1/2/e/2:wpvVfa), its loop with the next step's words loaded ahead
 (moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row.
 """
@@ -122,14 +123,14 @@ def twin(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     return line(qtype.name, kind + "~", text, binary, cfg.num_warps)
 
 
-def pipe(text: str, groups: int) -> str:
+def pipe(text: str, groups: int, show_order: bool = False) -> str:
     """The Q8_0 gate/up tile as moe_pipe.gate_up_kernel launches it (h quantized by a block's last tile)."""
     cfg, fam = tile(text), dispatch.FAMILIES[T.Q8_0]
     consts = dict(IDS=True, OFF=moe._aligned_offset, OUT=moe._gate_up_out, SUMS=moe.row_sums, G=groups, UNROLL=cfg.unroll,
                   BLOCK_N=cfg.block_n, EMU=False, ACT=0, RW=False, HBLOCK=act_quant.BLOCKS[fam.act_fmt], H8K=False,
                   DOWN_AT_START=True, **{k: v for k, v in matmul.int_args(fam).items() if k != "IDOT"})
     binary = cubin(moe_pipe.gate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
-    return line("Q8_0", "pipe", text, binary, cfg.num_warps)
+    return line("Q8_0", "pipe", text, binary, cfg.num_warps, show_order)
 
 
 def line(name: str, kind: str, text: str, binary: bytes, num_warps: int, show_order: bool = False) -> str:
@@ -152,7 +153,7 @@ def main() -> None:
     ap.add_argument("--order", action="store_true", help="the loop's loads and dp4a in issue order")
     args = ap.parse_args()
     for text in filter(None, args.gate_up.split(",") if args.pipe else ()):
-        print(pipe(text, args.groups), flush=True)
+        print(pipe(text, args.groups, args.order), flush=True)
     qtype = q4_k_tiled.TILED if args.type == q4_k_tiled.TILED.name else T[args.type]
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
