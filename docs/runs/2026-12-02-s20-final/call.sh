@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Session 20's final call (H200, carry [".whl"]) on the merged main, one part on a cold box: the gpu-marked test groups
-# (ONLY picks them) in parallel pytest groups while the 12-layer Q4_K model is made (and, BIG=1, a 4-layer
+# (ONLY picks them) in parallel pytest groups while the 12-layer Q4_K model is made (and, BIG=1, a 2-layer
 # Qwen3-235B-A22B-shaped Q8_0 model: 4096 wide, experts 1536, the MoE kernels' 4096x1536 shape in a decode); the MoE
 # layer rows when MOE=1; then `generate -n 128` a process each, interleaved (greedy, top_k 0, top_k 40, top_p 0.95 and
 # 0.9), ROUNDS rounds while the time holds; BIG=1: the 4096-wide decode a process each with the default kernels and with
 # SPARKD_MOE_PIPE=off (moe42's gate/up off), interleaved, same tokens asked; then the OpenAI server's streamed decode
 # (SERVE_PLAIN=1: serve --top-k 0; always: top_p 0.95 in the requests). Results: $OUT/res.tgz + $OUT/log.txt. END_S
-# bounds the whole call; every step has a timeout. MOE_SHAPES (e.g. 4096x1536x8) the MoE rows' shapes; TOP40=0 leaves
-# out the top_k 40 decode.
+# bounds the whole call; every step has a timeout. MOE_SHAPES (e.g. 4096x1536x8) and MOE_TYPES (Q8_0,Q4_KXD) the MoE
+# rows' shapes and types; TOP40=0 leaves out the top_k 40 decode; BIG_ROUNDS the 4096-wide decode's rounds; DRAW=1 the
+# top-p draw graph's bench (topp45: 2048 against 4096 bins a stage). Group 13 is group 9's tail (the twins, the pipe,
+# the down ahead), apart so that neither runs past its limit. This session's call: ONLY="8 9 10 11 13" MOE=1
+# MOE_SHAPES=2048x768x8,4096x1536x8 MOE_TYPES=Q8_0 MOE_S=80 DRAW=1 ROUNDS=1 TOP40=0 BIG=1 BIG_ROUNDS=1 SERVE_PLAIN=0
+# TEST_TIMEOUT=140 END_S=380.
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -23,7 +27,7 @@ M=$W/q3-12-Q4_K.gguf
 B=$W/q235-4-Q8_0.gguf
 if [ "${BIG:-0}" = 1 ]; then
   ( [ -f $B ] || { nice -n 10 timeout 240 python3 -m sparkd.engine.cli make-model $B.part --preset qwen3-235b-a22b \
-      --quant Q8_0 --quiet --layers 4 && mv $B.part $B; } ) > $R/make_big.log 2>&1 & MKB=$!
+      --quant Q8_0 --quiet --layers 2 && mv $B.part $B; } ) > $R/make_big.log 2>&1 & MKB=$!
 fi
 E=tests/engine
 K="int8 or igemm or grouped or prefill or gemm"
@@ -35,10 +39,11 @@ G=("$E/test_kernels.py -k \"int8 or igemm\""
    "$E/test_q4_k_tiled.py $E/test_row_tiles.py $E/test_q4t_compact.py $E/test_q4t_pair.py $E/test_q4t_relaid.py $E/test_q4t_tma.py $E/test_gemv_split.py"
    "$E/test_int_kernels.py $E/test_fused_qkv.py $E/test_kernel_determinism.py"
    "$E/test_kernel_engine.py $E/test_eager_decode.py $E/test_kimi_k3.py $E/test_kda_memory.py"
-   "$E/test_moe_decode_fusion.py $E/test_moe_tiles.py $E/test_moe_tiled.py $E/test_moe_down_full.py $E/test_moe_twin.py $E/test_moe_words_full.py $E/test_moe_reference.py $E/test_moe_pipe.py"
+   "$E/test_moe_decode_fusion.py $E/test_moe_tiles.py $E/test_moe_tiled.py $E/test_moe_down_full.py $E/test_moe_reference.py"
    "$E/test_device_sampler.py $E/test_device_sampler_fused.py $E/test_device_argmax.py $E/test_pdl.py $E/test_feed_tokens.py $E/test_decode_pipeline.py $E/streaming tests/guards/test_gpu_guard.py"
-   "$E/test_cuda_graphs.py $E/test_prompt_cache.py"
-   "tests/test_daemon_cgroupfs.py -k gpu_guard")
+   "$E/test_cuda_graphs.py $E/test_prompt_cache.py $E/test_decode_graphs.py"
+   "tests/test_daemon_cgroupfs.py -k gpu_guard"
+   "$E/test_moe_twin.py $E/test_moe_words_full.py $E/test_moe_pipe.py $E/test_moe_down_ahead.py")  # 13: group 9's tail
 P=(); I=()
 for i in "${!G[@]}"; do
   [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $((i+1)) "* ]] && continue  # ONLY="8 10 11": those groups alone
@@ -48,7 +53,7 @@ for j in "${!P[@]}"; do wait ${P[$j]}; log "tests group ${I[$j]} rc $? $(tail -1
 grep -h "^FAILED\|^ERROR" $R/gpu_tests_*.log | tee -a $OUT/log.txt; snap
 if [ "${MOE:-0}" = 1 ]; then
   PYTHONPATH=$PYTHONPATH:$PWD/bench timeout ${MOE_S:-110} python3 bench/moe_tiles_bench.py --defaults-only --floor \
-    --types Q8_0,Q4_KXD ${MOE_SHAPES:+--shapes $MOE_SHAPES} --variants again --compile-workers 8 --json $R/moe.json \
+    --types ${MOE_TYPES:-Q8_0,Q4_KXD} ${MOE_SHAPES:+--shapes $MOE_SHAPES} --variants again --compile-workers 8 --json $R/moe.json \
     > $R/moe.log 2>&1
   log "moe rc $?"; snap
 fi
@@ -74,7 +79,7 @@ if [ "${BIG:-0}" = 1 ]; then
       --resident --cuda-graphs on --json > $R/big_$1_$2.json 2> $R/big_$1_$2.err
     log "big decode $1 round $2 rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/big_$1_$2.json) tokens $(python3 -c "import hashlib, json, sys; print(hashlib.md5(str(json.load(open(sys.argv[1]))['tokens']).encode()).hexdigest()[:8])" $R/big_$1_$2.json 2>/dev/null)"
   }
-  for r in 1 2; do
+  for r in $(seq 1 ${BIG_ROUNDS:-2}); do
     [ $(left) -gt 90 ] || break
     big default $r; big pipeoff $r SPARKD_MOE_PIPE=off; snap
   done
