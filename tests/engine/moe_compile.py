@@ -38,9 +38,18 @@ def main() -> None:
         for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
             n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
                                                       ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=0, TILED=False,
+                                                      AHEAD=False,
                                                       **tile),
                         cfg.num_warps)
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
+        if qtype == "Q8_0":  # session 20's down with the loads ahead (moe_down_ahead: 2048-wide models, 768 a row)
+            cfg = moe_tiles.Q8_0_DOWN_AHEAD
+            ahead = dict(tile, UNROLL=cfg.unroll, EW=True, **moe._int_args(fam, True, False, full=True))
+            n = atomics(moe._idown_kernel, down, dict(RES=True, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
+                                                      ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=768 // 256,
+                                                      TILED=False, AHEAD=True, **ahead),
+                        cfg.num_warps)
+            print(f"idown {qtype} ahead split={cfg.split} residual=True atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
                                                         HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, TILED=False,
                                                         DOWN_AT_START=True, **tile),
