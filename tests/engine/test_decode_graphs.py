@@ -3,6 +3,7 @@ flag's values and which buckets the load asks for, in which order (graphs forced
 failing); on the GPU box that the tokens are those of a lazy load and that a reply crossing 256
 positions captures nothing."""
 
+import argparse
 import threading
 
 import pytest
@@ -36,7 +37,6 @@ def test_decode_graphs_flag_values():
             parse_decode_graphs(bad)
     with pytest.raises(EngineError, match=r"could not use --decode-graphs 'always'"):
         Engine("unused.gguf", decode_graphs="always")
-    import argparse
     parser = argparse.ArgumentParser()
     add_arguments(parser, int)
     assert parser.parse_args(["m.gguf"]).decode_graphs == "auto"
