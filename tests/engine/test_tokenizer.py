@@ -1,7 +1,12 @@
 """Tokenizer on literal metadata: both algorithms by hand, streaming decode, bad metadata."""
 
+import re
+import sys
+import unicodedata
+
 import pytest
 
+from sparkd.engine import pretokenize
 from sparkd.engine.errors import ModelError
 from sparkd.engine.tokenizer import BYTE, CONTROL, NORMAL, Tokenizer
 
@@ -57,6 +62,27 @@ def test_bpe_merges_by_rank_and_eog_set():
     assert tok.encode("ba<|im_end|>") == [1, 0, 5]
     assert tok.decode([3, 4]) == "ab ab"
     assert tok.eog_ids == {5}
+
+
+def test_a_bpe_tokenizer_compiles_its_split_patterns_when_made_not_at_its_first_encode():
+    """The category classes take ~0.1 s (a server's first request waited 0.2-0.9 s for them before session 20)."""
+    pretokenize.compiled.cache_clear()
+    tok = Tokenizer(BPE)
+    assert pretokenize.compiled.cache_info().misses == 1
+    tok.encode("ab ab")
+    assert pretokenize.compiled.cache_info().misses == 1  # the encode found them compiled
+
+
+@pytest.mark.parametrize("major", ["L", "N", "P", "S", "M"])
+def test_a_category_class_holds_exactly_its_code_points(major):
+    """The one-pass classes against unicodedata, every 37th code point and each run's ends."""
+    body = pretokenize._category_classes()[major]
+    inside = re.compile(f"[{body}]")
+    runs = re.findall(r"(\\?.)(?:-(\\?.))?", body)
+    ends = {ord(end[-1]) for run in runs for end in run if end}  # an escaped end: its last character
+    for cp in sorted(set(range(0, sys.maxunicode + 1, 37)) | ends | {cp + 1 for cp in ends} | {cp - 1 for cp in ends}):
+        if 0 <= cp <= sys.maxunicode:
+            assert bool(inside.fullmatch(chr(cp))) == (unicodedata.category(chr(cp))[0] == major), hex(cp)
 
 
 @pytest.mark.parametrize("change,message", [
