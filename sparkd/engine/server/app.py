@@ -129,7 +129,7 @@ class EngineServer:
                              f"{self.config.model_name!r} (see GET /v1/models)",
                              type_="not_found_error", param="model", code="model_not_found")
 
-    def _build_job(self, kind: str, body: p._Sampling, prompt_ids: list[int], inside: bool) -> Job:
+    def _build_job(self, kind: str, body: p._Sampling, prompt_ids: list[int], inside: bool, arrived: float) -> Job:
         e, n_ctx = self.engine, self.engine.n_ctx
         name, limit = body.token_limit()
         if limit is not None and limit <= 0:
@@ -153,7 +153,7 @@ class EngineServer:
                                 logit_bias=self._logit_bias(body.logit_bias), think=e.think,
                                 starts_in_reasoning=inside, reasoning_budget=self.config.reasoning_budget)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return Job(kind, self.config.model_name, req, body.stop_list(), include_usage)
+        return Job(kind, self.config.model_name, req, body.stop_list(), include_usage, arrived)
 
     def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float]:
         out = {}
@@ -170,15 +170,17 @@ class EngineServer:
     # --- endpoints ------------------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
+        arrived = time.perf_counter()  # the time to first token counts the body's parsing and the template too
         self._authorize(request)
         body = p.parse_body(await request.body(), p.ChatRequest)
         self._require_ready()
         self._check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         ids, inside = await asyncio.to_thread(self.engine.chat_prompt, messages)
-        return await self._respond(request, self._build_job("chat", body, ids, inside), body.stream)
+        return await self._respond(request, self._build_job("chat", body, ids, inside, arrived), body.stream)
 
     async def completions(self, request: Request) -> Response:
+        arrived = time.perf_counter()  # the time to first token counts the body's parsing and the encode too
         self._authorize(request)
         body = p.parse_body(await request.body(), p.CompletionRequest)
         self._require_ready()
@@ -195,7 +197,7 @@ class EngineServer:
                 raise p.ApiError(400, f"could not use {len(prompt)} prompts: this server takes one per request",
                                  param="prompt", code="invalid_value")
             ids = await asyncio.to_thread(self.engine.text_prompt, prompt if isinstance(prompt, str) else prompt[0])
-        return await self._respond(request, self._build_job("completion", body, ids, False), body.stream)
+        return await self._respond(request, self._build_job("completion", body, ids, False, arrived), body.stream)
 
     async def _respond(self, request: Request, job: Job, stream: bool) -> Response:
         try:

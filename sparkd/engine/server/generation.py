@@ -38,7 +38,7 @@ class Job:
     request: GenerationRequest
     stop: list[str]
     include_usage: bool
-    arrived: float = field(default_factory=time.perf_counter)
+    arrived: float = field(default_factory=time.perf_counter)  # the request's arrival (app: before its parsing)
     cancel: threading.Event = field(default_factory=threading.Event)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
