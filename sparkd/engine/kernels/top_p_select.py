@@ -36,7 +36,7 @@ from sparkd.engine.kernels.sample_draw import SENTINEL, DrawScratch, _key, _unke
 # Bins a stage (11 key bits: three stages and the gathering one; $SPARKD_TOP_P_BINS=4096, session 19's 12,
 # the same stages) and the tokens the last stage sorts (one program's sort: a bin of the second stage
 # holds 1024 keys, a few tokens on real logits). Fewer bins: _select_choose's one-program scan is most
-# of a stage (H200, session 20: 4096 -> 2048 bins took a flat row's draw from 82.8 to 71.1 us over its two
+# of a stage (H200, session 20: 4096 -> 2048 bins took a flat row's draw from 86.4 to 73.6 us over its two
 # choosing stages, net of the atomics' longer same-bin queues)
 BINS_ENV = "SPARKD_TOP_P_BINS"
 BINS = int(switches.choice(BINS_ENV, ("2048", "4096"), "2048"))  # read once
