@@ -241,7 +241,7 @@ class StaticDecode:
         self._pool = None  # one memory pool for every bucket's graph (they never run at once)
         self.failed: dict[object, str] = {}  # span, or a draw's (span, path) -> why its capture was given up
         self.pool_bytes: dict[object, int] = {}  # span, or a draw's (span, path) -> what its capture added
-        self._room = _Room(cache.device, margin)  # each capture's free-memory check
+        self._room = _Room(cache.device, margin, "a decode graph")  # each capture's free-memory check
         # the pipelined decode: two host slots (pinned) the picks are copied to, an event after each
         # copy, the launches whose picks are unread (oldest first) and the last launch's pick on the device
         cuda = cache.device.type == "cuda"
@@ -657,15 +657,16 @@ class _NoRoom(EngineError):
 
 
 class _Room:
-    """StaticDecode's free-memory check around each capture, PromptForward's rule: warm(run) runs the
-    warm-up with its peak measured; ready(), after it and before the capture, raises _NoRoom where the
-    capture (taken as the warm-up's peak) would leave less than margin bytes free; added(), after the
-    capture, is what it added to the device's reserved memory."""
+    """The free-memory rule around each graph capture (PromptForward's and StaticDecode's): warm(run) runs the
+    warm-up with its peak measured; ready(), after it and before the capture, raises _NoRoom where the capture
+    (taken as the warm-up's peak) would leave less than margin bytes free; added(), after the capture, is what
+    it added to the device's reserved memory. stage names the step a failure came from (a log's reason)."""
 
-    def __init__(self, device, margin: int):
+    def __init__(self, device, margin: int, what: str):
         if margin < 0:
-            raise EngineError(f"could not use a decode graph margin of {margin} bytes: it must be 0 or more")
+            raise EngineError(f"could not use {what} margin of {margin} bytes: it must be 0 or more")
         self.device, self.margin, self._base, self._reserved = device, margin, 0, 0
+        self.stage = "warm-up"  # PromptForward sets it back before each capture
 
     def warm(self, run: Callable[[], object]) -> object:
         self._base = torch.cuda.memory_allocated(self.device)
@@ -673,6 +674,7 @@ class _Room:
         return run()
 
     def ready(self) -> None:
+        self.stage = "capture"
         torch.cuda.empty_cache()  # the warm-up's blocks back to the device: the capture's pool needs it
         free = torch.cuda.mem_get_info(self.device)[0]
         left = free - (torch.cuda.max_memory_allocated(self.device) - self._base)
@@ -727,13 +729,12 @@ class PromptForward:
                  first_span: int = FIRST_BUCKET, rule: str = "share"):
         if mode not in PROMPT_MODES:
             raise EngineError(f"could not run prompts in mode {mode!r}: choose one of {', '.join(PROMPT_MODES)}")
-        if margin < 0:
-            raise EngineError(f"could not use a prompt graph margin of {margin} bytes: it must be 0 or more")
+        self._room = _Room(cache.device, margin, "a prompt graph")  # each capture's free-memory check
         if rule not in CONTINUE_RULES:
             raise EngineError(f"could not continue prompts by rule {rule!r}: choose one of {', '.join(CONTINUE_RULES)}")
         self.net, self.cache, self.mode, self.first, self.rule = net, cache, mode, first, rule
         self.largest = prompt_last(net) if largest is None else largest
-        self.margin, self.log, self.continued = margin, log, continued
+        self.log, self.continued = log, continued
         self.spans = buckets(cache.max_ctx, first_span)  # a continued graph's attention spans
         # key -> (graph, its input: the padded tokens [, their positions], then the last real row; logits [1, V]);
         # key: the bucket (from an empty cache) or (bucket, span) (continued)
@@ -855,33 +856,19 @@ class PromptForward:
         """Capture key's graph into _graphs (True), or give the key up (False, logged). The warm-up
         runs feed's forward (a continued one writes the rows the replay writes: the cache before
         n_past is only read)."""
-        device, stage, mark = self.cache.device, ["warm-up"], {}
-        t0 = time.perf_counter()
-
-        def warm():  # the eager forward once; its peak is what the capture will take from the pool
-            mark["base"] = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            return self._run(inputs, key)
-
-        def room():  # after the warm-up, before the capture (graph_capture.capture's ready)
-            stage[0] = "capture"
-            torch.cuda.empty_cache()  # the warm-up's blocks back to the device: the capture's own pool needs it
-            free = torch.cuda.mem_get_info(device)[0]
-            left = free - (torch.cuda.max_memory_allocated(device) - mark["base"])
-            if left < self.margin:
-                raise _NoRoom(f"it would leave {_mib(left)} of {_mib(free)} free device memory, under the "
-                              f"{_mib(self.margin)} margin")
-            mark["reserved"] = torch.cuda.memory_reserved(device)
-
+        device, room = self.cache.device, self._room
+        room.stage, t0 = "warm-up", time.perf_counter()
         try:
             inputs = feed.to(device)
-            graph, logits = capture(device, self._pool, warm, lambda: self._run(inputs, key), ready=room)
+            # the eager forward once first: its peak is what the capture will take from the pool
+            graph, logits = capture(device, self._pool, lambda: room.warm(lambda: self._run(inputs, key)),
+                                    lambda: self._run(inputs, key), ready=room.ready)
         except Exception as exc:  # any failure: the prompt runs eagerly, not the request failing
-            why = str(exc) if isinstance(exc, _NoRoom) else f"{stage[0]} failed: {failure(exc)}"
+            why = str(exc) if isinstance(exc, _NoRoom) else f"{room.stage} failed: {failure(exc)}"
         else:
             self._pool = graph.pool()
             self._graphs[key] = graph, inputs, logits
-            self.pool_bytes[key] = torch.cuda.memory_reserved(device) - mark["reserved"]
+            self.pool_bytes[key] = room.added()
             self.log(f"{self._name(key)}: captured in {1e3 * (time.perf_counter() - t0):.0f} ms, "
                      f"pool +{_mib(self.pool_bytes[key])} (prompt graphs hold {_mib(sum(self.pool_bytes.values()))})")
             return True

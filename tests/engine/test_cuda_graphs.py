@@ -843,7 +843,7 @@ def test_prompt_graph_margin_keeps_the_device_free_on_cuda(tmp_path):
             assert torch.equal(p(tokens, last=True), want)
         assert torch.cuda.memory_allocated() == before and not p._graphs and list(p.failed) == [64]
         assert len(logged) == 1 and "not captured, its prompts run eagerly: it would leave " in logged[0]
-        assert logged[0].endswith(f"free device memory, under the {p.margin >> 20} MiB margin")
+        assert logged[0].endswith(f"free device memory, under the {p._room.margin >> 20} MiB margin")
     finally:
         m.close()
 
