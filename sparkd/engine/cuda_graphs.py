@@ -380,7 +380,7 @@ class StaticDecode:
         server's load, which knows no request (H200, session 18: the full draw's capture 2.5 ms, the
         torch chain's 54.4, a bucket). The graphs do not depend on a request's parameters (those are
         device buffers), and a capture leaves the generator and the ring as they were (_capture_draw).
-        Returns (span, path, seconds, bytes the device holds more after it) per graph captured."""
+        Returns (span, path, seconds, what its capture added to the pool: pool_bytes) per graph captured."""
         if not (self.graphs and self.device_sampling):
             return []
         sampler, done = self._sampler(), []
@@ -389,9 +389,9 @@ class StaticDecode:
             for span in sorted(self._graphs):
                 for path in sampler.paths:
                     sampler.path = path  # the chain _capture_draw captures
-                    held, t0 = _held(self.cache.device), time.perf_counter()
-                    if self._prepare_draw(span):
-                        done.append((span, path, time.perf_counter() - t0, _held(self.cache.device) - held))
+                    t0 = time.perf_counter()
+                    if self._prepare_draw(span):  # its pool growth measured by _try (_Room.added)
+                        done.append((span, path, time.perf_counter() - t0, self.pool_bytes[(span, path)]))
         finally:
             sampler.path = request_path
         return done
@@ -529,14 +529,6 @@ class StaticDecode:
             sampler.generator.set_state(state)
         self._draw_pool = graph.pool()
         return graph, picked
-
-
-def _held(device) -> int:
-    """The bytes the device's caching allocator holds once its unused cached blocks are returned: a
-    graph's private pool stays, so the difference around a capture is what the graph keeps."""
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    return torch.cuda.memory_reserved(device)
 
 
 PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
