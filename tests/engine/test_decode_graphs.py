@@ -90,6 +90,16 @@ def test_positions_past_the_context_fail_the_load(model, monkeypatch):
         load(model, monkeypatch, "300,601")
 
 
+def test_a_negative_decode_graph_margin_is_refused(model):
+    net = Engine(model, ctx=CTX, resident=True)
+    net.load()
+    try:
+        with pytest.raises(EngineError, match=r"could not use a decode graph margin of -1 bytes: it must be 0 or more"):
+            StaticDecode(net.net, net.net.new_cache(CTX), graphs=False, margin=-1)
+    finally:
+        net.close()
+
+
 def test_eager_decode_ignores_the_list(model):
     """The CPU decodes eagerly: a list is ignored with a line, and /metrics has no decode graph family."""
     logged = []
