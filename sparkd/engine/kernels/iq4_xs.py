@@ -36,8 +36,8 @@ INT_ENV = "SPARKD_IQ4_XS_INT"  # "0": the float path (no integer step)
 _KV_LO = tl.constexpr(-654466911485192063)  # 0xF6EADDCFBFAD9881
 _KV_HI = tl.constexpr(0x7159453526190D01)
 # the same table as four int32 words of 4 entries (prmt's operands): entries 0-3, 4-7, 8-11, 12-15
-_KV0 = tl.constexpr(-1079141247)  # 0xBFAD9881
-_KV1 = tl.constexpr(-152380209)  # 0xF6EADDCF
+_KV0 = tl.constexpr(-1079142271)  # 0xBFAD9881
+_KV1 = tl.constexpr(-152379953)  # 0xF6EADDCF
 _KV2 = tl.constexpr(0x26190D01)
 _KV3 = tl.constexpr(0x71594535)
 
