@@ -62,6 +62,8 @@ SWITCHES = [
            switches.ON + switches.OFF),
     Switch("SPARKD_IQ4_XS_INT", "sparkd.engine.kernels.iq4_xs", "m.FAMILY.idot is not None", "false", FLAG,
            switches.ON + switches.OFF),
+    Switch("SPARKD_Q4_0_INT", "sparkd.engine.kernels.q4_0", "m.FAMILY.idot is not None", "false", FLAG,
+           switches.ON + switches.OFF),
     Switch("SPARKD_Q4_K_TILED_LOADS", "sparkd.engine.kernels.q4_k_tiled",
            "[k for k, f in m.FAMILIES.items() if f is m.FAMILY]", "wide",
            {UNSET: ["pairx"], "scalar": ["scalar"], "vector": ["vector"], "bytes": ["bytes"], "pairx": ["pairx"]},
