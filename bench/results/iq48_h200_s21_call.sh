@@ -18,7 +18,7 @@ M=$W/q3-2-IQ4_XS.gguf
 MK=$!
 E=tests/engine
 G=("$E/test_iq4_xs_int.py $E/test_q4_0_int.py"
-   "$E/test_kernels.py -k 'IQ4_XS or Q4_0'"
+   "$E/test_kernels.py $E/test_moe_decode_fusion.py -k 'IQ4_XS or Q4_0'"
    "$E/test_kernel_engine.py -k 'IQ4_XS or Q4_0'")
 P=(); i=0; for g in "${G[@]}"; do i=$((i+1))
   (eval timeout 55 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $g > $R/tests_$i.log 2>&1; \
