@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Ran on commit 1c08497 (H200, 82.8 s of command on a cold box, ~182 s of device time with the start). Result:
+# bench/results/iq48_h200_s21_{log.txt,int4.log,int4.json,tests.log,decode_*.json}; docs/performance.md "Session 21:
+# the integer steps of IQ4_XS and Q4_0". The one failure (test_kernels MoE IQ4_XS/Q4_0) was the test data (see there).
 # Session 21, iq48 (H200, carry [".whl", ".xfer/iq48"], run from .xfer/iq48): the integer steps of IQ4_XS
 # (byte-permute table lookup + dp4a on Q8_K x) and Q4_0 (dp4a on Q8_0 x, the -8 by a dp4a of its own).
 #   1. in parallel: the GPU tests of both steps (test_iq4_xs_int, test_q4_0_int, test_kernels' and
