@@ -40,6 +40,8 @@ BACKENDS = [
 # Q8_0: every projection and expert quantized; Q4_K needs rows of 256 (attn_output stays F16)
 SHAPES = {"Q8_0": TINY["qwen3moe"], "Q4_K": TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)}
 SHAPES["Q6_K"] = SHAPES["Q4_K"].replace(n_layer=1)  # one layer: the head is what the Q6_K layout tiles
+# every projection and expert IQ4_XS or Q4_0: their integer steps (session 21)
+SHAPES["IQ4_XS"], SHAPES["Q4_0"] = SHAPES["Q4_K"], SHAPES["Q8_0"]
 # the kimi-k3 file's expert mix (test_sparse_model.UD_IQ1_S) on the 256-wide model (trunk F32: the
 # interpreter runs only the expert kernels)
 IQ_MIX = [(r"blk\.1\.ffn_down_exps", "IQ2_XS"), ("ffn_down_exps", "IQ2_XXS"), ("_exps", "IQ1_S")]
@@ -73,7 +75,8 @@ def logits_by_layout(tmp_path, monkeypatch, backend: str, quant: str, env: str, 
 
 
 @pytest.mark.parametrize("precision", ["int8", "ieee"])
-@pytest.mark.parametrize("quant", ["Q8_0", pytest.param("Q4_K", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("quant", ["Q8_0"] + [pytest.param(q, marks=pytest.mark.gpu)
+                                             for q in ("Q4_K", "IQ4_XS", "Q4_0")])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant, precision, monkeypatch):
     """precision: SPARKD_PREFILL_PRECISION's (the prompt's GEMMs): the integer GEMM (default) or the float one."""

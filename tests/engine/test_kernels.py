@@ -372,9 +372,11 @@ def moe_error(y, p, x, w, gates, ups, downs, act, gu_type, d_type, gate_up=None,
 # the interpreter runs programs one by one: few, wide tiles keep it fast
 TILES = {"cuda": {}, "cpu": dict(gate_up=GemvConfig(block_n=64, num_warps=1, unroll=1),
                                  down=GemvConfig(block_n=64, num_warps=1, unroll=2))}
-# (gate/up type, down type, activation): every family in some position, both activations
+# (gate/up type, down type, activation): every family in some position, both activations. Not an IQ4_XS
+# gate/up before a Q8_0-rounded down: random IQ4_XS blocks (scale up to 0.1 * 32 * 127 a weight) make h ~3e7
+# at 2048x768, past Q8_0's f16 block scale (65504 * 127; inf, then NaN: H200, session 21)
 MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
-             (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.IQ4_XS, T.Q4_0, "silu"), (T.IQ1_S, T.IQ2_XXS, "silu"),
+             (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.Q4_0, T.IQ4_XS, "silu"), (T.IQ1_S, T.IQ2_XXS, "silu"),
              (T.IQ2_XS, T.IQ3_XXS, "swiglu_oai")]
 
 

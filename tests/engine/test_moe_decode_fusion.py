@@ -15,6 +15,7 @@ import functools
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 from bench_script import load_bench_script
@@ -28,7 +29,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from test_kernels import BACKENDS, TILES, arena_table  # noqa: E402
 
-from sparkd.engine.kernels import dispatch, fused  # noqa: E402
+from sparkd.engine.kernels import dispatch, fused, q4_0  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, tickets  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
 from sparkd.engine.kernels.moe_tiles import DECODE_TILES  # noqa: E402
@@ -37,8 +38,8 @@ from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.models import load_model  # noqa: E402
 
-# integer down (routing weight in the down kernel), a float down (routing weight in h: Q4_0 has no integer step;
-# Q6_K, once the float one here, has had an integer step since) and the K-quants' integer down; the interpreter
+# integer down (routing weight in the down kernel), a float down (routing weight in h: Q4_0's float path, FLOAT_DOWN;
+# Q6_K and Q4_0, once the float ones here, have had integer steps since) and the K-quants' integer down; the interpreter
 # runs the first two (the integer and the float down kernel's fold and residual code) on small experts (D, F):
 # two row tiles of the down's 64 rows. The GPU runs all three pairs.
 PAIRS = {"cpu": [(T.Q8_0, T.Q8_0), (T.Q8_0, T.Q4_0)],
@@ -46,6 +47,7 @@ PAIRS = {"cpu": [(T.Q8_0, T.Q8_0), (T.Q8_0, T.Q4_0)],
 CASES = [pytest.param(b.values[0], gu, d, id=f"{b.id}-{gu.name}-{d.name}", marks=b.marks)
          for b in BACKENDS for gu, d in PAIRS[b.values[0]]]
 SHAPES = {"cpu": (128, 64), "cuda": (256, 256)}
+FLOAT_DOWN = {T.Q4_0: q4_0.FLOAT_FAMILY}  # the pairs' float down (SPARKD_Q4_0_INT=0's family; 32-value blocks)
 IDS = [3, 0, 4]  # out of table order: the kernels must follow the selection's order
 
 
@@ -64,7 +66,9 @@ def selection(backend, gu_type, d_type):
         torch.manual_seed(7)
         table, *_ = arena_table(gu_type, d_type, D, F, 5, backend)
         x, w, r = torch.randn(D), torch.rand(len(IDS)), torch.randn(D)
-    sel = prepare(table, backend).select(torch.tensor(IDS, device=backend))
+    with mock.patch.dict(dispatch.FAMILIES, {d_type: FLOAT_DOWN[d_type]} if d_type in FLOAT_DOWN else {}):
+        sel = prepare(table, backend).select(torch.tensor(IDS, device=backend))
+    assert (sel.down.idot is None) == (d_type in FLOAT_DOWN)
     return sel, x.to(backend), w.to(backend), r.to(backend)
 
 

@@ -5,18 +5,41 @@ high two: bits 2s of scales_h); value = d*(scale-32)*kvalues[q] with q a 4-bit i
 nibbles of qs[16s:16s+16] for values 0..15 of sub-block s, high nibbles for 16..31) into
 ggml's non-linear table kvalues_iq4nl, looked up here from two 64-bit constants (8 int8
 entries each) instead of memory.
+
+The integer step (idot) takes x as Q8_K (act_quant: int8 quants, one f32 scale per 256; what
+act_round already rounds x to for IQ4_XS, llama.cpp's vec_dot type) and does llama.cpp's per-block
+arithmetic: each 32-bit word of qs (4 bytes, 8 indices) becomes two words of int8 table values by
+byte permutes (`lookup`: PTX prmt, as ggml's CUDA get_int_from_table_16 does), one for the low
+nibbles (values 4w..4w+3 of the sub-block) and one for the high (16+4w..), each multiplied with its
+x word by dp4a; the sub-block's scale - 32 applied in integers, one float step d * d_x per word
+tile. Blocks are 136 bytes, so rows of whole blocks keep 4-byte alignment: qs and the two header
+words load as 32-bit words (Family.align 4).
+
+SPARKD_IQ4_XS_INT=0 (read at import) takes the float path instead (FLOAT_FAMILY: x rounded to Q8_K
+by the caller, dequantized values multiplied in float32), the way before session 21.
 """
+
+import dataclasses
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from sparkd.engine import switches
+from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
+
+INT_ENV = "SPARKD_IQ4_XS_INT"  # "0": the float path (no integer step)
 
 # kvalues_iq4nl = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
 # entry k of each half in byte k (little-endian), as signed int64 constants
 _KV_LO = tl.constexpr(-654466911485192063)  # 0xF6EADDCFBFAD9881
 _KV_HI = tl.constexpr(0x7159453526190D01)
+# the same table as four int32 words of 4 entries (prmt's operands): entries 0-3, 4-7, 8-11, 12-15
+_KV0 = tl.constexpr(-1079142271)  # 0xBFAD9881
+_KV1 = tl.constexpr(-152379953)  # 0xF6EADDCF
+_KV2 = tl.constexpr(0x26190D01)
+_KV3 = tl.constexpr(0x71594535)
 
 
 @triton.jit
@@ -36,4 +59,76 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     return (d * scale.to(tl.float32)) * kv.to(tl.float32)
 
 
-FAMILY = Family(T.IQ4_XS, 256, 136, 8, 32, dequant)
+@triton.jit
+def prmt(a, b, sel, EMU: tl.constexpr):
+    """PTX prmt.b32 (default mode): byte n of the result is byte k of {b, a} (a bytes 0-3, b 4-7),
+    k the low 3 bits of nibble n of sel. Every selector here has bit 3 of its 4 low nibbles clear
+    (set, prmt would fill the byte with its sign bit), which is what EMU's arithmetic twin (the
+    interpreter, no PTX) assumes. a, b and sel int32 of one shape."""
+    if EMU:
+        r = tl.zeros(a.shape, tl.int32)
+        for n in tl.static_range(4):
+            k = (sel >> (4 * n)) & 7
+            byte = (tl.where(k < 4, a, b) >> ((k & 3) * 8)) & 0xFF
+            r = r | (byte << (8 * n))
+    else:
+        r = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, sel], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+    return r
+
+
+@triton.jit
+def lookup(q, EMU: tl.constexpr):
+    """(lo, hi): int32 words of the int8 table values of the low and of the high nibbles of q's 4
+    bytes (int32 words of qs). Each index's low 3 bits pick its entry from both 8-entry halves of the
+    table (two permutes of 4 nibbles each), its top bit picks the half (a third permute; 0x3210 plus 4
+    where the bit is set), and two last permutes sort the results into low-nibble and high-nibble words."""
+    t0 = tl.full(q.shape, _KV0, tl.int32)
+    t1 = tl.full(q.shape, _KV1, tl.int32)
+    t2 = tl.full(q.shape, _KV2, tl.int32)
+    t3 = tl.full(q.shape, _KV3, tl.int32)
+    q7 = q & 0x77777777  # the entry within a half (bit 3 cleared: no sign fill)
+    half = 0x32103210 | ((q >> 1) & 0x44444444)  # byte n of a half's result, or of the other's (+4)
+    # a: entries of nibbles 0-3 of q (bytes 0 and 1: lo0, hi0, lo1, hi1), b: of nibbles 4-7
+    a = prmt(prmt(t0, t1, q7, EMU), prmt(t2, t3, q7, EMU), half, EMU)
+    b = prmt(prmt(t0, t1, q7 >> 16, EMU), prmt(t2, t3, q7 >> 16, EMU), half >> 16, EMU)
+    return (prmt(a, b, tl.full(q.shape, 0x6420, tl.int32), EMU),  # bytes 0, 2 of a, then of b
+            prmt(a, b, tl.full(q.shape, 0x7531, tl.int32), EMU))
+
+
+@triton.jit
+def _isums(w_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
+    """Group g's integer sums as [BN, 8, 4] int32: (sub-block s, word w) covers values 32s + 4w .. +3
+    (low nibbles of qs word 4s + w) and 32s + 16 + 4w .. +3 (its high nibbles), times the sub-block's
+    scale - 32; also the block start [BN, 1, 1] and the mask [BN, 1, 1]."""
+    s = tl.arange(0, 8)[None, :, None]
+    w = tl.arange(0, 4)[None, None, :]
+    blk = w_ptr + row_off[:, None, None] + g * 136  # [BN, 1, 1]
+    m = rmask[:, None, None]
+    q = tl.load((blk + 8).to(tl.pointer_type(tl.int32)) + 4 * s + w, mask=m, other=0)  # [BN, 8, 4]
+    lo, hi = lookup(q, EMU)
+    # x words in the weights' own shape (repeats served by the cache): no layout conversion in the loop
+    xw = xw_ptr + g * 64 + 8 * s + w + tl.zeros(q.shape, tl.int32)
+    isum = dp4a_add(hi, tl.load(xw + 4), dp4a(lo, tl.load(xw), EMU), EMU)
+    # header words: d | scales_h << 16, then scales_l (nibble s of it: sub-block s's low four bits)
+    h0 = tl.load(blk.to(tl.pointer_type(tl.int32)), mask=m, other=0)
+    h1 = tl.load((blk + 4).to(tl.pointer_type(tl.int32)), mask=m, other=0)
+    ls = (((h1 >> (4 * s)) & 0xF) | (((h0 >> (16 + 2 * s)) & 3) << 4)) - 32  # [BN, 8, 1]
+    d = (h0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)  # [BN, 1, 1]
+    return isum * ls, d
+
+
+@triton.jit
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    isum, d = _isums(w_ptr, row_off, rmask, xw_ptr, g, EMU)
+    dx = tl.load(xd_ptr + g)
+    if EW:  # into the elementwise tile acc [BN, 8, 4]
+        acc += isum.to(tl.float32) * (d * dx)
+    else:  # the super-block's integer sum, then one float step per row: acc [BN]
+        acc += tl.sum(tl.sum(isum, 2), 1).to(tl.float32) * (tl.reshape(d, (d.shape[0],)) * dx)
+    return acc
+
+
+FLOAT_FAMILY = Family(T.IQ4_XS, 256, 136, 8, 32, dequant)
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 4), align=4)
+FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

@@ -1,13 +1,32 @@
 """Q4_0: blocks of 32 values (18 bytes): d f16 | qs[16]; value = d*(q-8) with q the low nibbles
 of qs for values 0..15 and the high nibbles for 16..31. A group is eight blocks; rows need only
 be a multiple of 32 values, so smask drops the blocks past a row's end (as in Q8_0).
+
+The integer step (idot) takes x as Q8_0 blocks (act_quant: int8 quants, an f16-rounded scale per
+32; what act_round already rounds x to for Q4_0, llama.cpp's vec_dot type) and does llama.cpp's
+per-block arithmetic: each 32-bit word of qs (values 4w..4w+3 in its low nibbles, 16+4w.. in its
+high) masked into two words of nibbles, each multiplied with its x word by dp4a, and the -8 offset
+by two more dp4a of 0xF8 bytes (-8 as int8) with the same x words, so sum (q-8)*x stays exact in
+integers (Q8_0 blocks carry no sums to fold it with; a table lookup as IQ4_XS's, with the table
+-8..7, takes 8 byte permutes a word); one float step d * d_x per block. 18-byte blocks are only
+2-byte aligned, so every 32-bit word is built from two 16-bit loads (as Q8_0's).
+
+SPARKD_Q4_0_INT=0 (read at import) takes the float path instead (FLOAT_FAMILY: x rounded to Q8_0
+by the caller, dequantized values multiplied in float32), the way before session 21.
 """
+
+import dataclasses
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from sparkd.engine import switches
+from sparkd.engine.kernels.act_quant import Q8_0, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
+
+INT_ENV = "SPARKD_Q4_0_INT"  # "0": the float path (no integer step)
+_MINUS8 = tl.constexpr(-117901064)  # 0xF8F8F8F8: four int8 -8s
 
 
 @triton.jit
@@ -21,4 +40,33 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     return d * (q - 8).to(tl.float32)
 
 
-FAMILY = Family(T.Q4_0, 32, 18, 8, 32, dequant)
+@triton.jit
+def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    b = g * 8 + tl.arange(0, 8)[None, :, None]  # block index along the row [1, 8, 1]
+    w = tl.arange(0, 4)[None, None, :]  # 32-bit word of qs in the block
+    bmask = b * 32 < K
+    m = rmask[:, None, None] & bmask
+    blk = w_ptr + row_off[:, None, None] + b * 18  # [BN, 8, 1]
+    half = (blk + 2).to(tl.pointer_type(tl.int16)) + 2 * w  # [BN, 8, 4]
+    q = (tl.load(half, mask=m, other=0).to(tl.int32) & 0xFFFF) | (tl.load(half + 1, mask=m, other=0).to(tl.int32) << 16)
+    # x's words and the block scales in the weight words' shape (repeats served by the cache): one
+    # register layout for every operand, no conversion through shared memory in the loop (q8_0.idot's way)
+    full = tl.zeros(q.shape, tl.int32)
+    xlo = tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0)  # values 4w.. of the block
+    xhi = tl.load(xw_ptr + b * 8 + 4 + w + full, mask=m, other=0)  # values 16 + 4w..
+    minus8 = tl.full(q.shape, _MINUS8, tl.int32)
+    isum = dp4a_add(q & 0x0F0F0F0F, xlo, dp4a(minus8, xlo, EMU), EMU)
+    isum = dp4a_add((q >> 4) & 0x0F0F0F0F, xhi, dp4a_add(minus8, xhi, isum, EMU), EMU)
+    dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)  # [1, 8, 1]
+    if EW:  # into the elementwise tile acc [BN, 8, 4]
+        d = tl.load(blk.to(tl.pointer_type(tl.float16)) + full, mask=m, other=0.0).to(tl.float32)
+        acc += isum.to(tl.float32) * (d * dx)
+    else:  # a float per block, then one per row: acc [BN]
+        d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)  # [BN, 8, 1]
+        acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(d * dx, 2), 1)
+    return acc
+
+
+FLOAT_FAMILY = Family(T.Q4_0, 32, 18, 8, 32, dequant)
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_0, iacc=(8, 4))
+FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

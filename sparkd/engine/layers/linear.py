@@ -147,7 +147,7 @@ class KernelLinear(nn.Module):
         from sparkd.engine.kernels.matmul import gemv
 
         cfg, one_launch = self._gemv_config(x.is_cuda)
-        if one_launch:  # integer kernels (Q8_0, Q4_K, Q6_K) quantize x themselves (or take qx), as round_x would
+        if one_launch:  # integer kernels (Family.idot) quantize x themselves (or take qx), as round_x would
             return gemv(self.raw, self.qtype, self.shape, x, config=cfg, round_x=self._round, qx=qx)
         # parts on both sides of split_for's threshold: one launch would change some rows' sums
         return torch.cat([gemv(*self._part(i), x, config=cfg, round_x=self._round, qx=qx)

@@ -233,7 +233,7 @@ class MoE(nn.Module):
         if "quant_h" in DECODE_ON and p.gate_up.idot is not None and p.down.idot is not None:
             tiles = tiles | {"gate_up": dataclasses.replace(tiles.get("gate_up") or decode_tiles(p)[0],
                                                             fuse_quant=True)}
-        # integer kernels (Q8_0, Q4_K, Q6_K) quantize x and h themselves, as round_x/round_h would
+        # integer kernels (Family.idot) quantize x and h themselves, as round_x/round_h would
         return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
                           round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,
                           qx=qx, **tiles)

@@ -23,6 +23,7 @@ _SCALE_FIELDS: dict[Q, tuple[tuple[int, ...], tuple[int, ...]]] = {
     Q.Q5_K: ((0,), (2,)), Q.Q6_K: ((208,), ()),
     # i-quants whose every index fits its grid (not IQ2_S/IQ3_S/IQ1_M: other fields to fill)
     Q.IQ2_XXS: ((0,), ()), Q.IQ2_XS: ((0,), ()), Q.IQ3_XXS: ((0,), ()), Q.IQ1_S: ((0,), ()),
+    Q.IQ4_XS: ((0,), ()),  # any 6-bit scale and 4-bit index is valid
 }
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 QUANT_TYPES = tuple(_SCALE_FIELDS)
