@@ -138,6 +138,10 @@ class Kernels:
     # dots (moe_down_ahead, in the grid kernel) where its step is the grid kernel's (moe._ahead_ok); None, by the
     # model width (down_ahead: $SPARKD_MOE_DOWN_AHEAD)
     down_ahead: bool | None = None
+    # session 21 (q4k48): the pairx (Q4_K_TILED) gate/up's loop: "loop" (_gate_up_idot's: the groups counted at run
+    # time, clamped and masked), "steps" (q4_k_pair.gate_up: a constant trip count, the tile's unroll a step), "ahead"
+    # (that, a group's loads before the previous group's dots)
+    pairx_gate_up: str = "loop"
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,

@@ -1,0 +1,64 @@
+"""Session 21 (q4k48): the pairx MoE gate/up's loop with a constant trip count (q4_k_pair.gate_up; Kernels.pairx_gate_up
+"steps", the tile's unroll a step, and "ahead", a group's loads before the previous group's dots) adds the same groups
+in the same order as _gate_up_idot's loop: the same bits, on a table in the engine's layout (gate/up and down
+repacked, offsets on 16 bytes on the GPU). Interpreter where there is no GPU, compiled with the marker gpu."""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from test_kernels import arena_table  # noqa: E402
+from test_moe_tiles import on_16_bytes  # noqa: E402
+
+from sparkd.engine.kernels import moe  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
+from sparkd.engine.kernels.moe_tiles import Kernels  # noqa: E402
+
+WAYS = [("steps", 1), ("steps", 2), ("steps", 4), ("ahead", 1)]
+
+
+def decodes(p: moe.PreparedTable, x: torch.Tensor, w: torch.Tensor, down: GemvConfig | None) -> dict:
+    """y for the loop (unroll 1, the engine's gate/up tile) and for each of WAYS, h quantized in the launch."""
+    one = GemvConfig(block_n=4, num_warps=1, unroll=1, fuse_quant=True)
+    ys = {"loop": moe.moe_decode(p, x, w, gate_up=one, down=down, kernels=Kernels())}
+    for way, unroll in WAYS:
+        ys[way, unroll] = moe.moe_decode(p, x, w, gate_up=dataclasses.replace(one, unroll=unroll), down=down,
+                                         kernels=Kernels(pairx_gate_up=way))
+    return ys
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+def test_pairx_gate_up_steps_give_the_loops_bits_interpreted():
+    # the interpreter runs programs one by one: 8 tiles of 2 experts, 4 groups a row (a Q8_0 down: 32-row experts)
+    table = moe.tiled_gate_up(arena_table(T.Q4_K, T.Q8_0, 1024, 32, 2, "cpu")[0])
+    p = moe.prepare(table, "cpu")
+    assert moe._pairx_gate_up(p, GemvConfig(block_n=4, num_warps=1, unroll=2), Kernels(pairx_gate_up="steps")) == \
+        dict(NG=4, AHEAD=False)
+    x, w = torch.randn(1024), torch.rand(2)
+    ys = decodes(p, x, w, GemvConfig(block_n=64, num_warps=1, unroll=2, split=2))
+    for key, y in ys.items():
+        assert torch.equal(y, ys["loop"]), key
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("shape", [(2048, 768, 8), (4096, 1536, 8)])
+def test_pairx_gate_up_steps_give_the_loops_bits(shape):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    dim, width, n = shape
+    table = on_16_bytes(arena_table(T.Q4_K, T.Q4_K, dim, width, n, "cuda")[0])
+    p = moe.prepare(moe.tiled_down(moe.tiled_gate_up(table)), "cuda")
+    assert p.gate_up_vec and moe._pairx_gate_up(p, GemvConfig(block_n=4, num_warps=1, unroll=4),
+                                                Kernels(pairx_gate_up="ahead")) == dict(NG=dim // 256, AHEAD=True)
+    x, w = torch.randn(dim, device="cuda"), torch.rand(n, device="cuda")
+    ys = decodes(p, x, w, None)
+    for key, y in ys.items():
+        assert torch.equal(y, ys["loop"]), key
