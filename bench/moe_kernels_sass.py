@@ -31,7 +31,7 @@ from triton.tools.disasm import get_sass
 import moe_twin
 from kernels_sass import WATCH, registers
 from moe_tiles_bench import kernels_of, tile
-from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, pdl, q4_k_tiled
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, moe_tiles, pdl, q4_k_tiled
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
@@ -98,8 +98,8 @@ def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = F
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=tiled,
                       DOWN_AT_START=True, **common)
-        steps = tiled and k.pairx_gate_up != "loop"  # moe._pairx_gate_up at model width dim
-        consts.update(NG=dim // 256 if steps else 0, AHEAD=steps and k.pairx_gate_up == "ahead")
+        way = moe_tiles.pairx_way(k, dim) if tiled else "loop"  # moe._pairx_gate_up at model width dim
+        consts.update(NG=dim // 256 if way != "loop" else 0, AHEAD=way == "ahead")
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         ahead = moe._ahead_ok(bool(k.down_ahead), k, cfg, k.words and qtype == T.Q8_0, 4096, groups * 256)

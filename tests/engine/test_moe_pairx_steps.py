@@ -17,7 +17,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import arena_table  # noqa: E402
 from test_moe_tiles import on_16_bytes  # noqa: E402
 
-from sparkd.engine.kernels import moe  # noqa: E402
+from sparkd.engine.kernels import moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 from sparkd.engine.kernels.moe_tiles import Kernels  # noqa: E402
 
@@ -27,11 +27,32 @@ WAYS = [("steps", 1), ("steps", 2), ("steps", 4), ("ahead", 1)]
 def decodes(p: moe.PreparedTable, x: torch.Tensor, w: torch.Tensor, down: GemvConfig | None) -> dict:
     """y for the loop (unroll 1, the engine's gate/up tile) and for each of WAYS, h quantized in the launch."""
     one = GemvConfig(block_n=4, num_warps=1, unroll=1, fuse_quant=True)
-    ys = {"loop": moe.moe_decode(p, x, w, gate_up=one, down=down, kernels=Kernels())}
+    ys = {"loop": moe.moe_decode(p, x, w, gate_up=one, down=down, kernels=Kernels(pairx_gate_up="loop"))}
     for way, unroll in WAYS:
         ys[way, unroll] = moe.moe_decode(p, x, w, gate_up=dataclasses.replace(one, unroll=unroll), down=down,
                                          kernels=Kernels(pairx_gate_up=way))
     return ys
+
+
+def test_the_steps_run_by_width_and_switch_off():
+    """"auto": the steps on PAIRX_GATE_UP at the measured widths (2048-6143) for pairx rows only; "off", the old
+    set names and a Kernels' own pairx_gate_up: the loop (or what it names)."""
+    assert [moe_tiles.pairx_steps(d, "auto") for d in (1024, 2048 - 256, 2048, 4096, 6144 - 256, 6144, 7168)] == \
+        [False, False, True, True, True, False, False]
+    assert not any(moe_tiles.pairx_steps(d, "off") for d in (2048, 4096))
+    with pytest.raises(moe.dispatch.KernelArgumentError, match="SPARKD_MOE_PAIRX_STEPS"):
+        moe_tiles.pairx_steps(4096, "on")
+    assert moe_tiles.pairx_way(Kernels(), 4096) == ("steps" if moe_tiles.PAIRX_STEPS == "auto" else "loop")
+    assert moe_tiles.pairx_way(Kernels(pairx_gate_up="ahead"), 7168) == "ahead"
+    assert moe_tiles.pairx_way(moe_tiles.decode_kernels("s14"), 4096) == "loop"
+    for dim, steps in ((1024, False), (2048, True), (4096, True), (6144, False)):
+        tiled = moe.prepare(moe.tiled_gate_up(arena_table(T.Q4_K, T.Q8_0, dim, 32, 1, "cpu")[0]), "cpu")
+        want = moe_tiles.PAIRX_GATE_UP if steps and moe_tiles.PAIRX_STEPS == "auto" else \
+            moe_tiles.DECODE_TILES["Q4_K_TILED"][0]
+        assert moe_tiles.decode_tiles(tiled)[0] == want, dim
+        assert moe_tiles.decode_tiles(tiled, "s14")[0] == moe_tiles.DECODE_TILES["Q4_K_TILED"][0]
+        gguf = moe.prepare(arena_table(T.Q4_K, T.Q8_0, dim, 32, 1, "cpu")[0], "cpu")  # GGUF rows: as before
+        assert moe_tiles.decode_tiles(gguf)[0] == moe_tiles.DECODE_TILES["Q4_K"][0]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")

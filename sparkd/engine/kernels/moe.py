@@ -66,7 +66,7 @@ from sparkd.engine.kernels.matmul import (
     tickets,
 )
 from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
-                                             pipe_programs)
+                                             pairx_way, pipe_programs)
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -643,9 +643,9 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
 
 
 def _pairx_gate_up(p: PreparedTable, cfg: GemvConfig, kernels: Kernels) -> dict:
-    """The gate/up launch's NG and AHEAD: q4_k_pair.gate_up's loop (Kernels.pairx_gate_up "steps" or "ahead") where
+    """The gate/up launch's NG and AHEAD: q4_k_pair.gate_up's loop (moe_tiles.pairx_way "steps" or "ahead") where
     the rows are pairx's on the one-warp 4-row tile and a row is whole steps of the tile's groups; else NG 0."""
-    way = kernels.pairx_gate_up
+    way = pairx_way(kernels, p.table.dim)
     ok = (way != "loop" and p.gate_up.qtype == q4_k_tiled.TILED and (cfg.block_n, cfg.num_warps) == (4, 1)
           and cfg.elementwise and p.table.dim % (256 * cfg.unroll) == 0)
     return dict(NG=p.table.dim // 256 if ok else 0, AHEAD=ok and way == "ahead")
