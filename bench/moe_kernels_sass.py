@@ -99,7 +99,7 @@ def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = F
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=tiled,
                       DOWN_AT_START=True, **common)
         way = moe_tiles.pairx_way(k, dim) if tiled else "loop"  # moe._pairx_gate_up at model width dim
-        consts.update(NG=dim // 256 if way != "loop" else 0, AHEAD=way == "ahead")
+        consts.update(NG=dim // 256 if way == "steps" else 0)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         ahead = moe._ahead_ok(bool(k.down_ahead), k, cfg, k.words and qtype == T.Q8_0, 4096, groups * 256)
@@ -151,7 +151,7 @@ def main() -> None:
     ap.add_argument("--gate-up", default="", help="gate/up tiles rows/warps/unroll/e|g, comma-separated")
     ap.add_argument("--down", default="", help="down tiles rows/warps/unroll/e|g/split, comma-separated")
     ap.add_argument("--groups", type=int, default=8, help="the down's groups a row (F / 256; Kernels.down_full)")
-    ap.add_argument("--dim", type=int, default=4096, help="the model width (the pairx gate/up's groups: flags n, N)")
+    ap.add_argument("--dim", type=int, default=4096, help="the model width (the pairx gate/up's groups: flag n)")
     ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~; GGUF types)")
     ap.add_argument("--pipe", action="store_true", help="the Q8_0 gate/up tiles as moe_pipe's kernel too")
     ap.add_argument("--order", action="store_true", help="the loop's loads and dp4a in issue order")

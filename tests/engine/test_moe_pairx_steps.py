@@ -1,6 +1,5 @@
 """Session 21 (q4k48): the pairx MoE gate/up's loop with a constant trip count (q4_k_pair.gate_up; Kernels.pairx_gate_up
-"steps", the tile's unroll a step, and "ahead", a group's loads before the previous group's dots) adds the same groups
-in the same order as _gate_up_idot's loop: the same bits, on a table in the engine's layout (gate/up and down
+"steps", the tile's unroll a step) adds the same groups in the same order as _gate_up_idot's loop: the same bits, on a table in the engine's layout (gate/up and down
 repacked, offsets on 16 bytes on the GPU). Interpreter where there is no GPU, compiled with the marker gpu."""
 
 import dataclasses
@@ -21,29 +20,30 @@ from sparkd.engine.kernels import moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 from sparkd.engine.kernels.moe_tiles import Kernels  # noqa: E402
 
-WAYS = [("steps", 1), ("steps", 2), ("steps", 4), ("ahead", 1)]
+STEPS = [1, 2, 4, 8]
 
 
 def decodes(p: moe.PreparedTable, x: torch.Tensor, w: torch.Tensor, down: GemvConfig | None) -> dict:
-    """y for the loop (unroll 1, the engine's gate/up tile) and for each of WAYS, h quantized in the launch."""
+    """y for the loop (unroll 1, its tile) and for the steps at each of STEPS that divides the row's groups, h
+    quantized in the launch."""
     one = GemvConfig(block_n=4, num_warps=1, unroll=1, fuse_quant=True)
     ys = {"loop": moe.moe_decode(p, x, w, gate_up=one, down=down, kernels=Kernels(pairx_gate_up="loop"))}
-    for way, unroll in WAYS:
-        ys[way, unroll] = moe.moe_decode(p, x, w, gate_up=dataclasses.replace(one, unroll=unroll), down=down,
-                                         kernels=Kernels(pairx_gate_up=way))
+    for unroll in (u for u in STEPS if p.table.dim % (256 * u) == 0):
+        ys[unroll] = moe.moe_decode(p, x, w, gate_up=dataclasses.replace(one, unroll=unroll), down=down,
+                                    kernels=Kernels(pairx_gate_up="steps"))
     return ys
 
 
 def test_the_steps_run_by_width_and_switch_off():
-    """"auto": the steps on PAIRX_GATE_UP at the measured widths (2048-6143) for pairx rows only; "off", the old
-    set names and a Kernels' own pairx_gate_up: the loop (or what it names)."""
+    """"auto": the steps on PAIRX_GATE_UP at the measured widths (2048-6143) for pairx rows only; "off" and the old
+    set names: the loop; a Kernels' own pairx_gate_up: what it names."""
     assert [moe_tiles.pairx_steps(d, "auto") for d in (1024, 2048 - 256, 2048, 4096, 6144 - 256, 6144, 7168)] == \
         [False, False, True, True, True, False, False]
     assert not any(moe_tiles.pairx_steps(d, "off") for d in (2048, 4096))
     with pytest.raises(moe.dispatch.KernelArgumentError, match="SPARKD_MOE_PAIRX_STEPS"):
         moe_tiles.pairx_steps(4096, "on")
     assert moe_tiles.pairx_way(Kernels(), 4096) == ("steps" if moe_tiles.PAIRX_STEPS == "auto" else "loop")
-    assert moe_tiles.pairx_way(Kernels(pairx_gate_up="ahead"), 7168) == "ahead"
+    assert moe_tiles.pairx_way(Kernels(pairx_gate_up="steps"), 7168) == "steps"
     assert moe_tiles.pairx_way(moe_tiles.decode_kernels("s14"), 4096) == "loop"
     for dim, steps in ((1024, False), (2048, True), (4096, True), (6144, False)):
         tiled = moe.prepare(moe.tiled_gate_up(arena_table(T.Q4_K, T.Q8_0, dim, 32, 1, "cpu")[0]), "cpu")
@@ -61,7 +61,7 @@ def test_pairx_gate_up_steps_give_the_loops_bits_interpreted():
     table = moe.tiled_gate_up(arena_table(T.Q4_K, T.Q8_0, 1024, 32, 2, "cpu")[0])
     p = moe.prepare(table, "cpu")
     assert moe._pairx_gate_up(p, GemvConfig(block_n=4, num_warps=1, unroll=2), Kernels(pairx_gate_up="steps")) == \
-        dict(NG=4, AHEAD=False)
+        dict(NG=4)
     x, w = torch.randn(1024), torch.rand(2)
     ys = decodes(p, x, w, GemvConfig(block_n=64, num_warps=1, unroll=2, split=2))
     for key, y in ys.items():
@@ -78,7 +78,7 @@ def test_pairx_gate_up_steps_give_the_loops_bits(shape):
     table = on_16_bytes(arena_table(T.Q4_K, T.Q4_K, dim, width, n, "cuda")[0])
     p = moe.prepare(moe.tiled_down(moe.tiled_gate_up(table)), "cuda")
     assert p.gate_up_vec and moe._pairx_gate_up(p, GemvConfig(block_n=4, num_warps=1, unroll=4),
-                                                Kernels(pairx_gate_up="ahead")) == dict(NG=dim // 256, AHEAD=True)
+                                                Kernels(pairx_gate_up="steps")) == dict(NG=dim // 256)
     x, w = torch.randn(dim, device="cuda"), torch.rand(n, device="cuda")
     ys = decodes(p, x, w, None)
     for key, y in ys.items():

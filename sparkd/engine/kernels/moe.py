@@ -233,8 +233,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
-                     DOWN_AT_START: tl.constexpr = True, NG: tl.constexpr = 0, AHEAD: tl.constexpr = False,
-                     PDL: tl.constexpr = False):
+                     DOWN_AT_START: tl.constexpr = True, NG: tl.constexpr = 0, PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -244,7 +243,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset).
     DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop.
     NG > 0 (TILED pairx rows, Kernels.pairx_gate_up): q4_k_pair.gate_up's loop over the NG groups of a row, UNROLL a
-    step (AHEAD: a group's loads before the previous group's dots), the same bits."""
+    step, the same bits."""
     pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -253,7 +252,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
     u_off = _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN)
     if NG > 0:
-        g, u = q4_k_pair.gate_up(gate_ptr + g_off, up_ptr + u_off, xw_ptr, xd_ptr, xs_ptr, NG, UNROLL, AHEAD, EMU)
+        g, u = q4_k_pair.gate_up(gate_ptr + g_off, up_ptr + u_off, xw_ptr, xd_ptr, xs_ptr, NG, UNROLL, EMU)
         g, u = row_sums(g, A1, A2, A3), row_sums(u, A1, A2, A3)
     elif TILED:
         g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1,
@@ -643,12 +642,11 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
 
 
 def _pairx_gate_up(p: PreparedTable, cfg: GemvConfig, kernels: Kernels) -> dict:
-    """The gate/up launch's NG and AHEAD: q4_k_pair.gate_up's loop (moe_tiles.pairx_way "steps" or "ahead") where
-    the rows are pairx's on the one-warp 4-row tile and a row is whole steps of the tile's groups; else NG 0."""
-    way = pairx_way(kernels, p.table.dim)
-    ok = (way != "loop" and p.gate_up.qtype == q4_k_tiled.TILED and (cfg.block_n, cfg.num_warps) == (4, 1)
+    """The gate/up launch's NG: the row's groups for q4_k_pair.gate_up's loop (moe_tiles.pairx_way "steps") where the
+    rows are pairx's on the one-warp 4-row tile and a row is whole steps of the tile's groups; else 0 (the loop)."""
+    ok = (pairx_way(kernels, p.table.dim) == "steps" and p.gate_up.qtype == q4_k_tiled.TILED and (cfg.block_n, cfg.num_warps) == (4, 1)
           and cfg.elementwise and p.table.dim % (256 * cfg.unroll) == 0)
-    return dict(NG=p.table.dim // 256 if ok else 0, AHEAD=ok and way == "ahead")
+    return dict(NG=p.table.dim // 256 if ok else 0)
 
 
 def _pipe_ok(per_sm: int, kernels: Kernels, cfg: GemvConfig, words: bool, rows: int, width: int) -> bool:

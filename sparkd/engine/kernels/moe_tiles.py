@@ -139,9 +139,8 @@ class Kernels:
     # model width (down_ahead: $SPARKD_MOE_DOWN_AHEAD)
     down_ahead: bool | None = None
     # session 21 (q4k48): the pairx (Q4_K_TILED) gate/up's loop: "loop" (_gate_up_idot's: the groups counted at run
-    # time, clamped and masked), "steps" (q4_k_pair.gate_up: a constant trip count, the tile's unroll a step), "ahead"
-    # (that, a group's loads before the previous group's dots); None, by the model width (pairx_way:
-    # $SPARKD_MOE_PAIRX_STEPS)
+    # time, clamped and masked), "steps" (q4_k_pair.gate_up: a constant trip count, the tile's unroll a step); None, by
+    # the model width (pairx_way: $SPARKD_MOE_PAIRX_STEPS)
     pairx_gate_up: str | None = None
 
 
@@ -291,8 +290,8 @@ def ahead_tile_fits(p: PreparedTable, which: str | None = None) -> bool:
 # 131 warp instructions a group against the loop's 146), at model widths 2048-6143: top-8 layer after the norm ("all
 # qx", Q4_KXD) 4096x1536 33.0-33.5 / 32.8-32.9 -> 31.7 / 31.3 us (-4 to -5 %, two processes; 0.61-0.62 -> 0.65 of
 # the 2 GiB copy), its gate/up 22.4-23.0 -> 20.9-21.3; 2048x768 15.5-15.7 -> 14.9 / 14.9 (-4 to -5 %), gate/up 10.4-10.5
-# -> 9.7. 1, 4 and 8 groups a step and the loads a group ahead ("ahead") lost to it or tied at 4096. The same bits as
-# the loop. Unmeasured widths (7168) keep the loop. "off": the loop and the one-group tile at every width.
+# -> 9.7. 1, 4 and 8 groups a step and the loads a group ahead (taken out) lost to it or tied at 4096. The same bits
+# as the loop. Unmeasured widths (7168) keep the loop. "off": the loop and the one-group tile at every width.
 PAIRX_STEPS_ENV = "SPARKD_MOE_PAIRX_STEPS"
 PAIRX_STEPS_CHOICES = ("auto", "off")
 PAIRX_STEPS = switches.choice(PAIRX_STEPS_ENV, PAIRX_STEPS_CHOICES, "auto")  # read once
@@ -311,7 +310,7 @@ def pairx_steps(dim: int, which: str | None = None) -> bool:
 
 
 def pairx_way(kernels: Kernels, dim: int) -> str:
-    """The pairx gate/up's loop ("loop", "steps", "ahead": Kernels.pairx_gate_up) at model width dim."""
+    """The pairx gate/up's loop ("loop" or "steps": Kernels.pairx_gate_up) at model width dim."""
     if kernels.pairx_gate_up is not None:
         return kernels.pairx_gate_up
     return "steps" if pairx_steps(dim) else "loop"

@@ -135,30 +135,22 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 
 
 @triton.jit
-def gate_up(gate_ptr, up_ptr, xw_ptr, xd_ptr, xs_ptr, NG: tl.constexpr, STEP: tl.constexpr, AHEAD: tl.constexpr,
-            EMU: tl.constexpr):
+def gate_up(gate_ptr, up_ptr, xw_ptr, xd_ptr, xs_ptr, NG: tl.constexpr, STEP: tl.constexpr, EMU: tl.constexpr):
     """(gate, up) accs [4, 8, 1] of the program's 4-row tile (idot's program-id tile, a uniform value) in both
     matrices over all NG groups of a row, idot's loop (moe._gate_up_idot) with a constant trip count: STEP groups a
-    step unrolled (NG: the whole row, every address a constant offset of the two tiles), no clamp, no mask; AHEAD,
-    a group's loads issued before the previous group's dots. The same adds in the same order as idot's: the same
-    bits."""
+    step unrolled (NG: the whole row, every address a constant offset of the two tiles), no clamp, no mask. The same
+    adds in the same order as idot's: the same bits. Session 21 (q4k48): 2 groups a step is what the H200 ran fastest
+    (moe_tiles.PAIRX_GATE_UP); a form with a group's loads before the previous group's dots lost (the branch history,
+    3d354d5)."""
     lane = tl.arange(0, 32)[:, None]
     gb, ub = _tile_base(gate_ptr, NG * 256), _tile_base(up_ptr, NG * 256)
     acc_g = tl.zeros((32, 1), tl.float32)
     acc_u = tl.zeros((32, 1), tl.float32)
-    if AHEAD:
-        gw, uw, xv = _loads(gb, ub, xw_ptr, xd_ptr, xs_ptr, lane, 0, NG)
-        for g in tl.range(0, NG):
-            gw2, uw2, xv2 = _loads(gb, ub, xw_ptr, xd_ptr, xs_ptr, lane, tl.minimum(g + 1, NG - 1), NG)
+    for g0 in tl.range(0, NG, STEP):
+        for u in tl.static_range(STEP):
+            gw, uw, xv = _loads(gb, ub, xw_ptr, xd_ptr, xs_ptr, lane, g0 + u, NG)
             acc_g += _math(gw, xv, lane, EMU)
             acc_u += _math(uw, xv, lane, EMU)
-            gw, uw, xv = gw2, uw2, xv2
-    else:
-        for g0 in tl.range(0, NG, STEP):
-            for u in tl.static_range(STEP):
-                gw, uw, xv = _loads(gb, ub, xw_ptr, xd_ptr, xs_ptr, lane, g0 + u, NG)
-                acc_g += _math(gw, xv, lane, EMU)
-                acc_u += _math(uw, xv, lane, EMU)
     zero = tl.zeros((4, 8, 1), tl.float32)  # idot's acc starts at 0.0: the same adds
     return zero + _as_tile(acc_g), zero + _as_tile(acc_u)
 
