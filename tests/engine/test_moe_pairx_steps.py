@@ -35,10 +35,11 @@ def decodes(p: moe.PreparedTable, x: torch.Tensor, w: torch.Tensor, down: GemvCo
 
 
 def test_the_steps_run_by_width_and_switch_off():
-    """"auto": the steps on PAIRX_GATE_UP at the measured widths (2048-6143) for pairx rows only; "off" and the old
+    """"auto": the steps on PAIRX_GATE_UP at the measured widths (2048-6143, rows of whole steps) for pairx rows only; "off" and the old
     set names: the loop; a Kernels' own pairx_gate_up: what it names."""
-    assert [moe_tiles.pairx_steps(d, "auto") for d in (1024, 2048 - 256, 2048, 4096, 6144 - 256, 6144, 7168)] == \
-        [False, False, True, True, True, False, False]
+    widths = (1024, 2048 - 256, 2048, 2048 + 256, 4096, 6144 - 512, 6144 - 256, 6144, 7168)
+    assert [moe_tiles.pairx_steps(d, "auto") for d in widths] == [False, False, True, False, True, True, False, False,
+                                                                  False]  # (an odd count of groups: not whole steps)
     assert not any(moe_tiles.pairx_steps(d, "off") for d in (2048, 4096))
     with pytest.raises(moe.dispatch.KernelArgumentError, match="SPARKD_MOE_PAIRX_STEPS"):
         moe_tiles.pairx_steps(4096, "on")
