@@ -1,6 +1,7 @@
 """Session 21 (q4k48): the pairx MoE gate/up's loop with a constant trip count (q4_k_pair.gate_up; Kernels.pairx_gate_up
-"steps", the tile's unroll a step) adds the same groups in the same order as _gate_up_idot's loop: the same bits, on a table in the engine's layout (gate/up and down
-repacked, offsets on 16 bytes on the GPU). Interpreter where there is no GPU, compiled with the marker gpu."""
+"steps", the tile's unroll a step) adds the same groups in the same order as _gate_up_idot's loop: the same bits, on a
+table in the engine's layout (gate/up and down repacked, offsets on 16 bytes on the GPU). Interpreter where there is
+no GPU, compiled with the marker gpu."""
 
 import dataclasses
 import os
@@ -35,8 +36,8 @@ def decodes(p: moe.PreparedTable, x: torch.Tensor, w: torch.Tensor, down: GemvCo
 
 
 def test_the_steps_run_by_width_and_switch_off():
-    """"auto": the steps on PAIRX_GATE_UP at the measured widths (2048-6143, rows of whole steps) for pairx rows only; "off" and the old
-    set names: the loop; a Kernels' own pairx_gate_up: what it names."""
+    """"auto": the steps on PAIRX_GATE_UP at the measured widths (2048-6143, rows of whole steps) for pairx rows only;
+    "off" and the old set names: the loop; a Kernels' own pairx_gate_up: what it names."""
     widths = (1024, 2048 - 256, 2048, 2048 + 256, 4096, 6144 - 512, 6144 - 256, 6144, 7168)
     assert [moe_tiles.pairx_steps(d, "auto") for d in widths] == [False, False, True, False, True, True, False, False,
                                                                   False]  # (an odd count of groups: not whole steps)

@@ -644,8 +644,8 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
 def _pairx_gate_up(p: PreparedTable, cfg: GemvConfig, kernels: Kernels) -> dict:
     """The gate/up launch's NG: the row's groups for q4_k_pair.gate_up's loop (moe_tiles.pairx_way "steps") where the
     rows are pairx's on the one-warp 4-row tile and a row is whole steps of the tile's groups; else 0 (the loop)."""
-    ok = (pairx_way(kernels, p.table.dim) == "steps" and p.gate_up.qtype == q4_k_tiled.TILED and (cfg.block_n, cfg.num_warps) == (4, 1)
-          and cfg.elementwise and p.table.dim % (256 * cfg.unroll) == 0)
+    ok = (pairx_way(kernels, p.table.dim) == "steps" and p.gate_up.qtype == q4_k_tiled.TILED
+          and (cfg.block_n, cfg.num_warps) == (4, 1) and cfg.elementwise and p.table.dim % (256 * cfg.unroll) == 0)
     return dict(NG=p.table.dim // 256 if ok else 0)
 
 

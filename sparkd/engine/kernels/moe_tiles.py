@@ -288,10 +288,11 @@ def ahead_tile_fits(p: PreparedTable, which: str | None = None) -> bool:
 # Session 21 (q4k48, H200, bench/results/q4k48_h200_s21_*): the pairx (Q4_K_TILED) gate/up's loop with a constant trip
 # count (q4_k_pair.gate_up: D // 256 groups a row, no clamp, no mask), 2 groups a step (PAIRX_GATE_UP; 64 registers,
 # 131 warp instructions a group against the loop's 146), at model widths 2048-6143 (rows of whole steps): top-8 layer
-# after the norm ("all qx", Q4_KXD) 4096x1536 33.0-33.5 / 32.8-32.9 -> 31.7 / 31.3 us (-4 to -5 %, two processes; 0.61-0.62 -> 0.65 of
-# the 2 GiB copy), its gate/up 22.4-23.0 -> 20.9-21.3; 2048x768 15.5-15.7 -> 14.9 / 14.9 (-4 to -5 %), gate/up 10.4-10.5
-# -> 9.7. 1, 4 and 8 groups a step and the loads a group ahead (taken out) lost to it or tied at 4096. The same bits
-# as the loop. Unmeasured widths (7168) keep the loop. "off": the loop and the one-group tile at every width.
+# after the norm ("all qx", Q4_KXD) 4096x1536 33.0-33.5 / 32.8-32.9 -> 31.7 / 31.3 us (-4 to -5 %, two processes;
+# 0.61-0.62 -> 0.65 of the 2 GiB copy), its gate/up 22.4-23.0 -> 20.9-21.3; 2048x768 15.5-15.7 -> 14.9 / 14.9 (-4 to
+# -5 %), gate/up 10.4-10.5 -> 9.7. 1, 4 and 8 groups a step and the loads a group ahead (taken out) lost to it or tied
+# at 4096. The same bits as the loop. Unmeasured widths (7168) keep the loop. "off": the loop and the one-group tile
+# at every width.
 PAIRX_STEPS_ENV = "SPARKD_MOE_PAIRX_STEPS"
 PAIRX_STEPS_CHOICES = ("auto", "off")
 PAIRX_STEPS = switches.choice(PAIRX_STEPS_ENV, PAIRX_STEPS_CHOICES, "auto")  # read once
@@ -305,7 +306,8 @@ def pairx_steps(dim: int, which: str | None = None) -> bool:
     which = which or PAIRX_STEPS
     if which not in PAIRX_STEPS_CHOICES:
         raise dispatch.KernelArgumentError(f"could not pick the pairx MoE gate/up's loop: {which!r} "
-                                           f"(${PAIRX_STEPS_ENV} or which) is not one of {', '.join(PAIRX_STEPS_CHOICES)}")
+                                           f"(${PAIRX_STEPS_ENV} or which) is not one of "
+                                           f"{', '.join(PAIRX_STEPS_CHOICES)}")
     whole = dim % (256 * PAIRX_GATE_UP.unroll) == 0
     return which == "auto" and PAIRX_STEPS_WIDTHS[0] <= dim < PAIRX_STEPS_WIDTHS[1] and whole
 
