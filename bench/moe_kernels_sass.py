@@ -15,6 +15,9 @@ software-pipelined persistent kernel too (kind "pipe", a loop step the tile's un
 (session 20, moe47: with --order, its loop's order too).
 Session 20 (moe46): a Q8_0 down tile's flag a (2/1/2/e/2:wpvVfa), its loop with the next step's words loaded ahead
 (moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row.
+Session 21 (q4k48): Q4_K_TILED launches on 16-byte offsets, as the engine's pairx tables are (before: 4 bytes, 4 scalar
+qs loads a thread); a gate/up tile's flag n (4/1/2/e:wpvVfdn), q4_k_pair.gate_up's constant-trip loop (the default at
+widths 2048-6143: moe_tiles.pairx_way) at `--dim` model width.
 """
 
 from __future__ import annotations
