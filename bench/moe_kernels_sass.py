@@ -15,6 +15,9 @@ software-pipelined persistent kernel too (kind "pipe", a loop step the tile's un
 (session 20, moe47: with --order, its loop's order too).
 Session 20 (moe46): a Q8_0 down tile's flag a (2/1/2/e/2:wpvVfa), its loop with the next step's words loaded ahead
 (moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row.
+Session 21 (q4k48): Q4_K_TILED launches on 16-byte offsets, as the engine's pairx tables are (before: 4 bytes, 4 scalar
+qs loads a thread); a gate/up tile's flag n (4/1/2/e:wpvVfdn), q4_k_pair.gate_up's constant-trip loop (the default at
+widths 2048-6143: moe_tiles.pairx_way) at `--dim` model width.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from triton.tools.disasm import get_sass
 import moe_twin
 from kernels_sass import WATCH, registers
 from moe_tiles_bench import kernels_of, tile
-from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, pdl, q4_k_tiled
+from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, moe_tiles, pdl, q4_k_tiled
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
@@ -86,17 +89,20 @@ def order(ops: list[str]) -> str:
     return " ".join(op if n == 1 else f"{op}x{n}" for op, n in runs)
 
 
-def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = False) -> str:
+def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = False, dim: int = 4096) -> str:
     cfg, fam, k = tile(text), dispatch.family(qtype), kernels_of(text)
     split = cfg.split or 1
     tiled = qtype == q4_k_tiled.TILED  # pairx rows (moe.tiled_gate_up / tiled_down): their own step
-    vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, qtype == T.Q4_K)
+    # the engine's pairx tables are on 16 bytes too (moe.prepare's *_vec; session 21: before, ALIGN 1 here)
+    vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, qtype in (T.Q4_K, q4_k_tiled.TILED))
     common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
                   **moe._int_args(fam, k.words and qtype == T.Q8_0, vec, k.full))  # shapes in range (moe._full)
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=tiled,
                       DOWN_AT_START=True, **common)
+        way = moe_tiles.pairx_way(k, dim) if tiled else "loop"  # moe._pairx_gate_up at model width dim
+        consts.update(NG=dim // 256 if way == "steps" else 0)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
         ahead = moe._ahead_ok(bool(k.down_ahead), k, cfg, k.words and qtype == T.Q8_0, 4096, groups * 256)
@@ -148,6 +154,7 @@ def main() -> None:
     ap.add_argument("--gate-up", default="", help="gate/up tiles rows/warps/unroll/e|g, comma-separated")
     ap.add_argument("--down", default="", help="down tiles rows/warps/unroll/e|g/split, comma-separated")
     ap.add_argument("--groups", type=int, default=8, help="the down's groups a row (F / 256; Kernels.down_full)")
+    ap.add_argument("--dim", type=int, default=4096, help="the model width (the pairx gate/up's groups: flag n)")
     ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~; GGUF types)")
     ap.add_argument("--pipe", action="store_true", help="the Q8_0 gate/up tiles as moe_pipe's kernel too")
     ap.add_argument("--order", action="store_true", help="the loop's loads and dp4a in issue order")
@@ -157,7 +164,7 @@ def main() -> None:
     qtype = q4_k_tiled.TILED if args.type == q4_k_tiled.TILED.name else T[args.type]
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
-            print(report(qtype, kind, text, args.groups, args.order), flush=True)
+            print(report(qtype, kind, text, args.groups, args.order, args.dim), flush=True)
             if args.twins and qtype != q4_k_tiled.TILED:
                 print(twin(T[args.type], kind, text, args.groups), flush=True)
 

@@ -162,14 +162,16 @@ def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
     Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
     d: the down's groups a constant trip count where the shape allows, both types (moe14), a: the Q8_0 down's
-    next step loaded ahead (session 20, moe46: Kernels.down_ahead); no ":": the default)."""
+    next step loaded ahead (session 20, moe46: Kernels.down_ahead); n: the pairx gate/up's constant trip count, the
+    tile's unroll a step (session 21, q4k48: Kernels.pairx_gate_up "steps"; else its "loop"); no ":": the default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
                              down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else (),
-                             down_ahead="a" in flags)
+                             down_ahead="a" in flags,
+                             pairx_gate_up="steps" if "n" in flags else "loop")
 
 
 def engine_tiles(p: moe.PreparedTable, gu: GemvConfig | None, dn: GemvConfig | None,

@@ -58,7 +58,8 @@ def test_tiled_gate_up_within_the_fp32_bound(backend, align):
         assert torch.equal(tiled.down[o:o + d_span], before[o:o + d_span])
     assert not torch.equal(tiled.gate[tiled.gate_offsets[0]:][:span], before[table.gate_offsets[0]:][:span])
     p = moe.prepare(tiled, backend)
-    assert p.gate_up_vec == (align == 16) and moe_tiles.decode_tiles(p)[0] == moe_tiles.DECODE_TILES["Q4_K_TILED"][0]
+    tile = moe_tiles.PAIRX_GATE_UP if moe_tiles.pairx_steps(dim) else moe_tiles.DECODE_TILES["Q4_K_TILED"][0]
+    assert p.gate_up_vec == (align == 16) and moe_tiles.decode_tiles(p)[0] == tile
     tiles = dict(gate_up=dataclasses.replace(ONE_TILE, fuse_quant=True), down=DOWN[backend])
     ys = [moe.moe_decode(p, x, w, **tiles) for _ in range(2)]
     assert torch.equal(ys[0], ys[1])

@@ -41,8 +41,8 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, pdl, q4_k, q4_k_tiled,
-                                   q8_0_words)
+from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, pdl, q4_k, q4_k_pair,
+                                   q4_k_tiled, q8_0_words)
 from sparkd.engine.kernels.matmul import (
     GEMM_BLOCK_T,
     GROUPED_BLOCK_TS,
@@ -66,7 +66,7 @@ from sparkd.engine.kernels.matmul import (
     tickets,
 )
 from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
-                                             pipe_programs)
+                                             pairx_way, pipe_programs)
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -233,7 +233,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
-                     DOWN_AT_START: tl.constexpr = True, PDL: tl.constexpr = False):
+                     DOWN_AT_START: tl.constexpr = True, NG: tl.constexpr = 0, PDL: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -241,7 +241,9 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
     TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
     weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset).
-    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop."""
+    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop.
+    NG > 0 (TILED pairx rows, Kernels.pairx_gate_up): q4_k_pair.gate_up's loop over the NG groups of a row, UNROLL a
+    step, the same bits."""
     pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -249,7 +251,10 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
     rb = rows.to(tl.int64) * row_bytes
     g_off = _aligned_offset(gate_off, ids_ptr, a, IDS, ALIGN)
     u_off = _aligned_offset(up_off, ids_ptr, a, IDS, ALIGN)
-    if TILED:
+    if NG > 0:
+        g, u = q4_k_pair.gate_up(gate_ptr + g_off, up_ptr + u_off, xw_ptr, xd_ptr, xs_ptr, NG, UNROLL, EMU)
+        g, u = row_sums(g, A1, A2, A3), row_sums(u, A1, A2, A3)
+    elif TILED:
         g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1,
                              A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
     else:
@@ -624,6 +629,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                xs_ptr=q.sums, D=D, **_int_args(p.gate_up, words, _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                                                kernels.full and _full(F, D, cfg)),
                                PAIR=kernels.pair, TILED=p.gate_up.row_tile > 1, UNROLL=cfg.unroll,
+                               **_pairx_gate_up(p, cfg, kernels),
                                EW=cfg.elementwise, STAGES=stages_arg(cfg), **common, **pdl.launch(x.device))
         return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
@@ -633,6 +639,14 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **pdl.launch(x.device))
     return h
+
+
+def _pairx_gate_up(p: PreparedTable, cfg: GemvConfig, kernels: Kernels) -> dict:
+    """The gate/up launch's NG: the row's groups for q4_k_pair.gate_up's loop (moe_tiles.pairx_way "steps") where the
+    rows are pairx's on the one-warp 4-row tile and a row is whole steps of the tile's groups; else 0 (the loop)."""
+    ok = (pairx_way(kernels, p.table.dim) == "steps" and p.gate_up.qtype == q4_k_tiled.TILED
+          and (cfg.block_n, cfg.num_warps) == (4, 1) and cfg.elementwise and p.table.dim % (256 * cfg.unroll) == 0)
+    return dict(NG=p.table.dim // 256 if ok else 0)
 
 
 def _pipe_ok(per_sm: int, kernels: Kernels, cfg: GemvConfig, words: bool, rows: int, width: int) -> bool:

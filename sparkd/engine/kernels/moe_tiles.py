@@ -138,18 +138,24 @@ class Kernels:
     # dots (moe_down_ahead, in the grid kernel) where its step is the grid kernel's (moe._ahead_ok); None, by the
     # model width (down_ahead: $SPARKD_MOE_DOWN_AHEAD)
     down_ahead: bool | None = None
+    # session 21 (q4k48): the pairx (Q4_K_TILED) gate/up's loop: "loop" (_gate_up_idot's: the groups counted at run
+    # time, clamped and masked), "steps" (q4_k_pair.gate_up: a constant trip count, the tile's unroll a step); None, by
+    # the model width (pairx_way: $SPARKD_MOE_PAIRX_STEPS)
+    pairx_gate_up: str | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
-                      down_full=(), pipe=0, down_ahead=False)  # sessions 4 and 5
+                      down_full=(), pipe=0, down_ahead=False, pairx_gate_up="loop")  # sessions 4 and 5
 S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0,
-                     down_ahead=False)  # session 6's first round (moe9)
-S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0, down_ahead=False)  # session 6's second round, until moe13
-S7_KERNELS = Kernels(down_full=(), pipe=0, down_ahead=False)  # session 7's (moe13), the default until session 8
+                     down_ahead=False, pairx_gate_up="loop")  # session 6's first round (moe9)
+S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0, down_ahead=False,
+                       pairx_gate_up="loop")  # session 6's second round, until moe13
+S7_KERNELS = Kernels(down_full=(), pipe=0, down_ahead=False,
+                     pairx_gate_up="loop")  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
 # of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26); none of
-# them runs session 19's pipe (pipe=0) or session 20's down ahead
+# them runs session 19's pipe (pipe=0), session 20's down ahead or session 21's pairx steps
 TILES_ENV = "SPARKD_MOE_TILES"
 TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
@@ -180,6 +186,8 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
     down = _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1])
     if which == "new" and d_name == "Q8_0" and ahead_tile_fits(p):  # session 20: the down's loads ahead
         down = Q8_0_DOWN_AHEAD
+    if which == "new" and gu_name == "Q4_K_TILED" and pairx_steps(p.table.dim):  # session 21: the pairx steps
+        return PAIRX_GATE_UP, down
     return _tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]), down
 
 
@@ -194,7 +202,8 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new" (its pipe by width)."""
-    return {"new": Kernels(), "s14": Kernels(pipe=0, down_ahead=False), "s8": Kernels(pipe=0, down_ahead=False),
+    old = Kernels(pipe=0, down_ahead=False, pairx_gate_up="loop")
+    return {"new": Kernels(), "s14": old, "s8": old,
             "s6": S6_KERNELS, "s6r2": S6R2_KERNELS, "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
@@ -274,3 +283,37 @@ def ahead_tile_fits(p: PreparedTable, which: str | None = None) -> bool:
     """Whether the "new" tiles give a Q8_0 down Q8_0_DOWN_AHEAD (its loop loading ahead): down_ahead at the model width
     (which: DOWN_AHEADS), rows on 32-bit words (the words step) and an expert's row whole steps of the tile."""
     return p.down_words and p.table.width % (256 * Q8_0_DOWN_AHEAD.unroll) == 0 and down_ahead(p.table.dim, which)
+
+
+# Session 21 (q4k48, H200, bench/results/q4k48_h200_s21_*): the pairx (Q4_K_TILED) gate/up's loop with a constant trip
+# count (q4_k_pair.gate_up: D // 256 groups a row, no clamp, no mask), 2 groups a step (PAIRX_GATE_UP; 64 registers,
+# 131 warp instructions a group against the loop's 146), at model widths 2048-6143 (rows of whole steps): top-8 layer
+# after the norm ("all qx", Q4_KXD) 4096x1536 33.0-33.5 / 32.8-32.9 -> 31.7 / 31.3 us (-4 to -5 %, two processes;
+# 0.61-0.62 -> 0.65 of the 2 GiB copy), its gate/up 22.4-23.0 -> 20.9-21.3; 2048x768 15.5-15.7 -> 14.9 / 14.9 (-4 to
+# -5 %), gate/up 10.4-10.5 -> 9.7. 1, 4 and 8 groups a step and the loads a group ahead (taken out) lost to it or tied
+# at 4096. The same bits as the loop. Unmeasured widths (7168) keep the loop. "off": the loop and the one-group tile
+# at every width.
+PAIRX_STEPS_ENV = "SPARKD_MOE_PAIRX_STEPS"
+PAIRX_STEPS_CHOICES = ("auto", "off")
+PAIRX_STEPS = switches.choice(PAIRX_STEPS_ENV, PAIRX_STEPS_CHOICES, "auto")  # read once
+PAIRX_STEPS_WIDTHS = (2048, 6144)  # "auto": the model widths [from, below) that run it
+PAIRX_GATE_UP = GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True)
+
+
+def pairx_steps(dim: int, which: str | None = None) -> bool:
+    """Whether the pairx gate/up runs q4_k_pair.gate_up's steps (on PAIRX_GATE_UP) at model width dim (a row whole
+    steps): which "auto" or "off" (PAIRX_STEPS_CHOICES; default $SPARKD_MOE_PAIRX_STEPS)."""
+    which = which or PAIRX_STEPS
+    if which not in PAIRX_STEPS_CHOICES:
+        raise dispatch.KernelArgumentError(f"could not pick the pairx MoE gate/up's loop: {which!r} "
+                                           f"(${PAIRX_STEPS_ENV} or which) is not one of "
+                                           f"{', '.join(PAIRX_STEPS_CHOICES)}")
+    whole = dim % (256 * PAIRX_GATE_UP.unroll) == 0
+    return which == "auto" and PAIRX_STEPS_WIDTHS[0] <= dim < PAIRX_STEPS_WIDTHS[1] and whole
+
+
+def pairx_way(kernels: Kernels, dim: int) -> str:
+    """The pairx gate/up's loop ("loop" or "steps": Kernels.pairx_gate_up) at model width dim."""
+    if kernels.pairx_gate_up is not None:
+        return kernels.pairx_gate_up
+    return "steps" if pairx_steps(dim) else "loop"

@@ -102,30 +102,20 @@ def _partner(v, EMU: tl.constexpr):
 @triton.jit
 def _part(base, xw_ptr, xd_ptr, xs_ptr, lane, g, live, K, EMU: tl.constexpr):
     """Group g's float share [T, 1] of each thread's row and sub-block (lane = t % 32 = 4s + 2e + p: row 2p + e,
-    sub-block s) in the 4-row tile at base; g and live (False: the group is past the range, its share 0) are
-    scalars or per thread [T, 1]."""
+    sub-block s) in the 4-row tile at base (_math); g and live (False: the group is past the range, its share 0)
+    are scalars or per thread [T, 1]."""
     w = tl.arange(0, 4)[None, :]
     c = lane // 2
     s = c // 2
-    e = c % 2
     q = tl.load(base + g * 128 + 4 * lane + w)  # [T, 4]: words (r, k) = 2r + k
     x = tl.load(xw_ptr + g * 64 + 4 * c + w)  # [T, 4]: x words 4c .. 4c + 3
     hb = base + K // 256 * 128 + g * 16
-    sh = 8 * (2 * (lane % 2) + e)  # [T, 1]: the thread's row 2p + e, its byte in the scale words
-    hd = tl.load(hb + sh // 8)
+    hd = tl.load(hb + (2 * (lane % 2) + c % 2))  # the thread's row 2p + e
     scw = tl.load(hb + 4 + s)
     mnw = tl.load(hb + 12 + s // 2)
     xs = tl.load(xs_ptr + g * 8 + s)
     dx = tl.where(live, tl.load(xd_ptr + g), 0.0)  # 0 past the range (whole tiles)
-    x0, x1, x2, x3 = _col(x, 0), _col(x, 1), _col(x, 2), _col(x, 3)
-    i0 = _row_isum(_col(q, 0), _col(q, 1), x0, x1, x2, x3, EMU)
-    i1 = _row_isum(_col(q, 2), _col(q, 3), x0, x1, x2, x3, EMU)
-    isum = tl.where(e == 0, i0, i1) + _partner(tl.where(e == 0, i1, i0), EMU)
-    sc = (scw >> sh) & 63
-    mn = ((mnw >> (sh + 4 * (s % 2))) & 15) | (((scw >> sh) >> 2) & 48)
-    d = _f16(hd & 0xFFFF) * dx
-    dmin = _f16(hd >> 16) * dx
-    return d * (sc * isum).to(tl.float32) - dmin * (mn * xs).to(tl.float32)
+    return _math((q, hd, scw, mnw), (x, xs, dx), lane, EMU)
 
 
 @triton.jit
@@ -142,6 +132,74 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     part = _part(_tile_base(w_ptr, K), xw_ptr, xd_ptr, xs_ptr, tl.arange(0, 32)[:, None], g,
                  tl.max(rmask.to(tl.int32), 0) > 0, K, EMU)  # [32, 1]: t = 4s + 2e + p
     return acc + tl.reshape(tl.permute(tl.reshape(part, (8, 2, 2)), (2, 1, 0)), (4, 8, 1))  # row 2p + e
+
+
+@triton.jit
+def gate_up(gate_ptr, up_ptr, xw_ptr, xd_ptr, xs_ptr, NG: tl.constexpr, STEP: tl.constexpr, EMU: tl.constexpr):
+    """(gate, up) accs [4, 8, 1] of the program's 4-row tile (idot's program-id tile, a uniform value) in both
+    matrices over all NG groups of a row, idot's loop (moe._gate_up_idot) with a constant trip count: STEP groups a
+    step unrolled (NG: the whole row, every address a constant offset of the two tiles), no clamp, no mask. The same
+    adds in the same order as idot's: the same bits. Session 21 (q4k48): 2 groups a step is what the H200 ran fastest
+    (moe_tiles.PAIRX_GATE_UP); a form with a group's loads before the previous group's dots lost (the branch history,
+    3d354d5)."""
+    lane = tl.arange(0, 32)[:, None]
+    gb, ub = _tile_base(gate_ptr, NG * 256), _tile_base(up_ptr, NG * 256)
+    acc_g = tl.zeros((32, 1), tl.float32)
+    acc_u = tl.zeros((32, 1), tl.float32)
+    for g0 in tl.range(0, NG, STEP):
+        for u in tl.static_range(STEP):
+            gw, uw, xv = _loads(gb, ub, xw_ptr, xd_ptr, xs_ptr, lane, g0 + u, NG)
+            acc_g += _math(gw, xv, lane, EMU)
+            acc_u += _math(uw, xv, lane, EMU)
+    zero = tl.zeros((4, 8, 1), tl.float32)  # idot's acc starts at 0.0: the same adds
+    return zero + _as_tile(acc_g), zero + _as_tile(acc_u)
+
+
+@triton.jit
+def _loads(gb, ub, xw_ptr, xd_ptr, xs_ptr, lane, g, NG: tl.constexpr):
+    """gate_up's loads of group g: each matrix's words (_wloads), x's (its words, the sub-block's sum, the scale)."""
+    c = lane // 2
+    x = tl.load(xw_ptr + g * 64 + 4 * c + tl.arange(0, 4)[None, :])
+    xv = (x, tl.load(xs_ptr + g * 8 + c // 2), tl.load(xd_ptr + g))
+    return _wloads(gb, lane, g, NG * 256), _wloads(ub, lane, g, NG * 256), xv
+
+
+@triton.jit
+def _wloads(base, lane, g, K):
+    """One matrix's words of group g in the tile at base: the thread's 2 rows' qs [T, 4] (words (r, k) = 2r + k)
+    and its row's header words (d | dmin, scales, mins' low bits) [T, 1]."""
+    c = lane // 2
+    s = c // 2
+    q = tl.load(base + g * 128 + 4 * lane + tl.arange(0, 4)[None, :])
+    hb = base + K // 256 * 128 + g * 16
+    return q, tl.load(hb + (2 * (lane % 2) + c % 2)), tl.load(hb + 4 + s), tl.load(hb + 12 + s // 2)
+
+
+@triton.jit
+def _math(w, xv, lane, EMU: tl.constexpr):
+    """The float share [T, 1] of each thread's row and sub-block (lane = t % 32 = 4s + 2e + p: row 2p + e, sub-block
+    s) from one matrix's _wloads w and x's loads xv of a group (its words, the sub-block's sum, the scale)."""
+    q, hd, scw, mnw = w
+    x, xs, dx = xv
+    c = lane // 2
+    s = c // 2
+    e = c % 2
+    sh = 8 * (2 * (lane % 2) + e)  # [T, 1]: the thread's row 2p + e, its byte in the scale words
+    x0, x1, x2, x3 = _col(x, 0), _col(x, 1), _col(x, 2), _col(x, 3)
+    i0 = _row_isum(_col(q, 0), _col(q, 1), x0, x1, x2, x3, EMU)
+    i1 = _row_isum(_col(q, 2), _col(q, 3), x0, x1, x2, x3, EMU)
+    isum = tl.where(e == 0, i0, i1) + _partner(tl.where(e == 0, i1, i0), EMU)
+    sc = (scw >> sh) & 63
+    mn = ((mnw >> (sh + 4 * (s % 2))) & 15) | (((scw >> sh) >> 2) & 48)
+    d = _f16(hd & 0xFFFF) * dx
+    dmin = _f16(hd >> 16) * dx
+    return d * (sc * isum).to(tl.float32) - dmin * (mn * xs).to(tl.float32)
+
+
+@triton.jit
+def _as_tile(part):
+    """A [32, 1] share (t = 4s + 2e + p) as the tile's acc [4, 8, 1]: row 2p + e, sub-block s."""
+    return tl.reshape(tl.permute(tl.reshape(part, (8, 2, 2)), (2, 1, 0)), (4, 8, 1))
 
 
 @triton.jit
