@@ -12,9 +12,9 @@ Session 14 (moe25): "outside", the static instruction count outside that loop (t
 gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
 down's with its fold) compiled the same way. Session 19 (moe42): --pipe, the Q8_0 gate/up tiles as moe_pipe's
 software-pipelined persistent kernel too (kind "pipe", a loop step the tile's unroll), at `--groups` groups a row
-(session 20, moe47: with --order, its loop's order too; session 21, pipe48: --pipe-variants 0,128,0p, under ptxas's
-register cap and on q8_0_perm's rows; with --order, the loop's loads waited for inside the iteration against those in
-flight over the back edge, from the write and wait scoreboards of the SASS control words).
+(session 20, moe47: with --order, its loop's order too; session 21, pipe48: --pipe-regs 0,112,128, under ptxas's
+register caps; with --order, the loop's loads waited for inside the iteration against those in flight over the back
+edge and the dp4a each of those is in flight over, from the write and wait scoreboards of the SASS control words).
 Session 20 (moe46): a Q8_0 down tile's flag a (2/1/2/e/2:wpvVfa), its loop with the next step's words loaded ahead
 (moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row.
 """
@@ -81,30 +81,30 @@ def largest_loop(text: str, lines_too: bool = False) -> list[str]:
 
 
 def scoreboards(body: list[str]) -> str:
-    """Session 21 (pipe48): of the loop's weight-sized loads (LDG, not the ticket's), how many the same iteration
-    waits for before its last IDP (on their write scoreboard: the dots wait for them) and how many stay in flight
-    over the back edge, with the 128-bit ones counted."""
-    ctrl = [line.split("\t", 1)[0].split(":") for line in body]
+    """Session 21 (pipe48): of the loop's plain loads (LDG.E, .64, .128: not the ticket's), how many the same
+    iteration waits for before its last IDP (a wait on their write scoreboard: this step's dots need them) and how
+    many stay in flight over the back edge, and over how many IDP of the loop each of those is in flight, from its
+    issue to the first wait on its scoreboard (the next iteration's included): the prefetch's cover of the dots."""
+    ctrl = [line.split("\t", 1)[0].split(":") for line in body]  # wait mask, read, write scoreboard, yield, stall
     ops = [line.split("\t", 1)[-1] for line in body]
+    n, idps = len(ops), sum("IDP" in op for op in ops)
     last_idp = max((i for i, op in enumerate(ops) if "IDP" in op), default=-1)
-    waited = flight = waited128 = flight128 = 0
-    covered = []  # per back-edge load: the IDPs it is in flight over, the next iteration's up to its wait
-    n = len(ops)
+    waited, wide_waited, covered, wide_flight = 0, 0, [], 0
     for i, op in enumerate(ops):
-        if not re.search(r"\bLDG\.E(\.128|\.64)?\b", op) or ctrl[i][2] == "-":
+        if not re.search(r"\bLDG\.E(\.128|\.64)?\s", op) or ctrl[i][2] == "-":
             continue
-        sb = int(ctrl[i][2])
+        sb, wide = int(ctrl[i][2]), ".128" in op
         first = next((j for j in range(i + 1, 2 * n) if ctrl[j % n][0] != "--" and int(ctrl[j % n][0]) >> sb & 1),
                      2 * n)
-        wide = ".128" in op
-        if first < last_idp:
-            waited, waited128 = waited + 1, waited128 + wide
+        if first <= last_idp:
+            waited, wide_waited = waited + 1, wide_waited + wide
         else:
-            flight, flight128 = flight + 1, flight128 + wide
             covered.append(sum("IDP" in ops[j % n] for j in range(i + 1, first)))
+            wide_flight += wide
     mean = sum(covered) / max(1, len(covered))
-    return f"loads waited in the iteration {waited} ({waited128} 128-bit), in flight over the back edge {flight} " \
-        f"({flight128} 128-bit), over {mean:.1f} IDP each (min {min(covered, default=0)}) of {ops.count('IDP') or sum('IDP' in o for o in ops)}"
+    return (f"loads waited in the iteration {waited} ({wide_waited} 128-bit), in flight over the back edge "
+            f"{len(covered)} ({wide_flight} 128-bit) over {mean:.1f} of the loop's {idps} IDP each "
+            f"(min {min(covered, default=0)})")
 
 
 def order(ops: list[str]) -> str:
@@ -155,16 +155,15 @@ def twin(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     return line(qtype.name, kind + "~", text, binary, cfg.num_warps)
 
 
-def pipe(text: str, groups: int, show_order: bool = False, regs: int = 0, perm: bool = False) -> str:
-    """The Q8_0 gate/up tile as moe_pipe.gate_up_kernel launches it (h quantized by a block's last tile); regs, perm:
-    Kernels.pipe_regs, pipe_perm."""
+def pipe(text: str, groups: int, show_order: bool = False, regs: int = 0) -> str:
+    """The Q8_0 gate/up tile as moe_pipe.gate_up_kernel launches it (h quantized by a block's last tile); regs:
+    ptxas's register cap (0: none)."""
     cfg, fam = tile(text), dispatch.FAMILIES[T.Q8_0]
     consts = dict(IDS=True, OFF=moe._aligned_offset, OUT=moe._gate_up_out, SUMS=moe.row_sums, G=groups, UNROLL=cfg.unroll,
                   BLOCK_N=cfg.block_n, EMU=False, ACT=0, RW=False, HBLOCK=act_quant.BLOCKS[fam.act_fmt], H8K=False,
-                  DOWN_AT_START=True, PERM=perm, **{k: v for k, v in matmul.int_args(fam).items() if k != "IDOT"})
+                  DOWN_AT_START=True, **{k: v for k, v in matmul.int_args(fam).items() if k != "IDOT"})
     binary = cubin(moe_pipe.gate_up_kernel, GATE_UP, consts, cfg.num_warps, False, maxnreg=regs)
-    return line("Q8_0", "pipe" + (f"r{regs}" if regs else "") + ("p" if perm else ""), text, binary, cfg.num_warps,
-                show_order)
+    return line("Q8_0", "pipe" + (f"r{regs}" if regs else ""), text, binary, cfg.num_warps, show_order)
 
 
 def line(name: str, kind: str, text: str, binary: bytes, num_warps: int, show_order: bool = False) -> str:
@@ -186,12 +185,11 @@ def main() -> None:
     ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~; GGUF types)")
     ap.add_argument("--pipe", action="store_true", help="the Q8_0 gate/up tiles as moe_pipe's kernel too")
     ap.add_argument("--order", action="store_true", help="the loop's loads and dp4a in issue order")
-    ap.add_argument("--pipe-variants", default="0", help="with --pipe: REGS[p],... (session 21: the register cap, "
-                    "0 none; p: q8_0_perm's rows)")
+    ap.add_argument("--pipe-regs", default="0", help="with --pipe: ptxas's register caps, comma-separated (0: none)")
     args = ap.parse_args()
     for text in filter(None, args.gate_up.split(",") if args.pipe else ()):
-        for v in args.pipe_variants.split(","):
-            print(pipe(text, args.groups, args.order, int(v.rstrip("p") or 0), v.endswith("p")), flush=True)
+        for regs in args.pipe_regs.split(","):
+            print(pipe(text, args.groups, args.order, int(regs)), flush=True)
     qtype = q4_k_tiled.TILED if args.type == q4_k_tiled.TILED.name else T[args.type]
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):

@@ -46,15 +46,12 @@ persistent grid of N programs an SM (pN, vecpN), GGUF types only. Session 19 (mo
 twin with the next step's words loaded before this step's arithmetic; --pipe PER[@TILE],..., the Q8_0 layer and gate/up
 with moe_pipe's software-pipelined persistent gate/up, PER programs an SM (moe_tiles.Kernels.pipe; 0: the grid kernel,
 the "default" rows' before the pipe became the default at 4096), at the default gate/up tile or TILE (rows/warps/unroll/e).
-Session 21 (pipe48): --pipe PER[rREGS][p][@TILE], rREGS the pipe under ptxas's register cap REGS (Kernels.pipe_regs),
-p its gate and up permuted into q8_0_perm's word order (copies of the sets; Kernels.pipe_perm: 128-bit weight loads).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
@@ -67,7 +64,7 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 import gemv_tiles_bench
 import moe_twin
-from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, pdl, q8_0_perm
+from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, pdl
 from sparkd.engine.kernels.matmul import GemvConfig
 
 SHAPES = [(2048, 768, 8), (4096, 1536, 8), (7168, 2048, 8)]
@@ -201,27 +198,12 @@ class Shape:
             self.ref = dataclasses.replace(self.ref, up=self.ref.gate, down=self.ref.gate)
             full = moe.tiled_gate_up(full)
             full = moe.tiled_down(full) if qtype.down else full
-        self.full, self.n = full, n
-        self.sets = self.sets_of(full)
+        # each set's experts in descending slot order: the table, not the layout, decides
+        self.sets = [moe.prepare(kb.subset(full, list(range(s * A, (s + 1) * A))[::-1]), DEVICE) for s in range(n)]
         self.x, self.w = torch.randn(D, device=DEVICE), torch.rand(A, device=DEVICE)
         self.y = torch.empty(D, device=DEVICE)
         self.name = f"moe {D}x{F} top{A}"
         self.same: dict[int, float] = {}  # same-bytes copy seconds by bytes (same_seconds)
-
-    def sets_of(self, full: moe.ExpertTable) -> list[moe.PreparedTable]:
-        """The rotated sets of full's experts, each in descending slot order: the table, not the layout, decides."""
-        A = self.shape[2]
-        return [moe.prepare(kb.subset(full, list(range(s * A, (s + 1) * A))[::-1]), DEVICE) for s in range(self.n)]
-
-    @contextlib.contextmanager
-    def permuted(self):
-        """The sets with gate and up in q8_0_perm's word order (copies; session 21, pipe48: --pipe's p)."""
-        plain, self.sets = self.sets, self.sets_of(q8_0_perm.gate_up_permuted(self.full))
-        try:
-            yield
-        finally:
-            self.sets = plain
-            torch.cuda.empty_cache()
 
     def call(self, i: int, gu: GemvConfig, dn: GemvConfig, k: moe_tiles.Kernels) -> torch.Tensor:
         return moe.moe_decode(self.sets[i % len(self.sets)], self.x, self.w, out=self.y, gate_up=gu, down=dn,
@@ -385,17 +367,15 @@ def shape_rows(qtype: T, shape: tuple[int, int, int], args, copy_bw: float) -> l
     if args.floor:
         rows += floor_rows(s, copy_bw)
     for item in args.pipe if qtype == T.Q8_0 else ():  # session 19: moe_pipe's gate/up (Kernels.pipe)
-        spec, _, text = item.partition("@")
+        per, _, text = item.partition("@")
         gu = dataclasses.replace(tile(text), fuse_quant=True) if text else new[1]
-        per, _, regs = spec.rstrip("p").partition("r")
-        k = dataclasses.replace(new[3], pipe=int(per), pipe_regs=int(regs or 0), pipe_perm=spec.endswith("p"))
-        with s.permuted() if k.pipe_perm else contextlib.nullcontext():
-            for part in (s.engine, s.gate_up):
-                try:
-                    rows.append(part(f"default pipe {item}", gu, new[2], k, copy_bw))
-                    gemv_tiles_bench.print_rows(rows[-1:])
-                except Exception as e:  # noqa: BLE001 - one device call measures everything it can
-                    print(f"FAILED {qtype.name} {shape} pipe {item}: {type(e).__name__}: {e}", flush=True)
+        k = dataclasses.replace(new[3], pipe=int(per))
+        for part in (s.engine, s.gate_up):
+            try:
+                rows.append(part(f"default pipe {item}", gu, new[2], k, copy_bw))
+                gemv_tiles_bench.print_rows(rows[-1:])
+            except Exception as e:  # noqa: BLE001 - one device call measures everything it can
+                print(f"FAILED {qtype.name} {shape} pipe {item}: {type(e).__name__}: {e}", flush=True)
     for name in args.twin_loads if not isinstance(qtype, _Packed) else ():  # session 18: the twin's load width, grid
         vec, _, per_sm = name.partition("p")
         ahead = per_sm.endswith("f")  # session 19: the next step's words loaded ahead (vecp16f)
@@ -499,9 +479,8 @@ def main() -> None:
     ap.add_argument("--twin-loads", default="", help="the default gate/up twin's extra rows: vec (128-bit loads), "
                     "pN (a persistent grid, N programs an SM), vecpN (both), base (as the twin row); a trailing f "
                     "(p16f, vecp16f): the next step's words loaded ahead")
-    ap.add_argument("--pipe", default="", help="Q8_0: the default layer's rows with moe_pipe's gate/up, "
-                    "PER[rREGS][p][@TILE] (programs an SM: moe_tiles.Kernels.pipe; its register cap, Kernels.pipe_regs; "
-                    "p: gate and up in q8_0_perm's order, Kernels.pipe_perm; the gate/up tile), comma-separated")
+    ap.add_argument("--pipe", default="", help="Q8_0: the default layer's rows with moe_pipe's gate/up, PER[@TILE] "
+                    "(programs an SM: moe_tiles.Kernels.pipe; the gate/up tile), comma-separated")
     args = ap.parse_args()
     args.pipe = [item for item in args.pipe.split(",") if item]
     args.twin_loads = [v for v in args.twin_loads.split(",") if v]

@@ -7,6 +7,7 @@
 #   2. the best candidate of step 1 (the layer "all qx", mean of its two rows) against the default in a process of
 #      its own (16, W, 16, W).
 #   3. GPU tests: test_moe_pipe.py (the candidates' bits at 4096, the default and perm at 2048 / 7168), test_moe_tiles.py.
+# Ran on aa18827; the candidates are out of HEAD (no win on the layer: docs/performance.md, session 21, pipe48).
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl

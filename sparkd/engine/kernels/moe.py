@@ -618,12 +618,8 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
             moe_pipe.gate_up_kernel[(moe_pipe.programs(n_tiles, per_sm, x.device),)](
                 p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales, n_tiles=n_tiles,
                 OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, G=D // 256, UNROLL=cfg.unroll,
-                PERM=kernels.pipe_perm, **{k: v for k, v in int_args(p.gate_up).items() if k != "IDOT"}, **common,
-                **moe_pipe.options(kernels.pipe_regs), **pdl.launch(x.device))
+                **{k: v for k, v in int_args(p.gate_up).items() if k != "IDOT"}, **common, **pdl.launch(x.device))
             return h if hq is None else hq
-        if kernels.pipe_perm:
-            raise dispatch.KernelArgumentError(f"could not run the {what} MoE gate/up: its rows are in q8_0_perm's "
-                                               f"order (Kernels.pipe_perm), which only moe_pipe's kernel reads")
         _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
                                xs_ptr=q.sums, D=D, **_int_args(p.gate_up, words, _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                                                kernels.full and _full(F, D, cfg)),

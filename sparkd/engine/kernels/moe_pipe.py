@@ -24,43 +24,30 @@ from sparkd.engine.kernels import pdl, q8_0_words
 
 @triton.jit
 def _tile_rows(gate_off, up_off, ids_ptr, t, tiles_f, row_bytes, BLOCK_N: tl.constexpr, IDS: tl.constexpr,
-               OFF: tl.constexpr, ALIGN: tl.constexpr):
+               OFF: tl.constexpr):
     """Tile t's gate and up rows as byte offsets [BLOCK_N] (t = expert * tiles_f + row tile)."""
     a = t // tiles_f
     rb = ((t % tiles_f) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64) * row_bytes
-    return OFF(gate_off, ids_ptr, a, IDS, ALIGN) + rb, OFF(up_off, ids_ptr, a, IDS, ALIGN) + rb
+    return OFF(gate_off, ids_ptr, a, IDS, 1) + rb, OFF(up_off, ids_ptr, a, IDS, 1) + rb
 
 
 @triton.jit
-def _words(w_ptr, row_off, g, PERM: tl.constexpr):
-    """q8_0_words.words, or (PERM) the same words of q8_0_perm's rows (block s's lane words at 32 s bytes of the
-    group: 128-bit loads; the even heads after them, an odd block's head the even block's lane-7 word)."""
-    if PERM:
-        s = tl.arange(0, 8)[None, :, None]
-        lane = tl.arange(0, 8)[None, None, :]
-        full = tl.zeros((row_off.shape[0], 8, 8), tl.int32)
-        grp = (w_ptr + row_off[:, None, None] + g * 272).to(tl.pointer_type(tl.int32))  # [BN, 1, 1]
-        return tl.load(grp + s * 8 + lane), tl.load(grp + tl.where(s % 2 == 0, 64 + s // 2, s * 8 - 1) + full)
-    return q8_0_words.words(w_ptr, row_off, g)
-
-
-@triton.jit
-def _step_words(gate_ptr, up_ptr, go, uo, g0, U: tl.constexpr, PERM: tl.constexpr):
+def _step_words(gate_ptr, up_ptr, go, uo, g0, U: tl.constexpr):
     """The weight words of groups g0..g0+U-1 (U 1, 2 or 4) of gate's and up's rows: (gate lane, gate head, up lane,
-    up head) per group, groups past U repeating the first (unused); PERM: q8_0_perm's rows (_words)."""
-    gw0, gh0 = _words(gate_ptr, go, g0, PERM)
-    uw0, uh0 = _words(up_ptr, uo, g0, PERM)
+    up head) per group, groups past U repeating the first (unused)."""
+    gw0, gh0 = q8_0_words.words(gate_ptr, go, g0)
+    uw0, uh0 = q8_0_words.words(up_ptr, uo, g0)
     gw1, gh1, uw1, uh1 = gw0, gh0, uw0, uh0
     gw2, gh2, uw2, uh2 = gw0, gh0, uw0, uh0
     gw3, gh3, uw3, uh3 = gw0, gh0, uw0, uh0
     if U > 1:
-        gw1, gh1 = _words(gate_ptr, go, g0 + 1, PERM)
-        uw1, uh1 = _words(up_ptr, uo, g0 + 1, PERM)
+        gw1, gh1 = q8_0_words.words(gate_ptr, go, g0 + 1)
+        uw1, uh1 = q8_0_words.words(up_ptr, uo, g0 + 1)
     if U > 2:
-        gw2, gh2 = _words(gate_ptr, go, g0 + 2, PERM)
-        uw2, uh2 = _words(up_ptr, uo, g0 + 2, PERM)
-        gw3, gh3 = _words(gate_ptr, go, g0 + 3, PERM)
-        uw3, uh3 = _words(up_ptr, uo, g0 + 3, PERM)
+        gw2, gh2 = q8_0_words.words(gate_ptr, go, g0 + 2)
+        uw2, uh2 = q8_0_words.words(up_ptr, uo, g0 + 2)
+        gw3, gh3 = q8_0_words.words(gate_ptr, go, g0 + 3)
+        uw3, uh3 = q8_0_words.words(up_ptr, uo, g0 + 3)
     return gw0, gh0, uw0, uh0, gw1, gh1, uw1, uh1, gw2, gh2, uw2, uh2, gw3, gh3, uw3, uh3
 
 
@@ -87,10 +74,9 @@ def gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
                    SUMS: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, G: tl.constexpr,
                    UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr,
                    RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr, DOWN_AT_START: tl.constexpr = True,
-                   PDL: tl.constexpr = False, PERM: tl.constexpr = False):
+                   PDL: tl.constexpr = False):
     """moe._igate_up_kernel's Q8_0 words work (G groups a row in steps of UNROLL (1, 2 or 4) dividing G) on a
-    persistent grid, the next step's weight words in flight during this step's dots. PERM: gate and up in
-    q8_0_perm's word order (offsets on 16 bytes), the same words and bits."""
+    persistent grid, the next step's weight words in flight during this step's dots."""
     pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
     S: tl.constexpr = G // UNROLL  # steps a tile
     pid, progs = tl.program_id(0), tl.num_programs(0)
@@ -98,22 +84,19 @@ def gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
     total = tl.cdiv(n_tiles - pid, progs) * S  # this program's (tile, step) iterations
     # the rows of this tile and of the next (past the program's last: the launch's last tile, an L2 hit, unused),
     # read a tile ahead so the expert offsets' loads never wait in front of a step's weight loads
-    ALIGN: tl.constexpr = 16 if PERM else 1
-    go, uo = _tile_rows(gate_off, up_off, ids_ptr, pid, tiles_f, row_bytes, BLOCK_N, IDS, OFF, ALIGN)
+    go, uo = _tile_rows(gate_off, up_off, ids_ptr, pid, tiles_f, row_bytes, BLOCK_N, IDS, OFF)
     ngo, nuo = _tile_rows(gate_off, up_off, ids_ptr, tl.minimum(pid + progs, n_tiles - 1), tiles_f, row_bytes,
-                          BLOCK_N, IDS, OFF, ALIGN)
+                          BLOCK_N, IDS, OFF)
     gw0, gh0, uw0, uh0, gw1, gh1, uw1, uh1, gw2, gh2, uw2, uh2, gw3, gh3, uw3, uh3 = _step_words(
-        gate_ptr, up_ptr, go, uo, 0, UNROLL, PERM)
+        gate_ptr, up_ptr, go, uo, 0, UNROLL)
     acc_g = tl.zeros((BLOCK_N, A1, A2), tl.float32)
     acc_u = acc_g
     for i in range(total):
         s = i % S
         last = s == S - 1  # the next step is the next tile's first
-        so, suo = tl.where(last, ngo, go), tl.where(last, nuo, uo)  # the next step's rows
-        if PERM:  # the loop-carried offsets lose OFF's hint (one inside _words would sit on an argument: dropped)
-            so, suo = tl.multiple_of(so, 16), tl.multiple_of(suo, 16)
         (ngw0, ngh0, nuw0, nuh0, ngw1, ngh1, nuw1, nuh1, ngw2, ngh2, nuw2, nuh2, ngw3, ngh3, nuw3,
-         nuh3) = _step_words(gate_ptr, up_ptr, so, suo, ((s + 1) % S) * UNROLL, UNROLL, PERM)
+         nuh3) = _step_words(gate_ptr, up_ptr, tl.where(last, ngo, go), tl.where(last, nuo, uo),
+                             ((s + 1) % S) * UNROLL, UNROLL)
         acc_g, acc_u = _step_dots(gw0, gh0, uw0, uh0, gw1, gh1, uw1, uh1, gw2, gh2, uw2, uh2, gw3, gh3, uw3, uh3,
                                   xw_ptr, xd_ptr, s * UNROLL, acc_g, acc_u, UNROLL, EMU)
         if last:  # the tile's end, then a fresh tile
@@ -124,16 +107,11 @@ def gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
             acc_u = acc_g
             go, uo = ngo, nuo
             ngo, nuo = _tile_rows(gate_off, up_off, ids_ptr, tl.minimum(t + 2 * progs, n_tiles - 1), tiles_f,
-                                  row_bytes, BLOCK_N, IDS, OFF, ALIGN)
+                                  row_bytes, BLOCK_N, IDS, OFF)
         gw0, gh0, uw0, uh0, gw1, gh1, uw1, uh1 = ngw0, ngh0, nuw0, nuh0, ngw1, ngh1, nuw1, nuh1
         gw2, gh2, uw2, uh2, gw3, gh3, uw3, uh3 = ngw2, ngh2, nuw2, nuh2, ngw3, ngh3, nuw3, nuh3
     if not DOWN_AT_START:
         pdl.dependents(PDL)
-
-
-def options(regs: int) -> dict:
-    """The launch's compile options: ptxas's register cap regs (Kernels.pipe_regs; 0: none)."""
-    return {"maxnreg": regs} if regs else {}
 
 
 def programs(n_tiles: int, per_sm: int, device: torch.device) -> int:

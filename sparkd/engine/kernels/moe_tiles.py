@@ -134,11 +134,6 @@ class Kernels:
     # programs an SM (the next loop step's weight words in flight during this step's dots); 0, the grid kernel;
     # None, by the model width (pipe_programs: $SPARKD_MOE_PIPE)
     pipe: int | None = None
-    # session 21 (pipe48): > 0, moe_pipe's register cap (ptxas maxnreg; 0: ptxas's choice, 96 at 2/1/4/e)
-    pipe_regs: int = 0
-    # session 21 (pipe48): the table's gate and up are in q8_0_perm's word order (q8_0_perm.gate_up_permuted, a
-    # bench's): moe_pipe's 128-bit weight loads (PERM)
-    pipe_perm: bool = False
     # session 20 (moe46): the Q8_0 words down's loop with the next step's weight words in flight during this step's
     # dots (moe_down_ahead, in the grid kernel) where its step is the grid kernel's (moe._ahead_ok); None, by the
     # model width (down_ahead: $SPARKD_MOE_DOWN_AHEAD)
