@@ -12,7 +12,9 @@ Session 14 (moe25): "outside", the static instruction count outside that loop (t
 gate/up's h quantization and its ticket); --twins, each tile's load-only twin (bench/moe_twin.py, GGUF rows; the
 down's with its fold) compiled the same way. Session 19 (moe42): --pipe, the Q8_0 gate/up tiles as moe_pipe's
 software-pipelined persistent kernel too (kind "pipe", a loop step the tile's unroll), at `--groups` groups a row
-(session 20, moe47: with --order, its loop's order too).
+(session 20, moe47: with --order, its loop's order too; session 21, pipe48: --pipe-regs 0,112,128, under ptxas's
+register caps; with --order, the loop's loads waited for inside the iteration against those in flight over the back
+edge and the dp4a each of those is in flight over, from the write and wait scoreboards of the SASS control words).
 Session 20 (moe46): a Q8_0 down tile's flag a (2/1/2/e/2:wpvVfa), its loop with the next step's words loaded ahead
 (moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row.
 Session 21 (q4k48): Q4_K_TILED launches on 16-byte offsets, as the engine's pairx tables are (before: 4 bytes, 4 scalar
@@ -50,14 +52,16 @@ TWIN = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, xw_ptr=I32, out_pt
 SCALARS.update(row_words="i32", n_groups="i32", n_tiles="i32")
 
 
-def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool, aligned: tuple = ALIGNED) -> bytes:
+def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool, aligned: tuple = ALIGNED,
+          maxnreg: int = 0) -> bytes:
     names = kern.arg_names
     consts = pdl.compile_args(kern, consts)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, SCALARS.get(n)) for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names and n not in consts}
     src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     return compile(src, target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": num_warps, "enable_fp_fusion": fp_fusion}).asm["cubin"]
+                   options={"num_warps": num_warps, "enable_fp_fusion": fp_fusion,
+                            **({"maxnreg": maxnreg} if maxnreg else {})}).asm["cubin"]
 
 
 def instructions(text: str) -> int:
@@ -65,17 +69,45 @@ def instructions(text: str) -> int:
     return sum(1 for line in text.splitlines() if re.search(r"\t[A-Z@]", line))
 
 
-def largest_loop(text: str) -> list[str]:
-    """Opcodes of the longest backward-branching loop body (the group loop of one projection)."""
-    lines, best = text.splitlines(), []
+def largest_loop(text: str, lines_too: bool = False) -> list[str]:
+    """Opcodes of the longest backward-branching loop body (the group loop of one projection); lines_too: its
+    lines (get_sass's "wait:read:write:yield:stall" control, a tab, the instruction)."""
+    lines, best, best_lines = text.splitlines(), [], []
     for back, line in enumerate(lines):
         jump = re.search(r"\bBRA (?:`\()?\.?(L\w+)", line)
         starts = [i for i, lab in enumerate(lines[:back]) if jump and lab.lstrip(".").startswith(jump.group(1) + ":")]
         if starts:
-            body = [op.split("\t", 1)[-1] for op in lines[starts[0] + 1:back + 1] if op.strip()]
-            ops = [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0] for op in body]
-            best = ops if len(ops) > len(best) else best
-    return best
+            body = [op for op in lines[starts[0] + 1:back + 1] if op.strip() and "\t" in op]
+            ops = [re.sub(r"^@!?U?P\w+\s+", "", op.split("\t", 1)[-1]).split()[0].split(".")[0] for op in body]
+            best, best_lines = (ops, body) if len(ops) > len(best) else (best, best_lines)
+    return best_lines if lines_too else best
+
+
+def scoreboards(body: list[str]) -> str:
+    """Session 21 (pipe48): of the loop's plain loads (LDG.E, .64, .128: not the ticket's), how many the same
+    iteration waits for before its last IDP (a wait on their write scoreboard: this step's dots need them) and how
+    many stay in flight over the back edge, and over how many IDP of the loop each of those is in flight, from its
+    issue to the first wait on its scoreboard (the next iteration's included): the prefetch's cover of the dots."""
+    ctrl = [line.split("\t", 1)[0].split(":") for line in body]  # wait mask, read, write scoreboard, yield, stall
+    ops = [line.split("\t", 1)[-1] for line in body]
+    n, idps = len(ops), sum("IDP" in op for op in ops)
+    last_idp = max((i for i, op in enumerate(ops) if "IDP" in op), default=-1)
+    waited, wide_waited, covered, wide_flight = 0, 0, [], 0
+    for i, op in enumerate(ops):
+        if not re.search(r"\bLDG\.E(\.128|\.64)?\s", op) or ctrl[i][2] == "-":
+            continue
+        sb, wide = int(ctrl[i][2]), ".128" in op
+        first = next((j for j in range(i + 1, 2 * n) if ctrl[j % n][0] != "--" and int(ctrl[j % n][0]) >> sb & 1),
+                     2 * n)
+        if first <= last_idp:
+            waited, wide_waited = waited + 1, wide_waited + wide
+        else:
+            covered.append(sum("IDP" in ops[j % n] for j in range(i + 1, first)))
+            wide_flight += wide
+    mean = sum(covered) / max(1, len(covered))
+    return (f"loads waited in the iteration {waited} ({wide_waited} 128-bit), in flight over the back edge "
+            f"{len(covered)} ({wide_flight} 128-bit) over {mean:.1f} of the loop's {idps} IDP each "
+            f"(min {min(covered, default=0)})")
 
 
 def order(ops: list[str]) -> str:
@@ -129,14 +161,15 @@ def twin(qtype: T, kind: str, text: str, groups: int = 8) -> str:
     return line(qtype.name, kind + "~", text, binary, cfg.num_warps)
 
 
-def pipe(text: str, groups: int, show_order: bool = False) -> str:
-    """The Q8_0 gate/up tile as moe_pipe.gate_up_kernel launches it (h quantized by a block's last tile)."""
+def pipe(text: str, groups: int, show_order: bool = False, regs: int = 0) -> str:
+    """The Q8_0 gate/up tile as moe_pipe.gate_up_kernel launches it (h quantized by a block's last tile); regs:
+    ptxas's register cap (0: none)."""
     cfg, fam = tile(text), dispatch.FAMILIES[T.Q8_0]
     consts = dict(IDS=True, OFF=moe._aligned_offset, OUT=moe._gate_up_out, SUMS=moe.row_sums, G=groups, UNROLL=cfg.unroll,
                   BLOCK_N=cfg.block_n, EMU=False, ACT=0, RW=False, HBLOCK=act_quant.BLOCKS[fam.act_fmt], H8K=False,
                   DOWN_AT_START=True, **{k: v for k, v in matmul.int_args(fam).items() if k != "IDOT"})
-    binary = cubin(moe_pipe.gate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
-    return line("Q8_0", "pipe", text, binary, cfg.num_warps, show_order)
+    binary = cubin(moe_pipe.gate_up_kernel, GATE_UP, consts, cfg.num_warps, False, maxnreg=regs)
+    return line("Q8_0", "pipe" + (f"r{regs}" if regs else ""), text, binary, cfg.num_warps, show_order)
 
 
 def line(name: str, kind: str, text: str, binary: bytes, num_warps: int, show_order: bool = False) -> str:
@@ -145,7 +178,8 @@ def line(name: str, kind: str, text: str, binary: bytes, num_warps: int, show_or
     programs = min(32, 65536 // (regs * 32 * num_warps))  # Hopper: 64K registers, 32 blocks per SM
     counts = " ".join(f"{op}={ops.count(op)}" for op in WATCH if ops.count(op))
     return (f"{name} {kind:7} {text:12} {regs:3d} registers, {programs:2d} programs/SM, loop {len(ops)} warp-instr, "
-            f"outside {instructions(sass) - len(ops)}  {counts}" + (f"\n  order: {order(ops)}" if show_order else ""))
+            f"outside {instructions(sass) - len(ops)}  {counts}" +
+            (f"\n  order: {order(ops)}\n  {scoreboards(largest_loop(sass, True))}" if show_order else ""))
 
 
 def main() -> None:
@@ -158,9 +192,11 @@ def main() -> None:
     ap.add_argument("--twins", action="store_true", help="each tile's load-only twin too (kind~; GGUF types)")
     ap.add_argument("--pipe", action="store_true", help="the Q8_0 gate/up tiles as moe_pipe's kernel too")
     ap.add_argument("--order", action="store_true", help="the loop's loads and dp4a in issue order")
+    ap.add_argument("--pipe-regs", default="0", help="with --pipe: ptxas's register caps, comma-separated (0: none)")
     args = ap.parse_args()
     for text in filter(None, args.gate_up.split(",") if args.pipe else ()):
-        print(pipe(text, args.groups, args.order), flush=True)
+        for regs in args.pipe_regs.split(","):
+            print(pipe(text, args.groups, args.order, int(regs)), flush=True)
     qtype = q4_k_tiled.TILED if args.type == q4_k_tiled.TILED.name else T[args.type]
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):

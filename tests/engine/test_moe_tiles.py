@@ -150,6 +150,26 @@ def test_the_offline_compile_bench_builds_the_engine_kernels():
     assert all(int(r[1]) > 0 and int(r[2]) > 0 and ("IDP=" in r[3]) != r[0].endswith("~") for r in rows), out.stdout
 
 
+def test_the_offline_compile_bench_reads_a_loops_scoreboards():
+    """bench/moe_kernels_sass.py's scoreboards (pipe48): a load counts as waited in its iteration where a wait on its
+    write scoreboard comes by the last dp4a, else as in flight over the back edge, over the dp4a up to that wait."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(BENCH.parent), str(BENCH), env.get("PYTHONPATH", "")])
+    body = ["--:-:2:Y:1\tLDG.E.128 R4, desc[UR4][R2.64] ;",  # SB2, waited by the first dp4a (mask 4)
+            "--:-:3:Y:1\tLDG.E R8, desc[UR4][R6.64] ;",  # SB3, waited by the last dp4a (mask 8)
+            "04:-:-:Y:1\tIDP.4A.S8.S8 R10, R4, R11, R10 ;",
+            "--:-:-:Y:1\tIDP.4A.S8.S8 R12, R4, R13, R12 ;",
+            "--:-:4:Y:1\tLDG.E R14, desc[UR4][R6.64] ;",  # SB4, waited at the back edge (mask 16)
+            "08:-:-:Y:1\tIDP.4A.S8.S8 R10, R8, R11, R10 ;",
+            "--:-:5:Y:1\tLDG.E.STRONG.GPU R16, desc[UR4][R6.64] ;",  # a ticket's: not counted
+            "16:-:-:Y:1\tBRA `(.L_x_1) ;"]
+    code = f"import moe_kernels_sass as m\nprint(m.scoreboards({body!r}))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == ("loads waited in the iteration 2 (1 128-bit), in flight over the back edge 1 "
+                                  "(0 128-bit) over 1.0 of the loop's 3 IDP each (min 1)"), out.stdout
+
+
 def test_the_floor_bench_copies_its_bytes():
     """bench/moe_tiles_bench.py --floor (moe39) times Triton copies beside torch's: its copy kernel (interpreter, in a
     process of its own: the bench's imports patch the fold for timing) copies every word, a short last block too."""
