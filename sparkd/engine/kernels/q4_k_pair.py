@@ -131,7 +131,7 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
     tl.static_assert(EW and rmask.shape[0] == 4, "the pairx step runs on the 4-row elementwise tile only")
     part = _part(_tile_base(w_ptr, K), xw_ptr, xd_ptr, xs_ptr, tl.arange(0, 32)[:, None], g,
                  tl.max(rmask.to(tl.int32), 0) > 0, K, EMU)  # [32, 1]: t = 4s + 2e + p
-    return acc + tl.reshape(tl.permute(tl.reshape(part, (8, 2, 2)), (2, 1, 0)), (4, 8, 1))  # row 2p + e
+    return acc + _as_tile(part)
 
 
 @triton.jit
