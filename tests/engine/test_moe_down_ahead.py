@@ -65,12 +65,14 @@ def test_the_q8_0_down_loads_ahead_from_width_2048_below_4096_and_switches_back(
 @pytest.mark.parametrize("backend", CASES)
 def test_the_down_ahead_gives_the_grid_kernels_bits(backend):
     """The tiles it takes (ranges folded in the launch, one range, an empty range, steps of 1 to 3 groups, 1 or 2
-    warps), with and without the residual: y's bits as the grid kernel's."""
+    warps), with and without the residual, with x's words loaded ahead too (session 21, moe48) or not: y's bits as
+    the grid kernel's."""
     # (rows, unroll, split, warps) by (dim, width, n); the interpreter: 5 experts in 4 ranges of 2, the last empty
     cases = {(32, 768, 5): [(2, 1, 4, 1), (2, 3, 1, 1)]} if backend == "cpu" else {
         (4096, 1536, 8): [(2, 2, 2, 1), (4, 2, 2, 1), (4, 2, 2, 2), (2, 2, 2, 2), (2, 3, 2, 1)],
         (7168, 2048, 8): [(2, 2, 2, 1)], (2048, 768, 8): [(2, 3, 2, 1)]}
-    on, off = moe_tiles.Kernels(down_ahead=True), moe_tiles.Kernels(down_ahead=False)
+    off = moe_tiles.Kernels(down_ahead=False)
+    ons = [moe_tiles.Kernels(down_ahead=True), moe_tiles.Kernels(down_ahead=True, down_x_ahead=True)]
     for (dim, width, n), downs in cases.items():
         table = arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)[0]
         p = moe.prepare(table, backend)
@@ -78,12 +80,13 @@ def test_the_down_ahead_gives_the_grid_kernels_bits(backend):
         h = torch.randn(n, width, device=backend)  # quantized by the down's call as the engine's h
         for i, (rows, unroll, split, warps) in enumerate(downs):
             dn = GemvConfig(block_n=rows, num_warps=warps, unroll=unroll, elementwise=True, split=split)
-            assert moe._ahead_ok(True, on, dn, p.down_words, dim, width), (dim, dn)
+            assert moe._ahead_ok(True, ons[0], dn, p.down_words, dim, width), (dim, dn)
             for r in (None, res) if i == 0 else (None,):  # the residual at the first tile of a shape
                 base, y = torch.empty(dim, device=backend), torch.empty(dim, device=backend)
                 moe._down(p, h, w, base, dn, None, r, off)
-                moe._down(p, h, w, y.fill_(float("nan")), dn, None, r, on)
-                assert _bits(y, base), (dim, dn, r is None)
+                for on in ons:
+                    moe._down(p, h, w, y.fill_(float("nan")), dn, None, r, on)
+                    assert _bits(y, base), (dim, dn, r is None, on.down_x_ahead)
 
 
 def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:

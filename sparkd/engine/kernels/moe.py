@@ -298,7 +298,7 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
                   NG: tl.constexpr = 0, TILED: tl.constexpr = False, AHEAD: tl.constexpr = False,
-                  PDL: tl.constexpr = False):
+                  XAHEAD: tl.constexpr = False, PDL: tl.constexpr = False):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
@@ -313,7 +313,7 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
     first, last = _experts(n, SPLIT)
     if AHEAD:
         acc = moe_down_ahead.range_sums(down_ptr, down_off, ids_ptr, rb, hw_ptr, hd_ptr, rw_ptr, first, last, F, IDS,
-                                        _aligned_offset, A1, A2, A3, NG, UNROLL, XBLOCK, EMU)
+                                        _aligned_offset, A1, A2, A3, NG, UNROLL, XBLOCK, EMU, XAHEAD)
     else:
         acc = tl.zeros((BLOCK_N,), tl.float32)
         for a in range(first, last):
@@ -719,7 +719,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             NG=F // 256 if ahead or p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
-                            TILED=p.down.row_tile > 1, AHEAD=ahead, **common, **pdl.launch(y.device))
+                            TILED=p.down.row_tile > 1, AHEAD=ahead,
+                            XAHEAD=ahead and kernels.down_x_ahead, **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()

@@ -138,6 +138,9 @@ class Kernels:
     # dots (moe_down_ahead, in the grid kernel) where its step is the grid kernel's (moe._ahead_ok); None, by the
     # model width (down_ahead: $SPARKD_MOE_DOWN_AHEAD)
     down_ahead: bool | None = None
+    # session 21 (moe48): with down_ahead, the next step's x words loaded ahead too (after this step's dots in the
+    # source), so a step's dots wait on no load of their own iteration (moe_down_ahead, XAHEAD)
+    down_x_ahead: bool = False
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
