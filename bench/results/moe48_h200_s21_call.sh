@@ -21,7 +21,7 @@ B="env PYTHONPATH=$PYTHONPATH:$PWD/bench python3 bench/moe_tiles_bench.py --sets
 X3=xahead@2/1/3/e/2; X2=xahead@2/1/2/e/2; A3=ahead@2/1/3/e/2
 V=again,$X3,$A3,$X2,ahead,again,$X3,$A3,$X2,ahead
 CANDS=2/1/3/e/2:wpvVfax,2/1/3/e/2:wpvVfa,2/1/2/e/2:wpvVfax,2/1/3/e/4:wpvVfax
-timeout 75 $B --compile-workers 8 --shapes 4096x1536x8 --variants $V --floor --gate-up "" --down $CANDS \
+timeout 60 $B --compile-workers 8 --shapes 4096x1536x8 --variants $V --floor --gate-up "" --down $CANDS \
   --json $R/moe4096.json > $R/moe4096.log 2>&1
 log "4096 bench rc $?"; snap
 W=$(python3 - <<'PY'
@@ -40,16 +40,16 @@ print(min(us, key=lambda k: statistics.mean(us[k])) if us else "xahead@2/1/3/e/2
 PY
 )
 log "winner $W"
-timeout 40 $B --defaults-only --shapes 4096x1536x8 --variants $W,again,$W --json $R/again4096.json \
+timeout 30 $B --defaults-only --shapes 4096x1536x8 --variants $W,again,$W --json $R/again4096.json \
   > $R/again4096.log 2>&1
 log "4096 second process rc $?"; snap
-timeout 45 $B --defaults-only --compile-workers 8 --shapes 2048x768x8 --variants $X3,again,$X3 \
+timeout 35 $B --defaults-only --compile-workers 8 --shapes 2048x768x8 --variants $X3,again,$X3 \
   --json $R/w2048.json > $R/w2048.log 2>&1
 log "2048 rc $?"; snap
-timeout 45 $B --defaults-only --compile-workers 8 --shapes 7168x2048x8 --variants xahead,again,xahead,ahead \
+timeout 35 $B --defaults-only --compile-workers 8 --shapes 7168x2048x8 --variants xahead,again,xahead,ahead \
   --json $R/w7168.json > $R/w7168.log 2>&1
 log "7168 rc $?"; snap
-timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine/test_moe_down_ahead.py > $R/tests.log 2>&1
+timeout 50 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine/test_moe_down_ahead.py > $R/tests.log 2>&1
 log "tests rc $?: $(tail -1 $R/tests.log)"
 grep -h "^FAILED\|^ERROR" $R/tests.log | head -20 | tee -a $OUT/log.txt; snap
 grep -h "all qx\|down \|floor\|copy" $R/moe4096.log $R/again4096.log $R/w2048.log $R/w7168.log | grep -v twin \
