@@ -102,8 +102,10 @@ def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = F
         ahead = moe._ahead_ok(bool(k.down_ahead), k, cfg, k.words and qtype == T.Q8_0, 4096, groups * 256)
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
                       XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if ahead or qtype.name in k.down_full else 0,
-                      TILED=tiled, AHEAD=ahead, XAHEAD=ahead and k.down_x_ahead, **common)
-        binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
+                      TILED=tiled, AHEAD=ahead, XAHEAD=ahead and k.down_x_ahead,
+                      PAIR_FOLD=split == 2 and k.down_pair_fold, **common)
+        ptrs = DOWN | (dict(tickets_ptr=I64) if consts["PAIR_FOLD"] else {})  # fold_pair's int64 slots
+        binary = cubin(moe._idown_kernel, ptrs, consts, cfg.num_warps, True)
     return line(qtype.name, kind, text, binary, cfg.num_warps, show_order)
 
 

@@ -65,14 +65,15 @@ def test_the_q8_0_down_loads_ahead_from_width_2048_below_4096_and_switches_back(
 @pytest.mark.parametrize("backend", CASES)
 def test_the_down_ahead_gives_the_grid_kernels_bits(backend):
     """The tiles it takes (ranges folded in the launch, one range, an empty range, steps of 1 to 3 groups, 1 or 2
-    warps), with and without the residual, with x's words loaded ahead too (session 21, moe48) or not: y's bits as
-    the grid kernel's."""
+    warps), with and without the residual, with x's words loaded ahead too (session 21, moe48) or not, and two ranges
+    folded by matmul.fold_pair (session 21, moe48; other splits fold as before): y's bits as the grid kernel's."""
     # (rows, unroll, split, warps) by (dim, width, n); the interpreter: 5 experts in 4 ranges of 2, the last empty
-    cases = {(32, 768, 5): [(2, 1, 4, 1), (2, 3, 1, 1)]} if backend == "cpu" else {
+    cases = {(32, 768, 5): [(2, 1, 4, 1), (2, 3, 1, 1), (2, 1, 2, 1)]} if backend == "cpu" else {
         (4096, 1536, 8): [(2, 2, 2, 1), (4, 2, 2, 1), (4, 2, 2, 2), (2, 2, 2, 2), (2, 3, 2, 1)],
         (7168, 2048, 8): [(2, 2, 2, 1)], (2048, 768, 8): [(2, 3, 2, 1)]}
     off = moe_tiles.Kernels(down_ahead=False)
-    ons = [moe_tiles.Kernels(down_ahead=True), moe_tiles.Kernels(down_ahead=True, down_x_ahead=True)]
+    ons = [moe_tiles.Kernels(down_ahead=True), moe_tiles.Kernels(down_ahead=True, down_x_ahead=True),
+           moe_tiles.Kernels(down_pair_fold=True), moe_tiles.Kernels(down_ahead=True, down_pair_fold=True)]
     for (dim, width, n), downs in cases.items():
         table = arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)[0]
         p = moe.prepare(table, backend)
@@ -86,7 +87,7 @@ def test_the_down_ahead_gives_the_grid_kernels_bits(backend):
                 moe._down(p, h, w, base, dn, None, r, off)
                 for on in ons:
                     moe._down(p, h, w, y.fill_(float("nan")), dn, None, r, on)
-                    assert _bits(y, base), (dim, dn, r is None, on.down_x_ahead)
+                    assert _bits(y, base), (dim, dn, r is None, on)
 
 
 def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:

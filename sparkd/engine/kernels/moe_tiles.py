@@ -141,6 +141,9 @@ class Kernels:
     # session 21 (moe48): with down_ahead, the next step's x words loaded ahead too (after this step's dots in the
     # source), so a step's dots wait on no load of their own iteration (moe_down_ahead, XAHEAD)
     down_x_ahead: bool = False
+    # session 21 (moe48): a Q8_0/integer down of two expert ranges folded by matmul.fold_pair (one atomic exchange of
+    # the sums) instead of fold_part (store, fence, ticket, read-back); the same bits
+    down_pair_fold: bool = False
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
