@@ -14,7 +14,8 @@ down's with its fold) compiled the same way. Session 19 (moe42): --pipe, the Q8_
 software-pipelined persistent kernel too (kind "pipe", a loop step the tile's unroll), at `--groups` groups a row
 (session 20, moe47: with --order, its loop's order too).
 Session 20 (moe46): a Q8_0 down tile's flag a (2/1/2/e/2:wpvVfa), its loop with the next step's words loaded ahead
-(moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row.
+(moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row. Session 21 (moe48): flag o (2/1/2/e/2:wpvVfao), two
+ranges folded by matmul.fold_pair (Kernels.down_pair_fold): "outside" 169 -> 137 at 2/1/2/e/2:wpvVfa.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = F
         ahead = moe._ahead_ok(bool(k.down_ahead), k, cfg, k.words and qtype == T.Q8_0, 4096, groups * 256)
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
                       XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if ahead or qtype.name in k.down_full else 0,
-                      TILED=tiled, AHEAD=ahead, XAHEAD=ahead and k.down_x_ahead,
+                      TILED=tiled, AHEAD=ahead,
                       PAIR_FOLD=split == 2 and k.down_pair_fold, **common)
         ptrs = DOWN | (dict(tickets_ptr=I64) if consts["PAIR_FOLD"] else {})  # fold_pair's int64 slots
         binary = cubin(moe._idown_kernel, ptrs, consts, cfg.num_warps, True)

@@ -79,6 +79,8 @@ SWITCHES = [
            {UNSET: 2048, "2048": 2048, " 4096 ": 4096}, ("2048", "4096")),
     Switch("SPARKD_MOE_DOWN_AHEAD", "sparkd.engine.kernels.moe_tiles", "m.DOWN_AHEAD", "on",
            {UNSET: "auto", "auto": "auto", "off": "off"}, ("auto", "off")),
+    Switch("SPARKD_MOE_PAIR_FOLD", "sparkd.engine.kernels.moe_tiles", "m.PAIR_FOLD", "on",
+           {UNSET: "auto", "auto": "auto", "off": "off"}, ("auto", "off")),
     Switch("SPARKD_GEMV_SPLIT", "sparkd.engine.kernels.matmul", "m.SPLIT_RULE", "fast",
            {UNSET: "wave", "wave": "wave", "Old": "old"}, ("wave", "old")),
     Switch("SPARKD_GEMV_WHOLE_UNROLL", "sparkd.engine.kernels.matmul", "m.GEMV_TILES['Q4_K_TILED'].whole_unroll",

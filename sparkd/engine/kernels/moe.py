@@ -68,7 +68,7 @@ from sparkd.engine.kernels.matmul import (
     tickets,
 )
 from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
-                                             pipe_programs)
+                                             pair_fold, pipe_programs)
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -303,7 +303,7 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
                   NG: tl.constexpr = 0, TILED: tl.constexpr = False, AHEAD: tl.constexpr = False,
-                  XAHEAD: tl.constexpr = False, PAIR_FOLD: tl.constexpr = False, PDL: tl.constexpr = False):
+                  PAIR_FOLD: tl.constexpr = False, PDL: tl.constexpr = False):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
@@ -318,7 +318,7 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
     first, last = _experts(n, SPLIT)
     if AHEAD:
         acc = moe_down_ahead.range_sums(down_ptr, down_off, ids_ptr, rb, hw_ptr, hd_ptr, rw_ptr, first, last, F, IDS,
-                                        _aligned_offset, A1, A2, A3, NG, UNROLL, XBLOCK, EMU, XAHEAD)
+                                        _aligned_offset, A1, A2, A3, NG, UNROLL, XBLOCK, EMU)
     else:
         acc = tl.zeros((BLOCK_N,), tl.float32)
         for a in range(first, last):
@@ -719,16 +719,15 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         words = _use_words(kernels, cfg, p.down_words)
         ahead = _ahead_ok(down_ahead(D) if kernels.down_ahead is None else kernels.down_ahead, kernels, cfg, words,
                           D, F)
-        pair_fold = fold and split == 2 and kernels.down_pair_fold
-        if pair_fold:  # fold_pair's slots where fold_part's tickets go
+        pair = fold and split == 2 and (pair_fold(D) if kernels.down_pair_fold is None else kernels.down_pair_fold)
+        if pair:  # fold_pair's slots where fold_part's tickets go
             common["tickets_ptr"] = pair_slots(D, y.device)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
                             **_int_args(p.down, words, _use_vec(kernels.q4k_vec_down, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             NG=F // 256 if ahead or p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
-                            TILED=p.down.row_tile > 1, AHEAD=ahead,
-                            XAHEAD=ahead and kernels.down_x_ahead, PAIR_FOLD=pair_fold, **common, **pdl.launch(y.device))
+                            TILED=p.down.row_tile > 1, AHEAD=ahead, PAIR_FOLD=pair, **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()

@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels import q8_0_words
-from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
 from sparkd.engine.kernels.row_tiles import row_sums
 
 
@@ -56,66 +55,9 @@ def _dots(w0, h0, w1, h1, w2, h2, w3, h3, xw_ptr, xd_ptr, g0, acc, U: tl.constex
 
 
 @triton.jit
-def _xs(xw_ptr, xd_ptr, g, like):
-    """x's words of group g for a tile shaped like `like` [BN, 8, 8]: (low words, the next ones, block scales), as
-    q8_0_words.dot_words loads them."""
-    s = tl.arange(0, 8)[None, :, None]
-    b = g * 8 + s
-    lane = tl.arange(0, 8)[None, None, :]
-    full = tl.zeros(like.shape, tl.int32)
-    xb = xw_ptr + b * 8 + lane + full
-    xlo = tl.load(xb)
-    xhi = tl.load(xb + 1, mask=(lane < 7) & (full == 0), other=0)
-    dx = tl.load(xd_ptr + b)
-    return xlo, xhi, dx
-
-
-@triton.jit
-def _xwords(xw_ptr, xd_ptr, g0, like, U: tl.constexpr):
-    """_xs of groups g0..g0+U-1 (U 1 to 4; groups past U repeat the first, no load)."""
-    l0, i0, d0 = _xs(xw_ptr, xd_ptr, g0, like)
-    l1, i1, d1, l2, i2, d2, l3, i3, d3 = l0, i0, d0, l0, i0, d0, l0, i0, d0
-    if U > 1:
-        l1, i1, d1 = _xs(xw_ptr, xd_ptr, g0 + 1, like)
-    if U > 2:
-        l2, i2, d2 = _xs(xw_ptr, xd_ptr, g0 + 2, like)
-    if U > 3:
-        l3, i3, d3 = _xs(xw_ptr, xd_ptr, g0 + 3, like)
-    return l0, i0, d0, l1, i1, d1, l2, i2, d2, l3, i3, d3
-
-
-@triton.jit
-def _dot_x(w, head, xlo, xhi, dx, acc, EMU: tl.constexpr):
-    """acc + one group's products of its words with x's (_xs): q8_0_words.dot_words after its loads."""
-    s = tl.arange(0, 8)[None, :, None]
-    lane = tl.arange(0, 8)[None, None, :]
-    even = (s % 2) == 0
-    xp = tl.where(even, ((xlo >> 16) & 0xFFFF) | (xhi << 16), xlo)
-    xh = tl.where(even & (lane == 0), xlo << 16, 0)
-    isum = dp4a_add(head, xh, dp4a(w, xp, EMU), EMU)
-    bits = tl.where(even, head, head >> 16) & 0xFFFF
-    d = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return acc + isum.to(tl.float32) * (d * dx)
-
-
-@triton.jit
-def _dots_x(w0, h0, w1, h1, w2, h2, w3, h3, l0, i0, d0, l1, i1, d1, l2, i2, d2, l3, i3, d3, acc, U: tl.constexpr,
-            EMU: tl.constexpr):
-    """_dots with x's words already loaded (_xwords)."""
-    acc = _dot_x(w0, h0, l0, i0, d0, acc, EMU)
-    if U > 1:
-        acc = _dot_x(w1, h1, l1, i1, d1, acc, EMU)
-    if U > 2:
-        acc = _dot_x(w2, h2, l2, i2, d2, acc, EMU)
-    if U > 3:
-        acc = _dot_x(w3, h3, l3, i3, d3, acc, EMU)
-    return acc
-
-
-@triton.jit
 def range_sums(w_ptr, down_off, ids_ptr, rb, hw_ptr, hd_ptr, rw_ptr, first, last, F, IDS: tl.constexpr,
                OFF: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, NG: tl.constexpr,
-               UNROLL: tl.constexpr, XBLOCK: tl.constexpr, EMU: tl.constexpr, XAHEAD: tl.constexpr = False):
+               UNROLL: tl.constexpr, XBLOCK: tl.constexpr, EMU: tl.constexpr):
     """sum over experts a in [first, last) of rw[a] * (down_a's rows rb @ h[a]), float32 [BN]: NG groups a row (every
     row and group in range: moe._full) in steps of UNROLL (1 to 4) groups dividing NG; OFF(off_ptr, ids_ptr, a, IDS,
     ALIGN) the expert's byte offset (moe._aligned_offset)."""
@@ -125,33 +67,19 @@ def range_sums(w_ptr, down_off, ids_ptr, rb, hw_ptr, hd_ptr, rw_ptr, first, last
     nwo = OFF(down_off, ids_ptr, tl.minimum(first + 1, end), IDS, 1) + rb
     w0, h0, w1, h1, w2, h2, w3, h3 = _words(w_ptr, wo, 0, UNROLL)
     part = tl.zeros((rb.shape[0], A1, A2), tl.float32)  # this expert's elementwise tile
-    if XAHEAD:  # x's first step too
-        l0, i0, d0, l1, i1, d1, l2, i2, d2, l3, i3, d3 = _xwords(hw_ptr + tl.minimum(first, end) * (F // 4),
-                                                                 hd_ptr + tl.minimum(first, end) * (F // XBLOCK), 0,
-                                                                 part, UNROLL)
     acc = tl.zeros((rb.shape[0],), tl.float32)
     for i in range((last - first) * S):
         s = i % S
         a = first + i // S
         # the next step's words first (past the range's last step: its last expert's first group, unused)
-        ng = ((s + 1) % S) * UNROLL  # the next step's first group
-        nw0, nh0, nw1, nh1, nw2, nh2, nw3, nh3 = _words(w_ptr, tl.where(s == S - 1, nwo, wo), ng, UNROLL)
-        na = tl.minimum(tl.where(s == S - 1, a + 1, a), end)  # the next step's expert
-        if XAHEAD:
-            part = _dots_x(w0, h0, w1, h1, w2, h2, w3, h3, l0, i0, d0, l1, i1, d1, l2, i2, d2, l3, i3, d3, part, UNROLL,
-                           EMU)
-        else:
-            part = _dots(w0, h0, w1, h1, w2, h2, w3, h3, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK), s * UNROLL,
-                         part, UNROLL, EMU)
-        if XAHEAD:  # the next step's x after this step's dots (in the source: ptxas may hoist them)
-            m0, j0, e0, m1, j1, e1, m2, j2, e2, m3, j3, e3 = _xwords(hw_ptr + na * (F // 4), hd_ptr + na * (F // XBLOCK),
-                                                                     ng, part, UNROLL)
+        nw0, nh0, nw1, nh1, nw2, nh2, nw3, nh3 = _words(w_ptr, tl.where(s == S - 1, nwo, wo), ((s + 1) % S) * UNROLL,
+                                                        UNROLL)
+        part = _dots(w0, h0, w1, h1, w2, h2, w3, h3, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK), s * UNROLL,
+                     part, UNROLL, EMU)
         if s == S - 1:  # the expert's end: its row sums times its weight, as row_idot's, then the next expert
             acc += row_sums(part, A1, A2, A3) * tl.load(rw_ptr + a)
             part = tl.zeros((rb.shape[0], A1, A2), tl.float32)
             wo = nwo
             nwo = OFF(down_off, ids_ptr, tl.minimum(a + 2, end), IDS, 1) + rb
         w0, h0, w1, h1, w2, h2, w3, h3 = nw0, nh0, nw1, nh1, nw2, nh2, nw3, nh3
-        if XAHEAD:
-            l0, i0, d0, l1, i1, d1, l2, i2, d2, l3, i3, d3 = m0, j0, e0, m1, j1, e1, m2, j2, e2, m3, j3, e3
     return acc

@@ -2,8 +2,9 @@
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
 against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, new); where the gate/up lets the
 down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13); the Q8_0 gate/up's persistent kernel by width
-($SPARKD_MOE_PIPE, session 19) and the Q8_0 down's loads ahead and its tile by width ($SPARKD_MOE_DOWN_AHEAD,
-session 20)."""
+($SPARKD_MOE_PIPE, session 19), the Q8_0 down's loads ahead and its tile by width ($SPARKD_MOE_DOWN_AHEAD,
+session 20) and the integer down's fold of two ranges by one atomic exchange by width ($SPARKD_MOE_PAIR_FOLD, session
+21)."""
 
 from __future__ import annotations
 
@@ -138,24 +139,23 @@ class Kernels:
     # dots (moe_down_ahead, in the grid kernel) where its step is the grid kernel's (moe._ahead_ok); None, by the
     # model width (down_ahead: $SPARKD_MOE_DOWN_AHEAD)
     down_ahead: bool | None = None
-    # session 21 (moe48): with down_ahead, the next step's x words loaded ahead too (after this step's dots in the
-    # source), so a step's dots wait on no load of their own iteration (moe_down_ahead, XAHEAD)
-    down_x_ahead: bool = False
-    # session 21 (moe48): a Q8_0/integer down of two expert ranges folded by matmul.fold_pair (one atomic exchange of
-    # the sums) instead of fold_part (store, fence, ticket, read-back); the same bits
-    down_pair_fold: bool = False
+    # session 21 (moe48): an integer down of two expert ranges folded in the launch by matmul.fold_pair (one atomic
+    # exchange of the sums) instead of fold_part (store, fence, ticket, read-back); the same bits. None, by the model
+    # width (pair_fold: $SPARKD_MOE_PAIR_FOLD)
+    down_pair_fold: bool | None = None
 
 
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
-                      down_full=(), pipe=0, down_ahead=False)  # sessions 4 and 5
+                      down_full=(), pipe=0, down_ahead=False, down_pair_fold=False)  # sessions 4 and 5
 S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0,
-                     down_ahead=False)  # session 6's first round (moe9)
-S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0, down_ahead=False)  # session 6's second round, until moe13
-S7_KERNELS = Kernels(down_full=(), pipe=0, down_ahead=False)  # session 7's (moe13), the default until session 8
+                     down_ahead=False, down_pair_fold=False)  # session 6's first round (moe9)
+S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0, down_ahead=False,
+                       down_pair_fold=False)  # session 6's second round, until moe13
+S7_KERNELS = Kernels(down_full=(), pipe=0, down_ahead=False, down_pair_fold=False)  # session 7's (moe13), until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
 # "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
 # of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26); none of
-# them runs session 19's pipe (pipe=0) or session 20's down ahead
+# them runs session 19's pipe (pipe=0), session 20's down ahead or session 21's pair fold
 TILES_ENV = "SPARKD_MOE_TILES"
 TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
@@ -200,7 +200,8 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new" (its pipe by width)."""
-    return {"new": Kernels(), "s14": Kernels(pipe=0, down_ahead=False), "s8": Kernels(pipe=0, down_ahead=False),
+    older = Kernels(pipe=0, down_ahead=False, down_pair_fold=False)
+    return {"new": Kernels(), "s14": older, "s8": older,
             "s6": S6_KERNELS, "s6r2": S6R2_KERNELS, "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
@@ -258,11 +259,15 @@ def pipe_programs(dim: int, tile: GemvConfig, which: str | None = None) -> int:
 # dots; two ranges of 4): 2048x768 top-8 layer after the norm ("all qx") 20.9-21.2 -> 19.3-19.5 us (-7 to -8.5 %, two
 # calls, each interleaved), its down alone 10.1-10.3 -> 9.3; the same tile without the loads ahead 20.9 (the old tile's
 # time). At 4096x1536 (the engine's 2/1/2/e/2) -2.0 % and -0.8 % in two processes, at 7168x2048 -1.9 % (one): under
-# the bar, the loop as before there. "off": the loop as before and session 19's down tile at every width.
+# the bar, the loop as before there. Session 21 (moe48, bench/results/moe48_h200_s21_*): at 4096-6143 too, on the
+# engine's 2/1/2/e/2, with the pair fold (PAIR_FOLD_WIDTHS): the two together won in two processes (below); the loads
+# ahead alone -1.5 % and -1.7 % in two calls, the pair fold alone -2.8 % in one. "off": the loop as before and session
+# 19's down tile at every width.
 DOWN_AHEAD_ENV = "SPARKD_MOE_DOWN_AHEAD"
 DOWN_AHEADS = ("auto", "off")
 DOWN_AHEAD = switches.choice(DOWN_AHEAD_ENV, DOWN_AHEADS, "auto")  # read once
-DOWN_AHEAD_WIDTHS = (2048, 4096)  # "auto": the model widths [from, below) that run it
+DOWN_AHEAD_WIDTHS = (2048, 6144)  # "auto": the model widths [from, below) that run it
+AHEAD_TILE_WIDTHS = (2048, 4096)  # of them, those that take Q8_0_DOWN_AHEAD (its 3-group step lost at 4096: moe48)
 Q8_0_DOWN_AHEAD = GemvConfig(block_n=2, num_warps=1, unroll=3, elementwise=True, split=2)
 
 
@@ -279,4 +284,27 @@ def down_ahead(dim: int, which: str | None = None) -> bool:
 def ahead_tile_fits(p: PreparedTable, which: str | None = None) -> bool:
     """Whether the "new" tiles give a Q8_0 down Q8_0_DOWN_AHEAD (its loop loading ahead): down_ahead at the model width
     (which: DOWN_AHEADS), rows on 32-bit words (the words step) and an expert's row whole steps of the tile."""
-    return p.down_words and p.table.width % (256 * Q8_0_DOWN_AHEAD.unroll) == 0 and down_ahead(p.table.dim, which)
+    return p.down_words and p.table.width % (256 * Q8_0_DOWN_AHEAD.unroll) == 0 and down_ahead(p.table.dim, which) \
+        and AHEAD_TILE_WIDTHS[0] <= p.table.dim < AHEAD_TILE_WIDTHS[1]
+
+
+# Session 21 (moe48, H200, bench/results/moe48_h200_s21_call2_*): the integer down's two expert ranges folded in the
+# launch by matmul.fold_pair (each program exchanges its sums into its rows' slots; the second holds both: one atomic
+# round trip) instead of fold_part (store, fence, ticket, read-back: ~1.5 us of the 4096 down, moe39's twin). At
+# 4096x1536 Q8_0 top-8 with the loads ahead (DOWN_AHEAD_WIDTHS), the layer after the norm ("all qx"): 53.7 / 53.8 ->
+# 52.0 / 52.3 us (-3.0 %) in one process, 53.3 / 53.4 -> 51.9 / 52.0 (-2.6 %) in a second, the same bits; 2048 and
+# 7168 not measured (the fold as before there). "off": fold_part at every width.
+PAIR_FOLD_ENV = "SPARKD_MOE_PAIR_FOLD"
+PAIR_FOLDS = ("auto", "off")
+PAIR_FOLD = switches.choice(PAIR_FOLD_ENV, PAIR_FOLDS, "auto")  # read once
+PAIR_FOLD_WIDTHS = (4096, 6144)  # "auto": the model widths [from, below) that run it
+
+
+def pair_fold(dim: int, which: str | None = None) -> bool:
+    """Whether the integer down's two expert ranges fold by matmul.fold_pair at model width dim: which "auto" or "off"
+    (PAIR_FOLDS; default $SPARKD_MOE_PAIR_FOLD)."""
+    which = which or PAIR_FOLD
+    if which not in PAIR_FOLDS:
+        raise dispatch.KernelArgumentError(f"could not pick the MoE down's fold: {which!r} (${PAIR_FOLD_ENV} or which) "
+                                           f"is not one of {', '.join(PAIR_FOLDS)}")
+    return which == "auto" and PAIR_FOLD_WIDTHS[0] <= dim < PAIR_FOLD_WIDTHS[1]
