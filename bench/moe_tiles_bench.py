@@ -321,8 +321,9 @@ SETS = moe_tiles.TILE_SETS  # --sets
 # --variants: (PDL mode, kernels) of the default layer's extra rows; session 20 (moe46): "ahead" / "behind", the Q8_0
 # down's next step loaded ahead or not (Kernels.down_ahead), so a list interleaves them (again,ahead,again,ahead), and
 # NAME@TILE, the variant at down tile TILE (ahead@4/1/2/e/2); session 21 (moe48): "fold2" / "afold2", the down's two
-# ranges folded by matmul.fold_pair (Kernels.down_pair_fold), without / with "ahead"
-VARIANTS = ("off", "late", "start", "again", "ahead", "behind", "fold2", "afold2")
+# ranges folded by matmul.fold_pair (Kernels.down_pair_fold), without / with "ahead"; "tickets", fold_part's fold
+# (the default before it at 4096-6143; with "behind": SPARKD_MOE_DOWN_AHEAD=off SPARKD_MOE_PAIR_FOLD=off)
+VARIANTS = ("off", "late", "start", "again", "ahead", "behind", "fold2", "afold2", "tickets")
 
 
 def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels, GemvConfig | None]:
@@ -330,7 +331,7 @@ def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels, Ge
     name, _, text = name.partition("@")
     at_start = {"late": False, "start": True}.get(name, k.down_at_start)
     ahead = {"ahead": True, "behind": False, "afold2": True}.get(name, k.down_ahead)
-    pair_fold = {"fold2": True, "afold2": True}.get(name, k.down_pair_fold)
+    pair_fold = {"fold2": True, "afold2": True, "tickets": False}.get(name, k.down_pair_fold)
     return (("off" if name == "off" else "on"),
             dataclasses.replace(k, down_at_start=at_start, down_ahead=ahead, down_pair_fold=pair_fold),
             tile(text) if text else None)
