@@ -16,7 +16,8 @@ software-pipelined persistent kernel too (kind "pipe", a loop step the tile's un
 register caps; with --order, the loop's loads waited for inside the iteration against those in flight over the back
 edge and the dp4a each of those is in flight over, from the write and wait scoreboards of the SASS control words).
 Session 20 (moe46): a Q8_0 down tile's flag a (2/1/2/e/2:wpvVfa), its loop with the next step's words loaded ahead
-(moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row.
+(moe_down_ahead; Kernels.down_ahead), at `--groups` groups a row. Session 21 (moe48): flag o (2/1/2/e/2:wpvVfao), two
+ranges folded by matmul.fold_pair (Kernels.down_pair_fold): "outside" 169 -> 137 at 2/1/2/e/2:wpvVfa.
 Session 21 (q4k48): Q4_K_TILED launches on 16-byte offsets, as the engine's pairx tables are (before: 4 bytes, 4 scalar
 qs loads a thread); a gate/up tile's flag n (4/1/2/e:wpvVfdn), q4_k_pair.gate_up's constant-trip loop (the default at
 widths 2048-6143: moe_tiles.pairx_way) at `--dim` model width.
@@ -140,8 +141,10 @@ def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = F
         ahead = moe._ahead_ok(bool(k.down_ahead), k, cfg, k.words and qtype == T.Q8_0, 4096, groups * 256)
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
                       XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if ahead or qtype.name in k.down_full else 0,
-                      TILED=tiled, AHEAD=ahead, **common)
-        binary = cubin(moe._idown_kernel, DOWN, consts, cfg.num_warps, True)
+                      TILED=tiled, AHEAD=ahead,
+                      PAIR_FOLD=split == 2 and k.down_pair_fold, **common)
+        ptrs = DOWN | (dict(tickets_ptr=I64) if consts["PAIR_FOLD"] else {})  # fold_pair's int64 slots
+        binary = cubin(moe._idown_kernel, ptrs, consts, cfg.num_warps, True)
     return line(qtype.name, kind, text, binary, cfg.num_warps, show_order)
 
 

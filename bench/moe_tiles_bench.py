@@ -162,15 +162,17 @@ def kernels_of(text: str) -> moe_tiles.Kernels:
     """A tile text's :FLAGS as moe_tiles.Kernels (w: Q8_0 words, p: the pair loop, v / V:
     Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
     d: the down's groups a constant trip count where the shape allows, both types (moe14), a: the Q8_0 down's
-    next step loaded ahead (session 20, moe46: Kernels.down_ahead); n: the pairx gate/up's constant trip count, the
-    tile's unroll a step (session 21, q4k48: Kernels.pairx_gate_up "steps"; else its "loop"); no ":": the default)."""
+    next step loaded ahead (session 20, moe46: Kernels.down_ahead), o: the down's two ranges folded by
+    matmul.fold_pair (session 21, moe48: Kernels.down_pair_fold); n: the pairx gate/up's constant trip count,
+    the tile's unroll a step (session 21, q4k48: Kernels.pairx_gate_up "steps"; else its "loop"); no ":": the
+    default)."""
     if ":" not in text:
         return moe_tiles.Kernels()
     flags = text.partition(":")[2]
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
                              down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else (),
-                             down_ahead="a" in flags,
+                             down_ahead="a" in flags, down_pair_fold="o" in flags,
                              pairx_gate_up="steps" if "n" in flags else "loop")
 
 
@@ -321,16 +323,20 @@ def candidates(qtype: T, args) -> tuple[list[str], list[str]]:
 SETS = moe_tiles.TILE_SETS  # --sets
 # --variants: (PDL mode, kernels) of the default layer's extra rows; session 20 (moe46): "ahead" / "behind", the Q8_0
 # down's next step loaded ahead or not (Kernels.down_ahead), so a list interleaves them (again,ahead,again,ahead), and
-# NAME@TILE, the variant at down tile TILE (ahead@4/1/2/e/2)
-VARIANTS = ("off", "late", "start", "again", "ahead", "behind")
+# NAME@TILE, the variant at down tile TILE (ahead@4/1/2/e/2); session 21 (moe48): "fold2" / "afold2", the down's two
+# ranges folded by matmul.fold_pair (Kernels.down_pair_fold), without / with "ahead"; "tickets", fold_part's fold
+# (the default before it at 4096-6143; with "behind": SPARKD_MOE_DOWN_AHEAD=off SPARKD_MOE_PAIR_FOLD=off)
+VARIANTS = ("off", "late", "start", "again", "ahead", "behind", "fold2", "afold2", "tickets")
 
 
 def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels, GemvConfig | None]:
     """A --variants name's PDL mode, kernels (k: the default's) and down tile (None: the default's)."""
     name, _, text = name.partition("@")
     at_start = {"late": False, "start": True}.get(name, k.down_at_start)
-    ahead = {"ahead": True, "behind": False}.get(name, k.down_ahead)
-    return (("off" if name == "off" else "on"), dataclasses.replace(k, down_at_start=at_start, down_ahead=ahead),
+    ahead = {"ahead": True, "behind": False, "afold2": True}.get(name, k.down_ahead)
+    pair_fold = {"fold2": True, "afold2": True, "tickets": False}.get(name, k.down_pair_fold)
+    return (("off" if name == "off" else "on"),
+            dataclasses.replace(k, down_at_start=at_start, down_ahead=ahead, down_pair_fold=pair_fold),
             tile(text) if text else None)
 
 

@@ -38,8 +38,7 @@ def main() -> None:
         for res, cfg in ((False, d_cfg), (True, d_cfg), (True, large)):
             n = atomics(moe._idown_kernel, down, dict(RES=res, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
                                                       ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=0, TILED=False,
-                                                      AHEAD=False,
-                                                      **tile),
+                                                      AHEAD=False, PAIR_FOLD=False, **tile),
                         cfg.num_warps)
             print(f"idown {qtype} split={cfg.split} residual={res} atomics={n}")
         if qtype == "Q8_0":  # session 20's down with the loads ahead (moe_down_ahead: 2048-wide models, 768 a row)
@@ -47,9 +46,16 @@ def main() -> None:
             ahead = dict(tile, UNROLL=cfg.unroll, EW=True, **moe._int_args(fam, True, False, full=True))
             n = atomics(moe._idown_kernel, down, dict(RES=True, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
                                                       ATOMIC=False, XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=768 // 256,
-                                                      TILED=False, AHEAD=True, **ahead),
+                                                      TILED=False, AHEAD=True, PAIR_FOLD=False, **ahead),
                         cfg.num_warps)
             print(f"idown {qtype} ahead split={cfg.split} residual=True atomics={n}")
+            # session 21's pair fold (matmul.fold_pair: the exchange is its one atomic) at the 4096 tile, loads ahead
+            cfg = moe_tiles.Q8_0_FEW_RANGES
+            n = atomics(moe._idown_kernel, down | dict(tickets_ptr=I64),
+                        dict(RES=True, FOLD=True, BLOCK_N=cfg.block_n, SPLIT=cfg.split, ATOMIC=False,
+                             XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=1536 // 256, TILED=False, AHEAD=True,
+                             PAIR_FOLD=True, **dict(ahead, UNROLL=cfg.unroll)), cfg.num_warps)
+            print(f"idown {qtype} ahead pair fold split={cfg.split} residual=True atomics={n}")
         n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
                                                         HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, TILED=False,
                                                         DOWN_AT_START=True, **tile),

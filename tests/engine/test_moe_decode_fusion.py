@@ -271,12 +271,12 @@ def test_router_takes_the_gate_kernel_only_where_it_fits(monkeypatch):
 def test_last_program_paths_compile_for_the_gpu_with_one_atomic():
     """The interpreter runs no PTX: compile the down folds (with and without the residual, and the
     large-shape down tile), the late h quantization and the router's gate GEMV for sm_90 offline
-    (moe_compile.py), and Q8_0's down with the loads ahead; the ticket is each kernel's one atomic (the sums
-    are plain loads and adds)."""
+    (moe_compile.py), and Q8_0's down with the loads ahead, with fold_part's ticket and with fold_pair's exchange;
+    the ticket (the exchange) is each kernel's one atomic (the sums are plain loads and adds)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = os.path.join(os.path.dirname(__file__), "moe_compile.py")
     out = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     gguf_types = [q for q in DECODE_TILES if q in T.__members__]  # not the load-time Q4_K_TILED gate/up tile
-    # 3 downs and the gate/up a type, Q8_0's down ahead, the router
-    assert out.stdout.split().count("atomics=1") == 4 * len(gguf_types) + 2, out.stdout
+    # 3 downs and the gate/up a type, Q8_0's down ahead (two folds), the router
+    assert out.stdout.split().count("atomics=1") == 4 * len(gguf_types) + 3, out.stdout

@@ -46,14 +46,15 @@ def test_the_down_ahead_switches_off():
 
 def test_the_q8_0_down_loads_ahead_from_width_2048_below_4096_and_switches_back(monkeypatch):
     """Session 20: "auto" at model widths 2048-4095 where an expert's row is whole 3-group steps, on the tile
-    Q8_0_DOWN_AHEAD (where it won on the H200); elsewhere, with "off" and in the older tile sets session 19's tile."""
+    Q8_0_DOWN_AHEAD (where it won on the H200); elsewhere, with "off" and in the older tile sets session 19's tile.
+    Session 21: the loop at 4096-6143 too, on that width's tile (with the pair fold)."""
     def tables(dim, width):
         return moe.prepare(arena_table(T.Q8_0, T.Q8_0, dim, width, 1, "cpu")[0], "cpu")
-    assert [moe_tiles.down_ahead(d) for d in (1024, 2048, 3072, 4096, 7168)] == [False, True, True, False, False]
+    assert [moe_tiles.down_ahead(d) for d in (1024, 2048, 3072, 4096, 7168)] == [False, True, True, True, False]
     p, s14 = tables(2048, 768), moe_tiles.decode_tiles(tables(2048, 768), "s14")
     assert moe_tiles.ahead_tile_fits(p) and moe_tiles.decode_tiles(p) == (s14[0], moe_tiles.Q8_0_DOWN_AHEAD)
     assert moe._ahead_ok(True, moe_tiles.Kernels(), moe_tiles.Q8_0_DOWN_AHEAD, p.down_words, 2048, 768)
-    for dim, width in ((1024, 768), (2048, 512), (4096, 768)):  # below, not whole steps, above
+    for dim, width in ((1024, 768), (2048, 512), (4096, 768), (4096, 1536)):  # below, not whole steps, above
         q = tables(dim, width)
         assert not moe_tiles.ahead_tile_fits(q) and moe_tiles.decode_tiles(q)[1] == moe_tiles.decode_tiles(q, "s14")[1]
     assert not moe_tiles.ahead_tile_fits(p, "off")
@@ -65,12 +66,15 @@ def test_the_q8_0_down_loads_ahead_from_width_2048_below_4096_and_switches_back(
 @pytest.mark.parametrize("backend", CASES)
 def test_the_down_ahead_gives_the_grid_kernels_bits(backend):
     """The tiles it takes (ranges folded in the launch, one range, an empty range, steps of 1 to 3 groups, 1 or 2
-    warps), with and without the residual: y's bits as the grid kernel's."""
+    warps), with and without the residual, and two ranges folded by matmul.fold_pair (session 21, moe48; other
+    splits fold as before), with the loads ahead or not: y's bits as the grid kernel's."""
     # (rows, unroll, split, warps) by (dim, width, n); the interpreter: 5 experts in 4 ranges of 2, the last empty
-    cases = {(32, 768, 5): [(2, 1, 4, 1), (2, 3, 1, 1)]} if backend == "cpu" else {
+    cases = {(32, 768, 5): [(2, 1, 4, 1), (2, 3, 1, 1), (2, 1, 2, 1)]} if backend == "cpu" else {
         (4096, 1536, 8): [(2, 2, 2, 1), (4, 2, 2, 1), (4, 2, 2, 2), (2, 2, 2, 2), (2, 3, 2, 1)],
         (7168, 2048, 8): [(2, 2, 2, 1)], (2048, 768, 8): [(2, 3, 2, 1)]}
-    on, off = moe_tiles.Kernels(down_ahead=True), moe_tiles.Kernels(down_ahead=False)
+    off = moe_tiles.Kernels(down_ahead=False, down_pair_fold=False)  # the grid kernel's loop, fold_part
+    ons = [moe_tiles.Kernels(down_ahead=True, down_pair_fold=False), moe_tiles.Kernels(down_ahead=False, down_pair_fold=True),
+           moe_tiles.Kernels(down_ahead=True, down_pair_fold=True)]
     for (dim, width, n), downs in cases.items():
         table = arena_table(T.Q8_0, T.Q8_0, dim, width, n, backend)[0]
         p = moe.prepare(table, backend)
@@ -78,13 +82,26 @@ def test_the_down_ahead_gives_the_grid_kernels_bits(backend):
         h = torch.randn(n, width, device=backend)  # quantized by the down's call as the engine's h
         for i, (rows, unroll, split, warps) in enumerate(downs):
             dn = GemvConfig(block_n=rows, num_warps=warps, unroll=unroll, elementwise=True, split=split)
-            assert moe._ahead_ok(True, on, dn, p.down_words, dim, width), (dim, dn)
+            assert moe._ahead_ok(True, ons[0], dn, p.down_words, dim, width), (dim, dn)
             for r in (None, res) if i == 0 else (None,):  # the residual at the first tile of a shape
                 base, y = torch.empty(dim, device=backend), torch.empty(dim, device=backend)
                 moe._down(p, h, w, base, dn, None, r, off)
-                moe._down(p, h, w, y.fill_(float("nan")), dn, None, r, on)
-                assert _bits(y, base), (dim, dn, r is None)
+                for on in ons:
+                    moe._down(p, h, w, y.fill_(float("nan")), dn, None, r, on)
+                    assert _bits(y, base), (dim, dn, r is None, on)
 
 
 def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def test_the_pair_fold_runs_at_width_4096_below_6144_and_switches_off(monkeypatch):
+    """Session 21 (moe48): matmul.fold_pair where it won on the H200 (4096x1536 Q8_0, with the loads ahead), fold_part
+    elsewhere, with "off" and in the older tile sets."""
+    assert [moe_tiles.pair_fold(d) for d in (2048, 4095, 4096, 6143, 6144, 7168)] == [False] * 2 + [True] * 2 + [False] * 2
+    assert not moe_tiles.pair_fold(4096, "off") and moe_tiles.decode_kernels("new").down_pair_fold is None
+    assert all(moe_tiles.decode_kernels(w).down_pair_fold is False for w in moe_tiles.TILE_SETS if w != "new")
+    with pytest.raises(moe.dispatch.KernelArgumentError, match="SPARKD_MOE_PAIR_FOLD"):
+        moe_tiles.pair_fold(4096, "on")
+    monkeypatch.setattr(moe_tiles, "PAIR_FOLD", "off")
+    assert not moe_tiles.pair_fold(4096)

@@ -276,6 +276,27 @@ def fold_part(y_ptr, part_ptr, tickets_ptr, tile, part, rows, rmask, acc, N, SPL
 
 
 @triton.jit
+def fold_pair(y_ptr, slots_ptr, part, rows, rmask, acc, res_ptr=None, RES: tl.constexpr = False):
+    """fold_part for SPLIT 2 in one atomic round trip (session 21, moe48): each program exchanges (1 << 32 | its sums'
+    bits) into its rows' int64 slots (zero before the launch); the one that gets a non-zero word back holds the other
+    part and leaves y = (0.0 + part 0) + part 1 (+ the residual), fold_part's bits, and the slots zero again. No fence:
+    the sums travel in the atomic itself (one location each), where fold_part stores them, fences, takes a ticket and
+    reads them back."""
+    if RES:  # before the exchange, so its round trip is not a second one after it
+        res = tl.load(res_ptr + rows, mask=rmask, other=0.0)
+    mine = (acc.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (1 << 32)
+    old = tl.atomic_xchg(slots_ptr + rows, mine, mask=rmask, sem="relaxed")
+    other = (old & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    second = (old >> 32) != 0
+    zero = tl.zeros(acc.shape, tl.float32)
+    total = (zero + tl.where(part == 0, acc, other)) + tl.where(part == 0, other, acc)
+    if RES:
+        total = total + res
+    tl.store(y_ptr + rows, total, mask=rmask & second)
+    tl.store(slots_ptr + rows, tl.zeros(old.shape, tl.int64), mask=rmask & second)
+
+
+@triton.jit
 def finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
                 KFOLD: tl.constexpr):
     """store_part, or fold_part (KFOLD) for a grid of (row tiles, SPLIT) programs."""
@@ -703,6 +724,21 @@ def tickets(tiles: int, device: torch.device) -> torch.Tensor:
     t = _TICKETS.get(device)
     if t is None or t.numel() < tiles:
         t = _TICKETS[device] = torch.zeros(max(tiles, MIN_TICKETS), dtype=torch.int32, device=device)
+    return t
+
+
+# fold_pair's slots: one zeroed int64 per row, per device, kept as the tickets are
+_SLOTS: dict[torch.device, torch.Tensor] = {}
+
+
+def pair_slots(rows: int, device: torch.device) -> torch.Tensor:
+    """At least `rows` zeroed int64 slots on device (fold_pair), as tickets() keeps its tickets."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    t = _SLOTS.get(device)
+    if t is None or t.numel() < rows:
+        t = _SLOTS[device] = torch.zeros(max(rows, MIN_TICKETS), dtype=torch.int64, device=device)
     return t
 
 

@@ -51,6 +51,7 @@ from sparkd.engine.kernels.matmul import (
     check_qx,
     emulate,
     family_args,
+    fold_pair,
     fold_part,
     fold_partials,
     gemm,
@@ -58,6 +59,7 @@ from sparkd.engine.kernels.matmul import (
     int_args,
     int_gemm,
     kernel_folds,
+    pair_slots,
     partials_for,
     row_dot,
     row_idot,
@@ -66,7 +68,7 @@ from sparkd.engine.kernels.matmul import (
     tickets,
 )
 from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
-                                             pairx_way, pipe_programs)
+                                             pair_fold, pairx_way, pipe_programs)
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -129,14 +131,17 @@ def _q4_k_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.c
 
 @triton.jit
 def _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT: tl.constexpr,
-            ATOMIC: tl.constexpr, FOLD: tl.constexpr, RES: tl.constexpr):
+            ATOMIC: tl.constexpr, FOLD: tl.constexpr, RES: tl.constexpr, PAIR_FOLD: tl.constexpr = False):
     """A down program's sums for its rows. SPLIT 1: y = acc (+ the residual if RES). FOLD (SPLIT
     > 1): matmul.fold_part's last-program fold in the launch, the residual added after the
-    ordered sum. Else matmul.store_part (a torch fold or atomics after the launch)."""
+    ordered sum; PAIR_FOLD (SPLIT 2): matmul.fold_pair's, tickets_ptr its int64 slots. Else
+    matmul.store_part (a torch fold or atomics after the launch)."""
     if SPLIT == 1:
         if RES:
             acc = acc + tl.load(res_ptr + rows, mask=rmask)
         tl.store(y_ptr + rows, acc, mask=rmask)
+    elif PAIR_FOLD:
+        fold_pair(y_ptr, tickets_ptr, tl.program_id(1), rows, rmask, acc, res_ptr, RES)
     elif FOLD:
         fold_part(y_ptr, part_ptr, tickets_ptr, tl.program_id(0), tl.program_id(1), rows, rmask, acc, N, SPLIT,
                   res_ptr, RES)
@@ -303,7 +308,7 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
                   NG: tl.constexpr = 0, TILED: tl.constexpr = False, AHEAD: tl.constexpr = False,
-                  PDL: tl.constexpr = False):
+                  PAIR_FOLD: tl.constexpr = False, PDL: tl.constexpr = False):
     """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
@@ -334,7 +339,7 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
                 part = row_idot(w_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
                                 hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
             acc += part * tl.load(rw_ptr + a)
-    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
+    _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES, PAIR_FOLD)
 
 
 @triton.jit
@@ -728,12 +733,15 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         words = _use_words(kernels, cfg, p.down_words)
         ahead = _ahead_ok(down_ahead(D) if kernels.down_ahead is None else kernels.down_ahead, kernels, cfg, words,
                           D, F)
+        pair = fold and split == 2 and (pair_fold(D) if kernels.down_pair_fold is None else kernels.down_pair_fold)
+        if pair:  # fold_pair's slots where fold_part's tickets go
+            common["tickets_ptr"] = pair_slots(D, y.device)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
                             **_int_args(p.down, words, _use_vec(kernels.q4k_vec_down, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             NG=F // 256 if ahead or p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
-                            TILED=p.down.row_tile > 1, AHEAD=ahead, **common, **pdl.launch(y.device))
+                            TILED=p.down.row_tile > 1, AHEAD=ahead, PAIR_FOLD=pair, **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()

@@ -2,8 +2,9 @@
 runs them), each table with the H200 measurement that chose it, and the older sets kept to time
 against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14, new); where the gate/up lets the
 down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13); the Q8_0 gate/up's persistent kernel by width
-($SPARKD_MOE_PIPE, session 19) and the Q8_0 down's loads ahead and its tile by width ($SPARKD_MOE_DOWN_AHEAD,
-session 20)."""
+($SPARKD_MOE_PIPE, session 19), the Q8_0 down's loads ahead and its tile by width ($SPARKD_MOE_DOWN_AHEAD,
+session 20) and the integer down's fold of two ranges by one atomic exchange by width ($SPARKD_MOE_PAIR_FOLD, session
+21)."""
 
 from __future__ import annotations
 
@@ -142,20 +143,24 @@ class Kernels:
     # time, clamped and masked), "steps" (q4_k_pair.gate_up: a constant trip count, the tile's unroll a step); None, by
     # the model width (pairx_way: $SPARKD_MOE_PAIRX_STEPS)
     pairx_gate_up: str | None = None
+    # session 21 (moe48): an integer down of two expert ranges folded in the launch by matmul.fold_pair (one atomic
+    # exchange of the sums) instead of fold_part (store, fence, ticket, read-back); the same bits. None, by the model
+    # width (pair_fold: $SPARKD_MOE_PAIR_FOLD)
+    down_pair_fold: bool | None = None
 
 
-OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False,
-                      down_full=(), pipe=0, down_ahead=False, pairx_gate_up="loop")  # sessions 4 and 5
-S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(), pipe=0,
-                     down_ahead=False, pairx_gate_up="loop")  # session 6's first round (moe9)
-S6R2_KERNELS = Kernels(full=False, down_full=(), pipe=0, down_ahead=False,
-                       pairx_gate_up="loop")  # session 6's second round, until moe13
-S7_KERNELS = Kernels(down_full=(), pipe=0, down_ahead=False,
-                     pairx_gate_up="loop")  # session 7's (moe13), the default until session 8
+# the older sets run none of the later kernels: session 19's pipe, session 20's down ahead, session 21's pairx steps
+# and pair fold
+_LATER_OFF = dict(pipe=0, down_ahead=False, pairx_gate_up="loop", down_pair_fold=False)
+OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False, down_full=(),
+                      **_LATER_OFF)  # sessions 4 and 5
+S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(),
+                     **_LATER_OFF)  # session 6's first round (moe9)
+S6R2_KERNELS = Kernels(full=False, down_full=(), **_LATER_OFF)  # session 6's second round, until moe13
+S7_KERNELS = Kernels(down_full=(), **_LATER_OFF)  # session 7's (moe13), the default until session 8
 # "old": session 4's tiles, "s5": session 5's, both with OLD_KERNELS; "s6" S6_KERNELS, "s6r2" S6R2_KERNELS,
-# "s7" S7_KERNELS; "s8": Kernels() at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the tiles
-# of "s6" to "s7" too; "s14": Kernels() at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26); none of
-# them runs session 19's pipe (pipe=0), session 20's down ahead or session 21's pairx steps
+# "s7" S7_KERNELS; "s8": Kernels(**_LATER_OFF) at S8_DECODE_TILES / S8_WIDTH_TIERS (session 8 before fold19), the
+# tiles of "s6" to "s7" too; "s14": Kernels(**_LATER_OFF) at DECODE_TILES / S14_WIDTH_TIERS (before session 15's moe26)
 TILES_ENV = "SPARKD_MOE_TILES"
 TILE_SETS = ("old", "s5", "s6", "s6r2", "s7", "s8", "s14", "new")
 TILES = switches.choice(TILES_ENV, TILE_SETS, "new")  # read once
@@ -202,8 +207,8 @@ def _tier(tiers: dict, name: str, dim: int, at: int, tile: GemvConfig) -> GemvCo
 
 def decode_kernels(which: str | None = None) -> Kernels:
     """The decode's kernels for a tile set (decode_tiles' which): this session's for "new" (its pipe by width)."""
-    old = Kernels(pipe=0, down_ahead=False, pairx_gate_up="loop")
-    return {"new": Kernels(), "s14": old, "s8": old,
+    older = Kernels(**_LATER_OFF)
+    return {"new": Kernels(), "s14": older, "s8": older,
             "s6": S6_KERNELS, "s6r2": S6R2_KERNELS, "s7": S7_KERNELS}.get(which or TILES, OLD_KERNELS)
 
 
@@ -230,6 +235,19 @@ def down_launch_at_start(dim: int, which: str | None = None) -> bool:
     return which == "start" or (which == "auto" and dim >= LOOP_LAUNCH_BELOW)
 
 
+AUTO_OFF = ("auto", "off")  # the choices of a kernel switched on by model width
+
+
+def _auto_at(dim: int, which: str | None, default: str, env: str, widths: tuple[int, int], what: str) -> bool:
+    """Whether an AUTO_OFF switch (which, else default: env's value) runs its kernel at model width dim: "auto" at
+    the widths [from, below)."""
+    which = which or default
+    if which not in AUTO_OFF:
+        raise dispatch.KernelArgumentError(f"could not pick {what}: {which!r} (${env} or which) is not one of "
+                                           f"{', '.join(AUTO_OFF)}")
+    return which == "auto" and widths[0] <= dim < widths[1]
+
+
 # Session 19 (moe42, H200, bench/results/moe42_h200_s19_*): the Q8_0 gate/up at model widths 4096-6143 (its 2/1/4/e tile,
 # Q8_0_GATE_UP_4096) as moe_pipe's software-pipelined persistent kernel, 16 programs an SM (~2.9 tiles each; 96
 # registers, 21 resident): 4096x1536 top-8 layer after the norm ("all qx") 57.7 / 57.2 and 57.3 / 57.0 (two processes)
@@ -237,8 +255,7 @@ def down_launch_at_start(dim: int, which: str | None = None) -> bool:
 # and the 2/1/2/e tile lost or tied. At 2048x768 (23.1 vs 21.0 us) and 7168x2048 (142.4 vs 112.1, one-group steps) it
 # lost: the grid kernel there. The same h and y bits. "off": the grid kernel at every width (Kernels.pipe per call)
 PIPE_ENV = "SPARKD_MOE_PIPE"
-PIPES = ("auto", "off")
-PIPE = switches.choice(PIPE_ENV, PIPES, "auto")  # read once
+PIPE = switches.choice(PIPE_ENV, AUTO_OFF, "auto")  # read once
 PIPE_WIDTHS = (4096, 6144)  # "auto": the model widths [from, below) that run it
 PIPE_PROGRAMS = 16  # programs an SM
 PIPE_UNROLL = Q8_0_GATE_UP_4096.unroll  # "auto": only a gate/up tile of the measured steps (another, a bench's, not)
@@ -246,13 +263,9 @@ PIPE_UNROLL = Q8_0_GATE_UP_4096.unroll  # "auto": only a gate/up tile of the mea
 
 def pipe_programs(dim: int, tile: GemvConfig, which: str | None = None) -> int:
     """Programs an SM of the Q8_0 gate/up's persistent kernel at model width dim and gate/up tile (0: the grid
-    kernel): which "auto" or "off" (PIPES; default $SPARKD_MOE_PIPE)."""
-    which = which or PIPE
-    if which not in PIPES:
-        raise dispatch.KernelArgumentError(f"could not pick the MoE gate/up's kernel: {which!r} (${PIPE_ENV} or which) "
-                                           f"is not one of {', '.join(PIPES)}")
-    measured = PIPE_WIDTHS[0] <= dim < PIPE_WIDTHS[1] and tile.unroll == PIPE_UNROLL
-    return PIPE_PROGRAMS if which == "auto" and measured else 0
+    kernel): which "auto" or "off" (default $SPARKD_MOE_PIPE)."""
+    on = _auto_at(dim, which, PIPE, PIPE_ENV, PIPE_WIDTHS, "the MoE gate/up's kernel")
+    return PIPE_PROGRAMS if on and tile.unroll == PIPE_UNROLL else 0
 
 
 # Session 20 (moe46, H200, bench/results/moe46_h200_s20_*): the Q8_0 down's loop with the next step's words loaded
@@ -261,28 +274,28 @@ def pipe_programs(dim: int, tile: GemvConfig, which: str | None = None) -> int:
 # dots; two ranges of 4): 2048x768 top-8 layer after the norm ("all qx") 20.9-21.2 -> 19.3-19.5 us (-7 to -8.5 %, two
 # calls, each interleaved), its down alone 10.1-10.3 -> 9.3; the same tile without the loads ahead 20.9 (the old tile's
 # time). At 4096x1536 (the engine's 2/1/2/e/2) -2.0 % and -0.8 % in two processes, at 7168x2048 -1.9 % (one): under
-# the bar, the loop as before there. "off": the loop as before and session 19's down tile at every width.
+# the bar, the loop as before there. Session 21 (moe48, bench/results/moe48_h200_s21_*): at 4096-6143 too, on the
+# engine's 2/1/2/e/2, with the pair fold (PAIR_FOLD_WIDTHS): the two together won in two processes (below); the loads
+# ahead alone -1.5 % and -1.7 % in two calls, the pair fold alone -2.8 % in one. "off": the loop as before and session
+# 19's down tile at every width.
 DOWN_AHEAD_ENV = "SPARKD_MOE_DOWN_AHEAD"
-DOWN_AHEADS = ("auto", "off")
-DOWN_AHEAD = switches.choice(DOWN_AHEAD_ENV, DOWN_AHEADS, "auto")  # read once
-DOWN_AHEAD_WIDTHS = (2048, 4096)  # "auto": the model widths [from, below) that run it
+DOWN_AHEAD = switches.choice(DOWN_AHEAD_ENV, AUTO_OFF, "auto")  # read once
+DOWN_AHEAD_WIDTHS = (2048, 6144)  # "auto": the model widths [from, below) that run it
+AHEAD_TILE_WIDTHS = (2048, 4096)  # of them, those that take Q8_0_DOWN_AHEAD (its 3-group step lost at 4096: moe48)
 Q8_0_DOWN_AHEAD = GemvConfig(block_n=2, num_warps=1, unroll=3, elementwise=True, split=2)
 
 
 def down_ahead(dim: int, which: str | None = None) -> bool:
     """Whether the Q8_0 down's loop loads the next step's words ahead at model width dim: which "auto" or "off"
-    (DOWN_AHEADS; default $SPARKD_MOE_DOWN_AHEAD)."""
-    which = which or DOWN_AHEAD
-    if which not in DOWN_AHEADS:
-        raise dispatch.KernelArgumentError(f"could not pick the MoE down's loop: {which!r} (${DOWN_AHEAD_ENV} or "
-                                           f"which) is not one of {', '.join(DOWN_AHEADS)}")
-    return which == "auto" and DOWN_AHEAD_WIDTHS[0] <= dim < DOWN_AHEAD_WIDTHS[1]
+    (default $SPARKD_MOE_DOWN_AHEAD)."""
+    return _auto_at(dim, which, DOWN_AHEAD, DOWN_AHEAD_ENV, DOWN_AHEAD_WIDTHS, "the MoE down's loop")
 
 
 def ahead_tile_fits(p: PreparedTable, which: str | None = None) -> bool:
     """Whether the "new" tiles give a Q8_0 down Q8_0_DOWN_AHEAD (its loop loading ahead): down_ahead at the model width
-    (which: DOWN_AHEADS), rows on 32-bit words (the words step) and an expert's row whole steps of the tile."""
-    return p.down_words and p.table.width % (256 * Q8_0_DOWN_AHEAD.unroll) == 0 and down_ahead(p.table.dim, which)
+    (which: "auto" or "off") in AHEAD_TILE_WIDTHS, rows on 32-bit words (the words step) and an expert's row whole steps of the tile."""
+    return p.down_words and p.table.width % (256 * Q8_0_DOWN_AHEAD.unroll) == 0 and down_ahead(p.table.dim, which) \
+        and AHEAD_TILE_WIDTHS[0] <= p.table.dim < AHEAD_TILE_WIDTHS[1]
 
 
 # Session 21 (q4k48, H200, bench/results/q4k48_h200_s21_*): the pairx (Q4_K_TILED) gate/up's loop with a constant trip
@@ -294,22 +307,16 @@ def ahead_tile_fits(p: PreparedTable, which: str | None = None) -> bool:
 # at 4096. The same bits as the loop. Unmeasured widths (7168) keep the loop. "off": the loop and the one-group tile
 # at every width.
 PAIRX_STEPS_ENV = "SPARKD_MOE_PAIRX_STEPS"
-PAIRX_STEPS_CHOICES = ("auto", "off")
-PAIRX_STEPS = switches.choice(PAIRX_STEPS_ENV, PAIRX_STEPS_CHOICES, "auto")  # read once
+PAIRX_STEPS = switches.choice(PAIRX_STEPS_ENV, AUTO_OFF, "auto")  # read once
 PAIRX_STEPS_WIDTHS = (2048, 6144)  # "auto": the model widths [from, below) that run it
 PAIRX_GATE_UP = GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True)
 
 
 def pairx_steps(dim: int, which: str | None = None) -> bool:
     """Whether the pairx gate/up runs q4_k_pair.gate_up's steps (on PAIRX_GATE_UP) at model width dim (a row whole
-    steps): which "auto" or "off" (PAIRX_STEPS_CHOICES; default $SPARKD_MOE_PAIRX_STEPS)."""
-    which = which or PAIRX_STEPS
-    if which not in PAIRX_STEPS_CHOICES:
-        raise dispatch.KernelArgumentError(f"could not pick the pairx MoE gate/up's loop: {which!r} "
-                                           f"(${PAIRX_STEPS_ENV} or which) is not one of "
-                                           f"{', '.join(PAIRX_STEPS_CHOICES)}")
-    whole = dim % (256 * PAIRX_GATE_UP.unroll) == 0
-    return which == "auto" and PAIRX_STEPS_WIDTHS[0] <= dim < PAIRX_STEPS_WIDTHS[1] and whole
+    steps): which "auto" or "off" (default $SPARKD_MOE_PAIRX_STEPS)."""
+    on = _auto_at(dim, which, PAIRX_STEPS, PAIRX_STEPS_ENV, PAIRX_STEPS_WIDTHS, "the pairx MoE gate/up's loop")
+    return on and dim % (256 * PAIRX_GATE_UP.unroll) == 0
 
 
 def pairx_way(kernels: Kernels, dim: int) -> str:
@@ -317,3 +324,20 @@ def pairx_way(kernels: Kernels, dim: int) -> str:
     if kernels.pairx_gate_up is not None:
         return kernels.pairx_gate_up
     return "steps" if pairx_steps(dim) else "loop"
+
+
+# Session 21 (moe48, H200, bench/results/moe48_h200_s21_call2_*): the integer down's two expert ranges folded in the
+# launch by matmul.fold_pair (each program exchanges its sums into its rows' slots; the second holds both: one atomic
+# round trip) instead of fold_part (store, fence, ticket, read-back: ~1.5 us of the 4096 down, moe39's twin). At
+# 4096x1536 Q8_0 top-8 with the loads ahead (DOWN_AHEAD_WIDTHS), the layer after the norm ("all qx"): 53.7 / 53.8 ->
+# 52.0 / 52.3 us (-3.0 %) in one process, 53.3 / 53.4 -> 51.9 / 52.0 (-2.6 %) in a second, the same bits; 2048 and
+# 7168 not measured (the fold as before there). "off": fold_part at every width.
+PAIR_FOLD_ENV = "SPARKD_MOE_PAIR_FOLD"
+PAIR_FOLD = switches.choice(PAIR_FOLD_ENV, AUTO_OFF, "auto")  # read once
+PAIR_FOLD_WIDTHS = (4096, 6144)  # "auto": the model widths [from, below) that run it
+
+
+def pair_fold(dim: int, which: str | None = None) -> bool:
+    """Whether the integer down's two expert ranges fold by matmul.fold_pair at model width dim: which "auto" or "off"
+    (default $SPARKD_MOE_PAIR_FOLD)."""
+    return _auto_at(dim, which, PAIR_FOLD, PAIR_FOLD_ENV, PAIR_FOLD_WIDTHS, "the MoE down's fold")
