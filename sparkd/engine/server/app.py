@@ -15,14 +15,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from sparkd.engine import trace_first
 from sparkd.engine.errors import EngineError
-from sparkd.engine.runtime import Engine, GenerationRequest, NoExpertCache
+from sparkd.engine.runtime import Engine, GenerationRequest, NoExpertCache, load_first_runs_default
 from sparkd.engine.sampler import SamplingParams
 from sparkd.engine.server import DEFAULT_TOP_K
 from sparkd.engine.server import protocol as p
@@ -75,6 +77,9 @@ class EngineServer:
         except Exception as exc:
             self.state.status, self.state.error = "error", str(exc)
             raise
+        if load_first_runs_default():
+            self.slot.start()
+            anyio.run(_open_task_group)
         self.state.progress, self.state.status, self.state.loaded_at = 1.0, "ready", int(time.time())
         self.metrics.load_progress.set(1.0)
         self.metrics.ready.set(1)
@@ -181,8 +186,10 @@ class EngineServer:
 
     async def completions(self, request: Request) -> Response:
         arrived = time.perf_counter()  # the time to first token counts the body's parsing and the encode too
+        trace_first.start()
         self._authorize(request)
         body = p.parse_body(await request.body(), p.CompletionRequest)
+        trace_first.mark("parsed")
         self._require_ready()
         self._check_model(body.model)
         prompt = body.prompt
@@ -197,6 +204,7 @@ class EngineServer:
                 raise p.ApiError(400, f"could not use {len(prompt)} prompts: this server takes one per request",
                                  param="prompt", code="invalid_value")
             ids = await asyncio.to_thread(self.engine.text_prompt, prompt if isinstance(prompt, str) else prompt[0])
+            trace_first.mark("encoded")
         return await self._respond(request, self._build_job("completion", body, ids, False, arrived), body.stream)
 
     async def _respond(self, request: Request, job: Job, stream: bool) -> Response:
@@ -224,7 +232,9 @@ class EngineServer:
         return self.slot.run(ticket, lambda emit: run_job(self.engine, self.metrics, job, emit), job.cancel)
 
     async def _sse(self, ticket: Ticket, job: Job) -> AsyncIterator[str]:
+        trace_first.mark("sse")
         yield _sse(chunk(job, first=True))
+        trace_first.mark("sent")
         try:
             async with contextlib.aclosing(self._events(ticket, job)) as events:
                 async for event in events:
@@ -337,6 +347,14 @@ def _size_bytes(value: int | str) -> int:
         return parse_size(value)
     except Exception as exc:
         raise p.ApiError(400, f"could not use budget={value!r}: {exc}", param="budget", code="invalid_value") from None
+
+
+async def _open_task_group() -> None:
+    """What a streamed response opens first (starlette's StreamingResponse: an anyio task group), in a throwaway
+    loop at load: anyio imports its asyncio backend and the names behind its task group on first use, which a
+    server's first streamed request paid for."""
+    async with anyio.create_task_group():
+        pass
 
 
 def _sse(data: dict) -> str:
