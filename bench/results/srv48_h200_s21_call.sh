@@ -15,11 +15,11 @@ T0=$(date +%s); END=${END_S:-140}; left() { echo $(( END - $(date +%s) + T0 )); 
 log() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }
 M=$W/q3-12-Q4_K.gguf; S=$W/q3-1-Q4_K.gguf
-( nice -n 10 timeout 90 python3 -m sparkd.engine.cli make-model $M.part --preset qwen3-30b-a3b --quant Q4_K --quiet \
-    --layers 12 && mv $M.part $M ) > $R/make.log 2>&1 & MK=$!
+( [ -f $M ] || { nice -n 10 timeout 90 python3 -m sparkd.engine.cli make-model $M.part --preset qwen3-30b-a3b \
+    --quant Q4_K --quiet --layers 12 && mv $M.part $M; } ) > $R/make.log 2>&1 & MK=$!  # a warm box may have it
 timeout 80 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine/test_decode_graphs.py -k first_runs \
   > $R/gpu_tests.log 2>&1 & TS=$!
-timeout 40 python3 -m sparkd.engine.cli make-model $S --preset qwen3-30b-a3b --quant Q4_K --quiet --layers 1 > $R/make1.log 2>&1
+[ -f $S ] || timeout 40 python3 -m sparkd.engine.cli make-model $S --preset qwen3-30b-a3b --quant Q4_K --quiet --layers 1 > $R/make1.log 2>&1
 log "1-layer model rc $?"
 timeout 70 python3 bench/gpu_box/first_request_bench.py --model $S --servers auto --requests 2 --logs $R/c --port 7790 \
   > $R/compile.log 2>&1
