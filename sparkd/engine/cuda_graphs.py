@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from sparkd.engine import switches, trace_first
+from sparkd.engine import switches
 from sparkd.engine.device_sampler import MODES as SAMPLING_MODES, DeviceSampler, device_drawable, \
     device_sampling_default
 from sparkd.engine.errors import EngineError
@@ -359,24 +359,6 @@ class StaticDecode:
         if self.device_sampling:
             self._sampler().warm()
 
-    def first_runs(self) -> tuple[int, int]:
-        """Replay every captured step and draw graph once, then draw once eagerly on every sampler path
-        (DeviceSampler.first_draws: begin's and pick_from's ops), so a request does not pay their first
-        runs. What the replays write a request rewrites before reading it: a step's K/V row at the
-        position buffer (past anything claimed), a draw's ring, counts and draw count, reset by
-        begin_sampling. Returns (step graphs, draw graphs) replayed."""
-        for span, (graph, *_) in self._graphs.items():
-            trace_first.timed(f"first replay step {span}", graph.replay)
-            trace_first.timed(f"second replay step {span}", graph.replay)
-        for key, (graph, _) in self._draws.items():
-            trace_first.timed(f"first replay draw {key}", graph.replay)
-            trace_first.timed(f"second replay draw {key}", graph.replay)
-        if self.device_sampling:
-            self._sampler().first_draws()
-        if self.cache.device.type == "cuda":
-            torch.cuda.synchronize(self.cache.device)
-        return len(self._graphs), len(self._draws)
-
     def prepare_draws(self, params: SamplingParams, n_positions: int) -> bool:
         """Capture the draw graphs `params`' chain takes in the buckets up to n_positions now (where
         their step graph is captured) rather than on the first draw there, as prepare does for the
@@ -540,8 +522,7 @@ class StaticDecode:
         def warm():  # no push: the ring stays as the request set it
             return sampler.probabilities(logits[-1]) if sampler.fusing else sampler.draw(logits[-1])
         try:
-            graph, picked = capture(self.cache.device, self._draw_pool,
-                                    lambda: self._room.warm(lambda: trace_first.timed(f"draw warm-up {sampler.path}", warm)),
+            graph, picked = capture(self.cache.device, self._draw_pool, lambda: self._room.warm(warm),
                                     lambda: sampler.step(self.token, logits[-1]), generator=sampler.generator,
                                     ready=self._room.ready)
         finally:  # also after a failed capture: the eager draw then takes the seed's own state
@@ -888,15 +869,6 @@ class PromptForward:
         self.failed[key] = why
         self.log(f"{self._name(key)} not captured, its prompts run eagerly: {why}")
         return False
-
-    def replay_all(self) -> int:
-        """Replay every captured graph once (their first runs at load, not in a request: Engine._first_runs);
-        each writes the K/V rows of its padded prompt, which a prompt rewrites before reading. Returns how many."""
-        for key, (graph, _, _) in self._graphs.items():
-            trace_first.timed(f"first replay {self._name(key)}", graph.replay)
-            trace_first.timed(f"second replay {self._name(key)}", graph.replay)
-        torch.cuda.synchronize(self.cache.device)
-        return len(self._graphs)
 
     def stats(self) -> dict[str, int]:
         """captured and failed keys (buckets and continued ones), and pool_bytes: the bytes the captures

@@ -242,20 +242,6 @@ class DeviceSampler:
         finally:
             self.path = request_path
 
-    def first_draws(self) -> None:
-        """begin() and an eager draw over zeros for a request of each kind (candidates, full, top-p, torch
-        chain: begin picks the path each takes here), as StaticDecode.pick_from draws a request's first
-        token: a load's work, not the first request's. Every buffer they write the next begin() sets."""
-        from sparkd.engine import trace_first
-
-        row = torch.zeros(self.n_vocab, device=self.device)
-        for params in (SamplingParams(top_k=CAP), SamplingParams(), SamplingParams(top_p=0.5),
-                       SamplingParams(top_k=CAP + 1)):
-            trace_first.timed(f"first begin {params.top_k}/{params.top_p}", lambda: self.begin(params))
-            with torch.inference_mode():  # as pick_from draws
-                trace_first.timed(f"first draw {self.path}", lambda: self.draw(row))
-                trace_first.timed(f"second draw {self.path}", lambda: self.draw(row))
-
     def probabilities(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(order: token ids by logit, highest first, [V] (fused: the best CAP); probs [V] float64
         by token id): the host Sampler.probabilities chain with tensor parameters, op for op (fused:

@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from sparkd.engine import switches, trace_first
 from sparkd.engine.chat import THINK_TAGS, ChatTemplate
 from sparkd.engine.errors import EngineError
 from sparkd.engine.models.decoder import prompt_last_only
@@ -30,17 +29,6 @@ from sparkd.engine.tokenizer import Tokenizer
 # smaller): a model's full training context (40k-160k) would cost GBs of f32 KV it rarely uses.
 DEFAULT_CTX = 4096
 Progress = Callable[[int, int], None]  # (bytes loaded, bytes total)
-
-
-LOAD_FIRST_RUNS_ENV = "SPARKD_LOAD_FIRST_RUNS"
-
-
-def load_first_runs_default() -> bool:
-    """$SPARKD_LOAD_FIRST_RUNS: "1", "on" (or unset) has the server's load run what a first request would run for
-    the first time (every captured graph's first replay and an eager draw on every sampler path:
-    Engine._first_runs; the streamed response's machinery: EngineServer.load); "0" or "off" leaves those to
-    the first request that takes each."""
-    return switches.flag(LOAD_FIRST_RUNS_ENV, True)
 
 
 class NoExpertCache(EngineError):
@@ -185,22 +173,7 @@ class Engine:
             self._log(f"--decode-graphs {','.join(map(str, self.decode_graphs))} ignored: the decode step runs "
                       "eagerly here")
         self._warm_prompt_graphs()
-        if graphs:
-            self._first_runs()
         self.gguf, self.net = model.gguf, model.net
-
-    def _first_runs(self) -> None:
-        """$SPARKD_LOAD_FIRST_RUNS: replay every graph the load captured once and draw once eagerly on every
-        sampler path (StaticDecode.first_runs, PromptForward.replay_all), so the first request pays none of
-        their first runs; logged with the time."""
-        if not load_first_runs_default():
-            return
-        t0 = time.perf_counter()
-        prompts = self._prompt.replay_all() if self._prompt.mode == "graphs" else 0
-        steps, draws = self._step.first_runs()
-        self._log(f"first runs at load: {prompts} prompt, {steps} step and {draws} draw graphs replayed, "
-                  f"{len(self._step.sampler.paths) if self._step.sampler else 0} paths drawn, in "
-                  f"{time.perf_counter() - t0:.2f} s")
 
     def _warm_decode_graphs(self) -> None:
         """--decode-graphs: capture the step graphs of every bucket (auto), the first (lazy) or the listed
@@ -378,23 +351,19 @@ class Engine:
             cache.reset()
         batch = self.streaming.plan.batch_tokens if self.streaming else len(ids)
         logits = held.logits if keep == len(ids) else None
-        trace_first.mark("setup")
         for i in range(keep, len(ids), batch):  # chunks the plan's workspace holds
             logits = self._prompt(torch.tensor(ids[i:i + batch]), last=last)[-1]
-        trace_first.mark("prompt")
         held.written(tokens, ids[keep:], ids, logits)
         history = list(req.prompt_ids)
         budget = _ReasoningBudget(req)
         # the step's device picks (greedy) or draws (temperature, graph step only): one int comes
         # back instead of the logits row; a drawing request's first token is drawn there too (pick_from)
         drawing = self._step.begin_sampling(req.sampling, history, bias)
-        trace_first.mark("begin", sync=self.device != "cpu")
         on_device = drawing or (self._step.device_argmax and bias is None and sample.plain_argmax)
         if on_device and self.streaming is None and self._step.pipeline:
             first = budget.forced()
             if first is None:
                 first = self._step.pick_from(logits, sample, history, bias)
-            trace_first.mark("pick")
             yield from self._pipelined(req, cancel, first, budget, history, tokens)
             return
         picked = None

@@ -14,7 +14,7 @@ from sparkd.engine.cuda_graphs import StaticDecode, parse_decode_graphs
 from sparkd.engine.errors import EngineError
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
-from sparkd.engine.runtime import LOAD_FIRST_RUNS_ENV, Engine, GenerationRequest
+from sparkd.engine.runtime import Engine, GenerationRequest
 from sparkd.engine.sampler import SamplingParams
 from sparkd.engine.server.metrics import EngineMetrics
 from sparkd.engine.server.serve import add_arguments
@@ -161,45 +161,3 @@ def test_a_reply_crossing_a_bucket_captures_nothing_under_auto_on_cuda(tmp_path,
             engine.close()
     assert tokens["auto/None"] == tokens["lazy/None"] == tokens[f"auto/{1 << 50}"]
     assert all(len(t) == 24 for t in tokens["auto/None"])
-
-
-def test_the_cpu_load_runs_no_first_runs(model):
-    """The first runs replay graphs: an eager CPU load logs none."""
-    logged = []
-    engine = Engine(model, ctx=CTX, resident=True, log=logged.append)
-    engine.load()
-    try:
-        assert not any(line.startswith("first runs at load") for line in logged), logged
-    finally:
-        engine.close()
-
-
-@pytest.mark.gpu
-def test_first_runs_at_load_give_the_same_tokens_on_cuda(tmp_path, monkeypatch):
-    """SPARKD_LOAD_FIRST_RUNS (session 21): the load replays every prompt, step and draw graph once and draws
-    once eagerly on every path; a seed's tokens on every path (greedy, candidates, full, top-p, torch chain) are
-    those of a load that leaves the first runs to the requests, and a second round repeats them."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    path = write_model(tmp_path / "q.gguf", plan(SHAPE, "Q8_0"), seed=3)[0]
-    prompt = [(7 * i + 3) % SHAPE.n_vocab for i in range(40)]
-    requests = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=40, seed=5),
-                SamplingParams(temperature=0.8, top_k=0, seed=5), SamplingParams(temperature=0.8, top_p=0.95, seed=5),
-                SamplingParams(temperature=0.8, top_k=100, seed=5)]
-    tokens = {}
-    for runs in ("0", "1"):
-        monkeypatch.setenv(LOAD_FIRST_RUNS_ENV, runs)
-        logged = []
-        engine = Engine(path, ctx=CTX, device="cuda", resident=True, cuda_graphs="on", log=logged.append)
-        engine.load()
-        try:
-            said = [line for line in logged if line.startswith("first runs at load")]
-            if runs == "1":
-                assert len(said) == 1 and " step and " in said[0], logged
-            else:
-                assert not said, logged
-            tokens[runs] = [[list(engine.generate(GenerationRequest(prompt, 12, params), threading.Event()))
-                             for params in requests] for _ in range(2)]
-        finally:
-            engine.close()
-    assert tokens["0"][0] == tokens["0"][1] == tokens["1"][0] == tokens["1"][1]

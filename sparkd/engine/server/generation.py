@@ -9,7 +9,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkd.engine import trace_first
 from sparkd.engine.chat import ANSWER_TAGS
 from sparkd.engine.runtime import Engine, GenerationRequest
 from sparkd.engine.server.metrics import EngineMetrics
@@ -51,7 +50,6 @@ class Job:
 
 def run_job(engine: Engine, metrics: EngineMetrics, job: Job, emit: Emit) -> None:
     """In the decode thread: emit Delta objects, then one Done."""
-    trace_first.mark("worker")
     req = job.request
     split = job.split_reasoning and req.think is not None
     # a tiny lookup (a few short encodes) per request: the engine keeps only the think tags
@@ -59,7 +57,6 @@ def run_job(engine: Engine, metrics: EngineMetrics, job: Job, emit: Emit) -> Non
     builder = ReplyBuilder(engine.tokenizer, job.stop, req.think if split else None,
                            req.starts_in_reasoning and split, answer)
     started = time.perf_counter()
-    trace_first.mark("builder")
     first = last = None
     tokens = engine.generate(req, job.cancel)
     try:
@@ -68,7 +65,6 @@ def run_job(engine: Engine, metrics: EngineMetrics, job: Job, emit: Emit) -> Non
             if first is None:
                 first = now
                 metrics.ttft.observe(now - job.arrived)
-                trace_first.done()
             else:
                 metrics.itl.observe(now - last)
             last = now

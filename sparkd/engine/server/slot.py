@@ -122,9 +122,5 @@ class DecodeSlot:
         self._lock.release()
         self._changed()
 
-    def start(self) -> None:
-        """Start the decode thread now (the executor starts it on the first request otherwise)."""
-        self._executor.submit(lambda: None).result()
-
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
