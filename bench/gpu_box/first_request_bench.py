@@ -10,9 +10,10 @@ server). Run it on the box (session 21, srv48):
         --requests 5 --json out.json --logs DIR
 
 A server's spec is `DECODE[:flag...]`: DECODE its --decode-graphs (auto, lazy); flags: `off` sets
-SPARKD_LOAD_FIRST_RUNS=0 (the load leaves the graphs' first replays and the first eager draws to the requests),
-`draws0` SPARKD_LOAD_DRAW_GRAPHS=0, `trace` SPARKD_TRACE_FIRST=1 where the engine has that tracer. Each server's
-stderr goes to DIR/server_<i>.log (the load's lines: every capture's time).
+SPARKD_LOAD_STREAM=0 (the first streamed request imports what its response opens, as before session 21), `draws0`
+SPARKD_LOAD_DRAW_GRAPHS=0. Each server's stderr goes to DIR/server_<i>.log (the load's lines: every capture's time).
+Session 21's call (bench/results/srv48_h200_s21_call.sh) ran it with a tracer since taken out (SPARKD_TRACE_FIRST:
+the spans of each request's way to its first token) and an `off` that also left out the load's graph replays.
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ VERBS = ("Tell", "Give", "Make", "Draft", "Compose", "Narrate", "Invent", "Sketc
 
 def prompt(r: int) -> str:
     return PROMPT if r == 0 else VERBS[(r - 1) % len(VERBS)] + PROMPT.removeprefix("Write")
-ENV = {"off": ("SPARKD_LOAD_FIRST_RUNS", "0"), "draws0": ("SPARKD_LOAD_DRAW_GRAPHS", "0"),
-       "trace": ("SPARKD_TRACE_FIRST", "1")}
+ENV = {"off": ("SPARKD_LOAD_STREAM", "0"), "draws0": ("SPARKD_LOAD_DRAW_GRAPHS", "0")}
 
 
 def ttft_sum(base: str) -> tuple[float, float]:
@@ -78,7 +78,7 @@ def request(base: str, tokens: int, seed: int, top_p: float | None, text_in: str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--servers", required=True, help="comma-separated specs DECODE[:off][:draws0][:trace]")
+    ap.add_argument("--servers", required=True, help="comma-separated specs DECODE[:off][:draws0]")
     ap.add_argument("--requests", type=int, default=5, help="requests a server, the first included (default 5)")
     ap.add_argument("--tokens", type=int, default=192)
     ap.add_argument("--top-k", type=int, default=0, help="the servers' --top-k (default 0)")

@@ -7,6 +7,8 @@
 # the load's first runs): --decode-graphs auto with SPARKD_LOAD_FIRST_RUNS=0 (before) and on (after), twice each,
 # lazy (before), auto with SPARKD_LOAD_DRAW_GRAPHS=0 (before); five top_p 0.95 requests of 192 tokens each (the
 # first with session 19's prompt, the later ones another first word each: none continues the cache).
+# As run at c2826df: SPARKD_LOAD_FIRST_RUNS and the tracer (SPARKD_TRACE_FIRST) came out after the call; what was
+# kept, the load's anyio task group, is SPARKD_LOAD_STREAM (docs/performance.md, session 21, srv48).
 set -u; export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../../.whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PATH=$PATH:/usr/local/cuda/bin
