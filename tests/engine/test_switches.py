@@ -30,6 +30,7 @@ from sparkd.engine.device_sampler import device_sampling_default  # noqa: E402
 from sparkd.engine.layers.quant_experts import down_layout as moe_down_layout  # noqa: E402
 from sparkd.engine.layers.quant_experts import gate_up_layout as moe_gate_up_layout  # noqa: E402
 from sparkd.engine.models.decoder import prompt_last_only  # noqa: E402
+from sparkd.engine.server.app import load_stream_default  # noqa: E402
 from sparkd.engine.models.weights import resident_q4_k_layout, resident_q6_k_layout, resident_q8_0_layout  # noqa: E402
 from sparkd.engine.streaming.graph_step import graphs_mode as stream_graphs_mode  # noqa: E402
 from sparkd.engine.streaming.zero_copy import table_mode  # noqa: E402
@@ -114,6 +115,7 @@ SWITCHES = [
     Switch("SPARKD_DECODE_PIPELINE", None, decode_pipeline_default, "on",
            {UNSET: True, "auto": True, " OFF ": False}, ("auto", "off")),
     Switch("SPARKD_LOAD_DRAW_GRAPHS", None, load_draw_graphs_default, "lazy", FLAG, switches.ON + switches.OFF),
+    Switch("SPARKD_LOAD_STREAM", None, load_stream_default, "later", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_PREFILL_GRAPHS", None, prefill_graphs_default, "graphs", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_CONTINUE_GRAPHS", None, continue_graphs_default, "graphs", FLAG, switches.ON + switches.OFF),
     Switch("SPARKD_CONTINUE_RULE", None, continue_rule_default, "never",

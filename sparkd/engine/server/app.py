@@ -15,12 +15,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
 from sparkd.engine.runtime import Engine, GenerationRequest, NoExpertCache
 from sparkd.engine.sampler import SamplingParams
@@ -34,6 +36,13 @@ from sparkd.engine.server.slot import DecodeSlot, Ticket
 VERSION = "0.1.0"
 # While loading, clients are told to come back after this long.
 _LOADING_RETRY_SECONDS = 5
+LOAD_STREAM_ENV = "SPARKD_LOAD_STREAM"
+
+
+def load_stream_default() -> bool:
+    """$SPARKD_LOAD_STREAM: "1", "on" (or unset) has the load open what a streamed response opens first
+    (_open_task_group); "0" or "off" leaves it to the first streamed request (before session 21)."""
+    return switches.flag(LOAD_STREAM_ENV, True)
 
 
 @dataclass
@@ -75,6 +84,8 @@ class EngineServer:
         except Exception as exc:
             self.state.status, self.state.error = "error", str(exc)
             raise
+        if load_stream_default():  # what the first streamed response would import, now
+            anyio.run(_open_task_group)
         self.state.progress, self.state.status, self.state.loaded_at = 1.0, "ready", int(time.time())
         self.metrics.load_progress.set(1.0)
         self.metrics.ready.set(1)
@@ -337,6 +348,15 @@ def _size_bytes(value: int | str) -> int:
         return parse_size(value)
     except Exception as exc:
         raise p.ApiError(400, f"could not use budget={value!r}: {exc}", param="budget", code="invalid_value") from None
+
+
+async def _open_task_group() -> None:
+    """What a streamed response opens first (starlette's StreamingResponse: an anyio task group), in a throwaway
+    loop at load: anyio imports its asyncio backend and the names behind its task group on first use, and a
+    server's first streamed request paid that before its first token (H200 box, session 21: 61-88 ms of a 77-109
+    ms time to first token, later requests' 12-17 ms; a CPU server 22 ms)."""
+    async with anyio.create_task_group():
+        pass
 
 
 def _sse(data: dict) -> str:
