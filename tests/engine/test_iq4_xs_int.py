@@ -1,7 +1,7 @@
 """IQ4_XS's integer step (kernels/iq4_xs.py idot): the byte-permute table lookup against the table
 for every index, the per-block integer sums exactly llama.cpp's (checked against an unpacking of
-the blocks written here, value by value), the GEMV and the MoE decode against the float64
-reference and the float path it replaces, and the switch back (SPARKD_IQ4_XS_INT=0).
+the blocks written here, value by value). The GEMV and the MoE decode against the float64
+reference and the float path it replaces, the switch back and the PTX: test_int_steps.py.
 
 Interpreter (TRITON_INTERPRET=1: prmt and dp4a by their arithmetic twins) where there is no GPU;
 marker gpu for the PTX, checked there against the twins bit for bit.
@@ -21,19 +21,12 @@ if not ON_GPU:
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 import triton.language as tl  # noqa: E402
 
-from test_kernels import (BACKENDS, BOUNDS, TILES, act_in, arena_table, moe_error, numpy_rng,  # noqa: E402
-                          random_blocks, reference, rel_err)
+from test_int_steps import ROWS_TILE, awkward_x  # noqa: E402
+from test_kernels import BACKENDS, numpy_rng, random_blocks  # noqa: E402
 
-from sparkd.engine.kernels import act_quant, dispatch, iq4_xs  # noqa: E402
-from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
-from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
-from sparkd.engine.layers.act_round import round_activations  # noqa: E402
+from sparkd.engine.kernels import act_quant, iq4_xs  # noqa: E402
+from sparkd.engine.kernels.matmul import gemv  # noqa: E402
 
-# one float per super-block and row, groups in order: the arithmetic the check below repeats
-ROWS_TILE = GemvConfig(block_n=4, num_warps=1, unroll=2, split=1, elementwise=False)
-# the default tile, tiles overrunning the row's groups (unroll 3 over 3 groups split in 2), wide
-CONFIGS = [None, GemvConfig(block_n=2, num_warps=1, unroll=3, split=2, elementwise=True),
-           GemvConfig(block_n=16, num_warps=2, unroll=1, elementwise=True), ROWS_TILE]
 KVALUES = np.array(gq.IQ4_NL.kvalues, dtype=np.int64)
 
 
@@ -104,13 +97,6 @@ def integer_result(raw: torch.Tensor, rows: int, cols: int, x: torch.Tensor, bac
     return acc, terms.sum(1), terms.abs().sum(1)
 
 
-def awkward_x(cols: int) -> torch.Tensor:
-    """x with a zero block (scale 0: that block contributes nothing) and mixed magnitudes."""
-    x = torch.randn(cols) * 10.0 ** torch.empty(cols // 256).uniform_(-3, 2).repeat_interleave(256)
-    x[256:512] = 0.0
-    return x
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_integer_sums_are_llama_cpps(backend):
     """The kernel's per-block integer sums are exact: under the interpreter (no FMA contraction) the
@@ -125,62 +111,3 @@ def test_integer_sums_are_llama_cpps(backend):
     # float32 steps on exact integer sums: <= 3 roundings per super-block (19 here) plus the adds
     err = ((y.double() - exact).abs() / size).max().item()
     assert err < 2e-6, err
-
-
-@pytest.mark.parametrize("config", CONFIGS, ids=["default", "split-overrun", "wide", "rows"])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_integer_gemv_matches_reference_and_float_path(backend, config, monkeypatch):
-    """Against the float64 reference (x rounded to Q8_K as llama.cpp does) and against the float
-    path it replaced (SPARKD_IQ4_XS_INT=0's family, same rounded x), odd row counts (not a multiple
-    of any tile); the decode shapes are the bench's (bench/iq4_xs_bench.py, err against float64)."""
-    shapes = [(4099, 4096), (777, 768), (1, 256)] if backend == "cuda" else \
-        [(5, 768), (1, 256)]
-    for rows, cols in shapes:
-        raw, x = random_blocks(T.IQ4_XS, rows * cols // 256).to(backend), torch.randn(cols)
-        out = torch.full((rows,), float("nan"), device=backend)
-        gemv(raw, T.IQ4_XS, (rows, cols), x.to(backend), out=out, config=config)
-        W, xr = reference(raw, T.IQ4_XS, (rows, cols)), act_in(T.IQ4_XS, x)
-        scale = W.abs() @ xr.abs()
-        err = rel_err(out, W @ xr, scale)
-        assert err < BOUNDS["fp32"], f"[{rows}, {cols}]: relative error {err:.2e}"
-        with monkeypatch.context() as m:
-            m.setitem(dispatch.FAMILIES, T.IQ4_XS, iq4_xs.FLOAT_FAMILY)
-            flt = gemv(raw, T.IQ4_XS, (rows, cols), x.to(backend), config=config,
-                       round_x=lambda v: round_activations(v, act_quant.Q8_K))
-        assert rel_err(out, flt.cpu().double(), scale) < BOUNDS["fp32"]
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_moe_decode_on_iq4_xs_experts(backend):
-    """Gate/up and down both IQ4_XS (h quantized for the down's integer step), against float64:
-    the MoE kernels take the family's step as they take Q4_K's and Q6_K's."""
-    dim, width, n = (2048, 768, 8) if backend == "cuda" else (256, 256, 3)
-    table, gates, ups, downs = arena_table(T.IQ4_XS, T.IQ4_XS, dim, width, n, backend)
-    x, w = torch.randn(dim), torch.rand(n)
-    out = torch.full((dim,), float("nan"), device=backend)
-    p = prepare(table, backend)
-    assert p.gate_up.idot is iq4_xs.idot and p.down.idot is iq4_xs.idot
-    moe_decode(p, x.to(backend), w.to(backend), "silu", out=out, **TILES[backend])
-    err = moe_error(out, p, x.to(backend), w, gates, ups, downs, "silu", T.IQ4_XS, T.IQ4_XS,
-                    TILES[backend].get("gate_up"))
-    assert err < BOUNDS["fp32"], f"relative error {err:.2e}"
-
-
-def test_switch_back_to_the_float_path():
-    """SPARKD_IQ4_XS_INT=0 at import (tests/engine/test_switches.py) makes FLOAT_FAMILY dispatch's IQ4_XS
-    family: no integer step (the caller rounds x, floats multiply)."""
-    assert dispatch.family(T.IQ4_XS) is iq4_xs.FAMILY is iq4_xs.INT_FAMILY  # this process: the default
-    assert iq4_xs.INT_FAMILY.act_fmt == act_quant.Q8_K and iq4_xs.FLOAT_FAMILY.idot is None
-
-
-@pytest.mark.gpu
-def test_prmt_and_dp4a_match_their_emulation():
-    """The PTX prmt and dp4a and the interpreter's twins give the same bits (no split-K)."""
-    rows, cols = 1031, 4096 + 768
-    raw = random_blocks(T.IQ4_XS, rows * cols // 256).cuda()
-    x = torch.randn(cols, device="cuda")
-    for cfg in (GemvConfig(split=1), ROWS_TILE):
-        got = [gemv(raw, T.IQ4_XS, (rows, cols), x, config=GemvConfig(**{**cfg.__dict__, "dp4a": asm}))
-               for asm in (True, False)]
-        assert torch.equal(*got)
