@@ -14,7 +14,10 @@ SCALARS = {"F": "i32", "D": "i32", "n": "i32", "E": "i32", "row_bytes": "i32", "
 
 
 def atomics(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool = True) -> int:
-    consts = pdl.compile_args(kern, consts)
+    """The SASS atomics of kern compiled with consts; a constexpr left out takes its default (a switch added since,
+    off by default, compiles its old path here: sessions 20 and 21 broke this script by adding one)."""
+    defaults = {p.name: p.default for p in kern.params if p.is_constexpr and p.has_default}
+    consts = pdl.compile_args(kern, defaults | consts)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, SCALARS.get(n)) for n in kern.arg_names}
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
     cubin = compile(src, target=GPUTarget("cuda", 90, 32),
