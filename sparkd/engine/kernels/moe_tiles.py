@@ -147,6 +147,9 @@ class Kernels:
     # exchange of the sums) instead of fold_part (store, fence, ticket, read-back); the same bits. None, by the model
     # width (pair_fold: $SPARKD_MOE_PAIR_FOLD)
     down_pair_fold: bool | None = None
+    # session 21 (down49): the pairx (Q4_K_TILED) down's loop with the next step's words loaded before this step's dots
+    # (q4_k_pair.down_sums, moe._pairx_ahead_ok); the same bits. A candidate: off unless asked for
+    pairx_down_ahead: bool = False
 
 
 # the older sets run none of the later kernels: session 19's pipe, session 20's down ahead, session 21's pairx steps
