@@ -163,7 +163,8 @@ def kernels_of(text: str) -> moe_tiles.Kernels:
     Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
     d: the down's groups a constant trip count where the shape allows, both types (moe14), a: the Q8_0 down's
     next step loaded ahead (session 20, moe46: Kernels.down_ahead), o: the down's two ranges folded by
-    matmul.fold_pair (session 21, moe48: Kernels.down_pair_fold); n: the pairx gate/up's constant trip count,
+    matmul.fold_pair (session 21, moe48: Kernels.down_pair_fold), A: the pairx down's next step loaded ahead
+    (session 21, down49: Kernels.pairx_down_ahead); n: the pairx gate/up's constant trip count,
     the tile's unroll a step (session 21, q4k48: Kernels.pairx_gate_up "steps"; else its "loop"); no ":": the
     default)."""
     if ":" not in text:
@@ -172,7 +173,7 @@ def kernels_of(text: str) -> moe_tiles.Kernels:
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
                              down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else (),
-                             down_ahead="a" in flags, down_pair_fold="o" in flags,
+                             down_ahead="a" in flags, down_pair_fold="o" in flags, pairx_down_ahead="A" in flags,
                              pairx_gate_up="steps" if "n" in flags else "loop")
 
 
