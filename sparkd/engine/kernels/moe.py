@@ -68,7 +68,7 @@ from sparkd.engine.kernels.matmul import (
     tickets,
 )
 from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
-                                             pair_fold, pairx_way, pipe_programs)
+                                             pair_fold, pairx_down, pairx_way, pipe_programs)
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -743,11 +743,13 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         words = _use_words(kernels, cfg, p.down_words)
         if p.down.row_tile > 1:
-            ahead = _pairx_ahead_ok(kernels.pairx_down_ahead, kernels, cfg, D, F)
+            ahead = _pairx_ahead_ok(pairx_down(D) if kernels.pairx_down_ahead is None else kernels.pairx_down_ahead,
+                                    kernels, cfg, D, F)
         else:
             ahead = _ahead_ok(down_ahead(D) if kernels.down_ahead is None else kernels.down_ahead, kernels, cfg,
                               words, D, F)
-        pair = fold and split == 2 and (pair_fold(D) if kernels.down_pair_fold is None else kernels.down_pair_fold)
+        pair = fold and split == 2 and (pair_fold(D, p.down.qtype.name) if kernels.down_pair_fold is None
+                                        else kernels.down_pair_fold)
         if pair:  # fold_pair's slots where fold_part's tickets go
             common["tickets_ptr"] = pair_slots(D, y.device)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,

@@ -397,7 +397,9 @@ def down_sums(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first
     expert's last) loaded before this step's dots: moe_down_ahead's form (session 20, moe46). The next expert's
     offset is read an expert ahead, so its two dependent loads (ids, offsets) never stand in front of a step's loads.
     Each thread's shares added in idot's order, the expert's tile summed by row_sums: the grid loop's bits. Session 21
-    (down49); OFF(off_ptr, ids_ptr, a, IDS, ALIGN) the expert's byte offset (moe._aligned_offset)."""
+    (down49, H200): on 2 ranges of 4/1/3/e/2 with the pair fold at 2048x768 the layer -6.4 / -6.8 % (moe_tiles.
+    PAIRX_DOWN); at 4096x1536 it tied the grid loop on 4 ranges and lost on 2. OFF(off_ptr, ids_ptr, a, IDS, ALIGN)
+    the expert's byte offset (moe._aligned_offset)."""
     S: tl.constexpr = NG // STEP  # steps an expert
     K: tl.constexpr = NG * 256
     lane = tl.arange(0, 32)[:, None]
