@@ -742,9 +742,9 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         words = _use_words(kernels, cfg, p.down_words)
-        if p.down.row_tile > 1:
-            ahead = _pairx_ahead_ok(pairx_down(D) if kernels.pairx_down_ahead is None else kernels.pairx_down_ahead,
-                                    kernels, cfg, D, F)
+        if p.down.row_tile > 1:  # down_sums reads pairx's bytes only (not $SPARKD_Q4K_LOADS' other layouts)
+            on = pairx_down(D) if kernels.pairx_down_ahead is None else kernels.pairx_down_ahead
+            ahead = p.down.idot is q4_k_pair.idot and _pairx_ahead_ok(on, kernels, cfg, D, F)
         else:
             ahead = _ahead_ok(down_ahead(D) if kernels.down_ahead is None else kernels.down_ahead, kernels, cfg,
                               words, D, F)
