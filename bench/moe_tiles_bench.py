@@ -163,7 +163,8 @@ def kernels_of(text: str) -> moe_tiles.Kernels:
     Q4_K headers as vectors in gate/up / the down, f: Q8_0 words unmasked where the shape allows,
     d: the down's groups a constant trip count where the shape allows, both types (moe14), a: the Q8_0 down's
     next step loaded ahead (session 20, moe46: Kernels.down_ahead), o: the down's two ranges folded by
-    matmul.fold_pair (session 21, moe48: Kernels.down_pair_fold); n: the pairx gate/up's constant trip count,
+    matmul.fold_pair (session 21, moe48: Kernels.down_pair_fold), A: the pairx down's next step loaded ahead
+    (session 21, down49: Kernels.pairx_down_ahead); n: the pairx gate/up's constant trip count,
     the tile's unroll a step (session 21, q4k48: Kernels.pairx_gate_up "steps"; else its "loop"); no ":": the
     default)."""
     if ":" not in text:
@@ -172,7 +173,7 @@ def kernels_of(text: str) -> moe_tiles.Kernels:
     return moe_tiles.Kernels(words="w" in flags, pair="p" in flags, q4k_vec="v" in flags,
                              q4k_vec_down="V" in flags, full="f" in flags,
                              down_full=("Q8_0", "Q4_K", "Q4_K_TILED") if "d" in flags else (),
-                             down_ahead="a" in flags, down_pair_fold="o" in flags,
+                             down_ahead="a" in flags, down_pair_fold="o" in flags, pairx_down_ahead="A" in flags,
                              pairx_gate_up="steps" if "n" in flags else "loop")
 
 
@@ -325,8 +326,10 @@ SETS = moe_tiles.TILE_SETS  # --sets
 # down's next step loaded ahead or not (Kernels.down_ahead), so a list interleaves them (again,ahead,again,ahead), and
 # NAME@TILE, the variant at down tile TILE (ahead@4/1/2/e/2); session 21 (moe48): "fold2" / "afold2", the down's two
 # ranges folded by matmul.fold_pair (Kernels.down_pair_fold), without / with "ahead"; "tickets", fold_part's fold
-# (the default before it at 4096-6143; with "behind": SPARKD_MOE_DOWN_AHEAD=off SPARKD_MOE_PAIR_FOLD=off)
-VARIANTS = ("off", "late", "start", "again", "ahead", "behind", "fold2", "afold2", "tickets")
+# (the default before it at 4096-6143; with "behind": SPARKD_MOE_DOWN_AHEAD=off SPARKD_MOE_PAIR_FOLD=off); session 21
+# (down49): "pahead" / "pafold2", the pairx down's next step loaded ahead (Kernels.pairx_down_ahead), with the pair
+# fold by width / always (pafold2@4/1/3/e/2)
+VARIANTS = ("off", "late", "start", "again", "ahead", "behind", "fold2", "afold2", "tickets", "pahead", "pafold2")
 
 
 def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels, GemvConfig | None]:
@@ -334,9 +337,11 @@ def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels, Ge
     name, _, text = name.partition("@")
     at_start = {"late": False, "start": True}.get(name, k.down_at_start)
     ahead = {"ahead": True, "behind": False, "afold2": True}.get(name, k.down_ahead)
-    pair_fold = {"fold2": True, "afold2": True, "tickets": False}.get(name, k.down_pair_fold)
+    pair_fold = {"fold2": True, "afold2": True, "tickets": False, "pafold2": True}.get(name, k.down_pair_fold)
+    pairx_ahead = name in ("pahead", "pafold2") or k.pairx_down_ahead
     return (("off" if name == "off" else "on"),
-            dataclasses.replace(k, down_at_start=at_start, down_ahead=ahead, down_pair_fold=pair_fold),
+            dataclasses.replace(k, down_at_start=at_start, down_ahead=ahead, down_pair_fold=pair_fold,
+                                pairx_down_ahead=pairx_ahead),
             tile(text) if text else None)
 
 

@@ -95,13 +95,17 @@ def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-def test_the_pair_fold_runs_at_width_4096_below_6144_and_switches_off(monkeypatch):
-    """Session 21 (moe48): matmul.fold_pair where it won on the H200 (4096x1536 Q8_0, with the loads ahead), fold_part
-    elsewhere, with "off" and in the older tile sets."""
-    assert [moe_tiles.pair_fold(d) for d in (2048, 4095, 4096, 6143, 6144, 7168)] == [False] * 2 + [True] * 2 + [False] * 2
-    assert not moe_tiles.pair_fold(4096, "off") and moe_tiles.decode_kernels("new").down_pair_fold is None
+def test_the_pair_fold_runs_by_down_type_and_width_and_switches_off(monkeypatch):
+    """Session 21 (moe48, down49): matmul.fold_pair where it won on the H200 (Q8_0 at 2048x768, 4096x1536 and
+    7168x2048; the pairx down's 2-range tile at 2048x768), fold_part elsewhere (Q4_K's 2-range downs from 6144 were not
+    measured), with "off" and in the older tile sets."""
+    widths = (1024, 2048, 4095, 4096, 6144, 7168, 8192)
+    assert [moe_tiles.pair_fold(d) for d in widths] == [False] + [True] * 5 + [False]
+    assert [moe_tiles.pair_fold(d, "Q4_K_TILED") for d in widths] == [False, True, True] + [False] * 4
+    assert not any(moe_tiles.pair_fold(d, "Q4_K") for d in widths)
+    assert not moe_tiles.pair_fold(4096, which="off") and moe_tiles.decode_kernels("new").down_pair_fold is None
     assert all(moe_tiles.decode_kernels(w).down_pair_fold is False for w in moe_tiles.TILE_SETS if w != "new")
     with pytest.raises(moe.dispatch.KernelArgumentError, match="SPARKD_MOE_PAIR_FOLD"):
-        moe_tiles.pair_fold(4096, "on")
+        moe_tiles.pair_fold(4096, which="on")
     monkeypatch.setattr(moe_tiles, "PAIR_FOLD", "off")
     assert not moe_tiles.pair_fold(4096)

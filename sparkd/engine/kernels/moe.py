@@ -68,7 +68,7 @@ from sparkd.engine.kernels.matmul import (
     tickets,
 )
 from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
-                                             pair_fold, pairx_way, pipe_programs)
+                                             pair_fold, pairx_down, pairx_way, pipe_programs)
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -315,13 +315,17 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
     on a mask that is true everywhere (_row_idot_full). TILED (the down in a row-tile layout, q4_k_tiled's):
     the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel.
     AHEAD (Kernels.down_ahead, _ahead_ok; NG the row's groups): the Q8_0 words step's loop with the next step's
-    words in flight during this step's dots (moe_down_ahead), the same bits."""
+    words in flight during this step's dots (moe_down_ahead), the same bits; with TILED (Kernels.pairx_down_ahead,
+    _pairx_ahead_ok) the pairx down's (q4_k_pair.down_sums), the same bits."""
     pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
     first, last = _experts(n, SPLIT)
-    if AHEAD:
+    if AHEAD and TILED:  # the pairx down (Kernels.pairx_down_ahead, _pairx_ahead_ok)
+        acc = q4_k_pair.down_sums(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, F, IDS,
+                                  _aligned_offset, ALIGN, A1, A2, A3, NG, UNROLL, XBLOCK, EMU)
+    elif AHEAD:
         acc = moe_down_ahead.range_sums(down_ptr, down_off, ids_ptr, rb, hw_ptr, hd_ptr, rw_ptr, first, last, F, IDS,
                                         _aligned_offset, A1, A2, A3, NG, UNROLL, XBLOCK, EMU)
     else:
@@ -667,6 +671,13 @@ def _ahead_ok(on: bool, kernels: Kernels, cfg: GemvConfig, words: bool, rows: in
     return on and words and kernels.full and cfg.elementwise and _full(rows, width, cfg) and cfg.unroll in (1, 2, 3, 4)
 
 
+def _pairx_ahead_ok(on: bool, kernels: Kernels, cfg: GemvConfig, rows: int, width: int) -> bool:
+    """Whether the pairx down runs q4_k_pair.down_sums: on, and its step where the grid kernel runs the constant trip
+    count (Kernels.down_full, moe._full) on the one-warp 4-row elementwise tile, in steps of 1 to 3 groups."""
+    return on and "Q4_K_TILED" in kernels.down_full and cfg.block_n == 4 and cfg.num_warps == 1 \
+        and cfg.elementwise and _full(rows, width, cfg) and cfg.unroll in (1, 2, 3)
+
+
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
     """q8_0_words for these rows: not under Triton's pipeliner (cfg.stages), which stages every
     load in shared memory, and words' scale and x loads in the weights' shape overflow it at wide
@@ -731,9 +742,14 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         words = _use_words(kernels, cfg, p.down_words)
-        ahead = _ahead_ok(down_ahead(D) if kernels.down_ahead is None else kernels.down_ahead, kernels, cfg, words,
-                          D, F)
-        pair = fold and split == 2 and (pair_fold(D) if kernels.down_pair_fold is None else kernels.down_pair_fold)
+        if p.down.row_tile > 1:  # down_sums reads pairx's bytes only (not $SPARKD_Q4K_LOADS' other layouts)
+            on = pairx_down(D) if kernels.pairx_down_ahead is None else kernels.pairx_down_ahead
+            ahead = p.down.idot is q4_k_pair.idot and _pairx_ahead_ok(on, kernels, cfg, D, F)
+        else:
+            ahead = _ahead_ok(down_ahead(D) if kernels.down_ahead is None else kernels.down_ahead, kernels, cfg,
+                              words, D, F)
+        pair = fold and split == 2 and (pair_fold(D, p.down.qtype.name) if kernels.down_pair_fold is None
+                                        else kernels.down_pair_fold)
         if pair:  # fold_pair's slots where fold_part's tickets go
             common["tickets_ptr"] = pair_slots(D, y.device)
         _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,

@@ -4,7 +4,7 @@ against and to switch back to ($SPARKD_MOE_TILES: old, s5, s6, s6r2, s7, s8, s14
 down launch under PDL ($SPARKD_MOE_DOWN_LAUNCH, session 13); the Q8_0 gate/up's persistent kernel by width
 ($SPARKD_MOE_PIPE, session 19), the Q8_0 down's loads ahead and its tile by width ($SPARKD_MOE_DOWN_AHEAD,
 session 20) and the integer down's fold of two ranges by one atomic exchange by width ($SPARKD_MOE_PAIR_FOLD, session
-21)."""
+21), the pairx down's loads ahead and its tile by width ($SPARKD_MOE_PAIRX_DOWN, session 21)."""
 
 from __future__ import annotations
 
@@ -147,11 +147,15 @@ class Kernels:
     # exchange of the sums) instead of fold_part (store, fence, ticket, read-back); the same bits. None, by the model
     # width (pair_fold: $SPARKD_MOE_PAIR_FOLD)
     down_pair_fold: bool | None = None
+    # session 21 (down49): the pairx (Q4_K_TILED) down's loop with the next step's words loaded before this step's dots
+    # (q4_k_pair.down_sums, moe._pairx_ahead_ok); the same bits. None, by the model width (pairx_down:
+    # $SPARKD_MOE_PAIRX_DOWN)
+    pairx_down_ahead: bool | None = None
 
 
-# the older sets run none of the later kernels: session 19's pipe, session 20's down ahead, session 21's pairx steps
-# and pair fold
-_LATER_OFF = dict(pipe=0, down_ahead=False, pairx_gate_up="loop", down_pair_fold=False)
+# the older sets run none of the later kernels: session 19's pipe, session 20's down ahead, session 21's pairx steps,
+# pair fold and pairx down ahead
+_LATER_OFF = dict(pipe=0, down_ahead=False, pairx_gate_up="loop", down_pair_fold=False, pairx_down_ahead=False)
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False, down_full=(),
                       **_LATER_OFF)  # sessions 4 and 5
 S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(),
@@ -191,6 +195,8 @@ def decode_tiles(p: PreparedTable, which: str | None = None) -> tuple[GemvConfig
     down = _tier(tiers, d_name, p.table.dim, 2, tiles.get(d_name, fallback)[1])
     if which == "new" and d_name == "Q8_0" and ahead_tile_fits(p):  # session 20: the down's loads ahead
         down = Q8_0_DOWN_AHEAD
+    if which == "new" and pairx_down_fits(p):  # session 21: the pairx down's loads ahead, 2 ranges
+        down = PAIRX_DOWN_TILE
     if which == "new" and gu_name == "Q4_K_TILED" and pairx_steps(p.table.dim):  # session 21: the pairx steps
         return PAIRX_GATE_UP, down
     return _tier(tiers, gu_name, p.table.dim, 1, tiles.get(gu_name, fallback)[0]), down
@@ -330,14 +336,48 @@ def pairx_way(kernels: Kernels, dim: int) -> str:
 # launch by matmul.fold_pair (each program exchanges its sums into its rows' slots; the second holds both: one atomic
 # round trip) instead of fold_part (store, fence, ticket, read-back: ~1.5 us of the 4096 down, moe39's twin). At
 # 4096x1536 Q8_0 top-8 with the loads ahead (DOWN_AHEAD_WIDTHS), the layer after the norm ("all qx"): 53.7 / 53.8 ->
-# 52.0 / 52.3 us (-3.0 %) in one process, 53.3 / 53.4 -> 51.9 / 52.0 (-2.6 %) in a second, the same bits; 2048 and
-# 7168 not measured (the fold as before there). "off": fold_part at every width.
+# 52.0 / 52.3 us (-3.0 %) in one process, 53.3 / 53.4 -> 51.9 / 52.0 (-2.6 %) in a second, the same bits. Session 21
+# (down49, bench/results/down49_h200_s21_*, two processes each, interleaved): Q8_0 2048x768 (2/1/3/e/2, the loads
+# ahead) 19.2 / 19.2 -> 18.4 / 18.4 (-4.2 %) and 19.3 / 19.2 -> 18.6 / 18.6 (-3.4 %); 7168x2048 (the grid down on
+# 2/1/2/e/2) 111.9 / 114.5 -> 109.4 / 111.3 (-2.5 %) and 112.8 / 112.3 -> 109.9 / 110.0 (-2.3 %); the pairx down's
+# 2-range tile at 2048 (PAIRX_DOWN) runs it. By down type: the widths measured (Q4_K's 2-range downs from 6144 were
+# not). "off": fold_part at every width.
 PAIR_FOLD_ENV = "SPARKD_MOE_PAIR_FOLD"
 PAIR_FOLD = switches.choice(PAIR_FOLD_ENV, AUTO_OFF, "auto")  # read once
-PAIR_FOLD_WIDTHS = (4096, 6144)  # "auto": the model widths [from, below) that run it
+# "auto": the model widths [from, below) that run it, by down type
+PAIR_FOLD_WIDTHS = {"Q8_0": (2048, 8192), "Q4_K_TILED": (2048, 4096)}
 
 
-def pair_fold(dim: int, which: str | None = None) -> bool:
-    """Whether the integer down's two expert ranges fold by matmul.fold_pair at model width dim: which "auto" or "off"
-    (default $SPARKD_MOE_PAIR_FOLD)."""
-    return _auto_at(dim, which, PAIR_FOLD, PAIR_FOLD_ENV, PAIR_FOLD_WIDTHS, "the MoE down's fold")
+def pair_fold(dim: int, down_type: str = "Q8_0", which: str | None = None) -> bool:
+    """Whether the integer down's two expert ranges fold by matmul.fold_pair at model width dim for down type
+    down_type (a family's name): which "auto" or "off" (default $SPARKD_MOE_PAIR_FOLD)."""
+    return _auto_at(dim, which, PAIR_FOLD, PAIR_FOLD_ENV, PAIR_FOLD_WIDTHS.get(down_type, (0, 0)),
+                    "the MoE down's fold")
+
+
+# Session 21 (down49, H200, bench/results/down49_h200_s21_*): the pairx (Q4_K_TILED) down at model widths 2048-4095
+# in 2 ranges of 4 experts on 4/1/3/e/2 (PAIRX_DOWN: one 3-group step an expert) with the next step's words loaded
+# before this step's dots (q4_k_pair.down_sums) and the pair fold (PAIR_FOLD_WIDTHS), where the row is whole steps:
+# 2048x768 Q4_KXD top-8 layer after the norm ("all qx") 14.8 / 14.7 / 14.8 / 14.7 -> 13.8 x 4 (-6.4 %), and 14.8 /
+# 14.8 -> 13.8 x 4 (-6.8 %) in a second process; the down alone 6.3 -> 7.5 (its last programs' tail is what the layer
+# waits on). 2 ranges without the loads ahead 15.0, the loads ahead on 4 ranges 14.7 (a tie). At 4096x1536 every 2-range
+# form lost (33.8-37.4 against 31.5-31.6 us) and the loads ahead on 4 ranges tied (31.6): the tile as before there.
+# Other float rounding than the 4-range tile (the experts summed in 2 ranges), within the fp32 bound. "off": the
+# 4-range tile and the grid loop at every width.
+PAIRX_DOWN_ENV = "SPARKD_MOE_PAIRX_DOWN"
+PAIRX_DOWN = switches.choice(PAIRX_DOWN_ENV, AUTO_OFF, "auto")  # read once
+PAIRX_DOWN_WIDTHS = (2048, 4096)  # "auto": the model widths [from, below) that run it
+PAIRX_DOWN_TILE = GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=2)
+
+
+def pairx_down(dim: int, which: str | None = None) -> bool:
+    """Whether the pairx down loads the next step's words ahead (q4_k_pair.down_sums) at model width dim: which
+    "auto" or "off" (default $SPARKD_MOE_PAIRX_DOWN)."""
+    return _auto_at(dim, which, PAIRX_DOWN, PAIRX_DOWN_ENV, PAIRX_DOWN_WIDTHS, "the pairx MoE down's loop")
+
+
+def pairx_down_fits(p: PreparedTable, which: str | None = None) -> bool:
+    """Whether the "new" tiles give a pairx down PAIRX_DOWN_TILE: pairx_down at the model width (which: "auto" or
+    "off") and an expert's row whole steps of the tile."""
+    return p.down.qtype.name == "Q4_K_TILED" and p.table.width % (256 * PAIRX_DOWN_TILE.unroll) == 0 \
+        and pairx_down(p.table.dim, which)

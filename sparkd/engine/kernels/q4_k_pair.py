@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
+from sparkd.engine.kernels.row_tiles import row_sums
 
 
 def pack_blocks(blocks: torch.Tensor) -> torch.Tensor:
@@ -362,3 +363,68 @@ def igroup(w_ptr, row_off, rmask, g, row_bytes):
     tile, lane = _tile_at(w_ptr, row_off, row_bytes)
     hd = (tile + row_bytes // 144 * 512 + g * 64 + 4 * lane).to(tl.pointer_type(tl.float16))
     return (tl.load(hd, mask=rmask, other=0.0).to(tl.float32), tl.load(hd + 1, mask=rmask, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _step_wloads(down_ptr, off, lane, g0, U: tl.constexpr, K):
+    """_wloads of groups g0..g0+U-1 (U 1 to 3) of the tile at byte offset off, flat; groups past U repeat the first
+    (no load)."""
+    base = (down_ptr + off).to(tl.pointer_type(tl.int32))
+    q0, d0, s0, m0 = _wloads(base, lane, g0, K)
+    q1, d1, s1, m1, q2, d2, s2, m2 = q0, d0, s0, m0, q0, d0, s0, m0
+    if U > 1:
+        q1, d1, s1, m1 = _wloads(base, lane, g0 + 1, K)
+    if U > 2:
+        q2, d2, s2, m2 = _wloads(base, lane, g0 + 2, K)
+    return q0, d0, s0, m0, q1, d1, s1, m1, q2, d2, s2, m2
+
+
+@triton.jit
+def _xmath(w, xw_ptr, xd_ptr, xs_ptr, lane, g, EMU: tl.constexpr):
+    """_math of group g's words w with x's loads of the group (h's row of the expert: words, sub-block sums, scale)."""
+    c = lane // 2
+    x = tl.load(xw_ptr + g * 64 + 4 * c + tl.arange(0, 4)[None, :])
+    return _math(w, (x, tl.load(xs_ptr + g * 8 + c // 2), tl.load(xd_ptr + g)), lane, EMU)
+
+
+@triton.jit
+def down_sums(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, F, IDS: tl.constexpr,
+              OFF: tl.constexpr, ALIGN: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr,
+              NG: tl.constexpr, STEP: tl.constexpr, XBLOCK: tl.constexpr, EMU: tl.constexpr):
+    """sum over experts a in [first, last) of rw[a] * (down_a's 4-row tile of program_id(0) @ h[a]), float32 [4]: the
+    pairx down's grid loop (moe._idown_kernel, TILED, NG groups a row in steps of STEP, 1 to 3, dividing NG) as one
+    flat loop over (expert, step) with the next step's weight words (the next expert's first where this step is an
+    expert's last) loaded before this step's dots: moe_down_ahead's form (session 20, moe46). The next expert's
+    offset is read an expert ahead, so its two dependent loads (ids, offsets) never stand in front of a step's loads.
+    Each thread's shares added in idot's order, the expert's tile summed by row_sums: the grid loop's bits. Session 21
+    (down49, H200): on 2 ranges of 4/1/3/e/2 with the pair fold at 2048x768 the layer -6.4 / -6.8 % (moe_tiles.
+    PAIRX_DOWN); at 4096x1536 it tied the grid loop on 4 ranges and lost on 2. OFF(off_ptr, ids_ptr, a, IDS, ALIGN)
+    the expert's byte offset (moe._aligned_offset)."""
+    S: tl.constexpr = NG // STEP  # steps an expert
+    K: tl.constexpr = NG * 256
+    lane = tl.arange(0, 32)[:, None]
+    tile = tl.program_id(0).to(tl.int64) * (NG * 576)  # the program's tile in an expert's matrix
+    end = last - 1  # the range's last expert: where the reads ahead stop (an empty range reads it, unused)
+    wo = OFF(down_off, ids_ptr, tl.minimum(first, end), IDS, ALIGN) + tile
+    nwo = OFF(down_off, ids_ptr, tl.minimum(first + 1, end), IDS, ALIGN) + tile
+    q0, d0, s0, m0, q1, d1, s1, m1, q2, d2, s2, m2 = _step_wloads(down_ptr, wo, lane, 0, STEP, K)
+    part = tl.zeros((32, 1), tl.float32)  # this expert's shares (t = 4s + 2e + p): idot's tile, permuted
+    acc = tl.zeros((4,), tl.float32)
+    for i in range((last - first) * S):
+        s = i % S
+        a = first + i // S
+        # the next step's words first (past the range's last step: its last expert's first groups, unused)
+        n = _step_wloads(down_ptr, tl.where(s == S - 1, nwo, wo), lane, ((s + 1) % S) * STEP, STEP, K)
+        xw, xd, xs = hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK), hs_ptr + a * (F // 32)
+        part += _xmath((q0, d0, s0, m0), xw, xd, xs, lane, s * STEP, EMU)
+        if STEP > 1:
+            part += _xmath((q1, d1, s1, m1), xw, xd, xs, lane, s * STEP + 1, EMU)
+        if STEP > 2:
+            part += _xmath((q2, d2, s2, m2), xw, xd, xs, lane, s * STEP + 2, EMU)
+        if s == S - 1:  # the expert's end: its row sums times its weight, as the grid loop's, then the next expert
+            acc += row_sums(_as_tile(part), A1, A2, A3) * tl.load(rw_ptr + a)
+            part = tl.zeros((32, 1), tl.float32)
+            wo = nwo
+            nwo = OFF(down_off, ids_ptr, tl.minimum(a + 2, end), IDS, ALIGN) + tile
+        q0, d0, s0, m0, q1, d1, s1, m1, q2, d2, s2, m2 = n
+    return acc
