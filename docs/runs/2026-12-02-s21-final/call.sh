@@ -12,7 +12,7 @@
 # $OUT/log.txt. END_S bounds the whole call; every step has a timeout. MOE_SHAPES (e.g. 4096x1536x8) and MOE_TYPES
 # (Q8_0,Q4_KXD) the MoE rows' shapes and types; TOP40=0 leaves out the top_k 40 decode; BIG_ROUNDS the 4096-wide
 # decode's rounds; DRAW=1 the top-p draw graph's bench. Groups 13-14 are session 20's group 9's rest, 15 group 10's.
-# This session's call: see call_log.txt's first line.
+# PAIRX_OFF / Q8_OFF: the switches of the greedypxoff / q8aheadoff runs. This session's calls: call_log*.txt's first lines.
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -22,7 +22,7 @@ R=/tmp/res; mkdir -p $R
 T0=$(date +%s); END=${END_S:-400}; left() { echo $(( END - $(date +%s) + T0 )); }
 log() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|PAIRX|FIRST|FIRST_SERVERS)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS)=' | sort | tr '\n' ' ')"
 M=$W/q3-12-Q4_K.gguf
 ( [ -f $M ] || { nice -n 10 timeout 150 python3 -m sparkd.engine.cli make-model $M.part --preset qwen3-30b-a3b \
     --quant Q4_K --quiet --layers 12 && mv $M.part $M; } ) > $R/make.log 2>&1 & MK=$!
@@ -53,7 +53,8 @@ G=("$E/test_kernels.py -k \"int8 or igemm\""
    "$E/test_moe_twin.py $E/test_moe_words_full.py $E/test_moe_pipe.py $E/test_moe_down_ahead.py"  # 13-14: group 9's rest
    "$E/test_moe_tiles.py $E/test_moe_tiled.py $E/test_moe_down_full.py"
    "$E/test_pdl.py $E/test_feed_tokens.py $E/test_decode_pipeline.py $E/streaming tests/guards/test_gpu_guard.py"  # 15: group 10's rest
-   "$E/test_kernels.py -k \"IQ4_XS or Q4_0 or test_moe_decode_matches_reference\"")  # 16: iq48's types, the MoE pairs
+   "$E/test_kernels.py -k \"IQ4_XS or Q4_0 or test_moe_decode_matches_reference\""  # 16: iq48's types, the MoE pairs
+   "$E/test_moe_tiled.py $E/test_moe_pairx_down.py $E/test_moe_pairx_steps.py $E/test_int_steps.py")  # 17: after the call
 P=(); I=()
 for i in "${!G[@]}"; do
   [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $((i+1)) "* ]] && continue  # ONLY="8 10 11": those groups alone
@@ -79,7 +80,8 @@ gen() {  # tag round [more flags]
 }
 for r in $(seq 1 ${ROUNDS:-2}); do
   [ $(left) -gt 100 ] || break
-  gen greedy $r; [ "${PAIRX:-0}" = 1 ] && SPARKD_MOE_PAIRX_STEPS=off gen greedypxoff $r  # q4k48's steps off
+  gen greedy $r  # PAIRX=1: then with q4k48's steps off (or PAIRX_OFF's switches)
+  [ "${PAIRX:-0}" = 1 ] && eval "${PAIRX_OFF:-SPARKD_MOE_PAIRX_STEPS=off} gen greedypxoff $r"
   if [ "${SAMPLED:-1}" = 1 ]; then  # SAMPLED=0: greedy only
     gen full $r --temp 0.8 --seed 1; [ "${TOP40:-1}" = 1 ] && gen top40 $r --temp 0.8 --top-k 40 --seed 1
     gen topp95 $r --temp 0.8 --top-p 0.95 --seed 1; gen topp90 $r --temp 0.8 --top-p 0.9 --seed 1
@@ -89,7 +91,7 @@ if [ "${Q8:-0}" = 1 ]; then
   wait $MKQ; log "q8 model $(ls -la $Q 2>&1 | awk '{print $5}') $(tail -1 $R/make_q8.log)"
   for r in $(seq 1 ${Q8_ROUNDS:-1}); do
     [ $(left) -gt 90 ] || break
-    M=$Q gen q8 $r; M=$Q SPARKD_MOE_DOWN_AHEAD=off gen q8aheadoff $r; snap
+    M=$Q gen q8 $r; eval "M=$Q ${Q8_OFF:-SPARKD_MOE_DOWN_AHEAD=off} gen q8aheadoff $r"; snap
   done
 fi
 if [ "${BIG:-0}" = 1 ]; then
