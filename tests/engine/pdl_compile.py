@@ -25,7 +25,9 @@ TYPES = {"w_ptr": "*u8", "gate_ptr": "*u8", "up_ptr": "*u8", "gate_off": "*i64",
 
 
 def ptx(kern, consts: dict, num_warps: int, pdl: bool) -> str:
-    consts = dict(consts, PDL=pdl)
+    # a constexpr left out takes its default (else it would compile as a runtime argument: q4k48's NG did)
+    defaults = {p.name: p.default for p in kern.params if p.is_constexpr and p.has_default}
+    consts = defaults | dict(consts, PDL=pdl)
     sig = {n: "constexpr" if n in consts else TYPES.get(n, "*fp32" if n.endswith("_ptr") else "i32")
            for n in kern.arg_names}
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
