@@ -104,7 +104,8 @@ def _partner(v, EMU: tl.constexpr):
 def _part(base, xw_ptr, xd_ptr, xs_ptr, lane, g, live, K, EMU: tl.constexpr):
     """Group g's float share [T, 1] of each thread's row and sub-block (lane = t % 32 = 4s + 2e + p: row 2p + e,
     sub-block s) in the 4-row tile at base (_math); g and live (False: the group is past the range, its share 0)
-    are scalars or per thread [T, 1]."""
+    are scalars or per thread [T, 1]. The loads are _wloads' and x's, interleaved in the order the dense GEMV was
+    timed in (through _wloads they compile to other SASS, longer: session 21)."""
     w = tl.arange(0, 4)[None, :]
     c = lane // 2
     s = c // 2
