@@ -22,7 +22,8 @@ import time
 import torch
 
 from sparkd.engine import cli
-from sparkd.engine.cuda_graphs import StaticDecode, prompt_forward, use_graphs
+from sparkd.engine.cuda_graphs import StaticDecode, use_graphs
+from sparkd.engine.prompt_graphs import prompt_forward
 from sparkd.engine.models import load_model
 from sparkd.engine.models.decoder import prompt_last_only
 from sparkd.engine.sampler import Sampler, SamplingParams

@@ -2,7 +2,7 @@
 through torch's SDPA (attend_sdpa, the default since session 14), at one layer's shape: GPU time
 (CUDA events around --iters calls, median of --repeats), the relative error against torch in
 float64, and whether the real rows keep their bits when the prompt is padded to its CUDA-graph
-bucket (cuda_graphs.prompt_bucket). attn11's kernel is timed up to --kernel-max tokens (it grows as T^2).
+bucket (prompt_graphs.prompt_bucket). attn11's kernel is timed up to --kernel-max tokens (it grows as T^2).
 
     python3 bench/gpu_box/prefill_attention_bench.py --tokens 128,512,600,1024,2048 --json out.json
 (defaults: qwen3-30b-a3b's attention, 32 query heads over 4 KV heads of 128, and its router gate
@@ -32,7 +32,8 @@ from expert_sort_bench import graph_us  # a CUDA graph of calls, median of repla
 from torch.nn.attention import sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from sparkd.engine.cuda_graphs import FIRST_BUCKET, buckets, prompt_bucket
+from sparkd.engine.cuda_graphs import FIRST_BUCKET, buckets
+from sparkd.engine.prompt_graphs import prompt_bucket
 from sparkd.engine.kernels.float_gemm import float_gemm
 from sparkd.engine.kernels.prefill_attention import prefill_attention
 from sparkd.engine.layers.attention import SDPA_BACKENDS, attend, attend_sdpa

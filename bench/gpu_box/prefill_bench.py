@@ -26,12 +26,12 @@ then --repeats times: median prompt tok/s. A way sets the prefill switches in th
                 (TILES below)
   tglue         int8 with moe_prefill's torch glue (SPARKD_MOE_PREFILL_GLUE=torch: expert_tiles' ~25 ops,
                 the route weights and slot sum as ~11 ops; int8 has a launch for each since session 10's glue10)
-  graphs        int8 as a CUDA graph of the prompt padded to its length bucket (cuda_graphs.PromptForward,
+  graphs        int8 as a CUDA graph of the prompt padded to its length bucket (prompt_graphs.PromptForward,
                 session 11's prefill24; int8 is the eager forward), over one cache of the longest prompt's
                 length (as the server keeps one cache): the first prompt of a bucket captures its graph
                 (its time, "first_s", and the memory the graphs hold after it, "graph_mib", are recorded)
   graphs2k      graphs with buckets up to 2048 tokens (PromptForward's largest: graphs' own under sdpa since
-                prefill30, cuda_graphs.prompt_last; graphs-torch and graphs-rows keep 1024, as their attention does)
+                prefill30, prompt_graphs.prompt_last; graphs-torch and graphs-rows keep 1024, as their attention does)
   int8-rows, graphs-rows  int8 and graphs with the prompt's attention and float GEMMs (the router's gate)
                 in session 11's attn11 kernels, each row's bits whatever the row count
                 (SPARKD_PREFILL_ATTENTION=kernel, SPARKD_PREFILL_FLOAT_GEMM=kernel)
@@ -67,7 +67,7 @@ import torch
 from decode_profile import Stages, kernel_time_by_name, stage_report
 from torch.profiler import ProfilerActivity, profile
 
-from sparkd.engine.cuda_graphs import PROMPT_LAST_SCORES, PromptForward
+from sparkd.engine.prompt_graphs import PROMPT_LAST_SCORES, PromptForward
 from sparkd.engine.kernels import matmul, moe
 from sparkd.engine.layers import attention, linear
 from sparkd.engine.layers import moe as moe_layer

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from sparkd.engine.cuda_graphs import PromptForward
+from sparkd.engine.prompt_graphs import PromptForward
 from sparkd.engine.runtime import Engine, GenerationRequest
 from sparkd.engine.sampler import SamplingParams
 

@@ -1,4 +1,4 @@
-"""Where a padded prompt's forward (what cuda_graphs.PromptForward's graph replays) first leaves the
+"""Where a padded prompt's forward (what prompt_graphs.PromptForward's graph replays) first leaves the
 eager prompt's bits: both forwards run with forward hooks on every module of the network, and the
 modules are listed in call order with whether their inputs and outputs over the real tokens' rows
 are bit-equal; the first module whose inputs agree and outputs do not is the op that takes another
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from sparkd.engine.cuda_graphs import PromptForward
+from sparkd.engine.prompt_graphs import PromptForward
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from sparkd.engine.cuda_graphs import PromptForward, prompt_buckets
+from sparkd.engine.prompt_graphs import PromptForward, prompt_buckets
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model

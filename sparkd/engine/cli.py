@@ -124,7 +124,8 @@ def cmd_generate(a) -> int:
     feed = _feed_tokens(a.feed_tokens, a.model) if a.feed_tokens else None  # bad lists fail before torch loads
     import torch
 
-    from sparkd.engine.cuda_graphs import prompt_forward, use_graphs
+    from sparkd.engine.cuda_graphs import use_graphs
+    from sparkd.engine.prompt_graphs import prompt_forward
     from sparkd.engine.models import load_model
     from sparkd.engine.models.decoder import prompt_last_only
     from sparkd.engine.sampler import Sampler, SamplingParams, warm_sampler

@@ -1,5 +1,6 @@
 """One CUDA graph capture as the engine's graphs make them (the whole-token decode and the draw in
-cuda_graphs.py, the streamed step's per-layer segments in streaming/graph_step.py)."""
+cuda_graphs.py, the prompts' in prompt_graphs.py, the streamed step's per-layer segments in
+streaming/graph_step.py), and Room: the free-memory rule the decode and prompt captures share."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import TypeVar
 import gc
 
 import torch
+
+from sparkd.engine.errors import EngineError
 
 T = TypeVar("T")
 # device index -> a tiny graph (and its tensor) held for the process: see _anchor
@@ -79,3 +82,42 @@ def release(device) -> None:
         gc.collect()  # a cycle through a frame may still hold the graph
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+
+
+class NoRoom(EngineError):
+    """A capture would leave less free device memory than the margin."""
+
+
+class Room:
+    """The free-memory rule around each graph capture (PromptForward's and StaticDecode's): warm(run) runs the
+    warm-up with its peak measured; ready(), after it and before the capture, raises NoRoom where the capture
+    (taken as the warm-up's peak) would leave less than margin bytes free; added(), after the capture, is what
+    it added to the device's reserved memory. stage names the step a failure came from (a log's reason)."""
+
+    def __init__(self, device, margin: int, what: str):
+        if margin < 0:
+            raise EngineError(f"could not use {what} margin of {margin} bytes: it must be 0 or more")
+        self.device, self.margin, self._base, self._reserved = device, margin, 0, 0
+        self.stage = "warm-up"  # PromptForward sets it back before each capture
+
+    def warm(self, run: Callable[[], object]) -> object:
+        self._base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return run()
+
+    def ready(self) -> None:
+        self.stage = "capture"
+        torch.cuda.empty_cache()  # the warm-up's blocks back to the device: the capture's pool needs it
+        free = torch.cuda.mem_get_info(self.device)[0]
+        left = free - (torch.cuda.max_memory_allocated(self.device) - self._base)
+        if left < self.margin:
+            raise NoRoom(f"it would leave {mib(left)} of {mib(free)} free device memory, under the "
+                          f"{mib(self.margin)} margin")
+        self._reserved = torch.cuda.memory_reserved(self.device)
+
+    def added(self) -> int:
+        return torch.cuda.memory_reserved(self.device) - self._reserved
+
+
+def mib(n: int, digits: int = 0) -> str:
+    return f"{n / (1 << 20):.{digits}f} MiB"

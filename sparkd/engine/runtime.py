@@ -60,7 +60,8 @@ class Engine:
                  device: str = "cpu", cuda_graphs: str = "auto", prompt_graphs: str = "auto",
                  prompt_graph_margin: int | None = None, prompt_cache: bool = True,
                  prompt_store_bytes: int | None = None, decode_graphs: str = "auto"):
-        from sparkd.engine.cuda_graphs import PROMPT_MARGIN, parse_decode_graphs, parse_prompt_graphs
+        from sparkd.engine.cuda_graphs import parse_decode_graphs
+        from sparkd.engine.prompt_graphs import PROMPT_MARGIN, parse_prompt_graphs
 
         self.threads = threads
         self.cuda_graphs = cuda_graphs  # auto|on|off: the decode step as CUDA graphs (cuda_graphs.py)
@@ -85,7 +86,7 @@ class Engine:
         self.streaming: StreamingModel | None = None
         self._cache = None
         self._step = None  # graph_step.decode_step over _cache (StaticDecode, the streamed step or EagerDecode)
-        self._prompt = None  # cuda_graphs.PromptForward over _cache (graphs of the padded prompt, or eager)
+        self._prompt = None  # prompt_graphs.PromptForward over _cache (graphs of the padded prompt, or eager)
         self._plan: dict[str, int] = {}
         self.prompt_cache = prompt_cache  # continue the cache at the prompt's common prefix (PromptCache)
         self._held = PromptCache()
@@ -143,7 +144,8 @@ class Engine:
                       "prompt_store": plan.prompt_store_bytes}
 
     def _finish_load(self, model: Any) -> None:
-        from sparkd.engine.cuda_graphs import prompt_forward, use_graphs
+        from sparkd.engine.cuda_graphs import use_graphs
+        from sparkd.engine.prompt_graphs import prompt_forward
         from sparkd.engine.streaming.graph_step import decode_step
 
         graphs = use_graphs(self.cuda_graphs, model.net, self.device, self.streaming is not None, self._log)

@@ -13,9 +13,10 @@ import threading
 import pytest
 import torch
 
-from sparkd.engine import cli, cuda_graphs, graph_capture
-from sparkd.engine.cuda_graphs import PromptForward, StaticDecode, buckets, graph_blocker, parse_prompt_graphs, \
-    prompt_bucket, prompt_buckets, prompt_forward, prompt_last, use_graphs
+from sparkd.engine import cli, cuda_graphs, graph_capture, prompt_graphs
+from sparkd.engine.cuda_graphs import StaticDecode, buckets, graph_blocker, use_graphs
+from sparkd.engine.prompt_graphs import PromptForward, parse_prompt_graphs, prompt_bucket, prompt_buckets, \
+    prompt_forward, prompt_last
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers import attention, linear
 from sparkd.engine.make_model import plan, write_model
@@ -103,7 +104,7 @@ def test_failed_prompt_capture_runs_eagerly_once(models, monkeypatch):
     gives its bucket up, logged once: that prompt and later ones of the bucket run eagerly, with
     the eager prompt's bits, and no capture is tried again; other buckets still try theirs."""
     tries = []
-    monkeypatch.setattr(cuda_graphs, "capture", lambda *a, **k: tries.append(a) or graph_capture.capture(*a, **k))
+    monkeypatch.setattr(prompt_graphs, "capture", lambda *a, **k: tries.append(a) or graph_capture.capture(*a, **k))
     m = load_model(models["qwen3moe"])
     try:
         tokens, logged = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(5)]), []
@@ -241,7 +242,7 @@ def test_prompt_continues_unless_only_the_whole_prompt_replays(models):
         # whole 20 > largest: continue; whole 12 and continued 8 at 4 both replay: continue
         assert p.continues(20, 12) and p.continues(12, 4)
         # both replay, but the cache holds less than CONTINUE_MIN_SHARE (1/5) of the prompt: whole, unless "always"
-        assert cuda_graphs.CONTINUE_MIN_SHARE == 1 / 5 and not p.continues(11, 2) and p.continues(10, 2)
+        assert prompt_graphs.CONTINUE_MIN_SHARE == 1 / 5 and not p.continues(11, 2) and p.continues(10, 2)
         assert PromptForward(m.net, cache, first=8, largest=16, first_span=8, rule="always").continues(13, 2)
         with pytest.raises(EngineError, match=r"could not continue prompts by rule 'never': choose one of share, always"):
             PromptForward(m.net, cache, rule="never")
@@ -749,12 +750,12 @@ def test_prompt_capture_out_of_memory_falls_back_on_cuda(tmp_path, monkeypatch):
         primed(m.net, tokens, 256)
         cache = m.net.new_cache(256)
         p = PromptForward(m.net, cache, log=log)
-        monkeypatch.setattr(cuda_graphs, "capture", squeezed)
+        monkeypatch.setattr(prompt_graphs, "capture", squeezed)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         logits = p(tokens, last=True)
-        monkeypatch.setattr(cuda_graphs, "capture", graph_capture.capture)
+        monkeypatch.setattr(prompt_graphs, "capture", graph_capture.capture)
         print(f"failed capture: allocated {before[0]} -> {at_log[0][0]}, reserved {before[1]} -> {at_log[0][1]} "
               f"bytes: {logged}")
         step = StaticDecode(m.net, cache, graphs=True)

@@ -23,8 +23,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
 from sparkd.engine import switches  # noqa: E402
-from sparkd.engine.cuda_graphs import continue_graphs_default, continue_rule_default, decode_pipeline_default, device_argmax_default, \
-    load_draw_graphs_default, prefill_graphs_default  # noqa: E402
+from sparkd.engine.cuda_graphs import decode_pipeline_default, device_argmax_default, load_draw_graphs_default  # noqa: E402
+from sparkd.engine.prompt_graphs import continue_graphs_default, continue_rule_default, prefill_graphs_default  # noqa: E402
 from sparkd.engine.layers.attention import fuse_qkv_default  # noqa: E402
 from sparkd.engine.device_sampler import device_sampling_default  # noqa: E402
 from sparkd.engine.layers.quant_experts import down_layout as moe_down_layout  # noqa: E402

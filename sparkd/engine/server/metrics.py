@@ -67,7 +67,7 @@ class _CacheCollector:
         for term, value in sorted(self._plan().items()):
             plan.add_metric([term], value)
         yield plan
-        if (graphs := self._graphs()) is not None:  # prompts replay CUDA graphs (cuda_graphs.PromptForward)
+        if (graphs := self._graphs()) is not None:  # prompts replay CUDA graphs (prompt_graphs.PromptForward)
             buckets = GaugeMetricFamily(f"{P}prompt_graphs", "Prompt length buckets by capture state "
                                         "(captured: replayed; failed: given up, run eagerly)", labels=["state"])
             for state in ("captured", "failed"):
