@@ -50,7 +50,9 @@ DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projection
 # model width, expert width, experts per token: qwen3-30b-a3b, and qwen3-235b-a22b
 MOES = [(2048, 768, 8), (4096, 1536, 8)]
 MOE = MOES[0]
-INT_TYPES = (T.Q8_0, T.Q4_K)  # families with an integer step
+# the families with an integer step (their float path is timed beside it: float_path); Q4_K's tiled layouts are
+# LAYOUTS, not FAMILIES
+INT_TYPES = tuple(qtype for qtype, fam in dispatch.FAMILIES.items() if fam.idot is not None)
 IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)  # GEMV dot timed next to dequant-then-multiply
 NO_DOT = dict(dot=None, acc0=None, total=None)
 SWEEP_ON = False  # --sweep
