@@ -71,7 +71,7 @@ def _probe_loop(w_ptr, y_ptr, row_words, BN: tl.constexpr, SPLIT_BACK: tl.conste
 
 
 @triton.jit
-def _row_idot_split(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.constexpr, A1: tl.constexpr,
+def _row_idot_split(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.constexpr, A1: tl.constexpr,
                     A2: tl.constexpr, A3: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
     """matmul.row_idot (split 1, elementwise tile) whose row sums split the tile's last dimension
     back into (A2 // A3, A3), the step's own [.., 2, 4], before summing: the fix tried here."""
@@ -82,16 +82,16 @@ def _row_idot_split(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.c
             g = g0 + u
             gc = tl.minimum(g, n_groups - 1)
             m = rmask & (tl.zeros(rmask.shape, tl.int32) + g < n_groups)
-            acc = IDOT(w_ptr, row_off, m, xw_ptr, xd_ptr, xs_ptr, gc, K, acc, True, EMU)
+            acc = IDOT(w_ptr, aux_ptr, row_off, m, xw_ptr, xd_ptr, xs_ptr, gc, K, acc, True, EMU)
     return tl.sum(tl.sum(tl.sum(tl.reshape(acc, (rmask.shape[0], A1, A2 // A3, A3)), 3), 2), 1)
 
 
 @triton.jit
-def _igemv_split(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, IDOT: tl.constexpr, A1: tl.constexpr,
+def _igemv_split(w_ptr, aux_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, IDOT: tl.constexpr, A1: tl.constexpr,
                  A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    acc = _row_idot_split(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K, IDOT, A1, A2, A3,
+    acc = _row_idot_split(w_ptr, aux_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K, IDOT, A1, A2, A3,
                           UNROLL, EMU)
     tl.store(y_ptr + rows, acc, mask=rmask)
 
@@ -141,7 +141,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def on_gpu() -> None:
     from gguf import GGMLQuantizationType as T
 
-    from sparkd.engine.kernels import act_quant, matmul, moe, q4_k_tiled, q6_k_tiled
+    from sparkd.engine.kernels import act_quant, grids, matmul, moe, q4_k_tiled, q6_k_tiled
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "engine"))  # random valid blocks
     from test_kernels import random_blocks
@@ -194,7 +194,7 @@ def on_gpu() -> None:
         for bn, warps in [t for t in tiles if t in FIX_TILES]:
             for unroll in ((1, 4) if (bn, warps) == (4, 1) else (1,)):
                 y = torch.empty(R, device=dev)
-                _igemv_split[(R // bn,)](data, q.words, q.scales, q.sums, y, R, xx.numel(), rb, IDOT=idot, A1=iacc[0],
+                _igemv_split[(R // bn,)](data, grids.grid_words(None, dev), q.words, q.scales, q.sums, y, R, xx.numel(), rb, IDOT=idot, A1=iacc[0],
                                          A2=iacc[1], A3=4, BLOCK_N=bn, UNROLL=unroll, EMU=dev != "cuda", num_warps=warps)
                 tag = f"{bn}/{warps} {rel(y, ref):.2g}"
                 if (bn, warps) == (4, 1):

@@ -31,7 +31,7 @@ def main() -> None:
     kern = matmul._igemv_kernel
     consts = dict(**matmul.int_args(fam), BLOCK_N=block_n, UNROLL=1, SPLIT=1, EW=True, EMU=False, ATOMIC=False,
                   KFOLD=False, STAGES=None, PDL=False)
-    ptrs = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
+    ptrs = {"w_ptr": "*u8", "aux_ptr": "*i32", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
             "part_ptr": "*fp32", "tickets_ptr": "*i32"}
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in kern.arg_names}
     names = list(enumerate(kern.arg_names))

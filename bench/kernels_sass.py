@@ -46,13 +46,13 @@ LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY,  # --types nam
 # q4k19: kernels of their own (4 rows, one warp), by --types name: (kernel, MODE)
 OWN = {"Q4TR": (q4t_relaid._kernel, 1), "Q4TRL": (q4t_relaid._kernel, 0), "Q4TP": (q4t_pair._kernel, 1),
        "Q4TPL": (q4t_pair._kernel, 0), "Q4TPX": (q4t_pair._kernel, 2)}
-OWN_SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
+OWN_SIGNATURE = {"w_ptr": "*u8", "aux_ptr": "*i32", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
                  "part_ptr": "*fp32", "tickets_ptr": "*i32", "N": "i32", "G": "i32"}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
-SIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
+SIGNATURE = {"w_ptr": "*u8", "aux_ptr": "*i32", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32",
              "part_ptr": "*fp32", "tickets_ptr": "*i32", "N": "i32", "K": "i32", "row_bytes": "i32"}
-ALIGNED = ("w_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "y_ptr", "K", "row_bytes")  # as the launches specialize them
+ALIGNED = ("w_ptr", "aux_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "y_ptr", "K", "row_bytes")  # as the launches specialize them
 TILES = [matmul.GemvConfig(*c) for c in ((4, 1, 1, 0, False), (4, 1, 1, 0, True), (16, 4, 1, 0, False),
                                           (16, 4, 1, 0, True), (64, 4, 1, 0, False), (64, 4, 1, 0, True))]
 WATCH = ("LDG", "IDP", "SHFL", "BAR", "STS", "STSM", "LDS", "I2FP", "FFMA", "LDGSTS", "DEPBAR")
@@ -64,9 +64,10 @@ def compiled(fam: dispatch.Family, cfg: matmul.GemvConfig, steps: bool = False):
     consts = dict(**args, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1,
                   EMU=False, ATOMIC=False, KFOLD=True, STAGES=matmul.stages_arg(cfg))
     consts = pdl.compile_args(kern, consts)
-    sig = dict(SIGNATURE, **{k: "constexpr" for k in consts})
-    src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
-                    attrs={(list(SIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
+    names = kern.arg_names  # (q4t_compact's kernel has no aux_ptr)
+    sig = {n: "constexpr" if n in consts else SIGNATURE[n] for n in names}
+    src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED if n in names})
     return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
 
 
@@ -109,7 +110,7 @@ def loop_ops(text: str) -> list[str]:
 
 
 KSTEPS = {"kstep": q4_k_pair.kstep, "kmasked": q4t_twins.kstep_masked}  # q4k21: the engine's fold and q4k20's
-KSIGNATURE = {"w_ptr": "*u8", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32", "N": "i32",
+KSIGNATURE = {"w_ptr": "*u8", "aux_ptr": "*i32", "xw_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32", "N": "i32",
               "K": "i32", "row_bytes": "i32"}
 
 
@@ -119,7 +120,8 @@ def compiled_kstep(name: str, kw: int):
     consts = pdl.compile_args(kern, dict(KSTEP=KSTEPS[name], KW=kw, UNROLL=2, EMU=False))
     sig = dict(KSIGNATURE, **{k: "constexpr" for k in consts})
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
-                    attrs={(list(KSIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED})
+                    attrs={(list(KSIGNATURE).index(n),): [["tt.divisibility", 16]] for n in ALIGNED
+                           if n in KSIGNATURE})
     return compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": kw, "maxnreg": matmul.KSTEP_MAXNREG})
 
 

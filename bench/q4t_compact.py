@@ -45,7 +45,8 @@ def _head_words(hdr, rmask):
 
 
 @triton.jit
-def idot_compact(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot_compact(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr,
+                 EMU: tl.constexpr):
     """idot_bytes with compact loads of x and the headers (the same values, arithmetic and order: the same bits);
     the rows tile (EW False) runs idot_bytes."""
     if EW:
@@ -68,7 +69,7 @@ def idot_compact(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: t
         part = d * isum.to(tl.float32) - (dmin * 0.125) * msum.to(tl.float32)
         acc = acc + tl.reshape(part, acc.shape)
     else:
-        acc = q4_k_tiled.idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU)
+        acc = q4_k_tiled.idot_bytes(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU)
     return acc
 
 

@@ -32,7 +32,7 @@ import q4t_twins
 import torch
 from gguf import GGMLQuantizationType as T
 
-from sparkd.engine.kernels import act_quant, matmul, q4_k_tiled
+from sparkd.engine.kernels import act_quant, grids, matmul, q4_k_tiled
 
 SHAPES = [(14336, 4096), (4096, 14336), (6144, 4096), (151936, 2048)]
 ROWS = ["bytes", "loadonly", "loadonly/s3", "bytes/s3", "ptr/s0", "tma/s0", "tma/s2", "tma/s3", "tma/s4",
@@ -81,7 +81,7 @@ def _launch(label: str, t, qx, y, cfg):
         step = {"loadonly": q4t_twins.TWINS["loadonly"].idot, "compact": q4t_compact.idot_compact}.get(
             name, q4_k_tiled.FAMILIES.get(name, q4_k_tiled.FAMILY).idot)
         k = matmul._igemv_kernel[(tiles, split)](
-            t.data, qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows,
+            t.data, grids.grid_words(None, y.device), qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows,
             t.cols, t.cols // 256 * 144, IDOT=step, A1=4, A2=8, A3=4, EMU=False, **args)  # A3: the family's isplit
     if not in_kernel:
         matmul.fold_partials(part, y)

@@ -22,7 +22,8 @@ from sparkd.engine.kernels.family import Family
 
 
 @triton.jit
-def idot_loads_only(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot_loads_only(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr,
+                    EMU: tl.constexpr):
     qs, hdr = q4_k_tiled._group(w_ptr, row_off, g, K)
     j = tl.arange(0, 4)[None, :, None, None]
     w = 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]

@@ -7,14 +7,27 @@ grid being ggml's 256 x 8 iq2xxs codebook (grids.grid_table).
 
 The GEMV step works per grid entry (iq_common's [BN, 8, 4, 2, 4] layout): one index byte and
 one sign byte per 8 values, grid values loaded as floats 4 at a time, signs flipped as a bit.
+
+The integer step (idot; x as Q8_K, what act_round rounds x to for IQ2_XXS, llama.cpp's vec_dot type) is
+llama.cpp's arithmetic: per grid entry its two int32 words of int8 values from the int8 codebook
+(grids.grid_words, aux_ptr), the 8 signs of ksigns applied to the bytes in 32-bit words
+(iq_common.negate_bytes), dp4a against x's two words; a sub-block's sum times 2 * scale + 1 in integers,
+one float step d * d_x / 8 per group (d * (0.5 + scale) / 4 = d * (2 * scale + 1) / 8).
+SPARKD_IQ2_XXS_INT=1 (read at import) makes it the family's path; off by default until timed on a GPU.
 """
+
+import dataclasses
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from sparkd.engine import switches
+from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, ksigns, load_u32, negate, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, ksigns, load_u32, negate, negate_bytes, total
+
+INT_ENV = "SPARKD_IQ2_XXS_INT"  # "1": the integer step (idot)
 
 
 @triton.jit
@@ -51,4 +64,32 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     return accumulate(acc, q, x, db, EW)
 
 
-FAMILY = Family(T.IQ2_XXS, 256, 66, 8, 32, dequant, dot, acc0, total, grid="IQ2_XXS")
+@triton.jit
+def _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
+    """Group g's integer sums as [BN, 8, 4] int32, (sub-block s, grid entry l): values 32s + 8l .. +7 times
+    the sub-block's 2 * scale + 1; also d [BN, 1, 1] (0 for rows outside rmask)."""
+    s = tl.arange(0, 8)[None, :, None]
+    l = tl.arange(0, 4)[None, None, :]
+    m = rmask[:, None, None]
+    blk = w_ptr + row_off[:, None, None] + g * 66  # [BN, 1, 1]
+    sub = blk + 2 + 8 * s  # [BN, 8, 1]
+    idx = (load_u32(sub, m) >> (8 * l)) & 0xFF  # [BN, 8, 4]: entry l's grid index
+    aux = load_u32(sub + 4, m)  # [BN, 8, 1]
+    signs = ksigns((aux >> (7 * l)) & 0x7F)  # bit b: value b of the entry negative
+    entry = aux_ptr + 2 * idx  # its two words: values 0-3, 4-7
+    xw = xw_ptr + g * 64 + 8 * s + 2 * l + tl.zeros(idx.shape, tl.int32)
+    isum = dp4a_add(negate_bytes(tl.load(entry + 1), signs >> 4), tl.load(xw + 1),
+                    dp4a(negate_bytes(tl.load(entry), signs), tl.load(xw), EMU), EMU)
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+    return isum * (2 * ((aux >> 28) & 0xF) + 1), d
+
+
+@triton.jit
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    isum, d = _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU)
+    return iadd(acc, isum, d, tl.load(xd_ptr + g) * 0.125, EW)
+
+
+FLOAT_FAMILY = Family(T.IQ2_XXS, 256, 66, 8, 32, dequant, dot, acc0, total, grid="IQ2_XXS")
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 4))
+FAMILY = INT_FAMILY if switches.flag(INT_ENV, False) else FLOAT_FAMILY

@@ -8,14 +8,26 @@ of ksigns[sign index i//8] is set.
 The GEMV step works per sign group of 8 values (iq_common's [BN, 8, 4, 2, 4] layout: entry
 qs[8a + 2l + h] holds values 4h..4h+3 of group l), grid values loaded as floats 4 at a time, signs
 flipped as a bit.
+
+The integer step (idot; x as Q8_K, act_round's format for IQ3_XXS) is llama.cpp's arithmetic: per sign
+group its two grid entries as int32 words of int8 values (grids.grid_words, aux_ptr; one word an entry),
+the 8 signs applied to the bytes (iq_common.negate_bytes), dp4a against x's two words; a sub-block's sum
+times 2 * scale + 1 in integers, one float step d * d_x / 4 per group (d * (0.5 + scale) / 2).
+SPARKD_IQ3_XXS_INT=1 (read at import) makes it the family's path; off by default until timed on a GPU.
 """
+
+import dataclasses
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from sparkd.engine import switches
+from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, ksigns, load_u32, negate, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, ksigns, load_u32, negate, negate_bytes, total
+
+INT_ENV = "SPARKD_IQ3_XXS_INT"  # "1": the integer step (idot)
 
 
 @triton.jit
@@ -50,4 +62,31 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     return accumulate(acc, q, x, db, EW)
 
 
-FAMILY = Family(T.IQ3_XXS, 256, 98, 8, 32, dequant, dot, acc0, total, grid="IQ3_XXS")
+@triton.jit
+def _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
+    """Group g's integer sums as [BN, 8, 4] int32, (sub-block s, sign group l): values 32s + 8l .. +7 times
+    the sub-block's 2 * scale + 1; also d [BN, 1, 1] (0 for rows outside rmask)."""
+    s = tl.arange(0, 8)[None, :, None]
+    l = tl.arange(0, 4)[None, None, :]
+    m = rmask[:, None, None]
+    blk = w_ptr + row_off[:, None, None] + g * 98  # [BN, 1, 1]
+    # the group's two grid indices, qs[8s + 2l] and qs[8s + 2l + 1], in one 16-bit load
+    pair = tl.load((blk + 2 + 8 * s + 2 * l).to(tl.pointer_type(tl.uint16)), mask=m, other=0).to(tl.int32)
+    aux = load_u32(blk + 66 + 4 * s, m)  # [BN, 8, 1]
+    signs = ksigns((aux >> (7 * l)) & 0x7F)  # bit b: value b of the group negative
+    xw = xw_ptr + g * 64 + 8 * s + 2 * l + tl.zeros(pair.shape, tl.int32)
+    isum = dp4a_add(negate_bytes(tl.load(aux_ptr + (pair >> 8)), signs >> 4), tl.load(xw + 1),
+                    dp4a(negate_bytes(tl.load(aux_ptr + (pair & 0xFF)), signs), tl.load(xw), EMU), EMU)
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+    return isum * (2 * ((aux >> 28) & 0xF) + 1), d
+
+
+@triton.jit
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    isum, d = _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU)
+    return iadd(acc, isum, d, tl.load(xd_ptr + g) * 0.25, EW)
+
+
+FLOAT_FAMILY = Family(T.IQ3_XXS, 256, 98, 8, 32, dequant, dot, acc0, total, grid="IQ3_XXS")
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 4))
+FAMILY = INT_FAMILY if switches.flag(INT_ENV, False) else FLOAT_FAMILY

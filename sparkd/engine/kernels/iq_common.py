@@ -45,6 +45,29 @@ def negate(v, signs, k):
 
 
 @triton.jit
+def negate_bytes(q, bits):
+    """q (int32 words of 4 int8 values, each 1 to 127: the grids' values) with byte b negated where bit b of
+    bits (int32; bits 0-3 read) is set, in 32-bit arithmetic: t has 0x01 in each such byte (the 4 bits spread
+    8 apart by one multiply: their shifted copies never overlap), m 0xFF there, and (q ^ m) + t per byte is
+    255 - v + 1 = 256 - v, the int8 -v, never above 255: no carry into the next byte (v of 0 would carry)."""
+    t = ((bits & 0xF) * 0x00204081) & 0x01010101
+    return (q ^ (t * 0xFF)) + t
+
+
+@triton.jit
+def iadd(acc, isum, d, dx, EW: tl.constexpr):
+    """An integer step's float step: acc += isum * (d * dx), isum int32 [BN, 8, 4] (a group's integer sums,
+    the sub-block scales in them), d float32 [BN, 1, 1] the rows' block scales, dx x's (Q8_K) scale times the
+    format's power-of-two constant. EW: into the elementwise tile acc [BN, 8, 4]; else the group's sum first,
+    one float step per row (llama.cpp's order: its constant applied to the product, exact as a power of 2)."""
+    if EW:
+        acc += isum.to(tl.float32) * (d * dx)
+    else:
+        acc += tl.sum(tl.sum(isum, 2), 1).to(tl.float32) * (tl.reshape(d, (d.shape[0],)) * dx)
+    return acc
+
+
+@triton.jit
 def acc0(rmask, EW: tl.constexpr):
     if EW:
         acc = tl.zeros((rmask.shape[0], 8, 4, 2, 4), tl.float32)

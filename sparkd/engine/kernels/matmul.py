@@ -15,8 +15,9 @@ session 3, kept to time against). UNROLL groups are issued per
 loop step so more loads are in flight before the first is used; STAGES asks Triton's pipeliner for that many stages.
 
 Families with an integer step (Family.idot: Q8_0, Q4_K, Q6_K, IQ4_XS, Q4_0 and the resident layouts made from
-them) take x quantized once per call on the GPU (act_quant) to the int8 blocks llama.cpp
-multiplies in, and run row_idot: dp4a on 32-bit words, a float step per block. Others multiply floats (x rounded by the caller's round_x).
+them; IQ2_XXS and IQ3_XXS behind their switches) take x quantized once per call on the GPU (act_quant) to the int8
+blocks llama.cpp multiplies in, and run row_idot: dp4a on 32-bit words, a float step per block. Others multiply floats
+(x rounded by the caller's round_x).
 """
 
 from __future__ import annotations
@@ -218,10 +219,11 @@ def row_dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, K, part, n_parts, DOT: tl.con
 
 
 @triton.jit
-def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, IDOT: tl.constexpr,
+def row_idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, IDOT: tl.constexpr,
              A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
              EMU: tl.constexpr, STAGES: tl.constexpr):
-    """row_dot for a family's integer step on quantized x (act_quant.QuantX): float32 [BN]."""
+    """row_dot for a family's integer step on quantized x (act_quant.QuantX): float32 [BN]; aux_ptr its
+    codebook as int8 words (grids.grid_words)."""
     n_groups = tl.cdiv(K, 256)
     per = tl.cdiv(n_groups, n_parts)
     start = part * per
@@ -235,7 +237,7 @@ def row_idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, K, part, n_parts, ID
             g = g0 + u
             gc = tl.minimum(g, end - 1)  # past the end: read a valid group, masked out
             m = rmask & (tl.zeros(rmask.shape, tl.int32) + g < end)
-            acc = IDOT(w_ptr, row_off, m, xw_ptr, xd_ptr, xs_ptr, gc, K, acc, EW, EMU)
+            acc = IDOT(w_ptr, aux_ptr, row_off, m, xw_ptr, xd_ptr, xs_ptr, gc, K, acc, EW, EMU)
     if EW:
         acc = row_sums(acc, A1, A2, A3)
     return acc
@@ -322,7 +324,7 @@ def prefetch_tile(w_ptr, N, row_bytes, BLOCK_N: tl.constexpr, SPLIT: tl.constexp
 
 
 @triton.jit
-def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes,
+def _igemv_kernel(w_ptr, aux_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
                   ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
@@ -331,7 +333,7 @@ def _igemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N
     pdl.start(PDL)  # first after the weights' prefetch: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    acc = row_idot(w_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
+    acc = row_idot(w_ptr, aux_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
                    tl.program_id(1), SPLIT, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
     finish_part(y_ptr, part_ptr, tickets_ptr, rows, rmask, acc, N, SPLIT, ATOMIC, KFOLD)
 
@@ -614,7 +616,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
         y = igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx, fam.isplit, parts,
-                  fam.kstep)
+                  fam.kstep, fam.grid)
         return y[None] if parts and y.dim() == 1 else y
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
@@ -641,11 +643,13 @@ def check_one_tile(fam: dispatch.Family, cfg: GemvConfig, what: str) -> None:
 
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
           row_bytes: int, x: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
-          qx: act_quant.QuantX | None = None, isplit: int = 0, parts: bool = False, kstep=None) -> torch.Tensor:
+          qx: act_quant.QuantX | None = None, isplit: int = 0, parts: bool = False, kstep=None,
+          grid: str | None = None) -> torch.Tensor:
     """gemv's integer path, for any byte layout an idot step reads (rows row_bytes apart): x
     quantized to act_fmt (or qx, x quantized so already), y [rows] written; isplit: the rows'
     sum order (Family.isplit, row_sums); parts: gemv's (the [split, rows] partials where there
-    are, cfg.fold "torch"); kstep: Family.kstep, run where uses_kstep says. Arguments checked by the caller."""
+    are, cfg.fold "torch"); kstep: Family.kstep, run where uses_kstep says; grid: Family.grid, the
+    codebook the step gets (grids.grid_words). Arguments checked by the caller."""
     rows, cols = shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
@@ -660,8 +664,8 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     tiles = triton.cdiv(rows, cfg.block_n)
     ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
-        weight, q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes, IDOT=idot, A1=iacc[0],
-        A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes),
+        weight, grids.grid_words(grid, x.device), q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes,
+        IDOT=idot, A1=iacc[0], A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes),
         **_launch_args(cfg, split), **pdl.launch(x.device))
     if parts:
         return part

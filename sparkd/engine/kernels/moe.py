@@ -117,7 +117,7 @@ def _aligned_offset(off_ptr, ids_ptr, a, IDS: tl.constexpr, ALIGN: tl.constexpr)
 
 
 @triton.jit
-def _q4_k_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def _q4_k_vec(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     """q4_k.idot on the GGUF blocks with the elementwise tile's header as one 128-bit load per thread
     (q4_k_tiled.idot_tile_vec on the file's layout: header at the block, qs 16 bytes on; the same
     bits as q4_k.idot_tile_at). Rows and offsets on 16 bytes (moe.prepare: PreparedTable.*_vec)."""
@@ -201,7 +201,7 @@ def _experts(n, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT: tl.constexpr,
+def _gate_up_idot(gate_ptr, up_ptr, aux_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT: tl.constexpr,
                   A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
                   EMU: tl.constexpr, STAGES: tl.constexpr, PAIR: tl.constexpr):
     """(gate row sums, up row sums) on quantized x. PAIR: both rows in one loop over x's groups
@@ -218,22 +218,22 @@ def _gate_up_idot(gate_ptr, up_ptr, g_off, u_off, rmask, xw_ptr, xd_ptr, xs_ptr,
             for u in tl.static_range(UNROLL):
                 gc = tl.minimum(g0 + u, n_groups - 1)  # past the end: read a valid group, masked out
                 m = rmask & (tl.zeros(rmask.shape, tl.int32) + g0 + u < n_groups)
-                acc_g = IDOT(gate_ptr, g_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_g, EW, EMU)
-                acc_u = IDOT(up_ptr, u_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_u, EW, EMU)
+                acc_g = IDOT(gate_ptr, aux_ptr, g_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_g, EW, EMU)
+                acc_u = IDOT(up_ptr, aux_ptr, u_off, m, xw_ptr, xd_ptr, xs_ptr, gc, D, acc_u, EW, EMU)
         if EW:
             acc_g = row_sums(acc_g, A1, A2, A3)
             acc_u = row_sums(acc_u, A1, A2, A3)
     else:
-        acc_g = row_idot(gate_ptr, g_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU,
-                         STAGES)
-        acc_u = row_idot(up_ptr, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU,
-                         STAGES)
+        acc_g = row_idot(gate_ptr, aux_ptr, g_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL,
+                         EW, EMU, STAGES)
+        acc_u = row_idot(up_ptr, aux_ptr, u_off, rmask, xw_ptr, xd_ptr, xs_ptr, D, 0, 1, IDOT, A1, A2, A3, UNROLL,
+                         EW, EMU, STAGES)
     return acc_g, acc_u
 
 
 @triton.jit
-def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr, hs_ptr,
-                     hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
+def _igate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, xs_ptr, rw_ptr, h_ptr, hd_ptr,
+                     hs_ptr, hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr, A1: tl.constexpr,
                      A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
                      EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
@@ -260,11 +260,11 @@ def _igate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr
         g, u = q4_k_pair.gate_up(gate_ptr + g_off, up_ptr + u_off, xw_ptr, xd_ptr, xs_ptr, NG, UNROLL, EMU)
         g, u = row_sums(g, A1, A2, A3), row_sums(u, A1, A2, A3)
     elif TILED:
-        g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1,
-                             A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
+        g, u = _gate_up_idot(gate_ptr + g_off, up_ptr + u_off, aux_ptr, rb, rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT,
+                             A1, A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
     else:
-        g, u = _gate_up_idot(gate_ptr, up_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT, A1, A2,
-                             A3, UNROLL, EW, EMU, STAGES, PAIR)
+        g, u = _gate_up_idot(gate_ptr, up_ptr, aux_ptr, g_off + rb, u_off + rb, rmask, xw_ptr, xd_ptr, xs_ptr, D, IDOT,
+                             A1, A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
     if not DOWN_AT_START:
         pdl.dependents(PDL)
     _gate_up_out(g, u, a, tl.program_id(0), rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW,
@@ -302,7 +302,7 @@ def _gate_up_out(g, u, a, tile, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_p
 
 
 @triton.jit
-def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, part_ptr, res_ptr,
+def _idown_kernel(down_ptr, aux_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y_ptr, part_ptr, res_ptr,
                   tickets_ptr, D, F, n, row_bytes, IDS: tl.constexpr, RES: tl.constexpr, FOLD: tl.constexpr,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
@@ -337,17 +337,17 @@ def _idown_kernel(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, y
             else:
                 w_ptr, w_off = down_ptr, e_off + rb
             if NG > 0:  # every row and group in range (_full), NG groups a row: no clamp, no masks
-                part = _row_idot_full(w_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                part = _row_idot_full(w_ptr, aux_ptr, w_off, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
                                       hs_ptr + a * (F // 32), NG * 256, IDOT, A1, A2, A3, NG, UNROLL, EW, EMU)
             else:
-                part = row_idot(w_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
+                part = row_idot(w_ptr, aux_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
                                 hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
             acc += part * tl.load(rw_ptr + a)
     _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES, PAIR_FOLD)
 
 
 @triton.jit
-def _row_idot_full(w_ptr, row_off, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.constexpr, A1: tl.constexpr,
+def _row_idot_full(w_ptr, aux_ptr, row_off, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.constexpr, A1: tl.constexpr,
                    A2: tl.constexpr, A3: tl.constexpr, NG: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr,
                    EMU: tl.constexpr):
     """row_idot over all NG groups of rows all in range (UNROLL divides NG: _full): the groups in the
@@ -360,7 +360,7 @@ def _row_idot_full(w_ptr, row_off, xw_ptr, xd_ptr, xs_ptr, K, IDOT: tl.constexpr
         acc = tl.zeros(row_off.shape, tl.float32)
     for g0 in tl.range(0, NG, UNROLL):
         for u in tl.static_range(UNROLL):
-            acc = IDOT(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g0 + u, K, acc, EW, EMU)
+            acc = IDOT(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g0 + u, K, acc, EW, EMU)
     if EW:
         acc = row_sums(acc, A1, A2, A3)
     return acc
@@ -401,7 +401,9 @@ class PreparedTable:
     down_off: torch.Tensor
     gate_up_row_bytes: int
     down_row_bytes: int
-    gate_up_aux: torch.Tensor  # the families' codebooks on device (grids.grid_table)
+    # the families' codebooks on device as their decode step reads them: int8 words for an integer step
+    # (grids.grid_words), else float32 (grids.grid_table)
+    gate_up_aux: torch.Tensor
     down_aux: torch.Tensor
     # a selection of the table (select()): the kernels read offsets[ids[a]] themselves
     ids: torch.Tensor | None = None
@@ -461,13 +463,18 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
             dispatch.offsets_tensor(table.up_offsets, table.width * gu_bytes, table.up, "cpu", what, fgu.align),
             dispatch.offsets_tensor(table.down_offsets, table.dim * d_bytes, table.down, "cpu", what, fd.align)]
     return PreparedTable(table, device, fgu, fd, *offsets_on(host, device), gu_bytes, d_bytes,
-                         grids.grid_table(fgu.grid, device), grids.grid_table(fd.grid, device),
+                         step_aux(fgu, device), step_aux(fd, device),
                          gate_up_words=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], Q8_0, 4),
                          down_words=_aligned(fd, d_bytes, (table.down,), host[2:], Q8_0, 4),
                          gate_up_vec=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], fgu.qtype
                                               if fgu.qtype == q4_k_tiled.TILED else Q4_K, 16),
                          down_vec=_aligned(fd, d_bytes, (table.down,), host[2:], fd.qtype
                                            if fd.qtype == q4_k_tiled.TILED else Q4_K, 16))
+
+
+def step_aux(fam: dispatch.Family, device: torch.device) -> torch.Tensor:
+    """The codebook a family's MoE decode step reads: int8 words for its integer step, else float32."""
+    return grids.grid_words(fam.grid, device) if fam.idot is not None else grids.grid_table(fam.grid, device)
 
 
 Q8_0, Q4_K = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K
@@ -634,9 +641,10 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                 OFF=_aligned_offset, OUT=_gate_up_out, SUMS=row_sums, G=D // 256, UNROLL=cfg.unroll,
                 **{k: v for k, v in int_args(p.gate_up).items() if k != "IDOT"}, **common, **pdl.launch(x.device))
             return h if hq is None else hq
-        _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales,
-                               xs_ptr=q.sums, D=D, **_int_args(p.gate_up, words, _use_vec(kernels.q4k_vec, p.gate_up_vec),
-                                                               kernels.full and _full(F, D, cfg)),
+        _igate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, xw_ptr=q.words,
+                               xd_ptr=q.scales, xs_ptr=q.sums, D=D,
+                               **_int_args(p.gate_up, words, _use_vec(kernels.q4k_vec, p.gate_up_vec),
+                                           kernels.full and _full(F, D, cfg)),
                                PAIR=kernels.pair, TILED=p.gate_up.row_tile > 1, UNROLL=cfg.unroll,
                                **_pairx_gate_up(p, cfg, kernels),
                                EW=cfg.elementwise, STAGES=stages_arg(cfg), **common, **pdl.launch(x.device))
@@ -752,7 +760,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                                         else kernels.down_pair_fold)
         if pair:  # fold_pair's slots where fold_part's tickets go
             common["tickets_ptr"] = pair_slots(D, y.device)
-        _idown_kernel[grid](p.table.down, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums, rw_ptr=rw,
+        _idown_kernel[grid](p.table.down, p.down_aux, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums,
+                            rw_ptr=rw,
                             **_int_args(p.down, words, _use_vec(kernels.q4k_vec_down, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],

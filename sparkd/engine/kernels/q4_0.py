@@ -41,7 +41,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     b = g * 8 + tl.arange(0, 8)[None, :, None]  # block index along the row [1, 8, 1]
     w = tl.arange(0, 4)[None, None, :]  # 32-bit word of qs in the block
     bmask = b * 32 < K

@@ -170,7 +170,7 @@ def idot_tile_at(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU: tl.constex
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     blk = w_ptr + row_off + g * 144  # the file's blocks: header, then qs
     if EW:
         acc = idot_tile_at(blk + 16, blk, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)

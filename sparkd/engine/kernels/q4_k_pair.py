@@ -127,7 +127,7 @@ def _tile_base(w_ptr, K):
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     """Group g of the program's 4-row tile added into acc [4, 8, 1] (row, sub-block): matmul's idot contract on
     the one-warp 4-row elementwise tile only (the tile is program 0's row tile; rmask: the group is in range)."""
     tl.static_assert(EW and rmask.shape[0] == 4, "the pairx step runs on the 4-row elementwise tile only")

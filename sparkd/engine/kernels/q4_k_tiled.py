@@ -106,7 +106,7 @@ def _group(w_ptr, row_off, g, K):
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     qs, hdr = _group(w_ptr, row_off, g, K)
     if EW:
         acc = q4_k.idot_tile_at(qs, hdr, rmask, xw_ptr, xd_ptr, xs_ptr, g, acc, EMU)
@@ -167,7 +167,7 @@ def _tile_sum(words, sc_lo, mn_lo, sc_hi, mn_hi, hd, xw_ptr, xd_ptr, xs_ptr, g, 
 
 
 @triton.jit
-def idot_vec(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot_vec(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     """idot with the elementwise tile's loads cut (idot_tile_vec: the header in one load); the rows tile as idot."""
     qs, hdr = _group(w_ptr, row_off, g, K)
     if EW:
@@ -195,7 +195,7 @@ def chunk_scales(w1, w2, w3, j):
 
 
 @triton.jit
-def idot_bytes(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot_bytes(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     """idot_vec on the bytes layout: the header in one 128-bit load per thread as there, the 4 values of
     the thread's chunk j taken out with one shift per word (chunk_scales) instead of q4_k's 6-bit
     unpacking; the same bits as idot_vec on the elementwise tile."""

@@ -92,7 +92,7 @@ def _isums(w_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     isum, blk, m = _isums(w_ptr, row_off, rmask, xw_ptr, g, EMU)
     dx = tl.load(xd_ptr + g)
     if EW:  # into the elementwise tile acc [BN, 2, 8]; d loaded in its shape (no layout conversion)

@@ -128,7 +128,7 @@ def _quarter(q, xw, sc, EMU: tl.constexpr):
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     quants, scales, ds, lane = _group(w_ptr, row_off, g, K)
     m = rmask[:, None, None, None]
     isum, v, zero = _isums(quants, scales, lane, m, xw_ptr, g, EMU)

@@ -90,7 +90,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 
 @triton.jit
-def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     """q8_0.idot on a packed row: group g's 8 blocks x 8 words, its scales after its quants."""
     s = tl.arange(0, 8)[None, :, None]  # block in the group
     b = g * 8 + s  # block index along the row [1, 8, 1]
