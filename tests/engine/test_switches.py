@@ -65,6 +65,11 @@ SWITCHES = [
            switches.ON + switches.OFF),
     Switch("SPARKD_Q4_0_INT", "sparkd.engine.kernels.q4_0", "m.FAMILY.idot is not None", "false", FLAG,
            switches.ON + switches.OFF),
+    # session 22 (iq50): off by default until timed on a GPU
+    Switch("SPARKD_IQ2_XXS_INT", "sparkd.engine.kernels.iq2_xxs", "m.FAMILY.idot is not None", "false",
+           FLAG | {UNSET: False}, switches.ON + switches.OFF),
+    Switch("SPARKD_IQ3_XXS_INT", "sparkd.engine.kernels.iq3_xxs", "m.FAMILY.idot is not None", "false",
+           FLAG | {UNSET: False}, switches.ON + switches.OFF),
     Switch("SPARKD_Q4_K_TILED_LOADS", "sparkd.engine.kernels.q4_k_tiled",
            "[k for k, f in m.FAMILIES.items() if f is m.FAMILY]", "wide",
            {UNSET: ["pairx"], "scalar": ["scalar"], "vector": ["vector"], "bytes": ["bytes"], "pairx": ["pairx"]},

@@ -1,0 +1,139 @@
+"""The grid i-quants' integer steps (kernels/iq2_xxs.py and iq3_xxs.py idot, behind $SPARKD_IQ2_XXS_INT and
+$SPARKD_IQ3_XXS_INT): the signs applied to int8 grid bytes in 32-bit words (iq_common.negate_bytes) for every
+value and sign pattern, the int8 codebook words, and the per-block integer sums exactly llama.cpp's (checked
+against an unpacking of the blocks written here, value by value). The GEMV at several tiles and the MoE
+decode against the float64 reference and the float path: test_int_steps.py.
+
+Interpreter (TRITON_INTERPRET=1: dp4a by its arithmetic twin) where there is no GPU; the PTX against the
+twin: test_int_steps.py.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gq
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+import triton.language as tl  # noqa: E402
+
+from test_int_steps import ROWS_TILE, awkward_x  # noqa: E402
+from test_kernels import BACKENDS, random_blocks  # noqa: E402
+
+from sparkd.engine.kernels import act_quant, dispatch, grids, iq2_xxs, iq3_xxs, iq_common  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
+
+KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8).astype(np.int64)
+# type: (kernel module, block bytes, grid values per index, the power-of-two constant of d * d_x)
+GRID_TYPES = {T.IQ2_XXS: (iq2_xxs, 66, 8, 0.125), T.IQ3_XXS: (iq3_xxs, 98, 4, 0.25)}
+TYPES = [pytest.param(t, id=t.name) for t in GRID_TYPES]
+
+
+@triton.jit
+def _negate_kernel(q_ptr, bits_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    q = tl.load(q_ptr + i, mask=i < n, other=0)
+    tl.store(out_ptr + i, iq_common.negate_bytes(q, tl.load(bits_ptr + i, mask=i < n, other=0)), mask=i < n)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_negate_bytes_for_every_value_and_sign_pattern(backend):
+    """Every grid value (1..127) in every byte position next to every other byte's extremes, under each of the 16
+    patterns of 4 sign bits (high bits set too: only 0-3 count): the bytes come back as int8 +-v, no borrow or
+    carry between them."""
+    v = np.arange(1, 128)
+    words, bits = [], []
+    for pos in range(4):
+        for other in (1, 127):
+            b = np.full((v.size, 4), other)
+            b[:, pos] = v
+            for pattern in range(16):
+                words.append(b)
+                bits.append(np.full(v.size, pattern | 0x7FFFFFF0))
+    b = np.concatenate(words)
+    bits = np.concatenate(bits)
+    q = torch.from_numpy(b.astype(np.uint8).copy().view(np.int32)[:, 0].copy()).to(backend)
+    s = torch.from_numpy(bits.astype(np.int32)).to(backend)
+    out = torch.empty_like(q)
+    _negate_kernel[(triton.cdiv(q.numel(), 1024),)](q, s, out, q.numel(), BLOCK=1024)
+    got = out.cpu().numpy().view(np.int8).reshape(-1, 4).astype(np.int64)
+    negative = (bits[:, None] >> np.arange(4)) & 1
+    assert np.array_equal(got, np.where(negative == 1, -b, b))
+
+
+def test_grid_words_are_the_codebook_as_int8():
+    """grids.grid_words: each codebook's values as int8 bytes, entry e at bytes [e * width, ...), made once per
+    device; None a one-word placeholder."""
+    for qtype, (module, _, width, _) in GRID_TYPES.items():
+        words = grids.grid_words(module.FLOAT_FAMILY.grid, "cpu")
+        assert words.dtype == torch.int32 and words is grids.grid_words(module.FLOAT_FAMILY.grid, "cpu")
+        values = words.view(torch.int8).reshape(-1, width)
+        assert torch.equal(values.float().reshape(-1), grids.grid_table(module.FLOAT_FAMILY.grid, "cpu"))
+        assert values.min() >= 1  # negate_bytes' precondition
+    assert grids.grid_words(None, "cpu").numel() == 1
+
+
+def unpack(qtype: T, raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(signed grid values int64 [rows, cols], 2 * scale + 1 int64 [rows, cols/32], d float32 [rows, cols/256])
+    from the bytes, by the format's definition (gguf's quants layout, value by value)."""
+    _, block, width, _ = GRID_TYPES[qtype]
+    b = raw.cpu().numpy().reshape(rows, cols // 256, block)
+    v = np.arange(256)
+    s, i = v // 32, v % 32
+    if qtype == T.IQ2_XXS:  # sub-block s: 4 index bytes at 2 + 8s, its aux word at 6 + 8s
+        idx = b[:, :, 2 + 8 * s + i // 8].astype(np.int64)
+        aux_at = 6 + 8 * np.arange(8)
+    else:  # qs[8s + i // 4] at 2, aux words at 66 + 4s
+        idx = b[:, :, 2 + 8 * s + i // 4].astype(np.int64)
+        aux_at = 66 + 4 * np.arange(8)
+    aux = np.stack([b[:, :, a:a + 4].copy().view("<u4")[..., 0] for a in aux_at], -1).astype(np.int64)  # [r, g, 8]
+    grid = getattr(gq, qtype.name).grid.reshape(-1, width).astype(np.int64)
+    q = grid[idx, i % width]
+    sign_idx = (aux[:, :, s] >> (7 * (i // 8))) & 0x7F
+    q = np.where((KSIGNS[sign_idx] >> (i % 8)) & 1, -q, q)
+    d = b[:, :, 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
+    return q.reshape(rows, cols), (2 * (aux >> 28) + 1).reshape(rows, -1), d
+
+
+def integer_result(qtype: T, raw: torch.Tensor, rows: int, cols: int, x: torch.Tensor,
+                   backend: str) -> tuple[torch.Tensor, ...]:
+    """(ROWS_TILE's result recomputed in float32, float64 of the exact sums, the sum of their terms' magnitudes):
+    per super-block the exact sum_s (2 sc_s + 1) * sum_i q_i * xq_i, then acc += float32(isum) * (d * (d_x * c))
+    in order (c the type's power of two: llama.cpp's constant on the product, exact)."""
+    c = GRID_TYPES[qtype][3]
+    qx = act_quant.quantize(x.to(backend)[None], act_quant.Q8_K)  # the kernel's own x (act_quant tests: exact)
+    xq = qx.words.cpu().view(torch.int8).numpy().astype(np.int64)[0]
+    dx = qx.scales.cpu().numpy()[0]
+    q, sc, d = unpack(qtype, raw, rows, cols)
+    isum = ((q * xq).reshape(rows, -1, 32).sum(-1) * sc).reshape(rows, cols // 256, 8).sum(-1)  # exact
+    assert np.abs(isum).max() < 2 ** 31
+    acc = torch.zeros(rows, dtype=torch.float32)
+    for g in range(cols // 256):
+        acc += torch.from_numpy(isum[:, g].astype(np.float32)) * torch.from_numpy(d[:, g] * (dx[g] * np.float32(c)))
+    terms = torch.from_numpy(isum).double() * torch.from_numpy(d).double() * torch.from_numpy(dx).double() * c
+    return acc, terms.sum(1), terms.abs().sum(1)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_integer_sums_are_llama_cpps(backend, qtype, monkeypatch):
+    """The kernel's per-block integer sums are exact: under the interpreter (no FMA contraction) the same bits as
+    the float32 steps on the exact sums; compiled, within float32 rounding of them; the elementwise tile too."""
+    monkeypatch.setitem(dispatch.FAMILIES, qtype, GRID_TYPES[qtype][0].INT_FAMILY)
+    rows, cols = (1031, 4096 + 768) if backend == "cuda" else (7, 768)
+    raw = random_blocks(qtype, rows * cols // 256)
+    x = awkward_x(cols)
+    acc, exact, size = integer_result(qtype, raw, rows, cols, x, backend)
+    for cfg in (ROWS_TILE, GemvConfig(block_n=4, num_warps=1, unroll=2, split=2, elementwise=True)):
+        y = gemv(raw.to(backend), qtype, (rows, cols), x.to(backend), config=cfg).cpu()
+        if backend == "cpu" and cfg is ROWS_TILE:
+            assert torch.equal(y, acc)
+        # float32 steps on exact integer sums: <= 3 roundings per super-block (3 or 19 here) plus the adds
+        err = ((y.double() - exact).abs() / size).max().item()
+        assert err < 2e-6, err
+
