@@ -54,7 +54,7 @@ MOE = MOES[0]
 # LAYOUTS, not FAMILIES
 INT_TYPES = tuple(qtype for qtype, fam in dispatch.FAMILIES.items() if fam.idot is not None)
 IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)  # GEMV dot timed next to dequant-then-multiply
-NO_DOT = dict(dot=None, acc0=None, total=None)
+NO_DOT = dict(dot=None, acc0=None, total=None, idot=None, act_fmt=None)  # (no integer step either: its switch on)
 SWEEP_ON = False  # --sweep
 COMPARE = False  # --compare
 # the switches timed against the defaults with --compare (GemvConfig fields)

@@ -92,7 +92,9 @@ def unpack(qtype: T, raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarra
         idx = b[:, :, 2 + 8 * s + i // 4].astype(np.int64)
         aux_at = 66 + 4 * np.arange(8)
     aux = np.stack([b[:, :, a:a + 4].copy().view("<u4")[..., 0] for a in aux_at], -1).astype(np.int64)  # [r, g, 8]
-    grid = getattr(gq, qtype.name).grid.reshape(-1, width).astype(np.int64)
+    codebook = getattr(gq, qtype.name)
+    codebook.init_grid()
+    grid = codebook.grid.reshape(-1, width).astype(np.int64)
     q = grid[idx, i % width]
     sign_idx = (aux[:, :, s] >> (7 * (i // 8))) & 0x7F
     q = np.where((KSIGNS[sign_idx] >> (i % 8)) & 1, -q, q)

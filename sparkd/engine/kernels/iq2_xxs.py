@@ -25,7 +25,8 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, ksigns, load_u32, negate, negate_bytes, total
+from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_u32, negate, negate_bytes,
+                                               sign_nibbles, total)
 
 INT_ENV = "SPARKD_IQ2_XXS_INT"  # "1": the integer step (idot)
 
@@ -75,11 +76,11 @@ def _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
     sub = blk + 2 + 8 * s  # [BN, 8, 1]
     idx = (load_u32(sub, m) >> (8 * l)) & 0xFF  # [BN, 8, 4]: entry l's grid index
     aux = load_u32(sub + 4, m)  # [BN, 8, 1]
-    signs = ksigns((aux >> (7 * l)) & 0x7F)  # bit b: value b of the entry negative
+    lo, hi = sign_nibbles((aux >> (7 * l)) & 0x7F)  # ksigns' bits of the two words: bit b, value b negative
     entry = aux_ptr + 2 * idx  # its two words: values 0-3, 4-7
     xw = xw_ptr + g * 64 + 8 * s + 2 * l + tl.zeros(idx.shape, tl.int32)
-    isum = dp4a_add(negate_bytes(tl.load(entry + 1), signs >> 4), tl.load(xw + 1),
-                    dp4a(negate_bytes(tl.load(entry), signs), tl.load(xw), EMU), EMU)
+    isum = dp4a_add(negate_bytes(tl.load(entry + 1), hi), tl.load(xw + 1),
+                    dp4a(negate_bytes(tl.load(entry), lo), tl.load(xw), EMU), EMU)
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
     return isum * (2 * ((aux >> 28) & 0xF) + 1), d
 

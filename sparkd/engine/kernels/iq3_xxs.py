@@ -25,7 +25,8 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, ksigns, load_u32, negate, negate_bytes, total
+from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_u32, negate, negate_bytes,
+                                               sign_nibbles, total)
 
 INT_ENV = "SPARKD_IQ3_XXS_INT"  # "1": the integer step (idot)
 
@@ -73,10 +74,10 @@ def _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
     # the group's two grid indices, qs[8s + 2l] and qs[8s + 2l + 1], in one 16-bit load
     pair = tl.load((blk + 2 + 8 * s + 2 * l).to(tl.pointer_type(tl.uint16)), mask=m, other=0).to(tl.int32)
     aux = load_u32(blk + 66 + 4 * s, m)  # [BN, 8, 1]
-    signs = ksigns((aux >> (7 * l)) & 0x7F)  # bit b: value b of the group negative
+    lo, hi = sign_nibbles((aux >> (7 * l)) & 0x7F)  # ksigns' bits of the two words: bit b, value b negative
     xw = xw_ptr + g * 64 + 8 * s + 2 * l + tl.zeros(pair.shape, tl.int32)
-    isum = dp4a_add(negate_bytes(tl.load(aux_ptr + (pair >> 8)), signs >> 4), tl.load(xw + 1),
-                    dp4a(negate_bytes(tl.load(aux_ptr + (pair & 0xFF)), signs), tl.load(xw), EMU), EMU)
+    isum = dp4a_add(negate_bytes(tl.load(aux_ptr + (pair >> 8)), hi), tl.load(xw + 1),
+                    dp4a(negate_bytes(tl.load(aux_ptr + (pair & 0xFF)), lo), tl.load(xw), EMU), EMU)
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
     return isum * (2 * ((aux >> 28) & 0xF) + 1), d
 

@@ -45,12 +45,23 @@ def negate(v, signs, k):
 
 
 @triton.jit
+def sign_nibbles(idx):
+    """ksigns[idx] for 7-bit idx (int32) as the sign bits of an 8-value entry's two words: (idx itself, whose
+    bits 0-3 are the low word's; bits 4-6 of idx with the parity bit as bit 3: the high word's), each below 128
+    as negate_bytes takes them. 0x6996 holds the parity of every 4-bit value v in bit v, so the parity of idx is
+    bit (low nibble ^ high nibble) of it, moved to bit 3 (a shift and an and instead of ksigns' three steps)."""
+    hi = idx >> 4
+    return idx, hi | (((0x6996 << 3) >> ((idx ^ hi) & 0xF)) & 8)
+
+
+@triton.jit
 def negate_bytes(q, bits):
     """q (int32 words of 4 int8 values, each 1 to 127: the grids' values) with byte b negated where bit b of
-    bits (int32; bits 0-3 read) is set, in 32-bit arithmetic: t has 0x01 in each such byte (the 4 bits spread
-    8 apart by one multiply: their shifted copies never overlap), m 0xFF there, and (q ^ m) + t per byte is
-    255 - v + 1 = 256 - v, the int8 -v, never above 255: no carry into the next byte (v of 0 would carry)."""
-    t = ((bits & 0xF) * 0x00204081) & 0x01010101
+    bits (int32 below 128; bits 4-6 are ignored) is set, in 32-bit arithmetic. One multiply copies bits to
+    shifts 0, 7, 14 and 21: bit b of the copy shifted 7b lands on 8b, and no two copies' bits meet (no carries),
+    so t has 0x01 in each byte to negate; m 0xFF there, and (q ^ m) + t per byte is 255 - v + 1 = 256 - v, the
+    int8 -v, never above 255: no carry into the next byte (a v of 0 would carry)."""
+    t = (bits * 0x00204081) & 0x01010101
     return (q ^ (t * 0xFF)) + t
 
 
