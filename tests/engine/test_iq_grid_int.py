@@ -44,17 +44,17 @@ def _negate_kernel(q_ptr, bits_ptr, out_ptr, n, BLOCK: tl.constexpr):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_negate_bytes_for_every_value_and_sign_pattern(backend):
     """Every grid value (1..127) in every byte position next to every other byte's extremes, under each of the 16
-    patterns of 4 sign bits (high bits set too: only 0-3 count): the bytes come back as int8 +-v, no borrow or
-    carry between them."""
+    patterns of 4 sign bits, with each of bits 4-6 (what sign_nibbles leaves there) set or not: the bytes come
+    back as int8 +-v, no borrow or carry between them."""
     v = np.arange(1, 128)
     words, bits = [], []
     for pos in range(4):
         for other in (1, 127):
             b = np.full((v.size, 4), other)
             b[:, pos] = v
-            for pattern in range(16):
+            for pattern in range(128):
                 words.append(b)
-                bits.append(np.full(v.size, pattern | 0x7FFFFFF0))
+                bits.append(np.full(v.size, pattern))
     b = np.concatenate(words)
     bits = np.concatenate(bits)
     q = torch.from_numpy(b.astype(np.uint8).copy().view(np.int32)[:, 0].copy()).to(backend)
@@ -62,8 +62,28 @@ def test_negate_bytes_for_every_value_and_sign_pattern(backend):
     out = torch.empty_like(q)
     _negate_kernel[(triton.cdiv(q.numel(), 1024),)](q, s, out, q.numel(), BLOCK=1024)
     got = out.cpu().numpy().view(np.int8).reshape(-1, 4).astype(np.int64)
-    negative = (bits[:, None] >> np.arange(4)) & 1
+    negative = (bits[:, None] >> np.arange(4)) & 1  # bits 0-3 only
     assert np.array_equal(got, np.where(negative == 1, -b, b))
+
+
+@triton.jit
+def _nibbles_kernel(idx_ptr, lo_ptr, hi_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    lo, hi = iq_common.sign_nibbles(tl.load(idx_ptr + i))
+    tl.store(lo_ptr + i, lo)
+    tl.store(hi_ptr + i, hi)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sign_nibbles_are_ksigns(backend):
+    """For every 7-bit sign index: the low word's bits 0-3 and the high word's 0-3 make ggml's ksigns byte, both
+    below 128 (negate_bytes' precondition)."""
+    idx = torch.arange(128, dtype=torch.int32, device=backend)
+    lo, hi = torch.empty_like(idx), torch.empty_like(idx)
+    _nibbles_kernel[(1,)](idx, lo, hi, BLOCK=128)
+    lo, hi = lo.cpu().numpy().astype(np.int64), hi.cpu().numpy().astype(np.int64)
+    assert np.array_equal((lo & 0xF) | ((hi & 0xF) << 4), KSIGNS)
+    assert lo.max() < 128 and hi.max() < 128
 
 
 def test_grid_words_are_the_codebook_as_int8():

@@ -23,10 +23,9 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine import switches
-from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
+from sparkd.engine.kernels.act_quant import Q8_K
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_u32, negate, negate_bytes,
-                                               sign_nibbles, total)
+from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, ksigns, load_u32, negate, signed_dot, total
 
 INT_ENV = "SPARKD_IQ2_XXS_INT"  # "1": the integer step (idot)
 
@@ -66,31 +65,30 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
 
 
 @triton.jit
-def _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
-    """Group g's integer sums as [BN, 8, 4] int32, (sub-block s, grid entry l): values 32s + 8l .. +7 times
-    the sub-block's 2 * scale + 1; also d [BN, 1, 1] (0 for rows outside rmask)."""
-    s = tl.arange(0, 8)[None, :, None]
-    l = tl.arange(0, 4)[None, None, :]
-    m = rmask[:, None, None]
-    blk = w_ptr + row_off[:, None, None] + g * 66  # [BN, 1, 1]
-    sub = blk + 2 + 8 * s  # [BN, 8, 1]
-    idx = (load_u32(sub, m) >> (8 * l)) & 0xFF  # [BN, 8, 4]: entry l's grid index
-    aux = load_u32(sub + 4, m)  # [BN, 8, 1]
-    lo, hi = sign_nibbles((aux >> (7 * l)) & 0x7F)  # ksigns' bits of the two words: bit b, value b negative
-    entry = aux_ptr + 2 * idx  # its two words: values 0-3, 4-7
-    xw = xw_ptr + g * 64 + 8 * s + 2 * l + tl.zeros(idx.shape, tl.int32)
-    isum = dp4a_add(negate_bytes(tl.load(entry + 1), hi), tl.load(xw + 1),
-                    dp4a(negate_bytes(tl.load(entry), lo), tl.load(xw), EMU), EMU)
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
-    return isum * (2 * ((aux >> 28) & 0xF) + 1), d
+def _isums(blk, aux_ptr, rmask, xw, EMU: tl.constexpr):
+    """A group's integer sums as [BN, 8] int32, one a (row, sub-block): its 4 grid entries' signed values times
+    x's words (xw: the group's first), times 2 * scale + 1. blk [BN]: the rows' blocks. One thread holds a
+    (row, sub-block): its header words loaded once, no layout conversion; x's words repeat across rows (cache)."""
+    s = tl.arange(0, 8)[None, :]
+    m = rmask[:, None]
+    sub = blk[:, None] + 2 + 8 * s  # [BN, 8]
+    idx = load_u32(sub, m)  # the 4 entries' grid indices, a byte each
+    aux = load_u32(sub + 4, m)  # their 7-bit sign indices, the scale in bits 28-31
+    x = xw + 8 * s + tl.zeros(idx.shape, tl.int32)
+    isum = tl.zeros(idx.shape, tl.int32)
+    for l in tl.static_range(4):
+        entry = aux_ptr + 2 * ((idx >> (8 * l)) & 0xFF)  # its two words: values 0-3, 4-7
+        isum = signed_dot(tl.load(entry), tl.load(entry + 1), (aux >> (7 * l)) & 0x7F, x + 2 * l, isum, EMU)
+    return isum * (2 * ((aux >> 28) & 0xF) + 1)
 
 
 @triton.jit
 def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    isum, d = _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU)
-    return iadd(acc, isum, d, tl.load(xd_ptr + g) * 0.125, EW)
+    blk = w_ptr + row_off + g * 66
+    isum = _isums(blk, aux_ptr, rmask, xw_ptr + g * 64, EMU)
+    return iadd(acc, isum, blk, rmask, tl.load(xd_ptr + g) * 0.125, EW)
 
 
 FLOAT_FAMILY = Family(T.IQ2_XXS, 256, 66, 8, 32, dequant, dot, acc0, total, grid="IQ2_XXS")
-INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 4))
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1))
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, False) else FLOAT_FAMILY

@@ -23,10 +23,9 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine import switches
-from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
+from sparkd.engine.kernels.act_quant import Q8_K
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_u32, negate, negate_bytes,
-                                               sign_nibbles, total)
+from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, ksigns, load_u32, negate, signed_dot, total
 
 INT_ENV = "SPARKD_IQ3_XXS_INT"  # "1": the integer step (idot)
 
@@ -64,30 +63,31 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
 
 
 @triton.jit
-def _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
-    """Group g's integer sums as [BN, 8, 4] int32, (sub-block s, sign group l): values 32s + 8l .. +7 times
-    the sub-block's 2 * scale + 1; also d [BN, 1, 1] (0 for rows outside rmask)."""
-    s = tl.arange(0, 8)[None, :, None]
-    l = tl.arange(0, 4)[None, None, :]
-    m = rmask[:, None, None]
-    blk = w_ptr + row_off[:, None, None] + g * 98  # [BN, 1, 1]
-    # the group's two grid indices, qs[8s + 2l] and qs[8s + 2l + 1], in one 16-bit load
-    pair = tl.load((blk + 2 + 8 * s + 2 * l).to(tl.pointer_type(tl.uint16)), mask=m, other=0).to(tl.int32)
-    aux = load_u32(blk + 66 + 4 * s, m)  # [BN, 8, 1]
-    lo, hi = sign_nibbles((aux >> (7 * l)) & 0x7F)  # ksigns' bits of the two words: bit b, value b negative
-    xw = xw_ptr + g * 64 + 8 * s + 2 * l + tl.zeros(pair.shape, tl.int32)
-    isum = dp4a_add(negate_bytes(tl.load(aux_ptr + (pair >> 8)), hi), tl.load(xw + 1),
-                    dp4a(negate_bytes(tl.load(aux_ptr + (pair & 0xFF)), lo), tl.load(xw), EMU), EMU)
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
-    return isum * (2 * ((aux >> 28) & 0xF) + 1), d
+def _isums(blk, aux_ptr, rmask, xw, EMU: tl.constexpr):
+    """A group's integer sums as [BN, 8] int32, one a (row, sub-block): its 4 sign groups' signed grid values
+    (2 entries of 4 each) times x's words (xw: the group's first), times 2 * scale + 1. blk [BN]: the rows'
+    blocks; one thread a (row, sub-block), as iq2_xxs._isums."""
+    s = tl.arange(0, 8)[None, :]
+    m = rmask[:, None]
+    qs = blk[:, None] + 2 + 8 * s  # [BN, 8]: the sub-block's 8 grid indices
+    idx = (load_u32(qs, m), load_u32(qs + 4, m))  # sign groups 0-1, 2-3: a byte an entry
+    aux = load_u32(blk[:, None] + 66 + 4 * s, m)  # 7-bit sign indices, the scale in bits 28-31
+    x = xw + 8 * s + tl.zeros(aux.shape, tl.int32)
+    isum = tl.zeros(aux.shape, tl.int32)
+    for l in tl.static_range(4):
+        pair = idx[l // 2] >> (16 * (l % 2))  # the group's two entries: values 0-3, 4-7
+        isum = signed_dot(tl.load(aux_ptr + (pair & 0xFF)), tl.load(aux_ptr + ((pair >> 8) & 0xFF)),
+                          (aux >> (7 * l)) & 0x7F, x + 2 * l, isum, EMU)
+    return isum * (2 * ((aux >> 28) & 0xF) + 1)
 
 
 @triton.jit
 def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    isum, d = _isums(w_ptr, aux_ptr, row_off, rmask, xw_ptr, g, EMU)
-    return iadd(acc, isum, d, tl.load(xd_ptr + g) * 0.25, EW)
+    blk = w_ptr + row_off + g * 98
+    isum = _isums(blk, aux_ptr, rmask, xw_ptr + g * 64, EMU)
+    return iadd(acc, isum, blk, rmask, tl.load(xd_ptr + g) * 0.25, EW)
 
 
 FLOAT_FAMILY = Family(T.IQ3_XXS, 256, 98, 8, 32, dequant, dot, acc0, total, grid="IQ3_XXS")
-INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 4))
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1))
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, False) else FLOAT_FAMILY

@@ -16,6 +16,8 @@ trick instead of float tables, IQ2_XXS's dot took 466 (triton 3.9; now 327 there
 import triton
 import triton.language as tl
 
+from sparkd.engine.kernels.act_quant import dp4a_add
+
 _SIGN_BIT = tl.constexpr(-2147483648)  # 0x80000000 as int32
 
 
@@ -66,16 +68,32 @@ def negate_bytes(q, bits):
 
 
 @triton.jit
-def iadd(acc, isum, d, dx, EW: tl.constexpr):
-    """An integer step's float step: acc += isum * (d * dx), isum int32 [BN, 8, 4] (a group's integer sums,
-    the sub-block scales in them), d float32 [BN, 1, 1] the rows' block scales, dx x's (Q8_K) scale times the
-    format's power-of-two constant. EW: into the elementwise tile acc [BN, 8, 4]; else the group's sum first,
-    one float step per row (llama.cpp's order: its constant applied to the product, exact as a power of 2)."""
+def signed_dot(w0, w1, sign_idx, xw, acc, EMU: tl.constexpr):
+    """acc + the integer dot of an 8-value sign group with x: w0, w1 int32 words of the group's int8 grid values
+    (values 0-3, 4-7; each 1 to 127), signed by ksigns[sign_idx] (7-bit), times x's words at xw, xw + 1."""
+    lo, hi = sign_nibbles(sign_idx)
+    return dp4a_add(negate_bytes(w1, hi), tl.load(xw + 1), dp4a_add(negate_bytes(w0, lo), tl.load(xw), acc, EMU), EMU)
+
+
+@triton.jit
+def iadd(acc, isum, blk, rmask, dx, EW: tl.constexpr):
+    """An integer step's float step: acc += isum * (d * dx), isum int32 [BN, 8] (a group's integer sums per
+    (row, sub-block), the sub-block scales in them), blk [BN] the rows' blocks (d the f16 at the start; 0 for
+    rows outside rmask), dx x's (Q8_K) scale times the format's power-of-two constant. EW: into the elementwise
+    tile acc (8 values a row: Family.iacc (8, 1)), d loaded in isum's shape (each (row, sub-block) loads its
+    row's d, repeats served by the cache: no layout conversion); else the group's integer sum first, one float
+    step per row, acc [BN] (llama.cpp's order: its constant applied to the product, exact as a power of 2)."""
     if EW:
-        acc += isum.to(tl.float32) * (d * dx)
+        d = _f16_at(blk[:, None] + tl.zeros(isum.shape, tl.int32), rmask[:, None])
+        acc += tl.reshape(isum.to(tl.float32) * (d * dx), acc.shape)
     else:
-        acc += tl.sum(tl.sum(isum, 2), 1).to(tl.float32) * (tl.reshape(d, (d.shape[0],)) * dx)
+        acc += tl.sum(isum, 1).to(tl.float32) * (_f16_at(blk, rmask) * dx)
     return acc
+
+
+@triton.jit
+def _f16_at(ptr, mask):
+    return tl.load(ptr.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
