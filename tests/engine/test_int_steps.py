@@ -1,5 +1,5 @@
-"""The integer steps added after Q8_0's and Q4_K's (Family.idot of Q6_K, IQ4_XS and Q4_0; IQ2_XXS and IQ3_XXS,
-whose switches are off by default: their INT_FAMILY put in dispatch's table here; x quantized
+"""The integer steps added after Q8_0's and Q4_K's (Family.idot of Q6_K, IQ4_XS and Q4_0; IQ2_XXS, IQ3_XXS, IQ2_XS
+and IQ1_S, whose switches are off by default: their INT_FAMILY put in dispatch's table here; x quantized
 on the device, dp4a, one float step a block): the GEMV against the float64 reference and against the
 float path each replaced (its FLOAT_FAMILY, the same rounded x), the MoE decode on experts of the type,
 the switch back, and on the GPU the PTX against the interpreter's twins bit for bit. Each type's exact
@@ -26,7 +26,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import (BACKENDS, BOUNDS, TILES, act_in, arena_table, moe_error, random_blocks,  # noqa: E402
                           reference, rel_err)
 
-from sparkd.engine.kernels import act_quant, dispatch, iq2_xxs, iq3_xxs, iq4_xs, q4_0, q6_k  # noqa: E402
+from sparkd.engine.kernels import act_quant, dispatch, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq4_xs, q4_0, q6_k  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
@@ -41,10 +41,12 @@ STEPS = {T.Q6_K: (q6_k, act_quant.Q8_K, [(4099, 2048), (777, 768), (1, 768)], [(
          T.IQ4_XS: (iq4_xs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
          T.Q4_0: (q4_0, act_quant.Q8_0, [(4099, 4096), (777, 800), (1, 32)], [(5, 800), (1, 32)]),
          T.IQ2_XXS: (iq2_xxs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
-         T.IQ3_XXS: (iq3_xxs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)])}
+         T.IQ3_XXS: (iq3_xxs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
+         T.IQ2_XS: (iq2_xs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
+         T.IQ1_S: (iq1_s, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)])}
 TYPES = [pytest.param(t, id=t.name) for t in STEPS]
 # the steps whose switch is off by default (session 22: not yet timed on a GPU)
-OFF_BY_DEFAULT = {T.IQ2_XXS, T.IQ3_XXS}
+OFF_BY_DEFAULT = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S)
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +87,7 @@ def test_integer_gemv_matches_reference_and_float_path(backend, config, qtype, m
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
-@pytest.mark.parametrize("qtype", [pytest.param(t, id=t.name) for t in (T.IQ4_XS, T.Q4_0, T.IQ2_XXS, T.IQ3_XXS)])
+@pytest.mark.parametrize("qtype", [pytest.param(t, id=t.name) for t in (T.IQ4_XS, T.Q4_0, *OFF_BY_DEFAULT)])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_moe_decode_on_experts_of_the_type(backend, qtype):
     """Gate/up and down both of the type (h quantized for the down's integer step), against float64: the

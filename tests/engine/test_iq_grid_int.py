@@ -1,5 +1,5 @@
-"""The grid i-quants' integer steps (kernels/iq2_xxs.py and iq3_xxs.py idot, behind $SPARKD_IQ2_XXS_INT and
-$SPARKD_IQ3_XXS_INT): the signs applied to int8 grid bytes in 32-bit words (iq_common.negate_bytes) for every
+"""The grid i-quants' integer steps (kernels/iq2_xxs.py, iq3_xxs.py, iq2_xs.py and iq1_s.py idot, behind
+$SPARKD_<type>_INT, off by default): the signs applied to int8 grid bytes in 32-bit words (iq_common.negate_bytes) for every
 value and sign pattern, the int8 codebook words, and the per-block integer sums exactly llama.cpp's (checked
 against an unpacking of the blocks written here, value by value). The GEMV at several tiles and the MoE
 decode against the float64 reference and the float path: test_int_steps.py.
@@ -25,12 +25,13 @@ import triton.language as tl  # noqa: E402
 from test_int_steps import ROWS_TILE, awkward_x  # noqa: E402
 from test_kernels import BACKENDS, random_blocks  # noqa: E402
 
-from sparkd.engine.kernels import act_quant, dispatch, grids, iq2_xxs, iq3_xxs, iq_common  # noqa: E402
+from sparkd.engine.kernels import act_quant, dispatch, grids, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq_common  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 
 KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8).astype(np.int64)
 # type: (kernel module, block bytes, grid values per index, the power-of-two constant of d * d_x)
-GRID_TYPES = {T.IQ2_XXS: (iq2_xxs, 66, 8, 0.125), T.IQ3_XXS: (iq3_xxs, 98, 4, 0.25)}
+GRID_TYPES = {T.IQ2_XXS: (iq2_xxs, 66, 8, 0.125), T.IQ3_XXS: (iq3_xxs, 98, 4, 0.25), T.IQ2_XS: (iq2_xs, 74, 8, 0.125),
+              T.IQ1_S: (iq1_s, 50, 8, 0.125)}
 TYPES = [pytest.param(t, id=t.name) for t in GRID_TYPES]
 
 
@@ -94,45 +95,61 @@ def test_grid_words_are_the_codebook_as_int8():
         assert words.dtype == torch.int32 and words is grids.grid_words(module.FLOAT_FAMILY.grid, "cpu")
         values = words.view(torch.int8).reshape(-1, width)
         assert torch.equal(values.float().reshape(-1), grids.grid_table(module.FLOAT_FAMILY.grid, "cpu"))
-        assert values.min() >= 1  # negate_bytes' precondition
+        if qtype != T.IQ1_S:  # (-1/0/1, no signs to apply)
+            assert values.min() >= 1  # negate_bytes' precondition
     assert grids.grid_words(None, "cpu").numel() == 1
 
 
 def unpack(qtype: T, raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(signed grid values int64 [rows, cols], 2 * scale + 1 int64 [rows, cols/32], d float32 [rows, cols/256])
-    from the bytes, by the format's definition (gguf's quants layout, value by value)."""
+    """(integer weights int64 [rows, cols], 2 * scale + 1 int64 [rows, cols / sub-block], d float32 [rows, cols/256])
+    from the bytes, by the format's definition (gguf's quants layout, value by value): value = d * c * scale * weight
+    (c: GRID_TYPES' constant). The signed grid values; IQ1_S's 8 * grid value + the delta's sign (its delta 1/8)."""
     _, block, width, _ = GRID_TYPES[qtype]
-    b = raw.cpu().numpy().reshape(rows, cols // 256, block)
+    b = raw.cpu().numpy().reshape(rows, cols // 256, block).astype(np.int64)
     v = np.arange(256)
-    s, i = v // 32, v % 32
-    if qtype == T.IQ2_XXS:  # sub-block s: 4 index bytes at 2 + 8s, its aux word at 6 + 8s
-        idx = b[:, :, 2 + 8 * s + i // 8].astype(np.int64)
-        aux_at = 6 + 8 * np.arange(8)
-    else:  # qs[8s + i // 4] at 2, aux words at 66 + 4s
-        idx = b[:, :, 2 + 8 * s + i // 4].astype(np.int64)
-        aux_at = 66 + 4 * np.arange(8)
-    aux = np.stack([b[:, :, a:a + 4].copy().view("<u4")[..., 0] for a in aux_at], -1).astype(np.int64)  # [r, g, 8]
     codebook = getattr(gq, qtype.name)
     codebook.init_grid()
     grid = codebook.grid.reshape(-1, width).astype(np.int64)
-    q = grid[idx, i % width]
-    sign_idx = (aux[:, :, s] >> (7 * (i // 8))) & 0x7F
-    q = np.where((KSIGNS[sign_idx] >> (i % 8)) & 1, -q, q)
-    d = b[:, :, 0:2].copy().view(np.float16).astype(np.float32)[..., 0]
-    return q.reshape(rows, cols), (2 * (aux >> 28) + 1).reshape(rows, -1), d
+
+    def u16(at):  # little-endian 16-bit fields at byte offsets `at` of every block
+        return b[:, :, at] | (b[:, :, at + 1] << 8)
+
+    if qtype == T.IQ1_S:  # qs[32] at 2, qh u16[8] at 34
+        qh = u16(34 + 2 * (v // 32))
+        idx = b[:, :, 2 + v // 8] | (((qh >> (3 * ((v % 32) // 8))) & 7) << 8)
+        q = 8 * grid[idx, v % 8] + np.where(qh & 0x8000, -1, 1)
+        sc = 2 * ((u16(34 + 2 * np.arange(8)) >> 12) & 7) + 1
+    elif qtype == T.IQ2_XS:  # qs u16[32] at 2 (9-bit index, 7-bit sign index), scale nibbles at 66
+        word = u16(2 + 2 * (v // 8))
+        q, sign_idx = grid[word & 511, v % 8], word >> 9
+        s16 = np.arange(16)
+        sc = 2 * ((b[:, :, 66 + s16 // 2] >> (4 * (s16 % 2))) & 0xF) + 1
+    else:
+        s, i = v // 32, v % 32
+        aux_at = (6 if qtype == T.IQ2_XXS else 66) + (8 if qtype == T.IQ2_XXS else 4) * np.arange(8)
+        aux = np.stack([b[:, :, a] | (b[:, :, a + 1] << 8) | (b[:, :, a + 2] << 16) | (b[:, :, a + 3] << 24)
+                        for a in aux_at], -1)  # [rows, groups, 8]
+        # IQ2_XXS: sub-block s's 4 index bytes at 2 + 8s; IQ3_XXS: qs[8s + i // 4] at 2
+        idx = b[:, :, 2 + 8 * s + (i // 8 if qtype == T.IQ2_XXS else i // 4)]
+        q, sign_idx = grid[idx, i % width], (aux[:, :, s] >> (7 * (i // 8))) & 0x7F
+        sc = 2 * (aux >> 28) + 1
+    if qtype != T.IQ1_S:
+        q = np.where((KSIGNS[sign_idx] >> (v % 8)) & 1, -q, q)
+    d = raw.cpu().numpy().reshape(rows, cols // 256, block)[:, :, 0:2].copy().view(np.float16).astype(np.float32)
+    return q.reshape(rows, cols), sc.reshape(rows, -1), d[..., 0]
 
 
 def integer_result(qtype: T, raw: torch.Tensor, rows: int, cols: int, x: torch.Tensor,
                    backend: str) -> tuple[torch.Tensor, ...]:
     """(ROWS_TILE's result recomputed in float32, float64 of the exact sums, the sum of their terms' magnitudes):
-    per super-block the exact sum_s (2 sc_s + 1) * sum_i q_i * xq_i, then acc += float32(isum) * (d * (d_x * c))
+    per super-block the exact sum_s (2 sc_s + 1) * sum_i w_i * xq_i, then acc += float32(isum) * (d * (d_x * c))
     in order (c the type's power of two: llama.cpp's constant on the product, exact)."""
     c = GRID_TYPES[qtype][3]
     qx = act_quant.quantize(x.to(backend)[None], act_quant.Q8_K)  # the kernel's own x (act_quant tests: exact)
     xq = qx.words.cpu().view(torch.int8).numpy().astype(np.int64)[0]
     dx = qx.scales.cpu().numpy()[0]
     q, sc, d = unpack(qtype, raw, rows, cols)
-    isum = ((q * xq).reshape(rows, -1, 32).sum(-1) * sc).reshape(rows, cols // 256, 8).sum(-1)  # exact
+    isum = ((q * xq).reshape(rows, sc.shape[1], -1).sum(-1) * sc).reshape(rows, cols // 256, -1).sum(-1)  # exact
     assert np.abs(isum).max() < 2 ** 31
     acc = torch.zeros(rows, dtype=torch.float32)
     for g in range(cols // 256):

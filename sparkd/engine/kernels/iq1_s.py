@@ -7,14 +7,27 @@ d * (2 * scale + 1) * (grid[qs[4s + i//8] | high bits << 8][i%8] +- 1/8), grid b
 
 The GEMV step works per grid entry (iq_common's [BN, 8, 4, 2, 4] layout): one index per 8
 values, grid values loaded as floats 4 at a time.
+
+The integer step (idot; x as Q8_K, act_round's format for IQ1_S) is llama.cpp's arithmetic: per entry its two
+int8 words of -1/0/1 (grids.grid_words; no signs to apply) dp4a against x; per sub-block sum * (2 * scale + 1)
+and the delta's +-(2 * scale + 1) times x's sum of the sub-block's 32 quants (Q8_K's per-32 sums), both in
+integers as 8 * sum + delta sum (= 8 * (sum + sum / 8): below 2^24, so its float is exact, as llama.cpp's
+float sum + 0.125 * delta sum is), one float step d * d_x / 8 per group. SPARKD_IQ1_S_INT=1 (read at import)
+makes it the family's path; off by default until timed on a GPU.
 """
+
+import dataclasses
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from sparkd.engine import switches
+from sparkd.engine.kernels.act_quant import Q8_K, dp4a_add
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, load_u32, total
+
+INT_ENV = "SPARKD_IQ1_S_INT"  # "1": the integer step (idot)
 
 _DELTA = tl.constexpr(0.125)
 
@@ -51,4 +64,33 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     return accumulate(acc, q, x, dl, EW)
 
 
-FAMILY = Family(T.IQ1_S, 256, 50, 8, 32, dequant, dot, acc0, total, grid="IQ1_S")
+@triton.jit
+def _isums(blk, aux_ptr, rmask, xw, xs, EMU: tl.constexpr):
+    """A group's integer sums as [BN, 8] int32, one a (row, sub-block): (8 * its 4 entries' values times x's
+    words (xw: the group's first) + delta sign * x's sum of the sub-block (xs: the group's 8 sums)) times
+    2 * scale + 1. blk [BN]: the rows' blocks; one thread a (row, sub-block), as iq2_xxs._isums."""
+    s = tl.arange(0, 8)[None, :]
+    m = rmask[:, None]
+    low = load_u32(blk[:, None] + 2 + 4 * s, m)  # the 4 entries' index bytes
+    qh = tl.load((blk[:, None] + 34 + 2 * s).to(tl.pointer_type(tl.uint16)), mask=m, other=0).to(tl.int32)
+    x = xw + 8 * s + tl.zeros(qh.shape, tl.int32)
+    isum = tl.zeros(qh.shape, tl.int32)
+    for l in tl.static_range(4):
+        entry = aux_ptr + 2 * (((low >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8))
+        isum = dp4a_add(tl.load(entry + 1), tl.load(x + 2 * l + 1),
+                        dp4a_add(tl.load(entry), tl.load(x + 2 * l), isum, EMU), EMU)
+    xsum = tl.load(xs + s + tl.zeros(qh.shape, tl.int32))
+    delta = tl.where((qh & 0x8000) == 0, xsum, -xsum)
+    return (8 * isum + delta) * (2 * ((qh >> 12) & 7) + 1)
+
+
+@triton.jit
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    blk = w_ptr + row_off + g * 50
+    isum = _isums(blk, aux_ptr, rmask, xw_ptr + g * 64, xs_ptr + g * 8, EMU)
+    return iadd(acc, isum, blk, rmask, tl.load(xd_ptr + g) * 0.125, EW)
+
+
+FLOAT_FAMILY = Family(T.IQ1_S, 256, 50, 8, 32, dequant, dot, acc0, total, grid="IQ1_S")
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1))
+FAMILY = INT_FAMILY if switches.flag(INT_ENV, False) else FLOAT_FAMILY

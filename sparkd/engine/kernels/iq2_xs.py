@@ -7,14 +7,27 @@ when bit i%8 of ksigns[sign index] is set.
 
 The GEMV step works per qs word (iq_common's [BN, 8, 4, 2, 4] layout, word 4a + l, scale
 nibble l//2 of scales[a]): grid values loaded as floats 4 at a time, signs flipped as a bit.
+
+The integer step (idot; x as Q8_K, act_round's format for IQ2_XS) is llama.cpp's arithmetic, as
+iq2_xxs.idot's: per qs word its grid entry's two int8 words (grids.grid_words), the signs applied to the
+bytes (iq_common.signed_dot), dp4a against x; each 16-value sub-block's sum times 2 * scale + 1 in
+integers, one float step d * d_x / 8 per group. SPARKD_IQ2_XS_INT=1 (read at import) makes it the
+family's path; off by default until timed on a GPU.
 """
+
+import dataclasses
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
+from sparkd.engine import switches
+from sparkd.engine.kernels.act_quant import Q8_K
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, ksigns, negate, total
+from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_u32, negate, signed_dot,
+                                             total)
+
+INT_ENV = "SPARKD_IQ2_XS_INT"  # "1": the integer step (idot)
 
 
 @triton.jit
@@ -48,4 +61,36 @@ def dot(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
     return accumulate(acc, q, x, db, EW)
 
 
-FAMILY = Family(T.IQ2_XS, 256, 74, 16, 16, dequant, dot, acc0, total, grid="IQ2_XS")
+@triton.jit
+def _isums(blk, aux_ptr, rmask, xw, EMU: tl.constexpr):
+    """A group's integer sums as [BN, 8] int32, one a (row, 32 values a): its 4 qs words' signed grid entries
+    times x's words (xw: the group's first), the first two times sub-block 2a's 2 * scale + 1, the last two
+    times 2a + 1's. blk [BN]: the rows' blocks; one thread a (row, a), as iq2_xxs._isums."""
+    a = tl.arange(0, 8)[None, :]
+    m = rmask[:, None]
+    qs = blk[:, None] + 2 + 8 * a  # [BN, 8]: 4 qs words, 9-bit grid index | 7-bit sign index << 9
+    words = (load_u32(qs, m), load_u32(qs + 4, m))
+    sc = tl.load(blk[:, None] + 66 + a, mask=m, other=0).to(tl.int32)  # the two sub-blocks' scales
+    x = xw + 8 * a + tl.zeros(sc.shape, tl.int32)
+    half = tl.zeros(sc.shape, tl.int32)
+    isum = half
+    for l in tl.static_range(4):
+        q = words[l // 2] >> (16 * (l % 2))
+        entry = aux_ptr + 2 * (q & 511)
+        half = signed_dot(tl.load(entry), tl.load(entry + 1), (q >> 9) & 0x7F, x + 2 * l, half, EMU)
+        if l % 2 == 1:  # a sub-block's two words done
+            isum += half * (2 * ((sc >> (4 * (l // 2))) & 0xF) + 1)
+            half = tl.zeros(sc.shape, tl.int32)
+    return isum
+
+
+@triton.jit
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    blk = w_ptr + row_off + g * 74
+    isum = _isums(blk, aux_ptr, rmask, xw_ptr + g * 64, EMU)
+    return iadd(acc, isum, blk, rmask, tl.load(xd_ptr + g) * 0.125, EW)
+
+
+FLOAT_FAMILY = Family(T.IQ2_XS, 256, 74, 16, 16, dequant, dot, acc0, total, grid="IQ2_XS")
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1))
+FAMILY = INT_FAMILY if switches.flag(INT_ENV, False) else FLOAT_FAMILY
