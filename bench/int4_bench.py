@@ -1,5 +1,7 @@
-"""The 4-bit integer steps of session 21 (kernels/iq4_xs.py and q4_0.py idot) next to the float paths
-they replace (their FLOAT_FAMILY, what SPARKD_IQ4_XS_INT=0 / SPARKD_Q4_0_INT=0 run), in one process at
+"""The 4-bit integer steps of session 21 (kernels/iq4_xs.py and q4_0.py idot) and the grid i-quants' of session 22
+(iq2_xxs.py, iq3_xxs.py, iq2_xs.py, iq1_s.py: --types IQ2_XXS,IQ3_XXS,IQ2_XS,IQ1_S; each module's INT_FAMILY whatever
+its switch says) next to the float paths they replace (their FLOAT_FAMILY, what SPARKD_IQ4_XS_INT=0 / SPARKD_Q4_0_INT=0
+and the grid types' default run), in one process at
 decode shapes: the GEMV at 4096x4096, 14336x4096, 4096x14336 and the MoE decode layer (gate/up and
 down of the type) at 2048x768 and 4096x1536 top-8, as a fraction of the 2 GiB copy measured in the
 same run.
@@ -29,14 +31,14 @@ from gguf import GGMLQuantizationType as T
 import kernels_bench as kb
 from gemv_tiles_bench import tile
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, dispatch, iq4_xs, q4_0
+from sparkd.engine.kernels import act_quant, dispatch, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq4_xs, q4_0
 from sparkd.engine.kernels.matmul import gemv
 from sparkd.engine.kernels.moe import moe_decode, prepare
 
 DENSE = [(4096, 4096), (14336, 4096), (4096, 14336)]
 MOES = [(2048, 768, 8), (4096, 1536, 8)]
 TILES = "2/1/4/e,4/1/4/e,8/1/2/e"
-MODULES = {T.IQ4_XS: iq4_xs, T.Q4_0: q4_0}
+MODULES = {T.IQ4_XS: iq4_xs, T.Q4_0: q4_0, T.IQ2_XXS: iq2_xxs, T.IQ3_XXS: iq3_xxs, T.IQ2_XS: iq2_xs, T.IQ1_S: iq1_s}
 WARM = False  # --warm: check (and so compile) each row, time nothing
 
 

@@ -24,8 +24,10 @@ reduction per group); False, float32 [BN] (each group reduced at once). acc0(rma
 zero accumulator and total(acc, EW) reduces it to [BN]. Families without a dot get dequant
 followed by a multiply.
 
-idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU) contract (families whose
-activations llama.cpp rounds to int8 blocks, act_fmt "q8_0" or "q8_k"): x comes quantized
+idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW, EMU) contract (families whose
+activations llama.cpp rounds to int8 blocks, act_fmt "q8_0" or "q8_k"): aux_ptr int32 pointer to the family's
+codebook as int8 values packed 4 to a word (grids.grid_words(Family.grid, device): the grid i-quants' since
+session 22; families without a grid get a placeholder and ignore it); x comes quantized
 (act_quant.QuantX: int32 words of 4 quants at xw_ptr, float32 block scales at xd_ptr, int32
 per-32 quant sums at xs_ptr for q8_k); adds group g's share of the row dot products, computed
 per block in integers with dp4a, to acc: EW False, float32 [BN] (reduced every group); True,

@@ -1,6 +1,8 @@
 """Steps the i-quant families (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S) share: the ksigns sign table
 computed instead of looked up, unaligned 32-bit loads, signs applied as a bit, and the GEMV
-`dot` accumulator.
+`dot` accumulator; for their integer steps (session 22, idot, behind $SPARKD_<type>_INT, off by
+default until timed on a GPU) the signs applied to int8 grid bytes in 32-bit words (sign_nibbles,
+negate_bytes, signed_dot) and the float step (iadd).
 
 Their dots all lay a 256-value group out as [BN, 8, 4, 2, 4]: value v = 32a + 8l + 4h + b, i.e.
 32-value sub-block a, 8-value grid entry (or sign group) l, half h of the entry, value b. Per-entry
@@ -11,6 +13,13 @@ Offline sm_90 SASS of the GEMV loop (4 rows, 1 warp, elementwise; bench/kernels_
 instructions per 1024 values, dot vs dequant-then-multiply under triton 3.6: IQ2_XXS 292 vs 523,
 IQ2_XS 311 vs 506, IQ3_XXS 331 vs 525, IQ1_S 252 vs 449; with byte tables and the 2^23 mantissa
 trick instead of float tables, IQ2_XXS's dot took 466 (triton 3.9; now 327 there).
+
+The integer steps lay a group out as [BN, 8] instead: one thread a (row, 32 values), its header words
+loaded once in that layout (a [BN, 8, 4] tile with [BN, 8, 1] header loads had Triton convert them through
+shared memory: 4 barriers a group), its 4 sign groups unrolled into one dp4a chain, one scale multiply and
+one float step; x's words repeat across the rows (the cache serves them). Offline sm_90 SASS as above under
+triton 3.9, int vs dot: IQ2_XXS 156 vs 327, IQ3_XXS 171 vs 322, IQ2_XS 161 vs 367, IQ1_S 92 vs 272
+(bench/results/iq50_sass_s22.txt).
 """
 
 import triton
