@@ -91,8 +91,8 @@ def _igemv_split(w_ptr, aux_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes,
                  A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EMU: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    acc = _row_idot_split(w_ptr, aux_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K, IDOT, A1, A2, A3,
-                          UNROLL, EMU)
+    acc = _row_idot_split(w_ptr, aux_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K, IDOT, A1,
+                          A2, A3, UNROLL, EMU)
     tl.store(y_ptr + rows, acc, mask=rmask)
 
 
@@ -194,8 +194,9 @@ def on_gpu() -> None:
         for bn, warps in [t for t in tiles if t in FIX_TILES]:
             for unroll in ((1, 4) if (bn, warps) == (4, 1) else (1,)):
                 y = torch.empty(R, device=dev)
-                _igemv_split[(R // bn,)](data, grids.grid_words(None, dev), q.words, q.scales, q.sums, y, R, xx.numel(), rb, IDOT=idot, A1=iacc[0],
-                                         A2=iacc[1], A3=4, BLOCK_N=bn, UNROLL=unroll, EMU=dev != "cuda", num_warps=warps)
+                _igemv_split[(R // bn,)](data, grids.grid_words(None, dev), q.words, q.scales, q.sums, y, R, xx.numel(),
+                                         rb, IDOT=idot, A1=iacc[0], A2=iacc[1], A3=4, BLOCK_N=bn, UNROLL=unroll,
+                                         EMU=dev != "cuda", num_warps=warps)
                 tag = f"{bn}/{warps} {rel(y, ref):.2g}"
                 if (bn, warps) == (4, 1):
                     old = torch.empty(R, device=dev)

@@ -42,12 +42,12 @@ from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, mo
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
 # 16-byte aligned as the launches specialize them (torch allocations, widths multiples of 16)
-ALIGNED = ("gate_ptr", "up_ptr", "down_ptr", "aux_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "hw_ptr", "hd_ptr", "hs_ptr", "h_ptr",
-           "hf_ptr", "y_ptr", "part_ptr", "F", "D", "row_bytes")
-DOWN = dict(down_ptr=U8, aux_ptr=I32, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_ptr=I32, rw_ptr=F32, y_ptr=F32,
-            part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
-GATE_UP = dict(gate_ptr=U8, up_ptr=U8, aux_ptr=I32, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32, xs_ptr=I32,
-               rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
+ALIGNED = ("gate_ptr", "up_ptr", "down_ptr", "aux_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "hw_ptr", "hd_ptr", "hs_ptr",
+           "h_ptr", "hf_ptr", "y_ptr", "part_ptr", "F", "D", "row_bytes")
+DOWN = dict(down_ptr=U8, aux_ptr=I32, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_ptr=I32, rw_ptr=F32,
+            y_ptr=F32, part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
+GATE_UP = dict(gate_ptr=U8, up_ptr=U8, aux_ptr=I32, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32,
+               xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
 TWIN = dict(gate_ptr=U8, up_ptr=U8, gate_off=I64, up_off=I64, xw_ptr=I32, out_ptr=I32, down_ptr=U8, down_off=I64,
             hw_ptr=I32, y_ptr=F32, tickets_ptr=I32)
 SCALARS.update(row_words="i32", n_groups="i32", n_tiles="i32")

@@ -81,8 +81,9 @@ def _launch(label: str, t, qx, y, cfg):
         step = {"loadonly": q4t_twins.TWINS["loadonly"].idot, "compact": q4t_compact.idot_compact}.get(
             name, q4_k_tiled.FAMILIES.get(name, q4_k_tiled.FAMILY).idot)
         k = matmul._igemv_kernel[(tiles, split)](
-            t.data, grids.grid_words(None, y.device), qx.words, qx.scales, qx.sums, y, part, matmul._tickets_arg(in_kernel, tiles, part), t.rows,
-            t.cols, t.cols // 256 * 144, IDOT=step, A1=4, A2=8, A3=4, EMU=False, **args)  # A3: the family's isplit
+            t.data, grids.grid_words(None, y.device), qx.words, qx.scales, qx.sums, y, part,
+            matmul._tickets_arg(in_kernel, tiles, part), t.rows, t.cols, t.cols // 256 * 144, IDOT=step, A1=4, A2=8,
+            A3=4, EMU=False, **args)  # A3: the family's isplit
     if not in_kernel:
         matmul.fold_partials(part, y)
     return k

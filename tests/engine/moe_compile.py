@@ -26,8 +26,8 @@ def atomics(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool = Tr
 
 
 def main() -> None:
-    down = dict(down_ptr=U8, aux_ptr=I32, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_ptr=I32, rw_ptr=F32, y_ptr=F32,
-                part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
+    down = dict(down_ptr=U8, aux_ptr=I32, down_off=I64, ids_ptr=I64, hw_ptr=I32, hd_ptr=F32, hs_ptr=I32, rw_ptr=F32,
+                y_ptr=F32, part_ptr=F32, res_ptr=F32, tickets_ptr=I32)
     gate_up = dict(gate_ptr=U8, up_ptr=U8, aux_ptr=I32, gate_off=I64, up_off=I64, ids_ptr=I64, xw_ptr=I32, xd_ptr=F32,
                    xs_ptr=I32, rw_ptr=F32, h_ptr=I32, hd_ptr=F32, hs_ptr=I32, hf_ptr=F32, tickets_ptr=I32)
     for qtype, (gu_cfg, d_cfg) in moe_tiles.DECODE_TILES.items():

@@ -10,9 +10,9 @@ one sign byte per 8 values, grid values loaded as floats 4 at a time, signs flip
 
 The integer step (idot; x as Q8_K, what act_round rounds x to for IQ2_XXS, llama.cpp's vec_dot type) is
 llama.cpp's arithmetic: per grid entry its two int32 words of int8 values from the int8 codebook
-(grids.grid_words, aux_ptr), the 8 signs of ksigns applied to the bytes in 32-bit words
-(iq_common.negate_bytes), dp4a against x's two words; a sub-block's sum times 2 * scale + 1 in integers,
-one float step d * d_x / 8 per group (d * (0.5 + scale) / 4 = d * (2 * scale + 1) / 8).
+(grids.grid_words, aux_ptr), the 8 signs of ksigns applied to the bytes in 32-bit words and dp4a against
+x's two words (iq_common.signed_dot); a sub-block's sum times 2 * scale + 1 in integers, one float step
+d * d_x / 8 per group (d * (0.5 + scale) / 4 = d * (2 * scale + 1) / 8). A thread a (row, sub-block).
 SPARKD_IQ2_XXS_INT=1 (read at import) makes it the family's path; off by default until timed on a GPU.
 """
 

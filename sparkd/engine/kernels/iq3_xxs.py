@@ -11,7 +11,7 @@ flipped as a bit.
 
 The integer step (idot; x as Q8_K, act_round's format for IQ3_XXS) is llama.cpp's arithmetic: per sign
 group its two grid entries as int32 words of int8 values (grids.grid_words, aux_ptr; one word an entry),
-the 8 signs applied to the bytes (iq_common.negate_bytes), dp4a against x's two words; a sub-block's sum
+the 8 signs applied to the bytes and dp4a against x's two words (iq_common.signed_dot); a sub-block's sum
 times 2 * scale + 1 in integers, one float step d * d_x / 4 per group (d * (0.5 + scale) / 2).
 SPARKD_IQ3_XXS_INT=1 (read at import) makes it the family's path; off by default until timed on a GPU.
 """

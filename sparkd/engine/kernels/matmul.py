@@ -665,8 +665,8 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     ticket = _tickets_arg(in_kernel, tiles, part)
     _igemv_kernel[(tiles, split)](
         weight, grids.grid_words(grid, x.device), q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes,
-        IDOT=idot, A1=iacc[0], A2=iacc[1], A3=isplit, EMU=emulate(cfg, x), PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes),
-        **_launch_args(cfg, split), **pdl.launch(x.device))
+        IDOT=idot, A1=iacc[0], A2=iacc[1], A3=isplit, EMU=emulate(cfg, x),
+        PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes), **_launch_args(cfg, split), **pdl.launch(x.device))
     if parts:
         return part
     return y if in_kernel else fold_partials(part, y)
