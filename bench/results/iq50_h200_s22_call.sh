@@ -24,7 +24,7 @@ M=$W/q3-2-IQ2_XXS.gguf
   --quiet --layers 2 && mv $M.part $M) > $R/make.log 2>&1 &
 MK=$!
 E=tests/engine
-G=("$E/test_iq_grid_int.py"
+G=("$E/test_iq_grid_int.py $E/test_kernel_engine.py -k 'iq_experts or negate or nibbles or grid_words or sums'"
    "$E/test_int_steps.py -k 'IQ2_XXS or IQ3_XXS or IQ2_XS or IQ1_S'")
 P=(); i=0; for g in "${G[@]}"; do i=$((i+1))
   (eval timeout 55 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE $g > $R/tests_$i.log 2>&1; \

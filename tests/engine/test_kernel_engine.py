@@ -18,6 +18,7 @@ if not ON_GPU:
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
 from sparkd.engine.errors import EngineError  # noqa: E402
+from sparkd.engine.kernels import dispatch, iq1_s, iq2_xs, iq2_xxs  # noqa: E402
 from sparkd.engine.layers import linear  # noqa: E402
 from sparkd.engine.layers.linear import KernelLinear  # noqa: E402
 from sparkd.engine.layers.quant_experts import KernelExperts  # noqa: E402
@@ -117,10 +118,15 @@ def test_prompt_last_token_logits(tmp_path, backend):
     assert int(last[0].argmax()) == int(every[-1].argmax())
 
 
+@pytest.mark.parametrize("steps", ["float", "int"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_iq_experts_through_the_kernels_match_cpu_reference(tmp_path, backend):
+def test_iq_experts_through_the_kernels_match_cpu_reference(tmp_path, backend, steps, monkeypatch):
     """Routed experts as IQ1_S gate/up and IQ2_XXS/IQ2_XS down run through the MoE kernels (their
-    grids from device memory), not the torch dequantize fallback."""
+    grids from device memory), not the torch dequantize fallback: their float dots, and (int) their
+    integer steps as $SPARKD_<type>_INT=1 makes them the families (session 22), x and h as Q8_K."""
+    if steps == "int":
+        for module in (iq1_s, iq2_xxs, iq2_xs):
+            monkeypatch.setitem(dispatch.FAMILIES, module.INT_FAMILY.qtype, module.INT_FAMILY)
     path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q4_K"], "F32", IQ_MIX), seed=9)[0]
     ref, k = load_model(path), load_model(path, device=backend, kernels=True)
     try:
@@ -129,6 +135,7 @@ def test_iq_experts_through_the_kernels_match_cpu_reference(tmp_path, backend):
         for il, down in ((0, "IQ2_XXS"), (1, "IQ2_XS")):
             sel = store.kernel_table(il)
             assert sel is not None and (sel.prepared.gate_up.qtype.name, sel.prepared.down.qtype.name) == ("IQ1_S", down)
+            assert (sel.prepared.gate_up.idot is not None) == (sel.prepared.down.idot is not None) == (steps == "int")
         # the interpreter: decode steps only (prefill's GEMM per expert is its slowest part; the
         # GEMM is checked on its own in test_kernels)
         prompt, n = (PROMPT, 8) if backend == "cuda" else (PROMPT[:1], 3)
@@ -138,7 +145,7 @@ def test_iq_experts_through_the_kernels_match_cpu_reference(tmp_path, backend):
         ref.close()
         k.close()
     err = float((got_logits - want_logits).norm() / want_logits.norm())
-    print(f"IQ experts {backend}: prompt logits relative error {err:.2e}")
+    print(f"IQ experts {backend} {steps}: prompt logits relative error {err:.2e}")
     assert err < BOUND and got == want
 
 
