@@ -25,7 +25,7 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a_add
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, load_u32, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, load_pair, load_u32, total
 
 INT_ENV = "SPARKD_IQ1_S_INT"  # "1": the integer step (idot)
 
@@ -76,9 +76,9 @@ def _isums(blk, aux_ptr, rmask, xw, xs, EMU: tl.constexpr):
     x = xw + 8 * s + tl.zeros(qh.shape, tl.int32)
     isum = tl.zeros(qh.shape, tl.int32)
     for l in tl.static_range(4):
-        entry = aux_ptr + 2 * (((low >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8))
-        isum = dp4a_add(tl.load(entry + 1), tl.load(x + 2 * l + 1),
-                        dp4a_add(tl.load(entry), tl.load(x + 2 * l), isum, EMU), EMU)
+        w0, w1 = load_pair(aux_ptr + 2 * (((low >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8)))
+        x0, x1 = load_pair(x + 2 * l)
+        isum = dp4a_add(w1, x1, dp4a_add(w0, x0, isum, EMU), EMU)
     xsum = tl.load(xs + s + tl.zeros(qh.shape, tl.int32))
     delta = tl.where((qh & 0x8000) == 0, xsum, -xsum)
     return (8 * isum + delta) * (2 * ((qh >> 12) & 7) + 1)

@@ -24,7 +24,7 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_u32, negate, signed_dot,
+from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_pair, load_u32, negate, signed_dot,
                                              total)
 
 INT_ENV = "SPARKD_IQ2_XS_INT"  # "1": the integer step (idot)
@@ -76,8 +76,9 @@ def _isums(blk, aux_ptr, rmask, xw, EMU: tl.constexpr):
     isum = half
     for l in tl.static_range(4):
         q = words[l // 2] >> (16 * (l % 2))
-        entry = aux_ptr + 2 * (q & 511)
-        half = signed_dot(tl.load(entry), tl.load(entry + 1), (q >> 9) & 0x7F, x + 2 * l, half, EMU)
+        w0, w1 = load_pair(aux_ptr + 2 * (q & 511))
+        x0, x1 = load_pair(x + 2 * l)
+        half = signed_dot(w0, w1, (q >> 9) & 0x7F, x0, x1, half, EMU)
         if l % 2 == 1:  # a sub-block's two words done
             isum += half * (2 * ((sc >> (4 * (l // 2))) & 0xF) + 1)
             half = tl.zeros(sc.shape, tl.int32)

@@ -25,7 +25,8 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, ksigns, load_u32, negate, signed_dot, total
+from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_pair, load_u32, negate, signed_dot,
+                                             total)
 
 INT_ENV = "SPARKD_IQ2_XXS_INT"  # "1": the integer step (idot)
 
@@ -77,8 +78,9 @@ def _isums(blk, aux_ptr, rmask, xw, EMU: tl.constexpr):
     x = xw + 8 * s + tl.zeros(idx.shape, tl.int32)
     isum = tl.zeros(idx.shape, tl.int32)
     for l in tl.static_range(4):
-        entry = aux_ptr + 2 * ((idx >> (8 * l)) & 0xFF)  # its two words: values 0-3, 4-7
-        isum = signed_dot(tl.load(entry), tl.load(entry + 1), (aux >> (7 * l)) & 0x7F, x + 2 * l, isum, EMU)
+        w0, w1 = load_pair(aux_ptr + 2 * ((idx >> (8 * l)) & 0xFF))  # the entry's values 0-3, 4-7
+        x0, x1 = load_pair(x + 2 * l)
+        isum = signed_dot(w0, w1, (aux >> (7 * l)) & 0x7F, x0, x1, isum, EMU)
     return isum * (2 * ((aux >> 28) & 0xF) + 1)
 
 

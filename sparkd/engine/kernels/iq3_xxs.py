@@ -25,7 +25,8 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, ksigns, load_u32, negate, signed_dot, total
+from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_pair, load_u32, negate, signed_dot,
+                                             total)
 
 INT_ENV = "SPARKD_IQ3_XXS_INT"  # "1": the integer step (idot)
 
@@ -76,8 +77,9 @@ def _isums(blk, aux_ptr, rmask, xw, EMU: tl.constexpr):
     isum = tl.zeros(aux.shape, tl.int32)
     for l in tl.static_range(4):
         pair = idx[l // 2] >> (16 * (l % 2))  # the group's two entries: values 0-3, 4-7
+        x0, x1 = load_pair(x + 2 * l)
         isum = signed_dot(tl.load(aux_ptr + (pair & 0xFF)), tl.load(aux_ptr + ((pair >> 8) & 0xFF)),
-                          (aux >> (7 * l)) & 0x7F, x + 2 * l, isum, EMU)
+                          (aux >> (7 * l)) & 0x7F, x0, x1, isum, EMU)
     return isum * (2 * ((aux >> 28) & 0xF) + 1)
 
 

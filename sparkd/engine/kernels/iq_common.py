@@ -17,8 +17,9 @@ trick instead of float tables, IQ2_XXS's dot took 466 (triton 3.9; now 327 there
 The integer steps lay a group out as [BN, 8] instead: one thread a (row, 32 values), its header words
 loaded once in that layout (a [BN, 8, 4] tile with [BN, 8, 1] header loads had Triton convert them through
 shared memory: 4 barriers a group), its 4 sign groups unrolled into one dp4a chain, one scale multiply and
-one float step; x's words repeat across the rows (the cache serves them). Offline sm_90 SASS as above under
-triton 3.9, int vs dot: IQ2_XXS 156 vs 327, IQ3_XXS 171 vs 322, IQ2_XS 161 vs 367, IQ1_S 92 vs 272
+one float step; a grid entry's two words and a sign group's two x words in one 64-bit load each (load_pair;
+x's words repeat across the rows: the cache serves them). Offline sm_90 SASS as above under triton 3.9, int
+vs dot: IQ2_XXS 147 vs 327, IQ3_XXS 167 vs 322, IQ2_XS 153 vs 367, IQ1_S 83 vs 272
 (bench/results/iq50_sass_s22.txt).
 """
 
@@ -77,11 +78,18 @@ def negate_bytes(q, bits):
 
 
 @triton.jit
-def signed_dot(w0, w1, sign_idx, xw, acc, EMU: tl.constexpr):
+def signed_dot(w0, w1, sign_idx, x0, x1, acc, EMU: tl.constexpr):
     """acc + the integer dot of an 8-value sign group with x: w0, w1 int32 words of the group's int8 grid values
-    (values 0-3, 4-7; each 1 to 127), signed by ksigns[sign_idx] (7-bit), times x's words at xw, xw + 1."""
+    (values 0-3, 4-7; each 1 to 127), signed by ksigns[sign_idx] (7-bit), times x's words x0, x1."""
     lo, hi = sign_nibbles(sign_idx)
-    return dp4a_add(negate_bytes(w1, hi), tl.load(xw + 1), dp4a_add(negate_bytes(w0, lo), tl.load(xw), acc, EMU), EMU)
+    return dp4a_add(negate_bytes(w1, hi), x1, dp4a_add(negate_bytes(w0, lo), x0, acc, EMU), EMU)
+
+
+@triton.jit
+def load_pair(ptr):
+    """The two int32 words at each of ptr's 8-byte aligned addresses (a grid entry of 8 values, a sign group's x
+    words) as two tensors of ptr's shape, from one 64-bit load each (the split is in registers)."""
+    return tl.split(tl.load(ptr[:, :, None] + tl.arange(0, 2)[None, None, :]))
 
 
 @triton.jit
