@@ -149,14 +149,15 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 def iblock(w_ptr, row_off, rmask, b, row_bytes):
     """family.iblock with igroup: sub-block b % 8 of super-block b // 8 as its int8 table values [BN, 32] (its 4 qs
     words through `lookup`: the low nibbles of word w are values 4w..4w+3, the high ones 16+4w..), its scale - 32
-    (int32 [BN]; 0 for rows not in rmask) and a min of 0 (IQ4_XS has none: the GEMM's min term folds away when
+    (int32 [BN]; 0 for rows not in rmask, so their table values add nothing) and a min of 0 (IQ4_XS has none: the GEMM's min term folds away when
     compiled)."""
     blk = w_ptr + row_off + (b // 8) * 136  # [BN]
     s = b % 8
     q = tl.load((blk + 8 + 16 * s).to(tl.pointer_type(tl.int32))[:, None] + tl.arange(0, 4)[None, :],
                 mask=rmask[:, None], other=0)  # [BN, 4]
     lo, hi = lookup(q, _LOOKUP_EMU)
-    words = tl.where(tl.arange(0, 2)[None, :, None] == 0, lo[:, None, :], hi[:, None, :])  # [BN, 2, 4]: values 16h + 4w..
+    h = tl.arange(0, 2)[None, :, None]
+    words = tl.where(h == 0, lo[:, None, :], hi[:, None, :])  # [BN, 2, 4]: word (h, w) holds values 16h + 4w..
     j = tl.arange(0, 4)[None, None, :]
     v = tl.reshape(tl.reshape(words, (q.shape[0], 8, 1)) >> (8 * j), (q.shape[0], 32)).to(tl.int8)  # byte j: value + j
     h0 = tl.load(blk.to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
