@@ -832,8 +832,9 @@ IGEMM_TILES_S12 = dict(IGEMM_TILES)
 # stays: 3 stages 0.91x, 8 warps 0.83x, 128 rows 0.70x, 64-row tiles (wgmma) 0.80x / 0.96x at 768x2048
 IGEMM_TILES[("Q4_K", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)
 # session 22 (igemm50; no GPU that session, NOT timed): IQ4_XS's dense GEMM on session 10's loop with 32-token programs,
-# the shape its grouped GEMM runs (moe.PREFILL_TILE): with S10's 64 it spills offline for sm_90 (255 registers, 112
-# bytes; 32: 191, none; tests/engine/igemm_compile.py). Q4_0 and IQ4_XS's grouped GEMM run S10_IGEMM (no spills)
+# the shape its grouped GEMM runs (moe.PREFILL_TILE): with S10's 64 it spills offline for sm_90 (triton 3.9: 255
+# registers and a 96-byte stack; 32: 191 registers, no stack; tests/engine/igemm_compile.py). Q4_0 and IQ4_XS's
+# grouped GEMM run S10_IGEMM (no stack)
 IGEMM_TILES[("IQ4_XS", False)] = dataclasses.replace(S10_IGEMM, block_t=32)
 
 
