@@ -28,7 +28,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 from kernels_bench import events_seconds, random_blocks
 
-from sparkd.engine.kernels import INT8, PRECISIONS, act_quant, dispatch, matmul, moe, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, matmul, moe, q4_k_tiled, q6_k_tiled,
+                                   q8_0_packed)
 
 # --types name: (GGUF type of the random blocks, the layout's qtype, its packing or None)
 LAYOUTS = {"Q8_0": (T.Q8_0, T.Q8_0, None), "Q8_0P": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
@@ -100,8 +101,8 @@ def main() -> int:
                     src, tiles, n_x = routed(tokens, a.experts, a.top_k, rows > cols, a.block_t)
                     x = torch.randn(n_x, cols, device=DEVICE)
                     qx = act_quant.quantize(x, fam.act_fmt)
-                    call = lambda p: matmul.grouped_gemm(w, offsets, ltype, (rows, cols), x, src, tiles, p,  # noqa: E731
-                                                         qx if p == INT8 else None, a.block_t)
+                    call = lambda p: matmul.grouped_gemm(  # noqa: E731
+                        w, offsets, ltype, (rows, cols), x, src, tiles, p, qx if p == INT8 else None, a.block_t)
                     work = src.numel()
                 else:
                     x = torch.randn(tokens, cols, device=DEVICE)
@@ -126,8 +127,8 @@ def main() -> int:
                          "diff_to_first": float((y - first).norm() / first.norm())}
                     rows_out.append(r)
                     print(f"{name:6s} {kind:7s} {shape:10s} x{tokens:<5d} {way:16s} {r['us']:9.1f} us "
-                          f"({r['tops']:6.1f} TOPS) {r['speedup']:5.2f}x  bits {'=' if r['same_bits_as_first'] else '!='} "
-                          f"diff {r['diff_to_first']:.1e}", flush=True)
+                          f"({r['tops']:6.1f} TOPS) {r['speedup']:5.2f}x  bits "
+                          f"{'=' if r['same_bits_as_first'] else '!='} diff {r['diff_to_first']:.1e}", flush=True)
                 if a.json:
                     with open(a.json, "w") as f:
                         json.dump(rows_out, f, indent=1)

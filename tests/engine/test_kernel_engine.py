@@ -75,7 +75,8 @@ def logits_by_layout(tmp_path, monkeypatch, backend: str, quant: str, env: str, 
 
 
 @pytest.mark.parametrize("precision", ["int8", "ieee"])
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"] + [pytest.param(q, marks=pytest.mark.gpu) for q in ("Q4_K", "IQ4_XS")])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"] + [pytest.param(q, marks=pytest.mark.gpu)
+                                                     for q in ("Q4_K", "IQ4_XS")])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant, precision, monkeypatch):
     """precision: SPARKD_PREFILL_PRECISION's (the prompt's GEMMs): the integer GEMM (default; Q4_0's and IQ4_XS's

@@ -18,8 +18,8 @@ words load as 32-bit words (Family.align 4).
 iblock / igroup hand the integer prefill GEMM (matmul.gemm / grouped_gemm at "int8", session 22) a sub-block's
 table values as int8 (the same `lookup`) with its scale - 32, and a super-block's d: the K-quants' form with a
 min and dmin of 0, so the GEMM sums (scale - 32) * isum over the 8 sub-blocks in int32 and adds d_x * d * qsum,
-the idot's arithmetic. (Zero mins rather than a flag in matmul: the compiler folds the min term away, offline
-sm_90 TTIR has no load of x's sums; docs/performance.md, session 22.)
+the idot's arithmetic. (Zero mins rather than a flag in matmul: the compiler folds the min term away, the
+offline sm_90 PTX never reads x's sums: tests/engine/igemm_compile.py, docs/performance.md session 22.)
 
 SPARKD_IQ4_XS_INT=0 (read at import) takes the float path instead (FLOAT_FAMILY: x rounded to Q8_K
 by the caller, dequantized values multiplied in float32), the way before session 21, and prompts the float GEMM
@@ -107,6 +107,13 @@ def lookup(q, EMU: tl.constexpr):
 
 
 @triton.jit
+def scale(h0, h1, s):
+    """The 6-bit scale - 32 of sub-blocks s from the header words h0 (d | scales_h << 16) and h1 (scales_l:
+    nibble s holds sub-block s's low four bits), int32."""
+    return (((h1 >> (4 * s)) & 0xF) | (((h0 >> (16 + 2 * s)) & 3) << 4)) - 32
+
+
+@triton.jit
 def _isums(w_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
     """Group g's integer sums as [BN, 8, 4] int32: (sub-block s, word w) covers values 32s + 4w .. +3
     (low nibbles of qs word 4s + w) and 32s + 16 + 4w .. +3 (its high nibbles), times the sub-block's
@@ -128,13 +135,6 @@ def _isums(w_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
 
 
 @triton.jit
-def scale(h0, h1, s):
-    """The 6-bit scale - 32 of sub-blocks s from the header words h0 (d | scales_h << 16) and h1 (scales_l:
-    nibble s holds sub-block s's low four bits), int32."""
-    return (((h1 >> (4 * s)) & 0xF) | (((h0 >> (16 + 2 * s)) & 3) << 4)) - 32
-
-
-@triton.jit
 def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     isum, d = _isums(w_ptr, row_off, rmask, xw_ptr, g, EMU)
     dx = tl.load(xd_ptr + g)
@@ -149,8 +149,8 @@ def idot(w_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.conste
 def iblock(w_ptr, row_off, rmask, b, row_bytes):
     """family.iblock with igroup: sub-block b % 8 of super-block b // 8 as its int8 table values [BN, 32] (its 4 qs
     words through `lookup`: the low nibbles of word w are values 4w..4w+3, the high ones 16+4w..), its scale - 32
-    (int32 [BN]; 0 for rows not in rmask, so their table values add nothing) and a min of 0 (IQ4_XS has none: the GEMM's min term folds away when
-    compiled)."""
+    (int32 [BN]; 0 for rows not in rmask, so their table values add nothing) and a min of 0 (IQ4_XS has none: the
+    GEMM's min term folds away when compiled)."""
     blk = w_ptr + row_off + (b // 8) * 136  # [BN]
     s = b % 8
     q = tl.load((blk + 8 + 16 * s).to(tl.pointer_type(tl.int32))[:, None] + tl.arange(0, 4)[None, :],

@@ -833,8 +833,8 @@ IGEMM_TILES_S12 = dict(IGEMM_TILES)
 IGEMM_TILES[("Q4_K", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)
 # session 22 (igemm50; no GPU that session, NOT timed): IQ4_XS's dense GEMM on session 10's loop with 32-token programs,
 # the shape its grouped GEMM runs (moe.PREFILL_TILE): with S10's 64 it spills offline for sm_90 (triton 3.9: 255
-# registers and a 96-byte stack; 32: 191 registers, no stack; tests/engine/igemm_compile.py). Q4_0 and IQ4_XS's
-# grouped GEMM run S10_IGEMM (no stack)
+# registers and a 96-byte stack; 32: 191 registers, no stack; tests/engine/igemm_compile.py). Q4_0's GEMMs and
+# IQ4_XS's grouped one run S10_IGEMM (no stack)
 IGEMM_TILES[("IQ4_XS", False)] = dataclasses.replace(S10_IGEMM, block_t=32)
 
 
