@@ -25,7 +25,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import (BACKENDS, BOUNDS, TILES, act_in, arena_table, moe_error, random_blocks,  # noqa: E402
                           reference, rel_err)
 
-from sparkd.engine.kernels import act_quant, dispatch, iq4_xs, q4_0, q6_k  # noqa: E402
+from sparkd.engine.kernels import act_quant, dispatch, iq4_xs, matmul, q4_0, q6_k  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
@@ -93,10 +93,12 @@ def test_moe_decode_on_experts_of_the_type(backend, qtype):
 @pytest.mark.parametrize("qtype", TYPES)
 def test_switch_back_to_the_float_path(qtype):
     """$SPARKD_<type>_INT=0 at import (tests/engine/test_switches.py) makes FLOAT_FAMILY dispatch's family: no
-    integer step (the caller rounds x, floats multiply)."""
+    integer step (the caller rounds x, floats multiply) and no integer prefill GEMM (the float GEMM at "ieee"; IQ4_XS's
+    and Q4_0's since session 22)."""
     module, fmt, *_ = STEPS[qtype]
     assert dispatch.family(qtype) is module.FAMILY is module.INT_FAMILY  # this process: the default
     assert module.INT_FAMILY.act_fmt == fmt and module.FLOAT_FAMILY.idot is None
+    assert matmul.int_gemm(module.INT_FAMILY, "int8") and not matmul.int_gemm(module.FLOAT_FAMILY, "int8")
 
 
 @pytest.mark.gpu
