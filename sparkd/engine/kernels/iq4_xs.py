@@ -27,6 +27,7 @@ at "ieee" (no iblock), the way before session 22.
 """
 
 import dataclasses
+import os
 
 import triton
 import triton.language as tl
@@ -48,8 +49,9 @@ _KV1 = tl.constexpr(-152379953)  # 0xF6EADDCF
 _KV2 = tl.constexpr(0x26190D01)
 _KV3 = tl.constexpr(0x71594535)
 # iblock's lookup by prmt's arithmetic twins where Triton interprets the kernels: the GEMM's iblock contract has no
-# EMU, and triton.jit picks interpreting or compiling from this same knob when it decorates a function
-_LOOKUP_EMU = tl.constexpr(triton.knobs.runtime.interpret)
+# EMU, and triton.jit picks interpreting or compiling from this same variable when it decorates a function (read
+# here as triton reads it; not through triton.knobs, which older triton releases lack)
+_LOOKUP_EMU = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"))
 
 
 @triton.jit
