@@ -6,15 +6,16 @@ The interpreter runs none of this. Run without TRITON_INTERPRET; test_kernels.py
 Q4_K. Arguments: layouts (default all), e.g. `python igemm_compile.py Q4_0 IQ4_XS`. A line per layout and kernel:
     <layout> <dense|grouped> regs=<n> stack=<bytes> xs_reads=<n>"""
 
+import os
 import re
 import subprocess
 import sys
 import tempfile
 
+import triton
 from gguf.constants import GGMLQuantizationType as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
-from triton.tools.disasm import path_to_cuobjdump
 
 from sparkd.engine.kernels import dispatch, matmul, moe, q4_k_tiled, q6_k_tiled, q8_0_packed
 
@@ -22,6 +23,8 @@ LAYOUTS = {"Q8_0": T.Q8_0, "Q8_0_PACKED": q8_0_packed.PACKED, "Q4_K": T.Q4_K, "Q
            "Q6_K": T.Q6_K, "Q6_K_TILED": q6_k_tiled.TILED, "Q4_0": T.Q4_0, "IQ4_XS": T.IQ4_XS}
 TYPES = {"w_ptr": "*u8", "w_off_ptr": "*i64", "tiles_ptr": "*i32", "src_ptr": "*i32", "xq_ptr": "*i32",
          "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32"}
+# the wheel's own cuobjdump (as bench/kernels_sass.py finds it: triton.tools.disasm's helper changed across releases)
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 N_BLOCKS = 2048 // 32  # rows of 2048 values (bench/igemm_bench.py's shapes): UNROLL as there
 
 
@@ -41,7 +44,7 @@ def usage(cubin: bytes) -> tuple[int, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([path_to_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True,
+        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True,
                              check=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+)", out)
     return int(m[1]), int(m[2])
