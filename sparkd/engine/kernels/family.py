@@ -37,12 +37,13 @@ tiles of both families, matmul.GEMV_TILES). EMU: emulate dp4a (interpreter).
 iblock(w_ptr, row_off, rmask, b, row_bytes) contract (the integer prefill GEMM, matmul.gemm at
 precision "int8"; families with an idot whose sub-blocks are 32 values): block b (values b*32 ...
 b*32+31) of the rows at byte offsets row_off int64 [BN] (row_bytes: the GGUF layout's bytes per
-row, from which a tiled layout finds a row's place in its tile); rows not in rmask come back as 0.
-Without igroup (act_fmt "q8_0": Q8_0 and its packed layout) it returns (quants int8 [BN, 32],
-scales float32 [BN]) and the GEMM adds isum * (d_x * d) per block. With igroup (act_fmt "q8_k",
-blocks of 32 with an integer scale and min: Q4_K and its tiled layouts) it returns (quants int8
-[BN, 32], scale int32 [BN], min int32 [BN]) and igroup(w_ptr, row_off, rmask, g, row_bytes) the
-float (d, dmin) [BN] of group g (values g*256 ...): the GEMM sums sc * isum and mn * xsum (x's
+row, from which a tiled layout finds a row's place in its tile); rows not in rmask come back as 0
+(or with scales of 0: Q6_K, IQ4_XS). Without igroup (act_fmt "q8_0": Q8_0 and its packed layout, Q4_0)
+it returns (quants int8 [BN, 32], scales float32 [BN]) and the GEMM adds isum * (d_x * d) per block.
+With igroup (act_fmt "q8_k", blocks of 32 with an integer scale and min: Q4_K and its tiled layouts;
+IQ4_XS with min and dmin 0, a term the compiler folds away) it returns (quants int8 [BN, 32], scale
+int32 [BN], min int32 [BN]) and igroup(w_ptr, row_off, rmask, g, row_bytes) the float (d, dmin) [BN]
+of group g (values g*256 ...): the GEMM sums sc * isum and mn * xsum (x's
 per-32 sums) over the group's 8 blocks in int32 and adds d_x * (d * qsum - dmin * msum), the
 decode idot's arithmetic (q4_k.idot_rows_at). With igroup and ihalf (Q6_K: int8 scales per 16
 values, no min) iblock returns (quants int8 [BN, 32], the scale of values 0-15, the scale of values

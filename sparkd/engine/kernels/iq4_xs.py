@@ -15,11 +15,19 @@ x word by dp4a; the sub-block's scale - 32 applied in integers, one float step d
 tile. Blocks are 136 bytes, so rows of whole blocks keep 4-byte alignment: qs and the two header
 words load as 32-bit words (Family.align 4).
 
+iblock / igroup hand the integer prefill GEMM (matmul.gemm / grouped_gemm at "int8", session 22) a sub-block's
+table values as int8 (the same `lookup`) with its scale - 32, and a super-block's d: the K-quants' form with a
+min and dmin of 0, so the GEMM sums (scale - 32) * isum over the 8 sub-blocks in int32 and adds d_x * d * qsum,
+the idot's arithmetic. (Zero mins rather than a flag in matmul: the compiler folds the min term away, the
+offline sm_90 PTX never reads x's sums: tests/engine/igemm_compile.py, docs/performance.md session 22.)
+
 SPARKD_IQ4_XS_INT=0 (read at import) takes the float path instead (FLOAT_FAMILY: x rounded to Q8_K
-by the caller, dequantized values multiplied in float32), the way before session 21.
+by the caller, dequantized values multiplied in float32), the way before session 21, and prompts the float GEMM
+at "ieee" (no iblock), the way before session 22.
 """
 
 import dataclasses
+import os
 
 import triton
 import triton.language as tl
@@ -40,6 +48,10 @@ _KV0 = tl.constexpr(-1079142271)  # 0xBFAD9881
 _KV1 = tl.constexpr(-152379953)  # 0xF6EADDCF
 _KV2 = tl.constexpr(0x26190D01)
 _KV3 = tl.constexpr(0x71594535)
+# iblock's lookup by prmt's arithmetic twins where Triton interprets the kernels: the GEMM's iblock contract has no
+# EMU, and triton.jit picks interpreting or compiling from this same variable when it decorates a function (read
+# here as triton reads it; not through triton.knobs, which older triton releases lack)
+_LOOKUP_EMU = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"))
 
 
 @triton.jit
@@ -97,6 +109,13 @@ def lookup(q, EMU: tl.constexpr):
 
 
 @triton.jit
+def scale(h0, h1, s):
+    """The 6-bit scale - 32 of sub-blocks s from the header words h0 (d | scales_h << 16) and h1 (scales_l:
+    nibble s holds sub-block s's low four bits), int32."""
+    return (((h1 >> (4 * s)) & 0xF) | (((h0 >> (16 + 2 * s)) & 3) << 4)) - 32
+
+
+@triton.jit
 def _isums(w_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
     """Group g's integer sums as [BN, 8, 4] int32: (sub-block s, word w) covers values 32s + 4w .. +3
     (low nibbles of qs word 4s + w) and 32s + 16 + 4w .. +3 (its high nibbles), times the sub-block's
@@ -113,9 +132,8 @@ def _isums(w_ptr, row_off, rmask, xw_ptr, g, EMU: tl.constexpr):
     # header words: d | scales_h << 16, then scales_l (nibble s of it: sub-block s's low four bits)
     h0 = tl.load(blk.to(tl.pointer_type(tl.int32)), mask=m, other=0)
     h1 = tl.load((blk + 4).to(tl.pointer_type(tl.int32)), mask=m, other=0)
-    ls = (((h1 >> (4 * s)) & 0xF) | (((h0 >> (16 + 2 * s)) & 3) << 4)) - 32  # [BN, 8, 1]
     d = (h0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)  # [BN, 1, 1]
-    return isum * ls, d
+    return isum * scale(h0, h1, s), d  # scale [BN, 8, 1]
 
 
 @triton.jit
@@ -129,6 +147,34 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
     return acc
 
 
+@triton.jit
+def iblock(w_ptr, row_off, rmask, b, row_bytes):
+    """family.iblock with igroup: sub-block b % 8 of super-block b // 8 as its int8 table values [BN, 32] (its 4 qs
+    words through `lookup`: the low nibbles of word w are values 4w..4w+3, the high ones 16+4w..), its scale - 32
+    (int32 [BN]; 0 for rows not in rmask, so their table values add nothing) and a min of 0 (IQ4_XS has none: the
+    GEMM's min term folds away when compiled)."""
+    blk = w_ptr + row_off + (b // 8) * 136  # [BN]
+    s = b % 8
+    q = tl.load((blk + 8 + 16 * s).to(tl.pointer_type(tl.int32))[:, None] + tl.arange(0, 4)[None, :],
+                mask=rmask[:, None], other=0)  # [BN, 4]
+    lo, hi = lookup(q, _LOOKUP_EMU)
+    h = tl.arange(0, 2)[None, :, None]
+    words = tl.where(h == 0, lo[:, None, :], hi[:, None, :])  # [BN, 2, 4]: word (h, w) holds values 16h + 4w..
+    j = tl.arange(0, 4)[None, None, :]
+    v = tl.reshape(tl.reshape(words, (q.shape[0], 8, 1)) >> (8 * j), (q.shape[0], 32)).to(tl.int8)  # byte j: value + j
+    h0 = tl.load(blk.to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
+    h1 = tl.load((blk + 4).to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
+    return v, tl.where(rmask, scale(h0, h1, s), 0), tl.zeros(rmask.shape, tl.int32)
+
+
+@triton.jit
+def igroup(w_ptr, row_off, rmask, g, row_bytes):
+    """(d, 0): no min."""
+    d = tl.load((w_ptr + row_off + g * 136).to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    return d, tl.zeros(d.shape, tl.float32)
+
+
 FLOAT_FAMILY = Family(T.IQ4_XS, 256, 136, 8, 32, dequant)
-INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 4), align=4)
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 4), align=4, iblock=iblock,
+                                 igroup=igroup)
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

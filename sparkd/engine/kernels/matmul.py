@@ -835,6 +835,11 @@ IGEMM_TILES_S12 = dict(IGEMM_TILES)
 # 12-layer Q4_K prompt 1.01-1.05x (with pairx's gate/up on 2 warps, a tie alone and left out). pairx's grouped launch
 # stays: 3 stages 0.91x, 8 warps 0.83x, 128 rows 0.70x, 64-row tiles (wgmma) 0.80x / 0.96x at 768x2048
 IGEMM_TILES[("Q4_K", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)
+# session 22 (igemm50; no GPU that session, NOT timed): IQ4_XS's dense GEMM on session 10's loop with 32-token programs,
+# the shape its grouped GEMM runs (moe.PREFILL_TILE): with S10's 64 it spills offline for sm_90 (triton 3.9: 255
+# registers and a 96-byte stack; 32: 191 registers, no stack; tests/engine/igemm_compile.py). Q4_0's GEMMs and
+# IQ4_XS's grouped one run S10_IGEMM (no stack)
+IGEMM_TILES[("IQ4_XS", False)] = dataclasses.replace(S10_IGEMM, block_t=32)
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
@@ -857,7 +862,9 @@ def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
 
 
 # INT8 (PRECISIONS, kernels/__init__.py): the integer GEMM, for families with an iblock (Q8_0 and its packed
-# layout, Q4_K and its pairx layout, Q6_K and its tiled layout); others (Q4_K's other tiled layouts included) run "ieee"
+# layout, Q4_K and its pairx layout, Q6_K and its tiled layout, and since session 22 Q4_0 and IQ4_XS where
+# SPARKD_Q4_0_INT / SPARKD_IQ4_XS_INT keep their integer family); others (Q4_K's other tiled layouts included)
+# run "ieee"
 
 
 def float_precision(precision: str) -> str:

@@ -11,8 +11,12 @@ integers (Q8_0 blocks carry no sums to fold it with; a table lookup as IQ4_XS's,
 -8..7, takes 8 byte permutes a word); one float step d * d_x per block. 18-byte blocks are only
 2-byte aligned, so every 32-bit word is built from two 16-bit loads (as Q8_0's).
 
+iblock hands the integer prefill GEMM (matmul.gemm / grouped_gemm at "int8", session 22) a block's nibbles - 8 as
+int8 and d, as Q8_0's iblock does its quants: the GEMM adds isum * (d_x * d) per block, the idot's arithmetic.
+
 SPARKD_Q4_0_INT=0 (read at import) takes the float path instead (FLOAT_FAMILY: x rounded to Q8_0
-by the caller, dequantized values multiplied in float32), the way before session 21.
+by the caller, dequantized values multiplied in float32), the way before session 21, and prompts the float GEMM
+at "ieee" (no iblock), the way before session 22.
 """
 
 import dataclasses
@@ -67,6 +71,18 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
     return acc
 
 
+@triton.jit
+def iblock(w_ptr, row_off, rmask, b, row_bytes):
+    """family.iblock without igroup (Q8_0's form): block b as nibble - 8 (int8 [BN, 32]: value i from byte i % 16 of
+    qs, its low nibble for values 0-15 and its high one for 16-31) and d (float32 [BN]); rows not in rmask read
+    0x88 bytes (0 once offset) and d 0."""
+    blk = w_ptr + row_off + b * 18  # [BN] block starts
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    i = tl.arange(0, 32)[None, :]
+    qs = tl.load(blk[:, None] + 2 + i % 16, mask=rmask[:, None], other=0x88).to(tl.int32)
+    return (((qs >> ((i // 16) * 4)) & 0xF) - 8).to(tl.int8), d
+
+
 FLOAT_FAMILY = Family(T.Q4_0, 32, 18, 8, 32, dequant)
-INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_0, iacc=(8, 4))
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_0, iacc=(8, 4), iblock=iblock)
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# A session's final measuring call on the GPU box (H200, carry [".whl"]; docs/gpu-box.md), on the merged main, one part
+# on a cold box. Copy it as run into docs/runs/<date>-sN-final/call.sh with the environment it ran with (its log's first
+# line). Steps, each bounded by a timeout and all by END_S (seconds from the start; a step that no longer fits is
+# logged as SKIPPED with the time it needed, never left out silently):
+# - the gpu-marked test groups (G below; ONLY="5 8 9" picks groups) in parallel pytest processes, TEST_TIMEOUT each,
+#   while the models are made: the 12-layer qwen3-30b-a3b-shaped Q4_K model always, BIG=1 a 2-layer
+#   qwen3-235b-a22b-shaped Q8_0 one (4096 wide, experts 1536), Q8=1 the 12-layer model in Q8_0;
+# - MOE=1: the MoE layer rows (bench/moe_tiles_bench.py; MOE_SHAPES e.g. 4096x1536x8, MOE_TYPES e.g. Q8_0,Q4_KXD,
+#   MOE_S its timeout); IGEMM=1: the prefill GEMM, int8 against the float GEMM (bench/igemm_bench.py IGEMM_ARGS);
+#   IQ=1: the i-quants' integer steps against their float dots (bench/kernels_bench.py IQ_ARGS under IQ_ENV);
+#   DRAW=1: the top-p draw graph alone;
+# - `generate -n 128` a process each, interleaved, ROUNDS rounds: greedy; PAIRX=1 greedy again under PAIRX_OFF's
+#   switches; unless SAMPLED=0 top_k 0, top_k 40 (TOP40=0 leaves it out), top_p 0.95 and 0.9; Q8=1 the Q8_0 model under
+#   the defaults and under Q8_OFF's switches (Q8_ROUNDS); BIG=1 the 4096-wide model under the defaults and BIG_OFF's
+#   switches (BIG_ROUNDS);
+# - the OpenAI server's streamed decode (SERVE_PLAIN=1: serve --top-k 0; always: top_p 0.95 in the requests);
+#   FIRST=1: first_request_bench's fresh servers (FIRST_SERVERS, default auto,auto:off).
+# Results: $OUT/res.tgz + $OUT/log.txt (snapshotted after every step, so a timeout keeps what ran).
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PATH=$PATH:/usr/local/cuda/bin
+W=/var/tmp/sparkd-cuda; mkdir -p $W
+R=/tmp/res; mkdir -p $R
+T0=$(date +%s); END=${END_S:-400}; left() { echo $(( END - $(date +%s) + T0 )); }
+log() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/log.txt; }
+fits() {  # need what: true when need seconds are left before END_S, else a SKIPPED line (session 21's second call
+  # lost its decodes to a silent skip)
+  [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
+}
+snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV)=' | sort | tr '\n' ' ')"
+M=$W/q3-12-Q4_K.gguf
+( [ -f $M ] || { nice -n 10 timeout 150 python3 -m sparkd.engine.cli make-model $M.part --preset qwen3-30b-a3b \
+    --quant Q4_K --quiet --layers 12 && mv $M.part $M; } ) > $R/make.log 2>&1 & MK=$!
+B=$W/q235-4-Q8_0.gguf
+if [ "${BIG:-0}" = 1 ]; then
+  ( [ -f $B ] || { nice -n 10 timeout 240 python3 -m sparkd.engine.cli make-model $B.part --preset qwen3-235b-a22b \
+      --quant Q8_0 --quiet --layers 2 && mv $B.part $B; } ) > $R/make_big.log 2>&1 & MKB=$!
+fi
+Q=$W/q3-12-Q8_0.gguf
+if [ "${Q8:-0}" = 1 ]; then  # the 2048-wide Q8_0 decode: moe46's down ahead against SPARKD_MOE_DOWN_AHEAD=off
+  ( [ -f $Q ] || { nice -n 10 timeout 200 python3 -m sparkd.engine.cli make-model $Q.part --preset qwen3-30b-a3b \
+      --quant Q8_0 --quiet --layers 12 && mv $Q.part $Q; } ) > $R/make_q8.log 2>&1 & MKQ=$!
+fi
+E=tests/engine
+K="int8 or igemm or grouped or prefill or gemm"
+G=("$E/test_kernels.py -k \"int8 or igemm\""
+   "$E/test_kernels.py -k \"($K) and not (int8 or igemm)\""
+   "$E/test_kernels.py -k \"not ($K)\""
+   "$E/test_fused_kernels.py $E/test_norm_quant.py $E/test_norm_fold.py $E/test_split_fold.py"
+   "$E/test_quants.py $E/test_iq_kernels.py $E/test_q6_k_int.py $E/test_q6_k_tiled.py $E/test_iq4_xs_int.py $E/test_q4_0_int.py"
+   "$E/test_q4_k_tiled.py $E/test_row_tiles.py $E/test_q4t_compact.py $E/test_q4t_pair.py $E/test_q4t_relaid.py $E/test_q4t_tma.py $E/test_gemv_split.py"
+   "$E/test_int_kernels.py $E/test_fused_qkv.py $E/test_kernel_determinism.py"
+   "$E/test_kernel_engine.py $E/test_eager_decode.py $E/test_kimi_k3.py $E/test_kda_memory.py"
+   "$E/test_moe_decode_fusion.py $E/test_moe_reference.py"
+   "$E/test_device_sampler.py $E/test_device_sampler_fused.py $E/test_device_argmax.py"
+   "$E/test_cuda_graphs.py $E/test_prompt_cache.py $E/test_decode_graphs.py"
+   "tests/test_daemon_cgroupfs.py -k gpu_guard"
+   "$E/test_moe_twin.py $E/test_moe_words_full.py $E/test_moe_pipe.py $E/test_moe_down_ahead.py"  # 13-14: group 9's rest
+   "$E/test_moe_tiles.py $E/test_moe_tiled.py $E/test_moe_down_full.py"
+   "$E/test_pdl.py $E/test_feed_tokens.py $E/test_decode_pipeline.py $E/streaming tests/guards/test_gpu_guard.py"  # 15: group 10's rest
+   "$E/test_kernels.py -k \"IQ4_XS or Q4_0 or test_moe_decode_matches_reference\""  # 16: iq48's types, the MoE pairs
+   "$E/test_moe_tiled.py $E/test_moe_pairx_down.py $E/test_moe_pairx_steps.py $E/test_int_steps.py")  # 17: after the call
+P=(); I=()
+for i in "${!G[@]}"; do
+  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $((i+1)) "* ]] && continue  # ONLY="8 10 11": those groups alone
+  eval timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rfE ${G[$i]} > $R/gpu_tests_$((i+1)).log 2>&1 & P+=($!); I+=($((i+1)))
+done
+for j in "${!P[@]}"; do wait ${P[$j]}; log "tests group ${I[$j]} rc $? $(tail -1 $R/gpu_tests_${I[$j]}.log)"; done
+grep -h "^FAILED\|^ERROR" $R/gpu_tests_*.log | tee -a $OUT/log.txt; snap
+if [ "${MOE:-0}" = 1 ]; then
+  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout ${MOE_S:-110} python3 bench/moe_tiles_bench.py --defaults-only --floor \
+    --types ${MOE_TYPES:-Q8_0,Q4_KXD} ${MOE_SHAPES:+--shapes $MOE_SHAPES} --variants again --compile-workers 8 --json $R/moe.json \
+    > $R/moe.log 2>&1
+  log "moe rc $?"; snap
+fi
+if [ "${IGEMM:-0}" = 1 ] && fits 60 "prefill GEMM bench"; then  # igemm50 (session 22): Q4_0 / IQ4_XS int8 vs float
+  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout ${IGEMM_S:-90} python3 bench/igemm_bench.py ${IGEMM_ARGS:---types Q4_0,IQ4_XS \
+    --grouped-types Q4_0,IQ4_XS --shapes 2048x2048 --grouped 768x2048,2048x768 --tokens 512,2048 \
+    --ways ieee,s13,tf32,64/32/4/1/2/0} --json $R/igemm.json > $R/igemm.log 2>&1
+  log "igemm rc $?"; cat $R/igemm.log >> $OUT/log.txt; snap
+fi
+if [ "${DRAW:-0}" = 1 ]; then  # topp45's 2048 bins a stage against 4096, the draw graph alone
+  timeout 50 python3 bench/gpu_box/draw_graph_bench.py --top-p-only --reps 200 --json $R/draw_graph.json > $R/draw_graph.log 2>&1
+  log "draw bench rc $?"; cat $R/draw_graph.log >> $OUT/log.txt; snap
+fi
+wait $MK; log "model $(ls -la $M | awk '{print $5}')"
+gen() {  # tag round [more flags]
+  timeout 40 python3 -m sparkd.engine.cli generate $M --tokens 1,2,3,4,5,6,7,8 -n 128 --device cuda --resident \
+    --cuda-graphs on --json ${@:3} > $R/gen_$1_$2.json 2> $R/gen_$1_$2.err
+  log "decode $1 round $2 rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/gen_$1_$2.json) tokens $(python3 -c "import hashlib, json, sys; print(hashlib.md5(str(json.load(open(sys.argv[1]))['tokens']).encode()).hexdigest()[:8])" $R/gen_$1_$2.json 2>/dev/null)"
+}
+for r in $(seq 1 ${ROUNDS:-2}); do
+  fits 100 "decode round $r" || break
+  gen greedy $r  # PAIRX=1: then with q4k48's steps off (or PAIRX_OFF's switches)
+  [ "${PAIRX:-0}" = 1 ] && eval "${PAIRX_OFF:-SPARKD_MOE_PAIRX_STEPS=off} gen greedypxoff $r"
+  if [ "${SAMPLED:-1}" = 1 ]; then  # SAMPLED=0: greedy only
+    gen full $r --temp 0.8 --seed 1; [ "${TOP40:-1}" = 1 ] && gen top40 $r --temp 0.8 --top-k 40 --seed 1
+    gen topp95 $r --temp 0.8 --top-p 0.95 --seed 1; gen topp90 $r --temp 0.8 --top-p 0.9 --seed 1
+  fi; snap
+done
+if [ "${Q8:-0}" = 1 ]; then
+  wait $MKQ; log "q8 model $(ls -la $Q 2>&1 | awk '{print $5}') $(tail -1 $R/make_q8.log)"
+  for r in $(seq 1 ${Q8_ROUNDS:-1}); do
+    fits 90 "Q8_0 decode round $r" || break
+    M=$Q gen q8 $r; eval "M=$Q ${Q8_OFF:-SPARKD_MOE_DOWN_AHEAD=off} gen q8aheadoff $r"; snap
+  done
+fi
+if [ "${BIG:-0}" = 1 ]; then
+  wait $MKB; log "big model $(ls -la $B 2>&1 | awk '{print $5}') $(tail -1 $R/make_big.log)"
+  big() {  # tag round [env]
+    env ${@:3} timeout 60 python3 -m sparkd.engine.cli generate $B --tokens 1,2,3,4,5,6,7,8 -n 128 --device cuda \
+      --resident --cuda-graphs on --json > $R/big_$1_$2.json 2> $R/big_$1_$2.err
+    log "big decode $1 round $2 rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/big_$1_$2.json) tokens $(python3 -c "import hashlib, json, sys; print(hashlib.md5(str(json.load(open(sys.argv[1]))['tokens']).encode()).hexdigest()[:8])" $R/big_$1_$2.json 2>/dev/null)"
+  }
+  for r in $(seq 1 ${BIG_ROUNDS:-2}); do
+    fits 90 "4096-wide decode round $r" || break
+    big default $r; big off $r ${BIG_OFF:-SPARKD_MOE_PIPE=off}; snap
+  done
+fi
+[ "${SERVE_PLAIN:-1}" = 1 ] && fits 55 "serve --top-k 0" && timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $M \
+  --top-k 0 --reps 2 --json $R/serve.json > $R/serve.log 2>&1; log "serve rc $?: $(grep top-k $R/serve.log | tr '\n' ';')"; snap
+fits 50 "serve top_p" && timeout 45 python3 bench/gpu_box/serve_decode_bench.py --model $M --top-k 0 --top-p 0.95 --reps 2 \
+  --tokens 192 --server-log $R/serve_topp.err --json $R/serve_topp.json > $R/serve_topp.log 2>&1
+log "serve top_p rc $?: $(grep top-k $R/serve_topp.log | tr '\n' ';')"; grep -h "graphs at load" $R/serve_topp.err* | tee -a $OUT/log.txt
+if [ "${FIRST:-0}" = 1 ] && fits 45 "first requests"; then  # srv48: fresh servers' first requests, the load's stream import on / off
+  mkdir -p $R/first; timeout $(( $(left) - 5 )) python3 bench/gpu_box/first_request_bench.py --model $M \
+    --servers ${FIRST_SERVERS:-auto,auto:off} --requests 3 --logs $R/first --json $R/first.json > $R/first.log 2>&1
+  log "first requests rc $?"; cat $R/first.log >> $OUT/log.txt
+fi
+log done; snap
