@@ -8,7 +8,9 @@
 #   qwen3-235b-a22b-shaped Q8_0 one (4096 wide, experts 1536), Q8=1 the 12-layer model in Q8_0;
 # - MOE=1: the MoE layer rows (bench/moe_tiles_bench.py; MOE_SHAPES e.g. 4096x1536x8, MOE_TYPES e.g. Q8_0,Q4_KXD,
 #   MOE_S its timeout); IGEMM=1: the prefill GEMM, int8 against the float GEMM (bench/igemm_bench.py IGEMM_ARGS);
-#   IQ=1: the i-quants' integer steps against their float dots (bench/kernels_bench.py IQ_ARGS under IQ_ENV);
+#   IQ=1: the i-quants' integer steps against their float dots (bench/kernels_bench.py IQ_ARGS under IQ_ENV, IQ_S its
+#   timeout; iq50, session 22: the grid i-quants' switches on), then a 2-layer IQ2_XXS model's decode with the
+#   integer step and without (IQ_ROUNDS);
 #   DRAW=1: the top-p draw graph alone;
 # - `generate -n 128` a process each, interleaved, ROUNDS rounds: greedy; PAIRX=1 greedy again under PAIRX_OFF's
 #   switches; unless SAMPLED=0 top_k 0, top_k 40 (TOP40=0 leaves it out), top_p 0.95 and 0.9; Q8=1 the Q8_0 model under
@@ -30,7 +32,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS)=' | sort | tr '\n' ' ')"
 M=$W/q3-12-Q4_K.gguf
 ( [ -f $M ] || { nice -n 10 timeout 150 python3 -m sparkd.engine.cli make-model $M.part --preset qwen3-30b-a3b \
     --quant Q4_K --quiet --layers 12 && mv $M.part $M; } ) > $R/make.log 2>&1 & MK=$!
@@ -40,6 +42,11 @@ if [ "${BIG:-0}" = 1 ]; then
       --quant Q8_0 --quiet --layers 2 && mv $B.part $B; } ) > $R/make_big.log 2>&1 & MKB=$!
 fi
 Q=$W/q3-12-Q8_0.gguf
+IQM=$W/q3-2-IQ2_XXS.gguf
+if [ "${IQ:-0}" = 1 ]; then  # iq50: a 2-layer qwen3-30b-a3b-shaped IQ2_XXS model for its decode with the integer step
+  ( [ -f $IQM ] || { nice -n 10 timeout 90 python3 -m sparkd.engine.cli make-model $IQM.part --preset qwen3-30b-a3b \
+      --quant IQ2_XXS --quiet --layers 2 && mv $IQM.part $IQM; } ) > $R/make_iq.log 2>&1 & MKI=$!
+fi
 if [ "${Q8:-0}" = 1 ]; then  # the 2048-wide Q8_0 decode: moe46's down ahead against SPARKD_MOE_DOWN_AHEAD=off
   ( [ -f $Q ] || { nice -n 10 timeout 200 python3 -m sparkd.engine.cli make-model $Q.part --preset qwen3-30b-a3b \
       --quant Q8_0 --quiet --layers 12 && mv $Q.part $Q; } ) > $R/make_q8.log 2>&1 & MKQ=$!
@@ -50,7 +57,7 @@ G=("$E/test_kernels.py -k \"int8 or igemm\""
    "$E/test_kernels.py -k \"($K) and not (int8 or igemm)\""
    "$E/test_kernels.py -k \"not ($K)\""
    "$E/test_fused_kernels.py $E/test_norm_quant.py $E/test_norm_fold.py $E/test_split_fold.py"
-   "$E/test_quants.py $E/test_iq_kernels.py $E/test_q6_k_int.py $E/test_q6_k_tiled.py $E/test_iq4_xs_int.py $E/test_q4_0_int.py"
+   "$E/test_quants.py $E/test_iq_kernels.py $E/test_q6_k_int.py $E/test_q6_k_tiled.py $E/test_iq4_xs_int.py $E/test_q4_0_int.py $E/test_iq_grid_int.py"
    "$E/test_q4_k_tiled.py $E/test_row_tiles.py $E/test_q4t_compact.py $E/test_q4t_pair.py $E/test_q4t_relaid.py $E/test_q4t_tma.py $E/test_gemv_split.py"
    "$E/test_int_kernels.py $E/test_fused_qkv.py $E/test_kernel_determinism.py"
    "$E/test_kernel_engine.py $E/test_eager_decode.py $E/test_kimi_k3.py $E/test_kda_memory.py"
@@ -82,6 +89,12 @@ if [ "${IGEMM:-0}" = 1 ] && fits 60 "prefill GEMM bench"; then  # igemm50 (sessi
     --ways ieee,s13,tf32,64/32/4/1/2/0} --json $R/igemm.json > $R/igemm.log 2>&1
   log "igemm rc $?"; cat $R/igemm.log >> $OUT/log.txt; snap
 fi
+if [ "${IQ:-0}" = 1 ] && fits 150 "i-quant integer steps bench"; then  # iq50 (session 22): dp4a steps vs float dots
+  env ${IQ_ENV:-SPARKD_IQ2_XXS_INT=1 SPARKD_IQ3_XXS_INT=1 SPARKD_IQ2_XS_INT=1 SPARKD_IQ1_S_INT=1} \
+    timeout ${IQ_S:-140} python3 bench/kernels_bench.py ${IQ_ARGS:---types IQ2_XXS,IQ3_XXS,IQ2_XS,IQ1_S --unified off} \
+    --json $R/iq.json > $R/iq.log 2>&1
+  log "iq rc $?"; cat $R/iq.log >> $OUT/log.txt; snap
+fi
 if [ "${DRAW:-0}" = 1 ]; then  # topp45's 2048 bins a stage against 4096, the draw graph alone
   timeout 50 python3 bench/gpu_box/draw_graph_bench.py --top-p-only --reps 200 --json $R/draw_graph.json > $R/draw_graph.log 2>&1
   log "draw bench rc $?"; cat $R/draw_graph.log >> $OUT/log.txt; snap
@@ -106,6 +119,13 @@ if [ "${Q8:-0}" = 1 ]; then
   for r in $(seq 1 ${Q8_ROUNDS:-1}); do
     fits 90 "Q8_0 decode round $r" || break
     M=$Q gen q8 $r; eval "M=$Q ${Q8_OFF:-SPARKD_MOE_DOWN_AHEAD=off} gen q8aheadoff $r"; snap
+  done
+fi
+if [ "${IQ:-0}" = 1 ]; then  # iq50: the IQ2_XXS model's decode, SPARKD_IQ2_XXS_INT=1 (the integer step) and the default
+  wait $MKI; log "iq model $(ls -la $IQM 2>&1 | awk '{print $5}') $(tail -1 $R/make_iq.log)"
+  for r in $(seq 1 ${IQ_ROUNDS:-1}); do
+    fits 70 "IQ2_XXS decode round $r" || break
+    eval "M=$IQM SPARKD_IQ2_XXS_INT=1 gen iq2xxsint $r"; M=$IQM gen iq2xxsfloat $r; snap
   done
 fi
 if [ "${BIG:-0}" = 1 ]; then
