@@ -3,7 +3,7 @@
 # on a cold box. Copy it as run into docs/runs/<date>-sN-final/call.sh with the environment it ran with (its log's first
 # line). Steps, each bounded by a timeout and all by END_S (seconds from the start; a step that no longer fits is
 # logged as SKIPPED with the time it needed, never left out silently):
-# - the gpu-marked test groups (G below; ONLY="5 8 9" picks groups) in parallel pytest processes, TEST_TIMEOUT each,
+# - the gpu-marked test groups (G below; ONLY="5 8 9" picks groups, ONLY=none runs none) in parallel pytest processes, TEST_TIMEOUT each,
 #   while the models are made: the 12-layer qwen3-30b-a3b-shaped Q4_K model always, BIG=1 a 2-layer
 #   qwen3-235b-a22b-shaped Q8_0 one (4096 wide, experts 1536), Q8=1 the 12-layer model in Q8_0;
 # - MOE=1: the MoE layer rows (bench/moe_tiles_bench.py; MOE_SHAPES e.g. 4096x1536x8, MOE_TYPES e.g. Q8_0,Q4_KXD,
