@@ -1,4 +1,4 @@
-"""The prefill GEMMs (matmul.gemm, and grouped_gemm over many experts as moe_prefill runs it) per weight layout
+"""The prefill GEMMs (prefill_gemm.gemm, and grouped_gemm over many experts as moe_prefill runs it) per weight layout
 at prompt shapes on CUDA: the integer GEMM ("int8") at several launches, and the float GEMM, side by side in one
 process.
 
@@ -8,8 +8,8 @@ valid blocks (grouped: --experts of them, one buffer, the tokens routed to --top
 in expert tiles of --block-t rows by moe.expert_tiles; a shape with rows > cols is a down projection: one x
 row per routed row, as moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the
 engine quantizes a stack's or a MoE layer's x once), a way (--ways): "s11" / "s12" (session 11's / 12's
-table), "s13" (matmul.IGEMM_TILES, the default), or a launch
-bn/bt/warps/unroll/stages/kblock[/maxnreg] (matmul.IgemmTile with steps: bt the dense GEMM's tokens a program;
+table), "s13" (prefill_gemm.IGEMM_TILES, the default), or a launch
+bn/bt/warps/unroll/stages/kblock[/maxnreg] (prefill_gemm.IgemmTile with steps: bt the dense GEMM's tokens a program;
 kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or left out: Triton's), or a float
 precision (FLOAT_WAYS: the float GEMM on x unquantized, what a family without an iblock runs; "ieee" is what
 Q4_0's and IQ4_XS's prompts ran before session 22): median µs of CUDA-event-timed calls, TOPS (2 rows cols routed
@@ -28,7 +28,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from kernels_bench import events_seconds, random_blocks
 
-from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, matmul, moe, q4_k_tiled, q6_k_tiled,
+from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, moe, prefill_gemm, q4_k_tiled, q6_k_tiled,
                                    q8_0_packed)
 
 # --types name: (GGUF type of the random blocks, the layout's qtype, its packing or None)
@@ -46,16 +46,16 @@ DEVICE = "cuda"
 def use_way(way: str) -> None:
     """Set matmul's integer GEMM launch to a --ways entry (a bn/bt/... launch: for every layout; a float way: the
     default)."""
-    matmul.IGEMM_WAY = way if way in matmul.IGEMM_WAYS else DEFAULT_WAY
-    matmul.igemm_tile = TABLE
-    if way not in matmul.IGEMM_WAYS + FLOAT_WAYS:
+    prefill_gemm.IGEMM_WAY = way if way in prefill_gemm.IGEMM_WAYS else DEFAULT_WAY
+    prefill_gemm.igemm_tile = TABLE
+    if way not in prefill_gemm.IGEMM_WAYS + FLOAT_WAYS:
         bn, bt, warps, unroll, stages, kb, *reg = (int(v) for v in way.split("/"))
-        tile = matmul.IgemmTile(bn, bt, warps, unroll, stages, True, kb > 0, kb == 2, *reg)
-        matmul.igemm_tile = lambda fam, grouped: tile
+        tile = prefill_gemm.IgemmTile(bn, bt, warps, unroll, stages, True, kb > 0, kb == 2, *reg)
+        prefill_gemm.igemm_tile = lambda fam, grouped: tile
 
 
-TABLE = matmul.igemm_tile
-DEFAULT_WAY = matmul.IGEMM_WAY
+TABLE = prefill_gemm.igemm_tile
+DEFAULT_WAY = prefill_gemm.IGEMM_WAY
 
 
 def routed(tokens: int, experts: int, top_k: int, down: bool, block_t: int):
@@ -101,13 +101,13 @@ def main() -> int:
                     src, tiles, n_x = routed(tokens, a.experts, a.top_k, rows > cols, a.block_t)
                     x = torch.randn(n_x, cols, device=DEVICE)
                     qx = act_quant.quantize(x, fam.act_fmt)
-                    call = lambda p: matmul.grouped_gemm(  # noqa: E731
+                    call = lambda p: prefill_gemm.grouped_gemm(  # noqa: E731
                         w, offsets, ltype, (rows, cols), x, src, tiles, p, qx if p == INT8 else None, a.block_t)
                     work = src.numel()
                 else:
                     x = torch.randn(tokens, cols, device=DEVICE)
                     qx = act_quant.quantize(x, fam.act_fmt)
-                    call = lambda p: matmul.gemm(w, ltype, (rows, cols), x, p,  # noqa: E731
+                    call = lambda p: prefill_gemm.gemm(w, ltype, (rows, cols), x, p,  # noqa: E731
                                                  qx=qx if p == INT8 else None)
                     work = tokens
                 first = base = None

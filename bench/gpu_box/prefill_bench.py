@@ -68,7 +68,7 @@ from decode_profile import Stages, kernel_time_by_name, stage_report
 from torch.profiler import ProfilerActivity, profile
 
 from sparkd.engine.prompt_graphs import PROMPT_LAST_SCORES, PromptForward
-from sparkd.engine.kernels import matmul, moe
+from sparkd.engine.kernels import moe, prefill_gemm
 from sparkd.engine.layers import attention, linear
 from sparkd.engine.layers import moe as moe_layer
 from sparkd.engine.models import load_model
@@ -87,12 +87,12 @@ VARIANTS["stack"] = VARIANTS["t16"]
 VARIANTS["graphs"] = VARIANTS["int8"]
 VARIANTS["s11g"] = VARIANTS["s12g"] = VARIANTS["s12w"] = VARIANTS["s12r"] = VARIANTS["int8"]
 VARIANTS["i64"] = ("grouped", "int8", True, *NOW[:2], 64, NOW[3])
-IGEMM_NOW = matmul.IGEMM_WAY
-TABLE_NOW = dict(matmul.IGEMM_TILES)
-# per way: its launches of matmul.IGEMM_TILES in place of the default's (bench-only candidates)
-TILES = {"s12w": {("Q4_K_TILED", True): matmul.IgemmTile(64, 32, 4, 1, 2, words=True)},
-         "s12r": {("Q4_K_TILED", True): matmul.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=128)},
-         "i64": {("Q4_K_TILED", True): matmul.IgemmTile(64, 64, 8, 1, 2, words=True, maxnreg=128)}}
+IGEMM_NOW = prefill_gemm.IGEMM_WAY
+TABLE_NOW = dict(prefill_gemm.IGEMM_TILES)
+# per way: its launches of prefill_gemm.IGEMM_TILES in place of the default's (bench-only candidates)
+TILES = {"s12w": {("Q4_K_TILED", True): prefill_gemm.IgemmTile(64, 32, 4, 1, 2, words=True)},
+         "s12r": {("Q4_K_TILED", True): prefill_gemm.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=128)},
+         "i64": {("Q4_K_TILED", True): prefill_gemm.IgemmTile(64, 64, 8, 1, 2, words=True, maxnreg=128)}}
 EAGER_OF = {"graphs": "int8", "graphs-rows": "int8-rows", "graphs-torch": "int8-torch",
             "graphs2k": "int8"}  # graph way: its eager way
 # graph way: its largest bucket (else PromptForward's default, from the attention switch when it is made)
@@ -116,7 +116,7 @@ def candidate(variant: str) -> None:
     for key, launch in ((("Q4_K_TILED", True), g), (("Q4_K", True), n), (("Q4_K_TILED", False), d)):
         if launch != "-":
             bn, bt, warps, unroll, stages, kb, reg = (int(v) for v in launch.split("/"))
-            tiles[key] = matmul.IgemmTile(bn, bt, warps, unroll, stages, True, kb > 0, kb == 2, reg)
+            tiles[key] = prefill_gemm.IgemmTile(bn, bt, warps, unroll, stages, True, kb > 0, kb == 2, reg)
     VARIANTS[variant] = (*VARIANTS["int8"][:5], int(t), VARIANTS["int8"][6])
     TILES[variant], EAGER_OF[variant] = tiles, "int8"
 
@@ -129,9 +129,9 @@ def use(variant: str) -> bool:
     attention.PREFILL_ATTENTION, linear.PREFILL_FLOAT_GEMM = (ROWS[variant],) * 2 if variant in ROWS else ROWS_ENV
     own_rope = variant in OWN_ROPE
     graphed = prompt_graphs.get(variant)
-    matmul.IGEMM_WAY = {"s11g": "s11", "s12g": "s12"}.get(variant, IGEMM_NOW)
-    matmul.IGEMM_TILES.clear()
-    matmul.IGEMM_TILES.update({**TABLE_NOW, **TILES.get(variant, {})})
+    prefill_gemm.IGEMM_WAY = {"s11g": "s11", "s12g": "s12"}.get(variant, IGEMM_NOW)
+    prefill_gemm.IGEMM_TILES.clear()
+    prefill_gemm.IGEMM_TILES.update({**TABLE_NOW, **TILES.get(variant, {})})
     return last
 
 

@@ -1,8 +1,8 @@
-"""Compile the integer prefill GEMMs (matmul._igemm_kernel and _grouped_igemm_kernel) for sm_90 offline (the triton
-wheel carries ptxas; no GPU needed) at each layout's launch (matmul.igemm_tile) and print the registers and stack
-bytes a thread (cuobjdump -res-usage of Triton's cubin: a stack here holds spilled registers) and how often the PTX
-reads the xs_ptr argument (x's per-32 sums: only the K-quants' min term needs them; IQ4_XS's zero mins fold away).
-The interpreter runs none of this. Run without TRITON_INTERPRET; test_kernels.py runs it for Q4_0, IQ4_XS and
+"""Compile the integer prefill GEMMs (prefill_gemm._igemm_kernel and _grouped_igemm_kernel) for sm_90 offline (the
+triton wheel carries ptxas; no GPU needed) at each layout's launch (prefill_gemm.igemm_tile) and print the registers
+and stack bytes a thread (cuobjdump -res-usage of Triton's cubin: a stack here holds spilled registers) and how often
+the PTX reads the xs_ptr argument (x's per-32 sums: only the K-quants' min term needs them; IQ4_XS's zero mins fold
+away). The interpreter runs none of this. Run without TRITON_INTERPRET; test_kernels.py runs it for Q4_0, IQ4_XS and
 Q4_K. Arguments: layouts (default all), e.g. `python igemm_compile.py Q4_0 IQ4_XS`. A line per layout and kernel:
     <layout> <dense|grouped> regs=<n> stack=<bytes> xs_reads=<n>"""
 
@@ -17,7 +17,7 @@ from gguf.constants import GGMLQuantizationType as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from sparkd.engine.kernels import dispatch, matmul, moe, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import dispatch, moe, prefill_gemm, q4_k_tiled, q6_k_tiled, q8_0_packed
 
 LAYOUTS = {"Q8_0": T.Q8_0, "Q8_0_PACKED": q8_0_packed.PACKED, "Q4_K": T.Q4_K, "Q4_K_TILED": q4_k_tiled.TILED,
            "Q6_K": T.Q6_K, "Q6_K_TILED": q6_k_tiled.TILED, "Q4_0": T.Q4_0, "IQ4_XS": T.IQ4_XS}
@@ -30,8 +30,8 @@ N_BLOCKS = 2048 // 32  # rows of 2048 values (bench/igemm_bench.py's shapes): UN
 
 def compiled(kern, fam: dispatch.Family, grouped: bool):
     """kern compiled for sm_90 at the family layout's launch (the grouped one at moe.PREFILL_TILE's expert tiles)."""
-    tile = matmul.igemm_tile(fam, grouped)
-    args = matmul._igemm_args(fam, tile, N_BLOCKS)
+    tile = prefill_gemm.igemm_tile(fam, grouped)
+    args = prefill_gemm._igemm_args(fam, tile, N_BLOCKS)
     opts = {k: args.pop(k) for k in ("num_warps", "maxnreg") if k in args}
     consts = dict(args, BLOCK_T=moe.PREFILL_TILE if grouped else tile.block_t)
     sig = {n: "constexpr" if n in consts else TYPES.get(n, "i32") for n in kern.arg_names}
@@ -53,7 +53,7 @@ def usage(cubin: bytes) -> tuple[int, int]:
 def main(names: list[str]) -> None:
     for name in names or LAYOUTS:
         fam = dispatch.family(LAYOUTS[name])
-        for kind, kern in (("dense", matmul._igemm_kernel), ("grouped", matmul._grouped_igemm_kernel)):
+        for kind, kern in (("dense", prefill_gemm._igemm_kernel), ("grouped", prefill_gemm._grouped_igemm_kernel)):
             k = compiled(kern, fam, kind == "grouped")
             reads = k.asm["ptx"].count(f"[{kern.fn.__name__}_param_{kern.arg_names.index('xs_ptr')}]")
             regs, stack = usage(k.asm["cubin"])

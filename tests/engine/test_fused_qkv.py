@@ -18,7 +18,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from test_kernels import BACKENDS, random_blocks  # noqa: E402
 
-from sparkd.engine.kernels import dispatch, matmul  # noqa: E402
+from sparkd.engine.kernels import dispatch, matmul, prefill_gemm  # noqa: E402
 from sparkd.engine.layers.act_round import vec_dot_format  # noqa: E402
 from sparkd.engine.layers.attention import FUSE_QKV_ENV, Attention, fuse_qkv_default  # noqa: E402
 from sparkd.engine.layers.kv_cache import KVCache  # noqa: E402
@@ -42,14 +42,14 @@ def test_stack_gives_the_bits_of_its_parts(backend, qtype, monkeypatch):
     parts = [kernel_linear(qtype, rows, backend, bias=True) for rows in (70, 9, 9)]
     qkv = KernelLinear.stack(parts)
     assert qkv.parts == (70, 9, 9) and qkv.shape == (88, COLS)
-    gemm, shapes = matmul.gemm, []
-    monkeypatch.setattr(matmul, "gemm", lambda w, qt, shape, *a, **k: shapes.append(shape) or gemm(w, qt, shape, *a, **k))
+    gemm, shapes = prefill_gemm.gemm, []
+    monkeypatch.setattr(prefill_gemm, "gemm", lambda w, qt, shape, *a, **k: shapes.append(shape) or gemm(w, qt, shape, *a, **k))
     for tokens in (1, 3):
         x = torch.randn(tokens, COLS, device=backend)
         want = torch.cat([m(x) for m in parts], dim=-1)
         shapes.clear()
         assert torch.equal(qkv(x), want), tokens
-    one_launch = matmul.int_gemm(dispatch.FAMILIES[qtype], PREFILL_PRECISION)
+    one_launch = prefill_gemm.int_gemm(dispatch.FAMILIES[qtype], PREFILL_PRECISION)
     assert shapes == ([(88, COLS)] if one_launch else [(70, COLS), (9, COLS), (9, COLS)])
     assert one_launch == (qtype == T.Q8_0 and PREFILL_PRECISION == "int8")
 

@@ -142,7 +142,7 @@ def test_packed_q8_0_gives_the_gguf_layouts_sums(backend, config):
     """Repacked (272-byte groups: quants, then scales) the GEMV computes the same sums as on the
     GGUF blocks, and the GEMM the same products; rows ending inside a 256-value group included."""
     from sparkd.engine.kernels import q8_0_packed
-    from sparkd.engine.kernels.matmul import gemm
+    from sparkd.engine.kernels.prefill_gemm import gemm
     rows, cols = (1031, 2080) if backend == "cuda" else (21, 288)
     raw = random_blocks(T.Q8_0, rows * cols // 32).to(backend)
     x = torch.randn(cols, device=backend)

@@ -26,8 +26,8 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import (BACKENDS, BOUNDS, TILES, act_in, arena_table, moe_error, random_blocks,  # noqa: E402
                           reference, rel_err)
 
-from sparkd.engine.kernels import (act_quant, dispatch, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq4_xs, matmul, q4_0,  # noqa: E402
-                                   q6_k)
+from sparkd.engine.kernels import (act_quant, dispatch, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq4_xs,  # noqa: E402
+                                   prefill_gemm, q4_0, q6_k)
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
@@ -114,7 +114,8 @@ def test_switch_back_to_the_float_path(qtype):
     assert module.FAMILY is (module.FLOAT_FAMILY if qtype in OFF_BY_DEFAULT else module.INT_FAMILY)
     assert module.INT_FAMILY.act_fmt == fmt and module.FLOAT_FAMILY.idot is None
     has_iblock = qtype not in OFF_BY_DEFAULT  # (the grid i-quants' prompts stay on the float GEMM)
-    assert matmul.int_gemm(module.INT_FAMILY, "int8") == has_iblock and not matmul.int_gemm(module.FLOAT_FAMILY, "int8")
+    assert prefill_gemm.int_gemm(module.INT_FAMILY, "int8") == has_iblock
+    assert not prefill_gemm.int_gemm(module.FLOAT_FAMILY, "int8")
 
 
 @pytest.mark.gpu

@@ -29,9 +29,9 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
 from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q6_k_tiled, q8_0_packed  # noqa: E402
-from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
-from sparkd.engine.kernels import matmul, moe  # noqa: E402
-from sparkd.engine.kernels.matmul import GEMM_BLOCK_T, GROUPED_BLOCK_TS, grouped_gemm  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
+from sparkd.engine.kernels import moe, prefill_gemm  # noqa: E402
+from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, gemm, grouped_gemm  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, down_input, expert_tiles, moe_decode, moe_prefill, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
@@ -167,7 +167,8 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
     their scales (and mins) in integers, a float step per 256 values): within float32 rounding of the float64 product
     of the same quantized values, and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in
     another order); a repacked layout gives its GGUF blocks' bits (the engine's logits the same on both resident
-    layouts), and session 11's loop and tiles (matmul.IGEMM_TILES) give session 10's bits (matmul.S10_IGEMM)."""
+    layouts), and session 11's loop and tiles (prefill_gemm.IGEMM_TILES) give session 10's bits
+    (prefill_gemm.S10_IGEMM)."""
     qtype, ltype, pack = INT8_LAYOUTS[layout]
     (rows, cols), counts = INT8_SHAPES_OF.get(qtype, INT8_SHAPES_K)[backend]
     raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
@@ -181,7 +182,7 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
             assert torch.equal(y, gemm(raw.to(backend), qtype, (rows, cols), x, "int8")), f"int8 {layout}"
         if backend == "cuda":  # the interpreter: test_igemm_steps_give_session_10s_bits, every layout at 8 rows
             with monkeypatch.context() as mp:
-                mp.setattr(matmul, "igemm_tile", lambda fam, grouped: matmul.S10_IGEMM)
+                mp.setattr(prefill_gemm, "igemm_tile", lambda fam, grouped: prefill_gemm.S10_IGEMM)
                 assert torch.equal(y, gemm(w, ltype, (rows, cols), x, "int8")), f"int8 {layout} s10"
         xq = act_quant.quantize(x, fmt).dequantize().double().cpu()
         scale = xq.abs() @ W.abs().T
@@ -197,7 +198,7 @@ def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
-    """Session 11's loop (matmul._igemm_steps) on every layout, with the family's word loader (kblock), with
+    """Session 11's loop (prefill_gemm._igemm_steps) on every layout, with the family's word loader (kblock), with
     iblock and (pairx) with session 12's word unpack (wblock), 2 Q8_0 blocks a step: the bits of session 10's
     loop, dense and grouped (two experts, rows in tiles); the grouped rows of expert 0 the bits of its dense GEMM
     (dense is checked against the reference in test_int8_gemm_is_the_decode_integer_sums)."""
@@ -211,11 +212,12 @@ def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
         offsets = torch.arange(n, dtype=torch.int64, device=backend) * (w.numel() // n)
         x = torch.randn(n_tok, cols, device=backend)
         got = []
-        tiles_ = [matmul.S10_IGEMM, matmul.IgemmTile(16, 16, 4, 2, 2), matmul.IgemmTile(16, 16, 4, 2, 2, kblock=False)]
+        tiles_ = [prefill_gemm.S10_IGEMM, prefill_gemm.IgemmTile(16, 16, 4, 2, 2),
+                  prefill_gemm.IgemmTile(16, 16, 4, 2, 2, kblock=False)]
         if dispatch.family(ltype).wblock is not None:  # pairx's 32-bit word unpack (session 12)
-            tiles_.append(matmul.IgemmTile(16, 16, 4, 2, 2, words=True, maxnreg=168))
+            tiles_.append(prefill_gemm.IgemmTile(16, 16, 4, 2, 2, words=True, maxnreg=168))
         for tile in tiles_:
-            monkeypatch.setattr(matmul, "igemm_tile", lambda fam, grouped: tile)
+            monkeypatch.setattr(prefill_gemm, "igemm_tile", lambda fam, grouped: tile)
             got.append((gemm(w[:w.numel() // n], ltype, (rows, cols), x, "int8"),
                         grouped_gemm(w, offsets, ltype, (rows, cols), x, src, tiles, "int8", block_t=16)))
         for dense, grouped in got[1:]:
@@ -227,9 +229,9 @@ def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
 # Q4_K integer GEMM launches that ran on the H200 (session 13, prefill28): (layout, grouped, launch, expert tile
 # height): s13's GGUF grouped launch, and the 64-row expert tiles its down would gain at 2048 tokens (M = 64 on 4
 # warps: Triton's wgmma there, mma.sync at 32 rows); the call's other launches in bench/results/prefill28_h200_s13*
-Q4K_LAUNCHES = [("q4_k", True, matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168), 32),
-                ("q4_k", True, matmul.IgemmTile(32, 64, 4, 1, 2, kblock=False, maxnreg=168), 64),
-                ("q4_k_pairx", True, matmul.IgemmTile(32, 64, 4, 1, 2, words=True, maxnreg=168), 64)]
+Q4K_LAUNCHES = [("q4_k", True, prefill_gemm.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168), 32),
+                ("q4_k", True, prefill_gemm.IgemmTile(32, 64, 4, 1, 2, kblock=False, maxnreg=168), 64),
+                ("q4_k_pairx", True, prefill_gemm.IgemmTile(32, 64, 4, 1, 2, words=True, maxnreg=168), 64)]
 
 
 def _launch_id(case) -> str:
@@ -258,9 +260,9 @@ def test_q4k_gemm_launches_keep_the_bits(case, monkeypatch):
                                      block_t=t)
     else:
         run = lambda t: gemm(w[:w.numel() // n], ltype, (rows, cols), x, "int8")  # noqa: E731
-    monkeypatch.setattr(matmul, "IGEMM_WAY", "s12")
+    monkeypatch.setattr(prefill_gemm, "IGEMM_WAY", "s12")
     want = run(32)
-    monkeypatch.setattr(matmul, "igemm_tile", lambda fam, grouped: tile)
+    monkeypatch.setattr(prefill_gemm, "igemm_tile", lambda fam, grouped: tile)
     assert torch.equal(run(height), want)
 
 
@@ -269,22 +271,24 @@ def test_igemm_ways_pick_their_tables(monkeypatch):
     168 registers (q4k21) and its grouped one with wblock (prefill26); s11 keeps session 11's launches; a layout
     without a row (packed Q8_0) session 10's."""
     pairx, gguf = q4_k_tiled.FAMILIES["pairx"], dispatch.FAMILIES[T.Q4_K]
-    s12 = (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168),
-           matmul.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=168))
-    s11_gguf = matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False)
-    want = {"s13": (*s12, matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)),
+    s12 = (prefill_gemm.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168),
+           prefill_gemm.IgemmTile(64, 32, 4, 1, 2, words=True, maxnreg=168))
+    s11_gguf = prefill_gemm.IgemmTile(64, 32, 4, 1, 2, kblock=False)
+    want = {"s13": (*s12, prefill_gemm.IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)),
             "s12": (*s12, s11_gguf),
-            "s11": (matmul.IgemmTile(64, 32, 4, 1, 2, kblock=False), matmul.IgemmTile(64, 32, 4, 1, 2), s11_gguf)}
+            "s11": (prefill_gemm.IgemmTile(64, 32, 4, 1, 2, kblock=False), prefill_gemm.IgemmTile(64, 32, 4, 1, 2),
+                    s11_gguf)}
     for way, tiles in want.items():
-        monkeypatch.setattr(matmul, "IGEMM_WAY", way)
-        got = (matmul.igemm_tile(pairx, False), matmul.igemm_tile(pairx, True), matmul.igemm_tile(gguf, True))
+        monkeypatch.setattr(prefill_gemm, "IGEMM_WAY", way)
+        got = (prefill_gemm.igemm_tile(pairx, False), prefill_gemm.igemm_tile(pairx, True),
+               prefill_gemm.igemm_tile(gguf, True))
         assert got == tiles, way
 
 
 def test_q4_0_and_iq4_xs_integer_gemms_compile_for_sm_90():
     """Session 22's integer GEMMs offline for sm_90 (igemm_compile.py; the interpreter runs no PTX): Q4_0's and IQ4_XS's
     dense and grouped launches compile; IQ4_XS's keep every register (no stack: its dense tile was picked so, not
-    timed, matmul.IGEMM_TILES); neither reads x's per-32 sums (IQ4_XS's zero mins fold away), as Q4_K's min term
+    timed, prefill_gemm.IGEMM_TILES); neither reads x's per-32 sums (IQ4_XS's zero mins fold away), as Q4_K's min term
     does."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(Path(__file__).parent / "igemm_compile.py"), "Q4_0", "IQ4_XS", "Q4_K"],
@@ -339,7 +343,7 @@ def test_int8_moe_prefill(backend, qtype, monkeypatch):
         assert torch.equal(got["grouped", h], got["loop", 16]), h
     if backend == "cuda":  # session 10's integer GEMM loop and tiles: the same bits
         with monkeypatch.context() as mp:
-            mp.setattr(matmul, "igemm_tile", lambda fam, grouped: matmul.S10_IGEMM)
+            mp.setattr(prefill_gemm, "igemm_tile", lambda fam, grouped: prefill_gemm.S10_IGEMM)
             assert torch.equal(moe_prefill(prepare(table, backend), x.to(backend), *args, precision="int8",
                                            round_h=rnd), got["grouped", heights[-1]])
     got["grouped"] = got["grouped", heights[-1]]

@@ -174,7 +174,7 @@ def test_pairx_refuses_other_tiles():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bytes_layout_gemm_gives_the_gguf_bits(backend, loads, monkeypatch):
     """The GEMM's dequant on the bytes and pairx layouts (what prefill runs when that step is the default)."""
-    from sparkd.engine.kernels.matmul import gemm
+    from sparkd.engine.kernels.prefill_gemm import gemm
 
     rows, cols = (516, 2048) if backend == "cuda" else (8, 512)
     raw = random_blocks(T.Q4_K, rows * cols // 256).to(backend)

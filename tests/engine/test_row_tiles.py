@@ -27,7 +27,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from sparkd.engine.kernels import dispatch, q4_k_tiled, q6_k_tiled, row_tiles  # noqa: E402
-from sparkd.engine.kernels.matmul import GemvConfig, gemm, gemv  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
+from sparkd.engine.kernels.prefill_gemm import gemm  # noqa: E402
 from sparkd.engine.models import weights  # noqa: E402
 
 # (layout module, GGUF type, the loader's pick, $env of the resident layout, its parser)

@@ -34,7 +34,7 @@ per block in integers with dp4a, to acc: EW False, float32 [BN] (reduced every g
 the elementwise tile float32 [BN, *iacc], summed once after the loop (the H200-measured default
 tiles of both families, matmul.GEMV_TILES). EMU: emulate dp4a (interpreter).
 
-iblock(w_ptr, row_off, rmask, b, row_bytes) contract (the integer prefill GEMM, matmul.gemm at
+iblock(w_ptr, row_off, rmask, b, row_bytes) contract (the integer prefill GEMM, prefill_gemm.gemm at
 precision "int8"; families with an idot whose sub-blocks are 32 values): block b (values b*32 ...
 b*32+31) of the rows at byte offsets row_off int64 [BN] (row_bytes: the GGUF layout's bytes per
 row, from which a tiled layout finds a row's place in its tile); rows not in rmask come back as 0
@@ -104,7 +104,7 @@ class Family:
     igroup: Any = None  # triton.JITFunction with an iblock of integer scales and mins (K-quants), else None
     ihalf: bool = False  # with igroup: iblock's scales are per 16 values (Q6_K), no min
     # with an iblock: iblock's values loaded as 32-bit (Q8_0: 16-bit) words and unpacked in registers instead of
-    # byte loads (session 11's GEMM, matmul._igemm_steps: the pipeliner copies word loads ahead); None: iblock
+    # byte loads (session 11's GEMM, prefill_gemm._igemm_steps: the pipeliner copies word loads ahead); None: iblock
     kblock: Any = None
     # with a kblock: the same block unpacked with 32-bit word ops into the int8 tile (pairx, session 12), or None
     wblock: Any = None

@@ -15,7 +15,7 @@ x word by dp4a; the sub-block's scale - 32 applied in integers, one float step d
 tile. Blocks are 136 bytes, so rows of whole blocks keep 4-byte alignment: qs and the two header
 words load as 32-bit words (Family.align 4).
 
-iblock / igroup hand the integer prefill GEMM (matmul.gemm / grouped_gemm at "int8", session 22) a sub-block's
+iblock / igroup hand the integer prefill GEMM (prefill_gemm.gemm / grouped_gemm at "int8", session 22) a sub-block's
 table values as int8 (the same `lookup`) with its scale - 32, and a super-block's d: the K-quants' form with a
 min and dmin of 0, so the GEMM sums (scale - 32) * isum over the 8 sub-blocks in int32 and adds d_x * d * qsum,
 the idot's arithmetic. (Zero mins rather than a flag in matmul: the compiler folds the min term away, the

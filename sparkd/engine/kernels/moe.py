@@ -44,8 +44,6 @@ from sparkd.engine import switches
 from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, pdl, q4_k, q4_k_pair,
                                    q4_k_tiled, q8_0_words)
 from sparkd.engine.kernels.matmul import (
-    GEMM_BLOCK_T,
-    GROUPED_BLOCK_TS,
     GemvConfig,
     check_one_tile,
     check_qx,
@@ -54,10 +52,7 @@ from sparkd.engine.kernels.matmul import (
     fold_pair,
     fold_part,
     fold_partials,
-    gemm,
-    grouped_gemm,
     int_args,
-    int_gemm,
     kernel_folds,
     pair_slots,
     partials_for,
@@ -69,6 +64,7 @@ from sparkd.engine.kernels.matmul import (
 )
 from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
                                              pair_fold, pairx_down, pairx_way, pipe_programs)
+from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, gemm, grouped_gemm, int_gemm
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -893,7 +889,7 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
                 check_slots: bool = True) -> torch.Tensor:
     """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts (an ExpertTable,
     or the PreparedTable of all of them that prepare() made); route_weights
-    float32 [T, A] -> y [T, D]; round_h as in moe_decode; precision matmul.gemm's (at "int8" x
+    float32 [T, A] -> y [T, D]; round_h as in moe_decode; precision prefill_gemm.gemm's (at "int8" x
     comes unrounded where gate/up run integer: quantized here, as round_x would). PREFILL "grouped": the (token, slot)
     pairs sorted by expert, gate, up and down each one grouped GEMM launch over every expert's
     tiles (no host sync), the same bits as "loop": a GEMM per expert and projection, each expert's

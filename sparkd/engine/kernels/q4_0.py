@@ -11,7 +11,7 @@ integers (Q8_0 blocks carry no sums to fold it with; a table lookup as IQ4_XS's,
 -8..7, takes 8 byte permutes a word); one float step d * d_x per block. 18-byte blocks are only
 2-byte aligned, so every 32-bit word is built from two 16-bit loads (as Q8_0's).
 
-iblock hands the integer prefill GEMM (matmul.gemm / grouped_gemm at "int8", session 22) a block's nibbles - 8 as
+iblock hands the integer prefill GEMM (prefill_gemm.gemm / grouped_gemm at "int8", session 22) a block's nibbles - 8 as
 int8 and d, as Q8_0's iblock does its quants: the GEMM adds isum * (d_x * d) per block, the idot's arithmetic.
 
 SPARKD_Q4_0_INT=0 (read at import) takes the float path instead (FLOAT_FAMILY: x rounded to Q8_0

@@ -14,7 +14,7 @@ and does llama.cpp's arithmetic: dp4a of masked nibble words with x words per su
 6-bit scales and mins applied in integers, one float step per super-block:
 d_x * (d * sum_s sc_s * isum_s - dmin * sum_s mn_s * xsum_s).
 
-iblock / igroup hand the integer prefill GEMM (matmul.gemm at "int8", session 10) a sub-block's
+iblock / igroup hand the integer prefill GEMM (prefill_gemm.gemm at "int8", session 10) a sub-block's
 nibbles as int8 with its integer scale and min, and a group's d and dmin: the same sums and float step.
 """
 

@@ -238,7 +238,7 @@ def dequant_bytes(w_ptr, aux_ptr, row_off, g, smask):
 
 @triton.jit
 def dequant(w_ptr, aux_ptr, row_off, g, smask):
-    """q4_k's dequant on the tiled layout; aux_ptr: int32 [1], the row width (matmul.gemm passes
+    """q4_k's dequant on the tiled layout; aux_ptr: int32 [1], the row width (prefill_gemm.gemm passes
     it to families with row tiles: a row's place in its tile follows from it)."""
     qs, hdr = _group(w_ptr, row_off, g, tl.load(aux_ptr.to(tl.pointer_type(tl.int32))))
     return q4_k.dequant_at(qs, hdr, smask)

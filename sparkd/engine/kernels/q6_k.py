@@ -13,7 +13,7 @@ x word, so sum (q-32)*x stays exact in integers; int8 scales applied in integers
 d * d_x per word tile. The 210-byte blocks are only 2-byte aligned (every other block of a row
 starts 2 bytes past a 4-byte boundary), so every 32-bit word is built from two 16-bit loads.
 
-iblock / igroup hand the integer prefill GEMM (matmul.gemm at "int8", session 10) 32 values as
+iblock / igroup hand the integer prefill GEMM (prefill_gemm.gemm at "int8", session 10) 32 values as
 q - 32 (int8) with the two 16-value scales, and d (Family.ihalf: a tl.dot per 16-value half).
 The resident tiled layout (q6_k_tiled) hands the GEMM the same values (its iblock / igroup).
 

@@ -158,7 +158,7 @@ def _quants(quants, lane, val, m):
 
 @triton.jit
 def dequant(w_ptr, aux_ptr, row_off, g, smask):
-    """q6_k's dequant on the tiled layout; aux_ptr: int32 [1], the row width (matmul.gemm passes
+    """q6_k's dequant on the tiled layout; aux_ptr: int32 [1], the row width (prefill_gemm.gemm passes
     it to families with row tiles: a row's place in its tile follows from it)."""
     quants, scales, ds, lane = _group(w_ptr, row_off, g, tl.load(aux_ptr.to(tl.pointer_type(tl.int32))))
     s = tl.arange(0, 16)[None, :, None]

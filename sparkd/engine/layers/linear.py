@@ -16,7 +16,7 @@ from sparkd.engine.layers.act_round import round_activations
 
 # tl.dot's input precision in the prefill GEMMs (dense and MoE; kernels.PRECISIONS): "int8" (default,
 # session 9) the integer GEMM (x as int8 blocks, the decode's integer sums) where the weights' family has
-# one (matmul.int_gemm: Q8_0, Q4_K, Q6_K and their default resident layouts, Q4_0, IQ4_XS), "ieee" for the
+# one (prefill_gemm.int_gemm: Q8_0, Q4_K, Q6_K and their default resident layouts, Q4_0, IQ4_XS), "ieee" for the
 # others; "ieee" float32 FMAs everywhere (the way before), "tf32x3" three tf32 products on the tensor cores, "tf32" one
 PREFILL_PRECISION = switches.choice("SPARKD_PREFILL_PRECISION", PRECISIONS, "int8")
 # a stack's integer GEMM (several tokens): "one" launch over all its rows (session 10; the same bits:
@@ -171,16 +171,16 @@ class KernelLinear(nn.Module):
         return self._gemv_configs[on_cuda]
 
     def _gemm_qx(self, h: torch.Tensor):
-        """h's QuantX where the GEMM runs integer (matmul.int_gemm), else None."""
+        """h's QuantX where the GEMM runs integer (prefill_gemm.int_gemm), else None."""
         from sparkd.engine.kernels import act_quant, dispatch
-        from sparkd.engine.kernels.matmul import int_gemm
+        from sparkd.engine.kernels.prefill_gemm import int_gemm
 
         fam = dispatch.family(self.qtype)
         return act_quant.quantize(h, fam.act_fmt) if int_gemm(fam, PREFILL_PRECISION) else None
 
     def _gemm(self, h: torch.Tensor, i: int | None, qx=None) -> torch.Tensor:
         """Part i's GEMM (None: all of the matrix's rows)."""
-        from sparkd.engine.kernels.matmul import gemm
+        from sparkd.engine.kernels.prefill_gemm import gemm
 
         part = (self.raw, self.qtype, self.shape) if i is None else self._part(i)
         return gemm(*part, h, precision=PREFILL_PRECISION, qx=qx)

@@ -191,7 +191,7 @@ class MoE(nn.Module):
         table = getattr(self.store, "kernel_table", None)
         layer = table(self.il) if table is not None and x.shape[0] > 1 else None
         if layer is not None:  # many tokens, every expert at hand: group tokens by expert
-            from sparkd.engine.kernels.matmul import int_gemm
+            from sparkd.engine.kernels.prefill_gemm import int_gemm
             from sparkd.engine.kernels.moe import moe_prefill
 
             # the integer GEMM quantizes x itself (to the values round_activations gives)
