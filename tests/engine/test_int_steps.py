@@ -13,6 +13,7 @@ Shapes: odd row counts (not a multiple of any tile), rows ending inside their la
 
 import os
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
@@ -32,7 +33,7 @@ from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 
-# one float per super-block and row, groups in order: the arithmetic test_<type>_int.py repeats
+# one float per super-block and row, groups in order: the arithmetic integer_result recomputes (test_<type>_int.py)
 ROWS_TILE = GemvConfig(block_n=4, num_warps=1, unroll=2, split=1, elementwise=False)
 # the default tile, tiles overrunning the row's groups (unroll 3 over 3 groups split in 2), wide
 CONFIGS = [None, GemvConfig(block_n=2, num_warps=1, unroll=3, split=2, elementwise=True),
@@ -62,6 +63,27 @@ def awkward_x(cols: int, block: int = 256) -> torch.Tensor:
     x = torch.randn(cols) * 10.0 ** torch.empty(cols // block).uniform_(-3, 2).repeat_interleave(block)
     x[block:2 * block] = 0.0
     return x
+
+
+def integer_result(q: np.ndarray, sc: np.ndarray, d: np.ndarray, x: torch.Tensor, backend: str,
+                   c: float = 1.0) -> tuple[torch.Tensor, ...]:
+    """What ROWS_TILE computes for a Q8_K x, from a type's unpacked values (test_<type>_int.py's unpack: q the
+    integer values [rows, cols], sc the integer scale of each sub-block [rows, cols / sub-block], d the float32
+    scale of each super-block [rows, cols / 256]): (the result recomputed in float32, the float64 of the exact
+    sums, the sum of their terms' magnitudes). Per super-block the exact sum_s sc_s * sum_i q_i * xq_i, then
+    acc += float32(isum) * (d * (d_x * c)) in order (c: the type's power of two, llama.cpp's constant on the
+    product, exact)."""
+    rows, cols = q.shape
+    qx = act_quant.quantize(x.to(backend)[None], act_quant.Q8_K)  # the kernel's own x (act_quant tests: exact)
+    xq = qx.words.cpu().view(torch.int8).numpy().astype(np.int64)[0]
+    dx = qx.scales.cpu().numpy()[0]
+    isum = ((q * xq).reshape(rows, sc.shape[1], -1).sum(-1) * sc).reshape(rows, cols // 256, -1).sum(-1)  # exact
+    assert np.abs(isum).max() < 2 ** 31
+    acc = torch.zeros(rows, dtype=torch.float32)
+    for g in range(cols // 256):
+        acc += torch.from_numpy(isum[:, g].astype(np.float32)) * torch.from_numpy(d[:, g] * (dx[g] * np.float32(c)))
+    terms = torch.from_numpy(isum).double() * torch.from_numpy(d).double() * torch.from_numpy(dx).double() * c
+    return acc, terms.sum(1), terms.abs().sum(1)
 
 
 @pytest.mark.parametrize("qtype", TYPES)

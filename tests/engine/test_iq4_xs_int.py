@@ -21,10 +21,10 @@ if not ON_GPU:
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 import triton.language as tl  # noqa: E402
 
-from test_int_steps import ROWS_TILE, awkward_x  # noqa: E402
+from test_int_steps import ROWS_TILE, awkward_x, integer_result  # noqa: E402
 from test_kernels import BACKENDS, numpy_rng, random_blocks  # noqa: E402
 
-from sparkd.engine.kernels import act_quant, iq4_xs  # noqa: E402
+from sparkd.engine.kernels import iq4_xs  # noqa: E402
 from sparkd.engine.kernels.matmul import gemv  # noqa: E402
 
 KVALUES = np.array(gq.IQ4_NL.kvalues, dtype=np.int64)
@@ -80,23 +80,6 @@ def unpack(raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndar
     return KVALUES[q].reshape(rows, cols), (sc - 32).reshape(rows, -1), d
 
 
-def integer_result(raw: torch.Tensor, rows: int, cols: int, x: torch.Tensor, backend: str) -> tuple[torch.Tensor, ...]:
-    """(ROWS_TILE's result recomputed in float32, float64 of the exact sums, the sum of their
-    terms' magnitudes): per super-block the exact sum_s (sc_s - 32) * sum_i kv_i * xq_i, then
-    acc += float32(isum) * (d * d_x) in order."""
-    qx = act_quant.quantize(x.to(backend)[None], act_quant.Q8_K)  # the kernel's own x (act_quant tests: exact)
-    xq = qx.words.cpu().view(torch.int8).numpy().astype(np.int64)[0]
-    dx = qx.scales.cpu().numpy()[0]
-    kv, sc, d = unpack(raw, rows, cols)
-    isum = ((kv * xq).reshape(rows, -1, 32).sum(-1) * sc).reshape(rows, cols // 256, 8).sum(-1)  # exact
-    assert np.abs(isum).max() < 2 ** 31
-    acc = torch.zeros(rows, dtype=torch.float32)
-    for g in range(cols // 256):
-        acc += torch.from_numpy(isum[:, g].astype(np.float32)) * torch.from_numpy(d[:, g] * dx[g])
-    terms = torch.from_numpy(isum).double() * torch.from_numpy(d).double() * torch.from_numpy(dx).double()
-    return acc, terms.sum(1), terms.abs().sum(1)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_integer_sums_are_llama_cpps(backend):
     """The kernel's per-block integer sums are exact: under the interpreter (no FMA contraction) the
@@ -105,7 +88,7 @@ def test_integer_sums_are_llama_cpps(backend):
     raw = random_blocks(T.IQ4_XS, rows * cols // 256)
     x = awkward_x(cols)
     y = gemv(raw.to(backend), T.IQ4_XS, (rows, cols), x.to(backend), config=ROWS_TILE).cpu()
-    acc, exact, size = integer_result(raw, rows, cols, x, backend)
+    acc, exact, size = integer_result(*unpack(raw, rows, cols), x, backend)
     if backend == "cpu":
         assert torch.equal(y, acc)
     # float32 steps on exact integer sums: <= 3 roundings per super-block (19 here) plus the adds

@@ -22,10 +22,10 @@ if not ON_GPU:
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 import triton.language as tl  # noqa: E402
 
-from test_int_steps import ROWS_TILE, awkward_x  # noqa: E402
+from test_int_steps import ROWS_TILE, awkward_x, integer_result  # noqa: E402
 from test_kernels import BACKENDS, random_blocks  # noqa: E402
 
-from sparkd.engine.kernels import act_quant, dispatch, grids, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq_common  # noqa: E402
+from sparkd.engine.kernels import dispatch, grids, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq_common  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 
 KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8).astype(np.int64)
@@ -139,25 +139,6 @@ def unpack(qtype: T, raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarra
     return q.reshape(rows, cols), sc.reshape(rows, -1), d[..., 0]
 
 
-def integer_result(qtype: T, raw: torch.Tensor, rows: int, cols: int, x: torch.Tensor,
-                   backend: str) -> tuple[torch.Tensor, ...]:
-    """(ROWS_TILE's result recomputed in float32, float64 of the exact sums, the sum of their terms' magnitudes):
-    per super-block the exact sum_s (2 sc_s + 1) * sum_i w_i * xq_i, then acc += float32(isum) * (d * (d_x * c))
-    in order (c the type's power of two: llama.cpp's constant on the product, exact)."""
-    c = GRID_TYPES[qtype][3]
-    qx = act_quant.quantize(x.to(backend)[None], act_quant.Q8_K)  # the kernel's own x (act_quant tests: exact)
-    xq = qx.words.cpu().view(torch.int8).numpy().astype(np.int64)[0]
-    dx = qx.scales.cpu().numpy()[0]
-    q, sc, d = unpack(qtype, raw, rows, cols)
-    isum = ((q * xq).reshape(rows, sc.shape[1], -1).sum(-1) * sc).reshape(rows, cols // 256, -1).sum(-1)  # exact
-    assert np.abs(isum).max() < 2 ** 31
-    acc = torch.zeros(rows, dtype=torch.float32)
-    for g in range(cols // 256):
-        acc += torch.from_numpy(isum[:, g].astype(np.float32)) * torch.from_numpy(d[:, g] * (dx[g] * np.float32(c)))
-    terms = torch.from_numpy(isum).double() * torch.from_numpy(d).double() * torch.from_numpy(dx).double() * c
-    return acc, terms.sum(1), terms.abs().sum(1)
-
-
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_integer_sums_are_llama_cpps(backend, qtype, monkeypatch):
@@ -167,7 +148,7 @@ def test_integer_sums_are_llama_cpps(backend, qtype, monkeypatch):
     rows, cols = (1031, 4096 + 768) if backend == "cuda" else (7, 768)
     raw = random_blocks(qtype, rows * cols // 256)
     x = awkward_x(cols)
-    acc, exact, size = integer_result(qtype, raw, rows, cols, x, backend)
+    acc, exact, size = integer_result(*unpack(qtype, raw, rows, cols), x, backend, GRID_TYPES[qtype][3])
     for cfg in (ROWS_TILE, GemvConfig(block_n=4, num_warps=1, unroll=2, split=2, elementwise=True)):
         y = gemv(raw.to(backend), qtype, (rows, cols), x.to(backend), config=cfg).cpu()
         if backend == "cpu" and cfg is ROWS_TILE:

@@ -19,10 +19,9 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
-from test_int_steps import ROWS_TILE, awkward_x  # noqa: E402
+from test_int_steps import ROWS_TILE, awkward_x, integer_result  # noqa: E402
 from test_kernels import BACKENDS, random_blocks  # noqa: E402
 
-from sparkd.engine.kernels import act_quant  # noqa: E402
 from sparkd.engine.kernels.matmul import gemv  # noqa: E402
 
 
@@ -40,23 +39,6 @@ def unpack(raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndar
     return (q - 32).reshape(rows, cols), scales.reshape(rows, -1), d
 
 
-def integer_result(raw: torch.Tensor, rows: int, cols: int, x: torch.Tensor, backend: str) -> tuple[torch.Tensor, ...]:
-    """(ROWS_TILE's result recomputed in float32, float64 of the exact sums, the sum of their
-    terms' magnitudes): per super-block the exact sum_s sc_s * sum_i (q_i - 32) * xq_i, then
-    acc += float32(isum) * (d * d_x) in order."""
-    qx = act_quant.quantize(x.to(backend)[None], act_quant.Q8_K)  # the kernel's own x (act_quant tests: exact)
-    xq = qx.words.cpu().view(torch.int8).numpy().astype(np.int64)[0]
-    dx = qx.scales.cpu().numpy()[0]
-    q, sc, d = unpack(raw, rows, cols)
-    isum = ((q * xq).reshape(rows, -1, 16).sum(-1) * sc).reshape(rows, cols // 256, 16).sum(-1)  # exact
-    assert np.abs(isum).max() < 2 ** 31
-    acc = torch.zeros(rows, dtype=torch.float32)
-    for g in range(cols // 256):
-        acc += torch.from_numpy(isum[:, g].astype(np.float32)) * torch.from_numpy(d[:, g] * dx[g])
-    terms = torch.from_numpy(isum).double() * torch.from_numpy(d).double() * torch.from_numpy(dx).double()
-    return acc, terms.sum(1), terms.abs().sum(1)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_integer_sums_are_llama_cpps(backend):
     """The kernel's per-block integer sums are exact: under the interpreter (no FMA contraction) the
@@ -65,7 +47,7 @@ def test_integer_sums_are_llama_cpps(backend):
     raw = random_blocks(T.Q6_K, rows * cols // 256)
     x = awkward_x(cols)
     y = gemv(raw.to(backend), T.Q6_K, (rows, cols), x.to(backend), config=ROWS_TILE).cpu()
-    acc, exact, size = integer_result(raw, rows, cols, x, backend)
+    acc, exact, size = integer_result(*unpack(raw, rows, cols), x, backend)
     if backend == "cpu":
         assert torch.equal(y, acc)
     # float32 steps on exact integer sums: <= 3 roundings per super-block (11 here) plus the adds
