@@ -20,9 +20,6 @@ from test_kernels import BACKENDS, arena_table  # noqa: E402
 from sparkd.engine.kernels import moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 
-CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
-         pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-
 
 def test_the_down_ahead_runs_only_where_the_words_step_is_unmasked_and_elementwise():
     k, tile = moe_tiles.Kernels(), GemvConfig(block_n=2, unroll=2, elementwise=True, split=2)
@@ -63,7 +60,7 @@ def test_the_q8_0_down_loads_ahead_from_width_2048_below_4096_and_switches_back(
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
-@pytest.mark.parametrize("backend", CASES)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_down_ahead_gives_the_grid_kernels_bits(backend):
     """The tiles it takes (ranges folded in the launch, one range, an empty range, steps of 1 to 3 groups, 1 or 2
     warps), with and without the residual, and two ranges folded by matmul.fold_pair (session 21, moe48; other

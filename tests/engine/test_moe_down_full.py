@@ -21,9 +21,6 @@ from test_kernels import BACKENDS, BOUNDS, arena_table, moe_error  # noqa: E402
 from sparkd.engine.kernels import act_quant, moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 
-CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
-         pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-
 
 def test_down_full_is_on_for_q4_k_by_default():
     assert moe_tiles.decode_kernels("new").down_full == ("Q4_K", "Q4_K_TILED")  # the tiled down too (moe21)
@@ -59,7 +56,7 @@ def _downs(p, q, w, dim, tile, backend):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
-@pytest.mark.parametrize("backend", CASES)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
 def test_constant_trip_down_gives_the_loops_bits(backend, qtype):
     # two groups a row (unroll 1 and 2), experts in one or two ranges; the interpreter runs programs
@@ -93,7 +90,7 @@ def test_constant_trip_down_gives_the_loops_bits(backend, qtype):
         assert moe_error(y, p, x, w, gates, ups, downs, "silu", qtype, qtype, gu, k) < BOUNDS["fp32"]
 
 
-@pytest.mark.parametrize("backend", CASES)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_three_group_steps_over_six_groups_give_the_loops_bits(backend):
     # Q4_K's 2048-wide down tile (4/1/3/e/8) at F = 1536: two steps of the constant-trip loop; h random
     dim, width, n = (256, 1536, 2) if backend == "cpu" else (2048, 1536, 8)

@@ -22,9 +22,6 @@ from sparkd.engine.kernels import moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 from sparkd.engine.kernels.moe_tiles import Kernels  # noqa: E402
 
-CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
-         pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-
 
 def test_the_pairx_down_ahead_runs_on_the_one_warp_4_row_tile_in_whole_steps_of_1_to_3_groups():
     k, tile = Kernels(), GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=2)
@@ -61,7 +58,7 @@ def test_the_pairx_down_runs_its_2_range_tile_ahead_from_width_2048_below_4096_a
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
-@pytest.mark.parametrize("backend", CASES)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_pairx_down_ahead_and_pair_fold_give_the_grid_loops_bits(backend):
     # (unroll, split) by (dim, width, n); the interpreter: 5 experts in 4 ranges of 2 (the last empty), one range,
     # two ranges (the pair fold)

@@ -20,9 +20,6 @@ from test_kernels import BACKENDS, arena_table  # noqa: E402
 from sparkd.engine.kernels import moe, moe_tiles  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 
-CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
-         pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-
 
 def test_the_pipe_runs_only_where_the_words_step_is_unmasked_and_elementwise():
     k, tile = moe_tiles.Kernels(), GemvConfig(block_n=2, unroll=4, elementwise=True)
@@ -50,7 +47,7 @@ def test_the_pipe_runs_by_width_and_switches_off():
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
-@pytest.mark.parametrize("backend", CASES)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_pipelined_gate_up_gives_the_grid_kernels_bits(backend):
     shapes = [(1024, 64, 2)] if backend == "cpu" else [(4096, 1536, 8), (2048, 768, 8), (7168, 2048, 8)]
     for dim, width, n in shapes:

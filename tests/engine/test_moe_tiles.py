@@ -223,9 +223,6 @@ def test_new_tiles_give_the_old_tiles_sums(backend, qtype):
     assert err < BOUNDS["fp32"]
 
 
-WORDS_CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
-               pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-
 
 def shifted(table: moe.ExpertTable, by: int) -> moe.ExpertTable:
     """The table's experts moved by `by` bytes in a copy of its arena (rows no longer on 4 bytes)."""
@@ -236,7 +233,7 @@ def shifted(table: moe.ExpertTable, by: int) -> moe.ExpertTable:
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("backend", WORDS_CASES)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_q8_0_words_and_the_pair_loop_give_the_old_kernels_sums(backend):
     # rows of 192 values (a partial group: 3 of 4 block pairs) into 64-wide experts (down: K=64)
     dim, width, n = (192, 64, 2) if backend == "cpu" else (2048 + 192, 768, 8)

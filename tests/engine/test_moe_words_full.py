@@ -21,9 +21,6 @@ from test_kernels import BACKENDS, BOUNDS, arena_table, moe_error  # noqa: E402
 from sparkd.engine.kernels import act_quant, moe, moe_tiles, q8_0_words  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 
-CASES = [pytest.param("cpu", id="interpret", marks=BACKENDS[0].marks),
-         pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-
 
 def test_full_needs_whole_tiles_and_whole_loop_steps():
     tile = GemvConfig(block_n=4, unroll=2)
@@ -37,7 +34,7 @@ def test_full_needs_whole_tiles_and_whole_loop_steps():
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
-@pytest.mark.parametrize("backend", CASES)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_unmasked_words_give_the_masked_steps_bits(backend):
     # the interpreter runs programs one by one: one group per row, two experts, wide tiles
     dim, width, n = (256, 256, 2) if backend == "cpu" else (2048, 768, 8)
