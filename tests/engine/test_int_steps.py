@@ -1,6 +1,5 @@
 """The integer steps added after Q8_0's and Q4_K's (Family.idot of Q6_K, IQ4_XS and Q4_0; IQ2_XXS, IQ3_XXS, IQ2_XS
-and IQ1_S, whose switches are off by default: their INT_FAMILY put in dispatch's table here; x quantized
-on the device, dp4a, one float step a block): the GEMV against the float64 reference and against the
+and IQ1_S, the grid i-quants; x quantized on the device, dp4a, one float step a block): the GEMV against the float64 reference and against the
 float path each replaced (its FLOAT_FAMILY, the same rounded x), the MoE decode on experts of the type,
 the switch back, and on the GPU the PTX against the interpreter's twins bit for bit. Each type's exact
 integer sums (and IQ4_XS's table lookup) are in test_<type>_int.py (the grid i-quants': test_iq_grid_int.py).
@@ -47,15 +46,8 @@ STEPS = {T.Q6_K: (q6_k, act_quant.Q8_K, [(4099, 2048), (777, 768), (1, 768)], [(
          T.IQ2_XS: (iq2_xs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
          T.IQ1_S: (iq1_s, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)])}
 TYPES = [pytest.param(t, id=t.name) for t in STEPS]
-# the steps whose switch is off by default (session 22: not yet timed on a GPU)
-OFF_BY_DEFAULT = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S)
-
-
-@pytest.fixture(autouse=True)
-def int_families(monkeypatch):
-    """The integer step in dispatch's table for every type here, as $SPARKD_<type>_INT=1 would make it."""
-    for qtype in OFF_BY_DEFAULT:
-        monkeypatch.setitem(dispatch.FAMILIES, qtype, STEPS[qtype][0].INT_FAMILY)
+# the grid i-quants (iq50, session 22; their steps on by default since session 23)
+GRID = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S)
 
 
 def awkward_x(cols: int, block: int = 256) -> torch.Tensor:
@@ -110,7 +102,7 @@ def test_integer_gemv_matches_reference_and_float_path(backend, config, qtype, m
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
-@pytest.mark.parametrize("qtype", [pytest.param(t, id=t.name) for t in (T.IQ4_XS, T.Q4_0, *OFF_BY_DEFAULT)])
+@pytest.mark.parametrize("qtype", [pytest.param(t, id=t.name) for t in (T.IQ4_XS, T.Q4_0, *GRID)])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_moe_decode_on_experts_of_the_type(backend, qtype):
     """Gate/up and down both of the type (h quantized for the down's integer step), against float64: the
@@ -131,11 +123,11 @@ def test_moe_decode_on_experts_of_the_type(backend, qtype):
 def test_switch_back_to_the_float_path(qtype):
     """$SPARKD_<type>_INT=0 at import (tests/engine/test_switches.py) makes FLOAT_FAMILY dispatch's family: no
     integer step (the caller rounds x, floats multiply) and no integer prefill GEMM (the float GEMM at "ieee"; IQ4_XS's
-    and Q4_0's since session 22; the grid i-quants have none yet). The default: on, but off for OFF_BY_DEFAULT's."""
+    and Q4_0's since session 22; the grid i-quants have none yet). The default: on."""
     module, fmt, *_ = STEPS[qtype]
-    assert module.FAMILY is (module.FLOAT_FAMILY if qtype in OFF_BY_DEFAULT else module.INT_FAMILY)
+    assert module.FAMILY is module.INT_FAMILY
     assert module.INT_FAMILY.act_fmt == fmt and module.FLOAT_FAMILY.idot is None
-    has_iblock = qtype not in OFF_BY_DEFAULT  # (the grid i-quants' prompts stay on the float GEMM)
+    has_iblock = qtype not in GRID  # (the grid i-quants' prompts stay on the float GEMM)
     assert prefill_gemm.int_gemm(module.INT_FAMILY, "int8") == has_iblock
     assert not prefill_gemm.int_gemm(module.FLOAT_FAMILY, "int8")
 

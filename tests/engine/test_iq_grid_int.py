@@ -1,5 +1,5 @@
 """The grid i-quants' integer steps (kernels/iq2_xxs.py, iq3_xxs.py, iq2_xs.py and iq1_s.py idot, behind
-$SPARKD_<type>_INT, off by default): the signs applied to int8 grid bytes in 32-bit words (iq_common.negate_bytes)
+$SPARKD_<type>_INT, on by default since session 23): the signs applied to int8 grid bytes in 32-bit words (iq_common.negate_bytes)
 for every value and sign pattern, the int8 codebook words, and the per-block integer sums exactly llama.cpp's (checked
 against an unpacking of the blocks written here, value by value). The GEMV at several tiles and the MoE
 decode against the float64 reference and the float path: test_int_steps.py.

@@ -123,11 +123,11 @@ def test_prompt_last_token_logits(tmp_path, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_iq_experts_through_the_kernels_match_cpu_reference(tmp_path, backend, steps, monkeypatch):
     """Routed experts as IQ1_S gate/up and IQ2_XXS/IQ2_XS down run through the MoE kernels (their
-    grids from device memory), not the torch dequantize fallback: their float dots, and (int) their
-    integer steps as $SPARKD_<type>_INT=1 makes them the families (session 22), x and h as Q8_K."""
-    if steps == "int":
-        for module in (iq1_s, iq2_xxs, iq2_xs):
-            monkeypatch.setitem(dispatch.FAMILIES, module.INT_FAMILY.qtype, module.INT_FAMILY)
+    grids from device memory), not the torch dequantize fallback: their integer steps (the default since session 23;
+    x and h as Q8_K), and (float) their float dots as $SPARKD_<type>_INT=0 makes them the families."""
+    for module in (iq1_s, iq2_xxs, iq2_xs):
+        family = module.INT_FAMILY if steps == "int" else module.FLOAT_FAMILY
+        monkeypatch.setitem(dispatch.FAMILIES, family.qtype, family)
     path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q4_K"], "F32", IQ_MIX), seed=9)[0]
     ref, k = load_model(path), load_model(path, device=backend, kernels=True)
     try:

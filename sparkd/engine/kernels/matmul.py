@@ -14,7 +14,7 @@ session 3, kept to time against). UNROLL groups are issued per
 loop step so more loads are in flight before the first is used; STAGES asks Triton's pipeliner for that many stages.
 
 Families with an integer step (Family.idot: Q8_0, Q4_K, Q6_K, IQ4_XS, Q4_0 and the resident layouts made from
-them; IQ2_XXS, IQ3_XXS, IQ2_XS and IQ1_S behind their switches, off by default) take x quantized once per call on the
+them; IQ2_XXS, IQ3_XXS, IQ2_XS and IQ1_S) take x quantized once per call on the
 GPU (act_quant) to the int8 blocks llama.cpp multiplies in, and run row_idot: dp4a on 32-bit words, a float step per
 block. Others multiply floats (x rounded by the caller's round_x).
 """

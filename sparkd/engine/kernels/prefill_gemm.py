@@ -281,6 +281,10 @@ IGEMM_TILES[("Q4_K", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=1
 # registers and a 96-byte stack; 32: 191 registers, no stack; tests/engine/igemm_compile.py). Q4_0's GEMMs and
 # IQ4_XS's grouped one run S10_IGEMM (no stack)
 IGEMM_TILES[("IQ4_XS", False)] = dataclasses.replace(S10_IGEMM, block_t=32)
+# session 23 (H200, docs/runs/2026-12-02-s23/): the integer GEMM 4.4-45x the float one at "ieee" (IQ4_XS 30-45x
+# dense), 1.3-2.9x "tf32"; Q4_0 on the steps loop with 2 stages and iblock's loads: dense 2048x2048 1.11x / 1.20x over
+# S10 at 512 / 2048 tokens, grouped 768x2048 1.06x / 1.10x, 2048x768 1.19x / 0.99x; IQ4_XS loses on it (0.67-0.88x)
+IGEMM_TILES[("Q4_0", False)] = IGEMM_TILES[("Q4_0", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False)
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
