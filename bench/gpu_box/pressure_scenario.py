@@ -8,7 +8,8 @@ for the small engine), expected to fire in order warn -> shrink_cache -> stop.
    into its cgroup: an anonymous hog growing 32 MiB every 0.5 s beside a reader re-reading a 1 GiB
    file through the page cache. Past memory.high every allocation is throttled (a reclaim stall,
    then a sleep that grows with the overage): sustained full stall. sparkd should warn, shrink the
-   engine's expert cache through /admin/cache with the key, then stop the service.
+   engine's expert cache through /admin/cache with the key, then stop the service; and before any of them
+   shrink the cache on the throttling itself (memory.events `high`, rule shrink-on-throttling).
 2. service `oomer` (memory.max 256M): allocates 512 MiB; the kernel OOM-kills it, sparkd's
    memory.events detector records oom_kill.
 Without the memory controller (hybrid hosts like CI) it says so and makes a smoke run: the same
@@ -300,7 +301,7 @@ def main() -> int:
             print(f"SMOKE {'OK' if ok else 'FAILED'}: engine ready with its key, workload in the service cgroup, "
                   f"{len(sampler.rows)} samples, {len(evs)} events; pressure rules not expected to fire here")
             return 0 if ok else 2
-        return 0 if v["in_order"] and v["shrink_ok"] and oom else 2
+        return 0 if v["in_order"] and v["shrink_ok"] and v["throttle_shrink_ok"] and oom else 2
     finally:
         cleanup(d, sock, cgroup_root)
 
