@@ -9,7 +9,7 @@ thousands of ties at the cut, past the select's gather). The top-p rows also pri
 select's search ended in and how many tokens it gathered (0: the ties' count path). Session 20
 (--top-p-only): the top-p rows alone at the select's 2048 bins (the default) and 4096
 (SPARKD_TOP_P_BINS=4096), side by side, two rounds (topp45's call compared a folded select, since
-taken out, at 4096 and 2048 bins with this staged one at 4096). On the GPU box:
+taken out, at 4096 and 2048 bins with this staged one at 4096); since session 23 also 1024 and 512. On the GPU box:
     python3 bench/gpu_box/draw_graph_bench.py --json out.json [--top-p-only]
 """
 
@@ -50,7 +50,7 @@ PATHS = {"top_k 0, full": (CASES["temperature 0.8 only"], True, True, True, "ful
 
 
 # the top-p select's bins (--top-p-only)
-SELECTS = {"4096 bins": 4096, "2048 bins": 2048}
+SELECTS = {"4096 bins": 4096, "2048 bins": 2048, "1024 bins": 1024, "512 bins": 512}
 TOP_P_ROWS = {"top_p 0.95, flat": (CUT, "flat"), "top_p 0.95, peaked": (CUT, "peaked"),
               "top_p 0.95, rounded": (CUT, "rounded"), "top_p 0.9, flat": (CUT90, "flat"),
               "top_p 0.95, min_p 0.05, flat": (SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05, seed=1), "flat")}

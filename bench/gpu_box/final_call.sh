@@ -11,7 +11,7 @@
 #   IQ=1: the i-quants' integer steps against their float dots (bench/kernels_bench.py IQ_ARGS under IQ_ENV, IQ_S its
 #   timeout; iq50, session 22: the grid i-quants' switches on), then a 2-layer IQ2_XXS model's decode with the
 #   integer step and without (IQ_ROUNDS);
-#   DRAW=1: the top-p draw graph alone;
+#   DRAW=1: the top-p draw graph alone, its select at 4096 / 2048 / 1024 / 512 bins;
 # - `generate -n 128` a process each, interleaved, ROUNDS rounds: greedy; PAIRX=1 greedy again under PAIRX_OFF's
 #   switches; unless SAMPLED=0 top_k 0, top_k 40 (TOP40=0 leaves it out), top_p 0.95 and 0.9; Q8=1 the Q8_0 model under
 #   the defaults and under Q8_OFF's switches (Q8_ROUNDS); BIG=1 the 4096-wide model under the defaults and BIG_OFF's
@@ -95,8 +95,8 @@ if [ "${IQ:-0}" = 1 ] && fits 150 "i-quant integer steps bench"; then  # iq50 (s
     --json $R/iq.json > $R/iq.log 2>&1
   log "iq rc $?"; cat $R/iq.log >> $OUT/log.txt; snap
 fi
-if [ "${DRAW:-0}" = 1 ]; then  # topp45's 2048 bins a stage against 4096, the draw graph alone
-  timeout 50 python3 bench/gpu_box/draw_graph_bench.py --top-p-only --reps 200 --json $R/draw_graph.json > $R/draw_graph.log 2>&1
+if [ "${DRAW:-0}" = 1 ] && fits 100 "top-p draw bench"; then  # the select's 4096, 2048, 1024 and 512 bins a stage
+  timeout 95 python3 bench/gpu_box/draw_graph_bench.py --top-p-only --reps 200 --json $R/draw_graph.json > $R/draw_graph.log 2>&1
   log "draw bench rc $?"; cat $R/draw_graph.log >> $OUT/log.txt; snap
 fi
 wait $MK; log "model $(ls -la $M | awk '{print $5}')"

@@ -37,9 +37,10 @@ from sparkd.engine.kernels.sample_draw import SENTINEL, DrawScratch, _key, _unke
 # the same stages) and the tokens the last stage sorts (one program's sort: a bin of the second stage
 # holds 1024 keys, a few tokens on real logits). Fewer bins: _select_choose's one-program scan is most
 # of a stage (H200, session 20: 4096 -> 2048 bins took a flat row's draw from 86.4 to 73.6 us over its two
-# choosing stages, net of the atomics' longer same-bin queues)
+# choosing stages, net of the atomics' longer same-bin queues). 1024 and 512 (10 / 9 bits: four searching stages)
+# to time against it (session 23)
 BINS_ENV = "SPARKD_TOP_P_BINS"
-BINS = int(switches.choice(BINS_ENV, ("2048", "4096"), "2048"))  # read once
+BINS = int(switches.choice(BINS_ENV, ("512", "1024", "2048", "4096"), "2048"))  # read once
 GATHER = 1024
 SMALL_SORT = 64  # the sort most draws take (their bin's few tokens)
 # fixed point: a token's mass (<= 1) as hi (2**-40 units) and lo (the next 24 bits) int64s; lo's
