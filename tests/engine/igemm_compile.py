@@ -21,8 +21,8 @@ from sparkd.engine.kernels import dispatch, moe, prefill_gemm, q4_k_tiled, q6_k_
 
 LAYOUTS = {"Q8_0": T.Q8_0, "Q8_0_PACKED": q8_0_packed.PACKED, "Q4_K": T.Q4_K, "Q4_K_TILED": q4_k_tiled.TILED,
            "Q6_K": T.Q6_K, "Q6_K_TILED": q6_k_tiled.TILED, "Q4_0": T.Q4_0, "IQ4_XS": T.IQ4_XS}
-TYPES = {"w_ptr": "*u8", "w_off_ptr": "*i64", "tiles_ptr": "*i32", "src_ptr": "*i32", "xq_ptr": "*i32",
-         "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32"}
+TYPES = {"w_ptr": "*u8", "w_off_ptr": "*i64", "aux_ptr": "*i32", "tiles_ptr": "*i32", "src_ptr": "*i32",
+         "xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32"}
 # the wheel's own cuobjdump (as bench/kernels_sass.py finds it: triton.tools.disasm's helper changed across releases)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 N_BLOCKS = 2048 // 32  # rows of 2048 values (bench/igemm_bench.py's shapes): UNROLL as there

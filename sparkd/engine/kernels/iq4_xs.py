@@ -148,7 +148,7 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b, row_bytes):
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """family.iblock with igroup: sub-block b % 8 of super-block b // 8 as its int8 table values [BN, 32] (its 4 qs
     words through `lookup`: the low nibbles of word w are values 4w..4w+3, the high ones 16+4w..), its scale - 32
     (int32 [BN]; 0 for rows not in rmask, so their table values add nothing) and a min of 0 (IQ4_XS has none: the
