@@ -36,6 +36,7 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
+from sparkd.engine.kernels.iq_common import word_bytes
 
 INT_ENV = "SPARKD_IQ4_XS_INT"  # "0": the float path (no integer step)
 
@@ -160,8 +161,7 @@ def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     lo, hi = lookup(q, _LOOKUP_EMU)
     h = tl.arange(0, 2)[None, :, None]
     words = tl.where(h == 0, lo[:, None, :], hi[:, None, :])  # [BN, 2, 4]: word (h, w) holds values 16h + 4w..
-    j = tl.arange(0, 4)[None, None, :]
-    v = tl.reshape(tl.reshape(words, (q.shape[0], 8, 1)) >> (8 * j), (q.shape[0], 32)).to(tl.int8)  # byte j: value + j
+    v = word_bytes(tl.reshape(words, (q.shape[0], 8)))
     h0 = tl.load(blk.to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
     h1 = tl.load((blk + 4).to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
     return v, tl.where(rmask, scale(h0, h1, s), 0), tl.zeros(rmask.shape, tl.int32)

@@ -286,6 +286,12 @@ IGEMM_TILES[("IQ4_XS", False)] = dataclasses.replace(S10_IGEMM, block_t=32)
 # dense), 1.3-2.9x "tf32"; Q4_0 on the steps loop with 2 stages and iblock's loads: dense 2048x2048 1.11x / 1.20x over
 # S10 at 512 / 2048 tokens, grouped 768x2048 1.06x / 1.10x, 2048x768 1.19x / 0.99x; IQ4_XS loses on it (0.67-0.88x)
 IGEMM_TILES[("Q4_0", False)] = IGEMM_TILES[("Q4_0", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False)
+# session 23 (iqgemm; no GPU, NOT timed): the grid i-quants' dense GEMMs take IQ4_XS's, for the same reason: offline
+# for sm_90 (triton 3.9) S10's 64 tokens spill (255 registers, 224-400 bytes of stack), 32 do not (IQ2_XXS 195,
+# IQ3_XXS 194, IQ2_XS 221, IQ1_S 254 registers); their grouped GEMMs run S10_IGEMM (201-244 registers, no stack).
+# The steps loop spills at 64x32 on 4 warps (24-184 bytes), not on 8 (IQ2_XXS 178, IQ1_S 190 registers)
+IGEMM_TILES.update({(name, False): IGEMM_TILES[("IQ4_XS", False)]
+                    for name in ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S")})
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
@@ -308,9 +314,9 @@ def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
 
 
 # INT8 (PRECISIONS, kernels/__init__.py): the integer GEMM, for families with an iblock (Q8_0 and its packed
-# layout, Q4_K and its pairx layout, Q6_K and its tiled layout, and since session 22 Q4_0 and IQ4_XS where
-# SPARKD_Q4_0_INT / SPARKD_IQ4_XS_INT keep their integer family); others (Q4_K's other tiled layouts included)
-# run "ieee"
+# layout, Q4_K and its pairx layout, Q6_K and its tiled layout, since session 22 Q4_0 and IQ4_XS and since session 23
+# the grid i-quants IQ2_XXS, IQ3_XXS, IQ2_XS and IQ1_S, where their SPARKD_<type>_INT keeps the integer family);
+# others (Q4_K's other tiled layouts included) run "ieee"
 
 
 def float_precision(precision: str) -> str:
