@@ -15,9 +15,10 @@ integers, one float step d * d_x / 8 per group. It is the family's path by defau
 (since session 23, timed on the H200: 3.5-4.7x the float dot); SPARKD_IQ2_XS_INT=0 (read at import) the float one.
 
 iblock / igroup (session 23, iqgemm) hand the integer prefill GEMM (prefill_gemm.gemm / grouped_gemm at "int8") a
-sub-block's signed grid values as int8 from the same int8 codebook (aux_ptr), with 2 * scale + 1 per 16-value sub-
-block (Q6_K's form: Family.ihalf), and igroup a super-block's d / 8: the GEMM's exact integer sums are the idot's,
-one float step per group. With SPARKD_IQ2_XS_INT=0 prompts run the float GEMM at "ieee" (no iblock), the way before.
+sub-block's signed grid values as int8 from the same int8 codebook (aux_ptr), with 2 * scale + 1 per 16-value
+sub-block (Q6_K's form: Family.ihalf), and igroup a super-block's d / 8: the GEMM's exact integer sums are the
+idot's, one float step per group. With SPARKD_IQ2_XS_INT=0 prompts run the float GEMM at "ieee" (no iblock), the way
+before.
 """
 
 import dataclasses
