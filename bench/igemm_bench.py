@@ -2,21 +2,23 @@
 at prompt shapes on CUDA: the integer GEMM ("int8") at several launches, and the float GEMM, side by side in one
 process.
 
-A row: one layout (Q8_0, Q8_0P packed, Q4_K, Q4T the pairx tiled Q4_K, Q6_K, Q6T its tiled layout, Q4_0, IQ4_XS),
-a [rows, cols] weight of random
-valid blocks (grouped: --experts of them, one buffer, the tokens routed to --top-k random experts each and cut
-in expert tiles of --block-t rows by moe.expert_tiles; a shape with rows > cols is a down projection: one x
-row per routed row, as moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the
-engine quantizes a stack's or a MoE layer's x once), a way (--ways): "s11" / "s12" (session 11's / 12's
-table), "s13" (prefill_gemm.IGEMM_TILES, the default), or a launch
-bn/bt/warps/unroll/stages/kblock[/maxnreg] (prefill_gemm.IgemmTile with steps: bt the dense GEMM's tokens a program;
-kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or left out: Triton's), or a float
-precision (FLOAT_WAYS: the float GEMM on x unquantized, what a family without an iblock runs; "ieee" is what
-Q4_0's and IQ4_XS's prompts ran before session 22): median µs of CUDA-event-timed calls, TOPS (2 rows cols routed
-rows / s), the speedup over the first way, whether the output is the first way's bits and its relative
-difference from it (Frobenius; a float way against an integer one: x's int8 rounding).
+A row: one layout (Q8_0, Q8_0P packed, Q4_K, Q4T the pairx tiled Q4_K, Q6_K, Q6T its tiled layout, Q4_0, IQ4_XS, and
+since session 23 the grid i-quants IQ2_XXS, IQ3_XXS, IQ2_XS, IQ1_S), a [rows, cols] weight of random valid blocks
+(grouped: --experts of them, one buffer, the tokens routed to --top-k random experts each and cut in expert tiles of
+--block-t rows by moe.expert_tiles; a shape with rows > cols is a down projection: one x row per routed row, as
+moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the engine quantizes a stack's or
+a MoE layer's x once), a way (--ways): "s11" / "s12" (session 11's / 12's table), "s13" (prefill_gemm.IGEMM_TILES,
+the default), or a launch bn/bt/warps/unroll/stages/kblock[/maxnreg] (prefill_gemm.IgemmTile with steps: bt the
+dense GEMM's tokens a program; kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or left
+out: Triton's), or a float precision (FLOAT_WAYS: the float GEMM on x unquantized, what a family without an iblock
+runs; "ieee" is what Q4_0's and IQ4_XS's prompts ran before session 22, the grid i-quants' before session 23):
+median µs of CUDA-event-timed calls, TOPS (2 rows cols routed rows / s), the speedup over the first way, whether the
+output is the first way's bits and its relative difference from it (Frobenius; a float way against an integer one:
+x's int8 rounding).
     python3 bench/igemm_bench.py --types Q8_0,Q4T --shapes 2048x2048 --grouped 768x2048,2048x768 --tokens 512,2048
     python3 bench/igemm_bench.py --types Q4_0,IQ4_XS --grouped-types Q4_0,IQ4_XS --ways ieee,s13,tf32
+    python3 bench/igemm_bench.py --types IQ2_XXS,IQ3_XXS,IQ2_XS,IQ1_S --grouped-types IQ2_XXS,IQ3_XXS,IQ2_XS,IQ1_S \
+        --ways ieee,s13,tf32,64/32/8/1/2/0
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ LAYOUTS = {"Q8_0": (T.Q8_0, T.Q8_0, None), "Q8_0P": (T.Q8_0, q8_0_packed.PACKED,
            "Q4_K": (T.Q4_K, T.Q4_K, None),
            "Q4T": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
            "Q6_K": (T.Q6_K, T.Q6_K, None), "Q6T": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw),
-           "Q4_0": (T.Q4_0, T.Q4_0, None), "IQ4_XS": (T.IQ4_XS, T.IQ4_XS, None)}
+           "Q4_0": (T.Q4_0, T.Q4_0, None), "IQ4_XS": (T.IQ4_XS, T.IQ4_XS, None),
+           **{t.name: (t, t, None) for t in (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S)}}
 FLOAT_WAYS = tuple(p for p in PRECISIONS if p != INT8)  # --ways that time the float GEMM at that tl.dot precision
 
 

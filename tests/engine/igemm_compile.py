@@ -1,9 +1,10 @@
 """Compile the integer prefill GEMMs (prefill_gemm._igemm_kernel and _grouped_igemm_kernel) for sm_90 offline (the
 triton wheel carries ptxas; no GPU needed) at each layout's launch (prefill_gemm.igemm_tile) and print the registers
 and stack bytes a thread (cuobjdump -res-usage of Triton's cubin: a stack here holds spilled registers) and how often
-the PTX reads the xs_ptr argument (x's per-32 sums: only the K-quants' min term needs them; IQ4_XS's zero mins fold
-away). The interpreter runs none of this. Run without TRITON_INTERPRET; test_kernels.py runs it for Q4_0, IQ4_XS and
-Q4_K. Arguments: layouts (default all), e.g. `python igemm_compile.py Q4_0 IQ4_XS`. A line per layout and kernel:
+the PTX reads the xs_ptr argument (x's per-32 sums: only the K-quants' min term needs them; the i-quants' zero mins
+fold away, IQ1_S's delta is in its quants). The interpreter runs none of this. Run without TRITON_INTERPRET;
+test_kernels.py runs it for Q4_0, the i-quants (IQ4_XS, IQ2_XXS, IQ3_XXS, IQ2_XS, IQ1_S) and Q4_K. Arguments:
+layouts (default all), e.g. `python igemm_compile.py Q4_0 IQ4_XS`. A line per layout and kernel:
     <layout> <dense|grouped> regs=<n> stack=<bytes> xs_reads=<n>"""
 
 import os
@@ -20,9 +21,10 @@ from triton.compiler import ASTSource, compile
 from sparkd.engine.kernels import dispatch, moe, prefill_gemm, q4_k_tiled, q6_k_tiled, q8_0_packed
 
 LAYOUTS = {"Q8_0": T.Q8_0, "Q8_0_PACKED": q8_0_packed.PACKED, "Q4_K": T.Q4_K, "Q4_K_TILED": q4_k_tiled.TILED,
-           "Q6_K": T.Q6_K, "Q6_K_TILED": q6_k_tiled.TILED, "Q4_0": T.Q4_0, "IQ4_XS": T.IQ4_XS}
-TYPES = {"w_ptr": "*u8", "w_off_ptr": "*i64", "tiles_ptr": "*i32", "src_ptr": "*i32", "xq_ptr": "*i32",
-         "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32"}
+           "Q6_K": T.Q6_K, "Q6_K_TILED": q6_k_tiled.TILED, "Q4_0": T.Q4_0, "IQ4_XS": T.IQ4_XS,
+           "IQ2_XXS": T.IQ2_XXS, "IQ3_XXS": T.IQ3_XXS, "IQ2_XS": T.IQ2_XS, "IQ1_S": T.IQ1_S}
+TYPES = {"w_ptr": "*u8", "w_off_ptr": "*i64", "aux_ptr": "*i32", "tiles_ptr": "*i32", "src_ptr": "*i32",
+         "xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32"}
 # the wheel's own cuobjdump (as bench/kernels_sass.py finds it: triton.tools.disasm's helper changed across releases)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 N_BLOCKS = 2048 // 32  # rows of 2048 values (bench/igemm_bench.py's shapes): UNROLL as there

@@ -123,12 +123,11 @@ def test_moe_decode_on_experts_of_the_type(backend, qtype):
 def test_switch_back_to_the_float_path(qtype):
     """$SPARKD_<type>_INT=0 at import (tests/engine/test_switches.py) makes FLOAT_FAMILY dispatch's family: no
     integer step (the caller rounds x, floats multiply) and no integer prefill GEMM (the float GEMM at "ieee"; IQ4_XS's
-    and Q4_0's since session 22; the grid i-quants have none yet). The default: on."""
+    and Q4_0's since session 22, the grid i-quants' since session 23). The default: on."""
     module, fmt, *_ = STEPS[qtype]
     assert module.FAMILY is module.INT_FAMILY
     assert module.INT_FAMILY.act_fmt == fmt and module.FLOAT_FAMILY.idot is None
-    has_iblock = qtype not in GRID  # (the grid i-quants' prompts stay on the float GEMM)
-    assert prefill_gemm.int_gemm(module.INT_FAMILY, "int8") == has_iblock
+    assert prefill_gemm.int_gemm(module.INT_FAMILY, "int8")
     assert not prefill_gemm.int_gemm(module.FLOAT_FAMILY, "int8")
 
 

@@ -41,8 +41,10 @@ BACKENDS = [
 # Q8_0: every projection and expert quantized; Q4_K needs rows of 256 (attn_output stays F16)
 SHAPES = {"Q8_0": TINY["qwen3moe"], "Q4_K": TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)}
 SHAPES["Q6_K"] = SHAPES["Q4_K"].replace(n_layer=1)  # one layer: the head is what the Q6_K layout tiles
-# every projection and expert IQ4_XS or Q4_0: their integer steps (session 21)
+# every projection and expert IQ4_XS or Q4_0: their integer steps (session 21); the grid i-quants (session 23)
 SHAPES["IQ4_XS"], SHAPES["Q4_0"] = SHAPES["Q4_K"], SHAPES["Q8_0"]
+GRID = ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S")
+SHAPES.update({q: SHAPES["Q4_K"] for q in GRID})
 # the kimi-k3 file's expert mix (test_sparse_model.UD_IQ1_S) on the 256-wide model (trunk F32: the
 # interpreter runs only the expert kernels)
 IQ_MIX = [(r"blk\.1\.ffn_down_exps", "IQ2_XS"), ("ffn_down_exps", "IQ2_XXS"), ("_exps", "IQ1_S")]
@@ -77,13 +79,14 @@ def logits_by_layout(tmp_path, monkeypatch, backend: str, quant: str, env: str, 
 
 @pytest.mark.parametrize("precision", ["int8", "ieee"])
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"] + [pytest.param(q, marks=pytest.mark.gpu)
-                                                     for q in ("Q4_K", "IQ4_XS")])
+                                                     for q in ("Q4_K", "IQ4_XS", *GRID)])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant, precision, monkeypatch):
     """precision: SPARKD_PREFILL_PRECISION's (the prompt's GEMMs): the integer GEMM (default; Q4_0's and IQ4_XS's
-    since session 22) or the float one."""
+    since session 22, the grid i-quants' since session 23) or the float one."""
     if backend == "cpu" and quant not in ("Q8_0", "Q4_0"):
-        pytest.skip("the interpreter runs the 64-wide Q8_0 and Q4_0 models only (CI time; IQ4_XS's 256-wide: ~100 s)")
+        pytest.skip("the interpreter runs the 64-wide Q8_0 and Q4_0 models only (CI time; IQ4_XS's 256-wide: ~100 s; "
+                    "the grid i-quants' by hand, session 23: 13-19 s a prompt and token)")
     monkeypatch.setattr(linear, "PREFILL_PRECISION", precision)
     path = write_model(tmp_path / "m.gguf", plan(SHAPES[quant], quant), seed=5)[0]
     n = 8 if backend == "cuda" else 2

@@ -136,11 +136,13 @@ def test_gemm_matches_reference(backend, qtype):
 
 
 # odd token counts (one past the int8 tile's 64 on each backend), rows not a multiple of its 64
-# (K-quants: a multiple of the pairx tile's 4 and of q6_k_tiled's 8; IQ4_XS: no tiled layout, two groups a row)
+# (K-quants: a multiple of the pairx tile's 4 and of q6_k_tiled's 8; the i-quants: no tiled layout, two groups a row)
 INT8_SHAPES = {"cpu": ((37, 288), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
 INT8_SHAPES_K = {"cpu": ((16, 256), (5, 67)), "cuda": ((4104, 2048), (7, 130))}
-INT8_SHAPES_OF = {T.Q8_0: INT8_SHAPES, T.Q4_0: INT8_SHAPES,
-                  T.IQ4_XS: {"cpu": ((37, 512), (5, 67)), "cuda": ((4099, 2048), (7, 130))}}
+INT8_SHAPES_IQ = {"cpu": ((37, 512), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
+GRID_TYPES = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S)  # the grid i-quants (integer GEMM since session 23)
+INT8_SHAPES_OF = {T.Q8_0: INT8_SHAPES, T.Q4_0: INT8_SHAPES, T.IQ4_XS: INT8_SHAPES_IQ,
+                  **{t: INT8_SHAPES_IQ for t in GRID_TYPES}}
 # (qtype, the layout's qtype, its packing of the GGUF blocks or None), by test id
 INT8_LAYOUTS = {"q8_0": (T.Q8_0, T.Q8_0, None),
                 "q8_0_packed": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
@@ -148,9 +150,11 @@ INT8_LAYOUTS = {"q8_0": (T.Q8_0, T.Q8_0, None),
                 "q4_k_pairx": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
                 "q6_k": (T.Q6_K, T.Q6_K, None),
                 "q6_k_tiled": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw),
-                "q4_0": (T.Q4_0, T.Q4_0, None), "iq4_xs": (T.IQ4_XS, T.IQ4_XS, None)}
+                "q4_0": (T.Q4_0, T.Q4_0, None), "iq4_xs": (T.IQ4_XS, T.IQ4_XS, None),
+                **{t.name.lower(): (t, t, None) for t in GRID_TYPES}}
+GRID_LAYOUTS = tuple(t.name.lower() for t in GRID_TYPES)
 # the interpreter's share (~10 s a case); all on the GPU
-INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx", "q6_k_tiled", "q4_0", "iq4_xs")
+INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx", "q6_k_tiled", "q4_0", "iq4_xs", *GRID_LAYOUTS)
 
 
 def backend_cases(interpreted, every) -> list:
@@ -163,8 +167,9 @@ def backend_cases(interpreted, every) -> list:
 @pytest.mark.parametrize("backend, layout", backend_cases(INTERPRETED, INT8_LAYOUTS))
 def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
     """gemm at "int8" on Q8_0 (GGUF and packed), Q4_K (GGUF and pairx), Q6_K (GGUF and tiled), Q4_0 and IQ4_XS
-    (session 22): x's Q8_0 / Q8_K blocks times W's in exact integer sums, scaled per block (the K-quants and IQ4_XS:
-    their scales (and mins) in integers, a float step per 256 values): within float32 rounding of the float64 product
+    (session 22), IQ2_XXS, IQ3_XXS, IQ2_XS and IQ1_S (session 23): x's Q8_0 / Q8_K blocks times W's in exact integer
+    sums, scaled per block (the K-quants and the i-quants: their scales (and mins) in integers, a float step per 256
+    values): within float32 rounding of the float64 product
     of the same quantized values, and of igemv's rows (the decode's GEMV on each token; the scaled blocks added in
     another order); a repacked layout gives its GGUF blocks' bits (the engine's logits the same on both resident
     layouts), and session 11's loop and tiles (prefill_gemm.IGEMM_TILES) give session 10's bits
@@ -226,6 +231,31 @@ def test_igemm_steps_give_session_10s_bits(backend, monkeypatch):
         assert torch.equal(got[0][1][first], got[0][0][src[first].long()]), layout
 
 
+# the interpreter: the grid i-quants (their grouped GEMM's only check against float64 there); the GPU: every layout
+@pytest.mark.parametrize("backend, layout", backend_cases(GRID_LAYOUTS, INT8_LAYOUTS))
+def test_int8_grouped_gemm_matches_reference(backend, layout):
+    """grouped_gemm at "int8": each routed row of expert e is x's quantized blocks times W_e within float32 rounding
+    of the float64 product (random routing: experts of uneven load, most over several tiles)."""
+    qtype, ltype, pack = INT8_LAYOUTS[layout]
+    rows, cols, n, n_tok, top_k, block_t = (5, 512, 3, 25, 2, 16) if backend == "cpu" else \
+        (776, 2048, 8, 300, 4, moe.PREFILL_TILE)
+    raw = random_blocks(qtype, n * rows * cols // dispatch.FAMILIES[qtype].block_values)
+    w = torch.cat([m if pack is None else pack(m, (rows, cols)) for m in raw.chunk(n)]).to(backend)
+    offsets = torch.arange(n, dtype=torch.int64, device=backend) * (w.numel() // n)
+    keys, order = torch.sort(torch.stack([torch.randperm(n)[:top_k] for _ in range(n_tok)]).reshape(-1), stable=True)
+    src = (order // top_k).to(torch.int32)
+    x = torch.randn(n_tok, cols, device=backend)
+    y = grouped_gemm(w, offsets, ltype, (rows, cols), x, src.to(backend), expert_tiles(keys.to(backend), n, block_t),
+                     "int8", block_t=block_t).cpu().double()
+    xq = act_quant.quantize(x, dispatch.FAMILIES[qtype].act_fmt).dequantize().double().cpu()[src.long()]
+    ref, scale = torch.zeros_like(y), torch.zeros_like(y)
+    for e, m in enumerate(raw.chunk(n)):
+        W, rows_e = reference(m, qtype, (rows, cols)), keys == e
+        ref[rows_e], scale[rows_e] = xq[rows_e] @ W.T, xq[rows_e].abs() @ W.abs().T
+    err = rel_err(y, ref, scale)
+    assert err < BOUNDS["fp32"], f"grouped int8 {layout}: relative error {err:.2e}"
+
+
 # Q4_K integer GEMM launches that ran on the H200 (session 13, prefill28): (layout, grouped, launch, expert tile
 # height): s13's GGUF grouped launch, and the 64-row expert tiles its down would gain at 2048 tokens (M = 64 on 4
 # warps: Triton's wgmma there, mma.sync at 32 rows); the call's other launches in bench/results/prefill28_h200_s13*
@@ -285,22 +315,24 @@ def test_igemm_ways_pick_their_tables(monkeypatch):
         assert got == tiles, way
 
 
-def test_q4_0_and_iq4_xs_integer_gemms_compile_for_sm_90():
-    """Session 22's integer GEMMs offline for sm_90 (igemm_compile.py; the interpreter runs no PTX): Q4_0's and IQ4_XS's
-    dense and grouped launches compile; IQ4_XS's keep every register (no stack: its dense tile was picked so, not
-    timed, prefill_gemm.IGEMM_TILES); neither reads x's per-32 sums (IQ4_XS's zero mins fold away), as Q4_K's min term
-    does."""
+def test_q4_0_and_i_quant_integer_gemms_compile_for_sm_90():
+    """Session 22's and 23's integer GEMMs offline for sm_90 (igemm_compile.py; the interpreter runs no PTX): Q4_0's,
+    IQ4_XS's and the grid i-quants' dense and grouped launches compile; the i-quants' keep every register (no stack:
+    their dense tiles were picked so, not timed, prefill_gemm.IGEMM_TILES); none reads x's per-32 sums (the
+    i-quants' zero mins fold away; IQ1_S's delta is in its quants), as Q4_K's min term does."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(Path(__file__).parent / "igemm_compile.py"), "Q4_0", "IQ4_XS", "Q4_K"],
+    i_quants = ("IQ4_XS", *(t.name for t in GRID_TYPES))
+    out = subprocess.run([sys.executable, str(Path(__file__).parent / "igemm_compile.py"), "Q4_0", *i_quants, "Q4_K"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     print(out.stdout)
     rows = {(name, kind): (int(stack), int(reads)) for name, kind, stack, reads in
             re.findall(r"^(\w+) (dense|grouped) regs=\d+ stack=(\d+) xs_reads=(\d+)$", out.stdout, re.M)}
-    assert len(rows) == 6, out.stdout
+    assert len(rows) == 2 * (len(i_quants) + 2), out.stdout
     for kind in ("dense", "grouped"):
-        assert rows["IQ4_XS", kind][0] == 0, out.stdout
-        assert rows["Q4_0", kind][1] == rows["IQ4_XS", kind][1] == 0 < rows["Q4_K", kind][1], out.stdout
+        for name in i_quants:
+            assert rows[name, kind] == (0, 0), (name, out.stdout)
+        assert rows["Q4_0", kind][1] == 0 < rows["Q4_K", kind][1], out.stdout
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -317,11 +349,12 @@ def test_int8_gemm_runs_other_types_at_ieee_and_checks_qx(backend):
         gemm(raw8, T.Q8_0, (rows, cols), x, "int8", qx=qx)
 
 
-# Q4_K, Q4_0 and IQ4_XS on the GPU only (the interpreter runs Q4_K's loop GEMM in test_moe_tiled's prefill case, and
-# Q4_0's and IQ4_XS's grouped GEMM in test_igemm_steps_give_session_10s_bits; IQ4_XS here took 82 s interpreted)
-@pytest.mark.parametrize("backend, qtype", backend_cases([T.Q8_0], [T.Q8_0, T.Q4_K, T.Q4_0, T.IQ4_XS]))
+# Q4_K, Q4_0 and the i-quants on the GPU only (the interpreter runs Q4_K's loop GEMM in test_moe_tiled's prefill case,
+# and Q4_0's and the i-quants' grouped GEMM in test_igemm_steps_give_session_10s_bits and (the grid i-quants)
+# test_int8_grouped_gemm_matches_reference; IQ4_XS here took 82 s interpreted)
+@pytest.mark.parametrize("backend, qtype", backend_cases([T.Q8_0], [T.Q8_0, T.Q4_K, T.Q4_0, T.IQ4_XS, *GRID_TYPES]))
 def test_int8_moe_prefill(backend, qtype, monkeypatch):
-    """Q8_0 / Q4_K / Q4_0 / IQ4_XS experts at "int8": grouped and loop the same bits (per element the same block
+    """Q8_0 / Q4_K / Q4_0 / the i-quants' experts at "int8": grouped and loop the same bits (per element the same block
     sums in the same order, whatever the tile; Q4_K's gate/up repacked to pairx too), and near the float GEMMs on
     the same rounded inputs (h rounded apart can sit across a rounding step: the engine's 1e-3 bound)."""
     # the interpreter (Q8_0 only): two row tiles of the 64-row integer GEMM launches in gate/up and in down

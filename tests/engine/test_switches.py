@@ -38,7 +38,8 @@ from sparkd.engine.streaming.zero_copy import table_mode  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 UNSET = None
 FLAG = {"1": True, "on": True, " ON ": True, "0": False, "off": False, UNSET: True}
-# SPARKD_IQ4_XS_INT / SPARKD_Q4_0_INT switch the integer GEMV step and (session 22) the prefill GEMM's iblock together
+# SPARKD_IQ4_XS_INT / SPARKD_Q4_0_INT (and the grid i-quants', session 23) switch the integer GEMV step and (session 22)
+# the prefill GEMM's iblock together
 INT_STEP_AND_GEMM = "[m.FAMILY.idot is not None, m.FAMILY.iblock is not None]"
 INT_FLAGS = {k: [v, v] for k, v in FLAG.items()}
 
@@ -69,13 +70,13 @@ SWITCHES = [
     Switch("SPARKD_Q4_0_INT", "sparkd.engine.kernels.q4_0", INT_STEP_AND_GEMM, "false", INT_FLAGS,
            switches.ON + switches.OFF),
     # session 22 (iq50), on by default since session 23 (timed on the H200)
-    Switch("SPARKD_IQ2_XXS_INT", "sparkd.engine.kernels.iq2_xxs", "m.FAMILY.idot is not None", "false", FLAG,
+    Switch("SPARKD_IQ2_XXS_INT", "sparkd.engine.kernels.iq2_xxs", INT_STEP_AND_GEMM, "false", INT_FLAGS,
            switches.ON + switches.OFF),
-    Switch("SPARKD_IQ3_XXS_INT", "sparkd.engine.kernels.iq3_xxs", "m.FAMILY.idot is not None", "false", FLAG,
+    Switch("SPARKD_IQ3_XXS_INT", "sparkd.engine.kernels.iq3_xxs", INT_STEP_AND_GEMM, "false", INT_FLAGS,
            switches.ON + switches.OFF),
-    Switch("SPARKD_IQ2_XS_INT", "sparkd.engine.kernels.iq2_xs", "m.FAMILY.idot is not None", "false", FLAG,
+    Switch("SPARKD_IQ2_XS_INT", "sparkd.engine.kernels.iq2_xs", INT_STEP_AND_GEMM, "false", INT_FLAGS,
            switches.ON + switches.OFF),
-    Switch("SPARKD_IQ1_S_INT", "sparkd.engine.kernels.iq1_s", "m.FAMILY.idot is not None", "false", FLAG,
+    Switch("SPARKD_IQ1_S_INT", "sparkd.engine.kernels.iq1_s", INT_STEP_AND_GEMM, "false", INT_FLAGS,
            switches.ON + switches.OFF),
     Switch("SPARKD_Q4_K_TILED_LOADS", "sparkd.engine.kernels.q4_k_tiled",
            "[k for k, f in m.FAMILIES.items() if f is m.FAMILY]", "wide",

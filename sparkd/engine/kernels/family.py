@@ -34,22 +34,23 @@ per block in integers with dp4a, to acc: EW False, float32 [BN] (reduced every g
 the elementwise tile float32 [BN, *iacc], summed once after the loop (the H200-measured default
 tiles of both families, matmul.GEMV_TILES). EMU: emulate dp4a (interpreter).
 
-iblock(w_ptr, row_off, rmask, b, row_bytes) contract (the integer prefill GEMM, prefill_gemm.gemm at
-precision "int8"; families with an idot whose sub-blocks are 32 values): block b (values b*32 ...
-b*32+31) of the rows at byte offsets row_off int64 [BN] (row_bytes: the GGUF layout's bytes per
-row, from which a tiled layout finds a row's place in its tile); rows not in rmask come back as 0
-(or with scales of 0: Q6_K, IQ4_XS). Without igroup (act_fmt "q8_0": Q8_0 and its packed layout, Q4_0)
-it returns (quants int8 [BN, 32], scales float32 [BN]) and the GEMM adds isum * (d_x * d) per block.
-With igroup (act_fmt "q8_k", blocks of 32 with an integer scale and min: Q4_K and its tiled layouts;
-IQ4_XS with min and dmin 0, a term the compiler folds away) it returns (quants int8 [BN, 32], scale
-int32 [BN], min int32 [BN]) and igroup(w_ptr, row_off, rmask, g, row_bytes) the float (d, dmin) [BN]
-of group g (values g*256 ...): the GEMM sums sc * isum and mn * xsum (x's
-per-32 sums) over the group's 8 blocks in int32 and adds d_x * (d * qsum - dmin * msum), the
-decode idot's arithmetic (q4_k.idot_rows_at). With igroup and ihalf (Q6_K: int8 scales per 16
-values, no min) iblock returns (quants int8 [BN, 32], the scale of values 0-15, the scale of values
-16-31) (int32 [BN]), each half gets its own tl.dot (x's other half zeroed), and a group adds
-qsum * (d_x * d) (q6_k.idot's rows step; igroup's dmin is not read). The quants are multiplied with
-x's int8 blocks in tl.dot.
+iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes) contract (the integer prefill GEMM, prefill_gemm.gemm at
+precision "int8"; families with an idot whose sub-blocks are 32 values; kblock and wblock take the same arguments):
+aux_ptr as idot's (read by the grid i-quants since session 23: their int8 codebook words; ignored by the others),
+block b (values b*32 ... b*32+31) of the rows at byte offsets row_off int64 [BN] (row_bytes: the GGUF layout's
+bytes per row, from which a tiled layout finds a row's place in its tile); rows not in rmask come back as 0 (or
+with scales of 0: Q6_K, IQ4_XS, the grid i-quants). Without igroup (act_fmt "q8_0": Q8_0 and its packed layout,
+Q4_0) it returns (quants int8 [BN, 32], scales float32 [BN]) and the GEMM adds isum * (d_x * d) per block.
+With igroup (act_fmt "q8_k", blocks of 32 with an integer scale and min: Q4_K and its tiled layouts; IQ4_XS,
+IQ2_XXS, IQ3_XXS and IQ1_S with min and dmin 0, a term the compiler folds away: the grid i-quants' scale is
+2 * scale + 1, their power-of-two constant is in igroup's d, IQ1_S's delta in its quants) it returns (quants int8
+[BN, 32], scale int32 [BN], min int32 [BN]) and igroup(w_ptr, row_off, rmask, g, row_bytes) the float (d, dmin)
+[BN] of group g (values g*256 ...): the GEMM sums sc * isum and mn * xsum (x's per-32 sums) over the group's 8
+blocks in int32 and adds d_x * (d * qsum - dmin * msum), the decode idot's arithmetic (q4_k.idot_rows_at). With
+igroup and ihalf (Q6_K, IQ2_XS: integer scales per 16 values, no min) iblock returns (quants int8 [BN, 32], the
+scale of values 0-15, the scale of values 16-31) (int32 [BN]), each half gets its own tl.dot (x's other half
+zeroed), and a group adds qsum * (d_x * d) (q6_k.idot's rows step; igroup's dmin is not read). The quants are
+multiplied with x's int8 blocks in tl.dot.
 """
 
 from __future__ import annotations

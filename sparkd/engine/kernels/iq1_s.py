@@ -14,6 +14,12 @@ and the delta's +-(2 * scale + 1) times x's sum of the sub-block's 32 quants (Q8
 integers as 8 * sum + delta sum (= 8 * (sum + sum / 8): below 2^24, so its float is exact, as llama.cpp's
 float sum + 0.125 * delta sum is), one float step d * d_x / 8 per group. It is the family's path by default
 (since session 23, timed on the H200: 3.5-4.7x the float dot); SPARKD_IQ1_S_INT=0 (read at import) the float one.
+
+iblock / igroup (session 23, iqgemm) hand the integer prefill GEMM (prefill_gemm.gemm / grouped_gemm at "int8") a
+sub-block's 8 * grid value + delta sign (-9 to 9: the delta's x-sum term in tl.dot's exact sum) as int8 from the
+same int8 codebook (aux_ptr), with 2 * scale + 1 (a min of 0), and igroup a super-block's d / 8: the GEMM's exact
+integer sums are the idot's, one float step per group. With SPARKD_IQ1_S_INT=0 prompts run the float GEMM at "ieee"
+(no iblock), the way before.
 """
 
 import dataclasses
@@ -25,7 +31,7 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a_add
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, load_pair, load_u32, total
+from sparkd.engine.kernels.iq_common import acc0, accumulate, iadd, igroup_d, load_pair, load_u32, total, word_bytes
 
 INT_ENV = "SPARKD_IQ1_S_INT"  # "0": the float path (no integer step)
 
@@ -91,6 +97,27 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
     return iadd(acc, isum, blk, rmask, tl.load(xd_ptr + g) * 0.125, EW)
 
 
+@triton.jit
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
+    """family.iblock with igroup: sub-block b % 8 of super-block b // 8 as 8 * grid value + delta sign (int8 [BN, 32]:
+    -9 to 9; word w of the int8 codebook (aux_ptr) entry w // 2), 2 * scale + 1 (int32 [BN], 0 outside rmask) and a
+    min of 0. The delta in the quants: tl.dot sums 8 * isum + delta sign * x's sum of the block, the idot's integer,
+    exactly (no float min term: llama.cpp adds the delta before its one float step); igroup's d / 8 the float step."""
+    blk = w_ptr + row_off + (b // 8) * 50  # [BN]
+    w = tl.arange(0, 8)[None, :]
+    low = tl.load(blk[:, None] + 2 + 4 * (b % 8) + w // 2, mask=rmask[:, None], other=0).to(tl.int32)  # [BN, 8]
+    qh = tl.load((blk + 34 + 2 * (b % 8)).to(tl.pointer_type(tl.uint16)), mask=rmask, other=0).to(tl.int32)
+    q = tl.load(aux_ptr + 2 * (low | (((qh[:, None] >> (3 * (w // 2))) & 7) << 8)) + w % 2)  # [BN, 8]
+    delta = tl.where((qh & 0x8000) == 0, 1, -1)[:, None]
+    v = (8 * word_bytes(q).to(tl.int32) + delta).to(tl.int8)
+    return v, tl.where(rmask, 2 * ((qh >> 12) & 7) + 1, 0), tl.zeros(rmask.shape, tl.int32)
+
+
+@triton.jit
+def igroup(w_ptr, row_off, rmask, g, row_bytes):
+    return igroup_d(w_ptr + row_off + g * 50, rmask, 0.125)
+
+
 FLOAT_FAMILY = Family(T.IQ1_S, 256, 50, 8, 32, dequant, dot, acc0, total, grid="IQ1_S")
-INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1))
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1), iblock=iblock, igroup=igroup)
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

@@ -13,6 +13,12 @@ iq2_xxs.idot's: per qs word its grid entry's two int8 words (grids.grid_words), 
 bytes (iq_common.signed_dot), dp4a against x; each 16-value sub-block's sum times 2 * scale + 1 in
 integers, one float step d * d_x / 8 per group. It is the family's path by default
 (since session 23, timed on the H200: 3.5-4.7x the float dot); SPARKD_IQ2_XS_INT=0 (read at import) the float one.
+
+iblock / igroup (session 23, iqgemm) hand the integer prefill GEMM (prefill_gemm.gemm / grouped_gemm at "int8") a
+sub-block's signed grid values as int8 from the same int8 codebook (aux_ptr), with 2 * scale + 1 per 16-value
+sub-block (Q6_K's form: Family.ihalf), and igroup a super-block's d / 8: the GEMM's exact integer sums are the
+idot's, one float step per group. With SPARKD_IQ2_XS_INT=0 prompts run the float GEMM at "ieee" (no iblock), the way
+before.
 """
 
 import dataclasses
@@ -24,8 +30,8 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_pair, load_u32, negate, signed_dot,
-                                             total)
+from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, igroup_d, ksigns, load_pair, load_u32, negate,
+                                             signed_dot, signed_words, total, word_bytes)
 
 INT_ENV = "SPARKD_IQ2_XS_INT"  # "0": the float path (no integer step)
 
@@ -92,6 +98,27 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
     return iadd(acc, isum, blk, rmask, tl.load(xd_ptr + g) * 0.125, EW)
 
 
+@triton.jit
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
+    """family.iblock with igroup and ihalf: values 32 (b % 8) .. +31 of super-block b // 8 (sub-blocks 2 (b % 8) and
+    2 (b % 8) + 1) as their signed grid values (int8 [BN, 32]: word w of the int8 codebook (aux_ptr) entry of qs word
+    w // 2, signed), and each sub-block's 2 * scale + 1 (int32 [BN], 0 outside rmask): the idot's integers, igroup's
+    d / 8 the float step."""
+    blk = w_ptr + row_off + (b // 8) * 74  # [BN]
+    w = tl.arange(0, 8)[None, :]
+    qs = tl.load((blk + 2 + 8 * (b % 8)).to(tl.pointer_type(tl.uint16))[:, None] + w // 2, mask=rmask[:, None],
+                 other=0).to(tl.int32)  # [BN, 8]: 9-bit grid index | 7-bit sign index << 9, each word twice
+    v = word_bytes(signed_words(tl.load(aux_ptr + 2 * (qs & 511) + w % 2), qs >> 9, w))
+    sc = tl.load(blk + 66 + b % 8, mask=rmask, other=0).to(tl.int32)  # the two sub-blocks' scales, a nibble each
+    return v, tl.where(rmask, 2 * (sc & 0xF) + 1, 0), tl.where(rmask, 2 * (sc >> 4) + 1, 0)
+
+
+@triton.jit
+def igroup(w_ptr, row_off, rmask, g, row_bytes):
+    return igroup_d(w_ptr + row_off + g * 74, rmask, 0.125)
+
+
 FLOAT_FAMILY = Family(T.IQ2_XS, 256, 74, 16, 16, dequant, dot, acc0, total, grid="IQ2_XS")
-INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1))
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1), iblock=iblock, igroup=igroup,
+                                 ihalf=True)
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

@@ -15,6 +15,11 @@ the 8 signs applied to the bytes and dp4a against x's two words (iq_common.signe
 times 2 * scale + 1 in integers, one float step d * d_x / 4 per group (d * (0.5 + scale) / 2).
 It is the family's path by default
 (since session 23, timed on the H200: 3.5-4.7x the float dot); SPARKD_IQ3_XXS_INT=0 (read at import) the float one.
+
+iblock / igroup (session 23, iqgemm) hand the integer prefill GEMM (prefill_gemm.gemm / grouped_gemm at "int8") a
+sub-block's signed grid values as int8 from the same int8 codebook (aux_ptr), with 2 * scale + 1 (the K-quants'
+form, a min of 0), and igroup a super-block's d / 4: the GEMM's exact integer sums are the idot's, one float step
+per group. With SPARKD_IQ3_XXS_INT=0 prompts run the float GEMM at "ieee" (no iblock), the way before.
 """
 
 import dataclasses
@@ -26,8 +31,8 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, ksigns, load_pair, load_u32, negate, signed_dot,
-                                             total)
+from sparkd.engine.kernels.iq_common import (acc0, accumulate, iadd, igroup_d, ksigns, load_pair, load_u32, negate,
+                                             signed_dot, signed_words, total, word_bytes)
 
 INT_ENV = "SPARKD_IQ3_XXS_INT"  # "0": the float path (no integer step)
 
@@ -91,6 +96,24 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
     return iadd(acc, isum, blk, rmask, tl.load(xd_ptr + g) * 0.25, EW)
 
 
+@triton.jit
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
+    """family.iblock with igroup: sub-block b % 8 of super-block b // 8 as its signed grid values (int8 [BN, 32]: word
+    w the int8 codebook's (aux_ptr) entry qs[8s + w], signed), 2 * scale + 1 (int32 [BN], 0 outside rmask) and a min
+    of 0: the GEMM sums the idot's integers, igroup's d / 4 its float step."""
+    blk = w_ptr + row_off + (b // 8) * 98  # [BN]
+    w = tl.arange(0, 8)[None, :]
+    idx = tl.load(blk[:, None] + 2 + 8 * (b % 8) + w, mask=rmask[:, None], other=0).to(tl.int32)  # [BN, 8]
+    aux = load_u32(blk + 66 + 4 * (b % 8), rmask)  # 7-bit sign indices, the scale in bits 28-31
+    v = word_bytes(signed_words(tl.load(aux_ptr + idx), (aux[:, None] >> (7 * (w // 2))) & 0x7F, w))
+    return v, tl.where(rmask, 2 * ((aux >> 28) & 0xF) + 1, 0), tl.zeros(rmask.shape, tl.int32)
+
+
+@triton.jit
+def igroup(w_ptr, row_off, rmask, g, row_bytes):
+    return igroup_d(w_ptr + row_off + g * 98, rmask, 0.25)
+
+
 FLOAT_FAMILY = Family(T.IQ3_XXS, 256, 98, 8, 32, dequant, dot, acc0, total, grid="IQ3_XXS")
-INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1))
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_K, iacc=(8, 1), iblock=iblock, igroup=igroup)
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

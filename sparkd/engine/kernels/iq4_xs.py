@@ -36,6 +36,7 @@ from gguf.constants import GGMLQuantizationType as T
 from sparkd.engine import switches
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
+from sparkd.engine.kernels.iq_common import word_bytes
 
 INT_ENV = "SPARKD_IQ4_XS_INT"  # "0": the float path (no integer step)
 
@@ -148,7 +149,7 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b, row_bytes):
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """family.iblock with igroup: sub-block b % 8 of super-block b // 8 as its int8 table values [BN, 32] (its 4 qs
     words through `lookup`: the low nibbles of word w are values 4w..4w+3, the high ones 16+4w..), its scale - 32
     (int32 [BN]; 0 for rows not in rmask, so their table values add nothing) and a min of 0 (IQ4_XS has none: the
@@ -160,8 +161,7 @@ def iblock(w_ptr, row_off, rmask, b, row_bytes):
     lo, hi = lookup(q, _LOOKUP_EMU)
     h = tl.arange(0, 2)[None, :, None]
     words = tl.where(h == 0, lo[:, None, :], hi[:, None, :])  # [BN, 2, 4]: word (h, w) holds values 16h + 4w..
-    j = tl.arange(0, 4)[None, None, :]
-    v = tl.reshape(tl.reshape(words, (q.shape[0], 8, 1)) >> (8 * j), (q.shape[0], 32)).to(tl.int8)  # byte j: value + j
+    v = word_bytes(tl.reshape(words, (q.shape[0], 8)))
     h0 = tl.load(blk.to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
     h1 = tl.load((blk + 4).to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
     return v, tl.where(rmask, scale(h0, h1, s), 0), tl.zeros(rmask.shape, tl.int32)

@@ -21,6 +21,10 @@ one float step; a grid entry's two words and a sign group's two x words in one 6
 x's words repeat across the rows: the cache serves them). Offline sm_90 SASS as above under triton 3.9, int
 vs dot: IQ2_XXS 147 vs 327, IQ3_XXS 167 vs 322, IQ2_XS 153 vs 367, IQ1_S 83 vs 272
 (bench/results/iq50_sass_s22.txt).
+
+Their integer prefill GEMM's iblocks (session 23) build a 32-value sub-block as 8 words [BN, 8] the same way
+(grid words from the codebook, signed_words), turned into the int8 tile tl.dot takes (word_bytes); igroup_d is
+their igroup (iq4_xs's iblock shares word_bytes).
 """
 
 import triton
@@ -83,6 +87,31 @@ def signed_dot(w0, w1, sign_idx, x0, x1, acc, EMU: tl.constexpr):
     (values 0-3, 4-7; each 1 to 127), signed by ksigns[sign_idx] (7-bit), times x's words x0, x1."""
     lo, hi = sign_nibbles(sign_idx)
     return dp4a_add(negate_bytes(w1, hi), x1, dp4a_add(negate_bytes(w0, lo), x0, acc, EMU), EMU)
+
+
+@triton.jit
+def signed_words(q, sign_idx, w):
+    """The integer prefill GEMM's words of a 32-value sub-block (iblock): q int32 [BN, 8], word w = 2l + h holding
+    values 4w..4w+3 (half h of sign group l; grid bytes 1 to 127), signed by ksigns[sign_idx] (sign_idx: group l's
+    7-bit index, in q's shape) as signed_dot signs them."""
+    lo, hi = sign_nibbles(sign_idx)
+    return negate_bytes(q, tl.where(w % 2 == 0, lo, hi))
+
+
+@triton.jit
+def word_bytes(q):
+    """int32 words [BN, W] as their int8 bytes [BN, 4W], byte j of word w at 4w + j (little-endian): iblock's
+    values for tl.dot."""
+    j = tl.arange(0, 4)[None, None, :]
+    return tl.reshape(q[:, :, None] >> (8 * j), (q.shape[0], q.shape[1] * 4)).to(tl.int8)
+
+
+@triton.jit
+def igroup_d(blk, rmask, c):
+    """family.igroup of a grid i-quant: (d * c, 0) [BN], d the f16 at blk [BN] (0 outside rmask), c the format's
+    power-of-two constant (exact), no min (the GEMM's min term folds away)."""
+    d = _f16_at(blk, rmask) * c
+    return d, tl.zeros(d.shape, tl.float32)
 
 
 @triton.jit

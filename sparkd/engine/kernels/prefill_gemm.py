@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import INT8, PRECISIONS, act_quant, dispatch
+from sparkd.engine.kernels import INT8, PRECISIONS, act_quant, dispatch, grids
 from sparkd.engine.kernels.matmul import aux_arg, checked
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
@@ -92,8 +92,9 @@ def _grouped_gemm_kernel(w_ptr, w_off_ptr, aux_ptr, tiles_ptr, src_ptr, x_ptr, y
 
 
 @triton.jit
-def _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes, IBLOCK: tl.constexpr,
-                IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+def _igemm_tile(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
+                IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_T: tl.constexpr):
     """_gemm_tile on int8 blocks: x's rows x_rows [BLOCK_T] (row indices of its QuantX: quants at
     xq_ptr, int8 [., n_blocks * 32], scales at xd_ptr, per-32 sums at xs_ptr) times W's `rows`: per
     32-value block an int8 tl.dot with int32 sums (exact), then the family's scales (family.iblock's
@@ -107,7 +108,7 @@ def _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blo
     if IGROUP is None:  # Q8_0 blocks: a float scale each, x's too
         xd = xd_ptr + x_rows * n_blocks
         for b in range(0, n_blocks):
-            q, d = IBLOCK(w_ptr, row_off, rmask, b, row_bytes)
+            q, d = IBLOCK(w_ptr, aux_ptr, row_off, rmask, b, row_bytes)
             x = tl.load(xq + b * 32, mask=tmask[:, None], other=0)
             dx = tl.load(xd + b, mask=tmask, other=0.0)
             isum = tl.dot(x, tl.trans(q), out_dtype=tl.int32)
@@ -120,7 +121,7 @@ def _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blo
             dx = tl.load(xd + g, mask=tmask, other=0.0)
             qsum = tl.zeros((BLOCK_T, BLOCK_N), tl.int32)
             for s in range(0, 8):
-                q, sc, mn = IBLOCK(w_ptr, row_off, rmask, g * 8 + s, row_bytes)
+                q, sc, mn = IBLOCK(w_ptr, aux_ptr, row_off, rmask, g * 8 + s, row_bytes)
                 x = tl.load(xq + (g * 8 + s) * 32, mask=tmask[:, None], other=0)
                 if HALF:  # sc, mn: the scales of values 0-15 and 16-31; a dot each (x's other half zeroed)
                     lo = tl.dot(tl.where(i < 16, x, 0), tl.trans(q), out_dtype=tl.int32)
@@ -134,14 +135,14 @@ def _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blo
                 dq = d[None, :] * qsum.to(tl.float32)
                 msum = tl.zeros((BLOCK_T, BLOCK_N), tl.int32)
                 for s in range(0, 8):
-                    mn = IBLOCK(w_ptr, row_off, rmask, g * 8 + s, row_bytes)[2]
+                    mn = IBLOCK(w_ptr, aux_ptr, row_off, rmask, g * 8 + s, row_bytes)[2]
                     msum += tl.load(xs + g * 8 + s, mask=tmask, other=0)[:, None] * mn[None, :]
                 acc += dx[:, None] * (dq - dmin[None, :] * msum.to(tl.float32))
     return acc
 
 
 @triton.jit
-def _igemm_steps(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
+def _igemm_steps(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
                  IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_T: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
     """_igemm_tile's sums and float steps in its order, the loops laid out for the pipeliner (session 11):
@@ -156,7 +157,7 @@ def _igemm_steps(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_bl
         xd = xd_ptr + x_rows * n_blocks
         for b0 in tl.range(0, n_blocks, UNROLL, num_stages=STAGES):
             for u in tl.static_range(UNROLL):
-                q, d = IBLOCK(w_ptr, row_off, rmask, b0 + u, row_bytes)
+                q, d = IBLOCK(w_ptr, aux_ptr, row_off, rmask, b0 + u, row_bytes)
                 x = tl.load(xq + (b0 + u) * 32, mask=tmask[:, None], other=0)
                 dx = tl.load(xd + b0 + u, mask=tmask, other=0.0)
                 isum = tl.dot(x, tl.trans(q), out_dtype=tl.int32)
@@ -170,7 +171,7 @@ def _igemm_steps(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_bl
             qsum = tl.zeros((BLOCK_T, BLOCK_N), tl.int32)
             msum = tl.zeros((BLOCK_T, BLOCK_N), tl.int32)
             for s in tl.static_range(8):
-                q, sc, mn = IBLOCK(w_ptr, row_off, rmask, g * 8 + s, row_bytes)
+                q, sc, mn = IBLOCK(w_ptr, aux_ptr, row_off, rmask, g * 8 + s, row_bytes)
                 x = tl.load(xq + (g * 8 + s) * 32, mask=tmask[:, None], other=0)
                 if HALF:
                     lo = tl.dot(tl.where(i < 16, x, 0), tl.trans(q), out_dtype=tl.int32)
@@ -188,40 +189,40 @@ def _igemm_steps(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_bl
 
 
 @triton.jit
-def _igemm_any(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes, IBLOCK: tl.constexpr,
-               IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-               STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
+def _igemm_any(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
+               IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_T: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
     """_igemm_steps (STEPS, session 11) or session 10's _igemm_tile: the same bits."""
     if STEPS:
-        acc = _igemm_steps(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
+        acc = _igemm_steps(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
                            IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, UNROLL, STAGES)
     else:
-        acc = _igemm_tile(w_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
+        acc = _igemm_tile(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
                           IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T)
     return acc
 
 
 @triton.jit
-def _igemm_kernel(w_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, T, n_blocks, row_bytes, stride_yt, IBLOCK: tl.constexpr,
-                  IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                  STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
+def _igemm_kernel(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, T, n_blocks, row_bytes, stride_yt,
+                  IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_T: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     toks = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask, tmask = rows < N, toks < T
-    acc = _igemm_any(w_ptr, xq_ptr, xd_ptr, xs_ptr, toks.to(tl.int64), tmask, rows, rmask, n_blocks, row_bytes,
-                     IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, STEPS, UNROLL, STAGES)
+    acc = _igemm_any(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, toks.to(tl.int64), tmask, rows, rmask, n_blocks,
+                     row_bytes, IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, STEPS, UNROLL, STAGES)
     y = y_ptr + toks[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
 
 @triton.jit
-def _grouped_igemm_kernel(w_ptr, w_off_ptr, tiles_ptr, src_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, n_blocks,
+def _grouped_igemm_kernel(w_ptr, w_off_ptr, aux_ptr, tiles_ptr, src_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, n_blocks,
                           row_bytes, stride_yt, IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr,
                           STAGES: tl.constexpr):
     """_grouped_gemm_kernel's integer variant: x's rows src[r] of its QuantX."""
     rows, rmask, r, tmask, src, w_off, live = _expert_tile(w_off_ptr, tiles_ptr, src_ptr, N, BLOCK_N, BLOCK_T)
-    acc = _igemm_any(w_ptr + w_off, xq_ptr, xd_ptr, xs_ptr, src, tmask, rows, rmask,
+    acc = _igemm_any(w_ptr + w_off, aux_ptr, xq_ptr, xd_ptr, xs_ptr, src, tmask, rows, rmask,
                      tl.where(live, n_blocks, 0), row_bytes, IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, STEPS, UNROLL,
                      STAGES)
     y = y_ptr + r[:, None].to(tl.int64) * stride_yt + rows[None, :]
@@ -285,6 +286,12 @@ IGEMM_TILES[("IQ4_XS", False)] = dataclasses.replace(S10_IGEMM, block_t=32)
 # dense), 1.3-2.9x "tf32"; Q4_0 on the steps loop with 2 stages and iblock's loads: dense 2048x2048 1.11x / 1.20x over
 # S10 at 512 / 2048 tokens, grouped 768x2048 1.06x / 1.10x, 2048x768 1.19x / 0.99x; IQ4_XS loses on it (0.67-0.88x)
 IGEMM_TILES[("Q4_0", False)] = IGEMM_TILES[("Q4_0", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False)
+# session 23 (iqgemm; no GPU, NOT timed): the grid i-quants' dense GEMMs take IQ4_XS's, for the same reason: offline
+# for sm_90 (triton 3.9) S10's 64 tokens spill (255 registers, 224-400 bytes of stack), 32 do not (IQ2_XXS 195,
+# IQ3_XXS 194, IQ2_XS 221, IQ1_S 254 registers); their grouped GEMMs run S10_IGEMM (201-244 registers, no stack).
+# The steps loop spills at 64x32 on 4 warps (24-184 bytes), not on 8 (IQ2_XXS 178, IQ1_S 190 registers)
+IGEMM_TILES.update({(name, False): IGEMM_TILES[("IQ4_XS", False)]
+                    for name in ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S")})
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
@@ -307,9 +314,9 @@ def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
 
 
 # INT8 (PRECISIONS, kernels/__init__.py): the integer GEMM, for families with an iblock (Q8_0 and its packed
-# layout, Q4_K and its pairx layout, Q6_K and its tiled layout, and since session 22 Q4_0 and IQ4_XS where
-# SPARKD_Q4_0_INT / SPARKD_IQ4_XS_INT keep their integer family); others (Q4_K's other tiled layouts included)
-# run "ieee"
+# layout, Q4_K and its pairx layout, Q6_K and its tiled layout, since session 22 Q4_0 and IQ4_XS and since session 23
+# the grid i-quants IQ2_XXS, IQ3_XXS, IQ2_XS and IQ1_S, where their SPARKD_<type>_INT keeps the integer family);
+# others (Q4_K's other tiled layouts included) run "ieee"
 
 
 def float_precision(precision: str) -> str:
@@ -362,8 +369,9 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
         q = _gemm_qx(fam, x, qx, what)
         tile = igemm_tile(fam, False)
         grid = (triton.cdiv(rows, tile.block_n), triton.cdiv(n_tok, tile.block_t))
-        _igemm_kernel[grid](weight, q.words, q.scales, q.sums, y, rows, n_tok, cols // 32, row_bytes, y.stride(0),
-                            BLOCK_T=tile.block_t, **_igemm_args(fam, tile, cols // 32))
+        _igemm_kernel[grid](weight, grids.grid_words(fam.grid, x.device), q.words, q.scales, q.sums, y, rows, n_tok,
+                            cols // 32, row_bytes, y.stride(0), BLOCK_T=tile.block_t,
+                            **_igemm_args(fam, tile, cols // 32))
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
     _gemm_kernel[grid](weight, aux_arg(fam, cols, x.device), x, y, rows, cols, n_tok, row_bytes,
@@ -408,8 +416,9 @@ def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tupl
         q = _gemm_qx(fam, x, qx, what)
         tile = igemm_tile(fam, True)
         grid = (triton.cdiv(rows, tile.block_n), tiles.shape[0])
-        _grouped_igemm_kernel[grid](weight, offsets, tiles, src, q.words, q.scales, q.sums, y, rows, cols // 32,
-                                    row_bytes, y.stride(0), BLOCK_T=block_t, **_igemm_args(fam, tile, cols // 32))
+        _grouped_igemm_kernel[grid](weight, offsets, grids.grid_words(fam.grid, x.device), tiles, src, q.words,
+                                    q.scales, q.sums, y, rows, cols // 32, row_bytes, y.stride(0), BLOCK_T=block_t,
+                                    **_igemm_args(fam, tile, cols // 32))
         return y
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), tiles.shape[0])
     _grouped_gemm_kernel[grid](weight, offsets, aux_arg(fam, cols, x.device), tiles, src, x, y, rows, cols, row_bytes,

@@ -72,7 +72,7 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b, row_bytes):
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """family.iblock without igroup (Q8_0's form): block b as nibble - 8 (int8 [BN, 32]: value i from byte i % 16 of
     qs, its low nibble for values 0-15 and its high one for 16-31) and d (float32 [BN]); rows not in rmask read
     0x88 bytes (0 once offset) and d 0."""

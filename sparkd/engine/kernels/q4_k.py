@@ -209,13 +209,13 @@ def igroup_at(hdr, rmask):
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b, row_bytes):
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     blk = w_ptr + row_off + (b // 8) * 144
     return iblock_at(blk + 16, blk, rmask, b % 8)
 
 
 @triton.jit
-def kblock(w_ptr, row_off, rmask, b, row_bytes):
+def kblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     blk = w_ptr + row_off + (b // 8) * 144
     return kblock_at(blk + 16, blk, rmask, b % 8)
 

@@ -283,7 +283,7 @@ def _tile_at(w_ptr, row_off, row_bytes):
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b, row_bytes):
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """family.iblock on the pairx bytes (dequant's element order): sub-block b % 8 of group b // 8."""
     tile, lane = _tile_at(w_ptr, row_off, row_bytes)  # [BN]
     g, s = b // 8, b % 8
@@ -297,7 +297,7 @@ def iblock(w_ptr, row_off, rmask, b, row_bytes):
 
 
 @triton.jit
-def kblock(w_ptr, row_off, rmask, b, row_bytes):
+def kblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """family.kblock on the pairx bytes. Word w of the sub-block (w = 2a + k: its values 8w + 4h + j in nibble h of
     byte j) is word 4 (4s + 2a + lane // 2) + 2 (lane % 2) + k of the group's qs (loaded once per nibble: the
     q4_k.kblock shape, [BN, 8 words, 4 bytes], which Triton unpacks where the pipeliner's copy lands), and its
@@ -321,7 +321,7 @@ def kblock(w_ptr, row_off, rmask, b, row_bytes):
 
 
 @triton.jit
-def wblock(w_ptr, row_off, rmask, b, row_bytes):
+def wblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """kblock unpacked with 32-bit word ops (session 12): the sub-block's 4 qs words (word a: values 8a + 4h + j
     in nibble h of byte j) loaded once each, `(w >> 4h) & 0x0F0F0F0F` four int8 values a word op, and each
     unpacked word's bytes taken in order (join, no per-value shift by a lane-dependent amount) as the int8 tile:

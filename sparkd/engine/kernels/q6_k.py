@@ -107,7 +107,7 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b, row_bytes):
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """family.iblock with 16-value scales (Family.ihalf): values 32 (b % 8) .. +31 of group b // 8 as
     (q - 32 int8 [BN, 32], the int8 scale of the first 16 and of the last 16 as int32 [BN])."""
     blk = w_ptr + row_off + (b // 8) * 210  # [BN]

@@ -170,7 +170,7 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b, row_bytes):
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """q6_k.iblock on the tiled bytes: values 32 (b % 8) .. +31 of group b // 8 as (q - 32 int8
     [BN, 32], the int8 scales of the first and of the last 16 as int32 [BN]); the same values."""
     quants, scales, ds, lane = _group(w_ptr, row_off, b // 8, row_bytes // 210 * 256)

@@ -98,7 +98,7 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b, row_bytes):
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     blk = w_ptr + row_off + b * 34  # [BN] block starts
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
     q = tl.load((blk[:, None] + 2 + tl.arange(0, 32)[None, :]).to(tl.pointer_type(tl.int8)),
@@ -107,7 +107,7 @@ def iblock(w_ptr, row_off, rmask, b, row_bytes):
 
 
 @triton.jit
-def kblock(w_ptr, row_off, rmask, b, row_bytes):
+def kblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """iblock from 16 halfword loads a row (the quants are 2-byte aligned in a 34-byte block)."""
     blk = w_ptr + row_off + b * 34  # [BN] block starts
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)

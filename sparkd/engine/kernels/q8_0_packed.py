@@ -115,7 +115,7 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
 
 
 @triton.jit
-def iblock(w_ptr, row_off, rmask, b, row_bytes):
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     """q8_0.iblock on a packed row: block b is block b % 8 of group b // 8."""
     grp = w_ptr + row_off + (b // 8) * 272  # [BN]
     s = b % 8
