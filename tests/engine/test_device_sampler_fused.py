@@ -143,7 +143,7 @@ def flat_row(n_vocab: int) -> torch.Tensor:
 
 def test_top_p_distribution_is_the_hosts():
     """top_k 0 (or >= the vocabulary) with top_p < 1: the top-p path keeps the host's prefix, at
-    the production select (2048 bins: one stage on 200 tokens; the interpreter's 2048-bin scans are
+    the production select (1024 bins: one stage on 200 tokens; the interpreter's 1024-bin scans are
     slow, so one row each) and at 16 bins gathering 4 or 128 tokens: the search takes several
     stages, ties past the gather take the count path, 100 ties the gather's wide sort (the
     state says which ran)."""

@@ -25,9 +25,8 @@ import triton.language as tl  # noqa: E402
 
 from sparkd.engine import quants  # noqa: E402
 from sparkd.engine.kernels import grids, iq1_s, iq2_xs, iq2_xxs, iq3_xxs  # noqa: E402
-from sparkd.engine.kernels.moe import ExpertTable, moe_decode  # noqa: E402
-from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
-from test_kernels import numpy_rng, random_blocks  # noqa: E402
+from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare  # noqa: E402
+from test_kernels import moe_error, numpy_rng, random_blocks  # noqa: E402
 
 FAMILIES = {m.FAMILY.qtype: m.FAMILY for m in (iq2_xxs, iq2_xs, iq3_xxs, iq1_s)}
 BACKENDS = [
@@ -132,7 +131,8 @@ BOUND = 5e-6  # float32 kernels, as test_kernels.BOUNDS["fp32"]
 @pytest.mark.parametrize("pinned", [False, True], ids=["resident", "zero_copy"])
 def test_moe_decode_kimi_k3_expert_mix(down_type, pinned):
     """16 experts at the real shapes, one buffer per projection (as KernelExperts holds them), or
-    pinned host memory read in place (--unified on); reference dequantized by quants on the GPU."""
+    pinned host memory read in place (--unified on); reference dequantized by quants, in float64 over the
+    kernels' own rounded x and h (test_kernels.moe_error: the integer steps multiply x and h as Q8_K)."""
     n, D, F = K3_TOP, K3_DIM, K3_WIDTH
     bufs = [random_blocks(T.IQ1_S, n * F * D // 256), random_blocks(T.IQ1_S, n * F * D // 256),
             random_blocks(down_type, n * D * F // 256)]
@@ -144,9 +144,8 @@ def test_moe_decode_kimi_k3_expert_mix(down_type, pinned):
     table = ExpertTable(*bufs, *offs, T.IQ1_S, down_type, D, F)
     x, w = torch.randn(D, device="cuda"), torch.rand(n, device="cuda")
     out = torch.full((D,), float("nan"), device="cuda")
-    moe_decode(table, x, w, "silu", out=out)
-    g, u = want[0] @ x.double(), want[1] @ x.double()  # [n, F]
-    ref = (w.double()[:, None] * (want[2] @ ACTIVATIONS["silu"](g, u)[:, :, None])[..., 0]).sum(0)
+    p = prepare(table, "cuda")
+    moe_decode(p, x, w, "silu", out=out)
     assert torch.isfinite(out).all(), "an output element was not written"
-    err = float((out.double() - ref).norm() / ref.norm())
+    err = moe_error(out, p, x, w.cpu(), *(list(m.cpu()) for m in want), "silu", T.IQ1_S, down_type)
     assert err < BOUND, f"IQ1_S/{down_type.name} at [{F}, {D}] x {n}: relative error {err:.2e}"

@@ -94,7 +94,7 @@ SWITCHES = [
     Switch("SPARKD_MOE_PIPE", "sparkd.engine.kernels.moe_tiles", "m.PIPE", "on",
            {UNSET: "auto", "auto": "auto", "off": "off"}, ("auto", "off")),
     Switch("SPARKD_TOP_P_BINS", "sparkd.engine.kernels.top_p_select", "m.BINS", "1000",
-           {UNSET: 2048, "2048": 2048, " 4096 ": 4096, "1024": 1024}, ("512", "1024", "2048", "4096")),
+           {UNSET: 1024, "2048": 2048, " 4096 ": 4096, "512": 512}, ("512", "1024", "2048", "4096")),
     Switch("SPARKD_MOE_DOWN_AHEAD", "sparkd.engine.kernels.moe_tiles", "m.DOWN_AHEAD", "on",
            {UNSET: "auto", "auto": "auto", "off": "off"}, ("auto", "off")),
     Switch("SPARKD_MOE_PAIRX_STEPS", "sparkd.engine.kernels.moe_tiles", "m.PAIRX_STEPS", "on",

@@ -33,14 +33,14 @@ from sparkd.engine import switches
 from sparkd.engine.kernels.family import KernelArgumentError
 from sparkd.engine.kernels.sample_draw import SENTINEL, DrawScratch, _key, _unkey, full_draw
 
-# Bins a stage (11 key bits: three stages and the gathering one; $SPARKD_TOP_P_BINS=4096, session 19's 12,
-# the same stages) and the tokens the last stage sorts (one program's sort: a bin of the second stage
-# holds 1024 keys, a few tokens on real logits). Fewer bins: _select_choose's one-program scan is most
-# of a stage (H200, session 20: 4096 -> 2048 bins took a flat row's draw from 86.4 to 73.6 us over its two
-# choosing stages, net of the atomics' longer same-bin queues). 1024 and 512 (10 / 9 bits: four searching stages)
-# to time against it (session 23)
+# Bins a stage (10 key bits: four searching stages and the gathering one; $SPARKD_TOP_P_BINS 2048, session 20's 11
+# bits, 4096 session 19's 12) and the tokens the last stage sorts (one program's sort; a few tokens on real logits).
+# Fewer bins: _select_choose's one-program scan is most of a stage (H200, session 20: 4096 -> 2048 bins took a flat
+# row's draw from 86.4 to 73.6 us over its two choosing stages; session 23, draw_graph_bench --top-p-only: 2048 ->
+# 1024 flat 73.5 -> 68.8-69.2 us, peaked 61.3 -> 58.5, thousands of ties at the cut 104.1 -> 106.2-106.8 (one more
+# stage); 512 lost on every row: 75.4-82.0, 70.6, 115.3)
 BINS_ENV = "SPARKD_TOP_P_BINS"
-BINS = int(switches.choice(BINS_ENV, ("512", "1024", "2048", "4096"), "2048"))  # read once
+BINS = int(switches.choice(BINS_ENV, ("512", "1024", "2048", "4096"), "1024"))  # read once
 GATHER = 1024
 SMALL_SORT = 64  # the sort most draws take (their bin's few tokens)
 # fixed point: a token's mass (<= 1) as hi (2**-40 units) and lo (the next 24 bits) int64s; lo's
