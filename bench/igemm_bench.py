@@ -5,7 +5,7 @@ process.
 A row: one layout (Q8_0, Q8_0P packed, Q4_K, Q4T the pairx tiled Q4_K, Q6_K, Q6T its tiled layout, Q4_0, IQ4_XS, and
 since session 23 the grid i-quants IQ2_XXS, IQ3_XXS, IQ2_XS, IQ1_S), a [rows, cols] weight of random valid blocks
 (grouped: --experts of them, one buffer, the tokens routed to --top-k random experts each and cut in expert tiles of
---block-t rows by moe.expert_tiles; a shape with rows > cols is a down projection: one x row per routed row, as
+--block-t rows by moe_prefill.expert_tiles; a shape with rows > cols is a down projection: one x row per routed row, as
 moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the engine quantizes a stack's or
 a MoE layer's x once), a way (--ways): "s11" / "s12" (session 11's / 12's table), "s13" (prefill_gemm.IGEMM_TILES,
 the default), or a launch bn/bt/warps/unroll/stages/kblock[/maxnreg] (prefill_gemm.IgemmTile with steps: bt the
@@ -30,7 +30,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from kernels_bench import events_seconds, random_blocks
 
-from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, moe, prefill_gemm, q4_k_tiled, q6_k_tiled,
+from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, moe_prefill, prefill_gemm, q4_k_tiled, q6_k_tiled,
                                    q8_0_packed)
 
 # --types name: (GGUF type of the random blocks, the layout's qtype, its packing or None)
@@ -66,7 +66,7 @@ def routed(tokens: int, experts: int, top_k: int, down: bool, block_t: int):
     ids = torch.stack([torch.randperm(experts, device=DEVICE)[:top_k] for _ in range(tokens)]).reshape(-1)
     keys, order = torch.sort(ids, stable=True)
     src = torch.arange(order.numel(), device=DEVICE) if down else order // top_k
-    return src.to(torch.int32), moe.expert_tiles(keys, experts, block_t), order.numel() if down else tokens
+    return src.to(torch.int32), moe_prefill.expert_tiles(keys, experts, block_t), order.numel() if down else tokens
 
 
 def main() -> int:
@@ -77,7 +77,7 @@ def main() -> int:
     ap.add_argument("--grouped-types", default="Q8_0,Q4_K,Q4T", help="the --types timed grouped too")
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--block-t", type=int, default=moe.PREFILL_TILE)
+    ap.add_argument("--block-t", type=int, default=moe_prefill.PREFILL_TILE)
     ap.add_argument("--tokens", default="512,2048")
     ap.add_argument("--ways", default="s11,s12",
                     help="s11, s12, s13, bn/bt/warps/unroll/stages/kblock[/maxnreg] or a float precision "

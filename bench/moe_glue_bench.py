@@ -18,7 +18,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 from torch.profiler import ProfilerActivity, profile
 
-from sparkd.engine.kernels import dispatch, moe
+from sparkd.engine.kernels import dispatch, moe, moe_prefill
 
 
 def stub(weight, offsets, qtype, shape, x, src, tiles, precision="tf32", qx=None, block_t=16):
@@ -44,8 +44,8 @@ def main() -> int:
         slots = torch.rand(n, E, device=a.device).topk(A, dim=1).indices
         w = torch.rand(n, A, device=a.device)
         for glue in ("torch", "kernels"):
-            moe.PREFILL_GLUE = glue
-            call = lambda: moe.moe_prefill(table, x, slots, w, precision="int8", check_slots=False)  # noqa: E731
+            moe_prefill.PREFILL_GLUE = glue
+            call = lambda: moe_prefill.moe_prefill(table, x, slots, w, precision="int8", check_slots=False)  # noqa: E731
             for _ in range(3):
                 call()
             if a.device == "cuda":

@@ -1,4 +1,4 @@
-"""The grouped MoE prompt GEMM's expert sort alone (kernels/moe.moe_prefill: the (token, slot) pairs
+"""The grouped MoE prompt GEMM's expert sort alone (kernels/moe_prefill.moe_prefill: the (token, slot) pairs
 stably sorted by expert), torch.sort against two ways that give the same keys and order: one sort of
 a combined key (expert * R + pair index: unique keys, so any sort is the stable one) and a counting
 sort in torch ops (one-hot running counts for each pair's rank among its expert's, each expert's

@@ -68,14 +68,14 @@ from decode_profile import Stages, kernel_time_by_name, stage_report
 from torch.profiler import ProfilerActivity, profile
 
 from sparkd.engine.prompt_graphs import PROMPT_LAST_SCORES, PromptForward
-from sparkd.engine.kernels import moe, prefill_gemm
+from sparkd.engine.kernels import moe_prefill, prefill_gemm
 from sparkd.engine.layers import attention, linear
 from sparkd.engine.layers import moe as moe_layer
 from sparkd.engine.models import load_model
 
-# (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE,
-#  moe.PREFILL_GLUE)
-NOW = ("router", linear.PREFILL_STACK, moe.PREFILL_TILE, moe.PREFILL_GLUE)  # the host side's defaults
+# (moe_prefill.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe_prefill.PREFILL_TILE,
+#  moe_prefill.PREFILL_GLUE)
+NOW = ("router", linear.PREFILL_STACK, moe_prefill.PREFILL_TILE, moe_prefill.PREFILL_GLUE)  # the host side's defaults
 S9 = ("always", "parts", 16, "torch")
 VARIANTS = {"before": ("loop", "ieee", False, *S9), "grouped": ("grouped", "ieee", False, *S9),
             "last": ("grouped", "ieee", True, *S9), "tf32x3": ("grouped", "tf32x3", True, *NOW),
@@ -124,8 +124,8 @@ def candidate(variant: str) -> None:
 def use(variant: str) -> bool:
     """Set the variant's switches (read per call from these module globals); returns `last`."""
     global own_rope, graphed
-    (moe.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe.PREFILL_TILE,
-     moe.PREFILL_GLUE) = VARIANTS[variant]
+    (moe_prefill.PREFILL, linear.PREFILL_PRECISION, last, moe_layer.SLOT_CHECK, linear.PREFILL_STACK, moe_prefill.PREFILL_TILE,
+     moe_prefill.PREFILL_GLUE) = VARIANTS[variant]
     attention.PREFILL_ATTENTION, linear.PREFILL_FLOAT_GEMM = (ROWS[variant],) * 2 if variant in ROWS else ROWS_ENV
     own_rope = variant in OWN_ROPE
     graphed = prompt_graphs.get(variant)

@@ -31,8 +31,10 @@ from sparkd.engine.errors import UnsupportedTypeError  # noqa: E402
 from sparkd.engine.kernels import act_quant, dispatch, q4_k_tiled, q6_k_tiled, q8_0_packed  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.kernels import moe, prefill_gemm  # noqa: E402
+from sparkd.engine.kernels import moe_prefill as prefill_moe  # noqa: E402  (the module; its function moe_prefill)
 from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, gemm, grouped_gemm  # noqa: E402
-from sparkd.engine.kernels.moe import ExpertTable, down_input, expert_tiles, moe_decode, moe_prefill, prepare  # noqa: E402
+from sparkd.engine.kernels.moe import ExpertTable, down_input, moe_decode, prepare  # noqa: E402
+from sparkd.engine.kernels.moe_prefill import expert_tiles, moe_prefill  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
 
@@ -238,7 +240,7 @@ def test_int8_grouped_gemm_matches_reference(backend, layout):
     of the float64 product (random routing: experts of uneven load, most over several tiles)."""
     qtype, ltype, pack = INT8_LAYOUTS[layout]
     rows, cols, n, n_tok, top_k, block_t = (5, 512, 3, 25, 2, 16) if backend == "cpu" else \
-        (776, 2048, 8, 300, 4, moe.PREFILL_TILE)
+        (776, 2048, 8, 300, 4, prefill_moe.PREFILL_TILE)
     raw = random_blocks(qtype, n * rows * cols // dispatch.FAMILIES[qtype].block_values)
     w = torch.cat([m if pack is None else pack(m, (rows, cols)) for m in raw.chunk(n)]).to(backend)
     offsets = torch.arange(n, dtype=torch.int64, device=backend) * (w.numel() // n)
@@ -367,10 +369,10 @@ def test_int8_moe_prefill(backend, qtype, monkeypatch):
     rnd = lambda h: round_activations(h, dispatch.FAMILIES[qtype].act_fmt)  # noqa: E731
     got = {}
     # the interpreter: tiles of 16 rows (more rows an expert than a tile holds) and the default height
-    heights = GROUPED_BLOCK_TS if backend == "cuda" else sorted({16, moe.PREFILL_TILE})
+    heights = GROUPED_BLOCK_TS if backend == "cuda" else sorted({16, prefill_moe.PREFILL_TILE})
     for mode, t, tile in [("loop", table, 16)] + [("grouped", prepare(table, backend), h) for h in heights]:
-        monkeypatch.setattr(moe, "PREFILL", mode)
-        monkeypatch.setattr(moe, "PREFILL_TILE", tile)
+        monkeypatch.setattr(prefill_moe, "PREFILL", mode)
+        monkeypatch.setattr(prefill_moe, "PREFILL_TILE", tile)
         got[mode, tile] = moe_prefill(t, x.to(backend), *args, precision="int8", round_h=rnd)
     for h in heights:
         assert torch.equal(got["grouped", h], got["loop", 16]), h
@@ -382,7 +384,7 @@ def test_int8_moe_prefill(backend, qtype, monkeypatch):
     got["grouped"] = got["grouped", heights[-1]]
     ieee = moe_prefill(prepare(table, backend), rnd(x).to(backend), *args, precision="ieee", round_h=rnd)
     if qtype == T.Q4_K:  # the gate/up repacked as the engine keeps resident experts (pairx, moe20): the same bits
-        monkeypatch.setattr(moe, "PREFILL", "grouped")
+        monkeypatch.setattr(prefill_moe, "PREFILL", "grouped")
         tiled = prepare(moe.tiled_gate_up(table), backend)
         assert torch.equal(moe_prefill(tiled, x.to(backend), *args, precision="int8", round_h=rnd), got["grouped"])
     err = rel_err(got["grouped"], ieee.cpu().double())
@@ -464,7 +466,7 @@ def test_moe_decode_matches_reference(backend, gu_type, d_type, act):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_moe_prefill_groups_tokens_by_expert(backend, monkeypatch):
-    """Both ways (moe.PREFILL), the same bits; the interpreter's case gives each expert more rows
+    """Both ways (prefill_moe.PREFILL), the same bits; the interpreter's case gives each expert more rows
     than a tile holds."""
     dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (256, 256, 2, GEMM_BLOCK_T + 5, 2)
     table, gates, ups, downs = arena_table(T.Q4_K, T.Q6_K, dim, width, n, backend)
@@ -473,7 +475,7 @@ def test_moe_prefill_groups_tokens_by_expert(backend, monkeypatch):
     w = torch.rand(n_tok, top_k)
     got = {}
     for mode, t in (("grouped", prepare(table, backend)), ("loop", table)):
-        monkeypatch.setattr(moe, "PREFILL", mode)
+        monkeypatch.setattr(prefill_moe, "PREFILL", mode)
         got[mode] = moe_prefill(t, x.to(backend), slots.to(backend), w.to(backend), precision="ieee")
     assert torch.equal(got["grouped"], got["loop"])
     y = got["grouped"]
@@ -488,9 +490,9 @@ def test_moe_prefill_groups_tokens_by_expert(backend, monkeypatch):
 def test_expert_tiles_cover_each_experts_rows_once(counts, block_t):
     keys = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
     tiles = expert_tiles(keys, len(counts), block_t)
-    assert torch.equal(tiles, moe.expert_tiles_torch(keys, len(counts), block_t))  # PREFILL_GLUE's two ways
+    assert torch.equal(tiles, prefill_moe.expert_tiles_torch(keys, len(counts), block_t))  # PREFILL_GLUE's two ways
     outside = torch.cat([torch.tensor([-1]), keys, torch.tensor([len(counts)] * 2)])  # ids outside: no tile
-    assert torch.equal(expert_tiles(outside, len(counts), block_t), moe.expert_tiles_torch(outside, len(counts), block_t))
+    assert torch.equal(expert_tiles(outside, len(counts), block_t), prefill_moe.expert_tiles_torch(outside, len(counts), block_t))
     rows = keys.numel()
     assert tiles.dtype == torch.int32 and tiles.shape == (-(-rows // block_t) + min(len(counts), rows), 3)
     used = [t for t in tiles.tolist() if t[1] < t[2]]

@@ -18,7 +18,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import BACKENDS, BOUNDS, arena_table, moe_error  # noqa: E402
 from test_moe_tiles import on_16_bytes  # noqa: E402
 
-from sparkd.engine.kernels import dispatch, moe, moe_tiles, q4_k_pair, q4_k_tiled  # noqa: E402
+from sparkd.engine.kernels import dispatch, moe, moe_prefill, moe_tiles, q4_k_pair, q4_k_tiled  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig  # noqa: E402
 
 ONE_TILE = GemvConfig(block_n=4, num_warps=1, unroll=1)  # the pairx step's tile
@@ -94,10 +94,10 @@ def test_tiled_gate_up_prefill_and_round_trip():
     table = arena_table(T.Q4_K, T.Q8_0, 256, 32, 3, "cpu")[0]
     before = table.gate.clone()
     x, slots, w = torch.randn(2, 256), torch.tensor([[0, 2], [1, 0]]), torch.rand(2, 2)
-    want = {p: moe.moe_prefill(table, x, slots, w, precision=p) for p in ("ieee", "int8")}
+    want = {p: moe_prefill.moe_prefill(table, x, slots, w, precision=p) for p in ("ieee", "int8")}
     tiled = moe.tiled_gate_up(table)
     for p in want:  # int8: q4_k_pair.iblock's quants, scales and mins are q4_k.iblock's
-        assert torch.equal(moe.moe_prefill(tiled, x, slots, w, precision=p), want[p])
+        assert torch.equal(moe_prefill.moe_prefill(tiled, x, slots, w, precision=p), want[p])
     span = 32 * dispatch.FAMILIES[T.Q4_K].row_bytes(256)
     for o in [*tiled.gate_offsets, *tiled.up_offsets]:
         assert torch.equal(q4_k_pair.unpack_raw(tiled.gate[o:o + span], (32, 256)), before[o:o + span])
@@ -120,7 +120,7 @@ def test_tiled_down_within_the_fp32_bound(backend):
     gguf = moe.moe_decode(moe.prepare(table, backend), x, w, gate_up=gu) if gpu else None
     slots, wp = torch.tensor([[0, n - 1], [n - 1, 0]], device=backend), torch.rand(2, 2, device=backend)
     xp = torch.randn(2, dim, device=backend)
-    prefill = moe.moe_prefill(table, xp, slots, wp, precision="ieee")
+    prefill = moe_prefill.moe_prefill(table, xp, slots, wp, precision="ieee")
     before = table.down.clone()
     tiled = moe.tiled_down(table)
     tiled = moe.tiled_gate_up(tiled) if gu_type == T.Q4_K else tiled
@@ -138,7 +138,7 @@ def test_tiled_down_within_the_fp32_bound(backend):
     y = moe.moe_decode(p, x, w, **tiles)
     err = moe_error(y, p, x, w, gates, ups, downs, "silu", gu_type, T.Q4_K, tiles["gate_up"])
     assert err < BOUNDS["fp32"]
-    assert torch.equal(moe.moe_prefill(p, xp, slots, wp, precision="ieee"), prefill)
+    assert torch.equal(moe_prefill.moe_prefill(p, xp, slots, wp, precision="ieee"), prefill)
     if gpu:
         assert torch.equal(moe.moe_decode(p, x, w, **tiles), y)
         # session 13 (moe23): the down let launch at the gate/up's start or after its loop (PDL): the same bits

@@ -25,9 +25,7 @@ Resident Q4_K experts may come in q4_k_tiled's pairx bytes (repacked at load: ti
 tiled_down, session 10): the launches then hand the pairx step the expert's matrix as its weight pointer
 (constexpr TILED), on its one 4-row tile.
 
-Prefill (many tokens): tokens are grouped by expert; each projection is one grouped GEMM launch
-over every expert's token tiles (moe_prefill); the work around them is a few torch ops and two small
-launches (PREFILL_GLUE: the tiles, then each token's weighted slot-ordered sum).
+Prefill (many tokens) is moe_prefill.py's: the same tables, grouped GEMMs.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from sparkd.engine import switches
 from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, pdl, q4_k, q4_k_pair,
                                    q4_k_tiled, q8_0_words)
 from sparkd.engine.kernels.matmul import (
@@ -64,23 +61,12 @@ from sparkd.engine.kernels.matmul import (
 )
 from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
                                              pair_fold, pairx_down, pairx_way, pipe_programs)
-from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, gemm, grouped_gemm, int_gemm
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
 OAI_ALPHA = 1.702
 OAI_LIMIT = 7.0
 ACT_CODES = {"silu": 0, "swiglu_oai": 1}
-# moe_prefill's way: "grouped" (session 9: three grouped GEMM launches a layer, no sync per expert)
-# or "loop" (a GEMM per expert and projection, the way before)
-PREFILL = switches.choice("SPARKD_MOE_PREFILL", ("grouped", "loop"), "grouped")
-# the grouped integer GEMMs' expert tile height (rows of one expert a program; session 10: 32, a
-# weight block read once per 32 rows, the fastest on the H200 at 512 and 2048 tokens; "16" the way
-# before); float GEMMs keep GEMM_BLOCK_T
-PREFILL_TILE = int(switches.choice("SPARKD_MOE_PREFILL_TILE", tuple(map(str, GROUPED_BLOCK_TS)), "32"))
-# the grouped way's glue around its GEMMs: "kernels" (session 10: expert_tiles one launch, the route
-# weights and each token's slot-ordered sum one combine launch) or "torch" (~40 torch ops a layer, as before)
-PREFILL_GLUE = switches.choice("SPARKD_MOE_PREFILL_GLUE", ("kernels", "torch"), "kernels")
 
 
 @triton.jit
@@ -772,188 +758,3 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
         fold_partials(part, y)
     if residual is not None and not res:
         y.add_(residual)  # the same bits as residual + y
-
-
-def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
-    if act == "silu":
-        return torch.nn.functional.silu(g) * u
-    xg, yu = g.clamp(max=OAI_LIMIT), u.clamp(-OAI_LIMIT, OAI_LIMIT)
-    return xg * torch.sigmoid(OAI_ALPHA * xg) * (yu + 1.0)
-
-
-@triton.jit
-def _lower_bound(keys_ptr, R, target, steps):
-    """For each target, how many of the R sorted keys are below it (a binary search of `steps` >=
-    bits of R halvings, all targets at once)."""
-    lo = tl.zeros(target.shape, tl.int32)
-    hi = lo + R
-    for _ in range(steps):
-        go = lo < hi
-        mid = (lo + hi) // 2
-        below = go & (tl.load(keys_ptr + mid, mask=go, other=0) < target)
-        lo = tl.where(below, mid + 1, lo)
-        hi = tl.where(go & ~below, mid, hi)
-    return lo
-
-
-@triton.jit
-def _expert_tiles_kernel(keys_ptr, tiles_ptr, R, n_experts, n_tiles_out, steps, BLOCK_T: tl.constexpr,
-                         BLOCK_E: tl.constexpr, BLOCK_I: tl.constexpr):
-    """expert_tiles in one program: each expert's rows [start, end) by binary search, its tile count
-    and their running sum (tile_start, tile_end); tile i then belongs to the one expert whose
-    [tile_start, tile_end) holds it (integer sums over a one-hot row: exact), else it is (0, 0, 0)."""
-    e = tl.arange(0, BLOCK_E)
-    start = _lower_bound(keys_ptr, R, e, steps)
-    end = _lower_bound(keys_ptr, R, e + 1, steps)  # integer keys: those <= e
-    count = tl.where(e < n_experts, (end - start + BLOCK_T - 1) // BLOCK_T, 0)
-    tile_end = tl.cumsum(count, 0)
-    tile_start = tile_end - count
-    for i0 in range(0, n_tiles_out, BLOCK_I):
-        i = i0 + tl.arange(0, BLOCK_I)
-        hit = (i[:, None] >= tile_start[None, :]) & (i[:, None] < tile_end[None, :])  # [BLOCK_I, BLOCK_E]
-        first = tl.sum(tl.where(hit, start[None, :] + (i[:, None] - tile_start[None, :]) * BLOCK_T, 0), 1)
-        last = tl.minimum(first + BLOCK_T, tl.sum(tl.where(hit, end[None, :], 0), 1))
-        m = i < n_tiles_out
-        tl.store(tiles_ptr + i * 3, tl.sum(tl.where(hit, e[None, :], 0), 1), mask=m)
-        tl.store(tiles_ptr + i * 3 + 1, first, mask=m)
-        tl.store(tiles_ptr + i * 3 + 2, last, mask=m)
-
-
-def expert_tiles(keys: torch.Tensor, n_experts: int, block_t: int) -> torch.Tensor:
-    """The grouped GEMM's tiles of expert-sorted rows: keys (sorted expert ids, one per row) ->
-    int32 [n, 3] of (expert, first row, end row), each expert's rows cut in runs of block_t, then
-    empty tiles (0, 0, 0) up to n = cdiv(R, block_t) + min(experts, R), the most there can be,
-    so the launch's size is known without a host sync. Ids outside [0, n_experts) get no tile.
-    PREFILL_GLUE "kernels": one launch (_expert_tiles_kernel), else expert_tiles_torch's ~25 ops."""
-    if PREFILL_GLUE != "kernels":
-        return expert_tiles_torch(keys, n_experts, block_t)
-    n_rows = keys.numel()
-    n = triton.cdiv(n_rows, block_t) + min(n_experts, n_rows)
-    tiles = torch.empty(n, 3, dtype=torch.int32, device=keys.device)
-    if n:
-        block_e = triton.next_power_of_2(max(n_experts, 16))
-        _expert_tiles_kernel[(1,)](keys, tiles, n_rows, n_experts, n, n_rows.bit_length(), BLOCK_T=block_t,
-                                   BLOCK_E=block_e, BLOCK_I=max(16, 8192 // block_e))
-    return tiles
-
-
-def expert_tiles_torch(keys: torch.Tensor, n_experts: int, block_t: int) -> torch.Tensor:
-    """expert_tiles in torch ops (the way before session 10's glue kernels: PREFILL_GLUE "torch")."""
-    dev, n_rows = keys.device, keys.numel()
-    ids = torch.arange(n_experts, device=dev, dtype=keys.dtype)
-    starts, ends = torch.searchsorted(keys, ids), torch.searchsorted(keys, ids, right=True)
-    n_tiles = (ends - starts + block_t - 1) // block_t
-    tile_end = n_tiles.cumsum(0)
-    i = torch.arange(triton.cdiv(n_rows, block_t) + min(n_experts, n_rows), device=dev)
-    e = torch.searchsorted(tile_end, i, right=True).clamp_(max=n_experts - 1)
-    first = starts[e] + (i - tile_end[e] + n_tiles[e]) * block_t
-    used = i < tile_end[-1]
-    end = torch.minimum(first + block_t, ends[e])
-    return torch.stack([e.where(used, 0), first.where(used, 0), end.where(used, 0)], 1).to(torch.int32).contiguous()
-
-
-@triton.jit
-def _combine_kernel(out_ptr, pos_ptr, w_ptr, y_ptr, D, A: tl.constexpr, BLOCK_D: tl.constexpr):
-    """y[t] = sum_k out[pos[t, k]] * w[t, k], k = 0..A-1 one after another: the torch glue's products
-    and adds in its order (launched without fp fusion: no fma of a product into the sum)."""
-    t = tl.program_id(0)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m = d < D
-    for k in tl.static_range(A):
-        r = tl.load(pos_ptr + t * A + k).to(tl.int64)
-        part = tl.load(out_ptr + r * D + d, mask=m) * tl.load(w_ptr + t * A + k)
-        if k == 0:
-            acc = part  # not 0.0 + part: -0.0 stays -0.0
-        else:
-            acc = acc + part
-    tl.store(y_ptr + t.to(tl.int64) * D + d, acc, mask=m)
-
-
-def _combine(out: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """moe_prefill's last step in two launches: out's row r is the pair order[r] (token * A + slot) of
-    weights [T, A]; each token's A rows times their weights, added in slot order."""
-    T, A = weights.shape
-    D = out.shape[1]
-    pos = torch.empty_like(order).index_copy_(0, order, rows)  # pair -> its row of out
-    y = torch.empty(T, D, dtype=torch.float32, device=out.device)
-    if y.numel():
-        block_d = min(1024, triton.next_power_of_2(D))
-        _combine_kernel[(T, triton.cdiv(D, block_d))](out, pos, weights.contiguous(), y, D, A=A, BLOCK_D=block_d,
-                                                       num_warps=4, enable_fp_fusion=False)
-    return y
-
-
-def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
-                act: str = "silu", precision: str = "tf32",
-                round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                check_slots: bool = True) -> torch.Tensor:
-    """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts (an ExpertTable,
-    or the PreparedTable of all of them that prepare() made); route_weights
-    float32 [T, A] -> y [T, D]; round_h as in moe_decode; precision prefill_gemm.gemm's (at "int8" x
-    comes unrounded where gate/up run integer: quantized here, as round_x would). PREFILL "grouped": the (token, slot)
-    pairs sorted by expert, gate, up and down each one grouped GEMM launch over every expert's
-    tiles (no host sync), the same bits as "loop": a GEMM per expert and projection, each expert's
-    tokens found by a host sync. check_slots: the slots' range checked on the host (one sync); False
-    where the caller vouches for them (a router's top-k over the table's experts): "grouped" then
-    syncs nowhere, and a slot outside the table gets no tile (its rows are not computed, nothing
-    outside the table is read; "loop" checks always)."""
-    what = "the MoE prefill kernels"
-    if act not in ACT_CODES:
-        raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
-                                           f"{sorted(ACT_CODES)}")
-    p = table if isinstance(table, PreparedTable) else prepare(table, x.device, what)
-    if p.ids is not None:
-        raise dispatch.KernelArgumentError(f"could not run {what}: give the whole table, not a selection "
-                                           f"of it (slots index the table's experts)")
-    table = p.table
-    dispatch.check_activations(x, table.dim, what)
-    if x.dim() != 2 or slots.shape != route_weights.shape or slots.dim() != 2 or slots.shape[0] != x.shape[0]:
-        raise dispatch.KernelArgumentError(
-            f"could not run {what}: need x [T, {table.dim}], slots and route weights [T, A], got x "
-            f"{list(x.shape)}, slots {list(slots.shape)}, weights {list(route_weights.shape)}")
-    n = p.gate_off.numel()
-    if check_slots or PREFILL != "grouped":
-        low, high = torch.stack(torch.aminmax(slots)).tolist() if slots.numel() else (0, 0)  # one sync
-        if low < 0 or high >= n:
-            raise dispatch.KernelArgumentError(f"could not run {what}: slots must lie in [0, {n})")
-    fgu, fd = p.gate_up, p.down
-    D, F = table.dim, table.width
-    if PREFILL == "grouped":
-        # each token's experts in ascending order, its A outputs then added one after another: the
-        # loop's sums to the bit (its index_add_ met a token's experts in that order)
-        slots, by_expert = torch.sort(slots, dim=1, stable=True)
-        route_weights = route_weights.gather(1, by_expert)
-        keys, order = torch.sort(slots.reshape(-1), stable=True)
-        # taller tiles where all three GEMMs are integer (their sums do not depend on the tile)
-        block_t = PREFILL_TILE if int_gemm(fgu, precision) and int_gemm(fd, precision) else GEMM_BLOCK_T
-        tiles = expert_tiles(keys, n, block_t)
-        tok = order // slots.shape[1]
-        qx = act_quant.quantize(x, fgu.act_fmt) if int_gemm(fgu, precision) else None  # once for gate and up
-        g = grouped_gemm(table.gate, p.gate_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx, block_t)
-        u = grouped_gemm(table.up, p.up_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx, block_t)
-        h = _act_torch(g, u, act)
-        # the integer GEMM quantizes h itself (to the values round_h gives)
-        h = (h if round_h is None or int_gemm(fd, precision) else round_h(h)).contiguous()
-        rows = torch.arange(keys.numel(), device=x.device)
-        out = grouped_gemm(table.down, p.down_off, fd.qtype, (D, F), h, rows, tiles, precision, block_t=block_t)
-        if PREFILL_GLUE == "kernels":
-            return _combine(out, order, rows, route_weights)
-        out *= route_weights.reshape(-1)[order, None]
-        parts = torch.empty_like(out).index_copy_(0, order, out).view(*slots.shape, D)
-        y = parts[:, 0].contiguous()
-        for k in range(1, slots.shape[1]):
-            y += parts[:, k]
-        return y
-    gu_span, d_span = F * fgu.row_bytes(D), D * fd.row_bytes(F)
-    y = torch.zeros_like(x)
-    for j in torch.unique(slots).tolist():
-        tok, k = (slots == j).nonzero(as_tuple=True)
-        h = x.index_select(0, tok)  # [t, D]
-        go, uo, do = (int(o[j]) for o in (table.gate_offsets, table.up_offsets, table.down_offsets))
-        g = gemm(table.gate[go:go + gu_span], fgu.qtype, (F, D), h, precision)
-        u = gemm(table.up[uo:uo + gu_span], fgu.qtype, (F, D), h, precision)
-        h = _act_torch(g, u, act)
-        h = h if round_h is None or int_gemm(fd, precision) else round_h(h)
-        out = gemm(table.down[do:do + d_span], fd.qtype, (D, F), h.contiguous(), precision)
-        y.index_add_(0, tok, out * route_weights[tok, k, None])
-    return y

@@ -278,7 +278,7 @@ IGEMM_TILES_S12 = dict(IGEMM_TILES)
 # stays: 3 stages 0.91x, 8 warps 0.83x, 128 rows 0.70x, 64-row tiles (wgmma) 0.80x / 0.96x at 768x2048
 IGEMM_TILES[("Q4_K", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False, maxnreg=168)
 # session 22 (igemm50; no GPU that session, NOT timed): IQ4_XS's dense GEMM on session 10's loop with 32-token programs,
-# the shape its grouped GEMM runs (moe.PREFILL_TILE): with S10's 64 it spills offline for sm_90 (triton 3.9: 255
+# the shape its grouped GEMM runs (moe_prefill.PREFILL_TILE): with S10's 64 it spills offline for sm_90 (triton 3.9: 255
 # registers and a 96-byte stack; 32: 191 registers, no stack; tests/engine/igemm_compile.py). Q4_0's GEMMs and
 # IQ4_XS's grouped one run S10_IGEMM (no stack)
 IGEMM_TILES[("IQ4_XS", False)] = dataclasses.replace(S10_IGEMM, block_t=32)
@@ -385,7 +385,7 @@ def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tupl
                  src: torch.Tensor, tiles: torch.Tensor, precision: str = "tf32",
                  qx: act_quant.QuantX | None = None, block_t: int = GEMM_BLOCK_T) -> torch.Tensor:
     """y[r] = x[src[r]] @ W_e.T for every row r of every tile (e, first, end) of `tiles` (int32
-    [n, 3], moe.expert_tiles: e's rows [first, end), at most block_t (GROUPED_BLOCK_TS), none for
+    [n, 3], moe_prefill.expert_tiles: e's rows [first, end), at most block_t (GROUPED_BLOCK_TS), none for
     first == end): many small GEMMs of one shape in one launch, no host sync. W_e: the [rows, cols]
     matrix of raw GGUF bytes at byte offsets[e] of `weight` (int64 on x's device, checked by the
     caller: moe.prepare); x float32 [T, cols]; src int [R] -> y float32 [R, rows]. precision, qx: gemm's."""

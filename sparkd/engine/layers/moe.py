@@ -192,7 +192,7 @@ class MoE(nn.Module):
         layer = table(self.il) if table is not None and x.shape[0] > 1 else None
         if layer is not None:  # many tokens, every expert at hand: group tokens by expert
             from sparkd.engine.kernels.prefill_gemm import int_gemm
-            from sparkd.engine.kernels.moe import moe_prefill
+            from sparkd.engine.kernels.moe_prefill import moe_prefill
 
             # the integer GEMM quantizes x itself (to the values round_activations gives)
             int_gu = int_gemm(layer.prepared.gate_up, linear.PREFILL_PRECISION)
