@@ -9,7 +9,7 @@
 # - MOE=1: the MoE layer rows (bench/moe_tiles_bench.py; MOE_SHAPES e.g. 4096x1536x8, MOE_TYPES e.g. Q8_0,Q4_KXD,
 #   MOE_S its timeout); IGEMM=1: the prefill GEMM, int8 against the float GEMM (bench/igemm_bench.py IGEMM_ARGS);
 #   IQ=1: the i-quants' integer steps against their float dots (bench/kernels_bench.py IQ_ARGS under IQ_ENV, IQ_S its
-#   timeout; iq50, session 22: the grid i-quants' switches on), then a 2-layer IQ2_XXS model's decode with the
+#   timeout; iq50, session 22; on by default since session 23), then a 2-layer IQ2_XXS model's decode with the
 #   integer step and without (IQ_ROUNDS);
 #   DRAW=1: the top-p draw graph alone, its select at 4096 / 2048 / 1024 / 512 bins;
 # - `generate -n 128` a process each, interleaved, ROUNDS rounds: greedy; PAIRX=1 greedy again under PAIRX_OFF's
@@ -90,7 +90,7 @@ if [ "${IGEMM:-0}" = 1 ] && fits 60 "prefill GEMM bench"; then  # igemm50 (sessi
   log "igemm rc $?"; cat $R/igemm.log >> $OUT/log.txt; snap
 fi
 if [ "${IQ:-0}" = 1 ] && fits 150 "i-quant integer steps bench"; then  # iq50 (session 22): dp4a steps vs float dots
-  env ${IQ_ENV:-SPARKD_IQ2_XXS_INT=1 SPARKD_IQ3_XXS_INT=1 SPARKD_IQ2_XS_INT=1 SPARKD_IQ1_S_INT=1} \
+  env ${IQ_ENV:-} \
     timeout ${IQ_S:-140} python3 bench/kernels_bench.py ${IQ_ARGS:---types IQ2_XXS,IQ3_XXS,IQ2_XS,IQ1_S --unified off} \
     --json $R/iq.json > $R/iq.log 2>&1
   log "iq rc $?"; cat $R/iq.log >> $OUT/log.txt; snap
@@ -121,11 +121,11 @@ if [ "${Q8:-0}" = 1 ]; then
     M=$Q gen q8 $r; eval "M=$Q ${Q8_OFF:-SPARKD_MOE_DOWN_AHEAD=off} gen q8aheadoff $r"; snap
   done
 fi
-if [ "${IQ:-0}" = 1 ]; then  # iq50: the IQ2_XXS model's decode, SPARKD_IQ2_XXS_INT=1 (the integer step) and the default
+if [ "${IQ:-0}" = 1 ]; then  # iq50: the IQ2_XXS model's decode, the integer step (the default) and SPARKD_IQ2_XXS_INT=0
   wait $MKI; log "iq model $(ls -la $IQM 2>&1 | awk '{print $5}') $(tail -1 $R/make_iq.log)"
   for r in $(seq 1 ${IQ_ROUNDS:-1}); do
     fits 70 "IQ2_XXS decode round $r" || break
-    eval "M=$IQM SPARKD_IQ2_XXS_INT=1 gen iq2xxsint $r"; M=$IQM gen iq2xxsfloat $r; snap
+    M=$IQM gen iq2xxsint $r; eval "M=$IQM SPARKD_IQ2_XXS_INT=0 gen iq2xxsfloat $r"; snap
   done
 fi
 if [ "${BIG:-0}" = 1 ]; then
