@@ -25,13 +25,13 @@ import triton.language as tl  # noqa: E402
 from test_int_steps import ROWS_TILE, awkward_x, integer_result  # noqa: E402
 from test_kernels import BACKENDS, random_blocks  # noqa: E402
 
-from sparkd.engine.kernels import dispatch, grids, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq_common  # noqa: E402
+from sparkd.engine.kernels import dispatch, grids, iq1_m, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq_common  # noqa: E402
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 
 KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8).astype(np.int64)
 # type: (kernel module, block bytes, grid values per index, the power-of-two constant of d * d_x)
 GRID_TYPES = {T.IQ2_XXS: (iq2_xxs, 66, 8, 0.125), T.IQ3_XXS: (iq3_xxs, 98, 4, 0.25), T.IQ2_XS: (iq2_xs, 74, 8, 0.125),
-              T.IQ1_S: (iq1_s, 50, 8, 0.125)}
+              T.IQ1_S: (iq1_s, 50, 8, 0.125), T.IQ1_M: (iq1_m, 56, 8, 0.125)}
 TYPES = [pytest.param(t, id=t.name) for t in GRID_TYPES]
 
 
@@ -95,7 +95,7 @@ def test_grid_words_are_the_codebook_as_int8():
         assert words.dtype == torch.int32 and words is grids.grid_words(module.FLOAT_FAMILY.grid, "cpu")
         values = words.view(torch.int8).reshape(-1, width)
         assert torch.equal(values.float().reshape(-1), grids.grid_table(module.FLOAT_FAMILY.grid, "cpu"))
-        if qtype != T.IQ1_S:  # (-1/0/1, no signs to apply)
+        if qtype not in (T.IQ1_S, T.IQ1_M):  # (-1/0/1, no signs to apply)
             assert values.min() >= 1  # negate_bytes' precondition
     assert grids.grid_words(None, "cpu").numel() == 1
 
@@ -103,7 +103,8 @@ def test_grid_words_are_the_codebook_as_int8():
 def unpack(qtype: T, raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(integer weights int64 [rows, cols], 2 * scale + 1 int64 [rows, cols / sub-block], d float32 [rows, cols/256])
     from the bytes, by the format's definition (gguf's quants layout, value by value): value = d * c * scale * weight
-    (c: GRID_TYPES' constant). The signed grid values; IQ1_S's 8 * grid value + the delta's sign (its delta 1/8)."""
+    (c: GRID_TYPES' constant). The signed grid values; IQ1_S's and IQ1_M's 8 * grid value + the delta's sign (their
+    delta 1/8)."""
     _, block, width, _ = GRID_TYPES[qtype]
     b = raw.cpu().numpy().reshape(rows, cols // 256, block).astype(np.int64)
     v = np.arange(256)
@@ -119,6 +120,13 @@ def unpack(qtype: T, raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarra
         idx = b[:, :, 2 + v // 8] | (((qh >> (3 * ((v % 32) // 8))) & 7) << 8)
         q = 8 * grid[idx, v % 8] + np.where(qh & 0x8000, -1, 1)
         sc = 2 * ((u16(34 + 2 * np.arange(8)) >> 12) & 7) + 1
+    elif qtype == T.IQ1_M:  # qs[32] at 0, qh[16] at 32 (a nibble an entry), scales u16[4] at 48 (3 bits a 16 values)
+        qh = b[:, :, 32 + v // 16] >> (4 * ((v // 8) % 2))
+        q = 8 * grid[b[:, :, v // 8] | ((qh & 7) << 8), v % 8] + np.where(qh & 8, -1, 1)
+        s16 = np.arange(16)
+        sc = 2 * ((u16(48 + 2 * (s16 // 4)) >> (3 * (s16 % 4))) & 7) + 1
+        d_bits = sum(((u16(48 + 2 * k) >> 12) & 0xF) << (4 * k) for k in range(4))
+        return q.reshape(rows, cols), sc.reshape(rows, -1), d_bits.astype(np.uint16).view(np.float16).astype(np.float32)
     elif qtype == T.IQ2_XS:  # qs u16[32] at 2 (9-bit index, 7-bit sign index), scale nibbles at 66
         word = u16(2 + 2 * (v // 8))
         q, sign_idx = grid[word & 511, v % 8], word >> 9

@@ -37,6 +37,7 @@ from sparkd.engine.kernels.moe import ExpertTable, down_input, moe_decode, prepa
 from sparkd.engine.kernels.moe_prefill import expert_tiles, moe_prefill  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
+from sparkd.engine.modelgen.blocks import set_iq1_m_d  # noqa: E402
 
 # Measured worst relative errors (docs/performance.md): float32 kernels <= 2.2e-7 on the H200 and
 # ~3e-7 under the interpreter; bounds leave >10x headroom. tf32 is bounded from tl.dot's
@@ -52,7 +53,8 @@ BACKENDS = [
 ]
 TYPES = list(dispatch.FAMILIES)
 F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
-              T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0]}
+              T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0],
+              T.IQ1_M: []}
 
 
 def numpy_rng() -> np.random.Generator:
@@ -67,9 +69,12 @@ def random_blocks(qtype: T, n_blocks: int) -> torch.Tensor:
     """Valid random blocks: random bytes with finite f16 scales (1e-3..1e-1, both signs)."""
     fam, rng = dispatch.FAMILIES[qtype], numpy_rng()
     b = rng.integers(0, 256, (n_blocks, fam.block_bytes), dtype=np.uint8)
+    def scales():
+        return (rng.choice([-1.0, 1.0], n_blocks) * 10.0 ** rng.uniform(-3, -1, n_blocks)).astype(np.float16)
     for at in F16_FIELDS[qtype]:
-        d = rng.choice([-1.0, 1.0], n_blocks) * 10.0 ** rng.uniform(-3, -1, n_blocks)
-        b[:, at:at + 2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+        b[:, at:at + 2] = scales().view(np.uint8).reshape(-1, 2)
+    if qtype == T.IQ1_M:  # no f16 field: its d is in the scale words' top nibbles
+        set_iq1_m_d(b, scales())
     return torch.from_numpy(b.reshape(-1))
 
 
@@ -142,7 +147,7 @@ def test_gemm_matches_reference(backend, qtype):
 INT8_SHAPES = {"cpu": ((37, 288), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
 INT8_SHAPES_K = {"cpu": ((16, 256), (5, 67)), "cuda": ((4104, 2048), (7, 130))}
 INT8_SHAPES_IQ = {"cpu": ((37, 512), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
-GRID_TYPES = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S)  # the grid i-quants (integer GEMM since session 23)
+GRID_TYPES = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M)  # the grid i-quants (integer GEMM since session 23)
 INT8_SHAPES_OF = {T.Q8_0: INT8_SHAPES, T.Q4_0: INT8_SHAPES, T.IQ4_XS: INT8_SHAPES_IQ,
                   **{t: INT8_SHAPES_IQ for t in GRID_TYPES}}
 # (qtype, the layout's qtype, its packing of the GGUF blocks or None), by test id

@@ -10,6 +10,7 @@ from gguf import quants as gq
 from sparkd.engine import quants
 from sparkd.engine.errors import ShapeMismatchError, UnsupportedTypeError
 from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.modelgen.blocks import set_iq1_m_d
 from sparkd.engine.tensors import load_tensor, raw_tensor
 
 # Every type the gguf package can dequantize (its trait registry plus its F32/F16 fast paths).
@@ -46,11 +47,7 @@ def random_blocks(qtype: T, n_blocks: int, seed: int) -> np.ndarray:
     for at in F16_FIELDS.get(qtype, []):
         blocks[:, at:at + 2] = finite_f16(rng, n_blocks).view(np.uint8).reshape(-1, 2)
     if qtype == T.IQ1_M:  # the f16 scale is spread over the top nibbles of 4 u16 at byte 48
-        d = finite_f16(rng, n_blocks).view(np.uint16).astype(np.uint16)
-        sc = blocks[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
-        for i, shift in enumerate((0, 4, 8, 12)):
-            sc[:, i] |= ((d >> shift) & 0xF).astype(np.uint16) << 12
-        blocks[:, 48:56] = sc.view(np.uint8)
+        set_iq1_m_d(blocks, finite_f16(rng, n_blocks))
     if qtype == T.MXFP4:  # e8m0 scale byte: 255 is NaN, and near it 2^e * 6 overflows f32
         blocks[:, 0] = rng.integers(0, 250, n_blocks, dtype=np.uint8)
     return blocks.reshape(-1)

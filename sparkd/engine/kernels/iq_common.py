@@ -129,11 +129,17 @@ def iadd(acc, isum, blk, rmask, dx, EW: tl.constexpr):
     tile acc (8 values a row: Family.iacc (8, 1)), d loaded in isum's shape (each (row, sub-block) loads its
     row's d, repeats served by the cache: no layout conversion); else the group's integer sum first, one float
     step per row, acc [BN] (llama.cpp's order: its constant applied to the product, exact as a power of 2)."""
+    return iadd_at(acc, isum, blk, rmask, dx, EW, _f16_at)
+
+
+@triton.jit
+def iadd_at(acc, isum, blk, rmask, dx, EW: tl.constexpr, D_AT: tl.constexpr):
+    """iadd with d read by D_AT(blk, mask) (a jitted function: IQ1_M's d has no f16 field of its own)."""
     if EW:
-        d = _f16_at(blk[:, None] + tl.zeros(isum.shape, tl.int32), rmask[:, None])
+        d = D_AT(blk[:, None] + tl.zeros(isum.shape, tl.int32), rmask[:, None])
         acc += tl.reshape(isum.to(tl.float32) * (d * dx), acc.shape)
     else:
-        acc += tl.sum(isum, 1).to(tl.float32) * (_f16_at(blk, rmask) * dx)
+        acc += tl.sum(isum, 1).to(tl.float32) * (D_AT(blk, rmask) * dx)
     return acc
 
 

@@ -290,8 +290,9 @@ IGEMM_TILES[("Q4_0", False)] = IGEMM_TILES[("Q4_0", True)] = IgemmTile(64, 32, 4
 # for sm_90 (triton 3.9) S10's 64 tokens spill (255 registers, 224-400 bytes of stack), 32 do not (IQ2_XXS 195,
 # IQ3_XXS 194, IQ2_XS 221, IQ1_S 254 registers); their grouped GEMMs run S10_IGEMM (201-244 registers, no stack).
 # The steps loop spills at 64x32 on 4 warps (24-184 bytes), not on 8 (IQ2_XXS 178, IQ1_S 190 registers)
+# IQ1_M (session 24, not timed) the same: S10's 64 tokens spill (255 registers, 376 bytes of stack)
 IGEMM_TILES.update({(name, False): IGEMM_TILES[("IQ4_XS", False)]
-                    for name in ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S")})
+                    for name in ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S", "IQ1_M")})
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:

@@ -26,7 +26,7 @@ _SCALE_FIELDS: dict[Q, tuple[tuple[int, ...], tuple[int, ...]]] = {
     Q.IQ4_XS: ((0,), ()),  # any 6-bit scale and 4-bit index is valid
 }
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
-QUANT_TYPES = tuple(_SCALE_FIELDS)
+QUANT_TYPES = tuple(_SCALE_FIELDS) + (Q.IQ1_M,)  # IQ1_M's d has no field: set_iq1_m_d
 _CHUNK_BYTES = 32 << 20  # generate and write in pieces this big to bound memory
 
 
@@ -39,7 +39,19 @@ def tensor_nbytes(qtype: Q, n_elements: int) -> int:
     return n_elements // bs * ts
 
 
+def set_iq1_m_d(blocks: np.ndarray, d) -> None:
+    """IQ1_M blocks [N, 56] given d (a float, or one per block): its f16 bits are the top nibbles of the four
+    scale words (nibble k in byte 49 + 2k); the 3-bit scales below them stay as they are."""
+    bits = np.asarray(d, np.float16).view(np.uint16)
+    for k in range(4):
+        at = 49 + 2 * k
+        blocks[:, at] = (blocks[:, at] & 0x0F) | (((bits >> (4 * k)) & 0xF) << 4).astype(np.uint8)
+
+
 def _fill_scales(blocks: np.ndarray, qtype: Q, d: float, m: float) -> None:
+    if qtype == Q.IQ1_M:
+        set_iq1_m_d(blocks, d)
+        return
     scales, mins = _SCALE_FIELDS[qtype]
     for off in scales:
         blocks[:, off:off + 2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
@@ -56,7 +68,7 @@ def _calibration(qtype: Q) -> tuple[float, float]:
     _fill_scales(raw, qtype, 1.0, 0.0)
     base = dequantize(raw, qtype)
     mean_per_m = 0.0
-    if _SCALE_FIELDS[qtype][1]:
+    if _SCALE_FIELDS.get(qtype, ((), ()))[1]:
         _fill_scales(raw, qtype, 1.0, 1.0)
         mean_per_m = float(dequantize(raw, qtype).mean() - base.mean())
     centred = base - (base.mean() if mean_per_m else 0.0)
