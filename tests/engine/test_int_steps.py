@@ -27,7 +27,7 @@ from test_kernels import (BACKENDS, BOUNDS, TILES, act_in, arena_table, moe_erro
                           reference, rel_err)
 
 from sparkd.engine.kernels import (act_quant, dispatch, iq1_m, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq4_xs,  # noqa: E402
-                                   prefill_gemm, q4_0, q6_k)
+                                   mxfp4, prefill_gemm, q4_0, q6_k)
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
@@ -41,6 +41,7 @@ CONFIGS = [None, GemvConfig(block_n=2, num_warps=1, unroll=3, split=2, elementwi
 STEPS = {T.Q6_K: (q6_k, act_quant.Q8_K, [(4099, 2048), (777, 768), (1, 768)], [(5, 768), (1, 512)]),
          T.IQ4_XS: (iq4_xs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
          T.Q4_0: (q4_0, act_quant.Q8_0, [(4099, 4096), (777, 800), (1, 32)], [(5, 800), (1, 32)]),
+         T.MXFP4: (mxfp4, act_quant.Q8_0, [(4099, 2880), (777, 800), (1, 32)], [(5, 800), (1, 32)]),
          T.IQ2_XXS: (iq2_xxs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
          T.IQ3_XXS: (iq3_xxs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
          T.IQ2_XS: (iq2_xs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),

@@ -24,7 +24,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 import triton.language as tl  # noqa: E402
 
 from sparkd.engine import quants  # noqa: E402
-from sparkd.engine.kernels import grids, iq1_m, iq1_s, iq2_xs, iq2_xxs, iq3_xxs  # noqa: E402
+from sparkd.engine.kernels import dispatch, grids, iq1_m, iq1_s, iq2_xs, iq2_xxs, iq3_xxs  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare  # noqa: E402
 from test_kernels import moe_error, numpy_rng, random_blocks  # noqa: E402
 
@@ -53,8 +53,8 @@ def _dequant_rows(w_ptr, aux_ptr, out_ptr, N, row_bytes, DEQ: tl.constexpr, NSUB
 
 
 def dequant_rows(raw: torch.Tensor, qtype: T, rows: int, cols: int, block_n: int) -> torch.Tensor:
-    """The family's dequant of raw [rows, cols] through the harness: [padded rows, cols]."""
-    fam = FAMILIES[qtype]
+    """The family's dequant of raw [rows, cols] (whole groups of 256) through the harness: [padded rows, cols]."""
+    fam = dispatch.FAMILIES[qtype]
     tiles = triton.cdiv(rows, block_n)
     out = torch.full((tiles * block_n, cols), float("nan"), device=raw.device)
     _dequant_rows[(tiles, cols // 256)](raw, grids.grid_table(fam.grid, raw.device), out, rows,

@@ -54,7 +54,7 @@ BACKENDS = [
 TYPES = list(dispatch.FAMILIES)
 F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
               T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0],
-              T.IQ1_M: []}
+              T.IQ1_M: [], T.MXFP4: []}
 
 
 def numpy_rng() -> np.random.Generator:
@@ -75,6 +75,8 @@ def random_blocks(qtype: T, n_blocks: int) -> torch.Tensor:
         b[:, at:at + 2] = scales().view(np.uint8).reshape(-1, 2)
     if qtype == T.IQ1_M:  # no f16 field: its d is in the scale words' top nibbles
         set_iq1_m_d(b, scales())
+    if qtype == T.MXFP4:  # the e8m0 exponent byte: scales 2^-10 .. 2^-3 (the f16 fields' range)
+        b[:, 0] = rng.integers(117, 125, n_blocks)
     return torch.from_numpy(b.reshape(-1))
 
 
@@ -148,7 +150,7 @@ INT8_SHAPES = {"cpu": ((37, 288), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
 INT8_SHAPES_K = {"cpu": ((16, 256), (5, 67)), "cuda": ((4104, 2048), (7, 130))}
 INT8_SHAPES_IQ = {"cpu": ((37, 512), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
 GRID_TYPES = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M)  # the grid i-quants (integer GEMM since session 23)
-INT8_SHAPES_OF = {T.Q8_0: INT8_SHAPES, T.Q4_0: INT8_SHAPES, T.IQ4_XS: INT8_SHAPES_IQ,
+INT8_SHAPES_OF = {T.Q8_0: INT8_SHAPES, T.Q4_0: INT8_SHAPES, T.MXFP4: INT8_SHAPES, T.IQ4_XS: INT8_SHAPES_IQ,
                   **{t: INT8_SHAPES_IQ for t in GRID_TYPES}}
 # (qtype, the layout's qtype, its packing of the GGUF blocks or None), by test id
 INT8_LAYOUTS = {"q8_0": (T.Q8_0, T.Q8_0, None),
@@ -157,11 +159,11 @@ INT8_LAYOUTS = {"q8_0": (T.Q8_0, T.Q8_0, None),
                 "q4_k_pairx": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
                 "q6_k": (T.Q6_K, T.Q6_K, None),
                 "q6_k_tiled": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw),
-                "q4_0": (T.Q4_0, T.Q4_0, None), "iq4_xs": (T.IQ4_XS, T.IQ4_XS, None),
+                "q4_0": (T.Q4_0, T.Q4_0, None), "iq4_xs": (T.IQ4_XS, T.IQ4_XS, None), "mxfp4": (T.MXFP4, T.MXFP4, None),
                 **{t.name.lower(): (t, t, None) for t in GRID_TYPES}}
 GRID_LAYOUTS = tuple(t.name.lower() for t in GRID_TYPES)
 # the interpreter's share (~10 s a case); all on the GPU
-INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx", "q6_k_tiled", "q4_0", "iq4_xs", *GRID_LAYOUTS)
+INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx", "q6_k_tiled", "q4_0", "iq4_xs", "mxfp4", *GRID_LAYOUTS)
 
 
 def backend_cases(interpreted, every) -> list:
@@ -328,7 +330,7 @@ def test_q4_0_and_i_quant_integer_gemms_compile_for_sm_90():
     their dense tiles were picked so, not timed, prefill_gemm.IGEMM_TILES); none reads x's per-32 sums (the
     i-quants' zero mins fold away; IQ1_S's delta is in its quants), as Q4_K's min term does."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    i_quants = ("IQ4_XS", *(t.name for t in GRID_TYPES))
+    i_quants = ("IQ4_XS", "MXFP4", *(t.name for t in GRID_TYPES))  # (and MXFP4: no min either; session 24)
     out = subprocess.run([sys.executable, str(Path(__file__).parent / "igemm_compile.py"), "Q4_0", *i_quants, "Q4_K"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -359,7 +361,7 @@ def test_int8_gemm_runs_other_types_at_ieee_and_checks_qx(backend):
 # Q4_K, Q4_0 and the i-quants on the GPU only (the interpreter runs Q4_K's loop GEMM in test_moe_tiled's prefill case,
 # and Q4_0's and the i-quants' grouped GEMM in test_igemm_steps_give_session_10s_bits and (the grid i-quants)
 # test_int8_grouped_gemm_matches_reference; IQ4_XS here took 82 s interpreted)
-@pytest.mark.parametrize("backend, qtype", backend_cases([T.Q8_0], [T.Q8_0, T.Q4_K, T.Q4_0, T.IQ4_XS, *GRID_TYPES]))
+@pytest.mark.parametrize("backend, qtype", backend_cases([T.Q8_0], [T.Q8_0, T.Q4_K, T.Q4_0, T.MXFP4, T.IQ4_XS, *GRID_TYPES]))
 def test_int8_moe_prefill(backend, qtype, monkeypatch):
     """Q8_0 / Q4_K / Q4_0 / the i-quants' experts at "int8": grouped and loop the same bits (per element the same block
     sums in the same order, whatever the tile; Q4_K's gate/up repacked to pairx too), and near the float GEMMs on
@@ -450,7 +452,7 @@ TILES = {"cuda": {}, "cpu": dict(gate_up=GemvConfig(block_n=64, num_warps=1, unr
 # at 2048x768, past Q8_0's f16 block scale (65504 * 127; inf, then NaN: H200, session 21)
 MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
              (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.Q4_0, T.IQ4_XS, "silu"), (T.IQ1_S, T.IQ2_XXS, "silu"),
-             (T.IQ2_XS, T.IQ3_XXS, "swiglu_oai")]
+             (T.IQ2_XS, T.IQ3_XXS, "swiglu_oai"), (T.MXFP4, T.MXFP4, "swiglu_oai"), (T.IQ1_M, T.IQ1_M, "silu")]
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large

@@ -27,16 +27,15 @@ at "ieee" (no iblock), the way before session 22.
 """
 
 import dataclasses
-import os
 
 import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine import switches
+from sparkd.engine.kernels import table16
 from sparkd.engine.kernels.act_quant import Q8_K, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
-from sparkd.engine.kernels.iq_common import word_bytes
 
 INT_ENV = "SPARKD_IQ4_XS_INT"  # "0": the float path (no integer step)
 
@@ -49,10 +48,6 @@ _KV0 = tl.constexpr(-1079142271)  # 0xBFAD9881
 _KV1 = tl.constexpr(-152379953)  # 0xF6EADDCF
 _KV2 = tl.constexpr(0x26190D01)
 _KV3 = tl.constexpr(0x71594535)
-# iblock's lookup by prmt's arithmetic twins where Triton interprets the kernels: the GEMM's iblock contract has no
-# EMU, and triton.jit picks interpreting or compiling from this same variable when it decorates a function (read
-# here as triton reads it; not through triton.knobs, which older triton releases lack)
-_LOOKUP_EMU = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"))
 
 
 @triton.jit
@@ -73,40 +68,10 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 
 @triton.jit
-def prmt(a, b, sel, EMU: tl.constexpr):
-    """PTX prmt.b32 (default mode): byte n of the result is byte k of {b, a} (a bytes 0-3, b 4-7),
-    k the low 3 bits of nibble n of sel. Every selector here has bit 3 of its 4 low nibbles clear
-    (set, prmt would fill the byte with its sign bit), which is what EMU's arithmetic twin (the
-    interpreter, no PTX) assumes. a, b and sel int32 of one shape."""
-    if EMU:
-        r = tl.zeros(a.shape, tl.int32)
-        for n in tl.static_range(4):
-            k = (sel >> (4 * n)) & 7
-            byte = (tl.where(k < 4, a, b) >> ((k & 3) * 8)) & 0xFF
-            r = r | (byte << (8 * n))
-    else:
-        r = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, sel], dtype=tl.int32,
-                                      is_pure=True, pack=1)
-    return r
-
-
-@triton.jit
 def lookup(q, EMU: tl.constexpr):
-    """(lo, hi): int32 words of the int8 table values of the low and of the high nibbles of q's 4
-    bytes (int32 words of qs). Each index's low 3 bits pick its entry from both 8-entry halves of the
-    table (two permutes of 4 nibbles each), its top bit picks the half (a third permute; 0x3210 plus 4
-    where the bit is set), and two last permutes sort the results into low-nibble and high-nibble words."""
-    t0 = tl.full(q.shape, _KV0, tl.int32)
-    t1 = tl.full(q.shape, _KV1, tl.int32)
-    t2 = tl.full(q.shape, _KV2, tl.int32)
-    t3 = tl.full(q.shape, _KV3, tl.int32)
-    q7 = q & 0x77777777  # the entry within a half (bit 3 cleared: no sign fill)
-    half = 0x32103210 | ((q >> 1) & 0x44444444)  # byte n of a half's result, or of the other's (+4)
-    # a: entries of nibbles 0-3 of q (bytes 0 and 1: lo0, hi0, lo1, hi1), b: of nibbles 4-7
-    a = prmt(prmt(t0, t1, q7, EMU), prmt(t2, t3, q7, EMU), half, EMU)
-    b = prmt(prmt(t0, t1, q7 >> 16, EMU), prmt(t2, t3, q7 >> 16, EMU), half >> 16, EMU)
-    return (prmt(a, b, tl.full(q.shape, 0x6420, tl.int32), EMU),  # bytes 0, 2 of a, then of b
-            prmt(a, b, tl.full(q.shape, 0x7531, tl.int32), EMU))
+    """(lo, hi): int32 words of the kvalues_iq4nl values of the low and of the high nibbles of q's 4 bytes (int32
+    words of qs), by byte permutes (table16.lookup)."""
+    return table16.lookup(q, _KV0, _KV1, _KV2, _KV3, EMU)
 
 
 @triton.jit
@@ -158,10 +123,7 @@ def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     s = b % 8
     q = tl.load((blk + 8 + 16 * s).to(tl.pointer_type(tl.int32))[:, None] + tl.arange(0, 4)[None, :],
                 mask=rmask[:, None], other=0)  # [BN, 4]
-    lo, hi = lookup(q, _LOOKUP_EMU)
-    h = tl.arange(0, 2)[None, :, None]
-    words = tl.where(h == 0, lo[:, None, :], hi[:, None, :])  # [BN, 2, 4]: word (h, w) holds values 16h + 4w..
-    v = word_bytes(tl.reshape(words, (q.shape[0], 8)))
+    v = table16.block_values(q, _KV0, _KV1, _KV2, _KV3)
     h0 = tl.load(blk.to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
     h1 = tl.load((blk + 4).to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
     return v, tl.where(rmask, scale(h0, h1, s), 0), tl.zeros(rmask.shape, tl.int32)

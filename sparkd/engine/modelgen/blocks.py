@@ -26,7 +26,7 @@ _SCALE_FIELDS: dict[Q, tuple[tuple[int, ...], tuple[int, ...]]] = {
     Q.IQ4_XS: ((0,), ()),  # any 6-bit scale and 4-bit index is valid
 }
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
-QUANT_TYPES = tuple(_SCALE_FIELDS) + (Q.IQ1_M,)  # IQ1_M's d has no field: set_iq1_m_d
+QUANT_TYPES = tuple(_SCALE_FIELDS) + (Q.IQ1_M, Q.MXFP4)  # no f16 field: IQ1_M's d (set_iq1_m_d), MXFP4's e8m0
 _CHUNK_BYTES = 32 << 20  # generate and write in pieces this big to bound memory
 
 
@@ -51,6 +51,9 @@ def set_iq1_m_d(blocks: np.ndarray, d) -> None:
 def _fill_scales(blocks: np.ndarray, qtype: Q, d: float, m: float) -> None:
     if qtype == Q.IQ1_M:
         set_iq1_m_d(blocks, d)
+        return
+    if qtype == Q.MXFP4:  # an e8m0 exponent byte: d to the nearest power of two (the values are 2^(e - 128) * kv)
+        blocks[:, 0] = int(np.clip(np.rint(np.log2(d)) + 128, 0, 254))
         return
     scales, mins = _SCALE_FIELDS[qtype]
     for off in scales:

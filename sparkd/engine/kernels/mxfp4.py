@@ -1,0 +1,101 @@
+"""MXFP4 (gpt-oss's routed experts): blocks of 32 values (17 bytes): e e8m0 | qs[16]. Value j is an e2m1 float, 4
+bits (low nibble of qs[j] for values 0-15, high nibble of qs[j - 16] for 16-31: Q4_0's layout), times 2^(e - 127).
+ggml stores the e2m1 values doubled as int8 (0, 1, 2, 3, 4, 6, 8, 12 and their negatives) and halves the scale
+(ggml_e8m0_to_fp32_half): the same products. A group is eight blocks; rows need only be a multiple of 32 values
+(gpt-oss's 2880), so smask drops the blocks past a row's end (as in Q8_0 and Q4_0).
+
+The integer step (idot) takes x as Q8_0 blocks (act_round's format for MXFP4, llama.cpp's vec_dot type) and does
+llama.cpp's arithmetic: each 32-bit word of qs becomes two words of the doubled e2m1 values as int8 by byte permutes
+(table16.lookup, IQ4_XS's), dp4a against x's words, one float step e8m0_half(e) * d_x per block. 17-byte blocks
+have no alignment, so words are built from byte loads (as llama.cpp's CUDA get_int_b1) and Family.align is 1.
+
+iblock hands the integer prefill GEMM (prefill_gemm.gemm / grouped_gemm at "int8") a block's doubled e2m1 values as
+int8 and its halved scale, as Q4_0's iblock does: the GEMM adds isum * (d_x * scale) per block, the idot's arithmetic.
+
+Default since session 24 (not yet timed); SPARKD_MXFP4_INT=0 (read at import) the float path (dequantized values
+times x rounded to Q8_0 by the caller; prompts the float GEMM at "ieee").
+"""
+
+import dataclasses
+
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType as T
+
+from sparkd.engine import switches
+from sparkd.engine.kernels import table16
+from sparkd.engine.kernels.act_quant import Q8_0, dp4a, dp4a_add
+from sparkd.engine.kernels.family import Family
+
+INT_ENV = "SPARKD_MXFP4_INT"  # "0": the float path (no integer step)
+
+# kvalues_mxfp4 (the doubled e2m1 values) as four int32 words of 4 int8 entries: 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 |
+# -4 -6 -8 -12
+_KV0 = tl.constexpr(0x03020100)
+_KV1 = tl.constexpr(0x0C080604)
+_KV2 = tl.constexpr(-33620224)  # 0xFDFEFF00
+_KV3 = tl.constexpr(-185009412)  # 0xF4F8FAFC
+_MAGNITUDES = tl.constexpr(0x0C08060403020100)  # entries 0-7, byte k entry k (8-15: the same, negated)
+
+
+@triton.jit
+def half_scale(e):
+    """ggml_e8m0_to_fp32_half of e8m0 bytes e (int32): 2^(e - 128) as float32, built from its bits (e < 2: a
+    subnormal)."""
+    return tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _word(ptr, mask):
+    """The little-endian int32 at ptr, any alignment, from 4 byte loads (0 outside mask)."""
+    w = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+    for k in tl.static_range(1, 4):
+        w |= tl.load(ptr + k, mask=mask, other=0).to(tl.int32) << (8 * k)
+    return w
+
+
+@triton.jit
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
+    s = tl.arange(0, 8)[None, :, None]
+    i = tl.arange(0, 32)[None, None, :]
+    blk = w_ptr + row_off + (g * 8 + s) * 17  # [BN, 8, 1] block starts
+    d = half_scale(tl.load(blk, mask=smask, other=0).to(tl.int32))
+    q = (tl.load(blk + 1 + i % 16, mask=smask, other=0).to(tl.int32) >> ((i // 16) * 4)) & 0xF
+    kv = ((tl.full(q.shape, _MAGNITUDES, tl.int64) >> ((q & 7) * 8).to(tl.int64)) & 0xFF).to(tl.int32)
+    return d * tl.where(q < 8, kv, -kv).to(tl.float32)
+
+
+@triton.jit
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    b = g * 8 + tl.arange(0, 8)[None, :, None]  # block index along the row [1, 8, 1]
+    w = tl.arange(0, 4)[None, None, :]  # 32-bit word of qs in the block
+    bmask = b * 32 < K
+    m = rmask[:, None, None] & bmask
+    blk = w_ptr + row_off[:, None, None] + b * 17  # [BN, 8, 1]
+    lo, hi = table16.lookup(_word(blk + 1 + 4 * w, m), _KV0, _KV1, _KV2, _KV3, EMU)  # [BN, 8, 4]
+    # x's words and the block scales in the weight words' shape (repeats served by the cache): q4_0.idot's way
+    full = tl.zeros(lo.shape, tl.int32)
+    isum = dp4a_add(hi, tl.load(xw_ptr + b * 8 + 4 + w + full, mask=m, other=0),
+                    dp4a(lo, tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0), EMU), EMU)
+    dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)  # [1, 8, 1]
+    if EW:  # into the elementwise tile acc [BN, 8, 4]
+        acc += isum.to(tl.float32) * (half_scale(tl.load(blk + full, mask=m, other=0).to(tl.int32)) * dx)
+    else:  # a float per block, then one per row: acc [BN]
+        d = half_scale(tl.load(blk, mask=m, other=0).to(tl.int32))  # [BN, 8, 1]
+        acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(d * dx, 2), 1)
+    return acc
+
+
+@triton.jit
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
+    """family.iblock without igroup (Q8_0's form): block b as its doubled e2m1 values (int8 [BN, 32]) and its halved
+    scale (float32 [BN], 0 for rows not in rmask)."""
+    blk = w_ptr + row_off + b * 17  # [BN] block starts
+    q = _word(blk[:, None] + 1 + 4 * tl.arange(0, 4)[None, :], rmask[:, None])  # [BN, 4]
+    d = tl.where(rmask, half_scale(tl.load(blk, mask=rmask, other=0).to(tl.int32)), 0.0)
+    return table16.block_values(q, _KV0, _KV1, _KV2, _KV3), d
+
+
+FLOAT_FAMILY = Family(T.MXFP4, 32, 17, 8, 32, dequant, align=1)
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_0, iacc=(8, 4), iblock=iblock)
+FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY
