@@ -423,24 +423,34 @@ def arena_table(gu_type: T, d_type: T, dim: int, width: int, n: int, device: str
     return table, parts[0::3], parts[1::3], parts[2::3]
 
 
-def moe_reference(x, w, gates, ups, downs, act, gu_type=None, d_type=None, h=None):
+def moe_reference(x, w, gates, ups, downs, act, gu_type=None, d_type=None, h=None, bias=None):
     """Integer families' inputs rounded as the kernels (and llama.cpp) round them. h [n, F]: the
     down's input as the engine has it (moe.down_input), instead of act(gate x, up x) rounded here
-    from float64: an h computed apart can sit across a rounding boundary from the kernel's."""
+    from float64: an h computed apart can sit across a rounding boundary from the kernel's. bias: moe_decode's
+    [n, 2F + D] (gate | up before the activation, down after)."""
     xr = act_in(gu_type, x)
+    gb, ub, db = _bias_parts(bias, len(gates), gates[0].shape[0], downs[0].shape[0])
     if h is None:
-        h = [act_in(d_type, ACTIVATIONS[act](gates[i] @ xr, ups[i] @ xr)) for i in range(len(gates))]
-    return sum(w[i].double() * downs[i] @ h[i].cpu().double() for i in range(len(gates)))
+        h = [act_in(d_type, ACTIVATIONS[act](gates[i] @ xr + gb[i], ups[i] @ xr + ub[i])) for i in range(len(gates))]
+    return sum(w[i].double() * (downs[i] @ h[i].cpu().double() + db[i]) for i in range(len(gates)))
 
 
-def moe_error(y, p, x, w, gates, ups, downs, act, gu_type, d_type, gate_up=None, kernels=None) -> float:
+def _bias_parts(bias, n: int, F: int, D: int) -> tuple[torch.Tensor, ...]:
+    """(gate, up, down) biases float64 [n, F], [n, F], [n, D] of moe_decode's bias (zeros for None)."""
+    b = torch.zeros(n, 2 * F + D, dtype=torch.float64) if bias is None else bias.cpu().double()
+    return b[:, :F], b[:, F:2 * F], b[:, 2 * F:]
+
+
+def moe_error(y, p, x, w, gates, ups, downs, act, gu_type, d_type, gate_up=None, kernels=None, bias=None) -> float:
     """moe_decode's y for (p, x, w) at gate_up against float64, with no rounding boundary between
     them: the larger of y against the down over the engine's own down input, and that input
     before rounding against float64 gate/up (kernels_bench.moe_err's check, for the tests' tables)."""
     xr = act_in(gu_type, x.cpu())
-    h64 = torch.stack([ACTIVATIONS[act](gates[i] @ xr, ups[i] @ xr) for i in range(len(gates))])
-    h32 = down_input(p, x, act, gate_up, kernels, rounded=False)
-    want = moe_reference(x.cpu(), w.cpu(), gates, ups, downs, act, h=down_input(p, x, act, gate_up, kernels))
+    gb, ub, _ = _bias_parts(bias, len(gates), gates[0].shape[0], downs[0].shape[0])
+    h64 = torch.stack([ACTIVATIONS[act](gates[i] @ xr + gb[i], ups[i] @ xr + ub[i]) for i in range(len(gates))])
+    h32 = down_input(p, x, act, gate_up, kernels, rounded=False, bias=bias)
+    want = moe_reference(x.cpu(), w.cpu(), gates, ups, downs, act, h=down_input(p, x, act, gate_up, kernels, bias=bias),
+                         bias=bias)
     return max(rel_err(y, want), rel_err(h32, h64))
 
 
@@ -453,6 +463,28 @@ TILES = {"cuda": {}, "cpu": dict(gate_up=GemvConfig(block_n=64, num_warps=1, unr
 MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
              (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.Q4_0, T.IQ4_XS, "silu"), (T.IQ1_S, T.IQ2_XXS, "silu"),
              (T.IQ2_XS, T.IQ3_XXS, "swiglu_oai"), (T.MXFP4, T.MXFP4, "swiglu_oai"), (T.IQ1_M, T.IQ1_M, "silu")]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("gu_type,d_type", [(T.MXFP4, T.MXFP4), (T.Q8_0, T.Q4_K)], ids=lambda v: v.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_decode_adds_expert_biases(backend, gu_type, d_type):
+    """gpt-oss's expert biases (session 24): gate and up biases before the clamped swiglu, the down's weighted after,
+    against float64 over the engine's own down input; an integer and a float down (Q4_K's 4-byte rows: its own step).
+    A wrong-shaped bias is refused before any launch."""
+    dim, width, n = (2880, 2880, 4) if backend == "cuda" else (256, 256, 3)
+    table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
+    x, w = torch.randn(dim), torch.rand(n)
+    bias = torch.randn(n, 2 * width + dim)
+    p = prepare(table, backend)
+    y = moe_decode(p, x.to(backend), w.to(backend), "swiglu_oai", bias=bias.to(backend), **TILES[backend])
+    err = moe_error(y, p, x.to(backend), w, gates, ups, downs, "swiglu_oai", gu_type, d_type,
+                    TILES[backend].get("gate_up"), bias=bias)
+    assert err < BOUNDS["fp32"], f"{gu_type.name}/{d_type.name}: relative error {err:.2e}"
+    plain = moe_decode(p, x.to(backend), w.to(backend), "swiglu_oai", **TILES[backend])
+    assert rel_err(plain, y) > 1e-3  # the biases did something
+    with pytest.raises(dispatch.KernelArgumentError, match=r"expert biases must be contiguous float32"):
+        moe_decode(p, x.to(backend), w.to(backend), "swiglu_oai", bias=bias[:, 1:].to(backend))
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large

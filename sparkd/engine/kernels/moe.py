@@ -81,6 +81,16 @@ def _activate(g, u, ACT: tl.constexpr):
 
 
 @triton.jit
+def _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS: tl.constexpr):
+    """(g, u) plus entry a's gate and up biases where BIAS (gpt-oss): rows [a * BSTRIDE, + F) and [+ F, + 2F) of
+    b_ptr (moe_decode's bias: float32 [n, 2F + D], the down's after them)."""
+    if BIAS:
+        g += tl.load(b_ptr + a * BSTRIDE + rows, mask=rmask, other=0.0)
+        u += tl.load(b_ptr + a * BSTRIDE + F + rows, mask=rmask, other=0.0)
+    return g, u
+
+
+@triton.jit
 def _offset(off_ptr, ids_ptr, a, IDS: tl.constexpr):
     """Byte offset of selected expert a: offsets[ids[a]] from the full table (IDS), else offsets[a]."""
     if IDS:
@@ -136,8 +146,10 @@ def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, x_ptr,
                     row_bytes, IDS: tl.constexpr, DOT: tl.constexpr, ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr,
                     USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
                     BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, ACT: tl.constexpr,
-                    RW: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False):
-    """h[a] = act(gate_a x, up_a x), times the routing weight if RW, for expert program_id(1)."""
+                    RW: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False, b_ptr=None, BSTRIDE=0,
+                    BIAS: tl.constexpr = False):
+    """h[a] = act(gate_a x + gate bias, up_a x + up bias), times the routing weight if RW, for expert program_id(1)
+    (BIAS: _biased's biases, else none)."""
     pdl.start(PDL)  # first: pdl's rule
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -147,6 +159,7 @@ def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, x_ptr,
                 TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
     u = row_dot(up_ptr, aux_ptr, _offset(up_off, ids_ptr, a, IDS) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
                 DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
+    g, u = _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -220,7 +233,8 @@ def _igate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, xw_pt
                      EW: tl.constexpr, EMU: tl.constexpr,
                      ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
-                     DOWN_AT_START: tl.constexpr = True, NG: tl.constexpr = 0, PDL: tl.constexpr = False):
+                     DOWN_AT_START: tl.constexpr = True, NG: tl.constexpr = 0, PDL: tl.constexpr = False,
+                     b_ptr=None, BSTRIDE=0, BIAS: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -250,16 +264,18 @@ def _igate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, xw_pt
     if not DOWN_AT_START:
         pdl.dependents(PDL)
     _gate_up_out(g, u, a, tl.program_id(0), rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW,
-                 HBLOCK, H8K)
+                 HBLOCK, H8K, b_ptr, BSTRIDE, BIAS)
 
 
 @triton.jit
 def _gate_up_out(g, u, a, tile, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N: tl.constexpr,
-                 ACT: tl.constexpr, RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr):
-    """_igate_up_kernel's end for row tile `tile` of expert a: h from the (gate, up) row sums, stored as HBLOCK says
-    (a persistent program, moe_pipe, calls it once a tile)."""
+                 ACT: tl.constexpr, RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr, b_ptr=None, BSTRIDE=0,
+                 BIAS: tl.constexpr = False):
+    """_igate_up_kernel's end for row tile `tile` of expert a: h from the (gate, up) row sums (plus _biased's biases
+    if BIAS), stored as HBLOCK says (a persistent program, moe_pipe, calls it once a tile, without biases)."""
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
+    g, u = _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -517,7 +533,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
                down: GemvConfig | None = None, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
                round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
                residual: torch.Tensor | None = None, qx: act_quant.QuantX | None = None,
-               kernels: Kernels | None = None) -> torch.Tensor:
+               kernels: Kernels | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """One token through the table's experts: sum_i w[i] * down_i(act(gate_i x, up_i x)).
 
     x float32 [D]; route_weights float32 [n] (one per table entry, or per selected expert of a
@@ -533,6 +549,9 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     the rounding, between the two launches). qx: x already quantized to the gate/up family's
     blocks (by the norm that made x, act_quant.attach): no quantization launch for x.
     kernels: the code the integer launches run (Kernels; None: decode_kernels()).
+    bias (gpt-oss's expert biases): float32 [n, 2F + D] on x's device, entry i's gate, up and down biases (in the
+    order of route_weights): act(gate_i x + its gate bias, ...), and y += sum_i w[i] * its down bias (one addmv after
+    the down launch; llama.cpp adds it to each expert's output before the weighted sum: the same terms).
     No host sync: usable in a CUDA graph capture."""
     what = "the MoE decode kernels"
     if act not in ACT_CODES:
@@ -554,6 +573,12 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     check_qx(qx, p.gate_up, D, what)
     if residual is not None:
         dispatch.check_out(residual, (D,), x.device, f"{what} (residual)")
+    F = p.table.width
+    if bias is not None and (bias.shape != (n, 2 * F + D) or bias.dtype != torch.float32 or bias.device != x.device
+                             or bias.stride(1) != 1 or bias.stride(0) != 2 * F + D):
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: expert biases must be contiguous float32 [{n}, {2 * F + D}] (gate, up, down) on "
+            f"{x.device}, got {bias.dtype} {list(bias.shape)} strides {list(bias.stride())} on {bias.device}")
     rw = route_weights.contiguous()
     tiles = decode_tiles(p)
     gate_up, down = gate_up or tiles[0], down or tiles[1]
@@ -562,15 +587,17 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
     kernels = kernels or decode_kernels()
-    h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx, kernels)
+    h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx, kernels, bias)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     _down(p, h, rw, y, down, round_h, residual, kernels)
+    if bias is not None:
+        y.addmv_(bias[:, 2 * F:].t(), rw)
     return y
 
 
 def down_input(p: PreparedTable, x: torch.Tensor, act: str = "silu", gate_up: GemvConfig | None = None,
-               kernels: Kernels | None = None, rounded: bool = True) -> torch.Tensor:
-    """float32 [n, F]: the activations moe_decode's down multiplies (routing weight not in them),
+               kernels: Kernels | None = None, rounded: bool = True, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [n, F]: the activations moe_decode's down multiplies (routing weight not in them; bias: moe_decode's),
     from the gate/up launch at this tile; rounded by the engine's act_quant as the down's integer
     step reads them (rounded=False: h before rounding, from the launch without fuse_quant). For
     references: a float64 down over these meets no rounding boundary a near-tie could flip (session 8)."""
@@ -578,7 +605,7 @@ def down_input(p: PreparedTable, x: torch.Tensor, act: str = "silu", gate_up: Ge
     if not rounded:
         gate_up = replace(gate_up, fuse_quant=False)
     ones = torch.ones(p.count, dtype=torch.float32, device=x.device)
-    h = _gate_up(p, x, ones, False, act, gate_up, None, "the MoE down's input", None, kernels)
+    h = _gate_up(p, x, ones, False, act, gate_up, None, "the MoE down's input", None, kernels, bias)
     if not rounded or p.down.idot is None:
         return h
     return (h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)).dequantize()
@@ -591,10 +618,12 @@ def _ids(p: PreparedTable) -> dict:
 
 def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, act: str, cfg: GemvConfig,
              round_x: Callable[[torch.Tensor], torch.Tensor] | None, what: str,
-             qx: act_quant.QuantX | None = None,
-             kernels: Kernels | None = None) -> torch.Tensor | act_quant.QuantX:
+             qx: act_quant.QuantX | None = None, kernels: Kernels | None = None,
+             bias: torch.Tensor | None = None) -> torch.Tensor | act_quant.QuantX:
     """h [n, F] = act(gate x, up x), times rw if use_rw, one launch over all n experts; quantized
-    for the down projection already (act_quant.QuantX) if cfg.fuse_quant."""
+    for the down projection already (act_quant.QuantX) if cfg.fuse_quant. bias: moe_decode's (gate and up biases
+    added before the activation; moe_pipe's kernel takes none)."""
+    biases = dict(b_ptr=bias, BSTRIDE=bias.stride(0), BIAS=True) if bias is not None else {}
     kernels = kernels or decode_kernels()
     n, D, F = p.count, p.table.dim, p.table.width
     grid = (triton.cdiv(F, cfg.block_n), n)
@@ -616,7 +645,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                       H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
                       enable_fp_fusion=hq is None)  # act_quant's exact rounding needs it off
         per_sm = pipe_programs(D, cfg) if kernels.pipe is None else kernels.pipe
-        if _pipe_ok(per_sm, kernels, cfg, words, F, D):  # session 19: moe_pipe's persistent kernel
+        if bias is None and _pipe_ok(per_sm, kernels, cfg, words, F, D):  # session 19: moe_pipe's persistent kernel
             n_tiles = grid[0] * n
             moe_pipe.gate_up_kernel[(moe_pipe.programs(n_tiles, per_sm, x.device),)](
                 p.table.gate, p.table.up, p.gate_off, p.up_off, xw_ptr=q.words, xd_ptr=q.scales, n_tiles=n_tiles,
@@ -629,14 +658,14 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                            kernels.full and _full(F, D, cfg)),
                                PAIR=kernels.pair, TILED=p.gate_up.row_tile > 1, UNROLL=cfg.unroll,
                                **_pairx_gate_up(p, cfg, kernels),
-                               EW=cfg.elementwise, STAGES=stages_arg(cfg), **common, **pdl.launch(x.device))
+                               EW=cfg.elementwise, STAGES=stages_arg(cfg), **common, **biases, **pdl.launch(x.device))
         return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
     x = x if round_x is None else round_x(x).contiguous()
     _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x_ptr=x, rw_ptr=rw,
                           h_ptr=h, F=F, D=D, row_bytes=p.gate_up_row_bytes, **_ids(p), **family_args(p.gate_up),
                           BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
-                          RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **pdl.launch(x.device))
+                          RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **biases, **pdl.launch(x.device))
     return h
 
 

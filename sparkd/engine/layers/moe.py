@@ -236,7 +236,7 @@ class MoE(nn.Module):
         # integer kernels (Family.idot) quantize x and h themselves, as round_x/round_h would
         return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
                           round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,
-                          qx=qx, **tiles)
+                          qx=qx, bias=getattr(sel, "bias", None), **tiles)
 
     def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
                shared_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -72,6 +72,7 @@ class KernelSelection:
     prepared: object  # sparkd.engine.kernels.moe.PreparedTable
     act_gate: str | None
     act_down: str | None
+    bias: torch.Tensor | None = None  # the selected experts' biases [A, 2F + D] (moe_decode's bias), or none
 
 
 @dataclass
@@ -82,6 +83,7 @@ class KernelLayer:
     prepared: object  # sparkd.engine.kernels.moe.PreparedTable over all E experts
     act_gate: str | None
     act_down: str | None
+    bias: torch.Tensor | None = None  # every expert's gate | up | down biases [E, 2F + D] (gpt-oss), or none
 
     def select(self, ids: torch.Tensor):
         """The prepared table restricted to `ids` (int64 [A] on the device), in that order: the
@@ -95,8 +97,8 @@ class KernelLayer:
 
 class KernelExperts:
     """Every routed expert's raw blocks resident on `device`; `kernel_select`/`kernel_table` serve the MoE
-    kernels, `get` (dequantized, for layers the kernels cannot run: expert biases, a type without
-    a kernel) serves the generic path."""
+    kernels (biased experts, gpt-oss's, through the decode kernels since session 24), `get` (dequantized, for layers
+    the kernels cannot run: a type without a kernel; a biased layer's prompts) serves the generic path."""
 
     def __init__(self, model, device: torch.device | str, load: TensorLoader, act_format):
         from sparkd.engine.kernels import dispatch
@@ -122,8 +124,7 @@ class KernelExperts:
             for name in (GATE, UP, DOWN):
                 raw, qtype, shape = raw_tensor(self.model, f"blk.{il}.{name}.weight")
                 parts[name] = (raw.to(self.device), qtype, shape)  # shape [E, rows, cols]
-            biased = any(f"blk.{il}.{n}.bias" in self.model.tensors for n in (GATE, UP, DOWN))
-            self._layers[il] = (parts, None if biased else self._table(il, parts))
+            self._layers[il] = (parts, self._table(il, parts))
         return self._layers[il]
 
     def _table(self, il: int, parts: dict) -> KernelLayer | None:
@@ -148,16 +149,31 @@ class KernelExperts:
             table = tiled_down(table)
             self._tiled.add((il, DOWN))
         return KernelLayer(prepare(table, self.device), self._act(f"blk.{il}.{GATE}.weight"),
-                           self._act(f"blk.{il}.{DOWN}.weight"))
+                           self._act(f"blk.{il}.{DOWN}.weight"), self._biases(il, n, width, dim))
+
+    def _biases(self, il: int, n: int, width: int, dim: int) -> torch.Tensor | None:
+        """The layer's expert biases as one float32 [E, 2F + D] tensor on the device (gate | up | down; a missing one
+        zeros), or None where it has none."""
+        names = [f"blk.{il}.{name}.bias" for name in (GATE, UP, DOWN)]
+        if not any(name in self.model.tensors for name in names):
+            return None
+        parts = [self._load(name).float().reshape(n, -1) if name in self.model.tensors
+                 else torch.zeros(n, size) for name, size in zip(names, (width, width, dim))]
+        return torch.cat([t.to(self.device) for t in parts], dim=1).contiguous()
 
     def kernel_table(self, il: int) -> KernelLayer | None:
-        """All of the layer's experts (prefill groups tokens by expert over this table)."""
-        return self._layer(il)[1]
+        """All of the layer's experts (prefill groups tokens by expert over this table); None where they have
+        biases (the grouped GEMMs add none: a biased layer's prompt runs a token at a time through kernel_select)."""
+        layer = self._layer(il)[1]
+        return None if layer is None or layer.bias is not None else layer
 
     def kernel_select(self, il: int, ids: torch.Tensor) -> KernelSelection | None:
         """The experts `ids` (int64 [A] on the device) of one token; None: not kernel-able."""
         layer = self._layer(il)[1]
-        return None if layer is None else KernelSelection(layer.select(ids), layer.act_gate, layer.act_down)
+        if layer is None:
+            return None
+        bias = None if layer.bias is None else layer.bias.index_select(0, ids)
+        return KernelSelection(layer.select(ids), layer.act_gate, layer.act_down, bias)
 
     def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
         parts, _ = self._layer(layer)
