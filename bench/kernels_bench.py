@@ -45,7 +45,8 @@ ROTATE_BYTES = 768 << 20
 REPEATS = 15
 BASELINE = False  # --torch-baseline: also time torch's dequantize-then-matmul (slow)
 F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
-              T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0]}
+              T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0],
+              T.IQ1_M: [], T.MXFP4: []}  # (random_blocks sets these two's scales its own way)
 DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projections
 # model width, expert width, experts per token: qwen3-30b-a3b, and qwen3-235b-a22b
 MOES = [(2048, 768, 8), (4096, 1536, 8)]
@@ -53,7 +54,7 @@ MOE = MOES[0]
 # the families with an integer step (their float path is timed beside it: float_path); Q4_K's tiled layouts are
 # LAYOUTS, not FAMILIES
 INT_TYPES = tuple(qtype for qtype, fam in dispatch.FAMILIES.items() if fam.idot is not None)
-IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S)  # GEMV dot timed next to dequant-then-multiply
+IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ1_M)  # GEMV dot timed next to dequant-then-multiply
 NO_DOT = dict(dot=None, acc0=None, total=None, idot=None, act_fmt=None)  # (no integer step either: its switch on)
 SWEEP_ON = False  # --sweep
 COMPARE = False  # --compare
@@ -115,9 +116,16 @@ def x_in(qtype: T, x: torch.Tensor) -> torch.Tensor:
 def random_blocks(qtype: T, n_bytes: int, device: str = "cuda") -> torch.Tensor:
     fam = dispatch.FAMILIES[qtype]
     b = torch.randint(0, 256, (n_bytes // fam.block_bytes, fam.block_bytes), dtype=torch.uint8, device=device)
+    def scales():
+        return (torch.rand(b.shape[0], device=device) * 0.099 + 1e-3) * (torch.randint(0, 2, (b.shape[0],), device=device) * 2 - 1)
     for at in F16_FIELDS[qtype]:
-        d = (torch.rand(b.shape[0], device=device) * 0.099 + 1e-3) * (torch.randint(0, 2, (b.shape[0],), device=device) * 2 - 1)
-        b[:, at:at + 2] = d.half().view(torch.uint8).reshape(-1, 2)
+        b[:, at:at + 2] = scales().half().view(torch.uint8).reshape(-1, 2)
+    if qtype == T.IQ1_M:  # d's f16 bits in the top nibbles of the four scale words (bytes 49, 51, 53, 55)
+        bits = scales().half().view(torch.int16).to(torch.int32) & 0xFFFF
+        for k in range(4):
+            b[:, 49 + 2 * k] = ((b[:, 49 + 2 * k].to(torch.int32) & 0x0F) | (((bits >> (4 * k)) & 0xF) << 4)).to(torch.uint8)
+    if qtype == T.MXFP4:  # the e8m0 exponent byte: scales 2^-10 .. 2^-3
+        b[:, 0] = torch.randint(117, 125, (b.shape[0],), dtype=torch.uint8, device=device)
     return b.reshape(-1)
 
 

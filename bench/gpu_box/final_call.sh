@@ -9,15 +9,19 @@
 # - MOE=1: the MoE layer rows (bench/moe_tiles_bench.py; MOE_SHAPES e.g. 4096x1536x8, MOE_TYPES e.g. Q8_0,Q4_KXD,
 #   MOE_S its timeout); IGEMM=1: the prefill GEMM, int8 against the float GEMM (bench/igemm_bench.py IGEMM_ARGS);
 #   IQ=1: the i-quants' integer steps against their float dots (bench/kernels_bench.py IQ_ARGS under IQ_ENV, IQ_S its
-#   timeout; iq50, session 22; on by default since session 23), then a 2-layer IQ2_XXS model's decode with the
-#   integer step and without (IQ_ROUNDS);
+#   timeout; iq50, session 22; on by default since session 23), then a 2-layer model's decode for each type of
+#   IQ_MODELS (default IQ2_XXS) with the integer step and without (IQ_ROUNDS);
 #   DRAW=1: the top-p draw graph alone, its select at 4096 / 2048 / 1024 / 512 bins;
 # - `generate -n 128` a process each, interleaved, ROUNDS rounds: greedy; PAIRX=1 greedy again under PAIRX_OFF's
 #   switches; unless SAMPLED=0 top_k 0, top_k 40 (TOP40=0 leaves it out), top_p 0.95 and 0.9; Q8=1 the Q8_0 model under
 #   the defaults and under Q8_OFF's switches (Q8_ROUNDS); BIG=1 the 4096-wide model under the defaults and BIG_OFF's
 #   switches (BIG_ROUNDS);
 # - the OpenAI server's streamed decode (SERVE_PLAIN=1: serve --top-k 0; always: top_p 0.95 in the requests);
-#   FIRST=1: first_request_bench's fresh servers (FIRST_SERVERS, default auto,auto:off).
+#   FIRST=1: first_request_bench's fresh servers (FIRST_SERVERS, default auto,auto:off);
+# - OSS=1: a gpt-oss-20b-shaped model (OSS_LAYERS, default 24) with MXFP4 experts (as its GGUFs ship them; biased
+#   experts through the MoE kernels since session 24), made at the start: its decode with the MXFP4 integer step and
+#   SPARKD_MXFP4_INT=0, and with LLAMA=1 llama-bench built with CUDA (cuda_side_by_side.sh BUILD_ONLY=1, started at the
+#   call's start; carry .cache) on the same file.
 # Results: $OUT/res.tgz + $OUT/log.txt (snapshotted after every step, so a timeout keeps what ran).
 set -u
 export PYTHONUNBUFFERED=1
@@ -32,7 +36,15 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|LLAMA)=' | sort | tr '\n' ' ')"
+if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
+  OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
+fi
+O=$W/oss-${OSS_LAYERS:-24}-MXFP4.gguf
+if [ "${OSS:-0}" = 1 ]; then
+  ( [ -f $O ] || { nice -n 10 timeout 240 python3 -m sparkd.engine.cli make-model $O.part --preset gpt-oss-20b \
+      --layers ${OSS_LAYERS:-24} --quant Q8_0 --tensor-type _exps=MXFP4 --quiet && mv $O.part $O; } ) > $R/make_oss.log 2>&1 & MKO=$!
+fi
 M=$W/q3-12-Q4_K.gguf
 ( [ -f $M ] || { nice -n 10 timeout 150 python3 -m sparkd.engine.cli make-model $M.part --preset qwen3-30b-a3b \
     --quant Q4_K --quiet --layers 12 && mv $M.part $M; } ) > $R/make.log 2>&1 & MK=$!
@@ -42,10 +54,10 @@ if [ "${BIG:-0}" = 1 ]; then
       --quant Q8_0 --quiet --layers 2 && mv $B.part $B; } ) > $R/make_big.log 2>&1 & MKB=$!
 fi
 Q=$W/q3-12-Q8_0.gguf
-IQM=$W/q3-2-IQ2_XXS.gguf
-if [ "${IQ:-0}" = 1 ]; then  # iq50: a 2-layer qwen3-30b-a3b-shaped IQ2_XXS model for its decode with the integer step
-  ( [ -f $IQM ] || { nice -n 10 timeout 90 python3 -m sparkd.engine.cli make-model $IQM.part --preset qwen3-30b-a3b \
-      --quant IQ2_XXS --quiet --layers 2 && mv $IQM.part $IQM; } ) > $R/make_iq.log 2>&1 & MKI=$!
+if [ "${IQ:-0}" = 1 ]; then  # iq50: a 2-layer qwen3-30b-a3b-shaped model a type for its decode with the integer step
+  ( for t in ${IQ_MODELS:-IQ2_XXS}; do m=$W/q3-2-$t.gguf; [ -f $m ] || { nice -n 10 timeout 90 python3 -m \
+      sparkd.engine.cli make-model $m.part --preset qwen3-30b-a3b --quant $t --quiet --layers 2 && mv $m.part $m; }; done
+  ) > $R/make_iq.log 2>&1 & MKI=$!
 fi
 if [ "${Q8:-0}" = 1 ]; then  # the 2048-wide Q8_0 decode: moe46's down ahead against SPARKD_MOE_DOWN_AHEAD=off
   ( [ -f $Q ] || { nice -n 10 timeout 200 python3 -m sparkd.engine.cli make-model $Q.part --preset qwen3-30b-a3b \
@@ -101,7 +113,7 @@ if [ "${DRAW:-0}" = 1 ] && fits 100 "top-p draw bench"; then  # the select's 409
 fi
 wait $MK; log "model $(ls -la $M | awk '{print $5}')"
 gen() {  # tag round [more flags]
-  timeout 40 python3 -m sparkd.engine.cli generate $M --tokens 1,2,3,4,5,6,7,8 -n 128 --device cuda --resident \
+  timeout ${GEN_S:-40} python3 -m sparkd.engine.cli generate $M --tokens 1,2,3,4,5,6,7,8 -n 128 --device cuda --resident \
     --cuda-graphs on --json ${@:3} > $R/gen_$1_$2.json 2> $R/gen_$1_$2.err
   log "decode $1 round $2 rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/gen_$1_$2.json) tokens $(python3 -c "import hashlib, json, sys; print(hashlib.md5(str(json.load(open(sys.argv[1]))['tokens']).encode()).hexdigest()[:8])" $R/gen_$1_$2.json 2>/dev/null)"
 }
@@ -121,12 +133,27 @@ if [ "${Q8:-0}" = 1 ]; then
     M=$Q gen q8 $r; eval "M=$Q ${Q8_OFF:-SPARKD_MOE_DOWN_AHEAD=off} gen q8aheadoff $r"; snap
   done
 fi
-if [ "${IQ:-0}" = 1 ]; then  # iq50: the IQ2_XXS model's decode, the integer step (the default) and SPARKD_IQ2_XXS_INT=0
-  wait $MKI; log "iq model $(ls -la $IQM 2>&1 | awk '{print $5}') $(tail -1 $R/make_iq.log)"
+if [ "${IQ:-0}" = 1 ]; then  # iq50: each IQ_MODELS model's decode, the integer step (the default) and SPARKD_<type>_INT=0
+  wait $MKI; log "iq models $(tail -1 $R/make_iq.log)"
   for r in $(seq 1 ${IQ_ROUNDS:-1}); do
-    fits 70 "IQ2_XXS decode round $r" || break
-    M=$IQM gen iq2xxsint $r; eval "M=$IQM SPARKD_IQ2_XXS_INT=0 gen iq2xxsfloat $r"; snap
+    for t in ${IQ_MODELS:-IQ2_XXS}; do
+      fits 70 "$t decode round $r" || break 2
+      m=$W/q3-2-$t.gguf; tl=$(echo $t | tr A-Z a-z | tr -d _)
+      M=$m gen ${tl}int $r; eval "M=$m SPARKD_${t}_INT=0 gen ${tl}float $r"; snap
+    done
   done
+fi
+if [ "${OSS:-0}" = 1 ]; then  # the gpt-oss-shaped model: MXFP4 integer step (the default), SPARKD_MXFP4_INT=0, llama.cpp
+  wait $MKO; log "oss model $(ls -la $O 2>&1 | awk '{print $5}') $(tail -1 $R/make_oss.log)"
+  if fits 100 "gpt-oss decode"; then
+    M=$O GEN_S=90 gen ossint 1; M=$O GEN_S=90 SPARKD_MXFP4_INT=0 gen ossfloat 1; snap
+  fi
+  if [ "${LLAMA:-0}" = 1 ] && fits 60 "llama-bench gpt-oss"; then
+    wait $LB; log "llama build: $(tail -2 $R/llama_build.log | tr '\n' ' ')"
+    LBIN=$W/llama-cuda/llama-bench
+    [ -x $LBIN ] && timeout 55 $LBIN -o json -m $O -ngl 99 -p 0 -n 128 -r 3 > $R/llama_oss.json 2> $R/llama_oss.err
+    log "llama-bench gpt-oss rc $?: $(grep -o '"avg_ts": [0-9.e+]*' $R/llama_oss.json 2>/dev/null)"; snap
+  fi
 fi
 if [ "${BIG:-0}" = 1 ]; then
   wait $MKB; log "big model $(ls -la $B 2>&1 | awk '{print $5}') $(tail -1 $R/make_big.log)"
