@@ -3,7 +3,8 @@
 # on a cold box. Copy it as run into docs/runs/<date>-sN-final/call.sh with the environment it ran with (its log's first
 # line). Steps, each bounded by a timeout and all by END_S (seconds from the start; a step that no longer fits is
 # logged as SKIPPED with the time it needed, never left out silently):
-# - the gpu-marked test groups (G below; ONLY="5 8 9" picks groups, ONLY=none runs none) in parallel pytest processes, TEST_TIMEOUT each,
+# - the gpu-marked test groups (G below, or TESTS's ';'-separated ones; ONLY="5 8 9" picks groups, ONLY=none runs none) in
+#   parallel pytest processes, TEST_TIMEOUT each,
 #   while the models are made: the 12-layer qwen3-30b-a3b-shaped Q4_K model always, BIG=1 a 2-layer
 #   qwen3-235b-a22b-shaped Q8_0 one (4096 wide, experts 1536), Q8=1 the 12-layer model in Q8_0;
 # - MOE=1: the MoE layer rows (bench/moe_tiles_bench.py; MOE_SHAPES e.g. 4096x1536x8, MOE_TYPES e.g. Q8_0,Q4_KXD,
@@ -36,7 +37,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|LLAMA)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|LLAMA|TESTS)=' | sort | tr '\n' ' ')"
 if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
   OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
 fi
@@ -82,6 +83,7 @@ G=("$E/test_kernels.py -k \"int8 or igemm\""
    "$E/test_pdl.py $E/test_feed_tokens.py $E/test_decode_pipeline.py $E/streaming tests/guards/test_gpu_guard.py"  # 15: group 10's rest
    "$E/test_kernels.py -k \"IQ4_XS or Q4_0 or test_moe_decode_matches_reference\""  # 16: iq48's types, the MoE pairs
    "$E/test_moe_tiled.py $E/test_moe_pairx_down.py $E/test_moe_pairx_steps.py $E/test_int_steps.py")  # 17: after the call
+[ -n "${TESTS:-}" ] && IFS=';' read -ra G <<< "$TESTS"  # TESTS="a.py -k x;b.py": these groups instead of G
 P=(); I=()
 for i in "${!G[@]}"; do
   [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $((i+1)) "* ]] && continue  # ONLY="8 10 11": those groups alone
