@@ -524,6 +524,32 @@ def test_moe_prefill_groups_tokens_by_expert(backend, monkeypatch):
     assert err < BOUNDS["fp32"], f"relative error {err:.2e}"
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_prefill_adds_expert_biases(backend, monkeypatch):
+    """gpt-oss's expert biases in the prompt's grouped GEMMs (session 24): both ways the same bits, against float64
+    with the biases (MXFP4 experts, the clamped swiglu), unlike the result without them; a bad bias refused."""
+    dim, width, n, n_tok, top_k = (2880, 2880, 8, 40, 4) if backend == "cuda" else (256, 256, 2, GEMM_BLOCK_T + 5, 2)
+    table, gates, ups, downs = arena_table(T.MXFP4, T.MXFP4, dim, width, n, backend)
+    x, w = torch.randn(n_tok, dim), torch.rand(n_tok, top_k)
+    slots = torch.stack([torch.randperm(n)[:top_k] for _ in range(n_tok)])
+    bias = torch.randn(n, 2 * width + dim)
+    args = (x.to(backend), slots.to(backend), w.to(backend), "swiglu_oai", "ieee")
+    got = {}
+    for mode, t in (("grouped", prepare(table, backend)), ("loop", table)):
+        monkeypatch.setattr(prefill_moe, "PREFILL", mode)
+        got[mode] = moe_prefill(t, *args, bias=bias.to(backend))
+    assert torch.equal(got["grouped"], got["loop"])
+    ref = torch.stack([moe_reference(x[t], w[t], [gates[i] for i in slots[t]], [ups[i] for i in slots[t]],
+                                     [downs[i] for i in slots[t]], "swiglu_oai", bias=bias[slots[t]])
+                       for t in range(n_tok)])
+    err = rel_err(got["grouped"], ref)
+    assert err < BOUNDS["fp32"], f"relative error {err:.2e}"
+    assert rel_err(moe_prefill(prepare(table, backend), *args), ref) > 1e-3  # the biases did something
+    with pytest.raises(dispatch.KernelArgumentError, match="expert biases must be float32"):
+        moe_prefill(prepare(table, backend), *args, bias=bias[:1].to(backend))
+
+
 @pytest.mark.parametrize("block_t", [16, 64])
 @pytest.mark.parametrize("counts", [[5, 0, 16, 33], [0, 0, 1], [16], [64, 65, 3]])
 def test_expert_tiles_cover_each_experts_rows_once(counts, block_t):

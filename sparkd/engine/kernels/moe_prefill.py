@@ -143,7 +143,7 @@ def _combine(out: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, weights
 def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
                 act: str = "silu", precision: str = "tf32",
                 round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                check_slots: bool = True) -> torch.Tensor:
+                check_slots: bool = True, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts (an ExpertTable,
     or the PreparedTable of all of them that prepare() made); route_weights
     float32 [T, A] -> y [T, D]; round_h as in moe_decode; precision prefill_gemm.gemm's (at "int8" x
@@ -153,7 +153,8 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
     tokens found by a host sync. check_slots: the slots' range checked on the host (one sync); False
     where the caller vouches for them (a router's top-k over the table's experts): "grouped" then
     syncs nowhere, and a slot outside the table gets no tile (its rows are not computed, nothing
-    outside the table is read; "loop" checks always)."""
+    outside the table is read; "loop" checks always). bias: every table expert's biases, float32 [n, 2F + D] (gpt-oss:
+    gate | up before the activation, down before the routing weight; moe_decode's, for the whole table)."""
     what = "the MoE prefill kernels"
     if act not in ACT_CODES:
         raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
@@ -175,6 +176,9 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
             raise dispatch.KernelArgumentError(f"could not run {what}: slots must lie in [0, {n})")
     fgu, fd = p.gate_up, p.down
     D, F = table.dim, table.width
+    if bias is not None and (bias.shape != (n, 2 * F + D) or bias.dtype != torch.float32 or bias.device != x.device):
+        raise dispatch.KernelArgumentError(f"could not run {what}: expert biases must be float32 [{n}, {2 * F + D}] "
+                                           f"on {x.device}, got {bias.dtype} {list(bias.shape)} on {bias.device}")
     if PREFILL == "grouped":
         # each token's experts in ascending order, its A outputs then added one after another: the
         # loop's sums to the bit (its index_add_ met a token's experts in that order)
@@ -188,11 +192,17 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         qx = act_quant.quantize(x, fgu.act_fmt) if int_gemm(fgu, precision) else None  # once for gate and up
         g = grouped_gemm(table.gate, p.gate_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx, block_t)
         u = grouped_gemm(table.up, p.up_off, fgu.qtype, (F, D), x, tok, tiles, precision, qx, block_t)
+        # each row's expert's biases (an unchecked slot outside the table: clamped, its row has no tile anyway)
+        b = None if bias is None else bias.index_select(0, keys.clamp(0, n - 1))
+        if b is not None:
+            g, u = g + b[:, :F], u + b[:, F:2 * F]
         h = _act_torch(g, u, act)
         # the integer GEMM quantizes h itself (to the values round_h gives)
         h = (h if round_h is None or int_gemm(fd, precision) else round_h(h)).contiguous()
         rows = torch.arange(keys.numel(), device=x.device)
         out = grouped_gemm(table.down, p.down_off, fd.qtype, (D, F), h, rows, tiles, precision, block_t=block_t)
+        if b is not None:
+            out += b[:, 2 * F:]
         if PREFILL_GLUE == "kernels":
             return _combine(out, order, rows, route_weights)
         out *= route_weights.reshape(-1)[order, None]
@@ -209,8 +219,12 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         go, uo, do = (int(o[j]) for o in (table.gate_offsets, table.up_offsets, table.down_offsets))
         g = gemm(table.gate[go:go + gu_span], fgu.qtype, (F, D), h, precision)
         u = gemm(table.up[uo:uo + gu_span], fgu.qtype, (F, D), h, precision)
+        if bias is not None:
+            g, u = g + bias[j, :F], u + bias[j, F:2 * F]
         h = _act_torch(g, u, act)
         h = h if round_h is None or int_gemm(fd, precision) else round_h(h)
         out = gemm(table.down[do:do + d_span], fd.qtype, (D, F), h.contiguous(), precision)
+        if bias is not None:
+            out += bias[j, 2 * F:]
         y.index_add_(0, tok, out * route_weights[tok, k, None])
     return y

@@ -200,7 +200,8 @@ class MoE(nn.Module):
             n_out = getattr(self.router.gate, "out_features", None)
             in_range = picked and n_out == layer.prepared.gate_off.numel()
             out = moe_prefill(layer.prepared, h, ids, w, self.act_name, linear.PREFILL_PRECISION,
-                              _rounder(layer.act_down), check_slots=SLOT_CHECK == "always" or not in_range)
+                              _rounder(layer.act_down), check_slots=SLOT_CHECK == "always" or not in_range,
+                              bias=getattr(layer, "bias", None))
             return out if residual is None else residual + out
         rows = []
         for t in range(x.shape[0]):  # one token at a time through the fused decode kernels

@@ -97,8 +97,8 @@ class KernelLayer:
 
 class KernelExperts:
     """Every routed expert's raw blocks resident on `device`; `kernel_select`/`kernel_table` serve the MoE
-    kernels (biased experts, gpt-oss's, through the decode kernels since session 24), `get` (dequantized, for layers
-    the kernels cannot run: a type without a kernel; a biased layer's prompts) serves the generic path."""
+    kernels (biased experts, gpt-oss's, too since session 24), `get` (dequantized, for layers the kernels cannot run:
+    a type without a kernel) serves the generic path."""
 
     def __init__(self, model, device: torch.device | str, load: TensorLoader, act_format):
         from sparkd.engine.kernels import dispatch
@@ -162,10 +162,8 @@ class KernelExperts:
         return torch.cat([t.to(self.device) for t in parts], dim=1).contiguous()
 
     def kernel_table(self, il: int) -> KernelLayer | None:
-        """All of the layer's experts (prefill groups tokens by expert over this table); None where they have
-        biases (the grouped GEMMs add none: a biased layer's prompt runs a token at a time through kernel_select)."""
-        layer = self._layer(il)[1]
-        return None if layer is None or layer.bias is not None else layer
+        """All of the layer's experts (prefill groups tokens by expert over this table)."""
+        return self._layer(il)[1]
 
     def kernel_select(self, il: int, ids: torch.Tensor) -> KernelSelection | None:
         """The experts `ids` (int64 [A] on the device) of one token; None: not kernel-able."""
