@@ -62,6 +62,15 @@ def greedy(net, prompt: list[int], n: int) -> tuple[torch.Tensor, list[int]]:
     return first, out
 
 
+def assert_greedy_matches(ref, k, prompt: list[int], n: int, label: str) -> None:
+    """The kernel model k's prompt logits within BOUND of the CPU reference ref's, and the same n greedy tokens."""
+    want_logits, want = greedy(ref.net, prompt, n)
+    got_logits, got = greedy(k.net, prompt, n)
+    err = float((got_logits - want_logits).norm() / want_logits.norm())
+    print(f"{label}: prompt logits relative error {err:.2e}")
+    assert err < BOUND and got == want
+
+
 def logits_by_layout(tmp_path, monkeypatch, backend: str, quant: str, env: str, layouts: tuple[str, ...]) -> dict:
     """A tiny `quant` model (SHAPES) loaded with kernels once per resident layout set by $env:
     layout -> (prompt logits, one greedy token, the qtypes of its KernelLinear projections)."""
@@ -143,14 +152,10 @@ def test_iq_experts_through_the_kernels_match_cpu_reference(tmp_path, backend, s
         # the interpreter: decode steps only (prefill's GEMM per expert is its slowest part; the
         # GEMM is checked on its own in test_kernels)
         prompt, n = (PROMPT, 8) if backend == "cuda" else (PROMPT[:1], 3)
-        want_logits, want = greedy(ref.net, prompt, n)
-        got_logits, got = greedy(k.net, prompt, n)
+        assert_greedy_matches(ref, k, prompt, n, f"IQ experts {backend} {steps}")
     finally:
         ref.close()
         k.close()
-    err = float((got_logits - want_logits).norm() / want_logits.norm())
-    print(f"IQ experts {backend} {steps}: prompt logits relative error {err:.2e}")
-    assert err < BOUND and got == want
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -165,15 +170,11 @@ def test_gpt_oss_biased_experts_through_the_kernels(tmp_path, backend):
         assert isinstance(store, KernelExperts) and store.kernel_table(0).bias is not None
         sel = store.kernel_select(0, torch.tensor([0, 1], device=backend))
         assert sel is not None and sel.bias is not None and sel.prepared.gate_up.qtype.name == "MXFP4"
-        prompt, n = (PROMPT, 8) if backend == "cuda" else (PROMPT[:2], 3)
-        want_logits, want = greedy(ref.net, prompt, n)
-        got_logits, got = greedy(k.net, prompt, n)
+        assert_greedy_matches(ref, k, *((PROMPT, 8) if backend == "cuda" else (PROMPT[:2], 3)),
+                              f"gpt-oss MXFP4 experts {backend}")
     finally:
         ref.close()
         k.close()
-    err = float((got_logits - want_logits).norm() / want_logits.norm())
-    print(f"gpt-oss MXFP4 experts {backend}: prompt logits relative error {err:.2e}")
-    assert err < BOUND and got == want
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
