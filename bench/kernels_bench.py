@@ -46,7 +46,7 @@ REPEATS = 15
 BASELINE = False  # --torch-baseline: also time torch's dequantize-then-matmul (slow)
 F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
               T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0],
-              T.IQ1_M: [], T.MXFP4: []}  # (random_blocks sets these two's scales its own way)
+              T.IQ2_S: [0], T.IQ3_S: [0], T.IQ1_M: [], T.MXFP4: []}  # (random_blocks: the last two's scales)
 DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projections
 # model width, expert width, experts per token: qwen3-30b-a3b, and qwen3-235b-a22b
 MOES = [(2048, 768, 8), (4096, 1536, 8)]
@@ -54,7 +54,7 @@ MOE = MOES[0]
 # the families with an integer step (their float path is timed beside it: float_path); Q4_K's tiled layouts are
 # LAYOUTS, not FAMILIES
 INT_TYPES = tuple(qtype for qtype, fam in dispatch.FAMILIES.items() if fam.idot is not None)
-IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ1_M)  # GEMV dot timed next to dequant-then-multiply
+IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ1_M, T.IQ2_S, T.IQ3_S)  # GEMV dot timed next to dequant-then-multiply
 NO_DOT = dict(dot=None, acc0=None, total=None, idot=None, act_fmt=None)  # (no integer step either: its switch on)
 SWEEP_ON = False  # --sweep
 COMPARE = False  # --compare

@@ -22,7 +22,8 @@ from sparkd.engine.kernels import dispatch, moe_prefill, prefill_gemm, q4_k_tile
 
 LAYOUTS = {"Q8_0": T.Q8_0, "Q8_0_PACKED": q8_0_packed.PACKED, "Q4_K": T.Q4_K, "Q4_K_TILED": q4_k_tiled.TILED,
            "Q6_K": T.Q6_K, "Q6_K_TILED": q6_k_tiled.TILED, "Q4_0": T.Q4_0, "IQ4_XS": T.IQ4_XS,
-           "IQ2_XXS": T.IQ2_XXS, "IQ3_XXS": T.IQ3_XXS, "IQ2_XS": T.IQ2_XS, "IQ1_S": T.IQ1_S, "IQ1_M": T.IQ1_M, "MXFP4": T.MXFP4}
+           "IQ2_XXS": T.IQ2_XXS, "IQ3_XXS": T.IQ3_XXS, "IQ2_XS": T.IQ2_XS, "IQ1_S": T.IQ1_S, "IQ1_M": T.IQ1_M, "IQ2_S": T.IQ2_S, "IQ3_S": T.IQ3_S,
+           "MXFP4": T.MXFP4}
 TYPES = {"w_ptr": "*u8", "w_off_ptr": "*i64", "aux_ptr": "*i32", "tiles_ptr": "*i32", "src_ptr": "*i32",
          "xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32"}
 # the wheel's own cuobjdump (as bench/kernels_sass.py finds it: triton.tools.disasm's helper changed across releases)

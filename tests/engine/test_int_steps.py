@@ -26,7 +26,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import (BACKENDS, BOUNDS, TILES, act_in, arena_table, moe_error, random_blocks,  # noqa: E402
                           reference, rel_err)
 
-from sparkd.engine.kernels import (act_quant, dispatch, iq1_m, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq4_xs,  # noqa: E402
+from sparkd.engine.kernels import (act_quant, dispatch, iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, iq4_xs,  # noqa: E402
                                    mxfp4, prefill_gemm, q4_0, q6_k)
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.kernels.moe import moe_decode, prepare  # noqa: E402
@@ -46,10 +46,12 @@ STEPS = {T.Q6_K: (q6_k, act_quant.Q8_K, [(4099, 2048), (777, 768), (1, 768)], [(
          T.IQ3_XXS: (iq3_xxs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
          T.IQ2_XS: (iq2_xs, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
          T.IQ1_S: (iq1_s, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
-         T.IQ1_M: (iq1_m, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)])}
+         T.IQ1_M: (iq1_m, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
+         T.IQ2_S: (iq2_s, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)]),
+         T.IQ3_S: (iq3_s, act_quant.Q8_K, [(4099, 4096), (777, 768), (1, 256)], [(5, 768), (1, 256)])}
 TYPES = [pytest.param(t, id=t.name) for t in STEPS]
 # the grid i-quants (iq50, session 22; their steps on by default since session 23)
-GRID = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M)
+GRID = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M, T.IQ2_S, T.IQ3_S)
 
 
 def awkward_x(cols: int, block: int = 256) -> torch.Tensor:

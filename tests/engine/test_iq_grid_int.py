@@ -25,13 +25,15 @@ import triton.language as tl  # noqa: E402
 from test_int_steps import ROWS_TILE, awkward_x, integer_result  # noqa: E402
 from test_kernels import BACKENDS, random_blocks  # noqa: E402
 
-from sparkd.engine.kernels import dispatch, grids, iq1_m, iq1_s, iq2_xs, iq2_xxs, iq3_xxs, iq_common  # noqa: E402
+from sparkd.engine.kernels import (act_quant, dispatch, grids, iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s,  # noqa: E402
+                                   iq3_xxs, iq_common)
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 
 KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8).astype(np.int64)
 # type: (kernel module, block bytes, grid values per index, the power-of-two constant of d * d_x)
 GRID_TYPES = {T.IQ2_XXS: (iq2_xxs, 66, 8, 0.125), T.IQ3_XXS: (iq3_xxs, 98, 4, 0.25), T.IQ2_XS: (iq2_xs, 74, 8, 0.125),
-              T.IQ1_S: (iq1_s, 50, 8, 0.125), T.IQ1_M: (iq1_m, 56, 8, 0.125)}
+              T.IQ1_S: (iq1_s, 50, 8, 0.125), T.IQ1_M: (iq1_m, 56, 8, 0.125), T.IQ2_S: (iq2_s, 82, 8, 0.125),
+              T.IQ3_S: (iq3_s, 110, 4, 1.0)}
 TYPES = [pytest.param(t, id=t.name) for t in GRID_TYPES]
 
 
@@ -127,6 +129,19 @@ def unpack(qtype: T, raw: torch.Tensor, rows: int, cols: int) -> tuple[np.ndarra
         sc = 2 * ((u16(48 + 2 * (s16 // 4)) >> (3 * (s16 % 4))) & 7) + 1
         d_bits = sum(((u16(48 + 2 * k) >> 12) & 0xF) << (4 * k) for k in range(4))
         return q.reshape(rows, cols), sc.reshape(rows, -1), d_bits.astype(np.uint16).view(np.float16).astype(np.float32)
+    elif qtype in (T.IQ2_S, T.IQ3_S):  # explicit sign bytes, a high index bit field, scale nibbles
+        e = v // width  # grid entry
+        if qtype == T.IQ2_S:  # qs[32] at 2, signs[32] at 34, qh[8] at 66 (2 bits an entry), scales[8] at 74
+            idx = b[:, :, 2 + e] | (((b[:, :, 66 + e // 4] >> (2 * (e % 4))) & 3) << 8)
+            signs, s16 = b[:, :, 34 + v // 8], np.arange(16)
+            sc = 2 * ((b[:, :, 74 + s16 // 2] >> (4 * (s16 % 2))) & 0xF) + 1
+        else:  # qs[64] at 2, qh[8] at 66 (a bit an entry), signs[32] at 74, scales[4] at 106 (a nibble a 32)
+            idx = b[:, :, 2 + e] | (((b[:, :, 66 + e // 8] >> (e % 8)) & 1) << 8)
+            signs, s8 = b[:, :, 74 + v // 8], np.arange(8)
+            sc = 2 * ((b[:, :, 106 + s8 // 2] >> (4 * (s8 % 2))) & 0xF) + 1
+        q = np.where((signs >> (v % 8)) & 1, -1, 1) * grid[idx, v % width]
+        d = raw.cpu().numpy().reshape(rows, cols // 256, block)[:, :, 0:2].copy().view(np.float16).astype(np.float32)
+        return q.reshape(rows, cols), sc.reshape(rows, -1), d[..., 0]
     elif qtype == T.IQ2_XS:  # qs u16[32] at 2 (9-bit index, 7-bit sign index), scale nibbles at 66
         word = u16(2 + 2 * (v // 8))
         q, sign_idx = grid[word & 511, v % 8], word >> 9
@@ -156,12 +171,29 @@ def test_integer_sums_are_llama_cpps(backend, qtype, monkeypatch):
     rows, cols = (1031, 4096 + 768) if backend == "cuda" else (7, 768)
     raw = random_blocks(qtype, rows * cols // 256)
     x = awkward_x(cols)
-    acc, exact, size = integer_result(*unpack(qtype, raw, rows, cols), x, backend, GRID_TYPES[qtype][3])
+    q, sc, d = unpack(qtype, raw, rows, cols)
+    acc, exact, size = integer_result(q, sc, d, x, backend, GRID_TYPES[qtype][3])
     for cfg in (ROWS_TILE, GemvConfig(block_n=4, num_warps=1, unroll=2, split=2, elementwise=True)):
         y = gemv(raw.to(backend), qtype, (rows, cols), x.to(backend), config=cfg).cpu()
         if backend == "cpu" and cfg is ROWS_TILE:
             assert torch.equal(y, acc)
-        # float32 steps on exact integer sums: <= 3 roundings per super-block (3 or 19 here) plus the adds
-        err = ((y.double() - exact).abs() / size).max().item()
+        # float32 steps on exact integer sums: <= 3 roundings per super-block (3 or 19 here) plus the adds; the
+        # elementwise tile takes its float step per 32 values, so its roundings scale with those sums' magnitudes
+        # (sub-blocks cancel within a group: IQ3_S 7.3e-6 of the groups' magnitudes, 6 interpreted seeds)
+        scale = size if cfg is ROWS_TILE else chunk_magnitudes(q, sc, d, x, backend, GRID_TYPES[qtype][3])
+        err = ((y.double() - exact).abs() / scale).max().item()
         assert err < 2e-6, err
+
+
+def chunk_magnitudes(q: np.ndarray, sc: np.ndarray, d: np.ndarray, x: torch.Tensor, backend: str,
+                     c: float) -> torch.Tensor:
+    """Per row the sum over its 32-value chunks of |the chunk's exact integer sum times its float step| (unpack's
+    q, sc and d; x quantized as the kernel does): the size of the elementwise tile's float steps."""
+    rows, cols = q.shape
+    qx = act_quant.quantize(x.to(backend)[None], act_quant.Q8_K)
+    xq = qx.words.cpu().view(torch.int8).numpy().astype(np.int64)[0]
+    dx = qx.scales.cpu().numpy()[0].astype(np.float64)
+    per_sc = (q * xq).reshape(rows, sc.shape[1], -1).sum(-1) * sc  # [rows, scales]
+    chunks = np.abs(per_sc.reshape(rows, cols // 32, -1).sum(-1)).reshape(rows, cols // 256, 8)
+    return torch.from_numpy((chunks.sum(-1) * np.abs(d.astype(np.float64)) * dx * c).sum(1))
 

@@ -24,11 +24,11 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 import triton.language as tl  # noqa: E402
 
 from sparkd.engine import quants  # noqa: E402
-from sparkd.engine.kernels import dispatch, grids, iq1_m, iq1_s, iq2_xs, iq2_xxs, iq3_xxs  # noqa: E402
+from sparkd.engine.kernels import dispatch, grids, iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs  # noqa: E402
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare  # noqa: E402
 from test_kernels import moe_error, numpy_rng, random_blocks  # noqa: E402
 
-FAMILIES = {m.FAMILY.qtype: m.FAMILY for m in (iq2_xxs, iq2_xs, iq3_xxs, iq1_s, iq1_m)}
+FAMILIES = {m.FAMILY.qtype: m.FAMILY for m in (iq2_xxs, iq2_xs, iq3_xxs, iq1_s, iq1_m, iq2_s, iq3_s)}
 BACKENDS = [
     pytest.param("cpu", id="interpret", marks=pytest.mark.skipif(
         ON_GPU, reason="this process compiles the kernels for the GPU; the interpreter variant "
@@ -83,8 +83,9 @@ def test_every_grid_entry_and_sign(qtype):
     """Blocks that walk every grid index (and every sign index) once: the table in device memory
     and the computed ksigns agree with the reference on all of them, not just a random sample."""
     fam = FAMILIES[qtype]
-    entries = {T.IQ2_XXS: 256, T.IQ2_XS: 512, T.IQ3_XXS: 256, T.IQ1_S: 2048, T.IQ1_M: 2048}[qtype]
-    per_block = {T.IQ2_XXS: 32, T.IQ2_XS: 32, T.IQ3_XXS: 64, T.IQ1_S: 32, T.IQ1_M: 32}[qtype]
+    entries = {T.IQ2_XXS: 256, T.IQ2_XS: 512, T.IQ3_XXS: 256, T.IQ1_S: 2048, T.IQ1_M: 2048, T.IQ2_S: 1024,
+               T.IQ3_S: 512}[qtype]
+    per_block = {T.IQ2_XXS: 32, T.IQ2_XS: 32, T.IQ3_XXS: 64, T.IQ1_S: 32, T.IQ1_M: 32, T.IQ2_S: 32, T.IQ3_S: 64}[qtype]
     raw = random_blocks(qtype, entries // per_block).reshape(-1, fam.block_bytes)
     idx = np.arange(entries).reshape(-1, per_block)
     if qtype == T.IQ2_XXS:  # byte 4j of each 8-byte group: 4 indices, then the sign/scale word
@@ -99,6 +100,16 @@ def test_every_grid_entry_and_sign(qtype):
         raw[:, 2:66] = torch.from_numpy(words.astype("<u2").view(np.uint8).reshape(-1, 64))
     elif qtype == T.IQ3_XXS:
         raw[:, 2:66] = torch.from_numpy(idx.astype(np.uint8))
+    elif qtype == T.IQ2_S:  # low 8 bits in qs[e] (at 2), high 2 in bits 2 (e % 4) of qh[e // 4] (at 66); signs
+        raw[:, 2:34] = torch.from_numpy((idx & 0xFF).astype(np.uint8))
+        raw[:, 34:66] = torch.from_numpy((np.arange(idx.size).reshape(idx.shape) * 37 % 256).astype(np.uint8))
+        high = (idx >> 8).reshape(-1, 8, 4)
+        raw[:, 66:74] = torch.from_numpy((high * (1 << (2 * np.arange(4)))).sum(-1).astype(np.uint8))
+    elif qtype == T.IQ3_S:  # low 8 bits in qs[k] (at 2), the high bit in bit k % 8 of qh[k // 8] (at 66); signs
+        raw[:, 2:66] = torch.from_numpy((idx & 0xFF).astype(np.uint8))
+        high = (idx >> 8).reshape(-1, 8, 8)
+        raw[:, 66:74] = torch.from_numpy((high * (1 << np.arange(8))).sum(-1).astype(np.uint8))
+        raw[:, 74:106] = torch.from_numpy((np.arange(raw.shape[0] * 32).reshape(-1, 32) * 37 % 256).astype(np.uint8))
     elif qtype == T.IQ1_M:  # low 8 bits in qs[e], high 3 bits in nibble e % 2 of qh[e // 2]; its bit 3 the delta's
         raw[:, 0:32] = torch.from_numpy((idx & 0xFF).astype(np.uint8))
         high = (idx >> 8).reshape(-1, 16, 2) | (numpy_rng().integers(0, 2, (idx.shape[0], 16, 2)) << 3)

@@ -43,7 +43,7 @@ SHAPES = {"Q8_0": TINY["qwen3moe"], "Q4_K": TINY["qwen3moe"].replace(n_embd=256,
 SHAPES["Q6_K"] = SHAPES["Q4_K"].replace(n_layer=1)  # one layer: the head is what the Q6_K layout tiles
 # every projection and expert IQ4_XS or Q4_0: their integer steps (session 21); the grid i-quants (session 23)
 SHAPES["IQ4_XS"], SHAPES["Q4_0"] = SHAPES["Q4_K"], SHAPES["Q8_0"]
-GRID = ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S", "IQ1_M")
+GRID = ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S", "IQ1_M", "IQ2_S", "IQ3_S")
 SHAPES.update({q: SHAPES["Q4_K"] for q in GRID})
 # the kimi-k3 file's expert mix (test_sparse_model.UD_IQ1_S) on the 256-wide model (trunk F32: the
 # interpreter runs only the expert kernels)

@@ -54,7 +54,7 @@ BACKENDS = [
 TYPES = list(dispatch.FAMILIES)
 F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
               T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0],
-              T.IQ1_M: [], T.MXFP4: []}
+              T.IQ1_M: [], T.MXFP4: [], T.IQ2_S: [0], T.IQ3_S: [0]}
 
 
 def numpy_rng() -> np.random.Generator:
@@ -149,7 +149,7 @@ def test_gemm_matches_reference(backend, qtype):
 INT8_SHAPES = {"cpu": ((37, 288), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
 INT8_SHAPES_K = {"cpu": ((16, 256), (5, 67)), "cuda": ((4104, 2048), (7, 130))}
 INT8_SHAPES_IQ = {"cpu": ((37, 512), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
-GRID_TYPES = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M)  # the grid i-quants (integer GEMM since session 23)
+GRID_TYPES = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M, T.IQ2_S, T.IQ3_S)  # the grid i-quants (integer GEMM since session 23)
 INT8_SHAPES_OF = {T.Q8_0: INT8_SHAPES, T.Q4_0: INT8_SHAPES, T.MXFP4: INT8_SHAPES, T.IQ4_XS: INT8_SHAPES_IQ,
                   **{t: INT8_SHAPES_IQ for t in GRID_TYPES}}
 # (qtype, the layout's qtype, its packing of the GGUF blocks or None), by test id
@@ -620,10 +620,11 @@ def _dev() -> str:
 
 
 def test_type_without_a_kernel_is_a_clear_error():
-    raw = torch.zeros(110, dtype=torch.uint8)
-    with pytest.raises(UnsupportedTypeError, match="could not multiply IQ3_S blocks on the GPU.*IQ1_S"):
-        gemv(raw, T.IQ3_S, (1, 256), torch.randn(256))
-    assert dispatch.REMAINING == () and {T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S} <= set(dispatch.FAMILIES)
+    raw = torch.zeros(18, dtype=torch.uint8)  # one IQ4_NL block (no kernel: a fallback type of few tensors)
+    with pytest.raises(UnsupportedTypeError, match="could not multiply IQ4_NL blocks on the GPU.*IQ1_S"):
+        gemv(raw, T.IQ4_NL, (1, 32), torch.randn(32))
+    assert dispatch.REMAINING == () and {T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ1_M, T.IQ2_S, T.IQ3_S,
+                                         T.MXFP4} <= set(dispatch.FAMILIES)
 
 
 @pytest.mark.parametrize("case", ["cols", "dtype", "bytes", "x_dtype", "out_shape", "odd_address"])

@@ -69,7 +69,7 @@ SWITCHES = [
     # iq50; on by default since session 23, timed on the H200)
     *(Switch(f"SPARKD_{t}_INT", f"sparkd.engine.kernels.{t.lower()}", INT_STEP_AND_GEMM, "false", INT_FLAGS,
              switches.ON + switches.OFF) for t in ("IQ4_XS", "Q4_0", "IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S",
-                                                                   "IQ1_M")),
+                                                                   "IQ1_M", "IQ2_S", "IQ3_S", "MXFP4")),
     Switch("SPARKD_Q4_K_TILED_LOADS", "sparkd.engine.kernels.q4_k_tiled",
            "[k for k, f in m.FAMILIES.items() if f is m.FAMILY]", "wide",
            {UNSET: ["pairx"], "scalar": ["scalar"], "vector": ["vector"], "bytes": ["bytes"], "pairx": ["pairx"]},

@@ -86,7 +86,19 @@ def signed_dot(w0, w1, sign_idx, x0, x1, acc, EMU: tl.constexpr):
     """acc + the integer dot of an 8-value sign group with x: w0, w1 int32 words of the group's int8 grid values
     (values 0-3, 4-7; each 1 to 127), signed by ksigns[sign_idx] (7-bit), times x's words x0, x1."""
     lo, hi = sign_nibbles(sign_idx)
+    return signed_pair(w0, w1, lo, hi, x0, x1, acc, EMU)
+
+
+@triton.jit
+def signed_pair(w0, w1, lo, hi, x0, x1, acc, EMU: tl.constexpr):
+    """signed_dot with the group's signs as negate_bytes' bits of each word (lo: values 0-3, hi: 4-7)."""
     return dp4a_add(negate_bytes(w1, hi), x1, dp4a_add(negate_bytes(w0, lo), x0, acc, EMU), EMU)
+
+
+@triton.jit
+def byte_nibbles(signs):
+    """An explicit sign byte (IQ2_S, IQ3_S: bit j negates value j of 8; int32) as signed_pair's (lo, hi)."""
+    return signs & 0x7F, signs >> 4
 
 
 @triton.jit
@@ -95,6 +107,13 @@ def signed_words(q, sign_idx, w):
     values 4w..4w+3 (half h of sign group l; grid bytes 1 to 127), signed by ksigns[sign_idx] (sign_idx: group l's
     7-bit index, in q's shape) as signed_dot signs them."""
     lo, hi = sign_nibbles(sign_idx)
+    return negate_bytes(q, tl.where(w % 2 == 0, lo, hi))
+
+
+@triton.jit
+def byte_signed_words(q, signs, w):
+    """signed_words for explicit sign bytes: signs (int32, in q's shape) group l's byte."""
+    lo, hi = byte_nibbles(signs)
     return negate_bytes(q, tl.where(w % 2 == 0, lo, hi))
 
 

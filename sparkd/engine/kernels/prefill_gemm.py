@@ -292,7 +292,7 @@ IGEMM_TILES[("Q4_0", False)] = IGEMM_TILES[("Q4_0", True)] = IgemmTile(64, 32, 4
 # The steps loop spills at 64x32 on 4 warps (24-184 bytes), not on 8 (IQ2_XXS 178, IQ1_S 190 registers)
 # IQ1_M (session 24, not timed) the same: S10's 64 tokens spill (255 registers, 376 bytes of stack)
 IGEMM_TILES.update({(name, False): IGEMM_TILES[("IQ4_XS", False)]
-                    for name in ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S", "IQ1_M")})
+                    for name in ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S", "IQ1_M", "IQ2_S", "IQ3_S")})
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:

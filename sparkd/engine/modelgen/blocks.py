@@ -21,8 +21,9 @@ _SCALE_FIELDS: dict[Q, tuple[tuple[int, ...], tuple[int, ...]]] = {
     Q.Q4_1: ((0,), (2,)), Q.Q5_1: ((0,), (2,)),
     Q.Q2_K: ((80,), (82,)), Q.Q3_K: ((108,), ()), Q.Q4_K: ((0,), (2,)),
     Q.Q5_K: ((0,), (2,)), Q.Q6_K: ((208,), ()),
-    # i-quants whose every index fits its grid (not IQ2_S/IQ3_S/IQ1_M: other fields to fill)
+    # i-quants: every index fits its grid (IQ1_M's d has no field: set_iq1_m_d)
     Q.IQ2_XXS: ((0,), ()), Q.IQ2_XS: ((0,), ()), Q.IQ3_XXS: ((0,), ()), Q.IQ1_S: ((0,), ()),
+    Q.IQ2_S: ((0,), ()), Q.IQ3_S: ((0,), ()),  # 10- and 9-bit indices: every one in the grid
     Q.IQ4_XS: ((0,), ()),  # any 6-bit scale and 4-bit index is valid
 }
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
