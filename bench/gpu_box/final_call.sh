@@ -19,7 +19,8 @@
 #   switches (BIG_ROUNDS);
 # - the OpenAI server's streamed decode (SERVE_PLAIN=1: serve --top-k 0; always: top_p 0.95 in the requests);
 #   FIRST=1: first_request_bench's fresh servers (FIRST_SERVERS, default auto,auto:off);
-# - OSS=1: a gpt-oss-20b-shaped model (OSS_LAYERS, default 24) with MXFP4 experts (as its GGUFs ship them; biased
+# - OSS=1: a gpt-oss-20b-shaped model (OSS_LAYERS, default 24; not niced: session 24's first call lost its 12 GB
+#   to the timeout behind 6 test groups and the llama.cpp build) with MXFP4 experts (as its GGUFs ship them; biased
 #   experts through the MoE kernels since session 24), made at the start: its decode with the MXFP4 integer step and
 #   SPARKD_MXFP4_INT=0, and with LLAMA=1 llama-bench built with CUDA (cuda_side_by_side.sh BUILD_ONLY=1, started at the
 #   call's start; carry .cache) on the same file.
@@ -43,7 +44,7 @@ if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests r
 fi
 O=$W/oss-${OSS_LAYERS:-24}-MXFP4.gguf
 if [ "${OSS:-0}" = 1 ]; then
-  ( [ -f $O ] || { nice -n 10 timeout 240 python3 -m sparkd.engine.cli make-model $O.part --preset gpt-oss-20b \
+  ( [ -f $O ] || { timeout 240 python3 -m sparkd.engine.cli make-model $O.part --preset gpt-oss-20b \
       --layers ${OSS_LAYERS:-24} --quant Q8_0 --tensor-type _exps=MXFP4 --quiet && mv $O.part $O; } ) > $R/make_oss.log 2>&1 & MKO=$!
 fi
 M=$W/q3-12-Q4_K.gguf

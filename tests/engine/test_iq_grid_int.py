@@ -195,5 +195,5 @@ def chunk_magnitudes(q: np.ndarray, sc: np.ndarray, d: np.ndarray, x: torch.Tens
     dx = qx.scales.cpu().numpy()[0].astype(np.float64)
     per_sc = (q * xq).reshape(rows, sc.shape[1], -1).sum(-1) * sc  # [rows, scales]
     chunks = np.abs(per_sc.reshape(rows, cols // 32, -1).sum(-1)).reshape(rows, cols // 256, 8)
-    return torch.from_numpy((chunks.sum(-1) * np.abs(d.astype(np.float64)) * dx * c).sum(1))
+    return torch.from_numpy((chunks.sum(-1) * np.abs(d.astype(np.float64) * dx) * c).sum(1))  # (Q8_K scales may be < 0)
 
