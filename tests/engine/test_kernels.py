@@ -448,8 +448,9 @@ def moe_error(y, p, x, w, gates, ups, downs, act, gu_type, d_type, gate_up=None,
     xr = act_in(gu_type, x.cpu())
     gb, ub, _ = _bias_parts(bias, len(gates), gates[0].shape[0], downs[0].shape[0])
     h64 = torch.stack([ACTIVATIONS[act](gates[i] @ xr + gb[i], ups[i] @ xr + ub[i]) for i in range(len(gates))])
-    h32 = down_input(p, x, act, gate_up, kernels, rounded=False, bias=bias)
-    want = moe_reference(x.cpu(), w.cpu(), gates, ups, downs, act, h=down_input(p, x, act, gate_up, kernels, bias=bias),
+    on = None if bias is None else bias.to(x.device)
+    h32 = down_input(p, x, act, gate_up, kernels, rounded=False, bias=on)
+    want = moe_reference(x.cpu(), w.cpu(), gates, ups, downs, act, h=down_input(p, x, act, gate_up, kernels, bias=on),
                          bias=bias)
     return max(rel_err(y, want), rel_err(h32, h64))
 
@@ -472,7 +473,8 @@ def test_moe_decode_adds_expert_biases(backend, gu_type, d_type):
     """gpt-oss's expert biases (session 24): gate and up biases before the clamped swiglu, the down's weighted after,
     against float64 over the engine's own down input; an integer and a float down (Q4_K's 4-byte rows: its own step).
     A wrong-shaped bias is refused before any launch."""
-    dim, width, n = (2880, 2880, 4) if backend == "cuda" else (256, 256, 3)
+    # gpt-oss-20b's width for MXFP4 (rows of 90 blocks); Q4_K's rows are whole 256s
+    dim, width, n = ((2880, 2880, 4) if gu_type == T.MXFP4 else (2048, 768, 4)) if backend == "cuda" else (256, 256, 3)
     table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
     x, w = torch.randn(dim), torch.rand(n)
     bias = torch.randn(n, 2 * width + dim)
