@@ -40,7 +40,7 @@ from moe_tiles_bench import kernels_of, tile
 from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, moe_tiles, pdl, q4_k_tiled
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
-SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32"}
+SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32", "b_ptr": F32, "BSTRIDE": "i32"}  # (biases: BIAS off)
 # 16-byte aligned as the launches specialize them (torch allocations, widths multiples of 16)
 ALIGNED = ("gate_ptr", "up_ptr", "down_ptr", "aux_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "hw_ptr", "hd_ptr", "hs_ptr",
            "h_ptr", "hf_ptr", "y_ptr", "part_ptr", "F", "D", "row_bytes")
@@ -56,7 +56,9 @@ SCALARS.update(row_words="i32", n_groups="i32", n_tiles="i32")
 def cubin(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool, aligned: tuple = ALIGNED,
           maxnreg: int = 0) -> bytes:
     names = kern.arg_names
-    consts = pdl.compile_args(kern, consts)
+    # a constexpr left out takes its default, as at a launch (moe._gate_up_out's BIAS, session 24)
+    defaults = {p.name: p.default for p in kern.params if p.is_constexpr and p.has_default}
+    consts = pdl.compile_args(kern, defaults | consts)
     sig = {n: "constexpr" if n in consts else ptrs.get(n, SCALARS.get(n)) for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names and n not in consts}
     src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)

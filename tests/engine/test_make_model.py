@@ -70,5 +70,5 @@ def test_bad_shapes_are_refused(kw, msg):
 
 
 def test_unknown_quant_is_refused():
-    with pytest.raises(ValueError, match="could not make a model with --quant IQ3_S"):
-        plan(TINY["qwen3moe"], "IQ3_S")
+    with pytest.raises(ValueError, match="could not make a model with --quant IQ4_NL"):
+        plan(TINY["qwen3moe"], "IQ4_NL")
