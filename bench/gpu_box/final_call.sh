@@ -38,7 +38,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|LLAMA|TESTS)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|LLAMA|TESTS|SERVE_S)=' | sort | tr '\n' ' ')"
 if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
   OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
 fi
@@ -172,7 +172,8 @@ if [ "${BIG:-0}" = 1 ]; then
 fi
 [ "${SERVE_PLAIN:-1}" = 1 ] && fits 55 "serve --top-k 0" && timeout 50 python3 bench/gpu_box/serve_decode_bench.py --model $M \
   --top-k 0 --reps 2 --json $R/serve.json > $R/serve.log 2>&1; log "serve rc $?: $(grep top-k $R/serve.log | tr '\n' ';')"; snap
-fits 50 "serve top_p" && timeout 45 python3 bench/gpu_box/serve_decode_bench.py --model $M --top-k 0 --top-p 0.95 --reps 2 \
+# a cold box compiles the draw kernels at the server's load (~22 s in session 24): SERVE_S, default 90
+fits $(( ${SERVE_S:-90} + 5 )) "serve top_p" && timeout ${SERVE_S:-90} python3 bench/gpu_box/serve_decode_bench.py --model $M --top-k 0 --top-p 0.95 --reps 2 \
   --tokens 192 --server-log $R/serve_topp.err --json $R/serve_topp.json > $R/serve_topp.log 2>&1
 log "serve top_p rc $?: $(grep top-k $R/serve_topp.log | tr '\n' ';')"; grep -h "graphs at load" $R/serve_topp.err* | tee -a $OUT/log.txt
 if [ "${FIRST:-0}" = 1 ] && fits 45 "first requests"; then  # srv48: fresh servers' first requests, the load's stream import on / off

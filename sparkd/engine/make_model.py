@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFWriter, LlamaFileType
 
 from sparkd.engine.modelgen import blocks, specs
 from sparkd.engine.modelgen.shape import Shape
@@ -89,9 +89,17 @@ def layers_for_size(shape: Shape, quant: str, size_bytes: int, tensor_types: lis
     return max(shape.n_layer_dense_lead + 1, (size_bytes - fixed) // per_layer)
 
 
+def file_type(qtype: Q) -> int:
+    """general.file_type for a model mostly of qtype: llama.cpp reads a llama_ftype there, not the GGML type's number
+    (written before session 24: llama-bench called a Q8_0 file "Q5_0"); the K-quants as their _M mixes."""
+    special = {"F32": "ALL_F32", "Q3_K": "MOSTLY_Q3_K_M", "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M",
+               "MXFP4": "MOSTLY_MXFP4_MOE"}
+    return int(LlamaFileType[special.get(qtype.name, f"MOSTLY_{qtype.name}")])
+
+
 def _add_metadata(w: GGUFWriter, p: Plan, name: str) -> None:
     w.add_name(name)
-    w.add_file_type(int(p.qtype))
+    w.add_file_type(file_type(p.qtype))
     for key, value, vtype in specs.metadata(p.shape):
         w.add_key_value(key, value, vtype)
     tok = make_tokenizer(p.shape.n_vocab)

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as Q
+from gguf import GGMLQuantizationType as Q, GGUFReader, LlamaFileType
 from gguf.quants import dequantize
 
 from sparkd.engine.gguf_file import GGUFModel
-from sparkd.engine.make_model import layers_for_size, plan, write_model
+from sparkd.engine.make_model import file_type, layers_for_size, plan, write_model
 from sparkd.engine.modelgen import blocks
 from sparkd.engine.modelgen.specs import PRESETS, TINY
 
@@ -67,6 +67,17 @@ def test_presets_have_their_models_parameter_counts(preset, billions):
 def test_bad_shapes_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
         plan(TINY["qwen3moe"].replace(**kw), "F32")
+
+
+def test_file_type_is_llama_cpps_ftype(tmp_path):
+    """general.file_type holds a llama_ftype (llama.cpp's reading; Q8_0 is 7, not the GGML type's 8), one of its own
+    for every type make-model writes."""
+    path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"], "Q8_0"), seed=1)[0]
+    field = GGUFReader(path).fields["general.file_type"]
+    assert int(field.parts[field.data[0]][0]) == LlamaFileType.MOSTLY_Q8_0 == 7
+    types = blocks.FLOAT_TYPES + blocks.QUANT_TYPES
+    assert len({file_type(t) for t in types}) == len(types)
+    assert file_type(Q.Q4_K) == LlamaFileType.MOSTLY_Q4_K_M and file_type(Q.MXFP4) == LlamaFileType.MOSTLY_MXFP4_MOE
 
 
 def test_unknown_quant_is_refused():
