@@ -23,7 +23,7 @@ import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import table16
+from sparkd.engine.kernels import q4_0, table16
 from sparkd.engine.kernels.act_quant import Q8_0, dp4a, dp4a_add
 from sparkd.engine.kernels.family import Family
 
@@ -67,23 +67,19 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 @triton.jit
 def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
-    b = g * 8 + tl.arange(0, 8)[None, :, None]  # block index along the row [1, 8, 1]
-    w = tl.arange(0, 4)[None, None, :]  # 32-bit word of qs in the block
-    bmask = b * 32 < K
-    m = rmask[:, None, None] & bmask
-    blk = w_ptr + row_off[:, None, None] + b * 17  # [BN, 8, 1]
+    b, w, bmask, m, blk = q4_0.group_blocks(w_ptr, row_off, rmask, g, K, 17)
     lo, hi = table16.lookup(_word(blk + 1 + 4 * w, m), _KV0, _KV1, _KV2, _KV3, EMU)  # [BN, 8, 4]
-    # x's words and the block scales in the weight words' shape (repeats served by the cache): q4_0.idot's way
+    # x's words in the weight words' shape (repeats served by the cache): q4_0.idot's way
     full = tl.zeros(lo.shape, tl.int32)
     isum = dp4a_add(hi, tl.load(xw_ptr + b * 8 + 4 + w + full, mask=m, other=0),
                     dp4a(lo, tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0), EMU), EMU)
-    dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)  # [1, 8, 1]
-    if EW:  # into the elementwise tile acc [BN, 8, 4]
-        acc += isum.to(tl.float32) * (half_scale(tl.load(blk + full, mask=m, other=0).to(tl.int32)) * dx)
-    else:  # a float per block, then one per row: acc [BN]
-        d = half_scale(tl.load(blk, mask=m, other=0).to(tl.int32))  # [BN, 8, 1]
-        acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(d * dx, 2), 1)
-    return acc
+    return q4_0.add_blocks(acc, isum, blk, m, b, bmask, xd_ptr, EW, _d_at)
+
+
+@triton.jit
+def _d_at(blk, mask):
+    """The blocks' halved scales from their e8m0 bytes at blk (0 outside mask: a subnormal, times an isum of 0)."""
+    return half_scale(tl.load(blk, mask=mask, other=0).to(tl.int32))
 
 
 @triton.jit
