@@ -40,6 +40,7 @@ from sparkd.engine.kernels.moe import (
     prepare,
 )
 from sparkd.engine.layers.act_round import round_activations
+from sparkd.engine.modelgen.blocks import set_iq1_m_d
 
 ROTATE_BYTES = 768 << 20
 REPEATS = 15
@@ -54,7 +55,8 @@ MOE = MOES[0]
 # the families with an integer step (their float path is timed beside it: float_path); Q4_K's tiled layouts are
 # LAYOUTS, not FAMILIES
 INT_TYPES = tuple(qtype for qtype, fam in dispatch.FAMILIES.items() if fam.idot is not None)
-IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ1_M, T.IQ2_S, T.IQ3_S)  # GEMV dot timed next to dequant-then-multiply
+# GEMV dot timed next to dequant-then-multiply
+IQ_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ1_M, T.IQ2_S, T.IQ3_S)
 NO_DOT = dict(dot=None, acc0=None, total=None, idot=None, act_fmt=None)  # (no integer step either: its switch on)
 SWEEP_ON = False  # --sweep
 COMPARE = False  # --compare
@@ -116,14 +118,16 @@ def x_in(qtype: T, x: torch.Tensor) -> torch.Tensor:
 def random_blocks(qtype: T, n_bytes: int, device: str = "cuda") -> torch.Tensor:
     fam = dispatch.FAMILIES[qtype]
     b = torch.randint(0, 256, (n_bytes // fam.block_bytes, fam.block_bytes), dtype=torch.uint8, device=device)
+
     def scales():
-        return (torch.rand(b.shape[0], device=device) * 0.099 + 1e-3) * (torch.randint(0, 2, (b.shape[0],), device=device) * 2 - 1)
+        sign = torch.randint(0, 2, (b.shape[0],), device=device) * 2 - 1
+        return ((torch.rand(b.shape[0], device=device) * 0.099 + 1e-3) * sign).half()
     for at in F16_FIELDS[qtype]:
-        b[:, at:at + 2] = scales().half().view(torch.uint8).reshape(-1, 2)
-    if qtype == T.IQ1_M:  # d's f16 bits in the top nibbles of the four scale words (bytes 49, 51, 53, 55)
-        bits = scales().half().view(torch.int16).to(torch.int32) & 0xFFFF
-        for k in range(4):
-            b[:, 49 + 2 * k] = ((b[:, 49 + 2 * k].to(torch.int32) & 0x0F) | (((bits >> (4 * k)) & 0xF) << 4)).to(torch.uint8)
+        b[:, at:at + 2] = scales().view(torch.uint8).reshape(-1, 2)
+    if qtype == T.IQ1_M:  # d in the scale words' top nibbles (make-model's writer, on the host)
+        host = b.cpu().numpy()
+        set_iq1_m_d(host, scales().cpu().numpy())
+        b = torch.from_numpy(host).to(device)
     if qtype == T.MXFP4:  # the e8m0 exponent byte: scales 2^-10 .. 2^-3
         b[:, 0] = torch.randint(117, 125, (b.shape[0],), dtype=torch.uint8, device=device)
     return b.reshape(-1)
