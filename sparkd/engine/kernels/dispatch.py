@@ -9,8 +9,8 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.errors import UnsupportedTypeError
-from sparkd.engine.kernels import (iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, iq4_xs, mxfp4, q2_k, q3_k, q4_0, q4_k, q4_k_tiled, q5_k,
-                                   q6_k, q6_k_tiled, q8_0, q8_0_packed)
+from sparkd.engine.kernels import (iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, iq4_xs, mxfp4, q2_k, q3_k,
+                                   q4_0, q4_k, q4_k_tiled, q5_k, q6_k, q6_k_tiled, q8_0, q8_0_packed)
 from sparkd.engine.kernels.family import Family, KernelArgumentError
 
 __all__ = ["FAMILIES", "LAYOUTS", "REMAINING", "Family", "KernelArgumentError", "family"]
@@ -24,8 +24,8 @@ LAYOUTS: dict[object, Family] = {q8_0_packed.PACKED: q8_0_packed.FAMILY, q4_k_ti
                                  q6_k_tiled.TILED: q6_k_tiled.FAMILY}
 
 # Of issue 8's list, still dequantized by torch before a plain matmul: none. Types outside that
-# list have kernels too where common files use them (session 24: IQ1_M, IQ2_S, IQ3_S, and MXFP4, gpt-oss's experts); the rest (IQ4_NL, Q4_1,
-# Q5_0, ...) take the torch path; family() names them.
+# list have kernels too where common files use them (session 24: IQ1_M, IQ2_S, IQ3_S, and MXFP4, gpt-oss's
+# experts); the rest (IQ4_NL, Q4_1, Q5_0, ...) take the torch path; family() names them.
 REMAINING: tuple[T, ...] = ()
 
 

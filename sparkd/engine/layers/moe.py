@@ -201,7 +201,7 @@ class MoE(nn.Module):
             in_range = picked and n_out == layer.prepared.gate_off.numel()
             out = moe_prefill(layer.prepared, h, ids, w, self.act_name, linear.PREFILL_PRECISION,
                               _rounder(layer.act_down), check_slots=SLOT_CHECK == "always" or not in_range,
-                              bias=getattr(layer, "bias", None))
+                              bias=layer.bias)
             return out if residual is None else residual + out
         rows = []
         for t in range(x.shape[0]):  # one token at a time through the fused decode kernels
@@ -237,7 +237,7 @@ class MoE(nn.Module):
         # integer kernels (Family.idot) quantize x and h themselves, as round_x/round_h would
         return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
                           round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,
-                          qx=qx, bias=getattr(sel, "bias", None), **tiles)
+                          qx=qx, bias=sel.bias, **tiles)
 
     def routed(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
                shared_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
