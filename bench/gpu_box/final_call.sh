@@ -17,11 +17,12 @@
 #   switches; unless SAMPLED=0 top_k 0, top_k 40 (TOP40=0 leaves it out), top_p 0.95 and 0.9; Q8=1 the Q8_0 model under
 #   the defaults and under Q8_OFF's switches (Q8_ROUNDS); BIG=1 the 4096-wide model under the defaults and BIG_OFF's
 #   switches (BIG_ROUNDS);
-# - the OpenAI server's streamed decode (SERVE_PLAIN=1: serve --top-k 0; always: top_p 0.95 in the requests);
+# - the OpenAI server's streamed decode (SERVE_PLAIN=1: serve --top-k 0; always: top_p 0.95 in the requests, SERVE_S
+#   its timeout, default 90);
 #   FIRST=1: first_request_bench's fresh servers (FIRST_SERVERS, default auto,auto:off);
 # - OSS=1: a gpt-oss-20b-shaped model (OSS_LAYERS, default 24; not niced: session 24's first call lost its 12 GB
 #   to the timeout behind 6 test groups and the llama.cpp build) with MXFP4 experts (as its GGUFs ship them; biased
-#   experts through the MoE kernels since session 24), made at the start: its decode with the MXFP4 integer step and
+#   experts through the MoE kernels since session 24), made at the start: its decode (90 s each) with the MXFP4 integer step and
 #   SPARKD_MXFP4_INT=0, and with LLAMA=1 llama-bench built with CUDA (cuda_side_by_side.sh BUILD_ONLY=1, started at the
 #   call's start; carry .cache) on the same file.
 # Results: $OUT/res.tgz + $OUT/log.txt (snapshotted after every step, so a timeout keeps what ran).
