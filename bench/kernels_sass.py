@@ -7,7 +7,8 @@ Usage: PYTHONPATH=. python bench/kernels_sass.py [--types Q8_0,Q4_K,Q8_0P,Q4T] [
 Q6T: Q6_K in its tiled one, q6_k_tiled; Q4TL: Q4T's load-only twin, bench/q4t_twins.py; Q4TB: the bytes step;
 Q4TC, Q4TS: bench/q4t_compact.py's per-group and per-step compact-load steps; q4k19: Q4TR, Q4TRL: bench/q4t_relaid.py's
 step and twin, Q4TP, Q4TPL, Q4TPX: bench/q4t_pair.py's (pair, its twin, pairx),
-Q4TX: q4_k_tiled's pairx step in matmul's kernel, their own kernels, compiled at the tile's unroll)
+Q4TX: q4_k_tiled's pairx step in matmul's kernel, their own kernels, compiled at the tile's unroll;
+MXFP4T: MXFP4 in its tiled resident layout, mxfp4_tiled)
 
 For each tile: warp instructions in the loop body, weight values per warp instruction (the issue
 ceiling is that times 4 warp instructions/clock/SM), and the counts that matter (loads, dp4a,
@@ -32,7 +33,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 from triton.tools.disasm import get_sass
 
-from sparkd.engine.kernels import dispatch, matmul, pdl, q4_k_pair, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import dispatch, matmul, mxfp4_tiled, pdl, q4_k_pair, q4_k_tiled, q6_k_tiled, q8_0_packed
 import q4t_compact  # (bench/, the script's own folder)
 import q4t_pair
 import q4t_relaid
@@ -42,7 +43,8 @@ LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY,  # --types nam
            "Q6T": q6_k_tiled.FAMILY, "Q4TL": q4t_twins.TWINS["loadonly"],
            "Q4TB": q4_k_tiled.FAMILIES["bytes"],  # q4k17: q4t_compact's per-group step, Q4TS its per-step kernel
            "Q4TC": dataclasses.replace(q4_k_tiled.FAMILIES["bytes"], idot=q4t_compact.idot_compact),
-           "Q4TS": q4_k_tiled.FAMILIES["bytes"], "Q4TX": q4_k_tiled.FAMILIES["pairx"]}  # q4k19: the engine's pairx
+           "Q4TS": q4_k_tiled.FAMILIES["bytes"], "Q4TX": q4_k_tiled.FAMILIES["pairx"],
+           "MXFP4T": mxfp4_tiled.FAMILY}  # session 25: resident MXFP4 experts' 16-row tiles  # q4k19: the engine's pairx
 # q4k19: kernels of their own (4 rows, one warp), by --types name: (kernel, MODE)
 OWN = {"Q4TR": (q4t_relaid._kernel, 1), "Q4TRL": (q4t_relaid._kernel, 0), "Q4TP": (q4t_pair._kernel, 1),
        "Q4TPL": (q4t_pair._kernel, 0), "Q4TPX": (q4t_pair._kernel, 2)}

@@ -22,9 +22,12 @@
 #   FIRST=1: first_request_bench's fresh servers (FIRST_SERVERS, default auto,auto:off);
 # - OSS=1: a gpt-oss-20b-shaped model (OSS_LAYERS, default 24; not niced: session 24's first call lost its 12 GB
 #   to the timeout behind 6 test groups and the llama.cpp build) with MXFP4 experts (as its GGUFs ship them; biased
-#   experts through the MoE kernels since session 24), made at the start: its decode (90 s each) with the MXFP4 integer step and
-#   SPARKD_MXFP4_INT=0, and with LLAMA=1 llama-bench built with CUDA (cuda_side_by_side.sh BUILD_ONLY=1, started at the
-#   call's start; carry .cache) on the same file.
+#   experts through the MoE kernels since session 24), made at the start: its decode (90 s each) with the MXFP4 integer step
+#   on the tiled resident experts (the default since session 25), on the file's blocks (SPARKD_MOE_MXFP4_LAYOUT=gguf)
+#   and, with OSS_FLOAT=1, SPARKD_MXFP4_INT=0; with LLAMA=1 llama-bench built with CUDA (cuda_side_by_side.sh
+#   BUILD_ONLY=1, started at the call's start; carry .cache) on the same file;
+# - MXT=1: MXFP4's GEMV and MoE on the GGUF blocks against the tiled layout (bench/mxfp4_tiled_bench.py, MXT_S its
+#   timeout, MXT_ARGS e.g. --no-sweep).
 # Results: $OUT/res.tgz + $OUT/log.txt (snapshotted after every step, so a timeout keeps what ran).
 set -u
 export PYTHONUNBUFFERED=1
@@ -39,7 +42,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|LLAMA|TESTS|SERVE_S)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_FLOAT|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS)=' | sort | tr '\n' ' ')"
 if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
   OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
 fi
@@ -111,6 +114,11 @@ if [ "${IQ:-0}" = 1 ] && fits 150 "i-quant integer steps bench"; then  # iq50 (s
     --json $R/iq.json > $R/iq.log 2>&1
   log "iq rc $?"; cat $R/iq.log >> $OUT/log.txt; snap
 fi
+if [ "${MXT:-0}" = 1 ] && fits 60 "MXFP4 tiled bench"; then  # session 25: the tiled resident MXFP4 experts
+  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout ${MXT_S:-150} python3 bench/mxfp4_tiled_bench.py ${MXT_ARGS:-} \
+    --json $R/mxt.json > $R/mxt.log 2>&1
+  log "mxfp4 tiled rc $?"; cat $R/mxt.log >> $OUT/log.txt; snap
+fi
 if [ "${DRAW:-0}" = 1 ] && fits 100 "top-p draw bench"; then  # the select's 4096, 2048, 1024 and 512 bins a stage
   timeout 95 python3 bench/gpu_box/draw_graph_bench.py --top-p-only --reps 200 --json $R/draw_graph.json > $R/draw_graph.log 2>&1
   log "draw bench rc $?"; cat $R/draw_graph.log >> $OUT/log.txt; snap
@@ -147,10 +155,11 @@ if [ "${IQ:-0}" = 1 ]; then  # iq50: each IQ_MODELS model's decode, the integer 
     done
   done
 fi
-if [ "${OSS:-0}" = 1 ]; then  # the gpt-oss-shaped model: MXFP4 integer step (the default), SPARKD_MXFP4_INT=0, llama.cpp
+if [ "${OSS:-0}" = 1 ]; then  # the gpt-oss-shaped model: tiled experts (the default), GGUF blocks, float, llama.cpp
   wait $MKO; log "oss model $(ls -la $O 2>&1 | awk '{print $5}') $(tail -1 $R/make_oss.log)"
   if fits 100 "gpt-oss decode"; then
-    M=$O GEN_S=90 gen ossint 1; M=$O GEN_S=90 SPARKD_MXFP4_INT=0 gen ossfloat 1; snap
+    M=$O GEN_S=90 gen ossint 1; M=$O GEN_S=90 SPARKD_MOE_MXFP4_LAYOUT=gguf gen ossgguf 1
+    [ "${OSS_FLOAT:-0}" = 1 ] && M=$O GEN_S=90 SPARKD_MXFP4_INT=0 gen ossfloat 1; snap
   fi
   if [ "${LLAMA:-0}" = 1 ] && fits 60 "llama-bench gpt-oss"; then
     wait $LB; log "llama build: $(tail -2 $R/llama_build.log | tr '\n' ' ')"

@@ -162,14 +162,15 @@ def test_iq_experts_through_the_kernels_match_cpu_reference(tmp_path, backend, s
 def test_gpt_oss_biased_experts_through_the_kernels(tmp_path, backend):
     """gpt-oss's routed experts (MXFP4, as its GGUFs ship them, with biases) run through the MoE decode kernels with
     their biases (session 24; before, a biased layer took the torch dequantize path), its prompt through the grouped
-    GEMMs with them. Greedy tokens and logits as the CPU reference's."""
+    GEMMs with them. Greedy tokens and logits as the CPU reference's. Since session 25 the resident experts are in
+    mxfp4_tiled's 16-row tiles (test_mxfp4_tiled: the same bits as the GGUF blocks)."""
     path = write_model(tmp_path / "m.gguf", plan(TINY["gpt-oss"], "F32", [("_exps", "MXFP4")]), seed=9)[0]
     ref, k = load_model(path), load_model(path, device=backend, kernels=True)
     try:
         store = k.net.blocks[0].ffn.store
         assert isinstance(store, KernelExperts) and store.kernel_table(0).bias is not None
         sel = store.kernel_select(0, torch.tensor([0, 1], device=backend))
-        assert sel is not None and sel.bias is not None and sel.prepared.gate_up.qtype.name == "MXFP4"
+        assert sel is not None and sel.bias is not None and sel.prepared.gate_up.qtype.name == "MXFP4_TILED"
         assert_greedy_matches(ref, k, *((PROMPT, 8) if backend == "cuda" else (PROMPT[:2], 3)),
                               f"gpt-oss MXFP4 experts {backend}")
     finally:

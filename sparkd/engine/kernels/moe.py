@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, pdl, q4_k, q4_k_pair,
-                                   q4_k_tiled, q8_0_words)
+from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, mxfp4, mxfp4_tiled, pdl,
+                                   q4_k, q4_k_pair, q4_k_tiled, q8_0_words)
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
     check_one_tile,
@@ -408,7 +408,7 @@ class PreparedTable:
     # Q8_0 rows that start on 4 bytes (q8_0_words): gate/up's, down's
     gate_up_words: bool = False
     down_words: bool = False
-    # Q4_K rows and buffers on 16 bytes (_q4_k_vec; a tiled gate/up's: its 128-bit loads): gate/up's, down's
+    # Q4_K rows and buffers on 16 bytes (_q4_k_vec; a row-tile layout's: its 128-bit loads): gate/up's, down's
     gate_up_vec: bool = False
     down_vec: bool = False
 
@@ -464,10 +464,14 @@ def prepare(table: ExpertTable, device: torch.device | str, what: str = "the MoE
                          step_aux(fgu, device), step_aux(fd, device),
                          gate_up_words=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], Q8_0, 4),
                          down_words=_aligned(fd, d_bytes, (table.down,), host[2:], Q8_0, 4),
-                         gate_up_vec=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], fgu.qtype
-                                              if fgu.qtype == q4_k_tiled.TILED else Q4_K, 16),
-                         down_vec=_aligned(fd, d_bytes, (table.down,), host[2:], fd.qtype
-                                           if fd.qtype == q4_k_tiled.TILED else Q4_K, 16))
+                         gate_up_vec=_aligned(fgu, gu_bytes, (table.gate, table.up), host[:2], _vec_type(fgu), 16),
+                         down_vec=_aligned(fd, d_bytes, (table.down,), host[2:], _vec_type(fd), 16))
+
+
+def _vec_type(fam: dispatch.Family) -> object:
+    """The type whose rows the *_vec flags are about: a row-tile layout's own (its loads want the offsets known on
+    16 bytes), else Q4_K (_q4_k_vec)."""
+    return fam.qtype if fam.row_tile > 1 else Q4_K
 
 
 def step_aux(fam: dispatch.Family, device: torch.device) -> torch.Tensor:
@@ -475,7 +479,7 @@ def step_aux(fam: dispatch.Family, device: torch.device) -> torch.Tensor:
     return grids.grid_words(fam.grid, device) if fam.idot is not None else grids.grid_table(fam.grid, device)
 
 
-Q8_0, Q4_K = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K
+Q8_0, Q4_K, MXFP4 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.MXFP4
 
 
 def tiled_gate_up(table: ExpertTable) -> ExpertTable:
@@ -487,7 +491,8 @@ def tiled_gate_up(table: ExpertTable) -> ExpertTable:
         raise dispatch.KernelArgumentError(
             f"could not repack the tiled MoE gate/up: needs Q4_K gate/up of whole {q4_k_tiled.TILE_ROWS}-row tiles, "
             f"got {table.gate_up_type.name} [{table.width}, {table.dim}]")
-    _repack(((table.gate, table.gate_offsets), (table.up, table.up_offsets)), (table.width, table.dim))
+    _repack(((table.gate, table.gate_offsets), (table.up, table.up_offsets)), (table.width, table.dim), Q4_K,
+            q4_k_tiled.pack_raw)
     return replace(table, gate_up_type=q4_k_tiled.TILED)
 
 
@@ -499,26 +504,50 @@ def tiled_down(table: ExpertTable) -> ExpertTable:
         raise dispatch.KernelArgumentError(
             f"could not repack the tiled MoE down: needs a Q4_K down of whole {q4_k_tiled.TILE_ROWS}-row tiles, got "
             f"{table.down_type.name} [{table.dim}, {table.width}]")
-    _repack(((table.down, table.down_offsets),), (table.dim, table.width))
+    _repack(((table.down, table.down_offsets),), (table.dim, table.width), Q4_K, q4_k_tiled.pack_raw)
     return replace(table, down_type=q4_k_tiled.TILED)
 
 
-def _repack(matrices: Sequence[tuple[torch.Tensor, Sequence[int]]], shape: tuple[int, int]) -> None:
-    """q4_k_tiled.pack_raw on each Q4_K matrix [rows, cols] of (buffer, offsets), in place; a matrix two
-    entries share is repacked once."""
-    span = shape[0] * dispatch.FAMILIES[Q4_K].row_bytes(shape[1])
+def tiled_mxfp4(table: ExpertTable) -> ExpertTable:
+    """The table with its MXFP4 projections repacked in place into mxfp4_tiled's bytes (each matrix's bytes
+    regrouped inside its 16-row tiles, so offsets and sizes stay), their type mxfp4_tiled.TILED: gate and up
+    [F, D] where F is whole tiles, the down [D, F] where D is; the others as they were. The buffers' GGUF bytes are
+    gone after (mxfp4_tiled.unpack_raw gives them back). (Session 25.)"""
+    gate_up = table.gate_up_type == MXFP4 and mxfp4_tiled.packable((table.width, table.dim))
+    down = table.down_type == MXFP4 and mxfp4_tiled.packable((table.dim, table.width))
+    if not (gate_up or down) or mxfp4_tiled.FAMILY.idot is None:
+        raise dispatch.KernelArgumentError(
+            f"could not repack the tiled MXFP4 experts: needs an MXFP4 gate/up or down of whole "
+            f"{mxfp4_tiled.TILE_ROWS}-row tiles and the integer step (${mxfp4.INT_ENV} not 0), got "
+            f"{table.gate_up_type.name} gate/up [{table.width}, {table.dim}], {table.down_type.name} down")
+    if gate_up:
+        _repack(((table.gate, table.gate_offsets), (table.up, table.up_offsets)), (table.width, table.dim), MXFP4,
+                mxfp4_tiled.pack_raw)
+        table = replace(table, gate_up_type=mxfp4_tiled.TILED)
+    if down:
+        _repack(((table.down, table.down_offsets),), (table.dim, table.width), MXFP4, mxfp4_tiled.pack_raw)
+        table = replace(table, down_type=mxfp4_tiled.TILED)
+    return table
+
+
+def _repack(matrices: Sequence[tuple[torch.Tensor, Sequence[int]]], shape: tuple[int, int],
+            qtype: GGMLQuantizationType, pack: Callable[[torch.Tensor, tuple[int, int]], torch.Tensor]) -> None:
+    """pack (a tiled layout's pack_raw) on each qtype matrix [rows, cols] of (buffer, offsets), in place; a matrix
+    two entries share is repacked once."""
+    span = shape[0] * dispatch.FAMILIES[qtype].row_bytes(shape[1])
     done = set()
     for buf, offsets in matrices:
         for o in (int(o) for o in offsets):
             if (buf.data_ptr(), o) not in done:
                 done.add((buf.data_ptr(), o))
-                buf[o:o + span] = q4_k_tiled.pack_raw(buf[o:o + span], shape)
+                buf[o:o + span] = pack(buf[o:o + span], shape)
 
 
 def _aligned(fam: dispatch.Family, row_bytes: int, bufs: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor],
              qtype: GGMLQuantizationType, align: int) -> bool:
-    """Whether these rows are qtype's and every one starts on `align` bytes (q8_0_words: 4, _q4_k_vec: 16)."""
-    return fam.qtype == qtype and row_bytes % align == 0 \
+    """Whether these rows are qtype's and every one starts on `align` bytes (q8_0_words: 4, _q4_k_vec: 16; a row-tile
+    layout's tiles, whatever its rows)."""
+    return fam.qtype == qtype and (row_bytes % align == 0 or fam.row_tile > 1) \
         and all(b.data_ptr() % align == 0 for b in bufs) and all(not bool((o % align).any()) for o in offsets)
 
 

@@ -55,31 +55,63 @@ def _word(ptr, mask):
 
 
 @triton.jit
+def values(q):
+    """The doubled e2m1 values (int32) of 4-bit indices q (int32, any shape)."""
+    kv = ((tl.full(q.shape, _MAGNITUDES, tl.int64) >> ((q & 7) * 8).to(tl.int64)) & 0xFF).to(tl.int32)
+    return tl.where(q < 8, kv, -kv)
+
+
+@triton.jit
+def nibbles(qs, i):
+    """Value i's index (int32) from its block's qs byte i % 16 (qs int32, broadcast with i)."""
+    return (qs >> ((i // 16) * 4)) & 0xF
+
+
+@triton.jit
 def dequant(w_ptr, aux_ptr, row_off, g, smask):
     s = tl.arange(0, 8)[None, :, None]
     i = tl.arange(0, 32)[None, None, :]
     blk = w_ptr + row_off + (g * 8 + s) * 17  # [BN, 8, 1] block starts
-    d = half_scale(tl.load(blk, mask=smask, other=0).to(tl.int32))
-    q = (tl.load(blk + 1 + i % 16, mask=smask, other=0).to(tl.int32) >> ((i // 16) * 4)) & 0xF
-    kv = ((tl.full(q.shape, _MAGNITUDES, tl.int64) >> ((q & 7) * 8).to(tl.int64)) & 0xFF).to(tl.int32)
-    return d * tl.where(q < 8, kv, -kv).to(tl.float32)
+    d = d_at(blk, smask)
+    q = nibbles(tl.load(blk + 1 + i % 16, mask=smask, other=0).to(tl.int32), i)
+    return d * values(q).to(tl.float32)
+
+
+@triton.jit
+def block_sums(q, xw_ptr, b, w, m, EMU: tl.constexpr):
+    """Each block's integer sum [BN, 8, 4] from its qs words q (int32 [BN, 8, 4]: word w of block b): the doubled
+    e2m1 values by byte permutes, dp4a against x's Q8_0 words (loaded in q's shape, repeats served by the cache:
+    q4_0.idot's way; m: which (row, block) pairs exist)."""
+    lo, hi = table16.lookup(q, _KV0, _KV1, _KV2, _KV3, EMU)
+    full = tl.zeros(lo.shape, tl.int32)
+    return dp4a_add(hi, tl.load(xw_ptr + b * 8 + 4 + w + full, mask=m, other=0),
+                    dp4a(lo, tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0), EMU), EMU)
 
 
 @triton.jit
 def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     b, w, bmask, m, blk = q4_0.group_blocks(w_ptr, row_off, rmask, g, K, 17)
-    lo, hi = table16.lookup(_word(blk + 1 + 4 * w, m), _KV0, _KV1, _KV2, _KV3, EMU)  # [BN, 8, 4]
-    # x's words in the weight words' shape (repeats served by the cache): q4_0.idot's way
-    full = tl.zeros(lo.shape, tl.int32)
-    isum = dp4a_add(hi, tl.load(xw_ptr + b * 8 + 4 + w + full, mask=m, other=0),
-                    dp4a(lo, tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0), EMU), EMU)
-    return q4_0.add_blocks(acc, isum, blk, m, b, bmask, xd_ptr, EW, _d_at)
+    return add_blocks(acc, block_sums(_word(blk + 1 + 4 * w, m), xw_ptr, b, w, m, EMU), blk, m, b, bmask, xd_ptr, EW)
 
 
 @triton.jit
-def _d_at(blk, mask):
-    """The blocks' halved scales from their e8m0 bytes at blk (0 outside mask: a subnormal, times an isum of 0)."""
-    return half_scale(tl.load(blk, mask=mask, other=0).to(tl.int32))
+def add_blocks(acc, isum, e_ptr, m, b, bmask, xd_ptr, EW: tl.constexpr):
+    """acc + each block's integer sum (isum [BN, 8, 4] summed over its words, in the thread that holds them) times
+    its halved scale (e8m0 bytes at e_ptr [BN, 8, 1]) and x's block scale: one float step per block, llama.cpp's.
+    EW: into the tile acc [BN, 8, 1] (iacc (8, 1): a tile of a block a thread, the layout of a 128-bit load of a
+    block's words; mxfp4_tiled's [BN, 8, 4] words tile converted through shared memory every step); else acc [BN]."""
+    step = tl.sum(isum, 2, keep_dims=True).to(tl.float32) * (d_at(e_ptr, m) * tl.load(xd_ptr + b, mask=bmask, other=0.0))
+    if EW:
+        acc += step
+    else:
+        acc += tl.sum(tl.sum(step, 2), 1)
+    return acc
+
+
+@triton.jit
+def d_at(e_ptr, mask):
+    """The blocks' halved scales from their e8m0 bytes at e_ptr (0 outside mask: a subnormal, times an isum of 0)."""
+    return half_scale(tl.load(e_ptr, mask=mask, other=0).to(tl.int32))
 
 
 @triton.jit
@@ -88,10 +120,15 @@ def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     scale (float32 [BN], 0 for rows not in rmask)."""
     blk = w_ptr + row_off + b * 17  # [BN] block starts
     q = _word(blk[:, None] + 1 + 4 * tl.arange(0, 4)[None, :], rmask[:, None])  # [BN, 4]
-    d = tl.where(rmask, half_scale(tl.load(blk, mask=rmask, other=0).to(tl.int32)), 0.0)
-    return table16.block_values(q, _KV0, _KV1, _KV2, _KV3), d
+    return block_int8(q), tl.where(rmask, d_at(blk, rmask), 0.0)
+
+
+@triton.jit
+def block_int8(q):
+    """A block's doubled e2m1 values as int8 [BN, 32] from its 4 qs words q [BN, 4] (iblock's)."""
+    return table16.block_values(q, _KV0, _KV1, _KV2, _KV3)
 
 
 FLOAT_FAMILY = Family(T.MXFP4, 32, 17, 8, 32, dequant, align=1)
-INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_0, iacc=(8, 4), iblock=iblock)
+INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_0, iacc=(8, 1), iblock=iblock)
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

@@ -21,7 +21,7 @@ file's bytes) keep GGUF blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from gguf import GGMLQuantizationType
@@ -33,6 +33,7 @@ from sparkd.engine.tensors import raw_tensor
 
 GATE_UP_LAYOUT_ENV = "SPARKD_MOE_GATE_UP_LAYOUT"
 DOWN_LAYOUT_ENV = "SPARKD_MOE_DOWN_LAYOUT"
+MXFP4_LAYOUT_ENV = "SPARKD_MOE_MXFP4_LAYOUT"
 GATE_UP_LAYOUTS = ("tiled", "gguf")
 # the down's pairx bytes from this model width (session 10, moe21, H200 top-8 layer after the norm, GGUF down ->
 # tiled: 7168x2048 72.0 -> 60.8 us, 4096x1536 34.9 -> 33.1; at 2048x768 16.0 -> 17.5 although the down alone took
@@ -57,6 +58,13 @@ def down_layout() -> str:
     """gate_up_layout for a resident Q4_K down ($SPARKD_MOE_DOWN_LAYOUT): tiled where the model width is at least
     AUTO_DOWN_MIN_DIM ("auto", the default), TILED_DOWN_MIN_DIM ("tiled"), any ("all"); "gguf" nowhere."""
     return switches.choice(DOWN_LAYOUT_ENV, DOWN_LAYOUTS, "auto")
+
+
+def mxfp4_layout() -> str:
+    """How resident MXFP4 experts (gpt-oss's) are kept: "tiled" (kernels/mxfp4_tiled.py's 16-row tiles, a block's
+    quants one 128-bit load, where the integer step runs and the rows are whole tiles; the default) or "gguf"
+    ($SPARKD_MOE_MXFP4_LAYOUT)."""
+    return switches.choice(MXFP4_LAYOUT_ENV, GATE_UP_LAYOUTS, "tiled")
 
 
 def down_min_dim(layout: str) -> int | None:
@@ -107,7 +115,9 @@ class KernelExperts:
         self._load, self._act = load, act_format
         self._families = dispatch.FAMILIES
         self._gate_up_layout, self._down_layout = gate_up_layout(), down_layout()  # read at load
-        self._tiled: set[tuple[int, str]] = set()  # (layer, GATE / UP / DOWN) in the pairx bytes
+        self._mxfp4_layout = mxfp4_layout()
+        # (layer, GATE / UP / DOWN) repacked at load: the function that gives a matrix's GGUF blocks back
+        self._tiled: dict[tuple[int, str], Callable[[torch.Tensor, tuple[int, int]], torch.Tensor]] = {}
         self._layers: dict[int, tuple[dict, KernelLayer | None]] = {}
 
     def x_format(self, il: int) -> str | None:
@@ -128,8 +138,8 @@ class KernelExperts:
         return self._layers[il]
 
     def _table(self, il: int, parts: dict) -> KernelLayer | None:
-        from sparkd.engine.kernels import q4_k_tiled
-        from sparkd.engine.kernels.moe import ExpertTable, prepare, tiled_down, tiled_gate_up
+        from sparkd.engine.kernels import mxfp4_tiled, q4_k_pair, q4_k_tiled
+        from sparkd.engine.kernels.moe import ExpertTable, prepare, tiled_down, tiled_gate_up, tiled_mxfp4
 
         (g, gt, gs), (u, ut, _), (d, dt, _) = parts[GATE], parts[UP], parts[DOWN]
         if gt != ut or gt not in self._families or dt not in self._families:
@@ -142,12 +152,18 @@ class KernelExperts:
         if self._gate_up_layout == "tiled" and gt == GGMLQuantizationType.Q4_K and pairx \
                 and q4_k_tiled.packable((width, dim)):
             table = tiled_gate_up(table)
-            self._tiled |= {(il, GATE), (il, UP)}
+            self._tiled.update({(il, GATE): q4_k_pair.unpack_raw, (il, UP): q4_k_pair.unpack_raw})
         min_dim = down_min_dim(self._down_layout)
         if min_dim is not None and dim >= min_dim and dt == GGMLQuantizationType.Q4_K and pairx \
                 and q4_k_tiled.packable((dim, width)):
             table = tiled_down(table)
-            self._tiled.add((il, DOWN))
+            self._tiled[(il, DOWN)] = q4_k_pair.unpack_raw
+        if self._mxfp4_layout == "tiled" and mxfp4_tiled.FAMILY.idot is not None \
+                and GGMLQuantizationType.MXFP4 in (gt, dt):  # (an expert's MXFP4 rows are whole tiles: 32 | rows)
+            table = tiled_mxfp4(table)
+            self._tiled.update({(il, name): mxfp4_tiled.unpack_raw for name, qtype in
+                                ((GATE, table.gate_up_type), (UP, table.gate_up_type), (DOWN, table.down_type))
+                                if qtype == mxfp4_tiled.TILED})
         return KernelLayer(prepare(table, self.device), self._act(f"blk.{il}.{GATE}.weight"),
                            self._act(f"blk.{il}.{DOWN}.weight"), self._biases(il, n, width, dim))
 
@@ -181,10 +197,9 @@ class KernelExperts:
             per = raw.numel() // n
 
             def blocks(e: int) -> torch.Tensor:  # the file's blocks of expert e (a tiled matrix unpacked)
-                if (layer, name) not in self._tiled:
-                    return raw[e * per:(e + 1) * per]
-                from sparkd.engine.kernels import q4_k_pair
-                return q4_k_pair.unpack_raw(raw[e * per:(e + 1) * per], (rows, cols))
+                unpack = self._tiled.get((layer, name))
+                own = raw[e * per:(e + 1) * per]
+                return own if unpack is None else unpack(own, (rows, cols))
             return torch.stack([dequantize(blocks(e), qtype, (rows, cols)) for e in expert_ids])
 
         def bias(name: str) -> torch.Tensor | None:

@@ -1,0 +1,111 @@
+"""MXFP4's decode kernels on the GGUF blocks against the tiled resident layout (kernels/mxfp4_tiled.py), the same
+weights side by side in one run: the GEMV and the MoE decode (gpt-oss-20b's 2880x2880 top-4 and two wider MoE
+shapes), as a fraction of the device-to-device copy bandwidth measured in the same run, each checked against the
+float64 reference first. Tiles: the defaults, then TILED_TILES (the tiled rows' candidates).
+
+Usage (GPU): PYTHONPATH=. python bench/mxfp4_tiled_bench.py [--json F] [--no-sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from gguf import GGMLQuantizationType as T
+
+from kernels_bench import (copy_bandwidth, graph_seconds, moe_err, moe_table, print_rows, random_blocks, rel_err,
+                           subset, tag, x_in)
+from sparkd.engine import quants
+from sparkd.engine.kernels import moe, mxfp4_tiled
+from sparkd.engine.kernels.matmul import GemvConfig, gemv
+from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
+
+ROTATE_BYTES = 768 << 20  # as kernels_bench: working sets past the 50 MB L2
+DENSE = [(2880, 2880), (14336, 4096), (4096, 14336)]
+MOES = [(2880, 2880, 4), (2048, 768, 8), (4096, 1536, 8)]  # (model width, expert width, experts a token)
+# GEMV tiles on the tiled rows (offline sm_90: 4/1/1/e 123 warp instructions a group and 5 loads, the GGUF step's
+# 178 and 20; 8-row tiles 8.8 values a warp instruction)
+TILED_TILES = [GemvConfig(4, 1, 1, 0, True), GemvConfig(4, 1, 2, 0, True), GemvConfig(8, 1, 1, 0, True),
+               GemvConfig(8, 1, 2, 0, True), GemvConfig(8, 2, 2, 0, True), GemvConfig(16, 2, 1, 0, True),
+               GemvConfig(4, 1, 1, 0, False)]
+# MoE (gate/up, down) tiles on the tiled experts beside the defaults
+MOE_TILES = [(GemvConfig(4, 1, 1, 0, True), None), (GemvConfig(8, 1, 1, 0, True), None),
+             (GemvConfig(8, 1, 2, 0, True), None), (None, GemvConfig(8, 1, 1, 0, True)),
+             (None, GemvConfig(4, 1, 2, 2, True)), (None, GemvConfig(8, 1, 1, 2, True))]
+
+
+def dense_rows(rows: int, cols: int, copy_bw: float, sweep: bool) -> list[dict]:
+    nbytes = rows * cols // 32 * 17
+    n = max(2, -(-ROTATE_BYTES // nbytes))
+    buf = random_blocks(T.MXFP4, n * nbytes)
+    gguf = [buf[i * nbytes:(i + 1) * nbytes] for i in range(n)]
+    tiled = [mxfp4_tiled.pack_raw(w, (rows, cols)) for w in gguf]
+    x = torch.randn(cols, device="cuda")
+    ref = quants.dequantize(gguf[0], T.MXFP4, (rows, cols)).double() @ x_in(T.MXFP4, x).double()
+    y, out = torch.empty(rows, device="cuda"), []
+
+    def time(ws, qtype, cfg, label):
+        y.fill_(float("nan"))
+        err = rel_err(gemv(ws[0], qtype, (rows, cols), x, out=y, config=cfg), ref)
+        sec = graph_seconds(lambda i: gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg), n)
+        return dict(kernel=f"gemv {rows}x{cols}", type="MXFP4", config=label, us=sec * 1e6, bw=nbytes / sec,
+                    frac=nbytes / sec / copy_bw, err=err)
+    out.append(time(gguf, T.MXFP4, None, "gguf default"))
+    out.append(time(tiled, mxfp4_tiled.TILED, None, "tiled default"))
+    for cfg in TILED_TILES if sweep else []:
+        out.append(time(tiled, mxfp4_tiled.TILED, cfg, f"tiled {tag(cfg)}"))
+    return out
+
+
+def moe_rows(shape: tuple[int, int, int], copy_bw: float, sweep: bool) -> list[dict]:
+    D, F, A = shape
+    torch.manual_seed(0)
+    expert_bytes = 3 * F * D // 32 * 17
+    n_sets = max(2, -(-ROTATE_BYTES // (A * expert_bytes)))
+    full, _ = moe_table(T.MXFP4, n_sets * A, shape=shape)  # 4 KiB slots: 16-byte offsets
+    copy = ExpertTable(*(full.gate.clone(),) * 3, full.gate_offsets, full.up_offsets, full.down_offsets,
+                       full.gate_up_type, full.down_type, D, F)
+    tiled = moe.tiled_mxfp4(copy)
+    sets = {name: [prepare(subset(t, list(range(s * A, (s + 1) * A))[::-1]), "cuda") for s in range(n_sets)]
+            for name, t in (("gguf", full), ("tiled", tiled))}
+    x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
+    y, out, nbytes = torch.empty(D, device="cuda"), [], A * expert_bytes
+
+    def time(name, gu, dn, label):
+        ps = sets[name]
+        y.fill_(float("nan"))
+        err = moe_err(ps[0], x, w, moe_decode(ps[0], x, w, out=y, gate_up=gu, down=dn), gu, ref=sets["gguf"][0].table)
+        sec = graph_seconds(lambda i: moe_decode(ps[i % n_sets], x, w, out=y, gate_up=gu, down=dn), n_sets)
+        return dict(kernel=f"moe {D}x{F} top{A}", type="MXFP4", config=label, us=sec * 1e6, bw=nbytes / sec,
+                    frac=nbytes / sec / copy_bw, err=err)
+    out.append(time("gguf", None, None, "gguf default"))
+    out.append(time("tiled", None, None, "tiled default"))
+    for gu, dn in MOE_TILES if sweep else []:
+        out.append(time("tiled", gu, dn, f"tiled {tag(gu)}/{tag(dn)}"))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None, help="write the rows here too")
+    ap.add_argument("--no-sweep", action="store_true", help="the defaults only (no TILED_TILES / MOE_TILES)")
+    args = ap.parse_args()
+    copy_bw = copy_bandwidth()
+    print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s", flush=True)
+    rows = []
+    for rows_, cols in DENSE:
+        part = dense_rows(rows_, cols, copy_bw, not args.no_sweep)
+        print_rows(part)
+        rows += part
+    for shape in MOES:
+        part = moe_rows(shape, copy_bw, not args.no_sweep)
+        print_rows(part)
+        rows += part
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(copy_bw=copy_bw, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The tiled MXFP4 layout (kernels/mxfp4_tiled.py: resident MXFP4 experts repacked at load, tiles of 16 rows, each
+row's quants then the tile's scale bytes) against the GGUF blocks: mxfp4's integer step on both reads the same words
+into the same tile, so every kernel gives the same bits on both layouts (the GEMV at every tile, the float path, the
+prompt's GEMMs, the MoE decode with gpt-oss's biases and on a selection, the MoE prefill); what the layout cannot take
+is refused with the reason. gpt-oss's rows (90 blocks: a last group of 2) on the GPU.
+
+Interpreter (TRITON_INTERPRET=1, emulated dp4a and prmt) where there is no GPU.
+"""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
+
+from test_kernels import BACKENDS, arena_table, random_blocks  # noqa: E402
+from test_moe_tiles import on_16_bytes  # noqa: E402
+
+from sparkd.engine.kernels import act_quant, dispatch, moe, moe_prefill, mxfp4, mxfp4_tiled, prefill_gemm  # noqa: E402
+from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
+from sparkd.engine.layers.act_round import round_activations  # noqa: E402
+
+TILED = mxfp4_tiled.TILED
+# the default (4 rows a program: a quarter of a packing tile; the elementwise tile), the per-group rows tile, 2 rows
+# 4 groups a step, 16 rows on 4 warps split over K in 2 ranges (masked tail groups)
+TILES = [GemvConfig(), GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=False),
+         GemvConfig(block_n=2, num_warps=1, unroll=4), GemvConfig(block_n=16, num_warps=4, unroll=3, split=2)]
+
+
+def shape_for(backend: str) -> tuple[int, int]:
+    """gpt-oss-20b's expert matrix on the GPU (90 blocks a row); 2 tiles of 9 blocks a row interpreted."""
+    return (2880, 2880) if backend == "cuda" else (32, 288)
+
+
+def test_layout_is_each_rows_quants_then_the_tiles_scales():
+    """Byte for byte (on the host: no kernel): tile t, row r, block b: qs at 16 (r B + b), e at 256 B + r B + b; the
+    same byte count; unpack_raw gives the file's blocks back."""
+    rows, cols = 32, 160
+    n_blocks = cols // 32
+    raw = random_blocks(T.MXFP4, rows * n_blocks)
+    data = mxfp4_tiled.pack_raw(raw, (rows, cols))
+    assert data.numel() == raw.numel()
+    blocks, tiles = raw.view(rows, n_blocks, 17), data.view(2, -1)
+    for t in range(2):
+        for r in range(16):
+            for b in range(n_blocks):
+                blk = blocks[16 * t + r, b]
+                assert torch.equal(tiles[t, 16 * (r * n_blocks + b):][:16], blk[1:])
+                assert int(tiles[t, 256 * n_blocks + r * n_blocks + b]) == int(blk[0])
+    assert torch.equal(mxfp4_tiled.unpack_raw(data, (rows, cols)), raw)
+
+
+@pytest.mark.parametrize("shape,match", [((24, 64), "multiple of 16"), ((16, 48), "multiple of 32"),
+                                         ((0, 64), "positive multiple of 16")])
+def test_repacking_refuses_what_it_cannot_tile(shape, match):
+    raw = random_blocks(T.MXFP4, max(shape[0], 1) * shape[1] // 32)
+    with pytest.raises(dispatch.KernelArgumentError, match=match):
+        mxfp4_tiled.pack_raw(raw, shape)
+
+
+def test_repacking_refuses_bytes_that_are_not_the_matrix():
+    with pytest.raises(dispatch.KernelArgumentError, match=r"need 544 bytes .* got torch.uint8 \[85\]"):
+        mxfp4_tiled.pack_raw(random_blocks(T.MXFP4, 5), (16, 64))
+    with pytest.raises(dispatch.KernelArgumentError, match=r"need 544 bytes .* got torch.int8"):
+        mxfp4_tiled.unpack_raw(random_blocks(T.MXFP4, 32).view(torch.int8), (16, 64))
+
+
+@pytest.mark.parametrize("config", TILES, ids=lambda c: f"{c.block_n}/{c.num_warps}/{c.unroll}/{c.split}/"
+                         f"{'e' if c.elementwise else 'g'}")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiled_gemv_gives_the_gguf_bits(backend, config):
+    rows, cols = shape_for(backend)
+    raw = random_blocks(T.MXFP4, rows * cols // 32).to(backend)
+    x = torch.randn(cols, device=backend)
+    want = gemv(raw, T.MXFP4, (rows, cols), x, config=config)
+    got = gemv(mxfp4_tiled.pack_raw(raw, (rows, cols)), TILED, (rows, cols), x, config=config)
+    assert torch.equal(got, want), differ(got, want)
+
+
+def differ(got: torch.Tensor, want: torch.Tensor) -> str:
+    """How far apart two results are (a failed bits check's message)."""
+    return f"{int((got != want).sum())} of {got.numel()} differ, relative {float((got - want).norm() / want.norm()):.1e}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float_path_on_the_tiled_layout_gives_the_gguf_bits(monkeypatch, backend):
+    """The families $SPARKD_MXFP4_INT=0 picks (the dequant, x rounded by the caller): the same bits on both
+    layouts, the GEMV and the prompt's float GEMM (which reads the row width the tiled dequant needs)."""
+    rows, cols = shape_for(backend)
+    raw, x = random_blocks(T.MXFP4, rows * cols // 32).to(backend), torch.randn(cols, device=backend)
+    monkeypatch.setitem(dispatch.FAMILIES, T.MXFP4, mxfp4.FLOAT_FAMILY)
+    monkeypatch.setitem(dispatch.LAYOUTS, TILED, mxfp4_tiled.FLOAT_FAMILY)
+    tiled = mxfp4_tiled.pack_raw(raw, (rows, cols))
+    rx = lambda v: round_activations(v, act_quant.Q8_0)  # noqa: E731 - what KernelLinear passes
+    cfg = GemvConfig(block_n=8, unroll=2)
+    assert torch.equal(gemv(tiled, TILED, (rows, cols), x, config=cfg, round_x=rx),
+                       gemv(raw, T.MXFP4, (rows, cols), x, config=cfg, round_x=rx))
+    xs = torch.randn(3, cols, device=backend)
+    assert torch.equal(prefill_gemm.gemm(tiled, TILED, (rows, cols), xs, precision="ieee"),
+                       prefill_gemm.gemm(raw, T.MXFP4, (rows, cols), xs, precision="ieee"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiled_integer_gemm_gives_the_gguf_bits(backend):
+    """The prompt's integer GEMM (iblock on the tiled rows) on both layouts."""
+    rows, cols = shape_for(backend)
+    raw = random_blocks(T.MXFP4, rows * cols // 32).to(backend)
+    xs = torch.randn(5, cols, device=backend)
+    assert torch.equal(prefill_gemm.gemm(mxfp4_tiled.pack_raw(raw, (rows, cols)), TILED, (rows, cols), xs,
+                                         precision="int8"),
+                       prefill_gemm.gemm(raw, T.MXFP4, (rows, cols), xs, precision="int8"))
+
+
+def mxfp4_table(backend: str, n: int):
+    """An MXFP4 expert table on 16-byte offsets (gpt-oss's shape on the GPU) and gpt-oss's expert biases."""
+    dim, width = (2880, 2880) if backend == "cuda" else (64, 32)
+    table = on_16_bytes(arena_table(T.MXFP4, T.MXFP4, dim, width, n, backend)[0])
+    return table, torch.randn(n, 2 * width + dim, device=backend)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiled_moe_decode_gives_the_gguf_bits(backend):
+    """moe_decode with gpt-oss's biases and clamped swiglu on the table before and after tiled_mxfp4 (gate, up and
+    down repacked in place, offsets kept), on the full table and on a selection read through its ids."""
+    n = 4 if backend == "cuda" else 2
+    table, bias = mxfp4_table(backend, n)
+    x, w = torch.randn(table.dim, device=backend), torch.rand(n, device=backend)
+    tiles = {} if backend == "cuda" else dict(gate_up=GemvConfig(block_n=32, num_warps=1, unroll=1),
+                                              down=GemvConfig(block_n=64, num_warps=1, unroll=1))
+    gguf = moe.prepare(table, backend)
+    want = moe.moe_decode(gguf, x, w, "swiglu_oai", bias=bias, **tiles)
+    ids = torch.tensor([n - 1, 0], device=backend)
+    want_sel = moe.moe_decode(gguf.select(ids), x, w[:2].contiguous(), "swiglu_oai", bias=bias[[n - 1, 0]], **tiles)
+    before = table.gate.clone()
+    tiled = moe.tiled_mxfp4(table)
+    assert (tiled.gate_up_type, tiled.down_type) == (TILED, TILED)
+    assert not torch.equal(tiled.gate, before)  # in place
+    p = moe.prepare(tiled, backend)
+    assert p.gate_up_vec and p.down_vec  # 16-byte offsets: the step's loads know it
+    got = moe.moe_decode(p, x, w, "swiglu_oai", bias=bias, **tiles)
+    assert torch.equal(got, want), differ(got, want)
+    got = moe.moe_decode(p.select(ids), x, w[:2].contiguous(), "swiglu_oai", bias=bias[[n - 1, 0]], **tiles)
+    assert torch.equal(got, want_sel), differ(got, want_sel)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiled_moe_prefill_gives_the_gguf_bits(backend):
+    n = 4 if backend == "cuda" else 2
+    table, bias = mxfp4_table(backend, n)
+    x = torch.randn(3, table.dim, device=backend)
+    slots = torch.tensor([[0, n - 1], [n - 1, 1], [1, 0]], device=backend)
+    w = torch.rand(3, 2, device=backend)
+    want = moe_prefill.moe_prefill(moe.prepare(table, backend), x, slots, w, "swiglu_oai", "int8", bias=bias)
+    tiled = moe.prepare(moe.tiled_mxfp4(table), backend)
+    assert torch.equal(moe_prefill.moe_prefill(tiled, x, slots, w, "swiglu_oai", "int8", bias=bias), want)
+
+
+def test_tiled_mxfp4_refuses_tables_it_cannot_tile(monkeypatch):
+    """No MXFP4 projection, or no integer step: a clear error, the table's bytes untouched. (An MXFP4 projection of
+    an expert table is always whole tiles: its rows are the other projection's columns, whole 32-value blocks.) An
+    MXFP4 gate/up over a Q8_0 down: the gate/up alone."""
+    q8 = arena_table(T.Q8_0, T.Q8_0, 64, 32, 1, "cpu")[0]
+    before = q8.gate.clone()
+    with pytest.raises(dispatch.KernelArgumentError, match="needs an MXFP4 gate/up or down of whole 16-row"):
+        moe.tiled_mxfp4(q8)
+    assert torch.equal(q8.gate, before)
+    part = moe.tiled_mxfp4(arena_table(T.MXFP4, T.Q8_0, 64, 32, 1, "cpu")[0])
+    assert (part.gate_up_type, part.down_type) == (TILED, T.Q8_0)
+    monkeypatch.setattr(mxfp4_tiled, "FAMILY", mxfp4_tiled.FLOAT_FAMILY)
+    table = arena_table(T.MXFP4, T.MXFP4, 64, 32, 1, "cpu")[0]
+    before = table.gate.clone()
+    with pytest.raises(dispatch.KernelArgumentError, match=r"\$SPARKD_MXFP4_INT not 0"):
+        moe.tiled_mxfp4(table)
+    assert torch.equal(table.gate, before)
+
+
+def test_loader_tiles_resident_mxfp4_experts_and_unpacks_for_the_generic_path(tmp_path, monkeypatch):
+    """KernelExperts (the resident expert store) repacks a gpt-oss model's MXFP4 experts at load, and get() (the
+    generic path's dequantized experts) gives the GGUF blocks' values back; $SPARKD_MOE_MXFP4_LAYOUT=gguf keeps the
+    file's blocks. (test_kernel_engine's gpt-oss model runs the tiled experts against the CPU reference.)"""
+    from sparkd.engine.layers.quant_experts import MXFP4_LAYOUT_ENV
+    from sparkd.engine.make_model import plan, write_model
+    from sparkd.engine.modelgen.specs import TINY
+    from sparkd.engine.models import load_model
+
+    path = write_model(tmp_path / "m.gguf", plan(TINY["gpt-oss"], "F32", [("_exps", "MXFP4")]), seed=9)[0]
+    got = {}
+    for layout, qtype in (("tiled", TILED), ("gguf", T.MXFP4)):
+        monkeypatch.setenv(MXFP4_LAYOUT_ENV, layout)
+        model = load_model(path, device="cpu", kernels=True)
+        try:
+            store = model.net.blocks[0].ffn.store
+            table = store.kernel_table(0).prepared.table
+            assert (table.gate_up_type, table.down_type) == (qtype, qtype)
+            got[layout] = store.get(0, [1, 0])
+        finally:
+            model.close()
+    for a, b in zip(dataclasses.astuple(got["tiled"]), dataclasses.astuple(got["gguf"])):
+        assert type(a) is type(b) and (not isinstance(a, torch.Tensor) or torch.equal(a, b))
