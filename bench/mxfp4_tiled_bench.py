@@ -1,5 +1,5 @@
 """MXFP4's decode kernels on the GGUF blocks against the tiled resident layout (kernels/mxfp4_tiled.py), the same
-weights side by side in one run: the GEMV and the MoE decode (gpt-oss-20b's 2880x2880 top-4 and two wider MoE
+weights side by side in one run: the GEMV and the MoE decode (gpt-oss-20b's 2880x2880 top-4 and a wider MoE
 shapes), as a fraction of the device-to-device copy bandwidth measured in the same run, each checked against the
 float64 reference first. Tiles: the defaults, then TILED_TILES (the tiled rows' candidates).
 
@@ -22,8 +22,8 @@ from sparkd.engine.kernels.matmul import GemvConfig, gemv
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 
 ROTATE_BYTES = 768 << 20  # as kernels_bench: working sets past the 50 MB L2
-DENSE = [(2880, 2880), (14336, 4096), (4096, 14336)]
-MOES = [(2880, 2880, 4), (2048, 768, 8), (4096, 1536, 8)]  # (model width, expert width, experts a token)
+DENSE = [(2880, 2880), (14336, 4096)]
+MOES = [(2880, 2880, 4), (4096, 1536, 8)]  # (model width, expert width, experts a token)
 # GEMV tiles on the tiled rows (offline sm_90: 4/1/1/e 123 warp instructions a group and 5 loads, the GGUF step's
 # 178 and 20; 8-row tiles 8.8 values a warp instruction)
 TILED_TILES = [GemvConfig(4, 1, 1, 0, True), GemvConfig(4, 1, 2, 0, True), GemvConfig(8, 1, 1, 0, True),
