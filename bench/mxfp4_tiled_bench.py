@@ -1,6 +1,6 @@
 """MXFP4's decode kernels on the GGUF blocks against the tiled resident layout (kernels/mxfp4_tiled.py), the same
 weights side by side in one run: the GEMV and the MoE decode (gpt-oss-20b's 2880x2880 top-4 and a wider MoE
-shapes), as a fraction of the device-to-device copy bandwidth measured in the same run, each checked against the
+shape), as a fraction of the device-to-device copy bandwidth measured in the same run, each checked against the
 float64 reference first. Tiles: the defaults, then TILED_TILES (the tiled rows' candidates).
 
 Usage (GPU): PYTHONPATH=. python bench/mxfp4_tiled_bench.py [--json F] [--no-sweep]
