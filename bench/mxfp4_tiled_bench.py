@@ -1,7 +1,8 @@
 """MXFP4's decode kernels on the GGUF blocks against the tiled resident layout (kernels/mxfp4_tiled.py), the same
 weights side by side in one run: the GEMV and the MoE decode (gpt-oss-20b's 2880x2880 top-4 and a wider MoE
 shape), as a fraction of the device-to-device copy bandwidth measured in the same run, each checked against the
-float64 reference first. Tiles: the defaults, then TILED_TILES (the tiled rows' candidates).
+float64 reference first. Tiles: the defaults, then TILED_TILES (the tiled rows' candidates) and the MoE's GATE_UPS
+and DOWNS, the layer as the engine runs it.
 
 Usage (GPU): PYTHONPATH=. python bench/mxfp4_tiled_bench.py [--json F] [--no-sweep]
 """
@@ -9,6 +10,7 @@ Usage (GPU): PYTHONPATH=. python bench/mxfp4_tiled_bench.py [--json F] [--no-swe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -17,7 +19,7 @@ from gguf import GGMLQuantizationType as T
 from kernels_bench import (copy_bandwidth, graph_seconds, moe_err, moe_table, print_rows, random_blocks, rel_err,
                            subset, tag, x_in)
 from sparkd.engine import quants
-from sparkd.engine.kernels import moe, mxfp4_tiled
+from sparkd.engine.kernels import act_quant, moe, mxfp4_tiled
 from sparkd.engine.kernels.matmul import GemvConfig, gemv
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 
@@ -29,10 +31,13 @@ MOES = [(2880, 2880, 4), (4096, 1536, 8)]  # (model width, expert width, experts
 TILED_TILES = [GemvConfig(4, 1, 1, 0, True), GemvConfig(4, 1, 2, 0, True), GemvConfig(8, 1, 1, 0, True),
                GemvConfig(8, 1, 2, 0, True), GemvConfig(8, 2, 2, 0, True), GemvConfig(16, 2, 1, 0, True),
                GemvConfig(4, 1, 1, 0, False)]
-# MoE (gate/up, down) tiles on the tiled experts beside the defaults
-MOE_TILES = [(GemvConfig(4, 1, 1, 0, True), None), (GemvConfig(8, 1, 1, 0, True), None),
-             (GemvConfig(8, 1, 2, 0, True), None), (None, GemvConfig(8, 1, 1, 0, True)),
-             (None, GemvConfig(4, 1, 2, 2, True)), (None, GemvConfig(8, 1, 1, 2, True))]
+# MoE tiles on the tiled experts beside the defaults, the layer as the engine runs it (x quantized by the norm
+# before, h in the gate/up launch): gate/up tiles (down at its default), then down tiles (rows/warps/unroll/e|g/split;
+# split: ranges of experts; gate/up at its default). Session 25's first call: the down in 2 ranges 45.1 against
+# 50.5 us at 2880x2880 top-4 (one range: a program's loop runs 4 experts x 11.25 groups one after another)
+GATE_UPS = ["4/1/1/e", "2/1/2/e", "2/1/1/e", "8/1/1/e"]
+DOWNS = ["4/1/1/e/2", "4/1/2/e/2", "4/1/1/e/4", "4/1/2/e/4", "2/1/2/e/4", "2/1/1/e/4", "4/1/1/g/4", "8/1/1/e/4",
+         "4/1/2/e/8", "2/1/2/e/8"]
 
 
 def dense_rows(rows: int, cols: int, copy_bw: float, sweep: bool) -> list[dict]:
@@ -58,6 +63,12 @@ def dense_rows(rows: int, cols: int, copy_bw: float, sweep: bool) -> list[dict]:
     return out
 
 
+def config(text: str) -> GemvConfig:
+    """rows/warps/unroll/e|g[/split] as a GemvConfig."""
+    rows, warps, unroll, mode, *split = text.split("/")
+    return GemvConfig(int(rows), int(warps), int(unroll), int(split[0]) if split else 0, mode == "e")
+
+
 def moe_rows(shape: tuple[int, int, int], copy_bw: float, sweep: bool) -> list[dict]:
     D, F, A = shape
     torch.manual_seed(0)
@@ -70,19 +81,27 @@ def moe_rows(shape: tuple[int, int, int], copy_bw: float, sweep: bool) -> list[d
     sets = {name: [prepare(subset(t, list(range(s * A, (s + 1) * A))[::-1]), "cuda") for s in range(n_sets)]
             for name, t in (("gguf", full), ("tiled", tiled))}
     x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
+    qx = act_quant.quantize(x[None], sets["gguf"][0].gate_up.act_fmt)  # the norm's (the same format both ways)
     y, out, nbytes = torch.empty(D, device="cuda"), [], A * expert_bytes
 
     def time(name, gu, dn, label):
         ps = sets[name]
+        base = moe.decode_tiles(ps[0])
+        gu, dn = dataclasses.replace(gu or base[0], fuse_quant=True), dn or base[1]
         y.fill_(float("nan"))
-        err = moe_err(ps[0], x, w, moe_decode(ps[0], x, w, out=y, gate_up=gu, down=dn), gu, ref=sets["gguf"][0].table)
-        sec = graph_seconds(lambda i: moe_decode(ps[i % n_sets], x, w, out=y, gate_up=gu, down=dn), n_sets)
-        return dict(kernel=f"moe {D}x{F} top{A}", type="MXFP4", config=label, us=sec * 1e6, bw=nbytes / sec,
-                    frac=nbytes / sec / copy_bw, err=err)
+        err = moe_err(ps[0], x, w, moe_decode(ps[0], x, w, out=y, gate_up=gu, down=dn, qx=qx), gu,
+                      ref=sets["gguf"][0].table)
+        sec = graph_seconds(lambda i: moe_decode(ps[i % n_sets], x, w, out=y, gate_up=gu, down=dn, qx=qx), n_sets)
+        return dict(kernel=f"moe {D}x{F} top{A}", type="MXFP4", config=f"{label} {tag(gu)}/{tag(dn)}", us=sec * 1e6,
+                    bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err)
     out.append(time("gguf", None, None, "gguf default"))
     out.append(time("tiled", None, None, "tiled default"))
-    for gu, dn in MOE_TILES if sweep else []:
-        out.append(time("tiled", gu, dn, f"tiled {tag(gu)}/{tag(dn)}"))
+    for gu in GATE_UPS if sweep else []:
+        out.append(time("tiled", config(gu), None, "tiled"))
+    for dn in DOWNS if sweep else []:
+        if config(dn).split <= A:
+            out.append(time("tiled", None, config(dn), "tiled"))
+    out.append(time("gguf", None, None, "gguf default again"))  # the drift over the run
     return out
 
 
