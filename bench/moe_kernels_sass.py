@@ -40,7 +40,8 @@ from moe_tiles_bench import kernels_of, tile
 from sparkd.engine.kernels import act_quant, dispatch, matmul, moe, moe_pipe, moe_tiles, pdl, q4_k_tiled
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
-SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32", "b_ptr": F32, "BSTRIDE": "i32"}  # (biases: BIAS off)
+SCALARS = {"F": "i32", "D": "i32", "n": "i32", "row_bytes": "i32", "b_ptr": F32, "BSTRIDE": "i32",  # (biases: BIAS off)
+           "BOFF": "i32"}
 # 16-byte aligned as the launches specialize them (torch allocations, widths multiples of 16)
 ALIGNED = ("gate_ptr", "up_ptr", "down_ptr", "aux_ptr", "xw_ptr", "xd_ptr", "xs_ptr", "hw_ptr", "hd_ptr", "hs_ptr",
            "h_ptr", "hf_ptr", "y_ptr", "part_ptr", "F", "D", "row_bytes")
@@ -124,23 +125,25 @@ def order(ops: list[str]) -> str:
     return " ".join(op if n == 1 else f"{op}x{n}" for op, n in runs)
 
 
-def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = False, dim: int = 4096) -> str:
+def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = False, dim: int = 4096,
+           bias: bool = False) -> str:
     cfg, fam, k = tile(text), dispatch.family(qtype), kernels_of(text)
     split = cfg.split or 1
-    tiled = qtype == q4_k_tiled.TILED  # pairx rows (moe.tiled_gate_up / tiled_down): their own step
-    # the engine's pairx tables are on 16 bytes too (moe.prepare's *_vec; session 21: before, ALIGN 1 here)
-    vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, qtype in (T.Q4_K, q4_k_tiled.TILED))
+    tiled = fam.row_tile > 1  # pairx rows (moe.tiled_gate_up / tiled_down), MXFP4's tiles: the expert's matrix
+    # the engine's row-tile tables are on 16 bytes too (moe.prepare's *_vec; session 21: before, ALIGN 1 here)
+    vec = moe._use_vec(k.q4k_vec if kind == "gate/up" else k.q4k_vec_down, qtype == T.Q4_K or tiled)
     common = dict(UNROLL=cfg.unroll, EW=cfg.elementwise, EMU=False, STAGES=matmul.stages_arg(cfg), IDS=True,
+                  BIAS=bias,  # gpt-oss's expert biases read through the ids (session 25)
                   **moe._int_args(fam, k.words and qtype == T.Q8_0, vec, k.full))  # shapes in range (moe._full)
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
         consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=tiled,
                       DOWN_AT_START=True, **common)
-        way = moe_tiles.pairx_way(k, dim) if tiled else "loop"  # moe._pairx_gate_up at model width dim
+        way = moe_tiles.pairx_way(k, dim) if qtype == q4_k_tiled.TILED else "loop"  # moe._pairx_gate_up at width dim
         consts.update(NG=dim // 256 if way == "steps" else 0)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
-        ahead = moe._pairx_ahead_ok(bool(k.pairx_down_ahead), k, cfg, 4096, groups * 256) if tiled else \
+        ahead = moe._pairx_ahead_ok(bool(k.pairx_down_ahead), k, cfg, 4096, groups * 256) if qtype == q4_k_tiled.TILED else \
             moe._ahead_ok(bool(k.down_ahead), k, cfg, k.words and qtype == T.Q8_0, 4096, groups * 256)
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
                       XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if ahead or qtype.name in k.down_full else 0,
@@ -199,15 +202,17 @@ def main() -> None:
     ap.add_argument("--pipe", action="store_true", help="the Q8_0 gate/up tiles as moe_pipe's kernel too")
     ap.add_argument("--order", action="store_true", help="the loop's loads and dp4a in issue order")
     ap.add_argument("--pipe-regs", default="0", help="with --pipe: ptxas's register caps, comma-separated (0: none)")
+    ap.add_argument("--bias", action="store_true", help="with gpt-oss's expert biases (BIAS) on")
     args = ap.parse_args()
     for text in filter(None, args.gate_up.split(",") if args.pipe else ()):
         for regs in args.pipe_regs.split(","):
             print(pipe(text, args.groups, args.order, int(regs)), flush=True)
-    qtype = q4_k_tiled.TILED if args.type == q4_k_tiled.TILED.name else T[args.type]
+    layouts = {layout.name: layout for layout in dispatch.LAYOUTS}  # Q4_K_TILED, MXFP4_TILED, ...
+    qtype = layouts[args.type] if args.type in layouts else T[args.type]
     for kind, tiles in (("gate/up", args.gate_up), ("down", args.down)):
         for text in filter(None, tiles.split(",")):
-            print(report(qtype, kind, text, args.groups, args.order, args.dim), flush=True)
-            if args.twins and qtype != q4_k_tiled.TILED:
+            print(report(qtype, kind, text, args.groups, args.order, args.dim, args.bias), flush=True)
+            if args.twins and args.type not in layouts:
                 print(twin(T[args.type], kind, text, args.groups), flush=True)
 
 

@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as T
 from kernels_bench import (copy_bandwidth, graph_seconds, moe_err, moe_table, print_rows, random_blocks, rel_err,
                            subset, tag, x_in)
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, moe, mxfp4_tiled
+from sparkd.engine.kernels import act_quant, moe, moe_tiles, mxfp4_tiled
 from sparkd.engine.kernels.matmul import GemvConfig, gemv
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 
@@ -95,6 +95,7 @@ def moe_rows(shape: tuple[int, int, int], copy_bw: float, sweep: bool) -> list[d
         return dict(kernel=f"moe {D}x{F} top{A}", type="MXFP4", config=f"{label} {tag(gu)}/{tag(dn)}", us=sec * 1e6,
                     bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err)
     out.append(time("gguf", None, None, "gguf default"))
+    out.append(time("gguf", None, moe_tiles.DOWN_CONFIG, "gguf s24 down"))  # before MXFP4_DOWN (one range)
     out.append(time("tiled", None, None, "tiled default"))
     for gu in GATE_UPS if sweep else []:
         out.append(time("tiled", config(gu), None, "tiled"))

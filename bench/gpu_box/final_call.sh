@@ -22,7 +22,8 @@
 #   FIRST=1: first_request_bench's fresh servers (FIRST_SERVERS, default auto,auto:off);
 # - OSS=1: a gpt-oss-20b-shaped model (OSS_LAYERS, default 24; not niced: session 24's first call lost its 12 GB
 #   to the timeout behind 6 test groups and the llama.cpp build) with MXFP4 experts (as its GGUFs ship them; biased
-#   experts through the MoE kernels since session 24), made at the start: its decode (90 s each) with the MXFP4 integer step
+#   experts through the MoE kernels since session 24), made at the start: its decode (90 s each, OSS_ROUNDS rounds,
+#   after the llama.cpp build where LLAMA=1) with the MXFP4 integer step
 #   on the tiled resident experts (the default since session 25), on the file's blocks (SPARKD_MOE_MXFP4_LAYOUT=gguf)
 #   and, with OSS_FLOAT=1, SPARKD_MXFP4_INT=0; OSS_PROFILE=1 its replayed step kernel by kernel (decode_kernels.py);
 #   with LLAMA=1 llama-bench built with CUDA (cuda_side_by_side.sh BUILD_ONLY=1, started at the call's start; carry
@@ -43,7 +44,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_FLOAT|OSS_PROFILE|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS)=' | sort | tr '\n' ' ')"
 if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
   OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
 fi
@@ -158,16 +159,18 @@ if [ "${IQ:-0}" = 1 ]; then  # iq50: each IQ_MODELS model's decode, the integer 
 fi
 if [ "${OSS:-0}" = 1 ]; then  # the gpt-oss-shaped model: tiled experts (the default), GGUF blocks, float, llama.cpp
   wait $MKO; log "oss model $(ls -la $O 2>&1 | awk '{print $5}') $(tail -1 $R/make_oss.log)"
-  if fits 100 "gpt-oss decode"; then
-    M=$O GEN_S=90 gen ossint 1; M=$O GEN_S=90 SPARKD_MOE_MXFP4_LAYOUT=gguf gen ossgguf 1
-    [ "${OSS_FLOAT:-0}" = 1 ] && M=$O GEN_S=90 SPARKD_MXFP4_INT=0 gen ossfloat 1; snap
-  fi
+  # the decodes after the llama.cpp build: its 16 compile jobs made the same decode 519-756 tok/s (session 25)
+  [ "${LLAMA:-0}" = 1 ] && { wait $LB; log "llama build: $(tail -2 $R/llama_build.log | tr '\n' ' ')"; }
+  for r in $(seq 1 ${OSS_ROUNDS:-1}); do
+    fits 100 "gpt-oss decode round $r" || break
+    M=$O GEN_S=90 gen ossint $r; M=$O GEN_S=90 SPARKD_MOE_MXFP4_LAYOUT=gguf gen ossgguf $r
+    [ "${OSS_FLOAT:-0}" = 1 ] && M=$O GEN_S=90 SPARKD_MXFP4_INT=0 gen ossfloat $r; snap
+  done
   if [ "${OSS_PROFILE:-0}" = 1 ] && fits 130 "gpt-oss decode profile"; then  # session 25: a replayed step, kernel by kernel
     timeout 125 python3 bench/gpu_box/decode_kernels.py $O --steps 8 --rounds 2 --json $R/profile_oss.json \
       > $R/profile_oss.log 2>&1; log "gpt-oss profile rc $?"; snap
   fi
   if [ "${LLAMA:-0}" = 1 ] && fits 60 "llama-bench gpt-oss"; then
-    wait $LB; log "llama build: $(tail -2 $R/llama_build.log | tr '\n' ' ')"
     LBIN=$W/llama-cuda/llama-bench
     [ -x $LBIN ] && timeout 55 $LBIN -o json -m $O -ngl 99 -p 0 -n 128 -r 3 > $R/llama_oss.json 2> $R/llama_oss.err
     log "llama-bench gpt-oss rc $?: $(grep -o '"avg_ts": [0-9.e+]*' $R/llama_oss.json 2>/dev/null)"; snap

@@ -11,7 +11,7 @@ from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles, pdl, rout
 
 I32, I64, F32, U8 = "*i32", "*i64", "*fp32", "*u8"
 SCALARS = {"F": "i32", "D": "i32", "n": "i32", "E": "i32", "row_bytes": "i32", "scale": "fp32", "min_sum": "fp32",
-           "b_ptr": F32, "BSTRIDE": "i32"}  # (the expert biases, unread where BIAS is off)
+           "b_ptr": F32, "BSTRIDE": "i32", "BOFF": "i32"}  # (the expert biases, unread where BIAS is off)
 
 
 def atomics(kern, ptrs: dict, consts: dict, num_warps: int, fp_fusion: bool = True) -> int:

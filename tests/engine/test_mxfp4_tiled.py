@@ -19,10 +19,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
-from test_kernels import BACKENDS, BOUNDS, act_in, arena_table, random_blocks, reference, rel_err  # noqa: E402
+from test_kernels import (BACKENDS, BOUNDS, act_in, arena_table, moe_error, random_blocks, reference,  # noqa: E402
+                          rel_err)
 from test_moe_tiles import on_16_bytes  # noqa: E402
 
-from sparkd.engine.kernels import act_quant, dispatch, moe, moe_prefill, mxfp4, mxfp4_tiled, prefill_gemm  # noqa: E402
+from sparkd.engine.kernels import (act_quant, dispatch, moe, moe_prefill, moe_tiles, mxfp4, mxfp4_tiled,  # noqa: E402
+                                   prefill_gemm)
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 
@@ -144,17 +146,49 @@ def test_tiled_moe_decode_gives_the_gguf_bits(backend):
     gguf = moe.prepare(table, backend)
     want = moe.moe_decode(gguf, x, w, "swiglu_oai", bias=bias, **tiles)
     ids = torch.tensor([n - 1, 0], device=backend)
-    want_sel = moe.moe_decode(gguf.select(ids), x, w[:2].contiguous(), "swiglu_oai", bias=bias[[n - 1, 0]], **tiles)
+    # (a selection through ids reads its bias rows through them: the full table's biases; the gathered table the
+    # selected rows: the same sums)
+    want_sel = moe.moe_decode(gguf.select(ids), x, w[:2].contiguous(), "swiglu_oai", bias=bias, **tiles)
+    gathered = moe.moe_decode(gguf.select(ids).gathered(), x, w[:2].contiguous(), "swiglu_oai",
+                              bias=bias[[n - 1, 0]].contiguous(), **tiles)
+    assert torch.equal(gathered, want_sel), differ(gathered, want_sel)
     before = table.gate.clone()
     tiled = moe.tiled_mxfp4(table)
     assert (tiled.gate_up_type, tiled.down_type) == (TILED, TILED)
     assert not torch.equal(tiled.gate, before)  # in place
     p = moe.prepare(tiled, backend)
     assert p.gate_up_vec and p.down_vec  # 16-byte offsets: the step's loads know it
+    assert moe_tiles.decode_tiles(p) == moe_tiles.decode_tiles(gguf) == (moe_tiles.GATE_UP_CONFIG, moe_tiles.MXFP4_DOWN)
     got = moe.moe_decode(p, x, w, "swiglu_oai", bias=bias, **tiles)
     assert torch.equal(got, want), differ(got, want)
-    got = moe.moe_decode(p.select(ids), x, w[:2].contiguous(), "swiglu_oai", bias=bias[[n - 1, 0]], **tiles)
+    got = moe.moe_decode(p.select(ids), x, w[:2].contiguous(), "swiglu_oai", bias=bias, **tiles)
     assert torch.equal(got, want_sel), differ(got, want_sel)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float_path_adds_the_biases_through_the_ids(monkeypatch, backend):
+    """$SPARKD_MXFP4_INT=0's launches (the float gate/up and down kernels) read a selection's bias rows through its
+    ids as the integer ones do: within the fp32 bound of float64 over the engine's own h, the gathered table's sums."""
+    monkeypatch.setitem(dispatch.FAMILIES, T.MXFP4, mxfp4.FLOAT_FAMILY)
+    n = 4 if backend == "cuda" else 3
+    dim, width = (2880, 2880) if backend == "cuda" else (64, 32)
+    table, gates, ups, downs = arena_table(T.MXFP4, T.MXFP4, dim, width, n, backend)
+    bias = torch.randn(n, 2 * width + dim, device=backend)
+    x, w = torch.randn(dim, device=backend), torch.rand(2, device=backend)
+    ids = torch.tensor([n - 1, 0], device=backend)
+    tiles = {} if backend == "cuda" else dict(gate_up=GemvConfig(block_n=32, num_warps=1, unroll=1),
+                                              down=GemvConfig(block_n=64, num_warps=1, unroll=1, split=2))
+    p = moe.prepare(table, backend).select(ids)
+    assert p.down.idot is None
+    y = moe.moe_decode(p, x, w, "swiglu_oai", bias=bias, **tiles)
+    pick = [n - 1, 0]
+    err = moe_error(y, p.gathered(), x, w, [gates[i] for i in pick], [ups[i] for i in pick],
+                    [downs[i] for i in pick], "swiglu_oai", T.MXFP4, T.MXFP4, tiles.get("gate_up"),
+                    bias=bias[pick].cpu())
+    assert err < BOUNDS["fp32"], err
+    gathered = moe.moe_decode(p.gathered(), x, w, "swiglu_oai", bias=bias[pick].contiguous(), **tiles)
+    assert torch.equal(gathered, y), differ(gathered, y)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")

@@ -81,21 +81,41 @@ def _activate(g, u, ACT: tl.constexpr):
 
 
 @triton.jit
-def _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS: tl.constexpr):
-    """(g, u) plus entry a's gate and up biases where BIAS (gpt-oss): rows [a * BSTRIDE, + F) and [+ F, + 2F) of
-    b_ptr (moe_decode's bias: float32 [n, 2F + D], the down's after them)."""
+def _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS: tl.constexpr, ids_ptr=None, IDS: tl.constexpr = False):
+    """(g, u) plus selected expert a's gate and up biases where BIAS (gpt-oss): columns [0, F) and [F, 2F) of its
+    entry's row (_entry) of b_ptr (moe_decode's bias: float32 [entries, 2F + D], the down's after them)."""
     if BIAS:
-        g += tl.load(b_ptr + a * BSTRIDE + rows, mask=rmask, other=0.0)
-        u += tl.load(b_ptr + a * BSTRIDE + F + rows, mask=rmask, other=0.0)
+        b_row = b_ptr + _entry(ids_ptr, a, IDS) * BSTRIDE
+        g += tl.load(b_row + rows, mask=rmask, other=0.0)
+        u += tl.load(b_row + F + rows, mask=rmask, other=0.0)
     return g, u
+
+
+@triton.jit
+def _down_biases(acc, rows, rmask, first, last, rw_ptr, ids_ptr, IDS: tl.constexpr, b_ptr, BSTRIDE, BOFF,
+                 BIAS: tl.constexpr):
+    """acc plus the weighted down biases (columns BOFF.. of their entries' rows of b_ptr) of selected experts first
+    .. last - 1 where BIAS: the terms llama.cpp adds to each expert's output before the weighted sum."""
+    if BIAS:
+        for a in range(first, last):
+            b_row = b_ptr + _entry(ids_ptr, a, IDS) * BSTRIDE + BOFF
+            acc += tl.load(rw_ptr + a) * tl.load(b_row + rows, mask=rmask, other=0.0)
+    return acc
+
+
+@triton.jit
+def _entry(ids_ptr, a, IDS: tl.constexpr):
+    """The table entry (int64) of selected expert a: ids[a] (IDS: a selection of the full table), else a (one
+    return type both ways: compiled, the branch not taken is typed too)."""
+    if IDS:
+        return tl.cast(tl.load(ids_ptr + a), tl.int64)
+    return tl.cast(a, tl.int64)
 
 
 @triton.jit
 def _offset(off_ptr, ids_ptr, a, IDS: tl.constexpr):
     """Byte offset of selected expert a: offsets[ids[a]] from the full table (IDS), else offsets[a]."""
-    if IDS:
-        return tl.load(off_ptr + tl.load(ids_ptr + a))
-    return tl.load(off_ptr + a)
+    return tl.load(off_ptr + _entry(ids_ptr, a, IDS))
 
 
 @triton.jit
@@ -159,7 +179,7 @@ def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, x_ptr,
                 TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
     u = row_dot(up_ptr, aux_ptr, _offset(up_off, ids_ptr, a, IDS) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
                 DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
-    g, u = _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS)
+    g, u = _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS, ids_ptr, IDS)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -172,9 +192,10 @@ def _down_kernel(down_ptr, aux_ptr, down_off, ids_ptr, h_ptr, y_ptr, part_ptr, r
                  ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
                  NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr,
                  UNROLL: tl.constexpr, EW: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
-                 STAGES: tl.constexpr, PDL: tl.constexpr = False):
+                 STAGES: tl.constexpr, PDL: tl.constexpr = False, rw_ptr=None, b_ptr=None, BSTRIDE=0, BOFF=0,
+                 BIAS: tl.constexpr = False):
     """y = sum_a down_a @ h[a] (+ the residual if RES): a row tile per program, the experts of its
-    range in table order (_experts; the ranges meet as _finish has them meet)."""
+    range in table order (_experts; the ranges meet as _finish has them meet); BIAS: plus _down_biases'."""
     pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
@@ -184,6 +205,7 @@ def _down_kernel(down_ptr, aux_ptr, down_off, ids_ptr, h_ptr, y_ptr, part_ptr, r
     for a in range(first, last):
         acc += row_dot(down_ptr, aux_ptr, _offset(down_off, ids_ptr, a, IDS) + rb, rmask, h_ptr + a * F, F, 0, 1,
                        DOT, ACC0, TOTAL, DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
+    acc = _down_biases(acc, rows, rmask, first, last, rw_ptr, ids_ptr, IDS, b_ptr, BSTRIDE, BOFF, BIAS)
     _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES)
 
 
@@ -264,18 +286,18 @@ def _igate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, xw_pt
     if not DOWN_AT_START:
         pdl.dependents(PDL)
     _gate_up_out(g, u, a, tl.program_id(0), rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW,
-                 HBLOCK, H8K, b_ptr, BSTRIDE, BIAS)
+                 HBLOCK, H8K, b_ptr, BSTRIDE, BIAS, ids_ptr, IDS)
 
 
 @triton.jit
 def _gate_up_out(g, u, a, tile, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N: tl.constexpr,
                  ACT: tl.constexpr, RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr, b_ptr=None, BSTRIDE=0,
-                 BIAS: tl.constexpr = False):
+                 BIAS: tl.constexpr = False, ids_ptr=None, IDS: tl.constexpr = False):
     """_igate_up_kernel's end for row tile `tile` of expert a: h from the (gate, up) row sums (plus _biased's biases
     if BIAS), stored as HBLOCK says (a persistent program, moe_pipe, calls it once a tile, without biases)."""
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
-    g, u = _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS)
+    g, u = _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS, ids_ptr, IDS)
     h = _activate(g, u, ACT)
     if RW:
         h = h * tl.load(rw_ptr + a)
@@ -306,8 +328,9 @@ def _idown_kernel(down_ptr, aux_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, 
                   UNROLL: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr, XBLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
                   NG: tl.constexpr = 0, TILED: tl.constexpr = False, AHEAD: tl.constexpr = False,
-                  PAIR_FOLD: tl.constexpr = False, PDL: tl.constexpr = False):
-    """_down_kernel's integer variant: h quantized per expert row (hw/hd/hs rows of act_quant's
+                  PAIR_FOLD: tl.constexpr = False, PDL: tl.constexpr = False, b_ptr=None, BSTRIDE=0, BOFF=0,
+                  BIAS: tl.constexpr = False):
+    """_down_kernel's integer variant (BIAS: plus _down_biases'): h quantized per expert row (hw/hd/hs rows of act_quant's
     QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
     on a mask that is true everywhere (_row_idot_full). TILED (the down in a row-tile layout, q4_k_tiled's):
@@ -341,6 +364,7 @@ def _idown_kernel(down_ptr, aux_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, 
                 part = row_idot(w_ptr, aux_ptr, w_off, rmask, hw_ptr + a * (F // 4), hd_ptr + a * (F // XBLOCK),
                                 hs_ptr + a * (F // 32), F, 0, 1, IDOT, A1, A2, A3, UNROLL, EW, EMU, STAGES)
             acc += part * tl.load(rw_ptr + a)
+    acc = _down_biases(acc, rows, rmask, first, last, rw_ptr, ids_ptr, IDS, b_ptr, BSTRIDE, BOFF, BIAS)
     _finish(y_ptr, part_ptr, res_ptr, tickets_ptr, rows, rmask, acc, D, SPLIT, ATOMIC, FOLD, RES, PAIR_FOLD)
 
 
@@ -578,9 +602,12 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     the rounding, between the two launches). qx: x already quantized to the gate/up family's
     blocks (by the norm that made x, act_quant.attach): no quantization launch for x.
     kernels: the code the integer launches run (Kernels; None: decode_kernels()).
-    bias (gpt-oss's expert biases): float32 [n, 2F + D] on x's device, entry i's gate, up and down biases (in the
-    order of route_weights): act(gate_i x + its gate bias, ...), and y += sum_i w[i] * its down bias (one addmv after
-    the down launch; llama.cpp adds it to each expert's output before the weighted sum: the same terms).
+    bias (gpt-oss's expert biases): float32 [entries, 2F + D] on x's device, a row per entry of the offset tables
+    (a selection through ids: the full table's, each selected expert's row read through its id; else in the order of
+    route_weights), its gate, up and down biases: act(gate_i x + its gate bias, ...), and y += sum_i w[i] * its down
+    bias, added by the down launch (llama.cpp adds it to each expert's output before the weighted sum: the same
+    terms). Session 25: read in the launches (before, a selection's rows were gathered and the down's added by an
+    addmv: two launches a layer, 6.7 us of gpt-oss's 110 on the H200).
     No host sync: usable in a CUDA graph capture."""
     what = "the MoE decode kernels"
     if act not in ACT_CODES:
@@ -602,12 +629,13 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     check_qx(qx, p.gate_up, D, what)
     if residual is not None:
         dispatch.check_out(residual, (D,), x.device, f"{what} (residual)")
-    F = p.table.width
-    if bias is not None and (bias.shape != (n, 2 * F + D) or bias.dtype != torch.float32 or bias.device != x.device
-                             or bias.stride(1) != 1 or bias.stride(0) != 2 * F + D):
+    F, entries = p.table.width, p.gate_off.numel()
+    if bias is not None and (bias.shape != (entries, 2 * F + D) or bias.dtype != torch.float32
+                             or bias.device != x.device or bias.stride(1) != 1 or bias.stride(0) != 2 * F + D):
         raise dispatch.KernelArgumentError(
-            f"could not run {what}: expert biases must be contiguous float32 [{n}, {2 * F + D}] (gate, up, down) on "
-            f"{x.device}, got {bias.dtype} {list(bias.shape)} strides {list(bias.stride())} on {bias.device}")
+            f"could not run {what}: expert biases must be contiguous float32 [{entries}, {2 * F + D}] (gate, up, down; "
+            f"a row per entry of the offset tables) on {x.device}, got {bias.dtype} {list(bias.shape)} strides "
+            f"{list(bias.stride())} on {bias.device}")
     rw = route_weights.contiguous()
     tiles = decode_tiles(p)
     gate_up, down = gate_up or tiles[0], down or tiles[1]
@@ -618,9 +646,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     kernels = kernels or decode_kernels()
     h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx, kernels, bias)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
-    _down(p, h, rw, y, down, round_h, residual, kernels)
-    if bias is not None:
-        y.addmv_(bias[:, 2 * F:].t(), rw)
+    _down(p, h, rw, y, down, round_h, residual, kernels, bias)
     return y
 
 
@@ -770,8 +796,9 @@ def _fused_h(p: PreparedTable, cfg: GemvConfig, device: torch.device, what: str)
 
 def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
           round_h: Callable[[torch.Tensor], torch.Tensor] | None, residual: torch.Tensor | None,
-          kernels: Kernels | None = None) -> None:
-    """y = sum_a down_a @ h[a] (+ residual), the routing weight applied here unless already in h.
+          kernels: Kernels | None = None, bias: torch.Tensor | None = None) -> None:
+    """y = sum_a down_a @ h[a] (+ residual), the routing weight applied here unless already in h; bias
+    (moe_decode's): plus sum_a rw[a] * a's down bias, added by each range's program (_down_biases).
     cfg.split ranges of experts run in parallel and meet in an ordered sum: in the launch
     (cfg.fold "kernel") or by torch after it (cfg.atomic: one expert per program, atomic adds into y
     zeroed first, the way before session 3 made the sums ordered)."""
@@ -787,6 +814,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                   row_bytes=p.down_row_bytes, RES=res, FOLD=fold, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
                   EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic, STAGES=stages_arg(cfg),
                   num_warps=cfg.num_warps, **_ids(p))
+    if bias is not None:
+        common.update(rw_ptr=rw, b_ptr=bias, BSTRIDE=bias.stride(0), BOFF=2 * F, BIAS=True)
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         words = _use_words(kernels, cfg, p.down_words)
@@ -800,8 +829,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                                         else kernels.down_pair_fold)
         if pair:  # fold_pair's slots where fold_part's tickets go
             common["tickets_ptr"] = pair_slots(D, y.device)
+        common.setdefault("rw_ptr", rw)
         _idown_kernel[grid](p.table.down, p.down_aux, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums,
-                            rw_ptr=rw,
                             **_int_args(p.down, words, _use_vec(kernels.q4k_vec_down, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],

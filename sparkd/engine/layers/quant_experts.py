@@ -80,7 +80,7 @@ class KernelSelection:
     prepared: object  # sparkd.engine.kernels.moe.PreparedTable
     act_gate: str | None
     act_down: str | None
-    bias: torch.Tensor | None = None  # the selected experts' biases [A, 2F + D] (moe_decode's bias), or none
+    bias: torch.Tensor | None = None  # moe_decode's bias for `prepared` (the layer's [E, 2F + D]; gathered: [A, ..]), or none
 
 
 @dataclass
@@ -186,8 +186,10 @@ class KernelExperts:
         layer = self._layer(il)[1]
         if layer is None:
             return None
-        bias = None if layer.bias is None else layer.bias.index_select(0, ids)
-        return KernelSelection(layer.select(ids), layer.act_gate, layer.act_down, bias)
+        sel = layer.select(ids)
+        # the kernels read a selection's bias rows through its ids; gathered offsets (ids off) want them gathered too
+        bias = None if layer.bias is None else layer.bias if sel.ids is not None else layer.bias.index_select(0, ids)
+        return KernelSelection(sel, layer.act_gate, layer.act_down, bias)
 
     def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
         parts, _ = self._layer(layer)
