@@ -178,14 +178,17 @@ def test_gpt_oss_biased_experts_through_the_kernels(tmp_path, backend):
         k.close()
 
 
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend):
+def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend, arch):
     """--unified on: the MoE kernels read the selected experts in place from the streaming
-    arena's slots (pinned host memory on CUDA), with misses read from disk first."""
+    arena's slots (pinned host memory on CUDA), with misses read from disk first; gpt-oss's MXFP4 experts with
+    their biases too (session 25: the selection's bias rows gathered from the host's, copied to the device)."""
     from sparkd.engine.streaming.plan import runtime_rss_bytes
     from sparkd.engine.streaming.session import StreamOptions, open_streaming
 
-    path = write_model(tmp_path / "m.gguf", plan(SHAPES["Q8_0"], "Q8_0"), seed=7)[0]
+    spec = plan(SHAPES["Q8_0"], "Q8_0") if arch == "qwen3moe" else plan(TINY["gpt-oss"], "F32", [("_exps", "MXFP4")])
+    path = write_model(tmp_path / "m.gguf", spec, seed=7)[0]
     # the plan counts this process's RSS (1.8 GB in a pytest process that set up CUDA): room above it
     opts = StreamOptions(budget_bytes=runtime_rss_bytes() + (1 << 30), ctx=64, direct=False, device=backend,
                          unified="on")
@@ -193,7 +196,15 @@ def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend):
     try:
         if backend == "cpu":  # the interpreter: experts through the kernels, trunk as the reference
             sm.store.kernel_device = "cpu"
-        assert sm.store.kernel_select(0, [0, 1]) is not None
+        sel = sm.store.kernel_select(0, [0, 1])
+        assert sel is not None and (sel.bias is not None) == (arch == "gpt-oss")
+        if arch == "gpt-oss":  # a selection kept over a caller's offsets buffer (graph_step): its biases refilled
+            out = torch.empty(6, dtype=torch.int64, device=sm.store.kernel_device)
+            kept = sm.store.kernel_select(0, [0, 1], out)
+            buf = kept.bias
+            assert torch.equal(buf, sel.bias)
+            assert sm.store.kernel_select(0, [2, 1], out) is kept and kept.bias is buf
+            assert torch.equal(buf, sm.store.kernel_select(0, [2, 1]).bias) and not torch.equal(buf, sel.bias)
         want_logits, want = greedy(ref.net, PROMPT, 2)
         got_logits, got = greedy(sm.model.net, PROMPT, 2)
         misses = sm.store.stats.misses

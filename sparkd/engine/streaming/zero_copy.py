@@ -40,8 +40,8 @@ def table_mode(env: dict | None = None) -> str:
 
 def kernel_select(store, layer: int, expert_ids: Sequence[int], device, offsets_out=None) -> KernelSelection | None:
     """Make `expert_ids` of `layer` readable by the kernels (VRAM hits as they are; the rest read
-    into the arena, waited for) and describe them as a prepared kernel table; None if the layer has
-    expert biases or a type without a kernel (the caller takes the generic path). offsets_out:
+    into the arena, waited for) and describe them as a prepared kernel table, with their biases where the layer has
+    them (gpt-oss: _with_biases); None for a type without a kernel (the caller takes the generic path). offsets_out:
     where the cached table's offsets go (int64 [3 x count] on device), else a new tensor."""
     from sparkd.engine.streaming.store import _Batch
 
@@ -69,18 +69,40 @@ def kernel_select(store, layer: int, expert_ids: Sequence[int], device, offsets_
     if vram is not None:
         _admit(store, layer, host_ids, host_slot, in_vram)
     store.stats.admission_seconds += time.perf_counter() - t0
-    return _build(store, layer, ids, in_vram, host_slot, device, offsets_out)
+    sel = _build(store, layer, ids, in_vram, host_slot, device, offsets_out)
+    return _with_biases(store, layer, ids, sel, device, kept=offsets_out is not None)
+
+
+def _with_biases(store, layer: int, ids: list[int], sel: KernelSelection, device, kept: bool) -> KernelSelection:
+    """sel with the selected experts' biases as moe_decode takes them for a table of the selection's own offsets:
+    their gate | up | down rows [A, 2F + D] (a missing part zeros), gathered on the host, where the store keeps the
+    biases with the trunk (session 25; before, a biased layer took the generic path), and copied to the device: into
+    the kept selection's own buffer where it is kept (a caller's graph reads it there), else a new tensor. sel as it
+    is for a layer without biases."""
+    import torch
+
+    lay = store._layer(layer)
+    if all(b is None for b in lay.biases):
+        return sel
+    _, width, dim = lay.infos[0].shape  # [E, F, D] in torch order
+    idx = torch.as_tensor(ids, dtype=torch.long)
+    rows = torch.cat([torch.zeros(len(ids), n) if b is None else b.index_select(0, idx).float().reshape(len(ids), n)
+                      for b, n in zip(lay.biases, (width, width, dim))], 1)
+    if not kept:
+        return replace(sel, bias=rows.to(device))
+    if sel.bias is None or sel.bias.shape != rows.shape:
+        sel.bias = torch.empty(rows.shape, dtype=torch.float32, device=device)
+    sel.bias.copy_(rows)
+    return sel
 
 
 def _kernel_layer(store, layer: int) -> bool:
-    """Whether the MoE kernels can run the layer: no expert biases, gate and up of one type, and
-    kernels for its types."""
+    """Whether the MoE kernels can run the layer: gate and up of one type, and kernels for its types (expert biases
+    too since session 25)."""
     from sparkd.engine.kernels import dispatch
 
-    lay = store._layer(layer)
-    gate, up, down = lay.infos
-    return all(b is None for b in lay.biases) and gate.ggml_type == up.ggml_type \
-        and {gate.ggml_type, down.ggml_type} <= set(dispatch.FAMILIES)
+    gate, up, down = store._layer(layer).infos
+    return gate.ggml_type == up.ggml_type and {gate.ggml_type, down.ggml_type} <= set(dispatch.FAMILIES)
 
 
 def x_format(store, layer: int, device) -> str | None:

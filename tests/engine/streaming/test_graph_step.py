@@ -95,6 +95,17 @@ def test_segments_run_eagerly_give_the_eager_steps_bits(model, eager_cpu, expert
     assert rep["expert_compute_seconds"] > 0
 
 
+def test_segments_run_gpt_oss_biased_experts_as_the_eager_step(tmp_path):
+    """gpt-oss's MXFP4 experts with their biases (session 25: through the MoE kernels when streamed, the selection
+    kept over the segments' offsets buffer refilling its bias rows each token): the eager step's bits."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    path = write_model(tmp_path / "oss.gguf", model_plan(TINY["gpt-oss"], "F32", [("_exps", "MXFP4")]), seed=5)[0]
+    want, want_ids, _ = _decode(path, "cpu", EagerDecode)
+    got, got_ids, _ = _decode(path, "cpu", lambda n, c: graph_step.SegmentDecode(n, c, False, True))
+    assert torch.equal(got, want)
+    assert got_ids == want_ids
+
+
 @pytest.mark.parametrize("experts", [True, False], ids=["experts", "segments"])
 def test_segments_prefetch_as_the_eager_steps_hooks_do(model, experts):
     """--prefetch: the segments' guesses (asked for between segments) are the eager hooks' and
