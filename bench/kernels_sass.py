@@ -44,7 +44,7 @@ LAYOUTS = {"Q8_0P": q8_0_packed.FAMILY, "Q4T": q4_k_tiled.FAMILY,  # --types nam
            "Q4TB": q4_k_tiled.FAMILIES["bytes"],  # q4k17: q4t_compact's per-group step, Q4TS its per-step kernel
            "Q4TC": dataclasses.replace(q4_k_tiled.FAMILIES["bytes"], idot=q4t_compact.idot_compact),
            "Q4TS": q4_k_tiled.FAMILIES["bytes"], "Q4TX": q4_k_tiled.FAMILIES["pairx"],
-           "MXFP4T": mxfp4_tiled.FAMILY}  # session 25: resident MXFP4 experts' 16-row tiles  # q4k19: the engine's pairx
+           "MXFP4T": mxfp4_tiled.FAMILY}  # session 25: resident MXFP4 experts' 16-row tiles
 # q4k19: kernels of their own (4 rows, one warp), by --types name: (kernel, MODE)
 OWN = {"Q4TR": (q4t_relaid._kernel, 1), "Q4TRL": (q4t_relaid._kernel, 0), "Q4TP": (q4t_pair._kernel, 1),
        "Q4TPL": (q4t_pair._kernel, 0), "Q4TPX": (q4t_pair._kernel, 2)}

@@ -143,7 +143,8 @@ def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = F
         consts.update(NG=dim // 256 if way == "steps" else 0)
         binary = cubin(moe._igate_up_kernel, GATE_UP, consts, cfg.num_warps, False)
     else:  # the residual added and the ranges folded in the launch
-        ahead = moe._pairx_ahead_ok(bool(k.pairx_down_ahead), k, cfg, 4096, groups * 256) if qtype == q4_k_tiled.TILED else \
+        pairx = qtype == q4_k_tiled.TILED
+        ahead = moe._pairx_ahead_ok(bool(k.pairx_down_ahead), k, cfg, 4096, groups * 256) if pairx else \
             moe._ahead_ok(bool(k.down_ahead), k, cfg, k.words and qtype == T.Q8_0, 4096, groups * 256)
         consts = dict(RES=True, FOLD=split > 1, BLOCK_N=cfg.block_n, SPLIT=split, ATOMIC=False,
                       XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=groups if ahead or qtype.name in k.down_full else 0,

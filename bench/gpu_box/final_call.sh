@@ -166,7 +166,7 @@ if [ "${OSS:-0}" = 1 ]; then  # the gpt-oss-shaped model: tiled experts (the def
     M=$O GEN_S=90 gen ossint $r; M=$O GEN_S=90 SPARKD_MOE_MXFP4_LAYOUT=gguf gen ossgguf $r
     [ "${OSS_FLOAT:-0}" = 1 ] && M=$O GEN_S=90 SPARKD_MXFP4_INT=0 gen ossfloat $r; snap
   done
-  if [ "${OSS_PROFILE:-0}" = 1 ] && fits 130 "gpt-oss decode profile"; then  # session 25: a replayed step, kernel by kernel
+  if [ "${OSS_PROFILE:-0}" = 1 ] && fits 130 "gpt-oss decode profile"; then  # session 25: one replayed step
     timeout 125 python3 bench/gpu_box/decode_kernels.py $O --steps 8 --rounds 2 --json $R/profile_oss.json \
       > $R/profile_oss.log 2>&1; log "gpt-oss profile rc $?"; snap
   fi

@@ -23,7 +23,10 @@ expert's down sums as they are added.
 
 Resident Q4_K experts may come in q4_k_tiled's pairx bytes (repacked at load: tiled_gate_up, session 9;
 tiled_down, session 10): the launches then hand the pairx step the expert's matrix as its weight pointer
-(constexpr TILED), on its one 4-row tile.
+(constexpr TILED), on its one 4-row tile. Resident MXFP4 experts (gpt-oss's) come in mxfp4_tiled's 16-row tiles
+(repacked at load: tiled_mxfp4, session 25), read the same way. gpt-oss's expert biases (moe_decode's bias) are read
+by both launches, a selection's rows through its ids: gate and up before the activation, each range's weighted down
+biases by the down's programs.
 
 Prefill (many tokens) is moe_prefill.py's: the same tables, grouped GEMMs.
 """

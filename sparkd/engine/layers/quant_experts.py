@@ -14,8 +14,11 @@ of copy bandwidth), layer 73.6 -> 67.9 us. $SPARKD_MOE_GATE_UP_LAYOUT=gguf keeps
 Session 10 (moe21): a Q4_K down the same way from model width TILED_DOWN_MIN_DIM (kernels/moe.tiled_down, the
 pairx step in the down launch): H200 top-8 down 32.1 -> 22.3 us at 7168x2048, layer after the norm 72.0 -> 60.8 us
 (0.66 -> 0.79 of copy bandwidth); $SPARKD_MOE_DOWN_LAYOUT=gguf keeps the file's blocks. Session 13 (down13): from
-width AUTO_DOWN_MIN_DIM (2048) by default, for the prompt's grouped GEMM. Streamed experts (the pinned arena holds the
-file's bytes) keep GGUF blocks.
+width AUTO_DOWN_MIN_DIM (2048) by default, for the prompt's grouped GEMM. Session 25: MXFP4 experts (gpt-oss's) in
+kernels/mxfp4_tiled.py's 16-row tiles (kernels/moe.tiled_mxfp4; a block's quants one 128-bit load): H200 2880x2880
+top-4 layer 68.5 -> 54.7 us with the down in one range, the 12-layer gpt-oss decode 863 -> 972 tok/s;
+$SPARKD_MOE_MXFP4_LAYOUT=gguf keeps the file's blocks. Streamed experts (the pinned arena holds the file's bytes) keep
+GGUF blocks.
 """
 
 from __future__ import annotations
