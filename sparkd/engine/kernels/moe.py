@@ -198,7 +198,8 @@ def _down_kernel(down_ptr, aux_ptr, down_off, ids_ptr, h_ptr, y_ptr, part_ptr, r
                  STAGES: tl.constexpr, PDL: tl.constexpr = False, rw_ptr=None, b_ptr=None, BSTRIDE=0, BOFF=0,
                  BIAS: tl.constexpr = False):
     """y = sum_a down_a @ h[a] (+ the residual if RES): a row tile per program, the experts of its
-    range in table order (_experts; the ranges meet as _finish has them meet); BIAS: plus _down_biases'."""
+    range in table order (_experts; the ranges meet as _finish has them meet); BIAS: plus _down_biases' (rw_ptr:
+    the routing weights they take; h has them already)."""
     pdl.start(PDL)  # first: pdl's rule
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
@@ -333,8 +334,8 @@ def _idown_kernel(down_ptr, aux_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, 
                   NG: tl.constexpr = 0, TILED: tl.constexpr = False, AHEAD: tl.constexpr = False,
                   PAIR_FOLD: tl.constexpr = False, PDL: tl.constexpr = False, b_ptr=None, BSTRIDE=0, BOFF=0,
                   BIAS: tl.constexpr = False):
-    """_down_kernel's integer variant (BIAS: plus _down_biases'): h quantized per expert row (hw/hd/hs rows of act_quant's
-    QuantX), each expert's sums times its routing weight, the range's experts one after another.
+    """_down_kernel's integer variant (BIAS: plus _down_biases'): h quantized per expert row (hw/hd/hs rows of
+    act_quant's QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
     on a mask that is true everywhere (_row_idot_full). TILED (the down in a row-tile layout, q4_k_tiled's):
     the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel.
@@ -816,9 +817,9 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                   tickets_ptr=tickets(grid[0], y.device) if fold else y, D=D, F=F, n=n,
                   row_bytes=p.down_row_bytes, RES=res, FOLD=fold, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
                   EW=cfg.elementwise, SPLIT=split, ATOMIC=cfg.atomic, STAGES=stages_arg(cfg),
-                  num_warps=cfg.num_warps, **_ids(p))
+                  num_warps=cfg.num_warps, rw_ptr=rw, **_ids(p))
     if bias is not None:
-        common.update(rw_ptr=rw, b_ptr=bias, BSTRIDE=bias.stride(0), BOFF=2 * F, BIAS=True)
+        common.update(b_ptr=bias, BSTRIDE=bias.stride(0), BOFF=2 * F, BIAS=True)
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         words = _use_words(kernels, cfg, p.down_words)
@@ -832,7 +833,6 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                                         else kernels.down_pair_fold)
         if pair:  # fold_pair's slots where fold_part's tickets go
             common["tickets_ptr"] = pair_slots(D, y.device)
-        common.setdefault("rw_ptr", rw)
         _idown_kernel[grid](p.table.down, p.down_aux, p.down_off, hw_ptr=q.words, hd_ptr=q.scales, hs_ptr=q.sums,
                             **_int_args(p.down, words, _use_vec(kernels.q4k_vec_down, p.down_vec),
                                         kernels.full and _full(D, F, cfg)),

@@ -46,9 +46,9 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 @triton.jit
 def group_blocks(w_ptr, row_off, rmask, g, K, BLOCK_BYTES: tl.constexpr):
-    """Group g's 8 blocks of 32 values (Q4_0's and MXFP4's idot): block index b [1, 8, 1] along the row, word w
-    [1, 1, 4] of a block's 16 quant bytes, the blocks inside the row (bmask), the (row, block) mask m [BN, 8, 1] and
-    the block starts blk [BN, 8, 1] of the rows at row_off [BN]."""
+    """Group g's 8 blocks of 32 values (Q4_0's and MXFP4's idot; mxfp4_tiled's scale bytes, BLOCK_BYTES 1): block
+    index b [1, 8, 1] along the row, word w [1, 1, 4] of a block's 16 quant bytes, the blocks inside the row (bmask),
+    the (row, block) mask m [BN, 8, 1] and the block starts blk [BN, 8, 1] of the rows at row_off [BN]."""
     b = g * 8 + tl.arange(0, 8)[None, :, None]
     bmask = b * 32 < K
     return (b, tl.arange(0, 4)[None, None, :], bmask, rmask[:, None, None] & bmask,
@@ -56,37 +56,26 @@ def group_blocks(w_ptr, row_off, rmask, g, K, BLOCK_BYTES: tl.constexpr):
 
 
 @triton.jit
-def add_blocks(acc, isum, blk, m, b, bmask, xd_ptr, EW: tl.constexpr, D_AT: tl.constexpr):
-    """acc + each block's integer sum isum [BN, 8, 4] times d * d_x, one float step per block: d by D_AT(block
-    starts, mask) (the format's scale), d_x x's Q8_0 block scales. EW: into the elementwise tile acc [BN, 8, 4], d
-    loaded in isum's shape (repeats served by the cache: one register layout, no conversion through shared memory in
-    the loop, q8_0.idot's way); else a float per block, then one per row: acc [BN]."""
-    dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)  # [1, 8, 1]
-    if EW:
-        acc += isum.to(tl.float32) * (D_AT(blk + tl.zeros(isum.shape, tl.int32), m) * dx)
-    else:
-        acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(D_AT(blk, m) * dx, 2), 1)
-    return acc
-
-
-@triton.jit
-def _d_at(blk, mask):
-    return tl.load(blk.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     b, w, bmask, m, blk = group_blocks(w_ptr, row_off, rmask, g, K, 18)
     half = (blk + 2).to(tl.pointer_type(tl.int16)) + 2 * w  # [BN, 8, 4]
     q = (tl.load(half, mask=m, other=0).to(tl.int32) & 0xFFFF) | (tl.load(half + 1, mask=m, other=0).to(tl.int32) << 16)
-    # x's words in the weight words' shape (repeats served by the cache): add_blocks' reason
+    # x's words and the block scales in the weight words' shape (repeats served by the cache): one
+    # register layout for every operand, no conversion through shared memory in the loop (q8_0.idot's way)
     full = tl.zeros(q.shape, tl.int32)
     xlo = tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0)  # values 4w.. of the block
     xhi = tl.load(xw_ptr + b * 8 + 4 + w + full, mask=m, other=0)  # values 16 + 4w..
     minus8 = tl.full(q.shape, _MINUS8, tl.int32)
     isum = dp4a_add(q & 0x0F0F0F0F, xlo, dp4a(minus8, xlo, EMU), EMU)
     isum = dp4a_add((q >> 4) & 0x0F0F0F0F, xhi, dp4a_add(minus8, xhi, isum, EMU), EMU)
-    return add_blocks(acc, isum, blk, m, b, bmask, xd_ptr, EW, _d_at)
+    dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)  # [1, 8, 1]
+    if EW:  # into the elementwise tile acc [BN, 8, 4]
+        d = tl.load(blk.to(tl.pointer_type(tl.float16)) + full, mask=m, other=0.0).to(tl.float32)
+        acc += isum.to(tl.float32) * (d * dx)
+    else:  # a float per block, then one per row: acc [BN]
+        d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)  # [BN, 8, 1]
+        acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(d * dx, 2), 1)
+    return acc
 
 
 @triton.jit
