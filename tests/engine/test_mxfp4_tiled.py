@@ -94,7 +94,8 @@ def test_tiled_gemv_gives_the_gguf_bits(backend, config):
 
 def differ(got: torch.Tensor, want: torch.Tensor) -> str:
     """How far apart two results are (a failed bits check's message)."""
-    return f"{int((got != want).sum())} of {got.numel()} differ, relative {float((got - want).norm() / want.norm()):.1e}"
+    rel = float((got - want).norm() / want.norm())
+    return f"{int((got != want).sum())} of {got.numel()} differ, relative {rel:.1e}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

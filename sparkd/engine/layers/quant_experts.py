@@ -83,7 +83,8 @@ class KernelSelection:
     prepared: object  # sparkd.engine.kernels.moe.PreparedTable
     act_gate: str | None
     act_down: str | None
-    bias: torch.Tensor | None = None  # moe_decode's bias for `prepared` (the layer's [E, 2F + D]; gathered: [A, ..]), or none
+    # moe_decode's bias for `prepared` (the layer's [E, 2F + D]; with gathered offsets [A, 2F + D]), or none
+    bias: torch.Tensor | None = None
 
 
 @dataclass
