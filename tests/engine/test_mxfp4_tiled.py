@@ -227,7 +227,9 @@ def test_tiled_mxfp4_refuses_tables_it_cannot_tile(monkeypatch):
 def test_loader_tiles_resident_mxfp4_experts_and_unpacks_for_the_generic_path(tmp_path, monkeypatch):
     """KernelExperts (the resident expert store) repacks a gpt-oss model's MXFP4 experts at load, and get() (the
     generic path's dequantized experts) gives the GGUF blocks' values back; $SPARKD_MOE_MXFP4_LAYOUT=gguf keeps the
-    file's blocks. (test_kernel_engine's gpt-oss model runs the tiled experts against the CPU reference.)"""
+    file's blocks. A selection's biases: the layer's (read through its ids), or its rows where the offsets are
+    gathered ("ids" off). (test_kernel_engine's gpt-oss model runs the tiled experts against the CPU reference.)"""
+    from sparkd.engine.layers import moe as layers_moe
     from sparkd.engine.layers.quant_experts import MXFP4_LAYOUT_ENV
     from sparkd.engine.make_model import plan, write_model
     from sparkd.engine.modelgen.specs import TINY
@@ -243,6 +245,12 @@ def test_loader_tiles_resident_mxfp4_experts_and_unpacks_for_the_generic_path(tm
             table = store.kernel_table(0).prepared.table
             assert (table.gate_up_type, table.down_type) == (qtype, qtype)
             got[layout] = store.get(0, [1, 0])
+            ids, full = torch.tensor([1, 0]), store.kernel_table(0).bias
+            assert store.kernel_select(0, ids).bias is full  # read through the selection's ids
+            with monkeypatch.context() as m:  # gathered offsets ("ids" off): the selected rows
+                m.setattr(layers_moe, "DECODE_ON", layers_moe.DECODE_ON - {"ids"})
+                gathered = store.kernel_select(0, ids)
+            assert gathered.prepared.ids is None and torch.equal(gathered.bias, full[ids])
         finally:
             model.close()
     for a, b in zip(dataclasses.astuple(got["tiled"]), dataclasses.astuple(got["gguf"])):
