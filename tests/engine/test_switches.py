@@ -30,9 +30,11 @@ from sparkd.engine.device_sampler import device_sampling_default  # noqa: E402
 from sparkd.engine.layers.quant_experts import down_layout as moe_down_layout  # noqa: E402
 from sparkd.engine.layers.quant_experts import gate_up_layout as moe_gate_up_layout  # noqa: E402
 from sparkd.engine.layers.quant_experts import mxfp4_layout as moe_mxfp4_layout  # noqa: E402
+from sparkd.engine.layers.quant_experts import q4_0_layout as moe_q4_0_layout  # noqa: E402
 from sparkd.engine.models.decoder import prompt_last_only  # noqa: E402
 from sparkd.engine.server.app import load_stream_default  # noqa: E402
-from sparkd.engine.models.weights import resident_q4_k_layout, resident_q6_k_layout, resident_q8_0_layout  # noqa: E402
+from sparkd.engine.models.weights import (resident_q4_0_layout, resident_q4_k_layout, resident_q6_k_layout,  # noqa: E402
+                                          resident_q8_0_layout)
 from sparkd.engine.streaming.graph_step import graphs_mode as stream_graphs_mode  # noqa: E402
 from sparkd.engine.streaming.zero_copy import table_mode  # noqa: E402
 
@@ -134,9 +136,13 @@ SWITCHES = [
            {UNSET: "tiled", "tiled": "tiled", "gguf": "gguf"}, ("tiled", "gguf")),
     Switch("SPARKD_Q6_K_LAYOUT", None, resident_q6_k_layout, "packed",
            {UNSET: "tiled", "tiled": "tiled", "gguf": "gguf"}, ("tiled", "gguf")),
+    Switch("SPARKD_Q4_0_LAYOUT", None, resident_q4_0_layout, "packed",
+           {UNSET: "tiled", "tiled": "tiled", "GGUF": "gguf"}, ("tiled", "gguf")),
     Switch("SPARKD_MOE_GATE_UP_LAYOUT", None, moe_gate_up_layout, "pairx",
            {UNSET: "tiled", "tiled": "tiled", "GGUF": "gguf"}, ("tiled", "gguf")),
     Switch("SPARKD_MOE_MXFP4_LAYOUT", None, moe_mxfp4_layout, "packed",
+           {UNSET: "tiled", "tiled": "tiled", "GGUF": "gguf"}, ("tiled", "gguf")),
+    Switch("SPARKD_MOE_Q4_0_LAYOUT", None, moe_q4_0_layout, "pairx",
            {UNSET: "tiled", "tiled": "tiled", "GGUF": "gguf"}, ("tiled", "gguf")),
     Switch("SPARKD_MOE_DOWN_LAYOUT", None, moe_down_layout, "pairx",
            {UNSET: "auto", "auto": "auto", "tiled": "tiled", "GGUF": "gguf", " All": "all"},

@@ -10,7 +10,8 @@ from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.errors import UnsupportedTypeError
 from sparkd.engine.kernels import (iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, iq4_xs, mxfp4, mxfp4_tiled,
-                                   q2_k, q3_k, q4_0, q4_k, q4_k_tiled, q5_k, q6_k, q6_k_tiled, q8_0, q8_0_packed)
+                                   q2_k, q3_k, q4_0, q4_0_tiled, q4_k, q4_k_tiled, q5_k, q6_k, q6_k_tiled, q8_0,
+                                   q8_0_packed)
 from sparkd.engine.kernels.family import Family, KernelArgumentError
 
 __all__ = ["FAMILIES", "LAYOUTS", "REMAINING", "Family", "KernelArgumentError", "family"]
@@ -21,7 +22,8 @@ FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k
 
 # byte layouts the engine makes from a GGUF type at load (not in files): same kernels, own qtype
 LAYOUTS: dict[object, Family] = {q8_0_packed.PACKED: q8_0_packed.FAMILY, q4_k_tiled.TILED: q4_k_tiled.FAMILY,
-                                 q6_k_tiled.TILED: q6_k_tiled.FAMILY, mxfp4_tiled.TILED: mxfp4_tiled.FAMILY}
+                                 q6_k_tiled.TILED: q6_k_tiled.FAMILY, mxfp4_tiled.TILED: mxfp4_tiled.FAMILY,
+                                 q4_0_tiled.TILED: q4_0_tiled.FAMILY}
 
 # Of issue 8's list, still dequantized by torch before a plain matmul: none. Types outside that
 # list have kernels too where common files use them (session 24: IQ1_M, IQ2_S, IQ3_S, and MXFP4, gpt-oss's

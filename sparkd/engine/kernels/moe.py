@@ -23,10 +23,10 @@ expert's down sums as they are added.
 
 Resident Q4_K experts may come in q4_k_tiled's pairx bytes (repacked at load: tiled_gate_up, session 9;
 tiled_down, session 10): the launches then hand the pairx step the expert's matrix as its weight pointer
-(constexpr TILED), on its one 4-row tile. Resident MXFP4 experts (gpt-oss's) come in mxfp4_tiled's 16-row tiles
-(repacked at load: tiled_mxfp4, session 25), read the same way. gpt-oss's expert biases (moe_decode's bias) are read
-by both launches, a selection's rows through its ids: gate and up before the activation, each range's weighted down
-biases by the down's programs.
+(constexpr TILED), on its one 4-row tile. Resident MXFP4 experts (gpt-oss's) and Q4_0 ones come in nibble_tiles'
+16-row tiles (repacked at load: tiled_nibbles, sessions 25-26), read the same way. gpt-oss's expert biases
+(moe_decode's bias) are read by both launches, a selection's rows through its ids: gate and up before the
+activation, each range's weighted down biases by the down's programs.
 
 Prefill (many tokens) is moe_prefill.py's: the same tables, grouped GEMMs.
 """
@@ -41,8 +41,8 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType
 
-from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, mxfp4, mxfp4_tiled, pdl,
-                                   q4_k, q4_k_pair, q4_k_tiled, q8_0_words)
+from sparkd.engine.kernels import (act_quant, dispatch, grids, moe_down_ahead, moe_pipe, mxfp4, mxfp4_tiled,
+                                   nibble_tiles, pdl, q4_0, q4_0_tiled, q4_k, q4_k_pair, q4_k_tiled, q8_0_words)
 from sparkd.engine.kernels.matmul import (
     GemvConfig,
     check_one_tile,
@@ -507,7 +507,7 @@ def step_aux(fam: dispatch.Family, device: torch.device) -> torch.Tensor:
     return grids.grid_words(fam.grid, device) if fam.idot is not None else grids.grid_table(fam.grid, device)
 
 
-Q8_0, Q4_K, MXFP4 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K, GGMLQuantizationType.MXFP4
+Q8_0, Q4_K = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K
 
 
 def tiled_gate_up(table: ExpertTable) -> ExpertTable:
@@ -536,25 +536,34 @@ def tiled_down(table: ExpertTable) -> ExpertTable:
     return replace(table, down_type=q4_k_tiled.TILED)
 
 
-def tiled_mxfp4(table: ExpertTable) -> ExpertTable:
-    """The table with its MXFP4 projections repacked in place into mxfp4_tiled's bytes (each matrix's bytes
-    regrouped inside its 16-row tiles, so offsets and sizes stay), their type mxfp4_tiled.TILED: gate and up
-    [F, D] where F is whole tiles, the down [D, F] where D is; the others as they were. The buffers' GGUF bytes are
-    gone after (mxfp4_tiled.unpack_raw gives them back). (Session 25.)"""
-    gate_up = table.gate_up_type == MXFP4 and mxfp4_tiled.packable((table.width, table.dim))
-    down = table.down_type == MXFP4 and mxfp4_tiled.packable((table.dim, table.width))
-    if not (gate_up or down) or mxfp4_tiled.FAMILY.idot is None:
+# the nibble_tiles layouts by the GGUF type they repack (session 25: MXFP4, gpt-oss's; session 26: Q4_0)
+NIBBLE_TILED = {GGMLQuantizationType.MXFP4: mxfp4_tiled, GGMLQuantizationType.Q4_0: q4_0_tiled}
+
+
+def tiled_nibbles(table: ExpertTable, types: Sequence[GGMLQuantizationType] = tuple(NIBBLE_TILED)) -> ExpertTable:
+    """The table with its projections of `types` (of NIBBLE_TILED) repacked in place into their nibble_tiles layout
+    (each matrix's bytes regrouped inside its 16-row tiles, so offsets and sizes stay), their type the layout's
+    TILED: gate and up [F, D] where F is whole tiles, the down [D, F] where D is, each where its type's integer step
+    runs (the layout's step is); the others as they were. The buffers' GGUF bytes are gone after (the layout's
+    unpack_raw gives them back). (Sessions 25-26.)"""
+    def layout(qtype, shape):
+        tiled = NIBBLE_TILED.get(qtype) if qtype in types else None
+        return tiled if tiled is not None and tiled.FAMILY.idot is not None and tiled.packable(shape) else None
+
+    gate_up = layout(table.gate_up_type, (table.width, table.dim))
+    down = layout(table.down_type, (table.dim, table.width))
+    if gate_up is None and down is None:
         raise dispatch.KernelArgumentError(
-            f"could not repack the tiled MXFP4 experts: needs an MXFP4 gate/up or down of whole "
-            f"{mxfp4_tiled.TILE_ROWS}-row tiles and the integer step (${mxfp4.INT_ENV} not 0), got "
-            f"{table.gate_up_type.name} gate/up [{table.width}, {table.dim}], {table.down_type.name} down")
-    if gate_up:
-        _repack(((table.gate, table.gate_offsets), (table.up, table.up_offsets)), (table.width, table.dim), MXFP4,
-                mxfp4_tiled.pack_raw)
-        table = replace(table, gate_up_type=mxfp4_tiled.TILED)
-    if down:
-        _repack(((table.down, table.down_offsets),), (table.dim, table.width), MXFP4, mxfp4_tiled.pack_raw)
-        table = replace(table, down_type=mxfp4_tiled.TILED)
+            f"could not repack the tiled experts: needs a gate/up or down of {' or '.join(t.name for t in types)} "
+            f"in whole {nibble_tiles.TILE_ROWS}-row tiles with its integer step (${mxfp4.INT_ENV}, ${q4_0.INT_ENV} "
+            f"not 0), got {table.gate_up_type.name} gate/up [{table.width}, {table.dim}], {table.down_type.name} down")
+    if gate_up is not None:
+        _repack(((table.gate, table.gate_offsets), (table.up, table.up_offsets)), (table.width, table.dim),
+                table.gate_up_type, gate_up.pack_raw)
+        table = replace(table, gate_up_type=gate_up.TILED)
+    if down is not None:
+        _repack(((table.down, table.down_offsets),), (table.dim, table.width), table.down_type, down.pack_raw)
+        table = replace(table, down_type=down.TILED)
     return table
 
 

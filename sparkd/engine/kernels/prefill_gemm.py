@@ -286,6 +286,8 @@ IGEMM_TILES[("IQ4_XS", False)] = dataclasses.replace(S10_IGEMM, block_t=32)
 # dense), 1.3-2.9x "tf32"; Q4_0 on the steps loop with 2 stages and iblock's loads: dense 2048x2048 1.11x / 1.20x over
 # S10 at 512 / 2048 tokens, grouped 768x2048 1.06x / 1.10x, 2048x768 1.19x / 0.99x; IQ4_XS loses on it (0.67-0.88x)
 IGEMM_TILES[("Q4_0", False)] = IGEMM_TILES[("Q4_0", True)] = IgemmTile(64, 32, 4, 1, 2, kblock=False)
+# session 26 (not timed): Q4_0's tiled layout (q4_0_tiled: iblock's byte loads at other addresses) takes Q4_0's
+IGEMM_TILES.update({("Q4_0_TILED", grouped): IGEMM_TILES[("Q4_0", grouped)] for grouped in (False, True)})
 # session 23 (iqgemm; no GPU, NOT timed): the grid i-quants' dense GEMMs take IQ4_XS's, for the same reason: offline
 # for sm_90 (triton 3.9) S10's 64 tokens spill (255 registers, 224-400 bytes of stack), 32 do not (IQ2_XXS 195,
 # IQ3_XXS 194, IQ2_XS 221, IQ1_S 254 registers); their grouped GEMMs run S10_IGEMM (201-244 registers, no stack).

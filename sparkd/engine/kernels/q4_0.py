@@ -35,13 +35,18 @@ _MINUS8 = tl.constexpr(-117901064)  # 0xF8F8F8F8: four int8 -8s
 
 @triton.jit
 def dequant(w_ptr, aux_ptr, row_off, g, smask):
-    s = tl.arange(0, 8)[None, :, None]
+    blk = w_ptr + row_off + (g * 8 + tl.arange(0, 8)[None, :, None]) * 18  # [BN, 8, 1] block starts
+    return block_values(blk, blk + 2, smask)
+
+
+@triton.jit
+def block_values(d_ptr, qs_ptr, smask):
+    """Blocks' 32 values (float32 [BN, 8, 32]) from their f16 d at d_ptr and their qs at qs_ptr ([BN, 8, 1]; also
+    q4_0_tiled's)."""
     i = tl.arange(0, 32)[None, None, :]
-    blk = w_ptr + row_off + (g * 8 + s) * 18  # [BN, 8, 1] block starts
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
-    qs = tl.load(blk + 2 + i % 16, mask=smask, other=0).to(tl.int32)
-    q = (qs >> ((i // 16) * 4)) & 0xF
-    return d * (q - 8).to(tl.float32)
+    d = tl.load(d_ptr.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    qs = tl.load(qs_ptr + i % 16, mask=smask, other=0).to(tl.int32)
+    return d * (((qs >> ((i // 16) * 4)) & 0xF) - 8).to(tl.float32)
 
 
 @triton.jit
@@ -60,6 +65,13 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
     b, w, bmask, m, blk = group_blocks(w_ptr, row_off, rmask, g, K, 18)
     half = (blk + 2).to(tl.pointer_type(tl.int16)) + 2 * w  # [BN, 8, 4]
     q = (tl.load(half, mask=m, other=0).to(tl.int32) & 0xFFFF) | (tl.load(half + 1, mask=m, other=0).to(tl.int32) << 16)
+    return add_words(acc, q, blk, xw_ptr, xd_ptr, b, w, m, bmask, EW, EMU)
+
+
+@triton.jit
+def add_words(acc, q, d_ptr, xw_ptr, xd_ptr, b, w, m, bmask, EW: tl.constexpr, EMU: tl.constexpr):
+    """acc plus the blocks' sums: q the words w of blocks b (int32 [BN, 8, 4]), d_ptr their f16 d ([BN, 8, 1]; also
+    q4_0_tiled's step)."""
     # x's words and the block scales in the weight words' shape (repeats served by the cache): one
     # register layout for every operand, no conversion through shared memory in the loop (q8_0.idot's way)
     full = tl.zeros(q.shape, tl.int32)
@@ -69,11 +81,11 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
     isum = dp4a_add(q & 0x0F0F0F0F, xlo, dp4a(minus8, xlo, EMU), EMU)
     isum = dp4a_add((q >> 4) & 0x0F0F0F0F, xhi, dp4a_add(minus8, xhi, isum, EMU), EMU)
     dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)  # [1, 8, 1]
+    d_ptr = d_ptr.to(tl.pointer_type(tl.float16))
     if EW:  # into the elementwise tile acc [BN, 8, 4]
-        d = tl.load(blk.to(tl.pointer_type(tl.float16)) + full, mask=m, other=0.0).to(tl.float32)
-        acc += isum.to(tl.float32) * (d * dx)
+        acc += isum.to(tl.float32) * (tl.load(d_ptr + full, mask=m, other=0.0).to(tl.float32) * dx)
     else:  # a float per block, then one per row: acc [BN]
-        d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)  # [BN, 8, 1]
+        d = tl.load(d_ptr, mask=m, other=0.0).to(tl.float32)  # [BN, 8, 1]
         acc += tl.sum(tl.sum(isum, 2).to(tl.float32) * tl.sum(d * dx, 2), 1)
     return acc
 
@@ -84,9 +96,16 @@ def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     qs, its low nibble for values 0-15 and its high one for 16-31) and d (float32 [BN]); rows not in rmask read
     0x88 bytes (0 once offset) and d 0."""
     blk = w_ptr + row_off + b * 18  # [BN] block starts
-    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    return block_int8(blk, blk + 2, rmask)
+
+
+@triton.jit
+def block_int8(d_ptr, qs_ptr, rmask):
+    """iblock's (int8 [BN, 32], float32 [BN]) from the blocks' d at d_ptr and qs at qs_ptr ([BN]; also
+    q4_0_tiled's)."""
+    d = tl.load(d_ptr.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
     i = tl.arange(0, 32)[None, :]
-    qs = tl.load(blk[:, None] + 2 + i % 16, mask=rmask[:, None], other=0x88).to(tl.int32)
+    qs = tl.load(qs_ptr[:, None] + i % 16, mask=rmask[:, None], other=0x88).to(tl.int32)
     return (((qs >> ((i // 16) * 4)) & 0xF) - 8).to(tl.int8), d
 
 

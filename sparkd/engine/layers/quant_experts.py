@@ -15,10 +15,11 @@ Session 10 (moe21): a Q4_K down the same way from model width TILED_DOWN_MIN_DIM
 pairx step in the down launch): H200 top-8 down 32.1 -> 22.3 us at 7168x2048, layer after the norm 72.0 -> 60.8 us
 (0.66 -> 0.79 of copy bandwidth); $SPARKD_MOE_DOWN_LAYOUT=gguf keeps the file's blocks. Session 13 (down13): from
 width AUTO_DOWN_MIN_DIM (2048) by default, for the prompt's grouped GEMM. Session 25: MXFP4 experts (gpt-oss's) in
-kernels/mxfp4_tiled.py's 16-row tiles (kernels/moe.tiled_mxfp4; a block's quants one 128-bit load): H200 2880x2880
+kernels/mxfp4_tiled.py's 16-row tiles (kernels/moe.tiled_nibbles; a block's quants one 128-bit load): H200 2880x2880
 top-4 layer 68.5 -> 54.7 us with the down in one range, the 12-layer gpt-oss decode 863 -> 972 tok/s;
 $SPARKD_MOE_MXFP4_LAYOUT=gguf keeps the file's blocks. Streamed experts (the pinned arena holds the file's bytes) keep
-GGUF blocks.
+GGUF blocks. Session 26: Q4_0 experts the same way (kernels/q4_0_tiled.py; $SPARKD_MOE_Q4_0_LAYOUT=gguf keeps the file's
+blocks).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sparkd.engine.tensors import raw_tensor
 GATE_UP_LAYOUT_ENV = "SPARKD_MOE_GATE_UP_LAYOUT"
 DOWN_LAYOUT_ENV = "SPARKD_MOE_DOWN_LAYOUT"
 MXFP4_LAYOUT_ENV = "SPARKD_MOE_MXFP4_LAYOUT"
+Q4_0_LAYOUT_ENV = "SPARKD_MOE_Q4_0_LAYOUT"
 GATE_UP_LAYOUTS = ("tiled", "gguf")
 # the down's pairx bytes from this model width (session 10, moe21, H200 top-8 layer after the norm, GGUF down ->
 # tiled: 7168x2048 72.0 -> 60.8 us, 4096x1536 34.9 -> 33.1; at 2048x768 16.0 -> 17.5 although the down alone took
@@ -68,6 +70,11 @@ def mxfp4_layout() -> str:
     quants one 128-bit load, where the integer step runs and the rows are whole tiles; the default) or "gguf"
     ($SPARKD_MOE_MXFP4_LAYOUT)."""
     return switches.choice(MXFP4_LAYOUT_ENV, GATE_UP_LAYOUTS, "tiled")
+
+
+def q4_0_layout() -> str:
+    """mxfp4_layout for resident Q4_0 experts (kernels/q4_0_tiled.py; $SPARKD_MOE_Q4_0_LAYOUT)."""
+    return switches.choice(Q4_0_LAYOUT_ENV, GATE_UP_LAYOUTS, "tiled")
 
 
 def down_min_dim(layout: str) -> int | None:
@@ -119,7 +126,9 @@ class KernelExperts:
         self._load, self._act = load, act_format
         self._families = dispatch.FAMILIES
         self._gate_up_layout, self._down_layout = gate_up_layout(), down_layout()  # read at load
-        self._mxfp4_layout = mxfp4_layout()
+        # the types whose experts take their nibble_tiles layout (kernels/moe.tiled_nibbles)
+        self._nibble_types = [t for t, layout in ((GGMLQuantizationType.MXFP4, mxfp4_layout()),
+                                                  (GGMLQuantizationType.Q4_0, q4_0_layout())) if layout == "tiled"]
         # (layer, GATE / UP / DOWN) repacked at load: the function that gives a matrix's GGUF blocks back
         self._tiled: dict[tuple[int, str], Callable[[torch.Tensor, tuple[int, int]], torch.Tensor]] = {}
         self._layers: dict[int, tuple[dict, KernelLayer | None]] = {}
@@ -142,8 +151,9 @@ class KernelExperts:
         return self._layers[il]
 
     def _table(self, il: int, parts: dict) -> KernelLayer | None:
-        from sparkd.engine.kernels import mxfp4_tiled, q4_k_pair, q4_k_tiled
-        from sparkd.engine.kernels.moe import ExpertTable, prepare, tiled_down, tiled_gate_up, tiled_mxfp4
+        from sparkd.engine.kernels import q4_k_pair, q4_k_tiled
+        from sparkd.engine.kernels.moe import (NIBBLE_TILED, ExpertTable, prepare, tiled_down, tiled_gate_up,
+                                               tiled_nibbles)
 
         (g, gt, gs), (u, ut, _), (d, dt, _) = parts[GATE], parts[UP], parts[DOWN]
         if gt != ut or gt not in self._families or dt not in self._families:
@@ -162,12 +172,13 @@ class KernelExperts:
                 and q4_k_tiled.packable((dim, width)):
             table = tiled_down(table)
             self._tiled[(il, DOWN)] = q4_k_pair.unpack_raw
-        if self._mxfp4_layout == "tiled" and mxfp4_tiled.FAMILY.idot is not None \
-                and GGMLQuantizationType.MXFP4 in (gt, dt):  # (an expert's MXFP4 rows are whole tiles: 32 | rows)
-            table = tiled_mxfp4(table)
-            self._tiled.update({(il, name): mxfp4_tiled.unpack_raw for name, qtype in
+        nibbles = [t for t in self._nibble_types if t in (gt, dt) and NIBBLE_TILED[t].FAMILY.idot is not None]
+        if nibbles:  # (an expert's 4-bit rows are whole 16-row tiles: 32 | rows)
+            table = tiled_nibbles(table, nibbles)
+            unpack = {m.TILED: m.unpack_raw for m in NIBBLE_TILED.values()}
+            self._tiled.update({(il, name): unpack[qtype] for name, qtype in
                                 ((GATE, table.gate_up_type), (UP, table.gate_up_type), (DOWN, table.down_type))
-                                if qtype == mxfp4_tiled.TILED})
+                                if qtype in unpack})
         return KernelLayer(prepare(table, self.device), self._act(f"blk.{il}.{GATE}.weight"),
                            self._act(f"blk.{il}.{DOWN}.weight"), self._biases(il, n, width, dim))
 

@@ -34,6 +34,10 @@ Q4_K_LAYOUTS = ("tiled", "gguf")
 # or "gguf" (the 210-byte blocks, session 5)
 Q6_K_LAYOUT_ENV = "SPARKD_Q6_K_LAYOUT"
 Q6_K_LAYOUTS = ("tiled", "gguf")
+# the same for Q4_0: "tiled" (kernels/q4_0_tiled.py: tiles of 16 rows, each row's 16-byte quant runs, then the tile's
+# d; row counts a multiple of 16; the default where the integer step runs, session 26) or "gguf" (the 18-byte blocks)
+Q4_0_LAYOUT_ENV = "SPARKD_Q4_0_LAYOUT"
+Q4_0_LAYOUTS = ("tiled", "gguf")
 
 
 class Weights:
@@ -48,12 +52,12 @@ class Weights:
     q8_0_layout: with kernels, the layout of Q8_0 projections, one of Q8_0_LAYOUTS (None: the
     environment's $SPARKD_Q8_0_LAYOUT, else "packed"); q4_k_layout the same for Q4_K
     (Q4_K_LAYOUTS, $SPARKD_Q4_K_LAYOUT, else "tiled"), q6_k_layout for Q6_K (Q6_K_LAYOUTS,
-    $SPARKD_Q6_K_LAYOUT, else "tiled")."""
+    $SPARKD_Q6_K_LAYOUT, else "tiled"), q4_0_layout for Q4_0 (Q4_0_LAYOUTS, $SPARKD_Q4_0_LAYOUT, else "tiled")."""
 
     def __init__(self, model: GGUFModel, on_read: Callable[[int], None] | None = None,
                  kernels: bool = False, quantized: bool = False, stager: DeviceStager | None = None,
                  q8_0_layout: str | None = None, q4_k_layout: str | None = None,
-                 q6_k_layout: str | None = None):
+                 q6_k_layout: str | None = None, q4_0_layout: str | None = None):
         self.model = model
         self.stager = stager
         self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
@@ -63,6 +67,7 @@ class Weights:
         self._q8_0_layout = q8_0_layout
         self._q4_k_layout = q4_k_layout
         self._q6_k_layout = q6_k_layout
+        self._q4_0_layout = q4_0_layout
 
     def has(self, name: str) -> bool:
         return name in self.model.tensors
@@ -90,6 +95,8 @@ class Weights:
                 raw, qtype = _tiled_q4_k(raw, full)
             if qtype == GGMLQuantizationType.Q6_K and resident_q6_k_layout(self._q6_k_layout) == "tiled":
                 raw, qtype = _tiled_q6_k(raw, full)
+            if qtype == GGMLQuantizationType.Q4_0 and resident_q4_0_layout(self._q4_0_layout) == "tiled":
+                raw, qtype = _tiled_q4_0(raw, full)
             return KernelLinear(raw, qtype, full, self.maybe(f"{prefix}.bias"), self.act_format(name))
         rows = self.rows(name, shape)
         if isinstance(rows, QuantRows):
@@ -138,6 +145,11 @@ def resident_q6_k_layout(choice: str | None = None) -> str:
     return _layout("Q6_K", choice, Q6_K_LAYOUT_ENV, Q6_K_LAYOUTS)
 
 
+def resident_q4_0_layout(choice: str | None = None) -> str:
+    """The Q4_0 layout of kernel projections: choice, else $SPARKD_Q4_0_LAYOUT, else "tiled"."""
+    return _layout("Q4_0", choice, Q4_0_LAYOUT_ENV, Q4_0_LAYOUTS)
+
+
 def _layout(what: str, choice: str | None, env: str, layouts: tuple[str, ...]) -> str:
     """choice, else $env, else layouts[0] (the default), checked against layouts."""
     if choice is None:
@@ -161,6 +173,14 @@ def _tiled_q6_k(raw: torch.Tensor, shape: tuple[int, int]):
     from sparkd.engine.kernels import q6_k_tiled  # imports triton: only on the kernel path
 
     return _tiled(q6_k_tiled, raw, shape, GGMLQuantizationType.Q6_K, q6_k_tiled.worth_tiling(shape))
+
+
+def _tiled_q4_0(raw: torch.Tensor, shape: tuple[int, int]):
+    """A Q4_0 projection in kernels/q4_0_tiled.py's layout where its shape allows and its integer step runs (the
+    layout's step is; $SPARKD_Q4_0_INT=0 keeps the file's blocks)."""
+    from sparkd.engine.kernels import q4_0_tiled  # imports triton: only on the kernel path
+
+    return _tiled(q4_0_tiled, raw, shape, GGMLQuantizationType.Q4_0, q4_0_tiled.FAMILY.idot is not None)
 
 
 def _tiled(layout, raw: torch.Tensor, shape: tuple[int, int], qtype: GGMLQuantizationType, wanted: bool = True):
