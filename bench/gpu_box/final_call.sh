@@ -27,9 +27,13 @@
 #   on the tiled resident experts (the default since session 25), on the file's blocks (SPARKD_MOE_MXFP4_LAYOUT=gguf)
 #   and, with OSS_FLOAT=1, SPARKD_MXFP4_INT=0; OSS_PROFILE=1 its replayed step kernel by kernel (decode_kernels.py);
 #   with LLAMA=1 llama-bench built with CUDA (cuda_side_by_side.sh BUILD_ONLY=1, started at the call's start; carry
-#   .cache) on the same file;
-# - MXT=1: MXFP4's GEMV and MoE on the GGUF blocks against the tiled layout (bench/mxfp4_tiled_bench.py, MXT_S its
-#   timeout, MXT_ARGS e.g. --no-sweep).
+#   .cache) on the same file; OSS_STREAM=1 its streamed decode on the GPU (--budget OSS_BUDGET, default 3G: the
+#   experts read from the file each token) zero-copy (--unified on) and with the VRAM cache (auto);
+# - Q40=1: a 12-layer qwen3-30b-a3b-shaped Q4_0 model: its decode on the tiled Q4_0 projections and experts (the
+#   default since session 26) and on the file's blocks (SPARKD_Q4_0_LAYOUT=gguf SPARKD_MOE_Q4_0_LAYOUT=gguf),
+#   Q40_ROUNDS rounds after the llama.cpp build, and llama-bench on it with LLAMA=1;
+# - MXT=1: the 4-bit types' GEMV and MoE on the GGUF blocks against their tiled layouts (bench/nibble_tiles_bench.py,
+#   MXT_S its timeout, MXT_ARGS e.g. --no-sweep --types Q4_0).
 # Results: $OUT/res.tgz + $OUT/log.txt (snapshotted after every step, so a timeout keeps what ran).
 set -u
 export PYTHONUNBUFFERED=1
@@ -44,7 +48,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|OSS_STREAM|OSS_BUDGET|Q40|Q40_ROUNDS|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS)=' | sort | tr '\n' ' ')"
 if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
   OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
 fi
@@ -52,6 +56,11 @@ O=$W/oss-${OSS_LAYERS:-24}-MXFP4.gguf
 if [ "${OSS:-0}" = 1 ]; then
   ( [ -f $O ] || { timeout 240 python3 -m sparkd.engine.cli make-model $O.part --preset gpt-oss-20b \
       --layers ${OSS_LAYERS:-24} --quant Q8_0 --tensor-type _exps=MXFP4 --quiet && mv $O.part $O; } ) > $R/make_oss.log 2>&1 & MKO=$!
+fi
+Z=$W/q3-12-Q4_0.gguf
+if [ "${Q40:-0}" = 1 ]; then  # session 26: the tiled Q4_0 layout
+  ( [ -f $Z ] || { nice -n 10 timeout 200 python3 -m sparkd.engine.cli make-model $Z.part --preset qwen3-30b-a3b \
+      --quant Q4_0 --quiet --layers 12 && mv $Z.part $Z; } ) > $R/make_q40.log 2>&1 & MKZ=$!
 fi
 M=$W/q3-12-Q4_K.gguf
 ( [ -f $M ] || { nice -n 10 timeout 150 python3 -m sparkd.engine.cli make-model $M.part --preset qwen3-30b-a3b \
@@ -116,10 +125,10 @@ if [ "${IQ:-0}" = 1 ] && fits 150 "i-quant integer steps bench"; then  # iq50 (s
     --json $R/iq.json > $R/iq.log 2>&1
   log "iq rc $?"; cat $R/iq.log >> $OUT/log.txt; snap
 fi
-if [ "${MXT:-0}" = 1 ] && fits 60 "MXFP4 tiled bench"; then  # session 25: the tiled resident MXFP4 experts
-  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout ${MXT_S:-150} python3 bench/mxfp4_tiled_bench.py ${MXT_ARGS:-} \
+if [ "${MXT:-0}" = 1 ] && fits 60 "nibble tiles bench"; then  # sessions 25-26: the tiled MXFP4 and Q4_0 layouts
+  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout ${MXT_S:-150} python3 bench/nibble_tiles_bench.py ${MXT_ARGS:-} \
     --json $R/mxt.json > $R/mxt.log 2>&1
-  log "mxfp4 tiled rc $?"; cat $R/mxt.log >> $OUT/log.txt; snap
+  log "nibble tiles rc $?"; cat $R/mxt.log >> $OUT/log.txt; snap
 fi
 if [ "${DRAW:-0}" = 1 ] && fits 100 "top-p draw bench"; then  # the select's 4096, 2048, 1024 and 512 bins a stage
   timeout 95 python3 bench/gpu_box/draw_graph_bench.py --top-p-only --reps 200 --json $R/draw_graph.json > $R/draw_graph.log 2>&1
@@ -174,6 +183,27 @@ if [ "${OSS:-0}" = 1 ]; then  # the gpt-oss-shaped model: tiled experts (the def
     LBIN=$W/llama-cuda/llama-bench
     [ -x $LBIN ] && timeout 55 $LBIN -o json -m $O -ngl 99 -p 0 -n 128 -r 3 > $R/llama_oss.json 2> $R/llama_oss.err
     log "llama-bench gpt-oss rc $?: $(grep -o '"avg_ts": [0-9.e+]*' $R/llama_oss.json 2>/dev/null)"; snap
+  fi
+  if [ "${OSS_STREAM:-0}" = 1 ]; then  # session 26: streamed gpt-oss experts through the MoE kernels, biases and all
+    for U in on auto; do
+      fits 95 "streamed gpt-oss --unified $U" || break
+      timeout 90 python3 -m sparkd.engine.cli generate $O --tokens 1,2,3,4,5,6,7,8 -n 32 --device cuda --unified $U \
+        --budget ${OSS_BUDGET:-3G} --json > $R/gen_ossstream_$U.json 2> $R/gen_ossstream_$U.err
+      log "streamed gpt-oss --unified $U rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/gen_ossstream_$U.json) $(grep -o '"hit_rate": [0-9.]*' $R/gen_ossstream_$U.json | head -1) $(tail -1 $R/gen_ossstream_$U.err | cut -c1-200)"; snap
+    done
+  fi
+fi
+if [ "${Q40:-0}" = 1 ]; then  # session 26: the Q4_0 model on the tiled layout and on the file's blocks, llama.cpp
+  wait $MKZ; log "q4_0 model $(ls -la $Z 2>&1 | awk '{print $5}') $(tail -1 $R/make_q40.log)"
+  [ "${LLAMA:-0}" = 1 ] && { wait $LB 2>/dev/null; }
+  for r in $(seq 1 ${Q40_ROUNDS:-2}); do
+    fits 70 "Q4_0 decode round $r" || break
+    M=$Z gen q40tiled $r; M=$Z SPARKD_Q4_0_LAYOUT=gguf SPARKD_MOE_Q4_0_LAYOUT=gguf gen q40gguf $r; snap
+  done
+  if [ "${LLAMA:-0}" = 1 ] && fits 60 "llama-bench Q4_0"; then
+    [ -x $W/llama-cuda/llama-bench ] && timeout 55 $W/llama-cuda/llama-bench -o json -m $Z -ngl 99 -p 0 -n 128 -r 3 \
+      > $R/llama_q40.json 2> $R/llama_q40.err
+    log "llama-bench Q4_0 rc $?: $(grep -o '"avg_ts": [0-9.e+]*' $R/llama_q40.json 2>/dev/null)"; snap
   fi
 fi
 if [ "${BIG:-0}" = 1 ]; then

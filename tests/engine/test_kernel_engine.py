@@ -163,7 +163,7 @@ def test_gpt_oss_biased_experts_through_the_kernels(tmp_path, backend):
     """gpt-oss's routed experts (MXFP4, as its GGUFs ship them, with biases) run through the MoE decode kernels with
     their biases (session 24; before, a biased layer took the torch dequantize path), its prompt through the grouped
     GEMMs with them. Greedy tokens and logits as the CPU reference's. Since session 25 the resident experts are in
-    mxfp4_tiled's 16-row tiles (test_mxfp4_tiled: the same bits as the GGUF blocks)."""
+    mxfp4_tiled's 16-row tiles (test_nibble_tiles: the same bits as the GGUF blocks)."""
     path = write_model(tmp_path / "m.gguf", plan(TINY["gpt-oss"], "F32", [("_exps", "MXFP4")]), seed=9)[0]
     ref, k = load_model(path), load_model(path, device=backend, kernels=True)
     try:

@@ -86,7 +86,7 @@ Q8_0_FEW_RANGES = GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True,
 # without Kernels.down_full's constant trip count 24.7 / 15.6 us at the first two
 Q4_K_DOWN = GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=4)
 TILED_DOWN = Q4_K_DOWN
-# session 25 (H200, bench/mxfp4_tiled_bench.py, docs/runs/2026-12-03-s25/): MXFP4's down in 4 ranges of experts, the
+# session 25 (H200, bench/nibble_tiles_bench.py, docs/runs/2026-12-03-s25/): MXFP4's down in 4 ranges of experts, the
 # tiled experts' layer after the norm at gpt-oss-20b's 2880x2880 top-4 54.7 -> 35.7 us (a range of all 4 experts: a
 # program's loop of 45 one-group steps; 2 ranges 40.0), 4096x1536 top-8 62.3 -> 48.4 (8 ranges 47.8); gate/up tiles
 # within 3 % of the default (4/1/1/e 52.9, 2/1/1/e 51.5 at 2880)

@@ -1,10 +1,11 @@
-"""MXFP4's decode kernels on the GGUF blocks against the tiled resident layout (kernels/mxfp4_tiled.py), the same
-weights side by side in one run: the GEMV and the MoE decode (gpt-oss-20b's 2880x2880 top-4 and a wider MoE
-shape), as a fraction of the device-to-device copy bandwidth measured in the same run, each checked against the
+"""The 4-bit types' decode kernels (MXFP4, Q4_0) on the GGUF blocks against their nibble_tiles resident layout
+(kernels/mxfp4_tiled.py, kernels/q4_0_tiled.py), the same weights side by side in one run: the GEMV and the MoE
+decode (SHAPES: gpt-oss-20b's 2880x2880 top-4 for MXFP4, qwen3-30b-a3b's 2048x768 top-8 for Q4_0, a wider MoE shape
+for both), as a fraction of the device-to-device copy bandwidth measured in the same run, each checked against the
 float64 reference first. Tiles: the defaults, then TILED_TILES (the tiled rows' candidates) and the MoE's GATE_UPS
 and DOWNS, the layer as the engine runs it.
 
-Usage (GPU): PYTHONPATH=. python bench/mxfp4_tiled_bench.py [--json F] [--no-sweep]
+Usage (GPU): PYTHONPATH=. python bench/nibble_tiles_bench.py [--types MXFP4,Q4_0] [--json F] [--no-sweep]
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from gguf import GGMLQuantizationType as T
 from kernels_bench import (copy_bandwidth, graph_seconds, moe_err, moe_table, print_rows, random_blocks, rel_err,
                            subset, tag, x_in)
 from sparkd.engine import quants
-from sparkd.engine.kernels import act_quant, moe, moe_tiles, mxfp4_tiled
+from sparkd.engine.kernels import act_quant, dispatch, moe, moe_tiles
 from sparkd.engine.kernels.matmul import GemvConfig, gemv
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 
 ROTATE_BYTES = 768 << 20  # as kernels_bench: working sets past the 50 MB L2
-DENSE = [(2880, 2880), (14336, 4096)]
-MOES = [(2880, 2880, 4), (4096, 1536, 8)]  # (model width, expert width, experts a token)
+# type -> (GEMV shapes, MoE shapes (model width, expert width, experts a token)); Q4_0's GEMVs session 21's
+SHAPES = {T.MXFP4: ([(2880, 2880), (14336, 4096)], [(2880, 2880, 4), (4096, 1536, 8)]),
+          T.Q4_0: ([(4096, 4096), (14336, 4096), (4096, 14336)], [(2048, 768, 8), (4096, 1536, 8)])}
 # GEMV tiles on the tiled rows (offline sm_90: 4/1/1/e 123 warp instructions a group and 5 loads, the GGUF step's
 # 178 and 20; 8-row tiles 8.8 values a warp instruction)
 TILED_TILES = [GemvConfig(4, 1, 1, 0, True), GemvConfig(4, 1, 2, 0, True), GemvConfig(8, 1, 1, 0, True),
@@ -40,26 +42,27 @@ DOWNS = ["4/1/1/e/2", "4/1/2/e/2", "4/1/1/e/4", "4/1/2/e/4", "2/1/2/e/4", "2/1/1
          "4/1/2/e/8", "2/1/2/e/8"]
 
 
-def dense_rows(rows: int, cols: int, copy_bw: float, sweep: bool) -> list[dict]:
-    nbytes = rows * cols // 32 * 17
+def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float, sweep: bool) -> list[dict]:
+    layout = moe.NIBBLE_TILED[qtype]
+    nbytes = rows * cols // 32 * layout.LAYOUT.block_bytes
     n = max(2, -(-ROTATE_BYTES // nbytes))
-    buf = random_blocks(T.MXFP4, n * nbytes)
+    buf = random_blocks(qtype, n * nbytes)
     gguf = [buf[i * nbytes:(i + 1) * nbytes] for i in range(n)]
-    tiled = [mxfp4_tiled.pack_raw(w, (rows, cols)) for w in gguf]
+    tiled = [layout.pack_raw(w, (rows, cols)) for w in gguf]
     x = torch.randn(cols, device="cuda")
-    ref = quants.dequantize(gguf[0], T.MXFP4, (rows, cols)).double() @ x_in(T.MXFP4, x).double()
+    ref = quants.dequantize(gguf[0], qtype, (rows, cols)).double() @ x_in(qtype, x).double()
     y, out = torch.empty(rows, device="cuda"), []
 
-    def time(ws, qtype, cfg, label):
+    def time(ws, wtype, cfg, label):
         y.fill_(float("nan"))
-        err = rel_err(gemv(ws[0], qtype, (rows, cols), x, out=y, config=cfg), ref)
-        sec = graph_seconds(lambda i: gemv(ws[i % n], qtype, (rows, cols), x, out=y, config=cfg), n)
-        return dict(kernel=f"gemv {rows}x{cols}", type="MXFP4", config=label, us=sec * 1e6, bw=nbytes / sec,
+        err = rel_err(gemv(ws[0], wtype, (rows, cols), x, out=y, config=cfg), ref)
+        sec = graph_seconds(lambda i: gemv(ws[i % n], wtype, (rows, cols), x, out=y, config=cfg), n)
+        return dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config=label, us=sec * 1e6, bw=nbytes / sec,
                     frac=nbytes / sec / copy_bw, err=err)
-    out.append(time(gguf, T.MXFP4, None, "gguf default"))
-    out.append(time(tiled, mxfp4_tiled.TILED, None, "tiled default"))
+    out.append(time(gguf, qtype, None, "gguf default"))
+    out.append(time(tiled, layout.TILED, None, "tiled default"))
     for cfg in TILED_TILES if sweep else []:
-        out.append(time(tiled, mxfp4_tiled.TILED, cfg, f"tiled {tag(cfg)}"))
+        out.append(time(tiled, layout.TILED, cfg, f"tiled {tag(cfg)}"))
     return out
 
 
@@ -69,15 +72,15 @@ def config(text: str) -> GemvConfig:
     return GemvConfig(int(rows), int(warps), int(unroll), int(split[0]) if split else 0, mode == "e")
 
 
-def moe_rows(shape: tuple[int, int, int], copy_bw: float, sweep: bool) -> list[dict]:
+def moe_rows(qtype: T, shape: tuple[int, int, int], copy_bw: float, sweep: bool) -> list[dict]:
     D, F, A = shape
     torch.manual_seed(0)
-    expert_bytes = 3 * F * D // 32 * 17
+    expert_bytes = 3 * F * dispatch.FAMILIES[qtype].row_bytes(D)
     n_sets = max(2, -(-ROTATE_BYTES // (A * expert_bytes)))
-    full, _ = moe_table(T.MXFP4, n_sets * A, shape=shape)  # 4 KiB slots: 16-byte offsets
+    full, _ = moe_table(qtype, n_sets * A, shape=shape)  # 4 KiB slots: 16-byte offsets
     copy = ExpertTable(*(full.gate.clone(),) * 3, full.gate_offsets, full.up_offsets, full.down_offsets,
                        full.gate_up_type, full.down_type, D, F)
-    tiled = moe.tiled_mxfp4(copy)
+    tiled = moe.tiled_nibbles(copy)
     sets = {name: [prepare(subset(t, list(range(s * A, (s + 1) * A))[::-1]), "cuda") for s in range(n_sets)]
             for name, t in (("gguf", full), ("tiled", tiled))}
     x, w = torch.randn(D, device="cuda"), torch.rand(A, device="cuda")
@@ -92,10 +95,11 @@ def moe_rows(shape: tuple[int, int, int], copy_bw: float, sweep: bool) -> list[d
         err = moe_err(ps[0], x, w, moe_decode(ps[0], x, w, out=y, gate_up=gu, down=dn, qx=qx), gu,
                       ref=sets["gguf"][0].table)
         sec = graph_seconds(lambda i: moe_decode(ps[i % n_sets], x, w, out=y, gate_up=gu, down=dn, qx=qx), n_sets)
-        return dict(kernel=f"moe {D}x{F} top{A}", type="MXFP4", config=f"{label} {tag(gu)}/{tag(dn)}", us=sec * 1e6,
+        return dict(kernel=f"moe {D}x{F} top{A}", type=qtype.name, config=f"{label} {tag(gu)}/{tag(dn)}", us=sec * 1e6,
                     bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=err)
     out.append(time("gguf", None, None, "gguf default"))
-    out.append(time("gguf", None, moe_tiles.DOWN_CONFIG, "gguf s24 down"))  # before MXFP4_DOWN (one range)
+    if qtype == T.MXFP4:
+        out.append(time("gguf", None, moe_tiles.DOWN_CONFIG, "gguf s24 down"))  # before MXFP4_DOWN (one range)
     out.append(time("tiled", None, None, "tiled default"))
     for gu in GATE_UPS if sweep else []:
         out.append(time("tiled", config(gu), None, "tiled"))
@@ -109,19 +113,26 @@ def moe_rows(shape: tuple[int, int, int], copy_bw: float, sweep: bool) -> list[d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="write the rows here too")
-    ap.add_argument("--no-sweep", action="store_true", help="the defaults only (no TILED_TILES / MOE_TILES)")
+    ap.add_argument("--no-sweep", action="store_true", help="the defaults only (no TILED_TILES / GATE_UPS / DOWNS)")
+    ap.add_argument("--types", default="MXFP4,Q4_0", help="comma-separated, of " + ",".join(t.name for t in SHAPES))
     args = ap.parse_args()
+    names = {t.name: t for t in SHAPES}
+    types = [names.get(name.strip().upper()) for name in args.types.split(",")]
+    if None in types:
+        ap.error(f"--types {args.types!r}: each one of {', '.join(names)}")
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s", flush=True)
     rows = []
-    for rows_, cols in DENSE:
-        part = dense_rows(rows_, cols, copy_bw, not args.no_sweep)
-        print_rows(part)
-        rows += part
-    for shape in MOES:
-        part = moe_rows(shape, copy_bw, not args.no_sweep)
-        print_rows(part)
-        rows += part
+    for qtype in types:
+        dense, moes = SHAPES[qtype]
+        for rows_, cols in dense:
+            part = dense_rows(qtype, rows_, cols, copy_bw, not args.no_sweep)
+            print_rows(part)
+            rows += part
+        for shape in moes:
+            part = moe_rows(qtype, shape, copy_bw, not args.no_sweep)
+            print_rows(part)
+            rows += part
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(copy_bw=copy_bw, rows=rows), f, indent=1)
