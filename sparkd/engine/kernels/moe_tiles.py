@@ -91,10 +91,17 @@ TILED_DOWN = Q4_K_DOWN
 # program's loop of 45 one-group steps; 2 ranges 40.0), 4096x1536 top-8 62.3 -> 48.4 (8 ranges 47.8); gate/up tiles
 # within 3 % of the default (4/1/1/e 52.9, 2/1/1/e 51.5 at 2880)
 MXFP4_DOWN = GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True, split=4)
+# session 26 (H200, bench/nibble_tiles_bench.py, docs/runs/2026-12-03-s26/): Q4_0's tiled experts (q4_0_tiled) the same
+# way, the down in 4 ranges of 2-group steps: top-8 down sweep 2048x768 28.5 -> 19.2 us, 4096x1536 54.3 -> 38.7 (a
+# range of all 8 experts: 4/1/1/e); the gate/up on 2-row tiles 28.5 -> 24.4 / 54.3 -> 54.0. The file's blocks take them
+# too (streamed experts; $SPARKD_MOE_Q4_0_LAYOUT=gguf), as MXFP4's do
+Q4_0_TILES = (GemvConfig(block_n=2, num_warps=1, unroll=2, elementwise=True),
+              GemvConfig(block_n=4, num_warps=1, unroll=2, elementwise=True, split=4))
 DECODE_TILES = {**S8_DECODE_TILES,
                 "Q4_K": (S8_DECODE_TILES["Q4_K"][0], Q4_K_DOWN),
                 "Q4_K_TILED": (GemvConfig(block_n=4, num_warps=1, unroll=1, elementwise=True), TILED_DOWN),
-                "MXFP4": (GATE_UP_CONFIG, MXFP4_DOWN), "MXFP4_TILED": (GATE_UP_CONFIG, MXFP4_DOWN)}
+                "MXFP4": (GATE_UP_CONFIG, MXFP4_DOWN), "MXFP4_TILED": (GATE_UP_CONFIG, MXFP4_DOWN),
+                "Q4_0": Q4_0_TILES, "Q4_0_TILED": Q4_0_TILES}
 S14_WIDTH_TIERS = {"Q8_0": [(4096, None, Q8_0_FEW_RANGES),  # the default until session 15's moe26; "s14"
                             (6144, S8_WIDTH_TIERS["Q8_0"][0][1], Q8_0_FEW_RANGES)],
                    "Q4_K": S8_WIDTH_TIERS["Q4_K"],
