@@ -2,10 +2,10 @@
 (kernels/mxfp4_tiled.py, kernels/q4_0_tiled.py), the same weights side by side in one run: the GEMV and the MoE
 decode (SHAPES: gpt-oss-20b's 2880x2880 top-4 for MXFP4, qwen3-30b-a3b's 2048x768 top-8 for Q4_0, a wider MoE shape
 for both), as a fraction of the device-to-device copy bandwidth measured in the same run, each checked against the
-float64 reference first. Tiles: the defaults, then TILED_TILES (the tiled rows' candidates) and the MoE's GATE_UPS
-and DOWNS, the layer as the engine runs it.
+float64 reference first; x quantized before, as the engine's norm does. Tiles: the defaults, then TILED_TILES (the
+tiled rows' candidates) and the MoE's GATE_UPS and DOWNS, the layer as the engine runs it.
 
-Usage (GPU): PYTHONPATH=. python bench/nibble_tiles_bench.py [--types MXFP4,Q4_0] [--json F] [--no-sweep]
+Usage (GPU): PYTHONPATH=. python bench/nibble_tiles_bench.py [--types MXFP4,Q4_0] [--json F] [--sweep all|gemv|moe|none]
 """
 
 from __future__ import annotations
@@ -25,14 +25,20 @@ from sparkd.engine.kernels.matmul import GemvConfig, gemv
 from sparkd.engine.kernels.moe import ExpertTable, moe_decode, prepare
 
 ROTATE_BYTES = 768 << 20  # as kernels_bench: working sets past the 50 MB L2
-# type -> (GEMV shapes, MoE shapes (model width, expert width, experts a token)); Q4_0's GEMVs session 21's
+# type -> (GEMV shapes, MoE shapes (model width, expert width, experts a token)); Q4_0's GEMVs session 21's, then
+# (session 27) qwen3-30b-a3b's fused qkv, o and head
 SHAPES = {T.MXFP4: ([(2880, 2880), (14336, 4096)], [(2880, 2880, 4), (4096, 1536, 8)]),
-          T.Q4_0: ([(4096, 4096), (14336, 4096), (4096, 14336)], [(2048, 768, 8), (4096, 1536, 8)])}
-# GEMV tiles on the tiled rows (offline sm_90: 4/1/1/e 123 warp instructions a group and 5 loads, the GGUF step's
-# 178 and 20; 8-row tiles 8.8 values a warp instruction)
-TILED_TILES = [GemvConfig(4, 1, 1, 0, True), GemvConfig(4, 1, 2, 0, True), GemvConfig(8, 1, 1, 0, True),
-               GemvConfig(8, 1, 2, 0, True), GemvConfig(8, 2, 2, 0, True), GemvConfig(16, 2, 1, 0, True),
-               GemvConfig(4, 1, 1, 0, False)]
+          T.Q4_0: ([(4096, 4096), (14336, 4096), (4096, 14336), (5120, 2048), (2048, 4096), (151936, 2048)],
+                   [(2048, 768, 8), (4096, 1536, 8)])}
+# GEMV tiles on the tiled rows, rows/warps/unroll/split (0: matmul.split_for's wave rule). Session 26's sweep (offline
+# sm_90: 4/1/1/e 123 warp instructions a group and 5 loads, the GGUF step's 178 and 20): 8- and 16-row tiles lost at
+# every shape; session 27's first call: split-K's fold is the loss on short rows (matmul.SHORT_ROW_TILE), so these
+# are the family's own tile (4/1/2/0), whole rows on 1, 2 and 4 rows a program, and 2 ranges
+TILED_TILES = [GemvConfig(4, 1, 2, 0, True), GemvConfig(4, 1, 4, 0, True), GemvConfig(4, 1, 2, 2, True),
+               GemvConfig(4, 1, 4, 1, True), GemvConfig(2, 1, 2, 1, True), GemvConfig(2, 1, 4, 1, True),
+               GemvConfig(2, 1, 4, 0, True), GemvConfig(1, 1, 2, 1, True), GemvConfig(1, 1, 4, 1, True),
+               GemvConfig(1, 1, 8, 1, True)]
+PARTS_TILE = GemvConfig(4, 1, 2, 0, True)  # also timed with its partials left unsummed (an o projection's, fold20)
 # MoE tiles on the tiled experts beside the defaults, the layer as the engine runs it (x quantized by the norm
 # before, h in the gate/up launch): gate/up tiles (down at its default), then down tiles (rows/warps/unroll/e|g/split;
 # split: ranges of experts; gate/up at its default). Session 25's first call: the down in 2 ranges 45.1 against
@@ -51,18 +57,24 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float, sweep: bool) -> l
     tiled = [layout.pack_raw(w, (rows, cols)) for w in gguf]
     x = torch.randn(cols, device="cuda")
     ref = quants.dequantize(gguf[0], qtype, (rows, cols)).double() @ x_in(qtype, x).double()
+    fmt = dispatch.FAMILIES[qtype].act_fmt  # x quantized before, as the norm does (None: the float path's x)
+    qx = act_quant.quantize(x[None], fmt) if fmt else None
     y, out = torch.empty(rows, device="cuda"), []
 
-    def time(ws, wtype, cfg, label):
+    def time(ws, wtype, cfg, label, parts=False):
         y.fill_(float("nan"))
-        err = rel_err(gemv(ws[0], wtype, (rows, cols), x, out=y, config=cfg), ref)
-        sec = graph_seconds(lambda i: gemv(ws[i % n], wtype, (rows, cols), x, out=y, config=cfg), n)
+        got = gemv(ws[0], wtype, (rows, cols), x, out=y, config=cfg, qx=qx, parts=parts)
+        err = rel_err(got.sum(0) if parts else got, ref)
+        sec = graph_seconds(lambda i: gemv(ws[i % n], wtype, (rows, cols), x, out=y, config=cfg, qx=qx, parts=parts),
+                            n)
         return dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config=label, us=sec * 1e6, bw=nbytes / sec,
                     frac=nbytes / sec / copy_bw, err=err)
     out.append(time(gguf, qtype, None, "gguf default"))
     out.append(time(tiled, layout.TILED, None, "tiled default"))
     for cfg in TILED_TILES if sweep else []:
         out.append(time(tiled, layout.TILED, cfg, f"tiled {tag(cfg)}"))
+    if sweep:
+        out.append(time(tiled, layout.TILED, PARTS_TILE, f"tiled {tag(PARTS_TILE)} partials", parts=True))
     return out
 
 
@@ -113,7 +125,8 @@ def moe_rows(qtype: T, shape: tuple[int, int, int], copy_bw: float, sweep: bool)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="write the rows here too")
-    ap.add_argument("--no-sweep", action="store_true", help="the defaults only (no TILED_TILES / GATE_UPS / DOWNS)")
+    ap.add_argument("--sweep", default="all", choices=("all", "gemv", "moe", "none"),
+                    help="which candidates beside the defaults: TILED_TILES (gemv), GATE_UPS and DOWNS (moe), both, none")
     ap.add_argument("--types", default="MXFP4,Q4_0", help="comma-separated, of " + ",".join(t.name for t in SHAPES))
     args = ap.parse_args()
     names = {t.name: t for t in SHAPES}
@@ -126,11 +139,11 @@ def main() -> None:
     for qtype in types:
         dense, moes = SHAPES[qtype]
         for rows_, cols in dense:
-            part = dense_rows(qtype, rows_, cols, copy_bw, not args.no_sweep)
+            part = dense_rows(qtype, rows_, cols, copy_bw, args.sweep in ("all", "gemv"))
             print_rows(part)
             rows += part
         for shape in moes:
-            part = moe_rows(qtype, shape, copy_bw, not args.no_sweep)
+            part = moe_rows(qtype, shape, copy_bw, args.sweep in ("all", "moe"))
             print_rows(part)
             rows += part
     if args.json:
