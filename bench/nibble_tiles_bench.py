@@ -126,7 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="write the rows here too")
     ap.add_argument("--sweep", default="all", choices=("all", "gemv", "moe", "none"),
-                    help="which candidates beside the defaults: TILED_TILES (gemv), GATE_UPS and DOWNS (moe), both, none")
+                    help="the candidates beside the defaults: TILED_TILES (gemv), GATE_UPS and DOWNS (moe), both, none")
     ap.add_argument("--types", default="MXFP4,Q4_0", help="comma-separated, of " + ",".join(t.name for t in SHAPES))
     args = ap.parse_args()
     names = {t.name: t for t in SHAPES}
