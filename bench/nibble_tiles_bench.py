@@ -32,8 +32,9 @@ SHAPES = {T.MXFP4: ([(2880, 2880), (14336, 4096)], [(2880, 2880, 4), (4096, 1536
                    [(2048, 768, 8), (4096, 1536, 8)])}
 # GEMV tiles on the tiled rows, rows/warps/unroll/split (0: matmul.split_for's wave rule). Session 26's sweep (offline
 # sm_90: 4/1/1/e 123 warp instructions a group and 5 loads, the GGUF step's 178 and 20): 8- and 16-row tiles lost at
-# every shape; session 27's first call: split-K's fold is the loss on short rows (matmul.SHORT_ROW_TILE), so these
-# are the family's own tile (4/1/2/0), whole rows on 1, 2 and 4 rows a program, and 2 ranges
+# every shape; session 27's first call: on short rows the split-K's fold is the GEMV's loss (4096x4096: 2-row programs
+# over whole rows 5.4 us, the default 8.3; not in the decode under PDL: docs/performance.md), so these are the family's
+# own tile (4/1/2/0), whole rows on 1, 2 and 4 rows a program, and 2 ranges
 TILED_TILES = [GemvConfig(4, 1, 2, 0, True), GemvConfig(4, 1, 4, 0, True), GemvConfig(4, 1, 2, 2, True),
                GemvConfig(4, 1, 4, 1, True), GemvConfig(2, 1, 2, 1, True), GemvConfig(2, 1, 4, 1, True),
                GemvConfig(2, 1, 4, 0, True), GemvConfig(1, 1, 2, 1, True), GemvConfig(1, 1, 4, 1, True),

@@ -29,10 +29,10 @@
 #   with LLAMA=1 llama-bench built with CUDA (cuda_side_by_side.sh BUILD_ONLY=1, started at the call's start; carry
 #   .cache) on the same file; OSS_STREAM=1 its streamed decode on the GPU (--budget OSS_BUDGET, default 3G: the
 #   experts read from the file each token) zero-copy (--unified on) and with the VRAM cache (auto);
-# - Q40=1: a 12-layer qwen3-30b-a3b-shaped Q4_0 model: its decode on the tiled Q4_0 projections and experts (the
+# - Q40=1: a Q4_0 model (Q40_PRESET, default qwen3-30b-a3b; Q40_LAYERS, default 12): its decode on the tiled Q4_0 projections and experts (the
 #   default since session 26) and on the file's blocks (SPARKD_Q4_0_LAYOUT=gguf SPARKD_MOE_Q4_0_LAYOUT=gguf),
-#   Q40_ROUNDS rounds after the llama.cpp build, and under Q40_OFF's switches (default SPARKD_GEMV_SHORT_ROWS=off,
-#   session 27), Q40_PROFILE=1 its replayed step kernel by kernel, and llama-bench on it with LLAMA=1;
+#   Q40_ROUNDS rounds after the llama.cpp build, and under Q40_OFF's switches where set (e.g. Q40_OFF="SPARKD_X=off"),
+#   Q40_PROFILE=1 its replayed step kernel by kernel, and llama-bench on it with LLAMA=1;
 # - MXT=1: the 4-bit types' GEMV and MoE on the GGUF blocks against their tiled layouts (bench/nibble_tiles_bench.py,
 #   MXT_S its timeout, MXT_ARGS e.g. --sweep none --types Q4_0).
 # Results: $OUT/res.tgz + $OUT/log.txt (snapshotted after every step, so a timeout keeps what ran).
@@ -49,7 +49,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|OSS_STREAM|OSS_BUDGET|Q40|Q40_ROUNDS|Q40_PROFILE|Q40_OFF|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|OSS_STREAM|OSS_BUDGET|Q40|Q40_ROUNDS|Q40_PROFILE|Q40_OFF|Q40_PRESET|Q40_LAYERS|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS)=' | sort | tr '\n' ' ')"
 if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
   OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
 fi
@@ -58,10 +58,11 @@ if [ "${OSS:-0}" = 1 ]; then
   ( [ -f $O ] || { timeout 240 python3 -m sparkd.engine.cli make-model $O.part --preset gpt-oss-20b \
       --layers ${OSS_LAYERS:-24} --quant Q8_0 --tensor-type _exps=MXFP4 --quiet && mv $O.part $O; } ) > $R/make_oss.log 2>&1 & MKO=$!
 fi
-Z=$W/q3-12-Q4_0.gguf
+Z=$W/${Q40_PRESET:-qwen3-30b-a3b}-${Q40_LAYERS:-12}-Q4_0.gguf
 if [ "${Q40:-0}" = 1 ]; then  # session 26: the tiled Q4_0 layout
-  ( [ -f $Z ] || { nice -n 10 timeout 200 python3 -m sparkd.engine.cli make-model $Z.part --preset qwen3-30b-a3b \
-      --quant Q4_0 --quiet --layers 12 && mv $Z.part $Z; } ) > $R/make_q40.log 2>&1 & MKZ=$!
+  ( [ -f $Z ] || { nice -n 10 timeout 200 python3 -m sparkd.engine.cli make-model $Z.part \
+      --preset ${Q40_PRESET:-qwen3-30b-a3b} --quant Q4_0 --quiet --layers ${Q40_LAYERS:-12} && mv $Z.part $Z; } \
+  ) > $R/make_q40.log 2>&1 & MKZ=$!
 fi
 M=$W/q3-12-Q4_K.gguf
 ( [ -f $M ] || { nice -n 10 timeout 150 python3 -m sparkd.engine.cli make-model $M.part --preset qwen3-30b-a3b \
@@ -200,7 +201,7 @@ if [ "${Q40:-0}" = 1 ]; then  # session 26: the Q4_0 model on the tiled layout a
   for r in $(seq 1 ${Q40_ROUNDS:-2}); do
     fits 90 "Q4_0 decode round $r" || break
     M=$Z gen q40tiled $r; M=$Z SPARKD_Q4_0_LAYOUT=gguf SPARKD_MOE_Q4_0_LAYOUT=gguf gen q40gguf $r
-    eval "M=$Z ${Q40_OFF:-SPARKD_GEMV_SHORT_ROWS=off} gen q40off $r"; snap
+    [ -n "${Q40_OFF:-}" ] && eval "M=$Z $Q40_OFF gen q40off $r"; snap
   done
   if [ "${Q40_PROFILE:-0}" = 1 ] && fits 130 "Q4_0 decode profile"; then
     timeout 125 python3 bench/gpu_box/decode_kernels.py $Z --steps 8 --rounds 2 --json $R/profile_q40.json \

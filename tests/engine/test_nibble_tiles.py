@@ -23,8 +23,8 @@ from test_kernels import (BACKENDS, BOUNDS, act_in, arena_table, moe_error, rand
                           rel_err)
 from test_moe_tiles import on_16_bytes  # noqa: E402
 
-from sparkd.engine.kernels import (act_quant, dispatch, matmul, moe, moe_prefill, moe_tiles, mxfp4,  # noqa: E402
-                                   mxfp4_tiled, prefill_gemm, q4_0, q4_0_tiled)
+from sparkd.engine.kernels import (act_quant, dispatch, moe, moe_prefill, moe_tiles, mxfp4, mxfp4_tiled,  # noqa: E402
+                                   prefill_gemm, q4_0, q4_0_tiled)
 from sparkd.engine.kernels.matmul import GemvConfig, gemv  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 
@@ -103,36 +103,6 @@ def test_tiled_gemv_gives_the_gguf_bits(backend, config, kind):
         assert rel_err(got, want.cpu().double()) < 1e-6, differ(got, want)
     else:
         assert torch.equal(got, want), differ(got, want)
-
-
-@pytest.mark.parametrize("target, rows, block_n", [(4, 16, 4), (8, 16, 2), (16, 16, 4), (8, 32, 4)])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_short_q4_0_rows_run_whole_on_fewer_rows_a_program(monkeypatch, backend, target, rows, block_n):
-    """matmul.default_config's short-row rule at a small TARGET_PROGRAMS: 2-row programs over whole rows where 4-row
-    ones are fewer than target and 2-row ones are not (else the family's 4-row tile); the GEMV picks it when handed
-    no tile and gives the bits of the file's blocks at that tile."""
-    monkeypatch.setattr(matmul, "TARGET_PROGRAMS", target)
-    fam, cols = dispatch.family(q4_0_tiled.TILED), 2048  # 8 groups: the 4-row tile would split them in 2
-    cfg = matmul.default_config(fam, (rows, cols))
-    assert (cfg.block_n, cfg.split) == ((block_n, 1) if block_n < 4 else (4, 0))
-    raw = random_blocks(T.Q4_0, rows * cols // 32).to(backend)
-    x = torch.randn(cols, device=backend)
-    got = gemv(q4_0_tiled.pack_raw(raw, (rows, cols)), q4_0_tiled.TILED, (rows, cols), x)
-    want = gemv(raw, T.Q4_0, (rows, cols), x, config=cfg)
-    assert torch.equal(got, want), differ(got, want)
-
-
-@pytest.mark.parametrize("why", ["long rows", "switched off", "another family"])
-def test_short_row_rule_keeps_the_family_tile_elsewhere(monkeypatch, why):
-    monkeypatch.setattr(matmul, "TARGET_PROGRAMS", 8)
-    fam, shape = dispatch.family(q4_0_tiled.TILED), (16, 512)
-    if why == "long rows":
-        monkeypatch.setattr(matmul, "SHORT_ROW_GROUPS", 1)
-    elif why == "switched off":
-        monkeypatch.setattr(matmul, "SHORT_ROWS", False)
-    else:
-        fam = dispatch.family(mxfp4_tiled.TILED)
-    assert matmul.default_config(fam, shape) == matmul.GEMV_TILES.get(fam.qtype.name, GemvConfig())
 
 
 def differ(got: torch.Tensor, want: torch.Tensor) -> str:

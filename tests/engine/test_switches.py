@@ -104,8 +104,6 @@ SWITCHES = [
            "two", {k: 2 if v else 0 for k, v in FLAG.items()}, switches.ON + switches.OFF),
     Switch("SPARKD_GEMV_WARPS_K", "sparkd.engine.kernels.matmul", "m.GEMV_TILES['Q4_K_TILED'].warps_k",
            "yes", FLAG, switches.ON + switches.OFF),
-    Switch("SPARKD_GEMV_SHORT_ROWS", "sparkd.engine.kernels.matmul", "m.SHORT_ROWS", "short", FLAG,
-           switches.ON + switches.OFF),
     Switch("SPARKD_PDL", "sparkd.engine.kernels.pdl", "m.current()", "maybe",
            {UNSET: "auto", "auto": "auto", " On ": "on", "off": "off"}, ("auto", "on", "off")),
     Switch("SPARKD_DECODE_ATTENTION_SPLIT", "sparkd.engine.kernels.decode_attention", "m.SPLIT_RULE", "half",

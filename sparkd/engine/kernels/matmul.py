@@ -112,26 +112,8 @@ OLD_GEMV_TILES = {"Q8_0": GemvConfig(elementwise=False), "Q8_0_PACKED": GemvConf
                   "Q4_K": GemvConfig(block_n=64, num_warps=4, unroll=1, elementwise=False)}
 
 
-# Session 27 (H200, bench/nibble_tiles_bench.py, x quantized before): the tiled Q4_0 GEMV on short rows (at most
-# SHORT_ROW_GROUPS groups) loses most to split-K where its 4-row tile leaves fewer than TARGET_PROGRAMS programs: at
-# 4096x4096 4 ranges and their fold 8.3 us (7.4 with the partials left to the norm), 2-row programs over whole rows
-# (2048 of them, no fold) 5.4 (0.27 -> 0.41 of copy); there the tile is SHORT_ROW_TILE where it gives TARGET_PROGRAMS
-# programs. Not 1-row programs (2048x4096: 4.5 us against the partials' 4.0; 14336x4096 18.7 against 13.6) nor long
-# rows (4096x14336: 17.6 against 15.3 at 4 ranges). $SPARKD_GEMV_SHORT_ROWS=off: the family's tile (session 26)
-SHORT_ROWS_ENV = "SPARKD_GEMV_SHORT_ROWS"
-SHORT_ROWS = switches.flag(SHORT_ROWS_ENV, True)
-SHORT_ROW_FAMILIES = ("Q4_0_TILED",)
-SHORT_ROW_GROUPS = 16
-SHORT_ROW_TILE = GemvConfig(block_n=2, num_warps=1, unroll=4, split=1, elementwise=True)
-
-
-def default_config(fam: dispatch.Family, shape: tuple[int, int] | None = None) -> GemvConfig:
-    """The family's tile (GEMV_TILES), or for a short-row shape [rows, cols] of SHORT_ROW_FAMILIES the rule above."""
-    cfg = GEMV_TILES.get(fam.qtype.name, GemvConfig())
-    if SHORT_ROWS and shape and fam.qtype.name in SHORT_ROW_FAMILIES and shape[1] <= SHORT_ROW_GROUPS * 256 and \
-            shape[0] // cfg.block_n < TARGET_PROGRAMS <= shape[0] // SHORT_ROW_TILE.block_n:
-        return SHORT_ROW_TILE
-    return cfg
+def default_config(fam: dispatch.Family) -> GemvConfig:
+    return GEMV_TILES.get(fam.qtype.name, GemvConfig())
 
 
 def emulate(cfg: GemvConfig, x: torch.Tensor) -> bool:
@@ -423,7 +405,7 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     fam, rows, cols, row_bytes = checked(weight, qtype, shape, x, 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
     check_qx(qx, fam, cols, what)
-    cfg = config or default_config(fam, (rows, cols))
+    cfg = config or default_config(fam)
     check_one_tile(fam, cfg, what)
     kernel_folds(cfg, 1)  # a bad fold name refused whether or not parts replaces it
     cfg = dataclasses.replace(cfg, fold="torch") if parts else cfg  # "torch": the partials stay in part

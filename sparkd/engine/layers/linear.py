@@ -162,7 +162,7 @@ class KernelLinear(nn.Module):
 
             # the interpreter (CPU, tests) runs programs one by one: few, wide tiles (where the step allows)
             fam = dispatch.family(self.qtype)
-            cfg = default_config(fam, self.shape) if on_cuda or fam.one_tile else GemvConfig(block_n=64)
+            cfg = default_config(fam) if on_cuda or fam.one_tile else GemvConfig(block_n=64)
             groups = -(-self.shape[1] // (fam.nsub * fam.sublen))  # as gemv counts them
             splits = {split_for(cfg, rows, groups, self.raw.device) for rows in self.parts}
             one_launch = len(splits) == 1
