@@ -29,8 +29,9 @@
 #   with LLAMA=1 llama-bench built with CUDA (cuda_side_by_side.sh BUILD_ONLY=1, started at the call's start; carry
 #   .cache) on the same file; OSS_STREAM=1 its streamed decode on the GPU (--budget OSS_BUDGET, default 3G: the
 #   experts read from the file each token) zero-copy (--unified on) and with the VRAM cache (auto);
-# - Q40=1: a Q4_0 model (Q40_PRESET, default qwen3-30b-a3b; Q40_LAYERS, default 12): its decode on the tiled Q4_0 projections and experts (the
-#   default since session 26) and on the file's blocks (SPARKD_Q4_0_LAYOUT=gguf SPARKD_MOE_Q4_0_LAYOUT=gguf),
+# - Q40=1: a Q4_0 model (Q40_PRESET, default qwen3-30b-a3b; Q40_LAYERS, default 12): its decode on the tiled Q4_0
+#   projections and experts (the default since session 26) and on the file's blocks (SPARKD_Q4_0_LAYOUT=gguf
+#   SPARKD_MOE_Q4_0_LAYOUT=gguf),
 #   Q40_ROUNDS rounds after the llama.cpp build, and under Q40_OFF's switches where set (e.g. Q40_OFF="SPARKD_X=off"),
 #   Q40_PROFILE=1 its replayed step kernel by kernel, and llama-bench on it with LLAMA=1;
 # - MXT=1: the 4-bit types' GEMV and MoE on the GGUF blocks against their tiled layouts (bench/nibble_tiles_bench.py,
