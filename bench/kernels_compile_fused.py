@@ -14,22 +14,26 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from sparkd.engine.kernels import decode_attention, pdl, rms_norm, rope_kv, router_topk
+from sparkd.engine.kernels import decode_attention, pdl, rms_norm, rope_attention, rope_kv, router_topk
 
 INT64_POINTERS = ("pos_ptr", "ids_ptr")
 FLOATS = ("eps", "scale", "min_sum")
-ROPE_BASE = {"BLOCK_D": 128, "BLOCK_HALF": 64, "BLOCK_REST": 1, "BLOCK_DV": 128}
+ROPE_BASE = {"BLOCK_D": 128, "BLOCK_DV": 128}
 VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
-    (rms_norm._rms_norm_rows, {"HAS_RES": False, "BLOCK": 2048}, 8),
-    (rms_norm._rms_norm_rows, {"HAS_RES": True, "BLOCK": 128}, 4),
+    (rms_norm._rms_norm_rows, {"HAS_RES": False, "BLOCK": 2048, "QBLOCK": 0, "K8": False, "PARTS": 0}, 8),
+    (rms_norm._rms_norm_rows, {"HAS_RES": True, "BLOCK": 128, "QBLOCK": 32, "K8": False, "PARTS": 0}, 4),
     (decode_attention._decode_attention,
-     {"GROUP": 8, "HAS_SINKS": False, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128}, 4),
-    (decode_attention._decode_attention,
-     {"GROUP": 8, "HAS_SINKS": True, "BLOCK_S": 64, "BLOCK_DK": 64, "BLOCK_DV": 64}, 4),
+     {"GROUP": 8, "HAS_SINKS": False, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128, "RANGE": 0, "FOLD": 0}, 4),
+    (decode_attention._decode_attention,  # "auto": 64-key ranges, the fold 32 ranges at a time
+     {"GROUP": 8, "HAS_SINKS": True, "BLOCK_S": 32, "BLOCK_DK": 64, "BLOCK_DV": 64, "RANGE": 64, "FOLD": 32}, 4),
     (decode_attention._decode_attention,  # MLA: 576-wide keys, 512-wide values
-     {"GROUP": 1, "HAS_SINKS": False, "BLOCK_S": 16, "BLOCK_DK": 1024, "BLOCK_DV": 512}, 4),
+     {"GROUP": 1, "HAS_SINKS": False, "BLOCK_S": 16, "BLOCK_DK": 1024, "BLOCK_DV": 512, "RANGE": 64, "FOLD": 32}, 4),
     (rope_kv._rope_kv, {"NEOX": True, "NORM": True, "HAS_V": True, **ROPE_BASE}, 1),
-    (rope_kv._rope_kv, {"NEOX": False, "NORM": False, "HAS_V": False, **ROPE_BASE, "BLOCK_REST": 32}, 1),
+    (rope_kv._rope_kv, {"NEOX": False, "NORM": False, "HAS_V": False, **ROPE_BASE}, 1),
+    (rope_attention._rope_attention, {"GROUP": 8, "NEOX": True, "NORM": True, "HAS_SINKS": False, "KEYS": 32,
+                                      "BLOCK_DK": 128, "BLOCK_DV": 128, "FOLD": 32}, 4),
+    (rope_attention._rope_attention, {"GROUP": 8, "NEOX": False, "NORM": False, "HAS_SINKS": True, "KEYS": 64,
+                                      "BLOCK_DK": 64, "BLOCK_DV": 64, "FOLD": 32}, 4),
     *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
                                   "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, 1) for g in range(4)],
 ]

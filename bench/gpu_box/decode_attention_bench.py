@@ -6,7 +6,13 @@ buffer, the buffers rotated past the L2 (as the step's weights evict the cache b
 --repeats replays (expert_sort_bench.graph_us). Also each rule's relative error against attend in float64 and whether two rules give
 the same bits (auto vs serial: equal where one range holds the keys).
 
+--fused (session 28) times the step's whole attention instead: rope_kv then decode_attention "auto" (two
+launches, "rope+auto") against kernels/rope_attention.py at each --tiles value of its TILE_VALUES ("fused:4096":
+32-key ranges at 128 wide), qwen3's q/k norms folded in, the token's raw q, k, v as the qkv GEMV leaves them;
+the error is each fused form's against rope+auto's output.
+
     python3 bench/gpu_box/decode_attention_bench.py --positions 8,40,72,100,136,200,300,520,1000 --json out.json
+    python3 bench/gpu_box/decode_attention_bench.py --fused --tiles 4096,8192 --positions 8,40,72,136,520,2000
 """
 
 from __future__ import annotations
@@ -31,14 +37,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--positions", default="8,40,72,100,136,200,300,520,1000")
     ap.add_argument("--rules", default="off,serial,auto")
+    ap.add_argument("--fused", action="store_true", help="rope_kv + attention (auto) against rope_attention")
+    ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--sinks", action="store_true", help="with an attention sink a head (gpt-oss)")
     ap.add_argument("--json")
     a = ap.parse_args()
-    rules, dev = a.rules.split(","), torch.device("cuda")
+    rules = ["rope+auto", *(f"fused:{t}" for t in a.tiles.split(","))] if a.fused else a.rules.split(",")
+    dev = torch.device("cuda")
     torch.manual_seed(0)
-    res = {"rules": rules, "rows": []}
-    print(f"{'pos':>5s} {'span':>5s} " + " ".join(f"{r + ' us':>10s}" for r in rules) + "  rel err vs float64; bits equal")
+    res = {"rules": rules, "fused": a.fused, "rows": []}
+    print(f"{'pos':>5s} {'span':>5s} " + " ".join(f"{r + ' us':>12s}" for r in rules)
+          + ("  rel err vs rope+auto" if a.fused else "  rel err vs float64; bits equal"))
     for pos in map(int, a.positions.split(",")):
         span = next(s for s in buckets(1 << 20) if s > pos)
         n_buf = max(12, -(-L2_BYTES // (2 * span * HKV * D * 4)))
@@ -46,28 +56,66 @@ def main() -> None:
         q = torch.randn(1, H, D, device=dev)
         sinks = torch.randn(H, device=dev) if a.sinks else None
         p = torch.tensor([pos], device=dev)
-        want = attend(q.double().cpu(), kv[0][0].double().cpu(), kv[0][1].double().cpu(), 0.088, p.cpu(), 0,
-                      None if sinks is None else sinks.double().cpu())
         row = {"pos": pos, "span": span, "buffers": n_buf, "us": {}, "err": {}, "out": {}}
+        call = fused_calls(q, sinks, p, span, dev) if a.fused else None
         for rule in rules:
-            da.SPLIT_RULE = rule
-            da.decode_attention(q, *kv[0], p, 0.088, 0, sinks)  # compile, tickets
+            if a.fused:
+                def one(k, v, rule=rule):
+                    return call(rule, k, v)
+            else:
+                da.SPLIT_RULE = rule
+
+                def one(k, v):
+                    return da.decode_attention(q, k, v, p, 0.088, 0, sinks)
+            one(*kv[0])  # compile, tickets
 
             def every_buffer():  # one call a KV buffer: the graph reads each past the L2
                 for k, v in kv:
-                    da.decode_attention(q, k, v, p, 0.088, 0, sinks)
+                    one(k, v)
             row["us"][rule] = graph_us(every_buffer, 1, a.repeats) / n_buf
-            out = da.decode_attention(q, *kv[0], p, 0.088, 0, sinks)
-            row["err"][rule] = float((out.double().cpu() - want).norm() / want.norm())
-            row["out"][rule] = out
+            row["out"][rule] = one(*kv[0])
         outs = row.pop("out")
-        row["bits_equal"] = {f"{x}={y}": bool(torch.equal(outs[x], outs[y]))
-                             for i, x in enumerate(rules) for y in rules[i + 1:]}
+        if a.fused:
+            row["err"] = {r: rel(outs[r], outs["rope+auto"]) for r in rules[1:]}
+        else:
+            want = attend(q.double().cpu(), kv[0][0].double().cpu(), kv[0][1].double().cpu(), 0.088, p.cpu(), 0,
+                          None if sinks is None else sinks.double().cpu())
+            row["err"] = {r: rel(outs[r], want) for r in rules}
+            row["bits_equal"] = {f"{x}={y}": bool(torch.equal(outs[x], outs[y]))
+                                 for i, x in enumerate(rules) for y in rules[i + 1:]}
         res["rows"].append(row)
-        print(f"{pos:5d} {span:5d} " + " ".join(f"{row['us'][r]:10.2f}" for r in rules) + "  "
-              + " ".join(f"{r} {row['err'][r]:.1e}" for r in rules) + "; " + str(row["bits_equal"]), flush=True)
+        print(f"{pos:5d} {span:5d} " + " ".join(f"{row['us'][r]:12.2f}" for r in rules) + "  "
+              + " ".join(f"{r} {e:.1e}" for r, e in row["err"].items()) + ("" if a.fused else f"; {row['bits_equal']}"),
+              flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
+
+
+def rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double().cpu() - want.double().cpu()).norm() / want.double().cpu().norm())
+
+
+def fused_calls(q, sinks, p, span, dev):
+    """call(rule, k_cache, v_cache) → the attention output of the token (raw q; its k, v rows and qwen3's q/k
+    norms fixed here) with the cache rows at p written: "rope+auto" as two launches, "fused:N" as rope_attention
+    at TILE_VALUES N."""
+    from sparkd.engine.kernels import decode_attention as da
+    from sparkd.engine.kernels import rope_attention as ra
+    from sparkd.engine.kernels.rope_kv import rope_kv
+    from sparkd.engine.layers.rope import RopeConfig, rope_cos_sin
+
+    cos, sin = (t.to(dev) for t in rope_cos_sin(RopeConfig(n_rot=D, base=1e6, neox=True), torch.arange(span)))
+    k_new, v_new = torch.randn(1, HKV, D, device=dev), torch.randn(1, HKV, D, device=dev)
+    norms = (torch.rand(D, device=dev) + 0.5, torch.rand(D, device=dev) + 0.5, 1e-6)
+
+    def call(rule, k, v):
+        if rule == "rope+auto":
+            da.SPLIT_RULE = "auto"
+            q_rot = rope_kv(q, k_new, v_new, cos, sin, p, k, v, True, norms)
+            return da.decode_attention(q_rot, k, v, p, 0.088, 0, sinks)
+        ra.TILE_VALUES = int(rule.split(":")[1])
+        return ra.rope_attention(q, k_new, v_new, cos, sin, p, k, v, True, norms, 0.088, 0, sinks)
+    return call
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ def role(name: str, nth_plain: int, where: str) -> str:
     """The part of the step a kernel serves, by its name and, for the dense GEMVs (names without a
     known part), its order among them in the layer (where "layer") or after the layers ("tail")."""
     low = name.lower()
-    for key, part in (("memcpy", "host copy"), ("memset", "memset"), ("fill", "fill"), ("rope", "rope + KV write"),
+    for key, part in (("memcpy", "host copy"), ("memset", "memset"), ("fill", "fill"),
+                      ("rope_attention", "rope + KV write + attention"), ("rope", "rope + KV write"),
                       ("attention", "attention"), ("topk", "router (gate GEMV + top-k)"),
                       ("gate_up", "experts gate/up"), ("down", "experts down"), ("norm", "norm"),
                       ("argmax", "argmax"), ("index", "embedding"), ("quant", "act quant")):

@@ -35,7 +35,9 @@
 #   Q40_ROUNDS rounds after the llama.cpp build, and under Q40_OFF's switches where set (e.g. Q40_OFF="SPARKD_X=off"),
 #   Q40_PROFILE=1 its replayed step kernel by kernel, and llama-bench on it with LLAMA=1;
 # - MXT=1: the 4-bit types' GEMV and MoE on the GGUF blocks against their tiled layouts (bench/nibble_tiles_bench.py,
-#   MXT_S its timeout, MXT_ARGS e.g. --sweep none --types Q4_0).
+#   MXT_S its timeout, MXT_ARGS e.g. --sweep none --types Q4_0);
+# - ATTN=1: the step's attention alone, rope_kv + decode_attention against rope_attention by position
+#   (bench/gpu_box/decode_attention_bench.py ATTN_ARGS, default --fused; ATTN_S its timeout).
 # Results: $OUT/res.tgz + $OUT/log.txt (snapshotted after every step, so a timeout keeps what ran).
 set -u
 export PYTHONUNBUFFERED=1
@@ -50,7 +52,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|OSS_STREAM|OSS_BUDGET|Q40|Q40_ROUNDS|Q40_PROFILE|Q40_OFF|Q40_PRESET|Q40_LAYERS|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|OSS_STREAM|OSS_BUDGET|Q40|Q40_ROUNDS|Q40_PROFILE|Q40_OFF|Q40_PRESET|Q40_LAYERS|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS|ATTN|ATTN_S|ATTN_ARGS)=' | sort | tr '\n' ' ')"
 if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
   OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
 fi
@@ -132,6 +134,11 @@ if [ "${MXT:-0}" = 1 ] && fits 60 "nibble tiles bench"; then  # sessions 25-26: 
   PYTHONPATH=$PYTHONPATH:$PWD/bench timeout ${MXT_S:-150} python3 bench/nibble_tiles_bench.py ${MXT_ARGS:-} \
     --json $R/mxt.json > $R/mxt.log 2>&1
   log "nibble tiles rc $?"; cat $R/mxt.log >> $OUT/log.txt; snap
+fi
+if [ "${ATTN:-0}" = 1 ] && fits 60 "attention bench"; then  # session 28: rope + KV write + attention in one launch
+  timeout ${ATTN_S:-120} python3 bench/gpu_box/decode_attention_bench.py ${ATTN_ARGS:---fused --tiles 4096,8192 \
+    --positions 8,40,72,136,264,520,1000,2000} --json $R/attn.json > $R/attn.log 2>&1
+  log "attention bench rc $?"; cat $R/attn.log >> $OUT/log.txt; snap
 fi
 if [ "${DRAW:-0}" = 1 ] && fits 100 "top-p draw bench"; then  # the select's 4096, 2048, 1024 and 512 bins a stage
   timeout 95 python3 bench/gpu_box/draw_graph_bench.py --top-p-only --reps 200 --json $R/draw_graph.json > $R/draw_graph.log 2>&1

@@ -13,8 +13,8 @@ from gguf.constants import GGMLQuantizationType as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from sparkd.engine.kernels import (act_quant, decode_attention, dispatch, matmul, moe, q4_k_tiled, rms_norm, rope_kv,
-                                   router_topk)
+from sparkd.engine.kernels import (act_quant, decode_attention, dispatch, matmul, moe, q4_k_tiled, rms_norm,
+                                   rope_attention, rope_kv, router_topk)
 from sparkd.engine.kernels.pdl import PREFETCHES
 
 ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async(?!\.bulk\.prefetch)")
@@ -62,8 +62,10 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
                                                     PREFETCH=PREFETCHES.index("bulk")), 4),
     "rms_norm_quant": (rms_norm._rms_norm_rows, dict(HAS_RES=True, BLOCK=2048, QBLOCK=32, K8=False, PARTS=0), 8),
     "quant": (act_quant._quant_kernel, dict(BLOCK=32, PER=8, K8=False), 1),
-    "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_HALF=64, BLOCK_REST=1,
-                                       BLOCK_DV=128), 1),
+    "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_DV=128), 1),
+    # session 28: rope_kv and the decode attention in one launch
+    "rope_attention": (rope_attention._rope_attention, dict(GROUP=8, NEOX=True, NORM=True, HAS_SINKS=False, KEYS=32,
+                                                            BLOCK_DK=128, BLOCK_DV=128, FOLD=32), 4),
     "decode_attention": (decode_attention._decode_attention, dict(GROUP=8, HAS_SINKS=False, BLOCK_S=64, BLOCK_DK=128,
                                                                   BLOCK_DV=128, RANGE=0, FOLD=0), 4),
     # session 15 (step26): the keys in ranges, the head's last program adding them (a ticket); session 16 (attn28):

@@ -459,19 +459,24 @@ def test_fused_static_step_equals_torch_step(models, backend, arch):
 @pytest.mark.skipif(ON_GPU, reason="counts the CPU dispatch of the interpreted step; the GPU box "
                                    "counts a graph replay in decode_profile.py")
 def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models):
-    """qwen3moe: q/k norms fold into rope_kv; no torch norm, rope, softmax or top-k is left."""
+    """qwen3moe: q/k norms fold into rope_kv, and rope_kv into the attention (rope_attention); no torch norm,
+    rope, softmax or top-k is left. Without rope_attention, rope_kv and decode_attention launch apart."""
     counts = load_bench_script("gpu_box/launch_count.py")
     m = load_model(models["qwen3moe"])
+    apart = ",".join(k for k in fused.KERNELS if k != "rope_attention")
     try:
         n_layer = len(m.net.blocks)
-        none, every = (counts.static_step_counts(m.net, spec, on_cpu=True) for spec in ("none", "all"))
+        none, every, two = (counts.static_step_counts(m.net, spec, on_cpu=True) for spec in ("none", "all", apart))
     finally:
         m.close()
     triton_ops = {k: v for k, v in every["ops"].items() if k.startswith("triton:")}
-    # per layer: attn and ffn norms, q/k norms + rope + KV write, attention, router (its gate GEMV
+    # per layer: attn and ffn norms, q/k norms + rope + KV write + attention, router (its gate GEMV
     # included: layers/moe.DECODE_PARTS "router"); plus the output norm
-    assert triton_ops == {"triton:_rms_norm_rows": 2 * n_layer + 1, "triton:_rope_kv": n_layer,
-                          "triton:_decode_attention": n_layer, "triton:_gate_topk": n_layer}
+    assert triton_ops == {"triton:_rms_norm_rows": 2 * n_layer + 1, "triton:_rope_attention": n_layer,
+                          "triton:_gate_topk": n_layer}
+    assert {k: v for k, v in two["ops"].items() if k.startswith("triton:")} == {
+        "triton:_rms_norm_rows": 2 * n_layer + 1, "triton:_rope_kv": n_layer, "triton:_decode_attention": n_layer,
+        "triton:_gate_topk": n_layer}
     gone = ("pow", "rsqrt", "_softmax", "topk", "index_copy_", "repeat_interleave", "masked_fill")
     assert all(none["ops"].get(op) for op in ("pow", "rsqrt", "_softmax", "topk", "index_copy_"))
     assert not [op for op in every["ops"] if op in gone]

@@ -160,10 +160,42 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
     acc = tl.zeros([BLOCK_DV], tl.float32)
     m, total, acc = _attend_keys(q, k_ptr + kvh * k_head_stride, v_ptr + kvh * v_head_stride, k_row_stride,
                                  v_row_stride, dk, dv, DK, DV, lo, hi, start, end, scale, m, total, acc, BLOCK_S)
-    one = RANGE == 0  # this program's values are the head's
     if FOLD > 0:
-        one = r1 - r0 == 1  # one range holds keys: the fold's weight would be 1
-    if one:
+        finish_ranges(out_ptr, part_ptr, stat_ptr, ticket_ptr, h, m, total, acc, r0, r1, out_head_stride, DV,
+                      BLOCK_DV, FOLD)
+    elif RANGE == 0:  # this program's values are the head's
+        tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
+    else:  # step26's fold: every program stores its stats and takes a ticket, the last adds them one at a time
+        n_h, n_r = tl.num_programs(0), tl.num_programs(1)
+        slot = h * n_r + tl.program_id(1)
+        tl.store(stat_ptr + slot, m)
+        tl.store(stat_ptr + n_h * n_r + slot, total)
+        tl.store(part_ptr + slot * BLOCK_DV + dv, acc)
+        tl.debug_barrier()  # every thread's values stored before the ticket releases them
+        if tl.atomic_add(ticket_ptr + h, 1, sem="acq_rel") == n_r - 1:
+            tl.debug_barrier()
+            top = tl.full([], float("-inf"), tl.float32)
+            for r in range(r0, r1):  # the ranges holding keys: finite maxima
+                top = tl.maximum(top, tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg"))
+            total = tl.full([], 0.0, tl.float32)
+            acc = tl.zeros([BLOCK_DV], tl.float32)
+            for r in range(r0, r1):  # in order: the same bits every run
+                w = tl.exp(tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg") - top)
+                total += tl.load(stat_ptr + n_h * n_r + h * n_r + r, cache_modifier=".cg") * w
+                acc += tl.load(part_ptr + (h * n_r + r) * BLOCK_DV + dv, cache_modifier=".cg") * w
+            tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
+            tl.store(ticket_ptr + h, 0)
+
+
+@triton.jit
+def finish_ranges(out_ptr, part_ptr, stat_ptr, ticket_ptr, h, m, total, acc, r0, r1, out_head_stride, DV,
+                  BLOCK_DV: tl.constexpr, FOLD: tl.constexpr):
+    """Program (h, r)'s running max m, sum total and weighted values acc over its range of keys ("auto"; the
+    ranges [r0, r1) hold the head's keys, r among them): the head's output where one range holds them all (the
+    fold's weight would be 1), else its stats [2, H, R] and values [H, R, BLOCK_DV] stored and the head's last
+    program to take its ticket adds the ranges in order (_fold_ranges) and hands the ticket back."""
+    dv = tl.arange(0, BLOCK_DV)
+    if r1 - r0 == 1:
         tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
     else:
         n_h, n_r = tl.num_programs(0), tl.num_programs(1)
@@ -172,24 +204,10 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
         tl.store(stat_ptr + n_h * n_r + slot, total)
         tl.store(part_ptr + slot * BLOCK_DV + dv, acc)
         tl.debug_barrier()  # every thread's values stored before the ticket releases them
-        takers = r1 - r0 if FOLD > 0 else n_r  # the programs that take a ticket
-        if tl.atomic_add(ticket_ptr + h, 1, sem="acq_rel") == takers - 1:
+        if tl.atomic_add(ticket_ptr + h, 1, sem="acq_rel") == r1 - r0 - 1:
             tl.debug_barrier()
-            if FOLD > 0:
-                tl.store(out_ptr + h * out_head_stride + dv,
-                         _fold_ranges(stat_ptr, part_ptr, h, n_h, n_r, r0, r1, BLOCK_DV, FOLD),
-                         mask=dv < DV)
-            else:
-                top = tl.full([], float("-inf"), tl.float32)
-                for r in range(r0, r1):  # the ranges holding keys: finite maxima
-                    top = tl.maximum(top, tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg"))
-                total = tl.full([], 0.0, tl.float32)
-                acc = tl.zeros([BLOCK_DV], tl.float32)
-                for r in range(r0, r1):  # in order: the same bits every run
-                    w = tl.exp(tl.load(stat_ptr + h * n_r + r, cache_modifier=".cg") - top)
-                    total += tl.load(stat_ptr + n_h * n_r + h * n_r + r, cache_modifier=".cg") * w
-                    acc += tl.load(part_ptr + (h * n_r + r) * BLOCK_DV + dv, cache_modifier=".cg") * w
-                tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
+            tl.store(out_ptr + h * out_head_stride + dv,
+                     _fold_ranges(stat_ptr, part_ptr, h, n_h, n_r, r0, r1, BLOCK_DV, FOLD), mask=dv < DV)
             tl.store(ticket_ptr + h, 0)
 
 

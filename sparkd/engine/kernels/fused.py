@@ -2,8 +2,9 @@
 top-k, and norm_quant: the RMSNorm also writing x's int8 blocks for the integer GEMV after it, so
 that GEMV skips its own quantization launch; it needs rms_norm on; norm_fold: the residual add +
 RMSNorm after attention adds the output projection's split-K partials in order, so that GEMV's
-launch has no fold (matmul.fold_part) of its own, the same bits; it needs rms_norm too): which of
-them the layers use on CUDA tensors instead of their torch code.
+launch has no fold (matmul.fold_part) of its own, the same bits; it needs rms_norm too; rope_attention:
+rope_kv and attention as one launch, kernels/rope_attention.py; it needs both): which of them the layers use
+on CUDA tensors instead of their torch code.
 
 The torch code stays the CPU path and the reference; a fused kernel runs only where it is
 switched on and the tensor is on a GPU (or, for tests, on the CPU under TRITON_INTERPRET=1 after
@@ -23,7 +24,7 @@ import torch
 
 from sparkd.engine import switches
 
-KERNELS = ("rms_norm", "rope_kv", "attention", "router", "norm_quant", "norm_fold")
+KERNELS = ("rms_norm", "rope_kv", "attention", "router", "norm_quant", "norm_fold", "rope_attention")
 ENV = "SPARKD_FUSED_KERNELS"
 EAGER_ENV = "SPARKD_FUSED_EAGER"
 

@@ -187,6 +187,19 @@ class Attention(nn.Module):
         v = v.view(T, self.n_head_kv, -1)
         # the decode kernels serve the static (CUDA graph) step and, unless switched off, the eager one
         one = T == 1 and fused.one_token(cache.span is not None)
+        if one and self._one_launch(x, q, k, v, cache):
+            o = self._rope_attention(q, k, v, pos, cache)
+        else:
+            o = self._attend(x, q, k, v, pos, cache, one)
+        o = o.reshape(T, -1)
+        if parts and T == 1 and isinstance(self.wo, KernelLinear):
+            return self.wo.forward_parts(o)
+        return self.wo(o)  # (parts: one token's [1, D], a single part)
+
+    def _attend(self, x, q, k, v, pos, cache, one: bool) -> torch.Tensor:
+        """Rope, the KV write and attention as separate steps: the decode kernels (rope_kv, decode_attention)
+        where switched on, else torch (the prompt's kernels for T > 1) → [T, H, Dv]."""
+        T = x.shape[0]
         if one and fused.active("rope_kv", x) and self._rope_kv_fits(q, k, v):
             q, k_all, v_all, start = self._rope_kv(q, k, v, pos, cache)
         else:
@@ -211,10 +224,7 @@ class Attention(nn.Module):
             o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window, cache.masks)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks, masks=cache.masks)  # [T, H, Dv]
-        o = o.reshape(T, -1)
-        if parts and T == 1 and isinstance(self.wo, KernelLinear):
-            return self.wo.forward_parts(o)
-        return self.wo(o)  # (parts: one token's [1, D], a single part)
+        return o
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.wqkv is not None:
@@ -222,6 +232,12 @@ class Attention(nn.Module):
         if self.wqk is not None:
             return *self.wqk(x).split(self.wqk.parts, dim=-1), self.wv(x)
         return self.wq(x), self.wk(x), self.wv(x)
+
+    def _one_launch(self, x, q, k, v, cache) -> bool:
+        """Whether a one-token step runs rope, the KV write and attention in one launch (kernels/rope_attention):
+        rope_attention, rope_kv and attention switched on, a value cache, and rows rope_kv takes."""
+        return (all(fused.active(name, x) for name in ("rope_attention", "rope_kv", "attention"))
+                and cache.v[self.il] is not None and self._rope_kv_fits(q, k, v))
 
     def _rope_kv_fits(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return (all(t.dtype == torch.float32 and t.stride(-1) == 1 for t in (q, k, v))
@@ -236,14 +252,29 @@ class Attention(nn.Module):
         launch (see kernels/rope_kv)."""
         from sparkd.engine.kernels.rope_kv import rope_kv
 
-        qn, kn = self.q_norm, self.k_norm
-        fold = (isinstance(qn, RMSNorm) and isinstance(kn, RMSNorm) and qn.eps == kn.eps
-                and qn.weight.dtype == kn.weight.dtype == torch.float32
-                and qn.weight.shape == kn.weight.shape == (self.head_dim,))
-        norms = (qn.weight, kn.weight, qn.eps) if fold else None
-        if not fold:
-            q, k = self._qk_norms(q, k)
+        q, k, norms = self._norms_folded(q, k)
         cos, sin = cache.rope_table(self.rope)
         k_all, v_all, dpos = cache.decode_rows(self.il, pos)
         q = rope_kv(q, k, v, cos, sin, dpos, cache.k[self.il], cache.v[self.il], self.rope.neox, norms)
         return q, k_all, v_all, dpos
+
+    def _rope_attention(self, q, k, v, pos, cache):
+        """The q/k norms, rope, the k/v rows written at pos and attention, in one launch (kernels/rope_attention)."""
+        from sparkd.engine.kernels.rope_attention import rope_attention
+
+        q, k, norms = self._norms_folded(q, k)
+        cos, sin = cache.rope_table(self.rope)
+        k_all, v_all, dpos = cache.decode_rows(self.il, pos)
+        return rope_attention(q, k, v, cos, sin, dpos, k_all, v_all, self.rope.neox, norms, self.scale,
+                              self.window, self.sinks)
+
+    def _norms_folded(self, q, k):
+        """(q, k, norms): the q/k RMSNorms' (weights, eps) for a decode kernel to apply where both fold (float32
+        weights of one head's width, one eps), else q and k normalised here and norms None."""
+        qn, kn = self.q_norm, self.k_norm
+        fold = (isinstance(qn, RMSNorm) and isinstance(kn, RMSNorm) and qn.eps == kn.eps
+                and qn.weight.dtype == kn.weight.dtype == torch.float32
+                and qn.weight.shape == kn.weight.shape == (self.head_dim,))
+        if fold:
+            return q, k, (qn.weight, kn.weight, qn.eps)
+        return *self._qk_norms(q, k), None
