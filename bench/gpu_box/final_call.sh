@@ -136,8 +136,8 @@ if [ "${MXT:-0}" = 1 ] && fits 60 "nibble tiles bench"; then  # sessions 25-26: 
   log "nibble tiles rc $?"; cat $R/mxt.log >> $OUT/log.txt; snap
 fi
 if [ "${ATTN:-0}" = 1 ] && fits 60 "attention bench"; then  # session 28: rope + KV write + attention in one launch
-  timeout ${ATTN_S:-120} python3 bench/gpu_box/decode_attention_bench.py ${ATTN_ARGS:---fused --tiles 4096,8192 \
-    --positions 8,40,72,136,264,520,1000,2000} --json $R/attn.json > $R/attn.log 2>&1
+  timeout ${ATTN_S:-120} python3 bench/gpu_box/decode_attention_bench.py ${ATTN_ARGS:---fused \
+    --positions 8,40,72,136,264,520,1000,2000,4000,8000} --json $R/attn.json > $R/attn.log 2>&1
   log "attention bench rc $?"; cat $R/attn.log >> $OUT/log.txt; snap
 fi
 if [ "${DRAW:-0}" = 1 ] && fits 100 "top-p draw bench"; then  # the select's 4096, 2048, 1024 and 512 bins a stage
