@@ -30,10 +30,10 @@ VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
      {"GROUP": 1, "HAS_SINKS": False, "BLOCK_S": 16, "BLOCK_DK": 1024, "BLOCK_DV": 512, "RANGE": 64, "FOLD": 32}, 4),
     (rope_kv._rope_kv, {"NEOX": True, "NORM": True, "HAS_V": True, **ROPE_BASE}, 1),
     (rope_kv._rope_kv, {"NEOX": False, "NORM": False, "HAS_V": False, **ROPE_BASE}, 1),
-    (rope_attention._rope_attention, {"GROUP": 8, "NEOX": True, "NORM": True, "HAS_SINKS": False, "KEYS": 64,
-                                      "RANGES": 8, "BLOCK_DK": 128, "BLOCK_DV": 128, "FOLD": 8}, 8),
+    (rope_attention._rope_attention, {"GROUP": 8, "NEOX": True, "NORM": True, "HAS_SINKS": False, "KEYS": 32,
+                                      "BLOCK_DK": 128, "BLOCK_DV": 128, "FOLD": 32}, 4),
     (rope_attention._rope_attention, {"GROUP": 8, "NEOX": False, "NORM": False, "HAS_SINKS": True, "KEYS": 64,
-                                      "RANGES": 8, "BLOCK_DK": 64, "BLOCK_DV": 64, "FOLD": 8}, 4),
+                                      "BLOCK_DK": 64, "BLOCK_DV": 64, "FOLD": 32}, 4),
     *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
                                   "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, 1) for g in range(4)],
 ]

@@ -7,12 +7,12 @@ buffer, the buffers rotated past the L2 (as the step's weights evict the cache b
 the same bits (auto vs serial: equal where one range holds the keys).
 
 --fused (session 28) times the step's whole attention instead: rope_kv then decode_attention "auto" (two
-launches, "rope+auto") against kernels/rope_attention.py at each --tiles TILE_VALUES:MAX_RANGES ("fused:8192:8":
-64-key tiles at 128 wide, at most 8 ranges a head), qwen3's q/k norms folded in, the token's raw q, k, v as the
-qkv GEMV leaves them; the error is each fused form's against rope+auto's output.
+launches, "rope+auto") against kernels/rope_attention.py at each --tiles value of its TILE_VALUES ("fused:4096":
+32-key ranges at 128 wide), qwen3's q/k norms folded in, the token's raw q, k, v as the qkv GEMV leaves them;
+the error is each fused form's against rope+auto's output.
 
     python3 bench/gpu_box/decode_attention_bench.py --positions 8,40,72,100,136,200,300,520,1000 --json out.json
-    python3 bench/gpu_box/decode_attention_bench.py --fused --tiles 8192:8,4096:16 --positions 8,40,136,520,2000
+    python3 bench/gpu_box/decode_attention_bench.py --fused --tiles 4096,8192 --positions 8,40,72,136,520,2000
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ def main() -> None:
     ap.add_argument("--positions", default="8,40,72,100,136,200,300,520,1000")
     ap.add_argument("--rules", default="off,serial,auto")
     ap.add_argument("--fused", action="store_true", help="rope_kv + attention (auto) against rope_attention")
-    ap.add_argument("--tiles", default="8192:8,8192:16,4096:8,4096:16",
-                    help="with --fused: rope_attention's TILE_VALUES:MAX_RANGES pairs")
+    ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--sinks", action="store_true", help="with an attention sink a head (gpt-oss)")
     ap.add_argument("--json")
@@ -98,8 +97,8 @@ def rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def fused_calls(q, sinks, p, span, dev):
     """call(rule, k_cache, v_cache) → the attention output of the token (raw q; its k, v rows and qwen3's q/k
-    norms fixed here) with the cache rows at p written: "rope+auto" as two launches, "fused:N:R" as rope_attention
-    at TILE_VALUES N, MAX_RANGES R."""
+    norms fixed here) with the cache rows at p written: "rope+auto" as two launches, "fused:N" as rope_attention
+    at TILE_VALUES N."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import rope_attention as ra
     from sparkd.engine.kernels.rope_kv import rope_kv
@@ -114,7 +113,7 @@ def fused_calls(q, sinks, p, span, dev):
             da.SPLIT_RULE = "auto"
             q_rot = rope_kv(q, k_new, v_new, cos, sin, p, k, v, True, norms)
             return da.decode_attention(q_rot, k, v, p, 0.088, 0, sinks)
-        ra.TILE_VALUES, ra.MAX_RANGES = map(int, rule.split(":")[1:])
+        ra.TILE_VALUES = int(rule.split(":")[1])
         return ra.rope_attention(q, k_new, v_new, cos, sin, p, k, v, True, norms, 0.088, 0, sinks)
     return call
 

@@ -64,8 +64,8 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
     "quant": (act_quant._quant_kernel, dict(BLOCK=32, PER=8, K8=False), 1),
     "rope_kv": (rope_kv._rope_kv, dict(NEOX=True, NORM=True, HAS_V=True, BLOCK_D=128, BLOCK_DV=128), 1),
     # session 28: rope_kv and the decode attention in one launch
-    "rope_attention": (rope_attention._rope_attention, dict(GROUP=8, NEOX=True, NORM=True, HAS_SINKS=False, KEYS=64,
-                                                            RANGES=8, BLOCK_DK=128, BLOCK_DV=128, FOLD=8), 8),
+    "rope_attention": (rope_attention._rope_attention, dict(GROUP=8, NEOX=True, NORM=True, HAS_SINKS=False, KEYS=32,
+                                                            BLOCK_DK=128, BLOCK_DV=128, FOLD=32), 4),
     "decode_attention": (decode_attention._decode_attention, dict(GROUP=8, HAS_SINKS=False, BLOCK_S=64, BLOCK_DK=128,
                                                                   BLOCK_DV=128, RANGE=0, FOLD=0), 4),
     # session 15 (step26): the keys in ranges, the head's last program adding them (a ticket); session 16 (attn28):

@@ -458,17 +458,21 @@ def test_fused_static_step_equals_torch_step(models, backend, arch):
 
 @pytest.mark.skipif(ON_GPU, reason="counts the CPU dispatch of the interpreted step; the GPU box "
                                    "counts a graph replay in decode_profile.py")
-def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models):
+def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models, monkeypatch):
     """qwen3moe: q/k norms fold into rope_kv, and rope_kv into the attention (rope_attention); no torch norm,
-    rope, softmax or top-k is left. Without rope_attention, rope_kv and decode_attention launch apart."""
+    rope, softmax or top-k is left. Without rope_attention, or over a span past fused.ROPE_ATTENTION_SPAN,
+    rope_kv and decode_attention launch apart."""
     counts = load_bench_script("gpu_box/launch_count.py")
     m = load_model(models["qwen3moe"])
     apart = ",".join(k for k in fused.KERNELS if k != "rope_attention")
     try:
         n_layer = len(m.net.blocks)
         none, every, two = (counts.static_step_counts(m.net, spec, on_cpu=True) for spec in ("none", "all", apart))
+        monkeypatch.setattr(fused, "ROPE_ATTENTION_SPAN", 2)  # spans over it: the two launches
+        long = counts.static_step_counts(m.net, "all", on_cpu=True)
     finally:
         m.close()
+    assert long["ops"] == two["ops"]
     triton_ops = {k: v for k, v in every["ops"].items() if k.startswith("triton:")}
     # per layer: attn and ffn norms, q/k norms + rope + KV write + attention, router (its gate GEMV
     # included: layers/moe.DECODE_PARTS "router"); plus the output norm

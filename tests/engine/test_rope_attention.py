@@ -72,21 +72,18 @@ def to(backend, *ts):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("neox, H, Hkv, Dk, Dv, n_rot, S, pos, window, sinks, norm, tile, ranges", [
-    (True, 4, 2, 16, 16, 16, 16, 0, 0, False, False, 8192, 8),  # the first position: one key, the new one
-    (False, 6, 3, 12, 10, 8, 40, 39, 0, True, True, 8192, 8),  # the last row, odd widths, a partial rotation
-    (True, 8, 2, 16, 16, 12, 80, 47, 0, True, True, 256, 8),  # 16-key tiles, a range each: three, one fold
-    (False, 4, 4, 16, 24, 16, 70, 66, 20, False, False, 256, 8),  # a sliding window: the first ranges hold none
-    (True, 6, 1, 32, 32, 32, 64, 33, 100, True, True, 512, 8),  # a window wider than the sequence
-    (True, 8, 2, 16, 16, 16, 160, 150, 0, True, True, 256, 3),  # 10 tiles in 3 ranges of 4 (the last of 2)
-    (False, 4, 2, 16, 16, 16, 160, 130, 45, True, False, 256, 2)])  # a window over ranges of 5 tiles
+@pytest.mark.parametrize("neox, H, Hkv, Dk, Dv, n_rot, S, pos, window, sinks, norm, tile", [
+    (True, 4, 2, 16, 16, 16, 16, 0, 0, False, False, 4096),  # the first position: one key, the new one
+    (False, 6, 3, 12, 10, 8, 40, 39, 0, True, True, 4096),  # the last row, odd widths, a partial rotation
+    (True, 8, 2, 16, 16, 12, 80, 47, 0, True, True, 256),  # 16-key ranges: three hold keys, one fold
+    (False, 4, 4, 16, 24, 16, 70, 66, 20, False, False, 256),  # a sliding window: the first ranges hold none
+    (True, 6, 1, 32, 32, 32, 64, 33, 100, True, True, 512)])  # a window wider than the sequence
 def test_rope_attention_matches_torch_and_the_two_kernels(backend, monkeypatch, neox, H, Hkv, Dk, Dv, n_rot, S, pos,
-                                                          window, sinks, norm, tile, ranges):
+                                                          window, sinks, norm, tile):
     """The output within attention's bound of torch's and of rope_kv then decode_attention; rope(k) and v written
     at row pos (rope_kv's bound, v exactly), every other row as it was (NaN rows past the position unread);
     the same bits on a second call (the tickets handed back, the row now written)."""
     monkeypatch.setattr(ra, "TILE_VALUES", tile)
-    monkeypatch.setattr(ra, "MAX_RANGES", ranges)
     q, k, v, cos, sin, k_cache, v_cache, norms, sink = inputs(H, Hkv, Dk, Dv, n_rot, neox, S, pos, norm, sinks)
     want, want_k, want_v = reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox, norms, 0.3, window, sink)
     dq, dk, dv, dcos, dsin, dkc, dvc, dsink = to(backend, q, k, v, cos, sin, k_cache, v_cache, sink)
@@ -108,8 +105,7 @@ def test_rope_attention_matches_torch_and_the_two_kernels(backend, monkeypatch, 
 def test_rope_attention_over_a_longer_cache_keeps_its_bits(backend, monkeypatch):
     """An eager step attends over every row of the cache (decode_rows): more ranges, past the position, return
     at once, so the result and the row written are the static step's over its bucket."""
-    monkeypatch.setattr(ra, "TILE_VALUES", 256)  # 16-key tiles: position 37's 3 tiles in 2 ranges (of 2 and 1)
-    monkeypatch.setattr(ra, "MAX_RANGES", 2)
+    monkeypatch.setattr(ra, "TILE_VALUES", 256)  # 16-key ranges
     q, k, v, cos, sin, k_cache, v_cache, norms, sink = inputs(4, 2, 16, 16, 16, True, 96, 37, True, True, seed=1)
     args = to(backend, q, k, v, cos, sin, torch.tensor([37]))
     norms = (*to(backend, *norms[:2]), norms[2])

@@ -4,21 +4,25 @@ program's keys read in one load. The references: kernels/rope_kv.py then kernels
 layers/attention.py's torch path (apply_rope, KVCache.append, attend).
 
 Why (session 28): in the H200 profile of the 12-layer Qwen3-30B-A3B-shaped decode, rope + KV write and
-attention added ~2 and ~10 us a layer at positions 8-136 where their bytes take well under a microsecond: a
-chain of dependent memory round trips (rope_kv's launch; then attention's position, each 32-key block's keys,
-then its values, the next block's, the fold's ticket). Here a program per (query head h, range r of its keys)
-waits once, reads the position, and then loads its first tile of keys and values, its head's q, the new k and
-v rows and the rope angles at once: the new row's k and v are normalised and rotated in the registers
-(rope_kv.roped_row) and stand in for row pos of the loaded keys, so no program waits for another's write; the
-first query head of each KV head writes them into the cache row for the steps after. The ranges' softmaxes are
-added as decode_attention's "auto" adds them (finish_ranges: one range stores its result, more take a ticket
-and the last folds them in order), so the bits depend on the position only, as there.
+attention added ~2 and ~10.6 us a layer at positions 8-136 where their bytes take well under a microsecond:
+a chain of dependent memory round trips (rope_kv's launch; then attention's position, each 32-key block's
+keys, then its values, the next block's, the fold's ticket). Here a program per (query head h, range r of
+KEYS keys) waits once, reads the position, and then loads its range's keys and values, its head's q, the new
+k and v rows and the rope angles all at once: the new row's k and v are normalised and rotated in the
+registers (rope_kv.roped_row) and stand in for row pos of the loaded keys, so no program waits for another's
+write; the first query head of each KV head writes them into the cache row for the steps after. The ranges'
+softmaxes are added as decode_attention's "auto" adds them (finish_ranges: one range stores its result, more
+take a ticket and the last folds them in order), so the bits depend on the position only, as there.
 
-Tiles of KEYS keys: TILE_VALUES // the padded head width (64 at 128 wide: a [64, 128] float32 tile of keys and
-one of values, 32 registers a thread each at 8 warps). A head's tiles up to the position are cut into at most
-MAX_RANGES ranges of whole tiles (one tile a range up to 8 tiles, 512 positions at 128 wide; then 2, 3, ... a
-range), each program loading its next tile before adding the one it holds: with a range a tile, 2000 positions
-made 32 x 32 programs in waves and the kernel took 24 us on the H200 against 17 for rope_kv + "auto" (call 1).
+KEYS keys a range: TILE_VALUES // the padded head width (32 at 128 wide), so a [KEYS, D] float32 tile of keys
+and one of values take 32 registers a thread each at 4 warps. H200, 32 query heads over 4 KV heads of 128, the
+kernel alone against rope_kv + "auto" (bench/gpu_box/decode_attention_bench.py --fused, session 28 call 1):
+4.6 / 4.0 us at position 8, 7.4 / 10.5 at 72, 7.4 / 11.6 at 264, 13.2 / 15.4 at 1000, but 24.0 / 17.3 at 2000
+(2016 programs, each roping q and k again): layers/attention.py keeps the two launches for spans over
+fused.ROPE_ATTENTION_SPAN. Tried and not kept (call 2): 64-key tiles (8 warps; 5.8 us at position 8), and a
+head's tiles cut into at most 8 or 16 ranges, each program loading its next tile before adding the one it held
+(2000 positions 21.0-40.2 us, 8000 69-105 against 58.9: the per-tile loop costs ~2.4 us a tile). A program per
+KV head over its group's query heads (the keys read once, not 8 times) is the form to try for long spans.
 """
 
 from __future__ import annotations
@@ -28,33 +32,18 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels import pdl
-from sparkd.engine.kernels.decode_attention import finish_ranges, shape_problem
+from sparkd.engine.kernels.decode_attention import FOLD_RANGES, finish_ranges, shape_problem
 from sparkd.engine.kernels.family import KernelArgumentError
 from sparkd.engine.kernels.matmul import tickets
 from sparkd.engine.kernels.rope_kv import problem as rope_problem
 from sparkd.engine.kernels.rope_kv import roped_row
 
-TILE_VALUES = 8192  # values in a [KEYS, D] tile of keys (and one of values): 64 keys at 128 wide
-MAX_RANGES = 8  # ranges a head's keys are cut into at most: a program walks more tiles as the position grows
+TILE_VALUES = 4096  # values in a program's [KEYS, D] tile of keys (and one of values)
 
 
 def range_keys(block_d: int) -> int:
-    """Keys a tile at a padded head width block_d (the wider of k's and v's)."""
+    """Keys a program's range at a padded head width block_d (the wider of k's and v's)."""
     return max(16, min(64, TILE_VALUES // block_d))
-
-
-@triton.jit
-def _tile(k_cache_ptr, v_cache_ptr, kvh, t, lo, hi, kc_row_stride, kc_head_stride, vc_row_stride, vc_head_stride,
-          DK, DV, KEYS: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """Tile t's cache rows of KV head kvh: keys [KEYS, BLOCK_DK], values [KEYS, BLOCK_DV] (0 outside [lo, hi))."""
-    rows = t * KEYS + tl.arange(0, KEYS)
-    seen = ((rows >= lo) & (rows < hi))[:, None]
-    dk, dv = tl.arange(0, BLOCK_DK)[None, :], tl.arange(0, BLOCK_DV)[None, :]
-    k = tl.load(k_cache_ptr + kvh * kc_head_stride + rows[:, None].to(tl.int64) * kc_row_stride + dk,
-                mask=seen & (dk < DK), other=0.0)
-    v = tl.load(v_cache_ptr + kvh * vc_head_stride + rows[:, None].to(tl.int64) * vc_row_stride + dv,
-                mask=seen & (dv < DV), other=0.0)
-    return k, v
 
 
 @triton.jit
@@ -63,57 +52,46 @@ def _rope_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, q_norm_ptr, 
                     window, q_head_stride, k_head_stride, v_head_stride, kc_row_stride, kc_head_stride,
                     vc_row_stride, vc_head_stride, out_head_stride, DK, DV, HALF, GROUP: tl.constexpr,
                     NEOX: tl.constexpr, NORM: tl.constexpr, HAS_SINKS: tl.constexpr, KEYS: tl.constexpr,
-                    RANGES: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, FOLD: tl.constexpr,
-                    PDL: tl.constexpr = False):
-    """Program (h, r): query head h over range r of its keys: tiles [r T, (r + 1) T) of KEYS rows, T the fewest
-    that cut the tiles up to the position into RANGES ranges or fewer (a function of the position only); a range
-    holding no visible key returns at once (no stats, no ticket). Each tile's loads go out before the tile
-    before it is added (online softmax, _attend_keys' order)."""
+                    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (h, r): query head h over the cache rows [r KEYS, (r + 1) KEYS); a range holding no visible key
+    returns at once (no stats, no ticket)."""
     pdl.start(PDL)  # first: pdl's rule
     h, r = tl.program_id(0), tl.program_id(1)
     kvh = h // GROUP
     pos = tl.load(pos_ptr).to(tl.int32)
     hi = tl.minimum(pos + 1, span)  # keys [lo, hi) are visible
     lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
-    tiles = tl.cdiv(hi, KEYS)
-    per = tl.cdiv(tiles, RANGES)  # tiles a range
-    r0, r1 = lo // KEYS // per, tl.cdiv(tiles, per)  # the ranges holding keys
+    r0, r1 = lo // KEYS, tl.cdiv(hi, KEYS)  # the ranges holding keys
     if (r < r0) | (r >= r1):
         return
-    first = tl.maximum(r * per, lo // KEYS)
-    end = tl.minimum((r + 1) * per, tiles)
-    k, v = _tile(k_cache_ptr, v_cache_ptr, kvh, first, lo, hi, kc_row_stride, kc_head_stride, vc_row_stride,
-                 vc_head_stride, DK, DV, KEYS, BLOCK_DK, BLOCK_DV)
+    rows = r * KEYS + tl.arange(0, KEYS)
+    seen = (rows >= lo) & (rows < hi)
     dk, dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
+    k = tl.load(k_cache_ptr + kvh * kc_head_stride + rows[:, None].to(tl.int64) * kc_row_stride + dk[None, :],
+                mask=seen[:, None] & (dk < DK)[None, :], other=0.0)
+    v = tl.load(v_cache_ptr + kvh * vc_head_stride + rows[:, None].to(tl.int64) * vc_row_stride + dv[None, :],
+                mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
     cos_row, sin_row = cos_ptr + pos.to(tl.int64) * HALF, sin_ptr + pos.to(tl.int64) * HALF
     q = roped_row(q_ptr + h * q_head_stride, cos_row, sin_row, q_norm_ptr, eps, DK, HALF, NEOX, NORM, BLOCK_DK)
     new_k = roped_row(k_ptr + kvh * k_head_stride, cos_row, sin_row, k_norm_ptr, eps, DK, HALF, NEOX, NORM,
                       BLOCK_DK)
     new_v = tl.load(v_ptr + kvh * v_head_stride + dv, mask=dv < DV, other=0.0)
-    if (h % GROUP == 0) & (r == pos // KEYS // per):  # one writer a KV head: the rows the later steps read
+    now = (rows == pos)[:, None]  # the new row stands in for the cache's, written or not yet
+    k = tl.where(now, new_k[None, :], k)
+    v = tl.where(now, new_v[None, :], v)
+    if (h % GROUP == 0) & (r == pos // KEYS):  # one writer a KV head: the rows the later steps read
         tl.store(k_cache_ptr + pos.to(tl.int64) * kc_row_stride + kvh * kc_head_stride + dk, new_k, mask=dk < DK)
         tl.store(v_cache_ptr + pos.to(tl.int64) * vc_row_stride + kvh * vc_head_stride + dv, new_v, mask=dv < DV)
-    m = tl.full([], float("-inf"), tl.float32)
-    total = tl.full([], 0.0, tl.float32)
+    s = tl.where(seen, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))  # [KEYS]
+    m0 = tl.full([], float("-inf"), tl.float32)
+    t0 = tl.full([], 0.0, tl.float32)
     if HAS_SINKS:  # the sink joins the first range holding keys only: one more logit, no value
-        m = tl.where(r == r0, tl.load(sink_ptr + h).to(tl.float32), m)
-        total = tl.where(r == r0, 1.0, total)
-    acc = tl.zeros([BLOCK_DV], tl.float32)
-    for t in range(first, end):
-        nk, nv = _tile(k_cache_ptr, v_cache_ptr, kvh, t + 1, lo, tl.where(t + 1 < end, hi, 0), kc_row_stride,
-                       kc_head_stride, vc_row_stride, vc_head_stride, DK, DV, KEYS, BLOCK_DK, BLOCK_DV)
-        rows = t * KEYS + tl.arange(0, KEYS)
-        now = (rows == pos)[:, None]  # the new row stands in for the cache's, written or not yet
-        k = tl.where(now, new_k[None, :], k)
-        v = tl.where(now, new_v[None, :], v)
-        s = tl.where((rows >= lo) & (rows < hi), tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: every tile holds a visible key
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        total = total * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m = m_new
-        k, v = nk, nv
+        m0 = tl.where(r == r0, tl.load(sink_ptr + h).to(tl.float32), m0)
+        t0 = tl.where(r == r0, 1.0, t0)
+    m = tl.maximum(m0, tl.max(s, axis=0))  # finite: the range holds a visible key
+    p = tl.exp(s - m)
+    total = t0 * tl.exp(m0 - m) + tl.sum(p, axis=0)
+    acc = tl.sum(p[:, None] * v, axis=0)
     finish_ranges(out_ptr, part_ptr, stat_ptr, ticket_ptr, h, m, total, acc, r0, r1, out_head_stride, DV,
                   BLOCK_DV, FOLD)
 
@@ -137,7 +115,7 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
     S, Hkv, Dv = v_cache.shape
     block_dk, block_dv = triton.next_power_of_2(Dk), triton.next_power_of_2(Dv)
     keys = range_keys(max(block_dk, block_dv))
-    n_r = min(MAX_RANGES, triton.cdiv(S, keys))
+    n_r = triton.cdiv(S, keys)
     out = torch.empty(1, H, Dv, dtype=torch.float32, device=q.device)
     part = torch.empty(H, n_r, block_dv, dtype=torch.float32, device=q.device)
     stat = torch.empty(2, H, n_r, dtype=torch.float32, device=q.device)
@@ -147,6 +125,5 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         tickets(H, q.device), S, scale, window, q.stride(1), k.stride(1), v.stride(1), k_cache.stride(0),
         k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(1), Dk, Dv, cos.shape[1],
         GROUP=H // Hkv, NEOX=neox, NORM=norms is not None, HAS_SINKS=sinks is not None, KEYS=keys,
-        RANGES=MAX_RANGES, BLOCK_DK=block_dk, BLOCK_DV=block_dv, FOLD=triton.next_power_of_2(MAX_RANGES),
-        num_warps=max(4, keys * max(block_dk, block_dv) // 1024), **pdl.launch(q.device))
+        BLOCK_DK=block_dk, BLOCK_DV=block_dv, FOLD=FOLD_RANGES, num_warps=4, **pdl.launch(q.device))
     return out

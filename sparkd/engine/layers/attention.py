@@ -235,9 +235,11 @@ class Attention(nn.Module):
 
     def _one_launch(self, x, q, k, v, cache) -> bool:
         """Whether a one-token step runs rope, the KV write and attention in one launch (kernels/rope_attention):
-        rope_attention, rope_kv and attention switched on, a value cache, and rows rope_kv takes."""
+        rope_attention, rope_kv and attention switched on, a value cache, rows rope_kv takes, and a span (the static
+        step's bucket, the eager step's whole cache) of at most fused.ROPE_ATTENTION_SPAN rows."""
         return (all(fused.active(name, x) for name in ("rope_attention", "rope_kv", "attention"))
-                and cache.v[self.il] is not None and self._rope_kv_fits(q, k, v))
+                and cache.v[self.il] is not None and self._rope_kv_fits(q, k, v)
+                and (cache.span or cache.max_ctx) <= fused.ROPE_ATTENTION_SPAN)
 
     def _rope_kv_fits(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return (all(t.dtype == torch.float32 and t.stride(-1) == 1 for t in (q, k, v))
