@@ -166,12 +166,7 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
     elif RANGE == 0:  # this program's values are the head's
         tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
     else:  # step26's fold: every program stores its stats and takes a ticket, the last adds them one at a time
-        n_h, n_r = tl.num_programs(0), tl.num_programs(1)
-        slot = h * n_r + tl.program_id(1)
-        tl.store(stat_ptr + slot, m)
-        tl.store(stat_ptr + n_h * n_r + slot, total)
-        tl.store(part_ptr + slot * BLOCK_DV + dv, acc)
-        tl.debug_barrier()  # every thread's values stored before the ticket releases them
+        n_h, n_r = _store_range(part_ptr, stat_ptr, h, m, total, acc, BLOCK_DV)
         if tl.atomic_add(ticket_ptr + h, 1, sem="acq_rel") == n_r - 1:
             tl.debug_barrier()
             top = tl.full([], float("-inf"), tl.float32)
@@ -188,6 +183,19 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
 
 
 @triton.jit
+def _store_range(part_ptr, stat_ptr, h, m, total, acc, BLOCK_DV: tl.constexpr):
+    """Program (h, r)'s range: its max and sum into stat [2, H, R], its weighted values into part [H, R, BLOCK_DV],
+    every thread's stores done before the ticket that follows releases them → (H, R)."""
+    n_h, n_r = tl.num_programs(0), tl.num_programs(1)
+    slot = h * n_r + tl.program_id(1)
+    tl.store(stat_ptr + slot, m)
+    tl.store(stat_ptr + n_h * n_r + slot, total)
+    tl.store(part_ptr + slot * BLOCK_DV + tl.arange(0, BLOCK_DV), acc)
+    tl.debug_barrier()
+    return n_h, n_r
+
+
+@triton.jit
 def finish_ranges(out_ptr, part_ptr, stat_ptr, ticket_ptr, h, m, total, acc, r0, r1, out_head_stride, DV,
                   BLOCK_DV: tl.constexpr, FOLD: tl.constexpr):
     """Program (h, r)'s running max m, sum total and weighted values acc over its range of keys ("auto"; the
@@ -198,12 +206,7 @@ def finish_ranges(out_ptr, part_ptr, stat_ptr, ticket_ptr, h, m, total, acc, r0,
     if r1 - r0 == 1:
         tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
     else:
-        n_h, n_r = tl.num_programs(0), tl.num_programs(1)
-        slot = h * n_r + tl.program_id(1)
-        tl.store(stat_ptr + slot, m)
-        tl.store(stat_ptr + n_h * n_r + slot, total)
-        tl.store(part_ptr + slot * BLOCK_DV + dv, acc)
-        tl.debug_barrier()  # every thread's values stored before the ticket releases them
+        n_h, n_r = _store_range(part_ptr, stat_ptr, h, m, total, acc, BLOCK_DV)
         if tl.atomic_add(ticket_ptr + h, 1, sem="acq_rel") == r1 - r0 - 1:
             tl.debug_barrier()
             tl.store(out_ptr + h * out_head_stride + dv,
