@@ -1,6 +1,6 @@
 """The eager one-token step (streamed experts keep decode eager) on the static step's decode
-kernels: rope_kv and decode_attention with the position on the device and rows [0, pos] instead of
-a bucket span. The kernels' loops read the same keys in the same blocks either way, so the eager
+kernels: rope_attention (or, from fused.ROPE_ATTENTION_SPAN, rope_kv and decode_attention) with the
+position on the device and rows [0, pos] instead of a bucket span. The kernels' loops read the same keys in the same blocks either way, so the eager
 step gives the static step's bits (torch.equal, not a bound); $SPARKD_FUSED_EAGER=0 gives it back
 its torch rope and attend.
 
@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+from bench_script import load_bench_script
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -79,6 +80,31 @@ def test_eager_step_equals_static_step(models, backend, quant, arch):
         m.close()
     assert got_ids == want_ids
     assert torch.equal(got, want), f"{arch}: eager step on the decode kernels differs from the static step"
+
+
+@pytest.mark.skipif(ON_GPU, reason="counts the interpreter's launches; the GPU groups run the bits test above")
+def test_eager_step_picks_rope_attention_by_its_position(models, monkeypatch):
+    """With fused.ROPE_ATTENTION_SPAN at 8 (a bucket boundary of first_bucket=4), the static step runs positions 5-7
+    (bucket 8) in one launch and 8 (bucket 16) in two; the eager step over its 32-row cache does the same, by its
+    position, and gives the static step's bits at each."""
+    counts = load_bench_script("gpu_box/launch_count.py")
+    monkeypatch.setattr(fused, "ROPE_ATTENTION_SPAN", 8)
+    m = load_model(models("qwen3moe", "F32"))
+    before = fused.configure("all", on_cpu=True)
+    try:
+        cache = m.net.new_cache(32)
+        m.net(torch.tensor(PROMPT), cache)
+        launches = [counts.count_cpu(lambda t=t: m.net(torch.tensor([t]), cache))["ops"] for t in (3, 4, 5, 6)]
+    finally:
+        fused.configure(before)
+    one = [("triton:_rope_attention" in ops, "triton:_rope_kv" in ops) for ops in launches]
+    assert one == [(True, False)] * 3 + [(False, True)]
+    try:
+        want, want_ids = greedy(m.net, "all", "cpu", True, static=True)
+        got, got_ids = greedy(m.net, "all", "cpu", True, static=False)
+    finally:
+        m.close()
+    assert got_ids == want_ids and torch.equal(got, want)
 
 
 @pytest.mark.parametrize("backend, quant", BACKENDS)

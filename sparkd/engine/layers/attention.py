@@ -187,7 +187,7 @@ class Attention(nn.Module):
         v = v.view(T, self.n_head_kv, -1)
         # the decode kernels serve the static (CUDA graph) step and, unless switched off, the eager one
         one = T == 1 and fused.one_token(cache.span is not None)
-        if one and self._one_launch(x, q, k, v, cache):
+        if one and self._one_launch(x, q, k, v, pos, cache):
             o = self._rope_attention(q, k, v, pos, cache)
         else:
             o = self._attend(x, q, k, v, pos, cache, one)
@@ -233,13 +233,16 @@ class Attention(nn.Module):
             return *self.wqk(x).split(self.wqk.parts, dim=-1), self.wv(x)
         return self.wq(x), self.wk(x), self.wv(x)
 
-    def _one_launch(self, x, q, k, v, cache) -> bool:
+    def _one_launch(self, x, q, k, v, pos, cache) -> bool:
         """Whether a one-token step runs rope, the KV write and attention in one launch (kernels/rope_attention):
-        rope_attention, rope_kv and attention switched on, a value cache, rows rope_kv takes, and a span (the static
-        step's bucket, the eager step's whole cache) of at most fused.ROPE_ATTENTION_SPAN rows."""
+        rope_attention, rope_kv and attention switched on, a value cache, rows rope_kv takes, and a static step's
+        bucket of at most fused.ROPE_ATTENTION_SPAN rows; an eager step (its position a host value) by the rows up
+        to its position, so that it takes the static step's launches, and its bits, at every position (the
+        bucket boundaries are powers of two, that span one of them)."""
+        rows = cache.span if cache.span is not None else int(pos[0]) + 1
         return (all(fused.active(name, x) for name in ("rope_attention", "rope_kv", "attention"))
                 and cache.v[self.il] is not None and self._rope_kv_fits(q, k, v)
-                and (cache.span or cache.max_ctx) <= fused.ROPE_ATTENTION_SPAN)
+                and rows <= fused.ROPE_ATTENTION_SPAN)
 
     def _rope_kv_fits(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return (all(t.dtype == torch.float32 and t.stride(-1) == 1 for t in (q, k, v))
