@@ -18,11 +18,12 @@ KEYS keys a range: TILE_VALUES // the padded head width (32 at 128 wide), so a [
 and one of values take 32 registers a thread each at 4 warps. H200, 32 query heads over 4 KV heads of 128, the
 kernel alone against rope_kv + "auto" (bench/gpu_box/decode_attention_bench.py --fused, session 28 call 1):
 4.6 / 4.0 us at position 8, 7.4 / 10.5 at 72, 7.4 / 11.6 at 264, 13.2 / 15.4 at 1000, but 24.0 / 17.3 at 2000
-(2016 programs, each roping q and k again): layers/attention.py keeps the two launches for spans over
-fused.ROPE_ATTENTION_SPAN. Tried and not kept (call 2): 64-key tiles (8 warps; 5.8 us at position 8), and a
-head's tiles cut into at most 8 or 16 ranges, each program loading its next tile before adding the one it held
-(2000 positions 21.0-40.2 us, 8000 69-105 against 58.9: the per-tile loop costs ~2.4 us a tile). A program per
-KV head over its group's query heads (the keys read once, not 8 times) is the form to try for long spans.
+(2016 programs, each roping q and k again): layers/attention.py keeps the two launches for static buckets
+over fused.ROPE_ATTENTION_SPAN and eager positions from it. Tried and not kept (call 2): 64-key tiles (8 warps;
+5.8 us at position 8), and a head's tiles cut into at most 8 or 16 ranges, each program loading its next tile
+before adding the one it held (2000 positions 21.0-40.2 us, 8000 69-105 against 58.9: the per-tile loop costs
+~2.4 us a tile). A program per KV head over its group's query heads (the keys read once, not 8 times) is the
+form to try for long spans.
 """
 
 from __future__ import annotations
