@@ -1,8 +1,8 @@
 """The eager one-token step (streamed experts keep decode eager) on the static step's decode
 kernels: rope_attention (or, from fused.ROPE_ATTENTION_SPAN, rope_kv and decode_attention) with the
-position on the device and rows [0, pos] instead of a bucket span. The kernels' loops read the same keys in the same blocks either way, so the eager
-step gives the static step's bits (torch.equal, not a bound); $SPARKD_FUSED_EAGER=0 gives it back
-its torch rope and attend.
+position on the device and rows [0, pos] instead of a bucket span. The kernels read the same keys in
+the same ranges either way, so the eager step gives the static step's bits (torch.equal, not a
+bound); $SPARKD_FUSED_EAGER=0 gives it back its torch rope and attend.
 
 Where there is no GPU the kernels run under TRITON_INTERPRET=1 on the CPU (tiny F32 models); on
 the GPU box the same checks run compiled (marker gpu), there on a Q8_0 model whose experts run
