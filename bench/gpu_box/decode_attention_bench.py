@@ -36,14 +36,17 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--positions", default="8,40,72,100,136,200,300,520,1000")
-    ap.add_argument("--rules", default="off,serial,auto")
+    ap.add_argument("--rules", default="auto,grouped", help="decode_attention.SPLIT_RULE values; grouped:R:S:P sets "
+                    "grouped_attention's RANGES, STAGES and PRECISION")
     ap.add_argument("--fused", action="store_true", help="rope_kv + attention (auto) against rope_attention")
     ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--sinks", action="store_true", help="with an attention sink a head (gpt-oss)")
     ap.add_argument("--json")
     a = ap.parse_args()
-    rules = ["rope+auto", *(f"fused:{t}" for t in a.tiles.split(","))] if a.fused else a.rules.split(",")
+    rules = a.rules.split(",")
+    if a.fused:
+        rules = ["rope+auto", *(f"fused:{t}" for t in a.tiles.split(",")), *(f"rope+{r}" for r in rules if r != "auto")]
     dev = torch.device("cuda")
     torch.manual_seed(0)
     res = {"rules": rules, "fused": a.fused, "rows": []}
@@ -63,9 +66,8 @@ def main() -> None:
                 def one(k, v, rule=rule):
                     return call(rule, k, v)
             else:
-                da.SPLIT_RULE = rule
-
-                def one(k, v):
+                def one(k, v, rule=rule):
+                    set_rule(rule)
                     return da.decode_attention(q, k, v, p, 0.088, 0, sinks)
             one(*kv[0])  # compile, tickets
 
@@ -82,13 +84,26 @@ def main() -> None:
                           None if sinks is None else sinks.double().cpu())
             row["err"] = {r: rel(outs[r], want) for r in rules}
             row["bits_equal"] = {f"{x}={y}": bool(torch.equal(outs[x], outs[y]))
-                                 for i, x in enumerate(rules) for y in rules[i + 1:]}
+                                 for x in rules[:1] for y in rules[1:]}
         res["rows"].append(row)
         print(f"{pos:5d} {span:5d} " + " ".join(f"{row['us'][r]:12.2f}" for r in rules) + "  "
               + " ".join(f"{r} {e:.1e}" for r, e in row["err"].items()) + ("" if a.fused else f"; {row['bits_equal']}"),
               flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
+
+
+def set_rule(rule: str) -> None:
+    """decode_attention.SPLIT_RULE = rule; "grouped:R:S:P" also sets grouped_attention's RANGES, STAGES, PRECISION."""
+    from sparkd.engine.kernels import decode_attention as da
+    from sparkd.engine.kernels import grouped_attention as ga
+
+    name, *knobs = rule.split(":")
+    da.SPLIT_RULE = name
+    if name == "grouped":
+        ga.RANGES, ga.STAGES, ga.PRECISION = 32, 3, "ieee"
+        for attr, value in zip(("RANGES", "STAGES", "PRECISION"), knobs):
+            setattr(ga, attr, value if attr == "PRECISION" else int(value))
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -109,8 +124,8 @@ def fused_calls(q, sinks, p, span, dev):
     norms = (torch.rand(D, device=dev) + 0.5, torch.rand(D, device=dev) + 0.5, 1e-6)
 
     def call(rule, k, v):
-        if rule == "rope+auto":
-            da.SPLIT_RULE = "auto"
+        if rule.startswith("rope+"):
+            set_rule(rule[len("rope+"):])
             q_rot = rope_kv(q, k_new, v_new, cos, sin, p, k, v, True, norms)
             return da.decode_attention(q_rot, k, v, p, 0.088, 0, sinks)
         ra.TILE_VALUES = int(rule.split(":")[1])

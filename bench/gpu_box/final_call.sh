@@ -36,8 +36,11 @@
 #   Q40_PROFILE=1 its replayed step kernel by kernel, and llama-bench on it with LLAMA=1;
 # - MXT=1: the 4-bit types' GEMV and MoE on the GGUF blocks against their tiled layouts (bench/nibble_tiles_bench.py,
 #   MXT_S its timeout, MXT_ARGS e.g. --sweep none --types Q4_0);
+# - LONG=1: greedy decode after a LONG_PROMPT-token prompt (default 8000, --ctx 16384: attention over long spans), LONG_ROUNDS
+#   rounds, each also under LONG_OFF's switches where set (e.g. LONG_OFF="SPARKD_DECODE_ATTENTION_SPLIT=auto");
 # - ATTN=1: the step's attention alone, rope_kv + decode_attention against rope_attention by position
-#   (bench/gpu_box/decode_attention_bench.py ATTN_ARGS, default --fused; ATTN_S its timeout).
+#   (bench/gpu_box/decode_attention_bench.py; ATTN_ARGS, default --fused, may hold ';'-separated runs; ATTN_S the
+#   timeout of each).
 # Results: $OUT/res.tgz + $OUT/log.txt (snapshotted after every step, so a timeout keeps what ran).
 set -u
 export PYTHONUNBUFFERED=1
@@ -52,7 +55,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|OSS_STREAM|OSS_BUDGET|Q40|Q40_ROUNDS|Q40_PROFILE|Q40_OFF|Q40_PRESET|Q40_LAYERS|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS|ATTN|ATTN_S|ATTN_ARGS)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|OSS_STREAM|OSS_BUDGET|Q40|Q40_ROUNDS|Q40_PROFILE|Q40_OFF|Q40_PRESET|Q40_LAYERS|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS|ATTN|ATTN_S|ATTN_ARGS|LONG|LONG_PROMPT|LONG_ROUNDS|LONG_OFF)=' | sort | tr '\n' ' ')"
 if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
   OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
 fi
@@ -135,10 +138,14 @@ if [ "${MXT:-0}" = 1 ] && fits 60 "nibble tiles bench"; then  # sessions 25-26: 
     --json $R/mxt.json > $R/mxt.log 2>&1
   log "nibble tiles rc $?"; cat $R/mxt.log >> $OUT/log.txt; snap
 fi
-if [ "${ATTN:-0}" = 1 ] && fits 60 "attention bench"; then  # session 28: rope + KV write + attention in one launch
-  timeout ${ATTN_S:-120} python3 bench/gpu_box/decode_attention_bench.py ${ATTN_ARGS:---fused \
-    --positions 8,40,72,136,264,520,1000,2000,4000,8000} --json $R/attn.json > $R/attn.log 2>&1
-  log "attention bench rc $?"; cat $R/attn.log >> $OUT/log.txt; snap
+if [ "${ATTN:-0}" = 1 ]; then  # session 28: rope + KV write + attention in one launch; session 29: ';'-separated runs
+  IFS=';' read -ra AA <<< "${ATTN_ARGS:---fused --positions 8,40,72,136,264,520,1000,2000,4000,8000}"
+  for i in "${!AA[@]}"; do
+    fits 60 "attention bench $((i+1))" || break
+    timeout ${ATTN_S:-120} python3 bench/gpu_box/decode_attention_bench.py ${AA[$i]} --json $R/attn_$((i+1)).json \
+      > $R/attn_$((i+1)).log 2>&1
+    log "attention bench $((i+1)) rc $?"; cat $R/attn_$((i+1)).log >> $OUT/log.txt; snap
+  done
 fi
 if [ "${DRAW:-0}" = 1 ] && fits 100 "top-p draw bench"; then  # the select's 4096, 2048, 1024 and 512 bins a stage
   timeout 95 python3 bench/gpu_box/draw_graph_bench.py --top-p-only --reps 200 --json $R/draw_graph.json > $R/draw_graph.log 2>&1
@@ -146,8 +153,8 @@ if [ "${DRAW:-0}" = 1 ] && fits 100 "top-p draw bench"; then  # the select's 409
 fi
 wait $MK; log "model $(ls -la $M | awk '{print $5}')"
 gen() {  # tag round [more flags]
-  timeout ${GEN_S:-40} python3 -m sparkd.engine.cli generate $M --tokens 1,2,3,4,5,6,7,8 -n 128 --device cuda --resident \
-    --cuda-graphs on --json ${@:3} > $R/gen_$1_$2.json 2> $R/gen_$1_$2.err
+  timeout ${GEN_S:-40} python3 -m sparkd.engine.cli generate $M --tokens ${TOKS:-1,2,3,4,5,6,7,8} -n 128 --device cuda \
+    --resident --cuda-graphs on --json ${@:3} > $R/gen_$1_$2.json 2> $R/gen_$1_$2.err
   log "decode $1 round $2 rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/gen_$1_$2.json) tokens $(python3 -c "import hashlib, json, sys; print(hashlib.md5(str(json.load(open(sys.argv[1]))['tokens']).encode()).hexdigest()[:8])" $R/gen_$1_$2.json 2>/dev/null)"
 }
 for r in $(seq 1 ${ROUNDS:-2}); do
@@ -159,6 +166,14 @@ for r in $(seq 1 ${ROUNDS:-2}); do
     gen topp95 $r --temp 0.8 --top-p 0.95 --seed 1; gen topp90 $r --temp 0.8 --top-p 0.9 --seed 1
   fi; snap
 done
+if [ "${LONG:-0}" = 1 ]; then  # session 29: greedy decode after a LONG_PROMPT-token prompt, also under LONG_OFF
+  LT=$(python3 -c "print(','.join(str(1 + i % 1000) for i in range(${LONG_PROMPT:-8000})))")
+  for r in $(seq 1 ${LONG_ROUNDS:-1}); do
+    fits 100 "long decode round $r" || break
+    TOKS=$LT GEN_S=90 gen long $r --ctx 16384
+    [ -n "${LONG_OFF:-}" ] && eval "TOKS=$LT GEN_S=90 $LONG_OFF gen longoff $r --ctx 16384"; snap
+  done
+fi
 if [ "${Q8:-0}" = 1 ]; then
   wait $MKQ; log "q8 model $(ls -la $Q 2>&1 | awk '{print $5}') $(tail -1 $R/make_q8.log)"
   for r in $(seq 1 ${Q8_ROUNDS:-1}); do

@@ -168,6 +168,7 @@ def test_decode_attention_split_over_keys(backend, monkeypatch, H, Hkv, S, pos, 
     stores that range's values without a fold); one walk with the switch off."""
     from sparkd.engine.kernels import decode_attention as da
 
+    monkeypatch.setattr(da, "SPLIT_RULE", "auto")
     monkeypatch.setattr(da, "RANGE_KEYS", keys)
     monkeypatch.setattr(da, "FOLD_RANGES", fold)
     q, k, v = torch.randn(1, H, 32), torch.randn(S, Hkv, 32), torch.randn(S, Hkv, 24)
@@ -189,6 +190,39 @@ def test_decode_attention_split_over_keys(backend, monkeypatch, H, Hkv, S, pos, 
     monkeypatch.setattr(da, "SPLIT_RULE", "off")
     assert da.key_range() == 0
     assert rel_err(decode_attention(*dev, 0.3, window, sd), want) < BOUND["attention"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("H, Hkv, Dv, S, pos, window, sinks, ranges", [
+    (16, 2, 24, 40, 20, 0, True, 32),  # the keys in one range: stored by its program
+    (16, 2, 24, 600, 599, 0, True, 32),  # 38 blocks in 19 ranges of two: the fold in two steps of 16
+    (16, 2, 20, 600, 450, 100, False, 4),  # a sliding window: the ranges start at its first block
+    (40, 2, 24, 300, 290, 0, True, 8),  # 20 query heads a KV head: two head blocks, the second with 4 rows
+    (3, 3, 24, 200, 150, 0, False, 8)])  # no grouping: a head a block
+def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, pos, window, sinks, ranges):
+    """The "grouped" rule (kernels/grouped_attention, the default): a program per KV head's query heads and range of
+    keys, the ranges added by the block's last program. attend's result; the same bits on a second run (the tickets
+    were reset) and over a cache twice as long (an eager step's span), and the output only written."""
+    from sparkd.engine.kernels import decode_attention as da
+    from sparkd.engine.kernels import grouped_attention as ga
+
+    assert da.SPLIT_RULE == "grouped"
+    monkeypatch.setattr(ga, "RANGES", ranges)
+    monkeypatch.setattr(ga, "TILE_VALUES", 16 * 32)  # 16-key blocks at 32 wide: many blocks at small spans
+    q, k, v = torch.randn(1, H, 32), torch.randn(S, Hkv, 32), torch.randn(S, Hkv, Dv)
+    sink = torch.randn(H) if sinks else None
+    want = attend(q, k, v, 0.3, torch.tensor([pos]), window, sink)
+    k[pos + 1:], v[pos + 1:] = 1e4, float("nan")  # rows past the position must not be read
+    dev = [t.to(backend) for t in (q, k, v, torch.tensor([pos]))]
+    kept = [t.clone() for t in dev]
+    sd = None if sink is None else sink.to(backend)
+    got = decode_attention(*dev, 0.3, window, sd)
+    assert rel_err(got, want) < BOUND["attention"]
+    for a, b in zip(dev, kept):  # the inputs unchanged
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(decode_attention(*dev, 0.3, window, sd), got)
+    longer = [torch.cat([t, torch.full_like(t, float("nan"))]) for t in dev[1:3]]
+    assert torch.equal(decode_attention(dev[0], *longer, dev[3], 0.3, window, sd), got)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -479,7 +513,7 @@ def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models, m
     assert triton_ops == {"triton:_rms_norm_rows": 2 * n_layer + 1, "triton:_rope_attention": n_layer,
                           "triton:_gate_topk": n_layer}
     assert {k: v for k, v in two["ops"].items() if k.startswith("triton:")} == {
-        "triton:_rms_norm_rows": 2 * n_layer + 1, "triton:_rope_kv": n_layer, "triton:_decode_attention": n_layer,
+        "triton:_rms_norm_rows": 2 * n_layer + 1, "triton:_rope_kv": n_layer, "triton:_grouped_attention": n_layer,
         "triton:_gate_topk": n_layer}
     gone = ("pow", "rsqrt", "_softmax", "topk", "index_copy_", "repeat_interleave", "masked_fill")
     assert all(none["ops"].get(op) for op in ("pow", "rsqrt", "_softmax", "topk", "index_copy_"))

@@ -44,10 +44,11 @@ import triton.language as tl
 from sparkd.engine import switches
 from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.family import KernelArgumentError
+from sparkd.engine.kernels.grouped_attention import grouped_attention
 from sparkd.engine.kernels.matmul import tickets
 
 SPLIT_ENV = "SPARKD_DECODE_ATTENTION_SPLIT"
-SPLIT_RULE = switches.choice(SPLIT_ENV, ("auto", "serial", "off"), "auto")
+SPLIT_RULE = switches.choice(SPLIT_ENV, ("grouped", "auto", "serial", "off"), "grouped")
 RANGE_KEYS = 64  # "auto": keys a range (two blocks)
 RANGE_BLOCK_S = 32  # keys a block there: [32, 128] float32 tiles need no spills at 4 warps
 FOLD_RANGES = 32  # "auto": ranges a fold step loads at once (2048 keys: one step up to that span)
@@ -220,6 +221,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     pos [1] the query's position on the device (< S) → [1, H, Dv] float32, as
     attend(q, k, v, scale, pos, window, sinks)."""
     _check(q, k, v, pos, sinks)
+    if SPLIT_RULE == "grouped":
+        return grouped_attention(q, k, v, pos, scale, window, sinks)
     _, H, Dk = q.shape
     S, Hkv, Dv = v.shape
     out = torch.empty(1, H, Dv, dtype=torch.float32, device=q.device)
