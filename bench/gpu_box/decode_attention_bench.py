@@ -36,8 +36,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--positions", default="8,40,72,100,136,200,300,520,1000")
-    ap.add_argument("--rules", default="auto,grouped", help="decode_attention.SPLIT_RULE values; grouped:R:S:P sets "
-                    "grouped_attention's RANGES, STAGES and PRECISION")
+    ap.add_argument("--rules", default="auto,grouped", help="decode_attention.SPLIT_RULE values; grouped:R sets "
+                    "grouped_attention.RANGES")
     ap.add_argument("--fused", action="store_true", help="rope_kv + attention (auto) against rope_attention")
     ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values")
     ap.add_argument("--repeats", type=int, default=20)
@@ -94,16 +94,13 @@ def main() -> None:
 
 
 def set_rule(rule: str) -> None:
-    """decode_attention.SPLIT_RULE = rule; "grouped:R:S:P" also sets grouped_attention's RANGES, STAGES, PRECISION."""
+    """decode_attention.SPLIT_RULE = rule; "grouped:R" also sets grouped_attention.RANGES (default 32)."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import grouped_attention as ga
 
-    name, *knobs = rule.split(":")
+    name, _, ranges = rule.partition(":")
     da.SPLIT_RULE = name
-    if name == "grouped":
-        ga.RANGES, ga.STAGES, ga.PRECISION = 32, 3, "ieee"
-        for attr, value in zip(("RANGES", "STAGES", "PRECISION"), knobs):
-            setattr(ga, attr, value if attr == "PRECISION" else int(value))
+    ga.RANGES = int(ranges or 32)
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:

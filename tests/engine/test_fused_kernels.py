@@ -194,15 +194,15 @@ def test_decode_attention_split_over_keys(backend, monkeypatch, H, Hkv, S, pos, 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("H, Hkv, Dv, S, pos, window, sinks, ranges", [
-    (16, 2, 24, 40, 20, 0, True, 32),  # the keys in one range: stored by its program
-    (16, 2, 24, 600, 599, 0, True, 32),  # 38 blocks in 19 ranges of two: the fold in two steps of 16
+    (16, 2, 24, 40, 20, 0, True, 32),  # the keys in one range: its program stores the output, the fold returns
+    (16, 2, 24, 600, 599, 0, True, 32),  # 38 blocks in 19 ranges of two blocks, the last one partial
     (16, 2, 20, 600, 450, 100, False, 4),  # a sliding window: the ranges start at its first block
     (40, 2, 24, 300, 290, 0, True, 8),  # 20 query heads a KV head: two head blocks, the second with 4 rows
     (3, 3, 24, 200, 150, 0, False, 8)])  # no grouping: a head a block
 def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, pos, window, sinks, ranges):
-    """The "grouped" rule (kernels/grouped_attention, the default): a program per KV head's query heads and range of
-    keys, the ranges added by the block's last program. attend's result; the same bits on a second run (the tickets
-    were reset) and over a cache twice as long (an eager step's span), and the output only written."""
+    """The "grouped" rule (kernels/grouped_attention, the default): a program per KV head's query heads and range
+    of keys, then a launch that adds the ranges. attend's result; the same bits on a second run and over a cache
+    twice as long (an eager step's span); the inputs untouched."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import grouped_attention as ga
 
@@ -218,11 +218,27 @@ def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, po
     sd = None if sink is None else sink.to(backend)
     got = decode_attention(*dev, 0.3, window, sd)
     assert rel_err(got, want) < BOUND["attention"]
-    for a, b in zip(dev, kept):  # the inputs unchanged
+    for a, b in zip(dev, kept):  # the inputs untouched
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(decode_attention(*dev, 0.3, window, sd), got)
     longer = [torch.cat([t, torch.full_like(t, float("nan"))]) for t in dev[1:3]]
     assert torch.equal(decode_attention(dev[0], *longer, dev[3], 0.3, window, sd), got)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_attention_grouped_leaves_wide_heads_to_auto(backend, monkeypatch):
+    """Heads wider than grouped_attention.MAX_WIDTH (MLA's 576) run the "auto" kernel: its bits."""
+    from sparkd.engine.kernels import decode_attention as da
+    from sparkd.engine.kernels import grouped_attention as ga
+
+    q, k, v = (torch.randn(*s, device=backend) for s in ((1, 8, 32), (100, 2, 32), (100, 2, 24)))
+    p = torch.tensor([90], device=backend)
+    monkeypatch.setattr(ga, "MAX_WIDTH", 16)
+    assert not ga.fits(q, v)
+    got = decode_attention(q, k, v, p, 0.3)
+    monkeypatch.setattr(da, "SPLIT_RULE", "auto")
+    assert torch.equal(decode_attention(q, k, v, p, 0.3), got)
+    assert rel_err(got, attend(q.cpu(), k.cpu(), v.cpu(), 0.3, p.cpu())) < BOUND["attention"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -495,7 +511,7 @@ def test_fused_static_step_equals_torch_step(models, backend, arch):
 def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models, monkeypatch):
     """qwen3moe: q/k norms fold into rope_kv, and rope_kv into the attention (rope_attention); no torch norm,
     rope, softmax or top-k is left. Without rope_attention, or over a span past fused.ROPE_ATTENTION_SPAN,
-    rope_kv and decode_attention launch apart."""
+    rope_kv and decode_attention ("grouped": its ranges, then their fold) launch apart."""
     counts = load_bench_script("gpu_box/launch_count.py")
     m = load_model(models["qwen3moe"])
     apart = ",".join(k for k in fused.KERNELS if k != "rope_attention")
@@ -514,6 +530,7 @@ def test_fused_step_launches_one_kernel_per_norm_rope_attention_router(models, m
                           "triton:_gate_topk": n_layer}
     assert {k: v for k, v in two["ops"].items() if k.startswith("triton:")} == {
         "triton:_rms_norm_rows": 2 * n_layer + 1, "triton:_rope_kv": n_layer, "triton:_grouped_attention": n_layer,
+        "triton:_grouped_attention_fold": n_layer,
         "triton:_gate_topk": n_layer}
     gone = ("pow", "rsqrt", "_softmax", "topk", "index_copy_", "repeat_interleave", "masked_fill")
     assert all(none["ops"].get(op) for op in ("pow", "rsqrt", "_softmax", "topk", "index_copy_"))

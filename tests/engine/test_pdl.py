@@ -24,7 +24,7 @@ KERNELS_DIR = Path(pdl.__file__).parent
 # the Triton kernels the decode step launches, each of which takes PDL (a new one belongs here)
 DECODE_KERNELS = {"_igemv_kernel", "_kgemv_kernel", "_gemv_kernel", "_igate_up_kernel", "_idown_kernel",
                   "_gate_up_kernel", "_down_kernel", "_rms_norm_rows", "_rope_kv", "_decode_attention", "_router_topk", "_gate_topk",
-                  "_rope_attention", "_grouped_attention",
+                  "_rope_attention", "_grouped_attention", "_grouped_attention_fold",
                   "_quant_kernel", "gate_up_kernel"}  # moe_pipe.gate_up_kernel (session 19)
 
 
@@ -108,7 +108,7 @@ def test_compiled_kernels_wait_before_any_access_or_return():
     assert out.returncode == 0, out.stderr[-2000:]
     rows = re.findall(r"^(\w+) pdl=(\d) launch=(\S+) wait=(\S+) first_access=(\S+) first_ret=(\S+) prefetch=(\S+)$",
                       out.stdout, re.M)
-    assert len(rows) == 28, out.stdout  # pdl_compile.KERNELS, PDL off and on
+    assert len(rows) == 30, out.stdout  # pdl_compile.KERNELS, PDL off and on
     for name, on, launch, wait, access, ret, prefetch in rows:
         assert (prefetch != "-") == name.startswith("igemv_"), f"{name}: prefetch {prefetch}"
         if prefetch != "-":

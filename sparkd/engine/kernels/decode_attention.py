@@ -1,6 +1,11 @@
 """Attention of one query token over a static span of cached keys, masked by the query's
-device position: the static (CUDA graph) decode step's attention in one launch, float32
-throughout. layers/attention.py's `attend` is the reference.
+device position: the static (CUDA graph) decode step's attention, float32 throughout.
+layers/attention.py's `attend` is the reference.
+
+$SPARKD_DECODE_ATTENTION_SPLIT "grouped" (the default since session 29): kernels/grouped_attention.py,
+a program per (KV head, range of keys) over the query heads that share the KV head, then a launch that
+adds the ranges (heads wider than grouped_attention.MAX_WIDTH, MLA's, run "auto"). The rest of this
+docstring is the kernel below: "auto", "serial" and "off".
 
 A program per query head reads its KV head (GQA: head h reads kv head h // group, as ggml
 broadcasts) in blocks of keys with a running max and sum (online softmax). Keys past the
@@ -42,9 +47,9 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
+from sparkd.engine.kernels import grouped_attention as grouped
 from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.family import KernelArgumentError
-from sparkd.engine.kernels.grouped_attention import grouped_attention
 from sparkd.engine.kernels.matmul import tickets
 
 SPLIT_ENV = "SPARKD_DECODE_ATTENTION_SPLIT"
@@ -60,8 +65,9 @@ def key_range() -> int:
 
 
 def fold_ranges() -> int:
-    """Ranges the fold loads at once (0: step26's fold, one range at a time, every program of the grid counted)."""
-    return FOLD_RANGES if SPLIT_RULE == "auto" else 0
+    """Ranges the fold loads at once (0: step26's fold, one range at a time, every program of the grid counted);
+    "grouped" runs "auto" where its kernel does not take the head widths."""
+    return FOLD_RANGES if SPLIT_RULE in ("auto", "grouped") else 0
 
 
 @triton.jit
@@ -221,8 +227,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     pos [1] the query's position on the device (< S) → [1, H, Dv] float32, as
     attend(q, k, v, scale, pos, window, sinks)."""
     _check(q, k, v, pos, sinks)
-    if SPLIT_RULE == "grouped":
-        return grouped_attention(q, k, v, pos, scale, window, sinks)
+    if SPLIT_RULE == "grouped" and grouped.fits(q, v):
+        return grouped.grouped_attention(q, k, v, pos, scale, window, sinks)
     _, H, Dk = q.shape
     S, Hkv, Dv = v.shape
     out = torch.empty(1, H, Dv, dtype=torch.float32, device=q.device)

@@ -1,21 +1,27 @@
 """Decode attention with a program per (KV head, range of keys) over all the query heads that read
-that KV head (GQA), float32: decode_attention's "grouped" rule (session 29).
+that KV head (GQA), float32: decode_attention's "grouped" rule (session 29, the default).
 
 Why: decode_attention "auto" runs a program per (query head, 64 keys), so under GQA every key and
 value row is read once per query head of its group (8 times in Qwen3-30B-A3B's 32 over 4), from the
-L2 at best. At long spans that is the cost: 17 us a layer at 2000 positions and 59 at 8000 on the H200,
-where the 32 MB of float32 KV rows a layer at 8000 take ~8 us at copy speed. Here a program loads each
-key and value tile once and multiplies it with the group's query rows as matrices (tl.dot in IEEE
-float32: the [BLOCK_H, D] query block against the [BLOCK_S, D] keys, then the [BLOCK_H, BLOCK_S]
-weights against the values), BLOCK_H = 16 query heads a block (tl.dot's least M; a group of 8 leaves
-half the rows empty, never stored).
+L2 at best: 16 us a layer at 2000 positions, 56 at 8000 and 114 at 16000 on the H200, where the 32 MB
+of float32 KV rows a layer at 8000 take ~8 us at copy speed. Here a program loads each key and value
+tile once, both at once, and multiplies it with the group's query rows as matrices: the [BLOCK_H, D]
+query block against the [BLOCK_S, D] keys, then the [BLOCK_H, BLOCK_S] weights against the values,
+BLOCK_H = 16 query heads a block (tl.dot's least M; a group of 8 leaves half the rows empty, never
+stored). tl.dot in "tf32x3" (three TF32 tensor-core products: float32's error, 5-7e-7 against float64
+where auto has 2e-7; "ieee", float32 on the CUDA cores, took 2-4x as long: compute-bound).
 
 The ranges: the visible keys' blocks of BLOCK_S are cut into at most RANGES ranges of whole blocks,
 the same count at every span, so a range's keys depend on the position only (an eager step over the
 whole cache and a static one over a bucket add the same ranges the same way, the same bits). Each range
-keeps its rows' running max, sum and weighted values (online softmax); a head block whose keys fit one
-range stores its result from that program; else the block's last program to take its ticket adds the
-ranges in order: every range's maxima at once, then FOLD ranges' values a step.
+stores its rows' running max, sum and weighted values (online softmax); where one range holds all the
+keys it stores the output itself. Else a second launch adds the ranges, a program per query head, in
+order. The fold inside the first launch (its block's last program to take a ticket, as "auto" does) took
+40 us more at 2000 positions: its [FOLD, 16, D] tiles cost the whole kernel registers.
+
+H200 (session 29, docs/runs/2026-12-04-s29/call2, 32 query heads over 4 KV heads of 128, us a call,
+auto / grouped): 10.9 / 10.2 at 136 positions, 16.0 / 11.1 at 1000, 16.0 / 12.6 at 2000, 55.8 / 22.3 at
+8000, 113.9 / 35.0 at 16000. 64 or 128 ranges were slower past 2000 (27-48 us at 8000-16000).
 """
 
 from __future__ import annotations
@@ -25,40 +31,49 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels import pdl
-from sparkd.engine.kernels.matmul import tickets
 
 RANGES = 32  # ranges a head block, a power of two (4 KV heads: 128 programs, about one per SM of the H200)
 BLOCK_H = 16  # query heads a program: tl.dot's least M
 TILE_VALUES = 8192  # a [BLOCK_S, D] key or value tile's values: 64 keys at 128 wide
-STAGES = 3  # software pipelining of a range's tile loads
-PRECISION = "ieee"
+MAX_WIDTH = 256  # wider heads (MLA's 576-wide keys) keep "auto": tiles of 16 such keys would not fit shared memory
+
+
+def fits(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the grouped kernel takes these head widths (else decode_attention runs "auto")."""
+    return max(q.shape[-1], v.shape[-1]) <= MAX_WIDTH
 
 
 @triton.jit
-def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr, stat_ptr, ticket_ptr, span,
-                       scale, window, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
+def _ranges(pos_ptr, span, window, BLOCK_S: tl.constexpr, N_R: tl.constexpr):
+    """(lo, hi, first, per, used): keys [lo, hi) are visible; their blocks of BLOCK_S from `first` on, `per`
+    blocks a range, in ranges [0, used)."""
+    pos = tl.load(pos_ptr).to(tl.int32)
+    hi = tl.minimum(pos + 1, span)
+    lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
+    first = (lo // BLOCK_S) * BLOCK_S  # blocks of BLOCK_S keys from here hold a visible key each
+    blocks = tl.cdiv(hi - first, BLOCK_S)
+    per = tl.cdiv(blocks, N_R)
+    return lo, hi, first, per, tl.cdiv(blocks, per)
+
+
+@triton.jit
+def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr, stat_ptr, span, scale,
+                       window, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
                        out_head_stride, DK, DV, GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
                        HAS_SINKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr,
-                       BLOCK_DV: tl.constexpr, N_R: tl.constexpr, FOLD: tl.constexpr, PRECISION: tl.constexpr = "ieee",
-                       PDL: tl.constexpr = False):
+                       BLOCK_DV: tl.constexpr, N_R: tl.constexpr, PDL: tl.constexpr = False):
     """Program (b, r): head block b (KV head b // HEAD_BLOCKS, its query heads from (b % HEAD_BLOCKS) *
-    BLOCK_H on), range r of its visible keys. Stats [2, B, R, BLOCK_H] and values [B, R, BLOCK_H, BLOCK_DV]
-    hold the ranges for the fold."""
+    BLOCK_H on), range r of its visible keys. Its running max and sum go to stat [2, B, N_R, BLOCK_H], its
+    weighted values to part [B, N_R, BLOCK_H, BLOCK_DV], for _grouped_attention_fold."""
     pdl.start(PDL)  # first: pdl's rule
     b, r = tl.program_id(0), tl.program_id(1)
+    lo, hi, first, per, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R)
+    if r >= used:
+        return  # no key here
     kvh = b // HEAD_BLOCKS
     g = (b % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)  # the block's heads within the group
     real = g < GROUP
     heads = kvh * GROUP + g
-    pos = tl.load(pos_ptr).to(tl.int32)
-    hi = tl.minimum(pos + 1, span)  # keys [lo, hi) are visible
-    lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
-    first = (lo // BLOCK_S) * BLOCK_S  # blocks of BLOCK_S keys from here hold a visible key each
-    blocks = tl.cdiv(hi - first, BLOCK_S)
-    per = tl.cdiv(blocks, N_R)  # blocks a range
-    used = tl.cdiv(blocks, per)  # ranges holding keys: [0, used)
-    if r >= used:
-        return  # no key here: neither stats nor a ticket
     start = first + r * per * BLOCK_S
     end = tl.minimum(start + per * BLOCK_S, hi)
     dk = tl.arange(0, BLOCK_DK)
@@ -79,63 +94,53 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
         seen = (rows >= lo) & (rows < hi)
         k = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + dk[None, :],
                     mask=seen[:, None] & (dk < DK)[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_H, BLOCK_S]
+        v = tl.load(v_base + rows[:, None].to(tl.int64) * v_row_stride + dv[None, :],  # with the keys: one wait
+                    mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="tf32x3") * scale  # [BLOCK_H, BLOCK_S]
         s = tl.where(seen[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every block holds a visible key
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         total = total * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + rows[:, None].to(tl.int64) * v_row_stride + dv[None, :],
-                    mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32x3")
         m = m_new
-    out_rows = out_ptr + heads[:, None] * out_head_stride + dv[None, :]
-    out_mask = real[:, None] & (dv < DV)[None, :]
-    if used == 1:  # this range holds the block's keys: its values are the result
-        tl.store(out_rows, acc / total[:, None], mask=out_mask)
+    if used == 1:  # this range holds the keys: its values are the output (_grouped_attention_fold returns at once)
+        tl.store(out_ptr + heads[:, None] * out_head_stride + dv[None, :], acc / total[:, None],
+                 mask=real[:, None] & (dv < DV)[None, :])
     else:
-        n_b = tl.num_programs(0)
         hh = tl.arange(0, BLOCK_H)
         slot = b * N_R + r
         tl.store(stat_ptr + slot * BLOCK_H + hh, m)
-        tl.store(stat_ptr + (n_b * N_R + slot) * BLOCK_H + hh, total)
+        tl.store(stat_ptr + (tl.num_programs(0) * N_R + slot) * BLOCK_H + hh, total)
         tl.store(part_ptr + (slot * BLOCK_H + hh[:, None]) * BLOCK_DV + dv[None, :], acc)
-        tl.debug_barrier()  # every thread's stores before the ticket releases them
-        if tl.atomic_add(ticket_ptr + b, 1, sem="acq_rel") == used - 1:
-            tl.debug_barrier()
-            tl.store(out_rows, _fold(stat_ptr, part_ptr, b, n_b, used, BLOCK_H, BLOCK_DV, N_R, FOLD), mask=out_mask)
-            tl.store(ticket_ptr + b, 0)
 
 
 @triton.jit
-def _fold(stat_ptr, part_ptr, b, n_b, used, BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr, N_R: tl.constexpr,
-          FOLD: tl.constexpr):
-    """Head block b's ranges [0, used) added → [BLOCK_H, BLOCK_DV]: the ranges' maxima and sums loaded at once
-    (N_R ranges), then FOLD ranges' weighted values a step, in order."""
-    hh = tl.arange(0, BLOCK_H)
+def _grouped_attention_fold(pos_ptr, out_ptr, part_ptr, stat_ptr, span, window, n_b, out_head_stride, DV,
+                 GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+                 BLOCK_DV: tl.constexpr, N_R: tl.constexpr, PDL: tl.constexpr = False):
+    """Program h: query head h's ranges added in order → its output (nothing where one range held the keys)."""
+    pdl.start(PDL)  # first: pdl's rule
+    h = tl.program_id(0)
+    _, _, _, _, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R)
+    if used == 1:
+        return
+    g = h % GROUP
+    b = (h // GROUP) * HEAD_BLOCKS + g // BLOCK_H
     rr = tl.arange(0, N_R)
-    here = (rr < used)[:, None]
-    slots = (b * N_R + rr)[:, None] * BLOCK_H + hh[None, :]  # [N_R, BLOCK_H]
-    m = tl.load(stat_ptr + slots, mask=here, other=float("-inf"), cache_modifier=".cg")
-    t = tl.load(stat_ptr + n_b * N_R * BLOCK_H + slots, mask=here, other=0.0, cache_modifier=".cg")
-    top = tl.max(m, axis=0)  # [BLOCK_H]; rows past the group: 0 from their zero queries
-    total = tl.sum(t * tl.exp(m - top[None, :]), axis=0)
+    here = rr < used
+    slots = (b * N_R + rr) * BLOCK_H + g % BLOCK_H
+    m = tl.load(stat_ptr + slots, mask=here, other=float("-inf"))
+    w = tl.exp(m - tl.max(m, axis=0))  # ranges past `used`: 0
+    total = tl.sum(tl.load(stat_ptr + n_b * N_R * BLOCK_H + slots, mask=here, other=0.0) * w, axis=0)
     dv = tl.arange(0, BLOCK_DV)
-    fr = tl.arange(0, FOLD)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-    for c in range(0, used, FOLD):
-        some = (c + fr < used)[:, None]
-        cs = (b * N_R + c + fr)[:, None] * BLOCK_H + hh[None, :]  # [FOLD, BLOCK_H]
-        w = tl.exp(tl.load(stat_ptr + cs, mask=some, other=float("-inf"), cache_modifier=".cg") - top[None, :])
-        p = tl.load(part_ptr + cs[:, :, None] * BLOCK_DV + dv[None, None, :], mask=some[:, :, None], other=0.0,
-                    cache_modifier=".cg")
-        acc += tl.sum(p * w[:, :, None], axis=0)
-    return acc / total[:, None]
+    part = tl.load(part_ptr + slots[:, None] * BLOCK_DV + dv[None, :], mask=here[:, None], other=0.0)
+    tl.store(out_ptr + h * out_head_stride + dv, tl.sum(part * w[:, None], axis=0) / total, mask=dv < DV)
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scale: float,
                       window: int, sinks: torch.Tensor | None) -> torch.Tensor:
-    """decode_attention's arguments (checked there) → [1, H, Dv] float32."""
+    """decode_attention's arguments (checked there; widths that fit()) → [1, H, Dv] float32."""
     _, H, Dk = q.shape
     S, Hkv, Dv = v.shape
     group = H // Hkv
@@ -146,10 +151,12 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: to
     out = torch.empty(1, H, Dv, dtype=torch.float32, device=q.device)
     part = torch.empty(n_b, RANGES, BLOCK_H, block_dv, dtype=torch.float32, device=q.device)
     stat = torch.empty(2, n_b, RANGES, BLOCK_H, dtype=torch.float32, device=q.device)
+    shape = dict(GROUP=group, HEAD_BLOCKS=head_blocks, BLOCK_H=BLOCK_H, BLOCK_S=block_s, BLOCK_DV=block_dv, N_R=RANGES,
+                 num_warps=4)
     _grouped_attention[(n_b, RANGES)](
-        q, k, v, pos, q if sinks is None else sinks, out, part, stat, tickets(n_b, q.device), S, scale, window,
-        q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv,
-        GROUP=group, HEAD_BLOCKS=head_blocks, HAS_SINKS=sinks is not None, BLOCK_H=BLOCK_H, BLOCK_S=block_s, BLOCK_DK=block_dk,
-        BLOCK_DV=block_dv, N_R=RANGES, FOLD=max(1, 8192 // (BLOCK_H * block_dv)), PRECISION=PRECISION, num_warps=4,
-        num_stages=STAGES, **pdl.launch(q.device))
+        q, k, v, pos, q if sinks is None else sinks, out, part, stat, S, scale, window, q.stride(1), k.stride(0),
+        k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv, HAS_SINKS=sinks is not None,
+        BLOCK_DK=block_dk, **shape, **pdl.launch(q.device))
+    _grouped_attention_fold[(H,)](pos, out, part, stat, S, window, n_b, out.stride(1), Dv, **shape,
+                                  **pdl.launch(q.device))
     return out
