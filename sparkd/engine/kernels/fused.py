@@ -27,11 +27,10 @@ from sparkd.engine import switches
 KERNELS = ("rms_norm", "rope_kv", "attention", "router", "norm_quant", "norm_fold", "rope_attention")
 ENV = "SPARKD_FUSED_KERNELS"
 # rope_attention serves a static step's buckets of at most this many rows, an eager step its positions below it
-# (the same launches at each position); longer ones keep rope_kv and decode_attention apart. H200 (session 28), 32
-# heads over 4 KV heads of 128, the two launches against the one: 11.6 / 7.4 us at 264 positions, 15.4 / 13.2 at
-# 1000, but 17.5 / 24.0 at 2000: its programs of 32 keys each rope q and k again, and a program walking more tiles
-# was slower still (docs/performance.md)
-ROPE_ATTENTION_SPAN = 1024
+# (the same launches at each position); longer ones keep rope_kv and decode_attention apart. H200, 32 heads over 4
+# KV heads of 128, rope_kv + decode_attention "grouped" (session 29) against the one launch: 9.7 / 7.6 us at 264
+# positions, 10.1 / 10.2 at 520, 10.6 / 13.3 at 1000, 13.2 / 24.2 at 2000 (session 28 set 1024 against "auto")
+ROPE_ATTENTION_SPAN = 512
 EAGER_ENV = "SPARKD_FUSED_EAGER"
 
 

@@ -22,8 +22,9 @@ kernel alone against rope_kv + "auto" (bench/gpu_box/decode_attention_bench.py -
 over fused.ROPE_ATTENTION_SPAN and eager positions from it. Tried and not kept (call 2): 64-key tiles (8 warps;
 5.8 us at position 8), and a head's tiles cut into at most 8 or 16 ranges, each program loading its next tile
 before adding the one it held (2000 positions 21.0-40.2 us, 8000 69-105 against 58.9: the per-tile loop costs
-~2.4 us a tile). A program per KV head over its group's query heads (the keys read once, not 8 times) is the
-form to try for long spans.
+~2.4 us a tile). Session 29's decode_attention "grouped" (a program per KV head over its group's query heads,
+the keys read once, not 8 times) beats this kernel from the 1024 bucket on (rope_kv + grouped 10.6 us at 1000
+positions against 13.3), so fused.ROPE_ATTENTION_SPAN is now 512.
 """
 
 from __future__ import annotations
