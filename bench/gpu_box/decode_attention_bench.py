@@ -3,16 +3,17 @@ side by side in one process: one query token of a Qwen3-30B-A3B layer (32 query 
 at each --positions, over the decode bucket's span that holds it (cuda_graphs.buckets: 256, 512, ...), as
 the static step runs it (the position on the device). GPU time a call: a CUDA graph of one call per KV
 buffer, the buffers rotated past the L2 (as the step's weights evict the cache between layers), median of
---repeats replays (expert_sort_bench.graph_us). Also each rule's relative error against attend in float64 and whether two rules give
-the same bits (auto vs serial: equal where one range holds the keys).
+--repeats replays (expert_sort_bench.graph_us). Also each rule's relative error against attend in float64 and
+whether each rule gives the first rule's bits (auto vs serial: equal where one range holds the keys). "grouped:R"
+(session 29) runs "grouped" at R ranges a KV head (grouped_attention.RANGES).
 
 --fused (session 28) times the step's whole attention instead: rope_kv then decode_attention "auto" (two
 launches, "rope+auto") against kernels/rope_attention.py at each --tiles value of its TILE_VALUES ("fused:4096":
-32-key ranges at 128 wide), qwen3's q/k norms folded in, the token's raw q, k, v as the qkv GEMV leaves them;
-the error is each fused form's against rope+auto's output.
+32-key ranges at 128 wide) and against rope_kv then each --rules rule but auto ("rope+grouped"), qwen3's q/k norms
+folded in, the token's raw q, k, v as the qkv GEMV leaves them; the error is each form's against rope+auto's output.
 
-    python3 bench/gpu_box/decode_attention_bench.py --positions 8,40,72,100,136,200,300,520,1000 --json out.json
-    python3 bench/gpu_box/decode_attention_bench.py --fused --tiles 4096,8192 --positions 8,40,72,136,520,2000
+    python3 bench/gpu_box/decode_attention_bench.py --rules auto,grouped --positions 8,136,1000,8000,32000
+    python3 bench/gpu_box/decode_attention_bench.py --fused --tiles 4096 --rules grouped --positions 8,264,520,2000
 """
 
 from __future__ import annotations
