@@ -15,9 +15,10 @@ warm-up, in one process:
      top_k/n_expert of a layer's, the KV rows attended) and the GB/s that gives;
   3. the sum by class.
 --split-ab R instead: decode attention's key ranges ($SPARKD_DECODE_ATTENTION_SPLIT, step26; --rules, default
-off and auto; session 29's default is grouped) interleaved, R rounds, in one process a model: each a fresh cache, the prompt, new graphs, then
---tokens greedy tokens timed as `generate` steps them (and --long-tokens more, the decode at a longer context,
-also timed in --tokens pieces: the last piece's rate is the decode at its positions).
+off and auto; the switch's default is grouped since session 29) interleaved, R rounds, in one process a model:
+each a fresh cache, the prompt, new graphs, then --tokens greedy tokens timed as `generate` steps them (and
+--long-tokens more, the decode at a longer context, also timed in --tokens pieces: the last piece's rate is the
+decode at its positions).
 Run on the GPU box from the checkout root:
     python3 bench/gpu_box/decode_kernels.py /var/tmp/q3-12-Q8_0.gguf --json out.json
 """

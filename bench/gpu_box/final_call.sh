@@ -36,9 +36,10 @@
 #   Q40_PROFILE=1 its replayed step kernel by kernel, and llama-bench on it with LLAMA=1;
 # - MXT=1: the 4-bit types' GEMV and MoE on the GGUF blocks against their tiled layouts (bench/nibble_tiles_bench.py,
 #   MXT_S its timeout, MXT_ARGS e.g. --sweep none --types Q4_0);
-# - LONG=1: greedy decode after a LONG_PROMPT-token prompt (default 8000, --ctx 16384: attention over long spans), LONG_ROUNDS
-#   rounds, each also under LONG_OFF's switches where set (e.g. LONG_OFF="SPARKD_DECODE_ATTENTION_SPLIT=auto"); with
-#   LLAMA=1 then llama-bench's decode on the same file after 0 and LONG_PROMPT tokens (-d);
+# - LONG=1: greedy decode after a LONG_PROMPT-token prompt (default 8000, --ctx 16384: attention over long spans),
+#   LONG_ROUNDS rounds, each also under LONG_OFF's switches where set (e.g.
+#   LONG_OFF="SPARKD_DECODE_ATTENTION_SPLIT=auto"); with LLAMA=1 then llama-bench's decode on the same file after 0
+#   and LONG_PROMPT tokens (-d);
 # - ATTN=1: the step's attention alone, rope_kv + decode_attention against rope_attention by position
 #   (bench/gpu_box/decode_attention_bench.py; ATTN_ARGS, default --fused, may hold ';'-separated runs; ATTN_S the
 #   timeout of each).
@@ -178,7 +179,8 @@ if [ "${LONG:-0}" = 1 ]; then  # session 29: greedy decode after a LONG_PROMPT-t
     wait $LB 2>/dev/null
     [ -x $W/llama-cuda/llama-bench ] && timeout 95 $W/llama-cuda/llama-bench -o json -m $M -ngl 99 -p 0 -n 128 \
       -d 0,${LONG_PROMPT:-8000} -r 2 > $R/llama_long.json 2> $R/llama_long.err
-    log "llama-bench Q4_K at depth 0,${LONG_PROMPT:-8000} rc $?: $(grep -o '"avg_ts": [0-9.e+]*' $R/llama_long.json | tr '\n' ' ')"
+    log "llama-bench Q4_K at depth 0,${LONG_PROMPT:-8000} rc $?: $(grep -o '"avg_ts": [0-9.e+]*' $R/llama_long.json \
+      | tr '\n' ' ')"
     snap
   fi
 fi

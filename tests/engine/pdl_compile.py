@@ -73,10 +73,10 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
     "decode_attention_split": (decode_attention._decode_attention, dict(GROUP=8, HAS_SINKS=True, BLOCK_S=32,
                                                                         BLOCK_DK=128, BLOCK_DV=128, RANGE=64, FOLD=32), 4),
     # session 29: a program per KV head's query heads and range of keys ("grouped", the default past rope_attention)
-    "grouped_attention": (grouped_attention._grouped_attention, dict(GROUP=8, HEAD_BLOCKS=1, HAS_SINKS=True, BLOCK_H=16,
-                                                                     BLOCK_S=64, BLOCK_DK=128, BLOCK_DV=128, N_R=32), 4),
-    "grouped_attention_fold": (grouped_attention._grouped_attention_fold, dict(GROUP=8, HEAD_BLOCKS=1, BLOCK_H=16,
-                                                                               BLOCK_S=64, BLOCK_DV=128, N_R=32), 4),
+    "grouped_attention": (grouped_attention._grouped_attention, dict(
+        GROUP=8, HEAD_BLOCKS=1, HAS_SINKS=True, BLOCK_H=16, BLOCK_S=64, BLOCK_DK=128, BLOCK_DV=128, N_R=32), 4),
+    "grouped_attention_fold": (grouped_attention._grouped_attention_fold, dict(
+        GROUP=8, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_S=64, BLOCK_DV=128, N_R=32), 4),
     # session 13 (moe23): the MoE gate/up that lets the down launch only after its loop (Kernels.down_at_start False)
     "igate_up_late": (moe._igate_up_kernel, dict(**moe._int_args(dispatch.FAMILIES[T.Q8_0], True, False, True),
                                                 BLOCK_N=2, UNROLL=2, EW=True, EMU=False, ACT=0, RW=True, STAGES=None,

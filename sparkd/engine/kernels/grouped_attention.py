@@ -35,7 +35,7 @@ from sparkd.engine.kernels import pdl
 RANGES = 32  # ranges a head block, a power of two (4 KV heads: 128 programs, about one per SM of the H200)
 BLOCK_H = 16  # query heads a program: tl.dot's least M
 TILE_VALUES = 8192  # a [BLOCK_S, D] key or value tile's values: 64 keys at 128 wide
-MAX_WIDTH = 256  # wider heads (MLA's 576-wide keys) keep "auto": tiles of 16 such keys would not fit shared memory
+MAX_WIDTH = 256  # wider heads (MLA's 576-wide keys) keep "auto": their [16, 1024] tiles here are untried
 
 
 def fits(q: torch.Tensor, v: torch.Tensor) -> bool:
@@ -117,8 +117,8 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
 
 @triton.jit
 def _grouped_attention_fold(pos_ptr, out_ptr, part_ptr, stat_ptr, span, window, n_b, out_head_stride, DV,
-                 GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
-                 BLOCK_DV: tl.constexpr, N_R: tl.constexpr, PDL: tl.constexpr = False):
+                            GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
+                            BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, N_R: tl.constexpr, PDL: tl.constexpr = False):
     """Program h: query head h's ranges added in order → its output (nothing where one range held the keys)."""
     pdl.start(PDL)  # first: pdl's rule
     h = tl.program_id(0)
