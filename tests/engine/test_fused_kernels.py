@@ -197,6 +197,7 @@ def test_decode_attention_split_over_keys(backend, monkeypatch, H, Hkv, S, pos, 
     (16, 2, 24, 40, 20, 0, True, 32),  # the keys in one range: its program stores the output, the fold returns
     (16, 2, 24, 600, 599, 0, True, 32),  # 38 blocks in 19 ranges of two blocks, the last one partial
     (16, 2, 20, 600, 450, 100, False, 4),  # a sliding window: the ranges start at its first block
+    (16, 2, 20, 600, 450, 100, True, 4),  # and a sink: it joins the window's first range
     (40, 2, 24, 300, 290, 0, True, 8),  # 20 query heads a KV head: two head blocks, the second with 4 rows
     (3, 3, 24, 200, 150, 0, False, 8)])  # no grouping: a head a block
 def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, pos, window, sinks, ranges):
