@@ -17,11 +17,13 @@ whole cache and a static one over a bucket add the same ranges the same way, the
 stores its rows' running max, sum and weighted values (online softmax); where one range holds all the
 keys it stores the output itself. Else a second launch adds the ranges, a program per query head, in
 order. The fold inside the first launch (its block's last program to take a ticket, as "auto" does) took
-40 us more at 2000 positions: its [FOLD, 16, D] tiles cost the whole kernel registers.
+~40 us more at 2000 positions, likely its [FOLD, 16, D] tiles' registers weighing on the whole kernel (not
+profiled).
 
-H200 (session 29, docs/runs/2026-12-04-s29/call2, 32 query heads over 4 KV heads of 128, us a call,
-auto / grouped): 10.9 / 10.2 at 136 positions, 16.0 / 11.1 at 1000, 16.0 / 12.6 at 2000, 55.8 / 22.3 at
-8000, 113.9 / 35.0 at 16000. 64 or 128 ranges were slower past 2000 (27-48 us at 8000-16000).
+H200 (session 29, docs/runs/2026-12-04-s29/calls.md call 3; 32 query heads over 4 KV heads of 128, us a call,
+auto / grouped): 2.5 / 5.6 at position 8, 10.6 / 8.7 at 136, 16.0 / 8.6 at 1000, 15.9 / 11.7 at 2000, 56.3 /
+20.5 at 8000, 112.6 / 31.7 at 16000, 219.1 / 53.4 at 32000. 64 or 128 ranges were slower from 4000 positions
+(call 2: 27-48 us at 8000-16000), 16 too (call 3).
 """
 
 from __future__ import annotations
