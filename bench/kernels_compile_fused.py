@@ -14,7 +14,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from sparkd.engine.kernels import decode_attention, pdl, rms_norm, rope_attention, rope_kv, router_topk
+from sparkd.engine.kernels import (decode_attention, grouped_attention, pdl, rms_norm, rope_attention, rope_kv,
+                                   router_topk)
 
 INT64_POINTERS = ("pos_ptr", "ids_ptr")
 FLOATS = ("eps", "scale", "min_sum")
@@ -34,6 +35,14 @@ VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
                                       "BLOCK_DK": 128, "BLOCK_DV": 128, "FOLD": 32}, 4),
     (rope_attention._rope_attention, {"GROUP": 8, "NEOX": False, "NORM": False, "HAS_SINKS": True, "KEYS": 64,
                                       "BLOCK_DK": 64, "BLOCK_DV": 64, "FOLD": 32}, 4),
+    (grouped_attention._grouped_attention,  # "grouped" (session 29): Qwen3's 8 query heads a KV head, a sink
+     {"GROUP": 8, "HEAD_BLOCKS": 1, "HAS_SINKS": True, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128,
+      "N_R": 32}, 4),
+    (grouped_attention._grouped_attention,  # 20 query heads a KV head at 64 wide: two head blocks
+     {"GROUP": 20, "HEAD_BLOCKS": 2, "HAS_SINKS": False, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 64, "BLOCK_DV": 64,
+      "N_R": 32}, 4),
+    (grouped_attention._grouped_attention_fold,
+     {"GROUP": 8, "HEAD_BLOCKS": 1, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DV": 128, "N_R": 32}, 4),
     *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
                                   "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, 1) for g in range(4)],
 ]

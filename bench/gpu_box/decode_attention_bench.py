@@ -39,7 +39,8 @@ def main() -> None:
     ap.add_argument("--positions", default="8,40,72,100,136,200,300,520,1000")
     ap.add_argument("--rules", default="auto,grouped", help="decode_attention.SPLIT_RULE values; grouped:R sets "
                     "grouped_attention.RANGES")
-    ap.add_argument("--fused", action="store_true", help="rope_kv + attention (auto) against rope_attention")
+    ap.add_argument("--fused", action="store_true",
+                    help="rope_kv + attention (auto) against rope_attention and rope_kv + each --rules rule")
     ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--sinks", action="store_true", help="with an attention sink a head (gpt-oss)")

@@ -1,8 +1,8 @@
 """Triton kernels that multiply straight from GGUF quant blocks (one file per quant family, generic
 GEMV in matmul.py, the prefill GEMMs in prefill_gemm.py, fused MoE decode in moe.py, the family
 table in dispatch.py), and the fused decode kernels that replace runs of small torch kernels on CUDA
-(rms_norm.py, rope_kv.py, decode_attention.py, rope_attention.py: the two before it in one launch, router_topk.py;
-switched in fused.py)."""
+(rms_norm.py, rope_kv.py, decode_attention.py with grouped_attention.py: its default, a KV head's query heads in one
+program, rope_attention.py: rope_kv and the attention in one launch, router_topk.py; switched in fused.py)."""
 
 # prefill_gemm.gemm's precisions (tl.dot's input precision, or "int8": the integer GEMM), here and not in prefill_gemm so
 # that layers/linear's SPARKD_PREFILL_PRECISION takes them without importing triton
