@@ -46,32 +46,45 @@ VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
     *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
                                   "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, 1) for g in range(4)],
 ]
+HALF_KV = [  # (kernel, constexprs, warps, the cache pointers as float16): --kv-type f16 (session 30)
+    (decode_attention._decode_attention,
+     {"GROUP": 8, "HAS_SINKS": True, "BLOCK_S": 32, "BLOCK_DK": 128, "BLOCK_DV": 128, "RANGE": 64, "FOLD": 32}, 4,
+     ("k_ptr", "v_ptr")),
+    (rope_kv._rope_kv, {"NEOX": True, "NORM": True, "HAS_V": True, **ROPE_BASE}, 1, ("k_cache_ptr", "v_cache_ptr")),
+    (rope_attention._rope_attention, {"GROUP": 8, "NEOX": True, "NORM": True, "HAS_SINKS": False, "KEYS": 32,
+                                      "BLOCK_DK": 128, "BLOCK_DV": 128, "FOLD": 32}, 4, ("k_cache_ptr", "v_cache_ptr")),
+    (grouped_attention._grouped_attention,
+     {"GROUP": 8, "HEAD_BLOCKS": 1, "HAS_SINKS": True, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128,
+      "N_R": 32}, 4, ("k_ptr", "v_ptr")),
+]
 
 
-def arg_type(name: str) -> str:
-    """The launch's argument type by name: float32 or int64 pointers, float scalars, else int32."""
+def arg_type(name: str, half: tuple[str, ...] = ()) -> str:
+    """The launch's argument type by name: float32 (float16: the names in half) or int64 pointers, float scalars,
+    else int32."""
     if name.endswith("_ptr"):
-        return "*i64" if name in INT64_POINTERS else "*fp32"
+        return "*i64" if name in INT64_POINTERS else "*fp16" if name in half else "*fp32"
     return "fp32" if name in FLOATS else "i32"
 
 
-def build(kern, consts: dict, warps: int) -> int:
+def build(kern, consts: dict, warps: int, half: tuple[str, ...] = ()) -> int:
     """Compile one variant for sm_90; the PTX's length."""
     consts = pdl.compile_args(kern, consts)
-    sig = {name: "constexpr" if name in consts else arg_type(name) for name in kern.arg_names}
+    sig = {name: "constexpr" if name in consts else arg_type(name, half) for name in kern.arg_names}
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
     return len(compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"])
 
 
 def main() -> int:
     print(f"triton {triton.__version__}, target sm_90")
-    for kern, consts, warps in VARIANTS:
+    for kern, consts, warps, *half in VARIANTS + HALF_KV:
+        what = f"{kern.__name__} {consts}" + (f" float16 {', '.join(half[0])}" if half else "")
         try:
-            size = build(kern, consts, warps)
+            size = build(kern, consts, warps, *half)
         except Exception as exc:  # noqa: BLE001 - name the variant, then stop
-            print(f"FAILED {kern.__name__} {consts}: {exc}")
+            print(f"FAILED {what}: {exc}")
             return 1
-        print(f"ok {kern.__name__} {consts}: {size} bytes of PTX")
+        print(f"ok {what}: {size} bytes of PTX")
     return 0
 
 

@@ -5,7 +5,8 @@ the static step runs it (the position on the device). GPU time a call: a CUDA gr
 buffer, the buffers rotated past the L2 (as the step's weights evict the cache between layers), median of
 --repeats replays (expert_sort_bench.graph_us). Also each rule's relative error against attend in float64 and
 whether each rule gives the first rule's bits (auto vs serial: equal where one range holds the keys). "grouped:R"
-(session 29) runs "grouped" at R ranges a KV head (grouped_attention.RANGES).
+(session 29) runs "grouped" at R ranges a KV head (grouped_attention.RANGES). A rule ending in "@f16" (session 30)
+reads float16 KV rows (--kv-type f16): the same values rounded, so its error against float64 is the rounding's.
 
 --fused (session 28) times the step's whole attention instead: rope_kv then decode_attention "auto" (two
 launches, "rope+auto") against kernels/rope_attention.py at each --tiles value of its TILE_VALUES ("fused:4096":
@@ -14,6 +15,8 @@ folded in, the token's raw q, k, v as the qkv GEMV leaves them; the error is eac
 
     python3 bench/gpu_box/decode_attention_bench.py --rules auto,grouped --positions 8,136,1000,8000,32000
     python3 bench/gpu_box/decode_attention_bench.py --fused --tiles 4096 --rules grouped --positions 8,264,520,2000
+    python3 bench/gpu_box/decode_attention_bench.py --rules grouped,grouped@f16 --positions 1000,8000,32000
+    python3 bench/gpu_box/decode_attention_bench.py --fused --tiles 4096,4096@f16 --rules grouped,grouped@f16
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--positions", default="8,40,72,100,136,200,300,520,1000")
     ap.add_argument("--rules", default="auto,grouped", help="decode_attention.SPLIT_RULE values; grouped:R sets "
-                    "grouped_attention.RANGES")
+                    "grouped_attention.RANGES; a suffix @f16 reads float16 KV rows")
     ap.add_argument("--fused", action="store_true",
                     help="rope_kv + attention (auto) against rope_attention and rope_kv + each --rules rule")
-    ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values")
+    ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values (a suffix "
+                    "@f16 as --rules')")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--sinks", action="store_true", help="with an attention sink a head (gpt-oss)")
     ap.add_argument("--json")
@@ -49,6 +53,8 @@ def main() -> None:
     rules = a.rules.split(",")
     if a.fused:
         rules = ["rope+auto", *(f"fused:{t}" for t in a.tiles.split(",")), *(f"rope+{r}" for r in rules if r != "auto")]
+    elif rules[0].endswith("@f16"):
+        raise SystemExit("the first rule is the others' reference for bits: give it float32 rows")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     res = {"rules": rules, "fused": a.fused, "rows": []}
@@ -56,28 +62,33 @@ def main() -> None:
           + ("  rel err vs rope+auto" if a.fused else "  rel err vs float64; bits equal"))
     for pos in map(int, a.positions.split(",")):
         span = next(s for s in buckets(1 << 20) if s > pos)
-        n_buf = max(12, -(-L2_BYTES // (2 * span * HKV * D * 4)))
+        n_buf = max(12, -(-L2_BYTES // (2 * span * HKV * D * 2)))  # (float16 rows: 2 bytes a value)
         kv = [(torch.randn(span, HKV, D, device=dev), torch.randn(span, HKV, D, device=dev)) for _ in range(n_buf)]
+        rows = {"f32": kv}
+        if any(r.endswith("@f16") for r in rules):
+            rows["f16"] = [(k.half(), v.half()) for k, v in kv]
         q = torch.randn(1, H, D, device=dev)
         sinks = torch.randn(H, device=dev) if a.sinks else None
         p = torch.tensor([pos], device=dev)
         row = {"pos": pos, "span": span, "buffers": n_buf, "us": {}, "err": {}, "out": {}}
         call = fused_calls(q, sinks, p, span, dev) if a.fused else None
         for rule in rules:
+            name, _, kv_type = rule.partition("@")
+            bufs = rows[kv_type or "f32"]
             if a.fused:
-                def one(k, v, rule=rule):
-                    return call(rule, k, v)
+                def one(k, v, name=name):
+                    return call(name, k, v)
             else:
-                def one(k, v, rule=rule):
-                    set_rule(rule)
+                def one(k, v, name=name):
+                    set_rule(name)
                     return da.decode_attention(q, k, v, p, 0.088, 0, sinks)
-            one(*kv[0])  # compile, tickets
+            one(*bufs[0])  # compile, tickets
 
-            def every_buffer():  # one call a KV buffer: the graph reads each past the L2
-                for k, v in kv:
+            def every_buffer(bufs=bufs, one=one):  # one call a KV buffer: the graph reads each past the L2
+                for k, v in bufs:
                     one(k, v)
             row["us"][rule] = graph_us(every_buffer, 1, a.repeats) / n_buf
-            row["out"][rule] = one(*kv[0])
+            row["out"][rule] = one(*bufs[0])
         outs = row.pop("out")
         if a.fused:
             row["err"] = {r: rel(outs[r], outs["rope+auto"]) for r in rules[1:]}

@@ -39,7 +39,8 @@
 # - LONG=1: greedy decode after a LONG_PROMPT-token prompt (default 8000, --ctx 16384: attention over long spans),
 #   LONG_ROUNDS rounds, each also under LONG_OFF's switches where set (e.g.
 #   LONG_OFF="SPARKD_DECODE_ATTENTION_SPLIT=auto"); with LLAMA=1 then llama-bench's decode on the same file after 0
-#   and LONG_PROMPT tokens (-d);
+#   and LONG_PROMPT tokens (-d); every decode's generate takes GEN_FLAGS's flags too, so an _OFF variable may set
+#   flags as well as switches (session 30: LONG_OFF="GEN_FLAGS='--kv-type f32'");
 # - ATTN=1: the step's attention alone, rope_kv + decode_attention against rope_attention by position
 #   (bench/gpu_box/decode_attention_bench.py; ATTN_ARGS, default --fused, may hold ';'-separated runs; ATTN_S the
 #   timeout of each).
@@ -156,7 +157,7 @@ fi
 wait $MK; log "model $(ls -la $M | awk '{print $5}')"
 gen() {  # tag round [more flags]
   timeout ${GEN_S:-40} python3 -m sparkd.engine.cli generate $M --tokens ${TOKS:-1,2,3,4,5,6,7,8} -n 128 --device cuda \
-    --resident --cuda-graphs on --json ${@:3} > $R/gen_$1_$2.json 2> $R/gen_$1_$2.err
+    --resident --cuda-graphs on --json ${GEN_FLAGS:-} ${@:3} > $R/gen_$1_$2.json 2> $R/gen_$1_$2.err
   log "decode $1 round $2 rc $?: $(grep -o '"decode_tok_s": [0-9.]*' $R/gen_$1_$2.json) tokens $(python3 -c "import hashlib, json, sys; print(hashlib.md5(str(json.load(open(sys.argv[1]))['tokens']).encode()).hexdigest()[:8])" $R/gen_$1_$2.json 2>/dev/null)"
 }
 for r in $(seq 1 ${ROUNDS:-2}); do

@@ -125,6 +125,7 @@ def cmd_generate(a) -> int:
     import torch
 
     from sparkd.engine.cuda_graphs import use_graphs
+    from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
     from sparkd.engine.prompt_graphs import prompt_forward
     from sparkd.engine.models import load_model
     from sparkd.engine.models.decoder import prompt_last_only
@@ -142,11 +143,13 @@ def cmd_generate(a) -> int:
         ids = _tokens(a, tok, m.gguf.metadata)
         sample = Sampler(SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                                         min_p=a.min_p, seed=a.seed))
-        cache = m.net.new_cache(len(ids) + a.n)
+        kv_type = sm.plan.kv_type if sm else kv_type_name(a.kv_type, a.device)
+        kv = KV_TYPES[kv_type]
+        cache = m.net.new_cache(len(ids) + a.n, kv)
         step = decode_step(m.net, cache, a.device, graphs, sm is not None, a.cuda_graphs, _log)
         prompt = prompt_forward(m.net, cache, graphs, _log)
         if a.device != "cpu":  # JIT-compile the kernels (GEMM, GEMV, MoE; the linked norms') outside the timed region
-            scratch = m.net.new_cache(3)
+            scratch = m.net.new_cache(3, kv)
             m.net(torch.tensor(ids[:1] * 2), scratch)
             m.net(torch.tensor(ids[:1]), scratch)
         device_draws = False
@@ -170,7 +173,8 @@ def cmd_generate(a) -> int:
         out, agreed, eog = _decode(step, sample, logits, ids, limit, feed, tok.eog_ids, sm.store if sm else None)
         t2 = time.perf_counter()
         res = {"text": tok.decode(out), "tokens": out, "prompt_tokens": len(ids),
-               "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0}
+               "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0,
+               "kv_type": kv_type}
         if feed is not None:
             res["feed"] = {"path": a.feed_tokens, "listed": len(feed), "fed": len(out), "agreed": agreed,
                            "stopped": _feed_stop(eog, len(out), len(feed), a.n)}

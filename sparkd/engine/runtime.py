@@ -17,6 +17,7 @@ import torch
 
 from sparkd.engine.chat import THINK_TAGS, ChatTemplate
 from sparkd.engine.errors import EngineError
+from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.models.decoder import prompt_last_only
 from sparkd.engine.prompt_store import PromptCache, PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
@@ -59,7 +60,7 @@ class Engine:
                  stream: StreamOptions | None = None, log: Callable[[str], None] | None = None,
                  device: str = "cpu", cuda_graphs: str = "auto", prompt_graphs: str = "auto",
                  prompt_graph_margin: int | None = None, prompt_cache: bool = True,
-                 prompt_store_bytes: int | None = None, decode_graphs: str = "auto"):
+                 prompt_store_bytes: int | None = None, decode_graphs: str = "auto", kv_type: str = "auto"):
         from sparkd.engine.cuda_graphs import parse_decode_graphs
         from sparkd.engine.prompt_graphs import PROMPT_MARGIN, parse_prompt_graphs
 
@@ -73,6 +74,7 @@ class Engine:
         if self.prompt_graph_margin < 0:
             raise EngineError(f"could not use --prompt-graph-margin {prompt_graph_margin}: it must be 0 or more")
         self.device = device  # "cuda": trunk on the GPU; streamed experts read in place (zero-copy)
+        self.kv_type = kv_type_name(kv_type, device)  # the K/V rows: f16 or f32 (--kv-type, auto resolved)
         self.model_path = Path(model_path)
         self.requested_ctx = ctx
         self.budget_bytes = budget_bytes
@@ -120,7 +122,8 @@ class Engine:
             peek.close()
             self.streaming = open_streaming(self.model_path, replace(self._stream, budget_bytes=self.budget_bytes,
                                                                      ctx=self.n_ctx, device=self.device,
-                                                                     prompt_store_bytes=self._store_request),
+                                                                     prompt_store_bytes=self._store_request,
+                                                                     kv_type=self.kv_type),
                                             on_plan=self._on_plan, warn=self._log, progress=progress)
             model = self.streaming.model
         else:
@@ -155,7 +158,7 @@ class Engine:
         self.think = self._think_tags()
         if self.streaming is None:
             self._warm_experts(model.net)
-        self._cache = model.net.new_cache(self.n_ctx)
+        self._cache = model.net.new_cache(self.n_ctx, KV_TYPES[self.kv_type])
         if self._plan["prompt_store"]:
             self._store = PromptStore(self._plan["prompt_store"])
         # the prompt graphs' margin covers the decode steps' captures too
@@ -164,7 +167,7 @@ class Engine:
         self._prompt = prompt_forward(model.net, self._cache, graphs, self._log, self.prompt_graphs != "off",
                                       self.prompt_graph_margin)
         if self.device != "cpu":  # JIT-compile the kernels (the linked norms' too) now, not in the first request
-            scratch = model.net.new_cache(3)
+            scratch = model.net.new_cache(3, KV_TYPES[self.kv_type])
             model.net(torch.tensor([0, 0]), scratch)
             model.net(torch.tensor([0]), scratch)
         if graphs:  # the buckets' captures and the draw chains' first run and graphs now, not in a request
@@ -249,11 +252,11 @@ class Engine:
         return self.requested_ctx
 
     def _resident_plan(self, gguf: Any, cfg: Any) -> dict[str, int]:
-        """Every tensor dequantized to f32 plus the f32 KV cache (dense models, --resident), and the
-        prompt store's budget."""
+        """Every tensor dequantized to f32 plus the KV cache (dense models, --resident), and the prompt
+        store's budget."""
         experts = sum(4 * t.n_elements for n, t in gguf.tensors.items() if EXPERT_WEIGHT.match(n))
         trunk = sum(4 * t.n_elements for n, t in gguf.tensors.items() if not EXPERT_WEIGHT.match(n))
-        kv = kv_bytes(cfg, self.n_ctx)
+        kv = kv_bytes(cfg, self.n_ctx, self.kv_type)
         room = None if self.budget_bytes is None else self.budget_bytes - trunk - kv - experts
         store = store_bytes(self._store_request, self.budget_bytes, room)
         plan = {"trunk": trunk, "kv": kv, "experts_resident": experts, "expert_cache": 0, "prompt_store": store}

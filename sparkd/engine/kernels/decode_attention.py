@@ -1,5 +1,6 @@
 """Attention of one query token over a static span of cached keys, masked by the query's
-device position: the static (CUDA graph) decode step's attention, float32 throughout.
+device position: the static (CUDA graph) decode step's attention, float32 throughout (float16 cache rows,
+--kv-type, are widened as they are loaded).
 layers/attention.py's `attend` is the reference.
 
 $SPARKD_DECODE_ATTENTION_SPLIT "grouped" (the default since session 29): kernels/grouped_attention.py,
@@ -51,6 +52,7 @@ from sparkd.engine.kernels import grouped_attention as grouped
 from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.family import KernelArgumentError
 from sparkd.engine.kernels.matmul import tickets
+from sparkd.engine.kernels.rope_kv import CACHE_TYPES
 
 SPLIT_ENV = "SPARKD_DECODE_ATTENTION_SPLIT"
 SPLIT_RULE = switches.choice(SPLIT_ENV, ("grouped", "auto", "serial", "off"), "grouped")
@@ -79,7 +81,7 @@ def _attend_keys(q, k_base, v_base, k_row_stride, v_row_stride, dk, dv, DK, DV, 
         rows = start + tl.arange(0, BLOCK_S)
         seen = (rows >= lo) & (rows < hi)
         k = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + dk[None, :],
-                    mask=seen[:, None] & (dk < DK)[None, :], other=0.0)
+                    mask=seen[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
         s = tl.sum(k * q[None, :], axis=1) * scale  # [BLOCK_S]
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: every block holds a visible key
@@ -87,7 +89,7 @@ def _attend_keys(q, k_base, v_base, k_row_stride, v_row_stride, dk, dv, DK, DV, 
         p = tl.exp(s - m_new)
         total = total * alpha + tl.sum(p, axis=0)
         v = tl.load(v_base + rows[:, None].to(tl.int64) * v_row_stride + dv[None, :],
-                    mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
+                    mask=seen[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m = m_new
     return m, total, acc
@@ -223,8 +225,8 @@ def finish_ranges(out_ptr, part_ptr, stat_ptr, ticket_ptr, h, m, total, acc, r0,
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                      scale: float, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """q [1, H, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv] (views of the cache; last dims contiguous),
-    pos [1] the query's position on the device (< S) → [1, H, Dv] float32, as
+    """q [1, H, Dk] float32, k [S, Hkv, Dk], v [S, Hkv, Dv] (views of the cache, float32 or float16; last dims
+    contiguous), pos [1] the query's position on the device (< S) → [1, H, Dv] float32, as
     attend(q, k, v, scale, pos, window, sinks)."""
     _check(q, k, v, pos, sinks)
     if SPLIT_RULE == "grouped" and grouped.fits(q, v):
@@ -266,8 +268,9 @@ def shape_problem(q, k, v, sinks, rows: str) -> str | None:
         return f"q must be [{rows}, H, Dk] and k, v [S, Hkv, D]"
     if k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]:
         return "k and v must share [S, Hkv], q and k their Dk, and H be a multiple of Hkv"
-    if any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
-        return "q, k and v must be float32 with a contiguous last dim"
+    if any(t.stride(-1) != 1 for t in (q, k, v)) or q.dtype != torch.float32 or k.dtype != v.dtype \
+            or k.dtype not in CACHE_TYPES:
+        return "q must be float32 and k, v both float32 or both float16, each with a contiguous last dim"
     if sinks is not None and (sinks.shape != (q.shape[1],) or sinks.dtype != torch.float32):
         return "sinks must be float32 [H]"
     return None

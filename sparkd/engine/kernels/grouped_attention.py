@@ -95,9 +95,9 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
         rows = s0 + tl.arange(0, BLOCK_S)
         seen = (rows >= lo) & (rows < hi)
         k = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + dk[None, :],
-                    mask=seen[:, None] & (dk < DK)[None, :], other=0.0)
+                    mask=seen[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
         v = tl.load(v_base + rows[:, None].to(tl.int64) * v_row_stride + dv[None, :],  # with the keys: one wait
-                    mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
+                    mask=seen[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="tf32x3") * scale  # [BLOCK_H, BLOCK_S]
         s = tl.where(seen[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every block holds a visible key

@@ -63,7 +63,7 @@ def _prefill_attention(q_ptr, k_ptr, v_ptr, sink_ptr, out_ptr, T, start, scale, 
         keys = s0 + tl.arange(0, BLOCK_S)
         there = keys < hi
         k = tl.load(k_base + keys[None, :].to(tl.int64) * k_row_stride + dk[:, None],
-                    mask=there[None, :] & (dk < DK)[:, None], other=0.0)  # [BLOCK_DK, BLOCK_S]
+                    mask=there[None, :] & (dk < DK)[:, None], other=0.0).to(tl.float32)  # [BLOCK_DK, BLOCK_S]
         s = tl.dot(q, k, input_precision="ieee") * scale  # [BLOCK_T, BLOCK_S]
         seen = there[None, :] & (keys[None, :] <= pos_q[:, None])
         if window > 0:
@@ -75,7 +75,7 @@ def _prefill_attention(q_ptr, k_ptr, v_ptr, sink_ptr, out_ptr, T, start, scale, 
         p = tl.exp(s - m_exp[:, None])
         total = total * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + keys[:, None].to(tl.int64) * v_row_stride + dv[None, :],
-                    mask=there[:, None] & (dv < DV)[None, :], other=0.0)  # [BLOCK_S, BLOCK_DV]
+                    mask=there[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)  # [BLOCK_S, BLOCK_DV]
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m = m_new
     tl.store(out_ptr + rows[:, None].to(tl.int64) * out_row_stride + h * out_head_stride + dv[None, :],

@@ -70,17 +70,19 @@ def _rope_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, q_norm_ptr, 
     seen = (rows >= lo) & (rows < hi)
     dk, dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     k = tl.load(k_cache_ptr + kvh * kc_head_stride + rows[:, None].to(tl.int64) * kc_row_stride + dk[None, :],
-                mask=seen[:, None] & (dk < DK)[None, :], other=0.0)
+                mask=seen[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
     v = tl.load(v_cache_ptr + kvh * vc_head_stride + rows[:, None].to(tl.int64) * vc_row_stride + dv[None, :],
-                mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
+                mask=seen[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)
     cos_row, sin_row = cos_ptr + pos.to(tl.int64) * HALF, sin_ptr + pos.to(tl.int64) * HALF
     q = roped_row(q_ptr + h * q_head_stride, cos_row, sin_row, q_norm_ptr, eps, DK, HALF, NEOX, NORM, BLOCK_DK)
     new_k = roped_row(k_ptr + kvh * k_head_stride, cos_row, sin_row, k_norm_ptr, eps, DK, HALF, NEOX, NORM,
                       BLOCK_DK)
     new_v = tl.load(v_ptr + kvh * v_head_stride + dv, mask=dv < DV, other=0.0)
+    new_k = new_k.to(k_cache_ptr.dtype.element_ty)  # rounded to the cache rows' type, as the later steps read it
+    new_v = new_v.to(v_cache_ptr.dtype.element_ty)
     now = (rows == pos)[:, None]  # the new row stands in for the cache's, written or not yet
-    k = tl.where(now, new_k[None, :], k)
-    v = tl.where(now, new_v[None, :], v)
+    k = tl.where(now, new_k.to(tl.float32)[None, :], k)
+    v = tl.where(now, new_v.to(tl.float32)[None, :], v)
     if (h % GROUP == 0) & (r == pos // KEYS):  # one writer a KV head: the rows the later steps read
         tl.store(k_cache_ptr + pos.to(tl.int64) * kc_row_stride + kvh * kc_head_stride + dk, new_k, mask=dk < DK)
         tl.store(v_cache_ptr + pos.to(tl.int64) * vc_row_stride + kvh * vc_head_stride + dv, new_v, mask=dv < DV)

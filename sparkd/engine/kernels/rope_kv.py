@@ -18,6 +18,8 @@ import triton.language as tl
 from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.family import KernelArgumentError
 
+CACHE_TYPES = (torch.float32, torch.float16)  # the cache rows' types (--kv-type); computed in float32
+
 
 @triton.jit
 def roped_row(src, cos_row, sin_row, norm_w, eps, D, HALF, NEOX: tl.constexpr, NORM: tl.constexpr,
@@ -65,12 +67,14 @@ def _rope_kv(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, q_out_ptr, k_cache_
             q_ptr + i * q_head_stride, cos_row, sin_row, q_norm_ptr, eps, DK, HALF, NEOX, NORM, BLOCK_D), mask=d < DK)
     else:
         g = i - H
-        tl.store(k_cache_ptr + pos * kc_row_stride + g * kc_head_stride + d, roped_row(
-            k_ptr + g * k_head_stride, cos_row, sin_row, k_norm_ptr, eps, DK, HALF, NEOX, NORM, BLOCK_D), mask=d < DK)
+        row = roped_row(k_ptr + g * k_head_stride, cos_row, sin_row, k_norm_ptr, eps, DK, HALF, NEOX, NORM, BLOCK_D)
+        tl.store(k_cache_ptr + pos * kc_row_stride + g * kc_head_stride + d, row.to(k_cache_ptr.dtype.element_ty),
+                 mask=d < DK)  # (rounded to the cache rows' type)
         if HAS_V:
             dv = tl.arange(0, BLOCK_DV)
             row = tl.load(v_ptr + g * v_head_stride + dv, mask=dv < DV, other=0.0)
-            tl.store(v_cache_ptr + pos * vc_row_stride + g * vc_head_stride + dv, row, mask=dv < DV)
+            tl.store(v_cache_ptr + pos * vc_row_stride + g * vc_head_stride + dv,
+                     row.to(v_cache_ptr.dtype.element_ty), mask=dv < DV)
 
 
 def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: torch.Tensor,
@@ -78,7 +82,7 @@ def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: torch
             neox: bool, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
     """q [1, H, Dk], k [1, Hkv, Dk], v [1, Hkv, Dv] or None; cos, sin [C, n_rot/2] the tables of
     every position; pos [1] on the device; k_cache [C, Hkv, Dk], v_cache [C, Hkv, Dv] (contiguous
-    rows); norms (q weight [Dk], k weight [Dk], eps) to RMS-normalise each head first. Writes
+    rows, float32 or float16: the rows rounded as they are stored); norms (q weight [Dk], k weight [Dk], eps) to RMS-normalise each head first. Writes
     rope(k) and v at row pos of the caches → rope(q) as a new [1, H, Dk] tensor."""
     _check(q, k, v, cos, sin, k_cache, v_cache, norms)
     _, H, Dk = q.shape
@@ -105,13 +109,15 @@ def _check(q, k, v, cos, sin, k_cache, v_cache, norms) -> None:
 def problem(q, k, v, cos, sin, k_cache, v_cache, norms) -> str | None:
     """What is wrong with rope_kv's arguments (None: nothing); rope_attention's check too."""
     weights = () if norms is None else norms[:2]
-    tensors = [t for t in (q, k, v, cos, sin, k_cache, v_cache, *weights) if t is not None]
+    others = [t for t in (q, k, v, cos, sin, *weights) if t is not None]
+    caches = [t for t in (k_cache, v_cache) if t is not None]
     if q.dim() != 3 or k.dim() != 3 or q.shape[0] != 1 or k.shape[0] != 1 or q.shape[2] != k.shape[2]:
         return "q must be [1, H, Dk] and k [1, Hkv, Dk]"
     if (v is None) != (v_cache is None) or (v is not None and v.shape[:2] != k.shape[:2]):
         return "v and v_cache come together, v as [1, Hkv, Dv]"
-    if any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in tensors):
-        return "every tensor must be float32 with a contiguous last dim"
+    if any(t.stride(-1) != 1 for t in others + caches) or any(t.dtype != torch.float32 for t in others) \
+            or any(t.dtype not in CACHE_TYPES for t in caches):
+        return "every tensor must be float32 (the caches float32 or float16) with a contiguous last dim"
     if cos.shape != sin.shape or 2 * cos.shape[1] > q.shape[2] or not cos.is_contiguous():
         return f"cos/sin {list(cos.shape)} must be contiguous [C, n_rot/2] with n_rot <= Dk"
     if k_cache.shape[1:] != k.shape[1:] or (v is not None and v_cache.shape[1:] != v.shape[1:]):

@@ -65,8 +65,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
     group = H // Hkv  # query head h reads kv head h // group, as ggml broadcasts
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
+    k = k.repeat_interleave(group, dim=1).to(q.dtype)  # (float16 cache rows computed in q's float32)
+    v = v.repeat_interleave(group, dim=1).to(q.dtype)
     scores = torch.einsum("thd,shd->hts", q, k) * scale  # [H, T, S]
     masked = forward_mask(masks, False, start, T, S, window, q.device)
     if keep is not None:
@@ -98,8 +98,8 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     test), so a continued graph that ends at its span keeps the eager continuation's bits. masks as attend's."""
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
-    k = k.repeat_interleave(H // Hkv, dim=1)
-    v = v.repeat_interleave(H // Hkv, dim=1)
+    k = k.repeat_interleave(H // Hkv, dim=1).to(q.dtype)  # (float16 cache rows computed in q's float32)
+    v = v.repeat_interleave(H // Hkv, dim=1).to(q.dtype)
     host = isinstance(start, int) and not window
     causal = host and start == 0
     if causal:
@@ -214,13 +214,12 @@ class Attention(nn.Module):
             k_all, v_all, dpos = cache.decode_rows(self.il, pos)
             o = decode_attention(q, k_all, v_all, dpos, self.scale, self.window, self.sinks)
         elif (T > 1 and PREFILL_ATTENTION == "kernel" and x.is_cuda and isinstance(start, int)
-              and v_all is not None and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
+              and v_all is not None and q.dtype == torch.float32):
             from sparkd.engine.kernels.prefill_attention import prefill_attention
 
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
         elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and self.sinks is None and v_all is not None
-              and (isinstance(start, int) and start == 0 or continue_sdpa(T))
-              and q.dtype == k_all.dtype == v_all.dtype == torch.float32):
+              and (isinstance(start, int) and start == 0 or continue_sdpa(T)) and q.dtype == torch.float32):
             o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window, cache.masks)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks, masks=cache.masks)  # [T, H, Dv]

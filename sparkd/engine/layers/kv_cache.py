@@ -13,6 +13,11 @@ token, so one captured step replays for every position below span.
 
 An eager one-token step may use the static step's decode kernels too (`decode_rows`): its host
 position goes to the device once per step, and attention reads up to it (the kernels stop there).
+
+The rows' type (`kv_dtype`, --kv-type): the keys and values of layers with values (GQA attention) may be
+float16, as llama.cpp's default cache: half the bytes to hold and, in the decode kernels, to read. A row is
+rounded once, when it is written; every reader (the kernels, attend, SDPA) computes in float32 from the
+rounded row. MLA's latent rows, side rows and recurrent state stay in the cache's dtype (float32).
 """
 
 from __future__ import annotations
@@ -22,18 +27,33 @@ import torch
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.rope import RopeConfig, rope_cos_sin
 
+KV_TYPES = {"f32": torch.float32, "f16": torch.float16}  # --kv-type's choices besides "auto"
+
+
+def kv_type_name(choice: str, device: str | torch.device) -> str:
+    """--kv-type resolved to a KV_TYPES name: "auto" is f16 on CUDA (the decode kernels read half the bytes;
+    docs/performance.md, session 30) and f32 on the CPU (the reference path reads its rows as they are)."""
+    if choice == "auto":
+        return "f16" if torch.device(device).type == "cuda" else "f32"
+    if choice not in KV_TYPES:
+        raise EngineError(f"could not use --kv-type {choice!r}: choose auto, {', '.join(KV_TYPES)}")
+    return choice
+
 
 class KVCache:
     def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], dtype=torch.float32,
                  side: dict[tuple[str, int], tuple[int, ...]] | None = None, device: torch.device | str = "cpu",
                  state_shapes: dict[int, list[tuple[int, ...]]] | None = None,
-                 rope_tables: dict | None = None):
+                 rope_tables: dict | None = None, kv_dtype: torch.dtype | None = None):
         # shapes[il] = (n_kv_heads, k_dim, v_dim); state_shapes[il] = shapes of a recurrent layer's state;
-        # rope_tables: rope_table's tables shared with the model's other caches (Decoder.new_cache), read only
+        # rope_tables: rope_table's tables shared with the model's other caches (Decoder.new_cache), read only;
+        # kv_dtype: the rows of layers with values (None: dtype)
         self.max_ctx = max_ctx
         self.device = torch.device(device)
-        self.k = [torch.zeros(max_ctx, h, dk, dtype=dtype, device=device) for h, dk, _ in shapes]
-        self.v = [torch.zeros(max_ctx, h, dv, dtype=dtype, device=device) if dv else None for h, _, dv in shapes]
+        row = [(kv_dtype or dtype) if dv else dtype for _, _, dv in shapes]
+        self.k = [torch.zeros(max_ctx, h, dk, dtype=t, device=device) for (h, dk, _), t in zip(shapes, row)]
+        self.v = [torch.zeros(max_ctx, h, dv, dtype=t, device=device) if dv else None
+                  for (h, _, dv), t in zip(shapes, row)]
         self.side = {key: torch.zeros(max_ctx, *row, dtype=dtype, device=device) for key, row in (side or {}).items()}
         self.scratch: dict[str, torch.Tensor | None] = {}  # handed from layer to layer in one forward pass
         self.masks: dict | None = None  # a forward's attention masks (attention.forward_mask), set by Decoder.run
@@ -96,7 +116,7 @@ class KVCache:
     def update(self, il: int, start: int, k: torch.Tensor, v: torch.Tensor | None):
         """Write rows [start, start+T) and return views of rows [0, start+T)."""
         end = self._end(start, k.shape[0])
-        self.k[il][start:end] = k
+        self.k[il][start:end] = k  # (rounded to the rows' type, as every write)
         if v is not None:
             self.v[il][start:end] = v
         v_all = None if self.v[il] is None else self.v[il][:end]
@@ -109,9 +129,9 @@ class KVCache:
         if self.span is None:
             start = int(pos[0])
             return *self.update(il, start, k, v), start
-        self.k[il].index_copy_(0, pos, k)
+        self.k[il].index_copy_(0, pos, k.to(self.k[il].dtype))
         if v is not None:
-            self.v[il].index_copy_(0, pos, v)
+            self.v[il].index_copy_(0, pos, v.to(self.v[il].dtype))
         v_all = None if self.v[il] is None else self.v[il][:self.span]
         return self.k[il][:self.span], v_all, pos
 

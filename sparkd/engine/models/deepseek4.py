@@ -187,7 +187,8 @@ class DSV4Decoder(Decoder):
                          kv_shapes=[(1, cfg.head_dim_k, 0)] * cfg.n_layer)
         self.hc_head = hc_head
 
-    def new_cache(self, max_ctx: int | None = None) -> DSV4Cache:
+    def new_cache(self, max_ctx: int | None = None, kv_dtype: torch.dtype | None = None) -> DSV4Cache:
+        # kv_dtype: no layer here has values, so its rows keep float32 (KVCache)
         comps = {}
         for b in self.blocks:
             if b.attn.compressor is not None:

@@ -12,6 +12,7 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.progress import byte_progress
 from sparkd.engine.prompt_store import parse_store_mib
 from sparkd.engine.server import DEFAULT_TOP_K
+from sparkd.engine.streaming.commands import add_kv_type_option
 from sparkd.engine.streaming.device import UNIFIED_CHOICES
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
@@ -70,6 +71,7 @@ def add_arguments(s: argparse.ArgumentParser, parse_size) -> None:
                         "VRAM expert cache; auto = off on a discrete GPU, on on an integrated one")
     s.add_argument("--vram-budget", type=parse_size, metavar="SIZE",
                    help="VRAM expert cache size (default: free device memory after trunk, KV, workspace, margin)")
+    add_kv_type_option(s)
     s.add_argument("--chat-template-file", type=Path, help="Jinja chat template replacing the model's")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -129,7 +131,7 @@ def cmd_serve(a) -> int:
                     resident=a.resident, stream=stream, log=_log, device=a.device,
                     cuda_graphs=a.cuda_graphs, prompt_graphs=a.prompt_graphs,
                     prompt_graph_margin=a.prompt_graph_margin, prompt_cache=a.prompt_cache == "on",
-                    prompt_store_bytes=a.prompt_store_bytes, decode_graphs=a.decode_graphs)
+                    prompt_store_bytes=a.prompt_store_bytes, decode_graphs=a.decode_graphs, kv_type=a.kv_type)
     name = a.alias or Path(a.model).name.removesuffix(".gguf")
     server = EngineServer(engine, ServerConfig(name, api_key, a.reasoning_budget, a.max_queue, a.top_k))
     config = uvicorn.Config(server.app(), host=host, port=port, log_level=a.log_level, lifespan="off")

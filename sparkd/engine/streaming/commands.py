@@ -13,6 +13,13 @@ from sparkd.engine.streaming.device import UNIFIED_CHOICES
 from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
 
+def add_kv_type_option(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--kv-type", choices=["auto", "f32", "f16"], default="auto",
+                   help="the KV cache rows of attention layers with values (GQA; MLA's latent rows stay f32): "
+                        "f16 holds and reads half the bytes, rounded once as written (llama.cpp's default); "
+                        "auto = f16 with --device cuda, f32 on the CPU")
+
+
 def add_stream_options(s: argparse.ArgumentParser, size) -> None:
     s.add_argument("--budget", type=size, help="memory budget (default: cgroup memory.max - headroom)")
     s.add_argument("--ctx", type=int, default=4096, help="context to plan the KV cache for")
@@ -31,6 +38,7 @@ def add_stream_options(s: argparse.ArgumentParser, size) -> None:
     s.add_argument("--vram-budget", type=size, metavar="SIZE",
                    help="VRAM expert cache size on a discrete GPU (default: free device memory after trunk, "
                         "KV cache and workspace, minus a margin)")
+    add_kv_type_option(s)
 
 
 def stream_options(a):
@@ -39,7 +47,8 @@ def stream_options(a):
     return StreamOptions(budget_bytes=a.budget, ctx=a.ctx, batch_tokens=a.batch_tokens, policy=a.policy,
                          prefetch_slots=a.prefetch, threads=a.read_threads, direct=not a.buffered,
                          trace_path=getattr(a, "trace", None), census_path=getattr(a, "census", None),
-                         device=getattr(a, "device", "cpu"), unified=a.unified, vram_budget_bytes=a.vram_budget)
+                         device=getattr(a, "device", "cpu"), unified=a.unified, vram_budget_bytes=a.vram_budget,
+                         kv_type=a.kv_type)
 
 
 def print_plan(budget, plan, out=sys.stderr) -> None:

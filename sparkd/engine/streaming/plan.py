@@ -22,6 +22,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers.kv_cache import KV_TYPES
 from sparkd.engine.layers.qlinear import CHUNK_VALUES
 from sparkd.engine.models.config import ModelConfig
 from sparkd.engine.models.staging import staging_buffer_bytes
@@ -82,6 +83,7 @@ class MemoryPlan:
     vram_budget_source: str = ""
     prompt_store_bytes: int = 0  # copies of given-up conversations' KV rows (prompt_store.py), beside the KV cache
     prompt_rule_bytes: int = 0  # of workspace_bytes: a prompt's recurrent rule at its peak (Kimi K3's KDA)
+    kv_type: str = "f32"  # the attention layers' K/V rows (--kv-type, resolved: layers/kv_cache.KV_TYPES)
 
     @property
     def trunk_on_device(self) -> bool:
@@ -129,7 +131,7 @@ class MemoryPlan:
         trunk = ("resident weights, matrices kept quantized" if self.device_kind == "cpu"
                  else "kernel projections as quant blocks, the rest f32")
         model = [("trunk", self.trunk_bytes, trunk),
-                 ("kv cache", self.kv_bytes, f"ctx {self.ctx}"),
+                 ("kv cache", self.kv_bytes, f"ctx {self.ctx}, {self.kv_type} rows"),
                  ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens"
                   + (f", {_human(self.prompt_rule_bytes)} of it the KDA delta rule" if self.prompt_rule_bytes else ""))]
         if self.prompt_store_bytes:
@@ -301,21 +303,22 @@ def staging_term_bytes(g: GGUFModel, device: DeviceInfo) -> int:
     return 0 if device.kind == "cpu" else staging_buffer_bytes(largest_trunk_tensor_bytes(g))
 
 
-def kv_bytes(cfg: ModelConfig, ctx: int) -> int:
+def kv_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
     """One sequence's cache: per-position K/V, plus recurrent state where an architecture module
     says so through cache_bytes(cfg, ctx) (Kimi K3: MLA latent + KDA conv and delta-rule state;
-    DeepSeek V4: shared rows plus compressor state)."""
+    DeepSeek V4: shared rows plus compressor state). kv_type: the GQA layers' K/V rows (KVCache's kv_dtype);
+    MLA's latent rows, side rows and state stay float32."""
     from sparkd.engine.models import arch_module  # here: models imports this module's regex
 
     own = getattr(arch_module(cfg.arch), "cache_bytes", None)
     if own is not None:
         return own(cfg, ctx)
+    side = cfg.extra.get("side_cache_floats_per_pos", 0) * F32_BYTES  # e.g. glm-dsa's indexer keys, all layers
     if cfg.kv_lora_rank:  # MLA caches the latent plus the rope key, no values
-        per_pos = cfg.kv_lora_rank + cfg.rope.n_rot
+        per_pos = (cfg.kv_lora_rank + cfg.rope.n_rot) * F32_BYTES
     else:
-        per_pos = cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v)
-    side = cfg.extra.get("side_cache_floats_per_pos", 0)  # e.g. glm-dsa's indexer keys, all layers
-    return (cfg.n_layer * per_pos + side) * ctx * F32_BYTES
+        per_pos = cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) * KV_TYPES[kv_type].itemsize
+    return (cfg.n_layer * per_pos + side) * ctx
 
 
 def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
@@ -355,10 +358,11 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
               batch_tokens: int = 0, runtime_bytes: int | None = None,
               rss: Callable[[], int] = runtime_rss_bytes, device: DeviceInfo = CPU, unified: str = "auto",
               vram_budget_bytes: int | None = None, cuda_runtime_bytes: int = 0,
-              prompt_store_bytes: int | None = 0) -> MemoryPlan:
+              prompt_store_bytes: int | None = 0, kv_type: str = "f32") -> MemoryPlan:
     """Split the budget (and a discrete GPU's memory); raise PlanError if the host budget cannot
     hold top-k experts plus prefetch slots, EngineError for a VRAM budget that cannot be used.
-    prompt_store_bytes: the prompt store's budget (None: auto, prompt_store.store_bytes)."""
+    prompt_store_bytes: the prompt store's budget (None: auto, prompt_store.store_bytes); kv_type: the K/V
+    rows' type, resolved (kv_bytes)."""
     ctx = ctx or cfg.n_ctx_train
     cuda = device.kind != "cpu"
     batch_tokens = batch_tokens or default_batch_tokens(cfg, ctx, budget.bytes, cuda)
@@ -366,7 +370,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     total_experts = n_moe * cfg.n_expert
     slot = expert_slot_bytes(g)
     kernels = None if device.kind == "cpu" else _kernel_types()
-    model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx),
+    model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx, kv_type),
                  workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens, cuda))
     host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
                 cuda_runtime_bytes=cuda_runtime_bytes,
@@ -386,7 +390,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     plan = MemoryPlan(budget.bytes, budget.source, slot_bytes=slot, cache_slots=max(0, slots),
                       prefetch_slots=prefetch_slots, min_slots=min_slots,
                       n_experts_total=total_experts, ctx=ctx, batch_tokens=batch_tokens, **host, **model,
-                      prompt_rule_bytes=prompt_rule_bytes(cfg, batch_tokens, cuda),
+                      prompt_rule_bytes=prompt_rule_bytes(cfg, batch_tokens, cuda), kv_type=kv_type,
                       device_name=device.name, device_kind=device.kind, device_free_bytes=device.free_bytes,
                       vram_margin_bytes=vram.margin_bytes, vram_slots=vram.slots, vram_budget_source=vram.source)
     if slots < min_slots:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers.kv_cache import kv_type_name
 from sparkd.engine.models import LoadedModel, Progress, config_of, load_model
 from sparkd.engine.streaming.device import probe_device
 from sparkd.engine.streaming.plan import Budget, MemoryPlan, make_plan, resolve_budget, runtime_rss_bytes
@@ -34,6 +35,7 @@ class StreamOptions:
     unified: str = "auto"  # on: zero-copy only; off: a VRAM expert cache; auto: off on a discrete GPU
     vram_budget_bytes: int | None = None  # the VRAM expert cache (None: free device memory - margin)
     prompt_store_bytes: int | None = 0  # the prompt store's plan term (None: auto; Engine sets it)
+    kv_type: str = "auto"  # the K/V rows (--kv-type; layers/kv_cache.kv_dtype resolves auto by the device)
     trace_path: str | None = None
     census_path: str | None = None
     proc_self_cgroup: str = "/proc/self/cgroup"
@@ -50,7 +52,8 @@ def plan_for(g: GGUFModel, opts: StreamOptions) -> tuple[Budget, MemoryPlan]:
     after = runtime_rss_bytes()
     return budget, make_plan(g, cfg, budget, ctx, opts.prefetch_slots, opts.batch_tokens, runtime_bytes=before,
                              device=device, unified=opts.unified, vram_budget_bytes=opts.vram_budget_bytes,
-                             cuda_runtime_bytes=max(0, after - before), prompt_store_bytes=opts.prompt_store_bytes)
+                             cuda_runtime_bytes=max(0, after - before), prompt_store_bytes=opts.prompt_store_bytes,
+                             kv_type=kv_type_name(opts.kv_type, opts.device))
 
 
 # glibc mallopt parameters: a fixed mmap threshold (else it rises to 32 MiB after the first large
