@@ -37,10 +37,10 @@ VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
                                       "BLOCK_DK": 64, "BLOCK_DV": 64, "FOLD": 32}, 4),
     (grouped_attention._grouped_attention,  # "grouped" (session 29): Qwen3's 8 query heads a KV head, a sink
      {"GROUP": 8, "HEAD_BLOCKS": 1, "HAS_SINKS": True, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128,
-      "N_R": 32}, 4),
+      "N_R": 32, "HALF": False}, 4),
     (grouped_attention._grouped_attention,  # 20 query heads a KV head at 64 wide: two head blocks
      {"GROUP": 20, "HEAD_BLOCKS": 2, "HAS_SINKS": False, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 64, "BLOCK_DV": 64,
-      "N_R": 32}, 4),
+      "N_R": 32, "HALF": False}, 4),
     (grouped_attention._grouped_attention_fold,
      {"GROUP": 8, "HEAD_BLOCKS": 1, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DV": 128, "N_R": 32}, 4),
     *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
@@ -55,7 +55,7 @@ HALF_KV = [  # (kernel, constexprs, warps, the cache pointers as float16): --kv-
                                       "BLOCK_DK": 128, "BLOCK_DV": 128, "FOLD": 32}, 4, ("k_cache_ptr", "v_cache_ptr")),
     (grouped_attention._grouped_attention,
      {"GROUP": 8, "HEAD_BLOCKS": 1, "HAS_SINKS": True, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128,
-      "N_R": 32}, 4, ("k_ptr", "v_ptr")),
+      "N_R": 32, "HALF": True}, 4, ("k_ptr", "v_ptr")),
 ]
 
 

@@ -74,7 +74,8 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
                                                                         BLOCK_DK=128, BLOCK_DV=128, RANGE=64, FOLD=32), 4),
     # session 29: a program per KV head's query heads and range of keys ("grouped", the default past rope_attention)
     "grouped_attention": (grouped_attention._grouped_attention, dict(
-        GROUP=8, HEAD_BLOCKS=1, HAS_SINKS=True, BLOCK_H=16, BLOCK_S=64, BLOCK_DK=128, BLOCK_DV=128, N_R=32), 4),
+        GROUP=8, HEAD_BLOCKS=1, HAS_SINKS=True, BLOCK_H=16, BLOCK_S=64, BLOCK_DK=128, BLOCK_DV=128, N_R=32,
+        HALF=False), 4),
     "grouped_attention_fold": (grouped_attention._grouped_attention_fold, dict(
         GROUP=8, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_S=64, BLOCK_DV=128, N_R=32), 4),
     # session 13 (moe23): the MoE gate/up that lets the down launch only after its loop (Kernels.down_at_start False)

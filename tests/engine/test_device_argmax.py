@@ -81,7 +81,7 @@ def test_captured_step_with_norm_quant_gives_the_same_bits(tmp_path, quant):
     m = load_model(path, device="cuda")
     runs = {}
     try:
-        for spec in ("all", "rms_norm,rope_kv,attention,router"):
+        for spec in ("all", "rms_norm,rope_kv,attention,rope_attention,router"):  # the same attention kernel
             before = fused.configure(spec)
             try:
                 cache = m.net.new_cache(32)

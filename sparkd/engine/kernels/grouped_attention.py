@@ -1,6 +1,14 @@
 """Decode attention with a program per (KV head, range of keys) over all the query heads that read
 that KV head (GQA), float32: decode_attention's "grouped" rule (session 29, the default).
 
+Float16 cache rows (--kv-type f16, session 30) go to the tensor cores as loaded, against q (times the scale)
+and the weights p each split into two float16 parts (hi, and lo = the rest): every product of a part and a row
+is exact and the sums float32, so the error stays float32's over the rounded rows. Widening the tiles to
+float32 for the tf32x3 products instead was slower than float32 rows from 4000 positions (26.9 against 21.0
+us at 8000, 79.1 against 52.9 at 32000, session 30 call 1), likely (not profiled) as the widened copy kept
+the loads out of the loop's software pipeline: where a program's range is one tile (2000 positions) it was
+faster (10.6 against 11.6 us).
+
 Why: decode_attention "auto" runs a program per (query head, 64 keys), so under GQA every key and
 value row is read once per query head of its group (8 times in Qwen3-30B-A3B's 32 over 4), from the
 L2 at best: 16 us a layer at 2000 positions, 56 at 8000 and 114 at 16000 on the H200, where the 32 MB
@@ -63,10 +71,11 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
                        window, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
                        out_head_stride, DK, DV, GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
                        HAS_SINKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr,
-                       BLOCK_DV: tl.constexpr, N_R: tl.constexpr, PDL: tl.constexpr = False):
+                       BLOCK_DV: tl.constexpr, N_R: tl.constexpr, HALF: tl.constexpr = False,
+                       PDL: tl.constexpr = False):
     """Program (b, r): head block b (KV head b // HEAD_BLOCKS, its query heads from (b % HEAD_BLOCKS) *
     BLOCK_H on), range r of its visible keys. Its running max and sum go to stat [2, B, N_R, BLOCK_H], its
-    weighted values to part [B, N_R, BLOCK_H, BLOCK_DV], for _grouped_attention_fold."""
+    weighted values to part [B, N_R, BLOCK_H, BLOCK_DV], for _grouped_attention_fold. HALF: float16 cache rows."""
     pdl.start(PDL)  # first: pdl's rule
     b, r = tl.program_id(0), tl.program_id(1)
     lo, hi, first, per, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R)
@@ -82,6 +91,10 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
     dv = tl.arange(0, BLOCK_DV)
     q = tl.load(query_ptr + heads[:, None] * q_head_stride + dk[None, :], mask=real[:, None] & (dk < DK)[None, :],
                 other=0.0)
+    if HALF:  # q * scale as two float16 parts (hi + lo: 22 bits), for float16 products with the rows as loaded
+        q = q * scale
+        q_hi = q.to(tl.float16)
+        q_lo = (q - q_hi.to(tl.float32)).to(tl.float16)
     if HAS_SINKS:  # the sink joins range 0 only: a logit with no value, exp(sink - m) = 1 in the sum
         m = tl.where(r == 0, tl.load(sink_ptr + heads, mask=real, other=0.0), float("-inf"))
         total = tl.where(r == 0, 1.0, 0.0) + tl.zeros([BLOCK_H], tl.float32)
@@ -95,16 +108,24 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
         rows = s0 + tl.arange(0, BLOCK_S)
         seen = (rows >= lo) & (rows < hi)
         k = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + dk[None, :],
-                    mask=seen[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
+                    mask=seen[:, None] & (dk < DK)[None, :], other=0.0)
         v = tl.load(v_base + rows[:, None].to(tl.int64) * v_row_stride + dv[None, :],  # with the keys: one wait
-                    mask=seen[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="tf32x3") * scale  # [BLOCK_H, BLOCK_S]
+                    mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
+        if HALF:  # each product exact, summed in float32 (a float32 copy of the tiles broke the loads' pipeline)
+            s = tl.dot(q_lo, tl.trans(k), acc=tl.dot(q_hi, tl.trans(k)))  # [BLOCK_H, BLOCK_S]
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision="tf32x3") * scale
         s = tl.where(seen[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every block holds a visible key
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         total = total * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32x3")
+        if HALF:  # p in [0, 1] as two float16 parts too
+            p_hi = p.to(tl.float16)
+            pv = tl.dot((p - p_hi.to(tl.float32)).to(tl.float16), v, acc=tl.dot(p_hi, v))
+        else:
+            pv = tl.dot(p, v, input_precision="tf32x3")
+        acc = acc * alpha[:, None] + pv
         m = m_new
     if used == 1:  # this range holds the keys: its values are the output (_grouped_attention_fold returns at once)
         tl.store(out_ptr + heads[:, None] * out_head_stride + dv[None, :], acc / total[:, None],
@@ -158,7 +179,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: to
     _grouped_attention[(n_b, RANGES)](
         q, k, v, pos, q if sinks is None else sinks, out, part, stat, S, scale, window, q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv, HAS_SINKS=sinks is not None,
-        BLOCK_DK=block_dk, **shape, **pdl.launch(q.device))
+        BLOCK_DK=block_dk, HALF=k.dtype == torch.float16, **shape, **pdl.launch(q.device))
     _grouped_attention_fold[(H,)](pos, out, part, stat, S, window, n_b, out.stride(1), Dv, **shape,
                                   **pdl.launch(q.device))
     return out
