@@ -189,3 +189,17 @@ def test_generate_reports_the_kv_type_and_refuses_bad_ones(tiny_models):
     assert len(got["f16"]["tokens"]) == 3
     bad = generate("--kv-type", "q8")
     assert bad.returncode == 2 and "invalid choice: 'q8'" in bad.stderr
+
+
+def test_plan_command_plans_the_rows_type(tiny_models):
+    """`plan --kv-type f16 --json`: the kv term at half f32's bytes, the type named; auto on the CPU plans f32."""
+    def planned(kv_type):
+        r = subprocess.run([sys.executable, "-m", "sparkd.engine.cli", "plan", str(tiny_models["qwen3moe"]), "--ctx",
+                            "64", "--budget", "4G", "--kv-type", kv_type, "--json"], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    f16, auto = planned("f16"), planned("auto")
+    assert (f16["kv_type"], auto["kv_type"]) == ("f16", "f32")
+    assert f16["kv_bytes"] * 2 == auto["kv_bytes"] > 0
