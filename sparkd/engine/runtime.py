@@ -159,7 +159,6 @@ class Engine:
         if self.streaming is None:
             self._warm_experts(model.net)
         self._cache = model.net.new_cache(self.n_ctx, KV_TYPES[self.kv_type])
-        self._log(f"KV cache: {self.n_ctx} positions, {self.kv_type} rows, {_mib(self._cache.nbytes)}")
         if self._plan["prompt_store"]:
             self._store = PromptStore(self._plan["prompt_store"])
         # the prompt graphs' margin covers the decode steps' captures too
