@@ -263,8 +263,8 @@ class EngineServer:
         elif s.status == "error":
             body["error"] = s.error
         else:
-            body.update(n_ctx=self.engine.n_ctx, running=self.slot.running, queued=self.slot.queued,
-                        memory_plan=self.engine.memory_plan())
+            body.update(n_ctx=self.engine.n_ctx, kv_type=self.engine.kv_type, running=self.slot.running,
+                        queued=self.slot.queued, memory_plan=self.engine.memory_plan())
         return JSONResponse(body, status_code=200 if s.status == "ready" else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:

@@ -59,8 +59,10 @@ def _complete(proc) -> str:
 
 def test_plan_is_printed_and_exported(streamed):
     assert "memory plan:" in streamed.log.read_text() and "expert cache" in streamed.log.read_text()
-    plan = streamed.health()["memory_plan"]
+    health = streamed.health()
+    plan = health["memory_plan"]
     assert plan["budget"] == 2 << 30 and plan["expert_cache"] == ALL_SLOTS * SLOT_BYTES
+    assert health["kv_type"] == "f32" and "f32 rows" in streamed.log.read_text()  # --kv-type auto on the CPU
     text = streamed.metrics()
     for term in ("budget", "runtime", "trunk", "kv", "workspace", "expert_cache"):
         assert metric_value(text, "sparkd_engine_memory_plan_bytes", f'term="{term}"') == plan[term]
