@@ -49,12 +49,12 @@ def models(tmp_path_factory):
     return path
 
 
-def greedy(net, spec: str, device: str, eager_kernels: bool, static: bool):
+def greedy(net, spec: str, device: str, eager_kernels: bool, static: bool, kv_dtype: torch.dtype = torch.float32):
     """(logits rows, ids) of greedy decoding after PROMPT with fused kernels `spec`, one token a
-    step: the static step (no graph) or the eager net(tokens, cache)."""
+    step: the static step (no graph) or the eager net(tokens, cache); kv_dtype: the cache rows' type."""
     before, before_eager = fused.configure(spec, on_cpu=device == "cpu"), fused.configure_eager(eager_kernels)
     try:
-        cache = net.new_cache(32)
+        cache = net.new_cache(32, kv_dtype)
         logits = net(torch.tensor(PROMPT), cache)[-1:]
         step = (StaticDecode(net, cache, graphs=False, first_bucket=4) if static
                 else lambda t: net(torch.tensor([t]), cache))
@@ -71,11 +71,12 @@ def greedy(net, spec: str, device: str, eager_kernels: bool, static: bool):
 
 @pytest.mark.parametrize("backend, quant", BACKENDS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_eager_step_equals_static_step(models, backend, quant, arch):
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+def test_eager_step_equals_static_step(models, backend, quant, arch, kv_dtype):
     m = load_model(models(arch, quant), device=backend)
     try:
-        want, want_ids = greedy(m.net, "all", backend, True, static=True)
-        got, got_ids = greedy(m.net, "all", backend, True, static=False)
+        want, want_ids = greedy(m.net, "all", backend, True, static=True, kv_dtype=kv_dtype)
+        got, got_ids = greedy(m.net, "all", backend, True, static=False, kv_dtype=kv_dtype)
     finally:
         m.close()
     assert got_ids == want_ids
