@@ -203,32 +203,3 @@ def test_plan_command_plans_the_rows_type(tiny_models):
     f16, auto = planned("f16"), planned("auto")
     assert (f16["kv_type"], auto["kv_type"]) == ("f16", "f32")
     assert f16["kv_bytes"] * 2 == auto["kv_bytes"] > 0
-
-
-@pytest.mark.skipif(ON_GPU, reason="counts the interpreter's launches; the GPU groups run test_eager_decode's bits "
-                                   "test over float16 caches")
-def test_f16_cache_decodes_with_rope_kv_and_grouped_attention(tiny_models):
-    """Over float16 rows the one-token step runs rope_kv then grouped attention at every position (they beat
-    rope_attention's one launch there: fused.ROPE_ATTENTION_SPAN); float32 rows keep rope_attention."""
-    from bench_script import load_bench_script
-
-    from sparkd.engine.kernels import fused
-    from sparkd.engine.models import load_model
-
-    counts = load_bench_script("gpu_box/launch_count.py")
-    m = load_model(tiny_models["qwen3moe"], device="cpu")
-    before = fused.configure("all", on_cpu=True)
-    try:
-        ops = {}
-        for name in KV_TYPES:
-            cache = m.net.new_cache(16, KV_TYPES[name])
-            m.net(torch.tensor([1, 5, 9]), cache)
-            ops[name] = counts.count_cpu(lambda cache=cache: m.net(torch.tensor([2]), cache))["ops"]
-    finally:
-        fused.configure(before)
-        m.close()
-    n_layer = len(m.net.blocks)
-    assert ops["f32"].get("triton:_rope_attention") == n_layer and "triton:_rope_kv" not in ops["f32"]
-    assert "triton:_rope_attention" not in ops["f16"]
-    assert ops["f16"].get("triton:_rope_kv") == ops["f16"].get("triton:_grouped_attention") == n_layer
-

@@ -30,8 +30,9 @@ ENV = "SPARKD_FUSED_KERNELS"
 # (the same launches at each position); longer ones keep rope_kv and decode_attention apart. H200, 32 heads over 4
 # KV heads of 128, rope_kv + decode_attention "grouped" (session 29) against the one launch: 9.7 / 7.6 us at 264
 # positions, 10.1 / 10.2 at 520, 10.6 / 13.3 at 1000, 13.2 / 24.2 at 2000 (session 28 set 1024 against "auto").
-# Over float16 rows (--kv-type f16) the two launches win at every position (session 30 call 2: 5.2 / 5.4 us at
-# position 8, 6.7 / 8.9 at 72, 7.6 / 8.2 at 264): rope_attention serves float32 caches only
+# Over float16 rows (--kv-type f16) the two launches won the kernel bench at every position (session 30 call 2:
+# 5.2 / 5.4 us at position 8, 6.7 / 8.9 at 72, 7.6 / 8.2 at 264) but lost the 12-layer decode at positions 8-136
+# (call 3: 1712-1718 tok/s against 1834 with the one launch, call 2): the same span for both types
 ROPE_ATTENTION_SPAN = 512
 EAGER_ENV = "SPARKD_FUSED_EAGER"
 

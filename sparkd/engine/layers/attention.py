@@ -234,15 +234,13 @@ class Attention(nn.Module):
 
     def _one_launch(self, x, q, k, v, pos, cache) -> bool:
         """Whether a one-token step runs rope, the KV write and attention in one launch (kernels/rope_attention):
-        rope_attention, rope_kv and attention switched on, a float32 value cache (over float16 rows rope_kv and
-        grouped attention win at every position: fused.ROPE_ATTENTION_SPAN), rows rope_kv takes, and a static step's
+        rope_attention, rope_kv and attention switched on, a value cache, rows rope_kv takes, and a static step's
         bucket of at most fused.ROPE_ATTENTION_SPAN rows. An eager step (its position a host value) counts the rows
         up to its position instead, so it takes the static step's launches, and bits, at every position: the
         buckets double from a power of two, so that span is a bucket's end."""
         rows = cache.span if cache.span is not None else int(pos[0]) + 1
-        values = cache.v[self.il]
         return (all(fused.active(name, x) for name in ("rope_attention", "rope_kv", "attention"))
-                and values is not None and values.dtype == torch.float32 and self._rope_kv_fits(q, k, v)
+                and cache.v[self.il] is not None and self._rope_kv_fits(q, k, v)
                 and rows <= fused.ROPE_ATTENTION_SPAN)
 
     def _rope_kv_fits(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
