@@ -67,11 +67,21 @@ def arg_type(name: str, half: tuple[str, ...] = ()) -> str:
     return "fp32" if name in FLOATS else "i32"
 
 
+def aligned(name: str) -> bool:
+    """Whether a launch sees this argument as divisible by 16, as Triton specialises it at the engine's shapes: the
+    tensors (but the one-position pos_ptr) and the strides and widths. Without it every load compiles scalar and the
+    loops' software pipeline (cp.async) is not what the box runs (session 30)."""
+    return (name.endswith("_ptr") and name not in INT64_POINTERS) or "stride" in name or name in ("DK", "DV")
+
+
 def build(kern, consts: dict, warps: int, half: tuple[str, ...] = ()) -> int:
     """Compile one variant for sm_90; the PTX's length."""
     consts = pdl.compile_args(kern, consts)
     sig = {name: "constexpr" if name in consts else arg_type(name, half) for name in kern.arg_names}
-    src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kern.arg_names)
+             if name not in consts and aligned(name)}
+    src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()},
+                    attrs=attrs)
     return len(compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"])
 
 
