@@ -177,9 +177,9 @@ def test_generate_reports_the_kv_type_and_refuses_bad_ones(tiny_models):
     """`generate --kv-type f16 --json` decodes and reports f16 (auto on the CPU: f32); a bad type is argparse's
     clear refusal before anything loads."""
     def generate(*extra):
-        return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", "generate", str(tiny_models["qwen3moe"]), "--tokens",
-                               "1,5,9", "-n", "3", "--resident", "--json", *extra], capture_output=True, text=True,
-                              timeout=300)
+        return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", "generate", str(tiny_models["qwen3moe"]),
+                               "--tokens", "1,5,9", "-n", "3", "--resident", "--json", *extra], capture_output=True,
+                              text=True, timeout=300)
 
     runs = {t: generate("--kv-type", t) for t in ("f16", "auto")}
     for r in runs.values():

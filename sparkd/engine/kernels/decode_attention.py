@@ -1,6 +1,6 @@
 """Attention of one query token over a static span of cached keys, masked by the query's
 device position: the static (CUDA graph) decode step's attention, float32 throughout (float16 cache rows,
---kv-type, are widened as they are loaded).
+--kv-type, are widened as they are loaded here; "grouped" multiplies them as they are, at float32's error).
 layers/attention.py's `attend` is the reference.
 
 $SPARKD_DECODE_ATTENTION_SPLIT "grouped" (the default since session 29): kernels/grouped_attention.py,

@@ -82,8 +82,9 @@ def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: torch
             neox: bool, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
     """q [1, H, Dk], k [1, Hkv, Dk], v [1, Hkv, Dv] or None; cos, sin [C, n_rot/2] the tables of
     every position; pos [1] on the device; k_cache [C, Hkv, Dk], v_cache [C, Hkv, Dv] (contiguous
-    rows, float32 or float16: the rows rounded as they are stored); norms (q weight [Dk], k weight [Dk], eps) to RMS-normalise each head first. Writes
-    rope(k) and v at row pos of the caches → rope(q) as a new [1, H, Dk] tensor."""
+    rows, float32 or float16: the rows rounded as they are stored); norms (q weight [Dk], k weight
+    [Dk], eps) to RMS-normalise each head first. Writes rope(k) and v at row pos of the caches →
+    rope(q) as a new [1, H, Dk] tensor."""
     _check(q, k, v, cos, sin, k_cache, v_cache, norms)
     _, H, Dk = q.shape
     Hkv, half = k.shape[1], cos.shape[1]
