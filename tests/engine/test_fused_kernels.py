@@ -200,17 +200,19 @@ def test_decode_attention_split_over_keys(backend, monkeypatch, H, Hkv, S, pos, 
     (16, 2, 20, 600, 450, 100, True, 4),  # and a sink: it joins the window's first range
     (40, 2, 24, 300, 290, 0, True, 8),  # 20 query heads a KV head: two head blocks, the second with 4 rows
     (3, 3, 24, 200, 150, 0, False, 8)])  # no grouping: a head a block
-def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, pos, window, sinks, ranges):
+@pytest.mark.parametrize("rows", [torch.float32, torch.float16], ids=["f32", "f16"])
+def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, pos, window, sinks, ranges, rows):
     """The "grouped" rule (kernels/grouped_attention, the default): a program per KV head's query heads and range
-    of keys, then a launch that adds the ranges. attend's result; the same bits on a second run and over a cache
-    twice as long (an eager step's span); the inputs untouched."""
+    of keys, then a launch that adds the ranges. attend's result (over float16 rows, --kv-type f16: over the same
+    rows widened, the float16 products' path); the same bits on a second run and over a cache twice as long (an
+    eager step's span); the inputs untouched."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import grouped_attention as ga
 
     assert da.SPLIT_RULE == "grouped"
     monkeypatch.setattr(ga, "RANGES", ranges)
     monkeypatch.setattr(ga, "TILE_VALUES", 16 * 32)  # 16-key blocks at 32 wide: many blocks at small spans
-    q, k, v = torch.randn(1, H, 32), torch.randn(S, Hkv, 32), torch.randn(S, Hkv, Dv)
+    q, k, v = torch.randn(1, H, 32), torch.randn(S, Hkv, 32).to(rows), torch.randn(S, Hkv, Dv).to(rows)
     sink = torch.randn(H) if sinks else None
     want = attend(q, k, v, 0.3, torch.tensor([pos]), window, sink)
     k[pos + 1:], v[pos + 1:] = 1e4, float("nan")  # rows past the position must not be read
