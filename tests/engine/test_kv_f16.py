@@ -124,6 +124,15 @@ def test_kv_type_name_refuses_unknown_types():
         kv_type_name("q8_0", "cpu")
 
 
+def test_engine_refuses_an_unknown_kv_type_before_loading(tmp_path):
+    """The server's Engine checks the type when it is made: the clear error, and no model file opened."""
+    from sparkd.engine.runtime import Engine
+
+    with pytest.raises(EngineError, match=r"could not use --kv-type 'bf16'"):
+        Engine(tmp_path / "absent.gguf", kv_type="bf16")
+    assert Engine(tmp_path / "absent.gguf", device="cuda").kv_type == "f16"  # auto, resolved without a GPU
+
+
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
     from sparkd.engine.make_model import plan, write_model
