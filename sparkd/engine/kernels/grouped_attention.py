@@ -67,11 +67,18 @@ def _ranges(pos_ptr, span, window, BLOCK_S: tl.constexpr, N_R: tl.constexpr):
 
 
 @triton.jit
+def _halves(x):
+    """x (float32) as two float16 parts, hi + lo (22 bits): their products with a float16 row are exact."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
 def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr, stat_ptr, span, scale,
                        window, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
                        out_head_stride, DK, DV, GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
                        HAS_SINKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr,
-                       BLOCK_DV: tl.constexpr, N_R: tl.constexpr, HALF: tl.constexpr = False,
+                       BLOCK_DV: tl.constexpr, N_R: tl.constexpr, HALF: tl.constexpr,
                        PDL: tl.constexpr = False):
     """Program (b, r): head block b (KV head b // HEAD_BLOCKS, its query heads from (b % HEAD_BLOCKS) *
     BLOCK_H on), range r of its visible keys. Its running max and sum go to stat [2, B, N_R, BLOCK_H], its
@@ -91,10 +98,8 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
     dv = tl.arange(0, BLOCK_DV)
     q = tl.load(query_ptr + heads[:, None] * q_head_stride + dk[None, :], mask=real[:, None] & (dk < DK)[None, :],
                 other=0.0)
-    if HALF:  # q * scale as two float16 parts (hi + lo: 22 bits), for float16 products with the rows as loaded
-        q = q * scale
-        q_hi = q.to(tl.float16)
-        q_lo = (q - q_hi.to(tl.float32)).to(tl.float16)
+    if HALF:  # q * scale in two float16 parts, for float16 products with the rows as loaded
+        q_hi, q_lo = _halves(q * scale)
     if HAS_SINKS:  # the sink joins range 0 only: a logit with no value, exp(sink - m) = 1 in the sum
         m = tl.where(r == 0, tl.load(sink_ptr + heads, mask=real, other=0.0), float("-inf"))
         total = tl.where(r == 0, 1.0, 0.0) + tl.zeros([BLOCK_H], tl.float32)
@@ -120,9 +125,9 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         total = total * alpha + tl.sum(p, axis=1)
-        if HALF:  # p in [0, 1] as two float16 parts too
-            p_hi = p.to(tl.float16)
-            pv = tl.dot((p - p_hi.to(tl.float32)).to(tl.float16), v, acc=tl.dot(p_hi, v))
+        if HALF:  # p in [0, 1] in two float16 parts too
+            p_hi, p_lo = _halves(p)
+            pv = tl.dot(p_lo, v, acc=tl.dot(p_hi, v))
         else:
             pv = tl.dot(p, v, input_precision="tf32x3")
         acc = acc * alpha[:, None] + pv

@@ -65,8 +65,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
     group = H // Hkv  # query head h reads kv head h // group, as ggml broadcasts
-    k = k.repeat_interleave(group, dim=1).to(q.dtype)  # (float16 cache rows computed in q's float32)
-    v = v.repeat_interleave(group, dim=1).to(q.dtype)
+    k = k.to(q.dtype).repeat_interleave(group, dim=1)  # (float16 cache rows widened first: Hkv heads, not H)
+    v = v.to(q.dtype).repeat_interleave(group, dim=1)
     scores = torch.einsum("thd,shd->hts", q, k) * scale  # [H, T, S]
     masked = forward_mask(masks, False, start, T, S, window, q.device)
     if keep is not None:
@@ -98,8 +98,8 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     test), so a continued graph that ends at its span keeps the eager continuation's bits. masks as attend's."""
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
-    k = k.repeat_interleave(H // Hkv, dim=1).to(q.dtype)  # (float16 cache rows computed in q's float32)
-    v = v.repeat_interleave(H // Hkv, dim=1).to(q.dtype)
+    k = k.to(q.dtype).repeat_interleave(H // Hkv, dim=1)  # (float16 cache rows widened first: Hkv heads, not H)
+    v = v.to(q.dtype).repeat_interleave(H // Hkv, dim=1)
     host = isinstance(start, int) and not window
     causal = host and start == 0
     if causal:
