@@ -20,6 +20,9 @@ from sparkd.engine.kernels import (decode_attention, grouped_attention, pdl, rms
 INT64_POINTERS = ("pos_ptr", "ids_ptr")
 FLOATS = ("eps", "scale", "min_sum")
 ROPE_BASE = {"BLOCK_D": 128, "BLOCK_DV": 128}
+GQA = {"SHARED": False, "BLOCK_DT": 16}  # grouped attention's keys and values apart
+MLA = {"GROUP": 128, "HEAD_BLOCKS": 8, "HAS_SINKS": False, "BLOCK_H": 16, "BLOCK_S": 16, "BLOCK_DK": 512,
+       "BLOCK_DV": 512, "N_R": 32, "SHARED": True, "BLOCK_DT": 64}  # 128 heads over the 512 + 64 latent keys
 VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
     (rms_norm._rms_norm_rows, {"HAS_RES": False, "BLOCK": 2048, "QBLOCK": 0, "K8": False, "PARTS": 0}, 8),
     (rms_norm._rms_norm_rows, {"HAS_RES": True, "BLOCK": 128, "QBLOCK": 32, "K8": False, "PARTS": 0}, 4),
@@ -37,10 +40,11 @@ VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
                                       "BLOCK_DK": 64, "BLOCK_DV": 64, "FOLD": 32}, 4),
     (grouped_attention._grouped_attention,  # "grouped" (session 29): Qwen3's 8 query heads a KV head, a sink
      {"GROUP": 8, "HEAD_BLOCKS": 1, "HAS_SINKS": True, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128,
-      "N_R": 32, "HALF": False}, 4),
+      "N_R": 32, "HALF": False, **GQA}, 4),
     (grouped_attention._grouped_attention,  # 20 query heads a KV head at 64 wide: two head blocks
      {"GROUP": 20, "HEAD_BLOCKS": 2, "HAS_SINKS": False, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 64, "BLOCK_DV": 64,
-      "N_R": 32, "HALF": False}, 4),
+      "N_R": 32, "HALF": False, **GQA}, 4),
+    (grouped_attention._grouped_attention, {**MLA, "HALF": False}, 8),  # session 31: DeepSeek V3's latent
     (grouped_attention._grouped_attention_fold,
      {"GROUP": 8, "HEAD_BLOCKS": 1, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DV": 128, "N_R": 32}, 4),
     *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
@@ -55,7 +59,8 @@ HALF_KV = [  # (kernel, constexprs, warps, the cache pointers as float16): --kv-
                                       "BLOCK_DK": 128, "BLOCK_DV": 128, "FOLD": 32}, 4, ("k_cache_ptr", "v_cache_ptr")),
     (grouped_attention._grouped_attention,
      {"GROUP": 8, "HEAD_BLOCKS": 1, "HAS_SINKS": True, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128,
-      "N_R": 32, "HALF": True}, 4, ("k_ptr", "v_ptr")),
+      "N_R": 32, "HALF": True, **GQA}, 4, ("k_ptr", "v_ptr")),
+    (grouped_attention._grouped_attention, {**MLA, "HALF": True}, 8, ("k_ptr", "v_ptr")),
 ]
 
 

@@ -7,6 +7,8 @@ buffer, the buffers rotated past the L2 (as the step's weights evict the cache b
 whether each rule gives the first rule's bits (auto vs serial: equal where one range holds the keys). "grouped:R"
 (session 29) runs "grouped" at R ranges a KV head (grouped_attention.RANGES). A rule ending in "@f16" (session 30)
 reads float16 KV rows (--kv-type f16): the same values rounded, so its error against float64 is the rounding's.
+--mla H (session 31) times DeepSeek V3's latent attention instead: H query heads over one 576-wide latent key row a
+position whose first 512 columns are the values (a view of the keys, as layers/mla.py passes them).
 
 --fused (session 28) times the step's whole attention instead: rope_kv then decode_attention "auto" (two
 launches, "rope+auto") against kernels/rope_attention.py at each --tiles value of its TILE_VALUES ("fused:4096":
@@ -17,6 +19,7 @@ folded in, the token's raw q, k, v as the qkv GEMV leaves them; the error is eac
     python3 bench/gpu_box/decode_attention_bench.py --fused --tiles 4096 --rules grouped --positions 8,264,520,2000
     python3 bench/gpu_box/decode_attention_bench.py --rules grouped,grouped@f16 --positions 1000,8000,32000
     python3 bench/gpu_box/decode_attention_bench.py --fused --tiles 4096,4096@f16 --rules grouped,grouped@f16
+    python3 bench/gpu_box/decode_attention_bench.py --mla 128 --rules auto,grouped,grouped@f16 --positions 8,8000
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from sparkd.engine.cuda_graphs import buckets
 from sparkd.engine.layers.attention import attend
 
 H, HKV, D = 32, 4, 128
+LATENT, ROPE = 512, 64  # --mla: DeepSeek V3's kv_lora_rank and rope dims
 L2_BYTES = 128 << 20  # more KV bytes than the H200's 50 MB L2 between two reads of a buffer
 
 
@@ -41,13 +45,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--positions", default="8,40,72,100,136,200,300,520,1000")
     ap.add_argument("--rules", default="auto,grouped", help="decode_attention.SPLIT_RULE values; grouped:R sets "
-                    "grouped_attention.RANGES; a suffix @f16 reads float16 KV rows")
+                    "grouped_attention.RANGES, grouped:R:W its WIDE_WARPS too; a suffix @f16 reads float16 KV rows")
     ap.add_argument("--fused", action="store_true",
                     help="rope_kv + attention (auto) against rope_attention and rope_kv + each --rules rule")
     ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values (a suffix "
                     "@f16 as --rules')")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--sinks", action="store_true", help="with an attention sink a head (gpt-oss)")
+    ap.add_argument("--mla", type=int, default=0, metavar="H",
+                    help="H query heads over MLA's latent rows (DeepSeek V3: 128) instead of Qwen3's GQA")
     ap.add_argument("--json")
     a = ap.parse_args()
     rules = a.rules.split(",")
@@ -55,6 +61,9 @@ def main() -> None:
         rules = ["rope+auto", *(f"fused:{t}" for t in a.tiles.split(",")), *(f"rope+{r}" for r in rules if r != "auto")]
     elif rules[0].endswith("@f16"):
         raise SystemExit("the first rule is the others' reference for bits: give it float32 rows")
+    if a.mla and (a.fused or a.sinks):
+        raise SystemExit("--mla times decode_attention alone, without sinks")
+    heads, kv_heads, dk, dv = (a.mla, 1, LATENT + ROPE, LATENT) if a.mla else (H, HKV, D, D)
     dev = torch.device("cuda")
     torch.manual_seed(0)
     res = {"rules": rules, "fused": a.fused, "rows": []}
@@ -62,13 +71,14 @@ def main() -> None:
           + ("  rel err vs rope+auto" if a.fused else "  rel err vs float64; bits equal"))
     for pos in map(int, a.positions.split(",")):
         span = next(s for s in buckets(1 << 20) if s > pos)
-        n_buf = max(12, -(-L2_BYTES // (2 * span * HKV * D * 2)))  # (float16 rows: 2 bytes a value)
-        kv = [(torch.randn(span, HKV, D, device=dev), torch.randn(span, HKV, D, device=dev)) for _ in range(n_buf)]
+        row_values = kv_heads * (dk if a.mla else dk + dv)  # a position's (MLA: the values inside the keys)
+        n_buf = max(12, -(-L2_BYTES // (span * row_values * 2)))  # (float16 rows: 2 bytes a value)
+        kv = [kv_rows(torch.randn(span, kv_heads, dk, device=dev), dv, a.mla) for _ in range(n_buf)]
         rows = {"f32": kv}
         if any(r.endswith("@f16") for r in rules):
-            rows["f16"] = [(k.half(), v.half()) for k, v in kv]
-        q = torch.randn(1, H, D, device=dev)
-        sinks = torch.randn(H, device=dev) if a.sinks else None
+            rows["f16"] = [kv_rows(k.half(), dv, a.mla, v.half()) for k, v in kv]
+        q = torch.randn(1, heads, dk, device=dev)
+        sinks = torch.randn(heads, device=dev) if a.sinks else None
         p = torch.tensor([pos], device=dev)
         row = {"pos": pos, "span": span, "buffers": n_buf, "us": {}, "err": {}, "out": {}}
         call = fused_calls(q, sinks, p, span, dev) if a.fused else None
@@ -106,14 +116,23 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(res, indent=1))
 
 
+def kv_rows(k, dv, mla, v=None):
+    """A buffer's (keys, values): MLA's values are a view of the keys' first dv columns, else v (None: random)."""
+    if mla:
+        return k, k[..., :dv]
+    return k, torch.randn(*k.shape[:2], dv, dtype=k.dtype, device=k.device) if v is None else v
+
+
 def set_rule(rule: str) -> None:
-    """decode_attention.SPLIT_RULE = rule; "grouped:R" also sets grouped_attention.RANGES (default 32)."""
+    """decode_attention.SPLIT_RULE = rule; "grouped:R" also sets grouped_attention.RANGES (default 32), "grouped:R:W"
+    its WIDE_WARPS too (default 8)."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import grouped_attention as ga
 
-    name, _, ranges = rule.partition(":")
+    name, ranges, warps = (rule.split(":") + ["", ""])[:3]
     da.SPLIT_RULE = name
     ga.RANGES = int(ranges or 32)
+    ga.WIDE_WARPS = int(warps or 8)
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -38,9 +38,11 @@
 #   MXT_S its timeout, MXT_ARGS e.g. --sweep none --types Q4_0);
 # - LONG=1: greedy decode after a LONG_PROMPT-token prompt (default 8000, --ctx 16384: attention over long spans),
 #   LONG_ROUNDS rounds, each also under LONG_OFF's switches where set (e.g.
-#   LONG_OFF="SPARKD_DECODE_ATTENTION_SPLIT=auto"); with LLAMA=1 then llama-bench's decode on the same file after 0
-#   and LONG_PROMPT tokens (-d); every decode's generate takes GEN_FLAGS's flags too, so an _OFF variable may set
-#   flags as well as switches (session 30: LONG_OFF="GEN_FLAGS='--kv-type f32'");
+#   LONG_OFF="SPARKD_DECODE_ATTENTION_SPLIT=auto"; ';'-separated: each in turn); with LLAMA=1 then llama-bench's
+#   decode on the same file after 0 and LONG_PROMPT tokens (-d); every decode's generate takes GEN_FLAGS's flags too,
+#   so an _OFF variable may set flags as well as switches (session 30: LONG_OFF="GEN_FLAGS='--kv-type f32'");
+# - MLA=1: the decodes (rounds, LONG, llama-bench) on a DeepSeek-V3-shaped Q4_K model (MLA_LAYERS, default 5: three
+#   dense layers and two MoE layers of 16 experts) instead of the 12-layer Qwen3-30B-A3B-shaped one;
 # - ATTN=1: the step's attention alone, rope_kv + decode_attention against rope_attention by position
 #   (bench/gpu_box/decode_attention_bench.py; ATTN_ARGS, default --fused, may hold ';'-separated runs; ATTN_S the
 #   timeout of each).
@@ -58,7 +60,7 @@ fits() {  # need what: true when need seconds are left before END_S, else a SKIP
   [ $(left) -gt $1 ] && return 0; log "SKIPPED $2: $(left) s left, it needs $1 (raise END_S)"; return 1
 }
 snap() { cp $OUT/log.txt $R/ 2>/dev/null; tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }  # survives a timeout
-log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|OSS_STREAM|OSS_BUDGET|Q40|Q40_ROUNDS|Q40_PROFILE|Q40_OFF|Q40_PRESET|Q40_LAYERS|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS|ATTN|ATTN_S|ATTN_ARGS|LONG|LONG_PROMPT|LONG_ROUNDS|LONG_OFF)=' | sort | tr '\n' ' ')"
+log "call: $(env | grep -E '^(ONLY|MOE|MOE_[A-Z]+|DRAW|ROUNDS|TOP40|SAMPLED|BIG|BIG_[A-Z]+|SERVE_PLAIN|TEST_TIMEOUT|END_S|Q8|Q8_ROUNDS|Q8_OFF|PAIRX|PAIRX_OFF|FIRST|FIRST_SERVERS|IGEMM|IGEMM_S|IGEMM_ARGS|IQ|IQ_ARGS|IQ_ENV|IQ_S|IQ_ROUNDS|IQ_MODELS|OSS|OSS_LAYERS|OSS_ROUNDS|OSS_FLOAT|OSS_PROFILE|OSS_STREAM|OSS_BUDGET|Q40|Q40_ROUNDS|Q40_PROFILE|Q40_OFF|Q40_PRESET|Q40_LAYERS|LLAMA|TESTS|SERVE_S|MXT|MXT_S|MXT_ARGS|ATTN|ATTN_S|ATTN_ARGS|LONG|LONG_PROMPT|LONG_ROUNDS|LONG_OFF|MLA|MLA_LAYERS)=' | sort | tr '\n' ' ')"
 if [ "${LLAMA:-0}" = 1 ]; then  # llama-bench with CUDA, built while the tests run (~180 s on 16 cores)
   OUT=$R/llama WORK=$W BUILD_ONLY=1 bash bench/gpu_box/cuda_side_by_side.sh > $R/llama_build.log 2>&1 & LB=$!
 fi
@@ -73,9 +75,13 @@ if [ "${Q40:-0}" = 1 ]; then  # session 26: the tiled Q4_0 layout
       --preset ${Q40_PRESET:-qwen3-30b-a3b} --quant Q4_0 --quiet --layers ${Q40_LAYERS:-12} && mv $Z.part $Z; } \
   ) > $R/make_q40.log 2>&1 & MKZ=$!
 fi
-M=$W/q3-12-Q4_K.gguf
-( [ -f $M ] || { nice -n 10 timeout 150 python3 -m sparkd.engine.cli make-model $M.part --preset qwen3-30b-a3b \
-    --quant Q4_K --quiet --layers 12 && mv $M.part $M; } ) > $R/make.log 2>&1 & MK=$!
+if [ "${MLA:-0}" = 1 ]; then  # session 31: MLA's latent attention
+  M=$W/dsv3-${MLA_LAYERS:-5}-Q4_K.gguf; MAKE="--preset deepseek-v3 --experts 16 --layers ${MLA_LAYERS:-5}"
+else
+  M=$W/q3-12-Q4_K.gguf; MAKE="--preset qwen3-30b-a3b --layers 12"
+fi
+( [ -f $M ] || { nice -n 10 timeout 150 python3 -m sparkd.engine.cli make-model $M.part $MAKE --quant Q4_K --quiet \
+    && mv $M.part $M; } ) > $R/make.log 2>&1 & MK=$!
 B=$W/q235-4-Q8_0.gguf
 if [ "${BIG:-0}" = 1 ]; then
   ( [ -f $B ] || { nice -n 10 timeout 240 python3 -m sparkd.engine.cli make-model $B.part --preset qwen3-235b-a22b \
@@ -174,7 +180,8 @@ if [ "${LONG:-0}" = 1 ]; then  # session 29: greedy decode after a LONG_PROMPT-t
   for r in $(seq 1 ${LONG_ROUNDS:-1}); do
     fits 100 "long decode round $r" || break
     TOKS=$LT GEN_S=90 gen long $r --ctx 16384
-    [ -n "${LONG_OFF:-}" ] && eval "TOKS=$LT GEN_S=90 $LONG_OFF gen longoff $r --ctx 16384"; snap
+    IFS=';' read -ra LO <<< "${LONG_OFF:-}"
+    for i in "${!LO[@]}"; do eval "TOKS=$LT GEN_S=90 ${LO[$i]} gen longoff${i#0} $r --ctx 16384"; done; snap
   done
   if [ "${LLAMA:-0}" = 1 ] && fits 100 "llama-bench at depth"; then  # its decode after 0 and LONG_PROMPT tokens
     wait $LB 2>/dev/null

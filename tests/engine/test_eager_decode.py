@@ -27,7 +27,7 @@ from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 
-ARCHS = ["qwen3moe", "gpt-oss", "gemma3"]  # q/k norms folded, sinks, sliding window
+ARCHS = ["qwen3moe", "gpt-oss", "gemma3", "deepseek2"]  # q/k norms folded, sinks, sliding window, MLA
 PROMPT, STEPS = [1, 7, 42, 3, 99], 4  # positions 5..8 cross the 8 bucket of first_bucket=4
 BACKENDS = [
     pytest.param("cpu", "F32", id="interpret", marks=pytest.mark.skipif(

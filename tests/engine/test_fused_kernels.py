@@ -193,30 +193,38 @@ def test_decode_attention_split_over_keys(backend, monkeypatch, H, Hkv, S, pos, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("H, Hkv, Dv, S, pos, window, sinks, ranges", [
-    (16, 2, 24, 40, 20, 0, True, 32),  # the keys in one range: its program stores the output, the fold returns
-    (16, 2, 24, 600, 599, 0, True, 32),  # 38 blocks in 19 ranges of two blocks, the last one partial
-    (16, 2, 20, 600, 450, 100, False, 4),  # a sliding window: the ranges start at its first block
-    (16, 2, 20, 600, 450, 100, True, 4),  # and a sink: it joins the window's first range
-    (40, 2, 24, 300, 290, 0, True, 8),  # 20 query heads a KV head: two head blocks, the second with 4 rows
-    (3, 3, 24, 200, 150, 0, False, 8)])  # no grouping: a head a block
+@pytest.mark.parametrize("H, Hkv, Dv, S, pos, window, sinks, ranges, shared", [
+    (16, 2, 24, 40, 20, 0, True, 32, False),  # the keys in one range: its program stores the output, the fold returns
+    (16, 2, 24, 600, 599, 0, True, 32, False),  # 38 blocks in 19 ranges of two blocks, the last one partial
+    (16, 2, 20, 600, 450, 100, False, 4, False),  # a sliding window: the ranges start at its first block
+    (16, 2, 20, 600, 450, 100, True, 4, False),  # and a sink: it joins the window's first range
+    (40, 2, 24, 300, 290, 0, True, 8, False),  # 20 query heads a KV head: two head blocks, the second with 4 rows
+    (3, 3, 24, 200, 150, 0, False, 8, False),  # no grouping: a head a block
+    (16, 1, 24, 40, 20, 0, False, 32, True),  # MLA: the values are the keys' first 24 columns; one range
+    (16, 1, 24, 600, 599, 0, False, 32, True),  # 19 ranges
+    (40, 1, 24, 300, 290, 0, False, 8, True)])  # three head blocks over the one latent "KV head"
 @pytest.mark.parametrize("rows", [torch.float32, torch.float16], ids=["f32", "f16"])
-def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, pos, window, sinks, ranges, rows):
+def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, pos, window, sinks, ranges, shared,
+                                         rows):
     """The "grouped" rule (kernels/grouped_attention, the default): a program per KV head's query heads and range
     of keys, then a launch that adds the ranges. attend's result (over float16 rows, --kv-type f16: over the same
     rows widened, the float16 products' path); the same bits on a second run and over a cache twice as long (an
-    eager step's span); the inputs untouched."""
+    eager step's span); the inputs untouched. shared: MLA's values read inside its latent keys (one load)."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import grouped_attention as ga
 
     assert da.SPLIT_RULE == "grouped"
     monkeypatch.setattr(ga, "RANGES", ranges)
     monkeypatch.setattr(ga, "TILE_VALUES", 16 * 32)  # 16-key blocks at 32 wide: many blocks at small spans
-    q, k, v = torch.randn(1, H, 32), torch.randn(S, Hkv, 32).to(rows), torch.randn(S, Hkv, Dv).to(rows)
+    q, k = torch.randn(1, H, 32), torch.randn(S, Hkv, 32).to(rows)
+    v = k[..., :Dv] if shared else torch.randn(S, Hkv, Dv).to(rows)  # MLA: the values are a view of the keys
     sink = torch.randn(H) if sinks else None
     want = attend(q, k, v, 0.3, torch.tensor([pos]), window, sink)
     k[pos + 1:], v[pos + 1:] = 1e4, float("nan")  # rows past the position must not be read
     dev = [t.to(backend) for t in (q, k, v, torch.tensor([pos]))]
+    if shared:
+        dev[2] = dev[1][..., :Dv]
+    assert ga.fits(*dev[:3]) and ga.shares_keys(*dev[1:3]) == shared
     kept = [t.clone() for t in dev]
     sd = None if sink is None else sink.to(backend)
     got = decode_attention(*dev, 0.3, window, sd)
@@ -225,19 +233,21 @@ def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, po
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(decode_attention(*dev, 0.3, window, sd), got)
     longer = [torch.cat([t, torch.full_like(t, float("nan"))]) for t in dev[1:3]]
+    if shared:
+        longer[1] = longer[0][..., :Dv]
     assert torch.equal(decode_attention(dev[0], *longer, dev[3], 0.3, window, sd), got)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_decode_attention_grouped_leaves_wide_heads_to_auto(backend, monkeypatch):
-    """Heads wider than grouped_attention.MAX_WIDTH (MLA's 576) run the "auto" kernel: its bits."""
+    """Heads wider than grouped_attention.MAX_WIDTH run the "auto" kernel: its bits."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import grouped_attention as ga
 
     q, k, v = (torch.randn(*s, device=backend) for s in ((1, 8, 32), (100, 2, 32), (100, 2, 24)))
     p = torch.tensor([90], device=backend)
     monkeypatch.setattr(ga, "MAX_WIDTH", 16)
-    assert not ga.fits(q, v)
+    assert not ga.fits(q, k, v)
     got = decode_attention(q, k, v, p, 0.3)
     monkeypatch.setattr(da, "SPLIT_RULE", "auto")
     assert torch.equal(decode_attention(q, k, v, p, 0.3), got)

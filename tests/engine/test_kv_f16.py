@@ -4,7 +4,8 @@ computing in float32 from the rounded rows.
 - The decode kernels (rope_kv, rope_attention, decode_attention's rules) over float16 caches: the row they write
   is their float32 row rounded (the same bits as the float32 cache's row, rounded by torch), and attention is
   attend's over the rounded rows, within the float32 bounds of test_fused_kernels.
-- KVCache: the type applies to layers with values only (MLA's latent rows keep float32); writes round.
+- KVCache: the type applies to layers with values and to the layers a model names typed (MLA's latent rows,
+  session 31); other rows keep float32; writes round.
 - The memory plan counts the rows' bytes; auto is f16 on CUDA, f32 on the CPU; bad types are refused clearly.
 - End to end on the CPU: a model decoding over a float16 cache stays within the rounding of float32's logits, and
   `generate --kv-type f16` says which type it used.
@@ -97,14 +98,17 @@ def test_f16_cache_decode_matches_attend_over_the_rounded_rows(backend, monkeypa
     assert 0 < rel_err(out16, out32) < 1e-2  # the rows' rounding, nothing more
 
 
-def test_kv_cache_rounds_the_rows_of_layers_with_values_only():
-    """kv_dtype is the GQA layers' K/V type; an MLA layer (no values) keeps the cache's float32; append and update
-    round what they write; nbytes counts the rows as held."""
+def test_kv_cache_rounds_the_rows_of_typed_layers_only():
+    """kv_dtype is the GQA layers' K/V type; a layer without values keeps the cache's float32 unless the model names
+    it typed (MLA's latent rows); append and update round what they write; nbytes counts the rows as held."""
     shapes = [(2, 8, 8), (1, 12, 0)]  # a GQA layer, an MLA-style latent layer
     half, full = KVCache(6, shapes, kv_dtype=torch.float16), KVCache(6, shapes)
     assert [t.dtype for t in half.k] == [torch.float16, torch.float32] and half.v[0].dtype == torch.float16
     assert half.v[1] is None and full.k[0].dtype == torch.float32
     assert full.nbytes - half.nbytes == 2 * 6 * 2 * 8 * 2  # K and V of layer 0 at 2 bytes a value less
+    latent = KVCache(6, shapes, kv_dtype=torch.float16, typed=[False, True])
+    assert [t.dtype for t in latent.k] == [torch.float32, torch.float16] and latent.v[0].dtype == torch.float32
+    assert full.nbytes - latent.nbytes == 6 * 12 * 2
     k, v = torch.randn(2, 2, 8), torch.randn(2, 2, 8)
     keys, values = half.update(0, 0, k, v)[:2]
     assert torch.equal(keys, k.half()) and torch.equal(values, v.half())
@@ -145,8 +149,8 @@ def tiny_models(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
 def test_plan_counts_the_rows_as_the_cache_holds_them(tiny_models, arch):
-    """kv_bytes (the memory plan's term) is the cache's nbytes at either type: GQA rows at the type's size,
-    MLA's latent rows (deepseek2) float32 at both."""
+    """kv_bytes (the memory plan's term) is the cache's nbytes at either type: GQA rows and MLA's latent rows
+    (deepseek2) at the type's size."""
     from sparkd.engine.models import load_model
     from sparkd.engine.streaming.plan import kv_bytes
 
@@ -156,15 +160,16 @@ def test_plan_counts_the_rows_as_the_cache_holds_them(tiny_models, arch):
     finally:
         m.close()
     assert all(plan == held for plan, held in got.values())
-    assert got["f16"][0] * (2 if arch == "qwen3moe" else 1) == got["f32"][0]
+    assert got["f16"][0] * 2 == got["f32"][0]
 
 
-def test_decode_over_a_f16_cache_stays_within_its_rounding(tiny_models):
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+def test_decode_over_a_f16_cache_stays_within_its_rounding(tiny_models, arch):
     """A prompt and four greedy steps on the CPU over float16 and float32 caches: logits within the rows' rounding
-    (the same tokens picked); the float16 cache holds half the K/V bytes."""
+    (the same tokens picked); the float16 cache holds half the K/V (MLA: latent) bytes."""
     from sparkd.engine.models import load_model
 
-    m = load_model(tiny_models["qwen3moe"], device="cpu")
+    m = load_model(tiny_models[arch], device="cpu")
     try:
         runs = {}
         for name in ("f32", "f16"):

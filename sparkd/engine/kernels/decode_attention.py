@@ -229,7 +229,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     contiguous), pos [1] the query's position on the device (< S) → [1, H, Dv] float32, as
     attend(q, k, v, scale, pos, window, sinks)."""
     _check(q, k, v, pos, sinks)
-    if SPLIT_RULE == "grouped" and grouped.fits(q, v):
+    if SPLIT_RULE == "grouped" and grouped.fits(q, k, v):
         return grouped.grouped_attention(q, k, v, pos, scale, window, sinks)
     _, H, Dk = q.shape
     S, Hkv, Dv = v.shape

@@ -45,11 +45,20 @@ from sparkd.engine.kernels import pdl
 RANGES = 32  # ranges a head block, a power of two (4 KV heads: 128 programs, about one per SM of the H200)
 BLOCK_H = 16  # query heads a program: tl.dot's least M
 TILE_VALUES = 8192  # a [BLOCK_S, D] key or value tile's values: 64 keys at 128 wide
-MAX_WIDTH = 256  # wider heads (MLA's 576-wide keys) keep "auto": their [16, 1024] tiles here are untried
+MAX_WIDTH = 256  # widest key or value head; wider ones run "auto"
+MAX_SHARED, MAX_TAIL = 512, 128  # MLA: widest values read inside the keys (the latent) and rest of a key (rope)
+WIDE_WARPS = 8  # warps a program over values wider than 256 (MLA's 512: its [16, 512] tiles)
 
 
-def fits(q: torch.Tensor, v: torch.Tensor) -> bool:
+def shares_keys(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the values are the keys' first columns (MLA's latent rows): one load serves both."""
+    return v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and v.shape[-1] < k.shape[-1]
+
+
+def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the grouped kernel takes these head widths (else decode_attention runs "auto")."""
+    if shares_keys(k, v):
+        return v.shape[-1] <= MAX_SHARED and k.shape[-1] - v.shape[-1] <= MAX_TAIL
     return max(q.shape[-1], v.shape[-1]) <= MAX_WIDTH
 
 
@@ -74,15 +83,42 @@ def _halves(x):
 
 
 @triton.jit
+def _scores(q_hi, q_lo, k, acc, HALF: tl.constexpr):
+    """acc + the [BLOCK_H, D] query block times the [BLOCK_S, D] tile k transposed: float32 rows in tf32x3
+    (q_hi is q), float16 rows against q's two float16 parts (q·scale = q_hi + q_lo)."""
+    if HALF:
+        s = tl.dot(q_lo, tl.trans(k), acc=tl.dot(q_hi, tl.trans(k), acc=acc))
+    else:
+        s = tl.dot(q_hi, tl.trans(k), acc=acc, input_precision="tf32x3")
+    return s
+
+
+@triton.jit
+def _query(query_ptr, heads, real, q_head_stride, first, width, scale, BLOCK: tl.constexpr, HALF: tl.constexpr):
+    """Columns [first, first + width) of the block's query rows as _scores takes them: (q, q) for float32 rows
+    (scaled after the product), q·scale's two float16 parts for float16 rows."""
+    d = tl.arange(0, BLOCK)
+    q = tl.load(query_ptr + heads[:, None] * q_head_stride + first + d[None, :],
+                mask=real[:, None] & (d < width)[None, :], other=0.0)
+    if HALF:
+        q_hi, q_lo = _halves(q * scale)
+    else:
+        q_hi, q_lo = q, q
+    return q_hi, q_lo
+
+
+@triton.jit
 def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr, stat_ptr, span, scale,
                        window, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
                        out_head_stride, DK, DV, GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
                        HAS_SINKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr,
-                       BLOCK_DV: tl.constexpr, N_R: tl.constexpr, HALF: tl.constexpr,
-                       PDL: tl.constexpr = False):
+                       BLOCK_DV: tl.constexpr, N_R: tl.constexpr, HALF: tl.constexpr, SHARED: tl.constexpr,
+                       BLOCK_DT: tl.constexpr, PDL: tl.constexpr = False):
     """Program (b, r): head block b (KV head b // HEAD_BLOCKS, its query heads from (b % HEAD_BLOCKS) *
     BLOCK_H on), range r of its visible keys. Its running max and sum go to stat [2, B, N_R, BLOCK_H], its
-    weighted values to part [B, N_R, BLOCK_H, BLOCK_DV], for _grouped_attention_fold. HALF: float16 cache rows."""
+    weighted values to part [B, N_R, BLOCK_H, BLOCK_DV], for _grouped_attention_fold. HALF: float16 cache rows.
+    SHARED (MLA): the values are the keys' first DV columns, loaded once for both, and the keys' other DK - DV
+    columns (the rope dims) a tile of BLOCK_DT of their own."""
     pdl.start(PDL)  # first: pdl's rule
     b, r = tl.program_id(0), tl.program_id(1)
     lo, hi, first, per, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R)
@@ -94,12 +130,12 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
     heads = kvh * GROUP + g
     start = first + r * per * BLOCK_S
     end = tl.minimum(start + per * BLOCK_S, hi)
-    dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
-    q = tl.load(query_ptr + heads[:, None] * q_head_stride + dk[None, :], mask=real[:, None] & (dk < DK)[None, :],
-                other=0.0)
-    if HALF:  # q * scale in two float16 parts, for float16 products with the rows as loaded
-        q_hi, q_lo = _halves(q * scale)
+    if SHARED:
+        q_hi, q_lo = _query(query_ptr, heads, real, q_head_stride, 0, DV, scale, BLOCK_DV, HALF)
+        qt_hi, qt_lo = _query(query_ptr, heads, real, q_head_stride, DV, DK - DV, scale, BLOCK_DT, HALF)
+    else:
+        q_hi, q_lo = _query(query_ptr, heads, real, q_head_stride, 0, DK, scale, BLOCK_DK, HALF)
     if HAS_SINKS:  # the sink joins range 0 only: a logit with no value, exp(sink - m) = 1 in the sum
         m = tl.where(r == 0, tl.load(sink_ptr + heads, mask=real, other=0.0), float("-inf"))
         total = tl.where(r == 0, 1.0, 0.0) + tl.zeros([BLOCK_H], tl.float32)
@@ -109,17 +145,24 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     k_base = k_ptr + kvh * k_head_stride
     v_base = v_ptr + kvh * v_head_stride
+    zero = tl.zeros([BLOCK_H, BLOCK_S], tl.float32)
     for s0 in range(start, end, BLOCK_S):
         rows = s0 + tl.arange(0, BLOCK_S)
         seen = (rows >= lo) & (rows < hi)
-        k = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + dk[None, :],
-                    mask=seen[:, None] & (dk < DK)[None, :], other=0.0)
         v = tl.load(v_base + rows[:, None].to(tl.int64) * v_row_stride + dv[None, :],  # with the keys: one wait
                     mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
-        if HALF:  # each product exact, summed in float32 (a float32 copy of the tiles broke the loads' pipeline)
-            s = tl.dot(q_lo, tl.trans(k), acc=tl.dot(q_hi, tl.trans(k)))  # [BLOCK_H, BLOCK_S]
+        if SHARED:  # (each product exact for float16 rows, summed in float32; a float32 copy of the tiles broke
+            dt = tl.arange(0, BLOCK_DT)  # the loads' pipeline)
+            tail = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + DV + dt[None, :],
+                           mask=seen[:, None] & (dt < DK - DV)[None, :], other=0.0)
+            s = _scores(q_hi, q_lo, v, _scores(qt_hi, qt_lo, tail, zero, HALF), HALF)  # [BLOCK_H, BLOCK_S]
         else:
-            s = tl.dot(q, tl.trans(k), input_precision="tf32x3") * scale
+            dk = tl.arange(0, BLOCK_DK)
+            k = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + dk[None, :],
+                        mask=seen[:, None] & (dk < DK)[None, :], other=0.0)
+            s = _scores(q_hi, q_lo, k, zero, HALF)
+        if not HALF:
+            s = s * scale
         s = tl.where(seen[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every block holds a visible key
         alpha = tl.exp(m - m_new)
@@ -174,17 +217,20 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: to
     group = H // Hkv
     head_blocks = triton.cdiv(group, BLOCK_H)
     n_b = Hkv * head_blocks
-    block_dk, block_dv = max(16, triton.next_power_of_2(Dk)), max(16, triton.next_power_of_2(Dv))  # tl.dot's least
+    shared = shares_keys(k, v)
+    block_dv = max(16, triton.next_power_of_2(Dv))  # tl.dot's least
+    block_dk = block_dv if shared else max(16, triton.next_power_of_2(Dk))  # the keys' tile: the values' if shared
     block_s = max(16, min(64, TILE_VALUES // max(block_dk, block_dv)))
     out = torch.empty(1, H, Dv, dtype=torch.float32, device=q.device)
     part = torch.empty(n_b, RANGES, BLOCK_H, block_dv, dtype=torch.float32, device=q.device)
     stat = torch.empty(2, n_b, RANGES, BLOCK_H, dtype=torch.float32, device=q.device)
     shape = dict(GROUP=group, HEAD_BLOCKS=head_blocks, BLOCK_H=BLOCK_H, BLOCK_S=block_s, BLOCK_DV=block_dv, N_R=RANGES,
-                 num_warps=4)
+                 num_warps=4 if block_dv <= 256 else WIDE_WARPS)
     _grouped_attention[(n_b, RANGES)](
         q, k, v, pos, q if sinks is None else sinks, out, part, stat, S, scale, window, q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv, HAS_SINKS=sinks is not None,
-        BLOCK_DK=block_dk, HALF=k.dtype == torch.float16, **shape, **pdl.launch(q.device))
+        BLOCK_DK=block_dk, HALF=k.dtype == torch.float16, SHARED=shared,
+        BLOCK_DT=max(16, triton.next_power_of_2(Dk - Dv)) if shared else 16, **shape, **pdl.launch(q.device))
     _grouped_attention_fold[(H,)](pos, out, part, stat, S, window, n_b, out.stride(1), Dv, **shape,
                                   **pdl.launch(q.device))
     return out

@@ -14,10 +14,11 @@ token, so one captured step replays for every position below span.
 An eager one-token step may use the static step's decode kernels too (`decode_rows`): its host
 position goes to the device once per step, and attention reads up to it (the kernels stop there).
 
-The rows' type (`kv_dtype`, --kv-type): the keys and values of layers with values (GQA attention) may be
-float16, as llama.cpp's default cache: half the bytes to hold and, in the decode kernels, to read. A row is
-rounded once, when it is written; every reader (the kernels, attend, SDPA) computes in float32 from the
-rounded row. MLA's latent rows, side rows and recurrent state stay in the cache's dtype (float32).
+The rows' type (`kv_dtype`, --kv-type): the keys and values of layers with values (GQA attention), and the
+latent rows of the layers a model names in `typed` (MLA's, session 31), may be float16, as llama.cpp's default
+cache: half the bytes to hold and, in the decode kernels, to read. A row is rounded once, when it is written;
+every reader (the kernels, attend, SDPA) computes in float32 from the rounded row. Other rows without values,
+side rows and recurrent state stay in the cache's dtype (float32).
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ class KVCache:
     def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], dtype=torch.float32,
                  side: dict[tuple[str, int], tuple[int, ...]] | None = None, device: torch.device | str = "cpu",
                  state_shapes: dict[int, list[tuple[int, ...]]] | None = None,
-                 rope_tables: dict | None = None, kv_dtype: torch.dtype | None = None):
+                 rope_tables: dict | None = None, kv_dtype: torch.dtype | None = None,
+                 typed: list[bool] | None = None):
         # shapes[il] = (n_kv_heads, k_dim, v_dim); state_shapes[il] = shapes of a recurrent layer's state;
         # rope_tables: rope_table's tables shared with the model's other caches (Decoder.new_cache), read only;
-        # kv_dtype: the rows of layers with values (None: dtype)
+        # kv_dtype: the rows of the typed layers (None: dtype); typed[il]: whether layer il's rows take it
+        # (None: the layers with values)
         self.max_ctx = max_ctx
         self.device = torch.device(device)
-        row = [(kv_dtype or dtype) if dv else dtype for _, _, dv in shapes]
+        typed = typed or [dv > 0 for _, _, dv in shapes]
+        row = [(kv_dtype or dtype) if t else dtype for t in typed]
         self.k = [torch.zeros(max_ctx, h, dk, dtype=t, device=device) for (h, dk, _), t in zip(shapes, row)]
         self.v = [torch.zeros(max_ctx, h, dv, dtype=t, device=device) if dv else None
                   for (h, _, dv), t in zip(shapes, row)]

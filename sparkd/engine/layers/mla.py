@@ -67,11 +67,13 @@ class MLAttention(nn.Module):
         q_all = torch.cat([q_lat, q_pe], dim=-1)  # [T, H, R + P]
         k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
         k_all, _, start = cache.append(self.il, pos, k_new, None)
-        if (keep is None and cache.span is not None and T == 1 and fused.active("attention", x)
-                and q_all.dtype == k_all.dtype == torch.float32):
+        # the decode kernel serves the static (CUDA graph) step and, unless switched off, the eager one
+        one = T == 1 and fused.one_token(cache.span is not None)
+        if one and keep is None and fused.active("attention", x) and q_all.dtype == torch.float32:
             from sparkd.engine.kernels.decode_attention import decode_attention
 
-            o = decode_attention(q_all, k_all, k_all[..., : self.kv_rank], pos, self.scale)  # static step
+            k_all, _, dpos = cache.decode_rows(self.il, pos)  # the values: each row's first R columns
+            o = decode_attention(q_all, k_all, k_all[..., : self.kv_rank], dpos, self.scale)
         else:
             o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep,
                        masks=cache.masks)  # [T, H, R]

@@ -59,7 +59,8 @@ class Decoder(nn.Module):
                  output_norm: nn.Module, output: Linear, embd_scale: float = 1.0,
                  kv_shapes: list[tuple[int, int, int]] | None = None,
                  side_shapes: dict[tuple[str, int], tuple[int, ...]] | None = None,
-                 state_shapes: dict[int, list[tuple[int, ...]]] | None = None):
+                 state_shapes: dict[int, list[tuple[int, ...]]] | None = None,
+                 kv_typed: list[bool] | None = None):
         super().__init__()
         self.cfg = cfg
         # [V, D]; QuantRows when the trunk stays quantized (indexing dequantizes the rows)
@@ -71,6 +72,7 @@ class Decoder(nn.Module):
         self.kv_shapes = kv_shapes or [(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v)] * cfg.n_layer
         self.side_shapes = side_shapes  # per-position state beyond K/V (see KVCache)
         self.state_shapes = state_shapes  # recurrent layers' per-sequence state (see KVCache)
+        self.kv_typed = kv_typed  # the layers whose rows take --kv-type (KVCache's typed; None: those with values)
         self.rope_tables: dict = {}  # every cache's rope tables (KVCache.rope_table), made once per context
 
     def new_cache(self, max_ctx: int | None = None, kv_dtype: torch.dtype | None = None) -> KVCache:
@@ -78,7 +80,7 @@ class Decoder(nn.Module):
         layers' K/V rows (None: float32; layers/kv_cache.kv_dtype)."""
         return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, side=self.side_shapes,
                        device=self.tok_embd.device, state_shapes=self.state_shapes, rope_tables=self.rope_tables,
-                       kv_dtype=kv_dtype)
+                       kv_dtype=kv_dtype, typed=self.kv_typed)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:

@@ -58,4 +58,5 @@ def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
                             w.norm(f"{p}.ffn_norm", cfg.rms_eps), ffn))
     emb, out = head(w)
     kv = [(1, cfg.kv_lora_rank + cfg.rope.n_rot, 0)] * cfg.n_layer  # latent + rope key, no values
-    return Decoder(cfg, emb, blocks, w.norm("output_norm", cfg.rms_eps), out, kv_shapes=kv)
+    return Decoder(cfg, emb, blocks, w.norm("output_norm", cfg.rms_eps), out, kv_shapes=kv,
+                   kv_typed=[True] * cfg.n_layer)  # the latent rows take --kv-type

@@ -101,4 +101,4 @@ def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
     kv = [(1, cfg.kv_lora_rank + cfg.rope.n_rot, 0)] * cfg.n_layer  # latent + rope key, no values
     side = {(SIDE_KEYS, il): (ix.head_dim,) for il in range(cfg.n_layer) if ix.full[il]}
     return Decoder(cfg, emb, blocks, w.norm("output_norm", cfg.rms_eps), out, kv_shapes=kv,
-                   side_shapes=side)
+                   side_shapes=side, kv_typed=[True] * cfg.n_layer)  # the latent rows take --kv-type
