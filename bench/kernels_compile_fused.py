@@ -44,7 +44,6 @@ VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
     (grouped_attention._grouped_attention,  # 20 query heads a KV head at 64 wide: two head blocks
      {"GROUP": 20, "HEAD_BLOCKS": 2, "HAS_SINKS": False, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 64, "BLOCK_DV": 64,
       "N_R": 32, "HALF": False, **GQA}, 4),
-    (grouped_attention._grouped_attention, {**MLA, "HALF": False}, 8),  # session 31: DeepSeek V3's latent
     (grouped_attention._grouped_attention_fold,
      {"GROUP": 8, "HEAD_BLOCKS": 1, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DV": 128, "N_R": 32}, 4),
     *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
@@ -60,7 +59,7 @@ HALF_KV = [  # (kernel, constexprs, warps, the cache pointers as float16): --kv-
     (grouped_attention._grouped_attention,
      {"GROUP": 8, "HEAD_BLOCKS": 1, "HAS_SINKS": True, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 128, "BLOCK_DV": 128,
       "N_R": 32, "HALF": True, **GQA}, 4, ("k_ptr", "v_ptr")),
-    (grouped_attention._grouped_attention, {**MLA, "HALF": True}, 8, ("k_ptr", "v_ptr")),
+    (grouped_attention._grouped_attention, {**MLA, "HALF": True}, 4, ("k_ptr", "v_ptr")),  # session 31
 ]
 
 

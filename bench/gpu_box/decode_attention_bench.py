@@ -5,7 +5,7 @@ the static step runs it (the position on the device). GPU time a call: a CUDA gr
 buffer, the buffers rotated past the L2 (as the step's weights evict the cache between layers), median of
 --repeats replays (expert_sort_bench.graph_us). Also each rule's relative error against attend in float64 and
 whether each rule gives the first rule's bits (auto vs serial: equal where one range holds the keys). "grouped:R"
-(session 29) runs "grouped" at R ranges a KV head (grouped_attention.RANGES). A rule ending in "@f16" (session 30)
+(session 29) runs "grouped" at R ranges a head block (grouped_attention.RANGES, PROGRAMS 0). A rule ending in "@f16" (session 30)
 reads float16 KV rows (--kv-type f16): the same values rounded, so its error against float64 is the rounding's.
 --mla H (session 31) times DeepSeek V3's latent attention instead: H query heads over one 576-wide latent key row a
 position whose first 512 columns are the values (a view of the keys, as layers/mla.py passes them).
@@ -45,7 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--positions", default="8,40,72,100,136,200,300,520,1000")
     ap.add_argument("--rules", default="auto,grouped", help="decode_attention.SPLIT_RULE values; grouped:R sets "
-                    "grouped_attention.RANGES, grouped:R:W its WIDE_WARPS too; a suffix @f16 reads float16 KV rows")
+                    "grouped_attention's ranges a head block; a suffix @f16 reads float16 KV rows")
     ap.add_argument("--fused", action="store_true",
                     help="rope_kv + attention (auto) against rope_attention and rope_kv + each --rules rule")
     ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values (a suffix "
@@ -124,15 +124,14 @@ def kv_rows(k, dv, mla, v=None):
 
 
 def set_rule(rule: str) -> None:
-    """decode_attention.SPLIT_RULE = rule; "grouped:R" also sets grouped_attention.RANGES (default 32), "grouped:R:W"
-    its WIDE_WARPS too (default 8)."""
+    """decode_attention.SPLIT_RULE = rule; "grouped:R" also sets grouped_attention's ranges a head block to R (its
+    default: range_count)."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import grouped_attention as ga
 
-    name, ranges, warps = (rule.split(":") + ["", ""])[:3]
+    name, _, ranges = rule.partition(":")
     da.SPLIT_RULE = name
-    ga.RANGES = int(ranges or 32)
-    ga.WIDE_WARPS = int(warps or 8)
+    ga.RANGES, ga.PROGRAMS = (int(ranges), 0) if ranges else (32, 128)
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -76,10 +76,6 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
     "grouped_attention": (grouped_attention._grouped_attention, dict(
         GROUP=8, HEAD_BLOCKS=1, HAS_SINKS=True, BLOCK_H=16, BLOCK_S=64, BLOCK_DK=128, BLOCK_DV=128, N_R=32,
         HALF=False, SHARED=False, BLOCK_DT=16), 4),
-    # session 31: MLA's latent rows, the values inside the keys
-    "grouped_attention_mla": (grouped_attention._grouped_attention, dict(
-        GROUP=128, HEAD_BLOCKS=8, HAS_SINKS=False, BLOCK_H=16, BLOCK_S=16, BLOCK_DK=512, BLOCK_DV=512, N_R=32,
-        HALF=False, SHARED=True, BLOCK_DT=64), 8),
     "grouped_attention_fold": (grouped_attention._grouped_attention_fold, dict(
         GROUP=8, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_S=64, BLOCK_DV=128, N_R=32), 4),
     # session 13 (moe23): the MoE gate/up that lets the down launch only after its loop (Kernels.down_at_start False)

@@ -209,12 +209,14 @@ def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, po
     """The "grouped" rule (kernels/grouped_attention, the default): a program per KV head's query heads and range
     of keys, then a launch that adds the ranges. attend's result (over float16 rows, --kv-type f16: over the same
     rows widened, the float16 products' path); the same bits on a second run and over a cache twice as long (an
-    eager step's span); the inputs untouched. shared: MLA's values read inside its latent keys (one load)."""
+    eager step's span); the inputs untouched. shared: MLA's values read inside its latent keys (one load; float32
+    latent rows run "auto")."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import grouped_attention as ga
 
     assert da.SPLIT_RULE == "grouped"
     monkeypatch.setattr(ga, "RANGES", ranges)
+    monkeypatch.setattr(ga, "PROGRAMS", 0)  # exactly `ranges` a head block
     monkeypatch.setattr(ga, "TILE_VALUES", 16 * 32)  # 16-key blocks at 32 wide: many blocks at small spans
     q, k = torch.randn(1, H, 32), torch.randn(S, Hkv, 32).to(rows)
     v = k[..., :Dv] if shared else torch.randn(S, Hkv, Dv).to(rows)  # MLA: the values are a view of the keys
@@ -224,7 +226,8 @@ def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, po
     dev = [t.to(backend) for t in (q, k, v, torch.tensor([pos]))]
     if shared:
         dev[2] = dev[1][..., :Dv]
-    assert ga.fits(*dev[:3]) and ga.shares_keys(*dev[1:3]) == shared
+    assert ga.shares_keys(*dev[1:3]) == shared
+    assert ga.fits(*dev[:3]) == (not shared or rows == torch.float16)  # float32 latent rows: "auto"
     kept = [t.clone() for t in dev]
     sd = None if sink is None else sink.to(backend)
     got = decode_attention(*dev, 0.3, window, sd)

@@ -42,12 +42,18 @@ import triton.language as tl
 
 from sparkd.engine.kernels import pdl
 
-RANGES = 32  # ranges a head block, a power of two (4 KV heads: 128 programs, about one per SM of the H200)
+RANGES = 32  # least ranges a head block, a power of two (4 KV heads: 128 programs, about one per SM of the H200)
+PROGRAMS = 128  # and more where fewer head blocks leave fewer programs (one: 128 ranges); see range_count
 BLOCK_H = 16  # query heads a program: tl.dot's least M
 TILE_VALUES = 8192  # a [BLOCK_S, D] key or value tile's values: 64 keys at 128 wide
 MAX_WIDTH = 256  # widest key or value head; wider ones run "auto"
 MAX_SHARED, MAX_TAIL = 512, 128  # MLA: widest values read inside the keys (the latent) and rest of a key (rope)
-WIDE_WARPS = 8  # warps a program over values wider than 256 (MLA's 512: its [16, 512] tiles)
+
+
+def range_count(n_b: int) -> int:
+    """Ranges a head block at n_b head blocks: a power of two fixed by the shape, not the span, so the position alone
+    sets each range's keys (an eager step's bits are the static step's)."""
+    return max(RANGES, triton.next_power_of_2(max(1, PROGRAMS // n_b)))
 
 
 def shares_keys(k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -56,9 +62,11 @@ def shares_keys(k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the grouped kernel takes these head widths (else decode_attention runs "auto")."""
+    """Whether the grouped kernel takes these rows (else decode_attention runs "auto"): heads up to MAX_WIDTH wide,
+    or MLA's float16 latent rows (over float32 ones its [16, 512] tf32x3 products spilled and lost to "auto": 561
+    against 477 us at 8000 positions, session 31 call 1)."""
     if shares_keys(k, v):
-        return v.shape[-1] <= MAX_SHARED and k.shape[-1] - v.shape[-1] <= MAX_TAIL
+        return v.shape[-1] <= MAX_SHARED and k.shape[-1] - v.shape[-1] <= MAX_TAIL and k.dtype == torch.float16
     return max(q.shape[-1], v.shape[-1]) <= MAX_WIDTH
 
 
@@ -222,11 +230,12 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: to
     block_dk = block_dv if shared else max(16, triton.next_power_of_2(Dk))  # the keys' tile: the values' if shared
     block_s = max(16, min(64, TILE_VALUES // max(block_dk, block_dv)))
     out = torch.empty(1, H, Dv, dtype=torch.float32, device=q.device)
-    part = torch.empty(n_b, RANGES, BLOCK_H, block_dv, dtype=torch.float32, device=q.device)
-    stat = torch.empty(2, n_b, RANGES, BLOCK_H, dtype=torch.float32, device=q.device)
-    shape = dict(GROUP=group, HEAD_BLOCKS=head_blocks, BLOCK_H=BLOCK_H, BLOCK_S=block_s, BLOCK_DV=block_dv, N_R=RANGES,
-                 num_warps=4 if block_dv <= 256 else WIDE_WARPS)
-    _grouped_attention[(n_b, RANGES)](
+    n_r = range_count(n_b)
+    part = torch.empty(n_b, n_r, BLOCK_H, block_dv, dtype=torch.float32, device=q.device)
+    stat = torch.empty(2, n_b, n_r, BLOCK_H, dtype=torch.float32, device=q.device)
+    shape = dict(GROUP=group, HEAD_BLOCKS=head_blocks, BLOCK_H=BLOCK_H, BLOCK_S=block_s, BLOCK_DV=block_dv, N_R=n_r,
+                 num_warps=4)
+    _grouped_attention[(n_b, n_r)](
         q, k, v, pos, q if sinks is None else sinks, out, part, stat, S, scale, window, q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv, HAS_SINKS=sinks is not None,
         BLOCK_DK=block_dk, HALF=k.dtype == torch.float16, SHARED=shared,
