@@ -45,7 +45,9 @@ VARIANTS = [  # (kernel, constexprs, warps): the shapes the engine launches
      {"GROUP": 20, "HEAD_BLOCKS": 2, "HAS_SINKS": False, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DK": 64, "BLOCK_DV": 64,
       "N_R": 32, "HALF": False, **GQA}, 4),
     (grouped_attention._grouped_attention_fold,
-     {"GROUP": 8, "HEAD_BLOCKS": 1, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DV": 128, "N_R": 32}, 4),
+     {"GROUP": 8, "HEAD_BLOCKS": 1, "BLOCK_H": 16, "BLOCK_S": 64, "BLOCK_DV": 128, "N_R": 32, "FOLD_DV": 128}, 4),
+    (grouped_attention._grouped_attention_fold,  # MLA with one head block: 128 ranges of 512 values
+     {"GROUP": 16, "HEAD_BLOCKS": 1, "BLOCK_H": 16, "BLOCK_S": 16, "BLOCK_DV": 512, "N_R": 128, "FOLD_DV": 32}, 4),
     *[(router_topk._router_topk, {"GATING": g, "HAS_BIAS": g == 1, "NORM": True, "SCALE": g == 1,
                                   "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, 1) for g in range(4)],
 ]

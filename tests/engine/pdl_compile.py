@@ -77,7 +77,7 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
         GROUP=8, HEAD_BLOCKS=1, HAS_SINKS=True, BLOCK_H=16, BLOCK_S=64, BLOCK_DK=128, BLOCK_DV=128, N_R=32,
         HALF=False, SHARED=False, BLOCK_DT=16), 4),
     "grouped_attention_fold": (grouped_attention._grouped_attention_fold, dict(
-        GROUP=8, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_S=64, BLOCK_DV=128, N_R=32), 4),
+        GROUP=8, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_S=64, BLOCK_DV=128, N_R=32, FOLD_DV=128), 4),
     # session 13 (moe23): the MoE gate/up that lets the down launch only after its loop (Kernels.down_at_start False)
     "igate_up_late": (moe._igate_up_kernel, dict(**moe._int_args(dispatch.FAMILIES[T.Q8_0], True, False, True),
                                                 BLOCK_N=2, UNROLL=2, EW=True, EMU=False, ACT=0, RW=True, STAGES=None,

@@ -217,6 +217,7 @@ def test_decode_attention_grouped_ranges(backend, monkeypatch, H, Hkv, Dv, S, po
     assert da.SPLIT_RULE == "grouped"
     monkeypatch.setattr(ga, "RANGES", ranges)
     monkeypatch.setattr(ga, "PROGRAMS", 0)  # exactly `ranges` a head block
+    monkeypatch.setattr(ga, "FOLD_VALUES", 16 * ranges)  # the fold's 32 columns in two tiles of 16
     monkeypatch.setattr(ga, "TILE_VALUES", 16 * 32)  # 16-key blocks at 32 wide: many blocks at small spans
     q, k = torch.randn(1, H, 32), torch.randn(S, Hkv, 32).to(rows)
     v = k[..., :Dv] if shared else torch.randn(S, Hkv, Dv).to(rows)  # MLA: the values are a view of the keys

@@ -46,6 +46,9 @@ RANGES = 32  # least ranges a head block, a power of two (4 KV heads: 128 progra
 PROGRAMS = 128  # and more where fewer head blocks leave fewer programs (one: 128 ranges); see range_count
 BLOCK_H = 16  # query heads a program: tl.dot's least M
 TILE_VALUES = 8192  # a [BLOCK_S, D] key or value tile's values: 64 keys at 128 wide
+# the fold's [N_R, columns] tile of the ranges' values (32 ranges at 128 wide): at 128 ranges of MLA's 512 values
+# one tile (64k values, 4 warps) took 40.6 us at 8000 positions where 32 ranges took 34.5 (session 31 call 2)
+FOLD_VALUES = 4096
 MAX_WIDTH = 256  # widest key or value head; wider ones run "auto"
 MAX_SHARED, MAX_TAIL = 512, 128  # MLA: widest values read inside the keys (the latent) and rest of a key (rope)
 
@@ -92,8 +95,8 @@ def _halves(x):
 
 @triton.jit
 def _scores(q_hi, q_lo, k, acc, HALF: tl.constexpr):
-    """acc + the [BLOCK_H, D] query block times the [BLOCK_S, D] tile k transposed: float32 rows in tf32x3
-    (q_hi is q), float16 rows against q's two float16 parts (q·scale = q_hi + q_lo)."""
+    """acc (None: 0) + the [BLOCK_H, D] query block times the [BLOCK_S, D] tile k transposed: float32 rows in
+    tf32x3 (q_hi is q), float16 rows against q's two float16 parts (q·scale = q_hi + q_lo)."""
     if HALF:
         s = tl.dot(q_lo, tl.trans(k), acc=tl.dot(q_hi, tl.trans(k), acc=acc))
     else:
@@ -153,7 +156,6 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     k_base = k_ptr + kvh * k_head_stride
     v_base = v_ptr + kvh * v_head_stride
-    zero = tl.zeros([BLOCK_H, BLOCK_S], tl.float32)
     for s0 in range(start, end, BLOCK_S):
         rows = s0 + tl.arange(0, BLOCK_S)
         seen = (rows >= lo) & (rows < hi)
@@ -163,12 +165,12 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
             dt = tl.arange(0, BLOCK_DT)  # the loads' pipeline)
             tail = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + DV + dt[None, :],
                            mask=seen[:, None] & (dt < DK - DV)[None, :], other=0.0)
-            s = _scores(q_hi, q_lo, v, _scores(qt_hi, qt_lo, tail, zero, HALF), HALF)  # [BLOCK_H, BLOCK_S]
+            s = _scores(q_hi, q_lo, v, _scores(qt_hi, qt_lo, tail, None, HALF), HALF)  # [BLOCK_H, BLOCK_S]
         else:
             dk = tl.arange(0, BLOCK_DK)
             k = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + dk[None, :],
                         mask=seen[:, None] & (dk < DK)[None, :], other=0.0)
-            s = _scores(q_hi, q_lo, k, zero, HALF)
+            s = _scores(q_hi, q_lo, k, None, HALF)
         if not HALF:
             s = s * scale
         s = tl.where(seen[None, :], s, float("-inf"))
@@ -197,8 +199,10 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
 @triton.jit
 def _grouped_attention_fold(pos_ptr, out_ptr, part_ptr, stat_ptr, span, window, n_b, out_head_stride, DV,
                             GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
-                            BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, N_R: tl.constexpr, PDL: tl.constexpr = False):
-    """Program h: query head h's ranges added in order → its output (nothing where one range held the keys)."""
+                            BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, N_R: tl.constexpr, FOLD_DV: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    """Program h: query head h's ranges added in order → its output (nothing where one range held the keys), FOLD_DV
+    columns at a time (each column's sum is its own: the same bits at any FOLD_DV)."""
     pdl.start(PDL)  # first: pdl's rule
     h = tl.program_id(0)
     _, _, _, _, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R)
@@ -212,9 +216,10 @@ def _grouped_attention_fold(pos_ptr, out_ptr, part_ptr, stat_ptr, span, window, 
     m = tl.load(stat_ptr + slots, mask=here, other=float("-inf"))
     w = tl.exp(m - tl.max(m, axis=0))  # ranges past `used`: 0
     total = tl.sum(tl.load(stat_ptr + n_b * N_R * BLOCK_H + slots, mask=here, other=0.0) * w, axis=0)
-    dv = tl.arange(0, BLOCK_DV)
-    part = tl.load(part_ptr + slots[:, None] * BLOCK_DV + dv[None, :], mask=here[:, None], other=0.0)
-    tl.store(out_ptr + h * out_head_stride + dv, tl.sum(part * w[:, None], axis=0) / total, mask=dv < DV)
+    for d0 in tl.static_range(0, BLOCK_DV, FOLD_DV):  # columns apart: a [N_R, FOLD_DV] tile at a time
+        dv = d0 + tl.arange(0, FOLD_DV)
+        part = tl.load(part_ptr + slots[:, None] * BLOCK_DV + dv[None, :], mask=here[:, None], other=0.0)
+        tl.store(out_ptr + h * out_head_stride + dv, tl.sum(part * w[:, None], axis=0) / total, mask=dv < DV)
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scale: float,
@@ -241,5 +246,5 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: to
         BLOCK_DK=block_dk, HALF=k.dtype == torch.float16, SHARED=shared,
         BLOCK_DT=max(16, triton.next_power_of_2(Dk - Dv)) if shared else 16, **shape, **pdl.launch(q.device))
     _grouped_attention_fold[(H,)](pos, out, part, stat, S, window, n_b, out.stride(1), Dv, **shape,
-                                  **pdl.launch(q.device))
+                                  FOLD_DV=max(16, min(block_dv, FOLD_VALUES // n_r)), **pdl.launch(q.device))
     return out
