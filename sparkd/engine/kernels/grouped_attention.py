@@ -46,8 +46,9 @@ RANGES = 32  # least ranges a head block, a power of two (4 KV heads: 128 progra
 PROGRAMS = 128  # and more where fewer head blocks leave fewer programs (one: 128 ranges); see range_count
 BLOCK_H = 16  # query heads a program: tl.dot's least M
 TILE_VALUES = 8192  # a [BLOCK_S, D] key or value tile's values: 64 keys at 128 wide
-# the fold's [N_R, columns] tile of the ranges' values (32 ranges at 128 wide): at 128 ranges of MLA's 512 values
-# one tile (64k values, 4 warps) took 40.6 us at 8000 positions where 32 ranges took 34.5 (session 31 call 2)
+# the fold's [N_R, columns] tile of the ranges' values a program (32 ranges at 128 wide): at 128 ranges of MLA's 512
+# values one tile (64k values, 4 warps) took 40.6 us at 8000 positions where 32 ranges took 34.5 (session 31 call
+# 2); the same columns in 4 tiles one after another in one program cost V3's 128 heads 1.6-6 us (call 3)
 FOLD_VALUES = 4096
 MAX_WIDTH = 256  # widest key or value head; wider ones run "auto"
 MAX_SHARED, MAX_TAIL = 512, 128  # MLA: widest values read inside the keys (the latent) and rest of a key (rope)
@@ -201,10 +202,10 @@ def _grouped_attention_fold(pos_ptr, out_ptr, part_ptr, stat_ptr, span, window, 
                             GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
                             BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, N_R: tl.constexpr, FOLD_DV: tl.constexpr,
                             PDL: tl.constexpr = False):
-    """Program h: query head h's ranges added in order → its output (nothing where one range held the keys), FOLD_DV
-    columns at a time (each column's sum is its own: the same bits at any FOLD_DV)."""
+    """Program (h, c): query head h's ranges added in order → its output's columns [c FOLD_DV, (c + 1) FOLD_DV)
+    (nothing where one range held the keys; each column's sum is its own: the same bits at any FOLD_DV)."""
     pdl.start(PDL)  # first: pdl's rule
-    h = tl.program_id(0)
+    h, c = tl.program_id(0), tl.program_id(1)
     _, _, _, _, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R)
     if used == 1:
         return
@@ -216,10 +217,9 @@ def _grouped_attention_fold(pos_ptr, out_ptr, part_ptr, stat_ptr, span, window, 
     m = tl.load(stat_ptr + slots, mask=here, other=float("-inf"))
     w = tl.exp(m - tl.max(m, axis=0))  # ranges past `used`: 0
     total = tl.sum(tl.load(stat_ptr + n_b * N_R * BLOCK_H + slots, mask=here, other=0.0) * w, axis=0)
-    for d0 in tl.static_range(0, BLOCK_DV, FOLD_DV):  # columns apart: a [N_R, FOLD_DV] tile at a time
-        dv = d0 + tl.arange(0, FOLD_DV)
-        part = tl.load(part_ptr + slots[:, None] * BLOCK_DV + dv[None, :], mask=here[:, None], other=0.0)
-        tl.store(out_ptr + h * out_head_stride + dv, tl.sum(part * w[:, None], axis=0) / total, mask=dv < DV)
+    dv = c * FOLD_DV + tl.arange(0, FOLD_DV)
+    part = tl.load(part_ptr + slots[:, None] * BLOCK_DV + dv[None, :], mask=here[:, None], other=0.0)
+    tl.store(out_ptr + h * out_head_stride + dv, tl.sum(part * w[:, None], axis=0) / total, mask=dv < DV)
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scale: float,
@@ -245,6 +245,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: to
         k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv, HAS_SINKS=sinks is not None,
         BLOCK_DK=block_dk, HALF=k.dtype == torch.float16, SHARED=shared,
         BLOCK_DT=max(16, triton.next_power_of_2(Dk - Dv)) if shared else 16, **shape, **pdl.launch(q.device))
-    _grouped_attention_fold[(H,)](pos, out, part, stat, S, window, n_b, out.stride(1), Dv, **shape,
-                                  FOLD_DV=max(16, min(block_dv, FOLD_VALUES // n_r)), **pdl.launch(q.device))
+    fold_dv = max(16, min(block_dv, FOLD_VALUES // n_r))
+    _grouped_attention_fold[(H, block_dv // fold_dv)](pos, out, part, stat, S, window, n_b, out.stride(1), Dv, **shape,
+                                                      FOLD_DV=fold_dv, **pdl.launch(q.device))
     return out
