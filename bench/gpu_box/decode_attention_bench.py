@@ -45,7 +45,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--positions", default="8,40,72,100,136,200,300,520,1000")
     ap.add_argument("--rules", default="auto,grouped", help="decode_attention.SPLIT_RULE values; grouped:R sets "
-                    "grouped_attention's ranges a head block; a suffix @f16 reads float16 KV rows")
+                    "grouped_attention's ranges a head block, grouped:R:F its FOLD_VALUES too; a suffix @f16 reads "
+                    "float16 KV rows")
     ap.add_argument("--fused", action="store_true",
                     help="rope_kv + attention (auto) against rope_attention and rope_kv + each --rules rule")
     ap.add_argument("--tiles", default="4096,8192", help="with --fused: rope_attention.TILE_VALUES values (a suffix "
@@ -125,13 +126,14 @@ def kv_rows(k, dv, mla, v=None):
 
 def set_rule(rule: str) -> None:
     """decode_attention.SPLIT_RULE = rule; "grouped:R" also sets grouped_attention's ranges a head block to R (its
-    default: range_count)."""
+    default: range_count), "grouped:R:F" (R may be empty) its FOLD_VALUES to F."""
     from sparkd.engine.kernels import decode_attention as da
     from sparkd.engine.kernels import grouped_attention as ga
 
-    name, _, ranges = rule.partition(":")
+    name, ranges, fold = (rule.split(":") + ["", ""])[:3]
     da.SPLIT_RULE = name
     ga.RANGES, ga.PROGRAMS = (int(ranges), 0) if ranges else (32, 128)
+    ga.FOLD_VALUES = int(fold or 4096)
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:
