@@ -133,7 +133,7 @@ def set_rule(rule: str) -> None:
     name, ranges, fold = (rule.split(":") + ["", ""])[:3]
     da.SPLIT_RULE = name
     ga.RANGES, ga.PROGRAMS = (int(ranges), 0) if ranges else (32, 128)
-    ga.FOLD_VALUES = int(fold or 4096)
+    ga.FOLD_VALUES = int(fold or 16384)
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:

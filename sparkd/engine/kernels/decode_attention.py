@@ -5,8 +5,8 @@ layers/attention.py's `attend` is the reference.
 
 $SPARKD_DECODE_ATTENTION_SPLIT "grouped" (the default since session 29): kernels/grouped_attention.py,
 a program per (KV head, range of keys) over the query heads that share the KV head, then a launch that
-adds the ranges (heads wider than grouped_attention.MAX_WIDTH, MLA's, run "auto"). The rest of this
-docstring is the kernel below: "auto", "serial" and "off".
+adds the ranges (MLA's latent rows too where they are float16; rows it does not take, grouped_attention.fits,
+run "auto"). The rest of this docstring is the kernel below: "auto", "serial" and "off".
 
 A program per query head reads its KV head (GQA: head h reads kv head h // group, as ggml
 broadcasts) in blocks of keys with a running max and sum (online softmax). Keys past the

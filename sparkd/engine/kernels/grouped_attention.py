@@ -1,6 +1,15 @@
 """Decode attention with a program per (KV head, range of keys) over all the query heads that read
 that KV head (GQA), float32: decode_attention's "grouped" rule (session 29, the default).
 
+MLA (session 31): DeepSeek V2/V3, Kimi K2 and GLM-5 attend as MQA over one latent row a position (layers/mla.py:
+512 latent columns, then 64 rope columns), every query head over the same rows, and the values are the latent
+columns themselves (a view of the keys, `shares_keys`). "auto" read each row once per query head: 128 times
+under V3. Here a program loads a [BLOCK_S, 512] latent tile once for both products and the rope columns as a
+[BLOCK_S, 64] tile of their own (SHARED). Over float16 latent rows only: over float32 ones the [16, 512] tf32x3
+products spilled and lost to "auto" (561 against 477 us at 8000 positions), so those keep "auto". H200, 128 query
+heads, us a call, auto over float32 rows / this over float16 (session 31 call 5; calls.md): 19.7 / 10.2 at 136
+positions, 69.2 / 14.0 at 1000, 477.0 / 49.3 at 8000; call 4: 1872.1 / 171.7 at 32000.
+
 Float16 cache rows (--kv-type f16, session 30) go to the tensor cores as loaded, against q (times the scale)
 and the weights p each split into two float16 parts (hi, and lo = the rest): every product of a part and a row
 is exact and the sums float32, so the error stays float32's over the rounded rows. Widening the tiles to
@@ -19,8 +28,9 @@ BLOCK_H = 16 query heads a block (tl.dot's least M; a group of 8 leaves half the
 stored). tl.dot in "tf32x3" (three TF32 tensor-core products: float32's error, 5-7e-7 against float64
 where auto has 2e-7; "ieee", float32 on the CUDA cores, took 2-4x as long: compute-bound).
 
-The ranges: the visible keys' blocks of BLOCK_S are cut into at most RANGES ranges of whole blocks,
-the same count at every span, so a range's keys depend on the position only (an eager step over the
+The ranges: the visible keys' blocks of BLOCK_S are cut into at most range_count ranges of whole blocks
+(RANGES, more where few head blocks leave fewer than PROGRAMS programs: MLA with 16 heads runs 128), the same
+count at every span, so a range's keys depend on the position only (an eager step over the
 whole cache and a static one over a bucket add the same ranges the same way, the same bits). Each range
 stores its rows' running max, sum and weighted values (online softmax); where one range holds all the
 keys it stores the output itself. Else a second launch adds the ranges, a program per query head, in
@@ -46,10 +56,11 @@ RANGES = 32  # least ranges a head block, a power of two (4 KV heads: 128 progra
 PROGRAMS = 128  # and more where fewer head blocks leave fewer programs (one: 128 ranges); see range_count
 BLOCK_H = 16  # query heads a program: tl.dot's least M
 TILE_VALUES = 8192  # a [BLOCK_S, D] key or value tile's values: 64 keys at 128 wide
-# the fold's [N_R, columns] tile of the ranges' values a program (32 ranges at 128 wide): at 128 ranges of MLA's 512
-# values one tile (64k values, 4 warps) took 40.6 us at 8000 positions where 32 ranges took 34.5 (session 31 call
-# 2); the same columns in 4 tiles one after another in one program cost V3's 128 heads 1.6-6 us (call 3)
-FOLD_VALUES = 4096
+# the most values in the fold's [N_R, columns] tile a program, whose columns then split over more programs: MLA
+# with one head block (DeepSeek V2-Lite's 16 heads: 128 ranges of 512 values) in one tile (64k values at 4 warps)
+# took 40.6 us at 8000 positions, 18.2 in four (session 31 calls 2 and 5); a 4096 cap split V3's [32, 512] tiles
+# too and cost 3-4 us (call 5: 13.3 against 10.2 us at 136 positions, 52.9 against 49.3 at 8000)
+FOLD_VALUES = 16384
 MAX_WIDTH = 256  # widest key or value head; wider ones run "auto"
 MAX_SHARED, MAX_TAIL = 512, 128  # MLA: widest values read inside the keys (the latent) and rest of a key (rope)
 

@@ -2,7 +2,12 @@
 
 Only the normalised KV latent (rank R) and the shared rope key (P dims) are cached per position.
 Queries are absorbed into latent space through wk_b, attention runs as MQA over the latent, and
-wv_b expands the result per head — llama.cpp's MLA path, so the cache is R + P floats per token.
+wv_b expands the result per head — llama.cpp's MLA path, so the cache is R + P values per token (float16
+with --kv-type f16, the default on CUDA: the models name these rows typed, layers/kv_cache.py).
+
+A one-token step (the static CUDA-graph step and, as GQA's, the eager one unless $SPARKD_FUSED_EAGER=0) attends
+with kernels/decode_attention.py over the cache rows up to its device position: over float16 rows its "grouped"
+rule reads each latent row once for all the heads (session 31), the values inside the keys.
 """
 
 from __future__ import annotations
