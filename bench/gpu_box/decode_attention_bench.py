@@ -5,8 +5,9 @@ the static step runs it (the position on the device). GPU time a call: a CUDA gr
 buffer, the buffers rotated past the L2 (as the step's weights evict the cache between layers), median of
 --repeats replays (expert_sort_bench.graph_us). Also each rule's relative error against attend in float64 and
 whether each rule gives the first rule's bits (auto vs serial: equal where one range holds the keys). "grouped:R"
-(session 29) runs "grouped" at R ranges a head block (grouped_attention.RANGES, PROGRAMS 0). A rule ending in "@f16" (session 30)
-reads float16 KV rows (--kv-type f16): the same values rounded, so its error against float64 is the rounding's.
+(session 29) runs "grouped" at R ranges a head block (grouped_attention.RANGES, PROGRAMS 0), "grouped:R:F" (R may
+be empty) with the fold's FOLD_VALUES F too. A rule ending in "@f16" (session 30) reads float16 KV rows (--kv-type
+f16): the same values rounded, so its error against float64 is the rounding's.
 --mla H (session 31) times DeepSeek V3's latent attention instead: H query heads over one 576-wide latent key row a
 position whose first 512 columns are the values (a view of the keys, as layers/mla.py passes them).
 

@@ -173,8 +173,9 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
         seen = (rows >= lo) & (rows < hi)
         v = tl.load(v_base + rows[:, None].to(tl.int64) * v_row_stride + dv[None, :],  # with the keys: one wait
                     mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
-        if SHARED:  # (each product exact for float16 rows, summed in float32; a float32 copy of the tiles broke
-            dt = tl.arange(0, BLOCK_DT)  # the loads' pipeline)
+        # (float16 rows: each product exact, summed in float32; a float32 copy of the tiles broke the loads' pipeline)
+        if SHARED:  # MLA: the latent tile v is the keys' first columns; the rope columns are a tile of their own
+            dt = tl.arange(0, BLOCK_DT)
             tail = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + DV + dt[None, :],
                            mask=seen[:, None] & (dt < DK - DV)[None, :], other=0.0)
             s = _scores(q_hi, q_lo, v, _scores(qt_hi, qt_lo, tail, None, HALF), HALF)  # [BLOCK_H, BLOCK_S]
