@@ -242,6 +242,11 @@ async def test_stop_kills_an_engine_that_ignores_sigterm_after_the_timeout(place
     # an ignored signal stays ignored across exec, so sleep ignores SIGTERM as well
     status = await placement.start(spec("stubborn", ["sh", "-c", "trap '' TERM; sleep 300"]))
     cgroup = Path(status.cgroup)
+
+    async def term_ignored() -> bool:  # the trap is set (a SIGTERM before it ends the shell cleanly: "success")
+        line = systemd_box.run(["grep", "^SigIgn:", f"/proc/{status.main_pid}/status"]).stdout.split()
+        return len(line) == 2 and bool(int(line[1], 16) & 1 << 14)  # bit 14: signal 15, SIGTERM
+    await wait_until(term_ignored, "the engine to ignore SIGTERM")
     stopped = await placement.stop("stubborn", timeout_seconds=1)
     assert (stopped.active_state, stopped.result, stopped.exec_main_status) == ("failed", "signal", 9)
     assert not cgroup.exists()
