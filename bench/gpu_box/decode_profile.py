@@ -1,7 +1,9 @@
 """Where one resident CUDA decode step goes, eager vs CUDA graphs, on a generated model.
 
-Makes a qwen3-30b-a3b-shaped GGUF (make-model; --layers at the real widths), loads it with
---device cuda semantics (experts resident as raw blocks), then:
+Makes a GGUF of a make-model --preset's shape (default qwen3-30b-a3b; --layers at the real widths, --experts to
+cut the expert count: session 31's MLA runs --preset deepseek-v3 --experts 16 --layers 5), loads it with
+--device cuda semantics (experts resident as raw blocks), its caches' rows of --kv-type (auto: f16, as
+`generate --device cuda`), then:
   1. eager decode: tok/s over --tokens steps;
   2. a per-stage profile of --profile-tokens eager steps (torch.profiler, one record_function
      range per stage set by module hooks): host (CPU) ms and GPU kernel ms per token per stage,
@@ -15,11 +17,13 @@ Makes a qwen3-30b-a3b-shaped GGUF (make-model; --layers at the real widths), loa
   4. teacher-forced logits (both fed eager's tokens): graphs vs eager and eager vs eager.
 Prints a table and writes JSON. Run on the GPU box from the checkout root:
     python3 bench/gpu_box/decode_profile.py --quant Q8_0 --layers 2 --json out.json
+    python3 bench/gpu_box/decode_profile.py --preset deepseek-v3 --experts 16 --layers 5 --quant Q4_K --json mla.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -33,6 +37,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from sparkd.engine.cuda_graphs import StaticDecode, device_argmax_default, graph_blocker
 from sparkd.engine.kernels import fused
+from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.layers.moe import MoE
 from sparkd.engine.models import load_model
 
@@ -48,7 +53,7 @@ def stage_of(name: str, module: torch.nn.Module) -> str | None:
         return "attention q/k norms"
     if "norm" in leaf:
         return "norms"
-    if leaf in ("wq", "wk", "wv", "wqkv", "wqk", "wo"):
+    if leaf in ("wq", "wk", "wv", "wqkv", "wqk", "wo", "wq_a", "wq_b", "wkv_a"):  # (the last three: MLA's)
         return "attention projections"
     if leaf == "attn":
         return "rope + KV write + attention math"
@@ -232,19 +237,24 @@ def kernel_time_by_name(events, n: int) -> dict:
     return dict(sorted(by_name.items(), key=lambda kv: -kv[1][1]))
 
 
-def make(path: Path, quant: str, layers: int) -> None:
+def make(path: Path, preset: str, quant: str, layers: int, experts: int | None) -> None:
     if path.exists():
         return
-    subprocess.run([sys.executable, "-m", "sparkd.engine.cli", "make-model", str(path), "--preset",
-                    "qwen3-30b-a3b", "--layers", str(layers), "--quant", quant, "--quiet"], check=True)
+    subprocess.run([sys.executable, "-m", "sparkd.engine.cli", "make-model", str(path), "--preset", preset,
+                    "--layers", str(layers), "--quant", quant, "--quiet",
+                    *(["--experts", str(experts)] if experts else [])], check=True)
 
 
 def bench_args(doc: str, layers: int, tokens: int) -> argparse.ArgumentParser:
     """The arguments of the decode benches (this one, decode_switches.py): the generated model
-    (--quant, --layers, --dir: made by make() if missing), --tokens timed, --profile-tokens, --json."""
+    (--preset, --quant, --layers, --experts, --dir: made by make() if missing), its caches' --kv-type, --tokens
+    timed, --profile-tokens, --json."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--preset", default="qwen3-30b-a3b", help="make-model's --preset")
     ap.add_argument("--quant", default="Q8_0")
     ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--experts", type=int, help="make-model's --experts (default: the preset's)")
+    ap.add_argument("--kv-type", default="auto", choices=("auto", *KV_TYPES), help="the caches' rows (auto: f16)")
     ap.add_argument("--tokens", type=int, default=tokens)
     ap.add_argument("--profile-tokens", type=int, default=8)
     ap.add_argument("--dir", default="/tmp")
@@ -253,10 +263,14 @@ def bench_args(doc: str, layers: int, tokens: int) -> argparse.ArgumentParser:
 
 
 def load_generated(a: argparse.Namespace):
-    """(path, the model loaded on CUDA) of bench_args' model, made first if missing."""
-    path = Path(a.dir) / f"q30-{a.layers}l-{a.quant}.gguf"
-    make(path, a.quant, a.layers)
-    return path, load_model(path, device="cuda")
+    """(path, the model loaded on CUDA) of bench_args' model, made first if missing; its new_cache makes caches of
+    --kv-type rows."""
+    name = "q30" if a.preset == "qwen3-30b-a3b" else a.preset  # (q30: fused_checks.sh and graphs_checks.sh remove it)
+    path = Path(a.dir) / f"{name}-{a.layers}l{f'-{a.experts}e' if a.experts else ''}-{a.quant}.gguf"
+    make(path, a.preset, a.quant, a.layers, a.experts)
+    m = load_model(path, device="cuda")
+    m.net.new_cache = functools.partial(m.net.new_cache, kv_dtype=KV_TYPES[kv_type_name(a.kv_type, "cuda")])
+    return path, m
 
 
 def table(res: dict) -> str:
@@ -304,7 +318,7 @@ def main() -> int:
         decode(eager_next, net, 4, ctx)  # JIT-compile the kernels first
         eager_ids, eager_s = decode(eager_next, net, a.tokens, ctx)
         graph_ids, graph_s = decode(graphed_next(ctx), net, a.tokens, ctx)
-        res = {"model": str(path), "layers": a.layers, "quant": a.quant, "tokens": a.tokens,
+        res = {"model": str(path), "layers": a.layers, "quant": a.quant, "tokens": a.tokens, "kv_type": a.kv_type,
                "fused": fused.current(), "device_argmax": device_argmax_default(),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "eager_tok_s": a.tokens / eager_s, "graphs_tok_s": a.tokens / graph_s,
