@@ -76,8 +76,8 @@ class Decoder(nn.Module):
         self.rope_tables: dict = {}  # every cache's rope tables (KVCache.rope_table), made once per context
 
     def new_cache(self, max_ctx: int | None = None, kv_dtype: torch.dtype | None = None) -> KVCache:
-        """A cache of max_ctx positions (None: the training context); kv_dtype: the type of the attention
-        layers' K/V rows (None: float32; layers/kv_cache.kv_dtype)."""
+        """A cache of max_ctx positions (None: the training context); kv_dtype: the type of the rows of the layers
+        kv_typed names, GQA's K/V and MLA's latent (None: float32; layers/kv_cache.py)."""
         return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, side=self.side_shapes,
                        device=self.tok_embd.device, state_shapes=self.state_shapes, rope_tables=self.rope_tables,
                        kv_dtype=kv_dtype, typed=self.kv_typed)
