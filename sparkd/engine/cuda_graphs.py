@@ -138,15 +138,21 @@ def graph_blocker(net: Decoder, streaming: bool = False) -> str | None:
     return None
 
 
-def _block_blocker(block: torch.nn.Module) -> str | None:
-    if type(block) is not Block:
-        return f"its block ({type(block).__name__}) is not the shared decoder block"
-    attn = block.attn
+def attention_blocker(attn: torch.nn.Module) -> str | None:
+    """Why a block's attention has no static-shape one-token step (a graph's), or None."""
     if type(attn) is MLAttention and attn.selector is not None:
         return f"its sparse-attention selector ({type(attn.selector).__name__}) reads positions on the host"
     if type(attn) not in (Attention, MLAttention):
         return (f"{type(attn).__name__} reads positions on the host (GQA Attention and MLA have a "
                 "static-shape step)")
+    return None
+
+
+def _block_blocker(block: torch.nn.Module) -> str | None:
+    if type(block) is not Block:
+        return f"its block ({type(block).__name__}) is not the shared decoder block"
+    if why := attention_blocker(block.attn):
+        return why
     ffn = block.ffn
     if isinstance(ffn, MoE):
         table = getattr(ffn.store, "kernel_table", None)

@@ -219,6 +219,12 @@ class MoE(nn.Module):
         res = None if residual is None else residual[t].float().contiguous()
         return self._decode(sel, x[t], w[t], res, _attached_quant(x, sel.prepared.gate_up))
 
+    def selected(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """forward's kernel path for one token x [1, D] on experts already selected (sel) with the router's
+        float32 weights w [1, A]: [1, D], the shared experts added, residual too where given (takes_residual)."""
+        out = self.decode_selected(sel, x, w, residual)[None]
+        return out if self.shared is None else out + self.shared(x)
+
     def _decode(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
                 qx=None) -> torch.Tensor:
         from sparkd.engine.kernels.matmul import GemvConfig

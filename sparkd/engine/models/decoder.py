@@ -33,9 +33,14 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         x, normed = self.attn_add_norm(x, pos, cache)
+        return self.add_ffn(x, normed, self.ffn)
+
+    def add_ffn(self, x: torch.Tensor, normed: torch.Tensor, ffn) -> torch.Tensor:
+        """x + the FFN's output on normed (its post norm applied): ffn(normed, residual=None) is self.ffn
+        or what stands in for it (a streamed step's MoE on experts already selected, graph_step)."""
         if self.post_ffn_norm is None and getattr(self.ffn, "takes_residual", False):
-            return self.ffn(normed, residual=x)  # x + ffn, the add inside the MoE's last launch
-        h = self.ffn(normed)
+            return ffn(normed, residual=x)  # x + ffn, the add inside the MoE's last launch
+        h = ffn(normed)
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h)
         return x + h

@@ -2,15 +2,18 @@
 
 A streamed token cannot be one graph: each MoE layer's experts are read on the host once its
 routing ids are known. But what runs between two routers needs nothing from the host: the MoE
-kernels of layer i-1 (their kernel table's offsets in a fixed device buffer per layer, copied there
-by the host once the experts are at hand), then layer i's attention norm, attention, residual add,
-FFN norm and router. Per layer that part ("segment") is captured once and replayed every token:
-some ten launches and their Python become one replay. Per layer the host then copies the routing
-ids back (the one wait, as the eager step's kernel_select does), has the experts read and copies
-their offsets; the last segment holds the last layer's experts and the output head.
-With --prefetch the segment also computes the prefetch hooks' guess for the next layer from the
-block's input (prefetch.guess) and the host asks for it between segments (prefetch.request), before
-the layer's own reads: the store sees the eager step's calls in the eager step's order.
+kernels of the previous MoE layer (their kernel table's offsets in a fixed device buffer per layer,
+copied there by the host once the experts are at hand; the shared experts beside them), the dense
+layers in between (DeepSeek's and GLM's first layers), then the next MoE layer's attention norm,
+attention (GQA or MLA), residual add, FFN norm and router. That part ("segment") is captured once
+and replayed every token: tens of launches and their Python become one replay. Per MoE layer the
+host then copies the routing ids back (the one wait, as the eager step's kernel_select does), has
+the experts read and copies their offsets; the last segment holds the last layer's experts and the
+output head.
+With --prefetch the segment also computes the prefetch hooks' guesses (each block's guess of the
+next MoE layer's ids from the block's input: prefetch.guess) and the host asks for them between
+segments (prefetch.request), before the layer's own reads: the store sees the eager step's calls in
+the eager step's order.
 
 $SPARKD_STREAM_GRAPHS: "experts" (unset) as above; "segments": the segments without the MoE
 kernels (those launched eagerly per layer, through MoE.forward); "off" (or --cuda-graphs off): the
@@ -20,7 +23,8 @@ A segment runs the same kernels with the same arguments as the eager one-token s
 reads every cache row (span = the context, as decode_rows gives an eager step) through the decode
 kernels up to the device position, so the bits are the same (tests: eager == segments on the CPU
 interpreter, eager == replay on CUDA). Where that would not hold (the eager decode kernels switched
-off, another attention or block, shared experts) segment_blocker names why and the eager step runs.
+off, another attention or block, a sparse-attention selector) segment_blocker names why and the
+eager step runs.
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ def graphs_mode(env: dict | None = None) -> str:
 
 def segment_blocker(net) -> str | None:
     """Why the network's segments cannot run as the eager step does (naming the layer), or None."""
+    from sparkd.engine.cuda_graphs import attention_blocker
     from sparkd.engine.kernels import fused
-    from sparkd.engine.layers.attention import Attention
+    from sparkd.engine.layers.ffn import GatedFFN
     from sparkd.engine.layers.moe import MoE
     from sparkd.engine.models.decoder import Block, Decoder
 
@@ -56,14 +61,18 @@ def segment_blocker(net) -> str | None:
     if not (fused.active("rope_kv", probe) and fused.active("attention", probe)):
         return "the rope_kv or attention decode kernel is switched off (SPARKD_FUSED_KERNELS)"
     for il, block in enumerate(net.blocks):
-        if type(block) is not Block or type(block.attn) is not Attention:
-            return f"layer {il}: not the shared decoder block with GQA attention"
+        if type(block) is not Block:
+            return f"layer {il}: its block ({type(block).__name__}) is not the shared decoder block"
+        if why := attention_blocker(block.attn):
+            return f"layer {il}: {why}"
         ffn = block.ffn
-        if not isinstance(ffn, MoE) or block.post_ffn_norm is not None or not ffn.takes_residual:
-            return f"layer {il}: not a MoE layer that adds the residual itself (shared experts, a dense FFN)"
-        if ffn.router.n_groups > 1 or getattr(ffn.store, "kernel_device", None) is None \
-                or ffn.act_name not in ("silu", "swiglu_oai"):
-            return f"layer {il}: its router or expert store has no one-token kernel step"
+        if isinstance(ffn, MoE):
+            if getattr(ffn.store, "kernel_device", None) is None or ffn.act_name not in ("silu", "swiglu_oai"):
+                return f"layer {il}: its expert store or activation has no one-token kernel step"
+        elif not isinstance(ffn, GatedFFN):
+            return f"layer {il}: its FFN ({type(ffn).__name__}) has no static-shape step"
+    if not _moe_layers(net):
+        return "no layer has routed experts: nothing streams"
     return None
 
 
@@ -71,10 +80,21 @@ def experts_blocker(net) -> str | None:
     """Why the MoE kernels cannot join the segments (segment_blocker's reasons first), or None."""
     if why := segment_blocker(net):
         return why
-    store = net.blocks[0].ffn.store
+    store = _store(net)
     if store.table_mode != "cached":
         return f"the kernel tables are made anew per call (SPARKD_STREAM_TABLE={store.table_mode})"
     return None
+
+
+def _moe_layers(net) -> list[int]:
+    from sparkd.engine.layers.moe import MoE
+
+    return [il for il, block in enumerate(net.blocks) if isinstance(block.ffn, MoE)]
+
+
+def _store(net):
+    """The streamed expert store (one for every MoE layer)."""
+    return net.blocks[_moe_layers(net)[0]].ffn.store
 
 
 def decode_step(net, cache, device: str, graphs: bool, streamed: bool, cuda_graphs: str = "auto",
@@ -108,12 +128,18 @@ def streaming_step(net, cache, device: str, cuda_graphs: str = "auto", log=lambd
 class SegmentDecode(EagerDecode):
     """EagerDecode's interface; each segment replayed from a graph captured on its first token
     (graphs=True, CUDA) or run eagerly with the same static shapes (graphs=False: tests).
-    experts: the MoE kernels in the segments (else launched by MoE.forward between them)."""
+    experts: the MoE kernels in the segments (else launched by MoE.forward between them).
+
+    Segment j ends at the router of the j-th MoE layer (cuts[j]), where the host must read the routing
+    ids; it holds the previous MoE layer's experts (with experts), the dense layers between the two
+    (DeepSeek's and GLM's first layers) and the cut layer's attention. The last segment holds the
+    last MoE layer's experts, any dense layers after it and the output head."""
 
     def __init__(self, net, cache, graphs: bool, experts: bool = True):
         super().__init__(net, cache)
         self.graphs, self.experts = graphs, experts
-        self.store = net.blocks[0].ffn.store  # one store for every layer
+        self.cuts = _moe_layers(net)
+        self.store = _store(net)
         self.prefetch = bool(self.store.plan.prefetch_slots)  # session.py attached the eager step's hooks
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.device)  # the step's position
         self.x = None  # [1, D] the first segment's input (and each one's without experts)
@@ -154,21 +180,19 @@ class SegmentDecode(EagerDecode):
         self.x.copy_(x)
         if self.prefetch:
             self.store.begin_step()  # block 0's first pre-hook
-        n = len(net.blocks)
-        for il, block in enumerate(net.blocks):
-            residual, normed, w, ids, guessed = self.segment(il)
-            if guessed is not None:  # block il's pre-hook
-                prefetch.request(self.store, net.blocks[il + 1], guessed)
+        for j, il in enumerate(self.cuts):
+            residual, normed, w, ids, guesses = self.segment(j)
+            for target, guessed in guesses:  # the pre-hooks of the segment's blocks, in order
+                prefetch.request(self.store, net.blocks[target], guessed)
             if self.experts:
                 self.select(il, ids)
                 continue
-            y = block.ffn(normed, residual=residual, routing=(w, ids))
-            if il + 1 == n:
-                cache.n_past += 1
-                return net.head(y)
-            self.x.copy_(y)
+            moe = net.blocks[il].ffn
+            self.x.copy_(net.blocks[il].add_ffn(
+                residual, normed, lambda h, residual=None: moe(h, residual=residual, routing=(w, ids))))
+        logits = self.segment(len(self.cuts))
         cache.n_past += 1
-        return self.segment(n)
+        return logits
 
     def select(self, il: int, ids: torch.Tensor) -> None:
         """Layer il's experts read (or found) and their offsets in the layer's device buffer."""
@@ -181,43 +205,54 @@ class SegmentDecode(EagerDecode):
                               f"kernel table for it (SPARKD_STREAM_GRAPHS=segments or off runs them otherwise)")
         self._sel[il] = sel
 
-    def segment(self, k: int):
-        """Segment k's outputs: (residual, normed, weights, ids) of layer k and the prefetch guess
-        of layer k + 1's ids (None without prefetch or a next layer); the logits for k = the number
-        of layers (experts only)."""
+    def segment(self, j: int):
+        """Segment j's outputs: (residual, normed, weights, ids) of layer cuts[j] and the prefetch guesses
+        [(layer, ids)] its blocks' pre-hooks make; the logits for j = len(cuts)."""
         if not self.graphs:
-            self._outs[k] = self._run(k)
-        elif k not in self._graphs:
-            self._graphs[k] = self._capture(k)
-            self._graphs[k].replay()
+            self._outs[j] = self._run(j)
+        elif j not in self._graphs:
+            self._graphs[j] = self._capture(j)
+            self._graphs[j].replay()
         else:
-            self._graphs[k].replay()
-        return self._outs[k]
+            self._graphs[j].replay()
+        return self._outs[j]
 
-    def _run(self, k: int):
-        x = self.x
-        if self.experts and k > 0:
-            residual, normed, w = self._outs[k - 1][:3]
-            moe = self.net.blocks[k - 1].ffn
-            x = moe.decode_selected(self._sel[k - 1], normed, w.float().contiguous(), residual)[None]
-        if k == len(self.net.blocks):
-            return self.net.head(x)
-        block, cache = self.net.blocks[k], self.cache
-        nxt = k + 1 < len(self.net.blocks) and self.prefetch
-        guessed = prefetch.guess(self.net.blocks[k + 1], x) if nxt else None
+    def _run(self, j: int):
+        net, cache, x = self.net, self.cache, self.x
+        if self.experts and j > 0:
+            il = self.cuts[j - 1]
+            residual, normed, w = self._outs[j - 1][:3]
+            moe, sel, w = net.blocks[il].ffn, self._sel[il], w.float().contiguous()
+            x = net.blocks[il].add_ffn(residual, normed, lambda h, residual=None: moe.selected(sel, h, w, residual))
+        first = self.cuts[j - 1] + 1 if j > 0 else 0
+        last = self.cuts[j] if j < len(self.cuts) else len(net.blocks)
+        guesses = []
         cache.span = cache.max_ctx  # every row, as decode_rows gives the eager step; the position on the device
         try:
-            residual, normed = block.attn_add_norm(x, self.pos, cache)
-            w, ids = block.ffn.router(normed)
+            for il in range(first, last):  # dense layers
+                guesses += self._guess(il, x)
+                x = net.blocks[il].forward(x, self.pos, cache)  # (not its pre-hook: the guess is asked for later)
+            if last == len(net.blocks):
+                return net.head(x)
+            guesses += self._guess(last, x)
+            residual, normed = net.blocks[last].attn_add_norm(x, self.pos, cache)
+            w, ids = net.blocks[last].ffn.router(normed)
         finally:
             cache.span = None
-        return residual, normed, w, ids, guessed
+        return residual, normed, w, ids, guesses
 
-    def _capture(self, k: int) -> torch.cuda.CUDAGraph:
+    def _guess(self, il: int, x: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """Block il's prefetch pre-hook: the next MoE layer's routing ids guessed from x, the block's input."""
+        target = next((c for c in self.cuts if c > il), None)
+        if not self.prefetch or target is None:
+            return []
+        return [(target, prefetch.guess(self.net.blocks[target], x))]
+
+    def _capture(self, j: int) -> torch.cuda.CUDAGraph:
         # (the warm-up writes this token's K/V rows, as the replay that follows does again)
         self.capturing = True
         try:
-            graph, self._outs[k] = capture(self.cache.device, self._pool, lambda: self._run(k), lambda: self._run(k))
+            graph, self._outs[j] = capture(self.cache.device, self._pool, lambda: self._run(j), lambda: self._run(j))
         finally:
             self.capturing = False
         self._pool = graph.pool()

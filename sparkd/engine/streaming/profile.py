@@ -10,8 +10,8 @@ VRAM cache's copies (their own events on the side stream). A span is the device 
 two events, so it includes gaps where the device waited for launches.
 
 A step replaying graph segments (graph_step.SegmentDecode with graphs) runs no attention or router
-forward: its segment replays (attention norm, attention, residual add, FFN norm, router; with
-experts also the previous layer's MoE kernels, and the head in the last) are timed as "attention"
+forward: its segment replays (dense layers, attention norm, attention, residual add, FFN norm, router;
+with experts also the previous MoE layer's kernels, and the head in the last) are timed as "attention"
 then, and the router reads 0. With experts the MoE layer's host part is SegmentDecode.select
 (routing ids back, reads, table), timed as "moe"; the expert kernels' GPU span is then inside the
 attention one.

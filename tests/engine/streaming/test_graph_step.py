@@ -30,6 +30,35 @@ def model(tmp_path_factory):
     return write_model(tmp_path_factory.mktemp("seg") / "m.gguf", model_plan(TINY["qwen3moe"], "Q8_0"), seed=5)[0]
 
 
+@pytest.fixture(scope="module")
+def arch_model(tmp_path_factory):
+    """arch → its tiny Q8_0 model, made on first use."""
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            made[arch] = write_model(tmp_path_factory.mktemp(arch) / "m.gguf", model_plan(TINY[arch], "Q8_0"),
+                                     seed=5)[0]
+        return made[arch]
+    return get
+
+
+# shared experts beside the routed ones after a dense first layer: MLA with group-limited routing, and GQA
+LEAD_DENSE = ["deepseek2", "glm4moe"]
+
+
+def _segments(experts: bool, graphs: bool = False, steps: list | None = None):
+    """make_step for _decode: a SegmentDecode, checked to be what streaming_step would choose (segment_blocker
+    finds nothing), kept in steps."""
+    def make(net, cache):
+        assert graph_step.segment_blocker(net) is None
+        step = graph_step.SegmentDecode(net, cache, graphs, experts)
+        if steps is not None:
+            steps.append(step)
+        return step
+    return make
+
+
 def _streamed(path, backend: str, prefetch: int = 0):
     """prefetch: that many prefetch slots (--prefetch) and a host cache of top-k slots, so that
     the guesses are read and used or dropped."""
@@ -51,7 +80,7 @@ def _streamed(path, backend: str, prefetch: int = 0):
 
 def _decode(path, backend: str, make_step, profile: bool = False, prefetch: int = 0, stats: dict | None = None):
     """(logits rows of the prompt and each step, greedy ids by next_token, the profile's report);
-    the store's counters into `stats` where given."""
+    the store's counters into `stats` where given, and its prefetch calls in order (layer, ids)."""
     from sparkd.engine.kernels import fused
     from sparkd.engine.streaming.profile import StageProfile
 
@@ -59,6 +88,8 @@ def _decode(path, backend: str, make_step, profile: bool = False, prefetch: int 
     sm = _streamed(path, backend, prefetch)
     try:
         net = sm.model.net
+        calls, store_prefetch = [], sm.store.prefetch
+        sm.store.prefetch = lambda layer, ids: calls.append((layer, list(ids))) or store_prefetch(layer, ids)
         cache = net.new_cache(len(PROMPT) + 2 * STEPS)
         step = make_step(net, cache)
         rows = [net(torch.tensor(PROMPT), cache)[-1:]]
@@ -72,7 +103,7 @@ def _decode(path, backend: str, make_step, profile: bool = False, prefetch: int 
         if prof:
             prof.remove()
         if stats is not None:
-            stats.update({k: getattr(sm.store.stats, k) for k in COUNTERS})
+            stats.update({k: getattr(sm.store.stats, k) for k in COUNTERS}, prefetch_calls=calls)
         return torch.cat(rows).cpu(), ids, report
     finally:
         sm.close()
@@ -93,6 +124,22 @@ def test_segments_run_eagerly_give_the_eager_steps_bits(model, eager_cpu, expert
     assert got_ids == want_ids
     assert rep["total_seconds"] > 0 and rep["attention_seconds"] > 0 and rep["router_seconds"] > 0
     assert rep["expert_compute_seconds"] > 0
+
+
+@pytest.mark.parametrize("experts", [True, False], ids=["experts", "segments"])
+@pytest.mark.parametrize("arch", LEAD_DENSE)
+def test_segments_run_dense_layers_shared_experts_and_mla_as_the_eager_step(arch_model, arch, experts):
+    """The first segment holds the dense layer and the first MoE layer's attention; the shared experts run beside
+    the selected ones; with --prefetch the dense layer's guess is asked for first, as the eager hooks do."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    path = arch_model(arch)
+    want_stats, got_stats, steps = {}, {}, []
+    want, want_ids, _ = _decode(path, "cpu", EagerDecode, prefetch=PREFETCH, stats=want_stats)
+    got, got_ids, _ = _decode(path, "cpu", _segments(experts, steps=steps), prefetch=PREFETCH, stats=got_stats)
+    assert steps[0].cuts == [1, 2]  # layer 0 is dense
+    assert want_stats["prefetch_predicted"] > 0 and got_stats == want_stats
+    assert torch.equal(got, want)
+    assert got_ids == want_ids
 
 
 def test_segments_run_gpt_oss_biased_experts_as_the_eager_step(tmp_path):
@@ -162,12 +209,26 @@ def test_segment_graphs_replay_the_eager_steps_bits_on_cuda(model, mode, prefetc
     n = TINY["qwen3moe"].n_layer
     assert isinstance(steps[0], graph_step.SegmentDecode) and steps[0].graphs
     assert steps[0].experts == (mode == "experts")
-    assert sorted(steps[0]._graphs) == list(range(n + 1 if mode == "experts" else n))
+    assert sorted(steps[0]._graphs) == list(range(n + 1))  # a segment per MoE layer, the head last
     assert torch.equal(got, want), "segment graph replay differs from the eager step"
     assert got_ids == want_ids
     assert got_stats == want_stats and (want_stats["prefetch_predicted"] > 0) == bool(prefetch)
     assert rep["attention_seconds"] > 0 and rep["router_seconds"] == 0 and rep["attention_gpu_seconds"] > 0
     assert rep["expert_compute_seconds"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", LEAD_DENSE)
+def test_segment_graphs_replay_dense_layers_shared_experts_and_mla_on_cuda(arch_model, arch):
+    path = arch_model(arch)
+    want, want_ids, _ = _decode(path, "cuda", EagerDecode, prefetch=PREFETCH)
+    steps = []
+    got, got_ids, _ = _decode(path, "cuda", lambda n, c: steps.append(graph_step.streaming_step(n, c, "cuda"))
+                              or steps[0], prefetch=PREFETCH)
+    assert isinstance(steps[0], graph_step.SegmentDecode) and steps[0].graphs and steps[0].experts
+    assert sorted(steps[0]._graphs) == [0, 1, 2]
+    assert torch.equal(got, want), "segment graph replay differs from the eager step"
+    assert got_ids == want_ids
 
 
 def test_the_step_falls_back_to_eager_where_segments_would_differ(model):
