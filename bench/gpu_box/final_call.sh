@@ -39,7 +39,8 @@
 # - LONG=1: greedy decode after a LONG_PROMPT-token prompt (default 8000, --ctx 16384: attention over long spans),
 #   LONG_ROUNDS rounds, each also under LONG_OFF's switches where set (e.g.
 #   LONG_OFF="SPARKD_DECODE_ATTENTION_SPLIT=auto"; ';'-separated: each in turn); with LLAMA=1 then llama-bench's
-#   decode on the same file after 0 and LONG_PROMPT tokens (-d); every decode's generate takes GEN_FLAGS's flags too,
+#   decode on the same file after 0 and LONG_PROMPT tokens (-d) and its LONG_PROMPT-token prompt (-p, session 32);
+#   every decode's generate takes GEN_FLAGS's flags too,
 #   so an _OFF variable may set flags as well as switches (session 30: LONG_OFF="GEN_FLAGS='--kv-type f32'");
 # - MLA=1: the decodes (rounds, LONG, llama-bench) on a DeepSeek-V3-shaped Q4_K model (MLA_LAYERS, default 5: three
 #   dense layers and two MoE layers of 16 experts) instead of the 12-layer Qwen3-30B-A3B-shaped one;
@@ -189,6 +190,9 @@ if [ "${LONG:-0}" = 1 ]; then  # session 29: greedy decode after a LONG_PROMPT-t
       -d 0,${LONG_PROMPT:-8000} -r 2 > $R/llama_long.json 2> $R/llama_long.err
     log "llama-bench Q4_K at depth 0,${LONG_PROMPT:-8000} rc $?: $(grep -o '"avg_ts": [0-9.e+]*' $R/llama_long.json \
       | tr '\n' ' ')"
+    [ -x $W/llama-cuda/llama-bench ] && timeout 95 $W/llama-cuda/llama-bench -o json -m $M -ngl 99 \
+      -p ${LONG_PROMPT:-8000} -n 0 -r 2 > $R/llama_pp.json 2> $R/llama_pp.err  # session 32: its prompt too
+    log "llama-bench Q4_K prompt of ${LONG_PROMPT:-8000} rc $?: $(grep -o '"avg_ts": [0-9.e+]*' $R/llama_pp.json)"
     snap
   fi
 fi

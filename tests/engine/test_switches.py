@@ -175,6 +175,8 @@ SWITCHES = [
            {UNSET: "sdpa", "sdpa": "sdpa", "Kernel": "kernel", " TORCH ": "torch"}, ("sdpa", "kernel", "torch")),
     Switch("SPARKD_CONTINUE_ATTENTION", "sparkd.engine.layers.attention", "m.CONTINUE_ATTENTION", "attend",
            {UNSET: "sdpa", " SDPA ": "sdpa", "sdpa-mask": "sdpa-mask", "torch": "torch"}, ("sdpa", "sdpa-mask", "torch")),
+    Switch("SPARKD_MLA_PROMPT", "sparkd.engine.layers.mla", "m.MLA_PROMPT", "flash",
+           {UNSET: "mha", " MHA ": "mha", "absorbed": "absorbed"}, ("mha", "absorbed")),
     Switch("SPARKD_PROMPT_LOGITS", None, prompt_last_only, "first",
            {UNSET: True, "last": True, "ALL": False}, ("last", "all")),
 ]

@@ -8,6 +8,13 @@ with --kv-type f16, the default on CUDA: the models name these rows typed, layer
 A one-token step (the static CUDA-graph step and, as GQA's, the eager one unless $SPARKD_FUSED_EAGER=0) attends
 with kernels/decode_attention.py over the cache rows up to its device position: over float16 rows its "grouped"
 rule reads each latent row once for all the heads (session 31), the values inside the keys.
+
+A prompt of MHA_ROWS tokens or more on CUDA (session 32, $SPARKD_MLA_PROMPT) instead expands the cached latent
+rows to each head's keys (Dn + P) and values (Dv) through wk_b and wv_b and attends as plain multi-head attention
+through attend_sdpa (torch's memory-efficient kernel): 192/128 wide, not 576/512, and no [H, T, S] scores in
+memory, for the expansion's GEMMs over the S rows. The same sums in another order: float32 rounding apart, and
+without act_k_b/act_v_b's rounding of q and o (there is no latent q or o to round). H200, 128 heads: 67.6 against
+453.9 ms a layer for an 8000-token prompt; a prompt's 64 tokens over 7488 cached rows lose (7.7 against 6.3 ms).
 """
 
 from __future__ import annotations
@@ -17,14 +24,22 @@ import math
 import torch
 from torch import nn
 
+from sparkd.engine import switches
 from sparkd.engine.kernels import fused
 from sparkd.engine.layers.act_round import round_activations
-from sparkd.engine.layers.attention import attend
+from sparkd.engine.layers.attention import attend, attend_sdpa
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.rope import apply_rope
 from sparkd.engine.layers.rope import RopeConfig
+
+
+# a prompt's attention on CUDA from MHA_ROWS tokens on: "mha" (default) over per-head keys and values expanded from
+# the latent rows; "absorbed" over the latent rows themselves (attend, as before session 32)
+MLA_PROMPT = switches.choice("SPARKD_MLA_PROMPT", ("mha", "absorbed"), "mha")
+MHA_ROWS = 128
+MHA_DEVICES = ("cuda",)  # the CPU keeps the absorbed form, llama.cpp's (its oracle tests compare the logits)
 
 
 def mla_scale(rope: RopeConfig, head_dim_k: int, yarn_log_mul: float) -> float:
@@ -68,13 +83,26 @@ class MLAttention(nn.Module):
             cos, sin = cache.rope(self.rope, pos)
             k_pe = apply_rope(k_pe, cos, sin, self.rope.neox)
             q_pe = apply_rope(q_pe, cos, sin, self.rope.neox)
-        q_lat = torch.einsum("thd,hrd->thr", round_activations(q_nope, self.act_k_b), self.wk_b)  # [T, H, R]
-        q_all = torch.cat([q_lat, q_pe], dim=-1)  # [T, H, R + P]
         k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
         k_all, _, start = cache.append(self.il, pos, k_new, None)
+        if T >= MHA_ROWS and keep is None and x.device.type in MHA_DEVICES and MLA_PROMPT == "mha":
+            o = self._expanded(q_nope, q_pe, k_all, start, cache.masks)
+        else:
+            o = self._absorbed(q_nope, q_pe, k_all, start, keep, pos, cache)
+        o = o.reshape(T, -1)  # [T, H * Dv]
+        if self.out_gate is not None:
+            o = o * torch.sigmoid(self.out_gate(x))
+        return self.wo(o)
+
+    def _absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_all: torch.Tensor, start, keep,
+                  pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The queries absorbed into latent space, attention over the cache's latent rows k_all [S, 1, R + P]
+        (their first R columns the values), wv_b after → [T, H, Dv]."""
+        q_lat = torch.einsum("thd,hrd->thr", round_activations(q_nope, self.act_k_b), self.wk_b)  # [T, H, R]
+        q_all = torch.cat([q_lat, q_pe], dim=-1)  # [T, H, R + P]
         # the decode kernel serves the static (CUDA graph) step and, unless switched off, the eager one
-        one = T == 1 and fused.one_token(cache.span is not None)
-        if one and keep is None and fused.active("attention", x) and q_all.dtype == torch.float32:
+        one = q_all.shape[0] == 1 and fused.one_token(cache.span is not None)
+        if one and keep is None and fused.active("attention", q_all) and q_all.dtype == torch.float32:
             from sparkd.engine.kernels.decode_attention import decode_attention
 
             k_all, _, dpos = cache.decode_rows(self.il, pos)  # the values: each row's first R columns
@@ -82,8 +110,14 @@ class MLAttention(nn.Module):
         else:
             o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep,
                        masks=cache.masks)  # [T, H, R]
-        o = torch.einsum("thr,hvr->thv", round_activations(o, self.act_v_b), self.wv_b)  # [T, H, Dv]
-        o = o.reshape(T, -1)
-        if self.out_gate is not None:
-            o = o * torch.sigmoid(self.out_gate(x))
-        return self.wo(o)
+        return torch.einsum("thr,hvr->thv", round_activations(o, self.act_v_b), self.wv_b)  # [T, H, Dv]
+
+    def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_all: torch.Tensor, start, masks) -> torch.Tensor:
+        """A prompt's attention as multi-head attention: the cache's latent rows k_all [S, 1, R + P] expanded to the
+        heads' keys [S, H, Dn + P] and values [S, H, Dv] → [T, H, Dv]."""
+        rows = k_all[:, 0].to(q_nope.dtype)  # (float16 cache rows widened)
+        S, latent = rows.shape[0], rows[:, : self.kv_rank]
+        k_pe = rows[:, None, self.kv_rank:].expand(S, self.n_head, self.qk_rope)
+        k = torch.cat([torch.einsum("sr,hrd->shd", latent, self.wk_b), k_pe], dim=-1)
+        v = torch.einsum("sr,hvr->shv", latent, self.wv_b)
+        return attend_sdpa(torch.cat([q_nope, q_pe], dim=-1), k, v, self.scale, start, masks=masks)
