@@ -183,6 +183,26 @@ def profile_eager(net, n: int, ctx: int) -> dict:
     return {"wall_ms": wall * 1e3 / n, **stage_report(prof.events(), stages, n)}
 
 
+def python_profile(net, n: int, ctx: int, top: int) -> list[tuple[str, float, float, int]]:
+    """The eager step's Python functions by their own host time (cProfile over n steps): [(function, own ms a
+    token, cumulative ms a token, calls a token)], the most own time first; where the host part of a step goes
+    below the module stages (wrappers, cache bookkeeping, Triton's launcher)."""
+    import cProfile
+    import pstats
+
+    cache = net.new_cache(ctx)
+    logits = net(torch.tensor(PROMPT), cache)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        logits = net(torch.tensor([int(logits[-1].argmax())]), cache)
+    prof.disable()
+    rows = []
+    for (file, line, func), (_, calls, own, cum, _) in pstats.Stats(prof).stats.items():
+        rows.append((f"{Path(file).name}:{line}({func})", own * 1e3 / n, cum * 1e3 / n, round(calls / n, 1)))
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
 def stage_report(events, stages: Stages, n: int) -> dict:
     """Per n steps of a profile taken with `stages` hooked: GPU kernel ms, each stage's own host
     and GPU ms (its staged children's taken out), host syncs and kernel launches."""
@@ -304,6 +324,8 @@ def table(res: dict) -> str:
 def main() -> int:
     ap = bench_args(__doc__, layers=2, tokens=64)
     ap.add_argument("--ctx", type=int, default=1024, help="KV cache positions (graphs attend over a bucket of them)")
+    ap.add_argument("--py-top", type=int, default=0, help="also the eager step's N Python functions with the most "
+                    "own host time (cProfile)")
     ap.add_argument("--fused", default=None, help="fused decode kernels: all, none or names "
                     f"({', '.join(fused.KERNELS)}); default: ${fused.ENV} or all")
     a = ap.parse_args()
@@ -326,12 +348,16 @@ def main() -> int:
                "eager_rerun_greedy_equal": decode(eager_next, net, a.tokens, ctx)[0] == eager_ids,
                "profile_eager": profile_eager(net, a.profile_tokens, ctx),
                "profile_graphs": profile_graphs(net, a.profile_tokens, ctx)}
+        if a.py_top:
+            res["python_eager"] = python_profile(net, a.profile_tokens, ctx, a.py_top)
         eager = forced(eager_step, net, eager_ids, ctx)
         res["forced_graphs_vs_eager"] = agreement(eager, forced(graphed(ctx), net, eager_ids, ctx))
         res["forced_eager_vs_eager"] = agreement(eager, forced(eager_step, net, eager_ids, ctx))
     finally:
         m.close()
     print(table(res), flush=True)
+    for name, own, cum, calls in res.get("python_eager", []):
+        print(f"  {own:8.3f} ms own {cum:8.3f} ms cum {calls:7.1f}x  {name}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2))
     return 0
