@@ -7,11 +7,11 @@ attention reads the cache's rows up to a bucket length (256, 512, ... up to the 
 by position (KVCache.span). So one step captured per bucket replays for every position in it.
 
 Capture needs every layer to stay on the device between the token and the logits: GQA attention
-or MLA, dense FFNs, and routed experts through the Triton MoE kernels (KernelExperts). Streamed
+or MLA (glm-dsa's sparse attention too: its indexer selects by device position since session 32),
+dense FFNs, and routed experts through the Triton MoE kernels (KernelExperts). Streamed
 experts (read from disk per token: streaming/graph_step.py captures a graph per layer between the
-reads instead), sparse-attention selectors (glm-dsa), and decoders with their
-own forward and per-sequence state (deepseek4, kimi-k3's linear attention) keep the eager step;
-graph_blocker names the layer and the reason.
+reads instead) and decoders with their own forward and per-sequence state (deepseek4, kimi-k3's
+linear attention) keep the eager step; graph_blocker names the layer and the reason.
 
 Two further cuts of the step (each with a switch back, docs/engine.md): the norms that feed an
 integer GEMV write x's int8 blocks themselves (link_norm_quant; SPARKD_FUSED_KERNELS's
@@ -140,8 +140,6 @@ def graph_blocker(net: Decoder, streaming: bool = False) -> str | None:
 
 def attention_blocker(attn: torch.nn.Module) -> str | None:
     """Why a block's attention has no static-shape one-token step (a graph's), or None."""
-    if type(attn) is MLAttention and attn.selector is not None:
-        return f"its sparse-attention selector ({type(attn.selector).__name__}) reads positions on the host"
     if type(attn) not in (Attention, MLAttention):
         return (f"{type(attn).__name__} reads positions on the host (GQA Attention and MLA have a "
                 "static-shape step)")

@@ -25,14 +25,14 @@ def tiny(tmp_path_factory):
 def test_select_top_k_keeps_the_best_visible_positions():
     scores = torch.tensor([[9.0, 1.0, 5.0, 7.0, 8.0],
                            [3.0, 1.0, 2.0, 0.0, 4.0]])
-    keep = select_top_k(scores, start=3, top_k=2)  # queries at positions 3 and 4
+    keep = select_top_k(scores, torch.tensor([3, 4]), top_k=2)  # queries at positions 3 and 4
     # position 3 sees 0..3 (its best two: 0 and 3); position 4 sees all (4 and 0)
     assert keep.tolist() == [[True, False, False, True, False],
                              [True, False, False, False, True]]
 
 
 def test_select_top_k_keeps_everything_visible_when_context_is_shorter_than_k():
-    keep = select_top_k(torch.randn(3, 3), start=0, top_k=8)
+    keep = select_top_k(torch.randn(3, 3), torch.arange(3), top_k=8)
     assert keep.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
 
 

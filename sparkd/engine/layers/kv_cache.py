@@ -182,12 +182,17 @@ class KVCache:
             self._rope[key] = (cos.to(self.device), sin.to(self.device))
         return self._rope[key]
 
-    def update_side(self, name: str, il: int, start: int, rows: torch.Tensor) -> torch.Tensor:
-        """Write side rows [start, start+T) of (name, il) and return a view of rows [0, start+T)."""
-        end = self._end(start, rows.shape[0])
+    def append_side(self, name: str, il: int, pos: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write side rows of (name, il) at positions pos [T] → (rows [0, start + T), the positions on the rows'
+        device) with start = pos[0] a host int; in static decode (rows [0, span), written by index, and pos)."""
         buf = self.side[name, il]
-        buf[start:end] = rows
-        return buf[:end]
+        if self.span is None:
+            start = int(pos[0])
+            end = self._end(start, rows.shape[0])
+            buf[start:end] = rows
+            return buf[:end], torch.arange(start, end, device=rows.device)
+        buf.index_copy_(0, pos, rows.to(buf.dtype))
+        return buf[:self.span], pos
 
     def _end(self, start: int, n: int) -> int:
         end = start + n

@@ -13,6 +13,10 @@ orthonormal, so q . k is unchanged (it is there to make quantized key caches acc
 it. The keys are cached per position as the cache's side rows ("dsa_keys", layer). GLM-5.2's
 "shared" layers have no indexer: they reuse the selection of the previous full layer in the same
 forward pass, which the full layer leaves in cache.scratch.
+
+Static decode (KVCache.span set: a CUDA graph's step, or a streamed step's segment; session 32) writes the key at
+the device position and scores the span's keys, those past the position masked: the selection of the eager step
+(the top_k best visible positions, or every visible one while fewer are), without a host position.
 """
 
 from __future__ import annotations
@@ -23,20 +27,19 @@ from torch import nn
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import LayerNorm
-from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
+from sparkd.engine.layers.rope import apply_rope
 from sparkd.engine.layers.rope import RopeConfig
 
 SIDE_KEYS = "dsa_keys"
 _SELECTION = "dsa_keep"
 
 
-def select_top_k(scores: torch.Tensor, start: int, top_k: int) -> torch.Tensor:
-    """scores: [T, S] for queries at positions start.. → [T, S] bool, the kept positions."""
-    T, S = scores.shape
-    dev = scores.device
-    visible = torch.arange(S, device=dev)[None, :] <= torch.arange(start, start + T, device=dev)[:, None]
+def select_top_k(scores: torch.Tensor, pos: torch.Tensor, top_k: int) -> torch.Tensor:
+    """scores: [T, S] for queries at positions pos [T] (on scores' device) → [T, S] bool, the kept positions."""
+    S = scores.shape[1]
+    visible = torch.arange(S, device=scores.device)[None, :] <= pos[:, None]
     ids = scores.masked_fill(~visible, float("-inf")).topk(min(top_k, S), dim=-1).indices
-    chosen = torch.zeros(T, S, dtype=torch.bool, device=dev).scatter_(1, ids, True)
+    chosen = torch.zeros_like(visible).scatter_(1, ids, True)
     return chosen & visible  # picks among -inf (fewer visible than top_k) stay causally masked
 
 
@@ -54,16 +57,15 @@ class LightningIndexer(nn.Module):
         T = x.shape[0]
         q = self.wq_b(q_lat).view(T, self.n_head, self.head_dim)
         k = self.k_norm(self.wk(x)).view(T, 1, self.head_dim)
-        cos, sin = rope_cos_sin(self.rope, pos)
+        cos, sin = cache.rope(self.rope, pos)
         q = apply_rope(q, cos, sin, neox=False)
         k = apply_rope(k, cos, sin, neox=False)
-        start = int(pos[0])
-        k_all = cache.update_side(SIDE_KEYS, self.il, start, k[:, 0])  # [S, Dh]
+        k_all, pos = cache.append_side(SIDE_KEYS, self.il, pos, k[:, 0])  # [S, Dh], positions on x's device
         keep = None  # up to top_k positions every visible one is kept: the causal mask alone
         if k_all.shape[0] > self.top_k:
             w = self.weights_proj(x) * (self.head_dim * self.n_head) ** -0.5  # [T, H]
             per_head = torch.einsum("thd,sd->ths", q, k_all).relu()  # [T, H, S]
-            keep = select_top_k(torch.einsum("ths,th->ts", per_head, w), start, self.top_k)
+            keep = select_top_k(torch.einsum("ths,th->ts", per_head, w), pos, self.top_k)
         cache.scratch[_SELECTION] = keep
         return keep
 
