@@ -64,10 +64,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     """
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
-    group = H // Hkv  # query head h reads kv head h // group, as ggml broadcasts
-    k = k.to(q.dtype).repeat_interleave(group, dim=1)  # (float16 cache rows widened first: Hkv heads, not H)
-    v = v.to(q.dtype).repeat_interleave(group, dim=1)
-    scores = torch.einsum("thd,shd->hts", q, k) * scale  # [H, T, S]
+    group = H // Hkv  # query head h = j * group + g reads kv head j, as ggml broadcasts
+    qg = q.view(T, Hkv, group, -1)  # the keys and values are not repeated per query head: MLA's one latent head
+    k, v = k.to(q.dtype), v.to(q.dtype)  # would be 128 copies of the rows (float16 cache rows widened here)
+    scores = torch.einsum("tjgd,sjd->jgts", qg, k).reshape(H, T, S) * scale  # [H, T, S]
     masked = forward_mask(masks, False, start, T, S, window, q.device)
     if keep is not None:
         masked = masked | ~keep
@@ -77,7 +77,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
         probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :S]
     else:
         probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hts,shd->thd", probs, v)
+    return torch.einsum("jgts,sjd->tjgd", probs.view(Hkv, group, T, S), v).reshape(T, H, -1)
 
 
 # torch's memory-efficient kernel first (float32 as 3xTF32 on the tensor cores: float32's error, without the

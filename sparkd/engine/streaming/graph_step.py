@@ -22,9 +22,9 @@ eager step (EagerDecode).
 A segment runs the same kernels with the same arguments as the eager one-token step: attention
 reads every cache row (span = the context, as decode_rows gives an eager step) through the decode
 kernels up to the device position, so the bits are the same (tests: eager == segments on the CPU
-interpreter, eager == replay on CUDA). Where that would not hold (the eager decode kernels switched
-off, another attention or block, a sparse-attention selector) segment_blocker names why and the
-eager step runs.
+interpreter, eager == replay on CUDA; glm-dsa's sparse attention, torch's attend over the span's keys,
+within float32 rounding). Where that would not hold (the eager decode kernels switched off, another
+attention or block) segment_blocker names why and the eager step runs.
 """
 
 from __future__ import annotations
