@@ -64,8 +64,8 @@ def main() -> None:
         mla.MLA_PROMPT = way
         first = forward_ms(net, tokens, kv)  # warm-up: kernels compiled, the allocator's blocks made
         times = [forward_ms(net, tokens, kv) for _ in range(a.repeats)]
-        res[way] = {"first_ms": first, "ms": statistics.median(times), "tok_s": a.tokens / statistics.median(times) * 1e3,
-                    "kernels": by_kernel(net, tokens, kv, a.top)}
+        ms = statistics.median(times)
+        res[way] = {"first_ms": first, "ms": ms, "tok_s": a.tokens / ms * 1e3, "kernels": by_kernel(net, tokens, kv, a.top)}
         print(f"{way}: {res[way]['ms']:.1f} ms ({res[way]['tok_s']:.0f} tok/s), the first {first:.1f} ms", flush=True)
         for name, n, t in res[way]["kernels"]:
             print(f"  {t:9.2f} ms {n:5d}x  {name}", flush=True)

@@ -44,7 +44,8 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("kv", [torch.float32, torch.float16], ids=["f32", "f16"])
 @pytest.mark.parametrize("arch", ["deepseek2", "kimi-k3"])
-@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
+                                    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
 def test_the_expanded_prompt_gives_the_absorbed_prompts_logits(models, arch, kv, device, monkeypatch):
     if device == "cpu":
         monkeypatch.setattr(mla, "MHA_DEVICES", ("cpu",))

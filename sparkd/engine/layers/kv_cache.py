@@ -182,7 +182,8 @@ class KVCache:
             self._rope[key] = (cos.to(self.device), sin.to(self.device))
         return self._rope[key]
 
-    def append_side(self, name: str, il: int, pos: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append_side(self, name: str, il: int, pos: torch.Tensor,
+                    rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write side rows of (name, il) at positions pos [T] → (rows [0, start + T), the positions on the rows'
         device) with start = pos[0] a host int; in static decode (rows [0, span), written by index, and pos)."""
         buf = self.side[name, il]
