@@ -65,8 +65,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
     group = H // Hkv  # query head h = j * group + g reads kv head j, as ggml broadcasts
-    qg = q.view(T, Hkv, group, -1)  # the keys and values are not repeated per query head: MLA's one latent head
-    k, v = k.to(q.dtype), v.to(q.dtype)  # would be 128 copies of the rows (float16 cache rows widened here)
+    # the query heads grouped by KV head: K and V are not copied per query head (MLA's one latent head would be
+    # copied 128 times over the span, session 32); float16 cache rows are widened here
+    qg = q.view(T, Hkv, group, -1)
+    k, v = k.to(q.dtype), v.to(q.dtype)
     scores = torch.einsum("tjgd,sjd->jgts", qg, k).reshape(H, T, S) * scale  # [H, T, S]
     masked = forward_mask(masks, False, start, T, S, window, q.device)
     if keep is not None:
