@@ -64,12 +64,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     """
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
-    group = H // Hkv  # query head h = j * group + g reads kv head j, as ggml broadcasts
-    # the query heads grouped by KV head: K and V are not copied per query head (MLA's one latent head would be
-    # copied 128 times over the span, session 32); float16 cache rows are widened here
-    qg = q.view(T, Hkv, group, -1)
-    k, v = k.to(q.dtype), v.to(q.dtype)
-    scores = torch.einsum("tjgd,sjd->jgts", qg, k).reshape(H, T, S) * scale  # [H, T, S]
+    group = H // Hkv  # query head h reads kv head h // group, as ggml broadcasts
+    k, v = k.to(q.dtype), v.to(q.dtype)  # (float16 cache rows widened first: Hkv heads, not H)
+    if Hkv == 1:  # MQA (MLA's latent head): every query head reads the one head, not 64-128 copies of it (session 32)
+        k, v = k[:, 0], v[:, 0]
+        scores = torch.einsum("thd,sd->hts", q, k) * scale  # [H, T, S]
+    else:  # (GQA keeps the repeats: the grouped einsums' other rounding moved a CPU oracle's greedy decode)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,shd->hts", q, k) * scale
     masked = forward_mask(masks, False, start, T, S, window, q.device)
     if keep is not None:
         masked = masked | ~keep
@@ -79,7 +81,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
         probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :S]
     else:
         probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("jgts,sjd->tjgd", probs.view(Hkv, group, T, S), v).reshape(T, H, -1)
+    return torch.einsum("hts,sd->thd", probs, v) if Hkv == 1 else torch.einsum("hts,shd->thd", probs, v)
 
 
 # torch's memory-efficient kernel first (float32 as 3xTF32 on the tensor cores: float32's error, without the
