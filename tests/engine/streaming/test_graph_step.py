@@ -259,6 +259,27 @@ def test_segment_graphs_replay_dense_layers_shared_experts_and_mla_on_cuda(arch_
     assert got_ids == want_ids
 
 
+def test_segment_blocker_names_a_layer_without_a_one_token_step(arch_model, tmp_path):
+    """Loaded without streaming (the CPU's torch experts: no kernel store) a MoE layer has no step a segment can
+    hold; a dense model has no router to end a segment at; a decoder of its own is refused first."""
+    from sparkd.engine.kernels import fused
+    from sparkd.engine.models import load_model
+
+    gemma = write_model(tmp_path / "g.gguf", model_plan(TINY["gemma3"], "F32"), seed=5)[0]
+    k3 = write_model(tmp_path / "k3.gguf", model_plan(TINY["kimi-k3"], "F32"), seed=5)[0]
+    before = fused.configure("all", on_cpu=True)
+    loaded = [load_model(p) for p in (arch_model("deepseek2"), gemma, k3)]
+    try:
+        why = [graph_step.segment_blocker(m.net) for m in loaded]
+    finally:
+        fused.configure(before)
+        for m in loaded:
+            m.close()
+    assert why[0] == "layer 1: its expert store or activation has no one-token kernel step"  # layer 0 is dense
+    assert why[1] == "no layer has routed experts: nothing streams"
+    assert why[2].startswith("its decoder (K3Decoder) runs its own forward")
+
+
 def test_the_step_falls_back_to_eager_where_segments_would_differ(model):
     from sparkd.engine.kernels import fused
 
