@@ -136,7 +136,7 @@ def report(qtype: T, kind: str, text: str, groups: int = 8, show_order: bool = F
                   BIAS=bias,  # gpt-oss's expert biases read through the ids (session 25)
                   **moe._int_args(fam, k.words and qtype == T.Q8_0, vec, k.full))  # shapes in range (moe._full)
     if kind == "gate/up":  # h quantized by the last program of each block, as the engine runs it
-        consts = dict(BLOCK_N=cfg.block_n, ACT=0, RW=False, H8K=qtype != T.Q8_0,
+        consts = dict(BLOCK_N=cfg.block_n, ACT=0, ACT_A=0.0, ACT_B=0.0, RW=False, H8K=qtype != T.Q8_0,
                       HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=k.pair, TILED=tiled,
                       DOWN_AT_START=True, **common)
         way = moe_tiles.pairx_way(k, dim) if qtype == q4_k_tiled.TILED else "loop"  # moe._pairx_gate_up at width dim
@@ -176,7 +176,8 @@ def pipe(text: str, groups: int, show_order: bool = False, regs: int = 0) -> str
     ptxas's register cap (0: none)."""
     cfg, fam = tile(text), dispatch.FAMILIES[T.Q8_0]
     consts = dict(IDS=True, OFF=moe._aligned_offset, OUT=moe._gate_up_out, SUMS=moe.row_sums, G=groups, UNROLL=cfg.unroll,
-                  BLOCK_N=cfg.block_n, EMU=False, ACT=0, RW=False, HBLOCK=act_quant.BLOCKS[fam.act_fmt], H8K=False,
+                  BLOCK_N=cfg.block_n, EMU=False, ACT=0, ACT_A=0.0, ACT_B=0.0, RW=False,
+                  HBLOCK=act_quant.BLOCKS[fam.act_fmt], H8K=False,
                   DOWN_AT_START=True, **{k: v for k, v in matmul.int_args(fam).items() if k != "IDOT"})
     binary = cubin(moe_pipe.gate_up_kernel, GATE_UP, consts, cfg.num_warps, False, maxnreg=regs)
     return line("Q8_0", "pipe" + (f"r{regs}" if regs else ""), text, binary, cfg.num_warps, show_order)

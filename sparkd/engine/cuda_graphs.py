@@ -60,7 +60,6 @@ MODES = ("auto", "on", "off")
 # The first bucket: a 256-row attention costs about what a 1-row one does on a GPU, and short
 # chats then need one capture; each further bucket doubles, so a context of C needs log2(C/256)+1.
 FIRST_BUCKET = 256
-_MOE_KERNEL_ACTS = ("silu", "swiglu_oai")  # the activations the MoE decode kernels fuse
 DEVICE_ARGMAX_ENV = "SPARKD_DEVICE_ARGMAX"
 DECODE_PIPELINE_ENV = "SPARKD_DECODE_PIPELINE"
 LOAD_DRAW_GRAPHS_ENV = "SPARKD_LOAD_DRAW_GRAPHS"
@@ -154,7 +153,7 @@ def _block_blocker(block: torch.nn.Module) -> str | None:
     ffn = block.ffn
     if isinstance(ffn, MoE):
         table = getattr(ffn.store, "kernel_table", None)
-        if ffn.act_name not in _MOE_KERNEL_ACTS or table is None or table(ffn.il) is None:
+        if ffn.kernel_act is None or table is None or table(ffn.il) is None:
             return ("its routed experts run the torch path (host lists of experts): experts with "
                     "biases, an activation or a type without a Triton MoE kernel, or experts not on the GPU")
     elif not isinstance(ffn, GatedFFN):

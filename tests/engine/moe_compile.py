@@ -60,7 +60,8 @@ def main() -> None:
                              XBLOCK=act_quant.BLOCKS[fam.act_fmt], NG=1536 // 256, TILED=False, AHEAD=True,
                              PAIR_FOLD=True, **dict(ahead, UNROLL=cfg.unroll)), cfg.num_warps)
             print(f"idown {qtype} ahead pair fold split={cfg.split} residual=True atomics={n}")
-        n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, RW=False, H8K=qtype != "Q8_0",
+        n = atomics(moe._igate_up_kernel, gate_up, dict(BLOCK_N=gu_cfg.block_n, ACT=0, ACT_A=0.0, ACT_B=0.0, RW=False,
+                                                        H8K=qtype != "Q8_0",
                                                         HBLOCK=act_quant.BLOCKS[fam.act_fmt], PAIR=True, TILED=False,
                                                         DOWN_AT_START=True, **tile),
                     gu_cfg.num_warps, fp_fusion=False)

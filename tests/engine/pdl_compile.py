@@ -80,7 +80,8 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
         GROUP=8, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_S=64, BLOCK_DV=128, N_R=32, FOLD_DV=128), 4),
     # session 13 (moe23): the MoE gate/up that lets the down launch only after its loop (Kernels.down_at_start False)
     "igate_up_late": (moe._igate_up_kernel, dict(**moe._int_args(dispatch.FAMILIES[T.Q8_0], True, False, True),
-                                                BLOCK_N=2, UNROLL=2, EW=True, EMU=False, ACT=0, RW=True, STAGES=None,
+                                                BLOCK_N=2, UNROLL=2, EW=True, EMU=False, ACT=0, ACT_A=0.0, ACT_B=0.0,
+                                                RW=True, STAGES=None,
                                                 HBLOCK=32, H8K=False, PAIR=True, TILED=False, IDS=True,
                                                 DOWN_AT_START=False), 1),
     "gate_topk": (router_topk._gate_topk, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8, BLOCK_E=128,

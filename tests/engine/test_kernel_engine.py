@@ -178,6 +178,36 @@ def test_gpt_oss_biased_experts_through_the_kernels(tmp_path, backend):
         k.close()
 
 
+# DeepSeek V4's clamp and Kimi K3's SiTU caps low enough that the tiny models' sums cross them
+MODEL_ACT_SHAPES = {"deepseek4": TINY["deepseek4"].replace(swiglu_limit=0.05),
+                    "kimi-k3": TINY["kimi-k3"].replace(situ_beta=0.05, situ_linear_beta=0.05)}
+
+
+@pytest.mark.parametrize("arch", list(MODEL_ACT_SHAPES))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_model_activations_through_the_kernels(tmp_path, backend, arch, monkeypatch):
+    """DeepSeek V4's routed experts (clamped SwiGLU, hash-routed first layer) and Kimi K3's (SiTU, at the latent
+    width between its down and up projections) run through the MoE kernels (session 33; before, their activations
+    sent every layer to the torch path: a host sync and the selected experts dequantized per layer and token).
+    The torch path is refused here (the store's get raises), and the greedy tokens and logits are the CPU
+    reference's."""
+    path = write_model(tmp_path / "m.gguf", plan(MODEL_ACT_SHAPES[arch], "F32", [("_exps", "Q8_0")]), seed=9)[0]
+    ref, k = load_model(path), load_model(path, device=backend, kernels=True)
+    try:
+        moes = [b.ffn for b in k.net.blocks if hasattr(b.ffn, "store")]
+        assert moes and all(m.kernel_act is not None and m.kernel_act[0] in ("swiglu_clamp", "situ") for m in moes)
+        assert isinstance(moes[0].store, KernelExperts)
+
+        def torch_path(*args, **kw):
+            raise AssertionError("a routed layer took the torch path (store.get)")
+        monkeypatch.setattr(KernelExperts, "get", torch_path)
+        assert_greedy_matches(ref, k, *((PROMPT, 8) if backend == "cuda" else (PROMPT[:3], 3)),
+                              f"{arch} experts {backend}")
+    finally:
+        ref.close()
+        k.close()
+
+
 @pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend, arch):

@@ -36,7 +36,8 @@ from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, g
 from sparkd.engine.kernels.moe import ExpertTable, down_input, moe_decode, prepare  # noqa: E402
 from sparkd.engine.kernels.moe_prefill import expert_tiles, moe_prefill  # noqa: E402
 from sparkd.engine.layers.act_round import round_activations  # noqa: E402
-from sparkd.engine.layers.ffn import ACTIVATIONS  # noqa: E402
+from sparkd.engine.layers.ffn import ACTIVATIONS, kernel_act, swiglu_limited  # noqa: E402
+from sparkd.engine.layers.situ import situ  # noqa: E402
 from sparkd.engine.modelgen.blocks import set_iq1_m_d  # noqa: E402
 
 # Measured worst relative errors (docs/performance.md): float32 kernels <= 2.2e-7 on the H200 and
@@ -431,8 +432,16 @@ def moe_reference(x, w, gates, ups, downs, act, gu_type=None, d_type=None, h=Non
     xr = act_in(gu_type, x)
     gb, ub, db = _bias_parts(bias, len(gates), gates[0].shape[0], downs[0].shape[0])
     if h is None:
-        h = [act_in(d_type, ACTIVATIONS[act](gates[i] @ xr + gb[i], ups[i] @ xr + ub[i])) for i in range(len(gates))]
+        h = [act_in(d_type, act_fn(act)(gates[i] @ xr + gb[i], ups[i] @ xr + ub[i])) for i in range(len(gates))]
     return sum(w[i].double() * (downs[i] @ h[i].cpu().double() + db[i]) for i in range(len(gates)))
+
+
+def act_fn(act):
+    """The layers' torch function of a kernel activation: a name, or (name, a, b) as ffn.kernel_act gives it."""
+    if isinstance(act, str):
+        return ACTIVATIONS[act]
+    name, a, b = act
+    return swiglu_limited(a) if name == "swiglu_clamp" else situ(a, b)
 
 
 def _bias_parts(bias, n: int, F: int, D: int) -> tuple[torch.Tensor, ...]:
@@ -447,7 +456,7 @@ def moe_error(y, p, x, w, gates, ups, downs, act, gu_type, d_type, gate_up=None,
     before rounding against float64 gate/up (kernels_bench.moe_err's check, for the tests' tables)."""
     xr = act_in(gu_type, x.cpu())
     gb, ub, _ = _bias_parts(bias, len(gates), gates[0].shape[0], downs[0].shape[0])
-    h64 = torch.stack([ACTIVATIONS[act](gates[i] @ xr + gb[i], ups[i] @ xr + ub[i]) for i in range(len(gates))])
+    h64 = torch.stack([act_fn(act)(gates[i] @ xr + gb[i], ups[i] @ xr + ub[i]) for i in range(len(gates))])
     on = None if bias is None else bias.to(x.device)
     h32 = down_input(p, x, act, gate_up, kernels, rounded=False, bias=on)
     want = moe_reference(x.cpu(), w.cpu(), gates, ups, downs, act, h=down_input(p, x, act, gate_up, kernels, bias=on),
@@ -503,6 +512,51 @@ def test_moe_decode_matches_reference(backend, gu_type, d_type, act):
         # over the engine's own h: one computed apart can round to another int8 step (H200, Q2_K/Q4_K)
         err = moe_error(out, p, x.to(backend), w, gates, ups, downs, act, gu_type, d_type, TILES[backend].get("gate_up"))
         assert err < BOUNDS["fp32"], f"{gu_type.name}/{d_type.name} {act}: relative error {err:.2e}"
+
+
+MODEL_ACTS = ["swiglu_clamp", "situ", "situ_plain_up"]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
+@pytest.mark.parametrize("kind", MODEL_ACTS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_kernels_fuse_the_models_activations(backend, kind, monkeypatch):
+    """DeepSeek V4's clamped SwiGLU and Kimi K3's SiTU (its up branch capped, or not: linear beta 0) in the decode's
+    gate/up launch and the prompt's grouped GEMMs, against float64 through the layers' own functions. The constants
+    are set from the data (the median |gate| and |up|) so that both sides of each cap are met; a float gate/up
+    (Q8_0) and an integer one with h quantized in the launch (Q4_K before a Q6_K down). Each differs from plain
+    SwiGLU; an activation the kernels do not know is refused before any launch."""
+    dim, width, n = (2048, 768, 8) if backend == "cuda" else (256, 256, 3)
+    for gu_type, d_type in ((T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0)):
+        table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
+        x, w = torch.randn(dim), torch.rand(n)
+        xr = act_in(gu_type, x)
+        g_med = float(torch.stack([g @ xr for g in gates]).abs().median())
+        u_med = float(torch.stack([u @ xr for u in ups]).abs().median())
+        act = {"swiglu_clamp": ("swiglu_clamp", g_med, 0.0), "situ": ("situ", g_med, u_med),
+               "situ_plain_up": ("situ", g_med, 0.0)}[kind]
+        assert kernel_act(act_fn(act)) == act  # the layer's function carries the constants the kernels take
+        p = prepare(table, backend)
+        y = moe_decode(p, x.to(backend), w.to(backend), act, **TILES[backend])
+        err = moe_error(y, p, x.to(backend), w, gates, ups, downs, act, gu_type, d_type, TILES[backend].get("gate_up"))
+        assert err < BOUNDS["fp32"], f"{gu_type.name}/{d_type.name} {act}: relative error {err:.2e}"
+        assert rel_err(moe_decode(p, x.to(backend), w.to(backend), "silu", **TILES[backend]), y.cpu().double()) > 1e-3
+    # the prompt's way: many tokens grouped by expert (the last table), both ways the same bits
+    n_tok, top_k = (40, 4) if backend == "cuda" else (GEMM_BLOCK_T + 5, 2)
+    xs, ws = torch.randn(n_tok, dim), torch.rand(n_tok, top_k)
+    slots = torch.stack([torch.randperm(n)[:top_k] for _ in range(n_tok)])
+    got = {}
+    for mode, t in (("grouped", prepare(table, backend)), ("loop", table)):
+        monkeypatch.setattr(prefill_moe, "PREFILL", mode)
+        got[mode] = moe_prefill(t, xs.to(backend), slots.to(backend), ws.to(backend), act, "ieee")
+    assert torch.equal(got["grouped"], got["loop"])
+    ref = torch.stack([moe_reference(xs[t], ws[t], [gates[i] for i in slots[t]], [ups[i] for i in slots[t]],
+                                     [downs[i] for i in slots[t]], act) for t in range(n_tok)])
+    assert rel_err(got["grouped"], ref) < BOUNDS["fp32"]
+    for call in (lambda: moe_decode(p, x.to(backend), w.to(backend), ("gelu", 0.0, 0.0)),
+                 lambda: moe_prefill(p, xs.to(backend), slots.to(backend), ws.to(backend), ("gelu", 0.0, 0.0))):
+        with pytest.raises(dispatch.KernelArgumentError, match=r"activation \('gelu', 0.0, 0.0\) is not one of"):
+            call()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -69,17 +69,46 @@ from sparkd.engine.kernels.row_tiles import row_sums
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
 OAI_ALPHA = 1.702
 OAI_LIMIT = 7.0
-ACT_CODES = {"silu": 0, "swiglu_oai": 1}
+# the activations _activate fuses (layers/ffn.py kernel_act names them, with their constants a and b)
+ACT_CODES = {"silu": 0, "swiglu_oai": 1, "swiglu_clamp": 2, "situ": 3}
+Act = str | tuple[str, float, float]  # a name, or (name, a, b)
+
+
+def act_args(act: Act, what: str) -> dict:
+    """The kernels' ACT, ACT_A, ACT_B for an activation name or (name, a, b) (ffn.kernel_act); a clear error for
+    another."""
+    name, a, b = (act, 0.0, 0.0) if isinstance(act, str) else act
+    if name not in ACT_CODES:
+        raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
+                                           f"{sorted(ACT_CODES)}")
+    return dict(ACT=ACT_CODES[name], ACT_A=float(a), ACT_B=float(b))
 
 
 @triton.jit
-def _activate(g, u, ACT: tl.constexpr):
+def _soft_cap(x, cap: tl.constexpr):
+    """cap * tanh(x / cap) (situ's _soft_cap), tanh as 2 sigmoid(2v) - 1: tl has no tanh on every backend."""
+    return cap * (2.0 * tl.sigmoid(2.0 * (x * (1.0 / cap))) - 1.0)
+
+
+@triton.jit
+def _activate(g, u, ACT: tl.constexpr, ACT_A: tl.constexpr, ACT_B: tl.constexpr):
+    """h from the gate and up sums: SwiGLU (0), gpt-oss's clamped one (1), DeepSeek V4's clamp at ACT_A (2), or
+    Kimi K3's SiTU with beta ACT_A and linear beta ACT_B (3): layers/ffn.py's and layers/situ.py's functions."""
     if ACT == 0:
         h = g * tl.sigmoid(g) * u
-    else:
+    elif ACT == 1:
         xg = tl.minimum(g, 7.0)
         yu = tl.minimum(tl.maximum(u, -7.0), 7.0)
         h = xg * tl.sigmoid(1.702 * xg) * (yu + 1.0)
+    elif ACT == 2:
+        xg = tl.minimum(g, ACT_A)
+        h = xg * tl.sigmoid(xg) * tl.minimum(tl.maximum(u, -ACT_A), ACT_A)
+    else:
+        h = _soft_cap(g, ACT_A) * tl.sigmoid(g)
+        if ACT_B > 0.0:
+            h = h * _soft_cap(u, ACT_B)
+        else:
+            h = h * u
     return h
 
 
@@ -169,6 +198,7 @@ def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, x_ptr,
                     row_bytes, IDS: tl.constexpr, DOT: tl.constexpr, ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr,
                     USE_DEQ: tl.constexpr, NSUB: tl.constexpr, SUBLEN: tl.constexpr,
                     BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, EW: tl.constexpr, ACT: tl.constexpr,
+                    ACT_A: tl.constexpr, ACT_B: tl.constexpr,
                     RW: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False, b_ptr=None, BSTRIDE=0,
                     BIAS: tl.constexpr = False):
     """h[a] = act(gate_a x + gate bias, up_a x + up bias), times the routing weight if RW, for expert program_id(1)
@@ -183,7 +213,7 @@ def _gate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, x_ptr,
     u = row_dot(up_ptr, aux_ptr, _offset(up_off, ids_ptr, a, IDS) + rb, rmask, x_ptr, D, 0, 1, DOT, ACC0, TOTAL,
                 DEQ, USE_DEQ, NSUB, SUBLEN, UNROLL, EW, STAGES)
     g, u = _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS, ids_ptr, IDS)
-    h = _activate(g, u, ACT)
+    h = _activate(g, u, ACT, ACT_A, ACT_B)
     if RW:
         h = h * tl.load(rw_ptr + a)
     tl.store(h_ptr + a * F + rows, h, mask=rmask)
@@ -257,7 +287,8 @@ def _igate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, xw_pt
                      hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, D, row_bytes, IDS: tl.constexpr, IDOT: tl.constexpr,
                      A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
                      EW: tl.constexpr, EMU: tl.constexpr,
-                     ACT: tl.constexpr, RW: tl.constexpr, STAGES: tl.constexpr, HBLOCK: tl.constexpr,
+                     ACT: tl.constexpr, ACT_A: tl.constexpr, ACT_B: tl.constexpr, RW: tl.constexpr,
+                     STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
                      DOWN_AT_START: tl.constexpr = True, NG: tl.constexpr = 0, PDL: tl.constexpr = False,
                      b_ptr=None, BSTRIDE=0, BIAS: tl.constexpr = False):
@@ -289,20 +320,22 @@ def _igate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, xw_pt
                              A1, A2, A3, UNROLL, EW, EMU, STAGES, PAIR)
     if not DOWN_AT_START:
         pdl.dependents(PDL)
-    _gate_up_out(g, u, a, tl.program_id(0), rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW,
+    _gate_up_out(g, u, a, tl.program_id(0), rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT,
+                 ACT_A, ACT_B, RW,
                  HBLOCK, H8K, b_ptr, BSTRIDE, BIAS, ids_ptr, IDS)
 
 
 @triton.jit
 def _gate_up_out(g, u, a, tile, rw_ptr, h_ptr, hd_ptr, hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N: tl.constexpr,
-                 ACT: tl.constexpr, RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr, b_ptr=None, BSTRIDE=0,
+                 ACT: tl.constexpr, ACT_A: tl.constexpr, ACT_B: tl.constexpr, RW: tl.constexpr, HBLOCK: tl.constexpr,
+                 H8K: tl.constexpr, b_ptr=None, BSTRIDE=0,
                  BIAS: tl.constexpr = False, ids_ptr=None, IDS: tl.constexpr = False):
     """_igate_up_kernel's end for row tile `tile` of expert a: h from the (gate, up) row sums (plus _biased's biases
     if BIAS), stored as HBLOCK says (a persistent program, moe_pipe, calls it once a tile, without biases)."""
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
     g, u = _biased(g, u, a, rows, rmask, b_ptr, BSTRIDE, F, BIAS, ids_ptr, IDS)
-    h = _activate(g, u, ACT)
+    h = _activate(g, u, ACT, ACT_A, ACT_B)
     if RW:
         h = h * tl.load(rw_ptr + a)
     if HBLOCK == 0:
@@ -594,7 +627,7 @@ def offsets_on(tables: Sequence[Sequence[int] | torch.Tensor], device: torch.dev
     return packed.to(device, non_blocking=True).unbind(0)
 
 
-def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: str = "silu",
+def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weights: torch.Tensor, act: Act = "silu",
                out: torch.Tensor | None = None, gate_up: GemvConfig | None = None,
                down: GemvConfig | None = None, round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
                round_x: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -623,9 +656,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     addmv: two launches a layer, 6.7 us of gpt-oss's 110 on the H200).
     No host sync: usable in a CUDA graph capture."""
     what = "the MoE decode kernels"
-    if act not in ACT_CODES:
-        raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
-                                           f"{sorted(ACT_CODES)}")
+    act_args(act, what)  # a bad activation refused before any launch
     p = table if isinstance(table, PreparedTable) else prepare(table, x.device, what)
     if p.device != x.device:
         raise dispatch.KernelArgumentError(f"could not run {what}: the table was prepared for "
@@ -663,7 +694,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     return y
 
 
-def down_input(p: PreparedTable, x: torch.Tensor, act: str = "silu", gate_up: GemvConfig | None = None,
+def down_input(p: PreparedTable, x: torch.Tensor, act: Act = "silu", gate_up: GemvConfig | None = None,
                kernels: Kernels | None = None, rounded: bool = True, bias: torch.Tensor | None = None) -> torch.Tensor:
     """float32 [n, F]: the activations moe_decode's down multiplies (routing weight not in them; bias: moe_decode's),
     from the gate/up launch at this tile; rounded by the engine's act_quant as the down's integer
@@ -684,7 +715,7 @@ def _ids(p: PreparedTable) -> dict:
     return dict(ids_ptr=p.gate_off if p.ids is None else p.ids, IDS=p.ids is not None)
 
 
-def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, act: str, cfg: GemvConfig,
+def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, act: Act, cfg: GemvConfig,
              round_x: Callable[[torch.Tensor], torch.Tensor] | None, what: str,
              qx: act_quant.QuantX | None = None, kernels: Kernels | None = None,
              bias: torch.Tensor | None = None) -> torch.Tensor | act_quant.QuantX:
@@ -709,7 +740,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                       tickets_ptr=tickets(n * F // hblock, x.device) if late else hf, F=F, row_bytes=p.gate_up_row_bytes,
                       **_ids(p), DOWN_AT_START=(down_launch_at_start(D) if kernels.down_at_start is None
                                                 else kernels.down_at_start),
-                      BLOCK_N=cfg.block_n, EMU=emulate(cfg, x), ACT=ACT_CODES[act], RW=use_rw, HBLOCK=hblock,
+                      BLOCK_N=cfg.block_n, EMU=emulate(cfg, x), **act_args(act, what), RW=use_rw, HBLOCK=hblock,
                       H8K=p.down.act_fmt == act_quant.Q8_K, num_warps=cfg.num_warps,
                       enable_fp_fusion=hq is None)  # act_quant's exact rounding needs it off
         per_sm = pipe_programs(D, cfg) if kernels.pipe is None else kernels.pipe
@@ -732,7 +763,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
     x = x if round_x is None else round_x(x).contiguous()
     _gate_up_kernel[grid](p.table.gate, p.table.up, p.gate_up_aux, p.gate_off, p.up_off, x_ptr=x, rw_ptr=rw,
                           h_ptr=h, F=F, D=D, row_bytes=p.gate_up_row_bytes, **_ids(p), **family_args(p.gate_up),
-                          BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, ACT=ACT_CODES[act],
+                          BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, EW=cfg.elementwise, **act_args(act, what),
                           RW=use_rw, STAGES=stages_arg(cfg), num_warps=cfg.num_warps, **biases, **pdl.launch(x.device))
     return h
 

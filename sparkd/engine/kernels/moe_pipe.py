@@ -73,6 +73,7 @@ def gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
                    tickets_ptr, F, row_bytes, n_tiles, IDS: tl.constexpr, OFF: tl.constexpr, OUT: tl.constexpr,
                    SUMS: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, G: tl.constexpr,
                    UNROLL: tl.constexpr, BLOCK_N: tl.constexpr, EMU: tl.constexpr, ACT: tl.constexpr,
+                   ACT_A: tl.constexpr, ACT_B: tl.constexpr,
                    RW: tl.constexpr, HBLOCK: tl.constexpr, H8K: tl.constexpr, DOWN_AT_START: tl.constexpr = True,
                    PDL: tl.constexpr = False):
     """moe._igate_up_kernel's Q8_0 words work (G groups a row in steps of UNROLL (1, 2 or 4) dividing G) on a
@@ -102,7 +103,7 @@ def gate_up_kernel(gate_ptr, up_ptr, gate_off, up_off, ids_ptr, xw_ptr, xd_ptr, 
         if last:  # the tile's end, then a fresh tile
             t = pid + (i // S) * progs
             OUT(SUMS(acc_g, A1, A2, A3), SUMS(acc_u, A1, A2, A3), t // tiles_f, t % tiles_f, rw_ptr, h_ptr, hd_ptr,
-                hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, RW, HBLOCK, H8K)
+                hs_ptr, hf_ptr, tickets_ptr, F, BLOCK_N, ACT, ACT_A, ACT_B, RW, HBLOCK, H8K)
             acc_g = tl.zeros((BLOCK_N, A1, A2), tl.float32)
             acc_u = acc_g
             go, uo = ngo, nuo

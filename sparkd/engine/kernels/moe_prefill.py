@@ -16,7 +16,7 @@ import triton.language as tl
 
 from sparkd.engine import switches
 from sparkd.engine.kernels import act_quant, dispatch
-from sparkd.engine.kernels.moe import ACT_CODES, OAI_ALPHA, OAI_LIMIT, ExpertTable, PreparedTable, prepare
+from sparkd.engine.kernels.moe import OAI_ALPHA, OAI_LIMIT, Act, ExpertTable, PreparedTable, act_args, prepare
 from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, gemm, grouped_gemm, int_gemm
 
 # moe_prefill's way: "grouped" (session 9: three grouped GEMM launches a layer, no sync per expert)
@@ -31,9 +31,16 @@ PREFILL_TILE = int(switches.choice("SPARKD_MOE_PREFILL_TILE", tuple(map(str, GRO
 PREFILL_GLUE = switches.choice("SPARKD_MOE_PREFILL_GLUE", ("kernels", "torch"), "kernels")
 
 
-def _act_torch(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
-    if act == "silu":
+def _act_torch(g: torch.Tensor, u: torch.Tensor, act: Act) -> torch.Tensor:
+    """moe._activate in torch (the layers' own functions: ffn.py, situ.py)."""
+    name, a, b = (act, 0.0, 0.0) if isinstance(act, str) else act
+    if name == "silu":
         return torch.nn.functional.silu(g) * u
+    if name == "swiglu_clamp":
+        return torch.nn.functional.silu(g.clamp(max=a)) * u.clamp(-a, a)
+    if name == "situ":
+        h = torch.tanh(g * (1.0 / a)) * a * torch.sigmoid(g)
+        return h * (torch.tanh(u * (1.0 / b)) * b if b > 0.0 else u)
     xg, yu = g.clamp(max=OAI_LIMIT), u.clamp(-OAI_LIMIT, OAI_LIMIT)
     return xg * torch.sigmoid(OAI_ALPHA * xg) * (yu + 1.0)
 
@@ -141,7 +148,7 @@ def _combine(out: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, weights
 
 
 def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
-                act: str = "silu", precision: str = "tf32",
+                act: Act = "silu", precision: str = "tf32",
                 round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
                 check_slots: bool = True, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts (an ExpertTable,
@@ -156,9 +163,7 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
     outside the table is read; "loop" checks always). bias: every table expert's biases, float32 [n, 2F + D] (gpt-oss:
     gate | up before the activation, down before the routing weight; moe_decode's, for the whole table)."""
     what = "the MoE prefill kernels"
-    if act not in ACT_CODES:
-        raise dispatch.KernelArgumentError(f"could not run {what}: activation {act!r} is not one of "
-                                           f"{sorted(ACT_CODES)}")
+    act_args(act, what)  # a bad activation refused before any launch
     p = table if isinstance(table, PreparedTable) else prepare(table, x.device, what)
     if p.ids is not None:
         raise dispatch.KernelArgumentError(f"could not run {what}: give the whole table, not a selection "

@@ -41,11 +41,24 @@ def swiglu_limited(limit: float) -> Callable[[torch.Tensor, torch.Tensor], torch
     """DeepSeek V4's ggml_swiglu_clamp: silu(min(gate, limit)) * clamp(up, ±limit)."""
     def act(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+    act.kernel = ("swiglu_clamp", float(limit), 0.0)
     return act
 
 
 Activation = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (gate, up) → hidden
 ACTIVATIONS: dict[str, Activation] = {"silu": swiglu, "swiglu_oai": swiglu_oai, "gelu": geglu}
+
+# The activations the Triton MoE kernels fuse (kernels/moe.py _activate), by name; an activation with constants
+# (swiglu_limited's, situ's) carries them as its `kernel` attribute: (name, a, b).
+KERNEL_ACTS = ("silu", "swiglu_oai", "swiglu_clamp", "situ")
+KernelAct = tuple[str, float, float]
+
+
+def kernel_act(act: str | Activation) -> KernelAct | None:
+    """act as the MoE kernels take it, (name, a, b), or None where they do not fuse it (the torch path runs)."""
+    if isinstance(act, str):
+        return (act, 0.0, 0.0) if act in KERNEL_ACTS else None
+    return getattr(act, "kernel", None)
 
 
 class GatedFFN(nn.Module):

@@ -22,7 +22,14 @@ class LatentMoE(MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, ids = self.router(x)  # routing reads the full width
-        out, shared = self.routed(x if self.down is None else self.down(x), w, ids, x)  # [T, L], [T, D]
+        inner = x if self.down is None else self.down(x)  # [T, L]
+        out = None
+        if self.kernel_act is not None and hasattr(self.store, "kernel_select"):  # the Triton MoE kernels at L
+            out = self._kernels(inner, w.float().contiguous(), ids, picked=True)
+        if out is None:
+            out, shared = self.routed(inner, w, ids, x)  # [T, L], [T, D]
+        else:
+            shared = None if self.shared is None else self.shared(x)
         if self.latent_norm is not None:
             out = self.latent_norm(out)
         if self.up is not None:

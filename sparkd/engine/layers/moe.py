@@ -11,7 +11,7 @@ from sparkd.engine import switches
 from sparkd.engine.kernels import fused
 from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.experts import ExpertStore
-from sparkd.engine.layers.ffn import ACTIVATIONS, Activation
+from sparkd.engine.layers.ffn import ACTIVATIONS, Activation, kernel_act
 from sparkd.engine.layers import linear
 from sparkd.engine.layers.linear import Linear
 
@@ -147,7 +147,7 @@ class MoE(nn.Module):
         super().__init__()
         self.il, self.router, self.store, self.shared = il, router, store, shared
         self.act = ACTIVATIONS[act] if isinstance(act, str) else act
-        self.act_name = act if isinstance(act, str) else None  # the kernels know activations by name
+        self.kernel_act = kernel_act(act)  # the activation as the kernels fuse it; None: the torch path
 
     @property
     def takes_residual(self) -> bool:
@@ -159,7 +159,7 @@ class MoE(nn.Module):
         """The int8 block format the fused decode kernels quantize x to (None: they do not run here
         or multiply floats): the format the norm before this layer may write x's blocks in."""
         store_format = getattr(self.store, "x_format", None)
-        if store_format is None or self.act_name not in ("silu", "swiglu_oai"):
+        if store_format is None or self.kernel_act is None:
             return None
         return store_format(self.il)
 
@@ -175,7 +175,7 @@ class MoE(nn.Module):
         # [T, A], [T, A]; ids given: fixed (hash) routing
         picked = ids is None  # by the router, over its gate's outputs
         w, ids = self.router(x, ids) if routing is None else routing
-        if self.act_name in ("silu", "swiglu_oai") and hasattr(self.store, "kernel_select"):
+        if self.kernel_act is not None and hasattr(self.store, "kernel_select"):
             out = self._kernels(x, w.float().contiguous(), ids, residual, picked)
             if out is not None:
                 return out if self.shared is None else out + self.shared(x)
@@ -199,7 +199,7 @@ class MoE(nn.Module):
             h = (x if int_gu else round_activations(x, layer.act_gate)).float().contiguous()
             n_out = getattr(self.router.gate, "out_features", None)
             in_range = picked and n_out == layer.prepared.gate_off.numel()
-            out = moe_prefill(layer.prepared, h, ids, w, self.act_name, linear.PREFILL_PRECISION,
+            out = moe_prefill(layer.prepared, h, ids, w, self.kernel_act, linear.PREFILL_PRECISION,
                               _rounder(layer.act_down), check_slots=SLOT_CHECK == "always" or not in_range,
                               bias=layer.bias)
             return out if residual is None else residual + out
@@ -241,7 +241,7 @@ class MoE(nn.Module):
             tiles = tiles | {"gate_up": dataclasses.replace(tiles.get("gate_up") or decode_tiles(p)[0],
                                                             fuse_quant=True)}
         # integer kernels (Family.idot) quantize x and h themselves, as round_x/round_h would
-        return moe_decode(sel.prepared, x.float().contiguous(), w, self.act_name,
+        return moe_decode(sel.prepared, x.float().contiguous(), w, self.kernel_act,
                           round_x=_rounder(sel.act_gate), round_h=_rounder(sel.act_down), residual=residual,
                           qx=qx, bias=sel.bias, **tiles)
 

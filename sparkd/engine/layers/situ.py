@@ -23,4 +23,5 @@ def situ(beta: float, linear_beta: float) -> Activation:
     def act(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         g = _soft_cap(gate, beta) * torch.sigmoid(gate)
         return g * (_soft_cap(up, linear_beta) if linear_beta > 0.0 else up)
+    act.kernel = ("situ", float(beta), float(linear_beta))  # fused by the MoE kernels (ffn.kernel_act)
     return act

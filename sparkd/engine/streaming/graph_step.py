@@ -67,7 +67,7 @@ def segment_blocker(net) -> str | None:
             return f"layer {il}: {why}"
         ffn = block.ffn
         if isinstance(ffn, MoE):
-            if getattr(ffn.store, "kernel_device", None) is None or ffn.act_name not in ("silu", "swiglu_oai"):
+            if getattr(ffn.store, "kernel_device", None) is None or ffn.kernel_act is None:
                 return f"layer {il}: its expert store or activation has no one-token kernel step"
         elif not isinstance(ffn, GatedFFN):
             return f"layer {il}: its FFN ({type(ffn).__name__}) has no static-shape step"
