@@ -57,6 +57,8 @@ def stage_of(name: str, module: torch.nn.Module) -> str | None:
         return "attention projections"
     if leaf == "attn":
         return "rope + KV write + attention math"
+    if leaf in ("compressor", "indexer"):  # DeepSeek V4's, inside its attention
+        return f"attention's {leaf}"
     if leaf == "router":
         return "router"
     if leaf == "shared":
@@ -294,13 +296,14 @@ def load_generated(a: argparse.Namespace):
 
 
 def table(res: dict) -> str:
-    p = res["profile_eager"]
+    p, blocked = res["profile_eager"], res.get("graphs_blocked")
     lines = [f"model {res['model']}: {res['layers']} layers {res['quant']}",
+             f"eager {res['eager_tok_s']:.1f} tok/s, no graphs: {blocked}" if blocked else
              (f"eager {res['eager_tok_s']:.1f} tok/s, graphs {res['graphs_tok_s']:.1f} tok/s "
               f"(token picked on the {'GPU' if res['device_argmax'] else 'host'}), "
               f"greedy equal: {res['greedy_equal']} (eager rerun: {res['eager_rerun_greedy_equal']})"),
-             (f"teacher-forced logits: graphs vs eager {res['forced_graphs_vs_eager']}, eager vs eager "
-              f"{res['forced_eager_vs_eager']}"),
+             "" if blocked else (f"teacher-forced logits: graphs vs eager {res['forced_graphs_vs_eager']}, eager vs "
+                                 f"eager {res['forced_eager_vs_eager']}"),
              f"{'stage (eager, profiled)':36s} {'host ms/tok':>11s} {'GPU ms/tok':>10s} {'calls/tok':>9s}"]
     for stage, r in sorted(p["stages"].items(), key=lambda kv: -kv[1]["host_ms"]):
         lines.append(f"{stage:36s} {r['host_ms']:11.3f} {r['gpu_ms']:10.3f} {r['calls']:9.1f}")
@@ -309,6 +312,8 @@ def table(res: dict) -> str:
     lines.append(f"{'step wall (profiled eager)':36s} {p['wall_ms']:11.3f} {p['kernel_ms']:10.3f}")
     lines.append(f"kernel launches/token {p['launches_per_token']:.0f}; host sync calls/token "
                  f"{json.dumps(p['host_sync_calls_per_token'])}")
+    if blocked:
+        return "\n".join(lines)
     g = res["profile_graphs"]
     lines.append(f"{'step wall (CUDA graph replay)':36s} {g['wall_ms']:11.3f} {g['kernel_ms']:10.3f}")
     lines.append(f"graph replay: {g['kernels_per_token']:.0f} kernels + {g['copies_per_token']:.0f} "
@@ -326,6 +331,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=1024, help="KV cache positions (graphs attend over a bucket of them)")
     ap.add_argument("--py-top", type=int, default=0, help="also the eager step's N Python functions with the most "
                     "own host time (cProfile)")
+    ap.add_argument("--eager-only", action="store_true", help="a model graphs refuse (graph_blocker: deepseek4, "
+                    "kimi-k3): the eager step's timing and profiles only")
     ap.add_argument("--fused", default=None, help="fused decode kernels: all, none or names "
                     f"({', '.join(fused.KERNELS)}); default: ${fused.ENV} or all")
     a = ap.parse_args()
@@ -334,25 +341,28 @@ def main() -> int:
     path, m = load_generated(a)
     try:
         net, ctx = m.net, max(a.ctx, len(PROMPT) + a.tokens + 1)
-        if why := graph_blocker(net):
-            print(f"not graph-safe: {why}")
+        why = graph_blocker(net)
+        if why and not a.eager_only:
+            print(f"not graph-safe: {why} (--eager-only profiles its eager step)")
             return 1
         decode(eager_next, net, 4, ctx)  # JIT-compile the kernels first
         eager_ids, eager_s = decode(eager_next, net, a.tokens, ctx)
-        graph_ids, graph_s = decode(graphed_next(ctx), net, a.tokens, ctx)
         res = {"model": str(path), "layers": a.layers, "quant": a.quant, "tokens": a.tokens, "kv_type": a.kv_type,
                "fused": fused.current(), "device_argmax": device_argmax_default(),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "eager_tok_s": a.tokens / eager_s, "graphs_tok_s": a.tokens / graph_s,
-               "greedy_equal": eager_ids == graph_ids, "eager_ids": eager_ids, "graph_ids": graph_ids,
-               "eager_rerun_greedy_equal": decode(eager_next, net, a.tokens, ctx)[0] == eager_ids,
-               "profile_eager": profile_eager(net, a.profile_tokens, ctx),
-               "profile_graphs": profile_graphs(net, a.profile_tokens, ctx)}
+               "eager_tok_s": a.tokens / eager_s, "eager_ids": eager_ids, "graphs_blocked": why,
+               "profile_eager": profile_eager(net, a.profile_tokens, ctx)}
+        if not why:
+            graph_ids, graph_s = decode(graphed_next(ctx), net, a.tokens, ctx)
+            res.update(graphs_tok_s=a.tokens / graph_s, greedy_equal=eager_ids == graph_ids, graph_ids=graph_ids,
+                       eager_rerun_greedy_equal=decode(eager_next, net, a.tokens, ctx)[0] == eager_ids,
+                       profile_graphs=profile_graphs(net, a.profile_tokens, ctx))
         if a.py_top:
             res["python_eager"] = python_profile(net, a.profile_tokens, ctx, a.py_top)
-        eager = forced(eager_step, net, eager_ids, ctx)
-        res["forced_graphs_vs_eager"] = agreement(eager, forced(graphed(ctx), net, eager_ids, ctx))
-        res["forced_eager_vs_eager"] = agreement(eager, forced(eager_step, net, eager_ids, ctx))
+        if not why:
+            eager = forced(eager_step, net, eager_ids, ctx)
+            res["forced_graphs_vs_eager"] = agreement(eager, forced(graphed(ctx), net, eager_ids, ctx))
+            res["forced_eager_vs_eager"] = agreement(eager, forced(eager_step, net, eager_ids, ctx))
     finally:
         m.close()
     print(table(res), flush=True)

@@ -59,10 +59,11 @@ class Switch:
 
 SWITCHES = [
     Switch("SPARKD_FUSED_KERNELS", "sparkd.engine.kernels.fused", "m.current()", "norm",
-           {UNSET: "rms_norm,rope_kv,attention,router,norm_quant,norm_fold,rope_attention", "none": "none", "": "none",
+           {UNSET: "rms_norm,rope_kv,attention,router,norm_quant,norm_fold,rope_attention,hyper_conn", "none": "none",
+            "": "none",
             "router, rms_norm": "rms_norm,router", "rms_norm,rope_kv,attention,router,norm_quant":
             "rms_norm,rope_kv,attention,router,norm_quant"}, ("all", "none", "rms_norm", "norm_quant", "norm_fold",
-                                                             "rope_attention")),
+                                                             "rope_attention", "hyper_conn")),
     Switch("SPARKD_FUSED_EAGER", "sparkd.engine.kernels.fused", "[m.one_token(False), m.one_token(True)]",
            "no", {k: [v, True] for k, v in FLAG.items()}, switches.ON + switches.OFF),
     Switch("SPARKD_GEMV_FOLD", "sparkd.engine.kernels.matmul", "m.GemvConfig().fold", "atomics",

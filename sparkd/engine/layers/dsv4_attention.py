@@ -58,13 +58,13 @@ class DSV4Attention(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         T, H, Dh = x.shape[0], self.n_head, self.head_dim
         qr = self.q_a_norm(self.wq_a(x))
-        q = rope_tail(rms_normalize(self.wq_b(qr).view(T, H, Dh), self.eps), self.rope, pos)
-        kv = rope_tail(self.kv_norm(self.wkv(x))[:, None, :], self.rope, pos)  # [T, 1, Dh]
+        q = rope_tail(rms_normalize(self.wq_b(qr).view(T, H, Dh), self.eps), self.rope, pos, cache=cache)
+        kv = rope_tail(self.kv_norm(self.wkv(x))[:, None, :], self.rope, pos, cache=cache)  # [T, 1, Dh]
         start = int(pos[0])
         k_all, _ = cache.update(self.il, start, kv, None)
         extra, ok = self._compressed(x, qr, pos, cache)
         o = attend_extra(q, k_all[:, 0], start, self.window, self.sinks, Dh ** -0.5, extra, ok)
-        o = rope_tail(o, self.rope, pos, inverse=True)  # [T, H, Dh]
+        o = rope_tail(o, self.rope, pos, inverse=True, cache=cache)  # [T, H, Dh]
         G = self.wo_a.shape[0]
         o = round_activations(o.reshape(T, G, -1), self.act_wo_a)
         oa = torch.einsum("tgi,gri->tgr", o, self.wo_a)  # [T, G, R]
@@ -74,9 +74,10 @@ class DSV4Attention(nn.Module):
         if self.compressor is None:
             return None, None
         entries = self.compressor(x, pos, cache.compressor_state(self.il, "attn"))
-        complete = ((pos + 1) // self.compressor.ratio).to(entries.device)  # entries each query sees
+        start = int(pos[0])  # entries each query sees (positions made on the device: no host copy)
+        complete = (torch.arange(start, start + x.shape[0], device=entries.device) + 1) // self.compressor.ratio
         visible = torch.arange(entries.shape[0], device=entries.device)[None, :] < complete[:, None]
         if self.indexer is None:
             return entries, visible
-        chosen = self.indexer(x, qr, pos, cache.compressor_state(self.il, "indexer"), visible)
+        chosen = self.indexer(x, qr, pos, cache.compressor_state(self.il, "indexer"), visible, cache)
         return entries, chosen

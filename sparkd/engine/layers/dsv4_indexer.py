@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from sparkd.engine.layers.kv_compressor import Compressor, CompressorState, rope_tail
+from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.rope import RopeConfig
 
@@ -26,11 +27,12 @@ class CompressedIndexer(nn.Module):
         self.wq_b, self.proj, self.compressor, self.rope = wq_b, proj, compressor, rope
 
     def forward(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor, st: CompressorState,
-                visible: torch.Tensor) -> torch.Tensor:
-        """Boolean [T, C]: entry c selected for query t (C = entries so far, visible [T, C])."""
+                visible: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Boolean [T, C]: entry c selected for query t (C = entries so far, visible [T, C]); cache: its rope table
+        (rope_tail)."""
         keys = self.compressor(x, pos, st)  # [C, Di]
         T = x.shape[0]
-        q = rope_tail(self.wq_b(qr).view(T, self.n_head, self.head_dim), self.rope, pos)
+        q = rope_tail(self.wq_b(qr).view(T, self.n_head, self.head_dim), self.rope, pos, cache=cache)
         w = self.proj(x) * (self.head_dim * self.n_head) ** -0.5  # [T, Hi]
         kq = torch.relu(torch.einsum("thd,cd->thc", q, keys))
         score = (kq * w[..., None]).sum(1).masked_fill(~visible, float("-inf"))  # [T, C]

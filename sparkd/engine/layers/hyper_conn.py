@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine.kernels import fused
 from sparkd.engine.layers.norm import rms_normalize
 
 
@@ -51,6 +52,11 @@ class HyperConnection(nn.Module):
         """x [T, hc, D] → (sublayer input [T, D], post [T, hc], comb [T, src, dst])."""
         T, hc, _ = x.shape
         mixes = rms_normalize(x.reshape(T, -1), self.rms_eps) @ self.fn.T  # [T, (2 + hc) * hc]
+        if fused.active("hyper_conn", x):  # the weights in one launch, the mix in one
+            from sparkd.engine.kernels.hyper_conn import weights
+
+            pre, post, comb = weights(mixes, self.scale, self.base, hc, self.iters, self.hc_eps)
+            return torch.einsum("thd,th->td", x, pre), post, comb
         s, b = self.scale, self.base
         pre = torch.sigmoid(mixes[:, :hc] * s[0] + b[:hc]) + self.hc_eps
         post = torch.sigmoid(mixes[:, hc:2 * hc] * s[1] + b[hc:2 * hc]) * 2.0
@@ -61,6 +67,8 @@ class HyperConnection(nn.Module):
     def post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
              comb: torch.Tensor) -> torch.Tensor:
         """y [T, D] sublayer output → new stream [T, hc, D]: y * post[dst] + Σ_src res[src] * comb."""
+        if fused.active("hyper_conn", y):  # two launches (the sums over src in another order)
+            return torch.baddbmm(y[:, None, :] * post[..., None], comb.transpose(1, 2), residual)
         outs = []
         for dst in range(residual.shape[1]):
             cur = y * post[:, dst, None]

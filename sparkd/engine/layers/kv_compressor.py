@@ -17,15 +17,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.rope import apply_rope, rope_cos_sin
 from sparkd.engine.layers.rope import RopeConfig
 
 
-def rope_tail(x: torch.Tensor, rope: RopeConfig, pos: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Rope on the last n_rot dims of x [T, H, Dh] (ggml_rope_set_offset to Dh - n_rot)."""
-    cos, sin = rope_cos_sin(rope, pos)
+def rope_tail(x: torch.Tensor, rope: RopeConfig, pos: torch.Tensor, inverse: bool = False,
+              cache: KVCache | None = None) -> torch.Tensor:
+    """Rope on the last n_rot dims of x [T, H, Dh] (ggml_rope_set_offset to Dh - n_rot). cache: its table of every
+    position's angles on x's device (KVCache.rope: the same bits, without the host's sin/cos and two copies to the
+    device, each a sync, per call), for positions that are a range."""
+    cos, sin = rope_cos_sin(rope, pos) if cache is None else cache.rope(rope, pos)
     if inverse:
         sin = -sin
     n_nope = x.shape[-1] - rope.n_rot
@@ -71,7 +75,7 @@ class Compressor(nn.Module):
         pos [T] is on the host (rope runs there); x and st on the network's device."""
         start, T, r = int(pos[0]), x.shape[0], self.ratio
         kv = self.wkv(x)  # [T, width]
-        score = self.wgate(x) + self.ape[(pos % r).to(x.device)]
+        score = self.wgate(x) + self.ape[torch.arange(start, start + T, device=x.device) % r]  # (no host copy)
         ends = [p for p in range(start, start + T) if (p + 1) % r == 0]
         if ends:
             src_kv = torch.cat([st.kv, kv, kv.new_zeros(1, self.width)])

@@ -145,8 +145,8 @@ class DSV4Cache(KVCache):
     """The raw key rows of every layer plus each compressed layer's compressor states."""
 
     def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], compressors: dict,
-                 device: torch.device | str = "cpu"):
-        super().__init__(max_ctx, shapes, device=device)
+                 device: torch.device | str = "cpu", rope_tables: dict | None = None):
+        super().__init__(max_ctx, shapes, device=device, rope_tables=rope_tables)
         self.states: dict[tuple[int, str], CompressorState] = {
             key: c.new_state(max_ctx, device) for key, c in compressors.items()}
 
@@ -195,7 +195,8 @@ class DSV4Decoder(Decoder):
                 comps[b.attn.il, "attn"] = b.attn.compressor
             if b.attn.indexer is not None:
                 comps[b.attn.il, "indexer"] = b.attn.indexer.compressor
-        return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, comps, device=self.tok_embd.device)
+        return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, comps, device=self.tok_embd.device,
+                         rope_tables=self.rope_tables)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
