@@ -8,10 +8,11 @@ by position (KVCache.span). So one step captured per bucket replays for every po
 
 Capture needs every layer to stay on the device between the token and the logits: GQA attention
 or MLA (glm-dsa's sparse attention too: its indexer selects by device position since session 32),
-dense FFNs, and routed experts through the Triton MoE kernels (KernelExperts). Streamed
-experts (read from disk per token: streaming/graph_step.py captures a graph per layer between the
-reads instead) and decoders with their own forward and per-sequence state (deepseek4, kimi-k3's
-linear attention) keep the eager step; graph_blocker names the layer and the reason.
+Kimi K3's KDA (its recurrent state is updated in place; session 33), dense FFNs, and routed experts
+through the Triton MoE kernels (KernelExperts). Streamed experts (read from disk per token:
+streaming/graph_step.py captures a graph per layer between the reads instead) and a decoder whose
+forward counts positions on the host (deepseek4's compressor rings: Decoder.static_step False) keep
+the eager step; graph_blocker names the layer and the reason.
 
 Two further cuts of the step (each with a switch back, docs/engine.md): the norms that feed an
 integer GEMV write x's int8 blocks themselves (link_norm_quant; SPARKD_FUSED_KERNELS's
@@ -47,6 +48,7 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.graph_capture import NoRoom, Room, capture, failure, mib, release
 from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.ffn import GatedFFN
+from sparkd.engine.layers.kda import KDAttention
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import KernelLinear
 from sparkd.engine.layers.mla import MLAttention
@@ -124,7 +126,7 @@ def graph_blocker(net: Decoder, streaming: bool = False) -> str | None:
     if streaming:
         return ("routed experts are streamed (the expert store reads from disk per token on the host; "
                 "the streamed step replays a graph per layer instead: streaming/graph_step.py)")
-    if type(net) is not Decoder:
+    if not net.static_step:
         return f"{net.cfg.arch}'s decoder ({type(net).__name__}) runs its own forward with per-sequence state"
     if isinstance(net.tok_embd, QuantRows):
         return "the token embedding is dequantized on the host (QuantRows)"
@@ -139,15 +141,15 @@ def graph_blocker(net: Decoder, streaming: bool = False) -> str | None:
 
 def attention_blocker(attn: torch.nn.Module) -> str | None:
     """Why a block's attention has no static-shape one-token step (a graph's), or None."""
-    if type(attn) not in (Attention, MLAttention):
-        return (f"{type(attn).__name__} reads positions on the host (GQA Attention and MLA have a "
+    if type(attn) not in (Attention, MLAttention, KDAttention):
+        return (f"{type(attn).__name__} reads positions on the host (GQA Attention, MLA and KDA have a "
                 "static-shape step)")
     return None
 
 
 def _block_blocker(block: torch.nn.Module) -> str | None:
-    if type(block) is not Block:
-        return f"its block ({type(block).__name__}) is not the shared decoder block"
+    if not getattr(block, "static_step", False):
+        return f"its block ({type(block).__name__}) has no static-shape step"
     if why := attention_blocker(block.attn):
         return why
     ffn = block.ffn

@@ -27,7 +27,8 @@ from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.server.metrics import EngineMetrics
 from engine_cli import run_engine
 
-ARCHS = ["qwen3moe", "glm4moe", "gpt-oss", "llama", "gemma3", "deepseek2", "glm-dsa"]  # GQA, MLA, sparse MLA
+# GQA, MLA, sparse MLA, KDA with MLA and AttnRes
+ARCHS = ["qwen3moe", "glm4moe", "gpt-oss", "llama", "gemma3", "deepseek2", "glm-dsa", "kimi-k3"]
 PROMPT = [1, 7, 42, 3, 99]
 STEPS = 12  # positions 5..16: crosses the 8 and 16 buckets of first_bucket=4
 BOUND = 1e-6
@@ -36,7 +37,7 @@ BOUND = 1e-6
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
-    archs = ARCHS + ["kimi-k3"]
+    archs = ARCHS + ["deepseek4"]
     return {a: write_model(d / f"{a}.gguf", plan(TINY[a], "F32"), seed=3)[0] for a in archs}
 
 
@@ -393,21 +394,22 @@ def test_failed_step_capture_runs_the_step_eagerly_once(models):
 
 
 def test_graph_blocker_names_the_layer(models):
-    loaded = {a: load_model(models[a]) for a in ("gemma3", "glm-dsa", "kimi-k3", "qwen3moe", "deepseek2")}
+    loaded = {a: load_model(models[a]) for a in ("gemma3", "glm-dsa", "kimi-k3", "qwen3moe", "deepseek2", "deepseek4")}
     try:
         assert graph_blocker(loaded["gemma3"].net) is None
         assert graph_blocker(loaded["gemma3"].net, streaming=True).startswith("routed experts are streamed")
-        assert graph_blocker(loaded["kimi-k3"].net).startswith("kimi-k3's decoder (K3Decoder) runs its own forward")
-        # experts dequantized by torch (the CPU store) are not the MoE kernels; deepseek2's and glm-dsa's layer 0 is
-        # dense (glm-dsa's sparse attention selects on the device: no reason of its own)
+        assert graph_blocker(loaded["deepseek4"].net).startswith("deepseek4's decoder (DSV4Decoder) runs its own")
+        # experts dequantized by torch (the CPU store) are not the MoE kernels; deepseek2's, glm-dsa's and kimi-k3's
+        # layer 0 is dense (glm-dsa's sparse attention selects on the device, kimi-k3's KDA updates its state in
+        # place: no reason of their own)
         assert graph_blocker(loaded["qwen3moe"].net).startswith("layer 0: its routed experts run the torch path")
-        assert graph_blocker(loaded["deepseek2"].net).startswith("layer 1: its routed experts run the torch path")
-        assert graph_blocker(loaded["glm-dsa"].net).startswith("layer 1: its routed experts run the torch path")
-        with pytest.raises(EngineError, match=r"could not use --cuda-graphs on: kimi-k3's decoder"):
-            use_graphs("on", loaded["kimi-k3"].net, "cuda")
+        for arch in ("deepseek2", "glm-dsa", "kimi-k3"):
+            assert graph_blocker(loaded[arch].net).startswith("layer 1: its routed experts run the torch path"), arch
+        with pytest.raises(EngineError, match=r"could not use --cuda-graphs on: deepseek4's decoder"):
+            use_graphs("on", loaded["deepseek4"].net, "cuda")
         logged = []
-        assert not use_graphs("auto", loaded["kimi-k3"].net, "cuda", log=logged.append)
-        assert logged == [f"CUDA graphs off, decoding eagerly: {graph_blocker(loaded['kimi-k3'].net)}"]
+        assert not use_graphs("auto", loaded["deepseek4"].net, "cuda", log=logged.append)
+        assert logged == [f"CUDA graphs off, decoding eagerly: {graph_blocker(loaded['deepseek4'].net)}"]
         assert use_graphs("auto", loaded["gemma3"].net, "cuda")
         assert not use_graphs("auto", loaded["gemma3"].net, "cpu")
         assert not use_graphs("off", loaded["gemma3"].net, "cuda")
@@ -496,6 +498,28 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path, quant):
     assert torch.equal(got, static), "graph replay differs from the same static step run eagerly"
     err = float((got - want).norm() / want.norm())
     assert err < 1e-2, f"graph replay vs eager relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_kimi_k3_graph_replay_equals_eager_on_cuda(tmp_path):
+    """Kimi K3's step (KDA's recurrent state updated in place, nope-only MLA, AttnRes, SiTU experts through the MoE
+    kernels) captured (session 33; before, its decoder always decoded eagerly): the replays give the bits of the
+    same static step run eagerly over buckets 8, 16 and 32, and the greedy tokens of the eager decode."""
+    path = write_model(tmp_path / "k.gguf", plan(TINY["kimi-k3"], "F32", [("_exps", "Q8_0")]), seed=3)[0]
+    m = load_model(path, device="cuda")
+    try:
+        assert use_graphs("on", m.net, "cuda")
+        want, want_ids = decode(m.net, lambda c: lambda t: m.net(torch.tensor([t]), c), 24, 32)
+        static, static_ids = decode(m.net, lambda c: StaticDecode(m.net, c, False, 4), 24, 32)
+        graphed = []
+        got, got_ids = decode(m.net, lambda c: graphed.append(StaticDecode(m.net, c, True, 4)) or graphed[0], 24, 32)
+    finally:
+        m.close()
+    assert sorted(graphed[0]._graphs) == [8, 16, 32]
+    assert got_ids == static_ids == want_ids
+    assert torch.equal(got, static), "graph replay differs from the same static step run eagerly"
+    err = float((got - want).norm() / want.norm())
+    assert err < 1e-4, f"graph replay vs eager relative error {err:.2e}"
 
 
 @pytest.mark.gpu

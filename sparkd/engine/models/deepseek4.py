@@ -181,6 +181,7 @@ class DSV4Cache(KVCache):
 
 
 class DSV4Decoder(Decoder):
+    static_step = False  # its own forward: the compressor rings count positions on the host
     def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor, blocks: list[DSV4Block],
                  hc_head: HyperHead, output_norm: nn.Module, output):
         super().__init__(cfg, tok_embd, blocks, output_norm, output,

@@ -19,7 +19,7 @@ from sparkd.engine.layers.latent_moe import LatentMoE
 from sparkd.engine.layers.moe import Router
 from sparkd.engine.layers.situ import situ
 from sparkd.engine.models.config import GATING_SIGMOID, ModelConfig, base_config, gating_name, mla_config
-from sparkd.engine.models.decoder import Decoder, dense_ffn, head, positions
+from sparkd.engine.models.decoder import Decoder, dense_ffn, head
 from sparkd.engine.models.deepseek2 import mla_attention
 from sparkd.engine.models.weights import Weights
 
@@ -76,6 +76,7 @@ def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
 
 class K3Block(nn.Module):
     """One layer: [mix] → norm → attention → [mix] → norm → FFN, with the AttnRes banking."""
+    static_step = True  # positions may be the device's (a CUDA graph's step: cuda_graphs.graph_blocker)
 
     def __init__(self, il: int, bank: bool, attn_mix: ResidualMix | None, attn_norm: nn.Module,
                  attn: nn.Module, ffn_mix: ResidualMix | None, ffn_norm: nn.Module, ffn: nn.Module):
@@ -100,17 +101,18 @@ class K3Decoder(Decoder):
         super().__init__(*args, **kw)
         self.out_mix = out_mix
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
-        pos = positions(tokens, cache)
+    def run(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+            last: bool | torch.Tensor = False) -> torch.Tensor:
+        """Decoder.run with the AttnRes checkpoints of this call's tokens handed from block to block."""
         x = self.embed(tokens)  # [T, D]
-        stack: list[torch.Tensor] = []  # AttnRes checkpoints of this forward call's tokens
+        stack: list[torch.Tensor] = []
         for block in self.blocks:
             x = block(x, pos, cache, stack)
-        cache.n_past += tokens.shape[0]
         if self.out_mix is not None:
             x = self.out_mix(stack, x)
-        return self.logits(x[-1:] if last else x)
+        if isinstance(last, torch.Tensor):
+            return self.head(x.index_select(0, last))
+        return self.head(x[-1:] if last else x)
 
 
 def _kda(w: Weights, cfg: ModelConfig, il: int) -> KDAttention:
