@@ -8,11 +8,11 @@ by position (KVCache.span). So one step captured per bucket replays for every po
 
 Capture needs every layer to stay on the device between the token and the logits: GQA attention
 or MLA (glm-dsa's sparse attention too: its indexer selects by device position since session 32),
-Kimi K3's KDA (its recurrent state is updated in place; session 33), dense FFNs, and routed experts
-through the Triton MoE kernels (KernelExperts). Streamed experts (read from disk per token:
-streaming/graph_step.py captures a graph per layer between the reads instead) and a decoder whose
-forward counts positions on the host (deepseek4's compressor rings: Decoder.static_step False) keep
-the eager step; graph_blocker names the layer and the reason.
+Kimi K3's KDA (its recurrent state is updated in place) and DeepSeek V4's windowed attention with its
+compressors and indexer (a static step writes its block's entry each step: layers/kv_compressor.py;
+both session 33), dense FFNs, and routed experts through the Triton MoE kernels (KernelExperts).
+Streamed experts (read from disk per token: streaming/graph_step.py captures a graph per layer
+between the reads instead) keep the eager step; graph_blocker names the layer and the reason.
 
 Two further cuts of the step (each with a switch back, docs/engine.md): the norms that feed an
 integer GEMV write x's int8 blocks themselves (link_norm_quant; SPARKD_FUSED_KERNELS's
@@ -47,6 +47,7 @@ from sparkd.engine.device_sampler import MODES as SAMPLING_MODES, DeviceSampler,
 from sparkd.engine.errors import EngineError
 from sparkd.engine.graph_capture import NoRoom, Room, capture, failure, mib, release
 from sparkd.engine.layers.attention import Attention
+from sparkd.engine.layers.dsv4_attention import DSV4Attention
 from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kda import KDAttention
 from sparkd.engine.layers.kv_cache import KVCache
@@ -126,8 +127,6 @@ def graph_blocker(net: Decoder, streaming: bool = False) -> str | None:
     if streaming:
         return ("routed experts are streamed (the expert store reads from disk per token on the host; "
                 "the streamed step replays a graph per layer instead: streaming/graph_step.py)")
-    if not net.static_step:
-        return f"{net.cfg.arch}'s decoder ({type(net).__name__}) runs its own forward with per-sequence state"
     if isinstance(net.tok_embd, QuantRows):
         return "the token embedding is dequantized on the host (QuantRows)"
     for il, block in enumerate(net.blocks):
@@ -141,15 +140,13 @@ def graph_blocker(net: Decoder, streaming: bool = False) -> str | None:
 
 def attention_blocker(attn: torch.nn.Module) -> str | None:
     """Why a block's attention has no static-shape one-token step (a graph's), or None."""
-    if type(attn) not in (Attention, MLAttention, KDAttention):
-        return (f"{type(attn).__name__} reads positions on the host (GQA Attention, MLA and KDA have a "
-                "static-shape step)")
+    if type(attn) not in (Attention, MLAttention, KDAttention, DSV4Attention):
+        return (f"{type(attn).__name__} reads positions on the host (GQA Attention, MLA, KDA and DeepSeek V4's "
+                "have a static-shape step)")
     return None
 
 
 def _block_blocker(block: torch.nn.Module) -> str | None:
-    if not getattr(block, "static_step", False):
-        return f"its block ({type(block).__name__}) has no static-shape step"
     if why := attention_blocker(block.attn):
         return why
     ffn = block.ffn
@@ -500,10 +497,17 @@ class StaticDecode:
         self.log(f"{what} not captured, run eagerly from now on: {why}")
 
     def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
-        # the warm-up makes the rope table and the expert tables; it writes this token's K/V rows,
-        # as the replay will
-        graph, out = capture(self.cache.device, self._pool, lambda: self._room.warm(lambda: self._step(span)),
-                             lambda: self._step(span), ready=self._room.ready)
+        # the warm-up makes the rope table and the expert tables; it writes this token's K/V rows (and compressor
+        # ring row and entry), as the replay will, and folds the token into the recurrent state (Kimi K3's KDA),
+        # which is put back after it: the replay folds it in
+        folded = [t.clone() for ts in self.cache.state.values() for t in ts]
+
+        def warm():
+            out = self._room.warm(lambda: self._step(span))
+            for t, was in zip((t for ts in self.cache.state.values() for t in ts), folded):
+                t.copy_(was)
+            return out
+        graph, out = capture(self.cache.device, self._pool, warm, lambda: self._step(span), ready=self._room.ready)
         self._pool = graph.pool()
         return graph, *out
 

@@ -27,8 +27,8 @@ from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.server.metrics import EngineMetrics
 from engine_cli import run_engine
 
-# GQA, MLA, sparse MLA, KDA with MLA and AttnRes
-ARCHS = ["qwen3moe", "glm4moe", "gpt-oss", "llama", "gemma3", "deepseek2", "glm-dsa", "kimi-k3"]
+# GQA, MLA, sparse MLA, KDA with MLA and AttnRes, DeepSeek V4's windowed attention with compressed entries
+ARCHS = ["qwen3moe", "glm4moe", "gpt-oss", "llama", "gemma3", "deepseek2", "glm-dsa", "kimi-k3", "deepseek4"]
 PROMPT = [1, 7, 42, 3, 99]
 STEPS = 12  # positions 5..16: crosses the 8 and 16 buckets of first_bucket=4
 BOUND = 1e-6
@@ -37,7 +37,7 @@ BOUND = 1e-6
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
-    archs = ARCHS + ["deepseek4"]
+    archs = ARCHS
     return {a: write_model(d / f"{a}.gguf", plan(TINY[a], "F32"), seed=3)[0] for a in archs}
 
 
@@ -398,14 +398,14 @@ def test_graph_blocker_names_the_layer(models):
     try:
         assert graph_blocker(loaded["gemma3"].net) is None
         assert graph_blocker(loaded["gemma3"].net, streaming=True).startswith("routed experts are streamed")
-        assert graph_blocker(loaded["deepseek4"].net).startswith("deepseek4's decoder (DSV4Decoder) runs its own")
         # experts dequantized by torch (the CPU store) are not the MoE kernels; deepseek2's, glm-dsa's and kimi-k3's
         # layer 0 is dense (glm-dsa's sparse attention selects on the device, kimi-k3's KDA updates its state in
-        # place: no reason of their own)
-        assert graph_blocker(loaded["qwen3moe"].net).startswith("layer 0: its routed experts run the torch path")
+        # place, deepseek4's compressors write their entries by device position: no reason of their own)
+        for arch in ("qwen3moe", "deepseek4"):
+            assert graph_blocker(loaded[arch].net).startswith("layer 0: its routed experts run the torch path"), arch
         for arch in ("deepseek2", "glm-dsa", "kimi-k3"):
             assert graph_blocker(loaded[arch].net).startswith("layer 1: its routed experts run the torch path"), arch
-        with pytest.raises(EngineError, match=r"could not use --cuda-graphs on: deepseek4's decoder"):
+        with pytest.raises(EngineError, match=r"could not use --cuda-graphs on: layer 0: its routed experts run the "):
             use_graphs("on", loaded["deepseek4"].net, "cuda")
         logged = []
         assert not use_graphs("auto", loaded["deepseek4"].net, "cuda", log=logged.append)
@@ -501,11 +501,14 @@ def test_graph_replay_equals_eager_on_cuda(tmp_path, quant):
 
 
 @pytest.mark.gpu
-def test_kimi_k3_graph_replay_equals_eager_on_cuda(tmp_path):
-    """Kimi K3's step (KDA's recurrent state updated in place, nope-only MLA, AttnRes, SiTU experts through the MoE
-    kernels) captured (session 33; before, its decoder always decoded eagerly): the replays give the bits of the
-    same static step run eagerly over buckets 8, 16 and 32, and the greedy tokens of the eager decode."""
-    path = write_model(tmp_path / "k.gguf", plan(TINY["kimi-k3"], "F32", [("_exps", "Q8_0")]), seed=3)[0]
+@pytest.mark.parametrize("arch", ["kimi-k3", "deepseek4"])
+def test_own_decoders_graph_replay_equals_eager_on_cuda(tmp_path, arch):
+    """Kimi K3's step (KDA's recurrent state updated in place, nope-only MLA, AttnRes, SiTU experts) and DeepSeek
+    V4's (hyper-connections, windowed attention over compressed entries from the device position, hash routing,
+    clamped SwiGLU experts), the experts through the MoE kernels, captured (session 33; before, both decoders
+    always decoded eagerly): the replays give the bits of the same static step run eagerly over buckets 8, 16 and
+    32, and the greedy tokens of the eager decode."""
+    path = write_model(tmp_path / "k.gguf", plan(TINY[arch], "F32", [("_exps", "Q8_0")]), seed=3)[0]
     m = load_model(path, device="cuda")
     try:
         assert use_graphs("on", m.net, "cuda")

@@ -31,9 +31,32 @@ def test_incremental_equals_full_across_an_hca_block(path):
         hca = cache.compressor_state(2, "attn")
     finally:
         m.close()
-    assert hca.n_entries == 1  # position 127 completed the first 128-block
+    assert hca.entries[0].abs().sum() > 0  # position 127 completed the first 128-block
     err = ((full - torch.cat(steps)).abs().max() / full.abs().max()).item()
     assert err < 1e-5, err
+
+
+def test_static_steps_equal_eager_across_an_hca_block(path):
+    """A CUDA graph's step (StaticDecode, run without graphs here: the same ops a capture records) from position 120
+    to 133: each compressor writes its block's entry by device position every step (the CSA blocks completing at
+    123, 127, ..., the first HCA block at 127), and the logits are the eager steps' within float32 rounding (the
+    window masks the span's other rows), the argmax the same."""
+    from sparkd.engine.cuda_graphs import StaticDecode
+
+    m = load_model(path)
+    try:
+        got = {}
+        for way in ("eager", "static"):
+            cache = m.net.new_cache(len(TOKENS))
+            m.net(TOKENS[:120], cache)
+            step = StaticDecode(m.net, cache, graphs=False, first_bucket=64) if way == "static" else \
+                (lambda t, c=cache: m.net(torch.tensor([t]), c))
+            got[way] = torch.cat([step(int(t)) for t in TOKENS[120:]])
+    finally:
+        m.close()
+    err = ((got["static"] - got["eager"]).norm() / got["eager"].norm()).item()
+    assert err < 1e-5, err
+    assert torch.equal(got["static"].argmax(-1), got["eager"].argmax(-1))
 
 
 def test_memory_plan_counts_the_whole_cache(path):
@@ -130,12 +153,10 @@ def test_a_snapshot_brings_the_compressor_state_back(path):
         m.net(TOKENS[:9], cache)
         saved = cache.snapshot(9)
         want = m.net(TOKENS[9:16], cache)
-        counts = [s.n_entries for s in cache.states.values()]
         cache.reset()
         for t in cache.position_rows() + cache.sequence_state():  # another sequence's rows and rings
             t.normal_()
         cache.restore(saved, 0, 9)
-        assert [s.n_entries for s in cache.states.values()] == [9 // s.ratio for s in cache.states.values()]
         got = m.net(TOKENS[9:16], cache)
         states = list(cache.states.values())
         rows = sum(t[:9].nbytes for t in cache.position_rows())
@@ -144,7 +165,7 @@ def test_a_snapshot_brings_the_compressor_state_back(path):
         whole = rows + sum(t.nbytes for t in cache.sequence_state())
     finally:
         m.close()
-    assert torch.equal(got, want) and [s.n_entries for s in cache.states.values()] == counts
+    assert torch.equal(got, want)
     assert not cache.rewindable
     assert cache.prefix_bytes(9) == sum(t.nbytes for t in saved) == rows + rings + sum(entries)
     assert 0 < sum(entries) and cache.prefix_bytes(9) < whole  # a CSA layer's 2 rows of 17, HCA's none of 1

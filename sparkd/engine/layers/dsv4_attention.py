@@ -21,13 +21,14 @@ from sparkd.engine.layers.norm import RMSNorm, rms_normalize
 from sparkd.engine.layers.rope import RopeConfig
 
 
-def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int, window: int, sinks: torch.Tensor,
+def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int | torch.Tensor, window: int, sinks: torch.Tensor,
                  scale: float, extra: torch.Tensor | None = None,
                  extra_ok: torch.Tensor | None = None) -> torch.Tensor:
-    """q [T, H, D]; k [S, D] raw rows (also the values); extra [C, D] compressed entries with
-    extra_ok [T, C] saying which each query sees. One softmax over both and the sink."""
+    """q [T, H, D] at positions start.. (a host int; or a static step's positions [T] on the device, k then the
+    span's rows); k [S, D] raw rows (also the values); extra [C, D] compressed entries with extra_ok [T, C] saying
+    which each query sees. One softmax over both and the sink."""
     T, H, _ = q.shape
-    pos_q = torch.arange(start, start + T, device=q.device)[:, None]
+    pos_q = (start if isinstance(start, torch.Tensor) else torch.arange(start, start + T, device=q.device))[:, None]
     pos_k = torch.arange(k.shape[0], device=q.device)[None, :]
     masked = (pos_k > pos_q) | ((pos_q - pos_k) >= window)
     scores = torch.einsum("thd,sd->hts", q, k).mul(scale).masked_fill(masked, float("-inf"))
@@ -60,8 +61,7 @@ class DSV4Attention(nn.Module):
         qr = self.q_a_norm(self.wq_a(x))
         q = rope_tail(rms_normalize(self.wq_b(qr).view(T, H, Dh), self.eps), self.rope, pos, cache=cache)
         kv = rope_tail(self.kv_norm(self.wkv(x))[:, None, :], self.rope, pos, cache=cache)  # [T, 1, Dh]
-        start = int(pos[0])
-        k_all, _ = cache.update(self.il, start, kv, None)
+        k_all, _, start = cache.append(self.il, pos, kv, None)  # start: a host int, or a static step's pos
         extra, ok = self._compressed(x, qr, pos, cache)
         o = attend_extra(q, k_all[:, 0], start, self.window, self.sinks, Dh ** -0.5, extra, ok)
         o = rope_tail(o, self.rope, pos, inverse=True, cache=cache)  # [T, H, Dh]
@@ -73,10 +73,7 @@ class DSV4Attention(nn.Module):
     def _compressed(self, x, qr, pos, cache) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.compressor is None:
             return None, None
-        entries = self.compressor(x, pos, cache.compressor_state(self.il, "attn"))
-        start = int(pos[0])  # entries each query sees (positions made on the device: no host copy)
-        complete = (torch.arange(start, start + x.shape[0], device=entries.device) + 1) // self.compressor.ratio
-        visible = torch.arange(entries.shape[0], device=entries.device)[None, :] < complete[:, None]
+        entries, visible = self.compressor(x, pos, cache.compressor_state(self.il, "attn"), cache)
         if self.indexer is None:
             return entries, visible
         chosen = self.indexer(x, qr, pos, cache.compressor_state(self.il, "indexer"), visible, cache)

@@ -27,10 +27,10 @@ class CompressedIndexer(nn.Module):
         self.wq_b, self.proj, self.compressor, self.rope = wq_b, proj, compressor, rope
 
     def forward(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor, st: CompressorState,
-                visible: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+                visible: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Boolean [T, C]: entry c selected for query t (C = entries so far, visible [T, C]); cache: its rope table
         (rope_tail)."""
-        keys = self.compressor(x, pos, st)  # [C, Di]
+        keys = self.compressor(x, pos, st, cache)[0]  # [C, Di]
         T = x.shape[0]
         q = rope_tail(self.wq_b(qr).view(T, self.n_head, self.head_dim), self.rope, pos, cache=cache)
         w = self.proj(x) * (self.head_dim * self.n_head) ** -0.5  # [T, Hi]

@@ -9,7 +9,13 @@ first halves of the previous block's rows plus the second halves of its own rows
 0: zero values, -inf scores).
 
 The rows a later block still needs (ratio, or 2·ratio with overlap) live in a ring in the
-per-sequence cache state, so decoding token by token equals a full recompute.
+per-sequence cache state, so decoding token by token equals a full recompute. The positions
+[0, p) have completed p // ratio entries: nothing else counts them.
+
+A static step (a CUDA graph's, cache.span set, position on the device: session 33) writes its row
+into the ring and, every step, the entry of its block from the ring's rows as they stand: the
+eager step's entry where the position completes the block; before that an entry no query sees
+yet (visible stops at the completed ones), rewritten when the block completes.
 """
 
 from __future__ import annotations
@@ -46,13 +52,11 @@ class CompressorState:
         self.kv = torch.zeros(self.ring_rows, width, device=device)
         self.score = torch.full((self.ring_rows, width), float("-inf"), device=device)
         self.entries = torch.zeros(max_ctx // ratio + 1, dim, device=device)
-        self.n_entries = 0
 
     def reset(self) -> None:
-        """A new sequence: the state __init__ makes (entries past n_entries are never read)."""
+        """A new sequence: the ring as __init__ makes it (entries are written before they are seen)."""
         self.kv.zero_()
         self.score.fill_(float("-inf"))
-        self.n_entries = 0
 
 
 class Compressor(nn.Module):
@@ -70,9 +74,13 @@ class Compressor(nn.Module):
     def new_state(self, max_ctx: int, device: torch.device | str = "cpu") -> CompressorState:
         return CompressorState(self.ratio, self.width, self.dim, self.overlap, max_ctx, device)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, st: CompressorState) -> torch.Tensor:
-        """Append the entries x's positions complete; returns all entries so far [n, dim].
-        pos [T] is on the host (rope runs there); x and st on the network's device."""
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, st: CompressorState,
+                cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the entries x's positions complete → (the entries so far [C, dim], visible [T, C]: which of them
+        each position sees, the blocks completed at it). pos [T] is on the host (the entries' rope runs there), or
+        a static step's on the device (_step); x and st on the network's device."""
+        if cache.span is not None:
+            return self._step(x, pos, st, cache)
         start, T, r = int(pos[0]), x.shape[0], self.ratio
         kv = self.wkv(x)  # [T, width]
         score = self.wgate(x) + self.ape[torch.arange(start, start + T, device=x.device) % r]  # (no host copy)
@@ -84,11 +92,42 @@ class Compressor(nn.Module):
             comp = self._compress(src_kv, src_score, block_starts, start, st.ring_rows)
             b0 = ends[0] // r
             st.entries[b0:b0 + len(ends)] = comp
-            st.n_entries = b0 + len(ends)
         for i in range(max(0, T - st.ring_rows), T):
             st.kv[(start + i) % st.ring_rows] = kv[i]
             st.score[(start + i) % st.ring_rows] = score[i]
-        return st.entries[:st.n_entries]
+        n = (start + T) // r
+        complete = (torch.arange(start, start + T, device=x.device) + 1) // r  # (made there: no host copy)
+        return st.entries[:n], torch.arange(n, device=x.device)[None, :] < complete[:, None]
+
+    def _step(self, x: torch.Tensor, pos: torch.Tensor, st: CompressorState,
+              cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward's one token at the device position pos [1]: its row into the ring, then its block's entry from
+        the ring (_compress's sums over the same rows; positions before 0 zero values and -inf scores) written at
+        pos // ratio; the entries of the span's positions [0, span // ratio + 1) and those visible."""
+        r, ring = self.ratio, st.ring_rows
+        kv = self.wkv(x)  # [1, width]
+        score = self.wgate(x) + self.ape[pos % r]
+        st.kv.index_copy_(0, pos % ring, kv)
+        st.score.index_copy_(0, pos % ring, score)
+        first = pos - pos % r  # the block's start [1]
+        cur = first[:, None] + torch.arange(r, device=x.device)  # [1, ratio] positions
+        kv_b, sc_b = self._ring_rows(st, cur)
+        if self.overlap:
+            kv_p, sc_p = self._ring_rows(st, cur - r)
+            d = self.dim
+            kv_b = torch.cat([kv_p[..., :d], kv_b[..., d:]], dim=1)  # [1, 2r, d]
+            sc_b = torch.cat([sc_p[..., :d], sc_b[..., d:]], dim=1)
+        comp = self.norm((kv_b * torch.softmax(sc_b, dim=1)).sum(1))
+        st.entries.index_copy_(0, pos // r, rope_tail(comp[:, None, :], self.rope, first, cache=cache)[:, 0])
+        C = cache.span // r + 1
+        return st.entries[:C], torch.arange(C, device=x.device)[None, :] < ((pos + 1) // r)[:, None]
+
+    @staticmethod
+    def _ring_rows(st: CompressorState, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ring's value and score rows [B, n, width] of positions p [B, n] (device), zero and -inf before 0."""
+        kv, score = st.kv[p % st.ring_rows], st.score[p % st.ring_rows]
+        before = (p < 0)[..., None]
+        return kv.masked_fill(before, 0.0), score.masked_fill(before, float("-inf"))
 
     def _rows(self, first: torch.Tensor, start: int, ring: int, n_new: int) -> torch.Tensor:
         """Indices into [ring | new rows | zero row] of positions first + j, j < ratio (host)."""

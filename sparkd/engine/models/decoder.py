@@ -25,8 +25,6 @@ from sparkd.engine.models.weights import Weights
 
 
 class Block(nn.Module):
-    static_step = True  # positions may be the device's (a CUDA graph's step: cuda_graphs.graph_blocker)
-
     def __init__(self, attn_norm: nn.Module, attn: nn.Module, ffn_norm: nn.Module, ffn: nn.Module,
                  post_attn_norm: nn.Module | None = None, post_ffn_norm: nn.Module | None = None):
         super().__init__()
@@ -61,7 +59,6 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     """tokens → logits for one sequence, with an incremental KV cache."""
-    static_step = True  # run() takes device positions: a CUDA graph's step (cuda_graphs.graph_blocker)
 
     def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor | QuantRows, blocks: list[Block],
                  output_norm: nn.Module, output: Linear, embd_scale: float = 1.0,

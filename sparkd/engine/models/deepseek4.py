@@ -22,7 +22,7 @@ from sparkd.engine.layers.kv_compressor import Compressor, CompressorState
 from sparkd.engine.layers.dsv4_indexer import CompressedIndexer
 from sparkd.engine.layers.moe import MoE, Router
 from sparkd.engine.models.config import GATING_SQRT_SOFTPLUS, ModelConfig, RopeConfig, base_config, gating_name
-from sparkd.engine.models.decoder import Decoder, head, positions
+from sparkd.engine.models.decoder import Decoder, head
 from sparkd.engine.models.weights import Weights
 
 ARCH = "deepseek4"
@@ -171,17 +171,11 @@ class DSV4Cache(KVCache):
         return [t for s in self.states.values()
                 for t in (s.kv, s.score, s.entries if n is None else s.entries[:n // s.ratio])]
 
-    def restore(self, saved: list[torch.Tensor], start: int, n: int) -> None:
-        super().restore(saved, start, n)
-        for st in self.states.values():  # the positions p < n with (p + 1) % ratio == 0 completed one each
-            st.n_entries = n // st.ratio
-
     def compressor_state(self, il: int, kind: str) -> CompressorState:
         return self.states[il, kind]
 
 
 class DSV4Decoder(Decoder):
-    static_step = False  # its own forward: the compressor rings count positions on the host
     def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor, blocks: list[DSV4Block],
                  hc_head: HyperHead, output_norm: nn.Module, output):
         super().__init__(cfg, tok_embd, blocks, output_norm, output,
@@ -199,15 +193,16 @@ class DSV4Decoder(Decoder):
         return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, comps, device=self.tok_embd.device,
                          rope_tables=self.rope_tables)
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:
-        pos = positions(tokens, cache)
+    def run(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+            last: bool | torch.Tensor = False) -> torch.Tensor:
+        """Decoder.run over the hc copies of the stream, collapsed by the hyper-connection head before the output."""
         tokens = tokens.to(self.tok_embd.device)  # the hash layers index their tables with them
         x = self.embed(tokens)[:, None, :].expand(-1, self.cfg.extra["hc"], -1)  # [T, hc, D]
         for block in self.blocks:
             x = block(x, pos, cache, tokens)
-        cache.n_past += tokens.shape[0]
-        return self.logits(self.hc_head(x[-1:] if last else x))
+        if isinstance(last, torch.Tensor):
+            return self.head(self.hc_head(x.index_select(0, last)))
+        return self.head(self.hc_head(x[-1:] if last else x))
 
 
 def cache_bytes(cfg: ModelConfig, ctx: int) -> int:

@@ -76,7 +76,6 @@ def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
 
 class K3Block(nn.Module):
     """One layer: [mix] → norm → attention → [mix] → norm → FFN, with the AttnRes banking."""
-    static_step = True  # positions may be the device's (a CUDA graph's step: cuda_graphs.graph_blocker)
 
     def __init__(self, il: int, bank: bool, attn_mix: ResidualMix | None, attn_norm: nn.Module,
                  attn: nn.Module, ffn_mix: ResidualMix | None, ffn_norm: nn.Module, ffn: nn.Module):
