@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparkd.engine.kernels import fused
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.norm import RMSNorm
@@ -36,6 +37,10 @@ def rope_tail(x: torch.Tensor, rope: RopeConfig, pos: torch.Tensor, inverse: boo
     position's angles on x's device (KVCache.rope: the same bits, without the host's sin/cos and two copies to the
     device, each a sync, per call), for positions that are a range."""
     cos, sin = rope_cos_sin(rope, pos) if cache is None else cache.rope(rope, pos)
+    if cache is not None and not rope.neox and x.dtype == torch.float32 and fused.active("rope_tail", x):
+        from sparkd.engine.kernels import rope_tail as kernel
+
+        return kernel.rope_tail(x, cos, sin, inverse)  # one launch (the same bits)
     if inverse:
         sin = -sin
     n_nope = x.shape[-1] - rope.n_rot

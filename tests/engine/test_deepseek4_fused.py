@@ -1,6 +1,7 @@
-"""DeepSeek V4's hyper-connections with SPARKD_FUSED_KERNELS' hyper_conn (kernels/hyper_conn.py: the weights in one
-launch, the mix and the merge as batched products) against the torch code (layers/hyper_conn.py), alone on random
-inputs and in a tiny deepseek4 model's decode.
+"""DeepSeek V4's fused kernels (SPARKD_FUSED_KERNELS' hyper_conn: kernels/hyper_conn.py, the weights in one launch,
+the mix and the merge as batched products; rope_tail: kernels/rope_tail.py) against the torch code
+(layers/hyper_conn.py, layers/kv_compressor.py rope_tail), alone on random inputs and in a tiny deepseek4 model's
+decode.
 
 Where there is no GPU the kernel runs under TRITON_INTERPRET=1 (fused.configure(on_cpu=True)); on the GPU box the
 same checks run compiled (marker gpu). Measured under the interpreter: the weights and the merge <= 1.2e-7 relative,
@@ -18,7 +19,10 @@ if not ON_GPU:
 pytest.importorskip("triton", reason="triton is not installed (pip install triton runs the interpreter)")
 
 from sparkd.engine.kernels import fused  # noqa: E402
+from sparkd.engine.kernels.rope_tail import rope_tail as rope_tail_kernel  # noqa: E402
 from sparkd.engine.layers.hyper_conn import HyperConnection  # noqa: E402
+from sparkd.engine.layers.kv_compressor import rope_tail  # noqa: E402
+from sparkd.engine.layers.rope import RopeConfig, rope_cos_sin  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.models import load_model  # noqa: E402
@@ -75,15 +79,30 @@ def test_fused_hyper_connection_matches_torch(backend, T, iters, kernels_on):
         assert rel_err(short[2], want[2]) > 100 * BOUND
 
 
+@pytest.mark.parametrize("inverse", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_deepseek4_decode_with_fused_hyper_connections(tmp_path, backend, kernels_on):
-    """A tiny deepseek4 model (window-only, CSA and HCA layers) decodes with the fused hyper-connections as with the
-    torch ones: the greedy ids and the logits within the bound over a prompt and 6 steps."""
+def test_rope_tail_kernel_gives_the_torch_bits(backend, inverse):
+    """The rope on the last 16 of 40 dims (interleaved pairs, yarn's angles: DeepSeek V4's compressed rope) of 3
+    tokens x 5 heads, and its inverse: the torch code's bits; rotating by the wrong member of a pair fails it."""
+    rope = RopeConfig(n_rot=16, base=160000.0, neox=False, freq_scale=0.25, ext_factor=1.0, n_ctx_orig=64)
+    pos = torch.tensor([3, 4, 70])
+    cos, sin = rope_cos_sin(rope, pos)
+    x = torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(1))
+    want = rope_tail(x, rope, pos, inverse=inverse)
+    got = rope_tail_kernel(x.to(backend), cos.to(backend), sin.to(backend), inverse)
+    assert torch.equal(got.cpu(), want)
+    assert torch.equal(got[..., :24].cpu(), x[..., :24]) and not torch.equal(got.cpu(), x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deepseek4_decode_with_fused_kernels(tmp_path, backend, kernels_on):
+    """A tiny deepseek4 model (window-only, CSA and HCA layers) decodes with the fused hyper-connections and rope as
+    with the torch code: the greedy ids and the logits within the bound over a prompt and 6 steps."""
     path = write_model(tmp_path / "d.gguf", plan(TINY["deepseek4"], "F32"), seed=3)[0]
     m = load_model(path, device=backend)
     got = {}
     try:
-        for names in ("none", "hyper_conn"):
+        for names in ("none", "hyper_conn,rope_tail"):
             kernels_on(names)
             cache = m.net.new_cache(32)
             rows = [m.net(torch.tensor([1, 7, 42, 3, 99]), cache)[-1]]
@@ -94,7 +113,7 @@ def test_deepseek4_decode_with_fused_hyper_connections(tmp_path, backend, kernel
             got[names] = torch.stack(rows), ids
     finally:
         m.close()
-    assert got["hyper_conn"][1] == got["none"][1]
-    err = rel_err(got["hyper_conn"][0], got["none"][0])
-    print(f"deepseek4 {backend}: fused hyper-connections' logits relative error {err:.2e}")
+    assert got["hyper_conn,rope_tail"][1] == got["none"][1]
+    err = rel_err(got["hyper_conn,rope_tail"][0], got["none"][0])
+    print(f"deepseek4 {backend}: fused kernels' logits relative error {err:.2e}")
     assert err < BOUND
