@@ -36,11 +36,13 @@ def test_incremental_equals_full_across_an_hca_block(path):
     assert err < 1e-5, err
 
 
-def test_static_steps_equal_eager_across_an_hca_block(path):
-    """A CUDA graph's step (StaticDecode, run without graphs here: the same ops a capture records) from position 120
-    to 133: each compressor writes its block's entry by device position every step (the CSA blocks completing at
-    123, 127, ..., the first HCA block at 127), and the logits are the eager steps' within float32 rounding (the
-    window masks the span's other rows), the argmax the same."""
+@pytest.mark.parametrize("first", [2, 120])
+def test_static_steps_equal_eager_across_an_hca_block(path, first):
+    """A CUDA graph's step (StaticDecode, run without graphs here: the same ops a capture records) over 14 positions
+    from `first`: each compressor writes its block's entry by device position every step (from 120 the CSA blocks
+    completing at 123, 127, ..., the first HCA block at 127), the attention reads its window's rows (from 2 some of
+    them before position 0, masked), and the logits are the eager steps' within float32 rounding, the argmax the
+    same."""
     from sparkd.engine.cuda_graphs import StaticDecode
 
     m = load_model(path)
@@ -48,10 +50,10 @@ def test_static_steps_equal_eager_across_an_hca_block(path):
         got = {}
         for way in ("eager", "static"):
             cache = m.net.new_cache(len(TOKENS))
-            m.net(TOKENS[:120], cache)
+            m.net(TOKENS[:first], cache)
             step = StaticDecode(m.net, cache, graphs=False, first_bucket=64) if way == "static" else \
                 (lambda t, c=cache: m.net(torch.tensor([t]), c))
-            got[way] = torch.cat([step(int(t)) for t in TOKENS[120:]])
+            got[way] = torch.cat([step(int(t)) for t in TOKENS[first:first + 14]])
     finally:
         m.close()
     err = ((got["static"] - got["eager"]).norm() / got["eager"].norm()).item()

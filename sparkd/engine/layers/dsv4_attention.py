@@ -22,15 +22,15 @@ from sparkd.engine.layers.rope import RopeConfig
 
 
 def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int | torch.Tensor, window: int, sinks: torch.Tensor,
-                 scale: float, extra: torch.Tensor | None = None,
-                 extra_ok: torch.Tensor | None = None) -> torch.Tensor:
-    """q [T, H, D] at positions start.. (a host int; or a static step's positions [T] on the device, k then the
-    span's rows); k [S, D] raw rows (also the values); extra [C, D] compressed entries with extra_ok [T, C] saying
-    which each query sees. One softmax over both and the sink."""
+                 scale: float, extra: torch.Tensor | None = None, extra_ok: torch.Tensor | None = None,
+                 k_pos: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, H, D] at positions start.. (a host int; or a static step's positions [T] on the device); k [S, D] raw
+    rows (also the values) of positions k_pos [S] (None: 0..S-1; those < 0 are masked); extra [C, D] compressed
+    entries with extra_ok [T, C] saying which each query sees. One softmax over both and the sink."""
     T, H, _ = q.shape
     pos_q = (start if isinstance(start, torch.Tensor) else torch.arange(start, start + T, device=q.device))[:, None]
-    pos_k = torch.arange(k.shape[0], device=q.device)[None, :]
-    masked = (pos_k > pos_q) | ((pos_q - pos_k) >= window)
+    pos_k = (torch.arange(k.shape[0], device=q.device) if k_pos is None else k_pos)[None, :]
+    masked = (pos_k > pos_q) | ((pos_q - pos_k) >= window) | (pos_k < 0)
     scores = torch.einsum("thd,sd->hts", q, k).mul(scale).masked_fill(masked, float("-inf"))
     values = k
     if extra is not None and extra.shape[0]:
@@ -62,8 +62,12 @@ class DSV4Attention(nn.Module):
         q = rope_tail(rms_normalize(self.wq_b(qr).view(T, H, Dh), self.eps), self.rope, pos, cache=cache)
         kv = rope_tail(self.kv_norm(self.wkv(x))[:, None, :], self.rope, pos, cache=cache)  # [T, 1, Dh]
         k_all, _, start = cache.append(self.il, pos, kv, None)  # start: a host int, or a static step's pos
+        rows, rows_pos = k_all[:, 0], None
+        if cache.span is not None and cache.span > self.window:  # a static step reads its window's rows, not the span's
+            rows_pos = start + torch.arange(1 - self.window, 1, device=x.device)  # [window], the first ones maybe < 0
+            rows = rows.index_select(0, rows_pos.clamp(min=0))
         extra, ok = self._compressed(x, qr, pos, cache)
-        o = attend_extra(q, k_all[:, 0], start, self.window, self.sinks, Dh ** -0.5, extra, ok)
+        o = attend_extra(q, rows, start, self.window, self.sinks, Dh ** -0.5, extra, ok, rows_pos)
         o = rope_tail(o, self.rope, pos, inverse=True, cache=cache)  # [T, H, Dh]
         G = self.wo_a.shape[0]
         o = round_activations(o.reshape(T, G, -1), self.act_wo_a)
