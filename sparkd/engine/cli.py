@@ -177,7 +177,7 @@ def cmd_generate(a) -> int:
         t2 = time.perf_counter()
         res = {"text": tok.decode(out), "tokens": out, "prompt_tokens": len(ids),
                "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0,
-               "kv_type": kv_type}
+               "kv_type": kv_type, "decode_step": _step_kind(step)}
         if feed is not None:
             res["feed"] = {"path": a.feed_tokens, "listed": len(feed), "fed": len(out), "agreed": agreed,
                            "stopped": _feed_stop(eog, len(out), len(feed), a.n)}
@@ -253,6 +253,20 @@ def _feed_stop(eog: bool, fed: int, listed: int, n: int) -> str:
     if fed < listed:
         return "n"
     return "feed_end" if listed < n else "n_and_feed_end"
+
+
+def _step_kind(step) -> str:
+    """generate --json's decode_step: how each token ran. "graphs" (the whole step as CUDA graphs; a bucket whose
+    capture failed runs the same static step eagerly, logged), "segments" (a streamed model's graphs between MoE
+    layers, the MoE kernels inside them), "segments-eager-experts" (the MoE kernels launched between them), "eager"."""
+    from sparkd.engine.cuda_graphs import StaticDecode
+    from sparkd.engine.streaming.graph_step import SegmentDecode
+
+    if isinstance(step, StaticDecode):
+        return "graphs"
+    if isinstance(step, SegmentDecode):
+        return "segments" if step.experts else "segments-eager-experts"
+    return "eager"
 
 
 def _print_generated(res: dict, as_json: bool) -> None:

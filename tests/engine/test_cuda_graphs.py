@@ -455,8 +455,9 @@ def test_generate_cli_tokens_equal_with_and_without_graphs(tmp_path):
                           "--resident", "--json", "--cuda-graphs", mode) for mode in ("on", "off")}
     for mode, r in runs.items():
         assert r.returncode == 0, f"--cuda-graphs {mode}: {r.stderr[-2000:]}"
-    tokens = {mode: json.loads(r.stdout.strip().splitlines()[-1])["tokens"] for mode, r in runs.items()}
-    assert tokens["on"] == tokens["off"] and tokens["on"]
+    res = {mode: json.loads(r.stdout.strip().splitlines()[-1]) for mode, r in runs.items()}
+    assert res["on"]["tokens"] == res["off"]["tokens"] and res["on"]["tokens"]
+    assert (res["on"]["decode_step"], res["off"]["decode_step"]) == ("graphs", "eager")
 
 
 @pytest.mark.gpu

@@ -201,6 +201,7 @@ def test_generate_reports_the_kv_type_and_refuses_bad_ones(tiny_models):
     got = {t: json.loads(r.stdout.splitlines()[-1]) for t, r in runs.items()}
     assert got["f16"]["kv_type"] == "f16" and got["auto"]["kv_type"] == "f32"
     assert len(got["f16"]["tokens"]) == 3
+    assert got["auto"]["decode_step"] == "eager"  # the CPU: no graphs
     bad = generate("--kv-type", "q8")
     assert bad.returncode == 2 and "invalid choice: 'q8'" in bad.stderr
 
