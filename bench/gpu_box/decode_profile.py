@@ -18,6 +18,9 @@ cut the expert count: session 31's MLA runs --preset deepseek-v3 --experts 16 --
 Prints a table and writes JSON. Run on the GPU box from the checkout root:
     python3 bench/gpu_box/decode_profile.py --quant Q8_0 --layers 2 --json out.json
     python3 bench/gpu_box/decode_profile.py --preset deepseek-v3 --experts 16 --layers 5 --quant Q4_K --json mla.json
+    python3 bench/gpu_box/decode_profile.py --preset kimi-k3 --experts 32 --layers 5 --quant Q4_K --eager-only \
+      --py-top 25
+(--eager-only: steps 1, 2 and the Python profile only: the eager step alone, or a model graphs refuse.)
 """
 
 from __future__ import annotations
@@ -331,8 +334,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=1024, help="KV cache positions (graphs attend over a bucket of them)")
     ap.add_argument("--py-top", type=int, default=0, help="also the eager step's N Python functions with the most "
                     "own host time (cProfile)")
-    ap.add_argument("--eager-only", action="store_true", help="a model graphs refuse (graph_blocker: deepseek4, "
-                    "kimi-k3): the eager step's timing and profiles only")
+    ap.add_argument("--eager-only", action="store_true", help="the eager step's timing and profiles only (also for a "
+                    "model graphs refuse: graph_blocker)")
     ap.add_argument("--fused", default=None, help="fused decode kernels: all, none or names "
                     f"({', '.join(fused.KERNELS)}); default: ${fused.ENV} or all")
     a = ap.parse_args()
@@ -345,6 +348,7 @@ def main() -> int:
         if why and not a.eager_only:
             print(f"not graph-safe: {why} (--eager-only profiles its eager step)")
             return 1
+        why = why or ("--eager-only" if a.eager_only else None)
         decode(eager_next, net, 4, ctx)  # JIT-compile the kernels first
         eager_ids, eager_s = decode(eager_next, net, a.tokens, ctx)
         res = {"model": str(path), "layers": a.layers, "quant": a.quant, "tokens": a.tokens, "kv_type": a.kv_type,

@@ -4,7 +4,7 @@ that GEMV skips its own quantization launch; it needs rms_norm on; norm_fold: th
 RMSNorm after attention adds the output projection's split-K partials in order, so that GEMV's
 launch has no fold (matmul.fold_part) of its own, the same bits; it needs rms_norm too; rope_attention:
 rope_kv and attention as one launch, kernels/rope_attention.py; it needs both; hyper_conn: DeepSeek V4's
-hyper-connection weights (the sigmoids and the Sinkhorn normalisation, ~130 torch launches) in one launch,
+hyper-connection weights (the sigmoids and the Sinkhorn normalisation, ~140 torch launches) in one launch,
 kernels/hyper_conn.py, and its mix and merge as batched products; rope_tail: DeepSeek V4's rope on the last
 dims of each head, kernels/rope_tail.py): which of them the layers use on CUDA tensors instead of their torch code.
 

@@ -2,7 +2,7 @@
 
 Per token, from the projection's mixes [(2 + hc) * hc]: pre = sigmoid(mixes[:hc] s0 + b) + eps, post =
 2 sigmoid(mixes[hc:2hc] s1 + b), and comb = Sinkhorn(mixes[2hc:] s2 + b) [src, dst]: a softmax over dst, then
-ITERS column and ITERS - 1 row normalisations alternating, all in one program's registers. In torch that is ~130
+ITERS column and ITERS - 1 row normalisations alternating, all in one program's registers. In torch that is ~140
 launches a call, two calls a layer: the most of a DeepSeek V4 decode step's launches (session 33).
 """
 

@@ -54,7 +54,9 @@ def segment_blocker(net) -> str | None:
     from sparkd.engine.models.decoder import Block, Decoder
 
     if type(net) is not Decoder:
-        return f"its decoder ({type(net).__name__}) runs its own forward"
+        return (f"its decoder ({type(net).__name__}) runs its own blocks, which hand more than the stream to each "
+                "other (Kimi K3's AttnRes checkpoints, DeepSeek V4's hyper-connection copies): segments hold the "
+                "shared decoder block")
     if not fused.one_token(False):
         return "the eager step's decode kernels are off (SPARKD_FUSED_EAGER=0): the bits would differ"
     probe = net.output_norm.weight if hasattr(net.output_norm, "weight") else next(net.parameters())

@@ -277,7 +277,7 @@ def test_segment_blocker_names_a_layer_without_a_one_token_step(arch_model, tmp_
             m.close()
     assert why[0] == "layer 1: its expert store or activation has no one-token kernel step"  # layer 0 is dense
     assert why[1] == "no layer has routed experts: nothing streams"
-    assert why[2].startswith("its decoder (K3Decoder) runs its own forward")
+    assert why[2].startswith("its decoder (K3Decoder) runs its own blocks")
 
 
 def test_the_step_falls_back_to_eager_where_segments_would_differ(model):
