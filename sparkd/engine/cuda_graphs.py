@@ -498,15 +498,10 @@ class StaticDecode:
 
     def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]:
         # the warm-up makes the rope table and the expert tables; it writes this token's K/V rows (and compressor
-        # ring row and entry), as the replay will, and folds the token into the recurrent state (Kimi K3's KDA),
-        # which is put back after it: the replay folds it in
-        folded = [t.clone() for ts in self.cache.state.values() for t in ts]
-
+        # ring row and entry), as the replay will
         def warm():
-            out = self._room.warm(lambda: self._step(span))
-            for t, was in zip((t for ts in self.cache.state.values() for t in ts), folded):
-                t.copy_(was)
-            return out
+            with self.cache.state_kept():
+                return self._room.warm(lambda: self._step(span))
         graph, out = capture(self.cache.device, self._pool, warm, lambda: self._step(span), ready=self._room.ready)
         self._pool = graph.pool()
         return graph, *out

@@ -23,6 +23,8 @@ side rows and recurrent state stay in the cache's dtype (float32).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from sparkd.engine.errors import EngineError
@@ -74,6 +76,17 @@ class KVCache:
         """Whether n_past may go back to any shorter prefix (the rows past it are then rewritten
         before they are read); recurrent state holds every position folded in and cannot."""
         return not self.state
+
+    @contextmanager
+    def state_kept(self):
+        """The recurrent state put back after the block: a graph capture's warm-up step folds its token into
+        Kimi K3's KDA state, and the replay after it folds the token in again (rows are rewritten the same)."""
+        held = [t.clone() for ts in self.state.values() for t in ts]
+        try:
+            yield
+        finally:
+            for t, was in zip((t for ts in self.state.values() for t in ts), held):
+                t.copy_(was)
 
     def reset(self) -> None:
         """An empty sequence: n_past 0 and the recurrent state back to zeros (rows need no clearing)."""

@@ -20,8 +20,10 @@ class LatentMoE(MoE):
         super().__init__(il, router, store, act, shared)
         self.down, self.up, self.latent_norm = down, up, latent_norm  # [L, D], [D, L]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, ids = self.router(x)  # routing reads the full width
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """MoE.forward's contract; the residual is added after the up projection."""
+        w, ids = self.router(x, ids) if routing is None else routing  # routing reads the full width
         inner = x if self.down is None else self.down(x)  # [T, L]
         out = None
         if self.kernel_act is not None and hasattr(self.store, "kernel_select"):  # the Triton MoE kernels at L
@@ -30,8 +32,20 @@ class LatentMoE(MoE):
             out, shared = self.routed(inner, w, ids, x)  # [T, L], [T, D]
         else:
             shared = None if self.shared is None else self.shared(x)
+        return self._widen(out, shared, residual)
+
+    def selected(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """MoE.selected's contract (a streamed step's segment) at the latent width."""
+        inner = x if self.down is None else self.down(x)
+        shared = None if self.shared is None else self.shared(x)
+        return self._widen(self.decode_selected(sel, inner, w)[None], shared, residual)
+
+    def _widen(self, out: torch.Tensor, shared: torch.Tensor | None, residual: torch.Tensor | None) -> torch.Tensor:
+        """The routed sum at L [T, L] → [T, D]: its norm, the up projection, the shared experts' output and the
+        residual added."""
         if self.latent_norm is not None:
             out = self.latent_norm(out)
         if self.up is not None:
             out = self.up(out)
-        return out if shared is None else out + shared
+        out = out if shared is None else out + shared
+        return out if residual is None else residual + out

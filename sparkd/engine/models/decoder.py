@@ -3,6 +3,11 @@
 A block is: x += post_attn_norm?(attn(attn_norm(x))); x += post_ffn_norm?(ffn(ffn_norm(x))).
 Architectures differ in the attention module (GQA or MLA), the FFN (dense, MoE, shared experts)
 and small options, so each arch module is mostly a mapping from GGUF names to these parts.
+
+What a block hands the next is the "stream": here the residual x [T, D]. Kimi K3 and DeepSeek V4
+hand more (their AttnRes checkpoints, their hyper-connection copies): their decoders say what
+their stream is (enter, leave) and their blocks take and give it, in the two halves a streamed
+step's graph segments cut at the router (attn_add_norm, add_ffn: streaming/graph_step.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from sparkd.engine.models.weights import Weights
 
 
 class Block(nn.Module):
+    """One layer over the stream; forward is attn_add_norm then add_ffn, the halves a streamed step's graph
+    segments run apart (the router between them: route)."""
+
     def __init__(self, attn_norm: nn.Module, attn: nn.Module, ffn_norm: nn.Module, ffn: nn.Module,
                  post_attn_norm: nn.Module | None = None, post_ffn_norm: nn.Module | None = None):
         super().__init__()
@@ -34,6 +42,14 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         x, normed = self.attn_add_norm(x, pos, cache)
         return self.add_ffn(x, normed, self.ffn)
+
+    def route(self, mid, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MoE router's (weights, ids) on the FFN's input; mid: what attn_add_norm handed add_ffn."""
+        return self.ffn.router(normed)
+
+    def residual(self, stream) -> torch.Tensor:
+        """The stream entering the block as one residual [T, D] (the prefetch guesses' input)."""
+        return stream
 
     def add_ffn(self, x: torch.Tensor, normed: torch.Tensor, ffn) -> torch.Tensor:
         """x + the FFN's output on normed (its post norm applied): ffn(normed, residual=None) is self.ffn
@@ -101,20 +117,25 @@ class Decoder(nn.Module):
         token's, if last; last may instead be a row index [1] on the device: that token's, as a
         padded prompt's graph takes its last real token); the cache's n_past is the caller's to
         advance (a static decode step passes device positions)."""
-        x = self.embed(tokens)  # [T, D]
-        if self.embd_scale != 1.0:
-            x = x * self.embd_scale
+        stream = self.enter(tokens)
         # the attention masks, made by the first layer of each window: new each forward (they follow the
         # positions; a graph's capture makes its own from the device positions it replays with)
         cache.masks = {}
         try:
             for block in self.blocks:
-                x = block(x, pos, cache)
+                stream = block(stream, pos, cache)
         finally:
             cache.masks = None  # a layer called alone makes its own
-        if isinstance(last, torch.Tensor):
-            return self.head(x.index_select(0, last))
-        return self.head(x[-1:] if last else x)
+        return self.head(self.leave(stream, last))
+
+    def enter(self, tokens: torch.Tensor):
+        """The stream the first block takes for tokens [T] (on the host or the device): here their rows [T, D]."""
+        x = self.embed(tokens)
+        return x * self.embd_scale if self.embd_scale != 1.0 else x
+
+    def leave(self, stream, last: bool | torch.Tensor = False) -> torch.Tensor:
+        """The last block's stream → the hidden states the head takes: [T, D], or one row as run's last says."""
+        return pick(stream, last)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The token rows [T, D] on the network's device (tokens may be on the host)."""
@@ -130,6 +151,13 @@ class Decoder(nn.Module):
         if cap := self.cfg.logit_softcap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+
+def pick(x: torch.Tensor, last: bool | torch.Tensor) -> torch.Tensor:
+    """x's rows run's `last` asks for: all, the last one, or the one a device row index names."""
+    if isinstance(last, torch.Tensor):
+        return x.index_select(0, last)
+    return x[-1:] if last else x
 
 
 def prompt_last_only() -> bool:

@@ -22,7 +22,7 @@ from sparkd.engine.layers.kv_compressor import Compressor, CompressorState
 from sparkd.engine.layers.dsv4_indexer import CompressedIndexer
 from sparkd.engine.layers.moe import MoE, Router
 from sparkd.engine.models.config import GATING_SQRT_SOFTPLUS, ModelConfig, RopeConfig, base_config, gating_name
-from sparkd.engine.models.decoder import Decoder, head
+from sparkd.engine.models.decoder import Block, Decoder, head, pick
 from sparkd.engine.models.weights import Weights
 
 ARCH = "deepseek4"
@@ -124,21 +124,41 @@ def _ffn(w: Weights, cfg: ModelConfig, il: int, store: ExpertStore) -> tuple[MoE
     return MoE(il, router, store, act, shared), table
 
 
-class DSV4Block(nn.Module):
+class DSV4Block(Block):
+    """Its stream: (the hc copies [T, hc, D], the tokens [T] on the device, which the hash layers route by)."""
+
     def __init__(self, hc_attn: HyperConnection, attn_norm: nn.Module, attn: DSV4Attention,
                  hc_ffn: HyperConnection, ffn_norm: nn.Module, ffn: MoE, hash_table: torch.Tensor | None):
-        super().__init__()
-        self.hc_attn, self.attn_norm, self.attn = hc_attn, attn_norm, attn
-        self.hc_ffn, self.ffn_norm, self.ffn = hc_ffn, ffn_norm, ffn
+        super().__init__(attn_norm, attn, ffn_norm, ffn)
+        self.hc_attn, self.hc_ffn = hc_attn, hc_ffn
         self.register_buffer("hash_table", hash_table, persistent=False)  # [V, A] expert ids or None
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-        # x: [T, hc, D]
+    def forward(self, stream, pos: torch.Tensor, cache: KVCache):
+        mid, normed = self.attn_add_norm(stream, pos, cache)
+        ids = self._hashed(mid[-1])
+        return self.add_ffn(mid, normed, lambda h: self.ffn(h, ids))
+
+    def attn_add_norm(self, stream, pos: torch.Tensor, cache: KVCache):
+        x, tokens = stream
         h, post, comb = self.hc_attn.pre(x)
         x = HyperConnection.post(self.attn(self.attn_norm(h), pos, cache), x, post, comb)
         h, post, comb = self.hc_ffn.pre(x)
-        ids = None if self.hash_table is None else self.hash_table[tokens]
-        return HyperConnection.post(self.ffn(self.ffn_norm(h), ids), x, post, comb)
+        return (x, post, comb, tokens), self.ffn_norm(h)
+
+    def add_ffn(self, mid, normed: torch.Tensor, ffn):
+        x, post, comb, tokens = mid
+        return HyperConnection.post(ffn(normed), x, post, comb), tokens
+
+    def route(self, mid, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.ffn.router(normed, self._hashed(mid[-1]))
+
+    def residual(self, stream) -> torch.Tensor:
+        # the copies' mean: the FFN's input mixes them with positive weights, and its norm drops the scale
+        return stream[0].mean(1)
+
+    def _hashed(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The hash layers' fixed expert ids [T, A] for tokens, None for a routed layer."""
+        return None if self.hash_table is None else self.hash_table[tokens]
 
 
 class DSV4Cache(KVCache):
@@ -193,16 +213,13 @@ class DSV4Decoder(Decoder):
         return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, comps, device=self.tok_embd.device,
                          rope_tables=self.rope_tables)
 
-    def run(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-            last: bool | torch.Tensor = False) -> torch.Tensor:
-        """Decoder.run over the hc copies of the stream, collapsed by the hyper-connection head before the output."""
+    def enter(self, tokens: torch.Tensor):
         tokens = tokens.to(self.tok_embd.device)  # the hash layers index their tables with them
-        x = self.embed(tokens)[:, None, :].expand(-1, self.cfg.extra["hc"], -1)  # [T, hc, D]
-        for block in self.blocks:
-            x = block(x, pos, cache, tokens)
-        if isinstance(last, torch.Tensor):
-            return self.head(self.hc_head(x.index_select(0, last)))
-        return self.head(self.hc_head(x[-1:] if last else x))
+        return self.embed(tokens)[:, None, :].expand(-1, self.cfg.extra["hc"], -1), tokens  # [T, hc, D]
+
+    def leave(self, stream, last: bool | torch.Tensor = False) -> torch.Tensor:
+        """The hc copies collapsed by the hyper-connection head."""
+        return self.hc_head(pick(stream[0], last))
 
 
 def cache_bytes(cfg: ModelConfig, ctx: int) -> int:

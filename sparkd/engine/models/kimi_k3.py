@@ -19,7 +19,7 @@ from sparkd.engine.layers.latent_moe import LatentMoE
 from sparkd.engine.layers.moe import Router
 from sparkd.engine.layers.situ import situ
 from sparkd.engine.models.config import GATING_SIGMOID, ModelConfig, base_config, gating_name, mla_config
-from sparkd.engine.models.decoder import Decoder, dense_ffn, head
+from sparkd.engine.models.decoder import Block, Decoder, dense_ffn, head, pick
 from sparkd.engine.models.deepseek2 import mla_attention
 from sparkd.engine.models.weights import Weights
 
@@ -74,25 +74,32 @@ def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
     return rule_peak_bytes(batch_tokens, cfg.n_head, D, D, cuda) if any(cfg.extra["kda_layers"]) else 0
 
 
-class K3Block(nn.Module):
-    """One layer: [mix] → norm → attention → [mix] → norm → FFN, with the AttnRes banking."""
+class K3Block(Block):
+    """One layer: [mix] → norm → attention → [mix] → norm → FFN, with the AttnRes banking. Its stream:
+    (x [T, D], the checkpoints banked so far: a tuple of [T, D])."""
 
     def __init__(self, il: int, bank: bool, attn_mix: ResidualMix | None, attn_norm: nn.Module,
                  attn: nn.Module, ffn_mix: ResidualMix | None, ffn_norm: nn.Module, ffn: nn.Module):
-        super().__init__()
+        super().__init__(attn_norm, attn, ffn_norm, ffn)
         self.il, self.bank = il, bank
-        self.attn_mix, self.attn_norm, self.attn = attn_mix, attn_norm, attn
-        self.ffn_mix, self.ffn_norm, self.ffn = ffn_mix, ffn_norm, ffn
+        self.attn_mix, self.ffn_mix = attn_mix, ffn_mix
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-                stack: list[torch.Tensor]) -> torch.Tensor:
+    def attn_add_norm(self, stream, pos: torch.Tensor, cache: KVCache):
+        x, stack = stream
         cur = x if self.attn_mix is None else self.attn_mix(stack, x)
         if self.bank:
-            stack.append(x)  # the raw layer input, then the stream restarts from attention
+            stack = (*stack, x)  # the raw layer input, then the stream restarts from attention
         h = self.attn(self.attn_norm(cur), pos, cache)
         x = h if self.bank else x + h
         cur = x if self.ffn_mix is None else self.ffn_mix(stack, x)
-        return x + self.ffn(self.ffn_norm(cur))
+        return (x, stack), self.ffn_norm(cur)
+
+    def add_ffn(self, mid, normed: torch.Tensor, ffn):
+        x, stack = mid
+        return x + ffn(normed), stack
+
+    def residual(self, stream) -> torch.Tensor:
+        return stream[0]
 
 
 class K3Decoder(Decoder):
@@ -100,18 +107,12 @@ class K3Decoder(Decoder):
         super().__init__(*args, **kw)
         self.out_mix = out_mix
 
-    def run(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-            last: bool | torch.Tensor = False) -> torch.Tensor:
-        """Decoder.run with the AttnRes checkpoints of this call's tokens handed from block to block."""
-        x = self.embed(tokens)  # [T, D]
-        stack: list[torch.Tensor] = []
-        for block in self.blocks:
-            x = block(x, pos, cache, stack)
-        if self.out_mix is not None:
-            x = self.out_mix(stack, x)
-        if isinstance(last, torch.Tensor):
-            return self.head(x.index_select(0, last))
-        return self.head(x[-1:] if last else x)
+    def enter(self, tokens: torch.Tensor):
+        return super().enter(tokens), ()  # no checkpoint banked yet
+
+    def leave(self, stream, last: bool | torch.Tensor = False) -> torch.Tensor:
+        x, stack = stream
+        return pick(x if self.out_mix is None else self.out_mix(stack, x), last)
 
 
 def _kda(w: Weights, cfg: ModelConfig, il: int) -> KDAttention:

@@ -55,11 +55,7 @@ class EagerDecode:
 
         self.net, self.cache = net, cache
         # SPARKD_DEVICE_ARGMAX=0 keeps its meaning (the row comes back) for this step too
-        # a decoder with its own forward (kimi-k3, deepseek4: per-sequence state; graph_blocker's test)
-        # has no net.run to pick from: its greedy step takes the logits row like any other request
-        from sparkd.engine.models.decoder import Decoder
-
-        self.device_argmax = on("device_pick") and device_argmax_default() and type(net) is Decoder
+        self.device_argmax = on("device_pick") and device_argmax_default()
         self.linked = link_norm_quant(net) if on("norm_quant") else 0
 
     def __call__(self, token: int) -> torch.Tensor:

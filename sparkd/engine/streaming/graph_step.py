@@ -5,7 +5,10 @@ routing ids are known. But what runs between two routers needs nothing from the 
 kernels of the previous MoE layer (their kernel table's offsets in a fixed device buffer per layer,
 copied there by the host once the experts are at hand; the shared experts beside them), the dense
 layers in between (DeepSeek's and GLM's first layers), then the next MoE layer's attention norm,
-attention (GQA or MLA), residual add, FFN norm and router. That part ("segment") is captured once
+attention (GQA, MLA, Kimi K3's KDA, DeepSeek V4's), residual add, FFN norm and router. What the
+segments hand on is the block's stream (models/decoder.py): the residual, with Kimi K3's AttnRes
+checkpoints or as DeepSeek V4's hyper-connection copies; each segment's outputs stay where its
+capture put them, so the next one reads them there. That part ("segment") is captured once
 and replayed every token: tens of launches and their Python become one replay. Per MoE layer the
 host then copies the routing ids back (the one wait, as the eager step's kernel_select does), has
 the experts read and copies their offsets; the last segment holds the last layer's experts and the
@@ -23,8 +26,10 @@ A segment runs the same kernels with the same arguments as the eager one-token s
 reads every cache row (span = the context, as decode_rows gives an eager step) through the decode
 kernels up to the device position, so the bits are the same (tests: eager == segments on the CPU
 interpreter, eager == replay on CUDA; glm-dsa's sparse attention, torch's attend over the span's keys,
-within float32 rounding). Where that would not hold (the eager decode kernels switched off, another
-attention or block) segment_blocker names why and the eager step runs.
+within float32 rounding; DeepSeek V4's static step, its window's rows and the compressed entries of the
+span, the same). Where that would not hold (the eager decode kernels switched off, another
+attention) segment_blocker names why and the eager step runs. A capture's warm-up puts the recurrent
+state (Kimi K3's KDA) back, as the replay folds the token in again (KVCache.state_kept).
 """
 
 from __future__ import annotations
@@ -51,20 +56,13 @@ def segment_blocker(net) -> str | None:
     from sparkd.engine.kernels import fused
     from sparkd.engine.layers.ffn import GatedFFN
     from sparkd.engine.layers.moe import MoE
-    from sparkd.engine.models.decoder import Block, Decoder
 
-    if type(net) is not Decoder:
-        return (f"its decoder ({type(net).__name__}) runs its own blocks, which hand more than the stream to each "
-                "other (Kimi K3's AttnRes checkpoints, DeepSeek V4's hyper-connection copies): segments hold the "
-                "shared decoder block")
     if not fused.one_token(False):
         return "the eager step's decode kernels are off (SPARKD_FUSED_EAGER=0): the bits would differ"
     probe = net.output_norm.weight if hasattr(net.output_norm, "weight") else next(net.parameters())
     if not (fused.active("rope_kv", probe) and fused.active("attention", probe)):
         return "the rope_kv or attention decode kernel is switched off (SPARKD_FUSED_KERNELS)"
     for il, block in enumerate(net.blocks):
-        if type(block) is not Block:
-            return f"layer {il}: its block ({type(block).__name__}) is not the shared decoder block"
         if why := attention_blocker(block.attn):
             return f"layer {il}: {why}"
         ffn = block.ffn
@@ -144,7 +142,7 @@ class SegmentDecode(EagerDecode):
         self.store = _store(net)
         self.prefetch = bool(self.store.plan.prefetch_slots)  # session.py attached the eager step's hooks
         self.pos = torch.zeros(1, dtype=torch.long, device=cache.device)  # the step's position
-        self.x = None  # [1, D] the first segment's input (and each one's without experts)
+        self._ins: dict[int, object] = {}  # segment -> its input stream (the first's; each one's without experts)
         self._outs: dict[int, tuple] = {}  # segment -> its outputs (the next segment's inputs)
         self._offsets: dict[int, torch.Tensor] = {}  # layer -> its kernel table's offsets, on the device
         self._sel: dict[int, object] = {}  # layer -> its KernelSelection over those offsets
@@ -174,27 +172,32 @@ class SegmentDecode(EagerDecode):
             raise EngineError(f"could not extend the KV cache to {cache.n_past + 1} positions: context is "
                               f"{cache.max_ctx} (raise --ctx)")
         self.pos.fill_(cache.n_past)
-        x = net.embed(torch.tensor([token]))
-        if net.embd_scale != 1.0:
-            x = x * net.embd_scale
-        if self.x is None:
-            self.x = torch.empty_like(x)
-        self.x.copy_(x)
+        self._static_in(0, net.enter(torch.tensor([token])))
         if self.prefetch:
             self.store.begin_step()  # block 0's first pre-hook
         for j, il in enumerate(self.cuts):
-            residual, normed, w, ids, guesses = self.segment(j)
+            mid, normed, w, ids, guesses = self.segment(j)
             for target, guessed in guesses:  # the pre-hooks of the segment's blocks, in order
                 prefetch.request(self.store, net.blocks[target], guessed)
             if self.experts:
                 self.select(il, ids)
                 continue
             moe = net.blocks[il].ffn
-            self.x.copy_(net.blocks[il].add_ffn(
-                residual, normed, lambda h, residual=None: moe(h, residual=residual, routing=(w, ids))))
+            self._static_in(j + 1, net.blocks[il].add_ffn(
+                mid, normed, lambda h, residual=None: moe(h, residual=residual, routing=(w, ids))))
         logits = self.segment(len(self.cuts))
         cache.n_past += 1
         return logits
+
+    def _static_in(self, j: int, stream) -> None:
+        """Segment j's input: stream's tensors copied into the segment's own (made on the first token), those an
+        earlier segment gave (its outputs: the same tensors every replay) read where they are."""
+        if j not in self._ins:
+            held = {id(t) for t in _leaves(self._outs[j - 1][0])} if j else set()  # the mid add_ffn read
+            self._ins[j] = _map(stream, lambda t: t if id(t) in held else t.clone())
+        for static, t in zip(_leaves(self._ins[j]), _leaves(stream), strict=True):
+            if static is not t:
+                static.copy_(t)
 
     def select(self, il: int, ids: torch.Tensor) -> None:
         """Layer il's experts read (or found) and their offsets in the layer's device buffer."""
@@ -220,42 +223,63 @@ class SegmentDecode(EagerDecode):
         return self._outs[j]
 
     def _run(self, j: int):
-        net, cache, x = self.net, self.cache, self.x
+        net, cache = self.net, self.cache
         if self.experts and j > 0:
             il = self.cuts[j - 1]
-            residual, normed, w = self._outs[j - 1][:3]
+            mid, normed, w = self._outs[j - 1][:3]
             moe, sel, w = net.blocks[il].ffn, self._sel[il], w.float().contiguous()
-            x = net.blocks[il].add_ffn(residual, normed, lambda h, residual=None: moe.selected(sel, h, w, residual))
+            stream = net.blocks[il].add_ffn(mid, normed, lambda h, residual=None: moe.selected(sel, h, w, residual))
+        else:
+            stream = self._ins[j]
         first = self.cuts[j - 1] + 1 if j > 0 else 0
         last = self.cuts[j] if j < len(self.cuts) else len(net.blocks)
         guesses = []
         cache.span = cache.max_ctx  # every row, as decode_rows gives the eager step; the position on the device
         try:
             for il in range(first, last):  # dense layers
-                guesses += self._guess(il, x)
-                x = net.blocks[il].forward(x, self.pos, cache)  # (not its pre-hook: the guess is asked for later)
+                guesses += self._guess(il, stream)
+                stream = net.blocks[il].forward(stream, self.pos, cache)  # (not its pre-hook: asked for later)
             if last == len(net.blocks):
-                return net.head(x)
-            guesses += self._guess(last, x)
-            residual, normed = net.blocks[last].attn_add_norm(x, self.pos, cache)
-            w, ids = net.blocks[last].ffn.router(normed)
+                return net.head(net.leave(stream))
+            guesses += self._guess(last, stream)
+            block = net.blocks[last]
+            mid, normed = block.attn_add_norm(stream, self.pos, cache)
+            w, ids = block.route(mid, normed)
         finally:
             cache.span = None
-        return residual, normed, w, ids, guesses
+        return mid, normed, w, ids, guesses
 
-    def _guess(self, il: int, x: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-        """Block il's prefetch pre-hook: the next MoE layer's routing ids guessed from x, the block's input."""
+    def _guess(self, il: int, stream) -> list[tuple[int, torch.Tensor]]:
+        """Block il's prefetch pre-hook: the next MoE layer's routing ids guessed from the block's input."""
         target = next((c for c in self.cuts if c > il), None)
         if not self.prefetch or target is None:
             return []
-        return [(target, prefetch.guess(self.net.blocks[target], x))]
+        return [(target, prefetch.guess(self.net.blocks[target], self.net.blocks[il].residual(stream)))]
 
     def _capture(self, j: int) -> torch.cuda.CUDAGraph:
         # (the warm-up writes this token's K/V rows, as the replay that follows does again)
         self.capturing = True
+
+        def warm():
+            with self.cache.state_kept():
+                self._run(j)
         try:
-            graph, self._outs[j] = capture(self.cache.device, self._pool, lambda: self._run(j), lambda: self._run(j))
+            graph, self._outs[j] = capture(self.cache.device, self._pool, warm, lambda: self._run(j))
         finally:
             self.capturing = False
         self._pool = graph.pool()
         return graph
+
+
+def _leaves(stream):
+    """The tensors of a stream (a tensor, or tuples of them and of tuples: models/decoder.py), in order."""
+    if isinstance(stream, torch.Tensor):
+        yield stream
+    else:
+        for part in stream:
+            yield from _leaves(part)
+
+
+def _map(stream, fn):
+    """The stream with fn applied to each of its tensors."""
+    return fn(stream) if isinstance(stream, torch.Tensor) else tuple(_map(part, fn) for part in stream)

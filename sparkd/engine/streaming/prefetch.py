@@ -44,7 +44,7 @@ def request(store, target, ids: torch.Tensor) -> None:
 
 def _hook(target, store, max_tokens: int):
     def hook(mod, args):
-        x = args[0]  # [T, D] residual stream entering the block
+        x = mod.residual(args[0])  # [T, D] residual stream entering the block
         if x.shape[0] > max_tokens:
             return
         with torch.inference_mode():
