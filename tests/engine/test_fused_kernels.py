@@ -37,7 +37,7 @@ from sparkd.engine.layers import attention
 from sparkd.engine.layers.attention import attend, attend_sdpa
 from sparkd.engine.layers.linear import Linear
 from sparkd.engine.layers.moe import Router
-from sparkd.engine.layers.norm import rms_normalize
+from sparkd.engine.layers.norm import rms_normalize_torch
 from sparkd.engine.layers.rope import RopeConfig, apply_rope, rope_cos_sin
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
@@ -61,7 +61,7 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 def test_rms_norm_matches_torch(backend, shape):
     x = torch.randn(shape) * 3
     w = torch.randn(shape[-1])
-    want = rms_normalize(x, 1e-6) * w
+    want = rms_normalize_torch(x, 1e-6) * w
     got = rms_norm(x.to(backend), w.to(backend), 1e-6)
     assert got.shape == x.shape and got.device.type == backend
     assert rel_err(got, want) < BOUND["rms_norm"]
@@ -73,7 +73,7 @@ def test_add_rms_norm_returns_the_sum_and_its_norm(backend, shape):
     x, h, w = torch.randn(shape), torch.randn(shape), torch.randn(shape[-1])
     total, normed = add_rms_norm(x.to(backend), h.to(backend), w.to(backend), 1e-6)
     assert torch.equal(total.cpu(), x + h)
-    assert rel_err(normed, rms_normalize(x + h, 1e-6) * w) < BOUND["rms_norm"]
+    assert rel_err(normed, rms_normalize_torch(x + h, 1e-6) * w) < BOUND["rms_norm"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -81,7 +81,7 @@ def test_rms_norm_reads_strided_rows(backend):
     kv = torch.randn(3, 40)  # MLA normalises the latent part of each row: a strided view
     w = torch.randn(32)
     got = rms_norm(kv.to(backend)[:, :32], w.to(backend), 1e-5)
-    assert rel_err(got, rms_normalize(kv[:, :32], 1e-5) * w) < BOUND["rms_norm"]
+    assert rel_err(got, rms_normalize_torch(kv[:, :32], 1e-5) * w) < BOUND["rms_norm"]
 
 
 def test_rms_norm_refuses_bad_arguments():
@@ -95,7 +95,7 @@ def test_rms_norm_refuses_bad_arguments():
 
 def rope_reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox, norms=None):
     if norms is not None:
-        q, k = (rms_normalize(t, norms[2]) * w for t, w in zip((q, k), norms[:2]))
+        q, k = (rms_normalize_torch(t, norms[2]) * w for t, w in zip((q, k), norms[:2]))
     c, s = cos[pos:pos + 1], sin[pos:pos + 1]
     k_cache, v_cache = k_cache.clone(), None if v_cache is None else v_cache.clone()
     k_cache[pos] = apply_rope(k, c, s, neox)[0]

@@ -130,6 +130,48 @@ def test_gemv_matches_reference(backend, qtype, config):
         assert err < BOUNDS["fp32"], f"{qtype.name} [{rows}, {cols}]: relative error {err:.2e}"
 
 
+# one of each GEMV launch: the integer step (Q8_0's x blocks without sums, Q4_K's with them), the warps_k launch (the
+# resident pairx layout at split 2) and the float step (Q5_K); a split forced so the whole and each group share it
+GROUPED_CASES = {"q8_0": GemvConfig(block_n=2, num_warps=1, unroll=2, split=2),
+                 "q4_k": GemvConfig(block_n=4, num_warps=1, unroll=1, split=1),
+                 "q4_k_pairx": GemvConfig(block_n=4, num_warps=1, unroll=1, split=2, warps_k=True),
+                 "q5_k": GemvConfig(block_n=4, num_warps=1, unroll=2, split=2)}
+
+
+@pytest.mark.parametrize("layout", GROUPED_CASES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grouped_gemv_is_each_groups_gemv(backend, layout):
+    """gemv on x [G, cols] (DeepSeek V4's grouped output projection, one launch): group g's rows times x[g], the bits
+    of that group's own GEMV, within float32 rounding of the float64 product."""
+    qtype, ltype, pack = INT8_LAYOUTS.get(layout, (T.Q5_K, T.Q5_K, None))
+    cfg, G, R = GROUPED_CASES[layout], 3, 8
+    cols = dispatch.FAMILIES[qtype].block_values * 2
+    raw = random_blocks(qtype, G * R * cols // dispatch.FAMILIES[qtype].block_values)
+    w = (raw if pack is None else pack(raw, (G * R, cols))).to(backend)
+    x = torch.randn(G, cols, device=backend)
+    y = gemv(w, ltype, (G * R, cols), x, config=cfg)
+    row_bytes = w.numel() // (G * R)
+    for g in range(G):
+        own = gemv(w[g * R * row_bytes:(g + 1) * R * row_bytes], ltype, (R, cols), x[g].contiguous(), config=cfg)
+        assert torch.equal(y[g * R:(g + 1) * R], own), f"{layout} group {g}"
+    W, xr = reference(raw, qtype, (G * R, cols)).view(G, R, cols), act_in(qtype, x.cpu())
+    want, scale = torch.einsum("grk,gk->gr", W, xr), torch.einsum("grk,gk->gr", W.abs(), xr.abs())
+    assert rel_err(y.view(G, R), want, scale) < BOUNDS["fp32"]
+
+
+@pytest.mark.parametrize("case", ["rows", "tile", "qx"])
+def test_grouped_gemv_refuses_groups_that_split_a_tile(case):
+    """12 rows in 5 groups; 3 groups of 4 rows on 8-row programs; a pre-quantized x (one row): refused, y untouched."""
+    dev = _dev()
+    raw = random_blocks(T.Q4_K, 12).to(dev)
+    x = torch.randn(5 if case == "rows" else 3, 256, device=dev)
+    out = torch.full((12,), float("nan"), device=dev)
+    qx = act_quant.quantize(x[:1].contiguous(), act_quant.Q8_K) if case == "qx" else None
+    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K GEMV on \d groups: need 12 rows"):
+        gemv(raw, T.Q4_K, (12, 256), x, out=out, config=GemvConfig(block_n=8 if case == "tile" else 4), qx=qx)
+    assert torch.isnan(out).all()
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gemm_matches_reference(backend, qtype):

@@ -21,7 +21,7 @@ from sparkd.engine.kernels.decode_attention import decode_attention  # noqa: E40
 from sparkd.engine.kernels.family import KernelArgumentError  # noqa: E402
 from sparkd.engine.kernels.rope_kv import rope_kv  # noqa: E402
 from sparkd.engine.layers.attention import attend  # noqa: E402
-from sparkd.engine.layers.norm import rms_normalize  # noqa: E402
+from sparkd.engine.layers.norm import rms_normalize_torch  # noqa: E402
 from sparkd.engine.layers.rope import RopeConfig, apply_rope, rope_cos_sin  # noqa: E402
 
 BACKENDS = [
@@ -59,7 +59,7 @@ def inputs(H, Hkv, Dk, Dv, n_rot, neox, S, pos, norm, sinks, seed=0):
 def reference(q, k, v, cos, sin, pos, k_cache, v_cache, neox, norms, scale, window, sink):
     """Torch: norms, rope, the row at pos, attend → (output, the caches after)."""
     if norms is not None:
-        q, k = (rms_normalize(t, norms[2]) * w for t, w in zip((q, k), norms[:2]))
+        q, k = (rms_normalize_torch(t, norms[2]) * w for t, w in zip((q, k), norms[:2]))
     c, s = cos[pos:pos + 1], sin[pos:pos + 1]
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
     k_cache[pos], v_cache[pos] = apply_rope(k, c, s, neox)[0], v[0]

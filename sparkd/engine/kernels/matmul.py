@@ -318,13 +318,22 @@ def prefetch_tile(w_ptr, N, row_bytes, BLOCK_N: tl.constexpr, SPLIT: tl.constexp
 
 
 @triton.jit
+def x_row(xw_ptr, xd_ptr, xs_ptr, g, K, XBLOCK: tl.constexpr):
+    """Row g's pointers of a quantized x [G, K] (act_quant.QuantX: K / 4 words, K / XBLOCK scales, K / 32 sums a row;
+    Q8_0's sums, a placeholder, are never read)."""
+    return xw_ptr + g * (K // 4), xd_ptr + g * (K // XBLOCK), xs_ptr + g * (K // 32)
+
+
+@triton.jit
 def _igemv_kernel(w_ptr, aux_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_bytes,
                   IDOT: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, BLOCK_N: tl.constexpr,
                   UNROLL: tl.constexpr, SPLIT: tl.constexpr, EW: tl.constexpr, EMU: tl.constexpr,
                   ATOMIC: tl.constexpr, KFOLD: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
-                  PREFETCH: tl.constexpr = 0):
+                  PREFETCH: tl.constexpr = 0, GROUP_ROWS: tl.constexpr = 0, XBLOCK: tl.constexpr = 32):
     prefetch_tile(w_ptr, N, row_bytes, BLOCK_N, SPLIT, PREFETCH)  # weights only: allowed before the wait
     pdl.start(PDL)  # first after the weights' prefetch: pdl's rule
+    if GROUP_ROWS:  # gemv's groups: the program's rows take x's row (first row // GROUP_ROWS)
+        xw_ptr, xd_ptr, xs_ptr = x_row(xw_ptr, xd_ptr, xs_ptr, tl.program_id(0) * BLOCK_N // GROUP_ROWS, K, XBLOCK)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     acc = row_idot(w_ptr, aux_ptr, rows.to(tl.int64) * row_bytes, rmask, xw_ptr, xd_ptr, xs_ptr, K,
@@ -334,11 +343,14 @@ def _igemv_kernel(w_ptr, aux_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, part_ptr, ticke
 
 @triton.jit
 def _kgemv_kernel(w_ptr, xw_ptr, xd_ptr, xs_ptr, y_ptr, N, K, row_bytes, KSTEP: tl.constexpr, KW: tl.constexpr,
-                  UNROLL: tl.constexpr, EMU: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+                  UNROLL: tl.constexpr, EMU: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+                  GROUP_ROWS: tl.constexpr = 0, XBLOCK: tl.constexpr = 32):
     """_igemv_kernel at split KW with the ranges on the program's KW warps (GemvConfig.warps_k): a 4-row tile a
     program, y written once, in the split-K launch's sum order."""
     prefetch_tile(w_ptr, N, row_bytes, 4, 1, PREFETCH)  # weights only: allowed before the wait
     pdl.start(PDL)  # first after the weights' prefetch: pdl's rule
+    if GROUP_ROWS:  # as _igemv_kernel's
+        xw_ptr, xd_ptr, xs_ptr = x_row(xw_ptr, xd_ptr, xs_ptr, tl.program_id(0) * 4 // GROUP_ROWS, K, XBLOCK)
     rows = tl.program_id(0) * 4 + tl.arange(0, 4)
     tl.store(y_ptr + rows, KSTEP(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW, UNROLL, EMU), mask=rows < N)
 
@@ -348,8 +360,10 @@ def _gemv_kernel(w_ptr, aux_ptr, x_ptr, y_ptr, part_ptr, tickets_ptr, N, K, row_
                  ACC0: tl.constexpr, TOTAL: tl.constexpr, DEQ: tl.constexpr, USE_DEQ: tl.constexpr,
                  NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr,
                  EW: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr, KFOLD: tl.constexpr,
-                 STAGES: tl.constexpr, PDL: tl.constexpr = False):
+                 STAGES: tl.constexpr, PDL: tl.constexpr = False, GROUP_ROWS: tl.constexpr = 0):
     pdl.start(PDL)  # first: pdl's rule
+    if GROUP_ROWS:  # as _igemv_kernel's (x rows K apart)
+        x_ptr += tl.program_id(0) * BLOCK_N // GROUP_ROWS * K
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     row_off = rows.to(tl.int64) * row_bytes
@@ -400,32 +414,49 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     format (one row, e.g. from rms_norm_quant); for the others round_x (if given) rounds x first.
     parts: return [split, rows], the split-K ranges' partial sums unsummed (no fold in or after the
     launch; the reader adds them in order 0..split-1 from 0.0, fold_part's bits: sum_parts), or
-    y[None] where the launch has no ordered split (split 1, atomic adds); out is then y's buffer."""
+    y[None] where the launch has no ordered split (split 1, atomic adds); out is then y's buffer.
+
+    Grouped (x [G, cols]): W is G matrices of rows / G rows stacked, and matrix g multiplies x[g] (DeepSeek V4's
+    grouped output projection): one launch, each program's rows in one group (grouped_tile_fits), y [rows]."""
     what = f"the {qtype.name} GEMV"
-    fam, rows, cols, row_bytes = checked(weight, qtype, shape, x, 1, what)
+    groups = x.shape[0] if x.dim() == 2 else 0
+    fam, rows, cols, row_bytes = checked(weight, qtype, shape, x, 2 if groups else 1, what)
     dispatch.check_out(out, (rows,), x.device, what)
     check_qx(qx, fam, cols, what)
     cfg = config or default_config(fam)
     check_one_tile(fam, cfg, what)
+    group_rows = 0
+    if groups:
+        group_rows = rows // groups
+        if qx is not None or parts or rows % groups or not grouped_tile_fits(cfg, group_rows):
+            raise dispatch.KernelArgumentError(
+                f"could not run {what} on {groups} groups: need {rows} rows a multiple of the groups and of the "
+                f"tile's rows (grouped_tile_fits: {cfg.block_n}, at least 4) per group, x alone (no qx or parts)")
     kernel_folds(cfg, 1)  # a bad fold name refused whether or not parts replaces it
     cfg = dataclasses.replace(cfg, fold="torch") if parts else cfg  # "torch": the partials stay in part
     y = torch.empty(rows, dtype=torch.float32, device=x.device) if out is None else out
     if fam.idot is not None:
         y = igemv(weight, fam.idot, fam.iacc, fam.act_fmt, (rows, cols), row_bytes, x, y, cfg, qx, fam.isplit, parts,
-                  fam.kstep, fam.grid)
+                  fam.kstep, fam.grid, group_rows)
         return y[None] if parts and y.dim() == 1 else y
     split = split_for(cfg, rows, triton.cdiv(cols, fam.nsub * fam.sublen), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
     part = partials_for(y, split, cfg)
-    x = x if round_x is None else round_x(x).contiguous()
+    x = (x if round_x is None else round_x(x)).contiguous()
     tiles = triton.cdiv(rows, cfg.block_n)
     ticket = _tickets_arg(in_kernel, tiles, part)
     _gemv_kernel[(tiles, split)](
         weight, aux_arg(fam, cols, x.device), x, y, part, ticket, rows, cols, row_bytes,
-        **family_args(fam), **_launch_args(cfg, split), **pdl.launch(x.device))
+        **family_args(fam), **_launch_args(cfg, split), **pdl.launch(x.device),
+        **({"GROUP_ROWS": group_rows} if group_rows else {}))
     if parts:
         return part if part is not y else y[None]
     return y if in_kernel else fold_partials(part, y)
+
+
+def grouped_tile_fits(cfg: GemvConfig, group_rows: int) -> bool:
+    """Whether a grouped GEMV's programs (cfg.block_n rows; the warps_k launch's 4) each fall in one group."""
+    return group_rows % max(cfg.block_n, 4) == 0
 
 
 def check_one_tile(fam: dispatch.Family, cfg: GemvConfig, what: str) -> None:
@@ -440,21 +471,23 @@ def check_one_tile(fam: dispatch.Family, cfg: GemvConfig, what: str) -> None:
 def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape: tuple[int, int],
           row_bytes: int, x: torch.Tensor, y: torch.Tensor, cfg: GemvConfig,
           qx: act_quant.QuantX | None = None, isplit: int = 0, parts: bool = False, kstep=None,
-          grid: str | None = None) -> torch.Tensor:
+          grid: str | None = None, group_rows: int = 0) -> torch.Tensor:
     """gemv's integer path, for any byte layout an idot step reads (rows row_bytes apart): x
     quantized to act_fmt (or qx, x quantized so already), y [rows] written; isplit: the rows'
     sum order (Family.isplit, row_sums); parts: gemv's (the [split, rows] partials where there
     are, cfg.fold "torch"); kstep: Family.kstep, run where uses_kstep says; grid: Family.grid, the
-    codebook the step gets (grids.grid_words). Arguments checked by the caller."""
+    codebook the step gets (grids.grid_words); group_rows: gemv's groups (x [G, cols], each group's rows).
+    Arguments checked by the caller."""
     rows, cols = shape
     split = split_for(cfg, rows, triton.cdiv(cols, 256), x.device)
     in_kernel = kernel_folds(cfg, split)  # checks cfg.fold before anything runs
-    q = act_quant.quantize(x[None], act_fmt) if qx is None else qx
+    q = act_quant.quantize(x if group_rows else x[None], act_fmt) if qx is None else qx
+    grouped = dict(GROUP_ROWS=group_rows, XBLOCK=act_quant.BLOCKS[act_fmt]) if group_rows else {}
     if in_kernel and not parts and uses_kstep(cfg, split, kstep):
         _kgemv_kernel[(triton.cdiv(rows, cfg.block_n),)](
             weight, q.words, q.scales, q.sums, y, rows, cols, row_bytes, KSTEP=kstep, KW=split,
             UNROLL=step_groups(cfg, split), EMU=emulate(cfg, x), num_warps=split, maxnreg=KSTEP_MAXNREG,
-            PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes), **pdl.launch(x.device))
+            PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes), **pdl.launch(x.device), **grouped)
         return y
     part = partials_for(y, split, cfg)
     tiles = triton.cdiv(rows, cfg.block_n)
@@ -462,7 +495,8 @@ def igemv(weight: torch.Tensor, idot, iacc: tuple[int, int], act_fmt: str, shape
     _igemv_kernel[(tiles, split)](
         weight, grids.grid_words(grid, x.device), q.words, q.scales, q.sums, y, part, ticket, rows, cols, row_bytes,
         IDOT=idot, A1=iacc[0], A2=iacc[1], A3=isplit, EMU=emulate(cfg, x),
-        PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes), **_launch_args(cfg, split), **pdl.launch(x.device))
+        PREFETCH=pdl.prefetch_mode(x.device, rows * row_bytes), **_launch_args(cfg, split), **pdl.launch(x.device),
+        **grouped)
     if parts:
         return part
     return y if in_kernel else fold_partials(part, y)

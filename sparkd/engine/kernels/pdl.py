@@ -142,8 +142,9 @@ def launch(device: torch.device | str) -> dict:
 
 def compile_args(kern, consts: dict) -> dict:
     """consts for an offline compile (triton.compiler.ASTSource names every argument): PDL and the weight
-    prefetch off unless given, where the kernel takes them."""
-    off = {k: v for k, v in (("PDL", False), ("PREFETCH", 0)) if k in kern.arg_names}
+    prefetch off, and a GEMV ungrouped (matmul.gemv's groups), unless given, where the kernel takes them."""
+    defaults = (("PDL", False), ("PREFETCH", 0), ("GROUP_ROWS", 0), ("XBLOCK", 32))
+    off = {k: v for k, v in defaults if k in kern.arg_names}
     return {**off, **consts}
 
 

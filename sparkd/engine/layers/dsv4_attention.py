@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.kv_cache import KVCache
 from sparkd.engine.layers.kv_compressor import Compressor, rope_tail
 from sparkd.engine.layers.dsv4_indexer import CompressedIndexer
@@ -44,7 +43,7 @@ def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int | torch.Tensor, wi
 class DSV4Attention(nn.Module):
     def __init__(self, il: int, n_head: int, head_dim: int, rms_eps: float, window: int,
                  rope: RopeConfig, wq_a: Linear, q_a_norm: RMSNorm, wq_b: Linear, wkv: Linear,
-                 kv_norm: RMSNorm, sinks: torch.Tensor, wo_a: torch.Tensor, act_wo_a: str | None,
+                 kv_norm: RMSNorm, sinks: torch.Tensor, wo_a: Linear, o_groups: int,
                  wo_b: Linear, compressor: Compressor | None = None,
                  indexer: CompressedIndexer | None = None):
         super().__init__()
@@ -52,8 +51,7 @@ class DSV4Attention(nn.Module):
         self.rope = rope
         self.wq_a, self.q_a_norm, self.wq_b, self.wkv, self.kv_norm = wq_a, q_a_norm, wq_b, wkv, kv_norm
         self.sinks = nn.Parameter(sinks, requires_grad=False)
-        self.wo_a = nn.Parameter(wo_a, requires_grad=False)  # [G, R, H/G * Dh]
-        self.act_wo_a, self.wo_b = act_wo_a, wo_b
+        self.wo_a, self.o_groups, self.wo_b = wo_a, o_groups, wo_b  # wo_a: G matrices [R, H/G * Dh] stacked
         self.compressor, self.indexer = compressor, indexer
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -69,9 +67,7 @@ class DSV4Attention(nn.Module):
         extra, ok = self._compressed(x, qr, pos, cache)
         o = attend_extra(q, rows, start, self.window, self.sinks, Dh ** -0.5, extra, ok, rows_pos)
         o = rope_tail(o, self.rope, pos, inverse=True, cache=cache)  # [T, H, Dh]
-        G = self.wo_a.shape[0]
-        o = round_activations(o.reshape(T, G, -1), self.act_wo_a)
-        oa = torch.einsum("tgi,gri->tgr", o, self.wo_a)  # [T, G, R]
+        oa = self.wo_a.grouped(o.reshape(T, self.o_groups, -1))  # [T, G, R]: group g's heads through matrix g
         return self.wo_b(oa.reshape(T, -1))
 
     def _compressed(self, x, qr, pos, cache) -> tuple[torch.Tensor | None, torch.Tensor | None]:

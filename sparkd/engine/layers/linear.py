@@ -5,6 +5,7 @@ one input (q, k, v) in one matrix of their rows: one x quantization and one GEMV
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,12 @@ class Linear(nn.Module):
 
             return float_gemm(x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, G, in]: the rows as G stacked matrices, matrix g times x[:, g] → [T, G, out / G] (no bias: the
+        layers that call it have none)."""
+        T, G, cols = x.shape
+        return torch.einsum("tgi,gri->tgr", round_activations(x, self.act_fmt), self.weight.view(G, -1, cols))
 
 
 class KernelLinear(nn.Module):
@@ -114,10 +121,10 @@ class KernelLinear(nn.Module):
         else:
             qx = self._gemm_qx(h)  # the integer GEMM: x quantized once, for every part
             if qx is not None and (len(self.parts) == 1 or PREFILL_STACK == "one"):
-                y = self._gemm(h, None, qx)  # the whole stack in one launch
+                y = self._gemm(h, qx=qx)  # the whole stack in one launch
             else:  # a float GEMM tile's arithmetic may depend on a row's place in it: part by part
                 hr = h if qx is not None else self._round(h).contiguous()
-                y = torch.cat([self._gemm(hr, i, qx) for i in range(len(self.parts))], dim=1)
+                y = torch.cat([self._gemm(hr, *self._span(i), qx) for i in range(len(self.parts))], dim=1)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.shape[0])
@@ -134,6 +141,31 @@ class KernelLinear(nn.Module):
             return gemv(self.raw, self.qtype, self.shape, h, config=cfg, round_x=self._round, qx=self._quantized(x),
                         parts=True)
         return self.forward(x).reshape(1, self.shape[0])
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """Linear.grouped through the kernels: a token in one grouped GEMV launch (matmul.gemv's groups) where a
+        program's rows fit in a group, else a GEMV or GEMM per group."""
+        from sparkd.engine.kernels import dispatch
+        from sparkd.engine.kernels.matmul import gemv, grouped_tile_fits
+
+        T, G, cols = x.shape
+        R = self.shape[0] // G
+        h = x.float()
+        if T == 1:
+            cfg, _ = self._gemv_config(x.is_cuda)
+            if not dispatch.family(self.qtype).one_tile:  # a fixed tile stays (check_one_tile)
+                cfg = dataclasses.replace(cfg, block_n=math.gcd(cfg.block_n, R))
+            if grouped_tile_fits(cfg, R):
+                return gemv(self.raw, self.qtype, self.shape, h[0].contiguous(), config=cfg,
+                            round_x=self._round).view(1, G, R)
+            return torch.stack([gemv(*self._rows(g * R, R), h[0, g].contiguous(), config=cfg, round_x=self._round)
+                                for g in range(G)])[None]
+        outs = []
+        for g in range(G):
+            hg = h[:, g].contiguous()
+            qx = self._gemm_qx(hg)
+            outs.append(self._gemm(hg if qx is not None else self._round(hg).contiguous(), g * R, R, qx))
+        return torch.stack(outs, dim=1)
 
     def _quantized(self, x: torch.Tensor):
         """x's QuantX in this GEMV's format if the norm that made x wrote one (act_quant.attach)."""
@@ -178,17 +210,22 @@ class KernelLinear(nn.Module):
         fam = dispatch.family(self.qtype)
         return act_quant.quantize(h, fam.act_fmt) if int_gemm(fam, PREFILL_PRECISION) else None
 
-    def _gemm(self, h: torch.Tensor, i: int | None, qx=None) -> torch.Tensor:
-        """Part i's GEMM (None: all of the matrix's rows)."""
+    def _gemm(self, h: torch.Tensor, first: int | None = None, rows: int | None = None, qx=None) -> torch.Tensor:
+        """The GEMM of rows [first, first + rows) (None: all of the matrix's)."""
         from sparkd.engine.kernels.prefill_gemm import gemm
 
-        part = (self.raw, self.qtype, self.shape) if i is None else self._part(i)
+        part = (self.raw, self.qtype, self.shape) if first is None else self._rows(first, rows)
         return gemm(*part, h, precision=PREFILL_PRECISION, qx=qx)
 
+    def _span(self, i: int) -> tuple[int, int]:
+        """(first row, rows) of stacked part i (the whole matrix when not a stack)."""
+        return sum(self.parts[:i]), self.parts[i]
+
     def _part(self, i: int) -> tuple[torch.Tensor, object, tuple[int, int]]:
-        """(raw bytes, qtype, shape) of stacked part i (the whole matrix when not a stack)."""
-        if len(self.parts) == 1:
-            return self.raw, self.qtype, self.shape
-        rows, row_bytes = self.parts[i], self.raw.numel() // self.shape[0]
-        start = sum(self.parts[:i]) * row_bytes
-        return self.raw[start:start + rows * row_bytes], self.qtype, (rows, self.shape[1])
+        """(raw bytes, qtype, shape) of stacked part i."""
+        return self._rows(*self._span(i))
+
+    def _rows(self, first: int, rows: int) -> tuple[torch.Tensor, object, tuple[int, int]]:
+        """(raw bytes, qtype, shape) of rows [first, first + rows) (a tiled layout's: whole tiles)."""
+        row_bytes = self.raw.numel() // self.shape[0]
+        return self.raw[first * row_bytes:(first + rows) * row_bytes], self.qtype, (rows, self.shape[1])

@@ -9,9 +9,29 @@ from sparkd.engine.kernels import fused
 
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x²) + eps) over the last dim, without a weight (ggml_rms_norm)."""
+    """x / sqrt(mean(x²) + eps) over the last dim, without a weight (ggml_rms_norm): the fused RMSNorm kernel with
+    a weight of ones where it runs (DeepSeek V4's hyper-connections and query heads: one launch, not eight)."""
+    if fused.active("rms_norm", x) and x.dtype == torch.float32:
+        from sparkd.engine.kernels.rms_norm import rms_norm
+
+        return rms_norm(x, _ones(x.shape[-1], x.device), eps)
+    return rms_normalize_torch(x, eps)
+
+
+def rms_normalize_torch(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_normalize in torch (the reference), the mean of squares in float64 as ggml's accumulator."""
     ms = x.double().pow(2).mean(-1, keepdim=True)
     return x * torch.rsqrt(ms + eps).to(x.dtype)
+
+
+_ONES: dict[tuple[torch.device, int], torch.Tensor] = {}  # (device, width) -> ones, made on the first (eager) call
+
+
+def _ones(n: int, device: torch.device) -> torch.Tensor:
+    key = (torch.device(device), n)
+    if key not in _ONES:
+        _ONES[key] = torch.ones(n, device=device)
+    return _ONES[key]
 
 
 class RMSNorm(nn.Module):
@@ -36,7 +56,7 @@ class RMSNorm(nn.Module):
             from sparkd.engine.kernels.rms_norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps)  # one launch instead of eight
-        return rms_normalize(x, self.eps) * self.weight
+        return rms_normalize_torch(x, self.eps) * self.weight
 
     def fused_on(self, x: torch.Tensor) -> bool:
         """Whether this norm of x runs as the fused kernel (kernels/fused.py)."""

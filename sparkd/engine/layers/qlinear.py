@@ -108,3 +108,15 @@ class QuantLinear(nn.Module):
             b = None if self.bias is None else self.bias[r0:r1]
             out[..., r0:r1] = F.linear(xr, w.dequantize(r0, r1), b)
         return out
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """Linear.grouped with the rows dequantized per use."""
+        T, G, _ = x.shape
+        xr, w = round_activations(x, self.act_fmt), self.weight
+        R = w.rows // G
+        out = torch.empty(T, G, R, dtype=torch.float32)
+        for g in range(G):
+            for r0 in range(0, R, w.chunk_rows):
+                r1 = min(R, r0 + w.chunk_rows)
+                out[:, g, r0:r1] = F.linear(xr[:, g], w.dequantize(g * R + r0, g * R + r1))
+        return out

@@ -101,13 +101,11 @@ def _attention(w: Weights, cfg: ModelConfig, il: int) -> DSV4Attention:
             x["idx_heads"], x["idx_dim"], x["idx_top_k"], w.linear(f"{p}.indexer.attn_q_b"),
             w.linear(f"{p}.indexer.proj"),
             _compressor(w, cfg, f"{p}.indexer_compressor", ratio, x["idx_dim"], comp_rope), comp_rope)
-    G, H, Dh = x["o_groups"], cfg.n_head, cfg.head_dim_k
-    wo_a = w.get(f"{p}.attn_output_a.weight").view(G, x["o_lora_rank"], H * Dh // G)
     return DSV4Attention(
-        il, H, Dh, cfg.rms_eps, cfg.n_swa, comp_rope if ratio else plain,
+        il, cfg.n_head, cfg.head_dim_k, cfg.rms_eps, cfg.n_swa, comp_rope if ratio else plain,
         w.linear(f"{p}.attn_q_a"), w.norm(f"{p}.attn_q_a_norm", cfg.rms_eps), w.linear(f"{p}.attn_q_b"),
         w.linear(f"{p}.attn_kv"), w.norm(f"{p}.attn_kv_a_norm", cfg.rms_eps), w.get(f"{p}.attn_sinks.weight"),
-        wo_a, w.act_format(f"{p}.attn_output_a.weight"), w.linear(f"{p}.attn_output_b"), comp, indexer)
+        w.linear(f"{p}.attn_output_a"), x["o_groups"], w.linear(f"{p}.attn_output_b"), comp, indexer)
 
 
 def _ffn(w: Weights, cfg: ModelConfig, il: int, store: ExpertStore) -> tuple[MoE, torch.Tensor | None]:
