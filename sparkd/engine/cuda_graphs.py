@@ -56,7 +56,7 @@ from sparkd.engine.layers.mla import MLAttention
 from sparkd.engine.layers.moe import MoE
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
-from sparkd.engine.models.decoder import Block, Decoder
+from sparkd.engine.models.decoder import Decoder
 from sparkd.engine.sampler import Sampler, SamplingParams, greedy_pick
 
 MODES = ("auto", "on", "off")
@@ -94,17 +94,7 @@ def link_norm_quant(net: Decoder) -> int:
     format, so the norm writes x's int8 blocks for it (RMSNorm.quant_fmt); returns how many norms
     were linked. Other readers of the same output (the router) are unaffected: they get the same
     float tensor."""
-    pairs = [(net.output_norm, net.output)]
-    for block in net.blocks:
-        if type(block) is not Block:
-            continue
-        attn, ffn = block.attn, block.ffn
-        if type(attn) is Attention:
-            pairs.append((block.attn_norm, next((m for m in (attn.wqkv, attn.wqk, attn.wq) if m is not None), None)))
-        if isinstance(ffn, GatedFFN):
-            pairs.append((block.ffn_norm, ffn.gate))
-        elif type(ffn) is MoE:
-            pairs.append((block.ffn_norm, ffn))
+    pairs = [(net.output_norm, net.output)] + [pair for block in net.blocks for pair in block.norm_readers()]
     linked = 0
     for norm, reader in pairs:
         if isinstance(norm, RMSNorm) and type(reader) in (KernelLinear, MoE) and (fmt := reader.x_format()):

@@ -117,3 +117,28 @@ def test_deepseek4_decode_with_fused_kernels(tmp_path, backend, kernels_on):
     err = rel_err(got["hyper_conn,rope_tail"][0], got["none"][0])
     print(f"deepseek4 {backend}: fused kernels' logits relative error {err:.2e}")
     assert err < BOUND
+
+
+def test_deepseek4s_norms_write_their_readers_x_blocks(tmp_path):
+    """link_norm_quant links each layer's attention norm to q's low-rank projection, the query's norm to wq_b and the
+    FFN norm to the MoE (and the output norm to the head): the other integer readers of those outputs (kv's
+    projection, the compressors', the indexer's, the shared expert's) take the same blocks, so the static step
+    quantizes no x of its own there, with the same logits bits."""
+    from bench_script import load_bench_script
+
+    from sparkd.engine.cuda_graphs import link_norm_quant
+
+    path = write_model(tmp_path / "d.gguf", plan(TINY["deepseek4"], "Q8_0"), seed=3)[0]
+    m = load_model(path, device="cpu", kernels=True)
+    counts = load_bench_script("gpu_box/launch_count.py").static_step_counts
+    without = ",".join(k for k in fused.KERNELS if k != "norm_quant")
+    try:
+        assert link_norm_quant(m.net) == 3 * len(m.net.blocks) + 1
+        on_logits, off_logits = [], []
+        on, off = counts(m.net, "all", True, on_logits), counts(m.net, without, True, off_logits)
+    finally:
+        m.close()
+    assert torch.equal(on_logits[0], off_logits[0])
+    # each layer's q and kv projections, wq_b, the MoE and its shared gate and up (6); the CSA layer's compressor and
+    # indexer compressor (2 each), the indexer's proj and wq_b (+6), the HCA layer's compressor (+2); the head (1)
+    assert off["ops"]["triton:_quant_kernel"] - on["ops"].get("triton:_quant_kernel", 0) == 6 * 3 + 6 + 2 + 1

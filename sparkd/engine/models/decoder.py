@@ -43,6 +43,18 @@ class Block(nn.Module):
         x, normed = self.attn_add_norm(x, pos, cache)
         return self.add_ffn(x, normed, self.ffn)
 
+    def norm_readers(self) -> list[tuple[nn.Module, nn.Module | None]]:
+        """(norm, the projection or MoE that reads its output first): the pairs whose norm may write that reader's
+        x blocks (cuda_graphs.link_norm_quant); every other integer reader of the same output takes them too."""
+        attn, ffn, pairs = self.attn, self.ffn, []
+        if type(attn) is Attention:
+            pairs.append((self.attn_norm, next((m for m in (attn.wqkv, attn.wqk, attn.wq) if m is not None), None)))
+        if isinstance(ffn, GatedFFN):
+            pairs.append((self.ffn_norm, ffn.gate))
+        elif type(ffn) is MoE:
+            pairs.append((self.ffn_norm, ffn))
+        return pairs
+
     def route(self, mid, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The MoE router's (weights, ids) on the FFN's input; mid: what attn_add_norm handed add_ffn."""
         return self.ffn.router(normed)

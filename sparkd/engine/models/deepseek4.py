@@ -147,6 +147,10 @@ class DSV4Block(Block):
         x, post, comb, tokens = mid
         return HyperConnection.post(ffn(normed), x, post, comb), tokens
 
+    def norm_readers(self) -> list[tuple[nn.Module, nn.Module | None]]:
+        # the attention norm's output is read by q's and kv's projections, the compressors' and the indexer's
+        return super().norm_readers() + [(self.attn_norm, self.attn.wq_a), (self.attn.q_a_norm, self.attn.wq_b)]
+
     def route(self, mid, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.ffn.router(normed, self._hashed(mid[-1]))
 
