@@ -119,6 +119,36 @@ def test_deepseek4_decode_with_fused_kernels(tmp_path, backend, kernels_on):
     assert err < BOUND
 
 
+@pytest.mark.parametrize("layer, positions", [(1, [0, 1, 3, 5, 130]), (2, [0, 127, 130])], ids=["csa", "hca"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compressor_step_kernel_matches_torch(tmp_path, backend, kernels_on, layer, positions):
+    """A static step's compressor (the tiny model's CSA layer: overlapping blocks, the previous block before
+    position 0 at 0-3; its HCA layer: 128-row blocks) on a ring of random rows: the ring rows the torch code's bits,
+    the entry within float32 rounding."""
+    path = write_model(tmp_path / "d.gguf", plan(TINY["deepseek4"], "F32"), seed=3)[0]
+    m = load_model(path, device=backend)
+    try:
+        comp = m.net.blocks[layer].attn.compressor
+        for pos in positions:
+            x, p = torch.randn(1, m.cfg.n_embd, device=backend), torch.tensor([pos], device=backend)
+            got = {}
+            for names in ("none", "compressor"):
+                kernels_on(names)
+                cache = m.net.new_cache(256)
+                cache.span = 256
+                st = cache.compressor_state(layer, "attn")
+                torch.manual_seed(pos)
+                st.kv.copy_(torch.randn(st.kv.shape))
+                st.score.copy_(torch.randn(st.score.shape))
+                comp(x, p, st, cache)
+                got[names] = st.kv.clone(), st.score.clone(), st.entries[pos // comp.ratio].clone()
+            assert torch.equal(got["compressor"][0], got["none"][0]) and torch.equal(got["compressor"][1],
+                                                                                    got["none"][1]), pos
+            assert rel_err(got["compressor"][2], got["none"][2]) < BOUND, pos
+    finally:
+        m.close()
+
+
 def test_deepseek4s_norms_write_their_readers_x_blocks(tmp_path):
     """link_norm_quant links each layer's attention norm to q's low-rank projection, the query's norm to wq_b and the
     FFN norm to the MoE (and the output norm to the head): the other integer readers of those outputs (kv's

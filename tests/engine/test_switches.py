@@ -59,12 +59,12 @@ class Switch:
 
 SWITCHES = [
     Switch("SPARKD_FUSED_KERNELS", "sparkd.engine.kernels.fused", "m.current()", "norm",
-           {UNSET: "rms_norm,rope_kv,attention,router,norm_quant,norm_fold,rope_attention,hyper_conn,rope_tail",
+           {UNSET: "rms_norm,rope_kv,attention,router,norm_quant,norm_fold,rope_attention,hyper_conn,rope_tail,compressor",
             "none": "none",
             "": "none",
             "router, rms_norm": "rms_norm,router", "rms_norm,rope_kv,attention,router,norm_quant":
             "rms_norm,rope_kv,attention,router,norm_quant"}, ("all", "none", "rms_norm", "norm_quant", "norm_fold",
-                                                             "rope_attention", "hyper_conn", "rope_tail")),
+                                                             "rope_attention", "hyper_conn", "rope_tail", "compressor")),
     Switch("SPARKD_FUSED_EAGER", "sparkd.engine.kernels.fused", "[m.one_token(False), m.one_token(True)]",
            "no", {k: [v, True] for k, v in FLAG.items()}, switches.ON + switches.OFF),
     Switch("SPARKD_GEMV_FOLD", "sparkd.engine.kernels.matmul", "m.GemvConfig().fold", "atomics",

@@ -6,7 +6,8 @@ launch has no fold (matmul.fold_part) of its own, the same bits; it needs rms_no
 rope_kv and attention as one launch, kernels/rope_attention.py; it needs both; hyper_conn: DeepSeek V4's
 hyper-connection weights (the sigmoids and the Sinkhorn normalisation, ~140 torch launches) in one launch,
 kernels/hyper_conn.py, and its mix and merge as batched products; rope_tail: DeepSeek V4's rope on the last
-dims of each head, kernels/rope_tail.py): which of them the layers use on CUDA tensors instead of their torch code.
+dims of each head, kernels/rope_tail.py; compressor: DeepSeek V4's compressor in a static step, its ring row and
+pooled entry in one launch, kernels/compressor.py): which of them the layers use on CUDA tensors instead of their torch code.
 
 The torch code stays the CPU path and the reference; a fused kernel runs only where it is
 switched on and the tensor is on a GPU (or, for tests, on the CPU under TRITON_INTERPRET=1 after
@@ -27,7 +28,7 @@ import torch
 from sparkd.engine import switches
 
 KERNELS = ("rms_norm", "rope_kv", "attention", "router", "norm_quant", "norm_fold", "rope_attention", "hyper_conn",
-           "rope_tail")
+           "rope_tail", "compressor")
 ENV = "SPARKD_FUSED_KERNELS"
 # rope_attention serves a static step's buckets of at most this many rows, an eager step its positions below it
 # (the same launches at each position); longer ones keep rope_kv and decode_attention apart. H200, 32 heads over 4

@@ -118,19 +118,24 @@ class Compressor(nn.Module):
         the ring (_compress's sums over the same rows; positions before 0 zero values and -inf scores) written at
         pos // ratio; the entries of the span's positions [0, span // ratio + 1) and those visible."""
         r, ring = self.ratio, st.ring_rows
-        kv = self.wkv(x)  # [1, width]
-        score = self.wgate(x) + self.ape[pos % r]
-        st.kv.index_copy_(0, pos % ring, kv)
-        st.score.index_copy_(0, pos % ring, score)
+        kv, score = self.wkv(x), self.wgate(x)  # [1, width]
         first = pos - pos % r  # the block's start [1]
-        cur = first[:, None] + torch.arange(r, device=x.device)  # [1, ratio] positions
-        kv_b, sc_b = self._ring_rows(st, cur)
-        if self.overlap:
-            kv_p, sc_p = self._ring_rows(st, cur - r)
-            d = self.dim
-            kv_b = torch.cat([kv_p[..., :d], kv_b[..., d:]], dim=1)  # [1, 2r, d]
-            sc_b = torch.cat([sc_p[..., :d], sc_b[..., d:]], dim=1)
-        comp = self.norm(pool(kv_b, sc_b))
+        if fused.active("compressor", x):  # the ring rows and the pooled entry in one launch
+            from sparkd.engine.kernels.compressor import compress_step
+
+            pooled = compress_step(kv, score, self.ape, st.kv, st.score, pos, r, self.overlap)
+        else:
+            st.kv.index_copy_(0, pos % ring, kv)
+            st.score.index_copy_(0, pos % ring, score + self.ape[pos % r])
+            cur = first[:, None] + torch.arange(r, device=x.device)  # [1, ratio] positions
+            kv_b, sc_b = self._ring_rows(st, cur)
+            if self.overlap:
+                kv_p, sc_p = self._ring_rows(st, cur - r)
+                d = self.dim
+                kv_b = torch.cat([kv_p[..., :d], kv_b[..., d:]], dim=1)  # [1, 2r, d]
+                sc_b = torch.cat([sc_p[..., :d], sc_b[..., d:]], dim=1)
+            pooled = pool(kv_b, sc_b)
+        comp = self.norm(pooled)
         st.entries.index_copy_(0, pos // r, rope_tail(comp[:, None, :], self.rope, first, cache=cache)[:, 0])
         C = cache.span // r + 1
         return st.entries[:C], torch.arange(C, device=x.device)[None, :] < ((pos + 1) // r)[:, None]
