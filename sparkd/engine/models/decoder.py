@@ -153,10 +153,6 @@ class Decoder(nn.Module):
         """The token rows [T, D] on the network's device (tokens may be on the host)."""
         return self.tok_embd[tokens.to(self.tok_embd.device)]
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The last hidden state [T, D] → logits [T, V] on the CPU, where sampling runs."""
-        return self.head(x).cpu()
-
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The last hidden state [T, D] → logits [T, V] on the network's device."""
         logits = self.output(self.output_norm(x))
