@@ -43,16 +43,11 @@ def _compress_step_kernel(kv_ptr, score_ptr, ape_ptr, ring_kv_ptr, ring_score_pt
     tl.store(out_ptr + c, out, mask=live)
     # the token's row into the ring: the columns this program read it at (no other program reads them)
     at = pos % RING
-    if OVERLAP:
-        for half in tl.static_range(2):
-            cc = c + half * D
-            tl.store(ring_kv_ptr + at * W + cc, tl.load(kv_ptr + cc, mask=live), mask=live)
-            tl.store(ring_score_ptr + at * W + cc, tl.load(score_ptr + cc, mask=live) +
-                     tl.load(ape_ptr + (pos % R) * W + cc, mask=live), mask=live)
-    else:
-        tl.store(ring_kv_ptr + at * W + c, tl.load(kv_ptr + c, mask=live), mask=live)
-        tl.store(ring_score_ptr + at * W + c, tl.load(score_ptr + c, mask=live) +
-                 tl.load(ape_ptr + (pos % R) * W + c, mask=live), mask=live)
+    for half in tl.static_range(2 if OVERLAP else 1):  # with overlap the row is two entries' halves wide
+        cc = c + half * D
+        tl.store(ring_kv_ptr + at * W + cc, tl.load(kv_ptr + cc, mask=live), mask=live)
+        tl.store(ring_score_ptr + at * W + cc, tl.load(score_ptr + cc, mask=live) +
+                 tl.load(ape_ptr + (pos % R) * W + cc, mask=live), mask=live)
 
 
 def compress_step(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, ring_kv: torch.Tensor,
