@@ -159,6 +159,28 @@ def test_grouped_gemv_is_each_groups_gemv(backend, layout):
     assert rel_err(y.view(G, R), want, scale) < BOUNDS["fp32"]
 
 
+@pytest.mark.parametrize("T_tok, R", [(1, 8), (1, 2), (3, 8)], ids=["one-launch", "per-group", "prompt"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_linear_grouped_is_the_float_layers(backend, T_tok, R):
+    """KernelLinear.grouped (DeepSeek V4's wo_a): a token in one grouped launch, or a GEMV per group where a group's
+    rows (2) are fewer than a program's, a prompt a GEMM per group: Linear.grouped's product on the same blocks
+    (x rounded as llama.cpp's matmul for Q8_0 does), within float32 rounding."""
+    from sparkd.engine.layers.act_round import vec_dot_format
+    from sparkd.engine.layers.linear import KernelLinear, Linear
+
+    G, cols = 3, 64
+    raw = random_blocks(T.Q8_0, G * R * cols // 32)
+    fmt = vec_dot_format(T.Q8_0)
+    kernel = KernelLinear(raw.to(backend), T.Q8_0, (G * R, cols), act_fmt=fmt)
+    W = reference(raw, T.Q8_0, (G * R, cols)).float()
+    x = torch.randn(T_tok, G, cols)
+    got = kernel.grouped(x.to(backend))
+    assert got.shape == (T_tok, G, R)
+    want = Linear(W, act_fmt=fmt).grouped(x).double()
+    scale = torch.einsum("tgi,gri->tgr", x.abs().double(), W.abs().double().view(G, R, cols))
+    assert rel_err(got, want, scale) < BOUNDS["fp32"]
+
+
 @pytest.mark.parametrize("case", ["rows", "tile", "qx"])
 def test_grouped_gemv_refuses_groups_that_split_a_tile(case):
     """12 rows in 5 groups; 3 groups of 4 rows on 8-row programs; a pre-quantized x (one row): refused, y untouched."""
