@@ -208,6 +208,57 @@ def test_model_activations_through_the_kernels(tmp_path, backend, arch, monkeypa
         k.close()
 
 
+@pytest.mark.parametrize("arch", ["deepseek2", "kimi-k3"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mla_head_matrices_stay_blocks_through_the_grouped_gemv(tmp_path, backend, arch, monkeypatch):
+    """MLA's per-head k and v matrices (attn_k_b, attn_v_b: 3-D) stay the file's blocks (Weights.stacked; before
+    session 35 they were f32: ~4 GB a token read at DeepSeek V3's shape). A token's absorbed products are one grouped
+    GEMV each, the prompt's are over their dequantized values; the logits and greedy tokens are the CPU reference's
+    (f32 values of the same blocks, x rounded the same way). qk_nope 32 so attn_k_b's 32-wide rows take Q8_0 blocks;
+    attn_v_b in Q4_0, a second family."""
+    shape = TINY[arch].replace(qk_nope=32)
+    path = write_model(tmp_path / "m.gguf", plan(shape, "F32", [("attn_k_b", "Q8_0"), ("attn_v_b", "Q4_0")]),
+                       seed=9)[0]
+    ref, k = load_model(path), load_model(path, device=backend, kernels=True)
+    try:
+        mlas = [b.attn for b in k.net.blocks if hasattr(b.attn, "wk_b")]
+        assert mlas and all(isinstance(a.wk_b, KernelLinear) and isinstance(a.wv_b, KernelLinear) for a in mlas)
+        info = k.gguf.tensor(f"blk.{mlas[0].il}.attn_k_b.weight")
+        assert mlas[0].wk_b.raw.numel() == info.nbytes and mlas[0].wk_b.shape == (shape.n_head * shape.kv_lora_rank, 32)
+        calls = []
+        grouped = KernelLinear.grouped
+        monkeypatch.setattr(KernelLinear, "grouped", lambda self, x: calls.append(x.shape) or grouped(self, x))
+        assert_greedy_matches(ref, k, *((PROMPT, 8) if backend == "cuda" else (PROMPT[:3], 3)), f"{arch} mla {backend}")
+        assert calls and all(c[0] == 1 for c in calls)  # the decode steps' tokens, never the prompt's
+
+        def step(net):  # a decode step's logits after the prompt
+            cache = net.new_cache(len(PROMPT) + 1)
+            net(torch.tensor(PROMPT), cache)
+            return net(torch.tensor([7]), cache)
+        want = step(ref.net)
+        assert float((step(k.net) - want).norm() / want.norm()) < BOUND
+    finally:
+        ref.close()
+        k.close()
+
+
+def test_only_mlas_head_matrices_load_as_stacked_matrices(tmp_path):
+    """Weights.stacked on another tensor is a clear error naming the rule the memory plan counts by, before a byte is
+    read."""
+    from sparkd.engine.gguf_file import GGUFModel
+    from sparkd.engine.models.weights import Weights
+
+    path = write_model(tmp_path / "m.gguf", plan(TINY["deepseek2"], "Q8_0"), seed=9)[0]
+    g = GGUFModel.open(path)
+    read = []
+    try:
+        with pytest.raises(EngineError, match=r"could not load 'blk.0.attn_q_b.weight' as stacked matrices: only "):
+            Weights(g, on_read=read.append, kernels=True).stacked("blk.0.attn_q_b.weight")
+    finally:
+        g.close()
+    assert not read
+
+
 @pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend, arch):

@@ -238,6 +238,21 @@ def backend_cases(interpreted, every) -> list:
         [pytest.param("cuda", c, id=f"{cuda.id}-{getattr(c, 'name', c)}", marks=cuda.marks) for c in every]
 
 
+@pytest.mark.parametrize("backend, layout", backend_cases(("q8_0", "q4_k_pairx", "q4_0"), INT8_LAYOUTS))
+def test_kernel_linear_dense_is_the_blocks_values(backend, layout):
+    """KernelLinear.dense (MLA's prompt over its per-head matrices): exactly the values the blocks hold, in the GGUF
+    layouts and the resident ones (the float GEMM times the identity adds exact zeros)."""
+    from sparkd.engine.layers.linear import KernelLinear
+
+    qtype, kind, pack = INT8_LAYOUTS[layout]
+    rows, cols = 16, 256
+    raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
+    laid = raw if pack is None else pack(raw, (rows, cols))
+    got = KernelLinear(laid.to(backend), kind, (rows, cols)).dense()
+    assert got.shape == (rows, cols) and got.is_contiguous() and got.dtype == torch.float32
+    assert torch.equal(got.cpu(), quants.dequantize(raw, qtype, (rows, cols)))
+
+
 @pytest.mark.parametrize("backend, layout", backend_cases(INTERPRETED, INT8_LAYOUTS))
 def test_int8_gemm_is_the_decode_integer_sums(backend, layout, monkeypatch):
     """gemm at "int8" on Q8_0 (GGUF and packed), Q4_K (GGUF and pairx), Q6_K (GGUF and tiled), Q4_0 and IQ4_XS

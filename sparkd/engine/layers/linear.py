@@ -60,6 +60,10 @@ class Linear(nn.Module):
         T, G, cols = x.shape
         return torch.einsum("tgi,gri->tgr", round_activations(x, self.act_fmt), self.weight.view(G, -1, cols))
 
+    def dense(self) -> torch.Tensor:
+        """W float32 [out, in] (KernelLinear's dequantizes it)."""
+        return self.weight
+
 
 class KernelLinear(nn.Module):
     """y = round(x) @ W.T + b with W kept as its raw GGUF blocks and multiplied by the Triton
@@ -166,6 +170,15 @@ class KernelLinear(nn.Module):
             qx = self._gemm_qx(hg)
             outs.append(self._gemm(hg if qx is not None else self._round(hg).contiguous(), g * R, R, qx))
         return torch.stack(outs, dim=1)
+
+    def dense(self) -> torch.Tensor:
+        """W dequantized: float32 [out, in] on the blocks' device, a new tensor per call (for products the kernels do
+        not run: MLA's prompt contracts its k matrices along their rows). The float GEMM at "ieee" times the identity,
+        so every layout the kernels read works: each value times 1 plus exact zeros, the blocks' values exactly."""
+        from sparkd.engine.kernels.prefill_gemm import gemm
+
+        eye = torch.eye(self.shape[1], dtype=torch.float32, device=self.raw.device)
+        return gemm(self.raw, self.qtype, self.shape, eye, precision="ieee").t().contiguous()
 
     def _quantized(self, x: torch.Tensor):
         """x's QuantX in this GEMV's format if the norm that made x wrote one (act_quant.attach)."""

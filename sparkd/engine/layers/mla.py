@@ -13,7 +13,7 @@ A prompt of MHA_ROWS tokens or more on CUDA (session 32, $SPARKD_MLA_PROMPT) ins
 rows to each head's keys (Dn + P) and values (Dv) through wk_b and wv_b and attends as plain multi-head attention
 through attend_sdpa (torch's memory-efficient kernel): 192/128 wide, not 576/512, and no [H, T, S] scores in
 memory, for the expansion's GEMMs over the S rows. The same sums in another order: float32 rounding apart, and
-without act_k_b/act_v_b's rounding of q and o (there is no latent q or o to round). H200, 128 heads: 67.6 against
+without wk_b's and wv_b's rounding of q and o (there is no latent q or o to round). H200, 128 heads: 67.6 against
 453.9 ms a layer for an 8000-token prompt; a prompt's 64 tokens over 7488 cached rows lose (7.7 against 6.3 ms).
 """
 
@@ -53,18 +53,16 @@ def mla_scale(rope: RopeConfig, head_dim_k: int, yarn_log_mul: float) -> float:
 class MLAttention(nn.Module):
     def __init__(self, il: int, n_head: int, qk_nope: int, qk_rope: int, kv_rank: int,
                  rope: RopeConfig | None, scale: float, wq_a: Linear | None, q_a_norm: RMSNorm | None,
-                 wq_b: Linear, wkv_a: Linear, kv_a_norm: RMSNorm, wk_b: torch.Tensor,
-                 wv_b: torch.Tensor, wo: Linear, act_k_b: str | None = None,
-                 act_v_b: str | None = None, selector: nn.Module | None = None,
-                 out_gate: Linear | None = None):
+                 wq_b: Linear, wkv_a: Linear, kv_a_norm: RMSNorm, wk_b: Linear, wv_b: Linear, wo: Linear,
+                 selector: nn.Module | None = None, out_gate: Linear | None = None):
         super().__init__()
         self.il, self.n_head, self.qk_nope, self.qk_rope, self.kv_rank = il, n_head, qk_nope, qk_rope, kv_rank
         self.rope, self.scale = rope, scale
         self.wq_a, self.q_a_norm, self.wq_b = wq_a, q_a_norm, wq_b  # wq_b is attn_q when no q_lora
         self.wkv_a, self.kv_a_norm, self.wo = wkv_a, kv_a_norm, wo
-        self.wk_b = nn.Parameter(wk_b, requires_grad=False)  # [H, R, Dn]
-        self.wv_b = nn.Parameter(wv_b, requires_grad=False)  # [H, Dv, R]
-        self.act_k_b, self.act_v_b = act_k_b, act_v_b  # see act_round
+        # head h's k matrix [R, Dn] is wk_b's rows h*R ..., its v matrix [Dv, R] wv_b's rows h*Dv ... (Weights.stacked:
+        # the file's blocks on the GPU path, where a token's products are one grouped GEMV each)
+        self.wk_b, self.wv_b = wk_b, wv_b
         # sparse attention: selector(x, q latent, pos, cache) → [T, S] keys each query may read (None: all)
         self.selector = selector
         self.out_gate = out_gate  # Kimi K3: heads' output *= sigmoid(out_gate(x)) before wo
@@ -98,7 +96,7 @@ class MLAttention(nn.Module):
                   pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """The queries absorbed into latent space, attention over the cache's latent rows k_all [S, 1, R + P]
         (their first R columns the values), wv_b after → [T, H, Dv]."""
-        q_lat = torch.einsum("thd,hrd->thr", round_activations(q_nope, self.act_k_b), self.wk_b)  # [T, H, R]
+        q_lat = self._per_head(self.wk_b, q_nope)  # [T, H, R]
         q_all = torch.cat([q_lat, q_pe], dim=-1)  # [T, H, R + P]
         # the decode kernel serves the static (CUDA graph) step and, unless switched off, the eager one
         one = q_all.shape[0] == 1 and fused.one_token(cache.span is not None)
@@ -110,7 +108,14 @@ class MLAttention(nn.Module):
         else:
             o = attend(q_all, k_all, k_all[..., : self.kv_rank], self.scale, start, keep=keep,
                        masks=cache.masks)  # [T, H, R]
-        return torch.einsum("thr,hvr->thv", round_activations(o, self.act_v_b), self.wv_b)  # [T, H, Dv]
+        return self._per_head(self.wv_b, o)  # [T, H, Dv]
+
+    def _per_head(self, w: Linear, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H, in] through each head's matrix of w → [T, H, out]: a token's in one grouped launch, several
+        tokens' over w's values (dequantized once, not a launch per head)."""
+        if x.shape[0] == 1:
+            return w.grouped(x)
+        return torch.einsum("thi,hoi->tho", round_activations(x, w.act_fmt), w.dense().view(self.n_head, -1, x.shape[-1]))
 
     def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_all: torch.Tensor, start, masks) -> torch.Tensor:
         """A prompt's attention as multi-head attention: the cache's latent rows k_all [S, 1, R + P] expanded to the
@@ -118,6 +123,7 @@ class MLAttention(nn.Module):
         rows = k_all[:, 0].to(q_nope.dtype)  # (float16 cache rows widened)
         S, latent = rows.shape[0], rows[:, : self.kv_rank]
         k_pe = rows[:, None, self.kv_rank:].expand(S, self.n_head, self.qk_rope)
-        k = torch.cat([torch.einsum("sr,hrd->shd", latent, self.wk_b), k_pe], dim=-1)
-        v = torch.einsum("sr,hvr->shv", latent, self.wv_b)
+        wk_b = self.wk_b.dense().view(self.n_head, self.kv_rank, self.qk_nope)
+        k = torch.cat([torch.einsum("sr,hrd->shd", latent, wk_b), k_pe], dim=-1)
+        v = torch.einsum("sr,hvr->shv", latent, self.wv_b.dense().view(self.n_head, -1, self.kv_rank))
         return attend_sdpa(torch.cat([q_nope, q_pe], dim=-1), k, v, self.scale, start, masks=masks)

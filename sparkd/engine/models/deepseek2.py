@@ -43,10 +43,8 @@ def mla_attention(w: Weights, cfg: ModelConfig, il: int, selector: nn.Module | N
         q_a_norm=w.norm(f"{p}.attn_q_a_norm", cfg.rms_eps) if has_q_lora else None,
         wq_b=w.linear(f"{p}.attn_q_b" if has_q_lora else f"{p}.attn_q"),
         wkv_a=w.linear(f"{p}.attn_kv_a_mqa"), kv_a_norm=w.norm(f"{p}.attn_kv_a_norm", cfg.rms_eps),
-        wk_b=w.get(f"{p}.attn_k_b.weight"), wv_b=w.get(f"{p}.attn_v_b.weight"),
-        wo=w.linear(f"{p}.attn_output"), act_k_b=w.act_format(f"{p}.attn_k_b.weight"),
-        act_v_b=w.act_format(f"{p}.attn_v_b.weight"), selector=selector,
-        out_gate=w.maybe_linear(f"{p}.attn_gate"))
+        wk_b=w.stacked(f"{p}.attn_k_b.weight"), wv_b=w.stacked(f"{p}.attn_v_b.weight"),
+        wo=w.linear(f"{p}.attn_output"), selector=selector, out_gate=w.maybe_linear(f"{p}.attn_gate"))
 
 
 def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:

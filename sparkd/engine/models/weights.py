@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Callable
 
 import torch
@@ -18,6 +20,8 @@ from sparkd.engine.models.staging import DeviceStager
 from sparkd.engine.tensors import load_tensor, raw_tensor
 
 _FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F64}
+# 3-D resident weights kept as their blocks on the GPU path (Weights.stacked): MLA's per-head k and v matrices
+STACKED_WEIGHT = re.compile(r"blk\.\d+\.attn_[kv]_b\.weight")
 # how a resident Q8_0 projection is kept for the kernels: "packed" (kernels/q8_0_packed.py, 128-bit
 # loads; the default) or "gguf" (the file's 34-byte blocks, the way before session 4)
 Q8_0_LAYOUT_ENV = "SPARKD_Q8_0_LAYOUT"
@@ -85,9 +89,7 @@ class Weights:
         """`prefix.weight` [out, in] and `prefix.bias` if the file has one."""
         name = f"{prefix}.weight"
         if self.has(name) and self.model.tensor(name).ggml_type in self._kernel_types:
-            raw, qtype, full = raw_tensor(self.model, name, shape, read=self._device_read())
-            if self._on_read is not None:
-                self._on_read(raw.numel())
+            raw, qtype, full = self._raw(name, shape)
             # (the choice checked here, inside the build, whose failure closes the stager and file)
             if qtype == GGMLQuantizationType.Q8_0 and resident_q8_0_layout(self._q8_0_layout) == "packed":
                 raw, qtype = _packed_q8_0(raw, full)
@@ -102,6 +104,25 @@ class Weights:
         if isinstance(rows, QuantRows):
             return QuantLinear(rows, self.maybe(f"{prefix}.bias"), self.act_format(name))
         return Linear(rows, self.maybe(f"{prefix}.bias"), self.act_format(name))
+
+    def stacked(self, name: str) -> Linear | KernelLinear:
+        """A 3-D weight [G, rows, cols] (STACKED_WEIGHT: MLA's per-head matrices) as one linear of G * rows rows for
+        `grouped`: the file's blocks where its type has a kernel (in the file's layout: the resident repacks would pad
+        MLA's 128-wide rows), else f32. Matrix g is rows g * rows ... of it."""
+        if not STACKED_WEIGHT.fullmatch(name):
+            raise EngineError(f"could not load {name!r} as stacked matrices: only {STACKED_WEIGHT.pattern} are "
+                              f"(streaming/plan.py counts their bytes by this rule)")
+        if self.model.tensor(name).ggml_type in self._kernel_types:
+            return KernelLinear(*self._raw(name), act_fmt=self.act_format(name))
+        w = self.get(name)
+        return Linear(w.reshape(-1, w.shape[-1]), None, self.act_format(name))
+
+    def _raw(self, name: str, shape: tuple[int, ...] | None = None) -> tuple[torch.Tensor, object, tuple[int, int]]:
+        """(bytes, type, [rows, cols]) of a weight kept as blocks; a 3-D one's matrices one after another."""
+        raw, qtype, full = raw_tensor(self.model, name, shape, read=self._device_read())
+        if self._on_read is not None:
+            self._on_read(raw.numel())
+        return raw, qtype, (math.prod(full[:-1]), full[-1])
 
     def rows(self, name: str, shape: tuple[int, int] | None = None) -> torch.Tensor | QuantRows:
         """A 2-D weight: f32, or QuantRows when this loader keeps weights quantized."""

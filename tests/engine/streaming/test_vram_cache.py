@@ -151,6 +151,24 @@ def test_a_gpus_trunk_term_is_what_the_device_load_holds(model):
     assert gpu.trunk_bytes >= 4 * g.tensor("token_embd.weight").n_elements
 
 
+def test_a_gpus_trunk_term_counts_mlas_head_matrices_as_their_blocks(tmp_path):
+    """MLA's 3-D per-head matrices (attn_k_b, attn_v_b) stay blocks on a GPU (Weights.stacked) where their type has a
+    kernel, and f32 where not (attn_k_b F16 here): the plan's trunk term is what the meta-device load holds."""
+    shape = TINY["deepseek2"].replace(qk_nope=32)
+    path = write_model(tmp_path / "m.gguf", model_plan(shape, "Q8_0", [("attn_k_b", "F16")]), seed=5)[0]
+    g = GGUFModel.open(path)
+    m = load_model(path, device=torch.device("meta"))
+    try:
+        held = sum(t.numel() * t.element_size() for t in [*m.net.parameters(), *m.net.buffers()])
+        v_b = m.net.blocks[0].attn.wv_b
+        assert v_b.raw.numel() == g.tensor("blk.0.attn_v_b.weight").nbytes  # Q8_0 blocks, not the packed layout
+        assert m.net.blocks[0].attn.wk_b.weight.dtype == torch.float32
+        assert _plan(g, config_of(g), H200).trunk_bytes == held
+    finally:
+        m.close()
+        g.close()
+
+
 def test_integrated_gpu_keeps_the_trunk_in_host_memory_and_no_vram_cache(model):
     _, g, cfg = model
     p = _plan(g, cfg, GB10)
