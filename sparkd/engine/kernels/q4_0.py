@@ -72,14 +72,24 @@ def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: 
 def add_words(acc, q, d_ptr, xw_ptr, xd_ptr, b, w, m, bmask, EW: tl.constexpr, EMU: tl.constexpr):
     """acc plus the blocks' sums: q the words w of blocks b (int32 [BN, 8, 4]), d_ptr their f16 d ([BN, 8, 1]; also
     q4_0_tiled's step)."""
+    return add_offset_words(acc, q & 0x0F0F0F0F, (q >> 4) & 0x0F0F0F0F, _MINUS8, d_ptr, xw_ptr, xd_ptr, b, w, m, bmask,
+                            EW, EMU)
+
+
+@triton.jit
+def add_offset_words(acc, lo, hi, OFFSET: tl.constexpr, d_ptr, xw_ptr, xd_ptr, b, w, m, bmask, EW: tl.constexpr,
+                     EMU: tl.constexpr):
+    """acc plus the blocks' sums of d * (q + offset) * x: lo and hi the words of values 4w.. and 16 + 4w.. of blocks b
+    (int32 [BN, 8, 4], unsigned bytes), OFFSET four int8 offsets in a word (Q4_0's -8s, Q5_0's -16s), d_ptr the
+    blocks' f16 d ([BN, 8, 1])."""
     # x's words and the block scales in the weight words' shape (repeats served by the cache): one
     # register layout for every operand, no conversion through shared memory in the loop (q8_0.idot's way)
-    full = tl.zeros(q.shape, tl.int32)
+    full = tl.zeros(lo.shape, tl.int32)
     xlo = tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0)  # values 4w.. of the block
     xhi = tl.load(xw_ptr + b * 8 + 4 + w + full, mask=m, other=0)  # values 16 + 4w..
-    minus8 = tl.full(q.shape, _MINUS8, tl.int32)
-    isum = dp4a_add(q & 0x0F0F0F0F, xlo, dp4a(minus8, xlo, EMU), EMU)
-    isum = dp4a_add((q >> 4) & 0x0F0F0F0F, xhi, dp4a_add(minus8, xhi, isum, EMU), EMU)
+    offset = tl.full(lo.shape, OFFSET, tl.int32)
+    isum = dp4a_add(lo, xlo, dp4a(offset, xlo, EMU), EMU)
+    isum = dp4a_add(hi, xhi, dp4a_add(offset, xhi, isum, EMU), EMU)
     dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)  # [1, 8, 1]
     d_ptr = d_ptr.to(tl.pointer_type(tl.float16))
     if EW:  # into the elementwise tile acc [BN, 8, 4]

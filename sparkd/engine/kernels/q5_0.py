@@ -1,0 +1,75 @@
+"""Q5_0: blocks of 32 values (22 bytes): d f16 | qh u32 | qs[16]; value i = d * (q - 16), q's low 4 bits the low
+nibble of qs[i] (values 0-15) or the high one of qs[i - 16] (16-31), Q4_0's, and its fifth bit bit i of qh.
+
+What llama-quantize writes where a Q4_K_M file's rows are not whole 256-value groups: MLA's attn_k_b (128 wide) in
+DeepSeek V3's and the Kimis' files (llama-quant.cpp's fallback: Q4_K -> Q5_0). A group is eight blocks; rows need
+only be a multiple of 32 values (smask / bmask drop the blocks past a row's end, as Q4_0's).
+
+The integer step (idot) is Q4_0's (q4_0.add_offset_words: x as Q8_0 blocks, llama.cpp's vec_dot type for Q5_0) with
+each word's fifth bits spread in from qh and -16 for the offset. 22-byte blocks are only 2-byte aligned: qh and
+the qs words are built from 16-bit loads. iblock hands the integer prefill GEMM a block's q - 16 as int8 and d.
+"""
+
+import dataclasses
+
+import triton
+import triton.language as tl
+from gguf.constants import GGMLQuantizationType as T
+
+from sparkd.engine.kernels import q4_0
+from sparkd.engine.kernels.act_quant import Q8_0
+from sparkd.engine.kernels.family import Family
+
+BLOCK_BYTES = 22
+_MINUS16 = tl.constexpr(-252645136)  # 0xF0F0F0F0: four int8 -16s
+
+
+@triton.jit
+def _word(ptr, mask):
+    """The little-endian 32-bit word at a 2-byte aligned ptr (int32, any shape)."""
+    half = ptr.to(tl.pointer_type(tl.int16))
+    return (tl.load(half, mask=mask, other=0).to(tl.int32) & 0xFFFF) | (tl.load(half + 1, mask=mask, other=0).to(tl.int32) << 16)
+
+
+@triton.jit
+def _fifth_bits(h):
+    """Four bits (int32, 0-15) as bit 4 of each byte of a word: bit k -> bit 8k + 4."""
+    return ((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25)
+
+
+@triton.jit
+def dequant(w_ptr, aux_ptr, row_off, g, smask):
+    blk = w_ptr + row_off + (g * 8 + tl.arange(0, 8)[None, :, None]) * BLOCK_BYTES  # [BN, 8, 1] block starts
+    i = tl.arange(0, 32)[None, None, :]
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
+    qh = _word(blk + 2, smask)
+    qs = tl.load(blk + 6 + i % 16, mask=smask, other=0).to(tl.int32)
+    q = ((qs >> ((i // 16) * 4)) & 0xF) | (((qh >> i) & 1) << 4)
+    return d * (q - 16).to(tl.float32)
+
+
+@triton.jit
+def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
+    b, w, bmask, m, blk = q4_0.group_blocks(w_ptr, row_off, rmask, g, K, BLOCK_BYTES)
+    q = _word(blk + 6 + 4 * w, m)  # [BN, 8, 4]: qs bytes 4w..4w+3
+    qh = _word(blk + 2, m)  # [BN, 8, 1]
+    lo = (q & 0x0F0F0F0F) | _fifth_bits((qh >> (4 * w)) & 0xF)  # values 4w..4w+3
+    hi = ((q >> 4) & 0x0F0F0F0F) | _fifth_bits((qh >> (16 + 4 * w)) & 0xF)  # values 16 + 4w..
+    return q4_0.add_offset_words(acc, lo, hi, _MINUS16, blk, xw_ptr, xd_ptr, b, w, m, bmask, EW, EMU)
+
+
+@triton.jit
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
+    """family.iblock without igroup (Q8_0's form): block b as q - 16 (int8 [BN, 32]) and d (float32 [BN], 0 for rows
+    not in rmask)."""
+    blk = w_ptr + row_off + b * BLOCK_BYTES  # [BN] block starts
+    d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
+    i = tl.arange(0, 32)[None, :]
+    qh = _word(blk + 2, rmask)[:, None]
+    qs = tl.load(blk[:, None] + 6 + i % 16, mask=rmask[:, None], other=0).to(tl.int32)
+    q = ((qs >> ((i // 16) * 4)) & 0xF) | (((qh >> i) & 1) << 4)
+    return (q - 16).to(tl.int8), d
+
+
+FAMILY = dataclasses.replace(Family(T.Q5_0, 32, BLOCK_BYTES, 8, 32, dequant), idot=idot, act_fmt=Q8_0, iacc=(8, 4),
+                             iblock=iblock)
