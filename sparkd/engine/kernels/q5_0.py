@@ -28,7 +28,8 @@ _MINUS16 = tl.constexpr(-252645136)  # 0xF0F0F0F0: four int8 -16s
 def _word(ptr, mask):
     """The little-endian 32-bit word at a 2-byte aligned ptr (int32, any shape)."""
     half = ptr.to(tl.pointer_type(tl.int16))
-    return (tl.load(half, mask=mask, other=0).to(tl.int32) & 0xFFFF) | (tl.load(half + 1, mask=mask, other=0).to(tl.int32) << 16)
+    lo = tl.load(half, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    return lo | (tl.load(half + 1, mask=mask, other=0).to(tl.int32) << 16)
 
 
 @triton.jit

@@ -115,7 +115,8 @@ class MLAttention(nn.Module):
         tokens' over w's values (dequantized once, not a launch per head)."""
         if x.shape[0] == 1:
             return w.grouped(x)
-        return torch.einsum("thi,hoi->tho", round_activations(x, w.act_fmt), w.dense().view(self.n_head, -1, x.shape[-1]))
+        heads = w.dense().view(self.n_head, -1, x.shape[-1])
+        return torch.einsum("thi,hoi->tho", round_activations(x, w.act_fmt), heads)
 
     def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_all: torch.Tensor, start, masks) -> torch.Tensor:
         """A prompt's attention as multi-head attention: the cache's latent rows k_all [S, 1, R + P] expanded to the
