@@ -239,19 +239,30 @@ def backend_cases(interpreted, every) -> list:
         [pytest.param("cuda", c, id=f"{cuda.id}-{getattr(c, 'name', c)}", marks=cuda.marks) for c in every]
 
 
-@pytest.mark.parametrize("backend, layout", backend_cases(("q8_0", "q4_k_pairx", "q4_0"), INT8_LAYOUTS))
+@pytest.mark.parametrize("backend, layout", backend_cases(("q8_0", "q4_k_pairx", "q4_0", "q5_0"), INT8_LAYOUTS))
 def test_kernel_linear_dense_is_the_blocks_values(backend, layout):
-    """KernelLinear.dense (MLA's prompt over its per-head matrices): exactly the values the blocks hold, in the GGUF
-    layouts and the resident ones (the float GEMM times the identity adds exact zeros)."""
+    """KernelLinear.dense (kernels/dequantize.py; MLA's prompt over its per-head matrices): exactly the values the
+    blocks hold, in the GGUF layouts and the resident ones; rows of 32-value blocks end inside a group."""
     from sparkd.engine.layers.linear import KernelLinear
 
     qtype, kind, pack = INT8_LAYOUTS[layout]
-    rows, cols = 16, 256
+    rows, cols = 16, 384 if dispatch.FAMILIES[qtype].block_values == 32 else 512
     raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
     laid = raw if pack is None else pack(raw, (rows, cols))
     got = KernelLinear(laid.to(backend), kind, (rows, cols)).dense()
     assert got.shape == (rows, cols) and got.is_contiguous() and got.dtype == torch.float32
     assert torch.equal(got.cpu(), quants.dequantize(raw, qtype, (rows, cols)))
+
+
+def test_dequantize_refuses_bytes_that_are_not_the_matrix():
+    from sparkd.engine.kernels.dequantize import dequantize
+
+    raw = random_blocks(T.Q8_0, 12).to(_dev())
+    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q8_0 dequantization: need 340 weight "
+                                                            r"bytes in whole tiles of 1 rows for \[10, 32\], got 408"):
+        dequantize(raw, T.Q8_0, (10, 32))
+    with pytest.raises(dispatch.KernelArgumentError, match="not a positive multiple of the Q8_0 block"):
+        dequantize(raw, T.Q8_0, (12, 48))
 
 
 @pytest.mark.parametrize("backend, layout", backend_cases(INTERPRETED, INT8_LAYOUTS))

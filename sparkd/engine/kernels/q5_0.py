@@ -20,7 +20,7 @@ from sparkd.engine.kernels import q4_0
 from sparkd.engine.kernels.act_quant import Q8_0
 from sparkd.engine.kernels.family import Family
 
-BLOCK_BYTES = 22
+BLOCK_BYTES = tl.constexpr(22)
 _MINUS16 = tl.constexpr(-252645136)  # 0xF0F0F0F0: four int8 -16s
 
 
@@ -72,5 +72,5 @@ def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     return (q - 16).to(tl.int8), d
 
 
-FAMILY = dataclasses.replace(Family(T.Q5_0, 32, BLOCK_BYTES, 8, 32, dequant), idot=idot, act_fmt=Q8_0, iacc=(8, 4),
-                             iblock=iblock)
+FAMILY = dataclasses.replace(Family(T.Q5_0, 32, BLOCK_BYTES.value, 8, 32, dequant), idot=idot, act_fmt=Q8_0,
+                             iacc=(8, 4), iblock=iblock)

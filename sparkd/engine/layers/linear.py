@@ -150,7 +150,7 @@ class KernelLinear(nn.Module):
         """Linear.grouped through the kernels: a token in one grouped GEMV launch (matmul.gemv's groups) where a
         program's rows fit in a group, else a GEMV or GEMM per group."""
         from sparkd.engine.kernels import dispatch
-        from sparkd.engine.kernels.matmul import gemv, grouped_tile_fits
+        from sparkd.engine.kernels.matmul import SHORT_ROW_TILE, SHORT_ROW_VALUES, gemv, grouped_tile_fits
 
         T, G, cols = x.shape
         R = self.shape[0] // G
@@ -158,6 +158,7 @@ class KernelLinear(nn.Module):
         if T == 1:
             cfg, _ = self._gemv_config(x.is_cuda)
             if not dispatch.family(self.qtype).one_tile:  # a fixed tile stays (check_one_tile)
+                cfg = SHORT_ROW_TILE if x.is_cuda and cols <= SHORT_ROW_VALUES else cfg
                 cfg = dataclasses.replace(cfg, block_n=math.gcd(cfg.block_n, R))
             if grouped_tile_fits(cfg, R):
                 return gemv(self.raw, self.qtype, self.shape, h[0].contiguous(), config=cfg,
@@ -173,12 +174,10 @@ class KernelLinear(nn.Module):
 
     def dense(self) -> torch.Tensor:
         """W dequantized: float32 [out, in] on the blocks' device, a new tensor per call (for products the kernels do
-        not run: MLA's prompt contracts its k matrices along their rows). The float GEMM at "ieee" times the identity,
-        so every layout the kernels read works: each value times 1 plus exact zeros, the blocks' values exactly."""
-        from sparkd.engine.kernels.prefill_gemm import gemm
+        not run: MLA's prompt contracts its k matrices along their rows)."""
+        from sparkd.engine.kernels.dequantize import dequantize
 
-        eye = torch.eye(self.shape[1], dtype=torch.float32, device=self.raw.device)
-        return gemm(self.raw, self.qtype, self.shape, eye, precision="ieee").t().contiguous()
+        return dequantize(self.raw, self.qtype, self.shape)
 
     def _quantized(self, x: torch.Tensor):
         """x's QuantX in this GEMV's format if the norm that made x wrote one (act_quant.attach)."""
