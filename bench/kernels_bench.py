@@ -48,7 +48,8 @@ REPEATS = 15
 BASELINE = False  # --torch-baseline: also time torch's dequantize-then-matmul (slow)
 F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
               T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0],
-              T.IQ2_S: [0], T.IQ3_S: [0], T.Q5_0: [0], T.IQ1_M: [], T.MXFP4: []}  # (random_blocks: the last two's scales)
+              T.IQ2_S: [0], T.IQ3_S: [0], T.Q5_0: [0], T.Q5_1: [0, 2], T.IQ4_NL: [0], T.IQ1_M: [],
+              T.MXFP4: []}  # (random_blocks: the last two's scales)
 DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projections
 # model width, expert width, experts per token: qwen3-30b-a3b, and qwen3-235b-a22b
 MOES = [(2048, 768, 8), (4096, 1536, 8)]

@@ -208,16 +208,17 @@ def test_model_activations_through_the_kernels(tmp_path, backend, arch, monkeypa
         k.close()
 
 
-@pytest.mark.parametrize("arch", ["deepseek2", "kimi-k3"])
+@pytest.mark.parametrize("arch, k_type", [("deepseek2", "Q8_0"), ("deepseek2", "Q5_0"), ("deepseek2", "IQ4_NL"),
+                                          ("deepseek2", "Q5_1"), ("kimi-k3", "Q8_0")])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_mla_head_matrices_stay_blocks_through_the_grouped_gemv(tmp_path, backend, arch, monkeypatch):
+def test_mla_head_matrices_stay_blocks_through_the_grouped_gemv(tmp_path, backend, arch, k_type, monkeypatch):
     """MLA's per-head k and v matrices (attn_k_b, attn_v_b: 3-D) stay the file's blocks (Weights.stacked; before
     session 35 they were f32: ~4 GB a token read at DeepSeek V3's shape). A token's absorbed products are one grouped
     GEMV each, the prompt's are over their dequantized values; the logits and greedy tokens are the CPU reference's
-    (f32 values of the same blocks, x rounded the same way). qk_nope 32 so attn_k_b's 32-wide rows take Q8_0 blocks;
-    attn_v_b in Q4_0, a second family."""
+    (f32 values of the same blocks, x rounded the same way). qk_nope 32 so attn_k_b's 32-wide rows take 32-value
+    blocks: Q8_0, and the types llama-quantize falls back to for real files' 128-wide rows; attn_v_b in Q4_0."""
     shape = TINY[arch].replace(qk_nope=32)
-    path = write_model(tmp_path / "m.gguf", plan(shape, "F32", [("attn_k_b", "Q8_0"), ("attn_v_b", "Q4_0")]),
+    path = write_model(tmp_path / "m.gguf", plan(shape, "F32", [("attn_k_b", k_type), ("attn_v_b", "Q4_0")]),
                        seed=9)[0]
     ref, k = load_model(path), load_model(path, device=backend, kernels=True)
     try:

@@ -55,7 +55,8 @@ BACKENDS = [
 TYPES = list(dispatch.FAMILIES)
 F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K: [80, 82], T.Q3_K: [108],
               T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0],
-              T.IQ1_M: [], T.MXFP4: [], T.IQ2_S: [0], T.IQ3_S: [0], T.Q5_0: [0]}
+              T.IQ1_M: [], T.MXFP4: [], T.IQ2_S: [0], T.IQ3_S: [0], T.Q5_0: [0], T.Q5_1: [0, 2],
+              T.IQ4_NL: [0]}
 
 
 def numpy_rng() -> np.random.Generator:
@@ -215,8 +216,8 @@ INT8_SHAPES = {"cpu": ((37, 288), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
 INT8_SHAPES_K = {"cpu": ((16, 256), (5, 67)), "cuda": ((4104, 2048), (7, 130))}
 INT8_SHAPES_IQ = {"cpu": ((37, 512), (5, 67)), "cuda": ((4099, 2048), (7, 130))}
 GRID_TYPES = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M, T.IQ2_S, T.IQ3_S)  # the grid i-quants (integer GEMM since session 23)
-INT8_SHAPES_OF = {T.Q8_0: INT8_SHAPES, T.Q4_0: INT8_SHAPES, T.Q5_0: INT8_SHAPES, T.MXFP4: INT8_SHAPES,
-                  T.IQ4_XS: INT8_SHAPES_IQ, **{t: INT8_SHAPES_IQ for t in GRID_TYPES}}
+INT8_SHAPES_OF = {T.Q8_0: INT8_SHAPES, T.Q4_0: INT8_SHAPES, T.Q5_0: INT8_SHAPES, T.IQ4_NL: INT8_SHAPES,
+                  T.MXFP4: INT8_SHAPES, T.IQ4_XS: INT8_SHAPES_IQ, **{t: INT8_SHAPES_IQ for t in GRID_TYPES}}
 # (qtype, the layout's qtype, its packing of the GGUF blocks or None), by test id
 INT8_LAYOUTS = {"q8_0": (T.Q8_0, T.Q8_0, None),
                 "q8_0_packed": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
@@ -224,12 +225,12 @@ INT8_LAYOUTS = {"q8_0": (T.Q8_0, T.Q8_0, None),
                 "q4_k_pairx": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
                 "q6_k": (T.Q6_K, T.Q6_K, None),
                 "q6_k_tiled": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw),
-                "q4_0": (T.Q4_0, T.Q4_0, None), "q5_0": (T.Q5_0, T.Q5_0, None),
+                "q4_0": (T.Q4_0, T.Q4_0, None), "q5_0": (T.Q5_0, T.Q5_0, None), "iq4_nl": (T.IQ4_NL, T.IQ4_NL, None),
                 "iq4_xs": (T.IQ4_XS, T.IQ4_XS, None), "mxfp4": (T.MXFP4, T.MXFP4, None),
                 **{t.name.lower(): (t, t, None) for t in GRID_TYPES}}
 GRID_LAYOUTS = tuple(t.name.lower() for t in GRID_TYPES)
 # the interpreter's share (~10 s a case); all on the GPU
-INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx", "q6_k_tiled", "q4_0", "q5_0", "iq4_xs", "mxfp4", *GRID_LAYOUTS)
+INTERPRETED = ("q8_0", "q8_0_packed", "q4_k_pairx", "q6_k_tiled", "q4_0", "q5_0", "iq4_nl", "iq4_xs", "mxfp4", *GRID_LAYOUTS)
 
 
 def backend_cases(interpreted, every) -> list:

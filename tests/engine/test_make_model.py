@@ -81,5 +81,5 @@ def test_file_type_is_llama_cpps_ftype(tmp_path):
 
 
 def test_unknown_quant_is_refused():
-    with pytest.raises(ValueError, match="could not make a model with --quant IQ4_NL"):
-        plan(TINY["qwen3moe"], "IQ4_NL")
+    with pytest.raises(ValueError, match="could not make a model with --quant TQ1_0"):
+        plan(TINY["qwen3moe"], "TQ1_0")

@@ -9,16 +9,16 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.errors import UnsupportedTypeError
-from sparkd.engine.kernels import (iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, iq4_xs, mxfp4, mxfp4_tiled,
-                                   q2_k, q3_k, q4_0, q4_0_tiled, q4_k, q4_k_tiled, q5_0, q5_k, q6_k, q6_k_tiled,
-                                   q8_0, q8_0_packed)
+from sparkd.engine.kernels import (iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, mxfp4,
+                                   mxfp4_tiled, q2_k, q3_k, q4_0, q4_0_tiled, q4_k, q4_k_tiled, q5_0, q5_1, q5_k, q6_k,
+                                   q6_k_tiled, q8_0, q8_0_packed)
 from sparkd.engine.kernels.family import Family, KernelArgumentError
 
 __all__ = ["FAMILIES", "LAYOUTS", "REMAINING", "Family", "KernelArgumentError", "family"]
 
 FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k, q5_k, q2_k, q3_k, q4_0, iq4_xs,
                                                                  iq2_xxs, iq2_xs, iq3_xxs, iq1_s, iq1_m, iq2_s, iq3_s,
-                                                                 mxfp4, q5_0)}
+                                                                 mxfp4, q5_0, q5_1, iq4_nl)}
 
 # byte layouts the engine makes from a GGUF type at load (not in files): same kernels, own qtype
 LAYOUTS: dict[object, Family] = {q8_0_packed.PACKED: q8_0_packed.FAMILY, q4_k_tiled.TILED: q4_k_tiled.FAMILY,
@@ -27,8 +27,8 @@ LAYOUTS: dict[object, Family] = {q8_0_packed.PACKED: q8_0_packed.FAMILY, q4_k_ti
 
 # Of issue 8's list, still dequantized by torch before a plain matmul: none. Types outside that
 # list have kernels too where common files use them (session 24: IQ1_M, IQ2_S, IQ3_S, and MXFP4, gpt-oss's
-# experts; session 35: Q5_0, a Q4_K_M file's MLA attn_k_b); the rest (IQ4_NL, Q4_1, Q5_1, ...) take the torch path;
-# family() names them.
+# experts; session 35: Q5_0, Q5_1 and IQ4_NL, llama-quantize's fallbacks for rows that are not whole 256-value groups,
+# such as MLA's 128-wide attn_k_b); the rest (Q4_1, Q8_1, ...) take the torch path; family() names them.
 REMAINING: tuple[T, ...] = ()
 
 

@@ -60,11 +60,15 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     sl = tl.load(blk + 4 + s // 2, mask=smask, other=0).to(tl.int32)
     scale = (((sl >> ((s % 2) * 4)) & 0xF) | (((sh >> (2 * s)) & 3) << 4)) - 32
     qs = tl.load(blk + 8 + 16 * s + i % 16, mask=smask, other=0).to(tl.int32)
-    q = (qs >> ((i // 16) * 4)) & 0xF
+    return (d * scale.to(tl.float32)) * kvalues((qs >> ((i // 16) * 4)) & 0xF).to(tl.float32)
+
+
+@triton.jit
+def kvalues(q):
+    """kvalues_iq4nl[q] (int32) of 4-bit indices q (int32, any shape; also IQ4_NL's)."""
     table = tl.where(q < 8, _KV_LO, _KV_HI).to(tl.int64)
     kv = ((table >> ((q % 8) * 8).to(tl.int64)) & 0xFF).to(tl.int32)
-    kv = (kv ^ 0x80) - 0x80  # the byte as int8
-    return (d * scale.to(tl.float32)) * kv.to(tl.float32)
+    return (kv ^ 0x80) - 0x80  # the byte as int8
 
 
 @triton.jit

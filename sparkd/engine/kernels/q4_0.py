@@ -61,11 +61,18 @@ def group_blocks(w_ptr, row_off, rmask, g, K, BLOCK_BYTES: tl.constexpr):
 
 
 @triton.jit
+def word16(ptr, mask):
+    """The little-endian int32 at a 2-byte aligned ptr (any shape; 0 outside mask), from two 16-bit loads: the
+    32-value blocks' f16 d leaves their quants 2-byte aligned (Q4_0's, Q5_0's, IQ4_NL's)."""
+    half = ptr.to(tl.pointer_type(tl.int16))
+    lo = tl.load(half, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    return lo | (tl.load(half + 1, mask=mask, other=0).to(tl.int32) << 16)
+
+
+@triton.jit
 def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     b, w, bmask, m, blk = group_blocks(w_ptr, row_off, rmask, g, K, 18)
-    half = (blk + 2).to(tl.pointer_type(tl.int16)) + 2 * w  # [BN, 8, 4]
-    q = (tl.load(half, mask=m, other=0).to(tl.int32) & 0xFFFF) | (tl.load(half + 1, mask=m, other=0).to(tl.int32) << 16)
-    return add_words(acc, q, blk, xw_ptr, xd_ptr, b, w, m, bmask, EW, EMU)
+    return add_words(acc, word16(blk + 2 + 4 * w, m), blk, xw_ptr, xd_ptr, b, w, m, bmask, EW, EMU)
 
 
 @triton.jit
@@ -80,16 +87,17 @@ def add_words(acc, q, d_ptr, xw_ptr, xd_ptr, b, w, m, bmask, EW: tl.constexpr, E
 def add_offset_words(acc, lo, hi, OFFSET: tl.constexpr, d_ptr, xw_ptr, xd_ptr, b, w, m, bmask, EW: tl.constexpr,
                      EMU: tl.constexpr):
     """acc plus the blocks' sums of d * (q + offset) * x: lo and hi the words of values 4w.. and 16 + 4w.. of blocks b
-    (int32 [BN, 8, 4], unsigned bytes), OFFSET four int8 offsets in a word (Q4_0's -8s, Q5_0's -16s), d_ptr the
-    blocks' f16 d ([BN, 8, 1])."""
+    (int32 [BN, 8, 4] of int8 quants), OFFSET four int8 offsets in a word (Q4_0's -8s, Q5_0's -16s; 0: none,
+    IQ4_NL's table values), d_ptr the blocks' f16 d ([BN, 8, 1])."""
     # x's words and the block scales in the weight words' shape (repeats served by the cache): one
     # register layout for every operand, no conversion through shared memory in the loop (q8_0.idot's way)
     full = tl.zeros(lo.shape, tl.int32)
     xlo = tl.load(xw_ptr + b * 8 + w + full, mask=m, other=0)  # values 4w.. of the block
     xhi = tl.load(xw_ptr + b * 8 + 4 + w + full, mask=m, other=0)  # values 16 + 4w..
-    offset = tl.full(lo.shape, OFFSET, tl.int32)
-    isum = dp4a_add(lo, xlo, dp4a(offset, xlo, EMU), EMU)
-    isum = dp4a_add(hi, xhi, dp4a_add(offset, xhi, isum, EMU), EMU)
+    isum = dp4a_add(hi, xhi, dp4a(lo, xlo, EMU), EMU)
+    if OFFSET != 0:  # the offset times x's quants, in the same exact integer sum
+        offset = tl.full(lo.shape, OFFSET, tl.int32)
+        isum = dp4a_add(offset, xhi, dp4a_add(offset, xlo, isum, EMU), EMU)
     dx = tl.load(xd_ptr + b, mask=bmask, other=0.0)  # [1, 8, 1]
     d_ptr = d_ptr.to(tl.pointer_type(tl.float16))
     if EW:  # into the elementwise tile acc [BN, 8, 4]

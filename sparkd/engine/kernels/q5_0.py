@@ -25,35 +25,31 @@ _MINUS16 = tl.constexpr(-252645136)  # 0xF0F0F0F0: four int8 -16s
 
 
 @triton.jit
-def _word(ptr, mask):
-    """The little-endian 32-bit word at a 2-byte aligned ptr (int32, any shape)."""
-    half = ptr.to(tl.pointer_type(tl.int16))
-    lo = tl.load(half, mask=mask, other=0).to(tl.int32) & 0xFFFF
-    return lo | (tl.load(half + 1, mask=mask, other=0).to(tl.int32) << 16)
-
-
-@triton.jit
 def _fifth_bits(h):
     """Four bits (int32, 0-15) as bit 4 of each byte of a word: bit k -> bit 8k + 4."""
     return ((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25)
 
 
 @triton.jit
+def quants(qs_ptr, qh, i, mask):
+    """Values i's 5-bit quants (int32, 0-31) from the blocks' qs at qs_ptr and their qh words (also Q5_1's)."""
+    qs = tl.load(qs_ptr + i % 16, mask=mask, other=0).to(tl.int32)
+    return ((qs >> ((i // 16) * 4)) & 0xF) | (((qh >> i) & 1) << 4)
+
+
+@triton.jit
 def dequant(w_ptr, aux_ptr, row_off, g, smask):
     blk = w_ptr + row_off + (g * 8 + tl.arange(0, 8)[None, :, None]) * BLOCK_BYTES  # [BN, 8, 1] block starts
-    i = tl.arange(0, 32)[None, None, :]
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
-    qh = _word(blk + 2, smask)
-    qs = tl.load(blk + 6 + i % 16, mask=smask, other=0).to(tl.int32)
-    q = ((qs >> ((i // 16) * 4)) & 0xF) | (((qh >> i) & 1) << 4)
+    q = quants(blk + 6, q4_0.word16(blk + 2, smask), tl.arange(0, 32)[None, None, :], smask)
     return d * (q - 16).to(tl.float32)
 
 
 @triton.jit
 def idot(w_ptr, aux_ptr, row_off, rmask, xw_ptr, xd_ptr, xs_ptr, g, K, acc, EW: tl.constexpr, EMU: tl.constexpr):
     b, w, bmask, m, blk = q4_0.group_blocks(w_ptr, row_off, rmask, g, K, BLOCK_BYTES)
-    q = _word(blk + 6 + 4 * w, m)  # [BN, 8, 4]: qs bytes 4w..4w+3
-    qh = _word(blk + 2, m)  # [BN, 8, 1]
+    q = q4_0.word16(blk + 6 + 4 * w, m)  # [BN, 8, 4]: qs bytes 4w..4w+3
+    qh = q4_0.word16(blk + 2, m)  # [BN, 8, 1]
     lo = (q & 0x0F0F0F0F) | _fifth_bits((qh >> (4 * w)) & 0xF)  # values 4w..4w+3
     hi = ((q >> 4) & 0x0F0F0F0F) | _fifth_bits((qh >> (16 + 4 * w)) & 0xF)  # values 16 + 4w..
     return q4_0.add_offset_words(acc, lo, hi, _MINUS16, blk, xw_ptr, xd_ptr, b, w, m, bmask, EW, EMU)
@@ -65,10 +61,7 @@ def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     not in rmask)."""
     blk = w_ptr + row_off + b * BLOCK_BYTES  # [BN] block starts
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
-    i = tl.arange(0, 32)[None, :]
-    qh = _word(blk + 2, rmask)[:, None]
-    qs = tl.load(blk[:, None] + 6 + i % 16, mask=rmask[:, None], other=0).to(tl.int32)
-    q = ((qs >> ((i // 16) * 4)) & 0xF) | (((qh >> i) & 1) << 4)
+    q = quants(blk[:, None] + 6, q4_0.word16(blk + 2, rmask)[:, None], tl.arange(0, 32)[None, :], rmask[:, None])
     return (q - 16).to(tl.int8), d
 
 

@@ -24,7 +24,7 @@ _SCALE_FIELDS: dict[Q, tuple[tuple[int, ...], tuple[int, ...]]] = {
     # i-quants: every index fits its grid (IQ1_M's d has no field: set_iq1_m_d)
     Q.IQ2_XXS: ((0,), ()), Q.IQ2_XS: ((0,), ()), Q.IQ3_XXS: ((0,), ()), Q.IQ1_S: ((0,), ()),
     Q.IQ2_S: ((0,), ()), Q.IQ3_S: ((0,), ()),  # 10- and 9-bit indices: every one in the grid
-    Q.IQ4_XS: ((0,), ()),  # any 6-bit scale and 4-bit index is valid
+    Q.IQ4_XS: ((0,), ()), Q.IQ4_NL: ((0,), ()),  # any 6-bit scale and 4-bit index is valid
 }
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 QUANT_TYPES = tuple(_SCALE_FIELDS) + (Q.IQ1_M, Q.MXFP4)  # no f16 field: IQ1_M's d (set_iq1_m_d), MXFP4's e8m0
