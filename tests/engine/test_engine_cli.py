@@ -59,7 +59,7 @@ def test_cpu_engine_runs_without_triton(model, mode):
     (["make-model", "--arch", "nope", "X.gguf"], "could not make a model for --arch 'nope'"),
     (["make-model", "--arch", "qwen3moe", "--top-k", "20", "X.gguf"], "--top-k 20 exceeds --experts 8"),
     (["make-model", "--preset", "nope", "X.gguf"], "could not find preset 'nope'"),
-    (["make-model", "--arch", "qwen3moe", "--quant", "IQ4_NL", "X.gguf"], "--quant IQ4_NL"),
+    (["make-model", "--arch", "qwen3moe", "--quant", "TQ1_0", "X.gguf"], "--quant TQ1_0"),
     (["logits", "M", "--tokens", "a,b", "--out", "o.npy"], "could not parse --tokens"),
     (["make-model", "--arch", "qwen3moe", "no-such-dir/X.gguf"], "does not exist (create it first)"),
 ])

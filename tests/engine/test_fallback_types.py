@@ -9,6 +9,7 @@ Interpreter (TRITON_INTERPRET=1, emulated dp4a and prmt) where there is no GPU; 
 
 import os
 
+import gguf.quants as gq
 import numpy as np
 import pytest
 import torch
@@ -22,8 +23,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from test_kernels import BACKENDS  # noqa: E402
 from test_q4_0_int import integer_sums_error  # noqa: E402
 
-# ggml's kvalues_iq4nl
-KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int64)
+KVALUES = np.array(gq.IQ4_NL.kvalues, dtype=np.int64)  # ggml's kvalues_iq4nl
 
 
 def _d(b: np.ndarray) -> np.ndarray:

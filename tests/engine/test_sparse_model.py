@@ -63,7 +63,7 @@ def test_a_too_small_budget_is_refused_with_every_term(k3):
 
 @pytest.mark.parametrize("args, message", [
     (["--tensor-type", "ffn_down_exps"], "could not read --tensor-type 'ffn_down_exps': expected REGEX=TYPE"),
-    (["--tensor-type", "_exps=IQ4_NL"], "could not make a model with --tensor-type _exps=IQ4_NL: supported types"),
+    (["--tensor-type", "_exps=TQ1_0"], "could not make a model with --tensor-type _exps=TQ1_0: supported types"),
     (["--tensor-type", "_exps=NOPE", "--sparse"], "could not make a model with --tensor-type _exps=NOPE"),
 ])
 def test_bad_tensor_types_are_clear_errors_and_write_nothing(tmp_path, args, message):
