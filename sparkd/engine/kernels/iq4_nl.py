@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from gguf.constants import GGMLQuantizationType as T
 
-from sparkd.engine.kernels import iq4_xs, q4_0, table16
+from sparkd.engine.kernels import iq4_xs, q4_0
 from sparkd.engine.kernels.act_quant import Q8_0
 from sparkd.engine.kernels.family import Family
 
@@ -47,7 +47,7 @@ def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     blk = w_ptr + row_off + b * BLOCK_BYTES  # [BN] block starts
     d = tl.load(blk.to(tl.pointer_type(tl.float16)), mask=rmask, other=0.0).to(tl.float32)
     q = q4_0.word16(blk[:, None] + 2 + 4 * tl.arange(0, 4)[None, :], rmask[:, None])  # [BN, 4]
-    return table16.block_values(q, iq4_xs._KV0, iq4_xs._KV1, iq4_xs._KV2, iq4_xs._KV3), d
+    return iq4_xs.block_values(q), d
 
 
 FAMILY = dataclasses.replace(Family(T.IQ4_NL, 32, BLOCK_BYTES.value, 8, 32, dequant), idot=idot, act_fmt=Q8_0,

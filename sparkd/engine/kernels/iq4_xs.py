@@ -127,10 +127,17 @@ def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
     s = b % 8
     q = tl.load((blk + 8 + 16 * s).to(tl.pointer_type(tl.int32))[:, None] + tl.arange(0, 4)[None, :],
                 mask=rmask[:, None], other=0)  # [BN, 4]
-    v = table16.block_values(q, _KV0, _KV1, _KV2, _KV3)
+    v = block_values(q)
     h0 = tl.load(blk.to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
     h1 = tl.load((blk + 4).to(tl.pointer_type(tl.int32)), mask=rmask, other=0)
     return v, tl.where(rmask, scale(h0, h1, s), 0), tl.zeros(rmask.shape, tl.int32)
+
+
+@triton.jit
+def block_values(q):
+    """A 32-value block's kvalues_iq4nl values as int8 [BN, 32] from its 4 words of indices q [BN, 4] (table16's;
+    also IQ4_NL's iblock)."""
+    return table16.block_values(q, _KV0, _KV1, _KV2, _KV3)
 
 
 @triton.jit
