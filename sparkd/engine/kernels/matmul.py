@@ -109,8 +109,9 @@ GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=T
               # step (best of 4 at the head, bench/results/gemv_tiles_h200_s6_q6k.log: 0.94 of copy bandwidth)
               "Q6_K_TILED": GemvConfig(block_n=8, num_warps=1, unroll=1, elementwise=True)}
 # a grouped launch's tile where the rows are one 256-value group or less (MLA's k matrices, 128 wide:
-# KernelLinear.grouped on CUDA). Session 35 (H200, bench/gpu_box/mla_heads_bench.py --sweep, DeepSeek V3's 128 heads x 512 x 128): the
-# default tiles' programs read a few hundred bytes each; 16 rows on 2 warps, Q5_0 21.0 -> 7.6 us, Q8_0 41.0 -> 9.9 us
+# KernelLinear.grouped on CUDA). Session 35 (H200, bench/gpu_box/mla_heads_bench.py --sweep, DeepSeek V3's 128 heads
+# x 512 x 128): the default tiles' programs read a few hundred bytes each; 16 rows on 2 warps, Q5_0 21.0 -> 7.6 us,
+# Q8_0 41.0 -> 9.9 us
 SHORT_ROW_TILE = GemvConfig(block_n=16, num_warps=2, unroll=1, split=1)
 SHORT_ROW_VALUES = 256
 OLD_GEMV_TILES = {"Q8_0": GemvConfig(elementwise=False), "Q8_0_PACKED": GemvConfig(elementwise=False),
