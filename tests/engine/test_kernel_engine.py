@@ -20,6 +20,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from sparkd.engine.errors import EngineError  # noqa: E402
 from sparkd.engine.kernels import dispatch, iq1_s, iq2_xs, iq2_xxs  # noqa: E402
 from sparkd.engine.layers import linear  # noqa: E402
+from sparkd.engine.layers.embedding import KernelEmbedding  # noqa: E402
 from sparkd.engine.layers.linear import KernelLinear  # noqa: E402
 from sparkd.engine.layers.quant_experts import KernelExperts  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
@@ -238,6 +239,25 @@ def test_mla_head_matrices_stay_blocks_through_the_grouped_gemv(tmp_path, backen
             return net(torch.tensor([7]), cache)
         want = step(ref.net)
         assert float((step(k.net) - want).norm() / want.norm()) < BOUND
+    finally:
+        ref.close()
+        k.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gemma3"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_token_embedding_stays_blocks(tmp_path, backend, arch):
+    """The token embedding stays the file's blocks (KernelEmbedding, session 35; f32 before), and a tied output
+    projection (Gemma 3's) multiplies the same bytes: the greedy tokens and logits are the CPU reference's."""
+    path = write_model(tmp_path / "m.gguf", plan(TINY[arch], "Q8_0"), seed=5)[0]
+    ref, k = load_model(path), load_model(path, device=backend, kernels=True)
+    try:
+        emb = k.net.tok_embd
+        assert isinstance(emb, KernelEmbedding) and emb.raw.numel() == k.gguf.tensor("token_embd.weight").nbytes
+        tied = not k.gguf.tensors.get("output.weight")
+        assert tied == (arch == "gemma3") and isinstance(k.net.output, KernelLinear)
+        assert (k.net.output.raw.data_ptr() == emb.raw.data_ptr()) == tied
+        assert_greedy_matches(ref, k, *((PROMPT, 8) if backend == "cuda" else (PROMPT[:3], 3)), f"{arch} {backend}")
     finally:
         ref.close()
         k.close()

@@ -255,6 +255,24 @@ def test_kernel_linear_dense_is_the_blocks_values(backend, layout):
     assert torch.equal(got.cpu(), quants.dequantize(raw, qtype, (rows, cols)))
 
 
+@pytest.mark.parametrize("backend, layout", backend_cases(("q8_0", "q4_k"), ("q8_0", "q4_k", "q6_k", "q5_0")))
+def test_kernel_embedding_rows_are_the_blocks_rows(backend, layout):
+    """KernelEmbedding (the token embedding on the GPU path, session 35): a lookup is exactly the looked-up rows'
+    values, repeats and any order, [*ids.shape, D]; ids outside the vocabulary read nothing (zeros)."""
+    from sparkd.engine.layers.embedding import KernelEmbedding
+
+    qtype = INT8_LAYOUTS[layout][0]
+    rows, cols = 37, 512
+    raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
+    emb = KernelEmbedding(raw.to(backend), qtype, (rows, cols))
+    want = quants.dequantize(raw, qtype, (rows, cols))
+    ids = torch.tensor([[36, 0, 5], [5, 17, 36]], device=backend)
+    got = emb[ids]
+    assert got.shape == (2, 3, cols) and torch.equal(got.cpu(), want[ids.cpu()])
+    assert torch.equal(emb[torch.tensor([7], dtype=torch.int32, device=backend)].cpu(), want[7:8])
+    assert not emb[torch.tensor([-1, rows], device=backend)].cpu().any()
+
+
 def test_dequantize_refuses_bytes_that_are_not_the_matrix():
     from sparkd.engine.kernels.dequantize import dequantize
 
@@ -264,6 +282,8 @@ def test_dequantize_refuses_bytes_that_are_not_the_matrix():
         dequantize(raw, T.Q8_0, (10, 32))
     with pytest.raises(dispatch.KernelArgumentError, match="not a positive multiple of the Q8_0 block"):
         dequantize(raw, T.Q8_0, (12, 48))
+    with pytest.raises(dispatch.KernelArgumentError, match=r"row ids must be integers \[n\] on .*, got torch.float32"):
+        dequantize(raw, T.Q8_0, (12, 32), torch.zeros(3, device=_dev()))
 
 
 @pytest.mark.parametrize("backend, layout", backend_cases(INTERPRETED, INT8_LAYOUTS))

@@ -21,7 +21,8 @@ from sparkd.engine.layers.attention import Attention
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.ffn import GatedFFN
 from sparkd.engine.layers.kv_cache import KVCache
-from sparkd.engine.layers.linear import Linear
+from sparkd.engine.layers.embedding import KernelEmbedding
+from sparkd.engine.layers.linear import KernelLinear, Linear
 from sparkd.engine.layers.moe import MoE, Router
 from sparkd.engine.layers.norm import RMSNorm, add_norm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows
@@ -88,7 +89,7 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """tokens → logits for one sequence, with an incremental KV cache."""
 
-    def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor | QuantRows, blocks: list[Block],
+    def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor | QuantRows | KernelEmbedding, blocks: list[Block],
                  output_norm: nn.Module, output: Linear, embd_scale: float = 1.0,
                  kv_shapes: list[tuple[int, int, int]] | None = None,
                  side_shapes: dict[tuple[str, int], tuple[int, ...]] | None = None,
@@ -96,8 +97,10 @@ class Decoder(nn.Module):
                  kv_typed: list[bool] | None = None):
         super().__init__()
         self.cfg = cfg
-        # [V, D]; QuantRows when the trunk stays quantized (indexing dequantizes the rows)
-        self.tok_embd = tok_embd if isinstance(tok_embd, QuantRows) else nn.Parameter(tok_embd, requires_grad=False)
+        # [V, D]; QuantRows when the trunk stays quantized, KernelEmbedding on the GPU path (indexing dequantizes the
+        # rows either way)
+        kept = isinstance(tok_embd, (QuantRows, KernelEmbedding))
+        self.tok_embd = tok_embd if kept else nn.Parameter(tok_embd, requires_grad=False)
         self.blocks = nn.ModuleList(blocks)
         self.output_norm = output_norm
         self.output = output  # [V, D]; may share its weight with tok_embd
@@ -213,10 +216,12 @@ def moe_ffn(w: Weights, cfg: ModelConfig, il: int, store: ExpertStore, act: str 
     return MoE(il, router, store, act, shared)
 
 
-def head(w: Weights) -> tuple[torch.Tensor | QuantRows, Linear | QuantLinear]:
-    """(token embedding, output projection); the output falls back to the tied embedding."""
-    emb = w.rows("token_embd.weight")
+def head(w: Weights) -> tuple[torch.Tensor | QuantRows | KernelEmbedding, Linear | QuantLinear | KernelLinear]:
+    """(token embedding, output projection); the output falls back to the tied embedding (its blocks or values)."""
+    emb = w.embedding("token_embd.weight")
     if w.has("output.weight"):
         return emb, w.linear("output")
     fmt = w.act_format("token_embd.weight")
+    if isinstance(emb, KernelEmbedding):
+        return emb, KernelLinear(emb.raw, emb.qtype, emb.shape, act_fmt=fmt)
     return emb, QuantLinear(emb, act_fmt=fmt) if isinstance(emb, QuantRows) else Linear(emb, act_fmt=fmt)

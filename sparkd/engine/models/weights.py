@@ -13,6 +13,7 @@ from sparkd.engine import switches
 from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.act_round import vec_dot_format
+from sparkd.engine.layers.embedding import KernelEmbedding
 from sparkd.engine.layers.linear import KernelLinear, Linear
 from sparkd.engine.layers.norm import RMSNorm
 from sparkd.engine.layers.qlinear import QuantLinear, QuantRows, Scratch
@@ -116,6 +117,13 @@ class Weights:
             return KernelLinear(*self._raw(name), act_fmt=self.act_format(name))
         w = self.get(name)
         return Linear(w.reshape(-1, w.shape[-1]), None, self.act_format(name))
+
+    def embedding(self, name: str) -> torch.Tensor | QuantRows | KernelEmbedding:
+        """A token embedding [V, D]: the file's blocks where its type has a kernel (KernelEmbedding: a lookup
+        dequantizes its rows on the device; the GPU path), else rows() (f32, or QuantRows on a quantized load)."""
+        if self.model.tensor(name).ggml_type in self._kernel_types:
+            return KernelEmbedding(*self._raw(name))
+        return self.rows(name)
 
     def _raw(self, name: str, shape: tuple[int, ...] | None = None) -> tuple[torch.Tensor, object, tuple[int, int]]:
         """(bytes, type, [rows, cols]) of a weight kept as blocks; a 3-D one's matrices one after another."""

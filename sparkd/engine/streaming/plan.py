@@ -257,18 +257,19 @@ def trunk_bytes(g: GGUFModel, n_layer: int | None = None, kernel_types: frozense
     On the CPU (kernel_types None) a streamed model keeps 2-D quantized weights as their file
     bytes (QuantLinear; Q8_0 with f32 scales), everything else f32, plus the buffer they dequantize
     into. On a GPU (kernel_types: the types with a Triton kernel) 2-D weights of those types stay
-    raw file bytes (KernelLinear), and so do MLA's 3-D per-head matrices (STACKED_WEIGHT); everything else is f32,
-    the token embedding too: its rows are indexed, not multiplied (a 151936 x 2048 vocabulary: 1.2 GiB, not its
-    0.33 GiB of Q8_0)."""
+    raw file bytes (KernelLinear), and so do MLA's 3-D per-head matrices (STACKED_WEIGHT) and, since session 35, the
+    token embedding (KernelEmbedding; f32 before: a 151936 x 2048 vocabulary 1.2 GiB, not its 0.33 GiB of Q8_0);
+    everything else is f32."""
     total = 0 if kernel_types is not None else CHUNK_VALUES * F32_BYTES
     for name, info in g.tensors.items():
         layer = _LAYER.match(name)
         if EXPERT_WEIGHT.match(name) or (n_layer is not None and layer is not None and int(layer[1]) >= n_layer):
             continue
-        if kernel_types is not None and STACKED_WEIGHT.fullmatch(name):  # Weights.stacked: the file's layout
+        if kernel_types is not None and (STACKED_WEIGHT.fullmatch(name) or name == "token_embd.weight"):
+            # Weights.stacked's and Weights.embedding's: the file's layout
             total += info.nbytes if info.ggml_type in kernel_types else info.n_elements * F32_BYTES
         elif kernel_types is not None:
-            raw = len(info.shape) == 2 and info.ggml_type in kernel_types and name != "token_embd.weight"
+            raw = len(info.shape) == 2 and info.ggml_type in kernel_types
             total += _device_raw_bytes(info) if raw else info.n_elements * F32_BYTES
         elif len(info.shape) != 2 or info.ggml_type in (Q.F32, Q.F64):
             total += info.n_elements * F32_BYTES
