@@ -65,14 +65,17 @@ SWEEP = [GemvConfig(block_n=b, num_warps=w, unroll=u, split=1) for b in (2, 4, 8
 
 
 def sweep(H: int, rows: int, cols: int, qtype: T) -> list[tuple[str, float]]:
-    """Microseconds of the grouped GEMV per tile (each checked against the default tile's output)."""
+    """Microseconds of the grouped GEMV per tile (each checked against the default tile's output: nan where it
+    differs by more than float32 rounding)."""
     ks = copies(qtype, H * rows, cols)
     x = torch.randn(H, cols, device="cuda")
     want = ks[0].grouped(x[None])[0].reshape(-1)
     out = []
     for cfg in SWEEP:
         y = gemv(ks[0].raw, qtype, ks[0].shape, x, config=cfg, round_x=ks[0]._round)
-        if not torch.allclose(y, want, rtol=1e-4, atol=1e-5):
+        # (a norm, not allclose's elementwise bound: another tile's summation order misses that near zero; session
+        # 35's call 2 marked such tiles nan)
+        if not float((y - want).norm() / want.norm()) < 1e-5:
             out.append((f"{cfg.block_n}/{cfg.num_warps}/{cfg.unroll}", float("nan")))
             continue
         sec = graph_seconds(lambda i: gemv(ks[i % len(ks)].raw, qtype, ks[0].shape, x, config=cfg,
