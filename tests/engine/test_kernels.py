@@ -584,7 +584,8 @@ TILES = {"cuda": {}, "cpu": dict(gate_up=GemvConfig(block_n=64, num_warps=1, unr
 # at 2048x768, past Q8_0's f16 block scale (65504 * 127; inf, then NaN: H200, session 21)
 MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
              (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.Q4_0, T.IQ4_XS, "silu"), (T.IQ1_S, T.IQ2_XXS, "silu"),
-             (T.IQ2_XS, T.IQ3_XXS, "swiglu_oai"), (T.MXFP4, T.MXFP4, "swiglu_oai"), (T.IQ1_M, T.IQ1_M, "silu")]
+             (T.IQ2_XS, T.IQ3_XXS, "swiglu_oai"), (T.MXFP4, T.MXFP4, "swiglu_oai"), (T.IQ1_M, T.IQ1_M, "silu"),
+             (T.Q5_0, T.IQ4_NL, "silu"), (T.Q5_1, T.Q5_0, "swiglu_oai")]  # session 35: llama-quantize's fallbacks
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
