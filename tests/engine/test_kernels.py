@@ -789,11 +789,11 @@ def _dev() -> str:
 
 
 def test_type_without_a_kernel_is_a_clear_error():
-    raw = torch.zeros(18, dtype=torch.uint8)  # one IQ4_NL block (no kernel: a fallback type of few tensors)
-    with pytest.raises(UnsupportedTypeError, match="could not multiply IQ4_NL blocks on the GPU.*IQ1_S"):
-        gemv(raw, T.IQ4_NL, (1, 32), torch.randn(32))
+    raw = torch.zeros(20, dtype=torch.uint8)  # one Q4_1 block (no kernel: no fallback writes it)
+    with pytest.raises(UnsupportedTypeError, match="could not multiply Q4_1 blocks on the GPU.*IQ1_S"):
+        gemv(raw, T.Q4_1, (1, 32), torch.randn(32))
     assert dispatch.REMAINING == () and {T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ1_M, T.IQ2_S, T.IQ3_S,
-                                         T.MXFP4} <= set(dispatch.FAMILIES)
+                                         T.MXFP4, T.Q5_0, T.Q5_1, T.IQ4_NL} <= set(dispatch.FAMILIES)
 
 
 @pytest.mark.parametrize("case", ["cols", "dtype", "bytes", "x_dtype", "out_shape", "odd_address"])
