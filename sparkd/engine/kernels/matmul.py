@@ -22,6 +22,7 @@ block. Others multiply floats (x rounded by the caller's round_x).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -458,6 +459,16 @@ def gemv(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     if parts:
         return part if part is not y else y[None]
     return y if in_kernel else fold_partials(part, y)
+
+
+def grouped_config(fam: dispatch.Family, cfg: GemvConfig, cols: int, group_rows: int, on_cuda: bool) -> GemvConfig:
+    """A grouped launch's tile from a layer's own cfg: SHORT_ROW_TILE on CUDA for rows of one group or less, and no
+    more rows a program than divide a group's (grouped_tile_fits may still refuse it: fewer than 4). A family's fixed
+    tile (Family.one_tile, check_one_tile) stays."""
+    if fam.one_tile:
+        return cfg
+    cfg = SHORT_ROW_TILE if on_cuda and cols <= SHORT_ROW_VALUES else cfg
+    return dataclasses.replace(cfg, block_n=math.gcd(cfg.block_n, group_rows))
 
 
 def grouped_tile_fits(cfg: GemvConfig, group_rows: int) -> bool:

@@ -5,7 +5,6 @@ one input (q, k, v) in one matrix of their rows: one x quantization and one GEMV
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
@@ -150,16 +149,13 @@ class KernelLinear(nn.Module):
         """Linear.grouped through the kernels: a token in one grouped GEMV launch (matmul.gemv's groups) where a
         program's rows fit in a group, else a GEMV or GEMM per group."""
         from sparkd.engine.kernels import dispatch
-        from sparkd.engine.kernels.matmul import SHORT_ROW_TILE, SHORT_ROW_VALUES, gemv, grouped_tile_fits
+        from sparkd.engine.kernels.matmul import gemv, grouped_config, grouped_tile_fits
 
         T, G, cols = x.shape
         R = self.shape[0] // G
         h = x.float()
         if T == 1:
-            cfg, _ = self._gemv_config(x.is_cuda)
-            if not dispatch.family(self.qtype).one_tile:  # a fixed tile stays (check_one_tile)
-                cfg = SHORT_ROW_TILE if x.is_cuda and cols <= SHORT_ROW_VALUES else cfg
-                cfg = dataclasses.replace(cfg, block_n=math.gcd(cfg.block_n, R))
+            cfg = grouped_config(dispatch.family(self.qtype), self._gemv_config(x.is_cuda)[0], cols, R, x.is_cuda)
             if grouped_tile_fits(cfg, R):
                 return gemv(self.raw, self.qtype, self.shape, h[0].contiguous(), config=cfg,
                             round_x=self._round).view(1, G, R)
