@@ -10,6 +10,8 @@ before (the family without its integer step) is timed in the same run as "float"
 "before" of docs/performance.md. --sweep tries every tile in SWEEP / MOE_SWEEP, else the defaults.
 --compare also times the integer defaults changed by each of VARIANTS (old vs new switches side by
 side: atomic = the atomic reduction used before session 3 ordered the sums, stages = Triton's pipeliner, ew = elementwise tile).
+F16 and BF16 (session 36) are timed beside torch.mv on the 16-bit matrix ("torch mv 16-bit": cuBLAS, x rounded to
+16 bits), what an engine holding them as torch tensors would run.
 
 Every timed kernel is first checked against the float64 reference on fresh random blocks.
 Working sets rotate over >= ROTATE_BYTES so repeated runs cannot be served from the 50 MB L2;
@@ -50,6 +52,7 @@ F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K
               T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0],
               T.IQ2_S: [0], T.IQ3_S: [0], T.Q5_0: [0], T.Q5_1: [0, 2], T.IQ4_NL: [0], T.IQ1_M: [],
               T.MXFP4: []}  # (random_blocks: the last two's scales)
+HALF_TYPES = {T.F16: torch.float16, T.BF16: torch.bfloat16}  # (random_blocks: normal values)
 DENSE = [(14336, 4096), (4096, 14336)]  # llama-3-8B-like up and down projections
 # model width, expert width, experts per token: qwen3-30b-a3b, and qwen3-235b-a22b
 MOES = [(2048, 768, 8), (4096, 1536, 8)]
@@ -119,6 +122,8 @@ def x_in(qtype: T, x: torch.Tensor) -> torch.Tensor:
 
 def random_blocks(qtype: T, n_bytes: int, device: str = "cuda") -> torch.Tensor:
     fam = dispatch.FAMILIES[qtype]
+    if qtype in HALF_TYPES:  # values: random bits would be NaNs and infinities
+        return torch.randn(n_bytes // 2, device=device).to(HALF_TYPES[qtype]).view(torch.uint8)
     b = torch.randint(0, 256, (n_bytes // fam.block_bytes, fam.block_bytes), dtype=torch.uint8, device=device)
 
     def scales():
@@ -201,6 +206,12 @@ def dense_rows(qtype: T, rows: int, cols: int, copy_bw: float) -> list[dict]:
         out.append(time(cfg, f"{name} {tag(cfg)}"))
     if COMPARE and qtype == T.Q8_0:
         out += packed_rows(ws, (rows, cols), x, W @ x_in(qtype, x).double(), copy_bw)
+    if qtype in HALF_TYPES:  # what a torch engine would run instead: cuBLAS on the 16-bit matrix, x rounded to it
+        hw, hx = [w.view(HALF_TYPES[qtype]).view(rows, cols) for w in ws], x.to(HALF_TYPES[qtype])
+        sec = graph_seconds(lambda i: torch.mv(hw[i % n], hx), n)
+        out.append(dict(kernel=f"gemv {rows}x{cols}", type=qtype.name, config="torch mv 16-bit", us=sec * 1e6,
+                        bw=nbytes / sec, frac=nbytes / sec / copy_bw, err=rel_err(torch.mv(hw[0], hx).float(),
+                                                                                   W @ x.double())))
     if not BASELINE:
         return out
     sec = events_seconds(lambda: [quants.dequantize(ws[i], qtype, (rows, cols)) @ x for i in range(n)]) / n

@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -44,6 +45,7 @@ SHAPES = {"Q8_0": TINY["qwen3moe"], "Q4_K": TINY["qwen3moe"].replace(n_embd=256,
 SHAPES["Q6_K"] = SHAPES["Q4_K"].replace(n_layer=1)  # one layer: the head is what the Q6_K layout tiles
 # every projection and expert IQ4_XS or Q4_0: their integer steps (session 21); the grid i-quants (session 23)
 SHAPES["IQ4_XS"], SHAPES["Q4_0"] = SHAPES["Q4_K"], SHAPES["Q8_0"]
+SHAPES["F16"] = SHAPES["BF16"] = SHAPES["Q8_0"]
 GRID = ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S", "IQ1_M", "IQ2_S", "IQ3_S")
 SHAPES.update({q: SHAPES["Q4_K"] for q in GRID})
 # the kimi-k3 file's expert mix (test_sparse_model.UD_IQ1_S) on the 256-wide model (trunk F32: the
@@ -88,15 +90,17 @@ def logits_by_layout(tmp_path, monkeypatch, backend: str, quant: str, env: str, 
 
 
 @pytest.mark.parametrize("precision", ["int8", "ieee"])
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"] + [pytest.param(q, marks=pytest.mark.gpu)
-                                                     for q in ("Q4_K", "IQ4_XS", *GRID)])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0", "BF16"] + [pytest.param(q, marks=pytest.mark.gpu)
+                                                             for q in ("F16", "Q4_K", "IQ4_XS", *GRID)])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant, precision, monkeypatch):
     """precision: SPARKD_PREFILL_PRECISION's (the prompt's GEMMs): the integer GEMM (default; Q4_0's and IQ4_XS's
-    since session 22, the grid i-quants' since session 23) or the float one."""
-    if backend == "cpu" and quant not in ("Q8_0", "Q4_0"):
-        pytest.skip("the interpreter runs the 64-wide Q8_0 and Q4_0 models only (CI time; IQ4_XS's 256-wide: ~100 s; "
-                    "the grid i-quants' by hand, session 23: 13-19 s a prompt and token)")
+    since session 22, the grid i-quants' since session 23) or the float one. F16 and BF16 (session 36: every projection
+    and expert multiplied from its 16-bit values) have no integer GEMM: theirs runs at tf32, exact over their values."""
+    if backend == "cpu" and (quant not in ("Q8_0", "Q4_0", "BF16") or quant == "BF16" and precision == "ieee"):
+        pytest.skip("the interpreter runs the 64-wide Q8_0, Q4_0 and BF16 models only, BF16 at the default precision "
+                    "(its tf32 GEMM: float32 under the interpreter, as ieee) (CI time; IQ4_XS's 256-wide: ~100 s; the "
+                    "grid i-quants' by hand, session 23: 13-19 s a prompt and token)")
     monkeypatch.setattr(linear, "PREFILL_PRECISION", precision)
     path = write_model(tmp_path / "m.gguf", plan(SHAPES[quant], quant), seed=5)[0]
     n = 8 if backend == "cuda" else 2
@@ -278,6 +282,24 @@ def test_only_mlas_head_matrices_load_as_stacked_matrices(tmp_path):
     finally:
         g.close()
     assert not read
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_16_bit_rows_the_kernels_cannot_run_take_the_other_path(tmp_path, backend):
+    """F16 and BF16 kernels take rows of whole 32-value runs (dispatch.multiplies, session 36). A BF16 model whose
+    experts' down rows are 48 wide: its attention and gate/up projections stay the file's bytes, the routed experts
+    run the generic path, the output head (rows of 64) the kernels, and the logits and greedy tokens are the CPU
+    reference's."""
+    path = write_model(tmp_path / "m.gguf", plan(TINY["qwen3moe"].replace(n_ff_exp=48), "BF16"), seed=5)[0]
+    ref, k = load_model(path), load_model(path, device=backend, kernels=True)
+    try:
+        assert {m.qtype for m in k.net.modules() if isinstance(m, KernelLinear)} == {GGMLQuantizationType.BF16}
+        assert isinstance(k.net.tok_embd, KernelEmbedding)
+        assert k.net.blocks[0].ffn.store.kernel_table(0) is None
+        assert_greedy_matches(ref, k, PROMPT, 2, "BF16, experts 48 wide")
+    finally:
+        ref.close()
+        k.close()
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])

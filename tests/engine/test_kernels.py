@@ -57,6 +57,7 @@ F16_FIELDS = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q2_K
               T.Q4_0: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ3_XXS: [0], T.IQ1_S: [0],
               T.IQ1_M: [], T.MXFP4: [], T.IQ2_S: [0], T.IQ3_S: [0], T.Q5_0: [0], T.Q5_1: [0, 2],
               T.IQ4_NL: [0]}
+HALF_TYPES = {T.F16: torch.float16, T.BF16: torch.bfloat16}  # session 36: the files' unquantized weights
 
 
 def numpy_rng() -> np.random.Generator:
@@ -68,8 +69,12 @@ def numpy_rng() -> np.random.Generator:
 
 
 def random_blocks(qtype: T, n_blocks: int) -> torch.Tensor:
-    """Valid random blocks: random bytes with finite f16 scales (1e-3..1e-1, both signs)."""
+    """Valid random blocks: random bytes with finite f16 scales (1e-3..1e-1, both signs); F16 and BF16 (runs of 32
+    values): normal values, whose random bits would be NaNs and infinities."""
     fam, rng = dispatch.FAMILIES[qtype], numpy_rng()
+    if qtype in HALF_TYPES:
+        values = torch.from_numpy(rng.standard_normal(n_blocks * fam.block_values, dtype=np.float32))
+        return values.to(HALF_TYPES[qtype]).view(torch.uint8)
     b = rng.integers(0, 256, (n_blocks, fam.block_bytes), dtype=np.uint8)
     def scales():
         return (rng.choice([-1.0, 1.0], n_blocks) * 10.0 ** rng.uniform(-3, -1, n_blocks)).astype(np.float16)
@@ -255,13 +260,14 @@ def test_kernel_linear_dense_is_the_blocks_values(backend, layout):
     assert torch.equal(got.cpu(), quants.dequantize(raw, qtype, (rows, cols)))
 
 
-@pytest.mark.parametrize("backend, layout", backend_cases(("q8_0", "q4_k"), ("q8_0", "q4_k", "q6_k", "q5_0")))
-def test_kernel_embedding_rows_are_the_blocks_rows(backend, layout):
-    """KernelEmbedding (the token embedding on the GPU path, session 35): a lookup is exactly the looked-up rows'
-    values, repeats and any order, [*ids.shape, D]; ids outside the vocabulary read nothing (zeros)."""
+@pytest.mark.parametrize("backend, qtype", backend_cases((T.Q8_0, T.Q4_K, T.BF16),
+                                                         (T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.F16, T.BF16)))
+def test_kernel_embedding_rows_are_the_blocks_rows(backend, qtype):
+    """KernelEmbedding (the token embedding on the GPU path, session 35; an F16 or BF16 one since session 36): a lookup
+    is exactly the looked-up rows' values, repeats and any order, [*ids.shape, D]; ids outside the vocabulary read
+    nothing (zeros)."""
     from sparkd.engine.layers.embedding import KernelEmbedding
 
-    qtype = INT8_LAYOUTS[layout][0]
     rows, cols = 37, 512
     raw = random_blocks(qtype, rows * cols // dispatch.FAMILIES[qtype].block_values)
     emb = KernelEmbedding(raw.to(backend), qtype, (rows, cols))
@@ -471,6 +477,24 @@ def test_int8_gemm_runs_other_types_at_ieee_and_checks_qx(backend):
         gemm(raw8, T.Q8_0, (rows, cols), x, "int8", qx=qx)
 
 
+@pytest.mark.parametrize("qtype", HALF_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_half_gemm_runs_exact_tf32_products(backend, qtype):
+    """F16 and BF16 at the default precision ("int8": they have no integer GEMM) run tl.dot at tf32 (session 36): their
+    values, and x rounded to their type as the layers round it, are tf32 values, so every product is exact and the
+    error float32's summation alone (BOUNDS["fp32"]; the interpreter computes float32 whatever the precision: the GPU
+    variant is the check). Rows of 288 end inside a group."""
+    assert prefill_gemm.float_precision("int8", dispatch.FAMILIES[qtype]) == "tf32"
+    assert prefill_gemm.float_precision("int8", dispatch.FAMILIES[T.Q5_K]) == "ieee"
+    rows, cols = (777, 2080) if backend == "cuda" else (37, 288)
+    raw = random_blocks(qtype, rows * cols // 32)
+    x = round_activations(torch.randn(19, cols), qtype.name.lower())
+    W = reference(raw, qtype, (rows, cols))
+    got = gemm(raw.to(backend), qtype, (rows, cols), x.to(backend), "int8")
+    err = rel_err(got, x.double() @ W.T, x.double().abs() @ W.abs().T)
+    assert err < BOUNDS["fp32"], f"{qtype.name} [{rows}, {cols}]: relative error {err:.2e}"
+
+
 # Q4_K, Q4_0 and the i-quants on the GPU only (the interpreter runs Q4_K's loop GEMM in test_moe_tiled's prefill case,
 # and Q4_0's and the i-quants' grouped GEMM in test_igemm_steps_give_session_10s_bits and (the grid i-quants)
 # test_int8_grouped_gemm_matches_reference; IQ4_XS here took 82 s interpreted)
@@ -585,7 +609,8 @@ TILES = {"cuda": {}, "cpu": dict(gate_up=GemvConfig(block_n=64, num_warps=1, unr
 MOE_TYPES = [(T.Q4_K, T.Q6_K, "silu"), (T.Q8_0, T.Q8_0, "swiglu_oai"), (T.Q5_K, T.Q3_K, "silu"),
              (T.Q2_K, T.Q4_K, "swiglu_oai"), (T.Q4_0, T.IQ4_XS, "silu"), (T.IQ1_S, T.IQ2_XXS, "silu"),
              (T.IQ2_XS, T.IQ3_XXS, "swiglu_oai"), (T.MXFP4, T.MXFP4, "swiglu_oai"), (T.IQ1_M, T.IQ1_M, "silu"),
-             (T.Q5_0, T.IQ4_NL, "silu"), (T.Q5_1, T.Q5_0, "swiglu_oai")]  # session 35: llama-quantize's fallbacks
+             (T.Q5_0, T.IQ4_NL, "silu"), (T.Q5_1, T.Q5_0, "swiglu_oai"),  # session 35: llama-quantize's fallbacks
+             (T.BF16, T.F16, "silu")]  # session 36: a BF16 or F16 file's experts
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter's sigmoid of -large
@@ -793,7 +818,7 @@ def test_type_without_a_kernel_is_a_clear_error():
     with pytest.raises(UnsupportedTypeError, match="could not multiply Q4_1 blocks on the GPU.*IQ1_S"):
         gemv(raw, T.Q4_1, (1, 32), torch.randn(32))
     assert dispatch.REMAINING == () and {T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ1_M, T.IQ2_S, T.IQ3_S,
-                                         T.MXFP4, T.Q5_0, T.Q5_1, T.IQ4_NL} <= set(dispatch.FAMILIES)
+                                         T.MXFP4, T.Q5_0, T.Q5_1, T.IQ4_NL, T.F16, T.BF16} <= set(dispatch.FAMILIES)
 
 
 @pytest.mark.parametrize("case", ["cols", "dtype", "bytes", "x_dtype", "out_shape", "odd_address"])

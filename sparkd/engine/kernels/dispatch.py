@@ -9,16 +9,17 @@ import torch
 from gguf.constants import GGMLQuantizationType as T
 
 from sparkd.engine.errors import UnsupportedTypeError
-from sparkd.engine.kernels import (iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, mxfp4,
-                                   mxfp4_tiled, q2_k, q3_k, q4_0, q4_0_tiled, q4_k, q4_k_tiled, q5_0, q5_1, q5_k, q6_k,
-                                   q6_k_tiled, q8_0, q8_0_packed)
+from sparkd.engine.kernels import (half, iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, iq4_nl, iq4_xs,
+                                   mxfp4, mxfp4_tiled, q2_k, q3_k, q4_0, q4_0_tiled, q4_k, q4_k_tiled, q5_0, q5_1, q5_k,
+                                   q6_k, q6_k_tiled, q8_0, q8_0_packed)
 from sparkd.engine.kernels.family import Family, KernelArgumentError
 
-__all__ = ["FAMILIES", "LAYOUTS", "REMAINING", "Family", "KernelArgumentError", "family"]
+__all__ = ["FAMILIES", "LAYOUTS", "REMAINING", "Family", "KernelArgumentError", "family", "multiplies"]
 
-FAMILIES: dict[T, Family] = {m.FAMILY.qtype: m.FAMILY for m in (q8_0, q4_k, q6_k, q5_k, q2_k, q3_k, q4_0, iq4_xs,
-                                                                 iq2_xxs, iq2_xs, iq3_xxs, iq1_s, iq1_m, iq2_s, iq3_s,
-                                                                 mxfp4, q5_0, q5_1, iq4_nl)}
+FAMILIES: dict[T, Family] = {f.qtype: f for f in (*(m.FAMILY for m in (q8_0, q4_k, q6_k, q5_k, q2_k, q3_k, q4_0, iq4_xs,
+                                                                       iq2_xxs, iq2_xs, iq3_xxs, iq1_s, iq1_m, iq2_s,
+                                                                       iq3_s, mxfp4, q5_0, q5_1, iq4_nl)),
+                                                  half.F16, half.BF16)}
 
 # byte layouts the engine makes from a GGUF type at load (not in files): same kernels, own qtype
 LAYOUTS: dict[object, Family] = {q8_0_packed.PACKED: q8_0_packed.FAMILY, q4_k_tiled.TILED: q4_k_tiled.FAMILY,
@@ -28,8 +29,15 @@ LAYOUTS: dict[object, Family] = {q8_0_packed.PACKED: q8_0_packed.FAMILY, q4_k_ti
 # Of issue 8's list, still dequantized by torch before a plain matmul: none. Types outside that
 # list have kernels too where common files use them (session 24: IQ1_M, IQ2_S, IQ3_S, and MXFP4, gpt-oss's
 # experts; session 35: Q5_0, Q5_1 and IQ4_NL, llama-quantize's fallbacks for rows that are not whole 256-value groups,
-# such as MLA's 128-wide attn_k_b); the rest (Q4_1, Q8_1, ...) take the torch path; family() names them.
+# such as MLA's 128-wide attn_k_b; session 36: F16 and BF16, the files' unquantized weights); the rest (Q4_1, Q8_1, ...)
+# take the torch path; family() names them.
 REMAINING: tuple[T, ...] = ()
+
+
+def multiplies(qtype: T, cols: int) -> bool:
+    """Whether the kernels multiply rows of `cols` values of this file type: a family, and rows of whole blocks (a
+    quant type's rows always are; F16's and BF16's kernels take runs of 32 values)."""
+    return qtype in FAMILIES and cols % FAMILIES[qtype].block_values == 0
 
 
 def family(qtype: T) -> Family:

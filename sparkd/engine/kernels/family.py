@@ -112,6 +112,10 @@ class Family:
     # with idot: the row loop of a one-warp tile's step with a split-K launch's ranges on the warps of one program,
     # folded in it (matmul.GemvConfig.warps_k; q4_k_pair.kstep), else None
     kstep: Any = None
+    # its values are tf32 values (F16: 11 significant bits, BF16: 8; tf32 keeps 11): with x rounded to the same type, as
+    # the callers round it (act_round: F16's and BF16's vec_dot types are themselves), a tf32 tl.dot's products are
+    # exact and its sums float32, so the default prompt GEMM runs at "tf32" (prefill_gemm.float_precision)
+    tf32_exact: bool = False
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_values * self.block_bytes

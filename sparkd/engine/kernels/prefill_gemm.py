@@ -322,9 +322,12 @@ def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
 # others (Q4_K's other tiled layouts included) run "ieee"
 
 
-def float_precision(precision: str) -> str:
-    """The float GEMM's input precision: "int8" (a family without an integer GEMM) runs "ieee"."""
-    return "ieee" if precision == INT8 else precision
+def float_precision(precision: str, fam: dispatch.Family) -> str:
+    """The float GEMM's input precision: "int8" (a family without an integer GEMM) runs "ieee", or "tf32" where the
+    family's values are tf32 values (F16, BF16: Family.tf32_exact; exact products over x rounded to their type)."""
+    if precision != INT8:
+        return precision
+    return "tf32" if fam.tf32_exact else "ieee"
 
 
 def int_gemm(fam: dispatch.Family, precision: str) -> bool:
@@ -357,7 +360,8 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
 
     precision (PRECISIONS) is tl.dot's input_precision: "tf32" (fast, ~1e-3 relative), "tf32x3"
     (three tf32 products on the tensor cores, near float32) or "ieee" (float32 FMAs); or "int8"
-    (int_gemm's families; others run "ieee"): x quantized to the family's int8 blocks (or qx,
+    (int_gemm's families; others run float_precision's: "ieee", F16 and BF16 "tf32" over x rounded to their type by
+    the caller, exact products): x quantized to the family's int8 blocks (or qx,
     x so quantized already), int8 tl.dot per block, the decode's integer sums (igemv's, but the
     scaled blocks added in another order)."""
     what = f"the {qtype.name} GEMM"
@@ -379,7 +383,7 @@ def gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor,
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), triton.cdiv(n_tok, GEMM_BLOCK_T))
     _gemm_kernel[grid](weight, aux_arg(fam, cols, x.device), x, y, rows, cols, n_tok, row_bytes,
                        x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
-                       BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=float_precision(precision),
+                       BLOCK_N=GEMM_BLOCK_N, BLOCK_T=GEMM_BLOCK_T, PRECISION=float_precision(precision, fam),
                        num_warps=GEMM_WARPS)
     return y
 
@@ -426,7 +430,7 @@ def grouped_gemm(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tupl
     grid = (triton.cdiv(rows, GEMM_BLOCK_N), tiles.shape[0])
     _grouped_gemm_kernel[grid](weight, offsets, aux_arg(fam, cols, x.device), tiles, src, x, y, rows, cols, row_bytes,
                                x.stride(0), y.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
-                               BLOCK_N=GEMM_BLOCK_N, BLOCK_T=block_t, PRECISION=float_precision(precision),
+                               BLOCK_N=GEMM_BLOCK_N, BLOCK_T=block_t, PRECISION=float_precision(precision, fam),
                                num_warps=GEMM_WARPS)
     return y
 

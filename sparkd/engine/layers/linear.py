@@ -16,8 +16,9 @@ from sparkd.engine.layers.act_round import round_activations
 
 # tl.dot's input precision in the prefill GEMMs (dense and MoE; kernels.PRECISIONS): "int8" (default, session 9) the
 # integer GEMM (x as int8 blocks, the decode's integer sums) where the weights' family has one (prefill_gemm.int_gemm:
-# Q8_0, Q4_K, Q6_K and their default resident layouts, Q4_0, IQ4_XS, the grid i-quants), "ieee" for the others; "ieee"
-# float32 FMAs everywhere (the way before), "tf32x3" three tf32 products on the tensor cores, "tf32" one
+# Q8_0, Q4_K, Q6_K and their default resident layouts, Q4_0, IQ4_XS, the grid i-quants), "tf32" for F16 and BF16 (their
+# values and x rounded to them are tf32 values: exact products; prefill_gemm.float_precision), "ieee" for the others;
+# "ieee" float32 FMAs everywhere (the way before), "tf32x3" three tf32 products on the tensor cores, "tf32" one
 PREFILL_PRECISION = switches.choice("SPARKD_PREFILL_PRECISION", PRECISIONS, "int8")
 # a stack's integer GEMM (several tokens): "one" launch over all its rows (session 10; the same bits:
 # each output's block sums do not depend on its row's place in a tile), "parts" a launch per part

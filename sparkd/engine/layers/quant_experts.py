@@ -124,7 +124,7 @@ class KernelExperts:
 
         self.model, self.device = model, torch.device(device)
         self._load, self._act = load, act_format
-        self._families = dispatch.FAMILIES
+        self._multiplies = dispatch.multiplies
         self._gate_up_layout, self._down_layout = gate_up_layout(), down_layout()  # read at load
         # the types whose experts take their nibble_tiles layout (kernels/moe.tiled_nibbles)
         self._nibble_types = [t for t, layout in ((GGMLQuantizationType.MXFP4, mxfp4_layout()),
@@ -156,9 +156,9 @@ class KernelExperts:
                                                tiled_nibbles)
 
         (g, gt, gs), (u, ut, _), (d, dt, _) = parts[GATE], parts[UP], parts[DOWN]
-        if gt != ut or gt not in self._families or dt not in self._families:
-            return None
         n, width, dim = gs
+        if gt != ut or not self._multiplies(gt, dim) or not self._multiplies(dt, width):
+            return None
         offs = [[e * t.numel() // n for e in range(n)] for t in (g, u, d)]
         table = ExpertTable(g, u, d, *offs, gt, dt, dim, width)
         pairx = q4_k_tiled.LOADS == "pairx"

@@ -66,8 +66,8 @@ class Weights:
         self.model = model
         self.stager = stager
         self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
-        # projections whose type has a Triton kernel stay raw blocks (KernelLinear, the GPU path)
-        self._kernel_types = _kernel_types() if kernels else frozenset()
+        # weights a Triton kernel multiplies stay raw blocks (KernelLinear, the GPU path): dispatch.multiplies
+        self._multiplies = _kernel_rule() if kernels else None
         self.scratch = Scratch() if quantized and not kernels else None
         self._q8_0_layout = q8_0_layout
         self._q4_k_layout = q4_k_layout
@@ -89,7 +89,7 @@ class Weights:
     def linear(self, prefix: str, shape: tuple[int, int] | None = None) -> Linear | QuantLinear | KernelLinear:
         """`prefix.weight` [out, in] and `prefix.bias` if the file has one."""
         name = f"{prefix}.weight"
-        if self.has(name) and self.model.tensor(name).ggml_type in self._kernel_types:
+        if self.has(name) and self.kept_as_blocks(name):
             raw, qtype, full = self._raw(name, shape)
             # (the choice checked here, inside the build, whose failure closes the stager and file)
             if qtype == GGMLQuantizationType.Q8_0 and resident_q8_0_layout(self._q8_0_layout) == "packed":
@@ -113,7 +113,7 @@ class Weights:
         if not STACKED_WEIGHT.fullmatch(name):
             raise EngineError(f"could not load {name!r} as stacked matrices: only {STACKED_WEIGHT.pattern} are "
                               f"(streaming/plan.py counts their bytes by this rule)")
-        if self.model.tensor(name).ggml_type in self._kernel_types:
+        if self.kept_as_blocks(name):
             return KernelLinear(*self._raw(name), act_fmt=self.act_format(name))
         w = self.get(name)
         return Linear(w.reshape(-1, w.shape[-1]), None, self.act_format(name))
@@ -121,9 +121,15 @@ class Weights:
     def embedding(self, name: str) -> torch.Tensor | QuantRows | KernelEmbedding:
         """A token embedding [V, D]: the file's blocks where its type has a kernel (KernelEmbedding: a lookup
         dequantizes its rows on the device; the GPU path), else rows() (f32, or QuantRows on a quantized load)."""
-        if self.model.tensor(name).ggml_type in self._kernel_types:
+        if self.kept_as_blocks(name):
             return KernelEmbedding(*self._raw(name))
         return self.rows(name)
+
+    def kept_as_blocks(self, name: str) -> bool:
+        """Whether this load keeps the weight as the file's bytes for the kernels (streaming/plan.trunk_bytes counts
+        by the same rule)."""
+        info = self.model.tensor(name)
+        return self._multiplies is not None and self._multiplies(info.ggml_type, info.shape[-1])
 
     def _raw(self, name: str, shape: tuple[int, ...] | None = None) -> tuple[torch.Tensor, object, tuple[int, int]]:
         """(bytes, type, [rows, cols]) of a weight kept as blocks; a 3-D one's matrices one after another."""
@@ -227,7 +233,7 @@ def _packed_q8_0(raw: torch.Tensor, shape: tuple[int, int]):
     return q8_0_packed.pack_raw(raw, shape), q8_0_packed.PACKED
 
 
-def _kernel_types() -> frozenset:
-    from sparkd.engine.kernels.dispatch import FAMILIES  # imports triton: only on the kernel path
+def _kernel_rule() -> Callable[[GGMLQuantizationType, int], bool]:
+    from sparkd.engine.kernels.dispatch import multiplies  # imports triton: only on the kernel path
 
-    return frozenset(FAMILIES)
+    return multiplies

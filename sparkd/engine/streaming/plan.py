@@ -250,27 +250,29 @@ def expert_slot_bytes(g: GGUFModel) -> int:
     return max(per_layer.values(), default=0)
 
 
-def trunk_bytes(g: GGUFModel, n_layer: int | None = None, kernel_types: frozenset | None = None) -> int:
+def trunk_bytes(g: GGUFModel, n_layer: int | None = None,
+                multiplies: Callable[[Q, int], bool] | None = None) -> int:
     """Resident non-expert tensors as the loader holds them. Blocks past n_layer (NextN/MTP draft
     heads, never loaded) do not count.
 
-    On the CPU (kernel_types None) a streamed model keeps 2-D quantized weights as their file
+    On the CPU (multiplies None) a streamed model keeps 2-D quantized weights as their file
     bytes (QuantLinear; Q8_0 with f32 scales), everything else f32, plus the buffer they dequantize
-    into. On a GPU (kernel_types: the types with a Triton kernel) 2-D weights of those types stay
-    raw file bytes (KernelLinear), and so do MLA's 3-D per-head matrices (STACKED_WEIGHT) and, since session 35, the
-    token embedding (KernelEmbedding; f32 before: a 151936 x 2048 vocabulary 1.2 GiB, not its 0.33 GiB of Q8_0);
-    everything else is f32."""
-    total = 0 if kernel_types is not None else CHUNK_VALUES * F32_BYTES
+    into. On a GPU (multiplies: dispatch.multiplies, whether a Triton kernel multiplies a type's rows of that width)
+    2-D weights the kernels multiply stay raw file bytes (KernelLinear; F16 and BF16 too since session 36), and so do
+    MLA's 3-D per-head matrices (STACKED_WEIGHT) and, since session 35, the token embedding (KernelEmbedding; f32
+    before: a 151936 x 2048 vocabulary 1.2 GiB, not its 0.33 GiB of Q8_0); everything else is f32."""
+    gpu = multiplies is not None
+    total = 0 if gpu else CHUNK_VALUES * F32_BYTES
     for name, info in g.tensors.items():
         layer = _LAYER.match(name)
         if EXPERT_WEIGHT.match(name) or (n_layer is not None and layer is not None and int(layer[1]) >= n_layer):
             continue
-        if kernel_types is not None and (STACKED_WEIGHT.fullmatch(name) or name == "token_embd.weight"):
+        blocks = gpu and multiplies(info.ggml_type, info.shape[-1])  # (Weights.kept_as_blocks' rule)
+        if gpu and (STACKED_WEIGHT.fullmatch(name) or name == "token_embd.weight"):
             # Weights.stacked's and Weights.embedding's: the file's layout
-            total += info.nbytes if info.ggml_type in kernel_types else info.n_elements * F32_BYTES
-        elif kernel_types is not None:
-            raw = len(info.shape) == 2 and info.ggml_type in kernel_types
-            total += _device_raw_bytes(info) if raw else info.n_elements * F32_BYTES
+            total += info.nbytes if blocks else info.n_elements * F32_BYTES
+        elif gpu:
+            total += _device_raw_bytes(info) if blocks and len(info.shape) == 2 else info.n_elements * F32_BYTES
         elif len(info.shape) != 2 or info.ggml_type in (Q.F32, Q.F64):
             total += info.n_elements * F32_BYTES
         elif info.ggml_type == Q.Q8_0:  # int8 quants and f32 scales held apart (QuantRows)
@@ -373,7 +375,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
     total_experts = n_moe * cfg.n_expert
     slot = expert_slot_bytes(g)
-    kernels = None if device.kind == "cpu" else _kernel_types()
+    kernels = None if device.kind == "cpu" else _kernel_rule()
     model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx, kv_type),
                  workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens, cuda))
     host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
@@ -410,8 +412,8 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     return plan
 
 
-def _kernel_types() -> frozenset:
+def _kernel_rule() -> Callable[[Q, int], bool]:
     # imports triton: only for a GPU's plan
-    from sparkd.engine.kernels.dispatch import FAMILIES
+    from sparkd.engine.kernels.dispatch import multiplies
 
-    return frozenset(FAMILIES)
+    return multiplies

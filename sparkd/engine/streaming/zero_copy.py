@@ -102,7 +102,8 @@ def _kernel_layer(store, layer: int) -> bool:
     from sparkd.engine.kernels import dispatch
 
     gate, up, down = store._layer(layer).infos
-    return gate.ggml_type == up.ggml_type and {gate.ggml_type, down.ggml_type} <= set(dispatch.FAMILIES)
+    return gate.ggml_type == up.ggml_type and dispatch.multiplies(gate.ggml_type, gate.shape[-1]) \
+        and dispatch.multiplies(down.ggml_type, down.shape[-1])
 
 
 def x_format(store, layer: int, device) -> str | None:

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -153,18 +154,24 @@ def test_a_gpus_trunk_term_is_what_the_device_load_holds(model):
     assert gpu.trunk_bytes == held and cpu.trunk_bytes != held
 
 
-def test_a_gpus_trunk_term_counts_mlas_head_matrices_as_their_blocks(tmp_path):
-    """MLA's 3-D per-head matrices (attn_k_b, attn_v_b) stay blocks on a GPU (Weights.stacked) where their type has a
-    kernel, and f32 where not (attn_k_b F16 here): the plan's trunk term is what the meta-device load holds."""
-    shape = TINY["deepseek2"].replace(qk_nope=32)
+@pytest.mark.parametrize("qk_nope, k_b_blocks", [(32, True), (24, False)])
+def test_a_gpus_trunk_term_counts_mlas_head_matrices_as_their_blocks(tmp_path, qk_nope, k_b_blocks):
+    """MLA's 3-D per-head matrices (attn_k_b, attn_v_b) stay blocks on a GPU (Weights.stacked) where a kernel multiplies
+    their rows, and f32 where not: attn_k_b F16 here, whose kernels (session 36) take rows of whole 32-value runs, so
+    its rows of 24 (qk_nope) stay f32. The plan's trunk term is what the meta-device load holds."""
+    shape = TINY["deepseek2"].replace(qk_nope=qk_nope)
     path = write_model(tmp_path / "m.gguf", model_plan(shape, "Q8_0", [("attn_k_b", "F16")]), seed=5)[0]
     g = GGUFModel.open(path)
     m = load_model(path, device=torch.device("meta"))
     try:
         held = sum(t.numel() * t.element_size() for t in [*m.net.parameters(), *m.net.buffers()])
-        v_b = m.net.blocks[0].attn.wv_b
+        v_b, k_b = m.net.blocks[0].attn.wv_b, m.net.blocks[0].attn.wk_b
         assert v_b.raw.numel() == g.tensor("blk.0.attn_v_b.weight").nbytes  # Q8_0 blocks, not the packed layout
-        assert m.net.blocks[0].attn.wk_b.weight.dtype == torch.float32
+        assert g.tensor("blk.0.attn_k_b.weight").ggml_type == Q.F16
+        if k_b_blocks:
+            assert k_b.qtype == Q.F16 and k_b.raw.numel() == g.tensor("blk.0.attn_k_b.weight").nbytes
+        else:
+            assert k_b.weight.dtype == torch.float32
         assert _plan(g, config_of(g), H200).trunk_bytes == held
     finally:
         m.close()
