@@ -22,12 +22,17 @@ def path(tmp_path_factory):
     return write_model(tmp_path_factory.mktemp("dsv4") / "t.gguf", plan(TINY[ARCH], "F32"), seed=3)[0]
 
 
-def test_incremental_equals_full_across_an_hca_block(path):
+@pytest.mark.parametrize("chunks", [(125,), (50, 40, 3, 2, 30)], ids=["prompt-then-tokens", "chunks"])
+def test_incremental_equals_full_across_an_hca_block(path, chunks):
+    """The prompt in chunks, then a token at a time, equals the whole sequence at once: chunks longer and shorter
+    than the window (6 rows here) read the rows before them from each layer's window."""
     m = load_model(path)
     try:
         full = m.net(TOKENS, m.net.new_cache(len(TOKENS)))
         cache = m.net.new_cache(len(TOKENS))
-        steps = [m.net(TOKENS[:125], cache)] + [m.net(TOKENS[i:i + 1], cache) for i in range(125, len(TOKENS))]
+        ends = [sum(chunks[:i + 1]) for i in range(len(chunks))]
+        steps = [m.net(TOKENS[a:b], cache) for a, b in zip([0] + ends, ends)]
+        steps += [m.net(TOKENS[i:i + 1], cache) for i in range(ends[-1], len(TOKENS))]
         hca = cache.compressor_state(2, "attn")
     finally:
         m.close()
@@ -69,6 +74,21 @@ def test_memory_plan_counts_the_whole_cache(path):
         m.close()
 
 
+def test_the_cache_keeps_each_layers_window_of_raw_rows_not_a_row_per_position(path):
+    """Attention reads a window of raw rows (session 36: the last n_swa, not every position's, as llama.cpp's
+    sliding-window cache for them), so only the compressors' entries grow with the context, in the cache and in the
+    memory plan alike."""
+    m = load_model(path)
+    try:
+        small, big = m.net.new_cache(64), m.net.new_cache(4096)
+        assert [tuple(w.rows.shape) for w in big.windows] == [(m.cfg.n_swa, m.cfg.head_dim_k)] * m.cfg.n_layer
+        grow = sum((4096 // s.ratio - 64 // s.ratio) * s.entries.shape[1] * 4 for s in big.states.values())
+        assert big.nbytes - small.nbytes == grow > 0
+        assert kv_bytes(m.cfg, 4096) - kv_bytes(m.cfg, 64) == grow
+    finally:
+        m.close()
+
+
 def _metadata(path) -> dict:
     with GGUFModel.open(path) as g:
         return dict(g.metadata)
@@ -79,6 +99,7 @@ def _metadata(path) -> dict:
     ("deepseek4.attention.compress_ratios", [0, 4], "compress_ratios has 2 entries for 3 layers"),
     ("deepseek4.expert_gating_func", 2, "only sqrt-softplus"),
     ("deepseek4.hyper_connection.count", 2, "requires 4"),
+    ("deepseek4.attention.sliding_window", 0, "sliding_window is 0"),
 ])
 def test_unsupported_metadata_is_a_clear_error(path, key, value, message):
     md = _metadata(path)
@@ -145,9 +166,9 @@ def test_mtp_layers_are_refused(path):
 
 
 def test_a_snapshot_brings_the_compressor_state_back(path):
-    """The prompt store's copy (KVCache.snapshot / restore, prompt_store.py): the rows, compressor rings
-    and the entries the prefix completed (and their count) come back over other values, and the
-    prefix then continues as it did, bit for bit; the copy holds those entries only, not each
+    """The prompt store's copy (KVCache.snapshot / restore, prompt_store.py): the layers' windows of raw rows and
+    their positions, the compressor rings and the entries the prefix completed (and their count) come back over other
+    values, and the prefix then continues as it did, bit for bit; the copy holds those entries only, not each
     table's max_ctx / ratio rows (the rest of the table is rewritten before it is read)."""
     m = load_model(path)
     try:
@@ -156,15 +177,15 @@ def test_a_snapshot_brings_the_compressor_state_back(path):
         saved = cache.snapshot(9)
         want = m.net(TOKENS[9:16], cache)
         cache.reset()
-        for t in cache.position_rows() + cache.sequence_state():  # another sequence's rows and rings
-            t.normal_()
+        for t in cache.position_rows() + cache.sequence_state():  # another sequence's rows, positions and rings
+            t.normal_() if t.is_floating_point() else t.random_(-1, 64)
         cache.restore(saved, 0, 9)
         got = m.net(TOKENS[9:16], cache)
         states = list(cache.states.values())
-        rows = sum(t[:9].nbytes for t in cache.position_rows())
+        rows = sum(w.rows.nbytes + w.pos.nbytes for w in cache.windows)  # each layer's window, whatever n
         rings = sum(s.kv.nbytes + s.score.nbytes for s in states)
         entries = [s.entries.shape[1] * 4 * (9 // s.ratio) for s in states]
-        whole = rows + sum(t.nbytes for t in cache.sequence_state())
+        whole = sum(t.nbytes for t in cache.sequence_state())
     finally:
         m.close()
     assert torch.equal(got, want)

@@ -5,6 +5,10 @@ with a per-head RMS norm, rope on the last n_rot dims, learned sinks and a slidi
 the raw rows. Compressed layers also attend to compressed entries: ratio 128 (HCA) to every
 complete one, ratio 4 (CSA) to the lightning indexer's top-k. The output is de-roped, then
 projected per group of heads to a low rank (wo_a) and back to the model width (wo_b).
+
+The raw rows a query reads are its window's only, so a layer keeps the last `window` of them (WindowRows, as
+llama.cpp's sliding-window cache for them): since session 36, not a row per position of the context (DeepSeek V4
+Flash at its 1M context: 92 GB of float32 rows before, 11 MB now).
 """
 
 from __future__ import annotations
@@ -40,6 +44,24 @@ def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int | torch.Tensor, wi
     return torch.einsum("hts,sd->thd", probs, values)
 
 
+class WindowRows:
+    """One layer's raw key rows of the last `window` positions, a ring: slot p % window holds position p's row, and
+    `pos` the position each slot holds (-1: none yet, masked by attend_extra)."""
+
+    def __init__(self, window: int, dim: int, device: torch.device | str = "cpu"):
+        self.rows = torch.zeros(window, dim, device=device)
+        self.pos = torch.full((window,), -1, dtype=torch.long, device=device)
+
+    def reset(self) -> None:
+        self.pos.fill_(-1)  # (the rows need no clearing: no slot is read before it is written)
+
+    def write(self, pos: torch.Tensor, rows: torch.Tensor) -> None:
+        """Rows [n, dim] of positions pos [n] on the device, n at most the window (each its own slot)."""
+        slots = pos % self.pos.shape[0]
+        self.rows.index_copy_(0, slots, rows)
+        self.pos.index_copy_(0, slots, pos)
+
+
 class DSV4Attention(nn.Module):
     def __init__(self, il: int, n_head: int, head_dim: int, rms_eps: float, window: int,
                  rope: RopeConfig, wq_a: Linear, q_a_norm: RMSNorm, wq_b: Linear, wkv: Linear,
@@ -58,17 +80,31 @@ class DSV4Attention(nn.Module):
         T, H, Dh = x.shape[0], self.n_head, self.head_dim
         qr = self.q_a_norm(self.wq_a(x))
         q = rope_tail(rms_normalize(self.wq_b(qr).view(T, H, Dh), self.eps), self.rope, pos, cache=cache)
-        kv = rope_tail(self.kv_norm(self.wkv(x))[:, None, :], self.rope, pos, cache=cache)  # [T, 1, Dh]
-        k_all, _, start = cache.append(self.il, pos, kv, None)  # start: a host int, or a static step's pos
-        rows, rows_pos = k_all[:, 0], None
-        if cache.span is not None and cache.span > self.window:  # a static step reads its window's rows, not the span's
-            rows_pos = start + torch.arange(1 - self.window, 1, device=x.device)  # [window], the first ones maybe < 0
-            rows = rows.index_select(0, rows_pos.clamp(min=0))
+        kv = rope_tail(self.kv_norm(self.wkv(x))[:, None, :], self.rope, pos, cache=cache)[:, 0]  # [T, Dh]
+        rows, rows_pos, start = self._window(kv, pos, cache)
         extra, ok = self._compressed(x, qr, pos, cache)
         o = attend_extra(q, rows, start, self.window, self.sinks, Dh ** -0.5, extra, ok, rows_pos)
         o = rope_tail(o, self.rope, pos, inverse=True, cache=cache)  # [T, H, Dh]
         oa = self.wo_a.grouped(o.reshape(T, self.o_groups, -1))  # [T, G, R]: group g's heads through matrix g
         return self.wo_b(oa.reshape(T, -1))
+
+    def _window(self, kv: torch.Tensor, pos: torch.Tensor, cache: KVCache):
+        """(the raw rows this step attends over, their positions on the device, start: a host int, or a static
+        step's position [1] on the device) with kv [T, Dh] written into the layer's window: a token's first (the
+        window then holds every row it reads); a prompt's after its queries read the window's rows and its own."""
+        win = cache.window_rows(self.il)
+        if cache.span is not None:
+            win.write(pos, kv)
+            return win.rows, win.pos, pos
+        start, T = int(pos[0]), kv.shape[0]
+        new = torch.arange(start, start + T, device=kv.device)  # (made there: no host copy)
+        if T == 1:
+            win.write(new, kv)
+            return win.rows, win.pos, start
+        rows, rows_pos = torch.cat([win.rows, kv]), torch.cat([win.pos, new])
+        keep = min(T, self.window)
+        win.write(new[-keep:], kv[-keep:])
+        return rows, rows_pos, start
 
     def _compressed(self, x, qr, pos, cache) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.compressor is None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from sparkd.engine.errors import ModelError
-from sparkd.engine.layers.dsv4_attention import DSV4Attention
+from sparkd.engine.layers.dsv4_attention import DSV4Attention, WindowRows
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.ffn import GatedFFN, swiglu_limited
 from sparkd.engine.layers.hyper_conn import HyperConnection, HyperHead
@@ -57,9 +57,12 @@ def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
     if hc != 4:
         raise ModelError(f"could not configure {ARCH} model {path}: hyper_connection.count is {hc}; "
                          "llama.cpp's DeepSeek V4 graph requires 4", path=path)
+    n_swa = m.int_("{arch}.attention.sliding_window")
+    if n_swa < 1:
+        raise ModelError(f"could not configure {ARCH} model {path}: attention.sliding_window is {n_swa}; the raw "
+                         "rows' window must hold at least the token's own row", path=path)
     kw.update(
-        gating=gating, q_lora_rank=m.int_("{arch}.attention.q_lora_rank"),
-        n_swa=m.int_("{arch}.attention.sliding_window"),
+        gating=gating, q_lora_rank=m.int_("{arch}.attention.q_lora_rank"), n_swa=n_swa,
         extra=dict(
             ratios=ratios, clamp_exp=clamp,
             clamp_shexp=_per_layer(m.get("{arch}.swiglu_clamp_shexp", clamp), n, "swiglu_clamp_shexp", path),
@@ -164,13 +167,18 @@ class DSV4Block(Block):
 
 
 class DSV4Cache(KVCache):
-    """The raw key rows of every layer plus each compressed layer's compressor states."""
+    """Every layer's window of raw key rows (WindowRows: the last `window` positions' only, the rows attention reads)
+    plus each compressed layer's compressor states; no row per position."""
 
-    def __init__(self, max_ctx: int, shapes: list[tuple[int, int, int]], compressors: dict,
+    def __init__(self, max_ctx: int, n_layer: int, window: int, dim: int, compressors: dict,
                  device: torch.device | str = "cpu", rope_tables: dict | None = None):
-        super().__init__(max_ctx, shapes, device=device, rope_tables=rope_tables)
+        super().__init__(max_ctx, [], device=device, rope_tables=rope_tables)
+        self.windows = [WindowRows(window, dim, device) for _ in range(n_layer)]
         self.states: dict[tuple[int, str], CompressorState] = {
             key: c.new_state(max_ctx, device) for key, c in compressors.items()}
+
+    def window_rows(self, il: int) -> WindowRows:
+        return self.windows[il]
 
     @property
     def rewindable(self) -> bool:
@@ -178,14 +186,19 @@ class DSV4Cache(KVCache):
 
     def reset(self) -> None:
         super().reset()
+        for w in self.windows:
+            w.reset()
         for st in self.states.values():
             st.reset()
 
     def sequence_state(self) -> list[torch.Tensor]:
-        return super().sequence_state() + self._compressor_state(None)
+        return super().sequence_state() + self._window_state() + self._compressor_state(None)
 
     def prefix_state(self, n: int) -> list[torch.Tensor]:
-        return super().sequence_state() + self._compressor_state(n)
+        return super().sequence_state() + self._window_state() + self._compressor_state(n)
+
+    def _window_state(self) -> list[torch.Tensor]:
+        return [t for w in self.windows for t in (w.rows, w.pos)]
 
     def _compressor_state(self, n: int | None) -> list[torch.Tensor]:
         """Each compressor's rings and entries; with n, the entries positions [0, n) completed only
@@ -200,20 +213,19 @@ class DSV4Cache(KVCache):
 class DSV4Decoder(Decoder):
     def __init__(self, cfg: ModelConfig, tok_embd: torch.Tensor, blocks: list[DSV4Block],
                  hc_head: HyperHead, output_norm: nn.Module, output):
-        super().__init__(cfg, tok_embd, blocks, output_norm, output,
-                         kv_shapes=[(1, cfg.head_dim_k, 0)] * cfg.n_layer)
+        super().__init__(cfg, tok_embd, blocks, output_norm, output)
         self.hc_head = hc_head
 
     def new_cache(self, max_ctx: int | None = None, kv_dtype: torch.dtype | None = None) -> DSV4Cache:
-        # kv_dtype: no layer here has values, so its rows keep float32 (KVCache)
+        # kv_dtype: not taken; the window rows stay float32 (a few hundred KB a layer)
         comps = {}
         for b in self.blocks:
             if b.attn.compressor is not None:
                 comps[b.attn.il, "attn"] = b.attn.compressor
             if b.attn.indexer is not None:
                 comps[b.attn.il, "indexer"] = b.attn.indexer.compressor
-        return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, comps, device=self.tok_embd.device,
-                         rope_tables=self.rope_tables)
+        return DSV4Cache(max_ctx or self.cfg.n_ctx_train, self.cfg.n_layer, self.cfg.n_swa, self.cfg.head_dim_k, comps,
+                         device=self.tok_embd.device, rope_tables=self.rope_tables)
 
     def enter(self, tokens: torch.Tensor):
         tokens = tokens.to(self.tok_embd.device)  # the hash layers index their tables with them
@@ -225,8 +237,8 @@ class DSV4Decoder(Decoder):
 
 
 def cache_bytes(cfg: ModelConfig, ctx: int) -> int:
-    """What DSV4Cache holds for ctx positions (f32): every layer's raw key rows, and per
-    compressed layer the compressor rings and entries (CSA twice: attention and indexer)."""
+    """What DSV4Cache holds for ctx positions (f32): every layer's window of raw key rows (and the int64 position of
+    each), and per compressed layer the compressor rings and entries (CSA twice: attention and indexer)."""
     x, f32 = cfg.extra, 4
 
     def comp(ratio: int, dim: int) -> int:
@@ -234,7 +246,7 @@ def cache_bytes(cfg: ModelConfig, ctx: int) -> int:
         width = 2 * dim if overlap else dim
         ring = (2 * ratio if overlap else ratio) * width * 2  # values and scores
         return (ring + (ctx // ratio + 1) * dim) * f32
-    total = cfg.n_layer * ctx * cfg.head_dim_k * f32
+    total = cfg.n_layer * cfg.n_swa * (cfg.head_dim_k * f32 + 8)
     for r in x["ratios"]:
         if r:
             total += comp(r, cfg.head_dim_k)
