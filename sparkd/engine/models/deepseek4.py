@@ -236,9 +236,10 @@ class DSV4Decoder(Decoder):
         return self.hc_head(pick(stream[0], last))
 
 
-def cache_bytes(cfg: ModelConfig, ctx: int) -> int:
-    """What DSV4Cache holds for ctx positions (f32): every layer's window of raw key rows (and the int64 position of
-    each), and per compressed layer the compressor rings and entries (CSA twice: attention and indexer)."""
+def cache_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
+    """What DSV4Cache holds for ctx positions (f32 whatever kv_type: its rows are not typed): every layer's window of
+    raw key rows (and the int64 position of each), and per compressed layer the compressor rings and entries (CSA
+    twice: attention and indexer)."""
     x, f32 = cfg.extra, 4
 
     def comp(ratio: int, dim: int) -> int:

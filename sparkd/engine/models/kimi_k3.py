@@ -14,7 +14,7 @@ from sparkd.engine.errors import ModelError
 from sparkd.engine.layers.attn_res import ResidualMix
 from sparkd.engine.layers.experts import ExpertStore
 from sparkd.engine.layers.kda import KDAttention, kda_state_shapes, rule_peak_bytes
-from sparkd.engine.layers.kv_cache import KVCache
+from sparkd.engine.layers.kv_cache import KV_TYPES, KVCache
 from sparkd.engine.layers.latent_moe import LatentMoE
 from sparkd.engine.layers.moe import Router
 from sparkd.engine.layers.situ import situ
@@ -58,13 +58,14 @@ def is_kda(cfg: ModelConfig, il: int) -> bool:
     return cfg.extra["kda_layers"][il]
 
 
-def cache_bytes(cfg: ModelConfig, ctx: int) -> int:
-    """What one sequence's cache holds: MLA latent + rope key per position, fixed KDA state."""
-    per_pos = cfg.kv_lora_rank + cfg.rope.n_rot
+def cache_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
+    """What one sequence's cache holds: MLA latent + rope key per position (at kv_type's size: the typed rows, since
+    session 36), fixed KDA state (float32)."""
+    per_pos = (cfg.kv_lora_rank + cfg.rope.n_rot) * KV_TYPES[kv_type].itemsize
     state = sum(math.prod(sh) for sh in kda_state_shapes(cfg.n_head, cfg.extra["kda_head_dim"],
                                                            cfg.extra["d_conv"]))
     n_kda = sum(cfg.extra["kda_layers"])
-    return ((cfg.n_layer - n_kda) * ctx * per_pos + n_kda * state) * F32_BYTES
+    return (cfg.n_layer - n_kda) * ctx * per_pos + n_kda * state * F32_BYTES
 
 
 def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
@@ -164,4 +165,5 @@ def build(cfg: ModelConfig, w: Weights, store: ExpertStore) -> Decoder:
                               w.norm(f"{p}.ffn_norm", cfg.rms_eps), _ffn(w, cfg, il, store)))
     emb, out = head(w)
     return K3Decoder(cfg, emb, blocks, w.norm("output_norm", cfg.rms_eps), out, kv_shapes=kv,
-                     state_shapes=states, out_mix=mix("output_res_score"))
+                     state_shapes=states, out_mix=mix("output_res_score"),
+                     kv_typed=[not is_kda(cfg, il) for il in range(cfg.n_layer)])  # MLA's latent rows take --kv-type

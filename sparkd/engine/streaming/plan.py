@@ -311,14 +311,15 @@ def staging_term_bytes(g: GGUFModel, device: DeviceInfo) -> int:
 
 def kv_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
     """One sequence's cache: per-position K/V, plus recurrent state where an architecture module
-    says so through cache_bytes(cfg, ctx) (Kimi K3: MLA latent + KDA conv and delta-rule state;
-    DeepSeek V4: shared rows plus compressor state). kv_type: the K/V rows of GQA layers and MLA's latent rows
-    (KVCache's kv_dtype; the architectures with their own cache_bytes keep float32); side rows stay float32."""
+    says so through cache_bytes(cfg, ctx, kv_type) (Kimi K3: MLA latent + KDA conv and delta-rule state;
+    DeepSeek V4: each layer's window of raw rows plus compressor state). kv_type: the K/V rows of GQA layers and MLA's
+    latent rows, Kimi K3's too since session 36 (KVCache's kv_dtype); DeepSeek V4's rows, side rows and recurrent
+    state stay float32."""
     from sparkd.engine.models import arch_module  # here: models imports this module's regex
 
     own = getattr(arch_module(cfg.arch), "cache_bytes", None)
     if own is not None:
-        return own(cfg, ctx)
+        return own(cfg, ctx, kv_type)
     side = cfg.extra.get("side_cache_floats_per_pos", 0) * F32_BYTES  # e.g. glm-dsa's indexer keys, all layers
     if cfg.kv_lora_rank:  # MLA caches the latent plus the rope key, no values
         per_pos = (cfg.kv_lora_rank + cfg.rope.n_rot) * KV_TYPES[kv_type].itemsize
