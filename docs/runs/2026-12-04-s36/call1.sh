@@ -3,8 +3,8 @@
 # carry [".whl", ".cache"] with .cache/old = 136ed8a (session 35's last: `rm -rf .cache/old && mkdir -p .cache/old &&
 # git archive 136ed8a sparkd | tar -x -C .cache/old`). What it checks and times:
 #   1. the GPU tests no machine ran: session 35's IQ4_NL, Q5_1, the embedding lookup and q4_0's constexpr branch;
-#      session 36's F16 / BF16 families (GEMV, GEMM at tf32, MoE, embedding, the engine) and DeepSeek V4's window
-#      rows (static step and segments against the eager step);
+#      session 36's F16 / BF16 families (GEMV, GEMM at tf32, MoE, embedding, the engine), DeepSeek V4's window
+#      rows (static step and segments against the eager step) and Kimi K3's float16 latent rows;
 #   2. kernels_bench: F16 / BF16 GEMV against torch.mv on the 16-bit matrix (cuBLAS), Q8_0 beside them;
 #   3. generate, old tree vs new, from /tmp (each tree's sparkd.__file__ logged): a 4-layer gpt-oss-20b-shaped F16
 #      file (MXFP4 experts, the rest F16: unsloth's F16 layout), where the old tree held the F16 weights as f32; the
@@ -23,8 +23,8 @@ export PYTHONPATH=/tmp/site:$NEW
 timeout 280 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_fallback_types.py \
   tests/engine/test_q4_0_int.py tests/engine/test_nibble_tiles.py tests/engine/test_kernels.py \
   tests/engine/test_kernel_engine.py tests/engine/test_deepseek4_fused.py tests/engine/streaming/test_graph_step.py \
-  -k "IQ4_NL or iq4_nl or Q5_1 or q4_0 or Q4_0 or embedding or dequantize or mla_head or token_embedding or F16 or half \
-or 16_bit or deepseek4" > $R/tests.txt 2>&1
+  tests/engine/test_kv_f16.py -k "IQ4_NL or iq4_nl or Q5_1 or q4_0 or Q4_0 or embedding or dequantize or mla_head or \
+token_embedding or F16 or half or 16_bit or deepseek4 or kimi or f16" > $R/tests.txt 2>&1
 echo "rc $?" >> $R/tests.txt
 log "tests: $(tail -n 2 $R/tests.txt | tr '\n' ' ')"
 snap
