@@ -28,20 +28,24 @@ def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int | torch.Tensor, wi
                  scale: float, extra: torch.Tensor | None = None, extra_ok: torch.Tensor | None = None,
                  k_pos: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, D] at positions start.. (a host int; or a static step's positions [T] on the device); k [S, D] raw
-    rows (also the values) of positions k_pos [S] (None: 0..S-1; those < 0 are masked); extra [C, D] compressed
-    entries with extra_ok [T, C] saying which each query sees. One softmax over both and the sink."""
+    rows (also the values) of positions k_pos [S] (None: 0..S-1; those < 0 are masked); extra the compressed
+    entries: [C, D] every query may read, or [T, K, D] each query's own (the indexer's selection), with extra_ok
+    ([T, C] or [T, K]) saying which each query sees. One softmax over both and the sink."""
     T, H, _ = q.shape
     pos_q = (start if isinstance(start, torch.Tensor) else torch.arange(start, start + T, device=q.device))[:, None]
     pos_k = (torch.arange(k.shape[0], device=q.device) if k_pos is None else k_pos)[None, :]
     masked = (pos_k > pos_q) | ((pos_q - pos_k) >= window) | (pos_k < 0)
     scores = torch.einsum("thd,sd->hts", q, k).mul(scale).masked_fill(masked, float("-inf"))
-    values = k
-    if extra is not None and extra.shape[0]:
-        sc = torch.einsum("thd,cd->htc", q, extra).mul(scale).masked_fill(~extra_ok, float("-inf"))
-        scores, values = torch.cat([scores, sc], dim=-1), torch.cat([k, extra])
+    own = extra is not None and extra.dim() == 3  # each query's own entries
+    if extra is not None and extra.shape[-2]:
+        sc = torch.einsum("thd,tcd->htc" if own else "thd,cd->htc", q, extra)
+        scores = torch.cat([scores, sc.mul(scale).masked_fill(~extra_ok, float("-inf"))], dim=-1)
     sink = sinks.to(scores.dtype)[:, None, None].expand(H, T, 1)
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    return torch.einsum("hts,sd->thd", probs, values)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
+    o = torch.einsum("hts,sd->thd", probs[..., :k.shape[0]], k)
+    if extra is not None and extra.shape[-2]:
+        o = o + torch.einsum("htc,tcd->thd" if own else "htc,cd->thd", probs[..., k.shape[0]:-1], extra)
+    return o
 
 
 class WindowRows:
@@ -107,10 +111,16 @@ class DSV4Attention(nn.Module):
         return rows, rows_pos, start
 
     def _compressed(self, x, qr, pos, cache) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """attend_extra's (extra, extra_ok): the compressed entries and which each query sees; a CSA layer past its
+        indexer's top-k, each query's selected entries only (not every entry masked: at DeepSeek V4 Flash's 64k
+        context a token's attention read 16384 entries a CSA layer, 512 now)."""
         if self.compressor is None:
             return None, None
         entries, visible = self.compressor(x, pos, cache.compressor_state(self.il, "attn"), cache)
         if self.indexer is None:
             return entries, visible
-        chosen = self.indexer(x, qr, pos, cache.compressor_state(self.il, "indexer"), visible, cache)
-        return entries, chosen
+        picked = self.indexer(x, qr, pos, cache.compressor_state(self.il, "indexer"), visible, cache)
+        if picked is None:  # no more entries than the top-k: every visible one is selected
+            return entries, visible
+        ids, ok = picked
+        return entries[ids], ok  # [T, K, D]

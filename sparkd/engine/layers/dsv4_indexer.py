@@ -27,17 +27,18 @@ class CompressedIndexer(nn.Module):
         self.wq_b, self.proj, self.compressor, self.rope = wq_b, proj, compressor, rope
 
     def forward(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor, st: CompressorState,
-                visible: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Boolean [T, C]: entry c selected for query t (C = entries so far, visible [T, C]); cache: its rope table
+                visible: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Each query's top-k entries: (ids [T, top_k] into the C entries so far, selected [T, top_k]: those of them
+        visible [T, C] to the query); None where there are no more than top_k entries (every visible one is
+        selected: nothing to score). The compressor's state advances either way. cache: its rope table
         (rope_tail)."""
         keys = self.compressor(x, pos, st, cache)[0]  # [C, Di]
+        if keys.shape[0] <= self.top_k:
+            return None
         T = x.shape[0]
         q = rope_tail(self.wq_b(qr).view(T, self.n_head, self.head_dim), self.rope, pos, cache=cache)
         w = self.proj(x) * (self.head_dim * self.n_head) ** -0.5  # [T, Hi]
         kq = torch.relu(torch.einsum("thd,cd->thc", q, keys))
         score = (kq * w[..., None]).sum(1).masked_fill(~visible, float("-inf"))  # [T, C]
-        k = min(self.top_k, score.shape[1])
-        chosen = torch.zeros_like(visible)
-        if k:
-            chosen.scatter_(1, score.topk(k, dim=1).indices, True)
-        return chosen & visible
+        ids = score.topk(self.top_k, dim=1).indices
+        return ids, visible.gather(1, ids)
