@@ -89,6 +89,62 @@ def test_the_cache_keeps_each_layers_window_of_raw_rows_not_a_row_per_position(p
         m.close()
 
 
+@pytest.mark.parametrize("P, T", [(40, 16), (1000, 256), (5000, 32)])
+def test_a_prompt_chunk_holds_at_most_what_the_plan_counts(path, P, T):
+    """The plan's workspace for DeepSeek V4 counts deepseek4.attention_floats (session 36) in place of scores over every
+    position: each layer's attention, every tensor it makes tracked op by op, holds at most that plus the q/k/v/o
+    term, a CSA layer's indexer near it (the scores over every entry), and the whole forward at most
+    workspace_bytes."""
+    from live_bytes import LiveBytes
+    from sparkd.engine.streaming.plan import workspace_bytes
+
+    m = load_model(path)
+    peaks, layers = {}, {}
+
+    def enter(mod, args):
+        layers[mod.il] = LiveBytes()
+        layers[mod.il].__enter__()
+
+    def leave(mod, args, out):
+        layers[mod.il].__exit__(None, None, None)
+        peaks[mod.il] = layers[mod.il].peak
+    try:
+        cfg, cache = m.cfg, m.net.new_cache(P + T)
+        tokens = torch.randint(0, 200, (P + T,), generator=torch.Generator().manual_seed(P))
+        for a in range(0, P, 512):
+            m.net(tokens[a:min(P, a + 512)], cache)
+        for b in m.net.blocks:
+            b.attn.register_forward_pre_hook(enter)
+            b.attn.register_forward_hook(leave)
+        whole = LiveBytes()
+        with whole:
+            m.net(tokens[P:], cache)
+    finally:
+        m.close()
+    bound = (deepseek4.attention_floats(cfg, P + T, T) + 4 * T * cfg.n_head * cfg.head_dim_k) * 4
+    assert max(peaks.values()) <= bound, (peaks, bound)
+    assert peaks[1] > bound / 2  # the CSA layer: its indexer's scores are most of the count
+    assert whole.peak <= workspace_bytes(cfg, P + T, T)
+
+
+def test_long_prompts_run_in_larger_chunks(tmp_path):
+    """DeepSeek V4 Flash at 64k positions on a 100 GiB budget: the workspace rule for other models (scores over every
+    position) cut a prompt into chunks of 32 tokens; attention_floats's count (the indexer's scores over every CSA
+    entry the largest) allows 256: an eighth of the chunks, each reading its experts once."""
+    import dataclasses
+    from sparkd.engine.streaming import plan as memory_plan
+
+    path = write_model(tmp_path / "flash.gguf", plan(specs.PRESETS["deepseek-v4-flash"], "Q4_K", sparse=True),
+                       sparse=True)[0]
+    with GGUFModel.open(path) as g:
+        cfg = deepseek4.config(dict(g.metadata), str(path))
+    cfg = dataclasses.replace(cfg, arch=ARCH)
+    budget = 100 << 30
+    assert memory_plan.default_batch_tokens(cfg, 65536, budget) == 256
+    generic = dataclasses.replace(cfg, arch="deepseek2")  # an architecture without the count
+    assert memory_plan.default_batch_tokens(generic, 65536, budget) == 32
+
+
 def _metadata(path) -> dict:
     with GGUFModel.open(path) as g:
         return dict(g.metadata)

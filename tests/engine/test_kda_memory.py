@@ -3,12 +3,9 @@ tracked op by op, and that count in the memory plan's workspace (prompt_rule_byt
 ($SPARKD_KDA_PROMPT: chunks on CUDA, the loop on the CPU) is the one counted."""
 
 import dataclasses
-import weakref
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 import sparkd.engine.models  # noqa: F401  first: layers.moe and models import each other
 from sparkd.engine.gguf_file import GGUFModel
@@ -18,31 +15,9 @@ from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import config_of, kimi_k3
 from sparkd.engine.streaming.device import CPU, DeviceInfo
 from sparkd.engine.streaming.plan import Budget, make_plan, workspace_bytes
+from live_bytes import LiveBytes
 
 H200 = DeviceInfo("cuda:0", "discrete", total_bytes=140 << 30, free_bytes=139 << 30)
-
-
-class LiveBytes(TorchDispatchMode):
-    """The bytes of every storage an op creates under the mode, freed when its storage dies: the peak."""
-
-    def __init__(self, given: list[torch.Tensor]):
-        super().__init__()
-        self.sizes = {x.untyped_storage().data_ptr(): 0 for x in given}  # the inputs are not the rule's
-        self.now = self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.sizes:
-                st = t.untyped_storage()
-                self.sizes[st.data_ptr()] = st.nbytes()
-                self.now += st.nbytes()
-                self.peak = max(self.peak, self.now)
-                weakref.finalize(st, self._free, st.data_ptr())
-        return out
-
-    def _free(self, ptr: int) -> None:
-        self.now -= self.sizes.pop(ptr)
 
 
 def _tracked_peak(rule, T: int, H: int, D: int, *args) -> int:

@@ -35,13 +35,19 @@ def attend_extra(q: torch.Tensor, k: torch.Tensor, start: int | torch.Tensor, wi
     pos_q = (start if isinstance(start, torch.Tensor) else torch.arange(start, start + T, device=q.device))[:, None]
     pos_k = (torch.arange(k.shape[0], device=q.device) if k_pos is None else k_pos)[None, :]
     masked = (pos_k > pos_q) | ((pos_q - pos_k) >= window) | (pos_k < 0)
-    scores = torch.einsum("thd,sd->hts", q, k).mul(scale).masked_fill(masked, float("-inf"))
+    # scaled and masked in place, the parts let go once joined: a prompt holds two [H, T, S + C + 1] tensors at a
+    # time at most (deepseek4.attention_floats counts them)
+    parts = [torch.einsum("thd,sd->hts", q, k).mul_(scale).masked_fill_(masked, float("-inf"))]
     own = extra is not None and extra.dim() == 3  # each query's own entries
     if extra is not None and extra.shape[-2]:
         sc = torch.einsum("thd,tcd->htc" if own else "thd,cd->htc", q, extra)
-        scores = torch.cat([scores, sc.mul(scale).masked_fill(~extra_ok, float("-inf"))], dim=-1)
-    sink = sinks.to(scores.dtype)[:, None, None].expand(H, T, 1)
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
+        parts.append(sc.mul_(scale).masked_fill_(~extra_ok, float("-inf")))
+        del sc
+    parts.append(sinks.to(parts[0].dtype)[:, None, None].expand(H, T, 1))
+    scores = torch.cat(parts, dim=-1)
+    parts.clear()
+    probs = torch.softmax(scores, dim=-1)
+    del scores
     o = torch.einsum("hts,sd->thd", probs[..., :k.shape[0]], k)
     if extra is not None and extra.shape[-2]:
         o = o + torch.einsum("htc,tcd->thd" if own else "htc,cd->thd", probs[..., k.shape[0]:-1], extra)

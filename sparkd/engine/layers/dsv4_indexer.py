@@ -38,7 +38,8 @@ class CompressedIndexer(nn.Module):
         T = x.shape[0]
         q = rope_tail(self.wq_b(qr).view(T, self.n_head, self.head_dim), self.rope, pos, cache=cache)
         w = self.proj(x) * (self.head_dim * self.n_head) ** -0.5  # [T, Hi]
-        kq = torch.relu(torch.einsum("thd,cd->thc", q, keys))
-        score = (kq * w[..., None]).sum(1).masked_fill(~visible, float("-inf"))  # [T, C]
+        # relu(q . k) * w summed over the heads, in place: one [T, Hi, C] at a time, let go once summed
+        score = torch.einsum("thd,cd->thc", q, keys).relu_().mul_(w[..., None]).sum(1)
+        score = score.masked_fill_(~visible, float("-inf"))  # [T, C]
         ids = score.topk(self.top_k, dim=1).indices
         return ids, visible.gather(1, ids)

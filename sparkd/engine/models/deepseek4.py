@@ -256,6 +256,27 @@ def cache_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
     return total
 
 
+def attention_floats(cfg: ModelConfig, ctx: int, T: int) -> int:
+    """A prompt chunk's largest attention transient in one layer at up to ctx positions, in floats: the memory plan's
+    workspace counts it in place of the scores over every position other models hold (this model reads a window of
+    rows and its compressed entries). attend_extra holds two [H, T, rows] score tensors at a time (the window's rows,
+    the chunk's own, the entries read, the sink) and its einsums' copies of q and the rows, with a CSA layer's
+    gathered entries [T, top_k, D] past its top-k. Before them a CSA layer's indexer holds its scores over every entry
+    [T, Hi, C], its queries (projected, roped, the einsum's copy) and the keys' copy, and a few [T, C] (summed, masked,
+    the visible masks). tests/engine/test_deepseek4.py measures every tensor a layer makes against this."""
+    x = cfg.extra
+    H, W, D, K, Hi, Di = cfg.n_head, cfg.n_swa, cfg.head_dim_k, x["idx_top_k"], x["idx_heads"], x["idx_dim"]
+    worst = 0
+    for r in set(x["ratios"]):
+        entries = ctx // r + 1 if r else 0
+        picked = r == CSA_RATIO and entries > K
+        rows = W + T + (K if picked else entries)
+        attend = 2 * H * T * (rows + 1) + T * H * D + (T * K * D if picked else rows * D)
+        indexer = T * Hi * (entries + 3 * Di) + 2 * entries * Di + 8 * T * entries if picked else 0
+        worst = max(worst, attend, indexer)
+    return worst
+
+
 def _hc(w: Weights, cfg: ModelConfig, prefix: str) -> HyperConnection:
     x = cfg.extra
     return HyperConnection(w.get(f"{prefix}_fn.weight"), w.get(f"{prefix}_base.weight"),

@@ -339,14 +339,20 @@ def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
 
 def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int, cuda: bool = False) -> int:
     """Peak transient tensors of one forward pass over batch_tokens (f32), with 50 % slack, plus a prompt's
-    recurrent rule (prompt_rule_bytes; on cuda where the model runs there)."""
+    recurrent rule (prompt_rule_bytes; on cuda where the model runs there). The attention's: scores, mask and
+    probabilities over every position, or what an architecture module counts (attention_floats(cfg, ctx, T):
+    DeepSeek V4, session 36, whose scores span a window and its compressed entries)."""
+    from sparkd.engine.models import arch_module  # here: models imports this module's regex
+
     T, D, A = batch_tokens, cfg.n_embd, max(1, cfg.n_expert_used)
+    own = getattr(arch_module(cfg.arch), "attention_floats", None)
+    scores = own(cfg, ctx, T) if own is not None else 3 * cfg.n_head * T * ctx  # scores, mask, probabilities
     heads = cfg.n_head * max(cfg.head_dim_k, cfg.head_dim_k_mla, 1)
     dense = 3 * T * cfg.n_ff if cfg.n_layer_dense_lead or not cfg.is_moe else 0  # gate, up, activation
     moe = 3 * T * cfg.n_ff_exp + T * A * D + 3 * cfg.n_ff_exp * D  # one expert's g/u/act, outputs, weights
     values = (T * cfg.n_vocab  # logits
               + 8 * T * D + 4 * T * heads  # residual, norms, q/k/v/o
-              + 3 * cfg.n_head * T * ctx  # scores, mask, probabilities
+              + scores
               + max(dense, moe))
     return int(values * F32_BYTES * 1.5) + prompt_rule_bytes(cfg, batch_tokens, cuda)
 
