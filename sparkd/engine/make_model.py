@@ -2,8 +2,8 @@
 
 Tensors are written in the order they are declared, block by block from a seeded generator, so a
 model of tens of GB streams to disk with bounded memory. Norms, biases and routers stay F32 (as
-llama.cpp's converters keep them); a tensor whose rows do not fill the quant's blocks falls back to
-F16 (as llama-quantize does). K-quant blocks are generated directly; `requantize` is the hook for
+llama.cpp's converters keep them); a tensor whose rows do not fill the quant's blocks falls back as
+llama-quantize's does (FALLBACK: Q4_K to Q5_0, the i-quants to IQ4_NL, ...; F16 where those do not fit either). K-quant blocks are generated directly; `requantize` is the hook for
 running llama.cpp's llama-quantize on an F16/F32 result instead (imatrix types, exact quantizers).
 
 A sparse model (`--sparse`) has the real header, metadata and tensor table but no data: each
@@ -45,13 +45,21 @@ class Plan:
         return sum(blocks.tensor_nbytes(q, math.prod(sh)) for _, sh, q, _, _ in self.tensors)
 
 
+# llama-quantize's type for rows a 256-value type's blocks do not divide (llama-quant.cpp tensor_type_fallback): a
+# 32-value type of about its bits; F16 where those do not divide the rows either (and for the 32-value types)
+FALLBACK = {**dict.fromkeys((Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_XS), Q.IQ4_NL),
+            **dict.fromkeys((Q.Q2_K, Q.Q3_K, Q.TQ1_0, Q.TQ2_0), Q.Q4_0), Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1,
+            Q.Q6_K: Q.Q8_0}
+
+
 def tensor_type(qtype: Q, shape: tuple[int, ...], kind: str) -> Q:
     if kind == "ids":  # a routing table of expert ids (DeepSeek V4's hash layers)
         return Q.I32
     if kind != "w":
         return Q.F32
     if shape[-1] % blocks.block_size(qtype):
-        return Q.F16
+        fallback = FALLBACK.get(qtype, Q.F16)
+        return fallback if shape[-1] % blocks.block_size(fallback) == 0 else Q.F16
     return qtype
 
 

@@ -40,7 +40,8 @@ BACKENDS = [
                        "runs where there is no GPU")),
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
-# Q8_0: every projection and expert quantized; Q4_K needs rows of 256 (attn_output stays F16)
+# Q8_0: every projection and expert quantized; Q4_K needs rows of 256 (attn_output's rows of 64 are Q5_0, as
+# llama-quantize's fallback writes them)
 SHAPES = {"Q8_0": TINY["qwen3moe"], "Q4_K": TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)}
 SHAPES["Q6_K"] = SHAPES["Q4_K"].replace(n_layer=1)  # one layer: the head is what the Q6_K layout tiles
 # every projection and expert IQ4_XS or Q4_0: their integer steps (session 21); the grid i-quants (session 23)

@@ -132,7 +132,9 @@ def llama_detokenize_many(gguf_path: str | Path, id_lists: list[list[int]],
         return texts
 
 
-def llama_quantize(src: str | Path, dst: str | Path, quant_type: str, threads: int = 2) -> Path:
-    """Quantize a GGUF with llama.cpp (e.g. "Q4_K_M", "Q8_0")."""
-    _run([llama_tool("quantize"), src, dst, quant_type, threads], f"quantize {src} to {quant_type}")
+def llama_quantize(src: str | Path, dst: str | Path, quant_type: str, threads: int = 2, pure: bool = False) -> Path:
+    """Quantize a GGUF with llama.cpp (e.g. "Q4_K_M", "Q8_0"); pure: llama-quantize --pure (every weight quant_type,
+    or llama-quant.cpp's fallback where its rows do not fit it)."""
+    _run([llama_tool("quantize"), src, dst, quant_type, threads, *(["pure"] if pure else [])],
+         f"quantize {src} to {quant_type}")
     return Path(dst)

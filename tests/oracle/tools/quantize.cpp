@@ -1,6 +1,7 @@
-// quantize IN.gguf OUT.gguf TYPE [threads]
+// quantize IN.gguf OUT.gguf TYPE [threads [pure]]
 // llama_model_quantize() with default parameters, which is what llama-quantize does without
-// extra flags; avoids building llama-common (several minutes on 2 cores).
+// extra flags (with "pure": llama-quantize --pure, every weight TYPE where its rows fit); avoids building
+// llama-common (several minutes on 2 cores).
 #include "common.h"
 #include <cstring>
 
@@ -31,6 +32,7 @@ int main(int argc, char ** argv) {
         die(std::string("unknown quant type ") + argv[3] + "; known:" + names);
     }
     qp.nthread = argc > 4 ? atoi(argv[4]) : 2;
+    qp.pure = argc > 5 && strcmp(argv[5], "pure") == 0;
     llama_backend_init();
     if (llama_model_quantize(argv[1], argv[2], &qp) != 0) die(std::string("could not quantize ") + argv[1]);
     return 0;
