@@ -3,8 +3,9 @@
 Tensors are written in the order they are declared, block by block from a seeded generator, so a
 model of tens of GB streams to disk with bounded memory. Norms, biases and routers stay F32 (as
 llama.cpp's converters keep them); a tensor whose rows do not fill the quant's blocks falls back as
-llama-quantize's does (FALLBACK: Q4_K to Q5_0, the i-quants to IQ4_NL, ...; F16 where those do not fit either). K-quant blocks are generated directly; `requantize` is the hook for
-running llama.cpp's llama-quantize on an F16/F32 result instead (imatrix types, exact quantizers).
+llama-quantize's does (FALLBACK: Q4_K to Q5_0, the i-quants to IQ4_NL, ...; F16 where those do not fit
+either). K-quant blocks are generated directly; `requantize` is the hook for running llama.cpp's
+llama-quantize on an F16/F32 result instead (imatrix types, exact quantizers).
 
 A sparse model (`--sparse`) has the real header, metadata and tensor table but no data: each
 tensor's bytes are a hole (seek + truncate), so the file has its full size and takes almost no
