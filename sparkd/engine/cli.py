@@ -126,6 +126,7 @@ def cmd_generate(a) -> int:
 
     from sparkd.engine.cuda_graphs import use_graphs
     from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
+    from sparkd.engine.streaming.plan import cache_kv_type
     from sparkd.engine.prompt_graphs import prompt_forward
     from sparkd.engine.models import load_model
     from sparkd.engine.models.decoder import prompt_last_only
@@ -143,7 +144,7 @@ def cmd_generate(a) -> int:
         ids = _tokens(a, tok, m.gguf.metadata)
         sample = Sampler(SamplingParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                                         min_p=a.min_p, seed=a.seed))
-        kv_type = sm.plan.kv_type if sm else kv_type_name(a.kv_type, a.device)
+        kv_type = sm.plan.kv_type if sm else cache_kv_type(m.cfg, kv_type_name(a.kv_type, a.device))
         kv = KV_TYPES[kv_type]
         cache = m.net.new_cache(len(ids) + a.n, kv)
         step = decode_step(m.net, cache, a.device, graphs, sm is not None, a.cuda_graphs, _log)

@@ -21,7 +21,7 @@ from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.models.decoder import prompt_last_only
 from sparkd.engine.prompt_store import PromptCache, PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
-from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, kv_bytes
+from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, kv_bytes
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
 from sparkd.engine.think import CLOSE, OPEN, TagMatcher, ThinkTags, find_think_tags
 from sparkd.engine.tokenizer import Tokenizer
@@ -153,6 +153,7 @@ class Engine:
 
         graphs = use_graphs(self.cuda_graphs, model.net, self.device, self.streaming is not None, self._log)
         self.cfg = model.cfg
+        self.kv_type = cache_kv_type(model.cfg, self.kv_type)  # the type the rows take (DeepSeek V4's: f32)
         self.tokenizer = Tokenizer(model.gguf.metadata, str(self.model_path))
         self.template = self._chat_template(model.gguf.metadata)
         self.think = self._think_tags()

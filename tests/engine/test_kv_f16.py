@@ -223,3 +223,24 @@ def test_plan_command_plans_the_rows_type(tiny_models):
     f16, auto = planned("f16"), planned("auto")
     assert (f16["kv_type"], auto["kv_type"]) == ("f16", "f32")
     assert f16["kv_bytes"] * 2 == auto["kv_bytes"] > 0
+
+
+def test_a_cache_that_takes_no_kv_type_is_named_as_it_is(tmp_path):
+    """DeepSeek V4's cache (windows of raw rows, compressor state) stays f32 whatever --kv-type asks: `plan --kv-type
+    f16 --json` and `generate --kv-type f16 --json` name f32 (they named the type asked for), at the same bytes."""
+    from sparkd.engine.make_model import plan, write_model
+    from sparkd.engine.modelgen.specs import TINY
+
+    path = str(write_model(tmp_path / "v4.gguf", plan(TINY["deepseek4"], "F32"), seed=1)[0])
+
+    def run(*args):  # plan prints one JSON document, generate its result on the last line
+        r = subprocess.run([sys.executable, "-m", "sparkd.engine.cli", *args], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout if args[0] == "plan" else r.stdout.splitlines()[-1])
+
+    planned = {t: run("plan", path, "--ctx", "64", "--budget", "4G", "--kv-type", t, "--json") for t in ("f16", "f32")}
+    assert planned["f16"]["kv_type"] == planned["f32"]["kv_type"] == "f32"
+    assert planned["f16"]["kv_bytes"] == planned["f32"]["kv_bytes"] > 0
+    generated = run("generate", path, "--tokens", "1,5,9", "-n", "2", "--resident", "--json", "--kv-type", "f16")
+    assert generated["kv_type"] == "f32" and generated["tokens"]

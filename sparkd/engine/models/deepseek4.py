@@ -27,6 +27,7 @@ from sparkd.engine.models.weights import Weights
 
 ARCH = "deepseek4"
 CSA_RATIO, HCA_RATIO = 4, 128
+KV_TYPED = False  # --kv-type: its cache (windows of raw rows, compressor state) stays f32 (plan.cache_kv_type)
 
 
 def _per_layer(v: Any, n: int, what: str, path: str | None) -> tuple[float, ...]:

@@ -328,6 +328,15 @@ def kv_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
     return (cfg.n_layer * per_pos + side) * ctx
 
 
+def cache_kv_type(cfg: ModelConfig, kv_type: str) -> str:
+    """The type a sequence's cache rows take for --kv-type kv_type (resolved): kv_type, or f32 where the architecture's
+    cache takes none (its module's KV_TYPED False: DeepSeek V4, whose windows of raw rows and compressor state stay
+    f32), so the plan, `generate --json` and the server's /health name the type the rows have."""
+    from sparkd.engine.models import arch_module  # here: models imports this module's regex
+
+    return kv_type if getattr(arch_module(cfg.arch), "KV_TYPED", True) else "f32"
+
+
 def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
     """A prompt's recurrent rule at its peak, where an architecture module counts one (Kimi K3: the KDA delta rule,
     in chunks on CUDA, layers/kda.py rule_peak_bytes), counted exactly."""
@@ -377,6 +386,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     prompt_store_bytes: the prompt store's budget (None: auto, prompt_store.store_bytes); kv_type: the K/V
     rows' type, resolved (kv_bytes)."""
     ctx = ctx or cfg.n_ctx_train
+    kv_type = cache_kv_type(cfg, kv_type)
     cuda = device.kind != "cpu"
     batch_tokens = batch_tokens or default_batch_tokens(cfg, ctx, budget.bytes, cuda)
     n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
