@@ -8,6 +8,11 @@ token's reads; here they stay as they are.
 The generic kernels see a 32-value run (64 bytes) as a block: a row must be whole runs (dispatch.multiplies), and a
 row ending inside a 256-value group is masked as Q8_0's is. BF16 is float32's top half: its bits shifted up.
 
+The GEMV's step (`dot`) takes a group's 256 values a row as one [BN, 256] tile into an elementwise accumulator: on the
+H200 (session 36, bench/gpu_box/half_gemv_sweep.py) 0.63-0.71 of copy bandwidth at one row a warp (matmul.GEMV_TILES),
+where the dequant path's [BN, 8, 32] tile reduced every group took 0.18 (the f32 weights before: cuBLAS over twice the
+bytes); cuBLAS's torch.mv on the 16-bit matrix reaches 0.87-0.98 but rounds x and the output to 16 bits.
+
 A prompt's GEMM runs tl.dot at tf32 (Family.tf32_exact): both types' values are tf32 values, and x comes rounded to the
 weight's type (llama.cpp's vec_dot type for F16 and BF16 is the type itself), so every product is exact and the sums
 float32's, at the tensor cores' rate where "ieee" runs float32 FMAs.
@@ -28,16 +33,67 @@ def _values_at(w_ptr, row_off, g):
 
 
 @triton.jit
+def _load(at, mask, BF: tl.constexpr):
+    """float32 values of the 16-bit values at byte addresses `at`."""
+    if BF:
+        bits = tl.load(at.to(tl.pointer_type(tl.uint16)), mask=mask, other=0)
+        v = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        v = tl.load(at.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0).to(tl.float32)
+    return v
+
+
+@triton.jit
 def dequant_f16(w_ptr, aux_ptr, row_off, g, smask):
-    at = _values_at(w_ptr, row_off, g).to(tl.pointer_type(tl.float16))
-    return tl.load(at, mask=smask, other=0.0).to(tl.float32)
+    return _load(_values_at(w_ptr, row_off, g), smask, False)
 
 
 @triton.jit
 def dequant_bf16(w_ptr, aux_ptr, row_off, g, smask):
-    bits = tl.load(_values_at(w_ptr, row_off, g).to(tl.pointer_type(tl.uint16)), mask=smask, other=0)
-    return (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return _load(_values_at(w_ptr, row_off, g), smask, True)
 
 
-F16 = Family(T.F16, 32, 64, 8, 32, dequant_f16, tf32_exact=True)
-BF16 = Family(T.BF16, 32, 64, 8, 32, dequant_bf16, tf32_exact=True)
+@triton.jit
+def acc0(rmask, EW: tl.constexpr):
+    if EW:
+        acc = tl.zeros((rmask.shape[0], 256), tl.float32)
+    else:
+        acc = tl.zeros(rmask.shape, tl.float32)
+    return acc
+
+
+@triton.jit
+def total(acc, EW: tl.constexpr):
+    if EW:
+        acc = tl.sum(acc, 1)
+    return acc
+
+
+@triton.jit
+def _dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr, BF: tl.constexpr):
+    """The GEMV step: group g's 256 values a row as one contiguous [BN, 256] tile, its products added to the
+    elementwise tile (EW, reduced once after the loop) or to the row sums (the dequant path's [BN, 8, 32] tile
+    reduced every group: 0.18 of copy bandwidth on the H200, session 36)."""
+    k = g * 256 + tl.arange(0, 256)[None, :]  # [1, 256] columns (runs end inside a group: masked as Q8_0's)
+    kmask = k < K
+    w = _load(w_ptr + row_off[:, None] + k * 2, rmask[:, None] & kmask, BF)
+    wx = w * tl.load(x_ptr + k, mask=kmask, other=0.0)
+    if EW:
+        acc += wx
+    else:
+        acc += tl.sum(wx, 1)
+    return acc
+
+
+@triton.jit
+def dot_f16(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
+    return _dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW, False)
+
+
+@triton.jit
+def dot_bf16(w_ptr, aux_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr):
+    return _dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW, True)
+
+
+F16 = Family(T.F16, 32, 64, 8, 32, dequant_f16, dot_f16, acc0, total, tf32_exact=True)
+BF16 = Family(T.BF16, 32, 64, 8, 32, dequant_bf16, dot_bf16, acc0, total, tf32_exact=True)

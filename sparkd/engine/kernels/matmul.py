@@ -108,7 +108,12 @@ GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=T
               "Q6_K": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=True),  # best of 5 (q6k_h200_s5)
               # session 6 (q6k9): one 8-row tile of kernels/q6_k_tiled.py per 1-warp program, a group per
               # step (best of 4 at the head, bench/results/gemv_tiles_h200_s6_q6k.log: 0.94 of copy bandwidth)
-              "Q6_K_TILED": GemvConfig(block_n=8, num_warps=1, unroll=1, elementwise=True)}
+              "Q6_K_TILED": GemvConfig(block_n=8, num_warps=1, unroll=1, elementwise=True),
+              # session 36 (bench/gpu_box/half_gemv_sweep.py, H200): one row a warp, 4 groups a step, best of 10 at
+              # 14336x4096 / 4096x14336 / gpt-oss's head 201088x2880: 0.66 / 0.63 / 0.71 of copy bandwidth (4r1w2u
+              # 0.56 / 0.60 / 0.66; cuBLAS's torch.mv on the 16-bit matrix 0.91 / 0.87 / 0.98)
+              "F16": GemvConfig(block_n=1, num_warps=1, unroll=4, elementwise=True),
+              "BF16": GemvConfig(block_n=1, num_warps=1, unroll=4, elementwise=True)}
 # a grouped launch's tile where the rows are one 256-value group or less (MLA's k matrices, 128 wide:
 # KernelLinear.grouped on CUDA). Session 35 (H200, bench/gpu_box/mla_heads_bench.py --sweep, DeepSeek V3's 128 heads
 # x 512 x 128): the default tiles' programs read a few hundred bytes each; 16 rows on 2 warps, Q5_0 21.0 -> 7.6 us,
