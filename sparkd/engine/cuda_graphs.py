@@ -202,8 +202,8 @@ class StaticDecode:
                  margin: int = 0):
         self.net, self.cache, self.graphs, self.log = net, cache, graphs, log
         # a launch ahead writes one row past the accepted tokens: a cache with recurrent state
-        # (rewindable False) would fold a dropped token into that state for good
-        self.pipeline = (decode_pipeline_default() if pipeline is None else pipeline) and cache.rewindable
+        # (rewind_limit 0) would fold a dropped token into that state for good
+        self.pipeline = (decode_pipeline_default() if pipeline is None else pipeline) and cache.rewind_limit != 0
         self.device_argmax = device_argmax_default() if device_argmax is None else device_argmax
         mode = device_sampling_default() if device_sampling is None else device_sampling
         mode = {True: "fused", False: "off"}.get(mode, mode)

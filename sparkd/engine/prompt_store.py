@@ -91,26 +91,27 @@ class PromptCache:
     The logits of the last prompt's last token are kept too: the same prompt again (a repeated
     request) reuses every row and those logits, so it gives the same bits as the first time.
 
-    A cache with recurrent state (KVCache.rewindable False: kimi-k3's KDA, deepseek4's compressor
+    A cache with recurrent state (KVCache.rewind_limit 0: kimi-k3's KDA, deepseek4's compressor
     rings) cannot go back to a shorter prefix: it is reused only when everything it holds is a
-    prefix of the new prompt."""
+    prefix of the new prompt; one whose sliding-window rows are rings (gpt-oss, Gemma 3) goes back at
+    most its rewind_limit positions."""
 
     def __init__(self) -> None:
         self.tokens: list[int] | None = None  # None: nothing claimed (the next request resets the cache)
         self.prompt: list[int] = []  # the prompt whose last token gave `logits`
         self.logits: torch.Tensor | None = None
 
-    def reusable(self, ids: Sequence[int], rewindable: bool = True) -> int:
+    def reusable(self, ids: Sequence[int], rewind_limit: int | None = None) -> int:
         """How many leading positions of prompt ids the cache can keep: the common prefix, at most
         len(ids) - 1 (the last token's logits are needed) unless those are kept (the same prompt
-        again); 0 when the cache is not a prefix of ids and cannot rewind."""
+        again); 0 when that would go back more than rewind_limit positions (None: any) from what it holds."""
         held = self.tokens
         if not held or not ids:
             return 0
         common = common_prefix(held, ids)
         if common == len(ids) and not (self.logits is not None and self.prompt == list(ids)):
             common -= 1  # re-run the last token for its logits
-        if not rewindable and common < len(held):
+        if rewind_limit is not None and len(held) - common > rewind_limit:
             return 0
         return common
 
@@ -151,11 +152,11 @@ class PromptStore:
         return {"bytes": self.nbytes, "entries": len(self._entries), "saves": self.saves,
                 "restores": self.restores, "evictions": self.evictions}
 
-    def best(self, ids: Sequence[int], rewindable: bool) -> tuple[_Entry | None, int]:
+    def best(self, ids: Sequence[int], rewind_limit: int | None) -> tuple[_Entry | None, int]:
         """The stored conversation that holds the longest prefix of ids, and its length (reusable's)."""
         best, most = None, 0
         for e in self._entries:
-            n = e.held.reusable(ids, rewindable)
+            n = e.held.reusable(ids, rewind_limit)
             if n > most:
                 best, most = e, n
         return best, most
@@ -174,8 +175,9 @@ class PromptStore:
         nbytes = cache.prefix_bytes(len(tokens)) + (0 if logits is None else logits.nbytes)
         if nbytes > self.budget_bytes:
             return
-        if cache.rewindable:  # a stored prefix of these tokens continues nothing this copy does not
-            self._entries = [e for e in self._entries if e.held.tokens != tokens[:len(e.held.tokens)]]
+        limit = cache.rewind_limit  # a stored prefix of these tokens this copy can go back to continues nothing more
+        self._entries = [e for e in self._entries if e.held.tokens != tokens[:len(e.held.tokens)]
+                         or (limit is not None and len(tokens) - len(e.held.tokens) > limit)]
         while self._entries and self.nbytes + nbytes > self.budget_bytes:
             self._entries.pop(0)
             self.evictions += 1

@@ -440,8 +440,8 @@ class Engine:
         cache, held, store = self._cache, self._held, self._store
         if not self.prompt_cache:
             return 0
-        keep = held.reusable(ids, cache.rewindable)
-        entry, stored = store.best(ids, cache.rewindable) if store is not None else (None, 0)
+        keep = held.reusable(ids, cache.rewind_limit)
+        entry, stored = store.best(ids, cache.rewind_limit) if store is not None else (None, 0)
         if stored > keep:
             keep = stored
         else:

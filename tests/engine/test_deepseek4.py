@@ -245,6 +245,6 @@ def test_a_snapshot_brings_the_compressor_state_back(path):
     finally:
         m.close()
     assert torch.equal(got, want)
-    assert not cache.rewindable
+    assert cache.rewind_limit == 0
     assert cache.prefix_bytes(9) == sum(t.nbytes for t in saved) == rows + rings + sum(entries)
     assert 0 < sum(entries) and cache.prefix_bytes(9) < whole  # a CSA layer's 2 rows of 17, HCA's none of 1

@@ -332,7 +332,7 @@ def test_paths_are_the_ones_requests_take():
 
 def test_static_decode_modes():
     class Cache:
-        device, max_ctx, rewindable = torch.device("cpu"), 8, True
+        device, max_ctx, rewind_limit = torch.device("cpu"), 8, None
 
     class Net(torch.nn.Module):
         blocks, output_norm, output = [], None, None

@@ -45,8 +45,9 @@ def test_reusable_is_the_common_prefix_less_the_last_token_unless_its_logits_are
     assert held.reusable([1, 2]) == 1  # shorter: the last token runs again for its logits
     assert held.reusable([1, 2, 3]) == 3  # the same prompt: its kept logits
     assert held.reusable([1, 2, 3, 4]) == 3  # fed 4's logits were not kept
-    assert held.reusable([1, 2, 3, 4, 5], rewindable=False) == 4  # wholly a prefix
-    assert held.reusable([1, 2, 3], rewindable=False) == 0  # would rewind past fed 4
+    assert held.reusable([1, 2, 3, 4, 5], rewind_limit=0) == 4  # wholly a prefix
+    assert held.reusable([1, 2, 3], rewind_limit=0) == 0  # would rewind past fed 4
+    assert held.reusable([1, 2, 3], rewind_limit=1) == 3  # one position back: within a ring's limit
     held.begin(held.tokens)  # rows being written: nothing claimed until written()
     assert held.reusable([1, 2, 3, 4, 5]) == 0
 
@@ -85,7 +86,7 @@ def _run(engine, ids, n=4, cancel=None) -> tuple[list[int], int]:
 @pytest.mark.parametrize("arch", ["qwen3moe", "kimi-k3"])
 def test_turns_reuse_the_prefix_and_give_the_whole_prompts_tokens(engines, arch, monkeypatch):
     on, off, _ = engines[arch]
-    rewind = on._cache.rewindable
+    rewind = on._cache.rewind_limit != 0
     assert rewind == (arch != "kimi-k3")
     turn1 = list(range(5, 25))
     reply, cached = _run(on, turn1)
@@ -184,7 +185,7 @@ def test_conversations_taking_turns_each_continue_their_own(engines, arch):
     conversation's end, so its turns continue too; a prompt diverging inside a stored kimi-k3
     conversation restores nothing (the state of a shorter prefix is not kept)."""
     store, off, single = engines[arch]
-    rewind = store._cache.rewindable
+    rewind = store._cache.rewind_limit != 0
     system = [3, 1, 4, 1, 5, 9]
     convs = [system + list(range(10, 22)), system + list(range(30, 40))]
     for e in (store, single):

@@ -59,6 +59,9 @@ SPLIT_RULE = switches.choice(SPLIT_ENV, ("grouped", "auto", "serial", "off"), "g
 RANGE_KEYS = 64  # "auto": keys a range (two blocks)
 RANGE_BLOCK_S = 32  # keys a block there: [32, 128] float32 tiles need no spills at 4 warps
 FOLD_RANGES = 32  # "auto": ranges a fold step loads at once (2048 keys: one step up to that span)
+# a ring (RING) holds at least this many rows past its window: a range more than the window's keys span, so its
+# programs (its rows over the range's keys, "auto"'s and rope_attention's at most 64) cover them
+RING_MARGIN = 64
 
 
 def key_range() -> int:
@@ -74,12 +77,14 @@ def fold_ranges() -> int:
 
 @triton.jit
 def _attend_keys(q, k_base, v_base, k_row_stride, v_row_stride, dk, dv, DK, DV, lo, hi, first, end, scale,
-                 m, total, acc, BLOCK_S: tl.constexpr):
+                 m, total, acc, ring, BLOCK_S: tl.constexpr, RING: tl.constexpr):
     """The running (max, sum, weighted values) after the key blocks [first, end) (keys outside
-    [lo, hi) masked): online softmax, a block at a time."""
+    [lo, hi) masked): online softmax, a block at a time. RING: position p's row is p % ring."""
     for start in range(first, end, BLOCK_S):
         rows = start + tl.arange(0, BLOCK_S)
         seen = (rows >= lo) & (rows < hi)
+        if RING:
+            rows = rows % ring
         k = tl.load(k_base + rows[:, None].to(tl.int64) * k_row_stride + dk[None, :],
                     mask=seen[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
         s = tl.sum(k * q[None, :], axis=1) * scale  # [BLOCK_S]
@@ -99,7 +104,8 @@ def _attend_keys(q, k_base, v_base, k_row_stride, v_row_stride, dk, dv, DK, DV, 
 def _fold_ranges(stat_ptr, part_ptr, h, n_h, n_r, r0, r1, BLOCK_DV: tl.constexpr,
                  FOLD: tl.constexpr):
     """Head h's ranges [r0, r1) (each holding keys: finite maxima) added → its output [BLOCK_DV], FOLD
-    ranges a step: their maxima, sums and weighted values loaded at once, rescaled to the running max."""
+    ranges a step: their maxima, sums and weighted values loaded at once, rescaled to the running max.
+    Range r's are in slot r % n_r (range_program: at most n_r ranges hold keys)."""
     dv = tl.arange(0, BLOCK_DV)
     top = tl.full([], float("-inf"), tl.float32)
     total = tl.full([], 0.0, tl.float32)
@@ -107,7 +113,7 @@ def _fold_ranges(stat_ptr, part_ptr, h, n_h, n_r, r0, r1, BLOCK_DV: tl.constexpr
     for c in range(r0, r1, FOLD):
         rr = c + tl.arange(0, FOLD)
         here = rr < r1
-        slot = h * n_r + rr
+        slot = h * n_r + rr % n_r
         m = tl.load(stat_ptr + slot, mask=here, other=float("-inf"), cache_modifier=".cg")
         t = tl.load(stat_ptr + n_h * n_r + slot, mask=here, other=0.0, cache_modifier=".cg")
         p = tl.load(part_ptr + slot[:, None] * BLOCK_DV + dv[None, :], mask=here[:, None], other=0.0,
@@ -126,19 +132,25 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
                       window, q_head_stride, k_row_stride, k_head_stride, v_row_stride, v_head_stride,
                       out_head_stride, DK, DV, GROUP: tl.constexpr, HAS_SINKS: tl.constexpr,
                       BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                      RANGE: tl.constexpr = 0, FOLD: tl.constexpr = 0, PDL: tl.constexpr = False):
+                      RANGE: tl.constexpr = 0, FOLD: tl.constexpr = 0, RING: tl.constexpr = False,
+                      PDL: tl.constexpr = False):
     """Program (h, r): query head h; RANGE 0: all its keys, the result stored; else its keys [r *
     RANGE, (r + 1) * RANGE), its running max and sum stored in stat [2, H, R] and its weighted values
     in part [H, R, BLOCK_DV], and the head's last program to take its ticket adds the ranges holding
     keys in order (where they are depends on the position only, not on the span: an eager step over
     the whole cache and a static one over a bucket add the same ranges the same way). FOLD > 0: only
     the ranges holding keys run (the others return at once), one such range stores the result itself,
-    and the fold loads FOLD ranges at a time (_fold_ranges); FOLD 0: step26's fold."""
+    and the fold loads FOLD ranges at a time (_fold_ranges); FOLD 0: step26's fold. RING (FOLD > 0): the span's
+    rows are a ring (position p's row p % span), the keys reach the position and program r runs range
+    range_program(r, r0, ...): the ranges of a cache of a row per position, the same bits."""
     pdl.start(PDL)  # first: pdl's rule
     h = tl.program_id(0)
     kvh = h // GROUP
     pos = tl.load(pos_ptr).to(tl.int32)
-    hi = tl.minimum(pos + 1, span)  # keys [lo, hi) are visible
+    if RING:
+        hi = pos + 1  # keys [lo, hi) are visible
+    else:
+        hi = tl.minimum(pos + 1, span)
     lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
     first = (lo // BLOCK_S) * BLOCK_S  # blocks of BLOCK_S keys from here hold a visible key each
     if RANGE > 0:
@@ -146,8 +158,11 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
         r1 = tl.cdiv(hi, RANGE)
     else:
         r0, r1 = 0, 1
+    r = tl.program_id(1)
+    if RING:
+        r = range_program(r, r0, tl.num_programs(1))
     if FOLD > 0:
-        if (tl.program_id(1) < r0) | (tl.program_id(1) >= r1):
+        if (r < r0) | (r >= r1):
             return  # no key here: neither stats nor a ticket
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
@@ -160,15 +175,16 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
         total = tl.full([], 0.0, tl.float32)
     start, end = first, hi
     if RANGE > 0:  # whole blocks a range (RANGE a multiple of BLOCK_S): the blocks of one walk
-        start = tl.maximum(tl.program_id(1) * RANGE, first)
-        end = tl.minimum((tl.program_id(1) + 1) * RANGE, hi)
+        start = tl.maximum(r * RANGE, first)
+        end = tl.minimum((r + 1) * RANGE, hi)
         if HAS_SINKS:  # the sink joins the first range holding keys only
-            here = tl.program_id(1) == r0
+            here = r == r0
             m = tl.where(here, m, float("-inf"))
             total = tl.where(here, total, 0.0)
     acc = tl.zeros([BLOCK_DV], tl.float32)
     m, total, acc = _attend_keys(q, k_ptr + kvh * k_head_stride, v_ptr + kvh * v_head_stride, k_row_stride,
-                                 v_row_stride, dk, dv, DK, DV, lo, hi, start, end, scale, m, total, acc, BLOCK_S)
+                                 v_row_stride, dk, dv, DK, DV, lo, hi, start, end, scale, m, total, acc, span,
+                                 BLOCK_S, RING)
     if FOLD > 0:
         finish_ranges(out_ptr, part_ptr, stat_ptr, ticket_ptr, h, m, total, acc, r0, r1, out_head_stride, DV,
                       BLOCK_DV, FOLD)
@@ -189,6 +205,14 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
                 acc += tl.load(part_ptr + (h * n_r + r) * BLOCK_DV + dv, cache_modifier=".cg") * w
             tl.store(out_ptr + h * out_head_stride + dv, acc / total, mask=dv < DV)
             tl.store(ticket_ptr + h, 0)
+
+
+@triton.jit
+def range_program(r, r0, n_r):
+    """The range program r of n_r runs where the ranges holding keys start at r0 (a ring's: any index; at most
+    n_r of them): r0 + (r - r0) mod n_r, so range j's program, and its slot in the fold, is j % n_r (in a cache of a
+    row per position: program r runs range r, or none)."""
+    return r0 + (r + n_r - r0 % n_r) % n_r
 
 
 @triton.jit
@@ -224,18 +248,22 @@ def finish_ranges(out_ptr, part_ptr, stat_ptr, ticket_ptr, h, m, total, acc, r0,
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                     scale: float, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     scale: float, window: int = 0, sinks: torch.Tensor | None = None, ring: int = 0) -> torch.Tensor:
     """q [1, H, Dk] float32, k [S, Hkv, Dk], v [S, Hkv, Dv] (views of the cache, float32 or float16; last dims
     contiguous), pos [1] the query's position on the device (< S) → [1, H, Dv] float32, as
-    attend(q, k, v, scale, pos, window, sinks)."""
+    attend(q, k, v, scale, pos, window, sinks). ring: S where the rows are a sliding window's ring (layers/kv_cache:
+    position p's row p % S, any position; under "serial", "auto"'s fold: step26's takes every range by its index)."""
     _check(q, k, v, pos, sinks)
+    if bad := ring_problem(ring, k, window):
+        raise KernelArgumentError(f"could not run decode_attention over a ring of {ring} rows: {bad}")
     if SPLIT_RULE == "grouped" and grouped.fits(q, k, v):
-        return grouped.grouped_attention(q, k, v, pos, scale, window, sinks)
+        return grouped.grouped_attention(q, k, v, pos, scale, window, sinks, ring > 0)
     _, H, Dk = q.shape
     S, Hkv, Dv = v.shape
     out = torch.empty(1, H, Dv, dtype=torch.float32, device=q.device)
     block_dk, block_dv = triton.next_power_of_2(Dk), triton.next_power_of_2(Dv)
     keys = key_range()
+    fold = fold_ranges() or (FOLD_RANGES if ring else 0)
     if keys == 0:
         block_s, n_r = max(16, min(64, 8192 // max(block_dk, block_dv))), 1  # a [BLOCK_S, D] tile of ~8k values
         part = stat = ticket = out  # not read
@@ -248,7 +276,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         q, k, v, pos, q if sinks is None else sinks, out, part, stat, ticket, S, scale, window,
         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv,
         GROUP=H // Hkv, HAS_SINKS=sinks is not None, BLOCK_S=block_s, BLOCK_DK=block_dk,
-        BLOCK_DV=block_dv, RANGE=keys, FOLD=fold_ranges() if keys else 0, num_warps=4, **pdl.launch(q.device))
+        BLOCK_DV=block_dv, RANGE=keys, FOLD=fold if keys else 0, RING=ring > 0, num_warps=4, **pdl.launch(q.device))
     return out
 
 
@@ -259,6 +287,15 @@ def _check(q, k, v, pos, sinks) -> None:
     if bad:
         raise KernelArgumentError(f"could not run decode_attention on q {list(q.shape)}, k {list(k.shape)}, "
                                   f"v {list(v.shape)}: {bad}")
+
+
+def ring_problem(ring: int, k: torch.Tensor, window: int) -> str | None:
+    """What is wrong with a ring of `ring` rows (0: none) for keys k [S, ...] and a sliding window (None: nothing)."""
+    if ring and ring != k.shape[0]:
+        return f"the keys have {k.shape[0]} rows"
+    if ring and not 0 < window <= ring - RING_MARGIN:
+        return f"it must hold the window ({window}) and {RING_MARGIN} rows more"
+    return None
 
 
 def shape_problem(q, k, v, sinks, rows: str) -> str | None:

@@ -38,6 +38,9 @@ order. The fold inside the first launch (its block's last program to take a tick
 ~40 us more at 2000 positions, likely its [FOLD, 16, D] tiles' registers weighing on the whole kernel (not
 profiled).
 
+A sliding-window layer's rows are a ring (layers/kv_cache.py, RING): position p's row is p % span, the keys reach
+the position (no span bound) and its ranges are those of a cache of a row per position, the same bits.
+
 H200 (session 29, docs/runs/2026-12-04-s29/calls.md call 3; 32 query heads over 4 KV heads of 128, us a call,
 auto / grouped): 2.5 / 5.6 at position 8, 10.6 / 8.7 at 136, 16.0 / 8.6 at 1000, 15.9 / 11.7 at 2000, 56.3 /
 20.5 at 8000, 112.6 / 31.7 at 16000, 219.1 / 53.4 at 32000. 64 or 128 ranges were slower from 4000 positions
@@ -86,11 +89,14 @@ def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _ranges(pos_ptr, span, window, BLOCK_S: tl.constexpr, N_R: tl.constexpr):
+def _ranges(pos_ptr, span, window, BLOCK_S: tl.constexpr, N_R: tl.constexpr, RING: tl.constexpr):
     """(lo, hi, first, per, used): keys [lo, hi) are visible; their blocks of BLOCK_S from `first` on, `per`
-    blocks a range, in ranges [0, used)."""
+    blocks a range, in ranges [0, used). RING: the span's rows are a ring, every key up to the position kept."""
     pos = tl.load(pos_ptr).to(tl.int32)
-    hi = tl.minimum(pos + 1, span)
+    if RING:
+        hi = pos + 1
+    else:
+        hi = tl.minimum(pos + 1, span)
     lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
     first = (lo // BLOCK_S) * BLOCK_S  # blocks of BLOCK_S keys from here hold a visible key each
     blocks = tl.cdiv(hi - first, BLOCK_S)
@@ -136,7 +142,7 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
                        out_head_stride, DK, DV, GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
                        HAS_SINKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DK: tl.constexpr,
                        BLOCK_DV: tl.constexpr, N_R: tl.constexpr, HALF: tl.constexpr, SHARED: tl.constexpr,
-                       BLOCK_DT: tl.constexpr, PDL: tl.constexpr = False):
+                       BLOCK_DT: tl.constexpr, RING: tl.constexpr = False, PDL: tl.constexpr = False):
     """Program (b, r): head block b (KV head b // HEAD_BLOCKS, its query heads from (b % HEAD_BLOCKS) *
     BLOCK_H on), range r of its visible keys. Its running max and sum go to stat [2, B, N_R, BLOCK_H], its
     weighted values to part [B, N_R, BLOCK_H, BLOCK_DV], for _grouped_attention_fold. HALF: float16 cache rows.
@@ -144,7 +150,7 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
     columns (the rope dims) a tile of BLOCK_DT of their own."""
     pdl.start(PDL)  # first: pdl's rule
     b, r = tl.program_id(0), tl.program_id(1)
-    lo, hi, first, per, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R)
+    lo, hi, first, per, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R, RING)
     if r >= used:
         return  # no key here
     kvh = b // HEAD_BLOCKS
@@ -171,6 +177,8 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
     for s0 in range(start, end, BLOCK_S):
         rows = s0 + tl.arange(0, BLOCK_S)
         seen = (rows >= lo) & (rows < hi)
+        if RING:
+            rows = rows % span  # (the positions' ring rows; seen stays the positions')
         v = tl.load(v_base + rows[:, None].to(tl.int64) * v_row_stride + dv[None, :],  # with the keys: one wait
                     mask=seen[:, None] & (dv < DV)[None, :], other=0.0)
         # (float16 rows: each product exact, summed in float32; a float32 copy of the tiles broke the loads' pipeline)
@@ -213,12 +221,12 @@ def _grouped_attention(query_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part
 def _grouped_attention_fold(pos_ptr, out_ptr, part_ptr, stat_ptr, span, window, n_b, out_head_stride, DV,
                             GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr,
                             BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, N_R: tl.constexpr, FOLD_DV: tl.constexpr,
-                            PDL: tl.constexpr = False):
+                            RING: tl.constexpr = False, PDL: tl.constexpr = False):
     """Program (h, c): query head h's ranges added in order → its output's columns [c FOLD_DV, (c + 1) FOLD_DV)
     (nothing where one range held the keys; each column's sum is its own: the same bits at any FOLD_DV)."""
     pdl.start(PDL)  # first: pdl's rule
     h, c = tl.program_id(0), tl.program_id(1)
-    _, _, _, _, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R)
+    _, _, _, _, used = _ranges(pos_ptr, span, window, BLOCK_S, N_R, RING)
     if used == 1:
         return
     g = h % GROUP
@@ -235,7 +243,7 @@ def _grouped_attention_fold(pos_ptr, out_ptr, part_ptr, stat_ptr, span, window, 
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scale: float,
-                      window: int, sinks: torch.Tensor | None) -> torch.Tensor:
+                      window: int, sinks: torch.Tensor | None, ring: bool = False) -> torch.Tensor:
     """decode_attention's arguments (checked there; widths that fit()) → [1, H, Dv] float32."""
     _, H, Dk = q.shape
     S, Hkv, Dv = v.shape
@@ -251,7 +259,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: to
     part = torch.empty(n_b, n_r, BLOCK_H, block_dv, dtype=torch.float32, device=q.device)
     stat = torch.empty(2, n_b, n_r, BLOCK_H, dtype=torch.float32, device=q.device)
     shape = dict(GROUP=group, HEAD_BLOCKS=head_blocks, BLOCK_H=BLOCK_H, BLOCK_S=block_s, BLOCK_DV=block_dv, N_R=n_r,
-                 num_warps=4)
+                 RING=ring, num_warps=4)
     _grouped_attention[(n_b, n_r)](
         q, k, v, pos, q if sinks is None else sinks, out, part, stat, S, scale, window, q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), out.stride(1), Dk, Dv, HAS_SINKS=sinks is not None,

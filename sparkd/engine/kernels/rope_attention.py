@@ -34,7 +34,8 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels import pdl
-from sparkd.engine.kernels.decode_attention import FOLD_RANGES, finish_ranges, shape_problem
+from sparkd.engine.kernels.decode_attention import (FOLD_RANGES, finish_ranges, range_program, ring_problem,
+                                                    shape_problem)
 from sparkd.engine.kernels.family import KernelArgumentError
 from sparkd.engine.kernels.matmul import tickets
 from sparkd.engine.kernels.rope_kv import problem as rope_problem
@@ -54,20 +55,30 @@ def _rope_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, q_norm_ptr, 
                     window, q_head_stride, k_head_stride, v_head_stride, kc_row_stride, kc_head_stride,
                     vc_row_stride, vc_head_stride, out_head_stride, DK, DV, HALF, GROUP: tl.constexpr,
                     NEOX: tl.constexpr, NORM: tl.constexpr, HAS_SINKS: tl.constexpr, KEYS: tl.constexpr,
-                    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr = False):
+                    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, FOLD: tl.constexpr, RING: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
     """Program (h, r): query head h over the cache rows [r KEYS, (r + 1) KEYS); a range holding no visible key
-    returns at once (no stats, no ticket)."""
+    returns at once (no stats, no ticket). RING: the span's rows are a ring (position p's row p % span), the keys
+    reach the position and program r runs range range_program(r, r0, ...), as decode_attention's."""
     pdl.start(PDL)  # first: pdl's rule
     h, r = tl.program_id(0), tl.program_id(1)
     kvh = h // GROUP
     pos = tl.load(pos_ptr).to(tl.int32)
-    hi = tl.minimum(pos + 1, span)  # keys [lo, hi) are visible
+    if RING:
+        hi = pos + 1  # keys [lo, hi) are visible
+    else:
+        hi = tl.minimum(pos + 1, span)
     lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
     r0, r1 = lo // KEYS, tl.cdiv(hi, KEYS)  # the ranges holding keys
+    if RING:
+        r = range_program(r, r0, tl.num_programs(1))
     if (r < r0) | (r >= r1):
         return
     rows = r * KEYS + tl.arange(0, KEYS)
     seen = (rows >= lo) & (rows < hi)
+    row = pos
+    if RING:
+        rows, row = rows % span, pos % span  # the positions' ring rows (seen stays the positions')
     dk, dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     k = tl.load(k_cache_ptr + kvh * kc_head_stride + rows[:, None].to(tl.int64) * kc_row_stride + dk[None, :],
                 mask=seen[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
@@ -80,12 +91,12 @@ def _rope_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, q_norm_ptr, 
     new_v = tl.load(v_ptr + kvh * v_head_stride + dv, mask=dv < DV, other=0.0)
     new_k = new_k.to(k_cache_ptr.dtype.element_ty)  # rounded to the cache rows' type, as the later steps read it
     new_v = new_v.to(v_cache_ptr.dtype.element_ty)
-    now = (rows == pos)[:, None]  # the new row stands in for the cache's, written or not yet
+    now = (rows == row)[:, None]  # the new row stands in for the cache's, written or not yet
     k = tl.where(now, new_k.to(tl.float32)[None, :], k)
     v = tl.where(now, new_v.to(tl.float32)[None, :], v)
     if (h % GROUP == 0) & (r == pos // KEYS):  # one writer a KV head: the rows the later steps read
-        tl.store(k_cache_ptr + pos.to(tl.int64) * kc_row_stride + kvh * kc_head_stride + dk, new_k, mask=dk < DK)
-        tl.store(v_cache_ptr + pos.to(tl.int64) * vc_row_stride + kvh * vc_head_stride + dv, new_v, mask=dv < DV)
+        tl.store(k_cache_ptr + row.to(tl.int64) * kc_row_stride + kvh * kc_head_stride + dk, new_k, mask=dk < DK)
+        tl.store(v_cache_ptr + row.to(tl.int64) * vc_row_stride + kvh * vc_head_stride + dv, new_v, mask=dv < DV)
     s = tl.where(seen, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))  # [KEYS]
     m0 = tl.full([], float("-inf"), tl.float32)
     t0 = tl.full([], 0.0, tl.float32)
@@ -103,13 +114,16 @@ def _rope_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, q_norm_ptr, 
 def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, neox: bool,
                    norms: tuple[torch.Tensor, torch.Tensor, float] | None, scale: float, window: int = 0,
-                   sinks: torch.Tensor | None = None) -> torch.Tensor:
+                   sinks: torch.Tensor | None = None, ring: int = 0) -> torch.Tensor:
     """q [1, H, Dk], k [1, Hkv, Dk], v [1, Hkv, Dv]: the token's projections, not yet normalised or rotated;
     cos, sin [C, n_rot/2] the tables of every position; pos [1] on the device (< S); k_cache [S, Hkv, Dk],
     v_cache [S, Hkv, Dv]: the cache rows attention reads (from row 0); norms (q weight [Dk], k weight [Dk], eps)
-    to RMS-normalise each head first. Writes rope(k) and v at row pos of the caches → [1, H, Dv] float32, as
-    decode_attention(rope_kv(q, k, v, ...), k_cache, v_cache, pos, scale, window, sinks)."""
-    bad = rope_problem(q, k, v, cos, sin, k_cache, v_cache, norms) or shape_problem(q, k_cache, v_cache, sinks, "1")
+    to RMS-normalise each head first; ring: S where the caches are a sliding window's ring (decode_attention's).
+    Writes rope(k) and v at row pos (pos % S) of the caches → [1, H, Dv] float32, as
+    decode_attention(rope_kv(q, k, v, ...), k_cache, v_cache, pos, scale, window, sinks, ring)."""
+    bad = (rope_problem(q, k, v, cos, sin, k_cache, v_cache, norms, ring)
+           or shape_problem(q, k_cache, v_cache, sinks, "1"))
+    bad = bad or ring_problem(ring, k_cache, window)
     if not bad and (pos.numel() != 1 or pos.dtype not in (torch.int32, torch.int64)):
         bad = "pos must be one integer position"
     if bad:
@@ -129,5 +143,5 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         tickets(H, q.device), S, scale, window, q.stride(1), k.stride(1), v.stride(1), k_cache.stride(0),
         k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(1), Dk, Dv, cos.shape[1],
         GROUP=H // Hkv, NEOX=neox, NORM=norms is not None, HAS_SINKS=sinks is not None, KEYS=keys,
-        BLOCK_DK=block_dk, BLOCK_DV=block_dv, FOLD=FOLD_RANGES, num_warps=4, **pdl.launch(q.device))
+        BLOCK_DK=block_dk, BLOCK_DV=block_dv, FOLD=FOLD_RANGES, RING=ring > 0, num_warps=4, **pdl.launch(q.device))
     return out

@@ -7,6 +7,7 @@ rotate k's heads and copy v's into the cache rows at pos. Rotated pairs are (i, 
 (NeoX) or (2i, 2i + 1); dims past n_rot are copied. Given the q and k norms' weights (qwen3's
 per-head RMSNorm before rope), each head is normalised first as kernels/rms_norm.py does it
 (float64 sum of squares, x * inv then * weight), so the two norm launches fold in here too.
+A sliding-window layer's cache is a ring (layers/kv_cache.py): with ring R, position pos's rows are row pos % R.
 """
 
 from __future__ import annotations
@@ -54,13 +55,15 @@ def _rope_kv(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, q_out_ptr, k_cache_
              q_norm_ptr, k_norm_ptr, eps,
              H, DK, DV, HALF, q_head_stride, k_head_stride, v_head_stride, q_out_head_stride,
              kc_row_stride, kc_head_stride, vc_row_stride, vc_head_stride,
-             NEOX: tl.constexpr, NORM: tl.constexpr, HAS_V: tl.constexpr, BLOCK_D: tl.constexpr,
-             BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False):
+             ring, NEOX: tl.constexpr, NORM: tl.constexpr, HAS_V: tl.constexpr, BLOCK_D: tl.constexpr,
+             BLOCK_DV: tl.constexpr, RING: tl.constexpr = False, PDL: tl.constexpr = False):
     pdl.start(PDL)  # first: pdl's rule
     i = tl.program_id(0)
     pos = tl.load(pos_ptr).to(tl.int64)
     cos_row = cos_ptr + pos * HALF
     sin_row = sin_ptr + pos * HALF
+    if RING:
+        pos = pos % ring  # the ring row the position's rows go to
     d = tl.arange(0, BLOCK_D)
     if i < H:
         tl.store(q_out_ptr + i * q_out_head_stride + d, roped_row(
@@ -79,13 +82,13 @@ def _rope_kv(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, q_out_ptr, k_cache_
 
 def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: torch.Tensor,
             sin: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None,
-            neox: bool, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+            neox: bool, norms: tuple[torch.Tensor, torch.Tensor, float] | None = None, ring: int = 0) -> torch.Tensor:
     """q [1, H, Dk], k [1, Hkv, Dk], v [1, Hkv, Dv] or None; cos, sin [C, n_rot/2] the tables of
     every position; pos [1] on the device; k_cache [C, Hkv, Dk], v_cache [C, Hkv, Dv] (contiguous
     rows, float32 or float16: the rows rounded as they are stored); norms (q weight [Dk], k weight
-    [Dk], eps) to RMS-normalise each head first. Writes rope(k) and v at row pos of the caches →
-    rope(q) as a new [1, H, Dk] tensor."""
-    _check(q, k, v, cos, sin, k_cache, v_cache, norms)
+    [Dk], eps) to RMS-normalise each head first; ring: the caches' rows R where they are a ring (0: none). Writes
+    rope(k) and v at row pos (pos % R) of the caches → rope(q) as a new [1, H, Dk] tensor."""
+    _check(q, k, v, cos, sin, k_cache, v_cache, norms, ring)
     _, H, Dk = q.shape
     Hkv, half = k.shape[1], cos.shape[1]
     Dv = 0 if v is None else v.shape[2]
@@ -95,19 +98,19 @@ def rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, cos: torch
     _rope_kv[(H + Hkv,)](
         q, k, k if v is None else v, cos, sin, pos, q_out, k_cache, k_cache if v_cache is None else v_cache,
         q_w, k_w, eps, H, Dk, Dv, half, q.stride(1), k.stride(1), vs[0], q_out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), vs[1], vs[2],
+        k_cache.stride(0), k_cache.stride(1), vs[1], vs[2], ring,
         NEOX=neox, NORM=norms is not None, HAS_V=v is not None, BLOCK_D=triton.next_power_of_2(Dk),
-        BLOCK_DV=triton.next_power_of_2(max(Dv, 1)), num_warps=1, **pdl.launch(q.device))
+        BLOCK_DV=triton.next_power_of_2(max(Dv, 1)), RING=ring > 0, num_warps=1, **pdl.launch(q.device))
     return q_out
 
 
-def _check(q, k, v, cos, sin, k_cache, v_cache, norms) -> None:
-    bad = problem(q, k, v, cos, sin, k_cache, v_cache, norms)
+def _check(q, k, v, cos, sin, k_cache, v_cache, norms, ring) -> None:
+    bad = problem(q, k, v, cos, sin, k_cache, v_cache, norms, ring)
     if bad:
         raise KernelArgumentError(f"could not run rope_kv on q {list(q.shape)}, k {list(k.shape)}: {bad}")
 
 
-def problem(q, k, v, cos, sin, k_cache, v_cache, norms) -> str | None:
+def problem(q, k, v, cos, sin, k_cache, v_cache, norms, ring: int = 0) -> str | None:
     """What is wrong with rope_kv's arguments (None: nothing); rope_attention's check too."""
     weights = () if norms is None else norms[:2]
     others = [t for t in (q, k, v, cos, sin, *weights) if t is not None]
@@ -121,6 +124,8 @@ def problem(q, k, v, cos, sin, k_cache, v_cache, norms) -> str | None:
         return "every tensor must be float32 (the caches float32 or float16) with a contiguous last dim"
     if cos.shape != sin.shape or 2 * cos.shape[1] > q.shape[2] or not cos.is_contiguous():
         return f"cos/sin {list(cos.shape)} must be contiguous [C, n_rot/2] with n_rot <= Dk"
+    if ring and (ring != k_cache.shape[0] or (v_cache is not None and v_cache.shape[0] != ring)):
+        return f"a ring of {ring} rows must be the caches' rows ({k_cache.shape[0]})"
     if k_cache.shape[1:] != k.shape[1:] or (v is not None and v_cache.shape[1:] != v.shape[1:]):
         return f"cache rows {list(k_cache.shape[1:])} must match the new rows"
     if any(w.shape != (q.shape[2],) for w in weights):

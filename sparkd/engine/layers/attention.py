@@ -27,25 +27,30 @@ from sparkd.engine.layers.rope import apply_rope
 from sparkd.engine.layers.rope import RopeConfig
 
 
-def hidden_keys(start: int | torch.Tensor, T: int, S: int, window: int, device: torch.device) -> torch.Tensor:
+def hidden_keys(start: int | torch.Tensor, T: int, S: int, window: int, device: torch.device,
+                key_pos: torch.Tensor | None = None) -> torch.Tensor:
     """[T, S] bool: True where a query (at start + t, or at start[t] on the device) may not read key s: a future
-    key, or one window or more behind it."""
+    key, or one window or more behind it. Key s is at position s, or key_pos[s] on the device (a ring's rows,
+    KVCache.ring_append: negative, none)."""
     pos_q = (start if isinstance(start, torch.Tensor) else torch.arange(start, start + T, device=device))[:, None]
-    pos_k = torch.arange(S, device=device)[None, :]
+    pos_k = (torch.arange(S, device=device) if key_pos is None else key_pos)[None, :]
     masked = pos_k > pos_q
+    if key_pos is not None:
+        masked |= pos_k < 0
     if window:
         masked |= (pos_q - pos_k) >= window
     return masked
 
 
 def forward_mask(masks: dict | None, visible: bool, start: int | torch.Tensor, T: int, S: int, window: int,
-                 device: torch.device) -> torch.Tensor:
+                 device: torch.device, key_pos: torch.Tensor | None = None) -> torch.Tensor:
     """hidden_keys (visible: its complement, SDPA's attn_mask), taken from masks (one forward's, KVCache.masks)
-    where a layer before made it: one [T, S] mask a forward and window, not one a layer (2 MB each at 1008 x 2048)."""
-    key = (visible, window, T, S)
+    where a layer before made it: one [T, S] mask a forward and window, not one a layer (2 MB each at 1008 x 2048).
+    (A host start is in the key: a ring layer's is its own, KVCache.ring_append.)"""
+    key = (visible, window, T, S, start if isinstance(start, int) else None, key_pos is not None)
     if masks is not None and key in masks:
         return masks[key]
-    hidden = hidden_keys(start, T, S, window, device)
+    hidden = hidden_keys(start, T, S, window, device, key_pos)
     mask = ~hidden if visible else hidden
     if masks is not None:
         masks[key] = mask
@@ -54,10 +59,11 @@ def forward_mask(masks: dict | None, visible: bool, start: int | torch.Tensor, T
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor,
            window: int = 0, sinks: torch.Tensor | None = None,
-           keep: torch.Tensor | None = None, masks: dict | None = None) -> torch.Tensor:
+           keep: torch.Tensor | None = None, masks: dict | None = None,
+           key_pos: torch.Tensor | None = None) -> torch.Tensor:
     """q: [T, H, Dk], k: [S, Hkv, Dk], v: [S, Hkv, Dv] with S = start + T → [T, H, Dv].
     start may instead be the queries' positions [T] on the device (static decode: S is a fixed
-    span and keys past a query's position are masked like future ones).
+    span and keys past a query's position are masked like future ones), and key_pos [S] the keys' (hidden_keys).
 
     keep: [T, S] bool, the only keys each query may read besides the causal mask (sparse attention).
     masks: the forward's masks the layers share (KVCache.masks; forward_mask), None: this call's own.
@@ -72,7 +78,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     else:  # (GQA keeps the repeats: the grouped einsums' other rounding moved a CPU oracle's greedy decode)
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,shd->hts", q, k) * scale
-    masked = forward_mask(masks, False, start, T, S, window, q.device)
+    masked = forward_mask(masks, False, start, T, S, window, q.device, key_pos)
     if keep is not None:
         masked = masked | ~keep
     scores = scores.masked_fill(masked, float("-inf"))
@@ -90,7 +96,7 @@ SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor = 0,
-                window: int = 0, masks: dict | None = None) -> torch.Tensor:
+                window: int = 0, masks: dict | None = None, key_pos: torch.Tensor | None = None) -> torch.Tensor:
     """attend without sinks or keep through torch's scaled_dot_product_attention (SDPA_BACKENDS): q [T, H, Dk],
     k [S, Hkv, Dk], v [S, Hkv, Dv] → [T, H, Dv]. start as attend's: a host start (S = start + T) or the queries'
     positions [T] on the device (a continued prompt graph: S a span, keys past a query's position masked). From
@@ -99,7 +105,8 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     bottom-right causal mask (no mask in memory, the key blocks past the diagonal skipped; CONTINUE_ATTENTION
     "sdpa-mask" takes the boolean one there); else a boolean [T, S] mask (key s visible to the query at p: s <= p
     and p - s < window). All three give the same bits for the same keys (H200, prefill31: 36 shapes; the GPU
-    test), so a continued graph that ends at its span keeps the eager continuation's bits. masks as attend's."""
+    test), so a continued graph that ends at its span keeps the eager continuation's bits. masks and key_pos as
+    attend's."""
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
     k = k.to(q.dtype).repeat_interleave(H // Hkv, dim=1)  # (float16 cache rows widened first: Hkv heads, not H)
@@ -114,7 +121,7 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
         mask = causal_lower_right(T, S)
     else:
-        mask = forward_mask(masks, True, start, T, S, window, q.device)
+        mask = forward_mask(masks, True, start, T, S, window, q.device, key_pos)
     with sdpa_kernel(SDPA_BACKENDS):
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                            attn_mask=mask, is_causal=causal, scale=scale)
@@ -206,17 +213,22 @@ class Attention(nn.Module):
         T = x.shape[0]
         if one and fused.active("rope_kv", x) and self._rope_kv_fits(q, k, v):
             q, k_all, v_all, start = self._rope_kv(q, k, v, pos, cache)
+            key_pos = cache.ring_keys(self.il, start) if cache.ring[self.il] else None
         else:
             q, k = self._qk_norms(q, k)
             cos, sin = cache.rope(self.rope, pos)
             q = apply_rope(q, cos, sin, self.rope.neox)
             k = apply_rope(k, cos, sin, self.rope.neox)
-            k_all, v_all, start = cache.append(self.il, pos, k, v)  # start: host int, or positions (static)
+            if cache.ring[self.il]:  # start: the ring's rows read, or positions (static) with the keys' (key_pos)
+                k_all, v_all, start, key_pos = cache.ring_append(self.il, pos, k, v)
+            else:
+                k_all, v_all, start = cache.append(self.il, pos, k, v)  # start: host int, or positions (static)
+                key_pos = None
         if one and fused.active("attention", x) and v_all is not None and q.dtype == torch.float32:
             from sparkd.engine.kernels.decode_attention import decode_attention
 
             k_all, v_all, dpos = cache.decode_rows(self.il, pos)
-            o = decode_attention(q, k_all, v_all, dpos, self.scale, self.window, self.sinks)
+            o = decode_attention(q, k_all, v_all, dpos, self.scale, self.window, self.sinks, ring=cache.ring[self.il])
         elif (T > 1 and PREFILL_ATTENTION == "kernel" and x.is_cuda and isinstance(start, int)
               and v_all is not None and q.dtype == torch.float32):
             from sparkd.engine.kernels.prefill_attention import prefill_attention
@@ -224,9 +236,10 @@ class Attention(nn.Module):
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
         elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and self.sinks is None and v_all is not None
               and (isinstance(start, int) and start == 0 or continue_sdpa(T)) and q.dtype == torch.float32):
-            o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window, cache.masks)
+            o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window, cache.masks, key_pos)
         else:
-            o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks, masks=cache.masks)  # [T, H, Dv]
+            o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks, masks=cache.masks,
+                       key_pos=key_pos)  # [T, H, Dv]
         return o
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -263,7 +276,8 @@ class Attention(nn.Module):
         q, k, norms = self._norms_folded(q, k)
         cos, sin = cache.rope_table(self.rope)
         k_all, v_all, dpos = cache.decode_rows(self.il, pos)
-        q = rope_kv(q, k, v, cos, sin, dpos, cache.k[self.il], cache.v[self.il], self.rope.neox, norms)
+        q = rope_kv(q, k, v, cos, sin, dpos, cache.k[self.il], cache.v[self.il], self.rope.neox, norms,
+                    ring=cache.ring[self.il])
         return q, k_all, v_all, dpos
 
     def _rope_attention(self, q, k, v, pos, cache):
@@ -274,7 +288,7 @@ class Attention(nn.Module):
         cos, sin = cache.rope_table(self.rope)
         k_all, v_all, dpos = cache.decode_rows(self.il, pos)
         return rope_attention(q, k, v, cos, sin, dpos, k_all, v_all, self.rope.neox, norms, self.scale,
-                              self.window, self.sinks)
+                              self.window, self.sinks, ring=cache.ring[self.il])
 
     def _norms_folded(self, q, k):
         """(q, k, norms): the q/k RMSNorms' (weights, eps) for a decode kernel to apply where both fold (float32

@@ -14,6 +14,15 @@ token, so one captured step replays for every position below span.
 An eager one-token step may use the static step's decode kernels too (`decode_rows`): its host
 position goes to the device once per step, and attention reads up to it (the kernels stop there).
 
+Sliding-window layers (gpt-oss, Gemma 3: `windows`) read only the last `window` positions, so such a layer's rows
+are a ring of window + RING_SLACK rows (when that is less than max_ctx): position p's row is ring row p % rows, as
+llama.cpp's SWA cache keeps n_swa + n_ubatch cells. Gemma 3 27B at 131072 positions: 62 -> 10.4 GB of f16 rows
+(52 of its 62 layers windowed at 1024). The decode kernels address the ring themselves (their RING argument); a
+prompt reads the ring's rows of its window then its own, and writes its last rows (`ring_append`). The slack past
+the window is what lets the cache go back (`rewind_limit`): a padded prompt graph writes its padding past the
+prompt, a pipelined decode step one row ahead, and a new request may keep a shorter prefix; none of those may
+overwrite a row a later query reads.
+
 The rows' type (`kv_dtype`, --kv-type): the keys and values of layers with values (GQA attention), and the
 latent rows of the layers a model names in `typed` (MLA's, session 31), may be float16, as llama.cpp's default
 cache: half the bytes to hold and, in the decode kernels, to read. A row is rounded once, when it is written;
@@ -31,6 +40,18 @@ from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.rope import RopeConfig, rope_cos_sin
 
 KV_TYPES = {"f32": torch.float32, "f16": torch.float16}  # --kv-type's choices besides "auto"
+# A windowed layer's ring holds RING_SLACK rows past its window; n_past may go back REWIND_ROWS of them. The rest
+# covers the rows written past n_past: a padded prompt graph's padding (less than a quarter of its bucket, so under
+# 256 rows up to prompt_graphs.PROMPT_LAST; tests/engine/test_swa_ring.py checks it) and a pipelined step's one row
+RING_SLACK = 1024
+REWIND_ROWS = 512
+
+
+def ring_rows(window: int, max_ctx: int) -> int:
+    """The rows of a layer's ring for a sliding window (0: no window, or a ring no smaller than the context: the
+    layer keeps a row per position)."""
+    rows = window + RING_SLACK
+    return rows if window > 0 and rows < max_ctx else 0
 
 
 def kv_type_name(choice: str, device: str | torch.device) -> str:
@@ -48,18 +69,20 @@ class KVCache:
                  side: dict[tuple[str, int], tuple[int, ...]] | None = None, device: torch.device | str = "cpu",
                  state_shapes: dict[int, list[tuple[int, ...]]] | None = None,
                  rope_tables: dict | None = None, kv_dtype: torch.dtype | None = None,
-                 typed: list[bool] | None = None):
+                 typed: list[bool] | None = None, windows: list[int] | None = None):
         # shapes[il] = (n_kv_heads, k_dim, v_dim); state_shapes[il] = shapes of a recurrent layer's state;
         # rope_tables: rope_table's tables shared with the model's other caches (Decoder.new_cache), read only;
         # kv_dtype: the rows of the typed layers (None: dtype); typed[il]: whether layer il's rows take it
-        # (None: the layers with values)
+        # (None: the layers with values); windows[il]: layer il's sliding window (0 or None: none), its rows a ring
         self.max_ctx = max_ctx
         self.device = torch.device(device)
         typed = typed or [dv > 0 for _, _, dv in shapes]
         row = [(kv_dtype or dtype) if t else dtype for t in typed]
-        self.k = [torch.zeros(max_ctx, h, dk, dtype=t, device=device) for (h, dk, _), t in zip(shapes, row)]
-        self.v = [torch.zeros(max_ctx, h, dv, dtype=t, device=device) if dv else None
-                  for (h, _, dv), t in zip(shapes, row)]
+        self.ring = [ring_rows(w, max_ctx) if dv else 0 for w, (_, _, dv) in zip(windows or [0] * len(shapes), shapes)]
+        n = [r or max_ctx for r in self.ring]
+        self.k = [torch.zeros(c, h, dk, dtype=t, device=device) for c, (h, dk, _), t in zip(n, shapes, row)]
+        self.v = [torch.zeros(c, h, dv, dtype=t, device=device) if dv else None
+                  for c, (h, _, dv), t in zip(n, shapes, row)]
         self.side = {key: torch.zeros(max_ctx, *row, dtype=dtype, device=device) for key, row in (side or {}).items()}
         self.scratch: dict[str, torch.Tensor | None] = {}  # handed from layer to layer in one forward pass
         self.masks: dict | None = None  # a forward's attention masks (attention.forward_mask), set by Decoder.run
@@ -72,10 +95,13 @@ class KVCache:
         self._step_at = -1  # the position it holds
 
     @property
-    def rewindable(self) -> bool:
-        """Whether n_past may go back to any shorter prefix (the rows past it are then rewritten
-        before they are read); recurrent state holds every position folded in and cannot."""
-        return not self.state
+    def rewind_limit(self) -> int | None:
+        """How many positions n_past may go back (the rows past it are then rewritten before they are read): any
+        (None), REWIND_ROWS where a layer's rows are a ring (older rows are gone), none (0) with recurrent state,
+        which holds every position folded in."""
+        if self.state:
+            return 0
+        return REWIND_ROWS if any(self.ring) else None
 
     @contextmanager
     def state_kept(self):
@@ -100,12 +126,14 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.position_rows() + self.sequence_state())
 
     def position_rows(self) -> list[torch.Tensor]:
-        """The tensors whose row p is position p's: K, V, side rows."""
-        return [t for t in self.k + self.v + list(self.side.values()) if t is not None]
+        """The tensors whose row p is position p's: K, V (but rings), side rows."""
+        return [t for t, r in zip(self.k + self.v, self.ring * 2) if t is not None and not r] + list(self.side.values())
 
     def sequence_state(self) -> list[torch.Tensor]:
-        """The state of the whole sequence so far (recurrent layers'): that of position n_past only."""
-        return [t for ts in self.state.values() for t in ts]
+        """The state of the whole sequence so far (recurrent layers', the rings' rows): that of position n_past
+        only (a ring's: of the positions within rewind_limit of it too)."""
+        rings = [t for t, r in zip(self.k + self.v, self.ring * 2) if t is not None and r]
+        return [t for ts in self.state.values() for t in ts] + rings
 
     def prefix_state(self, n: int) -> list[torch.Tensor]:
         """The part of the sequence state that positions [0, n) need: here all of it."""
@@ -152,12 +180,48 @@ class KVCache:
         v_all = None if self.v[il] is None else self.v[il][:self.span]
         return self.k[il][:self.span], v_all, pos
 
+    def ring_append(self, il: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """append for a ring layer → (keys, values, start, key positions): the rows a step's queries at positions
+        pos [T] read, the ring's then the step's own (rounded to the rows' type), and the step's last rows (at
+        most the ring's) written into their ring rows after. Eagerly (a host start) the ring's rows of the
+        window before start, in order: rows [0, L + T) are positions [start - L, start + T), start = L, key
+        positions None (attend's layout). In static decode every ring row, start = pos (the device positions) and
+        key positions [R + T] on the device: ring row s holds the last position before pos[0] that is s modulo R
+        (negative: none yet), given what rewind_limit allows."""
+        R, T = self.ring[il], k.shape[0]
+        ring_k, ring_v = self.k[il], self.v[il]
+        k, v = k.to(ring_k.dtype), v.to(ring_v.dtype)
+        if self.span is None:
+            start = int(pos[0])
+            self._end(start, T)  # past the context: the clear error
+            n = min(start, self.window_rows(il))
+            held = torch.arange(start - n, start, device=ring_k.device) % R
+            keys, values = torch.cat([ring_k[held], k]), torch.cat([ring_v[held], v])
+            own, start, key_pos = torch.arange(start, start + T, device=ring_k.device), n, None
+        else:
+            key_pos = torch.cat([self.ring_keys(il, pos[:1] - 1), pos])
+            keys, values, own, start = torch.cat([ring_k, k]), torch.cat([ring_v, v]), pos, pos
+        m = min(T, R)
+        ring_k.index_copy_(0, own[-m:] % R, k[-m:])
+        ring_v.index_copy_(0, own[-m:] % R, v[-m:])
+        return keys, values, start, key_pos
+
+    def ring_keys(self, il: int, last: torch.Tensor) -> torch.Tensor:
+        """The positions [R] of ring layer il's rows with position last [1] (on the device) the last written: row s
+        the last one up to it that is s modulo R (negative: none yet), given what rewind_limit allows."""
+        R = self.ring[il]
+        return last - (last - torch.arange(R, device=last.device)) % R
+
+    def window_rows(self, il: int) -> int:
+        """The ring rows a query reads at most besides its own: the window's (its layer's ring less the slack)."""
+        return self.ring[il] - RING_SLACK - 1
+
     def decode_rows(self, il: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """A one-token step's (keys, values, position [1] on the device) for the decode kernels:
         rows [0, span) and pos itself in static decode; every row of an eager step (the kernels
         read rows up to the position only; a fixed length keeps Triton from specializing the
         kernel anew as the length crosses multiples of 16), its host position written to one
-        device tensor by the step's first layer."""
+        device tensor by the step's first layer. A ring layer's: its every ring row (the kernels' RING)."""
         if self.span is not None:
             end = self.span
         else:

@@ -116,7 +116,8 @@ class Decoder(nn.Module):
         kv_typed names, GQA's K/V and MLA's latent (None: float32; layers/kv_cache.py)."""
         return KVCache(max_ctx or self.cfg.n_ctx_train, self.kv_shapes, side=self.side_shapes,
                        device=self.tok_embd.device, state_shapes=self.state_shapes, rope_tables=self.rope_tables,
-                       kv_dtype=kv_dtype, typed=self.kv_typed)
+                       kv_dtype=kv_dtype, typed=self.kv_typed,
+                       windows=[getattr(b.attn, "window", 0) for b in self.blocks])
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, last: bool = False) -> torch.Tensor:

@@ -182,8 +182,8 @@ class DSV4Cache(KVCache):
         return self.windows[il]
 
     @property
-    def rewindable(self) -> bool:
-        return False  # a compressor ring holds the latest positions' rows, not those of a shorter prefix
+    def rewind_limit(self) -> int:
+        return 0  # a compressor ring holds the latest positions' rows, not those of a shorter prefix
 
     def reset(self) -> None:
         super().reset()

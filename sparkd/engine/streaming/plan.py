@@ -22,7 +22,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from sparkd.engine.errors import EngineError
 from sparkd.engine.gguf_file import GGUFModel
-from sparkd.engine.layers.kv_cache import KV_TYPES
+from sparkd.engine.layers.kv_cache import KV_TYPES, ring_rows
 from sparkd.engine.layers.qlinear import CHUNK_VALUES
 from sparkd.engine.models.config import ModelConfig
 from sparkd.engine.models.staging import staging_buffer_bytes
@@ -322,10 +322,10 @@ def kv_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
         return own(cfg, ctx, kv_type)
     side = cfg.extra.get("side_cache_floats_per_pos", 0) * F32_BYTES  # e.g. glm-dsa's indexer keys, all layers
     if cfg.kv_lora_rank:  # MLA caches the latent plus the rope key, no values
-        per_pos = (cfg.kv_lora_rank + cfg.rope.n_rot) * KV_TYPES[kv_type].itemsize
-    else:
-        per_pos = cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) * KV_TYPES[kv_type].itemsize
-    return (cfg.n_layer * per_pos + side) * ctx
+        return ((cfg.kv_lora_rank + cfg.rope.n_rot) * KV_TYPES[kv_type].itemsize * cfg.n_layer + side) * ctx
+    per_pos = cfg.n_head_kv * (cfg.head_dim_k + cfg.head_dim_v) * KV_TYPES[kv_type].itemsize
+    rows = sum(ring_rows(cfg.n_swa if cfg.is_swa_layer(il) else 0, ctx) or ctx for il in range(cfg.n_layer))
+    return per_pos * rows + side * ctx  # a sliding-window layer's rows are a ring (KVCache.ring)
 
 
 def cache_kv_type(cfg: ModelConfig, kv_type: str) -> str:
