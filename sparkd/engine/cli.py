@@ -178,7 +178,7 @@ def cmd_generate(a) -> int:
         t2 = time.perf_counter()
         res = {"text": tok.decode(out), "tokens": out, "prompt_tokens": len(ids),
                "prompt_tok_s": len(ids) / (t1 - t0), "decode_tok_s": len(out) / (t2 - t1) if out else 0.0,
-               "kv_type": kv_type, "decode_step": _step_kind(step)}
+               "kv_type": kv_type, "cache_bytes": cache.nbytes, "decode_step": _step_kind(step)}
         if feed is not None:
             res["feed"] = {"path": a.feed_tokens, "listed": len(feed), "fed": len(out), "agreed": agreed,
                            "stopped": _feed_stop(eog, len(out), len(feed), a.n)}

@@ -205,6 +205,7 @@ def test_generate_reports_the_kv_type_and_refuses_bad_ones(tiny_models):
         assert r.returncode == 0, r.stderr
     got = {t: json.loads(r.stdout.splitlines()[-1]) for t, r in runs.items()}
     assert got["f16"]["kv_type"] == "f16" and got["auto"]["kv_type"] == "f32"
+    assert 2 * got["f16"]["cache_bytes"] == got["auto"]["cache_bytes"] > 0  # qwen3moe: K/V rows only
     assert len(got["f16"]["tokens"]) == 3
     assert got["auto"]["decode_step"] == "eager"  # the CPU: no graphs
     bad = generate("--kv-type", "q8")
