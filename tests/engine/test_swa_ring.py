@@ -28,7 +28,7 @@ from sparkd.engine.layers.rope import RopeConfig, rope_cos_sin  # noqa: E402
 from sparkd.engine.make_model import plan, write_model  # noqa: E402
 from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.models import load_model  # noqa: E402
-from sparkd.engine.prompt_graphs import PROMPT_LAST, prompt_bucket  # noqa: E402
+from sparkd.engine.prompt_graphs import PROMPT_LAST, PromptForward, prompt_bucket  # noqa: E402
 from sparkd.engine.runtime import Engine, GenerationRequest  # noqa: E402
 from sparkd.engine.sampler import SamplingParams  # noqa: E402
 from sparkd.engine.streaming.plan import kv_bytes  # noqa: E402
@@ -155,6 +155,39 @@ def test_the_rings_logits_are_a_row_per_positions(paths, arch, device, steps, mo
             want, _ = run_model(m.net, True, "eager")
     finally:
         m.close()
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 1e-5, err
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_padded_prompts_write_the_rings_a_graph_would(paths, arch, monkeypatch):
+    """The forwards prompt graphs replay ("padded", run eagerly: what a capture records), from an empty cache (host
+    positions) and continuing it (device positions, every ring row read by its position), the padding's rows
+    written into the ring past the prompt: the last prompt token's logits and the decode steps after are those
+    of the eager forwards over a row per position."""
+    m = load_model(paths[arch])
+    parts = [PROMPT[:700], PROMPT[700:1090]]  # 700 in the 704 bucket; 390 at 700 in the 416 bucket, span 2048
+    try:
+        got = []
+        cache = m.net.new_cache(CTX)
+        prompt = PromptForward(m.net, cache, mode="padded", largest=1024, rule="always")
+        assert any(cache.ring) and all(prompt.bucket(len(p), start=s) for p, s in zip(parts, (0, 700)))
+        for p in parts:
+            got.append(prompt(torch.tensor(p), last=True))
+        step = StaticDecode(m.net, cache, graphs=False, first_bucket=64)
+        for _ in range(8):
+            got.append(step(int(got[-1][-1].argmax()))[-1:])
+        with monkeypatch.context() as patch:
+            patch.setattr(kv_cache, "RING_SLACK", 1 << 30)
+            want, rows = [], m.net.new_cache(CTX)
+            for p in parts:
+                want.append(m.net(torch.tensor(p), rows, last=True))
+            for _ in range(8):
+                want.append(m.net(torch.tensor([int(want[-1][-1].argmax())]), rows))
+    finally:
+        m.close()
+    got, want = torch.cat(got), torch.cat(want)
     err = ((got - want).norm() / want.norm()).item()
     assert err < 1e-5, err
     assert torch.equal(got.argmax(-1), want.argmax(-1))

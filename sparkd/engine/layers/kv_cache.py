@@ -16,7 +16,7 @@ position goes to the device once per step, and attention reads up to it (the ker
 
 Sliding-window layers (gpt-oss, Gemma 3: `windows`) read only the last `window` positions, so such a layer's rows
 are a ring of window + RING_SLACK rows (when that is less than max_ctx): position p's row is ring row p % rows, as
-llama.cpp's SWA cache keeps n_swa + n_ubatch cells. Gemma 3 27B at 131072 positions: 62 -> 10.4 GB of f16 rows
+llama.cpp's SWA cache keeps n_swa + n_ubatch cells. Gemma 3 27B at 131072 positions: 66.6 -> 11.6 GB of f16 rows
 (52 of its 62 layers windowed at 1024). The decode kernels address the ring themselves (their RING argument); a
 prompt reads the ring's rows of its window then its own, and writes its last rows (`ring_append`). The slack past
 the window is what lets the cache go back (`rewind_limit`): a padded prompt graph writes its padding past the
