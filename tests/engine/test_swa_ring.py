@@ -241,3 +241,32 @@ def test_a_request_goes_back_at_most_the_rewind_limit(paths, device):
     finally:
         for e in engines:
             e.close()
+
+
+def test_stored_conversations_continue_over_rings(paths):
+    """The prompt store copies a conversation's rings whole with its rows (KVCache.sequence_state): two
+    conversations taking turns each continue their own; a prompt diverging inside a stored one continues it
+    within REWIND_ROWS of its end, not further back; every request gives the tokens a fresh cache gives."""
+    greedy = SamplingParams(temperature=0.0)
+    on, off = (Engine(paths["gpt-oss"], ctx=CTX, threads=1, resident=True, prompt_cache=p) for p in (True, False))
+    try:
+        on.load(), off.load()
+
+        def run(ids):
+            req = GenerationRequest(list(ids), 4, greedy)
+            got = list(on.generate(req, threading.Event()))
+            assert got == list(off.generate(GenerationRequest(list(ids), 4, greedy), threading.Event())), len(ids)
+            return got, req.cached_tokens
+
+        a, b = PROMPT[:600], PROMPT[500:1100]
+        reply_a, _ = run(a)
+        reply_b, cached = run(b)
+        assert cached == 0
+        _, cached = run(a + reply_a + [5])  # a's rows and rings back from the store
+        assert cached == len(a) + len(reply_a) and on.prompt_store_stats()["restores"] == 1
+        _, cached = run(b[:300] + [9])  # inside b (stored): 304 back from its end
+        assert cached == 300 and on.prompt_store_stats()["restores"] == 2
+        _, cached = run(a[:50] + [9])  # inside a (stored again, 609 long): further back than the limit
+        assert cached == 0 and on.prompt_store_stats()["restores"] == 2
+    finally:
+        on.close(), off.close()
