@@ -78,7 +78,8 @@ class KVCache:
         self.device = torch.device(device)
         typed = typed or [dv > 0 for _, _, dv in shapes]
         row = [(kv_dtype or dtype) if t else dtype for t in typed]
-        self.ring = [ring_rows(w, max_ctx) if dv else 0 for w, (_, _, dv) in zip(windows or [0] * len(shapes), shapes)]
+        self.windows = windows or [0] * len(shapes)
+        self.ring = [ring_rows(w, max_ctx) if dv else 0 for w, (_, _, dv) in zip(self.windows, shapes)]
         n = [r or max_ctx for r in self.ring]
         self.k = [torch.zeros(c, h, dk, dtype=t, device=device) for c, (h, dk, _), t in zip(n, shapes, row)]
         self.v = [torch.zeros(c, h, dv, dtype=t, device=device) if dv else None
@@ -194,7 +195,7 @@ class KVCache:
         if self.span is None:
             start = int(pos[0])
             self._end(start, T)  # past the context: the clear error
-            n = min(start, self.window_rows(il))
+            n = min(start, self.windows[il] - 1)  # the rows before start the window holds
             held = torch.arange(start - n, start, device=ring_k.device) % R
             keys, values = torch.cat([ring_k[held], k]), torch.cat([ring_v[held], v])
             own, start, key_pos = torch.arange(start, start + T, device=ring_k.device), n, None
@@ -211,10 +212,6 @@ class KVCache:
         the last one up to it that is s modulo R (negative: none yet), given what rewind_limit allows."""
         R = self.ring[il]
         return last - (last - torch.arange(R, device=last.device)) % R
-
-    def window_rows(self, il: int) -> int:
-        """The ring rows a query reads at most besides its own: the window's (its layer's ring less the slack)."""
-        return self.ring[il] - RING_SLACK - 1
 
     def decode_rows(self, il: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """A one-token step's (keys, values, position [1] on the device) for the decode kernels:
