@@ -140,8 +140,8 @@ def _decode_attention(q_ptr, k_ptr, v_ptr, pos_ptr, sink_ptr, out_ptr, part_ptr,
     keys in order (where they are depends on the position only, not on the span: an eager step over
     the whole cache and a static one over a bucket add the same ranges the same way). FOLD > 0: only
     the ranges holding keys run (the others return at once), one such range stores the result itself,
-    and the fold loads FOLD ranges at a time (_fold_ranges); FOLD 0: step26's fold. RING (FOLD > 0): the span's
-    rows are a ring (position p's row p % span), the keys reach the position and program r runs range
+    and the fold loads FOLD ranges at a time (_fold_ranges); FOLD 0: step26's fold. RING (RANGE 0 or FOLD > 0): the
+    span's rows are a ring (position p's row p % span), the keys reach the position and program r runs range
     range_program(r, r0, ...): the ranges of a cache of a row per position, the same bits."""
     pdl.start(PDL)  # first: pdl's rule
     h = tl.program_id(0)
@@ -252,7 +252,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     """q [1, H, Dk] float32, k [S, Hkv, Dk], v [S, Hkv, Dv] (views of the cache, float32 or float16; last dims
     contiguous), pos [1] the query's position on the device (< S) → [1, H, Dv] float32, as
     attend(q, k, v, scale, pos, window, sinks). ring: S where the rows are a sliding window's ring (layers/kv_cache:
-    position p's row p % S, any position; under "serial", "auto"'s fold: step26's takes every range by its index)."""
+    position p's row p % S, any position); a ring takes "auto"'s fold where "serial" is asked (step26's fold takes
+    every range of the span by its index)."""
     _check(q, k, v, pos, sinks)
     if bad := ring_problem(ring, k, window):
         raise KernelArgumentError(f"could not run decode_attention over a ring of {ring} rows: {bad}")
