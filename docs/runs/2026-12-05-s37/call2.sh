@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 37, call 2 (carry [".whl", ".cache"], .cache/old = 136ed8a: session 35's last tree). call1.sh was refused
+# Session 37, call 2 (carry [".whl", ".cache"], .cache/old = 136ed8a: session 35's last tree). Call 1 was refused
 # (no machine); this is it plus the sliding-window rings (5878db7): their GPU tests and the attention kernels' (the
 # RING constexpr must leave the rows-per-position paths as they were), the F16 / BF16 tests at their default tile,
 # then generate old tree vs new on a 4-layer gpt-oss-20b-shaped F16 file (the old tree: F16 weights as f32, a row
