@@ -82,7 +82,8 @@ def test_the_plan_counts_the_rule_in_its_workspace(k3, batch):
                       device=device)
         want = kda.rule_peak_bytes(batch, H, D, D, device is H200)
         assert p.prompt_rule_bytes == p.as_dict()["prompt_rule_bytes"] == want > 0
-        assert p.workspace_bytes == workspace_bytes(dataclasses.replace(cfg, arch="qwen3moe"), 256, batch) + want
+        generic = workspace_bytes(dataclasses.replace(cfg, arch="qwen3moe"), 256, batch, cuda=device is H200)
+        assert p.workspace_bytes == generic + want
     wide = dataclasses.replace(cfg, n_head=2 * H)
     assert kimi_k3.prompt_rule_bytes(wide, batch, True) == kda.rule_peak_bytes(batch, 2 * H, D, D, True)
     no_kda = dataclasses.replace(cfg, extra=cfg.extra | {"kda_layers": (False,) * cfg.n_layer})

@@ -4,7 +4,8 @@
 # RING constexpr must leave the rows-per-position paths as they were), the F16 / BF16 tests at their default tile,
 # then generate old tree vs new on a 4-layer gpt-oss-20b-shaped F16 file (the old tree: F16 weights as f32, a row
 # per position in the 12 windowed layers... of 4 here: 2) and the 5-layer DeepSeek V4 Flash Q4_K, 8- and 2000-token
-# prompts, and an 8000-token gpt-oss prompt (the rings at 4x their rows). Results: $OUT/res.tgz, $OUT/log.txt.
+# prompts, and an 8000-token gpt-oss prompt (the rings at 4x their rows); the plan's attention workspace (session 37's
+# count of the keys widened per head) against CUDA's peak allocation. Results: $OUT/res.tgz, $OUT/log.txt.
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2> /dev/null
@@ -25,6 +26,7 @@ t() {  # tag timeout files/args...
   log "tests $tag: $(tail -n 2 $R/tests_$tag.txt | tr '\n' ' ')"
 }
 t ring 150 tests/engine/test_swa_ring.py
+t mem 120 tests/engine/test_attention_memory.py
 t attn 150 tests/engine/test_rope_attention.py tests/engine/test_decode_kernels.py tests/engine/test_fused_kernels.py
 t half 120 tests/engine/test_kernels.py tests/engine/test_kernel_engine.py tests/engine/streaming/test_vram_cache.py \
   -k "F16 or half or 16_bit or embedding or trunk"

@@ -76,7 +76,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
         k, v = k[:, 0], v[:, 0]
         scores = torch.einsum("thd,sd->hts", q, k) * scale  # [H, T, S]
     else:  # (GQA keeps the repeats: the grouped einsums' other rounding moved a CPU oracle's greedy decode)
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        if group > 1:  # (one query head a KV head: the rows as they are, no copy)
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,shd->hts", q, k) * scale
     masked = forward_mask(masks, False, start, T, S, window, q.device, key_pos)
     if keep is not None:
@@ -109,8 +110,9 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     attend's."""
     T, H, _ = q.shape
     S, Hkv, _ = k.shape
-    k = k.to(q.dtype).repeat_interleave(H // Hkv, dim=1)  # (float16 cache rows widened first: Hkv heads, not H)
-    v = v.to(q.dtype).repeat_interleave(H // Hkv, dim=1)
+    group = H // Hkv  # (one query head a KV head, MLA's expanded heads: the rows as they are, no copy)
+    k = k.to(q.dtype).repeat_interleave(group, dim=1) if group > 1 else k.to(q.dtype)  # (float16 rows widened first)
+    v = v.to(q.dtype).repeat_interleave(group, dim=1) if group > 1 else v.to(q.dtype)
     host = isinstance(start, int) and not window
     causal = host and start == 0
     if causal:

@@ -346,16 +346,34 @@ def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
     return own(cfg, batch_tokens, cuda) if own is not None else 0
 
 
+def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> int:
+    """A prompt chunk of T tokens' largest attention transient in one layer at up to ctx positions, in floats:
+    scores, mask and probabilities over every position (attend's [H, T, ctx]), and the keys and values widened to
+    each query head: GQA's float16 rows widened to float32 ([ctx, Hkv, D] twice), repeated per query head for attend
+    and SDPA, and the einsums' or SDPA's copies of those (4 [ctx, H, D] at most; session 37: at 3000 positions a
+    chunk of 8 held 1.3-1.5x what the scores alone counted); MLA's per-head keys and values a CUDA prompt of
+    MHA_ROWS tokens or more expands from the latent rows (layers/mla.py), with SDPA's copies.
+    tests/engine/test_attention_memory.py measures every tensor a forward makes against this."""
+    from sparkd.engine.layers.mla import MHA_ROWS  # here: layers.mla is the model code's, not the plan's import
+
+    H = cfg.n_head
+    if cfg.kv_lora_rank:  # MLA: MQA over the latent rows (no copies), or the expanded heads
+        widened = 2 * ctx * H * (cfg.head_dim_k_mla + cfg.head_dim_v) if cuda and T >= MHA_ROWS else 0
+    else:
+        widened = (4 * H + 2 * cfg.n_head_kv) * ctx * max(cfg.head_dim_k, cfg.head_dim_v)
+    return 3 * H * T * ctx + widened
+
+
 def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int, cuda: bool = False) -> int:
     """Peak transient tensors of one forward pass over batch_tokens (f32), with 50 % slack, plus a prompt's
-    recurrent rule (prompt_rule_bytes; on cuda where the model runs there). The attention's: scores, mask and
-    probabilities over every position, or what an architecture module counts (attention_floats(cfg, ctx, T):
-    DeepSeek V4, session 36, whose scores span a window and its compressed entries)."""
+    recurrent rule (prompt_rule_bytes; on cuda where the model runs there). The attention's: attention_floats, or
+    what an architecture module counts (attention_floats(cfg, ctx, T): DeepSeek V4, session 36, whose scores span a
+    window and its compressed entries)."""
     from sparkd.engine.models import arch_module  # here: models imports this module's regex
 
     T, D, A = batch_tokens, cfg.n_embd, max(1, cfg.n_expert_used)
     own = getattr(arch_module(cfg.arch), "attention_floats", None)
-    scores = own(cfg, ctx, T) if own is not None else 3 * cfg.n_head * T * ctx  # scores, mask, probabilities
+    scores = own(cfg, ctx, T) if own is not None else attention_floats(cfg, ctx, T, cuda)
     heads = cfg.n_head * max(cfg.head_dim_k, cfg.head_dim_k_mla, 1)
     dense = 3 * T * cfg.n_ff if cfg.n_layer_dense_lead or not cfg.is_moe else 0  # gate, up, activation
     moe = 3 * T * cfg.n_ff_exp + T * A * D + 3 * cfg.n_ff_exp * D  # one expert's g/u/act, outputs, weights
