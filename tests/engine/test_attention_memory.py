@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from live_bytes import LiveBytes
+from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
-from sparkd.engine.models import load_model
+from sparkd.engine.models import config_of, load_model
 from sparkd.engine.streaming.plan import attention_floats, workspace_bytes
 
 ARCHS = ["qwen3moe", "gpt-oss", "gemma3", "llama", "glm4moe", "deepseek2", "glm-dsa", "kimi-k3"]
@@ -67,3 +68,17 @@ def test_the_keys_widened_to_each_head_are_counted(paths):
     widened = attention_floats(cfg, 3008, 8) - 3 * cfg.n_head * 8 * 3008
     assert widened > 0
     assert workspace_bytes(cfg, 3008, 8) - int(widened * 4 * 1.5) < peak <= workspace_bytes(cfg, 3008, 8)
+
+
+def test_what_every_chunk_holds_does_not_shrink_the_chunks(paths):
+    """default_batch_tokens leaves GQA's repeated keys (repeated_floats: held by a chunk of any size at that context)
+    out of the share it fits the chunk's workspace into: a budget whose share holds a 64-token chunk's workspace less
+    them gives 64-token chunks, though the whole workspace is over the share."""
+    from sparkd.engine.streaming.plan import F32_BYTES, WORKSPACE_SHARE, default_batch_tokens, repeated_floats
+
+    with GGUFModel.open(paths["qwen3moe"]) as g:
+        cfg, ctx = config_of(g), 4096
+    fixed = int(repeated_floats(cfg, ctx) * F32_BYTES * 1.5)
+    budget = int((workspace_bytes(cfg, ctx, 64) - fixed) / WORKSPACE_SHARE) + 1
+    assert workspace_bytes(cfg, ctx, 64) > budget * WORKSPACE_SHARE
+    assert default_batch_tokens(cfg, ctx, budget) == 64

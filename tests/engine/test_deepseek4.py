@@ -129,9 +129,8 @@ def test_a_prompt_chunk_holds_at_most_what_the_plan_counts(path, P, T):
 
 def test_long_prompts_run_in_larger_chunks(tmp_path):
     """DeepSeek V4 Flash at 64k positions on a 100 GiB budget: the workspace rule for other models (scores over every
-    position, and since session 37 the keys widened to each of 64 heads of 512) cut a prompt into chunks of 16 tokens
-    (32 before session 37's count); attention_floats's count (the indexer's scores over every CSA entry the largest)
-    allows 256, each chunk reading its experts once."""
+    position) cut a prompt into chunks of 32 tokens; attention_floats's count (the indexer's scores over every CSA
+    entry the largest) allows 256: an eighth of the chunks, each reading its experts once."""
     import dataclasses
     from sparkd.engine.streaming import plan as memory_plan
 
@@ -143,7 +142,7 @@ def test_long_prompts_run_in_larger_chunks(tmp_path):
     budget = 100 << 30
     assert memory_plan.default_batch_tokens(cfg, 65536, budget) == 256
     generic = dataclasses.replace(cfg, arch="deepseek2")  # an architecture without the count
-    assert memory_plan.default_batch_tokens(generic, 65536, budget) == 16
+    assert memory_plan.default_batch_tokens(generic, 65536, budget) == 32
 
 
 def _metadata(path) -> dict:

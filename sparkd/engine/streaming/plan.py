@@ -357,11 +357,17 @@ def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> 
     from sparkd.engine.layers.mla import MHA_ROWS  # here: layers.mla is the model code's, not the plan's import
 
     H = cfg.n_head
-    if cfg.kv_lora_rank:  # MLA: MQA over the latent rows (no copies), or the expanded heads
-        widened = 2 * ctx * H * (cfg.head_dim_k_mla + cfg.head_dim_v) if cuda and T >= MHA_ROWS else 0
-    else:
-        widened = (4 * H + 2 * cfg.n_head_kv) * ctx * max(cfg.head_dim_k, cfg.head_dim_v)
-    return 3 * H * T * ctx + widened
+    # MLA: MQA over the latent rows (no copies), or the expanded heads
+    expanded = 2 * ctx * H * (cfg.head_dim_k_mla + cfg.head_dim_v) if cfg.kv_lora_rank and cuda and T >= MHA_ROWS else 0
+    return 3 * H * T * ctx + expanded + repeated_floats(cfg, ctx)
+
+
+def repeated_floats(cfg: ModelConfig, ctx: int) -> int:
+    """GQA's part of attention_floats that any prompt chunk at ctx positions holds, whatever its tokens: the f16 rows
+    widened ([ctx, Hkv, D] twice) and repeated per query head with the copies of those (4 [ctx, H, D])."""
+    if cfg.kv_lora_rank:
+        return 0
+    return (4 * cfg.n_head + 2 * cfg.n_head_kv) * ctx * max(cfg.head_dim_k, cfg.head_dim_v)
 
 
 def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int, cuda: bool = False) -> int:
@@ -387,9 +393,14 @@ def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int, cuda: bool = 
 def default_batch_tokens(cfg: ModelConfig, ctx: int, budget_bytes: int, cuda: bool = False) -> int:
     """The largest prompt chunk (512 down to 16 tokens, at most ctx) whose workspace takes at most
     WORKSPACE_SHARE of the budget: decode needs one token, and a 512-token workspace (1.7 GiB on
-    the GPU box's 8 GiB budget) would starve the expert cache; prefill then runs in chunks."""
+    the GPU box's 8 GiB budget) would starve the expert cache; prefill then runs in chunks. What every chunk at ctx
+    holds whatever its size (repeated_floats) is left out of the share: a smaller chunk would not save it."""
+    from sparkd.engine.models import arch_module  # here: models imports this module's regex
+
     tokens = min(ctx, 512)
-    while tokens > 16 and workspace_bytes(cfg, ctx, tokens, cuda) > budget_bytes * WORKSPACE_SHARE:
+    own = getattr(arch_module(cfg.arch), "attention_floats", None)
+    fixed = 0 if own is not None else int(repeated_floats(cfg, ctx) * F32_BYTES * 1.5)  # no chunk size trades it
+    while tokens > 16 and workspace_bytes(cfg, ctx, tokens, cuda) - fixed > budget_bytes * WORKSPACE_SHARE:
         tokens //= 2
     return tokens
 
