@@ -160,6 +160,38 @@ def test_the_rings_logits_are_a_row_per_positions(paths, arch, device, steps, mo
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_bucket_shorter_than_the_ring_reads_the_whole_ring(paths, device, monkeypatch):
+    """A static step's bucket (64 rows) shorter than the ring (1028): the decode kernels get every ring row
+    (decode_rows), not the bucket's first rows (on the H200 the 256-1024 buckets of a 4-layer gpt-oss were refused
+    by the kernels' ring check and ran eagerly). On CUDA the graphed steps after a 40-token prompt give the tokens and,
+    within float32 rounding, the logits of the cache of a row per position."""
+    m = load_model(paths["gpt-oss"], device=device)
+    try:
+        got = {}
+        for rows in (False, True):
+            with monkeypatch.context() as patch:
+                if rows:
+                    patch.setattr(kv_cache, "RING_SLACK", 1 << 30)
+                cache = m.net.new_cache(CTX)
+                il = next(i for i, w in enumerate(cache.windows) if w)
+                assert bool(cache.ring[il]) != rows
+                out = [m.net(torch.tensor(PROMPT[:40]), cache)[-1:]]
+                step = StaticDecode(m.net, cache, graphs=device == "cuda", first_bucket=64)
+                for _ in range(12):
+                    out.append(step(int(out[-1][-1].argmax()))[-1:])
+                cache.span = 64
+                k, v, _ = cache.decode_rows(il, torch.tensor([52], device=device))
+                cache.span = None
+                assert k.shape[0] == v.shape[0] == (64 if rows else cache.ring[il])
+                got[rows] = torch.cat(out)
+    finally:
+        m.close()
+    err = ((got[False] - got[True]).norm() / got[True].norm()).item()
+    assert err < 1e-5, err
+    assert torch.equal(got[False].argmax(-1), got[True].argmax(-1))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_padded_prompts_write_the_rings_a_graph_would(paths, arch, monkeypatch):
     """The forwards prompt graphs replay ("padded", run eagerly: what a capture records), from an empty cache (host

@@ -218,7 +218,8 @@ class KVCache:
         rows [0, span) and pos itself in static decode; every row of an eager step (the kernels
         read rows up to the position only; a fixed length keeps Triton from specializing the
         kernel anew as the length crosses multiples of 16), its host position written to one
-        device tensor by the step's first layer. A ring layer's: its every ring row (the kernels' RING)."""
+        device tensor by the step's first layer. A ring layer's: its every ring row whatever the span (the kernels'
+        RING; a bucket shorter than the ring would cut rows holding the window off)."""
         if self.span is not None:
             end = self.span
         else:
@@ -231,6 +232,8 @@ class KVCache:
                 self._step_pos.fill_(start)  # queued on the stream: no wait for the device
                 self._step_at = start
             pos = self._step_pos
+        if self.ring[il]:
+            end = None
         v = None if self.v[il] is None else self.v[il][:end]
         return self.k[il][:end], v, pos
 

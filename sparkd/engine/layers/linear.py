@@ -28,6 +28,11 @@ PREFILL_STACK = switches.choice("SPARKD_PREFILL_STACK", ("one", "parts"), "one")
 # attn11) kernels/float_gemm's fixed tiles, each row's bits whatever the row count (a prompt padded
 # to its graph bucket keeps the eager prompt's bits), 0.15 ms a gate on the H200 against cuBLAS's 0.02
 PREFILL_FLOAT_GEMM = switches.choice("SPARKD_PREFILL_FLOAT_GEMM", ("kernel", "torch"), "torch")
+# an F16 / BF16 KernelLinear over several rows (a prompt's): "torch" (default, session 37) cuBLAS's float32 GEMM over
+# the values widened for the call, the product the f32 weights had before session 36 (H200, a 4-layer gpt-oss-20b F16
+# file: the Triton GEMM at tf32 took its 2000-token prompt from 20.9k to 13.2k tok/s); "kernel" prefill_gemm's
+HALF_PROMPT = switches.choice("SPARKD_HALF_PROMPT", ("torch", "kernel"), "torch")
+HALF_VALUES = {"F16": torch.float16, "BF16": torch.bfloat16}  # the 16-bit types the files keep unquantized
 
 
 class Linear(nn.Module):
@@ -223,8 +228,10 @@ class KernelLinear(nn.Module):
         """The GEMM of rows [first, first + rows) (None: all of the matrix's)."""
         from sparkd.engine.kernels.prefill_gemm import gemm
 
-        part = (self.raw, self.qtype, self.shape) if first is None else self._rows(first, rows)
-        return gemm(*part, h, precision=PREFILL_PRECISION, qx=qx)
+        raw, qtype, shape = (self.raw, self.qtype, self.shape) if first is None else self._rows(first, rows)
+        if qx is None and qtype.name in HALF_VALUES and HALF_PROMPT == "torch":  # (h rounded to the type already)
+            return F.linear(h, raw.view(HALF_VALUES[qtype.name]).view(shape).float())
+        return gemm(raw, qtype, shape, h, precision=PREFILL_PRECISION, qx=qx)
 
     def _span(self, i: int) -> tuple[int, int]:
         """(first row, rows) of stacked part i (the whole matrix when not a stack)."""
