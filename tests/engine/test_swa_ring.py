@@ -105,6 +105,11 @@ def test_a_ring_without_room_past_its_window_is_refused():
     for ring, rows, window in ((RING, RING + 1, WINDOW), (RING, RING, RING - da.RING_MARGIN + 1), (RING, RING, 0)):
         with pytest.raises(KernelArgumentError, match="ring"):
             da.decode_attention(q, k[:rows], v[:rows], at, 0.2, window, ring=ring)
+    before = k[:RING + 1].clone()
+    cos = sin = torch.zeros(POSITIONS, 8)
+    with pytest.raises(KernelArgumentError, match=f"a ring of {RING} rows must be the caches' rows"):
+        rope_kv(q, k[:1, :, :], v[:1], cos, sin, at, k[:RING + 1], v[:RING + 1], True, ring=RING)
+    assert torch.equal(k[:RING + 1], before)  # refused before anything is written
 
 
 def test_padded_prompt_graphs_stay_within_the_rings_slack():
