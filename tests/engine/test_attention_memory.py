@@ -10,13 +10,15 @@ import dataclasses
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from live_bytes import LiveBytes
 from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers.attention import attend, attend_sdpa, hidden_keys
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import config_of, load_model
-from sparkd.engine.streaming.plan import attention_floats, workspace_bytes
+from sparkd.engine.streaming.plan import workspace_bytes
 
 ARCHS = ["qwen3moe", "gpt-oss", "gemma3", "llama", "glm4moe", "deepseek2", "glm-dsa", "kimi-k3"]
 CHUNKS = [(1000, 16), (3000, 8), (200, 256)]  # (cached positions, the chunk's tokens)
@@ -61,24 +63,71 @@ def test_a_prompt_chunk_holds_at_most_the_plans_workspace(paths, arch, P, T, dev
     assert peak <= workspace_bytes(cfg, P + T, T, cuda=device == "cuda"), (peak, arch, P, T)
 
 
-def test_the_keys_widened_to_each_head_are_counted(paths):
-    """What session 37 added (GQA's repeated keys and values, 4 [ctx, H, D] and the widened rows): without it the
-    long-context chunk of qwen3moe holds more than the plan counted."""
-    cfg, peak = chunk_peak(paths["qwen3moe"], 3000, 8, "cpu")
-    widened = attention_floats(cfg, 3008, 8) - 3 * cfg.n_head * 8 * 3008
-    assert widened > 0
-    assert workspace_bytes(cfg, 3008, 8) - int(widened * 4 * 1.5) < peak <= workspace_bytes(cfg, 3008, 8)
+def repeated_attention(q, k, v, scale, start, sinks=None, sdpa=False):
+    """attend's and attend_sdpa's GQA before session 38: the keys and values repeated to each query head, one product
+    a head (attend's einsums; SDPA over [1, H, S, D])."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.to(q.dtype).repeat_interleave(group, dim=1), v.to(q.dtype).repeat_interleave(group, dim=1)
+    T, S = q.shape[0], k.shape[0]
+    hidden = hidden_keys(start, T, S, 0, q.device)
+    if sdpa:
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                           attn_mask=~hidden, scale=scale)
+        return o[0].transpose(0, 1)
+    scores = torch.einsum("thd,shd->hts", q, k).mul_(scale).masked_fill_(hidden, float("-inf"))
+    if sinks is not None:
+        sink = sinks[:, None, None].expand(q.shape[1], T, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :S]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hts,shd->thd", probs, v)
+
+
+GQA = [(1, 3000, 8, 8, 64), (1, 517, 4, 4, 128), (8, 3000, 8, 8, 64), (5, 77, 2, 6, 64), (64, 600, 4, 1, 128)]
+
+
+@pytest.mark.parametrize("T, S, Hkv, group, D", GQA)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gqa_attention_reads_each_kv_head_in_place(T, S, Hkv, group, D, device):
+    """attend (and on CUDA attend_sdpa, torch's memory-efficient kernel) over grouped KV heads: the bits of one product
+    a query head over the rows repeated to it, without those copies (session 37's plan counted 4 [S, H, D] of them:
+    2.1 GB each on gpt-oss-120b at 131072 positions). Bits: a decode step's product over the group's
+    rows at once rounds otherwise (the grouped einsum that moved a CPU oracle's greedy decode). Memory: at most
+    what plan.attention_floats counts a layer (scores, mask and probabilities; the widened rows), less than those
+    repeated copies where a KV head has several query heads."""
+    g = torch.Generator().manual_seed(T * S)
+    q, k, v = (torch.randn(n, h, D, generator=g).to(device) for n, h in ((T, Hkv * group), (S, Hkv), (S, Hkv)))
+    sinks = torch.randn(Hkv * group, generator=g).to(device)
+    counted = (3 * Hkv * group * T * S + 2 * Hkv * S * D) * 4  # plan.attention_floats: scores thrice, rows widened
+    runs = [(lambda: attend(q, k, v, 0.125, S - T), repeated_attention(q, k, v, 0.125, S - T)),
+            (lambda: attend(q, k, v, 0.125, S - T, sinks=sinks), repeated_attention(q, k, v, 0.125, S - T, sinks))]
+    if device == "cuda":
+        runs.append((lambda: attend_sdpa(q, k.half(), v.half(), 0.125, S - T),
+                     repeated_attention(q, k.half(), v.half(), 0.125, S - T, sdpa=True)))
+    for run, want in runs:
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            got = run()
+            peak = torch.cuda.max_memory_allocated() - before
+        else:
+            with LiveBytes([q, k, v, sinks]) as live:
+                got = run()
+            peak = live.peak
+        assert torch.equal(got, want)
+        assert peak <= counted, (peak, counted)
 
 
 def test_what_every_chunk_holds_does_not_shrink_the_chunks(paths):
-    """default_batch_tokens leaves GQA's repeated keys (repeated_floats: held by a chunk of any size at that context)
+    """default_batch_tokens leaves GQA's widened keys (widened_floats: held by a chunk of any size at that context)
     out of the share it fits the chunk's workspace into: a budget whose share holds a 64-token chunk's workspace less
     them gives 64-token chunks, though the whole workspace is over the share."""
-    from sparkd.engine.streaming.plan import F32_BYTES, WORKSPACE_SHARE, default_batch_tokens, repeated_floats
+    from sparkd.engine.streaming.plan import F32_BYTES, WORKSPACE_SHARE, default_batch_tokens, widened_floats
 
     with GGUFModel.open(paths["qwen3moe"]) as g:
         cfg, ctx = config_of(g), 4096
-    fixed = int(repeated_floats(cfg, ctx) * F32_BYTES * 1.5)
+    fixed = int(widened_floats(cfg, ctx) * F32_BYTES * 1.5)
     budget = int((workspace_bytes(cfg, ctx, 64) - fixed) / WORKSPACE_SHARE) + 1
     assert workspace_bytes(cfg, ctx, 64) > budget * WORKSPACE_SHARE
     assert default_batch_tokens(cfg, ctx, budget) == 64

@@ -68,27 +68,40 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     keep: [T, S] bool, the only keys each query may read besides the causal mask (sparse attention).
     masks: the forward's masks the layers share (KVCache.masks; forward_mask), None: this call's own.
     """
-    T, H, _ = q.shape
-    S, Hkv, _ = k.shape
+    T, H, Dk = q.shape
+    S, Hkv, Dv = v.shape
     group = H // Hkv  # query head h reads kv head h // group, as ggml broadcasts
     k, v = k.to(q.dtype), v.to(q.dtype)  # (float16 cache rows widened first: Hkv heads, not H)
-    if Hkv == 1:  # MQA (MLA's latent head): every query head reads the one head, not 64-128 copies of it (session 32)
-        k, v = k[:, 0], v[:, 0]
-        scores = torch.einsum("thd,sd->hts", q, k) * scale  # [H, T, S]
-    else:  # (GQA keeps the repeats: the grouped einsums' other rounding moved a CPU oracle's greedy decode)
-        if group > 1:  # (one query head a KV head: the rows as they are, no copy)
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = torch.einsum("thd,shd->hts", q, k) * scale
     masked = forward_mask(masks, False, start, T, S, window, q.device, key_pos)
     if keep is not None:
         masked = masked | ~keep
-    scores = scores.masked_fill(masked, float("-inf"))
-    if sinks is not None:
-        sink = sinks.to(scores.dtype)[:, None, None].expand(H, T, 1)
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :S]
-    else:
-        probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hts,sd->thd", probs, v) if Hkv == 1 else torch.einsum("hts,shd->thd", probs, v)
+    if Hkv == 1:  # MQA (MLA's latent head): every query head reads the one head, not 64-128 copies of it (session 32)
+        scores = (torch.einsum("thd,sd->hts", q, k[:, 0]) * scale).masked_fill_(masked, float("-inf"))  # [H, T, S]
+        return torch.einsum("hts,sd->thd", _softmax(scores, sinks), v[:, 0])
+    # GQA: the query heads of one group index j ([group, Hkv] order, query head h = kv * group + j) against the KV
+    # heads as they are, not the rows repeated per query head (session 38: 4 [S, H, D] copies, 4.3 GB of gpt-oss-120b's
+    # chunk at 131072 positions). A product a group keeps the per-head products' shape, so their bits: one product
+    # of group * T rows (a grouped einsum) rounds a decode step's differently and moved a CPU oracle's greedy decode
+    qg, kt = q.view(T, Hkv, group, Dk), k.permute(1, 2, 0)
+    scores = q.new_empty(group, Hkv, T, S)
+    for j in range(group):
+        torch.bmm(qg[:, :, j].transpose(0, 1), kt, out=scores[j])
+    scores.mul_(scale).masked_fill_(masked, float("-inf"))
+    probs = _softmax(scores, None if sinks is None else sinks.view(Hkv, group).t())
+    out = q.new_empty(T, Hkv, group, Dv)
+    for j in range(group):
+        out[:, :, j] = torch.einsum("hts,shd->thd", probs[j], v)
+    return out.view(T, H, Dv)
+
+
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the keys (the last dim) of scores [..., T, S], with one more logit a head (sinks: scores' head
+    dims) in the denominator."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    S = scores.shape[-1]
+    sink = sinks.to(scores.dtype)[..., None, None].expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :S]
 
 
 # torch's memory-efficient kernel first (float32 as 3xTF32 on the tensor cores: float32's error, without the
@@ -108,11 +121,14 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     and p - s < window). All three give the same bits for the same keys (H200, prefill31: 36 shapes; the GPU
     test), so a continued graph that ends at its span keeps the eager continuation's bits. masks and key_pos as
     attend's."""
-    T, H, _ = q.shape
-    S, Hkv, _ = k.shape
-    group = H // Hkv  # (one query head a KV head, MLA's expanded heads: the rows as they are, no copy)
-    k = k.to(q.dtype).repeat_interleave(group, dim=1) if group > 1 else k.to(q.dtype)  # (float16 rows widened first)
-    v = v.to(q.dtype).repeat_interleave(group, dim=1) if group > 1 else v.to(q.dtype)
+    T, H, Dk = q.shape
+    S, Hkv, Dv = v.shape
+    group = H // Hkv
+    # GQA as a batch of Hkv KV heads of `group` query heads each, the keys and values broadcast over the group
+    # (stride 0: no rows repeated per query head, session 38); float16 rows widened first
+    q4 = q.view(T, Hkv, group, Dk).permute(1, 2, 0, 3)
+    k4 = k.to(q.dtype).permute(1, 0, 2)[:, None].expand(Hkv, group, S, Dk)
+    v4 = v.to(q.dtype).permute(1, 0, 2)[:, None].expand(Hkv, group, S, Dv)
     host = isinstance(start, int) and not window
     causal = host and start == 0
     if causal:
@@ -125,9 +141,8 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     else:
         mask = forward_mask(masks, True, start, T, S, window, q.device, key_pos)
     with sdpa_kernel(SDPA_BACKENDS):
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                           attn_mask=mask, is_causal=causal, scale=scale)
-    return o[0].transpose(0, 1)
+        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=causal, scale=scale)
+    return o.permute(2, 0, 1, 3).reshape(T, H, Dv)
 
 
 FUSE_QKV_ENV = "SPARKD_FUSED_QKV"

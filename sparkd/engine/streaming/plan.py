@@ -348,26 +348,25 @@ def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
 
 def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> int:
     """A prompt chunk of T tokens' largest attention transient in one layer at up to ctx positions, in floats:
-    scores, mask and probabilities over every position (attend's [H, T, ctx]), and the keys and values widened to
-    each query head: GQA's float16 rows widened to float32 ([ctx, Hkv, D] twice), repeated per query head for attend
-    and SDPA, and the einsums' or SDPA's copies of those (4 [ctx, H, D] at most; session 37: at 3000 positions a
-    chunk of 8 held 1.3-1.5x what the scores alone counted); MLA's per-head keys and values a CUDA prompt of
-    MHA_ROWS tokens or more expands from the latent rows (layers/mla.py), with SDPA's copies.
+    scores, mask and probabilities over every position (attend's [H, T, ctx]); GQA's float16 rows widened to float32
+    ([ctx, Hkv, D] twice: attend and SDPA read each KV head in place for its query heads, session 38; session 37 had
+    counted the rows repeated per query head, 4 [ctx, H, D] with their copies); MLA's per-head keys and values a CUDA
+    prompt of MHA_ROWS tokens or more expands from the latent rows (layers/mla.py), with SDPA's copies.
     tests/engine/test_attention_memory.py measures every tensor a forward makes against this."""
     from sparkd.engine.layers.mla import MHA_ROWS  # here: layers.mla is the model code's, not the plan's import
 
     H = cfg.n_head
     # MLA: MQA over the latent rows (no copies), or the expanded heads
     expanded = 2 * ctx * H * (cfg.head_dim_k_mla + cfg.head_dim_v) if cfg.kv_lora_rank and cuda and T >= MHA_ROWS else 0
-    return 3 * H * T * ctx + expanded + repeated_floats(cfg, ctx)
+    return 3 * H * T * ctx + expanded + widened_floats(cfg, ctx)
 
 
-def repeated_floats(cfg: ModelConfig, ctx: int) -> int:
-    """GQA's part of attention_floats that any prompt chunk at ctx positions holds, whatever its tokens: the f16 rows
-    widened ([ctx, Hkv, D] twice) and repeated per query head with the copies of those (4 [ctx, H, D])."""
+def widened_floats(cfg: ModelConfig, ctx: int) -> int:
+    """GQA's part of attention_floats that any prompt chunk at ctx positions holds, whatever its tokens: the float16
+    rows widened to float32 ([ctx, Hkv, D] twice)."""
     if cfg.kv_lora_rank:
         return 0
-    return (4 * cfg.n_head + 2 * cfg.n_head_kv) * ctx * max(cfg.head_dim_k, cfg.head_dim_v)
+    return 2 * cfg.n_head_kv * ctx * max(cfg.head_dim_k, cfg.head_dim_v)
 
 
 def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int, cuda: bool = False) -> int:
@@ -394,12 +393,12 @@ def default_batch_tokens(cfg: ModelConfig, ctx: int, budget_bytes: int, cuda: bo
     """The largest prompt chunk (512 down to 16 tokens, at most ctx) whose workspace takes at most
     WORKSPACE_SHARE of the budget: decode needs one token, and a 512-token workspace (1.7 GiB on
     the GPU box's 8 GiB budget) would starve the expert cache; prefill then runs in chunks. What every chunk at ctx
-    holds whatever its size (repeated_floats) is left out of the share: a smaller chunk would not save it."""
+    holds whatever its size (widened_floats) is left out of the share: a smaller chunk would not save it."""
     from sparkd.engine.models import arch_module  # here: models imports this module's regex
 
     tokens = min(ctx, 512)
     own = getattr(arch_module(cfg.arch), "attention_floats", None)
-    fixed = 0 if own is not None else int(repeated_floats(cfg, ctx) * F32_BYTES * 1.5)  # no chunk size trades it
+    fixed = 0 if own is not None else int(widened_floats(cfg, ctx) * F32_BYTES * 1.5)  # no chunk size trades it
     while tokens > 16 and workspace_bytes(cfg, ctx, tokens, cuda) - fixed > budget_bytes * WORKSPACE_SHARE:
         tokens //= 2
     return tokens
