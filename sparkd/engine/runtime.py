@@ -21,7 +21,7 @@ from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.models.decoder import prompt_last_only
 from sparkd.engine.prompt_store import PromptCache, PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
-from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, kv_bytes
+from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, kv_bytes, rope_bytes
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
 from sparkd.engine.think import CLOSE, OPEN, TagMatcher, ThinkTags, find_think_tags
 from sparkd.engine.tokenizer import Tokenizer
@@ -140,7 +140,8 @@ class Engine:
             self._log(f"WARNING: {budget.warning}")
         self._log(f"memory plan:\n{plan.describe()}")
         self._plan = {"budget": plan.budget_bytes, "runtime": plan.runtime_bytes, "slack": plan.slack_bytes,
-                      "trunk": plan.trunk_bytes, "kv": plan.kv_bytes, "workspace": plan.workspace_bytes,
+                      "trunk": plan.trunk_bytes, "kv": plan.kv_bytes, "rope": plan.rope_bytes,
+                      "workspace": plan.workspace_bytes,
                       "prefetch": plan.prefetch_bytes, "expert_cache": plan.expert_cache_bytes,
                       "cuda_runtime": plan.cuda_runtime_bytes, "staging": plan.staging_bytes,
                       "vram_expert_cache": plan.vram_cache_bytes, "device_total": plan.device_total_bytes,
@@ -257,17 +258,19 @@ class Engine:
         store's budget."""
         experts = sum(4 * t.n_elements for n, t in gguf.tensors.items() if EXPERT_WEIGHT.match(n))
         trunk = sum(4 * t.n_elements for n, t in gguf.tensors.items() if not EXPERT_WEIGHT.match(n))
-        kv = kv_bytes(cfg, self.n_ctx, self.kv_type)
-        room = None if self.budget_bytes is None else self.budget_bytes - trunk - kv - experts
+        kv, rope = kv_bytes(cfg, self.n_ctx, self.kv_type), rope_bytes(cfg, self.n_ctx)
+        room = None if self.budget_bytes is None else self.budget_bytes - trunk - kv - rope - experts
         store = store_bytes(self._store_request, self.budget_bytes, room)
-        plan = {"trunk": trunk, "kv": kv, "experts_resident": experts, "expert_cache": 0, "prompt_store": store}
+        plan = {"trunk": trunk, "kv": kv, "rope": rope, "experts_resident": experts, "expert_cache": 0,
+                "prompt_store": store}
         if self.budget_bytes is not None:
             plan["budget"] = self.budget_bytes
-            need = trunk + kv + experts + store
+            need = trunk + kv + rope + experts + store
             if need > self.budget_bytes:
                 raise MemoryPlanError(
                     f"could not plan memory for {self.model_path}: trunk {_mib(trunk)} + KV {_mib(kv)} "
-                    f"({self.n_ctx} positions) + resident experts {_mib(experts)} + prompt store {_mib(store)} = "
+                    f"+ rope tables {_mib(rope)} ({self.n_ctx} positions) + resident experts {_mib(experts)} "
+                    f"+ prompt store {_mib(store)} = "
                     f"{_mib(need)} exceeds --budget {_mib(self.budget_bytes)}; lower --ctx or "
                     "--prompt-cache-mib, or raise the budget")
         return plan

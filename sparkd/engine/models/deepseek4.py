@@ -79,7 +79,7 @@ def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:
     return ModelConfig(**kw)
 
 
-def _ropes(cfg: ModelConfig) -> tuple[RopeConfig, RopeConfig]:
+def rope_configs(cfg: ModelConfig) -> tuple[RopeConfig, RopeConfig]:
     """(window-only layers: plain rope at freq_base; compressed layers and the indexer: the
     compress base with the model's yarn settings, magnitude scale cancelled as the reference does)."""
     r = cfg.rope
@@ -97,7 +97,7 @@ def _compressor(w: Weights, cfg: ModelConfig, prefix: str, ratio: int, dim: int,
 def _attention(w: Weights, cfg: ModelConfig, il: int) -> DSV4Attention:
     p, x = f"blk.{il}", cfg.extra
     ratio = x["ratios"][il]
-    plain, comp_rope = _ropes(cfg)
+    plain, comp_rope = rope_configs(cfg)
     comp = _compressor(w, cfg, f"{p}.attn_compressor", ratio, cfg.head_dim_k, comp_rope) if ratio else None
     indexer = None
     if ratio == CSA_RATIO:

@@ -68,6 +68,11 @@ def cache_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
     return (cfg.n_layer - n_kda) * ctx * per_pos + n_kda * state * F32_BYTES
 
 
+def rope_configs(cfg: ModelConfig) -> tuple:
+    """None: the MLA layers are nope-only (plan.rope_bytes)."""
+    return ()
+
+
 def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
     """A prompt's KDA delta rule over batch_tokens at its peak (kda.rule_peak_bytes): one layer's, the layers run
     in turn and free it."""

@@ -84,6 +84,7 @@ class MemoryPlan:
     prompt_store_bytes: int = 0  # copies of given-up conversations' KV rows (prompt_store.py), beside the KV cache
     prompt_rule_bytes: int = 0  # of workspace_bytes: a prompt's recurrent rule at its peak (Kimi K3's KDA)
     kv_type: str = "f32"  # the attention layers' K/V rows (--kv-type, resolved: layers/kv_cache.KV_TYPES)
+    rope_bytes: int = 0  # the rope tables of every position up to ctx (rope_bytes), shared by the caches
 
     @property
     def trunk_on_device(self) -> bool:
@@ -103,9 +104,14 @@ class MemoryPlan:
         return self.vram_slots * self.slot_bytes
 
     @property
+    def model_bytes(self) -> int:
+        """Trunk, KV cache, rope tables, workspace and prompt store: the device's on a discrete GPU, else the host's."""
+        return self.trunk_bytes + self.kv_bytes + self.rope_bytes + self.workspace_bytes + self.prompt_store_bytes
+
+    @property
     def host_model_bytes(self) -> int:
-        """Trunk, KV cache and workspace as far as they are host memory."""
-        return 0 if self.trunk_on_device else self.trunk_bytes + self.kv_bytes + self.workspace_bytes + self.prompt_store_bytes
+        """model_bytes as far as they are host memory."""
+        return 0 if self.trunk_on_device else self.model_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -117,7 +123,7 @@ class MemoryPlan:
     def device_total_bytes(self) -> int:
         if not self.trunk_on_device:
             return 0
-        return self.trunk_bytes + self.kv_bytes + self.workspace_bytes + self.prompt_store_bytes + self.vram_cache_bytes
+        return self.model_bytes + self.vram_cache_bytes
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -132,6 +138,7 @@ class MemoryPlan:
                  else "kernel projections as quant blocks, the rest f32")
         model = [("trunk", self.trunk_bytes, trunk),
                  ("kv cache", self.kv_bytes, f"ctx {self.ctx}, {self.kv_type} rows"),
+                 ("rope tables", self.rope_bytes, f"cos and sin of {self.ctx} positions"),
                  ("workspace", self.workspace_bytes, f"batch of {self.batch_tokens} tokens"
                   + (f", {_human(self.prompt_rule_bytes)} of it the KDA delta rule" if self.prompt_rule_bytes else ""))]
         if self.prompt_store_bytes:
@@ -328,6 +335,17 @@ def kv_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
     return per_pos * rows + side * ctx  # a sliding-window layer's rows are a ring (KVCache.ring)
 
 
+def rope_bytes(cfg: ModelConfig, ctx: int) -> int:
+    """The rope tables the caches share (KVCache.rope_table): cos and sin [ctx, n_rot/2] float32 for each rope the
+    layers take (cfg.rope, Gemma 3's windowed layers' rope_swa, or what an architecture module lists: DeepSeek V4's
+    two). DeepSeek V4 Flash at 1M positions: 0.54 GB; a Gemma 3 27B-like shape at 131072: 0.13 GB."""
+    from sparkd.engine.models import arch_module  # here: models imports this module's regex
+
+    own = getattr(arch_module(cfg.arch), "rope_configs", None)
+    ropes = set(own(cfg)) if own is not None else {r for r in (cfg.rope, cfg.rope_swa) if r is not None}
+    return sum(2 * ctx * (r.n_rot // 2) * F32_BYTES for r in ropes)
+
+
 def cache_kv_type(cfg: ModelConfig, kv_type: str) -> str:
     """The type a sequence's cache rows take for --kv-type kv_type (resolved): kv_type, or f32 where the architecture's
     cache takes none (its module's KV_TYPED False: DeepSeek V4, whose windows of raw rows and compressor state stay
@@ -422,7 +440,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     slot = expert_slot_bytes(g)
     kernels = None if device.kind == "cpu" else _kernel_rule()
     model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx, kv_type),
-                 workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens, cuda))
+                 rope_bytes=rope_bytes(cfg, ctx), workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens, cuda))
     host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
                 cuda_runtime_bytes=cuda_runtime_bytes,
                 slack_bytes=max(SLACK_MIN_BYTES, int(budget.bytes * SLACK_FRACTION)),

@@ -57,8 +57,7 @@ def open_stream(path, slots: int, prefetch: int = 0, policy: str = "lru", direct
     g = GGUFModel.open(path)
     cfg = config_of(g)
     probe = make_plan(g, cfg, Budget(1 << 50, "test"), 64, prefetch, batch_tokens=64, runtime_bytes=0)
-    fixed = (probe.trunk_bytes + probe.kv_bytes + probe.workspace_bytes + prefetch * probe.slot_bytes
-             + SLACK_MIN_BYTES)
+    fixed = probe.model_bytes + prefetch * probe.slot_bytes + SLACK_MIN_BYTES
     plan = make_plan(g, cfg, Budget(fixed + slots * probe.slot_bytes, "test"), 64, prefetch, batch_tokens=64,
                      runtime_bytes=0)
     assert plan.cache_slots == min(slots, plan.n_experts_total)

@@ -112,7 +112,7 @@ def _plan(g, cfg, device, budget=1 << 30, **kw):
 def test_a_discrete_gpus_trunk_leaves_the_host_budget(model):
     _, g, cfg = model
     cpu, gpu = _plan(g, cfg, DeviceInfo("cpu", "cpu")), _plan(g, cfg, H200)
-    moved = gpu.trunk_bytes + gpu.kv_bytes + gpu.workspace_bytes
+    moved = gpu.trunk_bytes + gpu.kv_bytes + gpu.rope_bytes + gpu.workspace_bytes
     assert gpu.trunk_on_device and not cpu.trunk_on_device
     assert gpu.device_total_bytes == moved + gpu.vram_cache_bytes
     # the host keeps the CUDA runtime and the buffer the trunk loads through instead: both halves
