@@ -62,7 +62,7 @@ class _CacheCollector:
 
     def collect(self) -> Any:
         plan = GaugeMetricFamily(f"{P}memory_plan_bytes", "Memory plan terms (budget, runtime, slack, trunk, "
-                                 "kv, workspace, prefetch, expert_cache; experts_resident when resident)",
+                                 "kv, rope, workspace, prefetch, expert_cache; experts_resident when resident)",
                                  labels=["term"])
         for term, value in sorted(self._plan().items()):
             plan.add_metric([term], value)

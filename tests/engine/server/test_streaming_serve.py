@@ -64,8 +64,9 @@ def test_plan_is_printed_and_exported(streamed):
     assert plan["budget"] == 2 << 30 and plan["expert_cache"] == ALL_SLOTS * SLOT_BYTES
     assert health["kv_type"] == "f32" and "f32 rows" in streamed.log.read_text()  # --kv-type auto on the CPU
     text = streamed.metrics()
-    for term in ("budget", "runtime", "trunk", "kv", "workspace", "expert_cache"):
+    for term in ("budget", "runtime", "trunk", "kv", "rope", "workspace", "expert_cache"):
         assert metric_value(text, "sparkd_engine_memory_plan_bytes", f'term="{term}"') == plan[term]
+    assert plan["rope"] > 0 and "rope tables" in streamed.log.read_text()
 
 
 def test_streamed_reply_equals_resident_with_a_cache_smaller_than_the_experts(resident, streamed):
