@@ -93,12 +93,12 @@ def test_gqa_attention_reads_each_kv_head_in_place(T, S, Hkv, group, D, device):
     a query head over the rows repeated to it, without those copies (session 37's plan counted 4 [S, H, D] of them:
     2.1 GB each on gpt-oss-120b at 131072 positions). Bits: a decode step's product over the group's
     rows at once rounds otherwise (the grouped einsum that moved a CPU oracle's greedy decode). Memory: at most
-    what plan.attention_floats counts a layer (scores, mask and probabilities; the widened rows), less than those
-    repeated copies where a KV head has several query heads."""
+    what plan.attention_floats counts a layer: scores, mask and probabilities of one query head a group ([Hkv, T, S],
+    one group index at a time) and the widened rows."""
     g = torch.Generator().manual_seed(T * S)
     q, k, v = (torch.randn(n, h, D, generator=g).to(device) for n, h in ((T, Hkv * group), (S, Hkv), (S, Hkv)))
     sinks = torch.randn(Hkv * group, generator=g).to(device)
-    counted = (3 * Hkv * group * T * S + 2 * Hkv * S * D) * 4  # plan.attention_floats: scores thrice, rows widened
+    counted = (3 * Hkv * T * S + 2 * Hkv * S * D) * 4  # attention_floats: a group index's scores thrice, rows widened
     runs = [(lambda: attend(q, k, v, 0.125, S - T), repeated_attention(q, k, v, 0.125, S - T)),
             (lambda: attend(q, k, v, 0.125, S - T, sinks=sinks), repeated_attention(q, k, v, 0.125, S - T, sinks))]
     if device == "cuda":

@@ -78,19 +78,17 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     if Hkv == 1:  # MQA (MLA's latent head): every query head reads the one head, not 64-128 copies of it (session 32)
         scores = (torch.einsum("thd,sd->hts", q, k[:, 0]) * scale).masked_fill_(masked, float("-inf"))  # [H, T, S]
         return torch.einsum("hts,sd->thd", _softmax(scores, sinks), v[:, 0])
-    # GQA: the query heads of one group index j ([group, Hkv] order, query head h = kv * group + j) against the KV
-    # heads as they are, not the rows repeated per query head (session 38: 4 [S, H, D] copies, 4.3 GB of gpt-oss-120b's
-    # chunk at 131072 positions). A product a group keeps the per-head products' shape, so their bits: one product
-    # of group * T rows (a grouped einsum) rounds a decode step's differently and moved a CPU oracle's greedy decode
+    # GQA: the query heads of one group index j at a time (query head h = kv * group + j) against the KV heads as
+    # they are (session 38): no rows repeated per query head (4 [S, H, D] copies before, 2.1 GB each on gpt-oss-120b at
+    # 131072 positions) and [Hkv, T, S] scores at once, not [H, T, S]. A product a group index keeps the per-head
+    # products' shape, so their bits: one over group * T rows (a grouped einsum) rounds a decode step's otherwise and
+    # moved a CPU oracle's greedy decode
     qg, kt = q.view(T, Hkv, group, Dk), k.permute(1, 2, 0)
-    scores = q.new_empty(group, Hkv, T, S)
-    for j in range(group):
-        torch.bmm(qg[:, :, j].transpose(0, 1), kt, out=scores[j])
-    scores.mul_(scale).masked_fill_(masked, float("-inf"))
-    probs = _softmax(scores, None if sinks is None else sinks.view(Hkv, group).t())
     out = q.new_empty(T, Hkv, group, Dv)
     for j in range(group):
-        out[:, :, j] = torch.einsum("hts,shd->thd", probs[j], v)
+        scores = torch.bmm(qg[:, :, j].transpose(0, 1), kt).mul_(scale).masked_fill_(masked, float("-inf"))
+        probs = _softmax(scores, None if sinks is None else sinks.view(Hkv, group)[:, j])
+        out[:, :, j] = torch.einsum("hts,shd->thd", probs, v)
     return out.view(T, H, Dv)
 
 
