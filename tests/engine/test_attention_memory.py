@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from live_bytes import LiveBytes
 from sparkd.engine.gguf_file import GGUFModel
-from sparkd.engine.layers.attention import attend, attend_sdpa, hidden_keys
+from sparkd.engine.layers.attention import MQA_HEADS, attend, attend_sdpa, hidden_keys
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import config_of, load_model
@@ -131,3 +131,35 @@ def test_what_every_chunk_holds_does_not_shrink_the_chunks(paths):
     budget = int((workspace_bytes(cfg, ctx, 64) - fixed) / WORKSPACE_SHARE) + 1
     assert workspace_bytes(cfg, ctx, 64) > budget * WORKSPACE_SHARE
     assert default_batch_tokens(cfg, ctx, budget) == 64
+
+
+@pytest.mark.parametrize("T, S, H", [(1, 3000, 128), (8, 2000, 128), (5, 77, 20), (3, 40, 8)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_mqa_attention_scores_a_block_of_heads_at_a_time(T, S, H, device):
+    """attend over one KV head (MLA's latent rows: keys of 576, values their first 512): MQA_HEADS query heads' scores
+    at a time, the bits of all heads' at once (session 32's product, the reference here), holding
+    plan.attention_floats' [MQA_HEADS, T, S] three times at most besides the output and a block's copies (all heads'
+    scores before session 38: at 128 heads 8 times as many)."""
+    g = torch.Generator().manual_seed(T * S)
+    q, k = torch.randn(T, H, 576, generator=g).to(device), torch.randn(S, 1, 576, generator=g).to(device)
+    v, sinks = k[..., :512], torch.randn(H, generator=g).to(device)
+    hidden = hidden_keys(S - T, T, S, 0, q.device)
+    for with_sinks in (False, True):
+        scores = torch.einsum("thd,sd->hts", q, k[:, 0]).mul_(0.1).masked_fill_(hidden, float("-inf"))
+        if with_sinks:
+            scores = torch.cat([scores, sinks[:, None, None].expand(H, T, 1)], dim=-1)
+        want = torch.einsum("hts,sd->thd", torch.softmax(scores, dim=-1)[..., :S], v[:, 0])
+        run = lambda: attend(q, k, v, 0.1, S - T, sinks=sinks if with_sinks else None)  # noqa: E731
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            got = run()
+            peak = torch.cuda.max_memory_allocated() - before
+        else:
+            with LiveBytes([q, k, sinks]) as live:
+                got = run()
+            peak = live.peak
+        assert torch.equal(got, want) if device == "cpu" else torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+        heads = min(H, MQA_HEADS)  # a block's scores thrice, the output, a block's queries and values copied
+        assert peak <= (3 * heads * T * (S + 1) + T * H * 512 + 2 * T * heads * (576 + 512)) * 4, (peak, with_sinks)

@@ -57,6 +57,9 @@ def forward_mask(masks: dict | None, visible: bool, start: int | torch.Tensor, T
     return mask
 
 
+MQA_HEADS = 16  # attend's query heads a score tensor over one KV head (MQA: MLA's latent head)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor,
            window: int = 0, sinks: torch.Tensor | None = None,
            keep: torch.Tensor | None = None, masks: dict | None = None,
@@ -75,9 +78,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     masked = forward_mask(masks, False, start, T, S, window, q.device, key_pos)
     if keep is not None:
         masked = masked | ~keep
-    if Hkv == 1:  # MQA (MLA's latent head): every query head reads the one head, not 64-128 copies of it (session 32)
-        scores = (torch.einsum("thd,sd->hts", q, k[:, 0]) * scale).masked_fill_(masked, float("-inf"))  # [H, T, S]
-        return torch.einsum("hts,sd->thd", _softmax(scores, sinks), v[:, 0])
+    if Hkv == 1:  # MQA (MLA's latent head): every query head reads the one head, not 64-128 copies of it (session 32),
+        # MQA_HEADS heads' scores at a time (session 38: [16, T, S], not [128, T, S]; the same bits on the CPU)
+        out = q.new_empty(T, H, Dv)
+        for h in range(0, H, MQA_HEADS):
+            heads = slice(h, h + MQA_HEADS)
+            scores = (torch.einsum("thd,sd->hts", q[:, heads], k[:, 0]) * scale).masked_fill_(masked, float("-inf"))
+            out[:, heads] = torch.einsum("hts,sd->thd", _softmax(scores, None if sinks is None else sinks[heads]),
+                                         v[:, 0])
+        return out
     # GQA: the query heads of one group index j at a time (query head h = kv * group + j) against the KV heads as
     # they are (session 38): no rows repeated per query head (4 [S, H, D] copies before, 2.1 GB each on gpt-oss-120b at
     # 131072 positions) and [Hkv, T, S] scores at once, not [H, T, S]. A product a group index keeps the per-head

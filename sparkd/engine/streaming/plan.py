@@ -366,16 +366,17 @@ def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
 
 def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> int:
     """A prompt chunk of T tokens' largest attention transient in one layer at up to ctx positions, in floats:
-    scores, mask and probabilities over every position for the heads attend computes at once ([Hkv, T, ctx]: GQA
-    runs one query head of each group at a time since session 38; MLA's latent head and MHA all H); GQA's float16
+    scores, mask and probabilities over every position for the heads attend computes at once (session 38: GQA one
+    query head of each group at a time, [Hkv, T, ctx]; MQA, MLA's latent head, MQA_HEADS heads at a time); GQA's float16
     rows widened to float32 ([ctx, Hkv, D] twice: attend and SDPA read each KV head in place for its query heads,
     session 38; session 37 had counted the rows repeated per query head, 4 [ctx, H, D] with their copies); MLA's
     per-head keys and values a CUDA prompt of MHA_ROWS tokens or more expands from the latent rows (layers/mla.py),
     with SDPA's copies. tests/engine/test_attention_memory.py measures every tensor a forward makes against this."""
-    from sparkd.engine.layers.mla import MHA_ROWS  # here: layers.mla is the model code's, not the plan's import
+    from sparkd.engine.layers.attention import MQA_HEADS  # here: layers are the model code's, not the plan's imports
+    from sparkd.engine.layers.mla import MHA_ROWS
 
     H = cfg.n_head
-    at_once = H if cfg.kv_lora_rank or cfg.n_head_kv <= 1 else cfg.n_head_kv  # attend's heads a score tensor
+    at_once = min(H, MQA_HEADS) if cfg.kv_lora_rank or cfg.n_head_kv <= 1 else cfg.n_head_kv  # a score tensor's heads
     # MLA: MQA over the latent rows (no copies), or the expanded heads
     expanded = 2 * ctx * H * (cfg.head_dim_k_mla + cfg.head_dim_v) if cfg.kv_lora_rank and cuda and T >= MHA_ROWS else 0
     return 3 * at_once * T * ctx + expanded + widened_floats(cfg, ctx)
