@@ -46,7 +46,11 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("arch", ["deepseek2", "kimi-k3"])
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
                                     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
-def test_the_expanded_prompt_gives_the_absorbed_prompts_logits(models, arch, kv, device, monkeypatch):
+@pytest.mark.parametrize("heads", [mla.EXPAND_HEADS, 1], ids=["block", "one-head"])
+def test_the_expanded_prompt_gives_the_absorbed_prompts_logits(models, arch, kv, device, heads, monkeypatch):
+    """heads: EXPAND_HEADS, the heads expanded at a time (the tiny models' 4 in one block at the default; one at a
+    time, four blocks)."""
+    monkeypatch.setattr(mla, "EXPAND_HEADS", heads)
     if device == "cpu":
         monkeypatch.setattr(mla, "MHA_DEVICES", ("cpu",))
         monkeypatch.setattr(mla, "MHA_ROWS", 4)

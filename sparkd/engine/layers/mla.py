@@ -39,6 +39,9 @@ from sparkd.engine.layers.rope import RopeConfig
 # the latent rows; "absorbed" over the latent rows themselves (attend, as before session 32)
 MLA_PROMPT = switches.choice("SPARKD_MLA_PROMPT", ("mha", "absorbed"), "mha")
 MHA_ROWS = 128
+# heads expanded at a time (session 38): [S, 16, Dn + P] keys and [S, 16, Dv] values, not all heads' (DeepSeek V3's
+# 128: 43 GB at 131072 positions, so its prompts there ran in chunks of 16 tokens)
+EXPAND_HEADS = 16
 MHA_DEVICES = ("cuda",)  # the CPU keeps the absorbed form, llama.cpp's (its oracle tests compare the logits)
 
 
@@ -120,11 +123,17 @@ class MLAttention(nn.Module):
 
     def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_all: torch.Tensor, start, masks) -> torch.Tensor:
         """A prompt's attention as multi-head attention: the cache's latent rows k_all [S, 1, R + P] expanded to the
-        heads' keys [S, H, Dn + P] and values [S, H, Dv] → [T, H, Dv]."""
+        heads' keys [S, H, Dn + P] and values [S, H, Dv], EXPAND_HEADS heads at a time → [T, H, Dv]."""
         rows = k_all[:, 0].to(q_nope.dtype)  # (float16 cache rows widened)
         S, latent = rows.shape[0], rows[:, : self.kv_rank]
-        k_pe = rows[:, None, self.kv_rank:].expand(S, self.n_head, self.qk_rope)
         wk_b = self.wk_b.dense().view(self.n_head, self.kv_rank, self.qk_nope)
-        k = torch.cat([torch.einsum("sr,hrd->shd", latent, wk_b), k_pe], dim=-1)
-        v = torch.einsum("sr,hvr->shv", latent, self.wv_b.dense().view(self.n_head, -1, self.kv_rank))
-        return attend_sdpa(torch.cat([q_nope, q_pe], dim=-1), k, v, self.scale, start, masks=masks)
+        wv_b = self.wv_b.dense().view(self.n_head, -1, self.kv_rank)
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        out = q.new_empty(q.shape[0], self.n_head, wv_b.shape[1])
+        for h in range(0, self.n_head, EXPAND_HEADS):
+            heads = slice(h, h + EXPAND_HEADS)
+            k_pe = rows[:, None, self.kv_rank:].expand(S, wk_b[heads].shape[0], self.qk_rope)
+            k = torch.cat([torch.einsum("sr,hrd->shd", latent, wk_b[heads]), k_pe], dim=-1)
+            v = torch.einsum("sr,hvr->shv", latent, wv_b[heads])
+            out[:, heads] = attend_sdpa(q[:, heads], k, v, self.scale, start, masks=masks)
+        return out

@@ -370,15 +370,16 @@ def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> 
     query head of each group at a time, [Hkv, T, ctx]; MQA, MLA's latent head, MQA_HEADS heads at a time); GQA's float16
     rows widened to float32 ([ctx, Hkv, D] twice: attend and SDPA read each KV head in place for its query heads,
     session 38; session 37 had counted the rows repeated per query head, 4 [ctx, H, D] with their copies); MLA's
-    per-head keys and values a CUDA prompt of MHA_ROWS tokens or more expands from the latent rows (layers/mla.py),
-    with SDPA's copies. tests/engine/test_attention_memory.py measures every tensor a forward makes against this."""
+    per-head keys and values a CUDA prompt of MHA_ROWS tokens or more expands from the latent rows, EXPAND_HEADS
+    heads at a time (layers/mla.py), with SDPA's copies. tests/engine/test_attention_memory.py measures every tensor a forward makes against this."""
     from sparkd.engine.layers.attention import MQA_HEADS  # here: layers are the model code's, not the plan's imports
-    from sparkd.engine.layers.mla import MHA_ROWS
+    from sparkd.engine.layers.mla import EXPAND_HEADS, MHA_ROWS
 
     H = cfg.n_head
     at_once = min(H, MQA_HEADS) if cfg.kv_lora_rank or cfg.n_head_kv <= 1 else cfg.n_head_kv  # a score tensor's heads
     # MLA: MQA over the latent rows (no copies), or the expanded heads
-    expanded = 2 * ctx * H * (cfg.head_dim_k_mla + cfg.head_dim_v) if cfg.kv_lora_rank and cuda and T >= MHA_ROWS else 0
+    expanded = (2 * ctx * min(H, EXPAND_HEADS) * (cfg.head_dim_k_mla + cfg.head_dim_v)
+                if cfg.kv_lora_rank and cuda and T >= MHA_ROWS else 0)
     return 3 * at_once * T * ctx + expanded + widened_floats(cfg, ctx)
 
 
