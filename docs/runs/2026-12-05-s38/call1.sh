@@ -55,3 +55,8 @@ for r in 1; do
   gen q_old_8k_$r $OLD $GEN $Q --tokens $LQ -n 32
   snap
 done
+python3 bench/attend_bench.py --device cuda --json $R/attend_cuda_new.json > $R/attend_new.txt 2>&1
+PYTHONPATH=/tmp/site:$OLD python3 bench/attend_bench.py --device cuda --json $R/attend_cuda_old.json > $R/attend_old.txt 2>&1
+log "attend_bench new: $(cat $R/attend_new.txt | tr '\n' '|')"
+log "attend_bench old: $(cat $R/attend_old.txt | tr '\n' '|')"
+snap
