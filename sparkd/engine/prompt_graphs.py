@@ -136,7 +136,7 @@ class PromptForward:
     first of the decode step's buckets (first_span, doubling, the context last) that holds the
     prompt, keys past a query's position masked. Eager instead: the padding would cross the context,
     bucket x span over largest^2 where the bucket runs attend_sdpa (attention.continue_sdpa: no scores
-    in memory), else over min(largest, PROMPT_LAST_SCORES)^2 (attend's [H, bucket, span] scores in the
+    in memory), else over min(largest, PROMPT_LAST_SCORES)^2 (attend's scores over bucket x span in the
     pool: the rule keeps them within the 1024 bucket's under torch), and
     $SPARKD_PREFILL_ATTENTION=kernel (its kernel takes a host start). Other prompts (one token, every
     token's logits, longer ones) run eagerly.
@@ -191,7 +191,7 @@ class PromptForward:
         else:
             rows = prompt_bucket(n, self.first)
             span = next(s for s in self.spans if s >= start + n) if start + rows <= cache.max_ctx else 0
-            scores = not attention_layer.continue_sdpa(rows)  # it runs attend: [H, rows, span] scores in the pool
+            scores = not attention_layer.continue_sdpa(rows)  # it runs attend: scores over rows x span in the pool
             limit = min(self.largest, PROMPT_LAST_SCORES) if scores else self.largest
             if (not self.continued or not span or rows * span > limit ** 2
                     or attention_layer.PREFILL_ATTENTION == "kernel"):
