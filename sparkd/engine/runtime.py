@@ -21,14 +21,12 @@ from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.models.decoder import prompt_last_only
 from sparkd.engine.prompt_store import PromptCache, PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
-from sparkd.engine.streaming.plan import EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, kv_bytes, rope_bytes
+from sparkd.engine.streaming.plan import (EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, context_for, kv_bytes,
+                                         rope_bytes)
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
 from sparkd.engine.think import CLOSE, OPEN, TagMatcher, ThinkTags, find_think_tags
 from sparkd.engine.tokenizer import Tokenizer
 
-# Without --ctx the KV cache covers this many positions (or the model's training context if
-# smaller): a model's full training context (40k-160k) would cost GBs of f32 KV it rarely uses.
-DEFAULT_CTX = 4096
 Progress = Callable[[int, int], None]  # (bytes loaded, bytes total)
 
 
@@ -111,7 +109,7 @@ class Engine:
         peek = GGUFModel.open(self.model_path)
         try:
             cfg = config_of(peek)
-            self.n_ctx = self._context(cfg.n_ctx_train)
+            self.n_ctx = context_for(self.requested_ctx, cfg.n_ctx_train)
             stream = not self.resident and any(EXPERT_WEIGHT.match(n) for n in peek.tensors)
             if not stream:
                 self._plan = self._resident_plan(peek, cfg)
@@ -244,14 +242,6 @@ class Engine:
         None where prompts run eagerly."""
         prompt = self._prompt
         return prompt.stats() if prompt is not None and prompt.mode == "graphs" else None
-
-    def _context(self, n_ctx_train: int) -> int:
-        if self.requested_ctx is None:
-            return min(DEFAULT_CTX, n_ctx_train)
-        if self.requested_ctx > n_ctx_train:
-            raise EngineError(f"could not use --ctx {self.requested_ctx}: the model was trained for "
-                              f"{n_ctx_train} positions")
-        return self.requested_ctx
 
     def _resident_plan(self, gguf: Any, cfg: Any) -> dict[str, int]:
         """Every tensor dequantized to f32 plus the KV cache (dense models, --resident), and the prompt

@@ -91,8 +91,6 @@ def _read_text(path: Path, what: str) -> str:
 
 
 def _check(a) -> None:
-    if a.ctx is not None and a.ctx <= 0:
-        raise EngineError(f"could not use --ctx {a.ctx}: it must be at least 1")
     if a.threads is not None and a.threads < 1:
         raise EngineError(f"could not use --threads {a.threads}: it must be at least 1")
     if a.prefetch < 0 or a.read_threads < 1:

@@ -15,14 +15,15 @@ from sparkd.engine.streaming.policies import DEFAULT_POLICY, POLICIES
 
 def add_kv_type_option(s: argparse.ArgumentParser) -> None:
     s.add_argument("--kv-type", choices=["auto", "f32", "f16"], default="auto",
-                   help="the KV cache rows of attention layers with values (GQA; MLA's latent rows stay f32): "
+                   help="the KV cache rows of attention layers (GQA's keys and values, MLA's latent rows): "
                         "f16 holds and reads half the bytes, rounded once as written (llama.cpp's default); "
                         "auto = f16 with --device cuda, f32 on the CPU")
 
 
 def add_stream_options(s: argparse.ArgumentParser, size) -> None:
     s.add_argument("--budget", type=size, help="memory budget (default: cgroup memory.max - headroom)")
-    s.add_argument("--ctx", type=int, default=4096, help="context to plan the KV cache for")
+    s.add_argument("--ctx", type=int, help="positions the KV cache holds (default: 4096, at most the model's trained "
+                                         "context; more than the trained context is an error, as serve's)")
     s.add_argument("--batch-tokens", type=int, default=0, help="prompt chunk size (default: up to 512 tokens, as many as 1/32 of the budget holds)")
     s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="prefetch slots (0: off)")

@@ -335,6 +335,23 @@ def kv_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
     return per_pos * rows + side * ctx  # a sliding-window layer's rows are a ring (KVCache.ring)
 
 
+# Without --ctx the KV cache covers this many positions (or the model's training context if smaller): a model's full
+# training context (40k-160k) would cost GBs of KV it rarely uses.
+DEFAULT_CTX = 4096
+
+
+def context_for(requested: int | None, n_ctx_train: int) -> int:
+    """The positions a sequence's cache holds for --ctx `requested` (None: DEFAULT_CTX, at most the trained context),
+    as serve, generate and plan take it; EngineError for a context the model was not trained for."""
+    if requested is None:
+        return min(DEFAULT_CTX, n_ctx_train)
+    if requested < 1:
+        raise EngineError(f"could not use --ctx {requested}: it must be at least 1")
+    if requested > n_ctx_train:
+        raise EngineError(f"could not use --ctx {requested}: the model was trained for {n_ctx_train} positions")
+    return requested
+
+
 def rope_bytes(cfg: ModelConfig, ctx: int) -> int:
     """The rope tables the caches share (KVCache.rope_table): cos and sin [ctx, n_rot/2] float32 for each rope the
     layers take (cfg.rope, Gemma 3's windowed layers' rope_swa, or what an architecture module lists: DeepSeek V4's

@@ -12,7 +12,7 @@ from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.layers.kv_cache import kv_type_name
 from sparkd.engine.models import LoadedModel, Progress, config_of, load_model
 from sparkd.engine.streaming.device import probe_device
-from sparkd.engine.streaming.plan import Budget, MemoryPlan, make_plan, resolve_budget, runtime_rss_bytes
+from sparkd.engine.streaming.plan import Budget, MemoryPlan, context_for, make_plan, resolve_budget, runtime_rss_bytes
 from sparkd.engine.streaming.policies import DEFAULT_POLICY
 from sparkd.engine.streaming.prefetch import attach_prefetch
 from sparkd.engine.streaming.store import StreamingExperts
@@ -24,7 +24,7 @@ from sparkd.engine.streaming.zero_copy import table_mode
 @dataclass
 class StreamOptions:
     budget_bytes: int | None = None  # None: cgroup memory.max minus headroom, else MemAvailable
-    ctx: int = 4096
+    ctx: int | None = None  # plan.context_for: None is DEFAULT_CTX at most the trained context
     batch_tokens: int = 0  # 0: plan.default_batch_tokens
     policy: str = DEFAULT_POLICY
     prefetch_slots: int = 0
@@ -46,7 +46,7 @@ class StreamOptions:
 def plan_for(g: GGUFModel, opts: StreamOptions) -> tuple[Budget, MemoryPlan]:
     budget = resolve_budget(opts.budget_bytes, opts.proc_self_cgroup, opts.cgroup2_root, opts.meminfo)
     cfg = config_of(g)
-    ctx = min(opts.ctx or cfg.n_ctx_train, cfg.n_ctx_train)
+    ctx = context_for(opts.ctx, cfg.n_ctx_train)
     before = runtime_rss_bytes()
     device = probe_device(opts.device)  # sets CUDA up: its host memory is a term of its own
     after = runtime_rss_bytes()

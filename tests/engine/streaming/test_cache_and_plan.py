@@ -204,6 +204,29 @@ def test_plan_cli_json(tiny_models):
     assert r.returncode != 0 and "could not use --prompt-cache-mib lots" in r.stderr
 
 
+def test_plan_cli_takes_the_context_as_serve_does(tiny_models):
+    """Without --ctx the plan is for 4096 positions at most the trained context (serve's default); a context past
+    the trained one is refused with serve's message (it was planned at the trained context, silently, before
+    session 38), so is one under 1; nothing is printed on stdout then."""
+    from sparkd.engine.gguf_file import GGUFModel
+    from sparkd.engine.models import config_of
+
+    path = str(tiny_models["llama", "Q8_0"])
+    with GGUFModel.open(path) as g:
+        trained = config_of(g).n_ctx_train
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def plan(*args):
+        return subprocess.run([sys.executable, "-m", "sparkd.engine.cli", "plan", path, "--budget", "2G", "--json",
+                               *args], capture_output=True, text=True, env=env)
+    r = plan()
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ctx"] == min(4096, trained)
+    for ctx, why in ((trained + 1, f"the model was trained for {trained} positions"), (0, "it must be at least 1")):
+        r = plan("--ctx", str(ctx))
+        assert r.returncode != 0 and f"could not use --ctx {ctx}: {why}" in r.stderr and not r.stdout
+
+
 def test_staging_term_is_the_buffer_the_loader_allocates(tiny_models):
     """On a GPU the plan's staging term is the trunk loader's two-half buffer (not a multiple of the
     trunk): each half min(16 MiB, the largest trunk tensor), in whole pages; none on the CPU."""
