@@ -34,6 +34,8 @@ def one(shape: tuple, device: str, sdpa: bool) -> dict:
     run = ((lambda: attend_sdpa(q, k, v, 0.125, S - T)) if sdpa
            else (lambda: attend(q, k, v, 0.125, S - T, sinks=sinks)))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated() if device == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     run()
     sync()
