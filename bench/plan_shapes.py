@@ -2,8 +2,8 @@
 what a context costs before anything loads. Run it with PYTHONPATH at two trees to compare them (docs/performance.md,
 session 37: the sliding-window rings, the workspace's widened keys). Shapes: the gpt-oss-20b preset, gpt-oss-120b
 (its 36 layers and 128 experts on the 20b preset), a Gemma 3 27B-like shape (62 layers, 16 KV heads of 128, windows
-of 1024 on 5 layers of 6), the qwen3-235b-a22b, glm-4.5-air and deepseek-v3 presets, DeepSeek V4 Flash (its own cache; kv f16
-is its f32 cache).
+of 1024 on 5 layers of 6), the qwen3-235b-a22b, glm-4.5-air and deepseek-v3 presets, DeepSeek V4 Flash (its own
+cache; kv f16 is its f32 cache).
 
 Usage: PYTHONPATH=. python3 bench/plan_shapes.py [--budget-gib 110] [--ctx 8192,32768,131072] [--json F]
 (rope tables: the cos and sin of every position, session 38's plan term.)

@@ -388,7 +388,8 @@ def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> 
     rows widened to float32 ([ctx, Hkv, D] twice: attend and SDPA read each KV head in place for its query heads,
     session 38; session 37 had counted the rows repeated per query head, 4 [ctx, H, D] with their copies); MLA's
     per-head keys and values a CUDA prompt of MHA_ROWS tokens or more expands from the latent rows, EXPAND_HEADS
-    heads at a time (layers/mla.py), with SDPA's copies. tests/engine/test_attention_memory.py measures every tensor a forward makes against this."""
+    heads at a time (layers/mla.py), with SDPA's copies. tests/engine/test_attention_memory.py measures every tensor
+    a forward makes against this."""
     from sparkd.engine.layers.attention import MQA_HEADS  # here: layers are the model code's, not the plan's imports
     from sparkd.engine.layers.mla import EXPAND_HEADS, MHA_ROWS
 
