@@ -31,6 +31,20 @@ def paths(tmp_path_factory):
             for a in ARCHS}
 
 
+def run_peak(run, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """(run()'s result, the bytes it held at its peak beyond its inputs): CUDA's peak allocation where the inputs are
+    on the GPU, else every tensor its ops make (LiveBytes: the inputs, and views of them, are not the run's)."""
+    if any(t.is_cuda for t in inputs):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        got = run()
+        return got, torch.cuda.max_memory_allocated() - before
+    with LiveBytes(inputs) as live:
+        got = run()
+    return got, live.peak
+
+
 def chunk_peak(path, P: int, T: int, device: str):
     """(the model's config, the bytes a forward of T tokens after P cached positions holds at its peak)."""
     m = load_model(path, device=device)
@@ -39,18 +53,9 @@ def chunk_peak(path, P: int, T: int, device: str):
         tokens = torch.randint(1, 200, (P + T,), generator=torch.Generator().manual_seed(P))
         for a in range(0, P, 512):
             m.net(tokens[a:min(P, a + 512)], cache)
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            m.net(tokens[P:], cache)
-            torch.cuda.synchronize()
-            return m.cfg, torch.cuda.max_memory_allocated() - before
         held = cache.position_rows() + cache.sequence_state() + list(m.net.parameters()) + list(m.net.buffers())
         held += [t for tables in m.net.rope_tables.values() for t in tables]
-        with LiveBytes(held) as live:
-            m.net(tokens[P:], cache)
-        return m.cfg, live.peak
+        return m.cfg, run_peak(lambda: m.net(tokens[P:], cache), held)[1]
     finally:
         m.close()
 
@@ -105,16 +110,7 @@ def test_gqa_attention_reads_each_kv_head_in_place(T, S, Hkv, group, D, device):
         runs.append((lambda: attend_sdpa(q, k.half(), v.half(), 0.125, S - T),
                      repeated_attention(q, k.half(), v.half(), 0.125, S - T, sdpa=True)))
     for run, want in runs:
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            got = run()
-            peak = torch.cuda.max_memory_allocated() - before
-        else:
-            with LiveBytes([q, k, v, sinks]) as live:
-                got = run()
-            peak = live.peak
+        got, peak = run_peak(run, [q, k, v, sinks])
         assert torch.equal(got, want)
         assert peak <= counted, (peak, counted)
 
@@ -149,17 +145,7 @@ def test_mqa_attention_scores_a_block_of_heads_at_a_time(T, S, H, device):
         if with_sinks:
             scores = torch.cat([scores, sinks[:, None, None].expand(H, T, 1)], dim=-1)
         want = torch.einsum("hts,sd->thd", torch.softmax(scores, dim=-1)[..., :S], v[:, 0])
-        run = lambda: attend(q, k, v, 0.1, S - T, sinks=sinks if with_sinks else None)  # noqa: E731
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            got = run()
-            peak = torch.cuda.max_memory_allocated() - before
-        else:
-            with LiveBytes([q, k, sinks]) as live:
-                got = run()
-            peak = live.peak
+        got, peak = run_peak(lambda: attend(q, k, v, 0.1, S - T, sinks=sinks if with_sinks else None), [q, k, sinks])
         assert torch.equal(got, want) if device == "cpu" else torch.allclose(got, want, rtol=1e-5, atol=1e-6)
         heads = min(H, MQA_HEADS)  # a block's scores thrice, the output, a block's queries and values copied
         assert peak <= (3 * heads * T * (S + 1) + T * H * 512 + 2 * T * heads * (576 + 512)) * 4, (peak, with_sinks)
