@@ -129,8 +129,9 @@ def test_a_prompt_chunk_holds_at_most_what_the_plan_counts(path, P, T):
 
 def test_long_prompts_run_in_larger_chunks(tmp_path):
     """DeepSeek V4 Flash at 64k positions on a 100 GiB budget: the workspace rule for other models (scores over every
-    position) cut a prompt into chunks of 32 tokens; attention_floats's count (the indexer's scores over every CSA
-    entry the largest) allows 256: an eighth of the chunks, each reading its experts once."""
+    position, of 16 heads at a time since session 38) cuts a prompt into chunks of 128 tokens (32 before, all 64
+    heads' scores); attention_floats's count (the indexer's scores over every CSA entry the largest) allows 256: half
+    the chunks, each reading its experts once."""
     import dataclasses
     from sparkd.engine.streaming import plan as memory_plan
 
@@ -142,7 +143,7 @@ def test_long_prompts_run_in_larger_chunks(tmp_path):
     budget = 100 << 30
     assert memory_plan.default_batch_tokens(cfg, 65536, budget) == 256
     generic = dataclasses.replace(cfg, arch="deepseek2")  # an architecture without the count
-    assert memory_plan.default_batch_tokens(generic, 65536, budget) == 32
+    assert memory_plan.default_batch_tokens(generic, 65536, budget) == 128
 
 
 def _metadata(path) -> dict:
