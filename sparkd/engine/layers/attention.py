@@ -94,9 +94,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, star
     # moved a CPU oracle's greedy decode
     qg, kt = q.view(T, Hkv, group, Dk), k.permute(1, 2, 0)
     out = q.new_empty(T, Hkv, group, Dv)
+    sinks_g = None if sinks is None else sinks.view(Hkv, group)  # [kv, j]: query head kv * group + j's sink
     for j in range(group):
         scores = torch.bmm(qg[:, :, j].transpose(0, 1), kt).mul_(scale).masked_fill_(masked, float("-inf"))
-        probs = _softmax(scores, None if sinks is None else sinks.view(Hkv, group)[:, j])
+        probs = _softmax(scores, None if sinks_g is None else sinks_g[:, j])
         out[:, :, j] = torch.einsum("hts,shd->thd", probs, v)
     return out.view(T, H, Dv)
 

@@ -69,7 +69,7 @@ def cache_bytes(cfg: ModelConfig, ctx: int, kv_type: str = "f32") -> int:
 
 
 def rope_configs(cfg: ModelConfig) -> tuple:
-    """None: the MLA layers are nope-only (plan.rope_bytes)."""
+    """No rope table: the MLA layers are nope-only (plan.rope_bytes)."""
     return ()
 
 

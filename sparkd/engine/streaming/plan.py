@@ -348,7 +348,8 @@ def context_for(requested: int | None, n_ctx_train: int) -> int:
     if requested < 1:
         raise EngineError(f"could not use --ctx {requested}: it must be at least 1")
     if requested > n_ctx_train:
-        raise EngineError(f"could not use --ctx {requested}: the model was trained for {n_ctx_train} positions")
+        raise EngineError(f"could not use --ctx {requested}: the model was trained for {n_ctx_train} positions; "
+                          f"give --ctx {n_ctx_train} or less")
     return requested
 
 

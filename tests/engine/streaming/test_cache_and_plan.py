@@ -222,7 +222,8 @@ def test_plan_cli_takes_the_context_as_serve_does(tiny_models):
     r = plan()
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["ctx"] == min(4096, trained)
-    for ctx, why in ((trained + 1, f"the model was trained for {trained} positions"), (0, "it must be at least 1")):
+    past = f"the model was trained for {trained} positions; give --ctx {trained} or less"
+    for ctx, why in ((trained + 1, past), (0, "it must be at least 1")):
         r = plan("--ctx", str(ctx))
         assert r.returncode != 0 and f"could not use --ctx {ctx}: {why}" in r.stderr and not r.stdout
 
