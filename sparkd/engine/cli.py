@@ -127,6 +127,7 @@ def cmd_generate(a) -> int:
     from sparkd.engine.cuda_graphs import use_graphs
     from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
     from sparkd.engine.streaming.plan import cache_kv_type
+    from sparkd.engine.prompt_chunks import chunk_tokens, room_bytes
     from sparkd.engine.prompt_graphs import prompt_forward
     from sparkd.engine.models import load_model
     from sparkd.engine.models.decoder import prompt_last_only
@@ -165,7 +166,11 @@ def cmd_generate(a) -> int:
                 device_draws = step.prepare_draws(sample.params, len(ids) + a.n)
         if a.temp > 0 and not device_draws:  # the host draws the first token: its ops' first use outside too
             warm_sampler(sample.params, m.net.cfg.n_vocab)
-        batch = sm.plan.batch_tokens if sm else len(ids)
+        if sm:
+            batch = sm.plan.batch_tokens
+        else:  # resident: whole where the memory left holds the prompt's workspace (prompt_chunks.py)
+            room = room_bytes(a.device, a.budget)
+            batch = a.batch_tokens or chunk_tokens(m.cfg, 0, len(ids), room, a.device != "cpu")
         last = prompt_last_only()
         t0 = time.perf_counter()
         for i in range(0, len(ids), batch):  # a long prompt in chunks the plan's workspace holds

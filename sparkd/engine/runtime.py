@@ -19,6 +19,7 @@ from sparkd.engine.chat import THINK_TAGS, ChatTemplate
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.models.decoder import prompt_last_only
+from sparkd.engine.prompt_chunks import chunk_tokens, reserved_workspace, room_bytes
 from sparkd.engine.prompt_store import PromptCache, PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.streaming.plan import (EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, context_for, kv_bytes,
@@ -178,7 +179,23 @@ class Engine:
             self._log(f"--decode-graphs {','.join(map(str, self.decode_graphs))} ignored: the decode step runs "
                       "eagerly here")
         self._warm_prompt_graphs()
+        if self.streaming is None:
+            self._reserve_workspace(model.cfg)
         self.gguf, self.net = model.gguf, model.net
+
+    def _reserve_workspace(self, cfg: Any) -> None:
+        """A resident model's workspace term: what a prompt filling the context takes in the largest chunks the
+        memory left after the load holds (prompt_chunks.py); the streaming plan has its own."""
+        cuda = self.device != "cpu"
+        room = room_bytes(self.device, self.budget_bytes, self._plan["prompt_store"])
+        self._plan["workspace"] = reserved = reserved_workspace(cfg, self.n_ctx, room, cuda)
+        whole = chunk_tokens(cfg, 0, self.n_ctx, reserved, cuda)
+        runs = "whole" if whole == self.n_ctx else f"in chunks of {whole} tokens"
+        self._log(f"prompt workspace {_mib(reserved)} of {_mib(max(0, room))} free: a prompt filling the "
+                  f"{self.n_ctx} positions runs {runs}")
+        if reserved > room:
+            self._log(f"WARNING: a prompt of {self.n_ctx} tokens needs {_mib(reserved)} in chunks of {whole} tokens, "
+                      f"and {_mib(max(0, room))} is free after the load; lower --ctx or raise the budget")
 
     def _warm_decode_graphs(self) -> None:
         """--decode-graphs: capture the step graphs of every bucket (auto), the first (lazy) or the listed
@@ -294,7 +311,8 @@ class Engine:
 
     def memory_plan(self) -> dict[str, int]:
         """Bytes per plan term: streaming: budget, runtime, slack, trunk, kv, workspace, prefetch,
-        expert_cache (as allocated), ...; resident: trunk, kv, experts_resident, expert_cache, budget if set;
+        expert_cache (as allocated), ...; resident: trunk, kv, experts_resident, expert_cache, workspace (its
+        prompts' chunks, prompt_chunks.py), budget if set;
         both: prompt_store (its budget)."""
         return dict(self._plan)
 
@@ -348,7 +366,8 @@ class Engine:
             cache.n_past = keep
         else:
             cache.reset()
-        batch = self.streaming.plan.batch_tokens if self.streaming else len(ids)
+        batch = (self.streaming.plan.batch_tokens if self.streaming
+                 else chunk_tokens(self.cfg, keep, len(ids) - keep, self._plan["workspace"], self.device != "cpu"))
         logits = held.logits if keep == len(ids) else None
         for i in range(keep, len(ids), batch):  # chunks the plan's workspace holds
             logits = self._prompt(torch.tensor(ids[i:i + batch]), last=last)[-1]

@@ -24,7 +24,9 @@ def add_stream_options(s: argparse.ArgumentParser, size) -> None:
     s.add_argument("--budget", type=size, help="memory budget (default: cgroup memory.max - headroom)")
     s.add_argument("--ctx", type=int, help="positions the KV cache holds (default: 4096, at most the model's trained "
                                          "context; more than the trained context is an error, as serve's)")
-    s.add_argument("--batch-tokens", type=int, default=0, help="prompt chunk size (default: up to 512 tokens, as many as 1/32 of the budget holds)")
+    s.add_argument("--batch-tokens", type=int, default=0,
+                   help="prompt chunk size (default: up to 512 tokens, as many as 1/32 of the budget holds; "
+                        "--resident: the whole prompt where the memory left after the load holds its workspace)")
     s.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES), help="expert cache policy")
     s.add_argument("--prefetch", type=int, default=0, metavar="SLOTS", help="prefetch slots (0: off)")
     # --read-threads, as on serve, where --threads is torch's CPU threads
