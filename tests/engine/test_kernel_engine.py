@@ -375,7 +375,7 @@ def test_tiled_q4_k_expert_gate_up_matches_cpu_reference(tmp_path, monkeypatch, 
             assert (prepared.gate_up.qtype.name, prepared.down.qtype.name) == names
             got[layout] = greedy(k.net, prompt, n)
             ew = store.get(0, [0, 3])
-            weights[layout] = (ew.gate, ew.up, ew.down)
+            weights[layout] = tuple(torch.stack(list(t)) for t in (ew.gate, ew.up, ew.down))  # one tensor an expert
         finally:
             k.close()
     for layout, (logits, tokens) in got.items():

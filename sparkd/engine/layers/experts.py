@@ -18,18 +18,19 @@ GATE, UP, DOWN = "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"
 
 @dataclass
 class ExpertWeights:
-    """Weights of the selected experts, stacked in the order of the requested ids.
+    """Weights of the selected experts in the order of the requested ids, each field indexed by position (a
+    stacked tensor, or a sequence of one tensor an expert: views of the resident ones, a streaming batch's reads).
 
     A experts, F expert width, D model width: gate/up [A, F, D], down [A, D, F];
     biases (gpt-oss) gate_b/up_b [A, F], down_b [A, D].
     """
 
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
-    gate_b: torch.Tensor | None = None
-    up_b: torch.Tensor | None = None
-    down_b: torch.Tensor | None = None
+    gate: Sequence[torch.Tensor]
+    up: Sequence[torch.Tensor]
+    down: Sequence[torch.Tensor]
+    gate_b: Sequence[torch.Tensor] | None = None
+    up_b: Sequence[torch.Tensor] | None = None
+    down_b: Sequence[torch.Tensor] | None = None
     # how llama.cpp rounds the activations each projection multiplies (see act_round)
     act_gate: str | None = None
     act_up: str | None = None
@@ -71,10 +72,10 @@ class ResidentExperts:
 
     def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
         w = self._layer(layer)
-        idx = torch.as_tensor(list(expert_ids), dtype=torch.long, device=w.gate.device)  # where the experts are
+        ids = [int(e) for e in expert_ids]
 
-        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.index_select(0, idx)
+        def pick(t: torch.Tensor | None) -> list[torch.Tensor] | None:  # views: a stacked copy cost a decode step
+            return None if t is None else [t[e] for e in ids]  # its weights' bytes again (session 39)
         return ExpertWeights(pick(w.gate), pick(w.up), pick(w.down),
                              pick(w.gate_b), pick(w.up_b), pick(w.down_b),
                              w.act_gate, w.act_up, w.act_down)

@@ -209,7 +209,7 @@ class KernelExperts:
     def get(self, layer: int, expert_ids: Sequence[int]) -> ExpertWeights:
         parts, _ = self._layer(layer)
 
-        def pick(name: str) -> torch.Tensor:
+        def pick(name: str) -> list[torch.Tensor]:
             raw, qtype, (n, rows, cols) = parts[name]
             per = raw.numel() // n
 
@@ -217,7 +217,7 @@ class KernelExperts:
                 unpack = self._tiled.get((layer, name))
                 own = raw[e * per:(e + 1) * per]
                 return own if unpack is None else unpack(own, (rows, cols))
-            return torch.stack([dequantize(blocks(e), qtype, (rows, cols)) for e in expert_ids])
+            return [dequantize(blocks(e), qtype, (rows, cols)) for e in expert_ids]  # not stacked: one copy less
 
         def bias(name: str) -> torch.Tensor | None:
             full = f"blk.{layer}.{name}.bias"
