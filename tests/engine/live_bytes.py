@@ -19,7 +19,8 @@ class LiveBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # a view's (or an in-place op's) storage is its input's: not new, whether or not the mode saw it made
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if (isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.sizes
                     and t.untyped_storage().data_ptr() not in inputs):
