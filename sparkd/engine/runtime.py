@@ -148,6 +148,7 @@ class Engine:
 
     def _finish_load(self, model: Any) -> None:
         from sparkd.engine.cuda_graphs import use_graphs
+        from sparkd.engine.models import warm_experts
         from sparkd.engine.prompt_graphs import prompt_forward
         from sparkd.engine.streaming.graph_step import decode_step
 
@@ -158,7 +159,7 @@ class Engine:
         self.template = self._chat_template(model.gguf.metadata)
         self.think = self._think_tags()
         if self.streaming is None:
-            self._warm_experts(model.net)
+            warm_experts(model.net)
         self._cache = model.net.new_cache(self.n_ctx, KV_TYPES[self.kv_type])
         if self._plan["prompt_store"]:
             self._store = PromptStore(self._plan["prompt_store"])
@@ -296,12 +297,6 @@ class Engine:
 
     def _think_tags(self) -> ThinkTags | None:
         return find_think_tags(self.tokenizer, THINK_TAGS)
-
-    def _warm_experts(self, net: Any) -> None:
-        """Read every resident expert now, so the first request does not pay for it."""
-        for block in net.blocks:
-            if hasattr(block.ffn, "store"):  # a MoE block
-                block.ffn.store.get(block.ffn.il, [0])
 
     # --- what the server asks -----------------------------------------------------------------
 

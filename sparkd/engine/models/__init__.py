@@ -96,6 +96,14 @@ def load_model(path: str | Path | GGUFModel, store: ExpertStore | None = None,
         raise
 
 
+def warm_experts(net: Decoder) -> None:
+    """Read every resident expert now (they load a layer at a time on first use), so neither a first request nor a
+    timed prompt pays for it."""
+    for block in net.blocks:
+        if hasattr(block.ffn, "store"):  # a MoE block
+            block.ffn.store.get(block.ffn.il, [0])
+
+
 def check_device(device: str) -> str:
     """The device, if torch can run on it: "cpu" or "cuda[:N]" with a CUDA device present."""
     if device != "cpu" and not (device.split(":")[0] == "cuda" and torch.cuda.is_available()):
