@@ -191,9 +191,9 @@ class Engine:
         room = room_bytes(self.device, self.budget_bytes, self._plan["prompt_store"])
         self._plan["workspace"] = reserved = reserved_workspace(cfg, self.n_ctx, room, cuda)
         whole = chunk_tokens(cfg, 0, self.n_ctx, reserved, cuda)
-        runs = "whole" if whole == self.n_ctx else f"in chunks of {whole} tokens"
-        self._log(f"prompt workspace {_mib(reserved)} of {_mib(max(0, room))} free: a prompt filling the "
-                  f"{self.n_ctx} positions runs {runs}")
+        if whole < self.n_ctx:  # (a prompt of up to the whole context in one forward needs no word)
+            self._log(f"prompt workspace {_mib(reserved)} of {_mib(max(0, room))} free: a prompt filling the "
+                      f"{self.n_ctx} positions runs in chunks of {whole} tokens")
         if reserved > room:
             self._log(f"WARNING: a prompt of {self.n_ctx} tokens needs {_mib(reserved)} in chunks of {whole} tokens, "
                       f"and {_mib(max(0, room))} is free after the load; lower --ctx or raise the budget")
