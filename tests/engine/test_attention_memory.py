@@ -21,7 +21,7 @@ from sparkd.engine.models import config_of, load_model
 from sparkd.engine.streaming.plan import workspace_bytes
 
 ARCHS = ["qwen3moe", "gpt-oss", "gemma3", "llama", "glm4moe", "deepseek2", "glm-dsa", "kimi-k3"]
-CHUNKS = [(1000, 16), (3000, 8), (200, 256)]  # (cached positions, the chunk's tokens)
+CHUNKS = [(1000, 16), (3000, 8), (200, 256), (1500, 384)]  # (cached positions, the chunk's tokens)
 
 
 @pytest.fixture(scope="module")

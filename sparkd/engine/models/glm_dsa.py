@@ -24,6 +24,7 @@ from sparkd.engine.models.deepseek2 import mla_attention
 from sparkd.engine.models.weights import Weights
 
 ARCH = "glm-dsa"
+PROMPT_SCORES = True  # past top_k keys its selection keeps CUDA prompts absorbed, scores in memory (plan)
 GLM_5_2_MIN_CTX = 1048576  # llama.cpp: a shorter trained context means GLM-5/5.1 (all layers full)
 # llama.cpp leaves the indexer key LayerNorm's eps unset (0) for glm-dsa
 INDEXER_NORM_EPS = 0.0

@@ -387,19 +387,28 @@ def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> 
     scores, mask and probabilities over every position for the heads attend computes at once (session 38: GQA one
     query head of each group at a time, [Hkv, T, ctx]; MQA, MLA's latent head, MQA_HEADS heads at a time); GQA's float16
     rows widened to float32 ([ctx, Hkv, D] twice: attend and SDPA read each KV head in place for its query heads,
-    session 38; session 37 had counted the rows repeated per query head, 4 [ctx, H, D] with their copies); MLA's
-    per-head keys and values a CUDA prompt of MHA_ROWS tokens or more expands from the latent rows, EXPAND_HEADS
-    heads at a time (layers/mla.py), with SDPA's copies. tests/engine/test_attention_memory.py measures every tensor
-    a forward makes against this."""
-    from sparkd.engine.layers.attention import MQA_HEADS  # here: layers are the model code's, not the plan's imports
-    from sparkd.engine.layers.mla import EXPAND_HEADS, MHA_ROWS
+    session 38; session 37 had counted the rows repeated per query head, 4 [ctx, H, D] with their copies).
+    On CUDA (session 39) a chunk SDPA runs holds no scores: a layer without sinks from CONTINUE_SDPA_ROWS tokens
+    (attention.continue_sdpa), MLA from MHA_ROWS (its heads' keys and values expanded from the latent rows,
+    EXPAND_HEADS heads at a time, layers/mla.py); its boolean [T, ctx] mask at most (a window's). A prompt's last
+    chunk may be shorter and run attend, so the count is the larger of SDPA's and attend's scores over one row
+    fewer than SDPA's threshold. tests/engine/test_attention_memory.py measures every tensor a forward makes
+    against this (on the GPU box the device's peak)."""
+    from sparkd.engine.layers.attention import CONTINUE_SDPA_ROWS, MQA_HEADS, continue_sdpa  # here: layers are
+    from sparkd.engine.layers.mla import EXPAND_HEADS, MHA_ROWS, MLA_PROMPT  # the model code's, not the plan's imports
+    from sparkd.engine.models import arch_module
 
     H = cfg.n_head
     at_once = min(H, MQA_HEADS) if cfg.kv_lora_rank or cfg.n_head_kv <= 1 else cfg.n_head_kv  # a score tensor's heads
-    # MLA: MQA over the latent rows (no copies), or the expanded heads
-    expanded = (2 * ctx * min(H, EXPAND_HEADS) * (cfg.head_dim_k_mla + cfg.head_dim_v)
-                if cfg.kv_lora_rank and cuda and T >= MHA_ROWS else 0)
-    return 3 * at_once * T * ctx + expanded + widened_floats(cfg, ctx)
+    sdpa = cuda and not getattr(arch_module(cfg.arch), "PROMPT_SCORES", False)  # sinks, a key selector: attend
+    if cfg.kv_lora_rank:
+        sdpa, below = sdpa and MLA_PROMPT == "mha" and T >= MHA_ROWS, MHA_ROWS
+        rows = 2 * ctx * min(H, EXPAND_HEADS) * (cfg.head_dim_k_mla + cfg.head_dim_v)  # one head block's k and v
+    else:
+        sdpa, below, rows = sdpa and continue_sdpa(T), CONTINUE_SDPA_ROWS, 0
+    if not sdpa:
+        return 3 * at_once * T * ctx + widened_floats(cfg, ctx)
+    return max(3 * at_once * min(T, below - 1) * ctx, rows + T * ctx // 4) + widened_floats(cfg, ctx)
 
 
 def widened_floats(cfg: ModelConfig, ctx: int) -> int:
