@@ -385,38 +385,41 @@ def prompt_rule_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool) -> int:
 def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> int:
     """A prompt chunk of T tokens' largest attention transient in one layer at up to ctx positions, in floats:
     scores, mask and probabilities over every position for the heads attend computes at once (session 38: GQA one
-    query head of each group at a time, [Hkv, T, ctx]; MQA, MLA's latent head, MQA_HEADS heads at a time); GQA's float16
-    rows widened to float32 ([ctx, Hkv, D] twice: attend and SDPA read each KV head in place for its query heads,
-    session 38; session 37 had counted the rows repeated per query head, 4 [ctx, H, D] with their copies).
-    On CUDA (session 39) a chunk SDPA runs holds no scores: a layer without sinks from CONTINUE_SDPA_ROWS tokens
-    (attention.continue_sdpa), MLA from MHA_ROWS (its heads' keys and values expanded from the latent rows,
-    EXPAND_HEADS heads at a time, layers/mla.py); its boolean [T, ctx] mask at most (a window's). A prompt's last
-    chunk may be shorter and run attend, so the count is the larger of SDPA's and attend's scores over one row
+    query head of each group at a time, [Hkv, T, ctx]; MQA, MLA's latent head, MQA_HEADS heads at a time) and GQA's
+    rows widened (widened_floats: attend reads each KV head in place for its query heads, session 38).
+    On CUDA (session 39) a chunk SDPA runs holds no scores but its rows: GQA without sinks from CONTINUE_SDPA_ROWS
+    tokens (attention.continue_sdpa) the keys and values repeated to every query head ([ctx, H, D] twice: SDPA's
+    fast kernel wants them so), MLA from MHA_ROWS its heads' keys and values expanded from the latent rows,
+    EXPAND_HEADS heads at a time (layers/mla.py); and its boolean [T, ctx] mask at most (a window's). A prompt's
+    last chunk may be shorter and run attend, so the count is the larger of SDPA's and attend's scores over one row
     fewer than SDPA's threshold. tests/engine/test_attention_memory.py measures every tensor a forward makes
     against this (on the GPU box the device's peak)."""
     from sparkd.engine.layers.attention import CONTINUE_SDPA_ROWS, MQA_HEADS, continue_sdpa  # here: layers are
     from sparkd.engine.layers.mla import EXPAND_HEADS, MHA_ROWS, MLA_PROMPT  # the model code's, not the plan's imports
     from sparkd.engine.models import arch_module
 
-    H = cfg.n_head
-    at_once = min(H, MQA_HEADS) if cfg.kv_lora_rank or cfg.n_head_kv <= 1 else cfg.n_head_kv  # a score tensor's heads
+    H, Hkv = cfg.n_head, cfg.n_head_kv
+    at_once = min(H, MQA_HEADS) if cfg.kv_lora_rank or Hkv <= 1 else Hkv  # a score tensor's heads
     sdpa = cuda and not getattr(arch_module(cfg.arch), "PROMPT_SCORES", False)  # sinks, a key selector: attend
     if cfg.kv_lora_rank:
         sdpa, below = sdpa and MLA_PROMPT == "mha" and T >= MHA_ROWS, MHA_ROWS
         rows = 2 * ctx * min(H, EXPAND_HEADS) * (cfg.head_dim_k_mla + cfg.head_dim_v)  # one head block's k and v
     else:
-        sdpa, below, rows = sdpa and continue_sdpa(T), CONTINUE_SDPA_ROWS, 0
+        sdpa, below = sdpa and continue_sdpa(T), CONTINUE_SDPA_ROWS
+        rows = 2 * ctx * H * max(cfg.head_dim_k, cfg.head_dim_v) if H > Hkv else 0  # repeated to each query head
+    widened = widened_floats(cfg, ctx, cuda)
     if not sdpa:
-        return 3 * at_once * T * ctx + widened_floats(cfg, ctx)
-    return max(3 * at_once * min(T, below - 1) * ctx, rows + T * ctx // 4) + widened_floats(cfg, ctx)
+        return 3 * at_once * T * ctx + widened
+    return max(3 * at_once * min(T, below - 1) * ctx, rows + T * ctx // 4) + widened
 
 
-def widened_floats(cfg: ModelConfig, ctx: int) -> int:
+def widened_floats(cfg: ModelConfig, ctx: int, cuda: bool = False) -> int:
     """GQA's part of attention_floats that any prompt chunk at ctx positions holds, whatever its tokens: the float16
-    rows widened to float32 ([ctx, Hkv, D] twice)."""
+    rows widened to float32 ([ctx, Hkv, D] twice; three times on CUDA, where attend's products copy the permuted
+    rows: 18.4 MB at 3000 x 8 x 64 on the H100, session 39)."""
     if cfg.kv_lora_rank:
         return 0
-    return 2 * cfg.n_head_kv * ctx * max(cfg.head_dim_k, cfg.head_dim_v)
+    return (3 if cuda else 2) * cfg.n_head_kv * ctx * max(cfg.head_dim_k, cfg.head_dim_v)
 
 
 def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int, cuda: bool = False) -> int:
@@ -448,7 +451,7 @@ def default_batch_tokens(cfg: ModelConfig, ctx: int, budget_bytes: int, cuda: bo
 
     tokens = min(ctx, 512)
     own = getattr(arch_module(cfg.arch), "attention_floats", None)
-    fixed = 0 if own is not None else int(widened_floats(cfg, ctx) * F32_BYTES * 1.5)  # no chunk size trades it
+    fixed = 0 if own is not None else int(widened_floats(cfg, ctx, cuda) * F32_BYTES * 1.5)  # no chunk trades it
     while tokens > 16 and workspace_bytes(cfg, ctx, tokens, cuda) - fixed > budget_bytes * WORKSPACE_SHARE:
         tokens //= 2
     return tokens
