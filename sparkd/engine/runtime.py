@@ -22,8 +22,8 @@ from sparkd.engine.models.decoder import prompt_last_only
 from sparkd.engine.prompt_chunks import chunk_tokens, reserved_workspace, room_bytes
 from sparkd.engine.prompt_store import PromptCache, PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
-from sparkd.engine.streaming.plan import (EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, context_for, kv_bytes,
-                                         rope_bytes)
+from sparkd.engine.streaming.plan import (EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, context_for, kernel_rule,
+                                         kv_bytes, resident_bytes, rope_bytes)
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
 from sparkd.engine.think import CLOSE, OPEN, TagMatcher, ThinkTags, find_think_tags
 from sparkd.engine.tokenizer import Tokenizer
@@ -262,10 +262,9 @@ class Engine:
         return prompt.stats() if prompt is not None and prompt.mode == "graphs" else None
 
     def _resident_plan(self, gguf: Any, cfg: Any) -> dict[str, int]:
-        """Every tensor dequantized to f32 plus the KV cache (dense models, --resident), and the prompt
-        store's budget."""
-        experts = sum(4 * t.n_elements for n, t in gguf.tensors.items() if EXPERT_WEIGHT.match(n))
-        trunk = sum(4 * t.n_elements for n, t in gguf.tensors.items() if not EXPERT_WEIGHT.match(n))
+        """Every tensor as the loader holds it (plan.resident_bytes: f32 on the CPU, the kernels' file bytes on a
+        GPU) plus the KV cache and rope tables (dense models, --resident), and the prompt store's budget."""
+        trunk, experts = resident_bytes(gguf, cfg.n_layer, None if self.device == "cpu" else kernel_rule())
         kv, rope = kv_bytes(cfg, self.n_ctx, self.kv_type), rope_bytes(cfg, self.n_ctx)
         room = None if self.budget_bytes is None else self.budget_bytes - trunk - kv - rope - experts
         store = store_bytes(self._store_request, self.budget_bytes, room)

@@ -289,6 +289,21 @@ def trunk_bytes(g: GGUFModel, n_layer: int | None = None,
     return total
 
 
+def resident_bytes(g: GGUFModel, n_layer: int,
+                   multiplies: Callable[[Q, int], bool] | None = None) -> tuple[int, int]:
+    """(trunk, routed experts) of a model loaded whole (--resident, a dense model), as the loader holds them: on the
+    CPU (multiplies None) every tensor f32 (Weights dequantizes them); on a GPU (multiplies: dispatch.multiplies) the
+    trunk as trunk_bytes counts it and the routed experts the kernels multiply as their file bytes (KernelExperts),
+    f32 the rest. Before session 39 the GPU's count was the CPU's: a 27B dense Q4_K model 108 GB of f32 where the
+    device holds ~17 GB, so a --budget the supervisor passes refused it."""
+    experts = sum(info.nbytes if multiplies is not None and multiplies(info.ggml_type, info.shape[-1])
+                  else info.n_elements * F32_BYTES for name, info in g.tensors.items() if EXPERT_WEIGHT.match(name))
+    if multiplies is not None:
+        return trunk_bytes(g, n_layer, multiplies), experts
+    trunk = sum(info.n_elements * F32_BYTES for name, info in g.tensors.items() if not EXPERT_WEIGHT.match(name))
+    return trunk, experts
+
+
 def _device_raw_bytes(info) -> int:
     """A kernel projection's bytes on the device: its file bytes, or whole 272-byte groups per
     row in the packed Q8_0 layout (Weights.linear repacks resident Q8_0 projections)."""
@@ -473,7 +488,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     n_moe = sum(cfg.is_moe_layer(il) for il in range(cfg.n_layer))
     total_experts = n_moe * cfg.n_expert
     slot = expert_slot_bytes(g)
-    kernels = None if device.kind == "cpu" else _kernel_rule()
+    kernels = None if device.kind == "cpu" else kernel_rule()
     model = dict(trunk_bytes=trunk_bytes(g, cfg.n_layer, kernels), kv_bytes=kv_bytes(cfg, ctx, kv_type),
                  rope_bytes=rope_bytes(cfg, ctx), workspace_bytes=workspace_bytes(cfg, ctx, batch_tokens, cuda))
     host = dict(runtime_bytes=rss() if runtime_bytes is None else runtime_bytes,
@@ -510,7 +525,7 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
     return plan
 
 
-def _kernel_rule() -> Callable[[Q, int], bool]:
+def kernel_rule() -> Callable[[Q, int], bool]:
     # imports triton: only for a GPU's plan
     from sparkd.engine.kernels.dispatch import multiplies
 
