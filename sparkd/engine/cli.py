@@ -171,8 +171,8 @@ def cmd_generate(a) -> int:
         if sm:
             batch = sm.plan.batch_tokens
         else:  # resident: whole where the memory left holds the prompt's workspace (prompt_chunks.py)
-            room = room_bytes(a.device, a.budget)
-            batch = a.batch_tokens or chunk_tokens(m.cfg, 0, len(ids), room, a.device != "cpu")
+            batch = a.batch_tokens or chunk_tokens(m.cfg, 0, len(ids), room_bytes(a.device, a.budget),
+                                                   a.device != "cpu")
         last = prompt_last_only()
         t0 = time.perf_counter()
         for i in range(0, len(ids), batch):  # a long prompt in chunks the plan's workspace holds

@@ -27,13 +27,15 @@ def chunk_tokens(cfg: ModelConfig, start: int, n: int, room_bytes: int, cuda: bo
     tokens = n
     while tokens > MIN_CHUNK_TOKENS and workspace_bytes(cfg, start + n, tokens, cuda) > room_bytes:
         tokens = 1 << ((tokens - 1).bit_length() - 1)  # the largest power of two below
-    return max(1, tokens)
+    return max(1, tokens)  # (n = 0, a prompt the cache holds whole: still a step for range())
 
 
-def reserved_workspace(cfg: ModelConfig, ctx: int, room_bytes: int, cuda: bool = False) -> int:
-    """The workspace of a prompt filling all ctx positions in the largest chunks room_bytes holds: what a resident
-    model keeps free for its prompts (its plan's workspace term). At least the smallest chunk's, room or not."""
-    return workspace_bytes(cfg, ctx, chunk_tokens(cfg, 0, ctx, room_bytes, cuda), cuda)
+def reserved_workspace(cfg: ModelConfig, ctx: int, room_bytes: int, cuda: bool = False) -> tuple[int, int]:
+    """(chunk tokens, workspace bytes) of a prompt filling all ctx positions in the largest chunks room_bytes holds:
+    what a resident model keeps free for its prompts (its plan's workspace term). At least the smallest chunk's,
+    room or not."""
+    tokens = chunk_tokens(cfg, 0, ctx, room_bytes, cuda)
+    return tokens, workspace_bytes(cfg, ctx, tokens, cuda)
 
 
 def room_bytes(device: str, budget_bytes: int | None, held_bytes: int = 0) -> int:

@@ -189,8 +189,8 @@ class Engine:
         memory left after the load holds (prompt_chunks.py); the streaming plan has its own."""
         cuda = self.device != "cpu"
         room = room_bytes(self.device, self.budget_bytes, self._plan["prompt_store"])
-        self._plan["workspace"] = reserved = reserved_workspace(cfg, self.n_ctx, room, cuda)
-        whole = chunk_tokens(cfg, 0, self.n_ctx, reserved, cuda)
+        whole, reserved = reserved_workspace(cfg, self.n_ctx, room, cuda)
+        self._plan["workspace"] = reserved
         if whole < self.n_ctx:  # (a prompt of up to the whole context in one forward needs no word)
             self._log(f"prompt workspace {_mib(reserved)} of {_mib(max(0, room))} free: a prompt filling the "
                       f"{self.n_ctx} positions runs in chunks of {whole} tokens")

@@ -50,7 +50,8 @@ def test_the_chunk_is_the_whole_prompt_or_the_largest_power_of_two_the_room_hold
     room = workspace_bytes(cfg, 1000, 1000)
     assert chunk_tokens(cfg, 0, 1000, room) == 1000 and chunk_tokens(cfg, 3000, 1000, room) < 1000
     assert chunk_tokens(cfg, 0, PROMPT, 0) == MIN_CHUNK_TOKENS and chunk_tokens(cfg, 0, 5, 0) == 5
-    assert reserved_workspace(cfg, CTX, 0) == workspace_bytes(cfg, CTX, MIN_CHUNK_TOKENS)
+    assert reserved_workspace(cfg, CTX, 0) == (MIN_CHUNK_TOKENS, workspace_bytes(cfg, CTX, MIN_CHUNK_TOKENS))
+    assert reserved_workspace(cfg, CTX, workspace_bytes(cfg, CTX, 256)) == (256, workspace_bytes(cfg, CTX, 256))
 
 
 def test_the_room_is_the_budget_less_what_the_process_holds():
@@ -106,3 +107,23 @@ def test_on_the_gpu_the_room_counts_what_the_allocator_holds_unused():
     del x
     after = room_bytes("cuda", None)
     assert abs(before - after) < 64 * MIB and abs(before - held - (1 << 30)) < 64 * MIB, (before, held, after)
+
+
+def test_a_budget_the_load_leaves_no_room_in_warns_and_still_serves(path, cfg):
+    """A budget below what the process holds after the load: the smallest chunk's workspace reserved, a WARNING that
+    says what to do, and a long prompt still runs (in 16-token chunks) to the tokens the whole prompt gives."""
+    ids = torch.randint(1, 200, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    lines = []
+    starved = Engine(path, ctx=CTX, resident=True, prompt_cache=False, log=lines.append,
+                     budget_bytes=runtime_rss_bytes() // 2)
+    roomy = Engine(path, ctx=CTX, resident=True, prompt_cache=False)
+    starved.load()
+    roomy.load()
+    try:
+        assert starved.memory_plan()["workspace"] == workspace_bytes(cfg, CTX, MIN_CHUNK_TOKENS)
+        assert any(x.startswith(f"WARNING: a prompt of {CTX} tokens needs") and x.endswith(
+            "is free after the load; lower --ctx or raise the budget") for x in lines), lines
+        assert prompt_run(starved, ids)[0] == prompt_run(roomy, ids)[0]
+    finally:
+        starved.close()
+        roomy.close()
