@@ -99,8 +99,9 @@ def test_gqa_attention_reads_each_kv_head_in_place(T, S, Hkv, group, D, device):
     them: 2.1 GB each on gpt-oss-120b at 131072 positions). Bits: a decode step's product over the group's rows at
     once rounds otherwise (the grouped einsum that moved a CPU oracle's greedy decode). Memory: at most what
     plan.attention_floats counts a layer: scores, mask and probabilities of one query head a group ([Hkv, T, S], one
-    group index at a time) and the widened rows. On CUDA attend_sdpa too (torch's memory-efficient kernel, over the
-    rows repeated: session 38's stride-0 keys were 7.7x slower on the H100), within its count of them."""
+    group index at a time) and the widened rows. On CUDA attend_sdpa too (torch's memory-efficient kernel over the
+    rows broadcast with stride 0), within its count: no scores and no repeated rows, the queries' and the output's
+    copies and a mask at most."""
     g = torch.Generator().manual_seed(T * S)
     q, k, v = (torch.randn(n, h, D, generator=g).to(device) for n, h in ((T, Hkv * group), (S, Hkv), (S, Hkv)))
     sinks = torch.randn(Hkv * group, generator=g).to(device)
@@ -112,10 +113,10 @@ def test_gqa_attention_reads_each_kv_head_in_place(T, S, Hkv, group, D, device):
     runs = [(lambda: attend(q, k, v, 0.125, S - T), repeated_attention(q, k, v, 0.125, S - T), counted),
             (lambda: attend(q, k, v, 0.125, S - T, sinks=sinks), repeated_attention(q, k, v, 0.125, S - T, sinks),
              counted)]
-    if device == "cuda":  # SDPA: the rows repeated to each query head (its fast kernel's form), no scores
+    if device == "cuda":  # SDPA: no scores, no rows repeated to each query head
         runs.append((lambda: attend_sdpa(q, k.half(), v.half(), 0.125, S - T),
                      repeated_attention(q, k.half(), v.half(), 0.125, S - T, sdpa=True),
-                     (widened + 2 * S * Hkv * group * D + T * S) * 4 + slop))
+                     (widened + 2 * T * Hkv * group * D + T * S) * 4 + slop))
     for run, want, bound in runs:
         got, peak = run_peak(run, [q, k, v, sinks])
         if device == "cpu":

@@ -129,14 +129,16 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     and p - s < window). All three give the same bits for the same keys (H200, prefill31: 36 shapes; the GPU
     test), so a continued graph that ends at its span keeps the eager continuation's bits. masks and key_pos as
     attend's."""
-    T, H, _ = q.shape
-    S, Hkv, _ = v.shape
-    # GQA: the rows repeated to each query head, contiguous (session 39: session 38's keys expanded over the group
-    # with stride 0 took an 8000-token qwen3-30b-a3b-shaped prompt on the H100 from 73.9k to 9.6k tok/s; SDPA's fast
-    # kernel seems not to take them; docs/performance.md). plan.attention_floats counts the copies
-    k, v = k.to(q.dtype), v.to(q.dtype)  # (float16 cache rows widened first: Hkv heads, not H)
-    if H > Hkv:
-        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    T, H, Dk = q.shape
+    S, Hkv, Dv = v.shape
+    group = H // Hkv
+    # GQA as a batch of Hkv KV heads of `group` query heads each, the keys and values broadcast over the group with
+    # stride 0: no rows repeated per query head. The memory-efficient kernel takes that form (torch says so) and on
+    # the H100 it was as fast as the rows repeated or faster (8000 x 8000, 32 / 4 heads: 11.5 vs 11.8 ms, 252 vs
+    # 504 MiB; bench/sdpa_gqa_bench.py, session 40). Float16 cache rows are widened first: Hkv heads, not H.
+    q4 = q.view(T, Hkv, group, Dk).permute(1, 2, 0, 3)
+    k4 = k.to(q.dtype).permute(1, 0, 2)[:, None].expand(Hkv, group, S, Dk)
+    v4 = v.to(q.dtype).permute(1, 0, 2)[:, None].expand(Hkv, group, S, Dv)
     host = isinstance(start, int) and not window
     causal = host and start == 0
     if causal:
@@ -149,9 +151,8 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     else:
         mask = forward_mask(masks, True, start, T, S, window, q.device, key_pos)
     with sdpa_kernel(SDPA_BACKENDS):
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                           attn_mask=mask, is_causal=causal, scale=scale)
-    return o[0].transpose(0, 1)
+        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=causal, scale=scale)
+    return o.permute(2, 0, 1, 3).reshape(T, H, Dv)
 
 
 FUSE_QKV_ENV = "SPARKD_FUSED_QKV"

@@ -402,10 +402,11 @@ def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> 
     scores, mask and probabilities over every position for the heads attend computes at once (session 38: GQA one
     query head of each group at a time, [Hkv, T, ctx]; MQA, MLA's latent head, MQA_HEADS heads at a time) and GQA's
     rows widened (widened_floats: attend reads each KV head in place for its query heads, session 38).
-    On CUDA (session 39) a chunk SDPA runs holds no scores but its rows: GQA without sinks from CONTINUE_SDPA_ROWS
-    tokens (attention.continue_sdpa) the keys and values repeated to every query head ([ctx, H, D] twice: SDPA's
-    fast kernel wants them so), MLA from MHA_ROWS its heads' keys and values expanded from the latent rows,
-    EXPAND_HEADS heads at a time (layers/mla.py); and its boolean [T, ctx] mask at most (a window's). A prompt's
+    On CUDA (session 39) a chunk SDPA runs holds no scores: GQA without sinks from CONTINUE_SDPA_ROWS tokens
+    (attention.continue_sdpa) reads the keys and values broadcast over each group (stride 0, session 40: no rows
+    repeated) and holds the queries' contiguous copy and the output's (2 [T, H, D]); MLA from MHA_ROWS its heads'
+    keys and values expanded from the latent rows, EXPAND_HEADS heads at a time (layers/mla.py); both a boolean
+    [T, ctx] mask at most (a window's). A prompt's
     last chunk may be shorter and run attend, so the count is the larger of SDPA's and attend's scores over one row
     fewer than SDPA's threshold. tests/engine/test_attention_memory.py measures every tensor a forward makes
     against this (on the GPU box the device's peak)."""
@@ -421,7 +422,7 @@ def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> 
         rows = 2 * ctx * min(H, EXPAND_HEADS) * (cfg.head_dim_k_mla + cfg.head_dim_v)  # one head block's k and v
     else:
         sdpa, below = sdpa and continue_sdpa(T), CONTINUE_SDPA_ROWS
-        rows = 2 * ctx * H * max(cfg.head_dim_k, cfg.head_dim_v) if H > Hkv else 0  # repeated to each query head
+        rows = 2 * T * H * max(cfg.head_dim_k, cfg.head_dim_v)  # the queries' and the output's copies
     widened = widened_floats(cfg, ctx, cuda)
     if not sdpa:
         return 3 * at_once * T * ctx + widened
