@@ -22,6 +22,7 @@ from sparkd.engine.models.decoder import prompt_last_only
 from sparkd.engine.prompt_chunks import chunk_tokens, reserved_workspace, room_bytes
 from sparkd.engine.prompt_store import PromptCache, PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
+from sparkd.engine.streaming.device import CPU, DeviceInfo, probe_device, vram_margin_bytes
 from sparkd.engine.streaming.plan import (EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, context_for, kernel_rule,
                                          kv_bytes, resident_bytes, rope_bytes)
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
@@ -37,6 +38,39 @@ class NoExpertCache(EngineError):
 
 class MemoryPlanError(EngineError):
     """The model does not fit in the memory budget."""
+
+
+def resident_plan(gguf: Any, cfg: Any, ctx: int, kv_type: str, budget_bytes: int | None,
+                  store_request: int | None, device: DeviceInfo = CPU) -> dict[str, int]:
+    """The plan of a model loaded whole (dense models, --resident): every tensor as the loader holds it
+    (plan.resident_bytes: f32 on the CPU, the kernels' file bytes on a GPU), the KV cache, rope tables and the
+    prompt store's budget. On a discrete GPU all of them live in the device's memory, so they are held against its
+    free memory less the VRAM margin, not against --budget, the host's (before session 40 a --budget refused a
+    model the device held, and nothing refused one it could not hold until CUDA ran out mid-load); elsewhere
+    (the CPU, an integrated GPU sharing the host's memory) against --budget. MemoryPlanError names every term."""
+    trunk, experts = resident_bytes(gguf, cfg.n_layer, None if device.kind == "cpu" else kernel_rule())
+    kv, rope = kv_bytes(cfg, ctx, kv_type), rope_bytes(cfg, ctx)
+    if device.discrete:
+        margin = vram_margin_bytes(device)
+        limit = device.free_bytes - margin
+        against = f"{device.name}'s {_mib(device.free_bytes)} free less a {_mib(margin)} margin"
+        advice = "lower --ctx or --prompt-cache-mib, or serve without --resident to stream the routed experts"
+    else:
+        limit, against = budget_bytes, f"--budget {_mib(budget_bytes or 0)}"
+        advice = "lower --ctx or --prompt-cache-mib, or raise the budget"
+    room = None if limit is None else limit - trunk - kv - rope - experts
+    store = store_bytes(store_request, budget_bytes, room)
+    plan = {"trunk": trunk, "kv": kv, "rope": rope, "experts_resident": experts, "expert_cache": 0,
+            "prompt_store": store}
+    if budget_bytes is not None:
+        plan["budget"] = budget_bytes
+    need = trunk + kv + rope + experts + store
+    if limit is not None and need > limit:
+        raise MemoryPlanError(
+            f"could not plan memory for {gguf.path}: trunk {_mib(trunk)} + KV {_mib(kv)} "
+            f"+ rope tables {_mib(rope)} ({ctx} positions) + resident experts {_mib(experts)} "
+            f"+ prompt store {_mib(store)} = {_mib(need)} exceeds {against}; {advice}")
+    return plan
 
 
 @dataclass
@@ -113,7 +147,8 @@ class Engine:
             self.n_ctx = context_for(self.requested_ctx, cfg.n_ctx_train)
             stream = not self.resident and any(EXPERT_WEIGHT.match(n) for n in peek.tensors)
             if not stream:
-                self._plan = self._resident_plan(peek, cfg)
+                self._plan = resident_plan(peek, cfg, self.n_ctx, self.kv_type, self.budget_bytes,
+                                           self._store_request, probe_device(self.device))
         except BaseException:
             peek.close()
             raise
@@ -260,27 +295,6 @@ class Engine:
         None where prompts run eagerly."""
         prompt = self._prompt
         return prompt.stats() if prompt is not None and prompt.mode == "graphs" else None
-
-    def _resident_plan(self, gguf: Any, cfg: Any) -> dict[str, int]:
-        """Every tensor as the loader holds it (plan.resident_bytes: f32 on the CPU, the kernels' file bytes on a
-        GPU) plus the KV cache and rope tables (dense models, --resident), and the prompt store's budget."""
-        trunk, experts = resident_bytes(gguf, cfg.n_layer, None if self.device == "cpu" else kernel_rule())
-        kv, rope = kv_bytes(cfg, self.n_ctx, self.kv_type), rope_bytes(cfg, self.n_ctx)
-        room = None if self.budget_bytes is None else self.budget_bytes - trunk - kv - rope - experts
-        store = store_bytes(self._store_request, self.budget_bytes, room)
-        plan = {"trunk": trunk, "kv": kv, "rope": rope, "experts_resident": experts, "expert_cache": 0,
-                "prompt_store": store}
-        if self.budget_bytes is not None:
-            plan["budget"] = self.budget_bytes
-            need = trunk + kv + rope + experts + store
-            if need > self.budget_bytes:
-                raise MemoryPlanError(
-                    f"could not plan memory for {self.model_path}: trunk {_mib(trunk)} + KV {_mib(kv)} "
-                    f"+ rope tables {_mib(rope)} ({self.n_ctx} positions) + resident experts {_mib(experts)} "
-                    f"+ prompt store {_mib(store)} = "
-                    f"{_mib(need)} exceeds --budget {_mib(self.budget_bytes)}; lower --ctx or "
-                    "--prompt-cache-mib, or raise the budget")
-        return plan
 
     def _chat_template(self, metadata: Mapping[str, Any]) -> ChatTemplate | None:
         if self._template_source is not None:

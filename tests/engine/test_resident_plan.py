@@ -9,6 +9,8 @@ from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import config_of, load_model, warm_experts
+from sparkd.engine.runtime import Engine, MemoryPlanError, resident_plan
+from sparkd.engine.streaming.device import CPU, DeviceInfo, probe_device, vram_margin_bytes
 from sparkd.engine.streaming.plan import EXPERT_WEIGHT, kernel_rule, resident_bytes, trunk_bytes
 
 
@@ -44,3 +46,46 @@ def test_on_the_gpu_the_load_holds_what_the_plan_counts(path):
     finally:
         m.close()
     assert 0.9 * (trunk + experts) <= held <= 1.05 * (trunk + experts) + (1 << 20), (held, trunk, experts)
+
+
+MIB = 1 << 20
+
+
+def test_a_discrete_gpu_holds_the_model_against_its_own_memory_not_the_budget(path):
+    """On a discrete GPU the resident model lives in the device's memory: a --budget (the host's) below the model's
+    bytes does not refuse it, and a device with too little free memory does, naming the device and every term. The
+    DeviceInfo is made up here (this machine has no GPU); the GPU test below loads one on the real device."""
+    with GGUFModel.open(path) as g:
+        cfg = config_of(g)
+        need = sum(resident_bytes(g, cfg.n_layer, kernel_rule()))
+        roomy = DeviceInfo("cuda:0", "discrete", total_bytes=80 << 30, free_bytes=79 << 30)
+        plan = resident_plan(g, cfg, 64, "f16", budget_bytes=need // 2, store_request=0, device=roomy)
+        assert plan["budget"] == need // 2 and plan["trunk"] + plan["experts_resident"] == need
+        with pytest.raises(MemoryPlanError, match="could not plan memory for .*q.gguf: trunk"):
+            resident_plan(g, cfg, 64, "f16", budget_bytes=need // 2, store_request=0, device=CPU)
+        margin = vram_margin_bytes(DeviceInfo("cuda:0", "discrete", total_bytes=8 << 30))  # 1 GiB at least
+        tight = DeviceInfo("cuda:0", "discrete", total_bytes=8 << 30, free_bytes=margin + need // 2)
+        with pytest.raises(MemoryPlanError) as err:
+            resident_plan(g, cfg, 64, "f16", budget_bytes=None, store_request=0, device=tight)
+        assert "exceeds cuda:0's" in str(err.value) and "free less a" in str(err.value)
+        assert "serve without --resident" in str(err.value)
+        # the auto prompt store takes only what the device leaves
+        snug = DeviceInfo("cuda:0", "discrete", total_bytes=8 << 30, free_bytes=margin + need + 3 * MIB)
+        plan = resident_plan(g, cfg, 64, "f16", budget_bytes=None, store_request=None, device=snug)
+        assert plan["prompt_store"] == 3 * MIB - plan["kv"] - plan["rope"]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_budget_below_the_model_still_serves_it(path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    with GGUFModel.open(path) as g:
+        need = sum(resident_bytes(g, config_of(g).n_layer, kernel_rule()))
+    if not probe_device("cuda").discrete:
+        pytest.skip("an integrated GPU: the budget is the device's memory too")
+    engine = Engine(path, ctx=64, resident=True, budget_bytes=need // 2, device="cuda")
+    try:
+        engine.load()
+        assert engine.memory_plan()["budget"] == need // 2
+    finally:
+        engine.close()
