@@ -60,7 +60,10 @@ def _lower_bound(keys_ptr, R, target, steps):
     return lo
 
 
-@triton.jit
+# The row and tile counts are plain loop bounds: left unspecialized, else Triton compiles a new variant as they become
+# divisible by 16 or not, within the timed first long prompt (session 40: an 8000-token prompt's steps = 16 did so,
+# ~0.7 s on the H100 past generate's 16-token warm-up).
+@triton.jit(do_not_specialize=["R", "n_tiles_out", "steps"])
 def _expert_tiles_kernel(keys_ptr, tiles_ptr, R, n_experts, n_tiles_out, steps, BLOCK_T: tl.constexpr,
                          BLOCK_E: tl.constexpr, BLOCK_I: tl.constexpr):
     """expert_tiles in one program: each expert's rows [start, end) by binary search, its tile count
