@@ -407,8 +407,9 @@ def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> 
     repeated) and holds the queries' contiguous copy and the output's (2 [T, H, D]); MLA from MHA_ROWS its heads'
     keys and values expanded from the latent rows, EXPAND_HEADS heads at a time (layers/mla.py); both a boolean
     [T, ctx] mask at most (a window's). A prompt's last chunk may be shorter and run attend, so the count is the
-    larger of SDPA's and attend's scores over one row fewer than SDPA's threshold. tests/engine/test_attention_memory.py measures every tensor a forward makes
-    against this (on the GPU box the device's peak)."""
+    larger of SDPA's and attend's scores over one row fewer than SDPA's threshold.
+    tests/engine/test_attention_memory.py measures every tensor a forward makes against this (on the GPU box the
+    device's peak)."""
     from sparkd.engine.layers.attention import CONTINUE_SDPA_ROWS, MQA_HEADS, continue_sdpa  # here: layers are
     from sparkd.engine.layers.mla import EXPAND_HEADS, MHA_ROWS, MLA_PROMPT  # the model code's, not the plan's imports
     from sparkd.engine.models import arch_module
