@@ -1,7 +1,8 @@
 """GQA through torch's SDPA on CUDA: which backend takes which form of the grouped keys, and at what time and peak
-(session 39: the rows repeated per query head, attend_sdpa's form, the reference of each row's rel_err; session 38's
-stride-0 keys; a loop of KV heads; 16 query heads' rows at a time; enable_gqa). Not yet run: no machine was lent
-after the call that found session 38's stride-0 form 7.7x slower at 8000 tokens.
+(the rows repeated per query head, the reference of each row's rel_err; the stride-0 keys, attend_sdpa's form; a loop
+of KV heads; 16 query heads' rows at a time; enable_gqa). Session 40 on an H100: the efficient kernel takes the
+stride-0 form, as fast as the repeated rows or faster at a fraction of their peak (docs/performance.md, session 40;
+docs/runs/2026-12-05-s40/call1/sdpa.txt).
 
 Usage: python3 bench/sdpa_gqa_bench.py [--shapes T:S:H:Hkv:D,...] [--json F]
 """
