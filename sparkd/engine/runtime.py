@@ -54,7 +54,8 @@ def resident_plan(gguf: Any, cfg: Any, ctx: int, kv_type: str, budget_bytes: int
         margin = vram_margin_bytes(device)
         limit = device.free_bytes - margin
         against = f"{device.name}'s {_mib(device.free_bytes)} free less a {_mib(margin)} margin"
-        advice = "lower --ctx or --prompt-cache-mib, or serve without --resident to stream the routed experts"
+        advice = "lower --ctx or --prompt-cache-mib, or " + (
+            "serve without --resident to stream the routed experts" if experts else "use a smaller quantization")
     else:
         limit, against = budget_bytes, f"--budget {_mib(budget_bytes or 0)}"
         advice = "lower --ctx or --prompt-cache-mib, or raise the budget"

@@ -75,6 +75,19 @@ def test_a_discrete_gpu_holds_the_model_against_its_own_memory_not_the_budget(pa
         assert plan["prompt_store"] == 3 * MIB - plan["kv"] - plan["rope"]
 
 
+def test_a_dense_model_too_large_for_the_device_is_told_to_shrink_not_to_stream(tmp_path):
+    """A dense model has no routed experts to stream: the refusal on a discrete GPU says to use a smaller
+    quantization (or a shorter context), not to serve without --resident."""
+    dense = write_model(tmp_path / "dense.gguf", plan(TINY["gemma3"], "Q8_0"), seed=4)[0]
+    with GGUFModel.open(dense) as g:
+        cfg = config_of(g)
+        need = sum(resident_bytes(g, cfg.n_layer, kernel_rule()))
+        margin = vram_margin_bytes(DeviceInfo("cuda:0", "discrete", total_bytes=8 << 30))
+        tight = DeviceInfo("cuda:0", "discrete", total_bytes=8 << 30, free_bytes=margin + need // 2)
+        with pytest.raises(MemoryPlanError, match=r"exceeds cuda:0's .* or use a smaller quantization$"):
+            resident_plan(g, cfg, 64, "f16", budget_bytes=None, store_request=0, device=tight)
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_a_budget_below_the_model_still_serves_it(path):
     if not torch.cuda.is_available():
