@@ -486,6 +486,20 @@ def test_q4_0_and_i_quant_integer_gemms_compile_for_sm_90():
         assert rows["Q4_0", kind][1] == 0 < rows["Q4_K", kind][1], out.stdout
 
 
+def test_half_weights_load_as_128_bit_words_for_sm_90():
+    """The F16 / BF16 GEMV and prompt GEMM offline for sm_90 (half_compile.py; the interpreter runs no PTX): every
+    global load is 128 bits wide. Indexed in bytes (w_ptr + 2 k, before session 41) the weights were one 16-bit load a
+    value: the GEMV at 0.63-0.81 of copy bandwidth, 0.95-1.04 as 128-bit loads (H100, half_gemv_sweep.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(Path(__file__).parent / "half_compile.py")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = re.findall(r"^(F16|BF16) (gemv|gemm) (.+)$", out.stdout, re.M)
+    assert len(rows) == 4, out.stdout
+    for name, kind, ops in rows:
+        assert all(op.split("=")[0].endswith(".128") for op in ops.split()), (name, kind, ops)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_gemm_runs_other_types_at_ieee_and_checks_qx(backend):
     """A family without an integer GEMM (Q5_K) runs "int8" as "ieee" (the same bits); a qx of the

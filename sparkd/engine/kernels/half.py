@@ -8,10 +8,11 @@ token's reads; here they stay as they are.
 The generic kernels see a 32-value run (64 bytes) as a block: a row must be whole runs (dispatch.multiplies), and a
 row ending inside a 256-value group is masked as Q8_0's is. BF16 is float32's top half: its bits shifted up.
 
-The GEMV's step (`dot`) takes a group's 256 values a row as one [BN, 256] tile into an elementwise accumulator: on the
-H200 (session 36, bench/gpu_box/half_gemv_sweep.py) 0.63-0.71 of copy bandwidth at one row a warp (matmul.GEMV_TILES),
-where the dequant path's [BN, 8, 32] tile reduced every group took 0.18 (the f32 weights before: cuBLAS over twice the
-bytes); cuBLAS's torch.mv on the 16-bit matrix reaches 0.87-0.98 but rounds x and the output to 16 bits.
+The GEMV's step (`dot`) takes a group's 256 values a row as one [BN, 256] tile into an elementwise accumulator, one
+row a warp (matmul.GEMV_TILES), each thread's 8 values one 128-bit load (_load). bench/gpu_box/half_gemv_sweep.py, H100
+(session 41): 0.95-1.04 of copy bandwidth at 14336x4096, 4096x14336 and gpt-oss's head, where cuBLAS's torch.mv on the
+16-bit matrix reaches 0.88-0.96 and rounds x and the output to 16 bits (session 36's 0.63-0.71 on the H200 loaded 16
+bits at a time; the dequant path's [BN, 8, 32] tile reduced every group took 0.18).
 
 A prompt's GEMM runs tl.dot at tf32 (Family.tf32_exact): both types' values are tf32 values, and x comes rounded to the
 weight's type (llama.cpp's vec_dot type for F16 and BF16 is the type itself), so every product is exact and the sums
@@ -26,31 +27,32 @@ from sparkd.engine.kernels.family import Family
 
 
 @triton.jit
-def _values_at(w_ptr, row_off, g):
-    """[BN, 8, 32] addresses of group g's values (runs of 32, 2 bytes each)."""
-    k = (g * 8 + tl.arange(0, 8)[None, :, None]) * 32 + tl.arange(0, 32)[None, None, :]
-    return w_ptr + row_off + k * 2
-
-
-@triton.jit
-def _load(at, mask, BF: tl.constexpr):
-    """float32 values of the 16-bit values at byte addresses `at`."""
+def _load(w_ptr, row_off, k, mask, BF: tl.constexpr):
+    """float32 values of columns k of the rows at byte offsets row_off. The pointer takes the 16-bit type before the
+    columns are added, so a thread's 8 neighbouring values are one 128-bit load; indexed in bytes (w_ptr + 2 k) they
+    were 8 loads of 16 bits (session 41, bench/gpu_box/half_gemv_sweep.py)."""
     if BF:
-        bits = tl.load(at.to(tl.pointer_type(tl.uint16)), mask=mask, other=0)
+        bits = tl.load((w_ptr + row_off).to(tl.pointer_type(tl.uint16)) + k, mask=mask, other=0)
         v = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
-        v = tl.load(at.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0).to(tl.float32)
+        v = tl.load((w_ptr + row_off).to(tl.pointer_type(tl.float16)) + k, mask=mask, other=0.0).to(tl.float32)
     return v
 
 
 @triton.jit
+def _group_cols(g):
+    """[1, 8, 32] columns of group g's values (runs of 32)."""
+    return (g * 8 + tl.arange(0, 8)[None, :, None]) * 32 + tl.arange(0, 32)[None, None, :]
+
+
+@triton.jit
 def dequant_f16(w_ptr, aux_ptr, row_off, g, smask):
-    return _load(_values_at(w_ptr, row_off, g), smask, False)
+    return _load(w_ptr, row_off, _group_cols(g), smask, False)
 
 
 @triton.jit
 def dequant_bf16(w_ptr, aux_ptr, row_off, g, smask):
-    return _load(_values_at(w_ptr, row_off, g), smask, True)
+    return _load(w_ptr, row_off, _group_cols(g), smask, True)
 
 
 @triton.jit
@@ -76,7 +78,7 @@ def _dot(w_ptr, row_off, rmask, x_ptr, g, K, acc, EW: tl.constexpr, BF: tl.const
     reduced every group: 0.18 of copy bandwidth on the H200, session 36)."""
     k = g * 256 + tl.arange(0, 256)[None, :]  # [1, 256] columns (runs end inside a group: masked as Q8_0's)
     kmask = k < K
-    w = _load(w_ptr + row_off[:, None] + k * 2, rmask[:, None] & kmask, BF)
+    w = _load(w_ptr, row_off[:, None], k, rmask[:, None] & kmask, BF)
     wx = w * tl.load(x_ptr + k, mask=kmask, other=0.0)
     if EW:
         acc += wx

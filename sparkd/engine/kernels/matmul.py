@@ -111,7 +111,9 @@ GEMV_TILES = {"Q8_0": GemvConfig(block_n=2, num_warps=1, unroll=4, elementwise=T
               "Q6_K_TILED": GemvConfig(block_n=8, num_warps=1, unroll=1, elementwise=True),
               # session 36 (bench/gpu_box/half_gemv_sweep.py, H200): one row a warp, 4 groups a step, best of 10 at
               # 14336x4096 / 4096x14336 / gpt-oss's head 201088x2880: 0.66 / 0.63 / 0.71 of copy bandwidth (4r1w2u
-              # 0.56 / 0.60 / 0.66; cuBLAS's torch.mv on the 16-bit matrix 0.91 / 0.87 / 0.98)
+              # 0.56 / 0.60 / 0.66; cuBLAS's torch.mv on the 16-bit matrix 0.91 / 0.87 / 0.98). Session 41: those
+              # weights loaded 16 bits at a time (half._load); as 128-bit loads, H100, the same sweep: 0.98 / 0.95 /
+              # 1.04 (torch.mv 0.93 / 0.88 / 0.96); 1r1w8u within 2 %, slower at 2880x2880
               "F16": GemvConfig(block_n=1, num_warps=1, unroll=4, elementwise=True),
               "BF16": GemvConfig(block_n=1, num_warps=1, unroll=4, elementwise=True)}
 # a grouped launch's tile where the rows are one 256-value group or less (MLA's k matrices, 128 wide:
