@@ -307,30 +307,38 @@ def test_prefill_attention_matches_attend_and_ignores_padding(backend, H, Hkv, D
     pytest.param("cpu", 4, 2, 16, 8, 9, 5, 0, id="cpu-continued"),
     *on_gpu_only((32, 4, 128, 128, 512, 0, 0), (32, 4, 128, 128, 2048, 0, 0), (8, 2, 64, 64, 100, 0, 16),
                  (6, 3, 24, 20, 130, 0, 0), (4, 4, 256, 256, 70, 0, 0), (32, 4, 128, 128, 256, 1536, 0),
-                 (32, 4, 128, 128, 1024, 1024, 0), (8, 2, 64, 64, 100, 300, 16))])
-def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window, monkeypatch):
+                 (32, 4, 128, 128, 1024, 1024, 0), (8, 2, 64, 64, 100, 300, 16), (64, 8, 64, 64, 600, 0, 128),
+                 (64, 8, 64, 64, 256, 700, 0))])
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window, sinks, monkeypatch):
     """The prompt's default attention (SPARKD_PREFILL_ATTENTION=sdpa) within the bound of attend in float64: from
     position 0 (the kernel's own causal mask, a sliding window's mask) and continuing the cache at start (the
     mask from a host start: SDPA's bottom-right causal mask, the boolean mask's bits (SPARKD_CONTINUE_ATTENTION=
     sdpa-mask); from the same queries' positions on the device, as a continued graph gives them: the host start's
     bits over the same keys, within the bound over 16 keys more past the queries; with a forward's shared mask
-    too)."""
+    too). With sinks (gpt-oss, session 41: with_sink_key's key), against attend's sinks; sinks of 3 standard
+    deviations take a large share of each softmax, so a sink read wrong or left out fails the bound."""
     S = start + T
     q, k, v = torch.randn(T, H, Dk), torch.randn(S + 16, Hkv, Dk), torch.randn(S + 16, Hkv, Dv)
-    want = attend(q.double(), k[:S].double(), v[:S].double(), 0.3, start, window)
+    sk = 3 * torch.randn(H) if sinks else None
+    want = attend(q.double(), k[:S].double(), v[:S].double(), 0.3, start, window,
+                  None if sk is None else sk.double())
     q, k, v = (t.to(backend) for t in (q, k, v))
-    got = attend_sdpa(q, k[:S], v[:S], 0.3, start, window)
+    sk = None if sk is None else sk.to(backend)
+    got = attend_sdpa(q, k[:S], v[:S], 0.3, start, window, sinks=sk)
     assert got.shape == want.shape and rel_err(got, want) < BOUND["attention"]
+    if sinks:  # the sinks matter at these sizes: attention without them is far from attend's
+        assert rel_err(attend_sdpa(q, k[:S], v[:S], 0.3, start, window), want) > 10 * BOUND["attention"]
     if start:
         with monkeypatch.context() as m:
             m.setattr(attention, "CONTINUE_ATTENTION", "sdpa-mask")
-            assert torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, start, window), got)
+            assert torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, start, window, sinks=sk), got)
         pos = torch.arange(start, S, device=backend)
-        assert torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, pos, window), got)
+        assert torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, pos, window, sinks=sk), got)
         masks = {}  # a forward's (KVCache.masks): the second layer takes the first's mask
-        assert all(torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, pos, window, masks), got) for _ in "ab")
+        assert all(torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, pos, window, masks, sinks=sk), got) for _ in "ab")
         assert len(masks) == 1
-        assert rel_err(attend_sdpa(q, k, v, 0.3, pos, window), want) < BOUND["attention"]
+        assert rel_err(attend_sdpa(q, k, v, 0.3, pos, window, sinks=sk), want) < BOUND["attention"]
 
 
 def test_prefill_attention_refuses_bad_arguments():

@@ -43,15 +43,18 @@ def hidden_keys(start: int | torch.Tensor, T: int, S: int, window: int, device: 
 
 
 def forward_mask(masks: dict | None, visible: bool, start: int | torch.Tensor, T: int, S: int, window: int,
-                 device: torch.device, key_pos: torch.Tensor | None = None) -> torch.Tensor:
+                 device: torch.device, key_pos: torch.Tensor | None = None, sink: bool = False) -> torch.Tensor:
     """hidden_keys (visible: its complement, SDPA's attn_mask), taken from masks (one forward's, KVCache.masks)
     where a layer before made it: one [T, S] mask a forward and window, not one a layer (2 MB each at 1008 x 2048).
-    (A host start is in the key: a ring layer's is its own, KVCache.ring_append.)"""
-    key = (visible, window, T, S, start if isinstance(start, int) else None, key_pos is not None)
+    (A host start is in the key: a ring layer's is its own, KVCache.ring_append.) sink: [T, 1 + S], a first key
+    every query reads (attend_sdpa's sink key)."""
+    key = (visible, window, T, S, start if isinstance(start, int) else None, key_pos is not None, sink)
     if masks is not None and key in masks:
         return masks[key]
     hidden = hidden_keys(start, T, S, window, device, key_pos)
     mask = ~hidden if visible else hidden
+    if sink:
+        mask = F.pad(mask, (1, 0), value=visible)
     if masks is not None:
         masks[key] = mask
     return mask
@@ -117,9 +120,34 @@ def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
 SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+SINK_DIMS = 8  # attend_sdpa's key dimensions added for sinks: one holds the sink, the rest keep Dk a multiple of 8
+
+
+def with_sink_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v with each head's sink as a key (session 41): key 0 of every KV head is the unit vector of one more
+    dimension, in which query head h holds sinks[h] / scale, so its scaled score is the sink's logit, and its value is
+    0. The softmax's denominator then has the sink's term besides the keys', as attend's _softmax, and no scores are
+    held. q [T, H, Dk + SINK_DIMS], k [1 + S, Hkv, Dk + SINK_DIMS], v [1 + S, Hkv, Dv] in q's dtype (the cache's
+    float16 rows widened by the copy)."""
+    T, H, Dk = q.shape
+    S, Hkv, Dv = v.shape
+    qs = q.new_zeros(T, H, Dk + SINK_DIMS)
+    qs[..., :Dk] = q
+    qs[..., Dk] = sinks.to(q.dtype) / scale
+    ks = q.new_zeros(1 + S, Hkv, Dk + SINK_DIMS)
+    ks[1:, :, :Dk] = k
+    ks[0, :, Dk] = 1.0
+    vs = q.new_empty(1 + S, Hkv, Dv)
+    vs[0] = 0.0
+    vs[1:] = v
+    return qs, ks, vs
+
+
 def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int | torch.Tensor = 0,
-                window: int = 0, masks: dict | None = None, key_pos: torch.Tensor | None = None) -> torch.Tensor:
-    """attend without sinks or keep through torch's scaled_dot_product_attention (SDPA_BACKENDS): q [T, H, Dk],
+                window: int = 0, masks: dict | None = None, key_pos: torch.Tensor | None = None,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """attend without keep through torch's scaled_dot_product_attention (SDPA_BACKENDS): q [T, H, Dk],
     k [S, Hkv, Dk], v [S, Hkv, Dv] → [T, H, Dv]. start as attend's: a host start (S = start + T) or the queries'
     positions [T] on the device (a continued prompt graph: S a span, keys past a query's position masked). From
     position 0 without a window the kernel's own causal mask; from a host start past 0 without a window (an eager
@@ -128,7 +156,11 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     "sdpa-mask" takes the boolean one there); else a boolean [T, S] mask (key s visible to the query at p: s <= p
     and p - s < window). All three give the same bits for the same keys (H200, prefill31: 36 shapes; the GPU
     test), so a continued graph that ends at its span keeps the eager continuation's bits. masks and key_pos as
-    attend's."""
+    attend's. sinks [H] (gpt-oss): with_sink_key's key first, the bottom-right causal mask over it from any host start
+    without a window, else the boolean mask with its column."""
+    sink = sinks is not None
+    if sink:
+        q, k, v = with_sink_key(q, k, v, sinks, scale)
     T, H, Dk = q.shape
     S, Hkv, Dv = v.shape
     group = H // Hkv
@@ -140,16 +172,16 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     k4 = k.to(q.dtype).permute(1, 0, 2)[:, None].expand(Hkv, group, S, Dk)
     v4 = v.to(q.dtype).permute(1, 0, 2)[:, None].expand(Hkv, group, S, Dv)
     host = isinstance(start, int) and not window
-    causal = host and start == 0
+    causal = host and start == 0 and not sink
     if causal:
         mask = None
-    elif host and CONTINUE_ATTENTION == "sdpa":
+    elif host and (CONTINUE_ATTENTION == "sdpa" or sink and start == 0):
         # imported here: torch.nn.attention.bias imports triton, which CPU-path modules must not at import time
         from torch.nn.attention.bias import causal_lower_right
 
         mask = causal_lower_right(T, S)
     else:
-        mask = forward_mask(masks, True, start, T, S, window, q.device, key_pos)
+        mask = forward_mask(masks, True, start, T, S - sink, window, q.device, key_pos, sink)
     with sdpa_kernel(SDPA_BACKENDS):
         o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=causal, scale=scale)
     return o.permute(2, 0, 1, 3).reshape(T, H, Dv)
@@ -160,10 +192,10 @@ FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
 
 # a prompt's attention on CUDA (several tokens): "sdpa" (default, session 14, prefill29) attend_sdpa, torch's
 # memory-efficient kernel, for a prompt from position 0 and for one continuing the cache with CONTINUE_SDPA_ROWS
-# queries or more (CONTINUE_ATTENTION; no sinks: those run attend); "torch" attend's ~30 ops (the way before: the
-# [H, T, S] float32 scores in memory, growing as T x S); "kernel" (session 11, attn11) kernels/prefill_attention in
-# one launch, each query row's bits whatever the prompt's length (a prompt padded to its graph bucket keeps the
-# eager prompt's bits), but 16x torch's GPU time on the H200 as it stands (docs/performance.md, attn11)
+# queries or more (CONTINUE_ATTENTION; sinks as a key since session 41, attend before); "torch" attend's ~30 ops
+# (the way before: the [H, T, S] float32 scores in memory, growing as T x S); "kernel" (session 11, attn11)
+# kernels/prefill_attention in one launch, each query row's bits whatever the prompt's length (a prompt padded to its
+# graph bucket keeps the eager prompt's bits), but 16x torch's GPU time on the H200 as it stands (performance.md)
 PREFILL_ATTENTION = switches.choice("SPARKD_PREFILL_ATTENTION", ("sdpa", "kernel", "torch"), "sdpa")
 # a prompt continuing the cache (a host start past 0: the prompt cache's next turn eagerly, a streamed prompt's
 # later chunks; or a continued prompt graph's device positions) under sdpa: "sdpa" (default, session 15,
@@ -180,7 +212,7 @@ CONTINUE_SDPA_ROWS = 128
 
 def continue_sdpa(rows: int) -> bool:
     """Whether a prompt of `rows` queries (a continued graph's: its bucket) continuing the cache on CUDA runs
-    attend_sdpa (no [H, rows, S] scores in memory) where its layers have no sinks."""
+    attend_sdpa (no [H, rows, S] scores in memory)."""
     return PREFILL_ATTENTION == "sdpa" and CONTINUE_ATTENTION != "torch" and rows >= CONTINUE_SDPA_ROWS
 
 
@@ -261,9 +293,9 @@ class Attention(nn.Module):
             from sparkd.engine.kernels.prefill_attention import prefill_attention
 
             o = prefill_attention(q, k_all, v_all, start, self.scale, self.window, self.sinks)
-        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and self.sinks is None and v_all is not None
+        elif (T > 1 and PREFILL_ATTENTION == "sdpa" and x.is_cuda and v_all is not None
               and (isinstance(start, int) and start == 0 or continue_sdpa(T)) and q.dtype == torch.float32):
-            o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window, cache.masks, key_pos)
+            o = attend_sdpa(q, k_all, v_all, self.scale, start, self.window, cache.masks, key_pos, self.sinks)
         else:
             o = attend(q, k_all, v_all, self.scale, start, self.window, self.sinks, masks=cache.masks,
                        key_pos=key_pos)  # [T, H, Dv]

@@ -14,7 +14,7 @@ from sparkd.engine.models.weights import Weights
 
 ARCH = "gpt-oss"
 SWA_PATTERN = 2  # llama.cpp's default for this arch: layer il is windowed when il % 2 < 1
-PROMPT_SCORES = True  # its sinks keep CUDA prompts on attend, scores in memory (plan.attention_floats)
+PROMPT_SINKS = True  # CUDA prompts run SDPA with the sinks as a key (attention.with_sink_key): its copies in the plan
 
 
 def config(metadata: Mapping[str, Any], path: str | None = None) -> ModelConfig:

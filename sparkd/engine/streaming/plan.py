@@ -402,27 +402,34 @@ def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> 
     scores, mask and probabilities over every position for the heads attend computes at once (session 38: GQA one
     query head of each group at a time, [Hkv, T, ctx]; MQA, MLA's latent head, MQA_HEADS heads at a time) and GQA's
     rows widened (widened_floats: attend reads each KV head in place for its query heads, session 38).
-    On CUDA (session 39) a chunk SDPA runs holds no scores: GQA without sinks from CONTINUE_SDPA_ROWS tokens
+    On CUDA (session 39) a chunk SDPA runs holds no scores: GQA from CONTINUE_SDPA_ROWS tokens
     (attention.continue_sdpa) reads the keys and values broadcast over each group (stride 0, session 40: no rows
-    repeated) and holds the queries' contiguous copy and the output's (2 [T, H, D]); MLA from MHA_ROWS its heads'
+    repeated) and holds the queries' contiguous copy and the output's (2 [T, H, D]), and with sinks (PROMPT_SINKS,
+    session 41) with_sink_key's copies of the queries, keys and values one key and SINK_DIMS wider and a second mask
+    (the sink's column added); MLA from MHA_ROWS its heads'
     keys and values expanded from the latent rows, EXPAND_HEADS heads at a time (layers/mla.py); both a boolean
     [T, ctx] mask at most (a window's). A prompt's last chunk may be shorter and run attend, so the count is the
     larger of SDPA's and attend's scores over one row fewer than SDPA's threshold.
     tests/engine/test_attention_memory.py measures every tensor a forward makes against this (on the GPU box the
     device's peak)."""
-    from sparkd.engine.layers.attention import CONTINUE_SDPA_ROWS, MQA_HEADS, continue_sdpa  # here: layers are
-    from sparkd.engine.layers.mla import EXPAND_HEADS, MHA_ROWS, MLA_PROMPT  # the model code's, not the plan's imports
+    from sparkd.engine.layers.attention import (CONTINUE_SDPA_ROWS, MQA_HEADS, SINK_DIMS,  # here: layers are the
+                                                continue_sdpa)  # model code's, not the plan's imports
+    from sparkd.engine.layers.mla import EXPAND_HEADS, MHA_ROWS, MLA_PROMPT
     from sparkd.engine.models import arch_module
 
     H, Hkv = cfg.n_head, cfg.n_head_kv
+    module = arch_module(cfg.arch)
     at_once = min(H, MQA_HEADS) if cfg.kv_lora_rank or Hkv <= 1 else Hkv  # a score tensor's heads
-    sdpa = cuda and not getattr(arch_module(cfg.arch), "PROMPT_SCORES", False)  # sinks, a key selector: attend
+    sdpa = cuda and not getattr(module, "PROMPT_SCORES", False)  # a key selector: attend
     if cfg.kv_lora_rank:
         sdpa, below = sdpa and MLA_PROMPT == "mha" and T >= MHA_ROWS, MHA_ROWS
         rows = 2 * ctx * min(H, EXPAND_HEADS) * (cfg.head_dim_k_mla + cfg.head_dim_v)  # one head block's k and v
     else:
         sdpa, below = sdpa and continue_sdpa(T), CONTINUE_SDPA_ROWS
         rows = 2 * T * H * max(cfg.head_dim_k, cfg.head_dim_v)  # the queries' and the output's copies
+        if getattr(module, "PROMPT_SINKS", False):
+            wide = cfg.head_dim_k + SINK_DIMS
+            rows += T * H * wide + (ctx + 1) * Hkv * (wide + cfg.head_dim_v) + T * (ctx + 1) // 4  # its mask
     widened = widened_floats(cfg, ctx, cuda)
     if not sdpa:
         return 3 * at_once * T * ctx + widened
