@@ -156,8 +156,9 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     "sdpa-mask" takes the boolean one there); else a boolean [T, S] mask (key s visible to the query at p: s <= p
     and p - s < window). All three give the same bits for the same keys (H200, prefill31: 36 shapes; the GPU
     test), so a continued graph that ends at its span keeps the eager continuation's bits. masks and key_pos as
-    attend's. sinks [H] (gpt-oss): with_sink_key's key first, the bottom-right causal mask over it from any host start
-    without a window, else the boolean mask with its column."""
+    attend's. sinks [H] (gpt-oss): with_sink_key's key first, the bottom-right causal mask over it from position 0
+    without a window, else the boolean mask with its column (past position 0 the bottom-right mask over the one more
+    key gave other bits than the boolean mask a continued graph takes: H100, session 41)."""
     sink = sinks is not None
     if sink:
         q, k, v = with_sink_key(q, k, v, sinks, scale)
@@ -175,7 +176,7 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     causal = host and start == 0 and not sink
     if causal:
         mask = None
-    elif host and (CONTINUE_ATTENTION == "sdpa" or sink and start == 0):
+    elif host and (start == 0 if sink else CONTINUE_ATTENTION == "sdpa"):
         # imported here: torch.nn.attention.bias imports triton, which CPU-path modules must not at import time
         from torch.nn.attention.bias import causal_lower_right
 
