@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 41, call 4: after 8f?: sinks' continuations take the boolean mask (call 3: the bottom-right mask over the
+# Session 41, call 4: after 234f0c5: sinks' continuations take the boolean mask (call 3: the bottom-right mask over the
 # sink key gave other bits than it on the H100). The GPU tests the sink key touches, whole.
 set -u
 export PYTHONUNBUFFERED=1
