@@ -33,8 +33,9 @@ PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
 # life. PROMPT_LAST under SPARKD_PREFILL_ATTENTION=sdpa (no scores in memory; H200, 12-layer Q4_K: the
 # 2048 bucket alone 574 MiB, all 21 buckets at load 592 MiB in 1.2 s against 17's 430 MiB in 0.9 s
 # under torch; a 2000-token prompt 70.7 ms replayed against 94.6 eager under torch; prefill29/prefill30);
-# PROMPT_LAST_SCORES under torch and kernel, and where a layer has sinks (it runs attend): attend's
-# [H, T, T] scores made the 2048 bucket add 1088 MiB for 1.01x (session 11).
+# PROMPT_LAST_SCORES under torch and kernel, and where a layer has sinks (it ran attend): attend's
+# [H, T, T] scores made the 2048 bucket add 1088 MiB for 1.01x (session 11). Sinks run SDPA since session
+# 41 (attention.with_sink_key); their buckets past 1024 are not yet measured, so they stay at 1024.
 PROMPT_FIRST, PROMPT_LAST, PROMPT_LAST_SCORES = 64, 2048, 1024
 PROMPT_MODES = ("graphs", "padded", "eager")
 # A bucket is captured only when the device keeps this much free after it (its warm-up's peak taken
@@ -80,7 +81,8 @@ def continue_rule_default() -> str:
 
 def prompt_last(net: Decoder | None = None) -> int:
     """The longest prompt a prompt graph serves under the prompt attention now ($SPARKD_PREFILL_ATTENTION):
-    PROMPT_LAST under sdpa unless one of net's layers has sinks (those run attend), else PROMPT_LAST_SCORES."""
+    PROMPT_LAST under sdpa unless one of net's layers has sinks (not yet measured past 1024), else
+    PROMPT_LAST_SCORES."""
     sinks = net is not None and any(getattr(block.attn, "sinks", None) is not None for block in net.blocks)
     return PROMPT_LAST if attention_layer.PREFILL_ATTENTION == "sdpa" and not sinks else PROMPT_LAST_SCORES
 
