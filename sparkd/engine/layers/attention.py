@@ -182,7 +182,7 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
         mask = causal_lower_right(T, S)
     else:
-        mask = forward_mask(masks, True, start, T, S - sink, window, q.device, key_pos, sink)
+        mask = forward_mask(masks, True, start, T, S - 1 if sink else S, window, q.device, key_pos, sink)
     with sdpa_kernel(SDPA_BACKENDS):
         o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=causal, scale=scale)
     return o.permute(2, 0, 1, 3).reshape(T, H, Dv)
