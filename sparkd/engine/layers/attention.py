@@ -173,6 +173,8 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     k4 = k.to(q.dtype).permute(1, 0, 2)[:, None].expand(Hkv, group, S, Dk)
     v4 = v.to(q.dtype).permute(1, 0, 2)[:, None].expand(Hkv, group, S, Dv)
     host = isinstance(start, int) and not window
+    # the kernel's own causal mask from 0 (not over a sink key: key 0 then sits before every query); the bottom-right
+    # mask from 0 with a sink key, and past 0 without one (CONTINUE_ATTENTION); the boolean mask everywhere else
     causal = host and start == 0 and not sink
     if causal:
         mask = None

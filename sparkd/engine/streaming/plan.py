@@ -402,14 +402,15 @@ def attention_floats(cfg: ModelConfig, ctx: int, T: int, cuda: bool = False) -> 
     scores, mask and probabilities over every position for the heads attend computes at once (session 38: GQA one
     query head of each group at a time, [Hkv, T, ctx]; MQA, MLA's latent head, MQA_HEADS heads at a time) and GQA's
     rows widened (widened_floats: attend reads each KV head in place for its query heads, session 38).
-    On CUDA (session 39) a chunk SDPA runs holds no scores: GQA from CONTINUE_SDPA_ROWS tokens
-    (attention.continue_sdpa) reads the keys and values broadcast over each group (stride 0, session 40: no rows
-    repeated) and holds the queries' contiguous copy and the output's (2 [T, H, D]), and with sinks (PROMPT_SINKS,
-    session 41) with_sink_key's copies of the queries, keys and values one key and SINK_DIMS wider and a second mask
-    (the sink's column added); MLA from MHA_ROWS its heads'
-    keys and values expanded from the latent rows, EXPAND_HEADS heads at a time (layers/mla.py); both a boolean
-    [T, ctx] mask at most (a window's). A prompt's last chunk may be shorter and run attend, so the count is the
-    larger of SDPA's and attend's scores over one row fewer than SDPA's threshold.
+    On CUDA (session 39) a chunk SDPA runs holds no scores:
+    - GQA from CONTINUE_SDPA_ROWS tokens (attention.continue_sdpa) reads the keys and values broadcast over each
+      group (stride 0, session 40: no rows repeated) and holds the queries' contiguous copy and the output's
+      (2 [T, H, D]); with sinks (PROMPT_SINKS, session 41) also with_sink_key's copies of the queries, keys and
+      values (one key more, SINK_DIMS wider) and a second mask (the sink's column added);
+    - MLA from MHA_ROWS its heads' keys and values expanded from the latent rows, EXPAND_HEADS heads at a time
+      (layers/mla.py);
+    both a boolean [T, ctx] mask at most (a window's). A prompt's last chunk may be shorter and run attend, so the
+    count is the larger of SDPA's and attend's scores over one row fewer than SDPA's threshold.
     tests/engine/test_attention_memory.py measures every tensor a forward makes against this (on the GPU box the
     device's peak)."""
     from sparkd.engine.layers.attention import (CONTINUE_SDPA_ROWS, MQA_HEADS, SINK_DIMS,  # here: layers are the
