@@ -33,9 +33,9 @@ PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
 # life. PROMPT_LAST under SPARKD_PREFILL_ATTENTION=sdpa (no scores in memory; H200, 12-layer Q4_K: the
 # 2048 bucket alone 574 MiB, all 21 buckets at load 592 MiB in 1.2 s against 17's 430 MiB in 0.9 s
 # under torch; a 2000-token prompt 70.7 ms replayed against 94.6 eager under torch; prefill29/prefill30);
-# PROMPT_LAST_SCORES under torch and kernel, and where a layer has sinks (it ran attend): attend's
-# [H, T, T] scores made the 2048 bucket add 1088 MiB for 1.01x (session 11). Sinks run SDPA since session
-# 41 (attention.with_sink_key); their buckets past 1024 are not yet measured, so they stay at 1024.
+# PROMPT_LAST_SCORES under torch and kernel: attend's [H, T, T] scores made the 2048 bucket add 1088 MiB for
+# 1.01x (session 11). Sinks (gpt-oss) run SDPA too since session 41 (attention.with_sink_key); session 42 measured
+# their 2048 bucket (docs/performance.md) and lifted the 1024 they had kept.
 PROMPT_FIRST, PROMPT_LAST, PROMPT_LAST_SCORES = 64, 2048, 1024
 PROMPT_MODES = ("graphs", "padded", "eager")
 # A bucket is captured only when the device keeps this much free after it (its warm-up's peak taken
@@ -79,12 +79,10 @@ def continue_rule_default() -> str:
     return switches.choice(CONTINUE_RULE_ENV, CONTINUE_RULES, "share")
 
 
-def prompt_last(net: Decoder | None = None) -> int:
+def prompt_last() -> int:
     """The longest prompt a prompt graph serves under the prompt attention now ($SPARKD_PREFILL_ATTENTION):
-    PROMPT_LAST under sdpa unless one of net's layers has sinks (not yet measured past 1024), else
-    PROMPT_LAST_SCORES."""
-    sinks = net is not None and any(getattr(block.attn, "sinks", None) is not None for block in net.blocks)
-    return PROMPT_LAST if attention_layer.PREFILL_ATTENTION == "sdpa" and not sinks else PROMPT_LAST_SCORES
+    PROMPT_LAST under sdpa, else PROMPT_LAST_SCORES."""
+    return PROMPT_LAST if attention_layer.PREFILL_ATTENTION == "sdpa" else PROMPT_LAST_SCORES
 
 
 def prompt_bucket(n: int, first: int = PROMPT_FIRST) -> int:
@@ -126,7 +124,7 @@ class PromptForward:
     """The prompt's forward of `generate` and the server: tokens [T] (on the host) → logits on the
     CPU, as net(tokens, cache, last=last) gives them, n_past advanced by T.
 
-    mode "graphs": a prompt of 2..largest (None: prompt_last(net)) tokens, last token's logits only,
+    mode "graphs": a prompt of 2..largest (None: prompt_last()) tokens, last token's logits only,
     runs as a CUDA graph of its length bucket (prompt_bucket; captured on the bucket's first use or by
     warm, then replayed): the tokens padded at the end (token 0), the head reading the last real token's
     row (a device index). Causal attention keeps the real rows from reading the padding's keys, and the
@@ -168,7 +166,7 @@ class PromptForward:
         if rule not in CONTINUE_RULES:
             raise EngineError(f"could not continue prompts by rule {rule!r}: choose one of {', '.join(CONTINUE_RULES)}")
         self.net, self.cache, self.mode, self.first, self.rule = net, cache, mode, first, rule
-        self.largest = prompt_last(net) if largest is None else largest
+        self.largest = prompt_last() if largest is None else largest
         self.log, self.continued = log, continued
         self.spans = buckets(cache.max_ctx, first_span)  # a continued graph's attention spans
         # key -> (graph, its input: the padded tokens [, their positions], then the last real row; logits [1, V]);

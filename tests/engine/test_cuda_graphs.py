@@ -74,12 +74,12 @@ def test_prompt_graphs_flag_values(models, monkeypatch):
         with pytest.raises(EngineError, match=rf"could not use --prompt-graphs '{bad}': choose one of auto, lazy, "
                                               r"off or prompt lengths separated by commas, 2 to 2048"):
             parse_prompt_graphs(bad)
-    # the longest prompt graph follows the prompt attention: 2048 under sdpa, 1024 where scores are kept
-    # (SPARKD_PREFILL_ATTENTION=torch, a layer with sinks)
+    # the longest prompt graph follows the prompt attention: 2048 under sdpa (sinks too: session 42), 1024 where
+    # scores are kept (SPARKD_PREFILL_ATTENTION=torch)
     m = load_model(models["gpt-oss"])
     try:
-        assert prompt_buckets()[-4:] == [1280, 1536, 1792, 2048] and prompt_last(m.net) == 1024
-        assert PromptForward(m.net, m.net.new_cache(8)).largest == 1024
+        assert prompt_buckets()[-4:] == [1280, 1536, 1792, 2048] and prompt_last() == 2048
+        assert PromptForward(m.net, m.net.new_cache(8)).largest == 2048
     finally:
         m.close()
     monkeypatch.setattr(attention, "PREFILL_ATTENTION", "torch")

@@ -341,6 +341,33 @@ def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window, s
         assert rel_err(attend_sdpa(q, k, v, 0.3, pos, window, sinks=sk), want) < BOUND["attention"]
 
 
+@pytest.mark.parametrize("backend, H, Hkv, Dk, Dv, T, start, window, block", [
+    pytest.param("cpu", 4, 2, 16, 8, 37, 0, 3, 4, id="cpu"), pytest.param("cpu", 6, 3, 24, 20, 50, 2, 5, 5, id="cpu-5"),
+    pytest.param("cpu", 8, 2, 16, 16, 13, 7, 4, 4, id="cpu-continued"),
+    *on_gpu_only((64, 8, 64, 64, 2000, 0, 128, 256), (64, 8, 64, 64, 1000, 127, 128, 256),
+                 (8, 2, 64, 64, 700, 0, 300, 256), (16, 8, 256, 256, 1500, 0, 512, 256))])
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_window_blocks_match_attend(backend, H, Hkv, Dk, Dv, T, start, window, block, sinks, monkeypatch):
+    """A sliding window's prompt in blocks of queries over the keys their windows reach (attention.
+    attend_window_blocks, session 42; WINDOW_BLOCK `block`, the windows narrower and wider than it): within the bound
+    of attend in float64, sinks too; each real row's bits whatever the padding past the prompt (a prompt graph's
+    bucket); the masks made once a forward."""
+    monkeypatch.setattr(attention, "WINDOW_BLOCK", block)
+    S, pad = start + T, 20
+    q, k, v = torch.randn(T + pad, H, Dk), torch.randn(S + pad, Hkv, Dk), torch.randn(S + pad, Hkv, Dv)
+    sk = 3 * torch.randn(H) if sinks else None
+    want = attend(q[:T].double(), k[:S].double(), v[:S].double(), 0.3, start, window,
+                  None if sk is None else sk.double())
+    q, k, v = (t.to(backend) for t in (q, k, v))
+    sk = None if sk is None else sk.to(backend)
+    masks = {}
+    got = attend_sdpa(q[:T], k[:S], v[:S], 0.3, start, window, masks, sinks=sk)
+    assert got.shape == want.shape and rel_err(got, want) < BOUND["attention"]
+    assert [key for key in masks if key[0] == "blocks"] == [("blocks", max(block, window), window - 1, int(sinks))]
+    assert torch.equal(attend_sdpa(q, k, v, 0.3, start, window, masks, sinks=sk)[:T], got)
+    assert len(masks) == 2  # the padded prompt took the blocks' mask and the first block's
+
+
 def test_prefill_attention_refuses_bad_arguments():
     q, k = torch.randn(3, 4, 8), torch.randn(5, 2, 8)
     with pytest.raises(KernelArgumentError, match=r"could not run prefill_attention .* S = start \+ T"):

@@ -153,13 +153,16 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     position 0 without a window the kernel's own causal mask; from a host start past 0 without a window (an eager
     continuation: the prompt cache past the graphs' 2048 rows, a streamed prompt's later chunks) SDPA's
     bottom-right causal mask (no mask in memory, the key blocks past the diagonal skipped; CONTINUE_ATTENTION
-    "sdpa-mask" takes the boolean one there); else a boolean [T, S] mask (key s visible to the query at p: s <= p
+    "sdpa-mask" takes the boolean one there); a sliding window from a host start over more than window_block
+    queries in blocks (attend_window_blocks); else a boolean [T, S] mask (key s visible to the query at p: s <= p
     and p - s < window). All three give the same bits for the same keys (H200, prefill31: 36 shapes; the GPU
     test), so a continued graph that ends at its span keeps the eager continuation's bits. masks and key_pos as
     attend's. sinks [H] (gpt-oss): with_sink_key's key first, the bottom-right causal mask over it from position 0
     without a window, else the boolean mask with its column (past position 0 the bottom-right mask over the one more
     key gave other bits than the boolean mask a continued graph takes: H100, session 41)."""
     sink = sinks is not None
+    if window and isinstance(start, int) and q.shape[0] > window_block(window):
+        return attend_window_blocks(q, k, v, scale, start, window, masks, sinks)
     if sink:
         q, k, v = with_sink_key(q, k, v, sinks, scale)
     T, H, Dk = q.shape
@@ -188,6 +191,73 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     with sdpa_kernel(SDPA_BACKENDS):
         o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=causal, scale=scale)
     return o.permute(2, 0, 1, 3).reshape(T, H, Dv)
+
+
+# a windowed prompt's queries a block (attend_window_blocks), at least the window: the H100, gpt-oss-20b's heads, its
+# 128 window over 8000 queries: 2.50 ms at 128, 3.18 at 256, 4.62 at 512, 50.7 whole (bench/gpu_box/sink_sdpa_bench.py)
+WINDOW_BLOCK = 128
+
+
+def window_block(window: int) -> int:
+    """attend_window_blocks' queries a block for a sliding window: WINDOW_BLOCK, or the window where it is wider (so
+    the keys of the blocks past the first start at key 0 or later)."""
+    return max(WINDOW_BLOCK, window)
+
+
+def attend_window_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, start: int, window: int,
+                         masks: dict | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """attend_sdpa over a sliding window from a host start, in blocks of B = window_block(window) queries each over
+    only the keys its window reaches (B + window - 1), not every key: O(T x (B + window)) work, where the boolean
+    [T, S] mask made the kernel read every key block (gpt-oss's 128-wide window layers, session 42). The first block
+    runs attend_sdpa's boolean mask (the keys from 0); the rest run as one batch of blocks, [Hkv x blocks] broadcast
+    over each KV head's query group, under one [B, keys] mask every block shares; sinks as with_sink_key's key first
+    in every block. The last block's padding queries are dropped; its keys past the last are clamped to it (future
+    keys to every real query: masked)."""
+    T, H, Dk = q.shape
+    S, Hkv, Dv = v.shape
+    B, group, E = window_block(window), H // Hkv, window - 1  # E: the keys before a query its window reaches
+    out = q.new_empty(T, H, Dv)
+    out[:B] = attend_sdpa(q[:B], k[:start + B], v[:start + B], scale, start, window, masks, None, sinks)
+    nb, L, s = -(-(T - B) // B), B + E, int(sinks is not None)  # blocks past the first, keys a block, a sink key
+    # block b's keys: from key start + B * (b + 1) - E (>= 0: B >= window) on, L of them
+    first = start + B - E + B * torch.arange(nb, device=q.device)
+    keys = (first[:, None] + torch.arange(L, device=q.device)).clamp_(max=S - 1)  # [nb, L]
+    Dq = Dk + s * SINK_DIMS
+    kb, vb = q.new_zeros(Hkv, nb, s + L, Dq), q.new_zeros(Hkv, nb, s + L, Dv)  # [KV head, block, key, dim]
+    kb[:, :, s:, :Dk] = k.permute(1, 0, 2)[:, keys]
+    vb[:, :, s:] = v.permute(1, 0, 2)[:, keys]
+    qb = q.new_zeros(Hkv, nb, group, B, Dq)  # [KV head, block, group index, query, dim]
+    view = qb.permute(1, 3, 0, 2, 4)  # [block, query, KV head, group index, dim]: qb's rows in q's order
+    full = (nb - 1) * B  # the queries of the blocks before the last
+    view[:nb - 1, ..., :Dk] = q[B:B + full].view(nb - 1, B, Hkv, group, Dk)
+    view[nb - 1, :T - B - full, ..., :Dk] = q[B + full:].view(-1, Hkv, group, Dk)
+    if s:  # with_sink_key's key, first in every block
+        qb[..., Dk] = (sinks.to(q.dtype) / scale).view(Hkv, 1, group, 1)
+        kb[:, :, 0, Dk] = 1.0
+    mask = _block_mask(masks, B, E, s, q.device)
+    with sdpa_kernel(SDPA_BACKENDS):
+        o = F.scaled_dot_product_attention(qb.view(Hkv * nb, group, B, Dq),
+                                           kb.view(Hkv * nb, 1, s + L, Dq).expand(-1, group, -1, -1),
+                                           vb.view(Hkv * nb, 1, s + L, Dv).expand(-1, group, -1, -1),
+                                           attn_mask=mask, scale=scale)
+    o = o.view(Hkv, nb, group, B, Dv).permute(1, 3, 0, 2, 4)  # [block, query, KV head, group index, dim]
+    out[B:B + full].view(nb - 1, B, Hkv, group, Dv).copy_(o[:nb - 1])
+    out[B + full:].view(-1, Hkv, group, Dv).copy_(o[nb - 1, :T - B - full])
+    return out
+
+
+def _block_mask(masks: dict | None, B: int, E: int, sink: int, device: torch.device) -> torch.Tensor:
+    """attend_window_blocks' [B, sink + B + E] visible mask (from masks where a layer before made it): query i of a
+    block reads its keys i to i + E (the block's first query sits at key E), and the sink key first where there is
+    one."""
+    key = ("blocks", B, E, sink)
+    if masks is not None and key in masks:
+        return masks[key]
+    i, j = torch.arange(B, device=device)[:, None], torch.arange(B + E, device=device)[None, :]
+    mask = F.pad((j >= i) & (j <= i + E), (sink, 0), value=True)
+    if masks is not None:
+        masks[key] = mask
+    return mask
 
 
 FUSE_QKV_ENV = "SPARKD_FUSED_QKV"
