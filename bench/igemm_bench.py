@@ -3,7 +3,8 @@ at prompt shapes on CUDA: the integer GEMM ("int8") at several launches, and the
 process.
 
 A row: one layout (Q8_0, Q8_0P packed, Q4_K, Q4T the pairx tiled Q4_K, Q6_K, Q6T its tiled layout, Q4_0, IQ4_XS, and
-since session 23 the grid i-quants IQ2_XXS, IQ3_XXS, IQ2_XS, IQ1_S), a [rows, cols] weight of random valid blocks
+since session 23 the grid i-quants IQ2_XXS, IQ3_XXS, IQ2_XS, IQ1_S; since session 42 MXFP4 and MXFP4T its
+resident tiled layout, gpt-oss's experts), a [rows, cols] weight of random valid blocks
 (grouped: --experts of them, one buffer, the tokens routed to --top-k random experts each and cut in expert tiles of
 --block-t rows by moe_prefill.expert_tiles; a shape with rows > cols is a down projection: one x row per routed row, as
 moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the engine quantizes a stack's or
@@ -30,8 +31,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 from kernels_bench import events_seconds, random_blocks
 
-from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, moe_prefill, prefill_gemm, q4_k_tiled, q6_k_tiled,
-                                   q8_0_packed)
+from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, moe_prefill, mxfp4_tiled, prefill_gemm,
+                                   q4_k_tiled, q6_k_tiled, q8_0_packed)
 
 # --types name: (GGUF type of the random blocks, the layout's qtype, its packing or None)
 LAYOUTS = {"Q8_0": (T.Q8_0, T.Q8_0, None), "Q8_0P": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
@@ -39,7 +40,8 @@ LAYOUTS = {"Q8_0": (T.Q8_0, T.Q8_0, None), "Q8_0P": (T.Q8_0, q8_0_packed.PACKED,
            "Q4T": (T.Q4_K, q4_k_tiled.TILED, lambda raw, shape: q4_k_tiled.pack_raw(raw, shape, "pairx")),
            "Q6_K": (T.Q6_K, T.Q6_K, None), "Q6T": (T.Q6_K, q6_k_tiled.TILED, q6_k_tiled.pack_raw),
            "Q4_0": (T.Q4_0, T.Q4_0, None), "IQ4_XS": (T.IQ4_XS, T.IQ4_XS, None),
-           **{t.name: (t, t, None) for t in (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S)}}
+           **{t.name: (t, t, None) for t in (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S)},
+           "MXFP4": (T.MXFP4, T.MXFP4, None), "MXFP4T": (T.MXFP4, mxfp4_tiled.TILED, mxfp4_tiled.pack_raw)}
 FLOAT_WAYS = tuple(p for p in PRECISIONS if p != INT8)  # --ways that time the float GEMM at that tl.dot precision
 
 
@@ -77,7 +79,8 @@ def main() -> int:
     ap.add_argument("--grouped-types", default="Q8_0,Q4_K,Q4T", help="the --types timed grouped too")
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--block-t", type=int, default=moe_prefill.PREFILL_TILE)
+    ap.add_argument("--block-t", type=int, default=None, help="the expert tile height (default: the layout's, "
+                                                              "IgemmTile.expert_rows)")
     ap.add_argument("--tokens", default="512,2048")
     ap.add_argument("--ways", default="s11,s12",
                     help="s11, s12, s13, bn/bt/warps/unroll/stages/kblock[/maxnreg] or a float precision "
@@ -101,11 +104,12 @@ def main() -> int:
             offsets = torch.arange(n_w, dtype=torch.int64, device=DEVICE) * size
             for tokens in (int(t) for t in a.tokens.split(",")):
                 if kind == "grouped":
-                    src, tiles, n_x = routed(tokens, a.experts, a.top_k, rows > cols, a.block_t)
+                    block_t = a.block_t or TABLE(dispatch.family(ltype), True).expert_rows
+                    src, tiles, n_x = routed(tokens, a.experts, a.top_k, rows > cols, block_t)
                     x = torch.randn(n_x, cols, device=DEVICE)
                     qx = act_quant.quantize(x, fam.act_fmt)
                     call = lambda p: prefill_gemm.grouped_gemm(  # noqa: E731
-                        w, offsets, ltype, (rows, cols), x, src, tiles, p, qx if p == INT8 else None, a.block_t)
+                        w, offsets, ltype, (rows, cols), x, src, tiles, p, qx if p == INT8 else None, block_t)
                     work = src.numel()
                 else:
                     x = torch.randn(tokens, cols, device=DEVICE)

@@ -18,12 +18,12 @@ from gguf.constants import GGMLQuantizationType as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from sparkd.engine.kernels import dispatch, moe_prefill, prefill_gemm, q4_k_tiled, q6_k_tiled, q8_0_packed
+from sparkd.engine.kernels import dispatch, mxfp4_tiled, prefill_gemm, q4_k_tiled, q6_k_tiled, q8_0_packed
 
 LAYOUTS = {"Q8_0": T.Q8_0, "Q8_0_PACKED": q8_0_packed.PACKED, "Q4_K": T.Q4_K, "Q4_K_TILED": q4_k_tiled.TILED,
            "Q6_K": T.Q6_K, "Q6_K_TILED": q6_k_tiled.TILED, "Q4_0": T.Q4_0, "IQ4_XS": T.IQ4_XS,
            "IQ2_XXS": T.IQ2_XXS, "IQ3_XXS": T.IQ3_XXS, "IQ2_XS": T.IQ2_XS, "IQ1_S": T.IQ1_S, "IQ1_M": T.IQ1_M, "IQ2_S": T.IQ2_S, "IQ3_S": T.IQ3_S,
-           "MXFP4": T.MXFP4}
+           "MXFP4": T.MXFP4, "MXFP4_TILED": mxfp4_tiled.TILED}
 TYPES = {"w_ptr": "*u8", "w_off_ptr": "*i64", "aux_ptr": "*i32", "tiles_ptr": "*i32", "src_ptr": "*i32",
          "xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "y_ptr": "*fp32"}
 # the wheel's own cuobjdump (as bench/kernels_sass.py finds it: triton.tools.disasm's helper changed across releases)
@@ -32,11 +32,11 @@ N_BLOCKS = 2048 // 32  # rows of 2048 values (bench/igemm_bench.py's shapes): UN
 
 
 def compiled(kern, fam: dispatch.Family, grouped: bool):
-    """kern compiled for sm_90 at the family layout's launch (the grouped one at moe_prefill.PREFILL_TILE's expert tiles)."""
+    """kern compiled for sm_90 at the family layout's launch (the grouped one on its expert tiles, expert_rows)."""
     tile = prefill_gemm.igemm_tile(fam, grouped)
     args = prefill_gemm._igemm_args(fam, tile, N_BLOCKS)
     opts = {k: args.pop(k) for k in ("num_warps", "maxnreg") if k in args}
-    consts = dict(args, BLOCK_T=moe_prefill.PREFILL_TILE if grouped else tile.block_t)
+    consts = dict(args, BLOCK_T=tile.expert_rows if grouped else tile.block_t)
     sig = {n: "constexpr" if n in consts else TYPES.get(n, "i32") for n in kern.arg_names}
     src = ASTSource(fn=kern, signature=sig, constexprs={(kern.arg_names.index(k),): v for k, v in consts.items()})
     return compile(src, target=GPUTarget("cuda", 90, 32), options=opts)

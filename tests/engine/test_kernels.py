@@ -389,7 +389,7 @@ def test_int8_grouped_gemm_matches_reference(backend, layout):
     of the float64 product (random routing: experts of uneven load, most over several tiles)."""
     qtype, ltype, pack = INT8_LAYOUTS[layout]
     rows, cols, n, n_tok, top_k, block_t = (5, 512, 3, 25, 2, 16) if backend == "cpu" else \
-        (776, 2048, 8, 300, 4, prefill_moe.PREFILL_TILE)
+        (776, 2048, 8, 300, 4, prefill_gemm.igemm_tile(dispatch.family(ltype), True).expert_rows)
     raw = random_blocks(qtype, n * rows * cols // dispatch.FAMILIES[qtype].block_values)
     w = torch.cat([m if pack is None else pack(m, (rows, cols)) for m in raw.chunk(n)]).to(backend)
     offsets = torch.arange(n, dtype=torch.int64, device=backend) * (w.numel() // n)
@@ -472,7 +472,8 @@ def test_q4_0_and_i_quant_integer_gemms_compile_for_sm_90():
     their dense tiles were picked so, not timed, prefill_gemm.IGEMM_TILES); none reads x's per-32 sums (the
     i-quants' zero mins fold away; IQ1_S's delta is in its quants), as Q4_K's min term does."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    i_quants = ("IQ4_XS", "MXFP4", *(t.name for t in GRID_TYPES))  # (and MXFP4: no min either; session 24)
+    # (and MXFP4: no min either, session 24; its resident tiled layout's grouped launch since session 42)
+    i_quants = ("IQ4_XS", "MXFP4", "MXFP4_TILED", *(t.name for t in GRID_TYPES))
     out = subprocess.run([sys.executable, str(Path(__file__).parent / "igemm_compile.py"), "Q4_0", *i_quants, "Q4_K"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -550,10 +551,10 @@ def test_int8_moe_prefill(backend, qtype, monkeypatch):
     rnd = lambda h: round_activations(h, dispatch.FAMILIES[qtype].act_fmt)  # noqa: E731
     got = {}
     # the interpreter: tiles of 16 rows (more rows an expert than a tile holds) and the default height
-    heights = GROUPED_BLOCK_TS if backend == "cuda" else sorted({16, prefill_moe.PREFILL_TILE})
+    heights = GROUPED_BLOCK_TS if backend == "cuda" else (16, 32)
     for mode, t, tile in [("loop", table, 16)] + [("grouped", prepare(table, backend), h) for h in heights]:
         monkeypatch.setattr(prefill_moe, "PREFILL", mode)
-        monkeypatch.setattr(prefill_moe, "PREFILL_TILE", tile)
+        monkeypatch.setattr(prefill_moe, "PREFILL_TILE", str(tile))
         got[mode, tile] = moe_prefill(t, x.to(backend), *args, precision="int8", round_h=rnd)
     for h in heights:
         assert torch.equal(got["grouped", h], got["loop", 16]), h

@@ -231,13 +231,19 @@ def test_float_path_adds_the_biases_through_the_ids(monkeypatch, backend):
 @pytest.mark.parametrize("kind", TYPES)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tiled_moe_prefill_gives_the_gguf_bits(backend, kind):
-    n = 4 if backend == "cuda" else 2
+    """The GGUF blocks' grouped GEMMs and the tiled layout's (MXFP4's on 64-row expert tiles and its own launch since
+    session 42: prefill_gemm.IGEMM_TILES) give the same bits; on the GPU 300 tokens, so an expert's rows span
+    several tiles of either height."""
+    n, tokens = (4, 300) if backend == "cuda" else (2, 3)
     table, act, bias = expert_table(kind[0], backend, n)
-    x = torch.randn(3, table.dim, device=backend)
-    slots = torch.tensor([[0, n - 1], [n - 1, 1], [1, 0]], device=backend)
-    w = torch.rand(3, 2, device=backend)
-    want = moe_prefill.moe_prefill(moe.prepare(table, backend), x, slots, w, act, "int8", bias=bias)
-    tiled = moe.prepare(moe.tiled_nibbles(table), backend)
+    x = torch.randn(tokens, table.dim, device=backend)
+    slots = torch.stack([torch.randperm(n)[:2] for _ in range(tokens)]).to(backend)
+    w = torch.rand(tokens, 2, device=backend)
+    gguf = moe.prepare(table, backend)
+    want = moe_prefill.moe_prefill(gguf, x, slots, w, act, "int8", bias=bias)
+    tiled = moe.prepare(moe.tiled_nibbles(table), backend)  # (the table's bytes repacked in place)
+    assert moe_prefill.tile_rows(gguf.gate_up, gguf.down, "int8") == 32
+    assert moe_prefill.tile_rows(tiled.gate_up, tiled.down, "int8") == (64 if kind[0] == T.MXFP4 else 32)
     assert torch.equal(moe_prefill.moe_prefill(tiled, x, slots, w, act, "int8", bias=bias), want)
 
 

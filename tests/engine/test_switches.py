@@ -159,7 +159,7 @@ SWITCHES = [
     Switch("SPARKD_MOE_PREFILL", "sparkd.engine.kernels.moe_prefill", "m.PREFILL", "fast",
            {UNSET: "grouped", "grouped": "grouped", "Loop": "loop"}, ("grouped", "loop")),
     Switch("SPARKD_MOE_PREFILL_TILE", "sparkd.engine.kernels.moe_prefill", "m.PREFILL_TILE", "48",
-           {UNSET: 32, "16": 16, "32": 32, " 64 ": 64}, ("16", "32", "64")),
+           {UNSET: "auto", "16": "16", "32": "32", " 64 ": "64"}, ("auto", "16", "32", "64")),
     Switch("SPARKD_IGEMM", "sparkd.engine.kernels.prefill_gemm", "m.IGEMM_WAY", "s9",
            {UNSET: "s13", "s13": "s13", "s12": "s12", " S11 ": "s11"}, ("s13", "s12", "s11")),
     Switch("SPARKD_MOE_PREFILL_GLUE", "sparkd.engine.kernels.moe_prefill", "m.PREFILL_GLUE", "fused",

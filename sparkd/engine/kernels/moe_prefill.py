@@ -15,20 +15,31 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch
+from sparkd.engine.kernels import act_quant, dispatch, prefill_gemm
 from sparkd.engine.kernels.moe import OAI_ALPHA, OAI_LIMIT, Act, ExpertTable, PreparedTable, act_args, prepare
 from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, gemm, grouped_gemm, int_gemm
 
 # moe_prefill's way: "grouped" (session 9: three grouped GEMM launches a layer, no sync per expert)
 # or "loop" (a GEMM per expert and projection, the way before)
 PREFILL = switches.choice("SPARKD_MOE_PREFILL", ("grouped", "loop"), "grouped")
-# the grouped integer GEMMs' expert tile height (rows of one expert a program; session 10: 32, a
-# weight block read once per 32 rows, the fastest on the H200 at 512 and 2048 tokens; "16" the way
-# before); float GEMMs keep GEMM_BLOCK_T
-PREFILL_TILE = int(switches.choice("SPARKD_MOE_PREFILL_TILE", tuple(map(str, GROUPED_BLOCK_TS)), "32"))
+# the grouped integer GEMMs' expert tile height (rows of one expert a program): "auto" each layout's
+# (prefill_gemm.IgemmTile.expert_rows: session 10's 32, a weight block read once per 32 rows, the fastest on the H200
+# at 512 and 2048 tokens; MXFP4's resident experts 64 since session 42), or one for all ("16" the way before session
+# 10); float GEMMs keep GEMM_BLOCK_T
+PREFILL_TILE = switches.choice("SPARKD_MOE_PREFILL_TILE", ("auto", *map(str, GROUPED_BLOCK_TS)), "auto")
 # the grouped way's glue around its GEMMs: "kernels" (session 10: expert_tiles one launch, the route
 # weights and each token's slot-ordered sum one combine launch) or "torch" (~40 torch ops a layer, as before)
 PREFILL_GLUE = switches.choice("SPARKD_MOE_PREFILL_GLUE", ("kernels", "torch"), "kernels")
+
+
+def tile_rows(gate_up: dispatch.Family, down: dispatch.Family, precision: str) -> int:
+    """The grouped GEMMs' expert tile height: taller than GEMM_BLOCK_T where all three GEMMs are integer (their sums do
+    not depend on the tile): PREFILL_TILE's, under "auto" the shorter of the two layouts' (IgemmTile.expert_rows)."""
+    if not (int_gemm(gate_up, precision) and int_gemm(down, precision)):
+        return GEMM_BLOCK_T
+    if PREFILL_TILE != "auto":
+        return int(PREFILL_TILE)
+    return min(prefill_gemm.igemm_tile(f, True).expert_rows for f in (gate_up, down))  # (a module lookup: benches swap it)
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: Act) -> torch.Tensor:
@@ -193,8 +204,7 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         slots, by_expert = torch.sort(slots, dim=1, stable=True)
         route_weights = route_weights.gather(1, by_expert)
         keys, order = torch.sort(slots.reshape(-1), stable=True)
-        # taller tiles where all three GEMMs are integer (their sums do not depend on the tile)
-        block_t = PREFILL_TILE if int_gemm(fgu, precision) and int_gemm(fd, precision) else GEMM_BLOCK_T
+        block_t = tile_rows(fgu, fd, precision)
         tiles = expert_tiles(keys, n, block_t)
         tok = order // slots.shape[1]
         qx = act_quant.quantize(x, fgu.act_fmt) if int_gemm(fgu, precision) else None  # once for gate and up

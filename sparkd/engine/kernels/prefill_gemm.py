@@ -234,7 +234,7 @@ class IgemmTile:
     """The integer GEMM's launch (precision "int8"): a weight block is loaded once per block_t tokens."""
 
     block_n: int = 64  # W's rows per program
-    block_t: int = 64  # tokens per program of the dense GEMM (the grouped one: its caller's expert tile)
+    block_t: int = 64  # tokens per program of the dense GEMM (the grouped one: its caller's expert tile, expert_rows)
     num_warps: int = 4
     unroll: int = 1  # Q8_0 blocks per loop step (the largest power of 2 up to it that divides the row's blocks)
     stages: int = 0  # the step loop's num_stages (tl.range); 0: Triton's default
@@ -242,6 +242,7 @@ class IgemmTile:
     kblock: bool = True  # with steps: the family's kblock where it has one
     words: bool = False  # with kblock: the family's wblock (32-bit word unpack, session 12) where it has one
     maxnreg: int = 0  # registers a thread at most (Triton's maxnreg: more programs an SM, some spills); 0: Triton's
+    expert_rows: int = 32  # grouped: the expert tile height moe_prefill cuts for this layout (tile_rows; session 10: 32)
 
 
 IGEMM_ENV = "SPARKD_IGEMM"
@@ -295,6 +296,11 @@ IGEMM_TILES.update({("Q4_0_TILED", grouped): IGEMM_TILES[("Q4_0", grouped)] for 
 # IQ1_M (session 24, not timed) the same: S10's 64 tokens spill (255 registers, 376 bytes of stack)
 IGEMM_TILES.update({(name, False): IGEMM_TILES[("IQ4_XS", False)]
                     for name in ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ1_S", "IQ1_M", "IQ2_S", "IQ3_S")})
+# session 42 (H100, docs/runs/2026-12-05-s42/call2, bench/igemm_bench.py at gpt-oss-20b's 32 experts of 2880x2880, top
+# 4): MXFP4's resident tiled experts on 64-row expert tiles, 128 rows a program on 4 warps (wgmma; 244 registers, no
+# stack offline): 8.72 ms at 8000 tokens against S10's 13.23 on 32-row tiles (1.52x), 2.46 against 3.63 at 2000
+# (1.48x); S10 on 64-row tiles 11.46 / 3.21, 8 warps 0.72-0.96x of it, 3 stages 0.95x of Triton's default
+IGEMM_TILES[("MXFP4_TILED", True)] = IgemmTile(128, 64, 4, 1, 0, kblock=False, expert_rows=64)
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
