@@ -263,8 +263,9 @@ def test_kernel_linear_dense_is_the_blocks_values(backend, layout):
 @pytest.mark.parametrize("backend, qtype", backend_cases((T.F16, T.BF16), (T.F16, T.BF16)))
 def test_a_16_bit_prompt_projection_is_its_values_product(backend, qtype, monkeypatch):
     """An F16 / BF16 KernelLinear over several rows (SPARKD_HALF_PROMPT): cuBLAS over the values widened ("torch",
-    the default) and prefill_gemm's tf32 GEMM ("kernel") both give x rounded to the type times the blocks' values,
-    within float32's bound of float64, every part of a stack (rows of 32-value runs, the last group partial)."""
+    the default), over the 16-bit values on CUDA ("half"; the CPU widens them) and prefill_gemm's tf32 GEMM ("kernel")
+    all give x rounded to the type times the blocks' values, within float32's bound of float64, every part of a stack
+    (rows of 32-value runs, the last group partial)."""
     from sparkd.engine.layers import linear
     from sparkd.engine.layers.act_round import vec_dot_format
 
@@ -276,7 +277,7 @@ def test_a_16_bit_prompt_projection_is_its_values_product(backend, qtype, monkey
     x = torch.randn(5, cols, generator=torch.Generator().manual_seed(2))
     xr = round_activations(x, vec_dot_format(qtype)).double()
     want = torch.cat([xr @ quants.dequantize(raw, qtype, (r, cols)).double().T for raw, r in zip(raws, rows)], 1)
-    for way in ("torch", "kernel"):
+    for way in ("torch", "half", "kernel"):
         monkeypatch.setattr(linear, "HALF_PROMPT", way)
         got = stack(x.to(backend)).cpu().double()
         assert got.shape == want.shape

@@ -30,8 +30,10 @@ PREFILL_STACK = switches.choice("SPARKD_PREFILL_STACK", ("one", "parts"), "one")
 PREFILL_FLOAT_GEMM = switches.choice("SPARKD_PREFILL_FLOAT_GEMM", ("kernel", "torch"), "torch")
 # an F16 / BF16 KernelLinear over several rows (a prompt's): "torch" (default, session 37) cuBLAS's float32 GEMM over
 # the values widened for the call, the product the f32 weights had before session 36 (H200, a 4-layer gpt-oss-20b F16
-# file: the Triton GEMM at tf32 took its 2000-token prompt from 20.9k to 13.2k tok/s); "kernel" prefill_gemm's
-HALF_PROMPT = switches.choice("SPARKD_HALF_PROMPT", ("torch", "kernel"), "torch")
+# file: the Triton GEMM at tf32 took its 2000-token prompt from 20.9k to 13.2k tok/s); "kernel" prefill_gemm's;
+# "half" (session 42, CUDA) cuBLAS on the 16-bit values themselves, x rounded to them: the tensor cores' exact products
+# summed in float32 into a float32 result (torch.mm's out_dtype), not the widened copy's FMAs
+HALF_PROMPT = switches.choice("SPARKD_HALF_PROMPT", ("torch", "half", "kernel"), "torch")
 HALF_VALUES = {"F16": torch.float16, "BF16": torch.bfloat16}  # the 16-bit types the files keep unquantized
 
 
@@ -229,8 +231,11 @@ class KernelLinear(nn.Module):
         from sparkd.engine.kernels.prefill_gemm import gemm
 
         raw, qtype, shape = (self.raw, self.qtype, self.shape) if first is None else self._rows(first, rows)
-        if qx is None and qtype.name in HALF_VALUES and HALF_PROMPT == "torch":  # (h rounded to the type already)
-            return F.linear(h, raw.view(HALF_VALUES[qtype.name]).view(shape).float())
+        if qx is None and qtype.name in HALF_VALUES and HALF_PROMPT != "kernel":  # (h rounded to the type already)
+            w = raw.view(HALF_VALUES[qtype.name]).view(shape)
+            if HALF_PROMPT == "half" and h.is_cuda:
+                return torch.mm(h.to(w.dtype), w.T, out_dtype=torch.float32)
+            return F.linear(h, w.float())
         return gemm(raw, qtype, shape, h, precision=PREFILL_PRECISION, qx=qx)
 
     def _span(self, i: int) -> tuple[int, int]:
