@@ -262,8 +262,8 @@ def test_kernel_linear_dense_is_the_blocks_values(backend, layout):
 
 @pytest.mark.parametrize("backend, qtype", backend_cases((T.F16, T.BF16), (T.F16, T.BF16)))
 def test_a_16_bit_prompt_projection_is_its_values_product(backend, qtype, monkeypatch):
-    """An F16 / BF16 KernelLinear over several rows (SPARKD_HALF_PROMPT): cuBLAS over the values widened ("torch",
-    the default), over the 16-bit values on CUDA ("half"; the CPU widens them) and prefill_gemm's tf32 GEMM ("kernel")
+    """An F16 / BF16 KernelLinear over several rows (SPARKD_HALF_PROMPT): cuBLAS over the values widened ("torch"),
+    over the 16-bit values on CUDA ("half", the default; the CPU widens them) and prefill_gemm's tf32 GEMM ("kernel")
     all give x rounded to the type times the blocks' values, within float32's bound of float64, every part of a stack
     (rows of 32-value runs, the last group partial)."""
     from sparkd.engine.layers import linear

@@ -174,7 +174,7 @@ SWITCHES = [
     Switch("SPARKD_PREFILL_FLOAT_GEMM", "sparkd.engine.layers.linear", "m.PREFILL_FLOAT_GEMM", "cublas",
            {UNSET: "torch", "kernel": "kernel", "Torch": "torch"}, ("kernel", "torch")),
     Switch("SPARKD_HALF_PROMPT", "sparkd.engine.layers.linear", "m.HALF_PROMPT", "cublas",
-           {UNSET: "torch", "kernel": "kernel", "Torch": "torch", "half": "half"}, ("torch", "half", "kernel")),
+           {UNSET: "half", "kernel": "kernel", "Torch": "torch", "half": "half"}, ("torch", "half", "kernel")),
     Switch("SPARKD_PREFILL_ATTENTION", "sparkd.engine.layers.attention", "m.PREFILL_ATTENTION", "flash",
            {UNSET: "sdpa", "sdpa": "sdpa", "Kernel": "kernel", " TORCH ": "torch"}, ("sdpa", "kernel", "torch")),
     Switch("SPARKD_CONTINUE_ATTENTION", "sparkd.engine.layers.attention", "m.CONTINUE_ATTENTION", "attend",

@@ -28,12 +28,13 @@ PREFILL_STACK = switches.choice("SPARKD_PREFILL_STACK", ("one", "parts"), "one")
 # attn11) kernels/float_gemm's fixed tiles, each row's bits whatever the row count (a prompt padded
 # to its graph bucket keeps the eager prompt's bits), 0.15 ms a gate on the H200 against cuBLAS's 0.02
 PREFILL_FLOAT_GEMM = switches.choice("SPARKD_PREFILL_FLOAT_GEMM", ("kernel", "torch"), "torch")
-# an F16 / BF16 KernelLinear over several rows (a prompt's): "torch" (default, session 37) cuBLAS's float32 GEMM over
+# an F16 / BF16 KernelLinear over several rows (a prompt's): "torch" (session 37) cuBLAS's float32 GEMM over
 # the values widened for the call, the product the f32 weights had before session 36 (H200, a 4-layer gpt-oss-20b F16
 # file: the Triton GEMM at tf32 took its 2000-token prompt from 20.9k to 13.2k tok/s); "kernel" prefill_gemm's;
-# "half" (session 42, CUDA) cuBLAS on the 16-bit values themselves, x rounded to them: the tensor cores' exact products
-# summed in float32 into a float32 result (torch.mm's out_dtype), not the widened copy's FMAs
-HALF_PROMPT = switches.choice("SPARKD_HALF_PROMPT", ("torch", "half", "kernel"), "torch")
+# "half" (default, session 42; the CPU widens them as "torch") cuBLAS on the 16-bit values themselves, x rounded to
+# them: the tensor cores' exact products summed in float32 into a float32 result (torch.mm's out_dtype), not the
+# widened copy's FMAs (H100, that file's 8000-token prompt 36.2k -> 40.7k tok/s, its projections 33 -> 2.3 ms)
+HALF_PROMPT = switches.choice("SPARKD_HALF_PROMPT", ("torch", "half", "kernel"), "half")
 HALF_VALUES = {"F16": torch.float16, "BF16": torch.bfloat16}  # the 16-bit types the files keep unquantized
 
 
