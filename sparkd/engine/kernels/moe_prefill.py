@@ -39,7 +39,8 @@ def tile_rows(gate_up: dispatch.Family, down: dispatch.Family, precision: str) -
         return GEMM_BLOCK_T
     if PREFILL_TILE != "auto":
         return int(PREFILL_TILE)
-    return min(prefill_gemm.igemm_tile(f, True).expert_rows for f in (gate_up, down))  # (a module lookup: benches swap it)
+    # (through the module: benches and tests swap igemm_tile)
+    return min(prefill_gemm.igemm_tile(f, True).expert_rows for f in (gate_up, down))
 
 
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act: Act) -> torch.Tensor:

@@ -242,7 +242,7 @@ class IgemmTile:
     kblock: bool = True  # with steps: the family's kblock where it has one
     words: bool = False  # with kblock: the family's wblock (32-bit word unpack, session 12) where it has one
     maxnreg: int = 0  # registers a thread at most (Triton's maxnreg: more programs an SM, some spills); 0: Triton's
-    expert_rows: int = 32  # grouped: the expert tile height moe_prefill cuts for this layout (tile_rows; session 10: 32)
+    expert_rows: int = 32  # grouped: the expert tile height moe_prefill.tile_rows cuts for the layout (session 10: 32)
 
 
 IGEMM_ENV = "SPARKD_IGEMM"
