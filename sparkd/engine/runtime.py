@@ -19,12 +19,13 @@ from sparkd.engine.chat import THINK_TAGS, ChatTemplate
 from sparkd.engine.errors import EngineError
 from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.models.decoder import prompt_last_only
+from sparkd.engine.models.weights import kernel_rule
 from sparkd.engine.prompt_chunks import chunk_tokens, reserved_workspace, room_bytes
 from sparkd.engine.prompt_store import PromptCache, PromptStore, store_bytes
 from sparkd.engine.sampler import Sampler, SamplingParams
 from sparkd.engine.streaming.device import CPU, DeviceInfo, probe_device, vram_margin_bytes
-from sparkd.engine.streaming.plan import (EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, context_for, kernel_rule,
-                                         kv_bytes, resident_bytes, rope_bytes)
+from sparkd.engine.streaming.plan import (EXPERT_WEIGHT, Budget, MemoryPlan, cache_kv_type, context_for, kv_bytes,
+                                         resident_bytes, rope_bytes)
 from sparkd.engine.streaming.session import StreamingModel, StreamOptions, open_streaming
 from sparkd.engine.think import CLOSE, OPEN, TagMatcher, ThinkTags, find_think_tags
 from sparkd.engine.tokenizer import Tokenizer

@@ -9,9 +9,10 @@ from sparkd.engine.gguf_file import GGUFModel
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import config_of, load_model, warm_experts
+from sparkd.engine.models.weights import kernel_rule
 from sparkd.engine.runtime import Engine, MemoryPlanError, resident_plan
 from sparkd.engine.streaming.device import CPU, DeviceInfo, probe_device, vram_margin_bytes
-from sparkd.engine.streaming.plan import EXPERT_WEIGHT, kernel_rule, resident_bytes, trunk_bytes
+from sparkd.engine.streaming.plan import EXPERT_WEIGHT, resident_bytes, trunk_bytes
 
 
 @pytest.fixture(scope="module")

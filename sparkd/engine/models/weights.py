@@ -67,7 +67,7 @@ class Weights:
         self.stager = stager
         self._on_read = on_read  # called with each tensor's file bytes once it is loaded (progress)
         # weights a Triton kernel multiplies stay raw blocks (KernelLinear, the GPU path): dispatch.multiplies
-        self._multiplies = _kernel_rule() if kernels else None
+        self._multiplies = kernel_rule() if kernels else None
         self.scratch = Scratch() if quantized and not kernels else None
         self._q8_0_layout = q8_0_layout
         self._q4_k_layout = q4_k_layout
@@ -233,7 +233,9 @@ def _packed_q8_0(raw: torch.Tensor, shape: tuple[int, int]):
     return q8_0_packed.pack_raw(raw, shape), q8_0_packed.PACKED
 
 
-def _kernel_rule() -> Callable[[GGMLQuantizationType, int], bool]:
+def kernel_rule() -> Callable[[GGMLQuantizationType, int], bool]:
+    """Which tensors the GPU kernels multiply from their file blocks (dispatch.multiplies: qtype, columns): the loader's
+    rule and the memory plan's (streaming/plan.py) on a GPU."""
     from sparkd.engine.kernels.dispatch import multiplies  # imports triton: only on the kernel path
 
     return multiplies

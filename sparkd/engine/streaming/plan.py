@@ -26,7 +26,7 @@ from sparkd.engine.layers.kv_cache import KV_TYPES, ring_rows
 from sparkd.engine.layers.qlinear import CHUNK_VALUES
 from sparkd.engine.models.config import ModelConfig
 from sparkd.engine.models.staging import staging_buffer_bytes
-from sparkd.engine.models.weights import STACKED_WEIGHT, resident_q8_0_layout
+from sparkd.engine.models.weights import STACKED_WEIGHT, kernel_rule, resident_q8_0_layout
 from sparkd.engine.prompt_store import store_bytes
 from sparkd.engine.streaming.device import CPU, DeviceInfo, split_vram, vram_margin_bytes, wants_vram_cache
 
@@ -533,9 +533,3 @@ def make_plan(g: GGUFModel, cfg: ModelConfig, budget: Budget, ctx: int, prefetch
             + "\nraise --budget, lower --ctx, or use fewer --prefetch slots")
     return plan
 
-
-def kernel_rule() -> Callable[[Q, int], bool]:
-    # imports triton: only for a GPU's plan
-    from sparkd.engine.kernels.dispatch import multiplies
-
-    return multiplies
