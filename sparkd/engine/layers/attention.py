@@ -153,16 +153,17 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     position 0 without a window the kernel's own causal mask; from a host start past 0 without a window (an eager
     continuation: the prompt cache past the graphs' 2048 rows, a streamed prompt's later chunks) SDPA's
     bottom-right causal mask (no mask in memory, the key blocks past the diagonal skipped; CONTINUE_ATTENTION
-    "sdpa-mask" takes the boolean one there); a sliding window from a host start over more than window_block
-    queries in blocks (attend_window_blocks); else a boolean [T, S] mask (key s visible to the query at p: s <= p
+    "sdpa-mask" takes the boolean one there); else a boolean [T, S] mask (key s visible to the query at p: s <= p
     and p - s < window). All three give the same bits for the same keys (H200, prefill31: 36 shapes; the GPU
-    test), so a continued graph that ends at its span keeps the eager continuation's bits. masks and key_pos as
-    attend's. sinks [H] (gpt-oss): with_sink_key's key first, the bottom-right causal mask over it from position 0
+    test), so a continued graph that ends at its span keeps the eager continuation's bits. A sliding window from a
+    host start over more than window_block(window) queries runs in blocks instead (attend_window_blocks: its rows
+    past the first block within attend's float64 bound, not compared bit for bit with the boolean mask's). masks and
+    key_pos as attend's. sinks [H] (gpt-oss): with_sink_key's key first, the bottom-right causal mask over it from position 0
     without a window, else the boolean mask with its column (past position 0 the bottom-right mask over the one more
     key gave other bits than the boolean mask a continued graph takes: H100, session 41)."""
-    sink = sinks is not None
     if window and isinstance(start, int) and q.shape[0] > window_block(window):
         return attend_window_blocks(q, k, v, scale, start, window, masks, sinks)
+    sink = sinks is not None
     if sink:
         q, k, v = with_sink_key(q, k, v, sinks, scale)
     T, H, Dk = q.shape
