@@ -9,10 +9,11 @@ resident tiled layout, gpt-oss's experts), a [rows, cols] weight of random valid
 --block-t rows by moe_prefill.expert_tiles; a shape with rows > cols is a down projection: one x row per routed row, as
 moe_prefill's down), x float32 [tokens, cols] quantized before the timed calls (as the engine quantizes a stack's or
 a MoE layer's x once), a way (--ways): "s11" / "s12" (session 11's / 12's table), "s13" (prefill_gemm.IGEMM_TILES,
-the default), or a launch bn/bt/warps/unroll/stages/kblock[/maxnreg] (prefill_gemm.IgemmTile with steps: bt the
-dense GEMM's tokens a program; kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or left
-out: Triton's), or a float precision (FLOAT_WAYS: the float GEMM on x unquantized, what a family without an iblock
-runs; "ieee" is what Q4_0's and IQ4_XS's prompts ran before session 22, the grid i-quants' before session 23):
+the default), or a launch bn/bt/warps/unroll/stages/kblock[/maxnreg[/fold]] (prefill_gemm.IgemmTile with steps: bt
+the dense GEMM's tokens a program; kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or
+left out: Triton's; fold 1: the family's fblock where it has one, MXFP4T's bf16 blocks, session 43), or a float
+precision (FLOAT_WAYS: the float GEMM on x unquantized, what a family without an iblock runs; "ieee" is what Q4_0's
+and IQ4_XS's prompts ran before session 22, the grid i-quants' before session 23):
 median µs of CUDA-event-timed calls, TOPS (2 rows cols routed rows / s), the speedup over the first way, whether the
 output is the first way's bits and its relative difference from it (Frobenius; a float way against an integer one:
 x's int8 rounding).
@@ -83,7 +84,7 @@ def main() -> int:
                                                               "IgemmTile.expert_rows)")
     ap.add_argument("--tokens", default="512,2048")
     ap.add_argument("--ways", default="s11,s12",
-                    help="s11, s12, s13, bn/bt/warps/unroll/stages/kblock[/maxnreg] or a float precision "
+                    help="s11, s12, s13, bn/bt/warps/unroll/stages/kblock[/maxnreg[/fold]] or a float precision "
                          f"({', '.join(FLOAT_WAYS)}); the first is the base")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json")

@@ -232,8 +232,8 @@ def test_float_path_adds_the_biases_through_the_ids(monkeypatch, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tiled_moe_prefill_gives_the_gguf_bits(backend, kind):
     """The GGUF blocks' grouped GEMMs and the tiled layout's (MXFP4's on 64-row expert tiles and its own launch since
-    session 42: prefill_gemm.IGEMM_TILES) give the same bits; on the GPU 300 tokens, so an expert's rows span
-    several tiles of either height."""
+    session 42: prefill_gemm.IGEMM_TILES; since session 43 bf16 blocks with their scales folded in, mxfp4_tiled.fblock)
+    give the same bits; on the GPU 300 tokens, so an expert's rows span several tiles of either height."""
     n, tokens = (4, 300) if backend == "cuda" else (2, 3)
     table, act, bias = expert_table(kind[0], backend, n)
     x = torch.randn(tokens, table.dim, device=backend)
@@ -244,6 +244,9 @@ def test_tiled_moe_prefill_gives_the_gguf_bits(backend, kind):
     tiled = moe.prepare(moe.tiled_nibbles(table), backend)  # (the table's bytes repacked in place)
     assert moe_prefill.tile_rows(gguf.gate_up, gguf.down, "int8") == 32
     assert moe_prefill.tile_rows(tiled.gate_up, tiled.down, "int8") == (64 if kind[0] == T.MXFP4 else 32)
+    # MXFP4's tiled launch multiplies bf16 values with the scales folded in (session 43), Q4_0's its int8 quants
+    assert (prefill_gemm._igemm_args(tiled.gate_up, prefill_gemm.igemm_tile(tiled.gate_up, True), 8)["FBLOCK"]
+            is not None) == (kind[0] == T.MXFP4)
     assert torch.equal(moe_prefill.moe_prefill(tiled, x, slots, w, act, "int8", bias=bias), want)
 
 

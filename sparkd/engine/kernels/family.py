@@ -112,6 +112,10 @@ class Family:
     # with idot: the row loop of a one-warp tile's step with a split-K launch's ranges on the warps of one program,
     # folded in it (matmul.GemvConfig.warps_k; q4_k_pair.kstep), else None
     kstep: Any = None
+    # with an iblock of Q8_0's form whose block scales are powers of two (MXFP4): fblock(w_ptr, row_off, rmask, b,
+    # row_bytes) gives block b as bfloat16 [BN, 32], each value times its block's scale (exact), or None
+    # (prefill_gemm._igemm_steps' FBLOCK, IgemmTile.fold)
+    fblock: Any = None
     # its values are tf32 values (F16: 11 significant bits, BF16: 8; tf32 keeps 11): with x rounded to the same type, as
     # the callers round it (act_round: F16's and BF16's vec_dot types are themselves), a tf32 tl.dot's products are
     # exact and its sums float32, so the default prompt GEMM runs at "tf32" (prefill_gemm.float_precision)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import INT8, PRECISIONS, act_quant, dispatch, grids
+from sparkd.engine.kernels import INT8, PRECISIONS, act_quant, dispatch, grids, table16
 from sparkd.engine.kernels.matmul import aux_arg, checked
 
 GEMM_BLOCK_N, GEMM_BLOCK_T, GEMM_WARPS = 32, 16, 4
@@ -144,11 +144,15 @@ def _igemm_tile(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rma
 @triton.jit
 def _igemm_steps(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
                  IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_T: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
+                 BLOCK_T: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr, FBLOCK: tl.constexpr):
     """_igemm_tile's sums and float steps in its order, the loops laid out for the pipeliner (session 11):
     Q8_0 UNROLL blocks a loop step (n_blocks a multiple of it), the K-quants a group a step, its 8 blocks
     unrolled with each block's min term taken from the same iblock (no second pass); tl.range's
-    num_stages=STAGES over the steps, so the next steps' loads are issued under this one's dots."""
+    num_stages=STAGES over the steps, so the next steps' loads are issued under this one's dots. FBLOCK (Q8_0's form
+    with power-of-two block scales, MXFP4: family.fblock) takes W's block as bfloat16 values with the scale folded in
+    and x's quants as bfloat16 (both exact): a bf16 tl.dot gives isum * d exactly (products and sums of integers
+    times one power of two, below 2^24 of it), so acc += (isum * d) * d_x rounds as acc += isum * (d_x * d) does: the
+    same bits, one float step per output and block instead of three (session 43)."""
     row_off = rows.to(tl.int64) * row_bytes
     i = tl.arange(0, 32)[None, :]
     xq = xq_ptr.to(tl.pointer_type(tl.int8)) + x_rows[:, None] * (n_blocks * 32) + i
@@ -157,11 +161,19 @@ def _igemm_steps(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rm
         xd = xd_ptr + x_rows * n_blocks
         for b0 in tl.range(0, n_blocks, UNROLL, num_stages=STAGES):
             for u in tl.static_range(UNROLL):
-                q, d = IBLOCK(w_ptr, aux_ptr, row_off, rmask, b0 + u, row_bytes)
                 x = tl.load(xq + (b0 + u) * 32, mask=tmask[:, None], other=0)
                 dx = tl.load(xd + b0 + u, mask=tmask, other=0.0)
-                isum = tl.dot(x, tl.trans(q), out_dtype=tl.int32)
-                acc += isum.to(tl.float32) * (dx[:, None] * d[None, :])
+                if FBLOCK is not None:
+                    w = FBLOCK(w_ptr, row_off, rmask, b0 + u, row_bytes)
+                    if table16.LOOKUP_EMU:  # the interpreter's bf16 tl.dot sums wrong (triton 3.9): float32 there
+                        wd = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+                    else:
+                        wd = tl.dot(x.to(tl.bfloat16), tl.trans(w))
+                    acc += wd * dx[:, None]
+                else:
+                    q, d = IBLOCK(w_ptr, aux_ptr, row_off, rmask, b0 + u, row_bytes)
+                    isum = tl.dot(x, tl.trans(q), out_dtype=tl.int32)
+                    acc += isum.to(tl.float32) * (dx[:, None] * d[None, :])
     else:
         xd = xd_ptr + x_rows * (n_blocks // 8)
         xs = xs_ptr + x_rows * n_blocks
@@ -191,11 +203,12 @@ def _igemm_steps(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rm
 @triton.jit
 def _igemm_any(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
                IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_T: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
+               BLOCK_T: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
+               FBLOCK: tl.constexpr):
     """_igemm_steps (STEPS, session 11) or session 10's _igemm_tile: the same bits."""
     if STEPS:
         acc = _igemm_steps(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
-                           IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, UNROLL, STAGES)
+                           IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, UNROLL, STAGES, FBLOCK)
     else:
         acc = _igemm_tile(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmask, n_blocks, row_bytes,
                           IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T)
@@ -205,12 +218,13 @@ def _igemm_any(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, x_rows, tmask, rows, rmas
 @triton.jit
 def _igemm_kernel(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, T, n_blocks, row_bytes, stride_yt,
                   IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_T: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr):
+                  BLOCK_T: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
+                  FBLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     toks = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask, tmask = rows < N, toks < T
     acc = _igemm_any(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, toks.to(tl.int64), tmask, rows, rmask, n_blocks,
-                     row_bytes, IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, STEPS, UNROLL, STAGES)
+                     row_bytes, IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, STEPS, UNROLL, STAGES, FBLOCK)
     y = y_ptr + toks[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
@@ -219,12 +233,12 @@ def _igemm_kernel(w_ptr, aux_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, T, n_blocks,
 def _grouped_igemm_kernel(w_ptr, w_off_ptr, aux_ptr, tiles_ptr, src_ptr, xq_ptr, xd_ptr, xs_ptr, y_ptr, N, n_blocks,
                           row_bytes, stride_yt, IBLOCK: tl.constexpr, IGROUP: tl.constexpr, HALF: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, STEPS: tl.constexpr, UNROLL: tl.constexpr,
-                          STAGES: tl.constexpr):
+                          STAGES: tl.constexpr, FBLOCK: tl.constexpr):
     """_grouped_gemm_kernel's integer variant: x's rows src[r] of its QuantX."""
     rows, rmask, r, tmask, src, w_off, live = _expert_tile(w_off_ptr, tiles_ptr, src_ptr, N, BLOCK_N, BLOCK_T)
     acc = _igemm_any(w_ptr + w_off, aux_ptr, xq_ptr, xd_ptr, xs_ptr, src, tmask, rows, rmask,
                      tl.where(live, n_blocks, 0), row_bytes, IBLOCK, IGROUP, HALF, BLOCK_N, BLOCK_T, STEPS, UNROLL,
-                     STAGES)
+                     STAGES, FBLOCK)
     y = y_ptr + r[:, None].to(tl.int64) * stride_yt + rows[None, :]
     tl.store(y, acc, mask=tmask[:, None] & rmask[None, :])
 
@@ -242,6 +256,7 @@ class IgemmTile:
     kblock: bool = True  # with steps: the family's kblock where it has one
     words: bool = False  # with kblock: the family's wblock (32-bit word unpack, session 12) where it has one
     maxnreg: int = 0  # registers a thread at most (Triton's maxnreg: more programs an SM, some spills); 0: Triton's
+    fold: bool = False  # with steps: the family's fblock where it has one (bf16 values, scales folded in)
     expert_rows: int = 32  # grouped: the expert tile height moe_prefill.tile_rows cuts for the layout (session 10: 32)
 
 
@@ -299,8 +314,11 @@ IGEMM_TILES.update({(name, False): IGEMM_TILES[("IQ4_XS", False)]
 # session 42 (H100, docs/runs/2026-12-05-s42/call2, bench/igemm_bench.py at gpt-oss-20b's 32 experts of 2880x2880, top
 # 4): MXFP4's resident tiled experts on 64-row expert tiles, 128 rows a program on 4 warps (wgmma; 244 registers, no
 # stack offline): 8.72 ms at 8000 tokens against S10's 13.23 on 32-row tiles (1.52x), 2.46 against 3.63 at 2000
-# (1.48x); S10 on 64-row tiles 11.46 / 3.21, 8 warps 0.72-0.96x of it, 3 stages 0.95x of Triton's default
-IGEMM_TILES[("MXFP4_TILED", True)] = IgemmTile(128, 64, 4, 1, 0, kblock=False, expert_rows=64)
+# (1.48x); S10 on 64-row tiles 11.46 / 3.21, 8 warps 0.72-0.96x of it, 3 stages 0.95x of Triton's default. Session 43
+# (H100, docs/runs/2026-12-06-s43/call1, the same shape): its blocks folded into bf16 (mxfp4_tiled.fblock) 1.04x /
+# 1.05x at 2000 / 8000 tokens (2344 / 8088 us against 2437 / 8456), the same bits; unroll 2, 2 stages, 168 registers,
+# 256 rows on 8 warps 0.87-0.96x; the fold on iblock's int8 tile 0.77-0.90x
+IGEMM_TILES[("MXFP4_TILED", True)] = IgemmTile(128, 64, 4, 1, 0, kblock=False, expert_rows=64, fold=True)
 
 
 def igemm_tile(fam: dispatch.Family, grouped: bool) -> IgemmTile:
@@ -318,7 +336,8 @@ def _igemm_args(fam: dispatch.Family, tile: IgemmTile, n_blocks: int) -> dict:
     kb = tile.steps and tile.kblock and fam.kblock is not None
     block = (fam.wblock if tile.words and fam.wblock is not None else fam.kblock) if kb else fam.iblock
     return dict(IBLOCK=block, IGROUP=fam.igroup, HALF=fam.ihalf, BLOCK_N=tile.block_n,
-                STEPS=tile.steps, UNROLL=unroll, STAGES=tile.stages or None, num_warps=tile.num_warps,
+                STEPS=tile.steps, UNROLL=unroll, STAGES=tile.stages or None,
+                FBLOCK=fam.fblock if tile.steps and tile.fold else None, num_warps=tile.num_warps,
                 **({"maxnreg": tile.maxnreg} if tile.maxnreg else {}))
 
 
