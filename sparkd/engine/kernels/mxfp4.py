@@ -131,6 +131,12 @@ def block_int8(q):
     return table16.block_values(q, _KV0, _KV1, _KV2, _KV3)
 
 
+@triton.jit
+def block_words(q):
+    """block_int8's values as int32 words of 4 [BN, 8] (table16.block_words; mxfp4_tiled.fblock's)."""
+    return table16.block_words(q, _KV0, _KV1, _KV2, _KV3)
+
+
 FLOAT_FAMILY = Family(T.MXFP4, 32, 17, 8, 32, dequant, align=1)
 INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_0, iacc=(8, 1), iblock=iblock)
 FAMILY = INT_FAMILY if switches.flag(INT_ENV, True) else FLOAT_FAMILY

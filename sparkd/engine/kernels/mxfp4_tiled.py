@@ -15,7 +15,7 @@ import dataclasses
 import triton
 import triton.language as tl
 
-from sparkd.engine.kernels import mxfp4, nibble_tiles, q4_0, table16
+from sparkd.engine.kernels import mxfp4, nibble_tiles, q4_0
 from sparkd.engine.kernels.act_quant import Q8_0
 from sparkd.engine.kernels.family import Family, LayoutType
 from sparkd.engine.kernels.nibble_tiles import NibbleTiles
@@ -46,31 +46,40 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 
 @triton.jit
-def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
-    """mxfp4.iblock on the tiled rows: block b's doubled e2m1 values (int8 [BN, 32]) and halved scale."""
+def _block(w_ptr, row_off, rmask, b, row_bytes):
+    """Block b of the tiled rows: its 4 qs words (int32 [BN, 4], one 128-bit load a row; 0 outside rmask) and its
+    scale byte's offset [BN] (the scale is read after the words are unpacked: the order iblock was measured in)."""
     qs, e = nibble_tiles.offsets(row_off, row_bytes // 17 * 32, 1)
     q = tl.load((w_ptr + qs[:, None] + b * 16).to(tl.pointer_type(tl.int32)) + tl.arange(0, 4)[None, :],
                 mask=rmask[:, None], other=0)
-    return mxfp4.block_int8(q), tl.where(rmask, mxfp4.d_at(w_ptr + e + b, rmask), 0.0)
+    return q, e + b
+
+
+@triton.jit
+def _scale(w_ptr, e, rmask):
+    """The halved scale (float32 [BN], 0 outside rmask) of the e8m0 bytes at offsets e."""
+    return tl.where(rmask, mxfp4.d_at(w_ptr + e, rmask), 0.0)
+
+
+@triton.jit
+def iblock(w_ptr, aux_ptr, row_off, rmask, b, row_bytes):
+    """mxfp4.iblock on the tiled rows: block b's doubled e2m1 values (int8 [BN, 32]) and halved scale."""
+    q, e = _block(w_ptr, row_off, rmask, b, row_bytes)
+    return mxfp4.block_int8(q), _scale(w_ptr, e, rmask)
 
 
 @triton.jit
 def fblock(w_ptr, row_off, rmask, b, row_bytes):
     """family.fblock: block b's doubled e2m1 values times its halved scale as bfloat16 [BN, 32] (0 outside rmask;
     exact: 3 significant bits times a power of two, for e8m0 bytes 2-252; past them, in no model's file, a value would
-    leave bf16's normal range). The lookup's words are widened and scaled before they are laid
-    out as 32 values a row: widening iblock's int8 tile instead was slower than the integer GEMM (H100, session 43:
-    0.89-0.90x against this order's 1.04-1.05x)."""
-    qs, e = nibble_tiles.offsets(row_off, row_bytes // 17 * 32, 1)
-    q = tl.load((w_ptr + qs[:, None] + b * 16).to(tl.pointer_type(tl.int32)) + tl.arange(0, 4)[None, :],
-                mask=rmask[:, None], other=0)
-    lo, hi = table16.lookup(q, mxfp4._KV0, mxfp4._KV1, mxfp4._KV2, mxfp4._KV3, table16.LOOKUP_EMU)
-    h = tl.arange(0, 2)[None, :, None]
-    words = tl.reshape(tl.where(h == 0, lo[:, None, :], hi[:, None, :]), (q.shape[0], 8))  # as block_values'
+    leave bf16's normal range). The lookup's words are widened and scaled before they are laid out as 32 values a row:
+    widening iblock's int8 tile instead was slower than the integer GEMM (H100, session 43: 0.89-0.90x against this
+    order's 1.04-1.05x)."""
+    q, e = _block(w_ptr, row_off, rmask, b, row_bytes)
+    words = mxfp4.block_words(q)
     j = tl.arange(0, 4)[None, None, :]
     v = (words[:, :, None] << (24 - 8 * j)) >> 24  # [BN, 8, 4]: byte j of word w, sign-extended
-    d = tl.where(rmask, mxfp4.d_at(w_ptr + e + b, rmask), 0.0)
-    return tl.reshape((v.to(tl.float32) * d[:, None, None]).to(tl.bfloat16), (q.shape[0], 32))
+    return tl.reshape((v.to(tl.float32) * _scale(w_ptr, e, rmask)[:, None, None]).to(tl.bfloat16), (q.shape[0], 32))
 
 
 FLOAT_FAMILY = Family(TILED, 32, 17, 8, 32, dequant, align=16, row_tile=TILE_ROWS)

@@ -12,9 +12,9 @@ import triton.language as tl
 
 from sparkd.engine.kernels.iq_common import word_bytes
 
-# the lookup's EMU for contracts that take none (the prefill GEMM's iblock): triton.jit picks interpreting or
-# compiling from this same variable when it decorates a function (read here as triton reads it; not through
-# triton.knobs, which older triton releases lack)
+# the lookup's EMU for contracts that take none (the prefill GEMM's iblock and fblock; the GEMM reads it too, for its
+# bf16 dot): triton.jit picks interpreting or compiling from this same variable when it decorates a function (read
+# here as triton reads it; not through triton.knobs, which older triton releases lack)
 LOOKUP_EMU = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"))
 
 
@@ -56,11 +56,17 @@ def lookup(q, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, T3: tl.const
 
 
 @triton.jit
-def block_values(q, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, T3: tl.constexpr):
-    """A 32-value block's table values as int8 [BN, 32] (the integer prefill GEMM's iblock) from its 4 words of
-    indices q [BN, 4]: the low nibbles of word w are values 4w..4w+3, the high ones 16 + 4w.. (IQ4_XS's and
+def block_words(q, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, T3: tl.constexpr):
+    """A 32-value block's table values as int32 words of 4 int8 [BN, 8], byte j of word w value 4w + j, from its 4
+    words of indices q [BN, 4]: the low nibbles of word w are values 4w..4w+3, the high ones 16 + 4w.. (IQ4_XS's and
     MXFP4's layout, Q4_0's too)."""
     lo, hi = lookup(q, T0, T1, T2, T3, LOOKUP_EMU)
     h = tl.arange(0, 2)[None, :, None]
     words = tl.where(h == 0, lo[:, None, :], hi[:, None, :])  # [BN, 2, 4]: word (h, w) holds values 16h + 4w..
-    return word_bytes(tl.reshape(words, (q.shape[0], 8)))
+    return tl.reshape(words, (q.shape[0], 8))
+
+
+@triton.jit
+def block_values(q, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, T3: tl.constexpr):
+    """block_words as int8 [BN, 32] (the integer prefill GEMM's iblock)."""
+    return word_bytes(block_words(q, T0, T1, T2, T3))
