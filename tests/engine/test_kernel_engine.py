@@ -20,7 +20,8 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from sparkd.engine.errors import EngineError  # noqa: E402
 from sparkd.engine.kernels import dispatch, iq1_s, iq2_xs, iq2_xxs  # noqa: E402
-from sparkd.engine.layers import linear  # noqa: E402
+from sparkd.engine.layers import act_round, linear  # noqa: E402
+from sparkd.engine.layers.act_round import round_activations  # noqa: E402
 from sparkd.engine.layers.embedding import KernelEmbedding  # noqa: E402
 from sparkd.engine.layers.linear import KernelLinear  # noqa: E402
 from sparkd.engine.layers.quant_experts import KernelExperts  # noqa: E402
@@ -29,10 +30,13 @@ from sparkd.engine.modelgen.specs import TINY  # noqa: E402
 from sparkd.engine.models import load_model  # noqa: E402
 from engine_cli import run_engine  # noqa: E402
 
-# Measured: 1.2e-7 (interpreter, Q8_0). The bound leaves room for what the paths may do
-# differently: both round activations to 8 bits per block, and a sum differing in its last bit
-# can move one value by one step.
+# Measured: 1.2e-7 (interpreter, Q8_0): one path's logits against themselves (two forms of one launch).
 BOUND = 1e-3
+# The kernel model against the CPU reference: both round activations to 8 bits per block (as llama.cpp), so float
+# noise of an ulp at a value within an ulp of its rounding boundary flips that quant by a whole step, ~6e-3 of these
+# tiny models' logits (session 44: the IQ2_XS model at "ieee" on CUDA; test_a_quant_flipped_at_a_near_tie_...). A
+# wrong kernel (a scale, a block, a sign) moves them by 1e-1 or more; the greedy tokens are compared too.
+STEP_BOUND = 2e-2
 PROMPT = [1, 5, 9, 33, 2]
 BACKENDS = [
     pytest.param("cpu", id="interpret", marks=pytest.mark.skipif(
@@ -67,12 +71,12 @@ def greedy(net, prompt: list[int], n: int) -> tuple[torch.Tensor, list[int]]:
 
 
 def assert_greedy_matches(ref, k, prompt: list[int], n: int, label: str) -> None:
-    """The kernel model k's prompt logits within BOUND of the CPU reference ref's, and the same n greedy tokens."""
+    """The kernel model k's prompt logits within STEP_BOUND of the CPU reference ref's, and the same n greedy tokens."""
     want_logits, want = greedy(ref.net, prompt, n)
     got_logits, got = greedy(k.net, prompt, n)
     err = float((got_logits - want_logits).norm() / want_logits.norm())
     print(f"{label}: prompt logits relative error {err:.2e}")
-    assert err < BOUND and got == want
+    assert err < STEP_BOUND and got == want
 
 
 def logits_by_layout(tmp_path, monkeypatch, backend: str, quant: str, env: str, layouts: tuple[str, ...]) -> dict:
@@ -117,8 +121,43 @@ def test_kernel_path_matches_cpu_reference(tmp_path, backend, quant, precision, 
         k.close()
     err = float((got_logits - want_logits).norm() / want_logits.norm())
     print(f"{quant} {backend}: prompt logits relative error {err:.2e}")
-    assert err < BOUND
+    assert err < STEP_BOUND
     assert got == want
+
+
+def test_a_quant_flipped_at_a_near_tie_moves_the_logits_past_bound(tmp_path):
+    """Why the kernel model meets the reference within STEP_BOUND, not BOUND. Session 44: the IQ2_XS model's prompt
+    at "ieee" on CUDA missed BOUND by 5.86e-3 at every commit tried; its first module off the reference (by 7e-4) was
+    block 1's wqkv, whose input was off by 2.3e-7. The reference alone shows why: the value of that input nearest its
+    Q8_K rounding boundary moved the few ulps across it (what the kernels' float noise does) moves the reference's
+    logits by the same 5.86e-3. Reference only (CPU, no kernels)."""
+    path = write_model(tmp_path / "m.gguf", plan(SHAPES["IQ2_XS"], "IQ2_XS"), seed=5)[0]
+    ref = load_model(path)
+    try:
+        norm = ref.net.blocks[1].attn_norm
+        seen = []
+        hook = norm.register_forward_hook(lambda m, args, out: seen.append(out.detach().clone()))
+        want = greedy(ref.net, PROMPT, 0)[0]
+        hook.remove()
+        x = seen[0].reshape(-1)
+        q = lambda v: round_activations(v.reshape(-1, 256), act_round.Q8_K).reshape(-1)  # noqa: E731
+        v = x.double().reshape(-1, 256)
+        v = (v * (127.0 / v.abs().amax(-1, keepdim=True))).reshape(-1)  # the values in quant steps
+        i = int(((v - v.floor() - 0.5).abs() / v.abs().clamp(min=1e-9)).argmin())  # the nearest tie, relative
+        nudged, toward = x.clone(), torch.tensor(float(v[i].floor() + 0.5) * float(x[i] / v[i]))
+        for ulps in range(1, 16):  # a few ulps: what a sum in another order gives
+            nudged[i] = torch.nextafter(nudged[i], toward)
+            if q(nudged)[i] != q(x)[i]:
+                break
+        assert q(nudged)[i] != q(x)[i], "the nearest tie is within 15 ulps of its boundary"
+        hook = norm.register_forward_hook(lambda m, args, out: nudged.reshape(out.shape))
+        got = greedy(ref.net, PROMPT, 0)[0]
+        hook.remove()
+    finally:
+        ref.close()
+    err = float((got - want).norm() / want.norm())
+    print(f"one Q8_K quant flipped {ulps} ulps from its tie: prompt logits relative error {err:.2e}")
+    assert BOUND < err < STEP_BOUND
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -243,7 +282,7 @@ def test_mla_head_matrices_stay_blocks_through_the_grouped_gemv(tmp_path, backen
             net(torch.tensor(PROMPT), cache)
             return net(torch.tensor([7]), cache)
         want = step(ref.net)
-        assert float((step(k.net) - want).norm() / want.norm()) < BOUND
+        assert float((step(k.net) - want).norm() / want.norm()) < STEP_BOUND
     finally:
         ref.close()
         k.close()
@@ -338,7 +377,7 @@ def test_streamed_experts_zero_copy_match_cpu_reference(tmp_path, backend, arch)
         sm.close()
     err = float((got_logits - want_logits).norm() / want_logits.norm())
     print(f"zero-copy {backend}: prompt logits relative error {err:.2e}, {misses} misses read")
-    assert misses > 0 and err < BOUND and got == want
+    assert misses > 0 and err < STEP_BOUND and got == want
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -381,7 +420,7 @@ def test_tiled_q4_k_expert_gate_up_matches_cpu_reference(tmp_path, monkeypatch, 
     for layout, (logits, tokens) in got.items():
         err = float((logits - want_logits).norm() / want_logits.norm())
         print(f"Q4_K experts, gate/up and down {layout}, {backend}: prompt logits relative error {err:.2e}")
-        assert err < BOUND and tokens == want, layout
+        assert err < STEP_BOUND and tokens == want, layout
     assert all(torch.equal(a, b) for a, b in zip(weights["tiled"], weights["gguf"]))
 
 
