@@ -272,14 +272,17 @@ class SystemdPlacement(Placement):
         argv = self._resolve_argv(spec)
         bus = await self._ensure_bus()
         await self._prepare_name(unit)
+        # Tracked before the call: an engine that fails right after exec sends its signals just behind the call's
+        # reply, and they are handled before this coroutine resumes (a unit added after them missed its failure).
+        self._tracked.add(unit)
         try:
             job = await bus.start_transient_unit(unit, self._unit_properties(spec, argv))
-        except BusCallError as exc:
-            if exc.dbus_name == "org.freedesktop.systemd1.UnitExists":
+        except BaseException as exc:  # no unit of ours started (a clash, a failed call, a cancel)
+            self._tracked.discard(unit)
+            if isinstance(exc, BusCallError) and exc.dbus_name == "org.freedesktop.systemd1.UnitExists":
                 props = await bus.load_unit_properties(unit) or {"FragmentPath": "a unit file"}
                 raise PlacementError(self._clash_message(unit, props)) from exc
             raise
-        self._tracked.add(unit)  # before the job ends: an engine may fail right after exec
         result = await bus.wait_for_job(job, START_JOB_TIMEOUT_SECONDS)
         props = await bus.unit_properties(unit)
         if result != "done" and not _engine_ran(props):

@@ -129,6 +129,29 @@ async def test_failing_engine_reported_and_not_restarted(placement, bus):
     assert (again.active_state, again.result) == ("active", "success")
 
 
+async def test_a_failure_signalled_before_start_resumes_is_reported(placement, bus, monkeypatch):
+    """Session 44: under load the unit's failure signals came in behind StartTransientUnit's reply and were handled
+    before start() resumed to track the unit, so no failure event came (6 of 44 loaded runs of the test above). The
+    backlog made certain: start() resumes a second after the reply."""
+    await placement.start(spec("warm", ["sleep", "300"]))  # the connection and its subscription up first
+    call = placement.bus.start_transient_unit
+
+    async def reply_then_backlog(*args, **kwargs):
+        job = await call(*args, **kwargs)
+        await wait_until(lambda: _unit_failed(bus, "sparkd-quick.service"), "the engine's exit")
+        await asyncio.sleep(0.5)  # the signals of the exit delivered meanwhile
+        return job
+
+    monkeypatch.setattr(placement.bus, "start_transient_unit", reply_then_backlog)
+    await placement.start(spec("quick", ["sh", "-c", "exit 3"]))
+    await wait_until(lambda: _has_event(placement.events, "sparkd-quick.service", "failed"), "the failure event")
+
+
+async def _unit_failed(bus, unit):
+    props = await bus.unit_properties(unit)
+    return bool(props and props["ActiveState"] == "failed")
+
+
 async def test_new_instance_adopts_running_service_without_duplicating(placement, bus, systemd_box):
     first = await placement.start(spec("adopt", ["sleep", "300"]))
     await placement.close()  # sparkd goes away; the engine must keep running
