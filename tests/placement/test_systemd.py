@@ -177,7 +177,10 @@ async def test_new_instance_adopts_running_service_without_duplicating(placement
 async def test_stop_and_disable_transient_ollama_uses_sigterm(bus, systemd_box):
     share = systemd_box.share_dir
     script = share / "fake-ollama.sh"
-    script.write_text(f"#!/bin/sh\ntrap 'echo TERM > {share}/ollama-signal; exit 0' TERM\nsleep 300 & wait\n")
+    # the trap stops its sleep too: a TERM that comes while sh forks it reaches sh alone (the sleep, not yet in the
+    # cgroup when systemd signalled it, would hold the stop job for TimeoutStopSec: 1 of 44 loaded runs, session 44)
+    script.write_text(f"#!/bin/sh\ntrap 'echo TERM > {share}/ollama-signal; kill $! 2> /dev/null; exit 0' TERM\n"
+                      "sleep 300 & wait\n")
     script.chmod(0o755)
     await start_foreign(bus, "ollama.service", [str(script)])
     await wait_until(lambda: _unit_pid_positive(bus, "ollama.service"), "ollama's main pid")
