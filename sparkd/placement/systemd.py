@@ -277,7 +277,7 @@ class SystemdPlacement(Placement):
         self._tracked.add(unit)
         try:
             job = await bus.start_transient_unit(unit, self._unit_properties(spec, argv))
-        except BaseException as exc:  # no unit of ours started (a clash, a failed call, a cancel)
+        except BaseException as exc:  # a clash, a failed call, a cancel: no start of ours to report
             self._tracked.discard(unit)
             if isinstance(exc, BusCallError) and exc.dbus_name == "org.freedesktop.systemd1.UnitExists":
                 props = await bus.load_unit_properties(unit) or {"FragmentPath": "a unit file"}

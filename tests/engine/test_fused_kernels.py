@@ -43,6 +43,8 @@ from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 
+# float16 operands (SPARKD_SDPA_PRECISION=half): the softmax's weights rounded to float16 before the values' product
+HALF_ATTENTION = 2e-3
 BOUND = {"rms_norm": 1e-6, "rope_kv": 1e-6, "attention": 4e-6, "router": 1e-6, "step": 5e-6, "float_gemm": 1e-6}
 BACKENDS = [
     pytest.param("cpu", id="interpret", marks=pytest.mark.skipif(
@@ -339,6 +341,40 @@ def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window, s
         assert all(torch.equal(attend_sdpa(q, k[:S], v[:S], 0.3, pos, window, masks, sinks=sk), got) for _ in "ab")
         assert len(masks) == 1
         assert rel_err(attend_sdpa(q, k, v, 0.3, pos, window, sinks=sk), want) < BOUND["attention"]
+
+
+@pytest.mark.parametrize("T, start, window, sinks", [(300, 0, 0, True), (300, 0, 16, True), (100, 50, 16, False)])
+def test_attend_sdpa_over_float16_operands(T, start, window, sinks):
+    """What SPARKD_SDPA_PRECISION=half runs on CUDA (attend_sdpa over float16 queries, keys and values: the sink key,
+    the window's blocks, the bottom-right mask), on the CPU's math kernel: within HALF_ATTENTION of attend in float64
+    over the same float16 values, in float16."""
+    q, k, v = torch.randn(T, 8, 64).half(), torch.randn(start + T, 2, 64).half(), torch.randn(start + T, 2, 64).half()
+    sk = 3 * torch.randn(8) if sinks else None
+    want = attend(q.double(), k.double(), v.double(), 0.125, start, window, None if sk is None else sk.double())
+    got = attend_sdpa(q, k, v, 0.125, start, window, sinks=sk)
+    assert got.dtype == torch.float16 and rel_err(got.float(), want) < HALF_ATTENTION
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H, Hkv, Dk, Dv, T, start, window", [
+    (32, 4, 128, 128, 512, 0, 0), (64, 8, 64, 64, 600, 0, 128), (64, 8, 64, 64, 256, 700, 0),
+    (8, 2, 64, 64, 100, 300, 16)])
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_attend_sdpa_half_over_float16_rows(H, Hkv, Dk, Dv, T, start, window, sinks, monkeypatch):
+    """SPARKD_SDPA_PRECISION=half (session 44): float16 queries over a float16 cache's rows as they are, within
+    HALF_ATTENTION of attend in float64 over the same float16 values (the queries rounded as it rounds them), a
+    float32 result; a float32 cache keeps the float32 path's bits."""
+    S = start + T
+    q = torch.randn(T, H, Dk, device="cuda")
+    k, v = torch.randn(S, Hkv, Dk, device="cuda").half(), torch.randn(S, Hkv, Dv, device="cuda").half()
+    sk = 3 * torch.randn(H, device="cuda") if sinks else None
+    want = attend(q.half().double(), k.double(), v.double(), 0.3, start, window, None if sk is None else sk.double())
+    wide = attend_sdpa(q, k, v, 0.3, start, window, sinks=sk)
+    monkeypatch.setattr(attention, "SDPA_PRECISION", "half")
+    got = attend_sdpa(q, k, v, 0.3, start, window, sinks=sk)
+    print(f"half {rel_err(got, want):.2e}, float32 {rel_err(wide, want):.2e} of float64")
+    assert got.dtype == torch.float32 and rel_err(got, want) < HALF_ATTENTION and not torch.equal(got, wide)
+    assert torch.equal(attend_sdpa(q, k.float(), v.float(), 0.3, start, window, sinks=sk), wide)
 
 
 @pytest.mark.parametrize("backend, H, Hkv, Dk, Dv, T, start, window, block", [

@@ -118,6 +118,10 @@ def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
 # torch's memory-efficient kernel first (float32 as 3xTF32 on the tensor cores: float32's error, without the
 # [H, T, S] scores in memory); where it cannot take the inputs, its math kernel (attend's ops)
 SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# attend_sdpa's operands on CUDA where the cache keeps float16 rows (session 44): "float32" the queries' float32, the
+# keys and values widened to it (3xTF32); "half" the queries rounded to float16 over the cache's rows as they are,
+# float32 sums (llama.cpp's attention on CUDA: float16 K and V, its KQ on float16 operands)
+SDPA_PRECISION = switches.choice("SPARKD_SDPA_PRECISION", ("float32", "half"), "float32")
 
 
 SINK_DIMS = 8  # attend_sdpa's key dimensions added for sinks: one holds the sink, the rest keep Dk a multiple of 8
@@ -161,6 +165,8 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     key_pos as attend's. sinks [H] (gpt-oss): with_sink_key's key first, the bottom-right causal mask over it from position 0
     without a window, else the boolean mask with its column (past position 0 the bottom-right mask over the one more
     key gave other bits than the boolean mask a continued graph takes: H100, session 41)."""
+    if SDPA_PRECISION == "half" and q.is_cuda and q.dtype == torch.float32 and k.dtype == torch.float16:
+        return attend_sdpa(q.half(), k, v, scale, start, window, masks, key_pos, sinks).float()
     if window and isinstance(start, int) and q.shape[0] > window_block(window):
         return attend_window_blocks(q, k, v, scale, start, window, masks, sinks)
     sink = sinks is not None
