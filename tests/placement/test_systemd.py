@@ -132,7 +132,7 @@ async def test_failing_engine_reported_and_not_restarted(placement, bus):
 async def test_a_failure_signalled_before_start_resumes_is_reported(placement, bus, monkeypatch):
     """Session 44: under load the unit's failure signals came in behind StartTransientUnit's reply and were handled
     before start() resumed to track the unit, so no failure event came (6 of 44 loaded runs of the test above). The
-    backlog made certain: start() resumes a second after the reply."""
+    backlog made certain: the reply reaches start() only once the unit has failed, and half a second after."""
     await placement.start(spec("warm", ["sleep", "300"]))  # the connection and its subscription up first
     call = placement.bus.start_transient_unit
 
