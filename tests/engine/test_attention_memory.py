@@ -13,7 +13,9 @@ import torch
 from torch.nn import functional as F
 
 from live_bytes import LiveBytes
+from test_fused_kernels import HALF_ATTENTION
 from sparkd.engine.gguf_file import GGUFModel
+from sparkd.engine.layers import attention
 from sparkd.engine.layers.attention import MQA_HEADS, attend, attend_sdpa, hidden_keys
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
@@ -93,7 +95,7 @@ GQA = [(1, 3000, 8, 8, 64), (1, 517, 4, 4, 128), (8, 3000, 8, 8, 64), (5, 77, 2,
 
 @pytest.mark.parametrize("T, S, Hkv, group, D", GQA)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_gqa_attention_reads_each_kv_head_in_place(T, S, Hkv, group, D, device):
+def test_gqa_attention_reads_each_kv_head_in_place(T, S, Hkv, group, D, device, monkeypatch):
     """attend over grouped KV heads: the bits of one product a query head over the rows repeated to it (on CUDA within
     float32's rounding: cuBLAS picks kernels by shape), without those copies (session 37's plan counted 4 [S, H, D] of
     them: 2.1 GB each on gpt-oss-120b at 131072 positions). Bits: a decode step's product over the group's rows at
@@ -101,7 +103,8 @@ def test_gqa_attention_reads_each_kv_head_in_place(T, S, Hkv, group, D, device):
     plan.attention_floats counts a layer: scores, mask and probabilities of one query head a group ([Hkv, T, S], one
     group index at a time) and the widened rows. On CUDA attend_sdpa too (torch's memory-efficient kernel over the
     rows broadcast with stride 0), within its count: no scores and no repeated rows, the queries' and the output's
-    copies and a mask at most."""
+    copies and a mask at most; in float32 within float32's rounding of the product over repeated rows, in half (the
+    default) within HALF_ATTENTION of it."""
     g = torch.Generator().manual_seed(T * S)
     q, k, v = (torch.randn(n, h, D, generator=g).to(device) for n, h in ((T, Hkv * group), (S, Hkv), (S, Hkv)))
     sinks = torch.randn(Hkv * group, generator=g).to(device)
@@ -110,19 +113,26 @@ def test_gqa_attention_reads_each_kv_head_in_place(T, S, Hkv, group, D, device):
     widened = (3 if device == "cuda" else 2) * Hkv * S * D
     slop = 256 << 10 if device == "cuda" else 0
     counted = (3 * Hkv * T * S + widened) * 4 + slop
-    runs = [(lambda: attend(q, k, v, 0.125, S - T), repeated_attention(q, k, v, 0.125, S - T), counted),
-            (lambda: attend(q, k, v, 0.125, S - T, sinks=sinks), repeated_attention(q, k, v, 0.125, S - T, sinks),
-             counted)]
-    if device == "cuda":  # SDPA: no scores, no rows repeated to each query head
-        runs.append((lambda: attend_sdpa(q, k.half(), v.half(), 0.125, S - T),
-                     repeated_attention(q, k.half(), v.half(), 0.125, S - T, sdpa=True),
-                     (widened + 2 * T * Hkv * group * D + T * S) * 4 + slop))
-    for run, want, bound in runs:
+    # (SPARKD_SDPA_PRECISION where it matters, the run, its product over repeated rows, the bytes counted, how close
+    # it must be: None for the same bits; on CUDA cuBLAS picks its kernels by the batch's shape, the same products
+    # rounded in another order)
+    close = None if device == "cpu" else 1e-5
+    runs = [(None, lambda: attend(q, k, v, 0.125, S - T), repeated_attention(q, k, v, 0.125, S - T), counted, close),
+            (None, lambda: attend(q, k, v, 0.125, S - T, sinks=sinks),
+             repeated_attention(q, k, v, 0.125, S - T, sinks), counted, close)]
+    if device == "cuda":  # SDPA: no scores, no rows repeated to each query head; half (the default) within its bound
+        want = repeated_attention(q, k.half(), v.half(), 0.125, S - T, sdpa=True)
+        sdpa_bound = (widened + 2 * T * Hkv * group * D + T * S) * 4 + slop
+        runs += [(precision, lambda: attend_sdpa(q, k.half(), v.half(), 0.125, S - T), want, sdpa_bound, within)
+                 for precision, within in (("float32", 1e-5), ("half", HALF_ATTENTION))]
+    for precision, run, want, bound, within in runs:
+        if precision:
+            monkeypatch.setattr(attention, "SDPA_PRECISION", precision)
         got, peak = run_peak(run, [q, k, v, sinks])
-        if device == "cpu":
+        if within is None:
             assert torch.equal(got, want)
-        else:  # cuBLAS picks its kernels by the batch's shape: the same products, rounded in another order
-            assert float((got - want).norm() / want.norm()) < 1e-5
+        else:
+            assert float((got - want).norm() / want.norm()) < within, precision
         assert peak <= bound, (peak, bound)
 
 

@@ -361,19 +361,21 @@ def test_attend_sdpa_over_float16_operands(T, start, window, sinks):
     (8, 2, 64, 64, 100, 300, 16)])
 @pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
 def test_attend_sdpa_half_over_float16_rows(H, Hkv, Dk, Dv, T, start, window, sinks, monkeypatch):
-    """SPARKD_SDPA_PRECISION=half (session 44): float16 queries over a float16 cache's rows as they are, within
-    HALF_ATTENTION of attend in float64 over the same float16 values (the queries rounded as it rounds them), a
-    float32 result; a float32 cache keeps the float32 path's bits."""
+    """SPARKD_SDPA_PRECISION=half (the default since session 45): the queries times the scale in float16 over a
+    float16 cache's rows as they are, within HALF_ATTENTION of attend in float64 (the queries unrounded), a float32
+    result, not float32's bits; a float32 cache keeps the float32 path's bits."""
     S = start + T
     q = torch.randn(T, H, Dk, device="cuda")
     k, v = torch.randn(S, Hkv, Dk, device="cuda").half(), torch.randn(S, Hkv, Dv, device="cuda").half()
     sk = 3 * torch.randn(H, device="cuda") if sinks else None
-    want = attend(q.half().double(), k.double(), v.double(), 0.3, start, window, None if sk is None else sk.double())
+    want = attend(q.double(), k.double(), v.double(), 0.3, start, window, None if sk is None else sk.double())
+    monkeypatch.setattr(attention, "SDPA_PRECISION", "float32")
     wide = attend_sdpa(q, k, v, 0.3, start, window, sinks=sk)
     monkeypatch.setattr(attention, "SDPA_PRECISION", "half")
     got = attend_sdpa(q, k, v, 0.3, start, window, sinks=sk)
     print(f"half {rel_err(got, want):.2e}, float32 {rel_err(wide, want):.2e} of float64")
     assert got.dtype == torch.float32 and rel_err(got, want) < HALF_ATTENTION and not torch.equal(got, wide)
+    assert rel_err(wide, want) < BOUND["attention"]
     assert torch.equal(attend_sdpa(q, k.float(), v.float(), 0.3, start, window, sinks=sk), wide)
 
 

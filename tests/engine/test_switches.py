@@ -180,7 +180,7 @@ SWITCHES = [
     Switch("SPARKD_CONTINUE_ATTENTION", "sparkd.engine.layers.attention", "m.CONTINUE_ATTENTION", "attend",
            {UNSET: "sdpa", " SDPA ": "sdpa", "sdpa-mask": "sdpa-mask", "torch": "torch"}, ("sdpa", "sdpa-mask", "torch")),
     Switch("SPARKD_SDPA_PRECISION", "sparkd.engine.layers.attention", "m.SDPA_PRECISION", "bf16",
-           {UNSET: "float32", " Half ": "half", "float32": "float32"}, ("float32", "half")),
+           {UNSET: "half", " Half ": "half", "float32": "float32"}, ("float32", "half")),
     Switch("SPARKD_MLA_PROMPT", "sparkd.engine.layers.mla", "m.MLA_PROMPT", "flash",
            {UNSET: "mha", " MHA ": "mha", "absorbed": "absorbed"}, ("mha", "absorbed")),
     Switch("SPARKD_PROMPT_LOGITS", None, prompt_last_only, "first",

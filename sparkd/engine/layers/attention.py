@@ -118,10 +118,13 @@ def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
 # torch's memory-efficient kernel first (float32 as 3xTF32 on the tensor cores: float32's error, without the
 # [H, T, S] scores in memory); where it cannot take the inputs, its math kernel (attend's ops)
 SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-# attend_sdpa's operands on CUDA where the cache keeps float16 rows (session 44): "float32" the queries' float32, the
-# keys and values widened to it (3xTF32); "half" the queries rounded to float16 over the cache's rows as they are,
-# float32 sums (llama.cpp's attention on CUDA: float16 K and V, its KQ on float16 operands)
-SDPA_PRECISION = switches.choice("SPARKD_SDPA_PRECISION", ("float32", "half"), "float32")
+# attend_sdpa's operands on CUDA where the cache keeps float16 rows: "half" (default since session 45) the queries
+# times the scale rounded to float16 over the cache's rows as they are, float32 sums inside the kernel (llama.cpp's
+# attention on CUDA: float16 K and V, its KQ on float16 operands); "float32" the queries' float32, the keys and values
+# widened to it (3xTF32). H100, gpt-oss-20b's heads: 2.2x / 3.0x at 2000 / 8000 tokens, 1.4x over the 128 window,
+# 3.4e-4 of float32's output; the 4-layer gpt-oss-20b F16 file's prompt 1.08x / 1.21-1.30x, its logits moved no more
+# than a one-ulp nudge of float32's queries moves them (that random file amplifies either to 0.2-0.4; session 45)
+SDPA_PRECISION = switches.choice("SPARKD_SDPA_PRECISION", ("float32", "half"), "half")
 
 
 SINK_DIMS = 8  # attend_sdpa's key dimensions added for sinks: one holds the sink, the rest keep Dk a multiple of 8
@@ -166,7 +169,8 @@ def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     without a window, else the boolean mask with its column (past position 0 the bottom-right mask over the one more
     key gave other bits than the boolean mask a continued graph takes: H100, session 41)."""
     if SDPA_PRECISION == "half" and q.is_cuda and q.dtype == torch.float32 and k.dtype == torch.float16:
-        return attend_sdpa(q.half(), k, v, scale, start, window, masks, key_pos, sinks).float()
+        # scaled first: float16's range then holds scores, not sqrt(Dk) times them
+        return attend_sdpa((q * scale).half(), k, v, 1.0, start, window, masks, key_pos, sinks).float()
     if window and isinstance(start, int) and q.shape[0] > window_block(window):
         return attend_window_blocks(q, k, v, scale, start, window, masks, sinks)
     sink = sinks is not None
