@@ -2,7 +2,8 @@
 # Session 45, call 3 (carry [".whl", ".cache"]): SPARKD_SDPA_PRECISION=half, now the default, side by side with
 # llama.cpp on the 4-layer gpt-oss-20b F16 file (prompts of 2000 and 8000 tokens; half and float32 interleaved) and
 # the engine's GPU test groups at this code (the half tests fixed after call 2) while llama.cpp builds (niced).
-# Session 44's call 2 otherwise; decode left out (half does not touch it).
+# Session 44's call 2 otherwise; decode left out (half does not touch it), the 2000-token prompt one round
+# (the budget's last ~11 minutes).
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2> /dev/null
@@ -49,8 +50,8 @@ gen warm $NEW $GEN $G --tokens $L8 -n 8
 lb prompt1 -p 2000,8000 -n 0 -r 2
 for r in 1 2; do
   for m in half float32; do
-    gen p8k_${m}_$r $NEW SPARKD_SDPA_PRECISION=$m $GEN $G --tokens $L8 -n 16
-    gen p2k_${m}_$r $NEW SPARKD_SDPA_PRECISION=$m $GEN $G --tokens $L2 -n 16
+    gen p8k_${m}_$r $NEW SPARKD_SDPA_PRECISION=$m $GEN $G --tokens $L8 -n 16; snap
+    [ $r = 1 ] && gen p2k_${m}_$r $NEW SPARKD_SDPA_PRECISION=$m $GEN $G --tokens $L2 -n 16
   done
 done
 lb prompt2 -p 2000,8000 -n 0 -r 2
