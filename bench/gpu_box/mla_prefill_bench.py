@@ -6,7 +6,9 @@ from the query's nope and rope parts and the cached latent and rope rows to the 
 - "sdpa": the same absorbed rows through attend_sdpa (torch's memory-efficient kernel; the latent row repeated
   for every head);
 - "mha": the latent rows expanded to per-head keys (128 nope + 64 rope) and values (128) through wk_b and wv_b, then
-  attend_sdpa: the attention at 192/128 wide instead of 576/512, for the expansion's S x 512 x H x 256 GEMMs.
+  attend_sdpa: the attention at 192/128 wide instead of 576/512, for the expansion's S x 512 x H x 256 GEMMs;
+- "mha-half" (session 45, SPARKD_MLA_PROMPT=mha-half): the expansion over float16 rows as they are, float16 keys and
+  values, attend_sdpa's half path (SPARKD_SDPA_PRECISION=half, the default).
 
 GPU time (CUDA events around --iters calls, median of --repeats) and, where --check-max allows the float64
 reference, each way's relative error against "torch" in float64. Prompts from position 0 (--tokens) and prompts
@@ -24,33 +26,34 @@ import torch
 from prefill_attention_bench import gpu_ms
 
 from sparkd.engine.layers.attention import attend, attend_sdpa
+from sparkd.engine.layers.mla import expand_rows
 
 H, NOPE, ROPE, LATENT, VALUE = 128, 128, 64, 512, 128
 
 
-def absorbed(attn, q_nope, q_pe, latent, k_pe, wk_b, wv_b, scale, start):
+def absorbed(attn, q_nope, q_pe, rows, wk_b, wv_b, scale, start):
     q = torch.cat([torch.einsum("thd,hrd->thr", q_nope, wk_b), q_pe], dim=-1)  # [T, H, 576]
-    k = torch.cat([latent, k_pe], dim=-1)[:, None]  # [S, 1, 576]
-    o = attn(q, k, k[..., :LATENT], scale, start)  # [T, H, 512]
+    o = attn(q, rows[:, None], rows[:, None, :LATENT], scale, start)  # [T, H, 512]
     return torch.einsum("thr,hvr->thv", o, wv_b)
 
 
-def mha(q_nope, q_pe, latent, k_pe, wk_b, wv_b, scale, start):
-    S = latent.shape[0]
-    lat = latent.to(q_nope.dtype)
-    k = torch.cat([torch.einsum("sr,hrd->shd", lat, wk_b), k_pe.to(q_nope.dtype)[:, None].expand(S, H, ROPE)], dim=-1)
-    v = torch.einsum("sr,hvr->shv", lat, wv_b)
+def mha(q_nope, q_pe, rows, wk_b, wv_b, scale, start, half=False):
+    """mla.MLAttention._expanded's heads all at once: the rows widened to float32, or under half (SPARKD_MLA_PROMPT
+    mha-half) the expansion in the rows' type."""
+    rows = rows if half else rows.to(q_nope.dtype)
+    k, v = expand_rows(rows, wk_b.to(rows.dtype), wv_b.to(rows.dtype))
     return attend_sdpa(torch.cat([q_nope, q_pe], dim=-1), k, v, scale, start)
 
 
-WAYS = {"torch": lambda *a: absorbed(attend, *a), "sdpa": lambda *a: absorbed(attend_sdpa, *a), "mha": mha}
+WAYS = {"torch": lambda *a: absorbed(attend, *a), "sdpa": lambda *a: absorbed(attend_sdpa, *a), "mha": mha,
+        "mha-half": lambda *a: mha(*a, half=True)}
 
 
 def case(T: int, C: int, kv: torch.dtype, a) -> dict:
     g = torch.Generator(device="cuda").manual_seed(T + C)
     S = C + T
     r = lambda *shape, s=1.0: torch.randn(*shape, device="cuda", generator=g) * s  # noqa: E731
-    args = (r(T, H, NOPE), r(T, H, ROPE), r(S, LATENT).to(kv), r(S, ROPE).to(kv),
+    args = (r(T, H, NOPE), r(T, H, ROPE), r(S, LATENT + ROPE).to(kv),
             r(H, LATENT, NOPE, s=LATENT ** -0.5), r(H, VALUE, LATENT, s=LATENT ** -0.5), (NOPE + ROPE) ** -0.5, C)
     res = {"tokens": T, "cached": C, "kv": str(kv).split(".")[-1]}
     ref = None
@@ -75,7 +78,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="512,2048", help="prompts from position 0")
     ap.add_argument("--new", default="", help="prompts of these lengths continuing --cached positions")
     ap.add_argument("--cached", default="")
-    ap.add_argument("--ways", default="torch,sdpa,mha")
+    ap.add_argument("--ways", default="torch,sdpa,mha,mha-half")
     ap.add_argument("--kv", default="f16", choices=("f16", "f32"), help="the cached rows' type")
     ap.add_argument("--check-max", type=int, default=2560, help="the float64 reference up to this many keys")
     ap.add_argument("--iters", type=int, default=3)

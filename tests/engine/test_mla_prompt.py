@@ -15,6 +15,8 @@ from sparkd.engine.models import load_model
 
 ON_GPU = torch.cuda.is_available()
 BOUND = 2e-5  # float32 sums in another order (the tiny models' logits on the CPU: measured 2.7e-7 to 3.2e-6)
+# mha-half's keys and values rounded to float16 (the tiny models' logits on the CPU: measured 1.9e-4 and 4.9e-4)
+HALF_LOGITS = 5e-3
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +67,27 @@ def test_the_expanded_prompt_gives_the_absorbed_prompts_logits(models, arch, kv,
     assert got.shape == want.shape == (n, want.shape[1])
     assert _rel(got, want) < BOUND
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "kimi-k3"])
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
+                                    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
+def test_the_half_expansion_over_float16_rows(models, arch, device, monkeypatch):
+    """SPARKD_MLA_PROMPT=mha-half (opt-in, session 45): over float16 latent rows the keys and values are expanded in
+    float16, within HALF_LOGITS of the absorbed form's logits with the same argmax, and not "mha"'s bits (it did
+    round); over float32 rows it is "mha", bit for bit. On the CPU the queries stay float32 (attend_sdpa's half path is
+    CUDA's)."""
+    if device == "cpu":
+        monkeypatch.setattr(mla, "MHA_DEVICES", ("cpu",))
+        monkeypatch.setattr(mla, "MHA_ROWS", 4)
+    n, split = (2 * mla.MHA_ROWS + 8, mla.MHA_ROWS + 3) if device == "cuda" else (12, 5)
+    run = {(way, kv): _logits(models(arch), device, way, split, n, kv, monkeypatch)
+           for way in ("absorbed", "mha", "mha-half") for kv in (torch.float16, torch.float32)}
+    want, got = run["absorbed", torch.float16], run["mha-half", torch.float16]
+    print(f"{arch} {device}: mha-half over float16 rows {_rel(got, want):.2e} of the absorbed form")
+    assert _rel(got, want) < HALF_LOGITS and torch.equal(got.argmax(-1), want.argmax(-1))
+    assert not torch.equal(got, run["mha", torch.float16])
+    assert torch.equal(run["mha-half", torch.float32], run["mha", torch.float32])
 
 
 def test_few_rows_and_the_cpu_keep_the_absorbed_form(models, monkeypatch):

@@ -36,8 +36,10 @@ from sparkd.engine.layers.rope import RopeConfig
 
 
 # a prompt's attention on CUDA from MHA_ROWS tokens on: "mha" (default) over per-head keys and values expanded from
-# the latent rows; "absorbed" over the latent rows themselves (attend, as before session 32)
-MLA_PROMPT = switches.choice("SPARKD_MLA_PROMPT", ("mha", "absorbed"), "mha")
+# the latent rows; "mha-half" (session 45, opt-in: not yet timed on a GPU) the same, the expansion over a float16
+# cache's rows as they are, its keys and values float16, so attend_sdpa takes them as SPARKD_SDPA_PRECISION=half takes
+# GQA's cache rows (over float32 rows: "mha"); "absorbed" over the latent rows themselves (attend, before session 32)
+MLA_PROMPT = switches.choice("SPARKD_MLA_PROMPT", ("mha", "mha-half", "absorbed"), "mha")
 MHA_ROWS = 128
 # heads expanded at a time (session 38): [S, 16, Dn + P] keys and [S, 16, Dv] values, not all heads' (DeepSeek V3's
 # 128: 43 GB at 131072 positions, so its prompts there ran in chunks of 16 tokens)
@@ -86,7 +88,7 @@ class MLAttention(nn.Module):
             q_pe = apply_rope(q_pe, cos, sin, self.rope.neox)
         k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
         k_all, _, start = cache.append(self.il, pos, k_new, None)
-        if T >= MHA_ROWS and keep is None and x.device.type in MHA_DEVICES and MLA_PROMPT == "mha":
+        if T >= MHA_ROWS and keep is None and x.device.type in MHA_DEVICES and MLA_PROMPT != "absorbed":
             o = self._expanded(q_nope, q_pe, k_all, start, cache.masks)
         else:
             o = self._absorbed(q_nope, q_pe, k_all, start, keep, pos, cache)
@@ -123,17 +125,26 @@ class MLAttention(nn.Module):
 
     def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_all: torch.Tensor, start, masks) -> torch.Tensor:
         """A prompt's attention as multi-head attention: the cache's latent rows k_all [S, 1, R + P] expanded to the
-        heads' keys [S, H, Dn + P] and values [S, H, Dv], EXPAND_HEADS heads at a time → [T, H, Dv]."""
-        rows = k_all[:, 0].to(q_nope.dtype)  # (float16 cache rows widened)
-        S, latent = rows.shape[0], rows[:, : self.kv_rank]
-        wk_b = self.wk_b.dense().view(self.n_head, self.kv_rank, self.qk_nope)
-        wv_b = self.wv_b.dense().view(self.n_head, -1, self.kv_rank)
+        heads' keys [S, H, Dn + P] and values [S, H, Dv], EXPAND_HEADS heads at a time → [T, H, Dv]. Under "mha-half"
+        the expansion runs in the cache rows' type (float16 rows: wk_b and wv_b rounded to float16 once a layer, the
+        keys and values float16, half "mha"'s bytes); else the rows are widened to float32."""
+        rows = k_all[:, 0] if MLA_PROMPT == "mha-half" else k_all[:, 0].to(q_nope.dtype)
+        wk_b = self.wk_b.dense().view(self.n_head, self.kv_rank, self.qk_nope).to(rows.dtype)
+        wv_b = self.wv_b.dense().view(self.n_head, -1, self.kv_rank).to(rows.dtype)
         q = torch.cat([q_nope, q_pe], dim=-1)
         out = q.new_empty(q.shape[0], self.n_head, wv_b.shape[1])
         for h in range(0, self.n_head, EXPAND_HEADS):
             heads = slice(h, h + EXPAND_HEADS)
-            k_pe = rows[:, None, self.kv_rank:].expand(S, wk_b[heads].shape[0], self.qk_rope)
-            k = torch.cat([torch.einsum("sr,hrd->shd", latent, wk_b[heads]), k_pe], dim=-1)
-            v = torch.einsum("sr,hvr->shv", latent, wv_b[heads])
+            k, v = expand_rows(rows, wk_b[heads], wv_b[heads])
             out[:, heads] = attend_sdpa(q[:, heads], k, v, self.scale, start, masks=masks)
         return out
+
+
+def expand_rows(rows: torch.Tensor, wk_b: torch.Tensor, wv_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA's cached rows [S, R + P] (latent, then the shared rope key) as heads' keys [S, h, Dn + P] and values
+    [S, h, Dv] through wk_b [h, R, Dn] and wv_b [h, Dv, R], in their type."""
+    S, R = rows.shape[0], wk_b.shape[1]
+    latent = rows[:, :R]
+    k_pe = rows[:, None, R:].expand(S, wk_b.shape[0], rows.shape[1] - R)
+    k = torch.cat([torch.einsum("sr,hrd->shd", latent, wk_b), k_pe], dim=-1)
+    return k, torch.einsum("sr,hvr->shv", latent, wv_b)
