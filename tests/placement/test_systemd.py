@@ -235,6 +235,24 @@ async def test_name_clash_with_a_foreign_transient_unit(placement, bus):
     assert "sparkd-clash.service" not in [s.unit for s in await placement.adopt()]
 
 
+async def test_a_name_taken_during_start_is_a_clash_and_not_followed(placement, bus, monkeypatch):
+    """The name taken after start()'s check, before its StartTransientUnit (systemd answers UnitExists): the clash's
+    error, and the foreign unit is not followed (start() tracks a unit before the call since session 44 and drops it
+    again on any failure): stopping it sends sparkd no event."""
+    check = placement._prepare_name
+
+    async def then_taken(unit):
+        await check(unit)
+        await start_foreign(bus, unit, ["/bin/sleep", "300"])
+
+    monkeypatch.setattr(placement, "_prepare_name", then_taken)
+    with pytest.raises(PlacementError, match=r"could not start sparkd-race.service: .*sparkd did not start"):
+        await placement.start(spec("race", ["sleep", "300"]))
+    assert await bus.wait_for_job(await bus.stop_unit("sparkd-race.service"), WAIT_SECONDS) == "done"
+    await asyncio.sleep(0.5)  # the stop's signals delivered
+    assert [e for e in placement.events if e.unit == "sparkd-race.service"] == []
+
+
 async def test_name_clash_with_a_unit_file(placement, bus, systemd_box):
     path = "/etc/systemd/system/sparkd-filed.service"
     assert systemd_box.run(["sh", "-c", f"printf '[Service]\\nExecStart=/bin/sleep 300\\n' > {path}"]).returncode == 0
