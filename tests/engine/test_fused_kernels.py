@@ -345,13 +345,14 @@ def test_attend_sdpa_matches_attend(backend, H, Hkv, Dk, Dv, T, start, window, s
 
 @pytest.mark.parametrize("T, start, window, sinks", [(300, 0, 0, True), (300, 0, 16, True), (100, 50, 16, False)])
 def test_attend_sdpa_over_float16_operands(T, start, window, sinks):
-    """What SPARKD_SDPA_PRECISION=half runs on CUDA (attend_sdpa over float16 queries, keys and values: the sink key,
-    the window's blocks, the bottom-right mask), on the CPU's math kernel: within HALF_ATTENTION of attend in float64
-    over the same float16 values, in float16."""
-    q, k, v = torch.randn(T, 8, 64).half(), torch.randn(start + T, 2, 64).half(), torch.randn(start + T, 2, 64).half()
+    """What SPARKD_SDPA_PRECISION=half runs on CUDA (attend_sdpa over the queries times the scale in float16, at scale
+    1, over float16 keys and values: the sink key, the window's blocks, the bottom-right mask), on the CPU's math
+    kernel: within HALF_ATTENTION of attend in float64 over the unrounded queries, in float16."""
+    q, k, v = torch.randn(T, 8, 64), torch.randn(start + T, 2, 64).half(), torch.randn(start + T, 2, 64).half()
     sk = 3 * torch.randn(8) if sinks else None
     want = attend(q.double(), k.double(), v.double(), 0.125, start, window, None if sk is None else sk.double())
-    got = attend_sdpa(q, k, v, 0.125, start, window, sinks=sk)
+    got = attend_sdpa((q * 0.125).half(), k, v, 1.0, start, window, sinks=sk)
+    print(f"half operands on the CPU: {rel_err(got.float(), want):.2e} of float64")
     assert got.dtype == torch.float16 and rel_err(got.float(), want) < HALF_ATTENTION
 
 
