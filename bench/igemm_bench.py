@@ -13,12 +13,15 @@ the default), or a launch bn/bt/warps/unroll/stages/kblock[/maxnreg[/fold]] (pre
 the dense GEMM's tokens a program; kblock 0 iblock, 1 kblock, 2 the family's wblock where it has one; maxnreg 0 or
 left out: Triton's; fold 1: the family's fblock where it has one, MXFP4T's bf16 blocks, session 43), or a float
 precision (FLOAT_WAYS: the float GEMM on x unquantized, what a family without an iblock runs; "ieee" is what Q4_0's
-and IQ4_XS's prompts ran before session 22, the grid i-quants' before session 23):
+and IQ4_XS's prompts ran before session 22, the grid i-quants' before session 23), or slab-bf16 / slab-f16[-MiB]
+(kernels/slab_gemm, dense only: session 46):
 median µs of CUDA-event-timed calls, TOPS (2 rows cols routed rows / s), the speedup over the first way, whether the
 output is the first way's bits and its relative difference from it (Frobenius; a float way against an integer one:
-x's int8 rounding).
+x's int8 rounding) and, dense, its relative error against float64 over the blocks' values (err64, x's first 512 rows).
     python3 bench/igemm_bench.py --types Q8_0,Q4T --shapes 2048x2048 --grouped 768x2048,2048x768 --tokens 512,2048
     python3 bench/igemm_bench.py --types Q4_0,IQ4_XS --grouped-types Q4_0,IQ4_XS --ways ieee,s13,tf32
+    python3 bench/igemm_bench.py --types Q4T,Q8_0 --shapes 18432x7168,7168x18432 --grouped '' \
+        --ways s13,slab-bf16,slab-f16 --tokens 1024,8000
     python3 bench/igemm_bench.py --types IQ2_XXS,IQ3_XXS,IQ2_XS,IQ1_S --grouped-types IQ2_XXS,IQ3_XXS,IQ2_XS,IQ1_S \
         --ways ieee,s13,tf32,64/32/8/1/2/0
 """
@@ -33,7 +36,8 @@ from gguf import GGMLQuantizationType as T
 from kernels_bench import events_seconds, random_blocks
 
 from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, moe_prefill, mxfp4_tiled, prefill_gemm,
-                                   q4_k_tiled, q6_k_tiled, q8_0_packed)
+                                   q4_k_tiled, q6_k_tiled, q8_0_packed, slab_gemm)
+from sparkd.engine.kernels.dequantize import dequantize
 
 # --types name: (GGUF type of the random blocks, the layout's qtype, its packing or None)
 LAYOUTS = {"Q8_0": (T.Q8_0, T.Q8_0, None), "Q8_0P": (T.Q8_0, q8_0_packed.PACKED, q8_0_packed.pack_raw),
@@ -44,6 +48,9 @@ LAYOUTS = {"Q8_0": (T.Q8_0, T.Q8_0, None), "Q8_0P": (T.Q8_0, q8_0_packed.PACKED,
            **{t.name: (t, t, None) for t in (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ1_S)},
            "MXFP4": (T.MXFP4, T.MXFP4, None), "MXFP4T": (T.MXFP4, mxfp4_tiled.TILED, mxfp4_tiled.pack_raw)}
 FLOAT_WAYS = tuple(p for p in PRECISIONS if p != INT8)  # --ways that time the float GEMM at that tl.dot precision
+# --ways that time kernels/slab_gemm (dense only, session 46): the blocks dequantized to bf16 / f16 slabs, cuBLAS;
+# "slab-bf16-16" etc. cap the slab at that many MiB (default slab_gemm.SLAB_BYTES)
+SLAB_PREFIX = "slab-"
 
 
 DEVICE = "cuda"
@@ -91,6 +98,8 @@ def main() -> int:
     a = ap.parse_args()
     ways = a.ways.split(",")
     rows_out = []
+    if any(w.startswith(SLAB_PREFIX) for w in ways) and a.grouped:
+        ap.error("slab ways time the dense GEMM only: pass --grouped ''")
     for name in a.types.split(","):
         qtype, ltype, pack = LAYOUTS[name]
         fam = dispatch.FAMILIES[qtype]
@@ -118,13 +127,22 @@ def main() -> int:
                     call = lambda p: prefill_gemm.gemm(w, ltype, (rows, cols), x, p,  # noqa: E731
                                                  qx=qx if p == INT8 else None)
                     work = tokens
+                    # float64 over the blocks' values (the errors below): the first 512 rows keep it small
+                    ref = x[:512].double() @ dequantize(w, ltype, (rows, cols)).double().T
                 first = base = None
                 for way in ways:
                     precision = way if way in FLOAT_WAYS else INT8
-                    use_way(way)
+                    run = lambda: call(precision)  # noqa: E731
+                    if way.startswith(SLAB_PREFIX):
+                        dtype, *mib = way[len(SLAB_PREFIX):].split("-")
+                        cap = int(mib[0]) << 20 if mib else slab_gemm.SLAB_BYTES
+                        run = lambda: slab_gemm.slab_gemm(w, ltype, (rows, cols), x,  # noqa: E731
+                                                          slab_gemm.TYPES[dtype], cap)
+                    else:
+                        use_way(way)
                     try:
-                        y = call(precision)
-                        s = events_seconds(lambda: call(precision), a.repeats)
+                        y = run()
+                        s = events_seconds(run, a.repeats)
                     finally:
                         use_way(DEFAULT_WAY)
                     first = y if first is None else first
@@ -133,10 +151,13 @@ def main() -> int:
                          "tops": 2 * rows * cols * work / s / 1e12, "speedup": base / s,
                          "same_bits_as_first": bool(torch.equal(y, first)),
                          "diff_to_first": float((y - first).norm() / first.norm())}
+                    if kind == "dense":
+                        r["err64"] = float((y[:512].double() - ref).norm() / ref.norm())
                     rows_out.append(r)
                     print(f"{name:6s} {kind:7s} {shape:10s} x{tokens:<5d} {way:16s} {r['us']:9.1f} us "
                           f"({r['tops']:6.1f} TOPS) {r['speedup']:5.2f}x  bits "
-                          f"{'=' if r['same_bits_as_first'] else '!='} diff {r['diff_to_first']:.1e}", flush=True)
+                          f"{'=' if r['same_bits_as_first'] else '!='} diff {r['diff_to_first']:.1e} err64 {r.get('err64', 0):.1e}",
+                          flush=True)
                 if a.json:
                     with open(a.json, "w") as f:
                         json.dump(rows_out, f, indent=1)

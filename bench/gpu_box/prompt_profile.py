@@ -2,9 +2,12 @@
 
 Loads a model resident on CUDA (as `generate --device cuda --resident`), runs a --tokens-long prompt from an empty
 cache of --kv-type rows once to warm up, times --repeats forwards (CUDA events), then profiles one: GPU time by
-kernel, the most first. Each --ways value sets layers/mla.py's MLA_PROMPT for its runs ("mha", "absorbed").
+kernel, the most first. Each --ways value sets layers/mla.py's MLA_PROMPT for its runs ("mha", "mha-half",
+"absorbed"), and after a colon layers/linear.py's SLAB_GEMM (session 46: "mha:off" the integer GEMMs, "mha:bf16" the
+slab GEMM; without one the default).
 
     python3 bench/gpu_box/prompt_profile.py /var/tmp/dsv3-5l-16e-Q4_K.gguf --tokens 8000 --json prompt.json
+    python3 bench/gpu_box/prompt_profile.py /var/tmp/dsv3-5l-16e-Q4_K.gguf --ways mha:off,mha:bf16,mha-half:bf16
 A process per way (--ways mha, then --ways absorbed) gives each its first forward's time (first_ms: Triton compiles,
 the allocator's first blocks) without the other's warm-up.
 """
@@ -19,7 +22,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sparkd.engine.layers import mla
+from sparkd.engine.layers import linear, mla
 from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.models import load_model
 
@@ -60,8 +63,10 @@ def main() -> None:
     kv = KV_TYPES[kv_type_name(a.kv_type, "cuda")]
     tokens = torch.arange(a.tokens) % 1000 + 1
     res = {"model": a.model, "tokens": a.tokens}
+    slab_default = linear.SLAB_GEMM
     for way in a.ways.split(","):
-        mla.MLA_PROMPT = way
+        mla.MLA_PROMPT, _, slab = way.partition(":")
+        linear.SLAB_GEMM = slab or slab_default
         first = forward_ms(net, tokens, kv)  # warm-up: kernels compiled, the allocator's blocks made
         times = [forward_ms(net, tokens, kv) for _ in range(a.repeats)]
         ms = statistics.median(times)

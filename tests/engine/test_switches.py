@@ -175,6 +175,8 @@ SWITCHES = [
            {UNSET: "torch", "kernel": "kernel", "Torch": "torch"}, ("kernel", "torch")),
     Switch("SPARKD_HALF_PROMPT", "sparkd.engine.layers.linear", "m.HALF_PROMPT", "cublas",
            {UNSET: "half", "kernel": "kernel", "Torch": "torch", "half": "half"}, ("torch", "half", "kernel")),
+    Switch("SPARKD_SLAB_GEMM", "sparkd.engine.layers.linear", "m.SLAB_GEMM", "fp16",
+           {UNSET: "bf16", " BF16 ": "bf16", "f16": "f16", "Off": "off"}, ("bf16", "f16", "off")),
     Switch("SPARKD_PREFILL_ATTENTION", "sparkd.engine.layers.attention", "m.PREFILL_ATTENTION", "flash",
            {UNSET: "sdpa", "sdpa": "sdpa", "Kernel": "kernel", " TORCH ": "torch"}, ("sdpa", "kernel", "torch")),
     Switch("SPARKD_CONTINUE_ATTENTION", "sparkd.engine.layers.attention", "m.CONTINUE_ATTENTION", "attend",

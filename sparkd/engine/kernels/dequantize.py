@@ -31,13 +31,18 @@ def _dequantize_kernel(w_ptr, aux_ptr, ids_ptr, y_ptr, N, M, K, row_bytes, DEQ: 
     g = tl.program_id(1)
     first = g * (NSUB * SUBLEN) + tl.arange(0, NSUB)[None, :, None] * SUBLEN  # [1, NSUB, 1]: each sub-block's column
     values = DEQ(w_ptr, aux_ptr, rows * row_bytes, g, omask & (rows >= 0) & (rows < N) & (first < K))
+    if y_ptr.dtype.element_ty == tl.bfloat16:  # to nearest, ties to even, by hand: the interpreter's cast truncates
+        bits = values.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        values = bits.to(tl.float32, bitcast=True)  # now a bfloat16 value: the store's cast is exact
     tl.store(y_ptr + out * K + first + tl.arange(0, SUBLEN)[None, None, :], values, mask=omask & (first < K))
 
 
-def dequantize(weight: torch.Tensor, qtype, shape: tuple[int, int], ids: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize(weight: torch.Tensor, qtype, shape: tuple[int, int], ids: torch.Tensor | None = None,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """W [rows, cols] as float32 on weight's device (a new tensor): weight the raw blocks of a kernel layout. ids
     (integers [n] on that device): W's rows ids only, [n, cols] (an embedding lookup; an id outside W gives zeros:
-    callers check token ids first)."""
+    callers check token ids first). dtype: the values rounded to a 16-bit float type instead (slab_gemm's)."""
     what = f"the {qtype.name} dequantization"
     fam = dispatch.family(qtype)
     rows, cols = shape
@@ -52,7 +57,7 @@ def dequantize(weight: torch.Tensor, qtype, shape: tuple[int, int], ids: torch.T
         raise dispatch.KernelArgumentError(f"could not run {what}: row ids must be integers [n] on {weight.device}, "
                                            f"got {ids.dtype} of shape {list(ids.shape)} on {ids.device}")
     n = rows if ids is None else ids.numel()
-    y = torch.empty(n, cols, dtype=torch.float32, device=weight.device)
+    y = torch.empty(n, cols, dtype=dtype, device=weight.device)
     if n == 0:
         return y
     grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(cols, fam.nsub * fam.sublen))

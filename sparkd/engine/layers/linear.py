@@ -36,6 +36,11 @@ PREFILL_FLOAT_GEMM = switches.choice("SPARKD_PREFILL_FLOAT_GEMM", ("kernel", "to
 # widened copy's FMAs (H100, that file's 8000-token prompt 36.2k -> 40.7k tok/s, its projections 33 -> 2.3 ms)
 HALF_PROMPT = switches.choice("SPARKD_HALF_PROMPT", ("torch", "half", "kernel"), "half")
 HALF_VALUES = {"F16": torch.float16, "BF16": torch.bfloat16}  # the 16-bit types the files keep unquantized
+# a quantized KernelLinear over SLAB_MIN_ROWS rows or more on CUDA (a long prompt's, session 46): "bf16" (default)
+# kernels/slab_gemm, the blocks dequantized a slab of rows at a time and cuBLAS on the 16-bit values, x rounded to them;
+# "f16" the same in float16 (finer, float16's range); "off" the GEMM above (PREFILL_PRECISION) at every row count
+SLAB_GEMM = switches.choice("SPARKD_SLAB_GEMM", ("bf16", "f16", "off"), "bf16")
+SLAB_MIN_ROWS = 1024
 
 
 class Linear(nn.Module):
@@ -130,6 +135,10 @@ class KernelLinear(nn.Module):
         h = x.reshape(-1, self.shape[1]).float().contiguous()
         if h.shape[0] == 1:
             y = self._gemv(h[0], self._quantized(x))[None]
+        elif self._slab(h):
+            from sparkd.engine.kernels.slab_gemm import TYPES, slab_gemm
+
+            y = slab_gemm(self.raw, self.qtype, self.shape, h, TYPES[SLAB_GEMM])
         else:
             qx = self._gemm_qx(h)  # the integer GEMM: x quantized once, for every part
             if qx is not None and (len(self.parts) == 1 or PREFILL_STACK == "one"):
@@ -218,6 +227,11 @@ class KernelLinear(nn.Module):
             self._gemv_configs[on_cuda] = (dataclasses.replace(cfg, split=splits.pop()) if one_launch else cfg,
                                            one_launch)
         return self._gemv_configs[on_cuda]
+
+    def _slab(self, h: torch.Tensor) -> bool:
+        """Whether h's GEMM runs slab_gemm (SLAB_GEMM): quantized blocks, CUDA, a long prompt's rows."""
+        return (SLAB_GEMM != "off" and h.is_cuda and h.shape[0] >= SLAB_MIN_ROWS
+                and self.qtype.name not in HALF_VALUES)
 
     def _gemm_qx(self, h: torch.Tensor):
         """h's QuantX where the GEMM runs integer (prefill_gemm.int_gemm), else None."""

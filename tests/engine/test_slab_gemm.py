@@ -1,0 +1,117 @@
+"""kernels/slab_gemm (session 46): a long prompt's GEMM as W's blocks dequantized a slab of rows at a time into 16-bit
+values and cuBLAS over x rounded to the same type; and KernelLinear's choice of it (linear.SLAB_GEMM, SLAB_MIN_ROWS).
+Under the interpreter on the CPU (the dequantization; the product widened there) and for real on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernels import BACKENDS, INT8_LAYOUTS, backend_cases, random_blocks, rel_err
+
+from sparkd.engine import quants
+from sparkd.engine.kernels import dispatch, prefill_gemm, slab_gemm
+from sparkd.engine.layers import linear
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+# Against float64 over the same rounded operands the products are exact in float32 and only the sums round: float32's
+# bound (measured: see docs/performance.md, session 46). Against the unrounded operands each carries its type's
+# rounding, 2^-9 (bf16) and 2^-12 (f16) relative at most: bounds at about that, relative to |x| @ |W|.
+ROUNDED_BOUND = 1e-5
+TYPE_BOUND = {"bf16": 4e-3, "f16": 5e-4}
+
+
+def _case(layout: str, rows: int, cols: int, backend: str):
+    qtype, ltype, pack = INT8_LAYOUTS[layout]
+    fam = dispatch.FAMILIES[qtype]
+    raw = random_blocks(qtype, rows * cols // fam.block_values)
+    laid = raw if pack is None else pack(raw, (rows, cols))
+    return raw, laid.to(backend), qtype, ltype
+
+
+@pytest.mark.parametrize("backend, layout", backend_cases(("q8_0", "q4_k_pairx", "q6_k_tiled"),
+                                                         tuple(INT8_LAYOUTS)))
+@pytest.mark.parametrize("dtype", ("bf16", "f16"))
+def test_slab_gemm_is_x_rounded_times_the_values_rounded(backend, layout, dtype):
+    """y = x @ W.T over x and W's values rounded to dtype, within float32's summation of float64 over the same rounded
+    operands and within dtype's rounding of the unrounded product; in slabs of whole row tiles (a partial last one)
+    as in one."""
+    rows, cols = 72, 512
+    raw, w, qtype, ltype = _case(layout, rows, cols, backend)
+    x = torch.randn(9, cols, generator=torch.Generator().manual_seed(3))
+    values = quants.dequantize(raw, qtype, (rows, cols))
+    want = x.double() @ values.double().T
+    rounded = x.to(DTYPES[dtype]).double() @ values.to(DTYPES[dtype]).double().T
+    scale = x.double().abs() @ values.double().abs().T
+    tile = dispatch.family(ltype).row_tile
+    for slab_bytes in (slab_gemm.SLAB_BYTES, 5 * tile * cols * 2):  # one slab; slabs of 5 tiles, the last partial
+        got = slab_gemm.slab_gemm(w, ltype, (rows, cols), x.to(backend), DTYPES[dtype], slab_bytes)
+        assert got.shape == (9, rows) and got.dtype == torch.float32
+        assert rel_err(got, rounded, scale) < ROUNDED_BOUND, slab_bytes
+        assert rel_err(got, want, scale) < TYPE_BOUND[dtype], slab_bytes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dequantize_rounds_to_a_16_bit_type_as_torch_does(backend):
+    """dequantize(dtype=...) gives the float32 values rounded to nearest, ties to even (the interpreter's own cast
+    truncates): Q8_0 blocks of d = 1 + 2^-8 and 1 + 3 * 2^-8 (bf16 ties: to 1 and to 1 + 2^-6) and random ones."""
+    from sparkd.engine.kernels.dequantize import dequantize
+
+    raw = random_blocks(dispatch.FAMILIES[INT8_LAYOUTS["q8_0"][0]].qtype, 32).view(32, 34)
+    raw[::16, :2] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8], dtype=torch.float16).view(torch.uint8).view(2, 2)
+    raw[::16, 2:] = 1  # each row's first block: every quant 1, the values d
+    shape = (2, 512)
+    values = quants.dequantize(raw.reshape(-1), INT8_LAYOUTS["q8_0"][0], shape)
+    for dtype in DTYPES.values():
+        got = dequantize(raw.reshape(-1).to(backend), INT8_LAYOUTS["q8_0"][0], shape, dtype=dtype)
+        assert got.dtype == dtype and torch.equal(got.cpu(), values.to(dtype))
+    ties = dequantize(raw.reshape(-1).to(backend), INT8_LAYOUTS["q8_0"][0], shape, dtype=torch.bfloat16)
+    assert ties[0, 0].item() == 1.0 and ties[1, 0].item() == 1 + 2 ** -6
+
+
+def test_slab_rows_are_whole_tiles_within_the_scratch():
+    q4t = dispatch.family(INT8_LAYOUTS["q4_k_pairx"][1])
+    assert q4t.row_tile == 4
+    assert slab_gemm.slab_rows(q4t, 4096, 1024, 64 << 20) == 4096  # 8 MiB of bf16: the whole matrix
+    assert slab_gemm.slab_rows(q4t, 4096, 1024, 1 << 20) == 512  # 1 MiB: 512 rows of 2 KiB
+    assert slab_gemm.slab_rows(q4t, 4096, 1024, 3 * 2048 + 7) == 4  # less than a tile: one tile
+    assert slab_gemm.slab_rows(q4t, 4096, 1024, 0) == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slab_gemm_refuses_what_it_cannot_multiply(backend):
+    rows, cols = 8, 256
+    raw, w, qtype, ltype = _case("q4_k_pairx", rows, cols, backend)
+    x = torch.randn(3, cols, device=backend)
+    before = (w.clone(), x.clone())
+    cases = [
+        (dict(weight=w, shape=(rows, cols), x=x, dtype=torch.float32), r"dtype torch.float32 is not one of"),
+        (dict(weight=w[:-16], shape=(rows, cols), x=x), r"need 1152 weight bytes in whole tiles of 4 rows for "
+                                                        r"\[8, 256\], got 1136"),
+        (dict(weight=w[:576], shape=(4, cols), x=x[:, :128]), r"activations of shape \[3, 128\]"),
+        (dict(weight=w, shape=(rows, cols), x=x.half()), r"activations must be float32, got torch.float16"),
+        (dict(weight=w, shape=(rows, 200), x=x), r"200 columns is not a positive multiple"),
+        (dict(weight=w, shape=(rows, cols), x=x[0]), r"need x \[T, 256\], got \[256\]"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(dispatch.KernelArgumentError, match="could not run the Q4_K_TILED slab GEMM: " + message):
+            slab_gemm.slab_gemm(qtype=ltype, **kwargs)
+    assert torch.equal(w, before[0]) and torch.equal(x, before[1])  # nothing written into the inputs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernel_linear_takes_the_slab_gemm_from_its_rows_on_cuda(backend, monkeypatch):
+    """A quantized KernelLinear over SLAB_MIN_ROWS rows or more runs slab_gemm on CUDA (its bits), fewer rows the
+    integer GEMM (prefill_gemm.gemm's bits); the CPU and SLAB_GEMM "off" the integer GEMM at any row count."""
+    rows, cols = 64, 512
+    raw, w, qtype, ltype = _case("q4_k_pairx", rows, cols, backend)
+    layer = linear.KernelLinear(w, ltype, (rows, cols))
+    x = torch.randn(12, cols, device=backend)
+    monkeypatch.setattr(linear, "SLAB_MIN_ROWS", 8)
+    monkeypatch.setattr(linear, "SLAB_GEMM", "bf16")
+    slab = slab_gemm.slab_gemm(w, ltype, (rows, cols), x, torch.bfloat16)
+    int8 = prefill_gemm.gemm(w, ltype, (rows, cols), x, "int8")
+    assert not torch.equal(slab, int8)  # the two ways differ, so the checks below tell which ran
+    assert torch.equal(layer(x), slab if backend == "cuda" else int8)
+    assert torch.equal(layer(x[:7]), int8[:7])
+    monkeypatch.setattr(linear, "SLAB_GEMM", "off")
+    assert torch.equal(layer(x), int8)
