@@ -7,8 +7,9 @@ from the query's nope and rope parts and the cached latent and rope rows to the 
   for every head);
 - "mha": the latent rows expanded to per-head keys (128 nope + 64 rope) and values (128) through wk_b and wv_b, then
   attend_sdpa: the attention at 192/128 wide instead of 576/512, for the expansion's S x 512 x H x 256 GEMMs;
-- "mha-half" (session 45, SPARKD_MLA_PROMPT=mha-half): the expansion over float16 rows as they are, float16 keys and
-  values, attend_sdpa's half path (SPARKD_SDPA_PRECISION=half, the default).
+  (the engine's under SPARKD_SDPA_PRECISION=float32, or over float32 rows);
+- "mha-half" (session 45; the engine's default since session 46): the expansion over float16 rows as they are, float16
+  keys and values, attend_sdpa's half path (SPARKD_SDPA_PRECISION=half, the default).
 
 GPU time (CUDA events around --iters calls, median of --repeats) and, where --check-max allows the float64
 reference, each way's relative error against "torch" in float64. Prompts from position 0 (--tokens) and prompts
@@ -38,8 +39,8 @@ def absorbed(attn, q_nope, q_pe, rows, wk_b, wv_b, scale, start):
 
 
 def mha(q_nope, q_pe, rows, wk_b, wv_b, scale, start, half=False):
-    """mla.MLAttention._expanded's heads all at once: the rows widened to float32, or under half (SPARKD_MLA_PROMPT
-    mha-half) the expansion in the rows' type."""
+    """mla.MLAttention._expanded's heads all at once: the rows widened to float32, or under half (the engine's default,
+    SPARKD_SDPA_PRECISION=half) the expansion in the rows' type."""
     rows = rows if half else rows.to(q_nope.dtype)
     k, v = expand_rows(rows, wk_b.to(rows.dtype), wv_b.to(rows.dtype))
     return attend_sdpa(torch.cat([q_nope, q_pe], dim=-1), k, v, scale, start)

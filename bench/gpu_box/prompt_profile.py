@@ -2,12 +2,13 @@
 
 Loads a model resident on CUDA (as `generate --device cuda --resident`), runs a --tokens-long prompt from an empty
 cache of --kv-type rows once to warm up, times --repeats forwards (CUDA events), then profiles one: GPU time by
-kernel, the most first. Each --ways value sets layers/mla.py's MLA_PROMPT for its runs ("mha", "mha-half",
-"absorbed"), and after a colon layers/linear.py's SLAB_GEMM (session 46: "mha:off" the integer GEMMs, "mha:bf16" the
-slab GEMM; without one the default).
+kernel, the most first. Each --ways value mla[:slab[:sdpa]] sets layers/mla.py's MLA_PROMPT for its runs ("mha",
+"absorbed"), layers/linear.py's SLAB_GEMM ("off" the integer GEMMs, "bf16" the slab GEMM; session 46) and
+layers/attention.py's SDPA_PRECISION ("float32", "half": MLA's expansion follows it since session 46; session 46's
+call 2 named that "mha-half"); a field left out keeps the default.
 
     python3 bench/gpu_box/prompt_profile.py /var/tmp/dsv3-5l-16e-Q4_K.gguf --tokens 8000 --json prompt.json
-    python3 bench/gpu_box/prompt_profile.py /var/tmp/dsv3-5l-16e-Q4_K.gguf --ways mha:off,mha:bf16,mha-half:bf16
+    python3 bench/gpu_box/prompt_profile.py /var/tmp/dsv3-5l-16e-Q4_K.gguf --ways mha:off:float32,mha,absorbed
 A process per way (--ways mha, then --ways absorbed) gives each its first forward's time (first_ms: Triton compiles,
 the allocator's first blocks) without the other's warm-up.
 """
@@ -22,7 +23,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sparkd.engine.layers import linear, mla
+from sparkd.engine.layers import attention, linear, mla
 from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.models import load_model
 
@@ -63,10 +64,10 @@ def main() -> None:
     kv = KV_TYPES[kv_type_name(a.kv_type, "cuda")]
     tokens = torch.arange(a.tokens) % 1000 + 1
     res = {"model": a.model, "tokens": a.tokens}
-    slab_default = linear.SLAB_GEMM
+    defaults = linear.SLAB_GEMM, attention.SDPA_PRECISION
     for way in a.ways.split(","):
-        mla.MLA_PROMPT, _, slab = way.partition(":")
-        linear.SLAB_GEMM = slab or slab_default
+        form, slab, sdpa = (way.split(":") + ["", ""])[:3]
+        mla.MLA_PROMPT, linear.SLAB_GEMM, attention.SDPA_PRECISION = form, slab or defaults[0], sdpa or defaults[1]
         first = forward_ms(net, tokens, kv)  # warm-up: kernels compiled, the allocator's blocks made
         times = [forward_ms(net, tokens, kv) for _ in range(a.repeats)]
         ms = statistics.median(times)

@@ -8,14 +8,14 @@ the GPU box (marker gpu) the prompt runs on CUDA at the real threshold."""
 import pytest
 import torch
 
-from sparkd.engine.layers import mla
+from sparkd.engine.layers import attention, mla
 from sparkd.engine.make_model import plan, write_model
 from sparkd.engine.modelgen.specs import TINY
 from sparkd.engine.models import load_model
 
 ON_GPU = torch.cuda.is_available()
 BOUND = 2e-5  # float32 sums in another order (the tiny models' logits on the CPU: measured 2.7e-7 to 3.2e-6)
-# mha-half's keys and values rounded to float16 (the tiny models' logits on the CPU: measured 1.9e-4 and 4.9e-4)
+# the half expansion's keys and values rounded to float16 (the tiny models' logits on the CPU: measured 1.9e-4 and 4.9e-4)
 HALF_LOGITS = 5e-3
 
 
@@ -51,8 +51,10 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("heads", [mla.EXPAND_HEADS, 1], ids=["block", "one-head"])
 def test_the_expanded_prompt_gives_the_absorbed_prompts_logits(models, arch, kv, device, heads, monkeypatch):
     """heads: EXPAND_HEADS, the heads expanded at a time (the tiny models' 4 in one block at the default; one at a
-    time, four blocks)."""
+    time, four blocks). SDPA_PRECISION float32: the expansion in float32 over either row type (half's float16
+    expansion: test_the_half_expansion_over_float16_rows)."""
     monkeypatch.setattr(mla, "EXPAND_HEADS", heads)
+    monkeypatch.setattr(attention, "SDPA_PRECISION", "float32")
     if device == "cpu":
         monkeypatch.setattr(mla, "MHA_DEVICES", ("cpu",))
         monkeypatch.setattr(mla, "MHA_ROWS", 4)
@@ -73,21 +75,24 @@ def test_the_expanded_prompt_gives_the_absorbed_prompts_logits(models, arch, kv,
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
                                     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
 def test_the_half_expansion_over_float16_rows(models, arch, device, monkeypatch):
-    """SPARKD_MLA_PROMPT=mha-half (opt-in, session 45): over float16 latent rows the keys and values are expanded in
-    float16, within HALF_LOGITS of the absorbed form's logits with the same argmax, and not "mha"'s bits (it did
-    round); over float32 rows it is "mha", bit for bit. On the CPU the queries stay float32 (attend_sdpa's half path is
-    CUDA's)."""
+    """Under SPARKD_SDPA_PRECISION=half (the default; MLA's expansion follows it since session 46) the keys and values
+    over float16 latent rows are expanded in float16, within HALF_LOGITS of the absorbed form's logits with the same
+    argmax, and not float32's bits (it did round); over float32 rows half is float32, bit for bit. On the CPU the
+    queries stay float32 (attend_sdpa's half path is CUDA's)."""
     if device == "cpu":
         monkeypatch.setattr(mla, "MHA_DEVICES", ("cpu",))
         monkeypatch.setattr(mla, "MHA_ROWS", 4)
     n, split = (2 * mla.MHA_ROWS + 8, mla.MHA_ROWS + 3) if device == "cuda" else (12, 5)
-    run = {(way, kv): _logits(models(arch), device, way, split, n, kv, monkeypatch)
-           for way in ("absorbed", "mha", "mha-half") for kv in (torch.float16, torch.float32)}
-    want, got = run["absorbed", torch.float16], run["mha-half", torch.float16]
-    print(f"{arch} {device}: mha-half over float16 rows {_rel(got, want):.2e} of the absorbed form")
+    run = {}
+    for way, precision in (("absorbed", "half"), ("mha", "float32"), ("mha", "half")):
+        monkeypatch.setattr(attention, "SDPA_PRECISION", precision)
+        for kv in (torch.float16, torch.float32):
+            run[way, precision, kv] = _logits(models(arch), device, way, split, n, kv, monkeypatch)
+    want, got = run["absorbed", "half", torch.float16], run["mha", "half", torch.float16]
+    print(f"{arch} {device}: the half expansion over float16 rows {_rel(got, want):.2e} of the absorbed form")
     assert _rel(got, want) < HALF_LOGITS and torch.equal(got.argmax(-1), want.argmax(-1))
-    assert not torch.equal(got, run["mha", torch.float16])
-    assert torch.equal(run["mha-half", torch.float32], run["mha", torch.float32])
+    assert not torch.equal(got, run["mha", "float32", torch.float16])
+    assert torch.equal(run["mha", "half", torch.float32], run["mha", "float32", torch.float32])
 
 
 def test_few_rows_and_the_cpu_keep_the_absorbed_form(models, monkeypatch):

@@ -31,19 +31,19 @@ def _case(layout: str, rows: int, cols: int, backend: str):
 @pytest.mark.parametrize("backend, layout", backend_cases(("q8_0", "q4_k_pairx", "q6_k_tiled"),
                                                          tuple(INT8_LAYOUTS)))
 @pytest.mark.parametrize("dtype", ("bf16", "f16"))
-def test_slab_gemm_is_x_rounded_times_the_values_rounded(backend, layout, dtype):
+def test_slab_gemm_is_x_rounded_times_the_values_rounded(backend, layout, dtype, monkeypatch):
     """y = x @ W.T over x and W's values rounded to dtype, within float32's summation of float64 over the same rounded
     operands and within dtype's rounding of the unrounded product; in slabs of whole row tiles (a partial last one)
     as in one."""
     rows, cols = 72, 512
+    monkeypatch.setattr(slab_gemm, "SLAB_ALIGN", 32)  # slabs of whole tiles (8 rows at most) at this small size
     raw, w, qtype, ltype = _case(layout, rows, cols, backend)
     x = torch.randn(9, cols, generator=torch.Generator().manual_seed(3))
     values = quants.dequantize(raw, qtype, (rows, cols))
     want = x.double() @ values.double().T
     rounded = x.to(DTYPES[dtype]).double() @ values.to(DTYPES[dtype]).double().T
     scale = x.double().abs() @ values.double().abs().T
-    tile = dispatch.family(ltype).row_tile
-    for slab_bytes in (slab_gemm.SLAB_BYTES, 5 * tile * cols * 2):  # one slab; slabs of 5 tiles, the last partial
+    for slab_bytes in (slab_gemm.SLAB_BYTES, 32 * cols * 2):  # one slab; slabs of 32 rows, the last partial
         got = slab_gemm.slab_gemm(w, ltype, (rows, cols), x.to(backend), DTYPES[dtype], slab_bytes)
         assert got.shape == (9, rows) and got.dtype == torch.float32
         assert rel_err(got, rounded, scale) < ROUNDED_BOUND, slab_bytes
@@ -68,13 +68,16 @@ def test_dequantize_rounds_to_a_16_bit_type_as_torch_does(backend):
     assert ties[0, 0].item() == 1.0 and ties[1, 0].item() == 1 + 2 ** -6
 
 
-def test_slab_rows_are_whole_tiles_within_the_scratch():
+def test_slab_rows_are_aligned_whole_tiles_within_the_scratch():
     q4t = dispatch.family(INT8_LAYOUTS["q4_k_pairx"][1])
-    assert q4t.row_tile == 4
-    assert slab_gemm.slab_rows(q4t, 4096, 1024, 64 << 20) == 4096  # 8 MiB of bf16: the whole matrix
+    q6t = dispatch.family(INT8_LAYOUTS["q6_k_tiled"][1])
+    assert (q4t.row_tile, q6t.row_tile, slab_gemm.SLAB_ALIGN) == (4, 8, 128)
+    assert slab_gemm.slab_rows(q4t, 4100, 1024, 64 << 20) == 4100  # 8 MiB of bf16: the whole matrix, any rows
     assert slab_gemm.slab_rows(q4t, 4096, 1024, 1 << 20) == 512  # 1 MiB: 512 rows of 2 KiB
-    assert slab_gemm.slab_rows(q4t, 4096, 1024, 3 * 2048 + 7) == 4  # less than a tile: one tile
-    assert slab_gemm.slab_rows(q4t, 4096, 1024, 0) == 4
+    assert slab_gemm.slab_rows(q4t, 4096, 1024, 1200 * 1024) == 512  # 600 rows fit: 512, a multiple of 128
+    assert slab_gemm.slab_rows(q4t, 4096, 1024, 3 * 2048 + 7) == 128  # less than 128 rows: one step
+    assert slab_gemm.slab_rows(q4t, 100, 1024, 0) == 100  # never more than the matrix
+    assert slab_gemm.slab_rows(q4t, 36864, 7168, 64 << 20) == 4608  # session 46's slow 4681
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -101,7 +104,8 @@ def test_slab_gemm_refuses_what_it_cannot_multiply(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kernel_linear_takes_the_slab_gemm_from_its_rows_on_cuda(backend, monkeypatch):
     """A quantized KernelLinear over SLAB_MIN_ROWS rows or more runs slab_gemm on CUDA (its bits), fewer rows the
-    integer GEMM (prefill_gemm.gemm's bits); the CPU and SLAB_GEMM "off" the integer GEMM at any row count."""
+    integer GEMM (prefill_gemm.gemm's bits); the CPU, SLAB_GEMM "off" and PREFILL_FLOAT_GEMM "kernel" the integer GEMM
+    at any row count."""
     rows, cols = 64, 512
     raw, w, qtype, ltype = _case("q4_k_pairx", rows, cols, backend)
     layer = linear.KernelLinear(w, ltype, (rows, cols))
@@ -115,3 +119,41 @@ def test_kernel_linear_takes_the_slab_gemm_from_its_rows_on_cuda(backend, monkey
     assert torch.equal(layer(x[:7]), int8[:7])
     monkeypatch.setattr(linear, "SLAB_GEMM", "off")
     assert torch.equal(layer(x), int8)
+    monkeypatch.setattr(linear, "SLAB_GEMM", "bf16")
+    monkeypatch.setattr(linear, "PREFILL_FLOAT_GEMM", "kernel")  # a row's bits whatever the row count: no cuBLAS
+    assert torch.equal(layer(x), int8)
+
+
+@pytest.mark.gpu
+def test_a_prompt_graph_replays_the_slab_gemm(tmp_path, monkeypatch):
+    """A prompt graph whose bucket reaches SLAB_MIN_ROWS captures the slab GEMMs (dequantization, the 16-bit copy of x,
+    cuBLAS, the slabs' scratch in the graph's pool) and replays the same padded forward's bits, the decode steps after
+    it too; the prompt's logits within 2e-2 of the integer GEMM's (SLAB_GEMM "off"), the same pick."""
+    from sparkd.engine.cuda_graphs import StaticDecode, use_graphs
+    from sparkd.engine.make_model import plan, write_model
+    from sparkd.engine.modelgen.specs import TINY
+    from sparkd.engine.models import load_model
+    from sparkd.engine.prompt_graphs import PromptForward
+
+    monkeypatch.setattr(linear, "SLAB_MIN_ROWS", 64)
+    shape = TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
+    m = load_model(write_model(tmp_path / "q.gguf", plan(shape, "Q4_K"), seed=3)[0], device="cuda")
+    try:
+        assert use_graphs("on", m.net, "cuda")
+        tokens = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(70)])  # bucket 80
+        runs = {}
+        for way, mode in (("bf16", "padded"), ("bf16", "graphs"), ("off", "eager")):
+            monkeypatch.setattr(linear, "SLAB_GEMM", way)
+            cache = m.net.new_cache(256)
+            forward = PromptForward(m.net, cache, mode)
+            logits = forward(tokens, last=True)
+            step = StaticDecode(m.net, cache, graphs=True)
+            runs[mode] = logits, [step.next_token(int(logits[-1].argmax())) for _ in range(6)]
+            assert not forward.failed and (mode != "graphs" or sorted(forward._graphs) == [80])
+        (got, got_ids), (padded, padded_ids), (int8, _) = runs["graphs"], runs["padded"], runs["eager"]
+        assert torch.equal(got, padded) and got_ids == padded_ids
+        err = float((got - int8).norm() / int8.norm())
+        assert not torch.equal(got, int8)  # the slab GEMM ran
+        assert err < 2e-2 and got.argmax() == int8.argmax(), err
+    finally:
+        m.close()

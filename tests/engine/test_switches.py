@@ -184,8 +184,7 @@ SWITCHES = [
     Switch("SPARKD_SDPA_PRECISION", "sparkd.engine.layers.attention", "m.SDPA_PRECISION", "bf16",
            {UNSET: "half", " Half ": "half", "float32": "float32"}, ("float32", "half")),
     Switch("SPARKD_MLA_PROMPT", "sparkd.engine.layers.mla", "m.MLA_PROMPT", "flash",
-           {UNSET: "mha", " MHA ": "mha", "Mha-Half": "mha-half", "absorbed": "absorbed"},
-           ("mha", "mha-half", "absorbed")),
+           {UNSET: "mha", " MHA ": "mha", "absorbed": "absorbed"}, ("mha", "absorbed")),
     Switch("SPARKD_PROMPT_LOGITS", None, prompt_last_only, "first",
            {UNSET: True, "last": True, "ALL": False}, ("last", "all")),
 ]

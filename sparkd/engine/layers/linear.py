@@ -38,9 +38,11 @@ HALF_PROMPT = switches.choice("SPARKD_HALF_PROMPT", ("torch", "half", "kernel"),
 HALF_VALUES = {"F16": torch.float16, "BF16": torch.bfloat16}  # the 16-bit types the files keep unquantized
 # a quantized KernelLinear over SLAB_MIN_ROWS rows or more on CUDA (a long prompt's, session 46): "bf16" (default)
 # kernels/slab_gemm, the blocks dequantized a slab of rows at a time and cuBLAS on the 16-bit values, x rounded to them;
-# "f16" the same in float16 (finer, float16's range); "off" the GEMM above (PREFILL_PRECISION) at every row count
+# "f16" the same in float16 (finer, float16's range); "off" the GEMM above (PREFILL_PRECISION) at every row count, as
+# under PREFILL_FLOAT_GEMM "kernel" (whose promise, a row's bits whatever the row count, cuBLAS does not keep).
+# H100, DeepSeek V3's dense shapes at 512 rows: 1.1-5.7x the integer GEMM, 3.4-10.6x at 8000 (docs/performance.md)
 SLAB_GEMM = switches.choice("SPARKD_SLAB_GEMM", ("bf16", "f16", "off"), "bf16")
-SLAB_MIN_ROWS = 1024
+SLAB_MIN_ROWS = 512
 
 
 class Linear(nn.Module):
@@ -230,7 +232,7 @@ class KernelLinear(nn.Module):
 
     def _slab(self, h: torch.Tensor) -> bool:
         """Whether h's GEMM runs slab_gemm (SLAB_GEMM): quantized blocks, CUDA, a long prompt's rows."""
-        return (SLAB_GEMM != "off" and h.is_cuda and h.shape[0] >= SLAB_MIN_ROWS
+        return (SLAB_GEMM != "off" and PREFILL_FLOAT_GEMM != "kernel" and h.is_cuda and h.shape[0] >= SLAB_MIN_ROWS
                 and self.qtype.name not in HALF_VALUES)
 
     def _gemm_qx(self, h: torch.Tensor):

@@ -26,6 +26,7 @@ from torch import nn
 
 from sparkd.engine import switches
 from sparkd.engine.kernels import fused
+from sparkd.engine.layers import attention as attention_layer
 from sparkd.engine.layers.act_round import round_activations
 from sparkd.engine.layers.attention import attend, attend_sdpa
 from sparkd.engine.layers.kv_cache import KVCache
@@ -36,10 +37,9 @@ from sparkd.engine.layers.rope import RopeConfig
 
 
 # a prompt's attention on CUDA from MHA_ROWS tokens on: "mha" (default) over per-head keys and values expanded from
-# the latent rows; "mha-half" (session 45, opt-in: not yet timed on a GPU) the same, the expansion over a float16
-# cache's rows as they are, its keys and values float16, so attend_sdpa takes them as SPARKD_SDPA_PRECISION=half takes
-# GQA's cache rows (over float32 rows: "mha"); "absorbed" over the latent rows themselves (attend, before session 32)
-MLA_PROMPT = switches.choice("SPARKD_MLA_PROMPT", ("mha", "mha-half", "absorbed"), "mha")
+# the latent rows (in float16 over a float16 cache where SPARKD_SDPA_PRECISION is half: _expanded); "absorbed" over the
+# latent rows themselves (attend, before session 32)
+MLA_PROMPT = switches.choice("SPARKD_MLA_PROMPT", ("mha", "absorbed"), "mha")
 MHA_ROWS = 128
 # heads expanded at a time (session 38): [S, 16, Dn + P] keys and [S, 16, Dv] values, not all heads' (DeepSeek V3's
 # 128: 43 GB at 131072 positions, so its prompts there ran in chunks of 16 tokens)
@@ -125,10 +125,13 @@ class MLAttention(nn.Module):
 
     def _expanded(self, q_nope: torch.Tensor, q_pe: torch.Tensor, k_all: torch.Tensor, start, masks) -> torch.Tensor:
         """A prompt's attention as multi-head attention: the cache's latent rows k_all [S, 1, R + P] expanded to the
-        heads' keys [S, H, Dn + P] and values [S, H, Dv], EXPAND_HEADS heads at a time → [T, H, Dv]. Under "mha-half"
-        the expansion runs in the cache rows' type (float16 rows: wk_b and wv_b rounded to float16 once a layer, the
-        keys and values float16, half "mha"'s bytes); else the rows are widened to float32."""
-        rows = k_all[:, 0] if MLA_PROMPT == "mha-half" else k_all[:, 0].to(q_nope.dtype)
+        heads' keys [S, H, Dn + P] and values [S, H, Dv], EXPAND_HEADS heads at a time → [T, H, Dv]. Where
+        SDPA_PRECISION is half (the default; session 45, the default here since session 46) the expansion runs in the
+        cache rows' type: over float16 rows wk_b and wv_b are rounded to float16 once a layer and the keys and values
+        are float16, which attend_sdpa takes on its half path as it takes GQA's cache rows (H100, DeepSeek V3's heads
+        at 8000 tokens: 69.8 -> 22.1 ms a layer). Under float32 the rows are widened to float32."""
+        half = attention_layer.SDPA_PRECISION == "half"
+        rows = k_all[:, 0] if half else k_all[:, 0].to(q_nope.dtype)
         wk_b = self.wk_b.dense().view(self.n_head, self.kv_rank, self.qk_nope).to(rows.dtype)
         wv_b = self.wv_b.dense().view(self.n_head, -1, self.kv_rank).to(rows.dtype)
         q = torch.cat([q_nope, q_pe], dim=-1)
