@@ -35,8 +35,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 from kernels_bench import events_seconds, random_blocks
 
-from sparkd.engine.kernels import (INT8, PRECISIONS, act_quant, dispatch, moe_prefill, mxfp4_tiled, prefill_gemm,
-                                   q4_k_tiled, q6_k_tiled, q8_0_packed, slab_gemm)
+from sparkd.engine.kernels import (INT8, PRECISIONS, SLAB_TYPES, act_quant, dispatch, moe_prefill, mxfp4_tiled,
+                                   prefill_gemm, q4_k_tiled, q6_k_tiled, q8_0_packed, slab_gemm)
 from sparkd.engine.kernels.dequantize import dequantize
 
 # --types name: (GGUF type of the random blocks, the layout's qtype, its packing or None)
@@ -137,7 +137,7 @@ def main() -> int:
                         dtype, *mib = way[len(SLAB_PREFIX):].split("-")
                         cap = int(mib[0]) << 20 if mib else slab_gemm.SLAB_BYTES
                         run = lambda: slab_gemm.slab_gemm(w, ltype, (rows, cols), x,  # noqa: E731
-                                                          slab_gemm.TYPES[dtype], cap)
+                                                          SLAB_TYPES[dtype], cap)
                     else:
                         use_way(way)
                     try:

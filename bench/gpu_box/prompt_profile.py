@@ -2,10 +2,11 @@
 
 Loads a model resident on CUDA (as `generate --device cuda --resident`), runs a --tokens-long prompt from an empty
 cache of --kv-type rows once to warm up, times --repeats forwards (CUDA events), then profiles one: GPU time by
-kernel, the most first. Each --ways value mla[:slab[:sdpa]] sets layers/mla.py's MLA_PROMPT for its runs ("mha",
-"absorbed"), layers/linear.py's SLAB_GEMM ("off" the integer GEMMs, "bf16" the slab GEMM; session 46) and
+kernel, the most first. Each --ways value mla[:slab[:sdpa[:expert_rows]]] sets layers/mla.py's MLA_PROMPT for its
+runs ("mha", "absorbed"), layers/linear.py's SLAB_GEMM ("off" the integer GEMMs, "bf16" the slab GEMM; session 46),
 layers/attention.py's SDPA_PRECISION ("float32", "half": MLA's expansion follows it since session 46; session 46's
-call 2 named that "mha-half"); a field left out keeps the default.
+call 2 named that "mha-half") and layers/moe.py's SLAB_EXPERT_ROWS (a number; a large one keeps the experts on the
+integer GEMMs); a field left out or empty keeps the default.
 
     python3 bench/gpu_box/prompt_profile.py /var/tmp/dsv3-5l-16e-Q4_K.gguf --tokens 8000 --json prompt.json
     python3 bench/gpu_box/prompt_profile.py /var/tmp/dsv3-5l-16e-Q4_K.gguf --ways mha:off:float32,mha,absorbed
@@ -23,7 +24,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sparkd.engine.layers import attention, linear, mla
+from sparkd.engine.layers import attention, linear, mla, moe
 from sparkd.engine.layers.kv_cache import KV_TYPES, kv_type_name
 from sparkd.engine.models import load_model
 
@@ -64,10 +65,11 @@ def main() -> None:
     kv = KV_TYPES[kv_type_name(a.kv_type, "cuda")]
     tokens = torch.arange(a.tokens) % 1000 + 1
     res = {"model": a.model, "tokens": a.tokens}
-    defaults = linear.SLAB_GEMM, attention.SDPA_PRECISION
+    defaults = linear.SLAB_GEMM, attention.SDPA_PRECISION, moe.SLAB_EXPERT_ROWS
     for way in a.ways.split(","):
-        form, slab, sdpa = (way.split(":") + ["", ""])[:3]
+        form, slab, sdpa, rows = (way.split(":") + ["", "", ""])[:4]
         mla.MLA_PROMPT, linear.SLAB_GEMM, attention.SDPA_PRECISION = form, slab or defaults[0], sdpa or defaults[1]
+        moe.SLAB_EXPERT_ROWS = int(rows) if rows else defaults[2]
         first = forward_ms(net, tokens, kv)  # warm-up: kernels compiled, the allocator's blocks made
         times = [forward_ms(net, tokens, kv) for _ in range(a.repeats)]
         ms = statistics.median(times)

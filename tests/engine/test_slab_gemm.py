@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels import BACKENDS, INT8_LAYOUTS, backend_cases, random_blocks, rel_err
+from gguf import GGMLQuantizationType as T
+from test_kernels import BACKENDS, INT8_LAYOUTS, arena_table, backend_cases, moe_reference, random_blocks, rel_err
 
 from sparkd.engine import quants
-from sparkd.engine.kernels import dispatch, prefill_gemm, slab_gemm
+from sparkd.engine.kernels import dispatch, moe_prefill as prefill_moe, prefill_gemm, slab_gemm
+from sparkd.engine.kernels.moe import prepare
+from sparkd.engine.kernels.moe_prefill import moe_prefill
 from sparkd.engine.layers import linear
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -18,6 +21,8 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 # rounding, 2^-9 (bf16) and 2^-12 (f16) relative at most: bounds at about that, relative to |x| @ |W|.
 ROUNDED_BOUND = 1e-5
 TYPE_BOUND = {"bf16": 4e-3, "f16": 5e-4}
+# A MoE layer's output against float64: x, the weights and the activations each rounded (measured: session 46's notes)
+EXPERT_BOUND = {"bf16": 2e-2, "f16": 3e-3}
 
 
 def _case(layout: str, rows: int, cols: int, backend: str):
@@ -157,3 +162,71 @@ def test_a_prompt_graph_replays_the_slab_gemm(tmp_path, monkeypatch):
         assert err < 2e-2 and got.argmax() == int8.argmax(), err
     finally:
         m.close()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's sigmoid of -large
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("gu_type, d_type, act, biased", [(T.Q4_K, T.Q6_K, "silu", False),
+                                                          (T.MXFP4, T.MXFP4, "swiglu_oai", True)], ids=["q4k", "mxfp4"])
+def test_slab_experts_are_the_experts_over_16_bit_values(backend, gu_type, d_type, act, biased, monkeypatch):
+    """moe_prefill's slab (session 46): each expert's rows through slab_gemm, within bf16's rounding of float64 (x,
+    the weights and the activations rounded), biases added (gpt-oss); an expert without rows skipped; both glues the
+    same bits; f16 finer than bf16. x is scaled so float16 holds the activations: the random blocks' weights reach
+    ~100, and at x ~ 1 their activations (~1e7) pass float16's 65504, where bf16 stays finite (why it is the
+    default)."""
+    dim, width, n, n_tok, top_k = (2048, 768, 8, 40, 4) if backend == "cuda" else (256, 256, 3, 24, 2)
+    table, gates, ups, downs = arena_table(gu_type, d_type, dim, width, n, backend)
+    x, w = torch.randn(n_tok, dim) * 1e-3, torch.rand(n_tok, top_k)
+    slots = torch.stack([torch.randperm(n - 1)[:top_k] for _ in range(n_tok)])  # expert n - 1 gets no rows
+    bias = torch.randn(n, 2 * width + dim) if biased else None
+    ref = torch.stack([moe_reference(x[t], w[t], [gates[i] for i in slots[t]], [ups[i] for i in slots[t]],
+                                     [downs[i] for i in slots[t]], act, bias=None if bias is None else bias[slots[t]])
+                       for t in range(n_tok)])
+    args = (prepare(table, backend), x.to(backend), slots.to(backend), w.to(backend), act, "int8")
+    on = None if bias is None else bias.to(backend)
+    err = {}
+    for name, dtype in DTYPES.items():
+        got = moe_prefill(*args, bias=on, slab=dtype)
+        err[name] = rel_err(got, ref)
+        monkeypatch.setattr(prefill_moe, "PREFILL_GLUE", "torch")
+        assert torch.equal(moe_prefill(*args, bias=on, slab=dtype), got)
+        monkeypatch.setattr(prefill_moe, "PREFILL_GLUE", "kernels")
+    print(f"slab experts against float64: {err}")
+    if not biased:
+        big = (args[0], args[1] * 1e3, *args[2:])
+        assert torch.isfinite(moe_prefill(*big, slab=torch.bfloat16)).all()
+        assert not torch.isfinite(moe_prefill(*big, slab=torch.float16)).all()
+    assert err["bf16"] < EXPERT_BOUND["bf16"] and err["f16"] < EXPERT_BOUND["f16"] and err["f16"] < err["bf16"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_moe_layer_takes_the_slab_experts_from_its_rows_per_expert(backend, tmp_path, monkeypatch):
+    """A MoE layer's prompt runs its experts through slab_gemm where its rows per expert reach SLAB_EXPERT_ROWS on
+    CUDA, within 2e-2 of the integer GEMMs' logits with the same pick; fewer rows, SLAB_GEMM "off" and the CPU never."""
+    from sparkd.engine.kernels import moe_prefill as kernels_moe
+    from sparkd.engine.layers import moe as moe_layer
+    from sparkd.engine.make_model import plan, write_model
+    from sparkd.engine.modelgen.specs import TINY
+    from sparkd.engine.models import load_model
+
+    calls = []
+    slab_experts = kernels_moe._slab_experts
+    monkeypatch.setattr(kernels_moe, "_slab_experts", lambda *a: calls.append(a[-1]) or slab_experts(*a))
+    shape = TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
+    m = load_model(write_model(tmp_path / "q.gguf", plan(shape, "Q4_K"), seed=3)[0], device=backend)
+    n, A = m.cfg.n_expert, m.cfg.n_expert_used
+    tokens = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(2 * n // A)])  # 2 rows an expert
+    try:
+        logits = {}
+        for way, rows in (("off", 2), ("bf16", 3), ("bf16", 2)):
+            monkeypatch.setattr(linear, "SLAB_GEMM", way)
+            monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", rows)
+            before = len(calls)
+            logits[way, rows] = m.net(tokens, m.net.new_cache(64), last=True)
+            assert (len(calls) > before) == (backend == "cuda" and (way, rows) == ("bf16", 2)), (way, rows)
+    finally:
+        m.close()
+    assert set(calls) <= {torch.bfloat16}
+    assert torch.equal(logits["bf16", 3], logits["off", 2])  # too few rows: the integer GEMMs, their bits
+    got, want = logits["bf16", 2], logits["off", 2]
+    assert float((got - want).norm() / want.norm()) < 2e-2 and torch.equal(got.argmax(-1), want.argmax(-1))

@@ -4,7 +4,11 @@ table in dispatch.py), and the fused decode kernels that replace runs of small t
 (rms_norm.py, rope_kv.py, decode_attention.py with grouped_attention.py: its default, a KV head's query heads in one
 program, rope_attention.py: rope_kv and the attention in one launch, router_topk.py; switched in fused.py)."""
 
+import torch
+
 # prefill_gemm.gemm's precisions (tl.dot's input precision, or "int8": the integer GEMM), here and not in prefill_gemm so
 # that layers/linear's SPARKD_PREFILL_PRECISION takes them without importing triton
 INT8 = "int8"
 PRECISIONS = ("ieee", "tf32x3", "tf32", INT8)
+# slab_gemm's 16-bit types by SPARKD_SLAB_GEMM's names, here for the same reason
+SLAB_TYPES = {"bf16": torch.bfloat16, "f16": torch.float16}

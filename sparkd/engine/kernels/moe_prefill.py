@@ -18,6 +18,7 @@ from sparkd.engine import switches
 from sparkd.engine.kernels import act_quant, dispatch, prefill_gemm
 from sparkd.engine.kernels.moe import OAI_ALPHA, OAI_LIMIT, Act, ExpertTable, PreparedTable, act_args, prepare
 from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, gemm, grouped_gemm, int_gemm
+from sparkd.engine.kernels.slab_gemm import slab_gemm
 
 # moe_prefill's way: "grouped" (session 9: three grouped GEMM launches a layer, no sync per expert)
 # or "loop" (a GEMM per expert and projection, the way before)
@@ -148,9 +149,22 @@ def _combine_kernel(out_ptr, pos_ptr, w_ptr, y_ptr, D, A: tl.constexpr, BLOCK_D:
     tl.store(y_ptr + t.to(tl.int64) * D + d, acc, mask=m)
 
 
+def _weighted_sum(out: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """moe_prefill's last step: out's row r is the pair order[r] (token * A + slot) of weights [T, A]; each token's A
+    rows times their weights, added in slot order (PREFILL_GLUE: _combine's launches, or torch ops)."""
+    rows = torch.arange(order.numel(), device=out.device)
+    if PREFILL_GLUE == "kernels":
+        return _combine(out, order, rows, weights)
+    out *= weights.reshape(-1)[order, None]
+    parts = torch.empty_like(out).index_copy_(0, order, out).view(*weights.shape, out.shape[1])
+    y = parts[:, 0].contiguous()
+    for k in range(1, weights.shape[1]):
+        y += parts[:, k]
+    return y
+
+
 def _combine(out: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """moe_prefill's last step in two launches: out's row r is the pair order[r] (token * A + slot) of
-    weights [T, A]; each token's A rows times their weights, added in slot order."""
+    """_weighted_sum in two launches (rows: out's row numbers)."""
     T, A = weights.shape
     D = out.shape[1]
     pos = torch.empty_like(order).index_copy_(0, order, rows)  # pair -> its row of out
@@ -162,10 +176,39 @@ def _combine(out: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, weights
     return y
 
 
+def _slab_experts(p: PreparedTable, x: torch.Tensor, keys: torch.Tensor, order: torch.Tensor, top_k: int,
+                  route_weights: torch.Tensor, act: Act, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The grouped way's rows (keys: each row's expert, sorted; order: its (token, slot) pair) through slab_gemm
+    (session 46): each expert with rows has its gate, up and down dequantized to dtype and multiplied by cuBLAS over
+    its rows, x and the activations rounded to dtype; then the grouped way's combine. One host sync a layer (the rows
+    each expert has); what a prompt of many rows an expert pays for: a copy of its weights' values each call. Rows
+    of a slot outside the table (unchecked slots) are left zero."""
+    table = p.table
+    D, F, n = table.dim, table.width, len(table)
+    tok = order // top_k
+    counts = torch.bincount(keys, minlength=n)[:n].tolist()  # the sync
+    gu_span, d_span = F * p.gate_up.row_bytes(D), D * p.down.row_bytes(F)
+    out = torch.zeros(keys.numel(), D, dtype=torch.float32, device=x.device)
+    first = 0
+    for e, rows in enumerate(counts):
+        if rows:
+            h = x.index_select(0, tok[first:first + rows])
+            go, uo, do = table.gate_offsets[e], table.up_offsets[e], table.down_offsets[e]
+            g = slab_gemm(table.gate[go:go + gu_span], p.gate_up.qtype, (F, D), h, dtype)
+            u = slab_gemm(table.up[uo:uo + gu_span], p.gate_up.qtype, (F, D), h, dtype)
+            if bias is not None:
+                g, u = g + bias[e, :F], u + bias[e, F:2 * F]
+            o = slab_gemm(table.down[do:do + d_span], p.down.qtype, (D, F), _act_torch(g, u, act), dtype)
+            out[first:first + rows] = o if bias is None else o + bias[e, 2 * F:]
+        first += rows
+    return _weighted_sum(out, order, route_weights)
+
+
 def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
                 act: Act = "silu", precision: str = "tf32",
                 round_h: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                check_slots: bool = True, bias: torch.Tensor | None = None) -> torch.Tensor:
+                check_slots: bool = True, bias: torch.Tensor | None = None,
+                slab: torch.dtype | None = None) -> torch.Tensor:
     """Many tokens: x float32 [T, D]; slots int [T, A] index the table's experts (an ExpertTable,
     or the PreparedTable of all of them that prepare() made); route_weights
     float32 [T, A] -> y [T, D]; round_h as in moe_decode; precision prefill_gemm.gemm's (at "int8" x
@@ -176,7 +219,8 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
     where the caller vouches for them (a router's top-k over the table's experts): "grouped" then
     syncs nowhere, and a slot outside the table gets no tile (its rows are not computed, nothing
     outside the table is read; "loop" checks always). bias: every table expert's biases, float32 [n, 2F + D] (gpt-oss:
-    gate | up before the activation, down before the routing weight; moe_decode's, for the whole table)."""
+    gate | up before the activation, down before the routing weight; moe_decode's, for the whole table). slab: a 16-bit
+    type (SLAB_TYPES' values): under "grouped", _slab_experts instead of the grouped GEMMs."""
     what = "the MoE prefill kernels"
     act_args(act, what)  # a bad activation refused before any launch
     p = table if isinstance(table, PreparedTable) else prepare(table, x.device, what)
@@ -205,6 +249,8 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         slots, by_expert = torch.sort(slots, dim=1, stable=True)
         route_weights = route_weights.gather(1, by_expert)
         keys, order = torch.sort(slots.reshape(-1), stable=True)
+        if slab is not None:
+            return _slab_experts(p, x, keys, order, slots.shape[1], route_weights, act, bias, slab)
         block_t = tile_rows(fgu, fd, precision)
         tiles = expert_tiles(keys, n, block_t)
         tok = order // slots.shape[1]
@@ -222,14 +268,7 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         out = grouped_gemm(table.down, p.down_off, fd.qtype, (D, F), h, rows, tiles, precision, block_t=block_t)
         if b is not None:
             out += b[:, 2 * F:]
-        if PREFILL_GLUE == "kernels":
-            return _combine(out, order, rows, route_weights)
-        out *= route_weights.reshape(-1)[order, None]
-        parts = torch.empty_like(out).index_copy_(0, order, out).view(*slots.shape, D)
-        y = parts[:, 0].contiguous()
-        for k in range(1, slots.shape[1]):
-            y += parts[:, k]
-        return y
+        return _weighted_sum(out, order, route_weights)
     gu_span, d_span = F * fgu.row_bytes(D), D * fd.row_bytes(F)
     y = torch.zeros_like(x)
     for j in torch.unique(slots).tolist():

@@ -23,14 +23,13 @@ import math
 
 import torch
 
-from sparkd.engine.kernels import dispatch
+from sparkd.engine.kernels import SLAB_TYPES, dispatch
 from sparkd.engine.kernels.dequantize import dequantize
 
 SLAB_BYTES = 64 << 20
 # a slab's rows a multiple of this: cuBLAS takes other widths on slower kernels (session 46, H100: slabs of 4681 and
 # 1820 rows 2.7x and 2.4x slower than one slab of the whole matrix, 4608-row slabs as fast)
 SLAB_ALIGN = 128
-TYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def slab_rows(fam: dispatch.Family, rows: int, cols: int, slab_bytes: int = SLAB_BYTES) -> int:
@@ -45,11 +44,11 @@ def slab_rows(fam: dispatch.Family, rows: int, cols: int, slab_bytes: int = SLAB
 def slab_gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
               slab_bytes: int = SLAB_BYTES) -> torch.Tensor:
     """y float32 [T, rows] = x [T, cols] @ W.T with W (raw GGUF blocks of a kernel layout, [rows, cols]) and x rounded
-    to dtype (TYPES' values) a slab of W's rows at a time."""
+    to dtype (SLAB_TYPES' values) a slab of W's rows at a time."""
     what = f"the {qtype.name} slab GEMM"
-    if dtype not in TYPES.values():
+    if dtype not in SLAB_TYPES.values():
         raise dispatch.KernelArgumentError(f"could not run {what}: dtype {dtype} is not one of "
-                                           f"{', '.join(map(str, TYPES.values()))}")
+                                           f"{', '.join(map(str, SLAB_TYPES.values()))}")
     fam = dispatch.family(qtype)
     rows, cols = shape
     row_bytes = dispatch.check_cols(fam, cols, what)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import PRECISIONS
+from sparkd.engine.kernels import PRECISIONS, SLAB_TYPES
 from sparkd.engine.layers.act_round import round_activations
 
 # tl.dot's input precision in the prefill GEMMs (dense and MoE; kernels.PRECISIONS): "int8" (default, session 9) the
@@ -36,13 +36,22 @@ PREFILL_FLOAT_GEMM = switches.choice("SPARKD_PREFILL_FLOAT_GEMM", ("kernel", "to
 # widened copy's FMAs (H100, that file's 8000-token prompt 36.2k -> 40.7k tok/s, its projections 33 -> 2.3 ms)
 HALF_PROMPT = switches.choice("SPARKD_HALF_PROMPT", ("torch", "half", "kernel"), "half")
 HALF_VALUES = {"F16": torch.float16, "BF16": torch.bfloat16}  # the 16-bit types the files keep unquantized
-# a quantized KernelLinear over SLAB_MIN_ROWS rows or more on CUDA (a long prompt's, session 46): "bf16" (default)
-# kernels/slab_gemm, the blocks dequantized a slab of rows at a time and cuBLAS on the 16-bit values, x rounded to them;
-# "f16" the same in float16 (finer, float16's range); "off" the GEMM above (PREFILL_PRECISION) at every row count, as
-# under PREFILL_FLOAT_GEMM "kernel" (whose promise, a row's bits whatever the row count, cuBLAS does not keep).
-# H100, DeepSeek V3's dense shapes at 512 rows: 1.1-5.7x the integer GEMM, 3.4-10.6x at 8000 (docs/performance.md)
-SLAB_GEMM = switches.choice("SPARKD_SLAB_GEMM", ("bf16", "f16", "off"), "bf16")
+# a quantized KernelLinear over SLAB_MIN_ROWS rows or more on CUDA (a long prompt's, session 46; a MoE layer's experts:
+# layers/moe.py's SLAB_EXPERT_ROWS): "bf16" (default) kernels/slab_gemm, the blocks dequantized a slab of rows at a
+# time and cuBLAS on the 16-bit values, x rounded to them; "f16" the same in float16 (finer, float16's range); "off" the
+# GEMM above (PREFILL_PRECISION) at every row count, as under PREFILL_FLOAT_GEMM "kernel" (whose promise, a row's bits
+# whatever the row count, cuBLAS does not keep). H100, DeepSeek V3's dense shapes at 512 rows: 0.9-5.6x the integer
+# GEMM, 3.0-10.6x at 8000 (docs/performance.md, session 46)
+SLAB_GEMM = switches.choice("SPARKD_SLAB_GEMM", (*SLAB_TYPES, "off"), "bf16")
 SLAB_MIN_ROWS = 512
+
+
+def slab_type(x: torch.Tensor) -> torch.dtype | None:
+    """The 16-bit type a prompt's quantized GEMMs over x run in through kernels/slab_gemm (SLAB_GEMM), or None: the
+    integer or float GEMM (the CPU, SLAB_GEMM "off", PREFILL_FLOAT_GEMM "kernel"). Rows are the caller's to count."""
+    if SLAB_GEMM == "off" or PREFILL_FLOAT_GEMM == "kernel" or not x.is_cuda:
+        return None
+    return SLAB_TYPES[SLAB_GEMM]
 
 
 class Linear(nn.Module):
@@ -138,9 +147,9 @@ class KernelLinear(nn.Module):
         if h.shape[0] == 1:
             y = self._gemv(h[0], self._quantized(x))[None]
         elif self._slab(h):
-            from sparkd.engine.kernels.slab_gemm import TYPES, slab_gemm
+            from sparkd.engine.kernels.slab_gemm import slab_gemm
 
-            y = slab_gemm(self.raw, self.qtype, self.shape, h, TYPES[SLAB_GEMM])
+            y = slab_gemm(self.raw, self.qtype, self.shape, h, slab_type(h))
         else:
             qx = self._gemm_qx(h)  # the integer GEMM: x quantized once, for every part
             if qx is not None and (len(self.parts) == 1 or PREFILL_STACK == "one"):
@@ -231,9 +240,8 @@ class KernelLinear(nn.Module):
         return self._gemv_configs[on_cuda]
 
     def _slab(self, h: torch.Tensor) -> bool:
-        """Whether h's GEMM runs slab_gemm (SLAB_GEMM): quantized blocks, CUDA, a long prompt's rows."""
-        return (SLAB_GEMM != "off" and PREFILL_FLOAT_GEMM != "kernel" and h.is_cuda and h.shape[0] >= SLAB_MIN_ROWS
-                and self.qtype.name not in HALF_VALUES)
+        """Whether h's GEMM runs slab_gemm (slab_type): quantized blocks, a long prompt's rows."""
+        return slab_type(h) is not None and h.shape[0] >= SLAB_MIN_ROWS and self.qtype.name not in HALF_VALUES
 
     def _gemm_qx(self, h: torch.Tensor):
         """h's QuantX where the GEMM runs integer (prefill_gemm.int_gemm), else None."""

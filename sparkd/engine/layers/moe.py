@@ -46,6 +46,10 @@ DECODE_ON: frozenset[str] = switches.names(DECODE_ENV, DECODE_PARTS, "the MoE de
 # slots not picked by the layer's own router among the table's experts (a top-k over its logits
 # cannot leave them, router_topk's neither, NaN logits included), "always" for every layer, as before
 SLOT_CHECK = switches.choice("SPARKD_MOE_SLOT_CHECK", ("router", "always"), "router")
+# a prompt's experts through kernels/slab_gemm (moe_prefill's slab; SPARKD_SLAB_GEMM's type) where the layer's rows
+# per expert (tokens times experts a token over the table's experts) reach this: each expert with rows pays a copy of
+# its weights' values, which the tensor cores repay over enough rows (session 46)
+SLAB_EXPERT_ROWS = 128
 
 
 class Router(nn.Module):
@@ -197,11 +201,12 @@ class MoE(nn.Module):
             # the integer GEMM quantizes x itself (to the values round_activations gives)
             int_gu = int_gemm(layer.prepared.gate_up, linear.PREFILL_PRECISION)
             h = (x if int_gu else round_activations(x, layer.act_gate)).float().contiguous()
-            n_out = getattr(self.router.gate, "out_features", None)
-            in_range = picked and n_out == layer.prepared.gate_off.numel()
+            n = layer.prepared.gate_off.numel()
+            in_range = picked and getattr(self.router.gate, "out_features", None) == n
+            slab = linear.slab_type(h) if ids.numel() >= SLAB_EXPERT_ROWS * n else None
             out = moe_prefill(layer.prepared, h, ids, w, self.kernel_act, linear.PREFILL_PRECISION,
                               _rounder(layer.act_down), check_slots=SLOT_CHECK == "always" or not in_range,
-                              bias=layer.bias)
+                              bias=layer.bias, slab=slab)
             return out if residual is None else residual + out
         rows = []
         for t in range(x.shape[0]):  # one token at a time through the fused decode kernels
