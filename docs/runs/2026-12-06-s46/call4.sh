@@ -15,24 +15,24 @@ M=/var/tmp/deepseek-v3-5l-16e-Q4_K.gguf; Q=/var/tmp/qwen3-30b-a3b-12l-Q4_K.gguf
 (nice -n 10 python3 -m sparkd.engine.cli make-model $M --preset deepseek-v3 --experts 16 --layers 5 --quant Q4_K --quiet
  nice -n 10 python3 -m sparkd.engine.cli make-model $Q --preset qwen3-30b-a3b --layers 12 --quant Q4_K --quiet) \
   > $R/make.log 2>&1 & MK=$!
-timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/engine/test_slab_gemm.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/engine/test_slab_gemm.py \
   tests/engine/test_kernels.py -k "slab or moe_prefill or int8_moe or kernel_linear or dequantize" \
   > $R/t_slab.txt 2>&1
 log "tests slab rc $? $(tail -n 1 $R/t_slab.txt)"; grep -E "^(FAILED|ERROR)|slab experts" $R/t_slab.txt | head -20 >> $OUT/log.txt
-timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/engine/test_kernel_engine.py \
-  tests/engine/test_prompt_chunks.py tests/engine/test_moe_tiled.py tests/engine/test_cuda_graphs.py \
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/engine/test_kernel_engine.py \
+  tests/engine/test_prompt_chunks.py tests/engine/test_moe_tiled.py \
   > $R/t_engine.txt 2>&1
 log "tests engine rc $? $(tail -n 1 $R/t_engine.txt)"; grep -E "^(FAILED|ERROR)" $R/t_engine.txt | head -20 >> $OUT/log.txt
 snap
 wait $MK; log "made $(ls -la $M $Q | awk '{print $5}' | tr '\n' ' ')"
-for n in 8000 2000 512; do
-  timeout 120 python3 bench/gpu_box/prompt_profile.py $M --tokens $n --top 10 \
+for n in 8000 2000; do
+  timeout 100 python3 bench/gpu_box/prompt_profile.py $M --tokens $n --top 10 \
     --ways mha,mha:off:float32,mha:::1000000000,mha --json $R/v3_$n.json > $R/v3_$n.txt 2>&1
   log "v3 $n rc $?"; grep -v Warn $R/v3_$n.txt | grep -v "^  " >> $OUT/log.txt
 done
 snap
-for n in 2000 512; do
-  timeout 120 python3 bench/gpu_box/prompt_profile.py $Q --tokens $n --top 10 \
+for n in 2000; do
+  timeout 100 python3 bench/gpu_box/prompt_profile.py $Q --tokens $n --top 10 \
     --ways mha,mha:off,mha:::1000000000,mha --json $R/q3_$n.json > $R/q3_$n.txt 2>&1
   log "qwen3 $n rc $?"; grep -v Warn $R/q3_$n.txt | grep -v "^  " >> $OUT/log.txt
 done
