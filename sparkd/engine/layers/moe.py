@@ -47,9 +47,11 @@ DECODE_ON: frozenset[str] = switches.names(DECODE_ENV, DECODE_PARTS, "the MoE de
 # cannot leave them, router_topk's neither, NaN logits included), "always" for every layer, as before
 SLOT_CHECK = switches.choice("SPARKD_MOE_SLOT_CHECK", ("router", "always"), "router")
 # a prompt's experts through kernels/slab_gemm (moe_prefill's slab; SPARKD_SLAB_GEMM's type) where the layer's rows
-# per expert (tokens times experts a token over the table's experts) reach this: each expert with rows pays a copy of
-# its weights' values, which the tensor cores repay over enough rows (session 46)
-SLAB_EXPERT_ROWS = 128
+# per expert (tokens times experts a token over the table's experts) reach this (session 46): each expert with rows
+# pays a copy of its weights' values and ~25 launches from the host. H100, the 4-layer gpt-oss-20b file (32 experts,
+# top 4): 8000 tokens (1000 rows an expert) 143 -> 77-87 ms, 2000 tokens (250) 43 -> 85-110 ms, the host's launches
+# the bound; the 5-layer DeepSeek-V3-shaped model (16 experts, top 8) at 2000 tokens (1000) 85 -> 49-56 ms
+SLAB_EXPERT_ROWS = 512
 
 
 class Router(nn.Module):
