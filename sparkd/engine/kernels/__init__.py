@@ -1,5 +1,6 @@
 """Triton kernels that multiply straight from GGUF quant blocks (one file per quant family, generic
-GEMV in matmul.py, the prefill GEMMs in prefill_gemm.py, fused MoE decode in moe.py, the family
+GEMV in matmul.py, the prefill GEMMs in prefill_gemm.py (a long prompt's: slab_gemm.py, cuBLAS over 16-bit slabs of
+the dequantized weight), fused MoE decode in moe.py, the family
 table in dispatch.py), and the fused decode kernels that replace runs of small torch kernels on CUDA
 (rms_norm.py, rope_kv.py, decode_attention.py with grouped_attention.py: its default, a KV head's query heads in one
 program, rope_attention.py: rope_kv and the attention in one launch, router_topk.py; switched in fused.py)."""
