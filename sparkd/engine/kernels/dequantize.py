@@ -46,12 +46,7 @@ def dequantize(weight: torch.Tensor, qtype, shape: tuple[int, int], ids: torch.T
     what = f"the {qtype.name} dequantization"
     fam = dispatch.family(qtype)
     rows, cols = shape
-    row_bytes = dispatch.check_cols(fam, cols, what)
-    dispatch.check_weight(weight, what, fam.align)
-    if weight.numel() != rows * row_bytes or rows % fam.row_tile:
-        raise dispatch.KernelArgumentError(f"could not run {what}: need {rows * row_bytes} weight bytes in whole "
-                                           f"tiles of {fam.row_tile} rows for [{rows}, {cols}], got "
-                                           f"{weight.numel()} bytes")
+    row_bytes = dispatch.check_matrix(weight, fam, shape, what)
     if ids is not None and (ids.dim() != 1 or ids.dtype.is_floating_point or ids.is_complex()
                             or ids.device != weight.device):
         raise dispatch.KernelArgumentError(f"could not run {what}: row ids must be integers [n] on {weight.device}, "

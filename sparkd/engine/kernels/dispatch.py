@@ -79,6 +79,18 @@ def check_cols(fam: Family, cols: int, what: str) -> int:
     return fam.row_bytes(cols)
 
 
+def check_matrix(weight: torch.Tensor, fam: Family, shape: tuple[int, int], what: str) -> int:
+    """Bytes per row of W [rows, cols] given as exactly its raw blocks in whole row tiles (dequantize's and slab_gemm's
+    weight)."""
+    rows, cols = shape
+    row_bytes = check_cols(fam, cols, what)
+    check_weight(weight, what, fam.align)
+    if weight.numel() != rows * row_bytes or rows % fam.row_tile:
+        raise KernelArgumentError(f"could not run {what}: need {rows * row_bytes} weight bytes in whole tiles of "
+                                  f"{fam.row_tile} rows for [{rows}, {cols}], got {weight.numel()} bytes")
+    return row_bytes
+
+
 def check_activations(x: torch.Tensor, cols: int, what: str) -> None:
     if x.dtype != torch.float32:
         raise KernelArgumentError(f"could not run {what}: activations must be float32, got {x.dtype}")

@@ -51,14 +51,12 @@ def slab_gemm(weight: torch.Tensor, qtype, shape: tuple[int, int], x: torch.Tens
                                            f"{', '.join(map(str, SLAB_TYPES.values()))}")
     fam = dispatch.family(qtype)
     rows, cols = shape
-    row_bytes = dispatch.check_cols(fam, cols, what)
-    dispatch.check_weight(weight, what, fam.align)
-    if weight.numel() != rows * row_bytes or rows <= 0 or rows % fam.row_tile:
-        raise dispatch.KernelArgumentError(f"could not run {what}: need {rows * row_bytes} weight bytes in whole "
-                                           f"tiles of {fam.row_tile} rows for [{rows}, {cols}], got {weight.numel()}")
+    row_bytes = dispatch.check_matrix(weight, fam, shape, what)
     dispatch.check_activations(x, cols, what)
     if x.dim() != 2:
         raise dispatch.KernelArgumentError(f"could not run {what}: need x [T, {cols}], got {list(x.shape)}")
+    if rows == 0:
+        return torch.empty(x.shape[0], 0, dtype=torch.float32, device=x.device)
     xh = x.to(dtype)
     step = slab_rows(fam, rows, cols, slab_bytes)
     y = None if step == rows else torch.empty(x.shape[0], rows, dtype=torch.float32, device=x.device)
