@@ -46,11 +46,12 @@ DECODE_ON: frozenset[str] = switches.names(DECODE_ENV, DECODE_PARTS, "the MoE de
 # slots not picked by the layer's own router among the table's experts (a top-k over its logits
 # cannot leave them, router_topk's neither, NaN logits included), "always" for every layer, as before
 SLOT_CHECK = switches.choice("SPARKD_MOE_SLOT_CHECK", ("router", "always"), "router")
-# a prompt's experts through kernels/slab_gemm (moe_prefill's slab; SPARKD_SLAB_GEMM's type) where the layer's rows
-# per expert (tokens times experts a token over the table's experts) reach this (session 46): each expert with rows
-# pays a copy of its weights' values and ~25 launches from the host. H100, the 4-layer gpt-oss-20b file (32 experts,
-# top 4): 8000 tokens (1000 rows an expert) 143 -> 77-87 ms, 2000 tokens (250) 43 -> 85-110 ms, the host's launches
-# the bound; the 5-layer DeepSeek-V3-shaped model (16 experts, top 8) at 2000 tokens (1000) 85 -> 49-56 ms
+# a prompt's quantized experts (not F16 / BF16 ones, whose values bfloat16 would round) through kernels/slab_gemm
+# (moe_prefill's slab; SPARKD_SLAB_GEMM's type) where the layer's rows per expert (tokens times experts a token over
+# the table's experts) reach this (session 46): each expert with rows pays a copy of its weights' values and ~25
+# launches from the host. H100, the 4-layer gpt-oss-20b file (32 experts, top 4): 8000 tokens (1000 rows an expert)
+# 143 -> 77-87 ms, 2000 tokens (250) 43 -> 85-110 ms, the host's launches the bound; the 5-layer DeepSeek-V3-shaped
+# model (16 experts, top 8) at 2000 tokens (1000) 85 -> 49-56 ms
 SLAB_EXPERT_ROWS = 512
 
 
@@ -205,7 +206,9 @@ class MoE(nn.Module):
             h = (x if int_gu else round_activations(x, layer.act_gate)).float().contiguous()
             n = layer.prepared.gate_off.numel()
             in_range = picked and getattr(self.router.gate, "out_features", None) == n
-            slab = linear.slab_type(h) if ids.numel() >= SLAB_EXPERT_ROWS * n else None
+            types = {layer.prepared.gate_up.qtype.name, layer.prepared.down.qtype.name}
+            quantized = not types & set(linear.HALF_VALUES)
+            slab = linear.slab_type(h) if quantized and ids.numel() >= SLAB_EXPERT_ROWS * n else None
             out = moe_prefill(layer.prepared, h, ids, w, self.kernel_act, linear.PREFILL_PRECISION,
                               _rounder(layer.act_down), check_slots=SLOT_CHECK == "always" or not in_range,
                               bias=layer.bias, slab=slab)
