@@ -40,8 +40,8 @@ HALF_VALUES = {"F16": torch.float16, "BF16": torch.bfloat16}  # the 16-bit types
 # layers/moe.py's SLAB_EXPERT_ROWS): "bf16" (default) kernels/slab_gemm, the blocks dequantized a slab of rows at a
 # time and cuBLAS on the 16-bit values, x rounded to them; "f16" the same in float16 (finer, float16's range); "off" the
 # GEMM above (PREFILL_PRECISION) at every row count, as under PREFILL_FLOAT_GEMM "kernel" (whose promise, a row's bits
-# whatever the row count, cuBLAS does not keep). H100, DeepSeek V3's dense shapes at 512 rows: 0.9-5.6x the integer
-# GEMM, 3.0-10.6x at 8000 (docs/performance.md, session 46)
+# whatever the row count, cuBLAS does not keep). H100, DeepSeek V3's dense shapes at 512 rows: 0.86-5.6x the
+# integer GEMM, 3.0-10.5x at 8000 (docs/performance.md, session 46)
 SLAB_GEMM = switches.choice("SPARKD_SLAB_GEMM", (*SLAB_TYPES, "off"), "bf16")
 SLAB_MIN_ROWS = 512
 
