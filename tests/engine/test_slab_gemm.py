@@ -200,6 +200,17 @@ def test_slab_experts_are_the_experts_over_16_bit_values(backend, gu_type, d_typ
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_prefill_refuses_a_slab_type_it_cannot_multiply(backend):
+    """A slab type outside SLAB_TYPES is refused before any launch, with the types it takes."""
+    table, *_ = arena_table(T.Q8_0, T.Q8_0, 64, 32, 2, backend)
+    x, slots, w = torch.randn(3, 64, device=backend), torch.zeros(3, 1, dtype=torch.int64, device=backend), \
+        torch.ones(3, 1, device=backend)
+    with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the MoE prefill kernels: slab torch.float32 "
+                                                            r"is not one of torch.bfloat16, torch.float16"):
+        moe_prefill(prepare(table, backend), x, slots, w, slab=torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_moe_layer_takes_the_slab_experts_from_its_rows_per_expert(backend, tmp_path, monkeypatch):
     """A MoE layer's prompt runs its experts through slab_gemm where its rows per expert reach SLAB_EXPERT_ROWS on
     CUDA, within 2e-2 of the integer GEMMs' logits with the same pick; fewer rows, SLAB_GEMM "off" and the CPU never."""

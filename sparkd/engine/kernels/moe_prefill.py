@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import act_quant, dispatch, prefill_gemm
+from sparkd.engine.kernels import SLAB_TYPES, act_quant, dispatch, prefill_gemm
 from sparkd.engine.kernels.moe import OAI_ALPHA, OAI_LIMIT, Act, ExpertTable, PreparedTable, act_args, prepare
 from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, gemm, grouped_gemm, int_gemm
 from sparkd.engine.kernels.slab_gemm import slab_gemm
@@ -183,25 +183,34 @@ def _slab_experts(p: PreparedTable, x: torch.Tensor, keys: torch.Tensor, order: 
     its rows, x and the activations rounded to dtype; then the grouped way's combine. One host sync a layer (the rows
     each expert has); what a prompt of many rows an expert pays for: a copy of its weights' values each call. Rows
     of a slot outside the table (unchecked slots) are left zero."""
-    table = p.table
-    D, F, n = table.dim, table.width, len(table)
+    n = len(p.table)
     tok = order // top_k
     counts = torch.bincount(keys, minlength=n)[:n].tolist()  # the sync
-    gu_span, d_span = F * p.gate_up.row_bytes(D), D * p.down.row_bytes(F)
-    out = torch.zeros(keys.numel(), D, dtype=torch.float32, device=x.device)
+    out = torch.zeros(keys.numel(), p.table.dim, dtype=torch.float32, device=x.device)
     first = 0
     for e, rows in enumerate(counts):
         if rows:
             h = x.index_select(0, tok[first:first + rows])
-            go, uo, do = table.gate_offsets[e], table.up_offsets[e], table.down_offsets[e]
-            g = slab_gemm(table.gate[go:go + gu_span], p.gate_up.qtype, (F, D), h, dtype)
-            u = slab_gemm(table.up[uo:uo + gu_span], p.gate_up.qtype, (F, D), h, dtype)
-            if bias is not None:
-                g, u = g + bias[e, :F], u + bias[e, F:2 * F]
-            o = slab_gemm(table.down[do:do + d_span], p.down.qtype, (D, F), _act_torch(g, u, act), dtype)
-            out[first:first + rows] = o if bias is None else o + bias[e, 2 * F:]
+            out[first:first + rows] = _expert(p.table, p.gate_up, p.down, e, h, act, bias,
+                                              lambda w, qtype, shape, a: slab_gemm(w, qtype, shape, a, dtype))
         first += rows
     return _weighted_sum(out, order, route_weights)
+
+
+def _expert(table: ExpertTable, gate_up: dispatch.Family, down: dispatch.Family, e: int, h: torch.Tensor, act: Act,
+            bias: torch.Tensor | None, product: Callable, round_h: Callable | None = None) -> torch.Tensor:
+    """Expert e of the table over its rows h [t, D] -> [t, D]: down(act(gate h, up h)) with its biases (bias: the
+    table's, or None), each product(raw blocks, qtype, shape, x) float32; round_h: the down's input rounded first."""
+    D, F = table.dim, table.width
+    gu_span, d_span = F * gate_up.row_bytes(D), D * down.row_bytes(F)
+    go, uo, do = (int(o[e]) for o in (table.gate_offsets, table.up_offsets, table.down_offsets))
+    g = product(table.gate[go:go + gu_span], gate_up.qtype, (F, D), h)
+    u = product(table.up[uo:uo + gu_span], gate_up.qtype, (F, D), h)
+    if bias is not None:
+        g, u = g + bias[e, :F], u + bias[e, F:2 * F]
+    a = _act_torch(g, u, act)
+    out = product(table.down[do:do + d_span], down.qtype, (D, F), (a if round_h is None else round_h(a)).contiguous())
+    return out if bias is None else out + bias[e, 2 * F:]
 
 
 def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torch.Tensor, route_weights: torch.Tensor,
@@ -233,6 +242,9 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         raise dispatch.KernelArgumentError(
             f"could not run {what}: need x [T, {table.dim}], slots and route weights [T, A], got x "
             f"{list(x.shape)}, slots {list(slots.shape)}, weights {list(route_weights.shape)}")
+    if slab is not None and slab not in SLAB_TYPES.values():
+        raise dispatch.KernelArgumentError(f"could not run {what}: slab {slab} is not one of "
+                                           f"{', '.join(map(str, SLAB_TYPES.values()))} (or None: no slabs)")
     n = p.gate_off.numel()
     if check_slots or PREFILL != "grouped":
         low, high = torch.stack(torch.aminmax(slots)).tolist() if slots.numel() else (0, 0)  # one sync
@@ -269,20 +281,11 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
         if b is not None:
             out += b[:, 2 * F:]
         return _weighted_sum(out, order, route_weights)
-    gu_span, d_span = F * fgu.row_bytes(D), D * fd.row_bytes(F)
     y = torch.zeros_like(x)
+    round_down = None if int_gemm(fd, precision) else round_h  # the integer GEMM quantizes h itself
     for j in torch.unique(slots).tolist():
         tok, k = (slots == j).nonzero(as_tuple=True)
-        h = x.index_select(0, tok)  # [t, D]
-        go, uo, do = (int(o[j]) for o in (table.gate_offsets, table.up_offsets, table.down_offsets))
-        g = gemm(table.gate[go:go + gu_span], fgu.qtype, (F, D), h, precision)
-        u = gemm(table.up[uo:uo + gu_span], fgu.qtype, (F, D), h, precision)
-        if bias is not None:
-            g, u = g + bias[j, :F], u + bias[j, F:2 * F]
-        h = _act_torch(g, u, act)
-        h = h if round_h is None or int_gemm(fd, precision) else round_h(h)
-        out = gemm(table.down[do:do + d_span], fd.qtype, (D, F), h.contiguous(), precision)
-        if bias is not None:
-            out += bias[j, 2 * F:]
+        out = _expert(table, fgu, fd, j, x.index_select(0, tok), act, bias,
+                      lambda w, qtype, shape, h: gemm(w, qtype, shape, h, precision), round_down)
         y.index_add_(0, tok, out * route_weights[tok, k, None])
     return y
