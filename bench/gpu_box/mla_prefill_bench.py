@@ -6,8 +6,8 @@ from the query's nope and rope parts and the cached latent and rope rows to the 
 - "sdpa": the same absorbed rows through attend_sdpa (torch's memory-efficient kernel; the latent row repeated
   for every head);
 - "mha": the latent rows expanded to per-head keys (128 nope + 64 rope) and values (128) through wk_b and wv_b, then
-  attend_sdpa: the attention at 192/128 wide instead of 576/512, for the expansion's S x 512 x H x 256 GEMMs;
-  (the engine's under SPARKD_SDPA_PRECISION=float32, or over float32 rows);
+  attend_sdpa: the attention at 192/128 wide instead of 576/512, for the expansion's S x 512 x H x 256 GEMMs (the
+  engine's under SPARKD_SDPA_PRECISION=float32, or over float32 rows);
 - "mha-half" (session 45; the engine's default since session 46): the expansion over float16 rows as they are, float16
   keys and values, attend_sdpa's half path (SPARKD_SDPA_PRECISION=half, the default).
 

@@ -146,10 +146,10 @@ class KernelLinear(nn.Module):
         h = x.reshape(-1, self.shape[1]).float().contiguous()
         if h.shape[0] == 1:
             y = self._gemv(h[0], self._quantized(x))[None]
-        elif self._slab(h):
+        elif (dtype := self._slab(h)) is not None:
             from sparkd.engine.kernels.slab_gemm import slab_gemm
 
-            y = slab_gemm(self.raw, self.qtype, self.shape, h, slab_type(h))
+            y = slab_gemm(self.raw, self.qtype, self.shape, h, dtype)
         else:
             qx = self._gemm_qx(h)  # the integer GEMM: x quantized once, for every part
             if qx is not None and (len(self.parts) == 1 or PREFILL_STACK == "one"):
@@ -239,9 +239,12 @@ class KernelLinear(nn.Module):
                                            one_launch)
         return self._gemv_configs[on_cuda]
 
-    def _slab(self, h: torch.Tensor) -> bool:
-        """Whether h's GEMM runs slab_gemm (slab_type): quantized blocks, a long prompt's rows."""
-        return slab_type(h) is not None and h.shape[0] >= SLAB_MIN_ROWS and self.qtype.name not in HALF_VALUES
+    def _slab(self, h: torch.Tensor) -> torch.dtype | None:
+        """The 16-bit type h's GEMM runs slab_gemm in (slab_type) where the blocks are quantized and h a long prompt's
+        rows, else None."""
+        if h.shape[0] < SLAB_MIN_ROWS or self.qtype.name in HALF_VALUES:
+            return None
+        return slab_type(h)
 
     def _gemm_qx(self, h: torch.Tensor):
         """h's QuantX where the GEMM runs integer (prefill_gemm.int_gemm), else None."""

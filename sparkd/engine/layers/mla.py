@@ -88,7 +88,7 @@ class MLAttention(nn.Module):
             q_pe = apply_rope(q_pe, cos, sin, self.rope.neox)
         k_new = torch.cat([latent[:, None, :], k_pe], dim=-1)  # [T, 1, R + P]
         k_all, _, start = cache.append(self.il, pos, k_new, None)
-        if T >= MHA_ROWS and keep is None and x.device.type in MHA_DEVICES and MLA_PROMPT != "absorbed":
+        if T >= MHA_ROWS and keep is None and x.device.type in MHA_DEVICES and MLA_PROMPT == "mha":
             o = self._expanded(q_nope, q_pe, k_all, start, cache.masks)
         else:
             o = self._absorbed(q_nope, q_pe, k_all, start, keep, pos, cache)
