@@ -164,6 +164,33 @@ def test_a_prompt_graph_replays_the_slab_gemm(tmp_path, monkeypatch):
         m.close()
 
 
+@pytest.mark.gpu
+def test_a_prompt_graph_keeps_the_grouped_experts(tmp_path, monkeypatch):
+    """The slab experts' host sync cannot be captured (session 47): where a prompt graph's rows an expert reach
+    SLAB_EXPERT_ROWS, its capture keeps the grouped integer GEMMs (no capture given up; the padded forward's bits
+    without the slab experts), while the same padded forward run eagerly takes the slabs (other bits)."""
+    from sparkd.engine.layers import moe as moe_layer
+    from sparkd.engine.make_model import plan, write_model
+    from sparkd.engine.modelgen.specs import TINY
+    from sparkd.engine.models import load_model
+    from sparkd.engine.prompt_graphs import PromptForward
+
+    shape = TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
+    m = load_model(write_model(tmp_path / "q.gguf", plan(shape, "Q4_K"), seed=3)[0], device="cuda")
+    tokens = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(70)])  # bucket 80
+    try:
+        runs = {}
+        for mode, rows in (("graphs", 1), ("padded", 10 ** 9), ("padded", 1)):
+            monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", rows)
+            forward = PromptForward(m.net, m.net.new_cache(256), mode)
+            runs[mode, rows] = forward(tokens, last=True)
+            assert not forward.failed
+    finally:
+        m.close()
+    assert torch.equal(runs["graphs", 1], runs["padded", 10 ** 9])
+    assert not torch.equal(runs["padded", 1], runs["padded", 10 ** 9])
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # the interpreter's sigmoid of -large
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("gu_type, d_type, act, biased", [(T.Q4_K, T.Q6_K, "silu", False),
@@ -197,6 +224,64 @@ def test_slab_experts_are_the_experts_over_16_bit_values(backend, gu_type, d_typ
         assert torch.isfinite(moe_prefill(*big, slab=torch.bfloat16)).all()
         assert not torch.isfinite(moe_prefill(*big, slab=torch.float16)).all()
     assert err["bf16"] < EXPERT_BOUND["bf16"] and err["f16"] < EXPERT_BOUND["f16"] and err["f16"] < err["bf16"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dequantize_experts_is_each_experts_dequantization(backend):
+    """dequantize_experts (session 47): several experts' matrices at their byte offsets in one launch, each the bits
+    dequantize gives it alone, into halves of one [n, 2 rows, cols] buffer (gate | up) as moe_prefill's slabs take
+    them; the other half and the experts not asked for untouched."""
+    from sparkd.engine.kernels.dequantize import dequantize, dequantize_experts
+
+    table, *_ = arena_table(T.Q4_K, T.Q6_K, 256, 256, 4, backend)
+    fam = dispatch.FAMILIES[T.Q4_K]
+    span = 256 * fam.row_bytes(256)
+    pick = [3, 0, 2]
+    offsets = torch.tensor([table.gate_offsets[e] for e in pick], device=backend)
+    for dtype in (torch.bfloat16, torch.float32):
+        out = torch.full((3, 512, 256), 7.0, dtype=dtype, device=backend)
+        assert dequantize_experts(table.gate, offsets, T.Q4_K, (256, 256), out[:, :256]) is not None
+        for j, e in enumerate(pick):
+            at = table.gate_offsets[e]
+            assert torch.equal(out[j, :256], dequantize(table.gate[at:at + span], T.Q4_K, (256, 256), dtype=dtype))
+        assert bool((out[:, 256:] == 7.0).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dequantize_experts_refuses_what_it_cannot_write(backend):
+    """Bad offsets or outputs: the clear error, and the output untouched."""
+    from sparkd.engine.kernels.dequantize import dequantize_experts
+
+    table, *_ = arena_table(T.Q4_K, T.Q6_K, 256, 256, 2, backend)
+    offsets = torch.tensor(table.gate_offsets, device=backend)
+    out = torch.zeros(2, 256, 512, dtype=torch.bfloat16, device=backend)
+    cases = [(offsets.int(), out[:, :, :256]), (offsets, out), (offsets, out[:, :, ::2]),
+             (offsets, out[:, :, :256].to(torch.int32)), (offsets[:1], out[:, :, :256])]
+    for offs, o in cases:
+        with pytest.raises(dispatch.KernelArgumentError, match=r"could not run the Q4_K dequantization of experts: "
+                                                                r"need int64 offsets \[n\] and out \[n, 256, 256\]"):
+            dequantize_experts(table.gate, offs, T.Q4_K, (256, 256), o)
+    assert not out.any()
+    with pytest.raises(dispatch.KernelArgumentError, match="200 columns is not a positive multiple"):
+        dequantize_experts(table.gate, offsets, T.Q4_K, (256, 200), out[:, :, :200])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slab_experts_in_batches_are_the_slabs_at_once(backend, monkeypatch):
+    """moe_prefill's slab experts taken a batch of one expert's weights at a time (EXPERT_SLAB_BYTES below one
+    expert's) give the bits of all experts in one batch (each row's products the same grouped GEMM's)."""
+    table, *_ = arena_table(T.Q4_K, T.Q6_K, 256, 256, 5, backend)
+    x, w = torch.randn(20, 256, device=backend) * 1e-3, torch.rand(20, 2, device=backend)
+    slots = torch.stack([torch.randperm(4)[:2] for _ in range(20)]).to(backend)  # expert 4: no rows
+    args = (prepare(table, backend), x, slots, w, "silu", "int8")
+    whole = moe_prefill(*args, slab=torch.bfloat16)
+    monkeypatch.setattr(prefill_moe, "EXPERT_SLAB_BYTES", 1)
+    ones = moe_prefill(*args, slab=torch.bfloat16)
+    if backend == "cuda":  # cuBLAS-class tiles of another group count: the same products, maybe summed apart
+        assert float((ones - whole).norm() / whole.norm()) < 1e-6
+    else:
+        assert torch.equal(ones, whole)
+    assert not torch.equal(whole, moe_prefill(*args))  # the integer GEMMs' differ: the slabs ran
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,6 +1,7 @@
-"""A matrix's blocks, or some of its rows, as float32 values on the device in one launch: for products the kernels do
-not run (MLA's prompt contracts its per-head k matrices along their rows: KernelLinear.dense) and for the token
-embedding's lookups (layers/embedding.py). Each program writes BLOCK_N rows of one 256-value group through the
+"""A matrix's blocks, or some of its rows, or several experts' matrices (dequantize_experts), as float32 or 16-bit
+values on the device in one launch: for products the kernels do not run (MLA's prompt contracts its per-head k
+matrices along their rows: KernelLinear.dense; the slab GEMMs, slab_gemm.py and moe_prefill's experts) and for the
+token embedding's lookups (layers/embedding.py). Each program writes BLOCK_N rows of one 256-value group through the
 family's dequant, the GEMM's tile (so every layout the kernels read works).
 
 Session 35: the float GEMM times the identity did the same at ~1 and ~15 ms for DeepSeek V3's attn_k_b (Q5_0) and
@@ -20,8 +21,13 @@ BLOCK_N = 16
 
 
 @triton.jit
-def _dequantize_kernel(w_ptr, aux_ptr, ids_ptr, y_ptr, N, M, K, row_bytes, DEQ: tl.constexpr, NSUB: tl.constexpr,
-                       SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, GATHER: tl.constexpr):
+def _dequantize_kernel(w_ptr, aux_ptr, ids_ptr, off_ptr, y_ptr, N, M, K, row_bytes, stride_ye, DEQ: tl.constexpr,
+                       NSUB: tl.constexpr, SUBLEN: tl.constexpr, BLOCK_N: tl.constexpr, GATHER: tl.constexpr,
+                       EXPERTS: tl.constexpr):
+    if EXPERTS:  # matrix program_id(2) of several: its blocks at byte off[j] of w, its values at y + j * stride_ye
+        j = tl.program_id(2)
+        w_ptr += tl.load(off_ptr + j)
+        y_ptr += j.to(tl.int64) * stride_ye
     out = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None, None]  # [BN, 1, 1]: y's rows
     omask = out < M
     if GATHER:  # y's row i is W's row ids[i]; ids outside W read nothing and come back as zeros
@@ -56,7 +62,36 @@ def dequantize(weight: torch.Tensor, qtype, shape: tuple[int, int], ids: torch.T
     if n == 0:
         return y
     grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(cols, fam.nsub * fam.sublen))
-    _dequantize_kernel[grid](weight, aux_arg(fam, cols, weight.device), y if ids is None else ids.contiguous(), y,
-                             rows, n, cols, row_bytes, DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
-                             BLOCK_N=BLOCK_N, GATHER=ids is not None, num_warps=4)
+    _dequantize_kernel[grid](weight, aux_arg(fam, cols, weight.device), y if ids is None else ids.contiguous(), y, y,
+                             rows, n, cols, row_bytes, 0, DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
+                             BLOCK_N=BLOCK_N, GATHER=ids is not None, EXPERTS=False, num_warps=4)
     return y
+
+
+def dequantize_experts(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape: tuple[int, int],
+                       out: torch.Tensor) -> torch.Tensor:
+    """Several matrices of one shape in one launch (moe_prefill's expert slabs): W_j [rows, cols] the raw blocks at
+    byte offsets[j] of weight (int64 [n] on its device, each checked by the caller to leave W_j inside weight: a
+    PreparedTable's), their values into out [n, rows, cols] (float32 or SLAB_TYPES', each row contiguous; a view such
+    as half of a [n, 2 rows, cols] buffer). Returns out."""
+    what = f"the {qtype.name} dequantization of experts"
+    fam = dispatch.family(qtype)
+    rows, cols = shape
+    row_bytes = dispatch.check_cols(fam, cols, what)
+    dispatch.check_weight(weight, what, fam.align)
+    n = offsets.numel()
+    if (offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.device != weight.device or out.dim() != 3
+            or out.shape != (n, rows, cols) or out.stride()[1:] != (cols, 1) or out.device != weight.device
+            or out.dtype not in (torch.float32, torch.bfloat16, torch.float16) or rows % fam.row_tile):
+        raise dispatch.KernelArgumentError(
+            f"could not run {what}: need int64 offsets [n] and out [n, {rows}, {cols}] (float32 or 16-bit, rows "
+            f"contiguous, rows a multiple of {fam.row_tile}) on {weight.device}, got offsets {offsets.dtype} "
+            f"{list(offsets.shape)} on {offsets.device}, out {out.dtype} {list(out.shape)} strides "
+            f"{list(out.stride())} on {out.device}")
+    if n == 0 or rows == 0:
+        return out
+    grid = (triton.cdiv(rows, BLOCK_N), triton.cdiv(cols, fam.nsub * fam.sublen), n)
+    _dequantize_kernel[grid](weight, aux_arg(fam, cols, weight.device), out, offsets.contiguous(), out, rows, rows,
+                             cols, row_bytes, out.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
+                             BLOCK_N=BLOCK_N, GATHER=False, EXPERTS=True, num_warps=4)
+    return out
