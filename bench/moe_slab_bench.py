@@ -1,12 +1,14 @@
 """A MoE layer's prompt on CUDA, moe_prefill's two ways side by side in one process: the grouped integer GEMMs ("int8",
-three launches a layer) and the experts' 16-bit slabs (session 47: "slab" at moe_prefill.EXPERT_SLAB_BYTES, "slab-MiB"
-at that many MiB a batch), at model shapes and several prompt lengths: median ms of CUDA-event-timed calls (a slab
-call's host sync inside), the speed-up over the first way, the rows an expert, and each way's relative error against
-float64 over the blocks' values (the first --check tokens).
+three launches a layer) and the experts' 16-bit slabs (session 47: "slab" at kernels.EXPERT_SLAB_BYTES, "slab-MiB" at
+that many MiB of expert weights a range; "@bn/warps" after either: dequantize's BLOCK_N and WARPS), at model shapes and
+several prompt lengths: median ms of CUDA-event-timed calls (a host sync inside where the table takes several ranges),
+the speed-up over the first way, the rows an expert, and each way's relative error against float64 over the blocks'
+values (the first --check tokens).
 
 Random valid blocks in the layouts the engine keeps resident experts in (igemm_bench.LAYOUTS), one buffer per matrix
 kind, each token routed to top-k random experts (uniform: a real router's imbalance gives some experts more rows).
     PYTHONPATH=.:bench python3 bench/moe_slab_bench.py --models qwen3,gpt-oss --tokens 256,512,2000,8000
+    PYTHONPATH=.:bench python3 bench/moe_slab_bench.py --ways int8,slab,slab@32/4,slab@64/8,slab-256
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from igemm_bench import LAYOUTS
 from kernels_bench import events_seconds, random_blocks
 
-from sparkd.engine.kernels import dispatch, moe_prefill as prefill_moe
+from sparkd.engine.kernels import dequantize as dequant, dispatch, moe_prefill as prefill_moe
 from sparkd.engine.kernels.dequantize import dequantize
 from sparkd.engine.kernels.moe import ExpertTable, prepare
 
@@ -65,13 +67,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen3,gpt-oss", help=f"comma-separated: {', '.join(MODELS)}")
     ap.add_argument("--tokens", default="256,512,1000,2000,4000,8000")
-    ap.add_argument("--ways", default="int8,slab,slab-1024", help="int8, slab or slab-MiB; the first is the base")
+    ap.add_argument("--ways", default="int8,slab,slab-256", help="int8, slab or slab-MiB, each optionally @bn/warps; "
+                                                                    "the first is the base")
     ap.add_argument("--check", type=int, default=16, help="tokens compared against float64 (0: none)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--json")
     a = ap.parse_args()
     out = []
-    default_bytes = prefill_moe.EXPERT_SLAB_BYTES
+    defaults = prefill_moe.EXPERT_SLAB_BYTES, dequant.BLOCK_N, dequant.WARPS
     for name in a.models.split(","):
         D, F, n, top_k, gu_layout, d_layout, act, biased = MODELS[name]
         gate, gate_off, gu_type = matrices(gu_layout, n, F, D)
@@ -88,15 +91,17 @@ def main() -> int:
             ref = reference(table, x[:a.check], slots[:a.check], w[:a.check], act, bias) if a.check else None
             base = None
             for way in a.ways.split(","):
-                slab = None if way == "int8" else torch.bfloat16
-                prefill_moe.EXPERT_SLAB_BYTES = int(way.split("-")[1]) << 20 if "-" in way else default_bytes
+                kind, _, launch = way.partition("@")
+                slab = None if kind == "int8" else torch.bfloat16
+                prefill_moe.EXPERT_SLAB_BYTES = int(kind.split("-")[1]) << 20 if "-" in kind else defaults[0]
+                dequant.BLOCK_N, dequant.WARPS = (int(v) for v in launch.split("/")) if launch else defaults[1:]
                 run = lambda: prefill_moe.moe_prefill(p, x, slots, w, act, "int8", check_slots=False,  # noqa: E731
                                                       bias=bias, slab=slab)
                 try:
                     y = run()
                     s = events_seconds(run, a.repeats)
                 finally:
-                    prefill_moe.EXPERT_SLAB_BYTES = default_bytes
+                    prefill_moe.EXPERT_SLAB_BYTES, dequant.BLOCK_N, dequant.WARPS = defaults
                 base = s if base is None else base
                 r = {"model": name, "tokens": tokens, "rows_an_expert": tokens * top_k / n, "way": way,
                      "ms": s * 1e3, "speedup": base / s}

@@ -4,6 +4,8 @@ Under the interpreter on the CPU (the dequantization; the product widened there)
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
@@ -267,9 +269,10 @@ def test_dequantize_experts_refuses_what_it_cannot_write(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_slab_experts_in_batches_are_the_slabs_at_once(backend, monkeypatch):
-    """moe_prefill's slab experts taken a batch of one expert's weights at a time (EXPERT_SLAB_BYTES below one
-    expert's) give the bits of all experts in one batch (each row's products the same grouped GEMM's)."""
+def test_slab_experts_in_ranges_are_the_slabs_at_once(backend, monkeypatch):
+    """moe_prefill's slab experts a range of one expert at a time (EXPERT_SLAB_BYTES below one expert's weights: a host
+    sync for the ranges' rows; the expert without rows skipped) give the bits of the whole table in one range (no sync;
+    that expert an empty group), each row's products the same grouped GEMM's."""
     table, *_ = arena_table(T.Q4_K, T.Q6_K, 256, 256, 5, backend)
     x, w = torch.randn(20, 256, device=backend) * 1e-3, torch.rand(20, 2, device=backend)
     slots = torch.stack([torch.randperm(4)[:2] for _ in range(20)]).to(backend)  # expert 4: no rows
@@ -326,3 +329,46 @@ def test_a_moe_layer_takes_the_slab_experts_from_its_rows_per_expert(backend, tm
     assert torch.equal(logits["bf16", 3], logits["off", 2])  # too few rows: the integer GEMMs, their bits
     got, want = logits["bf16", 2], logits["off", 2]
     assert float((got - want).norm() / want.norm()) < 2e-2 and torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_the_plan_counts_the_slab_experts_on_cuda_from_their_rows(monkeypatch):
+    """slab_experts_bytes (session 47): on CUDA, from SLAB_EXPERT_ROWS rows an expert, every expert's 16-bit values
+    where they fit EXPERT_SLAB_BYTES (else that) and the routed rows' 16-bit copies, inside workspace_bytes; nothing on
+    the CPU or below the rows."""
+    from sparkd.engine.kernels import EXPERT_SLAB_BYTES
+    from sparkd.engine.layers import moe as moe_layer
+    from sparkd.engine.layers.rope import RopeConfig
+    from sparkd.engine.models.config import ModelConfig
+    from sparkd.engine.streaming.plan import slab_experts_bytes, workspace_bytes
+
+    cfg = ModelConfig("qwen3moe", 512, 256, 2, 256, 4, 2, 64, 64, 1e-6, RopeConfig(64, 1e4, True), n_expert=8, n_expert_used=2,
+                      n_ff_exp=256)
+    n, A = cfg.n_expert, cfg.n_expert_used
+    monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", 4)
+    T = 4 * n // A  # 4 rows an expert
+    assert slab_experts_bytes(cfg, T, cuda=True) == n * 3 * 256 * 256 * 2 + T * A * (256 + 3 * 256) * 2
+    assert slab_experts_bytes(cfg, T) == 0 and slab_experts_bytes(cfg, T - 1, cuda=True) == 0
+    assert workspace_bytes(cfg, T, T, cuda=True) - workspace_bytes(cfg, T, T) >= slab_experts_bytes(cfg, T, cuda=True)
+    big = dataclasses.replace(cfg, n_expert=8192)  # 3.2 GB of bf16
+    assert slab_experts_bytes(big, T * 1024, cuda=True) == EXPERT_SLAB_BYTES + T * 1024 * A * (256 + 3 * 256) * 2
+
+
+@pytest.mark.gpu
+def test_a_prompt_with_slab_experts_holds_at_most_the_plans_workspace(tmp_path, monkeypatch):
+    """A Q4_K MoE model's prompt whose rows an expert reach SLAB_EXPERT_ROWS runs its experts on slabs and holds at
+    most the plan's workspace (the slab term in it)."""
+    from test_attention_memory import chunk_peak
+
+    from sparkd.engine.kernels import moe_prefill as kernels_moe
+    from sparkd.engine.layers import moe as moe_layer
+    from sparkd.engine.make_model import plan, write_model
+    from sparkd.engine.modelgen.specs import TINY
+    from sparkd.engine.streaming.plan import workspace_bytes
+
+    calls = []
+    slab_experts = kernels_moe._slab_experts
+    monkeypatch.setattr(kernels_moe, "_slab_experts", lambda *a: calls.append(a[-1]) or slab_experts(*a))
+    shape = TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
+    monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", 4)
+    cfg, peak = chunk_peak(write_model(tmp_path / "q.gguf", plan(shape, "Q4_K"), seed=3)[0], 0, 64, "cuda")
+    assert calls and peak <= workspace_bytes(cfg, 64, 64, cuda=True), peak

@@ -13,3 +13,7 @@ INT8 = "int8"
 PRECISIONS = ("ieee", "tf32x3", "tf32", INT8)
 # slab_gemm's 16-bit types by SPARKD_SLAB_GEMM's names, here for the same reason
 SLAB_TYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+# moe_prefill's slab experts' scratch: the most 16-bit expert weights (gate, up and down) they dequantize at a time,
+# here so that the memory plan counts it without importing triton. Session 47, H100: a table that fits runs without
+# a host sync; Qwen3-30B-A3B's 128 experts take 1.2 GB of bf16, gpt-oss-20b's 32 1.6 GB
+EXPERT_SLAB_BYTES = 2 << 30

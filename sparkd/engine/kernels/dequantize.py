@@ -17,7 +17,7 @@ import triton.language as tl
 from sparkd.engine.kernels import dispatch
 from sparkd.engine.kernels.matmul import aux_arg
 
-BLOCK_N = 16
+BLOCK_N, WARPS = 16, 4  # rows a program (of one 256-value group), its warps
 
 
 @triton.jit
@@ -64,7 +64,7 @@ def dequantize(weight: torch.Tensor, qtype, shape: tuple[int, int], ids: torch.T
     grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(cols, fam.nsub * fam.sublen))
     _dequantize_kernel[grid](weight, aux_arg(fam, cols, weight.device), y if ids is None else ids.contiguous(), y, y,
                              rows, n, cols, row_bytes, 0, DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
-                             BLOCK_N=BLOCK_N, GATHER=ids is not None, EXPERTS=False, num_warps=4)
+                             BLOCK_N=BLOCK_N, GATHER=ids is not None, EXPERTS=False, num_warps=WARPS)
     return y
 
 
@@ -93,5 +93,5 @@ def dequantize_experts(weight: torch.Tensor, offsets: torch.Tensor, qtype, shape
     grid = (triton.cdiv(rows, BLOCK_N), triton.cdiv(cols, fam.nsub * fam.sublen), n)
     _dequantize_kernel[grid](weight, aux_arg(fam, cols, weight.device), out, offsets.contiguous(), out, rows, rows,
                              cols, row_bytes, out.stride(0), DEQ=fam.dequant, NSUB=fam.nsub, SUBLEN=fam.sublen,
-                             BLOCK_N=BLOCK_N, GATHER=False, EXPERTS=True, num_warps=4)
+                             BLOCK_N=BLOCK_N, GATHER=False, EXPERTS=True, num_warps=WARPS)
     return out

@@ -8,7 +8,6 @@ before session 9.
 
 from __future__ import annotations
 
-import itertools
 from typing import Callable
 
 import torch
@@ -16,7 +15,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine import switches
-from sparkd.engine.kernels import SLAB_TYPES, act_quant, dispatch, prefill_gemm
+from sparkd.engine.kernels import EXPERT_SLAB_BYTES, SLAB_TYPES, act_quant, dispatch, prefill_gemm
 from sparkd.engine.kernels.moe import OAI_ALPHA, OAI_LIMIT, Act, ExpertTable, PreparedTable, act_args, prepare
 from sparkd.engine.kernels.prefill_gemm import GEMM_BLOCK_T, GROUPED_BLOCK_TS, gemm, grouped_gemm, int_gemm
 from sparkd.engine.kernels.dequantize import dequantize_experts
@@ -32,8 +31,6 @@ PREFILL_TILE = switches.choice("SPARKD_MOE_PREFILL_TILE", ("auto", *map(str, GRO
 # the grouped way's glue around its GEMMs: "kernels" (session 10: expert_tiles one launch, the route
 # weights and each token's slot-ordered sum one combine launch) or "torch" (~40 torch ops a layer, as before)
 PREFILL_GLUE = switches.choice("SPARKD_MOE_PREFILL_GLUE", ("kernels", "torch"), "kernels")
-# _slab_experts' scratch: the most 16-bit expert weights (gate, up and down) a batch dequantizes at a time
-EXPERT_SLAB_BYTES = 256 << 20
 
 
 def tile_rows(gate_up: dispatch.Family, down: dispatch.Family, precision: str) -> int:
@@ -182,43 +179,42 @@ def _combine(out: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, weights
 def _slab_experts(p: PreparedTable, x: torch.Tensor, keys: torch.Tensor, order: torch.Tensor, top_k: int,
                   route_weights: torch.Tensor, act: Act, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """The grouped way's rows (keys: each row's expert, sorted; order: its (token, slot) pair) through 16-bit slabs
-    (sessions 46-47): the experts with rows taken in batches of EXPERT_SLAB_BYTES, each batch's gate | up and down
-    dequantized to dtype by one launch a matrix kind (dequantize_experts) and multiplied over its experts' rows by one
-    grouped GEMM each (torch._grouped_mm: cuBLAS-class tensor-core kernels for bf16 on sm90+; x and the activations
-    rounded to dtype, the products' sums returned in dtype); then the grouped way's combine. One host sync a layer (the
-    rows each expert has); what a prompt of many rows an expert pays for: a copy of its weights' values each call.
-    Rows of a slot outside the table (unchecked slots) are left zero."""
+    (sessions 46-47): the table's experts in ranges whose weights' values fit EXPERT_SLAB_BYTES, each range's gate | up
+    and down dequantized to dtype by one launch a matrix kind (dequantize_experts) and multiplied over its experts'
+    rows by one grouped GEMM each (torch._grouped_mm: CUTLASS's tensor-core kernels for bf16 on sm90+; x and the
+    activations rounded to dtype, the products' sums returned in dtype); then the grouped way's combine. A table that
+    fits is one range and syncs nowhere (a prompt graph could capture it); a larger one syncs once a layer, for its
+    ranges' rows. What a prompt of many rows an expert pays for: a copy of every expert's weights' values each call.
+    Rows of a slot outside the table (unchecked slots) come out zero."""
     table, n, D, F = p.table, len(p.table), p.table.dim, p.table.width
-    counts = torch.bincount(keys, minlength=n)[:n].tolist()  # the sync
-    used = [e for e in range(n) if counts[e]]
-    ends = list(itertools.accumulate(counts[e] for e in used))
-    out = torch.zeros(keys.numel(), D, dtype=torch.float32, device=x.device)
-    if not used:
-        return _weighted_sum(out, order, route_weights)
+    ends = torch.bincount(keys, minlength=n)[:n].cumsum(0)  # each expert's rows end
+    span = max(1, EXPERT_SLAB_BYTES // (3 * F * D * 2))  # experts a range
+    if span >= n:
+        ranges = [(0, n, 0, keys.numel())]
+    else:  # the sync: each range's rows
+        at = [0, *ends.tolist()]
+        ranges = [(e, min(e + span, n), at[e], at[min(e + span, n)]) for e in range(0, n, span)]
     xh, tok = x.to(dtype), order // top_k
-    step = max(1, EXPERT_SLAB_BYTES // (3 * F * D * 2))
-    starts = range(0, len(used), step)
-    # each used expert's id and its rows' end within its batch (grouped_mm's offs), one copy to the device
-    ends_in_batch = [ends[k] - (ends[j - 1] if j else 0) for j in starts for k in range(j, min(j + step, len(used)))]
-    ids, offs = torch.tensor([used, ends_in_batch], dtype=torch.int32).to(x.device)
-    for j in starts:
-        e, k = ids[j:j + step], min(j + step, len(used))
-        first, last = ends[j - 1] if j else 0, ends[k - 1]
-        w = torch.empty(e.numel(), 2 * F, D, dtype=dtype, device=x.device)
-        dequantize_experts(table.gate, p.gate_off.index_select(0, e), p.gate_up.qtype, (F, D), w[:, :F])
-        dequantize_experts(table.up, p.up_off.index_select(0, e), p.gate_up.qtype, (F, D), w[:, F:])
-        xs = xh.index_select(0, tok[first:last])  # the batch's rows
-        gu = torch._grouped_mm(xs, w.transpose(1, 2), offs=offs[j:k]).float()
+    out = torch.empty(keys.numel(), D, dtype=torch.float32, device=x.device)
+    for e0, e1, first, last in ranges:
+        if first == last:
+            continue
+        offs = (ends[e0:e1] - first).to(torch.int32)  # grouped_mm's: each expert's rows end within the range
+        w = torch.empty(e1 - e0, 2 * F, D, dtype=dtype, device=x.device)
+        dequantize_experts(table.gate, p.gate_off[e0:e1], p.gate_up.qtype, (F, D), w[:, :F])
+        dequantize_experts(table.up, p.up_off[e0:e1], p.gate_up.qtype, (F, D), w[:, F:])
+        gu = torch._grouped_mm(xh.index_select(0, tok[first:last]), w.transpose(1, 2), offs=offs).float()
         g, u = gu[:, :F], gu[:, F:]
-        b = None if bias is None else bias.index_select(0, keys[first:last])
+        b = None if bias is None else bias.index_select(0, keys[first:last].clamp(max=n - 1))
         if b is not None:
             g, u = g + b[:, :F], u + b[:, F:2 * F]
         h = _act_torch(g, u, act).to(dtype)
-        w = dequantize_experts(table.down, p.down_off.index_select(0, e), p.down.qtype, (D, F),
-                               torch.empty(e.numel(), D, F, dtype=dtype, device=x.device))
-        out[first:last] = torch._grouped_mm(h, w.transpose(1, 2), offs=offs[j:k])
+        w = dequantize_experts(table.down, p.down_off[e0:e1], p.down.qtype, (D, F),
+                               torch.empty(e1 - e0, D, F, dtype=dtype, device=x.device))
+        out[first:last] = torch._grouped_mm(h, w.transpose(1, 2), offs=offs)
         if b is not None:
             out[first:last] += b[:, 2 * F:]
+    out.masked_fill_((keys >= n)[:, None], 0.0)  # grouped_mm leaves the rows past its last group unwritten
     return _weighted_sum(out, order, route_weights)
 
 

@@ -210,7 +210,7 @@ class MoE(nn.Module):
             quantized = not types & set(linear.HALF_VALUES)
             slab = linear.slab_type(h) if quantized and ids.numel() >= SLAB_EXPERT_ROWS * n else None
             if slab is not None and torch.cuda.is_current_stream_capturing():
-                slab = None  # the slabs' host sync cannot be captured: a prompt graph keeps the grouped GEMMs
+                slab = None  # a prompt graph keeps the grouped GEMMs: the slabs' scratch would stay in its pool
             out = moe_prefill(layer.prepared, h, ids, w, self.kernel_act, linear.PREFILL_PRECISION,
                               _rounder(layer.act_down), check_slots=SLOT_CHECK == "always" or not in_range,
                               bias=layer.bias, slab=slab)

@@ -463,7 +463,20 @@ def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int, cuda: bool = 
               + 8 * T * D + 4 * T * heads  # residual, norms, q/k/v/o
               + scores
               + max(dense, moe))
-    return int(values * F32_BYTES * 1.5) + prompt_rule_bytes(cfg, batch_tokens, cuda)
+    return int(values * F32_BYTES * 1.5) + prompt_rule_bytes(cfg, batch_tokens, cuda) + slab_experts_bytes(cfg, T, cuda)
+
+
+def slab_experts_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool = False) -> int:
+    """What a MoE layer's slab experts (moe_prefill, session 47) hold beside the grouped GEMMs' tensors, where a prompt
+    of batch_tokens takes them (CUDA, SLAB_EXPERT_ROWS rows an expert): the 16-bit values of the experts they
+    dequantize at a time (EXPERT_SLAB_BYTES at most), and the routed rows' 16-bit x, gate | up and activations."""
+    from sparkd.engine.kernels import EXPERT_SLAB_BYTES  # model code's, not the plan's imports
+    from sparkd.engine.layers.moe import SLAB_EXPERT_ROWS
+
+    rows, D, F = batch_tokens * cfg.n_expert_used, cfg.n_embd, cfg.n_ff_exp
+    if not cuda or not cfg.n_expert or rows < SLAB_EXPERT_ROWS * cfg.n_expert:
+        return 0
+    return min(EXPERT_SLAB_BYTES, cfg.n_expert * 3 * F * D * 2) + rows * (D + 3 * F) * 2
 
 
 def default_batch_tokens(cfg: ModelConfig, ctx: int, budget_bytes: int, cuda: bool = False) -> int:
