@@ -46,13 +46,14 @@ DECODE_ON: frozenset[str] = switches.names(DECODE_ENV, DECODE_PARTS, "the MoE de
 # slots not picked by the layer's own router among the table's experts (a top-k over its logits
 # cannot leave them, router_topk's neither, NaN logits included), "always" for every layer, as before
 SLOT_CHECK = switches.choice("SPARKD_MOE_SLOT_CHECK", ("router", "always"), "router")
-# a prompt's quantized experts (not F16 / BF16 ones, whose values bfloat16 would round) through kernels/slab_gemm
+# a prompt's quantized experts (not F16 / BF16 ones, whose values bfloat16 would round) through 16-bit slabs
 # (moe_prefill's slab; SPARKD_SLAB_GEMM's type) where the layer's rows per expert (tokens times experts a token over
-# the table's experts) reach this (session 46): each expert with rows pays a copy of its weights' values and ~25
-# launches from the host. H100, the 4-layer gpt-oss-20b file (32 experts, top 4): 8000 tokens (1000 rows an expert)
-# 143 -> 77-87 ms, 2000 tokens (250) 43 -> 85-110 ms, the host's launches the bound; the 5-layer DeepSeek-V3-shaped
-# model (16 experts, top 8) at 2000 tokens (1000) 85 -> 49-56 ms
-SLAB_EXPERT_ROWS = 512
+# the table's experts) reach this: each call pays a copy of every expert's weights' values, the grouped GEMMs' speed
+# pays it back from ~40 rows an expert. Session 47, H100, one layer (bench/moe_slab_bench.py), slabs / integer GEMMs:
+# Qwen3-30B-A3B's experts 0.92x at 32 rows, 1.25x at 62.5, 1.81x at 125, 3.3x at 500; gpt-oss-20b's 0.92x at 32,
+# 1.28x at 64, 3.2x at 1000; DeepSeek V3's 256 0.76x at 31, 1.28x at 62.5, 3.3x at 250. (Session 46's per-expert
+# slabs, ~25 launches an expert, needed 512.)
+SLAB_EXPERT_ROWS = 64
 
 
 class Router(nn.Module):
