@@ -287,6 +287,34 @@ def test_slab_experts_in_ranges_are_the_slabs_at_once(backend, monkeypatch):
     assert not torch.equal(whole, moe_prefill(*args))  # the integer GEMMs' differ: the slabs ran
 
 
+@pytest.mark.gpu
+def test_slab_experts_of_a_table_that_fits_sync_nowhere(monkeypatch):
+    """A table whose experts' 16-bit values fit EXPERT_SLAB_BYTES runs its slab experts without a host sync (torch's
+    sync debug mode raises at one), so a CUDA graph captures moe_prefill and replays its eager bits. A table of several
+    ranges syncs once, for its ranges' rows: the debug mode catches it."""
+    table, *_ = arena_table(T.Q4_K, T.Q6_K, 256, 256, 5, "cuda")
+    x, w = torch.randn(20, 256, device="cuda") * 1e-3, torch.rand(20, 2, device="cuda")
+    slots = torch.stack([torch.randperm(4)[:2] for _ in range(20)]).cuda()
+    args = (prepare(table, "cuda"), x, slots, w, "silu", "int8")
+    want = moe_prefill(*args, check_slots=False, slab=torch.bfloat16)
+    torch.cuda.synchronize()
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        assert torch.equal(moe_prefill(*args, check_slots=False, slab=torch.bfloat16), want)
+        monkeypatch.setattr(prefill_moe, "EXPERT_SLAB_BYTES", 1)
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            moe_prefill(*args, check_slots=False, slab=torch.bfloat16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    monkeypatch.setattr(prefill_moe, "EXPERT_SLAB_BYTES", 1 << 30)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = moe_prefill(*args, check_slots=False, slab=torch.bfloat16)
+    got.zero_()
+    graph.replay()
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_moe_prefill_refuses_a_slab_type_it_cannot_multiply(backend):
     """A slab type outside SLAB_TYPES is refused before any launch, with the types it takes."""

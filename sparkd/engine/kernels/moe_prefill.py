@@ -187,7 +187,8 @@ def _slab_experts(p: PreparedTable, x: torch.Tensor, keys: torch.Tensor, order: 
     ranges' rows. What a prompt of many rows an expert pays for: a copy of every expert's weights' values each call.
     Rows of a slot outside the table (unchecked slots) come out zero."""
     table, n, D, F = p.table, len(p.table), p.table.dim, p.table.width
-    ends = torch.bincount(keys, minlength=n)[:n].cumsum(0)  # each expert's rows end
+    # each expert's rows end: sorted keys' count up to it (no sync, unlike bincount's, which sizes its output)
+    ends = torch.searchsorted(keys, torch.arange(n, device=keys.device, dtype=keys.dtype), right=True)
     span = max(1, EXPERT_SLAB_BYTES // (3 * F * D * 2))  # experts a range
     if span >= n:
         ranges = [(0, n, 0, keys.numel())]
