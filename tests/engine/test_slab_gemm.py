@@ -167,10 +167,11 @@ def test_a_prompt_graph_replays_the_slab_gemm(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_a_prompt_graph_keeps_the_grouped_experts(tmp_path, monkeypatch):
-    """The slab experts' host sync cannot be captured (session 47): where a prompt graph's rows an expert reach
-    SLAB_EXPERT_ROWS, its capture keeps the grouped integer GEMMs (no capture given up; the padded forward's bits
-    without the slab experts), while the same padded forward run eagerly takes the slabs (other bits)."""
+def test_a_prompt_that_takes_the_slab_experts_runs_eagerly(tmp_path, monkeypatch):
+    """PromptForward runs a prompt whose rows an expert reach SLAB_EXPERT_ROWS eagerly (session 47: the eager slabs beat
+    a graph's grouped GEMMs), with the eager forward's bits; fewer rows replay a graph. A capture that meets the slab
+    experts anyway (that rule patched off) keeps the grouped GEMMs (MoE's capture check): no capture given up, the
+    padded forward's bits without the slabs, while the same padded forward run eagerly takes them (other bits)."""
     from sparkd.engine.layers import moe as moe_layer
     from sparkd.engine.make_model import plan, write_model
     from sparkd.engine.modelgen.specs import TINY
@@ -181,12 +182,19 @@ def test_a_prompt_graph_keeps_the_grouped_experts(tmp_path, monkeypatch):
     m = load_model(write_model(tmp_path / "q.gguf", plan(shape, "Q4_K"), seed=3)[0], device="cuda")
     tokens = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(70)])  # bucket 80
     try:
+        monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", 1)
+        forward = PromptForward(m.net, m.net.new_cache(256), "graphs")
+        assert not forward.replays(70)
+        assert torch.equal(forward(tokens, last=True).cpu(), m.net(tokens, m.net.new_cache(256), last=True).cpu())
+        monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", 10 ** 9)
+        assert PromptForward(m.net, m.net.new_cache(256), "graphs").replays(70)
+        monkeypatch.setattr(PromptForward, "_slab_experts", lambda self, rows: False)
         runs = {}
         for mode, rows in (("graphs", 1), ("padded", 10 ** 9), ("padded", 1)):
             monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", rows)
             forward = PromptForward(m.net, m.net.new_cache(256), mode)
             runs[mode, rows] = forward(tokens, last=True)
-            assert not forward.failed
+            assert forward.replays(70) == (mode == "graphs") and not forward.failed
     finally:
         m.close()
     assert torch.equal(runs["graphs", 1], runs["padded", 10 ** 9])
@@ -300,12 +308,13 @@ def test_slab_experts_of_a_table_that_fits_sync_nowhere(monkeypatch):
     torch.cuda.synchronize()
     try:
         torch.cuda.set_sync_debug_mode("error")
-        assert torch.equal(moe_prefill(*args, check_slots=False, slab=torch.bfloat16), want)
+        unsynced = moe_prefill(*args, check_slots=False, slab=torch.bfloat16)
         monkeypatch.setattr(prefill_moe, "EXPERT_SLAB_BYTES", 1)
         with pytest.raises(RuntimeError, match="synchroniz"):
             moe_prefill(*args, check_slots=False, slab=torch.bfloat16)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(unsynced, want)
     monkeypatch.setattr(prefill_moe, "EXPERT_SLAB_BYTES", 1 << 30)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -46,10 +46,10 @@ SLAB_GEMM = switches.choice("SPARKD_SLAB_GEMM", (*SLAB_TYPES, "off"), "bf16")
 SLAB_MIN_ROWS = 512
 
 
-def slab_type(x: torch.Tensor) -> torch.dtype | None:
-    """The 16-bit type a prompt's quantized GEMMs over x run in through kernels/slab_gemm (SLAB_GEMM), or None: the
+def slab_type(device: torch.device) -> torch.dtype | None:
+    """The 16-bit type a prompt's quantized GEMMs on device run in through kernels/slab_gemm (SLAB_GEMM), or None: the
     integer or float GEMM (the CPU, SLAB_GEMM "off", PREFILL_FLOAT_GEMM "kernel"). Rows are the caller's to count."""
-    if SLAB_GEMM == "off" or PREFILL_FLOAT_GEMM == "kernel" or not x.is_cuda:
+    if SLAB_GEMM == "off" or PREFILL_FLOAT_GEMM == "kernel" or torch.device(device).type != "cuda":
         return None
     return SLAB_TYPES[SLAB_GEMM]
 
@@ -244,7 +244,7 @@ class KernelLinear(nn.Module):
         rows, else None."""
         if h.shape[0] < SLAB_MIN_ROWS or self.qtype.name in HALF_VALUES:
             return None
-        return slab_type(h)
+        return slab_type(h.device)
 
     def _gemm_qx(self, h: torch.Tensor):
         """h's QuantX where the GEMM runs integer (prefill_gemm.int_gemm), else None."""

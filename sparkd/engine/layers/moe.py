@@ -207,11 +207,9 @@ class MoE(nn.Module):
             h = (x if int_gu else round_activations(x, layer.act_gate)).float().contiguous()
             n = layer.prepared.gate_off.numel()
             in_range = picked and getattr(self.router.gate, "out_features", None) == n
-            types = {layer.prepared.gate_up.qtype.name, layer.prepared.down.qtype.name}
-            quantized = not types & set(linear.HALF_VALUES)
-            slab = linear.slab_type(h) if quantized and ids.numel() >= SLAB_EXPERT_ROWS * n else None
+            slab = self.slab_experts(x.shape[0], x.device)
             if slab is not None and torch.cuda.is_current_stream_capturing():
-                slab = None  # a prompt graph keeps the grouped GEMMs: the slabs' scratch would stay in its pool
+                slab = None  # a graph keeps the grouped GEMMs: the slabs' scratch would stay in its pool
             out = moe_prefill(layer.prepared, h, ids, w, self.kernel_act, linear.PREFILL_PRECISION,
                               _rounder(layer.act_down), check_slots=SLOT_CHECK == "always" or not in_range,
                               bias=layer.bias, slab=slab)
@@ -223,6 +221,19 @@ class MoE(nn.Module):
                 return None
             rows.append(self.decode_selected(sel, x, w, residual, t))
         return rows[0][None] if len(rows) == 1 else torch.stack(rows)  # decode: no copy
+
+    def slab_experts(self, tokens: int, device: torch.device) -> torch.dtype | None:
+        """The 16-bit type a prompt of `tokens` tokens on device runs this layer's experts in (moe_prefill's slab:
+        linear.slab_type's, for quantized experts of a kernel table, from SLAB_EXPERT_ROWS rows an expert), or None:
+        the grouped GEMMs, or no kernel table."""
+        table = getattr(self.store, "kernel_table", None)
+        layer = table(self.il) if table is not None and self.kernel_act is not None and tokens > 1 else None
+        if layer is None:
+            return None
+        p = layer.prepared
+        if {p.gate_up.qtype.name, p.down.qtype.name} & set(linear.HALF_VALUES):
+            return None  # F16 / BF16 experts: bfloat16 would round their values
+        return linear.slab_type(device) if tokens * self.router.top_k >= SLAB_EXPERT_ROWS * p.gate_off.numel() else None
 
     def decode_selected(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
                         t: int = 0) -> torch.Tensor:
