@@ -28,6 +28,13 @@ from sparkd.engine.layers.moe import MoE
 from sparkd.engine.models.decoder import Decoder
 
 PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
+# A bucket of this many rows or more whose MoE layers take the slab experts (MoE.slab_experts) runs eagerly: a graph
+# keeps the grouped integer GEMMs (the slabs' scratch, 1.2-1.6 GB, would stay in its pool: 2.9-4.1 GB in all when
+# captured), and the eager slabs beat them there. Session 47, H100 (prefill_bench.py, calls 4-5), eager / replayed:
+# 12 layers of Qwen3-30B-A3B at 2048 tokens 47.5k / 36.1k tok/s, 4 of gpt-oss-20b at 1024 60.3k / 46.9k and at 2048
+# 85.2k / 49.8k, the 5-layer DeepSeek-V3-shaped model at 1024 22-30k / 19.7k; below, the launches a graph saves
+# weigh more (that model at 512 tokens: eager 10-20k, replayed 18.5k)
+SLAB_EAGER_ROWS = 1024
 # A prompt is padded to its bucket: PROMPT_FIRST tokens, then four buckets a doubling (at most 25%
 # padding; multiples of 16, so Triton compiles one variant for all), up to prompt_last(); longer
 # prompts run eagerly: the graphs' memory pool keeps the largest bucket's activations for the model's
@@ -189,7 +196,8 @@ class PromptForward:
         cache = self.cache
         if self.mode == "eager" or not last or not 2 <= n <= min(self.largest, cache.max_ctx):
             return None
-        if self._slab_experts(prompt_bucket(n, self.first)):
+        rows = prompt_bucket(n, self.first)
+        if rows >= SLAB_EAGER_ROWS and self._slab_experts(rows):
             return None
         if not start:
             key = min(prompt_bucket(n, self.first), cache.max_ctx)
@@ -205,9 +213,8 @@ class PromptForward:
         return None if key in self.failed else key
 
     def _slab_experts(self, rows: int) -> bool:
-        """Whether a forward of rows tokens runs some MoE layer's experts on 16-bit slabs (MoE.slab_experts): such a
-        prompt runs eagerly, as a capture would keep the grouped GEMMs (session 47, H100: 12 layers of Qwen3-30B-A3B
-        at 2048 tokens 47.5k tok/s eager against 36.1k replayed, gpt-oss-20b's 4 at 1024 60.3k against 46.9k)."""
+        """Whether a forward of rows tokens runs some MoE layer's experts on 16-bit slabs (MoE.slab_experts): from
+        SLAB_EAGER_ROWS such a prompt runs eagerly, as a capture keeps the grouped GEMMs."""
         if rows not in self._slabs:
             device = self.cache.device
             self._slabs[rows] = any(m.slab_experts(rows, device) is not None for m in self._moe)

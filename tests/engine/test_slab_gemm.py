@@ -168,10 +168,12 @@ def test_a_prompt_graph_replays_the_slab_gemm(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_a_prompt_that_takes_the_slab_experts_runs_eagerly(tmp_path, monkeypatch):
-    """PromptForward runs a prompt whose rows an expert reach SLAB_EXPERT_ROWS eagerly (session 47: the eager slabs beat
-    a graph's grouped GEMMs), with the eager forward's bits; fewer rows replay a graph. A capture that meets the slab
+    """PromptForward runs a prompt of SLAB_EAGER_ROWS or more whose rows an expert reach SLAB_EXPERT_ROWS eagerly
+    (session 47: the eager slabs beat a graph's grouped GEMMs), with the eager forward's bits; fewer rows an expert, or
+    a shorter bucket, replay a graph. A capture that meets the slab
     experts anyway (that rule patched off) keeps the grouped GEMMs (MoE's capture check): no capture given up, the
     padded forward's bits without the slabs, while the same padded forward run eagerly takes them (other bits)."""
+    from sparkd.engine import prompt_graphs
     from sparkd.engine.layers import moe as moe_layer
     from sparkd.engine.make_model import plan, write_model
     from sparkd.engine.modelgen.specs import TINY
@@ -183,6 +185,8 @@ def test_a_prompt_that_takes_the_slab_experts_runs_eagerly(tmp_path, monkeypatch
     tokens = torch.tensor([(7 * i + 3) % m.cfg.n_vocab for i in range(70)])  # bucket 80
     try:
         monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", 1)
+        assert PromptForward(m.net, m.net.new_cache(256), "graphs").replays(70)  # below SLAB_EAGER_ROWS
+        monkeypatch.setattr(prompt_graphs, "SLAB_EAGER_ROWS", 80)
         forward = PromptForward(m.net, m.net.new_cache(256), "graphs")
         assert not forward.replays(70)
         assert torch.equal(forward(tokens, last=True).cpu(), m.net(tokens, m.net.new_cache(256), last=True).cpu())
