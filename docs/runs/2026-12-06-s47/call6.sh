@@ -12,7 +12,7 @@ snap() { cp $OUT/log.txt $R/; tar czf $OUT/res.tgz -C /tmp res; }
 NEW=$PWD; OLD=/tmp/old; rm -rf $OLD; mkdir -p $OLD; cp -r sparkd bench $OLD/
 cp old_kernels/*.py $OLD/sparkd/engine/kernels/
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > $R/gpu.txt 2>&1; log "$(tail -n 1 $R/gpu.txt)"
-PYTHONPATH=/tmp/site:$NEW timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/engine/test_slab_gemm.py \
+PYTHONPATH=/tmp/site:$NEW timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/engine/test_slab_gemm.py \
   tests/engine/test_nibble_tiles.py tests/engine/test_q4_k_tiled.py tests/engine/test_q4t_pair.py \
   tests/engine/test_kernel_engine.py tests/engine/test_kernels.py \
   -k "not test_kernels or pairx or q4_k or Q4_K or mxfp4 or MXFP4 or dequant or embedding" > $R/tests.txt 2>&1
@@ -20,10 +20,10 @@ log "tests rc $? $(tail -n 1 $R/tests.txt)"; grep -E "^(FAILED|ERROR)" $R/tests.
 snap
 for side in old new; do
   [ $side = old ] && T=$OLD || T=$NEW
-  (cd $T && PYTHONPATH=/tmp/site:$T:$T/bench timeout 70 python3 bench/moe_slab_bench.py --models qwen3,gpt-oss,deepseek-v3 \
+  (cd $T && PYTHONPATH=/tmp/site:$T:$T/bench timeout 60 python3 bench/moe_slab_bench.py --models qwen3,gpt-oss,deepseek-v3 \
     --tokens 512,2000 --ways int8,slab --json $R/moe_slab_$side.json) > $R/moe_slab_$side.txt 2>&1
   log "moe_slab $side rc $?"; grep -v Warn $R/moe_slab_$side.txt | sed "s/^/$side /" >> $OUT/log.txt
-  (cd $T/bench && PYTHONPATH=/tmp/site:$T timeout 50 python3 igemm_bench.py --types Q4T --grouped '' \
+  (cd $T/bench && PYTHONPATH=/tmp/site:$T timeout 40 python3 igemm_bench.py --types Q4T --grouped '' \
     --shapes 18432x7168,7168x18432 --ways s13,slab-bf16 --tokens 512,2048 --repeats 10 \
     --json $R/igemm_$side.json) > $R/igemm_$side.txt 2>&1
   log "igemm $side rc $?"; grep -v Warn $R/igemm_$side.txt | sed "s/^/$side /" >> $OUT/log.txt
