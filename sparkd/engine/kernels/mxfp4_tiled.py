@@ -40,13 +40,8 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
     tile follows from it)."""
     qs, e = nibble_tiles.offsets(row_off, tl.load(aux_ptr.to(tl.pointer_type(tl.int32))), 1)
     b = g * 8 + tl.arange(0, 8)[None, :, None]
-    # each block's 4 qs words, not a byte load a value (session 47: the slab GEMMs dequantize whole matrices): value
-    # 16 h + 4 w + k is word w's bits 8 k + 4 h, so the nibbles in (h, w, k) order are the block's values in order
-    words = tl.load((w_ptr + qs + b * 16).to(tl.pointer_type(tl.int32)) + tl.arange(0, 4)[None, None, :], mask=smask,
-                    other=0)  # [BN, 8, 4]
-    h = tl.arange(0, 2)[None, None, :, None, None]
-    k = tl.arange(0, 4)[None, None, None, None, :]
-    q = tl.reshape((words[:, :, None, :, None] >> (4 * h + 8 * k)) & 0xF, (row_off.shape[0], 8, 32))
+    i = tl.arange(0, 32)[None, None, :]
+    q = mxfp4.nibbles(tl.load(w_ptr + qs + b * 16 + i % 16, mask=smask, other=0).to(tl.int32), i)
     return mxfp4.d_at(w_ptr + e + b, smask) * mxfp4.values(q).to(tl.float32)
 
 

@@ -66,21 +66,15 @@ def dequant(w_ptr, aux_ptr, row_off, g, smask):
 
 @triton.jit
 def dequant_at(qs, hdr, smask):
-    """Group g of each row as floats [BN, 8, 32], its 128 qs bytes at qs (4-byte aligned) and its 16 header bytes at
-    hdr (uint8 pointers [BN, 1, 1]). The qs as 32 words, not a byte load a value (session 47: the slab GEMMs
-    dequantize whole matrices): value 64 j + 32 h + 4 w + k is word 8 j + w's bits 8 k + 4 h, so the nibbles in
-    (j, h, w, k) order are the group's values in order."""
+    """Group g of each row as floats [BN, 8, 32], its 128 qs bytes at qs and its 16 header bytes at
+    hdr (uint8 pointers [BN, 1, 1])."""
     s = tl.arange(0, 8)[None, :, None]
+    i = tl.arange(0, 32)[None, None, :]
     d = tl.load(hdr.to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
     dmin = tl.load((hdr + 2).to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
     sc, mn = scale_min(hdr + 4, s, smask)
-    rmask = tl.max(smask.to(tl.int32), 1, keep_dims=True) > 0  # [BN, 1, 1]: the row's (a group's sub-blocks all in)
-    j = tl.arange(0, 4)[None, :, None]
-    w = tl.arange(0, 8)[None, None, :]
-    words = tl.load(qs.to(tl.pointer_type(tl.int32)) + 8 * j + w, mask=rmask, other=0)  # [BN, 4, 8]
-    h = tl.arange(0, 2)[None, None, :, None, None]
-    k = tl.arange(0, 4)[None, None, None, None, :]
-    q = tl.reshape((words[:, :, None, :, None] >> (4 * h + 8 * k)) & 0xF, (qs.shape[0], 8, 32))
+    q = tl.load(qs + (s // 2) * 32 + i, mask=smask, other=0).to(tl.int32)
+    q = (q >> ((s % 2) * 4)) & 0xF
     return (d * sc) * q.to(tl.float32) - dmin * mn
 
 

@@ -254,22 +254,17 @@ def kstep(w_ptr, xw_ptr, xd_ptr, xs_ptr, K, KW: tl.constexpr, UNROLL: tl.constex
 
 @triton.jit
 def dequant(w_ptr, aux_ptr, row_off, g, smask):
-    """Group g of each row as floats [BN, 8, 32] (aux_ptr: int32 [1], the row width): q4_k.dequant's values. The
-    row's 32 qs words in 32 loads, not a byte load a value (session 47: the slab GEMMs dequantize whole matrices):
-    word 8c + 2 lane + k holds elements 16c + 8k + 4h + b at bits 8b + 4h, so the words' nibbles in (c, k, h, b)
-    order are the group's elements in order."""
+    """Group g of each row as floats [BN, 8, 32] (aux_ptr: int32 [1], the row width): q4_k.dequant's values."""
     K = tl.load(aux_ptr.to(tl.pointer_type(tl.int32)))
     row_bytes = K // 256 * 144
     lane = (row_off // row_bytes) % 4  # [BN, 1, 1]: the row's place in its tile
     tile = w_ptr + (row_off - lane * row_bytes)
-    rmask = tl.max(smask.to(tl.int32), 1, keep_dims=True) > 0  # [BN, 1, 1]: the row's (a group's sub-blocks all in)
-    c = tl.arange(0, 16)[None, :, None]
-    k = tl.arange(0, 2)[None, None, :]
-    words = tl.load((tile + g * 512).to(tl.pointer_type(tl.int32)) + 8 * c + 2 * lane + k, mask=rmask, other=0)
-    h = tl.arange(0, 2)[None, None, None, :, None]
-    b = tl.arange(0, 4)[None, None, None, None, :]
-    q = tl.reshape((words[:, :, :, None, None] >> (4 * h + 8 * b)) & 0xF, (row_off.shape[0], 8, 32))
     s = tl.arange(0, 8)[None, :, None]
+    i = tl.arange(0, 32)[None, None, :]
+    el = 32 * s + i  # element of the group
+    word = 4 * (2 * (el // 16) + lane // 2) + 2 * (lane % 2) + (el // 8) % 2
+    q = tl.load(tile + g * 512 + 4 * word + el % 4, mask=smask, other=0).to(tl.int32)
+    q = (q >> (4 * ((el // 4) % 2))) & 0xF
     hb = tile + K // 256 * 512 + g * 64
     d = tl.load((hb + 4 * lane).to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
     dmin = tl.load((hb + 4 * lane + 2).to(tl.pointer_type(tl.float16)), mask=smask, other=0.0).to(tl.float32)
