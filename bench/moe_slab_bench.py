@@ -24,8 +24,8 @@ from sparkd.engine.kernels import dequantize as dequant, dispatch, moe_prefill a
 from sparkd.engine.kernels.dequantize import dequantize
 from sparkd.engine.kernels.moe import ExpertTable, prepare
 
-# name: (model width D, expert width F, experts, top-k, gate/up layout, down layout, activation, biases): the layouts the
-# engine keeps a Q4_K file's resident experts in (layers/quant_experts.py: gate and up pairx, the down pairx from
+# name: (model width D, expert width F, experts, top-k, gate/up layout, down layout, activation, biases): the layouts
+# the engine keeps a Q4_K file's resident experts in (layers/quant_experts.py: gate and up pairx, the down pairx from
 # width 4096, else the file's blocks; session 47's calls 1-2 ran Q6T downs)
 MODELS = {"qwen3": (2048, 768, 128, 8, "Q4T", "Q4_K", "silu", False),
           "deepseek-v3": (7168, 2048, 256, 8, "Q4T", "Q4T", "silu", False),
@@ -115,8 +115,6 @@ def main() -> int:
             if a.json:
                 with open(a.json, "w") as f:
                     json.dump(out, f, indent=1)
-        del gate, up, down, table, p
-        torch.cuda.empty_cache()
     return 0
 
 

@@ -200,9 +200,8 @@ class PromptForward:
         if rows >= SLAB_EAGER_ROWS and self._slab_experts(rows):
             return None
         if not start:
-            key = min(prompt_bucket(n, self.first), cache.max_ctx)
+            key = min(rows, cache.max_ctx)
         else:
-            rows = prompt_bucket(n, self.first)
             span = next(s for s in self.spans if s >= start + n) if start + rows <= cache.max_ctx else 0
             scores = not attention_layer.continue_sdpa(rows)  # it runs attend: scores over rows x span in the pool
             limit = min(self.largest, PROMPT_LAST_SCORES) if scores else self.largest

@@ -382,8 +382,8 @@ def test_the_plan_counts_the_slab_experts_on_cuda_from_their_rows(monkeypatch):
     from sparkd.engine.models.config import ModelConfig
     from sparkd.engine.streaming.plan import slab_experts_bytes, workspace_bytes
 
-    cfg = ModelConfig("qwen3moe", 512, 256, 2, 256, 4, 2, 64, 64, 1e-6, RopeConfig(64, 1e4, True), n_expert=8, n_expert_used=2,
-                      n_ff_exp=256)
+    cfg = ModelConfig("qwen3moe", 512, 256, 2, 256, 4, 2, 64, 64, 1e-6, RopeConfig(64, 1e4, True), n_expert=8,
+                      n_expert_used=2, n_ff_exp=256)
     n, A = cfg.n_expert, cfg.n_expert_used
     monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", 4)
     T = 4 * n // A  # 4 rows an expert

@@ -220,18 +220,19 @@ def _slab_experts(p: PreparedTable, x: torch.Tensor, keys: torch.Tensor, order: 
 
 
 def _expert(table: ExpertTable, gate_up: dispatch.Family, down: dispatch.Family, e: int, h: torch.Tensor, act: Act,
-            bias: torch.Tensor | None, product: Callable, round_h: Callable | None = None) -> torch.Tensor:
-    """Expert e of the table over its rows h [t, D] -> [t, D]: down(act(gate h, up h)) with its biases (bias: the
-    table's, or None), each product(raw blocks, qtype, shape, x) float32; round_h: the down's input rounded first."""
+            bias: torch.Tensor | None, precision: str, round_h: Callable | None = None) -> torch.Tensor:
+    """Expert e of the table over its rows h [t, D] -> [t, D] (the "loop" way): down(act(gate h, up h)) with its
+    biases (bias: the table's, or None), each a gemm at precision; round_h: the down's input rounded first."""
     D, F = table.dim, table.width
     gu_span, d_span = F * gate_up.row_bytes(D), D * down.row_bytes(F)
     go, uo, do = (int(o[e]) for o in (table.gate_offsets, table.up_offsets, table.down_offsets))
-    g = product(table.gate[go:go + gu_span], gate_up.qtype, (F, D), h)
-    u = product(table.up[uo:uo + gu_span], gate_up.qtype, (F, D), h)
+    g = gemm(table.gate[go:go + gu_span], gate_up.qtype, (F, D), h, precision)
+    u = gemm(table.up[uo:uo + gu_span], gate_up.qtype, (F, D), h, precision)
     if bias is not None:
         g, u = g + bias[e, :F], u + bias[e, F:2 * F]
     a = _act_torch(g, u, act)
-    out = product(table.down[do:do + d_span], down.qtype, (D, F), (a if round_h is None else round_h(a)).contiguous())
+    out = gemm(table.down[do:do + d_span], down.qtype, (D, F), (a if round_h is None else round_h(a)).contiguous(),
+               precision)
     return out if bias is None else out + bias[e, 2 * F:]
 
 
@@ -307,7 +308,6 @@ def moe_prefill(table: ExpertTable | PreparedTable, x: torch.Tensor, slots: torc
     round_down = None if int_gemm(fd, precision) else round_h  # the integer GEMM quantizes h itself
     for j in torch.unique(slots).tolist():
         tok, k = (slots == j).nonzero(as_tuple=True)
-        out = _expert(table, fgu, fd, j, x.index_select(0, tok), act, bias,
-                      lambda w, qtype, shape, h: gemm(w, qtype, shape, h, precision), round_down)
+        out = _expert(table, fgu, fd, j, x.index_select(0, tok), act, bias, precision, round_down)
         y.index_add_(0, tok, out * route_weights[tok, k, None])
     return y
