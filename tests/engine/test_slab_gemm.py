@@ -413,3 +413,30 @@ def test_a_prompt_with_slab_experts_holds_at_most_the_plans_workspace(tmp_path, 
     monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS", 4)
     cfg, peak = chunk_peak(write_model(tmp_path / "q.gguf", plan(shape, "Q4_K"), seed=3)[0], 0, 64, "cuda")
     assert calls and peak <= workspace_bytes(cfg, 64, 64, cuda=True), peak
+
+
+@pytest.mark.gpu
+def test_the_slab_experts_need_more_rows_where_grouped_mm_loops(tmp_path, monkeypatch):
+    """Where torch._grouped_mm has no fused kernel (float16 slabs; compute capability 12.x, a GB10's: stood in for by
+    patching torch's answer, this box is 9.x) a MoE layer takes the slabs from SLAB_EXPERT_ROWS_LOOPED rows an expert,
+    with the fused bf16 kernels from SLAB_EXPERT_ROWS."""
+    from sparkd.engine.layers import moe as moe_layer
+    from sparkd.engine.make_model import plan, write_model
+    from sparkd.engine.modelgen.specs import TINY
+    from sparkd.engine.models import load_model
+
+    shape = TINY["qwen3moe"].replace(n_embd=256, n_ff_exp=256, n_ff=256)
+    m = load_model(write_model(tmp_path / "q.gguf", plan(shape, "Q4_K"), seed=3)[0], device="cuda")
+    try:
+        layer = next(mod for mod in m.net.modules() if isinstance(mod, moe_layer.MoE))
+        n, A = m.cfg.n_expert, m.cfg.n_expert_used
+        fused, looped = (-(-rows * n // A) for rows in (moe_layer.SLAB_EXPERT_ROWS, moe_layer.SLAB_EXPERT_ROWS_LOOPED))
+        assert torch.cuda.get_device_capability()[0] in (9, 10)
+        assert [layer.slab_experts(t, torch.device("cuda")) for t in (fused - 1, fused)] == [None, torch.bfloat16]
+        monkeypatch.setattr(linear, "SLAB_GEMM", "f16")
+        assert [layer.slab_experts(t, torch.device("cuda")) for t in (fused, looped)] == [None, torch.float16]
+        monkeypatch.setattr(linear, "SLAB_GEMM", "bf16")
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 1))
+        assert [layer.slab_experts(t, torch.device("cuda")) for t in (fused, looped)] == [None, torch.bfloat16]
+    finally:
+        m.close()

@@ -54,6 +54,10 @@ SLOT_CHECK = switches.choice("SPARKD_MOE_SLOT_CHECK", ("router", "always"), "rou
 # 1.28x at 64, 3.2x at 1000; DeepSeek V3's 256 0.76x at 31, 1.28x at 62.5, 3.3x at 250. (Session 46's per-expert
 # slabs, ~25 launches an expert, needed 512.)
 SLAB_EXPERT_ROWS = 64
+# where torch._grouped_mm has no fused kernel (torch >= 2.9 runs a mm an expert after a host sync: compute capability
+# 8.x and 12.x, the GB10's 12.1 among them, and float16 slabs anywhere), the slabs cost session 46's launches an
+# expert: its measured threshold (H100, gpt-oss-20b at 250 rows an expert 43 -> 85-110 ms, at 1000 143 -> 77-87)
+SLAB_EXPERT_ROWS_LOOPED = 512
 
 
 class Router(nn.Module):
@@ -224,16 +228,20 @@ class MoE(nn.Module):
 
     def slab_experts(self, tokens: int, device: torch.device) -> torch.dtype | None:
         """The 16-bit type a prompt of `tokens` tokens on device runs this layer's experts in (moe_prefill's slab:
-        linear.slab_type's, for quantized experts of a kernel table, from SLAB_EXPERT_ROWS rows an expert), or None:
-        the grouped GEMMs, or no kernel table."""
+        linear.slab_type's, for quantized experts of a kernel table, from SLAB_EXPERT_ROWS rows an expert, or
+        SLAB_EXPERT_ROWS_LOOPED where torch._grouped_mm has no fused kernel), or None: the grouped GEMMs, or no kernel
+        table."""
         table = getattr(self.store, "kernel_table", None)
         layer = table(self.il) if table is not None and self.kernel_act is not None and tokens > 1 else None
         if layer is None:
             return None
         p = layer.prepared
-        if {p.gate_up.qtype.name, p.down.qtype.name} & set(linear.HALF_VALUES):
+        dtype = linear.slab_type(device)
+        if dtype is None or {p.gate_up.qtype.name, p.down.qtype.name} & set(linear.HALF_VALUES):
             return None  # F16 / BF16 experts: bfloat16 would round their values
-        return linear.slab_type(device) if tokens * self.router.top_k >= SLAB_EXPERT_ROWS * p.gate_off.numel() else None
+        fused = dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] in (9, 10)
+        rows = SLAB_EXPERT_ROWS if fused else SLAB_EXPERT_ROWS_LOOPED
+        return dtype if tokens * self.router.top_k >= rows * p.gate_off.numel() else None
 
     def decode_selected(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
                         t: int = 0) -> torch.Tensor:
