@@ -29,7 +29,7 @@ from sparkd.engine.models.decoder import Decoder
 
 PREFILL_GRAPHS_ENV = "SPARKD_PREFILL_GRAPHS"
 # A bucket of this many rows or more whose MoE layers take the slab experts (MoE.slab_experts) runs eagerly: a graph
-# keeps the grouped integer GEMMs (the slabs' scratch, 1.2-1.6 GB, would stay in its pool: 2.9-4.1 GB in all when
+# keeps the grouped integer GEMMs (the slabs' scratch, 1.2-1.6 GB, would stay in its pool: 2850-4078 MiB in all when
 # captured), and the eager slabs beat them there. Session 47, H100 (prefill_bench.py, calls 4-5), eager / replayed:
 # 12 layers of Qwen3-30B-A3B at 2048 tokens 47.5k / 36.1k tok/s, 4 of gpt-oss-20b at 1024 60.3k / 46.9k and at 2048
 # 85.2k / 49.8k, the 5-layer DeepSeek-V3-shaped model at 1024 22-30k / 19.7k; below, the launches a graph saves
