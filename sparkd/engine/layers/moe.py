@@ -211,7 +211,7 @@ class MoE(nn.Module):
             h = (x if int_gu else round_activations(x, layer.act_gate)).float().contiguous()
             n = layer.prepared.gate_off.numel()
             in_range = picked and getattr(self.router.gate, "out_features", None) == n
-            slab = self.slab_experts(x.shape[0], x.device)
+            slab = self._slab(layer, x.shape[0], x.device)
             if slab is not None and torch.cuda.is_current_stream_capturing():
                 slab = None  # a graph keeps the grouped GEMMs: the slabs' scratch would stay in its pool
             out = moe_prefill(layer.prepared, h, ids, w, self.kernel_act, linear.PREFILL_PRECISION,
@@ -233,8 +233,10 @@ class MoE(nn.Module):
         table."""
         table = getattr(self.store, "kernel_table", None)
         layer = table(self.il) if table is not None and self.kernel_act is not None and tokens > 1 else None
-        if layer is None:
-            return None
+        return None if layer is None else self._slab(layer, tokens, device)
+
+    def _slab(self, layer, tokens: int, device: torch.device) -> torch.dtype | None:
+        """slab_experts for the layer's kernel table `layer` (a KernelLayer)."""
         p = layer.prepared
         dtype = linear.slab_type(device)
         if dtype is None or {p.gate_up.qtype.name, p.down.qtype.name} & set(linear.HALF_VALUES):
