@@ -300,6 +300,19 @@ def test_slab_experts_in_ranges_are_the_slabs_at_once(backend, monkeypatch):
     assert not torch.equal(whole, moe_prefill(*args))  # the integer GEMMs' differ: the slabs ran
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slab_experts_leave_a_slot_outside_the_table_zero(backend, monkeypatch):
+    """Unchecked slots (a router's top-k) outside the table: under the slabs their rows come out zero, whole table or
+    ranges (grouped_mm leaves rows past its last group unwritten: masked), the other tokens' rows keep their bits."""
+    table, *_ = arena_table(T.Q8_0, T.Q8_0, 256, 256, 2, backend)
+    p, x, w = prepare(table, backend), torch.randn(2, 256, device=backend), torch.rand(2, 1, device=backend)
+    for slab_bytes in (prefill_moe.EXPERT_SLAB_BYTES, 1):
+        monkeypatch.setattr(prefill_moe, "EXPERT_SLAB_BYTES", slab_bytes)
+        ok = moe_prefill(p, x, torch.tensor([[0], [1]], device=backend), w, check_slots=False, slab=torch.bfloat16)
+        bad = moe_prefill(p, x, torch.tensor([[0], [2]], device=backend), w, check_slots=False, slab=torch.bfloat16)
+        assert torch.equal(bad[0], ok[0]) and not bad[1].any() and ok[1].any(), slab_bytes
+
+
 @pytest.mark.gpu
 def test_slab_experts_of_a_table_that_fits_sync_nowhere(monkeypatch):
     """A table whose experts' 16-bit values fit EXPERT_SLAB_BYTES runs its slab experts without a host sync (torch's
