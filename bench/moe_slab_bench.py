@@ -1,6 +1,7 @@
 """A MoE layer's prompt on CUDA, moe_prefill's two ways side by side in one process: the grouped integer GEMMs ("int8",
 three launches a layer) and the experts' 16-bit slabs (session 47: "slab" at kernels.EXPERT_SLAB_BYTES, "slab-MiB" at
-that many MiB of expert weights a range; "@bn/warps" after either: dequantize's BLOCK_N and WARPS), at model shapes and
+that many MiB of expert weights a range; "@bn/warps" after either: dequantize's BLOCK_N and WARPS; session 48: "slab~tile"
+dequantizes with the tile kernel where a layout has the word kernel), at model shapes and
 several prompt lengths: median ms of CUDA-event-timed calls (a host sync inside where the table takes several ranges),
 the speed-up over the first way, the rows an expert, and each way's relative error against float64 over the blocks'
 values (the first --check tokens).
@@ -26,8 +27,8 @@ from sparkd.engine.kernels.moe import ExpertTable, prepare
 
 # name: (model width D, expert width F, experts, top-k, gate/up layout, down layout, activation, biases): the layouts
 # the engine keeps a Q4_K file's resident experts in (layers/quant_experts.py: gate and up pairx, the down pairx from
-# width 4096, else the file's blocks; session 47's calls 1-2 ran Q6T downs)
-MODELS = {"qwen3": (2048, 768, 128, 8, "Q4T", "Q4_K", "silu", False),
+# width 2048, AUTO_DOWN_MIN_DIM; session 47 ran Qwen3's down as the file's blocks, calls 1-2 Q6T downs)
+MODELS = {"qwen3": (2048, 768, 128, 8, "Q4T", "Q4T", "silu", False),
           "deepseek-v3": (7168, 2048, 256, 8, "Q4T", "Q4T", "silu", False),
           "gpt-oss": (2880, 2880, 32, 4, "MXFP4T", "MXFP4T", "swiglu_oai", True)}
 DEVICE = "cuda"
@@ -69,7 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen3,gpt-oss", help=f"comma-separated: {', '.join(MODELS)}")
     ap.add_argument("--tokens", default="256,512,1000,2000,4000,8000")
-    ap.add_argument("--ways", default="int8,slab,slab-256", help="int8, slab or slab-MiB, each optionally @bn/warps; "
+    ap.add_argument("--ways", default="int8,slab,slab-256", help="int8, slab or slab-MiB, each optionally @bn/warps, ~tile; "
                                                                     "the first is the base")
     ap.add_argument("--check", type=int, default=16, help="tokens compared against float64 (0: none)")
     ap.add_argument("--repeats", type=int, default=10)
@@ -93,10 +94,12 @@ def main() -> int:
             ref = reference(table, x[:a.check], slots[:a.check], w[:a.check], act, bias) if a.check else None
             base = None
             for way in a.ways.split(","):
-                kind, _, launch = way.partition("@")
+                spec, _, kernel = way.partition("~")
+                kind, _, launch = spec.partition("@")
                 slab = None if kind == "int8" else torch.bfloat16
                 prefill_moe.EXPERT_SLAB_BYTES = int(kind.split("-")[1]) << 20 if "-" in kind else defaults[0]
                 dequant.BLOCK_N, dequant.WARPS = (int(v) for v in launch.split("/")) if launch else defaults[1:]
+                dequant.WORDS = kernel != "tile"
                 run = lambda: prefill_moe.moe_prefill(p, x, slots, w, act, "int8", check_slots=False,  # noqa: E731
                                                       bias=bias, slab=slab)
                 try:
@@ -104,6 +107,7 @@ def main() -> int:
                     s = events_seconds(run, a.repeats)
                 finally:
                     prefill_moe.EXPERT_SLAB_BYTES, dequant.BLOCK_N, dequant.WARPS = defaults
+                    dequant.WORDS = True
                 base = s if base is None else base
                 r = {"model": name, "tokens": tokens, "rows_an_expert": tokens * top_k / n, "way": way,
                      "ms": s * 1e3, "speedup": base / s}

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from test_kernels import BACKENDS, INT8_LAYOUTS, arena_table, backend_cases, moe_reference, random_blocks, rel_err
 
 from sparkd.engine import quants
-from sparkd.engine.kernels import dispatch, moe_prefill as prefill_moe, prefill_gemm, slab_gemm
+from sparkd.engine.kernels import dispatch, moe_prefill as prefill_moe, mxfp4_tiled, prefill_gemm, slab_gemm
 from sparkd.engine.kernels.moe import prepare
 from sparkd.engine.kernels.moe_prefill import moe_prefill
 from sparkd.engine.layers import linear
@@ -260,6 +260,36 @@ def test_dequantize_experts_is_each_experts_dequantization(backend):
             at = table.gate_offsets[e]
             assert torch.equal(out[j, :256], dequantize(table.gate[at:at + span], T.Q4_K, (256, 256), dtype=dtype))
         assert bool((out[:, 256:] == 7.0).all())
+
+
+WORD_LAYOUTS = {"q4_k_pairx": INT8_LAYOUTS["q4_k_pairx"],
+                "mxfp4_tiled": (T.MXFP4, mxfp4_tiled.TILED, mxfp4_tiled.pack_raw)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", WORD_LAYOUTS)
+def test_the_word_kernel_writes_the_blocks_values(backend, layout, monkeypatch):
+    """Session 48: the layouts with a `words` step (dequantize's _words_kernel, a qs word a lane) give exactly the
+    blocks' values, rounded to a 16-bit type as torch rounds, alone and as experts at their offsets; a last program
+    of fewer rows and (MXFP4's 32-value blocks) a last group of fewer values write only what is there."""
+    from sparkd.engine.kernels import dequantize as dq
+
+    monkeypatch.setattr(dq, "WORDS_ROWS", 32)  # programs of 32 rows: 48 rows end in a half program
+    qtype, ltype, pack = WORD_LAYOUTS[layout]
+    assert dispatch.family(ltype).words is not None
+    fam = dispatch.FAMILIES[qtype]
+    rows, cols, n = 48, 352 if fam.block_values == 32 else 512, 3
+    raws = [random_blocks(qtype, rows * cols // fam.block_values) for _ in range(n)]
+    laid = torch.cat([pack(r, (rows, cols)) for r in raws]).to(backend)
+    values = torch.stack([quants.dequantize(r, qtype, (rows, cols)) for r in raws])
+    offsets = torch.arange(n, dtype=torch.int64, device=backend) * (laid.numel() // n)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        out = torch.full((n, rows + 8, cols), 7.0, dtype=dtype, device=backend)
+        dq.dequantize_experts(laid, offsets[[2, 0, 1]], ltype, (rows, cols), out[:, :rows])
+        assert torch.equal(out[:, :rows].cpu(), values[[2, 0, 1]].to(dtype)), dtype
+        assert bool((out[:, rows:] == 7.0).all())
+        alone = dq.dequantize(laid[:laid.numel() // n], ltype, (rows, cols), dtype=dtype)
+        assert torch.equal(alone.cpu(), values[0].to(dtype)), dtype
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

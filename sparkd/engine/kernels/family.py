@@ -116,6 +116,10 @@ class Family:
     # row_bytes) gives block b as bfloat16 [BN, 32], each value times its block's scale (exact), or None
     # (prefill_gemm._igemm_steps' FBLOCK, IgemmTile.fold)
     fblock: Any = None
+    # dequantize's word kernel (session 48): words(w_ptr, K, first, g, M, ROWS) gives group g of rows [first, first +
+    # ROWS) (rows from M none) as dequant's values a 32-bit word a lane: values float32 [n, RUNS, LEN], each run LEN
+    # consecutive values of one row, their row int [n, 1, 1] and first column [n, RUNS, 1]; None: dequant's tile
+    words: Any = None
     # its values are tf32 values (F16: 11 significant bits, BF16: 8; tf32 keeps 11): with x rounded to the same type, as
     # the callers round it (act_round: F16's and BF16's vec_dot types are themselves), a tf32 tl.dot's products are
     # exact and its sums float32, so the default prompt GEMM runs at "tf32" (prefill_gemm.float_precision)

@@ -18,7 +18,7 @@ import triton.language as tl
 from sparkd.engine.kernels import mxfp4, nibble_tiles, q4_0
 from sparkd.engine.kernels.act_quant import Q8_0
 from sparkd.engine.kernels.family import Family, LayoutType
-from sparkd.engine.kernels.nibble_tiles import NibbleTiles
+from sparkd.engine.kernels.nibble_tiles import _R, NibbleTiles, word_values
 
 LAYOUT = NibbleTiles("MXFP4", 1)
 TILED = LayoutType("MXFP4_TILED")
@@ -82,7 +82,33 @@ def fblock(w_ptr, row_off, rmask, b, row_bytes):
     return tl.reshape((v.to(tl.float32) * _scale(w_ptr, e, rmask)[:, None, None]).to(tl.bfloat16), (q.shape[0], 32))
 
 
-FLOAT_FAMILY = Family(TILED, 32, 17, 8, 32, dequant, align=16, row_tile=TILE_ROWS)
+@triton.jit
+def dequant_words(w_ptr, K, first, g, M, ROWS: tl.constexpr):
+    """family.words: group g (blocks 8g .. 8g + 7) of rows [first, first + ROWS) (whole tiles; rows from M and blocks
+    past the row none), a qs word a lane: word m of a block holds its values 4m + j (low nibble of byte j) and
+    16 + 4m + j (high). dequant's expression on the same bytes, so its values: values [ROWS * 32, 2, 4] (the low
+    run, the high run), their row [.., 1, 1] and column [.., 2, 1]."""
+    i = tl.arange(0, ROWS * 32)
+    row, b, m = first + i // 32, g * 8 + (i // 4) % 8, i % 4
+    n_blocks = K // 32
+    live = (row < M) & (b < n_blocks)
+    lane = row % _R
+    tile = (row // _R).to(tl.int64) * n_blocks * (_R * 17)
+    q = tl.load((w_ptr + tile + 16 * (lane * n_blocks + b)).to(tl.pointer_type(tl.int32)) + m, mask=live, other=0)
+    d = mxfp4.d_at(w_ptr + tile + n_blocks * (_R * 16) + lane * n_blocks + b, live)
+    v = word_values(_value(q, 0, d), _value(q, 8, d), _value(q, 16, d), _value(q, 24, d),
+                    _value(q, 4, d), _value(q, 12, d), _value(q, 20, d), _value(q, 28, d))
+    cols = (32 * b + 4 * m)[:, None, None] + 16 * tl.arange(0, 2)[None, :, None]
+    return tl.reshape(v, (ROWS * 32, 2, 4)), row[:, None, None], cols
+
+
+@triton.jit
+def _value(q, at: tl.constexpr, d):
+    """The value of the nibble at bit `at` of words q: dequant's d * its e2m1 value."""
+    return d * mxfp4.values((q >> at) & 0xF).to(tl.float32)
+
+
+FLOAT_FAMILY = Family(TILED, 32, 17, 8, 32, dequant, align=16, row_tile=TILE_ROWS, words=dequant_words)
 INT_FAMILY = dataclasses.replace(FLOAT_FAMILY, idot=idot, act_fmt=Q8_0, iacc=mxfp4.INT_FAMILY.iacc, iblock=iblock,
                                  fblock=fblock)
 # $SPARKD_MXFP4_INT=0 (mxfp4.FAMILY the float one) takes the float path on this layout too

@@ -88,3 +88,12 @@ def offsets(row_off, K, HEAD: tl.constexpr):
 def words(w_ptr, qs, b, w, m):
     """Blocks b's 4 words w of qs (int32, [BN, 8, 4]): one 128-bit load a block and thread (0 outside m)."""
     return tl.load((w_ptr + qs[:, None, None] + b * 16).to(tl.pointer_type(tl.int32)) + w, mask=m, other=0)
+
+
+@triton.jit
+def word_values(l0, l1, l2, l3, h0, h1, h2, h3):
+    """A nibble word's 8 values [n] each (its bytes' low nibbles', then their high nibbles') as [n, 8] in that order,
+    a lane's own registers (the words kernels of dequantize: no layout change; tl.join's axis is the index's low
+    bit)."""
+    v = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
+    return tl.reshape(v, (l0.shape[0], 8))

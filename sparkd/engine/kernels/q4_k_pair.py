@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
+from sparkd.engine.kernels.nibble_tiles import word_values
 from sparkd.engine.kernels.row_tiles import row_sums
 
 
@@ -429,3 +430,37 @@ def down_sums(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first
             nwo = OFF(down_off, ids_ptr, tl.minimum(a + 2, end), IDS, ALIGN) + tile
         q0, d0, s0, m0, q1, d1, s1, m1, q2, d2, s2, m2 = n
     return acc
+
+
+
+@triton.jit
+def dequant_words(w_ptr, K, first, g, M, ROWS: tl.constexpr):
+    """family.words: group g of rows [first, first + ROWS) (whole 4-row tiles; rows from M none), a qs word a lane:
+    word (c, p, r, k) = 8c + 4p + 2r + k of a tile holds row 2p + r's elements 16c + 8k .. + 7 (pack_blocks). dequant's
+    expression on the same bytes, so its values: values [ROWS * 32, 1, 8], their row [.., 1, 1] and column [.., 1, 1]."""
+    i = tl.arange(0, ROWS * 32)
+    w = i % 128
+    c, row, k = w // 8, 2 * ((w // 4) % 2) + (w // 2) % 2, w % 2
+    s = c // 2
+    t = first // 4 + i // 128
+    live = t < M // 4
+    tile = (w_ptr + t.to(tl.int64) * (K // 256 * 576)).to(tl.pointer_type(tl.int32))
+    q = tl.load(tile + g * 128 + w, mask=live, other=0)
+    hb = tile + K // 256 * 128 + g * 16
+    hd = tl.load(hb + row, mask=live, other=0)  # d | dmin << 16
+    sh = 8 * row
+    scw = tl.load(hb + 4 + s, mask=live, other=0) >> sh
+    mn = ((tl.load(hb + 12 + s // 2, mask=live, other=0) >> (sh + 4 * (s % 2))) & 15) | ((scw >> 2) & 48)
+    ds = _f16(hd & 0xFFFF) * (scw & 63).to(tl.float32)
+    dm = _f16(hd >> 16) * mn.to(tl.float32)
+    lo, hi = q & 0x0F0F0F0F, (q >> 4) & 0x0F0F0F0F  # elements 16c + 8k + b, + 4 + b in byte b
+    v = word_values(_nibble(lo, 0, ds, dm), _nibble(lo, 1, ds, dm), _nibble(lo, 2, ds, dm), _nibble(lo, 3, ds, dm),
+                    _nibble(hi, 0, ds, dm), _nibble(hi, 1, ds, dm), _nibble(hi, 2, ds, dm), _nibble(hi, 3, ds, dm))
+    rows = 4 * t + row
+    return tl.reshape(v, (ROWS * 32, 1, 8)), rows[:, None, None], (g * 256 + 16 * c + 8 * k)[:, None, None]
+
+
+@triton.jit
+def _nibble(v, b: tl.constexpr, ds, dm):
+    """Byte b of words v (a nibble each) dequantized: dequant's ds * q - dm."""
+    return ds * ((v >> (8 * b)) & 0xFF).to(tl.float32) - dm

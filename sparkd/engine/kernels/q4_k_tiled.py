@@ -262,7 +262,8 @@ FAMILIES["bytes"] = Family(TILED, 256, 144, 8, 32, dequant_bytes, align=4, idot=
 # pairx has the integer prefill GEMM's block loader (session 10): the other layouts' GEMM runs "ieee" at "int8"
 FAMILIES["pairx"] = Family(TILED, 256, 144, 8, 32, q4_k_pair.dequant, align=4, idot=q4_k_pair.idot, act_fmt=Q8_K,
                            iacc=(8, 1), row_tile=TILE_ROWS, one_tile=(4, 1), iblock=q4_k_pair.iblock, kblock=q4_k_pair.kblock,
-                           wblock=q4_k_pair.wblock, igroup=q4_k_pair.igroup, kstep=q4_k_pair.kstep)
+                           wblock=q4_k_pair.wblock, igroup=q4_k_pair.igroup, kstep=q4_k_pair.kstep,
+                           words=q4_k_pair.dequant_words)
 LOADS = switches.choice(LOADS_ENV, tuple(FAMILIES), "pairx")
 FAMILY = FAMILIES[LOADS]
 
