@@ -328,8 +328,10 @@ SETS = moe_tiles.TILE_SETS  # --sets
 # ranges folded by matmul.fold_pair (Kernels.down_pair_fold), without / with "ahead"; "tickets", fold_part's fold
 # (the default before it at 4096-6143; with "behind": SPARKD_MOE_DOWN_AHEAD=off SPARKD_MOE_PAIR_FOLD=off); session 21
 # (down49): "pahead" / "pafold2", the pairx down's next step loaded ahead (Kernels.pairx_down_ahead), with the pair
-# fold by width / always (pafold2@4/1/3/e/2)
-VARIANTS = ("off", "late", "start", "again", "ahead", "behind", "fold2", "afold2", "tickets", "pahead", "pafold2")
+# fold by width / always (pafold2@4/1/3/e/2); session 48: "pahead" with its wait first (Kernels.down_early False),
+# "pearly" with its first step's weight words before it (the default since)
+VARIANTS = ("off", "late", "start", "again", "ahead", "behind", "fold2", "afold2", "tickets", "pahead", "pafold2",
+            "pearly")
 
 
 def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels, GemvConfig | None]:
@@ -338,10 +340,11 @@ def variant(name: str, k: moe_tiles.Kernels) -> tuple[str, moe_tiles.Kernels, Ge
     at_start = {"late": False, "start": True}.get(name, k.down_at_start)
     ahead = {"ahead": True, "behind": False, "afold2": True}.get(name, k.down_ahead)
     pair_fold = {"fold2": True, "afold2": True, "tickets": False, "pafold2": True}.get(name, k.down_pair_fold)
-    pairx_ahead = name in ("pahead", "pafold2") or k.pairx_down_ahead
+    pairx_ahead = name in ("pahead", "pafold2", "pearly") or k.pairx_down_ahead
+    early = {"pearly": True, "pahead": False}.get(name, k.down_early)
     return (("off" if name == "off" else "on"),
             dataclasses.replace(k, down_at_start=at_start, down_ahead=ahead, down_pair_fold=pair_fold,
-                                pairx_down_ahead=pairx_ahead),
+                                pairx_down_ahead=pairx_ahead, down_early=early),
             tile(text) if text else None)
 
 

@@ -5,7 +5,7 @@ first L2 prefetch (pdl.prefetch_l2, the igemv rows with a weight prefetch: no ac
 interpreter runs none of the PTX, so a compiler that moved a load above the wait shows up here. Run
 without TRITON_INTERPRET (the kernels must be JIT functions); test_pdl.py runs it. A line per kernel
 and mode (PTX line numbers, - for none):
-    <kernel> pdl=<0|1> launch=<n|-> wait=<n|-> first_access=<n> first_ret=<n> prefetch=<n|->"""
+    <kernel> pdl=<0|1> launch=<n|-> wait=<n|-> first_access=<n> first_ret=<n> prefetch=<n|-> first_write=<n>"""
 
 import re
 
@@ -18,10 +18,12 @@ from sparkd.engine.kernels import (act_quant, decode_attention, dispatch, groupe
 from sparkd.engine.kernels.pdl import PREFETCHES
 
 ACCESS = re.compile(r"\b(ld|st|atom|red)\.global\b|\bcp\.async(?!\.bulk\.prefetch)")
+WRITE = re.compile(r"\b(st|atom|red)\.global\b")
 PREFETCH = re.compile(r"\bprefetch\.global\.L2\b|\bcp\.async\.bulk\.prefetch\.L2\b")
 TYPES = {"w_ptr": "*u8", "gate_ptr": "*u8", "up_ptr": "*u8", "gate_off": "*i64", "up_off": "*i64", "h_ptr": "*i32",
          "hs_ptr": "*i32", "xw_ptr": "*i32", "xs_ptr": "*i32", "q_ptr": "*i32", "s_ptr": "*i32", "tickets_ptr": "*i32",
-         "ticket_ptr": "*i32", "ids_ptr": "*i64", "pos_ptr": "*i64"}
+         "ticket_ptr": "*i32", "ids_ptr": "*i64", "pos_ptr": "*i64", "down_ptr": "*u8", "down_off": "*i64",
+         "hw_ptr": "*i32"}
 
 
 def ptx(kern, consts: dict, num_warps: int, pdl: bool) -> str:
@@ -43,7 +45,7 @@ def where(text: str) -> str:
     return (f"launch={first(lambda s: 'griddepcontrol.launch_dependents' in s)} "
             f"wait={first(lambda s: 'griddepcontrol.wait' in s)} first_access={first(ACCESS.search)} "
             f"first_ret={first(lambda s: s.strip().startswith(('ret', '@')) and 'ret;' in s)} "
-            f"prefetch={first(PREFETCH.search)}")
+            f"prefetch={first(PREFETCH.search)} first_write={first(WRITE.search)}")
 
 
 KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
@@ -84,6 +86,16 @@ KERNELS = {  # name: (kernel, its constexprs, warps) at decode-step settings
                                                 RW=True, STAGES=None,
                                                 HBLOCK=32, H8K=False, PAIR=True, TILED=False, IDS=True,
                                                 DOWN_AT_START=False), 1),
+    # session 48: the MoE down's first weight words before its wait (pdl.py's exception), after a gate/up that lets it
+    # launch only after its own wait
+    "igate_up_early": (moe._igate_up_kernel, dict(**moe._int_args(q4_k_tiled.FAMILY, False, True, True), BLOCK_N=4,
+                                                 UNROLL=2, EW=True, EMU=False, ACT=0, ACT_A=0.0, ACT_B=0.0, RW=False,
+                                                 STAGES=None, HBLOCK=256, H8K=True, PAIR=True, TILED=True, IDS=True,
+                                                 NG=16, DOWN_EARLY=True), 1),
+    "idown_early": (moe._idown_kernel, dict(**moe._int_args(q4_k_tiled.FAMILY, False, True, True), RES=True, FOLD=True,
+                                           BLOCK_N=4, SPLIT=4, ATOMIC=False, XBLOCK=256, NG=6, TILED=True, AHEAD=True,
+                                           PAIR_FOLD=False, UNROLL=2, EW=True, EMU=False, STAGES=None, IDS=True,
+                                           EARLY=True), 1),
     "gate_topk": (router_topk._gate_topk, dict(GATING=0, HAS_BIAS=False, NORM=True, SCALE=False, TOP_K=8, BLOCK_E=128,
                                                BLOCK_K=8, ROWS=4, COLS=256, SPLIT=8), 1),
 }

@@ -59,7 +59,7 @@ def test_decode_tiles_follow_the_model_width(qtype):
     # (session 19's pipe, session 20's down ahead and session 21's pairx steps, pair fold and pairx down by width:
     # "new" only)
     assert moe_tiles.decode_kernels("s8") == moe_tiles.Kernels(pipe=0, down_ahead=False, pairx_gate_up="loop",
-                                                              down_pair_fold=False, pairx_down_ahead=False)
+                                                              down_pair_fold=False, pairx_down_ahead=False, down_early=False)
     assert moe_tiles.decode_kernels("old") == moe_tiles.decode_kernels("s5") == moe_tiles.OLD_KERNELS
 
 
@@ -86,7 +86,7 @@ def test_q8_0_gate_up_in_4_group_steps_from_width_4096_switches_back_to_s14(qtyp
         assert new[1] == s14[1] and (new[0] == moe_tiles.Q8_0_GATE_UP_4096 != s14[0] if changed else new[0] == s14[0])
     assert moe_tiles.decode_kernels("s14") == dataclasses.replace(moe_tiles.decode_kernels("new"), pipe=0,
                                                                   down_ahead=False, pairx_gate_up="loop",
-                                                                  down_pair_fold=False, pairx_down_ahead=False)
+                                                                  down_pair_fold=False, pairx_down_ahead=False, down_early=False)
 
 
 # GPU only: the interpreter's smallest case (one 32-row expert, 16 programs, 1024 wide) took 8-15 s here, and its

@@ -33,7 +33,9 @@ BEFORE_START = {"prefetch_tile"}
 
 
 def _is_start(stmt: ast.stmt) -> bool:  # (a second argument: where its dependents launch, pdl.start's DEPENDENTS)
-    return ast.unparse(stmt) == "pdl.start(PDL)" or ast.unparse(stmt).startswith("pdl.start(PDL, ")
+    # (session 48: the MoE down's EARLY defers its wait to down_sums, pdl.py's exception; test_the_early_down_...)
+    return ast.unparse(stmt) in ("pdl.start(PDL)", "pdl.start(PDL and (not EARLY))") or \
+        ast.unparse(stmt).startswith("pdl.start(PDL, ")
 
 
 def _before_start(stmt: ast.stmt) -> bool:
@@ -97,6 +99,25 @@ def test_only_the_weight_prefetch_goes_before_the_wait():
                    for o in ops), ops
 
 
+def test_the_early_down_reads_only_the_selection_and_weights_before_its_wait():
+    """pdl.py's exception (session 48): the MoE down that defers its wait (EARLY) waits in q4_k_pair.down_sums, after
+    only its experts' offsets (the selection read from the L2: OFF's last argument WAIT) and its first step's weight
+    words; the gate/up of DOWN_EARLY lets its dependents launch only after its own wait."""
+    down = _functions("moe.py")["_idown_kernel"]
+    assert "EARLY" in [a.arg for a in down.args.args]
+    sums = _functions("q4_k_pair.py")["down_sums"]
+    waits = [i for i, s in enumerate(sums.body) if ast.unparse(s) == "pdl.start(WAIT)"]
+    assert len(waits) == 1
+    calls = [c for s in sums.body[:waits[0]] for c in ast.walk(s) if isinstance(c, ast.Call)]
+    names = {ast.unparse(c.func) for c in calls}
+    allowed = {"OFF", "_step_wloads", "tl.program_id", "tl.arange", "tl.minimum"}
+    assert all(n in allowed or n.endswith(".to") for n in names), names
+    assert all(ast.unparse(c.args[-1]) == "WAIT" for c in calls if ast.unparse(c.func) == "OFF")
+    gate_up = [ast.unparse(s) for s in _functions("moe.py")["_igate_up_kernel"].body[1:3]]
+    assert gate_up[0] == "pdl.start(PDL, DOWN_AT_START and (not DOWN_EARLY))"
+    assert gate_up[1].startswith("if DOWN_AT_START and DOWN_EARLY:\n    pdl.dependents(PDL)")
+
+
 def test_compiled_kernels_wait_before_any_access_or_return():
     """sm_90 PTX of the decode kernels (pdl_compile.py): PDL on, launch_dependents then the wait before
     the first global load, store or atomic and the first return (the MoE gate/up of down_at_start False: the
@@ -106,16 +127,22 @@ def test_compiled_kernels_wait_before_any_access_or_return():
     script = Path(__file__).parent / "pdl_compile.py"
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = re.findall(r"^(\w+) pdl=(\d) launch=(\S+) wait=(\S+) first_access=(\S+) first_ret=(\S+) prefetch=(\S+)$",
-                      out.stdout, re.M)
-    assert len(rows) == 30, out.stdout  # pdl_compile.KERNELS, PDL off and on
-    for name, on, launch, wait, access, ret, prefetch in rows:
+    rows = re.findall(r"^(\w+) pdl=(\d) launch=(\S+) wait=(\S+) first_access=(\S+) first_ret=(\S+) prefetch=(\S+) "
+                      r"first_write=(\S+)$", out.stdout, re.M)
+    assert len(rows) == 34, out.stdout  # pdl_compile.KERNELS, PDL off and on
+    for name, on, launch, wait, access, ret, prefetch, write in rows:
         assert (prefetch != "-") == name.startswith("igemv_"), f"{name}: prefetch {prefetch}"
         if prefetch != "-":
             assert int(prefetch) < int(access), f"{name}: {prefetch} {access}"
             assert on == "0" or int(prefetch) < int(wait), f"{name}: {prefetch} {wait}"
         if on == "0":
             assert launch == wait == "-", f"{name} without PDL has griddepcontrol"
+        elif name == "idown_early":  # pdl.py's exception: reads before the wait, no write and no return
+            assert "-" not in (launch, wait, access, ret, write), f"{name}: {launch} {wait} {access} {ret} {write}"
+            assert int(access) < int(wait) < min(int(write), int(ret)), f"{name}: {wait} {access} {write} {ret}"
+        elif name == "igate_up_early":  # its dependents let launch after its wait
+            assert "-" not in (launch, wait, access, ret), f"{name}: {launch} {wait} {access} {ret}"
+            assert int(wait) < min(int(launch), int(access), int(ret)), f"{name}: {launch} {wait} {access} {ret}"
         elif name.endswith("_late"):  # its dependents let launch after the loop: after the wait and the first load
             assert "-" not in (launch, wait, access, ret), f"{name}: {launch} {wait} {access} {ret}"
             assert int(wait) < min(int(access), int(ret)) and int(access) < int(launch), f"{name}: {launch} {wait} {access}"

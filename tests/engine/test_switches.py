@@ -101,6 +101,8 @@ SWITCHES = [
            {UNSET: "auto", "auto": "auto", "off": "off"}, ("auto", "off")),
     Switch("SPARKD_MOE_PAIRX_DOWN", "sparkd.engine.kernels.moe_tiles", "m.PAIRX_DOWN", "on",
            {UNSET: "auto", "auto": "auto", "off": "off"}, ("auto", "off")),
+    Switch("SPARKD_MOE_DOWN_EARLY", "sparkd.engine.kernels.moe_tiles", "m.DOWN_EARLY", "on",
+           {UNSET: "auto", "auto": "auto", "off": "off"}, ("auto", "off")),
     Switch("SPARKD_GEMV_SPLIT", "sparkd.engine.kernels.matmul", "m.SPLIT_RULE", "fast",
            {UNSET: "wave", "wave": "wave", "Old": "old"}, ("wave", "old")),
     Switch("SPARKD_GEMV_WHOLE_UNROLL", "sparkd.engine.kernels.matmul", "m.GEMV_TILES['Q4_K_TILED'].whole_unroll",

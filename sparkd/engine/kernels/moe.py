@@ -62,8 +62,8 @@ from sparkd.engine.kernels.matmul import (
     store_part,
     tickets,
 )
-from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_launch_at_start,
-                                             pair_fold, pairx_down, pairx_way, pipe_programs)
+from sparkd.engine.kernels.moe_tiles import (Kernels, decode_kernels, decode_tiles, down_ahead, down_early,
+                                             down_launch_at_start, pair_fold, pairx_down, pairx_way, pipe_programs)
 from sparkd.engine.kernels.row_tiles import row_sums
 
 # gpt-oss's clamped swiglu (ggml_swiglu_oai); llama.cpp fixes these in its graph builder
@@ -136,25 +136,26 @@ def _down_biases(acc, rows, rmask, first, last, rw_ptr, ids_ptr, IDS: tl.constex
 
 
 @triton.jit
-def _entry(ids_ptr, a, IDS: tl.constexpr):
+def _entry(ids_ptr, a, IDS: tl.constexpr, L2: tl.constexpr = False):
     """The table entry (int64) of selected expert a: ids[a] (IDS: a selection of the full table), else a (one
-    return type both ways: compiled, the branch not taken is typed too)."""
+    return type both ways: compiled, the branch not taken is typed too). L2: read from the L2, past this SM's L1 (a
+    read before the PDL wait, pdl.py's exception: the L2 holds what finished kernels wrote)."""
     if IDS:
-        return tl.cast(tl.load(ids_ptr + a), tl.int64)
+        return tl.cast(tl.load(ids_ptr + a, cache_modifier=".cg" if L2 else ""), tl.int64)
     return tl.cast(a, tl.int64)
 
 
 @triton.jit
-def _offset(off_ptr, ids_ptr, a, IDS: tl.constexpr):
-    """Byte offset of selected expert a: offsets[ids[a]] from the full table (IDS), else offsets[a]."""
-    return tl.load(off_ptr + _entry(ids_ptr, a, IDS))
+def _offset(off_ptr, ids_ptr, a, IDS: tl.constexpr, L2: tl.constexpr = False):
+    """Byte offset of selected expert a: offsets[ids[a]] from the full table (IDS), else offsets[a] (L2: _entry's)."""
+    return tl.load(off_ptr + _entry(ids_ptr, a, IDS, L2))
 
 
 @triton.jit
-def _aligned_offset(off_ptr, ids_ptr, a, IDS: tl.constexpr, ALIGN: tl.constexpr):
+def _aligned_offset(off_ptr, ids_ptr, a, IDS: tl.constexpr, ALIGN: tl.constexpr, L2: tl.constexpr = False):
     """_offset, known to be a multiple of ALIGN bytes (prepare checked it): the compiler may then
     read a 16-byte Q4_K header as one vector load."""
-    off = _offset(off_ptr, ids_ptr, a, IDS)
+    off = _offset(off_ptr, ids_ptr, a, IDS, L2)
     if ALIGN > 1:
         off = tl.multiple_of(off, ALIGN)
     return off
@@ -291,7 +292,7 @@ def _igate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, xw_pt
                      STAGES: tl.constexpr, HBLOCK: tl.constexpr,
                      H8K: tl.constexpr, PAIR: tl.constexpr, ALIGN: tl.constexpr, TILED: tl.constexpr = False,
                      DOWN_AT_START: tl.constexpr = True, NG: tl.constexpr = 0, PDL: tl.constexpr = False,
-                     b_ptr=None, BSTRIDE=0, BIAS: tl.constexpr = False):
+                     b_ptr=None, BSTRIDE=0, BIAS: tl.constexpr = False, DOWN_EARLY: tl.constexpr = False):
     """_gate_up_kernel's integer variant, x quantized. HBLOCK > 0: h leaves quantized for the
     down projection (act_quant's Q8_K if H8K, else Q8_0 blocks of HBLOCK values; h_ptr, hd_ptr,
     hs_ptr its QuantX buffers): a tile of whole blocks quantizes them itself; a smaller tile
@@ -299,10 +300,13 @@ def _igate_up_kernel(gate_ptr, up_ptr, aux_ptr, gate_off, up_off, ids_ptr, xw_pt
     to finish (a ticket per (expert, block), acq_rel) quantizes the block and resets the ticket.
     TILED (gate and up in a row-tile layout, q4_k_tiled's): the step gets the expert's matrix as its
     weight pointer and the rows' offsets in it, as a GEMV does (a row's tile follows from its offset).
-    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop.
+    DOWN_AT_START False (Kernels.down_at_start): the next kernel may launch only after this one's loop; DOWN_EARLY
+    (Kernels.down_early): only after this one's wait.
     NG > 0 (TILED pairx rows, Kernels.pairx_gate_up): q4_k_pair.gate_up's loop over the NG groups of a row, UNROLL a
     step, the same bits."""
-    pdl.start(PDL, DOWN_AT_START)  # first: pdl's rule
+    pdl.start(PDL, DOWN_AT_START and not DOWN_EARLY)  # first: pdl's rule
+    if DOWN_AT_START and DOWN_EARLY:  # after the wait: the down may read the selection before its own (_idown_kernel)
+        pdl.dependents(PDL)
     a = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < F
@@ -366,7 +370,7 @@ def _idown_kernel(down_ptr, aux_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, 
                   SPLIT: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
                   NG: tl.constexpr = 0, TILED: tl.constexpr = False, AHEAD: tl.constexpr = False,
                   PAIR_FOLD: tl.constexpr = False, PDL: tl.constexpr = False, b_ptr=None, BSTRIDE=0, BOFF=0,
-                  BIAS: tl.constexpr = False):
+                  BIAS: tl.constexpr = False, EARLY: tl.constexpr = False):
     """_down_kernel's integer variant (BIAS: plus _down_biases'): h quantized per expert row (hw/hd/hs rows of
     act_quant's QuantX), each expert's sums times its routing weight, the range's experts one after another.
     NG > 0 (Kernels.down_full's types where _full holds): the row's NG groups in a loop of constant trip count
@@ -374,15 +378,17 @@ def _idown_kernel(down_ptr, aux_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, 
     the step gets the expert's matrix as its weight pointer and the rows' offsets in it, as _igate_up_kernel.
     AHEAD (Kernels.down_ahead, _ahead_ok; NG the row's groups): the Q8_0 words step's loop with the next step's
     words in flight during this step's dots (moe_down_ahead), the same bits; with TILED (Kernels.pairx_down_ahead,
-    _pairx_ahead_ok) the pairx down's (q4_k_pair.down_sums), the same bits."""
-    pdl.start(PDL)  # first: pdl's rule
+    _pairx_ahead_ok) the pairx down's (q4_k_pair.down_sums), the same bits. EARLY (Kernels.down_early, with the
+    pairx down's AHEAD): down_sums waits for the gate/up after its first step's weight words (pdl.py's exception)."""
+    pdl.start(PDL and not EARLY)  # first: pdl's rule (EARLY: down_sums' start, after its first weight words)
+    tl.static_assert(not EARLY or (AHEAD and TILED), "the early weight words are down_sums'")
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes
     first, last = _experts(n, SPLIT)
     if AHEAD and TILED:  # the pairx down (Kernels.pairx_down_ahead, _pairx_ahead_ok)
         acc = q4_k_pair.down_sums(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, F, IDS,
-                                  _aligned_offset, ALIGN, A1, A2, A3, NG, UNROLL, XBLOCK, EMU)
+                                  _aligned_offset, ALIGN, A1, A2, A3, NG, UNROLL, XBLOCK, EMU, PDL and EARLY)
     elif AHEAD:
         acc = moe_down_ahead.range_sums(down_ptr, down_off, ids_ptr, rb, hw_ptr, hd_ptr, rw_ptr, first, last, F, IDS,
                                         _aligned_offset, A1, A2, A3, NG, UNROLL, XBLOCK, EMU)
@@ -687,7 +693,7 @@ def moe_decode(table: ExpertTable | PreparedTable, x: torch.Tensor, route_weight
     check_one_tile(p.down, down, what)  # (a tiled down's step)
     # the weight goes in after down's input is rounded: in the gate/up launch only if nothing rounds h
     late_rw = p.down.idot is not None or round_h is not None
-    kernels = kernels or decode_kernels()
+    kernels = _early(p, down, kernels or decode_kernels())
     h = _gate_up(p, x, rw, not late_rw, act, gate_up, round_x, what, qx, kernels, bias)
     y = torch.empty(D, dtype=torch.float32, device=x.device) if out is None else out
     _down(p, h, rw, y, down, round_h, residual, kernels, bias)
@@ -756,7 +762,7 @@ def _gate_up(p: PreparedTable, x: torch.Tensor, rw: torch.Tensor, use_rw: bool, 
                                **_int_args(p.gate_up, words, _use_vec(kernels.q4k_vec, p.gate_up_vec),
                                            kernels.full and _full(F, D, cfg)),
                                PAIR=kernels.pair, TILED=p.gate_up.row_tile > 1, UNROLL=cfg.unroll,
-                               **_pairx_gate_up(p, cfg, kernels),
+                               **_pairx_gate_up(p, cfg, kernels), DOWN_EARLY=bool(kernels.down_early),
                                EW=cfg.elementwise, STAGES=stages_arg(cfg), **common, **biases, **pdl.launch(x.device))
         return h if hq is None else hq
     h = torch.empty(n, F, dtype=torch.float32, device=x.device)
@@ -794,6 +800,21 @@ def _pairx_ahead_ok(on: bool, kernels: Kernels, cfg: GemvConfig, rows: int, widt
     count (Kernels.down_full, moe._full) on the one-warp 4-row elementwise tile, in steps of 1 to 3 groups."""
     return on and "Q4_K_TILED" in kernels.down_full and cfg.block_n == 4 and cfg.num_warps == 1 \
         and cfg.elementwise and _full(rows, width, cfg) and cfg.unroll in (1, 2, 3)
+
+
+def _pairx_ahead(p: PreparedTable, cfg: GemvConfig, kernels: Kernels) -> bool:
+    """Whether the down runs q4_k_pair.down_sums (the pairx down ahead, _pairx_ahead_ok): on pairx's bytes only (not
+    $SPARKD_Q4K_LOADS' other layouts), at the width's rule or Kernels.pairx_down_ahead."""
+    on = pairx_down(p.table.dim) if kernels.pairx_down_ahead is None else kernels.pairx_down_ahead
+    return p.down.idot is q4_k_pair.idot and _pairx_ahead_ok(on, kernels, cfg, p.table.dim, p.table.width)
+
+
+def _early(p: PreparedTable, down: GemvConfig, kernels: Kernels) -> Kernels:
+    """kernels with down_early decided for a layer (Kernels.down_early; None: moe_tiles.down_early): only where the
+    down runs down_sums after the pairx gate/up's _igate_up_kernel, which then lets it launch after its own wait
+    (pdl.py's exception)."""
+    on = down_early() if kernels.down_early is None else kernels.down_early
+    return replace(kernels, down_early=on and p.gate_up.qtype == q4_k_tiled.TILED and _pairx_ahead(p, down, kernels))
 
 
 def _use_words(kernels: Kernels, cfg: GemvConfig, rows_on_words: bool) -> bool:
@@ -863,9 +884,8 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
     if p.down.idot is not None:
         q = h if isinstance(h, act_quant.QuantX) else act_quant.quantize(h, p.down.act_fmt)
         words = _use_words(kernels, cfg, p.down_words)
-        if p.down.row_tile > 1:  # down_sums reads pairx's bytes only (not $SPARKD_Q4K_LOADS' other layouts)
-            on = pairx_down(D) if kernels.pairx_down_ahead is None else kernels.pairx_down_ahead
-            ahead = p.down.idot is q4_k_pair.idot and _pairx_ahead_ok(on, kernels, cfg, D, F)
+        if p.down.row_tile > 1:
+            ahead = _pairx_ahead(p, cfg, kernels)
         else:
             ahead = _ahead_ok(down_ahead(D) if kernels.down_ahead is None else kernels.down_ahead, kernels, cfg,
                               words, D, F)
@@ -878,7 +898,9 @@ def _down(p: PreparedTable, h: torch.Tensor | act_quant.QuantX, rw: torch.Tensor
                                         kernels.full and _full(D, F, cfg)),
                             EMU=emulate(cfg, y), XBLOCK=act_quant.BLOCKS[p.down.act_fmt],
                             NG=F // 256 if ahead or p.down.qtype.name in kernels.down_full and _full(D, F, cfg) else 0,
-                            TILED=p.down.row_tile > 1, AHEAD=ahead, PAIR_FOLD=pair, **common, **pdl.launch(y.device))
+                            TILED=p.down.row_tile > 1, AHEAD=ahead, PAIR_FOLD=pair,
+                            EARLY=bool(kernels.down_early) and ahead,
+                            **common, **pdl.launch(y.device))
     else:
         if round_h is not None:
             h = (round_h(h) * rw[:, None]).contiguous()

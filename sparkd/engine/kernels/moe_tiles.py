@@ -164,11 +164,16 @@ class Kernels:
     # (q4_k_pair.down_sums, moe._pairx_ahead_ok); the same bits. None, by the model width (pairx_down:
     # $SPARKD_MOE_PAIRX_DOWN)
     pairx_down_ahead: bool | None = None
+    # session 48: the pairx down_sums' first step's weight words loaded before its PDL wait, the gate/up letting it
+    # launch after its own wait (pdl.py's exception: the selection it reads there is written by then); the same bits.
+    # None: down_early() ($SPARKD_MOE_DOWN_EARLY); moe._early keeps it only where the down runs down_sums
+    down_early: bool | None = None
 
 
 # the older sets run none of the later kernels: session 19's pipe, session 20's down ahead, session 21's pairx steps,
 # pair fold and pairx down ahead
-_LATER_OFF = dict(pipe=0, down_ahead=False, pairx_gate_up="loop", down_pair_fold=False, pairx_down_ahead=False)
+_LATER_OFF = dict(pipe=0, down_ahead=False, pairx_gate_up="loop", down_pair_fold=False, pairx_down_ahead=False,
+                  down_early=False)
 OLD_KERNELS = Kernels(words=False, pair=False, q4k_vec=False, q4k_vec_down=False, full=False, down_full=(),
                       **_LATER_OFF)  # sessions 4 and 5
 S6_KERNELS = Kernels(q4k_vec=False, q4k_vec_down=False, full=False, down_full=(),
@@ -379,8 +384,14 @@ def pair_fold(dim: int, down_type: str = "Q8_0", which: str | None = None) -> bo
 # 4-range tile and the grid loop at every width.
 PAIRX_DOWN_ENV = "SPARKD_MOE_PAIRX_DOWN"
 PAIRX_DOWN = switches.choice(PAIRX_DOWN_ENV, AUTO_OFF, "auto")  # read once
-PAIRX_DOWN_WIDTHS = (2048, 4096)  # "auto": the model widths [from, below) that run it
+# Session 48 (H100, docs/runs/2026-12-06-s48/call3-5, Q4_KXD top-8 "all qx"): with its first step's weight words
+# loaded before its PDL wait (DOWN_EARLY) the loads ahead won from width 4096 too, on the width tiers' tiles:
+# 4096x1536 39.2-39.3 -> 37.9-38.0 us (0.72 -> 0.75 of the 2 GiB copy; another process 38.0-38.2 -> 36.8, 0.77),
+# 5120x1536 47.0-47.1 -> 46.2-46.3, 6144x2048 68.6-69.4 -> 68.2-68.8, 7168x2048 76.8-77.2 -> 76.4-76.6; the 2-range
+# tile stays below 4096
+PAIRX_DOWN_WIDTHS = (2048, 1 << 30)  # "auto": the model widths [from, below) that run it
 PAIRX_DOWN_TILE = GemvConfig(block_n=4, num_warps=1, unroll=3, elementwise=True, split=2)
+PAIRX_DOWN_TILE_BELOW = 4096  # PAIRX_DOWN_TILE's widths: [PAIRX_DOWN_WIDTHS[0], this)
 
 
 def pairx_down(dim: int, which: str | None = None) -> bool:
@@ -389,8 +400,21 @@ def pairx_down(dim: int, which: str | None = None) -> bool:
     return _auto_at(dim, which, PAIRX_DOWN, PAIRX_DOWN_ENV, PAIRX_DOWN_WIDTHS, "the pairx MoE down's loop")
 
 
+# Session 48: the pairx down (q4_k_pair.down_sums) loads its first step's weight words before its PDL wait, the gate/up
+# letting it launch only after its own wait (pdl.py's exception), wherever it runs (moe._early); the same bits.
+# Measured with the widths above. "off": the wait first, as before.
+DOWN_EARLY_ENV = "SPARKD_MOE_DOWN_EARLY"
+DOWN_EARLY = switches.choice(DOWN_EARLY_ENV, AUTO_OFF, "auto")  # read once
+
+
+def down_early(which: str | None = None) -> bool:
+    """Whether the pairx down loads its first weight words before its wait: which "auto" or "off" (default
+    $SPARKD_MOE_DOWN_EARLY)."""
+    return _auto_at(0, which, DOWN_EARLY, DOWN_EARLY_ENV, (0, 1), "the MoE down's early weight words")
+
+
 def pairx_down_fits(p: PreparedTable, which: str | None = None) -> bool:
     """Whether the "new" tiles give a pairx down PAIRX_DOWN_TILE: pairx_down at the model width (which: "auto" or
     "off") and an expert's row whole steps of the tile."""
     return p.down.qtype.name == "Q4_K_TILED" and p.table.width % (256 * PAIRX_DOWN_TILE.unroll) == 0 \
-        and pairx_down(p.table.dim, which)
+        and p.table.dim < PAIRX_DOWN_TILE_BELOW and pairx_down(p.table.dim, which)

@@ -17,6 +17,12 @@ CPU test test_pdl.py checks every kernel's source): a kernel launched with PDL r
 Only loads of weights, which no kernel writes, may go before the wait. Torch ops in the step
 launch without PDL and wait for all the work before them, as before.
 
+The one exception (session 48, the MoE down's early weight words: moe._idown_kernel's EARLY, q4_k_pair.down_sums'
+WAIT): a kernel may also read, before its wait, what was written before the kernel launched just before it waited, if
+that kernel lets it launch only after that wait (start(PDL, False), then dependents(PDL)): the MoE gate/up does so
+where the down reads the router's selection (and the offsets it indexes) early, to load its first weight words. Its
+writes, and its reads of anything else, still follow its wait.
+
 Weights before the wait (session 11, pdl11): $SPARKD_PDL_PREFETCH (read at import; prefetching() for
 benches) "off", "lines", "bulk" or "small": a kernel may call prefetch_l2 before start() to ask the L2 for
 its weight bytes (matmul's dense integer GEMV, its program's share of its row tile), so their DRAM ramp

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkd.engine.kernels import pdl
 from sparkd.engine.kernels.act_quant import dp4a, dp4a_add
 from sparkd.engine.kernels.nibble_tiles import word_values
 from sparkd.engine.kernels.row_tiles import row_sums
@@ -392,7 +393,8 @@ def _xmath(w, xw_ptr, xd_ptr, xs_ptr, lane, g, EMU: tl.constexpr):
 @triton.jit
 def down_sums(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first, last, F, IDS: tl.constexpr,
               OFF: tl.constexpr, ALIGN: tl.constexpr, A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr,
-              NG: tl.constexpr, STEP: tl.constexpr, XBLOCK: tl.constexpr, EMU: tl.constexpr):
+              NG: tl.constexpr, STEP: tl.constexpr, XBLOCK: tl.constexpr, EMU: tl.constexpr,
+              WAIT: tl.constexpr = False):
     """sum over experts a in [first, last) of rw[a] * (down_a's 4-row tile of program_id(0) @ h[a]), float32 [4]: the
     pairx down's grid loop (moe._idown_kernel, TILED, NG groups a row in steps of STEP, 1 to 3, dividing NG) as one
     flat loop over (expert, step) with the next step's weight words (the next expert's first where this step is an
@@ -400,16 +402,18 @@ def down_sums(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first
     offset is read an expert ahead, so its two dependent loads (ids, offsets) never stand in front of a step's loads.
     Each thread's shares added in idot's order, the expert's tile summed by row_sums: the grid loop's bits. Session 21
     (down49, H200): on 2 ranges of 4/1/3/e/2 with the pair fold at 2048x768 the layer -6.4 / -6.8 % (moe_tiles.
-    PAIRX_DOWN); at 4096x1536 it tied the grid loop on 4 ranges and lost on 2. OFF(off_ptr, ids_ptr, a, IDS, ALIGN)
-    the expert's byte offset (moe._aligned_offset)."""
+    PAIRX_DOWN); at 4096x1536 it tied the grid loop on 4 ranges and lost on 2. OFF(off_ptr, ids_ptr, a, IDS, ALIGN, L2)
+    the expert's byte offset (moe._aligned_offset). WAIT (session 48, moe._idown_kernel's EARLY): the launch's PDL wait
+    here, after the first step's weight words (pdl.py's exception; the selection read before it from the L2)."""
     S: tl.constexpr = NG // STEP  # steps an expert
     K: tl.constexpr = NG * 256
     lane = tl.arange(0, 32)[:, None]
     tile = tl.program_id(0).to(tl.int64) * (NG * 576)  # the program's tile in an expert's matrix
     end = last - 1  # the range's last expert: where the reads ahead stop (an empty range reads it, unused)
-    wo = OFF(down_off, ids_ptr, tl.minimum(first, end), IDS, ALIGN) + tile
-    nwo = OFF(down_off, ids_ptr, tl.minimum(first + 1, end), IDS, ALIGN) + tile
+    wo = OFF(down_off, ids_ptr, tl.minimum(first, end), IDS, ALIGN, WAIT) + tile
+    nwo = OFF(down_off, ids_ptr, tl.minimum(first + 1, end), IDS, ALIGN, WAIT) + tile
     q0, d0, s0, m0, q1, d1, s1, m1, q2, d2, s2, m2 = _step_wloads(down_ptr, wo, lane, 0, STEP, K)
+    pdl.start(WAIT)
     part = tl.zeros((32, 1), tl.float32)  # this expert's shares (t = 4s + 2e + p): idot's tile, permuted
     acc = tl.zeros((4,), tl.float32)
     for i in range((last - first) * S):
@@ -436,8 +440,9 @@ def down_sums(down_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, rw_ptr, first
 @triton.jit
 def dequant_words(w_ptr, K, first, g, M, ROWS: tl.constexpr):
     """family.words: group g of rows [first, first + ROWS) (whole 4-row tiles; rows from M none), a qs word a lane:
-    word (c, p, r, k) = 8c + 4p + 2r + k of a tile holds row 2p + r's elements 16c + 8k .. + 7 (pack_blocks). dequant's
-    expression on the same bytes, so its values: values [ROWS * 32, 1, 8], their row [.., 1, 1] and column [.., 1, 1]."""
+    word (c, p, r, k) = 8c + 4p + 2r + k of a tile holds row 2p + r's elements 16c + 8k .. + 7 (pack_blocks).
+    dequant's expression on the same bytes, so its values: values [ROWS * 32, 1, 8], their row [.., 1, 1] and
+    column [.., 1, 1]."""
     i = tl.arange(0, ROWS * 32)
     w = i % 128
     c, row, k = w // 8, 2 * ((w // 4) % 2) + (w // 2) % 2, w % 2
