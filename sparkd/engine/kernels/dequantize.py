@@ -8,9 +8,10 @@ Session 35: the float GEMM times the identity did the same at ~1 and ~15 ms for 
 attn_v_b (Q4_K) on the H200, a layer's prompt; this is a copy's time (bench/gpu_box/mla_heads_bench.py).
 
 Session 48: a family with `words` (pairx Q4_K, tiled MXFP4: the layouts resident experts are kept in) runs
-_words_kernel instead, a qs word (or two) a lane and 8 consecutive values a store, the same values. The tile kernel
-spent ~27 instructions a value (byte loads, its tile's layout conversions through shared memory, a bfloat16 rounding
-by hand) and was issue-bound (ncu, H100: SM 78 % busy, DRAM 62 %); the word kernel ~10.
+_words_kernel instead, a qs word a lane and its values stored 8 (or 4) consecutive at a time, the same values. The
+tile kernel spent ~27 instructions a value (byte loads, its tile's layout conversions through shared memory, a
+bfloat16 rounding by hand that only the interpreter needs) and was issue-bound (ncu, H100: SM 78 % busy, DRAM 62 %);
+the word kernel 12 (pairx) to 17.5 (MXFP4), 13-35 % faster (docs/performance.md, session 48).
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ def _dequantize_kernel(w_ptr, aux_ptr, ids_ptr, off_ptr, y_ptr, N, M, K, row_byt
     values = DEQ(w_ptr, aux_ptr, rows * row_bytes, g, omask & (rows >= 0) & (rows < N) & (first < K))
     values = _rounded(values, ROUND and y_ptr.dtype.element_ty == tl.bfloat16)
     tl.store(y_ptr + out * K + first + tl.arange(0, SUBLEN)[None, None, :], values, mask=omask & (first < K))
-
 
 
 @triton.jit

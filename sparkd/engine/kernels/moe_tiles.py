@@ -410,7 +410,7 @@ DOWN_EARLY = switches.choice(DOWN_EARLY_ENV, AUTO_OFF, "auto")  # read once
 def down_early(which: str | None = None) -> bool:
     """Whether the pairx down loads its first weight words before its wait: which "auto" or "off" (default
     $SPARKD_MOE_DOWN_EARLY)."""
-    return _auto_at(0, which, DOWN_EARLY, DOWN_EARLY_ENV, (0, 1), "the MoE down's early weight words")
+    return _auto_at(0, which, DOWN_EARLY, DOWN_EARLY_ENV, (0, 1), "the MoE down's early weight words")  # any width
 
 
 def pairx_down_fits(p: PreparedTable, which: str | None = None) -> bool:
