@@ -419,7 +419,8 @@ def test_a_moe_layer_takes_the_slab_experts_from_its_rows_per_expert(backend, tm
 def test_the_plan_counts_the_slab_experts_on_cuda_from_their_rows(monkeypatch):
     """slab_experts_bytes (session 47): on CUDA, from SLAB_EXPERT_ROWS rows an expert, every expert's 16-bit values
     where they fit EXPERT_SLAB_BYTES (else that) and the routed rows' 16-bit copies, inside workspace_bytes; nothing on
-    the CPU or below the rows."""
+    the CPU, below the rows or with the slabs switched off; session 48: from SLAB_EXPERT_ROWS_LOOPED rows where the GPU
+    loops torch._grouped_mm (a GB10's compute capability 12.1: torch's answers stood in for, none here)."""
     from sparkd.engine.kernels import EXPERT_SLAB_BYTES
     from sparkd.engine.layers import moe as moe_layer
     from sparkd.engine.layers.rope import RopeConfig
@@ -436,6 +437,16 @@ def test_the_plan_counts_the_slab_experts_on_cuda_from_their_rows(monkeypatch):
     assert workspace_bytes(cfg, T, T, cuda=True) - workspace_bytes(cfg, T, T) >= slab_experts_bytes(cfg, T, cuda=True)
     big = dataclasses.replace(cfg, n_expert=8192)  # 3.2 GB of bf16
     assert slab_experts_bytes(big, T * 1024, cuda=True) == EXPERT_SLAB_BYTES + T * 1024 * A * (256 + 3 * 256) * 2
+    whole = slab_experts_bytes(cfg, T, cuda=True)
+    monkeypatch.setattr(linear, "SLAB_GEMM", "off")
+    assert slab_experts_bytes(cfg, T, cuda=True) == 0
+    monkeypatch.setattr(linear, "SLAB_GEMM", "bf16")
+    monkeypatch.setattr(moe_layer, "SLAB_EXPERT_ROWS_LOOPED", 8)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, at_4, at_8 in (((12, 1), 0, 2 * whole - n * 3 * 256 * 256 * 2), ((9, 0), whole, None)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        assert slab_experts_bytes(cfg, T, cuda=True) == at_4, capability
+        assert at_8 is None or slab_experts_bytes(cfg, 2 * T, cuda=True) == at_8, capability
 
 
 @pytest.mark.gpu

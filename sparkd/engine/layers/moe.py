@@ -60,6 +60,19 @@ SLAB_EXPERT_ROWS = 64
 SLAB_EXPERT_ROWS_LOOPED = 512
 
 
+def slab_expert_rows(device: torch.device | str) -> int | None:
+    """The rows an expert from which a prompt's MoE layers on device take the slabs (SLAB_EXPERT_ROWS where
+    torch._grouped_mm runs fused, SLAB_EXPERT_ROWS_LOOPED elsewhere), or None: no slabs there (linear.slab_type).
+    Without a GPU to ask (a plan's tests) SLAB_EXPERT_ROWS: the fewer rows, the more the plan reserves."""
+    dtype = linear.slab_type(torch.device(device))
+    if dtype is None:
+        return None
+    if not torch.cuda.is_available():
+        return SLAB_EXPERT_ROWS
+    fused = dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] in (9, 10)
+    return SLAB_EXPERT_ROWS if fused else SLAB_EXPERT_ROWS_LOOPED
+
+
 class Router(nn.Module):
     """Scores experts and picks top-k per token.
 
@@ -238,12 +251,10 @@ class MoE(nn.Module):
     def _slab(self, layer, tokens: int, device: torch.device) -> torch.dtype | None:
         """slab_experts for the layer's kernel table `layer` (a KernelLayer)."""
         p = layer.prepared
-        dtype = linear.slab_type(device)
-        if dtype is None or {p.gate_up.qtype.name, p.down.qtype.name} & set(linear.HALF_VALUES):
+        rows = slab_expert_rows(device)
+        if rows is None or {p.gate_up.qtype.name, p.down.qtype.name} & set(linear.HALF_VALUES):
             return None  # F16 / BF16 experts: bfloat16 would round their values
-        fused = dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] in (9, 10)
-        rows = SLAB_EXPERT_ROWS if fused else SLAB_EXPERT_ROWS_LOOPED
-        return dtype if tokens * self.router.top_k >= rows * p.gate_off.numel() else None
+        return linear.slab_type(device) if tokens * self.router.top_k >= rows * p.gate_off.numel() else None
 
     def decode_selected(self, sel, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None,
                         t: int = 0) -> torch.Tensor:

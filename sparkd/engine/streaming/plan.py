@@ -468,13 +468,15 @@ def workspace_bytes(cfg: ModelConfig, ctx: int, batch_tokens: int, cuda: bool = 
 
 def slab_experts_bytes(cfg: ModelConfig, batch_tokens: int, cuda: bool = False) -> int:
     """What a MoE layer's slab experts (moe_prefill, session 47) hold beside the grouped GEMMs' tensors, where a prompt
-    of batch_tokens takes them (CUDA, SLAB_EXPERT_ROWS rows an expert): the 16-bit values of the experts they
+    of batch_tokens takes them (CUDA, from layers.moe.slab_expert_rows rows an expert, this process's GPU's: session
+    48, a GB10 loops torch._grouped_mm and takes them from more rows): the 16-bit values of the experts they
     dequantize at a time (EXPERT_SLAB_BYTES at most), and the routed rows' 16-bit x, gate | up and activations."""
     from sparkd.engine.kernels import EXPERT_SLAB_BYTES  # model code's, not the plan's imports
-    from sparkd.engine.layers.moe import SLAB_EXPERT_ROWS
+    from sparkd.engine.layers.moe import slab_expert_rows
 
+    least = slab_expert_rows("cuda") if cuda and cfg.n_expert else None
     rows, D, F = batch_tokens * cfg.n_expert_used, cfg.n_embd, cfg.n_ff_exp
-    if not cuda or not cfg.n_expert or rows < SLAB_EXPERT_ROWS * cfg.n_expert:
+    if least is None or rows < least * cfg.n_expert:
         return 0
     return min(EXPERT_SLAB_BYTES, cfg.n_expert * 3 * F * D * 2) + rows * (D + 3 * F) * 2
 
