@@ -381,7 +381,8 @@ def _idown_kernel(down_ptr, aux_ptr, down_off, ids_ptr, hw_ptr, hd_ptr, hs_ptr, 
     _pairx_ahead_ok) the pairx down's (q4_k_pair.down_sums), the same bits. EARLY (Kernels.down_early, with the
     pairx down's AHEAD): down_sums waits for the gate/up after its first step's weight words (pdl.py's exception)."""
     pdl.start(PDL and not EARLY)  # first: pdl's rule (EARLY: down_sums' start, after its first weight words)
-    tl.static_assert(not EARLY or (AHEAD and TILED), "the early weight words are down_sums'")
+    tl.static_assert(not EARLY or (AHEAD and TILED), "EARLY needs the pairx down ahead (AHEAD and TILED): let "
+                     "moe._early decide Kernels.down_early")
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < D
     rb = rows.to(tl.int64) * row_bytes

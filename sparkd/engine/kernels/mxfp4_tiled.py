@@ -18,11 +18,12 @@ import triton.language as tl
 from sparkd.engine.kernels import mxfp4, nibble_tiles, q4_0
 from sparkd.engine.kernels.act_quant import Q8_0
 from sparkd.engine.kernels.family import Family, LayoutType
-from sparkd.engine.kernels.nibble_tiles import _R, NibbleTiles, word_values
+from sparkd.engine.kernels.nibble_tiles import NibbleTiles, word_values
 
 LAYOUT = NibbleTiles("MXFP4", 1)
 TILED = LayoutType("MXFP4_TILED")
 TILE_ROWS, packable, pack_raw, unpack_raw = nibble_tiles.TILE_ROWS, LAYOUT.packable, LAYOUT.pack_raw, LAYOUT.unpack_raw
+_R = tl.constexpr(TILE_ROWS)  # (what the jitted code reads)
 
 
 @triton.jit
